@@ -1,0 +1,1 @@
+//! flowplane table

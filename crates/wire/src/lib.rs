@@ -1,0 +1,10 @@
+//! `flowplane-wire`: zero-copy, bounds-checked views of packet headers
+//! (Ethernet, VLAN, ARP, IPv4, IPv6, TCP, UDP, ICMP, GTP-U), checksums,
+//! flow keys and hashes (table hash, Toeplitz RSS, RETA).
+//!
+//! Every view follows one pattern (after smoltcp's `wire`): `Xxx::new_checked(buf)`
+//! validates lengths once and returns a typed error on malformed input, field
+//! accessors then read without further checks that could fail, and a `XxxRepr`
+//! parses to / emits from a plain struct. No input may panic.
+
+pub mod checksum;
