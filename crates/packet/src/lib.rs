@@ -1,1 +1,24 @@
-//! flowplane packet
+//! `flowplane-packet`: packet buffers, the per-core buffer pool and the batch.
+//!
+//! A [`PacketPool`] owns one contiguous, cache-line-aligned region of
+//! fixed-size buffers (default 2 KiB, 128 bytes of headroom for encapsulation
+//! or SCR history prefixes) and a free list of buffer indices. A [`Batch`]
+//! holds up to [`MAX_BATCH`] buffers plus per-packet annotations stored as
+//! separate arrays (struct of arrays), so a stage that only needs the flow
+//! hashes or the verdicts streams through one dense array.
+//!
+//! Ownership invariant (what makes the unsafe code in [`pool`] sound): every
+//! buffer index is either on its pool's free list or in exactly one batch
+//! slot. Only this crate moves indices, so safe code can never alias a buffer.
+//! Nothing here allocates per packet: pools and batches are sized up front.
+
+mod batch;
+mod pool;
+
+pub use batch::{Batch, Line, Verdict, DROP, MAX_BATCH};
+pub use pool::{PacketPool, PoolConfig, PoolError, PoolStats};
+
+/// Default buffer size (data room + headroom), as DPDK's default mbuf.
+pub const DEFAULT_BUF_SIZE: usize = 2048;
+/// Default headroom in front of the packet data.
+pub const DEFAULT_HEADROOM: usize = 128;

@@ -1,0 +1,460 @@
+//! The batch: up to [`MAX_BATCH`] packets and their annotations, struct-of-arrays.
+//!
+//! Annotations are what the hot path reads densely: the flow hash (from the
+//! NIC/replay RSS stage or the parser), the state handle slot filled by the
+//! table lookup, the verdict (output port or [`DROP`]) and a timestamp.
+//! Dropping a packet only sets its verdict: the batch stays whole through the
+//! chain (FAJITA's principle), and sinks free dropped buffers.
+
+use std::sync::Arc;
+
+use crate::pool::{PacketPool, PoolError, PoolMem};
+
+/// One cache line of packet bytes: the unit of the replay arena and of RX copies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(C, align(64))]
+pub struct Line(pub [u8; 64]);
+
+impl Line {
+    /// A zeroed line.
+    pub const ZERO: Line = Line([0; 64]);
+
+    /// Number of lines needed for `len` bytes.
+    #[inline(always)]
+    pub fn count_for(len: usize) -> usize {
+        len.div_ceil(64)
+    }
+}
+
+/// Largest batch.
+pub const MAX_BATCH: usize = 256;
+
+/// Output port number or [`DROP`].
+pub type Verdict = u16;
+
+/// Verdict of a dropped packet.
+pub const DROP: Verdict = u16::MAX;
+
+/// A batch of packets owned by one core.
+pub struct Batch {
+    mem: Arc<PoolMem>,
+    len: usize,
+    buf: [u32; MAX_BATCH],
+    off: [u16; MAX_BATCH],
+    pkt_len: [u16; MAX_BATCH],
+    hash: [u32; MAX_BATCH],
+    slot: [u32; MAX_BATCH],
+    verdict: [Verdict; MAX_BATCH],
+    ts: [u64; MAX_BATCH],
+}
+
+impl Batch {
+    /// An empty batch bound to `pool`'s memory. Allocate once per worker, reuse forever.
+    pub fn new(pool: &PacketPool) -> Box<Batch> {
+        Box::new(Batch {
+            mem: Arc::clone(&pool.mem),
+            len: 0,
+            buf: [0; MAX_BATCH],
+            off: [0; MAX_BATCH],
+            pkt_len: [0; MAX_BATCH],
+            hash: [0; MAX_BATCH],
+            slot: [0; MAX_BATCH],
+            verdict: [0; MAX_BATCH],
+            ts: [0; MAX_BATCH],
+        })
+    }
+
+    /// Number of packets (dropped ones included until [`Batch::compact`] or a sink).
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if the batch holds no packet.
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Free slots left.
+    #[inline(always)]
+    pub fn room(&self) -> usize {
+        MAX_BATCH - self.len
+    }
+
+    /// Appends a fresh buffer from `pool` holding a copy of `frame` (with the
+    /// pool's headroom in front), verdict 0, hash 0. Returns `false` — and
+    /// leaves the batch unchanged — if the batch is full, the pool is empty
+    /// or the frame does not fit the buffer; callers count that as a drop.
+    #[inline(always)]
+    pub fn push_copy(&mut self, pool: &mut PacketPool, frame: &[u8], ts: u64) -> bool {
+        if self.len == MAX_BATCH || frame.len() > pool.data_room() || !pool.same_pool(&self.mem) {
+            return false;
+        }
+        let Some(idx) = pool.pop() else { return false };
+        let head = self.mem.headroom;
+        // SAFETY: idx came off the free list, so this batch now owns the
+        // buffer exclusively; head + frame.len() <= buf_size was checked above.
+        unsafe {
+            let dst = self.mem.buf_ptr(idx).add(head);
+            std::ptr::copy_nonoverlapping(frame.as_ptr(), dst, frame.len());
+        }
+        let i = self.len;
+        self.buf[i] = idx;
+        self.off[i] = head as u16;
+        self.pkt_len[i] = frame.len() as u16;
+        self.hash[i] = 0;
+        self.slot[i] = 0;
+        self.verdict[i] = 0;
+        self.ts[i] = ts;
+        self.len = i + 1;
+        true
+    }
+
+    /// Replay/NIC fast path: appends a buffer and copies the packet in whole
+    /// cache lines. `lines` covers the packet (`pkt_len <= 64 * lines.len()`),
+    /// as the replay arena stores it; fixed-size line copies avoid a `memcpy`
+    /// call per packet. `hash` is the flow hash a NIC would deliver (RSS).
+    #[inline(always)]
+    pub fn push_lines(&mut self, pool: &mut PacketPool, lines: &[Line], pkt_len: u16, hash: u32, ts: u64) -> bool {
+        let bytes = lines.len() * 64;
+        if self.len == MAX_BATCH || pkt_len as usize > bytes || bytes > pool.data_room() || !pool.same_pool(&self.mem) {
+            return false;
+        }
+        let Some(idx) = pool.pop() else { return false };
+        let head = self.mem.headroom;
+        // SAFETY: as in `push_copy`: exclusive ownership of `idx`, and
+        // head + 64 * lines.len() <= buf_size was checked above.
+        unsafe {
+            let dst = self.mem.buf_ptr(idx).add(head) as *mut Line;
+            for (k, l) in lines.iter().enumerate() {
+                dst.add(k).write_unaligned(*l);
+            }
+        }
+        let i = self.len;
+        self.buf[i] = idx;
+        self.off[i] = head as u16;
+        self.pkt_len[i] = pkt_len;
+        self.hash[i] = hash;
+        self.slot[i] = 0;
+        self.verdict[i] = 0;
+        self.ts[i] = ts;
+        self.len = i + 1;
+        true
+    }
+
+    /// Packet data of packet `i` (panics if `i >= len()`, like slice indexing).
+    #[inline(always)]
+    pub fn data(&self, i: usize) -> &[u8] {
+        assert!(i < self.len);
+        // SAFETY: slot i < len holds a buffer owned by this batch; off + len
+        // stays within the buffer (maintained by every mutator).
+        unsafe {
+            std::slice::from_raw_parts(
+                self.mem.buf_ptr(self.buf[i]).add(self.off[i] as usize),
+                self.pkt_len[i] as usize,
+            )
+        }
+    }
+
+    /// Mutable packet data of packet `i`.
+    #[inline(always)]
+    pub fn data_mut(&mut self, i: usize) -> &mut [u8] {
+        assert!(i < self.len);
+        // SAFETY: as in `data`; `&mut self` guarantees no other reference
+        // into this batch's buffers is alive.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.mem.buf_ptr(self.buf[i]).add(self.off[i] as usize),
+                self.pkt_len[i] as usize,
+            )
+        }
+    }
+
+    /// Prepends `n` bytes of headroom to packet `i` (e.g. an encapsulation
+    /// header) and returns the new data. `None` if the headroom is too small.
+    pub fn prepend(&mut self, i: usize, n: usize) -> Option<&mut [u8]> {
+        assert!(i < self.len);
+        if n > self.off[i] as usize {
+            return None;
+        }
+        self.off[i] -= n as u16;
+        self.pkt_len[i] += n as u16;
+        Some(self.data_mut(i))
+    }
+
+    /// Strips `n` bytes from the front of packet `i` (decapsulation).
+    /// Returns `false` if the packet is shorter than `n`.
+    pub fn adj(&mut self, i: usize, n: usize) -> bool {
+        assert!(i < self.len);
+        if n > self.pkt_len[i] as usize {
+            return false;
+        }
+        self.off[i] += n as u16;
+        self.pkt_len[i] -= n as u16;
+        true
+    }
+
+    /// Sets the length of packet `i` (trim or grow into the tailroom).
+    /// Returns `false` if it would exceed the buffer.
+    pub fn set_len(&mut self, i: usize, len: usize) -> bool {
+        assert!(i < self.len);
+        if self.off[i] as usize + len > self.mem.buf_size {
+            return false;
+        }
+        self.pkt_len[i] = len as u16;
+        true
+    }
+
+    /// Packet lengths.
+    #[inline(always)]
+    pub fn lens(&self) -> &[u16] {
+        &self.pkt_len[..self.len]
+    }
+
+    /// Flow hashes (one per packet).
+    #[inline(always)]
+    pub fn hashes(&self) -> &[u32] {
+        &self.hash[..self.len]
+    }
+
+    /// Mutable flow hashes.
+    #[inline(always)]
+    pub fn hashes_mut(&mut self) -> &mut [u32] {
+        &mut self.hash[..self.len]
+    }
+
+    /// State handle slots (filled by the table lookup of a stateful executor).
+    #[inline(always)]
+    pub fn slots(&self) -> &[u32] {
+        &self.slot[..self.len]
+    }
+
+    /// Mutable state handle slots.
+    #[inline(always)]
+    pub fn slots_mut(&mut self) -> &mut [u32] {
+        &mut self.slot[..self.len]
+    }
+
+    /// Verdicts: output port or [`DROP`].
+    #[inline(always)]
+    pub fn verdicts(&self) -> &[Verdict] {
+        &self.verdict[..self.len]
+    }
+
+    /// Mutable verdicts.
+    #[inline(always)]
+    pub fn verdicts_mut(&mut self) -> &mut [Verdict] {
+        &mut self.verdict[..self.len]
+    }
+
+    /// Timestamps (TSC or ns, as set by the source).
+    #[inline(always)]
+    pub fn timestamps(&self) -> &[u64] {
+        &self.ts[..self.len]
+    }
+
+    /// Mutable timestamps.
+    #[inline(always)]
+    pub fn timestamps_mut(&mut self) -> &mut [u64] {
+        &mut self.ts[..self.len]
+    }
+
+    /// Marks packet `i` dropped.
+    #[inline(always)]
+    pub fn drop_packet(&mut self, i: usize) {
+        self.verdict[..self.len][i] = DROP;
+    }
+
+    /// True if packet `i` is dropped.
+    #[inline(always)]
+    pub fn is_dropped(&self, i: usize) -> bool {
+        self.verdict[..self.len][i] == DROP
+    }
+
+    /// Number of packets not dropped.
+    pub fn live(&self) -> usize {
+        self.verdicts().iter().filter(|&&v| v != DROP).count()
+    }
+
+    /// Frees dropped packets' buffers and closes the gaps, keeping order.
+    /// Returns how many were removed.
+    pub fn compact(&mut self, pool: &mut PacketPool) -> Result<usize, PoolError> {
+        if !pool.same_pool(&self.mem) {
+            return Err(PoolError::ForeignBatch);
+        }
+        let mut w = 0;
+        for r in 0..self.len {
+            if self.verdict[r] == DROP {
+                pool.push(self.buf[r]);
+                continue;
+            }
+            if w != r {
+                self.buf[w] = self.buf[r];
+                self.off[w] = self.off[r];
+                self.pkt_len[w] = self.pkt_len[r];
+                self.hash[w] = self.hash[r];
+                self.slot[w] = self.slot[r];
+                self.verdict[w] = self.verdict[r];
+                self.ts[w] = self.ts[r];
+            }
+            w += 1;
+        }
+        let removed = self.len - w;
+        self.len = w;
+        Ok(removed)
+    }
+
+    /// Returns every buffer to `pool` and empties the batch.
+    #[inline]
+    pub fn free_all(&mut self, pool: &mut PacketPool) -> Result<(), PoolError> {
+        if !pool.same_pool(&self.mem) {
+            return Err(PoolError::ForeignBatch);
+        }
+        for &b in &self.buf[..self.len] {
+            pool.push(b);
+        }
+        self.len = 0;
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch").field("len", &self.len).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PoolConfig;
+
+    fn pool(n: usize) -> PacketPool {
+        PacketPool::new(PoolConfig { buffers: n, ..PoolConfig::default() }).unwrap()
+    }
+
+    #[test]
+    fn push_read_free() {
+        let mut p = pool(8);
+        let mut b = Batch::new(&p);
+        assert!(b.push_copy(&mut p, &[1, 2, 3], 7));
+        assert!(b.push_copy(&mut p, &[4; 100], 8));
+        assert_eq!(b.len(), 2);
+        assert_eq!(b.data(0), &[1, 2, 3]);
+        assert_eq!(b.data(1), &[4; 100][..]);
+        assert_eq!(b.timestamps(), &[7, 8]);
+        b.data_mut(0)[0] = 9;
+        assert_eq!(b.data(0)[0], 9);
+        assert_eq!(p.stats().free, 6);
+        b.free_all(&mut p).unwrap();
+        assert_eq!(p.stats().free, 8);
+        assert!(b.is_empty());
+    }
+
+    #[test]
+    fn pool_exhaustion_is_counted_not_fatal() {
+        let mut p = pool(2);
+        let mut b = Batch::new(&p);
+        assert!(b.push_copy(&mut p, &[0; 64], 0));
+        assert!(b.push_copy(&mut p, &[0; 64], 0));
+        assert!(!b.push_copy(&mut p, &[0; 64], 0));
+        assert_eq!(p.stats().alloc_failures, 1);
+        assert_eq!(b.len(), 2);
+    }
+
+    #[test]
+    fn oversized_frame_refused() {
+        let mut p = pool(2);
+        let mut b = Batch::new(&p);
+        let big = vec![0u8; p.data_room() + 1];
+        assert!(!b.push_copy(&mut p, &big, 0));
+        let room = p.data_room();
+        assert!(b.push_copy(&mut p, &big[..room], 0));
+    }
+
+    #[test]
+    fn batch_full() {
+        let mut p = pool(MAX_BATCH + 4);
+        let mut b = Batch::new(&p);
+        for _ in 0..MAX_BATCH {
+            assert!(b.push_copy(&mut p, &[1], 0));
+        }
+        assert!(!b.push_copy(&mut p, &[1], 0));
+        assert_eq!(b.room(), 0);
+    }
+
+    #[test]
+    fn foreign_pool_rejected() {
+        let mut p1 = pool(4);
+        let mut p2 = pool(4);
+        let mut b = Batch::new(&p1);
+        assert!(b.push_copy(&mut p1, &[1], 0));
+        assert!(!b.push_copy(&mut p2, &[1], 0));
+        assert_eq!(b.free_all(&mut p2), Err(PoolError::ForeignBatch));
+        assert_eq!(b.compact(&mut p2), Err(PoolError::ForeignBatch));
+        b.free_all(&mut p1).unwrap();
+    }
+
+    #[test]
+    fn drop_and_compact_keep_order() {
+        let mut p = pool(8);
+        let mut b = Batch::new(&p);
+        for i in 0..5u8 {
+            assert!(b.push_copy(&mut p, &[i], i as u64));
+        }
+        b.drop_packet(1);
+        b.drop_packet(3);
+        assert_eq!(b.live(), 3);
+        assert_eq!(b.compact(&mut p).unwrap(), 2);
+        let firsts: Vec<u8> = (0..b.len()).map(|i| b.data(i)[0]).collect();
+        assert_eq!(firsts, vec![0, 2, 4]);
+        assert_eq!(b.timestamps(), &[0, 2, 4]);
+        assert_eq!(p.stats().free, 5);
+    }
+
+    #[test]
+    fn headroom_prepend_and_adj() {
+        let mut p = pool(2);
+        let mut b = Batch::new(&p);
+        assert!(b.push_copy(&mut p, &[1, 2, 3, 4], 0));
+        let d = b.prepend(0, 8).unwrap();
+        assert_eq!(d.len(), 12);
+        d[..8].copy_from_slice(&[9; 8]);
+        assert_eq!(&b.data(0)[8..], &[1, 2, 3, 4]);
+        assert!(b.prepend(0, crate::DEFAULT_HEADROOM).is_none());
+        assert!(b.adj(0, 8));
+        assert_eq!(b.data(0), &[1, 2, 3, 4]);
+        assert!(!b.adj(0, 5));
+        assert!(b.set_len(0, 2));
+        assert_eq!(b.data(0), &[1, 2]);
+        assert!(!b.set_len(0, 4096));
+    }
+
+    #[test]
+    fn block_copy() {
+        let mut p = pool(2);
+        let mut b = Batch::new(&p);
+        let mut lines = [Line::ZERO; 2];
+        for i in 0..128 {
+            lines[i / 64].0[i % 64] = i as u8;
+        }
+        assert!(b.push_lines(&mut p, &lines, 100, 0xabcd, 5));
+        let expect: Vec<u8> = (0..100).collect();
+        assert_eq!(b.data(0), &expect[..]);
+        assert_eq!(b.hashes(), &[0xabcd]);
+        assert!(!b.push_lines(&mut p, &lines[..1], 65, 0, 0), "pkt_len beyond the lines");
+        assert_eq!(Line::count_for(64), 1);
+        assert_eq!(Line::count_for(65), 2);
+    }
+
+    #[test]
+    fn bad_configs() {
+        assert_eq!(PacketPool::new(PoolConfig { buffers: 0, ..Default::default() }).err(), Some(PoolError::BadConfig));
+        assert_eq!(PacketPool::new(PoolConfig { buf_size: 100, ..Default::default() }).err(), Some(PoolError::BadConfig));
+        assert_eq!(
+            PacketPool::new(PoolConfig { headroom: 2048, ..Default::default() }).err(),
+            Some(PoolError::BadConfig)
+        );
+    }
+}

@@ -1,0 +1,180 @@
+//! The per-core buffer pool: one aligned region, a LIFO free list.
+//!
+//! LIFO reuse keeps recently freed (cache-hot) buffers in circulation, which
+//! is what makes the replay source's RX copy land in L1/L2 in steady state.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::{DEFAULT_BUF_SIZE, DEFAULT_HEADROOM};
+
+/// Pool geometry, fixed at creation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Number of buffers.
+    pub buffers: usize,
+    /// Bytes per buffer, headroom included; a multiple of 64.
+    pub buf_size: usize,
+    /// Bytes reserved in front of the data for prepending headers.
+    pub headroom: usize,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig { buffers: 4096, buf_size: DEFAULT_BUF_SIZE, headroom: DEFAULT_HEADROOM }
+    }
+}
+
+/// Why a pool could not be created or a buffer not be returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolError {
+    /// Geometry is invalid (zero buffers, size not a multiple of 64, headroom too large, > 2^32 buffers).
+    BadConfig,
+    /// The allocator refused the region.
+    OutOfMemory,
+    /// A batch was returned to a pool it does not belong to.
+    ForeignBatch,
+}
+
+impl fmt::Display for PoolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PoolError::BadConfig => "invalid packet pool configuration",
+            PoolError::OutOfMemory => "cannot allocate packet pool memory",
+            PoolError::ForeignBatch => "batch belongs to another packet pool",
+        })
+    }
+}
+
+impl std::error::Error for PoolError {}
+
+/// The buffer memory, shared (read-only metadata) between a pool and its batches.
+pub(crate) struct PoolMem {
+    base: NonNull<u8>,
+    layout: Layout,
+    pub(crate) buf_size: usize,
+    pub(crate) headroom: usize,
+    pub(crate) count: usize,
+}
+
+// SAFETY: `PoolMem` is a plain memory region; all access to buffer bytes goes
+// through batches that own the buffer index exclusively (crate invariant), so
+// sharing the region pointer between threads cannot create data races.
+unsafe impl Send for PoolMem {}
+// SAFETY: see `Send`: the region itself is never accessed through `&PoolMem`
+// except via uniquely owned buffer indices.
+unsafe impl Sync for PoolMem {}
+
+impl PoolMem {
+    /// Pointer to the first byte of buffer `idx`.
+    #[inline(always)]
+    pub(crate) fn buf_ptr(&self, idx: u32) -> *mut u8 {
+        debug_assert!((idx as usize) < self.count);
+        // SAFETY: idx < count (checked by callers' invariants), so the offset
+        // stays inside the allocation of count * buf_size bytes.
+        unsafe { self.base.as_ptr().add(idx as usize * self.buf_size) }
+    }
+}
+
+impl Drop for PoolMem {
+    fn drop(&mut self) {
+        // SAFETY: `base` was allocated in `PacketPool::new` with exactly `layout`.
+        unsafe { dealloc(self.base.as_ptr(), self.layout) }
+    }
+}
+
+/// Counters of a pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Buffers in the pool.
+    pub buffers: usize,
+    /// Buffers currently free.
+    pub free: usize,
+    /// Allocation requests that could not be fully served (pool empty).
+    pub alloc_failures: u64,
+}
+
+/// A per-core pool of fixed-size packet buffers.
+pub struct PacketPool {
+    pub(crate) mem: Arc<PoolMem>,
+    free: Vec<u32>,
+    alloc_failures: u64,
+}
+
+impl PacketPool {
+    /// Allocates `cfg.buffers` buffers of `cfg.buf_size` bytes, 64-byte aligned and zeroed.
+    pub fn new(cfg: PoolConfig) -> Result<Self, PoolError> {
+        if cfg.buffers == 0
+            || cfg.buffers > u32::MAX as usize
+            || cfg.buf_size == 0
+            || cfg.buf_size % 64 != 0
+            || cfg.buf_size > u16::MAX as usize
+            || cfg.headroom >= cfg.buf_size
+        {
+            return Err(PoolError::BadConfig);
+        }
+        let bytes = cfg.buffers.checked_mul(cfg.buf_size).ok_or(PoolError::BadConfig)?;
+        let layout = Layout::from_size_align(bytes, 64).map_err(|_| PoolError::BadConfig)?;
+        // SAFETY: layout has non-zero size (buffers > 0, buf_size > 0).
+        let raw = unsafe { alloc_zeroed(layout) };
+        let base = NonNull::new(raw).ok_or(PoolError::OutOfMemory)?;
+        let mem = Arc::new(PoolMem { base, layout, buf_size: cfg.buf_size, headroom: cfg.headroom, count: cfg.buffers });
+        // Highest index at the bottom so buffer 0 is handed out first.
+        let free = (0..cfg.buffers as u32).rev().collect();
+        Ok(PacketPool { mem, free, alloc_failures: 0 })
+    }
+
+    /// Bytes per buffer.
+    pub fn buf_size(&self) -> usize {
+        self.mem.buf_size
+    }
+
+    /// Headroom given to freshly allocated packets.
+    pub fn headroom(&self) -> usize {
+        self.mem.headroom
+    }
+
+    /// Maximum packet data a fresh buffer can hold (buffer size minus headroom).
+    pub fn data_room(&self) -> usize {
+        self.mem.buf_size - self.mem.headroom
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> PoolStats {
+        PoolStats { buffers: self.mem.count, free: self.free.len(), alloc_failures: self.alloc_failures }
+    }
+
+    /// Takes one free buffer index, if any.
+    #[inline(always)]
+    pub(crate) fn pop(&mut self) -> Option<u32> {
+        let r = self.free.pop();
+        if r.is_none() {
+            self.alloc_failures += 1;
+        }
+        r
+    }
+
+    /// Returns a buffer index to the free list.
+    #[inline(always)]
+    pub(crate) fn push(&mut self, idx: u32) {
+        debug_assert!(self.free.len() < self.mem.count, "double free of buffer {idx}");
+        // Capacity was reserved for every buffer at creation: never reallocates.
+        self.free.push(idx);
+    }
+
+    pub(crate) fn same_pool(&self, mem: &Arc<PoolMem>) -> bool {
+        Arc::ptr_eq(&self.mem, mem)
+    }
+}
+
+impl fmt::Debug for PacketPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PacketPool")
+            .field("buffers", &self.mem.count)
+            .field("buf_size", &self.mem.buf_size)
+            .field("free", &self.free.len())
+            .finish()
+    }
+}
