@@ -1,5 +1,7 @@
-//! `flowplane-bench`: measurement — the TSC clock, machine ceilings and the
-//! benchmarks behind `flowplane bench ...`. Benchmarks report ratios measured
-//! in one run (flowplane vs its baselines), because this machine is shared and noisy.
+//! `flowplane-bench`: measurement — machine ceilings and the benchmarks
+//! behind `flowplane bench ...`. Benchmarks report ratios measured in one run
+//! (flowplane vs its baselines), because this machine is shared and noisy.
 
-pub mod tsc;
+/// The TSC clock (re-exported from `flowplane-packet`, where timestamps live).
+pub use flowplane_packet::tsc;
+pub mod table;

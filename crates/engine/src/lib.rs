@@ -1,1 +1,18 @@
-//! flowplane engine
+//! `flowplane-engine`: turns a chain spec into per-core NF instances and
+//! runs them: source -> batch -> chain -> sink on every worker core, then
+//! merges counters, TSC cycles and batch-latency histograms into a [`Report`].
+//!
+//! - [`spec`]: the chain-spec language.
+//! - [`chain`]: building NF instances from a spec (one set per core).
+//! - [`worker`]: the per-core run loop.
+//! - [`runner`]: starting workers on cores and collecting the report.
+
+pub mod chain;
+pub mod hist;
+pub mod report;
+pub mod runner;
+pub mod spec;
+pub mod worker;
+
+pub use report::Report;
+pub use runner::{run, RunConfig, RunError};

@@ -1,1 +1,55 @@
-//! flowplane io
+//! `flowplane-io`: packet sources and sinks, and CPU placement.
+//!
+//! - [`replay`]: the in-memory replay source — a trace preloaded compactly,
+//!   split into per-queue streams by an RSS stage as a NIC would, and copied
+//!   into recycled pool buffers on every receive (the NIC's DMA), in a loop,
+//!   at full speed or paced.
+//! - [`sink`]: where processed batches go (discard, pcap file).
+//! - [`cpu`]: pinning worker threads to cores.
+//!
+//! Real ports (AF_PACKET, AF_XDP, DPDK) arrive here later behind the same
+//! [`Source`]/[`Sink`] traits.
+
+pub mod cpu;
+pub mod replay;
+pub mod sink;
+
+use flowplane_packet::{Batch, PacketPool};
+
+/// What one receive call produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rx {
+    /// `n > 0` packets were appended to the batch.
+    Packets(usize),
+    /// Nothing now (pacing, or an idle port); call again.
+    Idle,
+    /// The source is exhausted (loop or packet limit reached).
+    Done,
+}
+
+/// A packet source for one queue, owned by one worker core.
+pub trait Source: Send {
+    /// Appends up to `batch.room()` packets (never more than `max`) taken
+    /// from `pool`. `now` is the worker's TSC reading for this burst.
+    fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize, now: u64) -> Rx;
+}
+
+/// A packet sink for one queue. It consumes the batch: every buffer —
+/// forwarded or dropped — goes back to `pool`, and the batch is left empty.
+pub trait Sink: Send {
+    /// Transmits the batch's live packets and frees all its buffers.
+    fn tx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch) -> TxCounters;
+}
+
+/// Per-call transmit counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TxCounters {
+    /// Packets sent (verdict != DROP).
+    pub sent: u64,
+    /// Bytes sent.
+    pub bytes: u64,
+    /// Packets dropped (verdict == DROP) and freed.
+    pub dropped: u64,
+    /// Packets the sink could not write (I/O error); counted, freed.
+    pub errors: u64,
+}

@@ -1,1 +1,70 @@
-//! flowplane nf
+//! `flowplane-nf`: the NF API and the NF library.
+//!
+//! An NF is a small component with a clear port contract (FastClick's
+//! element model): it receives a whole [`Batch`], may rewrite packets, and
+//! sets each packet's verdict (an output port, or drop). It never splits
+//! the batch. Stateless elements implement [`Nf`] directly; the stateful
+//! programming model (declared flow granularity and state, add-on-miss
+//! default action, per-packet action) builds on the same trait.
+//!
+//! NFs are created by name from a chain spec through the [`registry`].
+
+pub mod count;
+pub mod forward;
+pub mod params;
+pub mod registry;
+
+use flowplane_packet::Batch;
+use serde::Serialize;
+
+pub use params::{ParamError, Params};
+
+/// Per-NF packet counters, reported at the end of a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct NfCounters {
+    /// Packets that reached the NF (not already dropped upstream).
+    pub packets_in: u64,
+    /// Packets the NF passed on.
+    pub packets_out: u64,
+    /// Packets the NF dropped.
+    pub dropped: u64,
+    /// Bytes that reached the NF.
+    pub bytes_in: u64,
+}
+
+impl NfCounters {
+    /// Adds another core's counters.
+    pub fn merge(&mut self, o: &NfCounters) {
+        self.packets_in += o.packets_in;
+        self.packets_out += o.packets_out;
+        self.dropped += o.dropped;
+        self.bytes_in += o.bytes_in;
+    }
+}
+
+/// Per-batch context an NF may use: the time of this batch.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NfContext {
+    /// TSC reading when the batch was received.
+    pub now_tsc: u64,
+    /// Nanoseconds since the run started (monotonic, derived from the TSC).
+    pub now_ns: u64,
+}
+
+/// A network function instance, owned by one core.
+pub trait Nf: Send {
+    /// The NF's name as written in chain specs.
+    fn name(&self) -> &'static str;
+
+    /// Processes a whole batch in place. Packets whose verdict is already
+    /// `DROP` must be skipped (and not counted as input).
+    fn process(&mut self, batch: &mut Batch, ctx: &NfContext);
+
+    /// Packet counters so far.
+    fn counters(&self) -> NfCounters;
+
+    /// NF-specific state or results to report (JSON object), if any.
+    fn report(&self) -> Option<serde_json::Value> {
+        None
+    }
+}

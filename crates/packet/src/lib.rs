@@ -14,6 +14,7 @@
 
 mod batch;
 mod pool;
+pub mod tsc;
 
 pub use batch::{Batch, Line, Verdict, DROP, MAX_BATCH};
 pub use pool::{PacketPool, PoolConfig, PoolError, PoolStats};

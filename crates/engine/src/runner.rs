@@ -1,0 +1,152 @@
+//! Starting one worker per core over a replay trace, and merging their results.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flowplane_io::replay::{ReplayConfig, ReplayQueue, ReplayTrace};
+use flowplane_io::sink::{Discard, PcapSink, SharedPcapWriter};
+use flowplane_io::{cpu, Sink};
+use flowplane_packet::{tsc, PacketPool, PoolConfig, MAX_BATCH};
+
+use crate::chain::Chain;
+use crate::report::Report;
+use crate::spec::ChainSpec;
+use crate::worker::{run_worker, WorkerResult};
+
+/// Where forwarded packets go.
+#[derive(Clone, Default)]
+pub enum Output {
+    /// Freed (the benchmark sink).
+    #[default]
+    Discard,
+    /// Written to a pcap file shared by all workers.
+    Pcap(SharedPcapWriter),
+}
+
+/// How to run.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// Worker cores (= replay queues).
+    pub cores: usize,
+    /// Packets per receive burst (1..=256).
+    pub batch_size: usize,
+    /// Buffers per core's pool.
+    pub pool_buffers: usize,
+    /// Passes over the trace per queue (None: until `duration`).
+    pub loops: Option<u64>,
+    /// Wall-clock limit.
+    pub duration: Option<Duration>,
+    /// Total offered rate (packets/s over all queues); None = full speed.
+    pub rate_pps: Option<f64>,
+    /// Pin worker i to CPU i.
+    pub pin: bool,
+    /// Executor name, recorded in the report.
+    pub exec: String,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            cores: 1,
+            batch_size: 32,
+            pool_buffers: 4096,
+            loops: Some(1),
+            duration: None,
+            rate_pps: None,
+            pin: true,
+            exec: "batch".to_string(),
+        }
+    }
+}
+
+/// Why a run could not start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunError(pub String);
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RunError {}
+
+/// Runs `spec` over `trace` (one queue per core) and reports.
+pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: Output) -> Result<Report, RunError> {
+    if cfg.cores == 0 || cfg.cores != trace.queues() {
+        return Err(RunError(format!("{} cores but the trace has {} queues", cfg.cores, trace.queues())));
+    }
+    if cfg.batch_size == 0 || cfg.batch_size > MAX_BATCH {
+        return Err(RunError(format!("batch size {} out of range [1, {MAX_BATCH}]", cfg.batch_size)));
+    }
+    if cfg.loops.is_none() && cfg.duration.is_none() {
+        return Err(RunError("a run needs a loop count or a duration".to_string()));
+    }
+    // Build every core's chain up front so spec errors surface before any thread starts.
+    let mut chains = Vec::with_capacity(cfg.cores);
+    for _ in 0..cfg.cores {
+        chains.push(Chain::build(spec).map_err(RunError)?);
+    }
+    let hz = tsc::hz();
+    let stop = AtomicBool::new(false);
+    let epoch_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let start_tsc = tsc::rdtsc();
+    let wall = Instant::now();
+    let results: Vec<Result<WorkerResult, RunError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = chains
+            .into_iter()
+            .enumerate()
+            .map(|(core, mut chain)| {
+                let trace = Arc::clone(&trace);
+                let output = output.clone();
+                let stop = &stop;
+                std::thread::Builder::new()
+                    .name(format!("fp-worker-{core}"))
+                    .spawn_scoped(s, move || {
+                        if cfg.pin {
+                            cpu::pin_current_thread(core);
+                        }
+                        let mut pool =
+                            PacketPool::new(PoolConfig { buffers: cfg.pool_buffers.max(2 * MAX_BATCH), ..PoolConfig::default() })
+                                .map_err(|e| RunError(e.to_string()))?;
+                        let rcfg = ReplayConfig {
+                            loops: cfg.loops,
+                            max_packets: None,
+                            rate_pps: cfg.rate_pps.map(|r| r / cfg.cores as f64),
+                            tsc_hz: hz,
+                        };
+                        let mut source = ReplayQueue::new(trace, core, rcfg);
+                        let mut sink: Box<dyn Sink> = match output {
+                            Output::Discard => Box::new(Discard),
+                            Output::Pcap(w) => Box::new(PcapSink::new(w, start_tsc, epoch_ns, hz)),
+                        };
+                        Ok(run_worker(core, &mut pool, &mut source, &mut chain, sink.as_mut(), cfg.batch_size, stop, start_tsc))
+                    })
+                    .map_err(|e| RunError(format!("cannot start worker thread: {e}")))
+            })
+            .collect();
+        if let Some(d) = cfg.duration {
+            // Sleep in slices so a run whose workers finish early returns early.
+            let deadline = Instant::now() + d;
+            while Instant::now() < deadline && handles.iter().any(|h| h.as_ref().is_ok_and(|h| !h.is_finished())) {
+                std::thread::sleep(Duration::from_millis(5).min(deadline.saturating_duration_since(Instant::now())));
+            }
+            stop.store(true, Ordering::Relaxed);
+        }
+        handles
+            .into_iter()
+            .map(|h| match h {
+                Ok(h) => h.join().unwrap_or_else(|_| Err(RunError("a worker thread panicked".to_string()))),
+                Err(e) => Err(e),
+            })
+            .collect()
+    });
+    let elapsed = wall.elapsed();
+    let mut workers = Vec::with_capacity(results.len());
+    for r in results {
+        workers.push(r?);
+    }
+    Ok(Report::from_workers(spec, cfg, &workers, elapsed, hz))
+}

@@ -1,0 +1,383 @@
+//! In-memory replay: the benchmark source.
+//!
+//! A trace is preloaded once into per-queue arenas of cache lines: each
+//! packet takes `ceil(len / 64)` lines (so 8M 64-byte packets need 512 MiB of
+//! arena plus 10 bytes of index per packet, not 2 KiB each). The queue a
+//! packet lands in and its RSS hash are decided at load time by the caller's
+//! RSS stage, exactly as a NIC would deliver them. Every receive copies the
+//! packet into a recycled pool buffer (the NIC's DMA), so NFs that rewrite
+//! packets see pristine input on every loop; that copy is part of the I/O
+//! baseline.
+
+use std::fmt;
+use std::sync::Arc;
+
+use flowplane_packet::{Batch, Line, PacketPool};
+
+use crate::{Rx, Source};
+
+/// Longest frame the replay accepts (jumbo frames included).
+pub const MAX_FRAME: usize = 9216;
+
+/// Why a frame could not be loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayError {
+    /// Zero-length frame.
+    Empty,
+    /// Longer than [`MAX_FRAME`].
+    TooLong(usize),
+    /// Queue index out of range.
+    BadQueue(usize),
+    /// Arena larger than the 2^32-line index can address.
+    ArenaFull,
+}
+
+impl fmt::Display for ReplayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReplayError::Empty => write!(f, "empty frame"),
+            ReplayError::TooLong(n) => write!(f, "frame of {n} bytes exceeds the {MAX_FRAME}-byte limit"),
+            ReplayError::BadQueue(q) => write!(f, "queue {q} out of range"),
+            ReplayError::ArenaFull => write!(f, "trace too large for the replay arena"),
+        }
+    }
+}
+
+impl std::error::Error for ReplayError {}
+
+/// One queue's packets, struct-of-arrays.
+#[derive(Default)]
+struct QueueData {
+    lines: Vec<Line>,
+    first_line: Vec<u32>,
+    len: Vec<u16>,
+    hash: Vec<u32>,
+    bytes: u64,
+}
+
+/// Accumulates frames, then freezes them into a [`ReplayTrace`].
+pub struct ReplayBuilder {
+    queues: Vec<QueueData>,
+}
+
+impl ReplayBuilder {
+    /// A builder for `queues` queues (at least one).
+    pub fn new(queues: usize) -> Self {
+        ReplayBuilder { queues: (0..queues.max(1)).map(|_| QueueData::default()).collect() }
+    }
+
+    /// Reserves room for `packets` frames of about `avg_len` bytes in total,
+    /// spread evenly over the queues, so loading does not double-copy.
+    pub fn reserve(&mut self, packets: usize, avg_len: usize) {
+        let n = self.queues.len();
+        let per_q = packets / n + 1;
+        for q in &mut self.queues {
+            q.lines.reserve(per_q * Line::count_for(avg_len.max(1)));
+            q.first_line.reserve(per_q);
+            q.len.reserve(per_q);
+            q.hash.reserve(per_q);
+        }
+    }
+
+    /// Appends `frame` to `queue` with its flow hash.
+    pub fn push(&mut self, queue: usize, frame: &[u8], hash: u32) -> Result<(), ReplayError> {
+        if frame.is_empty() {
+            return Err(ReplayError::Empty);
+        }
+        if frame.len() > MAX_FRAME {
+            return Err(ReplayError::TooLong(frame.len()));
+        }
+        let nq = self.queues.len();
+        let q = self.queues.get_mut(queue).ok_or(ReplayError::BadQueue(queue))?;
+        let first = u32::try_from(q.lines.len()).map_err(|_| ReplayError::ArenaFull)?;
+        if nq == 0 || q.lines.len() + Line::count_for(frame.len()) > u32::MAX as usize {
+            return Err(ReplayError::ArenaFull);
+        }
+        for chunk in frame.chunks(64) {
+            let mut l = Line::ZERO;
+            l.0[..chunk.len()].copy_from_slice(chunk);
+            q.lines.push(l);
+        }
+        q.first_line.push(first);
+        q.len.push(frame.len() as u16);
+        q.hash.push(hash);
+        q.bytes += frame.len() as u64;
+        Ok(())
+    }
+
+    /// Freezes the trace; it can then be shared by every worker.
+    pub fn build(mut self) -> Arc<ReplayTrace> {
+        for q in &mut self.queues {
+            q.lines.shrink_to_fit();
+            q.first_line.shrink_to_fit();
+            q.len.shrink_to_fit();
+            q.hash.shrink_to_fit();
+        }
+        Arc::new(ReplayTrace { queues: self.queues })
+    }
+}
+
+/// A preloaded, immutable trace split into queues.
+pub struct ReplayTrace {
+    queues: Vec<QueueData>,
+}
+
+impl ReplayTrace {
+    /// Number of queues.
+    pub fn queues(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// Packets in queue `q` (0 if out of range).
+    pub fn queue_packets(&self, q: usize) -> usize {
+        self.queues.get(q).map_or(0, |d| d.len.len())
+    }
+
+    /// Packets in all queues.
+    pub fn packets(&self) -> usize {
+        self.queues.iter().map(|q| q.len.len()).sum()
+    }
+
+    /// Frame bytes in all queues.
+    pub fn bytes(&self) -> u64 {
+        self.queues.iter().map(|q| q.bytes).sum()
+    }
+
+    /// Memory held by the arenas and indices.
+    pub fn memory_bytes(&self) -> usize {
+        self.queues.iter().map(|q| q.lines.capacity() * 64 + q.first_line.capacity() * 10).sum()
+    }
+
+    /// Frame `i` of queue `q` (for tests and tools).
+    pub fn frame(&self, q: usize, i: usize) -> Option<&[u8]> {
+        let d = self.queues.get(q)?;
+        let first = *d.first_line.get(i)? as usize;
+        let len = d.len[i] as usize;
+        let lines = &d.lines[first..first + Line::count_for(len)];
+        // Lines are contiguous, but we only hand out the first one's bytes
+        // when the frame fits; tools needing longer frames use `copy_frame`.
+        if len <= 64 {
+            Some(&lines[0].0[..len])
+        } else {
+            None
+        }
+    }
+
+    /// Copies frame `i` of queue `q` into `out` (any length).
+    pub fn copy_frame(&self, q: usize, i: usize, out: &mut Vec<u8>) -> bool {
+        let Some(d) = self.queues.get(q) else { return false };
+        let Some(&first) = d.first_line.get(i) else { return false };
+        let len = d.len[i] as usize;
+        out.clear();
+        for l in &d.lines[first as usize..first as usize + Line::count_for(len)] {
+            out.extend_from_slice(&l.0);
+        }
+        out.truncate(len);
+        true
+    }
+}
+
+/// How a replay queue runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ReplayConfig {
+    /// Stop after this many passes over the queue (None: endless).
+    pub loops: Option<u64>,
+    /// Stop after this many packets from this queue (None: no limit).
+    pub max_packets: Option<u64>,
+    /// Pace to this many packets per second for this queue (None: full speed).
+    pub rate_pps: Option<f64>,
+    /// TSC ticks per second (needed for pacing).
+    pub tsc_hz: f64,
+}
+
+/// Per-queue receive counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplayCounters {
+    /// Packets delivered.
+    pub packets: u64,
+    /// Bytes delivered.
+    pub bytes: u64,
+    /// Completed passes over the queue.
+    pub loops: u64,
+    /// Packets not delivered because the pool was empty (counted, retried next burst).
+    pub pool_empty: u64,
+}
+
+/// One queue of a replay trace: the per-core source.
+pub struct ReplayQueue {
+    trace: Arc<ReplayTrace>,
+    q: usize,
+    pos: usize,
+    cfg: ReplayConfig,
+    start_tsc: Option<u64>,
+    counters: ReplayCounters,
+}
+
+impl ReplayQueue {
+    /// A source over queue `q` of `trace`.
+    pub fn new(trace: Arc<ReplayTrace>, q: usize, cfg: ReplayConfig) -> Self {
+        ReplayQueue { trace, q, pos: 0, cfg, start_tsc: None, counters: ReplayCounters::default() }
+    }
+
+    /// Counters so far.
+    pub fn counters(&self) -> ReplayCounters {
+        self.counters
+    }
+
+    fn budget(&mut self, max: usize, now: u64) -> usize {
+        let mut n = max;
+        if let Some(limit) = self.cfg.max_packets {
+            n = n.min(limit.saturating_sub(self.counters.packets) as usize);
+        }
+        if let Some(rate) = self.cfg.rate_pps {
+            let start = *self.start_tsc.get_or_insert(now);
+            let elapsed = now.saturating_sub(start) as f64 / self.cfg.tsc_hz.max(1.0);
+            let due = (elapsed * rate) as u64 + 1;
+            n = n.min(due.saturating_sub(self.counters.packets) as usize);
+        }
+        n
+    }
+}
+
+impl Source for ReplayQueue {
+    #[inline]
+    fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize, now: u64) -> Rx {
+        let total = self.trace.queue_packets(self.q);
+        if total == 0
+            || self.cfg.loops.is_some_and(|l| self.counters.loops >= l)
+            || self.cfg.max_packets.is_some_and(|m| self.counters.packets >= m)
+        {
+            return Rx::Done;
+        }
+        let want = self.budget(max.min(batch.room()), now);
+        // Disjoint field borrows: the trace is read while pos/counters change.
+        let d = &self.trace.queues[self.q];
+        let mut got = 0;
+        let mut bytes = 0u64;
+        while got < want {
+            let i = self.pos;
+            let first = d.first_line[i] as usize;
+            let len = d.len[i];
+            let lines = &d.lines[first..first + Line::count_for(len as usize)];
+            if !batch.push_lines(pool, lines, len, d.hash[i], now) {
+                self.counters.pool_empty += 1;
+                break;
+            }
+            got += 1;
+            bytes += len as u64;
+            self.pos += 1;
+            if self.pos == total {
+                self.pos = 0;
+                self.counters.loops += 1;
+                if self.cfg.loops.is_some_and(|l| self.counters.loops >= l) {
+                    break;
+                }
+            }
+        }
+        self.counters.packets += got as u64;
+        self.counters.bytes += bytes;
+        if got > 0 {
+            Rx::Packets(got)
+        } else {
+            Rx::Idle
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flowplane_packet::PoolConfig;
+
+    fn trace() -> Arc<ReplayTrace> {
+        let mut b = ReplayBuilder::new(2);
+        for i in 0..10u8 {
+            let frame = vec![i; 60 + i as usize * 10];
+            b.push((i % 2) as usize, &frame, i as u32).unwrap();
+        }
+        b.build()
+    }
+
+    #[test]
+    fn builder_rejects_bad_frames() {
+        let mut b = ReplayBuilder::new(1);
+        assert_eq!(b.push(0, &[], 0), Err(ReplayError::Empty));
+        assert_eq!(b.push(0, &vec![0; MAX_FRAME + 1], 0), Err(ReplayError::TooLong(MAX_FRAME + 1)));
+        assert_eq!(b.push(3, &[1], 0), Err(ReplayError::BadQueue(3)));
+    }
+
+    #[test]
+    fn compact_memory() {
+        let mut b = ReplayBuilder::new(1);
+        for _ in 0..10_000 {
+            b.push(0, &[0u8; 64], 0).unwrap();
+        }
+        let t = b.build();
+        assert_eq!(t.packets(), 10_000);
+        // one line per 64-byte frame plus 10 bytes of index
+        assert!(t.memory_bytes() <= 10_000 * 74 + 4096, "{}", t.memory_bytes());
+    }
+
+    #[test]
+    fn replays_in_order_and_loops() {
+        let t = trace();
+        assert_eq!(t.queue_packets(0), 5);
+        let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
+        let mut batch = Batch::new(&pool);
+        let mut q = ReplayQueue::new(t.clone(), 1, ReplayConfig { loops: Some(2), ..Default::default() });
+        assert_eq!(q.rx_burst(&mut pool, &mut batch, 32, 0), Rx::Packets(10));
+        let firsts: Vec<u8> = (0..10).map(|i| batch.data(i)[0]).collect();
+        assert_eq!(firsts, vec![1, 3, 5, 7, 9, 1, 3, 5, 7, 9]);
+        assert_eq!(batch.data(1).len(), 90);
+        assert_eq!(batch.hashes()[..5], [1, 3, 5, 7, 9]);
+        assert_eq!(q.rx_burst(&mut pool, &mut batch, 32, 0), Rx::Done);
+        assert_eq!(q.counters().loops, 2);
+        let mut v = Vec::new();
+        assert!(t.copy_frame(1, 4, &mut v));
+        assert_eq!(v, vec![9u8; 150]);
+        batch.free_all(&mut pool).unwrap();
+    }
+
+    #[test]
+    fn rewrites_do_not_leak_into_the_trace() {
+        let t = trace();
+        let mut pool = PacketPool::new(PoolConfig { buffers: 8, ..Default::default() }).unwrap();
+        let mut batch = Batch::new(&pool);
+        let mut q = ReplayQueue::new(t, 0, ReplayConfig::default());
+        for _ in 0..3 {
+            assert_eq!(q.rx_burst(&mut pool, &mut batch, 5, 0), Rx::Packets(5));
+            assert_eq!(batch.data(0)[0], 0, "pristine on every loop");
+            batch.data_mut(0).fill(0xff);
+            batch.free_all(&mut pool).unwrap();
+        }
+    }
+
+    #[test]
+    fn packet_limit_and_pool_exhaustion() {
+        let t = trace();
+        let mut pool = PacketPool::new(PoolConfig { buffers: 3, ..Default::default() }).unwrap();
+        let mut batch = Batch::new(&pool);
+        let mut q = ReplayQueue::new(t, 0, ReplayConfig { max_packets: Some(7), ..Default::default() });
+        assert_eq!(q.rx_burst(&mut pool, &mut batch, 32, 0), Rx::Packets(3));
+        assert_eq!(q.counters().pool_empty, 1);
+        batch.free_all(&mut pool).unwrap();
+        assert_eq!(q.rx_burst(&mut pool, &mut batch, 32, 0), Rx::Packets(3));
+        batch.free_all(&mut pool).unwrap();
+        assert_eq!(q.rx_burst(&mut pool, &mut batch, 32, 0), Rx::Packets(1));
+        batch.free_all(&mut pool).unwrap();
+        assert_eq!(q.rx_burst(&mut pool, &mut batch, 32, 0), Rx::Done);
+    }
+
+    #[test]
+    fn pacing_limits_rate() {
+        let t = trace();
+        let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
+        let mut batch = Batch::new(&pool);
+        // 1000 pps with a fake 1 MHz clock: after 5 ms (5000 ticks) about 6 packets are due.
+        let mut q = ReplayQueue::new(t, 0, ReplayConfig { rate_pps: Some(1000.0), tsc_hz: 1e6, ..Default::default() });
+        assert_eq!(q.rx_burst(&mut pool, &mut batch, 32, 0), Rx::Packets(1));
+        assert_eq!(q.rx_burst(&mut pool, &mut batch, 32, 10), Rx::Idle);
+        assert_eq!(q.rx_burst(&mut pool, &mut batch, 32, 5000), Rx::Packets(5));
+        batch.free_all(&mut pool).unwrap();
+    }
+}

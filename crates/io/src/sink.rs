@@ -1,0 +1,107 @@
+//! Sinks: where a worker's processed batches go.
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::sync::{Arc, Mutex};
+
+use flowplane_packet::{Batch, PacketPool, DROP};
+use flowplane_trace::PcapWriter;
+
+use crate::{Sink, TxCounters};
+
+/// Frees every packet, counting what would have been sent: the I/O baseline's sink.
+#[derive(Debug, Default)]
+pub struct Discard;
+
+impl Sink for Discard {
+    #[inline]
+    fn tx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch) -> TxCounters {
+        let mut c = TxCounters::default();
+        for (&v, &len) in batch.verdicts().iter().zip(batch.lens()) {
+            let live = (v != DROP) as u64;
+            c.sent += live;
+            c.bytes += live * len as u64;
+        }
+        c.dropped = batch.len() as u64 - c.sent;
+        // A batch always belongs to its worker's pool; a mismatch would be a
+        // wiring bug, reported as errors rather than a panic.
+        if batch.free_all(pool).is_err() {
+            c.errors = c.sent + c.dropped;
+        }
+        c
+    }
+}
+
+/// A pcap file shared by every worker: one lock per batch, never per packet.
+pub type SharedPcapWriter = Arc<Mutex<PcapWriter<BufWriter<File>>>>;
+
+/// Writes live packets to a pcap file, with timestamps derived from the
+/// batch's TSC stamps (`epoch_ns + (tsc - tsc0) / hz`).
+pub struct PcapSink {
+    writer: SharedPcapWriter,
+    tsc0: u64,
+    epoch_ns: u64,
+    ns_per_tick: f64,
+}
+
+impl PcapSink {
+    /// A sink writing into `writer`; `tsc0` taken at `epoch_ns` (wall clock).
+    pub fn new(writer: SharedPcapWriter, tsc0: u64, epoch_ns: u64, tsc_hz: f64) -> Self {
+        PcapSink { writer, tsc0, epoch_ns, ns_per_tick: 1e9 / tsc_hz.max(1.0) }
+    }
+}
+
+impl Sink for PcapSink {
+    fn tx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch) -> TxCounters {
+        let mut c = TxCounters::default();
+        {
+            // A poisoned lock means another worker panicked mid-write; count
+            // this batch as errors instead of propagating the panic.
+            match self.writer.lock() {
+                Ok(mut w) => {
+                    for i in 0..batch.len() {
+                        if batch.is_dropped(i) {
+                            c.dropped += 1;
+                            continue;
+                        }
+                        let data = batch.data(i);
+                        let ts = self.epoch_ns
+                            + (batch.timestamps()[i].saturating_sub(self.tsc0) as f64 * self.ns_per_tick) as u64;
+                        match w.write_packet(ts, data, data.len() as u32) {
+                            Ok(()) => {
+                                c.sent += 1;
+                                c.bytes += data.len() as u64;
+                            }
+                            Err(_) => c.errors += 1,
+                        }
+                    }
+                }
+                Err(_) => c.errors = batch.len() as u64,
+            }
+        }
+        if batch.free_all(pool).is_err() {
+            c.errors += c.sent + c.dropped;
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flowplane_packet::PoolConfig;
+
+    #[test]
+    fn discard_counts_and_frees() {
+        let mut pool = PacketPool::new(PoolConfig { buffers: 8, ..Default::default() }).unwrap();
+        let mut b = Batch::new(&pool);
+        for _ in 0..4 {
+            assert!(b.push_copy(&mut pool, &[0; 60], 0));
+        }
+        b.drop_packet(2);
+        let c = Discard.tx_burst(&mut pool, &mut b);
+        assert_eq!((c.sent, c.dropped, c.bytes, c.errors), (3, 1, 180, 0));
+        assert!(b.is_empty());
+        assert_eq!(pool.stats().free, 8);
+    }
+}
