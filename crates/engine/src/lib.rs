@@ -9,6 +9,7 @@
 
 pub mod chain;
 pub mod hist;
+pub mod load;
 pub mod report;
 pub mod runner;
 pub mod spec;

@@ -255,23 +255,28 @@ impl Source for ReplayQueue {
         let mut got = 0;
         let mut bytes = 0u64;
         while got < want {
-            let i = self.pos;
-            let first = d.first_line[i] as usize;
-            let len = d.len[i];
-            let lines = &d.lines[first..first + Line::count_for(len as usize)];
-            if !batch.push_lines(pool, lines, len, d.hash[i], now) {
-                self.counters.pool_empty += 1;
-                break;
-            }
-            got += 1;
-            bytes += len as u64;
-            self.pos += 1;
+            // One bulk receive per contiguous run (no wrap inside a chunk).
+            let pos = self.pos;
+            let chunk = (want - got).min(total - pos);
+            let (lines, first_line, len, hash) = (&d.lines, &d.first_line[pos..], &d.len[pos..], &d.hash[pos..]);
+            let n = batch.rx_burst_lines(pool, chunk, now, |k| {
+                let first = first_line[k] as usize;
+                let l = len[k];
+                bytes += l as u64;
+                (&lines[first..first + Line::count_for(l as usize)], l, hash[k])
+            });
+            got += n;
+            self.pos += n;
             if self.pos == total {
                 self.pos = 0;
                 self.counters.loops += 1;
                 if self.cfg.loops.is_some_and(|l| self.counters.loops >= l) {
                     break;
                 }
+            }
+            if n < chunk {
+                self.counters.pool_empty += 1;
+                break;
             }
         }
         self.counters.packets += got as u64;

@@ -156,6 +156,40 @@ impl PacketPool {
         r
     }
 
+    /// Takes `out.len()` free buffer indices at once, or none (returns false,
+    /// counting one failure) if the pool holds fewer.
+    #[inline(always)]
+    pub(crate) fn pop_bulk(&mut self, out: &mut [u32]) -> bool {
+        let n = out.len();
+        let have = self.free.len();
+        if have < n {
+            self.alloc_failures += 1;
+            return false;
+        }
+        out.copy_from_slice(&self.free[have - n..]);
+        self.free.truncate(have - n);
+        true
+    }
+
+    /// Returns many buffer indices at once.
+    #[inline(always)]
+    pub(crate) fn push_bulk(&mut self, idx: &[u32]) {
+        debug_assert!(self.free.len() + idx.len() <= self.mem.count, "double free");
+        self.free.extend_from_slice(idx);
+    }
+
+    /// Counts a request the pool could not fully serve.
+    #[inline(always)]
+    pub(crate) fn note_shortfall(&mut self) {
+        self.alloc_failures += 1;
+    }
+
+    /// Free buffers right now.
+    #[inline(always)]
+    pub fn available(&self) -> usize {
+        self.free.len()
+    }
+
     /// Returns a buffer index to the free list.
     #[inline(always)]
     pub(crate) fn push(&mut self, idx: u32) {
