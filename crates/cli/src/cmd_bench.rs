@@ -1,0 +1,112 @@
+//! `flowplane bench ...`: the benchmarks. Each prints a table (or JSON) of
+//! figures measured in one run, with ratios against the baselines of the
+//! same run.
+
+use clap::{Args, Subcommand};
+use flowplane_bench::io::{run_io, IoBenchOptions};
+use flowplane_bench::table::{self, TableBenchOptions};
+
+use crate::error::CliError;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub which: BenchCmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCmd {
+    /// I/O-only baseline: replay -> forward -> discard on one core.
+    Io {
+        /// Flows in the generated trace.
+        #[arg(long, default_value_t = 1_000_000)]
+        flows: u64,
+        /// Packets in the generated trace (replayed in a loop).
+        #[arg(long, default_value_t = 4_000_000)]
+        packets: u64,
+        /// Frame size.
+        #[arg(long, default_value_t = 64)]
+        size: usize,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+        /// Packets per batch.
+        #[arg(long, default_value_t = 32)]
+        batch: usize,
+        /// Small and short (CI smoke run).
+        #[arg(long)]
+        quick: bool,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Flow-table cost model (PNA methodology): cycles per lookup/insert/update/delete vs hashbrown and the memory ceiling.
+    Table {
+        /// Table sizes, comma-separated (e.g. 1024,65536,1048576).
+        #[arg(long, value_delimiter = ',')]
+        sizes: Option<Vec<usize>>,
+        /// Batch sizes, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        batches: Option<Vec<usize>>,
+        /// Insertion rates (every r-th op inserts), comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        insert_every: Option<Vec<u64>>,
+        /// Operations per measurement.
+        #[arg(long)]
+        ops: Option<u64>,
+        /// Small and short (CI smoke run).
+        #[arg(long)]
+        quick: bool,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn run(a: BenchArgs) -> Result<(), CliError> {
+    match a.which {
+        BenchCmd::Io { flows, packets, size, seconds, batch, quick, json } => {
+            let opts = if quick { IoBenchOptions::quick() } else { IoBenchOptions { flows, packets, size, seconds, batch } };
+            if !(opts.seconds.is_finite() && opts.seconds > 0.0) {
+                return Err(CliError::new(format!("--seconds {seconds}: must be positive")));
+            }
+            let rep = run_io(&opts).map_err(CliError::new)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rep)?);
+            } else {
+                print!("{rep}");
+            }
+        }
+        BenchCmd::Table { sizes, batches, insert_every, ops, quick, json } => {
+            let mut o = if quick { TableBenchOptions::quick() } else { TableBenchOptions::default() };
+            if let Some(s) = sizes {
+                o.sizes = s;
+            }
+            if let Some(b) = batches {
+                o.batch_sizes = b;
+            }
+            if let Some(r) = insert_every {
+                o.insert_rates = r;
+            }
+            if let Some(n) = ops {
+                o.ops = n;
+            }
+            if o.sizes.iter().any(|&s| s == 0 || s > 1 << 26) {
+                return Err(CliError::new("--sizes: each size must be between 1 and 67108864"));
+            }
+            if o.batch_sizes.iter().any(|&b| b == 0 || b > 64) {
+                return Err(CliError::new("--batches: each batch size must be between 1 and 64"));
+            }
+            if o.insert_rates.contains(&0) {
+                return Err(CliError::new("--insert-every: rates must be at least 1"));
+            }
+            let rows = table::run(&o);
+            if json {
+                println!("{}", table::to_json(&rows));
+            } else {
+                print!("{}", table::format_text(&rows));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,183 @@
+//! `flowplane run`: load traffic (trace file or generator) into the replay
+//! source, run a chain on N cores, print the report.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Parser;
+use flowplane_engine::load::{load_generated, load_trace, LoadStats};
+use flowplane_engine::runner::Output;
+use flowplane_engine::{run, spec, RunConfig};
+use flowplane_io::cpu;
+use flowplane_scale::RssDispatcher;
+use flowplane_trace::gen::Generator;
+use flowplane_trace::{PcapWriter, WriterOptions};
+
+use crate::cmd_gen::GenArgs;
+use crate::error::CliError;
+
+/// The chain `flowplane run` uses when none is given.
+pub const DEFAULT_CHAIN: &str = "forward -> count";
+/// The traffic of the default demo: 64-byte UDP packets, 1M flows, random order.
+pub const DEFAULT_GEN: &str = "--flows 1000000 --packets 4000000 --size 64 --dist uniform --order random --seed 1";
+
+#[derive(clap::Args, Debug, Default)]
+pub struct RunArgs {
+    /// Trace to replay (pcap or pcapng; Ethernet, raw IP, Linux cooked).
+    #[arg(long, short = 'i', conflicts_with = "gen")]
+    pub input: Option<PathBuf>,
+    /// Generate the traffic in memory instead, with `flowplane gen` options
+    /// (e.g. "--flows 1000 --packets 100000 --proto tcp").
+    #[arg(long, allow_hyphen_values = true)]
+    pub gen: Option<String>,
+    /// Write forwarded packets to this pcap file.
+    #[arg(long, short = 'o')]
+    pub output: Option<PathBuf>,
+    /// Chain spec, e.g. "forward -> count".
+    #[arg(long, short = 'c', default_value = DEFAULT_CHAIN)]
+    pub chain: String,
+    /// Worker cores (default: all available).
+    #[arg(long)]
+    pub cores: Option<usize>,
+    /// Executor.
+    #[arg(long, default_value = "batch", value_parser = ["batch"])]
+    pub exec: String,
+    /// Multi-core strategy (the emulated NIC stage).
+    #[arg(long, default_value = "rss", value_parser = ["rss"])]
+    pub scale: String,
+    /// Use the symmetric RSS key (both directions of a connection on one core).
+    #[arg(long)]
+    pub symmetric_rss: bool,
+    /// Passes over the trace (default 1 for --input/--gen).
+    #[arg(long)]
+    pub loops: Option<u64>,
+    /// Run for this many seconds (the trace loops as needed).
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Packets per batch (1..=256).
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+    /// Offered load in packets/s over all cores (default: full speed).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Buffers per core's packet pool.
+    #[arg(long, default_value_t = 4096)]
+    pub pool: usize,
+    /// Do not pin workers to cores.
+    #[arg(long)]
+    pub no_pin: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parses a `--gen` string with `flowplane gen`'s own option parser.
+pub fn parse_gen(s: &str) -> Result<Generator, CliError> {
+    #[derive(Parser, Debug)]
+    #[command(name = "--gen", no_binary_name = true, disable_help_flag = true, disable_version_flag = true)]
+    struct Wrap {
+        #[command(flatten)]
+        args: GenArgs,
+    }
+    let mut tokens = vec!["-o".to_string(), "/dev/null".to_string()];
+    tokens.extend(s.split_whitespace().map(str::to_string));
+    let w = Wrap::try_parse_from(tokens).map_err(|e| {
+        let msg = e.to_string();
+        let first = msg.lines().next().unwrap_or("invalid option").trim_start_matches("error: ").to_string();
+        CliError::new(format!("--gen: {first}"))
+    })?;
+    let cfg = w.args.to_config()?;
+    Generator::new(cfg).map_err(|e| CliError::new(format!("--gen: {e}")))
+}
+
+fn validate(a: &RunArgs) -> Result<(), CliError> {
+    if let Some(c) = a.cores {
+        if c == 0 || c > 512 {
+            return Err(CliError::new(format!("--cores {c}: must be between 1 and 512")));
+        }
+    }
+    if a.batch == 0 || a.batch > flowplane_packet::MAX_BATCH {
+        return Err(CliError::new(format!("--batch {}: must be between 1 and {}", a.batch, flowplane_packet::MAX_BATCH)));
+    }
+    if let Some(d) = a.duration {
+        if !(d.is_finite() && d > 0.0 && d <= 86_400.0) {
+            return Err(CliError::new(format!("--duration {d}: must be a positive number of seconds (<= 86400)")));
+        }
+    }
+    if let Some(r) = a.rate {
+        if !(r.is_finite() && r > 0.0) {
+            return Err(CliError::new(format!("--rate {r}: must be a positive packet rate")));
+        }
+    }
+    if a.loops == Some(0) {
+        return Err(CliError::new("--loops 0: must be at least 1"));
+    }
+    if a.pool < 2 * flowplane_packet::MAX_BATCH {
+        return Err(CliError::new(format!("--pool {}: must be at least {}", a.pool, 2 * flowplane_packet::MAX_BATCH)));
+    }
+    Ok(())
+}
+
+pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
+    validate(&a)?;
+    let demo = a.input.is_none() && a.gen.is_none();
+    if demo {
+        a.gen = Some(DEFAULT_GEN.to_string());
+        if a.loops.is_none() && a.duration.is_none() {
+            a.duration = Some(3.0);
+        }
+    }
+    // Check the chain before spending time on loading traffic.
+    let chain = spec::parse(&a.chain)?;
+    flowplane_engine::chain::Chain::build(&chain).map_err(CliError::new)?;
+
+    let cores = a.cores.unwrap_or_else(cpu::available_cores);
+    let dispatch = RssDispatcher::new(cores, a.symmetric_rss).map_err(CliError::new)?;
+    let (trace, load): (_, LoadStats) = match &a.input {
+        Some(path) => load_trace(path, &dispatch, None).map_err(CliError::new)?,
+        None => load_generated(parse_gen(a.gen.as_deref().unwrap_or(DEFAULT_GEN))?, &dispatch).map_err(CliError::new)?,
+    };
+    if load.packets == 0 {
+        return Err(CliError::new("the input holds no packet to replay"));
+    }
+    let output = match &a.output {
+        Some(p) => {
+            let w = PcapWriter::create(p, WriterOptions { nanosecond: true, ..WriterOptions::default() })?;
+            Output::Pcap(Arc::new(Mutex::new(w)))
+        }
+        None => Output::Discard,
+    };
+    let loops = if a.duration.is_some() && a.loops.is_none() { None } else { Some(a.loops.unwrap_or(1)) };
+    let cfg = RunConfig {
+        cores,
+        batch_size: a.batch,
+        pool_buffers: a.pool,
+        loops,
+        duration: a.duration.map(Duration::from_secs_f64),
+        rate_pps: a.rate,
+        pin: !a.no_pin,
+        exec: a.exec.clone(),
+    };
+    let report = run(&cfg, &chain, trace, output.clone())?;
+    if let Output::Pcap(w) = output {
+        let w = Arc::try_unwrap(w).map_err(|_| CliError::new("output writer still in use"))?;
+        let w = w.into_inner().map_err(|_| CliError::new("output writer poisoned by a failed worker"))?;
+        w.finish()?;
+    }
+    if a.json {
+        let mut v = serde_json::to_value(&report)?;
+        v["load"] = serde_json::to_value(load)?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        if demo {
+            println!("flowplane demo: {DEFAULT_GEN}");
+        }
+        println!(
+            "loaded       {} packets ({} unclassified, {} skipped) into {} queue(s)",
+            load.packets, load.unclassified, load.skipped, cores
+        );
+        print!("{report}");
+    }
+    Ok(())
+}
