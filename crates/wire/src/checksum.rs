@@ -97,7 +97,7 @@ pub fn update32(check: u16, old: u32, new: u32) -> u16 {
 /// Returns `check` unchanged if the lengths differ or are odd.
 #[inline]
 pub fn update_bytes(check: u16, old: &[u8], new: &[u8]) -> u16 {
-    if old.len() != new.len() || old.len() % 2 != 0 {
+    if old.len() != new.len() || !old.len().is_multiple_of(2) {
         return check;
     }
     let mut c = check;
