@@ -11,13 +11,22 @@
 
 pub mod count;
 pub mod forward;
+pub mod fsc;
+pub mod lb;
 pub mod params;
+pub mod pkt;
+pub mod ratelimit;
 pub mod registry;
+pub mod stateful;
+pub mod store;
+pub mod testutil;
 
 use flowplane_packet::Batch;
 use serde::Serialize;
 
 pub use params::{ParamError, Params};
+pub use pkt::{Pkt, PktMeta};
+pub use stateful::{Action, DynStateful, Granularity, StatefulNf};
 
 /// Per-NF packet counters, reported at the end of a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

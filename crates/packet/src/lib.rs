@@ -23,3 +23,31 @@ pub use pool::{PacketPool, PoolConfig, PoolError, PoolStats};
 pub const DEFAULT_BUF_SIZE: usize = 2048;
 /// Default headroom in front of the packet data.
 pub const DEFAULT_HEADROOM: usize = 128;
+
+/// Software prefetch hints (safe wrappers: a prefetch never faults).
+pub mod prefetch {
+    /// Hints the CPU to bring the cache line holding `*r` into all cache levels.
+    #[inline(always)]
+    pub fn read<T: ?Sized>(r: &T) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `prefetcht0` is a hint with no architectural effect; the
+        // address comes from a valid reference, and prefetches never fault.
+        unsafe {
+            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(r as *const T as *const i8)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = r;
+    }
+
+    /// Hints that the line holding `*r` is about to be written.
+    #[inline(always)]
+    pub fn write<T: ?Sized>(r: &T) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `read`; `prefetchw` (ET0 hint) is equally side-effect free.
+        unsafe {
+            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_ET0 }>(r as *const T as *const i8)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = r;
+    }
+}

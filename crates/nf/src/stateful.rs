@@ -1,0 +1,311 @@
+//! The stateful NF programming model.
+//!
+//! An NF declares what its state is keyed by ([`Granularity`]), the state
+//! itself (a plain-data `State` type), the **default action** run on a table
+//! miss that builds the initial state (PNA add-on-miss), and the **per-packet
+//! action** that reads/updates the state in place, may rewrite headers, and
+//! returns an [`Action`]. Optional hooks: a prefetch hook for state reached
+//! through pointers/indices (FAJITA's customizable prefetch), an idle timeout
+//! and a release callback (expiry or end of flow).
+//!
+//! The NF never sees tables, batches or cores: the executor owns them. The
+//! same NF therefore runs under every executor (batched with aggregated
+//! state, run-to-completion, per-NF tables, micro-batches) and every
+//! multi-core strategy. An NF is one file of safe Rust; see
+//! `docs/WRITING_AN_NF.md`.
+
+use bytemuck::{Pod, Zeroable};
+use flowplane_packet::{Batch, DROP};
+use flowplane_wire::flow::FiveTuple;
+
+use crate::pkt::{Pkt, PktMeta};
+use crate::store::{FlowStore, NO_SLOT};
+use crate::{NfContext, NfCounters};
+
+/// What an NF's state is keyed by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Granularity {
+    /// The 5-tuple: state aggregated with every other 5-tuple NF of the chain.
+    FiveTuple,
+    /// Source IP address (state shared between cores under RSS).
+    SrcIp,
+    /// Destination IP address.
+    DstIp,
+    /// Source and destination IP addresses.
+    IpPair,
+}
+
+impl Granularity {
+    /// Name used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Granularity::FiveTuple => "5-tuple",
+            Granularity::SrcIp => "src-ip",
+            Granularity::DstIp => "dst-ip",
+            Granularity::IpPair => "ip-pair",
+        }
+    }
+}
+
+/// The verdict of a per-packet action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Leave the packet's verdict as it is (pass to the next NF).
+    Pass,
+    /// Send to this output port.
+    Port(u16),
+    /// Drop the packet.
+    Drop,
+    /// Pass, and end the flow: the state is released and removed after this packet (e.g. TCP FIN/RST).
+    EndFlow,
+    /// Drop, and end the flow.
+    DropEndFlow,
+}
+
+/// A stateful network function.
+pub trait StatefulNf: Send + 'static {
+    /// Per-flow state: plain data (derive `Pod`, `Zeroable`, `#[repr(C)]`,
+    /// no padding), stored inline in the flow table's state block.
+    type State: Pod + Zeroable + Send;
+
+    /// Name in chain specs.
+    fn name(&self) -> &'static str;
+
+    /// What the state is keyed by (default: the 5-tuple).
+    fn granularity(&self) -> Granularity {
+        Granularity::FiveTuple
+    }
+
+    /// Idle time after which a flow's state expires (None: the chain's default).
+    fn idle_timeout_ns(&self) -> Option<u64> {
+        None
+    }
+
+    /// Default action on a table miss (add-on-miss): the new flow's initial state.
+    /// Runs once per flow, before [`StatefulNf::process`] sees its first packet.
+    fn init(&mut self, pkt: &Pkt<'_>, ctx: &NfContext) -> Self::State;
+
+    /// Per-packet action, with the flow's state updated in place.
+    fn process(&mut self, pkt: &mut Pkt<'_>, state: &mut Self::State, ctx: &NfContext) -> Action;
+
+    /// Prefetch hook for indirect state: called a few packets ahead of
+    /// `process` for the same packet, so the NF can `flowplane_packet::prefetch::read`
+    /// whatever `state` points to (a backend, a rule, a bucket).
+    fn prefetch(&self, _state: &Self::State) {}
+
+    /// Called when a flow's state is removed (expiry, end of flow, eviction
+    /// excepted): release what it holds (e.g. a NAT port).
+    fn release(&mut self, _key: &FiveTuple, _state: &Self::State) {}
+
+    /// What to do with packets that have no flow key (non-IP, malformed).
+    /// Default: pass them on untouched.
+    fn on_unparsed(&mut self) -> Action {
+        Action::Pass
+    }
+
+    /// NF-specific results for the report (JSON), if any.
+    fn report(&self) -> Option<serde_json::Value> {
+        None
+    }
+
+    /// One row of this NF's state for `--export` (JSON object), if the NF exports state.
+    fn export_row(&self, _key: &FiveTuple, _state: &Self::State) -> Option<serde_json::Value> {
+        None
+    }
+}
+
+/// The object-safe face of a [`StatefulNf`] that executors drive: state as
+/// byte blocks at an offset chosen by the chain compiler.
+pub trait DynStateful: Send {
+    /// Name.
+    fn name(&self) -> &'static str;
+    /// Granularity.
+    fn granularity(&self) -> Granularity;
+    /// Bytes of state.
+    fn state_size(&self) -> usize;
+    /// Alignment of the state type.
+    fn state_align(&self) -> usize;
+    /// Idle timeout.
+    fn idle_timeout_ns(&self) -> Option<u64>;
+    /// Runs the default action, writing the initial state into `out` (exactly `state_size` bytes).
+    fn init_into(&mut self, pkt: &Pkt<'_>, ctx: &NfContext, out: &mut [u8]);
+    /// Runs the per-packet action on `state` (exactly `state_size` bytes).
+    fn process_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext) -> Action;
+    /// Prefetch hook.
+    fn prefetch_bytes(&self, state: &[u8]);
+    /// Release callback.
+    fn release_bytes(&mut self, key: &FiveTuple, state: &[u8]);
+    /// Unparsed packets.
+    fn on_unparsed(&mut self) -> Action;
+    /// Report.
+    fn report(&self) -> Option<serde_json::Value>;
+    /// Export row.
+    fn export_row_bytes(&self, key: &FiveTuple, state: &[u8]) -> Option<serde_json::Value>;
+    /// Runs the per-packet action over a whole batch (one virtual call per
+    /// NF per batch; the loop inside is monomorphised). `slots[i]` names
+    /// packet i's block in `store`; this NF's state sits at `offset`. The
+    /// prefetch hook runs `ahead` packets in advance. End-of-flow requests
+    /// are OR-ed into `out.end`.
+    #[allow(clippy::too_many_arguments)]
+    fn process_batch(
+        &mut self,
+        batch: &mut Batch,
+        metas: &[PktMeta],
+        slots: &[u32],
+        store: &mut FlowStore,
+        offset: usize,
+        ctx: &NfContext,
+        ahead: usize,
+        out: &mut BatchOutcome,
+    );
+}
+
+/// What a batch pass of one NF produced.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BatchOutcome {
+    /// Counters to add to the NF's totals.
+    pub counters: NfCounters,
+    /// Bit i: packet i ended its flow.
+    pub end: [u64; 4],
+}
+
+impl BatchOutcome {
+    /// Marks packet `i` as ending its flow.
+    #[inline(always)]
+    pub fn mark_end(&mut self, i: usize) {
+        self.end[i >> 6] |= 1 << (i & 63);
+    }
+}
+
+/// Applies an action to packet `i`'s verdict; returns true if it ends the flow.
+#[inline(always)]
+pub fn apply_action(batch: &mut Batch, i: usize, a: Action, c: &mut NfCounters) -> bool {
+    match a {
+        Action::Pass => {
+            c.packets_out += 1;
+            false
+        }
+        Action::Port(p) => {
+            batch.verdicts_mut()[i] = p.min(DROP - 1);
+            c.packets_out += 1;
+            false
+        }
+        Action::Drop => {
+            batch.drop_packet(i);
+            c.dropped += 1;
+            false
+        }
+        Action::EndFlow => {
+            c.packets_out += 1;
+            true
+        }
+        Action::DropEndFlow => {
+            batch.drop_packet(i);
+            c.dropped += 1;
+            true
+        }
+    }
+}
+
+/// Reads the state at the front of `bytes` (blocks are 64-byte aligned and
+/// offsets respect the state's alignment, so this is a plain cast).
+#[inline(always)]
+fn cast<S: Pod>(bytes: &[u8]) -> &S {
+    bytemuck::from_bytes(&bytes[..std::mem::size_of::<S>()])
+}
+
+#[inline(always)]
+fn cast_mut<S: Pod>(bytes: &mut [u8]) -> &mut S {
+    bytemuck::from_bytes_mut(&mut bytes[..std::mem::size_of::<S>()])
+}
+
+impl<T: StatefulNf> DynStateful for T {
+    fn name(&self) -> &'static str {
+        StatefulNf::name(self)
+    }
+    fn granularity(&self) -> Granularity {
+        StatefulNf::granularity(self)
+    }
+    fn state_size(&self) -> usize {
+        std::mem::size_of::<T::State>()
+    }
+    fn state_align(&self) -> usize {
+        std::mem::align_of::<T::State>()
+    }
+    fn idle_timeout_ns(&self) -> Option<u64> {
+        StatefulNf::idle_timeout_ns(self)
+    }
+    #[inline]
+    fn init_into(&mut self, pkt: &Pkt<'_>, ctx: &NfContext, out: &mut [u8]) {
+        let s = self.init(pkt, ctx);
+        *cast_mut::<T::State>(out) = s;
+    }
+    #[inline]
+    fn process_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext) -> Action {
+        self.process(pkt, cast_mut::<T::State>(state), ctx)
+    }
+    #[inline]
+    fn prefetch_bytes(&self, state: &[u8]) {
+        self.prefetch(cast::<T::State>(state))
+    }
+    fn release_bytes(&mut self, key: &FiveTuple, state: &[u8]) {
+        self.release(key, cast::<T::State>(state))
+    }
+    fn on_unparsed(&mut self) -> Action {
+        StatefulNf::on_unparsed(self)
+    }
+    fn report(&self) -> Option<serde_json::Value> {
+        StatefulNf::report(self)
+    }
+    fn export_row_bytes(&self, key: &FiveTuple, state: &[u8]) -> Option<serde_json::Value> {
+        self.export_row(key, cast::<T::State>(state))
+    }
+
+    #[inline]
+    fn process_batch(
+        &mut self,
+        batch: &mut Batch,
+        metas: &[PktMeta],
+        slots: &[u32],
+        store: &mut FlowStore,
+        offset: usize,
+        ctx: &NfContext,
+        ahead: usize,
+        out: &mut BatchOutcome,
+    ) {
+        let n = batch.len().min(metas.len()).min(slots.len());
+        let size = std::mem::size_of::<T::State>();
+        let mut c = NfCounters::default();
+        for i in 0..n {
+            if ahead > 0 && i + ahead < n && slots[i + ahead] != NO_SLOT {
+                let b = store.block(slots[i + ahead]);
+                if b.len() >= offset + size {
+                    self.prefetch(cast::<T::State>(&b[offset..]));
+                }
+            }
+            if batch.is_dropped(i) {
+                continue;
+            }
+            c.packets_in += 1;
+            c.bytes_in += batch.lens()[i] as u64;
+            let meta = &metas[i];
+            let action = if !meta.valid || slots[i] == NO_SLOT {
+                self.on_unparsed()
+            } else {
+                let block = store.block_mut(slots[i]);
+                if block.len() < offset + size {
+                    // A store sized for another chain: refuse rather than misread.
+                    Action::Drop
+                } else {
+                    let state = cast_mut::<T::State>(&mut block[offset..]);
+                    let mut pkt = Pkt::new(batch.data_mut(i), meta);
+                    self.process(&mut pkt, state, ctx)
+                }
+            };
+            if apply_action(batch, i, action, &mut c) {
+                out.mark_end(i);
+            }
+        }
+        out.counters = c;
+    }
+}
