@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
+use flowplane_engine::exec::{ExecConfig, ExecKind};
 use flowplane_engine::load::{load_generated, load_trace, LoadStats};
+use flowplane_table::FullPolicy;
 use flowplane_engine::runner::Output;
 use flowplane_engine::{run, spec, RunConfig};
 use flowplane_io::cpu;
@@ -40,9 +42,25 @@ pub struct RunArgs {
     /// Worker cores (default: all available).
     #[arg(long)]
     pub cores: Option<usize>,
-    /// Executor.
-    #[arg(long, default_value = "batch", value_parser = ["batch"])]
+    /// Executor: batch (FAJITA), rtc (per-packet run-to-completion), pernf (a table per NF, VPP-style),
+    /// microbatch (per-flow micro-batches, FastClick-style).
+    #[arg(long, default_value = "batch", value_parser = ["batch", "rtc", "pernf", "microbatch"])]
     pub exec: String,
+    /// Disable software prefetching (bulk lookups, state lines, NF prefetch hooks).
+    #[arg(long)]
+    pub no_prefetch: bool,
+    /// Flow-table capacity per core (IPv4 flows).
+    #[arg(long, default_value_t = 1 << 21)]
+    pub flows: usize,
+    /// Idle timeout of flow state in seconds, when no NF sets one.
+    #[arg(long, default_value_t = 30.0)]
+    pub idle_timeout: f64,
+    /// When a flow table is full: reject (count and pass without state) or evict the least recently used entry.
+    #[arg(long, default_value = "reject", value_parser = ["reject", "evict"])]
+    pub table_full: String,
+    /// Export an NF's state at the end of the run: NF=FILE.csv or NF=FILE.json (repeatable).
+    #[arg(long, value_name = "NF=FILE")]
+    pub export: Vec<String>,
     /// Multi-core strategy (the emulated NIC stage).
     #[arg(long, default_value = "rss", value_parser = ["rss"])]
     pub scale: String,
@@ -113,6 +131,12 @@ fn validate(a: &RunArgs) -> Result<(), CliError> {
     if a.loops == Some(0) {
         return Err(CliError::new("--loops 0: must be at least 1"));
     }
+    if a.flows == 0 || a.flows > 1 << 30 {
+        return Err(CliError::new(format!("--flows {}: must be between 1 and {}", a.flows, 1u64 << 30)));
+    }
+    if !(a.idle_timeout.is_finite() && a.idle_timeout > 0.0) {
+        return Err(CliError::new(format!("--idle-timeout {}: must be a positive number of seconds", a.idle_timeout)));
+    }
     if a.pool < 2 * flowplane_packet::MAX_BATCH {
         return Err(CliError::new(format!("--pool {}: must be at least {}", a.pool, 2 * flowplane_packet::MAX_BATCH)));
     }
@@ -149,6 +173,15 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         None => Output::Discard,
     };
     let loops = if a.duration.is_some() && a.loops.is_none() { None } else { Some(a.loops.unwrap_or(1)) };
+    let exports = parse_exports(&a.export)?;
+    let exec = ExecConfig {
+        kind: ExecKind::parse(&a.exec).map_err(CliError::new)?,
+        prefetch: !a.no_prefetch,
+        flows: a.flows,
+        default_idle_timeout_ns: (a.idle_timeout * 1e9) as u64,
+        full_policy: if a.table_full == "evict" { FullPolicy::EvictLruIdle } else { FullPolicy::Reject },
+        hugepages: true,
+    };
     let cfg = RunConfig {
         cores,
         batch_size: a.batch,
@@ -157,13 +190,18 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         duration: a.duration.map(Duration::from_secs_f64),
         rate_pps: a.rate,
         pin: !a.no_pin,
-        exec: a.exec.clone(),
+        exec,
+        export: exports.iter().map(|(n, _)| n.clone()).collect(),
     };
     let report = run(&cfg, &chain, trace, output.clone())?;
     if let Output::Pcap(w) = output {
         let w = Arc::try_unwrap(w).map_err(|_| CliError::new("output writer still in use"))?;
         let w = w.into_inner().map_err(|_| CliError::new("output writer poisoned by a failed worker"))?;
         w.finish()?;
+    }
+    for (name, path) in &exports {
+        let rows = report.exports.iter().find(|(n, _)| n == name).map(|(_, r)| r.as_slice()).unwrap_or(&[]);
+        write_export(path, rows)?;
     }
     if a.json {
         let mut v = serde_json::to_value(&report)?;
@@ -180,4 +218,45 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         print!("{report}");
     }
     Ok(())
+}
+
+/// `NF=FILE.csv|json` pairs.
+fn parse_exports(specs: &[String]) -> Result<Vec<(String, PathBuf)>, CliError> {
+    specs
+        .iter()
+        .map(|s| {
+            let (nf, file) =
+                s.split_once('=').ok_or_else(|| CliError::new(format!("--export {s}: expected NF=FILE.csv or NF=FILE.json")))?;
+            let path = PathBuf::from(file);
+            match path.extension().and_then(|e| e.to_str()) {
+                Some("csv" | "json") => Ok((nf.to_string(), path)),
+                _ => Err(CliError::new(format!("--export {s}: the file must end in .csv or .json"))),
+            }
+        })
+        .collect()
+}
+
+/// Writes exported rows as JSON (an array) or CSV (columns of the first row, in order).
+fn write_export(path: &std::path::Path, rows: &[serde_json::Value]) -> Result<(), CliError> {
+    use std::io::Write;
+    let io = |e: std::io::Error| CliError::new(format!("{}: {e}", path.display()));
+    let mut w = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+    if path.extension().and_then(|e| e.to_str()) == Some("json") {
+        serde_json::to_writer_pretty(&mut w, rows)?;
+        writeln!(w).map_err(io)?;
+    } else {
+        let cols: Vec<String> = rows.first().and_then(|r| r.as_object()).map(|o| o.keys().cloned().collect()).unwrap_or_default();
+        writeln!(w, "{}", cols.join(",")).map_err(io)?;
+        for r in rows {
+            let line: Vec<String> = cols
+                .iter()
+                .map(|c| match &r[c] {
+                    serde_json::Value::String(s) => s.clone(),
+                    v => v.to_string(),
+                })
+                .collect();
+            writeln!(w, "{}", line.join(",")).map_err(io)?;
+        }
+    }
+    w.flush().map_err(io)
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use flowplane_nf::NfCounters;
 use serde::Serialize;
 
+use crate::exec::StoreReport;
 use crate::hist::Histogram;
 use crate::runner::RunConfig;
 use crate::spec::ChainSpec;
@@ -91,6 +92,11 @@ pub struct Report {
     pub per_core: Vec<CoreReport>,
     /// Per NF.
     pub nfs: Vec<NfReport>,
+    /// Flow tables (summed over cores).
+    pub tables: StoreReport,
+    /// Exported NF state (not serialised in the report; written by `--export`).
+    #[serde(skip)]
+    pub exports: Vec<(String, Vec<serde_json::Value>)>,
 }
 
 fn spec_string(spec: &ChainSpec) -> String {
@@ -113,7 +119,7 @@ impl Report {
     pub fn from_workers(spec: &ChainSpec, cfg: &RunConfig, ws: &[WorkerResult], elapsed: Duration, hz: f64) -> Report {
         let mut r = Report {
             chain: spec_string(spec),
-            exec: cfg.exec.clone(),
+            exec: cfg.exec.kind.to_string(),
             cores: ws.len(),
             duration_s: elapsed.as_secs_f64(),
             tsc_ghz: hz / 1e9,
@@ -128,6 +134,13 @@ impl Report {
             r.dropped += w.tx.dropped;
             r.tx_errors += w.tx.errors;
             cycles += w.cycles;
+            r.tables.merge(&w.store);
+            for (name, rows) in &w.exports {
+                match r.exports.iter_mut().find(|(n, _)| n == name) {
+                    Some((_, all)) => all.extend(rows.iter().cloned()),
+                    None => r.exports.push((name.clone(), rows.clone())),
+                }
+            }
             hist.merge(&w.batch_latency);
             let secs = w.cycles as f64 / hz;
             r.per_core.push(CoreReport {
@@ -183,6 +196,14 @@ impl fmt::Display for Report {
         )?;
         for c in &self.per_core {
             writeln!(f, "core {:<7} {} packets, {:.2} Mpps, {:.1} cycles/pkt", c.core, c.packets, c.mpps, c.cycles_per_packet)?;
+        }
+        let t = &self.tables;
+        if t.capacity > 0 {
+            writeln!(
+                f,
+                "flow table   {} flows / {} capacity, {} insertions, {} expiries, {} ended, {} table-full, {} evictions, {} unparsed",
+                t.flows, t.capacity, t.insertions, t.expiries, t.ended, t.table_full, t.evictions, t.unparsed
+            )?;
         }
         writeln!(f, "{:<14} {:>12} {:>12} {:>12}", "nf", "in", "out", "dropped")?;
         for n in &self.nfs {

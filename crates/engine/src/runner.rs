@@ -11,6 +11,7 @@ use flowplane_io::{cpu, Sink};
 use flowplane_packet::{tsc, PacketPool, PoolConfig, MAX_BATCH};
 
 use crate::chain::Chain;
+use crate::exec::{ExecConfig, Executor};
 use crate::report::Report;
 use crate::spec::ChainSpec;
 use crate::worker::{run_worker, WorkerResult};
@@ -42,8 +43,10 @@ pub struct RunConfig {
     pub rate_pps: Option<f64>,
     /// Pin worker i to CPU i.
     pub pin: bool,
-    /// Executor name, recorded in the report.
-    pub exec: String,
+    /// Executor and state-store settings.
+    pub exec: ExecConfig,
+    /// NFs whose state to export at the end of the run.
+    pub export: Vec<String>,
 }
 
 impl Default for RunConfig {
@@ -56,7 +59,8 @@ impl Default for RunConfig {
             duration: None,
             rate_pps: None,
             pin: true,
-            exec: "batch".to_string(),
+            exec: ExecConfig::default(),
+            export: Vec::new(),
         }
     }
 }
@@ -89,6 +93,11 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
     for _ in 0..cfg.cores {
         chains.push(Chain::build(spec).map_err(RunError)?);
     }
+    for e in &cfg.export {
+        if !spec.nfs.iter().any(|n| &n.name == e) {
+            return Err(RunError(format!("--export {e}: no NF '{e}' in the chain")));
+        }
+    }
     let hz = tsc::hz();
     let stop = AtomicBool::new(false);
     let epoch_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
@@ -98,7 +107,7 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
         let handles: Vec<_> = chains
             .into_iter()
             .enumerate()
-            .map(|(core, mut chain)| {
+            .map(|(core, chain)| {
                 let trace = Arc::clone(&trace);
                 let output = output.clone();
                 let stop = &stop;
@@ -117,12 +126,20 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
                             rate_pps: cfg.rate_pps.map(|r| r / cfg.cores as f64),
                             tsc_hz: hz,
                         };
+                        let mut exec = Executor::new(chain, cfg.exec).map_err(RunError)?;
                         let mut source = ReplayQueue::new(trace, core, rcfg);
                         let mut sink: Box<dyn Sink> = match output {
                             Output::Discard => Box::new(Discard),
                             Output::Pcap(w) => Box::new(PcapSink::new(w, start_tsc, epoch_ns, hz)),
                         };
-                        Ok(run_worker(core, &mut pool, &mut source, &mut chain, sink.as_mut(), cfg.batch_size, stop, start_tsc))
+                        let mut res =
+                            run_worker(core, &mut pool, &mut source, &mut exec, sink.as_mut(), cfg.batch_size, stop, start_tsc);
+                        for name in &cfg.export {
+                            if let Some(rows) = exec.export(name) {
+                                res.exports.push((name.clone(), rows));
+                            }
+                        }
+                        Ok(res)
                     })
                     .map_err(|e| RunError(format!("cannot start worker thread: {e}")))
             })

@@ -6,7 +6,7 @@ use flowplane_io::{Rx, Sink, Source, TxCounters};
 use flowplane_nf::{NfContext, NfCounters};
 use flowplane_packet::{tsc, Batch, PacketPool};
 
-use crate::chain::Chain;
+use crate::exec::{Executor, StoreReport};
 use crate::hist::Histogram;
 
 /// What one worker measured.
@@ -28,14 +28,19 @@ pub struct WorkerResult {
     pub nfs: Vec<(String, NfCounters, Option<serde_json::Value>)>,
     /// Cycles from receive to transmit completion, per batch.
     pub batch_latency: Histogram,
+    /// Flow-table figures.
+    pub store: StoreReport,
+    /// Exported NF state: (nf name, rows).
+    pub exports: Vec<(String, Vec<serde_json::Value>)>,
 }
 
 /// Runs until the source is done or `stop` is raised.
+#[allow(clippy::too_many_arguments)]
 pub fn run_worker(
     core: usize,
     pool: &mut PacketPool,
     source: &mut dyn Source,
-    chain: &mut Chain,
+    exec: &mut Executor,
     sink: &mut dyn Sink,
     batch_size: usize,
     stop: &AtomicBool,
@@ -63,9 +68,7 @@ pub fn run_worker(
         res.packets += n as u64;
         res.bytes += batch.lens().iter().map(|&l| l as u64).sum::<u64>();
         let ctx = NfContext { now_tsc: now, now_ns: (now.saturating_sub(run_start_tsc) as f64 * ns_per_tick) as u64 };
-        for nf in chain.nfs.iter_mut() {
-            nf.process(&mut batch, &ctx);
-        }
+        exec.process(&mut batch, &ctx);
         let tx = sink.tx_burst(pool, &mut batch);
         res.tx.sent += tx.sent;
         res.tx.bytes += tx.bytes;
@@ -81,6 +84,7 @@ pub fn run_worker(
     // Buffers still held (none unless a sink failed) go back to the pool.
     let _ = batch.free_all(pool);
     res.cycles = first.map_or(0, |f| last_end.saturating_sub(f));
-    res.nfs = chain.nfs.iter().map(|nf| (nf.name().to_string(), nf.counters(), nf.report())).collect();
+    res.nfs = exec.nf_results();
+    res.store = exec.store_report();
     res
 }

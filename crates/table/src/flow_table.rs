@@ -1,0 +1,813 @@
+//! The per-core flow table: a bucketized cuckoo hash (2 candidate buckets of 8
+//! slots, one 64-byte line each) whose slots hold 16-bit tags and handles into
+//! the state slab (`slab.rs`). It owns lookup (single and batched, with the
+//! rte_hash_lookup_bulk prefetch phases), add-on-miss insertion with bounded BFS
+//! displacement, the full-table policy, removal, and statistics. Expiry lives in
+//! `expiry.rs`.
+
+use crate::error::TableError;
+use crate::key::placement::{alt, primary, tag as tag_of};
+use crate::key::FlowKey;
+use crate::simd::{match_tags, SLOTS};
+use crate::slab::{prefetch, RawMem, Slab};
+use core::cell::Cell;
+
+/// Index of a flow's entry in the state slab; stable for the flow's lifetime (cuckoo moves never change it).
+pub type Handle = u32;
+
+/// Written to `out[i]` for keys that were not found / not inserted.
+pub const INVALID_HANDLE: Handle = u32::MAX;
+
+/// Most keys one batched call processes (hit masks are `u64`).
+pub const MAX_BATCH: usize = 64;
+
+/// Nodes explored by one displacement search before an insert gives up (bounds insert latency).
+const MAX_BFS_NODES: usize = 256;
+
+/// What an insert does when the table is full (slab exhausted or no displacement path).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FullPolicy {
+    /// Fail the insert and count a `full_event`.
+    #[default]
+    Reject,
+    /// Evict the least-recently-seen entry among the new key's two candidate buckets (16 entries),
+    /// reuse its slab entry for the new flow and count an `eviction`. Evictions do not call the expiry callback.
+    EvictLruIdle,
+}
+
+/// Table creation parameters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableConfig {
+    /// Maximum number of flows (slab entries), 1 ..= 2^31.
+    pub capacity: usize,
+    /// Bytes of state per flow (rounded up so each slab entry is a multiple of 64 bytes).
+    pub state_size: usize,
+    /// Entries idle longer than this expire in [`FlowTable::expire`]; `None` disables expiry.
+    pub idle_timeout_ns: Option<u64>,
+    /// Behaviour of inserts into a full table.
+    pub full_policy: FullPolicy,
+    /// Back buckets and slab with 2 MiB hugepages when available (falls back to normal pages).
+    pub hugepages: bool,
+}
+
+impl TableConfig {
+    /// A config with no expiry, `Reject` policy, normal pages.
+    pub fn new(capacity: usize, state_size: usize) -> Self {
+        TableConfig { capacity, state_size, idle_timeout_ns: None, full_policy: FullPolicy::Reject, hugepages: false }
+    }
+}
+
+/// Counters since creation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableStats {
+    /// New entries created.
+    pub inserts: u64,
+    /// Entries removed explicitly (`remove`, `remove_handle`).
+    pub removes: u64,
+    /// Entries removed by `expire`.
+    pub expiries: u64,
+    /// Inserts that failed because the table was full.
+    pub full_events: u64,
+    /// Entries evicted to make room (`EvictLruIdle`).
+    pub evictions: u64,
+    /// Keys looked up (single, batched and the lookup part of inserts).
+    pub lookups: u64,
+    /// Lookups that found their key.
+    pub hits: u64,
+}
+
+/// Outcome masks of [`FlowTable::lookup_or_insert_batch`] (bit i = key i).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchResult {
+    /// Key was present (or inserted by an earlier key of the same batch).
+    pub hit: u64,
+    /// Key was inserted by this call and its `init` ran.
+    pub inserted: u64,
+    /// Key was absent and could not be inserted (table full): `out[i] == INVALID_HANDLE`.
+    pub failed: u64,
+}
+
+/// One cache line: 8 tags (0 = empty slot), the 8 slab handles they lead to, and the overflow bookkeeping that
+/// lets most lookups skip the alternate bucket: `overflow` counts entries whose primary bucket is this one but
+/// which live in their alternate bucket; `alt_bits` marks this bucket's slots holding such entries. A key whose
+/// primary bucket has `overflow == 0` can only be in its primary bucket, so a lookup reads 2 lines (bucket,
+/// entry) instead of 3 — the difference between the bandwidth of 3 and of 2 random lines per op.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub(crate) struct Bucket {
+    pub(crate) tags: [u16; SLOTS],
+    pub(crate) idx: [u32; SLOTS],
+    pub(crate) overflow: u32,
+    pub(crate) alt_bits: u8,
+    _spare: [u8; 11],
+}
+
+const _: () = assert!(core::mem::size_of::<Bucket>() == 64);
+
+/// A per-core flow table (Send, not Sync: one per core, no locks).
+pub struct FlowTable<K: FlowKey> {
+    buckets: RawMem,
+    pub(crate) mask: u32,
+    pub(crate) slab: Slab<K>,
+    pub(crate) idle_timeout_ns: Option<u64>,
+    policy: FullPolicy,
+    pub(crate) stats: TableStats,
+    lookups: Cell<u64>,
+    hits: Cell<u64>,
+    /// Next slab index the incremental expiry sweep examines.
+    pub(crate) sweep_cursor: u32,
+}
+
+// SAFETY: the table exclusively owns its memory (RawMem, Slab); K is Send. It is not Sync (Cell counters).
+unsafe impl<K: FlowKey> Send for FlowTable<K> {}
+
+impl<K: FlowKey> FlowTable<K> {
+    /// Creates a table; buckets are sized so a full slab loads at most 90% of the slots.
+    pub fn new(cfg: TableConfig) -> Result<Self, TableError> {
+        if cfg.capacity == 0 || cfg.capacity > (1 << 31) {
+            return Err(TableError::InvalidConfig("capacity must be in 1..=2^31"));
+        }
+        let min_buckets = (cfg.capacity * 10).div_ceil(SLOTS * 9);
+        Self::with_buckets(cfg, min_buckets.next_power_of_two())
+    }
+
+    /// Creates a table with exactly `nbuckets` (a power of two) buckets: lets tests fill the slots themselves.
+    pub(crate) fn with_buckets(cfg: TableConfig, nbuckets: usize) -> Result<Self, TableError> {
+        if cfg.capacity == 0 || cfg.capacity > (1 << 31) {
+            return Err(TableError::InvalidConfig("capacity must be in 1..=2^31"));
+        }
+        if !nbuckets.is_power_of_two() || nbuckets > (1 << 31) {
+            return Err(TableError::InvalidConfig("bucket count must be a power of two <= 2^31"));
+        }
+        if cfg.idle_timeout_ns == Some(0) {
+            return Err(TableError::InvalidConfig("idle_timeout_ns must be positive"));
+        }
+        let bytes = nbuckets * core::mem::size_of::<Bucket>();
+        let buckets = RawMem::new(bytes, cfg.hugepages)?;
+        let slab = Slab::new(cfg.capacity as u32, cfg.state_size, cfg.hugepages)?;
+        Ok(FlowTable {
+            buckets,
+            mask: (nbuckets - 1) as u32,
+            slab,
+            idle_timeout_ns: cfg.idle_timeout_ns,
+            policy: cfg.full_policy,
+            stats: TableStats::default(),
+            lookups: Cell::new(0),
+            hits: Cell::new(0),
+            sweep_cursor: 0,
+        })
+    }
+
+    #[inline(always)]
+    fn bucket_ptr(&self, b: u32) -> *mut Bucket {
+        debug_assert!(b <= self.mask);
+        // SAFETY: b <= mask < nbuckets (all callers mask the index), so the offset is inside the bucket array.
+        unsafe { self.buckets.ptr().cast::<Bucket>().add(b as usize) }
+    }
+
+    #[inline(always)]
+    pub(crate) fn bucket(&self, b: u32) -> &Bucket {
+        // SAFETY: in-bounds, 64-aligned, zero-initialised memory is a valid Bucket (all-integer fields).
+        unsafe { &*self.bucket_ptr(b) }
+    }
+
+    #[inline(always)]
+    fn bucket_mut(&mut self, b: u32) -> &mut Bucket {
+        // SAFETY: as in `bucket`, with exclusive access through &mut self.
+        unsafe { &mut *self.bucket_ptr(b) }
+    }
+
+    /// Finds `key` in bucket `b`: (slot, handle).
+    #[inline(always)]
+    fn find_in(&self, b: u32, tag: u16, key: &K) -> Option<(usize, Handle)> {
+        let bk = self.bucket(b);
+        let mut m = match_tags(&bk.tags, tag);
+        while m != 0 {
+            let s = m.trailing_zeros() as usize;
+            let h = bk.idx[s];
+            if self.slab.key_unchecked(h) == key {
+                return Some((s, h));
+            }
+            m &= m - 1;
+        }
+        None
+    }
+
+    /// Finds `key` whose primary bucket is `b1` and alternate `b2` (read only if `b1` has overflowed).
+    #[inline(always)]
+    fn find(&self, key: &K, tag: u16, b1: u32, b2: u32) -> Option<(u32, usize, Handle)> {
+        if let Some((s, h)) = self.find_in(b1, tag, key) {
+            return Some((b1, s, h));
+        }
+        if self.bucket(b1).overflow == 0 {
+            return None;
+        }
+        self.find_in(b2, tag, key).map(|(s, h)| (b2, s, h))
+    }
+
+    /// Latency-optimised single-key lookup: the primary bucket, then the key's entry; the alternate bucket only
+    /// when the primary one has overflowed.
+    #[inline]
+    pub fn lookup(&self, key: &K, hash: u64) -> Option<Handle> {
+        let tag = tag_of(hash);
+        let b1 = primary(hash, self.mask);
+        let b2 = alt(b1, tag, self.mask);
+        let r = self.find(key, tag, b1, b2).map(|(_, _, h)| h);
+        self.lookups.set(self.lookups.get() + 1);
+        self.hits.set(self.hits.get() + u64::from(r.is_some()));
+        r
+    }
+
+    /// The three phases of a bulk lookup over `n <= 64` keys: (1) primary bucket index and prefetch for every key;
+    /// (2) SIMD tag compare, prefetch of the first candidate entry line, and prefetch of the alternate bucket for
+    /// keys whose primary bucket has overflowed; (3) key verification (alternate bucket last). Fills `out` (hit:
+    /// handle, miss: INVALID_HANDLE) and returns the hit mask. With `PREFETCH_FREE`, each miss also prefetches the
+    /// slab entry the next insertion will take, so add-on-miss writes hit the cache.
+    #[inline(always)]
+    fn probe<const PREFETCH_FREE: bool>(&self, keys: &[K], hashes: &[u64], out: &mut [Handle]) -> u64 {
+        let n = keys.len().min(hashes.len()).min(out.len()).min(MAX_BATCH);
+        let mut b1s = [0u32; MAX_BATCH];
+        let mut cand = [0u32; MAX_BATCH];
+        let mut need_b2 = 0u64;
+        for i in 0..n {
+            let b1 = primary(hashes[i], self.mask);
+            prefetch(self.bucket_ptr(b1));
+            b1s[i] = b1;
+        }
+        for i in 0..n {
+            let tag = tag_of(hashes[i]);
+            let k1 = self.bucket(b1s[i]);
+            let m = match_tags(&k1.tags, tag);
+            cand[i] = m;
+            if m != 0 {
+                prefetch(self.slab.entry_ptr(k1.idx[m.trailing_zeros() as usize]));
+            }
+            if k1.overflow != 0 {
+                need_b2 |= 1 << i;
+                prefetch(self.bucket_ptr(alt(b1s[i], tag, self.mask)));
+            }
+        }
+        let mut hit = 0u64;
+        let mut misses = 0usize;
+        for i in 0..n {
+            out[i] = INVALID_HANDLE;
+            let k1 = self.bucket(b1s[i]);
+            let mut m = cand[i];
+            while m != 0 {
+                let h = k1.idx[m.trailing_zeros() as usize];
+                if self.slab.key_unchecked(h) == &keys[i] {
+                    out[i] = h;
+                    hit |= 1 << i;
+                    break;
+                }
+                m &= m - 1;
+            }
+            if hit & (1 << i) == 0 && need_b2 & (1 << i) != 0 {
+                let tag = tag_of(hashes[i]);
+                if let Some((_, h)) = self.find_in(alt(b1s[i], tag, self.mask), tag, &keys[i]) {
+                    out[i] = h;
+                    hit |= 1 << i;
+                }
+            }
+            if PREFETCH_FREE && hit & (1 << i) == 0 {
+                if let Some(f) = self.slab.peek_free(misses) {
+                    let p = self.slab.entry_ptr(f);
+                    prefetch(p);
+                    // Insertion writes the whole entry: fetch its remaining lines too.
+                    for line in 1..self.slab.layout.size / 64 {
+                        prefetch(p.wrapping_add(line * 64));
+                    }
+                }
+                misses += 1;
+            }
+        }
+        self.lookups.set(self.lookups.get() + n as u64);
+        self.hits.set(self.hits.get() + u64::from(hit.count_ones()));
+        hit
+    }
+
+    /// Throughput-optimised lookup of up to [`MAX_BATCH`] keys (extra keys are ignored). `out[i]` receives the
+    /// handle of key i or [`INVALID_HANDLE`]; returns the hit mask.
+    pub fn lookup_batch(&self, keys: &[K], hashes: &[u64], out: &mut [Handle]) -> u64 {
+        self.probe::<false>(keys, hashes, out)
+    }
+
+    /// Add-on-miss (PNA): looks up up to [`MAX_BATCH`] keys; hits are touched (`last_seen = now_ns`), misses are
+    /// inserted with zeroed state that `init(i, state)` then fills. A key repeated in the batch is inserted once and
+    /// reported as a hit for its later occurrences. Entries of this batch are never evicted by its own inserts.
+    pub fn lookup_or_insert_batch(
+        &mut self,
+        keys: &[K],
+        hashes: &[u64],
+        now_ns: u64,
+        out: &mut [Handle],
+        mut init: impl FnMut(usize, &mut [u8]),
+    ) -> BatchResult {
+        let n = keys.len().min(hashes.len()).min(out.len()).min(MAX_BATCH);
+        let mut hit = self.probe::<true>(keys, hashes, out);
+        let mut m = hit;
+        while m != 0 {
+            let i = m.trailing_zeros() as usize;
+            self.slab.set_last_seen(out[i], now_ns);
+            m &= m - 1;
+        }
+        let all = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+        let mut inserted = 0u64;
+        let mut failed = 0u64;
+        let mut miss = all & !hit;
+        while miss != 0 {
+            let i = miss.trailing_zeros() as usize;
+            miss &= miss - 1;
+            let (key, hash) = (&keys[i], hashes[i]);
+            let tag = tag_of(hash);
+            let b1 = primary(hash, self.mask);
+            let b2 = alt(b1, tag, self.mask);
+            // Only an earlier insert of this batch can have added the key since the probe.
+            if inserted != 0 {
+                if let Some((_, _, h)) = self.find(key, tag, b1, b2) {
+                    out[i] = h;
+                    hit |= 1 << i;
+                    continue;
+                }
+            }
+            match self.insert_new(key, hash, tag, b1, b2, now_ns, &out[..n], hit | inserted) {
+                Ok(h) => {
+                    out[i] = h;
+                    inserted |= 1 << i;
+                    init(i, self.slab.state_mut(h));
+                }
+                Err(_) => failed |= 1 << i,
+            }
+        }
+        BatchResult { hit, inserted, failed }
+    }
+
+    /// Single-key add-on-miss: returns (handle, true) after inserting a new entry whose zeroed state `init` fills,
+    /// or (handle, false) for an existing one (touched). `Err(Full)` when the table is full under `Reject`.
+    pub fn insert(
+        &mut self,
+        key: &K,
+        hash: u64,
+        now_ns: u64,
+        init: impl FnOnce(&mut [u8]),
+    ) -> Result<(Handle, bool), TableError> {
+        let tag = tag_of(hash);
+        let b1 = primary(hash, self.mask);
+        let b2 = alt(b1, tag, self.mask);
+        self.lookups.set(self.lookups.get() + 1);
+        if let Some((_, _, h)) = self.find(key, tag, b1, b2) {
+            self.hits.set(self.hits.get() + 1);
+            self.slab.set_last_seen(h, now_ns);
+            return Ok((h, false));
+        }
+        let h = self.insert_new(key, hash, tag, b1, b2, now_ns, &[], 0)?;
+        init(self.slab.state_mut(h));
+        Ok((h, true))
+    }
+
+    /// Inserts a key known to be absent. `protected[j]` with bit j of `protected_mask` set are handles that
+    /// must not be evicted (they were handed out earlier in the same batch).
+    #[allow(clippy::too_many_arguments)]
+    fn insert_new(
+        &mut self,
+        key: &K,
+        hash: u64,
+        tag: u16,
+        b1: u32,
+        b2: u32,
+        now: u64,
+        protected: &[Handle],
+        protected_mask: u64,
+    ) -> Result<Handle, TableError> {
+        if self.slab.len() < self.slab.capacity() as usize {
+            let slot = self.free_slot(b1).map(|s| (b1, s)).or_else(|| self.free_slot(b2).map(|s| (b2, s)));
+            let slot = slot.or_else(|| self.make_room(b1, b2));
+            if let Some((b, s)) = slot {
+                let Some(h) = self.slab.alloc(key, hash, now) else {
+                    return Err(TableError::Full); // unreachable: len < capacity checked above
+                };
+                self.place(b, s, tag, h, b1);
+                self.stats.inserts += 1;
+                return Ok(h);
+            }
+        }
+        if self.policy == FullPolicy::EvictLruIdle {
+            if let Some((b, s, victim)) = self.lru_victim(b1, b2, protected, protected_mask) {
+                self.slab.write_entry(victim, key, hash, now);
+                self.clear_slot(b, s);
+                self.place(b, s, tag, victim, b1);
+                self.stats.evictions += 1;
+                self.stats.inserts += 1;
+                return Ok(victim);
+            }
+        }
+        self.stats.full_events += 1;
+        Err(TableError::Full)
+    }
+
+    /// Stores (tag, h) in empty slot `s` of bucket `b`, for a key whose primary bucket is `b1`.
+    #[inline]
+    fn place(&mut self, b: u32, s: usize, tag: u16, h: Handle, b1: u32) {
+        let bk = self.bucket_mut(b);
+        bk.tags[s] = tag;
+        bk.idx[s] = h;
+        if b != b1 {
+            bk.alt_bits |= 1 << s;
+            self.bucket_mut(b1).overflow += 1;
+        }
+    }
+
+    /// Empties slot `s` of bucket `b`, keeping the overflow count of the entry's primary bucket exact.
+    #[inline]
+    fn clear_slot(&mut self, b: u32, s: usize) {
+        let mask = self.mask;
+        let bk = self.bucket_mut(b);
+        let tag = bk.tags[s];
+        bk.tags[s] = 0;
+        if bk.alt_bits & (1 << s) != 0 {
+            bk.alt_bits &= !(1 << s);
+            let p = self.bucket_mut(alt(b, tag, mask));
+            p.overflow = p.overflow.saturating_sub(1);
+        }
+    }
+
+    #[inline(always)]
+    fn free_slot(&self, b: u32) -> Option<usize> {
+        let m = match_tags(&self.bucket(b).tags, 0);
+        (m != 0).then(|| m.trailing_zeros() as usize)
+    }
+
+    /// Least-recently-seen occupied slot of b1/b2 whose handle is not protected.
+    fn lru_victim(&self, b1: u32, b2: u32, protected: &[Handle], pmask: u64) -> Option<(u32, usize, Handle)> {
+        let mut best: Option<(u64, u32, usize, Handle)> = None;
+        for b in [b1, b2] {
+            let bk = self.bucket(b);
+            for s in 0..SLOTS {
+                if bk.tags[s] == 0 {
+                    continue;
+                }
+                let h = bk.idx[s];
+                let is_protected = protected.iter().enumerate().any(|(j, p)| pmask & (1 << j) != 0 && *p == h);
+                if is_protected {
+                    continue;
+                }
+                let seen = self.slab.last_seen(h);
+                if best.is_none_or(|(bs, ..)| seen < bs) {
+                    best = Some((seen, b, s, h));
+                }
+            }
+        }
+        best.map(|(_, b, s, h)| (b, s, h))
+    }
+
+    /// Bounded breadth-first search for a displacement path from a full b1/b2 to a bucket with a free slot; moves
+    /// the entries along it and returns the freed (bucket, slot) in b1 or b2. Handles never change.
+    fn make_room(&mut self, b1: u32, b2: u32) -> Option<(u32, usize)> {
+        #[derive(Clone, Copy)]
+        struct Node {
+            bucket: u32,
+            parent: u16,
+            /// Slot in the parent bucket whose entry moves into `bucket`.
+            slot: u8,
+        }
+        const ROOT: u16 = u16::MAX;
+        let mut q = [Node { bucket: 0, parent: ROOT, slot: 0 }; MAX_BFS_NODES];
+        q[0] = Node { bucket: b1, parent: ROOT, slot: 0 };
+        let mut len = 1;
+        if b2 != b1 {
+            q[1] = Node { bucket: b2, parent: ROOT, slot: 0 };
+            len = 2;
+        }
+        let mut head = 0;
+        while head < len {
+            let node = q[head];
+            let tags = self.bucket(node.bucket).tags;
+            for (s, &t) in tags.iter().enumerate() {
+                let nb = alt(node.bucket, t, self.mask);
+                // Keep paths simple (no bucket twice), so the moves below cannot collide.
+                let mut on_path = false;
+                let mut a = head as u16;
+                loop {
+                    if q[a as usize].bucket == nb {
+                        on_path = true;
+                        break;
+                    }
+                    a = q[a as usize].parent;
+                    if a == ROOT {
+                        break;
+                    }
+                }
+                if on_path {
+                    continue;
+                }
+                if let Some(e) = self.free_slot(nb) {
+                    // Move node[s] -> nb[e], then each ancestor's entry into the slot its child vacated.
+                    self.move_entry(node.bucket, s, nb, e);
+                    let (mut cur, mut vacated) = (head, s);
+                    while q[cur].parent != ROOT {
+                        let p = q[cur].parent as usize;
+                        let ps = q[cur].slot as usize;
+                        self.move_entry(q[p].bucket, ps, q[cur].bucket, vacated);
+                        vacated = ps;
+                        cur = p;
+                    }
+                    return Some((q[cur].bucket, vacated));
+                }
+                if len < MAX_BFS_NODES {
+                    q[len] = Node { bucket: nb, parent: head as u16, slot: s as u8 };
+                    len += 1;
+                }
+            }
+            head += 1;
+        }
+        None
+    }
+
+    /// Moves the entry in `from[fs]` to its other bucket `to[ts]` (an empty slot), updating overflow bookkeeping.
+    #[inline]
+    fn move_entry(&mut self, from: u32, fs: usize, to: u32, ts: usize) {
+        let (t, h, was_alt) = {
+            let f = self.bucket_mut(from);
+            let v = (f.tags[fs], f.idx[fs], f.alt_bits & (1 << fs) != 0);
+            f.tags[fs] = 0;
+            f.alt_bits &= !(1 << fs);
+            v
+        };
+        let d = self.bucket_mut(to);
+        d.tags[ts] = t;
+        d.idx[ts] = h;
+        if was_alt {
+            // Back home: `to` is its primary bucket.
+            d.overflow = d.overflow.saturating_sub(1);
+        } else {
+            d.alt_bits |= 1 << ts;
+            self.bucket_mut(from).overflow += 1;
+        }
+    }
+
+    /// Removes `key`; false if absent.
+    pub fn remove(&mut self, key: &K, hash: u64) -> bool {
+        let tag = tag_of(hash);
+        let b1 = primary(hash, self.mask);
+        let b2 = alt(b1, tag, self.mask);
+        match self.find(key, tag, b1, b2) {
+            Some((b, s, h)) => {
+                self.clear_slot(b, s);
+                self.slab.free(h);
+                self.stats.removes += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes the entry behind handle `h` (e.g. on TCP FIN/RST); false if `h` is not a live entry.
+    pub fn remove_handle(&mut self, h: Handle) -> bool {
+        if self.unlink(h) {
+            self.stats.removes += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Clears the bucket slot of live entry `h` and frees it.
+    pub(crate) fn unlink(&mut self, h: Handle) -> bool {
+        if !self.slab.is_live(h) {
+            return false;
+        }
+        let hash = self.slab.hash(h);
+        let tag = tag_of(hash);
+        let b1 = primary(hash, self.mask);
+        let b2 = alt(b1, tag, self.mask);
+        for b in [b1, b2] {
+            let bk = self.bucket(b);
+            let mut m = match_tags(&bk.tags, tag);
+            while m != 0 {
+                let s = m.trailing_zeros() as usize;
+                if bk.idx[s] == h {
+                    self.clear_slot(b, s);
+                    self.slab.free(h);
+                    return true;
+                }
+                m &= m - 1;
+            }
+        }
+        // A live entry is always linked from one of its buckets; reaching here means a broken invariant.
+        debug_assert!(false, "live entry {h} not linked");
+        false
+    }
+
+    /// State bytes of entry `h` (length [`Self::state_len`]); empty for an out-of-range handle. A free entry's bytes
+    /// are stale but harmless.
+    #[inline(always)]
+    pub fn state(&self, h: Handle) -> &[u8] {
+        if h < self.slab.capacity() {
+            self.slab.state(h)
+        } else {
+            &[]
+        }
+    }
+
+    /// Mutable state of entry `h` (in-place update, PNA's writable action parameters); empty if out of range.
+    #[inline(always)]
+    pub fn state_mut(&mut self, h: Handle) -> &mut [u8] {
+        if h < self.slab.capacity() {
+            self.slab.state_mut(h)
+        } else {
+            &mut []
+        }
+    }
+
+    /// Typed view of `size_of::<T>()` state bytes at `offset` (states start 16-byte aligned inside 64-aligned
+    /// entries). `None` if out of range or misaligned.
+    #[inline]
+    pub fn state_as<T: bytemuck::Pod>(&self, h: Handle, offset: usize) -> Option<&T> {
+        let s = self.state(h);
+        bytemuck::try_from_bytes(s.get(offset..offset.checked_add(core::mem::size_of::<T>())?)?).ok()
+    }
+
+    /// Mutable typed view, as [`Self::state_as`].
+    #[inline]
+    pub fn state_as_mut<T: bytemuck::Pod>(&mut self, h: Handle, offset: usize) -> Option<&mut T> {
+        let s = self.state_mut(h);
+        let end = offset.checked_add(core::mem::size_of::<T>())?;
+        bytemuck::try_from_bytes_mut(s.get_mut(offset..end)?).ok()
+    }
+
+    /// Key of live entry `h`.
+    #[inline]
+    pub fn key(&self, h: Handle) -> Option<&K> {
+        self.slab.is_live(h).then(|| self.slab.key_unchecked(h))
+    }
+
+    /// Last-seen time of live entry `h`.
+    pub fn last_seen(&self, h: Handle) -> Option<u64> {
+        self.slab.is_live(h).then(|| self.slab.last_seen(h))
+    }
+
+    /// Marks live entry `h` as seen at `now_ns`.
+    #[inline]
+    pub fn touch(&mut self, h: Handle, now_ns: u64) {
+        if self.slab.is_live(h) {
+            self.slab.set_last_seen(h, now_ns);
+        }
+    }
+
+    /// Prefetches the first line of `h`'s state (FAJITA ②: the hardware prefetcher brings the rest).
+    #[inline(always)]
+    pub fn prefetch_state(&self, h: Handle) {
+        if h < self.slab.capacity() {
+            prefetch(self.slab.entry_ptr(h).wrapping_add(self.slab.layout.state_off));
+        }
+    }
+
+    /// Live entries.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.slab.len()
+    }
+
+    /// True when no entry is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Maximum number of entries.
+    pub fn capacity(&self) -> usize {
+        self.slab.capacity() as usize
+    }
+
+    /// Bytes of state per entry (>= the configured `state_size`).
+    pub fn state_len(&self) -> usize {
+        self.slab.layout.state_len
+    }
+
+    /// Bucket slots (8 per bucket); `len() / slots()` is the cuckoo load factor.
+    pub fn slots(&self) -> usize {
+        (self.mask as usize + 1) * SLOTS
+    }
+
+    /// Whether buckets and slab got explicit 2 MiB hugepages.
+    pub fn hugepages(&self) -> bool {
+        self.buckets.is_huge() && self.slab.is_huge()
+    }
+
+    /// Counters since creation.
+    pub fn stats(&self) -> TableStats {
+        TableStats { lookups: self.lookups.get(), hits: self.hits.get(), ..self.stats }
+    }
+
+    /// Live entries as (handle, key, state), in handle order (for exporting NF state).
+    pub fn iter(&self) -> Iter<'_, K> {
+        Iter { table: self, next: 0 }
+    }
+}
+
+/// Iterator over live entries, see [`FlowTable::iter`].
+pub struct Iter<'a, K: FlowKey> {
+    table: &'a FlowTable<K>,
+    next: u32,
+}
+
+impl<'a, K: FlowKey> Iterator for Iter<'a, K> {
+    type Item = (Handle, &'a K, &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let h = self.table.slab.next_live(self.next, u32::MAX)?;
+        self.next = h + 1;
+        Some((h, self.table.slab.key_unchecked(h), self.table.slab.state(h)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mix(x: u64) -> u64 {
+        let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Fills exactly-sized bucket arrays (slab as large as the slots) until the first failure.
+    #[test]
+    fn cuckoo_reaches_90_percent_load() {
+        for nb in [1usize, 2, 16, 1024, 1 << 14] {
+            let slots = nb * SLOTS;
+            let mut t = FlowTable::<u64>::with_buckets(TableConfig::new(slots, 8), nb).unwrap();
+            let mut n = 0u64;
+            while t.insert(&n, mix(n), 0, |_| {}).is_ok() {
+                n += 1;
+            }
+            let load = t.len() as f64 / slots as f64;
+            println!("{nb} buckets: first insert failure at load {load:.3}");
+            assert_eq!(t.stats().full_events, 1);
+            assert!(load >= 0.9, "nb {nb}: first failure at load {load}");
+            for k in 0..n {
+                assert!(t.lookup(&k, mix(k)).is_some(), "key {k} lost by displacement");
+            }
+        }
+    }
+
+    /// Every bucket's overflow count equals the number of entries elsewhere that call it primary, and every live
+    /// entry is linked once, from its primary bucket or (alt bit set) from its alternate.
+    fn check_invariants<K: FlowKey>(t: &FlowTable<K>) {
+        let nb = t.mask + 1;
+        let mut want = vec![0u32; nb as usize];
+        let mut linked = 0;
+        for b in 0..nb {
+            let bk = t.bucket(b);
+            for s in 0..SLOTS {
+                if bk.tags[s] == 0 {
+                    continue;
+                }
+                linked += 1;
+                let h = bk.idx[s];
+                let hash = t.slab.hash(h);
+                assert_eq!(tag_of(hash), bk.tags[s]);
+                let p = primary(hash, t.mask);
+                if bk.alt_bits & (1 << s) != 0 {
+                    assert_eq!(alt(p, bk.tags[s], t.mask), b);
+                    want[p as usize] += 1;
+                } else {
+                    assert_eq!(p, b);
+                }
+            }
+        }
+        assert_eq!(linked, t.len());
+        for b in 0..nb {
+            assert_eq!(t.bucket(b).overflow, want[b as usize], "bucket {b}");
+        }
+    }
+
+    #[test]
+    fn overflow_bookkeeping_survives_fill_and_removal() {
+        let nb = 256;
+        let mut t = FlowTable::<u64>::with_buckets(TableConfig::new(nb * SLOTS, 8), nb).unwrap();
+        let mut n = 0u64;
+        while t.insert(&n, mix(n), 0, |_| {}).is_ok() {
+            n += 1;
+        }
+        check_invariants(&t);
+        for k in (0..n).step_by(3) {
+            assert!(t.remove(&k, mix(k)));
+        }
+        for k in (1..n).step_by(3) {
+            let h = t.lookup(&k, mix(k)).unwrap();
+            assert!(t.remove_handle(h));
+        }
+        check_invariants(&t);
+        for k in n..n + n / 2 {
+            let _ = t.insert(&k, mix(k), 0, |_| {});
+        }
+        check_invariants(&t);
+    }
+
+    #[test]
+    fn bucket_layout_is_one_line() {
+        assert_eq!(core::mem::align_of::<Bucket>(), 64);
+        assert_eq!(core::mem::size_of::<Bucket>(), 64);
+    }
+}

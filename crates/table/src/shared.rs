@@ -1,0 +1,1251 @@
+//! Shared flow table: one table reached by every core through `&self`, for state
+//! with coarse keys (source IP, destination IP) when RSS spreads packets by 5-tuple.
+//!
+//! This module owns the concurrent bucketized cuckoo table, its entry arena with
+//! per-entry reference counts, its free lists and its idle expiry. The per-core
+//! auxiliary table (`crate::aux`) builds on the refcounts.
+//!
+//! # Layout
+//! - **Buckets** are one cache line: a 32-bit version counter, 8 slots of 16-bit
+//!   tags (packed in two `AtomicU64`, 0 = empty) and 8 entry indices. A key has
+//!   two candidate buckets: `hash & mask` and an alternate derived from the tag
+//!   alone (partial-key cuckoo), so displacement never reads the entry.
+//! - **Entries** live in an arena of cache-line-aligned blocks (one block never
+//!   shares a line with another, so cores updating different entries do not
+//!   false-share). A block is `[key0, key1, hash, last_seen, refword, state...]`,
+//!   all `AtomicU64`: several cores update state words concurrently (counters with
+//!   `fetch_add`, token buckets with CAS).
+//!
+//! # Concurrency protocol
+//! - The bucket version is both a seqlock and the bucket's writer lock: a writer
+//!   CASes it from even to odd, modifies slots, then stores odd + 1. Writers lock
+//!   at most two buckets, always in index order (no deadlock), never a global
+//!   lock, so concurrent inserters on different buckets never wait for each
+//!   other and readers never wait for writers of other buckets.
+//! - Readers are lock-free: read both candidate buckets' (even) versions, scan
+//!   both, then re-check both versions and retry on change. Checking *both*
+//!   versions after scanning both buckets means a key moved between them by a
+//!   cuckoo displacement cannot be missed; the move itself locks both buckets
+//!   and copies the slot before clearing the old one.
+//! - The refword of an entry packs `generation (32) | DEAD (1) | count (31)`.
+//!   Linking and unlinking happen under the bucket locks; the DEAD bit is set
+//!   only while holding them and together with the unlink, so a validated
+//!   reader never sees a dead entry as present.
+//!
+//! # Memory reclamation (why no epochs are needed)
+//! The arena is never freed while the table lives, and every word is atomic, so
+//! a stale reader is memory-safe whatever it reads. Logical safety:
+//! - A lookup reads a slot's entry index and that entry's key inside one
+//!   bucket-version window. Unlinking bumps the version before the entry is put
+//!   back on a free list, and a new owner writes the key only after popping it,
+//!   so a reader that saw a reused entry's new key fails validation.
+//! - A handle carries the entry's generation. Freeing bumps the generation
+//!   *before* the entry can be popped again, and the new owner issues a release
+//!   fence before writing, so [`SharedFlowTable::read_state`] (read, acquire
+//!   fence, re-check generation) detects any reuse during its read.
+//! - Writes through a handle are only safe while it is *pinned* (refcount > 0,
+//!   from [`SharedFlowTable::acquire_batch`] or [`SharedFlowTable::try_acquire`]):
+//!   a pinned entry is never freed (removal defers the free to the last release).
+//!
+//! Version counters wrap after 2^31 writes to one bucket; a reader would have
+//! to stall across exactly that many writes to be fooled, which we accept.
+
+use core::fmt;
+use core::marker::PhantomData;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use self::sync::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+
+/// Atomics used by the table: `std`'s normally, `loom`'s under `--cfg loom` so the
+/// version-counter protocol can be model-checked.
+pub(crate) mod sync {
+    #[cfg(loom)]
+    pub(crate) use loom::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+    #[cfg(not(loom))]
+    pub(crate) use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+    /// Back-off inside a retry loop (a loom yield, so the model can schedule the writer).
+    #[inline(always)]
+    pub(crate) fn spin() {
+        #[cfg(loom)]
+        loom::thread::yield_now();
+        #[cfg(not(loom))]
+        core::hint::spin_loop();
+    }
+}
+
+/// Slots per bucket (one cache line).
+pub const SLOTS: usize = 8;
+/// Rows processed per prefetch pass (longer batches are processed in chunks).
+pub const CHUNK: usize = 64;
+/// Largest supported capacity (indices are `u32`, counts 31 bits).
+pub const MAX_CAPACITY: usize = 1 << 31;
+
+const W_KEY0: usize = 0;
+const W_KEY1: usize = 1;
+const W_HASH: usize = 2;
+const W_SEEN: usize = 3;
+const W_REF: usize = 4;
+/// Header words before the state words of an entry.
+const HEADER_WORDS: usize = 5;
+const LINE_WORDS: usize = 8;
+
+const DEAD: u64 = 1 << 31;
+const COUNT: u64 = DEAD - 1;
+const NIL: u32 = u32::MAX;
+/// Nodes examined by one cuckoo path search (breadth-first, depth ~2-3).
+const MAX_BFS_NODES: usize = 64;
+/// Lock / search / retry rounds before an insertion is declared failed.
+const MAX_LINK_ATTEMPTS: usize = 8;
+
+/// A key that fits the shared table: at most 16 bytes, packed in two words.
+///
+/// Coarse keys (IPv4/IPv6 addresses, address pairs) all fit. `from_words` must
+/// invert `to_words` for every key.
+pub trait SharedKey: Copy + Eq {
+    /// Packs the key into two words.
+    fn to_words(&self) -> [u64; 2];
+    /// Unpacks a key packed by [`SharedKey::to_words`].
+    fn from_words(words: [u64; 2]) -> Self;
+}
+
+impl SharedKey for u32 {
+    fn to_words(&self) -> [u64; 2] {
+        [u64::from(*self), 0]
+    }
+    fn from_words(w: [u64; 2]) -> Self {
+        w[0] as u32
+    }
+}
+
+impl SharedKey for u64 {
+    fn to_words(&self) -> [u64; 2] {
+        [*self, 0]
+    }
+    fn from_words(w: [u64; 2]) -> Self {
+        w[0]
+    }
+}
+
+impl SharedKey for u128 {
+    fn to_words(&self) -> [u64; 2] {
+        [*self as u64, (*self >> 64) as u64]
+    }
+    fn from_words(w: [u64; 2]) -> Self {
+        u128::from(w[0]) | (u128::from(w[1]) << 64)
+    }
+}
+
+impl SharedKey for (u32, u32) {
+    fn to_words(&self) -> [u64; 2] {
+        [(u64::from(self.0) << 32) | u64::from(self.1), 0]
+    }
+    fn from_words(w: [u64; 2]) -> Self {
+        ((w[0] >> 32) as u32, w[0] as u32)
+    }
+}
+
+impl SharedKey for Ipv4Addr {
+    fn to_words(&self) -> [u64; 2] {
+        u32::from(*self).to_words()
+    }
+    fn from_words(w: [u64; 2]) -> Self {
+        Ipv4Addr::from(u32::from_words(w))
+    }
+}
+
+impl SharedKey for Ipv6Addr {
+    fn to_words(&self) -> [u64; 2] {
+        u128::from(*self).to_words()
+    }
+    fn from_words(w: [u64; 2]) -> Self {
+        Ipv6Addr::from(u128::from_words(w))
+    }
+}
+
+/// A cheap, well-mixed 64-bit hash of a shared key (for callers without their own).
+#[inline]
+pub fn hash_key<K: SharedKey>(key: &K) -> u64 {
+    let [a, b] = key.to_words();
+    let mut h = a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.rotate_left(29).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    h = (h ^ (h >> 32)).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    h ^ (h >> 32)
+}
+
+/// Configuration of a [`SharedFlowTable`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedTableConfig {
+    /// Maximum number of entries (the arena is preallocated for all of them).
+    pub capacity: usize,
+    /// `AtomicU64` state words per entry.
+    pub state_words: usize,
+    /// Idle time after which an unreferenced entry expires; 0 = no timeout, and then an
+    /// entry whose refcount drops to 0 through [`SharedFlowTable::release`] is removed at once.
+    pub idle_timeout_ns: u64,
+}
+
+/// Why a [`SharedTableConfig`] was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SharedConfigError {
+    /// `capacity` is 0 or above [`MAX_CAPACITY`].
+    #[error("shared table capacity {0} is out of range 1..={MAX_CAPACITY}")]
+    Capacity(usize),
+    /// `state_words` is too large (more than 4096 words per entry).
+    #[error("shared table state of {0} words is too large (max 4096)")]
+    StateWords(usize),
+}
+
+/// A reference to an entry: its arena index and the generation it had when found.
+///
+/// Weak by itself (the entry may be removed and reused later); see the module docs
+/// for when its state may be written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SharedHandle {
+    idx: u32,
+    gen: u32,
+}
+
+impl SharedHandle {
+    /// "No entry" (a miss, or a failed insertion).
+    pub const NONE: SharedHandle = SharedHandle { idx: NIL, gen: u32::MAX };
+
+    /// True unless this is [`SharedHandle::NONE`].
+    #[inline]
+    pub fn is_some(self) -> bool {
+        self.idx != NIL
+    }
+
+    /// Arena index of the entry.
+    #[inline]
+    pub fn index(self) -> usize {
+        self.idx as usize
+    }
+
+    /// Packs the handle in 64 bits (e.g. to store it in another table's state block).
+    #[inline]
+    pub fn to_bits(self) -> u64 {
+        (u64::from(self.gen) << 32) | u64::from(self.idx)
+    }
+
+    /// Unpacks [`SharedHandle::to_bits`].
+    #[inline]
+    pub fn from_bits(bits: u64) -> Self {
+        SharedHandle { idx: bits as u32, gen: (bits >> 32) as u32 }
+    }
+}
+
+/// Counts of one batched call; per-row results are in its `out` slice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SharedBatchResult {
+    /// Rows whose key was present.
+    pub hit: usize,
+    /// Rows whose key was inserted by this call.
+    pub inserted: usize,
+    /// Rows that could not be inserted (table full); their handle is [`SharedHandle::NONE`].
+    pub failed: usize,
+}
+
+/// Result of [`SharedFlowTable::remove`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoveOutcome {
+    /// The key was not present.
+    NotFound,
+    /// Removed and its entry freed.
+    Removed,
+    /// Removed from lookups, but still pinned: the entry is freed by the last release.
+    Deferred,
+}
+
+/// Result of [`SharedFlowTable::release`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The handle was stale or not pinned (nothing changed; a caller bug, never a crash).
+    Invalid,
+    /// Other references remain.
+    Referenced,
+    /// No reference remains; the entry stays until idle expiry (or explicit removal).
+    Unreferenced,
+    /// No reference remained and the entry was freed (no timeout configured, or it had been removed).
+    Removed,
+}
+
+#[repr(C, align(64))]
+struct Bucket {
+    /// Seqlock and writer lock: odd while a writer holds the bucket.
+    version: AtomicU32,
+    /// Four 16-bit tags per word; tag 0 marks an empty slot.
+    tags: [AtomicU64; 2],
+    idx: [AtomicU32; SLOTS],
+}
+
+impl Bucket {
+    fn new() -> Self {
+        Bucket {
+            version: AtomicU32::new(0),
+            tags: [AtomicU64::new(0), AtomicU64::new(0)],
+            idx: core::array::from_fn(|_| AtomicU32::new(0)),
+        }
+    }
+
+    /// Bitmask of slots whose tag equals `tag` (tag 0: the empty slots).
+    #[inline(always)]
+    fn match_tag(&self, tag: u16) -> u32 {
+        let pat = u64::from(tag) * 0x0001_0001_0001_0001;
+        zero_lanes(self.tags[0].load(Relaxed) ^ pat) | (zero_lanes(self.tags[1].load(Relaxed) ^ pat) << 4)
+    }
+
+    #[inline(always)]
+    fn tag_at(&self, s: usize) -> u16 {
+        (self.tags[s / 4].load(Relaxed) >> ((s % 4) * 16)) as u16
+    }
+
+    /// Only under the bucket lock (single writer: load + store is enough).
+    #[inline(always)]
+    fn set_tag(&self, s: usize, tag: u16) {
+        let w = &self.tags[s / 4];
+        let sh = (s % 4) * 16;
+        let v = w.load(Relaxed);
+        w.store((v & !(0xFFFF << sh)) | (u64::from(tag) << sh), Relaxed);
+    }
+}
+
+/// Bit i (0..4) set iff 16-bit lane i of `x` is zero (exact: no borrow between lanes).
+#[inline(always)]
+fn zero_lanes(x: u64) -> u32 {
+    const LO: u64 = 0x7FFF_7FFF_7FFF_7FFF;
+    let z = !(((x & LO).wrapping_add(LO)) | x | LO);
+    (((z >> 15) & 1) | ((z >> 30) & 2) | ((z >> 45) & 4) | ((z >> 60) & 8)) as u32
+}
+
+#[inline(always)]
+fn tag_of(hash: u64) -> u16 {
+    let t = (hash >> 48) as u16;
+    if t == 0 {
+        1
+    } else {
+        t
+    }
+}
+
+/// Head of one free-list stripe (a Treiber stack with an ABA tag) on its own line.
+#[repr(C, align(64))]
+struct FreeStripe {
+    /// `tag << 32 | index` (index `NIL` = empty).
+    head: AtomicU64,
+    /// Entries on this stripe (for `len`).
+    free: AtomicU64,
+}
+
+#[repr(align(64))]
+struct Padded<T>(T);
+
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    {
+        // SAFETY: prefetcht0 is a hint that never faults whatever the address, and SSE
+        // (which provides it) is part of the x86_64 baseline.
+        unsafe { core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p as *const i8) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+    let _ = p;
+}
+
+/// A concurrent flow table with lock-free readers; see the module docs.
+pub struct SharedFlowTable<K> {
+    buckets: Box<[Bucket]>,
+    mask: usize,
+    words: Box<[AtomicU64]>,
+    /// Word offset of entry 0 (cache-line aligned).
+    base: usize,
+    /// Words per entry, a multiple of a cache line.
+    stride: usize,
+    state_words: usize,
+    capacity: usize,
+    next: Box<[AtomicU32]>,
+    stripes: Box<[FreeStripe]>,
+    timeout: u64,
+    /// `last_seen` is rewritten only when it is this much older, so hits on a popular
+    /// entry from several cores do not bounce its line on every packet.
+    touch_ns: u64,
+    cursor: Padded<AtomicUsize>,
+    failed: Padded<AtomicU64>,
+    _key: PhantomData<fn() -> K>,
+}
+
+impl<K: SharedKey> fmt::Debug for SharedFlowTable<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedFlowTable")
+            .field("capacity", &self.capacity)
+            .field("buckets", &self.buckets.len())
+            .field("state_words", &self.state_words)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+enum Link {
+    Linked,
+    Exists,
+    Full,
+}
+
+enum Room {
+    /// A candidate bucket may have a free slot now: retry the link.
+    Retry,
+    /// No displacement path within the search bound.
+    NoPath,
+}
+
+impl<K: SharedKey> SharedFlowTable<K> {
+    /// Creates a table with every entry preallocated.
+    pub fn new(cfg: SharedTableConfig) -> Result<Self, SharedConfigError> {
+        if cfg.capacity == 0 || cfg.capacity > MAX_CAPACITY {
+            return Err(SharedConfigError::Capacity(cfg.capacity));
+        }
+        if cfg.state_words > 4096 {
+            return Err(SharedConfigError::StateWords(cfg.state_words));
+        }
+        // ~10% slot headroom: the table reaches full capacity before cuckoo paths get long.
+        let want = (cfg.capacity + cfg.capacity / 10).div_ceil(SLOTS);
+        let nb = want.next_power_of_two().max(2);
+        let stride = (HEADER_WORDS + cfg.state_words).div_ceil(LINE_WORDS) * LINE_WORDS;
+        let words: Box<[AtomicU64]> = (0..cfg.capacity * stride + LINE_WORDS).map(|_| AtomicU64::new(0)).collect();
+        let base = if core::mem::size_of::<AtomicU64>() == 8 {
+            let addr = words.as_ptr() as usize;
+            ((64 - addr % 64) % 64) / 8
+        } else {
+            0
+        };
+        let nstripes = if cfg.capacity >= 1024 { 16 } else { 1 };
+        let next: Box<[AtomicU32]> = (0..cfg.capacity).map(|_| AtomicU32::new(NIL)).collect();
+        let stripes: Box<[FreeStripe]> = (0..nstripes)
+            .map(|_| FreeStripe { head: AtomicU64::new(u64::from(NIL)), free: AtomicU64::new(0) })
+            .collect();
+        let t = SharedFlowTable {
+            buckets: (0..nb).map(|_| Bucket::new()).collect(),
+            mask: nb - 1,
+            words,
+            base,
+            stride,
+            state_words: cfg.state_words,
+            capacity: cfg.capacity,
+            next,
+            stripes,
+            timeout: cfg.idle_timeout_ns,
+            touch_ns: (cfg.idle_timeout_ns / 16).max(1),
+            cursor: Padded(AtomicUsize::new(0)),
+            failed: Padded(AtomicU64::new(0)),
+            _key: PhantomData,
+        };
+        for i in (0..cfg.capacity).rev() {
+            t.word(i, W_REF).store(DEAD, Relaxed);
+            t.push_free(i as u32);
+        }
+        Ok(t)
+    }
+
+    /// Maximum number of entries.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// State words per entry.
+    pub fn state_words(&self) -> usize {
+        self.state_words
+    }
+
+    /// The two candidate buckets of `hash` (primary, alternate): for tests and diagnostics.
+    pub fn candidate_buckets(&self, hash: u64) -> (usize, usize) {
+        let (_, b1, b2) = self.buckets_of(hash);
+        (b1, b2)
+    }
+
+    /// Number of buckets (a power of two, at least 2).
+    pub fn bucket_count(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Entries currently allocated (exact when no operation is in flight).
+    pub fn len(&self) -> usize {
+        let free: u64 = self.stripes.iter().map(|s| s.free.load(Relaxed)).sum();
+        self.capacity.saturating_sub(free as usize)
+    }
+
+    /// True if no entry is allocated.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Insertions that failed because the table was full (counted, never a panic).
+    pub fn failed_inserts(&self) -> u64 {
+        self.failed.0.load(Relaxed)
+    }
+
+    #[inline(always)]
+    fn word(&self, idx: usize, w: usize) -> &AtomicU64 {
+        &self.words[self.base + idx * self.stride + w]
+    }
+
+    #[inline(always)]
+    fn entry_ptr(&self, idx: usize) -> *const AtomicU64 {
+        self.words[self.base..].as_ptr().wrapping_add(idx * self.stride)
+    }
+
+    #[inline(always)]
+    fn key_at(&self, idx: usize) -> [u64; 2] {
+        [self.word(idx, W_KEY0).load(Relaxed), self.word(idx, W_KEY1).load(Relaxed)]
+    }
+
+    #[inline(always)]
+    fn state_slice(&self, idx: usize) -> &[AtomicU64] {
+        let s = self.base + idx * self.stride + HEADER_WORDS;
+        &self.words[s..s + self.state_words]
+    }
+
+    #[inline(always)]
+    fn buckets_of(&self, hash: u64) -> (u16, usize, usize) {
+        let tag = tag_of(hash);
+        let b1 = hash as usize & self.mask;
+        (tag, b1, self.alt(b1, tag))
+    }
+
+    /// The other candidate bucket of a key with `tag` sitting in bucket `b` (an involution).
+    #[inline(always)]
+    fn alt(&self, b: usize, tag: u16) -> usize {
+        let off = (u64::from(tag).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize | 1;
+        b ^ (off & self.mask)
+    }
+
+    // ---- bucket locks and versions -------------------------------------------------------
+
+    #[inline(always)]
+    fn stable_version(&self, b: usize) -> u32 {
+        loop {
+            let v = self.buckets[b].version.load(Acquire);
+            if v & 1 == 0 {
+                return v;
+            }
+            sync::spin();
+        }
+    }
+
+    /// Takes bucket `b`'s writer lock; returns the (odd) locked version.
+    fn lock(&self, b: usize) -> u32 {
+        let ver = &self.buckets[b].version;
+        loop {
+            let v = ver.load(Relaxed);
+            if v & 1 == 0 && ver.compare_exchange_weak(v, v.wrapping_add(1), Acquire, Relaxed).is_ok() {
+                // Orders the odd version before the slot writes that follow (seqlock writer side).
+                fence(Release);
+                return v.wrapping_add(1);
+            }
+            sync::spin();
+        }
+    }
+
+    #[inline(always)]
+    fn unlock(&self, b: usize, odd: u32) {
+        self.buckets[b].version.store(odd.wrapping_add(1), Release);
+    }
+
+    /// Locks two distinct buckets in index order.
+    fn lock2(&self, a: usize, b: usize) -> (u32, u32) {
+        if a < b {
+            let x = self.lock(a);
+            (x, self.lock(b))
+        } else {
+            let y = self.lock(b);
+            (self.lock(a), y)
+        }
+    }
+
+    fn unlock2(&self, a: usize, b: usize, (va, vb): (u32, u32)) {
+        self.unlock(a, va);
+        self.unlock(b, vb);
+    }
+
+    // ---- lookup -----------------------------------------------------------------------
+
+    /// Slot of `kw` in bucket `b` (reads are validated by the caller).
+    #[inline(always)]
+    fn scan(&self, b: usize, tag: u16, kw: [u64; 2]) -> Option<(usize, u32)> {
+        let bk = &self.buckets[b];
+        let mut m = bk.match_tag(tag);
+        while m != 0 {
+            let s = m.trailing_zeros() as usize;
+            m &= m - 1;
+            let idx = bk.idx[s].load(Relaxed);
+            if (idx as usize) < self.capacity && self.key_at(idx as usize) == kw {
+                return Some((s, idx));
+            }
+        }
+        None
+    }
+
+    /// Lock-free validated lookup.
+    #[inline]
+    fn find(&self, kw: [u64; 2], tag: u16, b1: usize, b2: usize) -> SharedHandle {
+        loop {
+            let v1 = self.stable_version(b1);
+            let v2 = self.stable_version(b2);
+            let found = self.scan(b1, tag, kw).or_else(|| self.scan(b2, tag, kw));
+            let h = match found {
+                Some((_, idx)) => {
+                    SharedHandle { idx, gen: (self.word(idx as usize, W_REF).load(Relaxed) >> 32) as u32 }
+                }
+                None => SharedHandle::NONE,
+            };
+            fence(Acquire);
+            if self.buckets[b1].version.load(Relaxed) == v1 && self.buckets[b2].version.load(Relaxed) == v2 {
+                return h;
+            }
+            sync::spin();
+        }
+    }
+
+    /// Single-key lookup (latency-optimised). Returns a weak handle or [`SharedHandle::NONE`].
+    pub fn lookup(&self, key: &K, hash: u64) -> SharedHandle {
+        let (tag, b1, b2) = self.buckets_of(hash);
+        self.find(key.to_words(), tag, b1, b2)
+    }
+
+    /// Prefetches both candidate buckets of every row, then the candidate entries, and
+    /// fills `kw/tag/b1/b2` for the chunk.
+    #[inline(always)]
+    fn prefetch_chunk(&self, keys: &[K], hashes: &[u64], meta: &mut [([u64; 2], u16, usize, usize); CHUNK]) {
+        for (i, (k, &h)) in keys.iter().zip(hashes).enumerate() {
+            let (tag, b1, b2) = self.buckets_of(h);
+            prefetch(&self.buckets[b1]);
+            prefetch(&self.buckets[b2]);
+            meta[i] = (k.to_words(), tag, b1, b2);
+        }
+        for &(_, tag, b1, b2) in meta.iter().take(keys.len()) {
+            let mut m = self.buckets[b1].match_tag(tag);
+            let b = if m == 0 {
+                m = self.buckets[b2].match_tag(tag);
+                b2
+            } else {
+                b1
+            };
+            while m != 0 {
+                let s = m.trailing_zeros() as usize;
+                m &= m - 1;
+                prefetch(self.entry_ptr(self.buckets[b].idx[s].load(Relaxed) as usize % self.capacity));
+            }
+        }
+    }
+
+    /// Batched lookup: prefetches all buckets, then all candidate entries, then verifies.
+    /// `out[i]` gets a weak handle or [`SharedHandle::NONE`]; returns the number of hits.
+    /// Rows beyond the shortest of the three slices are ignored.
+    pub fn lookup_batch(&self, keys: &[K], hashes: &[u64], out: &mut [SharedHandle]) -> usize {
+        let n = keys.len().min(hashes.len()).min(out.len());
+        let mut meta = [([0u64; 2], 0u16, 0usize, 0usize); CHUNK];
+        let mut hits = 0;
+        for start in (0..n).step_by(CHUNK) {
+            let end = (start + CHUNK).min(n);
+            self.prefetch_chunk(&keys[start..end], &hashes[start..end], &mut meta);
+            for (o, &(kw, tag, b1, b2)) in out[start..end].iter_mut().zip(meta.iter()) {
+                *o = self.find(kw, tag, b1, b2);
+                hits += usize::from(o.is_some());
+            }
+        }
+        hits
+    }
+
+    /// Batched add-on-miss: every row ends with a weak handle to its key's entry, inserted
+    /// with `init(key, state)` (state zeroed first) on a miss, or [`SharedHandle::NONE`] if
+    /// the table is full. Hits refresh the entry's idle timer.
+    pub fn lookup_or_insert_batch<F>(
+        &self,
+        keys: &[K],
+        hashes: &[u64],
+        now: u64,
+        out: &mut [SharedHandle],
+        init: F,
+    ) -> SharedBatchResult
+    where
+        F: FnMut(&K, &[AtomicU64]),
+    {
+        self.upsert_batch::<false, F>(keys, hashes, now, out, init)
+    }
+
+    /// Like [`SharedFlowTable::lookup_or_insert_batch`], but every returned handle is
+    /// *pinned* (its refcount incremented): the entry cannot be removed or reused until
+    /// the matching [`SharedFlowTable::release`]. The auxiliary table uses this.
+    pub fn acquire_batch<F>(
+        &self,
+        keys: &[K],
+        hashes: &[u64],
+        now: u64,
+        out: &mut [SharedHandle],
+        init: F,
+    ) -> SharedBatchResult
+    where
+        F: FnMut(&K, &[AtomicU64]),
+    {
+        self.upsert_batch::<true, F>(keys, hashes, now, out, init)
+    }
+
+    /// Single-key add-on-miss (weak handle); `None` if the table is full.
+    pub fn lookup_or_insert<F>(&self, key: &K, hash: u64, now: u64, mut init: F) -> Option<(SharedHandle, bool)>
+    where
+        F: FnMut(&K, &[AtomicU64]),
+    {
+        let (tag, b1, b2) = self.buckets_of(hash);
+        self.upsert_one::<false, F>(key, key.to_words(), hash, tag, b1, b2, now, &mut init)
+    }
+
+    /// Single-key pinned add-on-miss; `None` if the table is full.
+    pub fn acquire<F>(&self, key: &K, hash: u64, now: u64, mut init: F) -> Option<(SharedHandle, bool)>
+    where
+        F: FnMut(&K, &[AtomicU64]),
+    {
+        let (tag, b1, b2) = self.buckets_of(hash);
+        self.upsert_one::<true, F>(key, key.to_words(), hash, tag, b1, b2, now, &mut init)
+    }
+
+    fn upsert_batch<const PIN: bool, F>(
+        &self,
+        keys: &[K],
+        hashes: &[u64],
+        now: u64,
+        out: &mut [SharedHandle],
+        mut init: F,
+    ) -> SharedBatchResult
+    where
+        F: FnMut(&K, &[AtomicU64]),
+    {
+        let n = keys.len().min(hashes.len()).min(out.len());
+        let mut meta = [([0u64; 2], 0u16, 0usize, 0usize); CHUNK];
+        let mut res = SharedBatchResult::default();
+        for start in (0..n).step_by(CHUNK) {
+            let end = (start + CHUNK).min(n);
+            self.prefetch_chunk(&keys[start..end], &hashes[start..end], &mut meta);
+            for (i, &(kw, tag, b1, b2)) in meta.iter().enumerate().take(end - start) {
+                let r = self.upsert_one::<PIN, F>(&keys[start + i], kw, hashes[start + i], tag, b1, b2, now, &mut init);
+                out[start + i] = match r {
+                    Some((h, true)) => {
+                        res.inserted += 1;
+                        h
+                    }
+                    Some((h, false)) => {
+                        res.hit += 1;
+                        h
+                    }
+                    None => {
+                        res.failed += 1;
+                        SharedHandle::NONE
+                    }
+                };
+            }
+        }
+        res
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn upsert_one<const PIN: bool, F>(
+        &self,
+        key: &K,
+        kw: [u64; 2],
+        hash: u64,
+        tag: u16,
+        b1: usize,
+        b2: usize,
+        now: u64,
+        init: &mut F,
+    ) -> Option<(SharedHandle, bool)>
+    where
+        F: FnMut(&K, &[AtomicU64]),
+    {
+        // Each retry means another thread changed this key's entry (removed it, or inserted
+        // it first): progress is made globally, so the loop terminates.
+        loop {
+            let h = self.find(kw, tag, b1, b2);
+            if h.is_some() {
+                if PIN && !self.try_acquire(h) {
+                    sync::spin();
+                    continue;
+                }
+                self.touch(h.index(), now);
+                return Some((h, false));
+            }
+            let Some(idx) = self.pop_free(hash) else {
+                self.failed.0.fetch_add(1, Relaxed);
+                return None;
+            };
+            let i = idx as usize;
+            // Seqlock writer side for weak readers of this entry's previous life: the
+            // generation bump (done by `free_entry`) is ordered before these writes.
+            fence(Release);
+            let gen = (self.word(i, W_REF).load(Relaxed) >> 32) as u32;
+            self.word(i, W_KEY0).store(kw[0], Relaxed);
+            self.word(i, W_KEY1).store(kw[1], Relaxed);
+            self.word(i, W_HASH).store(hash, Relaxed);
+            self.word(i, W_SEEN).store(now, Relaxed);
+            let st = self.state_slice(i);
+            for w in st {
+                w.store(0, Relaxed);
+            }
+            init(key, st);
+            // Live with one reference (ours) so nobody can expire it before it is linked.
+            self.word(i, W_REF).store((u64::from(gen) << 32) | 1, Release);
+            match self.link(idx, kw, tag, b1, b2) {
+                Link::Linked => {
+                    if !PIN {
+                        self.word(i, W_REF).fetch_sub(1, Release);
+                    }
+                    return Some((SharedHandle { idx, gen }, true));
+                }
+                Link::Exists => {
+                    self.free_entry(idx);
+                    continue;
+                }
+                Link::Full => {
+                    self.free_entry(idx);
+                    self.failed.0.fetch_add(1, Relaxed);
+                    return None;
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn touch(&self, idx: usize, now: u64) {
+        if self.timeout != 0 {
+            let w = self.word(idx, W_SEEN);
+            if now > w.load(Relaxed).saturating_add(self.touch_ns) {
+                w.store(now, Relaxed);
+            }
+        }
+    }
+
+    // ---- insertion internals ------------------------------------------------------------
+
+    /// Links entry `idx` (holding `kw`) into one of its buckets, displacing if needed.
+    fn link(&self, idx: u32, kw: [u64; 2], tag: u16, b1: usize, b2: usize) -> Link {
+        for _ in 0..MAX_LINK_ATTEMPTS {
+            let v = self.lock2(b1, b2);
+            // Under both locks the check is exact: a key only ever lives in b1 or b2,
+            // and moves between them hold both locks.
+            if self.scan(b1, tag, kw).is_some() || self.scan(b2, tag, kw).is_some() {
+                self.unlock2(b1, b2, v);
+                return Link::Exists;
+            }
+            for b in [b1, b2] {
+                let bk = &self.buckets[b];
+                let e = bk.match_tag(0);
+                if e != 0 {
+                    let s = e.trailing_zeros() as usize;
+                    bk.idx[s].store(idx, Relaxed);
+                    bk.set_tag(s, tag);
+                    self.unlock2(b1, b2, v);
+                    return Link::Linked;
+                }
+            }
+            self.unlock2(b1, b2, v);
+            if let Room::NoPath = self.make_room(b1, b2) {
+                return Link::Full;
+            }
+        }
+        Link::Full
+    }
+
+    /// Breadth-first search for a cuckoo path from `b1`/`b2` to a bucket with a free slot
+    /// (unsynchronised reads: only a hint), then executes it from the far end, each move
+    /// under the two buckets' locks with re-verification.
+    fn make_room(&self, b1: usize, b2: usize) -> Room {
+        #[derive(Clone, Copy)]
+        struct Node {
+            bucket: usize,
+            parent: usize,
+            slot: usize,
+        }
+        const ROOT: usize = usize::MAX;
+        let mut q = [Node { bucket: 0, parent: ROOT, slot: 0 }; MAX_BFS_NODES];
+        q[0] = Node { bucket: b1, parent: ROOT, slot: 0 };
+        q[1] = Node { bucket: b2, parent: ROOT, slot: 0 };
+        let mut len = 2;
+        let mut head = 0;
+        while head < len {
+            let n = q[head];
+            let bk = &self.buckets[n.bucket];
+            for s in 0..SLOTS {
+                let t = bk.tag_at(s);
+                if t == 0 {
+                    return Room::Retry;
+                }
+                let a = self.alt(n.bucket, t);
+                if self.buckets[a].match_tag(0) != 0 {
+                    return self.execute_path(&q, head, s, a, |x: &Node| (x.bucket, x.parent, x.slot), ROOT);
+                }
+                if len < MAX_BFS_NODES {
+                    q[len] = Node { bucket: a, parent: head, slot: s };
+                    len += 1;
+                }
+            }
+            head += 1;
+        }
+        Room::NoPath
+    }
+
+    fn execute_path<N>(
+        &self,
+        q: &[N],
+        mut cur: usize,
+        mut src_slot: usize,
+        mut dst: usize,
+        get: impl Fn(&N) -> (usize, usize, usize),
+        root: usize,
+    ) -> Room {
+        loop {
+            let (src, parent, slot_in_parent) = get(&q[cur]);
+            if !self.move_slot(src, src_slot, dst) {
+                return Room::Retry;
+            }
+            if parent == root {
+                return Room::Retry;
+            }
+            dst = src;
+            src_slot = slot_in_parent;
+            cur = parent;
+        }
+    }
+
+    /// Moves the entry in `src[s]` to a free slot of `dst` (its alternate bucket):
+    /// copy first, then clear, both buckets locked, so readers always find the key.
+    fn move_slot(&self, src: usize, s: usize, dst: usize) -> bool {
+        let v = self.lock2(src, dst);
+        let sb = &self.buckets[src];
+        let db = &self.buckets[dst];
+        let t = sb.tag_at(s);
+        let e = db.match_tag(0);
+        let ok = t != 0 && self.alt(src, t) == dst && e != 0;
+        if ok {
+            let d = e.trailing_zeros() as usize;
+            db.idx[d].store(sb.idx[s].load(Relaxed), Relaxed);
+            db.set_tag(d, t);
+            sb.set_tag(s, 0);
+        }
+        self.unlock2(src, dst, v);
+        ok
+    }
+
+    // ---- free lists -------------------------------------------------------------------
+
+    fn push_free(&self, idx: u32) {
+        let st = &self.stripes[idx as usize & (self.stripes.len() - 1)];
+        let mut h = st.head.load(Relaxed);
+        loop {
+            self.next[idx as usize].store(h as u32, Relaxed);
+            let new = (((h >> 32).wrapping_add(1)) << 32) | u64::from(idx);
+            match st.head.compare_exchange_weak(h, new, Release, Relaxed) {
+                Ok(_) => break,
+                Err(x) => h = x,
+            }
+        }
+        st.free.fetch_add(1, Relaxed);
+    }
+
+    /// Pops a free entry, starting at the stripe chosen by `hash` so cores inserting
+    /// different keys mostly touch different free-list lines.
+    fn pop_free(&self, hash: u64) -> Option<u32> {
+        let ns = self.stripes.len();
+        let s0 = (hash >> 32) as usize;
+        for k in 0..ns {
+            let st = &self.stripes[(s0 + k) & (ns - 1)];
+            let mut h = st.head.load(Acquire);
+            loop {
+                let idx = h as u32;
+                if idx == NIL {
+                    break;
+                }
+                let nxt = self.next[idx as usize].load(Relaxed);
+                let new = (((h >> 32).wrapping_add(1)) << 32) | u64::from(nxt);
+                match st.head.compare_exchange_weak(h, new, Acquire, Acquire) {
+                    Ok(_) => {
+                        st.free.fetch_sub(1, Relaxed);
+                        return Some(idx);
+                    }
+                    Err(x) => h = x,
+                }
+            }
+        }
+        None
+    }
+
+    /// Bumps the generation (invalidating every handle of this life), then frees.
+    fn free_entry(&self, idx: u32) {
+        let w = self.word(idx as usize, W_REF);
+        let gen = (w.load(Relaxed) >> 32).wrapping_add(1) & 0xFFFF_FFFF;
+        w.store((gen << 32) | DEAD, Release);
+        self.push_free(idx);
+    }
+
+    /// Under both locks of the entry's buckets: clears the slot pointing at `idx`.
+    fn unlink_locked(&self, idx: u32, b1: usize, b2: usize) -> bool {
+        for b in [b1, b2] {
+            let bk = &self.buckets[b];
+            for s in 0..SLOTS {
+                if bk.tag_at(s) != 0 && bk.idx[s].load(Relaxed) == idx {
+                    bk.set_tag(s, 0);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Removes entry `idx` if its refword is still exactly `expect` (live, count 0).
+    fn remove_if_unreferenced(&self, idx: u32, expect: u64) -> bool {
+        let hash = self.word(idx as usize, W_HASH).load(Relaxed);
+        // Pairs with the release fence of a new owner: if `hash` came from a later life,
+        // the CAS below sees the bumped generation and fails.
+        fence(Acquire);
+        let (_, b1, b2) = self.buckets_of(hash);
+        let v = self.lock2(b1, b2);
+        let w = self.word(idx as usize, W_REF);
+        let ok = w.compare_exchange(expect, expect | DEAD, AcqRel, Relaxed).is_ok();
+        let ok = ok && {
+            if self.unlink_locked(idx, b1, b2) {
+                true
+            } else {
+                // Not linked (cannot happen for a live, unpinned entry): undo, keep it.
+                w.store(expect, Relaxed);
+                false
+            }
+        };
+        self.unlock2(b1, b2, v);
+        ok
+    }
+
+    // ---- handles, refcounts, state -----------------------------------------------------
+
+    /// The entry's state words, or `None` for a handle that is not from this table.
+    ///
+    /// Meaningful while the handle is pinned; with a weak handle the entry may have been
+    /// reused (memory-safe, but use [`SharedFlowTable::read_state`] to detect it).
+    #[inline]
+    pub fn state(&self, h: SharedHandle) -> Option<&[AtomicU64]> {
+        if h.index() < self.capacity {
+            Some(self.state_slice(h.index()))
+        } else {
+            None
+        }
+    }
+
+    /// Prefetches the entry's first line (header and the first state words).
+    #[inline]
+    pub fn prefetch_state(&self, h: SharedHandle) {
+        if h.index() < self.capacity {
+            prefetch(self.entry_ptr(h.index()));
+        }
+    }
+
+    /// Runs `f` on the state and returns its result only if the entry still belonged to
+    /// the handle's key for the whole read (generation checked before and after).
+    pub fn read_state<R>(&self, h: SharedHandle, f: impl FnOnce(&[AtomicU64]) -> R) -> Option<R> {
+        if h.index() >= self.capacity {
+            return None;
+        }
+        let w = self.word(h.index(), W_REF);
+        let r1 = w.load(Acquire);
+        if (r1 >> 32) as u32 != h.gen || r1 & DEAD != 0 {
+            return None;
+        }
+        let r = f(self.state_slice(h.index()));
+        fence(Acquire);
+        ((w.load(Relaxed) >> 32) as u32 == h.gen).then_some(r)
+    }
+
+    /// Key of a live entry (`None` if the handle is stale).
+    pub fn key(&self, h: SharedHandle) -> Option<K> {
+        self.read_state(h, |_| ()).and_then(|()| {
+            let k = self.key_at(h.index());
+            fence(Acquire);
+            let r = self.word(h.index(), W_REF).load(Relaxed);
+            ((r >> 32) as u32 == h.gen).then(|| K::from_words(k))
+        })
+    }
+
+    /// True if the handle's entry is still live (not removed, not reused).
+    pub fn is_current(&self, h: SharedHandle) -> bool {
+        h.index() < self.capacity && {
+            let r = self.word(h.index(), W_REF).load(Acquire);
+            (r >> 32) as u32 == h.gen && r & DEAD == 0
+        }
+    }
+
+    /// Current reference count of a live entry.
+    pub fn refcount(&self, h: SharedHandle) -> Option<u32> {
+        if h.index() >= self.capacity {
+            return None;
+        }
+        let r = self.word(h.index(), W_REF).load(Acquire);
+        ((r >> 32) as u32 == h.gen).then_some((r & COUNT) as u32)
+    }
+
+    /// Pins a weak handle: increments the refcount unless the entry was removed or reused.
+    pub fn try_acquire(&self, h: SharedHandle) -> bool {
+        if h.index() >= self.capacity {
+            return false;
+        }
+        let w = self.word(h.index(), W_REF);
+        let mut cur = w.load(Relaxed);
+        loop {
+            if (cur >> 32) as u32 != h.gen || cur & DEAD != 0 || cur & COUNT == COUNT {
+                return false;
+            }
+            match w.compare_exchange_weak(cur, cur + 1, Acquire, Relaxed) {
+                Ok(_) => return true,
+                Err(x) => cur = x,
+            }
+        }
+    }
+
+    /// Drops one pin. When the last pin goes: a removed entry is freed; with no idle
+    /// timeout the entry is removed now; otherwise its idle timer starts at `now`.
+    pub fn release(&self, h: SharedHandle, now: u64) -> ReleaseOutcome {
+        if h.index() >= self.capacity {
+            return ReleaseOutcome::Invalid;
+        }
+        let w = self.word(h.index(), W_REF);
+        let mut cur = w.load(Relaxed);
+        if self.timeout != 0 && (cur >> 32) as u32 == h.gen && cur & DEAD == 0 {
+            self.word(h.index(), W_SEEN).store(now, Relaxed);
+        }
+        let new = loop {
+            if (cur >> 32) as u32 != h.gen || cur & COUNT == 0 {
+                return ReleaseOutcome::Invalid;
+            }
+            match w.compare_exchange_weak(cur, cur - 1, AcqRel, Relaxed) {
+                Ok(_) => break cur - 1,
+                Err(x) => cur = x,
+            }
+        };
+        if new & COUNT != 0 {
+            ReleaseOutcome::Referenced
+        } else if new & DEAD != 0 {
+            self.free_entry(h.idx);
+            ReleaseOutcome::Removed
+        } else if self.timeout == 0 && self.remove_if_unreferenced(h.idx, new) {
+            self.free_entry(h.idx);
+            ReleaseOutcome::Removed
+        } else {
+            ReleaseOutcome::Unreferenced
+        }
+    }
+
+    /// Removes `key`. A pinned entry disappears from lookups now and is freed by its
+    /// last release ([`RemoveOutcome::Deferred`]).
+    pub fn remove(&self, key: &K, hash: u64) -> RemoveOutcome {
+        let (tag, b1, b2) = self.buckets_of(hash);
+        let kw = key.to_words();
+        let v = self.lock2(b1, b2);
+        let Some((b, s, idx)) =
+            self.scan(b1, tag, kw).map(|(s, i)| (b1, s, i)).or_else(|| self.scan(b2, tag, kw).map(|(s, i)| (b2, s, i)))
+        else {
+            self.unlock2(b1, b2, v);
+            return RemoveOutcome::NotFound;
+        };
+        let prev = self.word(idx as usize, W_REF).fetch_or(DEAD, AcqRel);
+        self.buckets[b].set_tag(s, 0);
+        self.unlock2(b1, b2, v);
+        if prev & COUNT == 0 {
+            self.free_entry(idx);
+            RemoveOutcome::Removed
+        } else {
+            RemoveOutcome::Deferred
+        }
+    }
+
+    /// Expires up to `budget` entries' worth of the arena (an incremental sweep shared by
+    /// all callers): unreferenced entries idle for longer than the timeout are removed and
+    /// passed to `on_expire` before their entry is freed. Returns the number expired.
+    pub fn expire(&self, now: u64, budget: usize, mut on_expire: impl FnMut(&K, &[AtomicU64])) -> usize {
+        if self.timeout == 0 || budget == 0 {
+            return 0;
+        }
+        let budget = budget.min(self.capacity);
+        let start = self.cursor.0.fetch_add(budget, Relaxed) % self.capacity;
+        let mut n = 0;
+        for j in 0..budget {
+            let idx = (start + j) % self.capacity;
+            let r = self.word(idx, W_REF).load(Acquire);
+            if r & (DEAD | COUNT) != 0 {
+                continue;
+            }
+            if now.saturating_sub(self.word(idx, W_SEEN).load(Relaxed)) <= self.timeout {
+                continue;
+            }
+            if self.remove_if_unreferenced(idx as u32, r) {
+                on_expire(&K::from_words(self.key_at(idx)), self.state_slice(idx));
+                self.free_entry(idx as u32);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Visits every live entry (a racy snapshot under concurrent writers; exact when quiet).
+    pub fn for_each(&self, mut f: impl FnMut(SharedHandle, &K, &[AtomicU64])) {
+        for idx in 0..self.capacity {
+            let r = self.word(idx, W_REF).load(Acquire);
+            if r & DEAD == 0 {
+                let h = SharedHandle { idx: idx as u32, gen: (r >> 32) as u32 };
+                f(h, &K::from_words(self.key_at(idx)), self.state_slice(idx));
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_one_line_per_bucket_and_aligned_entries() {
+        assert_eq!(core::mem::size_of::<Bucket>(), 64);
+        let t = SharedFlowTable::<u32>::new(SharedTableConfig { capacity: 100, state_words: 3, idle_timeout_ns: 0 })
+            .unwrap();
+        assert_eq!(t.stride, 8);
+        for i in 0..100 {
+            assert_eq!(t.entry_ptr(i) as usize % 64, 0);
+        }
+        let t = SharedFlowTable::<u32>::new(SharedTableConfig { capacity: 10, state_words: 8, idle_timeout_ns: 0 })
+            .unwrap();
+        assert_eq!(t.stride, 16);
+    }
+
+    #[test]
+    fn zero_lanes_is_exact() {
+        assert_eq!(zero_lanes(0), 0xF);
+        assert_eq!(zero_lanes(0x0001_0000_8000_0000), 0b1010);
+        assert_eq!(zero_lanes(u64::MAX), 0);
+        // A zero lane below a non-zero one must not borrow into it.
+        assert_eq!(zero_lanes(0x0000_0001_0000_0000), 0b1011);
+    }
+
+    #[test]
+    fn alt_is_an_involution_and_differs() {
+        let t = SharedFlowTable::<u32>::new(SharedTableConfig { capacity: 5000, state_words: 1, idle_timeout_ns: 0 })
+            .unwrap();
+        for tag in 1..=u16::MAX {
+            for b in [0usize, 7, t.mask] {
+                let a = t.alt(b, tag);
+                assert_ne!(a, b);
+                assert_eq!(t.alt(a, tag), b);
+            }
+        }
+    }
+
+    #[test]
+    fn bad_config_is_an_error() {
+        let c = SharedTableConfig { capacity: 0, state_words: 1, idle_timeout_ns: 0 };
+        assert_eq!(SharedFlowTable::<u32>::new(c).unwrap_err(), SharedConfigError::Capacity(0));
+        let c = SharedTableConfig { capacity: 1, state_words: 5000, idle_timeout_ns: 0 };
+        assert_eq!(SharedFlowTable::<u32>::new(c).unwrap_err(), SharedConfigError::StateWords(5000));
+    }
+}

@@ -1,0 +1,317 @@
+//! Raw table memory and the state slab.
+//!
+//! [`RawMem`] owns one zeroed, 64-byte-aligned region (2 MiB hugepages via
+//! `mmap(MAP_HUGETLB)` when asked and available, else normal pages with a
+//! transparent-hugepage hint). [`Slab`] carves it into fixed-size entries —
+//! `key | hash | last_seen | state`, each entry a multiple of 64 bytes so a
+//! flow's key and first state bytes share one cache line — and keeps the free
+//! list and the live bitmap. The slab knows nothing about buckets.
+
+use crate::error::TableError;
+use core::marker::PhantomData;
+use core::ptr::NonNull;
+
+/// 2 MiB: the hugepage size used for `hugepages: true`.
+const HUGE: usize = 2 << 20;
+
+/// A zeroed, 64-byte-aligned, exclusively owned allocation.
+pub(crate) struct RawMem {
+    ptr: NonNull<u8>,
+    len: usize,
+    kind: MemKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MemKind {
+    /// `mmap` of `len` bytes (hugetlb or normal pages).
+    Mmap { huge: bool },
+    /// Global allocator (non-Linux targets).
+    #[allow(dead_code)]
+    Heap,
+}
+
+// SAFETY: RawMem is a uniquely owned buffer (like a Box<[u8]>); moving it to another thread is sound.
+unsafe impl Send for RawMem {}
+
+impl RawMem {
+    /// Allocates `len` zeroed bytes (at least 64), 64-byte aligned.
+    pub(crate) fn new(len: usize, hugepages: bool) -> Result<Self, TableError> {
+        let len = len.max(64);
+        #[cfg(target_os = "linux")]
+        {
+            if hugepages {
+                let huge_len = len.checked_add(HUGE - 1).ok_or(TableError::OutOfMemory { bytes: len })? & !(HUGE - 1);
+                if let Some(ptr) = Self::mmap(huge_len, libc::MAP_HUGETLB) {
+                    return Ok(RawMem { ptr, len: huge_len, kind: MemKind::Mmap { huge: true } });
+                }
+            }
+            let ptr = Self::mmap(len, 0).ok_or(TableError::OutOfMemory { bytes: len })?;
+            if hugepages {
+                // Fallback: ask for transparent hugepages; failure only costs TLB misses.
+                // SAFETY: ptr/len describe a mapping we own; madvise does not invalidate it.
+                unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
+            }
+            Ok(RawMem { ptr, len, kind: MemKind::Mmap { huge: false } })
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = hugepages;
+            let layout =
+                std::alloc::Layout::from_size_align(len, 64).map_err(|_| TableError::OutOfMemory { bytes: len })?;
+            // SAFETY: layout has non-zero size.
+            let p = unsafe { std::alloc::alloc_zeroed(layout) };
+            let ptr = NonNull::new(p).ok_or(TableError::OutOfMemory { bytes: len })?;
+            Ok(RawMem { ptr, len, kind: MemKind::Heap })
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    fn mmap(len: usize, extra_flags: libc::c_int) -> Option<NonNull<u8>> {
+        // SAFETY: anonymous private mapping with no address hint; the result is checked against MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                // No MAP_NORESERVE: hugetlb pages must be reserved at mmap time, or a later touch raises SIGBUS.
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra_flags,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            None
+        } else {
+            // mmap returns page-aligned (>= 4 KiB) zero-filled memory.
+            NonNull::new(p.cast::<u8>())
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Whether the region is backed by explicit 2 MiB hugepages.
+    pub(crate) fn is_huge(&self) -> bool {
+        self.kind == MemKind::Mmap { huge: true }
+    }
+}
+
+impl Drop for RawMem {
+    fn drop(&mut self) {
+        match self.kind {
+            #[cfg(target_os = "linux")]
+            MemKind::Mmap { .. } => {
+                // SAFETY: ptr/len are exactly the mapping created in `new`, unmapped once.
+                unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+            }
+            #[cfg(not(target_os = "linux"))]
+            MemKind::Mmap { .. } => {}
+            MemKind::Heap => {
+                if let Ok(layout) = std::alloc::Layout::from_size_align(self.len, 64) {
+                    // SAFETY: allocated in `new` with this exact layout.
+                    unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+                }
+            }
+        }
+    }
+}
+
+/// Issues a read prefetch of the cache line holding `p` into all cache levels.
+#[inline(always)]
+pub(crate) fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch is a hint that never faults, whatever the address.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Byte offsets inside one slab entry, computed once from the key type and state size.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EntryLayout {
+    /// Offset of the caller's 64-bit hash (after the key, 8-aligned).
+    pub(crate) hash_off: usize,
+    /// Offset of the last-seen timestamp.
+    pub(crate) seen_off: usize,
+    /// Offset of the state block (16-aligned so 16-byte Pod types fit at offset 0).
+    pub(crate) state_off: usize,
+    /// Bytes of state available (>= requested state size).
+    pub(crate) state_len: usize,
+    /// Entry stride, a multiple of 64.
+    pub(crate) size: usize,
+}
+
+impl EntryLayout {
+    pub(crate) fn new<K>(state_size: usize) -> Result<Self, TableError> {
+        if core::mem::align_of::<K>() > 64 {
+            return Err(TableError::InvalidConfig("key alignment above 64 bytes"));
+        }
+        let hash_off = core::mem::size_of::<K>().next_multiple_of(8);
+        let seen_off = hash_off + 8;
+        let state_off = (seen_off + 8).next_multiple_of(16);
+        let size = state_off
+            .checked_add(state_size)
+            .and_then(|s| s.checked_next_multiple_of(64))
+            .ok_or(TableError::InvalidConfig("state_size too large"))?;
+        Ok(EntryLayout { hash_off, seen_off, state_off, state_len: size - state_off, size })
+    }
+}
+
+/// The state slab: `capacity` entries of `layout.size` bytes, a LIFO free list
+/// (recently freed entries are the likeliest to still be cached) and a live bitmap
+/// (lets the expiry sweep and iteration skip free entries without touching them).
+pub(crate) struct Slab<K> {
+    mem: RawMem,
+    pub(crate) layout: EntryLayout,
+    capacity: u32,
+    free: Vec<u32>,
+    live: Vec<u64>,
+    _k: PhantomData<K>,
+}
+
+impl<K: crate::FlowKey> Slab<K> {
+    pub(crate) fn new(capacity: u32, state_size: usize, hugepages: bool) -> Result<Self, TableError> {
+        let layout = EntryLayout::new::<K>(state_size)?;
+        let bytes = (capacity as usize)
+            .checked_mul(layout.size)
+            .ok_or(TableError::InvalidConfig("capacity x state too large"))?;
+        let mem = RawMem::new(bytes, hugepages)?;
+        // Popped from the back: entries are handed out in ascending order on a fresh table.
+        let free: Vec<u32> = (0..capacity).rev().collect();
+        let live = vec![0u64; (capacity as usize).div_ceil(64)];
+        Ok(Slab { mem, layout, capacity, free, live, _k: PhantomData })
+    }
+
+    #[inline(always)]
+    pub(crate) fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    pub(crate) fn is_huge(&self) -> bool {
+        self.mem.is_huge()
+    }
+
+    #[inline(always)]
+    pub(crate) fn len(&self) -> usize {
+        self.capacity as usize - self.free.len()
+    }
+
+    /// Base pointer of entry `h` (caller guarantees `h < capacity`).
+    #[inline(always)]
+    pub(crate) fn entry_ptr(&self, h: u32) -> *mut u8 {
+        debug_assert!(h < self.capacity);
+        // SAFETY: h < capacity, so the offset stays inside the allocation of capacity * size bytes.
+        unsafe { self.mem.ptr().add(h as usize * self.layout.size) }
+    }
+
+    #[inline(always)]
+    pub(crate) fn is_live(&self, h: u32) -> bool {
+        h < self.capacity && self.live[(h >> 6) as usize] & (1u64 << (h & 63)) != 0
+    }
+
+    /// The entry that the `n`-th next allocation will return (for prefetching before inserting).
+    #[inline(always)]
+    pub(crate) fn peek_free(&self, n: usize) -> Option<u32> {
+        self.free.len().checked_sub(n + 1).map(|i| self.free[i])
+    }
+
+    /// Takes a free entry, writes key/hash/last-seen, zeroes the state; returns its handle.
+    #[inline]
+    pub(crate) fn alloc(&mut self, key: &K, hash: u64, now: u64) -> Option<u32> {
+        let h = self.free.pop()?;
+        self.live[(h >> 6) as usize] |= 1u64 << (h & 63);
+        self.write_entry(h, key, hash, now);
+        Some(h)
+    }
+
+    /// Reinitialises live entry `h` for a new key (eviction reuses the victim's entry).
+    #[inline]
+    pub(crate) fn write_entry(&mut self, h: u32, key: &K, hash: u64, now: u64) {
+        let p = self.entry_ptr(h);
+        let l = self.layout;
+        // SAFETY: p is the 64-aligned base of entry h, exclusively borrowed through &mut self; offsets are inside the
+        // entry and suitably aligned for K (align <= 64, offset 0) and u64 (8-aligned offsets).
+        unsafe {
+            p.cast::<K>().write(*key);
+            p.add(l.hash_off).cast::<u64>().write(hash);
+            p.add(l.seen_off).cast::<u64>().write(now);
+            core::ptr::write_bytes(p.add(l.state_off), 0, l.state_len);
+        }
+    }
+
+    /// Returns live entry `h` to the free list. False if it was not live.
+    #[inline]
+    pub(crate) fn free(&mut self, h: u32) -> bool {
+        if !self.is_live(h) {
+            return false;
+        }
+        self.live[(h >> 6) as usize] &= !(1u64 << (h & 63));
+        self.free.push(h);
+        true
+    }
+
+    /// Key of entry `h`: only meaningful (and only initialised) for live entries; callers check liveness
+    /// or know it from a bucket slot.
+    #[inline(always)]
+    pub(crate) fn key_unchecked(&self, h: u32) -> &K {
+        // SAFETY: callers pass handles of live entries (found in a bucket or checked with is_live), whose key was
+        // written by `write_entry`; the pointer is 64-aligned and the borrow is tied to &self.
+        unsafe { &*self.entry_ptr(h).cast::<K>() }
+    }
+
+    #[inline(always)]
+    pub(crate) fn hash(&self, h: u32) -> u64 {
+        // SAFETY: in-bounds, 8-aligned u64 inside entry h; zero-initialised memory is a valid u64.
+        unsafe { self.entry_ptr(h).add(self.layout.hash_off).cast::<u64>().read() }
+    }
+
+    #[inline(always)]
+    pub(crate) fn last_seen(&self, h: u32) -> u64 {
+        // SAFETY: as in `hash`.
+        unsafe { self.entry_ptr(h).add(self.layout.seen_off).cast::<u64>().read() }
+    }
+
+    #[inline(always)]
+    pub(crate) fn set_last_seen(&mut self, h: u32, now: u64) {
+        // SAFETY: as in `hash`; &mut self gives exclusive access.
+        unsafe { self.entry_ptr(h).add(self.layout.seen_off).cast::<u64>().write(now) }
+    }
+
+    #[inline(always)]
+    pub(crate) fn state(&self, h: u32) -> &[u8] {
+        // SAFETY: in-bounds byte range of entry h (h < capacity checked by callers); bytes are always initialised
+        // (zeroed memory); lifetime tied to &self.
+        unsafe { core::slice::from_raw_parts(self.entry_ptr(h).add(self.layout.state_off), self.layout.state_len) }
+    }
+
+    #[inline(always)]
+    pub(crate) fn state_mut(&mut self, h: u32) -> &mut [u8] {
+        // SAFETY: as in `state`, with exclusive access through &mut self.
+        unsafe { core::slice::from_raw_parts_mut(self.entry_ptr(h).add(self.layout.state_off), self.layout.state_len) }
+    }
+
+    /// First live entry in `from..end` (scans the bitmap only; `end` is clamped to the capacity).
+    pub(crate) fn next_live(&self, from: u32, end: u32) -> Option<u32> {
+        let end = end.min(self.capacity);
+        if from >= end {
+            return None;
+        }
+        let mut w = (from >> 6) as usize;
+        let mut bits = self.live[w] & (!0u64 << (from & 63));
+        loop {
+            if bits != 0 {
+                let h = (w as u32) * 64 + bits.trailing_zeros();
+                return (h < end).then_some(h);
+            }
+            w += 1;
+            if w as u32 * 64 >= end {
+                return None;
+            }
+            bits = self.live[w];
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! Load factor, full-table policies, expiry with a controllable clock, and bounded memory under churn.
+
+use flowplane_table::{FlowTable, FullPolicy, TableConfig, TableError, INVALID_HANDLE};
+
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn cfg(capacity: usize, timeout: Option<u64>, policy: FullPolicy) -> TableConfig {
+    TableConfig { capacity, state_size: 64, idle_timeout_ns: timeout, full_policy: policy, hugepages: false }
+}
+
+#[test]
+fn fills_to_capacity_without_failure() {
+    for cap in [1usize, 7, 100, 4096, 100_000] {
+        let mut t = FlowTable::<u64>::new(cfg(cap, None, FullPolicy::Reject)).unwrap();
+        for k in 0..cap as u64 {
+            assert!(t.insert(&k, mix(k), 0, |_| {}).is_ok(), "cap {cap}: insert {k} failed");
+        }
+        assert_eq!(t.len(), cap);
+        assert!(t.len() * 10 <= t.slots() * 9, "a full slab loads at most 90% of the slots");
+        for k in 0..cap as u64 {
+            assert!(t.lookup(&k, mix(k)).is_some());
+        }
+    }
+}
+
+#[test]
+fn reject_policy_counts_and_reports() {
+    let mut t = FlowTable::<u64>::new(cfg(100, None, FullPolicy::Reject)).unwrap();
+    for k in 0..100u64 {
+        t.insert(&k, mix(k), 0, |_| {}).unwrap();
+    }
+    assert_eq!(t.insert(&1000, mix(1000), 0, |_| {}), Err(TableError::Full));
+    // Existing keys still "insert" (they are found).
+    assert_eq!(t.insert(&5, mix(5), 0, |_| {}).map(|(_, new)| new), Ok(false));
+    let keys = [2000u64, 3, 2001];
+    let hashes: Vec<u64> = keys.iter().map(|&k| mix(k)).collect();
+    let mut out = [0u32; 3];
+    let r = t.lookup_or_insert_batch(&keys, &hashes, 0, &mut out, |_, _| {});
+    assert_eq!((r.hit, r.inserted, r.failed), (0b010, 0, 0b101));
+    assert_eq!(out[0], INVALID_HANDLE);
+    let s = t.stats();
+    assert_eq!((s.full_events, s.evictions, t.len()), (3, 0, 100));
+}
+
+#[test]
+fn evict_policy_evicts_least_recently_seen_candidate() {
+    // Capacity 7 -> a single bucket: both candidates are that bucket, so the victim is the global LRU.
+    let mut t = FlowTable::<u64>::new(cfg(7, None, FullPolicy::EvictLruIdle)).unwrap();
+    assert_eq!(t.slots(), 8);
+    for k in 0..7u64 {
+        t.insert(&k, mix(k), 10 + k, |s| s[0] = k as u8).unwrap();
+    }
+    let h0 = t.lookup(&0, mix(0)).unwrap();
+    t.touch(h0, 100);
+    let (h, new) = t.insert(&99, mix(99), 101, |s| s[0] = 99).unwrap();
+    assert!(new);
+    assert_eq!(t.state(h)[0], 99, "state of the reused entry is fresh");
+    assert!(t.lookup(&1, mix(1)).is_none(), "key 1 was least recently seen");
+    assert!(t.lookup(&0, mix(0)).is_some());
+    assert_eq!((t.len(), t.stats().evictions, t.stats().full_events), (7, 1, 0));
+    // In a batch, a key hit earlier in the batch is protected even if it is the LRU (key 2, seen at 12).
+    let keys = [2u64, 500];
+    let hashes = [mix(2), mix(500)];
+    let mut out = [0u32; 2];
+    let r = t.lookup_or_insert_batch(&keys, &hashes, 5, &mut out, |_, _| {});
+    assert_eq!((r.hit, r.inserted), (0b01, 0b10));
+    assert_eq!(t.key(out[0]), Some(&2));
+    assert_eq!(t.key(out[1]), Some(&500));
+    assert!(t.lookup(&3, mix(3)).is_none(), "next LRU (key 3) evicted instead");
+}
+
+#[test]
+fn invalid_config_and_handles_are_errors_not_panics() {
+    assert!(FlowTable::<u64>::new(cfg(0, None, FullPolicy::Reject)).is_err());
+    assert!(FlowTable::<u64>::new(cfg(10, Some(0), FullPolicy::Reject)).is_err());
+    assert!(FlowTable::<u64>::new(TableConfig::new(10, usize::MAX)).is_err());
+    let mut t = FlowTable::<u64>::new(cfg(10, None, FullPolicy::Reject)).unwrap();
+    assert!(t.state(12345).is_empty());
+    assert!(t.state_mut(u32::MAX).is_empty());
+    assert_eq!(t.key(3), None);
+    assert!(!t.remove_handle(3));
+    assert!(!t.remove_handle(u32::MAX));
+    t.touch(u32::MAX, 5);
+    let (h, _) = t.insert(&1, mix(1), 0, |_| {}).unwrap();
+    assert!(t.state_as::<u64>(h, 1).is_none(), "misaligned");
+    assert!(t.state_as::<u64>(h, t.state_len()).is_none(), "out of range");
+    assert!(t.state_as::<u64>(h, usize::MAX).is_none());
+    assert_eq!(t.expire(u64::MAX, 100, |_, _, _| {}), 0, "no timeout configured");
+    // Empty and mismatched batch slices are fine.
+    assert_eq!(t.lookup_batch(&[], &[], &mut []), 0);
+    assert_eq!(t.lookup_batch(&[1, 2], &[mix(1)], &mut [0; 2]), 1);
+}
+
+#[test]
+fn hugepage_request_falls_back() {
+    let mut c = cfg(1000, None, FullPolicy::Reject);
+    c.hugepages = true;
+    let mut t = FlowTable::<u64>::new(c).unwrap();
+    let (h, _) = t.insert(&7, mix(7), 0, |s| s[3] = 3).unwrap();
+    assert_eq!(t.state(h)[3], 3);
+}
+
+#[test]
+fn expiry_with_controllable_clock() {
+    let mut t = FlowTable::<u64>::new(cfg(1000, Some(100), FullPolicy::Reject)).unwrap();
+    for k in 0..1000u64 {
+        t.insert(&k, mix(k), 0, |s| s[0] = (k % 251) as u8).unwrap();
+    }
+    assert_eq!(t.expire(100, usize::MAX, |_, _, _| {}), 0, "idle == timeout is not expired");
+    // Keep the even keys alive.
+    for k in (0..1000u64).step_by(2) {
+        let h = t.lookup(&k, mix(k)).unwrap();
+        t.touch(h, 150);
+    }
+    // Bounded work: each call examines at most 64 entries, so it expires at most 64.
+    let mut expired = Vec::new();
+    let mut calls = 0;
+    while expired.len() < 500 {
+        let n = t.expire(200, 64, |_, k, s| {
+            assert_eq!(s[0], (*k % 251) as u8, "callback sees the state");
+            expired.push(*k);
+        });
+        assert!(n <= 64);
+        calls += 1;
+        assert!(calls <= 1000 / 64 + 1, "a full sweep takes capacity/budget calls");
+    }
+    expired.sort_unstable();
+    assert_eq!(expired, (1..1000).step_by(2).collect::<Vec<u64>>());
+    assert_eq!(t.len(), 500);
+    assert_eq!(t.stats().expiries, 500);
+}
+
+#[test]
+fn backwards_clock_never_expires_early_nor_panics() {
+    let mut t = FlowTable::<u64>::new(cfg(64, Some(100), FullPolicy::Reject)).unwrap();
+    for k in 0..50u64 {
+        t.insert(&k, mix(k), 1_000_000, |_| {}).unwrap();
+    }
+    // Clock jumps back to 10: nothing expires, entries are rebased to 10.
+    assert_eq!(t.expire(10, usize::MAX, |_, _, _| {}), 0);
+    assert_eq!(t.expire(110, usize::MAX, |_, _, _| {}), 0);
+    assert_eq!(t.len(), 50);
+    assert_eq!(t.expire(111, usize::MAX, |_, _, _| {}), 50, "one timeout after the jump was seen");
+    // Extreme clocks.
+    t.insert(&1, mix(1), u64::MAX, |_| {}).unwrap();
+    assert_eq!(t.expire(0, usize::MAX, |_, _, _| {}), 0);
+    assert_eq!(t.expire(u64::MAX, usize::MAX, |_, _, _| {}), 1);
+}
+
+#[test]
+fn endless_churn_keeps_memory_bounded() {
+    const CAP: usize = 2000;
+    for policy in [FullPolicy::Reject, FullPolicy::EvictLruIdle] {
+        let mut t = FlowTable::<u64>::new(cfg(CAP, Some(1_000), policy)).unwrap();
+        let mut out = [0u32; 32];
+        let mut next = 0u64;
+        let mut live_expired = 0usize;
+        for step in 0..40_000u64 {
+            let now = step * 10;
+            let keys: Vec<u64> =
+                (0..32).map(|i| if i % 4 == 0 { next + i } else { next.saturating_sub(i * 3) }).collect();
+            next += 8;
+            let hashes: Vec<u64> = keys.iter().map(|&k| mix(k)).collect();
+            t.lookup_or_insert_batch(&keys, &hashes, now, &mut out, |_, _| {});
+            live_expired += t.expire(now, 64, |_, _, _| {});
+            assert!(t.len() <= CAP);
+        }
+        assert!(live_expired > 100_000 / 2, "expiry keeps up with churn");
+        // Far in the future everything expires and the whole slab is reusable: no leaked entries.
+        while t.expire(u64::MAX / 2, CAP, |_, _, _| {}) > 0 {}
+        assert_eq!(t.len(), 0);
+        for k in 0..CAP as u64 {
+            t.insert(&(k + (1 << 40)), mix(k + (1 << 40)), 0, |_| {}).unwrap();
+        }
+        assert_eq!(t.len(), CAP);
+        assert_eq!(t.iter().count(), CAP);
+    }
+}
