@@ -20,6 +20,7 @@ pub mod registry;
 pub mod stateful;
 pub mod store;
 pub mod testutil;
+// @@ add NF modules above this line @@
 
 use flowplane_packet::Batch;
 use serde::Serialize;

@@ -79,6 +79,7 @@ pub static NFS: &[NfKind] = &[
         params: &[("pps", "tokens per second per flow (default 1000)"), ("burst", "bucket depth (default pps)")],
         build: |p| Ok(stateful(RateLimit::from_params(p)?)),
     },
+    // @@ add NF entries above this line @@
 ];
 
 /// Looks up an NF kind by name.

@@ -36,6 +36,25 @@ pub enum Granularity {
 }
 
 impl Granularity {
+    /// The part of `t` this granularity keys on, as a 5-tuple with the other
+    /// fields zeroed (what a test table or an export needs; the executor's
+    /// shared tables use compact IP keys).
+    pub fn project(self, t: &FiveTuple) -> FiveTuple {
+        use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+        let zero = |a: IpAddr| match a {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
+        let (s, d) = (t.src_ip(), t.dst_ip());
+        let (s, d) = match self {
+            Granularity::FiveTuple => return *t,
+            Granularity::SrcIp => (s, zero(d)),
+            Granularity::DstIp => (zero(s), d),
+            Granularity::IpPair => (s, d),
+        };
+        FiveTuple::new(s, d, 0, 0, 0).unwrap_or(*t)
+    }
+
     /// Name used in reports.
     pub fn name(self) -> &'static str {
         match self {

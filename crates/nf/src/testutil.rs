@@ -83,7 +83,8 @@ pub fn assert_ipv4_checksums(f: &[u8]) {
     }
 }
 
-/// Runs one stateful NF packet by packet with a `HashMap` table.
+/// Runs one stateful NF packet by packet with a `HashMap` table keyed by
+/// the NF's granularity (so coarse-key NFs are tested with their real sharing).
 pub struct Harness<N: StatefulNf> {
     /// The NF under test.
     pub nf: N,
@@ -108,7 +109,7 @@ impl<N: StatefulNf> Harness<N> {
             let a = self.nf.on_unparsed();
             return (data, a);
         }
-        let key = meta.tuple;
+        let key = self.nf.granularity().project(&meta.tuple);
         if !self.states.contains_key(&key) {
             let s = self.nf.init(&Pkt::new(&mut data, &meta), &ctx);
             self.states.insert(key, s);
@@ -123,10 +124,10 @@ impl<N: StatefulNf> Harness<N> {
         (data, a)
     }
 
-    /// The flow key of a frame.
+    /// The state key of a frame (its 5-tuple projected on the NF's granularity).
     pub fn key_of(&self, frame: &[u8]) -> Option<FiveTuple> {
         let m = PktMeta::parse(frame);
-        m.valid.then_some(m.tuple)
+        m.valid.then(|| self.nf.granularity().project(&m.tuple))
     }
 
     /// The state of a frame's flow.
