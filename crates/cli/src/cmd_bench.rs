@@ -4,6 +4,7 @@
 
 use clap::{Args, Subcommand};
 use flowplane_bench::io::{run_io, IoBenchOptions};
+use flowplane_bench::pipeline::{run_pipeline, PipelineOptions};
 use flowplane_bench::table::{self, TableBenchOptions};
 
 use crate::error::CliError;
@@ -33,6 +34,30 @@ pub enum BenchCmd {
         /// Packets per batch.
         #[arg(long, default_value_t = 32)]
         batch: usize,
+        /// Small and short (CI smoke run).
+        #[arg(long)]
+        quick: bool,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// FAJITA's experiments: throughput vs flows, chain length, executors, prefetch, synthetic NF (one core).
+    Pipeline {
+        /// Flow counts for the throughput-vs-flows sweep, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        flows: Option<Vec<u64>>,
+        /// Flows for the chain/executor/prefetch experiments.
+        #[arg(long)]
+        base_flows: Option<u64>,
+        /// Seconds per measurement.
+        #[arg(long)]
+        seconds: Option<f64>,
+        /// Experiments to run (default all): flows,chains,executors,prefetch,synthetic.
+        #[arg(long, value_delimiter = ',', value_parser = ["flows", "chains", "executors", "prefetch", "synthetic"])]
+        only: Vec<String>,
+        /// Also write the rows as CSV to this file.
+        #[arg(long)]
+        csv: Option<std::path::PathBuf>,
         /// Small and short (CI smoke run).
         #[arg(long)]
         quick: bool,
@@ -71,6 +96,34 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 return Err(CliError::new(format!("--seconds {seconds}: must be positive")));
             }
             let rep = run_io(&opts).map_err(CliError::new)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rep)?);
+            } else {
+                print!("{rep}");
+            }
+        }
+        BenchCmd::Pipeline { flows, base_flows, seconds, only, csv, quick, json } => {
+            let mut o = if quick { PipelineOptions::quick() } else { PipelineOptions::default() };
+            if let Some(f) = flows {
+                o.flows = f;
+            }
+            if let Some(b) = base_flows {
+                o.base_flows = b;
+            }
+            if let Some(s) = seconds {
+                o.seconds = s;
+            }
+            o.only = only;
+            if !(o.seconds.is_finite() && o.seconds > 0.0) {
+                return Err(CliError::new("--seconds: must be positive"));
+            }
+            if o.flows.iter().chain(std::iter::once(&o.base_flows)).any(|&f| f == 0 || f > 1 << 26) {
+                return Err(CliError::new("--flows/--base-flows: each must be between 1 and 67108864"));
+            }
+            let rep = run_pipeline(&o).map_err(CliError::new)?;
+            if let Some(p) = csv {
+                std::fs::write(&p, rep.to_csv()).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?;
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&rep)?);
             } else {

@@ -7,4 +7,18 @@
 //! accessors then read without further checks that could fail, and a `XxxRepr`
 //! parses to / emits from a plain struct. No input may panic.
 
+pub mod arp;
 pub mod checksum;
+pub mod error;
+pub mod ethernet;
+pub mod flow;
+pub mod gtpu;
+pub mod hash;
+pub mod icmp;
+pub mod ipv4;
+pub mod ipv6;
+pub mod packet_repr;
+pub mod rss;
+pub mod tcp;
+pub mod udp;
+pub mod vlan;
