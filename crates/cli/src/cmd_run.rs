@@ -49,6 +49,9 @@ pub struct RunArgs {
     /// Disable software prefetching (bulk lookups, state lines, NF prefetch hooks).
     #[arg(long)]
     pub no_prefetch: bool,
+    /// Disable FAJITA's auxiliary table: coarse (shared) state is then looked up per packet.
+    #[arg(long)]
+    pub no_aux: bool,
     /// Flow-table capacity per core (IPv4 flows).
     #[arg(long, default_value_t = 1 << 21)]
     pub flows: usize,
@@ -181,6 +184,7 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         default_idle_timeout_ns: (a.idle_timeout * 1e9) as u64,
         full_policy: if a.table_full == "evict" { FullPolicy::EvictLruIdle } else { FullPolicy::Reject },
         hugepages: true,
+        aux: !a.no_aux,
     };
     let cfg = RunConfig {
         cores,

@@ -10,18 +10,25 @@ use flowplane_nf::registry::{self, NfInstance};
 use flowplane_nf::stateful::Granularity;
 use flowplane_nf::{DynStateful, Nf, NfCounters, Params};
 
+use crate::coarse::{GroupLayout, MAX_GROUP_WORDS};
 use crate::spec::ChainSpec;
 
 /// One stage of a compiled chain.
 pub enum Stage {
     /// A batch-level element.
     Stateless(Box<dyn Nf>),
-    /// A stateful NF with its state at `offset` in the aggregated block.
+    /// A stateful NF with its state at `offset` in its block: the flow's
+    /// aggregated block (`group == None`, 5-tuple NFs) or the block of a
+    /// coarse group's shared entry (`group == Some(g)`).
     Stateful {
         /// The NF.
         nf: Box<dyn DynStateful>,
-        /// Byte offset of its state in the flow's block.
+        /// Byte offset of its state in the block.
         offset: usize,
+        /// Coarse group, if the NF's state is keyed by something coarser than the 5-tuple.
+        group: Option<usize>,
+        /// Index of the NF within its coarse group (its "initialised" bit).
+        member: usize,
         /// Counters kept by the executor.
         counters: NfCounters,
     },
@@ -45,6 +52,8 @@ pub struct Chain {
     pub state_size: usize,
     /// Longest idle timeout any 5-tuple NF asked for (None: none asked).
     pub idle_timeout_ns: Option<u64>,
+    /// Coarse groups (one per coarse granularity used), in order of first use.
+    pub groups: Vec<GroupLayout>,
 }
 
 fn align_up(x: usize, a: usize) -> usize {
@@ -61,27 +70,64 @@ impl Chain {
             stages.push(match nf {
                 NfInstance::Stateless(n) => Stage::Stateless(n),
                 NfInstance::Stateful(n) => {
-                    if n.granularity() != Granularity::FiveTuple {
-                        return Err(format!(
-                            "{}: {} state needs the shared-table executor, which this build does not have yet",
-                            n.name(),
-                            n.granularity().name()
-                        ));
+                    let max_align = if n.granularity() == Granularity::FiveTuple { 16 } else { 8 };
+                    if n.state_align() > max_align {
+                        return Err(format!("{}: state alignment {} exceeds {max_align} bytes", n.name(), n.state_align()));
                     }
-                    if n.state_align() > 16 {
-                        return Err(format!("{}: state alignment {} exceeds 16 bytes", n.name(), n.state_align()));
-                    }
-                    Stage::Stateful { nf: n, offset: 0, counters: NfCounters::default() }
+                    Stage::Stateful { nf: n, offset: 0, group: None, member: 0, counters: NfCounters::default() }
                 }
             });
         }
-        // Pack smallest states first (stable for equal sizes), each at its alignment.
-        let mut order: Vec<usize> = (0..stages.len()).filter(|&i| matches!(stages[i], Stage::Stateful { .. })).collect();
+        // Coarse groups: NFs of one granularity share an entry, packed in chain order.
+        let mut groups: Vec<GroupLayout> = Vec::new();
+        let mut group_bytes: Vec<usize> = Vec::new();
+        let mut members: Vec<usize> = Vec::new();
+        for st in stages.iter_mut() {
+            if let Stage::Stateful { nf, offset, group, member, .. } = st {
+                let g = nf.granularity();
+                if g == Granularity::FiveTuple {
+                    continue;
+                }
+                let gi = match groups.iter().position(|x| x.granularity == g) {
+                    Some(i) => i,
+                    None => {
+                        groups.push(GroupLayout { granularity: g, words: 0, aux_offset: 0 });
+                        group_bytes.push(0);
+                        members.push(0);
+                        groups.len() - 1
+                    }
+                };
+                let at = align_up(group_bytes[gi], nf.state_align());
+                *offset = at;
+                *group = Some(gi);
+                *member = members[gi];
+                members[gi] += 1;
+                group_bytes[gi] = at + nf.state_size();
+                if members[gi] > 62 {
+                    return Err(format!("{}: more than 62 NFs share the {} state", nf.name(), g.name()));
+                }
+            }
+        }
+        for (g, bytes) in groups.iter_mut().zip(&group_bytes) {
+            g.words = bytes.div_ceil(8).max(1);
+            if g.words > MAX_GROUP_WORDS {
+                return Err(format!("the {} NFs of this chain need {} bytes of shared state (max {})", g.granularity.name(), bytes, MAX_GROUP_WORDS * 8));
+            }
+        }
+        // The aggregated 5-tuple block: the auxiliary table's pinned handles to
+        // coarse state first (read on every packet), then the 5-tuple NFs'
+        // states, smallest first (stable), each at its alignment.
+        let mut size = 8 * groups.len();
+        for (i, g) in groups.iter_mut().enumerate() {
+            g.aux_offset = 8 * i;
+        }
+        let mut order: Vec<usize> = (0..stages.len())
+            .filter(|&i| matches!(stages[i], Stage::Stateful { group: None, .. }))
+            .collect();
         order.sort_by_key(|&i| match &stages[i] {
             Stage::Stateful { nf, .. } => nf.state_size(),
             Stage::Stateless(_) => 0,
         });
-        let mut size = 0;
         let mut timeout: Option<u64> = None;
         for i in order {
             if let Stage::Stateful { nf, offset, .. } = &mut stages[i] {
@@ -93,7 +139,7 @@ impl Chain {
                 }
             }
         }
-        Ok(Chain { stages, state_size: size, idle_timeout_ns: timeout })
+        Ok(Chain { stages, state_size: size, idle_timeout_ns: timeout, groups })
     }
 
     /// True if any stage keeps per-flow state.

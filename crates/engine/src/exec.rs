@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use flowplane_nf::stateful::{apply_action, BatchOutcome};
+use flowplane_nf::stateful::{apply_action, Action, BatchOutcome, DynStateful};
 use flowplane_nf::store::{FlowStore, StoreConfig, NO_SLOT};
 use flowplane_nf::{NfContext, NfCounters, Pkt, PktMeta};
 use flowplane_packet::{Batch, MAX_BATCH};
@@ -26,6 +26,8 @@ use flowplane_wire::hash::HashableKey;
 use serde::Serialize;
 
 use crate::chain::{Chain, Stage};
+use crate::coarse::{coarse_hash, coarse_key, handle_bits, handle_from, with_locked, GroupLayout, SharedStores};
+use flowplane_table::shared::SharedHandle;
 
 /// Seed of the flow-table hash.
 const HASH_SEED: u32 = 0x9e37_79b9;
@@ -89,6 +91,9 @@ pub struct ExecConfig {
     pub full_policy: FullPolicy,
     /// Hugepage-backed tables.
     pub hugepages: bool,
+    /// FAJITA's auxiliary table: keep pinned handles to coarse (shared) state
+    /// in each flow's aggregated block instead of a shared lookup per packet.
+    pub aux: bool,
 }
 
 impl Default for ExecConfig {
@@ -100,6 +105,7 @@ impl Default for ExecConfig {
             default_idle_timeout_ns: 30_000_000_000,
             full_policy: FullPolicy::Reject,
             hugepages: true,
+            aux: true,
         }
     }
 }
@@ -123,6 +129,8 @@ pub struct StoreReport {
     pub evictions: u64,
     /// Packets without a flow key (non-IP, malformed).
     pub unparsed: u64,
+    /// Lookups in the shared (coarse) tables.
+    pub shared_lookups: u64,
 }
 
 impl StoreReport {
@@ -136,6 +144,7 @@ impl StoreReport {
         self.table_full += o.table_full;
         self.evictions += o.evictions;
         self.unparsed += o.unparsed;
+        self.shared_lookups += o.shared_lookups;
     }
 }
 
@@ -175,6 +184,12 @@ pub struct Executor {
     unparsed: u64,
     /// Bytes of the aggregated block spanning more than one cache line after the entry header.
     multi_line: bool,
+    /// Shared tables of the coarse groups (shared with the other cores).
+    shared: SharedStores,
+    /// Per coarse group: this batch's handles.
+    coarse: Vec<Box<[SharedHandle; MAX_BATCH]>>,
+    /// Shared-table lookups done (non-aux mode: one per packet per group).
+    shared_lookups: u64,
 }
 
 #[inline(always)]
@@ -186,8 +201,14 @@ fn hash_tuple(t: &FiveTuple) -> u64 {
 }
 
 impl Executor {
-    /// Builds the executor and allocates its tables.
-    pub fn new(chain: Chain, cfg: ExecConfig) -> Result<Self, String> {
+    /// Builds the executor and allocates its per-core tables; `shared` holds
+    /// the coarse groups' tables (create them once per run with
+    /// [`SharedStores::new`] from `chain.groups`; an empty one is fine for
+    /// chains without coarse NFs).
+    pub fn new(chain: Chain, cfg: ExecConfig, shared: SharedStores) -> Result<Self, String> {
+        if shared.tables.len() != chain.groups.len() {
+            return Err(format!("the chain has {} coarse groups but {} shared tables were given", chain.groups.len(), shared.tables.len()));
+        }
         let timeout = Some(chain.idle_timeout_ns.unwrap_or(cfg.default_idle_timeout_ns));
         let store_cfg = |size: usize| StoreConfig {
             capacity: cfg.flows,
@@ -213,7 +234,20 @@ impl Executor {
         }
         // Entry header (key 16 + hash 8 + last-seen 8) shares the first line with the state.
         let multi_line = chain.state_size > 32;
-        Ok(Executor { cfg, chain, stores, pernf_slots, scratch: Scratch::new(), ended: 0, unparsed: 0, multi_line })
+        let coarse = chain.groups.iter().map(|_| Box::new([SharedHandle::NONE; MAX_BATCH])).collect();
+        Ok(Executor {
+            cfg,
+            chain,
+            stores,
+            pernf_slots,
+            scratch: Scratch::new(),
+            ended: 0,
+            unparsed: 0,
+            multi_line,
+            shared,
+            coarse,
+            shared_lookups: 0,
+        })
     }
 
     /// The executor kind.
@@ -237,28 +271,50 @@ impl Executor {
         }
         self.unparsed += self.scratch.metas[..n].iter().filter(|m| !m.valid).count() as u64;
         match self.cfg.kind {
-            ExecKind::Batch => self.run_batch(batch, ctx),
+            ExecKind::Batch => self.run_staged(batch, ctx, self.cfg.prefetch),
+            ExecKind::MicroBatch => self.run_staged(batch, ctx, false),
             ExecKind::Rtc => self.run_rtc(batch, ctx),
             ExecKind::PerNf => self.run_pernf(batch, ctx),
-            ExecKind::MicroBatch => self.run_microbatch(batch, ctx),
         }
-        // Bounded expiry work per batch: about two slab entries per packet.
+        self.expire(ctx.now_ns, n);
+    }
+
+    /// Whether coarse handles live in the flows' aggregated blocks.
+    fn aux_on(&self) -> bool {
+        self.cfg.aux && self.cfg.kind != ExecKind::PerNf && !self.chain.groups.is_empty()
+    }
+
+    /// Bounded expiry work per batch: about two slab entries per packet in
+    /// the per-core tables, a few in the shared ones.
+    fn expire(&mut self, now: u64, n: usize) {
         let budget = 2 * n.max(16);
-        let stages = &mut self.chain.stages;
-        for (k, store) in self.stores.iter_mut().enumerate() {
-            let pernf = self.cfg.kind == ExecKind::PerNf;
-            store.expire(ctx.now_ns, budget, |key, block| release_all(stages, pernf.then_some(k), key, block));
+        let aux_on = self.aux_on();
+        let Executor { stores, chain, shared, cfg, .. } = self;
+        let Chain { stages, groups, .. } = chain;
+        let aux = Aux { groups, shared, now };
+        let pernf = cfg.kind == ExecKind::PerNf;
+        for (k, store) in stores.iter_mut().enumerate() {
+            store.expire(now, budget, |key, block| {
+                release_all(stages, pernf.then_some(k), aux_on.then_some(&aux), key, block)
+            });
+        }
+        for t in &shared.tables {
+            t.expire(now, n.max(8), |_, _| {});
         }
     }
 
     /// Looks up (inserting misses) every valid packet of the batch in the
-    /// aggregated store; fills `scratch.slots`. Bulk for IPv4 when prefetch
-    /// is on, key by key otherwise and for IPv6.
+    /// aggregated store; fills `scratch.slots`. Bulk for IPv4 when `bulk`,
+    /// key by key otherwise and for IPv6. On insertion, every NF's default
+    /// action runs and (aux on) the flow pins its coarse entries.
     fn lookup_aggregated(&mut self, batch: &mut Batch, ctx: &NfContext, bulk: bool) {
         let n = batch.len();
-        let Executor { stores, chain, scratch, .. } = self;
+        let aux_on = self.aux_on();
+        let Executor { stores, chain, scratch, shared, .. } = self;
+        let Chain { stages, groups, .. } = chain;
+        let aux = Aux { groups, shared, now: ctx.now_ns };
+        let aux = aux_on.then_some(&aux);
         let store = &mut stores[0];
-        let stages = &mut chain.stages;
         let mut m = 0usize;
         for i in 0..n {
             scratch.slots[i] = NO_SLOT;
@@ -276,7 +332,7 @@ impl Executor {
                 t => {
                     let h = hash_tuple(&t);
                     let data = batch.data_mut(i);
-                    let r = store.lookup_or_insert(&t, h, ctx.now_ns, |block| init_all(stages, None, data, &meta, ctx, block));
+                    let r = store.lookup_or_insert(&t, h, ctx.now_ns, |block| init_all(stages, None, aux, data, &meta, ctx, block));
                     if let Some((slot, _)) = r {
                         scratch.slots[i] = slot;
                     }
@@ -291,39 +347,104 @@ impl Executor {
             let handles = &mut scratch.handles[..end - start];
             store.v4().lookup_or_insert_batch(keys, hashes, ctx.now_ns, handles, |j, block| {
                 let i = idx[j] as usize;
-                init_all(stages, None, batch.data_mut(i), &metas[i], ctx, block)
+                init_all(stages, None, aux, batch.data_mut(i), &metas[i], ctx, block)
             });
             for (j, &h) in handles.iter().enumerate() {
-                scratch.slots[idx[start + j] as usize] = if h == INVALID_HANDLE { NO_SLOT } else { h };
+                scratch.slots[idx[j] as usize] = if h == INVALID_HANDLE { NO_SLOT } else { h };
             }
             start = end;
         }
     }
 
-    fn run_batch(&mut self, batch: &mut Batch, ctx: &NfContext) {
-        let prefetch = self.cfg.prefetch;
-        self.lookup_aggregated(batch, ctx, prefetch);
+    /// Fills this batch's coarse handles: from the flows' blocks (aux on) or
+    /// by pinning every packet's coarse entries in the shared tables (aux off;
+    /// released by [`Executor::unpin_coarse`] after the chain).
+    fn pin_coarse(&mut self, n: usize, now: u64) {
+        if self.chain.groups.is_empty() {
+            return;
+        }
+        if self.aux_on() {
+            let store = &self.stores[0];
+            for (g, layout) in self.chain.groups.iter().enumerate() {
+                let hs = &mut self.coarse[g];
+                for i in 0..n {
+                    let slot = self.scratch.slots[i];
+                    hs[i] = match store.block(slot).get(layout.aux_offset..layout.aux_offset + 8) {
+                        Some(b) if slot != NO_SLOT => handle_from(u64::from_ne_bytes(b.try_into().unwrap_or([0xff; 8]))),
+                        _ => SharedHandle::NONE,
+                    };
+                }
+            }
+            return;
+        }
+        let mut keys = [0u128; MAX_BATCH];
+        let mut hashes = [0u64; MAX_BATCH];
+        let mut idx = [0u16; MAX_BATCH];
+        let mut out = [SharedHandle::NONE; MAX_BATCH];
+        for (g, layout) in self.chain.groups.iter().enumerate() {
+            let mut m = 0;
+            for i in 0..n {
+                self.coarse[g][i] = SharedHandle::NONE;
+                let meta = &self.scratch.metas[i];
+                if let Some(k) = meta.valid.then(|| coarse_key(layout.granularity, &meta.tuple)).flatten() {
+                    keys[m] = k;
+                    hashes[m] = coarse_hash(k);
+                    idx[m] = i as u16;
+                    m += 1;
+                }
+            }
+            self.shared.tables[g].acquire_batch(&keys[..m], &hashes[..m], now, &mut out[..m], |_, _| {});
+            self.shared_lookups += m as u64;
+            for j in 0..m {
+                self.coarse[g][idx[j] as usize] = out[j];
+            }
+        }
+    }
+
+    /// Releases the pins of [`Executor::pin_coarse`] (aux off only).
+    fn unpin_coarse(&mut self, n: usize, now: u64) {
+        if self.chain.groups.is_empty() || self.aux_on() {
+            return;
+        }
+        for (g, t) in self.shared.tables.iter().enumerate() {
+            for h in &self.coarse[g][..n] {
+                if h.is_some() {
+                    t.release(*h, now);
+                }
+            }
+        }
+    }
+
+    /// Batched (FAJITA) and micro-batched executors: lookups, then each NF over the whole batch.
+    fn run_staged(&mut self, batch: &mut Batch, ctx: &NfContext, prefetch: bool) {
         let n = batch.len();
-        let Executor { stores, chain, scratch, ended, multi_line, .. } = self;
+        if self.cfg.kind == ExecKind::MicroBatch {
+            self.lookup_runs(batch, ctx);
+        } else {
+            self.lookup_aggregated(batch, ctx, prefetch);
+        }
+        self.pin_coarse(n, ctx.now_ns);
+        let aux_on = self.aux_on();
+        let Executor { stores, chain, scratch, ended, multi_line, shared, coarse, .. } = self;
         let store = &mut stores[0];
         if prefetch && *multi_line {
             // The lookup brought each entry's first line; fetch the next one now,
             // a full chain pass before the NFs that keep state there need it.
             for &s in &scratch.slots[..n] {
                 if s != NO_SLOT {
-                    let b = store.block(s);
-                    if b.len() > 32 {
-                        flowplane_packet::prefetch::write(&b[32]);
+                    if let Some(b) = store.block(s).get(32) {
+                        flowplane_packet::prefetch::write(b);
                     }
                 }
             }
         }
         let ahead = if prefetch { PREFETCH_AHEAD } else { 0 };
         let mut ends = [0u64; 4];
-        for stage in chain.stages.iter_mut() {
+        let Chain { stages, groups, .. } = chain;
+        for stage in stages.iter_mut() {
             match stage {
                 Stage::Stateless(nf) => nf.process(batch, ctx),
-                Stage::Stateful { nf, offset, counters } => {
+                Stage::Stateful { nf, offset, group: None, counters, .. } => {
                     let mut out = BatchOutcome::default();
                     nf.process_batch(batch, &scratch.metas[..n], &scratch.slots[..n], store, *offset, ctx, ahead, &mut out);
                     counters.merge(&out.counters);
@@ -331,18 +452,68 @@ impl Executor {
                         *e |= o;
                     }
                 }
+                Stage::Stateful { nf, offset, group: Some(g), member, counters } => {
+                    let t = &shared.tables[*g];
+                    for i in 0..n {
+                        let h = coarse[*g][i];
+                        let a = coarse_one(nf.as_mut(), *member, *offset, t, h, batch, i, &scratch.metas[i], ctx, counters);
+                        if let Some(a) = a {
+                            apply_action(batch, i, a, counters);
+                        }
+                    }
+                }
             }
         }
-        *ended += end_flows(&mut chain.stages, store, None, &scratch.slots[..n], &ends);
+        let aux = Aux { groups, shared, now: ctx.now_ns };
+        *ended += end_flows(stages, store, None, aux_on.then_some(&aux), &scratch.slots[..n], &ends);
+        self.unpin_coarse(n, ctx.now_ns);
     }
 
+    /// FastClick-style lookups: one single-key lookup per run of consecutive
+    /// packets of the same flow (no bulk, no prefetch).
+    fn lookup_runs(&mut self, batch: &mut Batch, ctx: &NfContext) {
+        let n = batch.len();
+        let aux_on = self.aux_on();
+        let Executor { stores, chain, scratch, shared, .. } = self;
+        let Chain { stages, groups, .. } = chain;
+        let aux = Aux { groups, shared, now: ctx.now_ns };
+        let aux = aux_on.then_some(&aux);
+        let store = &mut stores[0];
+        let mut i = 0;
+        while i < n {
+            let meta = scratch.metas[i];
+            let mut j = i + 1;
+            while j < n && scratch.metas[j].valid == meta.valid && scratch.metas[j].tuple == meta.tuple {
+                j += 1;
+            }
+            let mut slot = NO_SLOT;
+            if meta.valid {
+                let h = hash_tuple(&meta.tuple);
+                let data = batch.data_mut(i);
+                if let Some((s, _)) =
+                    store.lookup_or_insert(&meta.tuple, h, ctx.now_ns, |b| init_all(stages, None, aux, data, &meta, ctx, b))
+                {
+                    slot = s;
+                }
+            }
+            for s in scratch.slots[i..j].iter_mut() {
+                *s = slot;
+            }
+            i = j;
+        }
+    }
+
+    /// Per-packet run-to-completion: packet i is looked up (single key) and
+    /// runs through every NF before packet i+1 is touched. Stateless stages
+    /// cut the chain into segments, each run packet by packet.
     fn run_rtc(&mut self, batch: &mut Batch, ctx: &NfContext) {
         let n = batch.len();
-        let Executor { stores, chain, scratch, ended, .. } = self;
+        let aux_on = self.aux_on();
+        let Executor { stores, chain, scratch, ended, shared, shared_lookups, .. } = self;
+        let Chain { stages, groups, .. } = chain;
+        let aux = Aux { groups, shared, now: ctx.now_ns };
+        let auxr = aux_on.then_some(&aux);
         let store = &mut stores[0];
-        let stages = &mut chain.stages;
-        // Stateless stages split the chain into segments of stateful NFs; each
-        // segment runs packet by packet, all its NFs on one packet before the next.
         let mut seg_start = 0;
         let mut looked_up = false;
         while seg_start < stages.len() {
@@ -351,7 +522,8 @@ impl Executor {
                 seg_start += 1;
                 continue;
             }
-            let seg_end = (seg_start..stages.len()).find(|&k| matches!(stages[k], Stage::Stateless(_))).unwrap_or(stages.len());
+            let seg_end =
+                (seg_start..stages.len()).find(|&k| matches!(stages[k], Stage::Stateless(_))).unwrap_or(stages.len());
             for i in 0..n {
                 let meta = scratch.metas[i];
                 if !looked_up {
@@ -359,9 +531,9 @@ impl Executor {
                     if meta.valid {
                         let h = hash_tuple(&meta.tuple);
                         let data = batch.data_mut(i);
-                        let stages_ro = &mut *stages;
+                        let st = &mut *stages;
                         if let Some((slot, _)) =
-                            store.lookup_or_insert(&meta.tuple, h, ctx.now_ns, |b| init_all(stages_ro, None, data, &meta, ctx, b))
+                            store.lookup_or_insert(&meta.tuple, h, ctx.now_ns, |b| init_all(st, None, auxr, data, &meta, ctx, b))
                         {
                             scratch.slots[i] = slot;
                         }
@@ -370,25 +542,50 @@ impl Executor {
                 let slot = scratch.slots[i];
                 let mut end = false;
                 for stage in stages[seg_start..seg_end].iter_mut() {
-                    if let Stage::Stateful { nf, offset, counters } = stage {
-                        if batch.is_dropped(i) {
-                            continue;
-                        }
-                        counters.packets_in += 1;
-                        counters.bytes_in += batch.lens()[i] as u64;
-                        let action = if slot == NO_SLOT {
-                            nf.on_unparsed()
+                    let Stage::Stateful { nf, offset, group, member, counters } = stage else { continue };
+                    if let Some(g) = *group {
+                        // Coarse state: the handle from the flow's block (aux) or a pinned lookup for this packet.
+                        let t = &shared.tables[g];
+                        let layout = &groups[g];
+                        let (h, pinned) = if aux_on {
+                            let b = store.block(slot).get(layout.aux_offset..layout.aux_offset + 8);
+                            (b.map_or(SharedHandle::NONE, |b| handle_from(u64::from_ne_bytes(b.try_into().unwrap_or([0xff; 8])))), false)
                         } else {
-                            let block = store.block_mut(slot);
-                            let sz = nf.state_size();
-                            let mut pkt = Pkt::new(batch.data_mut(i), &meta);
-                            nf.process_bytes(&mut pkt, &mut block[*offset..*offset + sz], ctx)
+                            match meta.valid.then(|| coarse_key(layout.granularity, &meta.tuple)).flatten() {
+                                Some(k) => {
+                                    *shared_lookups += 1;
+                                    (t.acquire(&k, coarse_hash(k), ctx.now_ns, |_, _| {}).map_or(SharedHandle::NONE, |(h, _)| h), true)
+                                }
+                                None => (SharedHandle::NONE, false),
+                            }
                         };
-                        end |= apply_action(batch, i, action, counters);
+                        if let Some(a) = coarse_one(nf.as_mut(), *member, *offset, t, h, batch, i, &meta, ctx, counters) {
+                            apply_action(batch, i, a, counters);
+                        }
+                        if pinned && h.is_some() {
+                            t.release(h, ctx.now_ns);
+                        }
+                        continue;
                     }
+                    if batch.is_dropped(i) {
+                        continue;
+                    }
+                    counters.packets_in += 1;
+                    counters.bytes_in += batch.lens()[i] as u64;
+                    let action = if slot == NO_SLOT {
+                        nf.on_unparsed()
+                    } else {
+                        let block = store.block_mut(slot);
+                        let sz = nf.state_size();
+                        match block.get_mut(*offset..*offset + sz) {
+                            Some(st) => nf.process_bytes(&mut Pkt::new(batch.data_mut(i), &meta), st, ctx),
+                            None => Action::Drop,
+                        }
+                    };
+                    end |= apply_action(batch, i, action, counters);
                 }
                 if end && slot != NO_SLOT {
-                    *ended += remove_flow(stages, store, None, slot) as u64;
+                    *ended += remove_flow(stages, store, None, auxr, slot) as u64;
                     // Later packets of this batch must not reuse the freed slot.
                     for s in scratch.slots[i + 1..n].iter_mut() {
                         if *s == slot {
@@ -402,14 +599,30 @@ impl Executor {
         }
     }
 
+    /// VPP's model: every stateful NF has its own table and does its own
+    /// (bulk) lookup over the batch.
     fn run_pernf(&mut self, batch: &mut Batch, ctx: &NfContext) {
         let n = batch.len();
-        let Executor { stores, chain, scratch, ended, pernf_slots, .. } = self;
+        self.pin_coarse(n, ctx.now_ns);
+        let Executor { stores, chain, scratch, ended, pernf_slots, shared, coarse, .. } = self;
         let mut k = 0;
         for si in 0..chain.stages.len() {
-            if let Stage::Stateless(nf) = &mut chain.stages[si] {
-                nf.process(batch, ctx);
-                continue;
+            match &mut chain.stages[si] {
+                Stage::Stateless(nf) => {
+                    nf.process(batch, ctx);
+                    continue;
+                }
+                Stage::Stateful { nf, offset, group: Some(g), member, counters } => {
+                    let t = &shared.tables[*g];
+                    for i in 0..n {
+                        let h = coarse[*g][i];
+                        if let Some(a) = coarse_one(nf.as_mut(), *member, *offset, t, h, batch, i, &scratch.metas[i], ctx, counters) {
+                            apply_action(batch, i, a, counters);
+                        }
+                    }
+                    continue;
+                }
+                Stage::Stateful { .. } => {}
             }
             let store = &mut stores[k];
             // This NF's own bulk lookup (VPP: a lookup per NF per packet).
@@ -459,53 +672,10 @@ impl Executor {
                 nf.process_batch(batch, &scratch.metas[..n], &slots[..n], store, 0, ctx, PREFETCH_AHEAD, &mut out);
                 counters.merge(&out.counters);
             }
-            *ended += end_flows(&mut chain.stages, store, Some(k), &slots[..n], &out.end);
+            *ended += end_flows(&mut chain.stages, store, Some(k), None, &slots[..n], &out.end);
             k += 1;
         }
-    }
-
-    fn run_microbatch(&mut self, batch: &mut Batch, ctx: &NfContext) {
-        let n = batch.len();
-        let Executor { stores, chain, scratch, ended, .. } = self;
-        let store = &mut stores[0];
-        let stages = &mut chain.stages;
-        // Cut the batch into runs of consecutive packets of one flow; one lookup per run.
-        let mut i = 0;
-        while i < n {
-            let meta = scratch.metas[i];
-            let mut j = i + 1;
-            while j < n && scratch.metas[j].valid == meta.valid && scratch.metas[j].tuple == meta.tuple {
-                j += 1;
-            }
-            let mut slot = NO_SLOT;
-            if meta.valid {
-                let h = hash_tuple(&meta.tuple);
-                let data = batch.data_mut(i);
-                let st = &mut *stages;
-                if let Some((s, _)) = store.lookup_or_insert(&meta.tuple, h, ctx.now_ns, |b| init_all(st, None, data, &meta, ctx, b)) {
-                    slot = s;
-                }
-            }
-            for s in scratch.slots[i..j].iter_mut() {
-                *s = slot;
-            }
-            i = j;
-        }
-        let mut ends = [0u64; 4];
-        for stage in stages.iter_mut() {
-            match stage {
-                Stage::Stateless(nf) => nf.process(batch, ctx),
-                Stage::Stateful { nf, offset, counters } => {
-                    let mut out = BatchOutcome::default();
-                    nf.process_batch(batch, &scratch.metas[..n], &scratch.slots[..n], store, *offset, ctx, 0, &mut out);
-                    counters.merge(&out.counters);
-                    for (e, o) in ends.iter_mut().zip(out.end) {
-                        *e |= o;
-                    }
-                }
-            }
-        }
-        *ended += end_flows(stages, store, None, &scratch.slots[..n], &ends);
+        self.unpin_coarse(n, ctx.now_ns);
     }
 
     /// Per-NF results: (name, counters, details).
@@ -522,7 +692,7 @@ impl Executor {
 
     /// Table figures (summed over the executor's stores).
     pub fn store_report(&self) -> StoreReport {
-        let mut r = StoreReport { ended: self.ended, unparsed: self.unparsed, ..Default::default() };
+        let mut r = StoreReport { ended: self.ended, unparsed: self.unparsed, shared_lookups: self.shared_lookups, ..Default::default() };
         for s in &self.stores {
             let st: TableStats = s.stats();
             r.flows += s.len() as u64;
@@ -559,22 +729,95 @@ impl Executor {
     }
 }
 
-/// Runs the default action (add-on-miss) of every stateful NF (or only
-/// stage `only`) into a fresh block.
+/// What the auxiliary table needs: the coarse groups and their shared tables.
+struct Aux<'a> {
+    groups: &'a [GroupLayout],
+    shared: &'a SharedStores,
+    now: u64,
+}
+
+/// Runs the default action (add-on-miss) of every 5-tuple NF (or only
+/// stage `only`) into a fresh aggregated block; with the auxiliary table on,
+/// also pins the flow's coarse entries and stores their handles in the block.
 #[inline]
-fn init_all(stages: &mut [Stage], only: Option<usize>, data: &mut [u8], meta: &PktMeta, ctx: &NfContext, block: &mut [u8]) {
+fn init_all(
+    stages: &mut [Stage],
+    only: Option<usize>,
+    aux: Option<&Aux<'_>>,
+    data: &mut [u8],
+    meta: &PktMeta,
+    ctx: &NfContext,
+    block: &mut [u8],
+) {
     let pkt = Pkt::new(data, meta);
     for (k, s) in stages.iter_mut().enumerate() {
         if only.is_some_and(|o| o != k) {
             continue;
         }
-        if let Stage::Stateful { nf, offset, .. } = s {
+        if let Stage::Stateful { nf, offset, group: None, .. } = s {
             let sz = nf.state_size();
             if let Some(dst) = block.get_mut(*offset..*offset + sz) {
                 nf.init_into(&pkt, ctx, dst);
             }
         }
     }
+    if let Some(aux) = aux {
+        for (g, layout) in aux.groups.iter().enumerate() {
+            let h = match coarse_key(layout.granularity, &meta.tuple) {
+                Some(k) => aux.shared.tables[g].acquire(&k, coarse_hash(k), aux.now, |_, _| {}).map_or(SharedHandle::NONE, |(h, _)| h),
+                None => SharedHandle::NONE,
+            };
+            if let Some(dst) = block.get_mut(layout.aux_offset..layout.aux_offset + 8) {
+                dst.copy_from_slice(&handle_bits(h).to_ne_bytes());
+            }
+        }
+    }
+}
+
+/// Runs a coarse NF's action for packet `i` on its shared entry `h`, under the
+/// entry's lock; its default action runs first if this NF has not initialised
+/// the entry yet. Returns the action to apply (None: the packet was already dropped).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn coarse_one(
+    nf: &mut dyn DynStateful,
+    member: usize,
+    offset: usize,
+    table: &flowplane_table::shared::SharedFlowTable<u128>,
+    h: SharedHandle,
+    batch: &mut Batch,
+    i: usize,
+    meta: &PktMeta,
+    ctx: &NfContext,
+    counters: &mut NfCounters,
+) -> Option<Action> {
+    if batch.is_dropped(i) {
+        return None;
+    }
+    counters.packets_in += 1;
+    counters.bytes_in += batch.lens()[i] as u64;
+    if !meta.valid || !h.is_some() {
+        return Some(nf.on_unparsed());
+    }
+    let Some(words) = table.state(h) else { return Some(nf.on_unparsed()) };
+    let sz = nf.state_size();
+    let bit = 2u64 << member;
+    let a = with_locked(words, |flags, buf| {
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+        let Some(st) = bytes.get_mut(offset..offset + sz) else { return Action::Drop };
+        let mut pkt = Pkt::new(batch.data_mut(i), meta);
+        if *flags & bit == 0 {
+            nf.init_into(&pkt, ctx, st);
+            *flags |= bit;
+        }
+        nf.process_bytes(&mut pkt, st, ctx)
+    });
+    // A coarse entry outlives any one flow: end-of-flow requests keep only their verdict.
+    Some(match a.unwrap_or(Action::Drop) {
+        Action::EndFlow => Action::Pass,
+        Action::DropEndFlow => Action::Drop,
+        other => other,
+    })
 }
 
 /// Default action of one stage into its own block (pernf).
@@ -589,12 +832,23 @@ fn init_one(stage: &mut Stage, data: &mut [u8], meta: &PktMeta, ctx: &NfContext,
     }
 }
 
-/// Calls every NF's release callback for a flow's block (all NFs, or the
-/// `pernf`-th stateful stage with its own block at offset 0).
-fn release_all(stages: &mut [Stage], pernf: Option<usize>, key: &FiveTuple, block: &[u8]) {
+/// Calls every 5-tuple NF's release callback for a flow's block (all NFs,
+/// or the `pernf`-th stateful stage with its own block at offset 0), and
+/// unpins the flow's coarse entries when the auxiliary table is on.
+fn release_all(stages: &mut [Stage], pernf: Option<usize>, aux: Option<&Aux<'_>>, key: &FiveTuple, block: &[u8]) {
+    if let Some(aux) = aux {
+        for (g, layout) in aux.groups.iter().enumerate() {
+            if let Some(b) = block.get(layout.aux_offset..layout.aux_offset + 8) {
+                let h = handle_from(u64::from_ne_bytes(b.try_into().unwrap_or([0xff; 8])));
+                if h.is_some() {
+                    aux.shared.tables[g].release(h, aux.now);
+                }
+            }
+        }
+    }
     let mut k = 0;
     for s in stages.iter_mut() {
-        if let Stage::Stateful { nf, offset, .. } = s {
+        if let Stage::Stateful { nf, offset, group: None, .. } = s {
             let sz = nf.state_size();
             match pernf {
                 Some(p) if p == k => {
@@ -615,15 +869,22 @@ fn release_all(stages: &mut [Stage], pernf: Option<usize>, key: &FiveTuple, bloc
 }
 
 /// Releases and removes one flow.
-fn remove_flow(stages: &mut [Stage], store: &mut FlowStore, pernf: Option<usize>, slot: u32) -> bool {
+fn remove_flow(stages: &mut [Stage], store: &mut FlowStore, pernf: Option<usize>, aux: Option<&Aux<'_>>, slot: u32) -> bool {
     // A slot already removed (a second end request in the same batch) has no key.
     let Some(key) = store.key(slot) else { return false };
-    release_all(stages, pernf, &key, store.block(slot));
+    release_all(stages, pernf, aux, &key, store.block(slot));
     store.remove_slot(slot)
 }
 
 /// Removes the flows whose packets asked to end them (each slot once).
-fn end_flows(stages: &mut [Stage], store: &mut FlowStore, pernf: Option<usize>, slots: &[u32], ends: &[u64; 4]) -> u64 {
+fn end_flows(
+    stages: &mut [Stage],
+    store: &mut FlowStore,
+    pernf: Option<usize>,
+    aux: Option<&Aux<'_>>,
+    slots: &[u32],
+    ends: &[u64; 4],
+) -> u64 {
     if ends.iter().all(|&e| e == 0) {
         return 0;
     }
@@ -634,7 +895,7 @@ fn end_flows(stages: &mut [Stage], store: &mut FlowStore, pernf: Option<usize>, 
             let i = w * 64 + m.trailing_zeros() as usize;
             m &= m - 1;
             if let Some(&slot) = slots.get(i) {
-                removed += remove_flow(stages, store, pernf, slot) as u64;
+                removed += remove_flow(stages, store, pernf, aux, slot) as u64;
             }
         }
     }

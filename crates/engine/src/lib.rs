@@ -8,6 +8,7 @@
 //! - [`runner`]: starting workers on cores and collecting the report.
 
 pub mod chain;
+pub mod coarse;
 pub mod exec;
 pub mod hist;
 pub mod load;

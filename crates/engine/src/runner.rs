@@ -11,6 +11,7 @@ use flowplane_io::{cpu, Sink};
 use flowplane_packet::{tsc, PacketPool, PoolConfig, MAX_BATCH};
 
 use crate::chain::Chain;
+use crate::coarse::SharedStores;
 use crate::exec::{ExecConfig, Executor};
 use crate::report::Report;
 use crate::spec::ChainSpec;
@@ -98,6 +99,11 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
             return Err(RunError(format!("--export {e}: no NF '{e}' in the chain")));
         }
     }
+    // Coarse state is shared by every core: one table per coarse group, created once.
+    let shared = match chains.first() {
+        Some(c) => SharedStores::new(&c.groups, cfg.exec.flows, cfg.exec.default_idle_timeout_ns).map_err(RunError)?,
+        None => SharedStores::default(),
+    };
     let hz = tsc::hz();
     let stop = AtomicBool::new(false);
     let epoch_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
@@ -111,6 +117,7 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
                 let trace = Arc::clone(&trace);
                 let output = output.clone();
                 let stop = &stop;
+                let shared = &shared;
                 std::thread::Builder::new()
                     .name(format!("fp-worker-{core}"))
                     .spawn_scoped(s, move || {
@@ -126,7 +133,7 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
                             rate_pps: cfg.rate_pps.map(|r| r / cfg.cores as f64),
                             tsc_hz: hz,
                         };
-                        let mut exec = Executor::new(chain, cfg.exec).map_err(RunError)?;
+                        let mut exec = Executor::new(chain, cfg.exec, shared.clone()).map_err(RunError)?;
                         let mut source = ReplayQueue::new(trace, core, rcfg);
                         let mut sink: Box<dyn Sink> = match output {
                             Output::Discard => Box::new(Discard),

@@ -1,0 +1,191 @@
+//! Bad input to `flowplane run` and `flowplane bench`: every case exits with code 2 and prints
+//! exactly one line on stderr, starting with "flowplane:", naming the problem — never a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Small generated input so cases that get past option parsing stay fast.
+const GEN: &str = "--flows 10 --packets 100";
+
+fn tmpdir(name: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("flowplane-qa-err-{}-{n}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 temp path")
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flowplane")).args(args).output().expect("spawn flowplane")
+}
+
+/// Checks the error contract (`needle`: words of which the message must contain one, separated by
+/// `|`); returns a description of the violation, if any, so that one test
+/// can report every failing case at once.
+fn violation(args: &[&str], needle: &str) -> Option<String> {
+    let out = run(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().collect();
+    let problem = if err.contains("panicked") {
+        "panicked"
+    } else if out.status.code() != Some(2) {
+        "exit code is not 2"
+    } else if lines.len() != 1 {
+        "stderr is not exactly one line"
+    } else if !lines[0].starts_with("flowplane:") {
+        "stderr does not start with 'flowplane:'"
+    } else if !needle.split('|').any(|n| lines[0].to_lowercase().contains(&n.to_lowercase())) {
+        "the message does not name the problem"
+    } else {
+        return None;
+    };
+    Some(format!("{problem}: flowplane {args:?} -> exit {:?}, stderr {err:?} (expected to mention {needle:?})", out.status.code()))
+}
+
+fn check_all(cases: &[(Vec<&str>, &str)]) {
+    let failures: Vec<String> = cases.iter().filter_map(|(args, needle)| violation(args, needle)).collect();
+    assert!(failures.is_empty(), "{} of {} cases break the error contract:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
+/// `run --gen GEN --cores 1 --chain CHAIN`.
+fn chain_case<'a>(chain: &'a str, needle: &'a str) -> (Vec<&'a str>, &'a str) {
+    (vec!["run", "--gen", GEN, "--cores", "1", "--chain", chain], needle)
+}
+
+#[test]
+fn bad_chain_specs() {
+    check_all(&[
+        chain_case("lb -> nosuchnf", "nosuchnf"),
+        chain_case("lb -> fsc -> ratelimt(pps=10)", "ratelimt"),
+        chain_case("ratelimit(pps=abc)", "pps"),
+        chain_case("ratelimit(pps=0)", "pps"),
+        chain_case("ratelimit(pps=-5)", "pps"),
+        chain_case("lb(backends=100000000)", "backends"),
+        chain_case("lb(base=300.1.1.1)", "300.1.1.1"),
+        chain_case("lb(bogus=1)", "bogus"),
+        chain_case("lb(backends=4, backends=8)", "backends"),
+        chain_case("lb -> -> fsc", "->"),
+        chain_case("lb(backends=16", "("),
+        chain_case("lb(backends)", "backends"),
+        chain_case("lb fsc", "fsc"),
+        chain_case("", "chain"),
+        chain_case("->", "->"),
+        chain_case("lb -> fsc ->", "end"),
+        chain_case("l\u{e9}b -> fsc", "l\u{e9}b"),
+    ]);
+}
+
+#[test]
+fn bad_input_files() {
+    let dir = tmpdir("files");
+    let missing = dir.join("does-not-exist.pcap");
+    let garbage = dir.join("garbage.pcap");
+    std::fs::write(&garbage, b"this is not a packet capture, just some text that goes on for a while\n".repeat(20))
+        .expect("write garbage");
+    let empty = dir.join("empty.pcap");
+    std::fs::write(&empty, b"").expect("write empty");
+    // A valid pcap, cut in the middle of its second packet record.
+    let full = dir.join("full.pcap");
+    {
+        use flowplane_trace::{PcapWriter, WriterOptions};
+        let mut w = PcapWriter::create(&full, WriterOptions::default()).expect("create pcap");
+        let frame = [0u8; 60];
+        for i in 0..3u64 {
+            w.write_packet(i * 1000, &frame, 60).expect("write packet");
+        }
+        w.finish().expect("finish pcap");
+    }
+    let bytes = std::fs::read(&full).expect("read pcap");
+    let truncated = dir.join("truncated.pcap");
+    std::fs::write(&truncated, &bytes[..24 + 16 + 60 + 16 + 20]).expect("write truncated");
+    let header_only_cut = dir.join("cut-header.pcap");
+    std::fs::write(&header_only_cut, &bytes[..12]).expect("write cut header");
+    let a_dir = dir.join("a-directory");
+    std::fs::create_dir_all(&a_dir).expect("mkdir");
+    let input = |p: &Path, needle: &'static str| -> (Vec<String>, &'static str) {
+        (["run", "--cores", "1", "--chain", "lb -> fsc", "--input", s(p)].map(str::to_string).to_vec(), needle)
+    };
+    let cases = [
+        input(&missing, "does-not-exist.pcap"),
+        input(&garbage, "garbage.pcap"),
+        input(&empty, "empty.pcap"),
+        input(&truncated, "truncated"),
+        input(&header_only_cut, "cut-header.pcap"),
+        input(&a_dir, "a-directory"),
+    ];
+    let cases: Vec<(Vec<&str>, &str)> = cases.iter().map(|(a, n)| (a.iter().map(String::as_str).collect(), *n)).collect();
+    check_all(&cases);
+}
+
+#[test]
+fn bad_options() {
+    let dir = tmpdir("opts");
+    let out_in_missing_dir = dir.join("no-such-dir").join("out.pcap");
+    let csv = dir.join("flows.csv");
+    let export_unknown_nf = format!("nosuchnf={}", s(&csv));
+    let export_no_ext = format!("fsc={}", s(&dir.join("flows.txt")));
+    let export_missing_dir = format!("fsc={}", s(&dir.join("no-such-dir").join("f.csv")));
+    let base = ["run", "--gen", GEN, "--chain", "lb -> fsc"];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> { base.iter().copied().chain(extra.iter().copied()).collect() };
+    let owned: Vec<(Vec<String>, &str)> = vec![
+        (vec!["--output".into(), s(&out_in_missing_dir).into()], "out.pcap"),
+        (vec!["--export".into(), export_unknown_nf, "--cores".into(), "1".into()], "nosuchnf"),
+        (vec!["--export".into(), export_no_ext, "--cores".into(), "1".into()], "--export"),
+        (vec!["--export".into(), export_missing_dir, "--cores".into(), "1".into()], "f.csv"),
+    ];
+    let mut cases: Vec<(Vec<&str>, &str)> = vec![
+        (with(&["--bogus"]), "--bogus"),
+        (vec!["frobnicate"], "frobnicate"),
+        (with(&["--cores", "0"]), "--cores"),
+        (with(&["--cores", "abc"]), "--cores"),
+        (with(&["--cores", "-1"]), "-1|--cores"),
+        (with(&["--cores", "100000"]), "--cores"),
+        (with(&["--batch", "0"]), "--batch"),
+        (with(&["--batch", "257"]), "--batch"),
+        (with(&["--batch", "many"]), "--batch"),
+        (with(&["--duration", "0"]), "--duration"),
+        (with(&["--duration", "-1"]), "-1|--duration"),
+        (with(&["--duration=-1"]), "--duration"),
+        (with(&["--duration", "NaN"]), "--duration"),
+        (with(&["--duration", "inf"]), "--duration"),
+        (with(&["--duration", "soon"]), "--duration"),
+        (with(&["--loops", "0"]), "--loops"),
+        (with(&["--export", "fsc"]), "--export"),
+        (with(&["--export", "=x.csv"]), "--export"),
+        (with(&["--exec", "turbo"]), "--exec"),
+        (with(&["--rate", "0"]), "--rate"),
+        (with(&["--flows", "0"]), "--flows"),
+        (with(&["--pool", "1"]), "--pool"),
+        (with(&["--idle-timeout", "-3"]), "-3|--idle-timeout"),
+        (vec!["run", "--gen", "--flows abc", "--cores", "1"], "--flows"),
+        (vec!["run", "--gen", "--packets 0", "--cores", "1"], "packet"),
+        (vec!["run", "--gen", GEN, "--input", "x.pcap"], "--input"),
+        (vec!["bench", "pipeline", "--seconds", "-1"], "-1|--seconds"),
+        (vec!["bench", "pipeline", "--seconds=-1"], "--seconds"),
+        (vec!["bench", "pipeline", "--seconds", "0"], "--seconds"),
+        (vec!["bench", "pipeline", "--only", "nothing"], "--only"),
+        (vec!["bench", "io", "--seconds=-1"], "--seconds"),
+    ];
+    let owned_cases: Vec<(Vec<String>, &str)> = owned
+        .into_iter()
+        .map(|(extra, n)| (base.iter().map(|x| x.to_string()).chain(extra).collect(), n))
+        .collect();
+    cases.extend(owned_cases.iter().map(|(a, n)| (a.iter().map(String::as_str).collect::<Vec<_>>(), *n)));
+    check_all(&cases);
+}
+
+#[test]
+fn help_and_version_are_not_errors() {
+    for args in [&["--help"][..], &["--version"], &["run", "--help"], &["bench", "pipeline", "--help"]] {
+        let out = run(args);
+        assert_eq!(out.status.code(), Some(0), "flowplane {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(!out.stdout.is_empty(), "flowplane {args:?} printed nothing");
+        assert!(out.stderr.is_empty(), "flowplane {args:?} wrote to stderr");
+    }
+}

@@ -1,0 +1,418 @@
+//! `flowplane run` end to end: the JSON report, agreement of the four executors, the output pcap as
+//! tshark sees it, NF state export, pcap input, multi-core runs, and `flowplane nfs`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::Value;
+
+/// The chain of FAJITA's evaluation, with a limiter that never drops at these packet counts.
+const CHAIN: &str = "lb -> fsc -> ratelimit(pps=1000000)";
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_flowplane"))
+}
+
+/// A fresh directory per call: tests run in parallel and several processes may share temp_dir.
+fn tmpdir(name: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("flowplane-qa-run-{}-{n}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 temp path")
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("spawn flowplane")
+}
+
+/// Runs `flowplane` expecting success and one JSON document on stdout.
+fn run_json(args: &[&str]) -> Value {
+    let out = run(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "flowplane {args:?} failed ({:?}): {err}", out.status.code());
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout of {args:?} is not one JSON document ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn u(v: &Value, key: &str) -> u64 {
+    v[key].as_u64().unwrap_or_else(|| panic!("'{key}' is not an unsigned integer in {v}"))
+}
+
+fn f(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or_else(|| panic!("'{key}' is not a number in {v}"))
+}
+
+/// The report's NF entry called `name`.
+fn nf<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["nfs"]
+        .as_array()
+        .and_then(|a| a.iter().find(|n| n["name"] == name))
+        .unwrap_or_else(|| panic!("no NF '{name}' in {}", report["nfs"]))
+}
+
+/// Per-NF counters are consistent: each NF forwards or drops what it got, and the next NF gets
+/// what the previous one forwarded.
+fn check_nf_chain(report: &Value, names: &[&str]) {
+    let nfs = report["nfs"].as_array().expect("nfs array");
+    let got: Vec<&str> = nfs.iter().map(|n| n["name"].as_str().unwrap_or("?")).collect();
+    assert_eq!(got, names, "NFs in chain order");
+    let mut expect_in = u(report, "packets");
+    for n in nfs {
+        let (pin, pout, drop) = (u(n, "packets_in"), u(n, "packets_out"), u(n, "dropped"));
+        assert_eq!(pin, expect_in, "packets_in of {n}");
+        assert_eq!(pin, pout + drop, "in = out + dropped for {n}");
+        expect_in = pout;
+    }
+    assert_eq!(u(report, "packets_out") + u(report, "dropped"), u(report, "packets"), "report totals");
+    assert_eq!(u(report, "packets_out"), expect_in, "the report's packets_out is the last NF's");
+}
+
+#[test]
+fn json_report_has_the_contract_keys() {
+    let r = run_json(&["run", "--gen", "--flows 1000 --packets 20000", "--chain", CHAIN, "--cores", "1", "--json"]);
+    assert_eq!(u(&r, "packets"), 20_000);
+    assert!(f(&r, "mpps") > 0.0, "mpps {}", r["mpps"]);
+    assert!(f(&r, "cycles_per_packet") > 0.0, "cycles_per_packet {}", r["cycles_per_packet"]);
+    assert!(f(&r, "duration_s") > 0.0, "duration_s {}", r["duration_s"]);
+    let cores = r["per_core"].as_array().expect("per_core array");
+    assert_eq!(cores.len(), 1);
+    assert_eq!(u(&cores[0], "packets"), 20_000);
+    check_nf_chain(&r, &["lb", "fsc", "ratelimit"]);
+    assert_eq!(u(nf(&r, "ratelimit"), "dropped"), 0, "1 Mpps per flow never limits 20 packets per flow");
+    let lat = &r["latency"];
+    let (p50, p99, p999) = (u(lat, "p50_cycles"), u(lat, "p99_cycles"), u(lat, "p999_cycles"));
+    assert!(p50 > 0 && p50 <= p99 && p99 <= p999, "latency percentiles {lat}");
+    assert!(f(lat, "p50_ns") > 0.0 && f(lat, "p50_ns") <= f(lat, "p999_ns"), "latency ns {lat}");
+    let t = &r["tables"];
+    assert_eq!(u(t, "flows"), 1000, "one aggregated entry per flow: {t}");
+    assert_eq!(u(t, "insertions"), 1000, "{t}");
+    assert_eq!(u(t, "table_full"), 0, "{t}");
+    assert!(u(t, "capacity") >= 1000, "{t}");
+}
+
+/// Export rows reduced to the time-independent columns, sorted.
+fn flow_rows(path: &Path) -> Vec<String> {
+    let v: Value = serde_json::from_slice(&std::fs::read(path).expect("export written")).expect("export is JSON");
+    let mut rows: Vec<String> = v
+        .as_array()
+        .expect("export is a JSON array")
+        .iter()
+        .map(|r| format!("{} {} {} {} {} {} {}", r["proto"], r["src"], r["dst"], r["sport"], r["dport"], r["packets"], r["bytes"]))
+        .collect();
+    rows.sort();
+    rows
+}
+
+#[test]
+fn every_executor_gives_the_same_counters_and_state() {
+    // burst=3 at 1 packet/s: each flow passes exactly its first 3 packets within a run this short,
+    // so the limiter's verdicts are deterministic and differ per flow.
+    let chain = "lb -> fsc -> ratelimit(pps=1, burst=3)";
+    let dir = tmpdir("execs");
+    let mut first: Option<(Vec<Value>, Value, Vec<String>)> = None;
+    for exec in ["batch", "rtc", "pernf", "microbatch"] {
+        let export = dir.join(format!("fsc-{exec}.json"));
+        let export_arg = format!("fsc={}", s(&export));
+        let r = run_json(&[
+            "run",
+            "--gen",
+            "--flows 500 --packets 10000 --seed 3",
+            "--chain",
+            chain,
+            "--cores",
+            "1",
+            "--exec",
+            exec,
+            "--export",
+            &export_arg,
+            "--json",
+        ]);
+        assert_eq!(r["exec"], exec);
+        assert_eq!(u(&r, "packets"), 10_000);
+        check_nf_chain(&r, &["lb", "fsc", "ratelimit"]);
+        let rows = flow_rows(&export);
+        assert_eq!(rows.len(), 500, "{exec}: one fsc row per flow");
+        let counted: u64 = rows.iter().map(|l| l.split(' ').nth(5).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0)).sum();
+        assert_eq!(counted, 10_000, "{exec}: fsc rows count every packet");
+        let passed: u64 =
+            rows.iter().map(|l| l.split(' ').nth(5).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0).min(3)).sum();
+        assert_eq!(u(nf(&r, "ratelimit"), "packets_out"), passed, "{exec}: 3 packets per flow pass");
+        let counters: Vec<Value> = r["nfs"]
+            .as_array()
+            .expect("nfs")
+            .iter()
+            .map(|n| serde_json::json!([n["name"], n["packets_in"], n["packets_out"], n["dropped"], n["bytes_in"]]))
+            .collect();
+        let table = serde_json::json!([r["tables"]["flows"], r["tables"]["table_full"], r["packets_out"]]);
+        match &first {
+            None => first = Some((counters, table, rows)),
+            Some((c0, t0, rows0)) => {
+                assert_eq!(&counters, c0, "{exec}: per-NF counters differ from batch");
+                assert_eq!(&table, t0, "{exec}: table figures differ from batch");
+                assert!(&rows == rows0, "{exec}: exported fsc table differs from batch's");
+            }
+        }
+    }
+}
+
+/// Reads `fields` of every packet of `pcap` with tshark's checksum validation on; `None` (test
+/// passes vacuously) only when FLOWPLANE_SKIP_TSHARK=1 and tshark is missing.
+fn tshark_fields(pcap: &Path, fields: &[&str]) -> Option<Vec<Vec<String>>> {
+    const TSHARK: &str = "/usr/bin/tshark";
+    if !Path::new(TSHARK).exists() {
+        if std::env::var("FLOWPLANE_SKIP_TSHARK").as_deref() == Ok("1") {
+            eprintln!("tshark missing: skipped (FLOWPLANE_SKIP_TSHARK=1)");
+            return None;
+        }
+        panic!("{TSHARK} not found: install it (apt-get install -y tshark) or set FLOWPLANE_SKIP_TSHARK=1");
+    }
+    let mut cmd = Command::new(TSHARK);
+    cmd.args(["-n", "-r", s(pcap)])
+        .args(["-o", "ip.check_checksum:TRUE", "-o", "tcp.check_checksum:TRUE", "-o", "udp.check_checksum:TRUE"])
+        .args(["-T", "fields", "-E", "separator=|", "-E", "occurrence=a", "-E", "aggregator=,"]);
+    for f in fields {
+        cmd.args(["-e", f]);
+    }
+    let out = cmd.output().expect("spawn tshark");
+    assert!(out.status.success(), "tshark failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).expect("tshark prints UTF-8");
+    Some(text.lines().map(|l| l.split('|').map(str::to_string).collect()).collect())
+}
+
+#[test]
+fn output_pcap_is_valid_for_tshark_and_rewritten_by_lb() {
+    for proto in ["udp", "tcp"] {
+        let dir = tmpdir(&format!("out-{proto}"));
+        let out = dir.join("out.pcap");
+        let gen = format!("--flows 300 --packets 5000 --proto {proto} --seed 5");
+        let r = run_json(&["run", "--gen", &gen, "--chain", CHAIN, "--cores", "1", "--output", s(&out), "--json"]);
+        let sent = u(&r, "packets_out");
+        assert_eq!(sent, 5000, "{proto}: nothing limited");
+        let fields = ["ip.dst", "ip.checksum.status", "udp.checksum.status", "tcp.checksum.status", "_ws.malformed", "_ws.expert.severity"];
+        let Some(rows) = tshark_fields(&out, &fields) else { return };
+        assert_eq!(rows.len() as u64, sent, "{proto}: tshark's packet count");
+        for (i, row) in rows.iter().enumerate() {
+            assert_eq!(row.len(), fields.len(), "{proto}: packet {}: {row:?}", i + 1);
+            let dst: std::net::Ipv4Addr = row[0].parse().unwrap_or_else(|_| panic!("{proto}: packet {}: ip.dst {row:?}", i + 1));
+            assert_eq!(dst.octets()[..3], [10, 10, 0], "{proto}: packet {}: dst not in the backend pool", i + 1);
+            // Wireshark's checksum status: 0 bad, 1 good, 2 unverified, 3 not present.
+            let l4 = if proto == "udp" { &row[2] } else { &row[3] };
+            for (what, st) in [("ip", &row[1]), (proto, l4)] {
+                assert!(st == "1" || st == "2", "{proto}: packet {}: {what} checksum status {st:?} in {row:?}", i + 1);
+            }
+            assert!(row[4].is_empty(), "{proto}: packet {}: malformed: {row:?}", i + 1);
+            // Expert severities: chat 0x200000 and note 0x400000 are fine (a SYN is "chat"); warning/error are not.
+            for sev in row[5].split(',').filter(|x| !x.is_empty()) {
+                let v = sev.parse::<u64>().ok().or_else(|| u64::from_str_radix(sev.trim_start_matches("0x"), 16).ok());
+                assert!(v.is_some_and(|v| v < 0x0060_0000), "{proto}: packet {}: expert severity {sev} in {row:?}", i + 1);
+            }
+        }
+    }
+}
+
+#[test]
+fn csv_export_has_the_columns_and_counts_every_packet() {
+    let dir = tmpdir("csv");
+    let csv = dir.join("flows.csv");
+    let export = format!("fsc={}", s(&csv));
+    let r = run_json(&[
+        "run",
+        "--gen",
+        "--flows 1000 --packets 20000",
+        "--chain",
+        CHAIN,
+        "--cores",
+        "1",
+        "--export",
+        &export,
+        "--json",
+    ]);
+    let text = std::fs::read_to_string(&csv).expect("csv written");
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().expect("a header line").split(',').collect();
+    for col in ["proto", "src", "dst", "sport", "dport", "packets", "bytes"] {
+        assert!(header.contains(&col), "column {col} missing from {header:?}");
+    }
+    let idx = |c: &str| header.iter().position(|h| *h == c).expect("column");
+    let (pk, by) = (idx("packets"), idx("bytes"));
+    let mut packets = 0u64;
+    let mut rows = 0u64;
+    for l in lines {
+        let cells: Vec<&str> = l.split(',').collect();
+        assert_eq!(cells.len(), header.len(), "row {l:?}");
+        packets += cells[pk].parse::<u64>().unwrap_or_else(|_| panic!("packets cell in {l:?}"));
+        assert!(cells[by].parse::<u64>().is_ok_and(|b| b >= 60), "bytes cell in {l:?}");
+        let src: Result<std::net::IpAddr, _> = cells[idx("src")].parse();
+        assert!(src.is_ok(), "src cell in {l:?}");
+        rows += 1;
+    }
+    assert_eq!(packets, u(nf(&r, "fsc"), "packets_in"), "packet column sums to fsc's packets_in");
+    assert_eq!(rows, 1000, "one row per flow");
+}
+
+#[test]
+fn runs_a_pcap_written_by_gen() {
+    let dir = tmpdir("input");
+    let pcap = dir.join("t.pcap");
+    let out = run(&["gen", "--flows", "200", "--packets", "3000", "--proto", "tcp", "--seed", "9", "-o", s(&pcap)]);
+    assert!(out.status.success(), "gen: {}", String::from_utf8_lossy(&out.stderr));
+    let r = run_json(&["run", "--input", s(&pcap), "--chain", CHAIN, "--cores", "1", "--json"]);
+    assert_eq!(u(&r, "packets"), 3000);
+    assert_eq!(u(&r["load"], "packets"), 3000, "load stats {}", r["load"]);
+    check_nf_chain(&r, &["lb", "fsc", "ratelimit"]);
+    assert_eq!(u(&r["tables"], "flows"), u(&r["tables"], "insertions"));
+    assert!(u(&r["tables"], "flows") <= 200);
+}
+
+/// An Ethernet/IPv4/UDP frame with valid checksums, built independently of flowplane's own builders.
+fn udp_frame(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
+    fn csum(words: &[u8]) -> u16 {
+        let mut acc: u32 = 0;
+        for c in words.chunks(2) {
+            acc += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+        }
+        while acc > 0xffff {
+            acc = (acc & 0xffff) + (acc >> 16);
+        }
+        !(acc as u16)
+    }
+    let udp_len = 8 + payload.len() as u16;
+    let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00];
+    let ip_start = f.len();
+    f.extend_from_slice(&[0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, 17, 0, 0]);
+    f[ip_start + 2..ip_start + 4].copy_from_slice(&(20 + udp_len).to_be_bytes());
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&dst);
+    let c = csum(&f[ip_start..ip_start + 20]);
+    f[ip_start + 10..ip_start + 12].copy_from_slice(&c.to_be_bytes());
+    let mut udp = Vec::new();
+    udp.extend_from_slice(&sport.to_be_bytes());
+    udp.extend_from_slice(&dport.to_be_bytes());
+    udp.extend_from_slice(&udp_len.to_be_bytes());
+    udp.extend_from_slice(&[0, 0]);
+    udp.extend_from_slice(payload);
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&src);
+    pseudo.extend_from_slice(&dst);
+    pseudo.extend_from_slice(&[0, 17]);
+    pseudo.extend_from_slice(&udp_len.to_be_bytes());
+    pseudo.extend_from_slice(&udp);
+    let c = match csum(&pseudo) {
+        0 => 0xffff,
+        c => c,
+    };
+    udp[6..8].copy_from_slice(&c.to_be_bytes());
+    f.extend_from_slice(&udp);
+    f
+}
+
+#[test]
+fn runs_a_handwritten_pcap_and_counts_flows_exactly() {
+    use flowplane_trace::{PcapWriter, WriterOptions};
+    let dir = tmpdir("handpcap");
+    let pcap = dir.join("three.pcap");
+    let out = dir.join("out.pcap");
+    let csv = dir.join("flows.csv");
+    let mut w = PcapWriter::create(&pcap, WriterOptions::default()).expect("create pcap");
+    // Two flows: A sends 3 packets, B sends 2; the limiter lets 2 per flow through.
+    let a = udp_frame([192, 168, 1, 1], [198, 51, 100, 1], 1000, 53, &[0xab; 18]);
+    let b = udp_frame([192, 168, 1, 2], [198, 51, 100, 1], 2000, 53, &[0xcd; 30]);
+    for (i, fr) in [&a, &b, &a, &a, &b].iter().enumerate() {
+        w.write_packet(1_000 * i as u64, fr, fr.len() as u32).expect("write packet");
+    }
+    w.finish().expect("finish pcap");
+    let export = format!("fsc={}", s(&csv));
+    let r = run_json(&[
+        "run",
+        "--input",
+        s(&pcap),
+        "--chain",
+        "lb(backends=4) -> fsc -> ratelimit(pps=1, burst=2)",
+        "--cores",
+        "1",
+        "--output",
+        s(&out),
+        "--export",
+        &export,
+        "--json",
+    ]);
+    assert_eq!(u(&r, "packets"), 5);
+    assert_eq!(u(&r, "bytes"), (3 * a.len() + 2 * b.len()) as u64);
+    check_nf_chain(&r, &["lb", "fsc", "ratelimit"]);
+    assert_eq!(u(nf(&r, "ratelimit"), "dropped"), 1, "the third packet of flow A is limited");
+    assert_eq!(u(&r["tables"], "flows"), 2);
+    let text = std::fs::read_to_string(&csv).expect("csv");
+    let mut rows: Vec<&str> = text.lines().skip(1).collect();
+    rows.sort();
+    assert_eq!(rows.len(), 2, "{text}");
+    assert!(rows[0].contains("192.168.1.1") && rows[0].contains(",1000,53,3,"), "{text}");
+    assert!(rows[1].contains("192.168.1.2") && rows[1].contains(",2000,53,2,"), "{text}");
+    if let Some(pk) = tshark_fields(&out, &["ip.dst", "ip.checksum.status", "udp.checksum.status", "udp.dstport"]) {
+        assert_eq!(pk.len(), 4);
+        for row in &pk {
+            assert!(["10.10.0.1", "10.10.0.2", "10.10.0.3", "10.10.0.4"].contains(&row[0].as_str()), "{row:?}");
+            assert_eq!((row[1].as_str(), row[2].as_str(), row[3].as_str()), ("1", "1", "53"), "{row:?}");
+        }
+        // Round robin: the two flows went to two different backends, each sticky.
+        let mut per_backend: BTreeMap<&str, usize> = BTreeMap::new();
+        for row in &pk {
+            *per_backend.entry(row[0].as_str()).or_default() += 1;
+        }
+        assert_eq!(per_backend.len(), 2, "{per_backend:?}");
+    }
+}
+
+#[test]
+fn two_cores_process_every_packet() {
+    let r = run_json(&["run", "--gen", "--flows 1000 --packets 20000", "--chain", CHAIN, "--cores", "2", "--json"]);
+    assert_eq!(u(&r, "packets"), 20_000);
+    assert_eq!(u(&r, "cores"), 2);
+    let cores = r["per_core"].as_array().expect("per_core");
+    assert_eq!(cores.len(), 2);
+    let sum: u64 = cores.iter().map(|c| u(c, "packets")).sum();
+    assert_eq!(sum, 20_000, "per-core packets add up: {cores:?}");
+    assert!(cores.iter().all(|c| u(c, "packets") > 0), "RSS spreads 1000 flows over both cores: {cores:?}");
+    check_nf_chain(&r, &["lb", "fsc", "ratelimit"]);
+    // RSS keeps each flow on one core: one table entry per flow over both cores.
+    assert_eq!(u(&r["tables"], "flows"), 1000);
+}
+
+#[test]
+fn nfs_lists_the_library_with_parameters() {
+    let out = run(&["nfs"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let names: Vec<&str> = text.lines().filter(|l| !l.starts_with(' ')).filter_map(|l| l.split_whitespace().next()).collect();
+    for n in ["lb", "fsc", "ratelimit"] {
+        assert!(names.contains(&n), "'{n}' not listed in:\n{text}");
+    }
+    // Each NF's parameters follow its line.
+    let params_of = |nf: &str| -> Vec<String> {
+        text.lines()
+            .skip_while(|l| l.split_whitespace().next() != Some(nf))
+            .skip(1)
+            .take_while(|l| l.starts_with(' '))
+            .filter_map(|l| l.split_whitespace().next().map(|p| p.trim_end_matches(':').to_string()))
+            .collect()
+    };
+    assert_eq!(params_of("lb"), ["backends", "base"], "lb params in:\n{text}");
+    assert_eq!(params_of("ratelimit"), ["pps", "burst"], "ratelimit params in:\n{text}");
+}
+
+#[test]
+fn run_help_exits_zero() {
+    let out = run(&["run", "--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for opt in ["--input", "--gen", "--output", "--chain", "--cores", "--exec", "--json", "--export"] {
+        assert!(text.contains(opt), "{opt} missing from run --help");
+    }
+}

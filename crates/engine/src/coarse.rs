@@ -1,0 +1,172 @@
+//! Coarse-granularity state (source IP, destination IP, IP pair): one
+//! shared table per granularity, reached by every core, as FAJITA ③.
+//!
+//! An entry's state is a block of `AtomicU64` words: word 0 is a small
+//! lock (bit 0) plus one "initialised" bit per NF of the group (bits 1..);
+//! the NFs' plain-data states follow, packed in chain order. A core that
+//! processes a packet takes the entry's lock, copies the words into a local
+//! buffer, runs the NF's action on it as ordinary `&mut State`, copies back
+//! and unlocks — so NFs stay plain safe Rust whatever the executor, and
+//! updates from several cores never get lost. The lock is per entry (one
+//! source IP), held for a few nanoseconds, never across packets.
+//!
+//! Without the auxiliary table every batch pins (`acquire_batch`) and later
+//! unpins the coarse entries of its packets: one shared lookup per packet
+//! per group. With it, the pinned handle lives in the flow's aggregated
+//! 5-tuple block from the flow's first packet to its removal (reference
+//! counted), so later packets reach the shared state without a lookup.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use flowplane_nf::stateful::Granularity;
+use flowplane_table::shared::{hash_key, SharedFlowTable, SharedHandle, SharedTableConfig};
+use flowplane_wire::flow::FiveTuple;
+
+/// Most state words a coarse group may have (after the lock word).
+pub const MAX_GROUP_WORDS: usize = 63;
+
+/// The compact key of a coarse granularity, if the packet has one.
+/// IPv4 addresses are stored IPv4-mapped; an IP pair is supported for IPv4.
+#[inline]
+pub fn coarse_key(g: Granularity, t: &FiveTuple) -> Option<u128> {
+    let ip = |a: IpAddr| match a {
+        IpAddr::V4(v) => u128::from(v.to_ipv6_mapped()),
+        IpAddr::V6(v) => u128::from(v),
+    };
+    match g {
+        Granularity::FiveTuple => None,
+        Granularity::SrcIp => Some(ip(t.src_ip())),
+        Granularity::DstIp => Some(ip(t.dst_ip())),
+        Granularity::IpPair => match (t.src_ip(), t.dst_ip()) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => Some((1u128 << 64) | (u128::from(u32::from(s)) << 32) | u128::from(u32::from(d))),
+            _ => None,
+        },
+    }
+}
+
+/// Hash of a coarse key.
+#[inline(always)]
+pub fn coarse_hash(k: u128) -> u64 {
+    hash_key(&k)
+}
+
+/// Layout of one coarse group, decided by the chain compiler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupLayout {
+    /// The granularity.
+    pub granularity: Granularity,
+    /// State words (after the lock word).
+    pub words: usize,
+    /// Offset in the aggregated 5-tuple block where the auxiliary table keeps this group's pinned handle.
+    pub aux_offset: usize,
+}
+
+/// The shared tables of one run (one per coarse group), shared by all cores.
+#[derive(Clone, Default)]
+pub struct SharedStores {
+    /// Tables in group order.
+    pub tables: Vec<Arc<SharedFlowTable<u128>>>,
+}
+
+impl SharedStores {
+    /// Creates one table per group with room for `capacity` keys each.
+    pub fn new(groups: &[GroupLayout], capacity: usize, idle_timeout_ns: u64) -> Result<Self, String> {
+        let mut tables = Vec::with_capacity(groups.len());
+        for g in groups {
+            let t = SharedFlowTable::new(SharedTableConfig { capacity, state_words: 1 + g.words, idle_timeout_ns })
+                .map_err(|e| e.to_string())?;
+            tables.push(Arc::new(t));
+        }
+        Ok(SharedStores { tables })
+    }
+}
+
+/// Bit 0 of word 0: the entry lock.
+const LOCK: u64 = 1;
+
+/// Runs `f` on a private copy of the entry's state words under the entry
+/// lock, with the word-0 flags (init bits) passed along; `f`'s returned
+/// flags are stored back. Words beyond `words.len()` are ignored.
+#[inline]
+pub fn with_locked<R>(words: &[AtomicU64], f: impl FnOnce(&mut u64, &mut [u64]) -> R) -> Option<R> {
+    let (head, rest) = words.split_first()?;
+    let n = rest.len().min(MAX_GROUP_WORDS);
+    // Spin on a test-and-test-and-set lock: uncontended it is one CAS.
+    loop {
+        let cur = head.load(Ordering::Relaxed);
+        if cur & LOCK == 0
+            && head.compare_exchange_weak(cur, cur | LOCK, Ordering::Acquire, Ordering::Relaxed).is_ok()
+        {
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    let mut buf = [0u64; MAX_GROUP_WORDS];
+    for (b, w) in buf[..n].iter_mut().zip(rest) {
+        *b = w.load(Ordering::Relaxed);
+    }
+    let mut flags = head.load(Ordering::Relaxed) & !LOCK;
+    let r = f(&mut flags, &mut buf[..n]);
+    for (b, w) in buf[..n].iter().zip(rest) {
+        w.store(*b, Ordering::Relaxed);
+    }
+    // Release: the state stores above are visible to the next locker.
+    head.store(flags & !LOCK, Ordering::Release);
+    Some(r)
+}
+
+/// Bits of a handle for storage in a flow's aggregated block.
+#[inline(always)]
+pub fn handle_bits(h: SharedHandle) -> u64 {
+    h.to_bits()
+}
+
+/// Handle from stored bits.
+#[inline(always)]
+pub fn handle_from(bits: u64) -> SharedHandle {
+    SharedHandle::from_bits(bits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    #[test]
+    fn keys() {
+        let t = FiveTuple::new(IpAddr::V4(Ipv4Addr::new(1, 2, 3, 4)), IpAddr::V4(Ipv4Addr::new(5, 6, 7, 8)), 1, 2, 17).unwrap();
+        let r = t.reversed();
+        assert_eq!(coarse_key(Granularity::SrcIp, &t), coarse_key(Granularity::DstIp, &r));
+        assert_ne!(coarse_key(Granularity::SrcIp, &t), coarse_key(Granularity::DstIp, &t));
+        assert!(coarse_key(Granularity::IpPair, &t).is_some());
+        assert_eq!(coarse_key(Granularity::FiveTuple, &t), None);
+    }
+
+    #[test]
+    fn locked_updates_from_threads_are_not_lost() {
+        let words: Arc<Vec<AtomicU64>> = Arc::new((0..4).map(|_| AtomicU64::new(0)).collect());
+        let hs: Vec<_> = (0..2)
+            .map(|_| {
+                let w = Arc::clone(&words);
+                std::thread::spawn(move || {
+                    for _ in 0..100_000 {
+                        with_locked(&w, |flags, s| {
+                            *flags |= 2;
+                            s[0] += 1;
+                            s[2] += 3;
+                        });
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert_eq!(words[1].load(Ordering::Relaxed), 200_000);
+        assert_eq!(words[3].load(Ordering::Relaxed), 600_000);
+        assert_eq!(words[0].load(Ordering::Relaxed), 2, "lock released, flags kept");
+        assert!(with_locked(&[], |_, _| ()).is_none());
+    }
+}
