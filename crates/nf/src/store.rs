@@ -102,7 +102,7 @@ impl FlowStore {
         init: impl FnOnce(&mut [u8]),
     ) -> Option<(u32, bool)> {
         match key {
-            FiveTuple::V4(k) => self.v4.insert(k, hash, now_ns, init).ok().map(|(h, new)| (h, new)),
+            FiveTuple::V4(k) => self.v4.insert(k, hash, now_ns, init).ok(),
             FiveTuple::V6(k) => self.v6.insert(k, hash, now_ns, init).ok().map(|(h, new)| (h | V6_SLOT, new)),
         }
     }

@@ -1,0 +1,902 @@
+//! `nat`: source NAT (NAPT, NAT44) with a port pool per external address.
+//!
+//! This module owns the NAT NF: its configuration, its per-flow state, the
+//! preallocated port pools and the NF-private reverse map that joins the two
+//! directions of a translated connection.
+//!
+//! * **Outbound** (source inside `internal`, TCP/UDP): the flow's first packet
+//!   takes an (external address, external port) slot from the protocol's pool
+//!   (a FIFO free list, so a released port is reused as late as possible);
+//!   every packet of the flow gets its source address and port rewritten, with
+//!   the IPv4 and TCP/UDP checksums updated incrementally.
+//! * **Inbound** (destination one of the external addresses, TCP/UDP): the
+//!   reply direction is a different 5-tuple, so it has its own flow state. Its
+//!   first packet looks up the reverse map `(address index, port) -> (inside
+//!   address, inside port, generation)`; a mapped port is translated back
+//!   (destination rewritten), an unmapped one is dropped and counted without
+//!   keeping state (a port scan must not fill the flow table). Filtering is
+//!   endpoint-independent: any remote may reach a mapped port.
+//! * **Release**: when an outbound flow expires or ends, its port goes back to
+//!   the pool and the slot's generation is bumped. An inbound flow whose
+//!   generation no longer matches (the port was released, maybe reused by
+//!   another inside host) is dropped and counted, and stays blocked until it
+//!   idles out, so a stale connection never reaches the port's new owner.
+//!   Mappings are refreshed by outbound traffic only (the outbound flow's idle
+//!   timer), as RFC 4787 requires at least.
+//! * **TCP**: an RST ends the flow (the outbound one releases its port at
+//!   once). A FIN does not: the port stays held until the idle timeout, which
+//!   covers the closing handshake and delayed segments (like TIME_WAIT).
+//! * **Pool exhausted**: the new flow's packet is dropped and counted, and no
+//!   state is kept, so the next packet of that flow retries the allocation.
+//! * **Other traffic**: ICMP and other protocols from inside or to an external
+//!   address are passed untouched (`other=pass`, default) or dropped
+//!   (`other=drop`), counted either way; non-first TCP/UDP fragments in either
+//!   direction are dropped and counted (they carry no ports to translate);
+//!   traffic that is neither inside-sourced nor addressed to an external
+//!   address, and IPv6, pass untouched (counted). Packets without a flow key
+//!   (non-IP, malformed, or no state because the table is full) are DROPPED:
+//!   the NF cannot tell a table-full inside packet from garbage, and passing
+//!   it would leak an untranslated inside address.
+//!
+//! Each core builds its own instance with its own pools: under multi-core
+//! RSS the executor must give each core a disjoint port range and steer
+//! replies to the mapping's core (not done here; see the report).
+
+use std::net::Ipv4Addr;
+
+use bytemuck::{Pod, Zeroable};
+use flowplane_wire::flow::FiveTuple;
+use serde_json::json;
+
+use crate::pkt::{proto, tcp_flags, Pkt};
+use crate::stateful::{Action, StatefulNf};
+use crate::{NfContext, ParamError, Params};
+
+/// Largest pool (external addresses x ports) per protocol: bounds the
+/// constructor's preallocation to ~16 MiB per protocol.
+pub const MAX_POOL: u64 = 1 << 20;
+
+/// State kinds (the `kind` byte of [`NatState`]).
+pub mod kind {
+    /// Neither inside-sourced nor addressed to us: pass untouched.
+    pub const TRANSIT: u8 = 0;
+    /// Translated outbound flow.
+    pub const OUTBOUND: u8 = 1;
+    /// Translated inbound flow.
+    pub const INBOUND: u8 = 2;
+    /// Inbound flow whose mapping was released or reused: drop.
+    pub const STALE: u8 = 3;
+    /// New outbound flow found the pool empty: drop, end flow.
+    pub const EXHAUSTED: u8 = 4;
+    /// Inbound to an unmapped external port: drop, end flow.
+    pub const UNMAPPED: u8 = 5;
+    /// Non-first TCP/UDP fragment: drop, end flow.
+    pub const FRAGMENT: u8 = 6;
+    /// Non-TCP/UDP protocol with `other=pass`.
+    pub const OTHER_PASS: u8 = 7;
+    /// Non-TCP/UDP protocol with `other=drop`: drop, end flow.
+    pub const OTHER_DROP: u8 = 8;
+    /// IPv6 (NAT44 only): pass untouched.
+    pub const V6: u8 = 9;
+}
+
+/// Per-flow state (16 bytes, no padding).
+#[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct NatState {
+    /// Outbound: the external address; inbound: the inside address.
+    pub addr: u32,
+    /// Slot in the protocol's pool (address index * ports per address + port offset).
+    pub slot: u32,
+    /// The slot's generation when this flow was created.
+    pub gen: u32,
+    /// Outbound: the external port; inbound: the inside port.
+    pub port: u16,
+    /// One of [`kind`].
+    pub kind: u8,
+    /// Pool: 0 = TCP, 1 = UDP.
+    pub pool: u8,
+}
+
+/// NAT configuration (what the chain-spec parameters say).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NatConfig {
+    /// First external address.
+    pub external: Ipv4Addr,
+    /// Number of consecutive external addresses.
+    pub addrs: u32,
+    /// First port of each address's range.
+    pub port_lo: u16,
+    /// Last port (inclusive).
+    pub port_hi: u16,
+    /// Inside prefix address.
+    pub internal: Ipv4Addr,
+    /// Inside prefix length.
+    pub internal_len: u8,
+    /// Idle timeout, seconds.
+    pub timeout_s: u64,
+    /// Drop (instead of passing) non-TCP/UDP traffic from inside or to an external address.
+    pub drop_other: bool,
+}
+
+impl Default for NatConfig {
+    fn default() -> Self {
+        NatConfig {
+            external: Ipv4Addr::new(203, 0, 113, 1),
+            addrs: 1,
+            port_lo: 1024,
+            port_hi: 65535,
+            internal: Ipv4Addr::new(10, 0, 0, 0),
+            internal_len: 8,
+            timeout_s: 30,
+            drop_other: false,
+        }
+    }
+}
+
+/// One reverse-map entry: who holds an external (address, port) slot.
+#[derive(Clone, Copy, Debug, Default)]
+struct Mapping {
+    inside: u32,
+    gen: u32,
+    inside_port: u16,
+    in_use: bool,
+}
+
+/// The slots of one protocol: reverse map plus a FIFO ring of free slots,
+/// both allocated once.
+#[derive(Debug)]
+struct Pool {
+    rev: Vec<Mapping>,
+    free: Vec<u32>,
+    head: usize,
+    len: usize,
+}
+
+impl Pool {
+    /// Every slot free, queued address-interleaved so consecutive flows spread over the addresses.
+    fn new(addrs: u32, ports: u32) -> Self {
+        let n = (addrs * ports) as usize;
+        let mut free = Vec::with_capacity(n);
+        for p in 0..ports {
+            for a in 0..addrs {
+                free.push(a * ports + p);
+            }
+        }
+        Pool { rev: vec![Mapping::default(); n], free, head: 0, len: n }
+    }
+
+    fn alloc(&mut self) -> Option<u32> {
+        if self.len == 0 {
+            return None;
+        }
+        let s = self.free[self.head];
+        self.head = if self.head + 1 == self.free.len() { 0 } else { self.head + 1 };
+        self.len -= 1;
+        Some(s)
+    }
+
+    /// Queues a slot at the tail. Callers free a slot only when it was in use,
+    /// so the ring (one place per slot) never overflows.
+    fn push(&mut self, slot: u32) {
+        let cap = self.free.len();
+        if self.len < cap {
+            let mut at = self.head + self.len;
+            if at >= cap {
+                at -= cap;
+            }
+            self.free[at] = slot;
+            self.len += 1;
+        }
+    }
+
+    fn in_use(&self) -> usize {
+        self.free.len() - self.len
+    }
+}
+
+/// Per-packet counters (report).
+#[derive(Clone, Copy, Debug, Default)]
+struct Counters {
+    mappings: u64,
+    released: u64,
+    spurious_release: u64,
+    inbound_flows: u64,
+    out_packets: u64,
+    in_packets: u64,
+    exhausted: u64,
+    unmapped: u64,
+    stale: u64,
+    fragments: u64,
+    other_passed: u64,
+    other_dropped: u64,
+    transit: u64,
+    v6: u64,
+    unparsed: u64,
+    rst_ends: u64,
+}
+
+/// The source NAT.
+#[derive(Debug)]
+pub struct Nat {
+    cfg: NatConfig,
+    ext_base: u32,
+    ports: u32,
+    inside_net: u32,
+    inside_mask: u32,
+    /// 0: TCP, 1: UDP.
+    pools: [Pool; 2],
+    c: Counters,
+}
+
+fn parse_prefix(s: &str) -> Option<(Ipv4Addr, u8)> {
+    let (a, l) = s.split_once('/').unwrap_or((s, "32"));
+    let len: u8 = l.parse().ok().filter(|&l| l <= 32)?;
+    Some((a.parse().ok()?, len))
+}
+
+fn parse_ports(s: &str) -> Option<(u16, u16)> {
+    let (lo, hi) = s.split_once('-').unwrap_or((s, s));
+    let (lo, hi): (u16, u16) = (lo.trim().parse().ok()?, hi.trim().parse().ok()?);
+    (lo >= 1 && lo <= hi).then_some((lo, hi))
+}
+
+fn mask(len: u8) -> u32 {
+    if len == 0 {
+        0
+    } else {
+        u32::MAX << (32 - len as u32)
+    }
+}
+
+impl Nat {
+    /// `nat(external=A, addrs=N, ports=LO-HI, internal=P/L, timeout=S, other=pass|drop)`.
+    pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
+        let d = NatConfig::default();
+        let ext_s = p.string("external", "203.0.113.1");
+        let external: Ipv4Addr = ext_s
+            .parse()
+            .map_err(|_| ParamError(format!("nat: parameter 'external={ext_s}' is not an IPv4 address")))?;
+        let addrs = p.u64_in("addrs", 1, 1, 256)? as u32;
+        let ports_s = p.string("ports", "1024-65535");
+        let (port_lo, port_hi) = parse_ports(&ports_s).ok_or_else(|| {
+            ParamError(format!(
+                "nat: parameter 'ports={ports_s}' is not a port range LO-HI with 1 <= LO <= HI <= 65535"
+            ))
+        })?;
+        let int_s = p.string("internal", "10.0.0.0/8");
+        let (internal, internal_len) = parse_prefix(&int_s).ok_or_else(|| {
+            ParamError(format!("nat: parameter 'internal={int_s}' is not an IPv4 prefix A.B.C.D/LEN"))
+        })?;
+        let timeout_s = p.u64_in("timeout", d.timeout_s, 1, 86_400)?;
+        let other = p.string("other", "pass");
+        let drop_other = match other.as_str() {
+            "pass" => false,
+            "drop" => true,
+            _ => return Err(ParamError(format!("nat: parameter 'other={other}' must be 'pass' or 'drop'"))),
+        };
+        Nat::new(NatConfig { external, addrs, port_lo, port_hi, internal, internal_len, timeout_s, drop_other })
+    }
+
+    /// A NAT for `cfg`; preallocates both pools. Fails on an empty or oversized
+    /// pool, an external range that overflows or overlaps the inside prefix.
+    pub fn new(cfg: NatConfig) -> Result<Self, ParamError> {
+        let base = u32::from(cfg.external);
+        if cfg.addrs == 0 || base as u64 + cfg.addrs as u64 - 1 > u32::MAX as u64 {
+            return Err(ParamError(format!("nat: {} external addresses from {} overflow", cfg.addrs, cfg.external)));
+        }
+        if cfg.port_lo == 0 || cfg.port_lo > cfg.port_hi {
+            return Err(ParamError(format!("nat: parameter 'ports={}-{}' is empty", cfg.port_lo, cfg.port_hi)));
+        }
+        if cfg.internal_len > 32 {
+            return Err(ParamError(format!("nat: parameter 'internal' prefix length {} > 32", cfg.internal_len)));
+        }
+        let ports = (cfg.port_hi - cfg.port_lo) as u32 + 1;
+        let size = cfg.addrs as u64 * ports as u64;
+        if size > MAX_POOL {
+            return Err(ParamError(format!(
+                "nat: {} addresses x {ports} ports = {size} slots exceeds the limit of {MAX_POOL}",
+                cfg.addrs
+            )));
+        }
+        let inside_mask = mask(cfg.internal_len);
+        let inside_net = u32::from(cfg.internal) & inside_mask;
+        let last = base + (cfg.addrs - 1);
+        let inside_end = inside_net | !inside_mask;
+        if base <= inside_end && last >= inside_net {
+            return Err(ParamError(format!(
+                "nat: external addresses {}..{} overlap 'internal={}/{}'",
+                cfg.external,
+                Ipv4Addr::from(last),
+                cfg.internal,
+                cfg.internal_len
+            )));
+        }
+        let pools = [Pool::new(cfg.addrs, ports), Pool::new(cfg.addrs, ports)];
+        Ok(Nat { cfg, ext_base: base, ports, inside_net, inside_mask, pools, c: Counters::default() })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &NatConfig {
+        &self.cfg
+    }
+
+    /// Ports in use: (TCP, UDP).
+    pub fn ports_in_use(&self) -> (usize, usize) {
+        (self.pools[0].in_use(), self.pools[1].in_use())
+    }
+
+    #[inline]
+    fn is_inside(&self, a: u32) -> bool {
+        a & self.inside_mask == self.inside_net
+    }
+
+    #[inline]
+    fn ext_index(&self, a: u32) -> Option<u32> {
+        let i = a.wrapping_sub(self.ext_base);
+        (i < self.cfg.addrs).then_some(i)
+    }
+
+    fn state(kind: u8) -> NatState {
+        NatState { kind, ..NatState::zeroed() }
+    }
+}
+
+impl StatefulNf for Nat {
+    type State = NatState;
+
+    fn name(&self) -> &'static str {
+        "nat"
+    }
+
+    fn idle_timeout_ns(&self) -> Option<u64> {
+        Some(self.cfg.timeout_s.saturating_mul(1_000_000_000))
+    }
+
+    fn init(&mut self, pkt: &Pkt<'_>, _ctx: &NfContext) -> NatState {
+        let m = pkt.meta();
+        if m.v6 {
+            return Nat::state(kind::V6);
+        }
+        let (Some(src), Some(dst)) = (pkt.ipv4_src(), pkt.ipv4_dst()) else {
+            return Nat::state(kind::TRANSIT);
+        };
+        let (src, dst) = (u32::from(src), u32::from(dst));
+        let inside = self.is_inside(src);
+        let ext = self.ext_index(dst);
+        if !inside && ext.is_none() {
+            return Nat::state(kind::TRANSIT);
+        }
+        let pool = match m.proto {
+            proto::TCP => 0u8,
+            proto::UDP => 1u8,
+            _ => return Nat::state(if self.cfg.drop_other { kind::OTHER_DROP } else { kind::OTHER_PASS }),
+        };
+        // Ports are needed on both sides; a non-first fragment has none.
+        let (Some(sport), Some(dport)) = (pkt.src_port(), pkt.dst_port()) else {
+            return Nat::state(kind::FRAGMENT);
+        };
+        let p = &mut self.pools[pool as usize];
+        if inside {
+            let Some(slot) = p.alloc() else { return Nat::state(kind::EXHAUSTED) };
+            let e = &mut p.rev[slot as usize];
+            e.inside = src;
+            e.inside_port = sport;
+            e.in_use = true;
+            self.c.mappings += 1;
+            NatState {
+                addr: self.ext_base + slot / self.ports,
+                slot,
+                gen: e.gen,
+                port: self.cfg.port_lo + (slot % self.ports) as u16,
+                kind: kind::OUTBOUND,
+                pool,
+            }
+        } else {
+            let idx = ext.unwrap_or(0);
+            if dport < self.cfg.port_lo || dport > self.cfg.port_hi {
+                return Nat::state(kind::UNMAPPED);
+            }
+            let slot = idx * self.ports + (dport - self.cfg.port_lo) as u32;
+            match p.rev.get(slot as usize) {
+                Some(e) if e.in_use => {
+                    self.c.inbound_flows += 1;
+                    NatState { addr: e.inside, slot, gen: e.gen, port: e.inside_port, kind: kind::INBOUND, pool }
+                }
+                _ => Nat::state(kind::UNMAPPED),
+            }
+        }
+    }
+
+    #[inline]
+    fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut NatState, _ctx: &NfContext) -> Action {
+        let rst = pkt.tcp_flags().is_some_and(|f| f & tcp_flags::RST != 0);
+        match st.kind {
+            kind::OUTBOUND => {
+                pkt.set_ipv4_src(Ipv4Addr::from(st.addr));
+                pkt.set_src_port(st.port);
+                self.c.out_packets += 1;
+                if rst {
+                    self.c.rst_ends += 1;
+                    Action::EndFlow
+                } else {
+                    Action::Pass
+                }
+            }
+            kind::INBOUND => {
+                let live = self.pools[(st.pool & 1) as usize]
+                    .rev
+                    .get(st.slot as usize)
+                    .is_some_and(|e| e.in_use && e.gen == st.gen);
+                if !live {
+                    // Released (and maybe reused): block this flow until it idles out.
+                    st.kind = kind::STALE;
+                    self.c.stale += 1;
+                    return Action::Drop;
+                }
+                pkt.set_ipv4_dst(Ipv4Addr::from(st.addr));
+                pkt.set_dst_port(st.port);
+                self.c.in_packets += 1;
+                if rst {
+                    self.c.rst_ends += 1;
+                    Action::EndFlow
+                } else {
+                    Action::Pass
+                }
+            }
+            kind::STALE => {
+                self.c.stale += 1;
+                Action::Drop
+            }
+            kind::TRANSIT => {
+                self.c.transit += 1;
+                Action::Pass
+            }
+            kind::V6 => {
+                self.c.v6 += 1;
+                Action::Pass
+            }
+            kind::OTHER_PASS => {
+                self.c.other_passed += 1;
+                Action::Pass
+            }
+            // The drop kinds keep no state: the next packet re-runs `init`.
+            kind::EXHAUSTED => {
+                self.c.exhausted += 1;
+                Action::DropEndFlow
+            }
+            kind::UNMAPPED => {
+                self.c.unmapped += 1;
+                Action::DropEndFlow
+            }
+            kind::FRAGMENT => {
+                self.c.fragments += 1;
+                Action::DropEndFlow
+            }
+            kind::OTHER_DROP => {
+                self.c.other_dropped += 1;
+                Action::DropEndFlow
+            }
+            _ => Action::DropEndFlow,
+        }
+    }
+
+    fn prefetch(&self, st: &NatState) {
+        // Only inbound flows read indirect state (the reverse-map entry).
+        if st.kind == kind::INBOUND {
+            if let Some(e) = self.pools[(st.pool & 1) as usize].rev.get(st.slot as usize) {
+                flowplane_packet::prefetch::read(e);
+            }
+        }
+    }
+
+    fn release(&mut self, _key: &FiveTuple, st: &NatState) {
+        if st.kind != kind::OUTBOUND {
+            return;
+        }
+        let p = &mut self.pools[(st.pool & 1) as usize];
+        match p.rev.get_mut(st.slot as usize) {
+            Some(e) if e.in_use && e.gen == st.gen => {
+                e.in_use = false;
+                e.gen = e.gen.wrapping_add(1);
+                p.push(st.slot);
+                self.c.released += 1;
+            }
+            // A second release of the same flow, or a state from another instance.
+            _ => self.c.spurious_release += 1,
+        }
+    }
+
+    fn on_unparsed(&mut self) -> Action {
+        self.c.unparsed += 1;
+        Action::Drop
+    }
+
+    fn report(&self) -> Option<serde_json::Value> {
+        let c = &self.c;
+        let (tcp, udp) = self.ports_in_use();
+        Some(json!({
+            "external": self.cfg.external.to_string(),
+            "addrs": self.cfg.addrs,
+            "pool_size_per_proto": self.pools[0].rev.len(),
+            "tcp_ports_in_use": tcp,
+            "udp_ports_in_use": udp,
+            "mappings_created": c.mappings,
+            "ports_released": c.released,
+            "spurious_releases": c.spurious_release,
+            "inbound_flows": c.inbound_flows,
+            "outbound_packets": c.out_packets,
+            "inbound_packets": c.in_packets,
+            "rst_ended_flows": c.rst_ends,
+            "dropped_pool_exhausted": c.exhausted,
+            "dropped_unmapped": c.unmapped,
+            "dropped_stale": c.stale,
+            "dropped_fragments": c.fragments,
+            "dropped_other_proto": c.other_dropped,
+            "dropped_unparsed": c.unparsed,
+            "passed_other_proto": c.other_passed,
+            "passed_transit": c.transit,
+            "passed_ipv6": c.v6,
+        }))
+    }
+
+    fn export_row(&self, key: &FiveTuple, st: &NatState) -> Option<serde_json::Value> {
+        let dir = match st.kind {
+            kind::OUTBOUND => "out",
+            kind::INBOUND => "in",
+            _ => return None,
+        };
+        Some(json!({
+            "direction": dir,
+            "proto": key.proto(),
+            "src": key.src_ip().to_string(),
+            "sport": key.src_port(),
+            "dst": key.dst_ip().to_string(),
+            "dport": key.dst_port(),
+            "translated_addr": Ipv4Addr::from(st.addr).to_string(),
+            "translated_port": st.port,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pkt::PktMeta;
+    use crate::testutil::{assert_ipv4_checksums, ipv4_frame, tcp4, udp4, Harness};
+
+    const EXT: [u8; 4] = [203, 0, 113, 1];
+    const REMOTE: [u8; 4] = [198, 51, 100, 7];
+
+    fn nat(addrs: u32, lo: u16, hi: u16) -> Nat {
+        Nat::new(NatConfig { addrs, port_lo: lo, port_hi: hi, ..NatConfig::default() }).unwrap()
+    }
+
+    fn src_of(f: &[u8]) -> ([u8; 4], u16) {
+        ([f[26], f[27], f[28], f[29]], u16::from_be_bytes([f[34], f[35]]))
+    }
+
+    fn dst_of(f: &[u8]) -> ([u8; 4], u16) {
+        ([f[30], f[31], f[32], f[33]], u16::from_be_bytes([f[36], f[37]]))
+    }
+
+    fn report_u64(n: &Nat, k: &str) -> u64 {
+        n.report().unwrap()[k].as_u64().unwrap()
+    }
+
+    #[test]
+    fn outbound_then_inbound_tcp_and_udp_with_valid_checksums() {
+        let mut h = Harness::new(nat(1, 1024, 65535));
+        let syn = tcp4([10, 1, 2, 3], REMOTE, 40000, 443, tcp_flags::SYN, 7, 0);
+        let (out, act) = h.run(&syn);
+        assert_eq!(act, Action::Pass);
+        assert_ipv4_checksums(&out);
+        let (src, eport) = src_of(&out);
+        assert_eq!(src, EXT);
+        assert!(eport >= 1024);
+        assert_eq!(dst_of(&out), (REMOTE, 443), "destination untouched");
+        // Later packets of the flow keep the same mapping.
+        let (again, _) = h.run(&tcp4([10, 1, 2, 3], REMOTE, 40000, 443, tcp_flags::ACK, 8, 1));
+        assert_eq!(src_of(&again), (EXT, eport));
+        assert_ipv4_checksums(&again);
+        // The reply, addressed to the external port, goes back to the inside host.
+        let reply = tcp4(REMOTE, EXT, 443, eport, tcp_flags::SYN | tcp_flags::ACK, 100, 8);
+        let (back, act) = h.run(&reply);
+        assert_eq!(act, Action::Pass);
+        assert_eq!(dst_of(&back), ([10, 1, 2, 3], 40000));
+        assert_eq!(src_of(&back), (REMOTE, 443), "source untouched");
+        assert_ipv4_checksums(&back);
+
+        // UDP uses its own pool and also round-trips.
+        let (uout, _) = h.run(&udp4([10, 9, 9, 9], REMOTE, 5353, 53));
+        assert_ipv4_checksums(&uout);
+        let (usrc, uport) = src_of(&uout);
+        assert_eq!(usrc, EXT);
+        let (uback, act) = h.run(&udp4(REMOTE, EXT, 53, uport));
+        assert_eq!(act, Action::Pass);
+        assert_eq!(dst_of(&uback), ([10, 9, 9, 9], 5353));
+        assert_ipv4_checksums(&uback);
+        assert_eq!(h.nf.ports_in_use(), (1, 1));
+        assert_eq!(report_u64(&h.nf, "mappings_created"), 2);
+        assert_eq!(report_u64(&h.nf, "inbound_flows"), 2);
+    }
+
+    #[test]
+    fn distinct_flows_get_distinct_ports_spread_over_addresses() {
+        let mut h = Harness::new(nat(2, 2000, 2009));
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..20u16 {
+            let (out, act) = h.run(&udp4([10, 0, 0, 1], REMOTE, 1000 + i, 53));
+            assert_eq!(act, Action::Pass);
+            let (a, p) = src_of(&out);
+            assert!(a == EXT || a == [203, 0, 113, 2], "{a:?}");
+            assert!((2000..=2009).contains(&p));
+            assert!(seen.insert((a, p)), "mapping handed out twice");
+            if i < 2 {
+                // Consecutive flows alternate addresses.
+                assert_eq!(a[3], 1 + i as u8);
+            }
+        }
+        assert_eq!(h.nf.ports_in_use(), (0, 20));
+    }
+
+    #[test]
+    fn exhaustion_drops_new_flows_without_keeping_state() {
+        let mut h = Harness::new(nat(1, 5000, 5001));
+        for i in 0..2 {
+            assert_eq!(h.run(&udp4([10, 0, 0, 1], REMOTE, 100 + i, 53)).1, Action::Pass);
+        }
+        let third = udp4([10, 0, 0, 1], REMOTE, 102, 53);
+        let (out, act) = h.run(&third);
+        assert_eq!(act, Action::DropEndFlow);
+        assert_eq!(out, third, "dropped packet left untouched");
+        assert!(h.state_of(&third).is_none(), "no state kept for a refused flow");
+        assert_eq!(h.run(&third).1, Action::DropEndFlow);
+        assert_eq!(report_u64(&h.nf, "dropped_pool_exhausted"), 2);
+        // TCP has its own pool, still free.
+        assert_eq!(h.run(&tcp4([10, 0, 0, 1], REMOTE, 102, 53, tcp_flags::SYN, 0, 0)).1, Action::Pass);
+    }
+
+    #[test]
+    fn port_reuse_after_release_detects_stale_inbound() {
+        let mut h = Harness::new(nat(1, 6000, 6000));
+        let a_out = udp4([10, 0, 0, 1], REMOTE, 1111, 53);
+        let (out, _) = h.run(&a_out);
+        assert_eq!(src_of(&out), (EXT, 6000));
+        // The remote's reply flow is created while A holds the port.
+        let a_reply = udp4(REMOTE, EXT, 53, 6000);
+        assert_eq!(dst_of(&h.run(&a_reply).0), ([10, 0, 0, 1], 1111));
+        // Pool of one: B is refused while A holds it.
+        let b_out = udp4([10, 0, 0, 2], [192, 0, 2, 9], 2222, 123);
+        assert_eq!(h.run(&b_out).1, Action::DropEndFlow);
+
+        // A's outbound flow expires: the executor removes it and calls release.
+        let key = h.key_of(&a_out).unwrap();
+        let st = h.states.remove(&key).unwrap();
+        h.nf.release(&key, &st);
+        assert_eq!(h.nf.ports_in_use(), (0, 0));
+        // A double release (a bug elsewhere) is ignored, not a double free.
+        h.nf.release(&key, &st);
+        assert_eq!(report_u64(&h.nf, "spurious_releases"), 1);
+        assert_eq!(h.nf.ports_in_use(), (0, 0));
+
+        // B now gets the same port, with a new generation.
+        let (bout, act) = h.run(&b_out);
+        assert_eq!(act, Action::Pass);
+        assert_eq!(src_of(&bout), (EXT, 6000));
+        assert_ne!(h.state_of(&b_out).unwrap().gen, h.state_of(&a_reply).unwrap().gen);
+        // A's old inbound flow must not reach B: dropped and kept blocked.
+        let (stale, act) = h.run(&a_reply);
+        assert_eq!(act, Action::Drop);
+        assert_eq!(stale, a_reply);
+        assert_eq!(h.state_of(&a_reply).unwrap().kind, kind::STALE);
+        assert_eq!(h.run(&a_reply).1, Action::Drop);
+        assert_eq!(report_u64(&h.nf, "dropped_stale"), 2);
+        // B's own reply is translated to B.
+        let (bback, act) = h.run(&udp4([192, 0, 2, 9], EXT, 123, 6000));
+        assert_eq!(act, Action::Pass);
+        assert_eq!(dst_of(&bback), ([10, 0, 0, 2], 2222));
+        assert_ipv4_checksums(&bback);
+    }
+
+    #[test]
+    fn tcp_rst_releases_the_port_fin_does_not() {
+        let mut h = Harness::new(nat(1, 7000, 7000));
+        let ack = tcp4([10, 0, 0, 1], REMOTE, 3000, 80, tcp_flags::ACK, 1, 1);
+        assert_eq!(h.run(&ack).1, Action::Pass);
+        let fin = tcp4([10, 0, 0, 1], REMOTE, 3000, 80, tcp_flags::FIN | tcp_flags::ACK, 2, 1);
+        assert_eq!(h.run(&fin).1, Action::Pass);
+        assert_eq!(h.nf.ports_in_use(), (1, 0), "FIN keeps the port until the idle timeout");
+        let rst = tcp4([10, 0, 0, 1], REMOTE, 3000, 80, tcp_flags::RST, 3, 0);
+        let (out, act) = h.run(&rst);
+        assert_eq!(act, Action::EndFlow);
+        assert_eq!(src_of(&out), (EXT, 7000), "the RST itself is translated");
+        assert_ipv4_checksums(&out);
+        assert_eq!(h.nf.ports_in_use(), (0, 0));
+        assert!(h.state_of(&ack).is_none());
+        // The port is free again.
+        let other = tcp4([10, 0, 0, 5], REMOTE, 3001, 80, tcp_flags::SYN, 0, 0);
+        assert_eq!(src_of(&h.run(&other).0), (EXT, 7000));
+    }
+
+    #[test]
+    fn unmapped_inbound_is_dropped_without_state() {
+        let mut h = Harness::new(nat(2, 1024, 2047));
+        let cases = [
+            udp4(REMOTE, EXT, 53, 1500),              // in range, never mapped
+            udp4(REMOTE, EXT, 53, 80),                // below the range
+            udp4(REMOTE, EXT, 53, 4000),              // above the range
+            udp4(REMOTE, [203, 0, 113, 2], 53, 1024), // second address, unmapped
+            tcp4(REMOTE, EXT, 53, 1024, tcp_flags::SYN, 0, 0),
+        ];
+        for f in &cases {
+            let (out, act) = h.run(f);
+            assert_eq!(act, Action::DropEndFlow);
+            assert_eq!(&out, f);
+            assert!(h.state_of(f).is_none());
+        }
+        assert_eq!(report_u64(&h.nf, "dropped_unmapped"), 5);
+        // A UDP mapping does not open the same TCP port.
+        let (o, _) = h.run(&udp4([10, 0, 0, 1], REMOTE, 9, 53));
+        let (a, p) = src_of(&o);
+        assert_eq!(h.run(&tcp4(REMOTE, a, 53, p, tcp_flags::SYN, 0, 0)).1, Action::DropEndFlow);
+    }
+
+    #[test]
+    fn transit_ipv6_and_other_protocols() {
+        let mut h = Harness::new(nat(1, 1024, 65535));
+        // Neither inside nor to us: untouched.
+        let t = udp4([192, 0, 2, 1], REMOTE, 1, 2);
+        assert_eq!(h.run(&t), (t.clone(), Action::Pass));
+        // ICMP echo from inside: passed untouched by default.
+        let icmp = ipv4_frame([10, 0, 0, 1], REMOTE, proto::ICMP, &[8, 0, 0xf7, 0xff, 0, 0, 0, 0]);
+        assert!(PktMeta::parse(&icmp).valid, "ICMP has a flow key");
+        assert_eq!(h.run(&icmp), (icmp.clone(), Action::Pass));
+        // IPv6 is not translated.
+        let mut v6 = vec![0u8; 14 + 40 + 8];
+        v6[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+        v6[14] = 0x60;
+        v6[18..20].copy_from_slice(&8u16.to_be_bytes());
+        v6[20] = proto::UDP;
+        v6[21] = 64;
+        v6[22] = 0xfd;
+        v6[54..56].copy_from_slice(&1u16.to_be_bytes());
+        v6[56..58].copy_from_slice(&2u16.to_be_bytes());
+        v6[58..60].copy_from_slice(&8u16.to_be_bytes());
+        assert!(PktMeta::parse(&v6).valid && PktMeta::parse(&v6).v6);
+        assert_eq!(h.run(&v6), (v6.clone(), Action::Pass));
+        let r = h.nf.report().unwrap();
+        assert_eq!(r["passed_transit"], 1);
+        assert_eq!(r["passed_other_proto"], 1);
+        assert_eq!(r["passed_ipv6"], 1);
+
+        // other=drop drops ICMP from inside and to the external address.
+        let mut p = Params::new("nat", vec![("other".into(), "drop".into())]);
+        let mut h = Harness::new(Nat::from_params(&mut p).unwrap());
+        assert_eq!(h.run(&icmp).1, Action::DropEndFlow);
+        let inbound_icmp = ipv4_frame(REMOTE, EXT, proto::ICMP, &[8, 0, 0xf7, 0xff, 0, 0, 0, 0]);
+        assert_eq!(h.run(&inbound_icmp).1, Action::DropEndFlow);
+        assert_eq!(report_u64(&h.nf, "dropped_other_proto"), 2);
+    }
+
+    #[test]
+    fn malformed_truncated_and_fragments() {
+        let mut h = Harness::new(nat(1, 1024, 65535));
+        let good = tcp4([10, 0, 0, 1], REMOTE, 4000, 80, tcp_flags::SYN, 0, 0);
+        // Every truncation of a valid inside packet: no panic; unparsed ones dropped.
+        for len in 0..good.len() {
+            let f = &good[..len];
+            let (out, act) = h.run(f);
+            assert_eq!(out.len(), len);
+            if !PktMeta::parse(f).valid {
+                assert_eq!(act, Action::Drop);
+            }
+        }
+        assert!(report_u64(&h.nf, "dropped_unparsed") > 0);
+        // Garbage and non-IP frames.
+        for f in [vec![0xffu8; 60], vec![0u8; 14], {
+            let mut arp = vec![0u8; 42];
+            arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+            arp
+        }] {
+            assert_eq!(h.run(&f).1, Action::Drop);
+        }
+        // A TCP header cut right after the ports is still translated (nothing to checksum).
+        let short = &good[..38];
+        assert!(PktMeta::parse(short).valid);
+        let (out, act) = h.run(short);
+        assert_eq!(act, Action::Pass);
+        assert_eq!(&out[26..30], &EXT);
+        // A non-first fragment of an inside UDP datagram: no ports, dropped.
+        let mut frag = udp4([10, 0, 0, 3], REMOTE, 1, 2);
+        frag[20..22].copy_from_slice(&0x0010u16.to_be_bytes());
+        let c = flowplane_wire::checksum::checksum(&{
+            let mut hdr = frag[14..34].to_vec();
+            hdr[10..12].copy_from_slice(&[0, 0]);
+            hdr
+        });
+        frag[24..26].copy_from_slice(&c.to_be_bytes());
+        let m = PktMeta::parse(&frag);
+        assert!(m.valid && m.l4 == 0, "non-first fragment keyed without L4");
+        assert_eq!(h.run(&frag).1, Action::DropEndFlow);
+        assert_eq!(report_u64(&h.nf, "dropped_fragments"), 1);
+        // UDP with no checksum keeps none.
+        let mut nocsum = udp4([10, 0, 0, 4], REMOTE, 5, 6);
+        nocsum[40..42].copy_from_slice(&[0, 0]);
+        let (out, _) = h.run(&nocsum);
+        assert_eq!(&out[40..42], &[0, 0]);
+        assert_ipv4_checksums(&out);
+    }
+
+    #[test]
+    fn prefetch_and_export() {
+        let mut h = Harness::new(nat(1, 1024, 65535));
+        let f = udp4([10, 0, 0, 1], REMOTE, 10, 20);
+        let (out, _) = h.run(&f);
+        let (_, p) = src_of(&out);
+        let r = udp4(REMOTE, EXT, 20, p);
+        h.run(&r);
+        let (si, so) = (h.state_of(&r).unwrap(), h.state_of(&f).unwrap());
+        h.nf.prefetch(&si);
+        h.nf.prefetch(&so);
+        h.nf.prefetch(&NatState { slot: u32::MAX, kind: kind::INBOUND, ..NatState::zeroed() });
+        let row = h.nf.export_row(&h.key_of(&f).unwrap(), &so).unwrap();
+        assert_eq!(row["direction"], "out");
+        assert_eq!(row["translated_addr"], "203.0.113.1");
+        assert_eq!(row["translated_port"], p);
+        let row = h.nf.export_row(&h.key_of(&r).unwrap(), &si).unwrap();
+        assert_eq!(row["direction"], "in");
+        assert_eq!(row["translated_addr"], "10.0.0.1");
+        assert!(h.nf.export_row(&h.key_of(&r).unwrap(), &Nat::state(kind::TRANSIT)).is_none());
+        // Corrupt state bytes never panic.
+        let mut bad = NatState { kind: 200, slot: u32::MAX, pool: 7, ..NatState::zeroed() };
+        let mut data = f.clone();
+        let meta = PktMeta::parse(&data);
+        let ctx = NfContext::default();
+        assert_eq!(h.nf.process(&mut Pkt::new(&mut data, &meta), &mut bad, &ctx), Action::DropEndFlow);
+        bad.kind = kind::INBOUND;
+        assert_eq!(h.nf.process(&mut Pkt::new(&mut data, &meta), &mut bad, &ctx), Action::Drop);
+        bad.kind = kind::OUTBOUND;
+        h.nf.release(&h.key_of(&f).unwrap(), &bad);
+        assert_eq!(h.nf.ports_in_use(), (0, 1));
+        assert_eq!(h.nf.idle_timeout_ns(), Some(30_000_000_000));
+    }
+
+    #[test]
+    fn params() {
+        let build = |pairs: &[(&str, &str)]| {
+            let mut p = Params::new("nat", pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+            Nat::from_params(&mut p).map(|n| *n.config())
+        };
+        assert_eq!(build(&[]).unwrap(), NatConfig::default());
+        let c = build(&[
+            ("external", "192.0.2.10"),
+            ("addrs", "4"),
+            ("ports", "10000-10999"),
+            ("internal", "172.16.0.0/12"),
+            ("timeout", "60"),
+        ])
+        .unwrap();
+        assert_eq!((c.addrs, c.port_lo, c.port_hi, c.internal_len, c.timeout_s), (4, 10000, 10999, 12, 60));
+        assert_eq!(build(&[("ports", "5000")]).unwrap().port_hi, 5000);
+        let err = |pairs: &[(&str, &str)]| build(pairs).unwrap_err().0;
+        assert!(err(&[("external", "1.2.3")]).contains("'external=1.2.3'"));
+        assert!(err(&[("ports", "9-3")]).contains("'ports=9-3'"));
+        assert!(err(&[("ports", "0-3")]).contains("'ports=0-3'"));
+        assert!(err(&[("ports", "1-70000")]).contains("'ports=1-70000'"));
+        assert!(err(&[("internal", "10.0.0.0/33")]).contains("'internal=10.0.0.0/33'"));
+        assert!(err(&[("internal", "x/8")]).contains("'internal=x/8'"));
+        assert!(err(&[("timeout", "0")]).contains("'timeout=0'"));
+        assert!(err(&[("addrs", "0")]).contains("'addrs=0'"));
+        assert!(err(&[("other", "maybe")]).contains("'other=maybe'"));
+        assert!(err(&[("external", "255.255.255.255"), ("addrs", "2")]).contains("overflow"));
+        assert!(err(&[("external", "10.1.1.1")]).contains("overlap"));
+        assert!(err(&[("external", "9.255.255.255"), ("addrs", "2")]).contains("overlap"));
+        assert!(err(&[("internal", "0.0.0.0/0")]).contains("overlap"));
+        assert!(err(&[("addrs", "256"), ("ports", "1-65535")]).contains("exceeds"));
+        // Registered under its chain-spec name; unknown parameters are refused.
+        assert!(crate::registry::build("nat", Params::new("nat", vec![])).is_ok());
+        let typo = crate::registry::build("nat", Params::new("nat", vec![("timout".into(), "5".into())]));
+        assert_eq!(typo.err().unwrap().0, "nat: unknown parameter 'timout'");
+    }
+}
