@@ -109,7 +109,7 @@ impl PacketPool {
         if cfg.buffers == 0
             || cfg.buffers > u32::MAX as usize
             || cfg.buf_size == 0
-            || cfg.buf_size % 64 != 0
+            || !cfg.buf_size.is_multiple_of(64)
             || cfg.buf_size > u16::MAX as usize
             || cfg.headroom >= cfg.buf_size
         {

@@ -1,0 +1,250 @@
+//! `ddos`: DDoS mitigator (SCR Table 1): counts packets per source IP (state
+//! shared between cores under RSS) over a tumbling window; once a source has
+//! sent more than `threshold` packets in the current window, the rest of
+//! its packets in that window are dropped. The next window starts from
+//! zero, so a persistent attacker gets at most `threshold` packets per
+//! window through.
+//!
+//! Windows are anchored at the source's first packet after the previous
+//! window ended. Dropped packets are counted too (they are still load). A
+//! clock stepping back a little (cores sharing the state) changes nothing;
+//! a jump back by more than a window (a restarted clock) re-anchors the
+//! window at the new time, keeping its count, so a blocked source stays
+//! blocked for at most one more window instead of until the clock catches up.
+//!
+//! Packets without a flow key, or without state because the table is full,
+//! pass (fail-open: the NF cannot tell them apart from ARP and other
+//! non-IP traffic) and are counted as `unparsed` in the report.
+
+use bytemuck::{Pod, Zeroable};
+use flowplane_wire::flow::FiveTuple;
+use serde_json::json;
+
+use crate::pkt::Pkt;
+use crate::stateful::{Action, Granularity, StatefulNf};
+use crate::{NfContext, ParamError, Params};
+
+/// Per-source counters.
+#[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct DdosState {
+    /// Start of the current window, ns.
+    pub window_start_ns: u64,
+    /// Packets in the current window (saturating).
+    pub count: u64,
+    /// Windows in which this source was blocked.
+    pub blocked_windows: u32,
+    /// 1 while the source is blocked (until its window ends).
+    pub blocked: u32,
+}
+
+/// The DDoS mitigator.
+#[derive(Debug)]
+pub struct Ddos {
+    window_ns: u64,
+    threshold: u64,
+    sources: u64,
+    blocked_sources: u64,
+    dropped: u64,
+    unparsed: u64,
+}
+
+impl Ddos {
+    /// `ddos(window=S, threshold=N)`: window in seconds (default 1), packets
+    /// allowed per source per window (default 10000).
+    pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
+        let window = p.u64_in("window", 1, 1, 86_400)?;
+        let threshold = p.u64_in("threshold", 10_000, 1, 1_000_000_000_000)?;
+        Ok(Ddos::new(window * 1_000_000_000, threshold))
+    }
+
+    /// A mitigator allowing `threshold` packets per source per `window_ns`.
+    pub fn new(window_ns: u64, threshold: u64) -> Self {
+        Ddos {
+            window_ns: window_ns.max(1),
+            threshold: threshold.max(1),
+            sources: 0,
+            blocked_sources: 0,
+            dropped: 0,
+            unparsed: 0,
+        }
+    }
+}
+
+impl StatefulNf for Ddos {
+    type State = DdosState;
+
+    fn name(&self) -> &'static str {
+        "ddos"
+    }
+
+    fn granularity(&self) -> Granularity {
+        Granularity::SrcIp
+    }
+
+    fn init(&mut self, _pkt: &Pkt<'_>, ctx: &NfContext) -> DdosState {
+        self.sources += 1;
+        DdosState { window_start_ns: ctx.now_ns, count: 0, blocked_windows: 0, blocked: 0 }
+    }
+
+    #[inline]
+    fn process(&mut self, _pkt: &mut Pkt<'_>, st: &mut DdosState, ctx: &NfContext) -> Action {
+        let now = ctx.now_ns;
+        if now >= st.window_start_ns {
+            if now - st.window_start_ns >= self.window_ns {
+                st.window_start_ns = now;
+                st.count = 0;
+                st.blocked = 0;
+            }
+        } else if st.window_start_ns - now > self.window_ns {
+            st.window_start_ns = now;
+        }
+        st.count = st.count.saturating_add(1);
+        if st.count > self.threshold {
+            if st.blocked == 0 {
+                st.blocked = 1;
+                st.blocked_windows = st.blocked_windows.saturating_add(1);
+                self.blocked_sources += 1;
+            }
+            self.dropped += 1;
+            return Action::Drop;
+        }
+        Action::Pass
+    }
+
+    fn on_unparsed(&mut self) -> Action {
+        self.unparsed += 1;
+        Action::Pass
+    }
+
+    fn report(&self) -> Option<serde_json::Value> {
+        Some(json!({
+            "window_ns": self.window_ns,
+            "threshold": self.threshold,
+            "sources_seen": self.sources,
+            "blocked_sources": self.blocked_sources,
+            "dropped": self.dropped,
+            "unparsed": self.unparsed,
+        }))
+    }
+
+    fn export_row(&self, key: &FiveTuple, st: &DdosState) -> Option<serde_json::Value> {
+        Some(json!({
+            "src": key.src_ip().to_string(),
+            "window_start_ns": st.window_start_ns,
+            "window_packets": st.count,
+            "blocked": st.blocked != 0,
+            "blocked_windows": st.blocked_windows,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pkt::tcp_flags;
+    use crate::testutil::{tcp4, udp4, Harness};
+
+    const S: u64 = 1_000_000_000;
+
+    fn params(pairs: &[(&str, &str)]) -> Params {
+        Params::new("ddos", pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect())
+    }
+
+    #[test]
+    fn flows_of_one_source_share_the_count() {
+        let mut h = Harness::new(Ddos::new(S, 3));
+        let frames = [
+            udp4([10, 0, 0, 1], [9, 9, 9, 9], 1000, 80),
+            udp4([10, 0, 0, 1], [9, 9, 9, 8], 1001, 53),
+            tcp4([10, 0, 0, 1], [9, 9, 9, 7], 1002, 443, tcp_flags::SYN, 0, 0),
+        ];
+        for f in &frames {
+            assert_eq!(h.run(f).1, Action::Pass);
+        }
+        assert_eq!(h.run(&frames[1]).1, Action::Drop, "4th packet of the source");
+        assert_eq!(h.run(&frames[2]).1, Action::Drop);
+        let other = udp4([10, 0, 0, 2], [9, 9, 9, 9], 1000, 80);
+        assert_eq!(h.run(&other).1, Action::Pass);
+        assert_eq!(h.states.len(), 2);
+        let r = h.nf.report().unwrap();
+        assert_eq!((r["blocked_sources"].as_u64(), r["dropped"].as_u64()), (Some(1), Some(2)));
+        let st = h.state_of(&frames[0]).unwrap();
+        assert_eq!((st.count, st.blocked, st.blocked_windows), (5, 1, 1));
+        let row = h.nf.export_row(&h.key_of(&frames[0]).unwrap(), &st).unwrap();
+        assert_eq!(row["src"], "10.0.0.1");
+        assert_eq!(row["blocked"], true);
+    }
+
+    #[test]
+    fn window_rollover_unblocks() {
+        let mut h = Harness::new(Ddos::new(S, 2));
+        let a = udp4([10, 0, 0, 1], [9, 9, 9, 9], 1000, 80);
+        h.now_ns = 10;
+        let acts: Vec<Action> = (0..3).map(|_| h.run(&a).1).collect();
+        assert_eq!(acts, vec![Action::Pass, Action::Pass, Action::Drop]);
+        h.now_ns = 10 + S - 1;
+        assert_eq!(h.run(&a).1, Action::Drop, "still inside the window");
+        h.now_ns = 10 + S;
+        let acts: Vec<Action> = (0..3).map(|_| h.run(&a).1).collect();
+        assert_eq!(acts, vec![Action::Pass, Action::Pass, Action::Drop]);
+        assert_eq!(h.state_of(&a).unwrap().blocked_windows, 2);
+        assert_eq!(h.nf.report().unwrap()["blocked_sources"], 2);
+    }
+
+    #[test]
+    fn clock_backwards() {
+        let mut h = Harness::new(Ddos::new(S, 1));
+        let a = udp4([10, 0, 0, 1], [9, 9, 9, 9], 1000, 80);
+        h.now_ns = 100 * S;
+        assert_eq!(h.run(&a).1, Action::Pass);
+        // A small step back: same window, still counted.
+        h.now_ns = 100 * S - 5;
+        assert_eq!(h.run(&a).1, Action::Drop);
+        assert_eq!(h.state_of(&a).unwrap().window_start_ns, 100 * S);
+        // A restarted clock: re-anchored, still blocked until that window ends.
+        h.now_ns = 0;
+        assert_eq!(h.run(&a).1, Action::Drop);
+        assert_eq!(h.state_of(&a).unwrap().window_start_ns, 0);
+        h.now_ns = S;
+        assert_eq!(h.run(&a).1, Action::Pass);
+    }
+
+    #[test]
+    fn count_saturates() {
+        let mut nf = Ddos::new(u64::MAX, u64::MAX);
+        let mut st = DdosState { window_start_ns: 0, count: u64::MAX - 1, blocked_windows: 0, blocked: 0 };
+        let mut f = udp4([10, 0, 0, 1], [9, 9, 9, 9], 1000, 80);
+        let m = crate::PktMeta::parse(&f);
+        let ctx = NfContext::default();
+        assert_eq!(nf.process(&mut Pkt::new(&mut f, &m), &mut st, &ctx), Action::Pass);
+        assert_eq!(nf.process(&mut Pkt::new(&mut f, &m), &mut st, &ctx), Action::Pass);
+        assert_eq!(st.count, u64::MAX);
+    }
+
+    #[test]
+    fn malformed_and_truncated_pass_and_are_counted() {
+        let mut h = Harness::new(Ddos::new(S, 1));
+        let a = udp4([10, 0, 0, 1], [9, 9, 9, 9], 1000, 80);
+        for cut in [0, 12, 14, 20, 33, 36] {
+            assert_eq!(h.run(&a[..cut]).1, Action::Pass, "cut at {cut}");
+        }
+        let mut v6ish = a.clone();
+        v6ish[14] = 0x65; // version 6 in an IPv4 ethertype
+        assert_eq!(h.run(&v6ish).1, Action::Pass);
+        assert!(h.states.is_empty());
+        assert_eq!(h.nf.report().unwrap()["unparsed"], 7);
+    }
+
+    #[test]
+    fn parameters_are_checked() {
+        let d = Ddos::from_params(&mut params(&[])).unwrap();
+        assert_eq!((d.window_ns, d.threshold), (S, 10_000));
+        let d = Ddos::from_params(&mut params(&[("window", "5"), ("threshold", "2k")])).unwrap();
+        assert_eq!((d.window_ns, d.threshold), (5 * S, 2000));
+        let e = Ddos::from_params(&mut params(&[("threshold", "0")])).unwrap_err();
+        assert!(e.0.contains("'threshold=0'"), "{e}");
+        let e = Ddos::from_params(&mut params(&[("window", "-1")])).unwrap_err();
+        assert!(e.0.contains("'window=-1'"), "{e}");
+    }
+}

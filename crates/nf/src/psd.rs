@@ -1,0 +1,395 @@
+//! `psd`: port-scan detector (FAJITA A.1). Per source IP (shared between
+//! cores under RSS) it estimates how many distinct destination ports the
+//! source probed in the current window; once the estimate reaches `ports`,
+//! the source is flagged for the rest of the window and its packets are
+//! dropped (`action=drop`) or passed and counted (`action=flag`).
+//!
+//! The distinct-port set is a fixed 512-bit bitmap of hashed ports (a
+//! linear-counting sketch), so the state is plain data of 80 bytes.
+//! Accuracy: two ports may hash to one bit, so the raw number of set bits
+//! undercounts; the constructor converts the threshold to a number of set
+//! bits with the linear-counting estimate `n = -m ln(1 - z/m)`, which
+//! corrects that on average. Consequences: a source never counts one port
+//! twice (re-visiting ports is free), the estimate is unbiased but noisy
+//! (a few ports either way near a threshold of 20, more for large
+//! thresholds; `ports` is capped at 1024 where the bitmap is still far from
+//! full), and sequential scans, whose ports the multiplicative hash spreads
+//! evenly, collide less than random ones and are caught slightly earlier.
+//!
+//! What counts as a probe: every UDP packet, and TCP packets without ACK
+//! (SYN, FIN, NULL and Xmas scans) unless `tcp=all`; this keeps a busy
+//! server, whose replies go to many client ports but all carry ACK, from
+//! looking like a scanner. Other protocols and non-first fragments carry no
+//! port: they are not counted but follow the source's verdict.
+//!
+//! Windows are tumbling, anchored at the source's first packet after the
+//! previous window ended. A clock stepping back a little (cores sharing the
+//! state) changes nothing; a jump back by more than a window (a restarted
+//! clock) re-anchors the window at the new time, keeping its evidence.
+
+use bytemuck::{Pod, Zeroable};
+use flowplane_wire::flow::FiveTuple;
+use serde_json::json;
+
+use crate::pkt::{proto, tcp_flags, Pkt};
+use crate::stateful::{Action, Granularity, StatefulNf};
+use crate::{NfContext, ParamError, Params};
+
+/// Bits in the per-source port sketch.
+pub const SKETCH_BITS: u32 = 512;
+const WORDS: usize = SKETCH_BITS as usize / 64;
+/// log2(SKETCH_BITS).
+const SKETCH_LOG2: u32 = 9;
+
+/// Per-source scan state.
+#[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct PsdState {
+    /// Start of the current window, ns.
+    pub window_start_ns: u64,
+    /// Bits set in `ports` (sketch occupancy).
+    pub bits_set: u32,
+    /// 1 once the source crossed the threshold in this window.
+    pub flagged: u32,
+    /// Hashed destination ports probed in this window.
+    pub ports: [u64; WORDS],
+}
+
+/// What happens to a flagged source's packets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PsdAction {
+    /// Drop them.
+    Drop,
+    /// Pass them, counted as flagged.
+    Flag,
+}
+
+/// The port-scan detector.
+#[derive(Debug)]
+pub struct Psd {
+    window_ns: u64,
+    ports: u64,
+    /// Set bits equivalent to `ports` distinct ports (linear counting).
+    bits_threshold: u32,
+    action: PsdAction,
+    tcp_all: bool,
+    sources: u64,
+    flagged_sources: u64,
+    flagged_packets: u64,
+    unparsed: u64,
+}
+
+/// Bit of the sketch for a port: multiplicative (Fibonacci) hashing, top 9 bits.
+#[inline(always)]
+fn port_bit(port: u16) -> u32 {
+    (port as u32).wrapping_mul(0x9E37_79B1) >> (32 - SKETCH_LOG2)
+}
+
+/// Smallest number of set bits whose linear-counting estimate reaches `n` ports.
+fn bits_for(n: u64) -> u32 {
+    let m = SKETCH_BITS as f64;
+    let z = m * (1.0 - (-(n as f64) / m).exp());
+    (z.ceil() as u32).clamp(1, SKETCH_BITS)
+}
+
+impl Psd {
+    /// `psd(window=S, ports=N, action=drop|flag, tcp=noack|all)`: window in
+    /// seconds (default 10), threshold in distinct destination ports (default 20).
+    pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
+        let window = p.u64_in("window", 10, 1, 86_400)?;
+        let ports = p.u64_in("ports", 20, 1, 1024)?;
+        let action = match p.string("action", "drop").as_str() {
+            "drop" => PsdAction::Drop,
+            "flag" => PsdAction::Flag,
+            other => {
+                return Err(ParamError(format!("psd: parameter 'action={other}' must be 'drop' or 'flag'")));
+            }
+        };
+        let tcp_all = match p.string("tcp", "noack").as_str() {
+            "noack" => false,
+            "all" => true,
+            other => return Err(ParamError(format!("psd: parameter 'tcp={other}' must be 'noack' or 'all'"))),
+        };
+        Ok(Psd::new(window * 1_000_000_000, ports, action, tcp_all))
+    }
+
+    /// A detector flagging `ports` distinct destination ports within `window_ns`.
+    pub fn new(window_ns: u64, ports: u64, action: PsdAction, tcp_all: bool) -> Self {
+        let ports = ports.clamp(1, 1024);
+        Psd {
+            window_ns: window_ns.max(1),
+            ports,
+            bits_threshold: bits_for(ports),
+            action,
+            tcp_all,
+            sources: 0,
+            flagged_sources: 0,
+            flagged_packets: 0,
+            unparsed: 0,
+        }
+    }
+
+    /// The destination port this packet probes, if it counts as a probe.
+    #[inline]
+    fn probed_port(&self, pkt: &Pkt<'_>) -> Option<u16> {
+        match pkt.proto() {
+            proto::UDP => pkt.dst_port(),
+            proto::TCP => {
+                let flags = pkt.tcp_flags()?;
+                if self.tcp_all || flags & tcp_flags::ACK == 0 {
+                    pkt.dst_port()
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        }
+    }
+}
+
+impl StatefulNf for Psd {
+    type State = PsdState;
+
+    fn name(&self) -> &'static str {
+        "psd"
+    }
+
+    fn granularity(&self) -> Granularity {
+        Granularity::SrcIp
+    }
+
+    fn init(&mut self, _pkt: &Pkt<'_>, ctx: &NfContext) -> PsdState {
+        self.sources += 1;
+        PsdState { window_start_ns: ctx.now_ns, bits_set: 0, flagged: 0, ports: [0; WORDS] }
+    }
+
+    #[inline]
+    fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut PsdState, ctx: &NfContext) -> Action {
+        let now = ctx.now_ns;
+        if now >= st.window_start_ns {
+            if now - st.window_start_ns >= self.window_ns {
+                *st = PsdState { window_start_ns: now, bits_set: 0, flagged: 0, ports: [0; WORDS] };
+            }
+        } else if st.window_start_ns - now > self.window_ns {
+            st.window_start_ns = now;
+        }
+        if let Some(port) = self.probed_port(pkt) {
+            let bit = port_bit(port);
+            // WORDS is a power of two: the mask keeps the index in bounds.
+            let word = &mut st.ports[(bit as usize / 64) & (WORDS - 1)];
+            let mask = 1u64 << (bit % 64);
+            if *word & mask == 0 {
+                *word |= mask;
+                st.bits_set += 1;
+                if st.flagged == 0 && st.bits_set >= self.bits_threshold {
+                    st.flagged = 1;
+                    self.flagged_sources += 1;
+                }
+            }
+        }
+        if st.flagged == 0 {
+            return Action::Pass;
+        }
+        self.flagged_packets += 1;
+        match self.action {
+            PsdAction::Drop => Action::Drop,
+            PsdAction::Flag => Action::Pass,
+        }
+    }
+
+    fn on_unparsed(&mut self) -> Action {
+        self.unparsed += 1;
+        Action::Pass
+    }
+
+    fn report(&self) -> Option<serde_json::Value> {
+        Some(json!({
+            "window_ns": self.window_ns,
+            "ports": self.ports,
+            "sketch_bits": SKETCH_BITS,
+            "bits_threshold": self.bits_threshold,
+            "action": match self.action { PsdAction::Drop => "drop", PsdAction::Flag => "flag" },
+            "sources_seen": self.sources,
+            "sources_flagged": self.flagged_sources,
+            "flagged_packets": self.flagged_packets,
+            "unparsed": self.unparsed,
+        }))
+    }
+
+    fn export_row(&self, key: &FiveTuple, st: &PsdState) -> Option<serde_json::Value> {
+        let m = SKETCH_BITS as f64;
+        let z = (st.bits_set as f64).min(m - 1.0);
+        Some(json!({
+            "src": key.src_ip().to_string(),
+            "window_start_ns": st.window_start_ns,
+            "ports_estimate": (-m * (1.0 - z / m).ln()).round() as u64,
+            "flagged": st.flagged != 0,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{ipv4_frame, tcp4, udp4, Harness};
+
+    const SRC: [u8; 4] = [10, 0, 0, 66];
+    const S: u64 = 1_000_000_000;
+
+    fn syn(dst: [u8; 4], sport: u16, dport: u16) -> Vec<u8> {
+        tcp4(SRC, dst, sport, dport, tcp_flags::SYN, 1, 0)
+    }
+
+    fn params(pairs: &[(&str, &str)]) -> Params {
+        Params::new("psd", pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect())
+    }
+
+    #[test]
+    fn threshold_bits_track_linear_counting() {
+        assert_eq!(bits_for(1), 1);
+        // Sub-linear: collisions are expected, so fewer bits than ports.
+        assert!((19..=20).contains(&bits_for(20)));
+        assert!(bits_for(1024) < SKETCH_BITS);
+        // Ports 1..=20 land on 20 distinct bits (Fibonacci hashing spreads runs).
+        let mut seen = std::collections::HashSet::new();
+        for p in 1..=20u16 {
+            seen.insert(port_bit(p));
+        }
+        assert_eq!(seen.len(), 20);
+        assert!((0..=u16::MAX).all(|p| port_bit(p) < SKETCH_BITS));
+    }
+
+    #[test]
+    fn scan_across_flows_of_one_source_is_flagged_and_dropped() {
+        let mut h = Harness::new(Psd::new(10 * S, 20, PsdAction::Drop, false));
+        let thr = bits_for(20) as u16;
+        // Each probe is a different 5-tuple; all share the source's state.
+        for p in 1..thr {
+            let dst = [9, 9, 9, (p % 3) as u8];
+            assert_eq!(h.run(&syn(dst, 40_000 + p, p)).1, Action::Pass, "port {p}");
+        }
+        // Re-probing known ports does not count.
+        for p in 1..thr {
+            assert_eq!(h.run(&syn([9, 9, 9, 9], 1, p)).1, Action::Pass);
+        }
+        assert_eq!(h.run(&syn([9, 9, 9, 9], 1, thr)).1, Action::Drop, "threshold reached");
+        // Everything from the source is now dropped, including UDP and known ports.
+        assert_eq!(h.run(&udp4(SRC, [1, 1, 1, 1], 5, 53)).1, Action::Drop);
+        // Another source is unaffected.
+        assert_eq!(h.run(&tcp4([10, 0, 0, 1], [9, 9, 9, 9], 1, 80, tcp_flags::SYN, 0, 0)).1, Action::Pass);
+        assert_eq!(h.states.len(), 2);
+        let r = h.nf.report().unwrap();
+        assert_eq!(r["sources_flagged"], 1);
+        assert_eq!(r["flagged_packets"], 2);
+        let st = h.state_of(&syn([1, 2, 3, 4], 1, 1)).unwrap();
+        let row = h.nf.export_row(&h.key_of(&syn([1, 2, 3, 4], 1, 1)).unwrap(), &st).unwrap();
+        assert_eq!(row["flagged"], true);
+        assert_eq!(row["src"], "10.0.0.66");
+        assert!((19..=21).contains(&row["ports_estimate"].as_u64().unwrap()), "{row}");
+    }
+
+    #[test]
+    fn window_rollover_forgets_and_unflags() {
+        let mut h = Harness::new(Psd::new(S, 3, PsdAction::Drop, false));
+        let thr = bits_for(3) as u16;
+        assert_eq!(thr, 3);
+        h.now_ns = 100;
+        h.run(&syn([9, 9, 9, 9], 1, 1));
+        h.run(&syn([9, 9, 9, 9], 1, 2));
+        // Third port arrives after the window: the count restarts.
+        h.now_ns = 100 + S;
+        assert_eq!(h.run(&syn([9, 9, 9, 9], 1, 3)).1, Action::Pass);
+        assert_eq!(h.state_of(&syn([9, 9, 9, 9], 1, 3)).unwrap().bits_set, 1);
+        h.run(&syn([9, 9, 9, 9], 1, 4));
+        assert_eq!(h.run(&syn([9, 9, 9, 9], 1, 5)).1, Action::Drop);
+        assert_eq!(h.run(&syn([9, 9, 9, 9], 1, 5)).1, Action::Drop, "flagged for the rest of the window");
+        h.now_ns = 100 + 2 * S;
+        assert_eq!(h.run(&syn([9, 9, 9, 9], 1, 5)).1, Action::Pass, "next window");
+    }
+
+    #[test]
+    fn clock_backwards() {
+        let mut h = Harness::new(Psd::new(S, 3, PsdAction::Drop, false));
+        h.now_ns = 50 * S;
+        h.run(&syn([9, 9, 9, 9], 1, 1));
+        // A small step back stays in the same window.
+        h.now_ns = 50 * S - 1000;
+        h.run(&syn([9, 9, 9, 9], 1, 2));
+        let st = h.state_of(&syn([9, 9, 9, 9], 1, 1)).unwrap();
+        assert_eq!((st.window_start_ns, st.bits_set), (50 * S, 2));
+        // A restarted clock re-anchors the window, keeping the evidence.
+        h.now_ns = 0;
+        assert_eq!(h.run(&syn([9, 9, 9, 9], 1, 3)).1, Action::Drop);
+        let st = h.state_of(&syn([9, 9, 9, 9], 1, 1)).unwrap();
+        assert_eq!((st.window_start_ns, st.bits_set, st.flagged), (0, 3, 1));
+        h.now_ns = S;
+        assert_eq!(h.run(&syn([9, 9, 9, 9], 1, 3)).1, Action::Pass, "re-anchored window ends on time");
+    }
+
+    #[test]
+    fn replies_with_ack_do_not_count_unless_tcp_all() {
+        let server = [10, 0, 0, 80];
+        let reply = |dport: u16| tcp4(server, [1, 1, 1, 1], 443, dport, tcp_flags::SYN | tcp_flags::ACK, 0, 1);
+        let mut h = Harness::new(Psd::new(S, 3, PsdAction::Drop, false));
+        for p in 0..100 {
+            assert_eq!(h.run(&reply(30_000 + p)).1, Action::Pass);
+        }
+        let mut p = params(&[("tcp", "all"), ("ports", "3"), ("window", "1")]);
+        let mut h = Harness::new(Psd::from_params(&mut p).unwrap());
+        assert!(p.finish().is_ok());
+        let acts: Vec<Action> = (0..3).map(|p| h.run(&reply(30_000 + p)).1).collect();
+        assert_eq!(acts, vec![Action::Pass, Action::Pass, Action::Drop]);
+    }
+
+    #[test]
+    fn flag_mode_passes_and_counts() {
+        let mut h = Harness::new(Psd::from_params(&mut params(&[("ports", "2"), ("action", "flag")])).unwrap());
+        let acts: Vec<Action> = (1..=4).map(|p| h.run(&udp4(SRC, [9, 9, 9, 9], 1, p)).1).collect();
+        assert_eq!(acts, vec![Action::Pass; 4]);
+        let r = h.nf.report().unwrap();
+        assert_eq!((r["sources_flagged"].as_u64(), r["flagged_packets"].as_u64()), (Some(1), Some(3)));
+    }
+
+    #[test]
+    fn portless_packets_follow_the_verdict_without_counting() {
+        let mut h = Harness::new(Psd::new(S, 2, PsdAction::Drop, false));
+        let gre = ipv4_frame(SRC, [9, 9, 9, 9], 47, &[0u8; 8]);
+        let icmp = ipv4_frame(SRC, [9, 9, 9, 9], 1, &[8, 0, 0, 0, 0, 1, 0, 1]);
+        assert_eq!(h.run(&gre).1, Action::Pass);
+        assert_eq!(h.run(&icmp).1, Action::Pass);
+        assert_eq!(h.state_of(&gre).unwrap().bits_set, 0, "no port, no probe");
+        h.run(&udp4(SRC, [9, 9, 9, 9], 1, 1));
+        assert_eq!(h.run(&udp4(SRC, [9, 9, 9, 9], 1, 2)).1, Action::Drop);
+        assert_eq!(h.run(&icmp).1, Action::Drop, "a flagged source's ICMP is dropped");
+        assert_eq!(h.run(&gre).1, Action::Drop);
+    }
+
+    #[test]
+    fn malformed_and_truncated_never_panic() {
+        let mut h = Harness::new(Psd::new(S, 1, PsdAction::Drop, true));
+        let f = syn([9, 9, 9, 9], 1, 22);
+        for cut in 0..f.len() {
+            let a = h.run(&f[..cut]).1;
+            // A frame cut inside the TCP header has no flags: not a probe.
+            assert!(a == Action::Pass || cut >= 34 + 14, "cut at {cut}: {a:?}");
+        }
+        assert!(h.nf.report().unwrap()["unparsed"].as_u64().unwrap() >= 34);
+        let mut bad = tcp4([10, 0, 0, 7], [9, 9, 9, 9], 1, 22, tcp_flags::SYN, 0, 0);
+        bad[14] = 0x4f; // IHL 15: options run past the frame
+        assert_eq!(h.run(&bad).1, Action::Pass);
+    }
+
+    #[test]
+    fn parameters_are_checked() {
+        let p = Psd::from_params(&mut params(&[])).unwrap();
+        assert_eq!((p.window_ns, p.ports, p.action, p.tcp_all), (10 * S, 20, PsdAction::Drop, false));
+        let e = Psd::from_params(&mut params(&[("action", "shout")])).unwrap_err();
+        assert_eq!(e.0, "psd: parameter 'action=shout' must be 'drop' or 'flag'");
+        let e = Psd::from_params(&mut params(&[("tcp", "x")])).unwrap_err();
+        assert!(e.0.contains("'tcp=x'"));
+        let e = Psd::from_params(&mut params(&[("ports", "5000")])).unwrap_err();
+        assert!(e.0.contains("out of range"));
+        let e = Psd::from_params(&mut params(&[("window", "0")])).unwrap_err();
+        assert!(e.0.contains("'window=0'"));
+    }
+}
