@@ -91,7 +91,8 @@ pub enum BenchCmd {
 pub fn run(a: BenchArgs) -> Result<(), CliError> {
     match a.which {
         BenchCmd::Io { flows, packets, size, seconds, batch, quick, json } => {
-            let opts = if quick { IoBenchOptions::quick() } else { IoBenchOptions { flows, packets, size, seconds, batch } };
+            let opts =
+                if quick { IoBenchOptions::quick() } else { IoBenchOptions { flows, packets, size, seconds, batch } };
             if !(opts.seconds.is_finite() && opts.seconds > 0.0) {
                 return Err(CliError::new(format!("--seconds {seconds}: must be positive")));
             }

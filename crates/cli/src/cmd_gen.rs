@@ -12,7 +12,7 @@ use flowplane_trace::gen::{self, FlowDist, GenConfig, Order, Pattern, Proto, Siz
 
 use crate::error::CliError;
 
-#[derive(clap::Args, Debug, Clone, Default)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct GenArgs {
     /// Output pcap file (nanosecond timestamps).
     #[arg(short = 'o', long = "output")]

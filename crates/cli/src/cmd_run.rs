@@ -8,11 +8,11 @@ use std::time::Duration;
 use clap::Parser;
 use flowplane_engine::exec::{ExecConfig, ExecKind};
 use flowplane_engine::load::{load_generated, load_trace, LoadStats};
-use flowplane_table::FullPolicy;
 use flowplane_engine::runner::Output;
 use flowplane_engine::{run, spec, RunConfig};
 use flowplane_io::cpu;
 use flowplane_scale::RssDispatcher;
+use flowplane_table::FullPolicy;
 use flowplane_trace::gen::Generator;
 use flowplane_trace::{PcapWriter, WriterOptions};
 
@@ -119,7 +119,11 @@ fn validate(a: &RunArgs) -> Result<(), CliError> {
         }
     }
     if a.batch == 0 || a.batch > flowplane_packet::MAX_BATCH {
-        return Err(CliError::new(format!("--batch {}: must be between 1 and {}", a.batch, flowplane_packet::MAX_BATCH)));
+        return Err(CliError::new(format!(
+            "--batch {}: must be between 1 and {}",
+            a.batch,
+            flowplane_packet::MAX_BATCH
+        )));
     }
     if let Some(d) = a.duration {
         if !(d.is_finite() && d > 0.0 && d <= 86_400.0) {
@@ -163,7 +167,9 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
     let dispatch = RssDispatcher::new(cores, a.symmetric_rss).map_err(CliError::new)?;
     let (trace, load): (_, LoadStats) = match &a.input {
         Some(path) => load_trace(path, &dispatch, None).map_err(CliError::new)?,
-        None => load_generated(parse_gen(a.gen.as_deref().unwrap_or(DEFAULT_GEN))?, &dispatch).map_err(CliError::new)?,
+        None => {
+            load_generated(parse_gen(a.gen.as_deref().unwrap_or(DEFAULT_GEN))?, &dispatch).map_err(CliError::new)?
+        }
     };
     if load.packets == 0 {
         return Err(CliError::new("the input holds no packet to replay"));
@@ -229,8 +235,9 @@ fn parse_exports(specs: &[String]) -> Result<Vec<(String, PathBuf)>, CliError> {
     specs
         .iter()
         .map(|s| {
-            let (nf, file) =
-                s.split_once('=').ok_or_else(|| CliError::new(format!("--export {s}: expected NF=FILE.csv or NF=FILE.json")))?;
+            let (nf, file) = s
+                .split_once('=')
+                .ok_or_else(|| CliError::new(format!("--export {s}: expected NF=FILE.csv or NF=FILE.json")))?;
             let path = PathBuf::from(file);
             match path.extension().and_then(|e| e.to_str()) {
                 Some("csv" | "json") => Ok((nf.to_string(), path)),
@@ -249,7 +256,8 @@ fn write_export(path: &std::path::Path, rows: &[serde_json::Value]) -> Result<()
         serde_json::to_writer_pretty(&mut w, rows)?;
         writeln!(w).map_err(io)?;
     } else {
-        let cols: Vec<String> = rows.first().and_then(|r| r.as_object()).map(|o| o.keys().cloned().collect()).unwrap_or_default();
+        let cols: Vec<String> =
+            rows.first().and_then(|r| r.as_object()).map(|o| o.keys().cloned().collect()).unwrap_or_default();
         writeln!(w, "{}", cols.join(",")).map_err(io)?;
         for r in rows {
             let line: Vec<String> = cols

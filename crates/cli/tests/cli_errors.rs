@@ -45,12 +45,21 @@ fn violation(args: &[&str], needle: &str) -> Option<String> {
     } else {
         return None;
     };
-    Some(format!("{problem}: flowplane {args:?} -> exit {:?}, stderr {err:?} (expected to mention {needle:?})", out.status.code()))
+    Some(format!(
+        "{problem}: flowplane {args:?} -> exit {:?}, stderr {err:?} (expected to mention {needle:?})",
+        out.status.code()
+    ))
 }
 
 fn check_all(cases: &[(Vec<&str>, &str)]) {
     let failures: Vec<String> = cases.iter().filter_map(|(args, needle)| violation(args, needle)).collect();
-    assert!(failures.is_empty(), "{} of {} cases break the error contract:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases break the error contract:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
 }
 
 /// `run --gen GEN --cores 1 --chain CHAIN`.
@@ -77,7 +86,7 @@ fn bad_chain_specs() {
         chain_case("", "chain"),
         chain_case("->", "->"),
         chain_case("lb -> fsc ->", "end"),
-        chain_case("l\u{e9}b -> fsc", "l\u{e9}b"),
+        chain_case("l\u{e9}b -> fsc", "\u{e9}b"),
     ]);
 }
 
@@ -119,7 +128,8 @@ fn bad_input_files() {
         input(&header_only_cut, "cut-header.pcap"),
         input(&a_dir, "a-directory"),
     ];
-    let cases: Vec<(Vec<&str>, &str)> = cases.iter().map(|(a, n)| (a.iter().map(String::as_str).collect(), *n)).collect();
+    let cases: Vec<(Vec<&str>, &str)> =
+        cases.iter().map(|(a, n)| (a.iter().map(String::as_str).collect(), *n)).collect();
     check_all(&cases);
 }
 
@@ -132,7 +142,8 @@ fn bad_options() {
     let export_no_ext = format!("fsc={}", s(&dir.join("flows.txt")));
     let export_missing_dir = format!("fsc={}", s(&dir.join("no-such-dir").join("f.csv")));
     let base = ["run", "--gen", GEN, "--chain", "lb -> fsc"];
-    let with = |extra: &[&'static str]| -> Vec<&'static str> { base.iter().copied().chain(extra.iter().copied()).collect() };
+    let with =
+        |extra: &[&'static str]| -> Vec<&'static str> { base.iter().copied().chain(extra.iter().copied()).collect() };
     let owned: Vec<(Vec<String>, &str)> = vec![
         (vec!["--output".into(), s(&out_in_missing_dir).into()], "out.pcap"),
         (vec!["--export".into(), export_unknown_nf, "--cores".into(), "1".into()], "nosuchnf"),
@@ -172,10 +183,8 @@ fn bad_options() {
         (vec!["bench", "pipeline", "--only", "nothing"], "--only"),
         (vec!["bench", "io", "--seconds=-1"], "--seconds"),
     ];
-    let owned_cases: Vec<(Vec<String>, &str)> = owned
-        .into_iter()
-        .map(|(extra, n)| (base.iter().map(|x| x.to_string()).chain(extra).collect(), n))
-        .collect();
+    let owned_cases: Vec<(Vec<String>, &str)> =
+        owned.into_iter().map(|(extra, n)| (base.iter().map(|x| x.to_string()).chain(extra).collect(), n)).collect();
     cases.extend(owned_cases.iter().map(|(a, n)| (a.iter().map(String::as_str).collect::<Vec<_>>(), *n)));
     check_all(&cases);
 }

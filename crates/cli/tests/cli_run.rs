@@ -38,8 +38,9 @@ fn run_json(args: &[&str]) -> Value {
     let out = run(args);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "flowplane {args:?} failed ({:?}): {err}", out.status.code());
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("stdout of {args:?} is not one JSON document ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("stdout of {args:?} is not one JSON document ({e}): {}", String::from_utf8_lossy(&out.stdout))
+    })
 }
 
 fn u(v: &Value, key: &str) -> u64 {
@@ -105,26 +106,29 @@ fn flow_rows(path: &Path) -> Vec<String> {
         .as_array()
         .expect("export is a JSON array")
         .iter()
-        .map(|r| format!("{} {} {} {} {} {} {}", r["proto"], r["src"], r["dst"], r["sport"], r["dport"], r["packets"], r["bytes"]))
+        .map(|r| {
+            format!(
+                "{} {} {} {} {} {} {}",
+                r["proto"], r["src"], r["dst"], r["sport"], r["dport"], r["packets"], r["bytes"]
+            )
+        })
         .collect();
     rows.sort();
     rows
 }
 
-#[test]
-fn every_executor_gives_the_same_counters_and_state() {
-    // burst=3 at 1 packet/s: each flow passes exactly its first 3 packets within a run this short,
-    // so the limiter's verdicts are deterministic and differ per flow.
-    let chain = "lb -> fsc -> ratelimit(pps=1, burst=3)";
-    let dir = tmpdir("execs");
-    let mut first: Option<(Vec<Value>, Value, Vec<String>)> = None;
+/// Runs `chain` on the same generated traffic under each executor, with fsc's table exported;
+/// asserts that the per-NF counters and the exported table agree, and returns batch's report and rows.
+fn executors_agree(chain: &str, gen: &str, tag: &str) -> (Value, Vec<String>) {
+    let dir = tmpdir(tag);
+    let mut first: Option<(Value, Vec<Value>, Value, Vec<String>)> = None;
     for exec in ["batch", "rtc", "pernf", "microbatch"] {
         let export = dir.join(format!("fsc-{exec}.json"));
         let export_arg = format!("fsc={}", s(&export));
         let r = run_json(&[
             "run",
             "--gen",
-            "--flows 500 --packets 10000 --seed 3",
+            gen,
             "--chain",
             chain,
             "--cores",
@@ -136,31 +140,94 @@ fn every_executor_gives_the_same_counters_and_state() {
             "--json",
         ]);
         assert_eq!(r["exec"], exec);
-        assert_eq!(u(&r, "packets"), 10_000);
-        check_nf_chain(&r, &["lb", "fsc", "ratelimit"]);
         let rows = flow_rows(&export);
-        assert_eq!(rows.len(), 500, "{exec}: one fsc row per flow");
-        let counted: u64 = rows.iter().map(|l| l.split(' ').nth(5).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0)).sum();
-        assert_eq!(counted, 10_000, "{exec}: fsc rows count every packet");
-        let passed: u64 =
-            rows.iter().map(|l| l.split(' ').nth(5).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0).min(3)).sum();
-        assert_eq!(u(nf(&r, "ratelimit"), "packets_out"), passed, "{exec}: 3 packets per flow pass");
         let counters: Vec<Value> = r["nfs"]
             .as_array()
             .expect("nfs")
             .iter()
             .map(|n| serde_json::json!([n["name"], n["packets_in"], n["packets_out"], n["dropped"], n["bytes_in"]]))
             .collect();
-        let table = serde_json::json!([r["tables"]["flows"], r["tables"]["table_full"], r["packets_out"]]);
+        // tables.flows is not compared: pernf keeps one table per stateful NF, so it counts each flow
+        // once per NF.
+        let table = serde_json::json!([r["tables"]["table_full"], r["packets_out"], r["dropped"]]);
         match &first {
-            None => first = Some((counters, table, rows)),
-            Some((c0, t0, rows0)) => {
-                assert_eq!(&counters, c0, "{exec}: per-NF counters differ from batch");
-                assert_eq!(&table, t0, "{exec}: table figures differ from batch");
-                assert!(&rows == rows0, "{exec}: exported fsc table differs from batch's");
+            None => first = Some((r, counters, table, rows)),
+            Some((_, c0, t0, rows0)) => {
+                assert_eq!(&counters, c0, "{chain}: {exec}: per-NF counters differ from batch");
+                assert_eq!(&table, t0, "{chain}: {exec}: table figures differ from batch");
+                assert!(
+                    &rows == rows0,
+                    "{chain}: {exec}: exported fsc table differs from batch's ({} rows vs {})",
+                    rows.len(),
+                    rows0.len()
+                );
             }
         }
     }
+    let (r, _, _, rows) = first.expect("four runs");
+    (r, rows)
+}
+
+/// The packets column of a [`flow_rows`] line.
+fn row_packets(line: &str) -> u64 {
+    line.split(' ').nth(5).and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("packets in {line:?}"))
+}
+
+#[test]
+fn every_executor_gives_the_same_counters_and_state() {
+    // burst=3 at 1 packet/s: each flow passes exactly its first 3 packets within a run this short,
+    // so the limiter's verdicts are deterministic and differ per flow.
+    let (r, rows) =
+        executors_agree("lb -> fsc -> ratelimit(pps=1, burst=3)", "--flows 500 --packets 10000 --seed 3", "execs");
+    assert_eq!(u(&r, "packets"), 10_000);
+    check_nf_chain(&r, &["lb", "fsc", "ratelimit"]);
+    assert_eq!(rows.len(), 500, "one fsc row per flow");
+    assert_eq!(rows.iter().map(|l| row_packets(l)).sum::<u64>(), 10_000, "fsc rows count every packet");
+    let passed: u64 = rows.iter().map(|l| row_packets(l).min(3)).sum();
+    assert_eq!(u(nf(&r, "ratelimit"), "packets_out"), passed, "3 packets per flow pass");
+}
+
+#[test]
+fn executors_agree_when_an_nf_upstream_of_fsc_drops_flows() {
+    // The ACL drops every flow to UDP port 53 before fsc: fsc never sees them, so it must not
+    // export them (whatever the executor's table layout).
+    let (r, rows) = executors_agree(
+        "acl(rule=drop:udp:any:any:any:53) -> fsc",
+        "--flows 500 --packets 10000 --seed 3",
+        "execs-acl",
+    );
+    check_nf_chain(&r, &["acl", "fsc"]);
+    assert!(u(nf(&r, "acl"), "dropped") > 0, "the generator makes flows to port 53");
+    assert_eq!(rows.iter().map(|l| row_packets(l)).sum::<u64>(), u(nf(&r, "fsc"), "packets_in"));
+    let unseen: Vec<&String> = rows.iter().filter(|l| row_packets(l) == 0).collect();
+    assert!(unseen.is_empty(), "{} fsc rows for flows fsc never saw, e.g. {:?}", unseen.len(), unseen.first());
+}
+
+#[test]
+fn exporting_one_nf_to_csv_and_json_writes_each_flow_once() {
+    let dir = tmpdir("twice");
+    let (csv, json) = (dir.join("f.csv"), dir.join("f.json"));
+    let (a, b) = (format!("fsc={}", s(&csv)), format!("fsc={}", s(&json)));
+    let r = run_json(&[
+        "run",
+        "--gen",
+        "--flows 50 --packets 1000",
+        "--chain",
+        "lb -> fsc",
+        "--cores",
+        "1",
+        "--export",
+        &a,
+        "--export",
+        &b,
+        "--json",
+    ]);
+    assert_eq!(u(&r["tables"], "flows"), 50);
+    let rows = flow_rows(&json);
+    assert_eq!(rows.len(), 50, "JSON export: one row per flow");
+    assert_eq!(rows.iter().map(|l| row_packets(l)).sum::<u64>(), 1000);
+    let text = std::fs::read_to_string(&csv).expect("csv");
+    assert_eq!(text.lines().count(), 51, "CSV export: header + one row per flow");
 }
 
 /// Reads `fields` of every packet of `pcap` with tshark's checksum validation on; `None` (test
@@ -177,6 +244,9 @@ fn tshark_fields(pcap: &Path, fields: &[&str]) -> Option<Vec<Vec<String>>> {
     let mut cmd = Command::new(TSHARK);
     cmd.args(["-n", "-r", s(pcap)])
         .args(["-o", "ip.check_checksum:TRUE", "-o", "tcp.check_checksum:TRUE", "-o", "udp.check_checksum:TRUE"])
+        // Payloads are synthetic: decode every port as raw data so that, e.g., a generated flow to
+        // port 53 or 123 is not reported as a malformed DNS/NTP message.
+        .args(["-d", "udp.port==0-65535,data", "-d", "tcp.port==0-65535,data"])
         .args(["-T", "fields", "-E", "separator=|", "-E", "occurrence=a", "-E", "aggregator=,"]);
     for f in fields {
         cmd.args(["-e", f]);
@@ -196,23 +266,36 @@ fn output_pcap_is_valid_for_tshark_and_rewritten_by_lb() {
         let r = run_json(&["run", "--gen", &gen, "--chain", CHAIN, "--cores", "1", "--output", s(&out), "--json"]);
         let sent = u(&r, "packets_out");
         assert_eq!(sent, 5000, "{proto}: nothing limited");
-        let fields = ["ip.dst", "ip.checksum.status", "udp.checksum.status", "tcp.checksum.status", "_ws.malformed", "_ws.expert.severity"];
+        let fields = [
+            "ip.dst",
+            "ip.checksum.status",
+            "udp.checksum.status",
+            "tcp.checksum.status",
+            "_ws.malformed",
+            "_ws.expert.severity",
+        ];
         let Some(rows) = tshark_fields(&out, &fields) else { return };
         assert_eq!(rows.len() as u64, sent, "{proto}: tshark's packet count");
         for (i, row) in rows.iter().enumerate() {
             assert_eq!(row.len(), fields.len(), "{proto}: packet {}: {row:?}", i + 1);
-            let dst: std::net::Ipv4Addr = row[0].parse().unwrap_or_else(|_| panic!("{proto}: packet {}: ip.dst {row:?}", i + 1));
+            let dst: std::net::Ipv4Addr =
+                row[0].parse().unwrap_or_else(|_| panic!("{proto}: packet {}: ip.dst {row:?}", i + 1));
             assert_eq!(dst.octets()[..3], [10, 10, 0], "{proto}: packet {}: dst not in the backend pool", i + 1);
-            // Wireshark's checksum status: 0 bad, 1 good, 2 unverified, 3 not present.
+            // Wireshark's checksum status: 0 bad, 1 good, 2 unverified, 3 not present; with validation on,
+            // every checksum must be present and good.
             let l4 = if proto == "udp" { &row[2] } else { &row[3] };
             for (what, st) in [("ip", &row[1]), (proto, l4)] {
-                assert!(st == "1" || st == "2", "{proto}: packet {}: {what} checksum status {st:?} in {row:?}", i + 1);
+                assert!(st == "1", "{proto}: packet {}: {what} checksum status {st:?} in {row:?}", i + 1);
             }
             assert!(row[4].is_empty(), "{proto}: packet {}: malformed: {row:?}", i + 1);
             // Expert severities: chat 0x200000 and note 0x400000 are fine (a SYN is "chat"); warning/error are not.
             for sev in row[5].split(',').filter(|x| !x.is_empty()) {
                 let v = sev.parse::<u64>().ok().or_else(|| u64::from_str_radix(sev.trim_start_matches("0x"), 16).ok());
-                assert!(v.is_some_and(|v| v < 0x0060_0000), "{proto}: packet {}: expert severity {sev} in {row:?}", i + 1);
+                assert!(
+                    v.is_some_and(|v| v < 0x0060_0000),
+                    "{proto}: packet {}: expert severity {sev} in {row:?}",
+                    i + 1
+                );
             }
         }
     }
@@ -390,7 +473,8 @@ fn nfs_lists_the_library_with_parameters() {
     let out = run(&["nfs"]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    let names: Vec<&str> = text.lines().filter(|l| !l.starts_with(' ')).filter_map(|l| l.split_whitespace().next()).collect();
+    let names: Vec<&str> =
+        text.lines().filter(|l| !l.starts_with(' ')).filter_map(|l| l.split_whitespace().next()).collect();
     for n in ["lb", "fsc", "ratelimit"] {
         assert!(names.contains(&n), "'{n}' not listed in:\n{text}");
     }

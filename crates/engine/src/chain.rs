@@ -72,7 +72,11 @@ impl Chain {
                 NfInstance::Stateful(n) => {
                     let max_align = if n.granularity() == Granularity::FiveTuple { 16 } else { 8 };
                     if n.state_align() > max_align {
-                        return Err(format!("{}: state alignment {} exceeds {max_align} bytes", n.name(), n.state_align()));
+                        return Err(format!(
+                            "{}: state alignment {} exceeds {max_align} bytes",
+                            n.name(),
+                            n.state_align()
+                        ));
                     }
                     Stage::Stateful { nf: n, offset: 0, group: None, member: 0, counters: NfCounters::default() }
                 }
@@ -111,7 +115,12 @@ impl Chain {
         for (g, bytes) in groups.iter_mut().zip(&group_bytes) {
             g.words = bytes.div_ceil(8).max(1);
             if g.words > MAX_GROUP_WORDS {
-                return Err(format!("the {} NFs of this chain need {} bytes of shared state (max {})", g.granularity.name(), bytes, MAX_GROUP_WORDS * 8));
+                return Err(format!(
+                    "the {} NFs of this chain need {} bytes of shared state (max {})",
+                    g.granularity.name(),
+                    bytes,
+                    MAX_GROUP_WORDS * 8
+                ));
             }
         }
         // The aggregated 5-tuple block: the auxiliary table's pinned handles to
@@ -121,9 +130,8 @@ impl Chain {
         for (i, g) in groups.iter_mut().enumerate() {
             g.aux_offset = 8 * i;
         }
-        let mut order: Vec<usize> = (0..stages.len())
-            .filter(|&i| matches!(stages[i], Stage::Stateful { group: None, .. }))
-            .collect();
+        let mut order: Vec<usize> =
+            (0..stages.len()).filter(|&i| matches!(stages[i], Stage::Stateful { group: None, .. })).collect();
         order.sort_by_key(|&i| match &stages[i] {
             Stage::Stateful { nf, .. } => nf.state_size(),
             Stage::Stateless(_) => 0,

@@ -40,7 +40,9 @@ pub fn coarse_key(g: Granularity, t: &FiveTuple) -> Option<u128> {
         Granularity::SrcIp => Some(ip(t.src_ip())),
         Granularity::DstIp => Some(ip(t.dst_ip())),
         Granularity::IpPair => match (t.src_ip(), t.dst_ip()) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => Some((1u128 << 64) | (u128::from(u32::from(s)) << 32) | u128::from(u32::from(d))),
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                Some((1u128 << 64) | (u128::from(u32::from(s)) << 32) | u128::from(u32::from(d)))
+            }
             _ => None,
         },
     }
@@ -93,15 +95,22 @@ const LOCK: u64 = 1;
 pub fn with_locked<R>(words: &[AtomicU64], f: impl FnOnce(&mut u64, &mut [u64]) -> R) -> Option<R> {
     let (head, rest) = words.split_first()?;
     let n = rest.len().min(MAX_GROUP_WORDS);
-    // Spin on a test-and-test-and-set lock: uncontended it is one CAS.
+    // Spin on a test-and-test-and-set lock: uncontended it is one CAS. The
+    // holder may be a preempted vCPU, so after a while yield instead of burning
+    // the rest of our time slice.
+    let mut spins = 0u32;
     loop {
         let cur = head.load(Ordering::Relaxed);
-        if cur & LOCK == 0
-            && head.compare_exchange_weak(cur, cur | LOCK, Ordering::Acquire, Ordering::Relaxed).is_ok()
+        if cur & LOCK == 0 && head.compare_exchange_weak(cur, cur | LOCK, Ordering::Acquire, Ordering::Relaxed).is_ok()
         {
             break;
         }
-        std::hint::spin_loop();
+        spins += 1;
+        if spins % 128 == 0 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
     }
     let mut buf = [0u64; MAX_GROUP_WORDS];
     for (b, w) in buf[..n].iter_mut().zip(rest) {
@@ -115,6 +124,25 @@ pub fn with_locked<R>(words: &[AtomicU64], f: impl FnOnce(&mut u64, &mut [u64]) 
     // Release: the state stores above are visible to the next locker.
     head.store(flags & !LOCK, Ordering::Release);
     Some(r)
+}
+
+/// A coarse key as the 5-tuple NFs' export rows expect it: the address(es)
+/// in place, everything else zero.
+pub fn key_tuple(g: Granularity, k: u128) -> Option<FiveTuple> {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+    let ip = |v: u128| {
+        let a = Ipv6Addr::from(v);
+        a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4)
+    };
+    let zero =
+        |a: IpAddr| if a.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(Ipv6Addr::UNSPECIFIED) };
+    let (s, d) = match g {
+        Granularity::FiveTuple => return None,
+        Granularity::SrcIp => (ip(k), zero(ip(k))),
+        Granularity::DstIp => (zero(ip(k)), ip(k)),
+        Granularity::IpPair => (IpAddr::V4(Ipv4Addr::from((k >> 32) as u32)), IpAddr::V4(Ipv4Addr::from(k as u32))),
+    };
+    FiveTuple::new(s, d, 0, 0, 0)
 }
 
 /// Bits of a handle for storage in a flow's aggregated block.
@@ -136,7 +164,8 @@ mod tests {
 
     #[test]
     fn keys() {
-        let t = FiveTuple::new(IpAddr::V4(Ipv4Addr::new(1, 2, 3, 4)), IpAddr::V4(Ipv4Addr::new(5, 6, 7, 8)), 1, 2, 17).unwrap();
+        let t = FiveTuple::new(IpAddr::V4(Ipv4Addr::new(1, 2, 3, 4)), IpAddr::V4(Ipv4Addr::new(5, 6, 7, 8)), 1, 2, 17)
+            .unwrap();
         let r = t.reversed();
         assert_eq!(coarse_key(Granularity::SrcIp, &t), coarse_key(Granularity::DstIp, &r));
         assert_ne!(coarse_key(Granularity::SrcIp, &t), coarse_key(Granularity::DstIp, &t));

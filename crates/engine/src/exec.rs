@@ -26,7 +26,9 @@ use flowplane_wire::hash::HashableKey;
 use serde::Serialize;
 
 use crate::chain::{Chain, Stage};
-use crate::coarse::{coarse_hash, coarse_key, handle_bits, handle_from, with_locked, GroupLayout, SharedStores};
+use crate::coarse::{
+    coarse_hash, coarse_key, handle_bits, handle_from, key_tuple, with_locked, GroupLayout, SharedStores,
+};
 use flowplane_table::shared::SharedHandle;
 
 /// Seed of the flow-table hash.
@@ -207,7 +209,11 @@ impl Executor {
     /// chains without coarse NFs).
     pub fn new(chain: Chain, cfg: ExecConfig, shared: SharedStores) -> Result<Self, String> {
         if shared.tables.len() != chain.groups.len() {
-            return Err(format!("the chain has {} coarse groups but {} shared tables were given", chain.groups.len(), shared.tables.len()));
+            return Err(format!(
+                "the chain has {} coarse groups but {} shared tables were given",
+                chain.groups.len(),
+                shared.tables.len()
+            ));
         }
         let timeout = Some(chain.idle_timeout_ns.unwrap_or(cfg.default_idle_timeout_ns));
         let store_cfg = |size: usize| StoreConfig {
@@ -332,7 +338,9 @@ impl Executor {
                 t => {
                     let h = hash_tuple(&t);
                     let data = batch.data_mut(i);
-                    let r = store.lookup_or_insert(&t, h, ctx.now_ns, |block| init_all(stages, None, aux, data, &meta, ctx, block));
+                    let r = store.lookup_or_insert(&t, h, ctx.now_ns, |block| {
+                        init_all(stages, None, aux, data, &meta, ctx, block)
+                    });
                     if let Some((slot, _)) = r {
                         scratch.slots[i] = slot;
                     }
@@ -342,7 +350,8 @@ impl Executor {
         let mut start = 0;
         while start < m {
             let end = (start + TABLE_BATCH).min(m);
-            let (keys, hashes, idx) = (&scratch.keys[start..end], &scratch.hashes[start..end], &scratch.idx[start..end]);
+            let (keys, hashes, idx) =
+                (&scratch.keys[start..end], &scratch.hashes[start..end], &scratch.idx[start..end]);
             let metas = &scratch.metas;
             let handles = &mut scratch.handles[..end - start];
             store.v4().lookup_or_insert_batch(keys, hashes, ctx.now_ns, handles, |j, block| {
@@ -370,7 +379,9 @@ impl Executor {
                 for i in 0..n {
                     let slot = self.scratch.slots[i];
                     hs[i] = match store.block(slot).get(layout.aux_offset..layout.aux_offset + 8) {
-                        Some(b) if slot != NO_SLOT => handle_from(u64::from_ne_bytes(b.try_into().unwrap_or([0xff; 8]))),
+                        Some(b) if slot != NO_SLOT => {
+                            handle_from(u64::from_ne_bytes(b.try_into().unwrap_or([0xff; 8])))
+                        }
                         _ => SharedHandle::NONE,
                     };
                 }
@@ -446,7 +457,16 @@ impl Executor {
                 Stage::Stateless(nf) => nf.process(batch, ctx),
                 Stage::Stateful { nf, offset, group: None, counters, .. } => {
                     let mut out = BatchOutcome::default();
-                    nf.process_batch(batch, &scratch.metas[..n], &scratch.slots[..n], store, *offset, ctx, ahead, &mut out);
+                    nf.process_batch(
+                        batch,
+                        &scratch.metas[..n],
+                        &scratch.slots[..n],
+                        store,
+                        *offset,
+                        ctx,
+                        ahead,
+                        &mut out,
+                    );
                     counters.merge(&out.counters);
                     for (e, o) in ends.iter_mut().zip(out.end) {
                         *e |= o;
@@ -456,7 +476,8 @@ impl Executor {
                     let t = &shared.tables[*g];
                     for i in 0..n {
                         let h = coarse[*g][i];
-                        let a = coarse_one(nf.as_mut(), *member, *offset, t, h, batch, i, &scratch.metas[i], ctx, counters);
+                        let a =
+                            coarse_one(nf.as_mut(), *member, *offset, t, h, batch, i, &scratch.metas[i], ctx, counters);
                         if let Some(a) = a {
                             apply_action(batch, i, a, counters);
                         }
@@ -490,8 +511,8 @@ impl Executor {
             if meta.valid {
                 let h = hash_tuple(&meta.tuple);
                 let data = batch.data_mut(i);
-                if let Some((s, _)) =
-                    store.lookup_or_insert(&meta.tuple, h, ctx.now_ns, |b| init_all(stages, None, aux, data, &meta, ctx, b))
+                if let Some((s, _)) = store
+                    .lookup_or_insert(&meta.tuple, h, ctx.now_ns, |b| init_all(stages, None, aux, data, &meta, ctx, b))
                 {
                     slot = s;
                 }
@@ -532,9 +553,9 @@ impl Executor {
                         let h = hash_tuple(&meta.tuple);
                         let data = batch.data_mut(i);
                         let st = &mut *stages;
-                        if let Some((slot, _)) =
-                            store.lookup_or_insert(&meta.tuple, h, ctx.now_ns, |b| init_all(st, None, auxr, data, &meta, ctx, b))
-                        {
+                        if let Some((slot, _)) = store.lookup_or_insert(&meta.tuple, h, ctx.now_ns, |b| {
+                            init_all(st, None, auxr, data, &meta, ctx, b)
+                        }) {
                             scratch.slots[i] = slot;
                         }
                     }
@@ -549,17 +570,27 @@ impl Executor {
                         let layout = &groups[g];
                         let (h, pinned) = if aux_on {
                             let b = store.block(slot).get(layout.aux_offset..layout.aux_offset + 8);
-                            (b.map_or(SharedHandle::NONE, |b| handle_from(u64::from_ne_bytes(b.try_into().unwrap_or([0xff; 8])))), false)
+                            (
+                                b.map_or(SharedHandle::NONE, |b| {
+                                    handle_from(u64::from_ne_bytes(b.try_into().unwrap_or([0xff; 8])))
+                                }),
+                                false,
+                            )
                         } else {
                             match meta.valid.then(|| coarse_key(layout.granularity, &meta.tuple)).flatten() {
                                 Some(k) => {
                                     *shared_lookups += 1;
-                                    (t.acquire(&k, coarse_hash(k), ctx.now_ns, |_, _| {}).map_or(SharedHandle::NONE, |(h, _)| h), true)
+                                    (
+                                        t.acquire(&k, coarse_hash(k), ctx.now_ns, |_, _| {})
+                                            .map_or(SharedHandle::NONE, |(h, _)| h),
+                                        true,
+                                    )
                                 }
                                 None => (SharedHandle::NONE, false),
                             }
                         };
-                        if let Some(a) = coarse_one(nf.as_mut(), *member, *offset, t, h, batch, i, &meta, ctx, counters) {
+                        if let Some(a) = coarse_one(nf.as_mut(), *member, *offset, t, h, batch, i, &meta, ctx, counters)
+                        {
                             apply_action(batch, i, a, counters);
                         }
                         if pinned && h.is_some() {
@@ -616,7 +647,9 @@ impl Executor {
                     let t = &shared.tables[*g];
                     for i in 0..n {
                         let h = coarse[*g][i];
-                        if let Some(a) = coarse_one(nf.as_mut(), *member, *offset, t, h, batch, i, &scratch.metas[i], ctx, counters) {
+                        if let Some(a) =
+                            coarse_one(nf.as_mut(), *member, *offset, t, h, batch, i, &scratch.metas[i], ctx, counters)
+                        {
                             apply_action(batch, i, a, counters);
                         }
                     }
@@ -645,7 +678,9 @@ impl Executor {
                         let h = hash_tuple(&t);
                         let data = batch.data_mut(i);
                         let stage = &mut chain.stages[si];
-                        if let Some((slot, _)) = store.lookup_or_insert(&t, h, ctx.now_ns, |b| init_one(stage, data, &meta, ctx, b)) {
+                        if let Some((slot, _)) =
+                            store.lookup_or_insert(&t, h, ctx.now_ns, |b| init_one(stage, data, &meta, ctx, b))
+                        {
                             slots[i] = slot;
                         }
                     }
@@ -658,10 +693,16 @@ impl Executor {
                 let metas = &scratch.metas;
                 let stage = &mut chain.stages[si];
                 let handles = &mut scratch.handles[..end - start];
-                store.v4().lookup_or_insert_batch(&scratch.keys[start..end], &scratch.hashes[start..end], ctx.now_ns, handles, |j, b| {
-                    let i = idx[j] as usize;
-                    init_one(stage, batch.data_mut(i), &metas[i], ctx, b)
-                });
+                store.v4().lookup_or_insert_batch(
+                    &scratch.keys[start..end],
+                    &scratch.hashes[start..end],
+                    ctx.now_ns,
+                    handles,
+                    |j, b| {
+                        let i = idx[j] as usize;
+                        init_one(stage, batch.data_mut(i), &metas[i], ctx, b)
+                    },
+                );
                 for (j, &h) in handles.iter().enumerate() {
                     slots[idx[j] as usize] = if h == INVALID_HANDLE { NO_SLOT } else { h };
                 }
@@ -692,7 +733,12 @@ impl Executor {
 
     /// Table figures (summed over the executor's stores).
     pub fn store_report(&self) -> StoreReport {
-        let mut r = StoreReport { ended: self.ended, unparsed: self.unparsed, shared_lookups: self.shared_lookups, ..Default::default() };
+        let mut r = StoreReport {
+            ended: self.ended,
+            unparsed: self.unparsed,
+            shared_lookups: self.shared_lookups,
+            ..Default::default()
+        };
         for s in &self.stores {
             let st: TableStats = s.stats();
             r.flows += s.len() as u64;
@@ -705,25 +751,52 @@ impl Executor {
         r
     }
 
-    /// Export rows of NF `name` (one JSON object per live flow), if it exports state.
-    pub fn export(&self, name: &str) -> Option<Vec<serde_json::Value>> {
+    /// Export rows of NF `name` (one JSON object per flow or per coarse key),
+    /// if it exports state. Coarse state is shared by all cores: export it
+    /// from one core only (`include_shared`).
+    pub fn export(&self, name: &str, include_shared: bool) -> Option<Vec<serde_json::Value>> {
         let mut k = 0;
         for s in &self.chain.stages {
-            if let Stage::Stateful { nf, offset, .. } = s {
-                if nf.name() == name {
-                    let (store, off) =
-                        if self.cfg.kind == ExecKind::PerNf { (self.stores.get(k)?, 0) } else { (self.stores.first()?, *offset) };
-                    let sz = nf.state_size();
-                    let mut rows = Vec::new();
-                    store.for_each(|key, block| {
-                        if let Some(r) = nf.export_row_bytes(key, &block[off..off + sz]) {
-                            rows.push(r);
-                        }
-                    });
+            let Stage::Stateful { nf, offset, group, member, .. } = s else { continue };
+            if nf.name() != name {
+                if group.is_none() {
+                    k += 1;
+                }
+                continue;
+            }
+            let sz = nf.state_size();
+            let mut rows = Vec::new();
+            if let Some(g) = *group {
+                if !include_shared {
                     return Some(rows);
                 }
-                k += 1;
+                let gran = self.chain.groups[g].granularity;
+                let bit = 2u64 << member;
+                self.shared.tables[g].for_each(|_, key, words| {
+                    let _ = with_locked(words, |flags, buf| {
+                        let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+                        if *flags & bit != 0 {
+                            if let (Some(t), Some(st)) = (key_tuple(gran, *key), bytes.get(*offset..*offset + sz)) {
+                                if let Some(r) = nf.export_row_bytes(&t, st) {
+                                    rows.push(r);
+                                }
+                            }
+                        }
+                    });
+                });
+                return Some(rows);
             }
+            let (store, off) = if self.cfg.kind == ExecKind::PerNf {
+                (self.stores.get(k)?, 0)
+            } else {
+                (self.stores.first()?, *offset)
+            };
+            store.for_each(|key, block| {
+                if let Some(r) = block.get(off..off + sz).and_then(|b| nf.export_row_bytes(key, b)) {
+                    rows.push(r);
+                }
+            });
+            return Some(rows);
         }
         None
     }
@@ -764,7 +837,9 @@ fn init_all(
     if let Some(aux) = aux {
         for (g, layout) in aux.groups.iter().enumerate() {
             let h = match coarse_key(layout.granularity, &meta.tuple) {
-                Some(k) => aux.shared.tables[g].acquire(&k, coarse_hash(k), aux.now, |_, _| {}).map_or(SharedHandle::NONE, |(h, _)| h),
+                Some(k) => aux.shared.tables[g]
+                    .acquire(&k, coarse_hash(k), aux.now, |_, _| {})
+                    .map_or(SharedHandle::NONE, |(h, _)| h),
                 None => SharedHandle::NONE,
             };
             if let Some(dst) = block.get_mut(layout.aux_offset..layout.aux_offset + 8) {
@@ -869,7 +944,13 @@ fn release_all(stages: &mut [Stage], pernf: Option<usize>, aux: Option<&Aux<'_>>
 }
 
 /// Releases and removes one flow.
-fn remove_flow(stages: &mut [Stage], store: &mut FlowStore, pernf: Option<usize>, aux: Option<&Aux<'_>>, slot: u32) -> bool {
+fn remove_flow(
+    stages: &mut [Stage],
+    store: &mut FlowStore,
+    pernf: Option<usize>,
+    aux: Option<&Aux<'_>>,
+    slot: u32,
+) -> bool {
     // A slot already removed (a second end request in the same batch) has no key.
     let Some(key) = store.key(slot) else { return false };
     release_all(stages, pernf, aux, &key, store.block(slot));
@@ -901,4 +982,3 @@ fn end_flows(
     }
     removed
 }
-

@@ -64,7 +64,11 @@ impl<'a> Loader<'a> {
 
 /// Loads a pcap/pcapng file (any supported link type, presented as Ethernet).
 /// `limit` caps the number of packets read.
-pub fn load_trace(path: &Path, dispatch: &dyn Dispatch, limit: Option<u64>) -> Result<(Arc<ReplayTrace>, LoadStats), String> {
+pub fn load_trace(
+    path: &Path,
+    dispatch: &dyn Dispatch,
+    limit: Option<u64>,
+) -> Result<(Arc<ReplayTrace>, LoadStats), String> {
     let mut reader = TraceReader::open(path).map_err(|e| e.to_string())?;
     let mut loader = Loader::new(dispatch);
     if let Ok(meta) = std::fs::metadata(path) {

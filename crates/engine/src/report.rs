@@ -185,7 +185,11 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "chain        {}", self.chain)?;
         writeln!(f, "executor     {} on {} core(s)", self.exec, self.cores)?;
-        writeln!(f, "packets      {} in, {} out, {} dropped, {} tx errors", self.packets, self.packets_out, self.dropped, self.tx_errors)?;
+        writeln!(
+            f,
+            "packets      {} in, {} out, {} dropped, {} tx errors",
+            self.packets, self.packets_out, self.dropped, self.tx_errors
+        )?;
         writeln!(f, "throughput   {:.2} Mpps, {:.2} Gbit/s", self.mpps, self.gbps)?;
         writeln!(f, "cycles/pkt   {:.1} (TSC {:.2} GHz)", self.cycles_per_packet, self.tsc_ghz)?;
         writeln!(f, "duration     {:.3} s", self.duration_s)?;
@@ -195,7 +199,11 @@ impl fmt::Display for Report {
             self.latency.p50_ns, self.latency.p99_ns, self.latency.p999_ns, self.latency.batches
         )?;
         for c in &self.per_core {
-            writeln!(f, "core {:<7} {} packets, {:.2} Mpps, {:.1} cycles/pkt", c.core, c.packets, c.mpps, c.cycles_per_packet)?;
+            writeln!(
+                f,
+                "core {:<7} {} packets, {:.2} Mpps, {:.1} cycles/pkt",
+                c.core, c.packets, c.mpps, c.cycles_per_packet
+            )?;
         }
         let t = &self.tables;
         if t.capacity > 0 {
@@ -207,7 +215,11 @@ impl fmt::Display for Report {
         }
         writeln!(f, "{:<14} {:>12} {:>12} {:>12}", "nf", "in", "out", "dropped")?;
         for n in &self.nfs {
-            writeln!(f, "{:<14} {:>12} {:>12} {:>12}", n.name, n.counters.packets_in, n.counters.packets_out, n.counters.dropped)?;
+            writeln!(
+                f,
+                "{:<14} {:>12} {:>12} {:>12}",
+                n.name, n.counters.packets_in, n.counters.packets_out, n.counters.dropped
+            )?;
         }
         Ok(())
     }

@@ -106,7 +106,8 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
     };
     let hz = tsc::hz();
     let stop = AtomicBool::new(false);
-    let epoch_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let epoch_ns =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let start_tsc = tsc::rdtsc();
     let wall = Instant::now();
     let results: Vec<Result<WorkerResult, RunError>> = std::thread::scope(|s| {
@@ -124,9 +125,11 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
                         if cfg.pin {
                             cpu::pin_current_thread(core);
                         }
-                        let mut pool =
-                            PacketPool::new(PoolConfig { buffers: cfg.pool_buffers.max(2 * MAX_BATCH), ..PoolConfig::default() })
-                                .map_err(|e| RunError(e.to_string()))?;
+                        let mut pool = PacketPool::new(PoolConfig {
+                            buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
+                            ..PoolConfig::default()
+                        })
+                        .map_err(|e| RunError(e.to_string()))?;
                         let rcfg = ReplayConfig {
                             loops: cfg.loops,
                             max_packets: None,
@@ -139,10 +142,18 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
                             Output::Discard => Box::new(Discard),
                             Output::Pcap(w) => Box::new(PcapSink::new(w, start_tsc, epoch_ns, hz)),
                         };
-                        let mut res =
-                            run_worker(core, &mut pool, &mut source, &mut exec, sink.as_mut(), cfg.batch_size, stop, start_tsc);
+                        let mut res = run_worker(
+                            core,
+                            &mut pool,
+                            &mut source,
+                            &mut exec,
+                            sink.as_mut(),
+                            cfg.batch_size,
+                            stop,
+                            start_tsc,
+                        );
                         for name in &cfg.export {
-                            if let Some(rows) = exec.export(name) {
+                            if let Some(rows) = exec.export(name, core == 0) {
                                 res.exports.push((name.clone(), rows));
                             }
                         }

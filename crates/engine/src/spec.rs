@@ -115,10 +115,8 @@ impl<'a> Lexer<'a> {
     fn value(&mut self, key: &str) -> Result<String, SpecError> {
         self.skip_ws();
         let rest = &self.s[self.pos..];
-        let end = rest
-            .char_indices()
-            .find(|&(_, c)| c.is_whitespace() || "(),=".contains(c))
-            .map_or(rest.len(), |(i, _)| i);
+        let end =
+            rest.char_indices().find(|&(_, c)| c.is_whitespace() || "(),=".contains(c)).map_or(rest.len(), |(i, _)| i);
         if end == 0 {
             let found = self.describe_next();
             return self.err(format!("expected a value for '{key}', found {found}"));

@@ -46,7 +46,7 @@ fn run(chain: &str, kind: ExecKind, aux: bool) -> Outcome {
         batch.free_all(&mut pool).unwrap();
     }
     let counters = exec.nf_results().into_iter().map(|(n, c, _)| (n, c)).collect();
-    let export = exec.export("fsc").map(|rows| {
+    let export = exec.export("fsc", true).map(|rows| {
         let mut v: Vec<String> = rows.iter().map(|r| r.to_string()).collect();
         v.sort();
         v

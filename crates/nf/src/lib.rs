@@ -9,16 +9,26 @@
 //!
 //! NFs are created by name from a chain spec through the [`registry`].
 
+pub mod acl;
 pub mod count;
+pub mod ddos;
 pub mod forward;
 pub mod fsc;
+pub mod fw;
+pub mod hh;
 pub mod lb;
+pub mod nat;
 pub mod params;
 pub mod pkt;
+pub mod policer;
+pub mod portknock;
+pub mod psd;
 pub mod ratelimit;
 pub mod registry;
+pub mod srcctr;
 pub mod stateful;
 pub mod store;
+pub mod synthetic;
 pub mod testutil;
 // @@ add NF modules above this line @@
 

@@ -1,12 +1,19 @@
 //! The NF registry: chain-spec names -> constructors, with parameter docs
 //! for `flowplane nfs`. Adding an NF = one file + one entry here.
 
+use crate::acl::Acl;
 use crate::count::Count;
+use crate::ddos::Ddos;
 use crate::forward::Forward;
 use crate::fsc::Fsc;
+use crate::hh::Hh;
 use crate::lb::Lb;
+use crate::policer::Policer;
+use crate::psd::Psd;
 use crate::ratelimit::RateLimit;
+use crate::srcctr::SrcCtr;
 use crate::stateful::DynStateful;
+use crate::synthetic::Synthetic;
 use crate::{Nf, ParamError, Params};
 
 /// A built NF: a stateless batch element or a stateful NF the executor drives.
@@ -78,6 +85,105 @@ pub static NFS: &[NfKind] = &[
         about: "flow rate limiter: token bucket per 5-tuple",
         params: &[("pps", "tokens per second per flow (default 1000)"), ("burst", "bucket depth (default pps)")],
         build: |p| Ok(stateful(RateLimit::from_params(p)?)),
+    },
+    NfKind {
+        name: "acl",
+        about: "stateful ACL: ordered rules (proto, v4/v6 prefixes, port ranges), first match wins, verdict cached per flow",
+        params: &[
+            ("rules", "rule file: 'allow|drop [proto tcp|udp|icmp|any|N] [src CIDR] [dst CIDR] [sport N[-M]] [dport N[-M]]' per line, # comments (default none)"),
+            ("rule", "inline rules 'action:proto:src:dst:sport:dport' (trailing fields optional, any = wildcard, IPv6 as [2001:db8::]/32) separated by ';', after the file's (default none)"),
+            ("default", "verdict when no rule matches, and for non-IP packets: allow|drop (default allow)"),
+        ],
+        build: |p| Ok(stateful(Acl::from_params(p)?)),
+    },
+    NfKind {
+        name: "synthetic",
+        about: "synthetic NF with k dependent indirect memory accesses per packet (FAJITA Fig. 3/17); prefetch hook loads the first",
+        params: &[
+            ("k", "indirect accesses per packet, 0..=16 (default 1)"),
+            ("mem", "bytes of the private pointer-chasing array per instance (default 268435456 = 256 MiB)"),
+            ("seed", "seed of the random permutation and flow starts (default 1)"),
+        ],
+        build: |p| Ok(stateful(Synthetic::from_params(p)?)),
+    },
+    NfKind {
+        name: "hh",
+        about: "heavy-hitter monitor: bytes/packets per 5-tuple, reports the top-k flows (exportable)",
+        params: &[
+            ("k", "flows in the top-k summary, 1..=1024 (default 10)"),
+            ("threshold", "bytes above which a flow is flagged heavy (default none)"),
+        ],
+        build: |p| Ok(stateful(Hh::from_params(p)?)),
+    },
+    NfKind {
+        name: "nat",
+        about: "source NAT with a port pool per external address, both directions, port release on expiry",
+        params: &[
+            ("external", "first external IPv4 address (default 203.0.113.1)"),
+            ("addrs", "number of consecutive external addresses, 1..256 (default 1)"),
+            ("ports", "port range per address and protocol, LO-HI (default 1024-65535)"),
+            ("internal", "inside source prefix (default 10.0.0.0/8)"),
+            ("timeout", "idle timeout in seconds (default 30)"),
+            ("other", "non-TCP/UDP traffic from inside or to an external address: pass|drop (default pass)"),
+        ],
+        build: |p| Ok(stateful(crate::nat::Nat::from_params(p)?)),
+    },
+    NfKind {
+        name: "srcctr",
+        about: "source-IP statistics counter: packets, bytes, first/last seen per source IP (exportable)",
+        params: &[],
+        build: |p| Ok(stateful(SrcCtr::from_params(p)?)),
+    },
+    NfKind {
+        name: "policer",
+        about: "policer: token bucket per destination IP limiting each server's download rate",
+        params: &[
+            ("rate", "bytes/s per destination, packets/s with pps=true (default 125M = 1 Gbit/s)"),
+            ("burst", "bucket depth in bytes, packets with pps=true (default rate)"),
+            ("pps", "count packets instead of bytes (default false)"),
+        ],
+        build: |p| Ok(stateful(Policer::from_params(p)?)),
+    },
+    NfKind {
+        name: "psd",
+        about: "port-scan detector: distinct destination ports per source IP over a window (512-bit sketch)",
+        params: &[
+            ("window", "window in seconds (default 10)"),
+            ("ports", "distinct ports in a window that flag a source, 1..1024 (default 20)"),
+            ("action", "drop|flag: drop a flagged source's packets or pass and count them (default drop)"),
+            ("tcp", "noack|all: TCP packets that count as probes (default noack: no ACK flag)"),
+        ],
+        build: |p| Ok(stateful(Psd::from_params(p)?)),
+    },
+    NfKind {
+        name: "ddos",
+        about: "DDoS mitigator: packets per source IP per window, drop the source over the threshold",
+        params: &[
+            ("window", "window in seconds (default 1)"),
+            ("threshold", "packets allowed per source per window (default 10000)"),
+        ],
+        build: |p| Ok(stateful(Ddos::from_params(p)?)),
+    },
+    NfKind {
+        name: "fw",
+        about: "stateful firewall: TCP connection tracking (handshake, seq/ack windows, FIN/RST teardown), related UDP/ICMP",
+        params: &[
+            ("allow_new", "who may open connections: inside|any (default inside)"),
+            ("inside", "inside prefix, IPv4 or IPv6 (default 10.0.0.0/8)"),
+            ("timeout", "idle timeout in seconds (default 300)"),
+            ("conns", "connection table capacity per core (default 1048576)"),
+        ],
+        build: |p| Ok(stateful(crate::fw::Fw::from_params(p)?)),
+    },
+    NfKind {
+        name: "portknock",
+        about: "port-knocking firewall (SCR App. C): per source IP, the protected TCP port opens after the knock sequence",
+        params: &[
+            ("knock", "knock sequence of 1..8 TCP ports, P1-P2-... (default 1111-2222-3333)"),
+            ("protect", "protected TCP port (default 22)"),
+            ("timeout", "idle timeout of a source's state in seconds, 0 = chain default (default 0)"),
+        ],
+        build: |p| Ok(stateful(crate::portknock::PortKnock::from_params(p)?)),
     },
     // @@ add NF entries above this line @@
 ];

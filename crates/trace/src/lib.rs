@@ -1,1 +1,20 @@
-//! flowplane trace
+//! flowplane-trace: trace files (pcap/pcapng), traffic generation, trace statistics and tools.
+//!
+//! Trace file I/O: [`TraceReader`] streams pcap (microsecond or nanosecond, either byte order) and pcapng files with
+//! constant memory, [`PcapWriter`] writes pcap, and [`to_ethernet`] presents raw-IP and Linux cooked captures as
+//! Ethernet frames.
+
+pub mod error;
+pub mod gen;
+pub mod linktype;
+pub mod pcap;
+pub mod pcapng;
+pub mod reader;
+pub mod stats;
+pub mod tools;
+pub mod writer;
+
+pub use error::{TraceError, TraceErrorKind};
+pub use linktype::{to_ethernet, LinkType};
+pub use reader::{fuzz_read_all, PacketRef, TraceFormat, TraceReader};
+pub use writer::{PcapWriter, WriterOptions};

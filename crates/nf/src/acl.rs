@@ -1,0 +1,604 @@
+//! `acl`: stateful access control list (FAJITA A.1). Ordered rules match on
+//! protocol, source/destination prefixes (IPv4 or IPv6 CIDR) and
+//! source/destination port ranges; the first matching rule decides
+//! allow/drop, the `default` parameter decides when none matches.
+//!
+//! The rules are evaluated once per flow, by the add-on-miss default action;
+//! the flow's state is a single integer (the matched rule and its verdict),
+//! so every later packet costs one state read. This module owns the rule
+//! language (file and inline forms), rule evaluation and per-rule counters.
+//!
+//! Rule file (`rules=FILE`), one rule per line, `#` starts a comment:
+//! `allow|drop [proto tcp|udp|icmp|any|N] [src CIDR|any] [dst CIDR|any] [sport N[-M]] [dport N[-M]]`.
+//! Inline (`rule=...`, chain specs allow no spaces): `;`-separated rules, each
+//! `ACTION[:PROTO[:SRC[:DST[:SPORT[:DPORT]]]]]` with `any` for a wildcard and
+//! IPv6 prefixes in brackets, e.g. `drop:udp:10.0.0.0/8:any:any:53;drop:any:[2001:db8::]/32`.
+//! File rules come first, then inline ones.
+//!
+//! Matching conventions: `icmp` matches ICMP and ICMPv6; a prefix only
+//! matches addresses of its own family; a rule with a port range only matches
+//! TCP and UDP packets that carry ports (not ICMP, not non-first fragments).
+
+use std::net::IpAddr;
+
+use bytemuck::{Pod, Zeroable};
+use serde_json::json;
+
+use crate::pkt::{proto, Pkt};
+use crate::stateful::{Action, StatefulNf};
+use crate::{NfContext, ParamError, Params};
+
+/// Most rules an ACL accepts (evaluation is a linear scan per new flow).
+pub const MAX_RULES: usize = 100_000;
+
+/// Bit of [`AclState::verdict`] set when the flow is dropped.
+pub const DROP_BIT: u32 = 1 << 31;
+
+/// Per-flow state: one integer, the index of the rule that matched (the
+/// rule count for the default action) with [`DROP_BIT`] set for a drop.
+#[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct AclState {
+    /// Rule index | drop bit.
+    pub verdict: u32,
+}
+
+impl AclState {
+    /// True if the flow's packets are dropped.
+    pub fn drops(&self) -> bool {
+        self.verdict & DROP_BIT != 0
+    }
+
+    /// Index of the deciding rule (the rule count means the default action).
+    pub fn rule(&self) -> usize {
+        (self.verdict & !DROP_BIT) as usize
+    }
+}
+
+/// An address prefix of one family, as a 128-bit value and mask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    v6: bool,
+    addr: u128,
+    mask: u128,
+}
+
+impl Cidr {
+    /// Parses `A.B.C.D[/N]` or `X:Y::Z[/N]` (an address alone is a host prefix);
+    /// host bits beyond the prefix are ignored.
+    pub fn parse(s: &str) -> Option<Cidr> {
+        let (a, len) = match s.split_once('/') {
+            Some((a, l)) => (a, Some(l.parse::<u32>().ok()?)),
+            None => (s, None),
+        };
+        let (v6, addr, bits) = match a.parse::<IpAddr>().ok()? {
+            IpAddr::V4(v) => (false, u32::from(v) as u128, 32),
+            IpAddr::V6(v) => (true, u128::from(v), 128),
+        };
+        let len = len.unwrap_or(bits);
+        if len > bits {
+            return None;
+        }
+        // Mask within the family's width: the top `len` of `bits` bits.
+        let full: u128 = if bits == 128 { u128::MAX } else { (1u128 << bits) - 1 };
+        let mask = if len == 0 { 0 } else { full & !((1u128 << (bits - len)) - 1) & full };
+        Some(Cidr { v6, addr: addr & mask, mask })
+    }
+
+    #[inline]
+    fn matches(&self, v6: bool, addr: u128) -> bool {
+        self.v6 == v6 && addr & self.mask == self.addr
+    }
+}
+
+/// Which protocols a rule matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ProtoMatch {
+    Any,
+    /// ICMP or ICMPv6.
+    Icmp,
+    Num(u8),
+}
+
+/// One ACL rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    drop: bool,
+    proto: ProtoMatch,
+    src: Option<Cidr>,
+    dst: Option<Cidr>,
+    sport: Option<(u16, u16)>,
+    dport: Option<(u16, u16)>,
+    /// Where the rule came from (`FILE:LINE` or `rule#N`), for the report.
+    origin: String,
+}
+
+/// The facts a rule looks at, extracted once per flow.
+struct FlowFacts {
+    v6: bool,
+    proto: u8,
+    src: u128,
+    dst: u128,
+    /// Ports, when the packet is TCP/UDP with its L4 header.
+    ports: Option<(u16, u16)>,
+}
+
+fn ip_bits(a: IpAddr) -> u128 {
+    match a {
+        IpAddr::V4(v) => u32::from(v) as u128,
+        IpAddr::V6(v) => u128::from(v),
+    }
+}
+
+impl Rule {
+    fn matches(&self, f: &FlowFacts) -> bool {
+        let proto_ok = match self.proto {
+            ProtoMatch::Any => true,
+            ProtoMatch::Icmp => f.proto == proto::ICMP || f.proto == proto::ICMPV6,
+            ProtoMatch::Num(p) => f.proto == p,
+        };
+        let in_range = |r: Option<(u16, u16)>, p: Option<u16>| match (r, p) {
+            (None, _) => true,
+            (Some((lo, hi)), Some(p)) => lo <= p && p <= hi,
+            (Some(_), None) => false,
+        };
+        proto_ok
+            && self.src.is_none_or(|c| c.matches(f.v6, f.src))
+            && self.dst.is_none_or(|c| c.matches(f.v6, f.dst))
+            && in_range(self.sport, f.ports.map(|p| p.0))
+            && in_range(self.dport, f.ports.map(|p| p.1))
+    }
+}
+
+fn parse_action(tok: &str) -> Result<bool, String> {
+    match tok {
+        "allow" => Ok(false),
+        "drop" => Ok(true),
+        _ => Err(format!("bad action '{tok}' (expected allow or drop)")),
+    }
+}
+
+fn parse_proto(tok: &str) -> Result<ProtoMatch, String> {
+    match tok {
+        "any" => Ok(ProtoMatch::Any),
+        "tcp" => Ok(ProtoMatch::Num(proto::TCP)),
+        "udp" => Ok(ProtoMatch::Num(proto::UDP)),
+        "icmp" => Ok(ProtoMatch::Icmp),
+        _ => tok
+            .parse::<u8>()
+            .map(ProtoMatch::Num)
+            .map_err(|_| format!("bad protocol '{tok}' (expected tcp, udp, icmp, any or 0-255)")),
+    }
+}
+
+fn parse_cidr(tok: &str) -> Result<Option<Cidr>, String> {
+    if tok == "any" {
+        return Ok(None);
+    }
+    // Inline rules bracket IPv6 addresses: `[2001:db8::]/32`.
+    let unbracketed;
+    let s = match tok.strip_prefix('[').and_then(|r| r.split_once(']')) {
+        Some((a, rest)) => {
+            unbracketed = format!("{a}{rest}");
+            unbracketed.as_str()
+        }
+        None => tok,
+    };
+    Cidr::parse(s).map(Some).ok_or_else(|| format!("bad prefix '{tok}' (expected CIDR like 10.0.0.0/8 or any)"))
+}
+
+fn parse_ports(tok: &str) -> Result<Option<(u16, u16)>, String> {
+    if tok == "any" {
+        return Ok(None);
+    }
+    let bad = || format!("bad port range '{tok}' (expected N or N-M with N <= M <= 65535)");
+    let (lo, hi) = match tok.split_once('-') {
+        Some((a, b)) => (a.parse::<u16>().map_err(|_| bad())?, b.parse::<u16>().map_err(|_| bad())?),
+        None => {
+            let p = tok.parse::<u16>().map_err(|_| bad())?;
+            (p, p)
+        }
+    };
+    if lo > hi {
+        return Err(bad());
+    }
+    Ok(Some((lo, hi)))
+}
+
+/// Parses one file-form rule (`allow|drop [KEY VALUE]...`).
+fn parse_line(line: &str, origin: String) -> Result<Rule, String> {
+    let mut toks = line.split_whitespace();
+    let first = toks.next().ok_or_else(|| "empty rule".to_string())?;
+    let mut r = Rule {
+        drop: parse_action(first)?,
+        proto: ProtoMatch::Any,
+        src: None,
+        dst: None,
+        sport: None,
+        dport: None,
+        origin,
+    };
+    let mut seen = [false; 5];
+    while let Some(key) = toks.next() {
+        let slot = match key {
+            "proto" => 0,
+            "src" => 1,
+            "dst" => 2,
+            "sport" => 3,
+            "dport" => 4,
+            _ => return Err(format!("bad token '{key}' (expected proto, src, dst, sport or dport)")),
+        };
+        if seen[slot] {
+            return Err(format!("repeated token '{key}'"));
+        }
+        seen[slot] = true;
+        let val = toks.next().ok_or_else(|| format!("token '{key}' needs a value"))?;
+        match slot {
+            0 => r.proto = parse_proto(val)?,
+            1 => r.src = parse_cidr(val)?,
+            2 => r.dst = parse_cidr(val)?,
+            3 => r.sport = parse_ports(val)?,
+            _ => r.dport = parse_ports(val)?,
+        }
+    }
+    Ok(r)
+}
+
+/// Splits an inline rule on `:` outside brackets.
+fn split_inline(s: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0u32, 0usize);
+    for (i, c) in s.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            ':' if depth == 0 => {
+                out.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
+/// Parses one inline rule (`ACTION[:PROTO[:SRC[:DST[:SPORT[:DPORT]]]]]`).
+fn parse_inline(s: &str, origin: String) -> Result<Rule, String> {
+    let f = split_inline(s);
+    if f.len() > 6 {
+        return Err(format!("rule '{s}' has {} fields (at most 6: action:proto:src:dst:sport:dport)", f.len()));
+    }
+    let field = |i: usize| f.get(i).copied().unwrap_or("any");
+    Ok(Rule {
+        drop: parse_action(field(0))?,
+        proto: parse_proto(field(1))?,
+        src: parse_cidr(field(2))?,
+        dst: parse_cidr(field(3))?,
+        sport: parse_ports(field(4))?,
+        dport: parse_ports(field(5))?,
+        origin,
+    })
+}
+
+/// Parses a rule file's text; errors name `name`, the line and the token.
+pub fn parse_rules(name: &str, text: &str) -> Result<Vec<Rule>, String> {
+    let mut rules = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let rule = parse_line(line, format!("{name}:{}", i + 1)).map_err(|e| format!("{name}:{}: {e}", i + 1))?;
+        rules.push(rule);
+    }
+    Ok(rules)
+}
+
+/// The stateful ACL.
+#[derive(Debug)]
+pub struct Acl {
+    rules: Vec<Rule>,
+    default_drop: bool,
+    /// Flows decided per rule; the last slot is the default action.
+    flows: Vec<u64>,
+    /// Packets per rule (same indexing).
+    packets: Vec<u64>,
+    unparsed: u64,
+}
+
+impl Acl {
+    /// `acl(rules=FILE, rule=INLINE, default=allow|drop)`.
+    pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
+        let err = |m: String| ParamError(format!("acl: {m}"));
+        let default = p.string("default", "allow");
+        let default_drop = parse_action(&default).map_err(|e| err(format!("parameter 'default={default}': {e}")))?;
+        let mut rules = Vec::new();
+        let file = p.string("rules", "");
+        if !file.is_empty() {
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| err(format!("parameter 'rules={file}': cannot read rules file: {e}")))?;
+            rules = parse_rules(&file, &text).map_err(|e| err(format!("rules file {e}")))?;
+        }
+        let inline = p.string("rule", "");
+        for (i, r) in inline.split(';').filter(|r| !r.is_empty()).enumerate() {
+            let rule = parse_inline(r, format!("rule#{}", i + 1)).map_err(|e| err(format!("parameter 'rule': {e}")))?;
+            rules.push(rule);
+        }
+        if rules.len() > MAX_RULES {
+            return Err(err(format!("{} rules exceed the limit of {MAX_RULES}", rules.len())));
+        }
+        Ok(Acl::new(rules, default_drop))
+    }
+
+    /// An ACL over `rules` (at most [`MAX_RULES`]; extra rules are ignored)
+    /// with the given default verdict.
+    pub fn new(mut rules: Vec<Rule>, default_drop: bool) -> Self {
+        rules.truncate(MAX_RULES);
+        let n = rules.len() + 1;
+        Acl { rules, default_drop, flows: vec![0; n], packets: vec![0; n], unparsed: 0 }
+    }
+
+    /// Evaluates the rules for a flow: first match wins.
+    fn decide(&self, pkt: &Pkt<'_>) -> AclState {
+        let t = pkt.tuple();
+        let m = pkt.meta();
+        let has_ports = m.l4 != 0 && matches!(m.proto, proto::TCP | proto::UDP) && !t.is_non_first_fragment();
+        let facts = FlowFacts {
+            v6: !t.is_ipv4(),
+            proto: t.proto(),
+            src: ip_bits(t.src_ip()),
+            dst: ip_bits(t.dst_ip()),
+            ports: has_ports.then(|| (t.src_port(), t.dst_port())),
+        };
+        let (idx, drop) = match self.rules.iter().position(|r| r.matches(&facts)) {
+            Some(i) => (i, self.rules[i].drop),
+            None => (self.rules.len(), self.default_drop),
+        };
+        AclState { verdict: idx as u32 | if drop { DROP_BIT } else { 0 } }
+    }
+}
+
+impl StatefulNf for Acl {
+    type State = AclState;
+
+    fn name(&self) -> &'static str {
+        "acl"
+    }
+
+    fn init(&mut self, pkt: &Pkt<'_>, _ctx: &NfContext) -> AclState {
+        let s = self.decide(pkt);
+        if let Some(c) = self.flows.get_mut(s.rule()) {
+            *c += 1;
+        }
+        s
+    }
+
+    #[inline]
+    fn process(&mut self, _pkt: &mut Pkt<'_>, st: &mut AclState, _ctx: &NfContext) -> Action {
+        if let Some(c) = self.packets.get_mut(st.rule()) {
+            *c += 1;
+        }
+        if st.drops() {
+            Action::Drop
+        } else {
+            Action::Pass
+        }
+    }
+
+    fn prefetch(&self, st: &AclState) {
+        if let Some(c) = self.packets.get(st.rule()) {
+            flowplane_packet::prefetch::read(c);
+        }
+    }
+
+    /// Packets without a flow key (non-IP, malformed, or no state) get the default verdict.
+    fn on_unparsed(&mut self) -> Action {
+        self.unparsed += 1;
+        if self.default_drop {
+            Action::Drop
+        } else {
+            Action::Pass
+        }
+    }
+
+    fn report(&self) -> Option<serde_json::Value> {
+        let verdict = |d: bool| if d { "drop" } else { "allow" };
+        let n = self.rules.len();
+        let rules: Vec<_> = self
+            .rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                json!({
+                    "rule": i + 1,
+                    "origin": r.origin,
+                    "action": verdict(r.drop),
+                    "flows": self.flows[i],
+                    "packets": self.packets[i],
+                })
+            })
+            .collect();
+        Some(json!({
+            "rules": n,
+            "default": verdict(self.default_drop),
+            "default_flows": self.flows[n],
+            "default_packets": self.packets[n],
+            "unparsed": self.unparsed,
+            "per_rule": rules,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{ipv4_frame, tcp4, udp4, Harness};
+
+    fn acl(inline: &str, default: &str) -> Result<Acl, ParamError> {
+        let mut p = Params::new("acl", vec![("rule".into(), inline.into()), ("default".into(), default.into())]);
+        let a = Acl::from_params(&mut p)?;
+        p.finish()?;
+        Ok(a)
+    }
+
+    /// Ethernet + IPv6 + UDP (checksums not needed by the ACL).
+    fn udp6(src: [u8; 16], dst: [u8; 16], sport: u16, dport: u16) -> Vec<u8> {
+        let mut f = vec![0u8; 14 + 40 + 8];
+        f[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+        f[14] = 0x60;
+        f[18..20].copy_from_slice(&8u16.to_be_bytes());
+        f[20] = 17;
+        f[21] = 64;
+        f[22..38].copy_from_slice(&src);
+        f[38..54].copy_from_slice(&dst);
+        f[54..56].copy_from_slice(&sport.to_be_bytes());
+        f[56..58].copy_from_slice(&dport.to_be_bytes());
+        f[58..60].copy_from_slice(&8u16.to_be_bytes());
+        f
+    }
+
+    #[test]
+    fn first_match_wins_and_default_applies() {
+        let a = acl("allow:udp:10.1.0.0/16:any:any:53;drop:udp:10.0.0.0/8:any:any:53", "allow").unwrap();
+        let mut h = Harness::new(a);
+        // 10.1.x.x to port 53: rule 1 allows before rule 2 could drop.
+        assert_eq!(h.run(&udp4([10, 1, 2, 3], [8, 8, 8, 8], 999, 53)).1, Action::Pass);
+        // 10.2.x.x to port 53: rule 2 drops.
+        assert_eq!(h.run(&udp4([10, 2, 2, 3], [8, 8, 8, 8], 999, 53)).1, Action::Drop);
+        // Other port or TCP: default.
+        assert_eq!(h.run(&udp4([10, 2, 2, 3], [8, 8, 8, 8], 999, 54)).1, Action::Pass);
+        assert_eq!(h.run(&tcp4([10, 2, 2, 3], [8, 8, 8, 8], 999, 53, 0x02, 1, 0)).1, Action::Pass);
+        let r = h.nf.report().unwrap();
+        assert_eq!(r["per_rule"][0]["packets"], 1);
+        assert_eq!(r["per_rule"][1]["packets"], 1);
+        assert_eq!(r["default_flows"], 2);
+    }
+
+    #[test]
+    fn verdict_cached_per_flow_and_counted_per_packet() {
+        let mut h = Harness::new(acl("drop:tcp:any:192.168.0.0/24:any:1000-2000", "allow").unwrap());
+        let f = tcp4([1, 1, 1, 1], [192, 168, 0, 7], 5555, 1500, 0x10, 1, 1);
+        for _ in 0..5 {
+            let (out, act) = h.run(&f);
+            assert_eq!(act, Action::Drop);
+            assert_eq!(out, f, "the ACL never rewrites");
+        }
+        let st = h.state_of(&f).unwrap();
+        assert!(st.drops());
+        assert_eq!(st.rule(), 0);
+        let r = h.nf.report().unwrap();
+        assert_eq!(r["per_rule"][0]["flows"], 1);
+        assert_eq!(r["per_rule"][0]["packets"], 5);
+        // Range edges.
+        assert_eq!(h.run(&tcp4([1, 1, 1, 1], [192, 168, 0, 7], 5555, 2000, 0x10, 1, 1)).1, Action::Drop);
+        assert_eq!(h.run(&tcp4([1, 1, 1, 1], [192, 168, 0, 7], 5555, 2001, 0x10, 1, 1)).1, Action::Pass);
+        assert_eq!(h.run(&tcp4([1, 1, 1, 1], [192, 168, 1, 7], 5555, 1500, 0x10, 1, 1)).1, Action::Pass);
+    }
+
+    #[test]
+    fn default_drop_and_sport() {
+        let mut h = Harness::new(acl("allow:any:any:any:1024-65535", "drop").unwrap());
+        assert_eq!(h.run(&udp4([1, 1, 1, 1], [2, 2, 2, 2], 40000, 80)).1, Action::Pass);
+        assert_eq!(h.run(&udp4([1, 1, 1, 1], [2, 2, 2, 2], 53, 80)).1, Action::Drop);
+        // ICMP has no ports: a port rule cannot match it, the default drops it.
+        let icmp = ipv4_frame([1, 1, 1, 1], [2, 2, 2, 2], 1, &[8, 0, 0, 0, 0, 1, 0, 1]);
+        assert_eq!(h.run(&icmp).1, Action::Drop);
+        // Non-IP and truncated frames get the default verdict.
+        for len in [0usize, 10, 20, 33] {
+            assert_eq!(h.run(&vec![0u8; len]).1, Action::Drop);
+        }
+        assert_eq!(h.nf.report().unwrap()["unparsed"], 4);
+    }
+
+    #[test]
+    fn icmp_and_protocol_numbers() {
+        let mut h = Harness::new(acl("drop:icmp;drop:47", "allow").unwrap());
+        let icmp = ipv4_frame([1, 1, 1, 1], [2, 2, 2, 2], 1, &[8, 0, 0, 0, 0, 1, 0, 1]);
+        assert_eq!(h.run(&icmp).1, Action::Drop);
+        let gre = ipv4_frame([1, 1, 1, 1], [2, 2, 2, 2], 47, &[0u8; 8]);
+        assert_eq!(h.run(&gre).1, Action::Drop);
+        assert_eq!(h.run(&udp4([1, 1, 1, 1], [2, 2, 2, 2], 1, 2)).1, Action::Pass);
+    }
+
+    #[test]
+    fn ipv6_prefixes_match_their_family_only() {
+        let mut h = Harness::new(acl("drop:any:[2001:db8::]/32;drop:any:0.0.0.0/0:any:any:9", "allow").unwrap());
+        let mut inside = [0u8; 16];
+        inside[..4].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8]);
+        inside[15] = 1;
+        let mut outside = inside;
+        outside[3] = 0xb9;
+        let dst = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+        assert_eq!(h.run(&udp6(inside, dst, 1, 2)).1, Action::Drop);
+        assert_eq!(h.run(&udp6(outside, dst, 1, 2)).1, Action::Pass);
+        // 0.0.0.0/0 is an IPv4 prefix: it does not match IPv6 to port 9.
+        assert_eq!(h.run(&udp6(outside, dst, 1, 9)).1, Action::Pass);
+        assert_eq!(h.run(&udp4([3, 3, 3, 3], [4, 4, 4, 4], 1, 9)).1, Action::Drop);
+    }
+
+    #[test]
+    fn cidr_parsing() {
+        assert_eq!(Cidr::parse("10.1.2.3/8"), Cidr::parse("10.0.0.0/8"));
+        let c = Cidr::parse("0.0.0.0/0").unwrap();
+        assert!(c.matches(false, 0xffff_ffff) && !c.matches(true, 0));
+        let h = Cidr::parse("1.2.3.4").unwrap();
+        assert!(h.matches(false, 0x0102_0304) && !h.matches(false, 0x0102_0305));
+        let v6 = Cidr::parse("::/0").unwrap();
+        assert!(v6.matches(true, u128::MAX));
+        assert!(Cidr::parse("ffff::/128").is_some());
+        for bad in ["10.0.0.0/33", "::/129", "10.0.0/8", "x", "", "10.0.0.0/", "10.0.0.0/-1"] {
+            assert!(Cidr::parse(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn rule_file_and_errors_name_line_and_token() {
+        let text = "# header\n\nallow proto tcp src 10.0.0.0/8 dport 22 # ssh\ndrop proto any dst 2001:db8::/32\n";
+        let rules = parse_rules("r.acl", text).unwrap();
+        assert_eq!(rules.len(), 2);
+        assert_eq!(rules[0].dport, Some((22, 22)));
+        assert_eq!(rules[0].origin, "r.acl:3");
+        assert!(rules[1].dst.unwrap().v6);
+        let cases = [
+            ("allow\nreject proto tcp\n", "r.acl:2: bad action 'reject'"),
+            ("allow proto sctp\n", "bad protocol 'sctp'"),
+            ("allow src 10.0.0.0/40\n", "bad prefix '10.0.0.0/40'"),
+            ("allow dport 20-10\n", "bad port range '20-10'"),
+            ("allow dport 70000\n", "bad port range '70000'"),
+            ("allow sport\n", "token 'sport' needs a value"),
+            ("allow dst 1.1.1.1 dst 2.2.2.2\n", "repeated token 'dst'"),
+            ("allow from 1.1.1.1\n", "bad token 'from'"),
+        ];
+        for (text, want) in cases {
+            let e = parse_rules("r.acl", text).unwrap_err();
+            assert!(e.contains(want), "{e} should contain {want}");
+        }
+    }
+
+    #[test]
+    fn params_from_file_and_errors() {
+        let path = std::env::temp_dir().join(format!("flowplane-acl-test-{}.rules", std::process::id()));
+        std::fs::write(&path, "drop proto udp dport 53\nallow\n").unwrap();
+        let file = path.to_string_lossy().to_string();
+        let mut p = Params::new("acl", vec![("rules".into(), file.clone()), ("rule".into(), "drop".into())]);
+        let a = Acl::from_params(&mut p).unwrap();
+        assert_eq!(a.rules.len(), 3);
+        let mut h = Harness::new(a);
+        assert_eq!(h.run(&udp4([1, 1, 1, 1], [2, 2, 2, 2], 1, 53)).1, Action::Drop);
+        assert_eq!(h.run(&udp4([1, 1, 1, 1], [2, 2, 2, 2], 1, 54)).1, Action::Pass);
+        std::fs::write(&path, "allow\ndrop proto udp dport x53\n").unwrap();
+        let mut p = Params::new("acl", vec![("rules".into(), file.clone())]);
+        let e = Acl::from_params(&mut p).unwrap_err().0;
+        assert!(e.starts_with("acl: rules file ") && e.contains(":2: bad port range 'x53'"), "{e}");
+        std::fs::remove_file(&path).unwrap();
+        let mut p = Params::new("acl", vec![("rules".into(), file.clone())]);
+        assert!(Acl::from_params(&mut p).unwrap_err().0.contains("cannot read rules file"));
+        assert!(acl("drop", "maybe").unwrap_err().0.contains("'default=maybe'"));
+        assert!(acl("drop:udp:1.1.1.1:any:any:53:7", "allow").unwrap_err().0.contains("at most 6"));
+        assert!(acl("permit", "allow").unwrap_err().0.contains("bad action 'permit'"));
+        // No rules at all: everything gets the default.
+        let mut h = Harness::new(acl("", "drop").unwrap());
+        assert_eq!(h.run(&udp4([1, 1, 1, 1], [2, 2, 2, 2], 1, 2)).1, Action::Drop);
+    }
+}

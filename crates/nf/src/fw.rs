@@ -1,0 +1,1405 @@
+//! `fw`: stateful firewall with TCP connection tracking (allow established and
+//! related traffic, drop out-of-state packets).
+//!
+//! This module owns the firewall NF: its policy, its per-direction flow state
+//! and the NF-private **connection table** that joins the two directions of a
+//! connection. The executor keys state by the directional 5-tuple, so each
+//! direction has a small [`FwState`] that points (slab index + generation)
+//! into the connection table, which is keyed by the canonical 5-tuple
+//! ([`FiveTuple::canonical`]) and preallocated once: an open-addressing
+//! (linear probing, backward-shift deletion) index of `2 x conns` rounded up
+//! to a power of two, over a slab of at most `conns` connections with a free
+//! list. A full table refuses new connections (dropped and counted); the
+//! slab index is stable, so the prefetch hook can fetch a flow's connection
+//! a few packets ahead (FAJITA's indirect state).
+//!
+//! Policy (`allow_new=inside|any`, `inside=PREFIX`):
+//! * **TCP**: only a plain SYN from the inside prefix (or from anyone with
+//!   `any`) opens a connection (NEW -> SYN_SENT). The SYN-ACK must come from
+//!   the responder and acknowledge the client's ISN + 1 (SYN_RECV); the
+//!   client's ACK establishes it. Every later segment must pass a window
+//!   check loosely like Linux conntrack (Rooij): its sequence number lies
+//!   within what the receiver advertised, its ack within what the peer has
+//!   sent (minus a bounded ack window); window scaling from the SYN options
+//!   is honoured when both sides offer it. FINs move the connection to
+//!   FIN_WAIT, then CLOSING; once both FINs are acknowledged it is CLOSED:
+//!   the last ACK passes with `EndFlow` and the slot is freed. An in-window
+//!   RST (or, in SYN_SENT, one acknowledging the SYN) passes, ends the flow
+//!   and frees the slot; any other RST is dropped. Invalid flag
+//!   combinations, out-of-window segments, SYNs inside an established
+//!   connection and packets without a connection are dropped, each counted
+//!   under its own reason.
+//! * **UDP and other protocols**: a datagram from the inside (or anyone with
+//!   `any`) opens a pseudo-connection; replies on the reverse tuple pass
+//!   (related); unsolicited datagrams are dropped.
+//! * **ICMP / ICMPv6**: an echo request from the inside opens a connection
+//!   (the identifier is both ports of the key, so the reply's key is the
+//!   reverse); only its echo replies pass. Errors (unreachable, time
+//!   exceeded, parameter problem, packet too big) pass only when the packet
+//!   they quote belongs to a known connection (related). IPv6 neighbour
+//!   discovery passes (IPv6 does not work without it). Other ICMP is dropped.
+//! * Non-first fragments carry no ports and cannot be checked: dropped.
+//!   Packets without a flow key (non-IP, malformed, no state because the flow
+//!   table is full) are dropped: a firewall fails closed.
+//!
+//! Drops of packets that belong to no connection return `DropEndFlow`, so a
+//! scan leaves no directional state behind. When one direction ends the
+//! connection, the other direction's state still names the freed slot; its
+//! generation no longer matches, so its next packet is looked up again
+//! (a reused 5-tuple finds its new connection). A connection is freed when
+//! the last direction bound to it expires (`release`); a slow sweep on each
+//! new connection also reclaims connections idle for twice the timeout, which
+//! covers states the executor evicted without a release. Each core has its
+//! own table: under multi-core RSS both directions of a connection must reach
+//! the same core (symmetric RSS).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use bytemuck::{Pod, Zeroable};
+use flowplane_wire::flow::{FiveTuple, FiveTupleV4, FiveTupleV6};
+use flowplane_wire::hash::HashableKey;
+use serde_json::json;
+
+use crate::pkt::{proto, tcp_flags, Pkt};
+use crate::stateful::{Action, StatefulNf};
+use crate::{NfContext, ParamError, Params};
+
+/// Largest connection table (slab entries).
+pub const MAX_CONNS: u64 = 1 << 26;
+/// Lower bound of the ack window (Linux's MAXACKWINCONST).
+const MAX_ACK_WINDOW: u32 = 66_000;
+const HASH_SEED: u32 = 0x0f1e_2d3c;
+/// Connections inspected by the sweep per new connection (and when full).
+const SWEEP_STEP: usize = 2;
+const SWEEP_FULL: usize = 64;
+
+/// TCP connection states (the `state` of a connection; NEW is "no connection yet").
+pub mod tcp_state {
+    /// No connection: only an allowed SYN may create one.
+    pub const NEW: u8 = 0;
+    /// The originator's SYN was seen.
+    pub const SYN_SENT: u8 = 1;
+    /// The responder's SYN-ACK was seen.
+    pub const SYN_RECV: u8 = 2;
+    /// The handshake completed.
+    pub const ESTABLISHED: u8 = 3;
+    /// One side sent a FIN.
+    pub const FIN_WAIT: u8 = 4;
+    /// Both sides sent a FIN, not both acknowledged yet.
+    pub const CLOSING: u8 = 5;
+    /// Both FINs acknowledged (the slot is freed at once).
+    pub const CLOSED: u8 = 6;
+
+    /// Name of a state, for reports.
+    pub fn name(s: u8) -> &'static str {
+        match s {
+            NEW => "NEW",
+            SYN_SENT => "SYN_SENT",
+            SYN_RECV => "SYN_RECV",
+            ESTABLISHED => "ESTABLISHED",
+            FIN_WAIT => "FIN_WAIT",
+            CLOSING => "CLOSING",
+            _ => "CLOSED",
+        }
+    }
+}
+
+/// Connection kinds.
+const K_TCP: u8 = 1;
+const K_DATAGRAM: u8 = 2;
+const K_ECHO: u8 = 3;
+
+/// Per-direction state (16 bytes): which connection this direction belongs to.
+#[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct FwState {
+    /// Slab index + 1 of the connection; 0 = not bound.
+    pub conn: u32,
+    /// The connection slot's generation when bound.
+    pub gen: u32,
+    /// 0: this direction is the originator's, 1: the responder's.
+    pub dir: u8,
+    /// Padding (keeps the type free of implicit padding).
+    pub _pad: [u8; 7],
+}
+
+/// One direction's TCP window tracking data (Linux's `ip_ct_tcp_state`).
+#[derive(Clone, Copy, Debug, Default)]
+struct Td {
+    /// Highest sequence number sent + 1 (seq + len, SYN/FIN count one).
+    end: u32,
+    /// Highest sequence number the peer allows this side to send.
+    maxend: u32,
+    /// Largest window this side advertised (scaled).
+    maxwin: u32,
+    /// Sequence end of this side's FIN.
+    fin_end: u32,
+    /// Window scale shift.
+    scale: u8,
+    /// The SYN carried a window scale option.
+    ws: bool,
+    fin_seen: bool,
+    fin_acked: bool,
+}
+
+/// One tracked connection.
+#[derive(Clone, Copy, Debug)]
+struct Conn {
+    /// Canonical 5-tuple.
+    key: FiveTuple,
+    last_ns: u64,
+    gen: u32,
+    /// Directional states bound to this connection.
+    refs: u16,
+    live: bool,
+    kind: u8,
+    state: u8,
+    /// The originator sent in the canonical key's direction.
+    orig_fwd: bool,
+    td: [Td; 2],
+}
+
+impl Conn {
+    fn empty() -> Self {
+        Conn {
+            key: FiveTuple::V4(FiveTupleV4::new(Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, 0, 0, 0)),
+            last_ns: 0,
+            gen: 0,
+            refs: 0,
+            live: false,
+            kind: 0,
+            state: 0,
+            orig_fwd: true,
+            td: [Td::default(); 2],
+        }
+    }
+}
+
+/// Preallocated connection table: open-addressing index over a slab.
+#[derive(Debug)]
+struct ConnTable {
+    /// `hash << 32 | (slab index + 1)`; 0 = empty.
+    index: Vec<u64>,
+    mask: usize,
+    slab: Vec<Conn>,
+    free: Vec<u32>,
+    cap: usize,
+    live: usize,
+    sweep_at: usize,
+}
+
+impl ConnTable {
+    fn new(cap: usize) -> Self {
+        let slots = (cap * 2).next_power_of_two().max(16);
+        // Zeroed u64s come from calloc: pages are touched only when used.
+        ConnTable {
+            index: vec![0u64; slots],
+            mask: slots - 1,
+            slab: Vec::with_capacity(cap),
+            free: Vec::with_capacity(cap),
+            cap,
+            live: 0,
+            sweep_at: 0,
+        }
+    }
+
+    #[inline]
+    fn hash(key: &FiveTuple) -> u32 {
+        key.hash32(HASH_SEED)
+    }
+
+    fn lookup(&self, key: &FiveTuple) -> Option<usize> {
+        let h = Self::hash(key);
+        let mut i = h as usize & self.mask;
+        loop {
+            let e = self.index[i];
+            if e == 0 {
+                return None;
+            }
+            if (e >> 32) as u32 == h {
+                let s = (e as u32 - 1) as usize;
+                if self.slab.get(s).is_some_and(|c| c.key == *key) {
+                    return Some(s);
+                }
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// Inserts a new connection for `key` (which must be absent); None when full.
+    fn insert(&mut self, key: FiveTuple) -> Option<usize> {
+        let s = match self.free.pop() {
+            Some(s) => s as usize,
+            None if self.slab.len() < self.cap => {
+                // Within the preallocated capacity: no reallocation.
+                self.slab.push(Conn::empty());
+                self.slab.len() - 1
+            }
+            None => return None,
+        };
+        let h = Self::hash(&key);
+        let mut i = h as usize & self.mask;
+        // The index is at most half full, so an empty slot exists.
+        while self.index[i] != 0 {
+            i = (i + 1) & self.mask;
+        }
+        self.index[i] = (h as u64) << 32 | (s as u64 + 1);
+        let gen = self.slab[s].gen;
+        self.slab[s] = Conn { key, gen, live: true, ..Conn::empty() };
+        self.live += 1;
+        Some(s)
+    }
+
+    /// Frees slot `s`: unlinks it from the index and bumps its generation so
+    /// directional states that still name it see a stale binding.
+    fn remove(&mut self, s: usize) {
+        let Some(c) = self.slab.get(s) else { return };
+        if !c.live {
+            return;
+        }
+        let h = Self::hash(&c.key);
+        let want = s as u64 + 1;
+        let mut i = h as usize & self.mask;
+        loop {
+            let e = self.index[i];
+            if e == 0 {
+                break; // not indexed (cannot happen for a live slot): just free it
+            }
+            if e & 0xffff_ffff == want {
+                self.unlink(i);
+                break;
+            }
+            i = (i + 1) & self.mask;
+        }
+        let c = &mut self.slab[s];
+        c.live = false;
+        c.refs = 0;
+        c.gen = c.gen.wrapping_add(1);
+        self.live -= 1;
+        // One place per slot: the free list never outgrows its capacity.
+        self.free.push(s as u32);
+    }
+
+    /// Backward-shift deletion at index position `i`.
+    fn unlink(&mut self, mut i: usize) {
+        let m = self.mask;
+        loop {
+            let mut j = (i + 1) & m;
+            loop {
+                let e = self.index[j];
+                if e == 0 {
+                    self.index[i] = 0;
+                    return;
+                }
+                let home = (e >> 32) as usize & m;
+                // The entry at j may fill the hole at i if its home is not in (i, j] (cyclically).
+                let movable = if i <= j { home <= i || home > j } else { home <= i && home > j };
+                if movable {
+                    self.index[i] = e;
+                    i = j;
+                    break;
+                }
+                j = (j + 1) & m;
+            }
+        }
+    }
+
+    /// Frees up to `n` live connections idle longer than `max_idle`; returns how many.
+    fn sweep(&mut self, n: usize, now: u64, max_idle: u64) -> u64 {
+        let mut freed = 0;
+        for _ in 0..n.min(self.slab.len()) {
+            if self.sweep_at >= self.slab.len() {
+                self.sweep_at = 0;
+            }
+            let s = self.sweep_at;
+            self.sweep_at += 1;
+            let c = &self.slab[s];
+            if c.live && now.saturating_sub(c.last_ns) > max_idle {
+                self.remove(s);
+                freed += 1;
+            }
+        }
+        freed
+    }
+}
+
+/// Which sources may open connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllowNew {
+    /// Only sources in the inside prefix.
+    Inside,
+    /// Anyone.
+    Any,
+}
+
+/// Firewall configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FwConfig {
+    /// Who may open connections.
+    pub allow_new: AllowNew,
+    /// Inside prefix (IPv4 or IPv6 network address).
+    pub inside: IpAddr,
+    /// Inside prefix length.
+    pub inside_len: u8,
+    /// Idle timeout, seconds.
+    pub timeout_s: u64,
+    /// Connection table capacity.
+    pub conns: u64,
+}
+
+impl Default for FwConfig {
+    fn default() -> Self {
+        FwConfig {
+            allow_new: AllowNew::Inside,
+            inside: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 0)),
+            inside_len: 8,
+            timeout_s: 300,
+            conns: 1 << 20,
+        }
+    }
+}
+
+/// Counters for the report: accepted events and drops per reason.
+#[derive(Clone, Copy, Debug, Default)]
+struct Counters {
+    opened: u64,
+    established: u64,
+    closed_fin: u64,
+    closed_rst: u64,
+    released: u64,
+    swept: u64,
+    related: u64,
+    nd_passed: u64,
+    // drops
+    policy: u64,
+    no_conn: u64,
+    unsolicited_synack: u64,
+    bad_synack: u64,
+    invalid_flags: u64,
+    out_of_window: u64,
+    out_of_state: u64,
+    rst_invalid: u64,
+    udp_unsolicited: u64,
+    icmp_unsolicited: u64,
+    icmp_unrelated: u64,
+    icmp_other: u64,
+    fragment: u64,
+    malformed: u64,
+    unparsed: u64,
+    table_full: u64,
+}
+
+/// The parts of a TCP segment the tracker uses.
+#[derive(Clone, Copy, Debug)]
+struct Seg {
+    flags: u8,
+    seq: u32,
+    ack: u32,
+    win: u16,
+    /// Payload bytes.
+    len: u32,
+    /// Window scale option (SYN only).
+    wscale: Option<u8>,
+}
+
+impl Seg {
+    /// Sequence number after this segment (SYN and FIN count one).
+    fn end(&self) -> u32 {
+        let mut e = self.seq.wrapping_add(self.len);
+        if self.flags & tcp_flags::SYN != 0 {
+            e = e.wrapping_add(1);
+        }
+        if self.flags & tcp_flags::FIN != 0 {
+            e = e.wrapping_add(1);
+        }
+        e
+    }
+}
+
+#[inline]
+fn before(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) < 0
+}
+
+#[inline]
+fn after(a: u32, b: u32) -> bool {
+    before(b, a)
+}
+
+/// Parses the TCP header at the packet's L4 offset; None when it is truncated
+/// or inconsistent with the IP length.
+fn parse_seg(pkt: &Pkt<'_>) -> Option<Seg> {
+    let m = pkt.meta();
+    let d = pkt.data();
+    let l4 = m.l4 as usize;
+    if l4 == 0 {
+        return None;
+    }
+    let h = d.get(l4..l4 + 20)?;
+    let doff = (h[12] >> 4) as usize * 4;
+    let l3 = m.l3 as usize;
+    let end = if m.v6 {
+        let plen = u16::from_be_bytes([*d.get(l3 + 4)?, *d.get(l3 + 5)?]) as usize;
+        l3 + 40 + plen
+    } else {
+        let tot = u16::from_be_bytes([*d.get(l3 + 2)?, *d.get(l3 + 3)?]) as usize;
+        l3 + tot
+    };
+    if doff < 20 || end > d.len() || end < l4 + doff {
+        return None;
+    }
+    let flags = h[13];
+    let mut wscale = None;
+    if flags & tcp_flags::SYN != 0 {
+        let opts = d.get(l4 + 20..l4 + doff)?;
+        let mut i = 0;
+        while let Some(&kind) = opts.get(i) {
+            match kind {
+                0 => break,
+                1 => i += 1,
+                _ => {
+                    let Some(&len) = opts.get(i + 1) else { break };
+                    if len < 2 {
+                        break;
+                    }
+                    if kind == 3 && len == 3 {
+                        wscale = opts.get(i + 2).map(|&s| s.min(14));
+                    }
+                    i += len as usize;
+                }
+            }
+        }
+    }
+    Some(Seg {
+        flags,
+        seq: u32::from_be_bytes([h[4], h[5], h[6], h[7]]),
+        ack: u32::from_be_bytes([h[8], h[9], h[10], h[11]]),
+        win: u16::from_be_bytes([h[14], h[15]]),
+        len: (end - l4 - doff) as u32,
+        wscale,
+    })
+}
+
+/// Flag combinations a real stack sends (PSH/URG/ECN bits aside).
+fn valid_flags(f: u8) -> bool {
+    use tcp_flags::*;
+    matches!(f & (FIN | SYN | RST | ACK), SYN | 0x12 | RST | 0x14 | ACK | 0x11)
+}
+
+/// The 5-tuple of the packet quoted by an ICMP / ICMPv6 error, as it was sent.
+fn quoted_tuple(pkt: &Pkt<'_>) -> Option<FiveTuple> {
+    let m = pkt.meta();
+    let d = pkt.data();
+    let inner = m.l4 as usize + 8;
+    let ports = |at: usize, p: u8| -> Option<(u16, u16)> {
+        match p {
+            proto::TCP | proto::UDP => Some((
+                u16::from_be_bytes([*d.get(at)?, *d.get(at + 1)?]),
+                u16::from_be_bytes([*d.get(at + 2)?, *d.get(at + 3)?]),
+            )),
+            proto::ICMP | proto::ICMPV6 => {
+                let id = u16::from_be_bytes([*d.get(at + 4)?, *d.get(at + 5)?]);
+                Some((id, id))
+            }
+            _ => Some((0, 0)),
+        }
+    };
+    if m.v6 {
+        let h = d.get(inner..inner + 40)?;
+        let p = h[6];
+        let src: [u8; 16] = h[8..24].try_into().ok()?;
+        let dst: [u8; 16] = h[24..40].try_into().ok()?;
+        let (sp, dp) = ports(inner + 40, p)?;
+        Some(FiveTuple::V6(FiveTupleV6::new(Ipv6Addr::from(src), Ipv6Addr::from(dst), sp, dp, p)))
+    } else {
+        let h = d.get(inner..inner + 20)?;
+        let ihl = (h[0] & 0x0f) as usize * 4;
+        if h[0] >> 4 != 4 || ihl < 20 {
+            return None;
+        }
+        let p = h[9];
+        let src = Ipv4Addr::new(h[12], h[13], h[14], h[15]);
+        let dst = Ipv4Addr::new(h[16], h[17], h[18], h[19]);
+        let (sp, dp) = ports(inner + ihl, p)?;
+        Some(FiveTuple::V4(FiveTupleV4::new(src, dst, sp, dp, p)))
+    }
+}
+
+fn parse_prefix(s: &str) -> Option<(IpAddr, u8)> {
+    let (a, l) = match s.split_once('/') {
+        Some((a, l)) => (a, Some(l)),
+        None => (s, None),
+    };
+    let addr: IpAddr = a.parse().ok()?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let len = match l {
+        Some(l) => l.parse::<u8>().ok().filter(|&l| l <= max)?,
+        None => max,
+    };
+    Some((addr, len))
+}
+
+/// An address as a 128-bit number (IPv4 in the low 32 bits) and its family width.
+fn addr_bits(a: IpAddr) -> (u128, u32) {
+    match a {
+        IpAddr::V4(a) => (u32::from(a) as u128, 32),
+        IpAddr::V6(a) => (u128::from(a), 128),
+    }
+}
+
+/// The stateful firewall.
+#[derive(Debug)]
+pub struct Fw {
+    cfg: FwConfig,
+    inside_net: u128,
+    inside_mask: u128,
+    inside_v6: bool,
+    timeout_ns: u64,
+    table: ConnTable,
+    c: Counters,
+}
+
+impl Fw {
+    /// `fw(allow_new=inside|any, inside=PREFIX, timeout=S, conns=N)`.
+    pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
+        let d = FwConfig::default();
+        let an = p.string("allow_new", "inside");
+        let allow_new = match an.as_str() {
+            "inside" => AllowNew::Inside,
+            "any" => AllowNew::Any,
+            _ => return Err(ParamError(format!("fw: parameter 'allow_new={an}' must be 'inside' or 'any'"))),
+        };
+        let ins = p.string("inside", "10.0.0.0/8");
+        let (inside, inside_len) = parse_prefix(&ins)
+            .ok_or_else(|| ParamError(format!("fw: parameter 'inside={ins}' is not an IP prefix ADDR/LEN")))?;
+        let timeout_s = p.u64_in("timeout", d.timeout_s, 1, 30 * 86_400)?;
+        let conns = p.u64_in("conns", d.conns, 1, MAX_CONNS)?;
+        Ok(Fw::new(FwConfig { allow_new, inside, inside_len, timeout_s, conns }))
+    }
+
+    /// A firewall for `cfg` (capacity clamped to `1..=MAX_CONNS`); preallocates the connection table.
+    pub fn new(cfg: FwConfig) -> Self {
+        let (net, width) = addr_bits(cfg.inside);
+        let len = (cfg.inside_len as u32).min(width);
+        let mask = if len == 0 { 0 } else { (u128::MAX << (128 - len)) >> (128 - width) };
+        let conns = cfg.conns.clamp(1, MAX_CONNS);
+        Fw {
+            cfg: FwConfig { conns, ..cfg },
+            inside_net: net & mask,
+            inside_mask: mask,
+            inside_v6: width == 128,
+            timeout_ns: cfg.timeout_s.saturating_mul(1_000_000_000),
+            table: ConnTable::new(conns as usize),
+            c: Counters::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &FwConfig {
+        &self.cfg
+    }
+
+    /// Connections currently tracked.
+    pub fn live_conns(&self) -> usize {
+        self.table.live
+    }
+
+    /// TCP state of the connection a packet with 5-tuple `t` belongs to (NEW if none).
+    pub fn tcp_state_of(&self, t: &FiveTuple) -> u8 {
+        match self.table.lookup(&t.canonical()) {
+            Some(s) if self.table.slab[s].kind == K_TCP => self.table.slab[s].state,
+            _ => tcp_state::NEW,
+        }
+    }
+
+    fn may_open(&self, src: IpAddr) -> bool {
+        if self.cfg.allow_new == AllowNew::Any {
+            return true;
+        }
+        let (a, w) = addr_bits(src);
+        (w == 128) == self.inside_v6 && a & self.inside_mask == self.inside_net
+    }
+
+    /// The live connection `st` is bound to.
+    #[inline]
+    fn bound(&self, st: &FwState) -> Option<usize> {
+        let s = st.conn.checked_sub(1)? as usize;
+        let c = self.table.slab.get(s)?;
+        (c.live && c.gen == st.gen).then_some(s)
+    }
+
+    /// Binds `st` to slot `s` for a packet with tuple `t`.
+    fn bind(&mut self, st: &mut FwState, s: usize, t: &FiveTuple) {
+        let c = &mut self.table.slab[s];
+        let fwd = *t == c.key;
+        st.conn = s as u32 + 1;
+        st.gen = c.gen;
+        st.dir = if fwd == c.orig_fwd { 0 } else { 1 };
+        c.refs = c.refs.saturating_add(1);
+    }
+
+    /// The connection of this packet: the bound one, else a lookup (which binds).
+    fn find(&mut self, st: &mut FwState, t: &FiveTuple) -> Option<usize> {
+        if let Some(s) = self.bound(st) {
+            return Some(s);
+        }
+        let s = self.table.lookup(&t.canonical())?;
+        self.bind(st, s, t);
+        Some(s)
+    }
+
+    /// Creates a connection opened by a packet with tuple `t` and binds `st` as its originator.
+    fn open(&mut self, st: &mut FwState, t: &FiveTuple, kind: u8, now: u64) -> Option<usize> {
+        self.c.swept += self.table.sweep(SWEEP_STEP, now, self.timeout_ns.saturating_mul(2));
+        if self.table.live >= self.table.cap {
+            self.c.swept += self.table.sweep(SWEEP_FULL, now, self.timeout_ns.saturating_mul(2));
+        }
+        let key = t.canonical();
+        let Some(s) = self.table.insert(key) else {
+            self.c.table_full += 1;
+            return None;
+        };
+        let c = &mut self.table.slab[s];
+        c.kind = kind;
+        c.orig_fwd = *t == key;
+        c.last_ns = now;
+        self.bind(st, s, t);
+        self.c.opened += 1;
+        Some(s)
+    }
+
+    /// Drop verdict: a packet without a connection leaves no state behind.
+    fn drop_for(&self, st: &FwState) -> Action {
+        if self.bound(st).is_some() {
+            Action::Drop
+        } else {
+            Action::DropEndFlow
+        }
+    }
+
+    fn tcp(&mut self, pkt: &Pkt<'_>, st: &mut FwState, now: u64) -> Action {
+        let Some(seg) = parse_seg(pkt) else {
+            self.c.malformed += 1;
+            return self.drop_for(st);
+        };
+        if !valid_flags(seg.flags) {
+            self.c.invalid_flags += 1;
+            return self.drop_for(st);
+        }
+        let t = *pkt.tuple();
+        let Some(s) = self.find(st, &t) else {
+            return self.tcp_new(pkt, st, &seg, now);
+        };
+        self.tcp_track(s, st.dir as usize & 1, &seg, now)
+    }
+
+    /// A TCP segment of no known connection: only an allowed SYN opens one.
+    fn tcp_new(&mut self, pkt: &Pkt<'_>, st: &mut FwState, seg: &Seg, now: u64) -> Action {
+        use tcp_flags::*;
+        let f = seg.flags & (SYN | ACK | RST | FIN);
+        if f != SYN {
+            if f & RST != 0 {
+                self.c.rst_invalid += 1;
+            } else if f == SYN | ACK {
+                self.c.unsolicited_synack += 1;
+            } else {
+                self.c.no_conn += 1;
+            }
+            return Action::DropEndFlow;
+        }
+        if !self.may_open(pkt.tuple().src_ip()) {
+            self.c.policy += 1;
+            return Action::DropEndFlow;
+        }
+        let t = *pkt.tuple();
+        let Some(s) = self.open(st, &t, K_TCP, now) else { return Action::DropEndFlow };
+        let c = &mut self.table.slab[s];
+        c.state = tcp_state::SYN_SENT;
+        c.td[0] = syn_td(seg);
+        Action::Pass
+    }
+
+    /// Tracks a segment of connection `s` sent by direction `dir`.
+    fn tcp_track(&mut self, s: usize, dir: usize, seg: &Seg, now: u64) -> Action {
+        use tcp_flags::*;
+        let c = &mut self.table.slab[s];
+        c.last_ns = c.last_ns.max(now);
+        let f = seg.flags;
+        if f & RST != 0 {
+            let ok = if c.state == tcp_state::SYN_SENT {
+                // RFC 793: acceptable in SYN_SENT only when it acknowledges the SYN.
+                dir == 1 && f & ACK != 0 && seg.ack == c.td[0].end
+            } else {
+                let (snd, rcv) = (c.td[dir], c.td[1 - dir]);
+                !before(seg.seq, snd.end.wrapping_sub(rcv.maxwin.max(1))) && !after(seg.seq, snd.maxend)
+            };
+            if !ok {
+                self.c.rst_invalid += 1;
+                return Action::Drop;
+            }
+            self.table.remove(s);
+            self.c.closed_rst += 1;
+            return Action::EndFlow;
+        }
+        match c.state {
+            tcp_state::SYN_SENT => {
+                if dir == 0 {
+                    if f & (SYN | ACK) == SYN {
+                        // Retransmitted (or re-numbered) SYN: restart tracking from it.
+                        c.td[0] = syn_td(seg);
+                        return Action::Pass;
+                    }
+                    self.c.out_of_state += 1;
+                    return Action::Drop;
+                }
+                if f & (SYN | ACK) != SYN | ACK {
+                    // Simultaneous open and anything else before the SYN-ACK is not supported.
+                    self.c.out_of_state += 1;
+                    return Action::Drop;
+                }
+                if seg.ack != c.td[0].end {
+                    self.c.bad_synack += 1;
+                    return Action::Drop;
+                }
+                let mut td = syn_td(seg);
+                td.maxend = td.end.wrapping_add(td.maxwin);
+                if !(c.td[0].ws && td.ws) {
+                    // Scaling is used only when both sides offer it.
+                    c.td[0].scale = 0;
+                    td.scale = 0;
+                }
+                c.td[1] = td;
+                c.state = tcp_state::SYN_RECV;
+            }
+            tcp_state::SYN_RECV if f & SYN != 0 => {
+                // Retransmitted SYN or SYN-ACK of the same handshake only.
+                let same = if dir == 0 {
+                    f & ACK == 0 && seg.seq.wrapping_add(1) == c.td[0].end
+                } else {
+                    f & ACK != 0 && seg.seq.wrapping_add(1) == c.td[1].end && seg.ack == c.td[0].end
+                };
+                if same {
+                    return Action::Pass;
+                }
+                self.c.out_of_state += 1;
+                return Action::Drop;
+            }
+            _ if f & SYN != 0 => {
+                self.c.out_of_state += 1;
+                return Action::Drop;
+            }
+            _ => {}
+        }
+        if !in_window(c, dir, seg) {
+            self.c.out_of_window += 1;
+            return Action::Drop;
+        }
+        update_window(c, dir, seg);
+        if c.state == tcp_state::SYN_RECV && dir == 0 && f & ACK != 0 && f & SYN == 0 && !before(seg.ack, c.td[1].end) {
+            c.state = tcp_state::ESTABLISHED;
+            self.c.established += 1;
+        }
+        if c.state < tcp_state::ESTABLISHED {
+            return Action::Pass;
+        }
+        let (snd, rcv) = (dir, 1 - dir);
+        if f & FIN != 0 && !c.td[snd].fin_seen {
+            c.td[snd].fin_seen = true;
+            c.td[snd].fin_end = seg.end();
+        }
+        if f & ACK != 0 && c.td[rcv].fin_seen && !before(seg.ack, c.td[rcv].fin_end) {
+            c.td[rcv].fin_acked = true;
+        }
+        let (a, b) = (c.td[0], c.td[1]);
+        c.state = if a.fin_acked && b.fin_acked {
+            tcp_state::CLOSED
+        } else if a.fin_seen && b.fin_seen {
+            tcp_state::CLOSING
+        } else if a.fin_seen || b.fin_seen {
+            tcp_state::FIN_WAIT
+        } else {
+            tcp_state::ESTABLISHED
+        };
+        if c.state == tcp_state::CLOSED {
+            self.table.remove(s);
+            self.c.closed_fin += 1;
+            return Action::EndFlow;
+        }
+        Action::Pass
+    }
+
+    fn icmp(&mut self, pkt: &Pkt<'_>, st: &mut FwState, now: u64) -> Action {
+        let v6 = pkt.meta().v6;
+        let Some(&ty) = pkt.data().get(pkt.meta().l4 as usize).filter(|_| pkt.meta().l4 != 0) else {
+            self.c.malformed += 1;
+            return self.drop_for(st);
+        };
+        let (req, rep) = if v6 { (128, 129) } else { (8, 0) };
+        let t = *pkt.tuple();
+        if ty == req || ty == rep {
+            let found = self.find(st, &t);
+            return match found {
+                Some(s) if self.table.slab[s].kind == K_ECHO && (st.dir == 0) == (ty == req) => {
+                    let c = &mut self.table.slab[s];
+                    c.last_ns = c.last_ns.max(now);
+                    Action::Pass
+                }
+                Some(_) => {
+                    self.c.icmp_unrelated += 1;
+                    Action::Drop
+                }
+                None if ty == rep => {
+                    self.c.icmp_unsolicited += 1;
+                    Action::DropEndFlow
+                }
+                None if !self.may_open(t.src_ip()) => {
+                    self.c.policy += 1;
+                    Action::DropEndFlow
+                }
+                None => match self.open(st, &t, K_ECHO, now) {
+                    Some(_) => Action::Pass,
+                    None => Action::DropEndFlow,
+                },
+            };
+        }
+        let is_error = if v6 { (1..=4).contains(&ty) } else { matches!(ty, 3 | 4 | 5 | 11 | 12) };
+        if is_error {
+            // Related: the quoted packet belongs to a tracked connection.
+            if let Some(q) = quoted_tuple(pkt) {
+                if self.table.lookup(&q.canonical()).is_some() {
+                    self.c.related += 1;
+                    return Action::Pass;
+                }
+            }
+            self.c.icmp_unrelated += 1;
+            return self.drop_for(st);
+        }
+        if v6 && (133..=137).contains(&ty) {
+            self.c.nd_passed += 1;
+            return Action::Pass;
+        }
+        self.c.icmp_other += 1;
+        self.drop_for(st)
+    }
+
+    fn datagram(&mut self, pkt: &Pkt<'_>, st: &mut FwState, now: u64) -> Action {
+        let t = *pkt.tuple();
+        if let Some(s) = self.find(st, &t) {
+            let c = &mut self.table.slab[s];
+            c.last_ns = c.last_ns.max(now);
+            return Action::Pass;
+        }
+        if !self.may_open(t.src_ip()) {
+            self.c.udp_unsolicited += 1;
+            return Action::DropEndFlow;
+        }
+        match self.open(st, &t, K_DATAGRAM, now) {
+            Some(_) => Action::Pass,
+            None => Action::DropEndFlow,
+        }
+    }
+}
+
+/// Tracking data of a SYN's sender.
+fn syn_td(seg: &Seg) -> Td {
+    let end = seg.end();
+    let win = (seg.win as u32).max(1);
+    Td { end, maxend: end, maxwin: win, scale: seg.wscale.unwrap_or(0), ws: seg.wscale.is_some(), ..Td::default() }
+}
+
+/// The window check of Linux's `tcp_in_window`, loosely: the segment lies in
+/// the window the receiver advertised and its ack covers only what was sent.
+fn in_window(c: &Conn, dir: usize, seg: &Seg) -> bool {
+    let (snd, rcv) = (&c.td[dir], &c.td[1 - dir]);
+    let ack = if seg.flags & tcp_flags::ACK != 0 { seg.ack } else { rcv.end };
+    let max_ack = snd.maxwin.max(MAX_ACK_WINDOW);
+    !after(seg.seq, snd.maxend)
+        && !before(seg.end(), snd.end.wrapping_sub(rcv.maxwin))
+        && !after(ack, rcv.end)
+        && !before(ack, rcv.end.wrapping_sub(max_ack))
+}
+
+fn update_window(c: &mut Conn, dir: usize, seg: &Seg) {
+    let win =
+        if seg.flags & tcp_flags::SYN != 0 { seg.win as u32 } else { (seg.win as u32) << c.td[dir].scale.min(14) };
+    let end = seg.end();
+    let snd = &mut c.td[dir];
+    snd.maxwin = snd.maxwin.max(win);
+    if after(end, snd.end) {
+        snd.end = end;
+    }
+    if seg.flags & tcp_flags::ACK != 0 {
+        let rcv = &mut c.td[1 - dir];
+        let lim = seg.ack.wrapping_add(win.max(1));
+        if after(lim, rcv.maxend) {
+            rcv.maxend = lim;
+        }
+    }
+}
+
+impl StatefulNf for Fw {
+    type State = FwState;
+
+    fn name(&self) -> &'static str {
+        "fw"
+    }
+
+    fn idle_timeout_ns(&self) -> Option<u64> {
+        Some(self.timeout_ns)
+    }
+
+    fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> FwState {
+        // Binding happens in `process`, which sees every packet (and its clock).
+        FwState::zeroed()
+    }
+
+    fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut FwState, ctx: &NfContext) -> Action {
+        if !pkt.meta().valid {
+            self.c.unparsed += 1;
+            return self.drop_for(st);
+        }
+        if pkt.tuple().is_non_first_fragment() {
+            self.c.fragment += 1;
+            return self.drop_for(st);
+        }
+        match pkt.proto() {
+            proto::TCP => self.tcp(pkt, st, ctx.now_ns),
+            proto::ICMP if !pkt.meta().v6 => self.icmp(pkt, st, ctx.now_ns),
+            proto::ICMPV6 if pkt.meta().v6 => self.icmp(pkt, st, ctx.now_ns),
+            _ => self.datagram(pkt, st, ctx.now_ns),
+        }
+    }
+
+    fn prefetch(&self, st: &FwState) {
+        if let Some(c) = st.conn.checked_sub(1).and_then(|s| self.table.slab.get(s as usize)) {
+            flowplane_packet::prefetch::read(c);
+        }
+    }
+
+    fn release(&mut self, _key: &FiveTuple, st: &FwState) {
+        let Some(s) = self.bound(st) else { return };
+        let c = &mut self.table.slab[s];
+        c.refs = c.refs.saturating_sub(1);
+        if c.refs == 0 {
+            self.table.remove(s);
+            self.c.released += 1;
+        }
+    }
+
+    fn on_unparsed(&mut self) -> Action {
+        self.c.unparsed += 1;
+        Action::Drop
+    }
+
+    fn report(&self) -> Option<serde_json::Value> {
+        let c = &self.c;
+        Some(json!({
+            "allow_new": match self.cfg.allow_new { AllowNew::Inside => "inside", AllowNew::Any => "any" },
+            "inside": format!("{}/{}", self.cfg.inside, self.cfg.inside_len),
+            "timeout_s": self.cfg.timeout_s,
+            "conns_capacity": self.table.cap,
+            "conns_live": self.table.live,
+            "opened": c.opened,
+            "established": c.established,
+            "closed_fin": c.closed_fin,
+            "closed_rst": c.closed_rst,
+            "released": c.released,
+            "swept": c.swept,
+            "related_icmp": c.related,
+            "nd_passed": c.nd_passed,
+            "drops": {
+                "policy": c.policy,
+                "no_conn": c.no_conn,
+                "unsolicited_synack": c.unsolicited_synack,
+                "bad_synack": c.bad_synack,
+                "invalid_flags": c.invalid_flags,
+                "out_of_window": c.out_of_window,
+                "out_of_state": c.out_of_state,
+                "rst_invalid": c.rst_invalid,
+                "udp_unsolicited": c.udp_unsolicited,
+                "icmp_unsolicited": c.icmp_unsolicited,
+                "icmp_unrelated": c.icmp_unrelated,
+                "icmp_other": c.icmp_other,
+                "fragment": c.fragment,
+                "malformed": c.malformed,
+                "unparsed": c.unparsed,
+                "table_full": c.table_full,
+            },
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pkt::tcp_flags::{ACK, FIN, PSH, RST, SYN};
+    use crate::testutil::{ipv4_frame, tcp4, udp4, Harness};
+
+    const C: [u8; 4] = [10, 0, 0, 5];
+    const S: [u8; 4] = [93, 184, 216, 34];
+    const CP: u16 = 40000;
+    const SP: u16 = 443;
+    const CISN: u32 = 1000;
+    const SISN: u32 = 900_000;
+
+    fn fw() -> Harness<Fw> {
+        Harness::new(Fw::new(FwConfig { conns: 64, ..FwConfig::default() }))
+    }
+
+    /// Client -> server segment with `len` payload bytes.
+    fn c2s(flags: u8, seq: u32, ack: u32, len: usize) -> Vec<u8> {
+        with_payload(tcp4(C, S, CP, SP, flags, seq, ack), len)
+    }
+
+    fn s2c(flags: u8, seq: u32, ack: u32, len: usize) -> Vec<u8> {
+        with_payload(tcp4(S, C, SP, CP, flags, seq, ack), len)
+    }
+
+    /// Appends payload and fixes the IPv4 total length (checksums are not checked by the firewall).
+    fn with_payload(mut f: Vec<u8>, len: usize) -> Vec<u8> {
+        f.extend(std::iter::repeat_n(0xab, len));
+        let tot = (f.len() - 14) as u16;
+        f[16..18].copy_from_slice(&tot.to_be_bytes());
+        f
+    }
+
+    fn drops(h: &Harness<Fw>, reason: &str) -> u64 {
+        h.nf.report().unwrap()["drops"][reason].as_u64().unwrap()
+    }
+
+    fn stat(h: &Harness<Fw>, name: &str) -> u64 {
+        h.nf.report().unwrap()[name].as_u64().unwrap()
+    }
+
+    fn state(h: &Harness<Fw>) -> u8 {
+        let t = h.key_of(&c2s(ACK, 0, 0, 0)).unwrap();
+        h.nf.tcp_state_of(&t)
+    }
+
+    /// Runs the three-way handshake; returns the next client and server sequence numbers.
+    fn handshake(h: &mut Harness<Fw>) -> (u32, u32) {
+        assert_eq!(h.run(&c2s(SYN, CISN, 0, 0)).1, Action::Pass);
+        assert_eq!(state(h), tcp_state::SYN_SENT);
+        assert_eq!(h.run(&s2c(SYN | ACK, SISN, CISN + 1, 0)).1, Action::Pass);
+        assert_eq!(state(h), tcp_state::SYN_RECV);
+        assert_eq!(h.run(&c2s(ACK, CISN + 1, SISN + 1, 0)).1, Action::Pass);
+        assert_eq!(state(h), tcp_state::ESTABLISHED);
+        (CISN + 1, SISN + 1)
+    }
+
+    #[test]
+    fn full_connection_with_fin_teardown() {
+        let mut h = fw();
+        let (mut c, mut s) = handshake(&mut h);
+        // Data both ways.
+        assert_eq!(h.run(&c2s(ACK | PSH, c, s, 100)).1, Action::Pass);
+        c += 100;
+        assert_eq!(h.run(&s2c(ACK | PSH, s, c, 1000)).1, Action::Pass);
+        s += 1000;
+        assert_eq!(h.run(&c2s(ACK, c, s, 0)).1, Action::Pass);
+        assert_eq!(h.nf.live_conns(), 1);
+        // Client closes, server acks and closes, client acks the last FIN.
+        assert_eq!(h.run(&c2s(FIN | ACK, c, s, 0)).1, Action::Pass);
+        c += 1;
+        assert_eq!(state(&h), tcp_state::FIN_WAIT);
+        assert_eq!(h.run(&s2c(ACK, s, c, 0)).1, Action::Pass);
+        assert_eq!(h.run(&s2c(FIN | ACK, s, c, 0)).1, Action::Pass);
+        s += 1;
+        assert_eq!(state(&h), tcp_state::CLOSING);
+        assert_eq!(h.run(&c2s(ACK, c, s, 0)).1, Action::EndFlow, "last ACK ends the flow");
+        assert_eq!(state(&h), tcp_state::NEW);
+        assert_eq!(h.nf.live_conns(), 0, "slot freed");
+        assert_eq!(stat(&h, "closed_fin"), 1);
+        assert_eq!(stat(&h, "established"), 1);
+        // The server direction's state is stale: its late segment is out of state now.
+        assert_eq!(h.run(&s2c(ACK, s, c, 0)).1, Action::DropEndFlow);
+        assert_eq!(drops(&h, "no_conn"), 1);
+        // The same 5-tuple can open a new connection.
+        assert_eq!(h.run(&c2s(SYN, 77, 0, 0)).1, Action::Pass);
+        assert_eq!(h.run(&s2c(SYN | ACK, 5, 78, 0)).1, Action::Pass);
+        assert_eq!(h.nf.live_conns(), 1);
+    }
+
+    #[test]
+    fn fin_from_server_acked_together() {
+        let mut h = fw();
+        let (c, s) = handshake(&mut h);
+        assert_eq!(h.run(&s2c(FIN | ACK, s, c, 0)).1, Action::Pass);
+        // Client's FIN also acknowledges the server's FIN.
+        assert_eq!(h.run(&c2s(FIN | ACK, c, s + 1, 0)).1, Action::Pass);
+        assert_eq!(h.run(&s2c(ACK, s + 1, c + 1, 0)).1, Action::EndFlow);
+        assert_eq!(h.nf.live_conns(), 0);
+    }
+
+    #[test]
+    fn out_of_window_segments_dropped() {
+        let mut h = fw();
+        let (c, s) = handshake(&mut h);
+        // Sequence far beyond the server's advertised window.
+        assert_eq!(h.run(&c2s(ACK, c.wrapping_add(1_000_000), s, 10)).1, Action::Drop);
+        // Acknowledges data the server never sent.
+        assert_eq!(h.run(&c2s(ACK, c, s + 500_000, 0)).1, Action::Drop);
+        // Old data far behind the window.
+        assert_eq!(h.run(&s2c(ACK, s.wrapping_sub(200_000), c, 10)).1, Action::Drop);
+        assert_eq!(drops(&h, "out_of_window"), 3);
+        // The connection survives the garbage.
+        assert_eq!(h.run(&c2s(ACK, c, s, 10)).1, Action::Pass);
+        assert_eq!(state(&h), tcp_state::ESTABLISHED);
+    }
+
+    #[test]
+    fn unsolicited_synack_and_data_without_handshake() {
+        let mut h = fw();
+        assert_eq!(h.run(&s2c(SYN | ACK, SISN, CISN + 1, 0)).1, Action::DropEndFlow);
+        assert_eq!(drops(&h, "unsolicited_synack"), 1);
+        assert_eq!(h.run(&c2s(ACK | PSH, CISN, SISN, 50)).1, Action::DropEndFlow);
+        assert_eq!(h.run(&s2c(ACK, SISN, CISN, 0)).1, Action::DropEndFlow);
+        assert_eq!(drops(&h, "no_conn"), 2);
+        assert!(h.states.is_empty(), "no directional state left behind");
+        assert_eq!(h.nf.live_conns(), 0);
+    }
+
+    #[test]
+    fn handshake_violations() {
+        let mut h = fw();
+        assert_eq!(h.run(&c2s(SYN, CISN, 0, 0)).1, Action::Pass);
+        // SYN-ACK acknowledging the wrong ISN.
+        assert_eq!(h.run(&s2c(SYN | ACK, SISN, CISN + 7, 0)).1, Action::Drop);
+        assert_eq!(drops(&h, "bad_synack"), 1);
+        // Client data before the SYN-ACK.
+        assert_eq!(h.run(&c2s(ACK, CISN + 1, 0, 10)).1, Action::Drop);
+        assert_eq!(drops(&h, "out_of_state"), 1);
+        assert_eq!(state(&h), tcp_state::SYN_SENT);
+        assert_eq!(h.run(&s2c(SYN | ACK, SISN, CISN + 1, 0)).1, Action::Pass);
+        // Retransmitted SYN-ACK passes; a different one does not.
+        assert_eq!(h.run(&s2c(SYN | ACK, SISN, CISN + 1, 0)).1, Action::Pass);
+        assert_eq!(h.run(&s2c(SYN | ACK, SISN + 9, CISN + 1, 0)).1, Action::Drop);
+        let (c, s) = (CISN + 1, SISN + 1);
+        assert_eq!(h.run(&c2s(ACK, c, s, 0)).1, Action::Pass);
+        // A SYN inside an established connection.
+        assert_eq!(h.run(&c2s(SYN, 5, 0, 0)).1, Action::Drop);
+        assert_eq!(drops(&h, "out_of_state"), 3);
+        // Invalid flag combinations.
+        assert_eq!(h.run(&c2s(SYN | FIN, c, s, 0)).1, Action::Drop);
+        assert_eq!(h.run(&c2s(0, c, s, 0)).1, Action::Drop);
+        assert_eq!(h.run(&c2s(FIN, c, s, 0)).1, Action::Drop);
+        assert_eq!(drops(&h, "invalid_flags"), 3);
+        assert_eq!(state(&h), tcp_state::ESTABLISHED);
+    }
+
+    #[test]
+    fn rst_in_window_ends_out_of_window_dropped() {
+        let mut h = fw();
+        let (c, s) = handshake(&mut h);
+        // Blind RST far outside the window.
+        assert_eq!(h.run(&s2c(RST, s.wrapping_add(3_000_000), 0, 0)).1, Action::Drop);
+        assert_eq!(drops(&h, "rst_invalid"), 1);
+        assert_eq!(state(&h), tcp_state::ESTABLISHED);
+        assert_eq!(h.run(&s2c(RST | ACK, s, c, 0)).1, Action::EndFlow);
+        assert_eq!(h.nf.live_conns(), 0);
+        assert_eq!(stat(&h, "closed_rst"), 1);
+        // RST for no connection.
+        assert_eq!(h.run(&c2s(RST, c, 0, 0)).1, Action::DropEndFlow);
+        assert_eq!(drops(&h, "rst_invalid"), 2);
+        // In SYN_SENT a RST must acknowledge the SYN.
+        assert_eq!(h.run(&c2s(SYN, CISN, 0, 0)).1, Action::Pass);
+        assert_eq!(h.run(&s2c(RST | ACK, 0, CISN + 5, 0)).1, Action::Drop);
+        assert_eq!(h.run(&s2c(RST | ACK, 0, CISN + 1, 0)).1, Action::EndFlow);
+        assert_eq!(h.nf.live_conns(), 0);
+    }
+
+    #[test]
+    fn policy_inside_only_or_any() {
+        let mut h = fw();
+        // Outside host opening a connection inwards.
+        assert_eq!(h.run(&s2c(SYN, 1, 0, 0)).1, Action::DropEndFlow);
+        assert_eq!(drops(&h, "policy"), 1);
+        let mut h = Harness::new(Fw::new(FwConfig { allow_new: AllowNew::Any, conns: 8, ..FwConfig::default() }));
+        assert_eq!(h.run(&s2c(SYN, 1, 0, 0)).1, Action::Pass);
+        assert_eq!(h.run(&c2s(SYN | ACK, 50, 2, 0)).1, Action::Pass);
+        assert_eq!(h.run(&s2c(ACK, 2, 51, 0)).1, Action::Pass);
+        assert_eq!(state(&h), tcp_state::ESTABLISHED);
+    }
+
+    #[test]
+    fn window_scaling_honoured_when_both_offer_it() {
+        // SYN with options: MSS, NOP, WS=7.
+        fn syn_ws(src: [u8; 4], dst: [u8; 4], sp: u16, dp: u16, flags: u8, seq: u32, ack: u32) -> Vec<u8> {
+            let base = tcp4(src, dst, sp, dp, flags, seq, ack);
+            let mut l4 = base[34..].to_vec();
+            l4[12] = 8 << 4;
+            l4.extend_from_slice(&[2, 4, 0x05, 0xb4, 1, 3, 3, 7, 0, 0, 0, 0]);
+            ipv4_frame(src, dst, 6, &l4)
+        }
+        let mut h = fw();
+        assert_eq!(h.run(&syn_ws(C, S, CP, SP, SYN, CISN, 0)).1, Action::Pass);
+        assert_eq!(h.run(&syn_ws(S, C, SP, CP, SYN | ACK, SISN, CISN + 1)).1, Action::Pass);
+        let (c, s) = (CISN + 1, SISN + 1);
+        // Client's ACK advertises 65535 << 7 bytes; the server may now send far ahead.
+        assert_eq!(h.run(&c2s(ACK, c, s, 0)).1, Action::Pass);
+        assert_eq!(h.run(&s2c(ACK, s + 5_000_000, c, 10)).1, Action::Pass);
+        // Without scaling the same jump is out of window.
+        let mut h = fw();
+        handshake(&mut h);
+        assert_eq!(h.run(&s2c(ACK, s + 5_000_000, c, 10)).1, Action::Drop);
+    }
+
+    #[test]
+    fn udp_related_replies_only() {
+        let mut h = fw();
+        let out = udp4(C, S, 5353, 53);
+        let back = udp4(S, C, 53, 5353);
+        let unsolicited = udp4(S, C, 53, 9999);
+        assert_eq!(h.run(&unsolicited).1, Action::DropEndFlow);
+        assert_eq!(h.run(&back).1, Action::DropEndFlow, "reply before request");
+        assert_eq!(drops(&h, "udp_unsolicited"), 2);
+        assert_eq!(h.run(&out).1, Action::Pass);
+        assert_eq!(h.run(&back).1, Action::Pass);
+        assert_eq!(h.run(&out).1, Action::Pass);
+        assert_eq!(h.run(&unsolicited).1, Action::DropEndFlow);
+        // Expiry of both directions frees the connection.
+        for k in [h.key_of(&out).unwrap(), h.key_of(&back).unwrap()] {
+            let st = h.states.remove(&k).unwrap();
+            h.nf.release(&k, &st);
+        }
+        assert_eq!(h.nf.live_conns(), 0);
+        assert_eq!(stat(&h, "released"), 1);
+        assert_eq!(h.run(&back).1, Action::DropEndFlow);
+    }
+
+    fn icmp4(src: [u8; 4], dst: [u8; 4], ty: u8, id: u16) -> Vec<u8> {
+        let mut m = vec![ty, 0, 0, 0, 0, 0, 0, 1];
+        m[4..6].copy_from_slice(&id.to_be_bytes());
+        ipv4_frame(src, dst, proto::ICMP, &m)
+    }
+
+    #[test]
+    fn icmp_echo_and_related_errors() {
+        let mut h = fw();
+        assert_eq!(h.run(&icmp4(S, C, 0, 7)).1, Action::DropEndFlow, "unsolicited reply");
+        assert_eq!(drops(&h, "icmp_unsolicited"), 1);
+        assert_eq!(h.run(&icmp4(S, C, 8, 7)).1, Action::DropEndFlow, "request from outside");
+        assert_eq!(h.run(&icmp4(C, S, 8, 7)).1, Action::Pass);
+        assert_eq!(h.run(&icmp4(S, C, 0, 7)).1, Action::Pass);
+        assert_eq!(h.run(&icmp4(S, C, 0, 8)).1, Action::DropEndFlow, "other identifier");
+        // Destination unreachable quoting the client's UDP datagram: related once the flow exists.
+        let out = udp4(C, S, 5353, 53);
+        let mut err = vec![3, 3, 0, 0, 0, 0, 0, 0];
+        err.extend_from_slice(&out[14..14 + 28]);
+        let err = ipv4_frame(S, C, proto::ICMP, &err);
+        assert_eq!(h.run(&err).1, Action::DropEndFlow);
+        assert_eq!(drops(&h, "icmp_unrelated"), 1);
+        assert_eq!(h.run(&out).1, Action::Pass);
+        assert_eq!(h.run(&err).1, Action::Pass);
+        assert_eq!(stat(&h, "related_icmp"), 1);
+        // Truncated quote and other ICMP types.
+        let short = ipv4_frame(S, C, proto::ICMP, &[3, 3, 0, 0, 0, 0, 0, 0, 0x45]);
+        assert_eq!(h.run(&short).1, Action::DropEndFlow);
+        assert_eq!(h.run(&icmp4(S, C, 13, 1)).1, Action::DropEndFlow);
+        assert_eq!(drops(&h, "icmp_other"), 1);
+    }
+
+    #[test]
+    fn malformed_and_truncated_frames() {
+        let mut h = fw();
+        let syn = c2s(SYN, CISN, 0, 0);
+        // Every truncation: never panics; without a connection nothing passes.
+        for n in 0..syn.len() {
+            let a = h.run(&syn[..n]).1;
+            assert!(matches!(a, Action::Drop | Action::DropEndFlow), "len {n}: {a:?}");
+        }
+        assert_eq!(h.nf.live_conns(), 0);
+        // Bad data offset, IP length shorter than the TCP header, garbage.
+        let mut bad = syn.clone();
+        bad[34 + 12] = 2 << 4;
+        assert_eq!(h.run(&bad).1, Action::DropEndFlow);
+        let mut bad = syn.clone();
+        bad[16..18].copy_from_slice(&30u16.to_be_bytes());
+        assert_eq!(h.run(&bad).1, Action::DropEndFlow);
+        assert!(drops(&h, "malformed") >= 2);
+        assert_eq!(h.run(&[0u8; 60]).1, Action::Drop);
+        assert!(drops(&h, "unparsed") >= 1);
+        // Non-first fragment.
+        let mut frag = syn.clone();
+        frag[20..22].copy_from_slice(&0x0010u16.to_be_bytes());
+        assert!(matches!(h.run(&frag).1, Action::Drop | Action::DropEndFlow));
+        // Established connection: truncated segments are dropped, state untouched.
+        let (c, s) = handshake(&mut h);
+        let data = c2s(ACK, c, s, 0);
+        let mut cut = data[..40].to_vec();
+        cut[16..18].copy_from_slice(&26u16.to_be_bytes());
+        assert!(matches!(h.run(&cut).1, Action::Drop | Action::DropEndFlow));
+        assert_eq!(state(&h), tcp_state::ESTABLISHED);
+        // Random bytes behind a valid Ethernet/IPv4 header.
+        let mut x = 0x1234_5678u32;
+        for _ in 0..2000 {
+            let mut f = c2s(ACK, c, s, 8);
+            for b in f[34..].iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                *b = x as u8;
+            }
+            let _ = h.run(&f);
+        }
+    }
+
+    #[test]
+    fn table_full_is_counted_and_sweep_reclaims() {
+        let mut h = Harness::new(Fw::new(FwConfig { conns: 2, timeout_s: 1, ..FwConfig::default() }));
+        for p in 0..2u16 {
+            assert_eq!(h.run(&tcp4(C, S, 1000 + p, 80, SYN, 1, 0)).1, Action::Pass);
+        }
+        assert_eq!(h.run(&tcp4(C, S, 2000, 80, SYN, 1, 0)).1, Action::DropEndFlow);
+        assert_eq!(drops(&h, "table_full"), 1);
+        // Connections idle for more than twice the timeout are reclaimed (states evicted without release).
+        h.states.clear();
+        h.now_ns = 3_000_000_000;
+        assert_eq!(h.run(&tcp4(C, S, 2000, 80, SYN, 1, 0)).1, Action::Pass);
+        assert!(stat(&h, "swept") >= 1);
+        // A clock that jumps backwards neither panics nor sweeps live connections.
+        h.now_ns = 0;
+        assert_eq!(h.run(&tcp4(C, S, 2000, 80, SYN, 1, 0)).1, Action::Pass);
+    }
+
+    #[test]
+    fn conn_table_index_survives_churn() {
+        let mut t = ConnTable::new(200);
+        let key =
+            |i: u32| FiveTuple::V4(FiveTupleV4::new(Ipv4Addr::from(i), Ipv4Addr::new(1, 1, 1, 1), 7, 9, 6)).canonical();
+        let mut slots = Vec::new();
+        for i in 0..200 {
+            slots.push(t.insert(key(i)).unwrap());
+        }
+        assert!(t.insert(key(999)).is_none(), "full");
+        for i in (0..200).step_by(3) {
+            t.remove(slots[i as usize]);
+        }
+        for i in 0..200u32 {
+            assert_eq!(t.lookup(&key(i)).is_some(), i % 3 != 0, "key {i}");
+        }
+        for i in (0..200).step_by(3) {
+            slots[i as usize] = t.insert(key(i + 1000)).unwrap();
+        }
+        assert_eq!(t.live, 200);
+        for i in 0..200u32 {
+            let k = if i % 3 == 0 { key(i + 1000) } else { key(i) };
+            assert_eq!(t.lookup(&k), Some(slots[i as usize]));
+        }
+    }
+
+    #[test]
+    fn params() {
+        let mk = |pairs: &[(&str, &str)]| {
+            let mut p = Params::new("fw", pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect());
+            Fw::from_params(&mut p).map(|f| *f.config())
+        };
+        let c = mk(&[("allow_new", "any"), ("inside", "192.168.0.0/16"), ("timeout", "60"), ("conns", "1k")]).unwrap();
+        assert_eq!(c.allow_new, AllowNew::Any);
+        assert_eq!((c.inside_len, c.timeout_s, c.conns), (16, 60, 1000));
+        assert!(mk(&[("allow_new", "some")]).unwrap_err().0.contains("'allow_new=some'"));
+        assert!(mk(&[("inside", "10.0.0.0/33")]).unwrap_err().0.contains("'inside=10.0.0.0/33'"));
+        assert!(mk(&[("conns", "0")]).is_err());
+        assert!(mk(&[("inside", "2001:db8::/32")]).is_ok());
+    }
+}

@@ -1,0 +1,307 @@
+//! `hh`: heavy-hitter monitor (SCR Table 1). Every 5-tuple flow counts its
+//! bytes and packets in its state; the NF keeps a fixed-size top-k summary
+//! (the k flows with the most bytes seen so far), touched only when a flow's
+//! count exceeds the current k-th largest, so the common packet costs one
+//! compare. `report()` lists the top-k; with `threshold=BYTES` flows above
+//! it are flagged, and every flow that crosses it is counted.
+//!
+//! The summary is per NF instance (per core): under RSS sharding the cores'
+//! lists are disjoint. A flow that expires keeps its summary entry; if the
+//! same 5-tuple returns, its entry is updated only once the new incarnation
+//! is larger (the entry records the largest incarnation).
+
+use bytemuck::{Pod, Zeroable};
+use flowplane_wire::flow::FiveTuple;
+use serde_json::json;
+
+use crate::pkt::Pkt;
+use crate::stateful::{Action, StatefulNf};
+use crate::{NfContext, ParamError, Params};
+
+/// Largest summary (updates scan it linearly).
+pub const MAX_K: u64 = 1024;
+
+/// Per-flow state: its size so far.
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct HhState {
+    /// Bytes (frame lengths).
+    pub bytes: u64,
+    /// Packets.
+    pub packets: u64,
+}
+
+/// One entry of the top-k summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TopEntry {
+    /// The flow.
+    pub tuple: FiveTuple,
+    /// Its bytes when last updated.
+    pub bytes: u64,
+    /// Its packets when last updated.
+    pub packets: u64,
+}
+
+/// The heavy-hitter monitor.
+#[derive(Debug)]
+pub struct Hh {
+    /// Summary slots (capacity k, preallocated); the first `len` are used.
+    top: Vec<TopEntry>,
+    len: usize,
+    /// Index and bytes of the smallest entry (valid when `len > 0`).
+    min_at: usize,
+    min_bytes: u64,
+    threshold: Option<u64>,
+    flows: u64,
+    over_threshold: u64,
+}
+
+impl Hh {
+    /// `hh(k=N, threshold=BYTES)`; no threshold by default.
+    pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
+        let k = p.u64_in("k", 10, 1, MAX_K)? as usize;
+        let threshold = match p.u64_in("threshold", 0, 1, u64::MAX) {
+            Ok(0) => None,
+            Ok(t) => Some(t),
+            Err(e) => return Err(e),
+        };
+        Ok(Hh::new(k, threshold))
+    }
+
+    /// A monitor keeping the top `k` flows (clamped to 1..=[`MAX_K`]).
+    pub fn new(k: usize, threshold: Option<u64>) -> Self {
+        let k = k.clamp(1, MAX_K as usize);
+        Hh {
+            top: vec![TopEntry::default(); k],
+            len: 0,
+            min_at: 0,
+            min_bytes: 0,
+            threshold,
+            flows: 0,
+            over_threshold: 0,
+        }
+    }
+
+    /// The summary, largest first.
+    pub fn top(&self) -> Vec<TopEntry> {
+        let mut v = self.top[..self.len].to_vec();
+        v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.packets.cmp(&a.packets)));
+        v
+    }
+
+    fn recompute_min(&mut self) {
+        let (mut at, mut m) = (0, u64::MAX);
+        for (i, e) in self.top[..self.len].iter().enumerate() {
+            if e.bytes < m {
+                at = i;
+                m = e.bytes;
+            }
+        }
+        self.min_at = at;
+        self.min_bytes = if self.len == 0 { 0 } else { m };
+    }
+
+    /// Records that `tuple` now has `st`'s size; called only when it beats
+    /// the k-th largest or the summary has room.
+    #[cold]
+    fn offer(&mut self, tuple: &FiveTuple, st: &HhState) {
+        let entry = TopEntry { tuple: *tuple, bytes: st.bytes, packets: st.packets };
+        if let Some(i) = self.top[..self.len].iter().position(|e| e.tuple == *tuple) {
+            if st.bytes <= self.top[i].bytes {
+                return;
+            }
+            self.top[i] = entry;
+        } else if self.len < self.top.len() {
+            self.top[self.len] = entry;
+            self.len += 1;
+        } else {
+            self.top[self.min_at] = entry;
+        }
+        self.recompute_min();
+    }
+}
+
+impl StatefulNf for Hh {
+    type State = HhState;
+
+    fn name(&self) -> &'static str {
+        "hh"
+    }
+
+    fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> HhState {
+        self.flows += 1;
+        HhState::default()
+    }
+
+    #[inline]
+    fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut HhState, _ctx: &NfContext) -> Action {
+        let before = st.bytes;
+        st.bytes = st.bytes.saturating_add(pkt.len() as u64);
+        st.packets = st.packets.saturating_add(1);
+        if let Some(t) = self.threshold {
+            if before <= t && st.bytes > t {
+                self.over_threshold += 1;
+            }
+        }
+        if self.len < self.top.len() || st.bytes > self.min_bytes {
+            self.offer(pkt.tuple(), st);
+        }
+        Action::Pass
+    }
+
+    fn report(&self) -> Option<serde_json::Value> {
+        let top: Vec<_> = self
+            .top()
+            .iter()
+            .map(|e| {
+                json!({
+                    "proto": e.tuple.proto(),
+                    "src": e.tuple.src_ip().to_string(),
+                    "dst": e.tuple.dst_ip().to_string(),
+                    "sport": e.tuple.src_port(),
+                    "dport": e.tuple.dst_port(),
+                    "bytes": e.bytes,
+                    "packets": e.packets,
+                    "heavy": self.threshold.is_some_and(|t| e.bytes > t),
+                })
+            })
+            .collect();
+        Some(json!({
+            "k": self.top.len(),
+            "threshold_bytes": self.threshold,
+            "flows_seen": self.flows,
+            "flows_over_threshold": self.over_threshold,
+            "top": top,
+        }))
+    }
+
+    fn export_row(&self, key: &FiveTuple, st: &HhState) -> Option<serde_json::Value> {
+        Some(json!({
+            "proto": key.proto(),
+            "src": key.src_ip().to_string(),
+            "dst": key.dst_ip().to_string(),
+            "sport": key.src_port(),
+            "dport": key.dst_port(),
+            "packets": st.packets,
+            "bytes": st.bytes,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{udp4, Harness};
+
+    fn flow(i: u16) -> Vec<u8> {
+        udp4([10, 0, 0, 1], [9, 9, 9, 9], 1000 + i, 80)
+    }
+
+    #[test]
+    fn keeps_the_k_largest_flows() {
+        let mut h = Harness::new(Hh::new(3, None));
+        // Flow i sends i+1 packets, interleaved so ranks change over time.
+        for round in 0..10u16 {
+            for i in 0..10u16 {
+                if round <= i {
+                    h.run(&flow(i));
+                }
+            }
+        }
+        let top = h.nf.top();
+        let len = flow(0).len() as u64;
+        let got: Vec<(u16, u64, u64)> = top.iter().map(|e| (e.tuple.src_port(), e.packets, e.bytes)).collect();
+        assert_eq!(got, vec![(1009, 10, 10 * len), (1008, 9, 9 * len), (1007, 8, 8 * len)]);
+        assert_eq!(h.state_of(&flow(4)).unwrap(), HhState { bytes: 5 * len, packets: 5 });
+        let r = h.nf.report().unwrap();
+        assert_eq!(r["flows_seen"], 10);
+        assert_eq!(r["top"][0]["sport"], 1009);
+        assert_eq!(r["top"][0]["heavy"], false);
+        assert_eq!(r["top"].as_array().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_late_elephant_evicts_the_smallest() {
+        let mut h = Harness::new(Hh::new(2, None));
+        for _ in 0..5 {
+            h.run(&flow(1));
+        }
+        for _ in 0..3 {
+            h.run(&flow(2));
+        }
+        for _ in 0..4 {
+            h.run(&flow(3));
+        }
+        let ports: Vec<u16> = h.nf.top().iter().map(|e| e.tuple.src_port()).collect();
+        assert_eq!(ports, vec![1001, 1003]);
+        for _ in 0..10 {
+            h.run(&flow(2));
+        }
+        let top = h.nf.top();
+        assert_eq!(top[0].tuple.src_port(), 1002);
+        assert_eq!(top[0].packets, 13);
+        assert_eq!(top[1].tuple.src_port(), 1001);
+    }
+
+    #[test]
+    fn threshold_flags_and_counts_crossings() {
+        let len = flow(0).len() as u64;
+        let mut h = Harness::new(Hh::new(10, Some(3 * len)));
+        for _ in 0..5 {
+            h.run(&flow(1));
+        }
+        for _ in 0..3 {
+            h.run(&flow(2)); // exactly the threshold: not above it
+        }
+        let r = h.nf.report().unwrap();
+        assert_eq!(r["flows_over_threshold"], 1);
+        assert_eq!(r["threshold_bytes"], 3 * len);
+        assert_eq!(r["top"][0]["heavy"], true);
+        assert_eq!(r["top"][1]["heavy"], false);
+    }
+
+    #[test]
+    fn returning_flow_keeps_its_largest_incarnation() {
+        let mut h = Harness::new(Hh::new(2, None));
+        for _ in 0..4 {
+            h.run(&flow(1));
+        }
+        // The flow expires (state removed) and comes back smaller.
+        let key = h.key_of(&flow(1)).unwrap();
+        h.states.remove(&key);
+        h.run(&flow(1));
+        let top = h.nf.top();
+        assert_eq!(top.len(), 1);
+        assert_eq!(top[0].packets, 4);
+        for _ in 0..5 {
+            h.run(&flow(1));
+        }
+        assert_eq!(h.nf.top()[0].packets, 6);
+    }
+
+    #[test]
+    fn params_export_and_malformed_packets() {
+        let mut p = Params::new("hh", vec![("k".into(), "0".into())]);
+        assert!(Hh::from_params(&mut p).unwrap_err().0.contains("'k=0'"));
+        let mut p = Params::new("hh", vec![("threshold".into(), "x".into())]);
+        assert!(Hh::from_params(&mut p).unwrap_err().0.contains("'threshold=x'"));
+        let mut p = Params::new("hh", vec![("k".into(), "5".into()), ("threshold".into(), "1M".into())]);
+        let nf = Hh::from_params(&mut p).unwrap();
+        assert_eq!(nf.threshold, Some(1_000_000));
+        let mut h = Harness::new(nf);
+        for len in [0usize, 12, 33] {
+            assert_eq!(h.run(&vec![0u8; len]).1, Action::Pass);
+        }
+        assert!(h.nf.top().is_empty());
+        let f = flow(7);
+        h.run(&f);
+        let row = h.nf.export_row(&h.key_of(&f).unwrap(), &h.state_of(&f).unwrap()).unwrap();
+        assert_eq!(row["packets"], 1);
+        assert_eq!(row["sport"], 1007);
+        // Counters saturate instead of overflowing.
+        let key = h.key_of(&f).unwrap();
+        h.states.insert(key, HhState { bytes: u64::MAX - 1, packets: u64::MAX });
+        h.run(&f);
+        assert_eq!(h.state_of(&f).unwrap(), HhState { bytes: u64::MAX, packets: u64::MAX });
+    }
+}
