@@ -69,7 +69,12 @@ pub struct IoBenchReport {
 }
 
 fn row(r: &Report) -> IoRow {
-    IoRow { chain: r.chain.clone(), mpps: r.mpps, cycles_per_packet: r.cycles_per_packet, p50_batch_ns: r.latency.p50_ns }
+    IoRow {
+        chain: r.chain.clone(),
+        mpps: r.mpps,
+        cycles_per_packet: r.cycles_per_packet,
+        p50_batch_ns: r.latency.p50_ns,
+    }
 }
 
 /// Runs the baseline chains on one core.

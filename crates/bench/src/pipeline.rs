@@ -121,7 +121,14 @@ struct Measure<'a> {
 }
 
 impl Measure<'_> {
-    fn one(&self, trace: &Arc<ReplayTrace>, chain: &str, kind: ExecKind, prefetch: bool, flows: u64) -> Result<(f64, f64), String> {
+    fn one(
+        &self,
+        trace: &Arc<ReplayTrace>,
+        chain: &str,
+        kind: ExecKind,
+        prefetch: bool,
+        flows: u64,
+    ) -> Result<(f64, f64), String> {
         let spec = spec::parse(chain).map_err(|e| e.to_string())?;
         let cfg = RunConfig {
             cores: 1,
@@ -148,7 +155,14 @@ impl Measure<'_> {
 pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
     let m = Measure { opts };
     let mut rows: Vec<PipelineRow> = Vec::new();
-    let push = |rows: &mut Vec<PipelineRow>, experiment: &str, variant: String, chain: &str, kind: ExecKind, prefetch: bool, flows: u64, r: (f64, f64)| {
+    let push = |rows: &mut Vec<PipelineRow>,
+                experiment: &str,
+                variant: String,
+                chain: &str,
+                kind: ExecKind,
+                prefetch: bool,
+                flows: u64,
+                r: (f64, f64)| {
         rows.push(PipelineRow {
             experiment: experiment.to_string(),
             variant,
@@ -177,7 +191,16 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
         if opts.wants("chains") {
             for chain in ["lb", "lb -> fsc", CHAIN3] {
                 let r = m.one(&t, chain, ExecKind::Batch, true, base)?;
-                push(&mut rows, "chains", format!("{} NF(s)", chain.split("->").count()), chain, ExecKind::Batch, true, base, r);
+                push(
+                    &mut rows,
+                    "chains",
+                    format!("{} NF(s)", chain.split("->").count()),
+                    chain,
+                    ExecKind::Batch,
+                    true,
+                    base,
+                    r,
+                );
             }
         }
         if opts.wants("executors") {
@@ -189,7 +212,16 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
         if opts.wants("prefetch") {
             for pf in [true, false] {
                 let r = m.one(&t, CHAIN3, ExecKind::Batch, pf, base)?;
-                push(&mut rows, "prefetch", format!("prefetch={}", if pf { "on" } else { "off" }), CHAIN3, ExecKind::Batch, pf, base, r);
+                push(
+                    &mut rows,
+                    "prefetch",
+                    format!("prefetch={}", if pf { "on" } else { "off" }),
+                    CHAIN3,
+                    ExecKind::Batch,
+                    pf,
+                    base,
+                    r,
+                );
             }
         }
         if opts.wants("synthetic") && flowplane_nf::registry::find("synthetic").is_some() {
@@ -197,7 +229,16 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
                 for pf in [true, false] {
                     let chain = format!("synthetic(k={k})");
                     let r = m.one(&t, &chain, ExecKind::Batch, pf, base)?;
-                    push(&mut rows, "synthetic", format!("k={k} prefetch={}", if pf { "on" } else { "off" }), &chain, ExecKind::Batch, pf, base, r);
+                    push(
+                        &mut rows,
+                        "synthetic",
+                        format!("k={k} prefetch={}", if pf { "on" } else { "off" }),
+                        &chain,
+                        ExecKind::Batch,
+                        pf,
+                        base,
+                        r,
+                    );
                 }
             }
         }
@@ -231,11 +272,21 @@ fn fill_ratios(rows: &mut [PipelineRow]) {
 impl PipelineReport {
     /// CSV with a header line.
     pub fn to_csv(&self) -> String {
-        let mut s = String::from("experiment,variant,chain,exec,prefetch,flows,mpps,cycles_per_packet,ratio,ratio_to\n");
+        let mut s =
+            String::from("experiment,variant,chain,exec,prefetch,flows,mpps,cycles_per_packet,ratio,ratio_to\n");
         for r in &self.rows {
             s.push_str(&format!(
                 "{},{},\"{}\",{},{},{},{:.3},{:.1},{:.3},{}\n",
-                r.experiment, r.variant, r.chain, r.exec, r.prefetch, r.flows, r.mpps, r.cycles_per_packet, r.ratio, r.ratio_to
+                r.experiment,
+                r.variant,
+                r.chain,
+                r.exec,
+                r.prefetch,
+                r.flows,
+                r.mpps,
+                r.cycles_per_packet,
+                r.ratio,
+                r.ratio_to
             ));
         }
         s
@@ -245,7 +296,11 @@ impl PipelineReport {
 impl fmt::Display for PipelineReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "pipeline: 1 core, in-memory replay, 64-B packets, uniformly random flow order")?;
-        writeln!(f, "{:<10} {:<22} {:<40} {:>8} {:>11} {:>8}  vs", "experiment", "variant", "chain", "Mpps", "cycles/pkt", "ratio")?;
+        writeln!(
+            f,
+            "{:<10} {:<22} {:<40} {:>8} {:>11} {:>8}  vs",
+            "experiment", "variant", "chain", "Mpps", "cycles/pkt", "ratio"
+        )?;
         for r in &self.rows {
             writeln!(
                 f,

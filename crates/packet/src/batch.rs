@@ -528,7 +528,10 @@ mod tests {
     #[test]
     fn bad_configs() {
         assert_eq!(PacketPool::new(PoolConfig { buffers: 0, ..Default::default() }).err(), Some(PoolError::BadConfig));
-        assert_eq!(PacketPool::new(PoolConfig { buf_size: 100, ..Default::default() }).err(), Some(PoolError::BadConfig));
+        assert_eq!(
+            PacketPool::new(PoolConfig { buf_size: 100, ..Default::default() }).err(),
+            Some(PoolError::BadConfig)
+        );
         assert_eq!(
             PacketPool::new(PoolConfig { headroom: 2048, ..Default::default() }).err(),
             Some(PoolError::BadConfig)

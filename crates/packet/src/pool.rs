@@ -120,7 +120,8 @@ impl PacketPool {
         // SAFETY: layout has non-zero size (buffers > 0, buf_size > 0).
         let raw = unsafe { alloc_zeroed(layout) };
         let base = NonNull::new(raw).ok_or(PoolError::OutOfMemory)?;
-        let mem = Arc::new(PoolMem { base, layout, buf_size: cfg.buf_size, headroom: cfg.headroom, count: cfg.buffers });
+        let mem =
+            Arc::new(PoolMem { base, layout, buf_size: cfg.buf_size, headroom: cfg.headroom, count: cfg.buffers });
         // Highest index at the bottom so buffer 0 is handed out first.
         let free = (0..cfg.buffers as u32).rev().collect();
         Ok(PacketPool { mem, free, alloc_failures: 0 })
