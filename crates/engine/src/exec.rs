@@ -192,6 +192,10 @@ pub struct Executor {
     coarse: Vec<Box<[SharedHandle; MAX_BATCH]>>,
     /// Shared-table lookups done (non-aux mode: one per packet per group).
     shared_lookups: u64,
+    /// Expiry pacing: time of the last sweep step, entries to sweep, sweep period.
+    last_sweep_ns: u64,
+    sweep_entries: u64,
+    sweep_period_ns: u64,
 }
 
 #[inline(always)]
@@ -253,6 +257,9 @@ impl Executor {
             shared,
             coarse,
             shared_lookups: 0,
+            last_sweep_ns: 0,
+            sweep_entries: (cfg.flows as u64).max(1024),
+            sweep_period_ns: (timeout.unwrap_or(cfg.default_idle_timeout_ns) / 4).max(1),
         })
     }
 
@@ -273,7 +280,7 @@ impl Executor {
         }
         let n = batch.len();
         for i in 0..n {
-            self.scratch.metas[i] = PktMeta::parse(batch.data(i));
+            self.scratch.metas[i].parse_into(batch.data(i));
         }
         self.unparsed += self.scratch.metas[..n].iter().filter(|m| !m.valid).count() as u64;
         match self.cfg.kind {
@@ -290,10 +297,19 @@ impl Executor {
         self.cfg.aux && self.cfg.kind != ExecKind::PerNf && !self.chain.groups.is_empty()
     }
 
-    /// Bounded expiry work per batch: about two slab entries per packet in
-    /// the per-core tables, a few in the shared ones.
+    /// Bounded expiry work per batch, paced by time rather than packets: the
+    /// sweep visits every slab entry about four times per idle timeout, which
+    /// is what expiry needs, instead of touching DRAM-resident entries on
+    /// every packet. Capped per batch so a clock jump cannot stall a batch.
     fn expire(&mut self, now: u64, n: usize) {
-        let budget = 2 * n.max(16);
+        let elapsed = now.saturating_sub(self.last_sweep_ns);
+        let per_entry_ns = (self.sweep_period_ns / self.sweep_entries.max(1)).max(1);
+        let due = elapsed / per_entry_ns;
+        if due == 0 {
+            return;
+        }
+        self.last_sweep_ns += due * per_entry_ns;
+        let budget = (due as usize).min(4 * n.max(16));
         let aux_on = self.aux_on();
         let Executor { stores, chain, shared, cfg, .. } = self;
         let Chain { stages, groups, .. } = chain;
@@ -305,7 +321,7 @@ impl Executor {
             });
         }
         for t in &shared.tables {
-            t.expire(now, n.max(8), |_, _| {});
+            t.expire(now, budget.min(n.max(8)), |_, _| {});
         }
     }
 

@@ -16,6 +16,10 @@ use flowplane_packet::{Batch, Line, PacketPool};
 
 use crate::{Rx, Source};
 
+/// Packets ahead whose arena line the receive loop prefetches: about one
+/// DRAM latency of receive work, so it spans bursts.
+const RX_PREFETCH_AHEAD: usize = 96;
+
 /// Longest frame the replay accepts (jumbo frames included).
 pub const MAX_FRAME: usize = 9216;
 
@@ -260,6 +264,13 @@ impl Source for ReplayQueue {
             let chunk = (want - got).min(total - pos);
             let (lines, first_line, len, hash) = (&d.lines, &d.first_line[pos..], &d.len[pos..], &d.hash[pos..]);
             let n = batch.rx_burst_lines(pool, chunk, now, |k| {
+                // Under the DRAM pressure of large flow tables the hardware
+                // prefetcher loses the replay stream: fetch a few packets ahead.
+                if let Some(&ahead) = first_line.get(k + RX_PREFETCH_AHEAD) {
+                    if let Some(l) = lines.get(ahead as usize) {
+                        flowplane_packet::prefetch::read(l);
+                    }
+                }
                 let first = first_line[k] as usize;
                 let l = len[k];
                 bytes += l as u64;

@@ -1,0 +1,24 @@
+//! Chain specs as a user types them: the parser never panics, its error column points into the
+//! spec, and whatever parses either compiles to a chain or is rejected with a message.
+#![no_main]
+
+use flowplane_engine::chain::Chain;
+use flowplane_engine::spec;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    match spec::parse(text) {
+        Ok(parsed) => {
+            if let Err(msg) = Chain::build(&parsed) {
+                // The CLI prints this as its one-line error.
+                assert!(!msg.is_empty(), "empty chain error for {text:?}");
+            }
+        }
+        Err(e) => {
+            // Columns are 1-based characters; one past the end names "end of input".
+            assert!(e.column >= 1 && e.column <= text.chars().count() + 1, "column {} for {text:?}", e.column);
+            assert!(!e.message.is_empty());
+        }
+    }
+});
