@@ -29,14 +29,14 @@ pub struct IoBenchOptions {
 
 impl Default for IoBenchOptions {
     fn default() -> Self {
-        IoBenchOptions { flows: 1_000_000, packets: 4_000_000, size: 64, seconds: 2.0, batch: 32 }
+        IoBenchOptions { flows: 1_000_000, packets: 4_000_000, size: 64, seconds: 2.0, batch: 64 }
     }
 }
 
 impl IoBenchOptions {
     /// Small and short, for CI smoke runs.
     pub fn quick() -> Self {
-        IoBenchOptions { flows: 10_000, packets: 100_000, size: 64, seconds: 0.2, batch: 32 }
+        IoBenchOptions { flows: 10_000, packets: 100_000, size: 64, seconds: 0.2, batch: 64 }
     }
 }
 
@@ -100,6 +100,7 @@ pub fn run_io(opts: &IoBenchOptions) -> Result<IoBenchReport, String> {
             batch_size: opts.batch,
             loops: None,
             duration: Some(Duration::from_secs_f64(opts.seconds)),
+            warmup: Some(Duration::from_secs_f64((opts.seconds / 4.0).min(0.5))),
             ..RunConfig::default()
         };
         let rep = run(&rc, &spec, trace.clone(), Output::Discard).map_err(|e| e.to_string())?;

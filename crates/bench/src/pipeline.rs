@@ -41,7 +41,7 @@ impl Default for PipelineOptions {
             flows: vec![1_000, 16_000, 128_000, 1_000_000, 4_000_000],
             base_flows: 1_000_000,
             seconds: 2.0,
-            batch: 32,
+            batch: 64,
             synthetic_k: vec![1, 2, 4, 8],
             only: Vec::new(),
         }
@@ -55,7 +55,7 @@ impl PipelineOptions {
             flows: vec![1_000, 16_000],
             base_flows: 16_000,
             seconds: 0.1,
-            batch: 32,
+            batch: 64,
             synthetic_k: vec![1, 2],
             only: Vec::new(),
         }
@@ -135,6 +135,8 @@ impl Measure<'_> {
             batch_size: self.opts.batch,
             loops: None,
             duration: Some(Duration::from_secs_f64(self.opts.seconds)),
+            // Fill the tables and settle page faults before measuring.
+            warmup: Some(Duration::from_secs_f64((self.opts.seconds / 2.0).min(1.0))),
             exec: ExecConfig {
                 kind,
                 prefetch,

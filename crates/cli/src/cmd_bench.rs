@@ -29,10 +29,10 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 64)]
         size: usize,
         /// Seconds per measurement.
-        #[arg(long, default_value_t = 2.0)]
+        #[arg(long, default_value_t = 2.0, allow_negative_numbers = true)]
         seconds: f64,
         /// Packets per batch.
-        #[arg(long, default_value_t = 32)]
+        #[arg(long, default_value_t = 64)]
         batch: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
@@ -50,7 +50,7 @@ pub enum BenchCmd {
         #[arg(long)]
         base_flows: Option<u64>,
         /// Seconds per measurement.
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         seconds: Option<f64>,
         /// Experiments to run (default all): flows,chains,executors,prefetch,synthetic.
         #[arg(long, value_delimiter = ',', value_parser = ["flows", "chains", "executors", "prefetch", "synthetic"])]

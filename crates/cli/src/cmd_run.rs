@@ -40,7 +40,7 @@ pub struct RunArgs {
     #[arg(long, short = 'c', default_value = DEFAULT_CHAIN)]
     pub chain: String,
     /// Worker cores (default: all available).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub cores: Option<usize>,
     /// Executor: batch (FAJITA), rtc (per-packet run-to-completion), pernf (a table per NF, VPP-style),
     /// microbatch (per-flow micro-batches, FastClick-style).
@@ -53,10 +53,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_aux: bool,
     /// Flow-table capacity per core (IPv4 flows).
-    #[arg(long, default_value_t = 1 << 21)]
+    #[arg(long, default_value_t = 1 << 21, allow_negative_numbers = true)]
     pub flows: usize,
     /// Idle timeout of flow state in seconds, when no NF sets one.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, allow_negative_numbers = true)]
     pub idle_timeout: f64,
     /// When a flow table is full: reject (count and pass without state) or evict the least recently used entry.
     #[arg(long, default_value = "reject", value_parser = ["reject", "evict"])]
@@ -71,19 +71,22 @@ pub struct RunArgs {
     #[arg(long)]
     pub symmetric_rss: bool,
     /// Passes over the trace (default 1 for --input/--gen).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub loops: Option<u64>,
     /// Run for this many seconds (the trace loops as needed).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub duration: Option<f64>,
+    /// Seconds processed before measuring starts (added to --duration).
+    #[arg(long, allow_negative_numbers = true)]
+    pub warmup: Option<f64>,
     /// Packets per batch (1..=256).
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
     pub batch: usize,
     /// Offered load in packets/s over all cores (default: full speed).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub rate: Option<f64>,
     /// Buffers per core's packet pool.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
     pub pool: usize,
     /// Do not pin workers to cores.
     #[arg(long)]
@@ -133,6 +136,11 @@ fn validate(a: &RunArgs) -> Result<(), CliError> {
     if let Some(r) = a.rate {
         if !(r.is_finite() && r > 0.0) {
             return Err(CliError::new(format!("--rate {r}: must be a positive packet rate")));
+        }
+    }
+    if let Some(w) = a.warmup {
+        if !(w.is_finite() && (0.0..=3600.0).contains(&w)) {
+            return Err(CliError::new(format!("--warmup {w}: must be between 0 and 3600 seconds")));
         }
     }
     if a.loops == Some(0) {
@@ -200,6 +208,7 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         duration: a.duration.map(Duration::from_secs_f64),
         rate_pps: a.rate,
         pin: !a.no_pin,
+        warmup: a.warmup.map(Duration::from_secs_f64),
         exec,
         export: exports.iter().map(|(n, _)| n.clone()).collect(),
     };

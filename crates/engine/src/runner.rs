@@ -44,6 +44,8 @@ pub struct RunConfig {
     pub rate_pps: Option<f64>,
     /// Pin worker i to CPU i.
     pub pin: bool,
+    /// Processed but not measured at the start of the run (tables fill, page faults settle).
+    pub warmup: Option<Duration>,
     /// Executor and state-store settings.
     pub exec: ExecConfig,
     /// NFs whose state to export at the end of the run.
@@ -54,12 +56,13 @@ impl Default for RunConfig {
     fn default() -> Self {
         RunConfig {
             cores: 1,
-            batch_size: 32,
+            batch_size: 64,
             pool_buffers: 4096,
             loops: Some(1),
             duration: None,
             rate_pps: None,
             pin: true,
+            warmup: None,
             exec: ExecConfig::default(),
             export: Vec::new(),
         }
@@ -109,6 +112,7 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
     let epoch_ns =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let start_tsc = tsc::rdtsc();
+    let measure_from = start_tsc + cfg.warmup.map_or(0, |w| (w.as_secs_f64() * hz) as u64);
     let wall = Instant::now();
     let results: Vec<Result<WorkerResult, RunError>> = std::thread::scope(|s| {
         let handles: Vec<_> = chains
@@ -151,8 +155,12 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
                             cfg.batch_size,
                             stop,
                             start_tsc,
+                            measure_from,
                         );
-                        for name in &cfg.export {
+                        let mut names: Vec<&String> = cfg.export.iter().collect();
+                        names.sort();
+                        names.dedup();
+                        for name in names {
                             if let Some(rows) = exec.export(name, core == 0) {
                                 res.exports.push((name.clone(), rows));
                             }
@@ -162,7 +170,7 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
                     .map_err(|e| RunError(format!("cannot start worker thread: {e}")))
             })
             .collect();
-        if let Some(d) = cfg.duration {
+        if let Some(d) = cfg.duration.map(|d| d + cfg.warmup.unwrap_or_default()) {
             // Sleep in slices so a run whose workers finish early returns early.
             let deadline = Instant::now() + d;
             while Instant::now() < deadline && handles.iter().any(|h| h.as_ref().is_ok_and(|h| !h.is_finished())) {

@@ -34,7 +34,8 @@ pub struct WorkerResult {
     pub exports: Vec<(String, Vec<serde_json::Value>)>,
 }
 
-/// Runs until the source is done or `stop` is raised.
+/// Runs until the source is done or `stop` is raised. Batches received
+/// before `measure_from_tsc` are processed but not measured (warm-up).
 #[allow(clippy::too_many_arguments)]
 pub fn run_worker(
     core: usize,
@@ -45,6 +46,7 @@ pub fn run_worker(
     batch_size: usize,
     stop: &AtomicBool,
     run_start_tsc: u64,
+    measure_from_tsc: u64,
 ) -> WorkerResult {
     let mut batch = Batch::new(pool);
     let mut res = WorkerResult { core, ..Default::default() };
@@ -64,7 +66,16 @@ pub fn run_worker(
             }
             Rx::Done => break,
         };
-        first.get_or_insert(now);
+        if first.is_none() && now >= measure_from_tsc {
+            // Warm-up over: throughput, cycles and latency count from here
+            // (tables filled, caches and page tables warm). NF counters keep totals.
+            first = Some(now);
+            res.packets = 0;
+            res.bytes = 0;
+            res.batches = 0;
+            res.tx = TxCounters::default();
+            res.batch_latency = Histogram::default();
+        }
         res.packets += n as u64;
         res.bytes += batch.lens().iter().map(|&l| l as u64).sum::<u64>();
         let ctx = NfContext { now_tsc: now, now_ns: (now.saturating_sub(run_start_tsc) as f64 * ns_per_tick) as u64 };

@@ -62,6 +62,10 @@ impl StatefulNf for Fsc {
     }
 
     fn export_row(&self, key: &FiveTuple, st: &FscState) -> Option<serde_json::Value> {
+        // A block created for a flow whose packets never reached fsc (dropped upstream).
+        if st.packets == 0 {
+            return None;
+        }
         Some(json!({
             "proto": key.proto(),
             "src": key.src_ip().to_string(),

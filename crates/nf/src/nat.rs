@@ -78,6 +78,11 @@ pub mod kind {
     pub const OTHER_DROP: u8 = 8;
     /// IPv6 (NAT44 only): pass untouched.
     pub const V6: u8 = 9;
+    /// Created by the default action, classified (and a port taken) on the
+    /// flow's first packet that actually reaches the NAT: in an aggregated
+    /// chain the default action runs for every NF when the flow enters the
+    /// chain, even if an upstream NF drops that packet.
+    pub const PENDING: u8 = 10;
 }
 
 /// Per-flow state (16 bytes, no padding).
@@ -353,132 +358,15 @@ impl StatefulNf for Nat {
         Some(self.cfg.timeout_s.saturating_mul(1_000_000_000))
     }
 
-    fn init(&mut self, pkt: &Pkt<'_>, _ctx: &NfContext) -> NatState {
-        let m = pkt.meta();
-        if m.v6 {
-            return Nat::state(kind::V6);
-        }
-        let (Some(src), Some(dst)) = (pkt.ipv4_src(), pkt.ipv4_dst()) else {
-            return Nat::state(kind::TRANSIT);
-        };
-        let (src, dst) = (u32::from(src), u32::from(dst));
-        let inside = self.is_inside(src);
-        let ext = self.ext_index(dst);
-        if !inside && ext.is_none() {
-            return Nat::state(kind::TRANSIT);
-        }
-        let pool = match m.proto {
-            proto::TCP => 0u8,
-            proto::UDP => 1u8,
-            _ => return Nat::state(if self.cfg.drop_other { kind::OTHER_DROP } else { kind::OTHER_PASS }),
-        };
-        // Ports are needed on both sides; a non-first fragment has none.
-        let (Some(sport), Some(dport)) = (pkt.src_port(), pkt.dst_port()) else {
-            return Nat::state(kind::FRAGMENT);
-        };
-        let p = &mut self.pools[pool as usize];
-        if inside {
-            let Some(slot) = p.alloc() else { return Nat::state(kind::EXHAUSTED) };
-            let e = &mut p.rev[slot as usize];
-            e.inside = src;
-            e.inside_port = sport;
-            e.in_use = true;
-            self.c.mappings += 1;
-            NatState {
-                addr: self.ext_base + slot / self.ports,
-                slot,
-                gen: e.gen,
-                port: self.cfg.port_lo + (slot % self.ports) as u16,
-                kind: kind::OUTBOUND,
-                pool,
-            }
-        } else {
-            let idx = ext.unwrap_or(0);
-            if dport < self.cfg.port_lo || dport > self.cfg.port_hi {
-                return Nat::state(kind::UNMAPPED);
-            }
-            let slot = idx * self.ports + (dport - self.cfg.port_lo) as u32;
-            match p.rev.get(slot as usize) {
-                Some(e) if e.in_use => {
-                    self.c.inbound_flows += 1;
-                    NatState { addr: e.inside, slot, gen: e.gen, port: e.inside_port, kind: kind::INBOUND, pool }
-                }
-                _ => Nat::state(kind::UNMAPPED),
-            }
-        }
+    fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> NatState {
+        Nat::state(kind::PENDING)
     }
 
-    #[inline]
-    fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut NatState, _ctx: &NfContext) -> Action {
-        let rst = pkt.tcp_flags().is_some_and(|f| f & tcp_flags::RST != 0);
-        match st.kind {
-            kind::OUTBOUND => {
-                pkt.set_ipv4_src(Ipv4Addr::from(st.addr));
-                pkt.set_src_port(st.port);
-                self.c.out_packets += 1;
-                if rst {
-                    self.c.rst_ends += 1;
-                    Action::EndFlow
-                } else {
-                    Action::Pass
-                }
-            }
-            kind::INBOUND => {
-                let live = self.pools[(st.pool & 1) as usize]
-                    .rev
-                    .get(st.slot as usize)
-                    .is_some_and(|e| e.in_use && e.gen == st.gen);
-                if !live {
-                    // Released (and maybe reused): block this flow until it idles out.
-                    st.kind = kind::STALE;
-                    self.c.stale += 1;
-                    return Action::Drop;
-                }
-                pkt.set_ipv4_dst(Ipv4Addr::from(st.addr));
-                pkt.set_dst_port(st.port);
-                self.c.in_packets += 1;
-                if rst {
-                    self.c.rst_ends += 1;
-                    Action::EndFlow
-                } else {
-                    Action::Pass
-                }
-            }
-            kind::STALE => {
-                self.c.stale += 1;
-                Action::Drop
-            }
-            kind::TRANSIT => {
-                self.c.transit += 1;
-                Action::Pass
-            }
-            kind::V6 => {
-                self.c.v6 += 1;
-                Action::Pass
-            }
-            kind::OTHER_PASS => {
-                self.c.other_passed += 1;
-                Action::Pass
-            }
-            // The drop kinds keep no state: the next packet re-runs `init`.
-            kind::EXHAUSTED => {
-                self.c.exhausted += 1;
-                Action::DropEndFlow
-            }
-            kind::UNMAPPED => {
-                self.c.unmapped += 1;
-                Action::DropEndFlow
-            }
-            kind::FRAGMENT => {
-                self.c.fragments += 1;
-                Action::DropEndFlow
-            }
-            kind::OTHER_DROP => {
-                self.c.other_dropped += 1;
-                Action::DropEndFlow
-            }
-            _ => Action::DropEndFlow,
+    fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut NatState, ctx: &NfContext) -> Action {
+        if st.kind == kind::PENDING {
+            *st = self.classify(pkt);
         }
+        self.translate(pkt, st, ctx)
     }
 
     fn prefetch(&self, st: &NatState) {
@@ -556,6 +444,139 @@ impl StatefulNf for Nat {
             "translated_addr": Ipv4Addr::from(st.addr).to_string(),
             "translated_port": st.port,
         }))
+    }
+}
+
+impl Nat {
+    /// The old default action: classify the flow and, for a new outbound flow, take a port.
+    fn classify(&mut self, pkt: &Pkt<'_>) -> NatState {
+        let m = pkt.meta();
+        if m.v6 {
+            return Nat::state(kind::V6);
+        }
+        let (Some(src), Some(dst)) = (pkt.ipv4_src(), pkt.ipv4_dst()) else {
+            return Nat::state(kind::TRANSIT);
+        };
+        let (src, dst) = (u32::from(src), u32::from(dst));
+        let inside = self.is_inside(src);
+        let ext = self.ext_index(dst);
+        if !inside && ext.is_none() {
+            return Nat::state(kind::TRANSIT);
+        }
+        let pool = match m.proto {
+            proto::TCP => 0u8,
+            proto::UDP => 1u8,
+            _ => return Nat::state(if self.cfg.drop_other { kind::OTHER_DROP } else { kind::OTHER_PASS }),
+        };
+        // Ports are needed on both sides; a non-first fragment has none.
+        let (Some(sport), Some(dport)) = (pkt.src_port(), pkt.dst_port()) else {
+            return Nat::state(kind::FRAGMENT);
+        };
+        let p = &mut self.pools[pool as usize];
+        if inside {
+            let Some(slot) = p.alloc() else { return Nat::state(kind::EXHAUSTED) };
+            let e = &mut p.rev[slot as usize];
+            e.inside = src;
+            e.inside_port = sport;
+            e.in_use = true;
+            self.c.mappings += 1;
+            NatState {
+                addr: self.ext_base + slot / self.ports,
+                slot,
+                gen: e.gen,
+                port: self.cfg.port_lo + (slot % self.ports) as u16,
+                kind: kind::OUTBOUND,
+                pool,
+            }
+        } else {
+            let idx = ext.unwrap_or(0);
+            if dport < self.cfg.port_lo || dport > self.cfg.port_hi {
+                return Nat::state(kind::UNMAPPED);
+            }
+            let slot = idx * self.ports + (dport - self.cfg.port_lo) as u32;
+            match p.rev.get(slot as usize) {
+                Some(e) if e.in_use => {
+                    self.c.inbound_flows += 1;
+                    NatState { addr: e.inside, slot, gen: e.gen, port: e.inside_port, kind: kind::INBOUND, pool }
+                }
+                _ => Nat::state(kind::UNMAPPED),
+            }
+        }
+    }
+
+    #[inline]
+
+    /// The per-packet action on a classified flow.
+    fn translate(&mut self, pkt: &mut Pkt<'_>, st: &mut NatState, _ctx: &NfContext) -> Action {
+        let rst = pkt.tcp_flags().is_some_and(|f| f & tcp_flags::RST != 0);
+        match st.kind {
+            kind::OUTBOUND => {
+                pkt.set_ipv4_src(Ipv4Addr::from(st.addr));
+                pkt.set_src_port(st.port);
+                self.c.out_packets += 1;
+                if rst {
+                    self.c.rst_ends += 1;
+                    Action::EndFlow
+                } else {
+                    Action::Pass
+                }
+            }
+            kind::INBOUND => {
+                let live = self.pools[(st.pool & 1) as usize]
+                    .rev
+                    .get(st.slot as usize)
+                    .is_some_and(|e| e.in_use && e.gen == st.gen);
+                if !live {
+                    // Released (and maybe reused): block this flow until it idles out.
+                    st.kind = kind::STALE;
+                    self.c.stale += 1;
+                    return Action::Drop;
+                }
+                pkt.set_ipv4_dst(Ipv4Addr::from(st.addr));
+                pkt.set_dst_port(st.port);
+                self.c.in_packets += 1;
+                if rst {
+                    self.c.rst_ends += 1;
+                    Action::EndFlow
+                } else {
+                    Action::Pass
+                }
+            }
+            kind::STALE => {
+                self.c.stale += 1;
+                Action::Drop
+            }
+            kind::TRANSIT => {
+                self.c.transit += 1;
+                Action::Pass
+            }
+            kind::V6 => {
+                self.c.v6 += 1;
+                Action::Pass
+            }
+            kind::OTHER_PASS => {
+                self.c.other_passed += 1;
+                Action::Pass
+            }
+            // The drop kinds keep no state: the next packet re-runs `init`.
+            kind::EXHAUSTED => {
+                self.c.exhausted += 1;
+                Action::DropEndFlow
+            }
+            kind::UNMAPPED => {
+                self.c.unmapped += 1;
+                Action::DropEndFlow
+            }
+            kind::FRAGMENT => {
+                self.c.fragments += 1;
+                Action::DropEndFlow
+            }
+            kind::OTHER_DROP => {
+                self.c.other_dropped += 1;
+                Action::DropEndFlow
+            }
+            _ => Action::DropEndFlow,
+        }
     }
 }
 

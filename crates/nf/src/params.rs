@@ -62,6 +62,16 @@ impl Params {
         }
     }
 
+    /// Fails on the first parameter whose name is not in `known`.
+    pub fn check_known<'k>(&self, known: impl Iterator<Item = &'k str> + Clone) -> Result<(), ParamError> {
+        for (k, _) in &self.pairs {
+            if !known.clone().any(|n| n == k) {
+                return Err(ParamError(format!("{}: unknown parameter '{k}'", self.nf)));
+            }
+        }
+        Ok(())
+    }
+
     /// Fails on the first parameter no getter asked for (a typo, usually).
     pub fn finish(&self) -> Result<(), ParamError> {
         match self.used.iter().position(|u| !u) {

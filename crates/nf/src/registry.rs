@@ -199,6 +199,8 @@ pub fn build(name: &str, mut params: Params) -> Result<NfInstance, ParamError> {
         let known: Vec<&str> = NFS.iter().map(|k| k.name).collect();
         ParamError(format!("unknown NF '{name}' (known: {})", known.join(", ")))
     })?;
+    // Reject unknown parameters before building: some NFs allocate a lot.
+    params.check_known(kind.params.iter().map(|(p, _)| *p))?;
     let nf = (kind.build)(&mut params)?;
     params.finish()?;
     Ok(nf)

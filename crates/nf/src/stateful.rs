@@ -102,6 +102,12 @@ pub trait StatefulNf: Send + 'static {
 
     /// Default action on a table miss (add-on-miss): the new flow's initial state.
     /// Runs once per flow, before [`StatefulNf::process`] sees its first packet.
+    ///
+    /// Contract: with aggregated state (the batched executor) the default
+    /// actions of all 5-tuple NFs run when the flow's block is created, i.e.
+    /// when its first packet enters the chain — even if an upstream NF then
+    /// drops that packet. So `init` must not take resources (ports, slots):
+    /// do that in `process` on the first packet that reaches the NF (see `nat`).
     fn init(&mut self, pkt: &Pkt<'_>, ctx: &NfContext) -> Self::State;
 
     /// Per-packet action, with the flow's state updated in place.

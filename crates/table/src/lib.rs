@@ -12,6 +12,7 @@
 //! (tag compare), `slab` (memory, entries, free list), `flow_table` (the table),
 //! `expiry` (idle sweep), `error`.
 
+pub mod aux;
 pub mod error;
 pub mod expiry;
 pub mod flow_table;

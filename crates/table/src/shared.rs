@@ -351,6 +351,34 @@ fn prefetch<T>(p: *const T) {
     let _ = p;
 }
 
+/// Free-list stripe of the calling thread: threads get consecutive numbers on first use,
+/// so two cores churning entries work on different free-list lines.
+#[cfg(not(loom))]
+#[inline]
+fn home_stripe() -> usize {
+    use std::cell::Cell;
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    thread_local! {
+        static HOME: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    HOME.with(|h| {
+        let v = h.get();
+        if v != usize::MAX {
+            return v;
+        }
+        let v = NEXT.fetch_add(1, Relaxed);
+        h.set(v);
+        v
+    })
+}
+
+/// Under loom every model thread uses stripe 0 (model tables are small: one stripe).
+#[cfg(loom)]
+#[inline]
+fn home_stripe() -> usize {
+    0
+}
+
 /// A concurrent flow table with lock-free readers; see the module docs.
 pub struct SharedFlowTable<K> {
     buckets: Box<[Bucket]>,
@@ -440,7 +468,7 @@ impl<K: SharedKey> SharedFlowTable<K> {
         };
         for i in (0..cfg.capacity).rev() {
             t.word(i, W_REF).store(DEAD, Relaxed);
-            t.push_free(i as u32);
+            t.push_to(i % nstripes, i as u32);
         }
         Ok(t)
     }
@@ -935,8 +963,14 @@ impl<K: SharedKey> SharedFlowTable<K> {
 
     // ---- free lists -------------------------------------------------------------------
 
+    /// Returns `idx` to the calling thread's home stripe, so a core that frees and then
+    /// allocates entries (steady churn) keeps reusing its own free-list line and entries.
     fn push_free(&self, idx: u32) {
-        let st = &self.stripes[idx as usize & (self.stripes.len() - 1)];
+        self.push_to(home_stripe(), idx);
+    }
+
+    fn push_to(&self, stripe: usize, idx: u32) {
+        let st = &self.stripes[stripe & (self.stripes.len() - 1)];
         let mut h = st.head.load(Relaxed);
         loop {
             self.next[idx as usize].store(h as u32, Relaxed);
@@ -949,13 +983,15 @@ impl<K: SharedKey> SharedFlowTable<K> {
         st.free.fetch_add(1, Relaxed);
     }
 
-    /// Pops a free entry, starting at the stripe chosen by `hash` so cores inserting
-    /// different keys mostly touch different free-list lines.
+    /// Pops a free entry from the calling thread's home stripe, else from the others,
+    /// visited from a hash-chosen start so threads whose home is empty spread out.
     fn pop_free(&self, hash: u64) -> Option<u32> {
         let ns = self.stripes.len();
-        let s0 = (hash >> 32) as usize;
-        for k in 0..ns {
-            let st = &self.stripes[(s0 + k) & (ns - 1)];
+        let home = home_stripe();
+        let start = (hash >> 32) as usize;
+        for k in 0..=ns {
+            let s = if k == 0 { home } else { start + k };
+            let st = &self.stripes[s & (ns - 1)];
             let mut h = st.head.load(Acquire);
             loop {
                 let idx = h as u32;
@@ -1127,10 +1163,8 @@ impl<K: SharedKey> SharedFlowTable<K> {
         };
         if new & COUNT != 0 {
             ReleaseOutcome::Referenced
-        } else if new & DEAD != 0 {
-            self.free_entry(h.idx);
-            ReleaseOutcome::Removed
-        } else if self.timeout == 0 && self.remove_if_unreferenced(h.idx, new) {
+        } else if new & DEAD != 0 || (self.timeout == 0 && self.remove_if_unreferenced(h.idx, new)) {
+            // Removed earlier and this was the last pin, or no timeout: free it now.
             self.free_entry(h.idx);
             ReleaseOutcome::Removed
         } else {

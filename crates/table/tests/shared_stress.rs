@@ -19,7 +19,10 @@ use std::sync::Arc;
 const THREADS: u64 = 4;
 const STABLE: u64 = 1000;
 const OWNED_PER_THREAD: u64 = 3000;
-const OPS_PER_THREAD: u64 = 1_000_000;
+const OPS_PER_THREAD: u64 = 2_000_000;
+/// A timeout that never elapses (`expire` is never called): releasing the last pin of a
+/// stable key must not remove it, as it would with no timeout.
+const NEVER: u64 = u64::MAX / 2;
 
 fn value_of(k: u64) -> u64 {
     k.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
@@ -34,7 +37,8 @@ fn concurrent_mixed_ops_lose_nothing_and_invent_nothing() {
     // About 1000 stable + 4 x 1500 owned keys live (each owned key toggles): ~7000 of 8192 slots (85%),
     // so primary buckets overflow and cuckoo moves run concurrently with readers.
     let t = Arc::new(
-        SharedFlowTable::<u64>::new(SharedTableConfig { capacity: 7400, state_words: 2, idle_timeout_ns: 0 }).unwrap(),
+        SharedFlowTable::<u64>::new(SharedTableConfig { capacity: 7400, state_words: 2, idle_timeout_ns: NEVER })
+            .unwrap(),
     );
     for k in 0..STABLE {
         t.lookup_or_insert(&k, hash_key(&k), 0, |k, s| s[0].store(value_of(*k), Relaxed)).unwrap();

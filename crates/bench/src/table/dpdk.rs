@@ -513,6 +513,11 @@ fn sweep(
                     let ptrs: [&BenchKey; BULK_MAX] = std::array::from_fn(|j| &kb[j]);
                     h.get_bulk_with_hash(&ptrs[..batch], &sb[..batch], &mut data)
                 };
+                let mut m = mask;
+                while m != 0 {
+                    prefetch_read(states.line_ptr(data[m.trailing_zeros() as usize]));
+                    m &= m - 1;
+                }
                 for j in 0..batch {
                     if mask & (1 << j) != 0 {
                         // Hit: update the flow's state in place.
