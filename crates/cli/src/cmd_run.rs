@@ -37,8 +37,11 @@ pub struct RunArgs {
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
     /// Chain spec, e.g. "forward -> count".
-    #[arg(long, short = 'c', default_value = DEFAULT_CHAIN)]
+    #[arg(long, short = 'c', default_value = DEFAULT_CHAIN, conflicts_with = "chain_file")]
     pub chain: String,
+    /// Chain from a TOML file (`chain = "..."` or `[[nf]]` tables with `name` and parameters).
+    #[arg(long)]
+    pub chain_file: Option<PathBuf>,
     /// Worker cores (default: all available).
     #[arg(long, allow_negative_numbers = true)]
     pub cores: Option<usize>,
@@ -168,7 +171,13 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         }
     }
     // Check the chain before spending time on loading traffic.
-    let chain = spec::parse(&a.chain)?;
+    let chain = match &a.chain_file {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?;
+            spec::parse_toml(&text).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?
+        }
+        None => spec::parse(&a.chain)?,
+    };
     flowplane_engine::chain::Chain::build(&chain).map_err(CliError::new)?;
 
     let cores = a.cores.unwrap_or_else(cpu::available_cores);

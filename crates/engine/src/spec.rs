@@ -171,9 +171,90 @@ pub fn parse(spec: &str) -> Result<ChainSpec, SpecError> {
     Ok(ChainSpec { nfs })
 }
 
+/// Parses a chain from TOML: either `chain = "lb -> fsc"`, or a list of
+/// `[[nf]]` tables with a `name` and the NF's parameters as keys:
+///
+/// ```toml
+/// [[nf]]
+/// name = "lb"
+/// backends = 16
+///
+/// [[nf]]
+/// name = "ratelimit"
+/// pps = 1000
+/// ```
+pub fn parse_toml(text: &str) -> Result<ChainSpec, String> {
+    let v: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        let msg = e.message().to_string();
+        match e.span() {
+            Some(sp) => format!("chain file, byte {}: {msg}", sp.start),
+            None => format!("chain file: {msg}"),
+        }
+    })?;
+    for k in v.keys() {
+        if k != "chain" && k != "nf" {
+            return Err(format!("chain file: unknown key '{k}' (expected 'chain' or [[nf]] tables)"));
+        }
+    }
+    match (v.get("chain"), v.get("nf")) {
+        (Some(_), Some(_)) => Err("chain file: give either 'chain' or [[nf]] tables, not both".to_string()),
+        (Some(toml::Value::String(c)), None) => parse(c).map_err(|e| e.to_string()),
+        (Some(_), None) => Err("chain file: 'chain' must be a string".to_string()),
+        (None, Some(toml::Value::Array(items))) => {
+            let mut nfs = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                let t = item.as_table().ok_or_else(|| format!("chain file: nf #{} is not a table", i + 1))?;
+                let name = match t.get("name") {
+                    Some(toml::Value::String(n)) => n.clone(),
+                    _ => return Err(format!("chain file: nf #{} has no string 'name'", i + 1)),
+                };
+                let mut params = Vec::new();
+                for (k, val) in t {
+                    if k == "name" {
+                        continue;
+                    }
+                    let sv = match val {
+                        toml::Value::String(x) => x.clone(),
+                        toml::Value::Integer(x) => x.to_string(),
+                        toml::Value::Float(x) => x.to_string(),
+                        toml::Value::Boolean(x) => x.to_string(),
+                        _ => {
+                            return Err(format!(
+                                "chain file: {name}: parameter '{k}' must be a string, number or boolean"
+                            ))
+                        }
+                    };
+                    params.push((k.clone(), sv));
+                }
+                nfs.push(NfSpec { name, params });
+            }
+            if nfs.is_empty() {
+                return Err("chain file: empty chain".to_string());
+            }
+            Ok(ChainSpec { nfs })
+        }
+        (None, Some(_)) => Err("chain file: 'nf' must be an array of tables ([[nf]])".to_string()),
+        (None, None) => Err("chain file: empty chain (no 'chain' and no [[nf]])".to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn toml_chains() {
+        let a = parse_toml("[[nf]]\nname = \"lb\"\nbackends = 16\n[[nf]]\nname = \"fsc\"\n").unwrap();
+        assert_eq!(a, parse("lb(backends=16) -> fsc").unwrap());
+        let b = parse_toml("chain = \"lb -> fsc\"").unwrap();
+        assert_eq!(b.nfs.len(), 2);
+        assert!(parse_toml("chain = 3").unwrap_err().contains("must be a string"));
+        assert!(parse_toml("[[nf]]\nbackends = 1").unwrap_err().contains("no string 'name'"));
+        assert!(parse_toml("x = 1").unwrap_err().contains("unknown key 'x'"));
+        assert!(parse_toml("[[nf]\n").unwrap_err().starts_with("chain file"));
+        assert!(parse_toml("").unwrap_err().contains("empty chain"));
+        assert!(parse_toml("[[nf]]\nname = \"lb\"\nb = [1]").unwrap_err().contains("'b'"));
+    }
 
     #[test]
     fn parses_the_brief_example() {

@@ -110,3 +110,44 @@ fn full_table_is_counted_not_fatal() {
     assert!(r.flows <= r.capacity);
     assert_eq!(e.nf_results()[0].1.packets_in, 1510, "every packet still passes through");
 }
+
+#[test]
+fn executors_agree_on_a_mixed_granularity_chain() {
+    // Source-IP counter and destination policer keep shared (coarse) state;
+    // the load balancer is per 5-tuple. With and without the auxiliary table.
+    let chain = "srcctr -> policer(rate=100, burst=3, pps=true) -> lb";
+    let reference = run(chain, ExecKind::Batch, true);
+    let pol = &reference.0[1].1;
+    assert_eq!(pol.packets_in, 1510);
+    assert!(pol.dropped > 0, "the policer limits the two servers");
+    for kind in [ExecKind::Batch, ExecKind::Rtc, ExecKind::PerNf, ExecKind::MicroBatch] {
+        for aux in [true, false] {
+            let o = run(chain, kind, aux);
+            assert_eq!(o.0, reference.0, "{kind} aux={aux} counters");
+            assert_eq!(o.1, reference.1, "{kind} aux={aux} verdicts");
+        }
+    }
+}
+
+#[test]
+fn coarse_state_is_shared_between_flows_and_exported_once() {
+    let c = Chain::build(&parse("srcctr -> fsc").unwrap()).unwrap();
+    assert_eq!(c.groups.len(), 1);
+    let shared = SharedStores::new(&c.groups, 4096, 3_600_000_000_000).unwrap();
+    let cfg = ExecConfig { flows: 4096, hugepages: false, ..ExecConfig::default() };
+    let mut e = Executor::new(c, cfg, shared).unwrap();
+    let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
+    let mut batch = Batch::new(&pool);
+    // One source, 5 flows (ports), 2 packets each.
+    for port in 0..10u16 {
+        assert!(batch.push_copy(&mut pool, &udp4([10, 0, 0, 9], [192, 168, 1, 1], 5000 + port % 5, 53), 0));
+    }
+    e.process(&mut batch, &NfContext::default());
+    batch.free_all(&mut pool).unwrap();
+    let rows = e.export("srcctr", true).unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["packets"], 10);
+    assert_eq!(rows[0]["src"], "10.0.0.9");
+    assert!(e.export("srcctr", false).unwrap().is_empty(), "other cores export nothing");
+    assert_eq!(e.export("fsc", true).unwrap().len(), 5);
+}
