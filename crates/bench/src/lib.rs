@@ -5,5 +5,6 @@
 /// The TSC clock (re-exported from `flowplane-packet`, where timestamps live).
 pub use flowplane_packet::tsc;
 pub mod io;
+pub mod parse;
 pub mod pipeline;
 pub mod table;

@@ -4,6 +4,7 @@
 
 use clap::{Args, Subcommand};
 use flowplane_bench::io::{run_io, IoBenchOptions};
+use flowplane_bench::parse::{run_parse, ParseBenchOptions};
 use flowplane_bench::pipeline::{run_pipeline, PipelineOptions};
 use flowplane_bench::table::{self, TableBenchOptions};
 
@@ -34,6 +35,18 @@ pub enum BenchCmd {
         /// Packets per batch.
         #[arg(long, default_value_t = 64)]
         batch: usize,
+        /// Small and short (CI smoke run).
+        #[arg(long)]
+        quick: bool,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Flow-key fast path: cycles/packet of parse to 5-tuple + hash, Toeplitz vs CRC hash (L1/L2/DRAM frame sets).
+    Parse {
+        /// Million packets per measurement (default 20; quick: 0.1).
+        #[arg(long, allow_negative_numbers = true)]
+        millions: Option<f64>,
         /// Small and short (CI smoke run).
         #[arg(long)]
         quick: bool,
@@ -97,6 +110,22 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 return Err(CliError::new(format!("--seconds {seconds}: must be positive")));
             }
             let rep = run_io(&opts).map_err(CliError::new)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rep)?);
+            } else {
+                print!("{rep}");
+            }
+        }
+        BenchCmd::Parse { millions, quick, json } => {
+            let mut o = if quick { ParseBenchOptions::quick() } else { ParseBenchOptions::default() };
+            if let Some(m) = millions {
+                // Above 10^4 M packets a measurement would run for hours.
+                if !(m.is_finite() && m > 0.0 && m <= 10_000.0) {
+                    return Err(CliError::new(format!("--millions {m}: must be between 0 and 10000")));
+                }
+                o.millions = m;
+            }
+            let rep = run_parse(&o);
             if json {
                 println!("{}", serde_json::to_string_pretty(&rep)?);
             } else {

@@ -1256,7 +1256,7 @@ mod tests {
     #[test]
     fn zero_lanes_is_exact() {
         assert_eq!(zero_lanes(0), 0xF);
-        assert_eq!(zero_lanes(0x0001_0000_8000_0000), 0b1010);
+        assert_eq!(zero_lanes(0x0001_0000_8000_0000), 0b0101);
         assert_eq!(zero_lanes(u64::MAX), 0);
         // A zero lane below a non-zero one must not borrow into it.
         assert_eq!(zero_lanes(0x0000_0001_0000_0000), 0b1011);

@@ -9,9 +9,9 @@
 //! - `percore.rs`: flowplane's per-core `FlowTable` (lookup hit/miss, add-on-miss
 //!   insertion, update, delete, insertion-rate sweep),
 //! - `hashbrown.rs`: `hashbrown` (SwissTable) on the same keys and hashes,
-//! - `shared.rs` (h6): `pub fn run_shared(opts: &TableBenchOptions) -> Vec<BenchRow>`,
-//! - `ceiling.rs` (h7): `pub fn measure(quick: bool) -> Ceilings`,
-//! - `dpdk.rs` (h7, feature `dpdk`): `pub fn run_dpdk(opts: &TableBenchOptions) -> Vec<BenchRow>`.
+//! - `shared.rs`: the shared (multi-core) table on 1 and 2 cores, with the insertion-rate sweep,
+//! - `ceiling.rs`: this machine's memory ceilings (`measure(quick) -> Ceilings`),
+//! - `dpdk.rs` (feature `dpdk`): DPDK's `rte_hash` on the same keys.
 //!
 //! Every implementation measures on keys from [`make_keys`] with the same seed,
 //! so all rows of one run describe the same workload; ratios are only computed
@@ -22,6 +22,7 @@ pub mod ceiling;
 pub mod dpdk;
 pub mod hashbrown;
 pub mod percore;
+pub mod shared;
 
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -265,7 +266,7 @@ pub fn run(opts: &TableBenchOptions) -> Vec<BenchRow> {
     rows.extend(hashbrown::run_hashbrown(opts));
     #[cfg(feature = "dpdk")]
     rows.extend(dpdk::run_dpdk(opts));
-    // Plug-in point for h6: `rows.extend(shared::run_shared(opts));` once shared.rs exists.
+    rows.extend(shared::run_shared(opts));
     fill_ratios(&mut rows);
     fill_ceiling_fracs(&mut rows);
     rows
