@@ -325,14 +325,14 @@ impl fmt::Display for ParseReport {
         )?;
         writeln!(
             f,
-            "{:<6} {:<12} {:>17} {:>9} {:>17} {:>15} {:>15} {:>8}",
+            "{:<6} {:<14} {:>17} {:>9} {:>17} {:>15} {:>15} {:>8}",
             "frames", "set", "parse+crc", "Mpps@min", "PktMeta+hash64", "toeplitz", "crc alone", "toe/crc"
         )?;
         for r in &self.rows {
             let set = format!("{} ({})", r.set.name(), r.set_frames);
             writeln!(
                 f,
-                "{:<6} {:<12} {:>7.2} / {:>7.2} {:>9.1} {:>7.2} / {:>7.2} {:>6.2} / {:>6.2} {:>6.2} / {:>6.2} {:>8.2}",
+                "{:<6} {:<14} {:>7.2} / {:>7.2} {:>9.1} {:>7.2} / {:>7.2} {:>6.2} / {:>6.2} {:>6.2} / {:>6.2} {:>8.2}",
                 r.kind.name(),
                 set,
                 r.parse_hash.min,

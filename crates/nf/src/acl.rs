@@ -361,6 +361,7 @@ impl Acl {
 
 impl StatefulNf for Acl {
     type State = AclState;
+    const HAS_PREFETCH: bool = true;
 
     fn name(&self) -> &'static str {
         "acl"

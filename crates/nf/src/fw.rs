@@ -939,6 +939,7 @@ fn update_window(c: &mut Conn, dir: usize, seg: &Seg) {
 
 impl StatefulNf for Fw {
     type State = FwState;
+    const HAS_PREFETCH: bool = true;
 
     fn name(&self) -> &'static str {
         "fw"

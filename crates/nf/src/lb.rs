@@ -77,12 +77,6 @@ impl StatefulNf for Lb {
         }
     }
 
-    fn prefetch(&self, st: &LbState) {
-        if let Some(b) = self.backends.get(st.backend as usize) {
-            flowplane_packet::prefetch::read(b);
-        }
-    }
-
     fn report(&self) -> Option<serde_json::Value> {
         let max = self.assigned.iter().copied().max().unwrap_or(0);
         let min = self.assigned.iter().copied().min().unwrap_or(0);

@@ -113,6 +113,10 @@ pub trait StatefulNf: Send + 'static {
     /// Per-packet action, with the flow's state updated in place.
     fn process(&mut self, pkt: &mut Pkt<'_>, state: &mut Self::State, ctx: &NfContext) -> Action;
 
+    /// Set to `true` when the NF implements [`StatefulNf::prefetch`]; the
+    /// executor then runs the hook ahead of the action (and skips it otherwise).
+    const HAS_PREFETCH: bool = false;
+
     /// Prefetch hook for indirect state: called a few packets ahead of
     /// `process` for the same packet, so the NF can `flowplane_packet::prefetch::read`
     /// whatever `state` points to (a backend, a rule, a bucket).
@@ -302,7 +306,7 @@ impl<T: StatefulNf> DynStateful for T {
         let size = std::mem::size_of::<T::State>();
         let mut c = NfCounters::default();
         for i in 0..n {
-            if ahead > 0 && i + ahead < n && slots[i + ahead] != NO_SLOT {
+            if T::HAS_PREFETCH && ahead > 0 && i + ahead < n && slots[i + ahead] != NO_SLOT {
                 let b = store.block(slots[i + ahead]);
                 if b.len() >= offset + size {
                     self.prefetch(cast::<T::State>(&b[offset..]));

@@ -111,6 +111,7 @@ impl Synthetic {
 
 impl StatefulNf for Synthetic {
     type State = SyntheticState;
+    const HAS_PREFETCH: bool = true;
 
     fn name(&self) -> &'static str {
         "synthetic"
