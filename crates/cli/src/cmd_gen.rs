@@ -29,10 +29,10 @@ pub struct GenArgs {
     /// Empirical size mix: imix, "64:0.5,576:0.3,1500:0.2", or a file of "size weight" lines.
     #[arg(long, value_name = "SPEC|FILE", conflicts_with = "size")]
     pub size_mix: Option<String>,
-    /// Flow popularity: uniform | zipf:A | elephants:K[:SHARE] | cdf:FILE.
+    /// Flow popularity: uniform | zipf:A | elephants:K (or elephants:K:SHARE) | cdf:FILE.
     #[arg(long, value_name = "DIST", default_value = "uniform")]
     pub dist: String,
-    /// Packet order: random | burst[:N].
+    /// Packet order: random | burst (or burst:N).
     #[arg(long, value_name = "ORDER", default_value = "random")]
     pub order: String,
     /// Transport: udp | tcp | tcp-bidir | gtpu.

@@ -106,7 +106,7 @@ pub fn with_locked<R>(words: &[AtomicU64], f: impl FnOnce(&mut u64, &mut [u64]) 
             break;
         }
         spins += 1;
-        if spins % 128 == 0 {
+        if spins.is_multiple_of(128) {
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();

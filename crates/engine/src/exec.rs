@@ -14,6 +14,9 @@
 //! All executors run the same NF code and produce the same verdicts and
 //! state (checked by tests).
 
+// Per-packet arrays (metas, slots, handles, the batch) are walked together by index.
+#![allow(clippy::needless_range_loop)]
+
 use std::fmt;
 
 use flowplane_nf::stateful::{apply_action, Action, BatchOutcome, DynStateful};
@@ -180,7 +183,7 @@ pub struct Executor {
     /// Aggregated store (batch, rtc, microbatch) or one per stateful stage (pernf).
     stores: Vec<FlowStore>,
     /// Per-stateful-stage slots for pernf.
-    pernf_slots: Vec<Box<[u32; MAX_BATCH]>>,
+    pernf_slots: Vec<[u32; MAX_BATCH]>,
     scratch: Scratch,
     ended: u64,
     unparsed: u64,
@@ -189,7 +192,7 @@ pub struct Executor {
     /// Shared tables of the coarse groups (shared with the other cores).
     shared: SharedStores,
     /// Per coarse group: this batch's handles.
-    coarse: Vec<Box<[SharedHandle; MAX_BATCH]>>,
+    coarse: Vec<[SharedHandle; MAX_BATCH]>,
     /// Shared-table lookups done (non-aux mode: one per packet per group).
     shared_lookups: u64,
     /// Expiry pacing: time of the last sweep step, entries to sweep, sweep period.
@@ -219,7 +222,8 @@ impl Executor {
                 shared.tables.len()
             ));
         }
-        let timeout = Some(chain.idle_timeout_ns.unwrap_or(cfg.default_idle_timeout_ns));
+        let timeout_ns = chain.idle_timeout_ns.unwrap_or(cfg.default_idle_timeout_ns);
+        let timeout = Some(timeout_ns);
         let store_cfg = |size: usize| StoreConfig {
             capacity: cfg.flows,
             capacity_v6: (cfg.flows / 4).max(1024),
@@ -235,7 +239,7 @@ impl Executor {
                 for s in &chain.stages {
                     if let Stage::Stateful { nf, .. } = s {
                         stores.push(FlowStore::new(store_cfg(nf.state_size())).map_err(|e| e.to_string())?);
-                        pernf_slots.push(Box::new([NO_SLOT; MAX_BATCH]));
+                        pernf_slots.push([NO_SLOT; MAX_BATCH]);
                     }
                 }
             } else {
@@ -244,7 +248,7 @@ impl Executor {
         }
         // Entry header (key 16 + hash 8 + last-seen 8) shares the first line with the state.
         let multi_line = chain.state_size > 32;
-        let coarse = chain.groups.iter().map(|_| Box::new([SharedHandle::NONE; MAX_BATCH])).collect();
+        let coarse = chain.groups.iter().map(|_| [SharedHandle::NONE; MAX_BATCH]).collect();
         Ok(Executor {
             cfg,
             chain,
@@ -259,7 +263,7 @@ impl Executor {
             shared_lookups: 0,
             last_sweep_ns: 0,
             sweep_entries: (cfg.flows as u64).max(1024),
-            sweep_period_ns: (timeout.unwrap_or(cfg.default_idle_timeout_ns) / 4).max(1),
+            sweep_period_ns: (timeout_ns / 4).max(1),
         })
     }
 

@@ -136,8 +136,8 @@ pub fn parse(spec: &str) -> Result<ChainSpec, SpecError> {
     loop {
         let name = lx.ident("an NF name")?;
         let mut params = Vec::new();
-        if lx.eat("(") {
-            if !lx.eat(")") {
+        if lx.eat("(") && !lx.eat(")") {
+            {
                 loop {
                     let key = lx.ident("a parameter name")?;
                     if !lx.eat("=") {

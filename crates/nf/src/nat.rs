@@ -505,9 +505,8 @@ impl Nat {
         }
     }
 
-    #[inline]
-
     /// The per-packet action on a classified flow.
+    #[inline]
     fn translate(&mut self, pkt: &mut Pkt<'_>, st: &mut NatState, _ctx: &NfContext) -> Action {
         let rst = pkt.tcp_flags().is_some_and(|f| f & tcp_flags::RST != 0);
         match st.kind {
