@@ -7,7 +7,7 @@
 //! separate arrays (struct of arrays), so a stage that only needs the flow
 //! hashes or the verdicts streams through one dense array.
 //!
-//! Ownership invariant (what makes the unsafe code in [`pool`] sound): every
+//! Ownership invariant (what makes the unsafe code in `pool` sound): every
 //! buffer index is either on its pool's free list or in exactly one batch
 //! slot. Only this crate moves indices, so safe code can never alias a buffer.
 //! Nothing here allocates per packet: pools and batches are sized up front.
