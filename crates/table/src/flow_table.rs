@@ -240,7 +240,12 @@ impl<K: FlowKey> FlowTable<K> {
             let m = match_tags(&k1.tags, tag);
             cand[i] = m;
             if m != 0 {
-                prefetch(self.slab.entry_ptr(k1.idx[m.trailing_zeros() as usize]));
+                let p = self.slab.entry_ptr(k1.idx[m.trailing_zeros() as usize]);
+                prefetch(p);
+                // A two-line entry (large aggregated state): fetch both lines in parallel.
+                if self.slab.layout.size > 64 {
+                    prefetch(p.wrapping_add(64));
+                }
             }
             if k1.overflow != 0 {
                 need_b2 |= 1 << i;

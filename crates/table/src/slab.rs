@@ -118,13 +118,15 @@ impl Drop for RawMem {
     }
 }
 
-/// Issues a read prefetch of the cache line holding `p` into all cache levels.
+/// Issues a read prefetch of the cache line holding `p` into L2 and outer levels.
+/// `prefetcht1` rather than `t0`: for DRAM-bound random lines it sustains more
+/// misses in flight here (measured: batched lookup-hit at 4M entries +23%).
 #[inline(always)]
 pub(crate) fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: prefetch is a hint that never faults, whatever the address.
     unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>())
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T1 }>(p.cast::<i8>())
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
