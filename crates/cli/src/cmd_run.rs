@@ -20,7 +20,7 @@ use crate::cmd_gen::GenArgs;
 use crate::error::CliError;
 
 /// The chain `flowplane run` uses when none is given.
-pub const DEFAULT_CHAIN: &str = "forward -> count";
+pub const DEFAULT_CHAIN: &str = "lb(backends=16) -> fsc -> ratelimit(pps=1000)";
 /// The traffic of the default demo: 64-byte UDP packets, 1M flows, random order.
 pub const DEFAULT_GEN: &str = "--flows 1000000 --packets 4000000 --size 64 --dist uniform --order random --seed 1";
 
