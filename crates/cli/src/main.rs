@@ -2,6 +2,8 @@
 //! module (`cmd_*`); they all return [`CliError`], which `main` prints as one
 //! line and turns into exit code 2. Nothing here may panic on user input.
 
+#![forbid(unsafe_code)]
+
 mod cmd_bench;
 mod cmd_gen;
 mod cmd_nfs;

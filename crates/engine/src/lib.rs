@@ -7,6 +7,8 @@
 //! - [`worker`]: the per-core run loop.
 //! - [`runner`]: starting workers on cores and collecting the report.
 
+#![forbid(unsafe_code)]
+
 pub mod chain;
 pub mod coarse;
 pub mod exec;

@@ -9,6 +9,8 @@
 //!
 //! NFs are created by name from a chain spec through the [`registry`].
 
+#![forbid(unsafe_code)]
+
 pub mod acl;
 pub mod count;
 pub mod ddos;

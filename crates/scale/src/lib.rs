@@ -3,6 +3,8 @@
 //! side scaling does it. Shared-state, SCR sequencing, RSS++ and Dyssect
 //! strategies build on the same [`Dispatch`] contract.
 
+#![forbid(unsafe_code)]
+
 pub mod rss;
 
 pub use rss::RssDispatcher;

@@ -4,6 +4,8 @@
 //! constant memory, [`PcapWriter`] writes pcap, and [`to_ethernet`] presents raw-IP and Linux cooked captures as
 //! Ethernet frames.
 
+#![forbid(unsafe_code)]
+
 pub mod error;
 pub mod gen;
 pub mod linktype;
