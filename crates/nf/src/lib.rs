@@ -32,7 +32,6 @@ pub mod stateful;
 pub mod store;
 pub mod synthetic;
 pub mod testutil;
-// @@ add NF modules above this line @@
 
 use flowplane_packet::Batch;
 use serde::Serialize;

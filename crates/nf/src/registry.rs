@@ -185,7 +185,6 @@ pub static NFS: &[NfKind] = &[
         ],
         build: |p| Ok(stateful(crate::portknock::PortKnock::from_params(p)?)),
     },
-    // @@ add NF entries above this line @@
 ];
 
 /// Looks up an NF kind by name.
