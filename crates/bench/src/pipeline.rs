@@ -31,7 +31,7 @@ pub struct PipelineOptions {
     pub batch: usize,
     /// Indirect-access counts for the synthetic NF.
     pub synthetic_k: Vec<u32>,
-    /// Which experiments (empty: all): flows, chains, executors, prefetch, synthetic.
+    /// Which experiments (empty: all): flows, chains, executors, prefetch, synthetic, aux.
     pub only: Vec<String>,
 }
 
@@ -129,6 +129,18 @@ impl Measure<'_> {
         prefetch: bool,
         flows: u64,
     ) -> Result<(f64, f64), String> {
+        self.one_aux(trace, chain, kind, prefetch, true, flows)
+    }
+
+    fn one_aux(
+        &self,
+        trace: &Arc<ReplayTrace>,
+        chain: &str,
+        kind: ExecKind,
+        prefetch: bool,
+        aux: bool,
+        flows: u64,
+    ) -> Result<(f64, f64), String> {
         let spec = spec::parse(chain).map_err(|e| e.to_string())?;
         let cfg = RunConfig {
             cores: 1,
@@ -144,6 +156,7 @@ impl Measure<'_> {
                 flows: ((flows as f64 * 1.25) as usize).max(4096),
                 // Flows must not expire in the middle of a measurement.
                 default_idle_timeout_ns: 3_600_000_000_000,
+                aux,
                 ..ExecConfig::default()
             },
             ..RunConfig::default()
@@ -187,7 +200,7 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
         }
     }
     let base = opts.base_flows;
-    let needs_base = ["chains", "executors", "prefetch", "synthetic"].iter().any(|e| opts.wants(e));
+    let needs_base = ["chains", "executors", "prefetch", "synthetic", "aux"].iter().any(|e| opts.wants(e));
     if needs_base {
         let t = trace_for(base)?;
         if opts.wants("chains") {
@@ -226,6 +239,16 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
                 );
             }
         }
+        if opts.wants("aux") {
+            // FAJITA Fig. 9's chain: two NFs with state shared between cores
+            // (source IP, destination IP) and a 5-tuple LB.
+            const MIXED: &str = "srcctr -> policer(rate=1000000000000) -> lb";
+            for aux in [true, false] {
+                let r = m.one_aux(&t, MIXED, ExecKind::Batch, true, aux, base)?;
+                let variant = format!("aux={}", if aux { "on" } else { "off" });
+                push(&mut rows, "aux", variant, MIXED, ExecKind::Batch, true, base, r);
+            }
+        }
         if opts.wants("synthetic") && flowplane_nf::registry::find("synthetic").is_some() {
             for &k in &opts.synthetic_k {
                 for pf in [true, false] {
@@ -260,6 +283,7 @@ fn fill_ratios(rows: &mut [PipelineRow]) {
             "executors" => snapshot.iter().find(|x| x.experiment == "executors" && x.exec == "batch"),
             "prefetch" => snapshot.iter().find(|x| x.experiment == "prefetch" && !x.prefetch),
             "synthetic" => snapshot.iter().find(|x| x.experiment == "synthetic" && x.chain == r.chain && !x.prefetch),
+            "aux" => snapshot.iter().find(|x| x.experiment == "aux" && x.variant == "aux=off"),
             _ => None,
         };
         if let Some(b) = reference {

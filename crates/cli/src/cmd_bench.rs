@@ -65,8 +65,8 @@ pub enum BenchCmd {
         /// Seconds per measurement.
         #[arg(long, allow_negative_numbers = true)]
         seconds: Option<f64>,
-        /// Experiments to run (default all): flows,chains,executors,prefetch,synthetic.
-        #[arg(long, value_delimiter = ',', value_parser = ["flows", "chains", "executors", "prefetch", "synthetic"])]
+        /// Experiments to run (default all): flows,chains,executors,prefetch,synthetic,aux.
+        #[arg(long, value_delimiter = ',', value_parser = ["flows", "chains", "executors", "prefetch", "synthetic", "aux"])]
         only: Vec<String>,
         /// Also write the rows as CSV to this file.
         #[arg(long)]

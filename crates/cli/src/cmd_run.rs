@@ -178,10 +178,12 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         }
         None => spec::parse(&a.chain)?,
     };
-    flowplane_engine::chain::Chain::build(&chain).map_err(CliError::new)?;
-
+    let compiled = flowplane_engine::chain::Chain::build(&chain).map_err(CliError::new)?;
     let cores = a.cores.unwrap_or_else(cpu::available_cores);
-    let dispatch = RssDispatcher::new(cores, a.symmetric_rss).map_err(CliError::new)?;
+    // Connection tracking must see both directions on one core: use the symmetric key.
+    let auto_symmetric = if cores > 1 && !a.symmetric_rss { compiled.needs_symmetric_rss() } else { None };
+    drop(compiled);
+    let dispatch = RssDispatcher::new(cores, a.symmetric_rss || auto_symmetric.is_some()).map_err(CliError::new)?;
     let (trace, load): (_, LoadStats) = match &a.input {
         Some(path) => load_trace(path, &dispatch, None).map_err(CliError::new)?,
         None => {
@@ -234,6 +236,7 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
     if a.json {
         let mut v = serde_json::to_value(&report)?;
         v["load"] = serde_json::to_value(load)?;
+        v["symmetric_rss"] = serde_json::Value::Bool(a.symmetric_rss || auto_symmetric.is_some());
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         if demo {
@@ -243,6 +246,9 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
             "loaded       {} packets ({} unclassified, {} skipped) into {} queue(s)",
             load.packets, load.unclassified, load.skipped, cores
         );
+        if let Some(nf) = auto_symmetric {
+            println!("rss          symmetric key ({nf} needs both directions of a connection on one core)");
+        }
         print!("{report}");
     }
     Ok(())

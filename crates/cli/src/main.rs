@@ -31,7 +31,7 @@ enum Command {
     Run(cmd_run::RunArgs),
     /// List the NFs usable in chain specs, with their parameters.
     Nfs,
-    /// Benchmarks: io, table.
+    /// Benchmarks: io, parse, table, pipeline.
     Bench(cmd_bench::BenchArgs),
 }
 

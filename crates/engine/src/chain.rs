@@ -150,6 +150,14 @@ impl Chain {
         Ok(Chain { stages, state_size: size, idle_timeout_ns: timeout, groups })
     }
 
+    /// The first NF that needs both directions of a connection on one core.
+    pub fn needs_symmetric_rss(&self) -> Option<&'static str> {
+        self.stages.iter().find_map(|s| match s {
+            Stage::Stateful { nf, .. } if nf.both_directions() => Some(nf.name()),
+            _ => None,
+        })
+    }
+
     /// True if any stage keeps per-flow state.
     pub fn is_stateful(&self) -> bool {
         self.stages.iter().any(|s| matches!(s, Stage::Stateful { .. }))

@@ -215,6 +215,23 @@ impl Executor {
     /// [`SharedStores::new`] from `chain.groups`; an empty one is fine for
     /// chains without coarse NFs).
     pub fn new(chain: Chain, cfg: ExecConfig, shared: SharedStores) -> Result<Self, String> {
+        if cfg.full_policy == FullPolicy::EvictLruIdle {
+            // Eviction drops a flow without the release callbacks: refuse it
+            // where that would leak (NAT ports, pins on shared state).
+            for st in &chain.stages {
+                if let Stage::Stateful { nf, .. } = st {
+                    if nf.has_release() {
+                        return Err(format!(
+                            "table-full policy 'evict' would drop {} state without releasing it; use 'reject'",
+                            nf.name()
+                        ));
+                    }
+                }
+            }
+            if cfg.aux && !chain.groups.is_empty() {
+                return Err("table-full policy 'evict' would leak the auxiliary table's pins on shared state; use 'reject' or --no-aux".to_string());
+            }
+        }
         if shared.tables.len() != chain.groups.len() {
             return Err(format!(
                 "the chain has {} coarse groups but {} shared tables were given",
@@ -404,6 +421,12 @@ impl Executor {
                         }
                         _ => SharedHandle::NONE,
                     };
+                    // The shared entries are as cold as the flow's block was:
+                    // start their misses for the whole batch before the NFs run.
+                    // (For writing: every packet takes the entry's lock.)
+                    if let Some(w) = self.shared.tables[g].state(hs[i]).and_then(|w| w.first()) {
+                        flowplane_packet::prefetch::write(w);
+                    }
                 }
             }
             return;

@@ -939,6 +939,8 @@ fn update_window(c: &mut Conn, dir: usize, seg: &Seg) {
 
 impl StatefulNf for Fw {
     type State = FwState;
+    const HAS_RELEASE: bool = true;
+    const BOTH_DIRECTIONS: bool = true;
     const HAS_PREFETCH: bool = true;
 
     fn name(&self) -> &'static str {

@@ -117,7 +117,7 @@ pub static NFS: &[NfKind] = &[
     },
     NfKind {
         name: "nat",
-        about: "source NAT with a port pool per external address, both directions, port release on expiry",
+        about: "source NAT with a port pool per external address, both directions, port release on expiry (pools are per core: run two-way traffic on one core)",
         params: &[
             ("external", "first external IPv4 address (default 203.0.113.1)"),
             ("addrs", "number of consecutive external addresses, 1..256 (default 1)"),

@@ -113,6 +113,16 @@ pub trait StatefulNf: Send + 'static {
     /// Per-packet action, with the flow's state updated in place.
     fn process(&mut self, pkt: &mut Pkt<'_>, state: &mut Self::State, ctx: &NfContext) -> Action;
 
+    /// Set to `true` when the NF implements [`StatefulNf::release`] (its
+    /// state holds resources): the executor then refuses table policies that
+    /// drop state without calling it (eviction).
+    const HAS_RELEASE: bool = false;
+
+    /// Set to `true` when the NF must see both directions of a connection on
+    /// the same core (connection tracking): multi-core runs then use the
+    /// symmetric RSS key.
+    const BOTH_DIRECTIONS: bool = false;
+
     /// Set to `true` when the NF implements [`StatefulNf::prefetch`]; the
     /// executor then runs the hook ahead of the action (and skips it otherwise).
     const HAS_PREFETCH: bool = false;
@@ -156,6 +166,10 @@ pub trait DynStateful: Send {
     fn state_align(&self) -> usize;
     /// Idle timeout.
     fn idle_timeout_ns(&self) -> Option<u64>;
+    /// The NF's state holds resources released by its release callback.
+    fn has_release(&self) -> bool;
+    /// The NF must see both directions of a connection on one core.
+    fn both_directions(&self) -> bool;
     /// Runs the default action, writing the initial state into `out` (exactly `state_size` bytes).
     fn init_into(&mut self, pkt: &Pkt<'_>, ctx: &NfContext, out: &mut [u8]);
     /// Runs the per-packet action on `state` (exactly `state_size` bytes).
@@ -263,6 +277,12 @@ impl<T: StatefulNf> DynStateful for T {
     }
     fn idle_timeout_ns(&self) -> Option<u64> {
         StatefulNf::idle_timeout_ns(self)
+    }
+    fn has_release(&self) -> bool {
+        T::HAS_RELEASE
+    }
+    fn both_directions(&self) -> bool {
+        T::BOTH_DIRECTIONS
     }
     #[inline]
     fn init_into(&mut self, pkt: &Pkt<'_>, ctx: &NfContext, out: &mut [u8]) {
