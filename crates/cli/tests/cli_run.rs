@@ -500,3 +500,15 @@ fn run_help_exits_zero() {
         assert!(text.contains(opt), "{opt} missing from run --help");
     }
 }
+
+/// The BRIEF's contract: `flowplane run` with no arguments runs the default
+/// demo (generated 64-B trace, 1M flows, lb -> fsc -> ratelimit, all cores).
+#[test]
+fn run_without_arguments_runs_the_default_demo() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flowplane")).arg("run").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("lb(backends=16) -> fsc -> ratelimit(pps=1000)"), "{stdout}");
+    assert!(stdout.contains("loaded       4000000 packets"), "{stdout}");
+    assert!(stdout.contains("flow table   1000000 flows"), "{stdout}");
+}
