@@ -129,7 +129,7 @@ impl Measure<'_> {
         prefetch: bool,
         flows: u64,
     ) -> Result<(f64, f64), String> {
-        self.one_aux(trace, chain, kind, prefetch, true, flows)
+        self.one_with(trace, chain, kind, prefetch, true, true, flows)
     }
 
     fn one_aux(
@@ -139,6 +139,20 @@ impl Measure<'_> {
         kind: ExecKind,
         prefetch: bool,
         aux: bool,
+        flows: u64,
+    ) -> Result<(f64, f64), String> {
+        self.one_with(trace, chain, kind, prefetch, aux, true, flows)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn one_with(
+        &self,
+        trace: &Arc<ReplayTrace>,
+        chain: &str,
+        kind: ExecKind,
+        prefetch: bool,
+        aux: bool,
+        hooks: bool,
         flows: u64,
     ) -> Result<(f64, f64), String> {
         let spec = spec::parse(chain).map_err(|e| e.to_string())?;
@@ -157,6 +171,7 @@ impl Measure<'_> {
                 // Flows must not expire in the middle of a measurement.
                 default_idle_timeout_ns: 3_600_000_000_000,
                 aux,
+                prefetch_hooks: hooks,
                 ..ExecConfig::default()
             },
             ..RunConfig::default()
@@ -250,20 +265,13 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
             }
         }
         if opts.wants("synthetic") && flowplane_nf::registry::find("synthetic").is_some() {
+            // The NF's prefetch hook on vs off; the table's own prefetching stays on in both.
             for &k in &opts.synthetic_k {
-                for pf in [true, false] {
+                for hook in [true, false] {
                     let chain = format!("synthetic(k={k})");
-                    let r = m.one(&t, &chain, ExecKind::Batch, pf, base)?;
-                    push(
-                        &mut rows,
-                        "synthetic",
-                        format!("k={k} prefetch={}", if pf { "on" } else { "off" }),
-                        &chain,
-                        ExecKind::Batch,
-                        pf,
-                        base,
-                        r,
-                    );
+                    let r = m.one_with(&t, &chain, ExecKind::Batch, true, true, hook, base)?;
+                    let variant = format!("k={k} hook={}", if hook { "on" } else { "off" });
+                    push(&mut rows, "synthetic", variant, &chain, ExecKind::Batch, hook, base, r);
                 }
             }
         }

@@ -52,6 +52,9 @@ pub struct RunArgs {
     /// Disable software prefetching (bulk lookups, state lines, NF prefetch hooks).
     #[arg(long)]
     pub no_prefetch: bool,
+    /// Skip the NFs' prefetch hooks for indirect state (the table still prefetches).
+    #[arg(long)]
+    pub no_prefetch_hooks: bool,
     /// Disable FAJITA's auxiliary table: coarse (shared) state is then looked up per packet.
     #[arg(long)]
     pub no_aux: bool,
@@ -210,6 +213,7 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         full_policy: if a.table_full == "evict" { FullPolicy::EvictLruIdle } else { FullPolicy::Reject },
         hugepages: true,
         aux: !a.no_aux,
+        prefetch_hooks: !a.no_prefetch_hooks,
     };
     let cfg = RunConfig {
         cores,

@@ -96,6 +96,8 @@ pub struct ExecConfig {
     pub full_policy: FullPolicy,
     /// Hugepage-backed tables.
     pub hugepages: bool,
+    /// Run the NFs' prefetch hooks (indirect state) ahead of their actions.
+    pub prefetch_hooks: bool,
     /// FAJITA's auxiliary table: keep pinned handles to coarse (shared) state
     /// in each flow's aggregated block instead of a shared lookup per packet.
     pub aux: bool,
@@ -110,6 +112,7 @@ impl Default for ExecConfig {
             default_idle_timeout_ns: 30_000_000_000,
             full_policy: FullPolicy::Reject,
             hugepages: true,
+            prefetch_hooks: true,
             aux: true,
         }
     }
@@ -479,6 +482,7 @@ impl Executor {
         }
         self.pin_coarse(n, ctx.now_ns);
         let aux_on = self.aux_on();
+        let self_hooks = self.cfg.prefetch_hooks;
         let Executor { stores, chain, scratch, ended, multi_line, shared, coarse, .. } = self;
         let store = &mut stores[0];
         if prefetch && *multi_line {
@@ -492,7 +496,7 @@ impl Executor {
                 }
             }
         }
-        let ahead = if prefetch { PREFETCH_AHEAD } else { 0 };
+        let ahead = if prefetch && self_hooks { PREFETCH_AHEAD } else { 0 };
         let mut ends = [0u64; 4];
         let Chain { stages, groups, .. } = chain;
         for stage in stages.iter_mut() {
@@ -678,6 +682,7 @@ impl Executor {
     fn run_pernf(&mut self, batch: &mut Batch, ctx: &NfContext) {
         let n = batch.len();
         self.pin_coarse(n, ctx.now_ns);
+        let hooks = self.cfg.prefetch && self.cfg.prefetch_hooks;
         let Executor { stores, chain, scratch, ended, pernf_slots, shared, coarse, .. } = self;
         let mut k = 0;
         for si in 0..chain.stages.len() {
@@ -753,7 +758,8 @@ impl Executor {
             }
             let mut out = BatchOutcome::default();
             if let Stage::Stateful { nf, counters, .. } = &mut chain.stages[si] {
-                nf.process_batch(batch, &scratch.metas[..n], &slots[..n], store, 0, ctx, PREFETCH_AHEAD, &mut out);
+                let ahead = if hooks { PREFETCH_AHEAD } else { 0 };
+                nf.process_batch(batch, &scratch.metas[..n], &slots[..n], store, 0, ctx, ahead, &mut out);
                 counters.merge(&out.counters);
             }
             *ended += end_flows(&mut chain.stages, store, Some(k), None, &slots[..n], &out.end);
