@@ -21,6 +21,7 @@
 //! misses change every figure.
 
 use super::BenchRow;
+use super::SplitMix;
 use crate::tsc::{hz, rdtsc};
 use std::hint::black_box;
 
@@ -396,25 +397,6 @@ impl Drop for LineBuf {
     fn drop(&mut self) {
         // SAFETY: `ptr`/`len` describe the mapping created in `new`, unmapped once.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
-/// SplitMix64: a tiny, fast generator for benchmark indices (not for keys
-/// whose distribution matters beyond uniformity).
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n > 0`), by multiply-shift.
-    fn below(&mut self, n: usize) -> usize {
-        ((self.next() as u128 * n as u128) >> 64) as usize
     }
 }
 

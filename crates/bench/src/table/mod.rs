@@ -196,6 +196,12 @@ impl SplitMix {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
+
+    /// Uniform in `0..n` (`n > 0`), by multiply-shift (bias negligible here).
+    #[inline]
+    pub fn below(&mut self, n: usize) -> usize {
+        ((self.next_u64() as u128 * n as u128) >> 64) as usize
+    }
 }
 
 /// The keys of one table size, shared by every implementation so rows compare the same work.
