@@ -344,8 +344,25 @@ impl Executor {
                 release_all(stages, pernf.then_some(k), aux_on.then_some(&aux), key, block)
             });
         }
-        for t in &shared.tables {
-            t.expire(now, budget.min(n.max(8)), |_, _| {});
+        for (g, t) in shared.tables.iter().enumerate() {
+            let gran = groups[g].granularity;
+            // Coarse NFs get their release callback too (on whichever core sweeps).
+            t.expire(now, budget.min(n.max(8)), |key, words| {
+                let Some(tuple) = key_tuple(gran, *key) else { return };
+                let _ = with_locked(words, |flags, buf| {
+                    let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+                    for st in stages.iter_mut() {
+                        if let Stage::Stateful { nf, offset, group: Some(sg), member, .. } = st {
+                            let sz = nf.state_size();
+                            if *sg == g && *flags & (2u64 << *member) != 0 {
+                                if let Some(b) = bytes.get(*offset..*offset + sz) {
+                                    nf.release_bytes(&tuple, b);
+                                }
+                            }
+                        }
+                    }
+                });
+            });
         }
     }
 

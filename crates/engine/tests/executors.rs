@@ -151,3 +151,36 @@ fn coarse_state_is_shared_between_flows_and_exported_once() {
     assert!(e.export("srcctr", false).unwrap().is_empty(), "other cores export nothing");
     assert_eq!(e.export("fsc", true).unwrap().len(), 5);
 }
+
+#[test]
+fn idle_coarse_state_expires() {
+    let c = Chain::build(&parse("srcctr").unwrap()).unwrap();
+    // 1 s idle timeout for the shared table; no auxiliary pins (nothing else holds the entries).
+    let shared = SharedStores::new(&c.groups, 4096, 1_000_000_000).unwrap();
+    let cfg = ExecConfig {
+        flows: 4096,
+        hugepages: false,
+        aux: false,
+        default_idle_timeout_ns: 1_000_000_000,
+        ..ExecConfig::default()
+    };
+    let mut e = Executor::new(c, cfg, shared).unwrap();
+    let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
+    let mut batch = Batch::new(&pool);
+    let mut send = |e: &mut Executor, src: u8, now_ns: u64| {
+        for _ in 0..8 {
+            assert!(batch.push_copy(&mut pool, &udp4([10, 0, 0, src], [192, 168, 1, 1], 5000, 53), 0));
+        }
+        e.process(&mut batch, &NfContext { now_tsc: 0, now_ns });
+        batch.free_all(&mut pool).unwrap();
+    };
+    send(&mut e, 1, 0);
+    assert_eq!(e.export("srcctr", true).unwrap().len(), 1);
+    // Much later, traffic from another source: the sweep removes the idle one.
+    for k in 0..2000u64 {
+        send(&mut e, 2, 10_000_000_000 + k * 1_000_000);
+    }
+    let rows = e.export("srcctr", true).unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["src"], "10.0.0.2");
+}
