@@ -189,15 +189,15 @@ fn every_executor_gives_the_same_counters_and_state() {
 
 #[test]
 fn executors_agree_when_an_nf_upstream_of_fsc_drops_flows() {
-    // The ACL drops every flow to UDP port 53 before fsc: fsc never sees them, so it must not
+    // The ACL drops every flow to UDP port 80 before fsc: fsc never sees them, so it must not
     // export them (whatever the executor's table layout).
     let (r, rows) = executors_agree(
-        "acl(rule=drop:udp:any:any:any:53) -> fsc",
+        "acl(rule=drop:udp:any:any:any:80) -> fsc",
         "--flows 500 --packets 10000 --seed 3",
         "execs-acl",
     );
     check_nf_chain(&r, &["acl", "fsc"]);
-    assert!(u(nf(&r, "acl"), "dropped") > 0, "the generator makes flows to port 53");
+    assert!(u(nf(&r, "acl"), "dropped") > 0, "the generator makes flows to port 80");
     assert_eq!(rows.iter().map(|l| row_packets(l)).sum::<u64>(), u(nf(&r, "fsc"), "packets_in"));
     let unseen: Vec<&String> = rows.iter().filter(|l| row_packets(l) == 0).collect();
     assert!(unseen.is_empty(), "{} fsc rows for flows fsc never saw, e.g. {:?}", unseen.len(), unseen.first());
