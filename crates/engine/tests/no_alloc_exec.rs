@@ -1,0 +1,88 @@
+//! The executor's steady state allocates nothing: every executor, with
+//! 5-tuple and coarse (shared) state, after the flows exist.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use flowplane_engine::chain::Chain;
+use flowplane_engine::coarse::SharedStores;
+use flowplane_engine::exec::{ExecConfig, ExecKind, Executor};
+use flowplane_engine::spec::parse;
+use flowplane_nf::testutil::udp4;
+use flowplane_nf::NfContext;
+use flowplane_packet::{Batch, PacketPool, PoolConfig};
+
+struct Counting;
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    // Only the measuring thread counts: the test harness allocates on its own threads.
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+
+// SAFETY: forwards to the system allocator, only counting calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if COUNTING.with(|c| c.get()) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn the_counter_sees_allocations() {
+    COUNTING.with(|c| c.set(true));
+    let before = ALLOCS.load(Ordering::Relaxed);
+    let v = std::hint::black_box(vec![1u8; 100]);
+    let after = ALLOCS.load(Ordering::Relaxed);
+    COUNTING.with(|c| c.set(false));
+    assert_eq!(v.len(), 100);
+    assert!(after > before);
+}
+
+#[test]
+fn executors_allocate_nothing_in_steady_state() {
+    let frames: Vec<Vec<u8>> =
+        (0..512u32).map(|f| udp4([10, 0, (f >> 8) as u8, f as u8], [192, 168, 1, (f % 7) as u8], 1000, 80)).collect();
+    for chain in ["lb -> fsc -> ratelimit(pps=1000000000) -> acl", "srcctr -> policer(rate=1000000000000) -> lb"] {
+        for kind in [ExecKind::Batch, ExecKind::Rtc, ExecKind::PerNf, ExecKind::MicroBatch] {
+            for aux in [true, false] {
+                let c = Chain::build(&parse(chain).unwrap()).unwrap();
+                let shared = SharedStores::new(&c.groups, 4096, 3_600_000_000_000).unwrap();
+                let cfg = ExecConfig { kind, flows: 4096, hugepages: false, aux, ..ExecConfig::default() };
+                let mut e = Executor::new(c, cfg, shared).unwrap();
+                let mut pool = PacketPool::new(PoolConfig { buffers: 256, ..Default::default() }).unwrap();
+                let mut batch = Batch::new(&pool);
+                let mut round = |e: &mut Executor, k: u64| {
+                    for chunk in frames.chunks(64) {
+                        for f in chunk {
+                            assert!(batch.push_copy(&mut pool, f, 0));
+                        }
+                        e.process(&mut batch, &NfContext { now_tsc: 0, now_ns: k * 1_000_000 });
+                        batch.free_all(&mut pool).unwrap();
+                    }
+                };
+                round(&mut e, 0); // warm-up: creates every flow and shared entry
+                COUNTING.with(|c| c.set(true));
+                let before = ALLOCS.load(Ordering::Relaxed);
+                for k in 1..50 {
+                    round(&mut e, k);
+                }
+                let after = ALLOCS.load(Ordering::Relaxed);
+                COUNTING.with(|c| c.set(false));
+                assert_eq!(after - before, 0, "{chain} / {kind} / aux={aux}: allocations in steady state");
+                assert!(e.nf_results()[0].1.packets_in >= 50 * 512);
+            }
+        }
+    }
+}
