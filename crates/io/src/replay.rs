@@ -152,21 +152,6 @@ impl ReplayTrace {
         self.queues.iter().map(|q| q.lines.capacity() * 64 + q.first_line.capacity() * 10).sum()
     }
 
-    /// Frame `i` of queue `q` (for tests and tools).
-    pub fn frame(&self, q: usize, i: usize) -> Option<&[u8]> {
-        let d = self.queues.get(q)?;
-        let first = *d.first_line.get(i)? as usize;
-        let len = d.len[i] as usize;
-        let lines = &d.lines[first..first + Line::count_for(len)];
-        // Lines are contiguous, but we only hand out the first one's bytes
-        // when the frame fits; tools needing longer frames use `copy_frame`.
-        if len <= 64 {
-            Some(&lines[0].0[..len])
-        } else {
-            None
-        }
-    }
-
     /// Copies frame `i` of queue `q` into `out` (any length).
     pub fn copy_frame(&self, q: usize, i: usize, out: &mut Vec<u8>) -> bool {
         let Some(d) = self.queues.get(q) else { return false };
