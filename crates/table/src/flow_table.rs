@@ -659,13 +659,6 @@ impl<K: FlowKey> FlowTable<K> {
         }
     }
 
-    /// Prefetches the primary bucket of `hash`: lets a caller start the
-    /// bucket misses of a large batch before the 64-key lookup calls that use them.
-    #[inline(always)]
-    pub fn prefetch_bucket(&self, hash: u64) {
-        prefetch(self.bucket_ptr(primary(hash, self.mask)));
-    }
-
     /// Prefetches the first line of `h`'s state (FAJITA ②: the hardware prefetcher brings the rest).
     #[inline(always)]
     pub fn prefetch_state(&self, h: Handle) {
