@@ -1,9 +1,10 @@
-//! The whole chain `lb -> fsc -> ratelimit` (or, by bit 6 of the first byte, the mixed-granularity
-//! `srcctr -> policer -> lb` whose coarse state lives in shared tables) under one of the four
-//! executors (picked by the first byte) on arbitrary frames, batch after batch with the clock
-//! jumping so that state expires: no panic, the batch keeps its packets, and per-NF counters add up.
+//! Every NF of the library, in one of four chains (5-tuple, firewalling/NAT, coarse state shared in
+//! tables, synthetic), under one of the four executors, on arbitrary frames, batch after batch with
+//! the clock jumping so that state expires: no panic, the batch keeps its packets, and per-NF
+//! counters add up.
 //!
-//! Input layout: byte 0 picks the executor (bits 0-1), the chain (bit 6) and prefetch off (bit 7); then records of [len: u8][gap: u8][len bytes of frame]
+//! Input layout: byte 0 picks the executor (bits 0-1), the chain (bits 4-5), the auxiliary table off
+//! (bit 6) and prefetch off (bit 7); then records of [len: u8][gap: u8][len bytes of frame]
 //! (a truncated last record takes what is left); a batch closes every 32 frames or when the gap
 //! byte's top bit is set, and the gap advances the clock by `gap & 0x7f` seconds.
 #![no_main]
@@ -16,15 +17,26 @@ use flowplane_nf::NfContext;
 use flowplane_packet::{Batch, PacketPool, PoolConfig};
 use libfuzzer_sys::fuzz_target;
 
-const CHAIN: &str = "lb -> fsc -> ratelimit";
-const MIXED: &str = "srcctr -> policer -> lb";
+const CHAINS: [&str; 4] = [
+    "lb -> fsc -> ratelimit -> hh -> count",
+    "acl(rule=drop:udp:any:any:any:53) -> nat -> fw(allow_new=any) -> forward",
+    "srcctr -> policer -> psd -> ddos -> portknock -> lb",
+    "synthetic(k=3, mem=65536) -> fsc",
+];
 
 fuzz_target!(|data: &[u8]| {
     let Some((&pick, mut rest)) = data.split_first() else { return };
     let kind = ExecKind::parse(ExecKind::ALL[usize::from(pick) % ExecKind::ALL.len()]).expect("listed kind");
-    let text = if pick & 0x40 == 0 { CHAIN } else { MIXED };
+    let text = CHAINS[usize::from(pick >> 4) & 3];
     let chain = Chain::build(&spec::parse(text).expect("chain parses")).expect("chain builds");
-    let cfg = ExecConfig { kind, prefetch: pick & 0x80 == 0, flows: 4096, hugepages: false, ..Default::default() };
+    let cfg = ExecConfig {
+        kind,
+        prefetch: pick & 0x80 == 0,
+        aux: pick & 0x40 == 0,
+        flows: 4096,
+        hugepages: false,
+        ..Default::default()
+    };
     let shared = SharedStores::new(&chain.groups, cfg.flows, cfg.default_idle_timeout_ns).expect("shared tables");
     let mut exec = Executor::new(chain, cfg, shared).expect("executor");
     let mut pool = PacketPool::new(PoolConfig { buffers: 512, ..PoolConfig::default() }).expect("pool");
@@ -56,7 +68,7 @@ fuzz_target!(|data: &[u8]| {
 
     // Every NF either forwards or drops what it was given.
     let results = exec.nf_results();
-    assert_eq!(results.len(), 3);
+    assert_eq!(results.len(), text.split("->").count());
     for (name, c, _) in &results {
         assert_eq!(c.packets_in, c.packets_out + c.dropped, "{name}: {c:?}");
     }
