@@ -151,10 +151,10 @@ pub fn handle_bits(h: SharedHandle) -> u64 {
     h.to_bits()
 }
 
-/// Handle from stored bits.
+/// The handle stored in a flow block's 8-byte auxiliary slot (`NONE` if the slot is short).
 #[inline(always)]
-pub fn handle_from(bits: u64) -> SharedHandle {
-    SharedHandle::from_bits(bits)
+pub fn aux_handle(slot: &[u8]) -> SharedHandle {
+    SharedHandle::from_bits(u64::from_ne_bytes(slot.try_into().unwrap_or([0xff; 8])))
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ use serde::Serialize;
 
 use crate::chain::{Chain, Stage};
 use crate::coarse::{
-    coarse_hash, coarse_key, handle_bits, handle_from, key_tuple, with_locked, GroupLayout, SharedStores,
+    aux_handle, coarse_hash, coarse_key, handle_bits, key_tuple, with_locked, GroupLayout, SharedStores,
 };
 use flowplane_table::shared::SharedHandle;
 
@@ -304,9 +304,10 @@ impl Executor {
         }
         let n = batch.len();
         for i in 0..n {
-            self.scratch.metas[i].parse_into(batch.data(i));
+            let m = &mut self.scratch.metas[i];
+            m.parse_into(batch.data(i));
+            self.unparsed += u64::from(!m.valid);
         }
-        self.unparsed += self.scratch.metas[..n].iter().filter(|m| !m.valid).count() as u64;
         match self.cfg.kind {
             ExecKind::Batch => self.run_staged(batch, ctx, self.cfg.prefetch),
             ExecKind::MicroBatch => self.run_staged(batch, ctx, false),
@@ -395,31 +396,18 @@ impl Executor {
                 t => {
                     let h = hash_tuple(&t);
                     let data = batch.data_mut(i);
-                    let r = store.lookup_or_insert(&t, h, ctx.now_ns, |block| {
-                        init_all(stages, None, aux, data, &meta, ctx, block)
-                    });
+                    let r = store
+                        .lookup_or_insert(&t, h, ctx.now_ns, |block| init_all(stages, aux, data, &meta, ctx, block));
                     if let Some((slot, _)) = r {
                         scratch.slots[i] = slot;
                     }
                 }
             }
         }
-        let mut start = 0;
-        while start < m {
-            let end = (start + TABLE_BATCH).min(m);
-            let (keys, hashes, idx) =
-                (&scratch.keys[start..end], &scratch.hashes[start..end], &scratch.idx[start..end]);
-            let metas = &scratch.metas;
-            let handles = &mut scratch.handles[..end - start];
-            store.v4().lookup_or_insert_batch(keys, hashes, ctx.now_ns, handles, |j, block| {
-                let i = idx[j] as usize;
-                init_all(stages, None, aux, batch.data_mut(i), &metas[i], ctx, block)
-            });
-            for (j, &h) in handles.iter().enumerate() {
-                scratch.slots[idx[j] as usize] = if h == INVALID_HANDLE { NO_SLOT } else { h };
-            }
-            start = end;
-        }
+        let Scratch { keys, hashes, idx, handles, slots, metas, .. } = scratch;
+        bulk_lookup_or_insert(store, &keys[..m], &hashes[..m], &idx[..m], handles, ctx.now_ns, slots, |i, block| {
+            init_all(stages, aux, batch.data_mut(i), &metas[i], ctx, block)
+        });
     }
 
     /// Fills this batch's coarse handles: from the flows' blocks (aux on) or
@@ -436,9 +424,7 @@ impl Executor {
                 for i in 0..n {
                     let slot = self.scratch.slots[i];
                     hs[i] = match store.block(slot).get(layout.aux_offset..layout.aux_offset + 8) {
-                        Some(b) if slot != NO_SLOT => {
-                            handle_from(u64::from_ne_bytes(b.try_into().unwrap_or([0xff; 8])))
-                        }
+                        Some(b) if slot != NO_SLOT => aux_handle(b),
                         _ => SharedHandle::NONE,
                     };
                     // The shared entries are as cold as the flow's block was:
@@ -575,8 +561,8 @@ impl Executor {
             if meta.valid {
                 let h = hash_tuple(&meta.tuple);
                 let data = batch.data_mut(i);
-                if let Some((s, _)) = store
-                    .lookup_or_insert(&meta.tuple, h, ctx.now_ns, |b| init_all(stages, None, aux, data, &meta, ctx, b))
+                if let Some((s, _)) =
+                    store.lookup_or_insert(&meta.tuple, h, ctx.now_ns, |b| init_all(stages, aux, data, &meta, ctx, b))
                 {
                     slot = s;
                 }
@@ -617,9 +603,9 @@ impl Executor {
                         let h = hash_tuple(&meta.tuple);
                         let data = batch.data_mut(i);
                         let st = &mut *stages;
-                        if let Some((slot, _)) = store.lookup_or_insert(&meta.tuple, h, ctx.now_ns, |b| {
-                            init_all(st, None, auxr, data, &meta, ctx, b)
-                        }) {
+                        if let Some((slot, _)) = store
+                            .lookup_or_insert(&meta.tuple, h, ctx.now_ns, |b| init_all(st, auxr, data, &meta, ctx, b))
+                        {
                             scratch.slots[i] = slot;
                         }
                     }
@@ -634,12 +620,7 @@ impl Executor {
                         let layout = &groups[g];
                         let (h, pinned) = if aux_on {
                             let b = store.block(slot).get(layout.aux_offset..layout.aux_offset + 8);
-                            (
-                                b.map_or(SharedHandle::NONE, |b| {
-                                    handle_from(u64::from_ne_bytes(b.try_into().unwrap_or([0xff; 8])))
-                                }),
-                                false,
-                            )
+                            (b.map_or(SharedHandle::NONE, aux_handle), false)
                         } else {
                             match meta.valid.then(|| coarse_key(layout.granularity, &meta.tuple)).flatten() {
                                 Some(k) => {
@@ -751,28 +732,11 @@ impl Executor {
                     }
                 }
             }
-            let mut start = 0;
-            while start < m {
-                let end = (start + TABLE_BATCH).min(m);
-                let idx = &scratch.idx[start..end];
-                let metas = &scratch.metas;
-                let stage = &mut chain.stages[si];
-                let handles = &mut scratch.handles[..end - start];
-                store.v4().lookup_or_insert_batch(
-                    &scratch.keys[start..end],
-                    &scratch.hashes[start..end],
-                    ctx.now_ns,
-                    handles,
-                    |j, b| {
-                        let i = idx[j] as usize;
-                        init_one(stage, batch.data_mut(i), &metas[i], ctx, b)
-                    },
-                );
-                for (j, &h) in handles.iter().enumerate() {
-                    slots[idx[j] as usize] = if h == INVALID_HANDLE { NO_SLOT } else { h };
-                }
-                start = end;
-            }
+            let stage = &mut chain.stages[si];
+            let Scratch { keys, hashes, idx, handles, metas, .. } = &mut *scratch;
+            bulk_lookup_or_insert(store, &keys[..m], &hashes[..m], &idx[..m], handles, ctx.now_ns, slots, |i, b| {
+                init_one(stage, batch.data_mut(i), &metas[i], ctx, b)
+            });
             let mut out = BatchOutcome::default();
             if let Stage::Stateful { nf, counters, .. } = &mut chain.stages[si] {
                 let ahead = if hooks { PREFETCH_AHEAD } else { 0 };
@@ -875,13 +839,36 @@ struct Aux<'a> {
     now: u64,
 }
 
-/// Runs the default action (add-on-miss) of every 5-tuple NF (or only
-/// stage `only`) into a fresh aggregated block; with the auxiliary table on,
+/// Looks up, inserting the misses, the IPv4 keys gathered for a batch (the
+/// table takes at most 64 per call); `init(i, block)` is the default action
+/// for packet `i`'s new flow and `slots[idx[j]]` receives key j's slot.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn bulk_lookup_or_insert(
+    store: &mut FlowStore,
+    keys: &[FiveTupleV4],
+    hashes: &[u64],
+    idx: &[u16],
+    handles: &mut [u32; MAX_BATCH],
+    now_ns: u64,
+    slots: &mut [u32; MAX_BATCH],
+    mut init: impl FnMut(usize, &mut [u8]),
+) {
+    for ((keys, hashes), idx) in keys.chunks(TABLE_BATCH).zip(hashes.chunks(TABLE_BATCH)).zip(idx.chunks(TABLE_BATCH)) {
+        let out = &mut handles[..keys.len()];
+        store.v4().lookup_or_insert_batch(keys, hashes, now_ns, out, |j, block| init(idx[j] as usize, block));
+        for (&h, &i) in out.iter().zip(idx) {
+            slots[i as usize] = if h == INVALID_HANDLE { NO_SLOT } else { h };
+        }
+    }
+}
+
+/// Runs the default action (add-on-miss) of every 5-tuple NF into a fresh
+/// aggregated block; with the auxiliary table on,
 /// also pins the flow's coarse entries and stores their handles in the block.
 #[inline]
 fn init_all(
     stages: &mut [Stage],
-    only: Option<usize>,
     aux: Option<&Aux<'_>>,
     data: &mut [u8],
     meta: &PktMeta,
@@ -889,10 +876,7 @@ fn init_all(
     block: &mut [u8],
 ) {
     let pkt = Pkt::new(data, meta);
-    for (k, s) in stages.iter_mut().enumerate() {
-        if only.is_some_and(|o| o != k) {
-            continue;
-        }
+    for s in stages.iter_mut() {
         if let Stage::Stateful { nf, offset, group: None, .. } = s {
             let sz = nf.state_size();
             if let Some(dst) = block.get_mut(*offset..*offset + sz) {
@@ -980,7 +964,7 @@ fn release_all(stages: &mut [Stage], pernf: Option<usize>, aux: Option<&Aux<'_>>
     if let Some(aux) = aux {
         for (g, layout) in aux.groups.iter().enumerate() {
             if let Some(b) = block.get(layout.aux_offset..layout.aux_offset + 8) {
-                let h = handle_from(u64::from_ne_bytes(b.try_into().unwrap_or([0xff; 8])));
+                let h = aux_handle(b);
                 if h.is_some() {
                     aux.shared.tables[g].release(h, aux.now);
                 }

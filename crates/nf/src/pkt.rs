@@ -318,6 +318,11 @@ impl<'a> Pkt<'a> {
         Some((u32::from_be_bytes([t[4], t[5], t[6], t[7]]), u32::from_be_bytes([t[8], t[9], t[10], t[11]])))
     }
 
+    // These rewriters work from the offsets parsed once per batch instead of
+    // re-validating through `flowplane_wire`'s views (`ipv4::rewrite_addr`,
+    // `TcpPacket::set_*_port_incremental`): they must also handle captures cut
+    // short by a snap length, where the views rightly refuse the packet.
+
     /// Offset of the L4 checksum field, if it is present and in use.
     fn l4_checksum_at(&self) -> Option<usize> {
         if self.meta.l4 == 0 {
@@ -337,23 +342,12 @@ impl<'a> Pkt<'a> {
         Some(at)
     }
 
-    fn fix_l4_checksum32(&mut self, old: u32, new: u32) {
+    /// Applies an incremental update `f` to the TCP/UDP checksum, if in use.
+    fn fix_l4_checksum(&mut self, f: impl FnOnce(u16) -> u16) {
         if let Some(at) = self.l4_checksum_at() {
-            let c = u16::from_be_bytes([self.data[at], self.data[at + 1]]);
-            let mut n = update32(c, old, new);
+            let mut n = f(u16::from_be_bytes([self.data[at], self.data[at + 1]]));
             if self.meta.proto == proto::UDP && n == 0 {
                 n = 0xffff; // RFC 768: a computed zero is sent as all ones
-            }
-            self.data[at..at + 2].copy_from_slice(&n.to_be_bytes());
-        }
-    }
-
-    fn fix_l4_checksum16(&mut self, old: u16, new: u16) {
-        if let Some(at) = self.l4_checksum_at() {
-            let c = u16::from_be_bytes([self.data[at], self.data[at + 1]]);
-            let mut n = update16(c, old, new);
-            if self.meta.proto == proto::UDP && n == 0 {
-                n = 0xffff;
             }
             self.data[at..at + 2].copy_from_slice(&n.to_be_bytes());
         }
@@ -374,7 +368,7 @@ impl<'a> Pkt<'a> {
         self.data[at..at + 4].copy_from_slice(&newv.to_be_bytes());
         let c = u16::from_be_bytes([self.data[l3 + 10], self.data[l3 + 11]]);
         self.data[l3 + 10..l3 + 12].copy_from_slice(&update32(c, old, newv).to_be_bytes());
-        self.fix_l4_checksum32(old, newv);
+        self.fix_l4_checksum(|c| update32(c, old, newv));
         true
     }
 
@@ -414,7 +408,7 @@ impl<'a> Pkt<'a> {
         let at = self.meta.l4 as usize + field;
         let Some(old) = be16(self.data, at) else { return false };
         self.data[at..at + 2].copy_from_slice(&port.to_be_bytes());
-        self.fix_l4_checksum16(old, port);
+        self.fix_l4_checksum(|c| update16(c, old, port));
         true
     }
 

@@ -3,7 +3,7 @@
 //! state block. A state *slot* (the batch annotation) names the entry: bit
 //! 31 set means the IPv6 table.
 
-use flowplane_table::{FlowTable, FullPolicy, Handle, TableConfig, TableError, TableStats, INVALID_HANDLE};
+use flowplane_table::{FlowTable, FullPolicy, TableConfig, TableError, TableStats};
 use flowplane_wire::flow::{FiveTuple, FiveTupleV4, FiveTupleV6};
 
 /// Slot bit marking the IPv6 table.
@@ -173,15 +173,5 @@ impl FlowStore {
         for (_, k, s) in self.v6.iter() {
             f(&FiveTuple::V6(*k), s);
         }
-    }
-}
-
-/// Converts a table handle of the IPv4 table into a slot (identity; kept for symmetry).
-#[inline(always)]
-pub fn v4_slot(h: Handle) -> u32 {
-    if h == INVALID_HANDLE {
-        NO_SLOT
-    } else {
-        h
     }
 }
