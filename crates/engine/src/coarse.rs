@@ -27,27 +27,6 @@ use flowplane_wire::flow::FiveTuple;
 /// Most state words a coarse group may have (after the lock word).
 pub const MAX_GROUP_WORDS: usize = 63;
 
-/// The compact key of a coarse granularity, if the packet has one.
-/// IPv4 addresses are stored IPv4-mapped; an IP pair is supported for IPv4.
-#[inline]
-pub fn coarse_key(g: Granularity, t: &FiveTuple) -> Option<u128> {
-    let ip = |a: IpAddr| match a {
-        IpAddr::V4(v) => u128::from(v.to_ipv6_mapped()),
-        IpAddr::V6(v) => u128::from(v),
-    };
-    match g {
-        Granularity::FiveTuple => None,
-        Granularity::SrcIp => Some(ip(t.src_ip())),
-        Granularity::DstIp => Some(ip(t.dst_ip())),
-        Granularity::IpPair => match (t.src_ip(), t.dst_ip()) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => {
-                Some((1u128 << 64) | (u128::from(u32::from(s)) << 32) | u128::from(u32::from(d)))
-            }
-            _ => None,
-        },
-    }
-}
-
 /// Hash of a coarse key.
 #[inline(always)]
 pub fn coarse_hash(k: u128) -> u64 {
@@ -137,7 +116,8 @@ pub fn key_tuple(g: Granularity, k: u128) -> Option<FiveTuple> {
     let zero =
         |a: IpAddr| if a.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(Ipv6Addr::UNSPECIFIED) };
     let (s, d) = match g {
-        Granularity::FiveTuple => return None,
+        // A TEID or a field-set fingerprint has no address to show.
+        Granularity::FiveTuple | Granularity::Teid | Granularity::Custom(_) => return None,
         Granularity::SrcIp => (ip(k), zero(ip(k))),
         Granularity::DstIp => (zero(ip(k)), ip(k)),
         Granularity::IpPair => (IpAddr::V4(Ipv4Addr::from((k >> 32) as u32)), IpAddr::V4(Ipv4Addr::from(k as u32))),
@@ -160,17 +140,29 @@ pub fn aux_handle(slot: &[u8]) -> SharedHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flowplane_nf::PktMeta;
     use std::net::Ipv4Addr;
 
     #[test]
     fn keys() {
         let t = FiveTuple::new(IpAddr::V4(Ipv4Addr::new(1, 2, 3, 4)), IpAddr::V4(Ipv4Addr::new(5, 6, 7, 8)), 1, 2, 17)
             .unwrap();
-        let r = t.reversed();
-        assert_eq!(coarse_key(Granularity::SrcIp, &t), coarse_key(Granularity::DstIp, &r));
-        assert_ne!(coarse_key(Granularity::SrcIp, &t), coarse_key(Granularity::DstIp, &t));
-        assert!(coarse_key(Granularity::IpPair, &t).is_some());
-        assert_eq!(coarse_key(Granularity::FiveTuple, &t), None);
+        let m = PktMeta { valid: true, tuple: t, ..PktMeta::default() };
+        let r = PktMeta { tuple: t.reversed(), ..m };
+        assert_eq!(Granularity::SrcIp.key(&m), Granularity::DstIp.key(&r));
+        assert_ne!(Granularity::SrcIp.key(&m), Granularity::DstIp.key(&m));
+        assert!(Granularity::IpPair.key(&m).is_some());
+        assert_eq!(Granularity::FiveTuple.key(&m), None);
+        assert_eq!(Granularity::Teid.key(&m), None, "not GTP-U");
+        let g = PktMeta { teid: Some(7), ..m };
+        assert_eq!(Granularity::Teid.key(&g), Granularity::Teid.key(&PktMeta { tuple: t.reversed(), ..g }));
+        let c = Granularity::parse("src_ip,dport").unwrap();
+        let other_sport = FiveTuple::new(t.src_ip(), t.dst_ip(), 9, 2, 17).unwrap();
+        assert_eq!(c.key(&m), c.key(&PktMeta { tuple: other_sport, ..m }), "sport is not in the key");
+        assert_ne!(c.key(&m), c.key(&r));
+        let src = key_tuple(Granularity::SrcIp, Granularity::SrcIp.key(&m).unwrap()).map(|k| k.src_ip());
+        assert_eq!(src, Some(t.src_ip()));
+        assert_eq!(key_tuple(Granularity::Teid, 7), None);
     }
 
     #[test]

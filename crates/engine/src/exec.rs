@@ -29,9 +29,7 @@ use flowplane_wire::hash::HashableKey;
 use serde::Serialize;
 
 use crate::chain::{Chain, Stage};
-use crate::coarse::{
-    aux_handle, coarse_hash, coarse_key, handle_bits, key_tuple, with_locked, GroupLayout, SharedStores,
-};
+use crate::coarse::{aux_handle, coarse_hash, handle_bits, key_tuple, with_locked, GroupLayout, SharedStores};
 use flowplane_table::shared::SharedHandle;
 
 /// Seed of the flow-table hash.
@@ -446,7 +444,7 @@ impl Executor {
             for i in 0..n {
                 self.coarse[g][i] = SharedHandle::NONE;
                 let meta = &self.scratch.metas[i];
-                if let Some(k) = meta.valid.then(|| coarse_key(layout.granularity, &meta.tuple)).flatten() {
+                if let Some(k) = meta.valid.then(|| layout.granularity.key(meta)).flatten() {
                     keys[m] = k;
                     hashes[m] = coarse_hash(k);
                     idx[m] = i as u16;
@@ -622,7 +620,7 @@ impl Executor {
                             let b = store.block(slot).get(layout.aux_offset..layout.aux_offset + 8);
                             (b.map_or(SharedHandle::NONE, aux_handle), false)
                         } else {
-                            match meta.valid.then(|| coarse_key(layout.granularity, &meta.tuple)).flatten() {
+                            match meta.valid.then(|| layout.granularity.key(&meta)).flatten() {
                                 Some(k) => {
                                     *shared_lookups += 1;
                                     (
@@ -886,7 +884,7 @@ fn init_all(
     }
     if let Some(aux) = aux {
         for (g, layout) in aux.groups.iter().enumerate() {
-            let h = match coarse_key(layout.granularity, &meta.tuple) {
+            let h = match layout.granularity.key(meta) {
                 Some(k) => aux.shared.tables[g]
                     .acquire(&k, coarse_hash(k), aux.now, |_, _| {})
                     .map_or(SharedHandle::NONE, |(h, _)| h),

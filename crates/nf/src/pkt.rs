@@ -49,6 +49,10 @@ pub struct PktMeta {
     pub l4: u16,
     /// The flow's 5-tuple as received (the aggregated table's key).
     pub tuple: FiveTuple,
+    /// Outer VLAN ID (0: untagged).
+    pub vlan: u16,
+    /// GTP-U tunnel endpoint identifier, for GTP-U on UDP port 2152.
+    pub teid: Option<u32>,
 }
 
 impl PktMeta {
@@ -117,8 +121,14 @@ fn parse_ipv4_fast(f: &[u8], m: &mut PktMeta) -> bool {
     let dst = Ipv4Addr::new(f[30], f[31], f[32], f[33]);
     let sport = u16::from_be_bytes([f[l4], f[l4 + 1]]);
     let dport = u16::from_be_bytes([f[l4 + 2], f[l4 + 3]]);
+    // GTP-U needs its header parsed for the TEID: general path.
+    if proto == proto::UDP && dport == flowplane_wire::flow::GTPU_PORT {
+        return false;
+    }
     m.valid = true;
     m.v6 = false;
+    m.vlan = 0;
+    m.teid = None;
     m.proto = proto;
     m.l3 = 14;
     m.l4 = l4 as u16;
@@ -167,6 +177,8 @@ fn parse_ipv6_fast(f: &[u8], m: &mut PktMeta) -> bool {
     let sport = u16::from_be_bytes([h[54], h[55]]);
     m.valid = true;
     m.v6 = true;
+    m.vlan = 0;
+    m.teid = None;
     m.proto = proto;
     m.l3 = 14;
     m.l4 = 14 + 40;
@@ -189,6 +201,8 @@ fn parse_general(f: &[u8]) -> PktMeta {
         l3: info.l3_offset as u16,
         l4: info.l4_offset.map_or(0, |o| o as u16),
         tuple,
+        vlan: info.vlan_ids[0],
+        teid: info.gtpu.map(|g| g.teid),
     }
 }
 
@@ -461,13 +475,16 @@ mod tests {
             l3: info.l3_offset as u16,
             l4: info.l4_offset.map_or(0, |o| o as u16),
             tuple,
+            vlan: info.vlan_ids[0],
+            teid: info.gtpu.map(|g| g.teid),
         }
     }
 
     /// Parses through `parse_into` over a dirty `PktMeta` (as the executor
     /// reuses slots) and checks it against the reference.
     fn check(f: &[u8]) -> PktMeta {
-        let mut m = PktMeta { valid: true, v6: true, proto: 99, l3: 7, l4: 9, ..PktMeta::default() };
+        let mut m =
+            PktMeta { valid: true, v6: true, proto: 99, l3: 7, l4: 9, vlan: 5, teid: Some(3), ..PktMeta::default() };
         m.parse_into(f);
         assert_eq!(m, reference_parse(f), "frame {f:02x?}");
         assert_eq!(m, PktMeta::parse(f));

@@ -16,7 +16,7 @@
 
 use bytemuck::{Pod, Zeroable};
 use flowplane_packet::{Batch, DROP};
-use flowplane_wire::flow::FiveTuple;
+use flowplane_wire::flow::{CustomKey, FieldSet, FiveTuple};
 
 use crate::pkt::{Pkt, PktMeta};
 use crate::store::{FlowStore, NO_SLOT};
@@ -31,14 +31,77 @@ pub enum Granularity {
     SrcIp,
     /// Destination IP address.
     DstIp,
-    /// Source and destination IP addresses.
+    /// Source and destination IP addresses (IPv4).
     IpPair,
+    /// GTP-U tunnel endpoint identifier (GTP-U packets only).
+    Teid,
+    /// A user-chosen set of fields (`src_ip,dport`, ...).
+    Custom(FieldSet),
+}
+
+/// Two independent keyed SipHash-1-3 instances, fixed for the process so
+/// every core fingerprints a custom key alike, random per run so traffic
+/// cannot aim collisions at them.
+fn fingerprint(bytes: &[u8]) -> u128 {
+    use std::collections::hash_map::RandomState;
+    use std::hash::BuildHasher;
+    static KEYS: std::sync::OnceLock<(RandomState, RandomState)> = std::sync::OnceLock::new();
+    let (a, b) = KEYS.get_or_init(|| (RandomState::new(), RandomState::new()));
+    (u128::from(a.hash_one(bytes)) << 64) | u128::from(b.hash_one(bytes))
 }
 
 impl Granularity {
+    /// The key of a coarse granularity for a packet (`None`: the packet has
+    /// no such key — not GTP-U for `Teid`, IPv6 for `IpPair` — or the
+    /// granularity is the 5-tuple, which has its own table). Addresses are
+    /// exact (IPv4 stored IPv4-mapped), a TEID is exact, a custom field set
+    /// is a 128-bit keyed fingerprint of its fields.
+    #[inline]
+    pub fn key(self, m: &PktMeta) -> Option<u128> {
+        use std::net::IpAddr;
+        let ip = |a: IpAddr| match a {
+            IpAddr::V4(v) => u128::from(v.to_ipv6_mapped()),
+            IpAddr::V6(v) => u128::from(v),
+        };
+        let t = &m.tuple;
+        match self {
+            Granularity::FiveTuple => None,
+            Granularity::SrcIp => Some(ip(t.src_ip())),
+            Granularity::DstIp => Some(ip(t.dst_ip())),
+            Granularity::IpPair => match (t.src_ip(), t.dst_ip()) {
+                (IpAddr::V4(s), IpAddr::V4(d)) => {
+                    Some((1u128 << 64) | (u128::from(u32::from(s)) << 32) | u128::from(u32::from(d)))
+                }
+                _ => None,
+            },
+            Granularity::Teid => m.teid.map(|t| (2u128 << 64) | u128::from(t)),
+            Granularity::Custom(fields) => {
+                if fields.contains(FieldSet::TEID) && m.teid.is_none() {
+                    return None;
+                }
+                let k = CustomKey::build(fields, t, m.vlan, m.teid.unwrap_or(0));
+                Some(fingerprint(k.as_bytes()))
+            }
+        }
+    }
+
+    /// Parses `src_ip`, `dst_ip`, `ip_pair`, `teid`, or a comma-separated
+    /// field list (`src_ip,dport`) for NFs whose key is a parameter.
+    pub fn parse(s: &str) -> Result<Granularity, String> {
+        match s {
+            "src_ip" => Ok(Granularity::SrcIp),
+            "dst_ip" => Ok(Granularity::DstIp),
+            "ip_pair" => Ok(Granularity::IpPair),
+            "teid" => Ok(Granularity::Teid),
+            "5tuple" | "five_tuple" => Ok(Granularity::FiveTuple),
+            _ => FieldSet::parse(s).map(Granularity::Custom).map_err(|e| e.to_string()),
+        }
+    }
+
     /// The part of `t` this granularity keys on, as a 5-tuple with the other
-    /// fields zeroed (what a test table or an export needs; the executor's
-    /// shared tables use compact IP keys).
+    /// fields zeroed (what an export row shows; the shared tables use
+    /// [`Granularity::key`]). TEID and field-set keys have no such
+    /// projection: the 5-tuple itself is returned.
     pub fn project(self, t: &FiveTuple) -> FiveTuple {
         use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
         let zero = |a: IpAddr| match a {
@@ -47,7 +110,7 @@ impl Granularity {
         };
         let (s, d) = (t.src_ip(), t.dst_ip());
         let (s, d) = match self {
-            Granularity::FiveTuple => return *t,
+            Granularity::FiveTuple | Granularity::Teid | Granularity::Custom(_) => return *t,
             Granularity::SrcIp => (s, zero(d)),
             Granularity::DstIp => (zero(s), d),
             Granularity::IpPair => (s, d),
@@ -62,6 +125,8 @@ impl Granularity {
             Granularity::SrcIp => "src-ip",
             Granularity::DstIp => "dst-ip",
             Granularity::IpPair => "ip-pair",
+            Granularity::Teid => "teid",
+            Granularity::Custom(_) => "custom",
         }
     }
 }

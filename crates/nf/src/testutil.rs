@@ -8,7 +8,7 @@ use flowplane_wire::checksum;
 use flowplane_wire::flow::FiveTuple;
 
 use crate::pkt::{Pkt, PktMeta};
-use crate::stateful::{Action, StatefulNf};
+use crate::stateful::{Action, Granularity, StatefulNf};
 use crate::NfContext;
 
 /// An Ethernet/IPv4/UDP frame with valid checksums and 18 bytes of payload (64-byte frame).
@@ -88,8 +88,10 @@ pub fn assert_ipv4_checksums(f: &[u8]) {
 pub struct Harness<N: StatefulNf> {
     /// The NF under test.
     pub nf: N,
-    /// Its states by 5-tuple.
+    /// Its states by 5-tuple (projected on the NF's granularity).
     pub states: HashMap<FiveTuple, N::State>,
+    /// States of granularities with no 5-tuple projection (TEID, field sets), by exact key.
+    pub keyed_states: HashMap<u128, N::State>,
     /// The clock handed to the NF (set it to test time-dependent NFs).
     pub now_ns: u64,
 }
@@ -97,7 +99,7 @@ pub struct Harness<N: StatefulNf> {
 impl<N: StatefulNf> Harness<N> {
     /// A harness around `nf` at time 0.
     pub fn new(nf: N) -> Self {
-        Harness { nf, states: HashMap::new(), now_ns: 0 }
+        Harness { nf, states: HashMap::new(), keyed_states: HashMap::new(), now_ns: 0 }
     }
 
     /// Processes one frame; returns the (possibly rewritten) frame and the action.
@@ -107,6 +109,16 @@ impl<N: StatefulNf> Harness<N> {
         let ctx = NfContext { now_tsc: 0, now_ns: self.now_ns };
         if !meta.valid {
             let a = self.nf.on_unparsed();
+            return (data, a);
+        }
+        if let g @ (Granularity::Teid | Granularity::Custom(_)) = self.nf.granularity() {
+            let Some(k) = g.key(&meta) else { return (data, self.nf.on_unparsed()) };
+            if !self.keyed_states.contains_key(&k) {
+                let s = self.nf.init(&Pkt::new(&mut data, &meta), &ctx);
+                self.keyed_states.insert(k, s);
+            }
+            let st = self.keyed_states.get_mut(&k).expect("inserted above");
+            let a = self.nf.process(&mut Pkt::new(&mut data, &meta), st, &ctx);
             return (data, a);
         }
         let key = self.nf.granularity().project(&meta.tuple);
@@ -132,6 +144,10 @@ impl<N: StatefulNf> Harness<N> {
 
     /// The state of a frame's flow.
     pub fn state_of(&self, frame: &[u8]) -> Option<N::State> {
+        if let g @ (Granularity::Teid | Granularity::Custom(_)) = self.nf.granularity() {
+            let m = PktMeta::parse(frame);
+            return self.keyed_states.get(&g.key(&m)?).copied();
+        }
         self.states.get(&self.key_of(frame)?).copied()
     }
 }
