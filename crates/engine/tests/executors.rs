@@ -184,3 +184,54 @@ fn idle_coarse_state_expires() {
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0]["src"], "10.0.0.2");
 }
+
+#[test]
+fn teid_and_field_set_keys_agree_across_executors() {
+    use flowplane_wire::packet_repr::FrameBuilder;
+    // 6 tunnels (TEIDs) carrying 4 inner flows each, plus plain UDP that has no TEID.
+    let mut frames = Vec::new();
+    for round in 0..3u16 {
+        for teid in 0..6u32 {
+            for inner in 0..4u16 {
+                let mut buf = vec![0u8; 128];
+                let b = FrameBuilder::udp_v4([10, 0, 0, 1].into(), [10, 0, 1, teid as u8].into(), 2152, 2152)
+                    .with_gtpu(100 + teid, None);
+                let n = b.emit(&mut buf, &[0x45, 0, 0, 20, inner as u8, round as u8]).unwrap();
+                buf.truncate(n);
+                frames.push(buf);
+            }
+        }
+        frames.push(udp4([10, 0, 0, 9], [10, 0, 1, 0], 7, 8));
+    }
+    let chain = "keyctr(key=teid) -> keyctr(key=dst_ip+dport) -> fsc";
+    let mut reference = None;
+    for kind in [ExecKind::Batch, ExecKind::Rtc, ExecKind::PerNf, ExecKind::MicroBatch] {
+        for aux in [true, false] {
+            let c = Chain::build(&parse(chain).unwrap()).unwrap();
+            assert_eq!(c.groups.len(), 2);
+            let shared = SharedStores::new(&c.groups, 4096, 3_600_000_000_000).unwrap();
+            let cfg = ExecConfig { kind, flows: 4096, hugepages: false, aux, ..ExecConfig::default() };
+            let mut e = Executor::new(c, cfg, shared).unwrap();
+            let mut pool = PacketPool::new(PoolConfig { buffers: 256, ..Default::default() }).unwrap();
+            let mut batch = Batch::new(&pool);
+            for chunk in frames.chunks(32) {
+                for f in chunk {
+                    assert!(batch.push_copy(&mut pool, f, 0));
+                }
+                e.process(&mut batch, &NfContext::default());
+                batch.free_all(&mut pool).unwrap();
+            }
+            let res = e.nf_results();
+            let teids = &res[0].2.as_ref().unwrap();
+            assert_eq!(teids["keys_seen"], 6, "{kind} aux={aux}");
+            assert_eq!(teids["unkeyed"], 3, "plain UDP has no TEID");
+            // dst_ip+dport: 6 tunnel endpoints (port 2152) and the plain UDP destination.
+            assert_eq!(res[1].2.as_ref().unwrap()["keys_seen"], 7, "{kind} aux={aux}");
+            let counters: Vec<_> = res.iter().map(|(n, c, _)| (n.clone(), *c)).collect();
+            match &reference {
+                None => reference = Some(counters),
+                Some(r) => assert_eq!(&counters, r, "{kind} aux={aux}"),
+            }
+        }
+    }
+}

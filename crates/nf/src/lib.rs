@@ -18,6 +18,7 @@ pub mod forward;
 pub mod fsc;
 pub mod fw;
 pub mod hh;
+pub mod keyctr;
 pub mod lb;
 pub mod nat;
 pub mod params;

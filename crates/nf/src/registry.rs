@@ -185,6 +185,12 @@ pub static NFS: &[NfKind] = &[
         ],
         build: |p| Ok(stateful(crate::portknock::PortKnock::from_params(p)?)),
     },
+    NfKind {
+        name: "keyctr",
+        about: "packets and bytes per key of any granularity: source/destination IP, IP pair, GTP-U TEID or a field set (shared between cores)",
+        params: &[("key", "src_ip|dst_ip|ip_pair|teid|5tuple, or fields src_ip, dst_ip, sport, dport, proto, vlan, teid joined by '+' (default src_ip)")],
+        build: |p| Ok(stateful(crate::keyctr::KeyCtr::from_params(p)?)),
+    },
 ];
 
 /// Looks up an NF kind by name.

@@ -85,8 +85,8 @@ impl Granularity {
         }
     }
 
-    /// Parses `src_ip`, `dst_ip`, `ip_pair`, `teid`, or a comma-separated
-    /// field list (`src_ip,dport`) for NFs whose key is a parameter.
+    /// Parses `src_ip`, `dst_ip`, `ip_pair`, `teid`, or a field list joined
+    /// by `+` (chain specs use `,` between parameters) or `,`: `dst_ip+dport`.
     pub fn parse(s: &str) -> Result<Granularity, String> {
         match s {
             "src_ip" => Ok(Granularity::SrcIp),
@@ -94,7 +94,7 @@ impl Granularity {
             "ip_pair" => Ok(Granularity::IpPair),
             "teid" => Ok(Granularity::Teid),
             "5tuple" | "five_tuple" => Ok(Granularity::FiveTuple),
-            _ => FieldSet::parse(s).map(Granularity::Custom).map_err(|e| e.to_string()),
+            _ => FieldSet::parse(&s.replace('+', ",")).map(Granularity::Custom).map_err(|e| e.to_string()),
         }
     }
 
