@@ -121,19 +121,27 @@ fn parse_ipv4_fast(f: &[u8], m: &mut PktMeta) -> bool {
     let dst = Ipv4Addr::new(f[30], f[31], f[32], f[33]);
     let sport = u16::from_be_bytes([f[l4], f[l4 + 1]]);
     let dport = u16::from_be_bytes([f[l4 + 2], f[l4 + 3]]);
-    // GTP-U needs its header parsed for the TEID: general path.
-    if proto == proto::UDP && dport == flowplane_wire::flow::GTPU_PORT {
-        return false;
-    }
     m.valid = true;
     m.v6 = false;
     m.vlan = 0;
-    m.teid = None;
+    m.teid = if proto == proto::UDP && dport == flowplane_wire::flow::GTPU_PORT {
+        f.get(l4 + 8..).and_then(gtpu_teid)
+    } else {
+        None
+    };
     m.proto = proto;
     m.l3 = 14;
     m.l4 = l4 as u16;
     m.tuple = FiveTuple::V4(FiveTupleV4::new(src, dst, sport, dport, proto));
     true
+}
+
+/// The TEID of a GTP-U (version 1, protocol type GTP) header at the start of
+/// `g`; `None` for anything else on port 2152, which stays plain UDP.
+#[inline]
+fn gtpu_teid(g: &[u8]) -> Option<u32> {
+    let h = g.first_chunk::<8>()?;
+    (h[0] >> 5 == 1 && h[0] & 0x10 != 0).then(|| u32::from_be_bytes([h[4], h[5], h[6], h[7]]))
 }
 
 /// Ethernet + IPv6 header + UDP header: the shortest frame the IPv6 fast path reads.
@@ -458,6 +466,19 @@ mod tests {
     use super::*;
     use flowplane_wire::flow::extract_five_tuple;
     use proptest::prelude::*;
+
+    #[test]
+    fn udp_port_2152_is_gtpu_only_when_it_looks_like_it() {
+        let plain = crate::testutil::udp4([10, 0, 0, 1], [10, 0, 0, 2], 2152, 2152);
+        let m = PktMeta::parse(&plain);
+        assert!(m.valid, "junk on port 2152 stays plain UDP");
+        assert_eq!(m.teid, None);
+        let mut g = plain.clone();
+        g[42..50].copy_from_slice(&[0x30, 0xff, 0, 0, 0, 0, 0, 77]);
+        let m = PktMeta::parse(&g);
+        assert!(m.valid);
+        assert_eq!(m.teid, Some(77));
+    }
 
     /// The parser before the IPv6 fast path: IPv4 fast path, else both
     /// general parsers (valid only if both accept). The new one must agree.
