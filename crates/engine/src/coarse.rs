@@ -154,7 +154,7 @@ mod tests {
         assert!(Granularity::IpPair.key(&m).is_some());
         assert_eq!(Granularity::FiveTuple.key(&m), None);
         assert_eq!(Granularity::Teid.key(&m), None, "not GTP-U");
-        let g = PktMeta { teid: Some(7), ..m };
+        let g = PktMeta { teid: 7, has_teid: true, ..m };
         assert_eq!(Granularity::Teid.key(&g), Granularity::Teid.key(&PktMeta { tuple: t.reversed(), ..g }));
         let c = Granularity::parse("src_ip,dport").unwrap();
         let other_sport = FiveTuple::new(t.src_ip(), t.dst_ip(), 9, 2, 17).unwrap();

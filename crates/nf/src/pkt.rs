@@ -51,11 +51,27 @@ pub struct PktMeta {
     pub tuple: FiveTuple,
     /// Outer VLAN ID (0: untagged).
     pub vlan: u16,
-    /// GTP-U tunnel endpoint identifier, for GTP-U on UDP port 2152.
-    pub teid: Option<u32>,
+    /// GTP-U tunnel endpoint identifier, if `has_teid` (a flag rather than
+    /// an `Option` keeps the struct at one cache line).
+    pub teid: u32,
+    /// The packet is GTP-U on UDP port 2152 (`teid` is meaningful).
+    pub has_teid: bool,
 }
 
 impl PktMeta {
+    /// The GTP-U TEID, for GTP-U packets.
+    #[inline(always)]
+    pub fn teid(&self) -> Option<u32> {
+        self.has_teid.then_some(self.teid)
+    }
+
+    /// Sets (or clears) the TEID.
+    #[inline(always)]
+    pub fn set_teid(&mut self, teid: Option<u32>) {
+        self.has_teid = teid.is_some();
+        self.teid = teid.unwrap_or(0);
+    }
+
     /// Parses `frame` (Ethernet, up to two VLAN tags). Untagged IPv4 TCP/UDP
     /// takes an inlined fast path, untagged IPv6 TCP/UDP without extension
     /// headers a short out-of-line one; VLAN tags, extension headers,
@@ -124,11 +140,11 @@ fn parse_ipv4_fast(f: &[u8], m: &mut PktMeta) -> bool {
     m.valid = true;
     m.v6 = false;
     m.vlan = 0;
-    m.teid = if proto == proto::UDP && dport == flowplane_wire::flow::GTPU_PORT {
+    m.set_teid(if proto == proto::UDP && dport == flowplane_wire::flow::GTPU_PORT {
         f.get(l4 + 8..).and_then(gtpu_teid)
     } else {
         None
-    };
+    });
     m.proto = proto;
     m.l3 = 14;
     m.l4 = l4 as u16;
@@ -186,7 +202,7 @@ fn parse_ipv6_fast(f: &[u8], m: &mut PktMeta) -> bool {
     m.valid = true;
     m.v6 = true;
     m.vlan = 0;
-    m.teid = None;
+    m.set_teid(None);
     m.proto = proto;
     m.l3 = 14;
     m.l4 = 14 + 40;
@@ -210,7 +226,8 @@ fn parse_general(f: &[u8]) -> PktMeta {
         l4: info.l4_offset.map_or(0, |o| o as u16),
         tuple,
         vlan: info.vlan_ids[0],
-        teid: info.gtpu.map(|g| g.teid),
+        teid: info.gtpu.map_or(0, |g| g.teid),
+        has_teid: info.gtpu.is_some(),
     }
 }
 
@@ -468,16 +485,21 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
+    fn meta_fits_one_cache_line() {
+        assert!(std::mem::size_of::<PktMeta>() <= 64, "{}", std::mem::size_of::<PktMeta>());
+    }
+
+    #[test]
     fn udp_port_2152_is_gtpu_only_when_it_looks_like_it() {
         let plain = crate::testutil::udp4([10, 0, 0, 1], [10, 0, 0, 2], 2152, 2152);
         let m = PktMeta::parse(&plain);
         assert!(m.valid, "junk on port 2152 stays plain UDP");
-        assert_eq!(m.teid, None);
+        assert_eq!(m.teid(), None);
         let mut g = plain.clone();
         g[42..50].copy_from_slice(&[0x30, 0xff, 0, 0, 0, 0, 0, 77]);
         let m = PktMeta::parse(&g);
         assert!(m.valid);
-        assert_eq!(m.teid, Some(77));
+        assert_eq!(m.teid(), Some(77));
     }
 
     /// The parser before the IPv6 fast path: IPv4 fast path, else both
@@ -497,15 +519,25 @@ mod tests {
             l4: info.l4_offset.map_or(0, |o| o as u16),
             tuple,
             vlan: info.vlan_ids[0],
-            teid: info.gtpu.map(|g| g.teid),
+            teid: info.gtpu.map_or(0, |g| g.teid),
+            has_teid: info.gtpu.is_some(),
         }
     }
 
     /// Parses through `parse_into` over a dirty `PktMeta` (as the executor
     /// reuses slots) and checks it against the reference.
     fn check(f: &[u8]) -> PktMeta {
-        let mut m =
-            PktMeta { valid: true, v6: true, proto: 99, l3: 7, l4: 9, vlan: 5, teid: Some(3), ..PktMeta::default() };
+        let mut m = PktMeta {
+            valid: true,
+            v6: true,
+            proto: 99,
+            l3: 7,
+            l4: 9,
+            vlan: 5,
+            teid: 3,
+            has_teid: true,
+            ..PktMeta::default()
+        };
         m.parse_into(f);
         assert_eq!(m, reference_parse(f), "frame {f:02x?}");
         assert_eq!(m, PktMeta::parse(f));

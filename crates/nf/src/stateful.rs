@@ -74,12 +74,12 @@ impl Granularity {
                 }
                 _ => None,
             },
-            Granularity::Teid => m.teid.map(|t| (2u128 << 64) | u128::from(t)),
+            Granularity::Teid => m.teid().map(|t| (2u128 << 64) | u128::from(t)),
             Granularity::Custom(fields) => {
-                if fields.contains(FieldSet::TEID) && m.teid.is_none() {
+                if fields.contains(FieldSet::TEID) && !m.has_teid {
                     return None;
                 }
-                let k = CustomKey::build(fields, t, m.vlan, m.teid.unwrap_or(0));
+                let k = CustomKey::build(fields, t, m.vlan, m.teid);
                 Some(fingerprint(k.as_bytes()))
             }
         }
