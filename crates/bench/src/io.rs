@@ -90,8 +90,8 @@ pub fn run_io(opts: &IoBenchOptions) -> Result<IoBenchReport, String> {
         ..GenConfig::default()
     };
     let gen = Generator::new(cfg).map_err(|e| e.to_string())?;
-    let dispatch = RssDispatcher::new(1, false)?;
-    let (trace, _) = load_generated(gen, &dispatch)?;
+    let dispatch = RssDispatcher::new(1, false).map_err(|e| e.to_string())?;
+    let (trace, _) = load_generated(gen, &dispatch).map_err(|e| e.to_string())?;
     let mut rows = Vec::new();
     for chain in ["forward", "forward -> count"] {
         let spec = spec::parse(chain).map_err(|e| e.to_string())?;

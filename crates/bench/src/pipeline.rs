@@ -112,7 +112,8 @@ fn trace_for(flows: u64) -> Result<Arc<ReplayTrace>, String> {
         ..GenConfig::default()
     };
     let gen = Generator::new(cfg).map_err(|e| e.to_string())?;
-    let (t, _) = load_generated(gen, &RssDispatcher::new(1, false)?)?;
+    let dispatch = RssDispatcher::new(1, false).map_err(|e| e.to_string())?;
+    let (t, _) = load_generated(gen, &dispatch).map_err(|e| e.to_string())?;
     Ok(t)
 }
 
@@ -210,8 +211,8 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
     if opts.wants("flows") {
         for &f in &opts.flows {
             let t = trace_for(f)?;
-            let r = m.one(&t, "fsc", ExecKind::Batch, true, f)?;
-            push(&mut rows, "flows", format!("flows={f}"), "fsc", ExecKind::Batch, true, f, r);
+            let r = m.one(&t, "fsc", ExecKind::BATCH, true, f)?;
+            push(&mut rows, "flows", format!("flows={f}"), "fsc", ExecKind::BATCH, true, f, r);
         }
     }
     let base = opts.base_flows;
@@ -220,13 +221,13 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
         let t = trace_for(base)?;
         if opts.wants("chains") {
             for chain in ["lb", "lb -> fsc", CHAIN3] {
-                let r = m.one(&t, chain, ExecKind::Batch, true, base)?;
+                let r = m.one(&t, chain, ExecKind::BATCH, true, base)?;
                 push(
                     &mut rows,
                     "chains",
                     format!("{} NF(s)", chain.split("->").count()),
                     chain,
-                    ExecKind::Batch,
+                    ExecKind::BATCH,
                     true,
                     base,
                     r,
@@ -234,20 +235,20 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
             }
         }
         if opts.wants("executors") {
-            for kind in [ExecKind::Batch, ExecKind::Rtc, ExecKind::PerNf, ExecKind::MicroBatch] {
+            for kind in ExecKind::all() {
                 let r = m.one(&t, CHAIN3, kind, true, base)?;
                 push(&mut rows, "executors", kind.to_string(), CHAIN3, kind, true, base, r);
             }
         }
         if opts.wants("prefetch") {
             for pf in [true, false] {
-                let r = m.one(&t, CHAIN3, ExecKind::Batch, pf, base)?;
+                let r = m.one(&t, CHAIN3, ExecKind::BATCH, pf, base)?;
                 push(
                     &mut rows,
                     "prefetch",
                     format!("prefetch={}", if pf { "on" } else { "off" }),
                     CHAIN3,
-                    ExecKind::Batch,
+                    ExecKind::BATCH,
                     pf,
                     base,
                     r,
@@ -259,9 +260,9 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
             // (source IP, destination IP) and a 5-tuple LB.
             const MIXED: &str = "srcctr -> policer(rate=1000000000000) -> lb";
             for aux in [true, false] {
-                let r = m.one_aux(&t, MIXED, ExecKind::Batch, true, aux, base)?;
+                let r = m.one_aux(&t, MIXED, ExecKind::BATCH, true, aux, base)?;
                 let variant = format!("aux={}", if aux { "on" } else { "off" });
-                push(&mut rows, "aux", variant, MIXED, ExecKind::Batch, true, base, r);
+                push(&mut rows, "aux", variant, MIXED, ExecKind::BATCH, true, base, r);
             }
         }
         if opts.wants("synthetic") && flowplane_nf::registry::find("synthetic").is_some() {
@@ -269,9 +270,9 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
             for &k in &opts.synthetic_k {
                 for hook in [true, false] {
                     let chain = format!("synthetic(k={k})");
-                    let r = m.one_with(&t, &chain, ExecKind::Batch, true, true, hook, base)?;
+                    let r = m.one_with(&t, &chain, ExecKind::BATCH, true, true, hook, base)?;
                     let variant = format!("k={k} hook={}", if hook { "on" } else { "off" });
-                    push(&mut rows, "synthetic", variant, &chain, ExecKind::Batch, hook, base, r);
+                    push(&mut rows, "synthetic", variant, &chain, ExecKind::BATCH, hook, base, r);
                 }
             }
         }

@@ -5,13 +5,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use clap::builder::{PossibleValue, PossibleValuesParser};
 use clap::Parser;
 use flowplane_engine::exec::{ExecConfig, ExecKind};
-use flowplane_engine::load::{load_generated, load_trace, LoadStats};
-use flowplane_engine::runner::Output;
-use flowplane_engine::{run, spec, RunConfig};
+use flowplane_engine::runner::{run_input, Input, Output};
+use flowplane_engine::{spec, RunConfig};
 use flowplane_io::cpu;
-use flowplane_scale::RssDispatcher;
 use flowplane_table::FullPolicy;
 use flowplane_trace::gen::Generator;
 use flowplane_trace::{PcapWriter, WriterOptions};
@@ -45,9 +44,8 @@ pub struct RunArgs {
     /// Worker cores (default: all available).
     #[arg(long, allow_negative_numbers = true)]
     pub cores: Option<usize>,
-    /// Executor: batch (FAJITA), rtc (per-packet run-to-completion), pernf (a table per NF, VPP-style),
-    /// microbatch (per-flow micro-batches, FastClick-style).
-    #[arg(long, default_value = "batch", value_parser = ["batch", "rtc", "pernf", "microbatch"])]
+    /// Executor (the engine's registry: batch = FAJITA, rtc, pernf = VPP, microbatch = FastClick).
+    #[arg(long, default_value = "batch", value_parser = executors())]
     pub exec: String,
     /// Disable software prefetching (bulk lookups, state lines, NF prefetch hooks).
     #[arg(long)]
@@ -100,6 +98,11 @@ pub struct RunArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--exec` values: every registered executor, with its description.
+fn executors() -> PossibleValuesParser {
+    PossibleValuesParser::new(ExecKind::all().map(|k| PossibleValue::new(k.name()).help(k.info().about)))
 }
 
 /// Parses a `--gen` string with `flowplane gen`'s own option parser.
@@ -173,29 +176,18 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
             a.duration = Some(3.0);
         }
     }
-    // Check the chain before spending time on loading traffic.
-    let chain = match &a.chain_file {
+    let spec = match &a.chain_file {
         Some(p) => {
             let text = std::fs::read_to_string(p).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?;
             spec::parse_toml(&text).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?
         }
         None => spec::parse(&a.chain)?,
     };
-    let compiled = flowplane_engine::chain::Chain::build(&chain).map_err(CliError::new)?;
     let cores = a.cores.unwrap_or_else(cpu::available_cores);
-    // Connection tracking must see both directions on one core: use the symmetric key.
-    let auto_symmetric = if cores > 1 && !a.symmetric_rss { compiled.needs_symmetric_rss() } else { None };
-    drop(compiled);
-    let dispatch = RssDispatcher::new(cores, a.symmetric_rss || auto_symmetric.is_some()).map_err(CliError::new)?;
-    let (trace, load): (_, LoadStats) = match &a.input {
-        Some(path) => load_trace(path, &dispatch, None).map_err(CliError::new)?,
-        None => {
-            load_generated(parse_gen(a.gen.as_deref().unwrap_or(DEFAULT_GEN))?, &dispatch).map_err(CliError::new)?
-        }
+    let input = match &a.input {
+        Some(path) => Input::File(path),
+        None => Input::Generated(Box::new(parse_gen(a.gen.as_deref().unwrap_or(DEFAULT_GEN))?)),
     };
-    if load.packets == 0 {
-        return Err(CliError::new("the input holds no packet to replay"));
-    }
     let output = match &a.output {
         Some(p) => {
             let w = PcapWriter::create(p, WriterOptions { nanosecond: true, ..WriterOptions::default() })?;
@@ -206,7 +198,7 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
     let loops = if a.duration.is_some() && a.loops.is_none() { None } else { Some(a.loops.unwrap_or(1)) };
     let exports = parse_exports(&a.export)?;
     let exec = ExecConfig {
-        kind: ExecKind::parse(&a.exec).map_err(CliError::new)?,
+        kind: ExecKind::parse(&a.exec)?,
         prefetch: !a.no_prefetch,
         flows: a.flows,
         default_idle_timeout_ns: (a.idle_timeout * 1e9) as u64,
@@ -227,7 +219,8 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         exec,
         export: exports.iter().map(|(n, _)| n.clone()).collect(),
     };
-    let report = run(&cfg, &chain, trace, output.clone())?;
+    let run = run_input(&cfg, &spec, input, a.symmetric_rss, output.clone())?;
+    let (report, load, (symmetric, auto_symmetric)) = (run.report, run.load, run.symmetric);
     if let Output::Pcap(w) = output {
         let w = Arc::try_unwrap(w).map_err(|_| CliError::new("output writer still in use"))?;
         let w = w.into_inner().map_err(|_| CliError::new("output writer poisoned by a failed worker"))?;
@@ -240,7 +233,7 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
     if a.json {
         let mut v = serde_json::to_value(&report)?;
         v["load"] = serde_json::to_value(load)?;
-        v["symmetric_rss"] = serde_json::Value::Bool(a.symmetric_rss || auto_symmetric.is_some());
+        v["symmetric_rss"] = serde_json::Value::Bool(symmetric);
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         if demo {

@@ -6,12 +6,14 @@
 //! first cache line covers as many NFs as possible. Stateless elements
 //! (`forward`, `count`) stay batch-level stages in their chain position.
 
-use flowplane_nf::registry::{self, NfInstance};
+use flowplane_nf::registry::{self, NfSink};
 use flowplane_nf::stateful::Granularity;
-use flowplane_nf::{DynStateful, Nf, NfCounters, Params};
+use flowplane_nf::{Nf, NfCounters, Params, StatefulNf};
 
 use crate::coarse::{GroupLayout, MAX_GROUP_WORDS};
+use crate::error::EngineError;
 use crate::spec::ChainSpec;
+use crate::stage::{StatefulStage, Typed};
 
 /// One stage of a compiled chain.
 pub enum Stage {
@@ -22,7 +24,7 @@ pub enum Stage {
     /// coarse group's shared entry (`group == Some(g)`).
     Stateful {
         /// The NF.
-        nf: Box<dyn DynStateful>,
+        nf: Box<dyn StatefulStage>,
         /// Byte offset of its state in the block.
         offset: usize,
         /// Coarse group, if the NF's state is keyed by something coarser than the 5-tuple.
@@ -35,6 +37,12 @@ pub enum Stage {
 }
 
 impl Stage {
+    /// True for a stateful NF keyed coarser than the 5-tuple (state in a shared table).
+    #[inline]
+    pub fn is_coarse(&self) -> bool {
+        matches!(self, Stage::Stateful { group: Some(_), .. })
+    }
+
     /// The NF's name.
     pub fn name(&self) -> &'static str {
         match self {
@@ -60,27 +68,36 @@ fn align_up(x: usize, a: usize) -> usize {
     x.div_ceil(a.max(1)) * a.max(1)
 }
 
+/// Turns a built NF into a stage (the registry hands it over with its type).
+struct StageSink;
+
+impl NfSink for StageSink {
+    type Out = Stage;
+    fn stateless(self, nf: Box<dyn Nf>) -> Stage {
+        Stage::Stateless(nf)
+    }
+    fn stateful<T: StatefulNf>(self, nf: T) -> Stage {
+        Stage::Stateful { nf: Box::new(Typed(nf)), offset: 0, group: None, member: 0, counters: NfCounters::default() }
+    }
+}
+
+/// Most NFs that may share one coarse entry (one "initialised" bit each in word 0).
+const MAX_GROUP_MEMBERS: usize = 62;
+
 impl Chain {
     /// Instantiates every NF of `spec` and lays out the aggregated state;
     /// the error names the offending NF or parameter.
-    pub fn build(spec: &ChainSpec) -> Result<Chain, String> {
+    pub fn build(spec: &ChainSpec) -> Result<Chain, EngineError> {
         let mut stages = Vec::with_capacity(spec.nfs.len());
         for s in &spec.nfs {
-            let nf = registry::build(&s.name, Params::new(&s.name, s.params.clone())).map_err(|e| e.to_string())?;
-            stages.push(match nf {
-                NfInstance::Stateless(n) => Stage::Stateless(n),
-                NfInstance::Stateful(n) => {
-                    let max_align = if n.granularity() == Granularity::FiveTuple { 16 } else { 8 };
-                    if n.state_align() > max_align {
-                        return Err(format!(
-                            "{}: state alignment {} exceeds {max_align} bytes",
-                            n.name(),
-                            n.state_align()
-                        ));
-                    }
-                    Stage::Stateful { nf: n, offset: 0, group: None, member: 0, counters: NfCounters::default() }
+            let stage = registry::build_with(&s.name, Params::new(&s.name, s.params.clone()), StageSink)?;
+            if let Stage::Stateful { nf, .. } = &stage {
+                let max = if nf.granularity() == Granularity::FiveTuple { 16 } else { 8 };
+                if nf.state_align() > max {
+                    return Err(EngineError::StateAlign { nf: nf.name(), align: nf.state_align(), max });
                 }
-            });
+            }
+            stages.push(stage);
         }
         // Coarse groups: NFs of one granularity share an entry, packed in chain order.
         let mut groups: Vec<GroupLayout> = Vec::new();
@@ -107,20 +124,23 @@ impl Chain {
                 *member = members[gi];
                 members[gi] += 1;
                 group_bytes[gi] = at + nf.state_size();
-                if members[gi] > 62 {
-                    return Err(format!("{}: more than 62 NFs share the {} state", nf.name(), g.name()));
+                if members[gi] > MAX_GROUP_MEMBERS {
+                    return Err(EngineError::GroupMembers {
+                        nf: nf.name(),
+                        granularity: g.name(),
+                        max: MAX_GROUP_MEMBERS,
+                    });
                 }
             }
         }
         for (g, bytes) in groups.iter_mut().zip(&group_bytes) {
             g.words = bytes.div_ceil(8).max(1);
             if g.words > MAX_GROUP_WORDS {
-                return Err(format!(
-                    "the {} NFs of this chain need {} bytes of shared state (max {})",
-                    g.granularity.name(),
-                    bytes,
-                    MAX_GROUP_WORDS * 8
-                ));
+                return Err(EngineError::GroupTooLarge {
+                    granularity: g.granularity.name(),
+                    bytes: *bytes,
+                    max: MAX_GROUP_WORDS * 8,
+                });
             }
         }
         // The aggregated 5-tuple block: the auxiliary table's pinned handles to
@@ -172,11 +192,11 @@ mod tests {
     #[test]
     fn builds_and_reports_errors() {
         assert_eq!(Chain::build(&parse("forward -> count").unwrap()).unwrap().stages.len(), 2);
-        let e = Chain::build(&parse("forward -> nope").unwrap()).err().unwrap();
+        let e = Chain::build(&parse("forward -> nope").unwrap()).err().unwrap().to_string();
         assert!(e.starts_with("unknown NF 'nope'"), "{e}");
-        let e = Chain::build(&parse("forward(prot=1)").unwrap()).err().unwrap();
+        let e = Chain::build(&parse("forward(prot=1)").unwrap()).err().unwrap().to_string();
         assert_eq!(e, "forward: unknown parameter 'prot'");
-        let e = Chain::build(&parse("forward(port=x)").unwrap()).err().unwrap();
+        let e = Chain::build(&parse("forward(port=x)").unwrap()).err().unwrap().to_string();
         assert!(e.contains("'port=x'"), "{e}");
     }
 

@@ -24,6 +24,8 @@ use flowplane_nf::stateful::Granularity;
 use flowplane_table::shared::{hash_key, SharedFlowTable, SharedHandle, SharedTableConfig};
 use flowplane_wire::flow::FiveTuple;
 
+use crate::error::EngineError;
+
 /// Most state words a coarse group may have (after the lock word).
 pub const MAX_GROUP_WORDS: usize = 63;
 
@@ -53,11 +55,10 @@ pub struct SharedStores {
 
 impl SharedStores {
     /// Creates one table per group with room for `capacity` keys each.
-    pub fn new(groups: &[GroupLayout], capacity: usize, idle_timeout_ns: u64) -> Result<Self, String> {
+    pub fn new(groups: &[GroupLayout], capacity: usize, idle_timeout_ns: u64) -> Result<Self, EngineError> {
         let mut tables = Vec::with_capacity(groups.len());
         for g in groups {
-            let t = SharedFlowTable::new(SharedTableConfig { capacity, state_words: 1 + g.words, idle_timeout_ns })
-                .map_err(|e| e.to_string())?;
+            let t = SharedFlowTable::new(SharedTableConfig { capacity, state_words: 1 + g.words, idle_timeout_ns })?;
             tables.push(Arc::new(t));
         }
         Ok(SharedStores { tables })

@@ -11,13 +11,17 @@
 
 pub mod chain;
 pub mod coarse;
+pub mod error;
 pub mod exec;
 pub mod hist;
 pub mod load;
 pub mod report;
 pub mod runner;
 pub mod spec;
+pub mod stage;
+pub mod store;
 pub mod worker;
 
+pub use error::EngineError;
 pub use report::Report;
-pub use runner::{run, RunConfig, RunError};
+pub use runner::{run, RunConfig};

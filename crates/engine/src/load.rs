@@ -10,6 +10,8 @@ use flowplane_trace::gen::Generator;
 use flowplane_trace::{to_ethernet, TraceReader};
 use serde::Serialize;
 
+use crate::error::EngineError;
+
 /// What loading saw.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct LoadStats {
@@ -35,7 +37,7 @@ impl<'a> Loader<'a> {
         Loader { builder: ReplayBuilder::new(dispatch.queues()), dispatch, stats: LoadStats::default() }
     }
 
-    fn push(&mut self, frame: &[u8]) -> Result<(), String> {
+    fn push(&mut self, frame: &[u8]) -> Result<(), EngineError> {
         let (q, h) = match self.dispatch.classify(frame) {
             Some(qh) => qh,
             None => {
@@ -53,7 +55,7 @@ impl<'a> Loader<'a> {
                 self.stats.skipped += 1;
                 Ok(())
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -68,8 +70,8 @@ pub fn load_trace(
     path: &Path,
     dispatch: &dyn Dispatch,
     limit: Option<u64>,
-) -> Result<(Arc<ReplayTrace>, LoadStats), String> {
-    let mut reader = TraceReader::open(path).map_err(|e| e.to_string())?;
+) -> Result<(Arc<ReplayTrace>, LoadStats), EngineError> {
+    let mut reader = TraceReader::open(path)?;
     let mut loader = Loader::new(dispatch);
     if let Ok(meta) = std::fs::metadata(path) {
         // A 64-byte frame costs ~80 bytes of file: reserve for that density.
@@ -77,15 +79,18 @@ pub fn load_trace(
     }
     let mut scratch = Vec::new();
     while limit.is_none_or(|l| loader.stats.packets < l) {
-        let Some(pkt) = reader.next_packet().map_err(|e| e.to_string())? else { break };
-        let frame = to_ethernet(&pkt, &mut scratch).map_err(|e| e.to_string())?;
+        let Some(pkt) = reader.next_packet()? else { break };
+        let frame = to_ethernet(&pkt, &mut scratch)?;
         loader.push(frame)?;
     }
     Ok(loader.finish())
 }
 
 /// Runs the generator straight into memory.
-pub fn load_generated(mut gen: Generator, dispatch: &dyn Dispatch) -> Result<(Arc<ReplayTrace>, LoadStats), String> {
+pub fn load_generated(
+    mut gen: Generator,
+    dispatch: &dyn Dispatch,
+) -> Result<(Arc<ReplayTrace>, LoadStats), EngineError> {
     let mut loader = Loader::new(dispatch);
     loader.builder.reserve(gen.remaining() as usize, 64);
     let mut buf = Vec::with_capacity(2048);

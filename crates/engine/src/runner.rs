@@ -1,6 +1,8 @@
-//! Starting one worker per core over a replay trace, and merging their results.
+//! Running a chain: building it once per core, loading the input through the
+//! dispatch stage, starting one worker per core over the replay trace, and
+//! merging their results. The CLI and the benchmarks go through here.
 
-use std::fmt;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,9 +12,14 @@ use flowplane_io::sink::{Discard, PcapSink, SharedPcapWriter};
 use flowplane_io::{cpu, Sink};
 use flowplane_packet::{tsc, PacketPool, PoolConfig, MAX_BATCH};
 
+use flowplane_scale::RssDispatcher;
+use flowplane_trace::gen::Generator;
+
 use crate::chain::Chain;
 use crate::coarse::SharedStores;
-use crate::exec::{ExecConfig, Executor};
+use crate::error::EngineError;
+use crate::exec::{ExecConfig, Pipeline};
+use crate::load::{load_generated, load_trace, LoadStats};
 use crate::report::Report;
 use crate::spec::ChainSpec;
 use crate::worker::{run_worker, WorkerResult};
@@ -69,42 +76,100 @@ impl Default for RunConfig {
     }
 }
 
-/// Why a run could not start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunError(pub String);
-
-impl fmt::Display for RunError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
+/// What to replay.
+pub enum Input<'a> {
+    /// A pcap/pcapng file.
+    File(&'a Path),
+    /// Generated traffic, straight into memory.
+    Generated(Box<Generator>),
 }
 
-impl std::error::Error for RunError {}
+/// A run over an input: the report, what loading saw, and the RSS key used.
+pub struct InputRun {
+    /// The run's report.
+    pub report: Report,
+    /// What loading saw.
+    pub load: LoadStats,
+    /// The symmetric RSS key was used; `Some(nf)`: chosen because that NF
+    /// needs both directions of a connection on one core.
+    pub symmetric: (bool, Option<&'static str>),
+}
 
-/// Runs `spec` over `trace` (one queue per core) and reports.
-pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: Output) -> Result<Report, RunError> {
-    if cfg.cores == 0 || cfg.cores != trace.queues() {
-        return Err(RunError(format!("{} cores but the trace has {} queues", cfg.cores, trace.queues())));
+/// Builds the chain once per core (spec errors surface before any traffic
+/// is loaded), spreads `input` over the cores by RSS (the symmetric key when
+/// asked for, or when an NF needs both directions of a connection on one
+/// core), and runs it.
+pub fn run_input(
+    cfg: &RunConfig,
+    spec: &ChainSpec,
+    input: Input<'_>,
+    symmetric_rss: bool,
+    output: Output,
+) -> Result<InputRun, EngineError> {
+    check(cfg)?;
+    let chains = build_chains(cfg, spec)?;
+    let auto = if cfg.cores > 1 && !symmetric_rss { chains[0].needs_symmetric_rss() } else { None };
+    let symmetric = symmetric_rss || auto.is_some();
+    let dispatch = RssDispatcher::new(cfg.cores, symmetric)?;
+    let (trace, load) = match input {
+        Input::File(path) => load_trace(path, &dispatch, None)?,
+        Input::Generated(gen) => load_generated(*gen, &dispatch)?,
+    };
+    if load.packets == 0 {
+        return Err(EngineError::EmptyInput);
+    }
+    let report = run_chains(cfg, spec, chains, trace, output)?;
+    Ok(InputRun { report, load, symmetric: (symmetric, auto) })
+}
+
+fn check(cfg: &RunConfig) -> Result<(), EngineError> {
+    if cfg.cores == 0 {
+        return Err(EngineError::Config("a run needs at least one core".to_string()));
     }
     if cfg.batch_size == 0 || cfg.batch_size > MAX_BATCH {
-        return Err(RunError(format!("batch size {} out of range [1, {MAX_BATCH}]", cfg.batch_size)));
+        return Err(EngineError::Config(format!("batch size {} out of range [1, {MAX_BATCH}]", cfg.batch_size)));
     }
     if cfg.loops.is_none() && cfg.duration.is_none() {
-        return Err(RunError("a run needs a loop count or a duration".to_string()));
+        return Err(EngineError::Config("a run needs a loop count or a duration".to_string()));
     }
-    // Build every core's chain up front so spec errors surface before any thread starts.
+    Ok(())
+}
+
+/// One compiled chain per core, and the exports checked against the chain.
+fn build_chains(cfg: &RunConfig, spec: &ChainSpec) -> Result<Vec<Chain>, EngineError> {
     let mut chains = Vec::with_capacity(cfg.cores);
     for _ in 0..cfg.cores {
-        chains.push(Chain::build(spec).map_err(RunError)?);
+        chains.push(Chain::build(spec)?);
     }
     for e in &cfg.export {
         if !spec.nfs.iter().any(|n| &n.name == e) {
-            return Err(RunError(format!("--export {e}: no NF '{e}' in the chain")));
+            return Err(EngineError::ExportNotInChain(e.clone()));
         }
+    }
+    Ok(chains)
+}
+
+/// Runs `spec` over `trace` (one queue per core) and reports.
+pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: Output) -> Result<Report, EngineError> {
+    check(cfg)?;
+    let chains = build_chains(cfg, spec)?;
+    run_chains(cfg, spec, chains, trace, output)
+}
+
+/// Runs prebuilt per-core chains over `trace`.
+fn run_chains(
+    cfg: &RunConfig,
+    spec: &ChainSpec,
+    chains: Vec<Chain>,
+    trace: Arc<ReplayTrace>,
+    output: Output,
+) -> Result<Report, EngineError> {
+    if cfg.cores != trace.queues() || chains.len() != cfg.cores {
+        return Err(EngineError::Config(format!("{} cores but the trace has {} queues", cfg.cores, trace.queues())));
     }
     // Coarse state is shared by every core: one table per coarse group, created once.
     let shared = match chains.first() {
-        Some(c) => SharedStores::new(&c.groups, cfg.exec.flows, cfg.exec.default_idle_timeout_ns).map_err(RunError)?,
+        Some(c) => SharedStores::new(&c.groups, cfg.exec.flows, cfg.exec.default_idle_timeout_ns)?,
         None => SharedStores::default(),
     };
     let hz = tsc::hz();
@@ -114,7 +179,7 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
     let start_tsc = tsc::rdtsc();
     let measure_from = start_tsc + cfg.warmup.map_or(0, |w| (w.as_secs_f64() * hz) as u64);
     let wall = Instant::now();
-    let results: Vec<Result<WorkerResult, RunError>> = std::thread::scope(|s| {
+    let results: Vec<Result<WorkerResult, EngineError>> = std::thread::scope(|s| {
         let handles: Vec<_> = chains
             .into_iter()
             .enumerate()
@@ -132,15 +197,14 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
                         let mut pool = PacketPool::new(PoolConfig {
                             buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
                             ..PoolConfig::default()
-                        })
-                        .map_err(|e| RunError(e.to_string()))?;
+                        })?;
                         let rcfg = ReplayConfig {
                             loops: cfg.loops,
                             max_packets: None,
                             rate_pps: cfg.rate_pps.map(|r| r / cfg.cores as f64),
                             tsc_hz: hz,
                         };
-                        let mut exec = Executor::new(chain, cfg.exec, shared.clone()).map_err(RunError)?;
+                        let mut exec = Pipeline::new(chain, cfg.exec, shared.clone())?;
                         let mut source = ReplayQueue::new(trace, core, rcfg);
                         let mut sink: Box<dyn Sink> = match output {
                             Output::Discard => Box::new(Discard),
@@ -167,7 +231,7 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
                         }
                         Ok(res)
                     })
-                    .map_err(|e| RunError(format!("cannot start worker thread: {e}")))
+                    .map_err(EngineError::Thread)
             })
             .collect();
         if let Some(d) = cfg.duration.map(|d| d + cfg.warmup.unwrap_or_default()) {
@@ -181,7 +245,7 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
         handles
             .into_iter()
             .map(|h| match h {
-                Ok(h) => h.join().unwrap_or_else(|_| Err(RunError("a worker thread panicked".to_string()))),
+                Ok(h) => h.join().unwrap_or(Err(EngineError::WorkerPanicked)),
                 Err(e) => Err(e),
             })
             .collect()

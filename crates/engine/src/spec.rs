@@ -7,6 +7,8 @@
 
 use std::fmt;
 
+use crate::error::EngineError;
+
 /// One NF in a chain spec.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NfSpec {
@@ -183,30 +185,31 @@ pub fn parse(spec: &str) -> Result<ChainSpec, SpecError> {
 /// name = "ratelimit"
 /// pps = 1000
 /// ```
-pub fn parse_toml(text: &str) -> Result<ChainSpec, String> {
+pub fn parse_toml(text: &str) -> Result<ChainSpec, EngineError> {
+    let bad = |m: String| EngineError::ChainFile(m);
     let v: toml::Table = text.parse().map_err(|e: toml::de::Error| {
         let msg = e.message().to_string();
         match e.span() {
-            Some(sp) => format!("chain file, byte {}: {msg}", sp.start),
-            None => format!("chain file: {msg}"),
+            Some(sp) => bad(format!("byte {}: {msg}", sp.start)),
+            None => bad(msg),
         }
     })?;
     for k in v.keys() {
         if k != "chain" && k != "nf" {
-            return Err(format!("chain file: unknown key '{k}' (expected 'chain' or [[nf]] tables)"));
+            return Err(bad(format!("unknown key '{k}' (expected 'chain' or [[nf]] tables)")));
         }
     }
     match (v.get("chain"), v.get("nf")) {
-        (Some(_), Some(_)) => Err("chain file: give either 'chain' or [[nf]] tables, not both".to_string()),
-        (Some(toml::Value::String(c)), None) => parse(c).map_err(|e| e.to_string()),
-        (Some(_), None) => Err("chain file: 'chain' must be a string".to_string()),
+        (Some(_), Some(_)) => Err(bad("give either 'chain' or [[nf]] tables, not both".to_string())),
+        (Some(toml::Value::String(c)), None) => Ok(parse(c)?),
+        (Some(_), None) => Err(bad("'chain' must be a string".to_string())),
         (None, Some(toml::Value::Array(items))) => {
             let mut nfs = Vec::with_capacity(items.len());
             for (i, item) in items.iter().enumerate() {
-                let t = item.as_table().ok_or_else(|| format!("chain file: nf #{} is not a table", i + 1))?;
+                let t = item.as_table().ok_or_else(|| bad(format!("nf #{} is not a table", i + 1)))?;
                 let name = match t.get("name") {
                     Some(toml::Value::String(n)) => n.clone(),
-                    _ => return Err(format!("chain file: nf #{} has no string 'name'", i + 1)),
+                    _ => return Err(bad(format!("nf #{} has no string 'name'", i + 1))),
                 };
                 let mut params = Vec::new();
                 for (k, val) in t {
@@ -218,23 +221,19 @@ pub fn parse_toml(text: &str) -> Result<ChainSpec, String> {
                         toml::Value::Integer(x) => x.to_string(),
                         toml::Value::Float(x) => x.to_string(),
                         toml::Value::Boolean(x) => x.to_string(),
-                        _ => {
-                            return Err(format!(
-                                "chain file: {name}: parameter '{k}' must be a string, number or boolean"
-                            ))
-                        }
+                        _ => return Err(bad(format!("{name}: parameter '{k}' must be a string, number or boolean"))),
                     };
                     params.push((k.clone(), sv));
                 }
                 nfs.push(NfSpec { name, params });
             }
             if nfs.is_empty() {
-                return Err("chain file: empty chain".to_string());
+                return Err(bad("empty chain".to_string()));
             }
             Ok(ChainSpec { nfs })
         }
-        (None, Some(_)) => Err("chain file: 'nf' must be an array of tables ([[nf]])".to_string()),
-        (None, None) => Err("chain file: empty chain (no 'chain' and no [[nf]])".to_string()),
+        (None, Some(_)) => Err(bad("'nf' must be an array of tables ([[nf]])".to_string())),
+        (None, None) => Err(bad("empty chain (no 'chain' and no [[nf]])".to_string())),
     }
 }
 
@@ -248,12 +247,12 @@ mod tests {
         assert_eq!(a, parse("lb(backends=16) -> fsc").unwrap());
         let b = parse_toml("chain = \"lb -> fsc\"").unwrap();
         assert_eq!(b.nfs.len(), 2);
-        assert!(parse_toml("chain = 3").unwrap_err().contains("must be a string"));
-        assert!(parse_toml("[[nf]]\nbackends = 1").unwrap_err().contains("no string 'name'"));
-        assert!(parse_toml("x = 1").unwrap_err().contains("unknown key 'x'"));
-        assert!(parse_toml("[[nf]\n").unwrap_err().starts_with("chain file"));
-        assert!(parse_toml("").unwrap_err().contains("empty chain"));
-        assert!(parse_toml("[[nf]]\nname = \"lb\"\nb = [1]").unwrap_err().contains("'b'"));
+        assert!(parse_toml("chain = 3").unwrap_err().to_string().contains("must be a string"));
+        assert!(parse_toml("[[nf]]\nbackends = 1").unwrap_err().to_string().contains("no string 'name'"));
+        assert!(parse_toml("x = 1").unwrap_err().to_string().contains("unknown key 'x'"));
+        assert!(parse_toml("[[nf]\n").unwrap_err().to_string().starts_with("chain file"));
+        assert!(parse_toml("").unwrap_err().to_string().contains("empty chain"));
+        assert!(parse_toml("[[nf]]\nname = \"lb\"\nb = [1]").unwrap_err().to_string().contains("'b'"));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use flowplane_io::{Rx, Sink, Source, TxCounters};
 use flowplane_nf::{NfContext, NfCounters};
 use flowplane_packet::{tsc, Batch, PacketPool};
 
-use crate::exec::{Executor, StoreReport};
+use crate::exec::{Pipeline, StoreReport};
 use crate::hist::Histogram;
 
 /// What one worker measured.
@@ -41,7 +41,7 @@ pub fn run_worker(
     core: usize,
     pool: &mut PacketPool,
     source: &mut dyn Source,
-    exec: &mut Executor,
+    exec: &mut Pipeline,
     sink: &mut dyn Sink,
     batch_size: usize,
     stop: &AtomicBool,

@@ -3,7 +3,7 @@
 
 use flowplane_engine::chain::Chain;
 use flowplane_engine::coarse::SharedStores;
-use flowplane_engine::exec::{ExecConfig, ExecKind, Executor};
+use flowplane_engine::exec::{ExecConfig, ExecKind, Pipeline};
 use flowplane_engine::spec::parse;
 use flowplane_nf::testutil::{tcp4, udp4};
 use flowplane_nf::{NfContext, NfCounters};
@@ -33,7 +33,7 @@ fn run(chain: &str, kind: ExecKind, aux: bool) -> Outcome {
     let c = Chain::build(&parse(chain).unwrap()).unwrap();
     let shared = SharedStores::new(&c.groups, 4096, 3_600_000_000_000).unwrap();
     let cfg = ExecConfig { kind, flows: 4096, hugepages: false, aux, ..ExecConfig::default() };
-    let mut exec = Executor::new(c, cfg, shared).unwrap();
+    let mut exec = Pipeline::new(c, cfg, shared).unwrap();
     let mut pool = PacketPool::new(PoolConfig { buffers: 1024, ..Default::default() }).unwrap();
     let mut batch = Batch::new(&pool);
     let mut verdicts = Vec::new();
@@ -57,7 +57,7 @@ fn run(chain: &str, kind: ExecKind, aux: bool) -> Outcome {
 #[test]
 fn executors_agree_on_a_five_tuple_chain() {
     let chain = "lb(backends=4) -> fsc -> ratelimit(pps=1, burst=3)";
-    let reference = run(chain, ExecKind::Batch, true);
+    let reference = run(chain, ExecKind::BATCH, true);
     // The rate limiter drops packets 4 and 5 of each flow.
     let rl = &reference.0[2].1;
     assert_eq!(rl.packets_in, 1510, "malformed frames pass through (on_unparsed) and are counted");
@@ -66,7 +66,7 @@ fn executors_agree_on_a_five_tuple_chain() {
     assert_eq!(reference.3, 10, "malformed frames counted");
     let fsc = reference.2.as_ref().unwrap();
     assert_eq!(fsc.len(), 300);
-    for kind in [ExecKind::Rtc, ExecKind::PerNf, ExecKind::MicroBatch] {
+    for kind in ExecKind::all().filter(|&k| k != ExecKind::BATCH) {
         let o = run(chain, kind, true);
         assert_eq!(o.0, reference.0, "{kind} counters");
         assert_eq!(o.1, reference.1, "{kind} verdicts");
@@ -75,7 +75,7 @@ fn executors_agree_on_a_five_tuple_chain() {
     let no_pf = {
         let c = Chain::build(&parse(chain).unwrap()).unwrap();
         let cfg = ExecConfig { prefetch: false, flows: 4096, hugepages: false, ..ExecConfig::default() };
-        let mut e = Executor::new(c, cfg, SharedStores::default()).unwrap();
+        let mut e = Pipeline::new(c, cfg, SharedStores::default()).unwrap();
         let mut pool = PacketPool::new(PoolConfig { buffers: 1024, ..Default::default() }).unwrap();
         let mut batch = Batch::new(&pool);
         for (k, chunk) in frames().chunks(32).enumerate() {
@@ -95,7 +95,7 @@ fn full_table_is_counted_not_fatal() {
     let c = Chain::build(&parse("fsc").unwrap()).unwrap();
     // 64 entries for 300 flows.
     let cfg = ExecConfig { flows: 64, hugepages: false, ..ExecConfig::default() };
-    let mut e = Executor::new(c, cfg, SharedStores::default()).unwrap();
+    let mut e = Pipeline::new(c, cfg, SharedStores::default()).unwrap();
     let mut pool = PacketPool::new(PoolConfig { buffers: 1024, ..Default::default() }).unwrap();
     let mut batch = Batch::new(&pool);
     for chunk in frames().chunks(32) {
@@ -116,11 +116,11 @@ fn executors_agree_on_a_mixed_granularity_chain() {
     // Source-IP counter and destination policer keep shared (coarse) state;
     // the load balancer is per 5-tuple. With and without the auxiliary table.
     let chain = "srcctr -> policer(rate=100, burst=3, pps=true) -> lb";
-    let reference = run(chain, ExecKind::Batch, true);
+    let reference = run(chain, ExecKind::BATCH, true);
     let pol = &reference.0[1].1;
     assert_eq!(pol.packets_in, 1510);
     assert!(pol.dropped > 0, "the policer limits the two servers");
-    for kind in [ExecKind::Batch, ExecKind::Rtc, ExecKind::PerNf, ExecKind::MicroBatch] {
+    for kind in ExecKind::all() {
         for aux in [true, false] {
             let o = run(chain, kind, aux);
             assert_eq!(o.0, reference.0, "{kind} aux={aux} counters");
@@ -135,7 +135,7 @@ fn coarse_state_is_shared_between_flows_and_exported_once() {
     assert_eq!(c.groups.len(), 1);
     let shared = SharedStores::new(&c.groups, 4096, 3_600_000_000_000).unwrap();
     let cfg = ExecConfig { flows: 4096, hugepages: false, ..ExecConfig::default() };
-    let mut e = Executor::new(c, cfg, shared).unwrap();
+    let mut e = Pipeline::new(c, cfg, shared).unwrap();
     let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
     let mut batch = Batch::new(&pool);
     // One source, 5 flows (ports), 2 packets each.
@@ -164,10 +164,10 @@ fn idle_coarse_state_expires() {
         default_idle_timeout_ns: 1_000_000_000,
         ..ExecConfig::default()
     };
-    let mut e = Executor::new(c, cfg, shared).unwrap();
+    let mut e = Pipeline::new(c, cfg, shared).unwrap();
     let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
     let mut batch = Batch::new(&pool);
-    let mut send = |e: &mut Executor, src: u8, now_ns: u64| {
+    let mut send = |e: &mut Pipeline, src: u8, now_ns: u64| {
         for _ in 0..8 {
             assert!(batch.push_copy(&mut pool, &udp4([10, 0, 0, src], [192, 168, 1, 1], 5000, 53), 0));
         }
@@ -205,13 +205,13 @@ fn teid_and_field_set_keys_agree_across_executors() {
     }
     let chain = "keyctr(key=teid) -> keyctr(key=dst_ip+dport) -> fsc";
     let mut reference = None;
-    for kind in [ExecKind::Batch, ExecKind::Rtc, ExecKind::PerNf, ExecKind::MicroBatch] {
+    for kind in ExecKind::all() {
         for aux in [true, false] {
             let c = Chain::build(&parse(chain).unwrap()).unwrap();
             assert_eq!(c.groups.len(), 2);
             let shared = SharedStores::new(&c.groups, 4096, 3_600_000_000_000).unwrap();
             let cfg = ExecConfig { kind, flows: 4096, hugepages: false, aux, ..ExecConfig::default() };
-            let mut e = Executor::new(c, cfg, shared).unwrap();
+            let mut e = Pipeline::new(c, cfg, shared).unwrap();
             let mut pool = PacketPool::new(PoolConfig { buffers: 256, ..Default::default() }).unwrap();
             let mut batch = Batch::new(&pool);
             for chunk in frames.chunks(32) {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use flowplane_engine::chain::Chain;
 use flowplane_engine::coarse::SharedStores;
-use flowplane_engine::exec::{ExecConfig, ExecKind, Executor};
+use flowplane_engine::exec::{ExecConfig, ExecKind, Pipeline};
 use flowplane_engine::spec::parse;
 use flowplane_nf::testutil::udp4;
 use flowplane_nf::NfContext;
@@ -55,15 +55,15 @@ fn executors_allocate_nothing_in_steady_state() {
     let frames: Vec<Vec<u8>> =
         (0..512u32).map(|f| udp4([10, 0, (f >> 8) as u8, f as u8], [192, 168, 1, (f % 7) as u8], 1000, 80)).collect();
     for chain in ["lb -> fsc -> ratelimit(pps=1000000000) -> acl", "srcctr -> policer(rate=1000000000000) -> lb"] {
-        for kind in [ExecKind::Batch, ExecKind::Rtc, ExecKind::PerNf, ExecKind::MicroBatch] {
+        for kind in ExecKind::all() {
             for aux in [true, false] {
                 let c = Chain::build(&parse(chain).unwrap()).unwrap();
                 let shared = SharedStores::new(&c.groups, 4096, 3_600_000_000_000).unwrap();
                 let cfg = ExecConfig { kind, flows: 4096, hugepages: false, aux, ..ExecConfig::default() };
-                let mut e = Executor::new(c, cfg, shared).unwrap();
+                let mut e = Pipeline::new(c, cfg, shared).unwrap();
                 let mut pool = PacketPool::new(PoolConfig { buffers: 256, ..Default::default() }).unwrap();
                 let mut batch = Batch::new(&pool);
-                let mut round = |e: &mut Executor, k: u64| {
+                let mut round = |e: &mut Pipeline, k: u64| {
                     for chunk in frames.chunks(64) {
                         for f in chunk {
                             assert!(batch.push_copy(&mut pool, f, 0));

@@ -30,7 +30,6 @@ pub mod ratelimit;
 pub mod registry;
 pub mod srcctr;
 pub mod stateful;
-pub mod store;
 pub mod synthetic;
 pub mod testutil;
 
@@ -39,7 +38,7 @@ use serde::Serialize;
 
 pub use params::{ParamError, Params};
 pub use pkt::{Pkt, PktMeta};
-pub use stateful::{Action, DynStateful, Granularity, StatefulNf};
+pub use stateful::{Action, Granularity, StatefulNf};
 
 /// Per-NF packet counters, reported at the end of a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

@@ -917,8 +917,19 @@ mod tests {
         assert!(err(&[("internal", "0.0.0.0/0")]).contains("overlap"));
         assert!(err(&[("addrs", "256"), ("ports", "1-65535")]).contains("exceeds"));
         // Registered under its chain-spec name; unknown parameters are refused.
-        assert!(crate::registry::build("nat", Params::new("nat", vec![])).is_ok());
-        let typo = crate::registry::build("nat", Params::new("nat", vec![("timout".into(), "5".into())]));
+        struct Name;
+        impl crate::registry::NfSink for Name {
+            type Out = &'static str;
+            fn stateless(self, nf: Box<dyn crate::Nf>) -> &'static str {
+                nf.name()
+            }
+            fn stateful<T: StatefulNf>(self, nf: T) -> &'static str {
+                nf.name()
+            }
+        }
+        let build = |p: Vec<(String, String)>| crate::registry::build_with("nat", Params::new("nat", p), Name);
+        assert_eq!(build(vec![]), Ok("nat"));
+        let typo = build(vec![("timout".into(), "5".into())]);
         assert_eq!(typo.err().unwrap().0, "nat: unknown parameter 'timout'");
     }
 }

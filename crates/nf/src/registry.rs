@@ -1,5 +1,9 @@
 //! The NF registry: chain-spec names -> constructors, with parameter docs
 //! for `flowplane nfs`. Adding an NF = one file + one entry here.
+//!
+//! A built NF is handed to an [`NfSink`] with its concrete type, so whoever
+//! drives it (the engine's executors, a test harness) can monomorphise over
+//! it: the NF library knows nothing of tables or batches of state.
 
 use crate::acl::Acl;
 use crate::count::Count;
@@ -12,26 +16,19 @@ use crate::policer::Policer;
 use crate::psd::Psd;
 use crate::ratelimit::RateLimit;
 use crate::srcctr::SrcCtr;
-use crate::stateful::DynStateful;
+use crate::stateful::StatefulNf;
 use crate::synthetic::Synthetic;
 use crate::{Nf, ParamError, Params};
 
-/// A built NF: a stateless batch element or a stateful NF the executor drives.
-pub enum NfInstance {
-    /// Processes whole batches itself (no per-flow state).
-    Stateless(Box<dyn Nf>),
-    /// Declares state; the executor looks it up and calls its actions.
-    Stateful(Box<dyn DynStateful>),
-}
-
-impl NfInstance {
-    /// The NF's name.
-    pub fn name(&self) -> &'static str {
-        match self {
-            NfInstance::Stateless(n) => n.name(),
-            NfInstance::Stateful(n) => n.name(),
-        }
-    }
+/// Receives a freshly built NF with its concrete type, so the engine can
+/// monomorphise its batch loop over it.
+pub trait NfSink {
+    /// What the sink makes of the NF.
+    type Out;
+    /// A stateless batch element.
+    fn stateless(self, nf: Box<dyn Nf>) -> Self::Out;
+    /// A stateful NF the executor drives.
+    fn stateful<T: StatefulNf>(self, nf: T) -> Self::Out;
 }
 
 /// One registered NF kind.
@@ -42,16 +39,6 @@ pub struct NfKind {
     pub about: &'static str,
     /// Parameters: (name, description with default).
     pub params: &'static [(&'static str, &'static str)],
-    /// Constructor (one instance per core).
-    pub build: fn(&mut Params) -> Result<NfInstance, ParamError>,
-}
-
-fn stateless(n: impl Nf + 'static) -> NfInstance {
-    NfInstance::Stateless(Box::new(n))
-}
-
-fn stateful(n: impl DynStateful + 'static) -> NfInstance {
-    NfInstance::Stateful(Box::new(n))
 }
 
 /// Every NF flowplane knows.
@@ -60,31 +47,26 @@ pub static NFS: &[NfKind] = &[
         name: "forward",
         about: "send every packet to an output port (I/O baseline)",
         params: &[("port", "output port (default 0)")],
-        build: |p| Ok(stateless(Forward::from_params(p)?)),
     },
     NfKind {
         name: "count",
         about: "count packets and bytes",
         params: &[],
-        build: |p| Ok(stateless(Count::from_params(p)?)),
     },
     NfKind {
         name: "lb",
         about: "stateful round-robin load balancer: rewrites the destination, sticky per 5-tuple",
         params: &[("backends", "backend pool size (default 16)"), ("base", "first backend IPv4 (default 10.10.0.1)")],
-        build: |p| Ok(stateful(Lb::from_params(p)?)),
     },
     NfKind {
         name: "fsc",
         about: "flow statistics counter: packets, bytes, first/last seen per 5-tuple (exportable)",
         params: &[],
-        build: |p| Ok(stateful(Fsc::from_params(p)?)),
     },
     NfKind {
         name: "ratelimit",
         about: "flow rate limiter: token bucket per 5-tuple",
         params: &[("pps", "tokens per second per flow (default 1000)"), ("burst", "bucket depth (default pps)")],
-        build: |p| Ok(stateful(RateLimit::from_params(p)?)),
     },
     NfKind {
         name: "acl",
@@ -94,7 +76,6 @@ pub static NFS: &[NfKind] = &[
             ("rule", "inline rules 'action:proto:src:dst:sport:dport' (trailing fields optional, any = wildcard, IPv6 as [2001:db8::]/32) separated by ';', after the file's (default none)"),
             ("default", "verdict when no rule matches, and for non-IP packets: allow|drop (default allow)"),
         ],
-        build: |p| Ok(stateful(Acl::from_params(p)?)),
     },
     NfKind {
         name: "synthetic",
@@ -104,7 +85,6 @@ pub static NFS: &[NfKind] = &[
             ("mem", "bytes of the private pointer-chasing array per instance (default 268435456 = 256 MiB)"),
             ("seed", "seed of the random permutation and flow starts (default 1)"),
         ],
-        build: |p| Ok(stateful(Synthetic::from_params(p)?)),
     },
     NfKind {
         name: "hh",
@@ -113,7 +93,6 @@ pub static NFS: &[NfKind] = &[
             ("k", "flows in the top-k summary, 1..=1024 (default 10)"),
             ("threshold", "bytes above which a flow is flagged heavy (default none)"),
         ],
-        build: |p| Ok(stateful(Hh::from_params(p)?)),
     },
     NfKind {
         name: "nat",
@@ -126,13 +105,11 @@ pub static NFS: &[NfKind] = &[
             ("timeout", "idle timeout in seconds (default 30)"),
             ("other", "non-TCP/UDP traffic from inside or to an external address: pass|drop (default pass)"),
         ],
-        build: |p| Ok(stateful(crate::nat::Nat::from_params(p)?)),
     },
     NfKind {
         name: "srcctr",
         about: "source-IP statistics counter: packets, bytes, first/last seen per source IP (exportable)",
         params: &[],
-        build: |p| Ok(stateful(SrcCtr::from_params(p)?)),
     },
     NfKind {
         name: "policer",
@@ -142,7 +119,6 @@ pub static NFS: &[NfKind] = &[
             ("burst", "bucket depth in bytes, packets with pps=true (default rate)"),
             ("pps", "count packets instead of bytes (default false)"),
         ],
-        build: |p| Ok(stateful(Policer::from_params(p)?)),
     },
     NfKind {
         name: "psd",
@@ -153,7 +129,6 @@ pub static NFS: &[NfKind] = &[
             ("action", "drop|flag: drop a flagged source's packets or pass and count them (default drop)"),
             ("tcp", "noack|all: TCP packets that count as probes (default noack: no ACK flag)"),
         ],
-        build: |p| Ok(stateful(Psd::from_params(p)?)),
     },
     NfKind {
         name: "ddos",
@@ -162,7 +137,6 @@ pub static NFS: &[NfKind] = &[
             ("window", "window in seconds (default 1)"),
             ("threshold", "packets allowed per source per window (default 10000)"),
         ],
-        build: |p| Ok(stateful(Ddos::from_params(p)?)),
     },
     NfKind {
         name: "fw",
@@ -173,7 +147,6 @@ pub static NFS: &[NfKind] = &[
             ("timeout", "idle timeout in seconds (default 300)"),
             ("conns", "connection table capacity per core (default 1048576)"),
         ],
-        build: |p| Ok(stateful(crate::fw::Fw::from_params(p)?)),
     },
     NfKind {
         name: "portknock",
@@ -183,13 +156,11 @@ pub static NFS: &[NfKind] = &[
             ("protect", "protected TCP port (default 22)"),
             ("timeout", "idle timeout of a source's state in seconds, 0 = chain default (default 0)"),
         ],
-        build: |p| Ok(stateful(crate::portknock::PortKnock::from_params(p)?)),
     },
     NfKind {
         name: "keyctr",
         about: "packets and bytes per key of any granularity: source/destination IP, IP pair, GTP-U TEID or a field set (shared between cores)",
         params: &[("key", "src_ip|dst_ip|ip_pair|teid|5tuple, or fields src_ip, dst_ip, sport, dport, proto, vlan, teid joined by '+' (default src_ip)")],
-        build: |p| Ok(stateful(crate::keyctr::KeyCtr::from_params(p)?)),
     },
 ];
 
@@ -198,15 +169,34 @@ pub fn find(name: &str) -> Option<&'static NfKind> {
     NFS.iter().find(|k| k.name == name)
 }
 
-/// Builds an NF instance, checking that every parameter was used.
-pub fn build(name: &str, mut params: Params) -> Result<NfInstance, ParamError> {
+/// Builds NF `name` from `params` (unknown NF or parameter: a one-line
+/// [`ParamError`]) and hands it to `sink`.
+pub fn build_with<S: NfSink>(name: &str, mut params: Params, sink: S) -> Result<S::Out, ParamError> {
     let kind = find(name).ok_or_else(|| {
         let known: Vec<&str> = NFS.iter().map(|k| k.name).collect();
         ParamError(format!("unknown NF '{name}' (known: {})", known.join(", ")))
     })?;
     // Reject unknown parameters before building: some NFs allocate a lot.
     params.check_known(kind.params.iter().map(|(p, _)| *p))?;
-    let nf = (kind.build)(&mut params)?;
+    let out = match kind.name {
+        "forward" => sink.stateless(Box::new(Forward::from_params(&mut params)?)),
+        "count" => sink.stateless(Box::new(Count::from_params(&mut params)?)),
+        "lb" => sink.stateful(Lb::from_params(&mut params)?),
+        "fsc" => sink.stateful(Fsc::from_params(&mut params)?),
+        "ratelimit" => sink.stateful(RateLimit::from_params(&mut params)?),
+        "acl" => sink.stateful(Acl::from_params(&mut params)?),
+        "synthetic" => sink.stateful(Synthetic::from_params(&mut params)?),
+        "hh" => sink.stateful(Hh::from_params(&mut params)?),
+        "nat" => sink.stateful(crate::nat::Nat::from_params(&mut params)?),
+        "srcctr" => sink.stateful(SrcCtr::from_params(&mut params)?),
+        "policer" => sink.stateful(Policer::from_params(&mut params)?),
+        "psd" => sink.stateful(Psd::from_params(&mut params)?),
+        "ddos" => sink.stateful(Ddos::from_params(&mut params)?),
+        "fw" => sink.stateful(crate::fw::Fw::from_params(&mut params)?),
+        "portknock" => sink.stateful(crate::portknock::PortKnock::from_params(&mut params)?),
+        "keyctr" => sink.stateful(crate::keyctr::KeyCtr::from_params(&mut params)?),
+        other => return Err(ParamError(format!("{other}: registered without a constructor"))),
+    };
     params.finish()?;
-    Ok(nf)
+    Ok(out)
 }

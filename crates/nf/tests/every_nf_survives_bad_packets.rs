@@ -2,9 +2,9 @@
 //! and random frames without panicking — through the same entry points the
 //! executors use (default action, per-packet action, unparsed path, release).
 
-use flowplane_nf::registry::{build, NfInstance, NFS};
+use flowplane_nf::registry::{build_with, NfSink, NFS};
 use flowplane_nf::testutil::{tcp4, udp4};
-use flowplane_nf::{NfContext, Params, Pkt, PktMeta};
+use flowplane_nf::{Nf, NfContext, Params, Pkt, PktMeta, StatefulNf};
 use flowplane_packet::{Batch, PacketPool, PoolConfig};
 
 fn frames() -> Vec<Vec<u8>> {
@@ -53,50 +53,62 @@ fn params_for(name: &str) -> Vec<(String, String)> {
     }
 }
 
+/// Drives one NF through the entry points the executors use.
+struct Survive<'a> {
+    frames: &'a [Vec<u8>],
+}
+
+impl NfSink for Survive<'_> {
+    /// Per-packet actions run.
+    type Out = usize;
+
+    fn stateful<T: StatefulNf>(self, mut nf: T) -> usize {
+        let mut actions = 0;
+        let mut state: T::State = bytemuck::Zeroable::zeroed();
+        for (k, f) in self.frames.iter().enumerate() {
+            let mut data = f.clone();
+            let meta = PktMeta::parse(&data);
+            // Clocks that jump: forwards, backwards, to zero.
+            let now = [0, u64::MAX / 2, 5, 1_000_000_000][k % 4];
+            let ctx = NfContext { now_tsc: 0, now_ns: now };
+            if !meta.valid {
+                nf.on_unparsed();
+                continue;
+            }
+            if k % 3 == 0 {
+                state = nf.init(&Pkt::new(&mut data, &meta), &ctx);
+            }
+            nf.process(&mut Pkt::new(&mut data, &meta), &mut state, &ctx);
+            actions += 1;
+            if k % 7 == 0 {
+                nf.release(&meta.tuple, &state);
+            }
+        }
+        let _ = nf.report();
+        actions
+    }
+
+    fn stateless(self, mut nf: Box<dyn Nf>) -> usize {
+        let mut pool = PacketPool::new(PoolConfig { buffers: 512, ..Default::default() }).unwrap();
+        let mut batch = Batch::new(&pool);
+        for chunk in self.frames.chunks(64) {
+            for f in chunk {
+                assert!(batch.push_copy(&mut pool, f, 0));
+            }
+            nf.process(&mut batch, &NfContext::default());
+            batch.free_all(&mut pool).unwrap();
+        }
+        0
+    }
+}
+
 #[test]
 fn every_nf_survives_bad_packets() {
     let frames = frames();
     let mut actions = 0usize;
     for kind in NFS {
-        let nf = build(kind.name, Params::new(kind.name, params_for(kind.name))).expect(kind.name);
-        match nf {
-            NfInstance::Stateful(mut nf) => {
-                let mut block = vec![0u8; nf.state_size().max(1) + 16];
-                for (k, f) in frames.iter().enumerate() {
-                    let mut data = f.clone();
-                    let meta = PktMeta::parse(&data);
-                    // Clocks that jump: forwards, backwards, to zero.
-                    let now = [0, u64::MAX / 2, 5, 1_000_000_000][k % 4];
-                    let ctx = NfContext { now_tsc: 0, now_ns: now };
-                    if !meta.valid {
-                        nf.on_unparsed();
-                        continue;
-                    }
-                    let sz = nf.state_size();
-                    if k % 3 == 0 {
-                        block.iter_mut().for_each(|b| *b = 0);
-                        nf.init_into(&Pkt::new(&mut data, &meta), &ctx, &mut block[..sz]);
-                    }
-                    nf.process_bytes(&mut Pkt::new(&mut data, &meta), &mut block[..sz], &ctx);
-                    actions += 1;
-                    if k % 7 == 0 {
-                        nf.release_bytes(&meta.tuple, &block[..sz]);
-                    }
-                }
-                let _ = nf.report();
-            }
-            NfInstance::Stateless(mut nf) => {
-                let mut pool = PacketPool::new(PoolConfig { buffers: 512, ..Default::default() }).unwrap();
-                let mut batch = Batch::new(&pool);
-                for chunk in frames.chunks(64) {
-                    for f in chunk {
-                        assert!(batch.push_copy(&mut pool, f, 0));
-                    }
-                    nf.process(&mut batch, &NfContext::default());
-                    batch.free_all(&mut pool).unwrap();
-                }
-            }
-        }
+        let params = Params::new(kind.name, params_for(kind.name));
+        actions += build_with(kind.name, params, Survive { frames: &frames }).expect(kind.name);
     }
     // The corpus must reach the per-packet actions, not only the unparsed path.
     assert!(actions > 1000, "{actions} actions");

@@ -5,8 +5,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod error;
 pub mod rss;
 
+pub use error::ScaleError;
 pub use rss::RssDispatcher;
 
 /// A dispatch strategy: which queue a frame goes to, and the flow hash the

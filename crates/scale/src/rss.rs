@@ -4,7 +4,7 @@
 use flowplane_wire::flow::extract_five_tuple;
 use flowplane_wire::rss::{Reta, Toeplitz, MICROSOFT_KEY, SYMMETRIC_KEY};
 
-use crate::Dispatch;
+use crate::{Dispatch, ScaleError};
 
 /// RETA size used by default (as on many 100G NICs).
 pub const DEFAULT_RETA_SIZE: usize = 512;
@@ -20,11 +20,11 @@ pub struct RssDispatcher {
 impl RssDispatcher {
     /// RSS over `queues` queues with a round-robin RETA; `symmetric` selects
     /// the symmetric key (both directions of a connection land together).
-    pub fn new(queues: usize, symmetric: bool) -> Result<Self, String> {
+    pub fn new(queues: usize, symmetric: bool) -> Result<Self, ScaleError> {
         if queues == 0 || queues > DEFAULT_RETA_SIZE {
-            return Err(format!("RSS needs 1..={DEFAULT_RETA_SIZE} queues, got {queues}"));
+            return Err(ScaleError::Queues { got: queues, max: DEFAULT_RETA_SIZE });
         }
-        let reta = Reta::round_robin(DEFAULT_RETA_SIZE, queues as u16).map_err(|e| e.to_string())?;
+        let reta = Reta::round_robin(DEFAULT_RETA_SIZE, queues as u16)?;
         let key = if symmetric { &SYMMETRIC_KEY } else { &MICROSOFT_KEY };
         Ok(RssDispatcher { toeplitz: Toeplitz::new(key), reta, queues })
     }

@@ -1,15 +1,41 @@
 //! Per-core flow state for the 5-tuple NFs of a chain: one table for IPv4
 //! 5-tuples and one for IPv6, whose entries hold the chain's aggregated
-//! state block. A state *slot* (the batch annotation) names the entry: bit
-//! 31 set means the IPv6 table.
+//! state block. A [`FlowRef`] (the executor's per-packet annotation) names
+//! the entry: the table's entry handle, bit 31 set for the IPv6 table.
 
 use flowplane_table::{FlowTable, FullPolicy, TableConfig, TableError, TableStats};
 use flowplane_wire::flow::{FiveTuple, FiveTupleV4, FiveTupleV6};
 
-/// Slot bit marking the IPv6 table.
-pub const V6_SLOT: u32 = 1 << 31;
-/// Slot of a packet without state (unparsed, or the table was full).
-pub const NO_SLOT: u32 = u32::MAX;
+/// A packet's flow entry in a [`FlowStore`]: which table and which entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct FlowRef(u32);
+
+/// Bit marking the IPv6 table.
+const V6_BIT: u32 = 1 << 31;
+
+impl FlowRef {
+    /// No flow: the packet is unparsed, or the table was full.
+    pub const NONE: FlowRef = FlowRef(u32::MAX);
+
+    /// Entry `handle` of the IPv4 table (`INVALID_HANDLE` gives `NONE`).
+    #[inline(always)]
+    pub fn v4(handle: u32) -> FlowRef {
+        FlowRef(if handle & V6_BIT == 0 { handle } else { u32::MAX })
+    }
+
+    /// Entry `handle` of the IPv6 table.
+    #[inline(always)]
+    pub fn v6(handle: u32) -> FlowRef {
+        FlowRef(if handle & V6_BIT == 0 { handle | V6_BIT } else { u32::MAX })
+    }
+
+    /// True for a real entry.
+    #[inline(always)]
+    pub fn is_some(self) -> bool {
+        self != FlowRef::NONE
+    }
+}
 
 /// How to size a store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,42 +83,32 @@ impl FlowStore {
         &mut self.v6
     }
 
-    /// State block of `slot` (empty for NO_SLOT).
+    /// State block of `r` (empty for `FlowRef::NONE`).
     #[inline(always)]
-    pub fn block(&self, slot: u32) -> &[u8] {
-        if slot & V6_SLOT == 0 {
-            self.v4.state(slot)
-        } else if slot == NO_SLOT {
+    pub fn block(&self, r: FlowRef) -> &[u8] {
+        if r.0 & V6_BIT == 0 {
+            self.v4.state(r.0)
+        } else if r == FlowRef::NONE {
             &[]
         } else {
-            self.v6.state(slot & !V6_SLOT)
+            self.v6.state(r.0 & !V6_BIT)
         }
     }
 
-    /// Mutable state block of `slot` (empty for NO_SLOT).
+    /// Mutable state block of `r` (empty for `FlowRef::NONE`).
     #[inline(always)]
-    pub fn block_mut(&mut self, slot: u32) -> &mut [u8] {
-        if slot & V6_SLOT == 0 {
-            self.v4.state_mut(slot)
-        } else if slot == NO_SLOT {
+    pub fn block_mut(&mut self, r: FlowRef) -> &mut [u8] {
+        if r.0 & V6_BIT == 0 {
+            self.v4.state_mut(r.0)
+        } else if r == FlowRef::NONE {
             &mut []
         } else {
-            self.v6.state_mut(slot & !V6_SLOT)
+            self.v6.state_mut(r.0 & !V6_BIT)
         }
     }
 
-    /// Prefetches the first line of `slot`'s entry.
-    #[inline(always)]
-    pub fn prefetch(&self, slot: u32) {
-        if slot & V6_SLOT == 0 {
-            self.v4.prefetch_state(slot)
-        } else if slot != NO_SLOT {
-            self.v6.prefetch_state(slot & !V6_SLOT)
-        }
-    }
-
-    /// Single-key add-on-miss (latency-optimised path). Returns the slot and
-    /// whether the flow is new; `None` when the table is full.
+    /// Single-key add-on-miss (latency-optimised path). Returns the flow's
+    /// entry and whether the flow is new; `None` when the table is full.
     #[inline]
     pub fn lookup_or_insert(
         &mut self,
@@ -100,32 +116,32 @@ impl FlowStore {
         hash: u64,
         now_ns: u64,
         init: impl FnOnce(&mut [u8]),
-    ) -> Option<(u32, bool)> {
+    ) -> Option<(FlowRef, bool)> {
         match key {
-            FiveTuple::V4(k) => self.v4.insert(k, hash, now_ns, init).ok(),
-            FiveTuple::V6(k) => self.v6.insert(k, hash, now_ns, init).ok().map(|(h, new)| (h | V6_SLOT, new)),
+            FiveTuple::V4(k) => self.v4.insert(k, hash, now_ns, init).ok().map(|(h, new)| (FlowRef::v4(h), new)),
+            FiveTuple::V6(k) => self.v6.insert(k, hash, now_ns, init).ok().map(|(h, new)| (FlowRef::v6(h), new)),
         }
     }
 
-    /// Removes the entry of `slot`.
-    pub fn remove_slot(&mut self, slot: u32) -> bool {
-        if slot == NO_SLOT {
+    /// Removes the entry of `r`.
+    pub fn remove(&mut self, r: FlowRef) -> bool {
+        if r == FlowRef::NONE {
             false
-        } else if slot & V6_SLOT == 0 {
-            self.v4.remove_handle(slot)
+        } else if r.0 & V6_BIT == 0 {
+            self.v4.remove_handle(r.0)
         } else {
-            self.v6.remove_handle(slot & !V6_SLOT)
+            self.v6.remove_handle(r.0 & !V6_BIT)
         }
     }
 
-    /// Key of `slot`.
-    pub fn key(&self, slot: u32) -> Option<FiveTuple> {
-        if slot == NO_SLOT {
+    /// Key of `r`'s flow (None: no entry there any more).
+    pub fn key(&self, r: FlowRef) -> Option<FiveTuple> {
+        if r == FlowRef::NONE {
             None
-        } else if slot & V6_SLOT == 0 {
-            self.v4.key(slot).map(|k| FiveTuple::V4(*k))
+        } else if r.0 & V6_BIT == 0 {
+            self.v4.key(r.0).map(|k| FiveTuple::V4(*k))
         } else {
-            self.v6.key(slot & !V6_SLOT).map(|k| FiveTuple::V6(*k))
+            self.v6.key(r.0 & !V6_BIT).map(|k| FiveTuple::V6(*k))
         }
     }
 

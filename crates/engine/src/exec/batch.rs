@@ -1,0 +1,30 @@
+//! `batch`: FAJITA's batched executor. The batch stays whole through the
+//! chain: one bulk, prefetching lookup-or-insert per batch into the
+//! aggregated table, then each NF over the whole batch with its prefetch hook
+//! a few packets ahead. With `--no-prefetch` the lookups go key by key and
+//! nothing is prefetched (the baseline of FAJITA's prefetch experiment).
+
+use flowplane_nf::NfContext;
+use flowplane_packet::Batch;
+
+use super::{ExecContext, Executor, ExecutorInfo, StateLayout};
+
+/// Registry entry.
+pub(super) const INFO: ExecutorInfo = ExecutorInfo {
+    name: "batch",
+    about: "FAJITA: one bulk prefetching lookup per batch, aggregated state, each NF over the whole batch",
+    layout: StateLayout::Aggregated,
+    new: |_| Box::new(Batched),
+};
+
+struct Batched;
+
+impl Executor for Batched {
+    fn run(&mut self, cx: &mut ExecContext, batch: &mut Batch, ctx: &NfContext) {
+        let prefetch = cx.cfg.prefetch;
+        cx.lookup_bulk(batch, ctx, prefetch);
+        cx.pin_coarse_batch(batch.len(), ctx.now_ns);
+        cx.run_stages(batch, ctx, prefetch);
+        cx.unpin_coarse_batch(batch.len(), ctx.now_ns);
+    }
+}

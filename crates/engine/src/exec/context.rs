@@ -1,0 +1,829 @@
+//! The explicit context every executor works over: the compiled chain, the
+//! per-core flow stores, the shared (coarse) tables, the per-batch scratch
+//! arrays and the counters — plus the steps executors compose: lookups with
+//! add-on-miss, the coarse-state path (written once here), the staged NF
+//! pass, end of flow, expiry and export.
+
+// Per-packet arrays (metas, flows, handles, the batch) are walked together by index.
+#![allow(clippy::needless_range_loop)]
+
+use flowplane_nf::stateful::Action;
+use flowplane_nf::{NfContext, NfCounters, Pkt, PktMeta};
+use flowplane_packet::{Batch, MAX_BATCH};
+use flowplane_table::shared::{SharedFlowTable, SharedHandle};
+use flowplane_table::{FullPolicy, TableStats, INVALID_HANDLE};
+use flowplane_wire::flow::{FiveTuple, FiveTupleV4};
+use flowplane_wire::hash::HashableKey;
+
+use super::{ExecConfig, StateLayout, StoreReport};
+use crate::chain::{Chain, Stage};
+use crate::coarse::{aux_handle, coarse_hash, handle_bits, key_tuple, with_locked, GroupLayout, SharedStores};
+use crate::error::EngineError;
+use crate::stage::{apply_action, BatchOutcome, StatefulStage};
+use crate::store::{FlowRef, FlowStore, StoreConfig};
+
+/// Seed of the flow-table hash.
+const HASH_SEED: u32 = 0x9e37_79b9;
+/// Packets ahead at which the prefetch hook runs.
+pub(crate) const PREFETCH_AHEAD: usize = 4;
+
+/// Per-batch scratch arrays, allocated once (no allocation per batch).
+pub struct Scratch {
+    /// Parsed metadata of each packet (filled before the executor runs).
+    pub metas: Box<[PktMeta; MAX_BATCH]>,
+    /// Each packet's flow entry in the aggregated store.
+    pub flows: Box<[FlowRef; MAX_BATCH]>,
+    /// Per coarse group: each packet's pinned shared entry.
+    pub coarse: Vec<[SharedHandle; MAX_BATCH]>,
+    keys: Box<[FiveTupleV4; MAX_BATCH]>,
+    hashes: Box<[u64; MAX_BATCH]>,
+    idx: Box<[u16; MAX_BATCH]>,
+    handles: Box<[u32; MAX_BATCH]>,
+}
+
+impl Scratch {
+    fn new(groups: usize) -> Self {
+        Scratch {
+            metas: Box::new([PktMeta::default(); MAX_BATCH]),
+            flows: Box::new([FlowRef::NONE; MAX_BATCH]),
+            coarse: vec![[SharedHandle::NONE; MAX_BATCH]; groups],
+            keys: Box::new([FiveTupleV4::default(); MAX_BATCH]),
+            hashes: Box::new([0; MAX_BATCH]),
+            idx: Box::new([0; MAX_BATCH]),
+            handles: Box::new([0; MAX_BATCH]),
+        }
+    }
+}
+
+/// Counters the context keeps for the report.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExecStats {
+    /// Flows ended by an NF.
+    pub ended: u64,
+    /// Packets without a flow key.
+    pub unparsed: u64,
+    /// Lookups in the shared tables (aux off: one per packet per group).
+    pub shared_lookups: u64,
+}
+
+/// Expiry pacing: time of the last sweep step, entries to sweep, sweep period.
+struct Sweep {
+    last_ns: u64,
+    entries: u64,
+    period_ns: u64,
+}
+
+/// One core's chain with its state, as executors see it.
+pub struct ExecContext {
+    /// Settings.
+    pub cfg: ExecConfig,
+    /// Where 5-tuple state lives.
+    pub layout: StateLayout,
+    /// The compiled chain.
+    pub chain: Chain,
+    /// The aggregated store (`Aggregated`) or one store per 5-tuple stage in chain order (`PerNf`).
+    pub stores: Vec<FlowStore>,
+    /// The coarse groups' tables, shared with the other cores.
+    pub shared: SharedStores,
+    /// Per-batch arrays.
+    pub scratch: Scratch,
+    /// Counters.
+    pub stats: ExecStats,
+    /// The aggregated block spans more than the entry's first cache line.
+    multi_line: bool,
+    sweep: Sweep,
+}
+
+/// What the auxiliary table needs: the coarse groups and their shared tables.
+pub(crate) struct Aux<'a> {
+    groups: &'a [GroupLayout],
+    shared: &'a SharedStores,
+    now: u64,
+}
+
+#[inline(always)]
+fn hash_tuple(t: &FiveTuple) -> u64 {
+    match t {
+        FiveTuple::V4(k) => k.hash64(HASH_SEED),
+        FiveTuple::V6(k) => k.hash64(HASH_SEED),
+    }
+}
+
+impl ExecContext {
+    /// Builds the context and allocates its per-core stores.
+    pub fn new(chain: Chain, cfg: ExecConfig, shared: SharedStores, layout: StateLayout) -> Result<Self, EngineError> {
+        if cfg.full_policy == FullPolicy::EvictLruIdle {
+            // Eviction drops a flow without the release callbacks: refuse it
+            // where that would leak (NAT ports, pins on shared state).
+            for st in &chain.stages {
+                if let Stage::Stateful { nf, .. } = st {
+                    if nf.has_release() {
+                        return Err(EngineError::Unsupported(format!(
+                            "table-full policy 'evict' would drop {} state without releasing it; use 'reject'",
+                            nf.name()
+                        )));
+                    }
+                }
+            }
+            if cfg.aux && !chain.groups.is_empty() {
+                return Err(EngineError::Unsupported(
+                    "table-full policy 'evict' would leak the auxiliary table's pins on shared state; use 'reject' or --no-aux"
+                        .to_string(),
+                ));
+            }
+        }
+        if shared.tables.len() != chain.groups.len() {
+            return Err(EngineError::Unsupported(format!(
+                "the chain has {} coarse groups but {} shared tables were given",
+                chain.groups.len(),
+                shared.tables.len()
+            )));
+        }
+        let timeout_ns = chain.idle_timeout_ns.unwrap_or(cfg.default_idle_timeout_ns);
+        let store_cfg = |size: usize| StoreConfig {
+            capacity: cfg.flows,
+            capacity_v6: (cfg.flows / 4).max(1024),
+            state_size: size,
+            idle_timeout_ns: Some(timeout_ns),
+            full_policy: cfg.full_policy,
+            hugepages: cfg.hugepages,
+        };
+        let table_err = |source| EngineError::Table { what: "flow table", source };
+        let mut stores = Vec::new();
+        if chain.is_stateful() {
+            match layout {
+                StateLayout::PerNf => {
+                    for s in &chain.stages {
+                        if let Stage::Stateful { nf, group: None, .. } = s {
+                            stores.push(FlowStore::new(store_cfg(nf.state_size())).map_err(table_err)?);
+                        }
+                    }
+                }
+                StateLayout::Aggregated => {
+                    stores.push(FlowStore::new(store_cfg(chain.state_size)).map_err(table_err)?);
+                }
+            }
+        }
+        // Entry header (key 16 + hash 8 + last-seen 8) shares the first line with the state.
+        let multi_line = chain.state_size > 32;
+        let groups = chain.groups.len();
+        Ok(ExecContext {
+            cfg,
+            layout,
+            chain,
+            stores,
+            shared,
+            scratch: Scratch::new(groups),
+            stats: ExecStats::default(),
+            multi_line,
+            sweep: Sweep { last_ns: 0, entries: (cfg.flows as u64).max(1024), period_ns: (timeout_ns / 4).max(1) },
+        })
+    }
+
+    /// Whether coarse handles live in the flows' aggregated blocks (FAJITA's auxiliary table).
+    #[inline]
+    pub fn aux_on(&self) -> bool {
+        self.cfg.aux && self.layout == StateLayout::Aggregated && !self.chain.groups.is_empty()
+    }
+
+    /// Parses every packet of the batch into `scratch.metas`.
+    pub(crate) fn parse(&mut self, batch: &Batch) {
+        for i in 0..batch.len() {
+            let m = &mut self.scratch.metas[i];
+            m.parse_into(batch.data(i));
+            self.stats.unparsed += u64::from(!m.valid);
+        }
+    }
+
+    /// Bounded expiry work per batch, paced by time rather than packets: the
+    /// sweep visits every slab entry about four times per idle timeout, which
+    /// is what expiry needs, instead of touching DRAM-resident entries on
+    /// every packet. Capped per batch so a clock jump cannot stall a batch.
+    pub(crate) fn expire(&mut self, now: u64, n: usize) {
+        let elapsed = now.saturating_sub(self.sweep.last_ns);
+        let per_entry_ns = (self.sweep.period_ns / self.sweep.entries.max(1)).max(1);
+        let due = elapsed / per_entry_ns;
+        if due == 0 {
+            return;
+        }
+        self.sweep.last_ns += due * per_entry_ns;
+        let budget = (due as usize).min(4 * n.max(16));
+        let aux_on = self.aux_on();
+        let pernf = self.layout == StateLayout::PerNf;
+        let ExecContext { stores, chain, shared, .. } = self;
+        let Chain { stages, groups, .. } = chain;
+        let aux = Aux { groups, shared, now };
+        for (k, store) in stores.iter_mut().enumerate() {
+            store.expire(now, budget, |key, block| {
+                release_all(stages, pernf.then_some(k), aux_on.then_some(&aux), key, block)
+            });
+        }
+        for (g, t) in shared.tables.iter().enumerate() {
+            let gran = groups[g].granularity;
+            // Coarse NFs get their release callback too (on whichever core sweeps).
+            t.expire(now, budget.min(n.max(8)), |key, words| {
+                let Some(tuple) = key_tuple(gran, *key) else { return };
+                let _ = with_locked(words, |flags, buf| {
+                    let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+                    for st in stages.iter_mut() {
+                        if let Stage::Stateful { nf, offset, group: Some(sg), member, .. } = st {
+                            let sz = nf.state_size();
+                            if *sg == g && *flags & (2u64 << *member) != 0 {
+                                if let Some(b) = bytes.get(*offset..*offset + sz) {
+                                    nf.release_bytes(&tuple, b);
+                                }
+                            }
+                        }
+                    }
+                });
+            });
+        }
+    }
+
+    // ---- Lookups (aggregated layout) ----
+
+    /// Looks up (inserting misses) every valid packet of the batch in the
+    /// aggregated store; fills `scratch.flows`. Bulk (prefetching) for IPv4
+    /// when `bulk`, key by key otherwise and for IPv6. On insertion, every
+    /// NF's default action runs and (aux on) the flow pins its coarse entries.
+    pub(crate) fn lookup_bulk(&mut self, batch: &mut Batch, ctx: &NfContext, bulk: bool) {
+        let n = batch.len();
+        let aux_on = self.aux_on();
+        let ExecContext { stores, chain, scratch, shared, .. } = self;
+        let Chain { stages, groups, .. } = chain;
+        let aux = Aux { groups, shared, now: ctx.now_ns };
+        let aux = aux_on.then_some(&aux);
+        let store = &mut stores[0];
+        let mut m = 0usize;
+        for i in 0..n {
+            scratch.flows[i] = FlowRef::NONE;
+            let meta = scratch.metas[i];
+            if !meta.valid {
+                continue;
+            }
+            match meta.tuple {
+                FiveTuple::V4(k) if bulk => {
+                    scratch.keys[m] = k;
+                    scratch.hashes[m] = k.hash64(HASH_SEED);
+                    scratch.idx[m] = i as u16;
+                    m += 1;
+                }
+                t => {
+                    let h = hash_tuple(&t);
+                    let data = batch.data_mut(i);
+                    let r = store
+                        .lookup_or_insert(&t, h, ctx.now_ns, |block| init_all(stages, aux, data, &meta, ctx, block));
+                    if let Some((r, _)) = r {
+                        scratch.flows[i] = r;
+                    }
+                }
+            }
+        }
+        let Scratch { keys, hashes, idx, handles, flows, metas, .. } = scratch;
+        bulk_lookup_or_insert(store, &keys[..m], &hashes[..m], &idx[..m], handles, ctx.now_ns, flows, |i, block| {
+            init_all(stages, aux, batch.data_mut(i), &metas[i], ctx, block)
+        });
+    }
+
+    /// Single-key add-on-miss lookup of packet `i` in the aggregated store
+    /// (the latency-optimised path); `FlowRef::NONE` for unparsed packets
+    /// and a full table.
+    pub(crate) fn lookup_one(&mut self, batch: &mut Batch, i: usize, ctx: &NfContext) -> FlowRef {
+        let meta = self.scratch.metas[i];
+        if !meta.valid {
+            return FlowRef::NONE;
+        }
+        let aux_on = self.aux_on();
+        let ExecContext { stores, chain, shared, .. } = self;
+        let Chain { stages, groups, .. } = chain;
+        let aux = Aux { groups, shared, now: ctx.now_ns };
+        let aux = aux_on.then_some(&aux);
+        let h = hash_tuple(&meta.tuple);
+        let data = batch.data_mut(i);
+        stores[0]
+            .lookup_or_insert(&meta.tuple, h, ctx.now_ns, |b| init_all(stages, aux, data, &meta, ctx, b))
+            .map_or(FlowRef::NONE, |(r, _)| r)
+    }
+
+    // ---- Coarse (shared) state: the one path every executor uses ----
+
+    /// Handle of packet `i`'s group-`g` entry as the auxiliary table keeps it in the flow's block.
+    #[inline]
+    fn aux_handle_of(&self, g: usize, flow: FlowRef) -> SharedHandle {
+        let layout = &self.chain.groups[g];
+        match self.stores[0].block(flow).get(layout.aux_offset..layout.aux_offset + 8) {
+            Some(b) if flow.is_some() => aux_handle(b),
+            _ => SharedHandle::NONE,
+        }
+    }
+
+    /// Fills this batch's coarse handles (`scratch.coarse`): from the flows'
+    /// blocks (aux on; `scratch.flows` must be filled) or by pinning every
+    /// packet's coarse entries with one bulk shared lookup per group (aux
+    /// off; released by [`ExecContext::unpin_coarse_batch`] after the chain).
+    pub(crate) fn pin_coarse_batch(&mut self, n: usize, now: u64) {
+        if self.chain.groups.is_empty() {
+            return;
+        }
+        if self.aux_on() {
+            for g in 0..self.chain.groups.len() {
+                for i in 0..n {
+                    let h = self.aux_handle_of(g, self.scratch.flows[i]);
+                    self.scratch.coarse[g][i] = h;
+                    // The shared entries are as cold as the flow's block was:
+                    // start their misses for the whole batch before the NFs run.
+                    // (For writing: every packet takes the entry's lock.)
+                    if let Some(w) = self.shared.tables[g].state(h).and_then(|w| w.first()) {
+                        flowplane_packet::prefetch::write(w);
+                    }
+                }
+            }
+            return;
+        }
+        let mut keys = [0u128; MAX_BATCH];
+        let mut hashes = [0u64; MAX_BATCH];
+        let mut idx = [0u16; MAX_BATCH];
+        let mut out = [SharedHandle::NONE; MAX_BATCH];
+        for (g, layout) in self.chain.groups.iter().enumerate() {
+            let mut m = 0;
+            for i in 0..n {
+                self.scratch.coarse[g][i] = SharedHandle::NONE;
+                let meta = &self.scratch.metas[i];
+                if let Some(k) = meta.valid.then(|| layout.granularity.key(meta)).flatten() {
+                    keys[m] = k;
+                    hashes[m] = coarse_hash(k);
+                    idx[m] = i as u16;
+                    m += 1;
+                }
+            }
+            self.shared.tables[g].acquire_batch(&keys[..m], &hashes[..m], now, &mut out[..m], |_, _| {});
+            self.stats.shared_lookups += m as u64;
+            for j in 0..m {
+                self.scratch.coarse[g][idx[j] as usize] = out[j];
+            }
+        }
+    }
+
+    /// Releases the pins of [`ExecContext::pin_coarse_batch`] (aux off only).
+    pub(crate) fn unpin_coarse_batch(&mut self, n: usize, now: u64) {
+        if self.chain.groups.is_empty() || self.aux_on() {
+            return;
+        }
+        for (g, t) in self.shared.tables.iter().enumerate() {
+            for h in &self.scratch.coarse[g][..n] {
+                if h.is_some() {
+                    t.release(*h, now);
+                }
+            }
+        }
+    }
+
+    /// Packet `i`'s coarse handles alone (run-to-completion): from its
+    /// flow's block (aux on) or one shared lookup per group (aux off,
+    /// released by [`ExecContext::unpin_coarse_packet`]).
+    pub(crate) fn pin_coarse_packet(&mut self, i: usize, now: u64) {
+        if self.chain.groups.is_empty() {
+            return;
+        }
+        let aux_on = self.aux_on();
+        for g in 0..self.chain.groups.len() {
+            let h = if aux_on {
+                self.aux_handle_of(g, self.scratch.flows[i])
+            } else {
+                let meta = &self.scratch.metas[i];
+                match meta.valid.then(|| self.chain.groups[g].granularity.key(meta)).flatten() {
+                    Some(k) => {
+                        self.stats.shared_lookups += 1;
+                        self.shared.tables[g]
+                            .acquire(&k, coarse_hash(k), now, |_, _| {})
+                            .map_or(SharedHandle::NONE, |(h, _)| h)
+                    }
+                    None => SharedHandle::NONE,
+                }
+            };
+            self.scratch.coarse[g][i] = h;
+        }
+    }
+
+    /// Releases the pins of [`ExecContext::pin_coarse_packet`] (aux off only).
+    pub(crate) fn unpin_coarse_packet(&mut self, i: usize, now: u64) {
+        if self.chain.groups.is_empty() || self.aux_on() {
+            return;
+        }
+        for (g, t) in self.shared.tables.iter().enumerate() {
+            let h = self.scratch.coarse[g][i];
+            if h.is_some() {
+                t.release(h, now);
+            }
+        }
+    }
+
+    /// Runs coarse stage `si` on packet `i` through its pinned handle in
+    /// `scratch.coarse` and applies the verdict.
+    #[inline]
+    pub(crate) fn run_coarse(&mut self, si: usize, batch: &mut Batch, i: usize, ctx: &NfContext) {
+        let ExecContext { chain, shared, scratch, .. } = self;
+        if let Stage::Stateful { nf, offset, group: Some(g), member, counters } = &mut chain.stages[si] {
+            let t = &shared.tables[*g];
+            let h = scratch.coarse[*g][i];
+            if let Some(a) = coarse_one(nf.as_mut(), *member, *offset, t, h, batch, i, &scratch.metas[i], ctx, counters)
+            {
+                apply_action(batch, i, a, counters);
+            }
+        }
+    }
+
+    /// Runs coarse stage `si` over the whole batch.
+    pub(crate) fn run_coarse_batch(&mut self, si: usize, batch: &mut Batch, ctx: &NfContext) {
+        for i in 0..batch.len() {
+            self.run_coarse(si, batch, i, ctx);
+        }
+    }
+
+    // ---- The staged pass (aggregated layout) ----
+
+    /// Each NF over the whole batch, in chain order, after `scratch.flows`
+    /// and the coarse handles are filled; then the flows that asked to end
+    /// are removed. `prefetch` starts the second line of multi-line blocks
+    /// and runs the NFs' prefetch hooks ahead of their actions.
+    pub(crate) fn run_stages(&mut self, batch: &mut Batch, ctx: &NfContext, prefetch: bool) {
+        let n = batch.len();
+        if prefetch && self.multi_line {
+            // The lookup brought each entry's first line; fetch the next one now,
+            // a full chain pass before the NFs that keep state there need it.
+            let store = &self.stores[0];
+            for &r in &self.scratch.flows[..n] {
+                if let Some(b) = store.block(r).get(32) {
+                    flowplane_packet::prefetch::write(b);
+                }
+            }
+        }
+        let ahead = if prefetch && self.cfg.prefetch_hooks { PREFETCH_AHEAD } else { 0 };
+        let mut ends = [0u64; 4];
+        for si in 0..self.chain.stages.len() {
+            if self.chain.stages[si].is_coarse() {
+                self.run_coarse_batch(si, batch, ctx);
+                continue;
+            }
+            let ExecContext { stores, chain, scratch, .. } = self;
+            match &mut chain.stages[si] {
+                Stage::Stateless(nf) => nf.process(batch, ctx),
+                Stage::Stateful { nf, offset, counters, .. } => {
+                    let mut out = BatchOutcome::default();
+                    let (metas, flows) = (&scratch.metas[..n], &scratch.flows[..n]);
+                    nf.process_batch(batch, metas, flows, &mut stores[0], *offset, ctx, ahead, &mut out);
+                    counters.merge(&out.counters);
+                    for (e, o) in ends.iter_mut().zip(out.end) {
+                        *e |= o;
+                    }
+                }
+            }
+        }
+        let aux_on = self.aux_on();
+        let ExecContext { stores, chain, scratch, shared, stats, .. } = self;
+        let Chain { stages, groups, .. } = chain;
+        let aux = Aux { groups, shared, now: ctx.now_ns };
+        stats.ended += end_flows(stages, &mut stores[0], None, aux_on.then_some(&aux), &scratch.flows[..n], &ends);
+    }
+
+    /// Removes one flow of store `k` (releasing its state) and forgets it in
+    /// `flows[from..]` so later packets of the batch do not reuse the entry.
+    pub(crate) fn end_flow(&mut self, k: usize, flow: FlowRef, now: u64, flows_from: usize) {
+        let aux_on = self.aux_on();
+        let pernf = (self.layout == StateLayout::PerNf).then_some(k);
+        let ExecContext { stores, chain, scratch, shared, stats, .. } = self;
+        let Chain { stages, groups, .. } = chain;
+        let aux = Aux { groups, shared, now };
+        stats.ended += remove_flow(stages, &mut stores[k], pernf, aux_on.then_some(&aux), flow) as u64;
+        for f in scratch.flows[flows_from..].iter_mut() {
+            if *f == flow {
+                *f = FlowRef::NONE;
+            }
+        }
+    }
+
+    // ---- Results ----
+
+    /// Per-NF results: (name, counters, details).
+    pub fn nf_results(&self) -> Vec<(String, NfCounters, Option<serde_json::Value>)> {
+        self.chain
+            .stages
+            .iter()
+            .map(|s| match s {
+                Stage::Stateless(nf) => (nf.name().to_string(), nf.counters(), nf.report()),
+                Stage::Stateful { nf, counters, .. } => (nf.name().to_string(), *counters, nf.report()),
+            })
+            .collect()
+    }
+
+    /// Table figures (summed over the context's stores).
+    pub fn store_report(&self) -> StoreReport {
+        let mut r = StoreReport {
+            ended: self.stats.ended,
+            unparsed: self.stats.unparsed,
+            shared_lookups: self.stats.shared_lookups,
+            ..Default::default()
+        };
+        for s in &self.stores {
+            let st: TableStats = s.stats();
+            r.flows += s.len() as u64;
+            r.capacity += s.capacity() as u64;
+            r.insertions += st.inserts;
+            r.expiries += st.expiries;
+            r.table_full += st.full_events;
+            r.evictions += st.evictions;
+        }
+        r
+    }
+
+    /// Export rows of NF `name` (one JSON object per flow or per coarse key),
+    /// if it exports state. Coarse state is shared by all cores: export it
+    /// from one core only (`include_shared`).
+    pub fn export(&self, name: &str, include_shared: bool) -> Option<Vec<serde_json::Value>> {
+        let mut k = 0;
+        for s in &self.chain.stages {
+            let Stage::Stateful { nf, offset, group, member, .. } = s else { continue };
+            if nf.name() != name {
+                if group.is_none() {
+                    k += 1;
+                }
+                continue;
+            }
+            let sz = nf.state_size();
+            let mut rows = Vec::new();
+            if let Some(g) = *group {
+                if !include_shared {
+                    return Some(rows);
+                }
+                let gran = self.chain.groups[g].granularity;
+                let bit = 2u64 << member;
+                self.shared.tables[g].for_each(|_, key, words| {
+                    let _ = with_locked(words, |flags, buf| {
+                        let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+                        if *flags & bit != 0 {
+                            if let (Some(t), Some(st)) = (key_tuple(gran, *key), bytes.get(*offset..*offset + sz)) {
+                                if let Some(r) = nf.export_row_bytes(&t, st) {
+                                    rows.push(r);
+                                }
+                            }
+                        }
+                    });
+                });
+                return Some(rows);
+            }
+            let (store, off) = match self.layout {
+                StateLayout::PerNf => (self.stores.get(k)?, 0),
+                StateLayout::Aggregated => (self.stores.first()?, *offset),
+            };
+            store.for_each(|key, block| {
+                if let Some(r) = block.get(off..off + sz).and_then(|b| nf.export_row_bytes(key, b)) {
+                    rows.push(r);
+                }
+            });
+            return Some(rows);
+        }
+        None
+    }
+}
+
+/// Looks up, inserting the misses, the IPv4 keys gathered for a batch (the
+/// table takes at most its bulk size per call); `init(i, block)` is the
+/// default action for packet `i`'s new flow and `flows[idx[j]]` receives key j's entry.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(crate) fn bulk_lookup_or_insert(
+    store: &mut FlowStore,
+    keys: &[FiveTupleV4],
+    hashes: &[u64],
+    idx: &[u16],
+    handles: &mut [u32; MAX_BATCH],
+    now_ns: u64,
+    flows: &mut [FlowRef; MAX_BATCH],
+    mut init: impl FnMut(usize, &mut [u8]),
+) {
+    const CHUNK: usize = flowplane_table::MAX_BATCH;
+    for ((keys, hashes), idx) in keys.chunks(CHUNK).zip(hashes.chunks(CHUNK)).zip(idx.chunks(CHUNK)) {
+        let out = &mut handles[..keys.len()];
+        store.v4().lookup_or_insert_batch(keys, hashes, now_ns, out, |j, block| init(idx[j] as usize, block));
+        for (&h, &i) in out.iter().zip(idx) {
+            flows[i as usize] = if h == INVALID_HANDLE { FlowRef::NONE } else { FlowRef::v4(h) };
+        }
+    }
+}
+
+/// Gathers the valid, not-dropped IPv4 packets of a batch for a bulk lookup
+/// into `store` and does the rest key by key; `init(stage data)` is the
+/// default action. Used by the per-NF layout, where each stage has its own store.
+pub(crate) fn lookup_into(
+    cx: &mut ExecContext,
+    k: usize,
+    si: usize,
+    batch: &mut Batch,
+    flows: &mut [FlowRef; MAX_BATCH],
+    ctx: &NfContext,
+) {
+    let n = batch.len();
+    let ExecContext { stores, chain, scratch, .. } = cx;
+    let store = &mut stores[k];
+    let mut m = 0usize;
+    for i in 0..n {
+        flows[i] = FlowRef::NONE;
+        let meta = scratch.metas[i];
+        if !meta.valid || batch.is_dropped(i) {
+            continue;
+        }
+        match meta.tuple {
+            FiveTuple::V4(key) => {
+                scratch.keys[m] = key;
+                scratch.hashes[m] = key.hash64(HASH_SEED);
+                scratch.idx[m] = i as u16;
+                m += 1;
+            }
+            t => {
+                let h = hash_tuple(&t);
+                let data = batch.data_mut(i);
+                let stage = &mut chain.stages[si];
+                if let Some((r, _)) =
+                    store.lookup_or_insert(&t, h, ctx.now_ns, |b| init_one(stage, data, &meta, ctx, b))
+                {
+                    flows[i] = r;
+                }
+            }
+        }
+    }
+    let stage = &mut chain.stages[si];
+    let Scratch { keys, hashes, idx, handles, metas, .. } = scratch;
+    bulk_lookup_or_insert(store, &keys[..m], &hashes[..m], &idx[..m], handles, ctx.now_ns, flows, |i, b| {
+        init_one(stage, batch.data_mut(i), &metas[i], ctx, b)
+    });
+}
+
+/// Runs the default action (add-on-miss) of every 5-tuple NF into a fresh
+/// aggregated block; with the auxiliary table on, also pins the flow's
+/// coarse entries and stores their handles in the block.
+#[inline]
+fn init_all(
+    stages: &mut [Stage],
+    aux: Option<&Aux<'_>>,
+    data: &mut [u8],
+    meta: &PktMeta,
+    ctx: &NfContext,
+    block: &mut [u8],
+) {
+    let pkt = Pkt::new(data, meta);
+    for s in stages.iter_mut() {
+        if let Stage::Stateful { nf, offset, group: None, .. } = s {
+            let sz = nf.state_size();
+            if let Some(dst) = block.get_mut(*offset..*offset + sz) {
+                nf.init_into(&pkt, ctx, dst);
+            }
+        }
+    }
+    if let Some(aux) = aux {
+        for (g, layout) in aux.groups.iter().enumerate() {
+            let h = match layout.granularity.key(meta) {
+                Some(k) => aux.shared.tables[g]
+                    .acquire(&k, coarse_hash(k), aux.now, |_, _| {})
+                    .map_or(SharedHandle::NONE, |(h, _)| h),
+                None => SharedHandle::NONE,
+            };
+            if let Some(dst) = block.get_mut(layout.aux_offset..layout.aux_offset + 8) {
+                dst.copy_from_slice(&handle_bits(h).to_ne_bytes());
+            }
+        }
+    }
+}
+
+/// Default action of one stage into its own block (per-NF layout).
+#[inline]
+fn init_one(stage: &mut Stage, data: &mut [u8], meta: &PktMeta, ctx: &NfContext, block: &mut [u8]) {
+    if let Stage::Stateful { nf, .. } = stage {
+        let pkt = Pkt::new(data, meta);
+        let sz = nf.state_size();
+        if let Some(dst) = block.get_mut(..sz) {
+            nf.init_into(&pkt, ctx, dst);
+        }
+    }
+}
+
+/// Runs a coarse NF's action for packet `i` on its shared entry `h`, under the
+/// entry's lock; its default action runs first if this NF has not initialised
+/// the entry yet. Returns the action to apply (None: the packet was already dropped).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn coarse_one(
+    nf: &mut dyn StatefulStage,
+    member: usize,
+    offset: usize,
+    table: &SharedFlowTable<u128>,
+    h: SharedHandle,
+    batch: &mut Batch,
+    i: usize,
+    meta: &PktMeta,
+    ctx: &NfContext,
+    counters: &mut NfCounters,
+) -> Option<Action> {
+    if batch.is_dropped(i) {
+        return None;
+    }
+    counters.packets_in += 1;
+    counters.bytes_in += batch.lens()[i] as u64;
+    if !meta.valid || !h.is_some() {
+        return Some(nf.on_unparsed());
+    }
+    let Some(words) = table.state(h) else { return Some(nf.on_unparsed()) };
+    let sz = nf.state_size();
+    let bit = 2u64 << member;
+    let a = with_locked(words, |flags, buf| {
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+        let Some(st) = bytes.get_mut(offset..offset + sz) else { return Action::Drop };
+        let mut pkt = Pkt::new(batch.data_mut(i), meta);
+        if *flags & bit == 0 {
+            nf.init_into(&pkt, ctx, st);
+            *flags |= bit;
+        }
+        nf.process_bytes(&mut pkt, st, ctx)
+    });
+    // A coarse entry outlives any one flow: end-of-flow requests keep only their verdict.
+    Some(match a.unwrap_or(Action::Drop) {
+        Action::EndFlow => Action::Pass,
+        Action::DropEndFlow => Action::Drop,
+        other => other,
+    })
+}
+
+/// Calls every 5-tuple NF's release callback for a flow's block (all NFs,
+/// or the `pernf`-th 5-tuple stage with its own block at offset 0), and
+/// unpins the flow's coarse entries when the auxiliary table is on.
+fn release_all(stages: &mut [Stage], pernf: Option<usize>, aux: Option<&Aux<'_>>, key: &FiveTuple, block: &[u8]) {
+    if let Some(aux) = aux {
+        for (g, layout) in aux.groups.iter().enumerate() {
+            if let Some(b) = block.get(layout.aux_offset..layout.aux_offset + 8) {
+                let h = aux_handle(b);
+                if h.is_some() {
+                    aux.shared.tables[g].release(h, aux.now);
+                }
+            }
+        }
+    }
+    let mut k = 0;
+    for s in stages.iter_mut() {
+        if let Stage::Stateful { nf, offset, group: None, .. } = s {
+            let sz = nf.state_size();
+            match pernf {
+                Some(p) if p == k => {
+                    if let Some(b) = block.get(..sz) {
+                        nf.release_bytes(key, b);
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(b) = block.get(*offset..*offset + sz) {
+                        nf.release_bytes(key, b);
+                    }
+                }
+            }
+            k += 1;
+        }
+    }
+}
+
+/// Releases and removes one flow.
+fn remove_flow(
+    stages: &mut [Stage],
+    store: &mut FlowStore,
+    pernf: Option<usize>,
+    aux: Option<&Aux<'_>>,
+    flow: FlowRef,
+) -> bool {
+    // An entry already removed (a second end request in the same batch) has no key.
+    let Some(key) = store.key(flow) else { return false };
+    release_all(stages, pernf, aux, &key, store.block(flow));
+    store.remove(flow)
+}
+
+/// Removes the flows whose packets asked to end them (each entry once).
+pub(crate) fn end_flows(
+    stages: &mut [Stage],
+    store: &mut FlowStore,
+    pernf: Option<usize>,
+    aux: Option<&Aux<'_>>,
+    flows: &[FlowRef],
+    ends: &[u64; 4],
+) -> u64 {
+    if ends.iter().all(|&e| e == 0) {
+        return 0;
+    }
+    let mut removed = 0;
+    for (w, &e) in ends.iter().enumerate() {
+        let mut m = e;
+        while m != 0 {
+            let i = w * 64 + m.trailing_zeros() as usize;
+            m &= m - 1;
+            if let Some(&flow) = flows.get(i) {
+                removed += remove_flow(stages, store, pernf, aux, flow) as u64;
+            }
+        }
+    }
+    removed
+}

@@ -1,0 +1,39 @@
+//! `microbatch`: FastClick's model without its batch rebuilder. The batch is
+//! cut into runs of consecutive packets of one flow; each run costs one
+//! single-key lookup (no bulk, no prefetch), then each NF runs over the
+//! whole batch.
+
+use flowplane_nf::NfContext;
+use flowplane_packet::Batch;
+
+use super::{ExecContext, Executor, ExecutorInfo, StateLayout};
+
+/// Registry entry.
+pub(super) const INFO: ExecutorInfo = ExecutorInfo {
+    name: "microbatch",
+    about: "FastClick: one single-key lookup per run of same-flow packets, each NF over the batch",
+    layout: StateLayout::Aggregated,
+    new: |_| Box::new(MicroBatch),
+};
+
+struct MicroBatch;
+
+impl Executor for MicroBatch {
+    fn run(&mut self, cx: &mut ExecContext, batch: &mut Batch, ctx: &NfContext) {
+        let n = batch.len();
+        let mut i = 0;
+        while i < n {
+            let meta = cx.scratch.metas[i];
+            let mut j = i + 1;
+            while j < n && cx.scratch.metas[j].valid == meta.valid && cx.scratch.metas[j].tuple == meta.tuple {
+                j += 1;
+            }
+            let flow = cx.lookup_one(batch, i, ctx);
+            cx.scratch.flows[i..j].fill(flow);
+            i = j;
+        }
+        cx.pin_coarse_batch(n, ctx.now_ns);
+        cx.run_stages(batch, ctx, false);
+        cx.unpin_coarse_batch(n, ctx.now_ns);
+    }
+}

@@ -1,0 +1,259 @@
+//! Executors: how a compiled chain meets its state.
+//!
+//! An executor is one file implementing [`Executor`] over an explicit
+//! [`ExecContext`] (chain, stores, shared tables, scratch arrays), composed
+//! from the context's steps: lookups with add-on-miss, the coarse-state
+//! path, the staged NF pass, end of flow. Parsing, expiry and results are
+//! the [`Pipeline`]'s, the same for all. Adding an executor is one file plus
+//! one line in [`EXECUTORS`]; the differential test
+//! (`crates/engine/tests/executors.rs`) runs every registered executor.
+//!
+//! - `batch` (FAJITA): the batch stays whole; one bulk lookup-or-insert per
+//!   batch into the aggregated table, the second line of large blocks and
+//!   each NF's indirect state (prefetch hook) prefetched ahead of use.
+//! - `rtc`: per-packet run-to-completion: single-key lookup, every NF, next
+//!   packet; no batching of lookups, no prefetch.
+//! - `pernf` (VPP's model): one table per NF, a bulk lookup per NF per batch.
+//! - `microbatch` (FastClick without its batch rebuilder): one lookup per
+//!   run of consecutive packets of one flow.
+
+use std::fmt;
+
+use flowplane_nf::{NfContext, NfCounters};
+use flowplane_packet::Batch;
+use flowplane_table::FullPolicy;
+use serde::{Serialize, Serializer};
+
+use crate::chain::{Chain, Stage};
+use crate::coarse::SharedStores;
+use crate::error::EngineError;
+
+mod batch;
+mod context;
+mod microbatch;
+mod pernf;
+mod rtc;
+
+pub use context::{ExecContext, ExecStats, Scratch};
+
+/// One executor: runs the chain over a batch whose packets are parsed
+/// (`cx.scratch.metas[..batch.len()]`), leaving verdicts in the batch and
+/// state in the context's stores.
+pub trait Executor: Send {
+    /// Processes one batch.
+    fn run(&mut self, cx: &mut ExecContext, batch: &mut Batch, ctx: &NfContext);
+}
+
+/// Where an executor keeps the 5-tuple NFs' state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateLayout {
+    /// One block per flow holding every 5-tuple NF's state (FAJITA ①) and
+    /// the auxiliary table's coarse handles.
+    Aggregated,
+    /// One table per 5-tuple NF, each with its own lookup (VPP).
+    PerNf,
+}
+
+/// A registered executor.
+pub struct ExecutorInfo {
+    /// Name for `--exec`.
+    pub name: &'static str,
+    /// One line for help texts.
+    pub about: &'static str,
+    /// Its state layout.
+    pub layout: StateLayout,
+    /// Creates one core's executor for a built context.
+    pub new: fn(&ExecContext) -> Box<dyn Executor>,
+}
+
+/// Every executor, by name; the first is the default.
+pub static EXECUTORS: &[ExecutorInfo] = &[batch::INFO, rtc::INFO, pernf::INFO, microbatch::INFO];
+
+/// Which executor: a handle on a registry entry.
+#[derive(Clone, Copy)]
+pub struct ExecKind(&'static ExecutorInfo);
+
+impl ExecKind {
+    /// FAJITA's batched executor (the default).
+    pub const BATCH: ExecKind = ExecKind(&batch::INFO);
+
+    /// The executor named `s`.
+    pub fn parse(s: &str) -> Result<ExecKind, EngineError> {
+        EXECUTORS.iter().find(|e| e.name == s).map(ExecKind).ok_or_else(|| EngineError::UnknownExecutor {
+            name: s.to_string(),
+            known: EXECUTORS.iter().map(|e| e.name).collect::<Vec<_>>().join(", "),
+        })
+    }
+
+    /// Every registered executor.
+    pub fn all() -> impl Iterator<Item = ExecKind> {
+        EXECUTORS.iter().map(ExecKind)
+    }
+
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        self.0.name
+    }
+
+    /// Its registry entry.
+    pub fn info(self) -> &'static ExecutorInfo {
+        self.0
+    }
+}
+
+impl PartialEq for ExecKind {
+    fn eq(&self, o: &Self) -> bool {
+        self.0.name == o.0.name
+    }
+}
+
+impl Eq for ExecKind {}
+
+impl fmt::Display for ExecKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0.name)
+    }
+}
+
+impl fmt::Debug for ExecKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0.name)
+    }
+}
+
+impl Serialize for ExecKind {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.0.name)
+    }
+}
+
+/// Executor and state-store settings.
+#[derive(Clone, Copy, Debug)]
+pub struct ExecConfig {
+    /// Which executor.
+    pub kind: ExecKind,
+    /// Software prefetch (bulk lookups, block lines, NF hooks). Off: the
+    /// batch executor looks up key by key and skips every prefetch.
+    pub prefetch: bool,
+    /// Flows per core (IPv4 table; IPv6 gets a quarter).
+    pub flows: usize,
+    /// Idle timeout when no NF declares one.
+    pub default_idle_timeout_ns: u64,
+    /// Full-table policy.
+    pub full_policy: FullPolicy,
+    /// Hugepage-backed tables.
+    pub hugepages: bool,
+    /// Run the NFs' prefetch hooks (indirect state) ahead of their actions.
+    pub prefetch_hooks: bool,
+    /// FAJITA's auxiliary table: keep pinned handles to coarse (shared) state
+    /// in each flow's aggregated block instead of a shared lookup per packet.
+    pub aux: bool,
+}
+
+impl Default for ExecConfig {
+    fn default() -> Self {
+        ExecConfig {
+            kind: ExecKind::BATCH,
+            prefetch: true,
+            flows: 1 << 20,
+            default_idle_timeout_ns: 30_000_000_000,
+            full_policy: FullPolicy::Reject,
+            hugepages: true,
+            prefetch_hooks: true,
+            aux: true,
+        }
+    }
+}
+
+/// Table figures for the report.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct StoreReport {
+    /// Live flows at the end.
+    pub flows: u64,
+    /// Capacity.
+    pub capacity: u64,
+    /// Insertions (add-on-miss).
+    pub insertions: u64,
+    /// Expired entries.
+    pub expiries: u64,
+    /// Flows ended by an NF (FIN/RST, ...).
+    pub ended: u64,
+    /// Inserts refused because the table was full.
+    pub table_full: u64,
+    /// Entries evicted to make room.
+    pub evictions: u64,
+    /// Packets without a flow key (non-IP, malformed).
+    pub unparsed: u64,
+    /// Lookups in the shared (coarse) tables.
+    pub shared_lookups: u64,
+}
+
+impl StoreReport {
+    /// Adds another core's figures.
+    pub fn merge(&mut self, o: &StoreReport) {
+        self.flows += o.flows;
+        self.capacity += o.capacity;
+        self.insertions += o.insertions;
+        self.expiries += o.expiries;
+        self.ended += o.ended;
+        self.table_full += o.table_full;
+        self.evictions += o.evictions;
+        self.unparsed += o.unparsed;
+        self.shared_lookups += o.shared_lookups;
+    }
+}
+
+/// One core's chain with its state and executor: what a worker calls per batch.
+pub struct Pipeline {
+    kind: ExecKind,
+    cx: ExecContext,
+    exec: Box<dyn Executor>,
+}
+
+impl Pipeline {
+    /// Builds the context (allocating the per-core tables) and the executor;
+    /// `shared` holds the coarse groups' tables (create them once per run with
+    /// [`SharedStores::new`] from `chain.groups`; an empty one is fine for
+    /// chains without coarse NFs).
+    pub fn new(chain: Chain, cfg: ExecConfig, shared: SharedStores) -> Result<Self, EngineError> {
+        let info = cfg.kind.info();
+        let cx = ExecContext::new(chain, cfg, shared, info.layout)?;
+        let exec = (info.new)(&cx);
+        Ok(Pipeline { kind: cfg.kind, cx, exec })
+    }
+
+    /// The executor.
+    pub fn kind(&self) -> ExecKind {
+        self.kind
+    }
+
+    /// Processes one batch through the whole chain.
+    pub fn process(&mut self, batch: &mut Batch, ctx: &NfContext) {
+        if !self.cx.chain.is_stateful() {
+            for s in self.cx.chain.stages.iter_mut() {
+                if let Stage::Stateless(nf) = s {
+                    nf.process(batch, ctx);
+                }
+            }
+            return;
+        }
+        self.cx.parse(batch);
+        self.exec.run(&mut self.cx, batch, ctx);
+        self.cx.expire(ctx.now_ns, batch.len());
+    }
+
+    /// Per-NF results: (name, counters, details).
+    pub fn nf_results(&self) -> Vec<(String, NfCounters, Option<serde_json::Value>)> {
+        self.cx.nf_results()
+    }
+
+    /// Table figures.
+    pub fn store_report(&self) -> StoreReport {
+        self.cx.store_report()
+    }
+
+    /// Export rows of NF `name`, if it exports state (see [`ExecContext::export`]).
+    pub fn export(&self, name: &str, include_shared: bool) -> Option<Vec<serde_json::Value>> {
+        self.cx.export(name, include_shared)
+    }
+}

@@ -1,0 +1,218 @@
+//! The engine's face of a stateful NF: its state as a byte range of a block
+//! the executor owns, and its per-packet action looped over a whole batch.
+//!
+//! NFs are written against [`StatefulNf`] with a typed `State` and never see
+//! tables or batches of state. The registry hands each NF to the chain
+//! compiler with its concrete type ([`flowplane_nf::registry::NfSink`]), which
+//! boxes it as a [`StatefulStage`]: one virtual call per NF per batch, the
+//! loop inside monomorphised over the NF.
+
+use bytemuck::Pod;
+use flowplane_nf::stateful::{Action, Granularity, StatefulNf};
+use flowplane_nf::{NfContext, NfCounters, Pkt, PktMeta};
+use flowplane_packet::{Batch, DROP};
+use flowplane_wire::flow::FiveTuple;
+
+use crate::store::{FlowRef, FlowStore};
+
+/// What a batch pass of one NF produced.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BatchOutcome {
+    /// Counters to add to the NF's totals.
+    pub counters: NfCounters,
+    /// Bit i: packet i ended its flow.
+    pub end: [u64; 4],
+}
+
+impl BatchOutcome {
+    /// Marks packet `i` as ending its flow.
+    #[inline(always)]
+    pub fn mark_end(&mut self, i: usize) {
+        self.end[i >> 6] |= 1 << (i & 63);
+    }
+}
+
+/// Applies an action to packet `i`'s verdict; returns true if it ends the flow.
+#[inline(always)]
+pub fn apply_action(batch: &mut Batch, i: usize, a: Action, c: &mut NfCounters) -> bool {
+    match a {
+        Action::Pass => {
+            c.packets_out += 1;
+            false
+        }
+        Action::Port(p) => {
+            batch.verdicts_mut()[i] = p.min(DROP - 1);
+            c.packets_out += 1;
+            false
+        }
+        Action::Drop => {
+            batch.drop_packet(i);
+            c.dropped += 1;
+            false
+        }
+        Action::EndFlow => {
+            c.packets_out += 1;
+            true
+        }
+        Action::DropEndFlow => {
+            batch.drop_packet(i);
+            c.dropped += 1;
+            true
+        }
+    }
+}
+
+/// A stateful NF as executors drive it: state as bytes at an offset the
+/// chain compiler chose.
+pub trait StatefulStage: Send {
+    /// Name.
+    fn name(&self) -> &'static str;
+    /// Granularity.
+    fn granularity(&self) -> Granularity;
+    /// Bytes of state.
+    fn state_size(&self) -> usize;
+    /// Alignment of the state type.
+    fn state_align(&self) -> usize;
+    /// Idle timeout.
+    fn idle_timeout_ns(&self) -> Option<u64>;
+    /// The NF's state holds resources released by its release callback.
+    fn has_release(&self) -> bool;
+    /// The NF must see both directions of a connection on one core.
+    fn both_directions(&self) -> bool;
+    /// Runs the default action, writing the initial state into `out` (exactly `state_size` bytes).
+    fn init_into(&mut self, pkt: &Pkt<'_>, ctx: &NfContext, out: &mut [u8]);
+    /// Runs the per-packet action on `state` (exactly `state_size` bytes).
+    fn process_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext) -> Action;
+    /// Release callback.
+    fn release_bytes(&mut self, key: &FiveTuple, state: &[u8]);
+    /// Unparsed packets.
+    fn on_unparsed(&mut self) -> Action;
+    /// Report.
+    fn report(&self) -> Option<serde_json::Value>;
+    /// Export row.
+    fn export_row_bytes(&self, key: &FiveTuple, state: &[u8]) -> Option<serde_json::Value>;
+    /// Runs the per-packet action over a whole batch. `flows[i]` names
+    /// packet i's block in `store`; this NF's state sits at `offset`. The
+    /// prefetch hook runs `ahead` packets in advance (0: never). End-of-flow
+    /// requests are OR-ed into `out.end`.
+    #[allow(clippy::too_many_arguments)]
+    fn process_batch(
+        &mut self,
+        batch: &mut Batch,
+        metas: &[PktMeta],
+        flows: &[FlowRef],
+        store: &mut FlowStore,
+        offset: usize,
+        ctx: &NfContext,
+        ahead: usize,
+        out: &mut BatchOutcome,
+    );
+}
+
+/// A [`StatefulNf`] of concrete type `T`, boxed as a [`StatefulStage`].
+pub struct Typed<T>(pub T);
+
+/// Reads the state at the front of `bytes` (blocks are 64-byte aligned and
+/// offsets respect the state's alignment, so this is a plain cast).
+#[inline(always)]
+fn cast<S: Pod>(bytes: &[u8]) -> &S {
+    bytemuck::from_bytes(&bytes[..std::mem::size_of::<S>()])
+}
+
+#[inline(always)]
+fn cast_mut<S: Pod>(bytes: &mut [u8]) -> &mut S {
+    bytemuck::from_bytes_mut(&mut bytes[..std::mem::size_of::<S>()])
+}
+
+impl<T: StatefulNf> StatefulStage for Typed<T> {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn granularity(&self) -> Granularity {
+        self.0.granularity()
+    }
+    fn state_size(&self) -> usize {
+        std::mem::size_of::<T::State>()
+    }
+    fn state_align(&self) -> usize {
+        std::mem::align_of::<T::State>()
+    }
+    fn idle_timeout_ns(&self) -> Option<u64> {
+        self.0.idle_timeout_ns()
+    }
+    fn has_release(&self) -> bool {
+        T::HAS_RELEASE
+    }
+    fn both_directions(&self) -> bool {
+        T::BOTH_DIRECTIONS
+    }
+    #[inline]
+    fn init_into(&mut self, pkt: &Pkt<'_>, ctx: &NfContext, out: &mut [u8]) {
+        let s = self.0.init(pkt, ctx);
+        *cast_mut::<T::State>(out) = s;
+    }
+    #[inline]
+    fn process_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext) -> Action {
+        self.0.process(pkt, cast_mut::<T::State>(state), ctx)
+    }
+    fn release_bytes(&mut self, key: &FiveTuple, state: &[u8]) {
+        self.0.release(key, cast::<T::State>(state))
+    }
+    fn on_unparsed(&mut self) -> Action {
+        self.0.on_unparsed()
+    }
+    fn report(&self) -> Option<serde_json::Value> {
+        self.0.report()
+    }
+    fn export_row_bytes(&self, key: &FiveTuple, state: &[u8]) -> Option<serde_json::Value> {
+        self.0.export_row(key, cast::<T::State>(state))
+    }
+
+    #[inline]
+    fn process_batch(
+        &mut self,
+        batch: &mut Batch,
+        metas: &[PktMeta],
+        flows: &[FlowRef],
+        store: &mut FlowStore,
+        offset: usize,
+        ctx: &NfContext,
+        ahead: usize,
+        out: &mut BatchOutcome,
+    ) {
+        let n = batch.len().min(metas.len()).min(flows.len());
+        let size = std::mem::size_of::<T::State>();
+        let mut c = NfCounters::default();
+        for i in 0..n {
+            if T::HAS_PREFETCH && ahead > 0 && i + ahead < n && flows[i + ahead].is_some() {
+                let b = store.block(flows[i + ahead]);
+                if b.len() >= offset + size {
+                    self.0.prefetch(cast::<T::State>(&b[offset..]));
+                }
+            }
+            if batch.is_dropped(i) {
+                continue;
+            }
+            c.packets_in += 1;
+            c.bytes_in += batch.lens()[i] as u64;
+            let meta = &metas[i];
+            let action = if !meta.valid || !flows[i].is_some() {
+                self.0.on_unparsed()
+            } else {
+                let block = store.block_mut(flows[i]);
+                if block.len() < offset + size {
+                    // A store sized for another chain: refuse rather than misread.
+                    Action::Drop
+                } else {
+                    let state = cast_mut::<T::State>(&mut block[offset..]);
+                    let mut pkt = Pkt::new(batch.data_mut(i), meta);
+                    self.0.process(&mut pkt, state, ctx)
+                }
+            };
+            if apply_action(batch, i, action, &mut c) {
+                out.mark_end(i);
+            }
+        }
+        out.counters = c;
+    }
+}
