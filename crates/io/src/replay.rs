@@ -330,7 +330,7 @@ mod tests {
         let firsts: Vec<u8> = (0..10).map(|i| batch.data(i)[0]).collect();
         assert_eq!(firsts, vec![1, 3, 5, 7, 9, 1, 3, 5, 7, 9]);
         assert_eq!(batch.data(1).len(), 90);
-        assert_eq!(batch.hashes()[..5], [1, 3, 5, 7, 9]);
+        assert_eq!(batch.rss_hashes()[..5], [1, 3, 5, 7, 9]);
         assert_eq!(q.rx_burst(&mut pool, &mut batch, 32, 0), Rx::Done);
         assert_eq!(q.counters().loops, 2);
         let mut v = Vec::new();

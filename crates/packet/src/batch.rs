@@ -1,8 +1,10 @@
 //! The batch: up to [`MAX_BATCH`] packets and their annotations, struct-of-arrays.
 //!
-//! Annotations are what the hot path reads densely: the flow hash (from the
-//! NIC/replay RSS stage or the parser), the state handle slot filled by the
-//! table lookup, the verdict (output port or [`DROP`]) and a timestamp.
+//! Beside the buffers, a batch carries what the receive side delivers with
+//! each packet — the RSS hash (as a NIC's `mbuf.hash.rss`) and the receive
+//! timestamp — and the verdict (output port or [`DROP`]). What an executor
+//! derives per packet (parsed headers, flow entries, shared-state handles)
+//! lives in the executor's own scratch arrays, not here.
 //! Dropping a packet only sets its verdict: the batch stays whole through the
 //! chain (FAJITA's principle), and sinks free dropped buffers.
 
@@ -42,8 +44,7 @@ pub struct Batch {
     buf: [u32; MAX_BATCH],
     off: [u16; MAX_BATCH],
     pkt_len: [u16; MAX_BATCH],
-    hash: [u32; MAX_BATCH],
-    slot: [u32; MAX_BATCH],
+    rss_hash: [u32; MAX_BATCH],
     verdict: [Verdict; MAX_BATCH],
     ts: [u64; MAX_BATCH],
 }
@@ -57,8 +58,7 @@ impl Batch {
             buf: [0; MAX_BATCH],
             off: [0; MAX_BATCH],
             pkt_len: [0; MAX_BATCH],
-            hash: [0; MAX_BATCH],
-            slot: [0; MAX_BATCH],
+            rss_hash: [0; MAX_BATCH],
             verdict: [0; MAX_BATCH],
             ts: [0; MAX_BATCH],
         })
@@ -76,7 +76,7 @@ impl Batch {
         self.len == 0
     }
 
-    /// Free slots left.
+    /// Packets that still fit.
     #[inline(always)]
     pub fn room(&self) -> usize {
         MAX_BATCH - self.len
@@ -103,8 +103,7 @@ impl Batch {
         self.buf[i] = idx;
         self.off[i] = head as u16;
         self.pkt_len[i] = frame.len() as u16;
-        self.hash[i] = 0;
-        self.slot[i] = 0;
+        self.rss_hash[i] = 0;
         self.verdict[i] = 0;
         self.ts[i] = ts;
         self.len = i + 1;
@@ -135,8 +134,7 @@ impl Batch {
         self.buf[i] = idx;
         self.off[i] = head as u16;
         self.pkt_len[i] = pkt_len;
-        self.hash[i] = hash;
-        self.slot[i] = 0;
+        self.rss_hash[i] = hash;
         self.verdict[i] = 0;
         self.ts[i] = ts;
         self.len = i + 1;
@@ -188,8 +186,7 @@ impl Batch {
             }
             self.off[i] = head as u16;
             self.pkt_len[i] = if ok { len } else { 0 };
-            self.hash[i] = hash;
-            self.slot[i] = 0;
+            self.rss_hash[i] = hash;
             self.verdict[i] = if ok { 0 } else { DROP };
             self.ts[i] = ts;
         }
@@ -201,7 +198,7 @@ impl Batch {
     #[inline(always)]
     pub fn data(&self, i: usize) -> &[u8] {
         assert!(i < self.len);
-        // SAFETY: slot i < len holds a buffer owned by this batch; off + len
+        // SAFETY: position i < len holds a buffer owned by this batch; off + len
         // stays within the buffer (maintained by every mutator).
         unsafe {
             std::slice::from_raw_parts(
@@ -266,28 +263,16 @@ impl Batch {
         &self.pkt_len[..self.len]
     }
 
-    /// Flow hashes (one per packet).
+    /// RSS hashes the receive side delivered (one per packet; 0 when it gave none).
     #[inline(always)]
-    pub fn hashes(&self) -> &[u32] {
-        &self.hash[..self.len]
+    pub fn rss_hashes(&self) -> &[u32] {
+        &self.rss_hash[..self.len]
     }
 
-    /// Mutable flow hashes.
+    /// Mutable RSS hashes (for sources that compute them in software).
     #[inline(always)]
-    pub fn hashes_mut(&mut self) -> &mut [u32] {
-        &mut self.hash[..self.len]
-    }
-
-    /// State handle slots (filled by the table lookup of a stateful executor).
-    #[inline(always)]
-    pub fn slots(&self) -> &[u32] {
-        &self.slot[..self.len]
-    }
-
-    /// Mutable state handle slots.
-    #[inline(always)]
-    pub fn slots_mut(&mut self) -> &mut [u32] {
-        &mut self.slot[..self.len]
+    pub fn rss_hashes_mut(&mut self) -> &mut [u32] {
+        &mut self.rss_hash[..self.len]
     }
 
     /// Verdicts: output port or [`DROP`].
@@ -347,8 +332,7 @@ impl Batch {
                 self.buf[w] = self.buf[r];
                 self.off[w] = self.off[r];
                 self.pkt_len[w] = self.pkt_len[r];
-                self.hash[w] = self.hash[r];
-                self.slot[w] = self.slot[r];
+                self.rss_hash[w] = self.rss_hash[r];
                 self.verdict[w] = self.verdict[r];
                 self.ts[w] = self.ts[r];
             }
@@ -494,7 +478,7 @@ mod tests {
         assert!(b.push_lines(&mut p, &lines, 100, 0xabcd, 5));
         let expect: Vec<u8> = (0..100).collect();
         assert_eq!(b.data(0), &expect[..]);
-        assert_eq!(b.hashes(), &[0xabcd]);
+        assert_eq!(b.rss_hashes(), &[0xabcd]);
         assert!(!b.push_lines(&mut p, &lines[..1], 65, 0, 0), "pkt_len beyond the lines");
         assert_eq!(Line::count_for(64), 1);
         assert_eq!(Line::count_for(65), 2);
@@ -511,7 +495,7 @@ mod tests {
         assert_eq!(b.data(1).len(), 61);
         assert_eq!(b.data(1), &[7; 61][..]);
         assert_eq!(b.data(0), &[7; 60][..]);
-        assert_eq!(b.hashes()[5], 5);
+        assert_eq!(b.rss_hashes()[5], 5);
         assert_eq!(b.timestamps()[29], 9);
         // A length beyond its lines becomes an empty dropped packet, not an overread.
         assert_eq!(b.rx_burst_lines(&mut p, 1, 0, |_| (&lines[..1], 200, 0)), 1);

@@ -9,7 +9,7 @@
 //!
 //! Ownership invariant (what makes the unsafe code in `pool` sound): every
 //! buffer index is either on its pool's free list or in exactly one batch
-//! slot. Only this crate moves indices, so safe code can never alias a buffer.
+//! position. Only this crate moves indices, so safe code can never alias a buffer.
 //! Nothing here allocates per packet: pools and batches are sized up front.
 
 mod batch;
