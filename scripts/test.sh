@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# flowplane's test command: installs what the tests need, then runs every gate
+# CI runs — formatting, lints, the test suite, the loom models of the shared
+# table and the packet/table unit tests under Miri. From the repository root:
+#
+#   scripts/test.sh            # everything
+#   scripts/test.sh --quick    # fmt, clippy and the test suite only
+#
+# Needs Rust stable (rustup); installs tshark with apt-get (as root, or through
+# sudo) and the nightly Miri component with rustup when they are missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+quick=0
+[[ "${1:-}" == "--quick" ]] && quick=1
+
+step() { printf '\n== %s ==\n' "$*"; }
+as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
+
+# tshark checks the pcaps flowplane writes (crates/trace/tests, crates/cli/tests, crates/nf/tests).
+if ! command -v tshark >/dev/null 2>&1; then
+    step "installing tshark"
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -qq
+    as_root apt-get install -y -qq --no-install-recommends tshark >/dev/null
+fi
+tshark --version | head -1
+
+step "cargo fmt --check"
+cargo fmt --all --check
+
+step "cargo clippy (all targets, warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test"
+cargo test --workspace --locked --no-fail-fast
+
+[[ $quick -eq 1 ]] && exit 0
+
+# The shared table's version-counter protocol, model-checked with loom (a
+# separate target dir: RUSTFLAGS replaces .cargo/config.toml's flags).
+step "loom models of the shared table"
+RUSTFLAGS="--cfg loom -C target-cpu=x86-64-v3" \
+    cargo test --release --locked -p flowplane-table --test loom_shared --target-dir target/loom
+
+# The unsafe code lives in packet and table: run their unit tests under Miri.
+step "Miri: packet and table unit tests"
+if ! cargo +nightly miri --version >/dev/null 2>&1; then
+    rustup toolchain install nightly --profile minimal --component miri,rust-src >/dev/null 2>&1 \
+        || rustup component add miri rust-src --toolchain nightly >/dev/null 2>&1 || true
+fi
+if cargo +nightly miri --version >/dev/null 2>&1; then
+    # Miri interprets: build for the baseline CPU (no AVX2 intrinsics) in its own target dir.
+    MIRIFLAGS="-Zmiri-disable-isolation" RUSTFLAGS="" \
+        cargo +nightly miri test --locked -p flowplane-packet -p flowplane-table --lib --target-dir target/miri
+else
+    echo "Miri is not installable here (no nightly toolchain): skipped" >&2
+fi
+echo "all gates passed"
