@@ -28,13 +28,21 @@ use crate::chain::{Chain, Stage};
 use crate::coarse::SharedStores;
 use crate::error::EngineError;
 
-mod batch;
 mod context;
-mod microbatch;
-mod pernf;
-mod rtc;
 
 pub use context::{ExecContext, ExecStats, Scratch};
+
+/// Declares the executor modules and lists their registry entries, in order.
+macro_rules! executors {
+    ($($name:ident),+ $(,)?) => {
+        $(mod $name;)+
+        /// Every executor, by name; the first is the default.
+        pub static EXECUTORS: &[ExecutorInfo] = &[$($name::INFO),+];
+    };
+}
+
+// The registry: one file per executor in this directory, named here.
+executors!(batch, rtc, pernf, microbatch);
 
 /// One executor: runs the chain over a batch whose packets are parsed
 /// (`cx.scratch.metas[..batch.len()]`), leaving verdicts in the batch and
@@ -65,9 +73,6 @@ pub struct ExecutorInfo {
     /// Creates one core's executor for a built context.
     pub new: fn(&ExecContext) -> Box<dyn Executor>,
 }
-
-/// Every executor, by name; the first is the default.
-pub static EXECUTORS: &[ExecutorInfo] = &[batch::INFO, rtc::INFO, pernf::INFO, microbatch::INFO];
 
 /// Which executor: a handle on a registry entry.
 #[derive(Clone, Copy)]
