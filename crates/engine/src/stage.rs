@@ -7,6 +7,8 @@
 //! boxes it as a [`StatefulStage`]: one virtual call per NF per batch, the
 //! loop inside monomorphised over the NF.
 
+use std::ops::Range;
+
 use bytemuck::Pod;
 use flowplane_nf::stateful::{Action, Granularity, StatefulNf};
 use flowplane_nf::{NfContext, NfCounters, Pkt, PktMeta};
@@ -22,6 +24,9 @@ pub struct BatchOutcome {
     pub counters: NfCounters,
     /// Bit i: packet i ended its flow.
     pub end: [u64; 4],
+    /// The NF ends flows and one did: it stopped after this many packets of
+    /// the batch (the executor applies the end before going on).
+    pub stopped_at: Option<usize>,
 }
 
 impl BatchOutcome {
@@ -79,6 +84,8 @@ pub trait StatefulStage: Send {
     fn has_release(&self) -> bool;
     /// The NF must see both directions of a connection on one core.
     fn both_directions(&self) -> bool;
+    /// The NF may end flows (`StatefulNf::ENDS_FLOWS`).
+    fn ends_flows(&self) -> bool;
     /// Runs the default action, writing the initial state into `out` (exactly `state_size` bytes).
     fn init_into(&mut self, pkt: &Pkt<'_>, ctx: &NfContext, out: &mut [u8]);
     /// Runs the per-packet action on `state` (exactly `state_size` bytes).
@@ -91,14 +98,15 @@ pub trait StatefulStage: Send {
     fn report(&self) -> Option<serde_json::Value>;
     /// Export row.
     fn export_row_bytes(&self, key: &FiveTuple, state: &[u8]) -> Option<serde_json::Value>;
-    /// Runs the per-packet action over a whole batch. `flows[i]` names
-    /// packet i's block in `store`; this NF's state sits at `offset`. The
-    /// prefetch hook runs `ahead` packets in advance (0: never). End-of-flow
-    /// requests are OR-ed into `out.end`.
+    /// Runs the per-packet action over packets `range` of a batch.
+    /// `flows[i]` names packet i's block in `store`; this NF's state sits at
+    /// `offset`. The prefetch hook runs `ahead` packets in advance (0:
+    /// never). End-of-flow requests are OR-ed into `out.end`.
     #[allow(clippy::too_many_arguments)]
     fn process_batch(
         &mut self,
         batch: &mut Batch,
+        range: Range<usize>,
         metas: &[PktMeta],
         flows: &[FlowRef],
         store: &mut FlowStore,
@@ -146,6 +154,9 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     fn both_directions(&self) -> bool {
         T::BOTH_DIRECTIONS
     }
+    fn ends_flows(&self) -> bool {
+        T::ENDS_FLOWS
+    }
     #[inline]
     fn init_into(&mut self, pkt: &Pkt<'_>, ctx: &NfContext, out: &mut [u8]) {
         let s = self.0.init(pkt, ctx);
@@ -172,6 +183,7 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     fn process_batch(
         &mut self,
         batch: &mut Batch,
+        range: Range<usize>,
         metas: &[PktMeta],
         flows: &[FlowRef],
         store: &mut FlowStore,
@@ -180,10 +192,10 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
         ahead: usize,
         out: &mut BatchOutcome,
     ) {
-        let n = batch.len().min(metas.len()).min(flows.len());
+        let n = range.end.min(batch.len()).min(metas.len()).min(flows.len());
         let size = std::mem::size_of::<T::State>();
         let mut c = NfCounters::default();
-        for i in 0..n {
+        for i in range.start..n {
             if T::HAS_PREFETCH && ahead > 0 && i + ahead < n && flows[i + ahead].is_some() {
                 let b = store.block(flows[i + ahead]);
                 if b.len() >= offset + size {
@@ -211,6 +223,10 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
             };
             if apply_action(batch, i, action, &mut c) {
                 out.mark_end(i);
+                if T::ENDS_FLOWS {
+                    out.stopped_at = Some(i + 1);
+                    break;
+                }
             }
         }
         out.counters = c;

@@ -30,6 +30,12 @@ impl FlowRef {
         FlowRef(if handle & V6_BIT == 0 { handle | V6_BIT } else { u32::MAX })
     }
 
+    /// The raw value (a table handle, bit 31 for IPv6), e.g. to hash it.
+    #[inline(always)]
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+
     /// True for a real entry.
     #[inline(always)]
     pub fn is_some(self) -> bool {
@@ -120,6 +126,14 @@ impl FlowStore {
         match key {
             FiveTuple::V4(k) => self.v4.insert(k, hash, now_ns, init).ok().map(|(h, new)| (FlowRef::v4(h), new)),
             FiveTuple::V6(k) => self.v6.insert(k, hash, now_ns, init).ok().map(|(h, new)| (FlowRef::v6(h), new)),
+        }
+    }
+
+    /// The flow's entry, if it has one (no insertion).
+    pub fn find(&self, key: &FiveTuple, hash: u64) -> Option<FlowRef> {
+        match key {
+            FiveTuple::V4(k) => self.v4.lookup(k, hash).map(FlowRef::v4),
+            FiveTuple::V6(k) => self.v6.lookup(k, hash).map(FlowRef::v6),
         }
     }
 

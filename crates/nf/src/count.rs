@@ -23,9 +23,9 @@ impl Nf for Count {
     }
 
     #[inline]
-    fn process(&mut self, batch: &mut Batch, _ctx: &NfContext) {
+    fn process(&mut self, batch: &mut Batch, range: std::ops::Range<usize>, _ctx: &NfContext) {
         let (mut n, mut bytes) = (0u64, 0u64);
-        for (&v, &len) in batch.verdicts().iter().zip(batch.lens()) {
+        for (&v, &len) in batch.verdicts()[range.clone()].iter().zip(&batch.lens()[range]) {
             let live = (v != DROP) as u64;
             n += live;
             bytes += live * len as u64;
@@ -58,11 +58,15 @@ mod tests {
         }
         b.drop_packet(1);
         let mut c = Count::default();
-        c.process(&mut b, &NfContext::default());
+        c.process(&mut b, 0..3, &NfContext::default());
         assert_eq!(c.counters().packets_in, 2);
         assert_eq!(c.counters().bytes_in, 61);
+        c.process(&mut b, 2..3, &NfContext::default());
+        assert_eq!(c.counters().packets_in, 3, "only the range counts");
         let mut f = Forward::from_params(&mut Params::new("forward", vec![("port".into(), "3".into())])).unwrap();
-        f.process(&mut b, &NfContext::default());
+        f.process(&mut b, 1..3, &NfContext::default());
+        assert_eq!(b.verdicts(), &[0, DROP, 3]);
+        f.process(&mut b, 0..1, &NfContext::default());
         assert_eq!(b.verdicts(), &[3, DROP, 3]);
         b.free_all(&mut pool).unwrap();
     }

@@ -25,9 +25,9 @@ impl Nf for Forward {
     }
 
     #[inline]
-    fn process(&mut self, batch: &mut Batch, _ctx: &NfContext) {
+    fn process(&mut self, batch: &mut Batch, range: std::ops::Range<usize>, _ctx: &NfContext) {
         let mut live = 0u64;
-        for v in batch.verdicts_mut() {
+        for v in &mut batch.verdicts_mut()[range] {
             if *v != DROP {
                 *v = self.port;
                 live += 1;

@@ -940,6 +940,7 @@ fn update_window(c: &mut Conn, dir: usize, seg: &Seg) {
 impl StatefulNf for Fw {
     type State = FwState;
     const HAS_RELEASE: bool = true;
+    const ENDS_FLOWS: bool = true;
     const BOTH_DIRECTIONS: bool = true;
     const HAS_PREFETCH: bool = true;
 

@@ -77,9 +77,11 @@ pub trait Nf: Send {
     /// The NF's name as written in chain specs.
     fn name(&self) -> &'static str;
 
-    /// Processes a whole batch in place. Packets whose verdict is already
-    /// `DROP` must be skipped (and not counted as input).
-    fn process(&mut self, batch: &mut Batch, ctx: &NfContext);
+    /// Processes packets `range` of the batch in place (the executor may cut
+    /// a batch into consecutive ranges; see `StatefulNf::ENDS_FLOWS`).
+    /// Packets whose verdict is already `DROP` must be skipped (and not
+    /// counted as input).
+    fn process(&mut self, batch: &mut Batch, range: std::ops::Range<usize>, ctx: &NfContext);
 
     /// Packet counters so far.
     fn counters(&self) -> NfCounters;

@@ -350,6 +350,7 @@ impl Nat {
 impl StatefulNf for Nat {
     type State = NatState;
     const HAS_RELEASE: bool = true;
+    const ENDS_FLOWS: bool = true;
     const HAS_PREFETCH: bool = true;
 
     fn name(&self) -> &'static str {

@@ -186,6 +186,15 @@ pub trait StatefulNf: Send + 'static {
     /// symmetric RSS key.
     const BOTH_DIRECTIONS: bool = false;
 
+    /// Set to `true` when the NF may return [`Action::EndFlow`] or
+    /// [`Action::DropEndFlow`]. Executors then make every end take effect at
+    /// the packet that caused it, whatever the batching: later packets of the
+    /// flow see fresh state, and resources released by the end are free for
+    /// later packets (they cut a batch where that could matter). An NF that
+    /// ends flows without declaring it gets its ends applied at the end of a
+    /// batch instead.
+    const ENDS_FLOWS: bool = false;
+
     /// Set to `true` when the NF implements [`StatefulNf::prefetch`]; the
     /// executor then runs the hook ahead of the action (and skips it otherwise).
     const HAS_PREFETCH: bool = false;

@@ -95,7 +95,8 @@ impl NfSink for Survive<'_> {
             for f in chunk {
                 assert!(batch.push_copy(&mut pool, f, 0));
             }
-            nf.process(&mut batch, &NfContext::default());
+            let n = batch.len();
+            nf.process(&mut batch, 0..n, &NfContext::default());
             batch.free_all(&mut pool).unwrap();
         }
         0

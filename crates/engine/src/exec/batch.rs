@@ -22,9 +22,23 @@ struct Batched;
 impl Executor for Batched {
     fn run(&mut self, cx: &mut ExecContext, batch: &mut Batch, ctx: &NfContext) {
         let prefetch = cx.cfg.prefetch;
-        cx.lookup_bulk(batch, ctx, prefetch);
-        cx.pin_coarse_batch(batch.len(), ctx.now_ns);
-        cx.run_stages(batch, ctx, prefetch);
-        cx.unpin_coarse_batch(batch.len(), ctx.now_ns);
+        let n = batch.len();
+        let mut start = 0;
+        cx.start_batch();
+        while start < n {
+            cx.lookup_bulk(batch, start..n, ctx, prefetch);
+            loop {
+                // One segment for chains that never end flows; see ExecContext::segment_end.
+                let end = cx.segment_end(start, n);
+                cx.pin_coarse_batch(start..end, ctx.now_ns);
+                let (ended, done) = cx.run_stages(batch, start..end, ctx, prefetch);
+                cx.unpin_coarse_batch(start..end, ctx.now_ns);
+                start = done;
+                // Ended flows are gone from the table: look the rest up again.
+                if ended > 0 || start == n {
+                    break;
+                }
+            }
+        }
     }
 }

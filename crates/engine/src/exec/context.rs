@@ -7,6 +7,8 @@
 // Per-packet arrays (metas, flows, handles, the batch) are walked together by index.
 #![allow(clippy::needless_range_loop)]
 
+use std::ops::Range;
+
 use flowplane_nf::stateful::Action;
 use flowplane_nf::{NfContext, NfCounters, Pkt, PktMeta};
 use flowplane_packet::{Batch, MAX_BATCH};
@@ -35,6 +37,8 @@ pub struct Scratch {
     pub flows: Box<[FlowRef; MAX_BATCH]>,
     /// Per coarse group: each packet's pinned shared entry.
     pub coarse: Vec<[SharedHandle; MAX_BATCH]>,
+    /// Flows seen in the current segment (see [`ExecContext::segment_end`]).
+    seen: SeenSet,
     keys: Box<[FiveTupleV4; MAX_BATCH]>,
     hashes: Box<[u64; MAX_BATCH]>,
     idx: Box<[u16; MAX_BATCH]>,
@@ -47,12 +51,71 @@ impl Scratch {
             metas: Box::new([PktMeta::default(); MAX_BATCH]),
             flows: Box::new([FlowRef::NONE; MAX_BATCH]),
             coarse: vec![[SharedHandle::NONE; MAX_BATCH]; groups],
+            seen: SeenSet::new(),
             keys: Box::new([FiveTupleV4::default(); MAX_BATCH]),
             hashes: Box::new([0; MAX_BATCH]),
             idx: Box::new([0; MAX_BATCH]),
             handles: Box::new([0; MAX_BATCH]),
         }
     }
+}
+
+/// A set of flow entries, emptied in O(1) by bumping a stamp: which flows a
+/// batch segment already holds.
+struct SeenSet {
+    slots: Box<[(u32, u32); SEEN_SLOTS]>,
+    stamp: u32,
+}
+
+/// Twice the largest batch: open addressing stays short.
+const SEEN_SLOTS: usize = 2 * MAX_BATCH;
+
+impl SeenSet {
+    fn new() -> Self {
+        SeenSet { slots: Box::new([(0, 0); SEEN_SLOTS]), stamp: 0 }
+    }
+
+    fn clear(&mut self) {
+        self.stamp = self.stamp.wrapping_add(1);
+        if self.stamp == 0 {
+            // Stamp wrapped: forget every old entry for real.
+            self.slots.fill((0, 0));
+            self.stamp = 1;
+        }
+    }
+
+    /// Adds `id`; false if it was already there.
+    fn insert(&mut self, id: u32) -> bool {
+        let mut at = (id.wrapping_mul(0x9e37_79b1) >> 23) as usize % SEEN_SLOTS;
+        loop {
+            let (k, st) = self.slots[at];
+            if st != self.stamp {
+                self.slots[at] = (id, self.stamp);
+                return true;
+            }
+            if k == id {
+                return false;
+            }
+            at = (at + 1) % SEEN_SLOTS;
+        }
+    }
+}
+
+/// How batches are cut so that flow ends take effect at their packet.
+///
+/// Stage by stage over a segment, an NF that ends a flow stops at that
+/// packet (the segment's frontier) and the later NFs stop there too; the
+/// flow is removed (its state released) before anything runs past it. NFs
+/// before the ending one have run further: that is exact when none of them
+/// holds resources an end releases (their per-flow state is private, and a
+/// later packet of the ended flow starts a new segment), so only chains
+/// with such an NF before an ending one run packet by packet.
+#[derive(Clone, Copy, Debug, Default)]
+struct ExactEnds {
+    /// Some 5-tuple NF may end flows: a flow seen twice starts a new segment.
+    repeats: bool,
+    /// An NF with a release callback runs before an NF that ends flows.
+    per_packet: bool,
 }
 
 /// Counters the context keeps for the report.
@@ -92,6 +155,9 @@ pub struct ExecContext {
     /// The aggregated block spans more than the entry's first cache line.
     multi_line: bool,
     sweep: Sweep,
+    exact: ExactEnds,
+    /// Per stage: packets of the current batch it has run (see `run_stages`).
+    progress: Vec<usize>,
 }
 
 /// What the auxiliary table needs: the coarse groups and their shared tables.
@@ -167,6 +233,17 @@ impl ExecContext {
         // Entry header (key 16 + hash 8 + last-seen 8) shares the first line with the state.
         let multi_line = chain.state_size > 32;
         let groups = chain.groups.len();
+        let five_tuple = || {
+            chain.stages.iter().filter_map(|s| match s {
+                Stage::Stateful { nf, group: None, .. } => Some(nf),
+                _ => None,
+            })
+        };
+        let repeats = five_tuple().any(|nf| nf.ends_flows());
+        let last_end = five_tuple().enumerate().filter(|(_, nf)| nf.ends_flows()).map(|(k, _)| k).last();
+        let per_packet = five_tuple().enumerate().any(|(k, nf)| nf.has_release() && last_end.is_some_and(|e| k < e));
+        let stages = chain.stages.len();
+        let exact = ExactEnds { repeats, per_packet };
         Ok(ExecContext {
             cfg,
             layout,
@@ -177,6 +254,8 @@ impl ExecContext {
             stats: ExecStats::default(),
             multi_line,
             sweep: Sweep { last_ns: 0, entries: (cfg.flows as u64).max(1024), period_ns: (timeout_ns / 4).max(1) },
+            exact,
+            progress: vec![0; stages],
         })
     }
 
@@ -246,8 +325,7 @@ impl ExecContext {
     /// aggregated store; fills `scratch.flows`. Bulk (prefetching) for IPv4
     /// when `bulk`, key by key otherwise and for IPv6. On insertion, every
     /// NF's default action runs and (aux on) the flow pins its coarse entries.
-    pub(crate) fn lookup_bulk(&mut self, batch: &mut Batch, ctx: &NfContext, bulk: bool) {
-        let n = batch.len();
+    pub(crate) fn lookup_bulk(&mut self, batch: &mut Batch, range: Range<usize>, ctx: &NfContext, bulk: bool) {
         let aux_on = self.aux_on();
         let ExecContext { stores, chain, scratch, shared, .. } = self;
         let Chain { stages, groups, .. } = chain;
@@ -255,7 +333,7 @@ impl ExecContext {
         let aux = aux_on.then_some(&aux);
         let store = &mut stores[0];
         let mut m = 0usize;
-        for i in 0..n {
+        for i in range {
             scratch.flows[i] = FlowRef::NONE;
             let meta = scratch.metas[i];
             if !meta.valid {
@@ -305,7 +383,38 @@ impl ExecContext {
             .map_or(FlowRef::NONE, |(r, _)| r)
     }
 
-    // ---- Coarse (shared) state: the one path every executor uses ----
+    /// True when the chain can end flows, so executors must make each end
+    /// take effect at its packet (see [`ExecContext::segment_end`]).
+    #[inline]
+    pub fn exact_ends(&self) -> bool {
+        self.exact.repeats
+    }
+
+    /// End of the segment of packets starting at `start` (looked up, within
+    /// `..n`) that [`ExecContext::run_stages`] can run stage by stage with the
+    /// result of packet-by-packet processing: it stops before a second packet
+    /// of a flow already in the segment (an end would have given it fresh
+    /// state). Chains that never end flows run the whole batch as one
+    /// segment; chains where an NF holding releasable resources runs before
+    /// an NF that ends flows run packet by packet (the earlier NF would have
+    /// seen the release; see `ExactEnds`).
+    pub(crate) fn segment_end(&mut self, start: usize, n: usize) -> usize {
+        if !self.exact.repeats || start >= n {
+            return n;
+        }
+        if self.exact.per_packet {
+            return start + 1;
+        }
+        let s = &mut self.scratch;
+        s.seen.clear();
+        for i in start..n {
+            let f = s.flows[i];
+            if f.is_some() && !s.seen.insert(f.bits()) {
+                return i;
+            }
+        }
+        n
+    }
 
     /// Handle of packet `i`'s group-`g` entry as the auxiliary table keeps it in the flow's block.
     #[inline]
@@ -321,13 +430,13 @@ impl ExecContext {
     /// blocks (aux on; `scratch.flows` must be filled) or by pinning every
     /// packet's coarse entries with one bulk shared lookup per group (aux
     /// off; released by [`ExecContext::unpin_coarse_batch`] after the chain).
-    pub(crate) fn pin_coarse_batch(&mut self, n: usize, now: u64) {
+    pub(crate) fn pin_coarse_batch(&mut self, range: Range<usize>, now: u64) {
         if self.chain.groups.is_empty() {
             return;
         }
         if self.aux_on() {
             for g in 0..self.chain.groups.len() {
-                for i in 0..n {
+                for i in range.clone() {
                     let h = self.aux_handle_of(g, self.scratch.flows[i]);
                     self.scratch.coarse[g][i] = h;
                     // The shared entries are as cold as the flow's block was:
@@ -346,7 +455,7 @@ impl ExecContext {
         let mut out = [SharedHandle::NONE; MAX_BATCH];
         for (g, layout) in self.chain.groups.iter().enumerate() {
             let mut m = 0;
-            for i in 0..n {
+            for i in range.clone() {
                 self.scratch.coarse[g][i] = SharedHandle::NONE;
                 let meta = &self.scratch.metas[i];
                 if let Some(k) = meta.valid.then(|| layout.granularity.key(meta)).flatten() {
@@ -365,12 +474,12 @@ impl ExecContext {
     }
 
     /// Releases the pins of [`ExecContext::pin_coarse_batch`] (aux off only).
-    pub(crate) fn unpin_coarse_batch(&mut self, n: usize, now: u64) {
+    pub(crate) fn unpin_coarse_batch(&mut self, range: Range<usize>, now: u64) {
         if self.chain.groups.is_empty() || self.aux_on() {
             return;
         }
         for (g, t) in self.shared.tables.iter().enumerate() {
-            for h in &self.scratch.coarse[g][..n] {
+            for h in &self.scratch.coarse[g][range.clone()] {
                 if h.is_some() {
                     t.release(*h, now);
                 }
@@ -433,26 +542,41 @@ impl ExecContext {
         }
     }
 
-    /// Runs coarse stage `si` over the whole batch.
-    pub(crate) fn run_coarse_batch(&mut self, si: usize, batch: &mut Batch, ctx: &NfContext) {
-        for i in 0..batch.len() {
+    /// Runs coarse stage `si` over packets `range`.
+    pub(crate) fn run_coarse_batch(&mut self, si: usize, batch: &mut Batch, range: Range<usize>, ctx: &NfContext) {
+        for i in range {
             self.run_coarse(si, batch, i, ctx);
         }
     }
 
     // ---- The staged pass (aggregated layout) ----
 
-    /// Each NF over the whole batch, in chain order, after `scratch.flows`
+    /// Marks a new batch: no stage has run any packet yet.
+    pub(crate) fn start_batch(&mut self) {
+        self.progress.fill(0);
+    }
+
+    /// Each NF over the segment `range`, in chain order, after `scratch.flows`
     /// and the coarse handles are filled; then the flows that asked to end
-    /// are removed. `prefetch` starts the second line of multi-line blocks
-    /// and runs the NFs' prefetch hooks ahead of their actions.
-    pub(crate) fn run_stages(&mut self, batch: &mut Batch, ctx: &NfContext, prefetch: bool) {
-        let n = batch.len();
+    /// are removed. A stage resumes where it stopped in an earlier segment of
+    /// the batch, and an NF that ends a flow stops right after that packet:
+    /// the stages after it stop there too. Returns the flows ended and the
+    /// end of what every stage has run (the next segment starts there).
+    /// `prefetch` starts the second line of multi-line blocks and runs the
+    /// NFs' prefetch hooks ahead of their actions.
+    pub(crate) fn run_stages(
+        &mut self,
+        batch: &mut Batch,
+        range: Range<usize>,
+        ctx: &NfContext,
+        prefetch: bool,
+    ) -> (u64, usize) {
+        let mut frontier = range.end;
         if prefetch && self.multi_line {
             // The lookup brought each entry's first line; fetch the next one now,
             // a full chain pass before the NFs that keep state there need it.
             let store = &self.stores[0];
-            for &r in &self.scratch.flows[..n] {
+            for &r in &self.scratch.flows[range.clone()] {
                 if let Some(b) = store.block(r).get(32) {
                     flowplane_packet::prefetch::write(b);
                 }
@@ -461,20 +585,31 @@ impl ExecContext {
         let ahead = if prefetch && self.cfg.prefetch_hooks { PREFETCH_AHEAD } else { 0 };
         let mut ends = [0u64; 4];
         for si in 0..self.chain.stages.len() {
+            let from = self.progress[si].max(range.start);
+            if from >= frontier {
+                continue;
+            }
+            let todo = from..frontier;
+            self.progress[si] = frontier;
             if self.chain.stages[si].is_coarse() {
-                self.run_coarse_batch(si, batch, ctx);
+                self.run_coarse_batch(si, batch, todo, ctx);
                 continue;
             }
             let ExecContext { stores, chain, scratch, .. } = self;
             match &mut chain.stages[si] {
-                Stage::Stateless(nf) => nf.process(batch, ctx),
+                Stage::Stateless(nf) => nf.process(batch, todo, ctx),
                 Stage::Stateful { nf, offset, counters, .. } => {
                     let mut out = BatchOutcome::default();
-                    let (metas, flows) = (&scratch.metas[..n], &scratch.flows[..n]);
-                    nf.process_batch(batch, metas, flows, &mut stores[0], *offset, ctx, ahead, &mut out);
+                    let (metas, flows) = (&scratch.metas[..frontier], &scratch.flows[..frontier]);
+                    let store = &mut stores[0];
+                    nf.process_batch(batch, todo, metas, flows, store, *offset, ctx, ahead, &mut out);
                     counters.merge(&out.counters);
                     for (e, o) in ends.iter_mut().zip(out.end) {
                         *e |= o;
+                    }
+                    if let Some(stop) = out.stopped_at {
+                        frontier = stop;
+                        self.progress[si] = stop;
                     }
                 }
             }
@@ -483,7 +618,9 @@ impl ExecContext {
         let ExecContext { stores, chain, scratch, shared, stats, .. } = self;
         let Chain { stages, groups, .. } = chain;
         let aux = Aux { groups, shared, now: ctx.now_ns };
-        stats.ended += end_flows(stages, &mut stores[0], None, aux_on.then_some(&aux), &scratch.flows[..n], &ends);
+        let ended = end_flows(stages, &mut stores[0], None, aux_on.then_some(&aux), &scratch.flows[..frontier], &ends);
+        stats.ended += ended;
+        (ended, frontier)
     }
 
     /// Removes one flow of store `k` (releasing its state) and forgets it in
@@ -500,6 +637,21 @@ impl ExecContext {
                 *f = FlowRef::NONE;
             }
         }
+    }
+
+    /// Ends the flow `key` in every store of the per-NF layout (each NF's
+    /// release callback on its own state), counted once.
+    pub(crate) fn end_flow_everywhere(&mut self, key: &FiveTuple) {
+        let h = hash_tuple(key);
+        let mut any = false;
+        // (The per-NF layout keeps no auxiliary handles: nothing to unpin.)
+        let ExecContext { stores, chain, .. } = self;
+        for (k, store) in stores.iter_mut().enumerate() {
+            if let Some(flow) = store.find(key, h) {
+                any |= remove_flow(&mut chain.stages, store, Some(k), None, flow);
+            }
+        }
+        self.stats.ended += u64::from(any);
     }
 
     // ---- Results ----
@@ -619,14 +771,14 @@ pub(crate) fn lookup_into(
     k: usize,
     si: usize,
     batch: &mut Batch,
+    range: Range<usize>,
     flows: &mut [FlowRef; MAX_BATCH],
     ctx: &NfContext,
 ) {
-    let n = batch.len();
     let ExecContext { stores, chain, scratch, .. } = cx;
     let store = &mut stores[k];
     let mut m = 0usize;
-    for i in 0..n {
+    for i in range {
         flows[i] = FlowRef::NONE;
         let meta = scratch.metas[i];
         if !meta.valid || batch.is_dropped(i) {

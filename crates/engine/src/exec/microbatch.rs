@@ -3,6 +3,8 @@
 //! single-key lookup (no bulk, no prefetch), then each NF runs over the
 //! whole batch.
 
+use std::ops::Range;
+
 use flowplane_nf::NfContext;
 use flowplane_packet::Batch;
 
@@ -21,19 +23,35 @@ struct MicroBatch;
 impl Executor for MicroBatch {
     fn run(&mut self, cx: &mut ExecContext, batch: &mut Batch, ctx: &NfContext) {
         let n = batch.len();
-        let mut i = 0;
-        while i < n {
-            let meta = cx.scratch.metas[i];
-            let mut j = i + 1;
-            while j < n && cx.scratch.metas[j].valid == meta.valid && cx.scratch.metas[j].tuple == meta.tuple {
-                j += 1;
+        let mut start = 0;
+        cx.start_batch();
+        while start < n {
+            lookup_runs(cx, batch, start..n, ctx);
+            loop {
+                let end = cx.segment_end(start, n);
+                cx.pin_coarse_batch(start..end, ctx.now_ns);
+                let (ended, done) = cx.run_stages(batch, start..end, ctx, false);
+                cx.unpin_coarse_batch(start..end, ctx.now_ns);
+                start = done;
+                if ended > 0 || start == n {
+                    break;
+                }
             }
-            let flow = cx.lookup_one(batch, i, ctx);
-            cx.scratch.flows[i..j].fill(flow);
-            i = j;
         }
-        cx.pin_coarse_batch(n, ctx.now_ns);
-        cx.run_stages(batch, ctx, false);
-        cx.unpin_coarse_batch(n, ctx.now_ns);
+    }
+}
+
+/// One single-key lookup per run of consecutive packets of one flow.
+fn lookup_runs(cx: &mut ExecContext, batch: &mut Batch, range: Range<usize>, ctx: &NfContext) {
+    let (mut i, n) = (range.start, range.end);
+    while i < n {
+        let meta = cx.scratch.metas[i];
+        let mut j = i + 1;
+        while j < n && cx.scratch.metas[j].valid == meta.valid && cx.scratch.metas[j].tuple == meta.tuple {
+            j += 1;
+        }
+        let flow = cx.lookup_one(batch, i, ctx);
+        cx.scratch.flows[i..j].fill(flow);
+        i = j;
     }
 }

@@ -235,9 +235,10 @@ impl Pipeline {
     /// Processes one batch through the whole chain.
     pub fn process(&mut self, batch: &mut Batch, ctx: &NfContext) {
         if !self.cx.chain.is_stateful() {
+            let n = batch.len();
             for s in self.cx.chain.stages.iter_mut() {
                 if let Stage::Stateless(nf) = s {
-                    nf.process(batch, ctx);
+                    nf.process(batch, 0..n, ctx);
                 }
             }
             return;

@@ -29,7 +29,7 @@ impl Executor for Rtc {
         let mut looked_up = false;
         while seg_start < stages {
             if let Stage::Stateless(nf) = &mut cx.chain.stages[seg_start] {
-                nf.process(batch, ctx);
+                nf.process(batch, 0..n, ctx);
                 seg_start += 1;
                 continue;
             }
