@@ -58,7 +58,8 @@ pub struct Chain {
     pub stages: Vec<Stage>,
     /// Bytes of the aggregated 5-tuple state block.
     pub state_size: usize,
-    /// Longest idle timeout any 5-tuple NF asked for (None: none asked).
+    /// Longest idle timeout any 5-tuple NF asked for (None: none asked);
+    /// coarse NFs' timeouts are their groups' (`GroupLayout::idle_timeout_ns`).
     pub idle_timeout_ns: Option<u64>,
     /// Coarse groups (one per coarse granularity used), in order of first use.
     pub groups: Vec<GroupLayout>,
@@ -112,7 +113,7 @@ impl Chain {
                 let gi = match groups.iter().position(|x| x.granularity == g) {
                     Some(i) => i,
                     None => {
-                        groups.push(GroupLayout { granularity: g, words: 0, aux_offset: 0 });
+                        groups.push(GroupLayout { granularity: g, words: 0, aux_offset: 0, idle_timeout_ns: None });
                         group_bytes.push(0);
                         members.push(0);
                         groups.len() - 1
@@ -123,6 +124,10 @@ impl Chain {
                 *group = Some(gi);
                 *member = members[gi];
                 members[gi] += 1;
+                if let Some(t) = nf.idle_timeout_ns() {
+                    let gt = &mut groups[gi].idle_timeout_ns;
+                    *gt = Some(gt.map_or(t, |x| x.max(t)));
+                }
                 group_bytes[gi] = at + nf.state_size();
                 if members[gi] > MAX_GROUP_MEMBERS {
                     return Err(EngineError::GroupMembers {

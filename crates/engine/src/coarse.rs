@@ -44,6 +44,8 @@ pub struct GroupLayout {
     pub words: usize,
     /// Offset in the aggregated 5-tuple block where the auxiliary table keeps this group's pinned handle.
     pub aux_offset: usize,
+    /// Longest idle timeout the group's NFs ask for (None: the run's default).
+    pub idle_timeout_ns: Option<u64>,
 }
 
 /// The shared tables of one run (one per coarse group), shared by all cores.
@@ -54,10 +56,13 @@ pub struct SharedStores {
 }
 
 impl SharedStores {
-    /// Creates one table per group with room for `capacity` keys each.
-    pub fn new(groups: &[GroupLayout], capacity: usize, idle_timeout_ns: u64) -> Result<Self, EngineError> {
+    /// Creates one table per group with room for `capacity` keys each; a
+    /// group's entries idle out after the longest timeout its NFs declare,
+    /// `default_idle_timeout_ns` when none does.
+    pub fn new(groups: &[GroupLayout], capacity: usize, default_idle_timeout_ns: u64) -> Result<Self, EngineError> {
         let mut tables = Vec::with_capacity(groups.len());
         for g in groups {
+            let idle_timeout_ns = g.idle_timeout_ns.unwrap_or(default_idle_timeout_ns);
             let t = SharedFlowTable::new(SharedTableConfig { capacity, state_words: 1 + g.words, idle_timeout_ns })?;
             tables.push(Arc::new(t));
         }

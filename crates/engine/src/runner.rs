@@ -179,7 +179,7 @@ fn run_chains(
     let start_tsc = tsc::rdtsc();
     let measure_from = start_tsc + cfg.warmup.map_or(0, |w| (w.as_secs_f64() * hz) as u64);
     let wall = Instant::now();
-    let results: Vec<Result<WorkerResult, EngineError>> = std::thread::scope(|s| {
+    let results: Vec<Result<(WorkerResult, Pipeline), EngineError>> = std::thread::scope(|s| {
         let handles: Vec<_> = chains
             .into_iter()
             .enumerate()
@@ -210,7 +210,7 @@ fn run_chains(
                             Output::Discard => Box::new(Discard),
                             Output::Pcap(w) => Box::new(PcapSink::new(w, start_tsc, epoch_ns, hz)),
                         };
-                        let mut res = run_worker(
+                        let res = run_worker(
                             core,
                             &mut pool,
                             &mut source,
@@ -221,15 +221,8 @@ fn run_chains(
                             start_tsc,
                             measure_from,
                         );
-                        let mut names: Vec<&String> = cfg.export.iter().collect();
-                        names.sort();
-                        names.dedup();
-                        for name in names {
-                            if let Some(rows) = exec.export(name, core == 0) {
-                                res.exports.push((name.clone(), rows));
-                            }
-                        }
-                        Ok(res)
+                        // Exports wait for every worker (shared state is still changing).
+                        Ok((res, exec))
                     })
                     .map_err(EngineError::Thread)
             })
@@ -252,8 +245,23 @@ fn run_chains(
     });
     let elapsed = wall.elapsed();
     let mut workers = Vec::with_capacity(results.len());
+    let mut pipelines = Vec::with_capacity(results.len());
     for r in results {
-        workers.push(r?);
+        let (w, p) = r?;
+        workers.push(w);
+        pipelines.push(p);
+    }
+    // Every worker has stopped: the state is final. Coarse (shared) state is
+    // exported once, from the first pipeline.
+    let mut names: Vec<&String> = cfg.export.iter().collect();
+    names.sort();
+    names.dedup();
+    for (core, (w, p)) in workers.iter_mut().zip(&pipelines).enumerate() {
+        for name in &names {
+            if let Some(rows) = p.export(name, core == 0) {
+                w.exports.push(((*name).clone(), rows));
+            }
+        }
     }
     Ok(Report::from_workers(spec, cfg, &workers, elapsed, hz))
 }
