@@ -213,6 +213,13 @@ impl fmt::Display for Report {
                 t.flows, t.capacity, t.insertions, t.expiries, t.ended, t.table_full, t.evictions, t.unparsed
             )?;
         }
+        if t.shared_capacity > 0 {
+            writeln!(
+                f,
+                "shared       {} keys / {} capacity, {} table-full, {} lookups, {} packets via direct lookup (5-tuple table full)",
+                t.shared_keys, t.shared_capacity, t.shared_table_full, t.shared_lookups, t.aux_fallbacks
+            )?;
+        }
         writeln!(f, "{:<14} {:>12} {:>12} {:>12}", "nf", "in", "out", "dropped")?;
         for n in &self.nfs {
             writeln!(

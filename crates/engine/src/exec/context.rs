@@ -37,6 +37,8 @@ pub struct Scratch {
     pub flows: Box<[FlowRef; MAX_BATCH]>,
     /// Per coarse group: each packet's pinned shared entry.
     pub coarse: Vec<[SharedHandle; MAX_BATCH]>,
+    /// The executor pinned packet i's coarse entries itself (to release after the chain).
+    coarse_pinned: Box<[bool; MAX_BATCH]>,
     /// Flows seen in the current segment (see [`ExecContext::segment_end`]).
     seen: SeenSet,
     keys: Box<[FiveTupleV4; MAX_BATCH]>,
@@ -51,6 +53,7 @@ impl Scratch {
             metas: Box::new([PktMeta::default(); MAX_BATCH]),
             flows: Box::new([FlowRef::NONE; MAX_BATCH]),
             coarse: vec![[SharedHandle::NONE; MAX_BATCH]; groups],
+            coarse_pinned: Box::new([false; MAX_BATCH]),
             seen: SeenSet::new(),
             keys: Box::new([FiveTupleV4::default(); MAX_BATCH]),
             hashes: Box::new([0; MAX_BATCH]),
@@ -127,6 +130,9 @@ pub struct ExecStats {
     pub unparsed: u64,
     /// Lookups in the shared tables (aux off: one per packet per group).
     pub shared_lookups: u64,
+    /// Packets that reached coarse state by a direct shared lookup because
+    /// the 5-tuple table had no entry for them (it was full).
+    pub aux_fallbacks: u64,
 }
 
 /// Expiry pacing: time of the last sweep step, entries to sweep, sweep period.
@@ -426,18 +432,27 @@ impl ExecContext {
         }
     }
 
-    /// Fills this batch's coarse handles (`scratch.coarse`): from the flows'
-    /// blocks (aux on; `scratch.flows` must be filled) or by pinning every
-    /// packet's coarse entries with one bulk shared lookup per group (aux
-    /// off; released by [`ExecContext::unpin_coarse_batch`] after the chain).
+    /// Fills the coarse handles (`scratch.coarse`) of packets `range`: from
+    /// the flows' blocks (aux on; `scratch.flows` must be filled) or by
+    /// pinning every packet's coarse entries with one bulk shared lookup per
+    /// group (aux off). A packet that has no flow entry although it has keys
+    /// (the 5-tuple table was full) is pinned directly too: coarse NFs (DDoS,
+    /// port-scan, per-source limits) must see every packet, never fail open.
+    /// [`ExecContext::unpin_coarse_batch`] releases what was pinned here.
     pub(crate) fn pin_coarse_batch(&mut self, range: Range<usize>, now: u64) {
         if self.chain.groups.is_empty() {
             return;
         }
         if self.aux_on() {
-            for g in 0..self.chain.groups.len() {
-                for i in range.clone() {
-                    let h = self.aux_handle_of(g, self.scratch.flows[i]);
+            for i in range.clone() {
+                let flow = self.scratch.flows[i];
+                let direct = !flow.is_some() && self.scratch.metas[i].valid;
+                self.scratch.coarse_pinned[i] = direct;
+                if direct {
+                    self.stats.aux_fallbacks += 1;
+                }
+                for g in 0..self.chain.groups.len() {
+                    let h = if direct { self.pin_direct(g, i, now) } else { self.aux_handle_of(g, flow) };
                     self.scratch.coarse[g][i] = h;
                     // The shared entries are as cold as the flow's block was:
                     // start their misses for the whole batch before the NFs run.
@@ -453,6 +468,9 @@ impl ExecContext {
         let mut hashes = [0u64; MAX_BATCH];
         let mut idx = [0u16; MAX_BATCH];
         let mut out = [SharedHandle::NONE; MAX_BATCH];
+        for i in range.clone() {
+            self.scratch.coarse_pinned[i] = true;
+        }
         for (g, layout) in self.chain.groups.iter().enumerate() {
             let mut m = 0;
             for i in range.clone() {
@@ -473,52 +491,53 @@ impl ExecContext {
         }
     }
 
-    /// Releases the pins of [`ExecContext::pin_coarse_batch`] (aux off only).
+    /// One shared lookup (add-on-miss, pinned) of packet `i`'s group-`g` key.
+    fn pin_direct(&mut self, g: usize, i: usize, now: u64) -> SharedHandle {
+        let meta = &self.scratch.metas[i];
+        match meta.valid.then(|| self.chain.groups[g].granularity.key(meta)).flatten() {
+            Some(k) => {
+                self.stats.shared_lookups += 1;
+                self.shared.tables[g].acquire(&k, coarse_hash(k), now, |_, _| {}).map_or(SharedHandle::NONE, |(h, _)| h)
+            }
+            None => SharedHandle::NONE,
+        }
+    }
+
+    /// Releases the pins [`ExecContext::pin_coarse_batch`] took for packets `range`.
     pub(crate) fn unpin_coarse_batch(&mut self, range: Range<usize>, now: u64) {
-        if self.chain.groups.is_empty() || self.aux_on() {
+        if self.chain.groups.is_empty() {
             return;
         }
-        for (g, t) in self.shared.tables.iter().enumerate() {
-            for h in &self.scratch.coarse[g][range.clone()] {
-                if h.is_some() {
-                    t.release(*h, now);
-                }
-            }
+        for i in range {
+            self.unpin_coarse_packet(i, now);
         }
     }
 
     /// Packet `i`'s coarse handles alone (run-to-completion): from its
-    /// flow's block (aux on) or one shared lookup per group (aux off,
-    /// released by [`ExecContext::unpin_coarse_packet`]).
+    /// flow's block (aux on) or one shared lookup per group (aux off, or no
+    /// flow entry), released by [`ExecContext::unpin_coarse_packet`].
     pub(crate) fn pin_coarse_packet(&mut self, i: usize, now: u64) {
         if self.chain.groups.is_empty() {
             return;
         }
-        let aux_on = self.aux_on();
+        let flow = self.scratch.flows[i];
+        let direct = !self.aux_on() || (!flow.is_some() && self.scratch.metas[i].valid);
+        self.scratch.coarse_pinned[i] = direct;
+        if direct && self.aux_on() {
+            self.stats.aux_fallbacks += 1;
+        }
         for g in 0..self.chain.groups.len() {
-            let h = if aux_on {
-                self.aux_handle_of(g, self.scratch.flows[i])
-            } else {
-                let meta = &self.scratch.metas[i];
-                match meta.valid.then(|| self.chain.groups[g].granularity.key(meta)).flatten() {
-                    Some(k) => {
-                        self.stats.shared_lookups += 1;
-                        self.shared.tables[g]
-                            .acquire(&k, coarse_hash(k), now, |_, _| {})
-                            .map_or(SharedHandle::NONE, |(h, _)| h)
-                    }
-                    None => SharedHandle::NONE,
-                }
-            };
+            let h = if direct { self.pin_direct(g, i, now) } else { self.aux_handle_of(g, flow) };
             self.scratch.coarse[g][i] = h;
         }
     }
 
-    /// Releases the pins of [`ExecContext::pin_coarse_packet`] (aux off only).
+    /// Releases the pins taken for packet `i`, if any.
     pub(crate) fn unpin_coarse_packet(&mut self, i: usize, now: u64) {
-        if self.chain.groups.is_empty() || self.aux_on() {
+        if self.chain.groups.is_empty() || !self.scratch.coarse_pinned[i] {
             return;
         }
+        self.scratch.coarse_pinned[i] = false;
         for (g, t) in self.shared.tables.iter().enumerate() {
             let h = self.scratch.coarse[g][i];
             if h.is_some() {
@@ -674,6 +693,7 @@ impl ExecContext {
             ended: self.stats.ended,
             unparsed: self.stats.unparsed,
             shared_lookups: self.stats.shared_lookups,
+            aux_fallbacks: self.stats.aux_fallbacks,
             ..Default::default()
         };
         for s in &self.stores {
@@ -684,6 +704,11 @@ impl ExecContext {
             r.expiries += st.expiries;
             r.table_full += st.full_events;
             r.evictions += st.evictions;
+        }
+        for t in &self.shared.tables {
+            r.shared_keys += t.len() as u64;
+            r.shared_capacity += t.capacity() as u64;
+            r.shared_table_full += t.failed_inserts();
         }
         r
     }

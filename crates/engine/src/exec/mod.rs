@@ -191,6 +191,15 @@ pub struct StoreReport {
     pub unparsed: u64,
     /// Lookups in the shared (coarse) tables.
     pub shared_lookups: u64,
+    /// Packets without a 5-tuple entry (table full) that reached coarse
+    /// state by a direct shared lookup instead of skipping it.
+    pub aux_fallbacks: u64,
+    /// Keys in the shared (coarse) tables at the end (the run's tables, not per core).
+    pub shared_keys: u64,
+    /// Capacity of the shared tables.
+    pub shared_capacity: u64,
+    /// Shared-table insertions refused because a table was full.
+    pub shared_table_full: u64,
 }
 
 impl StoreReport {
@@ -205,6 +214,11 @@ impl StoreReport {
         self.evictions += o.evictions;
         self.unparsed += o.unparsed;
         self.shared_lookups += o.shared_lookups;
+        self.aux_fallbacks += o.aux_fallbacks;
+        // The shared tables are the same for every core: keep one reading.
+        self.shared_keys = self.shared_keys.max(o.shared_keys);
+        self.shared_capacity = self.shared_capacity.max(o.shared_capacity);
+        self.shared_table_full = self.shared_table_full.max(o.shared_table_full);
     }
 }
 
