@@ -95,6 +95,9 @@ pub struct RunArgs {
     /// Do not pin workers to cores.
     #[arg(long)]
     pub no_pin: bool,
+    /// Stamp --output packets with the time they were sent instead of their own (the input's) time.
+    #[arg(long)]
+    pub restamp: bool,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -218,6 +221,7 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         warmup: a.warmup.map(Duration::from_secs_f64),
         exec,
         export: exports.iter().map(|(n, _)| n.clone()).collect(),
+        restamp: a.restamp,
     };
     let run = run_input(&cfg, &spec, input, a.symmetric_rss, output.clone())?;
     let (report, load, (symmetric, auto_symmetric)) = (run.report, run.load, run.symmetric);

@@ -37,7 +37,7 @@ impl<'a> Loader<'a> {
         Loader { builder: ReplayBuilder::new(dispatch.queues()), dispatch, stats: LoadStats::default() }
     }
 
-    fn push(&mut self, frame: &[u8]) -> Result<(), EngineError> {
+    fn push(&mut self, frame: &[u8], ts_ns: u64) -> Result<(), EngineError> {
         let (q, h) = match self.dispatch.classify(frame) {
             Some(qh) => qh,
             None => {
@@ -45,7 +45,7 @@ impl<'a> Loader<'a> {
                 (0, 0)
             }
         };
-        match self.builder.push(q as usize, frame, h) {
+        match self.builder.push(q as usize, frame, h, ts_ns) {
             Ok(()) => {
                 self.stats.packets += 1;
                 self.stats.bytes += frame.len() as u64;
@@ -80,8 +80,9 @@ pub fn load_trace(
     let mut scratch = Vec::new();
     while limit.is_none_or(|l| loader.stats.packets < l) {
         let Some(pkt) = reader.next_packet()? else { break };
+        let ts = pkt.ts_ns;
         let frame = to_ethernet(&pkt, &mut scratch)?;
-        loader.push(frame)?;
+        loader.push(frame, ts)?;
     }
     Ok(loader.finish())
 }
@@ -94,8 +95,8 @@ pub fn load_generated(
     let mut loader = Loader::new(dispatch);
     loader.builder.reserve(gen.remaining() as usize, 64);
     let mut buf = Vec::with_capacity(2048);
-    while gen.next_frame(&mut buf).is_some() {
-        loader.push(&buf)?;
+    while let Some(ts) = gen.next_frame(&mut buf) {
+        loader.push(&buf, ts)?;
     }
     Ok(loader.finish())
 }

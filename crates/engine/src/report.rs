@@ -64,6 +64,9 @@ pub struct Report {
     pub chain: String,
     /// Executor.
     pub exec: String,
+    /// The clock NFs ran on: `trace` (each packet's capture or generation
+    /// time, also when paced) and how `--output` was stamped.
+    pub clock: String,
     /// Worker cores.
     pub cores: usize,
     /// Packets received (all cores).
@@ -120,6 +123,11 @@ impl Report {
         let mut r = Report {
             chain: spec_string(spec),
             exec: cfg.exec.kind.to_string(),
+            clock: format!(
+                "trace ({}; output stamped with {})",
+                cfg.rate_pps.map_or("replayed at full speed".to_string(), |r| format!("replayed at {r} packets/s")),
+                if cfg.restamp { "the transmit time" } else { "the packets' own times" }
+            ),
             cores: ws.len(),
             duration_s: elapsed.as_secs_f64(),
             tsc_ghz: hz / 1e9,
@@ -185,6 +193,7 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "chain        {}", self.chain)?;
         writeln!(f, "executor     {} on {} core(s)", self.exec, self.cores)?;
+        writeln!(f, "clock        {}", self.clock)?;
         writeln!(
             f,
             "packets      {} in, {} out, {} dropped, {} tx errors",

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flowplane_io::replay::{ReplayConfig, ReplayQueue, ReplayTrace};
-use flowplane_io::sink::{Discard, PcapSink, SharedPcapWriter};
+use flowplane_io::sink::{Discard, PcapSink, SharedPcapWriter, Stamp};
 use flowplane_io::{cpu, Sink};
 use flowplane_packet::{tsc, PacketPool, PoolConfig, MAX_BATCH};
 
@@ -57,6 +57,8 @@ pub struct RunConfig {
     pub exec: ExecConfig,
     /// NFs whose state to export at the end of the run.
     pub export: Vec<String>,
+    /// Write the transmit time into `--output` instead of each packet's own time.
+    pub restamp: bool,
 }
 
 impl Default for RunConfig {
@@ -72,6 +74,7 @@ impl Default for RunConfig {
             warmup: None,
             exec: ExecConfig::default(),
             export: Vec::new(),
+            restamp: false,
         }
     }
 }
@@ -201,14 +204,23 @@ fn run_chains(
                         let rcfg = ReplayConfig {
                             loops: cfg.loops,
                             max_packets: None,
-                            rate_pps: cfg.rate_pps.map(|r| r / cfg.cores as f64),
+                            // The whole trace's rate: each queue paces by trace time.
+                            rate_pps: cfg.rate_pps,
                             tsc_hz: hz,
                         };
                         let mut exec = Pipeline::new(chain, cfg.exec, shared.clone())?;
+                        let base_ns = trace.base_ns();
                         let mut source = ReplayQueue::new(trace, core, rcfg);
                         let mut sink: Box<dyn Sink> = match output {
                             Output::Discard => Box::new(Discard),
-                            Output::Pcap(w) => Box::new(PcapSink::new(w, start_tsc, epoch_ns, hz)),
+                            Output::Pcap(w) => {
+                                let stamp = if cfg.restamp {
+                                    Stamp::Transmit { tsc0: start_tsc, epoch_ns, tsc_hz: hz }
+                                } else {
+                                    Stamp::Packet { base_ns }
+                                };
+                                Box::new(PcapSink::new(w, stamp))
+                            }
                         };
                         let res = run_worker(
                             core,
@@ -218,7 +230,6 @@ fn run_chains(
                             sink.as_mut(),
                             cfg.batch_size,
                             stop,
-                            start_tsc,
                             measure_from,
                         );
                         // Exports wait for every worker (shared state is still changing).

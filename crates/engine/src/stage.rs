@@ -217,8 +217,10 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
                     Action::Drop
                 } else {
                     let state = cast_mut::<T::State>(&mut block[offset..]);
+                    // The NF sees the packet's own time.
+                    let pctx = NfContext { now_ns: batch.timestamps()[i], ..*ctx };
                     let mut pkt = Pkt::new(batch.data_mut(i), meta);
-                    self.0.process(&mut pkt, state, ctx)
+                    self.0.process(&mut pkt, state, &pctx)
                 }
             };
             if apply_action(batch, i, action, &mut c) {

@@ -45,12 +45,10 @@ pub fn run_worker(
     sink: &mut dyn Sink,
     batch_size: usize,
     stop: &AtomicBool,
-    run_start_tsc: u64,
     measure_from_tsc: u64,
 ) -> WorkerResult {
     let mut batch = Batch::new(pool);
     let mut res = WorkerResult { core, ..Default::default() };
-    let ns_per_tick = 1e9 / tsc::hz();
     let mut first: Option<u64> = None;
     let mut last_end = 0u64;
     loop {
@@ -78,7 +76,10 @@ pub fn run_worker(
         }
         res.packets += n as u64;
         res.bytes += batch.lens().iter().map(|&l| l as u64).sum::<u64>();
-        let ctx = NfContext { now_tsc: now, now_ns: (now.saturating_sub(run_start_tsc) as f64 * ns_per_tick) as u64 };
+        // The packet clock: NF actions see each packet's own time; table
+        // bookkeeping (last seen, expiry) the latest time in the batch.
+        let now_ns = batch.timestamps().iter().copied().max().unwrap_or(0);
+        let ctx = NfContext { now_tsc: now, now_ns };
         exec.process(&mut batch, &ctx);
         let tx = sink.tx_burst(pool, &mut batch);
         res.tx.sent += tx.sent;

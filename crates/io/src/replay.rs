@@ -8,6 +8,13 @@
 //! packet into a recycled pool buffer (the NIC's DMA), so NFs that rewrite
 //! packets see pristine input on every loop; that copy is part of the I/O
 //! baseline.
+//!
+//! Time: each packet keeps its capture (or generation) timestamp, as ns
+//! after the trace's first packet; received packets carry it as their
+//! packet time (`Batch::timestamps`), so NFs see the time the capture meant
+//! whether the replay runs at full speed or paced. Loop k of the trace is
+//! shifted by k times the trace's span (plus one mean gap), so time keeps
+//! moving forward.
 
 use std::fmt;
 use std::sync::Arc;
@@ -56,18 +63,30 @@ struct QueueData {
     first_line: Vec<u32>,
     len: Vec<u16>,
     hash: Vec<u32>,
+    /// Packet time: ns after the trace's first packet.
+    ts: Vec<u64>,
     bytes: u64,
 }
 
 /// Accumulates frames, then freezes them into a [`ReplayTrace`].
 pub struct ReplayBuilder {
     queues: Vec<QueueData>,
+    /// Absolute time (ns) of the first packet pushed.
+    base_ns: Option<u64>,
+    /// Latest packet time pushed, relative to `base_ns`.
+    last_ns: u64,
+    packets: u64,
 }
 
 impl ReplayBuilder {
     /// A builder for `queues` queues (at least one).
     pub fn new(queues: usize) -> Self {
-        ReplayBuilder { queues: (0..queues.max(1)).map(|_| QueueData::default()).collect() }
+        ReplayBuilder {
+            queues: (0..queues.max(1)).map(|_| QueueData::default()).collect(),
+            base_ns: None,
+            last_ns: 0,
+            packets: 0,
+        }
     }
 
     /// Reserves room for `packets` frames of about `avg_len` bytes in total,
@@ -80,11 +99,14 @@ impl ReplayBuilder {
             q.first_line.reserve(per_q);
             q.len.reserve(per_q);
             q.hash.reserve(per_q);
+            q.ts.reserve(per_q);
         }
     }
 
-    /// Appends `frame` to `queue` with its flow hash.
-    pub fn push(&mut self, queue: usize, frame: &[u8], hash: u32) -> Result<(), ReplayError> {
+    /// Appends `frame` to `queue` with its flow hash and its timestamp
+    /// (absolute ns; a time before the trace's first packet counts as that
+    /// first packet's time).
+    pub fn push(&mut self, queue: usize, frame: &[u8], hash: u32, ts_ns: u64) -> Result<(), ReplayError> {
         if frame.is_empty() {
             return Err(ReplayError::Empty);
         }
@@ -105,7 +127,11 @@ impl ReplayBuilder {
         q.first_line.push(first);
         q.len.push(frame.len() as u16);
         q.hash.push(hash);
+        let rel = ts_ns.saturating_sub(*self.base_ns.get_or_insert(ts_ns));
+        q.ts.push(rel);
         q.bytes += frame.len() as u64;
+        self.last_ns = self.last_ns.max(rel);
+        self.packets += 1;
         Ok(())
     }
 
@@ -116,17 +142,36 @@ impl ReplayBuilder {
             q.first_line.shrink_to_fit();
             q.len.shrink_to_fit();
             q.hash.shrink_to_fit();
+            q.ts.shrink_to_fit();
         }
-        Arc::new(ReplayTrace { queues: self.queues })
+        // A loop lasts the span plus one mean gap, so loop k+1's first packet
+        // follows loop k's last one at the trace's own rate.
+        let gap = if self.packets > 1 { self.last_ns / (self.packets - 1) } else { 0 };
+        let loop_ns = (self.last_ns + gap).max(1);
+        Arc::new(ReplayTrace { queues: self.queues, base_ns: self.base_ns.unwrap_or(0), loop_ns })
     }
 }
 
 /// A preloaded, immutable trace split into queues.
 pub struct ReplayTrace {
+    /// Absolute time (ns since the Unix epoch for captures) of the first packet.
+    base_ns: u64,
+    /// How far packet time advances per loop over the trace.
+    loop_ns: u64,
     queues: Vec<QueueData>,
 }
 
 impl ReplayTrace {
+    /// Absolute time (ns) of the trace's first packet: packet time 0.
+    pub fn base_ns(&self) -> u64 {
+        self.base_ns
+    }
+
+    /// Packet time a loop over the trace spans (ns).
+    pub fn loop_ns(&self) -> u64 {
+        self.loop_ns
+    }
+
     /// Number of queues.
     pub fn queues(&self) -> usize {
         self.queues.len()
@@ -149,7 +194,7 @@ impl ReplayTrace {
 
     /// Memory held by the arenas and indices.
     pub fn memory_bytes(&self) -> usize {
-        self.queues.iter().map(|q| q.lines.capacity() * 64 + q.first_line.capacity() * 10).sum()
+        self.queues.iter().map(|q| q.lines.capacity() * 64 + (4 + 2 + 4 + 8)).sum()
     }
 
     /// Copies frame `i` of queue `q` into `out` (any length).
@@ -173,7 +218,11 @@ pub struct ReplayConfig {
     pub loops: Option<u64>,
     /// Stop after this many packets from this queue (None: no limit).
     pub max_packets: Option<u64>,
-    /// Pace to this many packets per second for this queue (None: full speed).
+    /// Offer the whole trace (all queues) at this many packets per second
+    /// (None: full speed). Pacing follows the trace's timestamps scaled to
+    /// that rate, so every queue keeps its share and its timing whatever the
+    /// split; a trace whose packets all have one timestamp is paced by count,
+    /// each queue at its share of the rate.
     pub rate_pps: Option<f64>,
     /// TSC ticks per second (needed for pacing).
     pub tsc_hz: f64,
@@ -221,8 +270,27 @@ impl ReplayQueue {
         if let Some(rate) = self.cfg.rate_pps {
             let start = *self.start_tsc.get_or_insert(now);
             let elapsed = now.saturating_sub(start) as f64 / self.cfg.tsc_hz.max(1.0);
-            let due = (elapsed * rate) as u64 + 1;
-            n = n.min(due.saturating_sub(self.counters.packets) as usize);
+            let total = self.trace.packets().max(1) as f64;
+            let loop_s = self.trace.loop_ns as f64 / 1e9;
+            let d = &self.trace.queues[self.q];
+            if self.trace.loop_ns > 1 && !d.ts.is_empty() {
+                // Trace time due now: the trace runs at `total / loop_s` packets/s natively.
+                let due_ns = (elapsed * rate * loop_s / total * 1e9) as u64;
+                let (mut k, mut pos, mut loops) = (0, self.pos, self.counters.loops);
+                while k < n && loops.saturating_mul(self.trace.loop_ns).saturating_add(d.ts[pos]) <= due_ns {
+                    k += 1;
+                    pos += 1;
+                    if pos == d.ts.len() {
+                        pos = 0;
+                        loops += 1;
+                    }
+                }
+                n = k;
+            } else {
+                let share = rate * d.ts.len() as f64 / total;
+                let due = (elapsed * share) as u64 + 1;
+                n = n.min(due.saturating_sub(self.counters.packets) as usize);
+            }
         }
         n
     }
@@ -248,6 +316,7 @@ impl Source for ReplayQueue {
             let pos = self.pos;
             let chunk = (want - got).min(total - pos);
             let (lines, first_line, len, hash) = (&d.lines, &d.first_line[pos..], &d.len[pos..], &d.hash[pos..]);
+            let before = batch.len();
             let n = batch.rx_burst_lines(pool, chunk, now, |k| {
                 // Under the DRAM pressure of large flow tables the hardware
                 // prefetcher loses the replay stream: fetch a few packets ahead.
@@ -261,6 +330,11 @@ impl Source for ReplayQueue {
                 bytes += l as u64;
                 (&lines[first..first + Line::count_for(l as usize)], l, hash[k])
             });
+            // Packet time: the capture's, shifted by the loops already done.
+            let shift = self.counters.loops.saturating_mul(self.trace.loop_ns);
+            for (t, &ts) in batch.timestamps_mut()[before..before + n].iter_mut().zip(&d.ts[pos..pos + n]) {
+                *t = shift.saturating_add(ts);
+            }
             got += n;
             self.pos += n;
             if self.pos == total {
@@ -294,7 +368,7 @@ mod tests {
         let mut b = ReplayBuilder::new(2);
         for i in 0..10u8 {
             let frame = vec![i; 60 + i as usize * 10];
-            b.push((i % 2) as usize, &frame, i as u32).unwrap();
+            b.push((i % 2) as usize, &frame, i as u32, 1000 * i as u64).unwrap();
         }
         b.build()
     }
@@ -302,16 +376,16 @@ mod tests {
     #[test]
     fn builder_rejects_bad_frames() {
         let mut b = ReplayBuilder::new(1);
-        assert_eq!(b.push(0, &[], 0), Err(ReplayError::Empty));
-        assert_eq!(b.push(0, &vec![0; MAX_FRAME + 1], 0), Err(ReplayError::TooLong(MAX_FRAME + 1)));
-        assert_eq!(b.push(3, &[1], 0), Err(ReplayError::BadQueue(3)));
+        assert_eq!(b.push(0, &[], 0, 0), Err(ReplayError::Empty));
+        assert_eq!(b.push(0, &vec![0; MAX_FRAME + 1], 0, 0), Err(ReplayError::TooLong(MAX_FRAME + 1)));
+        assert_eq!(b.push(3, &[1], 0, 0), Err(ReplayError::BadQueue(3)));
     }
 
     #[test]
     fn compact_memory() {
         let mut b = ReplayBuilder::new(1);
         for _ in 0..10_000 {
-            b.push(0, &[0u8; 64], 0).unwrap();
+            b.push(0, &[0u8; 64], 0, 0).unwrap();
         }
         let t = b.build();
         assert_eq!(t.packets(), 10_000);
@@ -374,10 +448,41 @@ mod tests {
         let t = trace();
         let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
         let mut batch = Batch::new(&pool);
-        // 1000 pps with a fake 1 MHz clock: after 5 ms (5000 ticks) about 6 packets are due.
+        // The whole trace (10 packets, 1 us apart, half of them on queue 0)
+        // offered at 1000 pps with a fake 1 MHz clock: after 5 ms (5000
+        // ticks) 5 of the trace's packets are due, 3 of them queue 0's
+        // (trace times 0, 2, 4 us scaled to 0, 2, 4 ms).
         let mut q = ReplayQueue::new(t, 0, ReplayConfig { rate_pps: Some(1000.0), tsc_hz: 1e6, ..Default::default() });
         assert_eq!(q.rx_burst(&mut pool, &mut batch, 32, 0), Rx::Packets(1));
         assert_eq!(q.rx_burst(&mut pool, &mut batch, 32, 10), Rx::Idle);
+        assert_eq!(q.rx_burst(&mut pool, &mut batch, 32, 5000), Rx::Packets(2));
+        // Packet time: the trace's own, whatever the pacing.
+        assert_eq!(batch.timestamps(), &[0, 2000, 4000]);
+        batch.free_all(&mut pool).unwrap();
+    }
+
+    #[test]
+    fn loops_shift_packet_time_and_equal_stamps_pace_by_count() {
+        let mut b = ReplayBuilder::new(1);
+        for i in 0..4u64 {
+            b.push(0, &[i as u8; 60], 0, 5_000 + 100 * i).unwrap();
+        }
+        let t = b.build();
+        assert_eq!((t.base_ns(), t.loop_ns()), (5_000, 400));
+        let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
+        let mut batch = Batch::new(&pool);
+        let mut q = ReplayQueue::new(t, 0, ReplayConfig { loops: Some(2), ..Default::default() });
+        assert_eq!(q.rx_burst(&mut pool, &mut batch, 32, 0), Rx::Packets(8));
+        assert_eq!(batch.timestamps(), &[0, 100, 200, 300, 400, 500, 600, 700]);
+        batch.free_all(&mut pool).unwrap();
+        // A trace whose packets share one timestamp is paced by count.
+        let mut b = ReplayBuilder::new(1);
+        for _ in 0..10 {
+            b.push(0, &[0; 60], 0, 7).unwrap();
+        }
+        let mut q =
+            ReplayQueue::new(b.build(), 0, ReplayConfig { rate_pps: Some(1000.0), tsc_hz: 1e6, ..Default::default() });
+        assert_eq!(q.rx_burst(&mut pool, &mut batch, 32, 0), Rx::Packets(1));
         assert_eq!(q.rx_burst(&mut pool, &mut batch, 32, 5000), Rx::Packets(5));
         batch.free_all(&mut pool).unwrap();
     }

@@ -35,19 +35,36 @@ impl Sink for Discard {
 /// A pcap file shared by every worker: one lock per batch, never per packet.
 pub type SharedPcapWriter = Arc<Mutex<PcapWriter<BufWriter<File>>>>;
 
-/// Writes live packets to a pcap file, with timestamps derived from the
-/// batch's TSC stamps (`epoch_ns + (tsc - tsc0) / hz`).
+/// What timestamps a [`PcapSink`] writes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Stamp {
+    /// The packet's own time (`Batch::timestamps`) after `base_ns`: a
+    /// replayed capture keeps its timestamps.
+    Packet {
+        /// Absolute time (ns) of packet time 0.
+        base_ns: u64,
+    },
+    /// The wall-clock time of transmission: `epoch_ns` at TSC `tsc0`.
+    Transmit {
+        /// TSC reading at `epoch_ns`.
+        tsc0: u64,
+        /// Wall clock (ns since the Unix epoch) at `tsc0`.
+        epoch_ns: u64,
+        /// TSC ticks per second.
+        tsc_hz: f64,
+    },
+}
+
+/// Writes live packets to a pcap file, stamped as [`Stamp`] says.
 pub struct PcapSink {
     writer: SharedPcapWriter,
-    tsc0: u64,
-    epoch_ns: u64,
-    ns_per_tick: f64,
+    stamp: Stamp,
 }
 
 impl PcapSink {
-    /// A sink writing into `writer`; `tsc0` taken at `epoch_ns` (wall clock).
-    pub fn new(writer: SharedPcapWriter, tsc0: u64, epoch_ns: u64, tsc_hz: f64) -> Self {
-        PcapSink { writer, tsc0, epoch_ns, ns_per_tick: 1e9 / tsc_hz.max(1.0) }
+    /// A sink writing into `writer`.
+    pub fn new(writer: SharedPcapWriter, stamp: Stamp) -> Self {
+        PcapSink { writer, stamp }
     }
 }
 
@@ -59,14 +76,23 @@ impl Sink for PcapSink {
             // this batch as errors instead of propagating the panic.
             match self.writer.lock() {
                 Ok(mut w) => {
+                    let now = match self.stamp {
+                        Stamp::Packet { .. } => 0,
+                        Stamp::Transmit { tsc0, epoch_ns, tsc_hz } => {
+                            let ticks = flowplane_packet::tsc::rdtsc().saturating_sub(tsc0);
+                            epoch_ns + (ticks as f64 * 1e9 / tsc_hz.max(1.0)) as u64
+                        }
+                    };
                     for i in 0..batch.len() {
                         if batch.is_dropped(i) {
                             c.dropped += 1;
                             continue;
                         }
                         let data = batch.data(i);
-                        let ts = self.epoch_ns
-                            + (batch.timestamps()[i].saturating_sub(self.tsc0) as f64 * self.ns_per_tick) as u64;
+                        let ts = match self.stamp {
+                            Stamp::Packet { base_ns } => base_ns.saturating_add(batch.timestamps()[i]),
+                            Stamp::Transmit { .. } => now,
+                        };
                         match w.write_packet(ts, data, data.len() as u32) {
                             Ok(()) => {
                                 c.sent += 1;

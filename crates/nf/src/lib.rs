@@ -63,12 +63,16 @@ impl NfCounters {
     }
 }
 
-/// Per-batch context an NF may use: the time of this batch.
+/// Context an NF action gets: the packet clock.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NfContext {
-    /// TSC reading when the batch was received.
+    /// TSC reading when the batch was received (processing time; for
+    /// measurement, not for NF semantics).
     pub now_tsc: u64,
-    /// Nanoseconds since the run started (monotonic, derived from the TSC).
+    /// The packet's time in ns (the packet clock): a replayed capture's own
+    /// timestamp after its first packet (whatever the replay speed; loops
+    /// continue forward), the receive time on a live port. Not guaranteed
+    /// monotonic: captures can step back; NFs saturate differences.
     pub now_ns: u64,
 }
 

@@ -287,7 +287,9 @@ impl Batch {
         &mut self.verdict[..self.len]
     }
 
-    /// Timestamps (TSC or ns, as set by the source).
+    /// Packet times in ns, as the source sets them: a replayed capture's own
+    /// timestamps (after its first packet), or the receive time on a port.
+    /// NFs run on this clock.
     #[inline(always)]
     pub fn timestamps(&self) -> &[u64] {
         &self.ts[..self.len]

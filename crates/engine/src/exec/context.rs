@@ -354,9 +354,10 @@ impl ExecContext {
                 }
                 t => {
                     let h = hash_tuple(&t);
+                    let pctx = packet_ctx(batch, i, ctx);
                     let data = batch.data_mut(i);
                     let r = store
-                        .lookup_or_insert(&t, h, ctx.now_ns, |block| init_all(stages, aux, data, &meta, ctx, block));
+                        .lookup_or_insert(&t, h, ctx.now_ns, |block| init_all(stages, aux, data, &meta, &pctx, block));
                     if let Some((r, _)) = r {
                         scratch.flows[i] = r;
                     }
@@ -365,7 +366,8 @@ impl ExecContext {
         }
         let Scratch { keys, hashes, idx, handles, flows, metas, .. } = scratch;
         bulk_lookup_or_insert(store, &keys[..m], &hashes[..m], &idx[..m], handles, ctx.now_ns, flows, |i, block| {
-            init_all(stages, aux, batch.data_mut(i), &metas[i], ctx, block)
+            let pctx = packet_ctx(batch, i, ctx);
+            init_all(stages, aux, batch.data_mut(i), &metas[i], &pctx, block)
         });
     }
 
@@ -383,9 +385,10 @@ impl ExecContext {
         let aux = Aux { groups, shared, now: ctx.now_ns };
         let aux = aux_on.then_some(&aux);
         let h = hash_tuple(&meta.tuple);
+        let pctx = packet_ctx(batch, i, ctx);
         let data = batch.data_mut(i);
         stores[0]
-            .lookup_or_insert(&meta.tuple, h, ctx.now_ns, |b| init_all(stages, aux, data, &meta, ctx, b))
+            .lookup_or_insert(&meta.tuple, h, ctx.now_ns, |b| init_all(stages, aux, data, &meta, &pctx, b))
             .map_or(FlowRef::NONE, |(r, _)| r)
     }
 
@@ -818,10 +821,11 @@ pub(crate) fn lookup_into(
             }
             t => {
                 let h = hash_tuple(&t);
+                let pctx = packet_ctx(batch, i, ctx);
                 let data = batch.data_mut(i);
                 let stage = &mut chain.stages[si];
                 if let Some((r, _)) =
-                    store.lookup_or_insert(&t, h, ctx.now_ns, |b| init_one(stage, data, &meta, ctx, b))
+                    store.lookup_or_insert(&t, h, ctx.now_ns, |b| init_one(stage, data, &meta, &pctx, b))
                 {
                     flows[i] = r;
                 }
@@ -831,8 +835,15 @@ pub(crate) fn lookup_into(
     let stage = &mut chain.stages[si];
     let Scratch { keys, hashes, idx, handles, metas, .. } = scratch;
     bulk_lookup_or_insert(store, &keys[..m], &hashes[..m], &idx[..m], handles, ctx.now_ns, flows, |i, b| {
-        init_one(stage, batch.data_mut(i), &metas[i], ctx, b)
+        let pctx = packet_ctx(batch, i, ctx);
+        init_one(stage, batch.data_mut(i), &metas[i], &pctx, b)
     });
+}
+
+/// The context an NF action on packet `i` sees: the packet's own time.
+#[inline(always)]
+pub(crate) fn packet_ctx(batch: &Batch, i: usize, ctx: &NfContext) -> NfContext {
+    NfContext { now_ns: batch.timestamps()[i], ..*ctx }
 }
 
 /// Runs the default action (add-on-miss) of every 5-tuple NF into a fresh
@@ -911,6 +922,7 @@ fn coarse_one(
     let Some(words) = table.state(h) else { return Some(nf.on_unparsed()) };
     let sz = nf.state_size();
     let bit = 2u64 << member;
+    let ctx = &packet_ctx(batch, i, ctx);
     let a = with_locked(words, |flags, buf| {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
         let Some(st) = bytes.get_mut(offset..offset + sz) else { return Action::Drop };

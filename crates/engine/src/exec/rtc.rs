@@ -8,6 +8,7 @@ use flowplane_nf::{NfContext, Pkt};
 use flowplane_packet::Batch;
 
 use super::{ExecContext, Executor, ExecutorInfo, StateLayout};
+use super::context::packet_ctx;
 use crate::chain::Stage;
 use crate::stage::apply_action;
 
@@ -59,7 +60,8 @@ impl Executor for Rtc {
                         let sz = nf.state_size();
                         match cx.stores[0].block_mut(flow).get_mut(*offset..*offset + sz) {
                             Some(st) => {
-                                nf.process_bytes(&mut Pkt::new(batch.data_mut(i), &cx.scratch.metas[i]), st, ctx)
+                                let pctx = packet_ctx(batch, i, ctx);
+                                nf.process_bytes(&mut Pkt::new(batch.data_mut(i), &cx.scratch.metas[i]), st, &pctx)
                             }
                             None => Action::Drop,
                         }
