@@ -29,7 +29,12 @@ impl Params {
         Params { nf: nf.to_string(), pairs, used }
     }
 
-    fn take(&mut self, key: &str) -> Option<String> {
+    /// The NF these parameters are for (the prefix of every error).
+    pub(crate) fn nf(&self) -> &str {
+        &self.nf
+    }
+
+    pub(crate) fn take(&mut self, key: &str) -> Option<String> {
         let i = self.pairs.iter().position(|(k, _)| k == key)?;
         self.used[i] = true;
         Some(self.pairs[i].1.clone())
