@@ -343,7 +343,12 @@ impl Params {
     /// A boolean parameter ([`ParamKind::Bool`]).
     pub fn flag(&mut self, spec: &ParamSpec) -> Result<bool, ParamError> {
         let ParamKind::Bool { default } = spec.kind else { return Err(self.misread(spec, "flag")) };
-        self.bool(spec.name, default)
+        let Some(v) = self.take(spec.name) else { return Ok(default) };
+        match v.as_str() {
+            "true" | "1" | "yes" | "on" => Ok(true),
+            "false" | "0" | "no" | "off" => Ok(false),
+            _ => Err(self.bad(spec, &v, "is not a boolean")),
+        }
     }
 
     /// A [`ParamKind::Choice`] parameter, as `values[i]` for the i-th declared
@@ -371,7 +376,7 @@ impl Params {
     /// A text parameter ([`ParamKind::Text`]) for the NF to parse; empty when absent with no default.
     pub fn text(&mut self, spec: &ParamSpec) -> Result<String, ParamError> {
         let ParamKind::Text { default, .. } = spec.kind else { return Err(self.misread(spec, "text")) };
-        Ok(self.string(spec.name, default))
+        Ok(self.take(spec.name).unwrap_or_else(|| default.to_string()))
     }
 
     fn uint_in(&mut self, key: &str, min: u64, max: u64) -> Result<Option<u64>, ParamError> {
