@@ -61,8 +61,28 @@ use flowplane_wire::hash::HashableKey;
 use serde_json::json;
 
 use crate::pkt::{proto, tcp_flags, Pkt};
-use crate::stateful::{Action, StatefulNf};
-use crate::{NfContext, ParamError, Params};
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::stateful::{Action, Granularity, StatefulNf};
+use crate::{NfContext, ParamError, ParamSpec, Params};
+
+const ALLOW_NEW: ParamSpec = ParamSpec::choice("allow_new", "inside", &["inside", "any"], "who may open connections");
+const INSIDE: ParamSpec = ParamSpec::text("inside", "10.0.0.0/8", "ADDR/LEN", "inside prefix, IPv4 or IPv6");
+const TIMEOUT: ParamSpec = ParamSpec::uint("timeout", 300, 1, 30 * 86_400, "idle timeout in seconds");
+const CONNS: ParamSpec = ParamSpec::uint("conns", 1 << 20, 1, MAX_CONNS, "connection table capacity per core");
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "fw",
+    about:
+        "stateful firewall: TCP connection tracking (handshake, seq/ack windows, FIN/RST teardown), related UDP/ICMP",
+    keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
+    params: &[ALLOW_NEW, INSIDE, TIMEOUT, CONNS],
+};
+
+/// Builds `fw` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(Fw::from_params(p)?))
+}
 
 /// Largest connection table (slab entries).
 pub const MAX_CONNS: u64 = 1 << 26;
@@ -353,8 +373,8 @@ impl Default for FwConfig {
             allow_new: AllowNew::Inside,
             inside: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 0)),
             inside_len: 8,
-            timeout_s: 300,
-            conns: 1 << 20,
+            timeout_s: const { TIMEOUT.uint_default() },
+            conns: const { CONNS.uint_default() },
         }
     }
 }
@@ -562,18 +582,12 @@ pub struct Fw {
 impl Fw {
     /// `fw(allow_new=inside|any, inside=PREFIX, timeout=S, conns=N)`.
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
-        let d = FwConfig::default();
-        let an = p.string("allow_new", "inside");
-        let allow_new = match an.as_str() {
-            "inside" => AllowNew::Inside,
-            "any" => AllowNew::Any,
-            _ => return Err(ParamError(format!("fw: parameter 'allow_new={an}' must be 'inside' or 'any'"))),
-        };
-        let ins = p.string("inside", "10.0.0.0/8");
+        let allow_new = p.choice(&ALLOW_NEW, [AllowNew::Inside, AllowNew::Any])?;
+        let ins = p.text(&INSIDE)?;
         let (inside, inside_len) = parse_prefix(&ins)
             .ok_or_else(|| ParamError(format!("fw: parameter 'inside={ins}' is not an IP prefix ADDR/LEN")))?;
-        let timeout_s = p.u64_in("timeout", d.timeout_s, 1, 30 * 86_400)?;
-        let conns = p.u64_in("conns", d.conns, 1, MAX_CONNS)?;
+        let timeout_s = p.uint(&TIMEOUT)?;
+        let conns = p.uint(&CONNS)?;
         Ok(Fw::new(FwConfig { allow_new, inside, inside_len, timeout_s, conns }))
     }
 
@@ -944,7 +958,7 @@ impl StatefulNf for Fw {
     const HAS_PREFETCH: bool = true;
 
     fn name(&self) -> &'static str {
-        "fw"
+        NF.name
     }
 
     fn idle_timeout_ns(&self) -> Option<u64> {
@@ -1397,6 +1411,8 @@ mod tests {
             let mut p = Params::new("fw", pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect());
             Fw::from_params(&mut p).map(|f| *f.config())
         };
+        // The declared defaults are FwConfig's defaults.
+        assert_eq!(mk(&[]).unwrap(), FwConfig::default());
         let c = mk(&[("allow_new", "any"), ("inside", "192.168.0.0/16"), ("timeout", "60"), ("conns", "1k")]).unwrap();
         assert_eq!(c.allow_new, AllowNew::Any);
         assert_eq!((c.inside_len, c.timeout_s, c.conns), (16, 60, 1000));

@@ -49,8 +49,30 @@ use flowplane_wire::flow::FiveTuple;
 use serde_json::json;
 
 use crate::pkt::{proto, tcp_flags, Pkt};
-use crate::stateful::{Action, StatefulNf};
-use crate::{NfContext, ParamError, Params};
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::stateful::{Action, Granularity, StatefulNf};
+use crate::{NfContext, ParamError, ParamSpec, Params};
+
+const EXTERNAL: ParamSpec = ParamSpec::text("external", "203.0.113.1", "IPv4", "first external address");
+const ADDRS: ParamSpec = ParamSpec::uint("addrs", 1, 1, 256, "number of consecutive external addresses");
+const PORTS: ParamSpec = ParamSpec::text("ports", "1024-65535", "LO-HI", "port range per address and protocol");
+const INTERNAL: ParamSpec = ParamSpec::text("internal", "10.0.0.0/8", "A.B.C.D/LEN", "inside source prefix");
+const TIMEOUT: ParamSpec = ParamSpec::uint("timeout", 30, 1, 86_400, "idle timeout in seconds");
+const OTHER: ParamSpec =
+    ParamSpec::choice("other", "pass", &["pass", "drop"], "non-TCP/UDP traffic from inside or to an external address");
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "nat",
+    about: "source NAT with a port pool per external address, both directions, port release on expiry (pools are per core: run two-way traffic on one core)",
+    keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
+    params: &[EXTERNAL, ADDRS, PORTS, INTERNAL, TIMEOUT, OTHER],
+};
+
+/// Builds `nat` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(Nat::from_params(p)?))
+}
 
 /// Largest pool (external addresses x ports) per protocol: bounds the
 /// constructor's preallocation to ~16 MiB per protocol.
@@ -128,12 +150,12 @@ impl Default for NatConfig {
     fn default() -> Self {
         NatConfig {
             external: Ipv4Addr::new(203, 0, 113, 1),
-            addrs: 1,
+            addrs: const { ADDRS.uint_default() } as u32,
             port_lo: 1024,
             port_hi: 65535,
             internal: Ipv4Addr::new(10, 0, 0, 0),
             internal_len: 8,
-            timeout_s: 30,
+            timeout_s: const { TIMEOUT.uint_default() },
             drop_other: false,
         }
     }
@@ -257,29 +279,23 @@ fn mask(len: u8) -> u32 {
 impl Nat {
     /// `nat(external=A, addrs=N, ports=LO-HI, internal=P/L, timeout=S, other=pass|drop)`.
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
-        let d = NatConfig::default();
-        let ext_s = p.string("external", "203.0.113.1");
+        let ext_s = p.text(&EXTERNAL)?;
         let external: Ipv4Addr = ext_s
             .parse()
             .map_err(|_| ParamError(format!("nat: parameter 'external={ext_s}' is not an IPv4 address")))?;
-        let addrs = p.u64_in("addrs", 1, 1, 256)? as u32;
-        let ports_s = p.string("ports", "1024-65535");
+        let addrs = p.uint(&ADDRS)? as u32;
+        let ports_s = p.text(&PORTS)?;
         let (port_lo, port_hi) = parse_ports(&ports_s).ok_or_else(|| {
             ParamError(format!(
                 "nat: parameter 'ports={ports_s}' is not a port range LO-HI with 1 <= LO <= HI <= 65535"
             ))
         })?;
-        let int_s = p.string("internal", "10.0.0.0/8");
+        let int_s = p.text(&INTERNAL)?;
         let (internal, internal_len) = parse_prefix(&int_s).ok_or_else(|| {
             ParamError(format!("nat: parameter 'internal={int_s}' is not an IPv4 prefix A.B.C.D/LEN"))
         })?;
-        let timeout_s = p.u64_in("timeout", d.timeout_s, 1, 86_400)?;
-        let other = p.string("other", "pass");
-        let drop_other = match other.as_str() {
-            "pass" => false,
-            "drop" => true,
-            _ => return Err(ParamError(format!("nat: parameter 'other={other}' must be 'pass' or 'drop'"))),
-        };
+        let timeout_s = p.uint(&TIMEOUT)?;
+        let drop_other = p.choice(&OTHER, [false, true])?;
         Nat::new(NatConfig { external, addrs, port_lo, port_hi, internal, internal_len, timeout_s, drop_other })
     }
 
@@ -353,7 +369,7 @@ impl StatefulNf for Nat {
     const HAS_PREFETCH: bool = true;
 
     fn name(&self) -> &'static str {
-        "nat"
+        NF.name
     }
 
     fn idle_timeout_ns(&self) -> Option<u64> {

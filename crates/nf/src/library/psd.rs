@@ -32,8 +32,34 @@ use flowplane_wire::flow::FiveTuple;
 use serde_json::json;
 
 use crate::pkt::{proto, tcp_flags, Pkt};
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::stateful::{Action, Granularity, StatefulNf};
-use crate::{NfContext, ParamError, Params};
+use crate::{NfContext, ParamError, ParamSpec, Params};
+
+const WINDOW: ParamSpec = ParamSpec::float("window", 10.0, 0.001, 86_400.0, "window in seconds");
+const PORTS: ParamSpec =
+    ParamSpec::uint("ports", 20, 1, 1024, "distinct destination ports in a window that flag a source");
+const ACTION: ParamSpec =
+    ParamSpec::choice("action", "drop", &["drop", "flag"], "drop a flagged source's packets, or pass and count them");
+const TCP: ParamSpec = ParamSpec::choice(
+    "tcp",
+    "noack",
+    &["noack", "all"],
+    "TCP packets that count as probes: without the ACK flag, or all",
+);
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "psd",
+    about: "port-scan detector: distinct destination ports per source IP over a window (512-bit sketch)",
+    keyed_by: KeyedBy::Fixed(Granularity::SrcIp),
+    params: &[WINDOW, PORTS, ACTION, TCP],
+};
+
+/// Builds `psd` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(Psd::from_params(p)?))
+}
 
 /// Bits in the per-source port sketch.
 pub const SKETCH_BITS: u32 = 512;
@@ -94,23 +120,13 @@ fn bits_for(n: u64) -> u32 {
 
 impl Psd {
     /// `psd(window=S, ports=N, action=drop|flag, tcp=noack|all)`: window in
-    /// seconds (default 10), threshold in distinct destination ports (default 20).
+    /// seconds (fractions allowed), threshold in distinct destination ports.
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
-        let window = p.u64_in("window", 10, 1, 86_400)?;
-        let ports = p.u64_in("ports", 20, 1, 1024)?;
-        let action = match p.string("action", "drop").as_str() {
-            "drop" => PsdAction::Drop,
-            "flag" => PsdAction::Flag,
-            other => {
-                return Err(ParamError(format!("psd: parameter 'action={other}' must be 'drop' or 'flag'")));
-            }
-        };
-        let tcp_all = match p.string("tcp", "noack").as_str() {
-            "noack" => false,
-            "all" => true,
-            other => return Err(ParamError(format!("psd: parameter 'tcp={other}' must be 'noack' or 'all'"))),
-        };
-        Ok(Psd::new(window * 1_000_000_000, ports, action, tcp_all))
+        let window = p.float(&WINDOW)?;
+        let ports = p.uint(&PORTS)?;
+        let action = p.choice(&ACTION, [PsdAction::Drop, PsdAction::Flag])?;
+        let tcp_all = p.choice(&TCP, [false, true])?;
+        Ok(Psd::new((window * 1e9).round() as u64, ports, action, tcp_all))
     }
 
     /// A detector flagging `ports` distinct destination ports within `window_ns`.
@@ -151,7 +167,7 @@ impl StatefulNf for Psd {
     type State = PsdState;
 
     fn name(&self) -> &'static str {
-        "psd"
+        NF.name
     }
 
     fn granularity(&self) -> Granularity {

@@ -10,8 +10,22 @@ use flowplane_wire::flow::FiveTuple;
 use serde_json::json;
 
 use crate::pkt::Pkt;
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::stateful::{Action, Granularity, StatefulNf};
 use crate::{NfContext, ParamError, Params};
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "srcctr",
+    about: "source-IP statistics counter: packets, bytes, first/last seen per source IP (exportable)",
+    keyed_by: KeyedBy::Fixed(Granularity::SrcIp),
+    params: &[],
+};
+
+/// Builds `srcctr` and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(SrcCtr::from_params(p)?))
+}
 
 /// Per-source counters.
 #[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
@@ -47,7 +61,7 @@ impl StatefulNf for SrcCtr {
     type State = SrcCtrState;
 
     fn name(&self) -> &'static str {
-        "srcctr"
+        NF.name
     }
 
     fn granularity(&self) -> Granularity {

@@ -25,8 +25,38 @@ use bytemuck::{Pod, Zeroable};
 use serde_json::json;
 
 use crate::pkt::{proto, Pkt};
-use crate::stateful::{Action, StatefulNf};
-use crate::{NfContext, ParamError, Params};
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::stateful::{Action, Granularity, StatefulNf};
+use crate::{NfContext, ParamError, ParamSpec, Params};
+
+const RULES: ParamSpec = ParamSpec::text(
+    "rules",
+    "",
+    "FILE",
+    "rule file: 'allow|drop [proto tcp|udp|icmp|any|N] [src CIDR] [dst CIDR] [sport N[-M]] [dport N[-M]]' per line, # comments",
+);
+const RULE: ParamSpec = ParamSpec::text(
+    "rule",
+    "",
+    "RULES",
+    "inline rules 'action:proto:src:dst:sport:dport' (trailing fields optional, any = wildcard, IPv6 as [2001:db8::]/32) separated by ';', after the file's",
+);
+const DEFAULT: ParamSpec =
+    ParamSpec::choice("default", "allow", &["allow", "drop"], "verdict when no rule matches, and for non-IP packets");
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "acl",
+    about:
+        "stateful ACL: ordered rules (proto, v4/v6 prefixes, port ranges), first match wins, verdict cached per flow",
+    keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
+    params: &[RULES, RULE, DEFAULT],
+};
+
+/// Builds `acl` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(Acl::from_params(p)?))
+}
 
 /// Most rules an ACL accepts (evaluation is a linear scan per new flow).
 pub const MAX_RULES: usize = 100_000;
@@ -311,16 +341,15 @@ impl Acl {
     /// `acl(rules=FILE, rule=INLINE, default=allow|drop)`.
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
         let err = |m: String| ParamError(format!("acl: {m}"));
-        let default = p.string("default", "allow");
-        let default_drop = parse_action(&default).map_err(|e| err(format!("parameter 'default={default}': {e}")))?;
+        let default_drop = p.choice(&DEFAULT, [false, true])?;
         let mut rules = Vec::new();
-        let file = p.string("rules", "");
+        let file = p.text(&RULES)?;
         if !file.is_empty() {
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| err(format!("parameter 'rules={file}': cannot read rules file: {e}")))?;
             rules = parse_rules(&file, &text).map_err(|e| err(format!("rules file {e}")))?;
         }
-        let inline = p.string("rule", "");
+        let inline = p.text(&RULE)?;
         for (i, r) in inline.split(';').filter(|r| !r.is_empty()).enumerate() {
             let rule = parse_inline(r, format!("rule#{}", i + 1)).map_err(|e| err(format!("parameter 'rule': {e}")))?;
             rules.push(rule);
@@ -364,7 +393,7 @@ impl StatefulNf for Acl {
     const HAS_PREFETCH: bool = true;
 
     fn name(&self) -> &'static str {
-        "acl"
+        NF.name
     }
 
     fn init(&mut self, pkt: &Pkt<'_>, _ctx: &NfContext) -> AclState {
