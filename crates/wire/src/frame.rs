@@ -29,8 +29,6 @@
 //! a short out-of-line path; everything else the general walk. Every read is
 //! checked once; malformed input gives `valid == false`, never a panic.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
-
 use crate::ethernet::EtherType;
 use crate::flow::{FiveTuple, FiveTupleV4, FiveTupleV6, FlowError, FLAG_NON_FIRST_FRAGMENT};
 use crate::gtpu::GtpuPacket;
@@ -196,9 +194,9 @@ fn parse_ipv4_fast(f: &[u8], m: &mut PktMeta) -> bool {
         return false;
     }
     let l4 = 14 + ihl;
-    let src = Ipv4Addr::new(f[26], f[27], f[28], f[29]);
-    let dst = Ipv4Addr::new(f[30], f[31], f[32], f[33]);
-    let sport = u16::from_be_bytes([f[l4], f[l4 + 1]]);
+    // The key from whole words, as the walk builds it (see `ports`).
+    let addrs = load_u64(f[26..34].first_chunk().unwrap_or(&[0; 8]));
+    let ports = u32::from_le_bytes([f[l4], f[l4 + 1], f[l4 + 2], f[l4 + 3]]);
     let dport = u16::from_be_bytes([f[l4 + 2], f[l4 + 3]]);
     m.valid = true;
     m.v6 = false;
@@ -207,7 +205,7 @@ fn parse_ipv4_fast(f: &[u8], m: &mut PktMeta) -> bool {
     m.proto = IpProtocol(proto);
     m.l3 = 14;
     m.l4 = l4 as u16;
-    m.tuple = FiveTuple::V4(FiveTupleV4::new(src, dst, sport, dport, proto));
+    m.tuple = FiveTuple::V4(FiveTupleV4::from_words([addrs, tail_word(ports, proto, 0)]));
     true
 }
 
@@ -255,9 +253,8 @@ fn parse_ipv6_fast(f: &[u8], m: &mut PktMeta) -> bool {
     } else {
         return false;
     }
-    let src = Ipv6Addr::from(*h[22..38].first_chunk::<16>().unwrap_or(&[0; 16]));
-    let dst = Ipv6Addr::from(*h[38..54].first_chunk::<16>().unwrap_or(&[0; 16]));
-    let sport = u16::from_be_bytes([h[54], h[55]]);
+    let a: [u64; 4] = core::array::from_fn(|i| load_u64(h[22 + 8 * i..30 + 8 * i].first_chunk().unwrap_or(&[0; 8])));
+    let ports = u32::from_le_bytes([h[54], h[55], h[56], h[57]]);
     m.valid = true;
     m.v6 = true;
     m.vlan = 0;
@@ -265,7 +262,7 @@ fn parse_ipv6_fast(f: &[u8], m: &mut PktMeta) -> bool {
     m.proto = IpProtocol(proto);
     m.l3 = 14;
     m.l4 = 14 + 40;
-    m.tuple = FiveTuple::V6(FiveTupleV6::new(src, dst, sport, dport, proto));
+    m.tuple = FiveTuple::V6(FiveTupleV6::from_words([a[0], a[1], a[2], a[3], tail_word(ports, proto, 0)]));
     true
 }
 
