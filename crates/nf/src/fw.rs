@@ -457,7 +457,7 @@ fn parse_seg(pkt: &Pkt<'_>) -> Option<Seg> {
 
 /// Flag combinations a real stack sends (PSH/URG/ECN bits aside).
 fn valid_flags(f: TcpFlags) -> bool {
-    use flowplane_wire::tcp::TcpFlags as F;
+    type F = TcpFlags;
     let f = f & (F::FIN | F::SYN | F::RST | F::ACK);
     [F::SYN, F::SYN | F::ACK, F::RST, F::RST | F::ACK, F::ACK, F::FIN | F::ACK].contains(&f)
 }
@@ -494,8 +494,7 @@ impl Fw {
 
     /// A firewall for `cfg` (capacity clamped to `1..=MAX_CONNS`); preallocates the connection table.
     pub fn new(cfg: FwConfig) -> Self {
-        let width = if cfg.inside.is_ipv4() { 32 } else { 128 };
-        let inside = IpPrefix::new(cfg.inside, cfg.inside_len.min(width)).expect("length clamped to the family");
+        let inside = IpPrefix::clamped(cfg.inside, cfg.inside_len);
         let conns = cfg.conns.clamp(1, MAX_CONNS);
         Fw {
             cfg: FwConfig { conns, ..cfg },
@@ -639,7 +638,7 @@ impl Fw {
         if f.contains(TcpFlags::RST) {
             let ok = if c.state == tcp_state::SYN_SENT {
                 // RFC 793: acceptable in SYN_SENT only when it acknowledges the SYN.
-                dir == 1 && f.intersects(ACK) && seg.ack == c.td[0].end
+                dir == 1 && f.contains(ACK) && seg.ack == c.td[0].end
             } else {
                 let (snd, rcv) = (c.td[dir], c.td[1 - dir]);
                 !before(seg.seq, snd.end.wrapping_sub(rcv.maxwin.max(1))) && !after(seg.seq, snd.maxend)
@@ -682,12 +681,12 @@ impl Fw {
                 c.td[1] = td;
                 c.state = tcp_state::SYN_RECV;
             }
-            tcp_state::SYN_RECV if f.intersects(SYN) => {
+            tcp_state::SYN_RECV if f.contains(SYN) => {
                 // Retransmitted SYN or SYN-ACK of the same handshake only.
                 let same = if dir == 0 {
-                    !f.intersects(ACK) && seg.seq.wrapping_add(1) == c.td[0].end
+                    !f.contains(ACK) && seg.seq.wrapping_add(1) == c.td[0].end
                 } else {
-                    f.intersects(ACK) && seg.seq.wrapping_add(1) == c.td[1].end && seg.ack == c.td[0].end
+                    f.contains(ACK) && seg.seq.wrapping_add(1) == c.td[1].end && seg.ack == c.td[0].end
                 };
                 if same {
                     return Action::Pass;
@@ -695,7 +694,7 @@ impl Fw {
                 self.c.out_of_state += 1;
                 return Action::Drop;
             }
-            _ if f.intersects(SYN) => {
+            _ if f.contains(SYN) => {
                 self.c.out_of_state += 1;
                 return Action::Drop;
             }
@@ -708,8 +707,8 @@ impl Fw {
         update_window(c, dir, seg);
         if c.state == tcp_state::SYN_RECV
             && dir == 0
-            && f.intersects(ACK)
-            && !f.intersects(SYN)
+            && f.contains(ACK)
+            && !f.contains(SYN)
             && !before(seg.ack, c.td[1].end)
         {
             c.state = tcp_state::ESTABLISHED;
@@ -719,11 +718,11 @@ impl Fw {
             return Action::Pass;
         }
         let (snd, rcv) = (dir, 1 - dir);
-        if f.intersects(FIN) && !c.td[snd].fin_seen {
+        if f.contains(FIN) && !c.td[snd].fin_seen {
             c.td[snd].fin_seen = true;
             c.td[snd].fin_end = seg.end();
         }
-        if f.intersects(ACK) && c.td[rcv].fin_seen && !before(seg.ack, c.td[rcv].fin_end) {
+        if f.contains(ACK) && c.td[rcv].fin_seen && !before(seg.ack, c.td[rcv].fin_end) {
             c.td[rcv].fin_acked = true;
         }
         let (a, b) = (c.td[0], c.td[1]);
@@ -826,7 +825,7 @@ fn syn_td(seg: &Seg) -> Td {
 /// the window the receiver advertised and its ack covers only what was sent.
 fn in_window(c: &Conn, dir: usize, seg: &Seg) -> bool {
     let (snd, rcv) = (&c.td[dir], &c.td[1 - dir]);
-    let ack = if seg.flags.intersects(TcpFlags::ACK) { seg.ack } else { rcv.end };
+    let ack = if seg.flags.contains(TcpFlags::ACK) { seg.ack } else { rcv.end };
     let max_ack = snd.maxwin.max(MAX_ACK_WINDOW);
     !after(seg.seq, snd.maxend)
         && !before(seg.end(), snd.end.wrapping_sub(rcv.maxwin))
@@ -836,14 +835,14 @@ fn in_window(c: &Conn, dir: usize, seg: &Seg) -> bool {
 
 fn update_window(c: &mut Conn, dir: usize, seg: &Seg) {
     let win =
-        if seg.flags.intersects(TcpFlags::SYN) { seg.win as u32 } else { (seg.win as u32) << c.td[dir].scale.min(14) };
+        if seg.flags.contains(TcpFlags::SYN) { seg.win as u32 } else { (seg.win as u32) << c.td[dir].scale.min(14) };
     let end = seg.end();
     let snd = &mut c.td[dir];
     snd.maxwin = snd.maxwin.max(win);
     if after(end, snd.end) {
         snd.end = end;
     }
-    if seg.flags.intersects(TcpFlags::ACK) {
+    if seg.flags.contains(TcpFlags::ACK) {
         let rcv = &mut c.td[1 - dir];
         let lim = seg.ack.wrapping_add(win.max(1));
         if after(lim, rcv.maxend) {

@@ -37,13 +37,12 @@ pub enum FlowError {
     /// A header needed for the key extends past the end of the frame or of the
     /// IP datagram.
     Truncated,
-    /// A header field is inconsistent (IP version, IHL, total length).
+    /// A header field is inconsistent (IP version, IHL, total length; for
+    /// the executor's meta also transport and GTP-U headers).
     BadHeader,
     /// More than two VLAN tags or more than [`crate::ipv6::MAX_EXT_HEADERS`] IPv6
     /// extension headers.
     TooManyHeaders,
-    /// Not a GTP-U (version 1) packet on UDP port 2152.
-    NotGtpU,
 }
 
 impl fmt::Display for FlowError {
@@ -53,7 +52,6 @@ impl fmt::Display for FlowError {
             FlowError::Truncated => "frame truncated before the flow key",
             FlowError::BadHeader => "malformed IP header",
             FlowError::TooManyHeaders => "too many VLAN tags or IPv6 extension headers",
-            FlowError::NotGtpU => "not a GTP-U packet",
         })
     }
 }

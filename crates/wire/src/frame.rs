@@ -32,7 +32,7 @@
 use crate::ethernet::EtherType;
 use crate::flow::{FiveTuple, FiveTupleV4, FiveTupleV6, FlowError, FLAG_NON_FIRST_FRAGMENT};
 use crate::gtpu::GtpuPacket;
-use crate::icmp::{IcmpView, Icmpv4Packet};
+use crate::icmp::IcmpView;
 use crate::ipv4::IpProtocol;
 use crate::ipv6::MAX_EXT_HEADERS;
 use crate::tcp::TcpPacket;
@@ -376,10 +376,10 @@ fn check_l4(seg: &[u8], proto: u8, fragment: bool) -> Result<Option<u32>, FlowEr
             if u.dst_port() != GTPU_PORT {
                 return Ok(None);
             }
-            let g = GtpuPacket::new_checked(u.payload()).map_err(|_| FlowError::NotGtpU)?;
+            let g = GtpuPacket::new_checked(u.payload()).map_err(bad)?;
             Ok(Some(g.teid()))
         }
-        PROTO_ICMP | PROTO_ICMPV6 => Icmpv4Packet::new_checked(seg).map(|_| None).map_err(bad),
+        PROTO_ICMP | PROTO_ICMPV6 => chunk::<{ crate::icmp::HEADER_LEN }>(seg, 0).map(|_| None),
         _ => Ok(None),
     }
 }

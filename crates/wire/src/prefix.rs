@@ -30,14 +30,24 @@ pub struct IpPrefix {
 impl IpPrefix {
     /// The prefix `addr/len`; `None` if `len` exceeds the family's width (32 or 128).
     pub fn new(addr: IpAddr, len: u8) -> Option<IpPrefix> {
-        let width: u32 = if addr.is_ipv4() { 32 } else { 128 };
-        let l = u32::from(len);
-        if l > width {
-            return None;
-        }
+        (u32::from(len) <= Self::width(addr)).then(|| Self::clamped(addr, len))
+    }
+
+    /// The prefix `addr/len` with `len` capped at the family's width.
+    pub fn clamped(addr: IpAddr, len: u8) -> IpPrefix {
+        let width = Self::width(addr);
+        let l = u32::from(len).min(width);
         let full = if width == 128 { u128::MAX } else { (1u128 << width) - 1 };
         let mask = if l == 0 { 0 } else { full & !((1u128 << (width - l)) - 1) };
-        Some(IpPrefix { addr, len, net: ip_bits(addr) & mask, mask })
+        IpPrefix { addr, len: l as u8, net: ip_bits(addr) & mask, mask }
+    }
+
+    fn width(addr: IpAddr) -> u32 {
+        if addr.is_ipv4() {
+            32
+        } else {
+            128
+        }
     }
 
     /// Parses `A.B.C.D[/N]` or `X:Y::Z[/N]`; an address alone is a host prefix
@@ -49,8 +59,7 @@ impl IpPrefix {
             None => (s, None),
         };
         let addr: IpAddr = a.parse().ok()?;
-        let width = if addr.is_ipv4() { 32 } else { 128 };
-        IpPrefix::new(addr, len.unwrap_or(width))
+        IpPrefix::new(addr, len.unwrap_or(Self::width(addr) as u8))
     }
 
     /// The address as written (host bits kept).
@@ -161,6 +170,8 @@ mod tests {
             assert!(IpPrefix::parse(bad).is_none(), "{bad}");
         }
         assert!(IpPrefix::new("1.2.3.4".parse().unwrap(), 33).is_none());
+        let c = IpPrefix::clamped("1.2.3.4".parse().unwrap(), 40);
+        assert_eq!((c.len(), c), (32, IpPrefix::parse("1.2.3.4/32").unwrap()));
     }
 
     #[test]
