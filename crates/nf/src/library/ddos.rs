@@ -160,8 +160,8 @@ impl StatefulNf for Ddos {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pkt::tcp_flags;
     use crate::testutil::{tcp4, udp4, Harness};
+    use flowplane_wire::tcp::TcpFlags;
 
     const S: u64 = 1_000_000_000;
 
@@ -175,7 +175,7 @@ mod tests {
         let frames = [
             udp4([10, 0, 0, 1], [9, 9, 9, 9], 1000, 80),
             udp4([10, 0, 0, 1], [9, 9, 9, 8], 1001, 53),
-            tcp4([10, 0, 0, 1], [9, 9, 9, 7], 1002, 443, tcp_flags::SYN, 0, 0),
+            tcp4([10, 0, 0, 1], [9, 9, 9, 7], 1002, 443, TcpFlags::SYN.bits(), 0, 0),
         ];
         for f in &frames {
             assert_eq!(h.run(f).1, Action::Pass);

@@ -178,8 +178,8 @@ impl StatefulNf for Policer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pkt::tcp_flags;
     use crate::testutil::{tcp4, udp4, Harness};
+    use flowplane_wire::tcp::TcpFlags;
 
     fn params(pairs: &[(&str, &str)]) -> Params {
         Params::new("policer", pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect())
@@ -213,7 +213,7 @@ mod tests {
         let mut p = params(&[("rate", "10"), ("burst", "2"), ("pps", "true")]);
         let mut h = Harness::new(Policer::from_params(&mut p).unwrap());
         assert!(p.finish().is_ok());
-        let big = tcp4([10, 0, 0, 1], [9, 9, 9, 9], 1, 80, tcp_flags::ACK, 0, 0);
+        let big = tcp4([10, 0, 0, 1], [9, 9, 9, 9], 1, 80, TcpFlags::ACK.bits(), 0, 0);
         let acts: Vec<Action> = (0..3).map(|_| h.run(&big).1).collect();
         assert_eq!(acts, vec![Action::Pass, Action::Pass, Action::Drop]);
         h.now_ns = 100_000_000;

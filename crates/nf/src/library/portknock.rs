@@ -23,10 +23,11 @@
 use bytemuck::{Pod, Zeroable};
 use serde_json::json;
 
-use crate::pkt::{proto, Pkt};
+use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::stateful::{Action, Granularity, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
+use flowplane_wire::ipv4::IpProtocol;
 
 /// Longest knock sequence.
 pub const MAX_KNOCKS: usize = 8;
@@ -152,7 +153,7 @@ impl StatefulNf for PortKnock {
 
     #[inline]
     fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut KnockState, _ctx: &NfContext) -> Action {
-        if pkt.proto() != proto::TCP {
+        if pkt.proto() != IpProtocol::TCP {
             self.c.non_tcp += 1;
             return Action::Pass;
         }
@@ -216,7 +217,7 @@ impl StatefulNf for PortKnock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pkt::tcp_flags::SYN;
+    const SYN: u8 = flowplane_wire::tcp::TcpFlags::SYN.bits();
     use crate::pkt::PktMeta;
     use crate::testutil::{tcp4, udp4, Harness};
 

@@ -31,10 +31,12 @@ use bytemuck::{Pod, Zeroable};
 use flowplane_wire::flow::FiveTuple;
 use serde_json::json;
 
-use crate::pkt::{proto, tcp_flags, Pkt};
+use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::stateful::{Action, Granularity, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
+use flowplane_wire::ipv4::IpProtocol;
+use flowplane_wire::tcp::TcpFlags;
 
 const WINDOW: ParamSpec = ParamSpec::float("window", 10.0, 0.001, 86_400.0, "window in seconds");
 const PORTS: ParamSpec =
@@ -149,10 +151,10 @@ impl Psd {
     #[inline]
     fn probed_port(&self, pkt: &Pkt<'_>) -> Option<u16> {
         match pkt.proto() {
-            proto::UDP => pkt.dst_port(),
-            proto::TCP => {
+            IpProtocol::UDP => pkt.dst_port(),
+            IpProtocol::TCP => {
                 let flags = pkt.tcp_flags()?;
-                if self.tcp_all || flags & tcp_flags::ACK == 0 {
+                if self.tcp_all || !flags.contains(TcpFlags::ACK) {
                     pkt.dst_port()
                 } else {
                     None
@@ -253,7 +255,7 @@ mod tests {
     const S: u64 = 1_000_000_000;
 
     fn syn(dst: [u8; 4], sport: u16, dport: u16) -> Vec<u8> {
-        tcp4(SRC, dst, sport, dport, tcp_flags::SYN, 1, 0)
+        tcp4(SRC, dst, sport, dport, TcpFlags::SYN.bits(), 1, 0)
     }
 
     fn params(pairs: &[(&str, &str)]) -> Params {
@@ -292,7 +294,7 @@ mod tests {
         // Everything from the source is now dropped, including UDP and known ports.
         assert_eq!(h.run(&udp4(SRC, [1, 1, 1, 1], 5, 53)).1, Action::Drop);
         // Another source is unaffected.
-        assert_eq!(h.run(&tcp4([10, 0, 0, 1], [9, 9, 9, 9], 1, 80, tcp_flags::SYN, 0, 0)).1, Action::Pass);
+        assert_eq!(h.run(&tcp4([10, 0, 0, 1], [9, 9, 9, 9], 1, 80, TcpFlags::SYN.bits(), 0, 0)).1, Action::Pass);
         assert_eq!(h.states.len(), 2);
         let r = h.nf.report().unwrap();
         assert_eq!(r["sources_flagged"], 1);
@@ -345,7 +347,8 @@ mod tests {
     #[test]
     fn replies_with_ack_do_not_count_unless_tcp_all() {
         let server = [10, 0, 0, 80];
-        let reply = |dport: u16| tcp4(server, [1, 1, 1, 1], 443, dport, tcp_flags::SYN | tcp_flags::ACK, 0, 1);
+        let reply =
+            |dport: u16| tcp4(server, [1, 1, 1, 1], 443, dport, TcpFlags::SYN.bits() | TcpFlags::ACK.bits(), 0, 1);
         let mut h = Harness::new(Psd::new(S, 3, PsdAction::Drop, false));
         for p in 0..100 {
             assert_eq!(h.run(&reply(30_000 + p)).1, Action::Pass);
@@ -390,7 +393,7 @@ mod tests {
             assert!(a == Action::Pass || cut >= 34 + 14, "cut at {cut}: {a:?}");
         }
         assert!(h.nf.report().unwrap()["unparsed"].as_u64().unwrap() >= 34);
-        let mut bad = tcp4([10, 0, 0, 7], [9, 9, 9, 9], 1, 22, tcp_flags::SYN, 0, 0);
+        let mut bad = tcp4([10, 0, 0, 7], [9, 9, 9, 9], 1, 22, TcpFlags::SYN.bits(), 0, 0);
         bad[14] = 0x4f; // IHL 15: options run past the frame
         assert_eq!(h.run(&bad).1, Action::Pass);
     }

@@ -105,14 +105,14 @@ impl StatefulNf for SrcCtr {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pkt::tcp_flags;
     use crate::testutil::{tcp4, udp4, Harness};
+    use flowplane_wire::tcp::TcpFlags;
 
     #[test]
     fn flows_of_one_source_share_a_counter() {
         let mut h = Harness::new(SrcCtr::default());
         let a = udp4([10, 0, 0, 1], [9, 9, 9, 9], 1000, 80);
-        let b = tcp4([10, 0, 0, 1], [8, 8, 8, 8], 2000, 443, tcp_flags::SYN, 1, 0);
+        let b = tcp4([10, 0, 0, 1], [8, 8, 8, 8], 2000, 443, TcpFlags::SYN.bits(), 1, 0);
         let c = udp4([10, 0, 0, 2], [9, 9, 9, 9], 1000, 80);
         h.now_ns = 5;
         h.run(&a);
