@@ -8,6 +8,7 @@ use std::net::Ipv4Addr;
 
 use flowplane_nf::{Pkt, PktMeta};
 use flowplane_wire::checksum::checksum;
+use flowplane_wire::ipv4::IpProtocol;
 use libfuzzer_sys::fuzz_target;
 
 /// True if `frame` holds an IPv4 header at `l3` whose header checksum verifies.
@@ -25,6 +26,8 @@ fn exercise(frame: &mut [u8], meta: &PktMeta, check: bool) {
     let mut p = Pkt::new(frame, meta);
     let _ = (p.data().len(), p.len(), p.is_empty(), p.meta().valid, p.tuple(), p.proto());
     let _ = (p.tcp_flags(), p.tcp_seq_ack(), p.ipv4_src(), p.ipv4_dst(), p.src_port(), p.dst_port());
+    let _ = p.tcp().map(|t| (t.option_iter().count(), t.payload().len()));
+    let _ = p.icmp().map(|i| (i.is_error(), i.quoted_tuple()));
     let src = p.ipv4_src();
     let _ = p.set_ipv4_src(Ipv4Addr::new(192, 0, 2, 1));
     let _ = p.set_ipv4_dst(Ipv4Addr::new(10, 10, 0, 7));
@@ -57,7 +60,7 @@ fuzz_target!(|data: &[u8]| {
         let mut forged = meta;
         forged.valid = data[0] & 1 == 1;
         forged.v6 = data[0] & 2 == 2;
-        forged.proto = data[1];
+        forged.proto = IpProtocol(data[1]);
         forged.l3 = u16::from_le_bytes([data[2], data[3]]);
         forged.l4 = u16::from_le_bytes([data[4], data[5]]);
         let mut frame = data.to_vec();

@@ -358,6 +358,7 @@ impl fmt::Display for ParseReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flowplane_wire::ipv4::IpProtocol;
 
     #[test]
     fn generated_frames_parse_to_their_kind() {
@@ -367,10 +368,10 @@ mod tests {
                 let m = PktMeta::parse(f);
                 assert!(m.valid, "{kind:?} frame rejected");
                 match kind {
-                    FrameKind::Udp4 => assert!(!m.v6 && m.proto == 17),
-                    FrameKind::Tcp4 => assert!(!m.v6 && m.proto == 6),
-                    FrameKind::Udp6 => assert!(m.v6 && m.proto == 17),
-                    FrameKind::Mixed => assert!(matches!(m.proto, 6 | 17)),
+                    FrameKind::Udp4 => assert!(!m.v6 && m.proto == IpProtocol::UDP),
+                    FrameKind::Tcp4 => assert!(!m.v6 && m.proto == IpProtocol::TCP),
+                    FrameKind::Udp6 => assert!(m.v6 && m.proto == IpProtocol::UDP),
+                    FrameKind::Mixed => assert!(matches!(m.proto, IpProtocol::TCP | IpProtocol::UDP)),
                 }
                 assert_eq!(extract_five_tuple(f).ok(), Some(m.tuple));
             }

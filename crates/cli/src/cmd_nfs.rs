@@ -1,15 +1,56 @@
-//! `flowplane nfs`: the NF library, as usable in chain specs.
+//! `flowplane nfs`: the NF library, as usable in chain specs — each NF's
+//! name, what its state is keyed by, description and declared parameters
+//! (type, range, default, doc), from the registry's descriptors.
 
-use flowplane_nf::registry::NFS;
+use clap::Args;
+use flowplane_nf::registry::{find, KeyedBy, NfDescriptor, NFS};
 
 use crate::error::CliError;
 
-pub fn run() -> Result<(), CliError> {
-    for k in NFS {
-        println!("{:<12} {}", k.name, k.about);
-        for (p, d) in k.params {
-            println!("{:<12}   {p}: {d}", "");
-        }
+#[derive(Args, Debug)]
+pub struct NfsArgs {
+    /// Only this NF.
+    pub name: Option<String>,
+    /// Print the descriptors as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: NfsArgs) -> Result<(), CliError> {
+    let list: Vec<&NfDescriptor> = match &a.name {
+        None => NFS.iter().collect(),
+        Some(n) => vec![find(n).ok_or_else(|| {
+            let known: Vec<&str> = NFS.iter().map(|k| k.name).collect();
+            CliError(format!("unknown NF '{n}' (known: {})", known.join(", ")))
+        })?],
+    };
+    if a.json {
+        let v: Vec<serde_json::Value> = list.iter().map(|d| d.to_json()).collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    for d in list {
+        print!("{}", describe(d));
     }
     Ok(())
+}
+
+/// One NF: `name  keyed by K  about`, then one indented line per parameter.
+fn describe(d: &NfDescriptor) -> String {
+    let keyed = match d.keyed_by {
+        KeyedBy::Stateless => "\u{2013} (stateless)".to_string(),
+        k => k.describe(),
+    };
+    let mut out = format!("{:<10} keyed by {keyed:<14} {}\n", d.name, d.about);
+    let ty = |p: &flowplane_nf::ParamSpec| match p.range() {
+        Some(r) => format!("{} {r}", p.type_name()),
+        None => p.type_name(),
+    };
+    let wn = d.params.iter().map(|p| p.name.len()).max().unwrap_or(0);
+    let wt = d.params.iter().map(|p| ty(p).len()).max().unwrap_or(0);
+    let wd = d.params.iter().map(|p| p.default_text().len()).max().unwrap_or(0);
+    for p in d.params {
+        out += &format!("    {:<wn$}  {:<wt$}  default {:<wd$}  {}\n", p.name, ty(p), p.default_text(), p.doc);
+    }
+    out
 }

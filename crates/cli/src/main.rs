@@ -29,8 +29,8 @@ enum Command {
     Trace(cmd_trace::TraceArgs),
     /// Run a chain over a trace or generated traffic and report (no arguments: the default demo).
     Run(cmd_run::RunArgs),
-    /// List the NFs usable in chain specs, with their parameters.
-    Nfs,
+    /// List the NFs usable in chain specs: what each is keyed by, its parameters with type, range and default.
+    Nfs(cmd_nfs::NfsArgs),
     /// Benchmarks: io, parse, table, pipeline.
     Bench(cmd_bench::BenchArgs),
 }
@@ -55,7 +55,7 @@ fn main() {
         Command::Gen(a) => cmd_gen::run(a),
         Command::Trace(a) => cmd_trace::run(a),
         Command::Run(a) => cmd_run::run_cmd(a),
-        Command::Nfs => cmd_nfs::run(),
+        Command::Nfs(a) => cmd_nfs::run(a),
         Command::Bench(a) => cmd_bench::run(a),
     };
     if let Err(e) = result {

@@ -489,6 +489,29 @@ fn nfs_lists_the_library_with_parameters() {
     };
     assert_eq!(params_of("lb"), ["backends", "base"], "lb params in:\n{text}");
     assert_eq!(params_of("ratelimit"), ["pps", "burst"], "ratelimit params in:\n{text}");
+    // What each NF is keyed by, on its line; each parameter with type, range and default.
+    let line_of = |nf: &str| text.lines().find(|l| l.split_whitespace().next() == Some(nf)).unwrap_or("");
+    assert!(line_of("srcctr").contains("keyed by src-ip"), "{text}");
+    assert!(line_of("policer").contains("keyed by dst-ip"), "{text}");
+    assert!(line_of("keyctr").contains("keyed by param key"), "{text}");
+    assert!(line_of("count").contains("(stateless)"), "{text}");
+    assert!(text.contains("window  float [0.001, 86400]  default 10 "), "{text}");
+
+    let out = run(&["nfs", "--json"]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("nfs --json is JSON");
+    let nfs = v.as_array().expect("an array of NFs");
+    let psd = nfs.iter().find(|n| n["name"] == "psd").expect("psd listed");
+    assert_eq!(psd["keyed_by"], "src-ip");
+    assert_eq!(psd["params"][0]["name"], "window");
+    assert_eq!(psd["params"][0]["default"], 10.0);
+    assert_eq!(psd["params"][0]["min"], 0.001);
+    let out = run(&["nfs", "nat"]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.starts_with(' ')).count(), 1);
+    let out = run(&["nfs", "nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown NF 'nope'"));
 }
 
 #[test]

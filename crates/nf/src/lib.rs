@@ -7,37 +7,34 @@
 //! programming model (declared flow granularity and state, add-on-miss
 //! default action, per-packet action) builds on the same trait.
 //!
-//! NFs are created by name from a chain spec through the [`registry`].
+//! The NF library lives in `src/library/`, one file per NF; the build
+//! script registers every file there in the [`registry`], which creates NFs
+//! by name from a chain spec. Each NF declares its parameters once
+//! ([`ParamSpec`]); parsing and `flowplane nfs` read that declaration.
+//! Frame builders and a one-NF harness for tests are in `testutil`
+//! (cargo feature `testutil`).
 
 #![forbid(unsafe_code)]
 
-pub mod acl;
-pub mod count;
-pub mod ddos;
-pub mod forward;
-pub mod fsc;
-pub mod fw;
-pub mod hh;
-pub mod keyctr;
-pub mod lb;
-pub mod nat;
+mod library;
+pub mod param_spec;
 pub mod params;
 pub mod pkt;
-pub mod policer;
-pub mod portknock;
-pub mod psd;
-pub mod ratelimit;
 pub mod registry;
-pub mod srcctr;
 pub mod stateful;
-pub mod synthetic;
+#[cfg(any(test, feature = "testutil"))]
 pub mod testutil;
+
+// The NF modules keep their paths: `flowplane_nf::nat::Nat`.
+pub use library::*;
 
 use flowplane_packet::Batch;
 use serde::Serialize;
 
+pub use param_spec::{ParamKind, ParamSpec};
 pub use params::{ParamError, Params};
 pub use pkt::{Pkt, PktMeta};
+pub use registry::{KeyedBy, NfDescriptor, NfSink};
 pub use stateful::{Action, Granularity, StatefulNf};
 
 /// Per-NF packet counters, reported at the end of a run.

@@ -1,4 +1,5 @@
-//! NF parameters from chain specs: `name(key=value, ...)`, typed on access.
+//! NF parameters from chain specs: `name(key=value, ...)` as given; typed
+//! access through the NF's declarations is in [`crate::param_spec`].
 
 use std::fmt;
 
@@ -29,37 +30,16 @@ impl Params {
         Params { nf: nf.to_string(), pairs, used }
     }
 
-    fn take(&mut self, key: &str) -> Option<String> {
+    /// The NF these parameters are for (the prefix of every error).
+    pub(crate) fn nf(&self) -> &str {
+        &self.nf
+    }
+
+    /// The value given for `key`, marking it read.
+    pub(crate) fn take(&mut self, key: &str) -> Option<String> {
         let i = self.pairs.iter().position(|(k, _)| k == key)?;
         self.used[i] = true;
         Some(self.pairs[i].1.clone())
-    }
-
-    /// An unsigned integer parameter in `[min, max]`, or `default` if absent.
-    /// Accepts suffixes k/K (1e3), m/M (1e6), g/G (1e9).
-    pub fn u64_in(&mut self, key: &str, default: u64, min: u64, max: u64) -> Result<u64, ParamError> {
-        let Some(v) = self.take(key) else { return Ok(default) };
-        let parsed = parse_u64(&v)
-            .ok_or_else(|| ParamError(format!("{}: parameter '{key}={v}' is not an unsigned integer", self.nf)))?;
-        if parsed < min || parsed > max {
-            return Err(ParamError(format!("{}: parameter '{key}={v}' out of range [{min}, {max}]", self.nf)));
-        }
-        Ok(parsed)
-    }
-
-    /// A string parameter, or `default`.
-    pub fn string(&mut self, key: &str, default: &str) -> String {
-        self.take(key).unwrap_or_else(|| default.to_string())
-    }
-
-    /// A boolean parameter (`true/false/1/0/yes/no`), or `default`.
-    pub fn bool(&mut self, key: &str, default: bool) -> Result<bool, ParamError> {
-        let Some(v) = self.take(key) else { return Ok(default) };
-        match v.as_str() {
-            "true" | "1" | "yes" | "on" => Ok(true),
-            "false" | "0" | "no" | "off" => Ok(false),
-            _ => Err(ParamError(format!("{}: parameter '{key}={v}' is not a boolean", self.nf))),
-        }
     }
 
     /// Fails on the first parameter whose name is not in `known`.
@@ -81,16 +61,6 @@ impl Params {
     }
 }
 
-fn parse_u64(s: &str) -> Option<u64> {
-    let (num, mul) = match s.as_bytes().last()? {
-        b'k' | b'K' => (&s[..s.len() - 1], 1_000),
-        b'm' | b'M' => (&s[..s.len() - 1], 1_000_000),
-        b'g' | b'G' => (&s[..s.len() - 1], 1_000_000_000),
-        _ => (s, 1),
-    };
-    num.parse::<u64>().ok()?.checked_mul(mul)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,22 +70,14 @@ mod tests {
     }
 
     #[test]
-    fn typed_access_and_errors() {
-        let mut ps = p(&[("n", "16"), ("rate", "2M"), ("on", "yes")]);
-        assert_eq!(ps.u64_in("n", 1, 1, 64), Ok(16));
-        assert_eq!(ps.u64_in("rate", 0, 0, u64::MAX), Ok(2_000_000));
-        assert_eq!(ps.bool("on", false), Ok(true));
-        assert_eq!(ps.u64_in("absent", 7, 0, 10), Ok(7));
+    fn unknown_and_unread_parameters_are_refused() {
+        let mut ps = p(&[("n", "16"), ("typo", "1")]);
+        assert_eq!(ps.check_known(["n", "m"].into_iter()).unwrap_err().0, "x: unknown parameter 'typo'");
+        assert!(ps.check_known(["n", "typo"].into_iter()).is_ok());
+        assert_eq!(ps.take("n").as_deref(), Some("16"));
+        assert_eq!(ps.take("absent"), None);
+        assert_eq!(ps.finish().unwrap_err().0, "x: unknown parameter 'typo'");
+        assert_eq!(ps.take("typo").as_deref(), Some("1"));
         assert!(ps.finish().is_ok());
-        let mut ps = p(&[("n", "abc"), ("typo", "1")]);
-        assert!(ps.u64_in("n", 1, 1, 64).unwrap_err().0.contains("'n=abc'"));
-        assert_eq!(ps.finish().unwrap_err().0, "x: unknown parameter 'typo'");
-        let ps = p(&[("typo", "1")]);
-        assert_eq!(ps.finish().unwrap_err().0, "x: unknown parameter 'typo'");
-        let mut ps = p(&[("n", "100")]);
-        assert!(ps.u64_in("n", 1, 1, 64).unwrap_err().0.contains("out of range"));
-        assert_eq!(parse_u64("99999999999999999999"), None);
-        assert_eq!(parse_u64("20000000000G"), None);
-        assert_eq!(parse_u64(""), None);
     }
 }

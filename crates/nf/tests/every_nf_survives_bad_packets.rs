@@ -1,10 +1,13 @@
-//! Every registered NF, built with its defaults, takes truncated, corrupted
-//! and random frames without panicking — through the same entry points the
-//! executors use (default action, per-packet action, unparsed path, release).
+//! Every registered NF, built through the registry with its defaults, takes
+//! truncated, corrupted and random frames without panicking — through the
+//! same entry points the executors use (default action, per-packet action,
+//! unparsed path, release). And every NF's declaration holds: it is keyed as
+//! its descriptor says, and each declared default, written out, is accepted.
 
-use flowplane_nf::registry::{build_with, NfSink, NFS};
+use bytemuck::Zeroable;
+use flowplane_nf::registry::{build_with, KeyedBy, NfDescriptor, NfSink, NFS};
 use flowplane_nf::testutil::{tcp4, udp4};
-use flowplane_nf::{Nf, NfContext, Params, Pkt, PktMeta, StatefulNf};
+use flowplane_nf::{Granularity, Nf, NfContext, Params, Pkt, PktMeta, StatefulNf};
 use flowplane_packet::{Batch, PacketPool, PoolConfig};
 
 fn frames() -> Vec<Vec<u8>> {
@@ -53,42 +56,16 @@ fn params_for(name: &str) -> Vec<(String, String)> {
     }
 }
 
-/// Drives one NF through the entry points the executors use.
+/// Runs the frames through whatever NF the registry builds; returns the
+/// number of per-packet actions and, for a stateful NF, its granularity.
 struct Survive<'a> {
     frames: &'a [Vec<u8>],
 }
 
 impl NfSink for Survive<'_> {
-    /// Per-packet actions run.
-    type Out = usize;
+    type Out = (usize, Option<Granularity>);
 
-    fn stateful<T: StatefulNf>(self, mut nf: T) -> usize {
-        let mut actions = 0;
-        let mut state: T::State = bytemuck::Zeroable::zeroed();
-        for (k, f) in self.frames.iter().enumerate() {
-            let mut data = f.clone();
-            let meta = PktMeta::parse(&data);
-            // Clocks that jump: forwards, backwards, to zero.
-            let now = [0, u64::MAX / 2, 5, 1_000_000_000][k % 4];
-            let ctx = NfContext { now_tsc: 0, now_ns: now };
-            if !meta.valid {
-                nf.on_unparsed();
-                continue;
-            }
-            if k % 3 == 0 {
-                state = nf.init(&Pkt::new(&mut data, &meta), &ctx);
-            }
-            nf.process(&mut Pkt::new(&mut data, &meta), &mut state, &ctx);
-            actions += 1;
-            if k % 7 == 0 {
-                nf.release(&meta.tuple, &state);
-            }
-        }
-        let _ = nf.report();
-        actions
-    }
-
-    fn stateless(self, mut nf: Box<dyn Nf>) -> usize {
+    fn stateless(self, mut nf: Box<dyn Nf>) -> Self::Out {
         let mut pool = PacketPool::new(PoolConfig { buffers: 512, ..Default::default() }).unwrap();
         let mut batch = Batch::new(&pool);
         for chunk in self.frames.chunks(64) {
@@ -99,7 +76,38 @@ impl NfSink for Survive<'_> {
             nf.process(&mut batch, 0..n, &NfContext::default());
             batch.free_all(&mut pool).unwrap();
         }
-        0
+        let _ = nf.report();
+        (0, None)
+    }
+
+    fn stateful<T: StatefulNf>(self, mut nf: T) -> Self::Out {
+        // Until the first default action, `process` sees a zeroed state (a fresh table block).
+        let mut state = T::State::zeroed();
+        let mut actions = 0;
+        for (k, f) in self.frames.iter().enumerate() {
+            let mut data = f.clone();
+            let meta = PktMeta::parse(&data);
+            // Clocks that jump: forwards, backwards, to zero.
+            let now = [0, u64::MAX / 2, 5, 1_000_000_000][k % 4];
+            let ctx = NfContext { now_tsc: 0, now_ns: now };
+            if !meta.valid {
+                nf.on_unparsed();
+                continue;
+            }
+            // Every third frame starts a new flow (the default action); the
+            // others find whatever state the previous frames left.
+            if k % 3 == 0 {
+                state = nf.init(&Pkt::new(&mut data, &meta), &ctx);
+            }
+            nf.process(&mut Pkt::new(&mut data, &meta), &mut state, &ctx);
+            actions += 1;
+            if k % 7 == 0 {
+                nf.release(&meta.tuple, &state);
+            }
+            let _ = nf.export_row(&meta.tuple, &state);
+        }
+        let _ = nf.report();
+        (actions, Some(nf.granularity()))
     }
 }
 
@@ -109,8 +117,60 @@ fn every_nf_survives_bad_packets() {
     let mut actions = 0usize;
     for kind in NFS {
         let params = Params::new(kind.name, params_for(kind.name));
-        actions += build_with(kind.name, params, Survive { frames: &frames }).expect(kind.name);
+        let (n, granularity) = build_with(kind.name, params, Survive { frames: &frames }).expect(kind.name);
+        actions += n;
+        // The descriptor says what the NF is keyed by without building it: check it against the instance.
+        match kind.keyed_by {
+            KeyedBy::Stateless => assert_eq!(granularity, None, "{}", kind.name),
+            KeyedBy::Fixed(g) => assert_eq!(granularity, Some(g), "{}", kind.name),
+            KeyedBy::Param(_) => assert!(granularity.is_some(), "{}", kind.name),
+        }
     }
     // The corpus must reach the per-packet actions, not only the unparsed path.
     assert!(actions > 1000, "{actions} actions");
+}
+
+/// Builds nothing: checks only that the registry accepted the parameters.
+struct Accept;
+
+impl NfSink for Accept {
+    type Out = ();
+    fn stateless(self, _nf: Box<dyn Nf>) {}
+    fn stateful<T: StatefulNf>(self, _nf: T) {}
+}
+
+/// Each declared default, written out explicitly, is accepted — and read:
+/// the registry refuses a given parameter that `from_params` never asked for.
+#[test]
+fn declared_defaults_parse_and_every_declared_parameter_is_read() {
+    for kind in NFS {
+        let small = params_for(kind.name);
+        for spec in kind.params {
+            let Some(v) = spec.explicit_default() else { continue };
+            let mut pairs: Vec<(String, String)> = small.iter().filter(|(k, _)| k != spec.name).cloned().collect();
+            if pairs.len() < small.len() {
+                continue; // a default this test keeps small on purpose (synthetic's 256 MiB)
+            }
+            pairs.push((spec.name.to_string(), v.clone()));
+            build_with(kind.name, Params::new(kind.name, pairs), Accept)
+                .unwrap_or_else(|e| panic!("{}({}={v}): {e}", kind.name, spec.name));
+        }
+    }
+}
+
+/// `flowplane nfs` and the docs show what `NFS` holds: spot-check the declarations against the behaviour.
+#[test]
+fn descriptors_describe_the_nfs() {
+    let d = |n: &str| -> &'static NfDescriptor { NFS.iter().find(|k| k.name == n).unwrap() };
+    assert_eq!(d("forward").keyed_by, KeyedBy::Stateless);
+    assert_eq!(d("srcctr").keyed_by.describe(), "src-ip");
+    assert_eq!(d("policer").keyed_by.describe(), "dst-ip");
+    assert_eq!(d("keyctr").keyed_by.describe(), "param key");
+    // Fractional windows are accepted where a window is meant.
+    for nf in ["psd", "ddos"] {
+        let p = Params::new(nf, vec![("window".into(), "0.5".into())]);
+        build_with(nf, p, Accept).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let p = Params::new("ddos", vec![("window".into(), "0".into())]);
+    assert_eq!(build_with("ddos", p, Accept).unwrap_err().0, "ddos: parameter 'window=0' out of range [0.001, 86400]");
 }

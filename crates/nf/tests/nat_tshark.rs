@@ -11,12 +11,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use flowplane_nf::nat::{Nat, NatConfig};
-use flowplane_nf::pkt::tcp_flags::{ACK, FIN, PSH, SYN};
 use flowplane_nf::testutil::{assert_ipv4_checksums, ipv4_frame, udp4, Harness};
 use flowplane_nf::Action;
 use flowplane_trace::{PcapWriter, WriterOptions};
+use flowplane_wire::tcp::TcpFlags;
 
 const EXT: [u8; 4] = [203, 0, 113, 1];
+const ACK: u8 = TcpFlags::ACK.bits();
+const FIN: u8 = TcpFlags::FIN.bits();
+const PSH: u8 = TcpFlags::PSH.bits();
+const SYN: u8 = TcpFlags::SYN.bits();
 
 /// One end of a connection: address and port.
 #[derive(Clone, Copy)]

@@ -2,9 +2,14 @@
 //! header (type, code, checksum, rest-of-header with echo identifier and
 //! sequence number), message-type constants, checksum helpers (ICMPv4 over
 //! the message alone, ICMPv6 over the IPv6 pseudo-header), and plain Reprs.
+//! [`IcmpView`] reads either family alike and finds the flow an error
+//! message is about (the 5-tuple of the packet it quotes).
+
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::checksum;
 use crate::error::{Result, WireError};
+use crate::flow::{FiveTuple, FiveTupleV4, FiveTupleV6};
 use crate::ipv4::{IpProtocol, PseudoHeader};
 
 /// Length of the common ICMP header (type, code, checksum, rest of header).
@@ -16,6 +21,8 @@ pub mod icmpv4_type {
     pub const ECHO_REPLY: u8 = 0;
     /// Destination unreachable.
     pub const DEST_UNREACHABLE: u8 = 3;
+    /// Source quench (deprecated, RFC 6633, still an error message).
+    pub const SOURCE_QUENCH: u8 = 4;
     /// Redirect.
     pub const REDIRECT: u8 = 5;
     /// Echo request.
@@ -290,6 +297,145 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Icmpv6Packet<T> {
     }
 }
 
+/// An ICMPv4 or ICMPv6 message, read-only; the family is the IP header's.
+#[derive(Debug, Clone)]
+pub enum IcmpView<'a> {
+    /// ICMP over IPv4.
+    V4(Icmpv4Packet<&'a [u8]>),
+    /// ICMPv6.
+    V6(Icmpv6Packet<&'a [u8]>),
+}
+
+impl<'a> IcmpView<'a> {
+    /// Views `buf` (the message up to the end of the IP datagram) as ICMPv6 if
+    /// `v6`, else ICMPv4; `Truncated` without the 8-byte header.
+    #[inline]
+    pub fn new_checked(buf: &'a [u8], v6: bool) -> Result<Self> {
+        Ok(if v6 {
+            IcmpView::V6(Icmpv6Packet::new_checked(buf)?)
+        } else {
+            IcmpView::V4(Icmpv4Packet::new_checked(buf)?)
+        })
+    }
+
+    /// True for ICMPv6.
+    #[inline]
+    pub fn is_v6(&self) -> bool {
+        matches!(self, IcmpView::V6(_))
+    }
+
+    /// Message type.
+    #[inline]
+    pub fn msg_type(&self) -> u8 {
+        match self {
+            IcmpView::V4(p) => p.msg_type(),
+            IcmpView::V6(p) => p.msg_type(),
+        }
+    }
+
+    /// Message code.
+    #[inline]
+    pub fn msg_code(&self) -> u8 {
+        match self {
+            IcmpView::V4(p) => p.msg_code(),
+            IcmpView::V6(p) => p.msg_code(),
+        }
+    }
+
+    /// Echo request of the message's family.
+    #[inline]
+    pub fn is_echo_request(&self) -> bool {
+        match self {
+            IcmpView::V4(p) => p.msg_type() == icmpv4_type::ECHO_REQUEST,
+            IcmpView::V6(p) => p.msg_type() == icmpv6_type::ECHO_REQUEST,
+        }
+    }
+
+    /// Echo reply of the message's family.
+    #[inline]
+    pub fn is_echo_reply(&self) -> bool {
+        match self {
+            IcmpView::V4(p) => p.msg_type() == icmpv4_type::ECHO_REPLY,
+            IcmpView::V6(p) => p.msg_type() == icmpv6_type::ECHO_REPLY,
+        }
+    }
+
+    /// Echo identifier (meaningful for echo messages).
+    #[inline]
+    pub fn echo_ident(&self) -> u16 {
+        match self {
+            IcmpView::V4(p) => p.echo_ident(),
+            IcmpView::V6(p) => p.echo_ident(),
+        }
+    }
+
+    /// An error message that quotes the packet it is about: ICMPv4
+    /// destination unreachable, source quench, redirect, time exceeded,
+    /// parameter problem; ICMPv6 types 1-4.
+    #[inline]
+    pub fn is_error(&self) -> bool {
+        use icmpv4_type as t4;
+        match self {
+            IcmpView::V4(p) => matches!(
+                p.msg_type(),
+                t4::DEST_UNREACHABLE | t4::SOURCE_QUENCH | t4::REDIRECT | t4::TIME_EXCEEDED | t4::PARAM_PROBLEM
+            ),
+            IcmpView::V6(p) => (icmpv6_type::DEST_UNREACHABLE..=icmpv6_type::PARAM_PROBLEM).contains(&p.msg_type()),
+        }
+    }
+
+    /// Bytes after the 8-byte header (an error's quote).
+    #[inline]
+    pub fn payload(&self) -> &'a [u8] {
+        match self {
+            IcmpView::V4(p) => p.payload(),
+            IcmpView::V6(p) => p.payload(),
+        }
+    }
+
+    /// The 5-tuple of the packet an error message quotes, as that packet was
+    /// sent: the quoted IP header of the message's family (IPv4 with options,
+    /// IPv6 fixed header; its next header is taken as the transport), then
+    /// the first 4 bytes of TCP/UDP for the ports, or an ICMP/ICMPv6 echo
+    /// identifier as both ports (the flow-key convention), 0 for other
+    /// protocols. `None` where the quote is too short or not IP of that family.
+    pub fn quoted_tuple(&self) -> Option<FiveTuple> {
+        let q = self.payload();
+        let ports = |at: usize, p: u8| -> Option<(u16, u16)> {
+            let b = |i: usize| q.get(at + i).copied();
+            match IpProtocol(p) {
+                IpProtocol::TCP | IpProtocol::UDP => {
+                    Some((u16::from_be_bytes([b(0)?, b(1)?]), u16::from_be_bytes([b(2)?, b(3)?])))
+                }
+                IpProtocol::ICMP | IpProtocol::ICMPV6 => {
+                    let id = u16::from_be_bytes([b(4)?, b(5)?]);
+                    Some((id, id))
+                }
+                _ => Some((0, 0)),
+            }
+        };
+        if self.is_v6() {
+            let h = q.first_chunk::<40>()?;
+            let p = h[6];
+            let src = Ipv6Addr::from(*h[8..24].first_chunk::<16>()?);
+            let dst = Ipv6Addr::from(*h[24..40].first_chunk::<16>()?);
+            let (sp, dp) = ports(40, p)?;
+            Some(FiveTuple::V6(FiveTupleV6::new(src, dst, sp, dp, p)))
+        } else {
+            let h = q.first_chunk::<20>()?;
+            let ihl = (h[0] & 0x0f) as usize * 4;
+            if h[0] >> 4 != 4 || ihl < 20 {
+                return None;
+            }
+            let p = h[9];
+            let src = Ipv4Addr::new(h[12], h[13], h[14], h[15]);
+            let dst = Ipv4Addr::new(h[16], h[17], h[18], h[19]);
+            let (sp, dp) = ports(ihl, p)?;
+            Some(FiveTuple::V4(FiveTupleV4::new(src, dst, sp, dp, p)))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,5 +483,43 @@ mod tests {
         all.extend_from_slice(&[0, 0, 0, 12, 0, 0, 0, 58]);
         all.extend_from_slice(&b);
         assert_eq!(checksum::sum(&all), 0xffff);
+    }
+
+    #[test]
+    fn view_quotes_the_invoking_packet() {
+        // Port unreachable about a UDP datagram 10.0.0.1:5353 -> 10.0.0.2:53.
+        let mut m = vec![3, 3, 0, 0, 0, 0, 0, 0, 0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2];
+        m.extend_from_slice(&[0x14, 0xe9, 0, 53, 0, 8, 0, 0]);
+        let v = IcmpView::new_checked(&m, false).unwrap();
+        assert!(v.is_error() && !v.is_echo_request() && !v.is_v6());
+        let t = v.quoted_tuple().unwrap();
+        assert_eq!((t.src_port(), t.dst_port(), t.proto()), (5353, 53, 17));
+        assert_eq!(t.src_ip(), std::net::IpAddr::from([10, 0, 0, 1]));
+        // The quote needs the IP header and the 4 port bytes.
+        for n in 8..32 {
+            assert_eq!(IcmpView::new_checked(&m[..n], false).unwrap().quoted_tuple(), None, "len {n}");
+        }
+        // Quoted ICMP echo: the identifier is both ports.
+        let mut e = m[..28].to_vec();
+        e[17] = 1;
+        e.extend_from_slice(&[8, 0, 0, 0, 0x12, 0x34]);
+        let t = IcmpView::new_checked(&e, false).unwrap().quoted_tuple().unwrap();
+        assert_eq!((t.src_port(), t.dst_port()), (0x1234, 0x1234));
+        // Not IPv4 inside, or an IHL below 5.
+        let mut bad = m.clone();
+        bad[8] = 0x44;
+        assert_eq!(IcmpView::new_checked(&bad, false).unwrap().quoted_tuple(), None);
+        // ICMPv6 packet too big quoting TCP over IPv6.
+        let mut m6 = vec![2, 0, 0, 0, 0, 0, 5, 0xdc, 0x60, 0, 0, 0, 0, 20, 6, 64];
+        m6.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        m6.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+        m6.extend_from_slice(&[0x01, 0xbb, 0x9c, 0x40]);
+        let v6 = IcmpView::new_checked(&m6, true).unwrap();
+        assert!(v6.is_error() && v6.is_v6() && v6.msg_type() == icmpv6_type::PACKET_TOO_BIG);
+        let t = v6.quoted_tuple().unwrap();
+        assert_eq!((t.src_port(), t.dst_port(), t.proto(), t.is_ipv4()), (443, 40000, 6, false));
+        let echo = IcmpView::new_checked(&[128, 0, 0, 0, 0, 7, 0, 1], true).unwrap();
+        assert!(echo.is_echo_request() && !echo.is_echo_reply() && !echo.is_error() && echo.echo_ident() == 7);
+        assert_eq!(IcmpView::new_checked(&[0, 0, 0], false).unwrap_err(), WireError::Truncated);
     }
 }

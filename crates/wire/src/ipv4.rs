@@ -27,6 +27,8 @@ impl IpProtocol {
     pub const TCP: IpProtocol = IpProtocol(6);
     /// UDP.
     pub const UDP: IpProtocol = IpProtocol(17);
+    /// DCCP.
+    pub const DCCP: IpProtocol = IpProtocol(33);
     /// IPv6-in-IP encapsulation.
     pub const IPV6: IpProtocol = IpProtocol(41);
     /// IPv6 routing header.
@@ -47,6 +49,8 @@ impl IpProtocol {
     pub const IPV6_OPTS: IpProtocol = IpProtocol(60);
     /// SCTP.
     pub const SCTP: IpProtocol = IpProtocol(132);
+    /// UDP-Lite.
+    pub const UDPLITE: IpProtocol = IpProtocol(136);
 }
 
 impl From<u8> for IpProtocol {

@@ -1,6 +1,9 @@
 //! `flowplane-wire`: zero-copy, bounds-checked views of packet headers
-//! (Ethernet, VLAN, ARP, IPv4, IPv6, TCP, UDP, ICMP, GTP-U), checksums,
-//! flow keys and hashes (table hash, Toeplitz RSS, RETA).
+//! (Ethernet, VLAN, ARP, IPv4, IPv6, TCP, UDP, ICMP, GTP-U), the one frame
+//! parser ([`frame`]: what executors and NFs know of a packet), frame
+//! emission ([`packet_repr`]), checksums, flow keys and hashes (table hash,
+//! Toeplitz RSS, RETA), and the address prefixes and port ranges NFs take as
+//! parameters ([`prefix`]).
 //!
 //! Every view follows one pattern (after smoltcp's `wire`): `Xxx::new_checked(buf)`
 //! validates lengths once and returns a typed error on malformed input, field
@@ -12,12 +15,14 @@ pub mod checksum;
 pub mod error;
 pub mod ethernet;
 pub mod flow;
+pub mod frame;
 pub mod gtpu;
 pub mod hash;
 pub mod icmp;
 pub mod ipv4;
 pub mod ipv6;
 pub mod packet_repr;
+pub mod prefix;
 pub mod rss;
 pub mod tcp;
 pub mod udp;

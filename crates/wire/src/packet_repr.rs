@@ -1,12 +1,7 @@
-//! Whole-frame helpers on top of the header views: [`parse_frame`] walks
-//! Ethernet -> VLAN tags -> IPv4/IPv6 (+ extension headers) -> TCP/UDP/ICMP
-//! -> GTP-U (UDP port 2152) and reports offsets and protocol facts in a
-//! `Copy` [`FrameInfo`]; [`FrameBuilder`] emits complete frames with correct
-//! lengths and checksums into a caller's buffer (no allocation), including
-//! GTP-U tunnels around an inner packet.
-//!
-//! `parse_frame` checks structure, not checksums (verify those with the views
-//! when needed): it is meant for classification on the hot path.
+//! Whole-frame emission on top of the header Reprs: [`FrameBuilder`] emits
+//! complete frames (Ethernet, VLAN tags, IPv4/IPv6, TCP/UDP/ICMP, GTP-U
+//! tunnels around an inner packet) with correct lengths and checksums into a
+//! caller's buffer, without allocating. Parsing frames is [`crate::frame`]'s.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -19,164 +14,6 @@ use crate::ipv6::{self, Ipv6Packet, Ipv6Repr};
 use crate::tcp::{TcpFlags, TcpPacket, TcpRepr};
 use crate::udp::{self, UdpPacket, UdpRepr};
 use crate::vlan::{self, VlanRepr, VlanTag};
-
-/// Most VLAN tags [`parse_frame`] skips (the first two VIDs are reported).
-pub const MAX_FRAME_VLANS: usize = 4;
-
-/// GTP-U facts of a frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct GtpuInfo {
-    /// Message type (255 = G-PDU).
-    pub msg_type: u8,
-    /// Tunnel endpoint identifier.
-    pub teid: u32,
-    /// QFI from the PDU Session Container, if present.
-    pub qfi: Option<u8>,
-    /// Offset of the T-PDU (inner packet) in the frame.
-    pub inner_offset: usize,
-    /// Length of the T-PDU.
-    pub inner_len: usize,
-}
-
-/// Offsets and protocol facts of one frame (see [`parse_frame`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct FrameInfo {
-    /// EtherType after the VLAN tags.
-    pub ethertype: EtherType,
-    /// Number of VLAN tags.
-    pub vlan_count: u8,
-    /// VIDs of the first two tags, outermost first (0 when absent).
-    pub vlan_ids: [u16; 2],
-    /// Offset of the network header.
-    pub l3_offset: usize,
-    /// 4, 6, or 0 for non-IP frames.
-    pub ip_version: u8,
-    /// Upper-layer protocol (after IPv6 extension headers).
-    pub protocol: IpProtocol,
-    /// Offset of the upper-layer header; `None` for non-IP frames and for
-    /// fragments other than the first (which carry no L4 header).
-    pub l4_offset: Option<usize>,
-    /// Offset of the L4 payload (after TCP/UDP/ICMP/GTP-U headers; the
-    /// upper-layer offset for other protocols, or after the IP headers for
-    /// non-first fragments).
-    pub payload_offset: usize,
-    /// End of the IP datagram (Ethernet padding excluded); the frame length for non-IP.
-    pub end: usize,
-    /// Part of a fragmented datagram.
-    pub is_fragment: bool,
-    /// First fragment (offset 0, more fragments follow).
-    pub is_first_fragment: bool,
-    /// Fragment offset in bytes.
-    pub frag_offset: u16,
-    /// TCP/UDP source port (0 otherwise).
-    pub src_port: u16,
-    /// TCP/UDP destination port (0 otherwise).
-    pub dst_port: u16,
-    /// TCP flags (empty otherwise).
-    pub tcp_flags: TcpFlags,
-    /// ICMP/ICMPv6 type and code.
-    pub icmp: Option<(u8, u8)>,
-    /// GTP-U facts, for UDP to port 2152 that is not fragmented.
-    pub gtpu: Option<GtpuInfo>,
-}
-
-/// Parses an Ethernet frame down to the transport (and GTP-U) headers.
-///
-/// Non-IP EtherTypes (e.g. ARP) are not errors: `ip_version` is 0 and
-/// offsets stop at the network header. Errors are reported for truncated or
-/// inconsistent headers, too many VLAN tags or IPv6 extension headers, and a
-/// malformed GTP-U header on port 2152. Never panics, never allocates.
-pub fn parse_frame(frame: &[u8]) -> Result<FrameInfo> {
-    let eth = EthernetFrame::new_checked(frame)?;
-    let tags = vlan::skip_vlan_tags(eth.payload(), eth.ethertype(), MAX_FRAME_VLANS)?;
-    let l3 = ethernet::HEADER_LEN + tags.offset;
-    let mut info = FrameInfo {
-        ethertype: tags.ethertype,
-        vlan_count: tags.count,
-        vlan_ids: [tags.vids[0], tags.vids[1]],
-        l3_offset: l3,
-        payload_offset: l3,
-        end: frame.len(),
-        ..FrameInfo::default()
-    };
-    let l3_bytes = &frame[l3..];
-    // Offset of the upper-layer header and the end of the datagram, both frame-relative.
-    let (l4, end) = match tags.ethertype {
-        EtherType::IPV4 => {
-            let ip = Ipv4Packet::new_checked(l3_bytes)?;
-            info.ip_version = 4;
-            info.protocol = ip.protocol();
-            info.is_fragment = ip.is_fragment();
-            info.is_first_fragment = ip.is_first_fragment();
-            info.frag_offset = ip.frag_offset();
-            (l3 + ip.header_len(), l3 + ip.total_len() as usize)
-        }
-        EtherType::IPV6 => {
-            let ip = Ipv6Packet::new_checked(l3_bytes)?;
-            let ext = ip.upper_layer()?;
-            info.ip_version = 6;
-            info.protocol = ext.protocol;
-            if let Some(f) = ext.fragment {
-                info.is_first_fragment = f.frag_offset == 0 && f.more_frags;
-                info.frag_offset = f.frag_offset;
-                // An atomic fragment (offset 0, M clear) is a whole datagram.
-                info.is_fragment = f.frag_offset != 0 || f.more_frags;
-            }
-            (l3 + ipv6::HEADER_LEN + ext.offset, l3 + ipv6::HEADER_LEN + ip.payload_len() as usize)
-        }
-        _ => return Ok(info),
-    };
-    info.end = end;
-    info.payload_offset = l4;
-    if info.frag_offset != 0 {
-        return Ok(info);
-    }
-    info.l4_offset = Some(l4);
-    let seg = &frame[l4..end];
-    match info.protocol {
-        IpProtocol::TCP => {
-            let tcp = TcpPacket::new_checked(seg)?;
-            info.src_port = tcp.src_port();
-            info.dst_port = tcp.dst_port();
-            info.tcp_flags = tcp.flags();
-            info.payload_offset = l4 + tcp.header_len();
-        }
-        IpProtocol::UDP => {
-            if seg.len() < udp::HEADER_LEN {
-                return Err(WireError::Truncated);
-            }
-            let hdr = UdpPacket::new_unchecked(seg);
-            info.src_port = hdr.src_port();
-            info.dst_port = hdr.dst_port();
-            info.payload_offset = l4 + udp::HEADER_LEN;
-            // A first fragment holds only part of the datagram, so its length
-            // field cannot be checked against the buffer, nor GTP-U parsed.
-            if !info.is_fragment {
-                let dgram = UdpPacket::new_checked(seg)?;
-                if info.dst_port == udp::GTPU_PORT {
-                    let g = GtpuPacket::new_checked(dgram.payload())?;
-                    let l = g.layout()?;
-                    info.gtpu = Some(GtpuInfo {
-                        msg_type: g.msg_type(),
-                        teid: g.teid(),
-                        qfi: l.pdu_session.map(|p| p.qfi),
-                        inner_offset: info.payload_offset + l.header_len,
-                        inner_len: l.end - l.header_len,
-                    });
-                }
-            }
-        }
-        IpProtocol::ICMP | IpProtocol::ICMPV6 => {
-            if seg.len() < icmp::HEADER_LEN {
-                return Err(WireError::Truncated);
-            }
-            info.icmp = Some((seg[0], seg[1]));
-            info.payload_offset = l4 + icmp::HEADER_LEN;
-        }
-        _ => {}
-    }
-    Ok(info)
-}
 
 /// Network header of a frame built by [`FrameBuilder`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -493,6 +330,7 @@ impl FrameBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frame::PktMeta;
     use crate::gtpu::{self, PduType};
 
     const A4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
@@ -516,13 +354,15 @@ mod tests {
 
     #[test]
     fn captured_syn_frame() {
-        let i = parse_frame(&HTTP_SYN).unwrap();
-        assert_eq!((i.l3_offset, i.l4_offset, i.payload_offset, i.end), (14, Some(34), 62, 62));
-        assert_eq!((i.ip_version, i.protocol, i.src_port, i.dst_port), (4, IpProtocol::TCP, 3372, 80));
-        assert_eq!(i.tcp_flags, TcpFlags::SYN);
-        assert!(!i.is_fragment && i.gtpu.is_none() && i.vlan_count == 0);
+        let m = PktMeta::parse(&HTTP_SYN);
+        assert!(m.valid && !m.v6 && m.vlan == 0 && m.teid().is_none());
+        assert_eq!((m.l3, m.l4, m.proto), (14, 34, IpProtocol::TCP));
+        assert_eq!((m.tuple.src_port(), m.tuple.dst_port()), (3372, 80));
+        let t = m.tcp(&HTTP_SYN).unwrap();
+        assert_eq!((t.flags(), t.header_len(), t.payload().len()), (TcpFlags::SYN, 28, 0));
+        // A capture cut anywhere inside the datagram hands out no TCP view.
         for n in 0..HTTP_SYN.len() {
-            assert!(parse_frame(&HTTP_SYN[..n]).is_err(), "len {n}");
+            assert!(PktMeta::parse(&HTTP_SYN[..n]).tcp(&HTTP_SYN[..n]).is_none(), "len {n}");
         }
     }
 
@@ -532,16 +372,16 @@ mod tests {
         let mut buf = [0u8; 128];
         let n = b.emit(&mut buf, b"hello").unwrap();
         assert_eq!(n, 14 + 20 + 8 + 5);
-        let i = parse_frame(&buf[..n]).unwrap();
-        assert_eq!((i.l4_offset, i.payload_offset, i.src_port, i.dst_port), (Some(34), 42, 1000, 53));
+        let m = PktMeta::parse(&buf[..n]);
+        assert_eq!((m.l4, m.tuple.src_port(), m.tuple.dst_port()), (34, 1000, 53));
         let ip = Ipv4Packet::new_checked(&buf[14..n]).unwrap();
         assert!(ip.verify_checksum());
         let u = UdpPacket::new_checked(ip.payload()).unwrap();
         assert!(u.checksum() != 0 && u.verify_checksum(A4, B4));
         assert_eq!(u.payload(), b"hello");
         // Ethernet padding after the datagram is tolerated and excluded.
-        let i2 = parse_frame(&buf[..64]).unwrap();
-        assert_eq!(i2.end, n);
+        let m = PktMeta::parse(&buf[..64]);
+        assert_eq!(m.l4_bytes(&buf[..64]).map(<[u8]>::len), Some(n - 34));
         assert!(matches!(b.emit(&mut buf[..46], b"hello"), Err(WireError::Truncated)));
     }
 
@@ -551,11 +391,12 @@ mod tests {
             .with_vlans([Some(100), Some(200)]);
         let mut buf = [0u8; 200];
         let n = b.emit(&mut buf, &[7; 10]).unwrap();
-        let i = parse_frame(&buf[..n]).unwrap();
-        assert_eq!((i.vlan_count, i.vlan_ids), (2, [100, 200]));
-        assert_eq!(i.ethertype, EtherType::IPV6);
-        assert_eq!((i.l3_offset, i.l4_offset, i.payload_offset), (22, Some(62), 82));
-        assert_eq!(i.tcp_flags, TcpFlags::SYN | TcpFlags::ACK);
+        let m = PktMeta::parse(&buf[..n]);
+        assert!(m.valid && m.v6);
+        assert_eq!((m.vlan, m.l3, m.l4), (100, 22, 62));
+        let t = m.tcp(&buf[..n]).unwrap();
+        assert_eq!(t.flags(), TcpFlags::SYN | TcpFlags::ACK);
+        assert_eq!(m.l4 as usize + t.header_len(), 82);
         let ip = Ipv6Packet::new_checked(&buf[22..n]).unwrap();
         let t = TcpPacket::new_checked(ip.payload()).unwrap();
         assert!(t.verify_checksum(ip.src_addr(), ip.dst_addr()));
@@ -567,15 +408,17 @@ mod tests {
         b.l4 = L4Spec::IcmpEcho { request: true, ident: 9, seq_no: 3 };
         let mut buf = [0u8; 100];
         let n = b.emit(&mut buf, b"abcd").unwrap();
-        let i = parse_frame(&buf[..n]).unwrap();
-        assert_eq!(i.icmp, Some((icmp::icmpv4_type::ECHO_REQUEST, 0)));
+        let m = PktMeta::parse(&buf[..n]);
+        let v = m.icmp(&buf[..n]).unwrap();
+        assert!(v.is_echo_request() && v.msg_type() == icmp::icmpv4_type::ECHO_REQUEST && v.echo_ident() == 9);
         let ic = Icmpv4Packet::new_checked(&buf[34..n]).unwrap();
         assert!(ic.verify_checksum() && ic.echo_ident() == 9 && ic.echo_seq_no() == 3);
         let mut bv6 = FrameBuilder::udp_v6(a6(), b6(), 0, 0);
         bv6.l4 = L4Spec::IcmpEcho { request: false, ident: 1, seq_no: 2 };
         let n = bv6.emit(&mut buf, b"xyz").unwrap();
-        let i = parse_frame(&buf[..n]).unwrap();
-        assert_eq!(i.icmp, Some((icmp::icmpv6_type::ECHO_REPLY, 0)));
+        let m = PktMeta::parse(&buf[..n]);
+        assert!(m.icmp(&buf[..n]).is_some_and(|v| v.msg_type() == icmp::icmpv6_type::ECHO_REPLY && v.is_v6()));
+        assert!(m.tcp(&buf[..n]).is_none());
         let ic = Icmpv6Packet::new_checked(&buf[54..n]).unwrap();
         assert!(ic.verify_checksum(a6().octets(), b6().octets()));
     }
@@ -589,11 +432,18 @@ mod tests {
         let mut buf = [0u8; 256];
         let n = outer.emit_encapsulated(&mut buf, &inner, b"GET /").unwrap();
         assert_eq!(n, 14 + 20 + 8 + 16 + 20 + 20 + 5);
-        let i = parse_frame(&buf[..n]).unwrap();
-        let g = i.gtpu.unwrap();
-        assert_eq!((g.teid, g.qfi, g.msg_type), (0x1234_5678, Some(5), gtpu::msg_type::G_PDU));
-        assert_eq!((g.inner_offset, g.inner_len), (58, 45));
-        let ip = Ipv4Packet::new_checked(&buf[g.inner_offset..g.inner_offset + g.inner_len]).unwrap();
+        let m = PktMeta::parse(&buf[..n]);
+        assert_eq!(m.teid(), Some(0x1234_5678));
+        let udp = UdpPacket::new_checked(m.l4_bytes(&buf[..n]).unwrap()).unwrap();
+        let g = GtpuPacket::new_checked(udp.payload()).unwrap();
+        let l = g.layout().unwrap();
+        assert_eq!(
+            (g.teid(), l.pdu_session.map(|p| p.qfi), g.msg_type()),
+            (0x1234_5678, Some(5), gtpu::msg_type::G_PDU)
+        );
+        let inner_at = m.l4 as usize + udp::HEADER_LEN + l.header_len;
+        assert_eq!((inner_at, l.end - l.header_len), (58, 45));
+        let ip = Ipv4Packet::new_checked(&buf[inner_at..n]).unwrap();
         assert!(ip.verify_checksum());
         let t = TcpPacket::new_checked(ip.payload()).unwrap();
         assert!(t.verify_checksum(ip.src_addr(), ip.dst_addr()));
@@ -603,20 +453,20 @@ mod tests {
             .unwrap()
             .verify_checksum(outer_ip.src_addr(), outer_ip.dst_addr()));
         for k in 0..n {
-            assert!(parse_frame(&buf[..k]).is_err(), "len {k}");
+            assert!(PktMeta::parse(&buf[..k]).l4_bytes(&buf[..k]).is_none(), "len {k}");
         }
-        // Garbage on port 2152 is reported, not silently accepted.
+        // Junk on port 2152 stays plain UDP, with no TEID.
         let mut bad = buf;
         bad[42] = 0x50;
-        assert_eq!(parse_frame(&bad[..n]), Err(WireError::BadVersion));
+        let m = PktMeta::parse(&bad[..n]);
+        assert!(m.valid && m.teid().is_none());
     }
 
     #[test]
     fn non_ip_and_fragments() {
         let mut arp = [0u8; 42];
         arp[12..14].copy_from_slice(&[0x08, 0x06]);
-        let i = parse_frame(&arp).unwrap();
-        assert_eq!((i.ethertype, i.ip_version, i.l4_offset, i.l3_offset), (EtherType::ARP, 0, None, 14));
+        assert!(!PktMeta::parse(&arp).valid);
         // IPv4 non-first fragment: no L4 header.
         let b = FrameBuilder::udp_v4(A4, B4, 1, 2);
         let mut buf = [0u8; 100];
@@ -624,8 +474,8 @@ mod tests {
         let mut ip = Ipv4Packet::new_unchecked(&mut buf[14..n]);
         ip.set_frag_offset(8);
         ip.fill_checksum();
-        let i = parse_frame(&buf[..n]).unwrap();
-        assert!(i.is_fragment && !i.is_first_fragment && i.l4_offset.is_none() && i.src_port == 0);
+        let m = PktMeta::parse(&buf[..n]);
+        assert!(m.valid && m.l4 == 0 && m.tuple.is_non_first_fragment() && m.tuple.src_port() == 0);
         // First fragment whose UDP length exceeds the fragment: ports still read.
         let mut ip = Ipv4Packet::new_unchecked(&mut buf[14..n]);
         ip.set_frag_offset(0);
@@ -633,8 +483,8 @@ mod tests {
         ip.fill_checksum();
         let mut u = UdpPacket::new_unchecked(&mut buf[34..n]);
         u.set_len(1000);
-        let i = parse_frame(&buf[..n]).unwrap();
-        assert!(i.is_first_fragment && i.src_port == 1 && i.dst_port == 2);
+        let m = PktMeta::parse(&buf[..n]);
+        assert!(m.valid && m.tuple.src_port() == 1 && m.tuple.dst_port() == 2);
     }
 
     #[test]
@@ -650,12 +500,12 @@ mod tests {
         let mut ip = Ipv6Packet::new_unchecked(&mut out[14..]);
         ip.set_next_header(IpProtocol::IPV6_FRAG);
         ip.set_payload_len(ip.payload_len() + 8);
-        let i = parse_frame(&out[..n + 8]).unwrap();
-        assert!(i.is_fragment && i.is_first_fragment);
-        assert_eq!((i.l4_offset, i.src_port, i.dst_port), (Some(62), 7, 8));
+        let m = PktMeta::parse(&out[..n + 8]);
+        assert!(m.valid && !m.tuple.is_non_first_fragment());
+        assert_eq!((m.l4, m.tuple.src_port(), m.tuple.dst_port()), (62, 7, 8));
         out[57] = 0x08; // offset 8, M clear: last fragment
-        let i = parse_frame(&out[..n + 8]).unwrap();
-        assert!(i.is_fragment && !i.is_first_fragment && i.l4_offset.is_none());
-        assert_eq!((i.frag_offset, i.payload_offset), (8, 62));
+        let m = PktMeta::parse(&out[..n + 8]);
+        assert!(m.valid && m.tuple.is_non_first_fragment() && m.l4 == 0);
+        assert_eq!((m.tuple.proto(), m.tuple.src_port()), (17, 0));
     }
 }

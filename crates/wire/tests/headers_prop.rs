@@ -9,13 +9,15 @@ use std::time::Instant;
 use flowplane_wire::arp::{ArpOperation, ArpPacket, ArpRepr};
 use flowplane_wire::error::WireError;
 use flowplane_wire::ethernet::{EtherType, EthernetFrame, EthernetRepr};
+use flowplane_wire::flow::extract_five_tuple;
+use flowplane_wire::frame::PktMeta;
 use flowplane_wire::gtpu::{GtpuExtensions, GtpuPacket, GtpuRepr, PduSessionInfo, PduType};
 use flowplane_wire::icmp::{Icmpv4Packet, Icmpv4Repr, Icmpv6Packet, Icmpv6Repr};
 use flowplane_wire::ipv4::{self, AddrField, IpProtocol, Ipv4Packet, Ipv4Repr};
 use flowplane_wire::ipv6::{
     self, Ipv6ExtHeader, Ipv6ExtHeaderRepr, Ipv6FragHeader, Ipv6FragRepr, Ipv6Packet, Ipv6Repr,
 };
-use flowplane_wire::packet_repr::{parse_frame, FrameBuilder, L4Spec};
+use flowplane_wire::packet_repr::{FrameBuilder, L4Spec};
 use flowplane_wire::tcp::{TcpFlags, TcpOptions, TcpPacket, TcpRepr};
 use flowplane_wire::udp::{UdpPacket, UdpRepr};
 use flowplane_wire::vlan::{self, VlanRepr, VlanTag};
@@ -169,7 +171,10 @@ fn poke_all(data: &[u8]) -> usize {
         n += GtpuRepr::parse(&g).is_ok() as usize + g.seq_number().is_some() as usize;
     }
     n += GtpuExtensions::new(data, 0x85).count() + PduSessionInfo::parse(data).is_ok() as usize;
-    n += parse_frame(data).map_or(0, |i| i.payload_offset);
+    let m = PktMeta::parse(data);
+    n += m.l4 as usize + extract_five_tuple(data).is_ok() as usize;
+    n += m.l4_bytes(data).map_or(0, <[u8]>::len) + m.tcp(data).map_or(0, |t| t.option_iter().count());
+    n += m.icmp(data).and_then(|i| i.quoted_tuple()).is_some() as usize;
     n
 }
 
@@ -296,15 +301,17 @@ proptest! {
         }.with_vlans(vlans);
         let mut buf = [0u8; 256];
         let n = b.emit(&mut buf, &payload).unwrap();
-        let i = parse_frame(&buf[..n]).unwrap();
+        let m = PktMeta::parse(&buf[..n]);
         let nv = vlans.iter().flatten().count();
-        prop_assert_eq!(i.vlan_count as usize, nv);
-        prop_assert_eq!(i.l3_offset, 14 + 4 * nv);
-        prop_assert_eq!(i.ip_version, if v6f { 6 } else { 4 });
-        prop_assert_eq!((i.src_port, i.dst_port), (sp, dp));
-        prop_assert_eq!(i.payload_offset, b.header_len());
-        prop_assert_eq!(i.end, n);
-        let seg = &buf[i.l4_offset.unwrap()..n];
+        prop_assert!(m.valid);
+        prop_assert_eq!(m.vlan, vlans.iter().flatten().next().copied().unwrap_or(0));
+        prop_assert_eq!(m.l3 as usize, 14 + 4 * nv);
+        prop_assert_eq!(m.v6, v6f);
+        prop_assert_eq!((m.tuple.src_port(), m.tuple.dst_port()), (sp, dp));
+        let seg = m.l4_bytes(&buf[..n]).unwrap();
+        prop_assert_eq!(m.l4 as usize + seg.len(), n);
+        let hl = if tcp { m.tcp(&buf[..n]).unwrap().header_len() } else { 8 };
+        prop_assert_eq!(m.l4 as usize + hl, b.header_len());
         let ok = match (v6f, tcp) {
             (false, false) => UdpPacket::new_checked(seg).unwrap().verify_checksum(s4, d4),
             (false, true) => TcpPacket::new_checked(seg).unwrap().verify_checksum(s4, d4),
@@ -320,10 +327,14 @@ proptest! {
         let inner = FrameBuilder::udp_v4(Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2), 1, 2).without_ethernet();
         let mut buf = [0u8; 300];
         let n = outer.emit_encapsulated(&mut buf, &inner, &payload).unwrap();
-        let g = parse_frame(&buf[..n]).unwrap().gtpu.unwrap();
-        prop_assert_eq!((g.teid, g.qfi), (teid, psc.map(|p| p.qfi)));
-        prop_assert_eq!(g.inner_len, 28 + payload.len());
-        let ip = Ipv4Packet::new_checked(&buf[g.inner_offset..g.inner_offset + g.inner_len]).unwrap();
+        let m = PktMeta::parse(&buf[..n]);
+        prop_assert_eq!(m.teid(), Some(teid));
+        let u = UdpPacket::new_checked(m.l4_bytes(&buf[..n]).unwrap()).unwrap();
+        let g = GtpuPacket::new_checked(u.payload()).unwrap();
+        let l = g.layout().unwrap();
+        prop_assert_eq!((g.teid(), l.pdu_session.map(|p| p.qfi)), (teid, psc.map(|p| p.qfi)));
+        prop_assert_eq!(l.end - l.header_len, 28 + payload.len());
+        let ip = Ipv4Packet::new_checked(&u.payload()[l.header_len..l.end]).unwrap();
         prop_assert!(ip.verify_checksum());
     }
 
@@ -382,7 +393,7 @@ proptest! {
             f[i] = val;
         }
         let end = f.len() - (cut as usize % 8).min(f.len());
-        let r = parse_frame(&f[..end]);
+        let r = extract_five_tuple(&f[..end]);
         if let Err(e) = r {
             prop_assert!(!e.to_string().is_empty());
         }
@@ -435,7 +446,7 @@ fn hot_path_cost() {
     let t0 = Instant::now();
     for _ in 0..ROUNDS {
         for (f, &l) in frames.iter().zip(&lens) {
-            acc += parse_frame(std::hint::black_box(&f[..l])).map_or(0, |i| i.payload_offset);
+            acc += PktMeta::parse(std::hint::black_box(&f[..l])).l4 as usize;
         }
     }
     let parse = t0.elapsed().as_nanos() as f64 / (N * ROUNDS) as f64;
@@ -455,7 +466,7 @@ fn hot_path_cost() {
         acc += b.emit_headers(std::hint::black_box(&mut buf[..]), 18).unwrap();
     }
     let build = t0.elapsed().as_nanos() as f64 / (N * ROUNDS / 8) as f64;
-    println!("parse_frame: {parse:.1} ns/frame (mix UDPv4/TCPv4/TCPv6/GTP-U, {} frames)", N * ROUNDS);
+    println!("PktMeta::parse: {parse:.1} ns/frame (mix UDPv4/TCPv4/TCPv6/GTP-U, {} frames)", N * ROUNDS);
     println!("ipv4::rewrite_addr (IP + UDP checksums): {rewrite:.1} ns/packet");
     println!("FrameBuilder::emit_headers (64-B UDPv4 frame): {build:.1} ns/frame");
     assert!(acc > 0 && parse > 0.0);

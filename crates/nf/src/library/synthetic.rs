@@ -14,8 +14,10 @@ use bytemuck::{Pod, Zeroable};
 use serde_json::json;
 
 use crate::pkt::Pkt;
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::stateful::Granularity;
 use crate::stateful::{Action, StatefulNf};
-use crate::{NfContext, ParamError, Params};
+use crate::{NfContext, ParamError, ParamSpec, Params};
 
 /// Most indirect accesses per packet.
 pub const MAX_K: u64 = 16;
@@ -23,6 +25,29 @@ pub const MAX_K: u64 = 16;
 pub const DEFAULT_MEM: u64 = 256 << 20;
 /// Largest array (entries are `u32` indices).
 pub const MAX_MEM: u64 = 16 << 30;
+
+const K: ParamSpec = ParamSpec::uint("k", 1, 0, MAX_K, "indirect accesses per packet");
+const MEM: ParamSpec = ParamSpec::uint(
+    "mem",
+    DEFAULT_MEM,
+    8,
+    MAX_MEM,
+    "bytes of the private pointer-chasing array per instance (default 256 MiB; suffixes are decimal)",
+);
+const SEED: ParamSpec = ParamSpec::uint("seed", 1, 0, u64::MAX, "seed of the random permutation and flow starts");
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "synthetic",
+    about: "synthetic NF with k dependent indirect memory accesses per packet (FAJITA Fig. 3/17); prefetch hook loads the first",
+    keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
+    params: &[K, MEM, SEED],
+};
+
+/// Builds `synthetic` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(Synthetic::from_params(p)?))
+}
 
 /// Per-flow state: the flow's current position in the array.
 #[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
@@ -65,9 +90,9 @@ impl Synthetic {
     /// `synthetic(k=N, mem=BYTES, seed=S)`. Suffixes k/M/G are decimal
     /// (`mem=256M` is 256e6 bytes); the default is 256 MiB.
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
-        let k = p.u64_in("k", 1, 0, MAX_K)? as u32;
-        let mem = p.u64_in("mem", DEFAULT_MEM, 8, MAX_MEM)?;
-        let seed = p.u64_in("seed", 1, 0, u64::MAX)?;
+        let k = p.uint(&K)? as u32;
+        let mem = p.uint(&MEM)?;
+        let seed = p.uint(&SEED)?;
         Synthetic::new(k, mem, seed)
     }
 
@@ -114,7 +139,7 @@ impl StatefulNf for Synthetic {
     const HAS_PREFETCH: bool = true;
 
     fn name(&self) -> &'static str {
-        "synthetic"
+        NF.name
     }
 
     fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> SyntheticState {

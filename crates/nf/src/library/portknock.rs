@@ -23,12 +23,33 @@
 use bytemuck::{Pod, Zeroable};
 use serde_json::json;
 
-use crate::pkt::{proto, Pkt};
+use crate::pkt::Pkt;
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::stateful::{Action, Granularity, StatefulNf};
-use crate::{NfContext, ParamError, Params};
+use crate::{NfContext, ParamError, ParamSpec, Params};
+use flowplane_wire::ipv4::IpProtocol;
 
 /// Longest knock sequence.
 pub const MAX_KNOCKS: usize = 8;
+
+const KNOCK: ParamSpec =
+    ParamSpec::text("knock", "1111-2222-3333", "P1-P2-...", "knock sequence of 1..8 TCP ports (1..65535)");
+const PROTECT: ParamSpec = ParamSpec::uint("protect", 22, 1, 65535, "protected TCP port");
+const TIMEOUT: ParamSpec =
+    ParamSpec::uint("timeout", 0, 0, 30 * 86_400, "idle timeout of a source's state in seconds, 0 = chain default");
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "portknock",
+    about: "port-knocking firewall (SCR App. C): per source IP, the protected TCP port opens after the knock sequence",
+    keyed_by: KeyedBy::Fixed(Granularity::SrcIp),
+    params: &[KNOCK, PROTECT, TIMEOUT],
+};
+
+/// Builds `portknock` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(PortKnock::from_params(p)?))
+}
 
 /// Per-source automaton state: `stage` i < n is CLOSED_(i+1), n is OPEN.
 #[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
@@ -63,7 +84,7 @@ pub struct PortKnock {
 impl PortKnock {
     /// `portknock(knock=P1-P2-..., protect=PORT, timeout=S)`.
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
-        let ks = p.string("knock", "1111-2222-3333");
+        let ks = p.text(&KNOCK)?;
         let bad = || {
             ParamError(format!(
                 "portknock: parameter 'knock={ks}' must be 1 to {MAX_KNOCKS} ports 1..65535 separated by '-'"
@@ -77,11 +98,11 @@ impl PortKnock {
             }
             ports.push(v);
         }
-        let protect = p.u64_in("protect", 22, 1, 65535)? as u16;
+        let protect = p.uint(&PROTECT)? as u16;
         if ports.contains(&protect) {
             return Err(ParamError(format!("portknock: parameter 'protect={protect}' is also a knock port")));
         }
-        let timeout_s = p.u64_in("timeout", 0, 0, 30 * 86_400)?;
+        let timeout_s = p.uint(&TIMEOUT)?;
         let mut pk = PortKnock::new(&ports, protect).ok_or_else(bad)?;
         pk.timeout_ns = (timeout_s > 0).then(|| timeout_s * 1_000_000_000);
         Ok(pk)
@@ -115,7 +136,7 @@ impl StatefulNf for PortKnock {
     type State = KnockState;
 
     fn name(&self) -> &'static str {
-        "portknock"
+        NF.name
     }
 
     fn granularity(&self) -> Granularity {
@@ -132,7 +153,7 @@ impl StatefulNf for PortKnock {
 
     #[inline]
     fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut KnockState, _ctx: &NfContext) -> Action {
-        if pkt.proto() != proto::TCP {
+        if pkt.proto() != IpProtocol::TCP {
             self.c.non_tcp += 1;
             return Action::Pass;
         }
@@ -196,7 +217,7 @@ impl StatefulNf for PortKnock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pkt::tcp_flags::SYN;
+    const SYN: u8 = flowplane_wire::tcp::TcpFlags::SYN.bits();
     use crate::pkt::PktMeta;
     use crate::testutil::{tcp4, udp4, Harness};
 

@@ -53,16 +53,39 @@
 //! own table: under multi-core RSS both directions of a connection must reach
 //! the same core (symmetric RSS).
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr};
 
 use bytemuck::{Pod, Zeroable};
-use flowplane_wire::flow::{FiveTuple, FiveTupleV4, FiveTupleV6};
+use flowplane_wire::flow::{FiveTuple, FiveTupleV4};
 use flowplane_wire::hash::HashableKey;
+use flowplane_wire::ipv4::IpProtocol;
+use flowplane_wire::prefix::IpPrefix;
+use flowplane_wire::tcp::{TcpFlags, TcpOption};
 use serde_json::json;
 
-use crate::pkt::{proto, tcp_flags, Pkt};
-use crate::stateful::{Action, StatefulNf};
-use crate::{NfContext, ParamError, Params};
+use crate::pkt::Pkt;
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::stateful::{Action, Granularity, StatefulNf};
+use crate::{NfContext, ParamError, ParamSpec, Params};
+
+const ALLOW_NEW: ParamSpec = ParamSpec::choice("allow_new", "inside", &["inside", "any"], "who may open connections");
+const INSIDE: ParamSpec = ParamSpec::text("inside", "10.0.0.0/8", "ADDR/LEN", "inside prefix, IPv4 or IPv6");
+const TIMEOUT: ParamSpec = ParamSpec::uint("timeout", 300, 1, 30 * 86_400, "idle timeout in seconds");
+const CONNS: ParamSpec = ParamSpec::uint("conns", 1 << 20, 1, MAX_CONNS, "connection table capacity per core");
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "fw",
+    about:
+        "stateful firewall: TCP connection tracking (handshake, seq/ack windows, FIN/RST teardown), related UDP/ICMP",
+    keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
+    params: &[ALLOW_NEW, INSIDE, TIMEOUT, CONNS],
+};
+
+/// Builds `fw` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(Fw::from_params(p)?))
+}
 
 /// Largest connection table (slab entries).
 pub const MAX_CONNS: u64 = 1 << 26;
@@ -353,8 +376,8 @@ impl Default for FwConfig {
             allow_new: AllowNew::Inside,
             inside: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 0)),
             inside_len: 8,
-            timeout_s: 300,
-            conns: 1 << 20,
+            timeout_s: const { TIMEOUT.uint_default() },
+            conns: const { CONNS.uint_default() },
         }
     }
 }
@@ -392,7 +415,7 @@ struct Counters {
 /// The parts of a TCP segment the tracker uses.
 #[derive(Clone, Copy, Debug)]
 struct Seg {
-    flags: u8,
+    flags: TcpFlags,
     seq: u32,
     ack: u32,
     win: u16,
@@ -406,10 +429,10 @@ impl Seg {
     /// Sequence number after this segment (SYN and FIN count one).
     fn end(&self) -> u32 {
         let mut e = self.seq.wrapping_add(self.len);
-        if self.flags & tcp_flags::SYN != 0 {
+        if self.flags.contains(TcpFlags::SYN) {
             e = e.wrapping_add(1);
         }
-        if self.flags & tcp_flags::FIN != 0 {
+        if self.flags.contains(TcpFlags::FIN) {
             e = e.wrapping_add(1);
         }
         e
@@ -426,134 +449,45 @@ fn after(a: u32, b: u32) -> bool {
     before(b, a)
 }
 
-/// Parses the TCP header at the packet's L4 offset; None when it is truncated
-/// or inconsistent with the IP length.
+/// The tracked parts of the packet's TCP segment, read through its checked
+/// view; None when the header is cut or inconsistent with the IP length.
 fn parse_seg(pkt: &Pkt<'_>) -> Option<Seg> {
-    let m = pkt.meta();
-    let d = pkt.data();
-    let l4 = m.l4 as usize;
-    if l4 == 0 {
-        return None;
-    }
-    let h = d.get(l4..l4 + 20)?;
-    let doff = (h[12] >> 4) as usize * 4;
-    let l3 = m.l3 as usize;
-    let end = if m.v6 {
-        let plen = u16::from_be_bytes([*d.get(l3 + 4)?, *d.get(l3 + 5)?]) as usize;
-        l3 + 40 + plen
-    } else {
-        let tot = u16::from_be_bytes([*d.get(l3 + 2)?, *d.get(l3 + 3)?]) as usize;
-        l3 + tot
-    };
-    if doff < 20 || end > d.len() || end < l4 + doff {
-        return None;
-    }
-    let flags = h[13];
+    let t = pkt.tcp()?;
+    let flags = t.flags();
     let mut wscale = None;
-    if flags & tcp_flags::SYN != 0 {
-        let opts = d.get(l4 + 20..l4 + doff)?;
-        let mut i = 0;
-        while let Some(&kind) = opts.get(i) {
-            match kind {
-                0 => break,
-                1 => i += 1,
-                _ => {
-                    let Some(&len) = opts.get(i + 1) else { break };
-                    if len < 2 {
-                        break;
-                    }
-                    if kind == 3 && len == 3 {
-                        wscale = opts.get(i + 2).map(|&s| s.min(14));
-                    }
-                    i += len as usize;
-                }
+    if flags.contains(TcpFlags::SYN) {
+        // The iterator stops at the first malformed option.
+        for o in t.option_iter() {
+            match o {
+                Ok(TcpOption::WindowScale(s)) => wscale = Some(s.min(14)),
+                Ok(_) => {}
+                Err(_) => break,
             }
         }
     }
     Some(Seg {
         flags,
-        seq: u32::from_be_bytes([h[4], h[5], h[6], h[7]]),
-        ack: u32::from_be_bytes([h[8], h[9], h[10], h[11]]),
-        win: u16::from_be_bytes([h[14], h[15]]),
-        len: (end - l4 - doff) as u32,
+        seq: t.seq_number(),
+        ack: t.ack_number(),
+        win: t.window_len(),
+        len: t.payload().len() as u32,
         wscale,
     })
 }
 
 /// Flag combinations a real stack sends (PSH/URG/ECN bits aside).
-fn valid_flags(f: u8) -> bool {
-    use tcp_flags::*;
-    matches!(f & (FIN | SYN | RST | ACK), SYN | 0x12 | RST | 0x14 | ACK | 0x11)
-}
-
-/// The 5-tuple of the packet quoted by an ICMP / ICMPv6 error, as it was sent.
-fn quoted_tuple(pkt: &Pkt<'_>) -> Option<FiveTuple> {
-    let m = pkt.meta();
-    let d = pkt.data();
-    let inner = m.l4 as usize + 8;
-    let ports = |at: usize, p: u8| -> Option<(u16, u16)> {
-        match p {
-            proto::TCP | proto::UDP => Some((
-                u16::from_be_bytes([*d.get(at)?, *d.get(at + 1)?]),
-                u16::from_be_bytes([*d.get(at + 2)?, *d.get(at + 3)?]),
-            )),
-            proto::ICMP | proto::ICMPV6 => {
-                let id = u16::from_be_bytes([*d.get(at + 4)?, *d.get(at + 5)?]);
-                Some((id, id))
-            }
-            _ => Some((0, 0)),
-        }
-    };
-    if m.v6 {
-        let h = d.get(inner..inner + 40)?;
-        let p = h[6];
-        let src: [u8; 16] = h[8..24].try_into().ok()?;
-        let dst: [u8; 16] = h[24..40].try_into().ok()?;
-        let (sp, dp) = ports(inner + 40, p)?;
-        Some(FiveTuple::V6(FiveTupleV6::new(Ipv6Addr::from(src), Ipv6Addr::from(dst), sp, dp, p)))
-    } else {
-        let h = d.get(inner..inner + 20)?;
-        let ihl = (h[0] & 0x0f) as usize * 4;
-        if h[0] >> 4 != 4 || ihl < 20 {
-            return None;
-        }
-        let p = h[9];
-        let src = Ipv4Addr::new(h[12], h[13], h[14], h[15]);
-        let dst = Ipv4Addr::new(h[16], h[17], h[18], h[19]);
-        let (sp, dp) = ports(inner + ihl, p)?;
-        Some(FiveTuple::V4(FiveTupleV4::new(src, dst, sp, dp, p)))
-    }
-}
-
-fn parse_prefix(s: &str) -> Option<(IpAddr, u8)> {
-    let (a, l) = match s.split_once('/') {
-        Some((a, l)) => (a, Some(l)),
-        None => (s, None),
-    };
-    let addr: IpAddr = a.parse().ok()?;
-    let max = if addr.is_ipv4() { 32 } else { 128 };
-    let len = match l {
-        Some(l) => l.parse::<u8>().ok().filter(|&l| l <= max)?,
-        None => max,
-    };
-    Some((addr, len))
-}
-
-/// An address as a 128-bit number (IPv4 in the low 32 bits) and its family width.
-fn addr_bits(a: IpAddr) -> (u128, u32) {
-    match a {
-        IpAddr::V4(a) => (u32::from(a) as u128, 32),
-        IpAddr::V6(a) => (u128::from(a), 128),
-    }
+fn valid_flags(f: TcpFlags) -> bool {
+    type F = TcpFlags;
+    let f = f & (F::FIN | F::SYN | F::RST | F::ACK);
+    [F::SYN, F::SYN | F::ACK, F::RST, F::RST | F::ACK, F::ACK, F::FIN | F::ACK].contains(&f)
 }
 
 /// The stateful firewall.
 #[derive(Debug)]
 pub struct Fw {
     cfg: FwConfig,
-    inside_net: u128,
-    inside_mask: u128,
-    inside_v6: bool,
+    /// `cfg.inside/cfg.inside_len`, for matching.
+    inside: IpPrefix,
     timeout_ns: u64,
     table: ConnTable,
     c: Counters,
@@ -562,32 +496,23 @@ pub struct Fw {
 impl Fw {
     /// `fw(allow_new=inside|any, inside=PREFIX, timeout=S, conns=N)`.
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
-        let d = FwConfig::default();
-        let an = p.string("allow_new", "inside");
-        let allow_new = match an.as_str() {
-            "inside" => AllowNew::Inside,
-            "any" => AllowNew::Any,
-            _ => return Err(ParamError(format!("fw: parameter 'allow_new={an}' must be 'inside' or 'any'"))),
-        };
-        let ins = p.string("inside", "10.0.0.0/8");
-        let (inside, inside_len) = parse_prefix(&ins)
+        let allow_new = p.choice(&ALLOW_NEW, [AllowNew::Inside, AllowNew::Any])?;
+        let ins = p.text(&INSIDE)?;
+        let (inside, inside_len) = IpPrefix::parse(&ins)
+            .map(|p| (p.addr(), p.len()))
             .ok_or_else(|| ParamError(format!("fw: parameter 'inside={ins}' is not an IP prefix ADDR/LEN")))?;
-        let timeout_s = p.u64_in("timeout", d.timeout_s, 1, 30 * 86_400)?;
-        let conns = p.u64_in("conns", d.conns, 1, MAX_CONNS)?;
+        let timeout_s = p.uint(&TIMEOUT)?;
+        let conns = p.uint(&CONNS)?;
         Ok(Fw::new(FwConfig { allow_new, inside, inside_len, timeout_s, conns }))
     }
 
     /// A firewall for `cfg` (capacity clamped to `1..=MAX_CONNS`); preallocates the connection table.
     pub fn new(cfg: FwConfig) -> Self {
-        let (net, width) = addr_bits(cfg.inside);
-        let len = (cfg.inside_len as u32).min(width);
-        let mask = if len == 0 { 0 } else { (u128::MAX << (128 - len)) >> (128 - width) };
+        let inside = IpPrefix::clamped(cfg.inside, cfg.inside_len);
         let conns = cfg.conns.clamp(1, MAX_CONNS);
         Fw {
             cfg: FwConfig { conns, ..cfg },
-            inside_net: net & mask,
-            inside_mask: mask,
-            inside_v6: width == 128,
+            inside,
             timeout_ns: cfg.timeout_s.saturating_mul(1_000_000_000),
             table: ConnTable::new(conns as usize),
             c: Counters::default(),
@@ -613,11 +538,7 @@ impl Fw {
     }
 
     fn may_open(&self, src: IpAddr) -> bool {
-        if self.cfg.allow_new == AllowNew::Any {
-            return true;
-        }
-        let (a, w) = addr_bits(src);
-        (w == 128) == self.inside_v6 && a & self.inside_mask == self.inside_net
+        self.cfg.allow_new == AllowNew::Any || self.inside.contains(src)
     }
 
     /// The live connection `st` is bound to.
@@ -695,10 +616,11 @@ impl Fw {
 
     /// A TCP segment of no known connection: only an allowed SYN opens one.
     fn tcp_new(&mut self, pkt: &Pkt<'_>, st: &mut FwState, seg: &Seg, now: u64) -> Action {
-        use tcp_flags::*;
-        let f = seg.flags & (SYN | ACK | RST | FIN);
+        const SYN: TcpFlags = TcpFlags::SYN;
+        const ACK: TcpFlags = TcpFlags::ACK;
+        let f = seg.flags & (SYN | ACK | TcpFlags::RST | TcpFlags::FIN);
         if f != SYN {
-            if f & RST != 0 {
+            if f.contains(TcpFlags::RST) {
                 self.c.rst_invalid += 1;
             } else if f == SYN | ACK {
                 self.c.unsolicited_synack += 1;
@@ -721,14 +643,16 @@ impl Fw {
 
     /// Tracks a segment of connection `s` sent by direction `dir`.
     fn tcp_track(&mut self, s: usize, dir: usize, seg: &Seg, now: u64) -> Action {
-        use tcp_flags::*;
+        const SYN: TcpFlags = TcpFlags::SYN;
+        const ACK: TcpFlags = TcpFlags::ACK;
+        const FIN: TcpFlags = TcpFlags::FIN;
         let c = &mut self.table.slab[s];
         c.last_ns = c.last_ns.max(now);
         let f = seg.flags;
-        if f & RST != 0 {
+        if f.contains(TcpFlags::RST) {
             let ok = if c.state == tcp_state::SYN_SENT {
                 // RFC 793: acceptable in SYN_SENT only when it acknowledges the SYN.
-                dir == 1 && f & ACK != 0 && seg.ack == c.td[0].end
+                dir == 1 && f.contains(ACK) && seg.ack == c.td[0].end
             } else {
                 let (snd, rcv) = (c.td[dir], c.td[1 - dir]);
                 !before(seg.seq, snd.end.wrapping_sub(rcv.maxwin.max(1))) && !after(seg.seq, snd.maxend)
@@ -771,12 +695,12 @@ impl Fw {
                 c.td[1] = td;
                 c.state = tcp_state::SYN_RECV;
             }
-            tcp_state::SYN_RECV if f & SYN != 0 => {
+            tcp_state::SYN_RECV if f.contains(SYN) => {
                 // Retransmitted SYN or SYN-ACK of the same handshake only.
                 let same = if dir == 0 {
-                    f & ACK == 0 && seg.seq.wrapping_add(1) == c.td[0].end
+                    !f.contains(ACK) && seg.seq.wrapping_add(1) == c.td[0].end
                 } else {
-                    f & ACK != 0 && seg.seq.wrapping_add(1) == c.td[1].end && seg.ack == c.td[0].end
+                    f.contains(ACK) && seg.seq.wrapping_add(1) == c.td[1].end && seg.ack == c.td[0].end
                 };
                 if same {
                     return Action::Pass;
@@ -784,7 +708,7 @@ impl Fw {
                 self.c.out_of_state += 1;
                 return Action::Drop;
             }
-            _ if f & SYN != 0 => {
+            _ if f.contains(SYN) => {
                 self.c.out_of_state += 1;
                 return Action::Drop;
             }
@@ -795,7 +719,12 @@ impl Fw {
             return Action::Drop;
         }
         update_window(c, dir, seg);
-        if c.state == tcp_state::SYN_RECV && dir == 0 && f & ACK != 0 && f & SYN == 0 && !before(seg.ack, c.td[1].end) {
+        if c.state == tcp_state::SYN_RECV
+            && dir == 0
+            && f.contains(ACK)
+            && !f.contains(SYN)
+            && !before(seg.ack, c.td[1].end)
+        {
             c.state = tcp_state::ESTABLISHED;
             self.c.established += 1;
         }
@@ -803,11 +732,11 @@ impl Fw {
             return Action::Pass;
         }
         let (snd, rcv) = (dir, 1 - dir);
-        if f & FIN != 0 && !c.td[snd].fin_seen {
+        if f.contains(FIN) && !c.td[snd].fin_seen {
             c.td[snd].fin_seen = true;
             c.td[snd].fin_end = seg.end();
         }
-        if f & ACK != 0 && c.td[rcv].fin_seen && !before(seg.ack, c.td[rcv].fin_end) {
+        if f.contains(ACK) && c.td[rcv].fin_seen && !before(seg.ack, c.td[rcv].fin_end) {
             c.td[rcv].fin_acked = true;
         }
         let (a, b) = (c.td[0], c.td[1]);
@@ -829,17 +758,16 @@ impl Fw {
     }
 
     fn icmp(&mut self, pkt: &Pkt<'_>, st: &mut FwState, now: u64) -> Action {
-        let v6 = pkt.meta().v6;
-        let Some(&ty) = pkt.data().get(pkt.meta().l4 as usize).filter(|_| pkt.meta().l4 != 0) else {
+        let Some(msg) = pkt.icmp() else {
             self.c.malformed += 1;
             return self.drop_for(st);
         };
-        let (req, rep) = if v6 { (128, 129) } else { (8, 0) };
+        let (req, rep) = (msg.is_echo_request(), msg.is_echo_reply());
         let t = *pkt.tuple();
-        if ty == req || ty == rep {
+        if req || rep {
             let found = self.find(st, &t);
             return match found {
-                Some(s) if self.table.slab[s].kind == K_ECHO && (st.dir == 0) == (ty == req) => {
+                Some(s) if self.table.slab[s].kind == K_ECHO && (st.dir == 0) == req => {
                     let c = &mut self.table.slab[s];
                     c.last_ns = c.last_ns.max(now);
                     Action::Pass
@@ -848,7 +776,7 @@ impl Fw {
                     self.c.icmp_unrelated += 1;
                     Action::Drop
                 }
-                None if ty == rep => {
+                None if rep => {
                     self.c.icmp_unsolicited += 1;
                     Action::DropEndFlow
                 }
@@ -862,10 +790,9 @@ impl Fw {
                 },
             };
         }
-        let is_error = if v6 { (1..=4).contains(&ty) } else { matches!(ty, 3 | 4 | 5 | 11 | 12) };
-        if is_error {
+        if msg.is_error() {
             // Related: the quoted packet belongs to a tracked connection.
-            if let Some(q) = quoted_tuple(pkt) {
+            if let Some(q) = msg.quoted_tuple() {
                 if self.table.lookup(&q.canonical()).is_some() {
                     self.c.related += 1;
                     return Action::Pass;
@@ -874,7 +801,8 @@ impl Fw {
             self.c.icmp_unrelated += 1;
             return self.drop_for(st);
         }
-        if v6 && (133..=137).contains(&ty) {
+        // Router/neighbour solicitation and advertisement, redirect (RFC 4861).
+        if msg.is_v6() && (133..=137).contains(&msg.msg_type()) {
             self.c.nd_passed += 1;
             return Action::Pass;
         }
@@ -911,7 +839,7 @@ fn syn_td(seg: &Seg) -> Td {
 /// the window the receiver advertised and its ack covers only what was sent.
 fn in_window(c: &Conn, dir: usize, seg: &Seg) -> bool {
     let (snd, rcv) = (&c.td[dir], &c.td[1 - dir]);
-    let ack = if seg.flags & tcp_flags::ACK != 0 { seg.ack } else { rcv.end };
+    let ack = if seg.flags.contains(TcpFlags::ACK) { seg.ack } else { rcv.end };
     let max_ack = snd.maxwin.max(MAX_ACK_WINDOW);
     !after(seg.seq, snd.maxend)
         && !before(seg.end(), snd.end.wrapping_sub(rcv.maxwin))
@@ -921,14 +849,14 @@ fn in_window(c: &Conn, dir: usize, seg: &Seg) -> bool {
 
 fn update_window(c: &mut Conn, dir: usize, seg: &Seg) {
     let win =
-        if seg.flags & tcp_flags::SYN != 0 { seg.win as u32 } else { (seg.win as u32) << c.td[dir].scale.min(14) };
+        if seg.flags.contains(TcpFlags::SYN) { seg.win as u32 } else { (seg.win as u32) << c.td[dir].scale.min(14) };
     let end = seg.end();
     let snd = &mut c.td[dir];
     snd.maxwin = snd.maxwin.max(win);
     if after(end, snd.end) {
         snd.end = end;
     }
-    if seg.flags & tcp_flags::ACK != 0 {
+    if seg.flags.contains(TcpFlags::ACK) {
         let rcv = &mut c.td[1 - dir];
         let lim = seg.ack.wrapping_add(win.max(1));
         if after(lim, rcv.maxend) {
@@ -945,7 +873,7 @@ impl StatefulNf for Fw {
     const HAS_PREFETCH: bool = true;
 
     fn name(&self) -> &'static str {
-        "fw"
+        NF.name
     }
 
     fn idle_timeout_ns(&self) -> Option<u64> {
@@ -967,9 +895,9 @@ impl StatefulNf for Fw {
             return self.drop_for(st);
         }
         match pkt.proto() {
-            proto::TCP => self.tcp(pkt, st, ctx.now_ns),
-            proto::ICMP if !pkt.meta().v6 => self.icmp(pkt, st, ctx.now_ns),
-            proto::ICMPV6 if pkt.meta().v6 => self.icmp(pkt, st, ctx.now_ns),
+            IpProtocol::TCP => self.tcp(pkt, st, ctx.now_ns),
+            IpProtocol::ICMP if !pkt.meta().v6 => self.icmp(pkt, st, ctx.now_ns),
+            IpProtocol::ICMPV6 if pkt.meta().v6 => self.icmp(pkt, st, ctx.now_ns),
             _ => self.datagram(pkt, st, ctx.now_ns),
         }
     }
@@ -1036,7 +964,11 @@ impl StatefulNf for Fw {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pkt::tcp_flags::{ACK, FIN, PSH, RST, SYN};
+    const ACK: u8 = TcpFlags::ACK.bits();
+    const FIN: u8 = TcpFlags::FIN.bits();
+    const PSH: u8 = TcpFlags::PSH.bits();
+    const RST: u8 = TcpFlags::RST.bits();
+    const SYN: u8 = TcpFlags::SYN.bits();
     use crate::testutil::{ipv4_frame, tcp4, udp4, Harness};
 
     const C: [u8; 4] = [10, 0, 0, 5];
@@ -1274,7 +1206,7 @@ mod tests {
     fn icmp4(src: [u8; 4], dst: [u8; 4], ty: u8, id: u16) -> Vec<u8> {
         let mut m = vec![ty, 0, 0, 0, 0, 0, 0, 1];
         m[4..6].copy_from_slice(&id.to_be_bytes());
-        ipv4_frame(src, dst, proto::ICMP, &m)
+        ipv4_frame(src, dst, IpProtocol::ICMP.0, &m)
     }
 
     #[test]
@@ -1290,14 +1222,14 @@ mod tests {
         let out = udp4(C, S, 5353, 53);
         let mut err = vec![3, 3, 0, 0, 0, 0, 0, 0];
         err.extend_from_slice(&out[14..14 + 28]);
-        let err = ipv4_frame(S, C, proto::ICMP, &err);
+        let err = ipv4_frame(S, C, IpProtocol::ICMP.0, &err);
         assert_eq!(h.run(&err).1, Action::DropEndFlow);
         assert_eq!(drops(&h, "icmp_unrelated"), 1);
         assert_eq!(h.run(&out).1, Action::Pass);
         assert_eq!(h.run(&err).1, Action::Pass);
         assert_eq!(stat(&h, "related_icmp"), 1);
         // Truncated quote and other ICMP types.
-        let short = ipv4_frame(S, C, proto::ICMP, &[3, 3, 0, 0, 0, 0, 0, 0, 0x45]);
+        let short = ipv4_frame(S, C, IpProtocol::ICMP.0, &[3, 3, 0, 0, 0, 0, 0, 0, 0x45]);
         assert_eq!(h.run(&short).1, Action::DropEndFlow);
         assert_eq!(h.run(&icmp4(S, C, 13, 1)).1, Action::DropEndFlow);
         assert_eq!(drops(&h, "icmp_other"), 1);
@@ -1398,6 +1330,8 @@ mod tests {
             let mut p = Params::new("fw", pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect());
             Fw::from_params(&mut p).map(|f| *f.config())
         };
+        // The declared defaults are FwConfig's defaults.
+        assert_eq!(mk(&[]).unwrap(), FwConfig::default());
         let c = mk(&[("allow_new", "any"), ("inside", "192.168.0.0/16"), ("timeout", "60"), ("conns", "1k")]).unwrap();
         assert_eq!(c.allow_new, AllowNew::Any);
         assert_eq!((c.inside_len, c.timeout_s, c.conns), (16, 60, 1000));

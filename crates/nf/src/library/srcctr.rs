@@ -10,8 +10,22 @@ use flowplane_wire::flow::FiveTuple;
 use serde_json::json;
 
 use crate::pkt::Pkt;
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::stateful::{Action, Granularity, StatefulNf};
 use crate::{NfContext, ParamError, Params};
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "srcctr",
+    about: "source-IP statistics counter: packets, bytes, first/last seen per source IP (exportable)",
+    keyed_by: KeyedBy::Fixed(Granularity::SrcIp),
+    params: &[],
+};
+
+/// Builds `srcctr` and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(SrcCtr::from_params(p)?))
+}
 
 /// Per-source counters.
 #[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
@@ -47,7 +61,7 @@ impl StatefulNf for SrcCtr {
     type State = SrcCtrState;
 
     fn name(&self) -> &'static str {
-        "srcctr"
+        NF.name
     }
 
     fn granularity(&self) -> Granularity {
@@ -91,14 +105,14 @@ impl StatefulNf for SrcCtr {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pkt::tcp_flags;
     use crate::testutil::{tcp4, udp4, Harness};
+    use flowplane_wire::tcp::TcpFlags;
 
     #[test]
     fn flows_of_one_source_share_a_counter() {
         let mut h = Harness::new(SrcCtr::default());
         let a = udp4([10, 0, 0, 1], [9, 9, 9, 9], 1000, 80);
-        let b = tcp4([10, 0, 0, 1], [8, 8, 8, 8], 2000, 443, tcp_flags::SYN, 1, 0);
+        let b = tcp4([10, 0, 0, 1], [8, 8, 8, 8], 2000, 443, TcpFlags::SYN.bits(), 1, 0);
         let c = udp4([10, 0, 0, 2], [9, 9, 9, 9], 1000, 80);
         h.now_ns = 5;
         h.run(&a);

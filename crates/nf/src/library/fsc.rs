@@ -7,8 +7,23 @@ use flowplane_wire::flow::FiveTuple;
 use serde_json::json;
 
 use crate::pkt::Pkt;
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::stateful::Granularity;
 use crate::stateful::{Action, StatefulNf};
 use crate::{NfContext, ParamError, Params};
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "fsc",
+    about: "flow statistics counter: packets, bytes, first/last seen per 5-tuple (exportable)",
+    keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
+    params: &[],
+};
+
+/// Builds `fsc` and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(Fsc::from_params(p)?))
+}
 
 /// Per-flow counters.
 #[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
@@ -41,7 +56,7 @@ impl StatefulNf for Fsc {
     type State = FscState;
 
     fn name(&self) -> &'static str {
-        "fsc"
+        NF.name
     }
 
     fn init(&mut self, _pkt: &Pkt<'_>, ctx: &NfContext) -> FscState {

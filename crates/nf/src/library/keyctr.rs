@@ -8,8 +8,29 @@ use bytemuck::{Pod, Zeroable};
 use serde_json::json;
 
 use crate::pkt::Pkt;
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::stateful::{Action, Granularity, StatefulNf};
-use crate::{NfContext, ParamError, Params};
+use crate::{NfContext, ParamError, ParamSpec, Params};
+
+const KEY: ParamSpec = ParamSpec::text(
+    "key",
+    "src_ip",
+    "KEY",
+    "src_ip|dst_ip|ip_pair|teid|5tuple, or fields src_ip, dst_ip, sport, dport, proto, vlan, teid joined by '+'",
+);
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "keyctr",
+    about: "packets and bytes per key of any granularity: source/destination IP, IP pair, GTP-U TEID or a field set (shared between cores)",
+    keyed_by: KeyedBy::Param(&KEY),
+    params: &[KEY],
+};
+
+/// Builds `keyctr` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(KeyCtr::from_params(p)?))
+}
 
 /// Per-key counters.
 #[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
@@ -30,9 +51,9 @@ pub struct KeyCtr {
 }
 
 impl KeyCtr {
-    /// `keyctr(key=src_ip|dst_ip|ip_pair|teid|FIELD+FIELD...)`, default `src_ip`.
+    /// `keyctr(key=src_ip|dst_ip|ip_pair|teid|FIELD+FIELD...)`.
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
-        let spec = p.string("key", "src_ip");
+        let spec = p.text(&KEY)?;
         let key = Granularity::parse(&spec).map_err(|e| ParamError(format!("keyctr: parameter 'key={spec}': {e}")))?;
         Ok(KeyCtr::new(key))
     }
@@ -47,7 +68,7 @@ impl StatefulNf for KeyCtr {
     type State = KeyCtrState;
 
     fn name(&self) -> &'static str {
-        "keyctr"
+        NF.name
     }
 
     fn granularity(&self) -> Granularity {

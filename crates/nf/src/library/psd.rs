@@ -31,9 +31,37 @@ use bytemuck::{Pod, Zeroable};
 use flowplane_wire::flow::FiveTuple;
 use serde_json::json;
 
-use crate::pkt::{proto, tcp_flags, Pkt};
+use crate::pkt::Pkt;
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::stateful::{Action, Granularity, StatefulNf};
-use crate::{NfContext, ParamError, Params};
+use crate::{NfContext, ParamError, ParamSpec, Params};
+use flowplane_wire::ipv4::IpProtocol;
+use flowplane_wire::tcp::TcpFlags;
+
+const WINDOW: ParamSpec = ParamSpec::float("window", 10.0, 0.001, 86_400.0, "window in seconds");
+const PORTS: ParamSpec =
+    ParamSpec::uint("ports", 20, 1, 1024, "distinct destination ports in a window that flag a source");
+const ACTION: ParamSpec =
+    ParamSpec::choice("action", "drop", &["drop", "flag"], "drop a flagged source's packets, or pass and count them");
+const TCP: ParamSpec = ParamSpec::choice(
+    "tcp",
+    "noack",
+    &["noack", "all"],
+    "TCP packets that count as probes: without the ACK flag, or all",
+);
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "psd",
+    about: "port-scan detector: distinct destination ports per source IP over a window (512-bit sketch)",
+    keyed_by: KeyedBy::Fixed(Granularity::SrcIp),
+    params: &[WINDOW, PORTS, ACTION, TCP],
+};
+
+/// Builds `psd` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(Psd::from_params(p)?))
+}
 
 /// Bits in the per-source port sketch.
 pub const SKETCH_BITS: u32 = 512;
@@ -94,23 +122,13 @@ fn bits_for(n: u64) -> u32 {
 
 impl Psd {
     /// `psd(window=S, ports=N, action=drop|flag, tcp=noack|all)`: window in
-    /// seconds (default 10), threshold in distinct destination ports (default 20).
+    /// seconds (fractions allowed), threshold in distinct destination ports.
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
-        let window = p.u64_in("window", 10, 1, 86_400)?;
-        let ports = p.u64_in("ports", 20, 1, 1024)?;
-        let action = match p.string("action", "drop").as_str() {
-            "drop" => PsdAction::Drop,
-            "flag" => PsdAction::Flag,
-            other => {
-                return Err(ParamError(format!("psd: parameter 'action={other}' must be 'drop' or 'flag'")));
-            }
-        };
-        let tcp_all = match p.string("tcp", "noack").as_str() {
-            "noack" => false,
-            "all" => true,
-            other => return Err(ParamError(format!("psd: parameter 'tcp={other}' must be 'noack' or 'all'"))),
-        };
-        Ok(Psd::new(window * 1_000_000_000, ports, action, tcp_all))
+        let window = p.float(&WINDOW)?;
+        let ports = p.uint(&PORTS)?;
+        let action = p.choice(&ACTION, [PsdAction::Drop, PsdAction::Flag])?;
+        let tcp_all = p.choice(&TCP, [false, true])?;
+        Ok(Psd::new((window * 1e9).round() as u64, ports, action, tcp_all))
     }
 
     /// A detector flagging `ports` distinct destination ports within `window_ns`.
@@ -133,10 +151,10 @@ impl Psd {
     #[inline]
     fn probed_port(&self, pkt: &Pkt<'_>) -> Option<u16> {
         match pkt.proto() {
-            proto::UDP => pkt.dst_port(),
-            proto::TCP => {
+            IpProtocol::UDP => pkt.dst_port(),
+            IpProtocol::TCP => {
                 let flags = pkt.tcp_flags()?;
-                if self.tcp_all || flags & tcp_flags::ACK == 0 {
+                if self.tcp_all || !flags.contains(TcpFlags::ACK) {
                     pkt.dst_port()
                 } else {
                     None
@@ -151,7 +169,7 @@ impl StatefulNf for Psd {
     type State = PsdState;
 
     fn name(&self) -> &'static str {
-        "psd"
+        NF.name
     }
 
     fn granularity(&self) -> Granularity {
@@ -237,7 +255,7 @@ mod tests {
     const S: u64 = 1_000_000_000;
 
     fn syn(dst: [u8; 4], sport: u16, dport: u16) -> Vec<u8> {
-        tcp4(SRC, dst, sport, dport, tcp_flags::SYN, 1, 0)
+        tcp4(SRC, dst, sport, dport, TcpFlags::SYN.bits(), 1, 0)
     }
 
     fn params(pairs: &[(&str, &str)]) -> Params {
@@ -276,7 +294,7 @@ mod tests {
         // Everything from the source is now dropped, including UDP and known ports.
         assert_eq!(h.run(&udp4(SRC, [1, 1, 1, 1], 5, 53)).1, Action::Drop);
         // Another source is unaffected.
-        assert_eq!(h.run(&tcp4([10, 0, 0, 1], [9, 9, 9, 9], 1, 80, tcp_flags::SYN, 0, 0)).1, Action::Pass);
+        assert_eq!(h.run(&tcp4([10, 0, 0, 1], [9, 9, 9, 9], 1, 80, TcpFlags::SYN.bits(), 0, 0)).1, Action::Pass);
         assert_eq!(h.states.len(), 2);
         let r = h.nf.report().unwrap();
         assert_eq!(r["sources_flagged"], 1);
@@ -329,7 +347,8 @@ mod tests {
     #[test]
     fn replies_with_ack_do_not_count_unless_tcp_all() {
         let server = [10, 0, 0, 80];
-        let reply = |dport: u16| tcp4(server, [1, 1, 1, 1], 443, dport, tcp_flags::SYN | tcp_flags::ACK, 0, 1);
+        let reply =
+            |dport: u16| tcp4(server, [1, 1, 1, 1], 443, dport, TcpFlags::SYN.bits() | TcpFlags::ACK.bits(), 0, 1);
         let mut h = Harness::new(Psd::new(S, 3, PsdAction::Drop, false));
         for p in 0..100 {
             assert_eq!(h.run(&reply(30_000 + p)).1, Action::Pass);
@@ -374,7 +393,7 @@ mod tests {
             assert!(a == Action::Pass || cut >= 34 + 14, "cut at {cut}: {a:?}");
         }
         assert!(h.nf.report().unwrap()["unparsed"].as_u64().unwrap() >= 34);
-        let mut bad = tcp4([10, 0, 0, 7], [9, 9, 9, 9], 1, 22, tcp_flags::SYN, 0, 0);
+        let mut bad = tcp4([10, 0, 0, 7], [9, 9, 9, 9], 1, 22, TcpFlags::SYN.bits(), 0, 0);
         bad[14] = 0x4f; // IHL 15: options run past the frame
         assert_eq!(h.run(&bad).1, Action::Pass);
     }

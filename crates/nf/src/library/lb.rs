@@ -9,8 +9,26 @@ use bytemuck::{Pod, Zeroable};
 use serde_json::json;
 
 use crate::pkt::Pkt;
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::stateful::Granularity;
 use crate::stateful::{Action, StatefulNf};
-use crate::{NfContext, ParamError, Params};
+use crate::{NfContext, ParamError, ParamSpec, Params};
+
+const BACKENDS: ParamSpec = ParamSpec::uint("backends", 16, 1, 65_536, "backend pool size");
+const BASE: ParamSpec = ParamSpec::text("base", "10.10.0.1", "IPv4", "first backend (the pool is base, base+1, ...)");
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "lb",
+    about: "stateful round-robin load balancer: rewrites the destination, sticky per 5-tuple",
+    keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
+    params: &[BACKENDS, BASE],
+};
+
+/// Builds `lb` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(Lb::from_params(p)?))
+}
 
 /// Per-flow state: the chosen backend.
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -32,8 +50,8 @@ pub struct Lb {
 impl Lb {
     /// `lb(backends=N, base=A.B.C.D)`: backends `base`, `base+1`, ...
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
-        let n = p.u64_in("backends", 16, 1, 65_536)? as usize;
-        let base_s = p.string("base", "10.10.0.1");
+        let n = p.uint(&BACKENDS)? as usize;
+        let base_s = p.text(&BASE)?;
         let base: Ipv4Addr =
             base_s.parse().map_err(|_| ParamError(format!("lb: parameter 'base={base_s}' is not an IPv4 address")))?;
         let b = u32::from(base);
@@ -55,7 +73,7 @@ impl StatefulNf for Lb {
     type State = LbState;
 
     fn name(&self) -> &'static str {
-        "lb"
+        NF.name
     }
 
     fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> LbState {

@@ -19,14 +19,44 @@
 //! matches addresses of its own family; a rule with a port range only matches
 //! TCP and UDP packets that carry ports (not ICMP, not non-first fragments).
 
-use std::net::IpAddr;
-
 use bytemuck::{Pod, Zeroable};
+use flowplane_wire::ipv4::IpProtocol;
+use flowplane_wire::prefix::{ip_bits, IpPrefix, PortRange};
 use serde_json::json;
 
-use crate::pkt::{proto, Pkt};
-use crate::stateful::{Action, StatefulNf};
-use crate::{NfContext, ParamError, Params};
+use crate::pkt::Pkt;
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::stateful::{Action, Granularity, StatefulNf};
+use crate::{NfContext, ParamError, ParamSpec, Params};
+
+const RULES: ParamSpec = ParamSpec::text(
+    "rules",
+    "",
+    "FILE",
+    "rule file: 'allow|drop [proto tcp|udp|icmp|any|N] [src CIDR] [dst CIDR] [sport N[-M]] [dport N[-M]]' per line, # comments",
+);
+const RULE: ParamSpec = ParamSpec::text(
+    "rule",
+    "",
+    "RULES",
+    "inline rules 'action:proto:src:dst:sport:dport' (trailing fields optional, any = wildcard, IPv6 as [2001:db8::]/32) separated by ';', after the file's",
+);
+const DEFAULT: ParamSpec =
+    ParamSpec::choice("default", "allow", &["allow", "drop"], "verdict when no rule matches, and for non-IP packets");
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "acl",
+    about:
+        "stateful ACL: ordered rules (proto, v4/v6 prefixes, port ranges), first match wins, verdict cached per flow",
+    keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
+    params: &[RULES, RULE, DEFAULT],
+};
+
+/// Builds `acl` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(Acl::from_params(p)?))
+}
 
 /// Most rules an ACL accepts (evaluation is a linear scan per new flow).
 pub const MAX_RULES: usize = 100_000;
@@ -55,42 +85,6 @@ impl AclState {
     }
 }
 
-/// An address prefix of one family, as a 128-bit value and mask.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Cidr {
-    v6: bool,
-    addr: u128,
-    mask: u128,
-}
-
-impl Cidr {
-    /// Parses `A.B.C.D[/N]` or `X:Y::Z[/N]` (an address alone is a host prefix);
-    /// host bits beyond the prefix are ignored.
-    pub fn parse(s: &str) -> Option<Cidr> {
-        let (a, len) = match s.split_once('/') {
-            Some((a, l)) => (a, Some(l.parse::<u32>().ok()?)),
-            None => (s, None),
-        };
-        let (v6, addr, bits) = match a.parse::<IpAddr>().ok()? {
-            IpAddr::V4(v) => (false, u32::from(v) as u128, 32),
-            IpAddr::V6(v) => (true, u128::from(v), 128),
-        };
-        let len = len.unwrap_or(bits);
-        if len > bits {
-            return None;
-        }
-        // Mask within the family's width: the top `len` of `bits` bits.
-        let full: u128 = if bits == 128 { u128::MAX } else { (1u128 << bits) - 1 };
-        let mask = if len == 0 { 0 } else { full & !((1u128 << (bits - len)) - 1) & full };
-        Some(Cidr { v6, addr: addr & mask, mask })
-    }
-
-    #[inline]
-    fn matches(&self, v6: bool, addr: u128) -> bool {
-        self.v6 == v6 && addr & self.mask == self.addr
-    }
-}
-
 /// Which protocols a rule matches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ProtoMatch {
@@ -105,10 +99,10 @@ enum ProtoMatch {
 pub struct Rule {
     drop: bool,
     proto: ProtoMatch,
-    src: Option<Cidr>,
-    dst: Option<Cidr>,
-    sport: Option<(u16, u16)>,
-    dport: Option<(u16, u16)>,
+    src: Option<IpPrefix>,
+    dst: Option<IpPrefix>,
+    sport: Option<PortRange>,
+    dport: Option<PortRange>,
     /// Where the rule came from (`FILE:LINE` or `rule#N`), for the report.
     origin: String,
 }
@@ -123,28 +117,21 @@ struct FlowFacts {
     ports: Option<(u16, u16)>,
 }
 
-fn ip_bits(a: IpAddr) -> u128 {
-    match a {
-        IpAddr::V4(v) => u32::from(v) as u128,
-        IpAddr::V6(v) => u128::from(v),
-    }
-}
-
 impl Rule {
     fn matches(&self, f: &FlowFacts) -> bool {
         let proto_ok = match self.proto {
             ProtoMatch::Any => true,
-            ProtoMatch::Icmp => f.proto == proto::ICMP || f.proto == proto::ICMPV6,
+            ProtoMatch::Icmp => f.proto == IpProtocol::ICMP.0 || f.proto == IpProtocol::ICMPV6.0,
             ProtoMatch::Num(p) => f.proto == p,
         };
-        let in_range = |r: Option<(u16, u16)>, p: Option<u16>| match (r, p) {
+        let in_range = |r: Option<PortRange>, p: Option<u16>| match (r, p) {
             (None, _) => true,
-            (Some((lo, hi)), Some(p)) => lo <= p && p <= hi,
+            (Some(r), Some(p)) => r.contains(p),
             (Some(_), None) => false,
         };
         proto_ok
-            && self.src.is_none_or(|c| c.matches(f.v6, f.src))
-            && self.dst.is_none_or(|c| c.matches(f.v6, f.dst))
+            && self.src.is_none_or(|c| c.contains_bits(f.v6, f.src))
+            && self.dst.is_none_or(|c| c.contains_bits(f.v6, f.dst))
             && in_range(self.sport, f.ports.map(|p| p.0))
             && in_range(self.dport, f.ports.map(|p| p.1))
     }
@@ -161,8 +148,8 @@ fn parse_action(tok: &str) -> Result<bool, String> {
 fn parse_proto(tok: &str) -> Result<ProtoMatch, String> {
     match tok {
         "any" => Ok(ProtoMatch::Any),
-        "tcp" => Ok(ProtoMatch::Num(proto::TCP)),
-        "udp" => Ok(ProtoMatch::Num(proto::UDP)),
+        "tcp" => Ok(ProtoMatch::Num(IpProtocol::TCP.0)),
+        "udp" => Ok(ProtoMatch::Num(IpProtocol::UDP.0)),
         "icmp" => Ok(ProtoMatch::Icmp),
         _ => tok
             .parse::<u8>()
@@ -171,7 +158,7 @@ fn parse_proto(tok: &str) -> Result<ProtoMatch, String> {
     }
 }
 
-fn parse_cidr(tok: &str) -> Result<Option<Cidr>, String> {
+fn parse_cidr(tok: &str) -> Result<Option<IpPrefix>, String> {
     if tok == "any" {
         return Ok(None);
     }
@@ -184,25 +171,16 @@ fn parse_cidr(tok: &str) -> Result<Option<Cidr>, String> {
         }
         None => tok,
     };
-    Cidr::parse(s).map(Some).ok_or_else(|| format!("bad prefix '{tok}' (expected CIDR like 10.0.0.0/8 or any)"))
+    IpPrefix::parse(s).map(Some).ok_or_else(|| format!("bad prefix '{tok}' (expected CIDR like 10.0.0.0/8 or any)"))
 }
 
-fn parse_ports(tok: &str) -> Result<Option<(u16, u16)>, String> {
+fn parse_ports(tok: &str) -> Result<Option<PortRange>, String> {
     if tok == "any" {
         return Ok(None);
     }
-    let bad = || format!("bad port range '{tok}' (expected N or N-M with N <= M <= 65535)");
-    let (lo, hi) = match tok.split_once('-') {
-        Some((a, b)) => (a.parse::<u16>().map_err(|_| bad())?, b.parse::<u16>().map_err(|_| bad())?),
-        None => {
-            let p = tok.parse::<u16>().map_err(|_| bad())?;
-            (p, p)
-        }
-    };
-    if lo > hi {
-        return Err(bad());
-    }
-    Ok(Some((lo, hi)))
+    PortRange::parse(tok)
+        .map(Some)
+        .ok_or_else(|| format!("bad port range '{tok}' (expected N or N-M with N <= M <= 65535)"))
 }
 
 /// Parses one file-form rule (`allow|drop [KEY VALUE]...`).
@@ -311,16 +289,15 @@ impl Acl {
     /// `acl(rules=FILE, rule=INLINE, default=allow|drop)`.
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
         let err = |m: String| ParamError(format!("acl: {m}"));
-        let default = p.string("default", "allow");
-        let default_drop = parse_action(&default).map_err(|e| err(format!("parameter 'default={default}': {e}")))?;
+        let default_drop = p.choice(&DEFAULT, [false, true])?;
         let mut rules = Vec::new();
-        let file = p.string("rules", "");
+        let file = p.text(&RULES)?;
         if !file.is_empty() {
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| err(format!("parameter 'rules={file}': cannot read rules file: {e}")))?;
             rules = parse_rules(&file, &text).map_err(|e| err(format!("rules file {e}")))?;
         }
-        let inline = p.string("rule", "");
+        let inline = p.text(&RULE)?;
         for (i, r) in inline.split(';').filter(|r| !r.is_empty()).enumerate() {
             let rule = parse_inline(r, format!("rule#{}", i + 1)).map_err(|e| err(format!("parameter 'rule': {e}")))?;
             rules.push(rule);
@@ -343,7 +320,7 @@ impl Acl {
     fn decide(&self, pkt: &Pkt<'_>) -> AclState {
         let t = pkt.tuple();
         let m = pkt.meta();
-        let has_ports = m.l4 != 0 && matches!(m.proto, proto::TCP | proto::UDP) && !t.is_non_first_fragment();
+        let has_ports = m.l4 != 0 && matches!(m.proto, IpProtocol::TCP | IpProtocol::UDP) && !t.is_non_first_fragment();
         let facts = FlowFacts {
             v6: !t.is_ipv4(),
             proto: t.proto(),
@@ -364,7 +341,7 @@ impl StatefulNf for Acl {
     const HAS_PREFETCH: bool = true;
 
     fn name(&self) -> &'static str {
-        "acl"
+        NF.name
     }
 
     fn init(&mut self, pkt: &Pkt<'_>, _ctx: &NfContext) -> AclState {
@@ -539,17 +516,18 @@ mod tests {
     }
 
     #[test]
-    fn cidr_parsing() {
-        assert_eq!(Cidr::parse("10.1.2.3/8"), Cidr::parse("10.0.0.0/8"));
-        let c = Cidr::parse("0.0.0.0/0").unwrap();
-        assert!(c.matches(false, 0xffff_ffff) && !c.matches(true, 0));
-        let h = Cidr::parse("1.2.3.4").unwrap();
-        assert!(h.matches(false, 0x0102_0304) && !h.matches(false, 0x0102_0305));
-        let v6 = Cidr::parse("::/0").unwrap();
-        assert!(v6.matches(true, u128::MAX));
-        assert!(Cidr::parse("ffff::/128").is_some());
+    fn prefix_parsing() {
+        let c = |s: &str| parse_cidr(s).unwrap();
+        assert_eq!(c("10.1.2.3/8"), c("10.0.0.0/8"));
+        let all4 = c("0.0.0.0/0").unwrap();
+        assert!(all4.contains_bits(false, 0xffff_ffff) && !all4.contains_bits(true, 0));
+        let h = c("1.2.3.4").unwrap();
+        assert!(h.contains_bits(false, 0x0102_0304) && !h.contains_bits(false, 0x0102_0305));
+        assert!(c("::/0").unwrap().contains_bits(true, u128::MAX));
+        assert!(c("[2001:db8::]/32").unwrap().is_ipv6() && c("any").is_none());
+        assert!(c("ffff::/128").is_some());
         for bad in ["10.0.0.0/33", "::/129", "10.0.0/8", "x", "", "10.0.0.0/", "10.0.0.0/-1"] {
-            assert!(Cidr::parse(bad).is_none(), "{bad}");
+            assert!(parse_cidr(bad).is_err(), "{bad}");
         }
     }
 
@@ -558,9 +536,9 @@ mod tests {
         let text = "# header\n\nallow proto tcp src 10.0.0.0/8 dport 22 # ssh\ndrop proto any dst 2001:db8::/32\n";
         let rules = parse_rules("r.acl", text).unwrap();
         assert_eq!(rules.len(), 2);
-        assert_eq!(rules[0].dport, Some((22, 22)));
+        assert_eq!(rules[0].dport, Some(PortRange { lo: 22, hi: 22 }));
         assert_eq!(rules[0].origin, "r.acl:3");
-        assert!(rules[1].dst.unwrap().v6);
+        assert!(rules[1].dst.unwrap().is_ipv6());
         let cases = [
             ("allow\nreject proto tcp\n", "r.acl:2: bad action 'reject'"),
             ("allow proto sctp\n", "bad protocol 'sctp'"),

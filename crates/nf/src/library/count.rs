@@ -2,7 +2,17 @@
 
 use flowplane_packet::{Batch, DROP};
 
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::{Nf, NfContext, NfCounters, ParamError, Params};
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor =
+    NfDescriptor { name: "count", about: "count packets and bytes", keyed_by: KeyedBy::Stateless, params: &[] };
+
+/// Builds `count` and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateless(Box::new(Count::from_params(p)?)))
+}
 
 /// Counts live packets and bytes.
 #[derive(Debug, Default)]
@@ -19,7 +29,7 @@ impl Count {
 
 impl Nf for Count {
     fn name(&self) -> &'static str {
-        "count"
+        NF.name
     }
 
     #[inline]

@@ -21,8 +21,26 @@ use flowplane_wire::flow::FiveTuple;
 use serde_json::json;
 
 use crate::pkt::Pkt;
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::stateful::{Action, Granularity, StatefulNf};
-use crate::{NfContext, ParamError, Params};
+use crate::{NfContext, ParamError, ParamSpec, Params};
+
+const WINDOW: ParamSpec = ParamSpec::float("window", 1.0, 0.001, 86_400.0, "window in seconds");
+const THRESHOLD: ParamSpec =
+    ParamSpec::uint("threshold", 10_000, 1, 1_000_000_000_000, "packets allowed per source per window");
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "ddos",
+    about: "DDoS mitigator: packets per source IP per window, drop the source over the threshold",
+    keyed_by: KeyedBy::Fixed(Granularity::SrcIp),
+    params: &[WINDOW, THRESHOLD],
+};
+
+/// Builds `ddos` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(Ddos::from_params(p)?))
+}
 
 /// Per-source counters.
 #[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
@@ -50,12 +68,12 @@ pub struct Ddos {
 }
 
 impl Ddos {
-    /// `ddos(window=S, threshold=N)`: window in seconds (default 1), packets
-    /// allowed per source per window (default 10000).
+    /// `ddos(window=S, threshold=N)`: window in seconds (fractions allowed),
+    /// packets allowed per source per window.
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
-        let window = p.u64_in("window", 1, 1, 86_400)?;
-        let threshold = p.u64_in("threshold", 10_000, 1, 1_000_000_000_000)?;
-        Ok(Ddos::new(window * 1_000_000_000, threshold))
+        let window = p.float(&WINDOW)?;
+        let threshold = p.uint(&THRESHOLD)?;
+        Ok(Ddos::new((window * 1e9).round() as u64, threshold))
     }
 
     /// A mitigator allowing `threshold` packets per source per `window_ns`.
@@ -75,7 +93,7 @@ impl StatefulNf for Ddos {
     type State = DdosState;
 
     fn name(&self) -> &'static str {
-        "ddos"
+        NF.name
     }
 
     fn granularity(&self) -> Granularity {
@@ -142,8 +160,8 @@ impl StatefulNf for Ddos {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pkt::tcp_flags;
     use crate::testutil::{tcp4, udp4, Harness};
+    use flowplane_wire::tcp::TcpFlags;
 
     const S: u64 = 1_000_000_000;
 
@@ -157,7 +175,7 @@ mod tests {
         let frames = [
             udp4([10, 0, 0, 1], [9, 9, 9, 9], 1000, 80),
             udp4([10, 0, 0, 1], [9, 9, 9, 8], 1001, 53),
-            tcp4([10, 0, 0, 1], [9, 9, 9, 7], 1002, 443, tcp_flags::SYN, 0, 0),
+            tcp4([10, 0, 0, 1], [9, 9, 9, 7], 1002, 443, TcpFlags::SYN.bits(), 0, 0),
         ];
         for f in &frames {
             assert_eq!(h.run(f).1, Action::Pass);

@@ -15,8 +15,27 @@ use flowplane_wire::flow::FiveTuple;
 use serde_json::json;
 
 use crate::pkt::Pkt;
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::stateful::Granularity;
 use crate::stateful::{Action, StatefulNf};
-use crate::{NfContext, ParamError, Params};
+use crate::{NfContext, ParamError, ParamSpec, Params};
+
+const K: ParamSpec = ParamSpec::uint("k", 10, 1, MAX_K, "flows in the top-k summary");
+const THRESHOLD: ParamSpec =
+    ParamSpec::uint_or_none("threshold", 1, u64::MAX, "bytes above which a flow is flagged heavy");
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "hh",
+    about: "heavy-hitter monitor: bytes/packets per 5-tuple, reports the top-k flows (exportable)",
+    keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
+    params: &[K, THRESHOLD],
+};
+
+/// Builds `hh` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(Hh::from_params(p)?))
+}
 
 /// Largest summary (updates scan it linearly).
 pub const MAX_K: u64 = 1024;
@@ -59,12 +78,8 @@ pub struct Hh {
 impl Hh {
     /// `hh(k=N, threshold=BYTES)`; no threshold by default.
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
-        let k = p.u64_in("k", 10, 1, MAX_K)? as usize;
-        let threshold = match p.u64_in("threshold", 0, 1, u64::MAX) {
-            Ok(0) => None,
-            Ok(t) => Some(t),
-            Err(e) => return Err(e),
-        };
+        let k = p.uint(&K)? as usize;
+        let threshold = p.uint_or_none(&THRESHOLD)?;
         Ok(Hh::new(k, threshold))
     }
 
@@ -125,7 +140,7 @@ impl StatefulNf for Hh {
     type State = HhState;
 
     fn name(&self) -> &'static str {
-        "hh"
+        NF.name
     }
 
     fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> HhState {

@@ -19,8 +19,38 @@ use serde_json::json;
 
 use crate::pkt::Pkt;
 use crate::ratelimit::Bucket;
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::stateful::{Action, Granularity, StatefulNf};
-use crate::{NfContext, ParamError, Params};
+use crate::{NfContext, ParamError, ParamSpec, Params};
+
+const RATE: ParamSpec = ParamSpec::uint(
+    "rate",
+    125_000_000,
+    1,
+    MAX_RATE,
+    "bytes/s per destination (125M = 1 Gbit/s), packets/s with pps=true",
+);
+const BURST: ParamSpec = ParamSpec::uint_like(
+    "burst",
+    &RATE,
+    1,
+    MAX_BURST,
+    "bucket depth in bytes (packets with pps=true); default one second's worth",
+);
+const PPS: ParamSpec = ParamSpec::bool("pps", false, "count packets instead of bytes");
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "policer",
+    about: "policer: token bucket per destination IP limiting each server's download rate",
+    keyed_by: KeyedBy::Fixed(Granularity::DstIp),
+    params: &[RATE, BURST, PPS],
+};
+
+/// Builds `policer` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(Policer::from_params(p)?))
+}
 
 /// Token scale: one byte (or packet) is `SCALE` nano-tokens.
 const SCALE: u64 = 1_000_000_000;
@@ -71,13 +101,13 @@ pub struct Policer {
 }
 
 impl Policer {
-    /// `policer(rate=R, burst=B, pps=false)`: `rate` bytes/s (default 125M =
-    /// 1 Gbit/s) and `burst` bytes (default `rate`, one second's worth, at most 10 GB); with
+    /// `policer(rate=R, burst=B, pps=false)`: `rate` bytes/s and `burst`
+    /// bytes (default `rate`, one second's worth, at most 10 GB); with
     /// `pps=true` both are in packets.
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
-        let pps = p.bool("pps", false)?;
-        let rate = p.u64_in("rate", 125_000_000, 1, MAX_RATE)?;
-        let burst = p.u64_in("burst", rate.min(MAX_BURST), 1, MAX_BURST)?;
+        let pps = p.flag(&PPS)?;
+        let rate = p.uint(&RATE)?;
+        let burst = p.uint(&BURST)?;
         Ok(Policer::new(rate, burst, pps))
     }
 
@@ -100,7 +130,7 @@ impl StatefulNf for Policer {
     type State = Bucket;
 
     fn name(&self) -> &'static str {
-        "policer"
+        NF.name
     }
 
     fn granularity(&self) -> Granularity {
@@ -148,8 +178,8 @@ impl StatefulNf for Policer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pkt::tcp_flags;
     use crate::testutil::{tcp4, udp4, Harness};
+    use flowplane_wire::tcp::TcpFlags;
 
     fn params(pairs: &[(&str, &str)]) -> Params {
         Params::new("policer", pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect())
@@ -183,7 +213,7 @@ mod tests {
         let mut p = params(&[("rate", "10"), ("burst", "2"), ("pps", "true")]);
         let mut h = Harness::new(Policer::from_params(&mut p).unwrap());
         assert!(p.finish().is_ok());
-        let big = tcp4([10, 0, 0, 1], [9, 9, 9, 9], 1, 80, tcp_flags::ACK, 0, 0);
+        let big = tcp4([10, 0, 0, 1], [9, 9, 9, 9], 1, 80, TcpFlags::ACK.bits(), 0, 0);
         let acts: Vec<Action> = (0..3).map(|_| h.run(&big).1).collect();
         assert_eq!(acts, vec![Action::Pass, Action::Pass, Action::Drop]);
         h.now_ns = 100_000_000;

@@ -2,7 +2,23 @@
 
 use flowplane_packet::{Batch, DROP};
 
-use crate::{Nf, NfContext, NfCounters, ParamError, Params};
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::{Nf, NfContext, NfCounters, ParamError, ParamSpec, Params};
+
+const PORT: ParamSpec = ParamSpec::uint("port", 0, 0, (DROP - 1) as u64, "output port");
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "forward",
+    about: "send every packet to an output port (I/O baseline)",
+    keyed_by: KeyedBy::Stateless,
+    params: &[PORT],
+};
+
+/// Builds `forward` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateless(Box::new(Forward::from_params(p)?)))
+}
 
 /// Sends every live packet to port `port` (default 0).
 #[derive(Debug, Default)]
@@ -14,14 +30,14 @@ pub struct Forward {
 impl Forward {
     /// Builds from spec parameters: `forward(port=N)`.
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
-        let port = p.u64_in("port", 0, 0, (DROP - 1) as u64)? as u16;
+        let port = p.uint(&PORT)? as u16;
         Ok(Forward { port, counters: NfCounters::default() })
     }
 }
 
 impl Nf for Forward {
     fn name(&self) -> &'static str {
-        "forward"
+        NF.name
     }
 
     #[inline]

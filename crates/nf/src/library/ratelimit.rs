@@ -7,8 +7,26 @@ use bytemuck::{Pod, Zeroable};
 use serde_json::json;
 
 use crate::pkt::Pkt;
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::stateful::Granularity;
 use crate::stateful::{Action, StatefulNf};
-use crate::{NfContext, ParamError, Params};
+use crate::{NfContext, ParamError, ParamSpec, Params};
+
+const PPS: ParamSpec = ParamSpec::uint("pps", 1000, 1, 1_000_000_000, "tokens (packets) per second per flow");
+const BURST: ParamSpec = ParamSpec::uint_like("burst", &PPS, 1, 1_000_000_000, "bucket depth in packets");
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "ratelimit",
+    about: "flow rate limiter: token bucket per 5-tuple",
+    keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
+    params: &[PPS, BURST],
+};
+
+/// Builds `ratelimit` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(RateLimit::from_params(p)?))
+}
 
 /// One token, in nano-tokens (tokens are kept scaled by 1e9 to stay integral).
 const TOKEN: u64 = 1_000_000_000;
@@ -56,8 +74,8 @@ pub struct RateLimit {
 impl RateLimit {
     /// `ratelimit(pps=N, burst=B)`; burst defaults to `pps` (one second's worth).
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
-        let pps = p.u64_in("pps", 1000, 1, 1_000_000_000)?;
-        let burst = p.u64_in("burst", pps, 1, 1_000_000_000)?;
+        let pps = p.uint(&PPS)?;
+        let burst = p.uint(&BURST)?;
         Ok(RateLimit { pps, burst, dropped: 0 })
     }
 
@@ -71,7 +89,7 @@ impl StatefulNf for RateLimit {
     type State = Bucket;
 
     fn name(&self) -> &'static str {
-        "ratelimit"
+        NF.name
     }
 
     fn init(&mut self, _pkt: &Pkt<'_>, ctx: &NfContext) -> Bucket {

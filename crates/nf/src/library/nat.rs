@@ -42,15 +42,40 @@
 //! RSS the executor must give each core a disjoint port range and steer
 //! replies to the mapping's core (not done here; see the report).
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use bytemuck::{Pod, Zeroable};
 use flowplane_wire::flow::FiveTuple;
+use flowplane_wire::ipv4::IpProtocol;
+use flowplane_wire::prefix::{IpPrefix, PortRange};
+use flowplane_wire::tcp::TcpFlags;
 use serde_json::json;
 
-use crate::pkt::{proto, tcp_flags, Pkt};
-use crate::stateful::{Action, StatefulNf};
-use crate::{NfContext, ParamError, Params};
+use crate::pkt::Pkt;
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::stateful::{Action, Granularity, StatefulNf};
+use crate::{NfContext, ParamError, ParamSpec, Params};
+
+const EXTERNAL: ParamSpec = ParamSpec::text("external", "203.0.113.1", "IPv4", "first external address");
+const ADDRS: ParamSpec = ParamSpec::uint("addrs", 1, 1, 256, "number of consecutive external addresses");
+const PORTS: ParamSpec = ParamSpec::text("ports", "1024-65535", "LO-HI", "port range per address and protocol");
+const INTERNAL: ParamSpec = ParamSpec::text("internal", "10.0.0.0/8", "A.B.C.D/LEN", "inside source prefix");
+const TIMEOUT: ParamSpec = ParamSpec::uint("timeout", 30, 1, 86_400, "idle timeout in seconds");
+const OTHER: ParamSpec =
+    ParamSpec::choice("other", "pass", &["pass", "drop"], "non-TCP/UDP traffic from inside or to an external address");
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "nat",
+    about: "source NAT with a port pool per external address, both directions, port release on expiry (pools are per core: run two-way traffic on one core)",
+    keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
+    params: &[EXTERNAL, ADDRS, PORTS, INTERNAL, TIMEOUT, OTHER],
+};
+
+/// Builds `nat` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateful(Nat::from_params(p)?))
+}
 
 /// Largest pool (external addresses x ports) per protocol: bounds the
 /// constructor's preallocation to ~16 MiB per protocol.
@@ -128,12 +153,12 @@ impl Default for NatConfig {
     fn default() -> Self {
         NatConfig {
             external: Ipv4Addr::new(203, 0, 113, 1),
-            addrs: 1,
+            addrs: const { ADDRS.uint_default() } as u32,
             port_lo: 1024,
             port_hi: 65535,
             internal: Ipv4Addr::new(10, 0, 0, 0),
             internal_len: 8,
-            timeout_s: 30,
+            timeout_s: const { TIMEOUT.uint_default() },
             drop_other: false,
         }
     }
@@ -234,18 +259,6 @@ pub struct Nat {
     c: Counters,
 }
 
-fn parse_prefix(s: &str) -> Option<(Ipv4Addr, u8)> {
-    let (a, l) = s.split_once('/').unwrap_or((s, "32"));
-    let len: u8 = l.parse().ok().filter(|&l| l <= 32)?;
-    Some((a.parse().ok()?, len))
-}
-
-fn parse_ports(s: &str) -> Option<(u16, u16)> {
-    let (lo, hi) = s.split_once('-').unwrap_or((s, s));
-    let (lo, hi): (u16, u16) = (lo.trim().parse().ok()?, hi.trim().parse().ok()?);
-    (lo >= 1 && lo <= hi).then_some((lo, hi))
-}
-
 fn mask(len: u8) -> u32 {
     if len == 0 {
         0
@@ -257,29 +270,28 @@ fn mask(len: u8) -> u32 {
 impl Nat {
     /// `nat(external=A, addrs=N, ports=LO-HI, internal=P/L, timeout=S, other=pass|drop)`.
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
-        let d = NatConfig::default();
-        let ext_s = p.string("external", "203.0.113.1");
+        let ext_s = p.text(&EXTERNAL)?;
         let external: Ipv4Addr = ext_s
             .parse()
             .map_err(|_| ParamError(format!("nat: parameter 'external={ext_s}' is not an IPv4 address")))?;
-        let addrs = p.u64_in("addrs", 1, 1, 256)? as u32;
-        let ports_s = p.string("ports", "1024-65535");
-        let (port_lo, port_hi) = parse_ports(&ports_s).ok_or_else(|| {
-            ParamError(format!(
-                "nat: parameter 'ports={ports_s}' is not a port range LO-HI with 1 <= LO <= HI <= 65535"
-            ))
-        })?;
-        let int_s = p.string("internal", "10.0.0.0/8");
-        let (internal, internal_len) = parse_prefix(&int_s).ok_or_else(|| {
+        let addrs = p.uint(&ADDRS)? as u32;
+        let ports_s = p.text(&PORTS)?;
+        let (port_lo, port_hi) =
+            PortRange::parse(&ports_s).filter(|r| r.lo >= 1).map(|r| (r.lo, r.hi)).ok_or_else(|| {
+                ParamError(format!(
+                    "nat: parameter 'ports={ports_s}' is not a port range LO-HI with 1 <= LO <= HI <= 65535"
+                ))
+            })?;
+        let int_s = p.text(&INTERNAL)?;
+        let v4 = |p: IpPrefix| match p.addr() {
+            IpAddr::V4(a) => Some((a, p.len())),
+            IpAddr::V6(_) => None,
+        };
+        let (internal, internal_len) = IpPrefix::parse(&int_s).and_then(v4).ok_or_else(|| {
             ParamError(format!("nat: parameter 'internal={int_s}' is not an IPv4 prefix A.B.C.D/LEN"))
         })?;
-        let timeout_s = p.u64_in("timeout", d.timeout_s, 1, 86_400)?;
-        let other = p.string("other", "pass");
-        let drop_other = match other.as_str() {
-            "pass" => false,
-            "drop" => true,
-            _ => return Err(ParamError(format!("nat: parameter 'other={other}' must be 'pass' or 'drop'"))),
-        };
+        let timeout_s = p.uint(&TIMEOUT)?;
+        let drop_other = p.choice(&OTHER, [false, true])?;
         Nat::new(NatConfig { external, addrs, port_lo, port_hi, internal, internal_len, timeout_s, drop_other })
     }
 
@@ -354,7 +366,7 @@ impl StatefulNf for Nat {
     const HAS_PREFETCH: bool = true;
 
     fn name(&self) -> &'static str {
-        "nat"
+        NF.name
     }
 
     fn idle_timeout_ns(&self) -> Option<u64> {
@@ -467,8 +479,8 @@ impl Nat {
             return Nat::state(kind::TRANSIT);
         }
         let pool = match m.proto {
-            proto::TCP => 0u8,
-            proto::UDP => 1u8,
+            IpProtocol::TCP => 0u8,
+            IpProtocol::UDP => 1u8,
             _ => return Nat::state(if self.cfg.drop_other { kind::OTHER_DROP } else { kind::OTHER_PASS }),
         };
         // Ports are needed on both sides; a non-first fragment has none.
@@ -510,7 +522,7 @@ impl Nat {
     /// The per-packet action on a classified flow.
     #[inline]
     fn translate(&mut self, pkt: &mut Pkt<'_>, st: &mut NatState, _ctx: &NfContext) -> Action {
-        let rst = pkt.tcp_flags().is_some_and(|f| f & tcp_flags::RST != 0);
+        let rst = pkt.tcp_flags().is_some_and(|f| f.contains(TcpFlags::RST));
         match st.kind {
             kind::OUTBOUND => {
                 pkt.set_ipv4_src(Ipv4Addr::from(st.addr));
@@ -610,7 +622,7 @@ mod tests {
     #[test]
     fn outbound_then_inbound_tcp_and_udp_with_valid_checksums() {
         let mut h = Harness::new(nat(1, 1024, 65535));
-        let syn = tcp4([10, 1, 2, 3], REMOTE, 40000, 443, tcp_flags::SYN, 7, 0);
+        let syn = tcp4([10, 1, 2, 3], REMOTE, 40000, 443, TcpFlags::SYN.bits(), 7, 0);
         let (out, act) = h.run(&syn);
         assert_eq!(act, Action::Pass);
         assert_ipv4_checksums(&out);
@@ -619,11 +631,11 @@ mod tests {
         assert!(eport >= 1024);
         assert_eq!(dst_of(&out), (REMOTE, 443), "destination untouched");
         // Later packets of the flow keep the same mapping.
-        let (again, _) = h.run(&tcp4([10, 1, 2, 3], REMOTE, 40000, 443, tcp_flags::ACK, 8, 1));
+        let (again, _) = h.run(&tcp4([10, 1, 2, 3], REMOTE, 40000, 443, TcpFlags::ACK.bits(), 8, 1));
         assert_eq!(src_of(&again), (EXT, eport));
         assert_ipv4_checksums(&again);
         // The reply, addressed to the external port, goes back to the inside host.
-        let reply = tcp4(REMOTE, EXT, 443, eport, tcp_flags::SYN | tcp_flags::ACK, 100, 8);
+        let reply = tcp4(REMOTE, EXT, 443, eport, TcpFlags::SYN.bits() | TcpFlags::ACK.bits(), 100, 8);
         let (back, act) = h.run(&reply);
         assert_eq!(act, Action::Pass);
         assert_eq!(dst_of(&back), ([10, 1, 2, 3], 40000));
@@ -677,7 +689,7 @@ mod tests {
         assert_eq!(h.run(&third).1, Action::DropEndFlow);
         assert_eq!(report_u64(&h.nf, "dropped_pool_exhausted"), 2);
         // TCP has its own pool, still free.
-        assert_eq!(h.run(&tcp4([10, 0, 0, 1], REMOTE, 102, 53, tcp_flags::SYN, 0, 0)).1, Action::Pass);
+        assert_eq!(h.run(&tcp4([10, 0, 0, 1], REMOTE, 102, 53, TcpFlags::SYN.bits(), 0, 0)).1, Action::Pass);
     }
 
     #[test]
@@ -725,12 +737,12 @@ mod tests {
     #[test]
     fn tcp_rst_releases_the_port_fin_does_not() {
         let mut h = Harness::new(nat(1, 7000, 7000));
-        let ack = tcp4([10, 0, 0, 1], REMOTE, 3000, 80, tcp_flags::ACK, 1, 1);
+        let ack = tcp4([10, 0, 0, 1], REMOTE, 3000, 80, TcpFlags::ACK.bits(), 1, 1);
         assert_eq!(h.run(&ack).1, Action::Pass);
-        let fin = tcp4([10, 0, 0, 1], REMOTE, 3000, 80, tcp_flags::FIN | tcp_flags::ACK, 2, 1);
+        let fin = tcp4([10, 0, 0, 1], REMOTE, 3000, 80, TcpFlags::FIN.bits() | TcpFlags::ACK.bits(), 2, 1);
         assert_eq!(h.run(&fin).1, Action::Pass);
         assert_eq!(h.nf.ports_in_use(), (1, 0), "FIN keeps the port until the idle timeout");
-        let rst = tcp4([10, 0, 0, 1], REMOTE, 3000, 80, tcp_flags::RST, 3, 0);
+        let rst = tcp4([10, 0, 0, 1], REMOTE, 3000, 80, TcpFlags::RST.bits(), 3, 0);
         let (out, act) = h.run(&rst);
         assert_eq!(act, Action::EndFlow);
         assert_eq!(src_of(&out), (EXT, 7000), "the RST itself is translated");
@@ -738,7 +750,7 @@ mod tests {
         assert_eq!(h.nf.ports_in_use(), (0, 0));
         assert!(h.state_of(&ack).is_none());
         // The port is free again.
-        let other = tcp4([10, 0, 0, 5], REMOTE, 3001, 80, tcp_flags::SYN, 0, 0);
+        let other = tcp4([10, 0, 0, 5], REMOTE, 3001, 80, TcpFlags::SYN.bits(), 0, 0);
         assert_eq!(src_of(&h.run(&other).0), (EXT, 7000));
     }
 
@@ -750,7 +762,7 @@ mod tests {
             udp4(REMOTE, EXT, 53, 80),                // below the range
             udp4(REMOTE, EXT, 53, 4000),              // above the range
             udp4(REMOTE, [203, 0, 113, 2], 53, 1024), // second address, unmapped
-            tcp4(REMOTE, EXT, 53, 1024, tcp_flags::SYN, 0, 0),
+            tcp4(REMOTE, EXT, 53, 1024, TcpFlags::SYN.bits(), 0, 0),
         ];
         for f in &cases {
             let (out, act) = h.run(f);
@@ -762,7 +774,7 @@ mod tests {
         // A UDP mapping does not open the same TCP port.
         let (o, _) = h.run(&udp4([10, 0, 0, 1], REMOTE, 9, 53));
         let (a, p) = src_of(&o);
-        assert_eq!(h.run(&tcp4(REMOTE, a, 53, p, tcp_flags::SYN, 0, 0)).1, Action::DropEndFlow);
+        assert_eq!(h.run(&tcp4(REMOTE, a, 53, p, TcpFlags::SYN.bits(), 0, 0)).1, Action::DropEndFlow);
     }
 
     #[test]
@@ -772,7 +784,7 @@ mod tests {
         let t = udp4([192, 0, 2, 1], REMOTE, 1, 2);
         assert_eq!(h.run(&t), (t.clone(), Action::Pass));
         // ICMP echo from inside: passed untouched by default.
-        let icmp = ipv4_frame([10, 0, 0, 1], REMOTE, proto::ICMP, &[8, 0, 0xf7, 0xff, 0, 0, 0, 0]);
+        let icmp = ipv4_frame([10, 0, 0, 1], REMOTE, IpProtocol::ICMP.0, &[8, 0, 0xf7, 0xff, 0, 0, 0, 0]);
         assert!(PktMeta::parse(&icmp).valid, "ICMP has a flow key");
         assert_eq!(h.run(&icmp), (icmp.clone(), Action::Pass));
         // IPv6 is not translated.
@@ -780,7 +792,7 @@ mod tests {
         v6[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
         v6[14] = 0x60;
         v6[18..20].copy_from_slice(&8u16.to_be_bytes());
-        v6[20] = proto::UDP;
+        v6[20] = IpProtocol::UDP.0;
         v6[21] = 64;
         v6[22] = 0xfd;
         v6[54..56].copy_from_slice(&1u16.to_be_bytes());
@@ -797,7 +809,7 @@ mod tests {
         let mut p = Params::new("nat", vec![("other".into(), "drop".into())]);
         let mut h = Harness::new(Nat::from_params(&mut p).unwrap());
         assert_eq!(h.run(&icmp).1, Action::DropEndFlow);
-        let inbound_icmp = ipv4_frame(REMOTE, EXT, proto::ICMP, &[8, 0, 0xf7, 0xff, 0, 0, 0, 0]);
+        let inbound_icmp = ipv4_frame(REMOTE, EXT, IpProtocol::ICMP.0, &[8, 0, 0xf7, 0xff, 0, 0, 0, 0]);
         assert_eq!(h.run(&inbound_icmp).1, Action::DropEndFlow);
         assert_eq!(report_u64(&h.nf, "dropped_other_proto"), 2);
     }
@@ -805,7 +817,7 @@ mod tests {
     #[test]
     fn malformed_truncated_and_fragments() {
         let mut h = Harness::new(nat(1, 1024, 65535));
-        let good = tcp4([10, 0, 0, 1], REMOTE, 4000, 80, tcp_flags::SYN, 0, 0);
+        let good = tcp4([10, 0, 0, 1], REMOTE, 4000, 80, TcpFlags::SYN.bits(), 0, 0);
         // Every truncation of a valid inside packet: no panic; unparsed ones dropped.
         for len in 0..good.len() {
             let f = &good[..len];
