@@ -1,8 +1,7 @@
 //! Tag comparison over one bucket's 8 tags: SSE2 on x86_64 (always available there), a
 //! portable loop elsewhere. Both return the same 8-bit mask (bit i = slot i matches).
 
-/// Slots per bucket.
-pub const SLOTS: usize = 8;
+use crate::cuckoo::SLOTS;
 
 /// Bit i set iff `tags[i] == tag`.
 #[inline(always)]
