@@ -23,7 +23,7 @@ use flowplane_nf::stateful::{apply_action, Action, BatchOutcome, DynStateful};
 use flowplane_nf::store::{FlowStore, StoreConfig, NO_SLOT};
 use flowplane_nf::{NfContext, NfCounters, Pkt, PktMeta};
 use flowplane_packet::{Batch, MAX_BATCH};
-use flowplane_table::{FullPolicy, TableStats, INVALID_HANDLE, MAX_BATCH as TABLE_BATCH};
+use flowplane_table::{FullPolicy, TableStats, BULK_LOOKUP_MAX as TABLE_BATCH, INVALID_HANDLE};
 use flowplane_wire::flow::{FiveTuple, FiveTupleV4};
 use flowplane_wire::hash::HashableKey;
 use serde::Serialize;

@@ -192,12 +192,11 @@ impl<const N: usize> PathSearch<N> {
     /// The first `to` had an empty slot; each later `to` is the previous move's `from`,
     /// whose vacated slot is the previous move's slot. The last `from` is `b1` or `b2`.
     pub(crate) fn moves(&self) -> impl Iterator<Item = (u32, usize, u32)> + '_ {
-        let (leaf, slot, dst) = self.leaf;
-        let mut next = Some((leaf, slot, dst));
+        let mut next = Some(self.leaf);
         core::iter::from_fn(move || {
             let (i, s, to) = next?;
             let n = self.q[i];
-            next = (n.parent != ROOT).then(|| (n.parent as usize, n.slot as usize, n.bucket));
+            next = (n.parent != ROOT).then_some((n.parent as usize, n.slot as usize, n.bucket));
             Some((n.bucket, s, to))
         })
     }
