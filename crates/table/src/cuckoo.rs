@@ -220,8 +220,8 @@ mod tests {
                 }
             }
         }
-        // Every tag, on a table with more than one bucket.
-        for tag in 1..=u16::MAX {
+        // Every tag (every 61st under Miri), on a table with more than one bucket.
+        for tag in (1..=u16::MAX).step_by(if cfg!(miri) { 61 } else { 1 }) {
             for b in [0u32, 7, 4095] {
                 let a = alt(b, tag, 4095);
                 assert_ne!(a, b);
@@ -255,7 +255,8 @@ mod tests {
             x
         };
         let mut found = 0;
-        for _round in 0..200 {
+        let rounds = if cfg!(miri) { 20 } else { 200 };
+        for _round in 0..rounds {
             // Fill all buckets but a few; each slot gets a random non-zero tag.
             let mut buckets = vec![[0u16; SLOTS]; (mask + 1) as usize];
             for (b, bk) in buckets.iter_mut().enumerate() {
@@ -297,7 +298,7 @@ mod tests {
                 Search::SlotFreed => panic!("all searched buckets were full"),
             }
         }
-        assert!(found > 150, "paths found in {found} of 200 rounds");
+        assert!(found * 4 > rounds * 3, "paths found in {found} of {rounds} rounds");
         // Candidate buckets with an empty slot are reported, not searched past.
         let tags = |b: u32| if b == 5 { [0; SLOTS] } else { [9; SLOTS] };
         assert_eq!(PathSearch::<16>::new().run(5, 6, mask, tags), Search::SlotFreed);

@@ -742,7 +742,9 @@ mod tests {
     /// Fills exactly-sized bucket arrays (slab as large as the slots) until the first failure.
     #[test]
     fn cuckoo_reaches_90_percent_load() {
-        for nb in [1usize, 2, 16, 1024, 1 << 14] {
+        // Miri interprets every instruction: small tables only (the bookkeeping is the same at any size).
+        let sizes: &[usize] = if cfg!(miri) { &[1, 2, 16, 64] } else { &[1, 2, 16, 1024, 1 << 14] };
+        for &nb in sizes {
             let slots = nb * SLOTS;
             let mut t = FlowTable::<u64>::with_buckets(TableConfig::new(slots, 8), nb).unwrap();
             let mut n = 0u64;
@@ -792,7 +794,7 @@ mod tests {
 
     #[test]
     fn overflow_bookkeeping_survives_fill_and_removal() {
-        let nb = 256;
+        let nb = if cfg!(miri) { 32 } else { 256 };
         let mut t = FlowTable::<u64>::with_buckets(TableConfig::new(nb * SLOTS, 8), nb).unwrap();
         let mut n = 0u64;
         while t.insert(&n, mix(n), 0, |_| {}).is_ok() {
