@@ -317,13 +317,16 @@ impl<K: FlowKey> FlowTable<K> {
     ///
     /// # Panics
     /// If `hashes.len() != keys.len()` or `out.len() < keys.len()`: a caller bug, reported rather than skipping keys.
+    #[inline]
     pub fn lookup_batch(&self, keys: &[K], hashes: &[u64], out: &mut [Handle]) -> usize {
         check_batch(keys.len(), hashes.len(), out.len());
         let mut hits = 0;
-        for ((k, h), o) in
-            keys.chunks(BULK_LOOKUP_MAX).zip(hashes.chunks(BULK_LOOKUP_MAX)).zip(out.chunks_mut(BULK_LOOKUP_MAX))
-        {
-            hits += self.probe::<false>(k, h, o).count_ones() as usize;
+        let mut start = 0;
+        while start < keys.len() {
+            let end = keys.len().min(start + BULK_LOOKUP_MAX);
+            let hit = self.probe::<false>(&keys[start..end], &hashes[start..end], &mut out[start..end]);
+            hits += hit.count_ones() as usize;
+            start = end;
         }
         hits
     }
@@ -394,8 +397,8 @@ impl<K: FlowKey> FlowTable<K> {
                     continue;
                 }
             }
-            let protect = Protected { done, chunk: &out[..n], mask: hit | inserted };
-            match self.insert_new(key, hash, p, now_ns, protect) {
+            let (chunk, mask) = (&out[..n], hit | inserted);
+            match self.insert_new(key, hash, p, now_ns, || Protected { done, chunk, mask }) {
                 Ok(h) => {
                     out[i] = h;
                     inserted |= 1 << i;
@@ -427,19 +430,22 @@ impl<K: FlowKey> FlowTable<K> {
             self.slab.set_last_seen(h, now_ns);
             return Ok((h, false));
         }
-        let h = self.insert_new(key, hash, p, now_ns, Protected::NONE)?;
+        let h = self.insert_new(key, hash, p, now_ns, || Protected::NONE)?;
         init(self.slab.state_mut(h));
         Ok((h, true))
     }
 
-    /// Inserts a key known to be absent; `protect` names handles that must not be evicted.
-    fn insert_new(
+    /// Inserts a key known to be absent: into a free slot of its buckets, else one freed by a displacement path,
+    /// else (table full) per the full policy, where `protect()` names the handles that must not be evicted (built
+    /// only then).
+    #[inline]
+    fn insert_new<'p>(
         &mut self,
         key: &K,
         hash: u64,
         p: Place,
         now: u64,
-        protect: Protected<'_>,
+        protect: impl FnOnce() -> Protected<'p>,
     ) -> Result<Handle, TableError> {
         if self.slab.len() < self.slab.capacity() as usize {
             let slot = self.free_slot(p.b1).map(|s| (p.b1, s)).or_else(|| self.free_slot(p.b2).map(|s| (p.b2, s)));
@@ -453,6 +459,18 @@ impl<K: FlowKey> FlowTable<K> {
                 return Ok(h);
             }
         }
+        self.insert_full(key, hash, p, now, protect())
+    }
+
+    /// The full-table path of [`Self::insert_new`]: evict (`EvictLruIdle`) or count a full event.
+    fn insert_full(
+        &mut self,
+        key: &K,
+        hash: u64,
+        p: Place,
+        now: u64,
+        protect: Protected<'_>,
+    ) -> Result<Handle, TableError> {
         if self.policy == FullPolicy::EvictLruIdle {
             if let Some((b, s, victim)) = self.lru_victim(p.b1, p.b2, protect) {
                 self.slab.write_entry(victim, key, hash, now);
