@@ -51,9 +51,7 @@ if ! cargo +nightly miri --version >/dev/null 2>&1; then
         || rustup component add miri rust-src --toolchain nightly >/dev/null 2>&1 || true
 fi
 if cargo +nightly miri --version >/dev/null 2>&1; then
-    # Miri interprets: build for the baseline CPU (no AVX2 intrinsics) in its own target dir.
-    MIRIFLAGS="-Zmiri-disable-isolation" RUSTFLAGS="" \
-        cargo +nightly miri test --locked -p flowplane-packet -p flowplane-table --lib --target-dir target/miri
+    cargo +nightly miri test --locked -p flowplane-packet -p flowplane-table --lib
 else
     echo "Miri is not installable here (no nightly toolchain): skipped" >&2
 fi
