@@ -25,7 +25,7 @@ pub const DEFAULT_GEN: &str = "--flows 1000000 --packets 4000000 --size 64 --dis
 
 #[derive(clap::Args, Debug, Default)]
 pub struct RunArgs {
-    /// Trace to replay (pcap or pcapng; Ethernet, raw IP, Linux cooked).
+    /// Trace to replay (pcap or pcapng; Ethernet, raw IP, Linux cooked, loopback, PPP, Cisco HDLC).
     #[arg(long, short = 'i', conflicts_with = "gen")]
     pub input: Option<PathBuf>,
     /// Generate the traffic in memory instead, with `flowplane gen` options
@@ -243,6 +243,9 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
             "loaded       {} packets ({} unclassified, {} skipped) into {} queue(s)",
             load.packets, load.unclassified, load.skipped, cores
         );
+        if load.unparsed.total() > 0 {
+            println!("unparsed     {} (not replayed)", load.unparsed);
+        }
         if let Some(nf) = auto_symmetric {
             println!("rss          symmetric key ({nf} needs both directions of a connection on one core)");
         }
