@@ -38,7 +38,7 @@ fuzz_target!(|data: &[u8]| {
     let ctx = NfContext { now_tsc: 0, now_ns: 0 };
     let (mut flows, mut unparsed) = (0u64, 0u64);
     let mut frame = Vec::new();
-    for_each_record(rest.get(1..).unwrap_or(&[]), |f, _| {
+    for_each_record(rest.get(1..).unwrap_or(&[]), 1024, |f, _| {
         let meta = PktMeta::parse(f);
         if !meta.valid {
             unparsed += 1;

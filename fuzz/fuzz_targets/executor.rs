@@ -1,7 +1,7 @@
 //! Every NF of the library, in one of eight chains (5-tuple, firewalling/NAT, coarse state in
 //! shared tables, synthetic, field-set keys, stateless, a tiny NAT pool, mixed), under every
 //! registered executor, on arbitrary and synthesised frames, batch after batch with the clock
-//! jumping so that state expires; with a normal or a tiny flow table (64 flows: full-table
+//! jumping so that state expires; with a flow table of 1024 or of 64 flows (full-table
 //! rejects or LRU evictions), on one core or on two threads sharing the coarse tables. Checks:
 //! no panic, every batch keeps its packets, each NF forwards or drops what it was given, each
 //! NF is given what the one before forwarded, the chain's output is what left the batches
@@ -12,7 +12,8 @@
 //! (bit 0), the evict policy (bit 1), two cores (bit 2) and the default idle timeout (bits 3-4:
 //! 1, 5, 30 or 300 s); then records as `flowplane_fuzz::for_each_record` reads them (raw or
 //! synthesised frames; the gap byte advances the clock, picks the core and closes the batch;
-//! a batch also closes every 32 frames).
+//! a batch also closes every 32 frames; at most 2048 frames). `FLOWPLANE_FUZZ_VERBOSE=1` prints
+//! each core's figures when reproducing an input.
 #![no_main]
 
 use flowplane_engine::chain::Chain;
@@ -30,7 +31,7 @@ const CHAINS: [&str; 8] = [
     "lb(backends=8) -> fsc -> ratelimit(pps=50) -> hh(k=4) -> count",
     "acl(rule=drop:udp:any:any:any:53;allow:tcp:10.0.0.0/8) -> nat(ports=1024-1279) -> fw(allow_new=any, conns=256) -> forward(port=1)",
     "srcctr -> policer(rate=20k) -> psd(ports=4, window=5) -> ddos(threshold=20) -> portknock -> lb",
-    "synthetic(k=3, mem=65536) -> fsc",
+    "synthetic(k=3, mem=4096) -> fsc",
     "keyctr(key=dst_ip) -> fw(conns=128) -> keyctr(key=sport+dport+proto) -> keyctr(key=teid) -> count",
     "count -> forward(port=2) -> count",
     "nat(ports=2000-2031, timeout=5) -> fsc -> forward",
@@ -39,6 +40,9 @@ const CHAINS: [&str; 8] = [
 
 /// Most frames per batch before it closes on its own.
 const BATCH: usize = 32;
+
+/// Most frames per input (bursts of synthesised frames could make more), to keep runs short.
+const MAX_FRAMES: usize = 2048;
 
 /// One frame's place in the arena, its timestamp, its core and whether it closes its batch.
 struct Rec {
@@ -68,7 +72,7 @@ fuzz_target!(|data: &[u8]| {
         prefetch: pick & 0x80 == 0,
         aux: pick & 0x40 == 0,
         prefetch_hooks: pick & 0x20 == 0,
-        flows: if mode & 1 != 0 { 64 } else { 4096 },
+        flows: if mode & 1 != 0 { 64 } else { 1024 },
         full_policy: if mode & 2 != 0 { FullPolicy::EvictLruIdle } else { FullPolicy::Reject },
         default_idle_timeout_ns: [1, 5, 30, 300][usize::from(mode >> 3 & 3)] * 1_000_000_000,
         hugepages: false,
@@ -78,7 +82,7 @@ fuzz_target!(|data: &[u8]| {
     let mut arena = Vec::new();
     let mut recs = Vec::new();
     let mut now_ns: u64 = 1_000;
-    for_each_record(body, |frame, gap| {
+    for_each_record(body, MAX_FRAMES, |frame, gap| {
         recs.push(Rec {
             at: arena.len(),
             len: frame.len(),
@@ -107,7 +111,11 @@ fuzz_target!(|data: &[u8]| {
             handles.into_iter().map(|h| h.join().expect("core panicked")).collect()
         })
     };
+    let verbose = std::env::var_os("FLOWPLANE_FUZZ_VERBOSE").is_some();
     for run in runs.iter().flatten() {
+        if verbose {
+            eprintln!("{} on {kind}, {cfg:?}: {} packets, {} forwarded, {:?}", text, run.packets, run.live, run.report);
+        }
         check(&spec, &cfg, run);
     }
     // Without the auxiliary table every pin on shared state lasts one batch or one packet.
@@ -139,7 +147,8 @@ fn run_core(
         }
         Err(e) => panic!("pipeline: {e}"),
     };
-    let mut pool = PacketPool::new(PoolConfig { buffers: 4 * BATCH, ..PoolConfig::default() }).expect("pool");
+    let mut pool =
+        PacketPool::new(PoolConfig { buffers: 2 * BATCH, buf_size: 512, ..PoolConfig::default() }).expect("pool");
     let mut batch = Batch::new(&pool);
     let (mut packets, mut live) = (0u64, 0u64);
     let mut flush = |batch: &mut Batch, pool: &mut PacketPool, now_ns: u64| {
@@ -162,7 +171,6 @@ fn run_core(
         }
     }
     flush(&mut batch, &mut pool, last_ns);
-    drop(flush);
     let _ = (pipe.export("fsc", core == 0), pipe.export("srcctr", core == 0), pipe.export("keyctr", core == 0));
     Some(CoreRun { results: pipe.nf_results(), report: pipe.store_report(), packets, live })
 }

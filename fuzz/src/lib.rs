@@ -90,21 +90,36 @@ impl Gap {
     }
 }
 
-/// Walks `data` as records `[tag][gap][body]` and calls `f(frame, gap)` for each:
+/// Walks `data` as records `[tag][gap][body]` and calls `f(frame, gap)` for each frame, at
+/// most `max_frames` times:
 ///
 /// - `tag < 0xe0`: `body` is a raw frame of `tag` bytes (a short last record takes what is left);
-/// - `tag >= 0xe0`: `body` is 5 bytes `[a, b, c, d, e]` from which [`synth_frame`] builds a
-///   well-formed frame (tag bits 0-4 choose its shape).
-pub fn for_each_record(mut data: &[u8], mut f: impl FnMut(&[u8], Gap)) {
+/// - `tag >= 0xe0`: `body` is 6 bytes `[a, b, c, d, e, n]`: a burst of `1 + (n & 127)` frames
+///   that [`synth_frame`] builds from `[a, b, c + i, d, e]` (tag bits 0-4 choose their shape):
+///   up to 128 distinct flows from 8 input bytes, enough to fill a small table.
+///
+/// The gap byte of a burst applies to each of its frames.
+pub fn for_each_record(mut data: &[u8], max_frames: usize, mut f: impl FnMut(&[u8], Gap)) {
     let mut buf = Vec::with_capacity(128);
+    let mut left = max_frames;
     while let [tag, gap, rest @ ..] = data {
         let gap = Gap(*gap);
         if *tag >= SYNTH_TAG {
-            let Some((body, rest)) = rest.split_first_chunk::<5>() else { return };
-            synth_frame(&mut buf, *tag & 0x1f, *body);
-            f(&buf, gap);
+            let Some(([a, b, c, d, e, n], rest)) = rest.split_first_chunk::<6>() else { return };
+            for i in 0..=*n & 127 {
+                if left == 0 {
+                    return;
+                }
+                left -= 1;
+                synth_frame(&mut buf, *tag & 0x1f, [*a, *b, c.wrapping_add(i), *d, *e]);
+                f(&buf, gap);
+            }
             data = rest;
         } else {
+            if left == 0 {
+                return;
+            }
+            left -= 1;
             let (frame, rest) = rest.split_at(usize::from(*tag).min(rest.len()));
             f(frame, gap);
             data = rest;
@@ -209,6 +224,19 @@ mod tests {
         assert_eq!(s.nfs[3].params, vec![("addrs".to_string(), "x".to_string())]);
         let mut long = spec::parse(&vec!["count"; MAX_NFS + 1].join("->")).unwrap();
         assert!(!sanitize_chain(&mut long));
+    }
+
+    #[test]
+    fn records_raw_and_bursts() {
+        let mut seen = Vec::new();
+        let data = [3, 0x81, 1, 2, 3, 0xe0, 0x40, 1, 2, 3, 4, 5, 2, 0xe1, 0, 1, 2];
+        for_each_record(&data, 100, |f, g| seen.push((f.len(), g.seconds(), g.core(), g.flush())));
+        assert_eq!(seen.len(), 4, "a raw frame, a burst of 3, a short record dropped");
+        assert_eq!(seen[0], (3, 1, 0, true));
+        assert_eq!(seen[1], (14 + 20 + 8 + 5, 0, 1, false));
+        let mut n = 0;
+        for_each_record(&[0xe0, 0, 1, 2, 3, 4, 5, 127], 100, |_, _| n += 1);
+        assert_eq!(n, 100, "capped");
     }
 
     #[test]
