@@ -38,6 +38,11 @@ cargo test --workspace --locked --no-fail-fast
 
 [[ $quick -eq 1 ]] && exit 0
 
+# The fuzz targets (a separate workspace, run with nightly + libFuzzer; see
+# fuzz/README.md) must keep compiling, and their shared harness is tested.
+step "fuzz targets type-check"
+(cd fuzz && cargo check --all-targets --locked && cargo test --lib --locked)
+
 # The shared table's version-counter protocol, model-checked with loom (a
 # separate target dir: RUSTFLAGS replaces .cargo/config.toml's flags).
 step "loom models of the shared table"

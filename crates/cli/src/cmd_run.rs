@@ -12,7 +12,7 @@ use flowplane_engine::runner::{run_input, Input, Output};
 use flowplane_engine::{spec, RunConfig};
 use flowplane_io::cpu;
 use flowplane_table::FullPolicy;
-use flowplane_trace::gen::Generator;
+use flowplane_trace::gen::{GenConfig, Generator};
 use flowplane_trace::{PcapWriter, WriterOptions};
 
 use crate::cmd_gen::GenArgs;
@@ -105,8 +105,10 @@ fn executors() -> PossibleValuesParser {
     PossibleValuesParser::new(ExecKind::all().map(|k| PossibleValue::new(k.name()).help(k.info().about)))
 }
 
-/// Parses a `--gen` string with `flowplane gen`'s own option parser.
-pub fn parse_gen(s: &str) -> Result<Generator, CliError> {
+/// Parses a `--gen` string with `flowplane gen`'s own option parser into a
+/// validated configuration (nothing generated yet). `--size-mix FILE` and
+/// `--dist cdf:FILE` read their file here.
+pub fn parse_gen_config(s: &str) -> Result<GenConfig, CliError> {
     #[derive(Parser, Debug)]
     #[command(name = "--gen", no_binary_name = true, disable_help_flag = true, disable_version_flag = true)]
     struct Wrap {
@@ -120,8 +122,12 @@ pub fn parse_gen(s: &str) -> Result<Generator, CliError> {
         let first = msg.lines().next().unwrap_or("invalid option").trim_start_matches("error: ").to_string();
         CliError::new(format!("--gen: {first}"))
     })?;
-    let cfg = w.args.to_config()?;
-    Generator::new(cfg).map_err(|e| CliError::new(format!("--gen: {e}")))
+    w.args.to_config()
+}
+
+/// Parses a `--gen` string (see [`parse_gen_config`]) into a ready generator.
+pub fn parse_gen(s: &str) -> Result<Generator, CliError> {
+    Generator::new(parse_gen_config(s)?).map_err(|e| CliError::new(format!("--gen: {e}")))
 }
 
 fn validate(a: &RunArgs) -> Result<(), CliError> {
@@ -254,8 +260,8 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// `NF=FILE.csv|json` pairs.
-fn parse_exports(specs: &[String]) -> Result<Vec<(String, PathBuf)>, CliError> {
+/// Parses `--export` values: `NF=FILE.csv|json` pairs (no file is touched here).
+pub fn parse_exports(specs: &[String]) -> Result<Vec<(String, PathBuf)>, CliError> {
     specs
         .iter()
         .map(|s| {
