@@ -38,6 +38,11 @@ cargo test --workspace --locked --no-fail-fast
 
 [[ $quick -eq 1 ]] && exit 0
 
+# The fuzz targets (a separate workspace, run with nightly + libFuzzer; see
+# fuzz/README.md) must keep compiling, and their shared harness is tested.
+step "fuzz targets type-check"
+(cd fuzz && cargo check --all-targets --locked && cargo test --lib --locked)
+
 # The shared table's version-counter protocol, model-checked with loom (a
 # separate target dir: RUSTFLAGS replaces .cargo/config.toml's flags).
 step "loom models of the shared table"
@@ -51,9 +56,7 @@ if ! cargo +nightly miri --version >/dev/null 2>&1; then
         || rustup component add miri rust-src --toolchain nightly >/dev/null 2>&1 || true
 fi
 if cargo +nightly miri --version >/dev/null 2>&1; then
-    # Miri interprets: build for the baseline CPU (no AVX2 intrinsics) in its own target dir.
-    MIRIFLAGS="-Zmiri-disable-isolation" RUSTFLAGS="" \
-        cargo +nightly miri test --locked -p flowplane-packet -p flowplane-table --lib --target-dir target/miri
+    cargo +nightly miri test --locked -p flowplane-packet -p flowplane-table --lib
 else
     echo "Miri is not installable here (no nightly toolchain): skipped" >&2
 fi

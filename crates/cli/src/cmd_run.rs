@@ -12,7 +12,7 @@ use flowplane_engine::runner::{run_input, Input, Output};
 use flowplane_engine::{spec, RunConfig};
 use flowplane_io::cpu;
 use flowplane_table::FullPolicy;
-use flowplane_trace::gen::Generator;
+use flowplane_trace::gen::{GenConfig, Generator};
 use flowplane_trace::{PcapWriter, WriterOptions};
 
 use crate::cmd_gen::GenArgs;
@@ -25,7 +25,7 @@ pub const DEFAULT_GEN: &str = "--flows 1000000 --packets 4000000 --size 64 --dis
 
 #[derive(clap::Args, Debug, Default)]
 pub struct RunArgs {
-    /// Trace to replay (pcap or pcapng; Ethernet, raw IP, Linux cooked).
+    /// Trace to replay (pcap or pcapng; Ethernet, raw IP, Linux cooked, loopback, PPP, Cisco HDLC).
     #[arg(long, short = 'i', conflicts_with = "gen")]
     pub input: Option<PathBuf>,
     /// Generate the traffic in memory instead, with `flowplane gen` options
@@ -108,8 +108,10 @@ fn executors() -> PossibleValuesParser {
     PossibleValuesParser::new(ExecKind::all().map(|k| PossibleValue::new(k.name()).help(k.info().about)))
 }
 
-/// Parses a `--gen` string with `flowplane gen`'s own option parser.
-pub fn parse_gen(s: &str) -> Result<Generator, CliError> {
+/// Parses a `--gen` string with `flowplane gen`'s own option parser into a
+/// validated configuration (nothing generated yet). `--size-mix FILE` and
+/// `--dist cdf:FILE` read their file here.
+pub fn parse_gen_config(s: &str) -> Result<GenConfig, CliError> {
     #[derive(Parser, Debug)]
     #[command(name = "--gen", no_binary_name = true, disable_help_flag = true, disable_version_flag = true)]
     struct Wrap {
@@ -123,8 +125,12 @@ pub fn parse_gen(s: &str) -> Result<Generator, CliError> {
         let first = msg.lines().next().unwrap_or("invalid option").trim_start_matches("error: ").to_string();
         CliError::new(format!("--gen: {first}"))
     })?;
-    let cfg = w.args.to_config()?;
-    Generator::new(cfg).map_err(|e| CliError::new(format!("--gen: {e}")))
+    w.args.to_config()
+}
+
+/// Parses a `--gen` string (see [`parse_gen_config`]) into a ready generator.
+pub fn parse_gen(s: &str) -> Result<Generator, CliError> {
+    Generator::new(parse_gen_config(s)?).map_err(|e| CliError::new(format!("--gen: {e}")))
 }
 
 fn validate(a: &RunArgs) -> Result<(), CliError> {
@@ -247,6 +253,9 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
             "loaded       {} packets ({} unclassified, {} skipped) into {} queue(s)",
             load.packets, load.unclassified, load.skipped, cores
         );
+        if load.unparsed.total() > 0 {
+            println!("unparsed     {} (not replayed)", load.unparsed);
+        }
         if let Some(nf) = auto_symmetric {
             println!("rss          symmetric key ({nf} needs both directions of a connection on one core)");
         }
@@ -255,8 +264,8 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// `NF=FILE.csv|json` pairs.
-fn parse_exports(specs: &[String]) -> Result<Vec<(String, PathBuf)>, CliError> {
+/// Parses `--export` values: `NF=FILE.csv|json` pairs (no file is touched here).
+pub fn parse_exports(specs: &[String]) -> Result<Vec<(String, PathBuf)>, CliError> {
     specs
         .iter()
         .map(|s| {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use flowplane_io::replay::{ReplayBuilder, ReplayError, ReplayTrace};
 use flowplane_scale::Dispatch;
 use flowplane_trace::gen::Generator;
-use flowplane_trace::{to_ethernet, TraceReader};
+use flowplane_trace::{TraceReader, UnparsedCounts};
 use serde::Serialize;
 
 use crate::error::EngineError;
@@ -23,6 +23,8 @@ pub struct LoadStats {
     pub unclassified: u64,
     /// Frames skipped because they were empty or longer than the replay's limit.
     pub skipped: u64,
+    /// Trace records and packets that could not be read (bad records, packets with no Ethernet form), by reason.
+    pub unparsed: UnparsedCounts,
 }
 
 /// Accumulates frames through a dispatcher.
@@ -79,11 +81,11 @@ pub fn load_trace(
     }
     let mut scratch = Vec::new();
     while limit.is_none_or(|l| loader.stats.packets < l) {
-        let Some(pkt) = reader.next_packet()? else { break };
-        let ts = pkt.ts_ns;
-        let frame = to_ethernet(&pkt, &mut scratch)?;
-        loader.push(frame, ts)?;
+        // Bad records and packets are counted by the reader, never the end of the run.
+        let Some(pkt) = reader.next_frame(&mut scratch)? else { break };
+        loader.push(pkt.data, pkt.ts_ns)?;
     }
+    loader.stats.unparsed = *reader.unparsed();
     Ok(loader.finish())
 }
 

@@ -9,7 +9,11 @@
 //!
 //! Real ports (AF_PACKET, AF_XDP, DPDK) arrive here later behind the same
 //! [`Source`]/[`Sink`] traits.
+//!
+//! No `unsafe` outside [`cpu`] (the affinity system calls).
+#![deny(unsafe_code)]
 
+#[allow(unsafe_code)]
 pub mod cpu;
 pub mod replay;
 pub mod sink;

@@ -93,8 +93,9 @@ impl Batch {
         }
         let Some(idx) = pool.pop() else { return false };
         let head = self.mem.headroom;
-        // SAFETY: idx came off the free list, so this batch now owns the
-        // buffer exclusively; head + frame.len() <= buf_size was checked above.
+        // SAFETY: idx came off the free list, so idx < count (buf_ptr's contract)
+        // and this batch now owns the buffer exclusively; head + frame.len() <=
+        // buf_size was checked above.
         unsafe {
             let dst = self.mem.buf_ptr(idx).add(head);
             std::ptr::copy_nonoverlapping(frame.as_ptr(), dst, frame.len());
@@ -122,8 +123,8 @@ impl Batch {
         }
         let Some(idx) = pool.pop() else { return false };
         let head = self.mem.headroom;
-        // SAFETY: as in `push_copy`: exclusive ownership of `idx`, and
-        // head + 64 * lines.len() <= buf_size was checked above.
+        // SAFETY: as in `push_copy`: idx < count and exclusively owned (it came
+        // off the free list), and head + 64 * lines.len() <= buf_size was checked above.
         unsafe {
             let dst = self.mem.buf_ptr(idx).add(head) as *mut Line;
             for (k, l) in lines.iter().enumerate() {
@@ -175,8 +176,8 @@ impl Batch {
             let (lines, len, hash) = fill(k);
             let ok = lines.len() <= max_lines && len as usize <= lines.len() * 64;
             if ok {
-                // SAFETY: buf[i] was just taken from the free list, so this batch
-                // owns it exclusively; head + 64 * lines.len() <= buf_size.
+                // SAFETY: buf[i] was just taken from the free list, so it is < count
+                // and this batch owns it exclusively; head + 64 * lines.len() <= buf_size.
                 unsafe {
                     let dst = self.mem.buf_ptr(self.buf[i]).add(head) as *mut Line;
                     for (j, l) in lines.iter().enumerate() {
@@ -198,8 +199,9 @@ impl Batch {
     #[inline(always)]
     pub fn data(&self, i: usize) -> &[u8] {
         assert!(i < self.len);
-        // SAFETY: position i < len holds a buffer owned by this batch; off + len
-        // stays within the buffer (maintained by every mutator).
+        // SAFETY: position i < len holds a buffer index from the pool's free list
+        // (< count), owned by this batch; off + len stays within the buffer
+        // (maintained by every mutator).
         unsafe {
             std::slice::from_raw_parts(
                 self.mem.buf_ptr(self.buf[i]).add(self.off[i] as usize),

@@ -69,11 +69,15 @@ unsafe impl Sync for PoolMem {}
 
 impl PoolMem {
     /// Pointer to the first byte of buffer `idx`.
+    ///
+    /// # Safety
+    /// `idx < self.count`: buffer indices come from the pool's free list, which only ever holds
+    /// indices below `count`. (The result may then be used for `buf_size` bytes by the buffer's owner.)
     #[inline(always)]
-    pub(crate) fn buf_ptr(&self, idx: u32) -> *mut u8 {
+    pub(crate) unsafe fn buf_ptr(&self, idx: u32) -> *mut u8 {
         debug_assert!((idx as usize) < self.count);
-        // SAFETY: idx < count (checked by callers' invariants), so the offset
-        // stays inside the allocation of count * buf_size bytes.
+        // SAFETY: idx < count (the caller's contract), so the offset stays inside the
+        // allocation of count * buf_size bytes.
         unsafe { self.base.as_ptr().add(idx as usize * self.buf_size) }
     }
 }

@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 /// many operations, not single instructions).
 #[inline(always)]
 pub fn rdtsc() -> u64 {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         // SAFETY: `rdtsc` has no memory effects and is available on every x86_64 CPU.
         unsafe { core::arch::x86_64::_rdtsc() }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    // Miri cannot execute `rdtsc`: it takes the portable path, so code that reads the clock runs under it.
+    #[cfg(any(not(target_arch = "x86_64"), miri))]
     {
         // Portable fallback: nanoseconds since the first call (1 "cycle" = 1 ns).
         static START: OnceLock<Instant> = OnceLock::new();

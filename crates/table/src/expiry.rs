@@ -48,7 +48,8 @@ impl<K: FlowKey> FlowTable<K> {
                 // Clock went backwards: restart this entry's idle time instead of trusting either clock.
                 self.slab.set_last_seen(h, now_ns);
             } else if now_ns - seen > timeout {
-                on_expire(h, self.slab.key_unchecked(h), self.slab.state(h));
+                // SAFETY: next_live returned h, so it is live.
+                on_expire(h, unsafe { self.slab.key_unchecked(h) }, self.slab.state(h));
                 if self.unlink(h) {
                     self.stats.expiries += 1;
                     expired += 1;

@@ -1,4 +1,4 @@
-//! `flowplane-table`: per-core flow tables and their state slab.
+//! `flowplane-table`: per-core flow tables and their state slab, and the shared table for coarse keys.
 //!
 //! [`FlowTable`] is a bucketized cuckoo hash (two 64-byte candidate buckets of
 //! 8 tagged slots per key) whose values are [`Handle`]s into a preallocated,
@@ -7,12 +7,18 @@
 //! add-on-miss insertion (PNA), in-place state update through handles, removal
 //! by key or handle, idle expiry with bounded work per call, and a full-table
 //! policy chosen at creation. Keys come with caller-computed 64-bit hashes.
+//! [`shared::SharedFlowTable`] is the same cuckoo layout reached by every core
+//! (lock-free readers, per-bucket writer locks, refcounted entries).
 //!
-//! Module map: `key` (the [`FlowKey`] trait, bucket/tag placement), `simd`
-//! (tag compare), `slab` (memory, entries, free list), `flow_table` (the table),
-//! `expiry` (idle sweep), `error`.
+//! Words: a *slot* is a position inside a bucket; an *entry* is a flow's key and
+//! state, named by its *handle*.
+//!
+//! Module map: `cuckoo` (placement, bucket search and displacement paths, shared
+//! by both tables), `key` (the [`FlowKey`] trait), `simd` (tag compare), `slab`
+//! (memory, entries, free list), `flow_table` (the per-core table), `expiry` (its
+//! idle sweep), `shared` (the shared table), `error`.
 
-pub mod aux;
+mod cuckoo;
 pub mod error;
 pub mod expiry;
 pub mod flow_table;
@@ -21,8 +27,7 @@ pub mod shared;
 pub mod simd;
 mod slab;
 
+pub use cuckoo::{BULK_LOOKUP_MAX, SLOTS};
 pub use error::TableError;
-pub use flow_table::{
-    BatchResult, FlowTable, FullPolicy, Handle, Iter, TableConfig, TableStats, INVALID_HANDLE, MAX_BATCH,
-};
+pub use flow_table::{BatchResult, FlowTable, FullPolicy, Handle, Iter, TableConfig, TableStats, INVALID_HANDLE};
 pub use key::FlowKey;

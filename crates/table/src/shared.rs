@@ -2,8 +2,10 @@
 //! with coarse keys (source IP, destination IP) when RSS spreads packets by 5-tuple.
 //!
 //! This module owns the concurrent bucketized cuckoo table, its entry arena with
-//! per-entry reference counts, its free lists and its idle expiry. The per-core
-//! auxiliary table (`crate::aux`) builds on the refcounts.
+//! per-entry reference counts, its free lists and its idle expiry. Placement,
+//! bucket search and displacement-path search are the per-core table's
+//! (`cuckoo.rs`); this module adds the locking around them. The engine's
+//! auxiliary state (flow blocks holding pinned handles) builds on the refcounts.
 //!
 //! # Layout
 //! - **Buckets** are one cache line: a 32-bit version counter, 8 slots of 16-bit
@@ -55,6 +57,8 @@ use core::marker::PhantomData;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use self::sync::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use crate::cuckoo::{self, check_batch, find_slot, place, PathSearch, Place, Search, BULK_LOOKUP_MAX, SLOTS};
+use crate::simd::match_tags;
 
 /// Atomics used by the table: `std`'s normally, `loom`'s under `--cfg loom` so the
 /// version-counter protocol can be model-checked.
@@ -74,10 +78,6 @@ pub(crate) mod sync {
     }
 }
 
-/// Slots per bucket (one cache line).
-pub const SLOTS: usize = 8;
-/// Rows processed per prefetch pass (longer batches are processed in chunks).
-pub const CHUNK: usize = 64;
 /// Largest supported capacity (indices are `u32`, counts 31 bits).
 pub const MAX_CAPACITY: usize = 1 << 31;
 
@@ -93,7 +93,7 @@ const LINE_WORDS: usize = 8;
 const DEAD: u64 = 1 << 31;
 const COUNT: u64 = DEAD - 1;
 const NIL: u32 = u32::MAX;
-/// Nodes examined by one cuckoo path search (breadth-first, depth ~2-3).
+/// Buckets examined by one cuckoo path search (breadth-first, depth ~2-3).
 const MAX_BFS_NODES: usize = 64;
 /// Lock / search / retry rounds before an insertion is declared failed.
 const MAX_LINK_ATTEMPTS: usize = 8;
@@ -273,9 +273,10 @@ pub enum ReleaseOutcome {
 struct Bucket {
     /// Seqlock and writer lock: odd while a writer holds the bucket.
     version: AtomicU32,
-    /// Four 16-bit tags per word; tag 0 marks an empty slot.
+    /// Four 16-bit tags per word (slot i in word i / 4, bits 16 * (i % 4)); tag 0 marks an empty slot.
     tags: [AtomicU64; 2],
-    idx: [AtomicU32; SLOTS],
+    /// Arena index of the entry in each occupied slot.
+    entries: [AtomicU32; SLOTS],
 }
 
 impl Bucket {
@@ -283,15 +284,20 @@ impl Bucket {
         Bucket {
             version: AtomicU32::new(0),
             tags: [AtomicU64::new(0), AtomicU64::new(0)],
-            idx: core::array::from_fn(|_| AtomicU32::new(0)),
+            entries: core::array::from_fn(|_| AtomicU32::new(0)),
         }
+    }
+
+    /// The 8 tags (unsynchronised: callers validate with the version, or hold the lock).
+    #[inline(always)]
+    fn tags(&self) -> [u16; SLOTS] {
+        unpack_tags([self.tags[0].load(Relaxed), self.tags[1].load(Relaxed)])
     }
 
     /// Bitmask of slots whose tag equals `tag` (tag 0: the empty slots).
     #[inline(always)]
     fn match_tag(&self, tag: u16) -> u32 {
-        let pat = u64::from(tag) * 0x0001_0001_0001_0001;
-        zero_lanes(self.tags[0].load(Relaxed) ^ pat) | (zero_lanes(self.tags[1].load(Relaxed) ^ pat) << 4)
+        match_tags(&self.tags(), tag)
     }
 
     #[inline(always)]
@@ -309,21 +315,17 @@ impl Bucket {
     }
 }
 
-/// Bit i (0..4) set iff 16-bit lane i of `x` is zero (exact: no borrow between lanes).
+/// The tags packed in a bucket's two words, slot order (on little-endian targets the packing is the
+/// memory layout of `[u16; 8]`, so this is a plain reinterpretation).
 #[inline(always)]
-fn zero_lanes(x: u64) -> u32 {
-    const LO: u64 = 0x7FFF_7FFF_7FFF_7FFF;
-    let z = !(((x & LO).wrapping_add(LO)) | x | LO);
-    (((z >> 15) & 1) | ((z >> 30) & 2) | ((z >> 45) & 4) | ((z >> 60) & 8)) as u32
-}
-
-#[inline(always)]
-fn tag_of(hash: u64) -> u16 {
-    let t = (hash >> 48) as u16;
-    if t == 0 {
-        1
-    } else {
-        t
+fn unpack_tags(w: [u64; 2]) -> [u16; SLOTS] {
+    #[cfg(target_endian = "little")]
+    {
+        bytemuck::cast(w)
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        core::array::from_fn(|s| (w[s / 4] >> ((s % 4) * 16)) as u16)
     }
 }
 
@@ -382,7 +384,7 @@ fn home_stripe() -> usize {
 /// A concurrent flow table with lock-free readers; see the module docs.
 pub struct SharedFlowTable<K> {
     buckets: Box<[Bucket]>,
-    mask: usize,
+    mask: u32,
     words: Box<[AtomicU64]>,
     /// Word offset of entry 0 (cache-line aligned).
     base: usize,
@@ -452,7 +454,7 @@ impl<K: SharedKey> SharedFlowTable<K> {
             .collect();
         let t = SharedFlowTable {
             buckets: (0..nb).map(|_| Bucket::new()).collect(),
-            mask: nb - 1,
+            mask: (nb - 1) as u32,
             words,
             base,
             stride,
@@ -485,8 +487,8 @@ impl<K: SharedKey> SharedFlowTable<K> {
 
     /// The two candidate buckets of `hash` (primary, alternate): for tests and diagnostics.
     pub fn candidate_buckets(&self, hash: u64) -> (usize, usize) {
-        let (_, b1, b2) = self.buckets_of(hash);
-        (b1, b2)
+        let p = place(hash, self.mask);
+        (p.b1 as usize, p.b2 as usize)
     }
 
     /// Number of buckets (a power of two, at least 2).
@@ -531,26 +533,18 @@ impl<K: SharedKey> SharedFlowTable<K> {
         &self.words[s..s + self.state_words]
     }
 
+    /// Bucket `b` (indices come from `cuckoo::place`/`alt`, masked, so always in range).
     #[inline(always)]
-    fn buckets_of(&self, hash: u64) -> (u16, usize, usize) {
-        let tag = tag_of(hash);
-        let b1 = hash as usize & self.mask;
-        (tag, b1, self.alt(b1, tag))
-    }
-
-    /// The other candidate bucket of a key with `tag` sitting in bucket `b` (an involution).
-    #[inline(always)]
-    fn alt(&self, b: usize, tag: u16) -> usize {
-        let off = (u64::from(tag).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize | 1;
-        b ^ (off & self.mask)
+    fn bucket(&self, b: u32) -> &Bucket {
+        &self.buckets[b as usize]
     }
 
     // ---- bucket locks and versions -------------------------------------------------------
 
     #[inline(always)]
-    fn stable_version(&self, b: usize) -> u32 {
+    fn stable_version(&self, b: u32) -> u32 {
         loop {
-            let v = self.buckets[b].version.load(Acquire);
+            let v = self.bucket(b).version.load(Acquire);
             if v & 1 == 0 {
                 return v;
             }
@@ -559,8 +553,8 @@ impl<K: SharedKey> SharedFlowTable<K> {
     }
 
     /// Takes bucket `b`'s writer lock; returns the (odd) locked version.
-    fn lock(&self, b: usize) -> u32 {
-        let ver = &self.buckets[b].version;
+    fn lock(&self, b: u32) -> u32 {
+        let ver = &self.bucket(b).version;
         loop {
             let v = ver.load(Relaxed);
             if v & 1 == 0 && ver.compare_exchange_weak(v, v.wrapping_add(1), Acquire, Relaxed).is_ok() {
@@ -573,12 +567,12 @@ impl<K: SharedKey> SharedFlowTable<K> {
     }
 
     #[inline(always)]
-    fn unlock(&self, b: usize, odd: u32) {
-        self.buckets[b].version.store(odd.wrapping_add(1), Release);
+    fn unlock(&self, b: u32, odd: u32) {
+        self.bucket(b).version.store(odd.wrapping_add(1), Release);
     }
 
     /// Locks two distinct buckets in index order.
-    fn lock2(&self, a: usize, b: usize) -> (u32, u32) {
+    fn lock2(&self, a: u32, b: u32) -> (u32, u32) {
         if a < b {
             let x = self.lock(a);
             (x, self.lock(b))
@@ -588,44 +582,47 @@ impl<K: SharedKey> SharedFlowTable<K> {
         }
     }
 
-    fn unlock2(&self, a: usize, b: usize, (va, vb): (u32, u32)) {
+    fn unlock2(&self, a: u32, b: u32, (va, vb): (u32, u32)) {
         self.unlock(a, va);
         self.unlock(b, vb);
     }
 
     // ---- lookup -----------------------------------------------------------------------
 
-    /// Slot of `kw` in bucket `b` (reads are validated by the caller).
+    /// Slot and entry of `kw` in bucket `b` (reads are validated by the caller).
     #[inline(always)]
-    fn scan(&self, b: usize, tag: u16, kw: [u64; 2]) -> Option<(usize, u32)> {
-        let bk = &self.buckets[b];
-        let mut m = bk.match_tag(tag);
-        while m != 0 {
-            let s = m.trailing_zeros() as usize;
-            m &= m - 1;
-            let idx = bk.idx[s].load(Relaxed);
-            if (idx as usize) < self.capacity && self.key_at(idx as usize) == kw {
-                return Some((s, idx));
-            }
-        }
-        None
+    fn scan(&self, b: u32, tag: u16, kw: [u64; 2]) -> Option<(usize, u32)> {
+        let bk = self.bucket(b);
+        let mut entry = NIL;
+        let s = find_slot(bk.match_tag(tag), |s| {
+            entry = bk.entries[s].load(Relaxed);
+            (entry as usize) < self.capacity && self.key_at(entry as usize) == kw
+        })?;
+        Some((s, entry))
+    }
+
+    /// Slot and entry of `kw` in either candidate bucket.
+    #[inline(always)]
+    fn scan2(&self, kw: [u64; 2], p: Place) -> Option<(u32, usize, u32)> {
+        self.scan(p.b1, p.tag, kw)
+            .map(|(s, e)| (p.b1, s, e))
+            .or_else(|| self.scan(p.b2, p.tag, kw).map(|(s, e)| (p.b2, s, e)))
     }
 
     /// Lock-free validated lookup.
     #[inline]
-    fn find(&self, kw: [u64; 2], tag: u16, b1: usize, b2: usize) -> SharedHandle {
+    fn find(&self, kw: [u64; 2], p: Place) -> SharedHandle {
         loop {
-            let v1 = self.stable_version(b1);
-            let v2 = self.stable_version(b2);
-            let found = self.scan(b1, tag, kw).or_else(|| self.scan(b2, tag, kw));
-            let h = match found {
-                Some((_, idx)) => {
+            let v1 = self.stable_version(p.b1);
+            let v2 = self.stable_version(p.b2);
+            let h = match self.scan2(kw, p) {
+                Some((_, _, idx)) => {
                     SharedHandle { idx, gen: (self.word(idx as usize, W_REF).load(Relaxed) >> 32) as u32 }
                 }
                 None => SharedHandle::NONE,
             };
             fence(Acquire);
-            if self.buckets[b1].version.load(Relaxed) == v1 && self.buckets[b2].version.load(Relaxed) == v2 {
+            if self.bucket(p.b1).version.load(Relaxed) == v1 && self.bucket(p.b2).version.load(Relaxed) == v2 {
                 return h;
             }
             sync::spin();
@@ -634,48 +631,51 @@ impl<K: SharedKey> SharedFlowTable<K> {
 
     /// Single-key lookup (latency-optimised). Returns a weak handle or [`SharedHandle::NONE`].
     pub fn lookup(&self, key: &K, hash: u64) -> SharedHandle {
-        let (tag, b1, b2) = self.buckets_of(hash);
-        self.find(key.to_words(), tag, b1, b2)
+        self.find(key.to_words(), place(hash, self.mask))
     }
 
     /// Prefetches both candidate buckets of every row, then the candidate entries, and
-    /// fills `kw/tag/b1/b2` for the chunk.
+    /// fills `meta` (key words and placement) for the chunk.
     #[inline(always)]
-    fn prefetch_chunk(&self, keys: &[K], hashes: &[u64], meta: &mut [([u64; 2], u16, usize, usize); CHUNK]) {
+    fn prefetch_chunk(&self, keys: &[K], hashes: &[u64], meta: &mut [([u64; 2], Place); BULK_LOOKUP_MAX]) {
         for (i, (k, &h)) in keys.iter().zip(hashes).enumerate() {
-            let (tag, b1, b2) = self.buckets_of(h);
-            prefetch(&self.buckets[b1]);
-            prefetch(&self.buckets[b2]);
-            meta[i] = (k.to_words(), tag, b1, b2);
+            let p = place(h, self.mask);
+            prefetch(self.bucket(p.b1));
+            prefetch(self.bucket(p.b2));
+            meta[i] = (k.to_words(), p);
         }
-        for &(_, tag, b1, b2) in meta.iter().take(keys.len()) {
-            let mut m = self.buckets[b1].match_tag(tag);
+        for &(_, p) in meta.iter().take(keys.len()) {
+            let mut m = self.bucket(p.b1).match_tag(p.tag);
             let b = if m == 0 {
-                m = self.buckets[b2].match_tag(tag);
-                b2
+                m = self.bucket(p.b2).match_tag(p.tag);
+                p.b2
             } else {
-                b1
+                p.b1
             };
             while m != 0 {
                 let s = m.trailing_zeros() as usize;
                 m &= m - 1;
-                prefetch(self.entry_ptr(self.buckets[b].idx[s].load(Relaxed) as usize % self.capacity));
+                prefetch(self.entry_ptr(self.bucket(b).entries[s].load(Relaxed) as usize % self.capacity));
             }
         }
     }
 
-    /// Batched lookup: prefetches all buckets, then all candidate entries, then verifies.
-    /// `out[i]` gets a weak handle or [`SharedHandle::NONE`]; returns the number of hits.
-    /// Rows beyond the shortest of the three slices are ignored.
+    /// Batched lookup of any number of rows, [`BULK_LOOKUP_MAX`] at a time: prefetches all
+    /// buckets, then all candidate entries, then verifies. `out[i]` gets a weak handle or
+    /// [`SharedHandle::NONE`]; returns the number of hits.
+    ///
+    /// # Panics
+    /// If `hashes.len() != keys.len()` or `out.len() < keys.len()`: a caller bug, reported rather than skipping rows.
     pub fn lookup_batch(&self, keys: &[K], hashes: &[u64], out: &mut [SharedHandle]) -> usize {
-        let n = keys.len().min(hashes.len()).min(out.len());
-        let mut meta = [([0u64; 2], 0u16, 0usize, 0usize); CHUNK];
+        check_batch(keys.len(), hashes.len(), out.len());
+        let n = keys.len();
+        let mut meta = [([0u64; 2], Place { tag: 0, b1: 0, b2: 0 }); BULK_LOOKUP_MAX];
         let mut hits = 0;
-        for start in (0..n).step_by(CHUNK) {
-            let end = (start + CHUNK).min(n);
+        for start in (0..n).step_by(BULK_LOOKUP_MAX) {
+            let end = (start + BULK_LOOKUP_MAX).min(n);
             self.prefetch_chunk(&keys[start..end], &hashes[start..end], &mut meta);
-            for (o, &(kw, tag, b1, b2)) in out[start..end].iter_mut().zip(meta.iter()) {
-                *o = self.find(kw, tag, b1, b2);
+            for (o, &(kw, p)) in out[start..end].iter_mut().zip(meta.iter()) {
+                *o = self.find(kw, p);
                 hits += usize::from(o.is_some());
             }
         }
@@ -685,6 +685,9 @@ impl<K: SharedKey> SharedFlowTable<K> {
     /// Batched add-on-miss: every row ends with a weak handle to its key's entry, inserted
     /// with `init(key, state)` (state zeroed first) on a miss, or [`SharedHandle::NONE`] if
     /// the table is full. Hits refresh the entry's idle timer.
+    ///
+    /// # Panics
+    /// If `hashes.len() != keys.len()` or `out.len() < keys.len()`: a caller bug, reported rather than skipping rows.
     pub fn lookup_or_insert_batch<F>(
         &self,
         keys: &[K],
@@ -701,7 +704,11 @@ impl<K: SharedKey> SharedFlowTable<K> {
 
     /// Like [`SharedFlowTable::lookup_or_insert_batch`], but every returned handle is
     /// *pinned* (its refcount incremented): the entry cannot be removed or reused until
-    /// the matching [`SharedFlowTable::release`]. The auxiliary table uses this.
+    /// the matching [`SharedFlowTable::release`]. A key repeated in the batch is pinned once
+    /// per row. The engine's auxiliary table uses this.
+    ///
+    /// # Panics
+    /// If `hashes.len() != keys.len()` or `out.len() < keys.len()`: a caller bug, reported rather than skipping rows.
     pub fn acquire_batch<F>(
         &self,
         keys: &[K],
@@ -721,8 +728,7 @@ impl<K: SharedKey> SharedFlowTable<K> {
     where
         F: FnMut(&K, &[AtomicU64]),
     {
-        let (tag, b1, b2) = self.buckets_of(hash);
-        self.upsert_one::<false, F>(key, key.to_words(), hash, tag, b1, b2, now, &mut init)
+        self.upsert_one::<false, F>(key, key.to_words(), hash, place(hash, self.mask), now, &mut init)
     }
 
     /// Single-key pinned add-on-miss; `None` if the table is full.
@@ -730,8 +736,7 @@ impl<K: SharedKey> SharedFlowTable<K> {
     where
         F: FnMut(&K, &[AtomicU64]),
     {
-        let (tag, b1, b2) = self.buckets_of(hash);
-        self.upsert_one::<true, F>(key, key.to_words(), hash, tag, b1, b2, now, &mut init)
+        self.upsert_one::<true, F>(key, key.to_words(), hash, place(hash, self.mask), now, &mut init)
     }
 
     fn upsert_batch<const PIN: bool, F>(
@@ -745,14 +750,15 @@ impl<K: SharedKey> SharedFlowTable<K> {
     where
         F: FnMut(&K, &[AtomicU64]),
     {
-        let n = keys.len().min(hashes.len()).min(out.len());
-        let mut meta = [([0u64; 2], 0u16, 0usize, 0usize); CHUNK];
+        check_batch(keys.len(), hashes.len(), out.len());
+        let n = keys.len();
+        let mut meta = [([0u64; 2], Place { tag: 0, b1: 0, b2: 0 }); BULK_LOOKUP_MAX];
         let mut res = SharedBatchResult::default();
-        for start in (0..n).step_by(CHUNK) {
-            let end = (start + CHUNK).min(n);
+        for start in (0..n).step_by(BULK_LOOKUP_MAX) {
+            let end = (start + BULK_LOOKUP_MAX).min(n);
             self.prefetch_chunk(&keys[start..end], &hashes[start..end], &mut meta);
-            for (i, &(kw, tag, b1, b2)) in meta.iter().enumerate().take(end - start) {
-                let r = self.upsert_one::<PIN, F>(&keys[start + i], kw, hashes[start + i], tag, b1, b2, now, &mut init);
+            for (i, &(kw, p)) in meta.iter().enumerate().take(end - start) {
+                let r = self.upsert_one::<PIN, F>(&keys[start + i], kw, hashes[start + i], p, now, &mut init);
                 out[start + i] = match r {
                     Some((h, true)) => {
                         res.inserted += 1;
@@ -772,16 +778,13 @@ impl<K: SharedKey> SharedFlowTable<K> {
         res
     }
 
-    #[allow(clippy::too_many_arguments)]
     #[inline]
     fn upsert_one<const PIN: bool, F>(
         &self,
         key: &K,
         kw: [u64; 2],
         hash: u64,
-        tag: u16,
-        b1: usize,
-        b2: usize,
+        p: Place,
         now: u64,
         init: &mut F,
     ) -> Option<(SharedHandle, bool)>
@@ -791,7 +794,7 @@ impl<K: SharedKey> SharedFlowTable<K> {
         // Each retry means another thread changed this key's entry (removed it, or inserted
         // it first): progress is made globally, so the loop terminates.
         loop {
-            let h = self.find(kw, tag, b1, b2);
+            let h = self.find(kw, p);
             if h.is_some() {
                 if PIN && !self.try_acquire(h) {
                     sync::spin();
@@ -820,7 +823,7 @@ impl<K: SharedKey> SharedFlowTable<K> {
             init(key, st);
             // Live with one reference (ours) so nobody can expire it before it is linked.
             self.word(i, W_REF).store((u64::from(gen) << 32) | 1, Release);
-            match self.link(idx, kw, tag, b1, b2) {
+            match self.link(idx, kw, p) {
                 Link::Linked => {
                     if !PIN {
                         self.word(i, W_REF).fetch_sub(1, Release);
@@ -853,107 +856,61 @@ impl<K: SharedKey> SharedFlowTable<K> {
     // ---- insertion internals ------------------------------------------------------------
 
     /// Links entry `idx` (holding `kw`) into one of its buckets, displacing if needed.
-    fn link(&self, idx: u32, kw: [u64; 2], tag: u16, b1: usize, b2: usize) -> Link {
+    fn link(&self, idx: u32, kw: [u64; 2], p: Place) -> Link {
         for _ in 0..MAX_LINK_ATTEMPTS {
-            let v = self.lock2(b1, b2);
+            let v = self.lock2(p.b1, p.b2);
             // Under both locks the check is exact: a key only ever lives in b1 or b2,
             // and moves between them hold both locks.
-            if self.scan(b1, tag, kw).is_some() || self.scan(b2, tag, kw).is_some() {
-                self.unlock2(b1, b2, v);
+            if self.scan2(kw, p).is_some() {
+                self.unlock2(p.b1, p.b2, v);
                 return Link::Exists;
             }
-            for b in [b1, b2] {
-                let bk = &self.buckets[b];
-                let e = bk.match_tag(0);
-                if e != 0 {
-                    let s = e.trailing_zeros() as usize;
-                    bk.idx[s].store(idx, Relaxed);
-                    bk.set_tag(s, tag);
-                    self.unlock2(b1, b2, v);
+            for b in [p.b1, p.b2] {
+                let bk = self.bucket(b);
+                if let Some(s) = cuckoo::free_slot(&bk.tags()) {
+                    bk.entries[s].store(idx, Relaxed);
+                    bk.set_tag(s, p.tag);
+                    self.unlock2(p.b1, p.b2, v);
                     return Link::Linked;
                 }
             }
-            self.unlock2(b1, b2, v);
-            if let Room::NoPath = self.make_room(b1, b2) {
+            self.unlock2(p.b1, p.b2, v);
+            if let Room::NoPath = self.make_room(p.b1, p.b2) {
                 return Link::Full;
             }
         }
         Link::Full
     }
 
-    /// Breadth-first search for a cuckoo path from `b1`/`b2` to a bucket with a free slot
-    /// (unsynchronised reads: only a hint), then executes it from the far end, each move
-    /// under the two buckets' locks with re-verification.
-    fn make_room(&self, b1: usize, b2: usize) -> Room {
-        #[derive(Clone, Copy)]
-        struct Node {
-            bucket: usize,
-            parent: usize,
-            slot: usize,
+    /// Searches a cuckoo path from `b1`/`b2` to a bucket with a free slot (`cuckoo::PathSearch`
+    /// over unsynchronised tag reads: only a hint), then executes it from the far end, each
+    /// move under the two buckets' locks with re-verification.
+    fn make_room(&self, b1: u32, b2: u32) -> Room {
+        let mut search = PathSearch::<MAX_BFS_NODES>::new();
+        match search.run(b1, b2, self.mask, |b| self.bucket(b).tags()) {
+            Search::NoPath => return Room::NoPath,
+            Search::SlotFreed => return Room::Retry,
+            Search::Found => {}
         }
-        const ROOT: usize = usize::MAX;
-        let mut q = [Node { bucket: 0, parent: ROOT, slot: 0 }; MAX_BFS_NODES];
-        q[0] = Node { bucket: b1, parent: ROOT, slot: 0 };
-        q[1] = Node { bucket: b2, parent: ROOT, slot: 0 };
-        let mut len = 2;
-        let mut head = 0;
-        while head < len {
-            let n = q[head];
-            let bk = &self.buckets[n.bucket];
-            for s in 0..SLOTS {
-                let t = bk.tag_at(s);
-                if t == 0 {
-                    return Room::Retry;
-                }
-                let a = self.alt(n.bucket, t);
-                if self.buckets[a].match_tag(0) != 0 {
-                    return self.execute_path(&q, head, s, a, |x: &Node| (x.bucket, x.parent, x.slot), ROOT);
-                }
-                if len < MAX_BFS_NODES {
-                    q[len] = Node { bucket: a, parent: head, slot: s };
-                    len += 1;
-                }
+        for (from, s, to) in search.moves() {
+            if !self.move_slot(from, s, to) {
+                break;
             }
-            head += 1;
         }
-        Room::NoPath
-    }
-
-    fn execute_path<N>(
-        &self,
-        q: &[N],
-        mut cur: usize,
-        mut src_slot: usize,
-        mut dst: usize,
-        get: impl Fn(&N) -> (usize, usize, usize),
-        root: usize,
-    ) -> Room {
-        loop {
-            let (src, parent, slot_in_parent) = get(&q[cur]);
-            if !self.move_slot(src, src_slot, dst) {
-                return Room::Retry;
-            }
-            if parent == root {
-                return Room::Retry;
-            }
-            dst = src;
-            src_slot = slot_in_parent;
-            cur = parent;
-        }
+        Room::Retry
     }
 
     /// Moves the entry in `src[s]` to a free slot of `dst` (its alternate bucket):
     /// copy first, then clear, both buckets locked, so readers always find the key.
-    fn move_slot(&self, src: usize, s: usize, dst: usize) -> bool {
+    fn move_slot(&self, src: u32, s: usize, dst: u32) -> bool {
         let v = self.lock2(src, dst);
-        let sb = &self.buckets[src];
-        let db = &self.buckets[dst];
+        let sb = self.bucket(src);
+        let db = self.bucket(dst);
         let t = sb.tag_at(s);
-        let e = db.match_tag(0);
-        let ok = t != 0 && self.alt(src, t) == dst && e != 0;
-        if ok {
-            let d = e.trailing_zeros() as usize;
-            db.idx[d].store(sb.idx[s].load(Relaxed), Relaxed);
+        let free = cuckoo::free_slot(&db.tags());
+        let ok = t != 0 && cuckoo::alt(src, t, self.mask) == dst && free.is_some();
+        if let (true, Some(d)) = (ok, free) {
+            db.entries[d].store(sb.entries[s].load(Relaxed), Relaxed);
             db.set_tag(d, t);
             sb.set_tag(s, 0);
         }
@@ -1021,14 +978,13 @@ impl<K: SharedKey> SharedFlowTable<K> {
     }
 
     /// Under both locks of the entry's buckets: clears the slot pointing at `idx`.
-    fn unlink_locked(&self, idx: u32, b1: usize, b2: usize) -> bool {
-        for b in [b1, b2] {
-            let bk = &self.buckets[b];
-            for s in 0..SLOTS {
-                if bk.tag_at(s) != 0 && bk.idx[s].load(Relaxed) == idx {
-                    bk.set_tag(s, 0);
-                    return true;
-                }
+    fn unlink_locked(&self, idx: u32, p: Place) -> bool {
+        for b in [p.b1, p.b2] {
+            let bk = self.bucket(b);
+            let occupied = !bk.match_tag(0) & ((1 << SLOTS) - 1);
+            if let Some(s) = find_slot(occupied, |s| bk.entries[s].load(Relaxed) == idx) {
+                bk.set_tag(s, 0);
+                return true;
             }
         }
         false
@@ -1040,12 +996,12 @@ impl<K: SharedKey> SharedFlowTable<K> {
         // Pairs with the release fence of a new owner: if `hash` came from a later life,
         // the CAS below sees the bumped generation and fails.
         fence(Acquire);
-        let (_, b1, b2) = self.buckets_of(hash);
-        let v = self.lock2(b1, b2);
+        let p = place(hash, self.mask);
+        let v = self.lock2(p.b1, p.b2);
         let w = self.word(idx as usize, W_REF);
         let ok = w.compare_exchange(expect, expect | DEAD, AcqRel, Relaxed).is_ok();
         let ok = ok && {
-            if self.unlink_locked(idx, b1, b2) {
+            if self.unlink_locked(idx, p) {
                 true
             } else {
                 // Not linked (cannot happen for a live, unpinned entry): undo, keep it.
@@ -1053,7 +1009,7 @@ impl<K: SharedKey> SharedFlowTable<K> {
                 false
             }
         };
-        self.unlock2(b1, b2, v);
+        self.unlock2(p.b1, p.b2, v);
         ok
     }
 
@@ -1175,18 +1131,15 @@ impl<K: SharedKey> SharedFlowTable<K> {
     /// Removes `key`. A pinned entry disappears from lookups now and is freed by its
     /// last release ([`RemoveOutcome::Deferred`]).
     pub fn remove(&self, key: &K, hash: u64) -> RemoveOutcome {
-        let (tag, b1, b2) = self.buckets_of(hash);
-        let kw = key.to_words();
-        let v = self.lock2(b1, b2);
-        let Some((b, s, idx)) =
-            self.scan(b1, tag, kw).map(|(s, i)| (b1, s, i)).or_else(|| self.scan(b2, tag, kw).map(|(s, i)| (b2, s, i)))
-        else {
-            self.unlock2(b1, b2, v);
+        let p = place(hash, self.mask);
+        let v = self.lock2(p.b1, p.b2);
+        let Some((b, s, idx)) = self.scan2(key.to_words(), p) else {
+            self.unlock2(p.b1, p.b2, v);
             return RemoveOutcome::NotFound;
         };
         let prev = self.word(idx as usize, W_REF).fetch_or(DEAD, AcqRel);
-        self.buckets[b].set_tag(s, 0);
-        self.unlock2(b1, b2, v);
+        self.bucket(b).set_tag(s, 0);
+        self.unlock2(p.b1, p.b2, v);
         if prev & COUNT == 0 {
             self.free_entry(idx);
             RemoveOutcome::Removed
@@ -1254,24 +1207,33 @@ mod tests {
     }
 
     #[test]
-    fn zero_lanes_is_exact() {
-        assert_eq!(zero_lanes(0), 0xF);
-        assert_eq!(zero_lanes(0x0001_0000_8000_0000), 0b0101);
-        assert_eq!(zero_lanes(u64::MAX), 0);
-        // A zero lane below a non-zero one must not borrow into it.
-        assert_eq!(zero_lanes(0x0000_0001_0000_0000), 0b1011);
+    fn packed_tags_unpack_in_slot_order() {
+        let b = Bucket::new();
+        for s in 0..SLOTS {
+            b.set_tag(s, 0x100 + s as u16);
+        }
+        assert_eq!(b.tags(), core::array::from_fn(|s| 0x100 + s as u16));
+        for s in 0..SLOTS {
+            assert_eq!(b.tag_at(s), 0x100 + s as u16);
+        }
+        b.set_tag(5, 0);
+        b.set_tag(2, 0x8000);
+        assert_eq!(b.match_tag(0), 1 << 5);
+        assert_eq!(b.match_tag(0x8000), 1 << 2);
     }
 
     #[test]
-    fn alt_is_an_involution_and_differs() {
-        let t = SharedFlowTable::<u32>::new(SharedTableConfig { capacity: 5000, state_words: 1, idle_timeout_ns: 0 })
-            .unwrap();
-        for tag in 1..=u16::MAX {
-            for b in [0usize, 7, t.mask] {
-                let a = t.alt(b, tag);
-                assert_ne!(a, b);
-                assert_eq!(t.alt(a, tag), b);
-            }
+    fn candidate_buckets_differ_and_pair_up() {
+        let capacity = if cfg!(miri) { 500 } else { 5000 };
+        let t =
+            SharedFlowTable::<u32>::new(SharedTableConfig { capacity, state_words: 1, idle_timeout_ns: 0 }).unwrap();
+        let mut x = 1u64;
+        for _ in 0..if cfg!(miri) { 1_000 } else { 10_000 } {
+            x = x.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
+            let (b1, b2) = t.candidate_buckets(x);
+            assert_ne!(b1, b2);
+            assert!(b1 < t.bucket_count() && b2 < t.bucket_count());
+            assert_eq!(cuckoo::alt(b2 as u32, cuckoo::tag(x), t.mask) as usize, b1);
         }
     }
 

@@ -202,12 +202,17 @@ impl<K: crate::FlowKey> Slab<K> {
         self.capacity as usize - self.free.len()
     }
 
-    /// Base pointer of entry `h` (caller guarantees `h < capacity`).
+    /// Address of entry `h`, computed without a bounds check (for prefetching): dereferencing it is only valid
+    /// for `h < capacity`, which every accessor below checks or requires.
     #[inline(always)]
     pub(crate) fn entry_ptr(&self, h: u32) -> *mut u8 {
-        debug_assert!(h < self.capacity);
-        // SAFETY: h < capacity, so the offset stays inside the allocation of capacity * size bytes.
-        unsafe { self.mem.ptr().add(h as usize * self.layout.size) }
+        self.mem.ptr().wrapping_add(h as usize * self.layout.size)
+    }
+
+    /// Base of entry `h`, or `None` when `h` is out of range: the bounds check of the safe accessors.
+    #[inline(always)]
+    fn entry(&self, h: u32) -> Option<*mut u8> {
+        (h < self.capacity).then(|| self.entry_ptr(h))
     }
 
     #[inline(always)]
@@ -230,13 +235,13 @@ impl<K: crate::FlowKey> Slab<K> {
         Some(h)
     }
 
-    /// Reinitialises live entry `h` for a new key (eviction reuses the victim's entry).
+    /// Reinitialises entry `h` for a new key (eviction reuses the victim's entry); ignored if `h` is out of range.
     #[inline]
     pub(crate) fn write_entry(&mut self, h: u32, key: &K, hash: u64, now: u64) {
-        let p = self.entry_ptr(h);
+        let Some(p) = self.entry(h) else { return };
         let l = self.layout;
-        // SAFETY: p is the 64-aligned base of entry h, exclusively borrowed through &mut self; offsets are inside the
-        // entry and suitably aligned for K (align <= 64, offset 0) and u64 (8-aligned offsets).
+        // SAFETY: p is the 64-aligned base of in-range entry h, exclusively borrowed through &mut self; the offsets
+        // are inside the entry (EntryLayout) and aligned for K (align <= 64, offset 0) and u64 (8-aligned offsets).
         unsafe {
             p.cast::<K>().write(*key);
             p.add(l.hash_off).cast::<u64>().write(hash);
@@ -256,44 +261,76 @@ impl<K: crate::FlowKey> Slab<K> {
         true
     }
 
-    /// Key of entry `h`: only meaningful (and only initialised) for live entries; callers check liveness
-    /// or know it from a bucket slot.
+    /// Key of entry `h`, without checking that the entry is live (the lookup hot path reads it for handles taken
+    /// from occupied bucket slots, which are live by construction).
+    ///
+    /// # Safety
+    /// `h` must be live: allocated by [`Slab::alloc`] and not freed since. Its key was then written by
+    /// [`Slab::write_entry`]; any other entry may hold zeroed bytes, which need not be a valid `K`.
     #[inline(always)]
-    pub(crate) fn key_unchecked(&self, h: u32) -> &K {
-        // SAFETY: callers pass handles of live entries (found in a bucket or checked with is_live), whose key was
-        // written by `write_entry`; the pointer is 64-aligned and the borrow is tied to &self.
+    pub(crate) unsafe fn key_unchecked(&self, h: u32) -> &K {
+        debug_assert!(self.is_live(h));
+        // SAFETY: the caller guarantees h is live, so h < capacity (the pointer is the 64-aligned base of an entry
+        // inside the allocation) and a valid K was written there; the borrow is tied to &self, and writes to the key
+        // need &mut self.
         unsafe { &*self.entry_ptr(h).cast::<K>() }
     }
 
+    /// Key of entry `h` if it is live.
+    #[inline]
+    pub(crate) fn key(&self, h: u32) -> Option<&K> {
+        // SAFETY: is_live(h) was checked just before.
+        self.is_live(h).then(|| unsafe { self.key_unchecked(h) })
+    }
+
+    /// Hash stored with entry `h` (0 if `h` is out of range; stale for a free entry).
     #[inline(always)]
     pub(crate) fn hash(&self, h: u32) -> u64 {
-        // SAFETY: in-bounds, 8-aligned u64 inside entry h; zero-initialised memory is a valid u64.
-        unsafe { self.entry_ptr(h).add(self.layout.hash_off).cast::<u64>().read() }
+        match self.entry(h) {
+            // SAFETY: in-range entry: an 8-aligned u64 inside the allocation, always initialised (zeroed memory).
+            Some(p) => unsafe { p.add(self.layout.hash_off).cast::<u64>().read() },
+            None => 0,
+        }
     }
 
+    /// Last-seen time of entry `h` (0 if `h` is out of range; stale for a free entry).
     #[inline(always)]
     pub(crate) fn last_seen(&self, h: u32) -> u64 {
-        // SAFETY: as in `hash`.
-        unsafe { self.entry_ptr(h).add(self.layout.seen_off).cast::<u64>().read() }
+        match self.entry(h) {
+            // SAFETY: as in `hash`.
+            Some(p) => unsafe { p.add(self.layout.seen_off).cast::<u64>().read() },
+            None => 0,
+        }
     }
 
+    /// Sets entry `h`'s last-seen time (ignored if `h` is out of range).
     #[inline(always)]
     pub(crate) fn set_last_seen(&mut self, h: u32, now: u64) {
-        // SAFETY: as in `hash`; &mut self gives exclusive access.
-        unsafe { self.entry_ptr(h).add(self.layout.seen_off).cast::<u64>().write(now) }
+        if let Some(p) = self.entry(h) {
+            // SAFETY: as in `hash`; &mut self gives exclusive access.
+            unsafe { p.add(self.layout.seen_off).cast::<u64>().write(now) }
+        }
     }
 
+    /// State bytes of entry `h` (empty if `h` is out of range; stale but harmless for a free entry).
     #[inline(always)]
     pub(crate) fn state(&self, h: u32) -> &[u8] {
-        // SAFETY: in-bounds byte range of entry h (h < capacity checked by callers); bytes are always initialised
-        // (zeroed memory); lifetime tied to &self.
-        unsafe { core::slice::from_raw_parts(self.entry_ptr(h).add(self.layout.state_off), self.layout.state_len) }
+        match self.entry(h) {
+            // SAFETY: the state range of an in-range entry lies inside the allocation; bytes are always initialised
+            // (zeroed memory); the borrow is tied to &self, and writes need &mut self.
+            Some(p) => unsafe { core::slice::from_raw_parts(p.add(self.layout.state_off), self.layout.state_len) },
+            None => &[],
+        }
     }
 
+    /// Mutable state bytes of entry `h` (empty if `h` is out of range).
     #[inline(always)]
     pub(crate) fn state_mut(&mut self, h: u32) -> &mut [u8] {
-        // SAFETY: as in `state`, with exclusive access through &mut self.
-        unsafe { core::slice::from_raw_parts_mut(self.entry_ptr(h).add(self.layout.state_off), self.layout.state_len) }
+        match self.entry(h) {
+            // SAFETY: as in `state`, with exclusive access through &mut self.
+            Some(p) => unsafe { core::slice::from_raw_parts_mut(p.add(self.layout.state_off), self.layout.state_len) },
+            None => &mut [],
+        }
     }
 
     /// First live entry in `from..end` (scans the bitmap only; `end` is clamped to the capacity).

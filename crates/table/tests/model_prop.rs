@@ -36,8 +36,9 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (k.clone(), any::<u64>()).prop_map(|(k, v)| Op::Update(k, v)),
         2 => k.clone().prop_map(Op::Remove),
         1 => k.clone().prop_map(Op::RemoveHandle),
-        2 => prop::collection::vec(k.clone(), 0..70).prop_map(Op::LookupBatch),
-        2 => prop::collection::vec(k, 0..70).prop_map(Op::InsertBatch),
+        // Longer than one bulk chunk (BULK_LOOKUP_MAX = 64) too: every key must be processed.
+        2 => prop::collection::vec(k.clone(), 0..150).prop_map(Op::LookupBatch),
+        2 => prop::collection::vec(k, 0..150).prop_map(Op::InsertBatch),
         1 => (-300i64..300).prop_map(Op::Clock),
         1 => Just(Op::ExpireAll),
     ]
@@ -62,7 +63,6 @@ fn run(ops: Vec<Op>, weak: bool) {
     let mut t = FlowTable::<u16>::new(cfg).unwrap();
     let mut m = Model { map: HashMap::new() };
     let mut now: u64 = 1_000;
-    let mut out = [0u32; 64];
     for op in ops {
         match op {
             Op::Insert(k, v) => match t.insert(&k, hash(k), now, |s| s[..8].copy_from_slice(&v.to_le_bytes())) {
@@ -102,45 +102,47 @@ fn run(ops: Vec<Op>, weak: bool) {
             },
             Op::LookupBatch(keys) => {
                 let hashes: Vec<u64> = keys.iter().map(|&k| hash(k)).collect();
-                // Keys beyond MAX_BATCH (64) are ignored by the batch calls.
-                let mask = t.lookup_batch(&keys, &hashes, &mut out);
-                for (i, k) in keys.iter().enumerate().take(64) {
+                let mut out = vec![0u32; keys.len()];
+                let hits = t.lookup_batch(&keys, &hashes, &mut out);
+                assert_eq!(hits, keys.iter().filter(|k| m.map.contains_key(k)).count());
+                for (i, k) in keys.iter().enumerate() {
                     let single = t.lookup(k, hashes[i]);
-                    assert_eq!(mask >> i & 1 == 1, m.map.contains_key(k));
+                    assert_eq!(out[i] != INVALID_HANDLE, m.map.contains_key(k));
                     assert_eq!(single.unwrap_or(INVALID_HANDLE), out[i], "batch and single lookups agree");
                 }
             }
             Op::InsertBatch(keys) => {
                 let hashes: Vec<u64> = keys.iter().map(|&k| hash(k)).collect();
+                let mut out = vec![0u32; keys.len()];
                 let mut inits = Vec::new();
                 let r = t.lookup_or_insert_batch(&keys, &hashes, now, &mut out, |i, s| {
                     inits.push(i);
                     s[..8].copy_from_slice(&(i as u64).to_le_bytes());
                 });
                 let mut seen_in_batch = HashSet::new();
-                for (i, k) in keys.iter().enumerate().take(64) {
-                    let bit = 1u64 << i;
+                let (mut hit, mut failed) = (0, 0);
+                for (i, k) in keys.iter().enumerate() {
                     let present = m.map.contains_key(k) || seen_in_batch.contains(k);
+                    let inserted = inits.contains(&i);
                     if present {
-                        assert!(r.hit & bit != 0, "key {k} at {i} should hit");
+                        assert!(!inserted && out[i] != INVALID_HANDLE, "key {k} at {i} should hit");
                         assert_eq!(t.key(out[i]), Some(k));
                         if let Some(e) = m.map.get_mut(k) {
                             e.1 = now;
                         }
-                    } else if r.inserted & bit != 0 {
+                        hit += 1;
+                    } else if inserted {
                         assert_eq!(t.key(out[i]), Some(k));
                         m.map.insert(*k, (i as u64, now));
                         seen_in_batch.insert(*k);
                     } else {
-                        assert!(weak && r.failed & bit != 0, "key {k} neither hit nor inserted");
+                        assert!(weak, "key {k} neither hit nor inserted");
                         assert_eq!(out[i], INVALID_HANDLE);
+                        failed += 1;
                     }
-                    assert_eq!(
-                        (r.hit & bit != 0) as u8 + (r.inserted & bit != 0) as u8 + (r.failed & bit != 0) as u8,
-                        1
-                    );
                 }
-                assert_eq!(inits.len() as u32, r.inserted.count_ones());
+                assert_eq!((r.hit, r.inserted, r.failed), (hit, inits.len(), failed));
+                assert_eq!(r.hit + r.inserted + r.failed, keys.len());
             }
             Op::Clock(d) => now = now.saturating_add_signed(d),
             Op::ExpireAll => {

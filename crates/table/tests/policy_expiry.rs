@@ -1,6 +1,6 @@
 //! Load factor, full-table policies, expiry with a controllable clock, and bounded memory under churn.
 
-use flowplane_table::{FlowTable, FullPolicy, TableConfig, TableError, INVALID_HANDLE};
+use flowplane_table::{FlowTable, FullPolicy, TableConfig, TableError, BULK_LOOKUP_MAX, INVALID_HANDLE};
 
 fn mix(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -41,8 +41,9 @@ fn reject_policy_counts_and_reports() {
     let hashes: Vec<u64> = keys.iter().map(|&k| mix(k)).collect();
     let mut out = [0u32; 3];
     let r = t.lookup_or_insert_batch(&keys, &hashes, 0, &mut out, |_, _| {});
-    assert_eq!((r.hit, r.inserted, r.failed), (0b010, 0, 0b101));
-    assert_eq!(out[0], INVALID_HANDLE);
+    assert_eq!((r.hit, r.inserted, r.failed), (1, 0, 2));
+    assert_eq!([out[0], out[2]], [INVALID_HANDLE; 2]);
+    assert_eq!(t.key(out[1]), Some(&3));
     let s = t.stats();
     assert_eq!((s.full_events, s.evictions, t.len()), (3, 0, 100));
 }
@@ -67,8 +68,9 @@ fn evict_policy_evicts_least_recently_seen_candidate() {
     let keys = [2u64, 500];
     let hashes = [mix(2), mix(500)];
     let mut out = [0u32; 2];
-    let r = t.lookup_or_insert_batch(&keys, &hashes, 5, &mut out, |_, _| {});
-    assert_eq!((r.hit, r.inserted), (0b01, 0b10));
+    let mut inits = Vec::new();
+    let r = t.lookup_or_insert_batch(&keys, &hashes, 5, &mut out, |i, _| inits.push(i));
+    assert_eq!((r.hit, r.inserted, inits), (1, 1, vec![1]));
     assert_eq!(t.key(out[0]), Some(&2));
     assert_eq!(t.key(out[1]), Some(&500));
     assert!(t.lookup(&3, mix(3)).is_none(), "next LRU (key 3) evicted instead");
@@ -91,9 +93,69 @@ fn invalid_config_and_handles_are_errors_not_panics() {
     assert!(t.state_as::<u64>(h, t.state_len()).is_none(), "out of range");
     assert!(t.state_as::<u64>(h, usize::MAX).is_none());
     assert_eq!(t.expire(u64::MAX, 100, |_, _, _| {}), 0, "no timeout configured");
-    // Empty and mismatched batch slices are fine.
+    // Empty batches are fine; a longer output slice than needed too.
     assert_eq!(t.lookup_batch(&[], &[], &mut []), 0);
-    assert_eq!(t.lookup_batch(&[1, 2], &[mix(1)], &mut [0; 2]), 1);
+    let mut out = [7u32; 3];
+    assert_eq!(t.lookup_batch(&[1, 2], &[mix(1), mix(2)], &mut out), 1);
+    assert_eq!(out, [h, INVALID_HANDLE, 7]);
+}
+
+/// A batch whose slices disagree is a caller bug: it stops loudly instead of skipping keys.
+#[test]
+#[should_panic(expected = "batch of 2 keys with 1 hashes")]
+fn mismatched_batch_slices_panic() {
+    let t = FlowTable::<u64>::new(cfg(16, None, FullPolicy::Reject)).unwrap();
+    t.lookup_batch(&[1, 2], &[mix(1)], &mut [0; 2]);
+}
+
+#[test]
+#[should_panic(expected = "room for 1 results")]
+fn short_output_slice_panics() {
+    let mut t = FlowTable::<u64>::new(cfg(16, None, FullPolicy::Reject)).unwrap();
+    t.lookup_or_insert_batch(&[1, 2], &[mix(1), mix(2)], 0, &mut [0; 1], |_, _| {});
+}
+
+/// Batches longer than one bulk chunk are processed whole, in chunks of `BULK_LOOKUP_MAX`: no key is skipped,
+/// `init` gets batch-wide indices, repeated keys are inserted once across chunks, and entries handed out by an
+/// earlier chunk are never evicted by a later chunk's inserts.
+#[test]
+fn batches_longer_than_a_chunk_process_every_key() {
+    let n = 3 * BULK_LOOKUP_MAX + 5;
+    let mut t = FlowTable::<u64>::new(cfg(1000, None, FullPolicy::Reject)).unwrap();
+    let keys: Vec<u64> = (0..n as u64).map(|i| i % 150).collect();
+    let hashes: Vec<u64> = keys.iter().map(|&k| mix(k)).collect();
+    let mut out = vec![0u32; n];
+    let mut inits = Vec::new();
+    let r = t.lookup_or_insert_batch(&keys, &hashes, 1, &mut out, |i, s| {
+        inits.push(i);
+        s[0] = keys[i] as u8;
+    });
+    assert_eq!((r.hit, r.inserted, r.failed), (n - 150, 150, 0));
+    assert_eq!(inits, (0..150).collect::<Vec<_>>());
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(t.key(out[i]), Some(k), "key {i}");
+        assert_eq!(t.state(out[i])[0], *k as u8);
+    }
+    let probe: Vec<u64> = (0..n as u64).collect();
+    let ph: Vec<u64> = probe.iter().map(|&k| mix(k)).collect();
+    let mut found = vec![0u32; n];
+    assert_eq!(t.lookup_batch(&probe, &ph, &mut found), 150);
+    assert!(found[150..].iter().all(|&h| h == INVALID_HANDLE));
+    assert_eq!(t.stats().lookups, (2 * n) as u64);
+
+    // Eviction across chunks: a one-bucket table (7 entries) under EvictLruIdle and 70 new keys. The first 7 are
+    // inserted; every later key, in this chunk or the next, would have to evict an entry this call handed out
+    // (protected), so it fails instead of recycling a handle the caller already holds.
+    let mut t = FlowTable::<u64>::new(cfg(7, None, FullPolicy::EvictLruIdle)).unwrap();
+    let keys: Vec<u64> = (1000..1070).collect();
+    let hashes: Vec<u64> = keys.iter().map(|&k| mix(k)).collect();
+    let mut out = vec![0u32; keys.len()];
+    let r = t.lookup_or_insert_batch(&keys, &hashes, 1, &mut out, |_, _| {});
+    assert_eq!((r.hit, r.inserted, r.failed), (0, 7, 63), "no entry handed out by this call is evicted");
+    for (i, k) in keys.iter().enumerate().take(7) {
+        assert_eq!(t.key(out[i]), Some(k));
+    }
+    assert!(out[7..].iter().all(|&h| h == INVALID_HANDLE));
 }
 
 #[test]

@@ -244,3 +244,83 @@ fn table_is_send_and_sync() {
     check::<SharedFlowTable<u32>>();
     check::<SharedFlowTable<Ipv6Addr>>();
 }
+
+/// Refcounted removal as the engine's auxiliary state uses it (one pin per flow on its coarse entry): a batch pins
+/// each row, repeated keys included; an entry stays while any pin is held, goes with the last release (no timeout),
+/// and an explicit removal of a pinned entry waits for the last of several pins.
+#[test]
+fn pins_are_per_row_and_the_last_release_removes() {
+    let t = SharedFlowTable::<u32>::new(cfg(1024, 0)).unwrap();
+    let keys: Vec<u32> = (0..150).map(|i| i % 5).collect();
+    let hashes: Vec<u64> = keys.iter().map(hash_key).collect();
+    let mut out = vec![SharedHandle::NONE; keys.len()];
+    let r = t.acquire_batch(&keys, &hashes, 0, &mut out, |k, s| s[0].store(u64::from(*k) + 1, Relaxed));
+    assert_eq!((r.hit, r.inserted, r.failed), (145, 5, 0));
+    assert_eq!(t.len(), 5);
+    for k in 0..5u32 {
+        let h = t.lookup(&k, hash_key(&k));
+        assert_eq!(t.refcount(h), Some(keys.iter().filter(|&&x| x == k).count() as u32));
+        assert_eq!(t.state(h).unwrap()[0].load(Relaxed), u64::from(k) + 1);
+    }
+    // Per-row updates through any pin land in the one entry.
+    for h in &out {
+        t.state(*h).unwrap()[1].fetch_add(1, Relaxed);
+    }
+    assert_eq!(t.state(out[0]).unwrap()[1].load(Relaxed), 30);
+    let mut removed = 0;
+    for (i, h) in out.iter().enumerate() {
+        match t.release(*h, 1) {
+            ReleaseOutcome::Referenced => assert!(i < 145, "row {i}: entry outlived its pins"),
+            ReleaseOutcome::Removed => removed += 1,
+            o => panic!("row {i}: {o:?}"),
+        }
+    }
+    assert_eq!(removed, 5);
+    assert!(t.is_empty());
+
+    // Removal while three pins are held: gone from lookups at once, freed by the third release.
+    let hk = hash_key(&77u32);
+    let pins: Vec<SharedHandle> = (0..3).map(|_| t.acquire(&77, hk, 0, |_, _| {}).unwrap().0).collect();
+    assert_eq!(t.remove(&77, hk), RemoveOutcome::Deferred);
+    assert_eq!(t.remove(&77, hk), RemoveOutcome::NotFound);
+    assert!(!t.lookup(&77, hk).is_some());
+    assert!(!t.try_acquire(pins[0]), "a removed entry cannot be pinned again");
+    assert_eq!(t.release(pins[0], 0), ReleaseOutcome::Referenced);
+    assert_eq!(t.release(pins[1], 0), ReleaseOutcome::Referenced);
+    assert_eq!(t.len(), 1);
+    assert_eq!(t.release(pins[2], 0), ReleaseOutcome::Removed);
+    assert!(t.is_empty());
+}
+
+/// A full table refuses new pins (counted), leaves existing pins alone, and a timeout keeps an unpinned entry until
+/// it has been idle for it.
+#[test]
+fn full_table_refuses_pins_and_timeout_applies_after_last_release() {
+    let t = SharedFlowTable::<u32>::new(cfg(1, 100)).unwrap();
+    let (a, _) = t.acquire(&1, hash_key(&1u32), 0, |_, _| {}).unwrap();
+    let (b, _) = t.acquire(&1, hash_key(&1u32), 0, |_, _| {}).unwrap();
+    let mut out = [SharedHandle::NONE; 2];
+    let r = t.acquire_batch(&[2, 1], &[hash_key(&2u32), hash_key(&1u32)], 0, &mut out, |_, _| {});
+    assert_eq!((r.hit, r.inserted, r.failed), (1, 0, 1));
+    assert_eq!(out[0], SharedHandle::NONE);
+    assert_eq!(t.failed_inserts(), 1);
+    assert_eq!(t.refcount(a), Some(3));
+    assert_eq!(t.release(out[1], 10), ReleaseOutcome::Referenced);
+    assert_eq!(t.release(a, 20), ReleaseOutcome::Referenced);
+    // Pinned: the sweep cannot remove it however idle it looks.
+    assert_eq!(t.expire(10_000, 64, |_, _| {}), 0);
+    assert_eq!(t.release(b, 50), ReleaseOutcome::Unreferenced);
+    assert_eq!(t.expire(150, 64, |_, _| {}), 0, "idle for 100, not more");
+    assert_eq!(t.expire(151, 64, |_, _| {}), 1);
+    assert!(t.is_empty());
+}
+
+/// Slices that disagree are a caller bug: the call stops loudly instead of skipping rows.
+#[test]
+#[should_panic(expected = "batch of 3 keys with 3 hashes and room for 2 results")]
+fn short_output_slice_panics() {
+    let t = SharedFlowTable::<u32>::new(cfg(16, 0)).unwrap();
+    let keys = [1u32, 2, 3];
+    let hashes: Vec<u64> = keys.iter().map(hash_key).collect();
+    t.lookup_batch(&keys, &hashes, &mut [SharedHandle::NONE; 2]);
+}

@@ -11,7 +11,7 @@
 //! - pins taken and released concurrently leave every refcount at 0;
 //! - at the end the table holds exactly the union of the models.
 
-use flowplane_table::shared::{hash_key, SharedFlowTable, SharedHandle, SharedTableConfig};
+use flowplane_table::shared::{hash_key, ReleaseOutcome, SharedFlowTable, SharedHandle, SharedTableConfig};
 use std::collections::HashSet;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -151,4 +151,54 @@ fn concurrent_mixed_ops_lose_nothing_and_invent_nothing() {
         assert!(t.lookup(k, hash_key(k)).is_some(), "lost key {k}");
     }
     assert_eq!(t.failed_inserts(), 0);
+}
+
+/// Pins taken and released on few coarse keys by two threads, with no timeout: every last release removes the
+/// entry, racing with the other thread's acquires (which must then re-insert, never pin a dying entry). Each thread
+/// knows its own pins, so at every quiet point a live entry's refcount is exactly the pins held on it.
+#[test]
+fn concurrent_pins_with_removal_on_last_release_stay_exact() {
+    const KEYS: u32 = 16;
+    let t = Arc::new(
+        SharedFlowTable::<u32>::new(SharedTableConfig { capacity: 64, state_words: 2, idle_timeout_ns: 0 }).unwrap(),
+    );
+    let workers: Vec<_> = (0..2u64)
+        .map(|tid| {
+            let t = t.clone();
+            std::thread::spawn(move || {
+                let mut held: Vec<(u32, SharedHandle)> = Vec::new();
+                let mut rng = 0x9E37_79B9u64 + tid;
+                for _ in 0..200_000 {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let k = (rng % u64::from(KEYS)) as u32;
+                    if rng >> 40 & 1 == 0 && held.len() < 40 {
+                        let (h, _) = t.acquire(&k, hash_key(&k), 0, |k, s| s[0].store(u64::from(*k), Relaxed)).unwrap();
+                        let s = t.state(h).unwrap();
+                        assert_eq!(s[0].load(Relaxed), u64::from(k), "pinned another key's entry");
+                        s[1].fetch_add(1, Relaxed);
+                        held.push((k, h));
+                    } else if !held.is_empty() {
+                        let (_, h) = held.swap_remove((rng >> 20) as usize % held.len());
+                        assert_ne!(t.release(h, 0), ReleaseOutcome::Invalid);
+                    }
+                }
+                held
+            })
+        })
+        .collect();
+    let held: Vec<(u32, SharedHandle)> = workers.into_iter().flat_map(|w| w.join().unwrap()).collect();
+    let mut live = 0;
+    t.for_each(|h, k, _| {
+        let pins = held.iter().filter(|(x, _)| x == k).count();
+        assert!(pins > 0, "key {k} has no pin but was not removed");
+        assert_eq!(t.refcount(h), Some(pins as u32), "key {k}");
+        live += 1;
+    });
+    assert_eq!(t.len(), live);
+    for (_, h) in held {
+        assert_ne!(t.release(h, 0), ReleaseOutcome::Invalid);
+    }
+    assert!(t.is_empty(), "pins leaked: {} entries left", t.len());
 }

@@ -10,6 +10,7 @@ use std::io;
 use std::path::Path;
 
 use crate::linktype::dlt_name;
+use crate::unparsed::Unparsed;
 
 /// What went wrong; [`TraceError`] adds the file name.
 #[derive(Debug)]
@@ -32,11 +33,11 @@ pub enum TraceErrorKind {
     UnsupportedPcapVersion { major: u16, minor: u16 },
     /// A pcapng section with a major version other than 1.
     UnsupportedPcapngVersion { major: u16, minor: u16 },
-    /// A link type (DLT) other than Ethernet, raw IP, Linux SLL and SLL2.
+    /// A link type (DLT) the reader cannot present as Ethernet (see [`crate::LinkType`] for the supported ones).
     UnsupportedLinkType(u32),
     /// The file ends inside a packet record or block that starts at `offset`.
     TruncatedRecord { offset: u64 },
-    /// A pcap record whose captured length exceeds the snapshot length or the 256 KiB sanity limit.
+    /// A record whose captured length exceeds the 256 KiB sanity limit.
     CorruptRecord { offset: u64, caplen: u32, limit: u32 },
     /// A pcapng block that violates the format (bad length, fields overrunning the block, ...).
     CorruptBlock { offset: u64, reason: &'static str },
@@ -50,6 +51,9 @@ pub enum TraceErrorKind {
     UnknownIpVersion(u8),
     /// A Linux cooked-capture packet whose protocol field is not an EtherType.
     UnsupportedSllProtocol(u16),
+    /// A packet whose link header names a protocol with no Ethernet II form: a loopback address family other than
+    /// IPv4/IPv6, a PPP protocol other than IPv4/IPv6, a Cisco HDLC protocol below 0x0600.
+    NoEthernetForm { link_type: &'static str, protocol: u32 },
     /// A writer option that cannot be encoded.
     InvalidOption(&'static str),
     /// A timestamp beyond what pcap's 32-bit seconds field can hold (after 2106-02-07).
@@ -101,6 +105,21 @@ impl TraceError {
     }
 }
 
+impl TraceErrorKind {
+    /// The reason to count when this error concerns one packet's contents rather than the file: such packets are
+    /// counted and skipped, never the end of a run.
+    pub fn unparsed_reason(&self) -> Option<Unparsed> {
+        match self {
+            TraceErrorKind::PacketTooShort { .. } => Some(Unparsed::TooShort),
+            TraceErrorKind::UnknownIpVersion(_) => Some(Unparsed::UnknownIpVersion),
+            TraceErrorKind::UnsupportedSllProtocol(_) | TraceErrorKind::NoEthernetForm { .. } => {
+                Some(Unparsed::NoEthernetForm)
+            }
+            _ => None,
+        }
+    }
+}
+
 impl From<TraceErrorKind> for TraceError {
     fn from(kind: TraceErrorKind) -> Self {
         TraceError::new(kind)
@@ -137,6 +156,9 @@ impl fmt::Display for TraceErrorKind {
             PacketTooShort { link_type, len } => write!(f, "packet too short for link type {link_type} ({len} bytes)"),
             UnknownIpVersion(v) => write!(f, "raw IP packet with unknown IP version {v}"),
             UnsupportedSllProtocol(p) => write!(f, "Linux cooked capture with non-EtherType protocol 0x{p:04x}"),
+            NoEthernetForm { link_type, protocol } => {
+                write!(f, "{link_type} packet with protocol 0x{protocol:04x}, which has no Ethernet form")
+            }
             InvalidOption(what) => write!(f, "invalid writer option: {what}"),
             TimestampOutOfRange(ns) => write!(f, "timestamp {ns} ns does not fit the pcap 32-bit seconds field"),
         }

@@ -1,8 +1,9 @@
 //! flowplane-trace: trace files (pcap/pcapng), traffic generation, trace statistics and tools.
 //!
 //! Trace file I/O: [`TraceReader`] streams pcap (microsecond or nanosecond, either byte order) and pcapng files with
-//! constant memory, [`PcapWriter`] writes pcap, and [`to_ethernet`] presents raw-IP and Linux cooked captures as
-//! Ethernet frames.
+//! constant memory, [`PcapWriter`] writes pcap, and [`to_ethernet`] presents every supported link type (raw IP, Linux
+//! cooked, loopback, PPP, Cisco HDLC) as Ethernet frames. Bad records and packets are counted ([`UnparsedCounts`]) and
+//! skipped, never the end of a run.
 
 #![forbid(unsafe_code)]
 
@@ -14,9 +15,11 @@ pub mod pcapng;
 pub mod reader;
 pub mod stats;
 pub mod tools;
+pub mod unparsed;
 pub mod writer;
 
 pub use error::{TraceError, TraceErrorKind};
 pub use linktype::{to_ethernet, LinkType};
 pub use reader::{fuzz_read_all, PacketRef, TraceFormat, TraceReader};
+pub use unparsed::{Unparsed, UnparsedCounts};
 pub use writer::{PcapWriter, WriterOptions};

@@ -142,17 +142,6 @@ pub(crate) fn parse_record_header(e: Endian, nanosecond: bool, h: &[u8; RECORD_H
     RecordHeader { ts_ns, caplen: read_u32(e, h, 8), orig_len: read_u32(e, h, 12) }
 }
 
-/// The largest captured length a record of a file with `snaplen` may have. A snaplen of 0 (written by some tools
-/// meaning "unlimited") falls back to the global limit.
-#[inline]
-pub(crate) fn caplen_limit(snaplen: u32) -> u32 {
-    if snaplen == 0 {
-        MAX_CAPLEN
-    } else {
-        snaplen.min(MAX_CAPLEN)
-    }
-}
-
 /// Encodes a record header; `None` when the seconds do not fit 32 bits.
 #[inline]
 pub(crate) fn encode_record_header(

@@ -4,10 +4,14 @@
 //! Description Blocks (link type, `if_tsresol` as a power of 10 or of 2, `if_tsoffset`), Enhanced, Simple and
 //! obsolete Packet Blocks. Framing (reading blocks, validating the total length and skipping unknown blocks) is done
 //! by [`crate::reader`]. Every field access is bounds-checked against the block, so hostile files produce errors.
+//! A block whose framing was sound but whose contents are bad is skipped and counted ([`Fault::Skip`]); an interface
+//! whose description is bad is remembered as such, so the numbering of later interfaces stays right.
 
 use crate::error::{TraceError, TraceErrorKind};
 use crate::linktype::LinkType;
 use crate::pcap::{read_u16, read_u32, Endian, MAX_CAPLEN};
+use crate::reader::{unreadable, Fault};
+use crate::unparsed::Unparsed;
 
 /// Section Header Block type; a palindrome, so it reads the same in both byte orders.
 pub const BT_SHB: u32 = 0x0a0d_0d0a;
@@ -76,11 +80,19 @@ impl TsUnit {
     }
 }
 
+/// Why an interface's packets cannot be read.
+#[derive(Clone, Copy, Debug)]
+enum BadInterface {
+    /// Its DLT, to name in the error when a packet uses the interface.
+    Unsupported(u32),
+    /// Its description block was corrupt: its packets are counted as corrupt records.
+    Corrupt,
+}
+
 /// One Interface Description Block's worth of state.
 #[derive(Clone, Copy, Debug)]
 struct Interface {
-    /// The supported link type, or the raw DLT to name in the error when a packet uses the interface.
-    link: Result<LinkType, u32>,
+    link: Result<LinkType, BadInterface>,
     snaplen: u32,
     unit: TsUnit,
     offset_s: i64,
@@ -94,6 +106,8 @@ pub(crate) struct PacketInfo {
     pub ts_ns: u64,
     pub orig_len: u32,
     pub link_type: LinkType,
+    /// The captured length exceeds the interface's snapshot length (read all the same, as Wireshark does).
+    pub over_snaplen: bool,
 }
 
 /// State of the current section: its byte order and the interfaces defined so far.
@@ -120,42 +134,54 @@ impl Section {
     }
 
     /// Decodes one complete, length-validated block of a decoded type (see [`is_decoded`]). `block` spans the whole
-    /// block including both length fields; `offset` is its position in the file for error messages.
-    pub(crate) fn decode(&mut self, block: &[u8], offset: u64) -> Result<Option<PacketInfo>, TraceError> {
+    /// block including both length fields; `offset` is its position in the file for error messages. A bad section
+    /// header stops reading (what follows cannot be interpreted); any other bad block is skipped.
+    pub(crate) fn decode(&mut self, block: &[u8], offset: u64) -> Result<Option<PacketInfo>, Fault> {
         let e = self.endian;
         let block_type = read_u32(e, block, 0);
         // Options and packet data end where the trailing length starts.
         let body_end = block.len().saturating_sub(4);
-        let too_short = || TraceError::corrupt_block(offset, "block too short for its type");
+        let skip = |why| Err(Fault::Skip(why));
         match block_type {
             BT_SHB => {
+                let stop = |err: TraceError| Err(unreadable(err));
                 if block.len() < 28 {
-                    return Err(too_short());
+                    return stop(TraceError::corrupt_block(offset, "block too short for its type"));
                 }
-                let endian = Self::shb_endian([block[8], block[9], block[10], block[11]], offset)?;
+                let endian = match Self::shb_endian([block[8], block[9], block[10], block[11]], offset) {
+                    Ok(endian) => endian,
+                    Err(err) => return stop(err),
+                };
                 let major = read_u16(endian, block, 12);
                 let minor = read_u16(endian, block, 14);
                 if major != 1 {
-                    return Err(TraceErrorKind::UnsupportedPcapngVersion { major, minor }.into());
+                    return stop(TraceErrorKind::UnsupportedPcapngVersion { major, minor }.into());
                 }
-                for_each_option(endian, &block[24..body_end], offset, |_, _| Ok(()))?;
                 // A new section starts afresh: interfaces are numbered per section.
                 self.endian = endian;
                 self.interfaces.clear();
+                // The section's options carry nothing the reader needs: bad ones cost only the block itself.
+                if for_each_option(endian, &block[24..body_end], offset, |_, _| Ok(())).is_err() {
+                    return skip(Unparsed::CorruptRecord);
+                }
                 Ok(None)
             }
             BT_IDB => {
-                if block.len() < 20 {
-                    return Err(too_short());
-                }
                 if self.interfaces.len() >= MAX_INTERFACES {
-                    return Err(TraceErrorKind::TooManyInterfaces { offset }.into());
+                    // Packets on interfaces past the limit then count as undefined ones.
+                    return skip(Unparsed::CorruptRecord);
+                }
+                let corrupt =
+                    Interface { link: Err(BadInterface::Corrupt), snaplen: 0, unit: TsUnit::Mul(1), offset_s: 0 };
+                if block.len() < 20 {
+                    self.interfaces.push(corrupt);
+                    return skip(Unparsed::CorruptRecord);
                 }
                 let dlt = u32::from(read_u16(e, block, 8));
                 let snaplen = read_u32(e, block, 12);
                 let mut unit = TsUnit::Mul(1000); // default: microseconds
                 let mut offset_s = 0i64;
-                for_each_option(e, &block[16..body_end], offset, |code, value| {
+                let opts = for_each_option(e, &block[16..body_end], offset, |code, value| {
                     match code {
                         IF_TSRESOL => match value.first() {
                             Some(&r) => unit = TsUnit::from_tsresol(r),
@@ -174,14 +200,19 @@ impl Section {
                         _ => {}
                     }
                     Ok(())
-                })?;
-                let link = LinkType::from_dlt(dlt).map_err(|_| dlt);
+                });
+                if opts.is_err() {
+                    // Its timestamps cannot be trusted: its packets are counted, not read.
+                    self.interfaces.push(corrupt);
+                    return skip(Unparsed::CorruptRecord);
+                }
+                let link = LinkType::from_dlt(dlt).map_err(|_| BadInterface::Unsupported(dlt));
                 self.interfaces.push(Interface { link, snaplen, unit, offset_s });
                 Ok(None)
             }
             BT_EPB | BT_OPB => {
                 if block.len() < 32 {
-                    return Err(too_short());
+                    return skip(Unparsed::CorruptRecord);
                 }
                 let interface =
                     if block_type == BT_EPB { read_u32(e, block, 8) } else { u32::from(read_u16(e, block, 8)) };
@@ -189,42 +220,57 @@ impl Section {
                 let caplen = read_u32(e, block, 20);
                 let orig_len = read_u32(e, block, 24);
                 if caplen > MAX_CAPLEN {
-                    return Err(TraceErrorKind::CorruptRecord { offset, caplen, limit: MAX_CAPLEN }.into());
+                    return skip(Unparsed::CorruptRecord);
                 }
                 let caplen = caplen as usize;
                 if 28 + caplen.next_multiple_of(4) > body_end {
-                    return Err(TraceError::corrupt_block(offset, "packet data overruns block"));
+                    return skip(Unparsed::CorruptRecord);
                 }
-                let ifc = self.interface(interface, offset)?;
-                let link_type = ifc.link.map_err(TraceErrorKind::UnsupportedLinkType)?;
+                let ifc = self.interface(interface)?;
+                let link_type = ifc.link_type()?;
                 let ts_ns = apply_offset(ifc.unit.to_ns(ts), ifc.offset_s);
-                Ok(Some(PacketInfo { data_off: 28, caplen, ts_ns, orig_len, link_type }))
+                let over_snaplen = ifc.snaplen != 0 && caplen > ifc.snaplen as usize;
+                Ok(Some(PacketInfo { data_off: 28, caplen, ts_ns, orig_len, link_type, over_snaplen }))
             }
             BT_SPB => {
                 if block.len() < 16 {
-                    return Err(too_short());
+                    return skip(Unparsed::CorruptRecord);
                 }
                 let orig_len = read_u32(e, block, 8);
-                let ifc = self.interface(0, offset)?;
-                let link_type = ifc.link.map_err(TraceErrorKind::UnsupportedLinkType)?;
+                let ifc = self.interface(0)?;
+                let link_type = ifc.link_type()?;
                 // The captured length is implicit: the packet, cut at the snaplen, padded to the block end.
                 let room = body_end - 12;
                 let mut caplen = (orig_len as usize).min(room).min(MAX_CAPLEN as usize);
                 if ifc.snaplen != 0 {
                     caplen = caplen.min(ifc.snaplen as usize);
                 }
-                Ok(Some(PacketInfo { data_off: 12, caplen, ts_ns: 0, orig_len, link_type }))
+                Ok(Some(PacketInfo { data_off: 12, caplen, ts_ns: 0, orig_len, link_type, over_snaplen: false }))
             }
             _ => Ok(None),
         }
     }
 
-    fn interface(&self, id: u32, offset: u64) -> Result<Interface, TraceError> {
+    fn interface(&self, id: u32) -> Result<Interface, Fault> {
         usize::try_from(id)
             .ok()
             .and_then(|i| self.interfaces.get(i))
             .copied()
-            .ok_or_else(|| TraceErrorKind::UnknownInterface { offset, interface: id }.into())
+            .ok_or(Fault::Skip(Unparsed::UnknownInterface))
+    }
+}
+
+impl Interface {
+    /// The link type of the interface's packets: unsupported ones are an error for the caller (the clear
+    /// "unsupported link type" message), corrupt ones a skipped record.
+    fn link_type(&self) -> Result<LinkType, Fault> {
+        match self.link {
+            Ok(l) => Ok(l),
+            Err(BadInterface::Unsupported(dlt)) => {
+                Err(TraceError::from(TraceErrorKind::UnsupportedLinkType(dlt)).into())
+            }
+            Err(BadInterface::Corrupt) => Err(Fault::Skip(Unparsed::CorruptRecord)),
+        }
     }
 }
 

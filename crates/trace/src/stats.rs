@@ -29,7 +29,7 @@ use serde::Serialize;
 
 use flowplane_wire::flow::{extract_five_tuple, FiveTuple, FlowError};
 
-use crate::{to_ethernet, TraceError, TraceReader};
+use crate::{to_ethernet, TraceError, TraceReader, Unparsed, UnparsedCounts};
 
 /// Minimum count of a rank used in the Zipf fit.
 pub const ZIPF_MIN_COUNT: u64 = 16;
@@ -203,8 +203,14 @@ pub struct TraceStats {
     pub non_ip_packets: u64,
     /// IP packets whose headers are truncated or inconsistent (no 5-tuple).
     pub malformed_packets: u64,
-    /// Packets whose link layer could not be read.
+    /// Packets whose link layer could not be read (counted in `packets`; their reasons are in `unparsed`).
     pub unreadable_packets: u64,
+    /// Records and packets that could not be read, by reason (a JSON object with every reason's count).
+    pub unparsed: UnparsedCounts,
+    /// Records longer than the snapshot length (read in full, as Wireshark does).
+    pub over_snaplen_records: u64,
+    /// Why reading ended before the end of the file, when it did (a truncated or corrupt record).
+    pub stopped_early: Option<String>,
     /// Packets per flow (`None` without flows).
     pub packets_per_flow: Option<PerFlow>,
     /// The largest flows, by packets.
@@ -362,6 +368,9 @@ impl StatsCollector {
             non_ip_packets: self.non_ip,
             malformed_packets: self.malformed,
             unreadable_packets: self.unreadable,
+            unparsed: UnparsedCounts::default(),
+            over_snaplen_records: 0,
+            stopped_early: None,
             packets_per_flow,
             top_flows,
             locality: Locality {
@@ -414,13 +423,22 @@ pub fn trace_stats(path: &Path, top: usize) -> Result<TraceStats, TraceError> {
     let mut reader = TraceReader::open(path)?;
     let mut col = StatsCollector::new();
     let mut scratch = Vec::new();
+    let mut unparsed = UnparsedCounts::default();
     while let Some(pkt) = reader.next_packet()? {
         match to_ethernet(&pkt, &mut scratch) {
             Ok(frame) => col.add(pkt.ts_ns, pkt.orig_len, frame),
-            Err(_) => col.add_unreadable(pkt.ts_ns, pkt.orig_len, pkt.data.len()),
+            Err(e) => {
+                unparsed.add(e.kind().unparsed_reason().unwrap_or(Unparsed::CorruptRecord));
+                col.add_unreadable(pkt.ts_ns, pkt.orig_len, pkt.data.len());
+            }
         }
     }
-    Ok(col.finish(top))
+    let mut stats = col.finish(top);
+    unparsed.merge(reader.unparsed());
+    stats.unparsed = unparsed;
+    stats.over_snaplen_records = reader.over_snaplen();
+    stats.stopped_early = reader.stopped_early().map(ToString::to_string);
+    Ok(stats)
 }
 
 fn opt<T: fmt::Display>(v: Option<T>) -> String {
@@ -441,6 +459,19 @@ impl fmt::Display for TraceStats {
             "flows              {} ({} IP packets, {} non-IP, {} malformed, {} unreadable)",
             self.flows, self.ip_packets, self.non_ip_packets, self.malformed_packets, self.unreadable_packets
         )?;
+        if self.unparsed.total() > 0 {
+            writeln!(f, "unparsed           {}", self.unparsed)?;
+        }
+        if self.over_snaplen_records > 0 {
+            writeln!(
+                f,
+                "over snaplen       {} records longer than the snapshot length (read in full)",
+                self.over_snaplen_records
+            )?;
+        }
+        if let Some(why) = &self.stopped_early {
+            writeln!(f, "stopped early      {why}")?;
+        }
         if let Some(p) = self.packets_per_flow {
             writeln!(
                 f,

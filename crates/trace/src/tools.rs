@@ -1,8 +1,8 @@
 //! Trace rewriting tools (`flowplane trace truncate | loadscale`): owns
 //! [`truncate`] and [`loadscale`]. Both stream (memory independent of the
 //! trace length) and write nanosecond Ethernet pcap; packets of other link
-//! types are converted with [`to_ethernet`], unreadable ones are skipped and
-//! counted.
+//! types are converted with [`to_ethernet`]; unreadable packets and records
+//! are skipped and counted.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter};
@@ -17,7 +17,8 @@ use crate::{to_ethernet, PcapWriter, TraceError, TraceErrorKind, TraceReader, Wr
 pub struct ToolSummary {
     /// Packets written.
     pub packets: u64,
-    /// Packets skipped because their link layer could not be read.
+    /// Packets skipped because their link layer could not be read, and records
+    /// the reader could not read (see [`TraceReader::unparsed`]).
     pub skipped: u64,
 }
 
@@ -59,6 +60,7 @@ pub fn truncate(input: &Path, output: &Path, bytes: u32, keep_orig_len: bool) ->
         w.write_packet(pkt.ts_ns, &frame, orig)?;
         sum.packets += 1;
     }
+    sum.skipped += r.unparsed().total();
     w.finish()?;
     Ok(sum)
 }
@@ -176,6 +178,7 @@ pub fn loadscale(input: &Path, output: &Path, factor: u32) -> Result<ToolSummary
         return Err(TraceErrorKind::InvalidOption("load scale factor must be between 1 and 1024").into());
     }
     let (mut first, mut last, mut n) = (u64::MAX, 0u64, 0u64);
+    let mut sum = ToolSummary::default();
     {
         let mut r = TraceReader::open(input)?;
         while let Some(p) = r.next_packet()? {
@@ -183,9 +186,10 @@ pub fn loadscale(input: &Path, output: &Path, factor: u32) -> Result<ToolSummary
             last = last.max(p.ts_ns);
             n += 1;
         }
+        // Counted once, here; the window readers see the same records.
+        sum.skipped += r.unparsed().total();
     }
     let mut w = writer(output)?;
-    let mut sum = ToolSummary::default();
     if n == 0 {
         w.finish()?;
         return Ok(sum);

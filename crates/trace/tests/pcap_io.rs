@@ -4,7 +4,7 @@ use std::io::{self, Read};
 
 use flowplane_trace::{
     fuzz_read_all, to_ethernet, LinkType, PacketRef, PcapWriter, TraceError, TraceErrorKind, TraceFormat, TraceReader,
-    WriterOptions,
+    Unparsed, UnparsedCounts, WriterOptions,
 };
 use proptest::prelude::*;
 
@@ -26,17 +26,30 @@ impl Owned {
     }
 }
 
-/// Reads everything; returns the packets and the terminating error, if any.
-fn read_all<R: Read>(r: R) -> Result<(Vec<Owned>, Option<TraceError>), TraceError> {
+/// Reads everything; returns the packets, the counts of skipped records and what ended the reading early: the
+/// terminating error or the reason the reader stopped before the end of the file.
+fn read_counted<R: Read>(r: R) -> Result<(Vec<Owned>, UnparsedCounts, Option<String>), TraceError> {
     let mut reader = TraceReader::new(r)?;
     let mut out = Vec::new();
     loop {
         match reader.next_packet() {
             Ok(Some(p)) => out.push(Owned::of(&p)),
-            Ok(None) => return Ok((out, None)),
-            Err(e) => return Ok((out, Some(e))),
+            Ok(None) => {
+                let stopped = reader.stopped_early().map(ToString::to_string);
+                // Stopping early is always counted, and only then.
+                let stops =
+                    reader.unparsed().get(Unparsed::TruncatedRecord) + reader.unparsed().get(Unparsed::UnreadableRest);
+                assert_eq!(stops, u64::from(stopped.is_some()), "{stopped:?}");
+                return Ok((out, *reader.unparsed(), stopped));
+            }
+            Err(e) => return Ok((out, *reader.unparsed(), Some(e.to_string()))),
         }
     }
+}
+
+/// [`read_counted`] without the counts.
+fn read_all<R: Read>(r: R) -> Result<(Vec<Owned>, Option<String>), TraceError> {
+    read_counted(r).map(|(p, _, e)| (p, e))
 }
 
 fn read_ok(bytes: &[u8]) -> Vec<Owned> {
@@ -210,7 +223,7 @@ fn pcap_round_trip_all_four_variants() {
 
 #[test]
 fn pcap_round_trip_every_link_type() {
-    for lt in [LinkType::Ethernet, LinkType::RawIp, LinkType::LinuxSll, LinkType::LinuxSll2] {
+    for lt in LinkType::ALL {
         let bytes = write_pcap(WriterOptions { link_type: lt, ..Default::default() }, &sample_packets(3));
         let pkts = read_ok(&bytes);
         assert_eq!(pkts.len(), 3);
@@ -268,20 +281,20 @@ fn file_round_trip_and_errors_name_the_file() {
     }
     assert_eq!(n, 50);
 
-    // Truncate the file inside the last record: the error names the file and the record's offset.
+    // Truncate the file inside the last record: the complete ones are read, the last is counted, and the reason
+    // names the file and the record's offset.
     let full = std::fs::read(&path).unwrap();
     let last_len = 16 + pkts[49].1.len();
     std::fs::write(&path, &full[..full.len() - 3]).unwrap();
     let mut r = TraceReader::open(&path).unwrap();
-    let err = loop {
-        match r.next_packet() {
-            Ok(Some(_)) => {}
-            Ok(None) => panic!("truncation not reported"),
-            Err(e) => break e,
-        }
-    };
+    let mut n = 0;
+    while r.next_packet().unwrap().is_some() {
+        n += 1;
+    }
+    assert_eq!(n, 49);
+    assert_eq!(r.unparsed().get(Unparsed::TruncatedRecord), 1);
     let want = format!("{}: truncated packet record at byte {}", path.display(), full.len() - last_len);
-    assert_eq!(err.to_string(), want);
+    assert_eq!(r.stopped_early().unwrap().to_string(), want);
 
     let missing = dir.join("missing.pcap");
     let e = TraceReader::open(&missing).err().unwrap();
@@ -331,18 +344,28 @@ fn pcap_header_errors() {
 
 #[test]
 fn pcap_corrupt_records() {
-    // caplen above the snaplen.
+    // caplen above the snaplen: read in full and counted, as Wireshark reads it.
     let mut f = pcap_header(1, 100);
     f.extend(pcap_record(60, 60, &[0; 60]));
-    f.extend(pcap_record(101, 101, &[0; 101]));
-    let (pkts, err) = read_all(f.as_slice()).unwrap();
-    assert_eq!(pkts.len(), 1);
-    assert_eq!(err.unwrap().to_string(), "corrupt record at byte 100: captured length 101 exceeds 100");
-    // caplen above 256 KiB even when the snaplen is larger (or zero).
+    f.extend(pcap_record(101, 101, &[1; 101]));
+    f.extend(pcap_record(60, 60, &[2; 60]));
+    let mut r = TraceReader::new(f.as_slice()).unwrap();
+    let mut lens = vec![];
+    while let Some(p) = r.next_packet().unwrap() {
+        lens.push(p.data.len());
+    }
+    assert_eq!(lens, [60, 101, 60]);
+    assert_eq!((r.over_snaplen(), r.unparsed().total()), (1, 0));
+    // caplen above 256 KiB even when the snaplen is larger (or zero): the next record cannot be found, so reading
+    // stops there, after the packets before it, and says why.
     for snap in [0, u32::MAX] {
         let mut f = pcap_header(1, snap);
+        f.extend(pcap_record(60, 60, &[0; 60]));
         f.extend(pcap_record(300_000, 300_000, &[]));
-        assert_eq!(read_err(&f), "corrupt record at byte 24: captured length 300000 exceeds 262144");
+        f.extend(pcap_record(60, 60, &[0; 60]));
+        let (pkts, counts, why) = read_counted(f.as_slice()).unwrap();
+        assert_eq!((pkts.len(), counts.get(Unparsed::UnreadableRest), counts.total()), (1, 1, 1));
+        assert_eq!(why.unwrap(), "corrupt record at byte 100: captured length 300000 exceeds 262144");
     }
     // A 256 KiB record is fine and grows the buffer only to fit it.
     let mut f = pcap_header(1, 262_144);
@@ -407,15 +430,14 @@ fn pcapng_multiple_sections_switch_byte_order_and_reset_interfaces() {
     assert_eq!((pkts[1].link_type, pkts[1].ts_ns), (LinkType::RawIp, 20_000));
     assert_eq!((pkts[2].link_type, pkts[2].ts_ns, pkts[2].data.len()), (LinkType::RawIp, 0, 40));
 
-    // Interface 1 of the first section does not exist in the second.
+    // Interface 1 of the first section does not exist in the second: that packet is counted, the next one read.
     let mut c = Ng::new(true);
     c.shb().idb(1, 0, None);
-    let epb_off = a.out.len() + c.out.len();
-    c.epb(1, 0, &[0; 16], 16);
+    c.epb(1, 0, &[0; 16], 16).epb(0, 0, &[0; 16], 16);
     let mut bytes = a.bytes();
     bytes.extend(c.bytes());
-    let e = read_err(&bytes);
-    assert_eq!(e, format!("corrupt pcapng block at byte {epb_off}: packet references undefined interface 1"));
+    let (pkts, counts, why) = read_counted(bytes.as_slice()).unwrap();
+    assert_eq!((pkts.len(), counts.get(Unparsed::UnknownInterface), counts.total(), why), (2, 1, 1, None));
 }
 
 #[test]
@@ -457,9 +479,7 @@ fn pcapng_skips_unknown_blocks_even_huge_ones() {
 #[test]
 fn pcapng_block_length_validation() {
     let mut ng = Ng::new(false);
-    ng.shb();
-    let shb_len = ng.out.len();
-    ng.idb(1, 0, None);
+    ng.shb().idb(1, 0, None);
     let epb_off = ng.out.len();
     ng.epb(0, 1, &eth_frame(0, 60), 60);
     let good = ng.bytes();
@@ -477,10 +497,14 @@ fn pcapng_block_length_validation() {
         b[epb_off + 4..epb_off + 8].copy_from_slice(&bad_len.to_le_bytes());
         assert!(read_err(&b).contains("block length not a multiple of 4"), "{}", read_err(&b));
     }
-    // Captured length overrunning the block.
-    let mut b = good.clone();
-    b[epb_off + 20..epb_off + 24].copy_from_slice(&100u32.to_le_bytes());
-    assert!(read_err(&b).contains("packet data overruns block"), "{}", read_err(&b));
+    // Captured length overrunning the block, or beyond 256 KiB: the framing is sound, so only that block is skipped.
+    for caplen in [100u32, 300_000] {
+        let mut b = good.clone();
+        b[epb_off + 20..epb_off + 24].copy_from_slice(&caplen.to_le_bytes());
+        b.extend_from_slice(&good[epb_off..]);
+        let (pkts, counts, why) = read_counted(b.as_slice()).unwrap();
+        assert_eq!((pkts.len(), counts.get(Unparsed::CorruptRecord), counts.total(), why), (1, 1, 1, None));
+    }
     // Bad byte-order magic, wrong version.
     let mut b = good.clone();
     b[8] = 0;
@@ -488,13 +512,18 @@ fn pcapng_block_length_validation() {
     let mut b = good.clone();
     b[12] = 2;
     assert_eq!(read_err(&b), "unsupported pcapng version 2.0");
-    // Packet before any interface.
+    // Packet before any interface: counted; the interface defined after it serves the next packet.
     let mut ng = Ng::new(false);
-    ng.shb().epb(0, 1, &[0; 4], 4);
-    assert_eq!(
-        read_err(&ng.bytes()),
-        format!("corrupt pcapng block at byte {shb_len}: packet references undefined interface 0")
-    );
+    ng.shb().epb(0, 1, &[0; 4], 4).idb(1, 0, None).epb(0, 1, &[0; 4], 4);
+    let (pkts, counts, why) = read_counted(ng.bytes().as_slice()).unwrap();
+    assert_eq!((pkts.len(), counts.get(Unparsed::UnknownInterface), why), (1, 1, None));
+    // A corrupt interface description still takes its number: its packets are counted, the next interface's read.
+    let mut ng = Ng::new(false);
+    ng.shb();
+    ng.block(1, &[1, 0, 0, 0]); // IDB too short for its fields
+    ng.idb(1, 0, None).epb(0, 1, &[0; 4], 4).epb(1, 1, &[0; 4], 4);
+    let (pkts, counts, why) = read_counted(ng.bytes().as_slice()).unwrap();
+    assert_eq!((pkts.len(), counts.get(Unparsed::CorruptRecord), why), (1, 2, None));
 }
 
 #[test]
@@ -838,6 +867,37 @@ proptest! {
     }
 
     #[test]
+    fn every_link_type_with_random_records_never_panics(
+        lt in prop::sample::select(LinkType::ALL.to_vec()),
+        tail in proptest::collection::vec(any::<u8>(), 0..1024),
+    ) {
+        let mut data = pcap_header(lt.dlt(), 0);
+        data.extend_from_slice(&tail);
+        fuzz_read_all(&data);
+    }
+
+    #[test]
+    fn to_ethernet_of_arbitrary_packets_never_panics(
+        lt in prop::sample::select(LinkType::ALL.to_vec()),
+        data in proptest::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let pkt = PacketRef { ts_ns: 0, orig_len: data.len() as u32, link_type: lt, data: &data };
+        let mut scratch = Vec::new();
+        match to_ethernet(&pkt, &mut scratch) {
+            // The Ethernet form ends with a tail of the packet (the network-layer payload).
+            Ok(frame) => {
+                if lt == LinkType::Ethernet {
+                    prop_assert_eq!(frame, data.as_slice());
+                } else {
+                    prop_assert!(frame.len() >= 14 && frame.len() <= 14 + data.len());
+                    prop_assert!(data.ends_with(&frame[14..]));
+                }
+            }
+            Err(e) => prop_assert!(e.kind().unparsed_reason().is_some(), "{}", e),
+        }
+    }
+
+    #[test]
     fn mutated_valid_files_never_panic(
         ng in any::<bool>(),
         edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
@@ -950,5 +1010,22 @@ fn measure_throughput_64b() {
         acc += to_ethernet(std::hint::black_box(&pkt), &mut scratch).unwrap().len();
     }
     rate("to_ethernet raw IPv4 (28 B)", N, t);
+
+    // What `flowplane run` loads with: read and present as Ethernet in one call.
+    let raw_pcap = {
+        let mut w =
+            PcapWriter::new(Vec::new(), WriterOptions { link_type: LinkType::RawIp, ..Default::default() }).unwrap();
+        for i in 0..N {
+            w.write_packet(i * 100, &raw, 28).unwrap();
+        }
+        w.finish().unwrap()
+    };
+    let mut r = TraceReader::new(raw_pcap.as_slice()).unwrap();
+    let t = thread_cpu_ns();
+    let mut n = 0u64;
+    while let Some(p) = r.next_frame(&mut scratch).unwrap() {
+        n += u64::from(p.data[12] == 0x08);
+    }
+    rate("next_frame raw IPv4 (28 B) from memory", n, t);
     assert_eq!(acc, N as usize * 42);
 }

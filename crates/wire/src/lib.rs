@@ -9,6 +9,9 @@
 //! validates lengths once and returns a typed error on malformed input, field
 //! accessors then read without further checks that could fail, and a `XxxRepr`
 //! parses to / emits from a plain struct. No input may panic.
+//!
+//! No `unsafe` outside [`hash`] (its CRC32C uses the SSE4.2 `crc32` instruction when the build enables it).
+#![deny(unsafe_code)]
 
 pub mod arp;
 pub mod checksum;
@@ -17,6 +20,7 @@ pub mod ethernet;
 pub mod flow;
 pub mod frame;
 pub mod gtpu;
+#[allow(unsafe_code)]
 pub mod hash;
 pub mod icmp;
 pub mod ipv4;

@@ -260,8 +260,8 @@ impl Workload {
 /// Seed of the benchmark keys (every implementation measures the same keys).
 pub const KEY_SEED: u64 = 0xF10B_A5E5;
 
-/// Largest batch the benchmarks use (the table's `MAX_BATCH`).
-pub const MAX_BATCH_BENCH: usize = 64;
+/// Largest batch the benchmarks use: one bulk chunk of the tables.
+pub const MAX_BATCH_BENCH: usize = flowplane_table::BULK_LOOKUP_MAX;
 
 /// Runs every table benchmark selected by `opts` and returns all rows, with ratios and ceiling fractions filled in.
 pub fn run(opts: &TableBenchOptions) -> Vec<BenchRow> {

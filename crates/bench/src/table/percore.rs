@@ -3,7 +3,7 @@
 
 use super::{BenchKey, BenchRow, TableBenchOptions, Workload, KEY_SEED, MAX_BATCH_BENCH};
 use crate::tsc::rdtsc;
-use flowplane_table::{FlowTable, FullPolicy, Handle, TableConfig};
+use flowplane_table::{FlowTable, FullPolicy, Handle, TableConfig, INVALID_HANDLE};
 use std::hint::black_box;
 
 const NAME: &str = "flowplane";
@@ -84,11 +84,12 @@ fn run_size(opts: &TableBenchOptions, size: usize) -> Vec<BenchRow> {
             if batch == 1 {
                 t.lookup(&k[0], h[0]).map_or(0, |x| u64::from(t.state(x)[0]))
             } else {
-                let mut m = t.lookup_batch(k, h, &mut out);
+                t.lookup_batch(k, h, &mut out);
                 let mut s = 0;
-                while m != 0 {
-                    s += u64::from(t.state(out[m.trailing_zeros() as usize])[0]);
-                    m &= m - 1;
+                for &x in &out[..k.len()] {
+                    if x != INVALID_HANDLE {
+                        s += u64::from(t.state(x)[0]);
+                    }
                 }
                 s
             }
@@ -98,31 +99,25 @@ fn run_size(opts: &TableBenchOptions, size: usize) -> Vec<BenchRow> {
             if batch == 1 {
                 u64::from(t.lookup(&k[0], h[0]).is_some())
             } else {
-                t.lookup_batch(k, h, &mut out)
+                t.lookup_batch(k, h, &mut out) as u64
             }
         });
         rows.push(BenchRow::new(NAME, "lookup-miss", size, batch, 0, ops, c));
         // Update: lookup, then read-modify-write a 64-bit counter in the state (PNA writable parameters).
         let c = timed(&w.hit_stream, &w.hit_stream_hashes, ops, batch, |k, h| {
-            let mut m = if batch == 1 {
-                match t.lookup(&k[0], h[0]) {
-                    Some(x) => {
-                        out[0] = x;
-                        1
-                    }
-                    None => 0,
-                }
+            let hits = if batch == 1 {
+                out[0] = t.lookup(&k[0], h[0]).unwrap_or(INVALID_HANDLE);
+                usize::from(out[0] != INVALID_HANDLE)
             } else {
                 t.lookup_batch(k, h, &mut out)
             };
-            let n = m.count_ones();
-            while m != 0 {
-                if let Some(v) = t.state_as_mut::<u64>(out[m.trailing_zeros() as usize], 8) {
+            for &x in &out[..k.len()] {
+                // A miss (INVALID_HANDLE) has no state: `state_as_mut` returns None.
+                if let Some(v) = t.state_as_mut::<u64>(x, 8) {
                     *v += 1;
                 }
-                m &= m - 1;
             }
-            u64::from(n)
+            hits as u64
         });
         rows.push(BenchRow::new(NAME, "update", size, batch, 0, ops, c));
     }

@@ -767,8 +767,9 @@ impl ExecContext {
 }
 
 /// Looks up, inserting the misses, the IPv4 keys gathered for a batch (the
-/// table takes at most its bulk size per call); `init(i, block)` is the
-/// default action for packet `i`'s new flow and `flows[idx[j]]` receives key j's entry.
+/// table works through them in chunks of its bulk size); `init(i, block)`
+/// is the default action for packet `i`'s new flow and `flows[idx[j]]`
+/// receives key j's entry.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 pub(crate) fn bulk_lookup_or_insert(
@@ -781,13 +782,10 @@ pub(crate) fn bulk_lookup_or_insert(
     flows: &mut [FlowRef; MAX_BATCH],
     mut init: impl FnMut(usize, &mut [u8]),
 ) {
-    const CHUNK: usize = flowplane_table::MAX_BATCH;
-    for ((keys, hashes), idx) in keys.chunks(CHUNK).zip(hashes.chunks(CHUNK)).zip(idx.chunks(CHUNK)) {
-        let out = &mut handles[..keys.len()];
-        store.v4().lookup_or_insert_batch(keys, hashes, now_ns, out, |j, block| init(idx[j] as usize, block));
-        for (&h, &i) in out.iter().zip(idx) {
-            flows[i as usize] = if h == INVALID_HANDLE { FlowRef::NONE } else { FlowRef::v4(h) };
-        }
+    let out = &mut handles[..keys.len()];
+    store.v4().lookup_or_insert_batch(keys, hashes, now_ns, out, |j, block| init(idx[j] as usize, block));
+    for (&h, &i) in out.iter().zip(idx) {
+        flows[i as usize] = if h == INVALID_HANDLE { FlowRef::NONE } else { FlowRef::v4(h) };
     }
 }
 

@@ -1,0 +1,82 @@
+//! `flowplane`: the command-line front end, as a library so that its input
+//! parsers can be fuzzed (`fuzz/`) and reused. Each subcommand lives in its
+//! own module (`cmd_*`); they all return [`CliError`], which [`run`] prints as
+//! one line and turns into exit code 2. Nothing here may panic on user input.
+//! The `flowplane` binary is `main.rs`: one call to [`run`].
+
+#![forbid(unsafe_code)]
+
+mod cmd_bench;
+mod cmd_gen;
+mod cmd_nfs;
+mod cmd_run;
+mod cmd_trace;
+mod error;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub use cmd_run::{parse_exports, parse_gen, parse_gen_config};
+pub use error::CliError;
+
+#[derive(Parser, Debug)]
+#[command(name = "flowplane", version, about = "Stateful packet processing on commodity multi-core CPUs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Write synthetic traffic to a pcap file.
+    Gen(cmd_gen::GenArgs),
+    /// Trace tools: stats, truncate, loadscale.
+    Trace(cmd_trace::TraceArgs),
+    /// Run a chain over a trace or generated traffic and report (no arguments: the default demo).
+    Run(cmd_run::RunArgs),
+    /// List the NFs usable in chain specs: what each is keyed by, its parameters with type, range and default.
+    Nfs(cmd_nfs::NfsArgs),
+    /// Benchmarks: io, parse, table, pipeline.
+    Bench(cmd_bench::BenchArgs),
+}
+
+/// Runs the command line `args` (program name first, as `std::env::args_os`
+/// gives it): exit code 0 on success and for `--help`/`--version`, 2 with a
+/// one-line `flowplane: ...` message on stderr for any error.
+pub fn run<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            // --help / --version are not errors; everything else is a usage
+            // error: one line naming the problem, exit code 2.
+            if !e.use_stderr() {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            let text = e.to_string();
+            let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
+            eprintln!("flowplane: {}", first.trim());
+            return ExitCode::from(2);
+        }
+    };
+    let result: Result<(), CliError> = match cli.command {
+        Command::Gen(a) => cmd_gen::run(a),
+        Command::Trace(a) => cmd_trace::run(a),
+        Command::Run(a) => cmd_run::run_cmd(a),
+        Command::Nfs(a) => cmd_nfs::run(a),
+        Command::Bench(a) => cmd_bench::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("flowplane: error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
