@@ -8,6 +8,7 @@ use serde_json::json;
 
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::report::Export;
 use crate::stateful::Granularity;
 use crate::stateful::{Action, StatefulNf};
 use crate::{NfContext, ParamError, Params};
@@ -74,6 +75,10 @@ impl StatefulNf for Fsc {
 
     fn report(&self) -> Option<serde_json::Value> {
         Some(json!({ "flows_seen": self.flows }))
+    }
+
+    fn export_kind(&self) -> Export {
+        Export::State
     }
 
     fn export_row(&self, key: &FiveTuple, st: &FscState) -> Option<serde_json::Value> {
