@@ -61,12 +61,14 @@ impl StatefulNf for Fsc {
     }
 
     fn init(&mut self, _pkt: &Pkt<'_>, ctx: &NfContext) -> FscState {
-        self.flows += 1;
         FscState { packets: 0, bytes: 0, first_ns: ctx.now_ns, last_ns: ctx.now_ns }
     }
 
     #[inline]
     fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut FscState, ctx: &NfContext) -> Action {
+        // Counted at the flow's first packet here, not in `init`: the
+        // aggregated layout also initialises flows an upstream NF dropped.
+        self.flows += u64::from(st.packets == 0);
         st.packets += 1;
         st.bytes += pkt.len() as u64;
         st.last_ns = ctx.now_ns;
