@@ -188,3 +188,28 @@ fn merged_reports_of_two_cores_equal_one_core() {
     assert!(text.lines().any(|l| l.starts_with("hh:") && l.contains("k=6") && l.contains("top=[len=6]")), "{text}");
     assert!(text.lines().any(|l| l.starts_with("count:") && l.contains("packets=")), "{text}");
 }
+
+#[test]
+fn lb_balances_ipv6_over_its_own_pool_or_counts_it_unbalanced() {
+    let gen = GenConfig { ipv6: true, ..udp(300, 6_000) };
+    for cores in [1, 2] {
+        let (r, packets) = run_chain("lb(base6=2001:db8::a, backends6=3) -> fsc", &gen, cores, &["lb"]).unwrap();
+        let l = rows(&r, "lb");
+        let flows = details(&r, "fsc")["flows_seen"].as_u64().unwrap();
+        assert_eq!(l.len() as u64, flows);
+        assert!(l
+            .iter()
+            .all(|row| ["2001:db8::a", "2001:db8::b", "2001:db8::c"].contains(&row["backend"].as_str().unwrap())));
+        let d = details(&r, "lb");
+        assert_eq!(d["ipv6"]["flows"], flows, "{d}");
+        assert_eq!(d["ipv6_unbalanced_flows"], 0);
+        // Without an IPv6 pool the flows pass untouched, counted.
+        let (r, _) = run_chain("lb -> fsc", &gen, cores, &["lb"]).unwrap();
+        let d = details(&r, "lb");
+        assert_eq!(
+            (d["ipv6_unbalanced_flows"].as_u64(), d["ipv6_unbalanced_packets"].as_u64()),
+            (Some(flows), Some(packets))
+        );
+        assert!(rows(&r, "lb").iter().all(|row| row["backend"] == "unbalanced"));
+    }
+}
