@@ -333,12 +333,18 @@ impl Pool {
         }
     }
 
-    /// Queues a closed connection's slot for release at `deadline_ns` (once per mapping).
-    fn time_wait(&mut self, slot: u32, deadline_ns: u64) {
+    /// Queues a closed connection's slot for release at `deadline_ns` (once
+    /// per mapping). False if the ring is full: entries of ports released
+    /// meanwhile (RST, expiry) and reused within `fin_timeout` still take
+    /// places; the port then waits for its flow's idle timeout.
+    fn time_wait(&mut self, slot: u32, deadline_ns: u64) -> bool {
         let cap = self.tw.len();
-        let Some(e) = self.rev.get_mut(slot as usize) else { return };
-        if e.fin & QUEUED != 0 || self.tw_len >= cap {
-            return;
+        let Some(e) = self.rev.get_mut(slot as usize) else { return true };
+        if e.fin & QUEUED != 0 {
+            return true;
+        }
+        if self.tw_len >= cap {
+            return false;
         }
         e.fin |= QUEUED;
         let mut at = self.tw_head + self.tw_len;
@@ -347,6 +353,7 @@ impl Pool {
         }
         self.tw[at] = TimeWait { slot, gen: e.gen, deadline_ns };
         self.tw_len += 1;
+        true
     }
 
     /// Releases the queued slots whose TIME_WAIT is over at `now_ns` (in
@@ -397,6 +404,7 @@ struct Counters {
     filtered: u64,
     fin_closed: u64,
     time_wait_released: u64,
+    time_wait_full: u64,
     remapped: u64,
 }
 
@@ -607,6 +615,7 @@ impl StatefulNf for Nat {
             "rst_ended_flows": c.rst_ends,
             "fin_closed_connections": c.fin_closed,
             "time_wait_released": c.time_wait_released,
+            "time_wait_queue_full": c.time_wait_full,
             "remapped_after_time_wait": c.remapped,
             "dropped_filtered": c.filtered,
             "dropped_pool_exhausted": c.exhausted,
@@ -825,7 +834,9 @@ impl Nat {
         e.fin |= dir;
         if e.fin & (FIN_OUT | FIN_IN) == FIN_OUT | FIN_IN && e.fin & QUEUED == 0 {
             self.c.fin_closed += 1;
-            p.time_wait(st.slot, deadline);
+            if !p.time_wait(st.slot, deadline) {
+                self.c.time_wait_full += 1;
+            }
         }
     }
 
@@ -1133,6 +1144,26 @@ mod tests {
         assert_eq!(h.nf.ports_in_use(), (1, 0));
         let r = h.nf.report().unwrap();
         assert_eq!((r["time_wait_released"].as_u64(), r["ports_released"].as_u64()), (Some(0), Some(1)));
+    }
+
+    #[test]
+    fn a_full_time_wait_queue_is_counted_and_leaves_the_port_to_the_idle_timeout() {
+        // One port, so one place in the queue: A closes (queued), then RSTs (released at
+        // once, its stale entry stays queued); B takes the port and closes: no place left.
+        let (fin, rst) = (TcpFlags::FIN.bits() | TcpFlags::ACK.bits(), TcpFlags::RST.bits());
+        let mut h = Harness::new(nat_with(&[("ports", "7000-7000"), ("fin_timeout", "1")]));
+        for (host, sport, dport) in [([10, 0, 0, 1], 3000, 80), ([10, 0, 0, 2], 3001, 81)] {
+            assert_eq!(src_of(&h.run(&tcp4(host, REMOTE, sport, dport, fin, 1, 1)).0), (EXT, 7000));
+            assert_eq!(h.run(&tcp4(REMOTE, EXT, dport, 7000, fin, 5, 2)).1, Action::Pass);
+            if sport == 3000 {
+                assert_eq!(h.run(&tcp4(host, REMOTE, sport, dport, rst, 2, 0)).1, Action::EndFlow);
+            }
+        }
+        let r = h.nf.report().unwrap();
+        assert_eq!((r["time_wait_queue_full"].as_u64(), r["fin_closed_connections"].as_u64()), (Some(1), Some(2)));
+        h.now_ns = 5_000_000_000;
+        h.run(&udp4([10, 0, 0, 9], REMOTE, 1, 2));
+        assert_eq!(h.nf.ports_in_use().0, 1, "B keeps the port until its flow idles out");
     }
 
     #[test]
