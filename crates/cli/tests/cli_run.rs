@@ -487,7 +487,7 @@ fn nfs_lists_the_library_with_parameters() {
             .filter_map(|l| l.split_whitespace().next().map(|p| p.trim_end_matches(':').to_string()))
             .collect()
     };
-    assert_eq!(params_of("lb"), ["backends", "base"], "lb params in:\n{text}");
+    assert_eq!(params_of("lb"), ["backends", "base", "base6", "backends6"], "lb params in:\n{text}");
     assert_eq!(params_of("ratelimit"), ["pps", "burst"], "ratelimit params in:\n{text}");
     // What each NF is keyed by, on its line; each parameter with type, range and default.
     let line_of = |nf: &str| text.lines().find(|l| l.split_whitespace().next() == Some(nf)).unwrap_or("");
@@ -534,4 +534,51 @@ fn run_without_arguments_runs_the_default_demo() {
     assert!(stdout.contains("lb(backends=16) -> fsc -> ratelimit(pps=1000)"), "{stdout}");
     assert!(stdout.contains("loaded       4000000 packets"), "{stdout}");
     assert!(stdout.contains("flow table   1000000 flows"), "{stdout}");
+}
+
+/// Every NF's `--export` writes what the NF holds, or the run refuses it up
+/// front (exit 2, one line, no file); count, keyctr, lb and hh export.
+#[test]
+fn every_nf_export_is_written_or_refused() {
+    let dir = tmpdir("exports");
+    let out = run(&["nfs", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("nfs --json");
+    let names: Vec<String> =
+        v.as_array().expect("NFs").iter().map(|n| n["name"].as_str().expect("name").to_string()).collect();
+    let mut written = Vec::new();
+    for name in &names {
+        let chain = match name.as_str() {
+            "synthetic" => "synthetic(mem=65536)".to_string(),
+            "hh" => "hh(k=3)".to_string(),
+            n => n.to_string(),
+        };
+        let file = dir.join(format!("{name}.csv"));
+        let export = format!("{name}={}", s(&file));
+        let out =
+            run(&["run", "--gen", "--flows 50 --packets 2000", "--cores", "1", "--chain", &chain, "--export", &export]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        match out.status.code() {
+            Some(0) => {
+                let text = std::fs::read_to_string(&file).expect("export written");
+                let lines: Vec<&str> = text.lines().collect();
+                assert!(lines.len() >= 2, "{name}: header and at least one row:\n{text}");
+                if name == "hh" {
+                    assert_eq!(lines.len(), 4, "hh(k=3) exports its top 3:\n{text}");
+                }
+                if name == "count" {
+                    assert_eq!(lines, ["packets,bytes", "2000,128000"], "count exports its totals");
+                }
+                written.push(name.as_str());
+            }
+            Some(2) => {
+                assert_eq!(err.lines().count(), 1, "{name}: {err}");
+                assert!(err.contains(&format!("--export {name}: {name} has no state to export")), "{name}: {err}");
+                assert!(!file.exists(), "{name}: a refused export writes no file");
+            }
+            c => panic!("{name}: exit {c:?}: {err}"),
+        }
+    }
+    for must in ["count", "keyctr", "lb", "hh", "fsc", "nat", "srcctr"] {
+        assert!(written.contains(&must), "{must} exports (exported: {written:?})");
+    }
 }

@@ -8,7 +8,7 @@
 
 use flowplane_nf::registry::{self, NfSink};
 use flowplane_nf::stateful::Granularity;
-use flowplane_nf::{Nf, NfCounters, Params, StatefulNf};
+use flowplane_nf::{Export, Nf, NfCounters, Params, StatefulNf};
 
 use crate::coarse::{GroupLayout, MAX_GROUP_WORDS};
 use crate::error::EngineError;
@@ -48,6 +48,38 @@ impl Stage {
         match self {
             Stage::Stateless(n) => n.name(),
             Stage::Stateful { nf, .. } => nf.name(),
+        }
+    }
+
+    /// The NF's report (this core's figures).
+    pub fn report(&self) -> Option<serde_json::Value> {
+        match self {
+            Stage::Stateless(n) => n.report(),
+            Stage::Stateful { nf, .. } => nf.report(),
+        }
+    }
+
+    /// Merges another core's report of this NF into `into` (the NF's merge hook).
+    pub fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
+        match self {
+            Stage::Stateless(n) => n.merge_report(into, other),
+            Stage::Stateful { nf, .. } => nf.merge_report(into, other),
+        }
+    }
+
+    /// What `--export` writes for this NF.
+    pub fn export_kind(&self) -> Export {
+        match self {
+            Stage::Stateless(n) => n.export_kind(),
+            Stage::Stateful { nf, .. } => nf.export_kind(),
+        }
+    }
+
+    /// Export rows derived from the report merged over every core ([`Export::Report`]).
+    pub fn export_report_rows(&self, merged: &serde_json::Value) -> Vec<serde_json::Value> {
+        match self {
+            Stage::Stateless(n) => n.export_report_rows(merged),
+            Stage::Stateful { nf, .. } => nf.export_report_rows(merged),
         }
     }
 }

@@ -94,6 +94,9 @@ pub enum EngineError {
     /// An `--export` naming an NF that is not in the chain.
     #[error("--export {0}: no NF '{0}' in the chain")]
     ExportNotInChain(String),
+    /// An `--export` of an NF that has no state to export.
+    #[error("--export {0}: {0} has no state to export (its figures are in the report)")]
+    ExportRefused(String),
     /// The input holds nothing to replay.
     #[error("the input holds no packet to replay")]
     EmptyInput,

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use flowplane_nf::report::compact_line;
 use flowplane_nf::NfCounters;
 use serde::Serialize;
 
@@ -52,9 +53,9 @@ pub struct NfReport {
     /// Counters.
     #[serde(flatten)]
     pub counters: NfCounters,
-    /// NF-specific results (merged per core in order).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub details: Vec<serde_json::Value>,
+    /// NF-specific results, every core's merged with the NF's merge hook.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub details: Option<serde_json::Value>,
 }
 
 /// The whole run.
@@ -118,8 +119,16 @@ fn spec_string(spec: &ChainSpec) -> String {
 }
 
 impl Report {
-    /// Merges worker results.
-    pub fn from_workers(spec: &ChainSpec, cfg: &RunConfig, ws: &[WorkerResult], elapsed: Duration, hz: f64) -> Report {
+    /// Merges worker results; `details[i]` is NF i's report merged over every
+    /// core (see `StatefulNf::merge_report`).
+    pub fn from_workers(
+        spec: &ChainSpec,
+        cfg: &RunConfig,
+        ws: &[WorkerResult],
+        details: Vec<Option<serde_json::Value>>,
+        elapsed: Duration,
+        hz: f64,
+    ) -> Report {
         let mut r = Report {
             chain: spec_string(spec),
             exec: cfg.exec.kind.to_string(),
@@ -143,12 +152,6 @@ impl Report {
             r.tx_errors += w.tx.errors;
             cycles += w.cycles;
             r.tables.merge(&w.store);
-            for (name, rows) in &w.exports {
-                match r.exports.iter_mut().find(|(n, _)| n == name) {
-                    Some((_, all)) => all.extend(rows.iter().cloned()),
-                    None => r.exports.push((name.clone(), rows.clone())),
-                }
-            }
             hist.merge(&w.batch_latency);
             let secs = w.cycles as f64 / hz;
             r.per_core.push(CoreReport {
@@ -157,17 +160,17 @@ impl Report {
                 mpps: if secs > 0.0 { w.packets as f64 / secs / 1e6 } else { 0.0 },
                 cycles_per_packet: if w.packets > 0 { w.cycles as f64 / w.packets as f64 } else { 0.0 },
             });
-            for (i, (name, c, details)) in w.nfs.iter().enumerate() {
+            for (i, (name, c, _)) in w.nfs.iter().enumerate() {
                 if r.nfs.len() <= i {
                     r.nfs.push(NfReport { name: name.clone(), ..Default::default() });
                 }
                 r.nfs[i].counters.merge(c);
-                if let Some(d) = details {
-                    r.nfs[i].details.push(d.clone());
-                }
             }
         }
         // Busy time of the slowest core bounds the run; wall time includes thread start.
+        for (n, d) in r.nfs.iter_mut().zip(details) {
+            n.details = d;
+        }
         let busy = ws.iter().map(|w| w.cycles).max().unwrap_or(0) as f64 / hz;
         let secs = if busy > 0.0 { busy } else { r.duration_s };
         if secs > 0.0 {
@@ -236,6 +239,12 @@ impl fmt::Display for Report {
                 "{:<14} {:>12} {:>12} {:>12}",
                 n.name, n.counters.packets_in, n.counters.packets_out, n.counters.dropped
             )?;
+        }
+        // What each NF reported, merged over cores, one line per NF.
+        for n in &self.nfs {
+            if let Some(d) = &n.details {
+                writeln!(f, "{:<14} {}", format!("{}:", n.name), compact_line(d))?;
+            }
         }
         Ok(())
     }

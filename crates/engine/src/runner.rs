@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use flowplane_io::replay::{ReplayConfig, ReplayQueue, ReplayTrace};
 use flowplane_io::sink::{Discard, PcapSink, SharedPcapWriter, Stamp};
 use flowplane_io::{cpu, Sink};
+use flowplane_nf::Export;
 use flowplane_packet::{tsc, PacketPool, PoolConfig, MAX_BATCH};
 
 use flowplane_scale::RssDispatcher;
@@ -148,6 +149,11 @@ fn build_chains(cfg: &RunConfig, spec: &ChainSpec) -> Result<Vec<Chain>, EngineE
         if !spec.nfs.iter().any(|n| &n.name == e) {
             return Err(EngineError::ExportNotInChain(e.clone()));
         }
+        // Refused before any traffic: an NF without exportable state would write an empty file.
+        let stage = chains.first().and_then(|c| c.stages.iter().find(|s| s.name() == e));
+        if stage.is_some_and(|s| s.export_kind() == Export::None) {
+            return Err(EngineError::ExportRefused(e.clone()));
+        }
     }
     Ok(chains)
 }
@@ -255,24 +261,66 @@ fn run_chains(
             .collect()
     });
     let elapsed = wall.elapsed();
-    let mut workers = Vec::with_capacity(results.len());
+    let mut workers: Vec<WorkerResult> = Vec::with_capacity(results.len());
     let mut pipelines = Vec::with_capacity(results.len());
     for r in results {
         let (w, p) = r?;
         workers.push(w);
         pipelines.push(p);
     }
-    // Every worker has stopped: the state is final. Coarse (shared) state is
-    // exported once, from the first pipeline.
+    // Every worker has stopped: the state is final. Each NF's per-core
+    // reports merge into one with its hook; exports read the final state.
+    let details = merge_details(&workers, &pipelines);
+    let mut report = Report::from_workers(spec, cfg, &workers, details, elapsed, hz);
+    report.exports = collect_exports(cfg, &pipelines, &report);
+    Ok(report)
+}
+
+/// Each NF's reports of every core, merged with the NF's hook (in chain order).
+fn merge_details(workers: &[WorkerResult], pipelines: &[Pipeline]) -> Vec<Option<serde_json::Value>> {
+    let Some(first) = pipelines.first() else { return Vec::new() };
+    first
+        .chain()
+        .stages
+        .iter()
+        .enumerate()
+        .map(|(i, stage)| {
+            let mut merged: Option<serde_json::Value> = None;
+            for d in workers.iter().filter_map(|w| w.nfs.get(i).and_then(|n| n.2.as_ref())) {
+                match &mut merged {
+                    Some(m) => stage.merge_report(m, d),
+                    None => merged = Some(d.clone()),
+                }
+            }
+            merged
+        })
+        .collect()
+}
+
+/// The rows of every `--export`ed NF: its state from every core (shared
+/// state once), or rows derived from its merged report.
+fn collect_exports(cfg: &RunConfig, pipelines: &[Pipeline], report: &Report) -> Vec<(String, Vec<serde_json::Value>)> {
     let mut names: Vec<&String> = cfg.export.iter().collect();
     names.sort();
     names.dedup();
-    for (core, (w, p)) in workers.iter_mut().zip(&pipelines).enumerate() {
-        for name in &names {
-            if let Some(rows) = p.export(name, core == 0) {
-                w.exports.push(((*name).clone(), rows));
+    let Some(first) = pipelines.first() else { return Vec::new() };
+    let mut out = Vec::new();
+    for name in names {
+        let Some(i) = first.chain().stages.iter().position(|s| s.name() == name) else { continue };
+        let stage = &first.chain().stages[i];
+        let rows = match stage.export_kind() {
+            Export::State => pipelines
+                .iter()
+                .enumerate()
+                .flat_map(|(core, p)| p.export(name, core == 0).unwrap_or_default())
+                .collect(),
+            Export::Report => {
+                let merged = report.nfs.get(i).and_then(|n| n.details.as_ref());
+                stage.export_report_rows(merged.unwrap_or(&serde_json::Value::Null))
             }
-        }
+            Export::None => continue,
+        };
+        out.push((name.clone(), rows));
     }
-    Ok(Report::from_workers(spec, cfg, &workers, elapsed, hz))
+    out
 }

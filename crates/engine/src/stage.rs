@@ -11,7 +11,7 @@ use std::ops::Range;
 
 use bytemuck::Pod;
 use flowplane_nf::stateful::{Action, Granularity, StatefulNf};
-use flowplane_nf::{NfContext, NfCounters, Pkt, PktMeta};
+use flowplane_nf::{Export, NfContext, NfCounters, Pkt, PktMeta};
 use flowplane_packet::{Batch, DROP};
 use flowplane_wire::flow::FiveTuple;
 
@@ -96,8 +96,16 @@ pub trait StatefulStage: Send {
     fn on_unparsed(&mut self) -> Action;
     /// Report.
     fn report(&self) -> Option<serde_json::Value>;
+    /// Merges another core's report into `into` (the NF's merge hook).
+    fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value);
+    /// What `--export` writes for the NF.
+    fn export_kind(&self) -> Export;
     /// Export row.
     fn export_row_bytes(&self, key: &FiveTuple, state: &[u8]) -> Option<serde_json::Value>;
+    /// Export row of a coarse key without a 5-tuple projection (TEID, field set).
+    fn export_raw_row_bytes(&self, key: u128, state: &[u8]) -> Option<serde_json::Value>;
+    /// Export rows derived from the merged report.
+    fn export_report_rows(&self, merged: &serde_json::Value) -> Vec<serde_json::Value>;
     /// Runs the per-packet action over packets `range` of a batch.
     /// `flows[i]` names packet i's block in `store`; this NF's state sits at
     /// `offset`. The prefetch hook runs `ahead` packets in advance (0:
@@ -175,8 +183,20 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     fn report(&self) -> Option<serde_json::Value> {
         self.0.report()
     }
+    fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
+        self.0.merge_report(into, other)
+    }
+    fn export_kind(&self) -> Export {
+        self.0.export_kind()
+    }
     fn export_row_bytes(&self, key: &FiveTuple, state: &[u8]) -> Option<serde_json::Value> {
         self.0.export_row(key, cast::<T::State>(state))
+    }
+    fn export_raw_row_bytes(&self, key: u128, state: &[u8]) -> Option<serde_json::Value> {
+        self.0.export_raw_row(key, cast::<T::State>(state))
+    }
+    fn export_report_rows(&self, merged: &serde_json::Value) -> Vec<serde_json::Value> {
+        self.0.export_report_rows(merged)
     }
 
     #[inline]

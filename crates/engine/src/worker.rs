@@ -30,8 +30,6 @@ pub struct WorkerResult {
     pub batch_latency: Histogram,
     /// Flow-table figures.
     pub store: StoreReport,
-    /// Exported NF state: (nf name, rows).
-    pub exports: Vec<(String, Vec<serde_json::Value>)>,
 }
 
 /// Runs until the source is done or `stop` is raised. Batches received

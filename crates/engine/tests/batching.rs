@@ -26,11 +26,16 @@ struct Outcome {
     /// Verdict and bytes of every packet, in trace order.
     packets: Vec<(u16, Vec<u8>)>,
     counters: Vec<(String, NfCounters)>,
+    /// The report of the NF under test (the exported one). Other NFs' reports
+    /// may count default actions, which the aggregated layout runs for every
+    /// 5-tuple NF when a flow enters the chain (see `StatefulNf::init`).
+    details: Option<serde_json::Value>,
     ended: u64,
     export: Vec<String>,
 }
 
-fn run(chain: &str, kind: ExecKind, batch_size: usize, frames: &[Vec<u8>], export: &str) -> Outcome {
+/// Runs frames with their timestamps (the packet clock), `batch_size` at a time.
+fn run_timed(chain: &str, kind: ExecKind, batch_size: usize, frames: &[(u64, Vec<u8>)], export: &str) -> Outcome {
     let c = Chain::build(&parse(chain).unwrap()).unwrap();
     let shared = SharedStores::new(&c.groups, 4096, 3_600_000_000_000).unwrap();
     let cfg = ExecConfig { kind, flows: 4096, hugepages: false, ..ExecConfig::default() };
@@ -39,32 +44,42 @@ fn run(chain: &str, kind: ExecKind, batch_size: usize, frames: &[Vec<u8>], expor
     let mut batch = Batch::new(&pool);
     let mut packets = Vec::new();
     for chunk in frames.chunks(batch_size) {
-        for f in chunk {
-            assert!(batch.push_copy(&mut pool, f, 0));
+        for (ts, f) in chunk {
+            assert!(batch.push_copy(&mut pool, f, *ts));
         }
-        p.process(&mut batch, &NfContext { now_tsc: 0, now_ns: 1_000 });
+        // As the worker does: table bookkeeping sees the batch's latest time.
+        let now_ns = chunk.iter().map(|(ts, _)| *ts).max().unwrap_or(0).max(1_000);
+        p.process(&mut batch, &NfContext { now_tsc: 0, now_ns });
         for i in 0..batch.len() {
             packets.push((batch.verdicts()[i], batch.data(i).to_vec()));
         }
         batch.free_all(&mut pool).unwrap();
     }
     let counters = p.nf_results().into_iter().map(|(n, c, _)| (n, c)).collect();
+    let details = p.nf_results().into_iter().find(|(n, _, _)| n == export).and_then(|(_, _, d)| d);
     let mut export: Vec<String> = p.export(export, true).unwrap_or_default().iter().map(|r| r.to_string()).collect();
     export.sort();
-    Outcome { packets, counters, ended: p.store_report().ended, export }
+    Outcome { packets, counters, details, ended: p.store_report().ended, export }
 }
 
 /// Runs `chain` under every executor and batch size; all must equal rtc with batches of one.
 fn all_agree(chain: &str, frames: &[Vec<u8>], export: &str) -> Outcome {
+    let timed: Vec<(u64, Vec<u8>)> = frames.iter().map(|f| (0, f.clone())).collect();
+    all_agree_timed(chain, &timed, export)
+}
+
+/// [`all_agree`] for frames with timestamps.
+fn all_agree_timed(chain: &str, frames: &[(u64, Vec<u8>)], export: &str) -> Outcome {
     let rtc = ExecKind::parse("rtc").unwrap();
-    let reference = run(chain, rtc, 1, frames, export);
+    let reference = run_timed(chain, rtc, 1, frames, export);
     for kind in ExecKind::all() {
         for size in [1, 4, 64, 256] {
-            let o = run(chain, kind, size, frames, export);
+            let o = run_timed(chain, kind, size, frames, export);
             for (i, (a, b)) in o.packets.iter().zip(&reference.packets).enumerate() {
                 assert_eq!(a, b, "{chain}: packet {i} under {kind} at batch size {size}");
             }
             assert_eq!(o.counters, reference.counters, "{chain}: counters under {kind} at batch size {size}");
+            assert_eq!(o.details, reference.details, "{chain}: NF reports under {kind} at batch size {size}");
             assert_eq!(o.ended, reference.ended, "{chain}: ended flows under {kind} at batch size {size}");
             assert_eq!(o.export, reference.export, "{chain}: export under {kind} at batch size {size}");
         }
@@ -170,4 +185,110 @@ fn nat_with_a_small_pool_agrees_across_batching() {
     let o = all_agree("nat(ports=1024-1027) -> fsc", &frames, "fsc");
     let nat = &o.counters[0].1;
     assert!(nat.dropped > 0, "the pool runs out at times: {nat:?}");
+}
+
+/// TCP connections through a NAT with replies addressed to its external
+/// port: filter probes from the server's other port and from another host,
+/// RSTs from either side, FIN closes in either order with TIME_WAIT
+/// (`fin_timeout`) ending mid-trace, packets during and after TIME_WAIT, and
+/// a pool smaller than the connections so released ports are reused. The
+/// external ports come from a reference NAT run packet by packet while the
+/// trace is written (`nat_params` must be the chain's).
+fn nat_trace(nat_params: &[(&str, &str)]) -> Vec<(u64, Vec<u8>)> {
+    use flowplane_nf::nat::{kind, Nat};
+    use flowplane_nf::testutil::Harness;
+    use flowplane_nf::Params;
+    const MS: u64 = 1_000_000;
+    let ext = [203, 0, 113, 1];
+    // (time, connection, step, outbound?, flags, remote host, remote port)
+    type Event = (u64, usize, usize, bool, u8, [u8; 4], u16);
+    let mut events: Vec<Event> = Vec::new();
+    for c in 0..16usize {
+        let server = [198, 51, 100, 1 + (c % 3) as u8];
+        let t0 = c as u64 * 150 * MS;
+        let mut script: Vec<(u64, bool, u8, [u8; 4], u16)> = vec![
+            (0, true, SYN, server, 80),
+            (1, false, SYN | ACK, server, 80),
+            (2, true, ACK, server, 80),
+            (3, false, ACK | PSH, server, 81), // the server's other port: adf only
+            (4, false, ACK | PSH, [192, 0, 2, 66], 80), // another host: eif only
+            (5, false, ACK | PSH, server, 80),
+        ];
+        match c % 4 {
+            0 => script.extend([(6, true, RST, server, 80), (8, false, ACK, server, 80)]),
+            1 => script.extend([
+                (6, true, FIN | ACK, server, 80),
+                (7, false, FIN | ACK, server, 80),
+                (8, true, ACK, server, 80),
+                (500, false, FIN | ACK, server, 80), // retransmitted during TIME_WAIT
+                (1300, false, ACK, server, 80),      // after it: stale
+                (1400, true, ACK, server, 80),       // after it: a new mapping
+            ]),
+            2 => script.extend([
+                (6, false, FIN | ACK, server, 80),
+                (7, true, FIN | ACK, server, 80),
+                (8, false, ACK, server, 80),
+                (1200, true, ACK, server, 80),
+            ]),
+            _ => script.extend([
+                (6, false, RST, server, 80),
+                (7, true, ACK | PSH, server, 80), // the port is still held
+                (9, true, RST, server, 80),
+            ]),
+        }
+        for (k, (dt, out, flags, host, port)) in script.into_iter().enumerate() {
+            events.push((t0 + dt * MS, c, k, out, flags, host, port));
+        }
+    }
+    events.sort();
+    let params = nat_params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let mut h = Harness::new(Nat::from_params(&mut Params::new("nat", params)).unwrap());
+    let mut last_port = [1024u16; 16];
+    let mut frames = Vec::new();
+    for (t, c, k, out, flags, host, port) in events {
+        let client = [10, 0, 0, 1 + (c % 4) as u8];
+        let cport = 2000 + c as u16;
+        let seq = 1000 * c as u32 + k as u32;
+        h.now_ns = t;
+        let f = if out {
+            tcp4(client, host, cport, port, flags, seq, 1)
+        } else {
+            // The port the reference NAT maps this connection to now (or last did).
+            if let Some(st) = h.state_of(&tcp4(client, [198, 51, 100, 1 + (c % 3) as u8], cport, 80, ACK, 0, 0)) {
+                if st.kind == kind::OUTBOUND || st.kind == kind::OUTBOUND_CLOSING {
+                    last_port[c] = st.port;
+                }
+            }
+            tcp4(host, ext, port, last_port[c], flags, seq, 1)
+        };
+        h.run(&f);
+        frames.push((t, f));
+    }
+    frames
+}
+
+fn nat_report(o: &Outcome) -> &serde_json::Value {
+    o.details.as_ref().expect("nat reports")
+}
+
+#[test]
+fn nat_filtering_and_fin_release_agree_across_batching() {
+    let u = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
+    let mut filtered = Vec::new();
+    for filter in ["eif", "adf", "apdf"] {
+        let params = [("ports", "1024-1029"), ("fin_timeout", "1"), ("filter", filter)];
+        let frames = nat_trace(&params);
+        let chain = format!("nat(ports=1024-1029, fin_timeout=1, filter={filter}) -> fsc");
+        let o = all_agree_timed(&chain, &frames, "nat");
+        let r = nat_report(&o);
+        assert!(u(r, "time_wait_released") >= 4, "TIME_WAITs end mid-trace: {r}");
+        assert!(u(r, "fin_closed_connections") >= 4, "{r}");
+        assert!(u(r, "dropped_stale") > 0 && u(r, "remapped_after_time_wait") > 0, "{r}");
+        assert!(u(r, "dropped_pool_exhausted") > 0, "6 ports for 16 connections: {r}");
+        assert!(u(r, "rst_ended_flows") > 0, "{r}");
+        filtered.push(u(r, "dropped_filtered"));
+    }
+    // eif lets both probes in, adf the server's other port, apdf neither.
+    assert_eq!(filtered[0], 0);
+    assert!(filtered[1] > 0 && filtered[2] > filtered[1], "{filtered:?}");
 }

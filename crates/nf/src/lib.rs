@@ -21,6 +21,7 @@ pub mod param_spec;
 pub mod params;
 pub mod pkt;
 pub mod registry;
+pub mod report;
 pub mod stateful;
 #[cfg(any(test, feature = "testutil"))]
 pub mod testutil;
@@ -35,6 +36,7 @@ pub use param_spec::{ParamKind, ParamSpec};
 pub use params::{ParamError, Params};
 pub use pkt::{Pkt, PktMeta};
 pub use registry::{KeyedBy, NfDescriptor, NfSink};
+pub use report::Export;
 pub use stateful::{Action, Granularity, StatefulNf};
 
 /// Per-NF packet counters, reported at the end of a run.
@@ -90,5 +92,22 @@ pub trait Nf: Send {
     /// NF-specific state or results to report (JSON object), if any.
     fn report(&self) -> Option<serde_json::Value> {
         None
+    }
+
+    /// Merges another core's `report()` into `into` (default: numbers add,
+    /// objects merge, arrays concatenate; see [`report::merge_default`]).
+    fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
+        report::merge_default(into, other)
+    }
+
+    /// What `--export` writes for this NF: [`Export::None`] (refused) or
+    /// [`Export::Report`] (rows from the merged report).
+    fn export_kind(&self) -> Export {
+        Export::None
+    }
+
+    /// The export rows, from the report merged over every core.
+    fn export_report_rows(&self, _merged: &serde_json::Value) -> Vec<serde_json::Value> {
+        Vec::new()
     }
 }

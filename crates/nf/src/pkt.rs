@@ -4,9 +4,9 @@
 //! that keep the IPv4 header checksum and the TCP/UDP checksum valid
 //! incrementally (RFC 1624).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use flowplane_wire::checksum::{update16, update32};
+use flowplane_wire::checksum::{update16, update32, update_bytes};
 use flowplane_wire::flow::FiveTuple;
 use flowplane_wire::icmp::IcmpView;
 use flowplane_wire::ipv4::IpProtocol;
@@ -188,6 +188,40 @@ impl<'a> Pkt<'a> {
     /// Rewrites the IPv4 destination address, updating both checksums. `false` if not IPv4.
     pub fn set_ipv4_dst(&mut self, a: Ipv4Addr) -> bool {
         self.set_ipv4_addr(16, a)
+    }
+
+    /// Rewrites the IPv6 destination address, updating the TCP/UDP or
+    /// ICMPv6 checksum (their pseudo-header covers it). `false` if not IPv6.
+    pub fn set_ipv6_dst(&mut self, a: Ipv6Addr) -> bool {
+        self.set_ipv6_addr(24, a)
+    }
+
+    /// Rewrites the IPv6 source address, updating the TCP/UDP or ICMPv6 checksum. `false` if not IPv6.
+    pub fn set_ipv6_src(&mut self, a: Ipv6Addr) -> bool {
+        self.set_ipv6_addr(8, a)
+    }
+
+    fn set_ipv6_addr(&mut self, field: usize, new: Ipv6Addr) -> bool {
+        if !self.meta.v6 || !self.meta.valid {
+            return false;
+        }
+        let at = self.meta.l3 as usize + field;
+        let Some(cur) = self.data.get(at..at + 16) else { return false };
+        let old: [u8; 16] = cur.try_into().unwrap_or([0; 16]);
+        let newb = new.octets();
+        if old == newb {
+            return true;
+        }
+        self.data[at..at + 16].copy_from_slice(&newb);
+        if self.meta.proto == IpProtocol::ICMPV6 && self.meta.l4 != 0 {
+            let c = self.meta.l4 as usize + 2;
+            if let Some(v) = be16(self.data, c) {
+                self.data[c..c + 2].copy_from_slice(&update_bytes(v, &old, &newb).to_be_bytes());
+            }
+        } else {
+            self.fix_l4_checksum(|c| update_bytes(c, &old, &newb));
+        }
+        true
     }
 
     fn set_port(&mut self, field: usize, port: u16) -> bool {

@@ -18,6 +18,7 @@ use bytemuck::{Pod, Zeroable};
 use flowplane_wire::flow::{CustomKey, FieldSet, FiveTuple};
 
 use crate::pkt::{Pkt, PktMeta};
+use crate::report::Export;
 use crate::NfContext;
 
 /// What an NF's state is keyed by.
@@ -219,8 +220,37 @@ pub trait StatefulNf: Send + 'static {
         None
     }
 
+    /// Merges another core's `report()` into `into`. Default: numbers add,
+    /// objects merge key by key, arrays concatenate, equal values are kept
+    /// ([`crate::report::merge_default`]); override it for configuration
+    /// echoes ([`crate::report::merge_keeping`]) and ranked lists.
+    fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
+        crate::report::merge_default(into, other)
+    }
+
+    /// What `--export` writes for this NF (default [`Export::None`]: the run
+    /// refuses the export). NFs implementing `export_row` return
+    /// [`Export::State`].
+    fn export_kind(&self) -> Export {
+        Export::None
+    }
+
     /// One row of this NF's state for `--export` (JSON object), if the NF exports state.
     fn export_row(&self, _key: &FiveTuple, _state: &Self::State) -> Option<serde_json::Value> {
         None
+    }
+
+    /// An export row for a coarse key without a 5-tuple projection (TEID,
+    /// field set): `key` is [`Granularity::key`]'s value (a TEID is its low
+    /// 32 bits; a field set's is a fingerprint, so keep the fields in the
+    /// state if the row should show them).
+    fn export_raw_row(&self, _key: u128, _state: &Self::State) -> Option<serde_json::Value> {
+        None
+    }
+
+    /// Export rows derived from the report merged over every core (for
+    /// [`Export::Report`]).
+    fn export_report_rows(&self, _merged: &serde_json::Value) -> Vec<serde_json::Value> {
+        Vec::new()
     }
 }

@@ -3,9 +3,12 @@
 //! `HashMap` as its table (the executors are tested separately).
 
 use std::collections::HashMap;
+use std::net::Ipv6Addr;
 
 use flowplane_wire::checksum;
 use flowplane_wire::flow::FiveTuple;
+use flowplane_wire::packet_repr::FrameBuilder;
+use flowplane_wire::tcp::TcpFlags;
 
 use crate::pkt::{Pkt, PktMeta};
 use crate::stateful::{Action, Granularity, StatefulNf};
@@ -81,6 +84,32 @@ pub fn assert_ipv4_checksums(f: &[u8]) {
         let ph = checksum::pseudo_header_v4(src, dst, proto, seg.len() as u16);
         assert_eq!(checksum::combine(ph, checksum::sum(seg)), 0xffff, "L4 checksum");
     }
+}
+
+/// An Ethernet/IPv6/UDP frame with a valid checksum and 18 bytes of payload.
+pub fn udp6(src: Ipv6Addr, dst: Ipv6Addr, sport: u16, dport: u16) -> Vec<u8> {
+    emit(FrameBuilder::udp_v6(src, dst, sport, dport))
+}
+
+/// An Ethernet/IPv6/TCP frame with the given flags (seq 1, ack 0), valid checksum.
+pub fn tcp6(src: Ipv6Addr, dst: Ipv6Addr, sport: u16, dport: u16, flags: u8) -> Vec<u8> {
+    emit(FrameBuilder::tcp_v6(src, dst, sport, dport, TcpFlags(flags)))
+}
+
+fn emit(b: FrameBuilder) -> Vec<u8> {
+    let mut buf = vec![0u8; 256];
+    let n = b.emit(&mut buf, &[0u8; 18]).expect("frame fits");
+    buf.truncate(n);
+    buf
+}
+
+/// Asserts the TCP/UDP/ICMPv6 checksum of an Ethernet/IPv6 frame without extension headers verifies.
+pub fn assert_ipv6_checksums(f: &[u8]) {
+    let nh = f[20];
+    let seg = &f[54..];
+    let addr = |at: usize| -> [u8; 16] { f[at..at + 16].try_into().expect("16 bytes") };
+    let ph = checksum::pseudo_header_v6(addr(22), addr(38), nh, seg.len() as u32);
+    assert_eq!(checksum::combine(ph, checksum::sum(seg)), 0xffff, "L4 checksum over the IPv6 pseudo-header");
 }
 
 /// Runs one stateful NF packet by packet with a `HashMap` table keyed by

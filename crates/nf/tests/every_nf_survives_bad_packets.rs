@@ -76,7 +76,11 @@ impl NfSink for Survive<'_> {
             nf.process(&mut batch, 0..n, &NfContext::default());
             batch.free_all(&mut pool).unwrap();
         }
-        let _ = nf.report();
+        if let Some(r) = nf.report() {
+            let mut merged = r.clone();
+            nf.merge_report(&mut merged, &r);
+            let _ = nf.export_report_rows(&merged);
+        }
         (0, None)
     }
 
@@ -105,8 +109,16 @@ impl NfSink for Survive<'_> {
                 nf.release(&meta.tuple, &state);
             }
             let _ = nf.export_row(&meta.tuple, &state);
+            let _ = nf.export_raw_row(k as u128, &state);
         }
-        let _ = nf.report();
+        if let Some(r) = nf.report() {
+            // Merging another core's report keeps the shape (and never panics).
+            let mut merged = r.clone();
+            nf.merge_report(&mut merged, &r);
+            let keys = |v: &serde_json::Value| v.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
+            assert_eq!(keys(&merged), keys(&r), "{}", nf.name());
+            let _ = nf.export_report_rows(&merged);
+        }
         (actions, Some(nf.granularity()))
     }
 }

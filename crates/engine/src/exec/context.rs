@@ -10,7 +10,7 @@
 use std::ops::Range;
 
 use flowplane_nf::stateful::Action;
-use flowplane_nf::{NfContext, NfCounters, Pkt, PktMeta};
+use flowplane_nf::{Export, NfContext, NfCounters, Pkt, PktMeta};
 use flowplane_packet::{Batch, MAX_BATCH};
 use flowplane_table::shared::{SharedFlowTable, SharedHandle};
 use flowplane_table::{FullPolicy, TableStats, INVALID_HANDLE};
@@ -717,8 +717,8 @@ impl ExecContext {
     }
 
     /// Export rows of NF `name` (one JSON object per flow or per coarse key),
-    /// if it exports state. Coarse state is shared by all cores: export it
-    /// from one core only (`include_shared`).
+    /// if it exports state ([`Export::State`]). Coarse state is shared by all
+    /// cores: export it from one core only (`include_shared`).
     pub fn export(&self, name: &str, include_shared: bool) -> Option<Vec<serde_json::Value>> {
         let mut k = 0;
         for s in &self.chain.stages {
@@ -728,6 +728,9 @@ impl ExecContext {
                     k += 1;
                 }
                 continue;
+            }
+            if nf.export_kind() != Export::State {
+                return None;
             }
             let sz = nf.state_size();
             let mut rows = Vec::new();
@@ -741,10 +744,13 @@ impl ExecContext {
                     let _ = with_locked(words, |flags, buf| {
                         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
                         if *flags & bit != 0 {
-                            if let (Some(t), Some(st)) = (key_tuple(gran, *key), bytes.get(*offset..*offset + sz)) {
-                                if let Some(r) = nf.export_row_bytes(&t, st) {
-                                    rows.push(r);
-                                }
+                            if let Some(st) = bytes.get(*offset..*offset + sz) {
+                                // Keys without a 5-tuple projection (TEID, field set) go raw.
+                                let row = match key_tuple(gran, *key) {
+                                    Some(t) => nf.export_row_bytes(&t, st),
+                                    None => nf.export_raw_row_bytes(*key, st),
+                                };
+                                rows.extend(row);
                             }
                         }
                     });

@@ -267,6 +267,11 @@ impl Pipeline {
         self.cx.nf_results()
     }
 
+    /// The compiled chain (its stages' merge and export hooks).
+    pub fn chain(&self) -> &Chain {
+        &self.cx.chain
+    }
+
     /// Table figures.
     pub fn store_report(&self) -> StoreReport {
         self.cx.store_report()

@@ -26,6 +26,7 @@ use serde_json::json;
 
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::report::{merge_keeping, merge_rows};
 use crate::stateful::{Action, Granularity, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
@@ -405,6 +406,14 @@ impl StatefulNf for Acl {
             "unparsed": self.unparsed,
             "per_rule": rules,
         }))
+    }
+
+    fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
+        // Every core has the same rules: per-rule counters add up rule by rule.
+        merge_keeping(into, other, &["rules", "default", "per_rule"]);
+        if let (Some(mine), Some(theirs)) = (into.get_mut("per_rule"), other.get("per_rule")) {
+            merge_rows(mine, theirs, &["rule", "origin", "action"]);
+        }
     }
 }
 

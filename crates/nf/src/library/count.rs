@@ -1,8 +1,10 @@
 //! `count`: counts packets and bytes, passes everything on unchanged.
+//! `--export count=FILE` writes one row: the totals over every core.
 
 use flowplane_packet::{Batch, DROP};
 
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::report::Export;
 use crate::{Nf, NfContext, NfCounters, ParamError, Params};
 
 /// Registration (see `crates/nf/build.rs`).
@@ -51,6 +53,15 @@ impl Nf for Count {
 
     fn report(&self) -> Option<serde_json::Value> {
         Some(serde_json::json!({ "packets": self.counters.packets_in, "bytes": self.counters.bytes_in }))
+    }
+
+    fn export_kind(&self) -> Export {
+        Export::Report
+    }
+
+    /// One row: the run's totals (the report merged over every core).
+    fn export_report_rows(&self, merged: &serde_json::Value) -> Vec<serde_json::Value> {
+        vec![serde_json::json!({ "packets": merged["packets"], "bytes": merged["bytes"] })]
     }
 }
 

@@ -22,6 +22,7 @@ use serde_json::json;
 
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::report::{merge_keeping, Export};
 use crate::stateful::{Action, Granularity, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
@@ -144,6 +145,15 @@ impl StatefulNf for Ddos {
             "dropped": self.dropped,
             "unparsed": self.unparsed,
         }))
+    }
+
+    fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
+        // Configuration echoes are the same on every core.
+        merge_keeping(into, other, &["window_ns", "threshold"]);
+    }
+
+    fn export_kind(&self) -> Export {
+        Export::State
     }
 
     fn export_row(&self, key: &FiveTuple, st: &DdosState) -> Option<serde_json::Value> {

@@ -8,6 +8,7 @@ use serde_json::json;
 
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::report::Export;
 use crate::stateful::Granularity;
 use crate::stateful::{Action, StatefulNf};
 use crate::{NfContext, ParamError, Params};
@@ -60,12 +61,14 @@ impl StatefulNf for Fsc {
     }
 
     fn init(&mut self, _pkt: &Pkt<'_>, ctx: &NfContext) -> FscState {
-        self.flows += 1;
         FscState { packets: 0, bytes: 0, first_ns: ctx.now_ns, last_ns: ctx.now_ns }
     }
 
     #[inline]
     fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut FscState, ctx: &NfContext) -> Action {
+        // Counted at the flow's first packet here, not in `init`: the
+        // aggregated layout also initialises flows an upstream NF dropped.
+        self.flows += u64::from(st.packets == 0);
         st.packets += 1;
         st.bytes += pkt.len() as u64;
         st.last_ns = ctx.now_ns;
@@ -74,6 +77,10 @@ impl StatefulNf for Fsc {
 
     fn report(&self) -> Option<serde_json::Value> {
         Some(json!({ "flows_seen": self.flows }))
+    }
+
+    fn export_kind(&self) -> Export {
+        Export::State
     }
 
     fn export_row(&self, key: &FiveTuple, st: &FscState) -> Option<serde_json::Value> {

@@ -65,6 +65,7 @@ use serde_json::json;
 
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::report::merge_keeping;
 use crate::stateful::{Action, Granularity, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
@@ -929,7 +930,7 @@ impl StatefulNf for Fw {
             "allow_new": match self.cfg.allow_new { AllowNew::Inside => "inside", AllowNew::Any => "any" },
             "inside": format!("{}/{}", self.cfg.inside, self.cfg.inside_len),
             "timeout_s": self.cfg.timeout_s,
-            "conns_capacity": self.table.cap,
+            "conns_capacity_per_core": self.table.cap,
             "conns_live": self.table.live,
             "opened": c.opened,
             "established": c.established,
@@ -958,6 +959,11 @@ impl StatefulNf for Fw {
                 "table_full": c.table_full,
             },
         }))
+    }
+
+    fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
+        // Configuration echoes are the same on every core.
+        merge_keeping(into, other, &["allow_new", "inside", "timeout_s", "conns_capacity_per_core"]);
     }
 }
 

@@ -6,16 +6,22 @@
 //! it are flagged, and every flow that crosses it is counted.
 //!
 //! The summary is per NF instance (per core): under RSS sharding the cores'
-//! lists are disjoint. A flow that expires keeps its summary entry; if the
-//! same 5-tuple returns, its entry is updated only once the new incarnation
-//! is larger (the entry records the largest incarnation).
+//! lists are disjoint, so the run's report merges them and keeps the k
+//! largest. A flow that expires keeps its summary entry; if the same 5-tuple
+//! returns, its entry is updated only once the new incarnation is larger
+//! (the entry records the largest incarnation).
+//!
+//! `--export hh=FILE` writes the report's top-k (`export=top`, default; the
+//! same rows as the report, merged over cores) or every live flow with its
+//! bytes and packets (`export=all`).
 
 use bytemuck::{Pod, Zeroable};
 use flowplane_wire::flow::FiveTuple;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::report::{merge_keeping, Export};
 use crate::stateful::Granularity;
 use crate::stateful::{Action, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
@@ -23,13 +29,19 @@ use crate::{NfContext, ParamError, ParamSpec, Params};
 const K: ParamSpec = ParamSpec::uint("k", 10, 1, MAX_K, "flows in the top-k summary");
 const THRESHOLD: ParamSpec =
     ParamSpec::uint_or_none("threshold", 1, u64::MAX, "bytes above which a flow is flagged heavy");
+const EXPORT: ParamSpec = ParamSpec::choice(
+    "export",
+    "top",
+    &["top", "all"],
+    "--export writes the top-k flows of the report, or every live flow",
+);
 
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {
     name: "hh",
     about: "heavy-hitter monitor: bytes/packets per 5-tuple, reports the top-k flows (exportable)",
     keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
-    params: &[K, THRESHOLD],
+    params: &[K, THRESHOLD, EXPORT],
 };
 
 /// Builds `hh` from its parameters and hands it to `sink`.
@@ -73,14 +85,17 @@ pub struct Hh {
     threshold: Option<u64>,
     flows: u64,
     over_threshold: u64,
+    /// `--export` writes every live flow instead of the top-k.
+    export_all: bool,
 }
 
 impl Hh {
-    /// `hh(k=N, threshold=BYTES)`; no threshold by default.
+    /// `hh(k=N, threshold=BYTES, export=top|all)`; no threshold by default.
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
         let k = p.uint(&K)? as usize;
         let threshold = p.uint_or_none(&THRESHOLD)?;
-        Ok(Hh::new(k, threshold))
+        let export_all = p.choice(&EXPORT, [false, true])?;
+        Ok(Hh { export_all, ..Hh::new(k, threshold) })
     }
 
     /// A monitor keeping the top `k` flows (clamped to 1..=[`MAX_K`]).
@@ -94,6 +109,7 @@ impl Hh {
             threshold,
             flows: 0,
             over_threshold: 0,
+            export_all: false,
         }
     }
 
@@ -165,7 +181,7 @@ impl StatefulNf for Hh {
     }
 
     fn report(&self) -> Option<serde_json::Value> {
-        let top: Vec<_> = self
+        let mut top: Vec<_> = self
             .top()
             .iter()
             .map(|e| {
@@ -181,6 +197,7 @@ impl StatefulNf for Hh {
                 })
             })
             .collect();
+        top.sort_by(by_rank);
         Some(json!({
             "k": self.top.len(),
             "threshold_bytes": self.threshold,
@@ -188,6 +205,30 @@ impl StatefulNf for Hh {
             "flows_over_threshold": self.over_threshold,
             "top": top,
         }))
+    }
+
+    /// The cores' summaries hold disjoint flows (RSS keeps a 5-tuple on one
+    /// core), so the run's top-k is the k largest of their union.
+    fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
+        merge_keeping(into, other, &["k", "threshold_bytes", "top"]);
+        if let (Some(Value::Array(mine)), Some(Value::Array(theirs))) = (into.get_mut("top"), other.get("top")) {
+            mine.extend(theirs.iter().cloned());
+            mine.sort_by(by_rank);
+            mine.truncate(self.top.len());
+        }
+    }
+
+    fn export_kind(&self) -> Export {
+        if self.export_all {
+            Export::State
+        } else {
+            Export::Report
+        }
+    }
+
+    /// `export=top`: the merged report's top-k rows.
+    fn export_report_rows(&self, merged: &serde_json::Value) -> Vec<serde_json::Value> {
+        merged["top"].as_array().cloned().unwrap_or_default()
     }
 
     fn export_row(&self, key: &FiveTuple, st: &HhState) -> Option<serde_json::Value> {
@@ -201,6 +242,17 @@ impl StatefulNf for Hh {
             "bytes": st.bytes,
         }))
     }
+}
+
+/// Order of top-k rows: more bytes first, then more packets, then by flow,
+/// so ties rank the same however the rows arrived.
+fn by_rank(a: &Value, b: &Value) -> std::cmp::Ordering {
+    let n = |r: &Value, k: &str| r[k].as_u64().unwrap_or(0);
+    let t = |r: &Value, k: &str| r[k].as_str().unwrap_or("").to_string();
+    (n(b, "bytes"), n(b, "packets"))
+        .cmp(&(n(a, "bytes"), n(a, "packets")))
+        .then_with(|| (t(a, "src"), t(a, "dst")).cmp(&(t(b, "src"), t(b, "dst"))))
+        .then_with(|| (n(a, "sport"), n(a, "dport"), n(a, "proto")).cmp(&(n(b, "sport"), n(b, "dport"), n(b, "proto"))))
 }
 
 #[cfg(test)]
@@ -292,6 +344,38 @@ mod tests {
             h.run(&flow(1));
         }
         assert_eq!(h.nf.top()[0].packets, 6);
+    }
+
+    #[test]
+    fn reports_merge_to_the_top_k_of_both_cores_and_export_it() {
+        // Two cores' monitors with disjoint flows: flow i sends i+1 packets.
+        let (mut a, mut b) = (Harness::new(Hh::new(3, None)), Harness::new(Hh::new(3, None)));
+        for i in 0..8u16 {
+            let h = if i % 3 == 0 { &mut b } else { &mut a };
+            for _ in 0..=i {
+                h.run(&flow(i));
+            }
+        }
+        let mut r = a.nf.report().unwrap();
+        a.nf.merge_report(&mut r, &b.nf.report().unwrap());
+        let ports: Vec<u64> = r["top"].as_array().unwrap().iter().map(|e| e["sport"].as_u64().unwrap()).collect();
+        assert_eq!(ports, vec![1007, 1006, 1005], "the 3 largest of both cores, largest first");
+        assert_eq!((r["k"].as_u64(), r["flows_seen"].as_u64()), (Some(3), Some(8)), "k is kept, flows add up");
+        // One core holding every flow reports the same top-k.
+        let mut one = Harness::new(Hh::new(3, None));
+        for i in 0..8u16 {
+            for _ in 0..=i {
+                one.run(&flow(i));
+            }
+        }
+        assert_eq!(one.nf.report().unwrap()["top"], r["top"]);
+        // export=top (default) writes those rows; export=all every flow.
+        assert_eq!(a.nf.export_kind(), Export::Report);
+        assert_eq!(a.nf.export_report_rows(&r), r["top"].as_array().unwrap().clone());
+        let mut p = Params::new("hh", vec![("export".into(), "all".into())]);
+        assert_eq!(Hh::from_params(&mut p).unwrap().export_kind(), Export::State);
+        let mut p = Params::new("hh", vec![("export".into(), "some".into())]);
+        assert!(Hh::from_params(&mut p).unwrap_err().0.contains("'export=some'"));
     }
 
     #[test]

@@ -1,28 +1,49 @@
 //! `lb`: stateful round-robin load balancer (FAJITA A.1). The first packet
-//! of a flow picks the next backend of the pool; every later packet of the
-//! flow is sent to the same backend (sticky per 5-tuple). The destination
-//! IPv4 address is rewritten with incremental checksum updates.
+//! of a flow picks the next backend of its family's pool; every later packet
+//! of the flow is sent to the same backend (sticky per 5-tuple). The
+//! destination address is rewritten with incremental checksum updates.
+//!
+//! IPv4 flows use the pool `base`, `base+1`, ... (`backends` addresses); IPv6
+//! flows use their own pool `base6`, `base6+1`, ... (`backends6` addresses,
+//! default `backends`). Without `base6` (the default) IPv6 flows are not
+//! balanced: they pass untouched and are counted (`ipv6_unbalanced_flows`
+//! and `_packets` in the report).
+//!
+//! The report gives the flows assigned to each backend (merged over cores),
+//! `--export lb=FILE` one row per live flow: its 5-tuple as received and the
+//! backend it was sent to. Each core balances its own flows round-robin, so
+//! which backend a flow gets depends on the number of cores.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use bytemuck::{Pod, Zeroable};
-use serde_json::json;
+use flowplane_wire::flow::FiveTuple;
+use serde_json::{json, Value};
 
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::report::{merge_keeping, Export};
 use crate::stateful::Granularity;
 use crate::stateful::{Action, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
-const BACKENDS: ParamSpec = ParamSpec::uint("backends", 16, 1, 65_536, "backend pool size");
+const BACKENDS: ParamSpec = ParamSpec::uint("backends", 16, 1, 65_536, "IPv4 backend pool size");
 const BASE: ParamSpec = ParamSpec::text("base", "10.10.0.1", "IPv4", "first backend (the pool is base, base+1, ...)");
+const BASE6: ParamSpec = ParamSpec::text(
+    "base6",
+    "",
+    "IPv6",
+    "first IPv6 backend (pool base6, base6+1, ...); empty: IPv6 flows pass unbalanced (counted)",
+);
+const BACKENDS6: ParamSpec =
+    ParamSpec::uint_like("backends6", &BACKENDS, 1, 65_536, "IPv6 backend pool size (default: backends)");
 
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {
     name: "lb",
-    about: "stateful round-robin load balancer: rewrites the destination, sticky per 5-tuple",
+    about: "stateful round-robin load balancer: rewrites the destination (IPv4 pool, optional IPv6 pool), sticky per 5-tuple",
     keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
-    params: &[BACKENDS, BASE],
+    params: &[BACKENDS, BASE, BASE6, BACKENDS6],
 };
 
 /// Builds `lb` from its parameters and hands it to `sink`.
@@ -30,25 +51,53 @@ pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
     Ok(sink.stateful(Lb::from_params(p)?))
 }
 
+/// `LbState::backend` of an IPv6 flow that has no pool: passed untouched.
+pub const UNBALANCED: u32 = u32::MAX;
+
 /// Per-flow state: the chosen backend.
 #[derive(Clone, Copy, Pod, Zeroable)]
 #[repr(C)]
 pub struct LbState {
-    /// Index into the backend pool.
+    /// Index into the flow's family's pool ([`UNBALANCED`]: none).
     pub backend: u32,
+}
+
+/// One address family's pool with its round-robin cursor and per-backend flow counts.
+#[derive(Debug)]
+struct Pool<A> {
+    addrs: Vec<A>,
+    next: usize,
+    assigned: Vec<u64>,
+}
+
+impl<A> Pool<A> {
+    fn new(addrs: Vec<A>) -> Self {
+        let assigned = vec![0; addrs.len()];
+        Pool { addrs, next: 0, assigned }
+    }
+
+    fn pick(&mut self) -> u32 {
+        if self.addrs.is_empty() {
+            return UNBALANCED;
+        }
+        let b = self.next;
+        self.next = if b + 1 == self.addrs.len() { 0 } else { b + 1 };
+        self.assigned[b] += 1;
+        b as u32
+    }
 }
 
 /// The load balancer.
 #[derive(Debug)]
 pub struct Lb {
-    backends: Vec<Ipv4Addr>,
-    next: usize,
-    /// Flows assigned per backend.
-    assigned: Vec<u64>,
+    v4: Pool<Ipv4Addr>,
+    v6: Pool<Ipv6Addr>,
+    unbalanced_flows: u64,
+    unbalanced_packets: u64,
 }
 
 impl Lb {
-    /// `lb(backends=N, base=A.B.C.D)`: backends `base`, `base+1`, ...
+    /// `lb(backends=N, base=A.B.C.D, base6=X:Y::Z, backends6=M)`: backends `base`, `base+1`, ...
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
         let n = p.uint(&BACKENDS)? as usize;
         let base_s = p.text(&BASE)?;
@@ -58,14 +107,93 @@ impl Lb {
         if (b as u64) + n as u64 > u32::MAX as u64 {
             return Err(ParamError(format!("lb: {n} backends from {base} overflow the address space")));
         }
-        Ok(Lb::new((0..n as u32).map(|i| Ipv4Addr::from(b + i)).collect()))
+        let base6_s = p.text(&BASE6)?;
+        let n6 = p.uint(&BACKENDS6)? as usize;
+        let v6 = if base6_s.is_empty() {
+            Vec::new()
+        } else {
+            let base6: Ipv6Addr = base6_s
+                .parse()
+                .map_err(|_| ParamError(format!("lb: parameter 'base6={base6_s}' is not an IPv6 address")))?;
+            let b6 = u128::from(base6);
+            if b6.checked_add(n6 as u128 - 1).is_none() {
+                return Err(ParamError(format!("lb: {n6} backends from {base6} overflow the address space")));
+            }
+            (0..n6 as u128).map(|i| Ipv6Addr::from(b6 + i)).collect()
+        };
+        let mut lb = Lb::new((0..n as u32).map(|i| Ipv4Addr::from(b + i)).collect());
+        lb.v6 = Pool::new(v6);
+        Ok(lb)
     }
 
-    /// A balancer over `backends` (at least one).
+    /// A balancer over IPv4 `backends` (at least one), without an IPv6 pool.
     pub fn new(backends: Vec<Ipv4Addr>) -> Self {
         let backends = if backends.is_empty() { vec![Ipv4Addr::new(10, 10, 0, 1)] } else { backends };
-        let assigned = vec![0; backends.len()];
-        Lb { backends, next: 0, assigned }
+        Lb { v4: Pool::new(backends), v6: Pool::new(Vec::new()), unbalanced_flows: 0, unbalanced_packets: 0 }
+    }
+
+    /// Adds an IPv6 pool.
+    pub fn with_v6(mut self, backends: Vec<Ipv6Addr>) -> Self {
+        self.v6 = Pool::new(backends);
+        self
+    }
+
+    /// The backend a flow's state names, in its family.
+    pub fn backend_of(&self, key: &FiveTuple, st: &LbState) -> Option<IpAddr> {
+        let b = st.backend as usize;
+        match key {
+            FiveTuple::V4(_) => self.v4.addrs.get(b).map(|&a| IpAddr::V4(a)),
+            FiveTuple::V6(_) => self.v6.addrs.get(b).map(|&a| IpAddr::V6(a)),
+        }
+    }
+
+    #[inline(never)]
+    fn process_v6(&mut self, pkt: &mut Pkt<'_>, st: &LbState) -> Action {
+        match self.v6.addrs.get(st.backend as usize) {
+            Some(&ip) => {
+                pkt.set_ipv6_dst(ip);
+                Action::Pass
+            }
+            None if st.backend == UNBALANCED => {
+                self.unbalanced_packets += 1;
+                Action::Pass
+            }
+            None => Action::Drop,
+        }
+    }
+}
+
+/// Per-backend flow counts as a report object: pool size, total, min, max, each backend's count.
+fn pool_report<A>(p: &Pool<A>) -> Value {
+    json!({
+        "backends": p.addrs.len(),
+        "flows": p.assigned.iter().sum::<u64>(),
+        "flows_min_per_backend": p.assigned.iter().copied().min().unwrap_or(0),
+        "flows_max_per_backend": p.assigned.iter().copied().max().unwrap_or(0),
+        "flows_per_backend": p.assigned,
+    })
+}
+
+/// Adds another core's per-backend counts into `into` and recomputes the totals.
+fn merge_pool(into: &mut Value, other: &Value) {
+    let counts = |v: &Value| -> Vec<u64> {
+        v["flows_per_backend"]
+            .as_array()
+            .map(|a| a.iter().map(|x| x.as_u64().unwrap_or(0)).collect())
+            .unwrap_or_default()
+    };
+    let mut sum = counts(into);
+    for (i, c) in counts(other).into_iter().enumerate() {
+        match sum.get_mut(i) {
+            Some(s) => *s += c,
+            None => sum.push(c),
+        }
+    }
+    if let Value::Object(m) = into {
+        m.insert("flows".into(), json!(sum.iter().sum::<u64>()));
+        m.insert("flows_min_per_backend".into(), json!(sum.iter().copied().min().unwrap_or(0)));
+        m.insert("flows_max_per_backend".into(), json!(sum.iter().copied().max().unwrap_or(0)));
+        m.insert("flows_per_backend".into(), json!(sum));
     }
 }
 
@@ -76,17 +204,22 @@ impl StatefulNf for Lb {
         NF.name
     }
 
-    fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> LbState {
-        let b = self.next;
-        self.next = if b + 1 == self.backends.len() { 0 } else { b + 1 };
-        self.assigned[b] += 1;
-        LbState { backend: b as u32 }
+    fn init(&mut self, pkt: &Pkt<'_>, _ctx: &NfContext) -> LbState {
+        if pkt.meta().v6 {
+            let b = self.v6.pick();
+            self.unbalanced_flows += u64::from(b == UNBALANCED);
+            LbState { backend: b }
+        } else {
+            LbState { backend: self.v4.pick() }
+        }
     }
 
     #[inline]
     fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut LbState, _ctx: &NfContext) -> Action {
-        match self.backends.get(st.backend as usize) {
-            // IPv6 flows keep their destination (the pool is IPv4): still sticky, still counted.
+        if pkt.meta().v6 {
+            return self.process_v6(pkt, st);
+        }
+        match self.v4.addrs.get(st.backend as usize) {
             Some(&ip) => {
                 pkt.set_ipv4_dst(ip);
                 Action::Pass
@@ -95,10 +228,39 @@ impl StatefulNf for Lb {
         }
     }
 
-    fn report(&self) -> Option<serde_json::Value> {
-        let max = self.assigned.iter().copied().max().unwrap_or(0);
-        let min = self.assigned.iter().copied().min().unwrap_or(0);
-        Some(json!({ "backends": self.backends.len(), "flows_min_per_backend": min, "flows_max_per_backend": max }))
+    fn report(&self) -> Option<Value> {
+        Some(json!({
+            "ipv4": pool_report(&self.v4),
+            "ipv6": pool_report(&self.v6),
+            "ipv6_unbalanced_flows": self.unbalanced_flows,
+            "ipv6_unbalanced_packets": self.unbalanced_packets,
+        }))
+    }
+
+    /// Per-backend counts add up backend by backend; the pool sizes are the same on every core.
+    fn merge_report(&self, into: &mut Value, other: &Value) {
+        merge_keeping(into, other, &["ipv4", "ipv6"]);
+        for fam in ["ipv4", "ipv6"] {
+            if let (Some(mine), Some(theirs)) = (into.get_mut(fam), other.get(fam)) {
+                merge_pool(mine, theirs);
+            }
+        }
+    }
+
+    fn export_kind(&self) -> Export {
+        Export::State
+    }
+
+    /// The flow as received (destination = the service address) and its backend.
+    fn export_row(&self, key: &FiveTuple, st: &LbState) -> Option<Value> {
+        Some(json!({
+            "proto": key.proto(),
+            "src": key.src_ip().to_string(),
+            "dst": key.dst_ip().to_string(),
+            "sport": key.src_port(),
+            "dport": key.dst_port(),
+            "backend": self.backend_of(key, st).map_or_else(|| "unbalanced".to_string(), |a| a.to_string()),
+        }))
     }
 }
 
@@ -130,6 +292,88 @@ mod tests {
         assert!(Lb::from_params(&mut p).unwrap_err().0.contains("'base=300.1.1.1'"));
         let mut p = Params::new("lb", vec![("base".into(), "255.255.255.250".into())]);
         assert!(Lb::from_params(&mut p).is_err());
+    }
+
+    #[test]
+    fn ipv6_flows_use_their_own_pool_with_valid_checksums() {
+        use crate::testutil::{assert_ipv6_checksums, tcp6, udp6};
+        let v6 = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+        let mut p = Params::new(
+            "lb",
+            vec![
+                ("backends".into(), "2".into()),
+                ("base6".into(), "2001:db8::10".into()),
+                ("backends6".into(), "3".into()),
+            ],
+        );
+        let mut h = Harness::new(Lb::from_params(&mut p).unwrap());
+        let vip = v6("2001:db8:ffff::1");
+        let flows: Vec<Vec<u8>> = (0..4u16)
+            .map(|i| {
+                if i % 2 == 0 {
+                    udp6(v6("2001:db8:1::1"), vip, 1000 + i, 80)
+                } else {
+                    tcp6(v6("2001:db8:1::2"), vip, 1000 + i, 80, 0x02)
+                }
+            })
+            .collect();
+        let dst = |f: &[u8]| Ipv6Addr::from(<[u8; 16]>::try_from(&f[38..54]).unwrap());
+        let mut got = Vec::new();
+        for f in &flows {
+            let (out, act) = h.run(f);
+            assert_eq!(act, Action::Pass);
+            assert_ipv6_checksums(&out);
+            got.push(dst(&out));
+        }
+        // Round-robin over the 3 IPv6 backends, independent of the IPv4 pool.
+        assert_eq!(got, vec![v6("2001:db8::10"), v6("2001:db8::11"), v6("2001:db8::12"), v6("2001:db8::10")]);
+        let (again, _) = h.run(&flows[1]);
+        assert_eq!(dst(&again), v6("2001:db8::11"), "sticky");
+        let (out4, _) = h.run(&udp4([10, 0, 0, 1], [9, 9, 9, 9], 1, 80));
+        assert_eq!(&out4[30..34], &[10, 10, 0, 1], "the IPv4 pool starts at its own first backend");
+        let r = h.nf.report().unwrap();
+        assert_eq!(r["ipv6"]["flows_per_backend"], json!([2, 1, 1]));
+        assert_eq!(r["ipv4"]["flows_per_backend"], json!([1, 0]));
+        assert_eq!(r["ipv6_unbalanced_flows"], 0);
+        let key = h.key_of(&flows[2]).unwrap();
+        let row = h.nf.export_row(&key, &h.state_of(&flows[2]).unwrap()).unwrap();
+        assert_eq!((row["dst"].as_str(), row["backend"].as_str()), (Some("2001:db8:ffff::1"), Some("2001:db8::12")));
+    }
+
+    #[test]
+    fn ipv6_without_a_pool_passes_untouched_and_is_counted() {
+        use crate::testutil::udp6;
+        let v6 = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+        let mut h = Harness::new(Lb::new(vec![Ipv4Addr::new(1, 1, 1, 1)]));
+        let f = udp6(v6("2001:db8::1"), v6("2001:db8::2"), 5, 6);
+        for _ in 0..3 {
+            assert_eq!(h.run(&f), (f.clone(), Action::Pass));
+        }
+        let r = h.nf.report().unwrap();
+        assert_eq!((r["ipv6_unbalanced_flows"].as_u64(), r["ipv6_unbalanced_packets"].as_u64()), (Some(1), Some(3)));
+        assert_eq!(r["ipv4"]["flows"], 0, "the IPv6 flow took no IPv4 backend");
+        let row = h.nf.export_row(&h.key_of(&f).unwrap(), &h.state_of(&f).unwrap()).unwrap();
+        assert_eq!(row["backend"], "unbalanced");
+        let mut p = Params::new("lb", vec![("base6".into(), "1.2.3.4".into())]);
+        assert!(Lb::from_params(&mut p).unwrap_err().0.contains("'base6=1.2.3.4'"));
+        let mut p = Params::new("lb", vec![("base6".into(), "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe".into())]);
+        assert!(Lb::from_params(&mut p).unwrap_err().0.contains("overflow"));
+    }
+
+    #[test]
+    fn reports_merge_backend_by_backend() {
+        let pool = vec![Ipv4Addr::new(1, 1, 1, 1), Ipv4Addr::new(2, 2, 2, 2), Ipv4Addr::new(3, 3, 3, 3)];
+        let (mut a, mut b) = (Harness::new(Lb::new(pool.clone())), Harness::new(Lb::new(pool)));
+        for i in 0..4u16 {
+            a.run(&udp4([10, 0, 0, 1], [9, 9, 9, 9], i, 80));
+        }
+        b.run(&udp4([10, 0, 0, 2], [9, 9, 9, 9], 1, 80));
+        let mut r = a.nf.report().unwrap();
+        a.nf.merge_report(&mut r, &b.nf.report().unwrap());
+        assert_eq!(r["ipv4"]["flows_per_backend"], json!([3, 1, 1]));
+        assert_eq!(r["ipv4"]["backends"], 3, "the pool size is not summed");
+        assert_eq!((r["ipv4"]["flows"].as_u64(), r["ipv4"]["flows_min_per_backend"].as_u64()), (Some(5), Some(1)));
+        assert_eq!(r["ipv4"]["flows_max_per_backend"], 3);
     }
 
     #[test]

@@ -1,21 +1,33 @@
 //! `nat`: source NAT (NAPT, NAT44) with a port pool per external address.
 //!
 //! This module owns the NAT NF: its configuration, its per-flow state, the
-//! preallocated port pools and the NF-private reverse map that joins the two
-//! directions of a translated connection.
+//! preallocated port pools, the NF-private reverse map that joins the two
+//! directions of a translated connection, and the TIME_WAIT queue of TCP
+//! ports whose connection closed.
 //!
 //! * **Outbound** (source inside `internal`, TCP/UDP): the flow's first packet
 //!   takes an (external address, external port) slot from the protocol's pool
 //!   (a FIFO free list, so a released port is reused as late as possible);
 //!   every packet of the flow gets its source address and port rewritten, with
 //!   the IPv4 and TCP/UDP checksums updated incrementally.
+//! * **Mapping behaviour** (RFC 4787 section 4.1): every outbound 5-tuple gets
+//!   its own external port, so two connections from one inside address and
+//!   port to different remotes use different external ports — in RFC 4787's
+//!   terms *address and port-dependent mapping* (a "symmetric" NAT), not
+//!   endpoint-independent mapping. Each mapping therefore has exactly one
+//!   remote endpoint: the destination of the outbound flow that created it.
 //! * **Inbound** (destination one of the external addresses, TCP/UDP): the
 //!   reply direction is a different 5-tuple, so it has its own flow state. Its
 //!   first packet looks up the reverse map `(address index, port) -> (inside
-//!   address, inside port, generation)`; a mapped port is translated back
-//!   (destination rewritten), an unmapped one is dropped and counted without
-//!   keeping state (a port scan must not fill the flow table). Filtering is
-//!   endpoint-independent: any remote may reach a mapped port.
+//!   address, inside port, remote, generation)`; an unmapped port is dropped
+//!   and counted without keeping state (a port scan must not fill the flow
+//!   table). A mapped port is then filtered (`filter=`, RFC 4787 section 5):
+//!   `eif` (endpoint-independent) lets any remote in; `adf`
+//!   (address-dependent) only the mapping's remote address, from any port;
+//!   `apdf` (address and port-dependent, the default and the safe choice) only
+//!   the remote address and port the mapping sent to. A filtered packet is
+//!   dropped and counted (`dropped_filtered`) without keeping state; one that
+//!   passes is translated back (destination rewritten).
 //! * **Release**: when an outbound flow expires or ends, its port goes back to
 //!   the pool and the slot's generation is bumped. An inbound flow whose
 //!   generation no longer matches (the port was released, maybe reused by
@@ -23,9 +35,17 @@
 //!   idles out, so a stale connection never reaches the port's new owner.
 //!   Mappings are refreshed by outbound traffic only (the outbound flow's idle
 //!   timer), as RFC 4787 requires at least.
-//! * **TCP**: an RST ends the flow (the outbound one releases its port at
-//!   once). A FIN does not: the port stays held until the idle timeout, which
-//!   covers the closing handshake and delayed segments (like TIME_WAIT).
+//! * **TCP close**: an RST from inside ends the outbound flow and releases its
+//!   port at once; an RST from outside ends the inbound flow only (the port
+//!   stays with the inside host until it closes too, or idles out). Once a FIN
+//!   has been seen in both directions the port is held for `fin_timeout`
+//!   seconds more (TIME_WAIT: the last ACK, retransmitted FINs) and then
+//!   released — on the packet clock, by the first packet the NAT sees after
+//!   the delay, so it happens at the same packet whatever the executor and
+//!   batch size. After that the inbound flow is stale (dropped), and a later
+//!   packet of the outbound 5-tuple is a new connection that gets a new port.
+//!   Only an outbound flow that has sent a FIN checks its mapping per packet;
+//!   the others keep the one-read fast path.
 //! * **Pool exhausted**: the new flow's packet is dropped and counted, and no
 //!   state is kept, so the next packet of that flow retries the allocation.
 //! * **Other traffic**: ICMP and other protocols from inside or to an external
@@ -41,6 +61,7 @@
 //! Each core builds its own instance with its own pools: under multi-core
 //! RSS the executor must give each core a disjoint port range and steer
 //! replies to the mapping's core (not done here; see the report).
+//! `--export nat=FILE` writes one row per translated flow (both directions).
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -53,6 +74,7 @@ use serde_json::json;
 
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::report::{merge_keeping, Export};
 use crate::stateful::{Action, Granularity, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
@@ -63,13 +85,26 @@ const INTERNAL: ParamSpec = ParamSpec::text("internal", "10.0.0.0/8", "A.B.C.D/L
 const TIMEOUT: ParamSpec = ParamSpec::uint("timeout", 30, 1, 86_400, "idle timeout in seconds");
 const OTHER: ParamSpec =
     ParamSpec::choice("other", "pass", &["pass", "drop"], "non-TCP/UDP traffic from inside or to an external address");
+const FILTER: ParamSpec = ParamSpec::choice(
+    "filter",
+    "apdf",
+    &["eif", "adf", "apdf"],
+    "inbound filtering (RFC 4787): any remote, the mapping's remote address, or its address and port",
+);
+const FIN_TIMEOUT: ParamSpec = ParamSpec::float(
+    "fin_timeout",
+    4.0,
+    0.0,
+    3600.0,
+    "seconds a TCP port stays held once FINs went both ways (TIME_WAIT)",
+);
 
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {
     name: "nat",
-    about: "source NAT with a port pool per external address, both directions, port release on expiry (pools are per core: run two-way traffic on one core)",
+    about: "source NAT with a port pool per external address, both directions, RFC 4787 filtering, port release on expiry/RST/FIN+TIME_WAIT (pools are per core: run two-way traffic on one core)",
     keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
-    params: &[EXTERNAL, ADDRS, PORTS, INTERNAL, TIMEOUT, OTHER],
+    params: &[EXTERNAL, ADDRS, PORTS, INTERNAL, TIMEOUT, OTHER, FILTER, FIN_TIMEOUT],
 };
 
 /// Builds `nat` from its parameters and hands it to `sink`.
@@ -78,7 +113,8 @@ pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
 }
 
 /// Largest pool (external addresses x ports) per protocol: bounds the
-/// constructor's preallocation to ~16 MiB per protocol.
+/// constructor's preallocation to ~40 MiB for TCP (reverse map, free list,
+/// TIME_WAIT ring) and ~24 MiB for UDP.
 pub const MAX_POOL: u64 = 1 << 20;
 
 /// State kinds (the `kind` byte of [`NatState`]).
@@ -108,6 +144,11 @@ pub mod kind {
     /// chain the default action runs for every NF when the flow enters the
     /// chain, even if an upstream NF drops that packet.
     pub const PENDING: u8 = 10;
+    /// Translated outbound TCP flow that has sent a FIN: its mapping may be
+    /// released after TIME_WAIT, so every packet checks it.
+    pub const OUTBOUND_CLOSING: u8 = 11;
+    /// Inbound to a mapped port from a remote the filter refuses: drop, end flow.
+    pub const FILTERED: u8 = 12;
 }
 
 /// Per-flow state (16 bytes, no padding).
@@ -147,6 +188,31 @@ pub struct NatConfig {
     pub timeout_s: u64,
     /// Drop (instead of passing) non-TCP/UDP traffic from inside or to an external address.
     pub drop_other: bool,
+    /// Inbound filtering.
+    pub filter: Filter,
+    /// TIME_WAIT after FINs in both directions, ns.
+    pub fin_timeout_ns: u64,
+}
+
+/// Inbound filtering behaviour (RFC 4787 section 5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Filter {
+    /// Any remote may reach a mapped port.
+    EndpointIndependent,
+    /// Only the mapping's remote address (any port).
+    AddressDependent,
+    /// Only the mapping's remote address and port.
+    AddressAndPortDependent,
+}
+
+impl Filter {
+    fn name(self) -> &'static str {
+        match self {
+            Filter::EndpointIndependent => "eif",
+            Filter::AddressDependent => "adf",
+            Filter::AddressAndPortDependent => "apdf",
+        }
+    }
 }
 
 impl Default for NatConfig {
@@ -160,17 +226,39 @@ impl Default for NatConfig {
             internal_len: 8,
             timeout_s: const { TIMEOUT.uint_default() },
             drop_other: false,
+            filter: Filter::AddressAndPortDependent,
+            fin_timeout_ns: 4_000_000_000,
         }
     }
 }
 
-/// One reverse-map entry: who holds an external (address, port) slot.
+/// One reverse-map entry: who holds an external (address, port) slot, and
+/// the remote it was mapped for (what inbound filtering compares against).
 #[derive(Clone, Copy, Debug, Default)]
 struct Mapping {
     inside: u32,
     gen: u32,
+    remote: u32,
     inside_port: u16,
+    remote_port: u16,
     in_use: bool,
+    /// [`FIN_OUT`] | [`FIN_IN`] | [`QUEUED`].
+    fin: u8,
+}
+
+/// A FIN went out (inside to remote).
+const FIN_OUT: u8 = 1;
+/// A FIN came in.
+const FIN_IN: u8 = 2;
+/// The slot is in the TIME_WAIT queue.
+const QUEUED: u8 = 4;
+
+/// A TCP slot waiting out TIME_WAIT: released at `deadline_ns` if still held by generation `gen`.
+#[derive(Clone, Copy, Debug, Default)]
+struct TimeWait {
+    slot: u32,
+    gen: u32,
+    deadline_ns: u64,
 }
 
 /// The slots of one protocol: reverse map plus a FIFO ring of free slots,
@@ -181,11 +269,16 @@ struct Pool {
     free: Vec<u32>,
     head: usize,
     len: usize,
+    /// TIME_WAIT ring (TCP only: one place per slot, each slot queued at most once per mapping).
+    tw: Vec<TimeWait>,
+    tw_head: usize,
+    tw_len: usize,
 }
 
 impl Pool {
-    /// Every slot free, queued address-interleaved so consecutive flows spread over the addresses.
-    fn new(addrs: u32, ports: u32) -> Self {
+    /// Every slot free, queued address-interleaved so consecutive flows spread
+    /// over the addresses; a TIME_WAIT ring when `time_wait`.
+    fn new(addrs: u32, ports: u32, time_wait: bool) -> Self {
         let n = (addrs * ports) as usize;
         let mut free = Vec::with_capacity(n);
         for p in 0..ports {
@@ -193,7 +286,8 @@ impl Pool {
                 free.push(a * ports + p);
             }
         }
-        Pool { rev: vec![Mapping::default(); n], free, head: 0, len: n }
+        let tw = if time_wait { vec![TimeWait::default(); n] } else { Vec::new() };
+        Pool { rev: vec![Mapping::default(); n], free, head: 0, len: n, tw, tw_head: 0, tw_len: 0 }
     }
 
     fn alloc(&mut self) -> Option<u32> {
@@ -223,6 +317,69 @@ impl Pool {
     fn in_use(&self) -> usize {
         self.free.len() - self.len
     }
+
+    /// Frees a slot held by generation `gen`: bumps the generation (stale
+    /// inbound flows notice) and queues it. False if it was not held by `gen`.
+    fn release(&mut self, slot: u32, gen: u32) -> bool {
+        match self.rev.get_mut(slot as usize) {
+            Some(e) if e.in_use && e.gen == gen => {
+                e.in_use = false;
+                e.gen = e.gen.wrapping_add(1);
+                e.fin = 0;
+                self.push(slot);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Queues a closed connection's slot for release at `deadline_ns` (once
+    /// per mapping). False if the ring is full: entries of ports released
+    /// meanwhile (RST, expiry) and reused within `fin_timeout` still take
+    /// places; the port then waits for its flow's idle timeout.
+    fn time_wait(&mut self, slot: u32, deadline_ns: u64) -> bool {
+        let cap = self.tw.len();
+        let Some(e) = self.rev.get_mut(slot as usize) else { return true };
+        if e.fin & QUEUED != 0 {
+            return true;
+        }
+        if self.tw_len >= cap {
+            return false;
+        }
+        e.fin |= QUEUED;
+        let mut at = self.tw_head + self.tw_len;
+        if at >= cap {
+            at -= cap;
+        }
+        self.tw[at] = TimeWait { slot, gen: e.gen, deadline_ns };
+        self.tw_len += 1;
+        true
+    }
+
+    /// Releases the queued slots whose TIME_WAIT is over at `now_ns` (in
+    /// queue order); returns how many were still held and got released.
+    fn expire_time_wait(&mut self, now_ns: u64) -> u64 {
+        let mut released = 0;
+        while self.tw_len > 0 {
+            let w = self.tw[self.tw_head];
+            if w.deadline_ns > now_ns {
+                break;
+            }
+            self.tw_head = if self.tw_head + 1 == self.tw.len() { 0 } else { self.tw_head + 1 };
+            self.tw_len -= 1;
+            // Released meanwhile (RST, idle timeout) and maybe reused: leave it alone.
+            released += u64::from(self.release(w.slot, w.gen));
+        }
+        released
+    }
+
+    /// Slots waiting out TIME_WAIT and still held by their connection.
+    fn in_time_wait(&self) -> usize {
+        (0..self.tw_len)
+            .map(|i| self.tw[(self.tw_head + i) % self.tw.len()])
+            .filter(|w| self.rev.get(w.slot as usize).is_some_and(|e| e.in_use && e.gen == w.gen))
+            .count()
+    }
 }
 
 /// Per-packet counters (report).
@@ -244,6 +401,11 @@ struct Counters {
     v6: u64,
     unparsed: u64,
     rst_ends: u64,
+    filtered: u64,
+    fin_closed: u64,
+    time_wait_released: u64,
+    time_wait_full: u64,
+    remapped: u64,
 }
 
 /// The source NAT.
@@ -268,7 +430,7 @@ fn mask(len: u8) -> u32 {
 }
 
 impl Nat {
-    /// `nat(external=A, addrs=N, ports=LO-HI, internal=P/L, timeout=S, other=pass|drop)`.
+    /// `nat(external=A, addrs=N, ports=LO-HI, internal=P/L, timeout=S, other=pass|drop, filter=eif|adf|apdf, fin_timeout=S)`.
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
         let ext_s = p.text(&EXTERNAL)?;
         let external: Ipv4Addr = ext_s
@@ -292,7 +454,23 @@ impl Nat {
         })?;
         let timeout_s = p.uint(&TIMEOUT)?;
         let drop_other = p.choice(&OTHER, [false, true])?;
-        Nat::new(NatConfig { external, addrs, port_lo, port_hi, internal, internal_len, timeout_s, drop_other })
+        let filter = p.choice(
+            &FILTER,
+            [Filter::EndpointIndependent, Filter::AddressDependent, Filter::AddressAndPortDependent],
+        )?;
+        let fin_timeout_ns = (p.float(&FIN_TIMEOUT)? * 1e9) as u64;
+        Nat::new(NatConfig {
+            external,
+            addrs,
+            port_lo,
+            port_hi,
+            internal,
+            internal_len,
+            timeout_s,
+            drop_other,
+            filter,
+            fin_timeout_ns,
+        })
     }
 
     /// A NAT for `cfg`; preallocates both pools. Fails on an empty or oversized
@@ -329,7 +507,7 @@ impl Nat {
                 cfg.internal_len
             )));
         }
-        let pools = [Pool::new(cfg.addrs, ports), Pool::new(cfg.addrs, ports)];
+        let pools = [Pool::new(cfg.addrs, ports, true), Pool::new(cfg.addrs, ports, false)];
         Ok(Nat { cfg, ext_base: base, ports, inside_net, inside_mask, pools, c: Counters::default() })
     }
 
@@ -378,6 +556,11 @@ impl StatefulNf for Nat {
     }
 
     fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut NatState, ctx: &NfContext) -> Action {
+        // TIME_WAITs end on the packet clock, before the packet that finds them over.
+        let tcp = &self.pools[0];
+        if tcp.tw_len != 0 && tcp.tw[tcp.tw_head].deadline_ns <= ctx.now_ns {
+            self.expire_time_wait(ctx.now_ns);
+        }
         if st.kind == kind::PENDING {
             *st = self.classify(pkt);
         }
@@ -385,8 +568,8 @@ impl StatefulNf for Nat {
     }
 
     fn prefetch(&self, st: &NatState) {
-        // Only inbound flows read indirect state (the reverse-map entry).
-        if st.kind == kind::INBOUND {
+        // Only inbound and closing outbound flows read indirect state (the reverse-map entry).
+        if st.kind == kind::INBOUND || st.kind == kind::OUTBOUND_CLOSING {
             if let Some(e) = self.pools[(st.pool & 1) as usize].rev.get(st.slot as usize) {
                 flowplane_packet::prefetch::read(e);
             }
@@ -394,20 +577,16 @@ impl StatefulNf for Nat {
     }
 
     fn release(&mut self, _key: &FiveTuple, st: &NatState) {
-        if st.kind != kind::OUTBOUND {
+        if st.kind != kind::OUTBOUND && st.kind != kind::OUTBOUND_CLOSING {
             return;
         }
-        let p = &mut self.pools[(st.pool & 1) as usize];
-        match p.rev.get_mut(st.slot as usize) {
-            Some(e) if e.in_use && e.gen == st.gen => {
-                e.in_use = false;
-                e.gen = e.gen.wrapping_add(1);
-                p.push(st.slot);
-                self.c.released += 1;
-            }
+        if self.pools[(st.pool & 1) as usize].release(st.slot, st.gen) {
+            self.c.released += 1;
+        } else if st.kind == kind::OUTBOUND {
             // A second release of the same flow, or a state from another instance.
-            _ => self.c.spurious_release += 1,
+            self.c.spurious_release += 1;
         }
+        // (A closing flow's port may have been released after its TIME_WAIT already.)
     }
 
     fn on_unparsed(&mut self) -> Action {
@@ -421,8 +600,11 @@ impl StatefulNf for Nat {
         Some(json!({
             "external": self.cfg.external.to_string(),
             "addrs": self.cfg.addrs,
-            "pool_size_per_proto": self.pools[0].rev.len(),
+            "pool_size_per_proto_per_core": self.pools[0].rev.len(),
+            "filter": self.cfg.filter.name(),
+            "fin_timeout_s": self.cfg.fin_timeout_ns as f64 / 1e9,
             "tcp_ports_in_use": tcp,
+            "tcp_ports_in_time_wait": self.pools[0].in_time_wait(),
             "udp_ports_in_use": udp,
             "mappings_created": c.mappings,
             "ports_released": c.released,
@@ -431,6 +613,11 @@ impl StatefulNf for Nat {
             "outbound_packets": c.out_packets,
             "inbound_packets": c.in_packets,
             "rst_ended_flows": c.rst_ends,
+            "fin_closed_connections": c.fin_closed,
+            "time_wait_released": c.time_wait_released,
+            "time_wait_queue_full": c.time_wait_full,
+            "remapped_after_time_wait": c.remapped,
+            "dropped_filtered": c.filtered,
             "dropped_pool_exhausted": c.exhausted,
             "dropped_unmapped": c.unmapped,
             "dropped_stale": c.stale,
@@ -443,9 +630,18 @@ impl StatefulNf for Nat {
         }))
     }
 
+    fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
+        // Configuration echoes; every core has its own pools (ports in use add up).
+        merge_keeping(into, other, &["external", "addrs", "pool_size_per_proto_per_core", "filter", "fin_timeout_s"]);
+    }
+
+    fn export_kind(&self) -> Export {
+        Export::State
+    }
+
     fn export_row(&self, key: &FiveTuple, st: &NatState) -> Option<serde_json::Value> {
         let dir = match st.kind {
-            kind::OUTBOUND => "out",
+            kind::OUTBOUND | kind::OUTBOUND_CLOSING => "out",
             kind::INBOUND => "in",
             _ => return None,
         };
@@ -493,6 +689,9 @@ impl Nat {
             let e = &mut p.rev[slot as usize];
             e.inside = src;
             e.inside_port = sport;
+            e.remote = dst;
+            e.remote_port = dport;
+            e.fin = 0;
             e.in_use = true;
             self.c.mappings += 1;
             NatState {
@@ -511,6 +710,14 @@ impl Nat {
             let slot = idx * self.ports + (dport - self.cfg.port_lo) as u32;
             match p.rev.get(slot as usize) {
                 Some(e) if e.in_use => {
+                    let allowed = match self.cfg.filter {
+                        Filter::EndpointIndependent => true,
+                        Filter::AddressDependent => e.remote == src,
+                        Filter::AddressAndPortDependent => e.remote == src && e.remote_port == sport,
+                    };
+                    if !allowed {
+                        return Nat::state(kind::FILTERED);
+                    }
                     self.c.inbound_flows += 1;
                     NatState { addr: e.inside, slot, gen: e.gen, port: e.inside_port, kind: kind::INBOUND, pool }
                 }
@@ -521,26 +728,34 @@ impl Nat {
 
     /// The per-packet action on a classified flow.
     #[inline]
-    fn translate(&mut self, pkt: &mut Pkt<'_>, st: &mut NatState, _ctx: &NfContext) -> Action {
-        let rst = pkt.tcp_flags().is_some_and(|f| f.contains(TcpFlags::RST));
+    fn translate(&mut self, pkt: &mut Pkt<'_>, st: &mut NatState, ctx: &NfContext) -> Action {
+        let flags = pkt.tcp_flags().unwrap_or(TcpFlags(0));
+        let rst = flags.contains(TcpFlags::RST);
         match st.kind {
-            kind::OUTBOUND => {
+            kind::OUTBOUND | kind::OUTBOUND_CLOSING => {
+                if st.kind == kind::OUTBOUND_CLOSING && !self.live(st) {
+                    // Released after TIME_WAIT: a new connection on the old
+                    // 5-tuple, mapped afresh (never onto the released port's new owner).
+                    self.c.remapped += 1;
+                    // (classify never returns a closing state: this recurses once.)
+                    *st = self.classify(pkt);
+                    return self.translate(pkt, st, ctx);
+                }
                 pkt.set_ipv4_src(Ipv4Addr::from(st.addr));
                 pkt.set_src_port(st.port);
                 self.c.out_packets += 1;
                 if rst {
                     self.c.rst_ends += 1;
-                    Action::EndFlow
-                } else {
-                    Action::Pass
+                    return Action::EndFlow;
                 }
+                if flags.contains(TcpFlags::FIN) && st.pool == 0 {
+                    st.kind = kind::OUTBOUND_CLOSING;
+                    self.fin_seen(st, FIN_OUT, ctx.now_ns);
+                }
+                Action::Pass
             }
             kind::INBOUND => {
-                let live = self.pools[(st.pool & 1) as usize]
-                    .rev
-                    .get(st.slot as usize)
-                    .is_some_and(|e| e.in_use && e.gen == st.gen);
-                if !live {
+                if !self.live(st) {
                     // Released (and maybe reused): block this flow until it idles out.
                     st.kind = kind::STALE;
                     self.c.stale += 1;
@@ -551,10 +766,16 @@ impl Nat {
                 self.c.in_packets += 1;
                 if rst {
                     self.c.rst_ends += 1;
-                    Action::EndFlow
-                } else {
-                    Action::Pass
+                    return Action::EndFlow;
                 }
+                if flags.contains(TcpFlags::FIN) && st.pool == 0 {
+                    self.fin_seen(st, FIN_IN, ctx.now_ns);
+                }
+                Action::Pass
+            }
+            kind::FILTERED => {
+                self.c.filtered += 1;
+                Action::DropEndFlow
             }
             kind::STALE => {
                 self.c.stale += 1;
@@ -591,6 +812,39 @@ impl Nat {
             }
             _ => Action::DropEndFlow,
         }
+    }
+}
+
+impl Nat {
+    /// The flow's mapping is still the one it was created with.
+    #[inline]
+    fn live(&self, st: &NatState) -> bool {
+        self.pools[(st.pool & 1) as usize].rev.get(st.slot as usize).is_some_and(|e| e.in_use && e.gen == st.gen)
+    }
+
+    /// Records a FIN in one direction of a TCP mapping; once both directions
+    /// have sent one, the port enters TIME_WAIT.
+    fn fin_seen(&mut self, st: &NatState, dir: u8, now_ns: u64) {
+        let deadline = now_ns.saturating_add(self.cfg.fin_timeout_ns);
+        let p = &mut self.pools[0];
+        let Some(e) = p.rev.get_mut(st.slot as usize) else { return };
+        if !e.in_use || e.gen != st.gen {
+            return;
+        }
+        e.fin |= dir;
+        if e.fin & (FIN_OUT | FIN_IN) == FIN_OUT | FIN_IN && e.fin & QUEUED == 0 {
+            self.c.fin_closed += 1;
+            if !p.time_wait(st.slot, deadline) {
+                self.c.time_wait_full += 1;
+            }
+        }
+    }
+
+    #[cold]
+    fn expire_time_wait(&mut self, now_ns: u64) {
+        let n = self.pools[0].expire_time_wait(now_ns);
+        self.c.released += n;
+        self.c.time_wait_released += n;
     }
 }
 
@@ -741,7 +995,11 @@ mod tests {
         assert_eq!(h.run(&ack).1, Action::Pass);
         let fin = tcp4([10, 0, 0, 1], REMOTE, 3000, 80, TcpFlags::FIN.bits() | TcpFlags::ACK.bits(), 2, 1);
         assert_eq!(h.run(&fin).1, Action::Pass);
-        assert_eq!(h.nf.ports_in_use(), (1, 0), "FIN keeps the port until the idle timeout");
+        assert_eq!(
+            h.nf.ports_in_use(),
+            (1, 0),
+            "a FIN one way keeps the port (until FINs both ways and TIME_WAIT, or the idle timeout)"
+        );
         let rst = tcp4([10, 0, 0, 1], REMOTE, 3000, 80, TcpFlags::RST.bits(), 3, 0);
         let (out, act) = h.run(&rst);
         assert_eq!(act, Action::EndFlow);
@@ -752,6 +1010,160 @@ mod tests {
         // The port is free again.
         let other = tcp4([10, 0, 0, 5], REMOTE, 3001, 80, TcpFlags::SYN.bits(), 0, 0);
         assert_eq!(src_of(&h.run(&other).0), (EXT, 7000));
+    }
+
+    fn nat_with(params: &[(&str, &str)]) -> Nat {
+        let mut p = Params::new("nat", params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        Nat::from_params(&mut p).unwrap()
+    }
+
+    #[test]
+    fn inbound_filtering_follows_rfc_4787_behaviours() {
+        // One mapping: 10.0.0.1:1111 -> 8.8.8.8:53. Who may reach it back?
+        let dns = [8, 8, 8, 8];
+        let cases: [(&[u8; 4], u16, [bool; 3]); 4] = [
+            //                 eif    adf    apdf
+            (&dns, 53, [true, true, true]),            // the mapping's remote
+            (&dns, 5353, [true, true, false]),         // its address, another port
+            (&[6, 6, 6, 6], 53, [true, false, false]), // another host, same port
+            (&[6, 6, 6, 6], 80, [true, false, false]), // anyone else
+        ];
+        for (m, mode) in ["eif", "adf", "apdf"].iter().enumerate() {
+            let mut h = Harness::new(nat_with(&[("filter", mode)]));
+            let (out, _) = h.run(&udp4([10, 0, 0, 1], dns, 1111, 53));
+            let (ext, port) = src_of(&out);
+            let mut filtered = 0;
+            for (src, sport, allowed) in cases {
+                let f = udp4(*src, ext, sport, port);
+                let (back, act) = h.run(&f);
+                if allowed[m] {
+                    assert_eq!(act, Action::Pass, "{mode}: {src:?}:{sport} is let in");
+                    assert_eq!(dst_of(&back), ([10, 0, 0, 1], 1111));
+                    assert_ipv4_checksums(&back);
+                } else {
+                    filtered += 1;
+                    assert_eq!((back, act), (f.clone(), Action::DropEndFlow), "{mode}: {src:?}:{sport} is filtered");
+                    assert!(h.state_of(&f).is_none(), "{mode}: a filtered packet leaves no state");
+                }
+            }
+            let r = h.nf.report().unwrap();
+            assert_eq!((r["filter"].as_str(), r["dropped_filtered"].as_u64()), (Some(*mode), Some(filtered)));
+        }
+        // The default is the safe one; TCP filters the same way.
+        assert_eq!(
+            Nat::from_params(&mut Params::new("nat", vec![])).unwrap().config().filter,
+            Filter::AddressAndPortDependent
+        );
+        let mut h = Harness::new(nat(1, 3000, 3000));
+        let (out, _) = h.run(&tcp4([10, 0, 0, 1], REMOTE, 4000, 443, TcpFlags::SYN.bits(), 1, 0));
+        let (ext, port) = src_of(&out);
+        let synack = TcpFlags::SYN.bits() | TcpFlags::ACK.bits();
+        assert_eq!(h.run(&tcp4([6, 6, 6, 6], ext, 443, port, synack, 9, 2)).1, Action::DropEndFlow);
+        assert_eq!(h.run(&tcp4(REMOTE, ext, 443, port, synack, 9, 2)).1, Action::Pass);
+    }
+
+    #[test]
+    fn fin_both_ways_releases_the_port_after_time_wait_on_the_packet_clock() {
+        let (syn, ack, fin) = (TcpFlags::SYN.bits(), TcpFlags::ACK.bits(), TcpFlags::FIN.bits() | TcpFlags::ACK.bits());
+        let mut h = Harness::new(nat_with(&[("ports", "7000-7000"), ("fin_timeout", "2")]));
+        let out = |flags, seq| tcp4([10, 0, 0, 1], REMOTE, 3000, 80, flags, seq, 1);
+        let inb = |flags| tcp4(REMOTE, EXT, 80, 7000, flags, 100, 2);
+        assert_eq!(src_of(&h.run(&out(syn, 1)).0), (EXT, 7000));
+        assert_eq!(h.run(&inb(syn | ack)).1, Action::Pass);
+        // The remote closes first; then the inside host: FINs both ways at t = 1 s.
+        h.now_ns = 500_000_000;
+        assert_eq!(h.run(&inb(fin)).1, Action::Pass);
+        assert_eq!(h.nf.report().unwrap()["tcp_ports_in_time_wait"], 0, "one FIN is not a close");
+        h.now_ns = 1_000_000_000;
+        assert_eq!(h.run(&out(fin, 2)).1, Action::Pass);
+        let r = h.nf.report().unwrap();
+        assert_eq!((r["tcp_ports_in_time_wait"].as_u64(), r["fin_closed_connections"].as_u64()), (Some(1), Some(1)));
+        // TIME_WAIT: the last ACK and a retransmitted FIN still go through, both ways.
+        h.now_ns = 2_999_999_999;
+        let (last, act) = h.run(&out(ack, 3));
+        assert_eq!((src_of(&last), act), ((EXT, 7000), Action::Pass));
+        assert_eq!(dst_of(&h.run(&inb(fin)).0), ([10, 0, 0, 1], 3000));
+        let other = tcp4([10, 0, 0, 2], REMOTE, 5000, 80, syn, 1, 0);
+        assert_eq!(h.run(&other).1, Action::DropEndFlow, "the only port is still held");
+        assert_eq!(h.nf.ports_in_use(), (1, 0));
+        // 2 s after the close the first packet the NAT sees releases it — and can take it.
+        h.now_ns = 3_000_000_000;
+        let (o, act) = h.run(&other);
+        assert_eq!((src_of(&o), act), ((EXT, 7000), Action::Pass), "released port reused by the next host");
+        let r = h.nf.report().unwrap();
+        assert_eq!((r["time_wait_released"].as_u64(), r["ports_released"].as_u64()), (Some(1), Some(1)));
+        // The old connection's packets never reach the new owner.
+        assert_eq!(h.run(&inb(ack)).1, Action::Drop, "stale inbound");
+        assert_eq!(h.state_of(&inb(ack)).unwrap().kind, kind::STALE);
+        // A late packet of the old outbound 5-tuple is a new connection: no port left for it.
+        assert_eq!(h.run(&out(ack, 3)).1, Action::DropEndFlow);
+        assert_eq!(h.nf.report().unwrap()["remapped_after_time_wait"], 1);
+        // The closed flow's own release (expiry) later is expected, not a double free.
+        let key = h.key_of(&other).unwrap();
+        let st = h.states.remove(&key).unwrap();
+        h.nf.release(&key, &st);
+        assert_eq!(h.nf.ports_in_use(), (0, 0));
+        assert_eq!(h.nf.report().unwrap()["spurious_releases"], 0);
+    }
+
+    #[test]
+    fn rst_releases_at_once_from_inside_and_ends_only_the_inbound_flow_from_outside() {
+        let (syn, ack, rst) = (TcpFlags::SYN.bits(), TcpFlags::ACK.bits(), TcpFlags::RST.bits());
+        let mut h = Harness::new(nat_with(&[("ports", "7000-7000")]));
+        let out = tcp4([10, 0, 0, 1], REMOTE, 3000, 80, syn, 1, 0);
+        h.run(&out);
+        let inb = |flags| tcp4(REMOTE, EXT, 80, 7000, flags, 100, 2);
+        assert_eq!(h.run(&inb(syn | ack)).1, Action::Pass);
+        let (r, act) = h.run(&inb(rst));
+        assert_eq!((dst_of(&r), act), (([10, 0, 0, 1], 3000), Action::EndFlow), "the RST is delivered, its flow ends");
+        assert!(h.state_of(&inb(ack)).is_none());
+        assert_eq!(h.nf.ports_in_use(), (1, 0), "the inside host still holds the port");
+        // The inside host answers with its own RST: released at once.
+        assert_eq!(h.run(&tcp4([10, 0, 0, 1], REMOTE, 3000, 80, rst, 2, 0)).1, Action::EndFlow);
+        assert_eq!(h.nf.ports_in_use(), (0, 0));
+        // A FIN after an RST-ended flow: a new connection on a fresh mapping, nothing left in TIME_WAIT.
+        assert_eq!(h.nf.report().unwrap()["tcp_ports_in_time_wait"], 0);
+    }
+
+    #[test]
+    fn time_wait_of_a_port_released_meanwhile_is_ignored() {
+        // FINs both ways, then the outbound flow idles out before the TIME_WAIT ends:
+        // the port is released once, and the later deadline does not free its next owner.
+        let fin = TcpFlags::FIN.bits() | TcpFlags::ACK.bits();
+        let mut h = Harness::new(nat_with(&[("ports", "7000-7000"), ("fin_timeout", "10")]));
+        let a = tcp4([10, 0, 0, 1], REMOTE, 3000, 80, fin, 1, 1);
+        h.run(&a);
+        h.run(&tcp4(REMOTE, EXT, 80, 7000, fin, 5, 2));
+        let key = h.key_of(&a).unwrap();
+        let st = h.states.remove(&key).unwrap();
+        h.nf.release(&key, &st);
+        let b = tcp4([10, 0, 0, 2], REMOTE, 4000, 80, TcpFlags::SYN.bits(), 1, 0);
+        assert_eq!(src_of(&h.run(&b).0), (EXT, 7000));
+        h.now_ns = 20_000_000_000;
+        assert_eq!(src_of(&h.run(&b).0), (EXT, 7000), "b keeps its port after a's deadline");
+        assert_eq!(h.nf.ports_in_use(), (1, 0));
+        let r = h.nf.report().unwrap();
+        assert_eq!((r["time_wait_released"].as_u64(), r["ports_released"].as_u64()), (Some(0), Some(1)));
+    }
+
+    #[test]
+    fn a_full_time_wait_queue_is_counted_and_leaves_the_port_to_the_idle_timeout() {
+        // One port, so one place in the queue: A closes (queued), then RSTs (released at
+        // once, its stale entry stays queued); B takes the port and closes: no place left.
+        let (fin, rst) = (TcpFlags::FIN.bits() | TcpFlags::ACK.bits(), TcpFlags::RST.bits());
+        let mut h = Harness::new(nat_with(&[("ports", "7000-7000"), ("fin_timeout", "1")]));
+        for (host, sport, dport) in [([10, 0, 0, 1], 3000, 80), ([10, 0, 0, 2], 3001, 81)] {
+            assert_eq!(src_of(&h.run(&tcp4(host, REMOTE, sport, dport, fin, 1, 1)).0), (EXT, 7000));
+            assert_eq!(h.run(&tcp4(REMOTE, EXT, dport, 7000, fin, 5, 2)).1, Action::Pass);
+            if sport == 3000 {
+                assert_eq!(h.run(&tcp4(host, REMOTE, sport, dport, rst, 2, 0)).1, Action::EndFlow);
+            }
+        }
+        let r = h.nf.report().unwrap();
+        assert_eq!((r["time_wait_queue_full"].as_u64(), r["fin_closed_connections"].as_u64()), (Some(1), Some(2)));
+        h.now_ns = 5_000_000_000;
+        h.run(&udp4([10, 0, 0, 9], REMOTE, 1, 2));
+        assert_eq!(h.nf.ports_in_use().0, 1, "B keeps the port until its flow idles out");
     }
 
     #[test]
@@ -924,6 +1336,10 @@ mod tests {
         assert!(err(&[("timeout", "0")]).contains("'timeout=0'"));
         assert!(err(&[("addrs", "0")]).contains("'addrs=0'"));
         assert!(err(&[("other", "maybe")]).contains("'other=maybe'"));
+        assert!(err(&[("filter", "full-cone")]).contains("'filter=full-cone'"));
+        assert!(err(&[("fin_timeout", "-1")]).contains("'fin_timeout=-1'"));
+        let c = build(&[("filter", "adf"), ("fin_timeout", "0.5")]).unwrap();
+        assert_eq!((c.filter, c.fin_timeout_ns), (Filter::AddressDependent, 500_000_000));
         assert!(err(&[("external", "255.255.255.255"), ("addrs", "2")]).contains("overflow"));
         assert!(err(&[("external", "10.1.1.1")]).contains("overlap"));
         assert!(err(&[("external", "9.255.255.255"), ("addrs", "2")]).contains("overlap"));

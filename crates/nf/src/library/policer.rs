@@ -20,6 +20,7 @@ use serde_json::json;
 use crate::pkt::Pkt;
 use crate::ratelimit::Bucket;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::report::merge_keeping;
 use crate::stateful::{Action, Granularity, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
@@ -172,6 +173,11 @@ impl StatefulNf for Policer {
             "dropped_bytes": self.dropped_bytes,
             "unparsed": self.unparsed,
         }))
+    }
+
+    fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
+        // Configuration echoes are the same on every core.
+        merge_keeping(into, other, &["rate", "burst", "unit"]);
     }
 }
 

@@ -25,6 +25,7 @@ use serde_json::json;
 
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::report::{merge_keeping, Export};
 use crate::stateful::{Action, Granularity, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 use flowplane_wire::ipv4::IpProtocol;
@@ -207,6 +208,15 @@ impl StatefulNf for PortKnock {
             "non_tcp": c.non_tcp,
             "unparsed": c.unparsed,
         }))
+    }
+
+    fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
+        // Configuration echoes are the same on every core.
+        merge_keeping(into, other, &["knock", "protect"]);
+    }
+
+    fn export_kind(&self) -> Export {
+        Export::State
     }
 
     fn export_row(&self, key: &flowplane_wire::flow::FiveTuple, st: &KnockState) -> Option<serde_json::Value> {

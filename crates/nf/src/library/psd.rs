@@ -33,6 +33,7 @@ use serde_json::json;
 
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::report::{merge_keeping, Export};
 use crate::stateful::{Action, Granularity, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 use flowplane_wire::ipv4::IpProtocol;
@@ -232,6 +233,15 @@ impl StatefulNf for Psd {
             "flagged_packets": self.flagged_packets,
             "unparsed": self.unparsed,
         }))
+    }
+
+    fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
+        // Configuration echoes are the same on every core.
+        merge_keeping(into, other, &["window_ns", "ports", "sketch_bits", "bits_threshold", "action"]);
+    }
+
+    fn export_kind(&self) -> Export {
+        Export::State
     }
 
     fn export_row(&self, key: &FiveTuple, st: &PsdState) -> Option<serde_json::Value> {

@@ -8,6 +8,7 @@ use serde_json::json;
 
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::report::merge_keeping;
 use crate::stateful::Granularity;
 use crate::stateful::{Action, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
@@ -108,6 +109,11 @@ impl StatefulNf for RateLimit {
 
     fn report(&self) -> Option<serde_json::Value> {
         Some(json!({ "pps": self.pps, "burst": self.burst, "dropped": self.dropped }))
+    }
+
+    fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
+        // Configuration echoes are the same on every core.
+        merge_keeping(into, other, &["pps", "burst"]);
     }
 }
 

@@ -11,6 +11,7 @@ use serde_json::json;
 
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::report::Export;
 use crate::stateful::{Action, Granularity, StatefulNf};
 use crate::{NfContext, ParamError, Params};
 
@@ -89,6 +90,10 @@ impl StatefulNf for SrcCtr {
 
     fn report(&self) -> Option<serde_json::Value> {
         Some(json!({ "sources_seen": self.sources, "unparsed": self.unparsed }))
+    }
+
+    fn export_kind(&self) -> Export {
+        Export::State
     }
 
     fn export_row(&self, key: &FiveTuple, st: &SrcCtrState) -> Option<serde_json::Value> {

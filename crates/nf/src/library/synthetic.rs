@@ -15,6 +15,7 @@ use serde_json::json;
 
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::report::merge_keeping;
 use crate::stateful::Granularity;
 use crate::stateful::{Action, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
@@ -164,10 +165,15 @@ impl StatefulNf for Synthetic {
     fn report(&self) -> Option<serde_json::Value> {
         Some(json!({
             "k": self.k,
-            "mem_bytes": self.array.len() as u64 * 4,
-            "entries": self.array.len(),
+            "mem_bytes_per_core": self.array.len() as u64 * 4,
+            "entries_per_core": self.array.len(),
             "indirect_reads": self.packets * self.k as u64,
         }))
+    }
+
+    fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
+        // Configuration echoes are the same on every core.
+        merge_keeping(into, other, &["k", "mem_bytes_per_core", "entries_per_core"]);
     }
 }
 
