@@ -393,7 +393,7 @@ impl ExecContext {
     }
 
     /// True when the chain can end flows, so executors must make each end
-    /// take effect at its packet (see [`ExecContext::segment_end`]).
+    /// take effect at its packet (see `ExecContext::segment_end`).
     #[inline]
     pub fn exact_ends(&self) -> bool {
         self.exact.repeats
