@@ -33,6 +33,9 @@ cargo fmt --all --check -- crates/nf/src/library/*.rs
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "cargo doc (warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+
 step "cargo test"
 cargo test --workspace --locked --no-fail-fast
 
