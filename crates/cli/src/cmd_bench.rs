@@ -111,9 +111,9 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             }
             let rep = run_io(&opts).map_err(CliError::new)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&rep)?);
+                outln!("{}", serde_json::to_string_pretty(&rep)?);
             } else {
-                print!("{rep}");
+                out!("{rep}");
             }
         }
         BenchCmd::Parse { millions, quick, json } => {
@@ -127,9 +127,9 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             }
             let rep = run_parse(&o);
             if json {
-                println!("{}", serde_json::to_string_pretty(&rep)?);
+                outln!("{}", serde_json::to_string_pretty(&rep)?);
             } else {
-                print!("{rep}");
+                out!("{rep}");
             }
         }
         BenchCmd::Pipeline { flows, base_flows, seconds, only, csv, quick, json } => {
@@ -155,9 +155,9 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 std::fs::write(&p, rep.to_csv()).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?;
             }
             if json {
-                println!("{}", serde_json::to_string_pretty(&rep)?);
+                outln!("{}", serde_json::to_string_pretty(&rep)?);
             } else {
-                print!("{rep}");
+                out!("{rep}");
             }
         }
         BenchCmd::Table { sizes, batches, insert_every, ops, quick, json } => {
@@ -185,9 +185,9 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             }
             let rows = table::run(&o);
             if json {
-                println!("{}", table::to_json(&rows));
+                outln!("{}", table::to_json(&rows));
             } else {
-                print!("{}", table::format_text(&rows));
+                out!("{}", table::format_text(&rows));
             }
         }
     }

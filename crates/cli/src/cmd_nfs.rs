@@ -21,16 +21,16 @@ pub fn run(a: NfsArgs) -> Result<(), CliError> {
         None => NFS.iter().collect(),
         Some(n) => vec![find(n).ok_or_else(|| {
             let known: Vec<&str> = NFS.iter().map(|k| k.name).collect();
-            CliError(format!("unknown NF '{n}' (known: {})", known.join(", ")))
+            CliError::new(format!("unknown NF '{n}' (known: {})", known.join(", ")))
         })?],
     };
     if a.json {
         let v: Vec<serde_json::Value> = list.iter().map(|d| d.to_json()).collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     for d in list {
-        print!("{}", describe(d));
+        out!("{}", describe(d));
     }
     Ok(())
 }

@@ -244,22 +244,25 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         let mut v = serde_json::to_value(&report)?;
         v["load"] = serde_json::to_value(load)?;
         v["symmetric_rss"] = serde_json::Value::Bool(symmetric);
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         if demo {
-            println!("flowplane demo: {DEFAULT_GEN}");
+            outln!("flowplane demo: {DEFAULT_GEN}");
         }
-        println!(
+        outln!(
             "loaded       {} packets ({} unclassified, {} skipped) into {} queue(s)",
-            load.packets, load.unclassified, load.skipped, cores
+            load.packets,
+            load.unclassified,
+            load.skipped,
+            cores
         );
         if load.unparsed.total() > 0 {
-            println!("unparsed     {} (not replayed)", load.unparsed);
+            outln!("unparsed     {} (not replayed)", load.unparsed);
         }
         if let Some(nf) = auto_symmetric {
-            println!("rss          symmetric key ({nf} needs both directions of a connection on one core)");
+            outln!("rss          symmetric key ({nf} needs both directions of a connection on one core)");
         }
-        print!("{report}");
+        out!("{report}");
     }
     Ok(())
 }

@@ -62,9 +62,9 @@ pub fn run(args: TraceArgs) -> Result<(), CliError> {
             let top: usize = parse_num("top", &top)?;
             let s = stats::trace_stats(&input, top)?;
             if json {
-                println!("{}", serde_json::to_string(&s)?);
+                outln!("{}", serde_json::to_string(&s)?);
             } else {
-                print!("{s}");
+                out!("{s}");
             }
         }
         TraceCmd::Truncate { input, output, bytes, keep_orig_len } => {

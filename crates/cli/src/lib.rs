@@ -6,6 +6,23 @@
 
 #![forbid(unsafe_code)]
 
+/// `println!` that returns a closed or failing stdout as a [`CliError`]
+/// (with `?`) instead of panicking.
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($t)*).map_err($crate::error::CliError::stdout)?
+    }};
+}
+
+/// `print!` likewise.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($t)*).map_err($crate::error::CliError::stdout)?
+    }};
+}
+
 mod cmd_bench;
 mod cmd_gen;
 mod cmd_nfs;
@@ -74,6 +91,7 @@ where
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is_stdout_closed() => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("flowplane: error: {e}");
             ExitCode::from(2)

@@ -196,3 +196,22 @@ fn help_and_version_are_not_errors() {
         assert!(out.stderr.is_empty(), "flowplane {args:?} wrote to stderr");
     }
 }
+
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    // `flowplane nfs | head -1`: the reader goes away before (or while) we write.
+    use std::process::Stdio;
+    for args in [vec!["nfs"], vec!["nfs", "--json"]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_flowplane"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn flowplane");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: exit {:?}, stderr {err}", out.status.code());
+        assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{args:?}: {err}");
+    }
+}
