@@ -4,7 +4,7 @@
 //! Description Blocks (link type, `if_tsresol` as a power of 10 or of 2, `if_tsoffset`), Enhanced, Simple and
 //! obsolete Packet Blocks. Framing (reading blocks, validating the total length and skipping unknown blocks) is done
 //! by [`crate::reader`]. Every field access is bounds-checked against the block, so hostile files produce errors.
-//! A block whose framing was sound but whose contents are bad is skipped and counted ([`Fault::Skip`]); an interface
+//! A block whose framing was sound but whose contents are bad is skipped and counted (`Unparsed`); an interface
 //! whose description is bad is remembered as such, so the numbering of later interfaces stays right.
 
 use crate::error::{TraceError, TraceErrorKind};
