@@ -5,6 +5,7 @@
 /// The TSC clock (re-exported from `flowplane-packet`, where timestamps live).
 pub use flowplane_packet::tsc;
 pub mod io;
+pub mod pages;
 pub mod parse;
 pub mod pipeline;
 pub mod table;

@@ -4,6 +4,13 @@
 //! side, prefetch on/off, the synthetic NF with k indirect accesses with and
 //! without its prefetch hook. Every figure of one run shares the process,
 //! so ratios between rows are meaningful on a noisy machine.
+//!
+//! Rows must not depend on their order: each is its own run with fresh tables,
+//! filled during the warm-up (so no page fault is left for the measured part),
+//! and reports the page backing of the flow tables sampled in the middle of its
+//! measurement (`huge_pages`, see [`crate::pages`]) and the CPU share the
+//! process got (`cpu_share`). `reverse` runs the rows in the opposite order
+//! (they are listed in the usual order either way), to check that.
 
 use std::fmt;
 use std::sync::Arc;
@@ -33,6 +40,8 @@ pub struct PipelineOptions {
     pub synthetic_k: Vec<u32>,
     /// Which experiments (empty: all): flows, chains, executors, prefetch, synthetic, aux.
     pub only: Vec<String>,
+    /// Run the rows in the opposite order (a check: the figures must not depend on it).
+    pub reverse: bool,
 }
 
 impl Default for PipelineOptions {
@@ -44,6 +53,7 @@ impl Default for PipelineOptions {
             batch: 64,
             synthetic_k: vec![1, 2, 4, 8],
             only: Vec::new(),
+            reverse: false,
         }
     }
 }
@@ -58,6 +68,7 @@ impl PipelineOptions {
             batch: 64,
             synthetic_k: vec![1, 2],
             only: Vec::new(),
+            reverse: false,
         }
     }
 
@@ -89,6 +100,32 @@ pub struct PipelineRow {
     pub ratio: f64,
     /// What `ratio` compares against.
     pub ratio_to: String,
+    /// Fraction of the flow tables' resident memory on 2 MiB pages in the middle of the measurement (`None` if
+    /// unknown).
+    pub huge_pages: Option<f64>,
+    /// Process CPU time over wall time during the run: below 1 when other processes took the core.
+    pub cpu_share: f64,
+}
+
+/// What one run measured.
+#[derive(Clone, Copy, Debug)]
+struct Measured {
+    mpps: f64,
+    cycles_per_packet: f64,
+    huge_pages: Option<f64>,
+    cpu_share: f64,
+}
+
+/// CPU time of the whole process, in ns (0 if unavailable).
+fn process_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into the valid, exclusively borrowed `ts`.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    if rc == 0 {
+        (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    } else {
+        0
+    }
 }
 
 /// All rows.
@@ -122,29 +159,6 @@ struct Measure<'a> {
 }
 
 impl Measure<'_> {
-    fn one(
-        &self,
-        trace: &Arc<ReplayTrace>,
-        chain: &str,
-        kind: ExecKind,
-        prefetch: bool,
-        flows: u64,
-    ) -> Result<(f64, f64), String> {
-        self.one_with(trace, chain, kind, prefetch, true, true, flows)
-    }
-
-    fn one_aux(
-        &self,
-        trace: &Arc<ReplayTrace>,
-        chain: &str,
-        kind: ExecKind,
-        prefetch: bool,
-        aux: bool,
-        flows: u64,
-    ) -> Result<(f64, f64), String> {
-        self.one_with(trace, chain, kind, prefetch, aux, true, flows)
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn one_with(
         &self,
@@ -155,15 +169,16 @@ impl Measure<'_> {
         aux: bool,
         hooks: bool,
         flows: u64,
-    ) -> Result<(f64, f64), String> {
+    ) -> Result<Measured, String> {
         let spec = spec::parse(chain).map_err(|e| e.to_string())?;
+        let warmup = Duration::from_secs_f64((self.opts.seconds / 2.0).min(1.0));
         let cfg = RunConfig {
             cores: 1,
             batch_size: self.opts.batch,
             loops: None,
             duration: Some(Duration::from_secs_f64(self.opts.seconds)),
             // Fill the tables and settle page faults before measuring.
-            warmup: Some(Duration::from_secs_f64((self.opts.seconds / 2.0).min(1.0))),
+            warmup: Some(warmup),
             exec: ExecConfig {
                 kind,
                 prefetch,
@@ -177,106 +192,146 @@ impl Measure<'_> {
             },
             ..RunConfig::default()
         };
-        let r = run(&cfg, &spec, trace.clone(), Output::Discard).map_err(|e| e.to_string())?;
-        Ok((r.mpps, r.cycles_per_packet))
+        // The tables live inside the run: sample their page backing (the process's hugepage-advised memory) in the
+        // middle of the measurement, from a thread that sleeps until then.
+        let sample_at = warmup + Duration::from_secs_f64(self.opts.seconds / 2.0);
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let sampler = std::thread::spawn(move || match rx.recv_timeout(sample_at) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Some(crate::pages::of_advised()),
+            _ => None,
+        });
+        let (cpu0, wall0) = (process_cpu_ns(), std::time::Instant::now());
+        let r = run(&cfg, &spec, trace.clone(), Output::Discard).map_err(|e| e.to_string());
+        let wall = wall0.elapsed().as_nanos() as f64;
+        let cpu_share = if wall > 0.0 { (process_cpu_ns().saturating_sub(cpu0) as f64 / wall).min(1.0) } else { 0.0 };
+        let _ = tx.send(());
+        let pages = sampler.join().ok().flatten();
+        let r = r?;
+        Ok(Measured {
+            mpps: r.mpps,
+            cycles_per_packet: r.cycles_per_packet,
+            huge_pages: pages.and_then(|p| p.fraction()),
+            cpu_share,
+        })
     }
+}
+
+/// One row to measure: experiment, variant, chain, executor, prefetch flag, aux flag, hooks flag, flows.
+struct Job {
+    experiment: &'static str,
+    variant: String,
+    chain: String,
+    kind: ExecKind,
+    prefetch: bool,
+    aux: bool,
+    hooks: bool,
+    flows: u64,
+    /// Reported in the row's `prefetch` column (the synthetic rows report their hook there).
+    shown_prefetch: bool,
 }
 
 /// Runs the experiments.
 pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
     let m = Measure { opts };
-    let mut rows: Vec<PipelineRow> = Vec::new();
-    let push = |rows: &mut Vec<PipelineRow>,
-                experiment: &str,
-                variant: String,
-                chain: &str,
-                kind: ExecKind,
-                prefetch: bool,
-                flows: u64,
-                r: (f64, f64)| {
-        rows.push(PipelineRow {
-            experiment: experiment.to_string(),
-            variant,
-            chain: chain.to_string(),
-            exec: kind.to_string(),
-            prefetch,
-            flows,
-            mpps: r.0,
-            cycles_per_packet: r.1,
-            ratio: 1.0,
-            ratio_to: String::new(),
-        });
+    let job = |experiment, variant: String, chain: &str, kind, prefetch, flows| Job {
+        experiment,
+        variant,
+        chain: chain.to_string(),
+        kind,
+        prefetch,
+        aux: true,
+        hooks: true,
+        flows,
+        shown_prefetch: prefetch,
     };
     const CHAIN3: &str = "lb -> fsc -> ratelimit(pps=1000000000)";
+    let mut jobs: Vec<Job> = Vec::new();
     if opts.wants("flows") {
         for &f in &opts.flows {
-            let t = trace_for(f)?;
-            let r = m.one(&t, "fsc", ExecKind::BATCH, true, f)?;
-            push(&mut rows, "flows", format!("flows={f}"), "fsc", ExecKind::BATCH, true, f, r);
+            jobs.push(job("flows", format!("flows={f}"), "fsc", ExecKind::BATCH, true, f));
         }
     }
     let base = opts.base_flows;
-    let needs_base = ["chains", "executors", "prefetch", "synthetic", "aux"].iter().any(|e| opts.wants(e));
-    if needs_base {
-        let t = trace_for(base)?;
-        if opts.wants("chains") {
-            for chain in ["lb", "lb -> fsc", CHAIN3] {
-                let r = m.one(&t, chain, ExecKind::BATCH, true, base)?;
-                push(
-                    &mut rows,
-                    "chains",
-                    format!("{} NF(s)", chain.split("->").count()),
-                    chain,
-                    ExecKind::BATCH,
-                    true,
-                    base,
-                    r,
-                );
-            }
+    if opts.wants("chains") {
+        for chain in ["lb", "lb -> fsc", CHAIN3] {
+            let variant = format!("{} NF(s)", chain.split("->").count());
+            jobs.push(job("chains", variant, chain, ExecKind::BATCH, true, base));
         }
-        if opts.wants("executors") {
-            for kind in ExecKind::all() {
-                let r = m.one(&t, CHAIN3, kind, true, base)?;
-                push(&mut rows, "executors", kind.to_string(), CHAIN3, kind, true, base, r);
-            }
+    }
+    if opts.wants("executors") {
+        for kind in ExecKind::all() {
+            jobs.push(job("executors", kind.to_string(), CHAIN3, kind, true, base));
         }
-        if opts.wants("prefetch") {
-            for pf in [true, false] {
-                let r = m.one(&t, CHAIN3, ExecKind::BATCH, pf, base)?;
-                push(
-                    &mut rows,
-                    "prefetch",
-                    format!("prefetch={}", if pf { "on" } else { "off" }),
-                    CHAIN3,
-                    ExecKind::BATCH,
-                    pf,
-                    base,
-                    r,
-                );
-            }
+    }
+    if opts.wants("prefetch") {
+        for pf in [true, false] {
+            let variant = format!("prefetch={}", if pf { "on" } else { "off" });
+            jobs.push(job("prefetch", variant, CHAIN3, ExecKind::BATCH, pf, base));
         }
-        if opts.wants("aux") {
-            // FAJITA Fig. 9's chain: two NFs with state shared between cores
-            // (source IP, destination IP) and a 5-tuple LB.
-            const MIXED: &str = "srcctr -> policer(rate=1000000000000) -> lb";
-            for aux in [true, false] {
-                let r = m.one_aux(&t, MIXED, ExecKind::BATCH, true, aux, base)?;
-                let variant = format!("aux={}", if aux { "on" } else { "off" });
-                push(&mut rows, "aux", variant, MIXED, ExecKind::BATCH, true, base, r);
-            }
+    }
+    if opts.wants("aux") {
+        // FAJITA Fig. 9's chain: two NFs with state shared between cores
+        // (source IP, destination IP) and a 5-tuple LB.
+        const MIXED: &str = "srcctr -> policer(rate=1000000000000) -> lb";
+        for aux in [true, false] {
+            let variant = format!("aux={}", if aux { "on" } else { "off" });
+            jobs.push(Job { aux, ..job("aux", variant, MIXED, ExecKind::BATCH, true, base) });
         }
-        if opts.wants("synthetic") && flowplane_nf::registry::find("synthetic").is_some() {
-            // The NF's prefetch hook on vs off; the table's own prefetching stays on in both.
-            for &k in &opts.synthetic_k {
-                for hook in [true, false] {
-                    let chain = format!("synthetic(k={k})");
-                    let r = m.one_with(&t, &chain, ExecKind::BATCH, true, true, hook, base)?;
-                    let variant = format!("k={k} hook={}", if hook { "on" } else { "off" });
-                    push(&mut rows, "synthetic", variant, &chain, ExecKind::BATCH, hook, base, r);
-                }
+    }
+    if opts.wants("synthetic") && flowplane_nf::registry::find("synthetic").is_some() {
+        // The NF's prefetch hook on vs off; the table's own prefetching stays on in both.
+        for &k in &opts.synthetic_k {
+            for hook in [true, false] {
+                let variant = format!("k={k} hook={}", if hook { "on" } else { "off" });
+                let j = job("synthetic", variant, &format!("synthetic(k={k})"), ExecKind::BATCH, true, base);
+                jobs.push(Job { hooks: hook, shown_prefetch: hook, ..j });
             }
         }
     }
+    // Run order: as listed, or reversed; rows are reported in the listed order either way. Traces are generated per
+    // flow count and kept while rows still need them.
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    if opts.reverse {
+        order.reverse();
+    }
+    let mut measured: Vec<Option<Measured>> = vec![None; jobs.len()];
+    let mut traces: Vec<(u64, Arc<ReplayTrace>)> = Vec::new();
+    for (n, &i) in order.iter().enumerate() {
+        let j = &jobs[i];
+        let t = match traces.iter().find(|(f, _)| *f == j.flows) {
+            Some((_, t)) => t.clone(),
+            None => {
+                let t = trace_for(j.flows)?;
+                traces.push((j.flows, t.clone()));
+                t
+            }
+        };
+        measured[i] = Some(m.one_with(&t, &j.chain, j.kind, j.prefetch, j.aux, j.hooks, j.flows)?);
+        drop(t);
+        // Free the traces no later row needs (they are large at 4M flows).
+        traces.retain(|(f, _)| order[n + 1..].iter().any(|&k| jobs[k].flows == *f));
+    }
+    let mut rows: Vec<PipelineRow> = jobs
+        .iter()
+        .zip(measured)
+        .filter_map(|(j, r)| {
+            let r = r?;
+            Some(PipelineRow {
+                experiment: j.experiment.to_string(),
+                variant: j.variant.clone(),
+                chain: j.chain.clone(),
+                exec: j.kind.to_string(),
+                prefetch: j.shown_prefetch,
+                flows: j.flows,
+                mpps: r.mpps,
+                cycles_per_packet: r.cycles_per_packet,
+                ratio: 1.0,
+                ratio_to: String::new(),
+                huge_pages: r.huge_pages,
+                cpu_share: r.cpu_share,
+            })
+        })
+        .collect();
     fill_ratios(&mut rows);
     Ok(PipelineReport { rows })
 }
@@ -307,11 +362,12 @@ fn fill_ratios(rows: &mut [PipelineRow]) {
 impl PipelineReport {
     /// CSV with a header line.
     pub fn to_csv(&self) -> String {
-        let mut s =
-            String::from("experiment,variant,chain,exec,prefetch,flows,mpps,cycles_per_packet,ratio,ratio_to\n");
+        let mut s = String::from(
+            "experiment,variant,chain,exec,prefetch,flows,mpps,cycles_per_packet,ratio,ratio_to,huge_pages,cpu_share\n",
+        );
         for r in &self.rows {
             s.push_str(&format!(
-                "{},{},\"{}\",{},{},{},{:.3},{:.1},{:.3},{}\n",
+                "{},{},\"{}\",{},{},{},{:.3},{:.1},{:.3},{},{},{:.3}\n",
                 r.experiment,
                 r.variant,
                 r.chain,
@@ -321,7 +377,9 @@ impl PipelineReport {
                 r.mpps,
                 r.cycles_per_packet,
                 r.ratio,
-                r.ratio_to
+                r.ratio_to,
+                r.huge_pages.map_or(String::new(), |h| format!("{h:.3}")),
+                r.cpu_share
             ));
         }
         s
@@ -333,14 +391,23 @@ impl fmt::Display for PipelineReport {
         writeln!(f, "pipeline: 1 core, in-memory replay, 64-B packets, uniformly random flow order")?;
         writeln!(
             f,
-            "{:<10} {:<22} {:<40} {:>8} {:>11} {:>8}  vs",
-            "experiment", "variant", "chain", "Mpps", "cycles/pkt", "ratio"
+            "{:<10} {:<22} {:<40} {:>8} {:>11} {:>8} {:>6} {:>5}  vs",
+            "experiment", "variant", "chain", "Mpps", "cycles/pkt", "ratio", "huge%", "cpu%"
         )?;
         for r in &self.rows {
+            let huge = r.huge_pages.map_or_else(|| "-".to_string(), |h| format!("{:.0}%", h * 100.0));
             writeln!(
                 f,
-                "{:<10} {:<22} {:<40} {:>8.2} {:>11.1} {:>8.2}  {}",
-                r.experiment, r.variant, r.chain, r.mpps, r.cycles_per_packet, r.ratio, r.ratio_to
+                "{:<10} {:<22} {:<40} {:>8.2} {:>11.1} {:>8.2} {:>6} {:>4.0}%  {}",
+                r.experiment,
+                r.variant,
+                r.chain,
+                r.mpps,
+                r.cycles_per_packet,
+                r.ratio,
+                huge,
+                r.cpu_share * 100.0,
+                r.ratio_to
             )?;
         }
         Ok(())

@@ -74,6 +74,9 @@ pub enum BenchCmd {
         /// Small and short (CI smoke run).
         #[arg(long)]
         quick: bool,
+        /// Run the rows in the opposite order (a check: the figures must not depend on it).
+        #[arg(long)]
+        reverse: bool,
         /// JSON output.
         #[arg(long)]
         json: bool,
@@ -95,6 +98,9 @@ pub enum BenchCmd {
         /// Small and short (CI smoke run).
         #[arg(long)]
         quick: bool,
+        /// Run the rows in the opposite order (a check: the figures must not depend on it).
+        #[arg(long)]
+        reverse: bool,
         /// JSON output.
         #[arg(long)]
         json: bool,
@@ -132,8 +138,9 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 out!("{rep}");
             }
         }
-        BenchCmd::Pipeline { flows, base_flows, seconds, only, csv, quick, json } => {
+        BenchCmd::Pipeline { flows, base_flows, seconds, only, csv, quick, reverse, json } => {
             let mut o = if quick { PipelineOptions::quick() } else { PipelineOptions::default() };
+            o.reverse = reverse;
             if let Some(f) = flows {
                 o.flows = f;
             }
@@ -160,8 +167,9 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 out!("{rep}");
             }
         }
-        BenchCmd::Table { sizes, batches, insert_every, ops, quick, json } => {
+        BenchCmd::Table { sizes, batches, insert_every, ops, quick, reverse, json } => {
             let mut o = if quick { TableBenchOptions::quick() } else { TableBenchOptions::default() };
+            o.reverse = reverse;
             if let Some(s) = sizes {
                 o.sizes = s;
             }

@@ -54,6 +54,8 @@ pub struct Ceilings {
     pub hugetlb: bool,
     /// Size of the buffer the figures were measured over, in bytes.
     pub buffer_bytes: usize,
+    /// Fraction of the buffer on 2 MiB pages (`None` if unknown).
+    pub huge_pages: Option<f64>,
 }
 
 impl Ceilings {
@@ -80,6 +82,7 @@ impl Ceilings {
             r.cycles_per_op = if per_s > 0.0 { hz / per_s } else { 0.0 };
             r.extra.push(("hugepages".to_string(), f64::from(u8::from(self.hugepages))));
             r.extra.push(("hugetlb".to_string(), f64::from(u8::from(self.hugetlb))));
+            r.huge_pages = self.huge_pages;
             r
         };
         let chase_per_s = if self.chase_ns > 0.0 { 1e9 / self.chase_ns } else { 0.0 };
@@ -169,6 +172,7 @@ pub fn measure_with(bytes: usize, quick: bool) -> Ceilings {
             hugepages: false,
             hugetlb: false,
             buffer_bytes: 0,
+            huge_pages: None,
         };
     };
     let mut rng = SplitMix(0x5eed_f10f_1a2e);
@@ -180,7 +184,8 @@ pub fn measure_with(bytes: usize, quick: bool) -> Ceilings {
         let v = if i < half { (half + rng.below(lines - half)) as u64 } else { i as u64 };
         buf.set_word(i, v);
     }
-    let hugepages = buf.hugetlb || thp_backed_bytes(buf.ptr as usize) >= buf.len / 2;
+    let backing = crate::pages::of_addr(buf.ptr as usize);
+    let hugepages = buf.hugetlb || backing.huge >= buf.len as u64 / 2;
 
     let hz = hz();
     let random_idx: Vec<u32> = (0..items + PREFETCH_DISTANCE).map(|_| rng.below(lines) as u32).collect();
@@ -205,31 +210,8 @@ pub fn measure_with(bytes: usize, quick: bool) -> Ceilings {
         hugepages,
         hugetlb: buf.hugetlb,
         buffer_bytes: buf.len,
+        huge_pages: backing.fraction(),
     }
-}
-
-/// Bytes of transparent hugepages backing the mapping that contains `addr`
-/// (`AnonHugePages` of its /proc/self/smaps entry); 0 where unavailable.
-fn thp_backed_bytes(addr: usize) -> usize {
-    let Ok(text) = std::fs::read_to_string("/proc/self/smaps") else { return 0 };
-    let mut inside = false;
-    for line in text.lines() {
-        // Mapping headers look like "7f12a000-7f12c000 rw-p ..."; field lines like "Rss: 4 kB".
-        if let Some((range, _)) = line.split_once(' ') {
-            if let Some((lo, hi)) = range.split_once('-') {
-                if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)) {
-                    inside = lo <= addr && addr < hi;
-                    continue;
-                }
-            }
-        }
-        if inside {
-            if let Some(v) = line.strip_prefix("AnonHugePages:") {
-                return v.trim().trim_end_matches("kB").trim().parse::<usize>().map_or(0, |kb| kb * 1024);
-            }
-        }
-    }
-    0
 }
 
 /// Cycles for `n` independent random line reads with a prefetch window.

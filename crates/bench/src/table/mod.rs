@@ -16,6 +16,18 @@
 //! Every implementation measures on keys from [`make_keys`] with the same seed,
 //! so all rows of one run describe the same workload; ratios are only computed
 //! between rows of the same process, because this machine is shared and noisy.
+//!
+//! Rows must not depend on their order. So every single-core row is measured by
+//! [`steady_together`], with the other rows of its implementation and size:
+//! warm-up slices of its own work until the rate is stable, then [`SLICES`]
+//! rounds of one slice of every row, the median slice being a row's figure
+//! (rows measured together share the same interference from other processes,
+//! and a burst of it moves one slice, not the row); the flow
+//! tables are prefaulted with their transparent hugepages assembled before
+//! measuring ([`flowplane_table::FlowTable::prefault`]), and every row reports
+//! the page backing of the memory it measured (`huge_pages`: the fraction on
+//! 2 MiB pages, see [`crate::pages`]). `reverse` runs the rows in the opposite
+//! order, to check that the figures do not move.
 
 pub mod ceiling;
 #[cfg(feature = "dpdk")]
@@ -44,6 +56,10 @@ pub struct TableBenchOptions {
     pub cores: Vec<usize>,
     /// Quick mode: small sizes, few operations (< 10 s in total).
     pub quick: bool,
+    /// Run the rows in the opposite order (implementations, sizes, batch sizes, rates, and the insertion-rate sweep
+    /// before the lookups): the figures must not move.
+    #[serde(default)]
+    pub reverse: bool,
 }
 
 impl Default for TableBenchOptions {
@@ -56,6 +72,7 @@ impl Default for TableBenchOptions {
             ops: 4_000_000,
             cores: vec![1, 2],
             quick: false,
+            reverse: false,
         }
     }
 }
@@ -71,7 +88,19 @@ impl TableBenchOptions {
             ops: 200_000,
             cores: vec![1, 2],
             quick: true,
+            reverse: false,
         }
+    }
+
+    /// The sizes, batch sizes and insertion rates in run order (reversed with `reverse`).
+    pub(crate) fn ordered(&self) -> (Vec<usize>, Vec<usize>, Vec<u64>) {
+        let (mut s, mut b, mut r) = (self.sizes.clone(), self.batch_sizes.clone(), self.insert_rates.clone());
+        if self.reverse {
+            s.reverse();
+            b.reverse();
+            r.reverse();
+        }
+        (s, b, r)
     }
 }
 
@@ -101,6 +130,10 @@ pub struct BenchRow {
     pub ceiling_frac: Option<f64>,
     /// Implementation-specific extra figures (e.g. reader-starvation metrics), name -> value.
     pub extra: Vec<(String, f64)>,
+    /// Fraction of the measured table's resident memory on 2 MiB pages (transparent or hugetlb) when the row was
+    /// measured; `None` where unknown.
+    #[serde(default)]
+    pub huge_pages: Option<f64>,
 }
 
 impl BenchRow {
@@ -120,7 +153,121 @@ impl BenchRow {
             ratio_vs: Vec::new(),
             ceiling_frac: None,
             extra: Vec::new(),
+            huge_pages: None,
         }
+    }
+
+    /// A row from a [`steady`] measurement, with its CPU share and warm-up as extras.
+    pub fn steady(impl_name: &str, op: &str, size: usize, batch: usize, insert_every: u64, s: &Steady) -> Self {
+        let cycles = (s.cycles_per_op * s.ops as f64).round() as u64;
+        let mut r = BenchRow::new(impl_name, op, size, batch, insert_every, s.ops, cycles);
+        r.extra.push(("cpu_share".into(), s.cpu_share));
+        r.extra.push(("mops_per_cpu".into(), s.mops_per_cpu));
+        let best = if s.best_cycles_per_op > 0.0 { crate::tsc::hz() / s.best_cycles_per_op / 1e6 } else { 0.0 };
+        r.extra.push(("mops_best".into(), best));
+        r.extra.push(("warmup_slices".into(), f64::from(s.warmup)));
+        r
+    }
+
+    /// Sets the page backing.
+    pub fn with_pages(mut self, b: crate::pages::PageBacking) -> Self {
+        self.huge_pages = b.fraction();
+        self
+    }
+}
+
+/// Measured slices per row; the row's figure is the median slice.
+pub const SLICES: u64 = 9;
+/// Warm-up ends when two consecutive slices' rates agree within this fraction...
+pub const WARMUP_TOLERANCE: f64 = 0.05;
+/// ...or after this many slices (a machine busy with other work may never be stable).
+pub const WARMUP_MAX: u32 = 8;
+
+/// How one row was measured, see [`steady`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Steady {
+    /// TSC cycles per operation of the median measured slice.
+    pub cycles_per_op: f64,
+    /// TSC cycles per operation of the fastest measured slice (the least disturbed moment).
+    pub best_cycles_per_op: f64,
+    /// Operations measured (all slices, warm-up excluded).
+    pub ops: u64,
+    /// Warm-up rounds run before measuring.
+    pub warmup: u32,
+    /// Thread CPU time over wall time during the measured slices: below 1 when other processes took the core.
+    pub cpu_share: f64,
+    /// Million operations per second of CPU time the thread got (median slice): the rate with the time other
+    /// processes took the core left out (their cache and memory traffic still counts).
+    pub mops_per_cpu: f64,
+}
+
+/// Measures `ops` operations of one row in the steady state: [`steady_together`] with a single row.
+pub fn steady(ops: u64, mut slice: impl FnMut(u64, bool) -> u64) -> Steady {
+    steady_together(ops, 1, |_, n, warming| slice(n, warming))[0]
+}
+
+/// Measures `rows` rows of `ops` operations each, together, in the steady state. `slice(row, n, warming)` runs `n`
+/// operations of `row` (continuing where its previous slice stopped) and returns the TSC cycles they took.
+///
+/// Warm-up rounds run one slice (`n = ops / SLICES`) of every row until each row's last two slices agree within
+/// [`WARMUP_TOLERANCE`] (at most [`WARMUP_MAX`] rounds); then [`SLICES`] measured rounds, each running one slice of
+/// every row, starting at a different row each round. A row's figure is its median slice. Rows measured together
+/// share the same stretch of time, so interference from other processes on a shared machine (which moves a row's
+/// rate several-fold within seconds here) reaches them alike rather than one row and not the next, and no row's
+/// place in the order matters. Warm-up is normally the measured work itself; rows that consume keys (insertions)
+/// warm up on lookups instead.
+pub fn steady_together(ops: u64, rows: usize, mut slice: impl FnMut(usize, u64, bool) -> u64) -> Vec<Steady> {
+    let n = ops.div_ceil(SLICES).max(1);
+    let mut prev: Vec<Option<f64>> = vec![None; rows];
+    let mut stable = vec![false; rows];
+    let mut warmup = 0;
+    while warmup < WARMUP_MAX && !stable.iter().all(|&s| s) {
+        warmup += 1;
+        for r in 0..rows {
+            let c = slice(r, n, true) as f64;
+            stable[r] = prev[r].is_some_and(|p| (c - p).abs() <= WARMUP_TOLERANCE * p.max(c));
+            prev[r] = Some(c);
+        }
+    }
+    let mut per_op = vec![Vec::with_capacity(SLICES as usize); rows];
+    let mut per_cpu = vec![Vec::with_capacity(SLICES as usize); rows];
+    let (mut cpu, mut wall) = (vec![0u64; rows], vec![0u64; rows]);
+    for round in 0..SLICES as usize {
+        for k in 0..rows {
+            let r = (round + k) % rows;
+            let (c0, w0) = (thread_cpu_ns(), std::time::Instant::now());
+            per_op[r].push(slice(r, n, false) as f64 / n as f64);
+            let c = thread_cpu_ns().saturating_sub(c0);
+            wall[r] += w0.elapsed().as_nanos() as u64;
+            cpu[r] += c;
+            per_cpu[r].push(n as f64 * 1e3 / c.max(1) as f64);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (0..rows)
+        .map(|r| Steady {
+            cycles_per_op: median(&mut per_op[r]),
+            best_cycles_per_op: per_op[r][0],
+            ops: n * SLICES,
+            warmup,
+            cpu_share: if wall[r] > 0 { (cpu[r] as f64 / wall[r] as f64).min(1.0) } else { 0.0 },
+            mops_per_cpu: median(&mut per_cpu[r]),
+        })
+        .collect()
+}
+
+/// CPU time consumed by the calling thread, in ns (0 if unavailable).
+pub(crate) fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into the valid, exclusively borrowed `ts`.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc == 0 {
+        (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    } else {
+        0
     }
 }
 
@@ -227,9 +374,9 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// Builds the workload of one table size: `ops + 64` absent keys, streams of at most 1M keys.
+    /// Builds the workload of one table size: `ops + ABSENT_SLACK` absent keys, streams of at most 1M keys.
     pub fn new(size: usize, ops: u64, seed: u64) -> Self {
-        let absent_n = ops as usize + MAX_BATCH_BENCH;
+        let absent_n = ops as usize + ABSENT_SLACK;
         let (mut keys, mut hashes) = make_keys(size + absent_n, seed);
         let absent = keys.split_off(size);
         let absent_hashes = hashes.split_off(size);
@@ -263,16 +410,26 @@ pub const KEY_SEED: u64 = 0xF10B_A5E5;
 /// Largest batch the benchmarks use: one bulk chunk of the tables.
 pub const MAX_BATCH_BENCH: usize = flowplane_table::BULK_LOOKUP_MAX;
 
+/// Absent keys beyond `ops`: every [`steady`] slice may overrun its share by most of a batch.
+pub const ABSENT_SLACK: usize = (SLICES as usize + 1) * MAX_BATCH_BENCH;
+
 /// Runs every table benchmark selected by `opts` and returns all rows, with ratios and ceiling fractions filled in.
 pub fn run(opts: &TableBenchOptions) -> Vec<BenchRow> {
     let mut rows = Vec::new();
-    // Ceilings first, while the machine is quiet and before the tables take memory.
+    // Ceilings first, while the machine is quiet and before the tables take memory (in both orders: the other rows
+    // are compared against them).
     rows.extend(ceiling::measure(opts.quick).rows());
-    rows.extend(percore::run_percore(opts));
-    rows.extend(hashbrown::run_hashbrown(opts));
+    type Part = fn(&TableBenchOptions) -> Vec<BenchRow>;
+    let mut parts: Vec<Part> = vec![percore::run_percore, hashbrown::run_hashbrown];
     #[cfg(feature = "dpdk")]
-    rows.extend(dpdk::run_dpdk(opts));
-    rows.extend(shared::run_shared(opts));
+    parts.push(dpdk::run_dpdk);
+    parts.push(shared::run_shared);
+    if opts.reverse {
+        parts.reverse();
+    }
+    for part in parts {
+        rows.extend(part(opts));
+    }
     fill_ratios(&mut rows);
     fill_ceiling_fracs(&mut rows);
     rows
@@ -353,16 +510,17 @@ pub fn format_text(rows: &[BenchRow]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<18} {:<14} {:>10} {:>5} {:>8} {:>5} {:>9} {:>10} {:>7}  ratios / extra",
-        "impl", "op", "size", "batch", "ins/1:r", "cores", "Mops", "cycles/op", "ceil%"
+        "{:<18} {:<14} {:>10} {:>5} {:>8} {:>5} {:>9} {:>10} {:>7} {:>6}  ratios / extra",
+        "impl", "op", "size", "batch", "ins/1:r", "cores", "Mops", "cycles/op", "ceil%", "huge%"
     );
     for r in rows {
         let ceil = r.ceiling_frac.map(|f| format!("{:.0}%", f * 100.0)).unwrap_or_else(|| "-".into());
+        let huge = r.huge_pages.map(|f| format!("{:.0}%", f * 100.0)).unwrap_or_else(|| "-".into());
         let ins = if r.insert_every == 0 { "-".to_string() } else { r.insert_every.to_string() };
         let _ = write!(
             s,
-            "{:<18} {:<14} {:>10} {:>5} {:>8} {:>5} {:>9.2} {:>10.1} {:>7} ",
-            r.impl_name, r.op, r.size, r.batch, ins, r.cores, r.mops, r.cycles_per_op, ceil
+            "{:<18} {:<14} {:>10} {:>5} {:>8} {:>5} {:>9.2} {:>10.1} {:>7} {:>6} ",
+            r.impl_name, r.op, r.size, r.batch, ins, r.cores, r.mops, r.cycles_per_op, ceil, huge
         );
         for (n, v) in &r.ratio_vs {
             let _ = write!(s, " x{v:.2} vs {n};");
@@ -421,6 +579,65 @@ mod tests {
             std::fs::write(path, to_json(&rows)).ok();
         }
         assert!(!rows.is_empty());
+    }
+
+    #[test]
+    fn steady_warms_until_stable_then_takes_the_median_slice() {
+        // Warm-up slices cost 100, 200, 150, 152 cycles per op: the 4th is within 5% of the 3rd, so warming stops.
+        let warm = [100u64, 200, 150, 152, 1, 1];
+        let measured = [10u64, 50, 20, 30, 40, 35, 25, 45, 15];
+        let (mut w, mut m) = (0, 0);
+        let s = steady(900, |n, warming| {
+            assert_eq!(n, 100);
+            if warming {
+                w += 1;
+                warm[w - 1] * n
+            } else {
+                m += 1;
+                measured[m - 1] * n
+            }
+        });
+        assert_eq!((w, m), (4, SLICES as usize));
+        assert_eq!((s.warmup, s.cycles_per_op, s.best_cycles_per_op, s.ops), (4, 30.0, 10.0, 900));
+        assert!(s.mops_per_cpu > 0.0 && (0.0..=1.0).contains(&s.cpu_share));
+        // A machine that never settles: warm-up gives up after WARMUP_MAX slices.
+        let mut k = 0u64;
+        let s = steady(18, |_, warming| {
+            k += 1;
+            if warming {
+                k * k * 100
+            } else {
+                7
+            }
+        });
+        assert_eq!((s.warmup, s.cycles_per_op), (WARMUP_MAX, 7.0 / 2.0));
+    }
+
+    #[test]
+    fn reverse_order_measures_the_same_rows_with_their_page_backing() {
+        let opts = TableBenchOptions {
+            sizes: vec![1 << 10, 1 << 12],
+            batch_sizes: vec![1, 32],
+            insert_rates: vec![1, 10],
+            ops: 20_000,
+            cores: vec![1],
+            ..TableBenchOptions::quick()
+        };
+        let key = |r: &BenchRow| (r.impl_name.clone(), r.op.clone(), r.size, r.batch, r.insert_every, r.cores);
+        let mut fwd: Vec<_> = run(&opts).iter().map(key).collect();
+        let rows = run(&TableBenchOptions { reverse: true, ..opts });
+        let mut rev: Vec<_> = rows.iter().map(key).collect();
+        assert_ne!(fwd, rev, "the order changed");
+        fwd.sort();
+        rev.sort();
+        assert_eq!(fwd, rev);
+        // Every table row knows its page backing (smaps is there on Linux).
+        if cfg!(target_os = "linux") {
+            for r in rows.iter().filter(|r| r.impl_name != "ceiling") {
+                assert!(r.huge_pages.is_some_and(|f| (0.0..=1.0).contains(&f)), "{r:?}");
+            }
+            assert!(format_text(&rows).contains("huge%"));
+        }
     }
 
     #[test]

@@ -21,7 +21,8 @@
 //! received) and `scaling_cpu_vs_1core` (the same ratio on that basis, robust to a
 //! machine shared with other jobs).
 
-use super::{BenchKey, BenchRow, TableBenchOptions, Workload, KEY_SEED, MAX_BATCH_BENCH};
+use super::{thread_cpu_ns, BenchKey, BenchRow, TableBenchOptions, Workload, KEY_SEED, MAX_BATCH_BENCH};
+use crate::pages::{self, PageBacking};
 use crate::tsc::{cycles_to_ns, rdtsc};
 use flowplane_table::shared::{SharedFlowTable, SharedHandle, SharedKey, SharedTableConfig};
 use std::hint::black_box;
@@ -67,18 +68,6 @@ struct ThreadResult {
     lat: Vec<u32>,
 }
 
-/// CPU time consumed by the calling thread, in ns (0 if unavailable).
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec into the valid, exclusively borrowed `ts`.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc == 0 {
-        (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
-    } else {
-        0
-    }
-}
-
 /// Pins the calling thread to CPU `cpu` (best effort: returns false if refused).
 fn pin_to(cpu: usize) -> bool {
     #[cfg(target_os = "linux")]
@@ -98,7 +87,8 @@ fn pin_to(cpu: usize) -> bool {
     }
 }
 
-fn build(size: usize, cores: usize, state_words: usize, w: &Workload) -> Arc<SharedFlowTable<SKey>> {
+/// The table, filled with the resident keys, and the page backing of its entries' mapping.
+fn build(size: usize, cores: usize, state_words: usize, w: &Workload) -> (Arc<SharedFlowTable<SKey>>, PageBacking) {
     let cfg = SharedTableConfig {
         capacity: size + cores * (CHURN_WINDOW + MAX_BATCH_BENCH) + MAX_BATCH_BENCH,
         state_words,
@@ -111,10 +101,15 @@ fn build(size: usize, cores: usize, state_words: usize, w: &Workload) -> Arc<Sha
     };
     let mut out = [SharedHandle::NONE; MAX_BATCH_BENCH];
     let resident: Vec<SKey> = w.resident.iter().map(|k| SKey(*k)).collect();
+    let mut state_addr = 0usize;
     for (k, h) in resident.chunks(MAX_BATCH_BENCH).zip(w.resident_hashes.chunks(MAX_BATCH_BENCH)) {
-        t.lookup_or_insert_batch(k, h, 0, &mut out, |_, s| s[0].store(1, Relaxed));
+        t.lookup_or_insert_batch(k, h, 0, &mut out, |_, s| {
+            s[0].store(1, Relaxed);
+            state_addr = s.as_ptr() as usize;
+        });
     }
-    Arc::new(t)
+    let pages = if state_addr == 0 { PageBacking::default() } else { pages::of_addr(state_addr) };
+    (Arc::new(t), pages)
 }
 
 /// One thread's measurement loop.
@@ -282,19 +277,23 @@ pub fn run_shared(opts: &TableBenchOptions) -> Vec<BenchRow> {
     let state_words = opts.state_size.div_ceil(8).max(1);
     let max_cores = opts.cores.iter().copied().max().unwrap_or(1).max(1);
     let mut rows: Vec<BenchRow> = Vec::new();
-    for &size in opts.sizes.iter().filter(|&&s| s > 0 && s <= MAX_SHARED_SIZE) {
+    let (sizes, batches, rates) = opts.ordered();
+    for size in sizes.into_iter().filter(|&s| s > 0 && s <= MAX_SHARED_SIZE) {
         // Enough new keys for every thread of the largest core count at rate 1.
         let w = Arc::new(Workload::new(size, ops * max_cores as u64, KEY_SEED));
-        let t = build(size, max_cores, state_words, &w);
+        let (t, pages) = build(size, max_cores, state_words, &w);
         let mut modes = vec![Mode::LookupHit];
-        modes.extend(opts.insert_rates.iter().map(|&r| Mode::Mixed(r.max(1))));
-        for &batch in &opts.batch_sizes {
+        modes.extend(rates.iter().map(|&r| Mode::Mixed(r.max(1))));
+        if opts.reverse {
+            modes.reverse();
+        }
+        for &batch in &batches {
             let batch = batch.clamp(1, MAX_BATCH_BENCH);
             for &mode in &modes {
                 let mut base: Option<(f64, f64)> = None;
                 for &cores in &opts.cores {
                     let cores = cores.max(1);
-                    let mut row = measure(&t, &w, size, cores, mode, batch, ops);
+                    let mut row = measure(&t, &w, size, cores, mode, batch, ops).with_pages(pages);
                     let per_cpu = extra(&row, "mops_per_cpu");
                     if cores == 1 {
                         base = Some((row.mops, per_cpu));
@@ -324,6 +323,7 @@ mod tests {
             ops: 20_000,
             cores: vec![1, 2],
             quick: true,
+            reverse: false,
         };
         let rows = run_shared(&opts);
         // (lookup-hit + 2 rates) x 2 batch sizes x 2 core counts.
