@@ -343,17 +343,16 @@ fn cisco_hdlc(data: &[u8], link: LinkType) -> Result<Layout, TraceErrorKind> {
 #[inline(always)]
 pub(crate) fn build<'a>(l: Layout, data: &[u8], scratch: &'a mut Vec<u8>) -> &'a [u8] {
     let payload = data.get(usize::from(l.payload)..).unwrap_or(&[]);
-    let mut hdr = [0u8; ETH_HDR];
-    hdr[..6].copy_from_slice(&SYNTH_DST_MAC);
-    let src = match l.src_at {
-        0 => None,
-        at => data.get(usize::from(at)..usize::from(at) + 6),
+    // A fixed-size array, so the copies below are plain stores rather than calls.
+    let src: [u8; 6] = match l.src_at {
+        0 => SYNTH_SRC_MAC,
+        at => data.get(usize::from(at)..usize::from(at) + 6).and_then(|m| m.try_into().ok()).unwrap_or(SYNTH_SRC_MAC),
     };
-    hdr[6..12].copy_from_slice(src.unwrap_or(&SYNTH_SRC_MAC));
-    hdr[12..].copy_from_slice(&l.ethertype.to_be_bytes());
     scratch.clear();
     scratch.reserve(ETH_HDR + payload.len());
-    scratch.extend_from_slice(&hdr);
+    scratch.extend_from_slice(&SYNTH_DST_MAC);
+    scratch.extend_from_slice(&src);
+    scratch.extend_from_slice(&l.ethertype.to_be_bytes());
     scratch.extend_from_slice(payload);
     scratch.as_slice()
 }
