@@ -63,9 +63,27 @@ struct QueueData {
     first_line: Vec<u32>,
     len: Vec<u16>,
     hash: Vec<u32>,
-    /// Packet time: ns after the trace's first packet.
+    /// Packet time: ns after the trace's first packet (empty when `ts_step` says it).
     ts: Vec<u64>,
+    /// Packet k's time is `k * step` (an evenly spaced queue, e.g. a generated
+    /// trace on one queue): no per-packet time to stream from memory.
+    ts_step: Option<u64>,
     bytes: u64,
+}
+
+impl QueueData {
+    fn packets(&self) -> usize {
+        self.len.len()
+    }
+
+    /// Packet `i`'s time (ns after the trace's first packet).
+    #[inline(always)]
+    fn ts_at(&self, i: usize) -> u64 {
+        match self.ts_step {
+            Some(step) => i as u64 * step,
+            None => self.ts[i],
+        }
+    }
 }
 
 /// Accumulates frames, then freezes them into a [`ReplayTrace`].
@@ -142,6 +160,12 @@ impl ReplayBuilder {
             q.first_line.shrink_to_fit();
             q.len.shrink_to_fit();
             q.hash.shrink_to_fit();
+            // The replay is memory-bound: spare the 8 bytes per packet when the times are a formula.
+            let step = if q.ts.len() > 1 { q.ts[1] - q.ts[0] } else { 0 };
+            if q.ts.first() == Some(&0) && q.ts.iter().enumerate().all(|(k, &t)| t == k as u64 * step) {
+                q.ts_step = Some(step);
+                q.ts = Vec::new();
+            }
             q.ts.shrink_to_fit();
         }
         // A loop lasts the span plus one mean gap, so loop k+1's first packet
@@ -273,21 +297,21 @@ impl ReplayQueue {
             let total = self.trace.packets().max(1) as f64;
             let loop_s = self.trace.loop_ns as f64 / 1e9;
             let d = &self.trace.queues[self.q];
-            if self.trace.loop_ns > 1 && !d.ts.is_empty() {
+            if self.trace.loop_ns > 1 && d.packets() > 0 {
                 // Trace time due now: the trace runs at `total / loop_s` packets/s natively.
                 let due_ns = (elapsed * rate * loop_s / total * 1e9) as u64;
                 let (mut k, mut pos, mut loops) = (0, self.pos, self.counters.loops);
-                while k < n && loops.saturating_mul(self.trace.loop_ns).saturating_add(d.ts[pos]) <= due_ns {
+                while k < n && loops.saturating_mul(self.trace.loop_ns).saturating_add(d.ts_at(pos)) <= due_ns {
                     k += 1;
                     pos += 1;
-                    if pos == d.ts.len() {
+                    if pos == d.packets() {
                         pos = 0;
                         loops += 1;
                     }
                 }
                 n = k;
             } else {
-                let share = rate * d.ts.len() as f64 / total;
+                let share = rate * d.packets() as f64 / total;
                 let due = (elapsed * share) as u64 + 1;
                 n = n.min(due.saturating_sub(self.counters.packets) as usize);
             }
@@ -316,8 +340,9 @@ impl Source for ReplayQueue {
             let pos = self.pos;
             let chunk = (want - got).min(total - pos);
             let (lines, first_line, len, hash) = (&d.lines, &d.first_line[pos..], &d.len[pos..], &d.hash[pos..]);
-            let before = batch.len();
-            let n = batch.rx_burst_lines(pool, chunk, now, |k| {
+            // Packet time: the capture's, shifted by the loops already done.
+            let shift = self.counters.loops.saturating_mul(self.trace.loop_ns);
+            let n = batch.rx_burst_lines(pool, chunk, |k| {
                 // Under the DRAM pressure of large flow tables the hardware
                 // prefetcher loses the replay stream: fetch a few packets ahead.
                 if let Some(&ahead) = first_line.get(k + RX_PREFETCH_AHEAD) {
@@ -328,13 +353,8 @@ impl Source for ReplayQueue {
                 let first = first_line[k] as usize;
                 let l = len[k];
                 bytes += l as u64;
-                (&lines[first..first + Line::count_for(l as usize)], l, hash[k])
+                (&lines[first..first + Line::count_for(l as usize)], l, hash[k], shift.saturating_add(d.ts_at(pos + k)))
             });
-            // Packet time: the capture's, shifted by the loops already done.
-            let shift = self.counters.loops.saturating_mul(self.trace.loop_ns);
-            for (t, &ts) in batch.timestamps_mut()[before..before + n].iter_mut().zip(&d.ts[pos..pos + n]) {
-                *t = shift.saturating_add(ts);
-            }
             got += n;
             self.pos += n;
             if self.pos == total {

@@ -143,8 +143,8 @@ impl Batch {
     }
 
     /// Receive fast path (a NIC's RX burst): appends `n` packets at once.
-    /// `fill(k)` returns packet `k`'s lines, length and flow hash. Buffers
-    /// come from `pool` in one bulk take; all packets get timestamp `ts`.
+    /// `fill(k)` returns packet `k`'s lines, length, flow hash and packet
+    /// time. Buffers come from `pool` in one bulk take.
     /// Returns how many were appended: `n`, clipped to the batch's room and
     /// to the buffers the pool has (a shortfall is counted by the pool).
     /// A packet whose length exceeds its lines or the buffer is replaced by
@@ -154,8 +154,7 @@ impl Batch {
         &mut self,
         pool: &mut PacketPool,
         n: usize,
-        ts: u64,
-        mut fill: impl FnMut(usize) -> (&'l [Line], u16, u32),
+        mut fill: impl FnMut(usize) -> (&'l [Line], u16, u32, u64),
     ) -> usize {
         let mut n = n.min(MAX_BATCH - self.len);
         if !pool.same_pool(&self.mem) {
@@ -173,7 +172,7 @@ impl Batch {
         let max_lines = (self.mem.buf_size - head) / 64;
         for k in 0..n {
             let i = start + k;
-            let (lines, len, hash) = fill(k);
+            let (lines, len, hash, ts) = fill(k);
             let ok = lines.len() <= max_lines && len as usize <= lines.len() * 64;
             if ok {
                 // SAFETY: buf[i] was just taken from the free list, so it is < count
@@ -493,7 +492,7 @@ mod tests {
         let mut p = pool(40);
         let mut b = Batch::new(&p);
         let lines = [Line([7; 64]), Line([8; 64])];
-        let n = b.rx_burst_lines(&mut p, 30, 9, |k| (&lines[..1 + k % 2], 60 + k as u16, k as u32));
+        let n = b.rx_burst_lines(&mut p, 30, |k| (&lines[..1 + k % 2], 60 + k as u16, k as u32, 9));
         assert_eq!(n, 30);
         assert_eq!(p.available(), 10);
         assert_eq!(b.data(1).len(), 61);
@@ -502,13 +501,13 @@ mod tests {
         assert_eq!(b.rss_hashes()[5], 5);
         assert_eq!(b.timestamps()[29], 9);
         // A length beyond its lines becomes an empty dropped packet, not an overread.
-        assert_eq!(b.rx_burst_lines(&mut p, 1, 0, |_| (&lines[..1], 200, 0)), 1);
+        assert_eq!(b.rx_burst_lines(&mut p, 1, |_| (&lines[..1], 200, 0, 0)), 1);
         assert!(b.is_dropped(30));
         assert_eq!(b.data(30).len(), 0);
         // Not enough buffers: what the pool has, shortfall counted.
-        assert_eq!(b.rx_burst_lines(&mut p, 20, 0, |_| (&lines[..1], 60, 0)), 9);
+        assert_eq!(b.rx_burst_lines(&mut p, 20, |_| (&lines[..1], 60, 0, 0)), 9);
         assert_eq!(p.stats().alloc_failures, 1);
-        assert_eq!(b.rx_burst_lines(&mut p, 20, 0, |_| (&lines[..1], 60, 0)), 0);
+        assert_eq!(b.rx_burst_lines(&mut p, 20, |_| (&lines[..1], 60, 0, 0)), 0);
         b.free_all(&mut p).unwrap();
         assert_eq!(p.available(), 40);
     }

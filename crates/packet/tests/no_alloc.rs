@@ -42,7 +42,7 @@ fn steady_state_allocates_nothing() {
     let mut bytes = 0u64;
     for round in 0..10_000u64 {
         if round % 3 == 0 {
-            assert_eq!(batch.rx_burst_lines(&mut pool, MAX_BATCH, round, |_| (&frame[..], 60, 1)), MAX_BATCH);
+            assert_eq!(batch.rx_burst_lines(&mut pool, MAX_BATCH, |_| (&frame[..], 60, 1, round)), MAX_BATCH);
         } else {
             for _ in 0..MAX_BATCH {
                 assert!(batch.push_lines(&mut pool, &frame, 60, round as u32, round));
