@@ -848,6 +848,8 @@ mod tests {
     }
 
     #[test]
+    // Huge-page mmap and madvise are syscalls Miri cannot run.
+    #[cfg_attr(miri, ignore)]
     fn prefault_keeps_contents_and_spans_are_disjoint() {
         for hugepages in [false, true] {
             let cfg = TableConfig { hugepages, ..TableConfig::new(10_000, 24) };

@@ -110,8 +110,8 @@ impl RawMem {
         if let MemKind::Mmap { huge } = self.kind {
             let (p, len) = (self.ptr.as_ptr().cast::<libc::c_void>(), self.len);
             // SAFETY: p/len is exactly our mapping; MADV_POPULATE_WRITE (Linux 5.14) only faults pages in, writable,
-            // without changing their contents.
-            let populated = unsafe { libc::madvise(p, len, libc::MADV_POPULATE_WRITE) } == 0;
+            // without changing their contents. (Miri cannot run madvise: it takes the touch loop below.)
+            let populated = !cfg!(miri) && unsafe { libc::madvise(p, len, libc::MADV_POPULATE_WRITE) } == 0;
             if !populated {
                 // Older kernels: touch one byte per 4 KiB page, rewriting the value it holds.
                 for off in (0..len).step_by(4096) {
@@ -123,7 +123,7 @@ impl RawMem {
                     }
                 }
             }
-            if !huge {
+            if !huge && !cfg!(miri) {
                 // Collapse what the faults could not get as 2 MiB pages (Linux 6.1; fails harmlessly elsewhere).
                 // SAFETY: as above; MADV_COLLAPSE migrates pages without changing their contents.
                 unsafe { libc::madvise(p, len, libc::MADV_COLLAPSE) };
