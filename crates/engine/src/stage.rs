@@ -67,6 +67,12 @@ pub fn apply_action(batch: &mut Batch, i: usize, a: Action, c: &mut NfCounters) 
     }
 }
 
+/// The context an NF action on packet `i` sees: the packet's own time.
+#[inline(always)]
+pub(crate) fn packet_ctx(batch: &Batch, i: usize, ctx: &NfContext) -> NfContext {
+    NfContext { now_ns: batch.timestamps()[i], ..*ctx }
+}
+
 /// A stateful NF as executors drive it: state as bytes at an offset the
 /// chain compiler chose.
 pub trait StatefulStage: Send {
@@ -238,7 +244,7 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
                 } else {
                     let state = cast_mut::<T::State>(&mut block[offset..]);
                     // The NF sees the packet's own time.
-                    let pctx = NfContext { now_ns: batch.timestamps()[i], ..*ctx };
+                    let pctx = packet_ctx(batch, i, ctx);
                     let mut pkt = Pkt::new(batch.data_mut(i), meta);
                     self.0.process(&mut pkt, state, &pctx)
                 }

@@ -21,7 +21,7 @@ use super::{ExecConfig, StateLayout, StoreReport};
 use crate::chain::{Chain, Stage};
 use crate::coarse::{aux_handle, coarse_hash, handle_bits, key_tuple, with_locked, GroupLayout, SharedStores};
 use crate::error::EngineError;
-use crate::stage::{apply_action, BatchOutcome, StatefulStage};
+use crate::stage::{apply_action, packet_ctx, BatchOutcome, StatefulStage};
 use crate::store::{FlowRef, FlowStore, StoreConfig};
 
 /// Seed of the flow-table hash.
@@ -48,6 +48,15 @@ pub struct Scratch {
 }
 
 impl Scratch {
+    /// Queues packet `i`'s IPv4 key as the `m`-th of a bulk lookup.
+    #[inline(always)]
+    fn gather_v4(&mut self, m: &mut usize, i: usize, k: FiveTupleV4) {
+        self.keys[*m] = k;
+        self.hashes[*m] = k.hash64(HASH_SEED);
+        self.idx[*m] = i as u16;
+        *m += 1;
+    }
+
     fn new(groups: usize) -> Self {
         Scratch {
             metas: Box::new([PktMeta::default(); MAX_BATCH]),
@@ -346,12 +355,7 @@ impl ExecContext {
                 continue;
             }
             match meta.tuple {
-                FiveTuple::V4(k) if bulk => {
-                    scratch.keys[m] = k;
-                    scratch.hashes[m] = k.hash64(HASH_SEED);
-                    scratch.idx[m] = i as u16;
-                    m += 1;
-                }
+                FiveTuple::V4(k) if bulk => scratch.gather_v4(&mut m, i, k),
                 t => {
                     let h = hash_tuple(&t);
                     let pctx = packet_ctx(batch, i, ctx);
@@ -817,12 +821,7 @@ pub(crate) fn lookup_into(
             continue;
         }
         match meta.tuple {
-            FiveTuple::V4(key) => {
-                scratch.keys[m] = key;
-                scratch.hashes[m] = key.hash64(HASH_SEED);
-                scratch.idx[m] = i as u16;
-                m += 1;
-            }
+            FiveTuple::V4(key) => scratch.gather_v4(&mut m, i, key),
             t => {
                 let h = hash_tuple(&t);
                 let pctx = packet_ctx(batch, i, ctx);
@@ -842,12 +841,6 @@ pub(crate) fn lookup_into(
         let pctx = packet_ctx(batch, i, ctx);
         init_one(stage, batch.data_mut(i), &metas[i], &pctx, b)
     });
-}
-
-/// The context an NF action on packet `i` sees: the packet's own time.
-#[inline(always)]
-pub(crate) fn packet_ctx(batch: &Batch, i: usize, ctx: &NfContext) -> NfContext {
-    NfContext { now_ns: batch.timestamps()[i], ..*ctx }
 }
 
 /// Runs the default action (add-on-miss) of every 5-tuple NF into a fresh

@@ -8,9 +8,8 @@ use flowplane_nf::{NfContext, Pkt};
 use flowplane_packet::Batch;
 
 use super::{ExecContext, Executor, ExecutorInfo, StateLayout};
-use super::context::packet_ctx;
 use crate::chain::Stage;
-use crate::stage::apply_action;
+use crate::stage::{apply_action, packet_ctx};
 
 /// Registry entry.
 pub(super) const INFO: ExecutorInfo = ExecutorInfo {
