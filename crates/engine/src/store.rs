@@ -3,7 +3,7 @@
 //! state block. A [`FlowRef`] (the executor's per-packet annotation) names
 //! the entry: the table's entry handle, bit 31 set for the IPv6 table.
 
-use flowplane_table::{FlowTable, FullPolicy, TableConfig, TableError, TableStats};
+use flowplane_table::{FlowTable, FullPolicy, TableConfig, TableError, TableStats, Upsert};
 use flowplane_wire::flow::{FiveTuple, FiveTupleV4, FiveTupleV6};
 
 /// A packet's flow entry in a [`FlowStore`]: which table and which entry.
@@ -113,19 +113,33 @@ impl FlowStore {
         }
     }
 
-    /// Single-key add-on-miss (latency-optimised path). Returns the flow's
-    /// entry and whether the flow is new; `None` when the table is full.
+    /// Single-key add-on-miss (latency-optimised path) at the packet's time
+    /// `now_ns`: `f(Upsert::New(block))` fills a new flow's block, preceded by
+    /// `f(Upsert::Expired(old))` when the flow's entry was idle past the
+    /// timeout (expired on lookup). Returns the flow's entry and whether
+    /// `f` created state; `None` when the table is full.
     #[inline]
-    pub fn lookup_or_insert(
+    pub fn upsert(
         &mut self,
         key: &FiveTuple,
         hash: u64,
         now_ns: u64,
-        init: impl FnOnce(&mut [u8]),
+        f: impl FnMut(Upsert<'_>),
     ) -> Option<(FlowRef, bool)> {
         match key {
-            FiveTuple::V4(k) => self.v4.insert(k, hash, now_ns, init).ok().map(|(h, new)| (FlowRef::v4(h), new)),
-            FiveTuple::V6(k) => self.v6.insert(k, hash, now_ns, init).ok().map(|(h, new)| (FlowRef::v6(h), new)),
+            FiveTuple::V4(k) => self.v4.upsert(k, hash, now_ns, f).ok().map(|(h, new)| (FlowRef::v4(h), new)),
+            FiveTuple::V6(k) => self.v6.upsert(k, hash, now_ns, f).ok().map(|(h, new)| (FlowRef::v6(h), new)),
+        }
+    }
+
+    /// Sets `r`'s last-seen time (a later packet served by the same lookup).
+    #[inline]
+    pub fn touch(&mut self, r: FlowRef, now_ns: u64) {
+        if r == FlowRef::NONE {
+        } else if r.0 & V6_BIT == 0 {
+            self.v4.touch(r.0, now_ns)
+        } else {
+            self.v6.touch(r.0 & !V6_BIT, now_ns)
         }
     }
 

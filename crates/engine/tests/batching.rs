@@ -292,3 +292,66 @@ fn nat_filtering_and_fin_release_agree_across_batching() {
     assert_eq!(filtered[0], 0);
     assert!(filtered[1] > 0 && filtered[2] > filtered[1], "{filtered:?}");
 }
+
+/// Idle expiry mid-trace: a flow idle past its timeout is expired on lookup
+/// at its packet's time (or earlier by the sweep: the same release either
+/// way), so its next packet starts fresh state and a fresh mapping whatever
+/// the batching; the reply to the new mapping is translated back.
+#[test]
+fn idle_expiry_mid_trace_agrees_across_batching() {
+    const S: u64 = 1_000_000_000;
+    let server = [198, 51, 100, 7];
+    let (a, b) = ([10, 0, 0, 1], [10, 0, 0, 2]);
+    let mut frames: Vec<(u64, Vec<u8>)> =
+        vec![(S, udp4(a, server, 1000, 53)), (S + 10_000_000, udp4(b, server, 1000, 53))];
+    // b stays active every 0.4 s; a is idle for 2 s (timeout 1 s).
+    for k in 1..=5u64 {
+        frames.push((S + k * 400_000_000, udp4(b, server, 1000, 53)));
+    }
+    frames.push((3 * S, udp4(a, server, 1000, 53)));
+    let mapped = |o: &Outcome, i: usize| u16::from_be_bytes([o.packets[i].1[34], o.packets[i].1[35]]);
+    // Two ports: a's old port is the only one free once a is released.
+    let chain = "nat(ports=1024-1025, timeout=1) -> fsc";
+    let probe = run_timed(chain, ExecKind::parse("rtc").unwrap(), 1, &frames, "nat");
+    let port_a = mapped(&probe, frames.len() - 1);
+    frames.push((3 * S + 1_000_000, udp4(server, [203, 0, 113, 1], 53, port_a)));
+    frames.push((3 * S + 2_000_000, udp4(a, server, 1000, 53)));
+    let o = all_agree_timed(chain, &frames, "fsc");
+    let n = frames.len();
+    assert!(o.packets.iter().all(|(v, _)| *v != DROP), "every packet passes: {:?}", o.counters);
+    assert_eq!(mapped(&o, n - 3), mapped(&o, 0), "a's released port is the only free one");
+    // The reply reaches a again (destination rewritten to 10.0.0.1:1000).
+    assert_eq!(o.packets[n - 2].1[30..34], a);
+    assert_eq!(u16::from_be_bytes([o.packets[n - 2].1[36], o.packets[n - 2].1[37]]), 1000);
+    // fsc restarted a's flow: 2 packets since it came back, not 3.
+    let a_row = o.export.iter().find(|r| r.contains("10.0.0.1") && r.contains("\"packets\":2")).cloned();
+    assert!(a_row.is_some(), "fsc export: {:?}", o.export);
+}
+
+/// Flows dropped upstream never reach lb: its round-robin cursor, hh's flow
+/// count and acl's per-rule flow counts advance at a flow's first packet
+/// that reaches the NF, not when the aggregated layout inserts the flow
+/// (which runs every NF's default action) — so backends are the same under
+/// every layout and executor.
+#[test]
+fn flows_dropped_upstream_do_not_move_lb_or_counts() {
+    let mut frames = Vec::new();
+    for k in 0..40u8 {
+        // Every third client is denied by the acl.
+        let src = [10, 0, 1, k];
+        frames.push(udp4(src, [198, 51, 100, 7], 4000 + u16::from(k), 80));
+        frames.push(udp4(src, [198, 51, 100, 7], 4000 + u16::from(k), 80));
+    }
+    let rule: String =
+        (0..40u8).filter(|k| k % 3 == 0).map(|k| format!("drop:udp:10.0.1.{k}/32")).collect::<Vec<_>>().join(";");
+    let chain = format!("acl(rule={rule}) -> lb(backends=3) -> hh(k=4)");
+    let o = all_agree(&chain, &frames, "lb");
+    let denied = (0..40).filter(|k| k % 3 == 0).count();
+    assert_eq!(o.export.len(), 40 - denied, "one lb row per admitted flow: {:?}", o.export);
+    // Round robin over the admitted flows in order: backends 0,1,2,0,... exactly.
+    let lb = o.details.as_ref().expect("lb reports");
+    let per = lb["ipv4"]["flows_per_backend"].as_array().expect("per-backend counts").clone();
+    let counts: Vec<u64> = per.iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(counts.iter().sum::<u64>(), (40 - denied) as u64);
+    assert!(counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1, "{counts:?}");
+}

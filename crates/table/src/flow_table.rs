@@ -81,7 +81,7 @@ pub struct TableStats {
     pub inserts: u64,
     /// Entries removed explicitly (`remove`, `remove_handle`).
     pub removes: u64,
-    /// Entries removed by `expire`.
+    /// Entries expired: removed by `expire`, or found idle past the timeout on lookup and renewed.
     pub expiries: u64,
     /// Inserts that failed because the table was full.
     pub full_events: u64,
@@ -110,6 +110,47 @@ impl core::ops::AddAssign for BatchResult {
         self.hit += r.hit;
         self.inserted += r.inserted;
         self.failed += r.failed;
+    }
+}
+
+/// What [`FlowTable::upsert_batch`] and [`FlowTable::upsert`] hand their callback for a key.
+pub enum Upsert<'a> {
+    /// The key's entry was idle longer than the table's timeout (a real conntrack checks the time on lookup
+    /// rather than trusting the sweep to have run): its old state, to release; a [`Upsert::New`] for the same key,
+    /// on the same entry zeroed, follows at once.
+    Expired(&'a [u8]),
+    /// A new entry (inserted, or reused after [`Upsert::Expired`]): zeroed state for the callback to fill.
+    New(&'a mut [u8]),
+}
+
+/// The time each key of a batched call is seen at: one time for all (`u64`) or one per key (`&[u64]`, as long
+/// as the keys). Per-key times make idle checks independent of how packets were grouped into batches.
+pub trait Stamps: Copy {
+    /// Time of key `i`.
+    fn at(self, i: usize) -> u64;
+    /// The times of keys `start..` (the next chunk).
+    fn skip(self, start: usize) -> Self;
+}
+
+impl Stamps for u64 {
+    #[inline(always)]
+    fn at(self, _: usize) -> u64 {
+        self
+    }
+    #[inline(always)]
+    fn skip(self, _: usize) -> Self {
+        self
+    }
+}
+
+impl Stamps for &[u64] {
+    #[inline(always)]
+    fn at(self, i: usize) -> u64 {
+        self.get(i).copied().unwrap_or(0)
+    }
+    #[inline(always)]
+    fn skip(self, start: usize) -> Self {
+        self.get(start..).unwrap_or(&[])
     }
 }
 
@@ -335,7 +376,9 @@ impl<K: FlowKey> FlowTable<K> {
     /// (`last_seen = now_ns`), misses are inserted with zeroed state that `init(i, state)` then fills (`i` indexes
     /// `keys`). `out[i]` receives key `i`'s handle, or [`INVALID_HANDLE`] if it could not be inserted. A key
     /// repeated in the batch is inserted once and counted as a hit for its later occurrences. Entries handed out
-    /// by this call (hits and inserts) are never evicted by its own later inserts.
+    /// by this call (hits and inserts) are never evicted by its own later inserts. An entry idle longer than the
+    /// table's timeout is reinitialised (zeroed, `init` runs) as if it had expired; use
+    /// [`Self::upsert_batch`] to release its old state first.
     ///
     /// # Panics
     /// If `hashes.len() != keys.len()` or `out.len() < keys.len()`: a caller bug, reported rather than skipping keys.
@@ -347,39 +390,89 @@ impl<K: FlowKey> FlowTable<K> {
         out: &mut [Handle],
         mut init: impl FnMut(usize, &mut [u8]),
     ) -> BatchResult {
+        self.upsert_batch(keys, hashes, now_ns, out, |i, u| {
+            if let Upsert::New(s) = u {
+                init(i, s)
+            }
+        })
+    }
+
+    /// [`Self::lookup_or_insert_batch`] with the idle check on lookup made visible: key `i` seen at
+    /// `now.at(i)` finds its entry idle longer than the timeout → `f(i, Upsert::Expired(old))`, then the entry
+    /// is zeroed and `f(i, Upsert::New(state))` runs as for an inserted key (counted as an expiry). Keys are
+    /// handled in order for the callbacks that create state (new and expired-then-new), so state a callback hands
+    /// out (e.g. NAT ports) does not depend on which keys were hits.
+    ///
+    /// # Panics
+    /// If `hashes.len() != keys.len()` or `out.len() < keys.len()`: a caller bug, reported rather than skipping keys.
+    pub fn upsert_batch<T: Stamps>(
+        &mut self,
+        keys: &[K],
+        hashes: &[u64],
+        now: T,
+        out: &mut [Handle],
+        mut f: impl FnMut(usize, Upsert<'_>),
+    ) -> BatchResult {
         check_batch(keys.len(), hashes.len(), out.len());
         let mut res = BatchResult::default();
         let mut start = 0;
         while start < keys.len() {
             let end = keys.len().min(start + BULK_LOOKUP_MAX);
             let (done, chunk) = out[..end].split_at_mut(start);
-            res += self
-                .upsert_chunk(&keys[start..end], &hashes[start..end], now_ns, done, chunk, |i, s| init(start + i, s));
+            res += self.upsert_chunk(&keys[start..end], &hashes[start..end], now.skip(start), done, chunk, |i, u| {
+                f(start + i, u)
+            });
             start = end;
         }
         res
     }
 
+    /// True if an entry last seen at `seen` is idle longer than the timeout at `now` (never for a clock that
+    /// went backwards).
+    #[inline(always)]
+    fn is_idle(&self, seen: u64, now: u64) -> bool {
+        matches!(self.idle_timeout_ns, Some(t) if now > seen && now - seen > t)
+    }
+
+    /// Expires entry `h` in place on lookup: `f` sees the old state, then the zeroed state to fill.
+    #[inline(never)]
+    fn renew(&mut self, h: Handle, now: u64, mut f: impl FnMut(Upsert<'_>)) {
+        f(Upsert::Expired(self.slab.state(h)));
+        let s = self.slab.state_mut(h);
+        s.fill(0);
+        f(Upsert::New(s));
+        self.slab.set_last_seen(h, now);
+        self.stats.expiries += 1;
+    }
+
     /// [`Self::lookup_or_insert_batch`] for one chunk of at most `BULK_LOOKUP_MAX` keys; `done` holds the handles
     /// already handed out by earlier chunks of the same call (protected from eviction, like this chunk's).
     #[inline(always)]
-    fn upsert_chunk(
+    fn upsert_chunk<T: Stamps>(
         &mut self,
         keys: &[K],
         hashes: &[u64],
-        now_ns: u64,
+        now: T,
         done: &[Handle],
         out: &mut [Handle],
-        mut init: impl FnMut(usize, &mut [u8]),
+        mut f: impl FnMut(usize, Upsert<'_>),
     ) -> BatchResult {
         let n = keys.len().min(hashes.len()).min(out.len()).min(BULK_LOOKUP_MAX);
         let mut hit = self.probe::<true>(keys, hashes, out);
+        // Hits idle past the timeout are renewed in key order with the misses (below), not here.
+        let mut stale = 0u64;
         let mut m = hit;
         while m != 0 {
             let i = m.trailing_zeros() as usize;
-            self.slab.set_last_seen(out[i], now_ns);
             m &= m - 1;
+            let t = now.at(i);
+            if self.is_idle(self.slab.last_seen(out[i]), t) {
+                stale |= 1 << i;
+            } else {
+                self.slab.set_last_seen(out[i], t);
+            }
         }
+        hit &= !stale;
         let all = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
         let mut inserted = 0u64;
         let mut failed = 0u64;
@@ -387,22 +480,42 @@ impl<K: FlowKey> FlowTable<K> {
         while miss != 0 {
             let i = miss.trailing_zeros() as usize;
             miss &= miss - 1;
+            let t = now.at(i);
+            if stale & (1 << i) != 0 {
+                // An earlier key of the chunk may have renewed (or touched) the same entry.
+                let h = out[i];
+                if self.is_idle(self.slab.last_seen(h), t) {
+                    self.renew(h, t, |u| f(i, u));
+                    inserted |= 1 << i;
+                } else {
+                    self.slab.set_last_seen(h, t);
+                    hit |= 1 << i;
+                }
+                continue;
+            }
             let (key, hash) = (&keys[i], hashes[i]);
             let p = place(hash, self.mask);
             // Only an earlier insert of this chunk can have added the key since the probe.
             if inserted != 0 {
                 if let Some((_, _, h)) = self.find(key, p) {
                     out[i] = h;
-                    hit |= 1 << i;
+                    // A batch can span more than the timeout of packet time.
+                    if self.is_idle(self.slab.last_seen(h), t) {
+                        self.renew(h, t, |u| f(i, u));
+                        inserted |= 1 << i;
+                    } else {
+                        self.slab.set_last_seen(h, t);
+                        hit |= 1 << i;
+                    }
                     continue;
                 }
             }
-            let (chunk, mask) = (&out[..n], hit | inserted);
-            match self.insert_new(key, hash, p, now_ns, || Protected { done, chunk, mask }) {
+            let (chunk, mask) = (&out[..n], hit | inserted | stale);
+            match self.insert_new(key, hash, p, t, || Protected { done, chunk, mask }) {
                 Ok(h) => {
                     out[i] = h;
                     inserted |= 1 << i;
-                    init(i, self.slab.state_mut(h));
+                    f(i, Upsert::New(self.slab.state_mut(h)));
                 }
                 Err(_) => failed |= 1 << i,
             }
@@ -416,6 +529,9 @@ impl<K: FlowKey> FlowTable<K> {
 
     /// Single-key add-on-miss: returns (handle, true) after inserting a new entry whose zeroed state `init` fills,
     /// or (handle, false) for an existing one (touched). `Err(Full)` when the table is full under `Reject`.
+    ///
+    /// An entry idle longer than the timeout is reinitialised (zeroed, `init` runs, `true` returned); use
+    /// [`Self::upsert`] to release its old state first.
     pub fn insert(
         &mut self,
         key: &K,
@@ -423,15 +539,38 @@ impl<K: FlowKey> FlowTable<K> {
         now_ns: u64,
         init: impl FnOnce(&mut [u8]),
     ) -> Result<(Handle, bool), TableError> {
+        let mut init = Some(init);
+        self.upsert(key, hash, now_ns, |u| {
+            if let Upsert::New(s) = u {
+                if let Some(init) = init.take() {
+                    init(s)
+                }
+            }
+        })
+    }
+
+    /// Single-key [`Self::upsert_batch`]: `(handle, true)` when `f` created state (a new entry, or an idle one
+    /// renewed after `f(Upsert::Expired(old))`), `(handle, false)` for a live entry (touched).
+    pub fn upsert(
+        &mut self,
+        key: &K,
+        hash: u64,
+        now_ns: u64,
+        mut f: impl FnMut(Upsert<'_>),
+    ) -> Result<(Handle, bool), TableError> {
         let p = place(hash, self.mask);
         self.lookups.set(self.lookups.get() + 1);
         if let Some((_, _, h)) = self.find(key, p) {
             self.hits.set(self.hits.get() + 1);
+            if self.is_idle(self.slab.last_seen(h), now_ns) {
+                self.renew(h, now_ns, f);
+                return Ok((h, true));
+            }
             self.slab.set_last_seen(h, now_ns);
             return Ok((h, false));
         }
         let h = self.insert_new(key, hash, p, now_ns, || Protected::NONE)?;
-        init(self.slab.state_mut(h));
+        f(Upsert::New(self.slab.state_mut(h)));
         Ok((h, true))
     }
 

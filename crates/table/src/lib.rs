@@ -29,5 +29,7 @@ mod slab;
 
 pub use cuckoo::{BULK_LOOKUP_MAX, SLOTS};
 pub use error::TableError;
-pub use flow_table::{BatchResult, FlowTable, FullPolicy, Handle, Iter, TableConfig, TableStats, INVALID_HANDLE};
+pub use flow_table::{
+    BatchResult, FlowTable, FullPolicy, Handle, Iter, Stamps, TableConfig, TableStats, Upsert, INVALID_HANDLE,
+};
 pub use key::FlowKey;

@@ -44,6 +44,11 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Idle past the timeout at `now` (a backwards clock never makes an entry idle).
+fn idle(seen: u64, now: u64) -> bool {
+    now > seen && now - seen > TIMEOUT
+}
+
 /// Model entry: state value (first u64 of the state) and last-seen time.
 struct Model {
     map: HashMap<u16, (u64, u64)>,
@@ -67,8 +72,13 @@ fn run(ops: Vec<Op>, weak: bool) {
         match op {
             Op::Insert(k, v) => match t.insert(&k, hash(k), now, |s| s[..8].copy_from_slice(&v.to_le_bytes())) {
                 Ok((h, new)) => {
-                    assert_eq!(new, !m.map.contains_key(&k));
+                    // An entry idle past the timeout is renewed on lookup, as a new flow.
+                    let renewed = m.map.get(&k).is_some_and(|e| idle(e.1, now));
+                    assert_eq!(new, !m.map.contains_key(&k) || renewed);
                     assert_eq!(t.key(h), Some(&k));
+                    if renewed {
+                        m.map.remove(&k);
+                    }
                     let e = m.map.entry(k).or_insert((v, now));
                     e.1 = now;
                 }
@@ -122,9 +132,15 @@ fn run(ops: Vec<Op>, weak: bool) {
                 let mut seen_in_batch = HashSet::new();
                 let (mut hit, mut failed) = (0, 0);
                 for (i, k) in keys.iter().enumerate() {
-                    let present = m.map.contains_key(k) || seen_in_batch.contains(k);
+                    let renewed = !seen_in_batch.contains(k) && m.map.get(k).is_some_and(|e| idle(e.1, now));
+                    let present = (m.map.contains_key(k) || seen_in_batch.contains(k)) && !renewed;
                     let inserted = inits.contains(&i);
-                    if present {
+                    if renewed {
+                        assert!(inserted && out[i] != INVALID_HANDLE, "idle key {k} at {i} should be renewed");
+                        assert_eq!(t.key(out[i]), Some(k));
+                        m.map.insert(*k, (i as u64, now));
+                        seen_in_batch.insert(*k);
+                    } else if present {
                         assert!(!inserted && out[i] != INVALID_HANDLE, "key {k} at {i} should hit");
                         assert_eq!(t.key(out[i]), Some(k));
                         if let Some(e) = m.map.get_mut(k) {

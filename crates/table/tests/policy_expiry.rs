@@ -1,6 +1,6 @@
 //! Load factor, full-table policies, expiry with a controllable clock, and bounded memory under churn.
 
-use flowplane_table::{FlowTable, FullPolicy, TableConfig, TableError, BULK_LOOKUP_MAX, INVALID_HANDLE};
+use flowplane_table::{FlowTable, FullPolicy, TableConfig, TableError, Upsert, BULK_LOOKUP_MAX, INVALID_HANDLE};
 
 fn mix(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -242,4 +242,45 @@ fn endless_churn_keeps_memory_bounded() {
         assert_eq!(t.len(), CAP);
         assert_eq!(t.iter().count(), CAP);
     }
+}
+
+/// A flow idle past its timeout but not yet swept is expired on lookup, as a conntrack does: its old state is
+/// handed over for release, the entry starts over zeroed, and per-key times decide (not the batch's latest time).
+#[test]
+fn idle_entries_are_expired_on_lookup_with_per_key_times() {
+    const T: u64 = 1_000;
+    let mut t = FlowTable::<u64>::new(cfg(1024, Some(T), FullPolicy::Reject)).unwrap();
+    let (a, b) = (7u64, 8u64);
+    for k in [a, b] {
+        t.insert(&k, mix(k), 100, |s| s[0] = 42).unwrap();
+    }
+    // b is seen once more at 600: idle for exactly T at 1600, which is not "longer than" T.
+    t.insert(&b, mix(b), 600, |_| {}).unwrap();
+    let keys = [a, a, b, 99];
+    let hashes: Vec<u64> = keys.iter().map(|&k| mix(k)).collect();
+    let times = [1_101u64, 1_102, 1_600, 1_700];
+    let mut out = [0u32; 4];
+    let mut events = Vec::new();
+    let r = t.upsert_batch(&keys, &hashes, &times[..], &mut out, |i, u| match u {
+        Upsert::Expired(old) => events.push((i, "expired", old[0])),
+        Upsert::New(s) => {
+            events.push((i, "new", s[0]));
+            s[0] = i as u8 + 1;
+        }
+    });
+    // a at 1101 is 1001 ns idle: expired then renewed (zeroed); its second packet is a hit; b is live; 99 is new.
+    assert_eq!(events, vec![(0, "expired", 42), (0, "new", 0), (3, "new", 0)]);
+    assert_eq!((r.hit, r.inserted, r.failed), (2, 2, 0));
+    assert_eq!(out[0], out[1]);
+    assert_eq!(t.state(out[0])[0], 1);
+    assert_eq!(t.last_seen(out[0]), Some(1_102));
+    assert_eq!(t.state(out[2])[0], 42, "b kept its state");
+    assert_eq!(t.stats().expiries, 1);
+    assert_eq!(t.len(), 3);
+    // Single-key path: the same rule, and a clock that went backwards never expires anything.
+    let mut seen = Vec::new();
+    let (h, new) = t.upsert(&b, mix(b), 3_000, |u| seen.push(matches!(u, Upsert::Expired(_)))).unwrap();
+    assert!(new && seen == [true, false] && h == out[2]);
+    assert!(!t.upsert(&a, mix(a), 5, |_| panic!("no callback for a live entry")).unwrap().1);
+    assert_eq!(t.stats().expiries, 2);
 }

@@ -24,18 +24,20 @@ impl Executor for Batched {
         let prefetch = cx.cfg.prefetch;
         let n = batch.len();
         let mut start = 0;
-        cx.start_batch();
+        cx.start_batch(batch);
         while start < n {
-            cx.lookup_bulk(batch, start..n, ctx, prefetch);
+            // The whole batch unless its packet time spans more than the idle timeout.
+            let w = cx.window_end(batch, start, n);
+            cx.lookup_bulk(batch, start..w, ctx, prefetch);
             loop {
                 // One segment for chains that never end flows; see ExecContext::segment_end.
-                let end = cx.segment_end(start, n);
+                let end = cx.segment_end(start, w);
                 cx.pin_coarse_batch(start..end, ctx.now_ns);
                 let (ended, done) = cx.run_stages(batch, start..end, ctx, prefetch);
                 cx.unpin_coarse_batch(start..end, ctx.now_ns);
                 start = done;
                 // Ended flows are gone from the table: look the rest up again.
-                if ended > 0 || start == n {
+                if ended > 0 || start == w {
                     break;
                 }
             }

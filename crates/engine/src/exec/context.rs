@@ -13,7 +13,7 @@ use flowplane_nf::stateful::Action;
 use flowplane_nf::{Export, NfContext, NfCounters, Pkt, PktMeta};
 use flowplane_packet::{Batch, MAX_BATCH};
 use flowplane_table::shared::{SharedFlowTable, SharedHandle};
-use flowplane_table::{FullPolicy, TableStats, INVALID_HANDLE};
+use flowplane_table::{FullPolicy, TableStats, Upsert, INVALID_HANDLE};
 use flowplane_wire::flow::{FiveTuple, FiveTupleV4};
 use flowplane_wire::hash::HashableKey;
 
@@ -45,15 +45,18 @@ pub struct Scratch {
     hashes: Box<[u64; MAX_BATCH]>,
     idx: Box<[u16; MAX_BATCH]>,
     handles: Box<[u32; MAX_BATCH]>,
+    /// Each gathered key's packet time (idle checks on lookup are per packet).
+    times: Box<[u64; MAX_BATCH]>,
 }
 
 impl Scratch {
     /// Queues packet `i`'s IPv4 key as the `m`-th of a bulk lookup.
     #[inline(always)]
-    fn gather_v4(&mut self, m: &mut usize, i: usize, k: FiveTupleV4) {
+    fn gather_v4(&mut self, m: &mut usize, i: usize, k: FiveTupleV4, ts: u64) {
         self.keys[*m] = k;
         self.hashes[*m] = k.hash64(HASH_SEED);
         self.idx[*m] = i as u16;
+        self.times[*m] = ts;
         *m += 1;
     }
 
@@ -68,6 +71,7 @@ impl Scratch {
             hashes: Box::new([0; MAX_BATCH]),
             idx: Box::new([0; MAX_BATCH]),
             handles: Box::new([0; MAX_BATCH]),
+            times: Box::new([0; MAX_BATCH]),
         }
     }
 }
@@ -146,9 +150,25 @@ pub struct ExecStats {
 
 /// Expiry pacing: time of the last sweep step, entries to sweep, sweep period.
 struct Sweep {
+    /// Packet time up to which the sweep has done its work.
     last_ns: u64,
+    /// Slab entries of one full pass (the table's capacity).
     entries: u64,
+    /// Time of one full pass: [`sweep_period_ns`].
     period_ns: u64,
+}
+
+/// Longest sweep period: bounds the expiry lag of long timeouts.
+const MAX_SWEEP_PERIOD_NS: u64 = 1_000_000_000;
+
+/// Time in which the sweep visits every entry of a table once: a quarter of
+/// the idle timeout, at most one second. An idle flow is therefore expired at
+/// most `timeout + sweep_period_ns(timeout)` (plus the gap to the next batch)
+/// after its last packet, whatever the table's size or load; a packet of a
+/// flow idle past its timeout finds fresh state in any case (the idle check
+/// on lookup).
+pub fn sweep_period_ns(timeout_ns: u64) -> u64 {
+    (timeout_ns / 4).clamp(1, MAX_SWEEP_PERIOD_NS)
 }
 
 /// One core's chain with its state, as executors see it.
@@ -173,6 +193,10 @@ pub struct ExecContext {
     exact: ExactEnds,
     /// Per stage: packets of the current batch it has run (see `run_stages`).
     progress: Vec<usize>,
+    /// The flow tables' idle timeout (lookup windows, see `window_end`).
+    idle_ns: u64,
+    /// The current batch spans at most `idle_ns`: one lookup window.
+    one_window: bool,
 }
 
 /// What the auxiliary table needs: the coarse groups and their shared tables.
@@ -268,9 +292,11 @@ impl ExecContext {
             scratch: Scratch::new(groups),
             stats: ExecStats::default(),
             multi_line,
-            sweep: Sweep { last_ns: 0, entries: (cfg.flows as u64).max(1024), period_ns: (timeout_ns / 4).max(1) },
+            sweep: Sweep { last_ns: 0, entries: (cfg.flows as u64).max(64), period_ns: sweep_period_ns(timeout_ns) },
             exact,
             progress: vec![0; stages],
+            idle_ns: timeout_ns,
+            one_window: true,
         })
     }
 
@@ -289,19 +315,30 @@ impl ExecContext {
         }
     }
 
-    /// Bounded expiry work per batch, paced by time rather than packets: the
-    /// sweep visits every slab entry about four times per idle timeout, which
-    /// is what expiry needs, instead of touching DRAM-resident entries on
-    /// every packet. Capped per batch so a clock jump cannot stall a batch.
-    pub(crate) fn expire(&mut self, now: u64, n: usize) {
+    /// Expiry work for the time since the last call, paced by packet time
+    /// rather than packets: the sweep visits every entry once per
+    /// [`sweep_period_ns`], which bounds the expiry lag whatever the table's
+    /// size, instead of touching DRAM-resident entries on every packet. A
+    /// call does at most one full pass, so a clock jump costs one pass.
+    pub(crate) fn expire(&mut self, now: u64) {
+        if self.sweep.last_ns == 0 {
+            // The first batch starts the clock (trace times may be since the epoch).
+            self.sweep.last_ns = now;
+            return;
+        }
         let elapsed = now.saturating_sub(self.sweep.last_ns);
-        let per_entry_ns = (self.sweep.period_ns / self.sweep.entries.max(1)).max(1);
-        let due = elapsed / per_entry_ns;
+        let Sweep { entries, period_ns, .. } = self.sweep;
+        let due = (u128::from(elapsed) * u128::from(entries) / u128::from(period_ns)) as u64;
         if due == 0 {
             return;
         }
-        self.sweep.last_ns += due * per_entry_ns;
-        let budget = (due as usize).min(4 * n.max(16));
+        let budget = if due >= entries {
+            self.sweep.last_ns = now;
+            entries
+        } else {
+            self.sweep.last_ns += (u128::from(due) * u128::from(period_ns) / u128::from(entries)) as u64;
+            due
+        } as usize;
         let aux_on = self.aux_on();
         let pernf = self.layout == StateLayout::PerNf;
         let ExecContext { stores, chain, shared, .. } = self;
@@ -315,7 +352,7 @@ impl ExecContext {
         for (g, t) in shared.tables.iter().enumerate() {
             let gran = groups[g].granularity;
             // Coarse NFs get their release callback too (on whichever core sweeps).
-            t.expire(now, budget.min(n.max(8)), |key, words| {
+            t.expire(now, budget, |key, words| {
                 let Some(tuple) = key_tuple(gran, *key) else { return };
                 let _ = with_locked(words, |flags, buf| {
                     let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
@@ -355,23 +392,23 @@ impl ExecContext {
                 continue;
             }
             match meta.tuple {
-                FiveTuple::V4(k) if bulk => scratch.gather_v4(&mut m, i, k),
+                FiveTuple::V4(k) if bulk => scratch.gather_v4(&mut m, i, k, batch.timestamps()[i]),
                 t => {
                     let h = hash_tuple(&t);
                     let pctx = packet_ctx(batch, i, ctx);
                     let data = batch.data_mut(i);
-                    let r = store
-                        .lookup_or_insert(&t, h, ctx.now_ns, |block| init_all(stages, aux, data, &meta, &pctx, block));
+                    let r = store.upsert(&t, h, pctx.now_ns, |u| upsert_all(stages, aux, data, &meta, &pctx, u));
                     if let Some((r, _)) = r {
                         scratch.flows[i] = r;
                     }
                 }
             }
         }
-        let Scratch { keys, hashes, idx, handles, flows, metas, .. } = scratch;
-        bulk_lookup_or_insert(store, &keys[..m], &hashes[..m], &idx[..m], handles, ctx.now_ns, flows, |i, block| {
+        let Scratch { keys, hashes, idx, handles, flows, metas, times, .. } = scratch;
+        let gathered = Gathered { keys: &keys[..m], hashes: &hashes[..m], idx: &idx[..m], times: &times[..m] };
+        bulk_upsert(store, gathered, handles, flows, |i, u| {
             let pctx = packet_ctx(batch, i, ctx);
-            init_all(stages, aux, batch.data_mut(i), &metas[i], &pctx, block)
+            upsert_all(stages, aux, batch.data_mut(i), &metas[i], &pctx, u)
         });
     }
 
@@ -392,7 +429,7 @@ impl ExecContext {
         let pctx = packet_ctx(batch, i, ctx);
         let data = batch.data_mut(i);
         stores[0]
-            .lookup_or_insert(&meta.tuple, h, ctx.now_ns, |b| init_all(stages, aux, data, &meta, &pctx, b))
+            .upsert(&meta.tuple, h, pctx.now_ns, |u| upsert_all(stages, aux, data, &meta, &pctx, u))
             .map_or(FlowRef::NONE, |(r, _)| r)
     }
 
@@ -578,8 +615,34 @@ impl ExecContext {
     // ---- The staged pass (aggregated layout) ----
 
     /// Marks a new batch: no stage has run any packet yet.
-    pub(crate) fn start_batch(&mut self) {
+    pub(crate) fn start_batch(&mut self, batch: &Batch) {
         self.progress.fill(0);
+        let ts = batch.timestamps();
+        let (lo, hi) = ts.iter().fold((u64::MAX, 0), |(lo, hi), &t| (lo.min(t), hi.max(t)));
+        self.one_window = hi.saturating_sub(lo) <= self.idle_ns;
+    }
+
+    /// End of the lookup window starting at `start` (within `..n`): the
+    /// packets a batched lookup may serve at once. A bulk lookup hands every
+    /// packet of a flow the same entry, which is right only while no packet
+    /// of the window finds its flow idle since an earlier one of the window:
+    /// so a window spans at most the idle timeout of packet time. Batches
+    /// span microseconds at speed (one window); a slow capture replayed at
+    /// full speed is cut where its time jumps.
+    pub(crate) fn window_end(&self, batch: &Batch, start: usize, n: usize) -> usize {
+        if self.one_window || start >= n {
+            return n;
+        }
+        let ts = batch.timestamps();
+        let (mut lo, mut hi) = (ts[start], ts[start]);
+        for i in start + 1..n {
+            lo = lo.min(ts[i]);
+            hi = hi.max(ts[i]);
+            if hi - lo > self.idle_ns {
+                return i;
+            }
+        }
+        n
     }
 
     /// Each NF over the segment `range`, in chain order, after `scratch.flows`
@@ -776,25 +839,31 @@ impl ExecContext {
     }
 }
 
+/// The IPv4 keys gathered for a bulk lookup: key j belongs to packet
+/// `idx[j]`, seen at `times[j]`.
+pub(crate) struct Gathered<'a> {
+    keys: &'a [FiveTupleV4],
+    hashes: &'a [u64],
+    idx: &'a [u16],
+    times: &'a [u64],
+}
+
 /// Looks up, inserting the misses, the IPv4 keys gathered for a batch (the
-/// table works through them in chunks of its bulk size); `init(i, block)`
-/// is the default action for packet `i`'s new flow and `flows[idx[j]]`
-/// receives key j's entry.
-#[allow(clippy::too_many_arguments)]
+/// table works through them in chunks of its bulk size, checking each hit's
+/// idle time at its packet's time); `f(i, Upsert)` releases an expired flow's
+/// state and runs the default action for packet `i`'s new flow, and
+/// `flows[idx[j]]` receives key j's entry.
 #[inline]
-pub(crate) fn bulk_lookup_or_insert(
+pub(crate) fn bulk_upsert(
     store: &mut FlowStore,
-    keys: &[FiveTupleV4],
-    hashes: &[u64],
-    idx: &[u16],
+    g: Gathered<'_>,
     handles: &mut [u32; MAX_BATCH],
-    now_ns: u64,
     flows: &mut [FlowRef; MAX_BATCH],
-    mut init: impl FnMut(usize, &mut [u8]),
+    mut f: impl FnMut(usize, Upsert<'_>),
 ) {
-    let out = &mut handles[..keys.len()];
-    store.v4().lookup_or_insert_batch(keys, hashes, now_ns, out, |j, block| init(idx[j] as usize, block));
-    for (&h, &i) in out.iter().zip(idx) {
+    let out = &mut handles[..g.keys.len()];
+    store.v4().upsert_batch(g.keys, g.hashes, g.times, out, |j, u| f(g.idx[j] as usize, u));
+    for (&h, &i) in out.iter().zip(g.idx) {
         flows[i as usize] = if h == INVALID_HANDLE { FlowRef::NONE } else { FlowRef::v4(h) };
     }
 }
@@ -821,26 +890,57 @@ pub(crate) fn lookup_into(
             continue;
         }
         match meta.tuple {
-            FiveTuple::V4(key) => scratch.gather_v4(&mut m, i, key),
+            FiveTuple::V4(key) => scratch.gather_v4(&mut m, i, key, batch.timestamps()[i]),
             t => {
                 let h = hash_tuple(&t);
                 let pctx = packet_ctx(batch, i, ctx);
                 let data = batch.data_mut(i);
                 let stage = &mut chain.stages[si];
-                if let Some((r, _)) =
-                    store.lookup_or_insert(&t, h, ctx.now_ns, |b| init_one(stage, data, &meta, &pctx, b))
-                {
+                if let Some((r, _)) = store.upsert(&t, h, pctx.now_ns, |u| upsert_one(stage, data, &meta, &pctx, u)) {
                     flows[i] = r;
                 }
             }
         }
     }
     let stage = &mut chain.stages[si];
-    let Scratch { keys, hashes, idx, handles, metas, .. } = scratch;
-    bulk_lookup_or_insert(store, &keys[..m], &hashes[..m], &idx[..m], handles, ctx.now_ns, flows, |i, b| {
+    let Scratch { keys, hashes, idx, handles, metas, times, .. } = scratch;
+    let gathered = Gathered { keys: &keys[..m], hashes: &hashes[..m], idx: &idx[..m], times: &times[..m] };
+    bulk_upsert(store, gathered, handles, flows, |i, u| {
         let pctx = packet_ctx(batch, i, ctx);
-        init_one(stage, batch.data_mut(i), &metas[i], &pctx, b)
+        upsert_one(stage, batch.data_mut(i), &metas[i], &pctx, u)
     });
+}
+
+/// The aggregated layout's add-on-miss callback for a packet: an expired
+/// flow's state is released (NAT ports, pins), a new block initialised.
+#[inline]
+fn upsert_all(
+    stages: &mut [Stage],
+    aux: Option<&Aux<'_>>,
+    data: &mut [u8],
+    meta: &PktMeta,
+    ctx: &NfContext,
+    u: Upsert<'_>,
+) {
+    match u {
+        Upsert::Expired(old) => release_all(stages, None, aux, &meta.tuple, old),
+        Upsert::New(block) => init_all(stages, aux, data, meta, ctx, block),
+    }
+}
+
+/// The per-NF layout's add-on-miss callback for one stage's store.
+#[inline]
+fn upsert_one(stage: &mut Stage, data: &mut [u8], meta: &PktMeta, ctx: &NfContext, u: Upsert<'_>) {
+    match u {
+        Upsert::Expired(old) => {
+            if let Stage::Stateful { nf, .. } = stage {
+                if let Some(b) = old.get(..nf.state_size()) {
+                    nf.release_bytes(&meta.tuple, b);
+                }
+            }
+        }
+        Upsert::New(block) => init_one(stage, data, meta, ctx, block),
+    }
 }
 
 /// Runs the default action (add-on-miss) of every 5-tuple NF into a fresh

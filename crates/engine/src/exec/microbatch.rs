@@ -24,16 +24,17 @@ impl Executor for MicroBatch {
     fn run(&mut self, cx: &mut ExecContext, batch: &mut Batch, ctx: &NfContext) {
         let n = batch.len();
         let mut start = 0;
-        cx.start_batch();
+        cx.start_batch(batch);
         while start < n {
-            lookup_runs(cx, batch, start..n, ctx);
+            let w = cx.window_end(batch, start, n);
+            lookup_runs(cx, batch, start..w, ctx);
             loop {
-                let end = cx.segment_end(start, n);
+                let end = cx.segment_end(start, w);
                 cx.pin_coarse_batch(start..end, ctx.now_ns);
                 let (ended, done) = cx.run_stages(batch, start..end, ctx, false);
                 cx.unpin_coarse_batch(start..end, ctx.now_ns);
                 start = done;
-                if ended > 0 || start == n {
+                if ended > 0 || start == w {
                     break;
                 }
             }
@@ -52,6 +53,11 @@ fn lookup_runs(cx: &mut ExecContext, batch: &mut Batch, range: Range<usize>, ctx
         }
         let flow = cx.lookup_one(batch, i, ctx);
         cx.scratch.flows[i..j].fill(flow);
+        if j > i + 1 && flow.is_some() {
+            // The flow was last seen at the run's last packet (the window keeps the run within the timeout).
+            let last = batch.timestamps()[i + 1..j].iter().copied().max().unwrap_or(0);
+            cx.stores[0].touch(flow, last);
+        }
         i = j;
     }
 }

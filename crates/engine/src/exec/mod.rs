@@ -30,7 +30,7 @@ use crate::error::EngineError;
 
 mod context;
 
-pub use context::{ExecContext, ExecStats, Scratch};
+pub use context::{sweep_period_ns, ExecContext, ExecStats, Scratch};
 
 /// Declares the executor modules and lists their registry entries, in order.
 macro_rules! executors {
@@ -259,7 +259,7 @@ impl Pipeline {
         }
         self.cx.parse(batch);
         self.exec.run(&mut self.cx, batch, ctx);
-        self.cx.expire(ctx.now_ns, batch.len());
+        self.cx.expire(ctx.now_ns);
     }
 
     /// Per-NF results: (name, counters, details).

@@ -34,8 +34,9 @@ impl Executor for PerNf {
         // run packet by packet to keep every end at its packet.
         let step = if cx.exact_ends() { 1 } else { n.max(1) };
         let mut start = 0;
+        cx.start_batch(batch);
         while start < n {
-            let end = (start + step).min(n);
+            let end = (start + step).min(cx.window_end(batch, start, n));
             self.run_range(cx, batch, start..end, ctx);
             start = end;
         }

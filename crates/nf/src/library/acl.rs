@@ -64,13 +64,15 @@ pub const MAX_RULES: usize = 100_000;
 
 /// Bit of [`AclState::verdict`] set when the flow is dropped.
 pub const DROP_BIT: u32 = 1 << 31;
+/// Set once the flow has been counted in its rule's flows.
+const COUNTED_BIT: u32 = 1 << 30;
 
 /// Per-flow state: one integer, the index of the rule that matched (the
 /// rule count for the default action) with [`DROP_BIT`] set for a drop.
 #[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
 #[repr(C)]
 pub struct AclState {
-    /// Rule index | drop bit.
+    /// Rule index | drop bit | counted bit.
     pub verdict: u32,
 }
 
@@ -82,7 +84,7 @@ impl AclState {
 
     /// Index of the deciding rule (the rule count means the default action).
     pub fn rule(&self) -> usize {
-        (self.verdict & !DROP_BIT) as usize
+        (self.verdict & !(DROP_BIT | COUNTED_BIT)) as usize
     }
 }
 
@@ -346,16 +348,20 @@ impl StatefulNf for Acl {
     }
 
     fn init(&mut self, pkt: &Pkt<'_>, _ctx: &NfContext) -> AclState {
-        let s = self.decide(pkt);
-        if let Some(c) = self.flows.get_mut(s.rule()) {
-            *c += 1;
-        }
-        s
+        self.decide(pkt)
     }
 
     #[inline]
     fn process(&mut self, _pkt: &mut Pkt<'_>, st: &mut AclState, _ctx: &NfContext) -> Action {
         if let Some(c) = self.packets.get_mut(st.rule()) {
+            // A rule's flows are counted at their first packet that reaches acl (a drop upstream in
+            // the chain can follow the flow's insertion).
+            if st.verdict & COUNTED_BIT == 0 {
+                st.verdict |= COUNTED_BIT;
+                if let Some(f) = self.flows.get_mut(st.rule()) {
+                    *f += 1;
+                }
+            }
             *c += 1;
         }
         if st.drops() {

@@ -160,12 +160,14 @@ impl StatefulNf for Hh {
     }
 
     fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> HhState {
-        self.flows += 1;
         HhState::default()
     }
 
     #[inline]
     fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut HhState, _ctx: &NfContext) -> Action {
+        // Flows are counted at their first packet that reaches hh (not at insertion, which a drop
+        // upstream in the chain can precede).
+        self.flows += u64::from(st.packets == 0);
         let before = st.bytes;
         st.bytes = st.bytes.saturating_add(pkt.len() as u64);
         st.packets = st.packets.saturating_add(1);

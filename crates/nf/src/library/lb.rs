@@ -53,6 +53,9 @@ pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
 
 /// `LbState::backend` of an IPv6 flow that has no pool: passed untouched.
 pub const UNBALANCED: u32 = u32::MAX;
+/// A flow not yet balanced: its first packet has not reached lb (a drop upstream in the chain
+/// must not move the round-robin cursor, or backends would depend on the executor).
+pub const PENDING: u32 = u32::MAX - 1;
 
 /// Per-flow state: the chosen backend.
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -148,6 +151,17 @@ impl Lb {
     }
 
     #[inline(never)]
+    fn assign(&mut self, pkt: &Pkt<'_>, st: &mut LbState) {
+        st.backend = if pkt.meta().v6 {
+            let b = self.v6.pick();
+            self.unbalanced_flows += u64::from(b == UNBALANCED);
+            b
+        } else {
+            self.v4.pick()
+        };
+    }
+
+    #[inline(never)]
     fn process_v6(&mut self, pkt: &mut Pkt<'_>, st: &LbState) -> Action {
         match self.v6.addrs.get(st.backend as usize) {
             Some(&ip) => {
@@ -204,18 +218,16 @@ impl StatefulNf for Lb {
         NF.name
     }
 
-    fn init(&mut self, pkt: &Pkt<'_>, _ctx: &NfContext) -> LbState {
-        if pkt.meta().v6 {
-            let b = self.v6.pick();
-            self.unbalanced_flows += u64::from(b == UNBALANCED);
-            LbState { backend: b }
-        } else {
-            LbState { backend: self.v4.pick() }
-        }
+    /// The backend is picked by the flow's first packet that reaches lb (see [`PENDING`]).
+    fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> LbState {
+        LbState { backend: PENDING }
     }
 
     #[inline]
     fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut LbState, _ctx: &NfContext) -> Action {
+        if st.backend == PENDING {
+            self.assign(pkt, st);
+        }
         if pkt.meta().v6 {
             return self.process_v6(pkt, st);
         }
@@ -251,8 +263,12 @@ impl StatefulNf for Lb {
         Export::State
     }
 
-    /// The flow as received (destination = the service address) and its backend.
+    /// The flow as received (destination = the service address) and its backend; flows none of whose
+    /// packets reached lb (dropped upstream) have no backend and no row.
     fn export_row(&self, key: &FiveTuple, st: &LbState) -> Option<Value> {
+        if st.backend == PENDING {
+            return None;
+        }
         Some(json!({
             "proto": key.proto(),
             "src": key.src_ip().to_string(),
