@@ -416,21 +416,62 @@ impl ExecContext {
     /// (the latency-optimised path); `FlowRef::NONE` for unparsed packets
     /// and a full table.
     pub(crate) fn lookup_one(&mut self, batch: &mut Batch, i: usize, ctx: &NfContext) -> FlowRef {
-        let meta = self.scratch.metas[i];
+        let aux_on = self.aux_on();
+        // Split borrows: the packet's metadata is read in place, not copied.
+        let ExecContext { stores, chain, shared, scratch, .. } = self;
+        let meta = &scratch.metas[i];
         if !meta.valid {
             return FlowRef::NONE;
         }
-        let aux_on = self.aux_on();
-        let ExecContext { stores, chain, shared, .. } = self;
         let Chain { stages, groups, .. } = chain;
         let aux = Aux { groups, shared, now: ctx.now_ns };
         let aux = aux_on.then_some(&aux);
         let h = hash_tuple(&meta.tuple);
         let pctx = packet_ctx(batch, i, ctx);
         let data = batch.data_mut(i);
-        stores[0]
-            .upsert(&meta.tuple, h, pctx.now_ns, |u| upsert_all(stages, aux, data, &meta, &pctx, u))
+        let Some(store) = stores.first_mut() else { return FlowRef::NONE };
+        store
+            .upsert(&meta.tuple, h, pctx.now_ns, |u| upsert_all(stages, aux, data, meta, &pctx, u))
             .map_or(FlowRef::NONE, |(r, _)| r)
+    }
+
+    /// One single-key lookup per run of consecutive packets of one flow in
+    /// `range` (FastClick's micro-batches), every packet of the run getting
+    /// its entry; the entry is last seen at the run's last packet (the
+    /// lookup window keeps a run within the idle timeout).
+    pub(crate) fn lookup_runs(&mut self, batch: &mut Batch, range: Range<usize>, ctx: &NfContext) {
+        let aux_on = self.aux_on();
+        let ExecContext { stores, chain, shared, scratch, .. } = self;
+        let Some(store) = stores.first_mut() else { return };
+        let Chain { stages, groups, .. } = chain;
+        let aux = Aux { groups, shared, now: ctx.now_ns };
+        let aux = aux_on.then_some(&aux);
+        let Scratch { metas, flows, .. } = scratch;
+        let (mut i, n) = (range.start, range.end);
+        while i < n {
+            let meta = &metas[i];
+            let mut j = i + 1;
+            while j < n && metas[j].valid == meta.valid && metas[j].tuple == meta.tuple {
+                j += 1;
+            }
+            let mut flow = FlowRef::NONE;
+            if meta.valid {
+                let h = hash_tuple(&meta.tuple);
+                let pctx = packet_ctx(batch, i, ctx);
+                let data = batch.data_mut(i);
+                if let Some((r, _)) =
+                    store.upsert(&meta.tuple, h, pctx.now_ns, |u| upsert_all(stages, aux, data, meta, &pctx, u))
+                {
+                    flow = r;
+                    if j > i + 1 {
+                        let last = batch.timestamps()[i + 1..j].iter().copied().max().unwrap_or(0);
+                        store.touch(r, last);
+                    }
+                }
+            }
+            flows[i..j].fill(flow);
+            i = j;
+        }
     }
 
     /// True when the chain can end flows, so executors must make each end

@@ -3,7 +3,6 @@
 //! single-key lookup (no bulk, no prefetch), then each NF runs over the
 //! whole batch.
 
-use std::ops::Range;
 
 use flowplane_nf::NfContext;
 use flowplane_packet::Batch;
@@ -27,7 +26,7 @@ impl Executor for MicroBatch {
         cx.start_batch(batch);
         while start < n {
             let w = cx.window_end(batch, start, n);
-            lookup_runs(cx, batch, start..w, ctx);
+            cx.lookup_runs(batch, start..w, ctx);
             loop {
                 let end = cx.segment_end(start, w);
                 cx.pin_coarse_batch(start..end, ctx.now_ns);
@@ -39,25 +38,5 @@ impl Executor for MicroBatch {
                 }
             }
         }
-    }
-}
-
-/// One single-key lookup per run of consecutive packets of one flow.
-fn lookup_runs(cx: &mut ExecContext, batch: &mut Batch, range: Range<usize>, ctx: &NfContext) {
-    let (mut i, n) = (range.start, range.end);
-    while i < n {
-        let meta = cx.scratch.metas[i];
-        let mut j = i + 1;
-        while j < n && cx.scratch.metas[j].valid == meta.valid && cx.scratch.metas[j].tuple == meta.tuple {
-            j += 1;
-        }
-        let flow = cx.lookup_one(batch, i, ctx);
-        cx.scratch.flows[i..j].fill(flow);
-        if j > i + 1 && flow.is_some() {
-            // The flow was last seen at the run's last packet (the window keeps the run within the timeout).
-            let last = batch.timestamps()[i + 1..j].iter().copied().max().unwrap_or(0);
-            cx.stores[0].touch(flow, last);
-        }
-        i = j;
     }
 }
