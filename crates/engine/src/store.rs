@@ -143,6 +143,18 @@ impl FlowStore {
         }
     }
 
+    /// True if `r`'s flow, seen at `now_ns`, is idle past the timeout (a lookup would renew it).
+    #[inline]
+    pub fn idle_at(&self, r: FlowRef, now_ns: u64) -> bool {
+        if r == FlowRef::NONE {
+            false
+        } else if r.0 & V6_BIT == 0 {
+            self.v4.idle_at(r.0, now_ns)
+        } else {
+            self.v6.idle_at(r.0 & !V6_BIT, now_ns)
+        }
+    }
+
     /// The flow's entry, if it has one (no insertion).
     pub fn find(&self, key: &FiveTuple, hash: u64) -> Option<FlowRef> {
         match key {

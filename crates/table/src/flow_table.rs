@@ -434,6 +434,12 @@ impl<K: FlowKey> FlowTable<K> {
         matches!(self.idle_timeout_ns, Some(t) if now > seen && now - seen > t)
     }
 
+    /// True if live entry `h`, seen at `now_ns`, would be renewed as idle by a lookup (for callers that found
+    /// the entry themselves and want to touch it instead of looking it up again).
+    pub fn idle_at(&self, h: Handle, now_ns: u64) -> bool {
+        self.slab.is_live(h) && self.is_idle(self.slab.last_seen(h), now_ns)
+    }
+
     /// Expires entry `h` in place on lookup: `f` sees the old state, then the zeroed state to fill.
     #[inline(never)]
     fn renew(&mut self, h: Handle, now: u64, mut f: impl FnMut(Upsert<'_>)) {
