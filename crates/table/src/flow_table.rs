@@ -440,6 +440,19 @@ impl<K: FlowKey> FlowTable<K> {
         self.slab.is_live(h) && self.is_idle(self.slab.last_seen(h), now_ns)
     }
 
+    /// Sets live entry `h`'s last-seen time to `now`, or renews it (see [`Self::renew`]) if it was idle past the
+    /// timeout; true if renewed.
+    #[inline(always)]
+    fn touch_or_renew(&mut self, h: Handle, now: u64, f: impl FnMut(Upsert<'_>)) -> bool {
+        if self.is_idle(self.slab.last_seen(h), now) {
+            self.renew(h, now, f);
+            true
+        } else {
+            self.slab.set_last_seen(h, now);
+            false
+        }
+    }
+
     /// Expires entry `h` in place on lookup: `f` sees the old state, then the zeroed state to fill.
     #[inline(never)]
     fn renew(&mut self, h: Handle, now: u64, mut f: impl FnMut(Upsert<'_>)) {
@@ -489,12 +502,9 @@ impl<K: FlowKey> FlowTable<K> {
             let t = now.at(i);
             if stale & (1 << i) != 0 {
                 // An earlier key of the chunk may have renewed (or touched) the same entry.
-                let h = out[i];
-                if self.is_idle(self.slab.last_seen(h), t) {
-                    self.renew(h, t, |u| f(i, u));
+                if self.touch_or_renew(out[i], t, |u| f(i, u)) {
                     inserted |= 1 << i;
                 } else {
-                    self.slab.set_last_seen(h, t);
                     hit |= 1 << i;
                 }
                 continue;
@@ -506,11 +516,9 @@ impl<K: FlowKey> FlowTable<K> {
                 if let Some((_, _, h)) = self.find(key, p) {
                     out[i] = h;
                     // A batch can span more than the timeout of packet time.
-                    if self.is_idle(self.slab.last_seen(h), t) {
-                        self.renew(h, t, |u| f(i, u));
+                    if self.touch_or_renew(h, t, |u| f(i, u)) {
                         inserted |= 1 << i;
                     } else {
-                        self.slab.set_last_seen(h, t);
                         hit |= 1 << i;
                     }
                     continue;
@@ -568,12 +576,7 @@ impl<K: FlowKey> FlowTable<K> {
         self.lookups.set(self.lookups.get() + 1);
         if let Some((_, _, h)) = self.find(key, p) {
             self.hits.set(self.hits.get() + 1);
-            if self.is_idle(self.slab.last_seen(h), now_ns) {
-                self.renew(h, now_ns, f);
-                return Ok((h, true));
-            }
-            self.slab.set_last_seen(h, now_ns);
-            return Ok((h, false));
+            return Ok((h, self.touch_or_renew(h, now_ns, f)));
         }
         let h = self.insert_new(key, hash, p, now_ns, || Protected::NONE)?;
         f(Upsert::New(self.slab.state_mut(h)));
