@@ -7,6 +7,7 @@
 
 pub mod error;
 pub mod rss;
+pub mod steer;
 
 pub use error::ScaleError;
 pub use rss::RssDispatcher;

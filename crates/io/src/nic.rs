@@ -1,0 +1,453 @@
+//! The emulated NIC's receive side: one [`NicQueue`] per worker over a
+//! steered replay trace (one stream in arrival order, a steering key per
+//! packet), steering each packet when it is received by the live table of
+//! [`flowplane_scale::steer::Steering`].
+//!
+//! Each queue walks the shared stream ("the wire") and takes the packets
+//! whose key it owns into its own bounded descriptor ring; a packet that
+//! finds the ring full is dropped and counted (`rx_ring_full`), as a NIC
+//! does. At full speed a queue walks only as far as it needs (its ring never
+//! fills); paced, it walks up to the packets due by the shared clock, so a
+//! core that cannot keep up loses packets. The walk is the NIC's work: its
+//! cycles are counted apart from the worker's (`nic_cycles`); copying a
+//! taken packet into a pool buffer (the DMA) stays the worker's, as before.
+//!
+//! Moves: a key changing owner switches at a stream position past every
+//! queue's receive point ([`flowplane_scale::steer::Move::at`]). The old
+//! owner keeps the key's packets before it, then hands the key's state over
+//! ([`crate::Source::take_due`]); the new owner holds back (stalls its walk
+//! at) the key's first packet from `at` until the state is imported. A
+//! flow's packets are neither lost nor reordered.
+//!
+//! `spray`: packets go round robin by stream position (the shared-state
+//! strategy), no table.
+
+use std::sync::Arc;
+
+use flowplane_packet::{tsc, Batch, Line, PacketPool};
+use flowplane_scale::steer::{Move, Steering, MAX_SCAN};
+
+use crate::replay::ReplayTrace;
+use crate::{Rx, RxStats, Source};
+
+/// Owner value marking a key with a move in progress that involves this queue.
+const TRANSIT: u16 = u16::MAX;
+
+/// Ring entries ahead whose arena line delivery prefetches.
+const PREFETCH_AHEAD: usize = 96;
+
+/// Bursts between two publications of the per-key packet counts.
+const LOAD_PUBLISH_BURSTS: u64 = 64;
+
+/// How a NIC queue runs.
+#[derive(Clone, Copy, Debug)]
+pub struct NicConfig {
+    /// Passes over the trace (None: endless).
+    pub loops: Option<u64>,
+    /// Offered rate of the whole port (packets/s); None: full speed.
+    pub rate_pps: Option<f64>,
+    /// TSC ticks per second.
+    pub tsc_hz: f64,
+    /// TSC reading all queues pace from (one clock for the port).
+    pub start_tsc: u64,
+    /// Descriptor ring entries (a power of two).
+    pub ring: usize,
+    /// Round-robin spray by position instead of the table.
+    pub spray: bool,
+    /// Count packets per key and publish the counts (for rebalancing).
+    pub count_loads: bool,
+}
+
+impl Default for NicConfig {
+    fn default() -> Self {
+        NicConfig {
+            loops: Some(1),
+            rate_pps: None,
+            tsc_hz: 1e9,
+            start_tsc: 0,
+            ring: 1024,
+            spray: false,
+            count_loads: false,
+        }
+    }
+}
+
+/// One queue of the emulated NIC: the per-worker source.
+pub struct NicQueue {
+    trace: Arc<ReplayTrace>,
+    steering: Arc<Steering>,
+    me: u16,
+    nq: u64,
+    cfg: NicConfig,
+    /// Packets per loop.
+    n: u64,
+    /// End of the stream (absolute position), if the loops are bounded.
+    end: Option<u64>,
+    owner: Box<[u16]>,
+    gen: u64,
+    /// Every key owned here and no move in progress.
+    all_mine: bool,
+    transits: Vec<Move>,
+    /// Moves this queue is done with that the table may still list.
+    done_ids: Vec<u64>,
+    snap_moves: Vec<Move>,
+    /// Next stream position to receive (absolute: loop * n + index).
+    scan: u64,
+    ring: Box<[u64]>,
+    head: u64,
+    tail: u64,
+    counts: Box<[u64]>,
+    bursts: u64,
+    stats: RxStats,
+}
+
+impl NicQueue {
+    /// Queue `me` of a steered trace (see [`ReplayTrace::is_steered`]).
+    /// Panics never: a trace that is not steered yields no packets.
+    pub fn new(trace: Arc<ReplayTrace>, steering: Arc<Steering>, me: u16, cfg: NicConfig) -> Self {
+        let n = if trace.is_steered() { trace.queues[0].packets() as u64 } else { 0 };
+        let keys = steering.keys();
+        let ring = cfg.ring.max(2 * flowplane_packet::MAX_BATCH + PREFETCH_AHEAD).next_power_of_two();
+        let nq = steering.queues().max(1) as u64;
+        let mut q = NicQueue {
+            end: cfg.loops.map(|l| l.saturating_mul(n)),
+            trace,
+            me,
+            nq,
+            cfg,
+            n,
+            owner: vec![0u16; keys].into_boxed_slice(),
+            gen: 0,
+            all_mine: false,
+            transits: Vec::new(),
+            done_ids: Vec::new(),
+            snap_moves: Vec::new(),
+            scan: if cfg.spray { u64::from(me) } else { 0 },
+            ring: vec![0u64; ring].into_boxed_slice(),
+            head: 0,
+            tail: 0,
+            counts: vec![0u64; if cfg.count_loads { keys } else { 0 }].into_boxed_slice(),
+            bursts: 0,
+            steering,
+            stats: RxStats::default(),
+        };
+        q.refresh();
+        q
+    }
+
+    /// Re-reads the table after a change.
+    fn refresh(&mut self) {
+        let mut moves = std::mem::take(&mut self.snap_moves);
+        self.gen = self.steering.snapshot(self.me, &mut self.owner, &mut moves);
+        self.done_ids.retain(|id| moves.iter().any(|m| m.id == *id));
+        for m in &moves {
+            if !self.done_ids.contains(&m.id) && !self.transits.iter().any(|t| t.id == m.id) {
+                self.transits.push(*m);
+            }
+        }
+        self.snap_moves = moves;
+        self.transits.sort_by_key(|m| m.id);
+        for m in &self.transits {
+            if let Some(o) = self.owner.get_mut(m.key as usize) {
+                *o = TRANSIT;
+            }
+        }
+        self.all_mine = self.transits.is_empty() && self.owner.iter().all(|&o| o == self.me);
+    }
+
+    /// Who takes the packet of `key` at `pos` while the key moves: Some(true)
+    /// this queue, Some(false) another, None: not yet (state not imported).
+    #[cold]
+    fn resolve(&self, key: u16, pos: u64) -> Option<bool> {
+        let mut ms = self.transits.iter().filter(|m| m.key == key);
+        let first = ms.next()?;
+        let (mut owner, mut need) = (first.from, None);
+        for m in std::iter::once(first).chain(ms) {
+            if pos >= m.at {
+                owner = m.to;
+                need = Some(*m);
+            } else {
+                break;
+            }
+        }
+        if owner != self.me {
+            return Some(false);
+        }
+        match need {
+            Some(m) if !self.steering.is_ready(key, m.id) => None,
+            _ => Some(true),
+        }
+    }
+
+    /// Retires moves this queue is done with (after its hand-overs).
+    fn retire(&mut self) {
+        let (me, scan) = (self.me, self.scan);
+        let steering = &self.steering;
+        let done = &mut self.done_ids;
+        let mut changed = false;
+        self.transits.retain(|m| {
+            let finished = if m.to == me { scan >= m.at && steering.is_ready(m.key, m.id) } else { done.contains(&m.id) };
+            if finished && m.to == me {
+                done.push(m.id);
+            }
+            changed |= finished;
+            !finished
+        });
+        if changed {
+            for k in 0..self.owner.len() {
+                if self.owner[k] == TRANSIT && !self.transits.iter().any(|m| m.key as usize == k) {
+                    // The latest owner from the table (a later move would have kept it in transit).
+                    self.owner[k] = self.steering.owners().get(k).copied().unwrap_or(0);
+                }
+            }
+            self.all_mine = self.transits.is_empty() && self.owner.iter().all(|&o| o == self.me);
+        }
+    }
+
+    /// How far the paced clock has got: (trace time due in ns, or for a
+    /// trace whose packets share one time, the stream position due).
+    fn due(&self, now: u64) -> Option<(u64, u64)> {
+        let rate = self.cfg.rate_pps?;
+        let elapsed = now.saturating_sub(self.cfg.start_tsc) as f64 / self.cfg.tsc_hz.max(1.0);
+        if self.trace.loop_ns > 1 {
+            let loop_s = self.trace.loop_ns as f64 / 1e9;
+            Some(((elapsed * rate * loop_s / (self.n.max(1) as f64) * 1e9) as u64, u64::MAX))
+        } else {
+            Some((u64::MAX, (elapsed * rate) as u64 + 1))
+        }
+    }
+
+    /// Walks the stream from `scan`, taking owned packets into the ring.
+    fn walk(&mut self, want: usize, now: u64) {
+        let d = &self.trace.queues[0];
+        let keys = &d.keys[..];
+        let n = self.n;
+        let due = self.due(now);
+        let paced = due.is_some();
+        let (due_ns, due_pos) = due.unwrap_or((u64::MAX, u64::MAX));
+        let limit = self.end.unwrap_or(u64::MAX).min(self.scan + MAX_SCAN).min(due_pos);
+        let cap = self.ring.len() as u64;
+        let mask = cap - 1;
+        // At full speed fill the ring only to what this burst delivers plus the prefetch distance.
+        let target = if paced { cap } else { (want + PREFETCH_AHEAD) as u64 };
+        let (me, spray) = (self.me, self.cfg.spray);
+        let step = if spray { self.nq } else { 1 };
+        let mut pos = self.scan;
+        let mut drops = 0u64;
+        let mut loop_k = pos / n;
+        let mut i = pos - loop_k * n;
+        let shift_ns = self.trace.loop_ns;
+        while pos < limit && (paced || self.tail - self.head < target) {
+            if due_ns != u64::MAX && loop_k.saturating_mul(shift_ns).saturating_add(d.ts_at(i as usize)) > due_ns {
+                break;
+            }
+            let mine = if spray {
+                true
+            } else {
+                let k = keys[i as usize];
+                let o = self.owner[k as usize];
+                if o == TRANSIT {
+                    match self.resolve(k, pos) {
+                        Some(m) => m,
+                        None => {
+                            self.stats.stalls += 1;
+                            break;
+                        }
+                    }
+                } else {
+                    if let Some(c) = self.counts.get_mut(k as usize) {
+                        *c += u64::from(o == me);
+                    }
+                    o == me
+                }
+            };
+            // Branch-free: the slot is written always, kept when owned and there is room.
+            let room = self.tail - self.head < cap;
+            self.ring[(self.tail & mask) as usize] = (loop_k << 32) | i;
+            self.tail += u64::from(mine & room);
+            drops += u64::from(mine & !room);
+            pos += step;
+            i += step;
+            while i >= n {
+                i -= n;
+                loop_k += 1;
+            }
+        }
+        self.stats.scanned += pos - self.scan;
+        self.stats.rx_ring_full += drops;
+        self.scan = pos;
+        self.steering.publish_scan(self.me as usize, pos);
+    }
+
+    /// Stream position of a ring entry.
+    #[inline]
+    fn abs(&self, e: u64) -> u64 {
+        (e >> 32) * self.n + (e & 0xffff_ffff)
+    }
+}
+
+impl Source for NicQueue {
+    fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize, now: u64) -> Rx {
+        if self.n == 0 {
+            return Rx::Done;
+        }
+        if self.steering.generation() != self.gen {
+            self.refresh();
+        }
+        let want = max.min(batch.room());
+        let fill = (self.tail - self.head) as usize;
+        if self.all_mine && !self.cfg.spray && self.cfg.rate_pps.is_none() && fill < want {
+            // One queue owning everything: nothing to steer; deliver in stream order.
+            let end = self.end.unwrap_or(u64::MAX).min(self.scan + (want + PREFETCH_AHEAD - fill) as u64);
+            let (mask, n) = (self.ring.len() as u64 - 1, self.n);
+            let (mut loop_k, mut i) = (self.scan / n, self.scan % n);
+            for _ in self.scan..end {
+                self.ring[(self.tail & mask) as usize] = (loop_k << 32) | i;
+                self.tail += 1;
+                i += 1;
+                if i == n {
+                    i = 0;
+                    loop_k += 1;
+                }
+            }
+            self.stats.scanned += end - self.scan;
+            self.scan = end;
+            self.steering.publish_scan(self.me as usize, end);
+        } else {
+            let t0 = tsc::rdtsc();
+            self.walk(want, now);
+            self.stats.nic_cycles += tsc::rdtsc().saturating_sub(t0);
+        }
+        if !self.transits.is_empty() {
+            self.retire();
+        }
+        self.bursts += 1;
+        if !self.counts.is_empty() && self.bursts % LOAD_PUBLISH_BURSTS == 0 {
+            self.steering.publish_loads(self.me as usize, &self.counts);
+        }
+        let avail = (self.tail - self.head) as usize;
+        let take = want.min(avail);
+        if take == 0 {
+            let at_end = self.end.is_some_and(|e| self.scan >= e);
+            let owes = self.transits.iter().any(|m| m.from == self.me && m.at <= self.scan && !self.done_ids.contains(&m.id));
+            return if at_end && self.head == self.tail && !owes {
+                if !self.counts.is_empty() {
+                    self.steering.publish_loads(self.me as usize, &self.counts);
+                }
+                Rx::Done
+            } else {
+                Rx::Idle
+            };
+        }
+        let d = &self.trace.queues[0];
+        let (ring, head, tail) = (&self.ring, self.head, self.tail);
+        let mask = ring.len() as u64 - 1;
+        let loop_ns = self.trace.loop_ns;
+        let mut bytes = 0u64;
+        let got = batch.rx_burst_lines(pool, take, |k| {
+            let h = head + k as u64;
+            if h + (PREFETCH_AHEAD as u64) < tail {
+                let e = ring[((h + PREFETCH_AHEAD as u64) & mask) as usize];
+                if let Some(&first) = d.first_line.get((e & 0xffff_ffff) as usize) {
+                    if let Some(l) = d.lines.get(first as usize) {
+                        flowplane_packet::prefetch::read(l);
+                    }
+                }
+            }
+            let e = ring[(h & mask) as usize];
+            let (lp, i) = (e >> 32, (e & 0xffff_ffff) as usize);
+            let first = d.first_line[i] as usize;
+            let l = d.len[i];
+            bytes += u64::from(l);
+            let ts = lp.saturating_mul(loop_ns).saturating_add(d.ts_at(i));
+            (&d.lines[first..first + Line::count_for(l as usize)], l, d.hash[i], ts)
+        });
+        if got < take {
+            self.stats.pool_empty += 1;
+        }
+        self.head += got as u64;
+        self.stats.packets += got as u64;
+        self.stats.bytes += bytes;
+        if got > 0 {
+            Rx::Packets(got)
+        } else {
+            Rx::Idle
+        }
+    }
+
+    fn rx_stats(&self) -> RxStats {
+        self.stats
+    }
+
+    fn take_due(&mut self) -> Option<Move> {
+        let consumed = if self.head == self.tail {
+            self.scan
+        } else {
+            self.abs(self.ring[(self.head & (self.ring.len() as u64 - 1)) as usize])
+        };
+        let (me, scan) = (self.me, self.scan);
+        let m = *self
+            .transits
+            .iter()
+            .find(|m| m.from == me && scan >= m.at && consumed >= m.at && !self.done_ids.contains(&m.id))?;
+        self.done_ids.push(m.id);
+        self.retire();
+        Some(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::ReplayBuilder;
+    use flowplane_packet::PoolConfig;
+    use flowplane_scale::steer::{Classifier, HashOn};
+
+    fn setup(keys: &[u16]) -> (Arc<ReplayTrace>, Arc<Steering>) {
+        let mut b = ReplayBuilder::new(1);
+        for (i, &k) in keys.iter().enumerate() {
+            b.push_steered(&[i as u8; 60], k as u32, 10 * i as u64, k).unwrap();
+        }
+        let c = Classifier::new(4, false, HashOn::FiveTuple, false, Vec::new()).unwrap();
+        (b.build(), Arc::new(Steering::new(2, &c, &[0, 1, 0, 1]).unwrap()))
+    }
+
+    fn drain(q: &mut NicQueue, pool: &mut PacketPool) -> Vec<u8> {
+        let mut batch = Batch::new(pool);
+        let mut out = Vec::new();
+        while let Rx::Packets(n) = q.rx_burst(pool, &mut batch, 8, 0) {
+            out.extend((0..n).map(|i| batch.data(i)[0]));
+            batch.free_all(pool).unwrap();
+        }
+        out
+    }
+
+    #[test]
+    fn queues_take_their_keys_in_order() {
+        let keys: Vec<u16> = (0..40).map(|i| (i * 7 % 4) as u16).collect();
+        let (t, s) = setup(&keys);
+        let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
+        let cfg = NicConfig { loops: Some(1), ..Default::default() };
+        let a = drain(&mut NicQueue::new(t.clone(), s.clone(), 0, cfg), &mut pool);
+        let b = drain(&mut NicQueue::new(t, s, 1, cfg), &mut pool);
+        let want_a: Vec<u8> = (0..40u8).filter(|&i| keys[i as usize] % 2 == 0).collect();
+        let want_b: Vec<u8> = (0..40u8).filter(|&i| keys[i as usize] % 2 == 1).collect();
+        assert_eq!((a, b), (want_a, want_b));
+    }
+
+    #[test]
+    fn paced_overload_drops_at_the_ring() {
+        let keys = vec![0u16; 5000];
+        let (t, s) = setup(&keys);
+        let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
+        let cfg = NicConfig { loops: Some(1), rate_pps: Some(1e6), tsc_hz: 1e6, ring: 1024, ..Default::default() };
+        let mut q = NicQueue::new(t, s, 0, cfg);
+        let mut batch = Batch::new(&pool);
+        // 4 ms at 1 Mpps: 4001 packets due (0..=4 ms), a 1024-entry ring, 8 taken.
+        assert_eq!(q.rx_burst(&mut pool, &mut batch, 8, 4000), Rx::Packets(8));
+        let st = q.rx_stats();
+        assert_eq!(st.scanned, 4001);
+        assert_eq!(st.rx_ring_full, 4001 - 1024);
+        batch.free_all(&mut pool).unwrap();
+    }
+}
