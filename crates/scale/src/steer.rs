@@ -484,6 +484,8 @@ mod tests {
         let mut icmp = vec![0u8; 14 + 20 + 8 + 28];
         icmp[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
         icmp[14] = 0x45;
+        icmp[16..18].copy_from_slice(&56u16.to_be_bytes());
+        icmp[22] = 64;
         icmp[23] = 1;
         icmp[26..30].copy_from_slice(&[10, 0, 0, 9]);
         icmp[30..34].copy_from_slice(&[10, 0, 0, 1]);

@@ -29,6 +29,7 @@ use crate::coarse::SharedStores;
 use crate::error::EngineError;
 
 mod context;
+mod migrate;
 
 pub use context::{ExecContext, ExecStats, Scratch};
 
@@ -275,6 +276,18 @@ impl Pipeline {
     /// Table figures.
     pub fn store_report(&self) -> StoreReport {
         self.cx.store_report()
+    }
+
+    /// Moves the per-flow entries whose key `pick` selects out of this
+    /// core's stores into `out` (state hand-over between cores, see
+    /// `exec/migrate.rs`); returns how many.
+    pub fn export_flows(&mut self, pick: &dyn Fn(&flowplane_wire::flow::FiveTuple) -> bool, out: &mut Vec<u8>) -> usize {
+        migrate::export_flows(&mut self.cx, pick, out)
+    }
+
+    /// Imports entries another core's [`Pipeline::export_flows`] produced: (imported, refused).
+    pub fn import_flows(&mut self, data: &[u8]) -> (usize, usize) {
+        migrate::import_flows(&mut self.cx, data)
     }
 
     /// Export rows of NF `name`, if it exports state (see [`ExecContext::export`]).

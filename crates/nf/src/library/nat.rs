@@ -75,7 +75,7 @@ use serde_json::json;
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::{merge_keeping, Export};
-use crate::stateful::{Action, Granularity, StatefulNf};
+use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const EXTERNAL: ParamSpec = ParamSpec::text("external", "203.0.113.1", "IPv4", "first external address");
@@ -545,6 +545,22 @@ impl StatefulNf for Nat {
 
     fn name(&self) -> &'static str {
         NF.name
+    }
+
+    fn placement(&self) -> Placement {
+        // The smallest prefix holding every external address.
+        let first = u32::from(self.cfg.external);
+        let last = first.saturating_add(self.cfg.addrs.saturating_sub(1));
+        let len = (first ^ last).leading_zeros().min(32) as u8;
+        Placement {
+            affinity: Affinity::Flow,
+            global: GlobalState::PortPool {
+                param: "ports",
+                lo: self.cfg.port_lo,
+                hi: self.cfg.port_hi,
+                dst: (self.cfg.external, len),
+            },
+        }
     }
 
     fn idle_timeout_ns(&self) -> Option<u64> {
