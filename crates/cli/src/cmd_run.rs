@@ -68,9 +68,20 @@ pub struct RunArgs {
     /// Export an NF's state at the end of the run: NF=FILE.csv or NF=FILE.json (repeatable).
     #[arg(long, value_name = "NF=FILE")]
     pub export: Vec<String>,
-    /// Multi-core strategy (the emulated NIC stage).
-    #[arg(long, default_value = "rss", value_parser = ["rss"])]
+    /// Multi-core strategy: rss (shared-nothing sharding), shared (round-robin spray, shared state),
+    /// rsspp (RSS++ rebalancing with state hand-over).
+    #[arg(long, default_value = "rss", value_parser = ["rss", "shared", "rsspp"])]
     pub scale: String,
+    /// Control period of the strategy, in milliseconds.
+    #[arg(long, default_value_t = 100.0, allow_negative_numbers = true)]
+    pub scale_period_ms: f64,
+    /// Receive ring entries per core (a full ring drops and counts: rx_ring_full).
+    #[arg(long, default_value_t = 1024, allow_negative_numbers = true)]
+    pub ring: usize,
+    /// Run N logical workers in turn on the real cores and report a projected throughput
+    /// (shared-nothing strategies only).
+    #[arg(long, allow_negative_numbers = true)]
+    pub virtual_cores: Option<usize>,
     /// Use the symmetric RSS key (both directions of a connection on one core).
     #[arg(long)]
     pub symmetric_rss: bool,
@@ -170,6 +181,22 @@ fn validate(a: &RunArgs) -> Result<(), CliError> {
     if !(a.idle_timeout.is_finite() && a.idle_timeout > 0.0) {
         return Err(CliError::new(format!("--idle-timeout {}: must be a positive number of seconds", a.idle_timeout)));
     }
+    if !(a.scale_period_ms.is_finite() && (1.0..=60_000.0).contains(&a.scale_period_ms)) {
+        return Err(CliError::new(format!("--scale-period-ms {}: must be between 1 and 60000", a.scale_period_ms)));
+    }
+    if a.ring < 2 * flowplane_packet::MAX_BATCH || a.ring > 1 << 20 {
+        return Err(CliError::new(format!(
+            "--ring {}: must be between {} and {}",
+            a.ring,
+            2 * flowplane_packet::MAX_BATCH,
+            1 << 20
+        )));
+    }
+    if let Some(v) = a.virtual_cores {
+        if v == 0 || v > 4096 {
+            return Err(CliError::new(format!("--virtual-cores {v}: must be between 1 and 4096")));
+        }
+    }
     if a.pool < 2 * flowplane_packet::MAX_BATCH {
         return Err(CliError::new(format!("--pool {}: must be at least {}", a.pool, 2 * flowplane_packet::MAX_BATCH)));
     }
@@ -228,6 +255,10 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         exec,
         export: exports.iter().map(|(n, _)| n.clone()).collect(),
         restamp: a.restamp,
+        scale: a.scale.clone(),
+        scale_period: Duration::from_secs_f64(a.scale_period_ms / 1e3),
+        ring: a.ring,
+        virtual_cores: a.virtual_cores,
     };
     let run = run_input(&cfg, &spec, input, a.symmetric_rss, output.clone())?;
     let (report, load, (symmetric, auto_symmetric)) = (run.report, run.load, run.symmetric);
@@ -250,11 +281,11 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
             outln!("flowplane demo: {DEFAULT_GEN}");
         }
         outln!(
-            "loaded       {} packets ({} unclassified, {} skipped) into {} queue(s)",
+            "loaded       {} packets ({} unclassified, {} skipped), steered at receive over {} queue(s)",
             load.packets,
             load.unclassified,
             load.skipped,
-            cores
+            a.virtual_cores.unwrap_or(cores)
         );
         if load.unparsed.total() > 0 {
             outln!("unparsed     {} (not replayed)", load.unparsed);

@@ -2,9 +2,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use flowplane_io::{Rx, Sink, Source, TxCounters};
+use flowplane_io::{Rx, RxStats, Sink, Source, TxCounters};
 use flowplane_nf::{NfContext, NfCounters};
 use flowplane_packet::{tsc, Batch, PacketPool};
+use flowplane_scale::steer::{Classifier, Handover, Steering};
 
 use crate::exec::{Pipeline, StoreReport};
 use crate::hist::Histogram;
@@ -30,71 +31,198 @@ pub struct WorkerResult {
     pub batch_latency: Histogram,
     /// Flow-table figures.
     pub store: StoreReport,
+    /// TSC cycles spent on batches (receive to transmit), not idle polling.
+    pub busy_cycles: u64,
+    /// The receive queue's counters (NIC emulation, ring drops).
+    pub rx: RxStats,
+    /// Flow entries handed to other cores / taken from them.
+    pub flows_out: u64,
+    /// Flow entries imported from other cores.
+    pub flows_in: u64,
+    /// Imported entries refused (table full).
+    pub flows_refused: u64,
 }
 
-/// Runs until the source is done or `stop` is raised. Batches received
-/// before `measure_from_tsc` are processed but not measured (warm-up).
-#[allow(clippy::too_many_arguments)]
-pub fn run_worker(
+/// A worker's side of the control plane: its queue's steering table and
+/// hand-over mailbox, and the classifier that maps a flow to its RETA entry.
+pub struct Control<'a> {
+    /// The port's live table.
+    pub steering: &'a Steering,
+    /// The classifier the trace was steered with.
+    pub classifier: &'a Classifier,
+    mail: Vec<Handover>,
+}
+
+impl<'a> Control<'a> {
+    /// A control channel over `steering`.
+    pub fn new(steering: &'a Steering, classifier: &'a Classifier) -> Self {
+        Control { steering, classifier, mail: Vec::new() }
+    }
+
+    /// Imports the state handed to this core (at a batch boundary).
+    fn import(&mut self, core: usize, exec: &mut Pipeline, res: &mut WorkerResult) {
+        if !self.steering.has_mail(core) {
+            return;
+        }
+        self.steering.take_mail(core, &mut self.mail);
+        for h in self.mail.drain(..) {
+            let (ok, bad) = exec.import_flows(&h.state);
+            res.flows_in += ok as u64;
+            res.flows_refused += bad as u64;
+            self.steering.imported(h.mv);
+        }
+    }
+
+    /// Hands over the state of every move the queue says is due.
+    fn release(&mut self, source: &mut dyn Source, exec: &mut Pipeline, res: &mut WorkerResult) {
+        while let Some(mv) = source.take_due() {
+            let mut out = Vec::new();
+            let c = self.classifier;
+            res.flows_out += exec.export_flows(&|k| c.entry_of(k) == mv.key, &mut out) as u64;
+            self.steering.hand_over(mv, out);
+        }
+    }
+}
+
+/// What one step of a worker did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Processed a batch.
+    Busy,
+    /// Nothing to receive now.
+    Idle,
+    /// The source is exhausted or the run was stopped.
+    Done,
+}
+
+/// One (real or logical) worker: its queue, chain, pool and sink, run a
+/// batch at a time by [`Worker::step`], so a real thread can run one worker
+/// or take turns over several (`--virtual-cores`).
+pub struct Worker<'a> {
     core: usize,
-    pool: &mut PacketPool,
-    source: &mut dyn Source,
-    exec: &mut Pipeline,
-    sink: &mut dyn Sink,
+    pool: PacketPool,
+    batch: Box<Batch>,
+    source: Box<dyn Source + 'a>,
+    exec: Pipeline,
+    sink: Box<dyn Sink + 'a>,
     batch_size: usize,
-    stop: &AtomicBool,
     measure_from_tsc: u64,
-) -> WorkerResult {
-    let mut batch = Batch::new(pool);
-    let mut res = WorkerResult { core, ..Default::default() };
-    let mut first: Option<u64> = None;
-    let mut last_end = 0u64;
-    loop {
+    ctl: Option<Control<'a>>,
+    res: WorkerResult,
+    first: Option<u64>,
+    last_end: u64,
+}
+
+impl<'a> Worker<'a> {
+    /// A worker for core (or logical worker) `core`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        core: usize,
+        pool: PacketPool,
+        source: Box<dyn Source + 'a>,
+        exec: Pipeline,
+        sink: Box<dyn Sink + 'a>,
+        batch_size: usize,
+        measure_from_tsc: u64,
+        ctl: Option<Control<'a>>,
+    ) -> Self {
+        let batch = Batch::new(&pool);
+        Worker {
+            core,
+            pool,
+            batch,
+            source,
+            exec,
+            sink,
+            batch_size,
+            measure_from_tsc,
+            ctl,
+            res: WorkerResult { core, ..Default::default() },
+            first: None,
+            last_end: 0,
+        }
+    }
+
+    /// Receives one burst and runs the chain over it.
+    pub fn step(&mut self, stop: &AtomicBool) -> Step {
+        let res = &mut self.res;
+        if let Some(c) = self.ctl.as_mut() {
+            c.import(self.core, &mut self.exec, res);
+        }
         let now = tsc::rdtsc();
-        let n = match source.rx_burst(pool, &mut batch, batch_size, now) {
+        let n = match self.source.rx_burst(&mut self.pool, &mut self.batch, self.batch_size, now) {
             Rx::Packets(n) => n,
             Rx::Idle => {
-                if stop.load(Ordering::Relaxed) {
-                    break;
+                if let Some(c) = self.ctl.as_mut() {
+                    c.release(self.source.as_mut(), &mut self.exec, res);
                 }
-                std::hint::spin_loop();
-                continue;
+                return if stop.load(Ordering::Relaxed) { Step::Done } else { Step::Idle };
             }
-            Rx::Done => break,
+            Rx::Done => return Step::Done,
         };
-        if first.is_none() && now >= measure_from_tsc {
+        if self.first.is_none() && now >= self.measure_from_tsc {
             // Warm-up over: throughput, cycles and latency count from here
             // (tables filled, caches and page tables warm). NF counters keep totals.
-            first = Some(now);
+            self.first = Some(now);
             res.packets = 0;
             res.bytes = 0;
             res.batches = 0;
             res.tx = TxCounters::default();
             res.batch_latency = Histogram::default();
+            res.busy_cycles = 0;
         }
+        let batch = &mut self.batch;
         res.packets += n as u64;
         res.bytes += batch.lens().iter().map(|&l| l as u64).sum::<u64>();
         // The packet clock: NF actions see each packet's own time; table
         // bookkeeping (last seen, expiry) the latest time in the batch.
         let now_ns = batch.timestamps().iter().copied().max().unwrap_or(0);
         let ctx = NfContext { now_tsc: now, now_ns };
-        exec.process(&mut batch, &ctx);
-        let tx = sink.tx_burst(pool, &mut batch);
+        self.exec.process(batch, &ctx);
+        let tx = self.sink.tx_burst(&mut self.pool, batch);
         res.tx.sent += tx.sent;
         res.tx.bytes += tx.bytes;
         res.tx.dropped += tx.dropped;
         res.tx.errors += tx.errors;
         res.batches += 1;
-        last_end = tsc::rdtsc();
-        res.batch_latency.record(last_end.saturating_sub(now));
+        if let Some(c) = self.ctl.as_mut() {
+            c.release(self.source.as_mut(), &mut self.exec, res);
+        }
+        self.last_end = tsc::rdtsc();
+        res.batch_latency.record(self.last_end.saturating_sub(now));
+        res.busy_cycles += self.last_end.saturating_sub(now);
         if stop.load(Ordering::Relaxed) {
-            break;
+            Step::Done
+        } else {
+            Step::Busy
         }
     }
-    // Buffers still held (none unless a sink failed) go back to the pool.
-    let _ = batch.free_all(pool);
-    res.cycles = first.map_or(0, |f| last_end.saturating_sub(f));
-    res.nfs = exec.nf_results();
-    res.store = exec.store_report();
-    res
+
+    /// Runs until the source is done or `stop` is raised.
+    pub fn run(&mut self, stop: &AtomicBool) {
+        loop {
+            match self.step(stop) {
+                Step::Busy => {}
+                Step::Idle => std::hint::spin_loop(),
+                Step::Done => break,
+            }
+        }
+    }
+
+    /// Measured figures so far: busy cycles (for `--virtual-cores` turn-taking).
+    pub fn busy_cycles(&self) -> u64 {
+        self.res.busy_cycles
+    }
+
+    /// The results and the chain (whose state exports read).
+    pub fn finish(mut self) -> (WorkerResult, Pipeline) {
+        // Buffers still held (none unless a sink failed) go back to the pool.
+        let _ = self.batch.free_all(&mut self.pool);
+        let mut res = self.res;
+        res.cycles = self.first.map_or(0, |f| self.last_end.saturating_sub(f));
+        res.rx = self.source.rx_stats();
+        res.nfs = self.exec.nf_results();
+        res.store = self.exec.store_report();
+        (res, self.exec)
+    }
 }

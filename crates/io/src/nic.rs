@@ -219,64 +219,87 @@ impl NicQueue {
 
     /// Walks the stream from `scan`, taking owned packets into the ring.
     fn walk(&mut self, want: usize, now: u64) {
-        let d = &self.trace.queues[0];
-        let keys = &d.keys[..];
-        let n = self.n;
         let due = self.due(now);
         let paced = due.is_some();
         let (due_ns, due_pos) = due.unwrap_or((u64::MAX, u64::MAX));
         let limit = self.end.unwrap_or(u64::MAX).min(self.scan + MAX_SCAN).min(due_pos);
         let cap = self.ring.len() as u64;
-        let mask = cap - 1;
         // At full speed fill the ring only to what this burst delivers plus the prefetch distance.
-        let target = if paced { cap } else { (want + PREFETCH_AHEAD) as u64 };
-        let (me, spray) = (self.me, self.cfg.spray);
-        let step = if spray { self.nq } else { 1 };
+        let target = if paced { u64::MAX } else { (want + PREFETCH_AHEAD) as u64 };
         let mut pos = self.scan;
         let mut drops = 0u64;
-        let mut loop_k = pos / n;
-        let mut i = pos - loop_k * n;
-        let shift_ns = self.trace.loop_ns;
+        let n = self.n;
         while pos < limit && (paced || self.tail - self.head < target) {
-            if due_ns != u64::MAX && loop_k.saturating_mul(shift_ns).saturating_add(d.ts_at(i as usize)) > due_ns {
-                break;
-            }
-            let mine = if spray {
-                true
-            } else {
-                let k = keys[i as usize];
-                let o = self.owner[k as usize];
-                if o == TRANSIT {
-                    match self.resolve(k, pos) {
-                        Some(m) => m,
-                        None => {
-                            self.stats.stalls += 1;
-                            break;
-                        }
+            let loop_k = pos / n;
+            let i0 = pos - loop_k * n;
+            if self.cfg.spray {
+                // Round robin by position: this queue's positions are me, me + nq, ...
+                let (room, mask) = (cap - (self.tail - self.head), cap - 1);
+                let mut k = 0;
+                let mut i = i0;
+                while i < n && pos + (i - i0) < limit && (paced || self.tail - self.head < target) {
+                    if due_ns != u64::MAX
+                        && loop_k.saturating_mul(self.trace.loop_ns).saturating_add(self.trace.queues[0].ts_at(i as usize))
+                            > due_ns
+                    {
+                        break;
                     }
-                } else {
-                    if let Some(c) = self.counts.get_mut(k as usize) {
-                        *c += u64::from(o == me);
+                    if k < room {
+                        self.ring[(self.tail & mask) as usize] = (loop_k << 32) | i;
+                        self.tail += 1;
+                    } else {
+                        drops += 1;
                     }
-                    o == me
+                    k += 1;
+                    i += self.nq;
                 }
+                let stopped_early = i < n && pos + (i - i0) < limit;
+                pos += i - i0;
+                if pos % n != 0 && i >= n {
+                    // Wrapped past the loop end: continue at the same residue in the next loop.
+                    pos = (loop_k + 1) * n + (i - n);
+                }
+                if stopped_early {
+                    break;
+                }
+                continue;
+            }
+            let end_i = n.min(i0 + (limit - pos));
+            let r = if paced {
+                walk_run::<true>(self, loop_k, i0, end_i, due_ns, target)
+            } else {
+                walk_run::<false>(self, loop_k, i0, end_i, due_ns, target)
             };
-            // Branch-free: the slot is written always, kept when owned and there is room.
-            let room = self.tail - self.head < cap;
-            self.ring[(self.tail & mask) as usize] = (loop_k << 32) | i;
-            self.tail += u64::from(mine & room);
-            drops += u64::from(mine & !room);
-            pos += step;
-            i += step;
-            while i >= n {
-                i -= n;
-                loop_k += 1;
+            drops += r.drops;
+            pos += r.next_i - i0;
+            if r.transit {
+                // A key on the move: the slow path decides, or holds the walk here.
+                let k = self.trace.queues[0].keys.get(r.next_i as usize).copied().unwrap_or(0);
+                match self.resolve(k, pos) {
+                    Some(mine) => {
+                        let room = self.tail - self.head < cap;
+                        if mine && room {
+                            self.ring[(self.tail & (cap - 1)) as usize] = (loop_k << 32) | r.next_i;
+                            self.tail += 1;
+                        }
+                        drops += u64::from(mine && !room);
+                        pos += 1;
+                        continue;
+                    }
+                    None => {
+                        self.stats.stalls += 1;
+                        break;
+                    }
+                }
+            }
+            if r.stop {
+                break;
             }
         }
         self.stats.scanned += pos - self.scan;
         self.stats.rx_ring_full += drops;
         self.scan = pos;
-        self.steering.publish_scan(self.me as usize, pos);
+        self.steering.publish_progress(self.me as usize, pos, self.stats.packets);
     }
 
     /// Stream position of a ring entry.
@@ -284,6 +307,117 @@ impl NicQueue {
     fn abs(&self, e: u64) -> u64 {
         (e >> 32) * self.n + (e & 0xffff_ffff)
     }
+}
+
+impl NicQueue {
+    /// Delivers up to `want` packets in stream order (no steering needed).
+    fn direct_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, want: usize) -> Rx {
+        let end = self.end.unwrap_or(u64::MAX);
+        if self.scan >= end {
+            return Rx::Done;
+        }
+        let d = &self.trace.queues[0];
+        let n = self.n;
+        let mut loop_k = self.scan / n;
+        let mut pos = (self.scan - loop_k * n) as usize;
+        let (mut got, mut bytes) = (0usize, 0u64);
+        while got < want && self.scan + (got as u64) < end {
+            let chunk = (want - got).min(n as usize - pos).min((end - self.scan - got as u64) as usize);
+            let (lines, first_line, len, hash) = (&d.lines, &d.first_line[pos..], &d.len[pos..], &d.hash[pos..]);
+            let shift = loop_k.saturating_mul(self.trace.loop_ns);
+            let k0 = pos;
+            let k = batch.rx_burst_lines(pool, chunk, |k| {
+                if let Some(&ahead) = first_line.get(k + PREFETCH_AHEAD) {
+                    if let Some(l) = lines.get(ahead as usize) {
+                        flowplane_packet::prefetch::read(l);
+                    }
+                }
+                let first = first_line[k] as usize;
+                let l = len[k];
+                bytes += u64::from(l);
+                (&lines[first..first + Line::count_for(l as usize)], l, hash[k], shift.saturating_add(d.ts_at(k0 + k)))
+            });
+            got += k;
+            pos += k;
+            if pos == n as usize {
+                pos = 0;
+                loop_k += 1;
+            }
+            if k < chunk {
+                self.stats.pool_empty += 1;
+                break;
+            }
+        }
+        self.scan += got as u64;
+        self.stats.scanned += got as u64;
+        self.stats.packets += got as u64;
+        self.stats.bytes += bytes;
+        // Every burst: a move's switch point is computed from these positions.
+        self.steering.publish_progress(self.me as usize, self.scan, self.stats.packets);
+        if got > 0 {
+            Rx::Packets(got)
+        } else {
+            Rx::Idle
+        }
+    }
+}
+
+/// What one run of the walk (within one loop of the stream) did.
+struct WalkRun {
+    next_i: u64,
+    drops: u64,
+    /// Stopped before `end_i`: ring target reached or not due yet.
+    stop: bool,
+    /// Stopped at `next_i`, a key on the move (not consumed).
+    transit: bool,
+}
+
+/// The walk's inner loop over packets `i0..end_i` of loop `loop_k`: one key
+/// and one owner load per packet, the ring slot written always and kept
+/// when owned (no unpredictable branch).
+#[inline(always)]
+fn walk_run<const PACED: bool>(q: &mut NicQueue, loop_k: u64, i0: u64, end_i: u64, due_ns: u64, target: u64) -> WalkRun {
+    let d = &q.trace.queues[0];
+    let keys = &d.keys[..];
+    let owner = &q.owner[..];
+    let ring = &mut q.ring[..];
+    let cap = ring.len() as u64;
+    let mask = cap - 1;
+    let (head, mut tail) = (q.head, q.tail);
+    let me = q.me;
+    let shift = loop_k.saturating_mul(q.trace.loop_ns);
+    let mut drops = 0u64;
+    let mut i = i0;
+    let mut stop = false;
+    let mut transit = false;
+    let counts = &mut q.counts[..];
+    while i < end_i {
+        if PACED && shift.saturating_add(d.ts_at(i as usize)) > due_ns {
+            stop = true;
+            break;
+        }
+        let k = keys.get(i as usize).copied().unwrap_or(0);
+        let o = owner.get(k as usize).copied().unwrap_or(TRANSIT);
+        if o == TRANSIT {
+            transit = true;
+            break;
+        }
+        let mine = o == me;
+        if let Some(c) = counts.get_mut(k as usize) {
+            *c += u64::from(mine);
+        }
+        let room = tail - head < cap;
+        ring[(tail & mask) as usize] = (loop_k << 32) | i;
+        tail += u64::from(mine & room);
+        drops += u64::from(mine & !room);
+        i += 1;
+        if !PACED && tail - head >= target {
+            stop = true;
+            break;
+        }
+    }
+    q.tail = tail;
+    WalkRun { next_i: i, drops, stop, transit }
 }
 
 impl Source for NicQueue {
@@ -295,25 +429,13 @@ impl Source for NicQueue {
             self.refresh();
         }
         let want = max.min(batch.room());
-        let fill = (self.tail - self.head) as usize;
-        if self.all_mine && !self.cfg.spray && self.cfg.rate_pps.is_none() && fill < want {
-            // One queue owning everything: nothing to steer; deliver in stream order.
-            let end = self.end.unwrap_or(u64::MAX).min(self.scan + (want + PREFETCH_AHEAD - fill) as u64);
-            let (mask, n) = (self.ring.len() as u64 - 1, self.n);
-            let (mut loop_k, mut i) = (self.scan / n, self.scan % n);
-            for _ in self.scan..end {
-                self.ring[(self.tail & mask) as usize] = (loop_k << 32) | i;
-                self.tail += 1;
-                i += 1;
-                if i == n {
-                    i = 0;
-                    loop_k += 1;
-                }
-            }
-            self.stats.scanned += end - self.scan;
-            self.scan = end;
-            self.steering.publish_scan(self.me as usize, end);
-        } else {
+        let direct = self.all_mine && !self.cfg.spray && self.cfg.rate_pps.is_none();
+        if direct && self.head == self.tail {
+            // One queue owning everything and nothing held in the ring:
+            // nothing to steer, deliver straight from the stream (the plain replay).
+            return self.direct_burst(pool, batch, want);
+        }
+        if !direct {
             let t0 = tsc::rdtsc();
             self.walk(want, now);
             self.stats.nic_cycles += tsc::rdtsc().saturating_sub(t0);
@@ -449,5 +571,68 @@ mod tests {
         assert_eq!(st.scanned, 4001);
         assert_eq!(st.rx_ring_full, 4001 - 1024);
         batch.free_all(&mut pool).unwrap();
+    }
+
+    #[test]
+    fn spray_deals_positions_round_robin() {
+        let keys = vec![0u16; 11];
+        let (t, s0) = setup(&keys);
+        let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
+        let cfg = NicConfig { loops: Some(2), spray: true, ..Default::default() };
+        let a = drain(&mut NicQueue::new(t.clone(), s0.clone(), 0, cfg), &mut pool);
+        let b = drain(&mut NicQueue::new(t, s0, 1, cfg), &mut pool);
+        assert_eq!(a, vec![0, 2, 4, 6, 8, 10, 1, 3, 5, 7, 9]);
+        assert_eq!(b, vec![1, 3, 5, 7, 9, 0, 2, 4, 6, 8, 10]);
+    }
+
+    #[test]
+    fn a_move_switches_owner_without_loss_or_duplicates() {
+        // 40000 packets over 4 keys; queue 0 owns keys 0 and 2, queue 1 keys 1 and 3.
+        let keys: Vec<u16> = (0..40_000u32).map(|i| (i % 4) as u16).collect();
+        let (t, s) = setup(&keys);
+        let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
+        let cfg = NicConfig { loops: Some(1), ..Default::default() };
+        let mut q0 = NicQueue::new(t.clone(), s.clone(), 0, cfg);
+        let mut q1 = NicQueue::new(t, s.clone(), 1, cfg);
+        let mut batch = Batch::new(&pool);
+        let (mut got0, mut got1) = (Vec::new(), Vec::new());
+        let mut moved = false;
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            let mut active = false;
+            for (q, got) in [(&mut q0, &mut got0), (&mut q1, &mut got1)] {
+                match q.rx_burst(&mut pool, &mut batch, 16, 0) {
+                    Rx::Packets(n) => {
+                        active = true;
+                        got.extend((0..n).map(|i| u32::from(batch.rss_hashes()[i] as u16) | u32::from(batch.data(i)[0]) << 16));
+                        batch.free_all(&mut pool).unwrap();
+                    }
+                    Rx::Idle => active = true,
+                    Rx::Done => {}
+                }
+                if let Some(mv) = q.take_due() {
+                    // The hand-over: here the state is just a marker.
+                    s.hand_over(mv, Vec::new());
+                    let mut mail = Vec::new();
+                    s.take_mail(mv.to as usize, &mut mail);
+                    s.imported(mail[0].mv);
+                }
+            }
+            if rounds == 10 && !moved {
+                s.start_move(2, 1).unwrap();
+                moved = true;
+            }
+            if !active || rounds > 100_000 {
+                break;
+            }
+        }
+        assert_eq!(s.moves_done(), 1);
+        // Every packet once; key 2 first on queue 0, then (from the switch point) on queue 1.
+        assert_eq!(got0.len() + got1.len(), 40_000);
+        let k2_0 = got0.iter().filter(|&&x| x & 0xffff == 2).count();
+        let k2_1 = got1.iter().filter(|&&x| x & 0xffff == 2).count();
+        assert_eq!(k2_0 + k2_1, 10_000);
+        assert!(k2_0 > 0 && k2_1 > 0, "{k2_0} {k2_1}");
     }
 }

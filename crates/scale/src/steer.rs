@@ -228,9 +228,13 @@ pub enum MoveError {
     Same,
 }
 
+/// A queue's published progress, on its own cache lines.
 #[repr(align(128))]
 #[derive(Default)]
-struct Padded(AtomicU64);
+struct Padded {
+    scan: AtomicU64,
+    rx: AtomicU64,
+}
 
 #[derive(Default)]
 struct Control {
@@ -252,8 +256,6 @@ pub struct Steering {
     mail: Box<[AtomicBool]>,
     /// Per queue, per key: packets received (published by the queue now and then).
     loads: Box<[Box<[AtomicU64]>]>,
-    /// Position any paced queue may have reached (an upper bound kept by the queues).
-    horizon: AtomicU64,
     ctl: Mutex<Control>,
     moves_done: AtomicU64,
 }
@@ -287,7 +289,6 @@ impl Steering {
             scan: (0..queues).map(|_| Padded::default()).collect(),
             mail: (0..queues).map(|_| AtomicBool::new(false)).collect(),
             loads: (0..queues).map(|_| (0..keys).map(|_| AtomicU64::new(0)).collect()).collect(),
-            horizon: AtomicU64::new(0),
             ctl: Mutex::new(Control { next_id: 1, active: Vec::new(), inbox: (0..queues).map(|_| Vec::new()).collect() }),
             moves_done: AtomicU64::new(0),
         })
@@ -337,18 +338,19 @@ impl Steering {
         g
     }
 
-    /// Queue `q` has received everything before stream position `pos`.
+    /// Queue `q` has examined everything before stream position `pos` and
+    /// delivered `rx` packets in all.
     #[inline]
-    pub fn publish_scan(&self, q: usize, pos: u64) {
+    pub fn publish_progress(&self, q: usize, pos: u64, rx: u64) {
         if let Some(s) = self.scan.get(q) {
-            s.0.store(pos, Ordering::SeqCst);
+            s.rx.store(rx, Ordering::Relaxed);
+            s.scan.store(pos, Ordering::SeqCst);
         }
     }
 
-    /// Raises the paced horizon: no queue scans past it with the view it has.
-    #[inline]
-    pub fn raise_horizon(&self, pos: u64) {
-        self.horizon.fetch_max(pos, Ordering::SeqCst);
+    /// Packets each queue has delivered so far (as last published).
+    pub fn queue_rx(&self) -> Vec<u64> {
+        self.scan.iter().map(|s| s.rx.load(Ordering::Relaxed)).collect()
     }
 
     /// Publishes queue `q`'s cumulative per-key packet counts.
@@ -388,10 +390,10 @@ impl Steering {
         }
         // Announce first, then read the positions: a queue that read the old
         // generation published its position before, and scans at most
-        // MAX_SCAN (or up to the horizon) past it with the old view.
+        // at most MAX_SCAN past it with the old view.
         self.gen.fetch_add(1, Ordering::SeqCst);
-        let max_scan = self.scan.iter().map(|s| s.0.load(Ordering::SeqCst)).max().unwrap_or(0);
-        let at = (max_scan + MAX_SCAN + 1).max(self.horizon.load(Ordering::SeqCst) + 1);
+        let max_scan = self.scan.iter().map(|s| s.scan.load(Ordering::SeqCst)).max().unwrap_or(0);
+        let at = max_scan + MAX_SCAN + 1;
         self.owner[key as usize].store(to, Ordering::SeqCst);
         let mv = Move { id: ctl.next_id, key, from, to, at };
         ctl.next_id += 1;
@@ -499,8 +501,9 @@ mod tests {
     fn moves_switch_past_every_receive_point() {
         let c = Classifier::new(8, false, HashOn::FiveTuple, false, Vec::new()).unwrap();
         let s = Steering::new(2, &c, &[]).unwrap();
-        s.publish_scan(0, 100);
-        s.publish_scan(1, 5000);
+        s.publish_progress(0, 100, 50);
+        s.publish_progress(1, 5000, 2500);
+        assert_eq!(s.queue_rx(), vec![50, 2500]);
         let g = s.generation();
         let mv = s.start_move(0, 1).unwrap();
         assert!(s.generation() > g);
