@@ -424,7 +424,20 @@ fn run_chains(
         pairs.extend(r?);
     }
     pairs.sort_by_key(|(w, _)| w.core);
-    let (workers, pipelines): (Vec<WorkerResult>, Vec<Pipeline>) = pairs.into_iter().unzip();
+    let (mut workers, mut pipelines): (Vec<WorkerResult>, Vec<Pipeline>) = pairs.into_iter().unzip();
+    if let Some((st, _, _)) = &nic_parts {
+        // State handed over after its new owner had finished: it still belongs there.
+        let mut mail = Vec::new();
+        for (q, (p, w)) in pipelines.iter_mut().zip(workers.iter_mut()).enumerate() {
+            st.take_mail(q, &mut mail);
+            for h in mail.drain(..) {
+                let (ok, bad) = p.import_flows(&h.state);
+                w.flows_in += ok as u64;
+                w.flows_refused += bad as u64;
+                st.imported(h.mv);
+            }
+        }
+    }
     // Every worker has stopped: the state is final. Each NF's per-core
     // reports merge into one with its hook; exports read the final state.
     let details = merge_details(&workers, &pipelines);
