@@ -149,7 +149,8 @@ mod tests {
         h.now_ns = 10;
         assert_eq!(h.run(&a).1, Action::Pass);
         let s = h.state_of(&a).unwrap();
-        assert_eq!((s.packets, s.first_ns, s.last_ns), (2, 1_000, 1_000));
+        // The span of the packets' times, whatever order they came in (cores race on shared state).
+        assert_eq!((s.packets, s.first_ns, s.last_ns), (2, 10, 1_000));
     }
 
     #[test]
