@@ -144,7 +144,7 @@ pub fn parse_gen(s: &str) -> Result<Generator, CliError> {
     Generator::new(parse_gen_config(s)?).map_err(|e| CliError::new(format!("--gen: {e}")))
 }
 
-fn validate(a: &RunArgs) -> Result<(), CliError> {
+pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
     if let Some(c) = a.cores {
         if c == 0 || c > 512 {
             return Err(CliError::new(format!("--cores {c}: must be between 1 and 512")));
@@ -212,14 +212,8 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
             a.duration = Some(3.0);
         }
     }
-    let spec = match &a.chain_file {
-        Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?;
-            spec::parse_toml(&text).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?
-        }
-        None => spec::parse(&a.chain)?,
-    };
-    let cores = a.cores.unwrap_or_else(cpu::available_cores);
+    let (cfg, spec) = config(&a)?;
+    let cores = cfg.cores;
     let input = match &a.input {
         Some(path) => Input::File(path),
         None => Input::Generated(Box::new(parse_gen(a.gen.as_deref().unwrap_or(DEFAULT_GEN))?)),
@@ -231,35 +225,7 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         }
         None => Output::Discard,
     };
-    let loops = if a.duration.is_some() && a.loops.is_none() { None } else { Some(a.loops.unwrap_or(1)) };
     let exports = parse_exports(&a.export)?;
-    let exec = ExecConfig {
-        kind: ExecKind::parse(&a.exec)?,
-        prefetch: !a.no_prefetch,
-        flows: a.flows,
-        default_idle_timeout_ns: (a.idle_timeout * 1e9) as u64,
-        full_policy: if a.table_full == "evict" { FullPolicy::EvictLruIdle } else { FullPolicy::Reject },
-        hugepages: true,
-        aux: !a.no_aux,
-        prefetch_hooks: !a.no_prefetch_hooks,
-    };
-    let cfg = RunConfig {
-        cores,
-        batch_size: a.batch,
-        pool_buffers: a.pool,
-        loops,
-        duration: a.duration.map(Duration::from_secs_f64),
-        rate_pps: a.rate,
-        pin: !a.no_pin,
-        warmup: a.warmup.map(Duration::from_secs_f64),
-        exec,
-        export: exports.iter().map(|(n, _)| n.clone()).collect(),
-        restamp: a.restamp,
-        scale: a.scale.clone(),
-        scale_period: Duration::from_secs_f64(a.scale_period_ms / 1e3),
-        ring: a.ring,
-        virtual_cores: a.virtual_cores,
-    };
     let run = run_input(&cfg, &spec, input, a.symmetric_rss, output.clone())?;
     let (report, load, (symmetric, auto_symmetric)) = (run.report, run.load, run.symmetric);
     if let Output::Pcap(w) = output {
@@ -296,6 +262,48 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         out!("{report}");
     }
     Ok(())
+}
+
+/// The run configuration and chain `a` describe (validated).
+pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliError> {
+    let spec = match &a.chain_file {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?;
+            spec::parse_toml(&text).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?
+        }
+        None => spec::parse(&a.chain)?,
+    };
+    let cores = a.cores.unwrap_or_else(cpu::available_cores);
+    let loops = if a.duration.is_some() && a.loops.is_none() { None } else { Some(a.loops.unwrap_or(1)) };
+    let exports = parse_exports(&a.export)?;
+    let exec = ExecConfig {
+        kind: ExecKind::parse(&a.exec)?,
+        prefetch: !a.no_prefetch,
+        flows: a.flows,
+        default_idle_timeout_ns: (a.idle_timeout * 1e9) as u64,
+        full_policy: if a.table_full == "evict" { FullPolicy::EvictLruIdle } else { FullPolicy::Reject },
+        hugepages: true,
+        aux: !a.no_aux,
+        prefetch_hooks: !a.no_prefetch_hooks,
+    };
+    let cfg = RunConfig {
+        cores,
+        batch_size: a.batch,
+        pool_buffers: a.pool,
+        loops,
+        duration: a.duration.map(Duration::from_secs_f64),
+        rate_pps: a.rate,
+        pin: !a.no_pin,
+        warmup: a.warmup.map(Duration::from_secs_f64),
+        exec,
+        export: exports.iter().map(|(n, _)| n.clone()).collect(),
+        restamp: a.restamp,
+        scale: a.scale.clone(),
+        scale_period: Duration::from_secs_f64(a.scale_period_ms / 1e3),
+        ring: a.ring,
+        virtual_cores: a.virtual_cores,
+    };
+    Ok((cfg, spec))
 }
 
 /// Parses `--export` values: `NF=FILE.csv|json` pairs (no file is touched here).

@@ -121,6 +121,8 @@ pub struct ScaleReport {
     pub steering: Vec<String>,
     /// NFs whose per-key packet order the strategy does not keep (results may differ from one core).
     pub order_not_guaranteed: Vec<String>,
+    /// Packets that arrived at the port (stream positions the NIC passed).
+    pub offered: u64,
     /// Packets dropped because a core's receive ring was full.
     pub rx_ring_full: u64,
     /// NIC emulation (steering walk) cycles per received packet, not counted as workers' work.
@@ -182,6 +184,7 @@ impl ScaleReport {
             virtual_cores: cfg.virtual_cores.is_some(),
             steering: plan.notes.clone(),
             order_not_guaranteed: plan.unordered.clone(),
+            offered: ws.iter().map(|w| w.rx.scanned).max().unwrap_or(0),
             rx_ring_full: ws.iter().map(|w| w.rx.rx_ring_full).sum(),
             nic_cycles_per_packet: if packets > 0 { nic as f64 / packets as f64 } else { 0.0 },
             moves,

@@ -141,6 +141,29 @@ pub fn run_input(
     symmetric_rss: bool,
     output: Output,
 ) -> Result<InputRun, EngineError> {
+    let p = prepare(cfg, spec, input, symmetric_rss)?;
+    let report = run_prepared(cfg, spec, &p, output)?;
+    Ok(InputRun { report, load: p.load, symmetric: (p.plan.symmetric, p.auto_symmetric) })
+}
+
+/// A loaded, steered input with the NIC programming its chain needs: run
+/// it as often as wanted (`flowplane mlffr` runs one per offered rate).
+pub struct Prepared {
+    /// The steered trace.
+    pub trace: Arc<ReplayTrace>,
+    /// What loading saw.
+    pub load: LoadStats,
+    /// The NIC programming for the NFs' placement.
+    pub plan: Plan,
+    /// The classifier the trace was steered with.
+    pub classifier: Classifier,
+    /// The NF that made the key symmetric, when `symmetric_rss` was not asked for.
+    pub auto_symmetric: Option<&'static str>,
+}
+
+/// Checks the strategy and the chain's placement on `cfg`'s workers and
+/// loads `input` steered for them.
+pub fn prepare(cfg: &RunConfig, spec: &ChainSpec, input: Input<'_>, symmetric_rss: bool) -> Result<Prepared, EngineError> {
     check(cfg)?;
     let strategy = strategy::by_name(&cfg.scale, cfg.scale_period)?;
     let workers = workers(cfg);
@@ -152,8 +175,9 @@ pub fn run_input(
     }
     let chain0 = Chain::build(spec)?;
     let plan = placement::plan(&chain0, spec, strategy.as_ref(), workers, symmetric_rss)?;
-    let auto = if workers > 1 && !symmetric_rss && plan.symmetric { chain0.needs_symmetric_rss() } else { None };
-    let chains = build_chains_planned(cfg, spec, &plan, workers)?;
+    let auto_symmetric = if workers > 1 && !symmetric_rss && plan.symmetric { chain0.needs_symmetric_rss() } else { None };
+    // Spec errors in the exports surface before loading.
+    build_chains(cfg, spec, 1)?;
     let classifier = Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())?;
     let (trace, load) = match input {
         Input::File(path) => load_trace_with(path, Spread::Steered(&classifier), None)?,
@@ -162,11 +186,21 @@ pub fn run_input(
     if load.packets == 0 {
         return Err(EngineError::EmptyInput);
     }
-    let steering = Arc::new(Steering::new(workers, &classifier, &[])?);
-    let symmetric = plan.symmetric;
-    let nic = Nic { steering, classifier, strategy, plan };
-    let report = run_chains(cfg, spec, chains, trace, output, Some(nic))?;
-    Ok(InputRun { report, load, symmetric: (symmetric, auto) })
+    Ok(Prepared { trace, load, plan, classifier, auto_symmetric })
+}
+
+/// Runs a prepared input (a fresh table and strategy each time).
+pub fn run_prepared(cfg: &RunConfig, spec: &ChainSpec, p: &Prepared, output: Output) -> Result<Report, EngineError> {
+    check(cfg)?;
+    let workers = workers(cfg);
+    if p.plan.overrides.len() > 1 && p.plan.overrides.len() != workers {
+        return Err(EngineError::Config(format!("prepared for {} workers, run with {workers}", p.plan.overrides.len())));
+    }
+    let strategy = strategy::by_name(&cfg.scale, cfg.scale_period)?;
+    let chains = build_chains_planned(cfg, spec, &p.plan, workers)?;
+    let steering = Arc::new(Steering::new(workers, &p.classifier, &[])?);
+    let nic = Nic { steering, classifier: p.classifier.clone(), strategy, plan: p.plan.clone() };
+    run_chains(cfg, spec, chains, Arc::clone(&p.trace), output, Some(nic))
 }
 
 /// Logical workers of a run.
@@ -308,6 +342,10 @@ fn run_chains(
         per_thread[w % threads].push((w, chain));
     }
     let mut log = ControlLog::default();
+    // Every worker is built (tables allocated) before the traffic starts.
+    let barrier = std::sync::Barrier::new(threads);
+    let go = std::sync::atomic::AtomicU64::new(0);
+    let warm = cfg.warmup.map_or(0, |w| (w.as_secs_f64() * hz) as u64);
     type Done = Result<Vec<(WorkerResult, Pipeline)>, EngineError>;
     let results: Vec<Done> = std::thread::scope(|s| {
         let handles: Vec<_> = per_thread
@@ -318,6 +356,7 @@ fn run_chains(
                 let output = output.clone();
                 let stop = &stop;
                 let shared = &shared;
+                let (barrier, go) = (&barrier, &go);
                 let steering_arc = nic_parts.as_ref().map(|n| Arc::clone(&n.0));
                 std::thread::Builder::new()
                     .name(format!("fp-worker-{t}"))
@@ -325,6 +364,7 @@ fn run_chains(
                         if cfg.pin {
                             cpu::pin_current_thread(t);
                         }
+                        let build = || -> Result<Vec<Worker<'_>>, EngineError> {
                         let mut ws = Vec::with_capacity(mine.len());
                         for (w, chain) in mine {
                             let pool = PacketPool::new(PoolConfig {
@@ -377,6 +417,19 @@ fn run_chains(
                             };
                             ws.push(Worker::new(w, pool, source, exec, sink, cfg.batch_size, measure_from, ctl));
                         }
+                        Ok(ws)
+                        };
+                        // Every thread reaches the barrier, built or not (a failed one then returns its error).
+                        let built = build();
+                        if barrier.wait().is_leader() {
+                            go.store(tsc::rdtsc(), Ordering::SeqCst);
+                        }
+                        barrier.wait();
+                        let mut ws = built?;
+                        let t0 = go.load(Ordering::SeqCst);
+                        for w in &mut ws {
+                            w.start(t0, t0 + warm);
+                        }
                         if ws.len() == 1 {
                             ws[0].run(stop);
                         } else {
@@ -388,6 +441,10 @@ fn run_chains(
                     .map_err(EngineError::Thread)
             })
             .collect();
+        // The run's clock starts when every worker is ready.
+        while go.load(Ordering::SeqCst) == 0 && handles.iter().any(|h| h.as_ref().is_ok_and(|h| !h.is_finished())) {
+            std::thread::sleep(Duration::from_micros(200));
+        }
         let deadline = cfg.duration.map(|d| Instant::now() + d + cfg.warmup.unwrap_or_default());
         let period = strategy.as_ref().map_or(Duration::from_millis(100), |s| s.period());
         let mut next_tick = Instant::now() + period;

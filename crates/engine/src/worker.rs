@@ -209,6 +209,12 @@ impl<'a> Worker<'a> {
         }
     }
 
+    /// The run starts now (every worker is built): pacing and warm-up count from `tsc`.
+    pub fn start(&mut self, tsc: u64, measure_from_tsc: u64) {
+        self.source.start(tsc);
+        self.measure_from_tsc = measure_from_tsc;
+    }
+
     /// Measured figures so far: busy cycles (for `--virtual-cores` turn-taking).
     pub fn busy_cycles(&self) -> u64 {
         self.res.busy_cycles

@@ -39,6 +39,9 @@ pub trait Source: Send {
     /// from `pool`. `now` is the worker's TSC reading for this burst.
     fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize, now: u64) -> Rx;
 
+    /// Every queue of the port is ready: `tsc` is when the port's (paced) traffic starts.
+    fn start(&mut self, _tsc: u64) {}
+
     /// Receive-side counters (NIC emulation, ring drops); zero for sources without them.
     fn rx_stats(&self) -> RxStats {
         RxStats::default()

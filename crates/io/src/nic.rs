@@ -522,6 +522,10 @@ impl Source for NicQueue {
         self.stats
     }
 
+    fn start(&mut self, tsc: u64) {
+        self.cfg.start_tsc = tsc;
+    }
+
     fn take_due(&mut self) -> Option<Move> {
         let consumed = if self.head == self.tail {
             self.scan
