@@ -28,6 +28,7 @@ mod cmd_gen;
 mod cmd_mlffr;
 mod cmd_nfs;
 mod cmd_run;
+mod cmd_scaling;
 mod cmd_trace;
 mod error;
 
