@@ -261,9 +261,8 @@ pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
             let color = Palette99::pick(i).to_rgba();
             let line = chart.draw_series(LineSeries::new(pts, color.stroke_width(2))).map_err(|e| err(&e))?;
             if text {
-                line.label(format!("{t} / {s}")).legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-                });
+                line.label(format!("{t} / {s}"))
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
             }
         }
         if text {
@@ -301,7 +300,8 @@ mod tests {
         };
         let rows = run_scaling(&o, |_| {}).unwrap();
         assert_eq!(rows.len(), 2 * 2 * 3);
-        let get = |c: &str, s: &str, n: usize| rows.iter().find(|r| r.chain == c && r.strategy == s && r.cores == n).unwrap();
+        let get =
+            |c: &str, s: &str, n: usize| rows.iter().find(|r| r.chain == c && r.strategy == s && r.cores == n).unwrap();
         assert!(get("srcctr-fsc", "rss", 4).mpps.unwrap() > 0.0 && get("srcctr-fsc", "rss", 4).projected);
         assert!(get("srcctr-fsc", "shared", 2).refused.as_deref().unwrap().contains("fsc"));
         assert!(get("nat", "rss", 2).mpps.is_some(), "nat runs on 2 cores under rss");

@@ -64,8 +64,15 @@ pub struct Mlffr {
     pub trials: Vec<Trial>,
 }
 
-fn trial(cfg: &RunConfig, spec: &ChainSpec, p: &Prepared, rate: Option<f64>, d: Duration) -> Result<(Trial, f64), EngineError> {
-    let c = RunConfig { rate_pps: rate, loops: None, duration: Some(d), warmup: None, export: Vec::new(), ..cfg.clone() };
+fn trial(
+    cfg: &RunConfig,
+    spec: &ChainSpec,
+    p: &Prepared,
+    rate: Option<f64>,
+    d: Duration,
+) -> Result<(Trial, f64), EngineError> {
+    let c =
+        RunConfig { rate_pps: rate, loops: None, duration: Some(d), warmup: None, export: Vec::new(), ..cfg.clone() };
     let r = run_prepared(&c, spec, p, Output::Discard)?;
     let sc = r.scale.as_ref();
     let lost = sc.map_or(0, |s| s.rx_ring_full) + r.tx_errors;

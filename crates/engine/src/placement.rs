@@ -107,7 +107,8 @@ pub fn plan(
         Some((Affinity::Connection, nf)) => {
             p.symmetric = true;
             p.icmp_inner = true;
-            p.notes.push(format!("symmetric key, ICMP errors with their flow ({nf} needs both directions on one core)"));
+            p.notes
+                .push(format!("symmetric key, ICMP errors with their flow ({nf} needs both directions on one core)"));
         }
         Some((Affinity::Source, nf)) => {
             p.hash_on = HashOn::SrcIp;
@@ -115,7 +116,9 @@ pub fn plan(
         }
         Some((Affinity::Destination, nf)) => {
             p.hash_on = HashOn::DstIp;
-            p.notes.push(format!("hash on the destination address ({nf} needs every packet to a destination on one core)"));
+            p.notes.push(format!(
+                "hash on the destination address ({nf} needs every packet to a destination on one core)"
+            ));
         }
         _ => {}
     }
@@ -124,11 +127,19 @@ pub fn plan(
         match pl.global {
             GlobalState::None => {}
             GlobalState::Private if strategy.moves_flows() => {
-                return Err(refuse(name, format!("{nf} keeps per-core state its flows point into, so they cannot move between cores; use rss")))
+                return Err(refuse(
+                    name,
+                    format!(
+                        "{nf} keeps per-core state its flows point into, so they cannot move between cores; use rss"
+                    ),
+                ))
             }
             GlobalState::Private => {}
             GlobalState::PortPool { .. } if strategy.moves_flows() => {
-                return Err(refuse(name, format!("{nf}'s port pool is split per core, so its flows cannot move between cores; use rss")))
+                return Err(refuse(
+                    name,
+                    format!("{nf}'s port pool is split per core, so its flows cannot move between cores; use rss"),
+                ))
             }
             GlobalState::PortPool { param, lo, hi, dst } => {
                 pools += 1;
@@ -147,7 +158,12 @@ pub fn plan(
                     let b = u32::from(lo) + span * (c as u32 + 1) / cores as u32 - 1;
                     p.overrides[c].push((si, param.to_string(), format!("{a}-{b}")));
                     for proto in [6u8, 17] {
-                        p.rules.push(FdirRule { proto: Some(proto), dst: Some(dst), dst_ports: (a as u16, b as u16), queue: c as u16 });
+                        p.rules.push(FdirRule {
+                            proto: Some(proto),
+                            dst: Some(dst),
+                            dst_ports: (a as u16, b as u16),
+                            queue: c as u16,
+                        });
                     }
                 }
                 p.notes.push(format!(

@@ -135,10 +135,15 @@ pub struct ScaleReport {
     pub flows_refused: u64,
     /// Control period (ms).
     pub period_ms: f64,
-    /// Load-imbalance factor per period window ((busiest - least busy) / busiest, packets received).
+    /// FAJITA's load-imbalance factor per period window: (busiest - least
+    /// busy) / busiest, in packets each core received per packet of traffic.
     pub imbalance: Vec<f64>,
-    /// Mean imbalance over the windows after the first second (all windows if the run was shorter).
+    /// Mean of `imbalance` over the windows after the first second (all windows if the run was shorter).
     pub imbalance_settled: f64,
+    /// The same factor in CPU load: busy cycles of each core per packet of traffic, per window.
+    pub imbalance_cpu: Vec<f64>,
+    /// Mean of `imbalance_cpu` after the first second.
+    pub imbalance_cpu_settled: f64,
     /// Per worker: busy time (batches) / run time.
     pub utilisation: Vec<f64>,
     /// Packet latency receive-to-transmit (batch granularity), ns: p50, p99, p99.9.
@@ -158,7 +163,7 @@ impl ScaleReport {
         plan: &crate::placement::Plan,
         ws: &[WorkerResult],
         threads: usize,
-        windows: &[f64],
+        (windows, cpu_windows): (&[f64], &[f64]),
         moves: u64,
         elapsed: Duration,
         hz: f64,
@@ -167,8 +172,15 @@ impl ScaleReport {
         let nic: u64 = ws.iter().map(|w| w.rx.nic_cycles).sum();
         let wall = elapsed.as_secs_f64() * hz;
         let period_s = cfg.scale_period.as_secs_f64().max(1e-6);
-        let skip = ((1.0 / period_s) as usize).min(windows.len().saturating_sub(1));
-        let settled = &windows[skip..];
+        let settled = |w: &[f64]| {
+            let skip = ((1.0 / period_s) as usize).min(w.len().saturating_sub(1));
+            let s = &w[skip..];
+            if s.is_empty() {
+                0.0
+            } else {
+                s.iter().sum::<f64>() / s.len() as f64
+            }
+        };
         let mut hist = Histogram::default();
         for w in ws {
             hist.merge(&w.batch_latency);
@@ -192,7 +204,9 @@ impl ScaleReport {
             flows_refused: ws.iter().map(|w| w.flows_refused).sum(),
             period_ms: period_s * 1e3,
             imbalance: windows.to_vec(),
-            imbalance_settled: if settled.is_empty() { 0.0 } else { settled.iter().sum::<f64>() / settled.len() as f64 },
+            imbalance_settled: settled(windows),
+            imbalance_cpu: cpu_windows.to_vec(),
+            imbalance_cpu_settled: settled(cpu_windows),
             utilisation: ws.iter().map(|w| if wall > 0.0 { w.busy_cycles as f64 / wall } else { 0.0 }).collect(),
             latency_ns: [ns(hist.quantile(0.5)), ns(hist.quantile(0.99)), ns(hist.quantile(0.999))],
             projected_mpps: (cfg.virtual_cores.is_some() && busiest > 0.0).then(|| packets as f64 / busiest / 1e6),
@@ -330,8 +344,9 @@ impl fmt::Display for Report {
             let last = sc.imbalance.last().copied().unwrap_or(0.0);
             writeln!(
                 f,
-                "balance      imbalance {:.1}% settled (last window {:.1}%, {} windows of {:.0} ms); utilisation {}; {} moves, {} flows moved",
+                "balance      imbalance {:.1}% in packets, {:.1}% in CPU load after 1 s (last window {:.1}%, {} windows of {:.0} ms); utilisation {}; {} moves, {} flows moved",
                 sc.imbalance_settled * 100.0,
+                sc.imbalance_cpu_settled * 100.0,
                 last * 100.0,
                 sc.imbalance.len(),
                 sc.period_ms,
@@ -345,7 +360,11 @@ impl fmt::Display for Report {
                 sc.latency_ns[0], sc.latency_ns[1], sc.latency_ns[2]
             )?;
             if let Some(p) = sc.projected_mpps {
-                writeln!(f, "projected    {p:.2} Mpps on {} cores (PROJECTION: packets / busiest logical worker's busy time)", sc.workers)?;
+                writeln!(
+                    f,
+                    "projected    {p:.2} Mpps on {} cores (PROJECTION: packets / busiest logical worker's busy time)",
+                    sc.workers
+                )?;
             }
         }
         let t = &self.tables;

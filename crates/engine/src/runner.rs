@@ -163,7 +163,12 @@ pub struct Prepared {
 
 /// Checks the strategy and the chain's placement on `cfg`'s workers and
 /// loads `input` steered for them.
-pub fn prepare(cfg: &RunConfig, spec: &ChainSpec, input: Input<'_>, symmetric_rss: bool) -> Result<Prepared, EngineError> {
+pub fn prepare(
+    cfg: &RunConfig,
+    spec: &ChainSpec,
+    input: Input<'_>,
+    symmetric_rss: bool,
+) -> Result<Prepared, EngineError> {
     check(cfg)?;
     let strategy = strategy::by_name(&cfg.scale, cfg.scale_period)?;
     let workers = workers(cfg);
@@ -175,10 +180,12 @@ pub fn prepare(cfg: &RunConfig, spec: &ChainSpec, input: Input<'_>, symmetric_rs
     }
     let chain0 = Chain::build(spec)?;
     let plan = placement::plan(&chain0, spec, strategy.as_ref(), workers, symmetric_rss)?;
-    let auto_symmetric = if workers > 1 && !symmetric_rss && plan.symmetric { chain0.needs_symmetric_rss() } else { None };
+    let auto_symmetric =
+        if workers > 1 && !symmetric_rss && plan.symmetric { chain0.needs_symmetric_rss() } else { None };
     // Spec errors in the exports surface before loading.
     build_chains(cfg, spec, 1)?;
-    let classifier = Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())?;
+    let classifier =
+        Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())?;
     let (trace, load) = match input {
         Input::File(path) => load_trace_with(path, Spread::Steered(&classifier), None)?,
         Input::Generated(gen) => load_generated_with(*gen, Spread::Steered(&classifier))?,
@@ -194,7 +201,10 @@ pub fn run_prepared(cfg: &RunConfig, spec: &ChainSpec, p: &Prepared, output: Out
     check(cfg)?;
     let workers = workers(cfg);
     if p.plan.overrides.len() > 1 && p.plan.overrides.len() != workers {
-        return Err(EngineError::Config(format!("prepared for {} workers, run with {workers}", p.plan.overrides.len())));
+        return Err(EngineError::Config(format!(
+            "prepared for {} workers, run with {workers}",
+            p.plan.overrides.len()
+        )));
     }
     let strategy = strategy::by_name(&cfg.scale, cfg.scale_period)?;
     let chains = build_chains_planned(cfg, spec, &p.plan, workers)?;
@@ -209,7 +219,12 @@ fn workers(cfg: &RunConfig) -> usize {
 }
 
 /// One chain per worker, each from the spec with its plan overrides (per-core port shares).
-fn build_chains_planned(cfg: &RunConfig, spec: &ChainSpec, plan: &Plan, workers: usize) -> Result<Vec<Chain>, EngineError> {
+fn build_chains_planned(
+    cfg: &RunConfig,
+    spec: &ChainSpec,
+    plan: &Plan,
+    workers: usize,
+) -> Result<Vec<Chain>, EngineError> {
     let mut chains = build_chains(cfg, spec, workers)?;
     for (core, c) in chains.iter_mut().enumerate() {
         if plan.overrides.get(core).is_some_and(|o| !o.is_empty()) {
@@ -247,7 +262,12 @@ fn check(cfg: &RunConfig) -> Result<(), EngineError> {
         return Err(EngineError::Config("--virtual-cores must be between 1 and 4096".to_string()));
     }
     if cfg.ring < 2 * MAX_BATCH || cfg.ring > 1 << 20 {
-        return Err(EngineError::Config(format!("ring of {} entries out of range [{}, {}]", cfg.ring, 2 * MAX_BATCH, 1 << 20)));
+        return Err(EngineError::Config(format!(
+            "ring of {} entries out of range [{}, {}]",
+            cfg.ring,
+            2 * MAX_BATCH,
+            1 << 20
+        )));
     }
     Ok(())
 }
@@ -290,8 +310,12 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
 /// What the control loop saw.
 #[derive(Default)]
 struct ControlLog {
-    /// Imbalance factor per period window.
+    /// Imbalance factor of the packets each core received, per period window.
     windows: Vec<f64>,
+    /// Imbalance factor of the cores' busy cycles, per period window.
+    cpu_windows: Vec<f64>,
+    /// Per queue: smoothed worker cycles per packet (a window alone is noisy).
+    cpp: Vec<f64>,
     /// Moves started.
     started: u64,
 }
@@ -312,7 +336,10 @@ fn run_chains(
     }
     if let Some(n) = &nic {
         if n.steering.queues() != nw || !trace.is_steered() {
-            return Err(EngineError::Config(format!("{nw} workers but the steering table has {} queues", n.steering.queues())));
+            return Err(EngineError::Config(format!(
+                "{nw} workers but the steering table has {} queues",
+                n.steering.queues()
+            )));
         }
     }
     let threads = cfg.cores.min(nw).max(1);
@@ -365,59 +392,59 @@ fn run_chains(
                             cpu::pin_current_thread(t);
                         }
                         let build = || -> Result<Vec<Worker<'_>>, EngineError> {
-                        let mut ws = Vec::with_capacity(mine.len());
-                        for (w, chain) in mine {
-                            let pool = PacketPool::new(PoolConfig {
-                                buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
-                                ..PoolConfig::default()
-                            })?;
-                            let exec = Pipeline::new(chain, cfg.exec, shared.clone())?;
-                            let base_ns = trace.base_ns();
-                            let source: Box<dyn Source> = match &steering_arc {
-                                Some(st) => Box::new(NicQueue::new(
-                                    Arc::clone(&trace),
-                                    Arc::clone(st),
-                                    w as u16,
-                                    NicConfig {
-                                        loops: cfg.loops,
-                                        rate_pps: cfg.rate_pps,
-                                        tsc_hz: hz,
-                                        start_tsc,
-                                        ring: cfg.ring,
-                                        spray,
-                                        count_loads: counts,
-                                    },
-                                )),
-                                None => Box::new(ReplayQueue::new(
-                                    Arc::clone(&trace),
-                                    w,
-                                    ReplayConfig {
-                                        loops: cfg.loops,
-                                        max_packets: None,
-                                        // The whole trace's rate: each queue paces by trace time.
-                                        rate_pps: cfg.rate_pps,
-                                        tsc_hz: hz,
-                                    },
-                                )),
-                            };
-                            let sink: Box<dyn Sink> = match &output {
-                                Output::Discard => Box::new(Discard),
-                                Output::Pcap(wr) => {
-                                    let stamp = if cfg.restamp {
-                                        Stamp::Transmit { tsc0: start_tsc, epoch_ns, tsc_hz: hz }
-                                    } else {
-                                        Stamp::Packet { base_ns }
-                                    };
-                                    Box::new(PcapSink::new(wr.clone(), stamp))
-                                }
-                            };
-                            let ctl = match (steering, classifier) {
-                                (Some(st), Some(c)) => Some(Control::new(st, c)),
-                                _ => None,
-                            };
-                            ws.push(Worker::new(w, pool, source, exec, sink, cfg.batch_size, measure_from, ctl));
-                        }
-                        Ok(ws)
+                            let mut ws = Vec::with_capacity(mine.len());
+                            for (w, chain) in mine {
+                                let pool = PacketPool::new(PoolConfig {
+                                    buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
+                                    ..PoolConfig::default()
+                                })?;
+                                let exec = Pipeline::new(chain, cfg.exec, shared.clone())?;
+                                let base_ns = trace.base_ns();
+                                let source: Box<dyn Source> = match &steering_arc {
+                                    Some(st) => Box::new(NicQueue::new(
+                                        Arc::clone(&trace),
+                                        Arc::clone(st),
+                                        w as u16,
+                                        NicConfig {
+                                            loops: cfg.loops,
+                                            rate_pps: cfg.rate_pps,
+                                            tsc_hz: hz,
+                                            start_tsc,
+                                            ring: cfg.ring,
+                                            spray,
+                                            count_loads: counts,
+                                        },
+                                    )),
+                                    None => Box::new(ReplayQueue::new(
+                                        Arc::clone(&trace),
+                                        w,
+                                        ReplayConfig {
+                                            loops: cfg.loops,
+                                            max_packets: None,
+                                            // The whole trace's rate: each queue paces by trace time.
+                                            rate_pps: cfg.rate_pps,
+                                            tsc_hz: hz,
+                                        },
+                                    )),
+                                };
+                                let sink: Box<dyn Sink> = match &output {
+                                    Output::Discard => Box::new(Discard),
+                                    Output::Pcap(wr) => {
+                                        let stamp = if cfg.restamp {
+                                            Stamp::Transmit { tsc0: start_tsc, epoch_ns, tsc_hz: hz }
+                                        } else {
+                                            Stamp::Packet { base_ns }
+                                        };
+                                        Box::new(PcapSink::new(wr.clone(), stamp))
+                                    }
+                                };
+                                let ctl = match (steering, classifier) {
+                                    (Some(st), Some(c)) => Some(Control::new(st, c)),
+                                    _ => None,
+                                };
+                                ws.push(Worker::new(w, pool, source, exec, sink, cfg.batch_size, measure_from, ctl));
+                            }
+                            Ok(ws)
                         };
                         // Every thread reaches the barrier, built or not (a failed one then returns its error).
                         let built = build();
@@ -450,6 +477,8 @@ fn run_chains(
         let mut next_tick = Instant::now() + period;
         let mut prev_keys: Vec<u64> = Vec::new();
         let mut prev_rx: Vec<u64> = Vec::new();
+        let mut prev_scan: Vec<u64> = Vec::new();
+        let mut prev_busy: Vec<u64> = Vec::new();
         // Sleep in slices so a run whose workers finish early returns early;
         // the strategy's control loop ticks every period meanwhile.
         while handles.iter().any(|h| h.as_ref().is_ok_and(|h| !h.is_finished())) {
@@ -460,7 +489,15 @@ fn run_chains(
             if now >= next_tick {
                 next_tick += period;
                 if let (Some(st), Some(strat)) = (steering, strategy.as_mut()) {
-                    control_tick(st, strat.as_mut(), &mut prev_keys, &mut prev_rx, &mut log);
+                    control_tick(
+                        st,
+                        strat.as_mut(),
+                        &mut prev_keys,
+                        &mut prev_rx,
+                        &mut prev_scan,
+                        &mut prev_busy,
+                        &mut log,
+                    );
                 }
             }
             let until = deadline.map_or(next_tick, |d| d.min(next_tick));
@@ -506,7 +543,7 @@ fn run_chains(
             plan,
             &workers,
             threads,
-            &log.windows,
+            (&log.windows, &log.cpu_windows),
             st.moves_done(),
             elapsed,
             hz,
@@ -540,26 +577,83 @@ fn take_turns(ws: &mut [Worker<'_>], stop: &AtomicBool) {
 fn control_tick(
     st: &Steering,
     strat: &mut dyn Strategy,
-    prev_keys: &mut Vec<u64>,
+    prev: &mut Vec<u64>,
     prev_rx: &mut Vec<u64>,
+    prev_scan: &mut Vec<u64>,
+    prev_busy: &mut Vec<u64>,
     log: &mut ControlLog,
 ) {
-    let rx = st.queue_rx();
+    // Each queue's share of the traffic in the window: packets it received per
+    // stream position it walked (at full speed queues walk at their own pace;
+    // paced, this is its share of the offered load).
+    let (rx, scan) = (st.queue_rx(), st.queue_scan());
     prev_rx.resize(rx.len(), 0);
-    let window: Vec<u64> = rx.iter().zip(prev_rx.iter()).map(|(a, b)| a.saturating_sub(*b)).collect();
+    prev_scan.resize(scan.len(), 0);
+    let walked: Vec<u64> =
+        scan.iter().zip(prev_scan.iter()).map(|(&a, &b)| if a == u64::MAX { 0 } else { a.saturating_sub(b) }).collect();
+    let share: Vec<u64> = rx
+        .iter()
+        .zip(prev_rx.iter())
+        .zip(&walked)
+        .map(|((&a, &b), &w)| if w == 0 { 0 } else { a.saturating_sub(b).saturating_mul(1_000_000) / w })
+        .collect();
+    let active = walked.iter().filter(|&&w| w > 0).count();
+    // Cycles per packet of each queue's worker in the window: an entry's load
+    // is its packets times its owner's cost per packet (RSS++ balances CPU load).
+    let busy = st.queue_busy();
+    prev_busy.resize(busy.len(), 0);
+    log.cpp.resize(busy.len(), 0.0);
+    for (k, ((&b, &pb), (&r, &pr))) in busy.iter().zip(prev_busy.iter()).zip(rx.iter().zip(prev_rx.iter())).enumerate()
+    {
+        let n = r.saturating_sub(pr);
+        if n >= 1000 {
+            let x = b.saturating_sub(pb) as f64 / n as f64;
+            log.cpp[k] = if log.cpp[k] == 0.0 { x } else { 0.7 * log.cpp[k] + 0.3 * x };
+        }
+    }
+    let cpp: Vec<u64> = log.cpp.iter().map(|&c| c as u64).collect();
+    let mean_cpp = (cpp.iter().sum::<u64>() / cpp.len().max(1) as u64).max(1);
+    let cpu: Vec<u64> = busy
+        .iter()
+        .zip(prev_busy.iter())
+        .zip(&walked)
+        .map(|((&b, &pb), &w)| if w == 0 { 0 } else { b.saturating_sub(pb).saturating_mul(1_000) / w })
+        .collect();
+    *prev_busy = busy;
     *prev_rx = rx;
-    if window.iter().sum::<u64>() > 0 {
-        log.windows.push(imbalance(&window));
+    for (p, &s) in prev_scan.iter_mut().zip(&scan) {
+        if s != u64::MAX {
+            *p = s;
+        }
+    }
+    if active == walked.len() && active > 0 {
+        log.windows.push(imbalance(&share));
+        log.cpu_windows.push(imbalance(&cpu));
     }
     if !strat.counts_loads() {
         return;
     }
+    // Per RETA entry: packets per million stream positions its owner walked.
     let keys = st.key_loads();
-    prev_keys.resize(keys.len(), 0);
+    prev.resize(keys.len(), 0);
     let reta = st.reta_size();
-    let delta: Vec<u64> = keys.iter().zip(prev_keys.iter()).take(reta).map(|(a, b)| a.saturating_sub(*b)).collect();
-    *prev_keys = keys;
     let owners = st.owners();
+    let delta: Vec<u64> = keys
+        .iter()
+        .zip(prev.iter())
+        .zip(&owners)
+        .take(reta)
+        .map(|((&a, &b), &o)| {
+            let w = walked.get(o as usize).copied().unwrap_or(0);
+            let c = cpp.get(o as usize).copied().filter(|&c| c > 0).unwrap_or(mean_cpp);
+            if w == 0 {
+                0
+            } else {
+                a.saturating_sub(b).saturating_mul(1_000_000) / w * c
+            }
+        })
+        .collect();
+    *prev = keys;
     let sample = LoadSample { entry_packets: &delta, owners: &owners[..reta], queues: st.queues() };
     for (e, q) in strat.rebalance(&sample) {
         if st.start_move(e, q).is_ok() {

@@ -73,12 +73,21 @@ impl<'a> Control<'a> {
         }
     }
 
-    /// Hands over the state of every move the queue says is due.
+    /// Hands over the state of every move the queue says is due (one pass
+    /// over the tables for all of them).
     fn release(&mut self, source: &mut dyn Source, exec: &mut Pipeline, res: &mut WorkerResult) {
+        let mut due = Vec::new();
         while let Some(mv) = source.take_due() {
-            let mut out = Vec::new();
-            let c = self.classifier;
-            res.flows_out += exec.export_flows(&|k| c.entry_of(k) == mv.key, &mut out) as u64;
+            due.push(mv);
+        }
+        if due.is_empty() {
+            return;
+        }
+        let c = self.classifier;
+        let mut outs = vec![Vec::new(); due.len()];
+        let keys: Vec<u16> = due.iter().map(|m| m.key).collect();
+        res.flows_out += exec.export_flows_by(&|k| keys.iter().position(|&e| e == c.entry_of(k)), &mut outs) as u64;
+        for (mv, out) in due.into_iter().zip(outs) {
             self.steering.hand_over(mv, out);
         }
     }
@@ -111,6 +120,9 @@ pub struct Worker<'a> {
     res: WorkerResult,
     first: Option<u64>,
     last_end: u64,
+    /// The worker's own batch cycles (without the NIC's walk) since the start,
+    /// warm-up included (published for rebalancing).
+    busy_total: u64,
 }
 
 impl<'a> Worker<'a> {
@@ -140,6 +152,7 @@ impl<'a> Worker<'a> {
             res: WorkerResult { core, ..Default::default() },
             first: None,
             last_end: 0,
+            busy_total: 0,
         }
     }
 
@@ -149,6 +162,7 @@ impl<'a> Worker<'a> {
         if let Some(c) = self.ctl.as_mut() {
             c.import(self.core, &mut self.exec, res);
         }
+        let nic0 = if self.ctl.is_some() { self.source.rx_stats().nic_cycles } else { 0 };
         let now = tsc::rdtsc();
         let n = match self.source.rx_burst(&mut self.pool, &mut self.batch, self.batch_size, now) {
             Rx::Packets(n) => n,
@@ -191,6 +205,12 @@ impl<'a> Worker<'a> {
         self.last_end = tsc::rdtsc();
         res.batch_latency.record(self.last_end.saturating_sub(now));
         res.busy_cycles += self.last_end.saturating_sub(now);
+        if let Some(c) = self.ctl.as_ref() {
+            // The worker's own work (not the NIC's walk), for rebalancing by load.
+            let nic = self.source.rx_stats().nic_cycles.saturating_sub(nic0);
+            self.busy_total += self.last_end.saturating_sub(now).saturating_sub(nic);
+            c.steering.publish_busy(self.core, self.busy_total);
+        }
         if stop.load(Ordering::Relaxed) {
             Step::Done
         } else {

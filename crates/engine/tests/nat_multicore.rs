@@ -66,7 +66,9 @@ fn write(path: &Path, frames: &[Vec<u8>]) {
 /// Runs `nat` over `input` on `cores`, returning the report and the transmitted frames.
 fn run_nat(input: &Path, cores: usize) -> (Report, Vec<Vec<u8>>) {
     let out = temp(&format!("out{cores}"));
-    let w = Arc::new(Mutex::new(PcapWriter::create(&out.0, WriterOptions { nanosecond: true, ..Default::default() }).unwrap()));
+    let w = Arc::new(Mutex::new(
+        PcapWriter::create(&out.0, WriterOptions { nanosecond: true, ..Default::default() }).unwrap(),
+    ));
     let cfg = RunConfig {
         cores,
         pin: false,

@@ -22,9 +22,15 @@ fn mpps(cores: usize, virt: Option<usize>) -> f64 {
         ..RunConfig::default()
     };
     let gen = GenConfig { flows: 50_000, packets: 400_000, seed: 3, ..GenConfig::default() };
-    let r = run_input(&cfg, &parse("lb -> fsc -> ratelimit").unwrap(), Input::Generated(Box::new(Generator::new(gen).unwrap())), false, Output::Discard)
-        .unwrap()
-        .report;
+    let r = run_input(
+        &cfg,
+        &parse("lb -> fsc -> ratelimit").unwrap(),
+        Input::Generated(Box::new(Generator::new(gen).unwrap())),
+        false,
+        Output::Discard,
+    )
+    .unwrap()
+    .report;
     let sc = r.scale.unwrap();
     match virt {
         Some(_) => sc.projected_mpps.unwrap(),
@@ -46,5 +52,8 @@ fn two_virtual_cores_project_a_real_two_core_run() {
     let projected = best(&|| mpps(1, Some(2)));
     let ratio = projected / real;
     eprintln!("real 2 cores {real:.2} Mpps, projected {projected:.2} Mpps, ratio {ratio:.3}");
-    assert!((0.85..=1.15).contains(&ratio), "projection off by more than 15%: real {real:.2}, projected {projected:.2}");
+    assert!(
+        (0.85..=1.15).contains(&ratio),
+        "projection off by more than 15%: real {real:.2}, projected {projected:.2}"
+    );
 }

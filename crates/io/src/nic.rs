@@ -25,7 +25,7 @@
 use std::sync::Arc;
 
 use flowplane_packet::{tsc, Batch, Line, PacketPool};
-use flowplane_scale::steer::{Move, Steering, MAX_SCAN};
+use flowplane_scale::steer::{Move, Steering, MAX_DRIFT, MAX_SCAN};
 
 use crate::replay::ReplayTrace;
 use crate::{Rx, RxStats, Source};
@@ -98,6 +98,8 @@ pub struct NicQueue {
     tail: u64,
     counts: Box<[u64]>,
     bursts: u64,
+    /// A lower bound of the slowest other queue's position (re-read when the walk nears it).
+    slowest: u64,
     stats: RxStats,
 }
 
@@ -128,6 +130,7 @@ impl NicQueue {
             tail: 0,
             counts: vec![0u64; if cfg.count_loads { keys } else { 0 }].into_boxed_slice(),
             bursts: 0,
+            slowest: 0,
             steering,
             stats: RxStats::default(),
         };
@@ -186,7 +189,8 @@ impl NicQueue {
         let done = &mut self.done_ids;
         let mut changed = false;
         self.transits.retain(|m| {
-            let finished = if m.to == me { scan >= m.at && steering.is_ready(m.key, m.id) } else { done.contains(&m.id) };
+            let finished =
+                if m.to == me { scan >= m.at && steering.is_ready(m.key, m.id) } else { done.contains(&m.id) };
             if finished && m.to == me {
                 done.push(m.id);
             }
@@ -222,7 +226,12 @@ impl NicQueue {
         let due = self.due(now);
         let paced = due.is_some();
         let (due_ns, due_pos) = due.unwrap_or((u64::MAX, u64::MAX));
-        let limit = self.end.unwrap_or(u64::MAX).min(self.scan + MAX_SCAN).min(due_pos);
+        let mut limit = self.end.unwrap_or(u64::MAX).min(self.scan + MAX_SCAN).min(due_pos);
+        if self.nq > 1 && limit > self.slowest.saturating_add(MAX_DRIFT) {
+            // Positions only grow: re-read the slowest queue only when near the bound.
+            self.slowest = self.steering.slowest_other(self.me as usize);
+            limit = limit.min(self.slowest.saturating_add(MAX_DRIFT).max(self.scan));
+        }
         let cap = self.ring.len() as u64;
         // At full speed fill the ring only to what this burst delivers plus the prefetch distance.
         let target = if paced { u64::MAX } else { (want + PREFETCH_AHEAD) as u64 };
@@ -239,7 +248,9 @@ impl NicQueue {
                 let mut i = i0;
                 while i < n && pos + (i - i0) < limit && (paced || self.tail - self.head < target) {
                     if due_ns != u64::MAX
-                        && loop_k.saturating_mul(self.trace.loop_ns).saturating_add(self.trace.queues[0].ts_at(i as usize))
+                        && loop_k
+                            .saturating_mul(self.trace.loop_ns)
+                            .saturating_add(self.trace.queues[0].ts_at(i as usize))
                             > due_ns
                     {
                         break;
@@ -314,6 +325,7 @@ impl NicQueue {
     fn direct_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, want: usize) -> Rx {
         let end = self.end.unwrap_or(u64::MAX);
         if self.scan >= end {
+            self.steering.publish_progress(self.me as usize, u64::MAX, self.stats.packets);
             return Rx::Done;
         }
         let d = &self.trace.queues[0];
@@ -376,7 +388,14 @@ struct WalkRun {
 /// and one owner load per packet, the ring slot written always and kept
 /// when owned (no unpredictable branch).
 #[inline(always)]
-fn walk_run<const PACED: bool>(q: &mut NicQueue, loop_k: u64, i0: u64, end_i: u64, due_ns: u64, target: u64) -> WalkRun {
+fn walk_run<const PACED: bool>(
+    q: &mut NicQueue,
+    loop_k: u64,
+    i0: u64,
+    end_i: u64,
+    due_ns: u64,
+    target: u64,
+) -> WalkRun {
     let d = &q.trace.queues[0];
     let keys = &d.keys[..];
     let owner = &q.owner[..];
@@ -392,9 +411,10 @@ fn walk_run<const PACED: bool>(q: &mut NicQueue, loop_k: u64, i0: u64, end_i: u6
     let mut transit = false;
     let counts = &mut q.counts[..];
     let base = loop_k << 32;
-    if !PACED && counts.is_empty() {
-        // Full speed, no counting: the ring cannot overflow (target < capacity).
+    if !PACED {
+        // Full speed: the ring cannot overflow (target < capacity).
         let stop_at = head + target;
+        let count = !counts.is_empty();
         for &k in keys.get(i0 as usize..end_i as usize).unwrap_or(&[]) {
             let o = owner.get(k as usize).copied().unwrap_or(TRANSIT);
             if o == TRANSIT {
@@ -403,6 +423,11 @@ fn walk_run<const PACED: bool>(q: &mut NicQueue, loop_k: u64, i0: u64, end_i: u6
             }
             ring[(tail & mask) as usize] = base | i;
             tail += u64::from(o == me);
+            if count {
+                if let Some(c) = counts.get_mut(k as usize) {
+                    *c += u64::from(o == me);
+                }
+            }
             i += 1;
             if tail >= stop_at {
                 stop = true;
@@ -472,11 +497,14 @@ impl Source for NicQueue {
         let take = want.min(avail);
         if take == 0 {
             let at_end = self.end.is_some_and(|e| self.scan >= e);
-            let owes = self.transits.iter().any(|m| m.from == self.me && m.at <= self.scan && !self.done_ids.contains(&m.id));
+            let owes =
+                self.transits.iter().any(|m| m.from == self.me && m.at <= self.scan && !self.done_ids.contains(&m.id));
             return if at_end && self.head == self.tail && !owes {
                 if !self.counts.is_empty() {
                     self.steering.publish_loads(self.me as usize, &self.counts);
                 }
+                // Finished: no longer holds the others back.
+                self.steering.publish_progress(self.me as usize, u64::MAX, self.stats.packets);
                 Rx::Done
             } else {
                 Rx::Idle
@@ -630,7 +658,9 @@ mod tests {
                 match q.rx_burst(&mut pool, &mut batch, 16, 0) {
                     Rx::Packets(n) => {
                         active = true;
-                        got.extend((0..n).map(|i| u32::from(batch.rss_hashes()[i] as u16) | u32::from(batch.data(i)[0]) << 16));
+                        got.extend(
+                            (0..n).map(|i| u32::from(batch.rss_hashes()[i] as u16) | u32::from(batch.data(i)[0]) << 16),
+                        );
                         batch.free_all(&mut pool).unwrap();
                     }
                     Rx::Idle => active = true,

@@ -250,7 +250,10 @@ impl ReplayTrace {
 
     /// Memory held by the arenas and indices.
     pub fn memory_bytes(&self) -> usize {
-        self.queues.iter().map(|q| q.lines.capacity() * 64 + q.len.len() * (4 + 2 + 4) + q.ts.len() * 8 + q.keys.len() * 2).sum()
+        self.queues
+            .iter()
+            .map(|q| q.lines.capacity() * 64 + q.len.len() * (4 + 2 + 4) + q.ts.len() * 8 + q.keys.len() * 2)
+            .sum()
     }
 
     /// Copies frame `i` of queue `q` into `out` (any length).

@@ -154,12 +154,8 @@ impl Classifier {
             (HashOn::FiveTuple, t) => self.toeplitz.hash_five_tuple(t),
             (HashOn::SrcIp, FiveTuple::V4(k)) => self.toeplitz.hash_v4_addrs(k.src(), Ipv4Addr::UNSPECIFIED),
             (HashOn::DstIp, FiveTuple::V4(k)) => self.toeplitz.hash_v4_addrs(Ipv4Addr::UNSPECIFIED, k.dst()),
-            (HashOn::SrcIp, FiveTuple::V6(k)) => {
-                self.toeplitz.hash_v6_addrs(k.src(), std::net::Ipv6Addr::UNSPECIFIED)
-            }
-            (HashOn::DstIp, FiveTuple::V6(k)) => {
-                self.toeplitz.hash_v6_addrs(std::net::Ipv6Addr::UNSPECIFIED, k.dst())
-            }
+            (HashOn::SrcIp, FiveTuple::V6(k)) => self.toeplitz.hash_v6_addrs(k.src(), std::net::Ipv6Addr::UNSPECIFIED),
+            (HashOn::DstIp, FiveTuple::V6(k)) => self.toeplitz.hash_v6_addrs(std::net::Ipv6Addr::UNSPECIFIED, k.dst()),
         }
     }
 
@@ -192,6 +188,12 @@ impl Classifier {
 /// Largest stream span a queue receives (scans) in one burst at full speed;
 /// a move's switch point lies this far past every queue's last published position.
 pub const MAX_SCAN: u64 = 8192;
+
+/// How far (stream positions) a queue may walk ahead of the slowest queue
+/// still receiving. At full speed queues would otherwise drift apart without
+/// bound (a NIC's queues all see the same wire), and a move's old owner
+/// could lag its switch point by millions of packets.
+pub const MAX_DRIFT: u64 = 1 << 16;
 
 /// A change of owner of one steering key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -234,6 +236,7 @@ pub enum MoveError {
 struct Padded {
     scan: AtomicU64,
     rx: AtomicU64,
+    busy: AtomicU64,
 }
 
 #[derive(Default)]
@@ -269,7 +272,8 @@ impl Steering {
             return Err(ScaleError::Queues { got: queues, max });
         }
         let n = classifier.reta_size();
-        let mut owner: Vec<u16> = if reta.is_empty() { (0..n).map(|i| (i % queues) as u16).collect() } else { reta.to_vec() };
+        let mut owner: Vec<u16> =
+            if reta.is_empty() { (0..n).map(|i| (i % queues) as u16).collect() } else { reta.to_vec() };
         if owner.len() != n || owner.iter().any(|&q| q as usize >= queues) {
             return Err(ScaleError::Queues { got: queues, max });
         }
@@ -289,7 +293,11 @@ impl Steering {
             scan: (0..queues).map(|_| Padded::default()).collect(),
             mail: (0..queues).map(|_| AtomicBool::new(false)).collect(),
             loads: (0..queues).map(|_| (0..keys).map(|_| AtomicU64::new(0)).collect()).collect(),
-            ctl: Mutex::new(Control { next_id: 1, active: Vec::new(), inbox: (0..queues).map(|_| Vec::new()).collect() }),
+            ctl: Mutex::new(Control {
+                next_id: 1,
+                active: Vec::new(),
+                inbox: (0..queues).map(|_| Vec::new()).collect(),
+            }),
             moves_done: AtomicU64::new(0),
         })
     }
@@ -348,6 +356,36 @@ impl Steering {
         }
     }
 
+    /// Stream position each queue has walked to (as last published; `u64::MAX`: finished).
+    pub fn queue_scan(&self) -> Vec<u64> {
+        self.scan.iter().map(|s| s.scan.load(Ordering::SeqCst)).collect()
+    }
+
+    /// The least stream position of the queues still receiving, other than `q`
+    /// (`u64::MAX` if none): how far ahead `q` may walk is bounded by it.
+    pub fn slowest_other(&self, q: usize) -> u64 {
+        self.scan
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != q)
+            .map(|(_, s)| s.scan.load(Ordering::Acquire))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// The worker of queue `q` has been busy `cycles` so far (its own work, for rebalancing by load).
+    #[inline]
+    pub fn publish_busy(&self, q: usize, cycles: u64) {
+        if let Some(s) = self.scan.get(q) {
+            s.busy.store(cycles, Ordering::Relaxed);
+        }
+    }
+
+    /// Busy cycles each queue's worker has published.
+    pub fn queue_busy(&self) -> Vec<u64> {
+        self.scan.iter().map(|s| s.busy.load(Ordering::Relaxed)).collect()
+    }
+
     /// Packets each queue has delivered so far (as last published).
     pub fn queue_rx(&self) -> Vec<u64> {
         self.scan.iter().map(|s| s.rx.load(Ordering::Relaxed)).collect()
@@ -392,7 +430,8 @@ impl Steering {
         // generation published its position before, and scans at most
         // at most MAX_SCAN past it with the old view.
         self.gen.fetch_add(1, Ordering::SeqCst);
-        let max_scan = self.scan.iter().map(|s| s.scan.load(Ordering::SeqCst)).max().unwrap_or(0);
+        let max_scan =
+            self.scan.iter().map(|s| s.scan.load(Ordering::SeqCst)).filter(|&p| p != u64::MAX).max().unwrap_or(0);
         let at = max_scan + MAX_SCAN + 1;
         self.owner[key as usize].store(to, Ordering::SeqCst);
         let mv = Move { id: ctl.next_id, key, from, to, at };
@@ -476,7 +515,12 @@ mod tests {
 
     #[test]
     fn rules_win_over_the_reta_and_icmp_errors_follow_their_flow() {
-        let rule = FdirRule { proto: Some(17), dst: Some((Ipv4Addr::new(203, 0, 113, 1), 32)), dst_ports: (2000, 2999), queue: 1 };
+        let rule = FdirRule {
+            proto: Some(17),
+            dst: Some((Ipv4Addr::new(203, 0, 113, 1), 32)),
+            dst_ports: (2000, 2999),
+            queue: 1,
+        };
         let c = Classifier::new(512, true, HashOn::FiveTuple, true, vec![rule]).unwrap();
         assert_eq!(c.classify(&udp([1, 1, 1, 1], [203, 0, 113, 1], 80, 2500)).unwrap().0, 512);
         assert!(c.classify(&udp([1, 1, 1, 1], [203, 0, 113, 1], 80, 3500)).unwrap().0 < 512);

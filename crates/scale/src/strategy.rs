@@ -132,7 +132,7 @@ pub struct RssPlusPlus {
 
 impl Default for RssPlusPlus {
     fn default() -> Self {
-        RssPlusPlus { threshold: 0.05, max_moves: 16, period: DEFAULT_PERIOD }
+        RssPlusPlus { threshold: 0.10, max_moves: 8, period: DEFAULT_PERIOD }
     }
 }
 

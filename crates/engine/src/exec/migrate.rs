@@ -88,10 +88,20 @@ impl<'a> Rd<'a> {
 /// Moves every entry whose key `pick` selects out of `cx`'s stores into
 /// `out` (appended); returns the number of entries.
 pub(crate) fn export_flows(cx: &mut ExecContext, pick: &dyn Fn(&FiveTuple) -> bool, out: &mut Vec<u8>) -> usize {
+    export_flows_by(cx, &|k| pick(k).then_some(0), std::slice::from_mut(out))
+}
+
+/// One pass over the stores for several hand-overs at once: an entry goes
+/// to `outs[i]` when `which` says `Some(i)`. Returns the entries moved.
+pub(crate) fn export_flows_by(
+    cx: &mut ExecContext,
+    which: &dyn Fn(&FiveTuple) -> Option<usize>,
+    outs: &mut [Vec<u8>],
+) -> usize {
     let mut n = 0;
     for (si, store) in cx.stores.iter_mut().enumerate() {
-        n += export_table(store.v4(), si, &|k| FiveTuple::V4(*k), pick, out);
-        n += export_table(store.v6(), si, &|k| FiveTuple::V6(*k), pick, out);
+        n += export_table(store.v4(), si, &|k| FiveTuple::V4(*k), which, outs);
+        n += export_table(store.v6(), si, &|k| FiveTuple::V6(*k), which, outs);
     }
     n
 }
@@ -100,12 +110,21 @@ fn export_table<K: FlowKey>(
     t: &mut FlowTable<K>,
     si: usize,
     wrap: &dyn Fn(&K) -> FiveTuple,
-    pick: &dyn Fn(&FiveTuple) -> bool,
-    out: &mut Vec<u8>,
+    which: &dyn Fn(&FiveTuple) -> Option<usize>,
+    outs: &mut [Vec<u8>],
 ) -> usize {
-    let picked: Vec<(u32, FiveTuple)> =
-        t.iter().filter_map(|(h, k, _)| Some((h, wrap(k))).filter(|(_, k)| pick(k))).collect();
-    for (h, k) in &picked {
+    if t.is_empty() {
+        return 0;
+    }
+    let picked: Vec<(u32, FiveTuple, usize)> = t
+        .iter()
+        .filter_map(|(h, k, _)| {
+            let k = wrap(k);
+            which(&k).filter(|&i| i < outs.len()).map(|i| (h, k, i))
+        })
+        .collect();
+    for (h, k, i) in &picked {
+        let out = &mut outs[*i];
         out.push(si as u8);
         put_key(out, k);
         out.extend_from_slice(&t.last_seen(*h).unwrap_or(0).to_le_bytes());
