@@ -361,6 +361,7 @@ fn run_chains(
     };
     let spray = strategy.as_ref().is_some_and(|s| s.spray());
     let counts = strategy.as_ref().is_some_and(|s| s.counts_loads());
+    let bounded = strategy.as_ref().is_some_and(|s| s.moves_flows());
     let steering = nic_parts.as_ref().map(|n| &*n.0);
     let classifier = nic_parts.as_ref().map(|n| &n.1);
     // Per thread: its workers' chains, in worker order.
@@ -413,6 +414,7 @@ fn run_chains(
                                             ring: cfg.ring,
                                             spray,
                                             count_loads: counts,
+                                            bounded_drift: bounded,
                                         },
                                     )),
                                     None => Box::new(ReplayQueue::new(

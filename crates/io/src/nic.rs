@@ -56,6 +56,10 @@ pub struct NicConfig {
     pub spray: bool,
     /// Count packets per key and publish the counts (for rebalancing).
     pub count_loads: bool,
+    /// Walk at most [`MAX_DRIFT`] ahead of the slowest queue (needed when
+    /// keys move: a move's old owner must reach its switch point soon). Off,
+    /// each queue runs at its own pace at full speed, as with a static table.
+    pub bounded_drift: bool,
 }
 
 impl Default for NicConfig {
@@ -68,6 +72,7 @@ impl Default for NicConfig {
             ring: 1024,
             spray: false,
             count_loads: false,
+            bounded_drift: false,
         }
     }
 }
@@ -227,7 +232,7 @@ impl NicQueue {
         let paced = due.is_some();
         let (due_ns, due_pos) = due.unwrap_or((u64::MAX, u64::MAX));
         let mut limit = self.end.unwrap_or(u64::MAX).min(self.scan + MAX_SCAN).min(due_pos);
-        if self.nq > 1 && limit > self.slowest.saturating_add(MAX_DRIFT) {
+        if self.cfg.bounded_drift && self.nq > 1 && limit > self.slowest.saturating_add(MAX_DRIFT) {
             // Positions only grow: re-read the slowest queue only when near the bound.
             self.slowest = self.steering.slowest_other(self.me as usize);
             limit = limit.min(self.slowest.saturating_add(MAX_DRIFT).max(self.scan));
@@ -644,7 +649,7 @@ mod tests {
         let keys: Vec<u16> = (0..40_000u32).map(|i| (i % 4) as u16).collect();
         let (t, s) = setup(&keys);
         let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
-        let cfg = NicConfig { loops: Some(1), ..Default::default() };
+        let cfg = NicConfig { loops: Some(1), bounded_drift: true, ..Default::default() };
         let mut q0 = NicQueue::new(t.clone(), s.clone(), 0, cfg);
         let mut q1 = NicQueue::new(t, s.clone(), 1, cfg);
         let mut batch = Batch::new(&pool);
