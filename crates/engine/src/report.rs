@@ -148,6 +148,9 @@ pub struct ScaleReport {
     pub utilisation: Vec<f64>,
     /// Packet latency receive-to-transmit (batch granularity), ns: p50, p99, p99.9.
     pub latency_ns: [f64; 3],
+    /// Packets / the busiest worker's own busy time (batches, without the
+    /// NIC's walk), Mpps: what the run's cores sustain while working.
+    pub busy_mpps: f64,
     /// `--virtual-cores`: packets / the busiest logical worker's busy time (Mpps),
     /// a PROJECTION of N real cores each running one worker.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -209,6 +212,7 @@ impl ScaleReport {
             imbalance_cpu_settled: settled(cpu_windows),
             utilisation: ws.iter().map(|w| if wall > 0.0 { w.busy_cycles as f64 / wall } else { 0.0 }).collect(),
             latency_ns: [ns(hist.quantile(0.5)), ns(hist.quantile(0.99)), ns(hist.quantile(0.999))],
+            busy_mpps: if busiest > 0.0 { packets as f64 / busiest / 1e6 } else { 0.0 },
             projected_mpps: (cfg.virtual_cores.is_some() && busiest > 0.0).then(|| packets as f64 / busiest / 1e6),
         }
     }
