@@ -85,7 +85,7 @@ fn trial(
 
 /// Searches the MLFFR of `spec` on the prepared input under `cfg` (cores, strategy, ...).
 pub fn search(cfg: &RunConfig, spec: &ChainSpec, p: &Prepared, m: &MlffrConfig) -> Result<Mlffr, EngineError> {
-    if !(m.loss >= 0.0 && m.loss < 1.0) || !(m.resolution > 0.0 && m.resolution < 1.0) {
+    if !((0.0..1.0).contains(&m.loss) && m.resolution > 0.0 && m.resolution < 1.0) {
         return Err(EngineError::Config("mlffr: loss must be in [0, 1) and resolution in (0, 1)".to_string()));
     }
     let (_, full) = trial(cfg, spec, p, None, m.trial)?;

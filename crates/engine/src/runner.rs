@@ -604,7 +604,7 @@ fn control_tick(
         .iter()
         .zip(prev_rx.iter())
         .zip(&walked)
-        .map(|((&a, &b), &w)| if w == 0 { 0 } else { a.saturating_sub(b).saturating_mul(1_000_000) / w })
+        .map(|((&a, &b), &w)| a.saturating_sub(b).saturating_mul(1_000_000).checked_div(w).unwrap_or(0))
         .collect();
     let active = walked.iter().filter(|&&w| w > 0).count();
     // Cycles per packet of each queue's worker in the window: an entry's load
@@ -626,7 +626,7 @@ fn control_tick(
         .iter()
         .zip(prev_busy.iter())
         .zip(&walked)
-        .map(|((&b, &pb), &w)| if w == 0 { 0 } else { b.saturating_sub(pb).saturating_mul(1_000) / w })
+        .map(|((&b, &pb), &w)| b.saturating_sub(pb).saturating_mul(1_000).checked_div(w).unwrap_or(0))
         .collect();
     *prev_busy = busy;
     *prev_rx = rx;
@@ -655,11 +655,7 @@ fn control_tick(
         .map(|((&a, &b), &o)| {
             let w = walked.get(o as usize).copied().unwrap_or(0);
             let c = cpp.get(o as usize).copied().filter(|&c| c > 0).unwrap_or(mean_cpp);
-            if w == 0 {
-                0
-            } else {
-                a.saturating_sub(b).saturating_mul(1_000_000) / w * c
-            }
+            a.saturating_sub(b).saturating_mul(1_000_000).checked_div(w).unwrap_or(0).saturating_mul(c)
         })
         .collect();
     *prev = keys;

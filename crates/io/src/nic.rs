@@ -270,11 +270,8 @@ impl NicQueue {
                     i += self.nq;
                 }
                 let stopped_early = i < n && pos + (i - i0) < limit;
+                // Past the loop's end the next position continues in the next loop, same residue.
                 pos += i - i0;
-                if pos % n != 0 && i >= n {
-                    // Wrapped past the loop end: continue at the same residue in the next loop.
-                    pos = (loop_k + 1) * n + (i - n);
-                }
                 if stopped_early {
                     break;
                 }
@@ -495,7 +492,7 @@ impl Source for NicQueue {
             self.retire();
         }
         self.bursts += 1;
-        if !self.counts.is_empty() && self.bursts % LOAD_PUBLISH_BURSTS == 0 {
+        if !self.counts.is_empty() && self.bursts.is_multiple_of(LOAD_PUBLISH_BURSTS) {
             self.steering.publish_loads(self.me as usize, &self.counts);
         }
         let avail = (self.tail - self.head) as usize;
@@ -610,7 +607,7 @@ mod tests {
         let cfg = NicConfig { loops: Some(1), ..Default::default() };
         let a = drain(&mut NicQueue::new(t.clone(), s.clone(), 0, cfg), &mut pool);
         let b = drain(&mut NicQueue::new(t, s, 1, cfg), &mut pool);
-        let want_a: Vec<u8> = (0..40u8).filter(|&i| keys[i as usize] % 2 == 0).collect();
+        let want_a: Vec<u8> = (0..40u8).filter(|&i| keys[i as usize].is_multiple_of(2)).collect();
         let want_b: Vec<u8> = (0..40u8).filter(|&i| keys[i as usize] % 2 == 1).collect();
         assert_eq!((a, b), (want_a, want_b));
     }
