@@ -105,6 +105,14 @@ pub struct NicQueue {
     bursts: u64,
     /// A lower bound of the slowest other queue's position (re-read when the walk nears it).
     slowest: u64,
+    /// While the table is the one the queue started with: the stream
+    /// indices of its packets (a NIC queue's own descriptor stream, as a
+    /// static split would have it), read instead of walking the stream.
+    own: Vec<u32>,
+    own_idx: usize,
+    /// Delivering from `own` (until the table first changes).
+    listed: bool,
+    start_gen: u64,
     stats: RxStats,
 }
 
@@ -136,10 +144,22 @@ impl NicQueue {
             counts: vec![0u64; if cfg.count_loads { keys } else { 0 }].into_boxed_slice(),
             bursts: 0,
             slowest: 0,
+            own: Vec::new(),
+            own_idx: 0,
+            listed: false,
+            start_gen: 0,
             steering,
             stats: RxStats::default(),
         };
         q.refresh();
+        q.start_gen = q.gen;
+        if !cfg.spray && !cfg.bounded_drift && cfg.rate_pps.is_none() && !q.all_mine && q.transits.is_empty() && n > 0 {
+            // A static start: this queue's packets, once, in stream order.
+            let keys = &q.trace.queues[0].keys;
+            q.own = (0..n as u32).filter(|&i| q.owner.get(keys[i as usize] as usize) == Some(&me)).collect();
+            q.own.shrink_to_fit();
+            q.listed = true;
+        }
         q
     }
 
@@ -323,6 +343,80 @@ impl NicQueue {
 }
 
 impl NicQueue {
+    /// Delivers up to `want` of this queue's packets from its own list (the
+    /// table has not changed since the start: nothing to steer).
+    fn list_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, want: usize) -> Rx {
+        let n = self.n;
+        let end = self.end.unwrap_or(u64::MAX);
+        if self.scan >= end || self.own.is_empty() {
+            if self.cfg.loops.is_some() {
+                self.scan = end;
+                self.steering.publish_progress(self.me as usize, u64::MAX, self.stats.packets);
+                return Rx::Done;
+            }
+            return Rx::Idle;
+        }
+        let d = &self.trace.queues[0];
+        let own = &self.own[..];
+        let mut loop_k = self.scan / n;
+        let (mut got, mut bytes) = (0usize, 0u64);
+        // A burst spans at most MAX_SCAN stream positions (the move protocol's bound).
+        let limit = self.scan.saturating_add(MAX_SCAN);
+        while got < want {
+            let idx = self.own_idx;
+            let base = loop_k * n;
+            let mut chunk = (want - got).min(own.len() - idx);
+            while chunk > 0 && base + u64::from(own[idx + chunk - 1]) >= limit.min(end) {
+                chunk -= 1;
+            }
+            if chunk == 0 {
+                break;
+            }
+            let ids = &own[idx..];
+            let shift = loop_k.saturating_mul(self.trace.loop_ns);
+            let k = batch.rx_burst_lines(pool, chunk, |k| {
+                if let Some(&ahead) = ids.get(k + PREFETCH_AHEAD) {
+                    if let Some(&first) = d.first_line.get(ahead as usize) {
+                        if let Some(l) = d.lines.get(first as usize) {
+                            flowplane_packet::prefetch::read(l);
+                        }
+                    }
+                }
+                let i = ids[k] as usize;
+                let first = d.first_line[i] as usize;
+                let l = d.len[i];
+                bytes += u64::from(l);
+                (&d.lines[first..first + Line::count_for(l as usize)], l, d.hash[i], shift.saturating_add(d.ts_at(i)))
+            });
+            got += k;
+            self.own_idx += k;
+            if self.own_idx == own.len() {
+                self.own_idx = 0;
+                loop_k += 1;
+            }
+            if k < chunk {
+                self.stats.pool_empty += 1;
+                break;
+            }
+        }
+        // Everything before this queue's next packet is seen (none of it is its
+        // own), but no further than this burst's bound: a walk taking over
+        // after a table change must start where the old view's claim ends.
+        let next = (loop_k * n + u64::from(self.own[self.own_idx])).min(limit).min(end);
+        self.stats.scanned += next.saturating_sub(self.scan);
+        self.scan = next;
+        self.stats.packets += got as u64;
+        self.stats.bytes += bytes;
+        self.steering.publish_progress(self.me as usize, self.scan, self.stats.packets);
+        if got > 0 {
+            Rx::Packets(got)
+        } else if self.scan >= end {
+            Rx::Done
+        } else {
+            Rx::Idle
+        }
+    }
+
     /// Delivers up to `want` packets in stream order (no steering needed).
     fn direct_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, want: usize) -> Rx {
         let end = self.end.unwrap_or(u64::MAX);
@@ -477,6 +571,14 @@ impl Source for NicQueue {
             self.refresh();
         }
         let want = max.min(batch.room());
+        if self.listed {
+            if self.gen == self.start_gen && self.head == self.tail {
+                return self.list_burst(pool, batch, want);
+            }
+            // The table changed: walk the stream from this queue's next own packet on.
+            self.listed = false;
+            self.own = Vec::new();
+        }
         let direct = self.all_mine && !self.cfg.spray && self.cfg.rate_pps.is_none();
         if direct && self.head == self.tail {
             // One queue owning everything and nothing held in the ring:
@@ -642,11 +744,18 @@ mod tests {
 
     #[test]
     fn a_move_switches_owner_without_loss_or_duplicates() {
+        // Walking from the start (bounded drift), and from the queues' own lists until the table changes.
+        for bounded in [true, false] {
+            move_once(bounded);
+        }
+    }
+
+    fn move_once(bounded: bool) {
         // 40000 packets over 4 keys; queue 0 owns keys 0 and 2, queue 1 keys 1 and 3.
         let keys: Vec<u16> = (0..40_000u32).map(|i| (i % 4) as u16).collect();
         let (t, s) = setup(&keys);
         let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
-        let cfg = NicConfig { loops: Some(1), bounded_drift: true, ..Default::default() };
+        let cfg = NicConfig { loops: Some(1), bounded_drift: bounded, ..Default::default() };
         let mut q0 = NicQueue::new(t.clone(), s.clone(), 0, cfg);
         let mut q1 = NicQueue::new(t, s.clone(), 1, cfg);
         let mut batch = Batch::new(&pool);
@@ -684,7 +793,7 @@ mod tests {
                 break;
             }
         }
-        assert_eq!(s.moves_done(), 1);
+        assert_eq!(s.moves_done(), 1, "bounded {bounded}");
         // Every packet once; key 2 first on queue 0, then (from the switch point) on queue 1.
         assert_eq!(got0.len() + got1.len(), 40_000);
         let k2_0 = got0.iter().filter(|&&x| x & 0xffff == 2).count();
