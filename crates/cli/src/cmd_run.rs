@@ -76,7 +76,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 100.0, allow_negative_numbers = true)]
     pub scale_period_ms: f64,
     /// Receive ring entries per core (a full ring drops and counts: rx_ring_full).
-    #[arg(long, default_value_t = 1024, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
     pub ring: usize,
     /// Run N logical workers in turn on the real cores and report a projected throughput
     /// (shared-nothing strategies only).

@@ -146,8 +146,12 @@ pub struct ScaleReport {
     pub imbalance_cpu_settled: f64,
     /// Per worker: busy time (batches) / run time.
     pub utilisation: Vec<f64>,
-    /// Packet latency receive-to-transmit (batch granularity), ns: p50, p99, p99.9.
+    /// Packet latency, ns (p50, p99, p99.9): paced, from each packet's
+    /// arrival at the port to the end of its transmit (ring wait included);
+    /// at full speed, from its batch's receive to transmit.
     pub latency_ns: [f64; 3],
+    /// What `latency_ns` measures: `arrival-to-transmit` or `receive-to-transmit`.
+    pub latency_from: String,
     /// Packets / the busiest worker's own busy time (batches, without the
     /// NIC's walk), Mpps: what the run's cores sustain while working.
     pub busy_mpps: f64,
@@ -185,8 +189,9 @@ impl ScaleReport {
             }
         };
         let mut hist = Histogram::default();
+        let paced = ws.iter().any(|w| w.packet_latency.count() > 0);
         for w in ws {
-            hist.merge(&w.batch_latency);
+            hist.merge(if paced { &w.packet_latency } else { &w.batch_latency });
         }
         let ns = |c: u64| c as f64 * 1e9 / hz;
         // A logical worker's own work: its batches minus the NIC's steering walk.
@@ -212,6 +217,7 @@ impl ScaleReport {
             imbalance_cpu_settled: settled(cpu_windows),
             utilisation: ws.iter().map(|w| if wall > 0.0 { w.busy_cycles as f64 / wall } else { 0.0 }).collect(),
             latency_ns: [ns(hist.quantile(0.5)), ns(hist.quantile(0.99)), ns(hist.quantile(0.999))],
+            latency_from: if paced { "arrival-to-transmit" } else { "receive-to-transmit" }.to_string(),
             busy_mpps: if busiest > 0.0 { packets as f64 / busiest / 1e6 } else { 0.0 },
             projected_mpps: (cfg.virtual_cores.is_some() && busiest > 0.0).then(|| packets as f64 / busiest / 1e6),
         }
@@ -360,8 +366,8 @@ impl fmt::Display for Report {
             )?;
             writeln!(
                 f,
-                "latency      p50 {:.0} ns, p99 {:.0} ns, p99.9 {:.0} ns (receive to transmit)",
-                sc.latency_ns[0], sc.latency_ns[1], sc.latency_ns[2]
+                "latency      p50 {:.0} ns, p99 {:.0} ns, p99.9 {:.0} ns ({})",
+                sc.latency_ns[0], sc.latency_ns[1], sc.latency_ns[2], sc.latency_from
             )?;
             if let Some(p) = sc.projected_mpps {
                 writeln!(

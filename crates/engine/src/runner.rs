@@ -91,7 +91,7 @@ impl Default for RunConfig {
             restamp: false,
             scale: "rss".to_string(),
             scale_period: strategy::DEFAULT_PERIOD,
-            ring: 1024,
+            ring: 4096,
             virtual_cores: None,
         }
     }

@@ -29,6 +29,9 @@ pub struct WorkerResult {
     pub nfs: Vec<(String, NfCounters, Option<serde_json::Value>)>,
     /// Cycles from receive to transmit completion, per batch.
     pub batch_latency: Histogram,
+    /// Paced runs: cycles from each packet's arrival at the port to the end
+    /// of its batch's transmit (includes the wait in the receive ring).
+    pub packet_latency: Histogram,
     /// Flow-table figures.
     pub store: StoreReport,
     /// TSC cycles spent on batches (receive to transmit), not idle polling.
@@ -120,6 +123,8 @@ pub struct Worker<'a> {
     res: WorkerResult,
     first: Option<u64>,
     last_end: u64,
+    /// Packet times of the batch in flight (paced runs: per-packet latency).
+    arrivals: Vec<u64>,
     /// The worker's own batch cycles (without the NIC's walk) since the start,
     /// warm-up included (published for rebalancing).
     busy_total: u64,
@@ -153,6 +158,7 @@ impl<'a> Worker<'a> {
             first: None,
             last_end: 0,
             busy_total: 0,
+            arrivals: Vec::with_capacity(flowplane_packet::MAX_BATCH),
         }
     }
 
@@ -183,6 +189,7 @@ impl<'a> Worker<'a> {
             res.batches = 0;
             res.tx = TxCounters::default();
             res.batch_latency = Histogram::default();
+            res.packet_latency = Histogram::default();
             res.busy_cycles = 0;
         }
         let batch = &mut self.batch;
@@ -191,8 +198,14 @@ impl<'a> Worker<'a> {
         // The packet clock: NF actions see each packet's own time; table
         // bookkeeping (last seen, expiry) the latest time in the batch.
         let now_ns = batch.timestamps().iter().copied().max().unwrap_or(0);
+        let arrival = self.source.arrival_clock();
         let ctx = NfContext { now_tsc: now, now_ns };
         self.exec.process(batch, &ctx);
+        if arrival.is_some() {
+            // Within the reserved capacity: no allocation.
+            self.arrivals.clear();
+            self.arrivals.extend_from_slice(batch.timestamps());
+        }
         let tx = self.sink.tx_burst(&mut self.pool, batch);
         res.tx.sent += tx.sent;
         res.tx.bytes += tx.bytes;
@@ -204,6 +217,11 @@ impl<'a> Worker<'a> {
         }
         self.last_end = tsc::rdtsc();
         res.batch_latency.record(self.last_end.saturating_sub(now));
+        if let Some((t0, k)) = arrival {
+            for &ts in &self.arrivals {
+                res.packet_latency.record(self.last_end.saturating_sub(t0 + (ts as f64 * k) as u64));
+            }
+        }
         res.busy_cycles += self.last_end.saturating_sub(now);
         if let Some(c) = self.ctl.as_ref() {
             // The worker's own work (not the NIC's walk), for rebalancing by load.

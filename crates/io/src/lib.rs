@@ -42,6 +42,13 @@ pub trait Source: Send {
     /// Every queue of the port is ready: `tsc` is when the port's (paced) traffic starts.
     fn start(&mut self, _tsc: u64) {}
 
+    /// Paced sources: when a packet of time `ts_ns` arrived at the port, as
+    /// `start_tsc + ts_ns * ticks_per_ns` (for receive-to-transmit latency
+    /// including the wait in the ring); None at full speed.
+    fn arrival_clock(&self) -> Option<(u64, f64)> {
+        None
+    }
+
     /// Receive-side counters (NIC emulation, ring drops); zero for sources without them.
     fn rx_stats(&self) -> RxStats {
         RxStats::default()

@@ -69,7 +69,7 @@ impl Default for NicConfig {
             rate_pps: None,
             tsc_hz: 1e9,
             start_tsc: 0,
-            ring: 1024,
+            ring: 4096,
             spray: false,
             count_loads: false,
             bounded_drift: false,
@@ -656,6 +656,17 @@ impl Source for NicQueue {
 
     fn start(&mut self, tsc: u64) {
         self.cfg.start_tsc = tsc;
+    }
+
+    fn arrival_clock(&self) -> Option<(u64, f64)> {
+        // Inverse of `due`: trace time t is due after t * n / (rate * loop_s) ns of wall time.
+        let rate = self.cfg.rate_pps?;
+        if self.trace.loop_ns <= 1 || self.n == 0 {
+            return None;
+        }
+        let loop_s = self.trace.loop_ns as f64 / 1e9;
+        let wall_per_trace_ns = self.n as f64 / (rate * loop_s);
+        Some((self.cfg.start_tsc, wall_per_trace_ns * self.cfg.tsc_hz / 1e9))
     }
 
     fn take_due(&mut self) -> Option<Move> {
