@@ -121,7 +121,8 @@ pub fn run_scaling(o: &ScalingOptions, mut progress: impl FnMut(&Row)) -> Result
                 for &n in &o.cores {
                     let projected = n > real;
                     let cfg = RunConfig {
-                        cores: n.min(real),
+                        // Projections take turns on one thread: every logical worker sees the same CPU.
+                        cores: if projected { 1 } else { n.min(real) },
                         virtual_cores: projected.then_some(n),
                         loops: None,
                         duration: Some(Duration::from_secs_f64(o.seconds)),

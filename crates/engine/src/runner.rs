@@ -477,7 +477,7 @@ fn run_chains(
         let deadline = cfg.duration.map(|d| Instant::now() + d + cfg.warmup.unwrap_or_default());
         let period = strategy.as_ref().map_or(Duration::from_millis(100), |s| s.period());
         let mut next_tick = Instant::now() + period;
-        let mut prev_keys: Vec<u64> = Vec::new();
+        let mut prev_keys: Vec<(u64, Vec<u64>)> = Vec::new();
         let mut prev_rx: Vec<u64> = Vec::new();
         let mut prev_scan: Vec<u64> = Vec::new();
         let mut prev_busy: Vec<u64> = Vec::new();
@@ -586,7 +586,7 @@ fn take_turns(ws: &mut [Worker<'_>], stop: &AtomicBool) {
 fn control_tick(
     st: &Steering,
     strat: &mut dyn Strategy,
-    prev: &mut Vec<u64>,
+    prev_loads: &mut Vec<(u64, Vec<u64>)>,
     prev_rx: &mut Vec<u64>,
     prev_scan: &mut Vec<u64>,
     prev_busy: &mut Vec<u64>,
@@ -642,23 +642,29 @@ fn control_tick(
     if !strat.counts_loads() {
         return;
     }
-    // Per RETA entry: packets per million stream positions its owner walked.
-    let keys = st.key_loads();
-    prev.resize(keys.len(), 0);
+    // Per RETA entry: packets per million stream positions, from each
+    // queue's counts over the positions it had walked when it published them
+    // (a consistent pair; a move mid-window splits an entry over two queues).
     let reta = st.reta_size();
     let owners = st.owners();
-    let delta: Vec<u64> = keys
-        .iter()
-        .zip(prev.iter())
-        .zip(&owners)
-        .take(reta)
-        .map(|((&a, &b), &o)| {
-            let w = walked.get(o as usize).copied().unwrap_or(0);
-            let c = cpp.get(o as usize).copied().filter(|&c| c > 0).unwrap_or(mean_cpp);
-            a.saturating_sub(b).saturating_mul(1_000_000).checked_div(w).unwrap_or(0).saturating_mul(c)
-        })
-        .collect();
-    *prev = keys;
+    let now = st.queue_key_loads();
+    let mut delta = vec![0u64; reta];
+    for (q, (pos, counts)) in now.iter().enumerate() {
+        let (ppos, pcounts) = match prev_loads.get(q) {
+            Some(p) => (p.0, &p.1[..]),
+            None => (0, &[][..]),
+        };
+        let w = pos.saturating_sub(ppos);
+        if w == 0 {
+            continue;
+        }
+        let c = if strat.balance_cpu() { cpp.get(q).copied().filter(|&c| c > 0).unwrap_or(mean_cpp) } else { 1 };
+        for (e, d) in delta.iter_mut().enumerate() {
+            let x = counts.get(e).copied().unwrap_or(0).saturating_sub(pcounts.get(e).copied().unwrap_or(0));
+            *d += x.saturating_mul(1_000_000) / w * c;
+        }
+    }
+    *prev_loads = now;
     let sample = LoadSample { entry_packets: &delta, owners: &owners[..reta], queues: st.queues() };
     for (e, q) in strat.rebalance(&sample) {
         if st.start_move(e, q).is_ok() {

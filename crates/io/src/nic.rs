@@ -595,7 +595,7 @@ impl Source for NicQueue {
         }
         self.bursts += 1;
         if !self.counts.is_empty() && self.bursts.is_multiple_of(LOAD_PUBLISH_BURSTS) {
-            self.steering.publish_loads(self.me as usize, &self.counts);
+            self.steering.publish_loads(self.me as usize, &self.counts, self.scan);
         }
         let avail = (self.tail - self.head) as usize;
         let take = want.min(avail);
@@ -605,7 +605,7 @@ impl Source for NicQueue {
                 self.transits.iter().any(|m| m.from == self.me && m.at <= self.scan && !self.done_ids.contains(&m.id));
             return if at_end && self.head == self.tail && !owes {
                 if !self.counts.is_empty() {
-                    self.steering.publish_loads(self.me as usize, &self.counts);
+                    self.steering.publish_loads(self.me as usize, &self.counts, self.scan);
                 }
                 // Finished: no longer holds the others back.
                 self.steering.publish_progress(self.me as usize, u64::MAX, self.stats.packets);

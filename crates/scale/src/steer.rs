@@ -237,6 +237,8 @@ struct Padded {
     scan: AtomicU64,
     rx: AtomicU64,
     busy: AtomicU64,
+    /// Stream position at the last publication of the per-key counts.
+    loads_pos: AtomicU64,
 }
 
 #[derive(Default)]
@@ -391,13 +393,25 @@ impl Steering {
         self.scan.iter().map(|s| s.rx.load(Ordering::Relaxed)).collect()
     }
 
-    /// Publishes queue `q`'s cumulative per-key packet counts.
-    pub fn publish_loads(&self, q: usize, counts: &[u64]) {
+    /// Publishes queue `q`'s cumulative per-key packet counts, as of stream position `pos`.
+    pub fn publish_loads(&self, q: usize, counts: &[u64], pos: u64) {
         if let Some(l) = self.loads.get(q) {
             for (a, &c) in l.iter().zip(counts) {
                 a.store(c, Ordering::Relaxed);
             }
         }
+        if let Some(s) = self.scan.get(q) {
+            s.loads_pos.store(pos, Ordering::Release);
+        }
+    }
+
+    /// Per queue: (stream position of its last count publication, its per-key counts).
+    pub fn queue_key_loads(&self) -> Vec<(u64, Vec<u64>)> {
+        self.scan
+            .iter()
+            .zip(self.loads.iter())
+            .map(|(s, l)| (s.loads_pos.load(Ordering::Acquire), l.iter().map(|a| a.load(Ordering::Relaxed)).collect()))
+            .collect()
     }
 
     /// Per-key packets received so far, summed over queues.

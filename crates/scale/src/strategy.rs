@@ -88,6 +88,11 @@ pub trait Strategy: Send {
     fn period(&self) -> Duration {
         DEFAULT_PERIOD
     }
+    /// Rebalance CPU load (entry packets x its core's cycles per packet)
+    /// rather than packets. Cycle figures are noisy on a shared machine.
+    fn balance_cpu(&self) -> bool {
+        false
+    }
     /// Called every period: RETA entries to move, as (entry, new queue).
     fn rebalance(&mut self, _s: &LoadSample<'_>) -> Vec<(u16, u16)> {
         Vec::new()
@@ -127,12 +132,14 @@ pub struct RssPlusPlus {
     pub threshold: f64,
     /// Most entries moved per period.
     pub max_moves: usize,
+    /// Balance CPU load instead of packets.
+    pub by_cpu: bool,
     period: Duration,
 }
 
 impl Default for RssPlusPlus {
     fn default() -> Self {
-        RssPlusPlus { threshold: 0.10, max_moves: 8, period: DEFAULT_PERIOD }
+        RssPlusPlus { threshold: 0.10, max_moves: 8, by_cpu: false, period: DEFAULT_PERIOD }
     }
 }
 
@@ -155,6 +162,9 @@ impl Strategy for RssPlusPlus {
     }
     fn period(&self) -> Duration {
         self.period
+    }
+    fn balance_cpu(&self) -> bool {
+        self.by_cpu
     }
 
     /// Greedy, as RSS++: the busiest core gives the entry whose load best
