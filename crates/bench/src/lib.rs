@@ -8,4 +8,5 @@ pub mod io;
 pub mod pages;
 pub mod parse;
 pub mod pipeline;
+pub mod scaling;
 pub mod table;

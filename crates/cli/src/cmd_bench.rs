@@ -18,6 +18,8 @@ pub struct BenchArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCmd {
+    /// Multi-core scaling: throughput vs cores (1, 2 real; more projected) per strategy, chain and traffic, with PNG plots.
+    Scaling(crate::cmd_scaling::ScalingArgs),
     /// I/O-only baseline: replay -> forward -> discard on one core.
     Io {
         /// Flows in the generated trace.
@@ -109,6 +111,7 @@ pub enum BenchCmd {
 
 pub fn run(a: BenchArgs) -> Result<(), CliError> {
     match a.which {
+        BenchCmd::Scaling(s) => crate::cmd_scaling::run(s)?,
         BenchCmd::Io { flows, packets, size, seconds, batch, quick, json } => {
             let opts =
                 if quick { IoBenchOptions::quick() } else { IoBenchOptions { flows, packets, size, seconds, batch } };

@@ -68,9 +68,20 @@ pub struct RunArgs {
     /// Export an NF's state at the end of the run: NF=FILE.csv or NF=FILE.json (repeatable).
     #[arg(long, value_name = "NF=FILE")]
     pub export: Vec<String>,
-    /// Multi-core strategy (the emulated NIC stage).
-    #[arg(long, default_value = "rss", value_parser = ["rss"])]
+    /// Multi-core strategy: rss (shared-nothing sharding), shared (round-robin spray, shared state),
+    /// rsspp (RSS++ rebalancing with state hand-over).
+    #[arg(long, default_value = "rss", value_parser = ["rss", "shared", "rsspp"])]
     pub scale: String,
+    /// Control period of the strategy, in milliseconds.
+    #[arg(long, default_value_t = 100.0, allow_negative_numbers = true)]
+    pub scale_period_ms: f64,
+    /// Receive ring entries per core (a full ring drops and counts: rx_ring_full).
+    #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
+    pub ring: usize,
+    /// Run N logical workers in turn on the real cores and report a projected throughput
+    /// (shared-nothing strategies only).
+    #[arg(long, allow_negative_numbers = true)]
+    pub virtual_cores: Option<usize>,
     /// Use the symmetric RSS key (both directions of a connection on one core).
     #[arg(long)]
     pub symmetric_rss: bool,
@@ -133,7 +144,7 @@ pub fn parse_gen(s: &str) -> Result<Generator, CliError> {
     Generator::new(parse_gen_config(s)?).map_err(|e| CliError::new(format!("--gen: {e}")))
 }
 
-fn validate(a: &RunArgs) -> Result<(), CliError> {
+pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
     if let Some(c) = a.cores {
         if c == 0 || c > 512 {
             return Err(CliError::new(format!("--cores {c}: must be between 1 and 512")));
@@ -170,6 +181,22 @@ fn validate(a: &RunArgs) -> Result<(), CliError> {
     if !(a.idle_timeout.is_finite() && a.idle_timeout > 0.0) {
         return Err(CliError::new(format!("--idle-timeout {}: must be a positive number of seconds", a.idle_timeout)));
     }
+    if !(a.scale_period_ms.is_finite() && (1.0..=60_000.0).contains(&a.scale_period_ms)) {
+        return Err(CliError::new(format!("--scale-period-ms {}: must be between 1 and 60000", a.scale_period_ms)));
+    }
+    if a.ring < 2 * flowplane_packet::MAX_BATCH || a.ring > 1 << 20 {
+        return Err(CliError::new(format!(
+            "--ring {}: must be between {} and {}",
+            a.ring,
+            2 * flowplane_packet::MAX_BATCH,
+            1 << 20
+        )));
+    }
+    if let Some(v) = a.virtual_cores {
+        if v == 0 || v > 4096 {
+            return Err(CliError::new(format!("--virtual-cores {v}: must be between 1 and 4096")));
+        }
+    }
     if a.pool < 2 * flowplane_packet::MAX_BATCH {
         return Err(CliError::new(format!("--pool {}: must be at least {}", a.pool, 2 * flowplane_packet::MAX_BATCH)));
     }
@@ -185,14 +212,8 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
             a.duration = Some(3.0);
         }
     }
-    let spec = match &a.chain_file {
-        Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?;
-            spec::parse_toml(&text).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?
-        }
-        None => spec::parse(&a.chain)?,
-    };
-    let cores = a.cores.unwrap_or_else(cpu::available_cores);
+    let (cfg, spec) = config(&a)?;
+    let cores = cfg.cores;
     let input = match &a.input {
         Some(path) => Input::File(path),
         None => Input::Generated(Box::new(parse_gen(a.gen.as_deref().unwrap_or(DEFAULT_GEN))?)),
@@ -204,6 +225,55 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         }
         None => Output::Discard,
     };
+    let exports = parse_exports(&a.export)?;
+    let run = run_input(&cfg, &spec, input, a.symmetric_rss, output.clone())?;
+    let (report, load, (symmetric, auto_symmetric)) = (run.report, run.load, run.symmetric);
+    if let Output::Pcap(w) = output {
+        let w = Arc::try_unwrap(w).map_err(|_| CliError::new("output writer still in use"))?;
+        let w = w.into_inner().map_err(|_| CliError::new("output writer poisoned by a failed worker"))?;
+        w.finish()?;
+    }
+    for (name, path) in &exports {
+        let rows = report.exports.iter().find(|(n, _)| n == name).map(|(_, r)| r.as_slice()).unwrap_or(&[]);
+        write_export(path, rows)?;
+    }
+    if a.json {
+        let mut v = serde_json::to_value(&report)?;
+        v["load"] = serde_json::to_value(load)?;
+        v["symmetric_rss"] = serde_json::Value::Bool(symmetric);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        if demo {
+            outln!("flowplane demo: {DEFAULT_GEN}");
+        }
+        outln!(
+            "loaded       {} packets ({} unclassified, {} skipped), steered at receive over {} queue(s)",
+            load.packets,
+            load.unclassified,
+            load.skipped,
+            a.virtual_cores.unwrap_or(cores)
+        );
+        if load.unparsed.total() > 0 {
+            outln!("unparsed     {} (not replayed)", load.unparsed);
+        }
+        if let Some(nf) = auto_symmetric {
+            outln!("rss          symmetric key ({nf} needs both directions of a connection on one core)");
+        }
+        out!("{report}");
+    }
+    Ok(())
+}
+
+/// The run configuration and chain `a` describe (validated).
+pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliError> {
+    let spec = match &a.chain_file {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?;
+            spec::parse_toml(&text).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?
+        }
+        None => spec::parse(&a.chain)?,
+    };
+    let cores = a.cores.unwrap_or_else(cpu::available_cores);
     let loops = if a.duration.is_some() && a.loops.is_none() { None } else { Some(a.loops.unwrap_or(1)) };
     let exports = parse_exports(&a.export)?;
     let exec = ExecConfig {
@@ -228,43 +298,12 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         exec,
         export: exports.iter().map(|(n, _)| n.clone()).collect(),
         restamp: a.restamp,
+        scale: a.scale.clone(),
+        scale_period: Duration::from_secs_f64(a.scale_period_ms / 1e3),
+        ring: a.ring,
+        virtual_cores: a.virtual_cores,
     };
-    let run = run_input(&cfg, &spec, input, a.symmetric_rss, output.clone())?;
-    let (report, load, (symmetric, auto_symmetric)) = (run.report, run.load, run.symmetric);
-    if let Output::Pcap(w) = output {
-        let w = Arc::try_unwrap(w).map_err(|_| CliError::new("output writer still in use"))?;
-        let w = w.into_inner().map_err(|_| CliError::new("output writer poisoned by a failed worker"))?;
-        w.finish()?;
-    }
-    for (name, path) in &exports {
-        let rows = report.exports.iter().find(|(n, _)| n == name).map(|(_, r)| r.as_slice()).unwrap_or(&[]);
-        write_export(path, rows)?;
-    }
-    if a.json {
-        let mut v = serde_json::to_value(&report)?;
-        v["load"] = serde_json::to_value(load)?;
-        v["symmetric_rss"] = serde_json::Value::Bool(symmetric);
-        outln!("{}", serde_json::to_string_pretty(&v)?);
-    } else {
-        if demo {
-            outln!("flowplane demo: {DEFAULT_GEN}");
-        }
-        outln!(
-            "loaded       {} packets ({} unclassified, {} skipped) into {} queue(s)",
-            load.packets,
-            load.unclassified,
-            load.skipped,
-            cores
-        );
-        if load.unparsed.total() > 0 {
-            outln!("unparsed     {} (not replayed)", load.unparsed);
-        }
-        if let Some(nf) = auto_symmetric {
-            outln!("rss          symmetric key ({nf} needs both directions of a connection on one core)");
-        }
-        out!("{report}");
-    }
-    Ok(())
+    Ok((cfg, spec))
 }
 
 /// Parses `--export` values: `NF=FILE.csv|json` pairs (no file is touched here).

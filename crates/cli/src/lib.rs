@@ -25,8 +25,10 @@ macro_rules! out {
 
 mod cmd_bench;
 mod cmd_gen;
+mod cmd_mlffr;
 mod cmd_nfs;
 mod cmd_run;
+mod cmd_scaling;
 mod cmd_trace;
 mod error;
 
@@ -57,6 +59,8 @@ enum Command {
     Nfs(cmd_nfs::NfsArgs),
     /// Benchmarks: io, parse, table, pipeline.
     Bench(cmd_bench::BenchArgs),
+    /// Maximum loss-free forwarding rate of one configuration (binary search of the paced rate).
+    Mlffr(cmd_mlffr::MlffrArgs),
 }
 
 /// Runs the command line `args` (program name first, as `std::env::args_os`
@@ -88,6 +92,7 @@ where
         Command::Run(a) => cmd_run::run_cmd(a),
         Command::Nfs(a) => cmd_nfs::run(a),
         Command::Bench(a) => cmd_bench::run(a),
+        Command::Mlffr(a) => cmd_mlffr::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -15,6 +15,8 @@ pub mod error;
 pub mod exec;
 pub mod hist;
 pub mod load;
+pub mod mlffr;
+pub mod placement;
 pub mod report;
 pub mod runner;
 pub mod spec;

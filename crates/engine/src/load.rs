@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use flowplane_io::replay::{ReplayBuilder, ReplayError, ReplayTrace};
+use flowplane_scale::steer::Classifier;
 use flowplane_scale::Dispatch;
 use flowplane_trace::gen::Generator;
 use flowplane_trace::{TraceReader, UnparsedCounts};
@@ -27,27 +28,49 @@ pub struct LoadStats {
     pub unparsed: UnparsedCounts,
 }
 
+/// How frames are spread at load.
+#[derive(Clone, Copy)]
+pub enum Spread<'a> {
+    /// Split into static per-queue streams (a NIC whose table never changes).
+    Split(&'a dyn Dispatch),
+    /// One stream in arrival order with a steering key per packet: the
+    /// run-time NIC ([`flowplane_io::nic`]) picks the queue at receive.
+    Steered(&'a Classifier),
+}
+
 /// Accumulates frames through a dispatcher.
 struct Loader<'a> {
     builder: ReplayBuilder,
-    dispatch: &'a dyn Dispatch,
+    spread: Spread<'a>,
     stats: LoadStats,
 }
 
 impl<'a> Loader<'a> {
-    fn new(dispatch: &'a dyn Dispatch) -> Self {
-        Loader { builder: ReplayBuilder::new(dispatch.queues()), dispatch, stats: LoadStats::default() }
+    fn new(spread: Spread<'a>) -> Self {
+        let queues = match spread {
+            Spread::Split(d) => d.queues(),
+            Spread::Steered(_) => 1,
+        };
+        Loader { builder: ReplayBuilder::new(queues), spread, stats: LoadStats::default() }
     }
 
     fn push(&mut self, frame: &[u8], ts_ns: u64) -> Result<(), EngineError> {
-        let (q, h) = match self.dispatch.classify(frame) {
+        let qh = match self.spread {
+            Spread::Split(d) => d.classify(frame),
+            Spread::Steered(c) => c.classify(frame),
+        };
+        let (q, h) = match qh {
             Some(qh) => qh,
             None => {
                 self.stats.unclassified += 1;
                 (0, 0)
             }
         };
-        match self.builder.push(q as usize, frame, h, ts_ns) {
+        let pushed = match self.spread {
+            Spread::Split(_) => self.builder.push(q as usize, frame, h, ts_ns),
+            Spread::Steered(_) => self.builder.push_steered(frame, h, ts_ns, q),
+        };
+        match pushed {
             Ok(()) => {
                 self.stats.packets += 1;
                 self.stats.bytes += frame.len() as u64;
@@ -73,8 +96,17 @@ pub fn load_trace(
     dispatch: &dyn Dispatch,
     limit: Option<u64>,
 ) -> Result<(Arc<ReplayTrace>, LoadStats), EngineError> {
+    load_trace_with(path, Spread::Split(dispatch), limit)
+}
+
+/// [`load_trace`] spreading as `spread` says.
+pub fn load_trace_with(
+    path: &Path,
+    spread: Spread<'_>,
+    limit: Option<u64>,
+) -> Result<(Arc<ReplayTrace>, LoadStats), EngineError> {
     let mut reader = TraceReader::open(path)?;
-    let mut loader = Loader::new(dispatch);
+    let mut loader = Loader::new(spread);
     if let Ok(meta) = std::fs::metadata(path) {
         // A 64-byte frame costs ~80 bytes of file: reserve for that density.
         loader.builder.reserve((meta.len() / 80) as usize, 64);
@@ -90,11 +122,16 @@ pub fn load_trace(
 }
 
 /// Runs the generator straight into memory.
-pub fn load_generated(
+pub fn load_generated(gen: Generator, dispatch: &dyn Dispatch) -> Result<(Arc<ReplayTrace>, LoadStats), EngineError> {
+    load_generated_with(gen, Spread::Split(dispatch))
+}
+
+/// [`load_generated`] spreading as `spread` says.
+pub fn load_generated_with(
     mut gen: Generator,
-    dispatch: &dyn Dispatch,
+    spread: Spread<'_>,
 ) -> Result<(Arc<ReplayTrace>, LoadStats), EngineError> {
-    let mut loader = Loader::new(dispatch);
+    let mut loader = Loader::new(spread);
     loader.builder.reserve(gen.remaining() as usize, 64);
     let mut buf = Vec::with_capacity(2048);
     while let Some(ts) = gen.next_frame(&mut buf) {

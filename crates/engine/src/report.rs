@@ -98,9 +98,130 @@ pub struct Report {
     pub nfs: Vec<NfReport>,
     /// Flow tables (summed over cores).
     pub tables: StoreReport,
+    /// The multi-core runtime: strategy, NIC emulation, balance, projection.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scale: Option<ScaleReport>,
     /// Exported NF state (not serialised in the report; written by `--export`).
     #[serde(skip)]
     pub exports: Vec<(String, Vec<serde_json::Value>)>,
+}
+
+/// The multi-core runtime's figures.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ScaleReport {
+    /// Strategy (`--scale`).
+    pub strategy: String,
+    /// Workers (real cores, or logical workers with `--virtual-cores`).
+    pub workers: usize,
+    /// Real threads they ran on.
+    pub threads: usize,
+    /// Logical workers took turns on the real cores (`--virtual-cores`).
+    pub virtual_cores: bool,
+    /// How the NIC was programmed for the NFs' declared state placement.
+    pub steering: Vec<String>,
+    /// NFs whose per-key packet order the strategy does not keep (results may differ from one core).
+    pub order_not_guaranteed: Vec<String>,
+    /// Packets that arrived at the port (stream positions the NIC passed).
+    pub offered: u64,
+    /// Packets dropped because a core's receive ring was full.
+    pub rx_ring_full: u64,
+    /// NIC emulation (steering walk) cycles per received packet, not counted as workers' work.
+    pub nic_cycles_per_packet: f64,
+    /// RETA moves completed (state handed over and imported).
+    pub moves: u64,
+    /// Flow entries handed between cores.
+    pub flows_moved: u64,
+    /// Handed-over entries the new owner could not take (table full).
+    pub flows_refused: u64,
+    /// Control period (ms).
+    pub period_ms: f64,
+    /// FAJITA's load-imbalance factor per period window: (busiest - least
+    /// busy) / busiest, in packets each core received per packet of traffic.
+    pub imbalance: Vec<f64>,
+    /// Mean of `imbalance` over the windows after the first second (all windows if the run was shorter).
+    pub imbalance_settled: f64,
+    /// The same factor in CPU load: busy cycles of each core per packet of traffic, per window.
+    pub imbalance_cpu: Vec<f64>,
+    /// Mean of `imbalance_cpu` after the first second.
+    pub imbalance_cpu_settled: f64,
+    /// Per worker: busy time (batches) / run time.
+    pub utilisation: Vec<f64>,
+    /// Packet latency, ns (p50, p99, p99.9): paced, from each packet's
+    /// arrival at the port to the end of its transmit (ring wait included);
+    /// at full speed, from its batch's receive to transmit.
+    pub latency_ns: [f64; 3],
+    /// What `latency_ns` measures: `arrival-to-transmit` or `receive-to-transmit`.
+    pub latency_from: String,
+    /// Packets / the busiest worker's own busy time (batches, without the
+    /// NIC's walk), Mpps: what the run's cores sustain while working.
+    pub busy_mpps: f64,
+    /// `--virtual-cores`: packets / the busiest logical worker's busy time (Mpps),
+    /// a PROJECTION of N real cores each running one worker.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub projected_mpps: Option<f64>,
+}
+
+impl ScaleReport {
+    /// From the workers' results and the control loop's windows.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        cfg: &RunConfig,
+        strategy: &str,
+        plan: &crate::placement::Plan,
+        ws: &[WorkerResult],
+        threads: usize,
+        (windows, cpu_windows): (&[f64], &[f64]),
+        moves: u64,
+        elapsed: Duration,
+        hz: f64,
+    ) -> ScaleReport {
+        let packets: u64 = ws.iter().map(|w| w.packets).sum();
+        let nic: u64 = ws.iter().map(|w| w.rx.nic_cycles).sum();
+        let wall = elapsed.as_secs_f64() * hz;
+        let period_s = cfg.scale_period.as_secs_f64().max(1e-6);
+        let settled = |w: &[f64]| {
+            let skip = ((1.0 / period_s) as usize).min(w.len().saturating_sub(1));
+            let s = &w[skip..];
+            if s.is_empty() {
+                0.0
+            } else {
+                s.iter().sum::<f64>() / s.len() as f64
+            }
+        };
+        let mut hist = Histogram::default();
+        let paced = ws.iter().any(|w| w.packet_latency.count() > 0);
+        for w in ws {
+            hist.merge(if paced { &w.packet_latency } else { &w.batch_latency });
+        }
+        let ns = |c: u64| c as f64 * 1e9 / hz;
+        // A logical worker's own work: its batches minus the NIC's steering walk.
+        let work = |w: &WorkerResult| w.busy_cycles.saturating_sub(w.rx.nic_cycles);
+        let busiest = ws.iter().map(work).max().unwrap_or(0) as f64 / hz;
+        ScaleReport {
+            strategy: strategy.to_string(),
+            workers: ws.len(),
+            threads,
+            virtual_cores: cfg.virtual_cores.is_some(),
+            steering: plan.notes.clone(),
+            order_not_guaranteed: plan.unordered.clone(),
+            offered: ws.iter().map(|w| w.rx.scanned).max().unwrap_or(0),
+            rx_ring_full: ws.iter().map(|w| w.rx.rx_ring_full).sum(),
+            nic_cycles_per_packet: if packets > 0 { nic as f64 / packets as f64 } else { 0.0 },
+            moves,
+            flows_moved: ws.iter().map(|w| w.flows_out).sum(),
+            flows_refused: ws.iter().map(|w| w.flows_refused).sum(),
+            period_ms: period_s * 1e3,
+            imbalance: windows.to_vec(),
+            imbalance_settled: settled(windows),
+            imbalance_cpu: cpu_windows.to_vec(),
+            imbalance_cpu_settled: settled(cpu_windows),
+            utilisation: ws.iter().map(|w| if wall > 0.0 { w.busy_cycles as f64 / wall } else { 0.0 }).collect(),
+            latency_ns: [ns(hist.quantile(0.5)), ns(hist.quantile(0.99)), ns(hist.quantile(0.999))],
+            latency_from: if paced { "arrival-to-transmit" } else { "receive-to-transmit" }.to_string(),
+            busy_mpps: if busiest > 0.0 { packets as f64 / busiest / 1e6 } else { 0.0 },
+            projected_mpps: (cfg.virtual_cores.is_some() && busiest > 0.0).then(|| packets as f64 / busiest / 1e6),
+        }
+    }
 }
 
 fn spec_string(spec: &ChainSpec) -> String {
@@ -216,6 +337,45 @@ impl fmt::Display for Report {
                 "core {:<7} {} packets, {:.2} Mpps, {:.1} cycles/pkt",
                 c.core, c.packets, c.mpps, c.cycles_per_packet
             )?;
+        }
+        if let Some(sc) = &self.scale {
+            writeln!(
+                f,
+                "scale        {} over {} worker(s) on {} thread(s); rx_ring_full {}; NIC emulation {:.1} cycles/pkt (not in the workers' figures)",
+                sc.strategy, sc.workers, sc.threads, sc.rx_ring_full, sc.nic_cycles_per_packet
+            )?;
+            for n in &sc.steering {
+                writeln!(f, "steering     {n}")?;
+            }
+            if !sc.order_not_guaranteed.is_empty() {
+                writeln!(f, "order        not guaranteed per key for: {}", sc.order_not_guaranteed.join(", "))?;
+            }
+            let util: Vec<String> = sc.utilisation.iter().map(|u| format!("{:.0}%", u * 100.0)).collect();
+            let last = sc.imbalance.last().copied().unwrap_or(0.0);
+            writeln!(
+                f,
+                "balance      imbalance {:.1}% in packets, {:.1}% in CPU load after 1 s (last window {:.1}%, {} windows of {:.0} ms); utilisation {}; {} moves, {} flows moved",
+                sc.imbalance_settled * 100.0,
+                sc.imbalance_cpu_settled * 100.0,
+                last * 100.0,
+                sc.imbalance.len(),
+                sc.period_ms,
+                util.join(" "),
+                sc.moves,
+                sc.flows_moved
+            )?;
+            writeln!(
+                f,
+                "latency      p50 {:.0} ns, p99 {:.0} ns, p99.9 {:.0} ns ({})",
+                sc.latency_ns[0], sc.latency_ns[1], sc.latency_ns[2], sc.latency_from
+            )?;
+            if let Some(p) = sc.projected_mpps {
+                writeln!(
+                    f,
+                    "projected    {p:.2} Mpps on {} cores (PROJECTION: packets / busiest logical worker's busy time)",
+                    sc.workers
+                )?;
+            }
         }
         let t = &self.tables;
         if t.capacity > 0 {

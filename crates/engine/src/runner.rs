@@ -7,23 +7,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flowplane_io::nic::{NicConfig, NicQueue};
 use flowplane_io::replay::{ReplayConfig, ReplayQueue, ReplayTrace};
 use flowplane_io::sink::{Discard, PcapSink, SharedPcapWriter, Stamp};
-use flowplane_io::{cpu, Sink};
+use flowplane_io::{cpu, Sink, Source};
 use flowplane_nf::Export;
 use flowplane_packet::{tsc, PacketPool, PoolConfig, MAX_BATCH};
 
-use flowplane_scale::RssDispatcher;
+use flowplane_scale::rss::DEFAULT_RETA_SIZE;
+use flowplane_scale::steer::{Classifier, HashOn, Steering};
+use flowplane_scale::strategy::{self, imbalance, LoadSample, Strategy};
 use flowplane_trace::gen::Generator;
 
 use crate::chain::Chain;
 use crate::coarse::SharedStores;
 use crate::error::EngineError;
 use crate::exec::{ExecConfig, Pipeline};
-use crate::load::{load_generated, load_trace, LoadStats};
-use crate::report::Report;
+use crate::load::{load_generated_with, load_trace_with, LoadStats, Spread};
+use crate::placement::{self, Plan};
+use crate::report::{Report, ScaleReport};
 use crate::spec::ChainSpec;
-use crate::worker::{run_worker, WorkerResult};
+use crate::worker::{Control, Step, Worker, WorkerResult};
 
 /// Where forwarded packets go.
 #[derive(Clone, Default)]
@@ -60,6 +64,15 @@ pub struct RunConfig {
     pub export: Vec<String>,
     /// Write the transmit time into `--output` instead of each packet's own time.
     pub restamp: bool,
+    /// Multi-core strategy (`rss`, `shared`, `rsspp`).
+    pub scale: String,
+    /// The strategy's control period.
+    pub scale_period: Duration,
+    /// Receive descriptor ring entries per core (NIC emulation).
+    pub ring: usize,
+    /// Run this many logical workers in turn on `cores` real threads and
+    /// project the throughput from their busy time (shared-nothing strategies only).
+    pub virtual_cores: Option<usize>,
 }
 
 impl Default for RunConfig {
@@ -76,6 +89,10 @@ impl Default for RunConfig {
             exec: ExecConfig::default(),
             export: Vec::new(),
             restamp: false,
+            scale: "rss".to_string(),
+            scale_period: strategy::DEFAULT_PERIOD,
+            ring: 4096,
+            virtual_cores: None,
         }
     }
 }
@@ -99,10 +116,24 @@ pub struct InputRun {
     pub symmetric: (bool, Option<&'static str>),
 }
 
+/// The run-time NIC of a steered run: its live table, the classifier the
+/// trace was steered with, and the strategy whose control loop drives it.
+pub struct Nic {
+    /// The live steering table.
+    pub steering: Arc<Steering>,
+    /// The classifier (maps flow keys to RETA entries for hand-over).
+    pub classifier: Classifier,
+    /// The strategy.
+    pub strategy: Box<dyn Strategy>,
+    /// The NIC programming the NFs' placement asked for (notes for the report).
+    pub plan: Plan,
+}
+
 /// Builds the chain once per core (spec errors surface before any traffic
-/// is loaded), spreads `input` over the cores by RSS (the symmetric key when
-/// asked for, or when an NF needs both directions of a connection on one
-/// core), and runs it.
+/// is loaded), checks every NF's declared state placement against the
+/// strategy (`cfg.scale`) and programs the NIC accordingly (symmetric key,
+/// hash on an address, flow-director rules and per-core port shares), loads
+/// `input` as one stream steered at receive, and runs it.
 pub fn run_input(
     cfg: &RunConfig,
     spec: &ChainSpec,
@@ -110,20 +141,111 @@ pub fn run_input(
     symmetric_rss: bool,
     output: Output,
 ) -> Result<InputRun, EngineError> {
+    let p = prepare(cfg, spec, input, symmetric_rss)?;
+    let report = run_prepared(cfg, spec, &p, output)?;
+    Ok(InputRun { report, load: p.load, symmetric: (p.plan.symmetric, p.auto_symmetric) })
+}
+
+/// A loaded, steered input with the NIC programming its chain needs: run
+/// it as often as wanted (`flowplane mlffr` runs one per offered rate).
+pub struct Prepared {
+    /// The steered trace.
+    pub trace: Arc<ReplayTrace>,
+    /// What loading saw.
+    pub load: LoadStats,
+    /// The NIC programming for the NFs' placement.
+    pub plan: Plan,
+    /// The classifier the trace was steered with.
+    pub classifier: Classifier,
+    /// The NF that made the key symmetric, when `symmetric_rss` was not asked for.
+    pub auto_symmetric: Option<&'static str>,
+}
+
+/// Checks the strategy and the chain's placement on `cfg`'s workers and
+/// loads `input` steered for them.
+pub fn prepare(
+    cfg: &RunConfig,
+    spec: &ChainSpec,
+    input: Input<'_>,
+    symmetric_rss: bool,
+) -> Result<Prepared, EngineError> {
     check(cfg)?;
-    let chains = build_chains(cfg, spec)?;
-    let auto = if cfg.cores > 1 && !symmetric_rss { chains[0].needs_symmetric_rss() } else { None };
-    let symmetric = symmetric_rss || auto.is_some();
-    let dispatch = RssDispatcher::new(cfg.cores, symmetric)?;
+    let strategy = strategy::by_name(&cfg.scale, cfg.scale_period)?;
+    let workers = workers(cfg);
+    if cfg.virtual_cores.is_some() && !strategy.projectable() {
+        return Err(EngineError::Config(format!(
+            "--virtual-cores: --scale {} costs contention between real cores, which a projection cannot see",
+            strategy.name()
+        )));
+    }
+    let chain0 = Chain::build(spec)?;
+    let plan = placement::plan(&chain0, spec, strategy.as_ref(), workers, symmetric_rss)?;
+    let auto_symmetric =
+        if workers > 1 && !symmetric_rss && plan.symmetric { chain0.needs_symmetric_rss() } else { None };
+    // Spec errors in the exports surface before loading.
+    build_chains(cfg, spec, 1)?;
+    let classifier =
+        Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())?;
     let (trace, load) = match input {
-        Input::File(path) => load_trace(path, &dispatch, None)?,
-        Input::Generated(gen) => load_generated(*gen, &dispatch)?,
+        Input::File(path) => load_trace_with(path, Spread::Steered(&classifier), None)?,
+        Input::Generated(gen) => load_generated_with(*gen, Spread::Steered(&classifier))?,
     };
     if load.packets == 0 {
         return Err(EngineError::EmptyInput);
     }
-    let report = run_chains(cfg, spec, chains, trace, output)?;
-    Ok(InputRun { report, load, symmetric: (symmetric, auto) })
+    Ok(Prepared { trace, load, plan, classifier, auto_symmetric })
+}
+
+/// Runs a prepared input (a fresh table and strategy each time).
+pub fn run_prepared(cfg: &RunConfig, spec: &ChainSpec, p: &Prepared, output: Output) -> Result<Report, EngineError> {
+    check(cfg)?;
+    let workers = workers(cfg);
+    if p.plan.overrides.len() > 1 && p.plan.overrides.len() != workers {
+        return Err(EngineError::Config(format!(
+            "prepared for {} workers, run with {workers}",
+            p.plan.overrides.len()
+        )));
+    }
+    let strategy = strategy::by_name(&cfg.scale, cfg.scale_period)?;
+    let chains = build_chains_planned(cfg, spec, &p.plan, workers)?;
+    let steering = Arc::new(Steering::new(workers, &p.classifier, &[])?);
+    let nic = Nic { steering, classifier: p.classifier.clone(), strategy, plan: p.plan.clone() };
+    run_chains(cfg, spec, chains, Arc::clone(&p.trace), output, Some(nic))
+}
+
+/// Logical workers of a run.
+fn workers(cfg: &RunConfig) -> usize {
+    cfg.virtual_cores.unwrap_or(cfg.cores).max(1)
+}
+
+/// One chain per worker, each from the spec with its plan overrides (per-core port shares).
+fn build_chains_planned(
+    cfg: &RunConfig,
+    spec: &ChainSpec,
+    plan: &Plan,
+    workers: usize,
+) -> Result<Vec<Chain>, EngineError> {
+    let mut chains = build_chains(cfg, spec, workers)?;
+    for (core, c) in chains.iter_mut().enumerate() {
+        if plan.overrides.get(core).is_some_and(|o| !o.is_empty()) {
+            *c = Chain::build(&placement::spec_for_core(spec, plan, core))?;
+        }
+    }
+    Ok(chains)
+}
+
+/// Runs `spec` over a steered trace (see [`ReplayTrace::is_steered`]) with
+/// a given table, classifier and strategy (tests drive RETA moves this way).
+pub fn run_steered(
+    cfg: &RunConfig,
+    spec: &ChainSpec,
+    trace: Arc<ReplayTrace>,
+    nic: Nic,
+    output: Output,
+) -> Result<Report, EngineError> {
+    check(cfg)?;
+    let chains = build_chains(cfg, spec, workers(cfg))?;
+    run_chains(cfg, spec, chains, trace, output, Some(nic))
 }
 
 fn check(cfg: &RunConfig) -> Result<(), EngineError> {
@@ -136,13 +258,24 @@ fn check(cfg: &RunConfig) -> Result<(), EngineError> {
     if cfg.loops.is_none() && cfg.duration.is_none() {
         return Err(EngineError::Config("a run needs a loop count or a duration".to_string()));
     }
+    if cfg.virtual_cores == Some(0) || cfg.virtual_cores.is_some_and(|v| v > 4096) {
+        return Err(EngineError::Config("--virtual-cores must be between 1 and 4096".to_string()));
+    }
+    if cfg.ring < 2 * MAX_BATCH || cfg.ring > 1 << 20 {
+        return Err(EngineError::Config(format!(
+            "ring of {} entries out of range [{}, {}]",
+            cfg.ring,
+            2 * MAX_BATCH,
+            1 << 20
+        )));
+    }
     Ok(())
 }
 
-/// One compiled chain per core, and the exports checked against the chain.
-fn build_chains(cfg: &RunConfig, spec: &ChainSpec) -> Result<Vec<Chain>, EngineError> {
-    let mut chains = Vec::with_capacity(cfg.cores);
-    for _ in 0..cfg.cores {
+/// One compiled chain per worker, and the exports checked against the chain.
+fn build_chains(cfg: &RunConfig, spec: &ChainSpec, workers: usize) -> Result<Vec<Chain>, EngineError> {
+    let mut chains = Vec::with_capacity(workers);
+    for _ in 0..workers {
         chains.push(Chain::build(spec)?);
     }
     for e in &cfg.export {
@@ -158,24 +291,58 @@ fn build_chains(cfg: &RunConfig, spec: &ChainSpec) -> Result<Vec<Chain>, EngineE
     Ok(chains)
 }
 
-/// Runs `spec` over `trace` (one queue per core) and reports.
+/// Runs `spec` over `trace` and reports: a trace split at load (one queue
+/// per worker, a table that never changes), or a steered one under plain
+/// RSS (the round-robin table, the plain Toeplitz key).
 pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: Output) -> Result<Report, EngineError> {
     check(cfg)?;
-    let chains = build_chains(cfg, spec)?;
-    run_chains(cfg, spec, chains, trace, output)
+    let chains = build_chains(cfg, spec, workers(cfg))?;
+    let nic = if trace.is_steered() {
+        let classifier = Classifier::new(DEFAULT_RETA_SIZE, false, HashOn::FiveTuple, false, Vec::new())?;
+        let steering = Arc::new(Steering::new(workers(cfg), &classifier, &[])?);
+        Some(Nic { steering, classifier, strategy: Box::new(strategy::Rss), plan: Plan::default() })
+    } else {
+        None
+    };
+    run_chains(cfg, spec, chains, trace, output, nic)
 }
 
-/// Runs prebuilt per-core chains over `trace`.
+/// What the control loop saw.
+#[derive(Default)]
+struct ControlLog {
+    /// Imbalance factor of the packets each core received, per period window.
+    windows: Vec<f64>,
+    /// Imbalance factor of the cores' busy cycles, per period window.
+    cpu_windows: Vec<f64>,
+    /// Per queue: smoothed worker cycles per packet (a window alone is noisy).
+    cpp: Vec<f64>,
+    /// Moves started.
+    started: u64,
+}
+
+/// Runs prebuilt per-worker chains over `trace`: real workers one per
+/// thread, or logical workers taking turns on `cfg.cores` threads.
 fn run_chains(
     cfg: &RunConfig,
     spec: &ChainSpec,
     chains: Vec<Chain>,
     trace: Arc<ReplayTrace>,
     output: Output,
+    mut nic: Option<Nic>,
 ) -> Result<Report, EngineError> {
-    if cfg.cores != trace.queues() || chains.len() != cfg.cores {
-        return Err(EngineError::Config(format!("{} cores but the trace has {} queues", cfg.cores, trace.queues())));
+    let nw = workers(cfg);
+    if chains.len() != nw || (nic.is_none() && trace.queues() != nw) {
+        return Err(EngineError::Config(format!("{nw} workers but the trace has {} queues", trace.queues())));
     }
+    if let Some(n) = &nic {
+        if n.steering.queues() != nw || !trace.is_steered() {
+            return Err(EngineError::Config(format!(
+                "{nw} workers but the steering table has {} queues",
+                n.steering.queues()
+            )));
+        }
+    }
+    let threads = cfg.cores.min(nw).max(1);
     // Coarse state is shared by every core: one table per coarse group, created once.
     let shared = match chains.first() {
         Some(c) => SharedStores::new(&c.groups, cfg.exec.flows, cfg.exec.default_idle_timeout_ns)?,
@@ -188,70 +355,157 @@ fn run_chains(
     let start_tsc = tsc::rdtsc();
     let measure_from = start_tsc + cfg.warmup.map_or(0, |w| (w.as_secs_f64() * hz) as u64);
     let wall = Instant::now();
-    let results: Vec<Result<(WorkerResult, Pipeline), EngineError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = chains
+    let (nic_parts, mut strategy) = match nic.take() {
+        Some(Nic { steering, classifier, strategy, plan }) => (Some((steering, classifier, plan)), Some(strategy)),
+        None => (None, None),
+    };
+    let spray = strategy.as_ref().is_some_and(|s| s.spray());
+    let counts = strategy.as_ref().is_some_and(|s| s.counts_loads());
+    let bounded = strategy.as_ref().is_some_and(|s| s.moves_flows());
+    let steering = nic_parts.as_ref().map(|n| &*n.0);
+    let classifier = nic_parts.as_ref().map(|n| &n.1);
+    // Per thread: its workers' chains, in worker order.
+    let mut per_thread: Vec<Vec<(usize, Chain)>> = (0..threads).map(|_| Vec::new()).collect();
+    for (w, chain) in chains.into_iter().enumerate() {
+        per_thread[w % threads].push((w, chain));
+    }
+    let mut log = ControlLog::default();
+    // Every worker is built (tables allocated) before the traffic starts.
+    let barrier = std::sync::Barrier::new(threads);
+    let go = std::sync::atomic::AtomicU64::new(0);
+    let warm = cfg.warmup.map_or(0, |w| (w.as_secs_f64() * hz) as u64);
+    type Done = Result<Vec<(WorkerResult, Pipeline)>, EngineError>;
+    let results: Vec<Done> = std::thread::scope(|s| {
+        let handles: Vec<_> = per_thread
             .into_iter()
             .enumerate()
-            .map(|(core, chain)| {
+            .map(|(t, mine)| {
                 let trace = Arc::clone(&trace);
                 let output = output.clone();
                 let stop = &stop;
                 let shared = &shared;
+                let (barrier, go) = (&barrier, &go);
+                let steering_arc = nic_parts.as_ref().map(|n| Arc::clone(&n.0));
                 std::thread::Builder::new()
-                    .name(format!("fp-worker-{core}"))
-                    .spawn_scoped(s, move || {
+                    .name(format!("fp-worker-{t}"))
+                    .spawn_scoped(s, move || -> Done {
                         if cfg.pin {
-                            cpu::pin_current_thread(core);
+                            cpu::pin_current_thread(t);
                         }
-                        let mut pool = PacketPool::new(PoolConfig {
-                            buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
-                            ..PoolConfig::default()
-                        })?;
-                        let rcfg = ReplayConfig {
-                            loops: cfg.loops,
-                            max_packets: None,
-                            // The whole trace's rate: each queue paces by trace time.
-                            rate_pps: cfg.rate_pps,
-                            tsc_hz: hz,
-                        };
-                        let mut exec = Pipeline::new(chain, cfg.exec, shared.clone())?;
-                        let base_ns = trace.base_ns();
-                        let mut source = ReplayQueue::new(trace, core, rcfg);
-                        let mut sink: Box<dyn Sink> = match output {
-                            Output::Discard => Box::new(Discard),
-                            Output::Pcap(w) => {
-                                let stamp = if cfg.restamp {
-                                    Stamp::Transmit { tsc0: start_tsc, epoch_ns, tsc_hz: hz }
-                                } else {
-                                    Stamp::Packet { base_ns }
+                        let build = || -> Result<Vec<Worker<'_>>, EngineError> {
+                            let mut ws = Vec::with_capacity(mine.len());
+                            for (w, chain) in mine {
+                                let pool = PacketPool::new(PoolConfig {
+                                    buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
+                                    ..PoolConfig::default()
+                                })?;
+                                let exec = Pipeline::new(chain, cfg.exec, shared.clone())?;
+                                let base_ns = trace.base_ns();
+                                let source: Box<dyn Source> = match &steering_arc {
+                                    Some(st) => Box::new(NicQueue::new(
+                                        Arc::clone(&trace),
+                                        Arc::clone(st),
+                                        w as u16,
+                                        NicConfig {
+                                            loops: cfg.loops,
+                                            rate_pps: cfg.rate_pps,
+                                            tsc_hz: hz,
+                                            start_tsc,
+                                            ring: cfg.ring,
+                                            spray,
+                                            count_loads: counts,
+                                            bounded_drift: bounded,
+                                        },
+                                    )),
+                                    None => Box::new(ReplayQueue::new(
+                                        Arc::clone(&trace),
+                                        w,
+                                        ReplayConfig {
+                                            loops: cfg.loops,
+                                            max_packets: None,
+                                            // The whole trace's rate: each queue paces by trace time.
+                                            rate_pps: cfg.rate_pps,
+                                            tsc_hz: hz,
+                                        },
+                                    )),
                                 };
-                                Box::new(PcapSink::new(w, stamp))
+                                let sink: Box<dyn Sink> = match &output {
+                                    Output::Discard => Box::new(Discard),
+                                    Output::Pcap(wr) => {
+                                        let stamp = if cfg.restamp {
+                                            Stamp::Transmit { tsc0: start_tsc, epoch_ns, tsc_hz: hz }
+                                        } else {
+                                            Stamp::Packet { base_ns }
+                                        };
+                                        Box::new(PcapSink::new(wr.clone(), stamp))
+                                    }
+                                };
+                                let ctl = match (steering, classifier) {
+                                    (Some(st), Some(c)) => Some(Control::new(st, c)),
+                                    _ => None,
+                                };
+                                ws.push(Worker::new(w, pool, source, exec, sink, cfg.batch_size, measure_from, ctl));
                             }
+                            Ok(ws)
                         };
-                        let res = run_worker(
-                            core,
-                            &mut pool,
-                            &mut source,
-                            &mut exec,
-                            sink.as_mut(),
-                            cfg.batch_size,
-                            stop,
-                            measure_from,
-                        );
+                        // Every thread reaches the barrier, built or not (a failed one then returns its error).
+                        let built = build();
+                        if barrier.wait().is_leader() {
+                            go.store(tsc::rdtsc(), Ordering::SeqCst);
+                        }
+                        barrier.wait();
+                        let mut ws = built?;
+                        let t0 = go.load(Ordering::SeqCst);
+                        for w in &mut ws {
+                            w.start(t0, t0 + warm);
+                        }
+                        if ws.len() == 1 {
+                            ws[0].run(stop);
+                        } else {
+                            take_turns(&mut ws, stop);
+                        }
                         // Exports wait for every worker (shared state is still changing).
-                        Ok((res, exec))
+                        Ok(ws.into_iter().map(Worker::finish).collect())
                     })
                     .map_err(EngineError::Thread)
             })
             .collect();
-        if let Some(d) = cfg.duration.map(|d| d + cfg.warmup.unwrap_or_default()) {
-            // Sleep in slices so a run whose workers finish early returns early.
-            let deadline = Instant::now() + d;
-            while Instant::now() < deadline && handles.iter().any(|h| h.as_ref().is_ok_and(|h| !h.is_finished())) {
-                std::thread::sleep(Duration::from_millis(5).min(deadline.saturating_duration_since(Instant::now())));
-            }
-            stop.store(true, Ordering::Relaxed);
+        // The run's clock starts when every worker is ready.
+        while go.load(Ordering::SeqCst) == 0 && handles.iter().any(|h| h.as_ref().is_ok_and(|h| !h.is_finished())) {
+            std::thread::sleep(Duration::from_micros(200));
         }
+        let deadline = cfg.duration.map(|d| Instant::now() + d + cfg.warmup.unwrap_or_default());
+        let period = strategy.as_ref().map_or(Duration::from_millis(100), |s| s.period());
+        let mut next_tick = Instant::now() + period;
+        let mut prev_keys: Vec<(u64, Vec<u64>)> = Vec::new();
+        let mut prev_rx: Vec<u64> = Vec::new();
+        let mut prev_scan: Vec<u64> = Vec::new();
+        let mut prev_busy: Vec<u64> = Vec::new();
+        // Sleep in slices so a run whose workers finish early returns early;
+        // the strategy's control loop ticks every period meanwhile.
+        while handles.iter().any(|h| h.as_ref().is_ok_and(|h| !h.is_finished())) {
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                break;
+            }
+            if now >= next_tick {
+                next_tick += period;
+                if let (Some(st), Some(strat)) = (steering, strategy.as_mut()) {
+                    control_tick(
+                        st,
+                        strat.as_mut(),
+                        &mut prev_keys,
+                        &mut prev_rx,
+                        &mut prev_scan,
+                        &mut prev_busy,
+                        &mut log,
+                    );
+                }
+            }
+            let until = deadline.map_or(next_tick, |d| d.min(next_tick));
+            std::thread::sleep(Duration::from_millis(2).min(until.saturating_duration_since(Instant::now())));
+        }
+        stop.store(true, Ordering::Relaxed);
         handles
             .into_iter()
             .map(|h| match h {
@@ -261,19 +515,162 @@ fn run_chains(
             .collect()
     });
     let elapsed = wall.elapsed();
-    let mut workers: Vec<WorkerResult> = Vec::with_capacity(results.len());
-    let mut pipelines = Vec::with_capacity(results.len());
+    let mut pairs: Vec<(WorkerResult, Pipeline)> = Vec::with_capacity(nw);
     for r in results {
-        let (w, p) = r?;
-        workers.push(w);
-        pipelines.push(p);
+        pairs.extend(r?);
+    }
+    pairs.sort_by_key(|(w, _)| w.core);
+    let (mut workers, mut pipelines): (Vec<WorkerResult>, Vec<Pipeline>) = pairs.into_iter().unzip();
+    if let Some((st, _, _)) = &nic_parts {
+        // State handed over after its new owner had finished: it still belongs there.
+        let mut mail = Vec::new();
+        for (q, (p, w)) in pipelines.iter_mut().zip(workers.iter_mut()).enumerate() {
+            st.take_mail(q, &mut mail);
+            for h in mail.drain(..) {
+                let (ok, bad) = p.import_flows(&h.state);
+                w.flows_in += ok as u64;
+                w.flows_refused += bad as u64;
+                st.imported(h.mv);
+            }
+        }
     }
     // Every worker has stopped: the state is final. Each NF's per-core
     // reports merge into one with its hook; exports read the final state.
     let details = merge_details(&workers, &pipelines);
     let mut report = Report::from_workers(spec, cfg, &workers, details, elapsed, hz);
+    if let (Some((st, _, plan)), Some(strat)) = (&nic_parts, &strategy) {
+        report.scale = Some(ScaleReport::new(
+            cfg,
+            strat.name(),
+            plan,
+            &workers,
+            threads,
+            (&log.windows, &log.cpu_windows),
+            st.moves_done(),
+            elapsed,
+            hz,
+        ));
+    }
     report.exports = collect_exports(cfg, &pipelines, &report);
     Ok(report)
+}
+
+/// Bursts a logical worker runs per turn.
+const TURN_BURSTS: usize = 16;
+
+/// Logical workers taking turns on one thread, a few bursts each.
+fn take_turns(ws: &mut [Worker<'_>], stop: &AtomicBool) {
+    let mut live: Vec<usize> = (0..ws.len()).collect();
+    while !live.is_empty() {
+        let mut busy = false;
+        // A few bursts per turn: a worker's caches and prefetches stay warm
+        // across its own bursts, as on a core of its own.
+        live.retain(|&i| {
+            for _ in 0..TURN_BURSTS {
+                match ws[i].step(stop) {
+                    Step::Busy => busy = true,
+                    Step::Idle => return true,
+                    Step::Done => return false,
+                }
+            }
+            true
+        });
+        if !busy {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// One period of the control loop: the window's per-queue load and
+/// imbalance, the strategy's rebalancing, the moves started.
+fn control_tick(
+    st: &Steering,
+    strat: &mut dyn Strategy,
+    prev_loads: &mut Vec<(u64, Vec<u64>)>,
+    prev_rx: &mut Vec<u64>,
+    prev_scan: &mut Vec<u64>,
+    prev_busy: &mut Vec<u64>,
+    log: &mut ControlLog,
+) {
+    // Each queue's share of the traffic in the window: packets it received per
+    // stream position it walked (at full speed queues walk at their own pace;
+    // paced, this is its share of the offered load).
+    let (rx, scan) = (st.queue_rx(), st.queue_scan());
+    prev_rx.resize(rx.len(), 0);
+    prev_scan.resize(scan.len(), 0);
+    let walked: Vec<u64> =
+        scan.iter().zip(prev_scan.iter()).map(|(&a, &b)| if a == u64::MAX { 0 } else { a.saturating_sub(b) }).collect();
+    let share: Vec<u64> = rx
+        .iter()
+        .zip(prev_rx.iter())
+        .zip(&walked)
+        .map(|((&a, &b), &w)| a.saturating_sub(b).saturating_mul(1_000_000).checked_div(w).unwrap_or(0))
+        .collect();
+    let active = walked.iter().filter(|&&w| w > 0).count();
+    // Cycles per packet of each queue's worker in the window: an entry's load
+    // is its packets times its owner's cost per packet (RSS++ balances CPU load).
+    let busy = st.queue_busy();
+    prev_busy.resize(busy.len(), 0);
+    log.cpp.resize(busy.len(), 0.0);
+    for (k, ((&b, &pb), (&r, &pr))) in busy.iter().zip(prev_busy.iter()).zip(rx.iter().zip(prev_rx.iter())).enumerate()
+    {
+        let n = r.saturating_sub(pr);
+        if n >= 1000 {
+            let x = b.saturating_sub(pb) as f64 / n as f64;
+            log.cpp[k] = if log.cpp[k] == 0.0 { x } else { 0.7 * log.cpp[k] + 0.3 * x };
+        }
+    }
+    let cpp: Vec<u64> = log.cpp.iter().map(|&c| c as u64).collect();
+    let mean_cpp = (cpp.iter().sum::<u64>() / cpp.len().max(1) as u64).max(1);
+    let cpu: Vec<u64> = busy
+        .iter()
+        .zip(prev_busy.iter())
+        .zip(&walked)
+        .map(|((&b, &pb), &w)| b.saturating_sub(pb).saturating_mul(1_000).checked_div(w).unwrap_or(0))
+        .collect();
+    *prev_busy = busy;
+    *prev_rx = rx;
+    for (p, &s) in prev_scan.iter_mut().zip(&scan) {
+        if s != u64::MAX {
+            *p = s;
+        }
+    }
+    if active == walked.len() && active > 0 {
+        log.windows.push(imbalance(&share));
+        log.cpu_windows.push(imbalance(&cpu));
+    }
+    if !strat.counts_loads() {
+        return;
+    }
+    // Per RETA entry: packets per million stream positions, from each
+    // queue's counts over the positions it had walked when it published them
+    // (a consistent pair; a move mid-window splits an entry over two queues).
+    let reta = st.reta_size();
+    let owners = st.owners();
+    let now = st.queue_key_loads();
+    let mut delta = vec![0u64; reta];
+    for (q, (pos, counts)) in now.iter().enumerate() {
+        let (ppos, pcounts) = match prev_loads.get(q) {
+            Some(p) => (p.0, &p.1[..]),
+            None => (0, &[][..]),
+        };
+        let w = pos.saturating_sub(ppos);
+        if w == 0 {
+            continue;
+        }
+        let c = if strat.balance_cpu() { cpp.get(q).copied().filter(|&c| c > 0).unwrap_or(mean_cpp) } else { 1 };
+        for (e, d) in delta.iter_mut().enumerate() {
+            let x = counts.get(e).copied().unwrap_or(0).saturating_sub(pcounts.get(e).copied().unwrap_or(0));
+            *d += x.saturating_mul(1_000_000) / w * c;
+        }
+    }
+    *prev_loads = now;
+    let sample = LoadSample { entry_packets: &delta, owners: &owners[..reta], queues: st.queues() };
+    for (e, q) in strat.rebalance(&sample) {
+        if st.start_move(e, q).is_ok() {
+            log.started += 1;
+        }
+    }
 }
 
 /// Each NF's reports of every core, merged with the NF's hook (in chain order).

@@ -90,6 +90,8 @@ pub trait StatefulStage: Send {
     fn has_release(&self) -> bool;
     /// The NF must see both directions of a connection on one core.
     fn both_directions(&self) -> bool;
+    /// What the state needs on several cores.
+    fn placement(&self) -> flowplane_nf::Placement;
     /// The NF may end flows (`StatefulNf::ENDS_FLOWS`).
     fn ends_flows(&self) -> bool;
     /// Runs the default action, writing the initial state into `out` (exactly `state_size` bytes).
@@ -167,6 +169,9 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     }
     fn both_directions(&self) -> bool {
         T::BOTH_DIRECTIONS
+    }
+    fn placement(&self) -> flowplane_nf::Placement {
+        self.0.placement()
     }
     fn ends_flows(&self) -> bool {
         T::ENDS_FLOWS

@@ -2,9 +2,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use flowplane_io::{Rx, Sink, Source, TxCounters};
+use flowplane_io::{Rx, RxStats, Sink, Source, TxCounters};
 use flowplane_nf::{NfContext, NfCounters};
 use flowplane_packet::{tsc, Batch, PacketPool};
+use flowplane_scale::steer::{Classifier, Handover, Steering};
 
 use crate::exec::{Pipeline, StoreReport};
 use crate::hist::Histogram;
@@ -28,73 +29,244 @@ pub struct WorkerResult {
     pub nfs: Vec<(String, NfCounters, Option<serde_json::Value>)>,
     /// Cycles from receive to transmit completion, per batch.
     pub batch_latency: Histogram,
+    /// Paced runs: cycles from each packet's arrival at the port to the end
+    /// of its batch's transmit (includes the wait in the receive ring).
+    pub packet_latency: Histogram,
     /// Flow-table figures.
     pub store: StoreReport,
+    /// TSC cycles spent on batches (receive to transmit), not idle polling.
+    pub busy_cycles: u64,
+    /// The receive queue's counters (NIC emulation, ring drops).
+    pub rx: RxStats,
+    /// Flow entries handed to other cores / taken from them.
+    pub flows_out: u64,
+    /// Flow entries imported from other cores.
+    pub flows_in: u64,
+    /// Imported entries refused (table full).
+    pub flows_refused: u64,
 }
 
-/// Runs until the source is done or `stop` is raised. Batches received
-/// before `measure_from_tsc` are processed but not measured (warm-up).
-#[allow(clippy::too_many_arguments)]
-pub fn run_worker(
+/// A worker's side of the control plane: its queue's steering table and
+/// hand-over mailbox, and the classifier that maps a flow to its RETA entry.
+pub struct Control<'a> {
+    /// The port's live table.
+    pub steering: &'a Steering,
+    /// The classifier the trace was steered with.
+    pub classifier: &'a Classifier,
+    mail: Vec<Handover>,
+}
+
+impl<'a> Control<'a> {
+    /// A control channel over `steering`.
+    pub fn new(steering: &'a Steering, classifier: &'a Classifier) -> Self {
+        Control { steering, classifier, mail: Vec::new() }
+    }
+
+    /// Imports the state handed to this core (at a batch boundary).
+    fn import(&mut self, core: usize, exec: &mut Pipeline, res: &mut WorkerResult) {
+        if !self.steering.has_mail(core) {
+            return;
+        }
+        self.steering.take_mail(core, &mut self.mail);
+        for h in self.mail.drain(..) {
+            let (ok, bad) = exec.import_flows(&h.state);
+            res.flows_in += ok as u64;
+            res.flows_refused += bad as u64;
+            self.steering.imported(h.mv);
+        }
+    }
+
+    /// Hands over the state of every move the queue says is due (one pass
+    /// over the tables for all of them).
+    fn release(&mut self, source: &mut dyn Source, exec: &mut Pipeline, res: &mut WorkerResult) {
+        let mut due = Vec::new();
+        while let Some(mv) = source.take_due() {
+            due.push(mv);
+        }
+        if due.is_empty() {
+            return;
+        }
+        let c = self.classifier;
+        let mut outs = vec![Vec::new(); due.len()];
+        let keys: Vec<u16> = due.iter().map(|m| m.key).collect();
+        res.flows_out += exec.export_flows_by(&|k| keys.iter().position(|&e| e == c.entry_of(k)), &mut outs) as u64;
+        for (mv, out) in due.into_iter().zip(outs) {
+            self.steering.hand_over(mv, out);
+        }
+    }
+}
+
+/// What one step of a worker did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Processed a batch.
+    Busy,
+    /// Nothing to receive now.
+    Idle,
+    /// The source is exhausted or the run was stopped.
+    Done,
+}
+
+/// One (real or logical) worker: its queue, chain, pool and sink, run a
+/// batch at a time by [`Worker::step`], so a real thread can run one worker
+/// or take turns over several (`--virtual-cores`).
+pub struct Worker<'a> {
     core: usize,
-    pool: &mut PacketPool,
-    source: &mut dyn Source,
-    exec: &mut Pipeline,
-    sink: &mut dyn Sink,
+    pool: PacketPool,
+    batch: Box<Batch>,
+    source: Box<dyn Source + 'a>,
+    exec: Pipeline,
+    sink: Box<dyn Sink + 'a>,
     batch_size: usize,
-    stop: &AtomicBool,
     measure_from_tsc: u64,
-) -> WorkerResult {
-    let mut batch = Batch::new(pool);
-    let mut res = WorkerResult { core, ..Default::default() };
-    let mut first: Option<u64> = None;
-    let mut last_end = 0u64;
-    loop {
+    ctl: Option<Control<'a>>,
+    res: WorkerResult,
+    first: Option<u64>,
+    last_end: u64,
+    /// Packet times of the batch in flight (paced runs: per-packet latency).
+    arrivals: Vec<u64>,
+    /// The worker's own batch cycles (without the NIC's walk) since the start,
+    /// warm-up included (published for rebalancing).
+    busy_total: u64,
+}
+
+impl<'a> Worker<'a> {
+    /// A worker for core (or logical worker) `core`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        core: usize,
+        pool: PacketPool,
+        source: Box<dyn Source + 'a>,
+        exec: Pipeline,
+        sink: Box<dyn Sink + 'a>,
+        batch_size: usize,
+        measure_from_tsc: u64,
+        ctl: Option<Control<'a>>,
+    ) -> Self {
+        let batch = Batch::new(&pool);
+        Worker {
+            core,
+            pool,
+            batch,
+            source,
+            exec,
+            sink,
+            batch_size,
+            measure_from_tsc,
+            ctl,
+            res: WorkerResult { core, ..Default::default() },
+            first: None,
+            last_end: 0,
+            busy_total: 0,
+            arrivals: Vec::with_capacity(flowplane_packet::MAX_BATCH),
+        }
+    }
+
+    /// Receives one burst and runs the chain over it.
+    pub fn step(&mut self, stop: &AtomicBool) -> Step {
+        let res = &mut self.res;
+        if let Some(c) = self.ctl.as_mut() {
+            c.import(self.core, &mut self.exec, res);
+        }
+        let nic0 = if self.ctl.is_some() { self.source.rx_stats().nic_cycles } else { 0 };
         let now = tsc::rdtsc();
-        let n = match source.rx_burst(pool, &mut batch, batch_size, now) {
+        let n = match self.source.rx_burst(&mut self.pool, &mut self.batch, self.batch_size, now) {
             Rx::Packets(n) => n,
             Rx::Idle => {
-                if stop.load(Ordering::Relaxed) {
-                    break;
+                if let Some(c) = self.ctl.as_mut() {
+                    c.release(self.source.as_mut(), &mut self.exec, res);
                 }
-                std::hint::spin_loop();
-                continue;
+                return if stop.load(Ordering::Relaxed) { Step::Done } else { Step::Idle };
             }
-            Rx::Done => break,
+            Rx::Done => return Step::Done,
         };
-        if first.is_none() && now >= measure_from_tsc {
+        if self.first.is_none() && now >= self.measure_from_tsc {
             // Warm-up over: throughput, cycles and latency count from here
             // (tables filled, caches and page tables warm). NF counters keep totals.
-            first = Some(now);
+            self.first = Some(now);
             res.packets = 0;
             res.bytes = 0;
             res.batches = 0;
             res.tx = TxCounters::default();
             res.batch_latency = Histogram::default();
+            res.packet_latency = Histogram::default();
+            res.busy_cycles = 0;
         }
+        let batch = &mut self.batch;
         res.packets += n as u64;
         res.bytes += batch.lens().iter().map(|&l| l as u64).sum::<u64>();
         // The packet clock: NF actions see each packet's own time; table
         // bookkeeping (last seen, expiry) the latest time in the batch.
         let now_ns = batch.timestamps().iter().copied().max().unwrap_or(0);
+        let arrival = self.source.arrival_clock();
         let ctx = NfContext { now_tsc: now, now_ns };
-        exec.process(&mut batch, &ctx);
-        let tx = sink.tx_burst(pool, &mut batch);
+        self.exec.process(batch, &ctx);
+        if arrival.is_some() {
+            // Within the reserved capacity: no allocation.
+            self.arrivals.clear();
+            self.arrivals.extend_from_slice(batch.timestamps());
+        }
+        let tx = self.sink.tx_burst(&mut self.pool, batch);
         res.tx.sent += tx.sent;
         res.tx.bytes += tx.bytes;
         res.tx.dropped += tx.dropped;
         res.tx.errors += tx.errors;
         res.batches += 1;
-        last_end = tsc::rdtsc();
-        res.batch_latency.record(last_end.saturating_sub(now));
+        if let Some(c) = self.ctl.as_mut() {
+            c.release(self.source.as_mut(), &mut self.exec, res);
+        }
+        self.last_end = tsc::rdtsc();
+        res.batch_latency.record(self.last_end.saturating_sub(now));
+        if let Some((t0, k)) = arrival {
+            for &ts in &self.arrivals {
+                res.packet_latency.record(self.last_end.saturating_sub(t0 + (ts as f64 * k) as u64));
+            }
+        }
+        res.busy_cycles += self.last_end.saturating_sub(now);
+        if let Some(c) = self.ctl.as_ref() {
+            // The worker's own work (not the NIC's walk), for rebalancing by load.
+            let nic = self.source.rx_stats().nic_cycles.saturating_sub(nic0);
+            self.busy_total += self.last_end.saturating_sub(now).saturating_sub(nic);
+            c.steering.publish_busy(self.core, self.busy_total);
+        }
         if stop.load(Ordering::Relaxed) {
-            break;
+            Step::Done
+        } else {
+            Step::Busy
         }
     }
-    // Buffers still held (none unless a sink failed) go back to the pool.
-    let _ = batch.free_all(pool);
-    res.cycles = first.map_or(0, |f| last_end.saturating_sub(f));
-    res.nfs = exec.nf_results();
-    res.store = exec.store_report();
-    res
+
+    /// Runs until the source is done or `stop` is raised.
+    pub fn run(&mut self, stop: &AtomicBool) {
+        loop {
+            match self.step(stop) {
+                Step::Busy => {}
+                Step::Idle => std::hint::spin_loop(),
+                Step::Done => break,
+            }
+        }
+    }
+
+    /// The run starts now (every worker is built): pacing and warm-up count from `tsc`.
+    pub fn start(&mut self, tsc: u64, measure_from_tsc: u64) {
+        self.source.start(tsc);
+        self.measure_from_tsc = measure_from_tsc;
+    }
+
+    /// Measured figures so far: busy cycles (for `--virtual-cores` turn-taking).
+    pub fn busy_cycles(&self) -> u64 {
+        self.res.busy_cycles
+    }
+
+    /// The results and the chain (whose state exports read).
+    pub fn finish(mut self) -> (WorkerResult, Pipeline) {
+        // Buffers still held (none unless a sink failed) go back to the pool.
+        let _ = self.batch.free_all(&mut self.pool);
+        let mut res = self.res;
+        res.cycles = self.first.map_or(0, |f| self.last_end.saturating_sub(f));
+        res.rx = self.source.rx_stats();
+        res.nfs = self.exec.nf_results();
+        res.store = self.exec.store_report();
+        (res, self.exec)
+    }
 }

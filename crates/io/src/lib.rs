@@ -15,10 +15,12 @@
 
 #[allow(unsafe_code)]
 pub mod cpu;
+pub mod nic;
 pub mod replay;
 pub mod sink;
 
 use flowplane_packet::{Batch, PacketPool};
+use flowplane_scale::steer::Move;
 
 /// What one receive call produced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +38,47 @@ pub trait Source: Send {
     /// Appends up to `batch.room()` packets (never more than `max`) taken
     /// from `pool`. `now` is the worker's TSC reading for this burst.
     fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize, now: u64) -> Rx;
+
+    /// Every queue of the port is ready: `tsc` is when the port's (paced) traffic starts.
+    fn start(&mut self, _tsc: u64) {}
+
+    /// Paced sources: when a packet of time `ts_ns` arrived at the port, as
+    /// `start_tsc + ts_ns * ticks_per_ns` (for receive-to-transmit latency
+    /// including the wait in the ring); None at full speed.
+    fn arrival_clock(&self) -> Option<(u64, f64)> {
+        None
+    }
+
+    /// Receive-side counters (NIC emulation, ring drops); zero for sources without them.
+    fn rx_stats(&self) -> RxStats {
+        RxStats::default()
+    }
+
+    /// A steering move whose state this queue must hand over now: every
+    /// packet of its key before the switch point has been delivered and the
+    /// caller has processed what it received. Call after each batch.
+    fn take_due(&mut self) -> Option<Move> {
+        None
+    }
+}
+
+/// Receive-side counters of a queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RxStats {
+    /// Packets delivered.
+    pub packets: u64,
+    /// Bytes delivered.
+    pub bytes: u64,
+    /// Stream positions the NIC emulation examined for this queue.
+    pub scanned: u64,
+    /// Packets steered here that found the descriptor ring full (dropped).
+    pub rx_ring_full: u64,
+    /// TSC cycles the NIC emulation spent steering (not the worker's work).
+    pub nic_cycles: u64,
+    /// Walks held back at a moving key's packet until its state arrived.
+    pub stalls: u64,
+    /// Bursts cut short because the pool was empty.
+    pub pool_empty: u64,
 }
 
 /// A packet sink for one queue. It consumes the batch: every buffer —

@@ -58,11 +58,14 @@ impl std::error::Error for ReplayError {}
 
 /// One queue's packets, struct-of-arrays.
 #[derive(Default)]
-struct QueueData {
-    lines: Vec<Line>,
-    first_line: Vec<u32>,
-    len: Vec<u16>,
-    hash: Vec<u32>,
+pub(crate) struct QueueData {
+    pub(crate) lines: Vec<Line>,
+    pub(crate) first_line: Vec<u32>,
+    pub(crate) len: Vec<u16>,
+    pub(crate) hash: Vec<u32>,
+    /// Steering key per packet (RETA entry or flow-director rule) for the
+    /// run-time NIC ([`crate::nic`]); empty for a trace split at load.
+    pub(crate) keys: Vec<u16>,
     /// Packet time: ns after the trace's first packet (empty when `ts_step` says it).
     ts: Vec<u64>,
     /// Packet k's time is `k * step` (an evenly spaced queue, e.g. a generated
@@ -72,13 +75,13 @@ struct QueueData {
 }
 
 impl QueueData {
-    fn packets(&self) -> usize {
+    pub(crate) fn packets(&self) -> usize {
         self.len.len()
     }
 
     /// Packet `i`'s time (ns after the trace's first packet).
     #[inline(always)]
-    fn ts_at(&self, i: usize) -> u64 {
+    pub(crate) fn ts_at(&self, i: usize) -> u64 {
         match self.ts_step {
             Some(step) => i as u64 * step,
             None => self.ts[i],
@@ -117,6 +120,7 @@ impl ReplayBuilder {
             q.first_line.reserve(per_q);
             q.len.reserve(per_q);
             q.hash.reserve(per_q);
+            q.keys.reserve(per_q);
             q.ts.reserve(per_q);
         }
     }
@@ -125,6 +129,24 @@ impl ReplayBuilder {
     /// (absolute ns; a time before the trace's first packet counts as that
     /// first packet's time).
     pub fn push(&mut self, queue: usize, frame: &[u8], hash: u32, ts_ns: u64) -> Result<(), ReplayError> {
+        self.push_inner(queue, frame, hash, ts_ns, None)
+    }
+
+    /// Appends `frame` to the single stream of a steered trace (build it
+    /// with one queue) with its steering key: the run-time NIC
+    /// ([`crate::nic::NicQueue`]) picks its queue when it is received.
+    pub fn push_steered(&mut self, frame: &[u8], hash: u32, ts_ns: u64, key: u16) -> Result<(), ReplayError> {
+        self.push_inner(0, frame, hash, ts_ns, Some(key))
+    }
+
+    fn push_inner(
+        &mut self,
+        queue: usize,
+        frame: &[u8],
+        hash: u32,
+        ts_ns: u64,
+        key: Option<u16>,
+    ) -> Result<(), ReplayError> {
         if frame.is_empty() {
             return Err(ReplayError::Empty);
         }
@@ -144,6 +166,9 @@ impl ReplayBuilder {
         }
         q.first_line.push(first);
         q.len.push(frame.len() as u16);
+        if let Some(k) = key {
+            q.keys.push(k);
+        }
         q.hash.push(hash);
         let rel = ts_ns.saturating_sub(*self.base_ns.get_or_insert(ts_ns));
         q.ts.push(rel);
@@ -160,6 +185,7 @@ impl ReplayBuilder {
             q.first_line.shrink_to_fit();
             q.len.shrink_to_fit();
             q.hash.shrink_to_fit();
+            q.keys.shrink_to_fit();
             // The replay is memory-bound: spare the 8 bytes per packet when the times are a formula.
             let step = if q.ts.len() > 1 { q.ts[1] - q.ts[0] } else { 0 };
             if q.ts.first() == Some(&0) && q.ts.iter().enumerate().all(|(k, &t)| t == k as u64 * step) {
@@ -181,8 +207,8 @@ pub struct ReplayTrace {
     /// Absolute time (ns since the Unix epoch for captures) of the first packet.
     base_ns: u64,
     /// How far packet time advances per loop over the trace.
-    loop_ns: u64,
-    queues: Vec<QueueData>,
+    pub(crate) loop_ns: u64,
+    pub(crate) queues: Vec<QueueData>,
 }
 
 impl ReplayTrace {
@@ -199,6 +225,12 @@ impl ReplayTrace {
     /// Number of queues.
     pub fn queues(&self) -> usize {
         self.queues.len()
+    }
+
+    /// True for a single stream with a steering key per packet (loaded with
+    /// [`ReplayBuilder::push_steered`]): queues are picked at receive.
+    pub fn is_steered(&self) -> bool {
+        self.queues.len() == 1 && self.queues[0].keys.len() == self.queues[0].len.len()
     }
 
     /// Packets in queue `q` (0 if out of range).
@@ -218,7 +250,10 @@ impl ReplayTrace {
 
     /// Memory held by the arenas and indices.
     pub fn memory_bytes(&self) -> usize {
-        self.queues.iter().map(|q| q.lines.capacity() * 64 + (4 + 2 + 4 + 8)).sum()
+        self.queues
+            .iter()
+            .map(|q| q.lines.capacity() * 64 + q.len.len() * (4 + 2 + 4) + q.ts.len() * 8 + q.keys.len() * 2)
+            .sum()
     }
 
     /// Copies frame `i` of queue `q` into `out` (any length).

@@ -37,7 +37,7 @@ pub use params::{ParamError, Params};
 pub use pkt::{Pkt, PktMeta};
 pub use registry::{KeyedBy, NfDescriptor, NfSink};
 pub use report::Export;
-pub use stateful::{Action, Granularity, StatefulNf};
+pub use stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
 
 /// Per-NF packet counters, reported at the end of a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

@@ -145,6 +145,74 @@ pub enum Action {
     DropEndFlow,
 }
 
+/// Which packets must meet on one core, in order, for an NF to be correct
+/// on several cores (the runtime steers accordingly or refuses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Affinity {
+    /// None: the state's updates commute (counters) or live in shared tables under locks.
+    Any,
+    /// The packets of one 5-tuple.
+    Flow,
+    /// Both directions of a connection (symmetric hash); ICMP errors with the flow they quote.
+    Connection,
+    /// Every packet of one source address (order-dependent per-source state).
+    Source,
+    /// Every packet of one destination address.
+    Destination,
+}
+
+/// State kept outside the per-flow blocks and the coarse shared tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GlobalState {
+    /// None, or per-core figures that add up (statistics, round-robin cursors).
+    None,
+    /// A pool of external ports that per-flow state refers to (NAT): each core
+    /// gets a disjoint share of `lo..=hi` (the NF's `param` parameter) and the
+    /// NIC steers packets to `dst` (prefix) with a destination port in a
+    /// core's share to that core.
+    PortPool {
+        /// Parameter holding the range (`LO-HI`).
+        param: &'static str,
+        /// First port.
+        lo: u16,
+        /// Last port.
+        hi: u16,
+        /// External addresses (first address, prefix length covering them).
+        dst: (std::net::Ipv4Addr, u8),
+    },
+    /// Private per-core structures per-flow state points into (a connection
+    /// slab): flows cannot move between cores nor share a table.
+    Private,
+}
+
+/// What an NF's state needs from a multi-core strategy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Packets that must meet on one core.
+    pub affinity: Affinity,
+    /// State outside per-flow blocks and shared tables.
+    pub global: GlobalState,
+}
+
+impl Placement {
+    /// The default for a granularity: 5-tuple state needs its flow on one
+    /// core; coarse state is in shared tables (correct from any core when
+    /// its updates commute).
+    pub fn default_for(g: Granularity, both_directions: bool) -> Placement {
+        let affinity = match g {
+            _ if both_directions => Affinity::Connection,
+            Granularity::FiveTuple => Affinity::Flow,
+            _ => Affinity::Any,
+        };
+        Placement { affinity, global: GlobalState::None }
+    }
+
+    /// Per-flow state can move between cores with its block.
+    pub fn migratable(&self) -> bool {
+        matches!(self.global, GlobalState::None)
+    }
+}
+
 /// A stateful network function.
 pub trait StatefulNf: Send + 'static {
     /// Per-flow state: plain data (derive `Pod`, `Zeroable`, `#[repr(C)]`,
@@ -157,6 +225,13 @@ pub trait StatefulNf: Send + 'static {
     /// What the state is keyed by (default: the 5-tuple).
     fn granularity(&self) -> Granularity {
         Granularity::FiveTuple
+    }
+
+    /// What the state needs on several cores (default: from the granularity
+    /// and [`StatefulNf::BOTH_DIRECTIONS`]). The runtime checks it against
+    /// the multi-core strategy: steers accordingly or refuses the chain.
+    fn placement(&self) -> Placement {
+        Placement::default_for(self.granularity(), Self::BOTH_DIRECTIONS)
     }
 
     /// Idle time after which a flow's state expires (None: the chain's default).

@@ -13,6 +13,9 @@ pub enum ScaleError {
         /// The most supported.
         max: usize,
     },
+    /// An unknown or not yet available strategy.
+    #[error("--scale {0}: unknown strategy (available: rss, shared, rsspp; scr and dyssect are not implemented yet)")]
+    Strategy(String),
     /// The indirection table.
     #[error("RETA: {0}")]
     Reta(#[from] RetaError),

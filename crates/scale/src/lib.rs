@@ -7,6 +7,8 @@
 
 pub mod error;
 pub mod rss;
+pub mod steer;
+pub mod strategy;
 
 pub use error::ScaleError;
 pub use rss::RssDispatcher;

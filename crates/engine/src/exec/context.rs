@@ -207,7 +207,7 @@ pub(crate) struct Aux<'a> {
 }
 
 #[inline(always)]
-fn hash_tuple(t: &FiveTuple) -> u64 {
+pub(crate) fn hash_tuple(t: &FiveTuple) -> u64 {
     match t {
         FiveTuple::V4(k) => k.hash64(HASH_SEED),
         FiveTuple::V6(k) => k.hash64(HASH_SEED),

@@ -29,6 +29,7 @@ use crate::coarse::SharedStores;
 use crate::error::EngineError;
 
 mod context;
+mod migrate;
 
 pub use context::{sweep_period_ns, ExecContext, ExecStats, Scratch};
 
@@ -275,6 +276,32 @@ impl Pipeline {
     /// Table figures.
     pub fn store_report(&self) -> StoreReport {
         self.cx.store_report()
+    }
+
+    /// Moves the per-flow entries whose key `pick` selects out of this
+    /// core's stores into `out` (state hand-over between cores, see
+    /// `exec/migrate.rs`); returns how many.
+    pub fn export_flows(
+        &mut self,
+        pick: &dyn Fn(&flowplane_wire::flow::FiveTuple) -> bool,
+        out: &mut Vec<u8>,
+    ) -> usize {
+        migrate::export_flows(&mut self.cx, pick, out)
+    }
+
+    /// [`Pipeline::export_flows`] for several hand-overs in one pass: an entry
+    /// goes to `outs[i]` when `which` says `Some(i)`.
+    pub fn export_flows_by(
+        &mut self,
+        which: &dyn Fn(&flowplane_wire::flow::FiveTuple) -> Option<usize>,
+        outs: &mut [Vec<u8>],
+    ) -> usize {
+        migrate::export_flows_by(&mut self.cx, which, outs)
+    }
+
+    /// Imports entries another core's [`Pipeline::export_flows`] produced: (imported, refused).
+    pub fn import_flows(&mut self, data: &[u8]) -> (usize, usize) {
+        migrate::import_flows(&mut self.cx, data)
     }
 
     /// Export rows of NF `name`, if it exports state (see [`ExecContext::export`]).

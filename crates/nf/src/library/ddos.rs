@@ -23,7 +23,7 @@ use serde_json::json;
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::{merge_keeping, Export};
-use crate::stateful::{Action, Granularity, StatefulNf};
+use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const WINDOW: ParamSpec = ParamSpec::float("window", 1.0, 0.001, 86_400.0, "window in seconds");
@@ -99,6 +99,11 @@ impl StatefulNf for Ddos {
 
     fn granularity(&self) -> Granularity {
         Granularity::SrcIp
+    }
+
+    fn placement(&self) -> Placement {
+        // Verdicts depend on the order of one key's packets: all of them on one core.
+        Placement { affinity: Affinity::Source, global: GlobalState::None }
     }
 
     fn init(&mut self, _pkt: &Pkt<'_>, ctx: &NfContext) -> DdosState {

@@ -66,7 +66,7 @@ use serde_json::json;
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::merge_keeping;
-use crate::stateful::{Action, Granularity, StatefulNf};
+use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const ALLOW_NEW: ParamSpec = ParamSpec::choice("allow_new", "inside", &["inside", "any"], "who may open connections");
@@ -875,6 +875,11 @@ impl StatefulNf for Fw {
 
     fn name(&self) -> &'static str {
         NF.name
+    }
+
+    fn placement(&self) -> Placement {
+        // The connection slab is per core: flows stay where they started.
+        Placement { affinity: Affinity::Connection, global: GlobalState::Private }
     }
 
     fn idle_timeout_ns(&self) -> Option<u64> {

@@ -58,9 +58,11 @@
 //!   the NF cannot tell a table-full inside packet from garbage, and passing
 //!   it would leak an untranslated inside address.
 //!
-//! Each core builds its own instance with its own pools: under multi-core
-//! RSS the executor must give each core a disjoint port range and steer
-//! replies to the mapping's core (not done here; see the report).
+//! Each core builds its own instance with its own pools. The NF declares its
+//! pool ([`crate::GlobalState::PortPool`]): on several cores the runtime
+//! gives each core a disjoint share of `ports` and programs the NIC's
+//! flow-director rules to steer a reply (by destination port) to the core
+//! that allocated it; strategies that move flows between cores refuse it.
 //! `--export nat=FILE` writes one row per translated flow (both directions).
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -75,7 +77,7 @@ use serde_json::json;
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::{merge_keeping, Export};
-use crate::stateful::{Action, Granularity, StatefulNf};
+use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const EXTERNAL: ParamSpec = ParamSpec::text("external", "203.0.113.1", "IPv4", "first external address");
@@ -102,7 +104,7 @@ const FIN_TIMEOUT: ParamSpec = ParamSpec::float(
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {
     name: "nat",
-    about: "source NAT with a port pool per external address, both directions, RFC 4787 filtering, port release on expiry/RST/FIN+TIME_WAIT (pools are per core: run two-way traffic on one core)",
+    about: "source NAT with a port pool per external address, both directions, RFC 4787 filtering, port release on expiry/RST/FIN+TIME_WAIT (on several cores: a port share per core, replies steered to their core)",
     keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
     params: &[EXTERNAL, ADDRS, PORTS, INTERNAL, TIMEOUT, OTHER, FILTER, FIN_TIMEOUT],
 };
@@ -545,6 +547,22 @@ impl StatefulNf for Nat {
 
     fn name(&self) -> &'static str {
         NF.name
+    }
+
+    fn placement(&self) -> Placement {
+        // The smallest prefix holding every external address.
+        let first = u32::from(self.cfg.external);
+        let last = first.saturating_add(self.cfg.addrs.saturating_sub(1));
+        let len = (first ^ last).leading_zeros().min(32) as u8;
+        Placement {
+            affinity: Affinity::Flow,
+            global: GlobalState::PortPool {
+                param: "ports",
+                lo: self.cfg.port_lo,
+                hi: self.cfg.port_hi,
+                dst: (self.cfg.external, len),
+            },
+        }
     }
 
     fn idle_timeout_ns(&self) -> Option<u64> {

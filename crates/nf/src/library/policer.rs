@@ -21,7 +21,7 @@ use crate::pkt::Pkt;
 use crate::ratelimit::Bucket;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::merge_keeping;
-use crate::stateful::{Action, Granularity, StatefulNf};
+use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const RATE: ParamSpec = ParamSpec::uint(
@@ -136,6 +136,11 @@ impl StatefulNf for Policer {
 
     fn granularity(&self) -> Granularity {
         Granularity::DstIp
+    }
+
+    fn placement(&self) -> Placement {
+        // Verdicts depend on the order of one key's packets: all of them on one core.
+        Placement { affinity: Affinity::Destination, global: GlobalState::None }
     }
 
     fn init(&mut self, _pkt: &Pkt<'_>, ctx: &NfContext) -> Bucket {

@@ -26,7 +26,7 @@ use serde_json::json;
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::{merge_keeping, Export};
-use crate::stateful::{Action, Granularity, StatefulNf};
+use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 use flowplane_wire::ipv4::IpProtocol;
 
@@ -142,6 +142,11 @@ impl StatefulNf for PortKnock {
 
     fn granularity(&self) -> Granularity {
         Granularity::SrcIp
+    }
+
+    fn placement(&self) -> Placement {
+        // Verdicts depend on the order of one key's packets: all of them on one core.
+        Placement { affinity: Affinity::Source, global: GlobalState::None }
     }
 
     fn idle_timeout_ns(&self) -> Option<u64> {

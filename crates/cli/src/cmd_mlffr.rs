@@ -1,0 +1,94 @@
+//! `flowplane mlffr`: the maximum loss-free forwarding rate of one
+//! configuration (chain, cores, strategy, traffic), by binary search of the
+//! paced offered rate. Loss is the port's (receive-ring overflow, transmit
+//! errors), never an NF's verdict.
+
+use std::time::Duration;
+
+use flowplane_engine::mlffr::{search, MlffrConfig};
+use flowplane_engine::runner::{prepare, Input};
+
+use crate::cmd_run::{config, parse_gen, validate, RunArgs, DEFAULT_GEN};
+use crate::error::CliError;
+
+#[derive(clap::Args, Debug)]
+pub struct MlffrArgs {
+    /// The configuration (as `flowplane run`; --rate, --duration, --loops and --export are set by the search).
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Loss counted as loss-free, in percent.
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
+    pub loss: f64,
+    /// Stop when the bracket is narrower than this percentage of its upper end.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub resolution: f64,
+    /// Seconds per trial.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub trial: f64,
+    /// Upper end of the search in packets/s (default: 1.5x the unpaced rate).
+    #[arg(long, allow_negative_numbers = true)]
+    pub max_rate: Option<f64>,
+}
+
+pub fn run(mut a: MlffrArgs) -> Result<(), CliError> {
+    validate(&a.run)?;
+    if !(a.loss.is_finite() && (0.0..100.0).contains(&a.loss)) {
+        return Err(CliError::new(format!("--loss {}: must be a percentage in [0, 100)", a.loss)));
+    }
+    if !(a.resolution.is_finite() && a.resolution > 0.0 && a.resolution < 100.0) {
+        return Err(CliError::new(format!("--resolution {}: must be a percentage in (0, 100)", a.resolution)));
+    }
+    if !(a.trial.is_finite() && (0.05..=600.0).contains(&a.trial)) {
+        return Err(CliError::new(format!("--trial {}: must be between 0.05 and 600 seconds", a.trial)));
+    }
+    if let Some(r) = a.max_rate {
+        if !(r.is_finite() && r > 0.0) {
+            return Err(CliError::new(format!("--max-rate {r}: must be a positive packet rate")));
+        }
+    }
+    if a.run.input.is_none() && a.run.gen.is_none() {
+        a.run.gen = Some(DEFAULT_GEN.to_string());
+    }
+    a.run.duration = Some(a.trial);
+    let (cfg, spec) = config(&a.run)?;
+    let input = match &a.run.input {
+        Some(path) => Input::File(path),
+        None => Input::Generated(Box::new(parse_gen(a.run.gen.as_deref().unwrap_or(DEFAULT_GEN))?)),
+    };
+    let prepared = prepare(&cfg, &spec, input, a.run.symmetric_rss)?;
+    let m = MlffrConfig {
+        loss: a.loss / 100.0,
+        resolution: a.resolution / 100.0,
+        trial: Duration::from_secs_f64(a.trial),
+        max_rate: a.max_rate,
+    };
+    let r = search(&cfg, &spec, &prepared, &m)?;
+    if a.run.json {
+        let mut v = serde_json::to_value(&r)?;
+        v["chain"] = serde_json::Value::String(a.run.chain.clone());
+        v["cores"] = cfg.cores.into();
+        v["scale"] = serde_json::Value::String(cfg.scale.clone());
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    outln!("mlffr        {} on {} core(s), --scale {}", a.run.chain, cfg.cores, cfg.scale);
+    outln!("{:>14} {:>12} {:>12} {:>10} {:>9}", "rate (Mpps)", "offered", "lost", "loss %", "loss-free");
+    for t in &r.trials {
+        outln!(
+            "{:>14.3} {:>12} {:>12} {:>10.4} {:>9}",
+            t.rate_pps / 1e6,
+            t.offered,
+            t.lost,
+            t.loss * 100.0,
+            if t.loss_free { "yes" } else { "no" }
+        );
+    }
+    outln!(
+        "MLFFR        {:.3} Mpps (loss <= {}%, resolution {}%); unpaced {:.3} Mpps",
+        r.mlffr_pps / 1e6,
+        a.loss,
+        a.resolution,
+        r.full_speed_pps / 1e6
+    );
+    Ok(())
+}

@@ -1,0 +1,116 @@
+//! The multi-core runtime from the command line: `--scale` strategies and
+//! their one-line refusals, `--virtual-cores` projections, `flowplane mlffr`
+//! and `flowplane bench scaling` (table and PNG).
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const GEN: &str = "--flows 500 --packets 20000 --seed 3";
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flowplane")).args(args).output().expect("spawn flowplane")
+}
+
+fn json(args: &[&str]) -> Value {
+    let out = run(args);
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("one JSON document")
+}
+
+#[test]
+fn strategies_run_or_refuse_in_one_line() {
+    let out = run(&["run", "--gen", GEN, "--chain", "fsc", "--cores", "2", "--scale", "shared", "--no-pin"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--scale shared: fsc"), "{err}");
+    let v =
+        json(&["run", "--gen", GEN, "--chain", "srcctr", "--cores", "2", "--scale", "shared", "--no-pin", "--json"]);
+    assert_eq!(v["scale"]["strategy"], "shared");
+    assert_eq!(v["packets"], 20000);
+    let v = json(&["run", "--gen", GEN, "--chain", "fw", "--cores", "2", "--no-pin", "--json"]);
+    assert!(v["scale"]["steering"][0].as_str().unwrap().contains("fw needs both directions"), "{}", v["scale"]);
+    let out = run(&["run", "--gen", GEN, "--chain", "fsc", "--scale", "dyssect"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn virtual_cores_project_and_refuse_shared() {
+    let v = json(&[
+        "run",
+        "--gen",
+        GEN,
+        "--chain",
+        "fsc",
+        "--cores",
+        "1",
+        "--virtual-cores",
+        "4",
+        "--scale",
+        "rsspp",
+        "--no-pin",
+        "--json",
+    ]);
+    let sc = &v["scale"];
+    assert_eq!(sc["workers"], 4);
+    assert!(sc["projected_mpps"].as_f64().unwrap() > 0.0);
+    assert_eq!(sc["utilisation"].as_array().unwrap().len(), 4);
+    let out = run(&["run", "--gen", GEN, "--chain", "srcctr", "--virtual-cores", "4", "--scale", "shared"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("projection"));
+}
+
+#[test]
+fn mlffr_reports_a_loss_free_rate() {
+    let v = json(&[
+        "mlffr",
+        "--gen",
+        GEN,
+        "--chain",
+        "forward",
+        "--cores",
+        "1",
+        "--no-pin",
+        "--trial",
+        "0.1",
+        "--resolution",
+        "25",
+        "--json",
+    ]);
+    assert!(v["mlffr_pps"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(!v["trials"].as_array().unwrap().is_empty());
+    let out = run(&["mlffr", "--gen", GEN, "--loss", "200"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn bench_scaling_prints_a_table_and_writes_plots() {
+    let dir = std::env::temp_dir().join(format!("fp-cli-scaling-{}", std::process::id()));
+    let out = run(&[
+        "bench",
+        "scaling",
+        "--quick",
+        "--chains",
+        "ddos",
+        "--traffic",
+        "single",
+        "--strategies",
+        "rss,shared",
+        "--cores",
+        "1,2,4",
+        "--seconds",
+        "0.1",
+        "--packets",
+        "5000",
+        "--plot-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("x1core") && text.contains("4p"), "{text}");
+    let png = dir.join("scaling-ddos.png");
+    assert!(text.contains(png.to_str().unwrap()), "{text}");
+    assert_eq!(&std::fs::read(&png).unwrap()[1..4], b"PNG");
+    let _ = std::fs::remove_dir_all(&dir);
+}

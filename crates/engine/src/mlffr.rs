@@ -1,0 +1,112 @@
+//! Maximum loss-free forwarding rate (the SCR paper's methodology): a
+//! binary search of the offered (paced) rate of one configuration for the
+//! highest rate whose loss stays under a threshold. Loss is what the port
+//! loses — receive-ring overflow (`rx_ring_full`) and transmit failures —
+//! never an NF's verdict; pool exhaustion delays receive (the packets wait
+//! in the ring) and shows up as ring overflow.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::error::EngineError;
+use crate::runner::{run_prepared, Output, Prepared, RunConfig};
+use crate::spec::ChainSpec;
+
+/// How to search.
+#[derive(Clone, Copy, Debug)]
+pub struct MlffrConfig {
+    /// Largest loss fraction counted as loss-free (default 0.001 = 0.1%).
+    pub loss: f64,
+    /// Stop when the bracket is narrower than this fraction of its upper end (default 0.01).
+    pub resolution: f64,
+    /// Length of each trial.
+    pub trial: Duration,
+    /// Upper end of the search (packets/s); None: 1.5x the full-speed rate.
+    pub max_rate: Option<f64>,
+}
+
+impl Default for MlffrConfig {
+    fn default() -> Self {
+        MlffrConfig { loss: 0.001, resolution: 0.01, trial: Duration::from_secs(1), max_rate: None }
+    }
+}
+
+/// One trial.
+#[derive(Clone, Debug, Serialize)]
+pub struct Trial {
+    /// Offered rate (packets/s over the port).
+    pub rate_pps: f64,
+    /// Packets that arrived at the port.
+    pub offered: u64,
+    /// Packets received by the workers.
+    pub received: u64,
+    /// Packets lost by the port (ring overflow, transmit errors).
+    pub lost: u64,
+    /// lost / offered.
+    pub loss: f64,
+    /// Within the threshold.
+    pub loss_free: bool,
+}
+
+/// The search's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct Mlffr {
+    /// The maximum loss-free forwarding rate found (packets/s).
+    pub mlffr_pps: f64,
+    /// Unpaced throughput of the same configuration (packets/s), the search's reference.
+    pub full_speed_pps: f64,
+    /// Loss threshold used.
+    pub loss_threshold: f64,
+    /// Resolution used.
+    pub resolution: f64,
+    /// Every trial, in order.
+    pub trials: Vec<Trial>,
+}
+
+fn trial(
+    cfg: &RunConfig,
+    spec: &ChainSpec,
+    p: &Prepared,
+    rate: Option<f64>,
+    d: Duration,
+) -> Result<(Trial, f64), EngineError> {
+    let c =
+        RunConfig { rate_pps: rate, loops: None, duration: Some(d), warmup: None, export: Vec::new(), ..cfg.clone() };
+    let r = run_prepared(&c, spec, p, Output::Discard)?;
+    let sc = r.scale.as_ref();
+    let lost = sc.map_or(0, |s| s.rx_ring_full) + r.tx_errors;
+    let offered = sc.map_or(0, |s| s.offered).max(r.packets + lost);
+    let loss = if offered > 0 { lost as f64 / offered as f64 } else { 0.0 };
+    let t = Trial { rate_pps: rate.unwrap_or(0.0), offered, received: r.packets, lost, loss, loss_free: false };
+    // Packets over the busy span of the slowest core (not the table set-up).
+    Ok((t, r.mpps * 1e6))
+}
+
+/// Searches the MLFFR of `spec` on the prepared input under `cfg` (cores, strategy, ...).
+pub fn search(cfg: &RunConfig, spec: &ChainSpec, p: &Prepared, m: &MlffrConfig) -> Result<Mlffr, EngineError> {
+    if !((0.0..1.0).contains(&m.loss) && m.resolution > 0.0 && m.resolution < 1.0) {
+        return Err(EngineError::Config("mlffr: loss must be in [0, 1) and resolution in (0, 1)".to_string()));
+    }
+    let (_, full) = trial(cfg, spec, p, None, m.trial)?;
+    let mut hi = m.max_rate.unwrap_or(full * 1.5).max(1.0);
+    let mut lo = 0.0f64;
+    let mut trials = Vec::new();
+    // The upper end must lose; if it does not, it is the answer (capped search).
+    while hi - lo > m.resolution * hi {
+        let mid = if trials.is_empty() { hi } else { (lo + hi) / 2.0 };
+        let (mut t, _) = trial(cfg, spec, p, Some(mid), m.trial)?;
+        t.loss_free = t.loss <= m.loss;
+        let ok = t.loss_free;
+        trials.push(t);
+        if ok {
+            lo = mid;
+            if mid >= hi {
+                break;
+            }
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(Mlffr { mlffr_pps: lo, full_speed_pps: full, loss_threshold: m.loss, resolution: m.resolution, trials })
+}

@@ -1,0 +1,200 @@
+//! Declared state placement checked against a multi-core strategy: from the
+//! chain's NFs' [`Placement`]s, the NIC programming that keeps every NF
+//! correct (symmetric key, hash on one address, ICMP errors with their
+//! flow, flow-director rules and per-core port shares for port pools), or a
+//! one-line refusal naming the NF and why.
+
+use flowplane_nf::{Affinity, GlobalState, Placement};
+use flowplane_scale::steer::{FdirRule, HashOn};
+use flowplane_scale::strategy::Strategy;
+
+use crate::chain::{Chain, Stage};
+use crate::error::EngineError;
+use crate::spec::ChainSpec;
+
+/// How the NIC is programmed and the chain adapted for a strategy.
+#[derive(Clone, Debug, Default)]
+pub struct Plan {
+    /// Symmetric Toeplitz key.
+    pub symmetric: bool,
+    /// What the hash covers.
+    pub hash_on: HashOn,
+    /// ICMP errors steered by the flow they quote.
+    pub icmp_inner: bool,
+    /// Flow-director rules (before the RETA).
+    pub rules: Vec<FdirRule>,
+    /// Per core: parameter overrides (NF index in the spec, parameter, value).
+    pub overrides: Vec<Vec<(usize, String, String)>>,
+    /// Why the steering is what it is (for the report), e.g. "fw needs both directions".
+    pub notes: Vec<String>,
+    /// NFs whose per-packet order is not guaranteed by the strategy (reported).
+    pub unordered: Vec<String>,
+}
+
+fn refuse(strategy: &str, msg: String) -> EngineError {
+    EngineError::Config(format!("--scale {strategy}: {msg}"))
+}
+
+/// The placements of the chain's stateful NFs: (spec index, name, placement).
+fn placements(chain: &Chain) -> Vec<(usize, &'static str, Placement)> {
+    chain
+        .stages
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match s {
+            Stage::Stateful { nf, .. } => Some((i, nf.name(), nf.placement())),
+            Stage::Stateless(_) => None,
+        })
+        .collect()
+}
+
+/// Checks every NF's declared placement against `strategy` on `cores`
+/// cores and returns the NIC programming that makes the run correct.
+pub fn plan(
+    chain: &Chain,
+    spec: &ChainSpec,
+    strategy: &dyn Strategy,
+    cores: usize,
+    symmetric_flag: bool,
+) -> Result<Plan, EngineError> {
+    let name = strategy.name();
+    let mut p = Plan { symmetric: symmetric_flag, overrides: vec![Vec::new(); cores], ..Plan::default() };
+    let ps = placements(chain);
+    if cores <= 1 {
+        return Ok(p);
+    }
+    if strategy.spray() {
+        for (_, nf, pl) in &ps {
+            match (pl.affinity, pl.global) {
+                (_, GlobalState::PortPool { .. } | GlobalState::Private) => {
+                    return Err(refuse(name, format!("{nf} keeps NF-global state per core that sprayed packets cannot share; use rss")))
+                }
+                (Affinity::Flow | Affinity::Connection, _) => {
+                    return Err(refuse(
+                        name,
+                        format!("{nf} keeps per-flow state in per-core tables (shared 5-tuple tables are not implemented); use rss or rsspp"),
+                    ))
+                }
+                (Affinity::Source | Affinity::Destination, _) => p.unordered.push(nf.to_string()),
+                (Affinity::Any, _) => {}
+            }
+        }
+        return Ok(p);
+    }
+    // Steering: the strongest affinity wins; two that no hash satisfies together are refused.
+    let mut need: Option<(Affinity, &str)> = None;
+    for (_, nf, pl) in &ps {
+        let a = pl.affinity;
+        if matches!(a, Affinity::Any | Affinity::Flow) {
+            continue;
+        }
+        match need {
+            None => need = Some((a, nf)),
+            Some((b, _)) if b == a => {}
+            Some((b, other)) => {
+                return Err(refuse(
+                    name,
+                    format!(
+                        "{other} needs {} on one core and {nf} needs {}: no steering gives both; run on one core",
+                        what(b),
+                        what(a)
+                    ),
+                ))
+            }
+        }
+    }
+    match need {
+        Some((Affinity::Connection, nf)) => {
+            p.symmetric = true;
+            p.icmp_inner = true;
+            p.notes
+                .push(format!("symmetric key, ICMP errors with their flow ({nf} needs both directions on one core)"));
+        }
+        Some((Affinity::Source, nf)) => {
+            p.hash_on = HashOn::SrcIp;
+            p.notes.push(format!("hash on the source address ({nf} needs every packet of a source on one core)"));
+        }
+        Some((Affinity::Destination, nf)) => {
+            p.hash_on = HashOn::DstIp;
+            p.notes.push(format!(
+                "hash on the destination address ({nf} needs every packet to a destination on one core)"
+            ));
+        }
+        _ => {}
+    }
+    let mut pools = 0;
+    for (i, nf, pl) in &ps {
+        match pl.global {
+            GlobalState::None => {}
+            GlobalState::Private if strategy.moves_flows() => {
+                return Err(refuse(
+                    name,
+                    format!(
+                        "{nf} keeps per-core state its flows point into, so they cannot move between cores; use rss"
+                    ),
+                ))
+            }
+            GlobalState::Private => {}
+            GlobalState::PortPool { .. } if strategy.moves_flows() => {
+                return Err(refuse(
+                    name,
+                    format!("{nf}'s port pool is split per core, so its flows cannot move between cores; use rss"),
+                ))
+            }
+            GlobalState::PortPool { param, lo, hi, dst } => {
+                pools += 1;
+                if pools > 1 {
+                    return Err(refuse(name, format!("{nf}: one port-pool NF per chain on several cores")));
+                }
+                let span = u32::from(hi) - u32::from(lo) + 1;
+                if span < cores as u32 {
+                    return Err(refuse(name, format!("{nf}: {span} ports cannot be split over {cores} cores")));
+                }
+                // Stages are the spec's NFs in order.
+                let si = Some(*i).filter(|&k| spec.nfs.get(k).is_some_and(|n| n.name == *nf));
+                let Some(si) = si else { continue };
+                for c in 0..cores {
+                    let a = u32::from(lo) + span * c as u32 / cores as u32;
+                    let b = u32::from(lo) + span * (c as u32 + 1) / cores as u32 - 1;
+                    p.overrides[c].push((si, param.to_string(), format!("{a}-{b}")));
+                    for proto in [6u8, 17] {
+                        p.rules.push(FdirRule {
+                            proto: Some(proto),
+                            dst: Some(dst),
+                            dst_ports: (a as u16, b as u16),
+                            queue: c as u16,
+                        });
+                    }
+                }
+                p.notes.push(format!(
+                    "{nf}: ports {lo}-{hi} split over {cores} cores, replies steered to their port's core (flow director)"
+                ));
+            }
+        }
+    }
+    Ok(p)
+}
+
+fn what(a: Affinity) -> &'static str {
+    match a {
+        Affinity::Connection => "both directions of a connection",
+        Affinity::Source => "every packet of a source",
+        Affinity::Destination => "every packet to a destination",
+        Affinity::Flow => "every packet of a flow",
+        Affinity::Any => "nothing",
+    }
+}
+
+/// `spec` with core `core`'s parameter overrides applied.
+pub fn spec_for_core(spec: &ChainSpec, plan: &Plan, core: usize) -> ChainSpec {
+    let mut s = spec.clone();
+    for (i, k, v) in plan.overrides.get(core).map(Vec::as_slice).unwrap_or(&[]) {
+        if let Some(n) = s.nfs.get_mut(*i) {
+            match n.params.iter_mut().find(|(pk, _)| pk == k) {
+                Some(p) => p.1 = v.clone(),
+                None => n.params.push((k.clone(), v.clone())),
+            }
+        }
+    }
+    s
+}
