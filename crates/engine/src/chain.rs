@@ -121,6 +121,14 @@ impl Chain {
     /// Instantiates every NF of `spec` and lays out the aggregated state;
     /// the error names the offending NF or parameter.
     pub fn build(spec: &ChainSpec) -> Result<Chain, EngineError> {
+        Chain::build_with(spec, false)
+    }
+
+    /// [`Chain::build`] with, when `shared_flows`, the 5-tuple NFs' state in
+    /// a shared table too (a coarse group keyed by the 5-tuple) instead of
+    /// the per-core aggregated block: the `shared` strategy, which sprays a
+    /// flow's packets over every core.
+    pub fn build_with(spec: &ChainSpec, shared_flows: bool) -> Result<Chain, EngineError> {
         let mut stages = Vec::with_capacity(spec.nfs.len());
         for s in &spec.nfs {
             let stage = registry::build_with(&s.name, Params::new(&s.name, s.params.clone()), StageSink)?;
@@ -139,7 +147,7 @@ impl Chain {
         for st in stages.iter_mut() {
             if let Stage::Stateful { nf, offset, group, member, .. } = st {
                 let g = nf.granularity();
-                if g == Granularity::FiveTuple {
+                if g == Granularity::FiveTuple && !shared_flows {
                     continue;
                 }
                 let gi = match groups.iter().position(|x| x.granularity == g) {

@@ -21,8 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use flowplane_nf::stateful::Granularity;
+use flowplane_nf::PktMeta;
 use flowplane_table::shared::{hash_key, SharedFlowTable, SharedHandle, SharedTableConfig};
-use flowplane_wire::flow::FiveTuple;
+use flowplane_wire::flow::{FieldSet, FiveTuple, FiveTupleV4};
 
 use crate::error::EngineError;
 
@@ -113,6 +114,37 @@ pub fn with_locked<R>(words: &[AtomicU64], f: impl FnOnce(&mut u64, &mut [u64]) 
 
 /// A coarse key as the 5-tuple NFs' export rows expect it: the address(es)
 /// in place, everything else zero.
+/// Marks (top byte) a group key that packs an IPv4 5-tuple.
+const V4_TUPLE: u128 = 0x03 << 120;
+/// Marks a group key that is an IPv6 5-tuple's fingerprint.
+const V6_TUPLE: u128 = 0x06 << 120;
+
+/// A packet's key in a coarse group of granularity `g`: the NF's key, or for
+/// the 5-tuple (NFs whose per-flow state is shared, the `shared` strategy)
+/// the packed IPv4 tuple — reversible, for exports — or a keyed 120-bit
+/// fingerprint of an IPv6 tuple.
+#[inline]
+pub fn group_key(g: Granularity, m: &PktMeta) -> Option<u128> {
+    match (g, &m.tuple) {
+        (Granularity::FiveTuple, FiveTuple::V4(t)) => Some(
+            V4_TUPLE
+                | u128::from(u32::from(t.src())) << 80
+                | u128::from(u32::from(t.dst())) << 48
+                | u128::from(t.src_port()) << 32
+                | u128::from(t.dst_port()) << 16
+                | u128::from(t.proto()) << 8
+                | u128::from(t.flags()),
+        ),
+        (Granularity::FiveTuple, FiveTuple::V6(_)) => {
+            let custom = Granularity::Custom(FieldSet::FIVE_TUPLE).key(m)?;
+            Some(V6_TUPLE | (custom & ((1u128 << 120) - 1)))
+        }
+        _ => g.key(m),
+    }
+}
+
+/// The flow key a coarse entry stands for, for exports (None: a TEID, a
+/// field-set or IPv6 5-tuple fingerprint, which have no key to show).
 pub fn key_tuple(g: Granularity, k: u128) -> Option<FiveTuple> {
     use std::net::{Ipv4Addr, Ipv6Addr};
     let ip = |v: u128| {
@@ -122,7 +154,12 @@ pub fn key_tuple(g: Granularity, k: u128) -> Option<FiveTuple> {
     let zero =
         |a: IpAddr| if a.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(Ipv6Addr::UNSPECIFIED) };
     let (s, d) = match g {
-        // A TEID or a field-set fingerprint has no address to show.
+        Granularity::FiveTuple if k >> 120 == V4_TUPLE >> 120 => {
+            let (s, d) = (Ipv4Addr::from((k >> 80) as u32), Ipv4Addr::from((k >> 48) as u32));
+            let t = FiveTupleV4::new(s, d, (k >> 32) as u16, (k >> 16) as u16, (k >> 8) as u8).with_flags(k as u8);
+            return Some(FiveTuple::V4(t));
+        }
+        // A TEID or a fingerprint has no address to show.
         Granularity::FiveTuple | Granularity::Teid | Granularity::Custom(_) => return None,
         Granularity::SrcIp => (ip(k), zero(ip(k))),
         Granularity::DstIp => (zero(ip(k)), ip(k)),

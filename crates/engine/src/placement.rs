@@ -4,6 +4,7 @@
 //! flow, flow-director rules and per-core port shares for port pools), or a
 //! one-line refusal naming the NF and why.
 
+use flowplane_nf::stateful::Granularity;
 use flowplane_nf::{Affinity, GlobalState, Placement};
 use flowplane_scale::steer::{FdirRule, HashOn};
 use flowplane_scale::strategy::Strategy;
@@ -29,6 +30,8 @@ pub struct Plan {
     pub notes: Vec<String>,
     /// NFs whose per-packet order is not guaranteed by the strategy (reported).
     pub unordered: Vec<String>,
+    /// The 5-tuple NFs' state lives in shared tables (packets of a flow are sprayed over cores).
+    pub shared_flows: bool,
 }
 
 fn refuse(strategy: &str, msg: String) -> EngineError {
@@ -64,18 +67,27 @@ pub fn plan(
         return Ok(p);
     }
     if strategy.spray() {
+        // A flow's packets reach every core: 5-tuple state moves to shared tables.
+        p.shared_flows = chain
+            .stages
+            .iter()
+            .any(|s| matches!(s, Stage::Stateful { nf, .. } if nf.granularity() == Granularity::FiveTuple));
         for (_, nf, pl) in &ps {
             match (pl.affinity, pl.global) {
                 (_, GlobalState::PortPool { .. } | GlobalState::Private) => {
-                    return Err(refuse(name, format!("{nf} keeps NF-global state per core that sprayed packets cannot share; use rss")))
-                }
-                (Affinity::Flow | Affinity::Connection, _) => {
                     return Err(refuse(
                         name,
-                        format!("{nf} keeps per-flow state in per-core tables (shared 5-tuple tables are not implemented); use rss or rsspp"),
+                        format!("{nf} keeps NF-global state per core that sprayed packets cannot share; use rss"),
                     ))
                 }
-                (Affinity::Source | Affinity::Destination, _) => p.unordered.push(nf.to_string()),
+                (Affinity::Connection, _) => {
+                    return Err(refuse(
+                        name,
+                        format!("{nf} needs both directions of a connection in order on one core; use rss"),
+                    ))
+                }
+                // Order-dependent per-flow or per-address state: runs, its order not guaranteed.
+                (Affinity::Flow | Affinity::Source | Affinity::Destination, _) => p.unordered.push(nf.to_string()),
                 (Affinity::Any, _) => {}
             }
         }

@@ -228,7 +228,9 @@ fn build_chains_planned(
     let mut chains = build_chains(cfg, spec, workers)?;
     for (core, c) in chains.iter_mut().enumerate() {
         if plan.overrides.get(core).is_some_and(|o| !o.is_empty()) {
-            *c = Chain::build(&placement::spec_for_core(spec, plan, core))?;
+            *c = Chain::build_with(&placement::spec_for_core(spec, plan, core), plan.shared_flows)?;
+        } else if plan.shared_flows {
+            *c = Chain::build_with(spec, true)?;
         }
     }
     Ok(chains)
@@ -244,7 +246,7 @@ pub fn run_steered(
     output: Output,
 ) -> Result<Report, EngineError> {
     check(cfg)?;
-    let chains = build_chains(cfg, spec, workers(cfg))?;
+    let chains = build_chains_planned(cfg, spec, &nic.plan, workers(cfg))?;
     run_chains(cfg, spec, chains, trace, output, Some(nic))
 }
 

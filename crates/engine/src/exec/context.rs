@@ -19,7 +19,9 @@ use flowplane_wire::hash::HashableKey;
 
 use super::{ExecConfig, StateLayout, StoreReport};
 use crate::chain::{Chain, Stage};
-use crate::coarse::{aux_handle, coarse_hash, handle_bits, key_tuple, with_locked, GroupLayout, SharedStores};
+use crate::coarse::{
+    aux_handle, coarse_hash, group_key, handle_bits, key_tuple, with_locked, GroupLayout, SharedStores,
+};
 use crate::error::EngineError;
 use crate::stage::{apply_action, packet_ctx, BatchOutcome, StatefulStage};
 use crate::store::{FlowRef, FlowStore, StoreConfig};
@@ -561,7 +563,7 @@ impl ExecContext {
             for i in range.clone() {
                 self.scratch.coarse[g][i] = SharedHandle::NONE;
                 let meta = &self.scratch.metas[i];
-                if let Some(k) = meta.valid.then(|| layout.granularity.key(meta)).flatten() {
+                if let Some(k) = meta.valid.then(|| group_key(layout.granularity, meta)).flatten() {
                     keys[m] = k;
                     hashes[m] = coarse_hash(k);
                     idx[m] = i as u16;
@@ -579,7 +581,7 @@ impl ExecContext {
     /// One shared lookup (add-on-miss, pinned) of packet `i`'s group-`g` key.
     fn pin_direct(&mut self, g: usize, i: usize, now: u64) -> SharedHandle {
         let meta = &self.scratch.metas[i];
-        match meta.valid.then(|| self.chain.groups[g].granularity.key(meta)).flatten() {
+        match meta.valid.then(|| group_key(self.chain.groups[g].granularity, meta)).flatten() {
             Some(k) => {
                 self.stats.shared_lookups += 1;
                 self.shared.tables[g].acquire(&k, coarse_hash(k), now, |_, _| {}).map_or(SharedHandle::NONE, |(h, _)| h)
@@ -1007,7 +1009,7 @@ fn init_all(
     }
     if let Some(aux) = aux {
         for (g, layout) in aux.groups.iter().enumerate() {
-            let h = match layout.granularity.key(meta) {
+            let h = match group_key(layout.granularity, meta) {
                 Some(k) => aux.shared.tables[g]
                     .acquire(&k, coarse_hash(k), aux.now, |_, _| {})
                     .map_or(SharedHandle::NONE, |(h, _)| h),

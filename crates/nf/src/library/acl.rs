@@ -27,7 +27,7 @@ use serde_json::json;
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::{merge_keeping, merge_rows};
-use crate::stateful::{Action, Granularity, StatefulNf};
+use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const RULES: ParamSpec = ParamSpec::text(
@@ -345,6 +345,13 @@ impl StatefulNf for Acl {
 
     fn name(&self) -> &'static str {
         NF.name
+    }
+
+    /// Per-flow state whose updates commute (the verdict is a function of the flow's first packet; counters add up): correct from any
+    /// core, so `shared` may spray a flow's packets over cores (its state then
+    /// lives in a shared table, updated under the entry's lock).
+    fn placement(&self) -> Placement {
+        Placement { affinity: Affinity::Any, global: GlobalState::None }
     }
 
     fn init(&mut self, pkt: &Pkt<'_>, _ctx: &NfContext) -> AclState {

@@ -10,7 +10,7 @@ use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::Export;
 use crate::stateful::Granularity;
-use crate::stateful::{Action, StatefulNf};
+use crate::stateful::{Action, Affinity, GlobalState, Placement, StatefulNf};
 use crate::{NfContext, ParamError, Params};
 
 /// Registration (see `crates/nf/build.rs`).
@@ -60,6 +60,13 @@ impl StatefulNf for Fsc {
         NF.name
     }
 
+    /// Per-flow state whose updates commute (counters add up and first/last seen are kept as extremes): correct from any
+    /// core, so `shared` may spray a flow's packets over cores (its state then
+    /// lives in a shared table, updated under the entry's lock).
+    fn placement(&self) -> Placement {
+        Placement { affinity: Affinity::Any, global: GlobalState::None }
+    }
+
     fn init(&mut self, _pkt: &Pkt<'_>, ctx: &NfContext) -> FscState {
         FscState { packets: 0, bytes: 0, first_ns: ctx.now_ns, last_ns: ctx.now_ns }
     }
@@ -69,9 +76,17 @@ impl StatefulNf for Fsc {
         // Counted at the flow's first packet here, not in `init`: the
         // aggregated layout also initialises flows an upstream NF dropped.
         self.flows += u64::from(st.packets == 0);
+        // First and last seen as the extremes, not the arrival order: under
+        // the `shared` strategy a flow's packets reach its entry from several
+        // cores, not in time order.
+        if st.packets == 0 {
+            (st.first_ns, st.last_ns) = (ctx.now_ns, ctx.now_ns);
+        } else {
+            st.first_ns = st.first_ns.min(ctx.now_ns);
+            st.last_ns = st.last_ns.max(ctx.now_ns);
+        }
         st.packets += 1;
         st.bytes += pkt.len() as u64;
-        st.last_ns = ctx.now_ns;
         Action::Pass
     }
 

@@ -23,7 +23,7 @@ use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::{merge_keeping, Export};
 use crate::stateful::Granularity;
-use crate::stateful::{Action, StatefulNf};
+use crate::stateful::{Action, Affinity, GlobalState, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const K: ParamSpec = ParamSpec::uint("k", 10, 1, MAX_K, "flows in the top-k summary");
@@ -159,6 +159,13 @@ impl StatefulNf for Hh {
         NF.name
     }
 
+    /// Per-flow state whose updates commute (counters add up; the merged top-k keeps each flow's latest counts): correct from any
+    /// core, so `shared` may spray a flow's packets over cores (its state then
+    /// lives in a shared table, updated under the entry's lock).
+    fn placement(&self) -> Placement {
+        Placement { affinity: Affinity::Any, global: GlobalState::None }
+    }
+
     fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> HhState {
         HhState::default()
     }
@@ -216,6 +223,12 @@ impl StatefulNf for Hh {
         if let (Some(Value::Array(mine)), Some(Value::Array(theirs))) = (into.get_mut("top"), other.get("top")) {
             mine.extend(theirs.iter().cloned());
             mine.sort_by(by_rank);
+            // A flow whose state is shared (the `shared` strategy) can sit in
+            // several cores' top-k with the counts of the packets each saw
+            // last: keep its highest (latest) entry.
+            let flow = |r: &Value| [&r["proto"], &r["src"], &r["dst"], &r["sport"], &r["dport"]].map(|v| v.to_string());
+            let mut seen = std::collections::HashSet::new();
+            mine.retain(|r| seen.insert(flow(r)));
             mine.truncate(self.top.len());
         }
     }

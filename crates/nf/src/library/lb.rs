@@ -24,7 +24,7 @@ use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::{merge_keeping, Export};
 use crate::stateful::Granularity;
-use crate::stateful::{Action, StatefulNf};
+use crate::stateful::{Action, Affinity, GlobalState, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const BACKENDS: ParamSpec = ParamSpec::uint("backends", 16, 1, 65_536, "IPv4 backend pool size");
@@ -216,6 +216,13 @@ impl StatefulNf for Lb {
 
     fn name(&self) -> &'static str {
         NF.name
+    }
+
+    /// Per-flow state whose updates commute (the backend is picked once per flow under the state's lock; counters add up): correct from any
+    /// core, so `shared` may spray a flow's packets over cores (its state then
+    /// lives in a shared table, updated under the entry's lock).
+    fn placement(&self) -> Placement {
+        Placement { affinity: Affinity::Any, global: GlobalState::None }
     }
 
     /// The backend is picked by the flow's first packet that reaches lb (see [`PENDING`]).
