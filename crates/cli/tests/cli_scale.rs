@@ -20,11 +20,15 @@ fn json(args: &[&str]) -> Value {
 
 #[test]
 fn strategies_run_or_refuse_in_one_line() {
-    let out = run(&["run", "--gen", GEN, "--chain", "fsc", "--cores", "2", "--scale", "shared", "--no-pin"]);
+    // nat's port pool is per core: sprayed packets cannot share it.
+    let out = run(&["run", "--gen", GEN, "--chain", "nat", "--cores", "2", "--scale", "shared", "--no-pin"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("--scale shared: fsc"), "{err}");
+    assert!(err.contains("--scale shared: nat"), "{err}");
+    // Per-flow state moves to a shared table.
+    let v = json(&["run", "--gen", GEN, "--chain", "fsc", "--cores", "2", "--scale", "shared", "--no-pin", "--json"]);
+    assert_eq!(v["nfs"][0]["packets_in"], 20000);
     let v =
         json(&["run", "--gen", GEN, "--chain", "srcctr", "--cores", "2", "--scale", "shared", "--no-pin", "--json"]);
     assert_eq!(v["scale"]["strategy"], "shared");
