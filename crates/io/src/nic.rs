@@ -218,6 +218,8 @@ impl NicQueue {
                 if m.to == me { scan >= m.at && steering.is_ready(m.key, m.id) } else { done.contains(&m.id) };
             if finished && m.to == me {
                 done.push(m.id);
+                // Past the switch point with the state: the move is over for every queue.
+                steering.retired(m.id);
             }
             changed |= finished;
             !finished

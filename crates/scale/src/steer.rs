@@ -244,7 +244,7 @@ struct Padded {
 #[derive(Default)]
 struct Control {
     next_id: u64,
-    /// Moves not yet imported by their new owner.
+    /// Moves whose new owner has not yet walked past their switch point.
     active: Vec<Move>,
     inbox: Vec<Vec<Handover>>,
 }
@@ -483,9 +483,12 @@ impl Steering {
     }
 
     /// The new owner imported the state of `mv`: its packets from `at` may flow.
+    ///
+    /// The move stays active until the new owner has walked past its switch
+    /// point ([`Steering::retired`]): a new owner that imports before it has
+    /// re-read the table must still see the move, or it would take the key's
+    /// packets before `at`, which the old owner already processed.
     pub fn imported(&self, mv: Move) {
-        let mut ctl = self.ctl();
-        ctl.active.retain(|m| m.id != mv.id);
         if let Some(r) = self.ready.get(mv.key as usize) {
             r.store(mv.id, Ordering::SeqCst);
         }
@@ -496,6 +499,12 @@ impl Steering {
     #[inline]
     pub fn is_ready(&self, key: u16, id: u64) -> bool {
         self.ready.get(key as usize).is_some_and(|r| r.load(Ordering::SeqCst) >= id)
+    }
+
+    /// The new owner of move `id` has walked past its switch point: the move
+    /// leaves the table's active list (the key can move again).
+    pub fn retired(&self, id: u64) {
+        self.ctl().active.retain(|m| m.id != id);
     }
 
     /// Moves not yet complete.
@@ -580,6 +589,12 @@ mod tests {
         assert_eq!(mail[0].state, vec![1, 2, 3]);
         s.imported(mv);
         assert!(s.is_ready(0, mv.id));
-        assert_eq!((s.active_moves(), s.moves_done()), (0, 1));
+        // Active until the new owner walked past `at`: a late re-read still sees the move.
+        assert_eq!((s.active_moves(), s.moves_done()), (1, 1));
+        assert_eq!(s.start_move(0, 0), Err(MoveError::Busy));
+        s.snapshot(1, &mut own, &mut mv0);
+        assert_eq!(mv0.len(), 1);
+        s.retired(mv.id);
+        assert_eq!(s.active_moves(), 0);
     }
 }
