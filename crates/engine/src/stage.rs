@@ -10,7 +10,7 @@
 use std::ops::Range;
 
 use bytemuck::Pod;
-use flowplane_nf::stateful::{Action, Granularity, StatefulNf};
+use flowplane_nf::stateful::{Action, Cursor, Granularity, StatefulNf, Step};
 use flowplane_nf::{Export, NfContext, NfCounters, Pkt, PktMeta};
 use flowplane_packet::{Batch, DROP};
 use flowplane_wire::flow::FiveTuple;
@@ -96,6 +96,12 @@ pub trait StatefulStage: Send {
     fn init_into(&mut self, pkt: &Pkt<'_>, ctx: &NfContext, out: &mut [u8]);
     /// Runs the per-packet action on `state` (exactly `state_size` bytes).
     fn process_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext) -> Action;
+    /// The NF's action is resumable (`StatefulNf::STEPS`).
+    fn steps(&self) -> bool;
+    /// One step of the resumable action on `state` (exactly `state_size` bytes).
+    fn step_bytes(&self, pkt: &Pkt<'_>, state: &[u8], cur: &mut Cursor) -> Step;
+    /// The action resumed from `cur` (same result as `process_bytes`).
+    fn finish_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext, cur: &Cursor) -> Action;
     /// Release callback.
     fn release_bytes(&mut self, key: &FiveTuple, state: &[u8]);
     /// Unparsed packets.
@@ -179,6 +185,25 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     #[inline]
     fn process_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext) -> Action {
         self.0.process(pkt, cast_mut::<T::State>(state), ctx)
+    }
+    fn steps(&self) -> bool {
+        T::STEPS
+    }
+    #[inline]
+    fn step_bytes(&self, pkt: &Pkt<'_>, state: &[u8], cur: &mut Cursor) -> Step {
+        if T::STEPS {
+            self.0.step(pkt, cast::<T::State>(state), cur)
+        } else {
+            Step::Ready
+        }
+    }
+    #[inline]
+    fn finish_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext, cur: &Cursor) -> Action {
+        if T::STEPS {
+            self.0.finish(pkt, cast_mut::<T::State>(state), cur, ctx)
+        } else {
+            self.0.process(pkt, cast_mut::<T::State>(state), ctx)
+        }
     }
     fn release_bytes(&mut self, key: &FiveTuple, state: &[u8]) {
         self.0.release(key, cast::<T::State>(state))

@@ -14,6 +14,13 @@ use flowplane_nf::{NfContext, NfCounters};
 use flowplane_packet::{Batch, PacketPool, PoolConfig, DROP};
 use flowplane_wire::checksum;
 
+/// Every registered executor, and the interleaved one at several task counts.
+fn kinds() -> Vec<ExecKind> {
+    let mut v: Vec<ExecKind> = ExecKind::all().collect();
+    v.extend(["interleaved:1", "interleaved:4", "interleaved:64"].map(|s| ExecKind::parse(s).unwrap()));
+    v
+}
+
 const SYN: u8 = 0x02;
 const ACK: u8 = 0x10;
 const FIN: u8 = 0x01;
@@ -72,7 +79,7 @@ fn all_agree(chain: &str, frames: &[Vec<u8>], export: &str) -> Outcome {
 fn all_agree_timed(chain: &str, frames: &[(u64, Vec<u8>)], export: &str) -> Outcome {
     let rtc = ExecKind::parse("rtc").unwrap();
     let reference = run_timed(chain, rtc, 1, frames, export);
-    for kind in ExecKind::all() {
+    for kind in kinds() {
         for size in [1, 4, 64, 256] {
             let o = run_timed(chain, kind, size, frames, export);
             for (i, (a, b)) in o.packets.iter().zip(&reference.packets).enumerate() {
