@@ -8,7 +8,9 @@
 //! position in that cycle, random at flow creation; each packet walks `k`
 //! steps and stores where it ended (so the reads cannot be optimised away).
 //! The prefetch hook prefetches `array[state.idx]`, the first of the k
-//! accesses: exactly what FAJITA's customizable prefetch provides.
+//! accesses: exactly what FAJITA's customizable prefetch provides. The
+//! resumable action (interleaved executor) is the chase as k steps, each
+//! naming the slot the next read touches.
 
 use bytemuck::{Pod, Zeroable};
 use serde_json::json;
@@ -17,7 +19,7 @@ use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::merge_keeping;
 use crate::stateful::Granularity;
-use crate::stateful::{Action, StatefulNf};
+use crate::stateful::{Action, Cursor, StatefulNf, Step};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 /// Most indirect accesses per packet.
@@ -138,6 +140,7 @@ impl Synthetic {
 impl StatefulNf for Synthetic {
     type State = SyntheticState;
     const HAS_PREFETCH: bool = true;
+    const STEPS: bool = true;
 
     fn name(&self) -> &'static str {
         NF.name
@@ -150,6 +153,35 @@ impl StatefulNf for Synthetic {
     #[inline]
     fn process(&mut self, _pkt: &mut Pkt<'_>, st: &mut SyntheticState, _ctx: &NfContext) -> Action {
         st.idx = self.walk(st.idx, self.k);
+        self.packets += 1;
+        Action::Pass
+    }
+
+    /// `cur.step` = 1 + reads done, `cur.pos` = the index reached,
+    /// `cur.input` = the start (the flow's `idx`).
+    #[inline]
+    fn step(&self, _pkt: &Pkt<'_>, st: &SyntheticState, cur: &mut Cursor) -> Step {
+        if cur.step == 0 {
+            *cur = Cursor { step: 1, pos: st.idx, input: u64::from(st.idx), val: [0; 2] };
+        } else {
+            // The slot named by the previous step: read it (the array never changes).
+            cur.pos = self.walk(cur.pos, 1);
+            cur.step += 1;
+        }
+        match self.array.get(cur.pos as usize) {
+            Some(x) if cur.step <= self.k => Step::at(x),
+            _ => Step::Ready,
+        }
+    }
+
+    #[inline]
+    fn finish(&mut self, _pkt: &mut Pkt<'_>, st: &mut SyntheticState, cur: &Cursor, _ctx: &NfContext) -> Action {
+        st.idx = if cur.step > 0 && cur.input == u64::from(st.idx) {
+            // Resume the chase where the steps left it.
+            self.walk(cur.pos, self.k.saturating_sub(cur.step - 1))
+        } else {
+            self.walk(st.idx, self.k)
+        };
         self.packets += 1;
         Action::Pass
     }
@@ -180,6 +212,7 @@ impl StatefulNf for Synthetic {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pkt::PktMeta;
     use crate::testutil::{udp4, Harness};
 
     #[test]
@@ -218,6 +251,37 @@ mod tests {
             let r = h.nf.report().unwrap();
             assert_eq!(r["indirect_reads"], 2 * k as u64);
         }
+    }
+
+    #[test]
+    fn resumed_chase_equals_the_whole_chase() {
+        let mut h = Harness::new(Synthetic::new(5, 4096, 11).unwrap());
+        let mut f = udp4([10, 0, 0, 1], [9, 9, 9, 9], 1000, 80);
+        h.run(&f);
+        let meta = PktMeta::parse(&f);
+        let start = h.state_of(&f).unwrap();
+        // Stop after 0..=k+1 steps: finish must end where process ends.
+        for stop in 0..8 {
+            let mut cur = Cursor::default();
+            let mut steps = 0;
+            while steps < stop && h.nf.step(&Pkt::new(&mut f, &meta), &start, &mut cur) != Step::Ready {
+                steps += 1;
+            }
+            let mut st = start;
+            h.nf.finish(&mut Pkt::new(&mut f, &meta), &mut st, &cur, &NfContext::default());
+            assert_eq!(st.idx, h.nf.walk(start.idx, 5), "stopped after {stop} steps");
+        }
+        // The full chase names k lines, then is ready.
+        let mut cur = Cursor::default();
+        let mut named = 0;
+        while let Step::Prefetch(_) = h.nf.step(&Pkt::new(&mut f, &meta), &start, &mut cur) {
+            named += 1;
+        }
+        assert_eq!(named, 5);
+        // A cursor computed from another state is not trusted.
+        let mut st = SyntheticState { idx: start.idx ^ 1 };
+        h.nf.finish(&mut Pkt::new(&mut f, &meta), &mut st, &cur, &NfContext::default());
+        assert_eq!(st.idx, h.nf.walk(start.idx ^ 1, 5));
     }
 
     #[test]
@@ -263,7 +327,6 @@ mod tests {
     #[test]
     #[ignore]
     fn measure() {
-        use crate::pkt::PktMeta;
         let t0 = std::time::Instant::now();
         let mut nf = Synthetic::new(1, DEFAULT_MEM, 1).unwrap();
         println!("build 256 MiB: {:.2} s", t0.elapsed().as_secs_f64());
