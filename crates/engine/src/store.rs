@@ -157,6 +157,16 @@ impl FlowStore {
         }
     }
 
+    /// Marks `r`'s flow as seen at `now_ns` (what a lookup hit does).
+    #[inline(always)]
+    pub fn touch(&mut self, r: FlowRef, now_ns: u64) {
+        if r.0 & V6_BIT == 0 {
+            self.v4.touch(r.0, now_ns)
+        } else if r != FlowRef::NONE {
+            self.v6.touch(r.0 & !V6_BIT, now_ns)
+        }
+    }
+
     /// Removes the entry of `r`.
     pub fn remove(&mut self, r: FlowRef) -> bool {
         if r == FlowRef::NONE {

@@ -29,6 +29,7 @@
 use flowplane_nf::stateful::{Action, Cursor, Step};
 use flowplane_nf::{NfContext, Pkt};
 use flowplane_packet::{prefetch, Batch};
+use flowplane_table::FullPolicy;
 
 use super::context::flow_hash;
 use super::{ExecContext, ExecParam, Executor, ExecutorInfo, StateLayout};
@@ -77,7 +78,7 @@ struct Task {
     key: u64,
     /// The flow entry the steps read (`NONE`: none, the finish starts from scratch).
     flow: FlowRef,
-    /// Next stage whose steps run.
+    /// Next entry of the segment's stepping stages whose steps run.
     stage: usize,
     /// Yields left: a task that keeps naming lines past this is finished
     /// synchronously (its finish completes whatever its steps left).
@@ -93,13 +94,35 @@ struct Interleaved {
     k: usize,
     stages: usize,
     tasks: Vec<Task>,
+    /// `tasks[j].key`, contiguous: the in-flight check scans it.
+    keys: Vec<u64>,
     cursors: Vec<Cursor>,
+    /// The current segment's 5-tuple stages with resumable actions.
+    steppers: Vec<usize>,
 }
 
 impl Interleaved {
     fn new(k: u16, stages: usize) -> Self {
         let k = usize::from(k.clamp(1, MAX_TASKS));
-        Interleaved { k, stages, tasks: vec![Task::IDLE; k], cursors: vec![Cursor::default(); k * stages.max(1)] }
+        Interleaved {
+            k,
+            stages,
+            tasks: vec![Task::IDLE; k],
+            keys: vec![u64::MAX; k],
+            cursors: vec![Cursor::default(); k * stages.max(1)],
+            steppers: Vec::with_capacity(stages),
+        }
+    }
+}
+
+/// `(a + b) % k` for `a, b < k`.
+#[inline(always)]
+fn wrap(a: usize, b: usize, k: usize) -> usize {
+    let x = a + b;
+    if x >= k {
+        x - k
+    } else {
+        x
     }
 }
 
@@ -118,6 +141,14 @@ impl Executor for Interleaved {
             }
             let seg_end =
                 (seg_start..stages).find(|&k| matches!(cx.chain.stages[k], Stage::Stateless(_))).unwrap_or(stages);
+            self.steppers.clear();
+            for si in seg_start..seg_end {
+                if let Stage::Stateful { nf, group: None, .. } = &cx.chain.stages[si] {
+                    if nf.steps() {
+                        self.steppers.push(si);
+                    }
+                }
+            }
             let mut w = Window { s: self, cx, batch, ctx, seg: (seg_start, seg_end), looked_up };
             w.run(n);
             looked_up = true;
@@ -151,13 +182,13 @@ impl Window<'_> {
         }
         let mut o = 0usize;
         while live > 0 {
-            let slot = (head + o) % k;
+            let slot = wrap(head, o, k);
             if self.s.tasks[slot].phase != Phase::Ready {
                 self.advance(slot);
             }
             if o == 0 && self.s.tasks[slot].phase == Phase::Ready {
                 self.finish(slot);
-                head = (head + 1) % k;
+                head = wrap(head, 1, k);
                 if next < n {
                     // The freed slot takes the next packet, the youngest task.
                     self.admit(slot, next, head, live - 1);
@@ -178,7 +209,7 @@ impl Window<'_> {
     fn admit(&mut self, slot: usize, i: usize, head: usize, older: usize) {
         let stages = self.s.stages;
         self.s.cursors[slot * stages..(slot + 1) * stages].fill(Cursor::default());
-        let mut t = Task { i, phase: Phase::Ready, key: 0, flow: FlowRef::NONE, stage: self.seg.0, budget: MAX_YIELDS };
+        let mut t = Task { i, phase: Phase::Ready, key: 0, flow: FlowRef::NONE, stage: 0, budget: MAX_YIELDS };
         let pf = self.cx.cfg.prefetch;
         if self.looked_up {
             t.flow = self.cx.scratch.flows[i];
@@ -205,12 +236,18 @@ impl Window<'_> {
             // The flow already has a packet in flight: this one takes no steps
             // (its predecessor's finish changes what they would read).
             let k = self.s.k;
-            let busy = (0..older).any(|j| self.s.tasks[(head + j) % k].key == t.key);
+            let keys = &self.s.keys;
+            let busy = if head + older <= k {
+                keys[head..head + older].contains(&t.key)
+            } else {
+                keys[head..].contains(&t.key) || keys[..head + older - k].contains(&t.key)
+            };
             if busy {
                 t.phase = Phase::Ready;
                 t.flow = FlowRef::NONE;
             }
         }
+        self.s.keys[slot] = t.key;
         self.s.tasks[slot] = t;
     }
 
@@ -247,7 +284,7 @@ impl Window<'_> {
                     }
                 }
                 Phase::Steps => {
-                    if t.stage >= self.seg.1 {
+                    if t.stage >= self.s.steppers.len() {
                         t.phase = Phase::Ready;
                         continue;
                     }
@@ -301,15 +338,13 @@ impl Window<'_> {
     /// One step of stage `t.stage` for task `t`: the line it names next, or
     /// None when the stage has nothing more to fetch.
     fn step(&mut self, t: &Task, slot: usize) -> Option<*const u8> {
-        let Stage::Stateful { nf, offset, group: None, .. } = &self.cx.chain.stages[t.stage] else { return None };
-        if !nf.steps() {
-            return None;
-        }
+        let si = self.s.steppers[t.stage];
+        let Stage::Stateful { nf, offset, group: None, .. } = &self.cx.chain.stages[si] else { return None };
         let sz = nf.state_size();
         let state = self.cx.stores[0].block(t.flow).get(*offset..*offset + sz)?;
         let meta = &self.cx.scratch.metas[t.i];
         let pkt = Pkt::new(self.batch.data_mut(t.i), meta);
-        match nf.step_bytes(&pkt, state, &mut self.s.cursors[slot * self.s.stages + t.stage]) {
+        match nf.step_bytes(&pkt, state, &mut self.s.cursors[slot * self.s.stages + si]) {
             Step::Prefetch(p) => Some(p),
             Step::Ready => None,
         }
@@ -322,7 +357,15 @@ impl Window<'_> {
         let (cx, batch, ctx) = (&mut *self.cx, &mut *self.batch, self.ctx);
         let i = t.i;
         if !self.looked_up {
-            cx.scratch.flows[i] = cx.lookup_one(batch, i, ctx);
+            cx.scratch.flows[i] = if t.flow.is_some() && cx.cfg.full_policy == FullPolicy::Reject {
+                // The steps found the entry, and only this flow's own packets
+                // (none in flight before this one) could have removed it since:
+                // the lookup's hit is a touch. (Eviction could have: look up.)
+                cx.stores[0].touch(t.flow, ctx.now_ns);
+                t.flow
+            } else {
+                cx.lookup_one(batch, i, ctx)
+            };
         }
         let flow = cx.scratch.flows[i];
         // The cursors describe the entry the steps read; another entry (the
@@ -364,5 +407,6 @@ impl Window<'_> {
         self.s.tasks[slot].phase = Phase::Ready;
         self.s.tasks[slot].flow = FlowRef::NONE;
         self.s.tasks[slot].key = u64::MAX;
+        self.s.keys[slot] = u64::MAX;
     }
 }
