@@ -324,4 +324,12 @@ fn resumable_actions_agree_across_batching_with_back_to_back_packets() {
         "fsc",
     );
     all_agree("fw(allow_new=any) -> synthetic(k=3, mem=64k) -> fsc", &frames, "fsc");
+    // LPM steps (tbl24, tbl8) on the destination NAT leaves or rewrites.
+    let routes = std::env::temp_dir().join(format!("fp-batching-routes-{}.txt", std::process::id()));
+    std::fs::write(&routes, "198.51.100.0/24 1\n198.51.100.7/32 2\n10.0.0.0/8 3\n0.0.0.0/0 4\n").unwrap();
+    let chain = format!("nat(ports=1024-1100) -> route(routes={}) -> fsc", routes.display());
+    let o = all_agree(&chain, &frames, "route");
+    let taken: std::collections::BTreeSet<u16> = o.packets.iter().map(|(v, _)| *v).collect();
+    assert!(taken.contains(&2) && taken.contains(&3), "routes taken: {taken:?} {:?}", o.details);
+    let _ = std::fs::remove_file(&routes);
 }
