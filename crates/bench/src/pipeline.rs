@@ -109,11 +109,11 @@ pub struct PipelineRow {
 
 /// What one run measured.
 #[derive(Clone, Copy, Debug)]
-struct Measured {
-    mpps: f64,
-    cycles_per_packet: f64,
-    huge_pages: Option<f64>,
-    cpu_share: f64,
+pub(crate) struct Measured {
+    pub(crate) mpps: f64,
+    pub(crate) cycles_per_packet: f64,
+    pub(crate) huge_pages: Option<f64>,
+    pub(crate) cpu_share: f64,
 }
 
 /// CPU time of the whole process, in ns (0 if unavailable).
@@ -135,7 +135,7 @@ pub struct PipelineReport {
     pub rows: Vec<PipelineRow>,
 }
 
-fn trace_for(flows: u64) -> Result<Arc<ReplayTrace>, String> {
+pub(crate) fn trace_for(flows: u64) -> Result<Arc<ReplayTrace>, String> {
     // At least 4 packets per flow and 2M packets, so each loop is long.
     let packets = (flows * 4).max(2_000_000);
     let cfg = GenConfig {
@@ -154,13 +154,13 @@ fn trace_for(flows: u64) -> Result<Arc<ReplayTrace>, String> {
     Ok(t)
 }
 
-struct Measure<'a> {
-    opts: &'a PipelineOptions,
+pub(crate) struct Measure<'a> {
+    pub(crate) opts: &'a PipelineOptions,
 }
 
 impl Measure<'_> {
     #[allow(clippy::too_many_arguments)]
-    fn one_with(
+    pub(crate) fn one_with(
         &self,
         trace: &Arc<ReplayTrace>,
         chain: &str,
