@@ -29,8 +29,14 @@ use crate::pipeline::{trace_for, Measure, PipelineOptions};
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct InterleaveOptions {
-    /// Flows in every case's trace.
+    /// Flows in the nat, route and chain traces.
     pub flows: u64,
+    /// Flows in the synthetic NF's trace (fewer: its chase, not the flow
+    /// table, is the point, and a slow row must still see every flow
+    /// during its warm-up).
+    pub synthetic_flows: u64,
+    /// Seconds of warm-up before each measurement (every flow must exist by then).
+    pub warmup: f64,
     /// Seconds per measurement.
     pub seconds: f64,
     /// Packets per batch.
@@ -49,6 +55,8 @@ impl Default for InterleaveOptions {
     fn default() -> Self {
         InterleaveOptions {
             flows: 1_000_000,
+            synthetic_flows: 100_000,
+            warmup: 2.0,
             seconds: 1.0,
             batch: 64,
             ks: vec![1, 2, 4, 8, 16, 32, 64],
@@ -64,6 +72,8 @@ impl InterleaveOptions {
     pub fn quick() -> Self {
         InterleaveOptions {
             flows: 16_000,
+            synthetic_flows: 16_000,
+            warmup: 0.1,
             seconds: 0.1,
             ks: vec![1, 16],
             synthetic_k: vec![1, 4],
@@ -247,21 +257,27 @@ fn route_trace(flows: u64, routes: &[(u32, u8, u16)]) -> Result<Arc<ReplayTrace>
 
 /// Runs the cases.
 pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, String> {
-    let popts = PipelineOptions { seconds: opts.seconds, batch: opts.batch, ..PipelineOptions::default() };
+    let popts = PipelineOptions {
+        seconds: opts.seconds,
+        batch: opts.batch,
+        warmup: Some(opts.warmup),
+        ..PipelineOptions::default()
+    };
     let m = Measure { opts: &popts };
     let mut execs: Vec<ExecKind> = vec![ExecKind::parse("rtc").map_err(|e| e.to_string())?, ExecKind::BATCH];
     for &k in &opts.ks {
         execs.push(ExecKind::parse(&format!("interleaved:{k}")).map_err(|e| e.to_string())?);
     }
-    let mut cases: Vec<(String, String, bool)> = Vec::new();
+    // (case, chain, route trace, flows)
+    let mut cases: Vec<(String, String, bool, u64)> = Vec::new();
     if opts.wants("synthetic") {
         for &k in &opts.synthetic_k {
-            cases.push((format!("synthetic k={k}"), format!("synthetic(k={k})"), false));
+            cases.push((format!("synthetic k={k}"), format!("synthetic(k={k})"), false, opts.synthetic_flows));
         }
     }
     if opts.wants("nat") {
         // 16 addresses x 64512 ports: a port for each of 1M flows.
-        cases.push(("nat".into(), "nat(addrs=16, ports=1024-65535, timeout=3600)".into(), false));
+        cases.push(("nat".into(), "nat(addrs=16, ports=1024-65535, timeout=3600)".into(), false, opts.flows));
     }
     let mut route_table = None;
     let mut routes_path = None;
@@ -275,27 +291,41 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
             routes.len(),
             100.0 * tbl8 as f64 / routes.len().max(1) as f64
         ));
-        cases.push(("route".into(), format!("route(routes={})", path.display()), true));
+        cases.push(("route".into(), format!("route(routes={})", path.display()), true, opts.flows));
         routes_path = Some(path);
     }
     if opts.wants("chain") {
-        cases.push(("lb -> fsc -> ratelimit".into(), "lb -> fsc -> ratelimit(pps=1000000000)".into(), false));
+        cases.push((
+            "lb -> fsc -> ratelimit".into(),
+            "lb -> fsc -> ratelimit(pps=1000000000)".into(),
+            false,
+            opts.flows,
+        ));
     }
-    let plain = trace_for(opts.flows)?;
+    let mut traces: Vec<(u64, Arc<ReplayTrace>)> = Vec::new();
     let routed = if routes_path.is_some() { Some(route_trace(opts.flows, &routes)?) } else { None };
     let mut rows = Vec::new();
-    for (case, chain, needs_routes) in &cases {
-        let trace = if *needs_routes { routed.as_ref().unwrap_or(&plain) } else { &plain };
+    for (case, chain, needs_routes, flows) in &cases {
+        let flows = *flows;
+        let trace = match (needs_routes, &routed, traces.iter().find(|t| t.0 == flows)) {
+            (true, Some(t), _) => t.clone(),
+            (_, _, Some(t)) => t.1.clone(),
+            _ => {
+                let t = trace_for(flows)?;
+                traces.push((flows, t.clone()));
+                t
+            }
+        };
         let start = rows.len();
         for &kind in &execs {
-            let r = m.one_with(trace, chain, kind, true, true, true, opts.flows)?;
+            let r = m.one_with(&trace, chain, kind, true, true, true, flows)?;
             let k = kind.name().eq("interleaved").then(|| kind.param());
             rows.push(InterleaveRow {
                 case: case.clone(),
                 chain: chain.clone(),
                 exec: kind.to_string(),
                 k,
-                flows: opts.flows,
+                flows,
                 mpps: r.mpps,
                 cycles_per_packet: r.cycles_per_packet,
                 vs_rtc: 1.0,
@@ -314,7 +344,7 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
     }
     let best = cases
         .iter()
-        .filter_map(|(case, _, _)| {
+        .filter_map(|(case, _, _, _)| {
             let il = rows.iter().filter(|r| &r.case == case && r.k.is_some());
             let b = il.clone().max_by(|a, b| a.mpps.total_cmp(&b.mpps))?;
             Some(InterleaveBest {

@@ -42,6 +42,9 @@ pub struct PipelineOptions {
     pub only: Vec<String>,
     /// Run the rows in the opposite order (a check: the figures must not depend on it).
     pub reverse: bool,
+    /// Seconds of warm-up before each measurement (default: half the
+    /// measurement, at most 1 s).
+    pub warmup: Option<f64>,
 }
 
 impl Default for PipelineOptions {
@@ -54,6 +57,7 @@ impl Default for PipelineOptions {
             synthetic_k: vec![1, 2, 4, 8],
             only: Vec::new(),
             reverse: false,
+            warmup: None,
         }
     }
 }
@@ -69,6 +73,7 @@ impl PipelineOptions {
             synthetic_k: vec![1, 2],
             only: Vec::new(),
             reverse: false,
+            warmup: None,
         }
     }
 
@@ -171,7 +176,7 @@ impl Measure<'_> {
         flows: u64,
     ) -> Result<Measured, String> {
         let spec = spec::parse(chain).map_err(|e| e.to_string())?;
-        let warmup = Duration::from_secs_f64((self.opts.seconds / 2.0).min(1.0));
+        let warmup = Duration::from_secs_f64(self.opts.warmup.unwrap_or((self.opts.seconds / 2.0).min(1.0)));
         let cfg = RunConfig {
             cores: 1,
             batch_size: self.opts.batch,

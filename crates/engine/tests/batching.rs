@@ -323,7 +323,7 @@ fn resumable_actions_agree_across_batching_with_back_to_back_packets() {
         &frames,
         "fsc",
     );
-    all_agree("fw(allow_new=any) -> synthetic(k=3, mem=64k) -> fsc", &frames, "fsc");
+    all_agree("fw(allow_new=any) -> synthetic(k=3, mem=64k) -> fsc", &frames, "synthetic");
     // LPM steps (tbl24, tbl8) on the destination NAT leaves or rewrites.
     let routes = std::env::temp_dir().join(format!("fp-batching-routes-{}.txt", std::process::id()));
     std::fs::write(&routes, "198.51.100.0/24 1\n198.51.100.7/32 2\n10.0.0.0/8 3\n0.0.0.0/0 4\n").unwrap();

@@ -63,10 +63,15 @@ fn run(chain: &str, kind: ExecKind, aux: bool) -> Outcome {
 
 #[test]
 fn executors_agree_on_a_five_tuple_chain() {
-    let chain = "lb(backends=4) -> fsc -> ratelimit(pps=1, burst=3)";
+    five_tuple_chain("lb(backends=4) -> fsc -> ratelimit(pps=1, burst=3)");
+    // Resumable NFs in the chain: the interleaved executor's task window.
+    five_tuple_chain("lb(backends=4) -> fsc -> synthetic(k=3, mem=64k) -> ratelimit(pps=1, burst=3) -> acl");
+}
+
+fn five_tuple_chain(chain: &str) {
     let reference = run(chain, ExecKind::BATCH, true);
     // The rate limiter drops packets 4 and 5 of each flow.
-    let rl = &reference.0[2].1;
+    let rl = &reference.0.iter().find(|(n, _)| n == "ratelimit").unwrap().1;
     assert_eq!(rl.packets_in, 1510, "malformed frames pass through (on_unparsed) and are counted");
     assert_eq!(rl.dropped, 600);
     assert!(reference.1.iter().flatten().any(|&v| v == DROP));
@@ -122,16 +127,22 @@ fn full_table_is_counted_not_fatal() {
 fn executors_agree_on_a_mixed_granularity_chain() {
     // Source-IP counter and destination policer keep shared (coarse) state;
     // the load balancer is per 5-tuple. With and without the auxiliary table.
-    let chain = "srcctr -> policer(rate=100, burst=3, pps=true) -> lb";
-    let reference = run(chain, ExecKind::BATCH, true);
-    let pol = &reference.0[1].1;
-    assert_eq!(pol.packets_in, 1510);
-    assert!(pol.dropped > 0, "the policer limits the two servers");
-    for kind in kinds() {
-        for aux in [true, false] {
-            let o = run(chain, kind, aux);
-            assert_eq!(o.0, reference.0, "{kind} aux={aux} counters");
-            assert_eq!(o.1, reference.1, "{kind} aux={aux} verdicts");
+    // With a resumable NF (acl) last, the interleaved executor runs its task
+    // window over coarse state too (without one it runs the batched pass).
+    for chain in [
+        "srcctr -> policer(rate=100, burst=3, pps=true) -> lb",
+        "srcctr -> policer(rate=100, burst=3, pps=true) -> lb -> acl",
+    ] {
+        let reference = run(chain, ExecKind::BATCH, true);
+        let pol = &reference.0[1].1;
+        assert_eq!(pol.packets_in, 1510);
+        assert!(pol.dropped > 0, "the policer limits the two servers");
+        for kind in kinds() {
+            for aux in [true, false] {
+                let o = run(chain, kind, aux);
+                assert_eq!(o.0, reference.0, "{chain}: {kind} aux={aux} counters");
+                assert_eq!(o.1, reference.1, "{chain}: {kind} aux={aux} verdicts");
+            }
         }
     }
 }

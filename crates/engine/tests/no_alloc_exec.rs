@@ -61,7 +61,11 @@ fn the_counter_sees_allocations() {
 fn executors_allocate_nothing_in_steady_state() {
     let frames: Vec<Vec<u8>> =
         (0..512u32).map(|f| udp4([10, 0, (f >> 8) as u8, f as u8], [192, 168, 1, (f % 7) as u8], 1000, 80)).collect();
-    for chain in ["lb -> fsc -> ratelimit(pps=1000000000) -> acl", "srcctr -> policer(rate=1000000000000) -> lb"] {
+    for chain in [
+        "lb -> fsc -> ratelimit(pps=1000000000) -> acl",
+        "srcctr -> policer(rate=1000000000000) -> lb",
+        "srcctr -> policer(rate=1000000000000) -> synthetic(k=4, mem=64k) -> nat(addrs=4) -> fw(allow_new=any) -> acl",
+    ] {
         for kind in kinds() {
             for aux in [true, false] {
                 let c = Chain::build(&parse(chain).unwrap()).unwrap();

@@ -26,7 +26,8 @@ fn spoofed_flood_still_meets_every_coarse_nf() {
         let src = if k % 11 == 0 { [192, 0, 2, 66] } else { [10, (k >> 16) as u8, (k >> 8) as u8, k as u8] };
         frames.push(tcp4(src, [198, 51, 100, 1], 1024 + (k % 50_000) as u16, 80, 0x02, k, 0));
     }
-    let chain = "ddos(threshold=100) -> srcctr -> psd(ports=1000) -> fsc";
+    // (acl last: the interleaved executor's task window, not its batched fallback)
+    let chain = "ddos(threshold=100) -> srcctr -> psd(ports=1000) -> fsc -> acl";
     let mut reference = None;
     for kind in kinds() {
         for aux in [true, false] {

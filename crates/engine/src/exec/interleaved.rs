@@ -38,6 +38,10 @@ use crate::coarse::aux_handle;
 use crate::stage::{apply_action, packet_ctx};
 use crate::store::FlowRef;
 
+/// Look the batch up in bulk before the tasks start (false: each task
+/// walks the flow table itself, bucket then entry, as GuNFu's cuckoo steps).
+const BULK_LOOKUP: bool = true;
+
 /// Most yields of one task (a bound on a misbehaving NF's steps).
 const MAX_YIELDS: u16 = 512;
 
@@ -51,8 +55,22 @@ pub(super) const INFO: ExecutorInfo = ExecutorInfo {
             round-robin with prefetch, in-order finish",
     layout: StateLayout::Aggregated,
     param: Some(ExecParam { what: "tasks in flight", default: 16, min: 1, max: MAX_TASKS }),
-    new: |cx| Box::new(Interleaved::new(cx.cfg.kind.param(), cx.chain.stages.len())),
+    new: |cx| {
+        let steps = cx.chain.stages.iter().any(|s| matches!(s, Stage::Stateful { nf, group: None, .. } if nf.steps()));
+        // No NF names a line to fetch: all there is to overlap are the flow
+        // table's misses, which the batched pass's bulk lookup already
+        // overlaps at less cost per packet than a task switch.
+        if !steps && FALL_BACK {
+            return (super::batch::INFO.new)(cx);
+        }
+        Box::new(Interleaved::new(cx.cfg.kind.param(), cx.chain.stages.len()))
+    },
 };
+
+/// Chains without resumable actions run the batched pass (false: the task
+/// window runs them too; the tests cover both through chains with and
+/// without resumable NFs).
+const FALL_BACK: bool = true;
 
 /// Where a task stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,7 +167,15 @@ impl Executor for Interleaved {
                     }
                 }
             }
-            let mut w = Window { s: self, cx, batch, ctx, seg: (seg_start, seg_end), looked_up };
+            // The first segment looks the whole batch up at once (the table's
+            // bulk path overlaps the bucket and entry misses of the batch), in
+            // packet order, inserting new flows; tasks then run NF steps only.
+            let bulk = BULK_LOOKUP && !looked_up;
+            if bulk {
+                cx.lookup_bulk(batch, 0..n, ctx, cx.cfg.prefetch);
+                looked_up = true;
+            }
+            let mut w = Window { s: self, cx, batch, ctx, seg: (seg_start, seg_end), looked_up, retry: bulk, ended: false };
             w.run(n);
             looked_up = true;
             seg_start = seg_end;
@@ -164,8 +190,16 @@ struct Window<'a> {
     batch: &'a mut Batch,
     ctx: &'a NfContext,
     seg: (usize, usize),
-    /// The flows were looked up by an earlier segment (`scratch.flows`).
+    /// The flows were looked up (`scratch.flows`) by an earlier segment or
+    /// this one's bulk lookup.
     looked_up: bool,
+    /// This segment's flows come from its bulk lookup: a packet left without
+    /// an entry after an earlier packet ended a flow is looked up again when
+    /// it finishes (its flow may be the ended one, or room was freed), as
+    /// under per-packet run-to-completion.
+    retry: bool,
+    /// A flow ended in this segment.
+    ended: bool,
 }
 
 impl Window<'_> {
@@ -356,6 +390,9 @@ impl Window<'_> {
         let t = self.s.tasks[slot];
         let (cx, batch, ctx) = (&mut *self.cx, &mut *self.batch, self.ctx);
         let i = t.i;
+        if self.retry && self.ended && !cx.scratch.flows[i].is_some() {
+            cx.scratch.flows[i] = cx.lookup_one(batch, i, ctx);
+        }
         if !self.looked_up {
             cx.scratch.flows[i] = if t.flow.is_some() && cx.cfg.full_policy == FullPolicy::Reject {
                 // The steps found the entry, and only this flow's own packets
@@ -403,6 +440,7 @@ impl Window<'_> {
         cx.unpin_coarse_packet(i, ctx.now_ns);
         if end && flow.is_some() {
             cx.end_flow(0, flow, ctx.now_ns, i + 1);
+            self.ended = true;
         }
         self.s.tasks[slot].phase = Phase::Ready;
         self.s.tasks[slot].flow = FlowRef::NONE;

@@ -5,8 +5,9 @@
 //! filled once in the constructor) holding a random cyclic permutation, so
 //! following `idx = array[idx]` visits every slot before repeating and the
 //! hardware prefetcher cannot guess the next address. A flow's state is a
-//! position in that cycle, random at flow creation; each packet walks `k`
-//! steps and stores where it ended (so the reads cannot be optimised away).
+//! position in that cycle, pseudo-random from the flow's key at creation;
+//! each packet walks `k` steps and stores where it ended (so the reads
+//! cannot be optimised away; the export shows it).
 //! The prefetch hook prefetches `array[state.idx]`, the first of the k
 //! accesses: exactly what FAJITA's customizable prefetch provides. The
 //! resumable action (interleaved executor) is the chase as k steps, each
@@ -17,7 +18,8 @@ use serde_json::json;
 
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
-use crate::report::merge_keeping;
+use crate::report::{merge_keeping, Export};
+use flowplane_wire::flow::FiveTuple;
 use crate::stateful::Granularity;
 use crate::stateful::{Action, Cursor, StatefulNf, Step};
 use crate::{NfContext, ParamError, ParamSpec, Params};
@@ -84,7 +86,8 @@ impl SplitMix {
 pub struct Synthetic {
     k: u32,
     array: Vec<u32>,
-    rng: SplitMix,
+    /// Seed of the flows' start positions.
+    seed: u64,
     /// Packets processed (k reads each).
     packets: u64,
 }
@@ -116,7 +119,7 @@ impl Synthetic {
             let j = rng.below(i as u64) as usize;
             array.swap(i, j);
         }
-        Ok(Synthetic { k: k.min(MAX_K as u32), array, rng, packets: 0 })
+        Ok(Synthetic { k: k.min(MAX_K as u32), array, seed, packets: 0 })
     }
 
     /// Entries in the array.
@@ -146,8 +149,14 @@ impl StatefulNf for Synthetic {
         NF.name
     }
 
-    fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> SyntheticState {
-        SyntheticState { idx: self.rng.below(self.array.len() as u64) as u32 }
+    fn init(&mut self, pkt: &Pkt<'_>, _ctx: &NfContext) -> SyntheticState {
+        // A pseudo-random start drawn from the flow's key: the same whatever
+        // core or order the flow meets (runs compare exactly).
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        pkt.tuple().hash(&mut h);
+        let mut rng = SplitMix(h.finish() ^ self.seed);
+        SyntheticState { idx: rng.below(self.array.len() as u64) as u32 }
     }
 
     #[inline]
@@ -206,6 +215,21 @@ impl StatefulNf for Synthetic {
     fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
         // Configuration echoes are the same on every core.
         merge_keeping(into, other, &["k", "mem_bytes_per_core", "entries_per_core"]);
+    }
+
+    /// Where each flow's walk stands (so runs can be compared exactly).
+    fn export_kind(&self) -> Export {
+        Export::State
+    }
+
+    fn export_row(&self, key: &FiveTuple, st: &SyntheticState) -> Option<serde_json::Value> {
+        Some(json!({
+            "src": key.src_ip().to_string(),
+            "sport": key.src_port(),
+            "dst": key.dst_ip().to_string(),
+            "dport": key.dst_port(),
+            "idx": st.idx,
+        }))
     }
 }
 
