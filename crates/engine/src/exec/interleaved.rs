@@ -63,7 +63,7 @@ pub(super) const INFO: ExecutorInfo = ExecutorInfo {
         if !steps && FALL_BACK {
             return (super::batch::INFO.new)(cx);
         }
-        Box::new(Interleaved::new(cx.cfg.kind.param(), cx.chain.stages.len()))
+        Box::new(Interleaved::new(cx.cfg.kind.param(), &cx.chain.stages))
     },
 };
 
@@ -117,11 +117,21 @@ struct Interleaved {
     cursors: Vec<Cursor>,
     /// The current segment's 5-tuple stages with resumable actions.
     steppers: Vec<usize>,
+    /// Per stage: where its state sits in the block (offset, size).
+    layout: Vec<(usize, usize)>,
 }
 
 impl Interleaved {
-    fn new(k: u16, stages: usize) -> Self {
+    fn new(k: u16, chain: &[Stage]) -> Self {
         let k = usize::from(k.clamp(1, MAX_TASKS));
+        let stages = chain.len();
+        let layout = chain
+            .iter()
+            .map(|s| match s {
+                Stage::Stateful { nf, offset, .. } => (*offset, nf.state_size()),
+                Stage::Stateless(_) => (0, 0),
+            })
+            .collect();
         Interleaved {
             k,
             stages,
@@ -129,6 +139,7 @@ impl Interleaved {
             keys: vec![u64::MAX; k],
             cursors: vec![Cursor::default(); k * stages.max(1)],
             steppers: Vec::with_capacity(stages),
+            layout,
         }
     }
 }
@@ -250,7 +261,8 @@ impl Window<'_> {
             t.key = u64::from(t.flow.bits());
             if t.flow.is_some() && !self.batch.is_dropped(i) {
                 t.phase = Phase::Steps;
-                if pf {
+                // (A bulk lookup just read the entry: its line is cached.)
+                if pf && !self.retry {
                     if let Some(b) = self.cx.stores[0].block(t.flow).first() {
                         prefetch::write(b);
                     }
@@ -283,6 +295,10 @@ impl Window<'_> {
         }
         self.s.keys[slot] = t.key;
         self.s.tasks[slot] = t;
+        if t.phase == Phase::Steps {
+            // The first step at once: its line is fetched while the other tasks run.
+            self.advance(slot);
+        }
     }
 
     /// Runs task `slot` until it names a line to fetch (prefetched, the task
@@ -373,9 +389,9 @@ impl Window<'_> {
     /// None when the stage has nothing more to fetch.
     fn step(&mut self, t: &Task, slot: usize) -> Option<*const u8> {
         let si = self.s.steppers[t.stage];
-        let Stage::Stateful { nf, offset, group: None, .. } = &self.cx.chain.stages[si] else { return None };
-        let sz = nf.state_size();
-        let state = self.cx.stores[0].block(t.flow).get(*offset..*offset + sz)?;
+        let Stage::Stateful { nf, group: None, .. } = &self.cx.chain.stages[si] else { return None };
+        let (off, sz) = self.s.layout[si];
+        let state = self.cx.stores[0].block(t.flow).get(off..off + sz)?;
         let meta = &self.cx.scratch.metas[t.i];
         let pkt = Pkt::new(self.batch.data_mut(t.i), meta);
         match nf.step_bytes(&pkt, state, &mut self.s.cursors[slot * self.s.stages + si]) {
@@ -416,7 +432,7 @@ impl Window<'_> {
                 cx.run_coarse(si, batch, i, ctx);
                 continue;
             }
-            let Stage::Stateful { nf, offset, counters, .. } = &mut cx.chain.stages[si] else { continue };
+            let Stage::Stateful { nf, counters, .. } = &mut cx.chain.stages[si] else { continue };
             if batch.is_dropped(i) {
                 continue;
             }
@@ -425,8 +441,8 @@ impl Window<'_> {
             let action = if !flow.is_some() {
                 nf.on_unparsed()
             } else {
-                let sz = nf.state_size();
-                match cx.stores[0].block_mut(flow).get_mut(*offset..*offset + sz) {
+                let (off, sz) = self.s.layout[si];
+                match cx.stores[0].block_mut(flow).get_mut(off..off + sz) {
                     Some(st) => {
                         let pctx = packet_ctx(batch, i, ctx);
                         let cur = if resume { &self.s.cursors[slot * self.s.stages + si] } else { &none };
