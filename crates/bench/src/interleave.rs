@@ -3,7 +3,9 @@
 //! each case under `rtc`, `batch` and `interleaved:K` for every K, in one
 //! run so ratios between rows are meaningful on a shared machine. Cases:
 //! the synthetic NF with k = 1, 2, 4, 8 dependent reads; `nat` at 1M flows;
-//! `route` over a full-size generated IPv4 table; `lb -> fsc -> ratelimit`.
+//! `route` over a full-size generated IPv4 table; `fw` on two-way TCP
+//! connections; `lb -> fsc -> ratelimit`; chains of 2 to 6 NFs from lb,
+//! nat, fw, acl and route.
 //!
 //! The route table: `prefixes` IPv4 prefixes (default 1M, about a full BGP
 //! table) drawn with the length distribution of public BGP tables (RouteViews
@@ -24,7 +26,7 @@ use flowplane_scale::{Dispatch, RssDispatcher};
 use flowplane_trace::gen::{FlowDist, GenConfig, Generator, Order, Proto, SizeSpec};
 use serde::Serialize;
 
-use crate::pipeline::{trace_for, Measure, PipelineOptions};
+use crate::pipeline::{trace_with, Measure, PipelineOptions};
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -47,7 +49,7 @@ pub struct InterleaveOptions {
     pub synthetic_k: Vec<u32>,
     /// Route-table size.
     pub prefixes: usize,
-    /// Cases to run (empty: all): synthetic, nat, route, chain.
+    /// Cases to run (empty: all): synthetic, nat, route, fw, chain, chains.
     pub only: Vec<String>,
 }
 
@@ -136,6 +138,20 @@ pub struct InterleaveReport {
     pub best: Vec<InterleaveBest>,
     /// How the route table was generated.
     pub route_table: Option<String>,
+}
+
+/// The NAT of the 1M-flow cases: 16 addresses x 64512 ports, a port for each flow.
+const NAT_1M: &str = "nat(addrs=16, ports=1024-65535, timeout=3600)";
+
+/// Which generated traffic a case runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Traffic {
+    /// UDP, 10.0.0.0/8 to 172.16.0.0/12.
+    Udp,
+    /// Two-way TCP connections (handshake, data, FIN).
+    TcpBidir,
+    /// UDP with each flow's destination inside a route of the generated table.
+    Routed,
 }
 
 /// SplitMix64.
@@ -268,51 +284,59 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
     for &k in &opts.ks {
         execs.push(ExecKind::parse(&format!("interleaved:{k}")).map_err(|e| e.to_string())?);
     }
-    // (case, chain, route trace, flows)
-    let mut cases: Vec<(String, String, bool, u64)> = Vec::new();
+    // (case, chain, traffic, flows)
+    let mut cases: Vec<(String, String, Traffic, u64)> = Vec::new();
     if opts.wants("synthetic") {
         for &k in &opts.synthetic_k {
-            cases.push((format!("synthetic k={k}"), format!("synthetic(k={k})"), false, opts.synthetic_flows));
+            cases.push((format!("synthetic k={k}"), format!("synthetic(k={k})"), Traffic::Udp, opts.synthetic_flows));
         }
     }
     if opts.wants("nat") {
-        // 16 addresses x 64512 ports: a port for each of 1M flows.
-        cases.push(("nat".into(), "nat(addrs=16, ports=1024-65535, timeout=3600)".into(), false, opts.flows));
+        cases.push(("nat".into(), NAT_1M.into(), Traffic::Udp, opts.flows));
     }
     let mut route_table = None;
     let mut routes_path = None;
     let mut routes = Vec::new();
-    if opts.wants("route") {
+    if opts.wants("route") || opts.wants("chains") {
         routes = gen_routes(opts.prefixes, 42);
-        let path = write_routes(&routes)?;
         let tbl8 = routes.iter().filter(|r| r.1 > 24).count();
         route_table = Some(format!(
             "{} IPv4 prefixes, BGP-like lengths (/24 60%, /22 12%, /23 10%, ..., >/24 {:.1}%), random unicast networks, 16 next hops",
             routes.len(),
             100.0 * tbl8 as f64 / routes.len().max(1) as f64
         ));
-        cases.push(("route".into(), format!("route(routes={})", path.display()), true, opts.flows));
-        routes_path = Some(path);
+        routes_path = Some(write_routes(&routes)?);
+    }
+    let route = format!("route(routes={})", routes_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default());
+    if opts.wants("route") {
+        cases.push(("route".into(), route.clone(), Traffic::Routed, opts.flows));
+    }
+    if opts.wants("fw") {
+        cases.push(("fw tcp-bidir".into(), "fw(allow_new=any)".into(), Traffic::TcpBidir, opts.flows));
     }
     if opts.wants("chain") {
-        cases.push((
-            "lb -> fsc -> ratelimit".into(),
-            "lb -> fsc -> ratelimit(pps=1000000000)".into(),
-            false,
-            opts.flows,
-        ));
+        let chain = "lb -> fsc -> ratelimit(pps=1000000000)";
+        cases.push(("lb -> fsc -> ratelimit".into(), chain.into(), Traffic::Udp, opts.flows));
     }
-    let mut traces: Vec<(u64, Arc<ReplayTrace>)> = Vec::new();
-    let routed = if routes_path.is_some() { Some(route_trace(opts.flows, &routes)?) } else { None };
+    if opts.wants("chains") {
+        let nfs = ["lb", NAT_1M, "fw(allow_new=any)", "acl", route.as_str(), "acl(rule=drop:udp:any:any:any:1)"];
+        for len in 2..=6 {
+            cases.push((format!("chain of {len}"), nfs[..len].join(" -> "), Traffic::Routed, opts.flows));
+        }
+    }
+    let mut traces: Vec<(u64, Traffic, Arc<ReplayTrace>)> = Vec::new();
     let mut rows = Vec::new();
-    for (case, chain, needs_routes, flows) in &cases {
-        let flows = *flows;
-        let trace = match (needs_routes, &routed, traces.iter().find(|t| t.0 == flows)) {
-            (true, Some(t), _) => t.clone(),
-            (_, _, Some(t)) => t.1.clone(),
-            _ => {
-                let t = trace_for(flows)?;
-                traces.push((flows, t.clone()));
+    for (case, chain, traffic, flows) in &cases {
+        let (flows, traffic) = (*flows, *traffic);
+        let trace = match traces.iter().find(|t| t.0 == flows && t.1 == traffic) {
+            Some(t) => t.2.clone(),
+            None => {
+                let t = match traffic {
+                    Traffic::Udp => trace_with(flows, Proto::Udp)?,
+                    Traffic::TcpBidir => trace_with(flows, Proto::TcpBidir)?,
+                    Traffic::Routed => route_trace(flows, &routes)?,
+                };
+                traces.push((flows, traffic, t.clone()));
                 t
             }
         };

@@ -141,6 +141,11 @@ pub struct PipelineReport {
 }
 
 pub(crate) fn trace_for(flows: u64) -> Result<Arc<ReplayTrace>, String> {
+    trace_with(flows, Proto::Udp)
+}
+
+/// [`trace_for`] with another transport.
+pub(crate) fn trace_with(flows: u64, proto: Proto) -> Result<Arc<ReplayTrace>, String> {
     // At least 4 packets per flow and 2M packets, so each loop is long.
     let packets = (flows * 4).max(2_000_000);
     let cfg = GenConfig {
@@ -149,7 +154,7 @@ pub(crate) fn trace_for(flows: u64) -> Result<Arc<ReplayTrace>, String> {
         size: SizeSpec::Fixed(64),
         dist: FlowDist::Uniform,
         order: Order::Random,
-        proto: Proto::Udp,
+        proto,
         seed: 7,
         ..GenConfig::default()
     };

@@ -96,8 +96,8 @@ pub enum BenchCmd {
         /// IPv4 prefixes in the generated route table.
         #[arg(long)]
         prefixes: Option<usize>,
-        /// Cases to run (default all): synthetic,nat,route,chain.
-        #[arg(long, value_delimiter = ',', value_parser = ["synthetic", "nat", "route", "chain"])]
+        /// Cases to run (default all): synthetic,nat,route,fw,chain (lb -> fsc -> ratelimit),chains (2..6 NFs).
+        #[arg(long, value_delimiter = ',', value_parser = ["synthetic", "nat", "route", "fw", "chain", "chains"])]
         only: Vec<String>,
         /// Small and short (CI smoke run).
         #[arg(long)]
