@@ -383,6 +383,95 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
     Ok(InterleaveReport { rows, best, route_table })
 }
 
+/// A TrueType font for the plot's text (plotters draws text with ab_glyph
+/// from a registered font; the usual DejaVu locations are tried).
+fn register_font() -> Result<(), String> {
+    const FONTS: &[&str] = &[
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/TTF/DejaVuSans.ttf",
+        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    ];
+    let bytes = FONTS.iter().find_map(|p| std::fs::read(p).ok()).ok_or("no TrueType font found for the plot's text")?;
+    // Registered once per process; the font lives as long as it.
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, bytes)
+        .map_err(|_| "the plot's font is not a valid TrueType font".to_string())
+}
+
+impl InterleaveReport {
+    /// Writes a PNG: throughput (Mpps) against K for each case, with each
+    /// case's `batch` and `rtc` figures as dashed and dotted levels.
+    pub fn plot_png(&self, path: &std::path::Path) -> Result<(), String> {
+        use plotters::prelude::*;
+        register_font()?;
+        let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+        let cases: Vec<&str> = self.rows.iter().fold(Vec::new(), |mut v, r| {
+            if !v.contains(&r.case.as_str()) {
+                v.push(r.case.as_str());
+            }
+            v
+        });
+        let ks: Vec<u16> = self.rows.iter().filter_map(|r| r.k).fold(Vec::new(), |mut v, k| {
+            if !v.contains(&k) {
+                v.push(k);
+            }
+            v
+        });
+        let (kmin, kmax) = (ks.iter().copied().min().unwrap_or(1), ks.iter().copied().max().unwrap_or(64));
+        let ymax = self.rows.iter().map(|r| r.mpps).fold(1.0f64, f64::max) * 1.1;
+        let root = BitMapBackend::new(path, (1280, 800)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(&e))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("interleaved:K vs rtc (dotted) and batch (dashed), one core, 64-B packets", ("sans-serif", 24))
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(60)
+            .build_cartesian_2d((f64::from(kmin)..f64::from(kmax)).log_scale(), 0.0..ymax)
+            .map_err(|e| err(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc("K (tasks in flight)")
+            .y_desc("Mpps")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .draw()
+            .map_err(|e| err(&e))?;
+        let (x0, x1) = (f64::from(kmin), f64::from(kmax));
+        for (n, case) in cases.iter().enumerate() {
+            let color = Palette99::pick(n).to_rgba();
+            let rows: Vec<&InterleaveRow> = self.rows.iter().filter(|r| r.case == *case).collect();
+            let pts: Vec<(f64, f64)> = rows.iter().filter_map(|r| r.k.map(|k| (f64::from(k), r.mpps))).collect();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+                .map_err(|e| err(&e))?
+                .label(*case)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(|e| err(&e))?;
+            for (exec, dash) in [("batch", 12u32), ("rtc", 3u32)] {
+                if let Some(r) = rows.iter().find(|r| r.exec == exec) {
+                    chart
+                        .draw_series(DashedLineSeries::new(
+                            vec![(x0, r.mpps), (x1, r.mpps)],
+                            dash,
+                            6,
+                            color.stroke_width(1),
+                        ))
+                        .map_err(|e| err(&e))?;
+                }
+            }
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()
+            .map_err(|e| err(&e))?;
+        root.present().map_err(|e| err(&e))?;
+        Ok(())
+    }
+}
+
 impl fmt::Display for InterleaveReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "interleave: 1 core, in-memory replay, 64-B packets, uniformly random flow order")?;
@@ -434,7 +523,7 @@ mod tests {
         let share = |l: u8| r.iter().filter(|x| x.1 == l).count() as f64 / r.len() as f64;
         assert!((share(24) - 0.597).abs() < 0.01, "{}", share(24));
         assert!((share(22) - 0.12).abs() < 0.01);
-        assert!(r.iter().all(|&(a, l, p)| a >= 0x0100_0000 && a < 0xe000_0000 && (8..=32).contains(&l) && p < 16));
+        assert!(r.iter().all(|&(a, l, p)| (0x0100_0000..0xe000_0000).contains(&a) && (8..=32).contains(&l) && p < 16));
         assert!(r.iter().all(|&(a, l, _)| l == 32 || a & (u32::MAX >> l) == 0), "host bits cleared");
     }
 }

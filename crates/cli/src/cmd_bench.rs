@@ -99,6 +99,9 @@ pub enum BenchCmd {
         /// Cases to run (default all): synthetic,nat,route,fw,chain (lb -> fsc -> ratelimit),chains (2..6 NFs).
         #[arg(long, value_delimiter = ',', value_parser = ["synthetic", "nat", "route", "fw", "chain", "chains"])]
         only: Vec<String>,
+        /// Also draw Mpps against K per case into this PNG file.
+        #[arg(long)]
+        png: Option<std::path::PathBuf>,
         /// Small and short (CI smoke run).
         #[arg(long)]
         quick: bool,
@@ -192,7 +195,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 out!("{rep}");
             }
         }
-        BenchCmd::Interleave { flows, seconds, ks, prefixes, only, quick, json } => {
+        BenchCmd::Interleave { flows, seconds, ks, prefixes, only, png, quick, json } => {
             let mut o = if quick { InterleaveOptions::quick() } else { InterleaveOptions::default() };
             if let Some(f) = flows {
                 o.flows = f;
@@ -220,6 +223,9 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 return Err(CliError::new("--prefixes: at most 4000000"));
             }
             let rep = run_interleave(&o).map_err(CliError::new)?;
+            if let Some(p) = png {
+                rep.plot_png(&p).map_err(CliError::new)?;
+            }
             if json {
                 outln!("{}", serde_json::to_string_pretty(&rep)?);
             } else {
