@@ -477,3 +477,27 @@ impl Window<'_> {
         self.s.keys[slot] = u64::MAX;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::ExecKind;
+
+    #[test]
+    fn k_is_parsed_bounded_and_shown() {
+        let d = ExecKind::parse("interleaved").unwrap();
+        assert_eq!((d.name(), d.param(), d.to_string()), ("interleaved", 16, "interleaved:16".to_string()));
+        assert_eq!(ExecKind::parse("interleaved:1").unwrap().param(), 1);
+        assert_eq!(ExecKind::parse("interleaved:64").unwrap().param(), 64);
+        assert!(ExecKind::parse("interleaved:16").unwrap() == d);
+        assert!(ExecKind::parse("interleaved:4").unwrap() != d);
+        for bad in ["interleaved:0", "interleaved:65", "interleaved:x", "interleaved:"] {
+            let e = ExecKind::parse(bad).err().unwrap().to_string();
+            assert!(e.contains("tasks in flight must be an integer in 1..=64") && !e.contains('\n'), "{bad}: {e}");
+        }
+        assert!(ExecKind::parse("batch:4").err().unwrap().to_string().contains("takes no parameter"));
+        let e = ExecKind::parse("nope").err().unwrap().to_string();
+        assert!(e.contains("interleaved[:N]"), "{e}");
+        assert_eq!(ExecKind::parse("rtc").unwrap().to_string(), "rtc");
+        assert!(ExecKind::all().any(|k| k == d), "the registry lists it with its default K");
+    }
+}
