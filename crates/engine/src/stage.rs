@@ -135,6 +135,23 @@ pub trait StatefulStage: Send {
         ahead: usize,
         out: &mut BatchOutcome,
     );
+    /// [`StatefulStage::process_batch`] with each packet's action resumed
+    /// from its cursor, `cursors[i]` for packet i (`StatefulNf::finish`):
+    /// the interleaved executor's finishing pass.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_batch(
+        &mut self,
+        batch: &mut Batch,
+        range: Range<usize>,
+        metas: &[PktMeta],
+        flows: &[FlowRef],
+        store: &mut FlowStore,
+        offset: usize,
+        ctx: &NfContext,
+        ahead: usize,
+        cursors: &[Cursor],
+        out: &mut BatchOutcome,
+    );
 }
 
 /// A [`StatefulNf`] of concrete type `T`, boxed as a [`StatefulStage`].
@@ -243,6 +260,45 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
         ahead: usize,
         out: &mut BatchOutcome,
     ) {
+        self.run_batch::<false>(batch, range, metas, flows, store, offset, ctx, ahead, &[], out)
+    }
+
+    #[inline]
+    fn finish_batch(
+        &mut self,
+        batch: &mut Batch,
+        range: Range<usize>,
+        metas: &[PktMeta],
+        flows: &[FlowRef],
+        store: &mut FlowStore,
+        offset: usize,
+        ctx: &NfContext,
+        ahead: usize,
+        cursors: &[Cursor],
+        out: &mut BatchOutcome,
+    ) {
+        self.run_batch::<true>(batch, range, metas, flows, store, offset, ctx, ahead, cursors, out)
+    }
+}
+
+impl<T: StatefulNf> Typed<T> {
+    /// The batch loop: each packet's action (`process`, or `finish` from
+    /// `cursors[i]` when `RESUME`), the prefetch hook `ahead` packets early.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn run_batch<const RESUME: bool>(
+        &mut self,
+        batch: &mut Batch,
+        range: Range<usize>,
+        metas: &[PktMeta],
+        flows: &[FlowRef],
+        store: &mut FlowStore,
+        offset: usize,
+        ctx: &NfContext,
+        ahead: usize,
+        cursors: &[Cursor],
+        out: &mut BatchOutcome,
+    ) {
         let n = range.end.min(batch.len()).min(metas.len()).min(flows.len());
         let size = std::mem::size_of::<T::State>();
         let mut c = NfCounters::default();
@@ -271,7 +327,10 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
                     // The NF sees the packet's own time.
                     let pctx = packet_ctx(batch, i, ctx);
                     let mut pkt = Pkt::new(batch.data_mut(i), meta);
-                    self.0.process(&mut pkt, state, &pctx)
+                    match cursors.get(i) {
+                        Some(cur) if RESUME && T::STEPS => self.0.finish(&mut pkt, state, cur, &pctx),
+                        _ => self.0.process(&mut pkt, state, &pctx),
+                    }
                 }
             };
             if apply_action(batch, i, action, &mut c) {

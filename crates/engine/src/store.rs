@@ -137,36 +137,6 @@ impl FlowStore {
         }
     }
 
-    /// Interleaved lookup, first step: prefetches `key`'s primary bucket (see
-    /// `FlowTable::prefetch_bucket`).
-    #[inline(always)]
-    pub fn prefetch_bucket(&self, key: &FiveTuple, hash: u64) {
-        match key {
-            FiveTuple::V4(_) => self.v4.prefetch_bucket(hash),
-            FiveTuple::V6(_) => self.v6.prefetch_bucket(hash),
-        }
-    }
-
-    /// Interleaved lookup, second step: prefetches the candidate entry (and
-    /// the alternate bucket if needed); false when `key` cannot be present.
-    #[inline(always)]
-    pub fn prefetch_candidates(&self, key: &FiveTuple, hash: u64) -> bool {
-        match key {
-            FiveTuple::V4(_) => self.v4.prefetch_candidates(hash),
-            FiveTuple::V6(_) => self.v6.prefetch_candidates(hash),
-        }
-    }
-
-    /// Marks `r`'s flow as seen at `now_ns` (what a lookup hit does).
-    #[inline(always)]
-    pub fn touch(&mut self, r: FlowRef, now_ns: u64) {
-        if r.0 & V6_BIT == 0 {
-            self.v4.touch(r.0, now_ns)
-        } else if r != FlowRef::NONE {
-            self.v6.touch(r.0 & !V6_BIT, now_ns)
-        }
-    }
-
     /// Removes the entry of `r`.
     pub fn remove(&mut self, r: FlowRef) -> bool {
         if r == FlowRef::NONE {

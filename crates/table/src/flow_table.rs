@@ -686,34 +686,6 @@ impl<K: FlowKey> FlowTable<K> {
         }
     }
 
-    /// Interleaved (task-switching) lookup, first step: prefetches the key's primary bucket. The caller switches to
-    /// other work, then calls [`Self::prefetch_candidates`] with the same hash.
-    #[inline(always)]
-    pub fn prefetch_bucket(&self, hash: u64) {
-        prefetch(self.bucket_ptr(primary(hash, self.mask)));
-    }
-
-    /// Interleaved lookup, second step (the primary bucket should be cached by now): prefetches the entry line of the
-    /// first tag match, and the alternate bucket when the primary one has overflowed. False when the key cannot be in
-    /// the table (no tag match, no overflow): a lookup would miss, an insert would add it. Reads no entry.
-    #[inline(always)]
-    pub fn prefetch_candidates(&self, hash: u64) -> bool {
-        let p = place(hash, self.mask);
-        let bk = self.bucket(p.b1);
-        let m = match_tags(&bk.tags, p.tag);
-        if m != 0 {
-            let e = self.slab.entry_ptr(bk.handles[m.trailing_zeros() as usize]);
-            prefetch(e);
-            if self.slab.layout.size > 64 {
-                prefetch(e.wrapping_add(64));
-            }
-        }
-        if bk.overflow != 0 {
-            prefetch(self.bucket_ptr(p.b2));
-        }
-        m != 0 || bk.overflow != 0
-    }
-
     /// Live entries.
     #[inline]
     pub fn len(&self) -> usize {

@@ -1013,10 +1013,3 @@ pub(crate) fn end_flows(
     }
     removed
 }
-
-/// The flow-table hash of a 5-tuple (what every lookup of the aggregated
-/// store uses): for executors that split a lookup into prefetch steps.
-#[inline(always)]
-pub(crate) fn flow_hash(t: &FiveTuple) -> u64 {
-    hash_tuple(t)
-}

@@ -1,55 +1,49 @@
 //! `interleaved[:K]`: GuNFu's interleaved function streams. Each packet is a
-//! task that walks the chain as a resumable action cut at its memory
-//! accesses: each NF's own steps (`StatefulNf::step`: a trie node, a rule
-//! counter, a connection, a chase), after the second line of a large block
-//! and the coarse entries the flow pins. K tasks are in flight (default 16);
-//! the scheduler visits them round-robin, and a visit runs a task until it
-//! names a line it needs, which is prefetched while the other tasks run
-//! (GuNFu's Algorithm 1). A task that has nothing more to fetch waits to
-//! *finish*; a finished task's slot takes the next packet of the batch.
+//! task that walks the chain's resumable actions (`StatefulNf::step`: a trie
+//! node, a route-table entry, a connection, a chase), cut at the memory
+//! accesses they name. K tasks are in flight (default 16); the scheduler
+//! visits them round-robin, and a visit runs a task until it names a line
+//! it needs, which is prefetched while the other tasks run; a task with
+//! nothing more to fetch leaves, and its slot takes the next packet of the
+//! batch (GuNFu's Algorithm 1).
 //!
-//! The flow-table match itself is decomposed too, in one of two ways
-//! (`BULK_LOOKUP`): by default the batch is looked up first with the table's
-//! bulk path, whose phases interleave the bucket and entry misses of the
-//! whole batch (measured 2.5x cheaper per packet than the alternative);
-//! otherwise each task walks the table itself, bucket then candidate entry
-//! (`FlowTable::prefetch_bucket`, `prefetch_candidates`), as GuNFu's cuckoo
-//! steps do. A chain where no NF has a resumable action has nothing to
-//! interleave beyond that lookup and runs the batched pass (`FALL_BACK`).
+//! A batch goes through three passes:
+//! 1. the flow-table match, decomposed the table's bulk way: the bucket and
+//!    entry misses of the whole batch overlap (one lookup for every 5-tuple
+//!    NF, new flows inserted in packet order);
+//! 2. the steps, interleaved as above, from each flow's block (its second
+//!    line and the coarse entries it pins are prefetched when the task
+//!    starts); steps only read, and record their progress in a cursor per
+//!    packet and NF;
+//! 3. the finish: the batched executor's staged pass in arrival order, each
+//!    NF's `finish` resuming from the packet's cursor instead of `process`.
+//!    Flow ends take effect at their packet as in `batch` (a segment stops
+//!    before a repeated flow; ends are applied, the rest is looked up again).
 //!
-//! Finishing is in arrival order, one packet at a time, exactly as `rtc`:
-//! the add-on-miss lookup or a touch of the entry found, the coarse pins,
-//! each NF's `finish` resumed from the task's cursor, the end of flow. So
-//! every verdict, counter, export, port allocation and flow end is the one
-//! per-packet run-to-completion gives, whatever K; what runs out of order
-//! are only reads (steps take `&self`) whose results `finish` validates.
-//! Hence:
-//! - a later packet of a flow never overtakes an earlier one: it finishes
-//!   after it, and a packet whose flow already has a task in flight takes no
-//!   steps of its own (it would read state its predecessor is about to change);
-//! - shared (coarse) state is locked only inside a finish, never across a
-//!   switch: two in-flight packets of one source cannot deadlock;
-//! - nothing is allocated per packet: the task slots and their cursors are
-//!   allocated once per executor and reused.
+//! So verdicts, counters, exports, port allocations and flow ends are those
+//! of the batched executor (hence of per-packet run-to-completion), whatever
+//! K: what runs out of order are reads whose results `finish` checks against
+//! what they were computed from (`Cursor::input`). A later packet of a flow
+//! never overtakes an earlier one: finishing is in order, and a packet whose
+//! flow already appeared in the batch takes no steps (they would read state
+//! the earlier packet's finish changes). Shared (coarse) state is locked only
+//! inside finishing, never across a switch, so two in-flight packets of one
+//! source cannot deadlock. The task slots and the cursors are allocated once
+//! per executor and reused: nothing is allocated per packet.
 //!
-//! Stateless stages (which take whole batches) cut the chain into segments
-//! as in `rtc`; each segment runs its own window of tasks over the batch.
+//! A chain where no NF has a resumable action has nothing to interleave
+//! beyond the match, and runs the batched executor itself.
 
-use flowplane_nf::stateful::{Action, Cursor, Step};
+use flowplane_nf::stateful::{Cursor, Step};
 use flowplane_nf::{NfContext, Pkt};
-use flowplane_packet::{prefetch, Batch};
-use flowplane_table::FullPolicy;
+use flowplane_packet::{prefetch, Batch, MAX_BATCH};
 
-use super::context::flow_hash;
+use super::context::PREFETCH_AHEAD;
 use super::{ExecContext, ExecParam, Executor, ExecutorInfo, StateLayout};
 use crate::chain::Stage;
 use crate::coarse::aux_handle;
-use crate::stage::{apply_action, packet_ctx};
+use crate::stage::BatchOutcome;
 use crate::store::FlowRef;
-
-/// Look the batch up in bulk before the tasks start (false: each task
-/// walks the flow table itself, bucket then entry, as GuNFu's cuckoo steps).
-const BULK_LOOKUP: bool = true;
 
 /// Most yields of one task (a bound on a misbehaving NF's steps).
 const MAX_YIELDS: u16 = 512;
@@ -60,427 +54,306 @@ pub(crate) const MAX_TASKS: u16 = 64;
 /// Registry entry.
 pub(super) const INFO: ExecutorInfo = ExecutorInfo {
     name: "interleaved",
-    about: "GuNFu: K packet tasks in flight (interleaved:K, default 16), each cut at its memory accesses; \
+    about: "GuNFu: K packet tasks in flight (interleaved:K, default 16) running the NFs' resumable actions; \
             round-robin with prefetch, in-order finish",
     layout: StateLayout::Aggregated,
     param: Some(ExecParam { what: "tasks in flight", default: 16, min: 1, max: MAX_TASKS }),
     new: |cx| {
         let steps = cx.chain.stages.iter().any(|s| matches!(s, Stage::Stateful { nf, group: None, .. } if nf.steps()));
-        // No NF names a line to fetch: all there is to overlap are the flow
-        // table's misses, which the batched pass's bulk lookup already
-        // overlaps at less cost per packet than a task switch.
-        if !steps && FALL_BACK {
+        if !steps {
+            // Nothing to interleave beyond the match, which the batched
+            // executor's bulk lookup already overlaps.
             return (super::batch::INFO.new)(cx);
         }
         Box::new(Interleaved::new(cx.cfg.kind.param(), &cx.chain.stages))
     },
 };
 
-/// Chains without resumable actions run the batched pass (false: the task
-/// window runs them too; the tests cover both through chains with and
-/// without resumable NFs).
-const FALL_BACK: bool = true;
-
-/// Where a task stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    /// The primary bucket was prefetched: look at its tags next.
-    Bucket,
-    /// The candidate entry was prefetched: find the flow next.
-    Entry,
-    /// The flow is known: run the NFs' steps from stage `Task::stage`.
-    Steps,
-    /// Nothing more to fetch: waiting to finish in arrival order.
-    Ready,
-}
-
 /// One packet in flight.
 #[derive(Clone, Copy, Debug)]
 struct Task {
     /// Packet index in the batch.
     i: usize,
-    phase: Phase,
-    /// Flow-table hash (first segment) or flow entry bits (later ones): same
-    /// value, same flow, for the in-flight check.
-    key: u64,
-    /// The flow entry the steps read (`NONE`: none, the finish starts from scratch).
-    flow: FlowRef,
-    /// Next entry of the segment's stepping stages whose steps run.
+    /// Next entry of `steppers` whose steps run.
     stage: usize,
-    /// Yields left: a task that keeps naming lines past this is finished
-    /// synchronously (its finish completes whatever its steps left).
+    /// Yields left: a task that keeps naming lines past this leaves; its
+    /// finish completes whatever the steps left.
     budget: u16,
 }
 
-impl Task {
-    const IDLE: Task = Task { i: 0, phase: Phase::Ready, key: 0, flow: FlowRef::NONE, stage: 0, budget: 0 };
-}
-
-/// The scheduler: task slots and their cursors (one per stage), reused.
+/// The scheduler's reused state.
 struct Interleaved {
     k: usize,
-    stages: usize,
+    /// Tasks in flight (`live` of them at the front).
     tasks: Vec<Task>,
-    /// `tasks[j].key`, contiguous: the in-flight check scans it.
-    keys: Vec<u64>,
-    cursors: Vec<Cursor>,
-    /// The current segment's 5-tuple stages with resumable actions.
+    /// The 5-tuple stages with resumable actions, in chain order.
     steppers: Vec<usize>,
-    /// Per stage: where its state sits in the block (offset, size).
+    /// Per stage: (offset, size) of its state in the block.
     layout: Vec<(usize, usize)>,
+    /// Stage-major cursors: `cursors[si * MAX_BATCH + i]` for packet i.
+    cursors: Vec<Cursor>,
+    /// Flows already seen in the current batch.
+    seen: Seen,
+    /// Per stage: packets of the current batch it has finished.
+    progress: Vec<usize>,
 }
 
 impl Interleaved {
     fn new(k: u16, chain: &[Stage]) -> Self {
         let k = usize::from(k.clamp(1, MAX_TASKS));
-        let stages = chain.len();
-        let layout = chain
+        let layout: Vec<(usize, usize)> = chain
             .iter()
             .map(|s| match s {
                 Stage::Stateful { nf, offset, .. } => (*offset, nf.state_size()),
                 Stage::Stateless(_) => (0, 0),
             })
             .collect();
+        let steppers = chain
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| matches!(s, Stage::Stateful { nf, group: None, .. } if nf.steps()))
+            .map(|(si, _)| si)
+            .collect();
         Interleaved {
             k,
-            stages,
-            tasks: vec![Task::IDLE; k],
-            keys: vec![u64::MAX; k],
-            cursors: vec![Cursor::default(); k * stages.max(1)],
-            steppers: Vec::with_capacity(stages),
+            tasks: Vec::with_capacity(k),
+            steppers,
             layout,
+            cursors: vec![Cursor::default(); chain.len() * MAX_BATCH],
+            seen: Seen::new(),
+            progress: vec![0; chain.len()],
         }
-    }
-}
-
-/// `(a + b) % k` for `a, b < k`.
-#[inline(always)]
-fn wrap(a: usize, b: usize, k: usize) -> usize {
-    let x = a + b;
-    if x >= k {
-        x - k
-    } else {
-        x
     }
 }
 
 impl Executor for Interleaved {
     fn run(&mut self, cx: &mut ExecContext, batch: &mut Batch, ctx: &NfContext) {
         let n = batch.len();
-        let stages = cx.chain.stages.len();
-        debug_assert_eq!(stages, self.stages);
-        let mut seg_start = 0;
-        let mut looked_up = false;
-        while seg_start < stages {
-            if let Stage::Stateless(nf) = &mut cx.chain.stages[seg_start] {
-                nf.process(batch, 0..n, ctx);
-                seg_start += 1;
-                continue;
+        let prefetch = cx.cfg.prefetch;
+        cx.lookup_bulk(batch, 0..n, ctx, prefetch);
+        self.steps(cx, batch, n);
+        // The finishing pass: the batched executor's loop over segments.
+        self.progress.fill(0);
+        let mut start = 0;
+        let mut first = true;
+        while start < n {
+            if !first {
+                cx.lookup_bulk(batch, start..n, ctx, prefetch);
             }
-            let seg_end =
-                (seg_start..stages).find(|&k| matches!(cx.chain.stages[k], Stage::Stateless(_))).unwrap_or(stages);
-            self.steppers.clear();
-            for si in seg_start..seg_end {
-                if let Stage::Stateful { nf, group: None, .. } = &cx.chain.stages[si] {
-                    if nf.steps() {
-                        self.steppers.push(si);
-                    }
+            first = false;
+            loop {
+                let end = cx.segment_end(start, n);
+                cx.pin_coarse_batch(start..end, ctx.now_ns);
+                let (ended, done) = self.finish(cx, batch, start..end, ctx);
+                cx.unpin_coarse_batch(start..end, ctx.now_ns);
+                start = done;
+                // Ended flows are gone from the table: look the rest up again.
+                if ended > 0 || start == n {
+                    break;
                 }
             }
-            // The first segment looks the whole batch up at once (the table's
-            // bulk path overlaps the bucket and entry misses of the batch), in
-            // packet order, inserting new flows; tasks then run NF steps only.
-            let bulk = BULK_LOOKUP && !looked_up;
-            if bulk {
-                cx.lookup_bulk(batch, 0..n, ctx, cx.cfg.prefetch);
-                looked_up = true;
-            }
-            let mut w = Window { s: self, cx, batch, ctx, seg: (seg_start, seg_end), looked_up, retry: bulk, ended: false };
-            w.run(n);
-            looked_up = true;
-            seg_start = seg_end;
         }
     }
 }
 
-/// One segment's pass over a batch.
-struct Window<'a> {
-    s: &'a mut Interleaved,
-    cx: &'a mut ExecContext,
-    batch: &'a mut Batch,
-    ctx: &'a NfContext,
-    seg: (usize, usize),
-    /// The flows were looked up (`scratch.flows`) by an earlier segment or
-    /// this one's bulk lookup.
-    looked_up: bool,
-    /// This segment's flows come from its bulk lookup: a packet left without
-    /// an entry after an earlier packet ended a flow is looked up again when
-    /// it finishes (its flow may be the ended one, or room was freed), as
-    /// under per-packet run-to-completion.
-    retry: bool,
-    /// A flow ended in this segment.
-    ended: bool,
-}
-
-impl Window<'_> {
-    fn run(&mut self, n: usize) {
-        let k = self.s.k.min(n);
-        if k == 0 {
-            return;
-        }
-        let (mut head, mut live, mut next) = (0usize, 0usize, 0usize);
-        while live < k && next < n {
-            self.admit(live, next, head, live);
-            live += 1;
-            next += 1;
-        }
-        let mut o = 0usize;
-        while live > 0 {
-            let slot = wrap(head, o, k);
-            if self.s.tasks[slot].phase != Phase::Ready {
-                self.advance(slot);
-            }
-            if o == 0 && self.s.tasks[slot].phase == Phase::Ready {
-                self.finish(slot);
-                head = wrap(head, 1, k);
-                if next < n {
-                    // The freed slot takes the next packet, the youngest task.
-                    self.admit(slot, next, head, live - 1);
-                    next += 1;
-                } else {
-                    live -= 1;
-                }
-                continue;
-            }
-            o += 1;
-            if o >= live {
-                o = 0;
-            }
-        }
-    }
-
-    /// Starts packet `i` in `slot`; `older` tasks from slot `head` on are in flight.
-    fn admit(&mut self, slot: usize, i: usize, head: usize, older: usize) {
-        let stages = self.s.stages;
-        self.s.cursors[slot * stages..(slot + 1) * stages].fill(Cursor::default());
-        let mut t = Task { i, phase: Phase::Ready, key: 0, flow: FlowRef::NONE, stage: 0, budget: MAX_YIELDS };
-        let pf = self.cx.cfg.prefetch;
-        if self.looked_up {
-            t.flow = self.cx.scratch.flows[i];
-            t.key = u64::from(t.flow.bits());
-            if t.flow.is_some() && !self.batch.is_dropped(i) {
-                t.phase = Phase::Steps;
-                if pf {
-                    // (A bulk lookup just read the entry: its first line is cached.)
-                    if !self.retry {
-                        if let Some(b) = self.cx.stores[0].block(t.flow).first() {
-                            prefetch::write(b);
-                        }
-                    }
-                    // The block's second line and the coarse entries the flow pins.
-                    self.prefetch_block(t.flow);
-                }
-            }
-        } else {
-            let meta = &self.cx.scratch.metas[i];
-            if meta.valid {
-                t.key = flow_hash(&meta.tuple);
-                t.phase = Phase::Bucket;
-                if pf {
-                    self.cx.stores[0].prefetch_bucket(&meta.tuple, t.key);
-                }
-            }
-        }
-        if t.phase != Phase::Ready {
-            // The flow already has a packet in flight: this one takes no steps
-            // (its predecessor's finish changes what they would read).
-            let k = self.s.k;
-            let keys = &self.s.keys;
-            let busy = if head + older <= k {
-                keys[head..head + older].contains(&t.key)
-            } else {
-                keys[head..].contains(&t.key) || keys[..head + older - k].contains(&t.key)
-            };
-            if busy {
-                t.phase = Phase::Ready;
-                t.flow = FlowRef::NONE;
-            }
-        }
-        self.s.keys[slot] = t.key;
-        self.s.tasks[slot] = t;
-        if t.phase == Phase::Steps {
-            // The first step at once: its line is fetched while the other tasks run.
-            self.advance(slot);
-        }
-    }
-
-    /// Runs task `slot` until it names a line to fetch (prefetched, the task
-    /// yields) or has nothing more to fetch.
-    fn advance(&mut self, slot: usize) {
-        let pf = self.cx.cfg.prefetch;
-        let mut t = self.s.tasks[slot];
+impl Interleaved {
+    /// Pass 2: every packet's steps, K tasks at a time, round-robin.
+    fn steps(&mut self, cx: &ExecContext, batch: &mut Batch, n: usize) {
+        self.seen.clear();
+        self.tasks.clear();
+        let mut next = 0;
+        let mut t = 0;
         loop {
-            match t.phase {
-                Phase::Bucket => {
-                    let meta = &self.cx.scratch.metas[t.i];
-                    if self.cx.stores[0].prefetch_candidates(&meta.tuple, t.key) {
-                        t.phase = Phase::Entry;
-                        if pf {
-                            break;
-                        }
-                    } else {
-                        // A new flow: the finish inserts it; its NFs start from scratch.
-                        t.phase = Phase::Ready;
-                    }
-                }
-                Phase::Entry => {
-                    let meta = &self.cx.scratch.metas[t.i];
-                    match self.cx.stores[0].find(&meta.tuple, t.key) {
-                        Some(f) => {
-                            t.flow = f;
-                            t.phase = Phase::Steps;
-                            if self.prefetch_block(f) && pf {
-                                break;
-                            }
-                        }
-                        None => t.phase = Phase::Ready,
-                    }
-                }
-                Phase::Steps => {
-                    if t.stage >= self.s.steppers.len() {
-                        t.phase = Phase::Ready;
-                        continue;
-                    }
-                    match self.step(&t, slot) {
-                        Some(p) => {
-                            if pf {
-                                prefetch::addr(p);
-                                break;
-                            }
-                        }
-                        None => t.stage += 1,
-                    }
-                }
-                Phase::Ready => break,
-            }
-        }
-        t.budget = t.budget.saturating_sub(1);
-        if t.budget == 0 {
-            t.phase = Phase::Ready;
-        }
-        self.s.tasks[slot] = t;
-    }
-
-    /// Prefetches the parts of flow `f`'s block the chain reads beyond its
-    /// entry's first line and the coarse entries it pins; true if any.
-    fn prefetch_block(&self, f: FlowRef) -> bool {
-        let cx = &*self.cx;
-        let block = cx.stores[0].block(f);
-        let mut any = false;
-        if cx.chain.state_size > 32 {
-            // The entry header (32 bytes) shares the first line with the state.
-            if let Some(b) = block.get(32) {
-                prefetch::write(b);
-                any = true;
-            }
-        }
-        if cx.aux_on() {
-            for (g, layout) in cx.chain.groups.iter().enumerate() {
-                if let Some(b) = block.get(layout.aux_offset..layout.aux_offset + 8) {
-                    let h = aux_handle(b);
-                    if h.is_some() {
-                        cx.shared.tables[g].prefetch_state(h);
-                        any = true;
-                    }
+            // Refill: free slots take the next packets that have steps to take.
+            while self.tasks.len() < self.k && next < n {
+                let i = next;
+                next += 1;
+                if let Some(task) = self.admit(cx, batch, i) {
+                    self.tasks.push(task);
                 }
             }
-        }
-        any
-    }
-
-    /// One step of stage `t.stage` for task `t`: the line it names next, or
-    /// None when the stage has nothing more to fetch.
-    fn step(&mut self, t: &Task, slot: usize) -> Option<*const u8> {
-        let si = self.s.steppers[t.stage];
-        let Stage::Stateful { nf, group: None, .. } = &self.cx.chain.stages[si] else { return None };
-        let (off, sz) = self.s.layout[si];
-        let state = self.cx.stores[0].block(t.flow).get(off..off + sz)?;
-        let meta = &self.cx.scratch.metas[t.i];
-        let pkt = Pkt::new(self.batch.data_mut(t.i), meta);
-        match nf.step_bytes(&pkt, state, &mut self.s.cursors[slot * self.s.stages + si]) {
-            Step::Prefetch(p) => Some(p),
-            Step::Ready => None,
-        }
-    }
-
-    /// Finishes the task in `slot` (the oldest): the packet runs through the
-    /// segment exactly as under `rtc`, each NF resuming from its cursor.
-    fn finish(&mut self, slot: usize) {
-        let t = self.s.tasks[slot];
-        let (cx, batch, ctx) = (&mut *self.cx, &mut *self.batch, self.ctx);
-        let i = t.i;
-        if self.retry && self.ended && !cx.scratch.flows[i].is_some() {
-            cx.scratch.flows[i] = cx.lookup_one(batch, i, ctx);
-        }
-        if !self.looked_up {
-            cx.scratch.flows[i] = if t.flow.is_some() && cx.cfg.full_policy == FullPolicy::Reject {
-                // The steps found the entry, and only this flow's own packets
-                // (none in flight before this one) could have removed it since:
-                // the lookup's hit is a touch. (Eviction could have: look up.)
-                cx.stores[0].touch(t.flow, ctx.now_ns);
-                t.flow
+            if self.tasks.is_empty() {
+                break;
+            }
+            if t >= self.tasks.len() {
+                t = 0;
+            }
+            let mut task = self.tasks[t];
+            if self.advance(cx, batch, &mut task) {
+                self.tasks[t] = task;
+                t += 1;
             } else {
-                cx.lookup_one(batch, i, ctx)
-            };
+                // Done: its slot takes the next packet (order among tasks does not matter).
+                self.tasks.swap_remove(t);
+            }
+        }
+    }
+
+    /// Starts packet `i`'s task: resets its cursors, prefetches its block's
+    /// far parts and takes its first step; None when it has nothing to fetch.
+    fn admit(&mut self, cx: &ExecContext, batch: &mut Batch, i: usize) -> Option<Task> {
+        for &si in &self.steppers {
+            self.cursors[si * MAX_BATCH + i] = Cursor::default();
         }
         let flow = cx.scratch.flows[i];
-        // The cursors describe the entry the steps read; another entry (the
-        // flow was new, or ended and came back) starts from scratch.
-        let resume = flow == t.flow;
-        cx.pin_coarse_packet(i, ctx.now_ns);
-        let mut end = false;
-        let none = Cursor::default();
-        for si in self.seg.0..self.seg.1 {
-            if cx.chain.stages[si].is_coarse() {
-                cx.run_coarse(si, batch, i, ctx);
-                continue;
-            }
-            let Stage::Stateful { nf, counters, .. } = &mut cx.chain.stages[si] else { continue };
-            if batch.is_dropped(i) {
-                continue;
-            }
-            counters.packets_in += 1;
-            counters.bytes_in += batch.lens()[i] as u64;
-            let action = if !flow.is_some() {
-                nf.on_unparsed()
-            } else {
-                let (off, sz) = self.s.layout[si];
-                match cx.stores[0].block_mut(flow).get_mut(off..off + sz) {
-                    Some(st) => {
-                        let pctx = packet_ctx(batch, i, ctx);
-                        let cur = if resume { &self.s.cursors[slot * self.s.stages + si] } else { &none };
-                        nf.finish_bytes(&mut Pkt::new(batch.data_mut(i), &cx.scratch.metas[i]), st, &pctx, cur)
-                    }
-                    None => Action::Drop,
+        // A flow seen earlier in the batch: its state changes before this
+        // packet finishes, so steps now would be wasted.
+        if !flow.is_some() || batch.is_dropped(i) || !self.seen.insert(flow.bits()) {
+            return None;
+        }
+        if cx.cfg.prefetch {
+            prefetch_block(cx, flow);
+        }
+        let mut task = Task { i, stage: 0, budget: MAX_YIELDS };
+        self.advance(cx, batch, &mut task).then_some(task)
+    }
+
+    /// Runs `task` until it names a line (prefetched: true, the task yields)
+    /// or has nothing more to fetch (false).
+    fn advance(&mut self, cx: &ExecContext, batch: &mut Batch, task: &mut Task) -> bool {
+        let flow = cx.scratch.flows[task.i];
+        while let Some(&si) = self.steppers.get(task.stage) {
+            let Stage::Stateful { nf, .. } = &cx.chain.stages[si] else { break };
+            let (off, sz) = self.layout[si];
+            let Some(state) = cx.stores[0].block(flow).get(off..off + sz) else { break };
+            let pkt = Pkt::new(batch.data_mut(task.i), &cx.scratch.metas[task.i]);
+            match nf.step_bytes(&pkt, state, &mut self.cursors[si * MAX_BATCH + task.i]) {
+                Step::Prefetch(p) if cx.cfg.prefetch => {
+                    prefetch::addr(p);
+                    task.budget = task.budget.saturating_sub(1);
+                    return task.budget > 0;
                 }
-            };
-            end |= apply_action(batch, i, action, counters);
+                // Without prefetching there is nothing to wait for: go on.
+                Step::Prefetch(_) => {}
+                Step::Ready => task.stage += 1,
+            }
         }
-        cx.unpin_coarse_packet(i, ctx.now_ns);
-        if end && flow.is_some() {
-            cx.end_flow(0, flow, ctx.now_ns, i + 1);
-            self.ended = true;
+        false
+    }
+
+    /// Pass 3 over one segment: `ExecContext::run_stages` with each NF
+    /// resuming from the cursors. Returns the flows ended and where every
+    /// stage stopped.
+    fn finish(
+        &mut self,
+        cx: &mut ExecContext,
+        batch: &mut Batch,
+        range: std::ops::Range<usize>,
+        ctx: &NfContext,
+    ) -> (u64, usize) {
+        let mut frontier = range.end;
+        // The NFs that take no steps still get their prefetch hooks.
+        let ahead = if cx.cfg.prefetch && cx.cfg.prefetch_hooks { PREFETCH_AHEAD } else { 0 };
+        let mut ends = [0u64; 4];
+        for si in 0..cx.chain.stages.len() {
+            let from = self.progress[si].max(range.start);
+            if from >= frontier {
+                continue;
+            }
+            let todo = from..frontier;
+            self.progress[si] = frontier;
+            if cx.chain.stages[si].is_coarse() {
+                cx.run_coarse_batch(si, batch, todo, ctx);
+                continue;
+            }
+            let ExecContext { stores, chain, scratch, .. } = &mut *cx;
+            match &mut chain.stages[si] {
+                Stage::Stateless(nf) => nf.process(batch, todo, ctx),
+                Stage::Stateful { nf, offset, counters, .. } => {
+                    let mut out = BatchOutcome::default();
+                    let (metas, flows) = (&scratch.metas[..frontier], &scratch.flows[..frontier]);
+                    let cursors = &self.cursors[si * MAX_BATCH..si * MAX_BATCH + frontier];
+                    nf.finish_batch(batch, todo, metas, flows, &mut stores[0], *offset, ctx, ahead, cursors, &mut out);
+                    counters.merge(&out.counters);
+                    for (e, o) in ends.iter_mut().zip(out.end) {
+                        *e |= o;
+                    }
+                    if let Some(stop) = out.stopped_at {
+                        frontier = stop;
+                        self.progress[si] = stop;
+                    }
+                }
+            }
         }
-        self.s.tasks[slot].phase = Phase::Ready;
-        self.s.tasks[slot].flow = FlowRef::NONE;
-        self.s.tasks[slot].key = u64::MAX;
-        self.s.keys[slot] = u64::MAX;
+        let mut ended = 0;
+        for (w, &e) in ends.iter().enumerate() {
+            let mut m = e;
+            while m != 0 {
+                let i = w * 64 + m.trailing_zeros() as usize;
+                m &= m - 1;
+                let flow = cx.scratch.flows[i];
+                if i < frontier && flow.is_some() {
+                    let before = cx.stats.ended;
+                    cx.end_flow(0, flow, ctx.now_ns, frontier);
+                    ended += cx.stats.ended - before;
+                }
+            }
+        }
+        (ended, frontier)
+    }
+}
+
+/// Prefetches the parts of flow `f`'s block the chain reads beyond the
+/// entry's first line (the lookup brought that one) and the coarse entries
+/// the flow pins.
+fn prefetch_block(cx: &ExecContext, f: FlowRef) {
+    let block = cx.stores[0].block(f);
+    if cx.chain.state_size > 32 {
+        // The entry header (32 bytes) shares the first line with the state.
+        if let Some(b) = block.get(32) {
+            prefetch::write(b);
+        }
+    }
+    if cx.aux_on() {
+        for (g, layout) in cx.chain.groups.iter().enumerate() {
+            if let Some(b) = block.get(layout.aux_offset..layout.aux_offset + 8) {
+                cx.shared.tables[g].prefetch_state(aux_handle(b));
+            }
+        }
+    }
+}
+
+/// Flow entries seen in a batch: a set emptied in O(1) by bumping a stamp.
+struct Seen {
+    slots: Box<[(u32, u32); 2 * MAX_BATCH]>,
+    stamp: u32,
+}
+
+impl Seen {
+    fn new() -> Self {
+        Seen { slots: Box::new([(0, 0); 2 * MAX_BATCH]), stamp: 0 }
+    }
+
+    fn clear(&mut self) {
+        self.stamp = self.stamp.wrapping_add(1);
+        if self.stamp == 0 {
+            self.slots.fill((0, 0));
+            self.stamp = 1;
+        }
+    }
+
+    /// Adds `id`; false if it was there already.
+    fn insert(&mut self, id: u32) -> bool {
+        let len = self.slots.len();
+        let mut at = (id.wrapping_mul(0x9e37_79b1) >> 16) as usize % len;
+        loop {
+            let (k, st) = self.slots[at];
+            if st != self.stamp {
+                self.slots[at] = (id, self.stamp);
+                return true;
+            }
+            if k == id {
+                return false;
+            }
+            at = (at + 1) % len;
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::ExecKind;
+    use super::Seen;
 
     #[test]
     fn k_is_parsed_bounded_and_shown() {
@@ -499,5 +372,17 @@ mod tests {
         assert!(e.contains("interleaved[:N]"), "{e}");
         assert_eq!(ExecKind::parse("rtc").unwrap().to_string(), "rtc");
         assert!(ExecKind::all().any(|k| k == d), "the registry lists it with its default K");
+    }
+
+    #[test]
+    fn seen_set_forgets_on_clear() {
+        let mut s = Seen::new();
+        s.clear();
+        for id in 0..300u32 {
+            assert!(s.insert(id * 7919));
+        }
+        assert!(!s.insert(7919) && !s.insert(0));
+        s.clear();
+        assert!(s.insert(7919));
     }
 }
