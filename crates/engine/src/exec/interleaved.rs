@@ -157,24 +157,21 @@ impl Executor for Interleaved {
 }
 
 impl Interleaved {
-    /// Pass 2: every packet's steps, K tasks at a time, round-robin.
+    /// Pass 2: every packet's steps, K tasks at a time, round-robin. A task
+    /// that is done hands its slot to the next packet at once (the slots keep
+    /// their places, so each task is visited again only after the others).
     fn steps(&mut self, cx: &ExecContext, batch: &mut Batch, n: usize) {
         self.seen.clear();
         self.tasks.clear();
         let mut next = 0;
+        while self.tasks.len() < self.k && next < n {
+            next += 1;
+            if let Some(task) = self.admit(cx, batch, next - 1) {
+                self.tasks.push(task);
+            }
+        }
         let mut t = 0;
-        loop {
-            // Refill: free slots take the next packets that have steps to take.
-            while self.tasks.len() < self.k && next < n {
-                let i = next;
-                next += 1;
-                if let Some(task) = self.admit(cx, batch, i) {
-                    self.tasks.push(task);
-                }
-            }
-            if self.tasks.is_empty() {
-                break;
-            }
+        while !self.tasks.is_empty() {
             if t >= self.tasks.len() {
                 t = 0;
             }
@@ -182,9 +179,22 @@ impl Interleaved {
             if self.advance(cx, batch, &mut task) {
                 self.tasks[t] = task;
                 t += 1;
-            } else {
-                // Done: its slot takes the next packet (order among tasks does not matter).
-                self.tasks.swap_remove(t);
+                continue;
+            }
+            let mut refill = None;
+            while refill.is_none() && next < n {
+                next += 1;
+                refill = self.admit(cx, batch, next - 1);
+            }
+            match refill {
+                Some(task) => {
+                    self.tasks[t] = task;
+                    t += 1;
+                }
+                // The batch is running out: the window shrinks, in order.
+                None => {
+                    self.tasks.remove(t);
+                }
             }
         }
     }

@@ -16,10 +16,10 @@
 //! - `pernf` (VPP's model): one table per NF, a bulk lookup per NF per batch.
 //! - `microbatch` (FastClick without its batch rebuilder): one lookup per
 //!   run of consecutive packets of one flow.
-//! - `interleaved[:K]` (GuNFu): K packet tasks in flight, each a resumable
-//!   action cut at its memory accesses (flow-table bucket, entry, the NFs'
-//!   own steps); a round-robin scheduler prefetches the line a task needs
-//!   next and switches; packets finish in arrival order.
+//! - `interleaved[:K]` (GuNFu): after the bulk match, K packet tasks in
+//!   flight run the NFs' resumable actions (`StatefulNf::step`) round-robin,
+//!   each switching when it names a line to fetch; then the staged pass
+//!   finishes every packet in arrival order from its cursors.
 
 use std::fmt;
 

@@ -2,8 +2,7 @@
 //! a table of routes loaded from a file — the classic memory-bound NF.
 //!
 //! IPv4 uses DIR-24-8 (Gupta et al.; DPDK's `rte_lpm`): a 2^24-entry table
-//! indexed by the top 24 bits (64 MiB of `u32`, pages touched only where
-//! routes are), whose entries hold a next hop or the index of a 256-entry
+//! indexed by the top 24 bits (64 MiB of `u32` on huge pages), whose entries hold a next hop or the index of a 256-entry
 //! second-level group for the /25../32 routes under that /24. A lookup is
 //! one or two dependent reads. IPv6 uses a multibit trie of stride 8 with
 //! leaf pushing (Poptrie's layout without its popcount compression): one
@@ -24,6 +23,7 @@
 use std::net::IpAddr;
 
 use bytemuck::{Pod, Zeroable};
+use flowplane_table::HugeArray;
 use flowplane_wire::flow::FiveTuple;
 use flowplane_wire::prefix::{ip_bits, IpPrefix};
 use serde_json::json;
@@ -105,7 +105,8 @@ fn entry(p: IpPrefix, port: u16) -> RouteEntry {
 
 /// The longest-prefix-match tables.
 pub struct Lpm {
-    tbl24: Vec<u32>,
+    /// On huge pages: lookups read it at random.
+    tbl24: HugeArray<u32>,
     tbl8: Vec<u32>,
     /// Trie nodes, 256 entries each; node 0 is the root.
     v6: Vec<u32>,
@@ -138,9 +139,8 @@ impl Lpm {
         let mut rs: Vec<(usize, RouteEntry)> = routes.iter().copied().enumerate().collect();
         rs.sort_by_key(|(i, r)| (r.v6, r.len, r.net, std::cmp::Reverse(*i)));
         rs.dedup_by_key(|(_, r)| (r.v6, r.len, r.net));
-        let mut lpm = Lpm { tbl24: Vec::new(), tbl8: Vec::new(), v6: vec![0; 256], routes_v4: 0, routes_v6: 0 };
-        lpm.tbl24.try_reserve_exact(1 << 24).map_err(|_| "cannot allocate the 64 MiB IPv4 table".to_string())?;
-        lpm.tbl24.resize(1 << 24, 0);
+        let tbl24 = HugeArray::zeroed(1 << 24).map_err(|_| "cannot allocate the 64 MiB IPv4 table".to_string())?;
+        let mut lpm = Lpm { tbl24, tbl8: Vec::new(), v6: vec![0; 256], routes_v4: 0, routes_v6: 0 };
         for (_, r) in rs.iter().filter(|(_, r)| !r.v6) {
             lpm.add_v4(r.net as u32, r.len, u32::from(r.port) + 1)?;
             lpm.routes_v4 += 1;

@@ -14,6 +14,7 @@
 //! naming the slot the next read touches.
 
 use bytemuck::{Pod, Zeroable};
+use flowplane_table::HugeArray;
 use serde_json::json;
 
 use crate::pkt::Pkt;
@@ -85,7 +86,8 @@ impl SplitMix {
 #[derive(Debug)]
 pub struct Synthetic {
     k: u32,
-    array: Vec<u32>,
+    /// On huge pages: a 4 KiB-page array makes every read a TLB miss too.
+    array: HugeArray<u32>,
     /// Seed of the flows' start positions.
     seed: u64,
     /// Packets processed (k reads each).
@@ -107,11 +109,11 @@ impl Synthetic {
     /// aborting) if the array cannot be allocated.
     pub fn new(k: u32, mem: u64, seed: u64) -> Result<Self, ParamError> {
         let n = (mem / 4).clamp(2, u32::MAX as u64) as usize;
-        let mut array = Vec::new();
-        array
-            .try_reserve_exact(n)
+        let mut array = HugeArray::<u32>::zeroed(n)
             .map_err(|_| ParamError(format!("synthetic: cannot allocate parameter 'mem={mem}' bytes")))?;
-        array.extend(0..n as u32);
+        for (i, x) in array.iter_mut().enumerate() {
+            *x = i as u32;
+        }
         let mut rng = SplitMix(seed);
         // Sattolo's algorithm: a uniformly random permutation with a single
         // cycle, so a walk never falls into a short loop that stays cached.
