@@ -42,6 +42,9 @@ pub struct PipelineOptions {
     pub only: Vec<String>,
     /// Run the rows in the opposite order (a check: the figures must not depend on it).
     pub reverse: bool,
+    /// Seconds of warm-up before each measurement (default: half the
+    /// measurement, at most 1 s).
+    pub warmup: Option<f64>,
 }
 
 impl Default for PipelineOptions {
@@ -54,6 +57,7 @@ impl Default for PipelineOptions {
             synthetic_k: vec![1, 2, 4, 8],
             only: Vec::new(),
             reverse: false,
+            warmup: None,
         }
     }
 }
@@ -69,6 +73,7 @@ impl PipelineOptions {
             synthetic_k: vec![1, 2],
             only: Vec::new(),
             reverse: false,
+            warmup: None,
         }
     }
 
@@ -109,11 +114,11 @@ pub struct PipelineRow {
 
 /// What one run measured.
 #[derive(Clone, Copy, Debug)]
-struct Measured {
-    mpps: f64,
-    cycles_per_packet: f64,
-    huge_pages: Option<f64>,
-    cpu_share: f64,
+pub(crate) struct Measured {
+    pub(crate) mpps: f64,
+    pub(crate) cycles_per_packet: f64,
+    pub(crate) huge_pages: Option<f64>,
+    pub(crate) cpu_share: f64,
 }
 
 /// CPU time of the whole process, in ns (0 if unavailable).
@@ -135,7 +140,12 @@ pub struct PipelineReport {
     pub rows: Vec<PipelineRow>,
 }
 
-fn trace_for(flows: u64) -> Result<Arc<ReplayTrace>, String> {
+pub(crate) fn trace_for(flows: u64) -> Result<Arc<ReplayTrace>, String> {
+    trace_with(flows, Proto::Udp)
+}
+
+/// [`trace_for`] with another transport.
+pub(crate) fn trace_with(flows: u64, proto: Proto) -> Result<Arc<ReplayTrace>, String> {
     // At least 4 packets per flow and 2M packets, so each loop is long.
     let packets = (flows * 4).max(2_000_000);
     let cfg = GenConfig {
@@ -144,7 +154,7 @@ fn trace_for(flows: u64) -> Result<Arc<ReplayTrace>, String> {
         size: SizeSpec::Fixed(64),
         dist: FlowDist::Uniform,
         order: Order::Random,
-        proto: Proto::Udp,
+        proto,
         seed: 7,
         ..GenConfig::default()
     };
@@ -154,13 +164,13 @@ fn trace_for(flows: u64) -> Result<Arc<ReplayTrace>, String> {
     Ok(t)
 }
 
-struct Measure<'a> {
-    opts: &'a PipelineOptions,
+pub(crate) struct Measure<'a> {
+    pub(crate) opts: &'a PipelineOptions,
 }
 
 impl Measure<'_> {
     #[allow(clippy::too_many_arguments)]
-    fn one_with(
+    pub(crate) fn one_with(
         &self,
         trace: &Arc<ReplayTrace>,
         chain: &str,
@@ -171,7 +181,7 @@ impl Measure<'_> {
         flows: u64,
     ) -> Result<Measured, String> {
         let spec = spec::parse(chain).map_err(|e| e.to_string())?;
-        let warmup = Duration::from_secs_f64((self.opts.seconds / 2.0).min(1.0));
+        let warmup = Duration::from_secs_f64(self.opts.warmup.unwrap_or((self.opts.seconds / 2.0).min(1.0)));
         let cfg = RunConfig {
             cores: 1,
             batch_size: self.opts.batch,

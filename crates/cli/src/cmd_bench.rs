@@ -3,6 +3,7 @@
 //! same run.
 
 use clap::{Args, Subcommand};
+use flowplane_bench::interleave::{run_interleave, InterleaveOptions};
 use flowplane_bench::io::{run_io, IoBenchOptions};
 use flowplane_bench::parse::{run_parse, ParseBenchOptions};
 use flowplane_bench::pipeline::{run_pipeline, PipelineOptions};
@@ -79,6 +80,33 @@ pub enum BenchCmd {
         /// Run the rows in the opposite order (a check: the figures must not depend on it).
         #[arg(long)]
         reverse: bool,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// GuNFu's experiment: rtc, batch and interleaved:K (K = 1..64) on synthetic k=1..8, nat, route (full table), lb -> fsc -> ratelimit.
+    Interleave {
+        /// Flows in every case's trace.
+        #[arg(long)]
+        flows: Option<u64>,
+        /// Seconds per measurement.
+        #[arg(long, allow_negative_numbers = true)]
+        seconds: Option<f64>,
+        /// Tasks in flight to try, comma-separated (1..=64).
+        #[arg(long, value_delimiter = ',')]
+        ks: Option<Vec<u16>>,
+        /// IPv4 prefixes in the generated route table.
+        #[arg(long)]
+        prefixes: Option<usize>,
+        /// Cases to run (default all): synthetic,nat,route,fw,chain (lb -> fsc -> ratelimit),chains (2..6 NFs).
+        #[arg(long, value_delimiter = ',', value_parser = ["synthetic", "nat", "route", "fw", "chain", "chains"])]
+        only: Vec<String>,
+        /// Also draw Mpps against K per case into this PNG file.
+        #[arg(long)]
+        png: Option<std::path::PathBuf>,
+        /// Small and short (CI smoke run).
+        #[arg(long)]
+        quick: bool,
         /// JSON output.
         #[arg(long)]
         json: bool,
@@ -163,6 +191,43 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             let rep = run_pipeline(&o).map_err(CliError::new)?;
             if let Some(p) = csv {
                 std::fs::write(&p, rep.to_csv()).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?;
+            }
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&rep)?);
+            } else {
+                out!("{rep}");
+            }
+        }
+        BenchCmd::Interleave { flows, seconds, ks, prefixes, only, png, quick, json } => {
+            let mut o = if quick { InterleaveOptions::quick() } else { InterleaveOptions::default() };
+            if let Some(f) = flows {
+                o.flows = f;
+            }
+            if let Some(s) = seconds {
+                o.seconds = s;
+            }
+            if let Some(k) = ks {
+                o.ks = k;
+            }
+            if let Some(p) = prefixes {
+                o.prefixes = p;
+            }
+            o.only = only;
+            if !(o.seconds.is_finite() && o.seconds > 0.0) {
+                return Err(CliError::new("--seconds: must be positive"));
+            }
+            if o.flows == 0 || o.flows > 1 << 24 {
+                return Err(CliError::new("--flows: must be between 1 and 16777216"));
+            }
+            if o.ks.is_empty() || o.ks.iter().any(|&k| k == 0 || k > 64) {
+                return Err(CliError::new("--ks: each K must be between 1 and 64"));
+            }
+            if o.prefixes > 4_000_000 {
+                return Err(CliError::new("--prefixes: at most 4000000"));
+            }
+            let rep = run_interleave(&o).map_err(CliError::new)?;
+            if let Some(p) = png {
+                rep.plot_png(&p).map_err(CliError::new)?;
             }
             if json {
                 outln!("{}", serde_json::to_string_pretty(&rep)?);

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use clap::builder::{PossibleValue, PossibleValuesParser};
+use clap::builder::PossibleValue;
 use clap::Parser;
 use flowplane_engine::exec::{ExecConfig, ExecKind};
 use flowplane_engine::runner::{run_input, Input, Output};
@@ -44,7 +44,7 @@ pub struct RunArgs {
     /// Worker cores (default: all available).
     #[arg(long, allow_negative_numbers = true)]
     pub cores: Option<usize>,
-    /// Executor (the engine's registry: batch = FAJITA, rtc, pernf = VPP, microbatch = FastClick).
+    /// Executor (the engine's registry: batch = FAJITA, rtc, pernf = VPP, microbatch = FastClick, interleaved[:K] = GuNFu).
     #[arg(long, default_value = "batch", value_parser = executors())]
     pub exec: String,
     /// Disable software prefetching (bulk lookups, state lines, NF prefetch hooks).
@@ -114,9 +114,42 @@ pub struct RunArgs {
     pub json: bool,
 }
 
-/// `--exec` values: every registered executor, with its description.
-fn executors() -> PossibleValuesParser {
-    PossibleValuesParser::new(ExecKind::all().map(|k| PossibleValue::new(k.name()).help(k.info().about)))
+/// `--exec` values: every registered executor (with its parameter, e.g.
+/// `interleaved:8`), listed with its description in `--help`.
+#[derive(Clone)]
+struct Executors;
+
+impl clap::builder::TypedValueParser for Executors {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        let s = value.to_str().ok_or_else(|| clap::Error::new(clap::error::ErrorKind::InvalidUtf8).with_cmd(cmd))?;
+        match ExecKind::parse(s) {
+            Ok(_) => Ok(s.to_string()),
+            Err(e) => {
+                let mut err = clap::Error::new(clap::error::ErrorKind::InvalidValue).with_cmd(cmd);
+                if let Some(a) = arg {
+                    err.insert(clap::error::ContextKind::InvalidArg, clap::error::ContextValue::String(a.to_string()));
+                }
+                err.insert(clap::error::ContextKind::InvalidValue, clap::error::ContextValue::String(s.to_string()));
+                err.insert(clap::error::ContextKind::Custom, clap::error::ContextValue::String(e.to_string()));
+                Err(err)
+            }
+        }
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new(ExecKind::all().map(|k| PossibleValue::new(k.info().name).help(k.info().about))))
+    }
+}
+
+fn executors() -> Executors {
+    Executors
 }
 
 /// Parses a `--gen` string with `flowplane gen`'s own option parser into a

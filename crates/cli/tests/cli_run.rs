@@ -550,6 +550,11 @@ fn every_nf_export_is_written_or_refused() {
         let chain = match name.as_str() {
             "synthetic" => "synthetic(mem=65536)".to_string(),
             "hh" => "hh(k=3)".to_string(),
+            "route" => {
+                let routes = dir.join("routes.txt");
+                std::fs::write(&routes, "0.0.0.0/0 1\n::/0 2\n").expect("route file");
+                format!("route(routes={})", s(&routes))
+            }
             n => n.to_string(),
         };
         let file = dir.join(format!("{name}.csv"));

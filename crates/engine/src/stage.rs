@@ -10,7 +10,7 @@
 use std::ops::Range;
 
 use bytemuck::Pod;
-use flowplane_nf::stateful::{Action, Granularity, StatefulNf};
+use flowplane_nf::stateful::{Action, Cursor, Granularity, StatefulNf, Step};
 use flowplane_nf::{Export, NfContext, NfCounters, Pkt, PktMeta};
 use flowplane_packet::{Batch, DROP};
 use flowplane_wire::flow::FiveTuple;
@@ -98,6 +98,12 @@ pub trait StatefulStage: Send {
     fn init_into(&mut self, pkt: &Pkt<'_>, ctx: &NfContext, out: &mut [u8]);
     /// Runs the per-packet action on `state` (exactly `state_size` bytes).
     fn process_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext) -> Action;
+    /// The NF's action is resumable (`StatefulNf::STEPS`).
+    fn steps(&self) -> bool;
+    /// One step of the resumable action on `state` (exactly `state_size` bytes).
+    fn step_bytes(&self, pkt: &Pkt<'_>, state: &[u8], cur: &mut Cursor) -> Step;
+    /// The action resumed from `cur` (same result as `process_bytes`).
+    fn finish_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext, cur: &Cursor) -> Action;
     /// Release callback.
     fn release_bytes(&mut self, key: &FiveTuple, state: &[u8]);
     /// Unparsed packets.
@@ -129,6 +135,23 @@ pub trait StatefulStage: Send {
         offset: usize,
         ctx: &NfContext,
         ahead: usize,
+        out: &mut BatchOutcome,
+    );
+    /// [`StatefulStage::process_batch`] with each packet's action resumed
+    /// from its cursor, `cursors[i]` for packet i (`StatefulNf::finish`):
+    /// the interleaved executor's finishing pass.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_batch(
+        &mut self,
+        batch: &mut Batch,
+        range: Range<usize>,
+        metas: &[PktMeta],
+        flows: &[FlowRef],
+        store: &mut FlowStore,
+        offset: usize,
+        ctx: &NfContext,
+        ahead: usize,
+        cursors: &[Cursor],
         out: &mut BatchOutcome,
     );
 }
@@ -185,6 +208,25 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     fn process_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext) -> Action {
         self.0.process(pkt, cast_mut::<T::State>(state), ctx)
     }
+    fn steps(&self) -> bool {
+        T::STEPS
+    }
+    #[inline]
+    fn step_bytes(&self, pkt: &Pkt<'_>, state: &[u8], cur: &mut Cursor) -> Step {
+        if T::STEPS {
+            self.0.step(pkt, cast::<T::State>(state), cur)
+        } else {
+            Step::Ready
+        }
+    }
+    #[inline]
+    fn finish_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext, cur: &Cursor) -> Action {
+        if T::STEPS {
+            self.0.finish(pkt, cast_mut::<T::State>(state), cur, ctx)
+        } else {
+            self.0.process(pkt, cast_mut::<T::State>(state), ctx)
+        }
+    }
     fn release_bytes(&mut self, key: &FiveTuple, state: &[u8]) {
         self.0.release(key, cast::<T::State>(state))
     }
@@ -223,6 +265,45 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
         ahead: usize,
         out: &mut BatchOutcome,
     ) {
+        self.run_batch::<false>(batch, range, metas, flows, store, offset, ctx, ahead, &[], out)
+    }
+
+    #[inline]
+    fn finish_batch(
+        &mut self,
+        batch: &mut Batch,
+        range: Range<usize>,
+        metas: &[PktMeta],
+        flows: &[FlowRef],
+        store: &mut FlowStore,
+        offset: usize,
+        ctx: &NfContext,
+        ahead: usize,
+        cursors: &[Cursor],
+        out: &mut BatchOutcome,
+    ) {
+        self.run_batch::<true>(batch, range, metas, flows, store, offset, ctx, ahead, cursors, out)
+    }
+}
+
+impl<T: StatefulNf> Typed<T> {
+    /// The batch loop: each packet's action (`process`, or `finish` from
+    /// `cursors[i]` when `RESUME`), the prefetch hook `ahead` packets early.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn run_batch<const RESUME: bool>(
+        &mut self,
+        batch: &mut Batch,
+        range: Range<usize>,
+        metas: &[PktMeta],
+        flows: &[FlowRef],
+        store: &mut FlowStore,
+        offset: usize,
+        ctx: &NfContext,
+        ahead: usize,
+        cursors: &[Cursor],
+        out: &mut BatchOutcome,
+    ) {
         let n = range.end.min(batch.len()).min(metas.len()).min(flows.len());
         let size = std::mem::size_of::<T::State>();
         let mut c = NfCounters::default();
@@ -251,7 +332,10 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
                     // The NF sees the packet's own time.
                     let pctx = packet_ctx(batch, i, ctx);
                     let mut pkt = Pkt::new(batch.data_mut(i), meta);
-                    self.0.process(&mut pkt, state, &pctx)
+                    match cursors.get(i) {
+                        Some(cur) if RESUME && T::STEPS => self.0.finish(&mut pkt, state, cur, &pctx),
+                        _ => self.0.process(&mut pkt, state, &pctx),
+                    }
                 }
             };
             if apply_action(batch, i, action, &mut c) {

@@ -9,6 +9,13 @@ use flowplane_nf::testutil::{tcp4, udp4};
 use flowplane_nf::{NfContext, NfCounters};
 use flowplane_packet::{Batch, PacketPool, PoolConfig, DROP};
 
+/// Every registered executor, and the interleaved one at several task counts.
+fn kinds() -> Vec<ExecKind> {
+    let mut v: Vec<ExecKind> = ExecKind::all().collect();
+    v.extend(["interleaved:1", "interleaved:4", "interleaved:64"].map(|s| ExecKind::parse(s).unwrap()));
+    v
+}
+
 fn frames() -> Vec<Vec<u8>> {
     let mut v = Vec::new();
     // 300 flows, 5 packets each, interleaved; some TCP, some malformed.
@@ -56,17 +63,22 @@ fn run(chain: &str, kind: ExecKind, aux: bool) -> Outcome {
 
 #[test]
 fn executors_agree_on_a_five_tuple_chain() {
-    let chain = "lb(backends=4) -> fsc -> ratelimit(pps=1, burst=3)";
+    five_tuple_chain("lb(backends=4) -> fsc -> ratelimit(pps=1, burst=3)");
+    // Resumable NFs in the chain: the interleaved executor's task window.
+    five_tuple_chain("lb(backends=4) -> fsc -> synthetic(k=3, mem=64k) -> ratelimit(pps=1, burst=3) -> acl");
+}
+
+fn five_tuple_chain(chain: &str) {
     let reference = run(chain, ExecKind::BATCH, true);
     // The rate limiter drops packets 4 and 5 of each flow.
-    let rl = &reference.0[2].1;
+    let rl = &reference.0.iter().find(|(n, _)| n == "ratelimit").unwrap().1;
     assert_eq!(rl.packets_in, 1510, "malformed frames pass through (on_unparsed) and are counted");
     assert_eq!(rl.dropped, 600);
     assert!(reference.1.iter().flatten().any(|&v| v == DROP));
     assert_eq!(reference.3, 10, "malformed frames counted");
     let fsc = reference.2.as_ref().unwrap();
     assert_eq!(fsc.len(), 300);
-    for kind in ExecKind::all().filter(|&k| k != ExecKind::BATCH) {
+    for kind in kinds().into_iter().filter(|&k| k != ExecKind::BATCH) {
         let o = run(chain, kind, true);
         assert_eq!(o.0, reference.0, "{kind} counters");
         assert_eq!(o.1, reference.1, "{kind} verdicts");
@@ -115,16 +127,22 @@ fn full_table_is_counted_not_fatal() {
 fn executors_agree_on_a_mixed_granularity_chain() {
     // Source-IP counter and destination policer keep shared (coarse) state;
     // the load balancer is per 5-tuple. With and without the auxiliary table.
-    let chain = "srcctr -> policer(rate=100, burst=3, pps=true) -> lb";
-    let reference = run(chain, ExecKind::BATCH, true);
-    let pol = &reference.0[1].1;
-    assert_eq!(pol.packets_in, 1510);
-    assert!(pol.dropped > 0, "the policer limits the two servers");
-    for kind in ExecKind::all() {
-        for aux in [true, false] {
-            let o = run(chain, kind, aux);
-            assert_eq!(o.0, reference.0, "{kind} aux={aux} counters");
-            assert_eq!(o.1, reference.1, "{kind} aux={aux} verdicts");
+    // With a resumable NF (acl) last, the interleaved executor runs its task
+    // window over coarse state too (without one it runs the batched pass).
+    for chain in [
+        "srcctr -> policer(rate=100, burst=3, pps=true) -> lb",
+        "srcctr -> policer(rate=100, burst=3, pps=true) -> lb -> acl",
+    ] {
+        let reference = run(chain, ExecKind::BATCH, true);
+        let pol = &reference.0[1].1;
+        assert_eq!(pol.packets_in, 1510);
+        assert!(pol.dropped > 0, "the policer limits the two servers");
+        for kind in kinds() {
+            for aux in [true, false] {
+                let o = run(chain, kind, aux);
+                assert_eq!(o.0, reference.0, "{chain}: {kind} aux={aux} counters");
+                assert_eq!(o.1, reference.1, "{chain}: {kind} aux={aux} verdicts");
+            }
         }
     }
 }
@@ -205,7 +223,7 @@ fn teid_and_field_set_keys_agree_across_executors() {
     }
     let chain = "keyctr(key=teid) -> keyctr(key=dst_ip+dport) -> fsc";
     let mut reference = None;
-    for kind in ExecKind::all() {
+    for kind in kinds() {
         for aux in [true, false] {
             let c = Chain::build(&parse(chain).unwrap()).unwrap();
             assert_eq!(c.groups.len(), 2);

@@ -66,6 +66,11 @@ fn chain_of(name: &str) -> String {
     match name {
         "synthetic" => "synthetic(mem=65536)".into(),
         "hh" => "hh(k=5)".into(),
+        "route" => {
+            let path = std::env::temp_dir().join(format!("fp-exports-routes-{}.txt", std::process::id()));
+            std::fs::write(&path, "0.0.0.0/1 1\n128.0.0.0/1 2\n172.16.0.0/12 3\n::/0 4\n").unwrap();
+            format!("route(routes={})", path.display())
+        }
         other => other.into(),
     }
 }

@@ -12,6 +12,13 @@ use flowplane_nf::testutil::udp4;
 use flowplane_nf::NfContext;
 use flowplane_packet::{Batch, PacketPool, PoolConfig};
 
+/// Every registered executor, and the interleaved one at several task counts.
+fn kinds() -> Vec<ExecKind> {
+    let mut v: Vec<ExecKind> = ExecKind::all().collect();
+    v.extend(["interleaved:1", "interleaved:4", "interleaved:64"].map(|s| ExecKind::parse(s).unwrap()));
+    v
+}
+
 struct Counting;
 
 thread_local! {
@@ -54,8 +61,12 @@ fn the_counter_sees_allocations() {
 fn executors_allocate_nothing_in_steady_state() {
     let frames: Vec<Vec<u8>> =
         (0..512u32).map(|f| udp4([10, 0, (f >> 8) as u8, f as u8], [192, 168, 1, (f % 7) as u8], 1000, 80)).collect();
-    for chain in ["lb -> fsc -> ratelimit(pps=1000000000) -> acl", "srcctr -> policer(rate=1000000000000) -> lb"] {
-        for kind in ExecKind::all() {
+    for chain in [
+        "lb -> fsc -> ratelimit(pps=1000000000) -> acl",
+        "srcctr -> policer(rate=1000000000000) -> lb",
+        "srcctr -> policer(rate=1000000000000) -> synthetic(k=4, mem=64k) -> nat(addrs=4) -> fw(allow_new=any) -> acl",
+    ] {
+        for kind in kinds() {
             for aux in [true, false] {
                 let c = Chain::build(&parse(chain).unwrap()).unwrap();
                 let shared = SharedStores::new(&c.groups, 4096, 3_600_000_000_000).unwrap();

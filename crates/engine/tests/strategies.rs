@@ -68,6 +68,11 @@ fn chain_of(name: &str) -> String {
         "synthetic" => "synthetic(mem=65536)".into(),
         "hh" => "hh(k=5)".into(),
         "portknock" => "portknock(knock=1111-2222-3333, protect=22)".into(),
+        "route" => {
+            let p = std::env::temp_dir().join(format!("fp-strat-routes-{}.txt", std::process::id()));
+            std::fs::write(&p, "10.0.0.0/8 1\n172.16.0.0/12 2\n192.168.0.0/16 3\n0.0.0.0/0 4\n").unwrap();
+            format!("route(routes={})", p.display())
+        }
         other => other.into(),
     }
 }

@@ -10,6 +10,13 @@ use flowplane_nf::testutil::tcp4;
 use flowplane_nf::NfContext;
 use flowplane_packet::{Batch, PacketPool, PoolConfig};
 
+/// Every registered executor, and the interleaved one at several task counts.
+fn kinds() -> Vec<ExecKind> {
+    let mut v: Vec<ExecKind> = ExecKind::all().collect();
+    v.extend(["interleaved:1", "interleaved:4", "interleaved:64"].map(|s| ExecKind::parse(s).unwrap()));
+    v
+}
+
 #[test]
 fn spoofed_flood_still_meets_every_coarse_nf() {
     // 3000 SYNs from spoofed sources (each its own 5-tuple) to one victim, and
@@ -19,9 +26,10 @@ fn spoofed_flood_still_meets_every_coarse_nf() {
         let src = if k % 11 == 0 { [192, 0, 2, 66] } else { [10, (k >> 16) as u8, (k >> 8) as u8, k as u8] };
         frames.push(tcp4(src, [198, 51, 100, 1], 1024 + (k % 50_000) as u16, 80, 0x02, k, 0));
     }
-    let chain = "ddos(threshold=100) -> srcctr -> psd(ports=1000) -> fsc";
+    // (acl last: the interleaved executor's task window, not its batched fallback)
+    let chain = "ddos(threshold=100) -> srcctr -> psd(ports=1000) -> fsc -> acl";
     let mut reference = None;
-    for kind in ExecKind::all() {
+    for kind in kinds() {
         for aux in [true, false] {
             let c = Chain::build(&parse(chain).unwrap()).unwrap();
             let shared = SharedStores::new(&c.groups, 8192, 3_600_000_000_000).unwrap();

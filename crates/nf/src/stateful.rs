@@ -213,6 +213,42 @@ impl Placement {
     }
 }
 
+/// What one step of a resumable action asks for (see [`StatefulNf::step`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// The next step reads the cache line holding this address: the executor
+    /// prefetches it, runs other packets' steps meanwhile, and calls `step`
+    /// again for this packet later. (A hint: never dereferenced by the executor.)
+    Prefetch(*const u8),
+    /// Nothing more to fetch: [`StatefulNf::finish`] can run.
+    Ready,
+}
+
+impl Step {
+    /// `Step::Prefetch` of the line holding `*r`.
+    #[inline(always)]
+    pub fn at<T>(r: &T) -> Step {
+        Step::Prefetch(r as *const T as *const u8)
+    }
+}
+
+/// Where a resumable action stands for one packet: plain data the executor
+/// keeps in a reused task slot (zeroed when the packet's task starts), which
+/// only the NF interprets. `step == 0` means the action has not started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cursor {
+    /// Steps taken so far (0: not started).
+    pub step: u32,
+    /// NF-defined small value (a node, a rule, a position).
+    pub pos: u32,
+    /// What the results so far were computed from (a state value, a packet
+    /// field): `finish` compares it with the present value and starts over
+    /// on a mismatch, so a stale cursor costs time, never correctness.
+    pub input: u64,
+    /// NF-defined values (partial results).
+    pub val: [u64; 2],
+}
+
 /// A stateful network function.
 pub trait StatefulNf: Send + 'static {
     /// Per-flow state: plain data (derive `Pod`, `Zeroable`, `#[repr(C)]`,
@@ -279,6 +315,36 @@ pub trait StatefulNf: Send + 'static {
     /// `process` for the same packet, so the NF can `flowplane_packet::prefetch::read`
     /// whatever `state` points to (a backend, a rule, a bucket).
     fn prefetch(&self, _state: &Self::State) {}
+
+    /// Set to `true` when the NF implements [`StatefulNf::step`] and
+    /// [`StatefulNf::finish`] (a resumable action); otherwise the interleaved
+    /// executor runs the action as one step (`process`).
+    const STEPS: bool = false;
+
+    /// One step of the resumable action on this packet (GuNFu's granular
+    /// decomposition): read what the previous step prefetched, record the
+    /// progress in `cur`, and name the next line to read
+    /// ([`Step::Prefetch`]) or say the action can finish ([`Step::Ready`]).
+    ///
+    /// Contract: a step only reads (`&self`, `&State`, `&Pkt`) and may run
+    /// before earlier packets of *other* flows have finished (the executor
+    /// keeps a flow's packets in order and finishes every packet in arrival
+    /// order). So a step may keep in `cur` only results derived from the
+    /// packet, the flow's state, and data `finish`/`process` never change
+    /// (a route table, a rule set, a fixed array); anything read from
+    /// mutable NF-wide structures is a prefetch hint that `finish` reads
+    /// again. `cur.input` names what the results depend on.
+    fn step(&self, _pkt: &Pkt<'_>, _state: &Self::State, _cur: &mut Cursor) -> Step {
+        Step::Ready
+    }
+
+    /// The per-packet action resumed from `cur` after any number of steps
+    /// (zero included, or a cursor whose `input` no longer matches): it must
+    /// return exactly what [`StatefulNf::process`] would, and leave the same
+    /// state. Default: `process`.
+    fn finish(&mut self, pkt: &mut Pkt<'_>, state: &mut Self::State, _cur: &Cursor, ctx: &NfContext) -> Action {
+        self.process(pkt, state, ctx)
+    }
 
     /// Called when a flow's state is removed (expiry, end of flow, eviction
     /// excepted): release what it holds (e.g. a NAT port).

@@ -52,6 +52,12 @@ fn params_for(name: &str) -> Vec<(String, String)> {
     match name {
         // Keep the synthetic NF's private array small in tests.
         "synthetic" => vec![("mem".into(), "65536".into())],
+        // A route table the test frames' destinations partly match.
+        "route" => {
+            let path = std::env::temp_dir().join(format!("fp-every-nf-routes-{}.txt", std::process::id()));
+            std::fs::write(&path, "10.0.0.0/24 1\n10.0.0.2/32 2\n0.0.0.0/1 3\n2001:db8::/32 4\n").unwrap();
+            vec![("routes".into(), path.display().to_string())]
+        }
         _ => Vec::new(),
     }
 }

@@ -39,6 +39,22 @@ pub mod prefetch {
         let _ = r;
     }
 
+    /// Hints the CPU to bring the line holding address `p` into all cache
+    /// levels: for addresses named by an NF's resumable action
+    /// (`flowplane_nf::stateful::Step::Prefetch`). Any address is fine, even
+    /// a dangling or null one: a prefetch is never dereferenced.
+    #[inline(always)]
+    pub fn addr(p: *const u8) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `prefetcht0` has no architectural effect and never faults,
+        // whatever the address (invalid ones are dropped by the CPU).
+        unsafe {
+            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = p;
+    }
+
     /// Hints that the line holding `*r` is about to be written.
     #[inline(always)]
     pub fn write<T: ?Sized>(r: &T) {

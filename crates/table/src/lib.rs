@@ -22,6 +22,7 @@ mod cuckoo;
 pub mod error;
 pub mod expiry;
 pub mod flow_table;
+pub mod huge;
 pub mod key;
 pub mod shared;
 pub mod simd;
@@ -32,4 +33,5 @@ pub use error::TableError;
 pub use flow_table::{
     BatchResult, FlowTable, FullPolicy, Handle, Iter, Stamps, TableConfig, TableStats, Upsert, INVALID_HANDLE,
 };
+pub use huge::HugeArray;
 pub use key::FlowKey;

@@ -14,6 +14,7 @@ pub(super) const INFO: ExecutorInfo = ExecutorInfo {
     name: "batch",
     about: "FAJITA: one bulk prefetching lookup per batch, aggregated state, each NF over the whole batch",
     layout: StateLayout::Aggregated,
+    param: None,
     new: |_| Box::new(Batched),
 };
 

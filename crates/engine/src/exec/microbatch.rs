@@ -14,6 +14,7 @@ pub(super) const INFO: ExecutorInfo = ExecutorInfo {
     name: "microbatch",
     about: "FastClick: one single-key lookup per run of same-flow packets, each NF over the batch",
     layout: StateLayout::Aggregated,
+    param: None,
     new: |_| Box::new(MicroBatch),
 };
 

@@ -16,6 +16,10 @@
 //! - `pernf` (VPP's model): one table per NF, a bulk lookup per NF per batch.
 //! - `microbatch` (FastClick without its batch rebuilder): one lookup per
 //!   run of consecutive packets of one flow.
+//! - `interleaved[:K]` (GuNFu): after the bulk match, K packet tasks in
+//!   flight run the NFs' resumable actions (`StatefulNf::step`) round-robin,
+//!   each switching when it names a line to fetch; then the staged pass
+//!   finishes every packet in arrival order from its cursors.
 
 use std::fmt;
 
@@ -43,7 +47,7 @@ macro_rules! executors {
 }
 
 // The registry: one file per executor in this directory, named here.
-executors!(batch, rtc, pernf, microbatch);
+executors!(batch, rtc, pernf, microbatch, interleaved);
 
 /// One executor: runs the chain over a batch whose packets are parsed
 /// (`cx.scratch.metas[..batch.len()]`), leaving verdicts in the batch and
@@ -71,34 +75,75 @@ pub struct ExecutorInfo {
     pub about: &'static str,
     /// Its state layout.
     pub layout: StateLayout,
-    /// Creates one core's executor for a built context.
+    /// Its numeric parameter (`name:N`), if it takes one.
+    pub param: Option<ExecParam>,
+    /// Creates one core's executor for a built context (the parameter is
+    /// `cx.cfg.kind.param()`).
     pub new: fn(&ExecContext) -> Box<dyn Executor>,
 }
 
-/// Which executor: a handle on a registry entry.
+/// An executor's numeric parameter, written `name:N` after its name.
+#[derive(Clone, Copy, Debug)]
+pub struct ExecParam {
+    /// What it is (for help texts).
+    pub what: &'static str,
+    /// Value when only the name is given.
+    pub default: u16,
+    /// Smallest value.
+    pub min: u16,
+    /// Largest value.
+    pub max: u16,
+}
+
+/// Which executor: a handle on a registry entry, with its parameter (0 for
+/// executors without one).
 #[derive(Clone, Copy)]
-pub struct ExecKind(&'static ExecutorInfo);
+pub struct ExecKind(&'static ExecutorInfo, u16);
 
 impl ExecKind {
     /// FAJITA's batched executor (the default).
-    pub const BATCH: ExecKind = ExecKind(&batch::INFO);
+    pub const BATCH: ExecKind = ExecKind(&batch::INFO, 0);
 
-    /// The executor named `s`.
+    /// The executor named `s`, with its parameter as `name:N` (`interleaved:8`).
     pub fn parse(s: &str) -> Result<ExecKind, EngineError> {
-        EXECUTORS.iter().find(|e| e.name == s).map(ExecKind).ok_or_else(|| EngineError::UnknownExecutor {
+        let (name, arg) = match s.split_once(':') {
+            Some((n, a)) => (n, Some(a)),
+            None => (s, None),
+        };
+        let info = EXECUTORS.iter().find(|e| e.name == name).ok_or_else(|| EngineError::UnknownExecutor {
             name: s.to_string(),
-            known: EXECUTORS.iter().map(|e| e.name).collect::<Vec<_>>().join(", "),
-        })
+            known: EXECUTORS
+                .iter()
+                .map(|e| if e.param.is_some() { format!("{}[:N]", e.name) } else { e.name.to_string() })
+                .collect::<Vec<_>>()
+                .join(", "),
+        })?;
+        let bad = |why: String| EngineError::Unsupported(format!("executor '{s}': {why}"));
+        let v = match (info.param, arg) {
+            (None, None) => 0,
+            (None, Some(_)) => return Err(bad("takes no parameter".into())),
+            (Some(p), None) => p.default,
+            (Some(p), Some(a)) => match a.parse::<u16>() {
+                Ok(v) if (p.min..=p.max).contains(&v) => v,
+                _ => return Err(bad(format!("{} must be an integer in {}..={}", p.what, p.min, p.max))),
+            },
+        };
+        Ok(ExecKind(info, v))
     }
 
-    /// Every registered executor.
+    /// Every registered executor (with its default parameter).
     pub fn all() -> impl Iterator<Item = ExecKind> {
-        EXECUTORS.iter().map(ExecKind)
+        EXECUTORS.iter().map(|e| ExecKind(e, e.param.map_or(0, |p| p.default)))
     }
 
     /// Its name.
     pub fn name(self) -> &'static str {
         self.0.name
+    }
+
+    /// Its parameter (0 for executors without one).
+    pub fn param(self) -> u16 {
+        self.1
     }
 
     /// Its registry entry.
@@ -109,7 +154,7 @@ impl ExecKind {
 
 impl PartialEq for ExecKind {
     fn eq(&self, o: &Self) -> bool {
-        self.0.name == o.0.name
+        self.0.name == o.0.name && self.1 == o.1
     }
 }
 
@@ -117,19 +162,22 @@ impl Eq for ExecKind {}
 
 impl fmt::Display for ExecKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.0.name)
+        match self.0.param {
+            Some(_) => write!(f, "{}:{}", self.0.name, self.1),
+            None => f.write_str(self.0.name),
+        }
     }
 }
 
 impl fmt::Debug for ExecKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.0.name)
+        fmt::Display::fmt(self, f)
     }
 }
 
 impl Serialize for ExecKind {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.0.name)
+        s.collect_str(self)
     }
 }
 

@@ -18,6 +18,7 @@ pub(super) const INFO: ExecutorInfo = ExecutorInfo {
     name: "pernf",
     about: "VPP: a table per NF, one bulk lookup per NF per batch",
     layout: StateLayout::PerNf,
+    param: None,
     new: |cx| Box::new(PerNf { flows: vec![[FlowRef::NONE; MAX_BATCH]; cx.stores.len()] }),
 };
 

@@ -16,6 +16,7 @@ pub(super) const INFO: ExecutorInfo = ExecutorInfo {
     name: "rtc",
     about: "run-to-completion: single-key lookup per packet, every NF on it, then the next packet",
     layout: StateLayout::Aggregated,
+    param: None,
     new: |_| Box::new(Rtc),
 };
 

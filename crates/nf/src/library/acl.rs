@@ -27,7 +27,7 @@ use serde_json::json;
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::{merge_keeping, merge_rows};
-use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
+use crate::stateful::{Action, Affinity, Cursor, GlobalState, Granularity, Placement, StatefulNf, Step};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const RULES: ParamSpec = ParamSpec::text(
@@ -342,6 +342,7 @@ impl Acl {
 impl StatefulNf for Acl {
     type State = AclState;
     const HAS_PREFETCH: bool = true;
+    const STEPS: bool = true;
 
     fn name(&self) -> &'static str {
         NF.name
@@ -375,6 +376,16 @@ impl StatefulNf for Acl {
             Action::Drop
         } else {
             Action::Pass
+        }
+    }
+
+    /// One step: the deciding rule's packet counter (the rule walk itself
+    /// runs once per flow, in `init`).
+    fn step(&self, _pkt: &Pkt<'_>, st: &AclState, cur: &mut Cursor) -> Step {
+        cur.step += 1;
+        match self.packets.get(st.rule()) {
+            Some(c) if cur.step == 1 => Step::at(c),
+            _ => Step::Ready,
         }
     }
 

@@ -66,7 +66,7 @@ use serde_json::json;
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::merge_keeping;
-use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
+use crate::stateful::{Action, Affinity, Cursor, GlobalState, Granularity, Placement, StatefulNf, Step};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const ALLOW_NEW: ParamSpec = ParamSpec::choice("allow_new", "inside", &["inside", "any"], "who may open connections");
@@ -872,6 +872,7 @@ impl StatefulNf for Fw {
     const ENDS_FLOWS: bool = true;
     const BOTH_DIRECTIONS: bool = true;
     const HAS_PREFETCH: bool = true;
+    const STEPS: bool = true;
 
     fn name(&self) -> &'static str {
         NF.name
@@ -905,6 +906,39 @@ impl StatefulNf for Fw {
             IpProtocol::ICMP if !pkt.meta().v6 => self.icmp(pkt, st, ctx.now_ns),
             IpProtocol::ICMPV6 if pkt.meta().v6 => self.icmp(pkt, st, ctx.now_ns),
             _ => self.datagram(pkt, st, ctx.now_ns),
+        }
+    }
+
+    /// The connection-table walk as steps: a bound flow names its connection;
+    /// an unbound one names its index slot, then the connection that slot
+    /// leads to. Only hints (the table changes as packets finish): `finish`
+    /// is `process`, on lines now cached.
+    fn step(&self, pkt: &Pkt<'_>, st: &FwState, cur: &mut Cursor) -> Step {
+        cur.step += 1;
+        let t = &self.table;
+        if st.conn != 0 {
+            return match (cur.step, t.slab.get(st.conn as usize - 1)) {
+                (1, Some(c)) => Step::at(c),
+                _ => Step::Ready,
+            };
+        }
+        if !pkt.meta().valid {
+            return Step::Ready;
+        }
+        match cur.step {
+            1 => {
+                let h = ConnTable::hash(&pkt.tuple().canonical());
+                cur.input = u64::from(h);
+                cur.pos = h & t.mask as u32;
+                t.index.get(cur.pos as usize).map_or(Step::Ready, Step::at)
+            }
+            2 => match t.index.get(cur.pos as usize) {
+                Some(&e) if e != 0 && (e >> 32) == cur.input => {
+                    t.slab.get((e as u32).wrapping_sub(1) as usize).map_or(Step::Ready, Step::at)
+                }
+                _ => Step::Ready,
+            },
+            _ => Step::Ready,
         }
     }
 

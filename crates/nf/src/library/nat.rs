@@ -77,7 +77,7 @@ use serde_json::json;
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::{merge_keeping, Export};
-use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
+use crate::stateful::{Action, Affinity, Cursor, GlobalState, Granularity, Placement, StatefulNf, Step};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const EXTERNAL: ParamSpec = ParamSpec::text("external", "203.0.113.1", "IPv4", "first external address");
@@ -544,6 +544,7 @@ impl StatefulNf for Nat {
     const HAS_RELEASE: bool = true;
     const ENDS_FLOWS: bool = true;
     const HAS_PREFETCH: bool = true;
+    const STEPS: bool = true;
 
     fn name(&self) -> &'static str {
         NF.name
@@ -583,6 +584,19 @@ impl StatefulNf for Nat {
             *st = self.classify(pkt);
         }
         self.translate(pkt, st, ctx)
+    }
+
+    /// One step: inbound and closing outbound flows name their reverse-map
+    /// entry (a hint: `finish` is `process` and reads it again, since an
+    /// earlier packet may release the slot meanwhile).
+    fn step(&self, _pkt: &Pkt<'_>, st: &NatState, cur: &mut Cursor) -> Step {
+        cur.step += 1;
+        if cur.step == 1 && (st.kind == kind::INBOUND || st.kind == kind::OUTBOUND_CLOSING) {
+            if let Some(e) = self.pools[(st.pool & 1) as usize].rev.get(st.slot as usize) {
+                return Step::at(e);
+            }
+        }
+        Step::Ready
     }
 
     fn prefetch(&self, st: &NatState) {

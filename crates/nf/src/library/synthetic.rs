@@ -5,20 +5,25 @@
 //! filled once in the constructor) holding a random cyclic permutation, so
 //! following `idx = array[idx]` visits every slot before repeating and the
 //! hardware prefetcher cannot guess the next address. A flow's state is a
-//! position in that cycle, random at flow creation; each packet walks `k`
-//! steps and stores where it ended (so the reads cannot be optimised away).
+//! position in that cycle, pseudo-random from the flow's key at creation;
+//! each packet walks `k` steps and stores where it ended (so the reads
+//! cannot be optimised away; the export shows it).
 //! The prefetch hook prefetches `array[state.idx]`, the first of the k
-//! accesses: exactly what FAJITA's customizable prefetch provides.
+//! accesses: exactly what FAJITA's customizable prefetch provides. The
+//! resumable action (interleaved executor) is the chase as k steps, each
+//! naming the slot the next read touches.
 
 use bytemuck::{Pod, Zeroable};
+use flowplane_table::HugeArray;
 use serde_json::json;
 
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
-use crate::report::merge_keeping;
+use crate::report::{merge_keeping, Export};
 use crate::stateful::Granularity;
-use crate::stateful::{Action, StatefulNf};
+use crate::stateful::{Action, Cursor, StatefulNf, Step};
 use crate::{NfContext, ParamError, ParamSpec, Params};
+use flowplane_wire::flow::FiveTuple;
 
 /// Most indirect accesses per packet.
 pub const MAX_K: u64 = 16;
@@ -81,8 +86,10 @@ impl SplitMix {
 #[derive(Debug)]
 pub struct Synthetic {
     k: u32,
-    array: Vec<u32>,
-    rng: SplitMix,
+    /// On huge pages: a 4 KiB-page array makes every read a TLB miss too.
+    array: HugeArray<u32>,
+    /// Seed of the flows' start positions.
+    seed: u64,
     /// Packets processed (k reads each).
     packets: u64,
 }
@@ -102,11 +109,11 @@ impl Synthetic {
     /// aborting) if the array cannot be allocated.
     pub fn new(k: u32, mem: u64, seed: u64) -> Result<Self, ParamError> {
         let n = (mem / 4).clamp(2, u32::MAX as u64) as usize;
-        let mut array = Vec::new();
-        array
-            .try_reserve_exact(n)
+        let mut array = HugeArray::<u32>::zeroed(n)
             .map_err(|_| ParamError(format!("synthetic: cannot allocate parameter 'mem={mem}' bytes")))?;
-        array.extend(0..n as u32);
+        for (i, x) in array.iter_mut().enumerate() {
+            *x = i as u32;
+        }
         let mut rng = SplitMix(seed);
         // Sattolo's algorithm: a uniformly random permutation with a single
         // cycle, so a walk never falls into a short loop that stays cached.
@@ -114,7 +121,7 @@ impl Synthetic {
             let j = rng.below(i as u64) as usize;
             array.swap(i, j);
         }
-        Ok(Synthetic { k: k.min(MAX_K as u32), array, rng, packets: 0 })
+        Ok(Synthetic { k: k.min(MAX_K as u32), array, seed, packets: 0 })
     }
 
     /// Entries in the array.
@@ -138,18 +145,54 @@ impl Synthetic {
 impl StatefulNf for Synthetic {
     type State = SyntheticState;
     const HAS_PREFETCH: bool = true;
+    const STEPS: bool = true;
 
     fn name(&self) -> &'static str {
         NF.name
     }
 
-    fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> SyntheticState {
-        SyntheticState { idx: self.rng.below(self.array.len() as u64) as u32 }
+    fn init(&mut self, pkt: &Pkt<'_>, _ctx: &NfContext) -> SyntheticState {
+        // A pseudo-random start drawn from the flow's key: the same whatever
+        // core or order the flow meets (runs compare exactly).
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        pkt.tuple().hash(&mut h);
+        let mut rng = SplitMix(h.finish() ^ self.seed);
+        SyntheticState { idx: rng.below(self.array.len() as u64) as u32 }
     }
 
     #[inline]
     fn process(&mut self, _pkt: &mut Pkt<'_>, st: &mut SyntheticState, _ctx: &NfContext) -> Action {
         st.idx = self.walk(st.idx, self.k);
+        self.packets += 1;
+        Action::Pass
+    }
+
+    /// `cur.step` = 1 + reads done, `cur.pos` = the index reached,
+    /// `cur.input` = the start (the flow's `idx`).
+    #[inline]
+    fn step(&self, _pkt: &Pkt<'_>, st: &SyntheticState, cur: &mut Cursor) -> Step {
+        if cur.step == 0 {
+            *cur = Cursor { step: 1, pos: st.idx, input: u64::from(st.idx), val: [0; 2] };
+        } else {
+            // The slot named by the previous step: read it (the array never changes).
+            cur.pos = self.walk(cur.pos, 1);
+            cur.step += 1;
+        }
+        match self.array.get(cur.pos as usize) {
+            Some(x) if cur.step <= self.k => Step::at(x),
+            _ => Step::Ready,
+        }
+    }
+
+    #[inline]
+    fn finish(&mut self, _pkt: &mut Pkt<'_>, st: &mut SyntheticState, cur: &Cursor, _ctx: &NfContext) -> Action {
+        st.idx = if cur.step > 0 && cur.input == u64::from(st.idx) {
+            // Resume the chase where the steps left it.
+            self.walk(cur.pos, self.k.saturating_sub(cur.step - 1))
+        } else {
+            self.walk(st.idx, self.k)
+        };
         self.packets += 1;
         Action::Pass
     }
@@ -175,11 +218,27 @@ impl StatefulNf for Synthetic {
         // Configuration echoes are the same on every core.
         merge_keeping(into, other, &["k", "mem_bytes_per_core", "entries_per_core"]);
     }
+
+    /// Where each flow's walk stands (so runs can be compared exactly).
+    fn export_kind(&self) -> Export {
+        Export::State
+    }
+
+    fn export_row(&self, key: &FiveTuple, st: &SyntheticState) -> Option<serde_json::Value> {
+        Some(json!({
+            "src": key.src_ip().to_string(),
+            "sport": key.src_port(),
+            "dst": key.dst_ip().to_string(),
+            "dport": key.dst_port(),
+            "idx": st.idx,
+        }))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pkt::PktMeta;
     use crate::testutil::{udp4, Harness};
 
     #[test]
@@ -218,6 +277,37 @@ mod tests {
             let r = h.nf.report().unwrap();
             assert_eq!(r["indirect_reads"], 2 * k as u64);
         }
+    }
+
+    #[test]
+    fn resumed_chase_equals_the_whole_chase() {
+        let mut h = Harness::new(Synthetic::new(5, 4096, 11).unwrap());
+        let mut f = udp4([10, 0, 0, 1], [9, 9, 9, 9], 1000, 80);
+        h.run(&f);
+        let meta = PktMeta::parse(&f);
+        let start = h.state_of(&f).unwrap();
+        // Stop after 0..=k+1 steps: finish must end where process ends.
+        for stop in 0..8 {
+            let mut cur = Cursor::default();
+            let mut steps = 0;
+            while steps < stop && h.nf.step(&Pkt::new(&mut f, &meta), &start, &mut cur) != Step::Ready {
+                steps += 1;
+            }
+            let mut st = start;
+            h.nf.finish(&mut Pkt::new(&mut f, &meta), &mut st, &cur, &NfContext::default());
+            assert_eq!(st.idx, h.nf.walk(start.idx, 5), "stopped after {stop} steps");
+        }
+        // The full chase names k lines, then is ready.
+        let mut cur = Cursor::default();
+        let mut named = 0;
+        while let Step::Prefetch(_) = h.nf.step(&Pkt::new(&mut f, &meta), &start, &mut cur) {
+            named += 1;
+        }
+        assert_eq!(named, 5);
+        // A cursor computed from another state is not trusted.
+        let mut st = SyntheticState { idx: start.idx ^ 1 };
+        h.nf.finish(&mut Pkt::new(&mut f, &meta), &mut st, &cur, &NfContext::default());
+        assert_eq!(st.idx, h.nf.walk(start.idx ^ 1, 5));
     }
 
     #[test]
@@ -263,7 +353,6 @@ mod tests {
     #[test]
     #[ignore]
     fn measure() {
-        use crate::pkt::PktMeta;
         let t0 = std::time::Instant::now();
         let mut nf = Synthetic::new(1, DEFAULT_MEM, 1).unwrap();
         println!("build 256 MiB: {:.2} s", t0.elapsed().as_secs_f64());

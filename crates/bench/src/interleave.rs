@@ -1,0 +1,529 @@
+//! `flowplane bench interleave`: GuNFu's experiment on this machine — one
+//! core, in-memory replay, 64-byte packets, uniformly random flow order —
+//! each case under `rtc`, `batch` and `interleaved:K` for every K, in one
+//! run so ratios between rows are meaningful on a shared machine. Cases:
+//! the synthetic NF with k = 1, 2, 4, 8 dependent reads; `nat` at 1M flows;
+//! `route` over a full-size generated IPv4 table; `fw` on two-way TCP
+//! connections; `lb -> fsc -> ratelimit`; chains of 2 to 6 NFs from lb,
+//! nat, fw, acl and route.
+//!
+//! The route table: `prefixes` IPv4 prefixes (default 1M, about a full BGP
+//! table) drawn with the length distribution of public BGP tables (RouteViews
+//! 2023: /24 about 60%, /22 12%, /23 10%, /21 5%, /20 4%, /19 3%, /16 1.3%,
+//! /8../15 1%, longer than /24 under 2% — kept to exercise DIR-24-8's second
+//! level), at random addresses in 1.0.0.0..224.0.0.0, next hops 0..16. Each
+//! flow's destination is a random address inside a random route (fixed per
+//! flow), so lookups spread over the 64 MiB first-level table as real
+//! traffic to a full table does.
+
+use std::fmt;
+use std::io::Write as _;
+use std::sync::Arc;
+
+use flowplane_engine::exec::ExecKind;
+use flowplane_io::replay::{ReplayBuilder, ReplayTrace};
+use flowplane_scale::{Dispatch, RssDispatcher};
+use flowplane_trace::gen::{FlowDist, GenConfig, Generator, Order, Proto, SizeSpec};
+use serde::Serialize;
+
+use crate::pipeline::{trace_with, Measure, PipelineOptions};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct InterleaveOptions {
+    /// Flows in the nat, route and chain traces.
+    pub flows: u64,
+    /// Flows in the synthetic NF's trace (fewer: its chase, not the flow
+    /// table, is the point, and a slow row must still see every flow
+    /// during its warm-up).
+    pub synthetic_flows: u64,
+    /// Seconds of warm-up before each measurement (every flow must exist by then).
+    pub warmup: f64,
+    /// Seconds per measurement.
+    pub seconds: f64,
+    /// Packets per batch.
+    pub batch: usize,
+    /// Tasks in flight to try.
+    pub ks: Vec<u16>,
+    /// Dependent reads of the synthetic NF.
+    pub synthetic_k: Vec<u32>,
+    /// Route-table size.
+    pub prefixes: usize,
+    /// Cases to run (empty: all): synthetic, nat, route, fw, chain, chains.
+    pub only: Vec<String>,
+}
+
+impl Default for InterleaveOptions {
+    fn default() -> Self {
+        InterleaveOptions {
+            flows: 1_000_000,
+            synthetic_flows: 100_000,
+            warmup: 2.0,
+            seconds: 1.0,
+            batch: 64,
+            ks: vec![1, 2, 4, 8, 16, 32, 64],
+            synthetic_k: vec![1, 2, 4, 8],
+            prefixes: 1_000_000,
+            only: Vec::new(),
+        }
+    }
+}
+
+impl InterleaveOptions {
+    /// Small and short, for CI smoke runs.
+    pub fn quick() -> Self {
+        InterleaveOptions {
+            flows: 16_000,
+            synthetic_flows: 16_000,
+            warmup: 0.1,
+            seconds: 0.1,
+            ks: vec![1, 16],
+            synthetic_k: vec![1, 4],
+            prefixes: 10_000,
+            ..InterleaveOptions::default()
+        }
+    }
+
+    fn wants(&self, c: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| o == c)
+    }
+}
+
+/// One measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct InterleaveRow {
+    /// Case (`synthetic k=8`, `nat`, `route`, `lb -> fsc -> ratelimit`).
+    pub case: String,
+    /// Chain spec.
+    pub chain: String,
+    /// Executor (`interleaved:K` names K).
+    pub exec: String,
+    /// Tasks in flight (interleaved rows).
+    pub k: Option<u16>,
+    /// Flows in the trace.
+    pub flows: u64,
+    /// Million packets/s (one core).
+    pub mpps: f64,
+    /// TSC cycles per packet.
+    pub cycles_per_packet: f64,
+    /// Throughput over the case's `rtc` row.
+    pub vs_rtc: f64,
+    /// Throughput over the case's `batch` row.
+    pub vs_batch: f64,
+    /// Process CPU time over wall time: below 1 when other processes took the core.
+    pub cpu_share: f64,
+}
+
+/// Per case: the best interleaved K and what it gains.
+#[derive(Clone, Debug, Serialize)]
+pub struct InterleaveBest {
+    /// Case.
+    pub case: String,
+    /// Best K.
+    pub k: u16,
+    /// Its throughput over rtc.
+    pub vs_rtc: f64,
+    /// Its throughput over batch.
+    pub vs_batch: f64,
+    /// interleaved:1 over rtc (the scheduler's cost with nothing to overlap).
+    pub k1_vs_rtc: Option<f64>,
+}
+
+/// All rows and the summary.
+#[derive(Clone, Debug, Serialize)]
+pub struct InterleaveReport {
+    /// Rows in run order.
+    pub rows: Vec<InterleaveRow>,
+    /// Best K per case.
+    pub best: Vec<InterleaveBest>,
+    /// How the route table was generated.
+    pub route_table: Option<String>,
+}
+
+/// The NAT of the 1M-flow cases: 16 addresses x 64512 ports, a port for each flow.
+const NAT_1M: &str = "nat(addrs=16, ports=1024-65535, timeout=3600)";
+
+/// Which generated traffic a case runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Traffic {
+    /// UDP, 10.0.0.0/8 to 172.16.0.0/12.
+    Udp,
+    /// Two-way TCP connections (handshake, data, FIN).
+    TcpBidir,
+    /// UDP with each flow's destination inside a route of the generated table.
+    Routed,
+}
+
+/// SplitMix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// Prefix lengths in per-mille of a public BGP table (see the module docs).
+const LENGTHS: &[(u8, u32)] = &[
+    (8, 1),
+    (10, 1),
+    (12, 1),
+    (13, 1),
+    (14, 2),
+    (15, 3),
+    (16, 13),
+    (17, 8),
+    (18, 14),
+    (19, 28),
+    (20, 42),
+    (21, 50),
+    (22, 120),
+    (23, 100),
+    (24, 597),
+    (25, 4),
+    (26, 4),
+    (27, 3),
+    (28, 3),
+    (29, 2),
+    (30, 2),
+    (32, 1),
+];
+
+/// `n` routes `(network, length, port)`.
+fn gen_routes(n: usize, seed: u64) -> Vec<(u32, u8, u16)> {
+    let total: u32 = LENGTHS.iter().map(|l| l.1).sum();
+    let mut rng = Rng(seed);
+    (0..n)
+        .map(|_| {
+            let mut x = (rng.next() % u64::from(total)) as u32;
+            let len = LENGTHS
+                .iter()
+                .find(|(_, w)| {
+                    if x < *w {
+                        true
+                    } else {
+                        x -= w;
+                        false
+                    }
+                })
+                .map_or(24, |l| l.0);
+            // 1.0.0.0 .. 224.0.0.0 (unicast).
+            let a = 0x0100_0000 + (rng.next() % (0xe000_0000 - 0x0100_0000)) as u32;
+            let mask = if len == 0 { 0 } else { u32::MAX << (32 - u32::from(len)) };
+            (a & mask, len, (rng.next() % 16) as u16)
+        })
+        .collect()
+}
+
+/// Writes the route file; returns its path.
+fn write_routes(routes: &[(u32, u8, u16)]) -> Result<std::path::PathBuf, String> {
+    let path = std::env::temp_dir().join(format!("flowplane-bench-routes-{}.txt", std::process::id()));
+    let f = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut w = std::io::BufWriter::new(f);
+    for (a, l, p) in routes {
+        writeln!(w, "{}/{l} {p}", std::net::Ipv4Addr::from(*a)).map_err(|e| e.to_string())?;
+    }
+    w.flush().map_err(|e| e.to_string())?;
+    Ok(path)
+}
+
+/// The standard trace with each flow's destination moved inside a random route.
+fn route_trace(flows: u64, routes: &[(u32, u8, u16)]) -> Result<Arc<ReplayTrace>, String> {
+    let cfg = GenConfig {
+        flows,
+        packets: (flows * 4).max(2_000_000),
+        size: SizeSpec::Fixed(64),
+        dist: FlowDist::Uniform,
+        order: Order::Random,
+        proto: Proto::Udp,
+        seed: 7,
+        ..GenConfig::default()
+    };
+    let mut gen = Generator::new(cfg).map_err(|e| e.to_string())?;
+    let dispatch = RssDispatcher::new(1, false).map_err(|e| e.to_string())?;
+    let mut b = ReplayBuilder::new(1);
+    b.reserve(gen.remaining() as usize, 64);
+    let mut buf = Vec::with_capacity(2048);
+    while let Some(ts) = gen.next_frame(&mut buf) {
+        // Ethernet + IPv4 (20 bytes) + UDP: the generator's 64-byte UDP frames.
+        if buf.len() >= 42 && buf[12..14] == [0x08, 0x00] && buf[14] == 0x45 && !routes.is_empty() {
+            // The flow's identity (source address and ports) picks its route and host.
+            let id = u64::from_be_bytes(buf[26..34].try_into().unwrap_or([0; 8]))
+                ^ u64::from(u32::from_be_bytes(buf[34..38].try_into().unwrap_or([0; 4])));
+            let mut rng = Rng(id);
+            let (net, len, _) = routes[(rng.next() % routes.len() as u64) as usize];
+            let host = if len >= 32 { 0 } else { u32::MAX >> len };
+            let dst = net | (rng.next() as u32 & host);
+            buf[30..34].copy_from_slice(&dst.to_be_bytes());
+            buf[24..26].fill(0);
+            let c = flowplane_wire::checksum::checksum(&buf[14..34]);
+            buf[24..26].copy_from_slice(&c.to_be_bytes());
+            // UDP over IPv4: checksum 0 = none (the pseudo-header changed).
+            buf[40..42].fill(0);
+        }
+        let (q, h) = dispatch.classify(&buf).unwrap_or((0, 0));
+        b.push(usize::from(q), &buf, h, ts).map_err(|e| e.to_string())?;
+    }
+    Ok(b.build())
+}
+
+/// Runs the cases.
+pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, String> {
+    let popts = PipelineOptions {
+        seconds: opts.seconds,
+        batch: opts.batch,
+        warmup: Some(opts.warmup),
+        ..PipelineOptions::default()
+    };
+    let m = Measure { opts: &popts };
+    let mut execs: Vec<ExecKind> = vec![ExecKind::parse("rtc").map_err(|e| e.to_string())?, ExecKind::BATCH];
+    for &k in &opts.ks {
+        execs.push(ExecKind::parse(&format!("interleaved:{k}")).map_err(|e| e.to_string())?);
+    }
+    // (case, chain, traffic, flows)
+    let mut cases: Vec<(String, String, Traffic, u64)> = Vec::new();
+    if opts.wants("synthetic") {
+        for &k in &opts.synthetic_k {
+            cases.push((format!("synthetic k={k}"), format!("synthetic(k={k})"), Traffic::Udp, opts.synthetic_flows));
+        }
+    }
+    if opts.wants("nat") {
+        cases.push(("nat".into(), NAT_1M.into(), Traffic::Udp, opts.flows));
+    }
+    let mut route_table = None;
+    let mut routes_path = None;
+    let mut routes = Vec::new();
+    if opts.wants("route") || opts.wants("chains") {
+        routes = gen_routes(opts.prefixes, 42);
+        let tbl8 = routes.iter().filter(|r| r.1 > 24).count();
+        route_table = Some(format!(
+            "{} IPv4 prefixes, BGP-like lengths (/24 60%, /22 12%, /23 10%, ..., >/24 {:.1}%), random unicast networks, 16 next hops",
+            routes.len(),
+            100.0 * tbl8 as f64 / routes.len().max(1) as f64
+        ));
+        routes_path = Some(write_routes(&routes)?);
+    }
+    let route = format!("route(routes={})", routes_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default());
+    if opts.wants("route") {
+        cases.push(("route".into(), route.clone(), Traffic::Routed, opts.flows));
+    }
+    if opts.wants("fw") {
+        cases.push(("fw tcp-bidir".into(), "fw(allow_new=any)".into(), Traffic::TcpBidir, opts.flows));
+    }
+    if opts.wants("chain") {
+        let chain = "lb -> fsc -> ratelimit(pps=1000000000)";
+        cases.push(("lb -> fsc -> ratelimit".into(), chain.into(), Traffic::Udp, opts.flows));
+    }
+    if opts.wants("chains") {
+        let nfs = ["lb", NAT_1M, "fw(allow_new=any)", "acl", route.as_str(), "acl(rule=drop:udp:any:any:any:1)"];
+        for len in 2..=6 {
+            cases.push((format!("chain of {len}"), nfs[..len].join(" -> "), Traffic::Routed, opts.flows));
+        }
+    }
+    let mut traces: Vec<(u64, Traffic, Arc<ReplayTrace>)> = Vec::new();
+    let mut rows = Vec::new();
+    for (case, chain, traffic, flows) in &cases {
+        let (flows, traffic) = (*flows, *traffic);
+        let trace = match traces.iter().find(|t| t.0 == flows && t.1 == traffic) {
+            Some(t) => t.2.clone(),
+            None => {
+                let t = match traffic {
+                    Traffic::Udp => trace_with(flows, Proto::Udp)?,
+                    Traffic::TcpBidir => trace_with(flows, Proto::TcpBidir)?,
+                    Traffic::Routed => route_trace(flows, &routes)?,
+                };
+                traces.push((flows, traffic, t.clone()));
+                t
+            }
+        };
+        let start = rows.len();
+        for &kind in &execs {
+            let r = m.one_with(&trace, chain, kind, true, true, true, flows)?;
+            let k = kind.name().eq("interleaved").then(|| kind.param());
+            rows.push(InterleaveRow {
+                case: case.clone(),
+                chain: chain.clone(),
+                exec: kind.to_string(),
+                k,
+                flows,
+                mpps: r.mpps,
+                cycles_per_packet: r.cycles_per_packet,
+                vs_rtc: 1.0,
+                vs_batch: 1.0,
+                cpu_share: r.cpu_share,
+            });
+        }
+        let (rtc, batch) = (rows[start].mpps, rows[start + 1].mpps);
+        for r in &mut rows[start..] {
+            r.vs_rtc = if rtc > 0.0 { r.mpps / rtc } else { 0.0 };
+            r.vs_batch = if batch > 0.0 { r.mpps / batch } else { 0.0 };
+        }
+    }
+    if let Some(p) = routes_path {
+        let _ = std::fs::remove_file(p);
+    }
+    let best = cases
+        .iter()
+        .filter_map(|(case, _, _, _)| {
+            let il = rows.iter().filter(|r| &r.case == case && r.k.is_some());
+            let b = il.clone().max_by(|a, b| a.mpps.total_cmp(&b.mpps))?;
+            Some(InterleaveBest {
+                case: case.clone(),
+                k: b.k.unwrap_or(0),
+                vs_rtc: b.vs_rtc,
+                vs_batch: b.vs_batch,
+                k1_vs_rtc: il.clone().find(|r| r.k == Some(1)).map(|r| r.vs_rtc),
+            })
+        })
+        .collect();
+    Ok(InterleaveReport { rows, best, route_table })
+}
+
+/// A TrueType font for the plot's text (plotters draws text with ab_glyph
+/// from a registered font; the usual DejaVu locations are tried).
+fn register_font() -> Result<(), String> {
+    const FONTS: &[&str] = &[
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/TTF/DejaVuSans.ttf",
+        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    ];
+    let bytes = FONTS.iter().find_map(|p| std::fs::read(p).ok()).ok_or("no TrueType font found for the plot's text")?;
+    // Registered once per process; the font lives as long as it.
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, bytes)
+        .map_err(|_| "the plot's font is not a valid TrueType font".to_string())
+}
+
+impl InterleaveReport {
+    /// Writes a PNG: throughput (Mpps) against K for each case, with each
+    /// case's `batch` and `rtc` figures as dashed and dotted levels.
+    pub fn plot_png(&self, path: &std::path::Path) -> Result<(), String> {
+        use plotters::prelude::*;
+        register_font()?;
+        let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+        let cases: Vec<&str> = self.rows.iter().fold(Vec::new(), |mut v, r| {
+            if !v.contains(&r.case.as_str()) {
+                v.push(r.case.as_str());
+            }
+            v
+        });
+        let ks: Vec<u16> = self.rows.iter().filter_map(|r| r.k).fold(Vec::new(), |mut v, k| {
+            if !v.contains(&k) {
+                v.push(k);
+            }
+            v
+        });
+        let (kmin, kmax) = (ks.iter().copied().min().unwrap_or(1), ks.iter().copied().max().unwrap_or(64));
+        let ymax = self.rows.iter().map(|r| r.mpps).fold(1.0f64, f64::max) * 1.1;
+        let root = BitMapBackend::new(path, (1280, 800)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(&e))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("interleaved:K vs rtc (dotted) and batch (dashed), one core, 64-B packets", ("sans-serif", 24))
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(60)
+            .build_cartesian_2d((f64::from(kmin)..f64::from(kmax)).log_scale(), 0.0..ymax)
+            .map_err(|e| err(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc("K (tasks in flight)")
+            .y_desc("Mpps")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .draw()
+            .map_err(|e| err(&e))?;
+        let (x0, x1) = (f64::from(kmin), f64::from(kmax));
+        for (n, case) in cases.iter().enumerate() {
+            let color = Palette99::pick(n).to_rgba();
+            let rows: Vec<&InterleaveRow> = self.rows.iter().filter(|r| r.case == *case).collect();
+            let pts: Vec<(f64, f64)> = rows.iter().filter_map(|r| r.k.map(|k| (f64::from(k), r.mpps))).collect();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+                .map_err(|e| err(&e))?
+                .label(*case)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(|e| err(&e))?;
+            for (exec, dash) in [("batch", 12u32), ("rtc", 3u32)] {
+                if let Some(r) = rows.iter().find(|r| r.exec == exec) {
+                    chart
+                        .draw_series(DashedLineSeries::new(
+                            vec![(x0, r.mpps), (x1, r.mpps)],
+                            dash,
+                            6,
+                            color.stroke_width(1),
+                        ))
+                        .map_err(|e| err(&e))?;
+                }
+            }
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()
+            .map_err(|e| err(&e))?;
+        root.present().map_err(|e| err(&e))?;
+        Ok(())
+    }
+}
+
+impl fmt::Display for InterleaveReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "interleave: 1 core, in-memory replay, 64-B packets, uniformly random flow order")?;
+        if let Some(t) = &self.route_table {
+            writeln!(f, "route table: {t}")?;
+        }
+        writeln!(
+            f,
+            "{:<24} {:<16} {:>8} {:>8} {:>11} {:>7} {:>7} {:>5}",
+            "case", "exec", "flows", "Mpps", "cycles/pkt", "vs rtc", "vs bat", "cpu%"
+        )?;
+        for r in &self.rows {
+            writeln!(
+                f,
+                "{:<24} {:<16} {:>8} {:>8.2} {:>11.1} {:>7.2} {:>7.2} {:>4.0}%",
+                r.case,
+                r.exec,
+                r.flows,
+                r.mpps,
+                r.cycles_per_packet,
+                r.vs_rtc,
+                r.vs_batch,
+                r.cpu_share * 100.0
+            )?;
+        }
+        writeln!(f, "\nbest K per case:")?;
+        for b in &self.best {
+            writeln!(
+                f,
+                "{:<24} K={:<3} {:.2}x rtc, {:.2}x batch; K=1 {}",
+                b.case,
+                b.k,
+                b.vs_rtc,
+                b.vs_batch,
+                b.k1_vs_rtc.map_or_else(|| "-".to_string(), |x| format!("{x:.2}x rtc"))
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_lengths_follow_the_table() {
+        let r = gen_routes(100_000, 1);
+        let share = |l: u8| r.iter().filter(|x| x.1 == l).count() as f64 / r.len() as f64;
+        assert!((share(24) - 0.597).abs() < 0.01, "{}", share(24));
+        assert!((share(22) - 0.12).abs() < 0.01);
+        assert!(r.iter().all(|&(a, l, p)| (0x0100_0000..0xe000_0000).contains(&a) && (8..=32).contains(&l) && p < 16));
+        assert!(r.iter().all(|&(a, l, _)| l == 32 || a & (u32::MAX >> l) == 0), "host bits cleared");
+    }
+}

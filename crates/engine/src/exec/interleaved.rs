@@ -1,0 +1,410 @@
+//! `interleaved[:K]`: GuNFu's interleaved function streams. Each packet is a
+//! task that walks the chain's resumable actions (`StatefulNf::step`: a trie
+//! node, a route-table entry, a connection, a chase), cut at the memory
+//! accesses they name. K tasks are in flight (default 16); the scheduler
+//! visits them round-robin, and a visit runs a task until it names a line
+//! it needs, which is prefetched while the other tasks run; a task with
+//! nothing more to fetch leaves, and its slot takes the next packet of the
+//! batch (GuNFu's Algorithm 1).
+//!
+//! A batch goes through three passes:
+//! 1. the flow-table match, decomposed the table's bulk way: the bucket and
+//!    entry misses of the whole batch overlap (one lookup for every 5-tuple
+//!    NF, new flows inserted in packet order);
+//! 2. the steps, interleaved as above, from each flow's block (its second
+//!    line and the coarse entries it pins are prefetched when the task
+//!    starts); steps only read, and record their progress in a cursor per
+//!    packet and NF;
+//! 3. the finish: the batched executor's staged pass in arrival order, each
+//!    NF's `finish` resuming from the packet's cursor instead of `process`.
+//!    Flow ends take effect at their packet as in `batch` (a segment stops
+//!    before a repeated flow; ends are applied, the rest is looked up again).
+//!
+//! So verdicts, counters, exports, port allocations and flow ends are those
+//! of the batched executor (hence of per-packet run-to-completion), whatever
+//! K: what runs out of order are reads whose results `finish` checks against
+//! what they were computed from (`Cursor::input`). A later packet of a flow
+//! never overtakes an earlier one: finishing is in order, and a packet whose
+//! flow already appeared in the batch takes no steps (they would read state
+//! the earlier packet's finish changes). Shared (coarse) state is locked only
+//! inside finishing, never across a switch, so two in-flight packets of one
+//! source cannot deadlock. The task slots and the cursors are allocated once
+//! per executor and reused: nothing is allocated per packet.
+//!
+//! A chain where no NF has a resumable action has nothing to interleave
+//! beyond the match, and runs the batched executor itself.
+
+use flowplane_nf::stateful::{Cursor, Step};
+use flowplane_nf::{NfContext, Pkt};
+use flowplane_packet::{prefetch, Batch, MAX_BATCH};
+
+use super::context::PREFETCH_AHEAD;
+use super::{ExecContext, ExecParam, Executor, ExecutorInfo, StateLayout};
+use crate::chain::Stage;
+use crate::coarse::aux_handle;
+use crate::stage::BatchOutcome;
+use crate::store::FlowRef;
+
+/// Most yields of one task (a bound on a misbehaving NF's steps).
+const MAX_YIELDS: u16 = 512;
+
+/// Most tasks in flight.
+pub(crate) const MAX_TASKS: u16 = 64;
+
+/// Registry entry.
+pub(super) const INFO: ExecutorInfo = ExecutorInfo {
+    name: "interleaved",
+    about: "GuNFu: K packet tasks in flight (interleaved:K, default 16) running the NFs' resumable actions; \
+            round-robin with prefetch, in-order finish",
+    layout: StateLayout::Aggregated,
+    param: Some(ExecParam { what: "tasks in flight", default: 16, min: 1, max: MAX_TASKS }),
+    new: |cx| {
+        let steps = cx.chain.stages.iter().any(|s| matches!(s, Stage::Stateful { nf, group: None, .. } if nf.steps()));
+        if !steps {
+            // Nothing to interleave beyond the match, which the batched
+            // executor's bulk lookup already overlaps.
+            return (super::batch::INFO.new)(cx);
+        }
+        Box::new(Interleaved::new(cx.cfg.kind.param(), &cx.chain.stages))
+    },
+};
+
+/// One packet in flight.
+#[derive(Clone, Copy, Debug)]
+struct Task {
+    /// Packet index in the batch.
+    i: usize,
+    /// Next entry of `steppers` whose steps run.
+    stage: usize,
+    /// Yields left: a task that keeps naming lines past this leaves; its
+    /// finish completes whatever the steps left.
+    budget: u16,
+}
+
+/// The scheduler's reused state.
+struct Interleaved {
+    k: usize,
+    /// Tasks in flight (`live` of them at the front).
+    tasks: Vec<Task>,
+    /// The 5-tuple stages with resumable actions, in chain order.
+    steppers: Vec<usize>,
+    /// Per stage: (offset, size) of its state in the block.
+    layout: Vec<(usize, usize)>,
+    /// Stage-major cursors: `cursors[si * MAX_BATCH + i]` for packet i.
+    cursors: Vec<Cursor>,
+    /// Flows already seen in the current batch.
+    seen: Seen,
+    /// Per stage: packets of the current batch it has finished.
+    progress: Vec<usize>,
+}
+
+impl Interleaved {
+    fn new(k: u16, chain: &[Stage]) -> Self {
+        let k = usize::from(k.clamp(1, MAX_TASKS));
+        let layout: Vec<(usize, usize)> = chain
+            .iter()
+            .map(|s| match s {
+                Stage::Stateful { nf, offset, .. } => (*offset, nf.state_size()),
+                Stage::Stateless(_) => (0, 0),
+            })
+            .collect();
+        let steppers = chain
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| matches!(s, Stage::Stateful { nf, group: None, .. } if nf.steps()))
+            .map(|(si, _)| si)
+            .collect();
+        Interleaved {
+            k,
+            tasks: Vec::with_capacity(k),
+            steppers,
+            layout,
+            cursors: vec![Cursor::default(); chain.len() * MAX_BATCH],
+            seen: Seen::new(),
+            progress: vec![0; chain.len()],
+        }
+    }
+}
+
+impl Executor for Interleaved {
+    fn run(&mut self, cx: &mut ExecContext, batch: &mut Batch, ctx: &NfContext) {
+        let n = batch.len();
+        let prefetch = cx.cfg.prefetch;
+        cx.start_batch(batch);
+        // A batch whose packet time spans more than the idle timeout is
+        // looked up window by window (see ExecContext::window_end); it takes
+        // no steps (rare: a slow capture replayed at full speed) and each
+        // action runs whole from a fresh cursor in the finishing pass.
+        let w0 = cx.window_end(batch, 0, n);
+        cx.lookup_bulk(batch, 0..w0, ctx, prefetch);
+        if w0 == n {
+            self.steps(cx, batch, n);
+        } else {
+            self.cursors.fill(Cursor::default());
+        }
+        // The finishing pass: the batched executor's loop over segments.
+        self.progress.fill(0);
+        let mut start = 0;
+        let mut w = w0;
+        let mut first = true;
+        while start < n {
+            if !first {
+                w = cx.window_end(batch, start, n);
+                cx.lookup_bulk(batch, start..w, ctx, prefetch);
+            }
+            first = false;
+            loop {
+                let end = cx.segment_end(start, w);
+                cx.pin_coarse_batch(start..end, ctx.now_ns);
+                let (ended, done) = self.finish(cx, batch, start..end, ctx);
+                cx.unpin_coarse_batch(start..end, ctx.now_ns);
+                start = done;
+                // Ended flows are gone from the table: look the rest up again.
+                if ended > 0 || start == w {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+impl Interleaved {
+    /// Pass 2: every packet's steps, K tasks at a time, round-robin. A task
+    /// that is done hands its slot to the next packet at once (the slots keep
+    /// their places, so each task is visited again only after the others).
+    fn steps(&mut self, cx: &ExecContext, batch: &mut Batch, n: usize) {
+        self.seen.clear();
+        self.tasks.clear();
+        let mut next = 0;
+        while self.tasks.len() < self.k && next < n {
+            next += 1;
+            if let Some(task) = self.admit(cx, batch, next - 1) {
+                self.tasks.push(task);
+            }
+        }
+        let mut t = 0;
+        while !self.tasks.is_empty() {
+            if t >= self.tasks.len() {
+                t = 0;
+            }
+            let mut task = self.tasks[t];
+            if self.advance(cx, batch, &mut task) {
+                self.tasks[t] = task;
+                t += 1;
+                continue;
+            }
+            let mut refill = None;
+            while refill.is_none() && next < n {
+                next += 1;
+                refill = self.admit(cx, batch, next - 1);
+            }
+            match refill {
+                Some(task) => {
+                    self.tasks[t] = task;
+                    t += 1;
+                }
+                // The batch is running out: the window shrinks, in order.
+                None => {
+                    self.tasks.remove(t);
+                }
+            }
+        }
+    }
+
+    /// Starts packet `i`'s task: resets its cursors, prefetches its block's
+    /// far parts and takes its first step; None when it has nothing to fetch.
+    fn admit(&mut self, cx: &ExecContext, batch: &mut Batch, i: usize) -> Option<Task> {
+        for &si in &self.steppers {
+            self.cursors[si * MAX_BATCH + i] = Cursor::default();
+        }
+        let flow = cx.scratch.flows[i];
+        // A flow seen earlier in the batch: its state changes before this
+        // packet finishes, so steps now would be wasted.
+        if !flow.is_some() || batch.is_dropped(i) || !self.seen.insert(flow.bits()) {
+            return None;
+        }
+        if cx.cfg.prefetch {
+            prefetch_block(cx, flow);
+        }
+        let mut task = Task { i, stage: 0, budget: MAX_YIELDS };
+        self.advance(cx, batch, &mut task).then_some(task)
+    }
+
+    /// Runs `task` until it names a line (prefetched: true, the task yields)
+    /// or has nothing more to fetch (false).
+    fn advance(&mut self, cx: &ExecContext, batch: &mut Batch, task: &mut Task) -> bool {
+        let flow = cx.scratch.flows[task.i];
+        while let Some(&si) = self.steppers.get(task.stage) {
+            let Stage::Stateful { nf, .. } = &cx.chain.stages[si] else { break };
+            let (off, sz) = self.layout[si];
+            let Some(state) = cx.stores[0].block(flow).get(off..off + sz) else { break };
+            let pkt = Pkt::new(batch.data_mut(task.i), &cx.scratch.metas[task.i]);
+            match nf.step_bytes(&pkt, state, &mut self.cursors[si * MAX_BATCH + task.i]) {
+                Step::Prefetch(p) if cx.cfg.prefetch => {
+                    prefetch::addr(p);
+                    task.budget = task.budget.saturating_sub(1);
+                    return task.budget > 0;
+                }
+                // Without prefetching there is nothing to wait for: go on.
+                Step::Prefetch(_) => {}
+                Step::Ready => task.stage += 1,
+            }
+        }
+        false
+    }
+
+    /// Pass 3 over one segment: `ExecContext::run_stages` with each NF
+    /// resuming from the cursors. Returns the flows ended and where every
+    /// stage stopped.
+    fn finish(
+        &mut self,
+        cx: &mut ExecContext,
+        batch: &mut Batch,
+        range: std::ops::Range<usize>,
+        ctx: &NfContext,
+    ) -> (u64, usize) {
+        let mut frontier = range.end;
+        // The NFs that take no steps still get their prefetch hooks.
+        let ahead = if cx.cfg.prefetch && cx.cfg.prefetch_hooks { PREFETCH_AHEAD } else { 0 };
+        let mut ends = [0u64; 4];
+        for si in 0..cx.chain.stages.len() {
+            let from = self.progress[si].max(range.start);
+            if from >= frontier {
+                continue;
+            }
+            let todo = from..frontier;
+            self.progress[si] = frontier;
+            if cx.chain.stages[si].is_coarse() {
+                cx.run_coarse_batch(si, batch, todo, ctx);
+                continue;
+            }
+            let ExecContext { stores, chain, scratch, .. } = &mut *cx;
+            match &mut chain.stages[si] {
+                Stage::Stateless(nf) => nf.process(batch, todo, ctx),
+                Stage::Stateful { nf, offset, counters, .. } => {
+                    let mut out = BatchOutcome::default();
+                    let (metas, flows) = (&scratch.metas[..frontier], &scratch.flows[..frontier]);
+                    let cursors = &self.cursors[si * MAX_BATCH..si * MAX_BATCH + frontier];
+                    nf.finish_batch(batch, todo, metas, flows, &mut stores[0], *offset, ctx, ahead, cursors, &mut out);
+                    counters.merge(&out.counters);
+                    for (e, o) in ends.iter_mut().zip(out.end) {
+                        *e |= o;
+                    }
+                    if let Some(stop) = out.stopped_at {
+                        frontier = stop;
+                        self.progress[si] = stop;
+                    }
+                }
+            }
+        }
+        let mut ended = 0;
+        for (w, &e) in ends.iter().enumerate() {
+            let mut m = e;
+            while m != 0 {
+                let i = w * 64 + m.trailing_zeros() as usize;
+                m &= m - 1;
+                let flow = cx.scratch.flows[i];
+                if i < frontier && flow.is_some() {
+                    let before = cx.stats.ended;
+                    cx.end_flow(0, flow, ctx.now_ns, frontier);
+                    ended += cx.stats.ended - before;
+                }
+            }
+        }
+        (ended, frontier)
+    }
+}
+
+/// Prefetches the parts of flow `f`'s block the chain reads beyond the
+/// entry's first line (the lookup brought that one) and the coarse entries
+/// the flow pins.
+fn prefetch_block(cx: &ExecContext, f: FlowRef) {
+    let block = cx.stores[0].block(f);
+    if cx.chain.state_size > 32 {
+        // The entry header (32 bytes) shares the first line with the state.
+        if let Some(b) = block.get(32) {
+            prefetch::write(b);
+        }
+    }
+    if cx.aux_on() {
+        for (g, layout) in cx.chain.groups.iter().enumerate() {
+            if let Some(b) = block.get(layout.aux_offset..layout.aux_offset + 8) {
+                cx.shared.tables[g].prefetch_state(aux_handle(b));
+            }
+        }
+    }
+}
+
+/// Flow entries seen in a batch: a set emptied in O(1) by bumping a stamp.
+struct Seen {
+    slots: Box<[(u32, u32); 2 * MAX_BATCH]>,
+    stamp: u32,
+}
+
+impl Seen {
+    fn new() -> Self {
+        Seen { slots: Box::new([(0, 0); 2 * MAX_BATCH]), stamp: 0 }
+    }
+
+    fn clear(&mut self) {
+        self.stamp = self.stamp.wrapping_add(1);
+        if self.stamp == 0 {
+            self.slots.fill((0, 0));
+            self.stamp = 1;
+        }
+    }
+
+    /// Adds `id`; false if it was there already.
+    fn insert(&mut self, id: u32) -> bool {
+        let len = self.slots.len();
+        let mut at = (id.wrapping_mul(0x9e37_79b1) >> 16) as usize % len;
+        loop {
+            let (k, st) = self.slots[at];
+            if st != self.stamp {
+                self.slots[at] = (id, self.stamp);
+                return true;
+            }
+            if k == id {
+                return false;
+            }
+            at = (at + 1) % len;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ExecKind;
+    use super::Seen;
+
+    #[test]
+    fn k_is_parsed_bounded_and_shown() {
+        let d = ExecKind::parse("interleaved").unwrap();
+        assert_eq!((d.name(), d.param(), d.to_string()), ("interleaved", 16, "interleaved:16".to_string()));
+        assert_eq!(ExecKind::parse("interleaved:1").unwrap().param(), 1);
+        assert_eq!(ExecKind::parse("interleaved:64").unwrap().param(), 64);
+        assert!(ExecKind::parse("interleaved:16").unwrap() == d);
+        assert!(ExecKind::parse("interleaved:4").unwrap() != d);
+        for bad in ["interleaved:0", "interleaved:65", "interleaved:x", "interleaved:"] {
+            let e = ExecKind::parse(bad).err().unwrap().to_string();
+            assert!(e.contains("tasks in flight must be an integer in 1..=64") && !e.contains('\n'), "{bad}: {e}");
+        }
+        assert!(ExecKind::parse("batch:4").err().unwrap().to_string().contains("takes no parameter"));
+        let e = ExecKind::parse("nope").err().unwrap().to_string();
+        assert!(e.contains("interleaved[:N]"), "{e}");
+        assert_eq!(ExecKind::parse("rtc").unwrap().to_string(), "rtc");
+        assert!(ExecKind::all().any(|k| k == d), "the registry lists it with its default K");
+    }
+
+    #[test]
+    fn seen_set_forgets_on_clear() {
+        let mut s = Seen::new();
+        s.clear();
+        for id in 0..300u32 {
+            assert!(s.insert(id * 7919));
+        }
+        assert!(!s.insert(7919) && !s.insert(0));
+        s.clear();
+        assert!(s.insert(7919));
+    }
+}
