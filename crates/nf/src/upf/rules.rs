@@ -486,10 +486,16 @@ pub struct Session {
 
 /// An open-addressing hash index `u128 -> u32` (linear probing, load <= 1/2),
 /// built once per rule set: lookups never allocate and one slot can be prefetched.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Index {
     slots: Vec<(u128, u32)>,
     mask: usize,
+}
+
+impl Default for Index {
+    fn default() -> Index {
+        Index::build(&[])
+    }
 }
 
 impl Index {
