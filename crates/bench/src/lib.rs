@@ -9,3 +9,4 @@ pub mod pages;
 pub mod parse;
 pub mod pipeline;
 pub mod table;
+pub mod upf;

@@ -28,6 +28,7 @@ mod cmd_gen;
 mod cmd_nfs;
 mod cmd_run;
 mod cmd_trace;
+mod cmd_upf;
 mod error;
 
 use std::ffi::OsString;
@@ -57,6 +58,8 @@ enum Command {
     Nfs(cmd_nfs::NfsArgs),
     /// Benchmarks: io, parse, table, pipeline.
     Bench(cmd_bench::BenchArgs),
+    /// UPF tools: `upf sessions` writes the session file matching `gen --proto gtpu --upf NxM`.
+    Upf(cmd_upf::UpfArgs),
 }
 
 /// Runs the command line `args` (program name first, as `std::env::args_os`
@@ -88,6 +91,7 @@ where
         Command::Run(a) => cmd_run::run_cmd(a),
         Command::Nfs(a) => cmd_nfs::run(a),
         Command::Bench(a) => cmd_bench::run(a),
+        Command::Upf(a) => cmd_upf::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -45,8 +45,10 @@ mod flows;
 mod frame;
 mod pattern;
 mod sample;
+mod upf;
 
 pub use pattern::{knock_transition, KnockSession, KnockState, KNOCK_PORTS, KNOCK_SERVER, KNOCK_SERVICE_PORT};
+pub use upf::{UpfDir, UpfFlow, UpfPlan};
 
 use std::fmt;
 use std::path::Path;
@@ -346,6 +348,8 @@ pub struct GenConfig {
     pub rate_pps: f64,
     /// PRNG seed.
     pub seed: u64,
+    /// UPF mode of `gtpu` (`--upf NxM[:dir]`): `flows` must be N x M.
+    pub upf: Option<UpfPlan>,
 }
 
 impl Default for GenConfig {
@@ -363,6 +367,7 @@ impl Default for GenConfig {
             new_flow_every: None,
             rate_pps: 10e6,
             seed: 1,
+            upf: None,
         }
     }
 }
@@ -387,6 +392,18 @@ impl GenConfig {
         }
         if self.ipv6 && self.proto == Proto::Gtpu {
             return Err(invalid("--ipv6 applies to udp, tcp and tcp-bidir, not gtpu"));
+        }
+        if let Some(u) = &self.upf {
+            u.validate()?;
+            if self.proto != Proto::Gtpu {
+                return Err(invalid("--upf needs --proto gtpu"));
+            }
+            if self.flows != u.flows() {
+                return Err(invalid(format!("--upf {u}: --flows must be sessions x PDRs = {}", u.flows())));
+            }
+            if self.new_flow_every.is_some() {
+                return Err(invalid("--upf cannot be combined with --new-flow-every"));
+            }
         }
         if self.proto == Proto::Gtpu && self.flows > 1 << 26 {
             return Err(invalid("--proto gtpu supports at most 2^26 flows (2^24 UEs)"));
@@ -697,7 +714,15 @@ impl Generator {
                     let fa = self.plan.flow(f);
                     frame::udp(buf, &fa.addrs, fa.sport, fa.dport, size, i);
                 }
-                Proto::Gtpu => frame::gtpu(buf, &self.plan.gtpu(f), size, i),
+                Proto::Gtpu => match self.cfg.upf {
+                    Some(u) if u.uplink(i, self.cfg.seed) => frame::gtpu(buf, &u.gtpu(f), size, i),
+                    Some(u) => {
+                        let fl = u.flow(f);
+                        let addrs = frame::Addrs::V4 { src: fl.remote, dst: fl.ue };
+                        frame::udp(buf, &addrs, fl.remote_port, fl.ue_port, size, i);
+                    }
+                    None => frame::gtpu(buf, &self.plan.gtpu(f), size, i),
+                },
                 Proto::Tcp => self.tcp_oneway(f, size, buf, i),
                 Proto::TcpBidir => self.tcp_bidir(f, size, buf, i),
             },
