@@ -26,6 +26,10 @@
 //! PDR, then classify and act — so the lookups of a batch overlap;
 //! `mode=rtc` does each packet to completion (the baseline).
 
+#[path = "../upf/control.rs"]
+pub mod control;
+#[path = "../upf/pfcp.rs"]
+pub mod pfcp;
 #[path = "../upf/rules.rs"]
 pub mod rules;
 
@@ -59,13 +63,19 @@ const BUFFER: ParamSpec =
 const REPORTS: ParamSpec =
     ParamSpec::uint("reports", 1024, 0, 1 << 20, "usage reports queued per core before they are counted as lost");
 const USAGE: ParamSpec = ParamSpec::bool("usage", true, "list per-URR usage in the report");
+const PFCP: ParamSpec = ParamSpec::text(
+    "pfcp",
+    "",
+    "ADDR:PORT",
+    "serve PFCP (N4) on this UDP address (e.g. 0.0.0.0:8805); rule changes reach the data path between batches",
+);
 
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {
     name: "upf",
     about: "5G UPF: GTP-U uplink decapsulation / downlink encapsulation by PDR (precedence, F-TEID, QFI, SDF), FAR, QER, URR",
     keyed_by: KeyedBy::Stateless,
-    params: &[SESSIONS, N3_ADDR, N3_PORT, N6_PORT, MODE, UDP_CSUM, BUFFER, REPORTS, USAGE],
+    params: &[SESSIONS, PFCP, N3_ADDR, N3_PORT, N6_PORT, MODE, UDP_CSUM, BUFFER, REPORTS, USAGE],
 };
 
 /// Builds `upf` from its parameters and hands it to `sink`.
@@ -269,6 +279,8 @@ pub struct Upf {
     c: UpfCounters,
     counters: NfCounters,
     scratch: Box<Scratch>,
+    /// The PFCP endpoint's control block and the rule-set version in use.
+    control: Option<(Arc<control::UpfControl>, u64)>,
 }
 
 impl std::fmt::Debug for Upf {
@@ -285,6 +297,7 @@ impl Upf {
     /// Builds from spec parameters.
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
         let file = p.text(&SESSIONS)?;
+        let pfcp = p.text(&PFCP)?;
         let a = p.text(&N3_ADDR)?;
         let n3_addr = a.parse().map_err(|_| ParamError(format!("upf: parameter 'n3_addr={a}' is not an IPv4 address")))?;
         let cfg = UpfConfig {
@@ -297,13 +310,25 @@ impl Upf {
             reports: p.uint(&REPORTS)? as usize,
             usage: p.flag(&USAGE)?,
         };
-        let rules = if file.is_empty() {
-            RuleSet::default()
+        let specs = if file.is_empty() {
+            Vec::new()
         } else {
-            let f = SessionsFile::load(&file).map_err(|e| ParamError(format!("upf: {e}")))?;
-            RuleSet::compile(&f.sessions).map_err(|e| ParamError(format!("upf: {file}: {e}")))?
+            SessionsFile::load(&file).map_err(|e| ParamError(format!("upf: {e}")))?.sessions
         };
+        if !pfcp.is_empty() {
+            let ctl = control::shared(&pfcp, n3_addr, &specs).map_err(|e| ParamError(format!("upf: {e}")))?;
+            return Ok(Upf::with_control(cfg, ctl));
+        }
+        let rules = RuleSet::compile(&specs).map_err(|e| ParamError(format!("upf: {file}: {e}")))?;
         Ok(Upf::new(cfg, Arc::new(rules)))
+    }
+
+    /// A UPF whose rules come from a control block (a PFCP endpoint).
+    pub fn with_control(cfg: UpfConfig, ctl: Arc<control::UpfControl>) -> Upf {
+        let (v, rules) = ctl.current();
+        let mut u = Upf::new(cfg, rules);
+        u.control = Some((ctl, v));
+        u
     }
 
     /// A UPF with `rules`.
@@ -326,6 +351,7 @@ impl Upf {
             c: UpfCounters::default(),
             counters: NfCounters::default(),
             scratch,
+            control: None,
         };
         u.set_rules(rules);
         u
@@ -831,6 +857,49 @@ impl Nf for Upf {
     }
 
     fn process(&mut self, batch: &mut Batch, range: std::ops::Range<usize>, ctx: &NfContext) {
+        if let Some((ctl, v)) = &self.control {
+            // One atomic load per call; a new rule set applies to whole batches (ranges).
+            if ctl.version() != *v {
+                let (v, rules) = ctl.current();
+                if let Some(c) = self.control.as_mut() {
+                    c.1 = v;
+                }
+                self.set_rules(rules);
+            }
+        }
+        self.run(batch, range, ctx);
+        if let Some((ctl, _)) = &self.control {
+            if !self.reports.is_empty() {
+                ctl.push_reports(&mut self.reports);
+            }
+        }
+    }
+
+    fn counters(&self) -> NfCounters {
+        self.counters
+    }
+
+    fn report(&self) -> Option<Value> {
+        self.report_json()
+    }
+
+    fn merge_report(&self, into: &mut Value, other: &Value) {
+        // The rule set is the same on every core: keep one count.
+        crate::report::merge_keeping(into, other, &["sessions", "pdrs"]);
+    }
+
+    fn export_kind(&self) -> Export {
+        Export::Report
+    }
+
+    /// One row per URR with traffic: SEID, URR ID, bytes and packets per direction (all cores).
+    fn export_report_rows(&self, merged: &Value) -> Vec<Value> {
+        export_rows(merged)
+    }
+}
+
+impl Upf {
+    fn run(&mut self, batch: &mut Batch, range: std::ops::Range<usize>, ctx: &NfContext) {
         if self.cfg.staged {
             for i in range.clone() {
                 self.stage_parse(batch, i);
@@ -852,11 +921,7 @@ impl Nf for Upf {
         }
     }
 
-    fn counters(&self) -> NfCounters {
-        self.counters
-    }
-
-    fn report(&self) -> Option<Value> {
+    fn report_json(&self) -> Option<Value> {
         let mut usage = Map::new();
         if self.cfg.usage {
             for ((seid, id), u) in self.usage() {
@@ -884,17 +949,10 @@ impl Nf for Upf {
         }))
     }
 
-    fn merge_report(&self, into: &mut Value, other: &Value) {
-        // The rule set is the same on every core: keep one count.
-        crate::report::merge_keeping(into, other, &["sessions", "pdrs"]);
-    }
+}
 
-    fn export_kind(&self) -> Export {
-        Export::Report
-    }
-
-    /// One row per URR with traffic: SEID, URR ID, bytes and packets per direction (all cores).
-    fn export_report_rows(&self, merged: &Value) -> Vec<Value> {
+/// Export rows of a merged report: one per URR with traffic.
+fn export_rows(merged: &Value) -> Vec<Value> {
         let Some(u) = merged.get("usage").and_then(Value::as_object) else { return Vec::new() };
         u.iter()
             .filter_map(|(k, v)| {
@@ -906,7 +964,6 @@ impl Nf for Upf {
                 Some(row)
             })
             .collect()
-    }
 }
 
 /// The packet clock for packet `i`: its own timestamp (as the executors
