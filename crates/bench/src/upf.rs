@@ -19,7 +19,10 @@ use flowplane_engine::load::load_generated;
 use flowplane_engine::runner::Output;
 use flowplane_engine::{run, spec, RunConfig};
 use flowplane_io::replay::ReplayTrace;
-use flowplane_nf::upf::rules::{FarAction, FarSpec, Iface, PdrSpec, QerSpec, SessionSpec, SessionsFile, UrrSpec};
+use flowplane_nf::upf::control::{self, UpfControl};
+use flowplane_nf::upf::rules::{
+    FarAction, FarSpec, Iface, PdrSpec, QerSpec, RuleSet, SessionSpec, SessionsFile, UrrSpec,
+};
 use flowplane_scale::RssDispatcher;
 use flowplane_trace::gen::{FlowDist, GenConfig, Generator, Order, Proto, SizeSpec, UpfDir, UpfPlan};
 use serde::Serialize;
@@ -191,14 +194,16 @@ pub fn run_upf(o: &UpfBenchOptions) -> Result<UpfReport, String> {
     for &m in &o.pdrs {
         let plan = UpfPlan { sessions: o.sessions, pdrs: m, dir: UpfDir::Both };
         plan.validate().map_err(|e| e.to_string())?;
-        let file = std::env::temp_dir().join(format!("flowplane-bench-upf-{}-{m}.toml", std::process::id()));
-        let text = sessions_for(&plan).to_toml()?;
-        std::fs::write(&file, text).map_err(|e| format!("{}: {e}", file.display()))?;
+        // Compiled in-process: 130K sessions x 32 PDRs would be a ~1 GB session file.
+        let rules = RuleSet::compile(&sessions_for(&plan).sessions)?;
+        let ctl = UpfControl::new(Arc::new(rules));
+        let name = format!("bench-upf-{m}");
+        control::register(&name, &ctl);
         for &dir in &o.dirs {
             let t = trace(&UpfPlan { dir, ..plan }, o.packets, o.size)?;
             for &kind in &execs {
                 for mode in &o.modes {
-                    let chain = format!("upf(sessions={}, mode={mode}, usage=false)", file.display());
+                    let chain = format!("upf(rules={name}, mode={mode}, usage=false)");
                     let spec = spec::parse(&chain).map_err(|e| e.to_string())?;
                     let cfg = RunConfig {
                         cores: 1,
@@ -211,7 +216,8 @@ pub fn run_upf(o: &UpfBenchOptions) -> Result<UpfReport, String> {
                     };
                     let r = run(&cfg, &spec, t.clone(), Output::Discard).map_err(|e| e.to_string())?;
                     let nf = r.nfs.iter().find(|n| n.name == "upf");
-                    let forwarded = nf.map_or(0.0, |n| n.counters.packets_out as f64 / n.counters.packets_in.max(1) as f64);
+                    let forwarded =
+                        nf.map_or(0.0, |n| n.counters.packets_out as f64 / n.counters.packets_in.max(1) as f64);
                     rows.push(UpfRow {
                         sessions: o.sessions,
                         pdrs: m,
@@ -226,7 +232,7 @@ pub fn run_upf(o: &UpfBenchOptions) -> Result<UpfReport, String> {
                 }
             }
         }
-        let _ = std::fs::remove_file(&file);
+        drop(ctl);
     }
     let base: Vec<(u32, &'static str, String, f64)> =
         rows.iter().filter(|r| r.mode == "rtc").map(|r| (r.pdrs, r.dir, r.exec.clone(), r.mpps)).collect();
@@ -242,7 +248,10 @@ pub fn run_upf(o: &UpfBenchOptions) -> Result<UpfReport, String> {
 
 impl fmt::Display for UpfReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "UPF, one core: sessions x PDRs, uplink (GTP-U decap) / downlink (encap), per executor and UPF mode")?;
+        writeln!(
+            f,
+            "UPF, one core: sessions x PDRs, uplink (GTP-U decap) / downlink (encap), per executor and UPF mode"
+        )?;
         writeln!(
             f,
             "{:>8} {:>5} {:>4} {:>11} {:>7} {:>8} {:>11} {:>10} {:>7}",

@@ -50,6 +50,12 @@ use crate::{Nf, NfContext, NfCounters, ParamError, ParamSpec, Params};
 
 const SESSIONS: ParamSpec =
     ParamSpec::text("sessions", "", "FILE", "session file (TOML or JSON; see `flowplane upf sessions`)");
+const RULES: ParamSpec = ParamSpec::text(
+    "rules",
+    "",
+    "NAME",
+    "use the rule set registered in-process under NAME (embedding, benchmarks; see upf::control::register)",
+);
 const N3_ADDR: ParamSpec =
     ParamSpec::text("n3_addr", "192.0.2.1", "IPV4", "local N3 address: the outer source of downlink GTP-U");
 const N3_PORT: ParamSpec = ParamSpec::uint_or_none("n3_port", 0, (DROP - 1) as u64, "output port towards the RAN");
@@ -75,7 +81,7 @@ pub const NF: NfDescriptor = NfDescriptor {
     name: "upf",
     about: "5G UPF: GTP-U uplink decapsulation / downlink encapsulation by PDR (precedence, F-TEID, QFI, SDF), FAR, QER, URR",
     keyed_by: KeyedBy::Stateless,
-    params: &[SESSIONS, PFCP, N3_ADDR, N3_PORT, N6_PORT, MODE, UDP_CSUM, BUFFER, REPORTS, USAGE],
+    params: &[SESSIONS, PFCP, RULES, N3_ADDR, N3_PORT, N6_PORT, MODE, UDP_CSUM, BUFFER, REPORTS, USAGE],
 };
 
 /// Builds `upf` from its parameters and hands it to `sink`.
@@ -298,6 +304,7 @@ impl Upf {
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
         let file = p.text(&SESSIONS)?;
         let pfcp = p.text(&PFCP)?;
+        let named = p.text(&RULES)?;
         let a = p.text(&N3_ADDR)?;
         let n3_addr = a.parse().map_err(|_| ParamError(format!("upf: parameter 'n3_addr={a}' is not an IPv4 address")))?;
         let cfg = UpfConfig {
@@ -315,6 +322,11 @@ impl Upf {
         } else {
             SessionsFile::load(&file).map_err(|e| ParamError(format!("upf: {e}")))?.sessions
         };
+        if !named.is_empty() {
+            let ctl = control::named(&named)
+                .ok_or_else(|| ParamError(format!("upf: parameter 'rules={named}': no rule set registered under that name")))?;
+            return Ok(Upf::with_control(cfg, ctl));
+        }
         if !pfcp.is_empty() {
             let ctl = control::shared(&pfcp, n3_addr, &specs).map_err(|e| ParamError(format!("upf: {e}")))?;
             return Ok(Upf::with_control(cfg, ctl));

@@ -491,11 +491,28 @@ fn serve(sock: UdpSocket, ep: &mut Endpoint, weak: Weak<UpfControl>) {
     }
 }
 
+/// Control blocks by name: PFCP endpoints by address, in-process rule sets by `@NAME`.
+fn registry() -> &'static Mutex<HashMap<String, Weak<UpfControl>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<String, Weak<UpfControl>>>> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Registers a control block under `name` for `upf(rules=NAME)` (embedding,
+/// benchmarks: rules compiled in-process instead of read from a file). The
+/// registry holds it weakly: keep the `Arc` while chains are being built.
+pub fn register(name: &str, c: &Arc<UpfControl>) {
+    lock(registry()).insert(format!("@{name}"), Arc::downgrade(c));
+}
+
+/// The control block registered under `name`.
+pub fn named(name: &str) -> Option<Arc<UpfControl>> {
+    lock(registry()).get(&format!("@{name}")).and_then(Weak::upgrade)
+}
+
 /// The control block of the endpoint at `addr`, shared by every core's
 /// `upf(pfcp=ADDR)`: the first caller binds the socket and starts serving.
 pub fn shared(addr: &str, node: Ipv4Addr, initial: &[SessionSpec]) -> Result<Arc<UpfControl>, String> {
-    static ENDPOINTS: OnceLock<Mutex<HashMap<String, Weak<UpfControl>>>> = OnceLock::new();
-    let mut map = lock(ENDPOINTS.get_or_init(|| Mutex::new(HashMap::new())));
+    let mut map = lock(registry());
     if let Some(c) = map.get(addr).and_then(Weak::upgrade) {
         return Ok(c);
     }

@@ -207,13 +207,14 @@ impl SessionsFile {
 }
 
 /// An address prefix over IPv4-mapped 128-bit addresses (mask 0: any).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Prefix {
     /// Address bits (masked).
     pub addr: u128,
     /// Mask.
     pub mask: u128,
-    /// Matches the session's UE address (`assigned`); resolved at compile time.
+    /// Matches the session's UE address (`assigned`; `addr`/`mask` unused),
+    /// so identical filters of different sessions are stored once.
     pub assigned: bool,
 }
 
@@ -262,7 +263,7 @@ pub fn v4_128(a: u32) -> u128 {
 }
 
 /// A compiled SDF filter (the packet's fields seen as UE end and remote end).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Sdf {
     /// IP protocol, or 0x100 for any.
     pub proto: u16,
@@ -292,12 +293,13 @@ pub struct Fields {
 }
 
 impl Sdf {
-    /// Whether the packet's fields match.
+    /// Whether the packet's fields match (`ue_is_assigned`: the UE end is
+    /// the session's UE address, for `assigned`).
     #[inline(always)]
-    pub fn matches(&self, f: &Fields) -> bool {
+    pub fn matches(&self, f: &Fields, ue_is_assigned: bool) -> bool {
         (self.proto == 0x100 || self.proto == u16::from(f.proto))
             && self.remote.contains(f.remote)
-            && self.ue.contains(f.ue)
+            && if self.ue.assigned { ue_is_assigned } else { self.ue.contains(f.ue) }
             && (self.remote_ports.0..=self.remote_ports.1).contains(&f.remote_port)
             && (self.ue_ports.0..=self.ue_ports.1).contains(&f.ue_port)
     }
@@ -596,6 +598,7 @@ impl RuleSet {
         let mut seen_teid: HashMap<u32, u64> = HashMap::new();
         let mut seen_ue: HashMap<u128, u64> = HashMap::new();
         let mut seen_seid: HashMap<u64, ()> = HashMap::new();
+        let mut interned: HashMap<Vec<Sdf>, u32> = HashMap::new();
         for s in specs {
             let si = rs.sessions.len() as u32;
             let e = |m: String| format!("session {}: {m}", s.seid);
@@ -679,21 +682,27 @@ impl RuleSet {
                 if p.ue_ip && ue4.is_none() && ue6.is_none() {
                     return Err(pe("matches the UE address but the session has none"));
                 }
-                let sdf_start = rs.sdfs.len() as u32;
+                let mut list = Vec::with_capacity(p.sdf.len());
                 for d in &p.sdf {
-                    let mut f = Sdf::parse(d).map_err(|m| pe(&m))?;
-                    if f.ue.assigned {
-                        // `assigned`: the session's UE address (IPv4 if it has one).
-                        f.ue = match (ue4, ue6) {
-                            (Some(a), _) | (None, Some(a)) => Prefix { addr: a, mask: u128::MAX, assigned: false },
-                            (None, None) => return Err(pe("'assigned' but the session has no UE address")),
-                        };
+                    let f = Sdf::parse(d).map_err(|m| pe(&m))?;
+                    if f.ue.assigned && ue4.is_none() && ue6.is_none() {
+                        return Err(pe("'assigned' but the session has no UE address"));
                     }
                     if f.remote.assigned {
                         return Err(pe("'assigned' names the UE end only"));
                     }
-                    rs.sdfs.push(f);
+                    list.push(f);
                 }
+                // Identical filter lists (the same flow descriptions in many sessions) are stored once.
+                let sdf_start = match interned.get(&list) {
+                    Some(&at) => at,
+                    None => {
+                        let at = rs.sdfs.len() as u32;
+                        rs.sdfs.extend_from_slice(&list);
+                        interned.insert(list, at);
+                        at
+                    }
+                };
                 if p.sdf.len() > usize::from(u16::MAX) {
                     return Err(pe("too many SDF filters"));
                 }
@@ -781,7 +790,7 @@ impl RuleSet {
             if p.sdf_len > 0 {
                 let a = p.sdf_start as usize;
                 let Some(sdfs) = self.sdfs.get(a..a + p.sdf_len as usize) else { continue };
-                if !sdfs.iter().any(|d| d.matches(f)) {
+                if !sdfs.iter().any(|d| d.matches(f, ue_ok)) {
                     continue;
                 }
             }
