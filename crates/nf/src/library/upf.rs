@@ -272,6 +272,24 @@ struct Scratch {
     key: [u128; MAX_BATCH],
     slot: [usize; MAX_BATCH],
     session: [u32; MAX_BATCH],
+    /// What pass three decided (`Pending`: matched PDR `pdr`, act in pass four).
+    out: [Outcome; MAX_BATCH],
+    pdr: [u32; MAX_BATCH],
+    inner_at: [u16; MAX_BATCH],
+    inner_len: [u16; MAX_BATCH],
+    v6: [bool; MAX_BATCH],
+}
+
+/// A packet's fate before the last pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Outcome {
+    /// Matched a PDR: pass four applies it.
+    #[default]
+    Pending,
+    /// Dropped (counted).
+    Drop,
+    /// Answered in place (echo): pass, to this port if set.
+    Pass(Option<u16>),
 }
 
 /// The UPF (one per core).
@@ -352,6 +370,11 @@ impl Upf {
             key: [0; MAX_BATCH],
             slot: [0; MAX_BATCH],
             session: [NONE; MAX_BATCH],
+            out: [Outcome::Pending; MAX_BATCH],
+            pdr: [NONE; MAX_BATCH],
+            inner_at: [0; MAX_BATCH],
+            inner_len: [0; MAX_BATCH],
+            v6: [false; MAX_BATCH],
         });
         let mut u = Upf {
             cfg,
@@ -434,7 +457,7 @@ impl Upf {
         if !m.valid || m.l3 < 14 {
             self.c.not_ip += 1;
             sc.kind[i] = Kind::Done;
-            sc.session[i] = DROP_MARK;
+            sc.out[i] = Outcome::Drop;
             return;
         }
         // Anything to UDP port 2152 is N3 (a GTP-U header too short for a TEID is malformed there).
@@ -450,6 +473,7 @@ impl Upf {
         sc.key[i] = key;
         sc.slot[i] = s;
         sc.session[i] = NONE;
+        sc.out[i] = Outcome::Pending;
         if self.cfg.staged {
             prefetch::read(ix.slot(s));
         }
@@ -469,29 +493,57 @@ impl Upf {
         if self.cfg.staged {
             if let Some(sess) = self.rules.sessions.get(s as usize) {
                 prefetch::read(sess);
-                let r = if sc.kind[i] == Kind::Gtpu { sess.ul } else { sess.dl };
-                if let Some(p) = self.rules.pdrs.get(r.0 as usize) {
-                    prefetch::read(p);
-                }
             }
         }
     }
 
-    /// Pass three: the packet's whole treatment.
+    /// Pass two and a half (staged only): prefetch the session's PDRs of the
+    /// packet's direction (up to 8 lines; the scan reads them in order).
+    #[inline(always)]
+    fn stage_pdrs(&self, i: usize) {
+        let sc = &*self.scratch;
+        let Some(sess) = self.rules.sessions.get(sc.session[i] as usize) else { return };
+        let (start, len) = if sc.kind[i] == Kind::Gtpu { sess.ul } else { sess.dl };
+        let Some(pdrs) = self.rules.pdrs.get(start as usize..(start + len) as usize) else { return };
+        let per_line = (64 / std::mem::size_of::<rules::Pdr>()).max(1);
+        for p in pdrs.iter().step_by(per_line).take(8) {
+            prefetch::read(p);
+        }
+    }
+
+    /// Pass three: parse the GTP-U header and inner packet, match the
+    /// session's PDRs; a staged walk prefetches the matched PDR's FAR, QER
+    /// and URR state for pass four.
+    #[inline(always)]
+    fn stage_classify(&mut self, batch: &mut Batch, i: usize) {
+        let out = match self.scratch.kind[i] {
+            Kind::Done => return,
+            Kind::Gtpu => self.classify_uplink(batch, i),
+            Kind::Plain => self.classify_downlink(batch, i),
+        };
+        self.scratch.out[i] = out;
+        if out == Outcome::Pending && self.cfg.staged {
+            let p = self.rules.pdrs[self.scratch.pdr[i] as usize];
+            prefetch::read(&self.rules.fars[p.far as usize]);
+            if let Some(u) = self.usage.get(p.urr as usize) {
+                prefetch::write(u);
+            }
+            if let Some(q) = self.qer.get(p.qer as usize) {
+                prefetch::write(q);
+                prefetch::read(&self.rules.qers[p.qer as usize]);
+            }
+        }
+    }
+
+    /// Pass four: QER, URR, FAR; decapsulate or encapsulate; the verdict.
     #[inline(always)]
     fn stage_act(&mut self, batch: &mut Batch, i: usize, now: u64) {
-        let kind = self.scratch.kind[i];
-        let verdict = match kind {
-            Kind::Done => {
-                if self.scratch.session[i] == DROP_MARK {
-                    self.scratch.session[i] = NONE;
-                    None
-                } else {
-                    return;
-                }
-            }
-            Kind::Gtpu => self.uplink(batch, i, now),
-            Kind::Plain => self.downlink(batch, i, now),
+        let verdict = match (self.scratch.kind[i], self.scratch.out[i]) {
+            (_, Outcome::Drop) => None,
+            (_, Outcome::Pass(p)) => Some(p),
+            (Kind::Done, Outcome::Pending) => return,
+            (Kind::Gtpu, Outcome::Pending) => self.act(batch, i, now, true),
+            (Kind::Plain, Outcome::Pending) => self.act(batch, i, now, false),
         };
         match verdict {
             Some(v) => {
@@ -507,62 +559,93 @@ impl Upf {
         }
     }
 
-    /// An N3 packet. `None`: drop; `Some(port)`: pass (to `port` if set).
-    fn uplink(&mut self, batch: &mut Batch, i: usize, now: u64) -> Option<Option<u16>> {
+    /// An N3 packet up to its PDR (`Pending`), or its fate.
+    fn classify_uplink(&mut self, batch: &mut Batch, i: usize) -> Outcome {
         let m = self.scratch.metas[i];
-        let l3 = m.l3 as usize;
         let g0 = m.l4 as usize + 8;
         let data = batch.data(i);
-        let udp_end = match udp_end(data, &m) {
-            Some(e) => e,
-            None => {
-                self.c.malformed_gtpu += 1;
-                return None;
-            }
+        let Some(udp_end) = udp_end(data, &m) else {
+            self.c.malformed_gtpu += 1;
+            return Outcome::Drop;
         };
         let g = GtpuPacket::new_unchecked(&data[g0..udp_end]);
-        let layout = match g.layout() {
-            Ok(l) => l,
-            Err(_) => {
-                self.c.malformed_gtpu += 1;
-                return None;
-            }
+        let Ok(layout) = g.layout() else {
+            self.c.malformed_gtpu += 1;
+            return Outcome::Drop;
         };
         match g.msg_type() {
             gtpu::msg_type::G_PDU => {}
-            gtpu::msg_type::ECHO_REQUEST => return self.echo_response(batch, i),
+            gtpu::msg_type::ECHO_REQUEST => {
+                return self.echo_response(batch, i).map_or(Outcome::Drop, Outcome::Pass);
+            }
             gtpu::msg_type::END_MARKER => {
                 // The last packet on the old path of a handover: nothing follows it on this TEID.
                 self.c.end_markers += 1;
-                return None;
+                return Outcome::Drop;
             }
             _ => {
                 self.c.unsupported_msg += 1;
-                return None;
+                return Outcome::Drop;
             }
         }
         self.c.uplink += 1;
         let teid = g.teid();
         let qfi = layout.pdu_session.map(|p| p.qfi);
-        let Some(sess) = self.rules.sessions.get(self.scratch.session[i] as usize).copied() else {
+        let Some(sess) = self.rules.sessions.get(self.scratch.session[i] as usize) else {
             self.c.unknown_teid += 1;
-            return None;
+            return Outcome::Drop;
         };
         let inner_at = g0 + layout.header_len;
         let Some((f, inner_len, v6)) = inner_fields(&data[inner_at..g0 + layout.end]) else {
             self.c.malformed_inner += 1;
-            return None;
+            return Outcome::Drop;
         };
-        let Some(pi) = self.rules.classify(&sess, true, teid, qfi, &f) else {
+        let Some(pi) = self.rules.classify(sess, true, teid, qfi, &f) else {
             self.c.no_pdr += 1;
-            return None;
+            return Outcome::Drop;
+        };
+        let sc = &mut *self.scratch;
+        (sc.pdr[i], sc.inner_at[i], sc.inner_len[i], sc.v6[i]) = (pi, inner_at as u16, inner_len as u16, v6);
+        Outcome::Pending
+    }
+
+    /// An N6 packet up to its PDR, or its fate.
+    fn classify_downlink(&mut self, batch: &Batch, i: usize) -> Outcome {
+        let m = self.scratch.metas[i];
+        self.c.downlink += 1;
+        let Some(sess) = self.rules.sessions.get(self.scratch.session[i] as usize) else {
+            self.c.unknown_ue += 1;
+            return Outcome::Drop;
+        };
+        let l3 = m.l3 as usize;
+        let Some((f, inner_len, v6)) = inner_fields(&batch.data(i)[l3..]) else {
+            self.c.malformed_inner += 1;
+            return Outcome::Drop;
+        };
+        // Downlink: the UE is the destination.
+        let f = Fields { proto: f.proto, ue: f.remote, remote: f.ue, ue_port: f.remote_port, remote_port: f.ue_port };
+        let Some(pi) = self.rules.classify(sess, false, 0, None, &f) else {
+            self.c.no_pdr += 1;
+            return Outcome::Drop;
+        };
+        let sc = &mut *self.scratch;
+        (sc.pdr[i], sc.inner_at[i], sc.inner_len[i], sc.v6[i]) = (pi, l3 as u16, inner_len as u16, v6);
+        Outcome::Pending
+    }
+
+    /// Applies the matched PDR's rules. `None`: drop; `Some(port)`: pass (to `port` if set).
+    fn act(&mut self, batch: &mut Batch, i: usize, now: u64, uplink: bool) -> Option<Option<u16>> {
+        let l3 = self.scratch.metas[i].l3 as usize;
+        let (pi, inner_at, inner_len, v6) = {
+            let sc = &*self.scratch;
+            (sc.pdr[i], usize::from(sc.inner_at[i]), usize::from(sc.inner_len[i]), sc.v6[i])
         };
         let pdr = self.rules.pdrs[pi as usize];
         let far = self.rules.fars[pdr.far as usize];
-        if !self.enforce(&pdr, &far, 0, inner_len as u64, now) {
+        if !self.enforce(&pdr, &far, usize::from(!uplink), inner_len as u64, now) {
             return None;
         }
-        if pdr.outer_header_removal {
+        if uplink && pdr.outer_header_removal {
             // Keep the L2 header, drop outer IP/UDP/GTP-U and any trailer.
             let hdr = inner_at - l3;
             let d = batch.data_mut(i);
@@ -574,44 +657,21 @@ impl Upf {
             }
             self.c.decapsulated += 1;
         }
-        if far.ohc && !self.encap(batch, i, l3, &far, pdr.qfi, pdr.qer) {
-            return None;
-        }
-        self.c.ul_forwarded += 1;
-        Some(self.port(far.destination))
-    }
-
-    /// An N6 packet.
-    fn downlink(&mut self, batch: &mut Batch, i: usize, now: u64) -> Option<Option<u16>> {
-        let m = self.scratch.metas[i];
-        self.c.downlink += 1;
-        let Some(sess) = self.rules.sessions.get(self.scratch.session[i] as usize).copied() else {
-            self.c.unknown_ue += 1;
-            return None;
-        };
-        let l3 = m.l3 as usize;
-        let Some((f, inner_len, _)) = inner_fields(&batch.data(i)[l3..]) else {
-            self.c.malformed_inner += 1;
-            return None;
-        };
-        // Downlink: the UE is the destination.
-        let f = Fields { proto: f.proto, ue: f.remote, remote: f.ue, ue_port: f.remote_port, remote_port: f.ue_port };
-        let Some(pi) = self.rules.classify(&sess, false, 0, None, &f) else {
-            self.c.no_pdr += 1;
-            return None;
-        };
-        let pdr = self.rules.pdrs[pi as usize];
-        let far = self.rules.fars[pdr.far as usize];
-        if !self.enforce(&pdr, &far, 1, inner_len as u64, now) {
-            return None;
-        }
         if far.ohc {
-            // Drop an Ethernet trailer before the length fields are computed.
-            if !batch.set_len(i, l3 + inner_len) || !self.encap(batch, i, l3, &far, pdr.qfi, pdr.qer) {
+            // Downlink: drop an Ethernet trailer before the length fields are computed.
+            if !uplink && !batch.set_len(i, l3 + inner_len) {
+                self.c.no_room += 1;
+                return None;
+            }
+            if !self.encap(batch, i, l3, &far, pdr.qfi, pdr.qer) {
                 return None;
             }
         }
-        self.c.dl_forwarded += 1;
+        if uplink {
+            self.c.ul_forwarded += 1;
+        } else {
+            self.c.dl_forwarded += 1;
+        }
         Some(self.port(far.destination))
     }
 
@@ -783,9 +843,6 @@ impl Upf {
     }
 }
 
-/// Marks a packet pass one dropped (counted there) for pass three to apply.
-const DROP_MARK: u32 = NONE - 1;
-
 /// The end of the UDP datagram at `m.l4` (within the frame and IP datagram).
 fn udp_end(data: &[u8], m: &PktMeta) -> Option<usize> {
     let l4 = m.l4 as usize;
@@ -919,6 +976,12 @@ impl Upf {
             for i in range.clone() {
                 self.stage_lookup(i);
             }
+            for i in range.clone() {
+                self.stage_pdrs(i);
+            }
+            for i in range.clone() {
+                self.stage_classify(batch, i);
+            }
             for i in range {
                 let now = packet_time(batch, i, ctx);
                 self.stage_act(batch, i, now);
@@ -927,6 +990,7 @@ impl Upf {
             for i in range {
                 self.stage_parse(batch, i);
                 self.stage_lookup(i);
+                self.stage_classify(batch, i);
                 let now = packet_time(batch, i, ctx);
                 self.stage_act(batch, i, now);
             }
