@@ -41,3 +41,24 @@ fn generated_upf_traffic_matches_its_session_file() {
     assert_eq!(err.status.code(), Some(2));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn generated_amf_traffic_runs_without_drops_in_every_mode() {
+    let dir = std::env::temp_dir().join(format!("flowplane-cli-amf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("amf.pcap");
+    let t = trace.to_str().unwrap();
+    ok(&["gen", "--proto", "amf", "--flows", "5000", "--packets", "40000", "-o", t]);
+    for mode in ["staged", "all", "rtc"] {
+        let chain = format!("amf(ues=8192, mode={mode})");
+        let out = ok(&["run", "--chain", &chain, "--input", t, "--cores", "1", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let amf = &v["nfs"][0];
+        assert_eq!((amf["packets_in"].as_u64(), amf["dropped"].as_u64()), (Some(40_000), Some(0)), "{mode}: {amf}");
+        let d = &amf["details"];
+        for k in ["registration", "service", "pdu_session", "handover", "deregistration"] {
+            assert!(d[k].as_u64().unwrap() > 1000, "{mode}: {k}: {d}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -294,6 +294,8 @@ pub enum Proto {
     TcpBidir,
     /// GTP-U G-PDUs carrying IPv4/UDP.
     Gtpu,
+    /// AMF messages over UDP (the `amf` NF's format): one UE per flow.
+    Amf,
 }
 
 impl FromStr for Proto {
@@ -305,7 +307,8 @@ impl FromStr for Proto {
             "tcp" => Ok(Proto::Tcp),
             "tcp-bidir" => Ok(Proto::TcpBidir),
             "gtpu" | "gtp-u" => Ok(Proto::Gtpu),
-            _ => Err(invalid(format!("unknown --proto '{s}': expected udp, tcp, tcp-bidir or gtpu"))),
+            "amf" => Ok(Proto::Amf),
+            _ => Err(invalid(format!("unknown --proto '{s}': expected udp, tcp, tcp-bidir, gtpu or amf"))),
         }
     }
 }
@@ -635,6 +638,8 @@ pub struct Generator {
     pattern_rng: GenRng,
     pattern: Option<pattern::PatternGen>,
     tcp: Vec<TcpFlow>,
+    /// AMF: per UE, messages sent (low 31 bits) and registered (bit 31).
+    amf: Vec<u32>,
     plan: AddrPlan,
     idx: u64,
     period_ns: f64,
@@ -658,6 +663,7 @@ impl Generator {
                 }
             }
         }
+        let amf = if cfg.proto == Proto::Amf { vec![0u32; Scheduler::flow_space(&cfg) as usize] } else { Vec::new() };
         let pattern = match cfg.pattern {
             Pattern::None => None,
             Pattern::PortScan(k) => Some(pattern::PatternGen::scan(k, cfg.seed, cfg.ipv6)),
@@ -672,6 +678,7 @@ impl Generator {
             sched,
             pattern,
             tcp,
+            amf,
             idx: 0,
             cfg,
         })
@@ -723,11 +730,39 @@ impl Generator {
                     }
                     None => frame::gtpu(buf, &self.plan.gtpu(f), size, i),
                 },
+                Proto::Amf => self.amf_message(f, size, buf, i),
                 Proto::Tcp => self.tcp_oneway(f, size, buf, i),
                 Proto::TcpBidir => self.tcp_bidir(f, size, buf, i),
             },
         }
         Some(ts)
+    }
+
+    /// The next AMF message of UE `f`: a registration first (and after a
+    /// deregistration), then service requests 45%, PDU sessions 25%,
+    /// handovers 20%, deregistrations 10%.
+    fn amf_message(&mut self, f: u64, size: usize, buf: &mut Vec<u8>, i: u64) {
+        let Some(st) = self.amf.get_mut(f as usize) else { return };
+        let (sent, registered) = (*st & 0x7fff_ffff, *st >> 31 == 1);
+        let h = flows::mix64(f ^ (u64::from(sent) << 32) ^ self.cfg.seed);
+        let t = if !registered {
+            frame::AMF_REGISTRATION
+        } else {
+            match h % 100 {
+                0..45 => frame::AMF_SERVICE,
+                45..70 => frame::AMF_PDU_SESSION,
+                70..90 => frame::AMF_HANDOVER,
+                _ => frame::AMF_DEREGISTRATION,
+            }
+        };
+        let registered = t != frame::AMF_DEREGISTRATION;
+        *st = ((sent + 1) & 0x7fff_ffff) | (u32::from(registered) << 31);
+        let (a, b) = match t {
+            frame::AMF_PDU_SESSION => ((h >> 8) as u32 & 7 | 1 << 8, (h >> 16) as u32),
+            _ => ((h >> 8) as u32 & 0xffff, 1),
+        };
+        let ue = 208_930_000_000_000 + f;
+        frame::amf(buf, ue, (f % 4096) as u32, t, sent + 1, a, b, size, i);
     }
 
     /// Initial sequence numbers of a flow (client, server).
