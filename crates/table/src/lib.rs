@@ -22,6 +22,7 @@ mod cuckoo;
 pub mod error;
 pub mod expiry;
 pub mod flow_table;
+pub mod huge;
 pub mod key;
 pub mod shared;
 pub mod simd;

@@ -258,10 +258,12 @@ fn mix(a: u64, b: u64) -> u64 {
 impl Amf {
     /// An AMF for messages to UDP `port`, with room for `ues` contexts.
     pub fn new(port: u16, ues: usize, mode: Mode) -> Amf {
+        let ctx = vec![UeCtx::default(); ues];
+        flowplane_table::huge::advise_hugepages(&ctx);
         Amf {
             port,
             mode,
-            ctx: vec![UeCtx::default(); ues],
+            ctx,
             free: (0..ues as u32).rev().collect(),
             map: Map::new(ues),
             c: AmfCounters::default(),

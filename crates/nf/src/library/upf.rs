@@ -417,6 +417,8 @@ impl Upf {
                 *b = 0;
             }
         }
+        flowplane_table::huge::advise_hugepages(&usage);
+        flowplane_table::huge::advise_hugepages(&qer);
         self.usage = usage;
         self.qer = qer;
         self.buffered = buffered;
@@ -528,9 +530,11 @@ impl Upf {
             if let Some(u) = self.usage.get(p.urr as usize) {
                 prefetch::write(u);
             }
-            if let Some(q) = self.qer.get(p.qer as usize) {
-                prefetch::write(q);
-                prefetch::read(&self.rules.qers[p.qer as usize]);
+            if p.mbr != 0 {
+                if let Some(q) = self.qer.get(p.qer as usize) {
+                    prefetch::write(q);
+                    prefetch::read(&self.rules.qers[p.qer as usize]);
+                }
             }
         }
     }
@@ -645,7 +649,7 @@ impl Upf {
         if !self.enforce(&pdr, &far, usize::from(!uplink), inner_len as u64, now) {
             return None;
         }
-        if uplink && pdr.outer_header_removal {
+        if uplink && pdr.outer_header_removal() {
             // Keep the L2 header, drop outer IP/UDP/GTP-U and any trailer.
             let hdr = inner_at - l3;
             let d = batch.data_mut(i);
@@ -663,7 +667,7 @@ impl Upf {
                 self.c.no_room += 1;
                 return None;
             }
-            if !self.encap(batch, i, l3, &far, pdr.qfi, pdr.qer) {
+            if !self.encap(batch, i, l3, &far, pdr.mark_qfi) {
                 return None;
             }
         }
@@ -703,13 +707,13 @@ impl Upf {
                 return false;
             }
         }
-        if let Some(q) = self.rules.qers.get(pdr.qer as usize) {
-            if !q.open[dir] {
-                self.c.gate_closed += 1;
-                return false;
-            }
-            let kbps = q.mbr_kbps[dir];
-            if kbps > 0 && !self.qer[pdr.qer as usize][dir].take(kbps, bytes, now) {
+        if pdr.gate & (1 << dir) == 0 {
+            self.c.gate_closed += 1;
+            return false;
+        }
+        if pdr.mbr & (1 << dir) != 0 {
+            let kbps = self.rules.qers[pdr.qer as usize].mbr_kbps[dir];
+            if !self.qer[pdr.qer as usize][dir].take(kbps, bytes, now) {
                 self.c.mbr_exceeded += 1;
                 return false;
             }
@@ -745,11 +749,7 @@ impl Upf {
 
     /// Prepends IPv4/UDP/GTP-U (and a DL PDU Session Container when a QFI
     /// is set) after the L2 header of packet `i`, whose IP packet runs to the end.
-    fn encap(&mut self, batch: &mut Batch, i: usize, l3: usize, far: &Far, pdr_qfi: u8, qer: u32) -> bool {
-        let qfi = match self.rules.qers.get(qer as usize) {
-            Some(q) if q.qfi != rules::ANY_QFI => q.qfi,
-            _ => pdr_qfi,
-        };
+    fn encap(&mut self, batch: &mut Batch, i: usize, l3: usize, far: &Far, qfi: u8) -> bool {
         let psc = (qfi != rules::ANY_QFI).then_some(PduSessionInfo {
             pdu_type: PduType::Downlink,
             qfi,

@@ -393,12 +393,13 @@ fn ports(t: &str) -> Result<(u16, u16), String> {
     Ok((lo, hi))
 }
 
-/// A compiled PDR (hot: read per packet in precedence order).
+/// A compiled PDR (hot: read per packet in precedence order, two per
+/// cache line). The QER's gates, whether it limits a rate and the QFI it
+/// marks are copied in, so packets of PDRs without an MBR never touch the
+/// QER arrays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pdr {
-    /// Precedence (lowest first).
-    pub precedence: u32,
-    /// Local F-TEID to match (uplink), if `has_teid`.
+    /// Local F-TEID to match (uplink), if [`Pdr::has_teid`].
     pub teid: u32,
     /// First SDF filter in [`RuleSet::sdfs`].
     pub sdf_start: u32,
@@ -412,14 +413,43 @@ pub struct Pdr {
     pub sdf_len: u16,
     /// Rule ID.
     pub id: u16,
-    /// QFI to match (uplink) or to mark (downlink), or [`ANY_QFI`].
+    /// QFI to match (uplink), or [`ANY_QFI`].
     pub qfi: u8,
-    /// Match the local F-TEID.
-    pub has_teid: bool,
-    /// Match the UE address.
-    pub ue_ip: bool,
-    /// Remove the outer header.
-    pub outer_header_removal: bool,
+    /// [`Pdr::HAS_TEID`], [`Pdr::UE_IP`], [`Pdr::OHR`].
+    pub flags: u8,
+    /// QER gates open: bit 0 uplink, bit 1 downlink (both without a QER).
+    pub gate: u8,
+    /// The QER limits the rate: bit 0 uplink, bit 1 downlink.
+    pub mbr: u8,
+    /// QFI for the downlink PDU Session Container (the QER's, else the PDR's), or [`ANY_QFI`].
+    pub mark_qfi: u8,
+}
+
+impl Pdr {
+    /// Flag: match the local F-TEID.
+    pub const HAS_TEID: u8 = 1;
+    /// Flag: match the UE address.
+    pub const UE_IP: u8 = 2;
+    /// Flag: remove the outer header.
+    pub const OHR: u8 = 4;
+
+    /// Matches the local F-TEID.
+    #[inline(always)]
+    pub fn has_teid(&self) -> bool {
+        self.flags & Self::HAS_TEID != 0
+    }
+
+    /// Matches the UE address.
+    #[inline(always)]
+    pub fn ue_ip(&self) -> bool {
+        self.flags & Self::UE_IP != 0
+    }
+
+    /// Removes the outer header.
+    #[inline(always)]
+    pub fn outer_header_removal(&self) -> bool {
+        self.flags & Self::OHR != 0
+    }
 }
 
 /// A compiled FAR.
@@ -719,32 +749,43 @@ impl RuleSet {
                         }
                     }
                 }
-                let c = Pdr {
-                    precedence: p.precedence,
-                    teid: p.teid.unwrap_or(0),
-                    sdf_start,
-                    far: (far_base + far) as u32,
-                    qer,
-                    urr,
-                    sdf_len: p.sdf.len() as u16,
-                    id: p.id,
-                    qfi: qfi(p.qfi).map_err(|m| pe(&m))?,
-                    has_teid: p.teid.is_some(),
-                    ue_ip: p.ue_ip,
-                    outer_header_removal: p.outer_header_removal,
-                };
+                let q = rs.qers.get(qer as usize);
+                let pdr_qfi = qfi(p.qfi).map_err(|m| pe(&m))?;
+                let flags = if p.teid.is_some() { Pdr::HAS_TEID } else { 0 }
+                    | if p.ue_ip { Pdr::UE_IP } else { 0 }
+                    | if p.outer_header_removal { Pdr::OHR } else { 0 };
+                let c = (
+                    p.precedence,
+                    Pdr {
+                        teid: p.teid.unwrap_or(0),
+                        sdf_start,
+                        far: (far_base + far) as u32,
+                        qer,
+                        urr,
+                        sdf_len: p.sdf.len() as u16,
+                        id: p.id,
+                        qfi: pdr_qfi,
+                        flags,
+                        gate: q.map_or(3, |q| u8::from(q.open[0]) | (u8::from(q.open[1]) << 1)),
+                        mbr: q.map_or(0, |q| u8::from(q.mbr_kbps[0] > 0) | (u8::from(q.mbr_kbps[1] > 0) << 1)),
+                        mark_qfi: match q {
+                            Some(q) if q.qfi != ANY_QFI => q.qfi,
+                            _ => pdr_qfi,
+                        },
+                    },
+                );
                 match p.source {
                     Iface::Access => ul.push(c),
                     Iface::Core => dl.push(c),
                 }
             }
             // Stable: equal precedences keep the provisioning order.
-            ul.sort_by_key(|p| p.precedence);
-            dl.sort_by_key(|p| p.precedence);
+            ul.sort_by_key(|p| p.0);
+            dl.sort_by_key(|p| p.0);
             let ul_r = (rs.pdrs.len() as u32, ul.len() as u32);
-            rs.pdrs.extend(ul);
+            rs.pdrs.extend(ul.into_iter().map(|p| p.1));
             let dl_r = (rs.pdrs.len() as u32, dl.len() as u32);
-            rs.pdrs.extend(dl);
+            rs.pdrs.extend(dl.into_iter().map(|p| p.1));
             rs.sessions.push(Session {
                 seid: s.seid,
                 ue4: ue4.unwrap_or(0),
@@ -757,7 +798,21 @@ impl RuleSet {
         }
         rs.teids = Index::build(&teids);
         rs.ues = Index::build(&ues);
+        rs.advise_hugepages();
         Ok(rs)
+    }
+
+    /// Hugepage hints for the arrays the data path indexes at random.
+    fn advise_hugepages(&self) {
+        use flowplane_table::huge::advise_hugepages as advise;
+        advise(&self.sessions);
+        advise(&self.pdrs);
+        advise(&self.sdfs);
+        advise(&self.fars);
+        advise(&self.qers);
+        advise(&self.urrs);
+        advise(&self.teids.slots);
+        advise(&self.ues.slots);
     }
 
     /// The session holding local TEID `teid`.
@@ -781,10 +836,10 @@ impl RuleSet {
         let (start, len) = (start as usize, len as usize);
         let ue_ok = (s.has_ue4 && s.ue4 == f.ue) || (s.has_ue6 && s.ue6 == f.ue);
         for (k, p) in self.pdrs.get(start..start + len)?.iter().enumerate() {
-            if uplink && ((p.has_teid && p.teid != teid) || (p.qfi != ANY_QFI && Some(p.qfi) != qfi)) {
+            if uplink && ((p.has_teid() && p.teid != teid) || (p.qfi != ANY_QFI && Some(p.qfi) != qfi)) {
                 continue;
             }
-            if p.ue_ip && !ue_ok {
+            if p.ue_ip() && !ue_ok {
                 continue;
             }
             if p.sdf_len > 0 {

@@ -293,6 +293,11 @@ fn compile_errors_name_the_rule() {
 }
 
 #[test]
+fn two_pdrs_per_cache_line() {
+    assert_eq!(std::mem::size_of::<Pdr>(), 32);
+}
+
+#[test]
 fn flow_descriptions() {
     let d = Sdf::parse("permit out 17 from 198.51.100.0/24 5000-5999 to assigned 80").unwrap();
     assert_eq!((d.proto, d.remote_ports, d.ue_ports, d.ue.assigned), (17, (5000, 5999), (80, 80), true));
