@@ -957,8 +957,14 @@ impl Nf for Upf {
         crate::report::merge_keeping(into, other, &["sessions", "pdrs"]);
     }
 
+    /// URR usage rows; refused when no URR can ever count (no URR in a
+    /// fixed rule set: no session file or one without URRs, and no PFCP).
     fn export_kind(&self) -> Export {
-        Export::Report
+        if self.control.is_none() && self.rules.urrs.is_empty() {
+            Export::None
+        } else {
+            Export::Report
+        }
     }
 
     /// One row per URR with traffic: SEID, URR ID, bytes and packets per direction (all cores).
