@@ -320,3 +320,27 @@ fn session_files_round_trip_toml_and_json() {
     assert_eq!(SessionsFile::parse(&j).unwrap(), f);
     assert!(SessionsFile::parse("[[sessions]]\nseid = 1\nbogus = 2\n").unwrap_err().contains("bogus"));
 }
+
+#[test]
+fn ipv6_ue_both_directions() {
+    use crate::testutil::{assert_ipv6_checksums, udp6};
+    use std::net::Ipv6Addr;
+    let ue6: Ipv6Addr = "2001:db8:45::7".parse().unwrap();
+    let dn6: Ipv6Addr = "2001:db8:ffff::5".parse().unwrap();
+    let mut s = spec();
+    s.ue_ipv6 = Some(ue6);
+    s.pdrs[1].sdf = vec!["permit out 17 from 2001:db8:ffff::/48 53 to assigned".into()];
+    let mut u = upf(&[s], UpfConfig::default());
+    let inner = udp6(ue6, dn6, 4000, 53)[14..].to_vec();
+    let up = gtpu4(GNB, N3, 100, None, &inner);
+    let down = udp6(dn6, ue6, 53, 4000);
+    let out = run(&mut u, &[(up, 0), (down.clone(), 0)]);
+    let f = out[0].as_ref().expect("uplink IPv6 forwarded");
+    assert_eq!((&f[12..14], &f[14..]), (&[0x86, 0xdd][..], &inner[..]));
+    assert_ipv6_checksums(f);
+    let e = out[1].as_ref().expect("downlink IPv6 encapsulated");
+    assert_eq!(flowplane_wire::checksum::sum(&e[14..34]), 0xffff, "outer IPv4 header checksum");
+    let g = GtpuPacket::new_checked(&e[42..]).unwrap();
+    assert_eq!((g.teid(), g.payload()), (0x55, &down[14..]));
+    assert_eq!(u.upf_counters().no_pdr, 0);
+}
