@@ -11,3 +11,4 @@ pub mod parse;
 pub mod pipeline;
 pub mod scaling;
 pub mod table;
+pub mod upf;

@@ -8,6 +8,7 @@ use flowplane_bench::io::{run_io, IoBenchOptions};
 use flowplane_bench::parse::{run_parse, ParseBenchOptions};
 use flowplane_bench::pipeline::{run_pipeline, PipelineOptions};
 use flowplane_bench::table::{self, TableBenchOptions};
+use flowplane_bench::upf::{run_upf, UpfBenchOptions};
 
 use crate::error::CliError;
 
@@ -104,6 +105,30 @@ pub enum BenchCmd {
         /// Also draw Mpps against K per case into this PNG file.
         #[arg(long)]
         png: Option<std::path::PathBuf>,
+        /// Small and short (CI smoke run).
+        #[arg(long)]
+        quick: bool,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// 5G UPF (GuNFu): 130K sessions x 1/4/8/16 PDRs, uplink and downlink, per executor and UPF mode (one core).
+    Upf {
+        /// Sessions.
+        #[arg(long)]
+        sessions: Option<u32>,
+        /// PDR counts per session, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        pdrs: Option<Vec<u32>>,
+        /// Executors, comma-separated (default: every registered executor).
+        #[arg(long = "exec", value_delimiter = ',')]
+        execs: Vec<String>,
+        /// Seconds per measurement.
+        #[arg(long, allow_negative_numbers = true)]
+        seconds: Option<f64>,
+        /// Packets per trace.
+        #[arg(long)]
+        packets: Option<u64>,
         /// Small and short (CI smoke run).
         #[arg(long)]
         quick: bool,
@@ -229,6 +254,34 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             if let Some(p) = png {
                 rep.plot_png(&p).map_err(CliError::new)?;
             }
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&rep)?);
+            } else {
+                out!("{rep}");
+            }
+        }
+        BenchCmd::Upf { sessions, pdrs, execs, seconds, packets, quick, json } => {
+            let mut o = if quick { UpfBenchOptions::quick() } else { UpfBenchOptions::default() };
+            if let Some(s) = sessions {
+                o.sessions = s;
+            }
+            if let Some(p) = pdrs {
+                o.pdrs = p;
+            }
+            if let Some(s) = seconds {
+                o.seconds = s;
+            }
+            if let Some(p) = packets {
+                o.packets = p;
+            }
+            o.execs = execs;
+            if !(o.seconds.is_finite() && o.seconds > 0.0) {
+                return Err(CliError::new("--seconds: must be positive"));
+            }
+            if o.packets == 0 || o.packets > 1 << 28 {
+                return Err(CliError::new("--packets: must be between 1 and 268435456"));
+            }
+            let rep = run_upf(&o).map_err(CliError::new)?;
             if json {
                 outln!("{}", serde_json::to_string_pretty(&rep)?);
             } else {

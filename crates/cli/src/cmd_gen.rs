@@ -56,6 +56,9 @@ pub struct GenArgs {
     /// Packet rate for the timestamps (accepts k/M/G suffixes).
     #[arg(long, value_name = "PPS", default_value = "10M")]
     pub rate: String,
+    /// UPF traffic with --proto gtpu: SESSIONSxPDRS[:ul|dl|both] (sets --flows; the session file is `flowplane upf sessions`).
+    #[arg(long, value_name = "NxM[:DIR]")]
+    pub upf: Option<String>,
     /// PRNG seed: same options and seed give a byte-identical trace.
     #[arg(long, value_name = "S", default_value = "1")]
     pub seed: String,
@@ -103,8 +106,12 @@ impl GenArgs {
             (None, false) => Pattern::None,
         };
         let new_flow_every = self.new_flow_every.as_deref().map(|r| parse_u64("new-flow-every", r)).transpose()?;
+        let upf = self.upf.as_deref().map(str::parse::<gen::UpfPlan>).transpose()?;
         let cfg = GenConfig {
-            flows: parse_u64("flows", &self.flows)?,
+            flows: match upf {
+                Some(u) => u.flows(),
+                None => parse_u64("flows", &self.flows)?,
+            },
             packets: parse_u64("packets", &self.packets)?,
             size,
             dist: self.dist.parse::<FlowDist>()?,
@@ -116,6 +123,7 @@ impl GenArgs {
             new_flow_every,
             rate_pps: parse_f64("rate", &self.rate)?,
             seed: parse_u64("seed", &self.seed)?,
+            upf,
         };
         cfg.validate()?;
         Ok(cfg)

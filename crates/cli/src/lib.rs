@@ -30,6 +30,7 @@ mod cmd_nfs;
 mod cmd_run;
 mod cmd_scaling;
 mod cmd_trace;
+mod cmd_upf;
 mod error;
 
 use std::ffi::OsString;
@@ -61,6 +62,8 @@ enum Command {
     Bench(cmd_bench::BenchArgs),
     /// Maximum loss-free forwarding rate of one configuration (binary search of the paced rate).
     Mlffr(cmd_mlffr::MlffrArgs),
+    /// UPF tools: `upf sessions` writes the session file matching `gen --proto gtpu --upf NxM`.
+    Upf(cmd_upf::UpfArgs),
 }
 
 /// Runs the command line `args` (program name first, as `std::env::args_os`
@@ -93,6 +96,7 @@ where
         Command::Nfs(a) => cmd_nfs::run(a),
         Command::Bench(a) => cmd_bench::run(a),
         Command::Mlffr(a) => cmd_mlffr::run(a),
+        Command::Upf(a) => cmd_upf::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -73,6 +73,26 @@ pub fn ipv4_frame(src: [u8; 4], dst: [u8; 4], proto: u8, l4: &[u8]) -> Vec<u8> {
     f
 }
 
+/// An Ethernet/IPv4/UDP(2152)/GTP-U G-PDU frame carrying IP packet `inner`
+/// (without an Ethernet header), with an UL PDU Session Container when
+/// `qfi` is set; outer UDP checksum 0 (none).
+pub fn gtpu4(src: [u8; 4], dst: [u8; 4], teid: u32, qfi: Option<u8>, inner: &[u8]) -> Vec<u8> {
+    use flowplane_wire::gtpu::{GtpuPacket, GtpuRepr, PduSessionInfo, PduType};
+    let psc = qfi.map(|qfi| PduSessionInfo { pdu_type: PduType::Uplink, qfi, ppp: false, rqi: false, ppi: None });
+    let g = GtpuRepr::g_pdu(teid, psc, inner.len());
+    let mut u = vec![0u8; 8 + g.buffer_len()];
+    u[0..2].copy_from_slice(&2152u16.to_be_bytes());
+    u[2..4].copy_from_slice(&2152u16.to_be_bytes());
+    let ulen = (u.len() + inner.len()) as u16;
+    u[4..6].copy_from_slice(&ulen.to_be_bytes());
+    g.emit(&mut GtpuPacket::new_unchecked(&mut u[8..])).expect("GTP-U header fits");
+    u.extend_from_slice(inner);
+    let mut f = ipv4_frame(src, dst, 17, &u);
+    // ipv4_frame fills in the UDP checksum; GTP-U senders usually send none.
+    f[40..42].copy_from_slice(&[0, 0]);
+    f
+}
+
 /// Asserts the IPv4 header checksum and the TCP/UDP checksum of `f` verify.
 pub fn assert_ipv4_checksums(f: &[u8]) {
     assert_eq!(checksum::sum(&f[14..34]), 0xffff, "IPv4 header checksum");

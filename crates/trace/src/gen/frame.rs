@@ -193,6 +193,72 @@ pub(crate) fn tcp(buf: &mut Vec<u8>, addrs: &Addrs, sport: u16, dport: u16, t: T
     finish_l4(b, l4, l4_len, 16, pseudo, false);
 }
 
+/// AMF message types (the `amf` NF's format, `flowplane_nf::amf`).
+pub(crate) const AMF_REGISTRATION: u8 = 1;
+pub(crate) const AMF_SERVICE: u8 = 2;
+pub(crate) const AMF_PDU_SESSION: u8 = 3;
+pub(crate) const AMF_HANDOVER: u8 = 4;
+pub(crate) const AMF_DEREGISTRATION: u8 = 5;
+/// UDP port of AMF messages.
+pub(crate) const AMF_PORT: u16 = 38412;
+
+/// An AMF message from gNB `gnb` (10.200.0.0/16) to the AMF (10.100.0.1):
+/// Ethernet/IPv4/UDP with the 16-byte header (version 1, type, body length,
+/// UE id, sequence) and the type's body (`a`, `b` as the NF documents);
+/// `frame_len` is raised to the message's length, padding follows it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn amf(
+    buf: &mut Vec<u8>,
+    ue: u64,
+    gnb: u32,
+    t: u8,
+    seq: u32,
+    a: u32,
+    b: u32,
+    frame_len: usize,
+    marker: u64,
+) {
+    let blen: usize = match t {
+        AMF_SERVICE => 4,
+        AMF_DEREGISTRATION => 1,
+        _ => 8,
+    };
+    let hl = ETH_LEN + IPV4_LEN + UDP_LEN;
+    let len = frame_len.clamp(hl + 16 + blen, MAX_FRAME);
+    let l4 = ETH_LEN + IPV4_LEN;
+    let l4_len = len - l4;
+    start_frame(buf, len, hl, len - hl, marker);
+    let bb = buf.as_mut_slice();
+    put_eth(bb, 0x0800);
+    let src = (0x0ac8_0000 | (gnb & 0xffff)).to_be_bytes();
+    let pseudo = put_ip(bb, ETH_LEN, &Addrs::V4 { src, dst: [10, 100, 0, 1] }, PROTO_UDP, l4_len, marker as u16);
+    put16(bb, l4, 9000 + (gnb % 1000) as u16);
+    put16(bb, l4 + 2, AMF_PORT);
+    put16(bb, l4 + 4, l4_len as u16);
+    let m = l4 + UDP_LEN;
+    bb[m] = 1;
+    bb[m + 1] = t;
+    put16(bb, m + 2, blen as u16);
+    bb[m + 4..m + 12].copy_from_slice(&ue.to_be_bytes());
+    put32(bb, m + 12, seq);
+    let body = m + 16;
+    match t {
+        AMF_PDU_SESSION => {
+            bb[body] = (a & 7) as u8;
+            bb[body + 1] = (a >> 8) as u8;
+            put16(bb, body + 2, 0);
+            put32(bb, body + 4, b);
+        }
+        AMF_DEREGISTRATION => bb[body] = a as u8,
+        AMF_SERVICE => put32(bb, body, a),
+        _ => {
+            put32(bb, body, a);
+            put32(bb, body + 4, b);
+        }
+    }
+    finish_l4(bb, l4, l4_len, 6, pseudo, true);
+}
+
 /// Outer and inner addressing of one GTP-U G-PDU.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct GtpuFlow {

@@ -45,8 +45,10 @@ mod flows;
 mod frame;
 mod pattern;
 mod sample;
+mod upf;
 
 pub use pattern::{knock_transition, KnockSession, KnockState, KNOCK_PORTS, KNOCK_SERVER, KNOCK_SERVICE_PORT};
+pub use upf::{UpfDir, UpfFlow, UpfPlan};
 
 use std::fmt;
 use std::path::Path;
@@ -292,6 +294,8 @@ pub enum Proto {
     TcpBidir,
     /// GTP-U G-PDUs carrying IPv4/UDP.
     Gtpu,
+    /// AMF messages over UDP (the `amf` NF's format): one UE per flow.
+    Amf,
 }
 
 impl FromStr for Proto {
@@ -303,7 +307,8 @@ impl FromStr for Proto {
             "tcp" => Ok(Proto::Tcp),
             "tcp-bidir" => Ok(Proto::TcpBidir),
             "gtpu" | "gtp-u" => Ok(Proto::Gtpu),
-            _ => Err(invalid(format!("unknown --proto '{s}': expected udp, tcp, tcp-bidir or gtpu"))),
+            "amf" => Ok(Proto::Amf),
+            _ => Err(invalid(format!("unknown --proto '{s}': expected udp, tcp, tcp-bidir, gtpu or amf"))),
         }
     }
 }
@@ -346,6 +351,8 @@ pub struct GenConfig {
     pub rate_pps: f64,
     /// PRNG seed.
     pub seed: u64,
+    /// UPF mode of `gtpu` (`--upf NxM[:dir]`): `flows` must be N x M.
+    pub upf: Option<UpfPlan>,
 }
 
 impl Default for GenConfig {
@@ -363,6 +370,7 @@ impl Default for GenConfig {
             new_flow_every: None,
             rate_pps: 10e6,
             seed: 1,
+            upf: None,
         }
     }
 }
@@ -387,6 +395,18 @@ impl GenConfig {
         }
         if self.ipv6 && self.proto == Proto::Gtpu {
             return Err(invalid("--ipv6 applies to udp, tcp and tcp-bidir, not gtpu"));
+        }
+        if let Some(u) = &self.upf {
+            u.validate()?;
+            if self.proto != Proto::Gtpu {
+                return Err(invalid("--upf needs --proto gtpu"));
+            }
+            if self.flows != u.flows() {
+                return Err(invalid(format!("--upf {u}: --flows must be sessions x PDRs = {}", u.flows())));
+            }
+            if self.new_flow_every.is_some() {
+                return Err(invalid("--upf cannot be combined with --new-flow-every"));
+            }
         }
         if self.proto == Proto::Gtpu && self.flows > 1 << 26 {
             return Err(invalid("--proto gtpu supports at most 2^26 flows (2^24 UEs)"));
@@ -618,6 +638,8 @@ pub struct Generator {
     pattern_rng: GenRng,
     pattern: Option<pattern::PatternGen>,
     tcp: Vec<TcpFlow>,
+    /// AMF: per UE, messages sent (low 31 bits) and registered (bit 31).
+    amf: Vec<u32>,
     plan: AddrPlan,
     idx: u64,
     period_ns: f64,
@@ -641,6 +663,7 @@ impl Generator {
                 }
             }
         }
+        let amf = if cfg.proto == Proto::Amf { vec![0u32; Scheduler::flow_space(&cfg) as usize] } else { Vec::new() };
         let pattern = match cfg.pattern {
             Pattern::None => None,
             Pattern::PortScan(k) => Some(pattern::PatternGen::scan(k, cfg.seed, cfg.ipv6)),
@@ -655,6 +678,7 @@ impl Generator {
             sched,
             pattern,
             tcp,
+            amf,
             idx: 0,
             cfg,
         })
@@ -697,12 +721,48 @@ impl Generator {
                     let fa = self.plan.flow(f);
                     frame::udp(buf, &fa.addrs, fa.sport, fa.dport, size, i);
                 }
-                Proto::Gtpu => frame::gtpu(buf, &self.plan.gtpu(f), size, i),
+                Proto::Gtpu => match self.cfg.upf {
+                    Some(u) if u.uplink(i, self.cfg.seed) => frame::gtpu(buf, &u.gtpu(f), size, i),
+                    Some(u) => {
+                        let fl = u.flow(f);
+                        let addrs = frame::Addrs::V4 { src: fl.remote, dst: fl.ue };
+                        frame::udp(buf, &addrs, fl.remote_port, fl.ue_port, size, i);
+                    }
+                    None => frame::gtpu(buf, &self.plan.gtpu(f), size, i),
+                },
+                Proto::Amf => self.amf_message(f, size, buf, i),
                 Proto::Tcp => self.tcp_oneway(f, size, buf, i),
                 Proto::TcpBidir => self.tcp_bidir(f, size, buf, i),
             },
         }
         Some(ts)
+    }
+
+    /// The next AMF message of UE `f`: a registration first (and after a
+    /// deregistration), then service requests 45%, PDU sessions 25%,
+    /// handovers 20%, deregistrations 10%.
+    fn amf_message(&mut self, f: u64, size: usize, buf: &mut Vec<u8>, i: u64) {
+        let Some(st) = self.amf.get_mut(f as usize) else { return };
+        let (sent, registered) = (*st & 0x7fff_ffff, *st >> 31 == 1);
+        let h = flows::mix64(f ^ (u64::from(sent) << 32) ^ self.cfg.seed);
+        let t = if !registered {
+            frame::AMF_REGISTRATION
+        } else {
+            match h % 100 {
+                0..45 => frame::AMF_SERVICE,
+                45..70 => frame::AMF_PDU_SESSION,
+                70..90 => frame::AMF_HANDOVER,
+                _ => frame::AMF_DEREGISTRATION,
+            }
+        };
+        let registered = t != frame::AMF_DEREGISTRATION;
+        *st = ((sent + 1) & 0x7fff_ffff) | (u32::from(registered) << 31);
+        let (a, b) = match t {
+            frame::AMF_PDU_SESSION => ((h >> 8) as u32 & 7 | 1 << 8, (h >> 16) as u32),
+            _ => ((h >> 8) as u32 & 0xffff, 1),
+        };
+        let ue = 208_930_000_000_000 + f;
+        frame::amf(buf, ue, (f % 4096) as u32, t, sent + 1, a, b, size, i);
     }
 
     /// Initial sequence numbers of a flow (client, server).

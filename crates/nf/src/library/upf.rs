@@ -1,0 +1,1067 @@
+//! `upf`: a 5G user plane function (TS 29.244 rules, TS 29.281 GTP-U).
+//!
+//! N3 (access) traffic is GTP-U over UDP port 2152; N6 (core) traffic is
+//! plain IP to and from UE addresses. Uplink: the GTP-U header is parsed
+//! (extension headers, the PDU Session Container's QFI), the TEID finds the
+//! session, the session's access PDRs are matched by precedence (local
+//! F-TEID, QFI, UE address, SDF filters), then QER (gates, MBR token bucket
+//! per direction on the packet clock), URR (volume and packet counters,
+//! volume threshold -> usage report) and FAR (forward, drop, buffer) apply;
+//! outer-header removal strips IP/UDP/GTP-U. Downlink: the destination
+//! address finds the session, its core PDRs are matched, and the FAR's
+//! outer-header creation prepends IPv4/UDP/GTP-U (with a PDU Session
+//! Container carrying the QER's or PDR's QFI) with correct lengths and
+//! checksums. GTP-U echo requests are answered in place; end markers are
+//! consumed. Everything else — unknown TEID or UE, malformed GTP-U or inner
+//! packet, other message types, no matching PDR — is a drop counted by reason.
+//!
+//! The NF is a batch element: its state is the provisioned rule set
+//! ([`rules::RuleSet`], loaded from `sessions=FILE` or swapped in whole by
+//! the control plane between batches, so no packet sees half a session)
+//! plus per-core QER buckets and URR counters. It changes packet lengths
+//! (encapsulation, decapsulation), which only a batch element may do; put
+//! 5-tuple NFs that should see inner headers after it in a separate chain.
+//! `mode=staged` (default) walks a batch in three passes — parse and
+//! prefetch the index slot, resolve the session and prefetch it and its first
+//! PDR, then classify and act — so the lookups of a batch overlap;
+//! `mode=rtc` does each packet to completion (the baseline).
+
+#[path = "../upf/control.rs"]
+pub mod control;
+#[path = "../upf/pfcp.rs"]
+pub mod pfcp;
+#[path = "../upf/rules.rs"]
+pub mod rules;
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use flowplane_packet::{prefetch, Batch, DROP, MAX_BATCH};
+use flowplane_wire::checksum;
+use flowplane_wire::frame::PktMeta;
+use flowplane_wire::gtpu::{self, GtpuPacket, PduSessionInfo, PduType};
+use serde_json::{json, Map, Value};
+
+use self::rules::{Far, FarAction, Fields, Iface, RuleSet, SessionsFile, NONE};
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::report::Export;
+use crate::{Nf, NfContext, NfCounters, ParamError, ParamSpec, Params};
+
+const SESSIONS: ParamSpec =
+    ParamSpec::text("sessions", "", "FILE", "session file (TOML or JSON; see `flowplane upf sessions`)");
+const RULES: ParamSpec = ParamSpec::text(
+    "rules",
+    "",
+    "NAME",
+    "use the rule set registered in-process under NAME (embedding, benchmarks; see upf::control::register)",
+);
+const N3_ADDR: ParamSpec =
+    ParamSpec::text("n3_addr", "192.0.2.1", "IPV4", "local N3 address: the outer source of downlink GTP-U");
+const N3_PORT: ParamSpec = ParamSpec::uint_or_none("n3_port", 0, (DROP - 1) as u64, "output port towards the RAN");
+const N6_PORT: ParamSpec = ParamSpec::uint_or_none("n6_port", 0, (DROP - 1) as u64, "output port towards the DN");
+const MODE: ParamSpec =
+    ParamSpec::choice("mode", "staged", &["staged", "rtc"], "staged: lookups of a batch overlap; rtc: per packet");
+const UDP_CSUM: ParamSpec = ParamSpec::bool(
+    "udp_checksum",
+    false,
+    "compute the outer UDP checksum on encapsulation (else 0, as RFC 768 allows)",
+);
+const BUFFER: ParamSpec =
+    ParamSpec::uint("buffer", 64, 0, 1 << 20, "packets a buffering FAR holds per core before it drops (counted)");
+const REPORTS: ParamSpec =
+    ParamSpec::uint("reports", 1024, 0, 1 << 20, "usage reports queued per core before they are counted as lost");
+const USAGE: ParamSpec = ParamSpec::bool("usage", true, "list per-URR usage in the report");
+const PFCP: ParamSpec = ParamSpec::text(
+    "pfcp",
+    "",
+    "ADDR:PORT",
+    "serve PFCP (N4) on this UDP address (e.g. 0.0.0.0:8805); rule changes reach the data path between batches",
+);
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "upf",
+    about: "5G UPF: GTP-U uplink decapsulation / downlink encapsulation by PDR (precedence, F-TEID, QFI, SDF), FAR, QER, URR",
+    keyed_by: KeyedBy::Stateless,
+    params: &[SESSIONS, PFCP, RULES, N3_ADDR, N3_PORT, N6_PORT, MODE, UDP_CSUM, BUFFER, REPORTS, USAGE],
+};
+
+/// Builds `upf` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    Ok(sink.stateless(Box::new(Upf::from_params(p)?)))
+}
+
+/// Configuration of a [`Upf`].
+#[derive(Clone, Debug)]
+pub struct UpfConfig {
+    /// Local N3 address (outer source of encapsulated packets).
+    pub n3_addr: Ipv4Addr,
+    /// Verdict for packets towards the RAN (None: leave it).
+    pub n3_port: Option<u16>,
+    /// Verdict for packets towards the DN.
+    pub n6_port: Option<u16>,
+    /// Three-pass batch walk (else per packet).
+    pub staged: bool,
+    /// Outer UDP checksum.
+    pub udp_checksum: bool,
+    /// Buffer bound per FAR per core.
+    pub buffer: u64,
+    /// Usage-report queue bound.
+    pub reports: usize,
+    /// List per-URR usage in the report.
+    pub usage: bool,
+}
+
+impl Default for UpfConfig {
+    fn default() -> Self {
+        UpfConfig {
+            n3_addr: Ipv4Addr::new(192, 0, 2, 1),
+            n3_port: None,
+            n6_port: None,
+            staged: true,
+            udp_checksum: false,
+            buffer: 64,
+            reports: 1024,
+            usage: true,
+        }
+    }
+}
+
+/// Why packets were dropped, and what else happened (per core).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UpfCounters {
+    /// GTP-U G-PDUs received on N3.
+    pub uplink: u64,
+    /// Plain IP packets received on N6.
+    pub downlink: u64,
+    /// Uplink packets forwarded.
+    pub ul_forwarded: u64,
+    /// Downlink packets forwarded.
+    pub dl_forwarded: u64,
+    /// Outer headers removed.
+    pub decapsulated: u64,
+    /// Outer headers created.
+    pub encapsulated: u64,
+    /// Echo requests answered.
+    pub echo_responses: u64,
+    /// End markers consumed.
+    pub end_markers: u64,
+    /// G-PDUs whose TEID belongs to no session.
+    pub unknown_teid: u64,
+    /// Downlink packets to no UE address.
+    pub unknown_ue: u64,
+    /// Malformed GTP-U headers.
+    pub malformed_gtpu: u64,
+    /// Malformed or truncated inner (or downlink) IP packets.
+    pub malformed_inner: u64,
+    /// GTP-U messages other than G-PDU, echo request, end marker.
+    pub unsupported_msg: u64,
+    /// Packets no PDR matched.
+    pub no_pdr: u64,
+    /// Dropped by a FAR.
+    pub far_drop: u64,
+    /// Taken by a buffering FAR.
+    pub buffered: u64,
+    /// Dropped because a buffering FAR was full.
+    pub buffer_full: u64,
+    /// Dropped by a closed QER gate.
+    pub gate_closed: u64,
+    /// Dropped over a QER's MBR.
+    pub mbr_exceeded: u64,
+    /// Not IPv4/IPv6 (or not Ethernet-framed).
+    pub not_ip: u64,
+    /// Encapsulation without headroom, or an echo response without tailroom.
+    pub no_room: u64,
+    /// Usage reports raised (volume threshold reached).
+    pub usage_reports: u64,
+    /// Usage reports lost because the queue was full.
+    pub usage_reports_lost: u64,
+}
+
+impl UpfCounters {
+    fn to_json(self) -> Value {
+        json!({
+            "uplink": self.uplink, "downlink": self.downlink,
+            "ul_forwarded": self.ul_forwarded, "dl_forwarded": self.dl_forwarded,
+            "decapsulated": self.decapsulated, "encapsulated": self.encapsulated,
+            "echo_responses": self.echo_responses, "end_markers": self.end_markers,
+            "unknown_teid": self.unknown_teid, "unknown_ue": self.unknown_ue,
+            "malformed_gtpu": self.malformed_gtpu, "malformed_inner": self.malformed_inner,
+            "unsupported_msg": self.unsupported_msg, "no_pdr": self.no_pdr,
+            "far_drop": self.far_drop, "buffered": self.buffered, "buffer_full": self.buffer_full,
+            "gate_closed": self.gate_closed, "mbr_exceeded": self.mbr_exceeded,
+            "not_ip": self.not_ip, "no_room": self.no_room,
+            "usage_reports": self.usage_reports, "usage_reports_lost": self.usage_reports_lost,
+        })
+    }
+}
+
+/// A URR's counters (per core).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Uplink IP bytes.
+    pub ul_bytes: u64,
+    /// Uplink packets.
+    pub ul_packets: u64,
+    /// Downlink IP bytes.
+    pub dl_bytes: u64,
+    /// Downlink packets.
+    pub dl_packets: u64,
+    /// Bytes since the last usage report.
+    since_report: u64,
+}
+
+/// A usage report raised by a URR's volume threshold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UsageReport {
+    /// The session.
+    pub seid: u64,
+    /// The URR.
+    pub urr_id: u32,
+    /// Total bytes (both directions) counted by the URR at the report.
+    pub volume: u64,
+    /// Packet time of the report, ns.
+    pub at_ns: u64,
+}
+
+/// A token bucket (units: 1/8,000,000 byte, so kbit/s x ns adds exactly).
+#[derive(Clone, Copy, Debug, Default)]
+struct Bucket {
+    tokens: u64,
+    last_ns: u64,
+    started: bool,
+}
+
+const UNITS_PER_BYTE: u64 = 8_000_000;
+
+impl Bucket {
+    /// Takes `bytes` at rate `kbps` (burst: 100 ms of the rate, at least 3,000 bytes).
+    #[inline]
+    fn take(&mut self, kbps: u64, bytes: u64, now: u64) -> bool {
+        let cap = (kbps * 100_000).max(3_000 * UNITS_PER_BYTE);
+        if !self.started {
+            *self = Bucket { tokens: cap, last_ns: now, started: true };
+        }
+        let dt = now.saturating_sub(self.last_ns).min(1_000_000_000);
+        self.last_ns = self.last_ns.max(now);
+        self.tokens = (self.tokens + dt * kbps).min(cap);
+        let need = bytes * UNITS_PER_BYTE;
+        if self.tokens >= need {
+            self.tokens -= need;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// What pass one found about a packet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Kind {
+    /// Dropped upstream, or already handled (counted).
+    #[default]
+    Done,
+    /// GTP-U on N3.
+    Gtpu,
+    /// Plain IP on N6.
+    Plain,
+}
+
+/// Per-packet scratch of the staged walk.
+struct Scratch {
+    metas: [PktMeta; MAX_BATCH],
+    kind: [Kind; MAX_BATCH],
+    key: [u128; MAX_BATCH],
+    slot: [usize; MAX_BATCH],
+    session: [u32; MAX_BATCH],
+    /// What pass three decided (`Pending`: matched PDR `pdr`, act in pass four).
+    out: [Outcome; MAX_BATCH],
+    pdr: [u32; MAX_BATCH],
+    inner_at: [u16; MAX_BATCH],
+    inner_len: [u16; MAX_BATCH],
+    v6: [bool; MAX_BATCH],
+}
+
+/// A packet's fate before the last pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Outcome {
+    /// Matched a PDR: pass four applies it.
+    #[default]
+    Pending,
+    /// Dropped (counted).
+    Drop,
+    /// Answered in place (echo): pass, to this port if set.
+    Pass(Option<u16>),
+}
+
+/// The UPF (one per core).
+pub struct Upf {
+    cfg: UpfConfig,
+    rules: Arc<RuleSet>,
+    qer: Vec<[Bucket; 2]>,
+    usage: Vec<Usage>,
+    buffered: Vec<u64>,
+    reports: Vec<UsageReport>,
+    c: UpfCounters,
+    counters: NfCounters,
+    scratch: Box<Scratch>,
+    /// The PFCP endpoint's control block and the rule-set version in use.
+    control: Option<(Arc<control::UpfControl>, u64)>,
+}
+
+impl std::fmt::Debug for Upf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upf").field("sessions", &self.rules.sessions.len()).field("counters", &self.c).finish()
+    }
+}
+
+const ETH_IPV4: [u8; 2] = [0x08, 0x00];
+const ETH_IPV6: [u8; 2] = [0x86, 0xdd];
+const GTPU_PORT: u16 = 2152;
+
+impl Upf {
+    /// Builds from spec parameters.
+    pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
+        let file = p.text(&SESSIONS)?;
+        let pfcp = p.text(&PFCP)?;
+        let named = p.text(&RULES)?;
+        let a = p.text(&N3_ADDR)?;
+        let n3_addr =
+            a.parse().map_err(|_| ParamError(format!("upf: parameter 'n3_addr={a}' is not an IPv4 address")))?;
+        let cfg = UpfConfig {
+            n3_addr,
+            n3_port: p.uint_or_none(&N3_PORT)?.map(|x| x as u16),
+            n6_port: p.uint_or_none(&N6_PORT)?.map(|x| x as u16),
+            staged: p.choice(&MODE, [true, false])?,
+            udp_checksum: p.flag(&UDP_CSUM)?,
+            buffer: p.uint(&BUFFER)?,
+            reports: p.uint(&REPORTS)? as usize,
+            usage: p.flag(&USAGE)?,
+        };
+        let specs = if file.is_empty() {
+            Vec::new()
+        } else {
+            SessionsFile::load(&file).map_err(|e| ParamError(format!("upf: {e}")))?.sessions
+        };
+        if !named.is_empty() {
+            let ctl = control::named(&named).ok_or_else(|| {
+                ParamError(format!("upf: parameter 'rules={named}': no rule set registered under that name"))
+            })?;
+            return Ok(Upf::with_control(cfg, ctl));
+        }
+        if !pfcp.is_empty() {
+            let ctl = control::shared(&pfcp, n3_addr, &specs).map_err(|e| ParamError(format!("upf: {e}")))?;
+            return Ok(Upf::with_control(cfg, ctl));
+        }
+        let rules = RuleSet::compile(&specs).map_err(|e| ParamError(format!("upf: {file}: {e}")))?;
+        Ok(Upf::new(cfg, Arc::new(rules)))
+    }
+
+    /// A UPF whose rules come from a control block (a PFCP endpoint).
+    pub fn with_control(cfg: UpfConfig, ctl: Arc<control::UpfControl>) -> Upf {
+        let (v, rules) = ctl.current();
+        let mut u = Upf::new(cfg, rules);
+        u.control = Some((ctl, v));
+        u
+    }
+
+    /// A UPF with `rules`.
+    pub fn new(cfg: UpfConfig, rules: Arc<RuleSet>) -> Upf {
+        let reports = Vec::with_capacity(cfg.reports);
+        let scratch = Box::new(Scratch {
+            metas: [PktMeta::default(); MAX_BATCH],
+            kind: [Kind::Done; MAX_BATCH],
+            key: [0; MAX_BATCH],
+            slot: [0; MAX_BATCH],
+            session: [NONE; MAX_BATCH],
+            out: [Outcome::Pending; MAX_BATCH],
+            pdr: [NONE; MAX_BATCH],
+            inner_at: [0; MAX_BATCH],
+            inner_len: [0; MAX_BATCH],
+            v6: [false; MAX_BATCH],
+        });
+        let mut u = Upf {
+            cfg,
+            rules: Arc::new(RuleSet::default()),
+            qer: Vec::new(),
+            usage: Vec::new(),
+            buffered: Vec::new(),
+            reports,
+            c: UpfCounters::default(),
+            counters: NfCounters::default(),
+            scratch,
+            control: None,
+        };
+        u.set_rules(rules);
+        u
+    }
+
+    /// Swaps in a new rule set (between batches: no packet sees half of
+    /// one). QER buckets, URR counters and buffer counts of rules that keep
+    /// their (SEID, ID) carry over; new rules start fresh.
+    pub fn set_rules(&mut self, rules: Arc<RuleSet>) {
+        let old = std::mem::replace(&mut self.rules, rules);
+        let new = &self.rules;
+        // Carry each per-core vector over by (SEID, rule ID).
+        fn carry<T: Copy + Default>(
+            old: impl Iterator<Item = (u64, u32)>,
+            new: impl Iterator<Item = (u64, u32)>,
+            state: &[T],
+        ) -> Vec<T> {
+            let at: HashMap<(u64, u32), usize> = old.enumerate().map(|(i, k)| (k, i)).collect();
+            new.map(|k| at.get(&k).and_then(|&j| state.get(j).copied()).unwrap_or_default()).collect()
+        }
+        let usage =
+            carry(old.keys(&old.urrs, |u| (u.session, u.id)), new.keys(&new.urrs, |u| (u.session, u.id)), &self.usage);
+        let qer =
+            carry(old.keys(&old.qers, |q| (q.session, q.id)), new.keys(&new.qers, |q| (q.session, q.id)), &self.qer);
+        let mut buffered = carry(
+            old.keys(&old.fars, |f| (f.session, f.id)),
+            new.keys(&new.fars, |f| (f.session, f.id)),
+            &self.buffered,
+        );
+        for (b, f) in buffered.iter_mut().zip(&new.fars) {
+            // A FAR that stops buffering releases its hold (the packets are not kept).
+            if f.action != FarAction::Buffer {
+                *b = 0;
+            }
+        }
+        flowplane_table::huge::advise_hugepages(&usage);
+        flowplane_table::huge::advise_hugepages(&qer);
+        self.usage = usage;
+        self.qer = qer;
+        self.buffered = buffered;
+    }
+
+    /// The rule set in use.
+    pub fn rules(&self) -> &Arc<RuleSet> {
+        &self.rules
+    }
+
+    /// Counters by reason (this core).
+    pub fn upf_counters(&self) -> UpfCounters {
+        self.c
+    }
+
+    /// Usage per URR, by (SEID, URR ID).
+    pub fn usage(&self) -> impl Iterator<Item = ((u64, u32), Usage)> + '_ {
+        self.rules.urrs.iter().zip(&self.usage).map(|(u, c)| ((self.rules.sessions[u.session as usize].seid, u.id), *c))
+    }
+
+    /// Takes the queued usage reports (what a PFCP Session Report Request carries).
+    pub fn take_reports(&mut self) -> Vec<UsageReport> {
+        std::mem::replace(&mut self.reports, Vec::with_capacity(self.cfg.reports))
+    }
+
+    /// Pass one: parse, pick the index key, prefetch its slot.
+    #[inline(always)]
+    fn stage_parse(&mut self, batch: &Batch, i: usize) {
+        let sc = &mut *self.scratch;
+        sc.kind[i] = Kind::Done;
+        if batch.is_dropped(i) {
+            return;
+        }
+        self.counters.packets_in += 1;
+        self.counters.bytes_in += batch.lens()[i] as u64;
+        let m = &mut sc.metas[i];
+        m.parse_into(batch.data(i));
+        if !m.valid || m.l3 < 14 {
+            self.c.not_ip += 1;
+            sc.kind[i] = Kind::Done;
+            sc.out[i] = Outcome::Drop;
+            return;
+        }
+        // Anything to UDP port 2152 is N3 (a GTP-U header too short for a TEID is malformed there).
+        let n3 = m.proto.0 == 17 && m.l4 != 0 && m.tuple.dst_port() == GTPU_PORT;
+        let (kind, key) =
+            if n3 { (Kind::Gtpu, rules::teid_key(m.teid)) } else { (Kind::Plain, rules::ip128(m.tuple.dst_ip())) };
+        let ix = if kind == Kind::Gtpu { &self.rules.teids } else { &self.rules.ues };
+        let s = ix.slot_of(key);
+        sc.kind[i] = kind;
+        sc.key[i] = key;
+        sc.slot[i] = s;
+        sc.session[i] = NONE;
+        sc.out[i] = Outcome::Pending;
+        if self.cfg.staged {
+            prefetch::read(ix.slot(s));
+        }
+    }
+
+    /// Pass two: resolve the session, prefetch it and its first PDR.
+    #[inline(always)]
+    fn stage_lookup(&mut self, i: usize) {
+        let sc = &mut *self.scratch;
+        let ix = match sc.kind[i] {
+            Kind::Done => return,
+            Kind::Gtpu => &self.rules.teids,
+            Kind::Plain => &self.rules.ues,
+        };
+        let s = ix.get_from(sc.key[i], sc.slot[i]).unwrap_or(NONE);
+        sc.session[i] = s;
+        if self.cfg.staged {
+            if let Some(sess) = self.rules.sessions.get(s as usize) {
+                prefetch::read(sess);
+            }
+        }
+    }
+
+    /// Pass two and a half (staged only): prefetch the session's PDRs of the
+    /// packet's direction (up to 8 lines; the scan reads them in order).
+    #[inline(always)]
+    fn stage_pdrs(&self, i: usize) {
+        let sc = &*self.scratch;
+        let Some(sess) = self.rules.sessions.get(sc.session[i] as usize) else { return };
+        let (start, len) = if sc.kind[i] == Kind::Gtpu { sess.ul } else { sess.dl };
+        let Some(pdrs) = self.rules.pdrs.get(start as usize..(start + len) as usize) else { return };
+        let per_line = (64 / std::mem::size_of::<rules::Pdr>()).max(1);
+        for p in pdrs.iter().step_by(per_line).take(8) {
+            prefetch::read(p);
+        }
+    }
+
+    /// Pass three: parse the GTP-U header and inner packet, match the
+    /// session's PDRs; a staged walk prefetches the matched PDR's FAR, QER
+    /// and URR state for pass four.
+    #[inline(always)]
+    fn stage_classify(&mut self, batch: &mut Batch, i: usize) {
+        let out = match self.scratch.kind[i] {
+            Kind::Done => return,
+            Kind::Gtpu => self.classify_uplink(batch, i),
+            Kind::Plain => self.classify_downlink(batch, i),
+        };
+        self.scratch.out[i] = out;
+        if out == Outcome::Pending && self.cfg.staged {
+            let p = self.rules.pdrs[self.scratch.pdr[i] as usize];
+            prefetch::read(&self.rules.fars[p.far as usize]);
+            if let Some(u) = self.usage.get(p.urr as usize) {
+                prefetch::write(u);
+            }
+            if p.mbr != 0 {
+                if let Some(q) = self.qer.get(p.qer as usize) {
+                    prefetch::write(q);
+                    prefetch::read(&self.rules.qers[p.qer as usize]);
+                }
+            }
+        }
+    }
+
+    /// Pass four: QER, URR, FAR; decapsulate or encapsulate; the verdict.
+    #[inline(always)]
+    fn stage_act(&mut self, batch: &mut Batch, i: usize, now: u64) {
+        let verdict = match (self.scratch.kind[i], self.scratch.out[i]) {
+            (_, Outcome::Drop) => None,
+            (_, Outcome::Pass(p)) => Some(p),
+            (Kind::Done, Outcome::Pending) => return,
+            (Kind::Gtpu, Outcome::Pending) => self.act(batch, i, now, true),
+            (Kind::Plain, Outcome::Pending) => self.act(batch, i, now, false),
+        };
+        match verdict {
+            Some(v) => {
+                if let Some(p) = v {
+                    batch.verdicts_mut()[i] = p;
+                }
+                self.counters.packets_out += 1;
+            }
+            None => {
+                batch.drop_packet(i);
+                self.counters.dropped += 1;
+            }
+        }
+    }
+
+    /// An N3 packet up to its PDR (`Pending`), or its fate.
+    fn classify_uplink(&mut self, batch: &mut Batch, i: usize) -> Outcome {
+        let m = self.scratch.metas[i];
+        let g0 = m.l4 as usize + 8;
+        let data = batch.data(i);
+        let Some(udp_end) = udp_end(data, &m) else {
+            self.c.malformed_gtpu += 1;
+            return Outcome::Drop;
+        };
+        let g = GtpuPacket::new_unchecked(&data[g0..udp_end]);
+        let Ok(layout) = g.layout() else {
+            self.c.malformed_gtpu += 1;
+            return Outcome::Drop;
+        };
+        match g.msg_type() {
+            gtpu::msg_type::G_PDU => {}
+            gtpu::msg_type::ECHO_REQUEST => {
+                return self.echo_response(batch, i).map_or(Outcome::Drop, Outcome::Pass);
+            }
+            gtpu::msg_type::END_MARKER => {
+                // The last packet on the old path of a handover: nothing follows it on this TEID.
+                self.c.end_markers += 1;
+                return Outcome::Drop;
+            }
+            _ => {
+                self.c.unsupported_msg += 1;
+                return Outcome::Drop;
+            }
+        }
+        self.c.uplink += 1;
+        let teid = g.teid();
+        let qfi = layout.pdu_session.map(|p| p.qfi);
+        let Some(sess) = self.rules.sessions.get(self.scratch.session[i] as usize) else {
+            self.c.unknown_teid += 1;
+            return Outcome::Drop;
+        };
+        let inner_at = g0 + layout.header_len;
+        let Some((f, inner_len, v6)) = inner_fields(&data[inner_at..g0 + layout.end]) else {
+            self.c.malformed_inner += 1;
+            return Outcome::Drop;
+        };
+        let Some(pi) = self.rules.classify(sess, true, teid, qfi, &f) else {
+            self.c.no_pdr += 1;
+            return Outcome::Drop;
+        };
+        let sc = &mut *self.scratch;
+        (sc.pdr[i], sc.inner_at[i], sc.inner_len[i], sc.v6[i]) = (pi, inner_at as u16, inner_len as u16, v6);
+        Outcome::Pending
+    }
+
+    /// An N6 packet up to its PDR, or its fate.
+    fn classify_downlink(&mut self, batch: &Batch, i: usize) -> Outcome {
+        let m = self.scratch.metas[i];
+        self.c.downlink += 1;
+        let Some(sess) = self.rules.sessions.get(self.scratch.session[i] as usize) else {
+            self.c.unknown_ue += 1;
+            return Outcome::Drop;
+        };
+        let l3 = m.l3 as usize;
+        let Some((f, inner_len, v6)) = inner_fields(&batch.data(i)[l3..]) else {
+            self.c.malformed_inner += 1;
+            return Outcome::Drop;
+        };
+        // Downlink: the UE is the destination.
+        let f = Fields { proto: f.proto, ue: f.remote, remote: f.ue, ue_port: f.remote_port, remote_port: f.ue_port };
+        let Some(pi) = self.rules.classify(sess, false, 0, None, &f) else {
+            self.c.no_pdr += 1;
+            return Outcome::Drop;
+        };
+        let sc = &mut *self.scratch;
+        (sc.pdr[i], sc.inner_at[i], sc.inner_len[i], sc.v6[i]) = (pi, l3 as u16, inner_len as u16, v6);
+        Outcome::Pending
+    }
+
+    /// Applies the matched PDR's rules. `None`: drop; `Some(port)`: pass (to `port` if set).
+    fn act(&mut self, batch: &mut Batch, i: usize, now: u64, uplink: bool) -> Option<Option<u16>> {
+        let l3 = self.scratch.metas[i].l3 as usize;
+        let (pi, inner_at, inner_len, v6) = {
+            let sc = &*self.scratch;
+            (sc.pdr[i], usize::from(sc.inner_at[i]), usize::from(sc.inner_len[i]), sc.v6[i])
+        };
+        let pdr = self.rules.pdrs[pi as usize];
+        let far = self.rules.fars[pdr.far as usize];
+        if !self.enforce(&pdr, &far, usize::from(!uplink), inner_len as u64, now) {
+            return None;
+        }
+        if uplink && pdr.outer_header_removal() {
+            // Keep the L2 header, drop outer IP/UDP/GTP-U and any trailer.
+            let hdr = inner_at - l3;
+            let d = batch.data_mut(i);
+            d.copy_within(0..l3, hdr);
+            d[hdr + l3 - 2..hdr + l3].copy_from_slice(if v6 { &ETH_IPV6 } else { &ETH_IPV4 });
+            if !batch.adj(i, hdr) || !batch.set_len(i, l3 + inner_len) {
+                self.c.no_room += 1;
+                return None;
+            }
+            self.c.decapsulated += 1;
+        }
+        if far.ohc {
+            // Downlink: drop an Ethernet trailer before the length fields are computed.
+            if !uplink && !batch.set_len(i, l3 + inner_len) {
+                self.c.no_room += 1;
+                return None;
+            }
+            if !self.encap(batch, i, l3, &far, pdr.mark_qfi) {
+                return None;
+            }
+        }
+        if uplink {
+            self.c.ul_forwarded += 1;
+        } else {
+            self.c.dl_forwarded += 1;
+        }
+        Some(self.port(far.destination))
+    }
+
+    fn port(&self, to: Iface) -> Option<u16> {
+        match to {
+            Iface::Access => self.cfg.n3_port,
+            Iface::Core => self.cfg.n6_port,
+        }
+    }
+
+    /// FAR action, QER gate and MBR, URR counting (direction `dir`: 0 up, 1 down).
+    /// `false`: the packet is dropped (counted).
+    #[inline]
+    fn enforce(&mut self, pdr: &rules::Pdr, far: &Far, dir: usize, bytes: u64, now: u64) -> bool {
+        match far.action {
+            FarAction::Forward => {}
+            FarAction::Drop => {
+                self.c.far_drop += 1;
+                return false;
+            }
+            FarAction::Buffer => {
+                let b = &mut self.buffered[pdr.far as usize];
+                if *b < self.cfg.buffer {
+                    *b += 1;
+                    self.c.buffered += 1;
+                } else {
+                    self.c.buffer_full += 1;
+                }
+                return false;
+            }
+        }
+        if pdr.gate & (1 << dir) == 0 {
+            self.c.gate_closed += 1;
+            return false;
+        }
+        if pdr.mbr & (1 << dir) != 0 {
+            let kbps = self.rules.qers[pdr.qer as usize].mbr_kbps[dir];
+            if !self.qer[pdr.qer as usize][dir].take(kbps, bytes, now) {
+                self.c.mbr_exceeded += 1;
+                return false;
+            }
+        }
+        if let Some(u) = self.usage.get_mut(pdr.urr as usize) {
+            if dir == 0 {
+                u.ul_bytes += bytes;
+                u.ul_packets += 1;
+            } else {
+                u.dl_bytes += bytes;
+                u.dl_packets += 1;
+            }
+            u.since_report += bytes;
+            let cfg = self.rules.urrs[pdr.urr as usize];
+            if cfg.threshold > 0 && u.since_report >= cfg.threshold {
+                u.since_report = 0;
+                self.c.usage_reports += 1;
+                if self.reports.len() < self.cfg.reports {
+                    let seid = self.rules.sessions[cfg.session as usize].seid;
+                    self.reports.push(UsageReport {
+                        seid,
+                        urr_id: cfg.id,
+                        volume: u.ul_bytes + u.dl_bytes,
+                        at_ns: now,
+                    });
+                } else {
+                    self.c.usage_reports_lost += 1;
+                }
+            }
+        }
+        true
+    }
+
+    /// Prepends IPv4/UDP/GTP-U (and a DL PDU Session Container when a QFI
+    /// is set) after the L2 header of packet `i`, whose IP packet runs to the end.
+    fn encap(&mut self, batch: &mut Batch, i: usize, l3: usize, far: &Far, qfi: u8) -> bool {
+        let psc = (qfi != rules::ANY_QFI).then_some(PduSessionInfo {
+            pdu_type: PduType::Downlink,
+            qfi,
+            ppp: false,
+            rqi: false,
+            ppi: None,
+        });
+        let g = gtpu::GtpuRepr::g_pdu(far.ohc_teid, psc, 0);
+        let glen = g.buffer_len();
+        let n = 28 + glen;
+        let inner_len = batch.lens()[i] as usize - l3;
+        let total = 28 + glen + inner_len;
+        if total > usize::from(u16::MAX) {
+            self.c.no_room += 1;
+            return false;
+        }
+        let Some(d) = batch.prepend(i, n) else {
+            self.c.no_room += 1;
+            return false;
+        };
+        d.copy_within(n..n + l3, 0);
+        d[l3 - 2..l3].copy_from_slice(&ETH_IPV4);
+        let ip = &mut d[l3..l3 + 20];
+        ip.copy_from_slice(&[0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+        ip[12..16].copy_from_slice(&self.cfg.n3_addr.octets());
+        ip[16..20].copy_from_slice(&far.ohc_addr.to_be_bytes());
+        let c = checksum::checksum(ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        let u = l3 + 20;
+        let ulen = (8 + glen + inner_len) as u16;
+        d[u..u + 2].copy_from_slice(&GTPU_PORT.to_be_bytes());
+        d[u + 2..u + 4].copy_from_slice(&GTPU_PORT.to_be_bytes());
+        d[u + 4..u + 6].copy_from_slice(&ulen.to_be_bytes());
+        d[u + 6..u + 8].copy_from_slice(&[0, 0]);
+        let g = gtpu::GtpuRepr::g_pdu(far.ohc_teid, psc, inner_len);
+        if g.emit(&mut GtpuPacket::new_unchecked(&mut d[u + 8..u + 8 + glen])).is_err() {
+            self.c.no_room += 1;
+            return false;
+        }
+        if self.cfg.udp_checksum {
+            let ph = checksum::pseudo_header_v4(self.cfg.n3_addr.octets(), far.ohc_addr.to_be_bytes(), 17, ulen);
+            let s = checksum::combine(ph, checksum::sum(&d[u..u + ulen as usize]));
+            let mut c = checksum::finish(s);
+            if c == 0 {
+                c = 0xffff;
+            }
+            d[u + 6..u + 8].copy_from_slice(&c.to_be_bytes());
+        }
+        self.c.encapsulated += 1;
+        true
+    }
+
+    /// Turns an echo request into its response in place (TS 29.281 §7.2.2):
+    /// addresses and ports swapped, the sequence number kept, a Recovery IE.
+    fn echo_response(&mut self, batch: &mut Batch, i: usize) -> Option<Option<u16>> {
+        let m = self.scratch.metas[i];
+        if m.v6 {
+            self.c.unsupported_msg += 1;
+            return None;
+        }
+        let (l3, l4) = (m.l3 as usize, m.l4 as usize);
+        let d = batch.data(i);
+        let g = GtpuPacket::new_unchecked(&d[l4 + 8..]);
+        let seq = g.seq_number().unwrap_or(0);
+        let (src, dst) =
+            (<[u8; 4]>::try_from(&d[l3 + 12..l3 + 16]).ok()?, <[u8; 4]>::try_from(&d[l3 + 16..l3 + 20]).ok()?);
+        let sport = u16::from_be_bytes([d[l4], d[l4 + 1]]);
+        let len = l3 + 20 + 8 + 14;
+        if !batch.set_len(i, len) {
+            self.c.no_room += 1;
+            return None;
+        }
+        let d = batch.data_mut(i);
+        for k in 0..6 {
+            d.swap(k, k + 6);
+        }
+        let ip = &mut d[l3..l3 + 20];
+        ip.copy_from_slice(&[0x45, 0, 0, 42, 0, 0, 0x40, 0, 64, 17, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        ip[12..16].copy_from_slice(&dst);
+        ip[16..20].copy_from_slice(&src);
+        let c = checksum::checksum(ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        let u = l3 + 20;
+        d[u..u + 8].copy_from_slice(&[0, 0, 0, 0, 0, 22, 0, 0]);
+        d[u..u + 2].copy_from_slice(&GTPU_PORT.to_be_bytes());
+        d[u + 2..u + 4].copy_from_slice(&sport.to_be_bytes());
+        let s = seq.to_be_bytes();
+        d[u + 8..u + 22].copy_from_slice(&[0x32, 2, 0, 6, 0, 0, 0, 0, s[0], s[1], 0, 0, 14, 0]);
+        self.c.echo_responses += 1;
+        Some(self.cfg.n3_port)
+    }
+}
+
+/// The end of the UDP datagram at `m.l4` (within the frame and IP datagram).
+fn udp_end(data: &[u8], m: &PktMeta) -> Option<usize> {
+    let l4 = m.l4 as usize;
+    let ulen = u16::from_be_bytes([*data.get(l4 + 4)?, *data.get(l4 + 5)?]) as usize;
+    let ip_end = m.l3 as usize + ip_len(data.get(m.l3 as usize..)?)?;
+    let end = l4 + ulen;
+    (ulen >= 8 + gtpu::HEADER_LEN && end <= ip_end && end <= data.len()).then_some(end)
+}
+
+/// The length of the IP packet at the start of `ip` by its own header.
+fn ip_len(ip: &[u8]) -> Option<usize> {
+    match ip.first()? >> 4 {
+        4 => Some(u16::from_be_bytes([*ip.get(2)?, *ip.get(3)?]) as usize),
+        6 => Some(40 + u16::from_be_bytes([*ip.get(4)?, *ip.get(5)?]) as usize),
+        _ => None,
+    }
+}
+
+/// The classification fields of an IP packet as sent by the UE (`ue` is
+/// the source), its length and whether it is IPv6; `None` when malformed.
+/// IPv6 extension headers (hop-by-hop, routing, fragment, destination
+/// options) are walked; a non-first fragment has no ports.
+#[inline]
+fn inner_fields(ip: &[u8]) -> Option<(Fields, usize, bool)> {
+    let len = ip_len(ip)?;
+    if len > ip.len() {
+        return None;
+    }
+    let ip = &ip[..len];
+    let (proto, src, dst, l4, first) = match ip[0] >> 4 {
+        4 => {
+            let ihl = usize::from(ip[0] & 0x0f) * 4;
+            if ihl < 20 || len < ihl {
+                return None;
+            }
+            let a = |at: usize| rules::v4_128(u32::from_be_bytes([ip[at], ip[at + 1], ip[at + 2], ip[at + 3]]));
+            let frag = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff;
+            (ip[9], a(12), a(16), ihl, frag == 0)
+        }
+        _ => {
+            if len < 40 {
+                return None;
+            }
+            let a = |at: usize| u128::from_be_bytes(ip[at..at + 16].try_into().unwrap_or([0; 16]));
+            let (mut nh, mut off, mut first) = (ip[6], 40usize, true);
+            for _ in 0..8 {
+                match nh {
+                    0 | 43 | 60 => {
+                        let h = ip.get(off..off + 2)?;
+                        nh = h[0];
+                        off += 8 + usize::from(h[1]) * 8;
+                    }
+                    44 => {
+                        let h = ip.get(off..off + 8)?;
+                        nh = h[0];
+                        first = u16::from_be_bytes([h[2], h[3]]) & 0xfff8 == 0;
+                        off += 8;
+                    }
+                    _ => break,
+                }
+            }
+            if off > len {
+                return None;
+            }
+            (nh, a(8), a(24), off, first)
+        }
+    };
+    let (sp, dp) = match proto {
+        6 | 17 | 132 | 136 if first => {
+            let p = ip.get(l4..l4 + 4)?;
+            (u16::from_be_bytes([p[0], p[1]]), u16::from_be_bytes([p[2], p[3]]))
+        }
+        _ => (0, 0),
+    };
+    Some((Fields { proto, ue: src, remote: dst, ue_port: sp, remote_port: dp }, len, ip[0] >> 4 == 6))
+}
+
+impl Nf for Upf {
+    fn name(&self) -> &'static str {
+        NF.name
+    }
+
+    fn process(&mut self, batch: &mut Batch, range: std::ops::Range<usize>, ctx: &NfContext) {
+        if let Some((ctl, v)) = &self.control {
+            // One atomic load per call; a new rule set applies to whole batches (ranges).
+            if ctl.version() != *v {
+                let (v, rules) = ctl.current();
+                if let Some(c) = self.control.as_mut() {
+                    c.1 = v;
+                }
+                self.set_rules(rules);
+            }
+        }
+        self.run(batch, range, ctx);
+        if let Some((ctl, _)) = &self.control {
+            if !self.reports.is_empty() {
+                ctl.push_reports(&mut self.reports);
+            }
+        }
+    }
+
+    fn counters(&self) -> NfCounters {
+        self.counters
+    }
+
+    fn report(&self) -> Option<Value> {
+        self.report_json()
+    }
+
+    fn merge_report(&self, into: &mut Value, other: &Value) {
+        // The rule set is the same on every core: keep one count.
+        crate::report::merge_keeping(into, other, &["sessions", "pdrs"]);
+    }
+
+    /// URR usage rows; refused when no URR can ever count (no URR in a
+    /// fixed rule set: no session file or one without URRs, and no PFCP).
+    fn export_kind(&self) -> Export {
+        if self.control.is_none() && self.rules.urrs.is_empty() {
+            Export::None
+        } else {
+            Export::Report
+        }
+    }
+
+    /// One row per URR with traffic: SEID, URR ID, bytes and packets per direction (all cores).
+    fn export_report_rows(&self, merged: &Value) -> Vec<Value> {
+        export_rows(merged)
+    }
+}
+
+impl Upf {
+    fn run(&mut self, batch: &mut Batch, range: std::ops::Range<usize>, ctx: &NfContext) {
+        if self.cfg.staged {
+            for i in range.clone() {
+                self.stage_parse(batch, i);
+            }
+            for i in range.clone() {
+                self.stage_lookup(i);
+            }
+            for i in range.clone() {
+                self.stage_pdrs(i);
+            }
+            for i in range.clone() {
+                self.stage_classify(batch, i);
+            }
+            for i in range {
+                let now = packet_time(batch, i, ctx);
+                self.stage_act(batch, i, now);
+            }
+        } else {
+            for i in range {
+                self.stage_parse(batch, i);
+                self.stage_lookup(i);
+                self.stage_classify(batch, i);
+                let now = packet_time(batch, i, ctx);
+                self.stage_act(batch, i, now);
+            }
+        }
+    }
+
+    fn report_json(&self) -> Option<Value> {
+        let mut usage = Map::new();
+        if self.cfg.usage {
+            for ((seid, id), u) in self.usage() {
+                if u.ul_packets + u.dl_packets == 0 {
+                    continue;
+                }
+                usage.insert(
+                    format!("{seid}/{id}"),
+                    json!({"ul_bytes": u.ul_bytes, "ul_packets": u.ul_packets, "dl_bytes": u.dl_bytes, "dl_packets": u.dl_packets}),
+                );
+            }
+        }
+        let reports: Vec<Value> = self
+            .reports
+            .iter()
+            .take(64)
+            .map(|r| json!({"seid": r.seid, "urr": r.urr_id, "volume": r.volume, "at_ns": r.at_ns}))
+            .collect();
+        Some(json!({
+            "sessions": self.rules.sessions.len(),
+            "pdrs": self.rules.pdrs.len(),
+            "counters": self.c.to_json(),
+            "usage": usage,
+            "queued_reports": reports,
+        }))
+    }
+}
+
+/// Export rows of a merged report: one per URR with traffic.
+fn export_rows(merged: &Value) -> Vec<Value> {
+    let Some(u) = merged.get("usage").and_then(Value::as_object) else { return Vec::new() };
+    u.iter()
+        .filter_map(|(k, v)| {
+            let (seid, urr) = k.split_once('/')?;
+            let mut row = json!({"seid": seid.parse::<u64>().ok()?, "urr": urr.parse::<u32>().ok()?});
+            for f in ["ul_bytes", "ul_packets", "dl_bytes", "dl_packets"] {
+                row[f] = v[f].clone();
+            }
+            Some(row)
+        })
+        .collect()
+}
+
+/// The packet clock for packet `i`: its own timestamp (as the executors
+/// give stateful NFs; `ctx` is the batch's).
+#[inline(always)]
+fn packet_time(batch: &Batch, i: usize, _ctx: &NfContext) -> u64 {
+    batch.timestamps()[i]
+}
+
+#[cfg(test)]
+#[path = "../upf/tests.rs"]
+mod tests;

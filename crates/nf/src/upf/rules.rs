@@ -1,0 +1,870 @@
+//! The UPF's rules in the shape of TS 29.244: what a session file (TOML or
+//! JSON) or the PFCP endpoint provisions ([`SessionSpec`] with its PDRs,
+//! FARs, QERs and URRs), and the immutable, compiled [`RuleSet`] the data
+//! path reads: sessions in a dense array with their uplink and downlink PDRs
+//! sorted by precedence, SDF filters compiled to masks and port ranges, and
+//! open-addressing indexes TEID -> session and UE address -> session.
+//!
+//! SDF filters are written as TS 29.244 §5.2.1A flow descriptions
+//! (`permit out 17 from 198.51.100.0/24 5000-5999 to assigned 80`): `from` is
+//! the remote (data network) end and `to` the UE, so the same filter matches
+//! the uplink (UE -> remote) and downlink (remote -> UE) directions.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use serde::{Deserialize, Serialize};
+
+/// "None" in the compiled rules' u32 references.
+pub const NONE: u32 = u32::MAX;
+/// "Any QFI".
+pub const ANY_QFI: u8 = 0xff;
+/// Largest MBR, kbit/s (1 Tbit/s): keeps the token arithmetic in 64 bits.
+pub const MAX_MBR_KBPS: u64 = 1_000_000_000;
+
+/// A source or destination interface (TS 29.244 §8.2.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Iface {
+    /// N3: the RAN side, GTP-U (uplink PDRs match here).
+    Access,
+    /// N6: the data network side, plain IP (downlink PDRs match here).
+    Core,
+}
+
+/// A FAR's action (TS 29.244 §8.2.26: FORW, DROP, BUFF).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FarAction {
+    /// Forward (with outer-header creation when it has one).
+    Forward,
+    /// Drop.
+    Drop,
+    /// Buffer (bounded per FAR, counted).
+    Buffer,
+}
+
+/// A QER gate (TS 29.244 §8.2.7).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Gate {
+    /// Packets pass.
+    #[default]
+    Open,
+    /// Packets are dropped.
+    Closed,
+}
+
+/// A session file: `[[sessions]]` tables (TOML) or `{"sessions": [...]}` (JSON).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionsFile {
+    /// The sessions.
+    #[serde(default)]
+    pub sessions: Vec<SessionSpec>,
+}
+
+/// One PFCP session.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSpec {
+    /// Session endpoint identifier (the UPF's local SEID).
+    pub seid: u64,
+    /// The UE's IPv4 address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ue_ipv4: Option<Ipv4Addr>,
+    /// The UE's IPv6 address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ue_ipv6: Option<Ipv6Addr>,
+    /// Packet detection rules.
+    #[serde(default)]
+    pub pdrs: Vec<PdrSpec>,
+    /// Forwarding action rules.
+    #[serde(default)]
+    pub fars: Vec<FarSpec>,
+    /// QoS enforcement rules.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub qers: Vec<QerSpec>,
+    /// Usage reporting rules.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub urrs: Vec<UrrSpec>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A packet detection rule.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PdrSpec {
+    /// Rule ID (unique in its session).
+    pub id: u16,
+    /// Precedence: the lowest value matches first.
+    pub precedence: u32,
+    /// Where matching packets arrive: `access` (uplink) or `core` (downlink).
+    pub source: Iface,
+    /// Local F-TEID (uplink): the packet's TEID must equal it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teid: Option<u32>,
+    /// Match the UE address (source uplink, destination downlink).
+    #[serde(default = "yes")]
+    pub ue_ip: bool,
+    /// QFI: uplink, the PDU Session Container's QFI must equal it; downlink,
+    /// the QFI written in the container (unless the QER sets one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qfi: Option<u8>,
+    /// SDF filters (flow descriptions); a packet matches if any matches (none: any packet).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sdf: Vec<String>,
+    /// Remove the GTP-U/UDP/IP outer header (uplink).
+    #[serde(default)]
+    pub outer_header_removal: bool,
+    /// The FAR's ID.
+    pub far: u32,
+    /// The QER's ID, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qer: Option<u32>,
+    /// The URR's ID, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub urr: Option<u32>,
+}
+
+/// A forwarding action rule.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FarSpec {
+    /// Rule ID (unique in its session).
+    pub id: u32,
+    /// Forward, drop or buffer.
+    pub action: FarAction,
+    /// Destination interface (default: the opposite of the PDR's source).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination: Option<Iface>,
+    /// Outer header creation: the peer's TEID (GTP-U/UDP/IPv4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ohc_teid: Option<u32>,
+    /// Outer header creation: the peer's IPv4 address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ohc_addr: Option<Ipv4Addr>,
+}
+
+/// A QoS enforcement rule.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QerSpec {
+    /// Rule ID (unique in its session).
+    pub id: u32,
+    /// Uplink gate.
+    #[serde(default)]
+    pub gate_ul: Gate,
+    /// Downlink gate.
+    #[serde(default)]
+    pub gate_dl: Gate,
+    /// Uplink maximum bit rate, kbit/s (IP packet bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mbr_ul_kbps: Option<u64>,
+    /// Downlink maximum bit rate, kbit/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mbr_dl_kbps: Option<u64>,
+    /// QFI written into downlink PDU Session Containers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qfi: Option<u8>,
+}
+
+/// A usage reporting rule.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UrrSpec {
+    /// Rule ID (unique in its session).
+    pub id: u32,
+    /// Total volume (uplink + downlink IP bytes) that raises a usage report;
+    /// counting then starts over towards the next report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_threshold: Option<u64>,
+}
+
+impl SessionsFile {
+    /// Parses a session file: JSON if it starts with `{`, else TOML.
+    pub fn parse(text: &str) -> Result<SessionsFile, String> {
+        if text.trim_start().starts_with('{') {
+            serde_json::from_str(text).map_err(|e| format!("bad JSON session file: {e}"))
+        } else {
+            toml::from_str(text).map_err(|e| format!("bad TOML session file: {}", e.message()))
+        }
+    }
+
+    /// Reads and parses a session file.
+    pub fn load(path: &str) -> Result<SessionsFile, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read session file {path}: {e}"))?;
+        Self::parse(&text).map_err(|e| format!("{path}: {e}"))
+    }
+
+    /// The file as TOML.
+    pub fn to_toml(&self) -> Result<String, String> {
+        toml::to_string(self).map_err(|e| e.to_string())
+    }
+}
+
+/// An address prefix over IPv4-mapped 128-bit addresses (mask 0: any).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Prefix {
+    /// Address bits (masked).
+    pub addr: u128,
+    /// Mask.
+    pub mask: u128,
+    /// Matches the session's UE address (`assigned`; `addr`/`mask` unused),
+    /// so identical filters of different sessions are stored once.
+    pub assigned: bool,
+}
+
+impl Prefix {
+    /// Any address.
+    pub const ANY: Prefix = Prefix { addr: 0, mask: 0, assigned: false };
+
+    /// Exactly `a`.
+    pub fn host(a: IpAddr) -> Prefix {
+        Prefix { addr: ip128(a), mask: u128::MAX, assigned: false }
+    }
+
+    /// `a/len` (IPv4 lengths count within the mapped address's low 32 bits).
+    pub fn new(a: IpAddr, len: u8) -> Option<Prefix> {
+        let (bits, max) = match a {
+            IpAddr::V4(_) => (u32::from(len) + 96, 32),
+            IpAddr::V6(_) => (u32::from(len), 128),
+        };
+        if len > max {
+            return None;
+        }
+        let mask = if bits == 0 { 0 } else { u128::MAX << (128 - bits) };
+        Some(Prefix { addr: ip128(a) & mask, mask, assigned: false })
+    }
+
+    /// Whether `a` (IPv4-mapped) lies in the prefix.
+    #[inline(always)]
+    pub fn contains(&self, a: u128) -> bool {
+        a & self.mask == self.addr
+    }
+}
+
+/// An IP address as 128 bits, IPv4 mapped (`::ffff:a.b.c.d`).
+#[inline]
+pub fn ip128(a: IpAddr) -> u128 {
+    match a {
+        IpAddr::V4(v) => u128::from(v.to_ipv6_mapped()),
+        IpAddr::V6(v) => u128::from(v),
+    }
+}
+
+/// An IPv4 address as 128 bits, mapped.
+#[inline(always)]
+pub fn v4_128(a: u32) -> u128 {
+    0xffff_0000_0000 | u128::from(a)
+}
+
+/// A compiled SDF filter (the packet's fields seen as UE end and remote end).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Sdf {
+    /// IP protocol, or 0x100 for any.
+    pub proto: u16,
+    /// The remote end's prefix.
+    pub remote: Prefix,
+    /// The UE end's prefix.
+    pub ue: Prefix,
+    /// Remote ports, inclusive.
+    pub remote_ports: (u16, u16),
+    /// UE ports, inclusive.
+    pub ue_ports: (u16, u16),
+}
+
+/// The fields a PDR classifies on: the inner packet seen from the UE.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fields {
+    /// IP protocol.
+    pub proto: u8,
+    /// UE address (IPv4-mapped).
+    pub ue: u128,
+    /// Remote address (IPv4-mapped).
+    pub remote: u128,
+    /// UE port (0 without ports).
+    pub ue_port: u16,
+    /// Remote port.
+    pub remote_port: u16,
+}
+
+impl Sdf {
+    /// Whether the packet's fields match (`ue_is_assigned`: the UE end is
+    /// the session's UE address, for `assigned`).
+    #[inline(always)]
+    pub fn matches(&self, f: &Fields, ue_is_assigned: bool) -> bool {
+        (self.proto == 0x100 || self.proto == u16::from(f.proto))
+            && self.remote.contains(f.remote)
+            && if self.ue.assigned { ue_is_assigned } else { self.ue.contains(f.ue) }
+            && (self.remote_ports.0..=self.remote_ports.1).contains(&f.remote_port)
+            && (self.ue_ports.0..=self.ue_ports.1).contains(&f.ue_port)
+    }
+
+    /// Parses a flow description: `permit out PROTO from SRC [PORTS] to DST [PORTS]`,
+    /// PROTO a number, `ip` (any), `tcp`, `udp`, `icmp` or `icmpv6`; SRC/DST `any`,
+    /// `assigned` (the UE address), `ADDR` or `ADDR/LEN`; PORTS `P` or `LO-HI`.
+    /// `out` reads `from` as the remote end (TS 29.244 §5.2.1A); `in` the other way.
+    pub fn parse(s: &str) -> Result<Sdf, String> {
+        let bad = |what: &str| format!("flow description '{s}': {what}");
+        let w: Vec<&str> = s.split_whitespace().collect();
+        let mut i = 0;
+        let mut next = |what: &str| {
+            let t = w.get(i).copied().ok_or_else(|| bad(&format!("missing {what}")));
+            i += 1;
+            t
+        };
+        if next("'permit'")? != "permit" {
+            return Err(bad("must start with 'permit'"));
+        }
+        let out = match next("direction")? {
+            "out" => true,
+            "in" => false,
+            _ => return Err(bad("direction must be 'out' or 'in'")),
+        };
+        let proto = match next("protocol")? {
+            "ip" => 0x100,
+            "tcp" => 6,
+            "udp" => 17,
+            "icmp" => 1,
+            "icmpv6" => 58,
+            p => p.parse::<u8>().map(u16::from).map_err(|_| bad(&format!("bad protocol '{p}'")))?,
+        };
+        if next("'from'")? != "from" {
+            return Err(bad("expected 'from'"));
+        }
+        let src = addr(next("source")?).map_err(|e| bad(&e))?;
+        let mut t = next("'to'")?;
+        let mut sports = (0, u16::MAX);
+        if t != "to" {
+            sports = ports(t).map_err(|e| bad(&e))?;
+            t = next("'to'")?;
+            if t != "to" {
+                return Err(bad("expected 'to'"));
+            }
+        }
+        let dst = addr(next("destination")?).map_err(|e| bad(&e))?;
+        let dports = match w.get(i) {
+            Some(t) => {
+                i += 1;
+                ports(t).map_err(|e| bad(&e))?
+            }
+            None => (0, u16::MAX),
+        };
+        if i < w.len() {
+            return Err(bad(&format!("unexpected '{}'", w[i])));
+        }
+        Ok(if out {
+            Sdf { proto, remote: src, remote_ports: sports, ue: dst, ue_ports: dports }
+        } else {
+            Sdf { proto, ue: src, ue_ports: sports, remote: dst, remote_ports: dports }
+        })
+    }
+}
+
+fn addr(t: &str) -> Result<Prefix, String> {
+    match t {
+        "any" => Ok(Prefix::ANY),
+        "assigned" => Ok(Prefix { assigned: true, ..Prefix::ANY }),
+        _ => {
+            let (a, len) = match t.split_once('/') {
+                Some((a, l)) => (a, Some(l.parse::<u8>().map_err(|_| format!("bad prefix length in '{t}'"))?)),
+                None => (t, None),
+            };
+            let a: IpAddr = a.parse().map_err(|_| format!("bad address '{t}'"))?;
+            let len = len.unwrap_or(if a.is_ipv4() { 32 } else { 128 });
+            Prefix::new(a, len).ok_or_else(|| format!("prefix length out of range in '{t}'"))
+        }
+    }
+}
+
+fn ports(t: &str) -> Result<(u16, u16), String> {
+    let p = |s: &str| s.parse::<u16>().map_err(|_| format!("bad port '{s}'"));
+    let (lo, hi) = match t.split_once('-') {
+        Some((a, b)) => (p(a)?, p(b)?),
+        None => (p(t)?, p(t)?),
+    };
+    if lo > hi {
+        return Err(format!("empty port range '{t}'"));
+    }
+    Ok((lo, hi))
+}
+
+/// A compiled PDR (hot: read per packet in precedence order, two per
+/// cache line). The QER's gates, whether it limits a rate and the QFI it
+/// marks are copied in, so packets of PDRs without an MBR never touch the
+/// QER arrays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pdr {
+    /// Local F-TEID to match (uplink), if [`Pdr::has_teid`].
+    pub teid: u32,
+    /// First SDF filter in [`RuleSet::sdfs`].
+    pub sdf_start: u32,
+    /// FAR index in [`RuleSet::fars`].
+    pub far: u32,
+    /// QER index, or [`NONE`].
+    pub qer: u32,
+    /// URR index, or [`NONE`].
+    pub urr: u32,
+    /// Number of SDF filters (0: any packet).
+    pub sdf_len: u16,
+    /// Rule ID.
+    pub id: u16,
+    /// QFI to match (uplink), or [`ANY_QFI`].
+    pub qfi: u8,
+    /// [`Pdr::HAS_TEID`], [`Pdr::UE_IP`], [`Pdr::OHR`].
+    pub flags: u8,
+    /// QER gates open: bit 0 uplink, bit 1 downlink (both without a QER).
+    pub gate: u8,
+    /// The QER limits the rate: bit 0 uplink, bit 1 downlink.
+    pub mbr: u8,
+    /// QFI for the downlink PDU Session Container (the QER's, else the PDR's), or [`ANY_QFI`].
+    pub mark_qfi: u8,
+}
+
+impl Pdr {
+    /// Flag: match the local F-TEID.
+    pub const HAS_TEID: u8 = 1;
+    /// Flag: match the UE address.
+    pub const UE_IP: u8 = 2;
+    /// Flag: remove the outer header.
+    pub const OHR: u8 = 4;
+
+    /// Matches the local F-TEID.
+    #[inline(always)]
+    pub fn has_teid(&self) -> bool {
+        self.flags & Self::HAS_TEID != 0
+    }
+
+    /// Matches the UE address.
+    #[inline(always)]
+    pub fn ue_ip(&self) -> bool {
+        self.flags & Self::UE_IP != 0
+    }
+
+    /// Removes the outer header.
+    #[inline(always)]
+    pub fn outer_header_removal(&self) -> bool {
+        self.flags & Self::OHR != 0
+    }
+}
+
+/// A compiled FAR.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Far {
+    /// What to do.
+    pub action: FarAction,
+    /// Destination interface.
+    pub destination: Iface,
+    /// Create a GTP-U/UDP/IPv4 outer header.
+    pub ohc: bool,
+    /// Peer TEID.
+    pub ohc_teid: u32,
+    /// Peer IPv4 address.
+    pub ohc_addr: u32,
+    /// Rule ID.
+    pub id: u32,
+    /// Session index.
+    pub session: u32,
+}
+
+/// A compiled QER.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Qer {
+    /// Gates open (uplink, downlink).
+    pub open: [bool; 2],
+    /// MBR per direction, kbit/s (0: none).
+    pub mbr_kbps: [u64; 2],
+    /// QFI to mark downlink, or [`ANY_QFI`].
+    pub qfi: u8,
+    /// Rule ID.
+    pub id: u32,
+    /// Session index.
+    pub session: u32,
+}
+
+/// A compiled URR.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Urr {
+    /// Volume threshold in bytes (0: none).
+    pub threshold: u64,
+    /// Rule ID.
+    pub id: u32,
+    /// Session index.
+    pub session: u32,
+}
+
+/// A compiled session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Session {
+    /// SEID.
+    pub seid: u64,
+    /// UE IPv4 (mapped) if `has_ue4`, UE IPv6 if `has_ue6`.
+    pub ue4: u128,
+    /// UE IPv6.
+    pub ue6: u128,
+    /// Has an IPv4 address.
+    pub has_ue4: bool,
+    /// Has an IPv6 address.
+    pub has_ue6: bool,
+    /// Uplink PDRs: `pdrs[ul.0..ul.0 + ul.1]`, by precedence.
+    pub ul: (u32, u32),
+    /// Downlink PDRs, by precedence.
+    pub dl: (u32, u32),
+}
+
+/// An open-addressing hash index `u128 -> u32` (linear probing, load <= 1/2),
+/// built once per rule set: lookups never allocate and one slot can be prefetched.
+#[derive(Clone, Debug)]
+pub struct Index {
+    slots: Vec<(u128, u32)>,
+    mask: usize,
+}
+
+impl Default for Index {
+    fn default() -> Index {
+        Index::build(&[])
+    }
+}
+
+impl Index {
+    fn build(entries: &[(u128, u32)]) -> Index {
+        let cap = (entries.len() * 2).next_power_of_two().max(16);
+        let mut ix = Index { slots: vec![(0, NONE); cap], mask: cap - 1 };
+        for &(k, v) in entries {
+            let mut s = ix.slot_of(k);
+            while ix.slots[s].1 != NONE {
+                s = (s + 1) & ix.mask;
+            }
+            ix.slots[s] = (k, v);
+        }
+        ix
+    }
+
+    /// The home slot of `k`.
+    #[inline(always)]
+    pub fn slot_of(&self, k: u128) -> usize {
+        let x = (k as u64) ^ ((k >> 64) as u64).rotate_left(29);
+        (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & self.mask
+    }
+
+    /// The home slot's entry (for a prefetch).
+    #[inline(always)]
+    pub fn slot(&self, s: usize) -> &(u128, u32) {
+        &self.slots[s & self.mask]
+    }
+
+    /// The value of `k`, probing from slot `s` (its [`Index::slot_of`]).
+    #[inline(always)]
+    pub fn get_from(&self, k: u128, mut s: usize) -> Option<u32> {
+        loop {
+            let (sk, v) = self.slots[s & self.mask];
+            if v == NONE {
+                return None;
+            }
+            if sk == k {
+                return Some(v);
+            }
+            s = (s + 1) & self.mask;
+        }
+    }
+
+    /// The value of `k`.
+    #[inline]
+    pub fn get(&self, k: u128) -> Option<u32> {
+        self.get_from(k, self.slot_of(k))
+    }
+
+    /// Number of slots.
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+/// Key tag of a TEID in the TEID index (so TEID keys never look like addresses).
+#[inline(always)]
+pub fn teid_key(teid: u32) -> u128 {
+    (1u128 << 64) | u128::from(teid)
+}
+
+/// The compiled, immutable rules of every session: what the data path reads.
+#[derive(Clone, Debug, Default)]
+pub struct RuleSet {
+    /// Sessions.
+    pub sessions: Vec<Session>,
+    /// PDRs, grouped by session and direction, by precedence.
+    pub pdrs: Vec<Pdr>,
+    /// SDF filters.
+    pub sdfs: Vec<Sdf>,
+    /// FARs.
+    pub fars: Vec<Far>,
+    /// QERs.
+    pub qers: Vec<Qer>,
+    /// URRs.
+    pub urrs: Vec<Urr>,
+    /// TEID ([`teid_key`]) -> session.
+    pub teids: Index,
+    /// UE address (IPv4-mapped or IPv6) -> session.
+    pub ues: Index,
+}
+
+impl RuleSet {
+    /// The (SEID, rule ID) of every rule of one kind, in index order.
+    pub fn keys<'a, T>(
+        &'a self,
+        rules: &'a [T],
+        f: impl Fn(&T) -> (u32, u32) + 'a,
+    ) -> impl Iterator<Item = (u64, u32)> + 'a {
+        rules.iter().map(move |r| {
+            let (session, id) = f(r);
+            (self.sessions[session as usize].seid, id)
+        })
+    }
+
+    /// Compiles sessions; errors name the session and rule.
+    pub fn compile(specs: &[SessionSpec]) -> Result<RuleSet, String> {
+        let mut rs = RuleSet::default();
+        let mut teids = Vec::new();
+        let mut ues = Vec::new();
+        let mut seen_teid: HashMap<u32, u64> = HashMap::new();
+        let mut seen_ue: HashMap<u128, u64> = HashMap::new();
+        let mut seen_seid: HashMap<u64, ()> = HashMap::new();
+        let mut interned: HashMap<Vec<Sdf>, u32> = HashMap::new();
+        for s in specs {
+            let si = rs.sessions.len() as u32;
+            let e = |m: String| format!("session {}: {m}", s.seid);
+            if seen_seid.insert(s.seid, ()).is_some() {
+                return Err(e("duplicate SEID".into()));
+            }
+            let ue4 = s.ue_ipv4.map(|a| ip128(a.into()));
+            let ue6 = s.ue_ipv6.map(|a| ip128(a.into()));
+            for u in [ue4, ue6].into_iter().flatten() {
+                if let Some(o) = seen_ue.insert(u, s.seid) {
+                    return Err(e(format!("UE address already used by session {o}")));
+                }
+                ues.push((u, si));
+            }
+            let far_base = rs.fars.len();
+            for f in &s.fars {
+                if s.fars.iter().filter(|g| g.id == f.id).count() > 1 {
+                    return Err(e(format!("duplicate FAR {}", f.id)));
+                }
+                let ohc = f.ohc_teid.is_some() || f.ohc_addr.is_some();
+                if ohc && (f.ohc_teid.is_none() || f.ohc_addr.is_none()) {
+                    return Err(e(format!("FAR {}: outer header creation needs ohc_teid and ohc_addr", f.id)));
+                }
+                rs.fars.push(Far {
+                    action: f.action,
+                    destination: f.destination.unwrap_or(if ohc { Iface::Access } else { Iface::Core }),
+                    ohc,
+                    ohc_teid: f.ohc_teid.unwrap_or(0),
+                    ohc_addr: f.ohc_addr.map_or(0, u32::from),
+                    id: f.id,
+                    session: si,
+                });
+            }
+            let qer_base = rs.qers.len();
+            for q in &s.qers {
+                if s.qers.iter().filter(|g| g.id == q.id).count() > 1 {
+                    return Err(e(format!("duplicate QER {}", q.id)));
+                }
+                let mbr = |m: Option<u64>| -> Result<u64, String> {
+                    match m {
+                        Some(k) if k > MAX_MBR_KBPS => Err(e(format!("QER {}: MBR above {MAX_MBR_KBPS} kbit/s", q.id))),
+                        m => Ok(m.unwrap_or(0)),
+                    }
+                };
+                rs.qers.push(Qer {
+                    open: [q.gate_ul == Gate::Open, q.gate_dl == Gate::Open],
+                    mbr_kbps: [mbr(q.mbr_ul_kbps)?, mbr(q.mbr_dl_kbps)?],
+                    qfi: qfi(q.qfi).map_err(&e)?,
+                    id: q.id,
+                    session: si,
+                });
+            }
+            let urr_base = rs.urrs.len();
+            for u in &s.urrs {
+                if s.urrs.iter().filter(|g| g.id == u.id).count() > 1 {
+                    return Err(e(format!("duplicate URR {}", u.id)));
+                }
+                rs.urrs.push(Urr { threshold: u.volume_threshold.unwrap_or(0), id: u.id, session: si });
+            }
+            fn find(mut ids: impl Iterator<Item = u32>, id: u32) -> Option<usize> {
+                ids.position(|x| x == id)
+            }
+            let mut ul = Vec::new();
+            let mut dl = Vec::new();
+            for p in &s.pdrs {
+                if s.pdrs.iter().filter(|g| g.id == p.id).count() > 1 {
+                    return Err(e(format!("duplicate PDR {}", p.id)));
+                }
+                let pe = |m: &str| e(format!("PDR {}: {m}", p.id));
+                let far = find(s.fars.iter().map(|f| f.id), p.far).ok_or_else(|| pe("unknown FAR"))?;
+                let qer = match p.qer {
+                    Some(id) => {
+                        (qer_base + find(s.qers.iter().map(|q| q.id), id).ok_or_else(|| pe("unknown QER"))?) as u32
+                    }
+                    None => NONE,
+                };
+                let urr = match p.urr {
+                    Some(id) => {
+                        (urr_base + find(s.urrs.iter().map(|u| u.id), id).ok_or_else(|| pe("unknown URR"))?) as u32
+                    }
+                    None => NONE,
+                };
+                if p.ue_ip && ue4.is_none() && ue6.is_none() {
+                    return Err(pe("matches the UE address but the session has none"));
+                }
+                let mut list = Vec::with_capacity(p.sdf.len());
+                for d in &p.sdf {
+                    let f = Sdf::parse(d).map_err(|m| pe(&m))?;
+                    if f.ue.assigned && ue4.is_none() && ue6.is_none() {
+                        return Err(pe("'assigned' but the session has no UE address"));
+                    }
+                    if f.remote.assigned {
+                        return Err(pe("'assigned' names the UE end only"));
+                    }
+                    list.push(f);
+                }
+                // Identical filter lists (the same flow descriptions in many sessions) are stored once.
+                let sdf_start = match interned.get(&list) {
+                    Some(&at) => at,
+                    None => {
+                        let at = rs.sdfs.len() as u32;
+                        rs.sdfs.extend_from_slice(&list);
+                        interned.insert(list, at);
+                        at
+                    }
+                };
+                if p.sdf.len() > usize::from(u16::MAX) {
+                    return Err(pe("too many SDF filters"));
+                }
+                if let Some(t) = p.teid {
+                    if p.source != Iface::Access {
+                        return Err(pe("a local F-TEID needs source 'access'"));
+                    }
+                    match seen_teid.get(&t) {
+                        Some(&o) if o != s.seid => return Err(pe(&format!("TEID {t} already used by session {o}"))),
+                        Some(_) => {}
+                        None => {
+                            seen_teid.insert(t, s.seid);
+                            teids.push((teid_key(t), si));
+                        }
+                    }
+                }
+                let q = rs.qers.get(qer as usize);
+                let pdr_qfi = qfi(p.qfi).map_err(|m| pe(&m))?;
+                let flags = if p.teid.is_some() { Pdr::HAS_TEID } else { 0 }
+                    | if p.ue_ip { Pdr::UE_IP } else { 0 }
+                    | if p.outer_header_removal { Pdr::OHR } else { 0 };
+                let c = (
+                    p.precedence,
+                    Pdr {
+                        teid: p.teid.unwrap_or(0),
+                        sdf_start,
+                        far: (far_base + far) as u32,
+                        qer,
+                        urr,
+                        sdf_len: p.sdf.len() as u16,
+                        id: p.id,
+                        qfi: pdr_qfi,
+                        flags,
+                        gate: q.map_or(3, |q| u8::from(q.open[0]) | (u8::from(q.open[1]) << 1)),
+                        mbr: q.map_or(0, |q| u8::from(q.mbr_kbps[0] > 0) | (u8::from(q.mbr_kbps[1] > 0) << 1)),
+                        mark_qfi: match q {
+                            Some(q) if q.qfi != ANY_QFI => q.qfi,
+                            _ => pdr_qfi,
+                        },
+                    },
+                );
+                match p.source {
+                    Iface::Access => ul.push(c),
+                    Iface::Core => dl.push(c),
+                }
+            }
+            // Stable: equal precedences keep the provisioning order.
+            ul.sort_by_key(|p| p.0);
+            dl.sort_by_key(|p| p.0);
+            let ul_r = (rs.pdrs.len() as u32, ul.len() as u32);
+            rs.pdrs.extend(ul.into_iter().map(|p| p.1));
+            let dl_r = (rs.pdrs.len() as u32, dl.len() as u32);
+            rs.pdrs.extend(dl.into_iter().map(|p| p.1));
+            rs.sessions.push(Session {
+                seid: s.seid,
+                ue4: ue4.unwrap_or(0),
+                ue6: ue6.unwrap_or(0),
+                has_ue4: ue4.is_some(),
+                has_ue6: ue6.is_some(),
+                ul: ul_r,
+                dl: dl_r,
+            });
+        }
+        rs.teids = Index::build(&teids);
+        rs.ues = Index::build(&ues);
+        rs.advise_hugepages();
+        Ok(rs)
+    }
+
+    /// Hugepage hints for the arrays the data path indexes at random.
+    fn advise_hugepages(&self) {
+        use flowplane_table::huge::advise_hugepages as advise;
+        advise(&self.sessions);
+        advise(&self.pdrs);
+        advise(&self.sdfs);
+        advise(&self.fars);
+        advise(&self.qers);
+        advise(&self.urrs);
+        advise(&self.teids.slots);
+        advise(&self.ues.slots);
+    }
+
+    /// The session holding local TEID `teid`.
+    #[inline]
+    pub fn session_by_teid(&self, teid: u32) -> Option<u32> {
+        self.teids.get(teid_key(teid))
+    }
+
+    /// The session whose UE has address `a` (IPv4-mapped or IPv6).
+    #[inline]
+    pub fn session_by_ue(&self, a: u128) -> Option<u32> {
+        self.ues.get(a)
+    }
+
+    /// The first PDR (index into `pdrs`) of session `s` in the direction
+    /// (`uplink`: its access PDRs, else its core PDRs) matching the packet:
+    /// the local F-TEID and QFI (uplink), the UE address, any SDF filter.
+    #[inline]
+    pub fn classify(&self, s: &Session, uplink: bool, teid: u32, qfi: Option<u8>, f: &Fields) -> Option<u32> {
+        let (start, len) = if uplink { s.ul } else { s.dl };
+        let (start, len) = (start as usize, len as usize);
+        let ue_ok = (s.has_ue4 && s.ue4 == f.ue) || (s.has_ue6 && s.ue6 == f.ue);
+        for (k, p) in self.pdrs.get(start..start + len)?.iter().enumerate() {
+            if uplink && ((p.has_teid() && p.teid != teid) || (p.qfi != ANY_QFI && Some(p.qfi) != qfi)) {
+                continue;
+            }
+            if p.ue_ip() && !ue_ok {
+                continue;
+            }
+            if p.sdf_len > 0 {
+                let a = p.sdf_start as usize;
+                let Some(sdfs) = self.sdfs.get(a..a + p.sdf_len as usize) else { continue };
+                if !sdfs.iter().any(|d| d.matches(f, ue_ok)) {
+                    continue;
+                }
+            }
+            return Some((start + k) as u32);
+        }
+        None
+    }
+}
+
+fn qfi(q: Option<u8>) -> Result<u8, String> {
+    match q {
+        Some(q) if q > 63 => Err(format!("QFI {q} above 63")),
+        Some(q) => Ok(q),
+        None => Ok(ANY_QFI),
+    }
+}

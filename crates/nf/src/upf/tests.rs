@@ -1,0 +1,358 @@
+//! Unit tests of the `upf` NF: rule compilation, uplink decapsulation,
+//! downlink encapsulation, precedence, QER, URR, echo, drops by reason.
+
+use super::rules::*;
+use super::*;
+use crate::testutil::{assert_ipv4_checksums, gtpu4, udp4};
+use flowplane_packet::{PacketPool, PoolConfig};
+
+const UE: [u8; 4] = [10, 45, 0, 7];
+const GNB: [u8; 4] = [198, 51, 100, 10];
+const N3: [u8; 4] = [192, 0, 2, 1];
+const DN: [u8; 4] = [203, 0, 113, 5];
+
+/// One session: uplink PDRs on TEID 100 (precedence 10: UDP to port 53,
+/// URR 1; precedence 100: anything, QFI 9 only), downlink PDR to GNB TEID 0x55 with QFI 5.
+fn spec() -> SessionSpec {
+    let pdr = |id, precedence, source, teid, sdf: &[&str], far, qfi| PdrSpec {
+        id,
+        precedence,
+        source,
+        teid,
+        ue_ip: true,
+        qfi,
+        sdf: sdf.iter().map(|s| s.to_string()).collect(),
+        outer_header_removal: source == Iface::Access,
+        far,
+        qer: None,
+        urr: Some(1),
+    };
+    SessionSpec {
+        seid: 7,
+        ue_ipv4: Some(UE.into()),
+        ue_ipv6: None,
+        pdrs: vec![
+            pdr(2, 100, Iface::Access, Some(100), &[], 1, Some(9)),
+            pdr(1, 10, Iface::Access, Some(100), &["permit out 17 from 203.0.113.0/24 53 to assigned"], 1, None),
+            pdr(3, 10, Iface::Core, None, &["permit out ip from any to assigned"], 2, Some(5)),
+        ],
+        fars: vec![
+            FarSpec { id: 1, action: FarAction::Forward, destination: None, ohc_teid: None, ohc_addr: None },
+            FarSpec {
+                id: 2,
+                action: FarAction::Forward,
+                destination: None,
+                ohc_teid: Some(0x55),
+                ohc_addr: Some(GNB.into()),
+            },
+        ],
+        qers: vec![],
+        urrs: vec![UrrSpec { id: 1, volume_threshold: Some(100) }],
+    }
+}
+
+fn upf(specs: &[SessionSpec], cfg: UpfConfig) -> Upf {
+    Upf::new(cfg, Arc::new(RuleSet::compile(specs).unwrap()))
+}
+
+/// Runs frames (with their times) through the UPF as one batch; returns each output (None: dropped).
+fn run(u: &mut Upf, frames: &[(Vec<u8>, u64)]) -> Vec<Option<Vec<u8>>> {
+    let mut pool = PacketPool::new(PoolConfig { buffers: 512, ..Default::default() }).unwrap();
+    let mut b = Batch::new(&pool);
+    for (f, t) in frames {
+        assert!(b.push_copy(&mut pool, f, *t));
+    }
+    let n = b.len();
+    u.process(&mut b, 0..n, &NfContext::default());
+    let out = (0..n).map(|i| (!b.is_dropped(i)).then(|| b.data(i).to_vec())).collect();
+    b.free_all(&mut pool).unwrap();
+    out
+}
+
+fn udp_payload(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) -> Vec<u8> {
+    udp4(src, dst, sport, dport)[14..].to_vec()
+}
+
+#[test]
+fn uplink_decapsulates_to_the_inner_packet() {
+    let mut u = upf(&[spec()], UpfConfig::default());
+    let inner = udp_payload(UE, DN, 4000, 80);
+    let out = run(&mut u, &[(gtpu4(GNB, N3, 100, Some(9), &inner), 0)]);
+    let f = out[0].as_ref().expect("forwarded");
+    assert_eq!(&f[14..], &inner[..], "the inner packet, unchanged");
+    assert_eq!(&f[12..14], &[8, 0]);
+    assert_ipv4_checksums(f);
+    let c = u.upf_counters();
+    assert_eq!((c.uplink, c.ul_forwarded, c.decapsulated), (1, 1, 1));
+    let usage: Vec<_> = u.usage().collect();
+    assert_eq!(usage[0].1.ul_bytes, inner.len() as u64);
+}
+
+#[test]
+fn precedence_and_qfi_pick_the_pdr() {
+    let mut u = upf(&[spec()], UpfConfig::default());
+    // DNS from port 53 of the remote matches PDR 1 (precedence 10) whatever the QFI.
+    let dns = udp_payload(UE, DN, 4000, 53);
+    // Not DNS, QFI 8: PDR 2 wants QFI 9, so no PDR matches.
+    let other = udp_payload(UE, DN, 4000, 80);
+    let out = run(&mut u, &[(gtpu4(GNB, N3, 100, Some(8), &dns), 0), (gtpu4(GNB, N3, 100, Some(8), &other), 0)]);
+    assert!(out[0].is_some() && out[1].is_none());
+    assert_eq!(u.upf_counters().no_pdr, 1);
+    let rs = RuleSet::compile(&[spec()]).unwrap();
+    let s = rs.sessions[0];
+    let f = Fields {
+        proto: 17,
+        ue: v4_128(u32::from_be_bytes(UE)),
+        remote: v4_128(u32::from_be_bytes(DN)),
+        ue_port: 4000,
+        remote_port: 53,
+    };
+    assert_eq!(rs.pdrs[rs.classify(&s, true, 100, None, &f).unwrap() as usize].id, 1);
+    assert_eq!(rs.classify(&s, true, 101, Some(9), &f), None, "another TEID");
+    let f80 = Fields { remote_port: 80, ..f };
+    assert_eq!(rs.pdrs[rs.classify(&s, true, 100, Some(9), &f80).unwrap() as usize].id, 2);
+    let spoofed = Fields { ue: v4_128(1), ..f80 };
+    assert_eq!(rs.classify(&s, true, 100, Some(9), &spoofed), None, "not the UE's address");
+}
+
+#[test]
+fn downlink_encapsulates_with_lengths_checksums_and_qfi() {
+    for udp_checksum in [false, true] {
+        let mut u = upf(&[spec()], UpfConfig { udp_checksum, n3_port: Some(3), ..Default::default() });
+        let mut plain = udp4(DN, UE, 80, 4000);
+        let inner = plain[14..].to_vec();
+        plain.extend_from_slice(&[0xee; 6]); // an Ethernet trailer is not part of the packet
+        let out = run(&mut u, &[(plain, 0)]);
+        let f = out[0].as_ref().expect("forwarded");
+        assert_eq!(f.len(), 14 + 20 + 8 + 16 + inner.len());
+        assert_eq!(&f[26..30], &N3);
+        assert_eq!(&f[30..34], &GNB);
+        assert_ipv4_checksums(f);
+        assert_eq!(u16::from_be_bytes([f[16], f[17]]) as usize, f.len() - 14);
+        assert_eq!(u16::from_be_bytes([f[38], f[39]]) as usize, f.len() - 34);
+        assert_eq!(u16::from_be_bytes([f[40], f[41]]) != 0, udp_checksum);
+        let g = GtpuPacket::new_checked(&f[42..]).unwrap();
+        assert_eq!((g.msg_type(), g.teid(), g.qfi()), (255, 0x55, Some(5)));
+        assert_eq!(g.payload(), &inner[..]);
+        assert_eq!(u.upf_counters().encapsulated, 1);
+    }
+}
+
+#[test]
+fn drops_are_counted_by_reason_never_a_panic() {
+    let mut u = upf(&[spec()], UpfConfig::default());
+    let inner = udp_payload(UE, DN, 4000, 80);
+    let mut bad_ver = gtpu4(GNB, N3, 100, Some(9), &inner);
+    bad_ver[42] = 0x50;
+    let mut short_inner = gtpu4(GNB, N3, 100, None, &inner[..10]);
+    short_inner[42] = 0x30;
+    let mut err_ind = gtpu4(GNB, N3, 100, None, &inner);
+    err_ind[43] = 26;
+    let frames = vec![
+        (gtpu4(GNB, N3, 999, Some(9), &inner), 0),
+        (udp4(DN, [10, 45, 0, 8], 80, 4000), 0),
+        (bad_ver, 0),
+        (short_inner, 0),
+        (err_ind, 0),
+        (vec![0u8; 20], 0),
+        (gtpu4(GNB, N3, 100, Some(9), &inner)[..50].to_vec(), 0),
+    ];
+    let out = run(&mut u, &frames);
+    assert!(out.iter().all(Option::is_none));
+    let c = u.upf_counters();
+    assert_eq!(
+        (c.unknown_teid, c.unknown_ue, c.malformed_gtpu, c.malformed_inner, c.unsupported_msg, c.not_ip),
+        (1, 1, 2, 1, 1, 1)
+    );
+    assert_eq!(u.counters().dropped, 7);
+    // Every truncation of an uplink frame.
+    let full = gtpu4(GNB, N3, 100, Some(9), &inner);
+    let cuts: Vec<_> = (0..full.len()).map(|n| (full[..n].to_vec(), 0)).collect();
+    let out = run(&mut u, &cuts);
+    assert!(out.iter().all(Option::is_none));
+}
+
+#[test]
+fn echo_request_gets_a_response_and_end_markers_are_consumed() {
+    let mut u = upf(&[], UpfConfig { n3_port: Some(1), ..Default::default() });
+    let mut req = gtpu4(GNB, N3, 0, None, &[]);
+    // Echo request with a sequence number: S flag, type 1, length 4.
+    req.truncate(42);
+    req.extend_from_slice(&[0x32, 1, 0, 4, 0, 0, 0, 0, 0x12, 0x34, 0, 0]);
+    req[16..18].copy_from_slice(&40u16.to_be_bytes());
+    req[38..40].copy_from_slice(&20u16.to_be_bytes());
+    req[24..26].copy_from_slice(&[0, 0]);
+    let c = flowplane_wire::checksum::checksum(&req[14..34]);
+    req[24..26].copy_from_slice(&c.to_be_bytes());
+    let mut end = gtpu4(GNB, N3, 100, None, &[]);
+    end[43] = 254;
+    let out = run(&mut u, &[(req, 0), (end, 0)]);
+    let r = out[0].as_ref().expect("answered");
+    assert_ipv4_checksums(r);
+    assert_eq!((&r[26..30], &r[30..34]), (&N3[..], &GNB[..]));
+    let g = GtpuPacket::new_checked(&r[42..]).unwrap();
+    assert_eq!((g.msg_type(), g.seq_number(), g.payload()), (2, Some(0x1234), &[14u8, 0][..]));
+    assert!(out[1].is_none());
+    assert_eq!((u.upf_counters().echo_responses, u.upf_counters().end_markers), (1, 1));
+}
+
+#[test]
+fn qer_gate_and_mbr_on_the_packet_clock() {
+    let mut s = spec();
+    s.qers = vec![QerSpec { id: 1, gate_ul: Gate::Closed, mbr_dl_kbps: Some(8), ..Default::default() }];
+    for p in &mut s.pdrs {
+        p.qer = Some(1);
+    }
+    let mut u = upf(&[s], UpfConfig::default());
+    let inner = udp_payload(UE, DN, 4000, 80);
+    let out = run(&mut u, &[(gtpu4(GNB, N3, 100, Some(9), &inner), 0)]);
+    assert!(out[0].is_none());
+    assert_eq!(u.upf_counters().gate_closed, 1);
+    // 8 kbit/s = 1,000 bytes/s, burst 3,000 bytes: 46-byte IP packets every 10 ms
+    // (4,600 bytes/s offered) for 10 s pass 3,000 + 9.99 x 1,000 bytes.
+    let dl = udp4(DN, UE, 80, 4000);
+    let frames: Vec<_> = (0..1000u64).map(|k| (dl.clone(), k * 10_000_000)).collect();
+    let mut passed = 0;
+    for chunk in frames.chunks(200) {
+        passed += run(&mut u, chunk).iter().filter(|o| o.is_some()).count();
+    }
+    let bytes = passed * 46;
+    assert!((12_940..=12_990).contains(&bytes), "{bytes} bytes passed");
+    assert_eq!(u.upf_counters().mbr_exceeded as usize, 1000 - passed);
+}
+
+#[test]
+fn urr_counts_and_threshold_reports() {
+    let mut u = upf(&[spec()], UpfConfig::default());
+    let inner = udp_payload(UE, DN, 4000, 80); // 46 bytes
+    let frames: Vec<_> = (0..5).map(|k| (gtpu4(GNB, N3, 100, Some(9), &inner), k)).collect();
+    run(&mut u, &frames);
+    let dl = udp4(DN, UE, 80, 4000);
+    run(&mut u, &[(dl, 9)]);
+    let (_, usage) = u.usage().next().unwrap();
+    assert_eq!((usage.ul_packets, usage.ul_bytes, usage.dl_packets, usage.dl_bytes), (5, 230, 1, 46));
+    // 100-byte threshold: reports at 138 (3rd packet) and then 92 + 46 = 138 (6th).
+    let r = u.take_reports();
+    assert_eq!(r.len(), 2);
+    assert_eq!((r[0].seid, r[0].urr_id, r[0].volume, r[0].at_ns), (7, 1, 138, 2));
+    assert_eq!(u.upf_counters().usage_reports, 2);
+    let rep = u.report().unwrap();
+    assert_eq!(rep["usage"]["7/1"]["ul_bytes"], 230);
+    let rows = u.export_report_rows(&rep);
+    assert_eq!(rows[0]["seid"], 7);
+}
+
+#[test]
+fn rule_swaps_carry_state_and_change_forwarding() {
+    let mut u = upf(&[spec()], UpfConfig::default());
+    let inner = udp_payload(UE, DN, 4000, 80);
+    let gp = gtpu4(GNB, N3, 100, Some(9), &inner);
+    assert!(run(&mut u, &[(gp.clone(), 0)])[0].is_some());
+    let mut s = spec();
+    s.fars[0].action = FarAction::Drop;
+    u.set_rules(Arc::new(RuleSet::compile(&[s.clone()]).unwrap()));
+    assert!(run(&mut u, &[(gp.clone(), 1)])[0].is_none());
+    assert_eq!(u.upf_counters().far_drop, 1);
+    assert_eq!(u.usage().next().unwrap().1.ul_packets, 1, "the URR kept its count");
+    s.fars[0].action = FarAction::Buffer;
+    let mut u2 = upf(&[s], UpfConfig { buffer: 2, ..Default::default() });
+    run(&mut u2, &[(gp.clone(), 0), (gp.clone(), 0), (gp, 0)]);
+    assert_eq!((u2.upf_counters().buffered, u2.upf_counters().buffer_full), (2, 1));
+    u.set_rules(Arc::new(RuleSet::default()));
+    assert_eq!(u.usage().count(), 0);
+}
+
+#[test]
+fn staged_and_rtc_agree() {
+    let mut a = upf(&[spec()], UpfConfig::default());
+    let mut b = upf(&[spec()], UpfConfig { staged: false, ..Default::default() });
+    let inner = udp_payload(UE, DN, 4000, 53);
+    let frames: Vec<_> = (0..100u32)
+        .map(|k| match k % 4 {
+            0 => (gtpu4(GNB, N3, 100 + k % 3, Some((k % 10) as u8), &inner), u64::from(k)),
+            1 => (udp4(DN, UE, 80, k as u16), u64::from(k)),
+            2 => (udp4(DN, [10, 45, 0, 1], 80, 1), u64::from(k)),
+            _ => (gtpu4(GNB, N3, 100, None, &udp_payload(UE, DN, 1, k as u16)), u64::from(k)),
+        })
+        .collect();
+    assert_eq!(run(&mut a, &frames), run(&mut b, &frames));
+    assert_eq!(a.upf_counters(), b.upf_counters());
+}
+
+#[test]
+fn compile_errors_name_the_rule() {
+    let e = |s: SessionSpec| RuleSet::compile(&[s]).err().unwrap();
+    let mut s = spec();
+    s.pdrs[0].far = 9;
+    assert_eq!(e(s), "session 7: PDR 2: unknown FAR");
+    let mut s = spec();
+    s.pdrs[1].sdf = vec!["permit out 17 from 1.2.3.4/33 to assigned".into()];
+    assert!(e(s).contains("prefix length out of range"));
+    assert!(RuleSet::compile(&[spec(), spec()]).err().unwrap().contains("duplicate SEID"));
+    let mut s2 = spec();
+    s2.seid = 8;
+    s2.ue_ipv4 = Some([10, 45, 0, 9].into());
+    assert!(RuleSet::compile(&[spec(), s2]).err().unwrap().contains("TEID 100 already used by session 7"));
+    let mut s = spec();
+    s.pdrs[2].qfi = Some(64);
+    assert!(e(s).contains("QFI 64 above 63"));
+}
+
+#[test]
+fn two_pdrs_per_cache_line() {
+    assert_eq!(std::mem::size_of::<Pdr>(), 32);
+}
+
+#[test]
+fn flow_descriptions() {
+    let d = Sdf::parse("permit out 17 from 198.51.100.0/24 5000-5999 to assigned 80").unwrap();
+    assert_eq!((d.proto, d.remote_ports, d.ue_ports, d.ue.assigned), (17, (5000, 5999), (80, 80), true));
+    assert!(d.remote.contains(v4_128(u32::from_be_bytes([198, 51, 100, 9]))));
+    assert!(!d.remote.contains(v4_128(u32::from_be_bytes([198, 51, 101, 9]))));
+    let d = Sdf::parse("permit in ip from any to 2001:db8::/32").unwrap();
+    assert_eq!(d.proto, 0x100);
+    assert!(d.remote.contains(ip128("2001:db8::1".parse().unwrap())));
+    for bad in [
+        "deny out ip from any to any",
+        "permit out ip from any",
+        "permit out 300 from any to any",
+        "permit out ip from any 9-1 to any",
+        "permit out ip from any to any 1 2",
+    ] {
+        assert!(Sdf::parse(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn session_files_round_trip_toml_and_json() {
+    let f = SessionsFile { sessions: vec![spec()] };
+    let t = f.to_toml().unwrap();
+    assert_eq!(SessionsFile::parse(&t).unwrap(), f);
+    let j = serde_json::to_string(&f).unwrap();
+    assert_eq!(SessionsFile::parse(&j).unwrap(), f);
+    assert!(SessionsFile::parse("[[sessions]]\nseid = 1\nbogus = 2\n").unwrap_err().contains("bogus"));
+}
+
+#[test]
+fn ipv6_ue_both_directions() {
+    use crate::testutil::{assert_ipv6_checksums, udp6};
+    use std::net::Ipv6Addr;
+    let ue6: Ipv6Addr = "2001:db8:45::7".parse().unwrap();
+    let dn6: Ipv6Addr = "2001:db8:ffff::5".parse().unwrap();
+    let mut s = spec();
+    s.ue_ipv6 = Some(ue6);
+    s.pdrs[1].sdf = vec!["permit out 17 from 2001:db8:ffff::/48 53 to assigned".into()];
+    let mut u = upf(&[s], UpfConfig::default());
+    let inner = udp6(ue6, dn6, 4000, 53)[14..].to_vec();
+    let up = gtpu4(GNB, N3, 100, None, &inner);
+    let down = udp6(dn6, ue6, 53, 4000);
+    let out = run(&mut u, &[(up, 0), (down.clone(), 0)]);
+    let f = out[0].as_ref().expect("uplink IPv6 forwarded");
+    assert_eq!((&f[12..14], &f[14..]), (&[0x86, 0xdd][..], &inner[..]));
+    assert_ipv6_checksums(f);
+    let e = out[1].as_ref().expect("downlink IPv6 encapsulated");
+    assert_eq!(flowplane_wire::checksum::sum(&e[14..34]), 0xffff, "outer IPv4 header checksum");
+    let g = GtpuPacket::new_checked(&e[42..]).unwrap();
+    assert_eq!((g.teid(), g.payload()), (0x55, &down[14..]));
+    assert_eq!(u.upf_counters().no_pdr, 0);
+}
