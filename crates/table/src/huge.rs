@@ -29,7 +29,8 @@ impl<T: Pod> HugeArray<T> {
         if core::mem::align_of::<T>() > 64 {
             return Err(TableError::InvalidConfig("HugeArray elements must be aligned to at most 64 bytes"));
         }
-        let mut mem = RawMem::new(bytes, true)?;
+        // Miri cannot run a MAP_HUGETLB mapping: plain pages there (same code paths otherwise).
+        let mut mem = RawMem::new(bytes, !cfg!(miri))?;
         mem.prefault();
         Ok(HugeArray { mem, len, _t: PhantomData })
     }
