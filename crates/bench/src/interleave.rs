@@ -383,28 +383,14 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
     Ok(InterleaveReport { rows, best, route_table })
 }
 
-/// A TrueType font for the plot's text (plotters draws text with ab_glyph
-/// from a registered font; the usual DejaVu locations are tried).
-fn register_font() -> Result<(), String> {
-    const FONTS: &[&str] = &[
-        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-        "/usr/share/fonts/TTF/DejaVuSans.ttf",
-        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-    ];
-    let bytes = FONTS.iter().find_map(|p| std::fs::read(p).ok()).ok_or("no TrueType font found for the plot's text")?;
-    // Registered once per process; the font lives as long as it.
-    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-    plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, bytes)
-        .map_err(|_| "the plot's font is not a valid TrueType font".to_string())
-}
-
 impl InterleaveReport {
     /// Writes a PNG: throughput (Mpps) against K for each case, with each
     /// case's `batch` and `rtc` figures as dashed and dotted levels.
     pub fn plot_png(&self, path: &std::path::Path) -> Result<(), String> {
         use plotters::prelude::*;
-        register_font()?;
+        if !crate::plot::register_font() {
+            return Err("no TrueType font found for the plot's text (install fonts-dejavu-core)".to_string());
+        }
         let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
         let cases: Vec<&str> = self.rows.iter().fold(Vec::new(), |mut v, r| {
             if !v.contains(&r.case.as_str()) {

@@ -9,6 +9,7 @@ pub mod io;
 pub mod pages;
 pub mod parse;
 pub mod pipeline;
+mod plot;
 pub mod scaling;
 pub mod table;
 pub mod upf;

@@ -204,28 +204,10 @@ pub fn table(rows: &[Row]) -> String {
     s
 }
 
-/// A font for the plot's text, if the system has one (plots are drawn without text otherwise).
-fn register_font() -> bool {
-    for p in [
-        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-        "/usr/share/fonts/TTF/DejaVuSans.ttf",
-    ] {
-        if let Ok(bytes) = std::fs::read(p) {
-            // The registry keeps fonts for the process's life.
-            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-            if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
-                return true;
-            }
-        }
-    }
-    false
-}
-
 /// Writes one PNG per chain into `dir` (throughput against cores, one line
 /// per traffic and strategy); returns the files written.
 pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
-    let text = register_font();
+    let text = crate::plot::register_font();
     let mut out = Vec::new();
     let mut chains: Vec<&str> = rows.iter().map(|r| r.chain.as_str()).collect();
     chains.dedup();
