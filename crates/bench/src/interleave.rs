@@ -16,6 +16,8 @@
 //! flow), so lookups spread over the 64 MiB first-level table as real
 //! traffic to a full table does.
 
+use rand::{Rng as _, SeedableRng};
+use rand_xoshiro::SplitMix64;
 use std::fmt;
 use std::io::Write as _;
 use std::sync::Arc;
@@ -154,17 +156,9 @@ enum Traffic {
     Routed,
 }
 
-/// SplitMix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
+/// SplitMix64 seeded with exactly `seed` (its state), from rand_xoshiro.
+fn rng(seed: u64) -> SplitMix64 {
+    SplitMix64::from_seed(seed.to_le_bytes())
 }
 
 /// Prefix lengths in per-mille of a public BGP table (see the module docs).
@@ -196,10 +190,10 @@ const LENGTHS: &[(u8, u32)] = &[
 /// `n` routes `(network, length, port)`.
 fn gen_routes(n: usize, seed: u64) -> Vec<(u32, u8, u16)> {
     let total: u32 = LENGTHS.iter().map(|l| l.1).sum();
-    let mut rng = Rng(seed);
+    let mut rng = rng(seed);
     (0..n)
         .map(|_| {
-            let mut x = (rng.next() % u64::from(total)) as u32;
+            let mut x = (rng.next_u64() % u64::from(total)) as u32;
             let len = LENGTHS
                 .iter()
                 .find(|(_, w)| {
@@ -212,9 +206,9 @@ fn gen_routes(n: usize, seed: u64) -> Vec<(u32, u8, u16)> {
                 })
                 .map_or(24, |l| l.0);
             // 1.0.0.0 .. 224.0.0.0 (unicast).
-            let a = 0x0100_0000 + (rng.next() % (0xe000_0000 - 0x0100_0000)) as u32;
+            let a = 0x0100_0000 + (rng.next_u64() % (0xe000_0000 - 0x0100_0000)) as u32;
             let mask = if len == 0 { 0 } else { u32::MAX << (32 - u32::from(len)) };
-            (a & mask, len, (rng.next() % 16) as u16)
+            (a & mask, len, (rng.next_u64() % 16) as u16)
         })
         .collect()
 }
@@ -254,10 +248,10 @@ fn route_trace(flows: u64, routes: &[(u32, u8, u16)]) -> Result<Arc<ReplayTrace>
             // The flow's identity (source address and ports) picks its route and host.
             let id = u64::from_be_bytes(buf[26..34].try_into().unwrap_or([0; 8]))
                 ^ u64::from(u32::from_be_bytes(buf[34..38].try_into().unwrap_or([0; 4])));
-            let mut rng = Rng(id);
-            let (net, len, _) = routes[(rng.next() % routes.len() as u64) as usize];
+            let mut rng = rng(id);
+            let (net, len, _) = routes[(rng.next_u64() % routes.len() as u64) as usize];
             let host = if len >= 32 { 0 } else { u32::MAX >> len };
-            let dst = net | (rng.next() as u32 & host);
+            let dst = net | (rng.next_u64() as u32 & host);
             buf[30..34].copy_from_slice(&dst.to_be_bytes());
             buf[24..26].fill(0);
             let c = flowplane_wire::checksum::checksum(&buf[14..34]);

@@ -7,14 +7,15 @@
 //! Needs `tshark` on the PATH; set `FLOWPLANE_SKIP_TSHARK=1` to skip when it
 //! is not installed.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use flowplane_nf::nat::{Nat, NatConfig};
 use flowplane_nf::testutil::{assert_ipv4_checksums, ipv4_frame, udp4, Harness};
 use flowplane_nf::Action;
-use flowplane_trace::{PcapWriter, WriterOptions};
 use flowplane_wire::tcp::TcpFlags;
+
+mod common;
+use common::{tshark, write_pcap, TempFile};
 
 const EXT: [u8; 4] = [203, 0, 113, 1];
 const ACK: u8 = TcpFlags::ACK.bits();
@@ -101,34 +102,6 @@ fn tcp_conversation(h: &mut Harness<Nat>, v: &mut Views, client: End, server: En
     v.outbound(h, tcp(client, server, ACK, cs2 + 1, ss2 + 1, &[]));
 }
 
-fn write_pcap(path: &Path, frames: &[Vec<u8>]) {
-    let mut w = PcapWriter::create(path, WriterOptions { nanosecond: true, ..WriterOptions::default() })
-        .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
-    for (i, f) in frames.iter().enumerate() {
-        w.write_packet(1_700_000_000_000_000_000 + i as u64 * 1_000_000, f, f.len() as u32).expect("write packet");
-    }
-    w.finish().expect("flush pcap");
-}
-
-/// Runs tshark; `None` when it is not installed and skipping was asked for.
-fn tshark(args: &[&str]) -> Option<String> {
-    match Command::new("tshark").args(args).output() {
-        Ok(o) => {
-            assert!(o.status.success(), "tshark {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
-            Some(String::from_utf8_lossy(&o.stdout).into_owned())
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if std::env::var("FLOWPLANE_SKIP_TSHARK").as_deref() == Ok("1") {
-                eprintln!("tshark not found: skipped (FLOWPLANE_SKIP_TSHARK=1)");
-                None
-            } else {
-                panic!("tshark is not installed (needed to verify NAT checksums); install it or set FLOWPLANE_SKIP_TSHARK=1");
-            }
-        }
-        Err(e) => panic!("running tshark: {e}"),
-    }
-}
-
 const CHECKS: [&str; 6] =
     ["-o", "ip.check_checksum:TRUE", "-o", "tcp.check_checksum:TRUE", "-o", "udp.check_checksum:TRUE"];
 
@@ -162,14 +135,6 @@ fn verify(path: &Path, packets: usize) -> bool {
     let warnings = tshark(&args).unwrap_or_default();
     assert!(warnings.trim().is_empty(), "tshark expert warnings in {file}:\n{warnings}");
     true
-}
-
-struct TempFile(PathBuf);
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 #[test]

@@ -10,8 +10,7 @@
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::Arc;
 
 use flowplane_nf::testutil::{gtpu4, ipv4_frame};
@@ -19,7 +18,9 @@ use flowplane_nf::upf::rules::{FarAction, FarSpec, Iface, PdrSpec, QerSpec, Rule
 use flowplane_nf::upf::{Upf, UpfConfig};
 use flowplane_nf::{Nf, NfContext};
 use flowplane_packet::{Batch, PacketPool, PoolConfig};
-use flowplane_trace::{PcapWriter, WriterOptions};
+
+mod common;
+use common::{tshark, write_pcap, TempFile};
 
 const SESSIONS: u32 = 24;
 const GNB: [u8; 4] = [198, 51, 100, 10];
@@ -78,33 +79,6 @@ fn udp(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, payload: usize) -> Ve
     ipv4_frame(src, dst, 17, &u)
 }
 
-fn write_pcap(path: &Path, frames: &[Vec<u8>]) {
-    let mut w = PcapWriter::create(path, WriterOptions { nanosecond: true, ..WriterOptions::default() })
-        .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
-    for (i, f) in frames.iter().enumerate() {
-        w.write_packet(1_700_000_000_000_000_000 + i as u64 * 1_000_000, f, f.len() as u32).expect("write packet");
-    }
-    w.finish().expect("flush pcap");
-}
-
-fn tshark(args: &[&str]) -> Option<String> {
-    match Command::new("tshark").args(args).output() {
-        Ok(o) => {
-            assert!(o.status.success(), "tshark {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
-            Some(String::from_utf8_lossy(&o.stdout).into_owned())
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if std::env::var("FLOWPLANE_SKIP_TSHARK").as_deref() == Ok("1") {
-                eprintln!("tshark not found: skipped (FLOWPLANE_SKIP_TSHARK=1)");
-                None
-            } else {
-                panic!("tshark is not installed (needed to verify GTP-U output); install it or set FLOWPLANE_SKIP_TSHARK=1");
-            }
-        }
-        Err(e) => panic!("running tshark: {e}"),
-    }
-}
-
 /// One tshark line per packet, the fields' values split (a field present
 /// in the outer and inner header gives two values).
 fn fields(path: &Path, names: &[&str]) -> Option<Vec<Vec<Vec<String>>>> {
@@ -132,14 +106,6 @@ fn fields(path: &Path, names: &[&str]) -> Option<Vec<Vec<Vec<String>>>> {
             })
             .collect(),
     )
-}
-
-struct TempFile(PathBuf);
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 fn temp(name: &str) -> TempFile {

@@ -79,8 +79,9 @@ impl Scratch {
 }
 
 /// A set of flow entries, emptied in O(1) by bumping a stamp: which flows a
-/// batch segment already holds.
-struct SeenSet {
+/// batch segment already holds (the interleaved executor: which flows a
+/// batch already stepped).
+pub(crate) struct SeenSet {
     slots: Box<[(u32, u32); SEEN_SLOTS]>,
     stamp: u32,
 }
@@ -89,11 +90,11 @@ struct SeenSet {
 const SEEN_SLOTS: usize = 2 * MAX_BATCH;
 
 impl SeenSet {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         SeenSet { slots: Box::new([(0, 0); SEEN_SLOTS]), stamp: 0 }
     }
 
-    fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.stamp = self.stamp.wrapping_add(1);
         if self.stamp == 0 {
             // Stamp wrapped: forget every old entry for real.
@@ -103,7 +104,7 @@ impl SeenSet {
     }
 
     /// Adds `id`; false if it was already there.
-    fn insert(&mut self, id: u32) -> bool {
+    pub(crate) fn insert(&mut self, id: u32) -> bool {
         let mut at = (id.wrapping_mul(0x9e37_79b1) >> 23) as usize % SEEN_SLOTS;
         loop {
             let (k, st) = self.slots[at];

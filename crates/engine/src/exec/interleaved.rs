@@ -38,7 +38,7 @@ use flowplane_nf::stateful::{Cursor, Step};
 use flowplane_nf::{NfContext, Pkt};
 use flowplane_packet::{prefetch, Batch, MAX_BATCH};
 
-use super::context::PREFETCH_AHEAD;
+use super::context::{SeenSet, PREFETCH_AHEAD};
 use super::{ExecContext, ExecParam, Executor, ExecutorInfo, StateLayout};
 use crate::chain::Stage;
 use crate::coarse::aux_handle;
@@ -93,7 +93,7 @@ struct Interleaved {
     /// Stage-major cursors: `cursors[si * MAX_BATCH + i]` for packet i.
     cursors: Vec<Cursor>,
     /// Flows already seen in the current batch.
-    seen: Seen,
+    seen: SeenSet,
     /// Per stage: packets of the current batch it has finished.
     progress: Vec<usize>,
 }
@@ -120,7 +120,7 @@ impl Interleaved {
             steppers,
             layout,
             cursors: vec![Cursor::default(); chain.len() * MAX_BATCH],
-            seen: Seen::new(),
+            seen: SeenSet::new(),
             progress: vec![0; chain.len()],
         }
     }
@@ -335,47 +335,10 @@ fn prefetch_block(cx: &ExecContext, f: FlowRef) {
     }
 }
 
-/// Flow entries seen in a batch: a set emptied in O(1) by bumping a stamp.
-struct Seen {
-    slots: Box<[(u32, u32); 2 * MAX_BATCH]>,
-    stamp: u32,
-}
-
-impl Seen {
-    fn new() -> Self {
-        Seen { slots: Box::new([(0, 0); 2 * MAX_BATCH]), stamp: 0 }
-    }
-
-    fn clear(&mut self) {
-        self.stamp = self.stamp.wrapping_add(1);
-        if self.stamp == 0 {
-            self.slots.fill((0, 0));
-            self.stamp = 1;
-        }
-    }
-
-    /// Adds `id`; false if it was there already.
-    fn insert(&mut self, id: u32) -> bool {
-        let len = self.slots.len();
-        let mut at = (id.wrapping_mul(0x9e37_79b1) >> 16) as usize % len;
-        loop {
-            let (k, st) = self.slots[at];
-            if st != self.stamp {
-                self.slots[at] = (id, self.stamp);
-                return true;
-            }
-            if k == id {
-                return false;
-            }
-            at = (at + 1) % len;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::ExecKind;
-    use super::Seen;
+    use super::SeenSet as Seen;
 
     #[test]
     fn k_is_parsed_bounded_and_shown() {
