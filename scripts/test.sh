@@ -25,6 +25,7 @@ if ! command -v tshark >/dev/null 2>&1; then
     as_root apt-get install -y -qq --no-install-recommends tshark >/dev/null
 fi
 tshark --version | head -1
+df -h . | tail -1   # disk: a full disk once failed CI mid-build
 
 step "cargo fmt --check"
 # The NF library is declared by a build script: name its files so rustfmt sees them.
