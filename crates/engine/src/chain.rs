@@ -140,6 +140,13 @@ impl Chain {
             }
             stages.push(stage);
         }
+        let rewriter = stages.iter().position(|s| matches!(s, Stage::Stateless(nf) if nf.rewrites_flow()));
+        if let Some(r) = rewriter {
+            let after = stages[r].name();
+            if let Some(Stage::Stateful { nf, .. }) = stages[r..].iter().find(|s| matches!(s, Stage::Stateful { .. })) {
+                return Err(EngineError::StatefulAfterRewrite { nf: nf.name(), after });
+            }
+        }
         // Coarse groups: NFs of one granularity share an entry, packed in chain order.
         let mut groups: Vec<GroupLayout> = Vec::new();
         let mut group_bytes: Vec<usize> = Vec::new();

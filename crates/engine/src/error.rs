@@ -23,6 +23,14 @@ pub enum EngineError {
     /// An NF name or parameter.
     #[error(transparent)]
     Nf(#[from] ParamError),
+    /// A stateful NF follows an element that changes which flow a packet belongs to.
+    #[error("{nf} cannot follow {after} in a chain: {after} decapsulates or encapsulates packets, and stateful NFs are keyed on the packet as it arrived (put {nf} before {after}, or run it on {after}'s output)")]
+    StatefulAfterRewrite {
+        /// The stateful NF.
+        nf: &'static str,
+        /// The rewriting element before it.
+        after: &'static str,
+    },
     /// An NF's state cannot be laid out.
     #[error("{nf}: state alignment {align} exceeds {max} bytes")]
     StateAlign {

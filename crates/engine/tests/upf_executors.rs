@@ -21,7 +21,7 @@ fn ue(k: u32) -> [u8; 4] {
     [10, 45, 0, k as u8 + 1]
 }
 
-fn sessions_file() -> std::path::PathBuf {
+fn sessions_file(tag: &str) -> std::path::PathBuf {
     let sessions = (0..50u32)
         .map(|k| SessionSpec {
             seid: u64::from(k) + 1,
@@ -69,7 +69,7 @@ fn sessions_file() -> std::path::PathBuf {
             urrs: vec![UrrSpec { id: 1, volume_threshold: Some(500) }],
         })
         .collect();
-    let path = std::env::temp_dir().join(format!("flowplane-upf-exec-{}.toml", std::process::id()));
+    let path = std::env::temp_dir().join(format!("flowplane-upf-exec-{tag}-{}.toml", std::process::id()));
     std::fs::write(&path, SessionsFile { sessions }.to_toml().unwrap()).unwrap();
     path
 }
@@ -117,7 +117,7 @@ fn run(chain: &str, kind: ExecKind) -> Outcome {
 
 #[test]
 fn upf_agrees_under_every_executor() {
-    let file = sessions_file();
+    let file = sessions_file("agree");
     let f = file.display();
     let alone = run(&format!("upf(sessions={f}, n3_port=1, n6_port=2)"), ExecKind::BATCH);
     let c = &alone.3["counters"];
@@ -139,5 +139,22 @@ fn upf_agrees_under_every_executor() {
         assert_eq!(run(&chained, kind), reference, "{kind}");
         assert_eq!(run(&format!("upf(sessions={f}, n3_port=1, n6_port=2)"), kind), alone, "{kind}");
     }
+    let _ = std::fs::remove_file(&file);
+}
+
+/// A 5-tuple NF after `upf` would key its state on the GTP-U tunnel, not on
+/// the inner flows the UPF decapsulates: the chain is refused in one line.
+#[test]
+fn stateful_nfs_after_upf_are_refused() {
+    let file = sessions_file("refused");
+    let f = file.display();
+    for after in ["fsc", "fw", "ddos"] {
+        let spec = parse(&format!("upf(sessions={f}) -> count -> {after}")).unwrap();
+        let e = Chain::build(&spec).err().expect("refused").to_string();
+        assert!(e.starts_with(&format!("{after} cannot follow upf")), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+    // Stateless elements after it are fine, and stateful NFs before it.
+    assert!(Chain::build(&parse(&format!("fsc -> upf(sessions={f}) -> count")).unwrap()).is_ok());
     let _ = std::fs::remove_file(&file);
 }

@@ -110,4 +110,13 @@ pub trait Nf: Send {
     fn export_report_rows(&self, _merged: &serde_json::Value) -> Vec<serde_json::Value> {
         Vec::new()
     }
+
+    /// True when this element changes which flow a packet belongs to
+    /// (tunnel decapsulation or encapsulation, as `upf` does). The executors
+    /// parse and look a packet up once, as it arrives, so a chain refuses
+    /// stateful NFs after such an element: they would keep state per outer
+    /// tunnel instead of per inner flow.
+    fn rewrites_flow(&self) -> bool {
+        false
+    }
 }

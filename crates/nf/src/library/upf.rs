@@ -956,6 +956,10 @@ impl Nf for Upf {
         self.counters
     }
 
+    fn rewrites_flow(&self) -> bool {
+        true
+    }
+
     fn report(&self) -> Option<Value> {
         self.report_json()
     }
