@@ -22,7 +22,7 @@ use std::fmt;
 use std::io::Write as _;
 use std::sync::Arc;
 
-use flowplane_engine::exec::ExecKind;
+use flowplane_engine::exec::{ExecConfig, ExecKind};
 use flowplane_io::replay::{ReplayBuilder, ReplayTrace};
 use flowplane_scale::{Dispatch, RssDispatcher};
 use flowplane_trace::gen::{FlowDist, GenConfig, Generator, Order, Proto, SizeSpec};
@@ -51,7 +51,7 @@ pub struct InterleaveOptions {
     pub synthetic_k: Vec<u32>,
     /// Route-table size.
     pub prefixes: usize,
-    /// Cases to run (empty: all): synthetic, nat, route, fw, chain, chains.
+    /// Cases to run (empty: all): synthetic, nat, route, fw, chain, chains, opt.
     pub only: Vec<String>,
 }
 
@@ -140,7 +140,28 @@ pub struct InterleaveReport {
     pub best: Vec<InterleaveBest>,
     /// How the route table was generated.
     pub route_table: Option<String>,
+    /// What redundant-match removal and data packing gain (the `opt` case).
+    pub chain_opts: Option<ChainOpts>,
 }
+
+/// The chain-level optimisations measured on six 5-tuple NFs.
+#[derive(Clone, Debug, Serialize)]
+pub struct ChainOpts {
+    /// The chain.
+    pub chain: String,
+    /// `batch` (one match for the chain) over `batch --no-match-sharing` (one match per NF).
+    pub match_sharing_gain: Option<f64>,
+    /// `batch` over `batch --no-packing`.
+    pub packing_gain_batch: Option<f64>,
+    /// `interleaved:16` over `interleaved:16 --no-packing`.
+    pub packing_gain_interleaved: Option<f64>,
+}
+
+/// The case name of the chain-optimisation rows.
+const OPT_CASE: &str = "6 five-tuple NFs";
+
+/// Six NFs keyed on the 5-tuple (the redundant-match case): one match serves them all.
+const SIX_FIVE_TUPLE: &str = "lb -> fsc -> ratelimit(pps=1000000000) -> acl -> hh -> fw(allow_new=any)";
 
 /// The NAT of the 1M-flow cases: 16 addresses x 64512 ports, a port for each flow.
 const NAT_1M: &str = "nat(addrs=16, ports=1024-65535, timeout=3600)";
@@ -274,6 +295,9 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
         ..PipelineOptions::default()
     };
     let m = Measure { opts: &popts };
+    // One match per NF inserts every flow into six tables: warm up longer.
+    let popts_opt = PipelineOptions { warmup: Some(4.0 * opts.warmup), ..popts.clone() };
+    let m_opt = Measure { opts: &popts_opt };
     let mut execs: Vec<ExecKind> = vec![ExecKind::parse("rtc").map_err(|e| e.to_string())?, ExecKind::BATCH];
     for &k in &opts.ks {
         execs.push(ExecKind::parse(&format!("interleaved:{k}")).map_err(|e| e.to_string())?);
@@ -318,9 +342,26 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
             cases.push((format!("chain of {len}"), nfs[..len].join(" -> "), Traffic::Routed, opts.flows));
         }
     }
+    // Every case runs under each executor; the chain-optimisation case adds
+    // the switches of redundant-match removal and data packing.
+    let plain: Vec<(String, ExecConfig)> =
+        execs.iter().map(|&kind| (kind.to_string(), ExecConfig { kind, ..ExecConfig::default() })).collect();
+    let mut variants: Vec<Vec<(String, ExecConfig)>> = vec![plain.clone(); cases.len()];
+    if opts.wants("opt") {
+        cases.push((OPT_CASE.into(), SIX_FIVE_TUPLE.into(), Traffic::Udp, opts.flows));
+        let il = ExecKind::parse("interleaved:16").map_err(|e| e.to_string())?;
+        let mut v = plain[..1].to_vec();
+        for (kind, label) in [(ExecKind::BATCH, "batch"), (il, "interleaved:16")] {
+            let on = ExecConfig { kind, ..ExecConfig::default() };
+            v.push((label.to_string(), on));
+            v.push((format!("{label} --no-packing"), ExecConfig { packing: false, ..on }));
+        }
+        v.push(("batch --no-match-sharing".into(), ExecConfig { match_sharing: false, ..ExecConfig::default() }));
+        variants.push(v);
+    }
     let mut traces: Vec<(u64, Traffic, Arc<ReplayTrace>)> = Vec::new();
     let mut rows = Vec::new();
-    for (case, chain, traffic, flows) in &cases {
+    for ((case, chain, traffic, flows), variants) in cases.iter().zip(&variants) {
         let (flows, traffic) = (*flows, *traffic);
         let trace = match traces.iter().find(|t| t.0 == flows && t.1 == traffic) {
             Some(t) => t.2.clone(),
@@ -335,13 +376,15 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
             }
         };
         let start = rows.len();
-        for &kind in &execs {
-            let r = m.one_with(&trace, chain, kind, true, true, true, flows)?;
-            let k = kind.name().eq("interleaved").then(|| kind.param());
+        for (label, knobs) in variants {
+            let m = if case == OPT_CASE { &m_opt } else { &m };
+            let r = m.one_with(&trace, chain, *knobs, flows)?;
+            let kind = knobs.kind;
+            let k = (kind.name().eq("interleaved") && knobs.packing).then(|| kind.param());
             rows.push(InterleaveRow {
                 case: case.clone(),
                 chain: chain.clone(),
-                exec: kind.to_string(),
+                exec: label.clone(),
                 k,
                 flows,
                 mpps: r.mpps,
@@ -357,6 +400,17 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
             r.vs_batch = if batch > 0.0 { r.mpps / batch } else { 0.0 };
         }
     }
+    let of = |label: &str| rows.iter().find(|r| r.case == OPT_CASE && r.exec == label).map(|r| r.mpps);
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    let chain_opts = ChainOpts {
+        chain: SIX_FIVE_TUPLE.to_string(),
+        match_sharing_gain: ratio(of("batch"), of("batch --no-match-sharing")),
+        packing_gain_batch: ratio(of("batch"), of("batch --no-packing")),
+        packing_gain_interleaved: ratio(of("interleaved:16"), of("interleaved:16 --no-packing")),
+    };
     if let Some(p) = routes_path {
         let _ = std::fs::remove_file(p);
     }
@@ -374,7 +428,8 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
             })
         })
         .collect();
-    Ok(InterleaveReport { rows, best, route_table })
+    let chain_opts = opts.wants("opt").then_some(chain_opts);
+    Ok(InterleaveReport { rows, best, route_table, chain_opts })
 }
 
 impl InterleaveReport {
@@ -460,13 +515,13 @@ impl fmt::Display for InterleaveReport {
         }
         writeln!(
             f,
-            "{:<24} {:<16} {:>8} {:>8} {:>11} {:>7} {:>7} {:>5}",
+            "{:<24} {:<28} {:>8} {:>8} {:>11} {:>7} {:>7} {:>5}",
             "case", "exec", "flows", "Mpps", "cycles/pkt", "vs rtc", "vs bat", "cpu%"
         )?;
         for r in &self.rows {
             writeln!(
                 f,
-                "{:<24} {:<16} {:>8} {:>8.2} {:>11.1} {:>7.2} {:>7.2} {:>4.0}%",
+                "{:<24} {:<28} {:>8} {:>8.2} {:>11.1} {:>7.2} {:>7.2} {:>4.0}%",
                 r.case,
                 r.exec,
                 r.flows,
@@ -487,6 +542,17 @@ impl fmt::Display for InterleaveReport {
                 b.vs_rtc,
                 b.vs_batch,
                 b.k1_vs_rtc.map_or_else(|| "-".to_string(), |x| format!("{x:.2}x rtc"))
+            )?;
+        }
+        if let Some(o) = &self.chain_opts {
+            let x = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}x"));
+            writeln!(f, "\nchain-level optimisations on {}:", o.chain)?;
+            writeln!(f, "redundant-match removal (one match vs one per NF, batch): {}", x(o.match_sharing_gain))?;
+            writeln!(
+                f,
+                "data packing: batch {}, interleaved:16 {}",
+                x(o.packing_gain_batch),
+                x(o.packing_gain_interleaved)
             )?;
         }
         Ok(())

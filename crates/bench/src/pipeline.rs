@@ -174,10 +174,7 @@ impl Measure<'_> {
         &self,
         trace: &Arc<ReplayTrace>,
         chain: &str,
-        kind: ExecKind,
-        prefetch: bool,
-        aux: bool,
-        hooks: bool,
+        knobs: ExecConfig,
         flows: u64,
     ) -> Result<Measured, String> {
         let spec = spec::parse(chain).map_err(|e| e.to_string())?;
@@ -190,15 +187,11 @@ impl Measure<'_> {
             // Fill the tables and settle page faults before measuring.
             warmup: Some(warmup),
             exec: ExecConfig {
-                kind,
-                prefetch,
                 // Room for every flow at <= 80% load (the table refuses more than its capacity).
                 flows: ((flows as f64 * 1.25) as usize).max(4096),
                 // Flows must not expire in the middle of a measurement.
                 default_idle_timeout_ns: 3_600_000_000_000,
-                aux,
-                prefetch_hooks: hooks,
-                ..ExecConfig::default()
+                ..knobs
             },
             ..RunConfig::default()
         };
@@ -238,6 +231,19 @@ struct Job {
     flows: u64,
     /// Reported in the row's `prefetch` column (the synthetic rows report their hook there).
     shown_prefetch: bool,
+}
+
+impl Job {
+    /// The executor configuration this row measures (flows and timeout are set per run).
+    fn knobs(&self) -> ExecConfig {
+        ExecConfig {
+            kind: self.kind,
+            prefetch: self.prefetch,
+            aux: self.aux,
+            prefetch_hooks: self.hooks,
+            ..ExecConfig::default()
+        }
+    }
 }
 
 /// Runs the experiments.
@@ -316,7 +322,7 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
                 t
             }
         };
-        measured[i] = Some(m.one_with(&t, &j.chain, j.kind, j.prefetch, j.aux, j.hooks, j.flows)?);
+        measured[i] = Some(m.one_with(&t, &j.chain, j.knobs(), j.flows)?);
         drop(t);
         // Free the traces no later row needs (they are large at 4M flows).
         traces.retain(|(f, _)| order[n + 1..].iter().any(|&k| jobs[k].flows == *f));

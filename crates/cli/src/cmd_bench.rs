@@ -99,9 +99,12 @@ pub enum BenchCmd {
         /// IPv4 prefixes in the generated route table.
         #[arg(long)]
         prefixes: Option<usize>,
-        /// Cases to run (default all): synthetic,nat,route,fw,chain (lb -> fsc -> ratelimit),chains (2..6 NFs).
-        #[arg(long, value_delimiter = ',', value_parser = ["synthetic", "nat", "route", "fw", "chain", "chains"])]
+        /// Cases to run (default all): synthetic,nat,route,fw,chain (lb -> fsc -> ratelimit),chains (2..6 NFs),opt (match sharing and packing on/off).
+        #[arg(long, value_delimiter = ',', value_parser = ["synthetic", "nat", "route", "fw", "chain", "chains", "opt"])]
         only: Vec<String>,
+        /// Seconds of warm-up before each measurement (every flow must be in the tables by then; `opt` warms 4x longer).
+        #[arg(long, allow_negative_numbers = true)]
+        warmup: Option<f64>,
         /// Also draw Mpps against K per case into this PNG file.
         #[arg(long)]
         png: Option<std::path::PathBuf>,
@@ -223,8 +226,14 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 out!("{rep}");
             }
         }
-        BenchCmd::Interleave { flows, seconds, ks, prefixes, only, png, quick, json } => {
+        BenchCmd::Interleave { flows, seconds, ks, prefixes, only, warmup, png, quick, json } => {
             let mut o = if quick { InterleaveOptions::quick() } else { InterleaveOptions::default() };
+            if let Some(w) = warmup {
+                if !(w.is_finite() && w >= 0.0) {
+                    return Err(CliError::new("--warmup: must be zero or positive"));
+                }
+                o.warmup = w;
+            }
             if let Some(f) = flows {
                 o.flows = f;
             }

@@ -56,6 +56,12 @@ pub struct RunArgs {
     /// Disable FAJITA's auxiliary table: coarse (shared) state is then looked up per packet.
     #[arg(long)]
     pub no_aux: bool,
+    /// Disable data packing: each 5-tuple NF's state on its own line of the flow's block, in chain order.
+    #[arg(long)]
+    pub no_packing: bool,
+    /// Disable redundant-match removal: one flow match per NF (batch then runs as pernf).
+    #[arg(long)]
+    pub no_match_sharing: bool,
     /// Flow-table capacity per core (IPv4 flows).
     #[arg(long, default_value_t = 1 << 21, allow_negative_numbers = true)]
     pub flows: usize,
@@ -318,6 +324,8 @@ pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliErr
         hugepages: true,
         aux: !a.no_aux,
         prefetch_hooks: !a.no_prefetch_hooks,
+        packing: !a.no_packing,
+        match_sharing: !a.no_match_sharing,
     };
     let cfg = RunConfig {
         cores,

@@ -195,23 +195,36 @@ impl Chain {
                 });
             }
         }
-        // The aggregated 5-tuple block: the auxiliary table's pinned handles to
-        // coarse state first (read on every packet), then the 5-tuple NFs'
-        // states, smallest first (stable), each at its alignment.
-        let mut size = 8 * groups.len();
-        for (i, g) in groups.iter_mut().enumerate() {
+        let mut chain = Chain { stages, state_size: 0, idle_timeout_ns: None, groups };
+        chain.lay_out_flow_block(true);
+        Ok(chain)
+    }
+
+    /// Lays out the aggregated 5-tuple block: the auxiliary table's pinned
+    /// handles to coarse state first (read on every packet), then the 5-tuple
+    /// NFs' states. Packed (GuNFu's data packing, the default): smallest
+    /// first (stable), each at its alignment, so the first line serves as
+    /// many NFs as possible. Unpacked (`--no-packing`, for measuring what
+    /// packing gains): in chain order, each NF's state 64 bytes after the
+    /// previous one's start, so no two NFs' states share a line's worth of bytes.
+    pub fn lay_out_flow_block(&mut self, packed: bool) {
+        let mut size = 8 * self.groups.len();
+        for (i, g) in self.groups.iter_mut().enumerate() {
             g.aux_offset = 8 * i;
         }
+        let stages = &mut self.stages;
         let mut order: Vec<usize> =
             (0..stages.len()).filter(|&i| matches!(stages[i], Stage::Stateful { group: None, .. })).collect();
-        order.sort_by_key(|&i| match &stages[i] {
-            Stage::Stateful { nf, .. } => nf.state_size(),
-            Stage::Stateless(_) => 0,
-        });
+        if packed {
+            order.sort_by_key(|&i| match &stages[i] {
+                Stage::Stateful { nf, .. } => nf.state_size(),
+                Stage::Stateless(_) => 0,
+            });
+        }
         let mut timeout: Option<u64> = None;
         for i in order {
             if let Stage::Stateful { nf, offset, .. } = &mut stages[i] {
-                size = align_up(size, nf.state_align());
+                size = align_up(size, if packed { nf.state_align() } else { 64 });
                 *offset = size;
                 size += nf.state_size();
                 if let Some(t) = nf.idle_timeout_ns() {
@@ -219,7 +232,8 @@ impl Chain {
                 }
             }
         }
-        Ok(Chain { stages, state_size: size, idle_timeout_ns: timeout, groups })
+        self.state_size = size;
+        self.idle_timeout_ns = timeout;
     }
 
     /// The first NF that needs both directions of a connection on one core.
@@ -265,6 +279,24 @@ mod tests {
             .collect();
         // lb (4 B) first, then ratelimit (16 B, 8-aligned), then fsc (32 B).
         assert_eq!(offs, vec![("fsc", 24), ("lb", 0), ("ratelimit", 8)]);
+        assert_eq!(c.state_size, 56);
+    }
+
+    #[test]
+    fn unpacked_layout_gives_each_state_its_own_line_in_chain_order() {
+        let mut c = Chain::build(&parse("fsc -> lb -> ratelimit").unwrap()).unwrap();
+        c.lay_out_flow_block(false);
+        let offs: Vec<usize> = c
+            .stages
+            .iter()
+            .filter_map(|s| match s {
+                Stage::Stateful { offset, .. } => Some(*offset),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(offs, vec![0, 64, 128]);
+        assert_eq!(c.state_size, 128 + 16);
+        c.lay_out_flow_block(true);
         assert_eq!(c.state_size, 56);
     }
 }

@@ -37,9 +37,13 @@ fn frames() -> Vec<Vec<u8>> {
 type Outcome = (Vec<(String, NfCounters)>, Vec<Vec<u16>>, Option<Vec<String>>, u64);
 
 fn run(chain: &str, kind: ExecKind, aux: bool) -> Outcome {
+    run_with(chain, ExecConfig { kind, aux, ..ExecConfig::default() })
+}
+
+fn run_with(chain: &str, cfg: ExecConfig) -> Outcome {
     let c = Chain::build(&parse(chain).unwrap()).unwrap();
     let shared = SharedStores::new(&c.groups, 4096, 3_600_000_000_000).unwrap();
-    let cfg = ExecConfig { kind, flows: 4096, hugepages: false, aux, ..ExecConfig::default() };
+    let cfg = ExecConfig { flows: 4096, hugepages: false, ..cfg };
     let mut exec = Pipeline::new(c, cfg, shared).unwrap();
     let mut pool = PacketPool::new(PoolConfig { buffers: 1024, ..Default::default() }).unwrap();
     let mut batch = Batch::new(&pool);
@@ -84,6 +88,18 @@ fn five_tuple_chain(chain: &str) {
         assert_eq!(o.1, reference.1, "{kind} verdicts");
         assert_eq!(o.2, reference.2, "{kind} export");
     }
+    // The chain-level optimisations change the layout, never the answer.
+    for kind in kinds() {
+        let o = run_with(chain, ExecConfig { kind, packing: false, ..ExecConfig::default() });
+        assert_eq!((&o.0, &o.1, &o.2), (&reference.0, &reference.1, &reference.2), "{kind} --no-packing");
+    }
+    let o = run_with(chain, ExecConfig { match_sharing: false, ..ExecConfig::default() });
+    assert_eq!((&o.0, &o.1, &o.2), (&reference.0, &reference.1, &reference.2), "batch --no-match-sharing");
+    let il =
+        ExecConfig { kind: ExecKind::parse("interleaved:4").unwrap(), match_sharing: false, ..ExecConfig::default() };
+    let c = Chain::build(&parse(chain).unwrap()).unwrap();
+    let e = Pipeline::new(c, il, SharedStores::default()).err().expect("refused").to_string();
+    assert!(e.contains("no per-NF matching"), "{e}");
     let no_pf = {
         let c = Chain::build(&parse(chain).unwrap()).unwrap();
         let cfg = ExecConfig { prefetch: false, flows: 4096, hugepages: false, ..ExecConfig::default() };

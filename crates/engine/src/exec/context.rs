@@ -195,7 +195,9 @@ pub struct ExecContext {
     sweep: Sweep,
     exact: ExactEnds,
     /// Per stage: packets of the current batch it has run (see `run_stages`).
-    progress: Vec<usize>,
+    pub(crate) progress: Vec<usize>,
+    /// Packets (bits) whose flow an NF ended that not every stage has run yet.
+    pending_ends: [u64; 4],
     /// The flow tables' idle timeout (lookup windows, see `window_end`).
     idle_ns: u64,
     /// The current batch spans at most `idle_ns`: one lookup window.
@@ -298,6 +300,7 @@ impl ExecContext {
             sweep: Sweep { last_ns: 0, entries: (cfg.flows as u64).max(64), period_ns: sweep_period_ns(timeout_ns) },
             exact,
             progress: vec![0; stages],
+            pending_ends: [0; 4],
             idle_ns: timeout_ns,
             one_window: true,
         })
@@ -510,6 +513,28 @@ impl ExecContext {
         n
     }
 
+    /// [`ExecContext::segment_end`] before the lookups (the per-NF layout,
+    /// whose NFs each look up on their own): a segment stops before a second
+    /// packet of a 5-tuple already in it. Keys are told apart by their hash;
+    /// a collision only ends a segment early.
+    pub(crate) fn segment_end_by_key(&mut self, start: usize, n: usize) -> usize {
+        if !self.exact.repeats || start >= n {
+            return n;
+        }
+        if self.exact.per_packet {
+            return start + 1;
+        }
+        let s = &mut self.scratch;
+        s.seen.clear();
+        for i in start..n {
+            let m = &s.metas[i];
+            if m.valid && !s.seen.insert(hash_tuple(&m.tuple) as u32) {
+                return i;
+            }
+        }
+        n
+    }
+
     /// Handle of packet `i`'s group-`g` entry as the auxiliary table keeps it in the flow's block.
     #[inline]
     fn aux_handle_of(&self, g: usize, flow: FlowRef) -> SharedHandle {
@@ -661,6 +686,7 @@ impl ExecContext {
     /// Marks a new batch: no stage has run any packet yet.
     pub(crate) fn start_batch(&mut self, batch: &Batch) {
         self.progress.fill(0);
+        self.pending_ends = [0; 4];
         let ts = batch.timestamps();
         let (lo, hi) = ts.iter().fold((u64::MAX, 0), |(lo, hi), &t| (lo.min(t), hi.max(t)));
         self.one_window = hi.saturating_sub(lo) <= self.idle_ns;
@@ -716,7 +742,10 @@ impl ExecContext {
             }
         }
         let ahead = if prefetch && self.cfg.prefetch_hooks { PREFETCH_AHEAD } else { 0 };
-        let mut ends = [0u64; 4];
+        // Ends requested so far in the batch: an earlier stage may have ended
+        // a flow past where a later stage stopped; that end waits until the
+        // later stage has run the packet too.
+        let mut ends = self.pending_ends();
         for si in 0..self.chain.stages.len() {
             let from = self.progress[si].max(range.start);
             if from >= frontier {
@@ -753,7 +782,30 @@ impl ExecContext {
         let aux = Aux { groups, shared, now: ctx.now_ns };
         let ended = end_flows(stages, &mut stores[0], None, aux_on.then_some(&aux), &scratch.flows[..frontier], &ends);
         stats.ended += ended;
+        self.keep_ends_past(ends, frontier);
         (ended, frontier)
+    }
+
+    /// Ends requested in the batch that not every stage has run yet (see
+    /// [`ExecContext::keep_ends_past`]); executors start a segment's `ends` from these.
+    #[inline]
+    pub(crate) fn pending_ends(&self) -> [u64; 4] {
+        self.pending_ends
+    }
+
+    /// Keeps the ends of packets at or past `frontier` pending (those before
+    /// it have been applied): a stage may have ended a flow past where a later
+    /// stage stopped, and that end waits until the later stage has run it.
+    pub(crate) fn keep_ends_past(&mut self, mut ends: [u64; 4], frontier: usize) {
+        for (w, e) in ends.iter_mut().enumerate() {
+            let lo = w * 64;
+            if frontier >= lo + 64 {
+                *e = 0;
+            } else if frontier > lo {
+                *e &= !((1u64 << (frontier - lo)) - 1);
+            }
+        }
+        self.pending_ends = ends;
     }
 
     /// Removes one flow of store `k` (releasing its state) and forgets it in
@@ -927,6 +979,9 @@ pub(crate) fn lookup_into(
     let ExecContext { stores, chain, scratch, .. } = cx;
     let store = &mut stores[k];
     let mut m = 0usize;
+    // A range of one packet (chains that end flows run packet by packet) takes
+    // the single-key path: a bulk lookup's setup would cost more than it hides.
+    let bulk = range.len() > 1;
     for i in range {
         flows[i] = FlowRef::NONE;
         let meta = scratch.metas[i];
@@ -934,7 +989,7 @@ pub(crate) fn lookup_into(
             continue;
         }
         match meta.tuple {
-            FiveTuple::V4(key) => scratch.gather_v4(&mut m, i, key, batch.timestamps()[i]),
+            FiveTuple::V4(key) if bulk => scratch.gather_v4(&mut m, i, key, batch.timestamps()[i]),
             t => {
                 let h = hash_tuple(&t);
                 let pctx = packet_ctx(batch, i, ctx);

@@ -266,7 +266,7 @@ impl Interleaved {
         let mut frontier = range.end;
         // The NFs that take no steps still get their prefetch hooks.
         let ahead = if cx.cfg.prefetch && cx.cfg.prefetch_hooks { PREFETCH_AHEAD } else { 0 };
-        let mut ends = [0u64; 4];
+        let mut ends = cx.pending_ends();
         for si in 0..cx.chain.stages.len() {
             let from = self.progress[si].max(range.start);
             if from >= frontier {
@@ -311,6 +311,7 @@ impl Interleaved {
                 }
             }
         }
+        cx.keep_ends_past(ends, frontier);
         (ended, frontier)
     }
 }

@@ -202,6 +202,15 @@ pub struct ExecConfig {
     /// FAJITA's auxiliary table: keep pinned handles to coarse (shared) state
     /// in each flow's aggregated block instead of a shared lookup per packet.
     pub aux: bool,
+    /// Data packing (GuNFu): the 5-tuple NFs' states packed smallest first
+    /// in the flow's block. Off (`--no-packing`): each NF's state 64 bytes
+    /// after the previous one's, in chain order (see `Chain::lay_out_flow_block`).
+    pub packing: bool,
+    /// Redundant-match removal (GuNFu; FAJITA's aggregated state): one flow
+    /// match serves every 5-tuple NF of the chain. Off (`--no-match-sharing`):
+    /// one match per NF — `batch` then runs as `pernf` (the same batch-wide
+    /// staging with per-NF tables); executors without a per-NF form refuse it.
+    pub match_sharing: bool,
 }
 
 impl Default for ExecConfig {
@@ -215,6 +224,8 @@ impl Default for ExecConfig {
             hugepages: true,
             prefetch_hooks: true,
             aux: true,
+            packing: true,
+            match_sharing: true,
         }
     }
 }
@@ -283,7 +294,19 @@ impl Pipeline {
     /// `shared` holds the coarse groups' tables (create them once per run with
     /// [`SharedStores::new`] from `chain.groups`; an empty one is fine for
     /// chains without coarse NFs).
-    pub fn new(chain: Chain, cfg: ExecConfig, shared: SharedStores) -> Result<Self, EngineError> {
+    pub fn new(mut chain: Chain, mut cfg: ExecConfig, shared: SharedStores) -> Result<Self, EngineError> {
+        if !cfg.match_sharing && cfg.kind.info().layout == StateLayout::Aggregated {
+            if cfg.kind != ExecKind::BATCH {
+                return Err(EngineError::Unsupported(format!(
+                    "--no-match-sharing: the {} executor has no per-NF matching (use batch or pernf)",
+                    cfg.kind.name()
+                )));
+            }
+            cfg.kind = ExecKind::parse("pernf")?;
+        }
+        if !cfg.packing {
+            chain.lay_out_flow_block(false);
+        }
         let info = cfg.kind.info();
         let cx = ExecContext::new(chain, cfg, shared, info.layout)?;
         let exec = (info.new)(&cx);

@@ -19,12 +19,14 @@ pub(super) const INFO: ExecutorInfo = ExecutorInfo {
     about: "VPP: a table per NF, one bulk lookup per NF per batch",
     layout: StateLayout::PerNf,
     param: None,
-    new: |cx| Box::new(PerNf { flows: vec![[FlowRef::NONE; MAX_BATCH]; cx.stores.len()] }),
+    new: |cx| Box::new(PerNf { flows: vec![[FlowRef::NONE; MAX_BATCH]; cx.stores.len()], ends: [0; 4] }),
 };
 
-/// Each 5-tuple stage's flow entries for the current batch.
+/// Each 5-tuple stage's flow entries for the current batch, and the packets
+/// whose flows an NF ended (applied once every stage has run them).
 struct PerNf {
     flows: Vec<[FlowRef; MAX_BATCH]>,
+    ends: [u64; 4],
 }
 
 impl Executor for PerNf {
@@ -32,55 +34,75 @@ impl Executor for PerNf {
         let n = batch.len();
         // Each NF looks its flows up on its own, so an end cannot be applied
         // between one NF's lookup and the next NF's: chains that end flows
-        // run packet by packet to keep every end at its packet.
-        let step = if cx.exact_ends() { 1 } else { n.max(1) };
+        // run in segments where no flow repeats, or packet by packet where an
+        // NF holding releasable resources runs before an ending one (see
+        // `ExecContext::segment_end`). An NF stops right after a packet that
+        // ends its flow (it may release what the next packet needs, a NAT
+        // port): the stages after it stop there too, the end applies, and
+        // the next segment resumes each stage where it stopped.
         let mut start = 0;
+        self.ends = [0; 4];
         cx.start_batch(batch);
         while start < n {
-            let end = (start + step).min(cx.window_end(batch, start, n));
-            self.run_range(cx, batch, start..end, ctx);
-            start = end;
+            let w = cx.window_end(batch, start, n);
+            let end = cx.segment_end_by_key(start, w);
+            start = self.run_range(cx, batch, start..end, ctx);
         }
     }
 }
 
 impl PerNf {
-    fn run_range(&mut self, cx: &mut ExecContext, batch: &mut Batch, range: Range<usize>, ctx: &NfContext) {
-        let n = range.end;
+    /// Runs every stage over `range` from where it stopped; returns the end
+    /// of what every stage has run.
+    fn run_range(&mut self, cx: &mut ExecContext, batch: &mut Batch, range: Range<usize>, ctx: &NfContext) -> usize {
+        let mut frontier = range.end;
         cx.pin_coarse_batch(range.clone(), ctx.now_ns);
         let ahead = if cx.cfg.prefetch && cx.cfg.prefetch_hooks { PREFETCH_AHEAD } else { 0 };
-        let mut ends = [0u64; 4];
         let mut k = 0;
         for si in 0..cx.chain.stages.len() {
+            let per_flow = matches!(cx.chain.stages[si], Stage::Stateful { group: None, .. });
+            let from = cx.progress[si].max(range.start);
+            if from >= frontier {
+                k += usize::from(per_flow);
+                continue;
+            }
+            let todo = from..frontier;
+            cx.progress[si] = frontier;
             if let Stage::Stateless(nf) = &mut cx.chain.stages[si] {
-                nf.process(batch, range.clone(), ctx);
+                nf.process(batch, todo, ctx);
                 continue;
             }
             if cx.chain.stages[si].is_coarse() {
-                cx.run_coarse_batch(si, batch, range.clone(), ctx);
+                cx.run_coarse_batch(si, batch, todo, ctx);
                 continue;
             }
             let flows = &mut self.flows[k];
-            lookup_into(cx, k, si, batch, range.clone(), flows, ctx);
-            let mut out = BatchOutcome::default();
+            lookup_into(cx, k, si, batch, todo.clone(), flows, ctx);
             if let Stage::Stateful { nf, counters, .. } = &mut cx.chain.stages[si] {
-                let metas = &cx.scratch.metas[..n];
-                let store = &mut cx.stores[k];
-                nf.process_batch(batch, range.clone(), metas, &flows[..n], store, 0, ctx, ahead, &mut out);
+                let metas = &cx.scratch.metas[..frontier];
+                let mut out = BatchOutcome::default();
+                nf.process_batch(batch, todo, metas, &flows[..frontier], &mut cx.stores[k], 0, ctx, ahead, &mut out);
                 counters.merge(&out.counters);
-            }
-            for (e, o) in ends.iter_mut().zip(out.end) {
-                *e |= o;
+                for (e, o) in self.ends.iter_mut().zip(out.end) {
+                    *e |= o;
+                }
+                if let Some(stop) = out.stopped_at {
+                    frontier = stop;
+                    cx.progress[si] = stop;
+                }
             }
             k += 1;
         }
         // A flow ends in every NF's table at once, after its packet went through the chain.
-        for i in range.clone() {
-            if ends[i >> 6] & (1 << (i & 63)) != 0 {
+        for i in range.start..frontier {
+            let bit = 1u64 << (i & 63);
+            if self.ends[i >> 6] & bit != 0 {
+                self.ends[i >> 6] &= !bit;
                 let key = cx.scratch.metas[i].tuple;
                 cx.end_flow_everywhere(&key);
             }
         }
         cx.unpin_coarse_batch(range, ctx.now_ns);
+        frontier
     }
 }
