@@ -70,6 +70,11 @@ fn executors_agree_on_a_five_tuple_chain() {
     five_tuple_chain("lb(backends=4) -> fsc -> ratelimit(pps=1, burst=3)");
     // Resumable NFs in the chain: the interleaved executor's task window.
     five_tuple_chain("lb(backends=4) -> fsc -> synthetic(k=3, mem=64k) -> ratelimit(pps=1, burst=3) -> acl");
+    // A rule walk over many steps (acl walks 8 rules per step): flows match early, late or not at all.
+    let rules: Vec<String> = (0..40u32)
+        .map(|i| format!("{}:udp:any:any:{}-{}", if i % 3 == 0 { "drop" } else { "allow" }, 2000 + 7 * i, 2003 + 7 * i))
+        .collect();
+    five_tuple_chain(&format!("lb(backends=4) -> fsc -> ratelimit(pps=1, burst=3) -> acl(rule={})", rules.join(";")));
 }
 
 fn five_tuple_chain(chain: &str) {

@@ -3,9 +3,11 @@
 //! source/destination port ranges; the first matching rule decides
 //! allow/drop, the `default` parameter decides when none matches.
 //!
-//! The rules are evaluated once per flow, by the add-on-miss default action;
-//! the flow's state is a single integer (the matched rule and its verdict),
-//! so every later packet costs one state read. This module owns the rule
+//! The rules are evaluated once per flow, at the flow's first packet that
+//! reaches the ACL; the flow's state is a single integer (the matched rule
+//! and its verdict), so every later packet costs one state read. Under the
+//! interleaved executor the rule walk is resumable: [`RULES_PER_STEP`] rules
+//! per step, prefetching the next rules while other packets run. This module owns the rule
 //! language (file and inline forms), rule evaluation and per-rule counters.
 //!
 //! Rule file (`rules=FILE`), one rule per line, `#` starts a comment:
@@ -66,13 +68,17 @@ pub const MAX_RULES: usize = 100_000;
 pub const DROP_BIT: u32 = 1 << 31;
 /// Set once the flow has been counted in its rule's flows.
 const COUNTED_BIT: u32 = 1 << 30;
+/// Set once the rules have been evaluated for the flow (a zeroed state has not been).
+const DECIDED_BIT: u32 = 1 << 29;
+/// Rules a step of the resumable rule walk evaluates before yielding.
+pub const RULES_PER_STEP: usize = 8;
 
 /// Per-flow state: one integer, the index of the rule that matched (the
 /// rule count for the default action) with [`DROP_BIT`] set for a drop.
 #[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
 #[repr(C)]
 pub struct AclState {
-    /// Rule index | drop bit | counted bit.
+    /// Rule index | drop bit | counted bit | decided bit.
     pub verdict: u32,
 }
 
@@ -84,7 +90,12 @@ impl AclState {
 
     /// Index of the deciding rule (the rule count means the default action).
     pub fn rule(&self) -> usize {
-        (self.verdict & !(DROP_BIT | COUNTED_BIT)) as usize
+        (self.verdict & !(DROP_BIT | COUNTED_BIT | DECIDED_BIT)) as usize
+    }
+
+    /// True once the rules have been evaluated for the flow.
+    pub fn decided(&self) -> bool {
+        self.verdict & DECIDED_BIT != 0
     }
 }
 
@@ -319,23 +330,51 @@ impl Acl {
         Acl { rules, default_drop, flows: vec![0; n], packets: vec![0; n], unparsed: 0 }
     }
 
-    /// Evaluates the rules for a flow: first match wins.
-    fn decide(&self, pkt: &Pkt<'_>) -> AclState {
+    /// The facts the rules look at, from the flow's packet.
+    fn facts(pkt: &Pkt<'_>) -> FlowFacts {
         let t = pkt.tuple();
         let m = pkt.meta();
         let has_ports = m.l4 != 0 && matches!(m.proto, IpProtocol::TCP | IpProtocol::UDP) && !t.is_non_first_fragment();
-        let facts = FlowFacts {
+        FlowFacts {
             v6: !t.is_ipv4(),
             proto: t.proto(),
             src: ip_bits(t.src_ip()),
             dst: ip_bits(t.dst_ip()),
             ports: has_ports.then(|| (t.src_port(), t.dst_port())),
-        };
-        let (idx, drop) = match self.rules.iter().position(|r| r.matches(&facts)) {
-            Some(i) => (i, self.rules[i].drop),
-            None => (self.rules.len(), self.default_drop),
-        };
-        AclState { verdict: idx as u32 | if drop { DROP_BIT } else { 0 } }
+        }
+    }
+
+    /// The decided state for rule `idx` (the rule count: the default action).
+    fn verdict_of(&self, idx: usize) -> AclState {
+        let drop = self.rules.get(idx).map_or(self.default_drop, |r| r.drop);
+        AclState { verdict: idx as u32 | DECIDED_BIT | if drop { DROP_BIT } else { 0 } }
+    }
+
+    /// Evaluates the rules for a flow: first match wins.
+    fn decide(&self, pkt: &Pkt<'_>) -> AclState {
+        let facts = Self::facts(pkt);
+        self.verdict_of(self.rules.iter().position(|r| r.matches(&facts)).unwrap_or(self.rules.len()))
+    }
+
+    /// Counts the packet (and, at its first, the flow) against its deciding rule.
+    #[inline]
+    fn account(&mut self, st: &mut AclState) -> Action {
+        if let Some(c) = self.packets.get_mut(st.rule()) {
+            // A rule's flows are counted at their first packet that reaches acl (a drop upstream in
+            // the chain can follow the flow's insertion).
+            if st.verdict & COUNTED_BIT == 0 {
+                st.verdict |= COUNTED_BIT;
+                if let Some(f) = self.flows.get_mut(st.rule()) {
+                    *f += 1;
+                }
+            }
+            *c += 1;
+        }
+        if st.drops() {
+            Action::Drop
+        } else {
+            Action::Pass
+        }
     }
 }
 
@@ -355,38 +394,67 @@ impl StatefulNf for Acl {
         Placement { affinity: Affinity::Any, global: GlobalState::None }
     }
 
-    fn init(&mut self, pkt: &Pkt<'_>, _ctx: &NfContext) -> AclState {
-        self.decide(pkt)
+    /// Undecided: the rules are walked at the flow's first packet that reaches
+    /// the ACL (`process`, or step by step under the interleaved executor).
+    fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> AclState {
+        AclState { verdict: 0 }
     }
 
     #[inline]
-    fn process(&mut self, _pkt: &mut Pkt<'_>, st: &mut AclState, _ctx: &NfContext) -> Action {
-        if let Some(c) = self.packets.get_mut(st.rule()) {
-            // A rule's flows are counted at their first packet that reaches acl (a drop upstream in
-            // the chain can follow the flow's insertion).
-            if st.verdict & COUNTED_BIT == 0 {
-                st.verdict |= COUNTED_BIT;
-                if let Some(f) = self.flows.get_mut(st.rule()) {
-                    *f += 1;
+    fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut AclState, _ctx: &NfContext) -> Action {
+        if !st.decided() {
+            *st = self.decide(pkt);
+        }
+        self.account(st)
+    }
+
+    /// An undecided flow walks the rules, [`RULES_PER_STEP`] per step, each
+    /// step prefetching the next rules (`cur.pos`: the next rule); the step
+    /// that ends the walk leaves the decided state in `cur.val[0]` and names
+    /// the deciding rule's counter. A decided flow: one step for the counter.
+    /// (`cur.val[1]`: 2 once the counter has been named.)
+    fn step(&self, pkt: &Pkt<'_>, st: &AclState, cur: &mut Cursor) -> Step {
+        cur.step += 1;
+        let rule = if st.decided() {
+            st.rule()
+        } else if cur.val[1] != 0 {
+            AclState { verdict: cur.val[0] as u32 }.rule()
+        } else {
+            let facts = Self::facts(pkt);
+            let (from, n) = (cur.pos as usize, self.rules.len());
+            let to = (from + RULES_PER_STEP).min(n);
+            match self.rules[from.min(n)..to].iter().position(|r| r.matches(&facts)) {
+                Some(i) => (cur.val[0], cur.val[1]) = (u64::from(self.verdict_of(from + i).verdict), 2),
+                None if to == n => (cur.val[0], cur.val[1]) = (u64::from(self.verdict_of(n).verdict), 2),
+                None => {
+                    cur.pos = to as u32;
+                    let next = &self.rules[to..(to + RULES_PER_STEP).min(n)];
+                    for r in next.iter().skip(1) {
+                        flowplane_packet::prefetch::read(r);
+                    }
+                    return Step::at(&next[0]);
                 }
             }
-            *c += 1;
-        }
-        if st.drops() {
-            Action::Drop
-        } else {
-            Action::Pass
+            // The walk ended: its deciding rule's counter next.
+            return self.packets.get(AclState { verdict: cur.val[0] as u32 }.rule()).map_or(Step::Ready, Step::at);
+        };
+        match self.packets.get(rule) {
+            Some(c) if cur.val[1] != 2 => {
+                cur.val[1] = 2;
+                Step::at(c)
+            }
+            _ => Step::Ready,
         }
     }
 
-    /// One step: the deciding rule's packet counter (the rule walk itself
-    /// runs once per flow, in `init`).
-    fn step(&self, _pkt: &Pkt<'_>, st: &AclState, cur: &mut Cursor) -> Step {
-        cur.step += 1;
-        match self.packets.get(st.rule()) {
-            Some(c) if cur.step == 1 => Step::at(c),
-            _ => Step::Ready,
+    /// `process`, with the rule walk's result from the cursor when it completed.
+    fn finish(&mut self, pkt: &mut Pkt<'_>, st: &mut AclState, cur: &Cursor, _ctx: &NfContext) -> Action {
+        if !st.decided() {
+            // The walk's result, when it completed (a decided state always has DECIDED_BIT).
+            let walked = AclState { verdict: cur.val[0] as u32 };
+            *st = if walked.decided() { walked } else { self.decide(pkt) };
         }
+        self.account(st)
     }
 
     fn prefetch(&self, st: &AclState) {
@@ -445,6 +513,7 @@ impl StatefulNf for Acl {
 mod tests {
     use super::*;
     use crate::testutil::{ipv4_frame, tcp4, udp4, Harness};
+    use flowplane_wire::frame::PktMeta;
 
     fn acl(inline: &str, default: &str) -> Result<Acl, ParamError> {
         let mut p = Params::new("acl", vec![("rule".into(), inline.into()), ("default".into(), default.into())]);
@@ -505,6 +574,48 @@ mod tests {
         assert_eq!(h.run(&tcp4([1, 1, 1, 1], [192, 168, 0, 7], 5555, 2000, 0x10, 1, 1)).1, Action::Drop);
         assert_eq!(h.run(&tcp4([1, 1, 1, 1], [192, 168, 0, 7], 5555, 2001, 0x10, 1, 1)).1, Action::Pass);
         assert_eq!(h.run(&tcp4([1, 1, 1, 1], [192, 168, 1, 7], 5555, 1500, 0x10, 1, 1)).1, Action::Pass);
+    }
+
+    /// Steps then finish, stopping after any number of steps, give `process`'s answer and state.
+    fn stepped(nf: &mut Acl, frame: &mut [u8], stop: usize) -> (Action, AclState, usize) {
+        let meta = PktMeta::parse(frame);
+        let mut cur = Cursor::default();
+        let mut named = 0;
+        let st0 = AclState { verdict: 0 };
+        while named < stop {
+            match nf.step(&Pkt::new(frame, &meta), &st0, &mut cur) {
+                Step::Prefetch(_) => named += 1,
+                Step::Ready => break,
+            }
+        }
+        let mut st = st0;
+        (nf.finish(&mut Pkt::new(frame, &meta), &mut st, &cur, &NfContext::default()), st, named)
+    }
+
+    #[test]
+    fn resumed_rule_walks_equal_whole_ones() {
+        // 50 rules; the flow matches rule 37 (0-based), six steps into the walk.
+        let inline: Vec<String> = (0..50).map(|i| format!("drop:udp:any:10.0.{i}.0/24")).collect();
+        let mut whole = acl(&inline.join(";"), "allow").unwrap();
+        let mut f = udp4([1, 1, 1, 1], [10, 0, 37, 9], 1000, 53);
+        let meta = PktMeta::parse(&f);
+        let mut st = whole.init(&Pkt::new(&mut f, &meta), &NfContext::default());
+        assert!(!st.decided(), "decided at the first packet, not at insertion");
+        assert_eq!(whole.process(&mut Pkt::new(&mut f, &meta), &mut st, &NfContext::default()), Action::Drop);
+        assert_eq!(st.rule(), 37);
+        for stop in [0, 1, 2, 4, 5, 6, 7, 100] {
+            let mut nf = acl(&inline.join(";"), "allow").unwrap();
+            let (a, s, _) = stepped(&mut nf, &mut f, stop);
+            assert_eq!((a, s), (Action::Drop, st), "stopped after {stop} steps");
+            assert_eq!(nf.report().unwrap()["per_rule"][37]["flows"], 1);
+        }
+        // The whole walk: 37 / 8 = 4 yields for the next rules, then the counter.
+        let mut nf = acl(&inline.join(";"), "allow").unwrap();
+        assert_eq!(stepped(&mut nf, &mut f, 100).2, 5);
+        // No rule matches: the default, after walking every rule.
+        let mut g = udp4([1, 1, 1, 1], [10, 1, 0, 9], 1000, 53);
+        let (a, s, named) = stepped(&mut nf, &mut g, 100);
+        assert_eq!((a, s.rule(), named), (Action::Pass, 50, 7));
     }
 
     #[test]
