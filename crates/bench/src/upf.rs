@@ -49,8 +49,8 @@ pub fn sessions_for(plan: &UpfPlan) -> SessionsFile {
                         sdf: vec![UpfPlan::sdf(j)],
                         outer_header_removal: ul,
                         far: if ul { 1 } else { 2 },
-                        qer: (!ul).then_some(j + 1),
-                        urr: Some(1),
+                        qers: if ul { Vec::new() } else { vec![j + 1] },
+                        urrs: vec![1],
                     });
                 }
             }

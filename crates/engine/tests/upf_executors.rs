@@ -38,8 +38,8 @@ fn sessions_file(tag: &str) -> std::path::PathBuf {
                     sdf: vec!["permit out 17 from any 53 to assigned".into()],
                     outer_header_removal: true,
                     far: 1,
-                    qer: None,
-                    urr: Some(1),
+                    qers: vec![],
+                    urrs: vec![1],
                 },
                 PdrSpec {
                     id: 2,
@@ -51,8 +51,8 @@ fn sessions_file(tag: &str) -> std::path::PathBuf {
                     sdf: vec![],
                     outer_header_removal: false,
                     far: 2,
-                    qer: None,
-                    urr: Some(1),
+                    qers: vec![],
+                    urrs: vec![1],
                 },
             ],
             fars: vec![

@@ -160,8 +160,8 @@ fn session(rules: &[Rule]) -> SessionSpec {
             sdf: r.filters.iter().map(Filter::text).collect(),
             outer_header_removal: r.uplink,
             far: 1,
-            qer: None,
-            urr: Some(i as u32 + 1),
+            qers: vec![],
+            urrs: vec![i as u32 + 1],
         })
         .collect();
     for (k, teid) in [7u32, 8].into_iter().enumerate() {
@@ -175,8 +175,8 @@ fn session(rules: &[Rule]) -> SessionSpec {
             sdf: vec!["permit out 99 from any to assigned".into()],
             outer_header_removal: true,
             far: 2,
-            qer: None,
-            urr: None,
+            qers: vec![],
+            urrs: vec![],
         });
     }
     SessionSpec {

@@ -41,8 +41,8 @@ fn session(k: u32) -> SessionSpec {
         sdf: sdf.map(|s| vec![s.to_string()]).unwrap_or_default(),
         outer_header_removal: source == Iface::Access,
         far,
-        qer: Some(1),
-        urr: Some(1),
+        qers: vec![1],
+        urrs: vec![1],
     };
     SessionSpec {
         seid: 1 + u64::from(k),

@@ -236,9 +236,10 @@ struct Bucket {
 const UNITS_PER_BYTE: u64 = 8_000_000;
 
 impl Bucket {
-    /// Takes `bytes` at rate `kbps` (burst: 100 ms of the rate, at least 3,000 bytes).
+    /// Refills to `now` at rate `kbps` (burst: 100 ms of the rate, at least
+    /// 3,000 bytes); true if `bytes` fit. Charges nothing ([`Bucket::charge`] does).
     #[inline]
-    fn take(&mut self, kbps: u64, bytes: u64, now: u64) -> bool {
+    fn conforms(&mut self, kbps: u64, bytes: u64, now: u64) -> bool {
         let cap = (kbps * 100_000).max(3_000 * UNITS_PER_BYTE);
         if !self.started {
             *self = Bucket { tokens: cap, last_ns: now, started: true };
@@ -246,13 +247,13 @@ impl Bucket {
         let dt = now.saturating_sub(self.last_ns).min(1_000_000_000);
         self.last_ns = self.last_ns.max(now);
         self.tokens = (self.tokens + dt * kbps).min(cap);
-        let need = bytes * UNITS_PER_BYTE;
-        if self.tokens >= need {
-            self.tokens -= need;
-            true
-        } else {
-            false
-        }
+        self.tokens >= bytes * UNITS_PER_BYTE
+    }
+
+    /// Takes `bytes` from a bucket [`Bucket::conforms`] said they fit in.
+    #[inline]
+    fn charge(&mut self, bytes: u64) {
+        self.tokens = self.tokens.saturating_sub(bytes * UNITS_PER_BYTE);
     }
 }
 
@@ -534,13 +535,17 @@ impl Upf {
         if out == Outcome::Pending && self.cfg.staged {
             let p = self.rules.pdrs[self.scratch.pdr[i] as usize];
             prefetch::read(&self.rules.fars[p.far as usize]);
-            if let Some(u) = self.usage.get(p.urr as usize) {
-                prefetch::write(u);
+            for &u in self.rules.refs(&p.urr) {
+                if let Some(u) = self.usage.get(u as usize) {
+                    prefetch::write(u);
+                }
             }
             if p.mbr != 0 {
-                if let Some(q) = self.qer.get(p.qer as usize) {
-                    prefetch::write(q);
-                    prefetch::read(&self.rules.qers[p.qer as usize]);
+                for &q in self.rules.refs(&p.qer) {
+                    if let Some(b) = self.qer.get(q as usize) {
+                        prefetch::write(b);
+                        prefetch::read(&self.rules.qers[q as usize]);
+                    }
                 }
             }
         }
@@ -719,13 +724,24 @@ impl Upf {
             return false;
         }
         if pdr.mbr & (1 << dir) != 0 {
-            let kbps = self.rules.qers[pdr.qer as usize].mbr_kbps[dir];
-            if !self.qer[pdr.qer as usize][dir].take(kbps, bytes, now) {
+            // Every MBR must conform before any bucket is charged.
+            let qers = self.rules.refs(&pdr.qer);
+            let conform = qers.iter().all(|&q| {
+                let kbps = self.rules.qers[q as usize].mbr_kbps[dir];
+                kbps == 0 || self.qer[q as usize][dir].conforms(kbps, bytes, now)
+            });
+            if !conform {
                 self.c.mbr_exceeded += 1;
                 return false;
             }
+            for &q in qers {
+                if self.rules.qers[q as usize].mbr_kbps[dir] > 0 {
+                    self.qer[q as usize][dir].charge(bytes);
+                }
+            }
         }
-        if let Some(u) = self.usage.get_mut(pdr.urr as usize) {
+        for &ui in self.rules.refs(&pdr.urr) {
+            let Some(u) = self.usage.get_mut(ui as usize) else { continue };
             if dir == 0 {
                 u.ul_bytes += bytes;
                 u.ul_packets += 1;
@@ -734,7 +750,7 @@ impl Upf {
                 u.dl_packets += 1;
             }
             u.since_report += bytes;
-            let cfg = self.rules.urrs[pdr.urr as usize];
+            let cfg = self.rules.urrs[ui as usize];
             if cfg.threshold > 0 && u.since_report >= cfg.threshold {
                 u.since_report = 0;
                 self.c.usage_reports += 1;

@@ -331,8 +331,8 @@ pub fn decode_pdr(v: &[u8], old: Option<&PdrSpec>) -> Result<PdrUpdate, PfcpErro
             sdf: Vec::new(),
             outer_header_removal: false,
             far: u32_of(need(&g, ie::FAR_ID, &ctx)?, ie::FAR_ID)?,
-            qer: None,
-            urr: None,
+            qers: Vec::new(),
+            urrs: Vec::new(),
         },
     };
     let mut out = PdrUpdate::default();
@@ -342,11 +342,12 @@ pub fn decode_pdr(v: &[u8], old: Option<&PdrSpec>) -> Result<PdrUpdate, PfcpErro
     if let Some(x) = find(&g, ie::FAR_ID) {
         p.far = u32_of(x, ie::FAR_ID)?;
     }
-    if let Some(x) = find(&g, ie::QER_ID) {
-        p.qer = Some(u32_of(x, ie::QER_ID)?);
+    // Every associated QER and URR is listed (in an update too: the list replaces the old one).
+    if find(&g, ie::QER_ID).is_some() {
+        p.qers = all(&g, ie::QER_ID).map(|x| u32_of(x, ie::QER_ID)).collect::<Result<_, _>>()?;
     }
-    if let Some(x) = find(&g, ie::URR_ID) {
-        p.urr = Some(u32_of(x, ie::URR_ID)?);
+    if find(&g, ie::URR_ID).is_some() {
+        p.urrs = all(&g, ie::URR_ID).map(|x| u32_of(x, ie::URR_ID)).collect::<Result<_, _>>()?;
     }
     if let Some(x) = find(&g, ie::OUTER_HEADER_REMOVAL) {
         // 0: GTP-U/UDP/IPv4, 1: GTP-U/UDP/IPv6, 6: GTP-U/UDP/IP.
@@ -667,7 +668,10 @@ mod tests {
         let v = pdr_ie(5, Some(77), "permit out 17 from any to assigned 53");
         let u = decode_pdr(&v, None).unwrap();
         let p = u.pdr.unwrap();
-        assert_eq!((p.id, p.precedence, p.source, p.teid, p.far, p.urr), (5, 100, Iface::Access, Some(77), 1, Some(3)));
+        assert_eq!(
+            (p.id, p.precedence, p.source, p.teid, p.far, p.urrs.clone()),
+            (5, 100, Iface::Access, Some(77), 1, vec![3])
+        );
         assert!(p.outer_header_removal && p.ue_ip);
         assert_eq!(p.sdf, vec!["permit out 17 from any to assigned 53".to_string()]);
         assert_eq!(u.ue.0, Some(Ipv4Addr::new(10, 45, 0, 1)));
@@ -680,6 +684,12 @@ mod tests {
         let mut w = Writer::default();
         w.ie(ie::PDR_ID, &[0, 1]);
         assert_eq!(decode_pdr(&w.buf, None).unwrap_err().ie, Some(ie::PRECEDENCE));
+        // Several QER IDs and URR IDs: all kept; an update's list replaces the old one.
+        let mut w = Writer::default();
+        w.ie(ie::PDR_ID, &[0, 5]).ie(ie::QER_ID, &1u32.to_be_bytes()).ie(ie::QER_ID, &2u32.to_be_bytes());
+        w.ie(ie::URR_ID, &4u32.to_be_bytes()).ie(ie::URR_ID, &5u32.to_be_bytes());
+        let upd = decode_pdr(&w.buf, Some(&p)).unwrap().pdr.unwrap();
+        assert_eq!((upd.qers, upd.urrs, upd.teid), (vec![1, 2], vec![4, 5], Some(77)));
     }
 
     #[test]

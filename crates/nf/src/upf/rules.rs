@@ -17,6 +17,9 @@ use serde::{Deserialize, Serialize};
 
 /// "None" in the compiled rules' u32 references.
 pub const NONE: u32 = u32::MAX;
+/// A PDR's QER or URR reference with this bit set starts a list in
+/// [`RuleSet::lists`] (its length, then the indices); without it, the one index.
+pub const LIST: u32 = 1 << 31;
 /// "Any QFI".
 pub const ANY_QFI: u8 = 0xff;
 /// Largest MBR, kbit/s (1 Tbit/s): keeps the token arithmetic in 64 bits.
@@ -122,12 +125,28 @@ pub struct PdrSpec {
     pub outer_header_removal: bool,
     /// The FAR's ID.
     pub far: u32,
-    /// The QER's ID, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub qer: Option<u32>,
-    /// The URR's ID, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub urr: Option<u32>,
+    /// The QERs' IDs (TS 29.244 allows several: e.g. a session AMBR and a
+    /// flow MBR; a packet passes if every gate is open and every MBR
+    /// conforms). `qer = 3` or `qers = [3, 4]`.
+    #[serde(default, alias = "qer", deserialize_with = "one_or_many", skip_serializing_if = "Vec::is_empty")]
+    pub qers: Vec<u32>,
+    /// The URRs' IDs (each counts the packet). `urr = 3` or `urrs = [3, 4]`.
+    #[serde(default, alias = "urr", deserialize_with = "one_or_many", skip_serializing_if = "Vec::is_empty")]
+    pub urrs: Vec<u32>,
+}
+
+/// A rule-ID list written as one ID or a list of them.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u32>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(u32),
+        Many(Vec<u32>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(x) => vec![x],
+        OneOrMany::Many(v) => v,
+    })
 }
 
 /// A forwarding action rule.
@@ -405,9 +424,9 @@ pub struct Pdr {
     pub sdf_start: u32,
     /// FAR index in [`RuleSet::fars`].
     pub far: u32,
-    /// QER index, or [`NONE`].
+    /// QER index, [`LIST`] | list start, or [`NONE`] (see [`RuleSet::refs`]).
     pub qer: u32,
-    /// URR index, or [`NONE`].
+    /// URR index, [`LIST`] | list start, or [`NONE`] (see [`RuleSet::refs`]).
     pub urr: u32,
     /// Number of SDF filters (0: any packet).
     pub sdf_len: u16,
@@ -605,6 +624,8 @@ pub struct RuleSet {
     pub qers: Vec<Qer>,
     /// URRs.
     pub urrs: Vec<Urr>,
+    /// PDRs' lists of several QERs or URRs: a length, then the indices.
+    pub lists: Vec<u32>,
     /// TEID ([`teid_key`]) -> session.
     pub teids: Index,
     /// UE address (IPv4-mapped or IPv6) -> session.
@@ -612,6 +633,20 @@ pub struct RuleSet {
 }
 
 impl RuleSet {
+    /// The QER or URR indices a PDR's reference `r` names (none, one, or a list).
+    #[inline]
+    pub fn refs<'a>(&'a self, r: &'a u32) -> &'a [u32] {
+        if *r == NONE {
+            &[]
+        } else if *r & LIST == 0 {
+            std::slice::from_ref(r)
+        } else {
+            let at = (*r & !LIST) as usize;
+            let n = self.lists.get(at).map_or(0, |&n| n as usize);
+            self.lists.get(at + 1..at + 1 + n).unwrap_or(&[])
+        }
+    }
+
     /// The (SEID, rule ID) of every rule of one kind, in index order.
     pub fn keys<'a, T>(
         &'a self,
@@ -703,18 +738,29 @@ impl RuleSet {
                 }
                 let pe = |m: &str| e(format!("PDR {}: {m}", p.id));
                 let far = find(s.fars.iter().map(|f| f.id), p.far).ok_or_else(|| pe("unknown FAR"))?;
-                let qer = match p.qer {
-                    Some(id) => {
-                        (qer_base + find(s.qers.iter().map(|q| q.id), id).ok_or_else(|| pe("unknown QER"))?) as u32
+                let mut resolve = |ids: &[u32], what: &str, base: usize, known: &mut dyn Iterator<Item = u32>| {
+                    let known: Vec<u32> = known.collect();
+                    let mut idx = Vec::with_capacity(ids.len());
+                    for &id in ids {
+                        if idx.iter().any(|&i: &u32| known[i as usize - base] == id) {
+                            return Err(pe(&format!("{what} {id} listed twice")));
+                        }
+                        let at = find(known.iter().copied(), id).ok_or_else(|| pe(&format!("unknown {what}")))?;
+                        idx.push((base + at) as u32);
                     }
-                    None => NONE,
+                    Ok(match idx.as_slice() {
+                        [] => NONE,
+                        [one] => *one,
+                        more => {
+                            let at = rs.lists.len() as u32;
+                            rs.lists.push(more.len() as u32);
+                            rs.lists.extend_from_slice(more);
+                            LIST | at
+                        }
+                    })
                 };
-                let urr = match p.urr {
-                    Some(id) => {
-                        (urr_base + find(s.urrs.iter().map(|u| u.id), id).ok_or_else(|| pe("unknown URR"))?) as u32
-                    }
-                    None => NONE,
-                };
+                let qer = resolve(&p.qers, "QER", qer_base, &mut s.qers.iter().map(|q| q.id))?;
+                let urr = resolve(&p.urrs, "URR", urr_base, &mut s.urrs.iter().map(|u| u.id))?;
                 if p.ue_ip && ue4.is_none() && ue6.is_none() {
                     return Err(pe("matches the UE address but the session has none"));
                 }
@@ -755,7 +801,16 @@ impl RuleSet {
                         }
                     }
                 }
-                let q = rs.qers.get(qer as usize);
+                // Gates and MBR flags merged over the PDR's QERs; the first QER that marks a QFI marks it.
+                let (mut gate, mut mbr, mut mark) = (3u8, 0u8, ANY_QFI);
+                for &q in rs.refs(&qer) {
+                    let q = &rs.qers[q as usize];
+                    gate &= u8::from(q.open[0]) | (u8::from(q.open[1]) << 1);
+                    mbr |= u8::from(q.mbr_kbps[0] > 0) | (u8::from(q.mbr_kbps[1] > 0) << 1);
+                    if mark == ANY_QFI {
+                        mark = q.qfi;
+                    }
+                }
                 let pdr_qfi = qfi(p.qfi).map_err(|m| pe(&m))?;
                 let flags = if p.teid.is_some() { Pdr::HAS_TEID } else { 0 }
                     | if p.ue_ip { Pdr::UE_IP } else { 0 }
@@ -772,12 +827,9 @@ impl RuleSet {
                         id: p.id,
                         qfi: pdr_qfi,
                         flags,
-                        gate: q.map_or(3, |q| u8::from(q.open[0]) | (u8::from(q.open[1]) << 1)),
-                        mbr: q.map_or(0, |q| u8::from(q.mbr_kbps[0] > 0) | (u8::from(q.mbr_kbps[1] > 0) << 1)),
-                        mark_qfi: match q {
-                            Some(q) if q.qfi != ANY_QFI => q.qfi,
-                            _ => pdr_qfi,
-                        },
+                        gate,
+                        mbr,
+                        mark_qfi: if mark != ANY_QFI { mark } else { pdr_qfi },
                     },
                 );
                 match p.source {

@@ -24,8 +24,8 @@ fn spec() -> SessionSpec {
         sdf: sdf.iter().map(|s| s.to_string()).collect(),
         outer_header_removal: source == Iface::Access,
         far,
-        qer: None,
-        urr: Some(1),
+        qers: vec![],
+        urrs: vec![1],
     };
     SessionSpec {
         seid: 7,
@@ -201,7 +201,7 @@ fn qer_gate_and_mbr_on_the_packet_clock() {
     let mut s = spec();
     s.qers = vec![QerSpec { id: 1, gate_ul: Gate::Closed, mbr_dl_kbps: Some(8), ..Default::default() }];
     for p in &mut s.pdrs {
-        p.qer = Some(1);
+        p.qers = vec![1];
     }
     let mut u = upf(&[s], UpfConfig::default());
     let inner = udp_payload(UE, DN, 4000, 80);
@@ -219,6 +219,57 @@ fn qer_gate_and_mbr_on_the_packet_clock() {
     let bytes = passed * 46;
     assert!((12_940..=12_990).contains(&bytes), "{bytes} bytes passed");
     assert_eq!(u.upf_counters().mbr_exceeded as usize, 1000 - passed);
+}
+
+/// Several QERs on one PDR (a flow MBR under a session AMBR): every gate must
+/// be open and every MBR conform, and a packet one bucket refuses charges none.
+/// Several URRs: each counts the packet.
+#[test]
+fn several_qers_and_urrs_per_pdr() {
+    let mut s = spec();
+    s.qers = vec![
+        QerSpec { id: 1, mbr_dl_kbps: Some(80), ..Default::default() },
+        QerSpec { id: 2, mbr_dl_kbps: Some(8), ..Default::default() },
+        QerSpec { id: 3, gate_ul: Gate::Closed, ..Default::default() },
+    ];
+    s.urrs.push(UrrSpec { id: 2, volume_threshold: None });
+    for p in &mut s.pdrs {
+        (p.qers, p.urrs) = if p.source == Iface::Core { (vec![1, 2], vec![1, 2]) } else { (vec![1, 3], vec![2]) };
+    }
+    let rs = RuleSet::compile(std::slice::from_ref(&s)).unwrap();
+    let dl = rs.pdrs.iter().find(|p| p.id == 3).unwrap();
+    assert_eq!(rs.refs(&dl.qer).len(), 2);
+    let mut u = upf(&[s.clone()], UpfConfig::default());
+    // Uplink: QER 3's gate is closed.
+    let inner = udp_payload(UE, DN, 4000, 80);
+    assert!(run(&mut u, &[(gtpu4(GNB, N3, 100, Some(9), &inner), 0)])[0].is_none());
+    assert_eq!(u.upf_counters().gate_closed, 1);
+    // Downlink: the 8 kbit/s QER decides (as in `qer_gate_and_mbr_on_the_packet_clock`).
+    let dlf = udp4(DN, UE, 80, 4000);
+    let frames: Vec<_> = (0..1000u64).map(|k| (dlf.clone(), k * 10_000_000)).collect();
+    let mut passed = 0;
+    for chunk in frames.chunks(200) {
+        passed += run(&mut u, chunk).iter().filter(|o| o.is_some()).count();
+    }
+    assert!((12_940..=12_990).contains(&(passed * 46)), "{passed} packets passed");
+    // Both URRs counted every forwarded downlink packet.
+    let usage: Vec<_> = u.usage().collect();
+    assert_eq!(usage.len(), 2);
+    for (_, c) in &usage {
+        assert_eq!(c.dl_packets as usize, passed);
+    }
+    // Rule files take one ID or a list.
+    let toml = toml::to_string(&SessionsFile { sessions: vec![s] }).unwrap();
+    assert!(toml.contains("qers = [1, 2]"), "{toml}");
+    let one = toml.replace("qers = [1, 2]", "qer = 1");
+    let back: SessionsFile = toml::from_str(&one).unwrap();
+    assert_eq!(back.sessions[0].pdrs.iter().find(|p| p.id == 3).unwrap().qers, vec![1]);
+    // A rule listed twice is refused.
+    let mut dup = spec();
+    dup.urrs.push(UrrSpec { id: 2, volume_threshold: None });
+    dup.pdrs[0].urrs = vec![1, 1];
+    let e = RuleSet::compile(&[dup]).unwrap_err();
+    assert!(e.contains("URR 1 listed twice"), "{e}");
 }
 
 #[test]
