@@ -285,3 +285,45 @@ mod mutations {
         assert_eq!(ctl.current().1.sessions.len(), 2, "published");
     }
 }
+
+/// Requests handled as one burst (what the endpoint's socket loop does with
+/// whatever is waiting) are compiled and published once, and every change
+/// of the burst is in that publication.
+#[test]
+fn a_burst_of_changes_is_compiled_once() {
+    let ctl = UpfControl::new(Arc::new(RuleSet::default()));
+    let mut ep = control::Endpoint::new(N3, &[], Arc::clone(&ctl));
+    let from: SocketAddr = "127.0.0.1:8805".parse().unwrap();
+    let node = enc::node_id_v4(Ipv4Addr::LOCALHOST);
+    let mut seq = 0;
+    let mut msg_of = |t: u8, seid: Option<u64>| {
+        seq += 1;
+        Writer::message(t, seid, seq)
+    };
+    let mut m = msg_of(msg::ASSOC_SETUP_REQ, None);
+    m.ie(ie::NODE_ID, &node).ie(ie::RECOVERY_TIME_STAMP, &[0, 0, 0, 1]);
+    assert_eq!(decode(&ep.handle(&m.finish(), from).unwrap()).cause(), cause::ACCEPTED);
+    let published = |c: &UpfControl| c.stats.publishes.load(std::sync::atomic::Ordering::Relaxed);
+    let p0 = published(&ctl);
+    let mut w = msg_of(msg::SESS_EST_REQ, Some(0));
+    w.ie(ie::NODE_ID, &node).ie(ie::F_SEID, &enc::fseid(0xbeef, Ipv4Addr::LOCALHOST));
+    create_pdr(&mut w, 1, 10, true, Some(0x4000), "permit out 17 from any 53 to assigned", 1);
+    w.group(ie::CREATE_FAR).ie(ie::FAR_ID, &1u32.to_be_bytes()).ie(ie::APPLY_ACTION, &[0x02]);
+    w.group(ie::FORWARDING_PARAMETERS).ie(ie::DESTINATION_INTERFACE, &[1]).end().end();
+    w.group(ie::CREATE_URR).ie(ie::URR_ID, &1u32.to_be_bytes()).end();
+    let r = decode(&ep.handle_deferred(&w.finish(), from).unwrap());
+    assert_eq!(r.cause(), cause::ACCEPTED);
+    let up_seid = pfcp::decode_fseid(r.get(ie::F_SEID).unwrap()).unwrap();
+    for k in 0..20u16 {
+        let mut w = msg_of(msg::SESS_MOD_REQ, Some(up_seid));
+        let sdf = format!("permit out 17 from any {} to assigned", 1000 + k);
+        create_pdr(&mut w, 10 + k, 20 + u32::from(k), true, Some(0x4000), &sdf, 1);
+        assert_eq!(decode(&ep.handle_deferred(&w.finish(), from).unwrap()).cause(), cause::ACCEPTED, "{k}");
+    }
+    assert_eq!(published(&ctl), p0, "nothing published before the burst ends");
+    ep.flush();
+    assert_eq!(published(&ctl), p0 + 1, "one compile for the burst");
+    assert_eq!(ctl.current().1.pdrs.len(), 21, "every change of the burst is in it");
+    ep.flush();
+    assert_eq!(published(&ctl), p0 + 1, "nothing more to publish");
+}

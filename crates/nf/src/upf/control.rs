@@ -3,12 +3,14 @@
 //! Modification, Deletion; Session Report Requests for URR thresholds), and
 //! the versioned hand-over of rule sets to the data path ([`UpfControl`]).
 //!
-//! Every accepted change compiles a new immutable [`RuleSet`] and publishes
-//! it before the response is sent; each core's `upf` picks the new version
-//! up at the start of its next batch (one atomic load per batch), so no
-//! packet ever sees half of a change. A compile per change costs O(all
-//! rules): fine for tests and moderate churn, not for thousands of changes
-//! per second (that needs per-session incremental rule sets).
+//! Accepted changes compile a new immutable [`RuleSet`], published before
+//! the responses are sent; each core's `upf` picks the new version up at
+//! the start of its next batch (one atomic load per batch), so no packet
+//! ever sees half of a change. The endpoint handles every request waiting
+//! on its socket (up to [`BURST`]) before it compiles once for all of them:
+//! a compile costs O(all rules), so under churn its cost is shared by the
+//! requests that arrived meanwhile (per-session incremental rule sets would
+//! remove it).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -44,7 +46,12 @@ pub struct ControlStats {
     pub reports_sent: AtomicU64,
     /// Session Report Responses received.
     pub report_responses: AtomicU64,
+    /// Rule sets compiled and published (one per burst of changing requests).
+    pub publishes: AtomicU64,
 }
+
+/// Most requests handled before one compile and their responses.
+pub const BURST: usize = 256;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic elsewhere while holding the lock leaves plain data behind: keep going.
@@ -110,6 +117,10 @@ pub struct Endpoint {
     next_teid: u32,
     report_seq: u32,
     control: Arc<UpfControl>,
+    /// Sessions changed since the last publication (while deferring).
+    dirty: bool,
+    /// Requests are being handled as a burst: publish once, at `flush`.
+    defer: bool,
 }
 
 /// Seconds between 1900 (NTP era 0) and 1970.
@@ -133,11 +144,36 @@ impl Endpoint {
             next_teid: 0x1000_0000,
             report_seq: 0,
             control,
+            dirty: false,
+            defer: false,
         }
     }
 
-    /// Handles one datagram from `from`; returns the response to send, if any.
+    /// Handles one datagram from `from`; returns the response to send, if
+    /// any. Changes are published before it returns.
     pub fn handle(&mut self, dgram: &[u8], from: SocketAddr) -> Option<Vec<u8>> {
+        let r = self.handle_deferred(dgram, from);
+        self.flush();
+        r
+    }
+
+    /// [`Endpoint::handle`] without publishing: call [`Endpoint::flush`]
+    /// before sending the responses of a burst.
+    pub fn handle_deferred(&mut self, dgram: &[u8], from: SocketAddr) -> Option<Vec<u8>> {
+        self.defer = true;
+        let r = self.handle_one(dgram, from);
+        self.defer = false;
+        r
+    }
+
+    /// Publishes the changes of the requests handled since the last flush, compiled once.
+    pub fn flush(&mut self) {
+        if std::mem::take(&mut self.dirty) {
+            self.publish_now();
+        }
+    }
+
+    fn handle_one(&mut self, dgram: &[u8], from: SocketAddr) -> Option<Vec<u8>> {
         let control = Arc::clone(&self.control);
         let st = &control.stats;
         let (h, body) = match pfcp::parse_header(dgram) {
@@ -399,11 +435,21 @@ impl Endpoint {
         Ok(())
     }
 
-    fn publish(&self) {
+    /// The sessions changed: publish now, or at the end of the burst.
+    fn publish(&mut self) {
+        if self.defer {
+            self.dirty = true;
+        } else {
+            self.publish_now();
+        }
+    }
+
+    fn publish_now(&self) {
         let specs: Vec<SessionSpec> = self.sessions.values().map(|s| s.spec.clone()).collect();
         // Every session was checked on its own and against the others: this compiles.
         if let Ok(rs) = RuleSet::compile(&specs) {
             self.control.publish(Arc::new(rs));
+            self.control.stats.publishes.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -476,15 +522,23 @@ pub fn spawn(addr: &str, node: Ipv4Addr, initial: &[SessionSpec], control: &Arc<
 
 fn serve(sock: UdpSocket, ep: &mut Endpoint, weak: Weak<UpfControl>) {
     let mut buf = vec![0u8; 65536];
+    let mut rsps: Vec<(SocketAddr, Vec<u8>)> = Vec::new();
     loop {
-        match sock.recv_from(&mut buf) {
-            Ok((n, from)) => {
-                if let Some(rsp) = ep.handle(&buf[..n], from) {
-                    let _ = sock.send_to(&rsp, from);
+        // One blocking receive (20 ms timeout), then whatever else is waiting:
+        // the burst's changes are compiled once, before any response goes out.
+        if let Ok((n, from)) = sock.recv_from(&mut buf) {
+            rsps.extend(ep.handle_deferred(&buf[..n], from).map(|r| (from, r)));
+            if sock.set_nonblocking(true).is_ok() {
+                for _ in 1..BURST {
+                    let Ok((n, from)) = sock.recv_from(&mut buf) else { break };
+                    rsps.extend(ep.handle_deferred(&buf[..n], from).map(|r| (from, r)));
                 }
+                let _ = sock.set_nonblocking(false);
             }
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-            Err(_) => {}
+            ep.flush();
+            for (to, r) in rsps.drain(..) {
+                let _ = sock.send_to(&r, to);
+            }
         }
         for (to, m) in ep.report_requests() {
             let _ = sock.send_to(&m, to);
