@@ -152,6 +152,8 @@ pub struct UpfRow {
     pub forwarded: f64,
     /// Throughput relative to the `rtc` mode row of the same PDRs, direction and executor.
     pub vs_rtc: Option<f64>,
+    /// Staged mode: TSC cycles per packet of each pass (parse, lookup, pdrs, classify, act).
+    pub passes: Vec<(String, f64)>,
 }
 
 /// Every row.
@@ -203,7 +205,9 @@ pub fn run_upf(o: &UpfBenchOptions) -> Result<UpfReport, String> {
             let t = trace(&UpfPlan { dir, ..plan }, o.packets, o.size)?;
             for &kind in &execs {
                 for mode in &o.modes {
-                    let chain = format!("upf(rules={name}, mode={mode}, usage=false)");
+                    // Staged rows time their passes (a TSC read per pass per batch).
+                    let profile = mode == "staged";
+                    let chain = format!("upf(rules={name}, mode={mode}, usage=false, profile={profile})");
                     let spec = spec::parse(&chain).map_err(|e| e.to_string())?;
                     let cfg = RunConfig {
                         cores: 1,
@@ -218,6 +222,19 @@ pub fn run_upf(o: &UpfBenchOptions) -> Result<UpfReport, String> {
                     let nf = r.nfs.iter().find(|n| n.name == "upf");
                     let forwarded =
                         nf.map_or(0.0, |n| n.counters.packets_out as f64 / n.counters.packets_in.max(1) as f64);
+                    let prof = nf.and_then(|n| n.details.as_ref()).and_then(|d| d.get("profile"));
+                    let timed = prof.and_then(|p| p["packets"].as_u64()).unwrap_or(0).max(1) as f64;
+                    let passes = prof
+                        .and_then(|p| p["cycles"].as_object())
+                        .map(|c| {
+                            ["parse", "lookup", "pdrs", "classify", "act"]
+                                .iter()
+                                .map(|k| {
+                                    (k.to_string(), c.get(*k).and_then(|v| v.as_u64()).unwrap_or(0) as f64 / timed)
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
                     rows.push(UpfRow {
                         sessions: o.sessions,
                         pdrs: m,
@@ -228,6 +245,7 @@ pub fn run_upf(o: &UpfBenchOptions) -> Result<UpfReport, String> {
                         cycles_per_packet: r.cycles_per_packet,
                         forwarded,
                         vs_rtc: None,
+                        passes,
                     });
                 }
             }
@@ -273,6 +291,20 @@ impl fmt::Display for UpfReport {
                 v
             )?;
         }
+        writeln!(f, "\nwhere the cycles go (staged rows; TSC cycles per packet of each pass, whole batches timed):")?;
+        writeln!(
+            f,
+            "{:>8} {:>5} {:>4} {:>11} {:>7} {:>7} {:>7} {:>9} {:>7}",
+            "sessions", "pdrs", "dir", "executor", "parse", "lookup", "pdrs", "classify", "act"
+        )?;
+        for r in self.rows.iter().filter(|r| !r.passes.is_empty()) {
+            write!(f, "{:>8} {:>5} {:>4} {:>11}", r.sessions, r.pdrs, r.dir, r.exec)?;
+            for (k, (_, c)) in r.passes.iter().enumerate() {
+                let w = if k == 3 { 9 } else { 7 };
+                write!(f, " {c:>w$.1}")?;
+            }
+            writeln!(f)?;
+        }
         Ok(())
     }
 }
@@ -299,5 +331,15 @@ mod tests {
         }
         assert!(r.rows.iter().all(|x| x.vs_rtc.is_some()));
         assert!(r.to_string().contains("staged"));
+        // Staged rows say where the cycles went, pass by pass; rtc rows are not timed.
+        for row in &r.rows {
+            if row.mode == "staged" {
+                assert_eq!(row.passes.len(), 5, "{row:?}");
+                assert!(row.passes.iter().all(|(_, c)| *c > 0.0), "{row:?}");
+            } else {
+                assert!(row.passes.is_empty(), "{row:?}");
+            }
+        }
+        assert!(r.to_string().contains("where the cycles go"));
     }
 }

@@ -37,7 +37,7 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
-use flowplane_packet::{prefetch, Batch, DROP, MAX_BATCH};
+use flowplane_packet::{prefetch, tsc, Batch, DROP, MAX_BATCH};
 use flowplane_wire::checksum;
 use flowplane_wire::frame::PktMeta;
 use flowplane_wire::gtpu::{self, GtpuPacket, PduSessionInfo, PduType};
@@ -72,6 +72,11 @@ const BUFFER: ParamSpec =
 const REPORTS: ParamSpec =
     ParamSpec::uint("reports", 1024, 0, 1 << 20, "usage reports queued per core before they are counted as lost");
 const USAGE: ParamSpec = ParamSpec::bool("usage", true, "list per-URR usage in the report");
+const PROFILE: ParamSpec = ParamSpec::bool(
+    "profile",
+    false,
+    "staged mode: report TSC cycles per packet of each pass (parse, lookup, PDRs, classify, act); a few cycles per packet",
+);
 const PFCP: ParamSpec = ParamSpec::text(
     "pfcp",
     "",
@@ -84,7 +89,7 @@ pub const NF: NfDescriptor = NfDescriptor {
     name: "upf",
     about: "5G UPF: GTP-U uplink decapsulation / downlink encapsulation by PDR (precedence, F-TEID, QFI, SDF), FAR, QER, URR",
     keyed_by: KeyedBy::Stateless,
-    params: &[SESSIONS, PFCP, RULES, N3_ADDR, N3_PORT, N6_PORT, MODE, UDP_CSUM, BUFFER, REPORTS, USAGE],
+    params: &[SESSIONS, PFCP, RULES, N3_ADDR, N3_PORT, N6_PORT, MODE, UDP_CSUM, BUFFER, REPORTS, USAGE, PROFILE],
 };
 
 /// Builds `upf` from its parameters and hands it to `sink`.
@@ -111,6 +116,8 @@ pub struct UpfConfig {
     pub reports: usize,
     /// List per-URR usage in the report.
     pub usage: bool,
+    /// Staged mode: time each pass (TSC, per batch) for the report.
+    pub profile: bool,
 }
 
 impl Default for UpfConfig {
@@ -124,6 +131,7 @@ impl Default for UpfConfig {
             buffer: 64,
             reports: 1024,
             usage: true,
+            profile: false,
         }
     }
 }
@@ -307,6 +315,9 @@ pub struct Upf {
     c: UpfCounters,
     counters: NfCounters,
     scratch: Box<Scratch>,
+    /// With `profile`: TSC cycles spent in each staged pass, and packets timed.
+    pass_cycles: [u64; PASSES.len()],
+    timed_packets: u64,
     /// The PFCP endpoint's control block and the rule-set version in use.
     control: Option<(Arc<control::UpfControl>, u64)>,
 }
@@ -316,6 +327,9 @@ impl std::fmt::Debug for Upf {
         f.debug_struct("Upf").field("sessions", &self.rules.sessions.len()).field("counters", &self.c).finish()
     }
 }
+
+/// The staged passes, as the profile names them.
+const PASSES: [&str; 5] = ["parse", "lookup", "pdrs", "classify", "act"];
 
 const ETH_IPV4: [u8; 2] = [0x08, 0x00];
 const ETH_IPV6: [u8; 2] = [0x86, 0xdd];
@@ -339,6 +353,7 @@ impl Upf {
             buffer: p.uint(&BUFFER)?,
             reports: p.uint(&REPORTS)? as usize,
             usage: p.flag(&USAGE)?,
+            profile: p.flag(&PROFILE)?,
         };
         let specs = if file.is_empty() {
             Vec::new()
@@ -392,6 +407,8 @@ impl Upf {
             c: UpfCounters::default(),
             counters: NfCounters::default(),
             scratch,
+            pass_cycles: [0; PASSES.len()],
+            timed_packets: 0,
             control: None,
         };
         u.set_rules(rules);
@@ -1003,7 +1020,37 @@ impl Nf for Upf {
 
 impl Upf {
     fn run(&mut self, batch: &mut Batch, range: std::ops::Range<usize>, ctx: &NfContext) {
-        if self.cfg.staged {
+        if self.cfg.staged && self.cfg.profile {
+            // Where the cycles go: one TSC read between passes (per batch, not per packet).
+            let mut t = tsc::rdtsc();
+            let mut lap = |u: &mut Upf, k: usize| {
+                let now = tsc::rdtsc();
+                u.pass_cycles[k] += now.saturating_sub(t);
+                t = now;
+            };
+            for i in range.clone() {
+                self.stage_parse(batch, i);
+            }
+            lap(self, 0);
+            for i in range.clone() {
+                self.stage_lookup(i);
+            }
+            lap(self, 1);
+            for i in range.clone() {
+                self.stage_pdrs(i);
+            }
+            lap(self, 2);
+            for i in range.clone() {
+                self.stage_classify(batch, i);
+            }
+            lap(self, 3);
+            self.timed_packets += range.len() as u64;
+            for i in range {
+                let now = packet_time(batch, i, ctx);
+                self.stage_act(batch, i, now);
+            }
+            lap(self, 4);
+        } else if self.cfg.staged {
             for i in range.clone() {
                 self.stage_parse(batch, i);
             }
@@ -1050,13 +1097,20 @@ impl Upf {
             .take(64)
             .map(|r| json!({"seid": r.seid, "urr": r.urr_id, "volume": r.volume, "at_ns": r.at_ns}))
             .collect();
-        Some(json!({
+        let mut out = json!({
             "sessions": self.rules.sessions.len(),
             "pdrs": self.rules.pdrs.len(),
             "counters": self.c.to_json(),
             "usage": usage,
             "queued_reports": reports,
-        }))
+        });
+        if self.cfg.profile && self.cfg.staged {
+            // Sums (cycles, packets): they add up over cores; the reader divides.
+            let passes: Map<String, Value> =
+                PASSES.iter().zip(&self.pass_cycles).map(|(n, &c)| (n.to_string(), json!(c))).collect();
+            out["profile"] = json!({"cycles": passes, "packets": self.timed_packets});
+        }
+        Some(out)
     }
 }
 
