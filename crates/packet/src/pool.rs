@@ -1,7 +1,15 @@
-//! The per-core buffer pool: one aligned region, a LIFO free list.
+//! The per-core buffer pool: one page-aligned region, a LIFO free list.
 //!
 //! LIFO reuse keeps recently freed (cache-hot) buffers in circulation, which
 //! is what makes the replay source's RX copy land in L1/L2 in steady state.
+//!
+//! A buffer may also be *in device*: lent to a port (an AF_XDP fill or TX
+//! ring, a NIC descriptor) and reclaimed when the device gives it back.
+//! The pool keeps one bit per buffer for that state, so an index a device
+//! hands back is accepted only if it was lent (a bogus or repeated index
+//! from a device can never create a second owner). The region is
+//! page-aligned so a device can register it whole (AF_XDP's UMEM is this
+//! region: no copy between the device's memory and the pool).
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::fmt;
@@ -89,6 +97,9 @@ impl Drop for PoolMem {
     }
 }
 
+/// Alignment of the pool's region: a page, so a device can register it (AF_XDP UMEM).
+pub const REGION_ALIGN: usize = 4096;
+
 /// Counters of a pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
@@ -96,6 +107,8 @@ pub struct PoolStats {
     pub buffers: usize,
     /// Buffers currently free.
     pub free: usize,
+    /// Buffers lent to a device (RX fill or TX in flight).
+    pub in_device: usize,
     /// Allocation requests that could not be fully served (pool empty).
     pub alloc_failures: u64,
 }
@@ -105,10 +118,13 @@ pub struct PacketPool {
     pub(crate) mem: Arc<PoolMem>,
     free: Vec<u32>,
     alloc_failures: u64,
+    /// One bit per buffer: lent to a device.
+    lent: Vec<u64>,
+    in_device: usize,
 }
 
 impl PacketPool {
-    /// Allocates `cfg.buffers` buffers of `cfg.buf_size` bytes, 64-byte aligned and zeroed.
+    /// Allocates `cfg.buffers` buffers of `cfg.buf_size` bytes, page-aligned and zeroed.
     pub fn new(cfg: PoolConfig) -> Result<Self, PoolError> {
         if cfg.buffers == 0
             || cfg.buffers > u32::MAX as usize
@@ -120,7 +136,7 @@ impl PacketPool {
             return Err(PoolError::BadConfig);
         }
         let bytes = cfg.buffers.checked_mul(cfg.buf_size).ok_or(PoolError::BadConfig)?;
-        let layout = Layout::from_size_align(bytes, 64).map_err(|_| PoolError::BadConfig)?;
+        let layout = Layout::from_size_align(bytes, REGION_ALIGN).map_err(|_| PoolError::BadConfig)?;
         // SAFETY: layout has non-zero size (buffers > 0, buf_size > 0).
         let raw = unsafe { alloc_zeroed(layout) };
         let base = NonNull::new(raw).ok_or(PoolError::OutOfMemory)?;
@@ -128,7 +144,8 @@ impl PacketPool {
             Arc::new(PoolMem { base, layout, buf_size: cfg.buf_size, headroom: cfg.headroom, count: cfg.buffers });
         // Highest index at the bottom so buffer 0 is handed out first.
         let free = (0..cfg.buffers as u32).rev().collect();
-        Ok(PacketPool { mem, free, alloc_failures: 0 })
+        let lent = vec![0u64; cfg.buffers.div_ceil(64)];
+        Ok(PacketPool { mem, free, alloc_failures: 0, lent, in_device: 0 })
     }
 
     /// Bytes per buffer.
@@ -148,7 +165,12 @@ impl PacketPool {
 
     /// Counters.
     pub fn stats(&self) -> PoolStats {
-        PoolStats { buffers: self.mem.count, free: self.free.len(), alloc_failures: self.alloc_failures }
+        PoolStats {
+            buffers: self.mem.count,
+            free: self.free.len(),
+            in_device: self.in_device,
+            alloc_failures: self.alloc_failures,
+        }
     }
 
     /// Takes one free buffer index, if any.
@@ -201,6 +223,75 @@ impl PacketPool {
         debug_assert!(self.free.len() < self.mem.count, "double free of buffer {idx}");
         // Capacity was reserved for every buffer at creation: never reallocates.
         self.free.push(idx);
+    }
+
+    /// Lends up to `out.len()` free buffers to a device (an RX fill ring);
+    /// returns how many were written to `out`. They stay the device's until
+    /// [`PacketPool::reclaim`] or a batch's `push_from_device` takes them back.
+    pub fn lend(&mut self, out: &mut [u32]) -> usize {
+        let n = out.len().min(self.free.len());
+        let have = self.free.len();
+        out[..n].copy_from_slice(&self.free[have - n..]);
+        self.free.truncate(have - n);
+        for &i in &out[..n] {
+            self.mark_lent(i);
+        }
+        n
+    }
+
+    /// A lent buffer comes back unused (TX completion, teardown): onto the
+    /// free list. False — and nothing changes — if `idx` was not lent.
+    pub fn reclaim(&mut self, idx: u32) -> bool {
+        if !self.take_lent(idx) {
+            return false;
+        }
+        self.free.push(idx);
+        true
+    }
+
+    /// Clears `idx`'s lent bit if it was set (the device hands it back).
+    #[inline(always)]
+    pub(crate) fn take_lent(&mut self, idx: u32) -> bool {
+        let (w, b) = (idx as usize / 64, 1u64 << (idx % 64));
+        match self.lent.get_mut(w) {
+            Some(word) if *word & b != 0 => {
+                *word &= !b;
+                self.in_device -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Marks an owned index as lent to a device.
+    #[inline(always)]
+    pub(crate) fn mark_lent(&mut self, idx: u32) {
+        self.lent[idx as usize / 64] |= 1u64 << (idx % 64);
+        self.in_device += 1;
+    }
+
+    /// Buffers lent to a device now.
+    pub fn in_device(&self) -> usize {
+        self.in_device
+    }
+
+    /// Offset of buffer `idx` in the region (an AF_XDP UMEM address), or
+    /// None if `idx` is not a buffer of this pool.
+    pub fn addr_of(&self, idx: u32) -> Option<u64> {
+        ((idx as usize) < self.mem.count).then(|| idx as u64 * self.mem.buf_size as u64)
+    }
+
+    /// The buffer holding region offset `addr` (a device may hand back an
+    /// address inside the buffer), or None if it is outside the region.
+    pub fn index_of(&self, addr: u64) -> Option<u32> {
+        let i = addr / self.mem.buf_size as u64;
+        (i < self.mem.count as u64).then_some(i as u32)
+    }
+
+    /// The region's start and length, for registering it with a device.
+    /// Only lent buffers may be touched through it (by the device).
+    pub fn region(&self) -> (*mut u8, usize) {
+        (self.mem.base.as_ptr(), self.mem.count * self.mem.buf_size)
     }
 
     pub(crate) fn same_pool(&self, mem: &Arc<PoolMem>) -> bool {
