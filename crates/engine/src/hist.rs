@@ -76,6 +76,18 @@ impl Histogram {
         self.max = self.max.max(o.max);
     }
 
+    /// Values recorded below `v` (whole buckets, ~6% resolution): a
+    /// cumulative bucket for exporters (Prometheus `le`).
+    pub fn count_below(&self, v: u64) -> u64 {
+        let end = index(v.saturating_add(1)).min(BUCKETS);
+        self.counts[..end].iter().sum()
+    }
+
+    /// Sum of the recorded values, each taken at its bucket's lower bound.
+    pub fn sum_approx(&self) -> f64 {
+        self.counts.iter().enumerate().map(|(i, &c)| c as f64 * lower_bound(i) as f64).sum()
+    }
+
     /// The value at quantile `q` in [0, 1] (bucket lower bound; 0 if empty).
     pub fn quantile(&self, q: f64) -> u64 {
         if self.total == 0 {
