@@ -70,8 +70,7 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
         signal_hook::flag::register(sig, Arc::clone(&stop)).map_err(|e| CliError::new(format!("signal: {e}")))?;
     }
     let inp = port::open(&input, cores, port_options(&a)).map_err(|e| CliError::new(e.to_string()))?;
-    let base_ns =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let base_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let (outputs, files) = output_ports(&a, cores, base_ns)?;
     let live = Arc::new(Live::new(inp, outputs, cores));
     let server = match &a.metrics {
@@ -103,10 +102,8 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
         let rows = report.exports.iter().find(|(n, _)| n == name).map(|(_, r)| r.as_slice()).unwrap_or(&[]);
         write_export(path, rows)?;
     }
-    let ports: Vec<(String, PortStats)> = std::iter::once(&live.input)
-        .chain(live.outputs.iter())
-        .map(|p| (p.name(), p.stats()))
-        .collect();
+    let ports: Vec<(String, PortStats)> =
+        std::iter::once(&live.input).chain(live.outputs.iter()).map(|p| (p.name(), p.stats())).collect();
     let cores_snap = live.snapshots();
     let drops = metrics::drops(&live, &cores_snap);
     // The workers and the server are gone: the files' last handles are ours.

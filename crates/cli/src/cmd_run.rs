@@ -268,9 +268,9 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         Some(path) => Input::File(path),
         None => Input::Generated(Box::new(parse_gen(a.gen.as_deref().unwrap_or(DEFAULT_GEN))?)),
     };
-    let live_out = a.output.as_ref().is_some_and(|p| {
-        crate::io_port_spec(&p.to_string_lossy()).is_some_and(|s| s.is_live())
-    }) || !a.ports.is_empty();
+    let live_out =
+        a.output.as_ref().is_some_and(|p| crate::io_port_spec(&p.to_string_lossy()).is_some_and(|s| s.is_live()))
+            || !a.ports.is_empty();
     let output = match &a.output {
         Some(_) if live_out => {
             let (ports, files) = crate::cmd_live::output_ports(&a, cores, 0)?;

@@ -131,8 +131,18 @@ impl Collector for LiveCollector {
             cores.iter().enumerate().map(|(i, c)| (vec![("core", i.to_string())], f(c))).collect()
         };
         counter(&mut enc, "flowplane_core_packets", "Packets received per worker core", per_core(&|c| c.packets))?;
-        counter(&mut enc, "flowplane_core_packets_out", "Packets transmitted per worker core", per_core(&|c| c.tx.sent))?;
-        counter(&mut enc, "flowplane_core_busy_cycles", "TSC cycles spent on batches per core", per_core(&|c| c.busy_cycles))?;
+        counter(
+            &mut enc,
+            "flowplane_core_packets_out",
+            "Packets transmitted per worker core",
+            per_core(&|c| c.tx.sent),
+        )?;
+        counter(
+            &mut enc,
+            "flowplane_core_busy_cycles",
+            "TSC cycles spent on batches per core",
+            per_core(&|c| c.busy_cycles),
+        )?;
         let mut ports = vec![Arc::clone(&live.input)];
         ports.extend(live.outputs.iter().cloned());
         let mut rows_rx = Vec::new();
@@ -164,16 +174,44 @@ impl Collector for LiveCollector {
             }
         }
         let per_nf = |f: &dyn Fn(&flowplane_nf::NfCounters) -> u64| -> Vec<(Vec<(&str, String)>, u64)> {
-            nfs.iter().enumerate().map(|(i, (n, k))| (vec![("nf", n.clone()), ("index", i.to_string())], f(k))).collect()
+            nfs.iter()
+                .enumerate()
+                .map(|(i, (n, k))| (vec![("nf", n.clone()), ("index", i.to_string())], f(k)))
+                .collect()
         };
         counter(&mut enc, "flowplane_nf_packets_in", "Packets that reached each NF", per_nf(&|k| k.packets_in))?;
         counter(&mut enc, "flowplane_nf_packets_out", "Packets each NF passed on", per_nf(&|k| k.packets_out))?;
         counter(&mut enc, "flowplane_nf_dropped", "Packets each NF dropped", per_nf(&|k| k.dropped))?;
-        gauge(&mut enc, "flowplane_table_flows", "Live flow entries per core", per_core(&|c| c.store.flows).into_iter().map(|(l, v)| (l, v as i64)))?;
-        gauge(&mut enc, "flowplane_table_capacity", "Flow table capacity per core", per_core(&|c| c.store.capacity).into_iter().map(|(l, v)| (l, v as i64)))?;
-        counter(&mut enc, "flowplane_table_insertions", "Flow entries inserted per core", per_core(&|c| c.store.insertions))?;
-        counter(&mut enc, "flowplane_table_expiries", "Flow entries expired per core", per_core(&|c| c.store.expiries))?;
-        counter(&mut enc, "flowplane_table_full", "Inserts refused because the table was full, per core", per_core(&|c| c.store.table_full))?;
+        gauge(
+            &mut enc,
+            "flowplane_table_flows",
+            "Live flow entries per core",
+            per_core(&|c| c.store.flows).into_iter().map(|(l, v)| (l, v as i64)),
+        )?;
+        gauge(
+            &mut enc,
+            "flowplane_table_capacity",
+            "Flow table capacity per core",
+            per_core(&|c| c.store.capacity).into_iter().map(|(l, v)| (l, v as i64)),
+        )?;
+        counter(
+            &mut enc,
+            "flowplane_table_insertions",
+            "Flow entries inserted per core",
+            per_core(&|c| c.store.insertions),
+        )?;
+        counter(
+            &mut enc,
+            "flowplane_table_expiries",
+            "Flow entries expired per core",
+            per_core(&|c| c.store.expiries),
+        )?;
+        counter(
+            &mut enc,
+            "flowplane_table_full",
+            "Inserts refused because the table was full, per core",
+            per_core(&|c| c.store.table_full),
+        )?;
         let mut h = flowplane_engine::hist::Histogram::default();
         for c in &cores {
             if let Some(l) = &c.latency {
@@ -230,11 +268,7 @@ pub fn render(live: &Arc<Live>) -> Result<String, CliError> {
 }
 
 /// Serves `render(live)` on `addr` until `stop` is raised (a thread of its own).
-pub fn serve(
-    addr: &str,
-    live: Arc<Live>,
-    stop: Arc<AtomicBool>,
-) -> Result<std::thread::JoinHandle<()>, CliError> {
+pub fn serve(addr: &str, live: Arc<Live>, stop: Arc<AtomicBool>) -> Result<std::thread::JoinHandle<()>, CliError> {
     let server = tiny_http::Server::http(addr).map_err(|e| CliError::new(format!("--metrics {addr}: {e}")))?;
     std::thread::Builder::new()
         .name("fp-metrics".to_string())

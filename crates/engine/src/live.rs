@@ -81,11 +81,7 @@ impl Live {
 }
 
 /// A sink that sends worker `w`'s packets on `ports` by verdict.
-pub fn port_sink(
-    ports: &[Arc<dyn Port>],
-    w: usize,
-    no_port: Option<Arc<AtomicU64>>,
-) -> Result<PortSink, EngineError> {
+pub fn port_sink(ports: &[Arc<dyn Port>], w: usize, no_port: Option<Arc<AtomicU64>>) -> Result<PortSink, EngineError> {
     let mut tx = Vec::with_capacity(ports.len());
     let mut counters = Vec::with_capacity(ports.len());
     for p in ports {
@@ -240,6 +236,10 @@ pub fn run_live(
     let details = merge_details(&workers, &pipelines);
     let mut report = Report::from_workers(spec, cfg, &workers, details, elapsed, hz);
     report.clock = format!("port receive time ({})", live.input.name());
+    // On a port the run's span is mostly waiting for packets: the cost per
+    // packet is the workers' busy cycles (receive to transmit) per packet.
+    let busy: u64 = workers.iter().map(|w| w.busy_cycles).sum();
+    report.cycles_per_packet = if report.packets > 0 { busy as f64 / report.packets as f64 } else { 0.0 };
     report.exports = collect_exports(cfg, &pipelines, &report);
     Ok(report)
 }

@@ -701,7 +701,11 @@ pub(crate) fn merge_details(workers: &[WorkerResult], pipelines: &[Pipeline]) ->
 
 /// The rows of every `--export`ed NF: its state from every core (shared
 /// state once), or rows derived from its merged report.
-pub(crate) fn collect_exports(cfg: &RunConfig, pipelines: &[Pipeline], report: &Report) -> Vec<(String, Vec<serde_json::Value>)> {
+pub(crate) fn collect_exports(
+    cfg: &RunConfig,
+    pipelines: &[Pipeline],
+    report: &Report,
+) -> Vec<(String, Vec<serde_json::Value>)> {
     let mut names: Vec<&String> = cfg.export.iter().collect();
     names.sort();
     names.dedup();

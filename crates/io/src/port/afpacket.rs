@@ -111,7 +111,8 @@ impl AfPacketPort {
         }
         // Probe: fail here (one line), not on a worker thread, without root.
         packet_socket()?;
-        let group = (std::process::id() as u16).wrapping_mul(31).wrapping_add(NEXT_GROUP.fetch_add(1, Ordering::Relaxed));
+        let group =
+            (std::process::id() as u16).wrapping_mul(31).wrapping_add(NEXT_GROUP.fetch_add(1, Ordering::Relaxed));
         Ok(AfPacketPort {
             iface: iface.to_string(),
             ifindex: ifindex as i32,

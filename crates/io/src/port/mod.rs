@@ -443,12 +443,13 @@ pub fn open(spec: &PortSpec, queues: usize, opts: PortOptions) -> Result<Arc<dyn
         PortSpec::AfXdp { .. } => {
             Err(PortError::Unsupported(format!("{spec}: AF_XDP is not built into this binary yet (use afpacket:)")))
         }
-        PortSpec::Dpdk(_) => {
-            Err(PortError::Unsupported(format!("{spec}: DPDK ports are not built into this binary yet (use afpacket:)")))
-        }
-        PortSpec::Pcap(p) => {
-            Err(PortError::Unsupported(format!("{}: a pcap file is replayed or written, not opened as a live port", p.display())))
-        }
+        PortSpec::Dpdk(_) => Err(PortError::Unsupported(format!(
+            "{spec}: DPDK ports are not built into this binary yet (use afpacket:)"
+        ))),
+        PortSpec::Pcap(p) => Err(PortError::Unsupported(format!(
+            "{}: a pcap file is replayed or written, not opened as a live port",
+            p.display()
+        ))),
     }
 }
 
