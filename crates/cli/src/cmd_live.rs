@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use flowplane_engine::live::{run_live, Live};
 use flowplane_io::port::{self, PcapPort, Port, PortOptions, PortSpec, PortStats};
+use flowplane_io::sink::SharedPcapWriter;
 use flowplane_trace::{PcapWriter, WriterOptions};
 
 use crate::cmd_run::{config, parse_exports, write_export, RunArgs};
@@ -28,13 +29,12 @@ pub fn port_options(a: &RunArgs) -> PortOptions {
     PortOptions { promisc: a.promisc, ..PortOptions::default() }
 }
 
+/// Output ports by verdict, and the pcap files among them (finished at the end).
+type OutputPorts = (Vec<Arc<dyn Port>>, Vec<SharedPcapWriter>);
+
 /// The output ports (verdict i = port i): `--output` then each `--port`.
 /// Pcap files are created here; `base_ns` is packet time 0 for their stamps.
-pub fn output_ports(
-    a: &RunArgs,
-    queues: usize,
-    base_ns: u64,
-) -> Result<(Vec<Arc<dyn Port>>, Vec<Arc<Mutex<PcapWriter<std::io::BufWriter<std::fs::File>>>>>), CliError> {
+pub fn output_ports(a: &RunArgs, queues: usize, base_ns: u64) -> Result<OutputPorts, CliError> {
     let mut ports: Vec<Arc<dyn Port>> = Vec::new();
     let mut files = Vec::new();
     let names: Vec<String> =
