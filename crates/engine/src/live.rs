@@ -50,7 +50,7 @@ pub struct CoreSnap {
 
 /// What a running live data plane shows: its ports and cores.
 pub struct Live {
-    /// The input port, then the output ports (verdict i = outputs[i]).
+    /// The input port.
     pub input: Arc<dyn Port>,
     /// Output ports by verdict.
     pub outputs: Vec<Arc<dyn Port>>,
