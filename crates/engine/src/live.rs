@@ -160,12 +160,15 @@ pub fn run_live(
                             cpu::pin_current_thread(w);
                         }
                         let build = || -> Result<Worker<'static>, EngineError> {
-                            let pool = PacketPool::new(PoolConfig {
+                            let mut pool = PacketPool::new(PoolConfig {
                                 buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
                                 ..PoolConfig::default()
                             })?;
                             let exec = Pipeline::new(chain, cfg.exec, shared.clone())?;
-                            let rx = live.input.open_rx(w).map_err(|e| EngineError::Config(e.to_string()))?;
+                            let rx = live
+                                .input
+                                .open_rx_into(w, &mut pool)
+                                .map_err(|e| EngineError::Config(e.to_string()))?;
                             let source = PortSource::new(rx, Arc::clone(&live.input.counters()[w]));
                             let sink = port_sink(&live.outputs, w, Some(Arc::clone(&live.no_port)))?;
                             Ok(Worker::new(w, pool, Box::new(source), exec, Box::new(sink), cfg.batch_size, 0, None))

@@ -23,7 +23,7 @@ mod pool;
 pub mod tsc;
 
 pub use batch::{Batch, Line, Verdict, DROP, MAX_BATCH};
-pub use pool::{PacketPool, PoolConfig, PoolError, PoolStats, REGION_ALIGN};
+pub use pool::{PacketPool, PoolConfig, PoolError, PoolStats, RegionGuard, REGION_ALIGN};
 
 /// Default buffer size (data room + headroom), as DPDK's default mbuf.
 pub const DEFAULT_BUF_SIZE: usize = 2048;

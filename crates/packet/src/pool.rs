@@ -100,6 +100,15 @@ impl Drop for PoolMem {
 /// Alignment of the pool's region: a page, so a device can register it (AF_XDP UMEM).
 pub const REGION_ALIGN: usize = 4096;
 
+/// Keeps a pool's region allocated (see [`PacketPool::region_guard`]).
+pub struct RegionGuard(#[allow(dead_code)] Arc<PoolMem>);
+
+impl fmt::Debug for RegionGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RegionGuard")
+    }
+}
+
 /// Counters of a pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
@@ -292,6 +301,12 @@ impl PacketPool {
     /// Only lent buffers may be touched through it (by the device).
     pub fn region(&self) -> (*mut u8, usize) {
         (self.mem.base.as_ptr(), self.mem.count * self.mem.buf_size)
+    }
+
+    /// A handle that keeps the region mapped while a device may still write
+    /// it (hold it until the device is closed; the pool may be dropped first).
+    pub fn region_guard(&self) -> RegionGuard {
+        RegionGuard(Arc::clone(&self.mem))
     }
 
     pub(crate) fn same_pool(&self, mem: &Arc<PoolMem>) -> bool {

@@ -1,5 +1,5 @@
-//! Real ports: one abstraction over every backend (AF_PACKET today; AF_XDP
-//! and DPDK plug in behind the same traits), named the same way everywhere:
+//! Real ports: one abstraction over every backend (AF_PACKET, AF_XDP where
+//! libxdp was found at build time; DPDK plugs in behind the same traits), named the same way everywhere:
 //! `pcap:FILE | afpacket:IFACE | afxdp:IFACE[:QUEUE] | dpdk:PORT_OR_VDEV`
 //! (a bare path is a pcap file).
 //!
@@ -18,6 +18,8 @@
 //! block with its `// SAFETY:` argument.
 
 pub mod afpacket;
+#[cfg(fp_afxdp)]
+pub mod afxdp;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -244,6 +246,13 @@ pub trait Port: Send + Sync {
     fn queues(&self) -> usize;
     /// Opens RX queue `q` (on the worker thread that will poll it).
     fn open_rx(&self, q: usize) -> Result<Box<dyn RxQueue>, PortError>;
+    /// Opens RX queue `q` for a worker whose buffers are `pool`'s: a device
+    /// that writes into the pool itself (AF_XDP's UMEM) registers its region
+    /// and lends it buffers now. Default: [`Port::open_rx`] (a copying device).
+    fn open_rx_into(&self, q: usize, pool: &mut PacketPool) -> Result<Box<dyn RxQueue>, PortError> {
+        let _ = pool;
+        self.open_rx(q)
+    }
     /// Opens TX queue `q`.
     fn open_tx(&self, q: usize) -> Result<Box<dyn TxQueue>, PortError>;
     /// Per-queue counters (live).
@@ -440,9 +449,12 @@ impl TxQueue for PcapTx {
 pub fn open(spec: &PortSpec, queues: usize, opts: PortOptions) -> Result<Arc<dyn Port>, PortError> {
     match spec {
         PortSpec::AfPacket { iface } => Ok(Arc::new(afpacket::AfPacketPort::open(iface, queues, opts)?)),
-        PortSpec::AfXdp { .. } => {
-            Err(PortError::Unsupported(format!("{spec}: AF_XDP is not built into this binary yet (use afpacket:)")))
-        }
+        #[cfg(fp_afxdp)]
+        PortSpec::AfXdp { iface, queue } => Ok(Arc::new(afxdp::AfXdpPort::open(iface, *queue, queues, opts)?)),
+        #[cfg(not(fp_afxdp))]
+        PortSpec::AfXdp { .. } => Err(PortError::Unsupported(format!(
+            "{spec}: AF_XDP is not built into this binary (build with libxdp-dev and libbpf-dev installed)"
+        ))),
         PortSpec::Dpdk(_) => Err(PortError::Unsupported(format!(
             "{spec}: DPDK ports are not built into this binary yet (use afpacket:)"
         ))),
