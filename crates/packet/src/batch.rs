@@ -620,6 +620,28 @@ mod tests {
     }
 
     #[test]
+    fn device_region_pool_starts_in_device() {
+        // A "device" region: 5 buffers of 256 bytes, owned by the test.
+        let mut region = vec![Line::ZERO; 5 * 4];
+        let base = std::ptr::NonNull::new(region.as_mut_ptr() as *mut u8).unwrap();
+        // SAFETY: the region outlives the pool and batch below and is only touched through them.
+        let mut p = unsafe { PacketPool::from_device_region(base, 5, 256, 64) }.unwrap();
+        assert_eq!((p.stats().free, p.stats().in_device), (0, 5));
+        let mut b = Batch::new(&p);
+        assert!(!b.push_copy(&mut p, &[1], 0), "nothing free: all in device");
+        assert!(b.push_from_device(&mut p, 4, 100, 50, 0, 0));
+        b.data_mut(0)[0] = 7;
+        b.free_all(&mut p).unwrap();
+        // Freed buffers go back to the device with `lend`.
+        let mut out = [0u32; 8];
+        assert_eq!(p.lend(&mut out), 1);
+        assert_eq!(out[0], 4);
+        assert_eq!(region[4 * 4 + 1].0[100 - 64], 7);
+        // SAFETY: as above (the region must not be freed before the pool).
+        assert!(unsafe { PacketPool::from_device_region(base, 5, 100, 0) }.is_err());
+    }
+
+    #[test]
     fn bad_configs() {
         assert_eq!(PacketPool::new(PoolConfig { buffers: 0, ..Default::default() }).err(), Some(PoolError::BadConfig));
         assert_eq!(

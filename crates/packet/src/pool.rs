@@ -61,7 +61,8 @@ impl std::error::Error for PoolError {}
 /// The buffer memory, shared (read-only metadata) between a pool and its batches.
 pub(crate) struct PoolMem {
     base: NonNull<u8>,
-    layout: Layout,
+    /// The allocation to free on drop; None for a device's region (not ours to free).
+    layout: Option<Layout>,
     pub(crate) buf_size: usize,
     pub(crate) headroom: usize,
     pub(crate) count: usize,
@@ -92,8 +93,10 @@ impl PoolMem {
 
 impl Drop for PoolMem {
     fn drop(&mut self) {
-        // SAFETY: `base` was allocated in `PacketPool::new` with exactly `layout`.
-        unsafe { dealloc(self.base.as_ptr(), self.layout) }
+        if let Some(layout) = self.layout {
+            // SAFETY: `base` was allocated in `PacketPool::new` with exactly `layout`.
+            unsafe { dealloc(self.base.as_ptr(), layout) }
+        }
     }
 }
 
@@ -149,12 +152,52 @@ impl PacketPool {
         // SAFETY: layout has non-zero size (buffers > 0, buf_size > 0).
         let raw = unsafe { alloc_zeroed(layout) };
         let base = NonNull::new(raw).ok_or(PoolError::OutOfMemory)?;
-        let mem =
-            Arc::new(PoolMem { base, layout, buf_size: cfg.buf_size, headroom: cfg.headroom, count: cfg.buffers });
+        let mem = Arc::new(PoolMem {
+            base,
+            layout: Some(layout),
+            buf_size: cfg.buf_size,
+            headroom: cfg.headroom,
+            count: cfg.buffers,
+        });
         // Highest index at the bottom so buffer 0 is handed out first.
         let free = (0..cfg.buffers as u32).rev().collect();
         let lent = vec![0u64; cfg.buffers.div_ceil(64)];
         Ok(PacketPool { mem, free, alloc_failures: 0, lent, in_device: 0 })
+    }
+
+    /// A pool over a device's own buffer region (a DPDK mempool of mbufs):
+    /// `count` buffers of `stride` bytes from `base`, every one of them *in
+    /// device* at the start (the device hands them out with each receive and
+    /// takes them back through [`PacketPool::lend`]). Nothing is freed on drop.
+    ///
+    /// # Safety
+    /// `base .. base + count * stride` must be valid for reads and writes for
+    /// as long as the pool or any batch over it lives (a DPDK mempool lives
+    /// until the process ends), and not be accessed by Rust code except
+    /// through this pool; `stride` is a multiple of 64 and at most `u16::MAX`.
+    pub unsafe fn from_device_region(
+        base: NonNull<u8>,
+        count: usize,
+        stride: usize,
+        headroom: usize,
+    ) -> Result<Self, PoolError> {
+        if count == 0
+            || count > u32::MAX as usize
+            || stride == 0
+            || !stride.is_multiple_of(64)
+            || stride > u16::MAX as usize
+            || headroom >= stride
+        {
+            return Err(PoolError::BadConfig);
+        }
+        let mem = Arc::new(PoolMem { base, layout: None, buf_size: stride, headroom, count });
+        let mut lent = vec![u64::MAX; count.div_ceil(64)];
+        if !count.is_multiple_of(64) {
+            if let Some(last) = lent.last_mut() {
+                *last = (1u64 << (count % 64)) - 1;
+            }
+        }
+        Ok(PacketPool { mem, free: Vec::with_capacity(count), alloc_failures: 0, lent, in_device: count })
     }
 
     /// Bytes per buffer.
