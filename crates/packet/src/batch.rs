@@ -169,7 +169,7 @@ impl Batch {
             return 0;
         }
         let head = self.mem.headroom;
-        let max_lines = (self.mem.buf_size - head) / 64;
+        let max_lines = (self.mem.ceil - head) / 64;
         for k in 0..n {
             let i = start + k;
             let (lines, len, hash, ts) = fill(k);
@@ -211,7 +211,8 @@ impl Batch {
         ts: u64,
     ) -> bool {
         if self.len == MAX_BATCH
-            || off as usize + len as usize > self.mem.buf_size
+            || (off as usize) < self.mem.floor
+            || off as usize + len as usize > self.mem.ceil
             || !pool.same_pool(&self.mem)
             || !pool.take_lent(idx)
         {
@@ -295,7 +296,7 @@ impl Batch {
     /// header) and returns the new data. `None` if the headroom is too small.
     pub fn prepend(&mut self, i: usize, n: usize) -> Option<&mut [u8]> {
         assert!(i < self.len);
-        if n > self.off[i] as usize {
+        if n + self.mem.floor > self.off[i] as usize {
             return None;
         }
         self.off[i] -= n as u16;
@@ -319,7 +320,7 @@ impl Batch {
     /// Returns `false` if it would exceed the buffer.
     pub fn set_len(&mut self, i: usize, len: usize) -> bool {
         assert!(i < self.len);
-        if self.off[i] as usize + len > self.mem.buf_size {
+        if self.off[i] as usize + len > self.mem.ceil {
             return false;
         }
         self.pkt_len[i] = len as u16;
@@ -625,11 +626,16 @@ mod tests {
         let mut region = vec![Line::ZERO; 5 * 4];
         let base = std::ptr::NonNull::new(region.as_mut_ptr() as *mut u8).unwrap();
         // SAFETY: the region outlives the pool and batch below and is only touched through them.
-        let mut p = unsafe { PacketPool::from_device_region(base, 5, 256, 64) }.unwrap();
+        let mut p = unsafe { PacketPool::from_device_region(base, 5, 256, 64, 192) }.unwrap();
         assert_eq!((p.stats().free, p.stats().in_device), (0, 5));
         let mut b = Batch::new(&p);
         assert!(!b.push_copy(&mut p, &[1], 0), "nothing free: all in device");
+        assert!(!b.push_from_device(&mut p, 4, 10, 50, 0, 0), "data before the floor");
+        assert!(!b.push_from_device(&mut p, 4, 100, 93, 0, 0), "data past the ceiling");
         assert!(b.push_from_device(&mut p, 4, 100, 50, 0, 0));
+        assert!(b.prepend(0, 37).is_none(), "would cross the device's header");
+        assert!(b.prepend(0, 36).is_some() && b.adj(0, 36));
+        assert!(!b.set_len(0, 93) && b.set_len(0, 92));
         b.data_mut(0)[0] = 7;
         b.free_all(&mut p).unwrap();
         // Freed buffers go back to the device with `lend`.
@@ -638,7 +644,9 @@ mod tests {
         assert_eq!(out[0], 4);
         assert_eq!(region[4 * 4 + 1].0[100 - 64], 7);
         // SAFETY: as above (the region must not be freed before the pool).
-        assert!(unsafe { PacketPool::from_device_region(base, 5, 100, 0) }.is_err());
+        assert!(unsafe { PacketPool::from_device_region(base, 5, 100, 0, 100) }.is_err());
+        // SAFETY: as above.
+        assert!(unsafe { PacketPool::from_device_region(base, 5, 256, 64, 300) }.is_err());
     }
 
     #[test]

@@ -66,6 +66,10 @@ pub(crate) struct PoolMem {
     pub(crate) buf_size: usize,
     pub(crate) headroom: usize,
     pub(crate) count: usize,
+    /// Packet data never starts before this offset in a buffer, nor ends past
+    /// `ceil` (a device's buffer holds its own header and trailer around the data).
+    pub(crate) floor: usize,
+    pub(crate) ceil: usize,
 }
 
 // SAFETY: `PoolMem` is a plain memory region; all access to buffer bytes goes
@@ -158,6 +162,8 @@ impl PacketPool {
             buf_size: cfg.buf_size,
             headroom: cfg.headroom,
             count: cfg.buffers,
+            floor: 0,
+            ceil: cfg.buf_size,
         });
         // Highest index at the bottom so buffer 0 is handed out first.
         let free = (0..cfg.buffers as u32).rev().collect();
@@ -168,29 +174,36 @@ impl PacketPool {
     /// A pool over a device's own buffer region (a DPDK mempool of mbufs):
     /// `count` buffers of `stride` bytes from `base`, every one of them *in
     /// device* at the start (the device hands them out with each receive and
-    /// takes them back through [`PacketPool::lend`]). Nothing is freed on drop.
+    /// takes them back through [`PacketPool::lend`]). Packet data stays within
+    /// `floor..ceil` of its buffer (the device's own header before it, its
+    /// trailer after): `Batch::prepend` and `set_len` refuse to cross them.
+    /// Nothing is freed on drop.
     ///
     /// # Safety
     /// `base .. base + count * stride` must be valid for reads and writes for
     /// as long as the pool or any batch over it lives (a DPDK mempool lives
     /// until the process ends), and not be accessed by Rust code except
-    /// through this pool; `stride` is a multiple of 64 and at most `u16::MAX`.
+    /// through this pool, nor the bytes outside `floor..ceil` of each buffer
+    /// by anyone but the device.
     pub unsafe fn from_device_region(
         base: NonNull<u8>,
         count: usize,
         stride: usize,
-        headroom: usize,
+        floor: usize,
+        ceil: usize,
     ) -> Result<Self, PoolError> {
         if count == 0
             || count > u32::MAX as usize
             || stride == 0
             || !stride.is_multiple_of(64)
             || stride > u16::MAX as usize
-            || headroom >= stride
+            || floor >= ceil
+            || ceil > stride
         {
             return Err(PoolError::BadConfig);
         }
-        let mem = Arc::new(PoolMem { base, layout: None, buf_size: stride, headroom, count });
+        let headroom = (floor + crate::DEFAULT_HEADROOM).min(ceil - 1);
+        let mem = Arc::new(PoolMem { base, layout: None, buf_size: stride, headroom, count, floor, ceil });
         let mut lent = vec![u64::MAX; count.div_ceil(64)];
         if !count.is_multiple_of(64) {
             if let Some(last) = lent.last_mut() {
@@ -212,7 +225,7 @@ impl PacketPool {
 
     /// Maximum packet data a fresh buffer can hold (buffer size minus headroom).
     pub fn data_room(&self) -> usize {
-        self.mem.buf_size - self.mem.headroom
+        self.mem.ceil - self.mem.headroom
     }
 
     /// Counters.
