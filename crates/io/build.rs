@@ -7,6 +7,41 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    if std::env::var_os("CARGO_FEATURE_DPDK").is_some() {
+        dpdk();
+    }
+    afxdp();
+}
+
+/// The `dpdk` feature: DPDK >= 21.11 by pkg-config (`libdpdk`), the ethdev shim, and the
+/// libraries it calls (the vdev PMDs are loaded by the EAL as plugins).
+fn dpdk() {
+    println!("cargo:rerun-if-changed=csrc/dpdk_shim.c");
+    let lib = match pkg_config::Config::new().atleast_version("21.11").cargo_metadata(false).probe("libdpdk") {
+        Ok(lib) => lib,
+        Err(e) => {
+            eprintln!("error: the `dpdk` feature needs libdpdk-dev (pkg-config libdpdk): {e}");
+            std::process::exit(1);
+        }
+    };
+    let mut cc = cc::Build::new();
+    cc.file("csrc/dpdk_shim.c").flag_if_supported("-msse4.2").warnings(true);
+    for p in &lib.include_paths {
+        cc.include(p);
+    }
+    for (k, v) in &lib.defines {
+        cc.define(k, v.as_deref());
+    }
+    cc.compile("flowplane_dpdk_port_shim");
+    for p in &lib.link_paths {
+        println!("cargo:rustc-link-search=native={}", p.display());
+    }
+    for l in ["rte_ethdev", "rte_mbuf", "rte_mempool", "rte_eal", "rte_kvargs"] {
+        println!("cargo:rustc-link-lib=dylib={l}");
+    }
+}
+
+fn afxdp() {
     println!("cargo:rerun-if-changed=csrc/xsk_shim.c");
     println!("cargo:rerun-if-env-changed=FLOWPLANE_NO_AFXDP");
     println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");

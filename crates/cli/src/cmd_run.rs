@@ -42,6 +42,9 @@ pub struct RunArgs {
     /// Put live ports in promiscuous mode while they are open.
     #[arg(long)]
     pub promisc: bool,
+    /// DPDK EAL arguments for dpdk: ports, as one string (default "--no-huge --no-pci -m 1024 --no-shconf").
+    #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
+    pub eal: Option<String>,
     /// Live runs: serve Prometheus metrics on this address (e.g. 127.0.0.1:9100).
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
@@ -248,6 +251,10 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
 
 pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
     validate(&a)?;
+    #[cfg(feature = "dpdk")]
+    if let Some(e) = &a.eal {
+        flowplane_io::port::dpdk::set_eal_args(e.split_whitespace().map(str::to_string).collect());
+    }
     if let Some(port) = crate::cmd_live::live_input(&a)? {
         return crate::cmd_live::run(a, port);
     }

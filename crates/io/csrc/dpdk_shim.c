@@ -25,6 +25,8 @@
 #include <rte_ethdev.h>
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
+#include <rte_malloc.h>
+#include <rte_mbuf_pool_ops.h>
 #include <rte_mempool.h>
 
 /* Starts the EAL (the caller's CPU affinity is restored afterwards). Returns 0 or a negative errno. */
@@ -64,6 +66,50 @@ int fp_dpdk_thread_register(void)
 	return rte_thread_register();
 }
 
+static void free_chunk(struct rte_mempool_memhdr *h, void *opaque)
+{
+	(void)h;
+	rte_free(opaque);
+}
+
+/*
+ * An mbuf pool laid out as ONE virtually contiguous chunk at a constant
+ * stride (what flowplane's buffer indices need), for when the default layout
+ * is split (no huge pages: objects kept within 4 KiB pages). IOVAs are not
+ * set: enough for the virtual devices (net_null, net_ring, net_pcap,
+ * net_af_packet), which never DMA; a NIC gets the default pool on huge pages.
+ */
+static struct rte_mempool *pool_one_chunk(const char *name, unsigned n, int socket)
+{
+	struct rte_mempool *mp = rte_mempool_create_empty(name, n, sizeof(struct rte_mbuf) + RTE_MBUF_DEFAULT_BUF_SIZE,
+							  256, sizeof(struct rte_pktmbuf_pool_private), socket,
+							  RTE_MEMPOOL_F_NO_IOVA_CONTIG);
+	if (!mp)
+		return NULL;
+	if (rte_mempool_set_ops_byname(mp, rte_mbuf_best_mempool_ops(), NULL))
+		goto fail;
+	struct rte_pktmbuf_pool_private pp;
+	memset(&pp, 0, sizeof(pp));
+	pp.mbuf_data_room_size = RTE_MBUF_DEFAULT_BUF_SIZE;
+	pp.mbuf_priv_size = 0;
+	rte_pktmbuf_pool_init(mp, &pp);
+	size_t sz = (size_t)(mp->header_size + mp->elt_size + mp->trailer_size) * n + 4096;
+	char *mem = rte_malloc_socket("fp_mbufs", sz, 4096, socket);
+	if (!mem)
+		goto fail;
+	int r = rte_mempool_populate_iova(mp, mem, RTE_BAD_IOVA, sz, free_chunk, mem);
+	if (r < (int)n) {
+		if (r <= 0)
+			rte_free(mem);
+		goto fail;
+	}
+	rte_mempool_obj_iter(mp, rte_pktmbuf_init, NULL);
+	return mp;
+fail:
+	rte_mempool_free(mp);
+	return NULL;
+}
+
 struct region {
 	uintptr_t min, max;
 	uint32_t n;
@@ -80,6 +126,15 @@ static void obj_cb(struct rte_mempool *mp, void *arg, void *obj, unsigned idx)
 	if (r->n == 0 || a > r->max)
 		r->max = a;
 	r->n++;
+}
+
+/* True if mp's objects form one region at a constant stride (reg: first object, count). */
+static int one_region(struct rte_mempool *mp, struct region *reg)
+{
+	memset(reg, 0, sizeof(*reg));
+	rte_mempool_obj_iter(mp, obj_cb, reg);
+	uint32_t st = mp->header_size + mp->elt_size + mp->trailer_size;
+	return mp->nb_mem_chunks == 1 && reg->n == mp->size && (reg->max - reg->min) == (uintptr_t)st * (reg->n - 1);
 }
 
 /*
@@ -116,15 +171,18 @@ int fp_dpdk_setup(uint16_t port, uint16_t nq, uint32_t mbufs, uint16_t desc, str
 		char name[RTE_MEMPOOL_NAMESIZE];
 		snprintf(name, sizeof(name), "fp_p%u_q%u", port, q);
 		struct rte_mempool *mp = rte_pktmbuf_pool_create(name, mbufs, 256, 0, RTE_MBUF_DEFAULT_BUF_SIZE, socket);
+		struct region reg;
+		if (mp && !one_region(mp, &reg)) {
+			rte_mempool_free(mp);
+			mp = pool_one_chunk(name, mbufs, socket);
+			if (mp && !one_region(mp, &reg)) {
+				rte_mempool_free(mp);
+				return -E2BIG;
+			}
+		}
 		if (!mp)
 			return rte_errno > 0 ? -rte_errno : -ENOMEM;
-		if (mp->nb_mem_chunks != 1)
-			return -E2BIG;
-		struct region reg = { 0, 0, 0 };
-		rte_mempool_obj_iter(mp, obj_cb, &reg);
 		uint32_t st = mp->header_size + mp->elt_size + mp->trailer_size;
-		if (reg.n != mp->size || (reg.max - reg.min) != (uintptr_t)st * (reg.n - 1))
-			return -E2BIG;
 		struct rte_mbuf *m0 = (struct rte_mbuf *)reg.min;
 		pools[q] = mp;
 		base[q] = reg.min;

@@ -213,6 +213,11 @@ impl PacketPool {
         Ok(PacketPool { mem, free: Vec::with_capacity(count), alloc_failures: 0, lent, in_device: count })
     }
 
+    /// True for a pool over a device's own region ([`PacketPool::from_device_region`]).
+    pub fn is_device_region(&self) -> bool {
+        self.mem.layout.is_none()
+    }
+
     /// Bytes per buffer.
     pub fn buf_size(&self) -> usize {
         self.mem.buf_size

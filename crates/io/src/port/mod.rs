@@ -20,6 +20,8 @@
 pub mod afpacket;
 #[cfg(fp_afxdp)]
 pub mod afxdp;
+#[cfg(feature = "dpdk")]
+pub mod dpdk;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -281,6 +283,16 @@ pub trait TxQueue: Send {
     /// (the batch keeps its buffers: the caller frees them). Returns
     /// (sent, bytes, dropped for lack of room or by a device error).
     fn tx_batch(&mut self, batch: &Batch, port: Verdict) -> (u64, u64, u64);
+
+    /// Transmits every live packet of `batch` in place by lending its buffers
+    /// to the device (a DPDK port sending the worker's own mbufs), frees the
+    /// dropped ones and empties the batch: (sent, bytes, dropped, tx full).
+    /// None — and the batch untouched — when this queue cannot use `pool`'s
+    /// buffers; the caller then copies through [`TxQueue::tx_batch`].
+    fn tx_lend(&mut self, pool: &mut PacketPool, batch: &mut Batch) -> Option<(u64, u64, u64, u64)> {
+        let _ = (pool, batch);
+        None
+    }
 }
 
 /// Ties an RX queue to the worker's `Source` seam.
@@ -349,6 +361,14 @@ impl Sink for PortSink {
             } else {
                 beyond = true;
                 c.errors += 1;
+            }
+        }
+        // One output port and every live packet for it: the device may take the buffers themselves.
+        if nports == 1 && !beyond {
+            if let Some((sent, bytes, dropped, full)) = self.tx[0].tx_lend(pool, batch) {
+                QueueCounters::add(&self.counters[0].tx_packets, sent);
+                QueueCounters::add(&self.counters[0].tx_bytes, bytes);
+                return TxCounters { sent, bytes, dropped, errors: full };
             }
         }
         for (p, (tx, qc)) in self.tx.iter_mut().zip(&self.counters).enumerate() {
@@ -455,8 +475,11 @@ pub fn open(spec: &PortSpec, queues: usize, opts: PortOptions) -> Result<Arc<dyn
         PortSpec::AfXdp { .. } => Err(PortError::Unsupported(format!(
             "{spec}: AF_XDP is not built into this binary (build with libxdp-dev and libbpf-dev installed)"
         ))),
+        #[cfg(feature = "dpdk")]
+        PortSpec::Dpdk(d) => Ok(Arc::new(dpdk::DpdkPort::open(d, queues, opts)?)),
+        #[cfg(not(feature = "dpdk"))]
         PortSpec::Dpdk(_) => Err(PortError::Unsupported(format!(
-            "{spec}: DPDK ports are not built into this binary yet (use afpacket:)"
+            "{spec}: DPDK ports are not built into this binary (build with --features dpdk and libdpdk-dev)"
         ))),
         PortSpec::Pcap(p) => Err(PortError::Unsupported(format!(
             "{}: a pcap file is replayed or written, not opened as a live port",
