@@ -123,7 +123,7 @@ fn metric(text: &str, line_prefix: &str) -> u64 {
         .unwrap_or_else(|| panic!("{line_prefix} not in the metrics:\n{text}")) as u64
 }
 
-fn tshark_rows(pcap: &Path, fields: &[&str]) -> Vec<Vec<String>> {
+pub fn tshark_rows(pcap: &Path, fields: &[&str]) -> Vec<Vec<String>> {
     let mut cmd = Command::new("tshark");
     cmd.args(["-n", "-r"]).arg(pcap);
     cmd.args(["-o", "ip.check_checksum:TRUE", "-o", "udp.check_checksum:TRUE", "-o", "tcp.check_checksum:TRUE"])
@@ -135,6 +135,14 @@ fn tshark_rows(pcap: &Path, fields: &[&str]) -> Vec<Vec<String>> {
     let out = cmd.output().expect("tshark (apt-get install tshark)");
     assert!(out.status.success(), "tshark: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).lines().map(|l| l.split('|').map(str::to_string).collect()).collect()
+}
+
+/// The port name of interface `iface` for `backend` (`dpdk_af_packet`: DPDK's net_af_packet vdev `n`).
+fn port_name(backend: &str, iface: &str, n: usize) -> String {
+    match backend {
+        "dpdk_af_packet" => format!("dpdk:net_af_packet{n},iface={iface},qdisc_bypass=1"),
+        b => format!("{b}:{iface}"),
+    }
 }
 
 /// Runs `chain` between the two veths over a generated trace of `packets`
@@ -167,7 +175,7 @@ pub fn run_between(
     // flowplane between the veths, until SIGINT.
     let mut fp = Proc(Some(
         Command::new(BIN)
-            .args(["run", "--input", &format!("{backend}:{}", t.fa), "--output", &format!("{backend}:{}", t.fb)])
+            .args(["run", "--input", &port_name(backend, &t.fa, 0), "--output", &port_name(backend, &t.fb, 1)])
             .args(["--chain", chain, "--cores", "1", "--no-pin", "--json"])
             .args(["--metrics", &format!("127.0.0.1:{metrics_port}")])
             .stdout(Stdio::piped())
