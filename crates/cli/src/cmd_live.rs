@@ -26,7 +26,9 @@ pub fn live_input(a: &RunArgs) -> Result<Option<PortSpec>, CliError> {
 
 /// Options for live ports from the arguments.
 pub fn port_options(a: &RunArgs) -> PortOptions {
-    PortOptions { promisc: a.promisc, ..PortOptions::default() }
+    // --pool beyond its default also sizes a device's own buffers (DPDK mbufs per queue).
+    let d = PortOptions::default();
+    PortOptions { promisc: a.promisc, buffers: if a.pool > 4096 { a.pool } else { d.buffers }, ..d }
 }
 
 /// Output ports by verdict, and the pcap files among them (finished at the end).

@@ -143,8 +143,15 @@ uint32_t fp_xsk_tx(struct fp_xsk *x, const uint64_t *addr, const uint32_t *len, 
 	}
 	if (got) {
 		xsk_ring_prod__submit(&x->tx, got);
-		if (!x->zerocopy || xsk_ring_prod__needs_wakeup(&x->tx))
+		/* Copy mode sends at most 32 descriptors per kick (the kernel's TX batch): kick per 32. */
+		if (!x->zerocopy) {
+			for (uint32_t k = 0; k < got; k += 32)
+				if (sendto(xsk_socket__fd(x->xsk), NULL, 0, MSG_DONTWAIT, NULL, 0) < 0 && errno != EAGAIN &&
+				    errno != EBUSY)
+					break;
+		} else if (xsk_ring_prod__needs_wakeup(&x->tx)) {
 			sendto(xsk_socket__fd(x->xsk), NULL, 0, MSG_DONTWAIT, NULL, 0);
+		}
 	}
 	return got;
 }

@@ -135,7 +135,7 @@ pub struct DpdkPort {
 
 impl DpdkPort {
     /// Starts the EAL if needed, finds (or probes) `spec`'s device and starts it with `queues` queue pairs.
-    pub fn open(spec: &str, queues: usize, _opts: PortOptions) -> Result<Self, PortError> {
+    pub fn open(spec: &str, queues: usize, opts: PortOptions) -> Result<Self, PortError> {
         eal()?;
         if queues == 0 || queues > 128 {
             return Err(PortError::Spec(format!("dpdk:{spec}: {queues} queues (1..=128)")));
@@ -164,7 +164,7 @@ impl DpdkPort {
             fp_dpdk_setup(
                 port,
                 nq,
-                8191,
+                opts.buffers.clamp(1023, u32::MAX as usize) as u32,
                 1024,
                 mps.as_mut_ptr(),
                 base.as_mut_ptr(),

@@ -144,11 +144,13 @@ pub struct PortOptions {
     pub block_size: usize,
     /// A block is handed to user space after this many ms even if not full.
     pub block_timeout_ms: u32,
+    /// Buffers per queue a device allocates itself (DPDK mbufs per queue).
+    pub buffers: usize,
 }
 
 impl Default for PortOptions {
     fn default() -> Self {
-        PortOptions { promisc: false, ring_bytes: 4 << 20, block_size: 1 << 18, block_timeout_ms: 1 }
+        PortOptions { promisc: false, ring_bytes: 4 << 20, block_size: 1 << 18, block_timeout_ms: 1, buffers: 8191 }
     }
 }
 
