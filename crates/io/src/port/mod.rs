@@ -148,9 +148,12 @@ pub struct PortOptions {
     pub buffers: usize,
 }
 
+/// Defaults: an AF_PACKET RX ring of 256 blocks of 64 KiB (a block is handed
+/// over when full or after 1 ms, so many small blocks ride out a worker's
+/// scheduling gaps at low rates: ~256 ms at 1 ms per block).
 impl Default for PortOptions {
     fn default() -> Self {
-        PortOptions { promisc: false, ring_bytes: 4 << 20, block_size: 1 << 18, block_timeout_ms: 1, buffers: 8191 }
+        PortOptions { promisc: false, ring_bytes: 16 << 20, block_size: 1 << 16, block_timeout_ms: 1, buffers: 8191 }
     }
 }
 
