@@ -139,7 +139,7 @@ impl AfXdpPort {
 
 /// Ring entries per socket ring: at most half the pool (the rest carries batches).
 fn ring_for(buffers: usize) -> u32 {
-    let half = (buffers / 2).clamp(64, 2048);
+    let half = (buffers / 2).clamp(64, 8192);
     1u32 << (31 - (half as u32).leading_zeros())
 }
 
