@@ -69,7 +69,10 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
     let exports = parse_exports(&a.export)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&stop)).map_err(|e| CliError::new(format!("signal: {e}")))?;
+        // The first signal stops the run cleanly; a second one while stopping exits at once (status 1).
+        let e = |e: std::io::Error| CliError::new(format!("signal: {e}"));
+        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&stop)).map_err(e)?;
+        signal_hook::flag::register(sig, Arc::clone(&stop)).map_err(e)?;
     }
     let inp = port::open(&input, cores, port_options(&a)).map_err(|e| CliError::new(e.to_string()))?;
     let base_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);

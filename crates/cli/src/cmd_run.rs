@@ -255,6 +255,9 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
     if let Some(e) = &a.eal {
         flowplane_io::port::dpdk::set_eal_args(e.split_whitespace().map(str::to_string).collect());
     }
+    if a.output.is_none() && !a.ports.is_empty() {
+        return Err(CliError::new("--port gives verdicts 1, 2, ...: it needs --output (verdict 0) first"));
+    }
     if let Some(port) = crate::cmd_live::live_input(&a)? {
         return crate::cmd_live::run(a, port);
     }
