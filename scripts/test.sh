@@ -25,6 +25,22 @@ if ! command -v tshark >/dev/null 2>&1; then
     as_root apt-get install -y -qq --no-install-recommends tshark >/dev/null
 fi
 tshark --version | head -1
+# The port tests (crates/io/tests/afpacket_veth.rs, crates/cli/tests/ports_*.rs) make veth pairs and
+# network namespaces with iproute2's `ip` (as root; they fail loudly without it).
+if ! command -v ip >/dev/null 2>&1; then
+    step "installing iproute2"
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -qq
+    as_root apt-get install -y -qq --no-install-recommends iproute2 >/dev/null
+fi
+# AF_XDP ports build against libxdp/libbpf found by pkg-config (crates/io/build.rs; without them
+# afxdp: ports are not built in and crates/cli/tests/ports_afxdp.rs fails).
+if ! pkg-config --exists libxdp libbpf 2>/dev/null; then
+    step "installing libxdp-dev, libbpf-dev"
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -qq
+    as_root apt-get install -y -qq --no-install-recommends libxdp-dev libbpf-dev pkg-config >/dev/null
+fi
 df -h . | tail -1   # disk: a full disk once failed CI mid-build
 
 step "cargo fmt --check"

@@ -25,16 +25,29 @@ pub const DEFAULT_GEN: &str = "--flows 1000000 --packets 4000000 --size 64 --dis
 
 #[derive(clap::Args, Debug, Default)]
 pub struct RunArgs {
-    /// Trace to replay (pcap or pcapng; Ethernet, raw IP, Linux cooked, loopback, PPP, Cisco HDLC).
+    /// Trace to replay (pcap or pcapng; Ethernet, raw IP, Linux cooked, loopback, PPP, Cisco HDLC),
+    /// or a live port to run on until Ctrl-C: pcap:FILE | afpacket:IFACE | afxdp:IFACE[:QUEUE] | dpdk:PORT_OR_VDEV.
     #[arg(long, short = 'i', conflicts_with = "gen")]
     pub input: Option<PathBuf>,
     /// Generate the traffic in memory instead, with `flowplane gen` options
     /// (e.g. "--flows 1000 --packets 100000 --proto tcp").
     #[arg(long, allow_hyphen_values = true)]
     pub gen: Option<String>,
-    /// Write forwarded packets to this pcap file.
+    /// Where packets with verdict 0 go: a pcap file (FILE or pcap:FILE) or a live port (afpacket:IFACE, ...).
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
+    /// More output ports, for verdicts 1, 2, ... in order (NFs choose a port: forward(port=1), route).
+    #[arg(long = "port", value_name = "PORT")]
+    pub ports: Vec<String>,
+    /// Put live ports in promiscuous mode while they are open.
+    #[arg(long)]
+    pub promisc: bool,
+    /// DPDK EAL arguments for dpdk: ports, as one string (default "--no-huge --no-pci -m 1024 --no-shconf").
+    #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
+    pub eal: Option<String>,
+    /// Live runs: serve Prometheus metrics on this address (e.g. 127.0.0.1:9100).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
     /// Chain spec, e.g. "forward -> count".
     #[arg(long, short = 'c', default_value = DEFAULT_CHAIN, conflicts_with = "chain_file")]
     pub chain: String,
@@ -244,6 +257,20 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
 
 pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
     validate(&a)?;
+    #[cfg(feature = "dpdk")]
+    if let Some(e) = &a.eal {
+        flowplane_io::port::dpdk::set_eal_args(e.split_whitespace().map(str::to_string).collect());
+    }
+    if a.output.is_none() && !a.ports.is_empty() {
+        return Err(CliError::new("--port gives verdicts 1, 2, ...: it needs --output (verdict 0) first"));
+    }
+    if let Some(port) = crate::cmd_live::live_input(&a)? {
+        return crate::cmd_live::run(a, port);
+    }
+    if a.metrics.is_some() {
+        return Err(CliError::new("--metrics serves a live run (--input afpacket:IFACE, ...)"));
+    }
+    a.input = a.input.as_deref().map(crate::cmd_live::file_of);
     let demo = a.input.is_none() && a.gen.is_none();
     if demo {
         a.gen = Some(DEFAULT_GEN.to_string());
@@ -257,8 +284,19 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         Some(path) => Input::File(path),
         None => Input::Generated(Box::new(parse_gen(a.gen.as_deref().unwrap_or(DEFAULT_GEN))?)),
     };
+    let live_out =
+        a.output.as_ref().is_some_and(|p| crate::io_port_spec(&p.to_string_lossy()).is_some_and(|s| s.is_live()))
+            || !a.ports.is_empty();
     let output = match &a.output {
+        Some(_) if live_out => {
+            let (ports, files) = crate::cmd_live::output_ports(&a, cores, 0)?;
+            if !files.is_empty() {
+                return Err(CliError::new("a replayed input writes one pcap --output; --port takes live ports"));
+            }
+            Output::Ports(ports)
+        }
         Some(p) => {
+            let p = &crate::cmd_live::file_of(p);
             let w = PcapWriter::create(p, WriterOptions { nanosecond: true, ..WriterOptions::default() })?;
             Output::Pcap(Arc::new(Mutex::new(w)))
         }
@@ -365,7 +403,7 @@ pub fn parse_exports(specs: &[String]) -> Result<Vec<(String, PathBuf)>, CliErro
 }
 
 /// Writes exported rows as JSON (an array) or CSV (columns of the first row, in order).
-fn write_export(path: &std::path::Path, rows: &[serde_json::Value]) -> Result<(), CliError> {
+pub(crate) fn write_export(path: &std::path::Path, rows: &[serde_json::Value]) -> Result<(), CliError> {
     use std::io::Write;
     let io = |e: std::io::Error| CliError::new(format!("{}: {e}", path.display()));
     let mut w = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);

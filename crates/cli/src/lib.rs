@@ -25,6 +25,7 @@ macro_rules! out {
 
 mod cmd_bench;
 mod cmd_gen;
+mod cmd_live;
 mod cmd_mlffr;
 mod cmd_nfs;
 mod cmd_run;
@@ -32,6 +33,7 @@ mod cmd_scaling;
 mod cmd_trace;
 mod cmd_upf;
 mod error;
+mod metrics;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -40,6 +42,11 @@ use clap::{Parser, Subcommand};
 
 pub use cmd_run::{parse_exports, parse_gen, parse_gen_config};
 pub use error::CliError;
+
+/// A port name parsed, or None if malformed (the error is reported where it is opened).
+fn io_port_spec(s: &str) -> Option<flowplane_io::port::PortSpec> {
+    flowplane_io::port::PortSpec::parse(s).ok()
+}
 
 #[derive(Parser, Debug)]
 #[command(name = "flowplane", version, about = "Stateful packet processing on commodity multi-core CPUs")]

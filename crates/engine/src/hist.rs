@@ -76,6 +76,18 @@ impl Histogram {
         self.max = self.max.max(o.max);
     }
 
+    /// Values recorded below `v` (whole buckets, ~6% resolution): a
+    /// cumulative bucket for exporters (Prometheus `le`).
+    pub fn count_below(&self, v: u64) -> u64 {
+        let end = index(v.saturating_add(1)).min(BUCKETS);
+        self.counts[..end].iter().sum()
+    }
+
+    /// Sum of the recorded values, each taken at its bucket's lower bound.
+    pub fn sum_approx(&self) -> f64 {
+        self.counts.iter().enumerate().filter(|(_, &c)| c > 0).map(|(i, &c)| c as f64 * lower_bound(i) as f64).sum()
+    }
+
     /// The value at quantile `q` in [0, 1] (bucket lower bound; 0 if empty).
     pub fn quantile(&self, q: f64) -> u64 {
         if self.total == 0 {
@@ -123,6 +135,11 @@ mod tests {
         let p99 = h.quantile(0.99);
         assert!((930..=990).contains(&p99), "{p99}");
         assert!(h.quantile(1.0) >= 960 && h.quantile(1.0) <= 1000);
+        assert_eq!(h.count_below(0), 0);
+        assert!((470..=530).contains(&h.count_below(500)));
+        assert_eq!(h.count_below(u64::MAX), 1000);
+        let s = h.sum_approx();
+        assert!(s > 0.9 * 500_500.0 && s <= 500_500.0, "{s}");
         let mut g = Histogram::default();
         g.record(5000);
         h.merge(&g);

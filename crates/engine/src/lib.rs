@@ -6,6 +6,7 @@
 //! - [`chain`]: building NF instances from a spec (one set per core).
 //! - [`worker`]: the per-core run loop.
 //! - [`runner`]: starting workers on cores and collecting the report.
+//! - [`live`]: long-running runs on real ports (until stopped), with live figures.
 
 #![forbid(unsafe_code)]
 
@@ -14,6 +15,7 @@ pub mod coarse;
 pub mod error;
 pub mod exec;
 pub mod hist;
+pub mod live;
 pub mod load;
 pub mod mlffr;
 pub mod placement;

@@ -37,6 +37,8 @@ pub enum Output {
     Discard,
     /// Written to a pcap file shared by all workers.
     Pcap(SharedPcapWriter),
+    /// Sent on ports, by verdict (port i = verdict i); worker w uses TX queue w of each.
+    Ports(Vec<Arc<dyn flowplane_io::port::Port>>),
 }
 
 /// How to run.
@@ -441,6 +443,7 @@ fn run_chains(
                                         };
                                         Box::new(PcapSink::new(wr.clone(), stamp))
                                     }
+                                    Output::Ports(ports) => Box::new(crate::live::port_sink(ports, w, None)?),
                                 };
                                 let ctl = match (steering, classifier) {
                                     (Some(st), Some(c)) => Some(Control::new(st, c)),
@@ -676,7 +679,7 @@ fn control_tick(
 }
 
 /// Each NF's reports of every core, merged with the NF's hook (in chain order).
-fn merge_details(workers: &[WorkerResult], pipelines: &[Pipeline]) -> Vec<Option<serde_json::Value>> {
+pub(crate) fn merge_details(workers: &[WorkerResult], pipelines: &[Pipeline]) -> Vec<Option<serde_json::Value>> {
     let Some(first) = pipelines.first() else { return Vec::new() };
     first
         .chain()
@@ -698,7 +701,11 @@ fn merge_details(workers: &[WorkerResult], pipelines: &[Pipeline]) -> Vec<Option
 
 /// The rows of every `--export`ed NF: its state from every core (shared
 /// state once), or rows derived from its merged report.
-fn collect_exports(cfg: &RunConfig, pipelines: &[Pipeline], report: &Report) -> Vec<(String, Vec<serde_json::Value>)> {
+pub(crate) fn collect_exports(
+    cfg: &RunConfig,
+    pipelines: &[Pipeline],
+    report: &Report,
+) -> Vec<(String, Vec<serde_json::Value>)> {
     let mut names: Vec<&String> = cfg.export.iter().collect();
     names.sort();
     names.dedup();

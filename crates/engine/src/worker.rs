@@ -253,6 +253,17 @@ impl<'a> Worker<'a> {
         self.measure_from_tsc = measure_from_tsc;
     }
 
+    /// The figures measured so far (live runs publish them while running;
+    /// per-NF counters are in [`Worker::pipeline`] until `finish`).
+    pub fn result(&self) -> &WorkerResult {
+        &self.res
+    }
+
+    /// The worker's pipeline (live runs read its table and NF counters).
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.exec
+    }
+
     /// Measured figures so far: busy cycles (for `--virtual-cores` turn-taking).
     pub fn busy_cycles(&self) -> u64 {
         self.res.busy_cycles

@@ -7,15 +7,18 @@
 //! - [`sink`]: where processed batches go (discard, pcap file).
 //! - [`cpu`]: pinning worker threads to cores.
 //!
-//! Real ports (AF_PACKET, AF_XDP, DPDK) arrive here later behind the same
-//! [`Source`]/[`Sink`] traits.
+//! - [`port`]: real ports (AF_PACKET; AF_XDP and DPDK named, not built yet)
+//!   behind the same [`Source`]/[`Sink`] traits.
 //!
-//! No `unsafe` outside [`cpu`] (the affinity system calls).
+//! No `unsafe` outside [`cpu`] (the affinity system calls) and [`port`]
+//! (socket options, the mmap'ed rings).
 #![deny(unsafe_code)]
 
 #[allow(unsafe_code)]
 pub mod cpu;
 pub mod nic;
+#[allow(unsafe_code)]
+pub mod port;
 pub mod replay;
 pub mod sink;
 

@@ -169,7 +169,7 @@ impl Batch {
             return 0;
         }
         let head = self.mem.headroom;
-        let max_lines = (self.mem.buf_size - head) / 64;
+        let max_lines = (self.mem.ceil - head) / 64;
         for k in 0..n {
             let i = start + k;
             let (lines, len, hash, ts) = fill(k);
@@ -192,6 +192,75 @@ impl Batch {
         }
         self.len = start + n;
         n
+    }
+
+    /// Receive from a device that wrote into a lent buffer (AF_XDP RX ring):
+    /// buffer `idx` holds the packet at `off..off + len`. The buffer must be
+    /// lent (checked: it leaves the "in device" state and this batch owns it).
+    /// Returns false — and the buffer stays as it was — if the batch is full,
+    /// `idx` was not lent or the packet does not fit the buffer; a caller
+    /// that gets false for a lent buffer should reclaim it and count a drop.
+    #[inline(always)]
+    pub fn push_from_device(
+        &mut self,
+        pool: &mut PacketPool,
+        idx: u32,
+        off: u16,
+        len: u16,
+        hash: u32,
+        ts: u64,
+    ) -> bool {
+        if self.len == MAX_BATCH
+            || (off as usize) < self.mem.floor
+            || off as usize + len as usize > self.mem.ceil
+            || !pool.same_pool(&self.mem)
+            || !pool.take_lent(idx)
+        {
+            return false;
+        }
+        let i = self.len;
+        self.buf[i] = idx;
+        self.off[i] = off;
+        self.pkt_len[i] = len;
+        self.rss_hash[i] = hash;
+        self.verdict[i] = 0;
+        self.ts[i] = ts;
+        self.len = i + 1;
+        true
+    }
+
+    /// Transmit by lending (AF_XDP TX ring): offers every live packet, in
+    /// order, as `give(verdict, region_offset_of_data, len)`; a packet the
+    /// device took (`true`) becomes "in device" until the device completes it
+    /// ([`PacketPool::reclaim`]); one it refused and every dropped packet are
+    /// freed. Empties the batch; returns (lent, refused, dropped).
+    pub fn lend_to_device(
+        &mut self,
+        pool: &mut PacketPool,
+        mut give: impl FnMut(Verdict, u64, u16) -> bool,
+    ) -> Result<(usize, usize, usize), PoolError> {
+        if !pool.same_pool(&self.mem) {
+            return Err(PoolError::ForeignBatch);
+        }
+        let (mut lent, mut refused, mut dropped) = (0, 0, 0);
+        for i in 0..self.len {
+            let idx = self.buf[i];
+            if self.verdict[i] == DROP {
+                dropped += 1;
+                pool.push(idx);
+                continue;
+            }
+            let addr = idx as u64 * self.mem.buf_size as u64 + self.off[i] as u64;
+            if give(self.verdict[i], addr, self.pkt_len[i]) {
+                lent += 1;
+                pool.mark_lent(idx);
+            } else {
+                refused += 1;
+                pool.push(idx);
+            }
+        }
+        self.len = 0;
+        Ok((lent, refused, dropped))
     }
 
     /// Packet data of packet `i` (panics if `i >= len()`, like slice indexing).
@@ -227,7 +296,7 @@ impl Batch {
     /// header) and returns the new data. `None` if the headroom is too small.
     pub fn prepend(&mut self, i: usize, n: usize) -> Option<&mut [u8]> {
         assert!(i < self.len);
-        if n > self.off[i] as usize {
+        if n + self.mem.floor > self.off[i] as usize {
             return None;
         }
         self.off[i] -= n as u16;
@@ -251,7 +320,7 @@ impl Batch {
     /// Returns `false` if it would exceed the buffer.
     pub fn set_len(&mut self, i: usize, len: usize) -> bool {
         assert!(i < self.len);
-        if self.off[i] as usize + len > self.mem.buf_size {
+        if self.off[i] as usize + len > self.mem.ceil {
             return false;
         }
         self.pkt_len[i] = len as u16;
@@ -510,6 +579,74 @@ mod tests {
         assert_eq!(b.rx_burst_lines(&mut p, 20, |_| (&lines[..1], 60, 0, 0)), 0);
         b.free_all(&mut p).unwrap();
         assert_eq!(p.available(), 40);
+    }
+
+    #[test]
+    fn device_lend_and_reclaim() {
+        let mut p = pool(8);
+        let mut b = Batch::new(&p);
+        let mut fill = [0u32; 4];
+        assert_eq!(p.lend(&mut fill), 4);
+        assert_eq!(p.stats().in_device, 4);
+        assert_eq!(p.stats().free, 4);
+        assert_eq!(p.region().0 as usize % crate::pool::REGION_ALIGN, 0);
+        // The device filled fill[0]: it comes back into the batch, owned.
+        let a = p.addr_of(fill[0]).unwrap();
+        assert_eq!(p.index_of(a + 200), Some(fill[0]));
+        assert!(b.push_from_device(&mut p, fill[0], 256, 60, 7, 9));
+        assert_eq!(b.data(0).len(), 60);
+        // Not lent (any more, or never): refused, nothing changes.
+        assert!(!b.push_from_device(&mut p, fill[0], 256, 60, 7, 9));
+        assert!(!b.push_from_device(&mut p, 7, 0, 60, 0, 0));
+        assert!(!b.push_from_device(&mut p, 9999, 0, 60, 0, 0));
+        assert!(!p.reclaim(9999));
+        assert_eq!(p.stats().in_device, 3);
+        // TX by lending: the live packet goes to the device, a dropped one is freed.
+        assert!(b.push_from_device(&mut p, fill[1], 128, 64, 0, 0));
+        b.drop_packet(1);
+        let mut sent = Vec::new();
+        let r = b.lend_to_device(&mut p, |v, addr, len| {
+            sent.push((v, addr, len));
+            true
+        });
+        assert_eq!(r, Ok((1, 0, 1)));
+        assert_eq!(sent, vec![(0, a + 256, 60)]);
+        assert!(b.is_empty());
+        // Completion: the TX buffer and the unused fill buffers come back.
+        assert!(p.reclaim(fill[0]));
+        assert!(!p.reclaim(fill[0]), "double completion refused");
+        assert!(p.reclaim(fill[2]) && p.reclaim(fill[3]));
+        assert_eq!(p.stats().in_device, 0);
+        assert_eq!(p.stats().free, 8);
+    }
+
+    #[test]
+    fn device_region_pool_starts_in_device() {
+        // A "device" region: 5 buffers of 256 bytes, owned by the test.
+        let mut region = vec![Line::ZERO; 5 * 4];
+        let base = std::ptr::NonNull::new(region.as_mut_ptr() as *mut u8).unwrap();
+        // SAFETY: the region outlives the pool and batch below and is only touched through them.
+        let mut p = unsafe { PacketPool::from_device_region(base, 5, 256, 64, 192) }.unwrap();
+        assert_eq!((p.stats().free, p.stats().in_device), (0, 5));
+        let mut b = Batch::new(&p);
+        assert!(!b.push_copy(&mut p, &[1], 0), "nothing free: all in device");
+        assert!(!b.push_from_device(&mut p, 4, 10, 50, 0, 0), "data before the floor");
+        assert!(!b.push_from_device(&mut p, 4, 100, 93, 0, 0), "data past the ceiling");
+        assert!(b.push_from_device(&mut p, 4, 100, 50, 0, 0));
+        assert!(b.prepend(0, 37).is_none(), "would cross the device's header");
+        assert!(b.prepend(0, 36).is_some() && b.adj(0, 36));
+        assert!(!b.set_len(0, 93) && b.set_len(0, 92));
+        b.data_mut(0)[0] = 7;
+        b.free_all(&mut p).unwrap();
+        // Freed buffers go back to the device with `lend`.
+        let mut out = [0u32; 8];
+        assert_eq!(p.lend(&mut out), 1);
+        assert_eq!(out[0], 4);
+        assert_eq!(region[4 * 4 + 1].0[100 - 64], 7);
+        // SAFETY: as above (the region must not be freed before the pool).
+        assert!(unsafe { PacketPool::from_device_region(base, 5, 100, 0, 100) }.is_err());
+        // SAFETY: as above.
+        assert!(unsafe { PacketPool::from_device_region(base, 5, 256, 64, 300) }.is_err());
     }
 
     #[test]

@@ -8,8 +8,14 @@
 //! hashes or the verdicts streams through one dense array.
 //!
 //! Ownership invariant (what makes the unsafe code in `pool` sound): every
-//! buffer index is either on its pool's free list or in exactly one batch
-//! position. Only this crate moves indices, so safe code can never alias a buffer.
+//! buffer index is in exactly one of three places — its pool's free list,
+//! one batch position, or *in device* (lent to a port: an RX fill ring or a
+//! TX ring, marked by one bit per buffer in the pool). Only this crate moves
+//! indices, and a device's returned index is accepted only if it was lent
+//! ([`PacketPool::reclaim`], [`Batch::push_from_device`]), so safe code can
+//! never alias a buffer, whatever a device hands back. While a buffer is in
+//! device, no Rust reference to its bytes exists; the device (kernel, NIC)
+//! may write it.
 //! Nothing here allocates per packet: pools and batches are sized up front.
 
 mod batch;
@@ -17,7 +23,7 @@ mod pool;
 pub mod tsc;
 
 pub use batch::{Batch, Line, Verdict, DROP, MAX_BATCH};
-pub use pool::{PacketPool, PoolConfig, PoolError, PoolStats};
+pub use pool::{PacketPool, PoolConfig, PoolError, PoolStats, RegionGuard, REGION_ALIGN};
 
 /// Default buffer size (data room + headroom), as DPDK's default mbuf.
 pub const DEFAULT_BUF_SIZE: usize = 2048;

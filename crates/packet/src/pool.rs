@@ -1,7 +1,15 @@
-//! The per-core buffer pool: one aligned region, a LIFO free list.
+//! The per-core buffer pool: one page-aligned region, a LIFO free list.
 //!
 //! LIFO reuse keeps recently freed (cache-hot) buffers in circulation, which
 //! is what makes the replay source's RX copy land in L1/L2 in steady state.
+//!
+//! A buffer may also be *in device*: lent to a port (an AF_XDP fill or TX
+//! ring, a NIC descriptor) and reclaimed when the device gives it back.
+//! The pool keeps one bit per buffer for that state, so an index a device
+//! hands back is accepted only if it was lent (a bogus or repeated index
+//! from a device can never create a second owner). The region is
+//! page-aligned so a device can register it whole (AF_XDP's UMEM is this
+//! region: no copy between the device's memory and the pool).
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::fmt;
@@ -53,10 +61,15 @@ impl std::error::Error for PoolError {}
 /// The buffer memory, shared (read-only metadata) between a pool and its batches.
 pub(crate) struct PoolMem {
     base: NonNull<u8>,
-    layout: Layout,
+    /// The allocation to free on drop; None for a device's region (not ours to free).
+    layout: Option<Layout>,
     pub(crate) buf_size: usize,
     pub(crate) headroom: usize,
     pub(crate) count: usize,
+    /// Packet data never starts before this offset in a buffer, nor ends past
+    /// `ceil` (a device's buffer holds its own header and trailer around the data).
+    pub(crate) floor: usize,
+    pub(crate) ceil: usize,
 }
 
 // SAFETY: `PoolMem` is a plain memory region; all access to buffer bytes goes
@@ -84,8 +97,22 @@ impl PoolMem {
 
 impl Drop for PoolMem {
     fn drop(&mut self) {
-        // SAFETY: `base` was allocated in `PacketPool::new` with exactly `layout`.
-        unsafe { dealloc(self.base.as_ptr(), self.layout) }
+        if let Some(layout) = self.layout {
+            // SAFETY: `base` was allocated in `PacketPool::new` with exactly `layout`.
+            unsafe { dealloc(self.base.as_ptr(), layout) }
+        }
+    }
+}
+
+/// Alignment of the pool's region: a page, so a device can register it (AF_XDP UMEM).
+pub const REGION_ALIGN: usize = 4096;
+
+/// Keeps a pool's region allocated (see [`PacketPool::region_guard`]).
+pub struct RegionGuard(#[allow(dead_code)] Arc<PoolMem>);
+
+impl fmt::Debug for RegionGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RegionGuard")
     }
 }
 
@@ -96,6 +123,8 @@ pub struct PoolStats {
     pub buffers: usize,
     /// Buffers currently free.
     pub free: usize,
+    /// Buffers lent to a device (RX fill or TX in flight).
+    pub in_device: usize,
     /// Allocation requests that could not be fully served (pool empty).
     pub alloc_failures: u64,
 }
@@ -105,10 +134,13 @@ pub struct PacketPool {
     pub(crate) mem: Arc<PoolMem>,
     free: Vec<u32>,
     alloc_failures: u64,
+    /// One bit per buffer: lent to a device.
+    lent: Vec<u64>,
+    in_device: usize,
 }
 
 impl PacketPool {
-    /// Allocates `cfg.buffers` buffers of `cfg.buf_size` bytes, 64-byte aligned and zeroed.
+    /// Allocates `cfg.buffers` buffers of `cfg.buf_size` bytes, page-aligned and zeroed.
     pub fn new(cfg: PoolConfig) -> Result<Self, PoolError> {
         if cfg.buffers == 0
             || cfg.buffers > u32::MAX as usize
@@ -120,15 +152,70 @@ impl PacketPool {
             return Err(PoolError::BadConfig);
         }
         let bytes = cfg.buffers.checked_mul(cfg.buf_size).ok_or(PoolError::BadConfig)?;
-        let layout = Layout::from_size_align(bytes, 64).map_err(|_| PoolError::BadConfig)?;
+        let layout = Layout::from_size_align(bytes, REGION_ALIGN).map_err(|_| PoolError::BadConfig)?;
         // SAFETY: layout has non-zero size (buffers > 0, buf_size > 0).
         let raw = unsafe { alloc_zeroed(layout) };
         let base = NonNull::new(raw).ok_or(PoolError::OutOfMemory)?;
-        let mem =
-            Arc::new(PoolMem { base, layout, buf_size: cfg.buf_size, headroom: cfg.headroom, count: cfg.buffers });
+        let mem = Arc::new(PoolMem {
+            base,
+            layout: Some(layout),
+            buf_size: cfg.buf_size,
+            headroom: cfg.headroom,
+            count: cfg.buffers,
+            floor: 0,
+            ceil: cfg.buf_size,
+        });
         // Highest index at the bottom so buffer 0 is handed out first.
         let free = (0..cfg.buffers as u32).rev().collect();
-        Ok(PacketPool { mem, free, alloc_failures: 0 })
+        let lent = vec![0u64; cfg.buffers.div_ceil(64)];
+        Ok(PacketPool { mem, free, alloc_failures: 0, lent, in_device: 0 })
+    }
+
+    /// A pool over a device's own buffer region (a DPDK mempool of mbufs):
+    /// `count` buffers of `stride` bytes from `base`, every one of them *in
+    /// device* at the start (the device hands them out with each receive and
+    /// takes them back through [`PacketPool::lend`]). Packet data stays within
+    /// `floor..ceil` of its buffer (the device's own header before it, its
+    /// trailer after): `Batch::prepend` and `set_len` refuse to cross them.
+    /// Nothing is freed on drop.
+    ///
+    /// # Safety
+    /// `base .. base + count * stride` must be valid for reads and writes for
+    /// as long as the pool or any batch over it lives (a DPDK mempool lives
+    /// until the process ends), and not be accessed by Rust code except
+    /// through this pool, nor the bytes outside `floor..ceil` of each buffer
+    /// by anyone but the device.
+    pub unsafe fn from_device_region(
+        base: NonNull<u8>,
+        count: usize,
+        stride: usize,
+        floor: usize,
+        ceil: usize,
+    ) -> Result<Self, PoolError> {
+        if count == 0
+            || count > u32::MAX as usize
+            || stride == 0
+            || !stride.is_multiple_of(64)
+            || stride > u16::MAX as usize
+            || floor >= ceil
+            || ceil > stride
+        {
+            return Err(PoolError::BadConfig);
+        }
+        let headroom = (floor + crate::DEFAULT_HEADROOM).min(ceil - 1);
+        let mem = Arc::new(PoolMem { base, layout: None, buf_size: stride, headroom, count, floor, ceil });
+        let mut lent = vec![u64::MAX; count.div_ceil(64)];
+        if !count.is_multiple_of(64) {
+            if let Some(last) = lent.last_mut() {
+                *last = (1u64 << (count % 64)) - 1;
+            }
+        }
+        Ok(PacketPool { mem, free: Vec::with_capacity(count), alloc_failures: 0, lent, in_device: count })
+    }
+
+    /// True for a pool over a device's own region ([`PacketPool::from_device_region`]).
+    pub fn is_device_region(&self) -> bool {
+        self.mem.layout.is_none()
     }
 
     /// Bytes per buffer.
@@ -143,12 +230,17 @@ impl PacketPool {
 
     /// Maximum packet data a fresh buffer can hold (buffer size minus headroom).
     pub fn data_room(&self) -> usize {
-        self.mem.buf_size - self.mem.headroom
+        self.mem.ceil - self.mem.headroom
     }
 
     /// Counters.
     pub fn stats(&self) -> PoolStats {
-        PoolStats { buffers: self.mem.count, free: self.free.len(), alloc_failures: self.alloc_failures }
+        PoolStats {
+            buffers: self.mem.count,
+            free: self.free.len(),
+            in_device: self.in_device,
+            alloc_failures: self.alloc_failures,
+        }
     }
 
     /// Takes one free buffer index, if any.
@@ -201,6 +293,81 @@ impl PacketPool {
         debug_assert!(self.free.len() < self.mem.count, "double free of buffer {idx}");
         // Capacity was reserved for every buffer at creation: never reallocates.
         self.free.push(idx);
+    }
+
+    /// Lends up to `out.len()` free buffers to a device (an RX fill ring);
+    /// returns how many were written to `out`. They stay the device's until
+    /// [`PacketPool::reclaim`] or a batch's `push_from_device` takes them back.
+    pub fn lend(&mut self, out: &mut [u32]) -> usize {
+        let n = out.len().min(self.free.len());
+        let have = self.free.len();
+        out[..n].copy_from_slice(&self.free[have - n..]);
+        self.free.truncate(have - n);
+        for &i in &out[..n] {
+            self.mark_lent(i);
+        }
+        n
+    }
+
+    /// A lent buffer comes back unused (TX completion, teardown): onto the
+    /// free list. False — and nothing changes — if `idx` was not lent.
+    pub fn reclaim(&mut self, idx: u32) -> bool {
+        if !self.take_lent(idx) {
+            return false;
+        }
+        self.free.push(idx);
+        true
+    }
+
+    /// Clears `idx`'s lent bit if it was set (the device hands it back).
+    #[inline(always)]
+    pub(crate) fn take_lent(&mut self, idx: u32) -> bool {
+        let (w, b) = (idx as usize / 64, 1u64 << (idx % 64));
+        match self.lent.get_mut(w) {
+            Some(word) if *word & b != 0 => {
+                *word &= !b;
+                self.in_device -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Marks an owned index as lent to a device.
+    #[inline(always)]
+    pub(crate) fn mark_lent(&mut self, idx: u32) {
+        self.lent[idx as usize / 64] |= 1u64 << (idx % 64);
+        self.in_device += 1;
+    }
+
+    /// Buffers lent to a device now.
+    pub fn in_device(&self) -> usize {
+        self.in_device
+    }
+
+    /// Offset of buffer `idx` in the region (an AF_XDP UMEM address), or
+    /// None if `idx` is not a buffer of this pool.
+    pub fn addr_of(&self, idx: u32) -> Option<u64> {
+        ((idx as usize) < self.mem.count).then(|| idx as u64 * self.mem.buf_size as u64)
+    }
+
+    /// The buffer holding region offset `addr` (a device may hand back an
+    /// address inside the buffer), or None if it is outside the region.
+    pub fn index_of(&self, addr: u64) -> Option<u32> {
+        let i = addr / self.mem.buf_size as u64;
+        (i < self.mem.count as u64).then_some(i as u32)
+    }
+
+    /// The region's start and length, for registering it with a device.
+    /// Only lent buffers may be touched through it (by the device).
+    pub fn region(&self) -> (*mut u8, usize) {
+        (self.mem.base.as_ptr(), self.mem.count * self.mem.buf_size)
+    }
+
+    /// A handle that keeps the region mapped while a device may still write
+    /// it (hold it until the device is closed; the pool may be dropped first).
+    pub fn region_guard(&self) -> RegionGuard {
+        RegionGuard(Arc::clone(&self.mem))
     }
 
     pub(crate) fn same_pool(&self, mem: &Arc<PoolMem>) -> bool {

@@ -1,0 +1,169 @@
+//! `flowplane run` on a live input port (`--input afpacket:IFACE`, ...):
+//! runs until SIGINT/SIGTERM (or `--duration`), prints a status line per
+//! second when stdout is a terminal, serves `--metrics`, and ends with the
+//! report, the ports' counters and the `--export` files.
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use flowplane_engine::live::{run_live, Live};
+use flowplane_io::port::{self, PcapPort, Port, PortOptions, PortSpec, PortStats};
+use flowplane_io::sink::SharedPcapWriter;
+use flowplane_trace::{PcapWriter, WriterOptions};
+
+use crate::cmd_run::{config, parse_exports, write_export, RunArgs};
+use crate::error::CliError;
+use crate::metrics;
+
+/// `--input`'s port, if it names a live one.
+pub fn live_input(a: &RunArgs) -> Result<Option<PortSpec>, CliError> {
+    let Some(i) = &a.input else { return Ok(None) };
+    let spec = PortSpec::parse(&i.to_string_lossy()).map_err(|e| CliError::new(format!("--input {e}")))?;
+    Ok(spec.is_live().then_some(spec))
+}
+
+/// Options for live ports from the arguments.
+pub fn port_options(a: &RunArgs) -> PortOptions {
+    // --pool beyond its default also sizes a device's own buffers (DPDK mbufs per queue).
+    let d = PortOptions::default();
+    PortOptions { promisc: a.promisc, buffers: if a.pool > 4096 { a.pool } else { d.buffers }, ..d }
+}
+
+/// Output ports by verdict, and the pcap files among them (finished at the end).
+type OutputPorts = (Vec<Arc<dyn Port>>, Vec<SharedPcapWriter>);
+
+/// The output ports (verdict i = port i): `--output` then each `--port`.
+/// Pcap files are created here; `base_ns` is packet time 0 for their stamps.
+pub fn output_ports(a: &RunArgs, queues: usize, base_ns: u64) -> Result<OutputPorts, CliError> {
+    let mut ports: Vec<Arc<dyn Port>> = Vec::new();
+    let mut files = Vec::new();
+    let names: Vec<String> =
+        a.output.iter().map(|p| p.to_string_lossy().into_owned()).chain(a.ports.iter().cloned()).collect();
+    for n in names {
+        let spec = PortSpec::parse(&n).map_err(|e| CliError::new(format!("--output/--port {e}")))?;
+        match &spec {
+            PortSpec::Pcap(path) => {
+                let w = PcapWriter::create(path, WriterOptions { nanosecond: true, ..WriterOptions::default() })?;
+                let w = Arc::new(Mutex::new(w));
+                files.push(Arc::clone(&w));
+                ports.push(Arc::new(PcapPort::new(&path.to_string_lossy(), w, base_ns, queues)));
+            }
+            _ => ports.push(port::open(&spec, queues, port_options(a)).map_err(|e| CliError::new(e.to_string()))?),
+        }
+    }
+    Ok((ports, files))
+}
+
+/// Runs on a live input until stopped.
+pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
+    if a.gen.is_some() || a.loops.is_some() || a.rate.is_some() || a.virtual_cores.is_some() {
+        return Err(CliError::new(
+            "--gen, --loops, --rate and --virtual-cores apply to replayed input, not to a live port",
+        ));
+    }
+    let (mut cfg, spec) = config(&a)?;
+    cfg.loops = None;
+    let cores = cfg.cores;
+    let exports = parse_exports(&a.export)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // The first signal stops the run cleanly; a second one while stopping exits at once (status 1).
+        let e = |e: std::io::Error| CliError::new(format!("signal: {e}"));
+        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&stop)).map_err(e)?;
+        signal_hook::flag::register(sig, Arc::clone(&stop)).map_err(e)?;
+    }
+    let inp = port::open(&input, cores, port_options(&a)).map_err(|e| CliError::new(e.to_string()))?;
+    let base_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let (outputs, files) = output_ports(&a, cores, base_ns)?;
+    let live = Arc::new(Live::new(inp, outputs, cores));
+    let server = match &a.metrics {
+        Some(addr) => Some(metrics::serve(addr, Arc::clone(&live), Arc::clone(&stop))?),
+        None => None,
+    };
+    let tty = std::io::stdout().is_terminal();
+    let mut status = metrics::Status::default();
+    let mut tick = |l: &Live, at: std::time::Duration| {
+        if tty {
+            use std::io::Write as _;
+            let line = status.line(l, at);
+            let mut o = std::io::stdout().lock();
+            let _ = write!(o, "\r\x1b[2K{line}");
+            let _ = o.flush();
+        }
+    };
+    let result = run_live(&cfg, &spec, &live, &stop, &mut tick);
+    if tty {
+        outln!();
+    }
+    // The metrics server stops with the run (the flag it watches).
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(h) = server {
+        let _ = h.join();
+    }
+    let report = result?;
+    for (name, path) in &exports {
+        let rows = report.exports.iter().find(|(n, _)| n == name).map(|(_, r)| r.as_slice()).unwrap_or(&[]);
+        write_export(path, rows)?;
+    }
+    let ports: Vec<(String, PortStats)> =
+        std::iter::once(&live.input).chain(live.outputs.iter()).map(|p| (p.name(), p.stats())).collect();
+    let cores_snap = live.snapshots();
+    let drops = metrics::drops(&live, &cores_snap);
+    // The workers and the server are gone: the files' last handles are ours.
+    drop(live);
+    for w in files {
+        let w = Arc::try_unwrap(w).map_err(|_| CliError::new("output writer still in use"))?;
+        let w = w.into_inner().map_err(|_| CliError::new("output writer poisoned by a failed worker"))?;
+        w.finish()?;
+    }
+    if a.json {
+        let mut v = serde_json::to_value(&report)?;
+        v["ports"] = serde_json::Value::Array(ports.iter().map(|(n, s)| port_json(n, s)).collect());
+        v["drops"] = serde_json::Value::Object(drops.iter().map(|(r, n)| (r.to_string(), (*n).into())).collect());
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        out!("{report}");
+        for (n, s) in &ports {
+            outln!(
+                "port         {n}: rx {} ({} B), tx {} ({} B); rx_overrun {}, pool_empty {}, rx_oversize {}, tx_full {}, tx_errors {}",
+                s.rx_packets,
+                s.rx_bytes,
+                s.tx_packets,
+                s.tx_bytes,
+                s.rx_overrun,
+                s.rx_pool_empty,
+                s.rx_oversize,
+                s.tx_full,
+                s.tx_errors
+            );
+        }
+        let d: Vec<String> = drops.iter().map(|(r, n)| format!("{r} {n}")).collect();
+        outln!("drops        {}", d.join(", "));
+    }
+    Ok(())
+}
+
+fn port_json(name: &str, s: &PortStats) -> serde_json::Value {
+    serde_json::json!({
+        "name": name,
+        "rx_packets": s.rx_packets,
+        "rx_bytes": s.rx_bytes,
+        "rx_overrun": s.rx_overrun,
+        "rx_pool_empty": s.rx_pool_empty,
+        "rx_oversize": s.rx_oversize,
+        "tx_packets": s.tx_packets,
+        "tx_bytes": s.tx_bytes,
+        "tx_full": s.tx_full,
+        "tx_errors": s.tx_errors,
+    })
+}
+
+/// `pcap:FILE` or a bare path, as a path (for the replay's `--input`).
+pub fn file_of(p: &Path) -> std::path::PathBuf {
+    match p.to_str().and_then(|s| s.strip_prefix("pcap:")) {
+        Some(rest) => rest.into(),
+        None => p.to_path_buf(),
+    }
+}

@@ -1,0 +1,13 @@
+//! flowplane on veth interfaces through AF_PACKET (root; see `ports_common`).
+
+mod ports_common;
+
+#[test]
+fn afpacket_forward_between_veths_delivers_every_packet_in_order() {
+    ports_common::check_forward("afpacket", 19_531);
+}
+
+#[test]
+fn afpacket_nat_between_veths_rewrites_with_valid_checksums() {
+    ports_common::check_nat("afpacket", 19_532);
+}

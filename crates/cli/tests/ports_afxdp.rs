@@ -1,0 +1,15 @@
+//! flowplane on veth interfaces through AF_XDP (root; copy mode on veth;
+//! libxdp's redirect program must be gone after the run). Fails loudly where
+//! AF_XDP was not built in (libxdp-dev/libbpf-dev missing at build time).
+
+mod ports_common;
+
+#[test]
+fn afxdp_forward_between_veths_delivers_every_packet_in_order() {
+    ports_common::check_forward("afxdp", 19_541);
+}
+
+#[test]
+fn afxdp_nat_between_veths_rewrites_with_valid_checksums() {
+    ports_common::check_nat("afxdp", 19_542);
+}

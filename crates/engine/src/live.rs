@@ -1,0 +1,266 @@
+//! Long-running runs on real ports: one worker per core polls its RX queue
+//! of the input port (the kernel or NIC spreads flows over the queues: AF_PACKET
+//! fanout hash, RSS) and transmits on the output ports the verdicts name,
+//! until the caller raises `stop` (SIGINT/SIGTERM in the CLI) or the
+//! duration ends. While it runs, [`Live`] holds what a status line or a
+//! metrics scrape reads: the ports' per-queue counters (atomics the workers
+//! write once per burst) and each core's snapshot (packets, busy cycles,
+//! tables, NF counters, latency), published about twice a second at a batch
+//! boundary. At the end the report is merged as for a replay, exports included.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use flowplane_io::port::{Port, PortSink, PortSource};
+use flowplane_io::{cpu, TxCounters};
+use flowplane_nf::NfCounters;
+use flowplane_packet::{tsc, PacketPool, PoolConfig, MAX_BATCH};
+use flowplane_scale::strategy;
+
+use crate::chain::Chain;
+use crate::coarse::SharedStores;
+use crate::error::EngineError;
+use crate::exec::{Pipeline, StoreReport};
+use crate::hist::Histogram;
+use crate::placement;
+use crate::report::Report;
+use crate::runner::{collect_exports, merge_details, RunConfig};
+use crate::spec::ChainSpec;
+use crate::worker::{Step, Worker, WorkerResult};
+
+/// One core's figures at its last publication.
+#[derive(Clone, Default)]
+pub struct CoreSnap {
+    /// Packets received (after warm-up).
+    pub packets: u64,
+    /// Transmit counters.
+    pub tx: TxCounters,
+    /// TSC cycles spent on batches.
+    pub busy_cycles: u64,
+    /// TSC reading at publication.
+    pub at_tsc: u64,
+    /// Flow-table figures.
+    pub store: StoreReport,
+    /// Per-NF counters in chain order.
+    pub nfs: Vec<(String, NfCounters)>,
+    /// Receive-to-transmit cycles per batch.
+    pub latency: Option<Histogram>,
+}
+
+/// What a running live data plane shows: its ports and cores.
+pub struct Live {
+    /// The input port.
+    pub input: Arc<dyn Port>,
+    /// Output ports by verdict.
+    pub outputs: Vec<Arc<dyn Port>>,
+    /// Per core, the last snapshot.
+    pub cores: Vec<Mutex<CoreSnap>>,
+    /// Packets whose verdict named no output port.
+    pub no_port: Arc<AtomicU64>,
+    /// TSC ticks per second.
+    pub hz: f64,
+}
+
+impl Live {
+    /// A view over `input` and `outputs` for `cores` workers.
+    pub fn new(input: Arc<dyn Port>, outputs: Vec<Arc<dyn Port>>, cores: usize) -> Live {
+        Live {
+            input,
+            outputs,
+            cores: (0..cores).map(|_| Mutex::new(CoreSnap::default())).collect(),
+            no_port: Arc::new(AtomicU64::new(0)),
+            hz: tsc::hz(),
+        }
+    }
+
+    /// Every core's last snapshot.
+    pub fn snapshots(&self) -> Vec<CoreSnap> {
+        self.cores.iter().map(|c| c.lock().map(|s| s.clone()).unwrap_or_default()).collect()
+    }
+}
+
+/// A sink that sends worker `w`'s packets on `ports` by verdict.
+pub fn port_sink(ports: &[Arc<dyn Port>], w: usize, no_port: Option<Arc<AtomicU64>>) -> Result<PortSink, EngineError> {
+    let mut tx = Vec::with_capacity(ports.len());
+    let mut counters = Vec::with_capacity(ports.len());
+    for p in ports {
+        let q = w % p.queues().max(1);
+        tx.push(p.open_tx(q).map_err(|e| EngineError::Config(e.to_string()))?);
+        counters.push(Arc::clone(&p.counters()[q]));
+    }
+    Ok(PortSink::new(tx, counters, no_port.unwrap_or_default()))
+}
+
+/// How often a worker publishes its snapshot.
+const PUBLISH_EVERY: Duration = Duration::from_millis(500);
+/// Idle polls in a row before a worker naps (an idle port should not burn a shared core).
+const IDLE_SPINS: u32 = 2048;
+
+/// Runs `spec` on `live.input`'s queues (one worker per core) until `stop`
+/// is raised or `cfg.duration` (plus warm-up) has passed; `tick` is called
+/// about once a second on the calling thread (status line). Returns the
+/// merged report (its clock names the ports' receive time).
+pub fn run_live(
+    cfg: &RunConfig,
+    spec: &ChainSpec,
+    live: &Live,
+    stop: &AtomicBool,
+    tick: &mut dyn FnMut(&Live, Duration),
+) -> Result<Report, EngineError> {
+    let nw = cfg.cores.max(1);
+    if live.input.queues() != nw || live.cores.len() != nw {
+        return Err(EngineError::Config(format!("{nw} workers but the input port has {} queues", live.input.queues())));
+    }
+    if cfg.batch_size == 0 || cfg.batch_size > MAX_BATCH {
+        return Err(EngineError::Config(format!("batch size {} out of range [1, {MAX_BATCH}]", cfg.batch_size)));
+    }
+    let chain0 = Chain::build(spec)?;
+    let strat = strategy::by_name("rss", cfg.scale_period)?;
+    let plan = placement::plan(&chain0, spec, strat.as_ref(), nw, false)?;
+    // The port's own spreading (a symmetric flow hash) is all the steering a
+    // live port has: NFs that need flow-director rules or per-core parameter
+    // shares (nat's replies by port) cannot be honoured over several queues.
+    if nw > 1 && (!plan.rules.is_empty() || plan.overrides.iter().any(|o| !o.is_empty())) {
+        return Err(EngineError::Config(format!(
+            "{}: the chain needs NIC steering rules a live port's flow hash cannot give ({}); use --cores 1",
+            live.input.name(),
+            plan.notes.join("; ")
+        )));
+    }
+    let mut chains = Vec::with_capacity(nw);
+    for _ in 0..nw {
+        chains.push(Chain::build(spec)?);
+    }
+    for e in &cfg.export {
+        if !spec.nfs.iter().any(|n| &n.name == e) {
+            return Err(EngineError::ExportNotInChain(e.clone()));
+        }
+    }
+    let shared = match chains.first() {
+        Some(c) => SharedStores::new(&c.groups, cfg.exec.flows, cfg.exec.default_idle_timeout_ns)?,
+        None => SharedStores::default(),
+    };
+    let hz = live.hz;
+    let warm = cfg.warmup.map_or(0, |w| (w.as_secs_f64() * hz) as u64);
+    let barrier = Barrier::new(nw + 1);
+    let halt = AtomicBool::new(false);
+    let wall = Instant::now();
+    type Done = Result<(WorkerResult, Pipeline), EngineError>;
+    let results: Vec<Done> = std::thread::scope(|s| {
+        let handles: Vec<_> = chains
+            .into_iter()
+            .enumerate()
+            .map(|(w, chain)| {
+                let (shared, barrier, halt) = (&shared, &barrier, &halt);
+                std::thread::Builder::new()
+                    .name(format!("fp-live-{w}"))
+                    .spawn_scoped(s, move || -> Done {
+                        if cfg.pin {
+                            cpu::pin_current_thread(w);
+                        }
+                        let build = || -> Result<Worker<'static>, EngineError> {
+                            let mut pool = PacketPool::new(PoolConfig {
+                                buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
+                                ..PoolConfig::default()
+                            })?;
+                            let exec = Pipeline::new(chain, cfg.exec, shared.clone())?;
+                            let rx = live
+                                .input
+                                .open_rx_into(w, &mut pool)
+                                .map_err(|e| EngineError::Config(e.to_string()))?;
+                            let source = PortSource::new(rx, Arc::clone(&live.input.counters()[w]));
+                            let sink = port_sink(&live.outputs, w, Some(Arc::clone(&live.no_port)))?;
+                            Ok(Worker::new(w, pool, Box::new(source), exec, Box::new(sink), cfg.batch_size, 0, None))
+                        };
+                        let built = build();
+                        barrier.wait();
+                        let mut wk = built?;
+                        let t0 = tsc::rdtsc();
+                        wk.start(t0, t0 + warm);
+                        let every = (PUBLISH_EVERY.as_secs_f64() * hz) as u64;
+                        let mut last = t0;
+                        let mut idle = 0u32;
+                        loop {
+                            match wk.step(halt) {
+                                Step::Busy => idle = 0,
+                                Step::Idle => {
+                                    idle += 1;
+                                    if idle >= IDLE_SPINS {
+                                        std::thread::sleep(Duration::from_micros(50));
+                                    } else {
+                                        std::hint::spin_loop();
+                                    }
+                                }
+                                Step::Done => break,
+                            }
+                            let now = tsc::rdtsc();
+                            if now.wrapping_sub(last) >= every {
+                                last = now;
+                                publish(&live.cores[w], &wk, now);
+                            }
+                        }
+                        publish(&live.cores[w], &wk, tsc::rdtsc());
+                        Ok(wk.finish())
+                    })
+                    .map_err(EngineError::Thread)
+            })
+            .collect();
+        // Every worker is built (or failed) before the clock starts.
+        barrier.wait();
+        let deadline = cfg.duration.map(|d| Instant::now() + d + cfg.warmup.unwrap_or_default());
+        let start = Instant::now();
+        let mut next = start + Duration::from_secs(1);
+        while !stop.load(Ordering::Relaxed)
+            && deadline.is_none_or(|d| Instant::now() < d)
+            && handles.iter().any(|h| h.as_ref().is_ok_and(|h| !h.is_finished()))
+        {
+            std::thread::sleep(Duration::from_millis(20));
+            if Instant::now() >= next {
+                next += Duration::from_secs(1);
+                tick(live, start.elapsed());
+            }
+        }
+        halt.store(true, Ordering::Relaxed);
+        handles
+            .into_iter()
+            .map(|h| match h {
+                Ok(h) => h.join().unwrap_or(Err(EngineError::WorkerPanicked)),
+                Err(e) => Err(e),
+            })
+            .collect()
+    });
+    let elapsed = wall.elapsed();
+    let mut pairs = Vec::with_capacity(nw);
+    for r in results {
+        pairs.push(r?);
+    }
+    let (workers, pipelines): (Vec<WorkerResult>, Vec<Pipeline>) = pairs.into_iter().unzip();
+    let details = merge_details(&workers, &pipelines);
+    let mut report = Report::from_workers(spec, cfg, &workers, details, elapsed, hz);
+    report.clock = format!("port receive time ({})", live.input.name());
+    // On a port the run's span is mostly waiting for packets: the cost per
+    // packet is the workers' busy cycles (receive to transmit) per packet.
+    let busy: u64 = workers.iter().map(|w| w.busy_cycles).sum();
+    report.cycles_per_packet = if report.packets > 0 { busy as f64 / report.packets as f64 } else { 0.0 };
+    report.exports = collect_exports(cfg, &pipelines, &report);
+    Ok(report)
+}
+
+/// Publishes worker `wk`'s figures (a lock and a few small allocations, twice a second).
+fn publish(cell: &Mutex<CoreSnap>, wk: &Worker<'_>, now: u64) {
+    let r = wk.result();
+    let p = wk.pipeline();
+    let snap = CoreSnap {
+        packets: r.packets,
+        tx: r.tx,
+        busy_cycles: r.busy_cycles,
+        at_tsc: now,
+        store: p.store_report(),
+        nfs: p.nf_results().into_iter().map(|(n, c, _)| (n, c)).collect(),
+        latency: Some(r.batch_latency.clone()),
+    };
+    if let Ok(mut c) = cell.lock() {
+        *c = snap;
+    }
+}

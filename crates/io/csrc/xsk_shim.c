@@ -1,0 +1,183 @@
+/*
+ * Plain-function shim over libxdp's AF_XDP sockets for flowplane-io.
+ *
+ * The ring accessors in <xdp/xsk.h> are static inline functions, which
+ * Rust cannot call: each function here does one whole burst (fill, receive,
+ * transmit, completions) so the cost is one call per batch, never one per
+ * packet. Socket and UMEM set-up and teardown go through libxdp, which loads
+ * its default XDP redirect program on the first RX socket of an interface
+ * and removes it when the last one is deleted.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <linux/if_link.h>
+#include <linux/if_xdp.h>
+#include <xdp/xsk.h>
+#include <xdp/libxdp.h>
+#include <bpf/libbpf.h>
+
+/* libbpf and libxdp narrate program loading on stderr; flowplane reports failures itself. */
+static int quiet_bpf(enum libbpf_print_level l, const char *f, va_list a) { (void)l; (void)f; (void)a; return 0; }
+static int quiet_xdp(enum libxdp_print_level l, const char *f, va_list a) { (void)l; (void)f; (void)a; return 0; }
+
+struct fp_xsk {
+	struct xsk_umem *umem;
+	struct xsk_socket *xsk;
+	struct xsk_ring_prod fill;
+	struct xsk_ring_cons comp;
+	struct xsk_ring_cons rx;
+	struct xsk_ring_prod tx;
+	int has_rx, has_tx;
+	int zerocopy;
+};
+
+/*
+ * Opens an AF_XDP socket on ifname/queue with `area` (size bytes, page
+ * aligned, frames of frame_size) as its UMEM. rx/tx: whether it receives
+ * (loads the default redirect program) and/or transmits. Tries native XDP
+ * with zero copy first, then generic XDP in copy mode (veth, any driver).
+ * Returns 0 or a negative errno; *mode is 1 for zero copy, 0 for copy.
+ */
+int fp_xsk_open(const char *ifname, uint32_t queue, void *area, uint64_t size, uint32_t frame_size,
+		uint32_t ring, int rx, int tx, int *mode, struct fp_xsk **out)
+{
+	libbpf_set_print(quiet_bpf);
+	libxdp_set_print(quiet_xdp);
+	struct fp_xsk *x = calloc(1, sizeof(*x));
+	if (!x)
+		return -ENOMEM;
+	struct xsk_umem_config uc = {
+		.fill_size = ring, .comp_size = ring, .frame_size = frame_size, .frame_headroom = 0, .flags = 0,
+	};
+	int r = xsk_umem__create(&x->umem, area, size, &x->fill, &x->comp, &uc);
+	if (r) {
+		free(x);
+		return r < 0 ? r : -r;
+	}
+	const uint32_t xdp_modes[2] = { XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE };
+	const uint16_t bind_modes[2] = { XDP_ZEROCOPY, XDP_COPY };
+	for (int i = 0; i < 2; i++) {
+		struct xsk_socket_config sc = {
+			.rx_size = rx ? ring : 0,
+			.tx_size = tx ? ring : 0,
+			.libxdp_flags = rx ? 0 : XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD,
+			.xdp_flags = xdp_modes[i] | XDP_FLAGS_UPDATE_IF_NOEXIST,
+			.bind_flags = bind_modes[i] | XDP_USE_NEED_WAKEUP,
+		};
+		r = xsk_socket__create(&x->xsk, ifname, queue, x->umem, rx ? &x->rx : NULL, tx ? &x->tx : NULL, &sc);
+		if (!r) {
+			x->zerocopy = i == 0;
+			break;
+		}
+	}
+	if (r) {
+		xsk_umem__delete(x->umem);
+		free(x);
+		return r < 0 ? r : -r;
+	}
+	x->has_rx = rx;
+	x->has_tx = tx;
+	*mode = x->zerocopy;
+	*out = x;
+	return 0;
+}
+
+/* Deletes the socket (libxdp detaches its program with the last socket), then the UMEM. */
+void fp_xsk_close(struct fp_xsk *x)
+{
+	if (!x)
+		return;
+	xsk_socket__delete(x->xsk);
+	xsk_umem__delete(x->umem);
+	free(x);
+}
+
+/* Puts up to n buffer addresses on the fill ring; returns how many. */
+uint32_t fp_xsk_fill(struct fp_xsk *x, const uint64_t *addr, uint32_t n)
+{
+	uint32_t idx = 0;
+	uint32_t got = xsk_ring_prod__reserve(&x->fill, n, &idx);
+	for (uint32_t i = 0; i < got; i++)
+		*xsk_ring_prod__fill_addr(&x->fill, idx + i) = addr[i];
+	if (got)
+		xsk_ring_prod__submit(&x->fill, got);
+	return got;
+}
+
+/* True if the kernel asks for a wake-up to refill (one recvfrom then). */
+void fp_xsk_rx_wakeup(struct fp_xsk *x)
+{
+	if (xsk_ring_prod__needs_wakeup(&x->fill))
+		recvfrom(xsk_socket__fd(x->xsk), NULL, 0, MSG_DONTWAIT, NULL, NULL);
+}
+
+/* Takes up to max received descriptors: addresses and lengths. */
+uint32_t fp_xsk_rx(struct fp_xsk *x, uint64_t *addr, uint32_t *len, uint32_t max)
+{
+	uint32_t idx = 0;
+	uint32_t got = xsk_ring_cons__peek(&x->rx, max, &idx);
+	for (uint32_t i = 0; i < got; i++) {
+		const struct xdp_desc *d = xsk_ring_cons__rx_desc(&x->rx, idx + i);
+		addr[i] = xsk_umem__add_offset_to_addr(d->addr);
+		len[i] = d->len;
+	}
+	if (got)
+		xsk_ring_cons__release(&x->rx, got);
+	return got;
+}
+
+/* Queues up to n frames for transmit and kicks the kernel; returns how many were queued. */
+uint32_t fp_xsk_tx(struct fp_xsk *x, const uint64_t *addr, const uint32_t *len, uint32_t n)
+{
+	uint32_t idx = 0;
+	uint32_t got = xsk_ring_prod__reserve(&x->tx, n, &idx);
+	for (uint32_t i = 0; i < got; i++) {
+		struct xdp_desc *d = xsk_ring_prod__tx_desc(&x->tx, idx + i);
+		d->addr = addr[i];
+		d->len = len[i];
+		d->options = 0;
+	}
+	if (got) {
+		xsk_ring_prod__submit(&x->tx, got);
+		/* Copy mode sends at most 32 descriptors per kick (the kernel's TX batch): kick per 32. */
+		if (!x->zerocopy) {
+			for (uint32_t k = 0; k < got; k += 32)
+				if (sendto(xsk_socket__fd(x->xsk), NULL, 0, MSG_DONTWAIT, NULL, 0) < 0 && errno != EAGAIN &&
+				    errno != EBUSY)
+					break;
+		} else if (xsk_ring_prod__needs_wakeup(&x->tx)) {
+			sendto(xsk_socket__fd(x->xsk), NULL, 0, MSG_DONTWAIT, NULL, 0);
+		}
+	}
+	return got;
+}
+
+/* Takes up to max completed transmit addresses. */
+uint32_t fp_xsk_complete(struct fp_xsk *x, uint64_t *addr, uint32_t max)
+{
+	uint32_t idx = 0;
+	uint32_t got = xsk_ring_cons__peek(&x->comp, max, &idx);
+	for (uint32_t i = 0; i < got; i++)
+		addr[i] = *xsk_ring_cons__comp_addr(&x->comp, idx + i);
+	if (got)
+		xsk_ring_cons__release(&x->comp, got);
+	return got;
+}
+
+/* The kernel's drop counters: RX dropped (no fill buffer or ring full) and invalid TX descriptors. */
+int fp_xsk_stats(struct fp_xsk *x, uint64_t *rx_dropped, uint64_t *rx_ring_full, uint64_t *fill_empty)
+{
+	struct xdp_statistics st;
+	socklen_t l = sizeof(st);
+	memset(&st, 0, sizeof(st));
+	if (getsockopt(xsk_socket__fd(x->xsk), SOL_XDP, XDP_STATISTICS, &st, &l))
+		return -errno;
+	*rx_dropped = st.rx_dropped;
+	*rx_ring_full = st.rx_ring_full;
+	*fill_empty = st.rx_fill_ring_empty_descs;
+	return 0;
+}

@@ -1,0 +1,458 @@
+//! AF_PACKET ports: a TPACKET_V3 RX ring per queue (mmap'ed blocks the
+//! kernel fills and hands over whole), PACKET_FANOUT (hash, defragmenting)
+//! spreading one interface over the queues, and transmit by `sendmmsg` on a
+//! PACKET_QDISC_BYPASS socket: one system call per batch and port, none per
+//! packet. Receive copies each packet from the ring into a pool buffer (the
+//! ring is the kernel's memory; the copy is the "DMA"); RX ring overruns
+//! are the kernel's `tp_drops`, read every few hundred polls.
+
+use std::ffi::CString;
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
+use std::sync::Arc;
+
+use flowplane_packet::{Batch, PacketPool, Verdict, MAX_BATCH};
+
+use super::{Port, PortError, PortOptions, QueueCounters, RxQueue, TxQueue};
+
+const TPACKET_V3: libc::c_int = 2;
+
+fn os(what: impl Into<String>) -> PortError {
+    PortError::Os(what.into(), io::Error::last_os_error())
+}
+
+/// An owned file descriptor, closed on drop.
+struct Fd(libc::c_int);
+
+impl Drop for Fd {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor is owned by this value and closed once.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+fn setsockopt<T>(fd: &Fd, level: libc::c_int, name: libc::c_int, val: &T, what: &str) -> Result<(), PortError> {
+    // SAFETY: `val` points to a live `T` of `size_of::<T>()` bytes, which is what the option expects
+    // (each caller passes the kernel's structure or int for `name`).
+    let r = unsafe {
+        libc::setsockopt(fd.0, level, name, val as *const T as *const libc::c_void, size_of::<T>() as libc::socklen_t)
+    };
+    if r != 0 {
+        return Err(os(what));
+    }
+    Ok(())
+}
+
+fn packet_socket() -> Result<Fd, PortError> {
+    // Protocol 0: the socket receives nothing until it is bound to one interface.
+    // SAFETY: a plain system call with constant arguments.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(os("AF_PACKET socket (needs root or CAP_NET_RAW)"));
+    }
+    Ok(Fd(fd))
+}
+
+fn bind(fd: &Fd, ifindex: i32, protocol: u16, iface: &str) -> Result<(), PortError> {
+    // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+    let mut sa: libc::sockaddr_ll = unsafe { zeroed() };
+    sa.sll_family = libc::AF_PACKET as u16;
+    sa.sll_protocol = protocol.to_be();
+    sa.sll_ifindex = ifindex;
+    // SAFETY: `sa` is a valid sockaddr_ll and its exact size is passed.
+    let r = unsafe {
+        libc::bind(
+            fd.0,
+            &sa as *const libc::sockaddr_ll as *const libc::sockaddr,
+            size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(os(format!("bind to {iface}")));
+    }
+    Ok(())
+}
+
+fn realtime_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Fanout group ids handed out by this process (distinct per opened port).
+static NEXT_GROUP: AtomicU16 = AtomicU16::new(0);
+
+/// An interface opened through AF_PACKET for N queue pairs.
+pub struct AfPacketPort {
+    iface: String,
+    ifindex: i32,
+    queues: usize,
+    opts: PortOptions,
+    group: u16,
+    counters: Vec<Arc<QueueCounters>>,
+    base_ns: u64,
+}
+
+impl AfPacketPort {
+    /// Opens `iface` for `queues` queue pairs (sockets are made per queue by
+    /// `open_rx`/`open_tx`, on the threads that use them).
+    pub fn open(iface: &str, queues: usize, opts: PortOptions) -> Result<Self, PortError> {
+        let name = CString::new(iface).map_err(|_| PortError::Spec(format!("{iface}: bad interface name")))?;
+        // SAFETY: `name` is a NUL-terminated string that outlives the call.
+        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        if ifindex == 0 {
+            return Err(os(format!("interface {iface}")));
+        }
+        if queues == 0 || queues > 1024 {
+            return Err(PortError::Spec(format!("afpacket:{iface}: {queues} queues (1..=1024)")));
+        }
+        let page = 4096;
+        if opts.block_size < page || !opts.block_size.is_multiple_of(page) || opts.ring_bytes < opts.block_size {
+            return Err(PortError::Spec(format!("afpacket:{iface}: bad ring geometry")));
+        }
+        // Probe: fail here (one line), not on a worker thread, without root.
+        packet_socket()?;
+        let group =
+            (std::process::id() as u16).wrapping_mul(31).wrapping_add(NEXT_GROUP.fetch_add(1, Ordering::Relaxed));
+        Ok(AfPacketPort {
+            iface: iface.to_string(),
+            ifindex: ifindex as i32,
+            queues,
+            opts,
+            group,
+            counters: (0..queues).map(|_| Arc::new(QueueCounters::default())).collect(),
+            base_ns: realtime_ns(),
+        })
+    }
+}
+
+impl Port for AfPacketPort {
+    fn name(&self) -> String {
+        format!("afpacket:{}", self.iface)
+    }
+
+    fn queues(&self) -> usize {
+        self.queues
+    }
+
+    fn counters(&self) -> &[Arc<QueueCounters>] {
+        &self.counters
+    }
+
+    fn open_rx(&self, q: usize) -> Result<Box<dyn RxQueue>, PortError> {
+        let counters = self.counters.get(q).cloned().ok_or_else(|| PortError::Spec(format!("queue {q}")))?;
+        Ok(Box::new(AfPacketRx::open(self, counters)?))
+    }
+
+    fn open_tx(&self, q: usize) -> Result<Box<dyn TxQueue>, PortError> {
+        let counters = self.counters.get(q).cloned().ok_or_else(|| PortError::Spec(format!("queue {q}")))?;
+        Ok(Box::new(AfPacketTx::open(self, counters)?))
+    }
+}
+
+/// A TPACKET_V3 receive ring.
+pub struct AfPacketRx {
+    ring: *mut u8,
+    ring_len: usize,
+    block_size: usize,
+    blocks: usize,
+    /// The block being read and, while it is open, the packets left in it and the next one's offset.
+    cur: usize,
+    left: u32,
+    off: usize,
+    polls: u32,
+    base_ns: u64,
+    counters: Arc<QueueCounters>,
+    fd: Fd,
+}
+
+// SAFETY: the ring mapping is owned by this value alone (no other user-space
+// reference to it exists); moving it to another thread moves that ownership.
+unsafe impl Send for AfPacketRx {}
+
+impl AfPacketRx {
+    fn open(port: &AfPacketPort, counters: Arc<QueueCounters>) -> Result<Self, PortError> {
+        let fd = packet_socket()?;
+        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_VERSION, &TPACKET_V3, "PACKET_VERSION v3")?;
+        // Our own transmissions on this interface are not input.
+        let one: libc::c_int = 1;
+        let _ = setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &one, "PACKET_IGNORE_OUTGOING");
+        let o = port.opts;
+        let blocks = (o.ring_bytes / o.block_size).max(2);
+        let frame = 2048;
+        let req = libc::tpacket_req3 {
+            tp_block_size: o.block_size as u32,
+            tp_block_nr: blocks as u32,
+            tp_frame_size: frame as u32,
+            tp_frame_nr: (o.block_size / frame * blocks) as u32,
+            tp_retire_blk_tov: o.block_timeout_ms.max(1),
+            tp_sizeof_priv: 0,
+            tp_feature_req_word: libc::TP_FT_REQ_FILL_RXHASH,
+        };
+        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_RX_RING, &req, "PACKET_RX_RING")?;
+        let ring_len = o.block_size * blocks;
+        // SAFETY: maps the ring the kernel just allocated for this socket;
+        // length and offset are the ones PACKET_RX_RING defined.
+        let ring = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                ring_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd.0,
+                0,
+            )
+        };
+        if ring == libc::MAP_FAILED {
+            return Err(os("mmap of the RX ring"));
+        }
+        let mut rx = AfPacketRx {
+            ring: ring as *mut u8,
+            ring_len,
+            block_size: o.block_size,
+            blocks,
+            cur: 0,
+            left: 0,
+            off: 0,
+            polls: 0,
+            base_ns: port.base_ns,
+            counters,
+            fd,
+        };
+        bind(&rx.fd, port.ifindex, libc::ETH_P_ALL as u16, &port.iface)?;
+        if o.promisc {
+            // SAFETY: packet_mreq is plain data; all-zero is valid.
+            let mut mr: libc::packet_mreq = unsafe { zeroed() };
+            mr.mr_ifindex = port.ifindex;
+            mr.mr_type = libc::PACKET_MR_PROMISC as u16;
+            // The kernel drops the membership when the socket closes: promiscuity ends with the port.
+            setsockopt(&rx.fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &mr, "promiscuous mode")?;
+        }
+        if port.queues > 1 {
+            let arg: libc::c_int =
+                (port.group as u32 | ((libc::PACKET_FANOUT_HASH | libc::PACKET_FANOUT_FLAG_DEFRAG) << 16)) as i32;
+            setsockopt(&rx.fd, libc::SOL_PACKET, libc::PACKET_FANOUT, &arg, "PACKET_FANOUT hash")?;
+        }
+        // Packets dropped before the run are not the run's.
+        rx.read_drops();
+        rx.counters.rx_overrun.store(0, Ordering::Relaxed);
+        Ok(rx)
+    }
+
+    /// Adds the kernel's ring-full drops since the last read (the read resets them).
+    fn read_drops(&mut self) {
+        // SAFETY: plain data; all-zero is valid.
+        let mut st: libc::tpacket_stats_v3 = unsafe { zeroed() };
+        let mut len = size_of::<libc::tpacket_stats_v3>() as libc::socklen_t;
+        // SAFETY: `st` and `len` are live and sized for PACKET_STATISTICS on a v3 socket.
+        let r = unsafe {
+            libc::getsockopt(
+                self.fd.0,
+                libc::SOL_PACKET,
+                libc::PACKET_STATISTICS,
+                &mut st as *mut _ as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        if r == 0 {
+            QueueCounters::add(&self.counters.rx_overrun, st.tp_drops as u64);
+        }
+    }
+
+    /// The status word of block `b`, shared with the kernel.
+    fn status(&self, b: usize) -> &AtomicU32 {
+        // SAFETY: block b < blocks lies inside the mapping, starts page-aligned,
+        // and its first bytes are a tpacket_block_desc whose block_status (at
+        // offset 8: version, offset_to_priv, then hdr.bh1.block_status) is a
+        // u32 the kernel and we access only atomically; the mapping lives as long as `self`.
+        unsafe { AtomicU32::from_ptr(self.ring.add(b * self.block_size + 8) as *mut u32) }
+    }
+
+    /// Gives the current block back to the kernel and moves to the next.
+    fn release(&mut self) {
+        self.status(self.cur).store(libc::TP_STATUS_KERNEL, Ordering::Release);
+        self.cur = (self.cur + 1) % self.blocks;
+        self.left = 0;
+    }
+}
+
+impl RxQueue for AfPacketRx {
+    fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize) -> usize {
+        self.polls = self.polls.wrapping_add(1);
+        if self.polls.is_multiple_of(512) {
+            self.read_drops();
+        }
+        let (mut n, mut bytes, mut no_buf, mut oversize) = (0usize, 0u64, 0u64, 0u64);
+        let max = max.min(batch.room());
+        while n < max {
+            if self.left == 0 {
+                if self.status(self.cur).load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
+                    break;
+                }
+                // SAFETY: the kernel handed this block to user space (status
+                // USER, acquired above): its descriptor is ours to read until release.
+                let bh = unsafe {
+                    (*(self.ring.add(self.cur * self.block_size) as *const libc::tpacket_block_desc)).hdr.bh1
+                };
+                self.left = bh.num_pkts;
+                self.off = bh.offset_to_first_pkt as usize;
+                if self.left == 0 {
+                    self.release();
+                    continue;
+                }
+            }
+            let bs = self.block_size;
+            let hsz = size_of::<libc::tpacket3_hdr>();
+            if self.off + hsz > bs {
+                // A corrupt descriptor chain: give the block back rather than read past it.
+                self.release();
+                continue;
+            }
+            // SAFETY: off + header size <= block size (checked), inside a block we own.
+            let h = unsafe {
+                std::ptr::read_unaligned(self.ring.add(self.cur * bs + self.off) as *const libc::tpacket3_hdr)
+            };
+            let start = self.off + h.tp_mac as usize;
+            let len = h.tp_snaplen as usize;
+            if start + len <= bs {
+                // SAFETY: start + len <= block size (checked), inside the owned block;
+                // the kernel does not write it until release.
+                let data = unsafe { std::slice::from_raw_parts(self.ring.add(self.cur * bs + start), len) };
+                let ts = (h.tp_sec as u64 * 1_000_000_000 + h.tp_nsec as u64).saturating_sub(self.base_ns);
+                let vlan = h.tp_status & libc::TP_STATUS_VLAN_VALID != 0 && len >= 12;
+                let room = pool.data_room();
+                if len + 4 * vlan as usize > room {
+                    oversize += 1;
+                } else if !batch.push_copy(pool, data, ts) {
+                    no_buf += 1;
+                } else {
+                    let i = batch.len() - 1;
+                    batch.rss_hashes_mut()[i] = h.hv1.tp_rxhash;
+                    if vlan {
+                        // The kernel took the 802.1Q tag out of the frame: put it back after the MACs.
+                        let tpid = if h.tp_status & libc::TP_STATUS_VLAN_TPID_VALID != 0 {
+                            h.hv1.tp_vlan_tpid
+                        } else {
+                            0x8100
+                        };
+                        let _ = batch.set_len(i, len + 4);
+                        let d = batch.data_mut(i);
+                        d.copy_within(12..len, 16);
+                        d[12..14].copy_from_slice(&tpid.to_be_bytes());
+                        d[14..16].copy_from_slice(&(h.hv1.tp_vlan_tci as u16).to_be_bytes());
+                    }
+                    n += 1;
+                    bytes += batch.lens()[i] as u64;
+                }
+            }
+            self.left -= 1;
+            self.off += h.tp_next_offset as usize;
+            if self.left == 0 {
+                self.release();
+            }
+        }
+        let c = &self.counters;
+        QueueCounters::add(&c.rx_packets, n as u64);
+        QueueCounters::add(&c.rx_bytes, bytes);
+        QueueCounters::add(&c.rx_pool_empty, no_buf);
+        QueueCounters::add(&c.rx_oversize, oversize);
+        n
+    }
+}
+
+impl Drop for AfPacketRx {
+    fn drop(&mut self) {
+        self.read_drops();
+        // SAFETY: the mapping was made in `open` with this length and is unmapped once;
+        // no reference into it outlives `self`. The socket closes after (field order).
+        unsafe { libc::munmap(self.ring as *mut libc::c_void, self.ring_len) };
+    }
+}
+
+/// Transmit through `sendmmsg` on a qdisc-bypassing socket.
+pub struct AfPacketTx {
+    iov: Box<[libc::iovec; MAX_BATCH]>,
+    msgs: Box<[libc::mmsghdr; MAX_BATCH]>,
+    counters: Arc<QueueCounters>,
+    fd: Fd,
+}
+
+// SAFETY: the iovec/mmsghdr arrays hold pointers only during `tx_batch`
+// (into the batch it borrows); between calls they are dead data.
+unsafe impl Send for AfPacketTx {}
+
+impl AfPacketTx {
+    fn open(port: &AfPacketPort, counters: Arc<QueueCounters>) -> Result<Self, PortError> {
+        let fd = packet_socket()?;
+        let one: libc::c_int = 1;
+        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &one, "PACKET_QDISC_BYPASS")?;
+        let sndbuf: libc::c_int = 4 << 20;
+        let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_SNDBUF, &sndbuf, "SO_SNDBUF");
+        bind(&fd, port.ifindex, 0, &port.iface)?;
+        // SAFETY: iovec and mmsghdr are plain data (pointers and lengths); all-zero is valid.
+        let (iov, msgs) = unsafe { (Box::new(zeroed()), Box::new(zeroed())) };
+        Ok(AfPacketTx { iov, msgs, counters, fd })
+    }
+}
+
+impl TxQueue for AfPacketTx {
+    fn tx_batch(&mut self, batch: &Batch, port: Verdict) -> (u64, u64, u64) {
+        let mut k = 0;
+        let mut bytes = 0u64;
+        for (i, &v) in batch.verdicts().iter().enumerate() {
+            if v != port {
+                continue;
+            }
+            let d = batch.data(i);
+            self.iov[k] = libc::iovec { iov_base: d.as_ptr() as *mut libc::c_void, iov_len: d.len() };
+            bytes += d.len() as u64;
+            k += 1;
+        }
+        for j in 0..k {
+            let h = &mut self.msgs[j].msg_hdr;
+            h.msg_iov = &mut self.iov[j];
+            h.msg_iovlen = 1;
+        }
+        let (mut sent, mut errors, mut full) = (0usize, 0u64, 0u64);
+        while sent < k {
+            // SAFETY: msgs[sent..k] are initialised above and point at iovecs
+            // describing packet data of `batch`, which is borrowed for this call;
+            // the kernel only reads them.
+            let r = unsafe {
+                libc::sendmmsg(self.fd.0, self.msgs.as_mut_ptr().add(sent), (k - sent) as u32, libc::MSG_DONTWAIT)
+            };
+            if r > 0 {
+                sent += r as usize;
+                continue;
+            }
+            match io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN | libc::ENOBUFS) => {
+                    full = (k - sent) as u64;
+                    break;
+                }
+                // This message is refused (too long, link down): count it and go on.
+                _ => {
+                    errors += 1;
+                    sent += 1;
+                }
+            }
+        }
+        let ok = sent as u64 - errors;
+        if ok < k as u64 {
+            // Bytes of what did not go: recount only on the (rare) lossy path.
+            bytes = 0;
+            let mut j = 0;
+            for (i, &v) in batch.verdicts().iter().enumerate() {
+                if v == port {
+                    if j < sent {
+                        bytes += batch.lens()[i] as u64;
+                    }
+                    j += 1;
+                }
+            }
+        }
+        QueueCounters::add(&self.counters.tx_full, full);
+        QueueCounters::add(&self.counters.tx_errors, errors);
+        (ok, bytes, full + errors)
+    }
+}

@@ -1,0 +1,369 @@
+//! AF_XDP ports through Debian's libxdp (`csrc/xsk_shim.c`): one socket per
+//! queue, libxdp's default redirect program loaded with the first RX socket
+//! and removed with the last. The UMEM of an RX socket *is* the worker's
+//! packet pool (its page-aligned region): free buffers are lent to the fill
+//! ring, the kernel writes packets into them, and the RX ring's descriptors
+//! come back into the batch as owned buffers (`Batch::push_from_device`) —
+//! no copy in flowplane. Native XDP with zero copy is tried first; where the
+//! driver lacks it (veth), generic XDP in copy mode.
+//!
+//! Transmit copies each packet into a frame of the TX socket's own UMEM (a
+//! small pool of its own) and lends that frame to the TX ring; completed
+//! frames are reclaimed at the next transmit. One ring operation and at most
+//! one system call (the kick) per batch.
+
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use flowplane_packet::{tsc, Batch, PacketPool, PoolConfig, RegionGuard, Verdict, MAX_BATCH};
+
+use super::{Port, PortError, PortOptions, QueueCounters, RxQueue, TxQueue};
+
+/// The shim's socket (opaque).
+#[repr(C)]
+struct FpXsk {
+    _p: [u8; 0],
+}
+
+extern "C" {
+    #[allow(clippy::too_many_arguments)]
+    fn fp_xsk_open(
+        ifname: *const c_char,
+        queue: u32,
+        area: *mut c_void,
+        size: u64,
+        frame_size: u32,
+        ring: u32,
+        rx: c_int,
+        tx: c_int,
+        mode: *mut c_int,
+        out: *mut *mut FpXsk,
+    ) -> c_int;
+    fn fp_xsk_close(x: *mut FpXsk);
+    fn fp_xsk_fill(x: *mut FpXsk, addr: *const u64, n: u32) -> u32;
+    fn fp_xsk_rx_wakeup(x: *mut FpXsk);
+    fn fp_xsk_rx(x: *mut FpXsk, addr: *mut u64, len: *mut u32, max: u32) -> u32;
+    fn fp_xsk_tx(x: *mut FpXsk, addr: *const u64, len: *const u32, n: u32) -> u32;
+    fn fp_xsk_complete(x: *mut FpXsk, addr: *mut u64, max: u32) -> u32;
+    fn fp_xsk_stats(x: *mut FpXsk, rx_dropped: *mut u64, rx_ring_full: *mut u64, fill_empty: *mut u64) -> c_int;
+}
+
+/// An open shim socket, closed on drop.
+struct Xsk(*mut FpXsk);
+
+impl Xsk {
+    /// Opens a socket whose UMEM is `region` (page-aligned, `frame`-byte frames).
+    fn open(
+        iface: &str,
+        queue: u32,
+        region: (*mut u8, usize),
+        frame: usize,
+        ring: u32,
+        rx: bool,
+        tx: bool,
+    ) -> Result<(Xsk, bool), PortError> {
+        let name = CString::new(iface).map_err(|_| PortError::Spec(format!("{iface}: bad interface name")))?;
+        let mut x = std::ptr::null_mut();
+        let mut zc: c_int = 0;
+        // SAFETY: `name` is NUL-terminated and outlives the call; `region` is a
+        // live, page-aligned allocation of region.1 bytes that the caller keeps
+        // alive until this socket is closed (a RegionGuard or an owned pool,
+        // dropped after `Xsk`); out-pointers are valid locals.
+        let r = unsafe {
+            fp_xsk_open(
+                name.as_ptr(),
+                queue,
+                region.0 as *mut c_void,
+                region.1 as u64,
+                frame as u32,
+                ring,
+                rx as c_int,
+                tx as c_int,
+                &mut zc,
+                &mut x,
+            )
+        };
+        if r != 0 || x.is_null() {
+            return Err(PortError::Os(
+                format!("AF_XDP socket on {iface} queue {queue} (needs root, an XDP-capable kernel and libxdp)"),
+                std::io::Error::from_raw_os_error(-r),
+            ));
+        }
+        Ok((Xsk(x), zc != 0))
+    }
+}
+
+impl Drop for Xsk {
+    fn drop(&mut self) {
+        // SAFETY: the socket was opened by fp_xsk_open and is closed once.
+        unsafe { fp_xsk_close(self.0) }
+    }
+}
+
+// SAFETY: the shim socket is used by one thread at a time (its owner), and
+// libxdp's socket state has no thread affinity.
+unsafe impl Send for Xsk {}
+
+/// An interface queue range opened through AF_XDP.
+pub struct AfXdpPort {
+    iface: String,
+    queue0: u32,
+    queues: usize,
+    counters: Vec<Arc<QueueCounters>>,
+    zerocopy: Arc<AtomicBool>,
+}
+
+impl AfXdpPort {
+    /// `iface` queues `queue0 .. queue0 + queues` (sockets open per worker).
+    pub fn open(iface: &str, queue0: u32, queues: usize, _opts: PortOptions) -> Result<Self, PortError> {
+        let name = CString::new(iface).map_err(|_| PortError::Spec(format!("{iface}: bad interface name")))?;
+        // SAFETY: `name` is NUL-terminated and outlives the call.
+        if unsafe { libc::if_nametoindex(name.as_ptr()) } == 0 {
+            return Err(PortError::Os(format!("interface {iface}"), std::io::Error::last_os_error()));
+        }
+        Ok(AfXdpPort {
+            iface: iface.to_string(),
+            queue0,
+            queues,
+            counters: (0..queues).map(|_| Arc::new(QueueCounters::default())).collect(),
+            zerocopy: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// True once an RX socket got native zero-copy mode.
+    pub fn zerocopy(&self) -> bool {
+        self.zerocopy.load(Ordering::Relaxed)
+    }
+}
+
+/// Ring entries per socket ring: at most half the pool (the rest carries batches).
+fn ring_for(buffers: usize) -> u32 {
+    let half = (buffers / 2).clamp(64, 8192);
+    1u32 << (31 - (half as u32).leading_zeros())
+}
+
+impl Port for AfXdpPort {
+    fn name(&self) -> String {
+        format!("afxdp:{}:{}", self.iface, self.queue0)
+    }
+
+    fn queues(&self) -> usize {
+        self.queues
+    }
+
+    fn counters(&self) -> &[Arc<QueueCounters>] {
+        &self.counters
+    }
+
+    fn open_rx(&self, _q: usize) -> Result<Box<dyn RxQueue>, PortError> {
+        Err(PortError::Unsupported(format!("{}: AF_XDP receives into the worker's pool (open_rx_into)", self.name())))
+    }
+
+    fn open_rx_into(&self, q: usize, pool: &mut PacketPool) -> Result<Box<dyn RxQueue>, PortError> {
+        let counters = self.counters.get(q).cloned().ok_or_else(|| PortError::Spec(format!("queue {q}")))?;
+        let ring = ring_for(pool.stats().buffers);
+        let region = pool.region();
+        let guard = pool.region_guard();
+        let (xsk, zc) = Xsk::open(&self.iface, self.queue0 + q as u32, region, pool.buf_size(), ring, true, false)?;
+        if zc {
+            self.zerocopy.store(true, Ordering::Relaxed);
+        }
+        let hz = tsc::hz().max(1.0);
+        let mut rx = AfXdpRx {
+            xsk,
+            _region: guard,
+            buf_size: pool.buf_size() as u64,
+            addrs: Box::new([0; MAX_BATCH]),
+            lens: Box::new([0; MAX_BATCH]),
+            idx: Box::new([0; MAX_BATCH]),
+            deficit: ring as usize,
+            polls: 0,
+            t0: tsc::rdtsc(),
+            ns_per_tick: 1e9 / hz,
+            counters,
+        };
+        while rx.deficit > 0 && rx.refill(pool) > 0 {}
+        Ok(Box::new(rx))
+    }
+
+    fn open_tx(&self, q: usize) -> Result<Box<dyn TxQueue>, PortError> {
+        let counters = self.counters.get(q).cloned().ok_or_else(|| PortError::Spec(format!("queue {q}")))?;
+        let frames = 2048;
+        let pool = PacketPool::new(PoolConfig { buffers: frames, headroom: 0, ..PoolConfig::default() })
+            .map_err(|e| PortError::Unsupported(format!("AF_XDP TX frames: {e}")))?;
+        let ring = ring_for(frames);
+        let (xsk, _) =
+            Xsk::open(&self.iface, self.queue0 + q as u32, pool.region(), pool.buf_size(), ring, false, true)?;
+        let batch = Batch::new(&pool);
+        Ok(Box::new(AfXdpTx {
+            xsk,
+            pool,
+            batch,
+            addrs: Box::new([0; MAX_BATCH]),
+            lens: Box::new([0; MAX_BATCH]),
+            comp: Box::new([0; 2 * MAX_BATCH]),
+            counters,
+        }))
+    }
+}
+
+/// An RX socket whose UMEM is a worker's pool.
+pub struct AfXdpRx {
+    xsk: Xsk,
+    /// Keeps the pool's region mapped until the socket is closed (declared after `xsk`: dropped after it).
+    _region: RegionGuard,
+    buf_size: u64,
+    addrs: Box<[u64; MAX_BATCH]>,
+    lens: Box<[u32; MAX_BATCH]>,
+    idx: Box<[u32; MAX_BATCH]>,
+    /// Fill-ring entries owed (packets received and not yet replaced).
+    deficit: usize,
+    polls: u32,
+    t0: u64,
+    ns_per_tick: f64,
+    counters: Arc<QueueCounters>,
+}
+
+impl AfXdpRx {
+    /// Lends up to one burst of free buffers to the fill ring; returns how many went.
+    fn refill(&mut self, pool: &mut PacketPool) -> usize {
+        let want = self.deficit.min(MAX_BATCH);
+        let k = pool.lend(&mut self.idx[..want]);
+        for i in 0..k {
+            self.addrs[i] = self.idx[i] as u64 * self.buf_size;
+        }
+        // SAFETY: addrs[..k] are initialised; the shim reads k entries.
+        let f = unsafe { fp_xsk_fill(self.xsk.0, self.addrs.as_ptr(), k as u32) } as usize;
+        for &i in &self.idx[f..k] {
+            pool.reclaim(i);
+        }
+        self.deficit -= f;
+        f
+    }
+
+    fn read_stats(&mut self) {
+        let (mut d, mut full, mut empty) = (0u64, 0u64, 0u64);
+        // SAFETY: out-pointers are valid locals.
+        if unsafe { fp_xsk_stats(self.xsk.0, &mut d, &mut full, &mut empty) } == 0 {
+            // The kernel's counters are totals: store, not add.
+            self.counters.rx_overrun.store(d + full, Ordering::Relaxed);
+        }
+    }
+}
+
+impl RxQueue for AfXdpRx {
+    fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize) -> usize {
+        self.polls = self.polls.wrapping_add(1);
+        if self.polls.is_multiple_of(1024) {
+            self.read_stats();
+        }
+        if self.deficit > 0 {
+            self.refill(pool);
+        }
+        let max = max.min(batch.room()).min(MAX_BATCH);
+        // SAFETY: addrs/lens hold MAX_BATCH >= max entries.
+        let n = unsafe { fp_xsk_rx(self.xsk.0, self.addrs.as_mut_ptr(), self.lens.as_mut_ptr(), max as u32) } as usize;
+        if n == 0 {
+            // SAFETY: a live socket.
+            unsafe { fp_xsk_rx_wakeup(self.xsk.0) };
+            return 0;
+        }
+        let ts = (tsc::rdtsc().saturating_sub(self.t0) as f64 * self.ns_per_tick) as u64;
+        let (mut got, mut bytes, mut bad) = (0usize, 0u64, 0u64);
+        for i in 0..n {
+            let addr = self.addrs[i];
+            let Some(idx) = pool.index_of(addr) else {
+                bad += 1;
+                continue;
+            };
+            let off = (addr - idx as u64 * self.buf_size) as u16;
+            let len = self.lens[i].min(u16::MAX as u32) as u16;
+            if batch.push_from_device(pool, idx, off, len, 0, ts) {
+                got += 1;
+                bytes += len as u64;
+            } else {
+                // Not a lent buffer (never expected from the kernel) or too long: back to the pool, counted.
+                pool.reclaim(idx);
+                bad += 1;
+            }
+        }
+        self.deficit += n;
+        self.refill(pool);
+        let c = &self.counters;
+        QueueCounters::add(&c.rx_packets, got as u64);
+        QueueCounters::add(&c.rx_bytes, bytes);
+        QueueCounters::add(&c.rx_oversize, bad);
+        got
+    }
+}
+
+impl Drop for AfXdpRx {
+    fn drop(&mut self) {
+        self.read_stats();
+    }
+}
+
+/// A TX socket with its own frames.
+pub struct AfXdpTx {
+    xsk: Xsk,
+    /// The TX socket's UMEM (dropped after `xsk`, by field order).
+    pool: PacketPool,
+    batch: Box<Batch>,
+    addrs: Box<[u64; MAX_BATCH]>,
+    lens: Box<[u32; MAX_BATCH]>,
+    comp: Box<[u64; 2 * MAX_BATCH]>,
+    counters: Arc<QueueCounters>,
+}
+
+impl AfXdpTx {
+    /// Reclaims the frames the kernel has sent.
+    fn complete(&mut self) {
+        loop {
+            // SAFETY: comp holds 2 * MAX_BATCH entries.
+            let c = unsafe { fp_xsk_complete(self.xsk.0, self.comp.as_mut_ptr(), self.comp.len() as u32) } as usize;
+            for &a in &self.comp[..c] {
+                if let Some(i) = self.pool.index_of(a) {
+                    self.pool.reclaim(i);
+                }
+            }
+            if c < self.comp.len() {
+                break;
+            }
+        }
+    }
+}
+
+impl TxQueue for AfXdpTx {
+    fn tx_batch(&mut self, batch: &Batch, port: Verdict) -> (u64, u64, u64) {
+        self.complete();
+        let mut full = 0u64;
+        for (i, &v) in batch.verdicts().iter().enumerate() {
+            if v == port && !self.batch.push_copy(&mut self.pool, batch.data(i), 0) {
+                // No free frame (the kernel has not completed enough yet).
+                full += 1;
+            }
+        }
+        let mut k = 0;
+        let (addrs, lens) = (&mut self.addrs, &mut self.lens);
+        let _ = self.batch.lend_to_device(&mut self.pool, |_, addr, len| {
+            addrs[k] = addr;
+            lens[k] = len as u32;
+            k += 1;
+            true
+        });
+        // SAFETY: addrs/lens[..k] are initialised and name frames of this socket's UMEM now lent to it.
+        let sent = unsafe { fp_xsk_tx(self.xsk.0, self.addrs.as_ptr(), self.lens.as_ptr(), k as u32) } as usize;
+        let mut bytes = 0;
+        for i in 0..k {
+            if i < sent {
+                bytes += self.lens[i] as u64;
+            } else if let Some(f) = self.pool.index_of(self.addrs[i]) {
+                self.pool.reclaim(f);
+                full += 1;
+            }
+        }
+        QueueCounters::add(&self.counters.tx_full, full);
+        (sent as u64, bytes, full)
+    }
+}
