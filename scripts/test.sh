@@ -58,6 +58,17 @@ cargo test --workspace --locked --no-fail-fast
 
 [[ $quick -eq 1 ]] && exit 0
 
+# DPDK ports (the `dpdk` feature) on virtual devices without huge pages or PCI
+# (net_null, net_pcap, net_af_packet): the same code a real NIC runs.
+if ! pkg-config --exists libdpdk 2>/dev/null; then
+    step "installing libdpdk-dev"
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -qq
+    as_root apt-get install -y -qq --no-install-recommends libdpdk-dev pkg-config >/dev/null
+fi
+step "DPDK ports (--features dpdk)"
+cargo test --locked -p flowplane --features dpdk --test ports_dpdk
+
 # The fuzz targets (a separate workspace, run with nightly + libFuzzer; see
 # fuzz/README.md) must keep compiling, and their shared harness is tested.
 step "fuzz targets type-check"
