@@ -487,7 +487,9 @@ pub fn refusal(chain: &Chain) -> Option<String> {
                     nf.name()
                 ));
             }
-            if !matches!(nf.placement().global, flowplane_nf::GlobalState::None) {
+            // Opting in declares the NF's own state a function of the packet
+            // sequence (conntrack's table); a per-core port pool never is.
+            if matches!(nf.placement().global, flowplane_nf::GlobalState::PortPool { .. }) {
                 return Some(format!(
                     "{} keeps NF-global state that is not a function of the packet sequence",
                     nf.name()
@@ -729,16 +731,22 @@ impl ScrReplica {
     }
 
     /// The replica's report (digest of the final state).
-    pub fn report(&self, lost: u64) -> ScrCoreReport {
+    pub fn report(&self, chain: &Chain, lost: u64) -> ScrCoreReport {
         let mut r = self.rep.clone();
         r.reached_end = self.end.is_some_and(|e| self.max >= e);
         r.max_seq = self.max;
         r.lost = lost;
+        let own = chain.stages.iter().map(|s| match s {
+            Stage::Stateful { nf, .. } => nf.scr_digest(),
+            Stage::Stateless(_) => 0,
+        });
         r.digest = self
             .tables
             .iter()
             .flatten()
-            .fold(0xcbf2_9ce4_8422_2325u64, |d, t| (d ^ t.digest()).wrapping_mul(0x100_0000_01b3));
+            .map(ReplicaTable::digest)
+            .chain(own)
+            .fold(0xcbf2_9ce4_8422_2325u64, |d, x| (d ^ x).wrapping_mul(0x100_0000_01b3));
         r.table_full = self.tables.iter().flatten().map(|t| t.full).sum();
         r.sweeps = self.tables.iter().flatten().map(|t| t.sweeps).sum();
         r

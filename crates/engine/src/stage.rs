@@ -111,6 +111,10 @@ pub trait StatefulStage: Send {
     ) -> bool {
         true
     }
+    /// SCR: digest of the NF's own state (`StatefulNf::scr_digest`).
+    fn scr_digest(&self) -> u64 {
+        0
+    }
     /// SCR: fast-forwards this NF's replica `t` over `recs` in order,
     /// skipping entries not `alive` and clearing `alive` for those its
     /// transition would drop (monomorphised: one virtual call per batch of entries).
@@ -259,6 +263,9 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     }
     fn scr_fields(&self) -> Option<flowplane_nf::stateful::ScrFields> {
         self.0.scr_fields()
+    }
+    fn scr_digest(&self) -> u64 {
+        self.0.scr_digest()
     }
     #[inline]
     fn scr_fast_forward(

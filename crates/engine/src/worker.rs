@@ -288,7 +288,7 @@ impl<'a> Worker<'a> {
         res.rx = self.source.rx_stats();
         if let Some(r) = self.scr.as_mut() {
             r.finish(self.exec.chain_mut(), self.source_done);
-            res.scr = Some(r.report(self.source.scr_lost()));
+            res.scr = Some(r.report(self.exec.chain(), self.source.scr_lost()));
         }
         res.nfs = self.exec.nf_results();
         res.store = self.exec.store_report();

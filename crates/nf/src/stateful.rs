@@ -385,6 +385,13 @@ pub trait StatefulNf: Send + 'static {
         true
     }
 
+    /// SCR: a digest of state the NF keeps itself (outside the engine's
+    /// tables, e.g. a connection table that is a function of the packet
+    /// sequence), so replicas can be compared. Default 0.
+    fn scr_digest(&self) -> u64 {
+        0
+    }
+
     /// NF-specific results for the report (JSON), if any.
     fn report(&self) -> Option<serde_json::Value> {
         None
