@@ -414,14 +414,20 @@ fn run_chains(
                                     crate::scr::ScrReplica::new(
                                         w,
                                         &chain,
-                                        cfg.exec.flows,
+                                        cfg.exec.flows.min(r.keys.saturating_mul(2).max(1024)),
                                         cfg.exec.default_idle_timeout_ns,
                                         Arc::clone(&r.seq),
                                         r.logs.clone(),
                                         r.end,
                                     )
                                 });
-                                let exec = Pipeline::new(chain, cfg.exec, shared.clone())?;
+                                // Under scr the chain's state lives in the replica: the executor's tables stay small.
+                                let ecfg = if scr.is_some() {
+                                    crate::exec::ExecConfig { flows: 1024, ..cfg.exec }
+                                } else {
+                                    cfg.exec
+                                };
+                                let exec = Pipeline::new(chain, ecfg, shared.clone())?;
                                 let base_ns = trace.base_ns();
                                 let source: Box<dyn Source> = match &steering_arc {
                                     Some(st) => {

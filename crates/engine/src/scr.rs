@@ -774,6 +774,8 @@ pub struct ScrRun {
     pub end: Option<u64>,
     /// Fields the records carry for the chain.
     pub fields: ScrFields,
+    /// Distinct connections (canonical 5-tuples) in the stream: sizes the replica tables.
+    pub keys: usize,
 }
 
 impl ScrRun {
@@ -809,7 +811,11 @@ impl ScrRun {
         let seq = Arc::new(Sequencer::new(trace, history, cfg.loss, cfg.seed));
         let end = loops.map(|l| l.saturating_mul(seq.stream_len()));
         let logs = cfg.recovery.then(|| Arc::new(ScrLogs::new(workers, cfg.log_entries)));
-        Ok(ScrRun { seq, logs, end, fields: chain_fields(chain) })
+        let keys = (1..=seq.stream_len())
+            .map(|s| seq.record(s).connection_key())
+            .collect::<std::collections::HashSet<u128>>()
+            .len();
+        Ok(ScrRun { seq, logs, end, fields: chain_fields(chain), keys })
     }
 }
 
