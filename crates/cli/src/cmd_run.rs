@@ -82,6 +82,9 @@ pub struct RunArgs {
     /// --scale scr: inject loss between the sequencer and the cores (probability per packet, 0..1).
     #[arg(long, value_name = "RATE", default_value_t = 0.0, allow_negative_numbers = true)]
     pub scr_loss: f64,
+    /// --scale scr: entries of each core's recovery log (a power of two).
+    #[arg(long, value_name = "ENTRIES", default_value_t = flowplane_engine::scr::DEFAULT_LOG, allow_negative_numbers = true)]
+    pub scr_log: usize,
     /// --scale scr: seed of the injected loss pattern.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -359,7 +362,7 @@ pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliErr
             recovery: a.scr_recovery,
             loss: a.scr_loss,
             seed: a.seed,
-            ..Default::default()
+            log_entries: a.scr_log,
         },
     };
     Ok((cfg, spec))

@@ -32,9 +32,13 @@ use serde::Serialize;
 use crate::chain::{Chain, Stage};
 use crate::stage::apply_action;
 
-/// Default log entries per core (a power of two): covers the emulated
-/// NIC's bounded drift between queues ([`flowplane_scale::steer::MAX_DRIFT`]) four times.
-pub const DEFAULT_LOG: usize = 1 << 18;
+/// Default log entries per core (a power of two; 640 KB): cache-resident,
+/// and far more than the usual distance between cores (a few bursts). The
+/// emulated NIC bounds the drift between queues to
+/// [`flowplane_scale::steer::MAX_DRIFT`] positions; a core further behind
+/// than the log finds entries overwritten and reports them unrecoverable
+/// (`--scr-log` raises it; the paper's logs have 1024 entries).
+pub const DEFAULT_LOG: usize = 1 << 14;
 
 /// Batches between two samples of the fast-forward cost (two TSC reads per packet when sampled).
 const SAMPLE_EVERY: u64 = 16;
@@ -596,46 +600,51 @@ impl ScrReplica {
         let n = h.len() as u64;
         let minseq = seq.saturating_sub(n - 1).max(1);
         let from = self.max + 1;
-        if let Some(logs) = self.logs.clone() {
+        // Sequence k sits at slot (k - 1) % n: one division, then a wrapping index.
+        let first = from.max(minseq);
+        let slot0 = ((first - 1) % n) as usize;
+        let wrap = |i: usize| if i + 1 == h.len() { 0 } else { i + 1 };
+        // Taken, not cloned: an Arc clone per packet would bounce its count between cores.
+        if let Some(logs) = self.logs.take() {
             let log = logs.log(self.core);
             // Algorithm 1 lines 6-14: every sequence of the gap and the packet is logged first.
-            for k in from..=seq {
-                if k < minseq {
-                    log.write(k, None);
-                } else {
-                    log.write(k, Some(&h[((k - 1) % n) as usize]));
-                }
+            for k in from..minseq.min(seq + 1) {
+                log.write(k, None);
+            }
+            let mut i = slot0;
+            for k in first..=seq {
+                log.write(k, Some(&h[i]));
+                i = wrap(i);
             }
             log.max.store(seq, Ordering::Release);
-            for k in from..seq {
+            for k in from..minseq.min(seq) {
                 if self.ff.len() == self.ff.capacity() {
                     self.run_ff(chain);
                 }
-                if k < minseq {
-                    self.rep.gaps += 1;
-                    match recover(&logs, self.core, k) {
-                        Recovered::Rec(r) => {
-                            self.rep.recovered += 1;
-                            self.apply(&r);
-                        }
-                        Recovered::LostEverywhere => self.rep.lost_everywhere += 1,
-                        Recovered::Unrecoverable => self.rep.unrecovered += 1,
+                self.rep.gaps += 1;
+                match recover(&logs, self.core, k) {
+                    Recovered::Rec(r) => {
+                        self.rep.recovered += 1;
+                        self.apply(&r);
                     }
-                } else {
-                    let r = h[((k - 1) % n) as usize];
-                    self.apply(&r);
+                    Recovered::LostEverywhere => self.rep.lost_everywhere += 1,
+                    Recovered::Unrecoverable => self.rep.unrecovered += 1,
                 }
             }
-        } else {
-            if minseq > from {
-                let g = minseq - from;
-                self.rep.gaps += g;
-                self.rep.unrecovered += g;
+            self.logs = Some(logs);
+        } else if minseq > from {
+            let g = minseq.min(seq) - from;
+            self.rep.gaps += g;
+            self.rep.unrecovered += g;
+        }
+        let mut i = slot0;
+        for _ in first..seq {
+            if self.ff.len() == self.ff.capacity() {
+                self.run_ff(chain);
             }
-            for k in from.max(minseq)..seq {
-                let r = h[((k - 1) % n) as usize];
-                self.apply(&r);
-            }
+            let r = h[i];
+            self.apply(&r);
+            i = wrap(i);
         }
         self.run_ff(chain);
         self.max = self.max.max(seq);
