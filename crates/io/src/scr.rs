@@ -1,7 +1,7 @@
 //! The SCR sequencer (`--scale scr`): where a programmable NIC or the
 //! top-of-rack switch would sit, in front of the emulated NIC queues. It
-//! gives every packet of the stream a sequence number (its stream position
-//! + 1, loops continuing) and a timestamp (the packet clock), keeps the
+//! gives every packet of the stream a sequence number (one more than its
+//! stream position, loops continuing) and a timestamp (the packet clock), keeps the
 //! declared fields of the last N packets in a ring, and piggybacks that
 //! ring — the last N-1 packets' records, the packet's own, and (implied by
 //! the sequence number) the index of the earliest — on each packet it

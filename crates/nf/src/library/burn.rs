@@ -62,6 +62,10 @@ impl StatefulNf for Burn {
         NF.name
     }
 
+    fn granularity(&self) -> Granularity {
+        Granularity::SrcIp
+    }
+
     fn placement(&self) -> Placement {
         Placement { affinity: Affinity::Source, global: GlobalState::None }
     }
