@@ -117,7 +117,8 @@ pub struct Row {
 }
 
 fn gen(trace: &str, packets: u64, both: bool) -> Result<GenConfig, String> {
-    let mut g = GenConfig { packets, seed: 1, ..GenConfig::default() }.with_profile(trace).map_err(|e| e.to_string())?;
+    let mut g =
+        GenConfig { packets, seed: 1, ..GenConfig::default() }.with_profile(trace).map_err(|e| e.to_string())?;
     if both && trace != "hyperscale" {
         g.proto = flowplane_trace::gen::Proto::TcpBidir;
     }
@@ -350,7 +351,13 @@ pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
         }
         let mut series: Vec<(String, String)> = mine
             .iter()
-            .map(|r| if compute { (format!("iters={}", r.iters), String::new()) } else { (r.trace.clone(), r.strategy.clone()) })
+            .map(|r| {
+                if compute {
+                    (format!("iters={}", r.iters), String::new())
+                } else {
+                    (r.trace.clone(), r.strategy.clone())
+                }
+            })
             .collect();
         series.dedup();
         series.sort();
@@ -358,7 +365,9 @@ pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
         for (i, (a, s)) in series.iter().enumerate() {
             let pts: Vec<(f64, f64)> = mine
                 .iter()
-                .filter(|r| if compute { &format!("iters={}", r.iters) == a } else { &r.trace == a && &r.strategy == s })
+                .filter(
+                    |r| if compute { &format!("iters={}", r.iters) == a } else { &r.trace == a && &r.strategy == s },
+                )
                 .map(|r| (r.cores as f64, y(r)))
                 .collect();
             let color = Palette99::pick(i).to_rgba();

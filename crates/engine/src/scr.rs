@@ -487,7 +487,7 @@ pub fn refusal(chain: &Chain) -> Option<String> {
         if let Stage::Stateful { nf, .. } = s {
             if nf.scr_fields().is_none() {
                 return Some(format!(
-                    "{} does not declare an SCR state transition (scr_fields/scr_transition); SCR-aware NFs: ddos, hh, portknock, ratelimit, conntrack",
+                    "{} does not declare an SCR state transition (scr_fields/scr_transition); SCR-aware NFs: ddos, hh, portknock, ratelimit, conntrack, burn",
                     nf.name()
                 ));
             }
