@@ -11,5 +11,6 @@ pub mod parse;
 pub mod pipeline;
 mod plot;
 pub mod scaling;
+pub mod scr;
 pub mod table;
 pub mod upf;

@@ -22,6 +22,8 @@ pub struct BenchArgs {
 pub enum BenchCmd {
     /// Multi-core scaling: throughput vs cores (1, 2 real; more projected) per strategy, chain and traffic, with PNG plots.
     Scaling(crate::cmd_scaling::ScalingArgs),
+    /// State-compute replication: Mpps vs cores for rss, shared, scr per program and trace; compute limit; loss recovery.
+    Scr(crate::cmd_scr::ScrArgs),
     /// I/O-only baseline: replay -> forward -> discard on one core.
     Io {
         /// Flows in the generated trace.
@@ -168,6 +170,7 @@ pub enum BenchCmd {
 pub fn run(a: BenchArgs) -> Result<(), CliError> {
     match a.which {
         BenchCmd::Scaling(s) => crate::cmd_scaling::run(s)?,
+        BenchCmd::Scr(s) => crate::cmd_scr::run(s)?,
         BenchCmd::Io { flows, packets, size, seconds, batch, quick, json } => {
             let opts =
                 if quick { IoBenchOptions::quick() } else { IoBenchOptions { flows, packets, size, seconds, batch } };

@@ -32,6 +32,11 @@ pub struct GenArgs {
     /// Flow popularity: uniform | zipf:A | elephants:K (or elephants:K:SHARE) | cdf:FILE.
     #[arg(long, value_name = "DIST", default_value = "uniform")]
     pub dist: String,
+    /// Trace profile like the SCR evaluation's: univdc (many short flows), backbone (Zipf over 1M
+    /// flows), hyperscale (web-search flow-size CDF, TCP both directions), single (one flow);
+    /// sets --flows, --dist and --proto.
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
     /// Packet order: random | burst (or burst:N).
     #[arg(long, value_name = "ORDER", default_value = "random")]
     pub order: String,
@@ -124,6 +129,10 @@ impl GenArgs {
             rate_pps: parse_f64("rate", &self.rate)?,
             seed: parse_u64("seed", &self.seed)?,
             upf,
+        };
+        let cfg = match &self.profile {
+            Some(p) => cfg.with_profile(p)?,
+            None => cfg,
         };
         cfg.validate()?;
         Ok(cfg)

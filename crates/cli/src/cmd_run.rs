@@ -88,9 +88,25 @@ pub struct RunArgs {
     #[arg(long, value_name = "NF=FILE")]
     pub export: Vec<String>,
     /// Multi-core strategy: rss (shared-nothing sharding), shared (round-robin spray, shared state),
-    /// rsspp (RSS++ rebalancing with state hand-over).
-    #[arg(long, default_value = "rss", value_parser = ["rss", "shared", "rsspp"])]
+    /// rsspp (RSS++ rebalancing with state hand-over), scr (state-compute replication: a sequencer
+    /// sprays round robin with piggybacked history; every core keeps a replica).
+    #[arg(long, default_value = "rss", value_parser = ["rss", "shared", "rsspp", "scr"])]
     pub scale: String,
+    /// --scale scr: history records piggybacked per packet (default: the number of cores; at least that).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub scr_history: Option<usize>,
+    /// --scale scr: per-core logs and loss recovery (SCR Algorithm 1).
+    #[arg(long)]
+    pub scr_recovery: bool,
+    /// --scale scr: inject loss between the sequencer and the cores (probability per packet, 0..1).
+    #[arg(long, value_name = "RATE", default_value_t = 0.0, allow_negative_numbers = true)]
+    pub scr_loss: f64,
+    /// --scale scr: entries of each core's recovery log (a power of two).
+    #[arg(long, value_name = "ENTRIES", default_value_t = flowplane_engine::scr::DEFAULT_LOG, allow_negative_numbers = true)]
+    pub scr_log: usize,
+    /// --scale scr: seed of the injected loss pattern.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
     /// Control period of the strategy, in milliseconds.
     #[arg(long, default_value_t = 100.0, allow_negative_numbers = true)]
     pub scale_period_ms: f64,
@@ -249,6 +265,12 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
             return Err(CliError::new(format!("--virtual-cores {v}: must be between 1 and 4096")));
         }
     }
+    if !(a.scr_loss.is_finite() && (0.0..=1.0).contains(&a.scr_loss)) {
+        return Err(CliError::new(format!("--scr-loss {}: must be a probability between 0 and 1", a.scr_loss)));
+    }
+    if a.scale != "scr" && (a.scr_history.is_some() || a.scr_recovery || a.scr_loss > 0.0) {
+        return Err(CliError::new("--scr-history/--scr-recovery/--scr-loss need --scale scr".to_string()));
+    }
     if a.pool < 2 * flowplane_packet::MAX_BATCH {
         return Err(CliError::new(format!("--pool {}: must be at least {}", a.pool, 2 * flowplane_packet::MAX_BATCH)));
     }
@@ -381,6 +403,13 @@ pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliErr
         scale_period: Duration::from_secs_f64(a.scale_period_ms / 1e3),
         ring: a.ring,
         virtual_cores: a.virtual_cores,
+        scr: flowplane_engine::scr::ScrConfig {
+            history: a.scr_history,
+            recovery: a.scr_recovery,
+            loss: a.scr_loss,
+            seed: a.seed,
+            log_entries: a.scr_log,
+        },
     };
     Ok((cfg, spec))
 }

@@ -30,6 +30,7 @@ mod cmd_mlffr;
 mod cmd_nfs;
 mod cmd_run;
 mod cmd_scaling;
+mod cmd_scr;
 mod cmd_trace;
 mod cmd_upf;
 mod error;

@@ -21,6 +21,7 @@ pub mod mlffr;
 pub mod placement;
 pub mod report;
 pub mod runner;
+pub mod scr;
 pub mod spec;
 pub mod stage;
 pub mod store;

@@ -63,6 +63,14 @@ pub fn plan(
     let name = strategy.name();
     let mut p = Plan { symmetric: symmetric_flag, overrides: vec![Vec::new(); cores], ..Plan::default() };
     let ps = placements(chain);
+    if strategy.replicates() {
+        // SCR: every core holds every key, so no steering is needed; each NF must opt in.
+        if let Some(why) = crate::scr::refusal(chain) {
+            return Err(refuse(name, why));
+        }
+        p.notes.push("sequencer: round-robin spray with piggybacked history; per-core state replicas".to_string());
+        return Ok(p);
+    }
     if cores <= 1 {
         return Ok(p);
     }

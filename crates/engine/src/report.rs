@@ -101,6 +101,9 @@ pub struct Report {
     /// The multi-core runtime: strategy, NIC emulation, balance, projection.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scale: Option<ScaleReport>,
+    /// `--scale scr`: history, fast-forward cost, recovery, replica digests.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scr: Option<crate::scr::ScrReport>,
     /// Exported NF state (not serialised in the report; written by `--export`).
     #[serde(skip)]
     pub exports: Vec<(String, Vec<serde_json::Value>)>,
@@ -375,6 +378,11 @@ impl fmt::Display for Report {
                     "projected    {p:.2} Mpps on {} cores (PROJECTION: packets / busiest logical worker's busy time)",
                     sc.workers
                 )?;
+            }
+        }
+        if let Some(s) = &self.scr {
+            for l in s.lines() {
+                writeln!(f, "{l}")?;
             }
         }
         let t = &self.tables;

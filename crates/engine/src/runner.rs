@@ -75,6 +75,8 @@ pub struct RunConfig {
     /// Run this many logical workers in turn on `cores` real threads and
     /// project the throughput from their busy time (shared-nothing strategies only).
     pub virtual_cores: Option<usize>,
+    /// `--scale scr`: history length, loss recovery, injected loss.
+    pub scr: crate::scr::ScrConfig,
 }
 
 impl Default for RunConfig {
@@ -95,6 +97,7 @@ impl Default for RunConfig {
             scale_period: strategy::DEFAULT_PERIOD,
             ring: 4096,
             virtual_cores: None,
+            scr: crate::scr::ScrConfig::default(),
         }
     }
 }
@@ -364,8 +367,14 @@ fn run_chains(
         None => (None, None),
     };
     let spray = strategy.as_ref().is_some_and(|s| s.spray());
+    let scr = match (strategy.as_ref().is_some_and(|s| s.replicates()), chains.first()) {
+        (true, Some(c)) => Some(crate::scr::ScrRun::new(&cfg.scr, nw, threads, cfg.loops, &trace, c)?),
+        _ => None,
+    };
+    let scr = scr.as_ref();
     let counts = strategy.as_ref().is_some_and(|s| s.counts_loads());
-    let bounded = strategy.as_ref().is_some_and(|s| s.moves_flows());
+    // SCR's logs must cover the drift between cores: keep the queues within a bounded distance.
+    let bounded = strategy.as_ref().is_some_and(|s| s.moves_flows()) || scr.is_some_and(|r| r.logs.is_some());
     let steering = nic_parts.as_ref().map(|n| &*n.0);
     let classifier = nic_parts.as_ref().map(|n| &n.1);
     // Per thread: its workers' chains, in worker order.
@@ -403,24 +412,47 @@ fn run_chains(
                                     buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
                                     ..PoolConfig::default()
                                 })?;
-                                let exec = Pipeline::new(chain, cfg.exec, shared.clone())?;
+                                let replica = scr.map(|r| {
+                                    crate::scr::ScrReplica::new(
+                                        w,
+                                        &chain,
+                                        cfg.exec.flows.min(r.keys.saturating_mul(2).max(1024)),
+                                        cfg.exec.default_idle_timeout_ns,
+                                        Arc::clone(&r.seq),
+                                        r.logs.clone(),
+                                        r.end,
+                                    )
+                                });
+                                // Under scr the chain's state lives in the replica: the executor's tables stay small.
+                                let ecfg = if scr.is_some() {
+                                    crate::exec::ExecConfig { flows: 1024, ..cfg.exec }
+                                } else {
+                                    cfg.exec
+                                };
+                                let exec = Pipeline::new(chain, ecfg, shared.clone())?;
                                 let base_ns = trace.base_ns();
                                 let source: Box<dyn Source> = match &steering_arc {
-                                    Some(st) => Box::new(NicQueue::new(
-                                        Arc::clone(&trace),
-                                        Arc::clone(st),
-                                        w as u16,
-                                        NicConfig {
-                                            loops: cfg.loops,
-                                            rate_pps: cfg.rate_pps,
-                                            tsc_hz: hz,
-                                            start_tsc,
-                                            ring: cfg.ring,
-                                            spray,
-                                            count_loads: counts,
-                                            bounded_drift: bounded,
-                                        },
-                                    )),
+                                    Some(st) => {
+                                        let q = NicQueue::new(
+                                            Arc::clone(&trace),
+                                            Arc::clone(st),
+                                            w as u16,
+                                            NicConfig {
+                                                loops: cfg.loops,
+                                                rate_pps: cfg.rate_pps,
+                                                tsc_hz: hz,
+                                                start_tsc,
+                                                ring: cfg.ring,
+                                                spray,
+                                                count_loads: counts,
+                                                bounded_drift: bounded,
+                                            },
+                                        );
+                                        match scr {
+                                            Some(r) => Box::new(q.with_sequencer(Arc::clone(&r.seq))),
+                                            None => Box::new(q),
+                                        }
+                                    }
                                     None => Box::new(ReplayQueue::new(
                                         Arc::clone(&trace),
                                         w,
@@ -449,7 +481,11 @@ fn run_chains(
                                     (Some(st), Some(c)) => Some(Control::new(st, c)),
                                     _ => None,
                                 };
-                                ws.push(Worker::new(w, pool, source, exec, sink, cfg.batch_size, measure_from, ctl));
+                                let wk = Worker::new(w, pool, source, exec, sink, cfg.batch_size, measure_from, ctl);
+                                ws.push(match replica {
+                                    Some(r) => wk.with_scr(r),
+                                    None => wk,
+                                });
                             }
                             Ok(ws)
                         };
@@ -555,6 +591,10 @@ fn run_chains(
             elapsed,
             hz,
         ));
+    }
+    if let Some(r) = scr {
+        let cores = workers.iter_mut().filter_map(|w| w.scr.take()).collect();
+        report.scr = Some(crate::scr::ScrReport::new(r.seq.history(), r.fields, cfg.scr.recovery, cfg.scr.loss, cores));
     }
     report.exports = collect_exports(cfg, &pipelines, &report);
     Ok(report)

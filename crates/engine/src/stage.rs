@@ -96,6 +96,35 @@ pub trait StatefulStage: Send {
     fn ends_flows(&self) -> bool;
     /// Runs the default action, writing the initial state into `out` (exactly `state_size` bytes).
     fn init_into(&mut self, pkt: &Pkt<'_>, ctx: &NfContext, out: &mut [u8]);
+    /// SCR: the fields the NF's state transition reads (None: not SCR-aware).
+    fn scr_fields(&self) -> Option<flowplane_nf::stateful::ScrFields> {
+        None
+    }
+    /// SCR: the initial state of a key first met in a history record.
+    fn scr_init_bytes(&mut self, _rec: &flowplane_nf::stateful::ScrRecord, _ctx: &NfContext, _out: &mut [u8]) {}
+    /// SCR: the state transition of one history packet; false if it would be dropped.
+    fn scr_transition_bytes(
+        &mut self,
+        _state: &mut [u8],
+        _rec: &flowplane_nf::stateful::ScrRecord,
+        _ctx: &NfContext,
+    ) -> bool {
+        true
+    }
+    /// SCR: digest of the NF's own state (`StatefulNf::scr_digest`).
+    fn scr_digest(&self) -> u64 {
+        0
+    }
+    /// SCR: fast-forwards this NF's replica `t` over `recs` in order,
+    /// skipping entries not `alive` and clearing `alive` for those its
+    /// transition would drop (monomorphised: one virtual call per batch of entries).
+    fn scr_fast_forward(
+        &mut self,
+        _t: &mut crate::scr::ReplicaTable,
+        _recs: &[flowplane_nf::stateful::ScrRecord],
+        _alive: &mut [bool],
+    ) {
+    }
     /// Runs the per-packet action on `state` (exactly `state_size` bytes).
     fn process_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext) -> Action;
     /// The NF's action is resumable (`StatefulNf::STEPS`).
@@ -171,6 +200,30 @@ fn cast_mut<S: Pod>(bytes: &mut [u8]) -> &mut S {
     bytemuck::from_bytes_mut(&mut bytes[..std::mem::size_of::<S>()])
 }
 
+/// SCR fast-forward of one NF over history entries (see `StatefulStage::scr_fast_forward`).
+#[inline(always)]
+fn scr_ff_loop<T: StatefulNf, K: Fn(&flowplane_nf::stateful::ScrRecord) -> u128>(
+    nf: &mut T,
+    t: &mut crate::scr::ReplicaTable,
+    recs: &[flowplane_nf::stateful::ScrRecord],
+    alive: &mut [bool],
+    key: K,
+) {
+    for (r, a) in recs.iter().zip(alive.iter_mut()) {
+        if !*a {
+            continue;
+        }
+        let now = r.ts_ns();
+        let Some(slot) = t.lookup(key(r), now) else { continue };
+        let ctx = NfContext { now_tsc: 0, now_ns: now };
+        let st = cast_mut::<T::State>(t.state(slot.at));
+        if slot.fresh {
+            *st = nf.scr_init(r, &ctx);
+        }
+        *a = nf.scr_transition(st, r, &ctx);
+    }
+}
+
 impl<T: StatefulNf> StatefulStage for Typed<T> {
     fn name(&self) -> &'static str {
         self.0.name()
@@ -207,6 +260,40 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     #[inline]
     fn process_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext) -> Action {
         self.0.process(pkt, cast_mut::<T::State>(state), ctx)
+    }
+    fn scr_fields(&self) -> Option<flowplane_nf::stateful::ScrFields> {
+        self.0.scr_fields()
+    }
+    fn scr_digest(&self) -> u64 {
+        self.0.scr_digest()
+    }
+    #[inline]
+    fn scr_fast_forward(
+        &mut self,
+        t: &mut crate::scr::ReplicaTable,
+        recs: &[flowplane_nf::stateful::ScrRecord],
+        alive: &mut [bool],
+    ) {
+        use crate::scr::KeyOf;
+        // One loop per key kind, the key computation inlined.
+        match t.key_of {
+            KeyOf::Src => scr_ff_loop::<T, _>(&mut self.0, t, recs, alive, |r| KeyOf::Src.key(r)),
+            KeyOf::Dst => scr_ff_loop::<T, _>(&mut self.0, t, recs, alive, |r| KeyOf::Dst.key(r)),
+            KeyOf::Flow => scr_ff_loop::<T, _>(&mut self.0, t, recs, alive, |r| KeyOf::Flow.key(r)),
+            KeyOf::Connection => scr_ff_loop::<T, _>(&mut self.0, t, recs, alive, |r| KeyOf::Connection.key(r)),
+        }
+    }
+    fn scr_init_bytes(&mut self, rec: &flowplane_nf::stateful::ScrRecord, ctx: &NfContext, out: &mut [u8]) {
+        *cast_mut::<T::State>(out) = self.0.scr_init(rec, ctx);
+    }
+    #[inline]
+    fn scr_transition_bytes(
+        &mut self,
+        state: &mut [u8],
+        rec: &flowplane_nf::stateful::ScrRecord,
+        ctx: &NfContext,
+    ) -> bool {
+        self.0.scr_transition(cast_mut::<T::State>(state), rec, ctx)
     }
     fn steps(&self) -> bool {
         T::STEPS

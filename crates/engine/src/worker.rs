@@ -9,6 +9,7 @@ use flowplane_scale::steer::{Classifier, Handover, Steering};
 
 use crate::exec::{Pipeline, StoreReport};
 use crate::hist::Histogram;
+use crate::scr::{ScrCoreReport, ScrReplica};
 
 /// What one worker measured.
 #[derive(Debug, Default)]
@@ -44,6 +45,8 @@ pub struct WorkerResult {
     pub flows_in: u64,
     /// Imported entries refused (table full).
     pub flows_refused: u64,
+    /// `--scale scr`: the core's replica (digest, fast-forward cost, recovery).
+    pub scr: Option<ScrCoreReport>,
 }
 
 /// A worker's side of the control plane: its queue's steering table and
@@ -128,6 +131,10 @@ pub struct Worker<'a> {
     /// The worker's own batch cycles (without the NIC's walk) since the start,
     /// warm-up included (published for rebalancing).
     busy_total: u64,
+    /// `--scale scr`: the core's private replica of the chain's state.
+    scr: Option<Box<ScrReplica>>,
+    /// The source said it is exhausted (not stopped by time).
+    source_done: bool,
 }
 
 impl<'a> Worker<'a> {
@@ -159,7 +166,15 @@ impl<'a> Worker<'a> {
             last_end: 0,
             busy_total: 0,
             arrivals: Vec::with_capacity(flowplane_packet::MAX_BATCH),
+            scr: None,
+            source_done: false,
         }
+    }
+
+    /// Runs the chain on a private SCR replica (the source must carry a sequencer).
+    pub fn with_scr(mut self, r: ScrReplica) -> Self {
+        self.scr = Some(Box::new(r));
+        self
     }
 
     /// Receives one burst and runs the chain over it.
@@ -178,7 +193,10 @@ impl<'a> Worker<'a> {
                 }
                 return if stop.load(Ordering::Relaxed) { Step::Done } else { Step::Idle };
             }
-            Rx::Done => return Step::Done,
+            Rx::Done => {
+                self.source_done = true;
+                return Step::Done;
+            }
         };
         if self.first.is_none() && now >= self.measure_from_tsc {
             // Warm-up over: throughput, cycles and latency count from here
@@ -200,7 +218,10 @@ impl<'a> Worker<'a> {
         let now_ns = batch.timestamps().iter().copied().max().unwrap_or(0);
         let arrival = self.source.arrival_clock();
         let ctx = NfContext { now_tsc: now, now_ns };
-        self.exec.process(batch, &ctx);
+        match (self.scr.as_mut(), self.source.scr_side()) {
+            (Some(r), Some(side)) => r.process(self.exec.chain_mut(), batch, side, &ctx),
+            _ => self.exec.process(batch, &ctx),
+        }
         if arrival.is_some() {
             // Within the reserved capacity: no allocation.
             self.arrivals.clear();
@@ -276,6 +297,10 @@ impl<'a> Worker<'a> {
         let mut res = self.res;
         res.cycles = self.first.map_or(0, |f| self.last_end.saturating_sub(f));
         res.rx = self.source.rx_stats();
+        if let Some(r) = self.scr.as_mut() {
+            r.finish(self.exec.chain_mut(), self.source_done);
+            res.scr = Some(r.report(self.exec.chain(), self.source.scr_lost()));
+        }
         res.nfs = self.exec.nf_results();
         res.store = self.exec.store_report();
         (res, self.exec)

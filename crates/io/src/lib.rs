@@ -20,6 +20,7 @@ pub mod nic;
 #[allow(unsafe_code)]
 pub mod port;
 pub mod replay;
+pub mod scr;
 pub mod sink;
 
 use flowplane_packet::{Batch, PacketPool};
@@ -50,6 +51,17 @@ pub trait Source: Send {
     /// including the wait in the ring); None at full speed.
     fn arrival_clock(&self) -> Option<(u64, f64)> {
         None
+    }
+
+    /// SCR (`--scale scr`): the sequence numbers and piggybacked histories
+    /// of the last burst's packets, in batch order; None without a sequencer.
+    fn scr_side(&self) -> Option<scr::ScrSide<'_>> {
+        None
+    }
+
+    /// SCR: packets lost (injected) between the sequencer and this queue.
+    fn scr_lost(&self) -> u64 {
+        0
     }
 
     /// Receive-side counters (NIC emulation, ring drops); zero for sources without them.

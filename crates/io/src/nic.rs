@@ -28,6 +28,7 @@ use flowplane_packet::{tsc, Batch, Line, PacketPool};
 use flowplane_scale::steer::{Move, Steering, MAX_DRIFT, MAX_SCAN};
 
 use crate::replay::ReplayTrace;
+use crate::scr::{ScrSide, ScrTap, Sequencer};
 use crate::{Rx, RxStats, Source};
 
 /// Owner value marking a key with a move in progress that involves this queue.
@@ -114,6 +115,8 @@ pub struct NicQueue {
     listed: bool,
     start_gen: u64,
     stats: RxStats,
+    /// SCR: the sequencer's side arrays (spray only).
+    scr: Option<ScrTap>,
 }
 
 impl NicQueue {
@@ -150,6 +153,7 @@ impl NicQueue {
             start_gen: 0,
             steering,
             stats: RxStats::default(),
+            scr: None,
         };
         q.refresh();
         q.start_gen = q.gen;
@@ -161,6 +165,14 @@ impl NicQueue {
             q.listed = true;
         }
         q
+    }
+
+    /// Puts the SCR sequencer in front of this (spraying) queue: each packet
+    /// gets its sequence number and history ([`Source::scr_side`]) and may
+    /// be lost on the way (`--scr-loss`).
+    pub fn with_sequencer(mut self, seq: Arc<Sequencer>) -> Self {
+        self.scr = Some(ScrTap::new(seq));
+        self
     }
 
     /// Re-reads the table after a change.
@@ -281,6 +293,14 @@ impl NicQueue {
                             > due_ns
                     {
                         break;
+                    }
+                    if self.scr.as_ref().is_some_and(|t| t.seq.lost(loop_k * n + i + 1)) {
+                        // Lost between the sequencer and this core (injected).
+                        if let Some(t) = self.scr.as_mut() {
+                            t.lost += 1;
+                        }
+                        i += self.nq;
+                        continue;
                     }
                     if k < room {
                         self.ring[(self.tail & mask) as usize] = (loop_k << 32) | i;
@@ -642,6 +662,19 @@ impl Source for NicQueue {
         if got < take {
             self.stats.pool_empty += 1;
         }
+        if let Some(tap) = self.scr.as_mut() {
+            // The sequencer's work (stamping, prefixing the history): the
+            // NIC's or the switch's, counted with the NIC's cycles.
+            let t0 = tsc::rdtsc();
+            tap.clear();
+            for k in 0..got {
+                let e = ring[((head + k as u64) & mask) as usize];
+                tap.attach(k, (e >> 32) * self.n + (e & 0xffff_ffff) + 1);
+            }
+            let c = tsc::rdtsc().saturating_sub(t0);
+            tap.cycles += c;
+            self.stats.nic_cycles += c;
+        }
         self.head += got as u64;
         self.stats.packets += got as u64;
         self.stats.bytes += bytes;
@@ -654,6 +687,14 @@ impl Source for NicQueue {
 
     fn rx_stats(&self) -> RxStats {
         self.stats
+    }
+
+    fn scr_side(&self) -> Option<ScrSide<'_>> {
+        self.scr.as_ref().map(ScrTap::side)
+    }
+
+    fn scr_lost(&self) -> u64 {
+        self.scr.as_ref().map_or(0, |t| t.lost)
     }
 
     fn start(&mut self, tsc: u64) {

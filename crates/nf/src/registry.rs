@@ -130,7 +130,7 @@ mod tests {
         let build = |n: &str, p| build_with(n, Params::new(n, p), Name);
         assert_eq!(build("lb", vec![]), Ok("lb"));
         let e = build("nope", vec![]).err().unwrap().0;
-        assert!(e.starts_with("unknown NF 'nope' (known: acl, amf, count,"), "{e}");
+        assert!(e.starts_with("unknown NF 'nope' (known: acl, amf, burn, conntrack, count,"), "{e}");
         let e = build("lb", vec![("bogus".into(), "1".into())]).err().unwrap().0;
         assert_eq!(e, "lb: unknown parameter 'bogus'");
     }

@@ -16,6 +16,7 @@
 
 use bytemuck::{Pod, Zeroable};
 use flowplane_wire::flow::{CustomKey, FieldSet, FiveTuple};
+pub use flowplane_wire::scr::{ScrFields, ScrRecord};
 
 use crate::pkt::{Pkt, PktMeta};
 use crate::report::Export;
@@ -354,6 +355,41 @@ pub trait StatefulNf: Send + 'static {
     /// Default: pass them on untouched.
     fn on_unparsed(&mut self) -> Action {
         Action::Pass
+    }
+
+    /// State-compute replication (`--scale scr`, SCR Appendix C): the
+    /// header fields this NF's state transition reads. `None` (the default):
+    /// the NF does not opt in and `--scale scr` refuses it. An NF opting in
+    /// implements [`StatefulNf::scr_transition`] (and [`StatefulNf::scr_init`]
+    /// if its `init` reads the packet) and keeps no NF-wide state that its
+    /// transition or verdicts depend on other than what a function of the
+    /// packet sequence gives (no random choices, no per-core pools).
+    fn scr_fields(&self) -> Option<ScrFields> {
+        None
+    }
+
+    /// SCR: the initial state of a key first met in a history record (the
+    /// default action without a packet: every core runs it for every key,
+    /// also for packets it only fast-forwards). Default: `State::zeroed()`.
+    fn scr_init(&mut self, _rec: &ScrRecord, _ctx: &NfContext) -> Self::State {
+        Self::State::zeroed()
+    }
+
+    /// SCR: the deterministic state transition of one packet from its
+    /// history record (`ctx.now_ns` is the sequencer's timestamp): exactly
+    /// the state change [`StatefulNf::process`] makes for that packet, with
+    /// no verdict, no output and no report counters. Returns whether the
+    /// packet would pass on (false: `process` would drop it, so the NFs
+    /// after this one in the chain never saw it).
+    fn scr_transition(&mut self, _state: &mut Self::State, _rec: &ScrRecord, _ctx: &NfContext) -> bool {
+        true
+    }
+
+    /// SCR: a digest of state the NF keeps itself (outside the engine's
+    /// tables, e.g. a connection table that is a function of the packet
+    /// sequence), so replicas can be compared. Default 0.
+    fn scr_digest(&self) -> u64 {
+        0
     }
 
     /// NF-specific results for the report (JSON), if any.

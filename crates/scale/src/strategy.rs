@@ -21,7 +21,7 @@ use std::time::Duration;
 use crate::ScaleError;
 
 /// The strategies `--scale` accepts now.
-pub const NAMES: &[&str] = &["rss", "shared", "rsspp"];
+pub const NAMES: &[&str] = &["rss", "shared", "rsspp", "scr"];
 
 /// Default control period (RSS++'s and Dyssect's minimum suggested one).
 pub const DEFAULT_PERIOD: Duration = Duration::from_millis(100);
@@ -93,6 +93,12 @@ pub trait Strategy: Send {
     fn balance_cpu(&self) -> bool {
         false
     }
+    /// State-compute replication: packets sprayed round robin by a
+    /// sequencer that piggybacks the recent history; every core keeps a
+    /// private replica of all state (NFs must opt in, see `engine::scr`).
+    fn replicates(&self) -> bool {
+        false
+    }
     /// Called every period: RETA entries to move, as (entry, new queue).
     fn rebalance(&mut self, _s: &LoadSample<'_>) -> Vec<(u16, u16)> {
         Vec::new()
@@ -122,6 +128,25 @@ impl Strategy for Shared {
     }
     fn projectable(&self) -> bool {
         false
+    }
+}
+
+/// SCR (Ghasemirahni et al.): round-robin spray with piggybacked history
+/// and per-core state replicas. Workers share nothing at run time (a
+/// core reads another's log only to recover a lost packet), so a
+/// projection over logical workers is meaningful.
+#[derive(Debug, Default)]
+pub struct Scr;
+
+impl Strategy for Scr {
+    fn name(&self) -> &'static str {
+        "scr"
+    }
+    fn spray(&self) -> bool {
+        true
+    }
+    fn replicates(&self) -> bool {
+        true
     }
 }
 
@@ -202,6 +227,7 @@ pub fn by_name(name: &str, period: Duration) -> Result<Box<dyn Strategy>, ScaleE
         "rss" => Ok(Box::new(Rss)),
         "shared" => Ok(Box::new(Shared)),
         "rsspp" => Ok(Box::new(RssPlusPlus::with_period(period))),
+        "scr" => Ok(Box::new(Scr)),
         _ => Err(ScaleError::Strategy(name.to_string())),
     }
 }

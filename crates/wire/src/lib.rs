@@ -28,6 +28,7 @@ pub mod ipv6;
 pub mod packet_repr;
 pub mod prefix;
 pub mod rss;
+pub mod scr;
 pub mod tcp;
 pub mod udp;
 pub mod vlan;

@@ -339,6 +339,11 @@ impl Pipeline {
         self.cx.nf_results()
     }
 
+    /// The compiled chain, mutable (SCR runs its NFs on its own replicas).
+    pub fn chain_mut(&mut self) -> &mut Chain {
+        &mut self.cx.chain
+    }
+
     /// The compiled chain (its stages' merge and export hooks).
     pub fn chain(&self) -> &Chain {
         &self.cx.chain

@@ -23,7 +23,7 @@ use serde_json::json;
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::{merge_keeping, Export};
-use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
+use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, ScrFields, ScrRecord, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const WINDOW: ParamSpec = ParamSpec::float("window", 1.0, 0.001, 86_400.0, "window in seconds");
@@ -77,6 +77,30 @@ impl Ddos {
         Ok(Ddos::new((window * 1e9).round() as u64, threshold))
     }
 
+    /// The state transition of one packet at `now`: (passes, blocked the source now).
+    #[inline]
+    fn step(&self, st: &mut DdosState, now: u64) -> (bool, bool) {
+        if now >= st.window_start_ns {
+            if now - st.window_start_ns >= self.window_ns {
+                st.window_start_ns = now;
+                st.count = 0;
+                st.blocked = 0;
+            }
+        } else if st.window_start_ns - now > self.window_ns {
+            st.window_start_ns = now;
+        }
+        st.count = st.count.saturating_add(1);
+        if st.count > self.threshold {
+            let newly = st.blocked == 0;
+            if newly {
+                st.blocked = 1;
+                st.blocked_windows = st.blocked_windows.saturating_add(1);
+            }
+            return (false, newly);
+        }
+        (true, false)
+    }
+
     /// A mitigator allowing `threshold` packets per source per `window_ns`.
     pub fn new(window_ns: u64, threshold: u64) -> Self {
         Ddos {
@@ -113,27 +137,26 @@ impl StatefulNf for Ddos {
 
     #[inline]
     fn process(&mut self, _pkt: &mut Pkt<'_>, st: &mut DdosState, ctx: &NfContext) -> Action {
-        let now = ctx.now_ns;
-        if now >= st.window_start_ns {
-            if now - st.window_start_ns >= self.window_ns {
-                st.window_start_ns = now;
-                st.count = 0;
-                st.blocked = 0;
-            }
-        } else if st.window_start_ns - now > self.window_ns {
-            st.window_start_ns = now;
+        let (pass, newly_blocked) = self.step(st, ctx.now_ns);
+        if pass {
+            return Action::Pass;
         }
-        st.count = st.count.saturating_add(1);
-        if st.count > self.threshold {
-            if st.blocked == 0 {
-                st.blocked = 1;
-                st.blocked_windows = st.blocked_windows.saturating_add(1);
-                self.blocked_sources += 1;
-            }
-            self.dropped += 1;
-            return Action::Drop;
-        }
-        Action::Pass
+        self.blocked_sources += u64::from(newly_blocked);
+        self.dropped += 1;
+        Action::Drop
+    }
+
+    fn scr_fields(&self) -> Option<ScrFields> {
+        Some(ScrFields::SRC_IP.with(ScrFields::TIME))
+    }
+
+    fn scr_init(&mut self, rec: &ScrRecord, _ctx: &NfContext) -> DdosState {
+        DdosState { window_start_ns: rec.ts_ns(), count: 0, blocked_windows: 0, blocked: 0 }
+    }
+
+    #[inline]
+    fn scr_transition(&mut self, st: &mut DdosState, _rec: &ScrRecord, ctx: &NfContext) -> bool {
+        self.step(st, ctx.now_ns).0
     }
 
     fn on_unparsed(&mut self) -> Action {

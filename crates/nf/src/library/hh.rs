@@ -23,7 +23,7 @@ use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::{merge_keeping, Export};
 use crate::stateful::Granularity;
-use crate::stateful::{Action, Affinity, GlobalState, Placement, StatefulNf};
+use crate::stateful::{Action, Affinity, GlobalState, Placement, ScrFields, ScrRecord, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const K: ParamSpec = ParamSpec::uint("k", 10, 1, MAX_K, "flows in the top-k summary");
@@ -187,6 +187,23 @@ impl StatefulNf for Hh {
             self.offer(pkt.tuple(), st);
         }
         Action::Pass
+    }
+
+    fn scr_fields(&self) -> Option<ScrFields> {
+        Some(ScrFields::FIVE_TUPLE.with(ScrFields::LEN))
+    }
+
+    /// The same update as `process` (the top-k too: every replica holds the
+    /// whole trace's summary); flows and threshold crossings are counted for
+    /// a core's own packets only.
+    #[inline]
+    fn scr_transition(&mut self, st: &mut HhState, rec: &ScrRecord, _ctx: &NfContext) -> bool {
+        st.bytes = st.bytes.saturating_add(u64::from(rec.len));
+        st.packets = st.packets.saturating_add(1);
+        if self.len < self.top.len() || st.bytes > self.min_bytes {
+            self.offer(&rec.tuple(), st);
+        }
+        true
     }
 
     fn report(&self) -> Option<serde_json::Value> {

@@ -26,7 +26,7 @@ use serde_json::json;
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::{merge_keeping, Export};
-use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
+use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, ScrFields, ScrRecord, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 use flowplane_wire::ipv4::IpProtocol;
 
@@ -192,6 +192,24 @@ impl StatefulNf for PortKnock {
             self.c.protected_dropped += 1;
             Action::Drop
         }
+    }
+
+    fn scr_fields(&self) -> Option<ScrFields> {
+        Some(ScrFields::SRC_IP.with(ScrFields::PORTS).with(ScrFields::PROTO))
+    }
+
+    #[inline]
+    fn scr_transition(&mut self, st: &mut KnockState, rec: &ScrRecord, _ctx: &NfContext) -> bool {
+        // The same control flow as `process`, with no counters and no verdict kept.
+        if rec.proto != IpProtocol::TCP.0 {
+            return true;
+        }
+        let Some(dport) = rec.dst_port() else {
+            return st.stage >= self.n;
+        };
+        let new = self.next_stage(st.stage.min(self.n), dport);
+        st.stage = new;
+        dport != self.protect || new == self.n
     }
 
     fn on_unparsed(&mut self) -> Action {

@@ -2,6 +2,9 @@
 //! third chain NF). Tokens accrue at `pps` per second up to `burst`; a packet
 //! that finds less than one token is dropped. Time comes from the batch
 //! clock; a clock that jumps backwards adds no tokens (and never panics).
+//!
+//! This is SCR's token-bucket policer (Table 1, `tbf`): per 5-tuple, last
+//! packet time and tokens; under `--scale scr` time is the sequencer's.
 
 use bytemuck::{Pod, Zeroable};
 use serde_json::json;
@@ -10,7 +13,7 @@ use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::merge_keeping;
 use crate::stateful::Granularity;
-use crate::stateful::{Action, StatefulNf};
+use crate::stateful::{Action, ScrFields, ScrRecord, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const PPS: ParamSpec = ParamSpec::uint("pps", 1000, 1, 1_000_000_000, "tokens (packets) per second per flow");
@@ -105,6 +108,19 @@ impl StatefulNf for RateLimit {
             self.dropped += 1;
             Action::Drop
         }
+    }
+
+    fn scr_fields(&self) -> Option<ScrFields> {
+        Some(ScrFields::FIVE_TUPLE.with(ScrFields::TIME))
+    }
+
+    fn scr_init(&mut self, rec: &ScrRecord, _ctx: &NfContext) -> Bucket {
+        Bucket::full(self.burst, rec.ts_ns())
+    }
+
+    #[inline]
+    fn scr_transition(&mut self, b: &mut Bucket, _rec: &ScrRecord, ctx: &NfContext) -> bool {
+        b.take(self.pps, self.burst, ctx.now_ns)
     }
 
     fn report(&self) -> Option<serde_json::Value> {

@@ -225,6 +225,74 @@ impl FromStr for FlowDist {
     }
 }
 
+/// Trace profiles resembling the SCR evaluation's traces (`--profile`).
+pub const PROFILES: &[&str] = &["univdc", "backbone", "hyperscale", "single"];
+
+impl GenConfig {
+    /// Applies a trace profile: sets the flow population, the flow-size
+    /// distribution and the transport (packets, sizes, seed, rate stay).
+    ///
+    /// - `univdc`: a university data center (Benson et al., IMC 2010, SCR's
+    ///   "Univ DC"): many short flows — 100K flows whose sizes in packets
+    ///   follow a heavy-tailed CDF (20% single-packet, 70% at most 8, 1% over 2K), one-way TCP.
+    /// - `backbone`: an Internet backbone link (CAIDA): Zipf(1.0) popularity
+    ///   over 1M flows, one-way TCP.
+    /// - `hyperscale`: a hyperscaler data center (SCR's synthetic trace from
+    ///   Microsoft's web-search flow-size distribution, as in DCTCP/pFabric):
+    ///   10K TCP connections with SYN, SYN-ACK, data both ways and FIN both
+    ///   ways, sizes drawn from that CDF (in 1460-byte segments, 4 to 13.7K).
+    /// - `single`: one TCP flow (an elephant: sharding cannot split it).
+    pub fn with_profile(mut self, name: &str) -> Result<GenConfig, GenError> {
+        match name {
+            "univdc" => {
+                self.flows = 100_000;
+                self.dist = FlowDist::Cdf(vec![
+                    (1.0, 0.20),
+                    (2.0, 0.35),
+                    (4.0, 0.55),
+                    (8.0, 0.70),
+                    (16.0, 0.80),
+                    (64.0, 0.90),
+                    (256.0, 0.96),
+                    (2048.0, 0.99),
+                    (20_000.0, 1.0),
+                ]);
+                self.proto = Proto::Tcp;
+            }
+            "backbone" => {
+                self.flows = 1_000_000;
+                self.dist = FlowDist::Zipf(1.0);
+                self.proto = Proto::Tcp;
+            }
+            "hyperscale" => {
+                self.flows = 10_000;
+                self.dist = FlowDist::Cdf(vec![
+                    (4.0, 0.15),
+                    (9.0, 0.20),
+                    (13.0, 0.30),
+                    (23.0, 0.40),
+                    (36.0, 0.53),
+                    (91.0, 0.60),
+                    (457.0, 0.70),
+                    (913.0, 0.80),
+                    (2283.0, 0.90),
+                    (4566.0, 0.97),
+                    (13_699.0, 1.0),
+                ]);
+                self.proto = Proto::TcpBidir;
+            }
+            "single" => {
+                self.flows = 1;
+                self.dist = FlowDist::Uniform;
+                self.proto = Proto::Tcp;
+            }
+            _ => return Err(invalid(format!("unknown --profile '{name}': expected {}", PROFILES.join(", ")))),
+        }
+        self.pattern = Pattern::None;
+        Ok(self)
+    }
+}
+
 /// Parses `size cumulative_prob` lines (whitespace or comma separated, `#` comments).
 pub fn parse_cdf(text: &str) -> Result<FlowDist, String> {
     let mut pts: Vec<(f64, f64)> = Vec::new();

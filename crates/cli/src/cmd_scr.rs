@@ -1,0 +1,123 @@
+//! `flowplane bench scr`: state-compute replication against rss and shared
+//! (Mpps vs cores per program and trace), its compute limit and its loss
+//! recovery; a table (or JSON) and PNG plots.
+
+use std::path::PathBuf;
+
+use flowplane_bench::scr::{plot, run_scr, table, ScrOptions, PROGRAMS, TRACES};
+
+use crate::error::CliError;
+
+#[derive(clap::Args, Debug)]
+pub struct ScrArgs {
+    /// Packets per generated trace.
+    #[arg(long, allow_negative_numbers = true)]
+    pub packets: Option<u64>,
+    /// Passes over the trace per run.
+    #[arg(long, allow_negative_numbers = true)]
+    pub loops: Option<u64>,
+    /// Runs per configuration (the best counts).
+    #[arg(long, allow_negative_numbers = true)]
+    pub reps: Option<usize>,
+    /// Worker counts, comma-separated (above the real cores: projected).
+    #[arg(long, value_delimiter = ',')]
+    pub cores: Option<Vec<usize>>,
+    /// Programs: ddos, hh, portknock, tbf (ratelimit), conntrack.
+    #[arg(long, value_delimiter = ',', value_parser = PROGRAMS.iter().map(|p| p.0).collect::<Vec<_>>())]
+    pub programs: Vec<String>,
+    /// Traces: single, univdc, backbone, hyperscale (`flowplane gen --profile`).
+    #[arg(long, value_delimiter = ',', value_parser = TRACES.to_vec())]
+    pub traces: Vec<String>,
+    /// Strategies.
+    #[arg(long, value_delimiter = ',', value_parser = ["rss", "shared", "scr"])]
+    pub strategies: Vec<String>,
+    /// Compute rounds of the Fig. 9 sweep (`burn(iters=N)`), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub burn: Option<Vec<u32>>,
+    /// Loss rates of the Fig. 10 sweep (fractions), comma-separated.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    pub losses: Option<Vec<f64>>,
+    /// Directory for the PNG plots.
+    #[arg(long, default_value = ".")]
+    pub plot_dir: PathBuf,
+    /// Small and short (CI smoke run).
+    #[arg(long)]
+    pub quick: bool,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: ScrArgs) -> Result<(), CliError> {
+    let mut o = ScrOptions::new(a.quick);
+    if let Some(p) = a.packets {
+        if p == 0 || p > 1 << 28 {
+            return Err(CliError::new(format!("--packets {p}: must be between 1 and {}", 1u64 << 28)));
+        }
+        o.packets = p;
+    }
+    if let Some(l) = a.loops {
+        if l == 0 || l > 1000 {
+            return Err(CliError::new(format!("--loops {l}: must be between 1 and 1000")));
+        }
+        o.loops = l;
+    }
+    if let Some(r) = a.reps {
+        if r == 0 || r > 100 {
+            return Err(CliError::new(format!("--reps {r}: must be between 1 and 100")));
+        }
+        o.reps = r;
+    }
+    if let Some(c) = a.cores {
+        if c.is_empty() || c.iter().any(|&n| n == 0 || n > 4096) {
+            return Err(CliError::new("--cores: each must be between 1 and 4096"));
+        }
+        o.cores = c;
+    }
+    if let Some(b) = a.burn {
+        o.burn = b;
+    }
+    if let Some(l) = a.losses {
+        if l.iter().any(|x| !(x.is_finite() && (0.0..=1.0).contains(x))) {
+            return Err(CliError::new("--losses: each must be a fraction between 0 and 1"));
+        }
+        o.losses = l;
+    }
+    if !a.programs.is_empty() {
+        o.programs = a.programs;
+    }
+    if !a.traces.is_empty() {
+        o.traces = a.traces;
+    }
+    if !a.strategies.is_empty() {
+        o.strategies = a.strategies;
+    }
+    let json = a.json;
+    let rows = run_scr(&o, |r| {
+        if !json {
+            eprintln!(
+                "  {} {} {} {} {}{}: {}",
+                r.experiment,
+                r.program,
+                r.trace,
+                r.strategy,
+                r.cores,
+                if r.projected { "p" } else { "" },
+                r.mpps.map_or("refused".to_string(), |m| format!("{m:.2} Mpps"))
+            );
+        }
+    })
+    .map_err(CliError::new)?;
+    std::fs::create_dir_all(&a.plot_dir).map_err(|e| CliError::new(format!("{}: {e}", a.plot_dir.display())))?;
+    let files = plot(&rows, &a.plot_dir).map_err(CliError::new)?;
+    if json {
+        let v = serde_json::json!({ "rows": rows, "plots": files });
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        out!("{}", table(&rows));
+        for f in files {
+            outln!("plot         {}", f.display());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,1143 @@
+//! State-compute replication (`--scale scr`; Ghasemirahni et al., SCR):
+//! each core keeps a private replica of the whole chain's state. The
+//! sequencer ([`flowplane_io::scr`]) sprays packets round robin and
+//! piggybacks on each the records of the last N packets; before processing
+//! its own packet a core fast-forwards its replica over the entries it has
+//! not seen (each NF's `scr_transition`, in chain order, no verdict, no
+//! output), then runs the unchanged NFs (`process`) on its packet with the
+//! sequencer's timestamp as the packet clock.
+//!
+//! This module owns the replicas (one open-addressing table per stateful NF,
+//! keyed from the history record, so every core keys alike), the per-core
+//! single-writer logs and the loss recovery of Algorithm 1 (Appendix B:
+//! NOT_INIT / LOST markers, finite circular logs, a missing entry recovered
+//! from the other cores' logs), and the state digest that proves the
+//! replicas identical at the end of a run.
+//!
+//! Replicas stay identical because everything that changes them is a
+//! function of the packet sequence: the records (keys, fields, time),
+//! insertion and idle expiry on record time, and the table sweep (run when
+//! a table is 7/8 full, at the same sequence number on every core).
+
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use flowplane_io::scr::{ScrSide, Sequencer};
+use flowplane_nf::stateful::{Granularity, ScrFields, ScrRecord};
+use flowplane_nf::{NfContext, Pkt, PktMeta};
+use flowplane_packet::{tsc, Batch, DROP};
+use flowplane_wire::hash::crc32c_u64;
+use serde::Serialize;
+
+use crate::chain::{Chain, Stage};
+use crate::stage::apply_action;
+
+/// Default log entries per core (a power of two; 640 KB): cache-resident,
+/// and far more than the usual distance between cores (a few bursts). The
+/// emulated NIC bounds the drift between queues to
+/// [`flowplane_scale::steer::MAX_DRIFT`] positions; a core further behind
+/// than the log finds entries overwritten and reports them unrecoverable
+/// (`--scr-log` raises it; the paper's logs have 1024 entries).
+pub const DEFAULT_LOG: usize = 1 << 14;
+
+/// Batches between two samples of the fast-forward cost (two TSC reads per packet when sampled).
+const SAMPLE_EVERY: u64 = 16;
+
+/// Spins before a core waiting for another core's log entry gives up and
+/// declares the entry unrecoverable (never hang: ~2^32 cycles is seconds).
+const WAIT_LIMIT_CYCLES: u64 = 1 << 32;
+
+/// How SCR runs (`--scr-history`, `--scr-recovery`, `--scr-loss`, `--seed`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScrConfig {
+    /// Records piggybacked per packet (None: the number of workers).
+    pub history: Option<usize>,
+    /// Per-core logs and Algorithm 1.
+    pub recovery: bool,
+    /// Probability that a packet is lost between the sequencer and its core.
+    pub loss: f64,
+    /// Seed of the loss pattern.
+    pub seed: u64,
+    /// Log entries per core (a power of two).
+    pub log_entries: usize,
+}
+
+impl Default for ScrConfig {
+    fn default() -> Self {
+        ScrConfig { history: None, recovery: false, loss: 0.0, seed: 1, log_entries: DEFAULT_LOG }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Logs (Algorithm 1)
+// ---------------------------------------------------------------------------
+
+/// Tag of an entry being rewritten (readers retry).
+const BUSY: u64 = u64::MAX;
+
+/// One log entry: a tag (`seq << 1 | lost`; 0 never written) and the record's words.
+struct LogEntry {
+    tag: AtomicU64,
+    w: [AtomicU64; 4],
+}
+
+/// One core's single-writer, multiple-reader circular log.
+pub struct ScrLog {
+    entries: Box<[LogEntry]>,
+    /// Highest sequence number this core has logged (its `max[c]`).
+    max: AtomicU64,
+    /// The core has finished (its log will not change).
+    done: AtomicBool,
+}
+
+/// What a core's log says about sequence `k`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogRead {
+    /// `history[k]`.
+    Rec(ScrRecord),
+    /// LOST: the core received a later sequence but not `k`.
+    Lost,
+    /// NOT_INIT: the core has not got that far (yet).
+    NotInit,
+    /// The entry was overwritten by a later sequence (the log wrapped).
+    Gone,
+}
+
+impl ScrLog {
+    fn new(entries: usize) -> ScrLog {
+        let n = entries.max(2).next_power_of_two();
+        ScrLog {
+            entries: (0..n)
+                .map(|_| LogEntry { tag: AtomicU64::new(0), w: std::array::from_fn(|_| AtomicU64::new(0)) })
+                .collect(),
+            max: AtomicU64::new(0),
+            done: AtomicBool::new(false),
+        }
+    }
+
+    #[inline(always)]
+    fn slot(&self, k: u64) -> &LogEntry {
+        &self.entries[(k as usize) & (self.entries.len() - 1)]
+    }
+
+    /// Writes `history[k]` (or LOST) — by the owning core only (seqlock write).
+    #[inline]
+    fn write(&self, k: u64, rec: Option<&ScrRecord>) {
+        let e = self.slot(k);
+        e.tag.store(BUSY, Ordering::Relaxed);
+        fence(Ordering::Release);
+        if let Some(r) = rec {
+            for (a, v) in e.w.iter().zip(r.to_words()) {
+                a.store(v, Ordering::Relaxed);
+            }
+        }
+        e.tag.store((k << 1) | u64::from(rec.is_none()), Ordering::Release);
+    }
+
+    /// Reads what the log says about `k` (seqlock read; retries a torn read).
+    pub fn read(&self, k: u64) -> LogRead {
+        let e = self.slot(k);
+        loop {
+            let t1 = e.tag.load(Ordering::Acquire);
+            if t1 == BUSY {
+                std::hint::spin_loop();
+                continue;
+            }
+            let s = t1 >> 1;
+            if s < k {
+                return LogRead::NotInit;
+            }
+            if s > k {
+                return LogRead::Gone;
+            }
+            if t1 & 1 == 1 {
+                return LogRead::Lost;
+            }
+            let w = [
+                e.w[0].load(Ordering::Relaxed),
+                e.w[1].load(Ordering::Relaxed),
+                e.w[2].load(Ordering::Relaxed),
+                e.w[3].load(Ordering::Relaxed),
+            ];
+            fence(Ordering::Acquire);
+            if e.tag.load(Ordering::Relaxed) == t1 {
+                return LogRead::Rec(ScrRecord::from_words(w));
+            }
+        }
+    }
+}
+
+/// Every core's log.
+pub struct ScrLogs {
+    logs: Box<[ScrLog]>,
+}
+
+impl ScrLogs {
+    /// Logs for `cores` cores of `entries` entries each.
+    pub fn new(cores: usize, entries: usize) -> ScrLogs {
+        ScrLogs { logs: (0..cores).map(|_| ScrLog::new(entries)).collect() }
+    }
+
+    /// Core `c`'s log.
+    pub fn log(&self, c: usize) -> &ScrLog {
+        &self.logs[c]
+    }
+}
+
+/// The outcome of recovering one missing sequence number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recovered {
+    /// Another core logged it.
+    Rec(ScrRecord),
+    /// Every other core marked it LOST: nobody saw it, nobody processes it.
+    LostEverywhere,
+    /// Not recoverable: overwritten in the logs that might hold it, or the wait timed out.
+    Unrecoverable,
+}
+
+/// `handle_loss_recovery(k, c)` of Algorithm 1: read the other cores' logs
+/// until one holds `history[k]` or all say LOST. A core that has not got to
+/// `k` is waited for (it will log `k` or LOST: it marks a whole gap before
+/// resolving any of it, and a finished core has logged up to the end). A
+/// wrapped entry, or a wait past the limit, makes `k` unrecoverable.
+pub fn recover(logs: &ScrLogs, me: usize, k: u64) -> Recovered {
+    let n = logs.logs.len();
+    let t0 = tsc::rdtsc();
+    loop {
+        let (mut lost, mut gone, mut waiting) = (0usize, 0usize, 0usize);
+        for c in (0..n).filter(|&c| c != me) {
+            match logs.logs[c].read(k) {
+                LogRead::Rec(r) => return Recovered::Rec(r),
+                LogRead::Lost => lost += 1,
+                LogRead::Gone => gone += 1,
+                LogRead::NotInit => {
+                    if logs.logs[c].done.load(Ordering::Acquire) && logs.logs[c].max.load(Ordering::Acquire) < k {
+                        // Finished before k without logging it: it never had it.
+                        lost += 1;
+                    } else {
+                        waiting += 1;
+                    }
+                }
+            }
+        }
+        if waiting == 0 {
+            return if gone == 0 && lost == n - 1 { Recovered::LostEverywhere } else { Recovered::Unrecoverable };
+        }
+        if tsc::rdtsc().saturating_sub(t0) > WAIT_LIMIT_CYCLES {
+            return Recovered::Unrecoverable;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Replica tables
+// ---------------------------------------------------------------------------
+
+/// How an NF's replica is keyed from a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum KeyOf {
+    /// Source address.
+    Src,
+    /// Destination address.
+    Dst,
+    /// The 5-tuple.
+    Flow,
+    /// The 5-tuple, either direction.
+    Connection,
+}
+
+impl KeyOf {
+    #[inline(always)]
+    pub fn key(self, r: &ScrRecord) -> u128 {
+        let v6 = u128::from(r.kind() & flowplane_wire::scr::kind::V6);
+        match self {
+            KeyOf::Src => (u128::from(r.src) << 8) | v6,
+            KeyOf::Dst => (u128::from(r.dst) << 8) | v6,
+            KeyOf::Flow => r.five_tuple_key(),
+            KeyOf::Connection => r.connection_key(),
+        }
+    }
+}
+
+#[inline(always)]
+fn hash128(k: u128) -> u64 {
+    let a = crc32c_u64(0x5bd1_e995, k as u64);
+    let b = crc32c_u64(a, (k >> 64) as u64);
+    (u64::from(a) << 32) | u64::from(b)
+}
+
+/// A replica slot's header: key, last-seen time, occupancy (half a line).
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(32))]
+struct Hdr {
+    key: u128,
+    last: u64,
+    used: u64,
+}
+
+/// One NF's private replica: linear probing over preallocated arrays, and
+/// a one-entry cache of the last key (a heavy flow's records hit it).
+pub struct ReplicaTable {
+    pub(crate) key_of: KeyOf,
+    hdr: Box<[Hdr]>,
+    /// States, `stride` words each (8-byte aligned for the NF's `Pod` state).
+    states: Box<[u64]>,
+    stride: usize,
+    size: usize,
+    len: usize,
+    timeout_ns: u64,
+    sweeps: u64,
+    full: u64,
+    /// The last key looked up and its slot (usize::MAX: none).
+    hot_key: u128,
+    hot_at: usize,
+}
+
+/// A slot found for a record: its index and whether its state is new.
+#[derive(Clone, Copy)]
+pub(crate) struct Slot {
+    pub(crate) at: usize,
+    pub(crate) fresh: bool,
+}
+
+impl ReplicaTable {
+    fn new(key_of: KeyOf, capacity: usize, state_size: usize, timeout_ns: u64) -> ReplicaTable {
+        let cap = (capacity.max(64) * 8 / 7).next_power_of_two();
+        let stride = state_size.div_ceil(8).max(1);
+        ReplicaTable {
+            key_of,
+            hdr: vec![Hdr::default(); cap].into_boxed_slice(),
+            states: vec![0; cap * stride].into_boxed_slice(),
+            stride,
+            size: state_size,
+            len: 0,
+            timeout_ns: timeout_ns.max(1),
+            sweeps: 0,
+            full: 0,
+            hot_key: 0,
+            hot_at: usize::MAX,
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn state(&mut self, at: usize) -> &mut [u8] {
+        let w = &mut self.states[at * self.stride..(at + 1) * self.stride];
+        &mut bytemuck::cast_slice_mut::<u64, u8>(w)[..self.size]
+    }
+
+    /// Touches slot `at` at `now`: whether the state starts over (idle past the timeout).
+    #[inline(always)]
+    fn touch(&mut self, at: usize, now: u64) -> Slot {
+        let h = &mut self.hdr[at];
+        // Idle past the timeout: the flow starts over (as a conntrack lookup does).
+        let fresh = now.saturating_sub(h.last) > self.timeout_ns;
+        h.last = if fresh { now } else { h.last.max(now) };
+        Slot { at, fresh }
+    }
+
+    /// Finds or inserts the key at time `now` (None: full even after a sweep).
+    #[inline(always)]
+    pub(crate) fn lookup(&mut self, key: u128, now: u64) -> Option<Slot> {
+        if key == self.hot_key && self.hot_at != usize::MAX {
+            return Some(self.touch(self.hot_at, now));
+        }
+        self.lookup_slow(key, now)
+    }
+
+    #[inline(never)]
+    fn lookup_slow(&mut self, key: u128, now: u64) -> Option<Slot> {
+        let mask = self.hdr.len() - 1;
+        let mut i = (hash128(key) as usize) & mask;
+        loop {
+            let h = &self.hdr[i];
+            if h.used == 0 {
+                break;
+            }
+            if h.key == key {
+                self.hot_key = key;
+                self.hot_at = i;
+                return Some(self.touch(i, now));
+            }
+            i = (i + 1) & mask;
+        }
+        if (self.len + 1) * 8 > self.hdr.len() * 7 {
+            self.sweep(now);
+            if (self.len + 1) * 8 > self.hdr.len() * 7 {
+                self.full += 1;
+                return None;
+            }
+            return self.lookup_slow(key, now);
+        }
+        self.hdr[i] = Hdr { key, last: now, used: 1 };
+        self.len += 1;
+        self.hot_key = key;
+        self.hot_at = i;
+        Some(Slot { at: i, fresh: true })
+    }
+
+    /// Drops every entry idle past the timeout at `now` and re-inserts the
+    /// rest (linear probing has no tombstone-free delete). Deterministic: it
+    /// runs at the same record on every core.
+    #[cold]
+    fn sweep(&mut self, now: u64) {
+        self.sweeps += 1;
+        self.hot_at = usize::MAX;
+        let mask = self.hdr.len() - 1;
+        let mut live: Vec<(Hdr, Vec<u64>)> = Vec::new();
+        for i in 0..self.hdr.len() {
+            let h = self.hdr[i];
+            if h.used != 0 && now.saturating_sub(h.last) <= self.timeout_ns {
+                live.push((h, self.states[i * self.stride..(i + 1) * self.stride].to_vec()));
+            }
+        }
+        self.hdr.iter_mut().for_each(|h| h.used = 0);
+        self.len = 0;
+        // Re-insert in key order so the layout is a function of the live set alone.
+        live.sort_unstable_by_key(|e| e.0.key);
+        for (h, st) in live {
+            let mut i = (hash128(h.key) as usize) & mask;
+            while self.hdr[i].used != 0 {
+                i = (i + 1) & mask;
+            }
+            self.hdr[i] = h;
+            self.states[i * self.stride..(i + 1) * self.stride].copy_from_slice(&st);
+            self.len += 1;
+        }
+    }
+
+    /// Order-independent digest of the keys, their last-seen times and states.
+    fn digest(&self) -> u64 {
+        let mut d = 0u64;
+        for (i, h) in self.hdr.iter().enumerate() {
+            if h.used != 0 {
+                let mut x = hash128(h.key) ^ h.last.rotate_left(17);
+                for &w in &self.states[i * self.stride..(i + 1) * self.stride] {
+                    x = hash128(u128::from(x) << 64 | u128::from(w)) ^ x.rotate_left(29);
+                }
+                d = d.wrapping_add(x.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            }
+        }
+        d
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The per-core replica
+// ---------------------------------------------------------------------------
+
+/// What one core's replica did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ScrCoreReport {
+    /// Core.
+    pub core: usize,
+    /// Highest sequence number applied.
+    pub max_seq: u64,
+    /// The replica caught up to the stream's end (a bounded run that ran to completion).
+    pub reached_end: bool,
+    /// Digest of the replica's state (equal on every core when consistent).
+    pub digest: u64,
+    /// History entries fast-forwarded (applied without a verdict).
+    pub fast_forwarded: u64,
+    /// Own packets processed.
+    pub own: u64,
+    /// Sampled: fast-forward cycles and the own packets they covered.
+    pub ff_cycles_sampled: u64,
+    /// Own packets in the sampled batches.
+    pub ff_packets_sampled: u64,
+    /// Packets this core lost between the sequencer and itself (injected).
+    pub lost: u64,
+    /// Sequence numbers missing from the history a core received (lost packets' coverage).
+    pub gaps: u64,
+    /// Missing entries recovered from other cores' logs.
+    pub recovered: u64,
+    /// Missing entries every other core had lost too (skipped everywhere, consistently).
+    pub lost_everywhere: u64,
+    /// Missing entries skipped: no recovery, or not recoverable (the replica may diverge).
+    pub unrecovered: u64,
+    /// Records a replica table could not take (full after a sweep).
+    pub table_full: u64,
+    /// Table sweeps (deterministic, at 7/8 full).
+    pub sweeps: u64,
+}
+
+/// One core's private replica of the chain's state.
+pub struct ScrReplica {
+    core: usize,
+    /// Per stage: its table (None for stateless stages).
+    tables: Vec<Option<ReplicaTable>>,
+    seq: Arc<Sequencer>,
+    logs: Option<Arc<ScrLogs>>,
+    /// Highest sequence applied (`max[c]`).
+    max: u64,
+    /// The stream's last sequence number (bounded runs): the replica catches up to it at the end.
+    end: Option<u64>,
+    batches: u64,
+    flush: Vec<ScrRecord>,
+    /// Entries queued for fast-forward and their survival through the chain (capacity N, reused).
+    ff: Vec<ScrRecord>,
+    alive: Vec<bool>,
+    rep: ScrCoreReport,
+}
+
+/// Why a chain cannot run under SCR (None: it can), for the placement check.
+pub fn refusal(chain: &Chain) -> Option<String> {
+    for s in &chain.stages {
+        if let Stage::Stateful { nf, .. } = s {
+            if nf.scr_fields().is_none() {
+                return Some(format!(
+                    "{} does not declare an SCR state transition (scr_fields/scr_transition); SCR-aware NFs: ddos, hh, portknock, ratelimit, conntrack, burn",
+                    nf.name()
+                ));
+            }
+            // Opting in declares the NF's own state a function of the packet
+            // sequence (conntrack's table); a per-core port pool never is.
+            if matches!(nf.placement().global, flowplane_nf::GlobalState::PortPool { .. }) {
+                return Some(format!(
+                    "{} keeps NF-global state that is not a function of the packet sequence",
+                    nf.name()
+                ));
+            }
+            if !matches!(nf.granularity(), Granularity::FiveTuple | Granularity::SrcIp | Granularity::DstIp) {
+                return Some(format!(
+                    "{} is keyed by {}, which SCR records do not carry",
+                    nf.name(),
+                    nf.granularity().name()
+                ));
+            }
+            if nf.state_align() > 8 {
+                return Some(format!("{}'s state needs {}-byte alignment", nf.name(), nf.state_align()));
+            }
+        }
+    }
+    None
+}
+
+/// The fields the chain's history records carry (union of the NFs' declarations).
+pub fn chain_fields(chain: &Chain) -> ScrFields {
+    chain.stages.iter().fold(ScrFields::default(), |f, s| match s {
+        Stage::Stateful { nf, .. } => f.with(nf.scr_fields().unwrap_or_default()),
+        Stage::Stateless(_) => f,
+    })
+}
+
+impl ScrReplica {
+    /// A replica for `core` of `chain` (checked with [`refusal`]), `flows`
+    /// entries per NF table, idle timeouts from the NFs or `default_timeout_ns`.
+    pub fn new(
+        core: usize,
+        chain: &Chain,
+        flows: usize,
+        default_timeout_ns: u64,
+        seq: Arc<Sequencer>,
+        logs: Option<Arc<ScrLogs>>,
+        end: Option<u64>,
+    ) -> ScrReplica {
+        let tables = chain
+            .stages
+            .iter()
+            .map(|s| match s {
+                Stage::Stateful { nf, .. } => {
+                    let key_of = match nf.granularity() {
+                        Granularity::SrcIp => KeyOf::Src,
+                        Granularity::DstIp => KeyOf::Dst,
+                        _ if nf.both_directions() => KeyOf::Connection,
+                        _ => KeyOf::Flow,
+                    };
+                    let t = nf.idle_timeout_ns().or(chain.idle_timeout_ns).unwrap_or(default_timeout_ns);
+                    Some(ReplicaTable::new(key_of, flows, nf.state_size(), t))
+                }
+                Stage::Stateless(_) => None,
+            })
+            .collect();
+        let h = seq.history();
+        ScrReplica {
+            core,
+            tables,
+            seq,
+            logs,
+            max: 0,
+            end,
+            batches: 0,
+            flush: vec![ScrRecord::default(); h],
+            ff: Vec::with_capacity(h.max(64)),
+            alive: Vec::with_capacity(h.max(64)),
+            rep: ScrCoreReport { core, ..Default::default() },
+        }
+    }
+
+    /// Queues one history entry for fast-forwarding.
+    #[inline(always)]
+    fn apply(&mut self, r: &ScrRecord) {
+        self.ff.push(*r);
+    }
+
+    /// Fast-forwards the queued entries: each NF over all of them in order,
+    /// the next NF over those the previous ones passed (the same result as
+    /// entry by entry through the chain: an NF's state sees only its own
+    /// sequence of surviving entries). One monomorphised loop per NF.
+    #[inline]
+    fn run_ff(&mut self, chain: &mut Chain) {
+        if self.ff.is_empty() {
+            return;
+        }
+        self.rep.fast_forwarded += self.ff.len() as u64;
+        self.alive.clear();
+        self.alive.extend(self.ff.iter().map(|r| r.valid()));
+        for (s, t) in chain.stages.iter_mut().zip(self.tables.iter_mut()) {
+            if let (Stage::Stateful { nf, .. }, Some(t)) = (s, t.as_mut()) {
+                nf.scr_fast_forward(t, &self.ff, &mut self.alive);
+            }
+        }
+        self.ff.clear();
+    }
+
+    /// Brings the replica up to just before `seq` from the history `h`
+    /// (sequence `s` at slot `(s-1) % N`), logging and recovering per
+    /// Algorithm 1 when logs are on. `seq` itself is logged, not applied.
+    fn catch_up(&mut self, chain: &mut Chain, seq: u64, h: &[ScrRecord]) {
+        let n = h.len() as u64;
+        let minseq = seq.saturating_sub(n - 1).max(1);
+        let from = self.max + 1;
+        // Sequence k sits at slot (k - 1) % n: one division, then a wrapping index.
+        let first = from.max(minseq);
+        let slot0 = ((first - 1) % n) as usize;
+        let wrap = |i: usize| if i + 1 == h.len() { 0 } else { i + 1 };
+        // Taken, not cloned: an Arc clone per packet would bounce its count between cores.
+        if let Some(logs) = self.logs.take() {
+            let log = logs.log(self.core);
+            // Algorithm 1 lines 6-14: every sequence of the gap and the packet is logged first.
+            for k in from..minseq.min(seq + 1) {
+                log.write(k, None);
+            }
+            let mut i = slot0;
+            for k in first..=seq {
+                log.write(k, Some(&h[i]));
+                i = wrap(i);
+            }
+            log.max.store(seq, Ordering::Release);
+            for k in from..minseq.min(seq) {
+                if self.ff.len() == self.ff.capacity() {
+                    self.run_ff(chain);
+                }
+                self.rep.gaps += 1;
+                match recover(&logs, self.core, k) {
+                    Recovered::Rec(r) => {
+                        self.rep.recovered += 1;
+                        self.apply(&r);
+                    }
+                    Recovered::LostEverywhere => self.rep.lost_everywhere += 1,
+                    Recovered::Unrecoverable => self.rep.unrecovered += 1,
+                }
+            }
+            self.logs = Some(logs);
+        } else if minseq > from {
+            let g = minseq.min(seq) - from;
+            self.rep.gaps += g;
+            self.rep.unrecovered += g;
+        }
+        let mut i = slot0;
+        for _ in first..seq {
+            if self.ff.len() == self.ff.capacity() {
+                self.run_ff(chain);
+            }
+            let r = h[i];
+            self.apply(&r);
+            i = wrap(i);
+        }
+        self.run_ff(chain);
+        self.max = self.max.max(seq);
+    }
+
+    /// Runs the chain over a batch delivered with its SCR side arrays:
+    /// per packet, fast-forward, then every NF's action on it.
+    pub fn process(&mut self, chain: &mut Chain, batch: &mut Batch, side: ScrSide<'_>, ctx: &NfContext) {
+        let n = batch.len().min(side.seqs.len());
+        let hn = side.history;
+        self.batches += 1;
+        let sample = self.batches.is_multiple_of(SAMPLE_EVERY);
+        for i in 0..n {
+            let s = side.seqs[i];
+            let h = &side.hist[i * hn..(i + 1) * hn];
+            if s <= self.max {
+                // A sequence number at or below what the replica has applied
+                // (a reordered or duplicated delivery): it cannot be replayed exactly; counted.
+                self.rep.unrecovered += 1;
+                continue;
+            }
+            if sample {
+                let t0 = tsc::rdtsc();
+                self.catch_up(chain, s, h);
+                self.rep.ff_cycles_sampled += tsc::rdtsc().saturating_sub(t0);
+                self.rep.ff_packets_sampled += 1;
+            } else {
+                self.catch_up(chain, s, h);
+            }
+            self.rep.own += 1;
+            let r = h[((s - 1) % hn as u64) as usize];
+            self.own_packet(chain, batch, i, &r, ctx);
+        }
+    }
+
+    /// Tests: the packet of sequence `seq` arrives with history `h`; its own
+    /// record goes through the transitions (not `process`), as in a replica
+    /// that only fast-forwards.
+    #[cfg(test)]
+    fn step_record(&mut self, chain: &mut Chain, seq: u64, h: &[ScrRecord]) {
+        self.catch_up(chain, seq, h);
+        let r = h[((seq - 1) % h.len() as u64) as usize];
+        self.apply(&r);
+        self.run_ff(chain);
+    }
+
+    /// The core's own packet: each NF's unchanged action, in chain order, with the sequencer's time.
+    #[inline]
+    fn own_packet(&mut self, chain: &mut Chain, batch: &mut Batch, i: usize, r: &ScrRecord, ctx: &NfContext) {
+        let c = NfContext { now_ns: r.ts_ns(), ..*ctx };
+        let meta = PktMeta::parse(batch.data(i));
+        for (s, t) in chain.stages.iter_mut().zip(self.tables.iter_mut()) {
+            if batch.verdicts()[i] == DROP {
+                break;
+            }
+            match (s, t.as_mut()) {
+                (Stage::Stateless(nf), _) => nf.process(batch, i..i + 1, &c),
+                (Stage::Stateful { nf, counters, .. }, Some(t)) => {
+                    counters.packets_in += 1;
+                    counters.bytes_in += u64::from(batch.lens()[i]);
+                    let action = if !r.valid() || !meta.valid {
+                        nf.on_unparsed()
+                    } else if let Some(slot) = t.lookup(t.key_of.key(r), c.now_ns) {
+                        let st = t.state(slot.at);
+                        if slot.fresh {
+                            nf.scr_init_bytes(r, &c, st);
+                        }
+                        let mut pkt = Pkt::new(batch.data_mut(i), &meta);
+                        nf.process_bytes(&mut pkt, st, &c)
+                    } else {
+                        // Table full on every core alike: the packet passes untracked.
+                        flowplane_nf::Action::Pass
+                    };
+                    apply_action(batch, i, action, counters);
+                }
+                (Stage::Stateful { .. }, None) => {}
+            }
+        }
+    }
+
+    /// The end of the run: catch up to the stream's last sequence number
+    /// from the sequencer's final history (a lossless control message to
+    /// every core), recovering earlier gaps from the logs, then mark the
+    /// log finished. Without a known end (a run stopped by time) only the
+    /// log is marked.
+    pub fn finish(&mut self, chain: &mut Chain, ran_to_end: bool) {
+        if !ran_to_end {
+            self.end = None;
+        }
+        if let Some(end) = self.end.filter(|&e| e > self.max) {
+            let hn = self.seq.history();
+            let mut h = std::mem::take(&mut self.flush);
+            self.seq.fill(end, &mut h);
+            self.catch_up(chain, end, &h);
+            // The last sequence is nobody's own packet here: apply it too.
+            let r = h[((end - 1) % hn as u64) as usize];
+            self.apply(&r);
+            self.run_ff(chain);
+            self.flush = h;
+        }
+        if let Some(l) = &self.logs {
+            l.log(self.core).done.store(true, Ordering::Release);
+        }
+    }
+
+    /// The replica's report (digest of the final state).
+    pub fn report(&self, chain: &Chain, lost: u64) -> ScrCoreReport {
+        let mut r = self.rep.clone();
+        r.reached_end = self.end.is_some_and(|e| self.max >= e);
+        r.max_seq = self.max;
+        r.lost = lost;
+        let own = chain.stages.iter().map(|s| match s {
+            Stage::Stateful { nf, .. } => nf.scr_digest(),
+            Stage::Stateless(_) => 0,
+        });
+        r.digest = self
+            .tables
+            .iter()
+            .flatten()
+            .map(ReplicaTable::digest)
+            .chain(own)
+            .fold(0xcbf2_9ce4_8422_2325u64, |d, x| (d ^ x).wrapping_mul(0x100_0000_01b3));
+        r.table_full = self.tables.iter().flatten().map(|t| t.full).sum();
+        r.sweeps = self.tables.iter().flatten().map(|t| t.sweeps).sum();
+        r
+    }
+}
+
+/// An SCR run's shared parts: the sequencer, the logs, the stream's end.
+pub struct ScrRun {
+    /// The sequencer (shared by every queue and replica).
+    pub seq: Arc<Sequencer>,
+    /// Per-core logs (recovery on).
+    pub logs: Option<Arc<ScrLogs>>,
+    /// Last sequence number of a bounded run.
+    pub end: Option<u64>,
+    /// Fields the records carry for the chain.
+    pub fields: ScrFields,
+    /// Distinct connections (canonical 5-tuples) in the stream: sizes the replica tables.
+    pub keys: usize,
+}
+
+impl ScrRun {
+    /// Checks the configuration for `workers` workers on `threads` threads
+    /// and builds the sequencer over `trace`.
+    pub fn new(
+        cfg: &ScrConfig,
+        workers: usize,
+        threads: usize,
+        loops: Option<u64>,
+        trace: &flowplane_io::replay::ReplayTrace,
+        chain: &Chain,
+    ) -> Result<ScrRun, crate::error::EngineError> {
+        let bad = |m: String| Err(crate::error::EngineError::Config(m));
+        let history = cfg.history.unwrap_or(workers);
+        if history < workers || history > 4096 {
+            return bad(format!(
+                "--scr-history {history}: must be at least the number of cores ({workers}; a core sees every N-th packet) and at most 4096"
+            ));
+        }
+        if !(0.0..=1.0).contains(&cfg.loss) {
+            return bad(format!("--scr-loss {}: a rate between 0 and 1", cfg.loss));
+        }
+        if cfg.recovery && threads < workers {
+            return bad(
+                "--scr-recovery needs one real core per worker (a core waits for the others' logs; logical workers taking turns would wait forever)"
+                    .to_string(),
+            );
+        }
+        if !cfg.log_entries.is_power_of_two() || cfg.log_entries < 2 * history {
+            return bad(format!("SCR log of {} entries: a power of two of at least 2N", cfg.log_entries));
+        }
+        let seq = Arc::new(Sequencer::new(trace, history, cfg.loss, cfg.seed));
+        let end = loops.map(|l| l.saturating_mul(seq.stream_len()));
+        let logs = cfg.recovery.then(|| Arc::new(ScrLogs::new(workers, cfg.log_entries)));
+        let keys = (1..=seq.stream_len())
+            .map(|s| seq.record(s).connection_key())
+            .collect::<std::collections::HashSet<u128>>()
+            .len();
+        Ok(ScrRun { seq, logs, end, fields: chain_fields(chain), keys })
+    }
+}
+
+/// The SCR section of a report.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ScrReport {
+    /// Records piggybacked per packet (N).
+    pub history: usize,
+    /// Fields the records carry for this chain.
+    pub fields: Vec<&'static str>,
+    /// Bytes a sequencer would prefix to each packet: N records of the
+    /// declared fields, a 2-byte index of the earliest, an 8-byte sequence number.
+    pub history_bytes_per_packet: usize,
+    /// Bytes each core copies per packet here (N fixed 32-byte records).
+    pub copied_bytes_per_packet: usize,
+    /// Fast-forward cycles per own packet (sampled batches; catch-up and logging).
+    pub ff_cycles_per_packet: f64,
+    /// History entries fast-forwarded per own packet.
+    pub ff_entries_per_packet: f64,
+    /// Loss recovery (logs, Algorithm 1) on.
+    pub recovery: bool,
+    /// Injected loss rate.
+    pub loss: f64,
+    /// Every core's replica digest is the same.
+    pub consistent: bool,
+    /// The run had a known end (loops), so every replica caught up to it and the digests are comparable.
+    pub comparable: bool,
+    /// Per core.
+    pub cores: Vec<ScrCoreReport>,
+}
+
+impl ScrReport {
+    /// Sums the cores' reports.
+    pub fn new(history: usize, fields: ScrFields, recovery: bool, loss: f64, cores: Vec<ScrCoreReport>) -> ScrReport {
+        let comparable = cores.iter().all(|c| c.reached_end);
+        let own: u64 = cores.iter().map(|c| c.own).sum();
+        let ff: u64 = cores.iter().map(|c| c.fast_forwarded).sum();
+        let (cy, pk) = cores.iter().fold((0, 0), |a, c| (a.0 + c.ff_cycles_sampled, a.1 + c.ff_packets_sampled));
+        let consistent = cores.windows(2).all(|w| w[0].digest == w[1].digest && w[0].max_seq == w[1].max_seq);
+        ScrReport {
+            history,
+            fields: fields.names(),
+            history_bytes_per_packet: history * fields.wire_bytes() + 2 + 8,
+            copied_bytes_per_packet: history * std::mem::size_of::<ScrRecord>(),
+            ff_cycles_per_packet: if pk > 0 { cy as f64 / pk as f64 } else { 0.0 },
+            ff_entries_per_packet: if own > 0 { ff as f64 / own as f64 } else { 0.0 },
+            recovery,
+            loss,
+            consistent,
+            comparable,
+            cores,
+        }
+    }
+
+    /// Text lines for the report.
+    pub fn lines(&self) -> Vec<String> {
+        let mut v = vec![format!(
+            "scr          history N={} ({}): {} B/packet on a wire, {} B copied; fast-forward {:.1} cycles/packet ({:.2} entries/packet); recovery {}, loss {}",
+            self.history,
+            self.fields.join("+"),
+            self.history_bytes_per_packet,
+            self.copied_bytes_per_packet,
+            self.ff_cycles_per_packet,
+            self.ff_entries_per_packet,
+            if self.recovery { "on" } else { "off" },
+            self.loss
+        )];
+        let digests: Vec<String> = self.cores.iter().map(|c| format!("{:016x}", c.digest)).collect();
+        let verdict = match (self.comparable, self.consistent) {
+            (false, _) => "not comparable (run stopped by time: replicas at different points)",
+            (true, true) => "identical",
+            (true, false) => "DIVERGED",
+        };
+        v.push(format!("scr replicas {verdict}: {}", digests.join(" ")));
+        let sum = |f: fn(&ScrCoreReport) -> u64| self.cores.iter().map(f).sum::<u64>();
+        v.push(format!(
+            "scr loss     {} lost, {} gaps: {} recovered, {} lost everywhere, {} unrecovered; {} table-full",
+            sum(|c| c.lost),
+            sum(|c| c.gaps),
+            sum(|c| c.recovered),
+            sum(|c| c.lost_everywhere),
+            sum(|c| c.unrecovered),
+            sum(|c| c.table_full)
+        ));
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(src: u32, ts: u64) -> ScrRecord {
+        let mut f = vec![0u8; 60];
+        // Ethernet + IPv4 + TCP, source address `src`.
+        f[12] = 0x08;
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&46u16.to_be_bytes());
+        f[22] = 64;
+        f[23] = 6;
+        f[26..30].copy_from_slice(&src.to_be_bytes());
+        f[30..34].copy_from_slice(&[10, 0, 0, 1]);
+        f[46] = 0x50;
+        let m = PktMeta::parse(&f);
+        let mut r = ScrRecord::from_frame(&f, &m);
+        r.set_ts_ns(ts);
+        r
+    }
+
+    #[test]
+    fn log_markers_and_wrap() {
+        let logs = ScrLogs::new(3, 8);
+        let l = logs.log(0);
+        assert_eq!(l.read(5), LogRead::NotInit);
+        l.write(5, Some(&rec(1, 7)));
+        assert_eq!(l.read(5), LogRead::Rec(rec(1, 7)));
+        l.write(6, None);
+        assert_eq!(l.read(6), LogRead::Lost);
+        l.write(13, Some(&rec(2, 8)));
+        assert_eq!(l.read(5), LogRead::Gone);
+        // Core 1 has k, core 2 lost it.
+        logs.log(1).write(9, Some(&rec(3, 9)));
+        logs.log(2).write(9, None);
+        assert_eq!(recover(&logs, 2, 9), Recovered::Rec(rec(3, 9)));
+        logs.log(0).write(10, None);
+        logs.log(1).write(10, None);
+        assert_eq!(recover(&logs, 2, 10), Recovered::LostEverywhere);
+        // Finished cores that never got there count as lost.
+        logs.log(0).done.store(true, Ordering::Release);
+        logs.log(1).done.store(true, Ordering::Release);
+        assert_eq!(recover(&logs, 2, 100), Recovered::LostEverywhere);
+    }
+
+    #[test]
+    fn table_expires_and_sweeps_deterministically() {
+        let mut a = ReplicaTable::new(KeyOf::Src, 64, 8, 100);
+        let mut b = ReplicaTable::new(KeyOf::Src, 64, 8, 100);
+        for i in 0..1000u32 {
+            let r = rec(i % 300, u64::from(i));
+            for t in [&mut a, &mut b] {
+                if let Some(s) = t.lookup(t.key_of.key(&r), r.ts_ns()) {
+                    t.state(s.at)[0] = t.state(s.at)[0].wrapping_add(1);
+                }
+            }
+        }
+        assert!(a.sweeps > 0);
+        assert_eq!(a.digest(), b.digest());
+        let s = a.lookup(a.key_of.key(&rec(999 % 300, 999)), 999).unwrap();
+        assert!(!s.fresh);
+        let s = a.lookup(a.key_of.key(&rec(999 % 300, 999)), 2000).unwrap();
+        assert!(s.fresh, "idle past the timeout starts over");
+    }
+
+    /// Fast-forward cost per history entry (run with --ignored --nocapture; a figure, not a check).
+    #[test]
+    #[ignore]
+    fn apply_cost() {
+        let mut chain = Chain::build(&crate::spec::parse("ddos").unwrap()).unwrap();
+        let mut b = flowplane_io::replay::ReplayBuilder::new(1);
+        b.push_steered(&[0u8; 60], 0, 0, 0).unwrap();
+        let seq = Arc::new(Sequencer::new(&b.build(), 8, 0.0, 1));
+        let mut r = ScrReplica::new(0, &chain, 1 << 21, 30_000_000_000, seq, None, None);
+        let recs: Vec<ScrRecord> = (0..8).map(|i| rec(7, i)).collect();
+        for _ in 0..3 {
+            let t0 = tsc::rdtsc();
+            for _ in 0..1_000_000 {
+                for x in &recs {
+                    r.apply(x);
+                }
+                r.run_ff(&mut chain);
+            }
+            eprintln!("{:.1} cycles/entry", (tsc::rdtsc() - t0) as f64 / 8e6);
+        }
+    }
+
+    fn trace(sources: u32, packets: u32) -> Arc<flowplane_io::replay::ReplayTrace> {
+        let mut b = flowplane_io::replay::ReplayBuilder::new(1);
+        let mut x = 7u32;
+        for i in 0..packets {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let mut f = vec![0u8; 60];
+            f[12] = 0x08;
+            f[14] = 0x45;
+            f[16..18].copy_from_slice(&46u16.to_be_bytes());
+            f[22] = 64;
+            f[23] = 6;
+            f[26..30].copy_from_slice(&(0x0a00_0000 + x % sources).to_be_bytes());
+            f[30..34].copy_from_slice(&[10, 9, 9, 9]);
+            f[46] = 0x50;
+            b.push_steered(&f, 0, u64::from(i) * 20_000, 0).unwrap();
+        }
+        b.build()
+    }
+
+    /// One core of a simulated run: its packets (every k-th), minus the lost ones.
+    fn core_run(
+        core: usize,
+        k: usize,
+        end: u64,
+        lost: &[bool],
+        seq: &Arc<Sequencer>,
+        logs: &Arc<ScrLogs>,
+    ) -> (ScrCoreReport, u64) {
+        let spec = crate::spec::parse("ddos(threshold=3,window=0.001) -> hh").unwrap();
+        let mut chain = Chain::build(&spec).unwrap();
+        let mut r =
+            ScrReplica::new(core, &chain, 1024, u64::MAX / 4, Arc::clone(seq), Some(Arc::clone(logs)), Some(end));
+        let mut h = vec![ScrRecord::default(); seq.history()];
+        let mut s = core as u64 + 1;
+        while s <= end {
+            if !lost[(s - 1) as usize] {
+                seq.fill(s, &mut h);
+                r.step_record(&mut chain, s, &h);
+            }
+            s += k as u64;
+        }
+        r.finish(&mut chain, true);
+        let rep = r.report(&chain, 0);
+        (rep.clone(), rep.digest)
+    }
+
+    #[test]
+    fn single_losses_recover_a_core_burst_longer_than_the_log_is_reported() {
+        let end = 600u64;
+        let t = trace(12, end as u32);
+        // (lost sequence numbers, log entries): singles with a log covering any
+        // drift between the threads; 60 of core 0's packets in a row with an 8-entry log.
+        let singles: Vec<u64> = vec![100, 301, 302, 450];
+        let burst: Vec<u64> = (0..60).map(|i| 200 + 2 * i).collect();
+        for (lost_seqs, log, must_recover) in [(singles, 1024usize, true), (burst, 8, false)] {
+            let mut lost = vec![false; end as usize];
+            for s in lost_seqs {
+                lost[s as usize] = true;
+            }
+            let seq = Arc::new(Sequencer::new(&t, 2, 0.0, 1));
+            let logs = Arc::new(ScrLogs::new(2, log));
+            let out: Vec<(ScrCoreReport, u64)> = std::thread::scope(|sc| {
+                let hs: Vec<_> = (0..2)
+                    .map(|c| {
+                        let (seq, logs, lost) = (&seq, &logs, &lost);
+                        sc.spawn(move || core_run(c, 2, end, lost, seq, logs))
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let unrec: u64 = out.iter().map(|o| o.0.unrecovered).sum();
+            assert!(out.iter().map(|o| o.0.gaps).sum::<u64>() > 0);
+            if must_recover {
+                assert_eq!(unrec, 0, "{out:?}");
+                assert!(out.iter().map(|o| o.0.recovered).sum::<u64>() > 0);
+            }
+            if unrec == 0 {
+                assert_eq!(out[0].1, out[1].1, "no core reports a loss: replicas identical");
+            } else {
+                assert!(out[0].0.unrecovered > 0, "only core 0 lost packets: {out:?}");
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, ..Default::default() })]
+
+        /// Random loss (single packets and bursts, some longer than the
+        /// log) between the sequencer and 2-3 cores: a replica that reports
+        /// nothing unrecovered equals the reference (every sequence except
+        /// those lost on every core, in order); the others say so.
+        #[test]
+        fn loss_patterns_recover_exactly_or_are_reported(
+            k in 2usize..=3,
+            log_pow in 3u32..=6,
+            singles in proptest::collection::vec(0u64..600, 0..20),
+            bursts in proptest::collection::vec((0u64..600, 1u64..80), 0..3),
+        ) {
+            let end = 600u64;
+            let mut lost = vec![false; end as usize];
+            for s in singles { lost[s as usize] = true; }
+            for (at, len) in bursts {
+                for s in at..(at + len).min(end) { lost[s as usize] = true; }
+            }
+            let t = trace(12, end as u32);
+            let seq = Arc::new(Sequencer::new(&t, k, 0.0, 1));
+            let logs = Arc::new(ScrLogs::new(k, 1 << log_pow));
+            let out: Vec<(ScrCoreReport, u64)> = std::thread::scope(|sc| {
+                let hs: Vec<_> = (0..k)
+                    .map(|c| {
+                        let (seq, logs, lost) = (&seq, &logs, &lost);
+                        sc.spawn(move || core_run(c, k, end, lost, seq, logs))
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            // Reference: sequence s is lost everywhere when every packet carrying it
+            // (s ..= s + k - 1, the end's flush excepted) was lost.
+            let spec = crate::spec::parse("ddos(threshold=3,window=0.001) -> hh").unwrap();
+            let mut chain = Chain::build(&spec).unwrap();
+            let mut reference = ScrReplica::new(0, &chain, 1024, u64::MAX / 4, Arc::clone(&seq), None, Some(end));
+            for s in 1..=end {
+                let carried = (s..s + k as u64).any(|q| q > end - k as u64 || (q <= end && !lost[(q - 1) as usize]));
+                if carried {
+                    reference.apply(&seq.record(s));
+                    reference.run_ff(&mut chain);
+                }
+            }
+            reference.max = end;
+            let want = reference.report(&chain, 0).digest;
+            for (rep, digest) in &out {
+                proptest::prop_assert_eq!(rep.max_seq, end);
+                if rep.unrecovered == 0 {
+                    proptest::prop_assert_eq!(*digest, want, "core {} {:?}", rep.core, rep);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,439 @@
+//! `conntrack`: TCP connection state tracker (SCR Table 1): the full TCP
+//! state machine in both directions — three-way handshake with sequence
+//! and acknowledgement numbers checked, data within a window of the
+//! highest sequence seen per direction, FIN each way, RST — with per-state
+//! idle timeouts on the packet clock. Packets that do not fit the state
+//! (no SYN for a new connection, a bad handshake ACK, a sequence number far
+//! outside the window) are dropped and counted as invalid; non-TCP passes.
+//!
+//! Connections live in the NF's own preallocated table keyed by the
+//! canonical connection (both directions meet; symmetric RSS under `rss`).
+//! Every change is a function of the packet sequence alone (a record of
+//! the packet's 5-tuple, flags, seq/ack and time), and `process` runs the
+//! very same transition on the packet's record, so under `--scale scr` the
+//! table is replicated exactly (`scr_transition` on history entries).
+//! `fw` is the full stateful firewall (windows scaling, ICMP errors,
+//! related flows); this is the lean tracker of the SCR evaluation.
+
+use bytemuck::{Pod, Zeroable};
+use flowplane_wire::scr::{ScrFields, ScrRecord};
+use serde_json::json;
+
+use crate::pkt::Pkt;
+use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::report::merge_keeping;
+use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
+use crate::{NfContext, ParamError, ParamSpec, Params};
+
+const CONNS: ParamSpec = ParamSpec::uint("conns", 1 << 20, 16, 1 << 26, "connection table capacity per core");
+const TIMEOUT: ParamSpec =
+    ParamSpec::uint("timeout", 300, 1, 30 * 86_400, "idle timeout of an established connection in seconds");
+
+/// Registration (see `crates/nf/build.rs`).
+pub const NF: NfDescriptor = NfDescriptor {
+    name: "conntrack",
+    about: "TCP connection tracker (SCR Table 1): handshake, seq/ack, FIN/RST state machine in both directions",
+    keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
+    params: &[CONNS, TIMEOUT],
+};
+
+/// Builds `conntrack` from its parameters and hands it to `sink`.
+pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
+    let conns = p.uint(&CONNS)? as usize;
+    let timeout = p.uint(&TIMEOUT)?;
+    Ok(sink.stateful(Conntrack::new(conns, timeout * 1_000_000_000)))
+}
+
+const FIN: u8 = 0x01;
+const SYN: u8 = 0x02;
+const RST: u8 = 0x04;
+const ACK: u8 = 0x10;
+
+/// Idle timeout of connections not yet established or closing (ns).
+const SHORT_TIMEOUT_NS: u64 = 30_000_000_000;
+/// Half-width of the accepted sequence window around the highest sequence seen.
+const WINDOW: i32 = 1 << 30;
+
+/// Connection states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum CtState {
+    /// SYN seen.
+    SynSent = 1,
+    /// SYN-ACK seen (acknowledging the SYN).
+    SynRecv = 2,
+    /// Handshake completed.
+    Established = 3,
+    /// A FIN seen from one side.
+    FinWait = 4,
+    /// FINs seen from both sides.
+    Closing = 5,
+    /// Both FINs acknowledged.
+    TimeWait = 6,
+}
+
+/// One tracked connection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Conn {
+    key: u128,
+    last_ns: u64,
+    isn: [u32; 2],
+    /// Highest sequence number seen per direction.
+    hi: [u32; 2],
+    /// `CtState` as u8; 0: free slot.
+    state: u8,
+    /// Direction (0: canonical lower endpoint sent) of the initiator.
+    init: u8,
+    /// FIN seen per direction (bits).
+    fin: u8,
+}
+
+/// Per-flow marker the engine keeps (packets per direction's flow entry).
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct CtFlow {
+    /// Packets of this direction's flow.
+    pub packets: u64,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Counters {
+    new: u64,
+    established: u64,
+    closed: u64,
+    reset: u64,
+    invalid: u64,
+    non_tcp: u64,
+    full: u64,
+}
+
+/// The tracker.
+#[derive(Debug)]
+pub struct Conntrack {
+    table: Box<[Conn]>,
+    len: usize,
+    timeout_ns: u64,
+    c: Counters,
+}
+
+/// Wrapping "a is after b".
+#[inline(always)]
+fn after(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) > 0
+}
+
+impl Conntrack {
+    /// A tracker for `conns` connections, established ones idle after `timeout_ns`.
+    pub fn new(conns: usize, timeout_ns: u64) -> Self {
+        let cap = (conns.max(16) * 8 / 7).next_power_of_two();
+        Conntrack { table: vec![Conn::default(); cap].into_boxed_slice(), len: 0, timeout_ns, c: Counters::default() }
+    }
+
+    fn hash(k: u128) -> usize {
+        let x = (k as u64) ^ ((k >> 64) as u64).rotate_left(29);
+        (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20) as usize
+    }
+
+    fn timeout_of(&self, c: &Conn) -> u64 {
+        if c.state == CtState::Established as u8 {
+            self.timeout_ns
+        } else {
+            SHORT_TIMEOUT_NS.min(self.timeout_ns)
+        }
+    }
+
+    /// The slot of `key` (live or not), or the free slot where it would go.
+    fn find(&self, key: u128) -> Option<usize> {
+        let mask = self.table.len() - 1;
+        let mut i = Self::hash(key) & mask;
+        for _ in 0..self.table.len() {
+            let c = &self.table[i];
+            if c.state == 0 || c.key == key {
+                return Some(i);
+            }
+            i = (i + 1) & mask;
+        }
+        None
+    }
+
+    /// Removes slot `i` (backward-shift deletion keeps linear probing exact).
+    fn remove(&mut self, mut i: usize) {
+        let mask = self.table.len() - 1;
+        self.table[i].state = 0;
+        self.len -= 1;
+        let mut j = i;
+        loop {
+            j = (j + 1) & mask;
+            if self.table[j].state == 0 {
+                return;
+            }
+            let home = Self::hash(self.table[j].key) & mask;
+            // Move j back to i if its home is not in (i, j] cyclically.
+            let between = if i <= j { home > i && home <= j } else { home > i || home <= j };
+            if !between {
+                self.table[i] = self.table[j];
+                self.table[j].state = 0;
+                i = j;
+            }
+        }
+    }
+
+    /// The state transition of one packet (its record); true if it passes.
+    /// `process` and `scr_transition` both run exactly this.
+    pub fn track(&mut self, r: &ScrRecord, now: u64) -> bool {
+        let Some(flags) = r.tcp_flags() else {
+            self.c.non_tcp += 1;
+            return true;
+        };
+        let key = r.connection_key();
+        // Direction: 0 when the sender is the canonical key's lower endpoint.
+        let d = usize::from(((u64::from(r.src) << 16) | u64::from(r.sport)) > ((u64::from(r.dst) << 16) | u64::from(r.dport)));
+        let Some(i) = self.find(key) else {
+            self.c.full += 1;
+            return true;
+        };
+        let mut live = self.table[i].state != 0;
+        if live && now.saturating_sub(self.table[i].last_ns) > self.timeout_of(&self.table[i]) {
+            // Idle past its timeout: forgotten, the packet is judged as a new connection's.
+            self.remove(i);
+            live = false;
+        }
+        let syn_only = flags & (SYN | ACK | RST | FIN) == SYN;
+        if !live || (self.table[i].state == CtState::TimeWait as u8 && syn_only) {
+            if !syn_only {
+                self.c.invalid += 1;
+                return false;
+            }
+            let i = if live {
+                i
+            } else {
+                // `remove` may have shifted entries: look again.
+                let Some(j) = self.find(key) else { return true };
+                if (self.len + 1) * 8 > self.table.len() * 7 {
+                    self.c.full += 1;
+                    return true;
+                }
+                self.len += 1;
+                j
+            };
+            self.c.new += 1;
+            let mut c = Conn { key, last_ns: now, state: CtState::SynSent as u8, init: d as u8, ..Default::default() };
+            c.isn[d] = r.seq;
+            c.hi[d] = r.seq.wrapping_add(1);
+            self.table[i] = c;
+            return true;
+        }
+        let c = &mut self.table[i];
+        c.last_ns = c.last_ns.max(now);
+        let init = usize::from(c.init);
+        let resp = 1 - init;
+        if flags & RST != 0 {
+            // Accepted in window only (blind resets are dropped).
+            if c.state >= CtState::SynRecv as u8 && (r.seq.wrapping_sub(c.hi[d]) as i32).unsigned_abs() > WINDOW as u32 {
+                self.c.invalid += 1;
+                return false;
+            }
+            self.c.reset += 1;
+            self.remove(i);
+            return true;
+        }
+        let st = c.state;
+        let ok = if st == CtState::SynSent as u8 {
+            if d == resp && flags & (SYN | ACK) == SYN | ACK && r.ack == c.isn[init].wrapping_add(1) {
+                c.state = CtState::SynRecv as u8;
+                c.isn[resp] = r.seq;
+                c.hi[resp] = r.seq.wrapping_add(1);
+                true
+            } else {
+                // A retransmitted SYN.
+                d == init && syn_only && r.seq == c.isn[init]
+            }
+        } else if st == CtState::SynRecv as u8 {
+            if d == init && flags & (SYN | ACK) == ACK && r.ack == c.isn[resp].wrapping_add(1) {
+                c.state = CtState::Established as u8;
+                self.c.established += 1;
+                true
+            } else {
+                // A retransmitted SYN-ACK.
+                d == resp && flags & (SYN | ACK) == SYN | ACK && r.seq == c.isn[resp]
+            }
+        } else {
+            // Established and closing: no SYN, sequence within the window.
+            if flags & SYN != 0 || (r.seq.wrapping_sub(c.hi[d]) as i32).unsigned_abs() > WINDOW as u32 {
+                false
+            } else {
+                if after(r.seq, c.hi[d]) {
+                    c.hi[d] = r.seq;
+                }
+                if flags & FIN != 0 {
+                    c.fin |= 1 << d;
+                    c.hi[d] = c.hi[d].max(r.seq.wrapping_add(1));
+                    c.state = if c.fin == 3 { CtState::Closing as u8 } else { CtState::FinWait as u8 };
+                } else if c.state == CtState::Closing as u8 && flags & ACK != 0 {
+                    c.state = CtState::TimeWait as u8;
+                    self.c.closed += 1;
+                }
+                true
+            }
+        };
+        if !ok {
+            self.c.invalid += 1;
+        }
+        ok
+    }
+
+    /// Digest of the connection table (for replica comparisons).
+    pub fn digest(&self) -> u64 {
+        self.table
+            .iter()
+            .filter(|c| c.state != 0)
+            .map(|c| {
+                let mut h = (c.key as u64) ^ ((c.key >> 64) as u64).rotate_left(21) ^ c.last_ns.rotate_left(7);
+                h ^= (u64::from(c.hi[0]) << 32 | u64::from(c.hi[1])).rotate_left(13);
+                h ^= u64::from(c.state) << 56 | u64::from(c.fin) << 48 | u64::from(c.init) << 40;
+                h.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            })
+            .fold(0u64, u64::wrapping_add)
+    }
+
+    /// Connections tracked now.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// No connection tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl StatefulNf for Conntrack {
+    type State = CtFlow;
+
+    fn name(&self) -> &'static str {
+        NF.name
+    }
+
+    fn placement(&self) -> Placement {
+        // Both directions in order on one core (symmetric RSS); the table is the NF's own.
+        Placement { affinity: Affinity::Connection, global: GlobalState::Private }
+    }
+
+    const BOTH_DIRECTIONS: bool = true;
+
+    fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> CtFlow {
+        CtFlow::default()
+    }
+
+    #[inline]
+    fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut CtFlow, ctx: &NfContext) -> Action {
+        st.packets += 1;
+        let r = ScrRecord::from_frame(pkt.data(), pkt.meta());
+        if self.track(&r, ctx.now_ns) {
+            Action::Pass
+        } else {
+            Action::Drop
+        }
+    }
+
+    fn scr_fields(&self) -> Option<ScrFields> {
+        Some(ScrFields::FIVE_TUPLE.with(ScrFields::TCP_FLAGS).with(ScrFields::TCP_SEQ_ACK).with(ScrFields::TIME))
+    }
+
+    #[inline]
+    fn scr_transition(&mut self, st: &mut CtFlow, r: &ScrRecord, ctx: &NfContext) -> bool {
+        st.packets += 1;
+        let saved = self.c;
+        let pass = self.track(r, ctx.now_ns);
+        // Counters describe a core's own packets.
+        self.c = saved;
+        pass
+    }
+
+    fn scr_digest(&self) -> u64 {
+        self.digest()
+    }
+
+    fn report(&self) -> Option<serde_json::Value> {
+        let c = &self.c;
+        Some(json!({
+            "capacity": self.table.len(),
+            "new": c.new,
+            "established": c.established,
+            "closed": c.closed,
+            "reset": c.reset,
+            "invalid": c.invalid,
+            "non_tcp": c.non_tcp,
+            "table_full": c.full,
+        }))
+    }
+
+    fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
+        merge_keeping(into, other, &["capacity"]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(src: u32, sport: u16, dst: u32, dport: u16, flags: u8, seq: u32, ack: u32) -> ScrRecord {
+        let mut f = vec![0u8; 60];
+        f[12] = 0x08;
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&46u16.to_be_bytes());
+        f[22] = 64;
+        f[23] = 6;
+        f[26..30].copy_from_slice(&src.to_be_bytes());
+        f[30..34].copy_from_slice(&dst.to_be_bytes());
+        f[34..36].copy_from_slice(&sport.to_be_bytes());
+        f[36..38].copy_from_slice(&dport.to_be_bytes());
+        f[38..42].copy_from_slice(&seq.to_be_bytes());
+        f[42..46].copy_from_slice(&ack.to_be_bytes());
+        f[46] = 0x50;
+        f[47] = flags;
+        let m = flowplane_wire::frame::PktMeta::parse(&f);
+        ScrRecord::from_frame(&f, &m)
+    }
+
+    #[test]
+    fn handshake_data_fin_and_invalid() {
+        let mut ct = Conntrack::new(64, 300_000_000_000);
+        let (c, s) = (0x0a00_0002, 0x0a00_0001);
+        assert!(!ct.track(&rec(c, 1000, s, 80, ACK, 5, 9), 0), "no SYN: invalid");
+        assert!(ct.track(&rec(c, 1000, s, 80, SYN, 100, 0), 1));
+        assert!(!ct.track(&rec(s, 80, c, 1000, SYN | ACK, 500, 7), 2), "SYN-ACK acking the wrong number");
+        assert!(ct.track(&rec(s, 80, c, 1000, SYN | ACK, 500, 101), 3));
+        assert!(!ct.track(&rec(c, 1000, s, 80, ACK, 101, 7), 4), "bad handshake ACK");
+        assert!(ct.track(&rec(c, 1000, s, 80, ACK, 101, 501), 5));
+        assert!(ct.track(&rec(s, 80, c, 1000, ACK, 501, 150), 6));
+        assert!(!ct.track(&rec(s, 80, c, 1000, ACK, 501u32.wrapping_add(1 << 31), 150), 7), "far outside the window");
+        assert!(ct.track(&rec(c, 1000, s, 80, FIN | ACK, 150, 501), 8));
+        assert!(ct.track(&rec(s, 80, c, 1000, FIN | ACK, 501, 151), 9));
+        assert!(ct.track(&rec(c, 1000, s, 80, ACK, 151, 502), 10));
+        assert_eq!(ct.c.closed, 1);
+        assert_eq!(ct.len(), 1);
+        // A new SYN reuses the TIME_WAIT slot; a RST removes it.
+        assert!(ct.track(&rec(c, 1000, s, 80, SYN, 9000, 0), 11));
+        assert!(ct.track(&rec(s, 80, c, 1000, RST, 0, 0), 12));
+        assert!(ct.is_empty());
+        // Idle expiry: an ACK after the short timeout finds nothing.
+        assert!(ct.track(&rec(c, 2000, s, 80, SYN, 1, 0), 20));
+        assert!(!ct.track(&rec(c, 2000, s, 80, ACK, 2, 1), 20 + SHORT_TIMEOUT_NS + 1));
+    }
+
+    #[test]
+    fn deletion_keeps_probe_chains() {
+        let mut ct = Conntrack::new(16, 1_000_000_000_000);
+        for i in 0..14u32 {
+            assert!(ct.track(&rec(i + 1, 1, 100, 80, SYN, i, 0), 0));
+        }
+        for i in (0..14u32).step_by(2) {
+            assert!(ct.track(&rec(100, 80, i + 1, 1, RST, 0, 0), 1));
+        }
+        for i in (1..14u32).step_by(2) {
+            assert!(ct.track(&rec(i + 1, 1, 100, 80, SYN, i, 0), 2), "retransmitted SYN of {i} finds its entry");
+        }
+        assert_eq!(ct.len(), 7);
+    }
+}

@@ -1,0 +1,275 @@
+//! State-compute replication (SCR, Appendix C of the SCR paper): the
+//! fixed-size history record a sequencer extracts from every packet and
+//! piggybacks, with the records of the packets before it, on each packet it
+//! sprays to a core; and the field sets NFs declare for their state
+//! transitions (what a record must carry for them, and its size on a wire).
+//!
+//! One record layout serves every NF (32 bytes, two records per cache
+//! line): the in-memory copy is fixed, the declared field set gives the
+//! bytes a hardware sequencer would piggyback. IPv6 addresses are folded to
+//! 32 bits (CRC32C of the address): replicas stay identical (every core keys
+//! by the record), but two IPv6 addresses with one fold share SCR state.
+
+use crate::frame::PktMeta;
+use crate::hash::crc32c_u64;
+use crate::ipv4::IpProtocol;
+
+/// Bits of the record's kind byte.
+pub mod kind {
+    /// The packet had a usable flow key.
+    pub const VALID: u8 = 1;
+    /// IPv6 (addresses folded to 32 bits).
+    pub const V6: u8 = 2;
+    /// Ports present (not a non-first fragment, a transport header seen).
+    pub const PORTS: u8 = 4;
+    /// A TCP header was present (flags, seq, ack meaningful).
+    pub const TCP: u8 = 8;
+}
+
+/// The header fields a state transition reads (an NF's declaration).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ScrFields(pub u16);
+
+impl ScrFields {
+    /// Source address (4 B).
+    pub const SRC_IP: ScrFields = ScrFields(1);
+    /// Destination address (4 B).
+    pub const DST_IP: ScrFields = ScrFields(2);
+    /// Both ports (4 B).
+    pub const PORTS: ScrFields = ScrFields(4);
+    /// IP protocol (1 B).
+    pub const PROTO: ScrFields = ScrFields(8);
+    /// Frame length (2 B).
+    pub const LEN: ScrFields = ScrFields(16);
+    /// TCP flags (1 B).
+    pub const TCP_FLAGS: ScrFields = ScrFields(32);
+    /// TCP sequence and acknowledgement numbers (8 B).
+    pub const TCP_SEQ_ACK: ScrFields = ScrFields(64);
+    /// The sequencer's timestamp (4 B: µs resolution would do on a wire; 8 here).
+    pub const TIME: ScrFields = ScrFields(128);
+    /// The 5-tuple (13 B).
+    pub const FIVE_TUPLE: ScrFields = ScrFields(1 | 2 | 4 | 8);
+
+    /// Union.
+    pub const fn with(self, o: ScrFields) -> ScrFields {
+        ScrFields(self.0 | o.0)
+    }
+
+    /// Bytes a sequencer piggybacks per history entry for these fields (a
+    /// kind byte always: the control dependency, IPv4/IPv6, parsed or not).
+    pub fn wire_bytes(self) -> usize {
+        const SIZES: [(u16, usize); 8] = [(1, 4), (2, 4), (4, 4), (8, 1), (16, 2), (32, 1), (64, 8), (128, 8)];
+        1 + SIZES.iter().filter(|(b, _)| self.0 & b != 0).map(|(_, s)| s).sum::<usize>()
+    }
+
+    /// Field names, for reports.
+    pub fn names(self) -> Vec<&'static str> {
+        const N: [(u16, &str); 8] = [
+            (1, "src_ip"),
+            (2, "dst_ip"),
+            (4, "ports"),
+            (8, "proto"),
+            (16, "len"),
+            (32, "tcp_flags"),
+            (64, "tcp_seq_ack"),
+            (128, "time"),
+        ];
+        N.iter().filter(|(b, _)| self.0 & b != 0).map(|(_, n)| *n).collect()
+    }
+}
+
+/// One packet's history entry: what a state transition may read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct ScrRecord {
+    /// The sequencer's timestamp in ns (low 56 bits) and the kind byte (high 8).
+    ts_kind: u64,
+    /// Source address (IPv4; IPv6 folded).
+    pub src: u32,
+    /// Destination address (IPv4; IPv6 folded).
+    pub dst: u32,
+    /// Source port (0 without ports).
+    pub sport: u16,
+    /// Destination port (0 without ports).
+    pub dport: u16,
+    /// TCP sequence number.
+    pub seq: u32,
+    /// TCP acknowledgement number.
+    pub ack: u32,
+    /// Frame length.
+    pub len: u16,
+    /// IP protocol.
+    pub proto: u8,
+    /// TCP flags.
+    pub flags: u8,
+}
+
+const TS_MASK: u64 = (1 << 56) - 1;
+
+fn fold6(a: std::net::Ipv6Addr) -> u32 {
+    let v = u128::from(a);
+    crc32c_u64(crc32c_u64(0, v as u64), (v >> 64) as u64)
+}
+
+impl ScrRecord {
+    /// Extracts the record of `frame` (its parsed facts `m`), time unset.
+    pub fn from_frame(frame: &[u8], m: &PktMeta) -> ScrRecord {
+        let mut r = ScrRecord { len: frame.len().min(u16::MAX as usize) as u16, ..Default::default() };
+        if !m.valid {
+            return r;
+        }
+        let mut k = kind::VALID;
+        match m.tuple {
+            crate::flow::FiveTuple::V4(t) => {
+                r.src = u32::from(t.src());
+                r.dst = u32::from(t.dst());
+            }
+            crate::flow::FiveTuple::V6(t) => {
+                k |= kind::V6;
+                r.src = fold6(t.src());
+                r.dst = fold6(t.dst());
+            }
+        }
+        r.proto = m.tuple.proto();
+        if m.l4 != 0 {
+            k |= kind::PORTS;
+            r.sport = m.tuple.src_port();
+            r.dport = m.tuple.dst_port();
+        }
+        if m.proto == IpProtocol::TCP && m.l4 != 0 {
+            let l4 = m.l4 as usize;
+            if let Some(t) = frame.get(l4..l4 + 14) {
+                k |= kind::TCP;
+                r.seq = u32::from_be_bytes([t[4], t[5], t[6], t[7]]);
+                r.ack = u32::from_be_bytes([t[8], t[9], t[10], t[11]]);
+                r.flags = t[13];
+            }
+        }
+        r.ts_kind = u64::from(k) << 56;
+        r
+    }
+
+    /// Kind bits ([`kind`]).
+    #[inline(always)]
+    pub fn kind(&self) -> u8 {
+        (self.ts_kind >> 56) as u8
+    }
+
+    /// The packet had a flow key.
+    #[inline(always)]
+    pub fn valid(&self) -> bool {
+        self.kind() & kind::VALID != 0
+    }
+
+    /// The sequencer's timestamp (ns, 56 bits: 2.2 years).
+    #[inline(always)]
+    pub fn ts_ns(&self) -> u64 {
+        self.ts_kind & TS_MASK
+    }
+
+    /// Sets the timestamp.
+    #[inline(always)]
+    pub fn set_ts_ns(&mut self, ts: u64) {
+        self.ts_kind = (self.ts_kind & !TS_MASK) | (ts & TS_MASK);
+    }
+
+    /// Destination port, if the packet had ports.
+    #[inline(always)]
+    pub fn dst_port(&self) -> Option<u16> {
+        (self.kind() & kind::PORTS != 0).then_some(self.dport)
+    }
+
+    /// TCP flags, if a TCP header was present.
+    #[inline(always)]
+    pub fn tcp_flags(&self) -> Option<u8> {
+        (self.kind() & kind::TCP != 0).then_some(self.flags)
+    }
+
+    /// The 5-tuple (IPv4; an IPv6 packet's with folded addresses).
+    pub fn tuple(&self) -> crate::flow::FiveTuple {
+        crate::flow::FiveTupleV4::new(self.src.into(), self.dst.into(), self.sport, self.dport, self.proto).into()
+    }
+
+    /// Exact 5-tuple key (104 bits) with the kind's family bit.
+    #[inline(always)]
+    pub fn five_tuple_key(&self) -> u128 {
+        (u128::from(self.src) << 96)
+            | (u128::from(self.dst) << 64)
+            | (u128::from(self.sport) << 48)
+            | (u128::from(self.dport) << 32)
+            | (u128::from(self.proto) << 24)
+            | u128::from(self.kind() & kind::V6)
+    }
+
+    /// The 5-tuple key of the connection, whichever direction (lower endpoint first).
+    #[inline(always)]
+    pub fn connection_key(&self) -> u128 {
+        let a = (u64::from(self.src) << 16) | u64::from(self.sport);
+        let b = (u64::from(self.dst) << 16) | u64::from(self.dport);
+        let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+        (u128::from(lo) << 80)
+            | (u128::from(hi) << 32)
+            | (u128::from(self.proto) << 24)
+            | u128::from(self.kind() & kind::V6)
+    }
+
+    /// The record as four words (the log's lock-free copy).
+    #[inline(always)]
+    pub fn to_words(&self) -> [u64; 4] {
+        [
+            self.ts_kind,
+            u64::from(self.src) | u64::from(self.dst) << 32,
+            u64::from(self.sport) | u64::from(self.dport) << 16 | u64::from(self.seq) << 32,
+            u64::from(self.ack) | u64::from(self.len) << 32 | u64::from(self.proto) << 48 | u64::from(self.flags) << 56,
+        ]
+    }
+
+    /// The inverse of [`ScrRecord::to_words`].
+    #[inline(always)]
+    pub fn from_words(w: [u64; 4]) -> ScrRecord {
+        ScrRecord {
+            ts_kind: w[0],
+            src: w[1] as u32,
+            dst: (w[1] >> 32) as u32,
+            sport: w[2] as u16,
+            dport: (w[2] >> 16) as u16,
+            seq: (w[2] >> 32) as u32,
+            ack: w[3] as u32,
+            len: (w[3] >> 32) as u16,
+            proto: (w[3] >> 48) as u8,
+            flags: (w[3] >> 56) as u8,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_is_32_bytes_and_round_trips() {
+        assert_eq!(std::mem::size_of::<ScrRecord>(), 32);
+        let mut r =
+            ScrRecord { src: 1, dst: 2, sport: 3, dport: 4, seq: 5, ack: 6, len: 7, proto: 6, flags: 0x12, ts_kind: 0 };
+        r.ts_kind = u64::from(kind::VALID | kind::TCP | kind::PORTS) << 56;
+        r.set_ts_ns(123_456_789);
+        assert_eq!(ScrRecord::from_words(r.to_words()), r);
+        assert_eq!(r.ts_ns(), 123_456_789);
+        assert_eq!(r.tcp_flags(), Some(0x12));
+        assert_eq!(r.dst_port(), Some(4));
+    }
+
+    #[test]
+    fn field_sizes() {
+        assert_eq!(ScrFields::SRC_IP.with(ScrFields::TIME).wire_bytes(), 13);
+        assert_eq!(ScrFields::FIVE_TUPLE.wire_bytes(), 14);
+    }
+
+    #[test]
+    fn connection_key_is_symmetric() {
+        let a = ScrRecord { src: 10, dst: 20, sport: 1000, dport: 80, proto: 6, ..Default::default() };
+        let b = ScrRecord { src: 20, dst: 10, sport: 80, dport: 1000, proto: 6, ..Default::default() };
+        assert_eq!(a.connection_key(), b.connection_key());
+        assert_ne!(a.five_tuple_key(), b.five_tuple_key());
+    }
+}
