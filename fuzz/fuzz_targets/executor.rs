@@ -76,6 +76,9 @@ fuzz_target!(|data: &[u8]| {
         full_policy: if mode & 2 != 0 { FullPolicy::EvictLruIdle } else { FullPolicy::Reject },
         default_idle_timeout_ns: [1, 5, 30, 300][usize::from(mode >> 3 & 3)] * 1_000_000_000,
         hugepages: false,
+        packing: mode & 0x20 == 0,
+        // `batch` only: other executors refuse per-NF matching.
+        match_sharing: kind != ExecKind::BATCH || mode & 0x40 == 0,
     };
     let cores = if mode & 4 != 0 { 2 } else { 1 };
 

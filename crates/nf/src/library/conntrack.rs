@@ -187,7 +187,9 @@ impl Conntrack {
         };
         let key = r.connection_key();
         // Direction: 0 when the sender is the canonical key's lower endpoint.
-        let d = usize::from(((u64::from(r.src) << 16) | u64::from(r.sport)) > ((u64::from(r.dst) << 16) | u64::from(r.dport)));
+        let d = usize::from(
+            ((u64::from(r.src) << 16) | u64::from(r.sport)) > ((u64::from(r.dst) << 16) | u64::from(r.dport)),
+        );
         let Some(i) = self.find(key) else {
             self.c.full += 1;
             return true;
@@ -229,7 +231,8 @@ impl Conntrack {
         let resp = 1 - init;
         if flags & RST != 0 {
             // Accepted in window only (blind resets are dropped).
-            if c.state >= CtState::SynRecv as u8 && (r.seq.wrapping_sub(c.hi[d]) as i32).unsigned_abs() > WINDOW as u32 {
+            if c.state >= CtState::SynRecv as u8 && (r.seq.wrapping_sub(c.hi[d]) as i32).unsigned_abs() > WINDOW as u32
+            {
                 self.c.invalid += 1;
                 return false;
             }
