@@ -14,6 +14,7 @@ use flowplane_io::{cpu, Sink, Source};
 use flowplane_nf::Export;
 use flowplane_packet::{tsc, PacketPool, PoolConfig, MAX_BATCH};
 
+pub use flowplane_scale::dyssect::class::PriorityClass;
 use flowplane_scale::rss::DEFAULT_RETA_SIZE;
 use flowplane_scale::steer::{Classifier, HashOn, Steering};
 use flowplane_scale::strategy::{self, imbalance, LoadSample, Strategy};
@@ -73,6 +74,15 @@ pub struct RunConfig {
     /// Run this many logical workers in turn on `cores` real threads and
     /// project the throughput from their busy time (shared-nothing strategies only).
     pub virtual_cores: Option<usize>,
+    /// `--priority`: a traffic class whose latency is measured apart (and, under
+    /// Dyssect, kept on working cores sized for its SLO).
+    pub priority: Option<(String, flowplane_scale::dyssect::class::PriorityClass)>,
+    /// `--slo-us`: the priority class's latency SLO.
+    pub slo_us: Option<f64>,
+    /// Dyssect's long timescale (the MILP period).
+    pub long_period: Duration,
+    /// Dyssect's MILP time budget.
+    pub solver_budget: Duration,
 }
 
 impl Default for RunConfig {
@@ -93,8 +103,30 @@ impl Default for RunConfig {
             scale_period: strategy::DEFAULT_PERIOD,
             ring: 4096,
             virtual_cores: None,
+            priority: None,
+            slo_us: None,
+            long_period: Duration::from_secs(1),
+            solver_budget: Duration::from_millis(500),
         }
     }
+}
+
+/// The strategy `cfg` names, with its settings (Dyssect's come from the run's options).
+fn make_strategy(cfg: &RunConfig) -> Result<Box<dyn Strategy>, EngineError> {
+    if cfg.scale == "dyssect" {
+        let d = flowplane_scale::dyssect::Config {
+            short: cfg.scale_period,
+            long: cfg.long_period,
+            budget: cfg.solver_budget,
+            priority: cfg.priority.as_ref().map(|p| p.1),
+            slo_us: cfg.slo_us,
+            rate_pps: cfg.rate_pps,
+            batch: cfg.batch_size,
+            ..Default::default()
+        };
+        return Ok(Box::new(flowplane_scale::dyssect::Dyssect::new(d)));
+    }
+    Ok(strategy::by_name(&cfg.scale, cfg.scale_period)?)
 }
 
 /// What to replay.
@@ -170,7 +202,7 @@ pub fn prepare(
     symmetric_rss: bool,
 ) -> Result<Prepared, EngineError> {
     check(cfg)?;
-    let strategy = strategy::by_name(&cfg.scale, cfg.scale_period)?;
+    let strategy = make_strategy(cfg)?;
     let workers = workers(cfg);
     if cfg.virtual_cores.is_some() && !strategy.projectable() {
         return Err(EngineError::Config(format!(
@@ -206,9 +238,9 @@ pub fn run_prepared(cfg: &RunConfig, spec: &ChainSpec, p: &Prepared, output: Out
             p.plan.overrides.len()
         )));
     }
-    let strategy = strategy::by_name(&cfg.scale, cfg.scale_period)?;
+    let strategy = make_strategy(cfg)?;
     let chains = build_chains_planned(cfg, spec, &p.plan, workers)?;
-    let steering = Arc::new(Steering::new(workers, &p.classifier, &[])?);
+    let steering = Arc::new(Steering::with_flow_slots(workers, &p.classifier, &[], strategy.flow_slots())?);
     let nic = Nic { steering, classifier: p.classifier.clone(), strategy, plan: p.plan.clone() };
     run_chains(cfg, spec, chains, Arc::clone(&p.trace), output, Some(nic))
 }
@@ -364,6 +396,7 @@ fn run_chains(
     let spray = strategy.as_ref().is_some_and(|s| s.spray());
     let counts = strategy.as_ref().is_some_and(|s| s.counts_loads());
     let bounded = strategy.as_ref().is_some_and(|s| s.moves_flows());
+    let stride = strategy.as_ref().map_or(0, |s| s.sample_stride());
     let steering = nic_parts.as_ref().map(|n| &*n.0);
     let classifier = nic_parts.as_ref().map(|n| &n.1);
     // Per thread: its workers' chains, in worker order.
@@ -443,10 +476,12 @@ fn run_chains(
                                     }
                                 };
                                 let ctl = match (steering, classifier) {
-                                    (Some(st), Some(c)) => Some(Control::new(st, c)),
+                                    (Some(st), Some(c)) => Some(Control::new(st, c).with_sampling(stride)),
                                     _ => None,
                                 };
-                                ws.push(Worker::new(w, pool, source, exec, sink, cfg.batch_size, measure_from, ctl));
+                                let mut wk = Worker::new(w, pool, source, exec, sink, cfg.batch_size, measure_from, ctl);
+                                wk.set_priority(cfg.priority.as_ref().map(|p| p.1));
+                                ws.push(wk);
                             }
                             Ok(ws)
                         };
@@ -501,6 +536,7 @@ fn run_chains(
                         &mut prev_scan,
                         &mut prev_busy,
                         &mut log,
+                        hz,
                     );
                 }
             }
@@ -552,6 +588,11 @@ fn run_chains(
             elapsed,
             hz,
         ));
+        if let Some(sc) = report.scale.as_mut() {
+            sc.controller = strat.report_json();
+            sc.priority =
+                cfg.priority.as_ref().map(|(name, _)| crate::report::PriorityReport::new(name, cfg.slo_us, &workers, hz));
+        }
     }
     report.exports = collect_exports(cfg, &pipelines, &report);
     Ok(report)
@@ -593,6 +634,7 @@ fn control_tick(
     prev_scan: &mut Vec<u64>,
     prev_busy: &mut Vec<u64>,
     log: &mut ControlLog,
+    hz: f64,
 ) {
     // Each queue's share of the traffic in the window: packets it received per
     // stream position it walked (at full speed queues walk at their own pace;
@@ -640,6 +682,11 @@ fn control_tick(
     if active == walked.len() && active > 0 {
         log.windows.push(imbalance(&share));
         log.cpu_windows.push(imbalance(&cpu));
+    }
+    // Strategies that drive the table themselves (Dyssect: RETA moves and flow rules).
+    let empty = LoadSample { entry_packets: &[], owners: &[], queues: st.queues() };
+    if strat.drive(st, &empty, &log.cpp, hz) {
+        return;
     }
     if !strat.counts_loads() {
         return;

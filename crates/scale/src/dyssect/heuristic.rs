@@ -108,6 +108,40 @@ pub fn step(input: &Input, roles: &[Role]) -> Assignment {
     a
 }
 
+/// Makes `a` meet the model's structural constraints (Eq. 6, 8): an
+/// offloading core without a flow becomes working (fixed cores) or idle,
+/// and a working core without a shard takes the lightest shard of the
+/// working core with the most shards (or goes idle when cores may be idle).
+pub fn repair(input: &Input, mut a: Assignment) -> Assignment {
+    for k in 0..a.role.len() {
+        if a.role[k] == Role::Offloading && !a.flow_core.contains(&Some(k)) {
+            a.role[k] = if input.fixed_cores { Role::Working } else { Role::Idle };
+        }
+    }
+    for k in 0..a.role.len() {
+        if a.role[k] != Role::Working || a.shard_core.contains(&k) {
+            continue;
+        }
+        let count = |c: usize, a: &Assignment| a.shard_core.iter().filter(|&&x| x == c).count();
+        let donor = (0..a.role.len()).filter(|&c| a.role[c] == Role::Working).max_by_key(|&c| count(c, &a));
+        match donor {
+            Some(d) if count(d, &a) >= 2 => {
+                let s = (0..a.shard_core.len())
+                    .filter(|&s| a.shard_core[s] == d && !input.flows.iter().zip(&a.flow_core).any(|(f, x)| f.shard == s && x.is_some()))
+                    .min_by(|&x, &y| input.shard_load[x].total_cmp(&input.shard_load[y]));
+                if let Some(s) = s {
+                    a.shard_core[s] = k;
+                } else if !input.fixed_cores {
+                    a.role[k] = Role::Idle;
+                }
+            }
+            _ if !input.fixed_cores => a.role[k] = Role::Idle,
+            _ => {}
+        }
+    }
+    a
+}
+
 /// Offloads flow `h` to the offloading core with the most room where it fits (if any).
 fn place_flow(input: &Input, a: &mut Assignment, offloading: &[usize], h: usize) {
     let u = a.loads(input);

@@ -65,6 +65,8 @@ pub struct Config {
     pub stride: u32,
     /// Weight of a migration in the objective.
     pub alpha: f64,
+    /// Shards that are MILP variables (the most loaded; the others stay put).
+    pub free_shards: usize,
 }
 
 impl Default for Config {
@@ -85,6 +87,7 @@ impl Default for Config {
             batch: 32,
             stride: 16,
             alpha: 0.002,
+            free_shards: 48,
         }
     }
 }
@@ -342,8 +345,8 @@ impl Dyssect {
             self.last_long = Some(t0);
             // Warm start: the heuristic under a role split with offloading cores for the heavy flows.
             let warm_roles = self.warm_roles(&input);
-            let warm = heuristic::step(&input, &warm_roles);
-            let r = milp::solve(&input, &warm, self.cfg.budget);
+            let warm = heuristic::repair(&input, heuristic::step(&input, &warm_roles));
+            let r = milp::solve_reduced(&input, &warm, self.cfg.budget, self.cfg.free_shards);
             let status = serde_json::to_value(r.status).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
             (r.assignment, "long", status, r.objective)
         } else {
