@@ -86,7 +86,7 @@ impl Default for Config {
             cs: 1.0,
             batch: 32,
             stride: 16,
-            alpha: 0.002,
+            alpha: 0.02,
             free_shards: 48,
         }
     }
@@ -168,6 +168,8 @@ pub struct Dyssect {
     last: Option<Instant>,
     last_long: Option<Instant>,
     prev_keys: Vec<(u64, Vec<u64>)>,
+    smooth: Vec<f64>,
+    prev_port_pos: u64,
     prev_heavy: HashMap<(usize, u32), u64>,
     /// Flows known by hash: their rule and last load.
     flows: HashMap<u32, Tracked>,
@@ -185,6 +187,8 @@ impl Dyssect {
             last: None,
             last_long: None,
             prev_keys: Vec::new(),
+            smooth: Vec::new(),
+            prev_port_pos: 0,
             prev_heavy: HashMap::new(),
             flows: HashMap::new(),
             log: Log { slo_us: slo, ..Log::default() },
@@ -210,24 +214,42 @@ impl Dyssect {
     pub fn control(&mut self, st: &Steering, cpp: &[f64], hz: f64) {
         let t0 = Instant::now();
         let window = self.last.map_or(self.cfg.short, |l| t0.duration_since(l)).as_secs_f64().max(1e-3);
+        if self.last.is_some() && window < 0.5 * self.cfg.short.as_secs_f64() {
+            // Ticks bunched up behind a long solve: no new window to act on.
+            return;
+        }
         self.last = Some(t0);
         let nq = st.queues();
         let reta = st.reta_size();
         if self.roles.len() != nq {
             self.roles = vec![Role::Working; nq];
         }
-        // Per-key packets in the window, summed over queues (each queue's own delta).
+        // Per-key packets per million stream positions in the window: each
+        // queue's count delta over the positions it walked between its two
+        // publications (a consistent pair; queues publish at their own pace).
         let now = st.queue_key_loads();
         let keys = st.keys();
-        let mut pk = vec![0u64; keys];
-        let mut walked = 0u64;
+        let mut pk = vec![0.0f64; keys];
         for (q, (pos, counts)) in now.iter().enumerate() {
             let (ppos, pc) = self.prev_keys.get(q).map_or((0, &[][..]), |p| (p.0, &p.1[..]));
-            walked = walked.max(pos.saturating_sub(ppos));
+            let w = pos.saturating_sub(ppos);
+            if w == 0 {
+                continue;
+            }
             for (k, x) in pk.iter_mut().enumerate() {
-                *x += counts.get(k).copied().unwrap_or(0).saturating_sub(pc.get(k).copied().unwrap_or(0));
+                let d = counts.get(k).copied().unwrap_or(0).saturating_sub(pc.get(k).copied().unwrap_or(0));
+                *x += d as f64 * 1e6 / w as f64;
             }
         }
+        // Smoothed over windows (one window alone is noisy).
+        if self.smooth.len() != keys {
+            self.smooth = pk.clone();
+        } else {
+            for (s, &x) in self.smooth.iter_mut().zip(&pk) {
+                *s = 0.5 * *s + 0.5 * x;
+            }
+        }
+        let pk = self.smooth.clone();
         self.prev_keys = now;
         let owners = st.owners();
         let mean_cpp = {
@@ -243,15 +265,17 @@ impl Dyssect {
             cpp.get(q).copied().filter(|&c| c > 0.0).unwrap_or(mean_cpp)
         };
         // Cycles per key; utilisation: paced, cycles/s over the clock; at full speed, scaled so an even spread is `fill`.
-        let cyc: Vec<f64> = pk.iter().enumerate().map(|(k, &p)| p as f64 * cost(k)).collect();
+        let cyc: Vec<f64> = pk.iter().enumerate().map(|(k, &p)| p * cost(k)).collect();
         let total: f64 = cyc.iter().sum();
         if total <= 0.0 {
             return;
         }
+        // `cyc` is cycles per million positions (packets of the port): paced, times the rate gives cycles/s.
         let to_util = match self.cfg.rate_pps {
-            Some(_) => 1.0 / (hz * window),
+            Some(r) => r / 1e6 / hz,
             None => self.cfg.fill * nq as f64 / total,
         };
+        let _ = window;
         let rules = st.flow_rules();
         let mut shard_load: Vec<f64> = (0..reta).map(|e| cyc[e] * to_util).collect();
         for (key, r) in &rules {
@@ -260,6 +284,10 @@ impl Dyssect {
             }
         }
         // Candidate flows: the sketches' deltas, exact NIC counts for flows with rules.
+        // Sketch deltas are packets per window: per million positions via the port's walk in the window.
+        let port_pos = st.queue_scan().into_iter().filter(|&p| p != u64::MAX).max().unwrap_or(0);
+        let walked = port_pos.saturating_sub(self.prev_port_pos).max(1) as f64;
+        self.prev_port_pos = port_pos;
         let heavy = st.heavy_flows();
         let mut est: HashMap<u32, (f64, crate::steer::HeavyFlow)> = HashMap::new();
         for (q, hs) in heavy.iter().enumerate() {
@@ -267,7 +295,7 @@ impl Dyssect {
                 let prev = self.prev_heavy.insert((q, h.hash), h.packets).unwrap_or(0);
                 let d = h.packets.saturating_sub(prev) as f64;
                 let e = est.entry(h.hash).or_insert((0.0, *h));
-                e.0 += d * cpp.get(q).copied().filter(|&c| c > 0.0).unwrap_or(mean_cpp) * to_util;
+                e.0 += d * 1e6 / walked * cpp.get(q).copied().filter(|&c| c > 0.0).unwrap_or(mean_cpp) * to_util;
             }
         }
         for t in self.flows.values_mut() {
@@ -380,12 +408,25 @@ impl Dyssect {
         }
     }
 
-    /// Roles for the warm start: enough offloading cores for the heavy candidate flows.
+    /// Roles for the warm start: enough offloading cores for the heavy
+    /// candidate flows, keeping current offloading cores first, then taking
+    /// the least loaded working cores (fewest forced shard moves).
     fn warm_roles(&self, input: &Input) -> Vec<Role> {
         let heavy: f64 = input.flows.iter().filter(|f| !f.priority && f.load > 0.05 * input.cap_w).map(|f| f.load).sum();
         let no = ((heavy / input.cap_o).ceil() as usize).min(input.cores / 2);
         let no = if no == 0 && heavy > 0.0 { 1 } else { no };
-        (0..input.cores).map(|k| if k >= input.cores - no { Role::Offloading } else { Role::Working }).collect()
+        let u = input.old.loads(input);
+        let mut order: Vec<usize> = (0..input.cores).collect();
+        order.sort_by(|&x, &y| {
+            let ox = input.old.role[x] == Role::Offloading;
+            let oy = input.old.role[y] == Role::Offloading;
+            oy.cmp(&ox).then(u[x].total_cmp(&u[y]))
+        });
+        let mut roles = vec![Role::Working; input.cores];
+        for &k in order.iter().take(no) {
+            roles[k] = Role::Offloading;
+        }
+        roles
     }
 
     /// Carries an assignment out on the table: shard moves, then flow rules
