@@ -111,8 +111,10 @@ impl Default for RunConfig {
     }
 }
 
-/// The strategy `cfg` names, with its settings (Dyssect's come from the run's options).
-fn make_strategy(cfg: &RunConfig) -> Result<Box<dyn Strategy>, EngineError> {
+/// The strategy `cfg` names, with its settings (Dyssect's come from the run's
+/// options; `trace_rate`: the trace's own packet rate, Dyssect's offered load
+/// for virtual cores at full speed, where latency is taken in trace time).
+fn make_strategy(cfg: &RunConfig, trace_rate: Option<f64>) -> Result<Box<dyn Strategy>, EngineError> {
     if cfg.scale == "dyssect" {
         let d = flowplane_scale::dyssect::Config {
             short: cfg.scale_period,
@@ -120,7 +122,7 @@ fn make_strategy(cfg: &RunConfig) -> Result<Box<dyn Strategy>, EngineError> {
             budget: cfg.solver_budget,
             priority: cfg.priority.as_ref().map(|p| p.1),
             slo_us: cfg.slo_us,
-            rate_pps: cfg.rate_pps,
+            rate_pps: cfg.rate_pps.or(trace_rate.filter(|_| cfg.virtual_cores.is_some())),
             batch: cfg.batch_size,
             ..Default::default()
         };
@@ -202,7 +204,7 @@ pub fn prepare(
     symmetric_rss: bool,
 ) -> Result<Prepared, EngineError> {
     check(cfg)?;
-    let strategy = make_strategy(cfg)?;
+    let strategy = make_strategy(cfg, None)?;
     let workers = workers(cfg);
     if cfg.virtual_cores.is_some() && !strategy.projectable() {
         return Err(EngineError::Config(format!(
@@ -238,7 +240,9 @@ pub fn run_prepared(cfg: &RunConfig, spec: &ChainSpec, p: &Prepared, output: Out
             p.plan.overrides.len()
         )));
     }
-    let strategy = make_strategy(cfg)?;
+    let n = p.trace.packets() as f64;
+    let trace_rate = (p.trace.loop_ns() > 1 && n > 0.0).then(|| n * 1e9 / p.trace.loop_ns() as f64);
+    let strategy = make_strategy(cfg, trace_rate)?;
     let chains = build_chains_planned(cfg, spec, &p.plan, workers)?;
     let steering = Arc::new(Steering::with_flow_slots(workers, &p.classifier, &[], strategy.flow_slots())?);
     let nic = Nic { steering, classifier: p.classifier.clone(), strategy, plan: p.plan.clone() };
@@ -481,6 +485,9 @@ fn run_chains(
                                 };
                                 let mut wk = Worker::new(w, pool, source, exec, sink, cfg.batch_size, measure_from, ctl);
                                 wk.set_priority(cfg.priority.as_ref().map(|p| p.1));
+                                if cfg.virtual_cores.is_some() && cfg.rate_pps.is_none() && cfg.priority.is_some() {
+                                    wk.set_virtual_latency(hz);
+                                }
                                 ws.push(wk);
                             }
                             Ok(ws)
@@ -592,6 +599,9 @@ fn run_chains(
             sc.controller = strat.report_json();
             sc.priority =
                 cfg.priority.as_ref().map(|(name, _)| crate::report::PriorityReport::new(name, cfg.slo_us, &workers, hz));
+            if let (Some(p), true) = (sc.priority.as_mut(), cfg.virtual_cores.is_some() && cfg.rate_pps.is_none()) {
+                p.latency_from = "virtual-time: trace arrivals, each logical worker a dedicated FIFO core (PROJECTION)".into();
+            }
         }
     }
     report.exports = collect_exports(cfg, &pipelines, &report);

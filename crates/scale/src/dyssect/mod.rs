@@ -65,6 +65,9 @@ pub struct Config {
     pub stride: u32,
     /// Weight of a migration in the objective.
     pub alpha: f64,
+    /// Minimise the cores in use (Table II) instead of balancing all of them
+    /// (Table IV, the throughput use case); needs a known offered rate.
+    pub min_cores: bool,
     /// Shards that are MILP variables (the most loaded; the others stay put).
     pub free_shards: usize,
 }
@@ -87,6 +90,7 @@ impl Default for Config {
             batch: 32,
             stride: 16,
             alpha: 0.02,
+            min_cores: false,
             free_shards: 48,
         }
     }
@@ -218,6 +222,9 @@ impl Dyssect {
             // Ticks bunched up behind a long solve: no new window to act on.
             return;
         }
+        if self.last.is_none() {
+            self.started = t0;
+        }
         self.last = Some(t0);
         let nq = st.queues();
         let reta = st.reta_size();
@@ -260,10 +267,9 @@ impl Dyssect {
                 v.iter().sum::<f64>() / v.len() as f64
             }
         };
-        let cost = |k: usize| {
-            let q = owners.get(k).copied().unwrap_or(0) as usize;
-            cpp.get(q).copied().filter(|&c| c > 0.0).unwrap_or(mean_cpp)
-        };
+        // One cost per packet for every key: per-core figures are noisy (hand-overs,
+        // turn-taking, a shared machine) and would shift load onto whichever core looked slow.
+        let cost = |_k: usize| mean_cpp;
         // Cycles per key; utilisation: paced, cycles/s over the clock; at full speed, scaled so an even spread is `fill`.
         let cyc: Vec<f64> = pk.iter().enumerate().map(|(k, &p)| p * cost(k)).collect();
         let total: f64 = cyc.iter().sum();
@@ -295,7 +301,8 @@ impl Dyssect {
                 let prev = self.prev_heavy.insert((q, h.hash), h.packets).unwrap_or(0);
                 let d = h.packets.saturating_sub(prev) as f64;
                 let e = est.entry(h.hash).or_insert((0.0, *h));
-                e.0 += d * 1e6 / walked * cpp.get(q).copied().filter(|&c| c > 0.0).unwrap_or(mean_cpp) * to_util;
+                let _ = q;
+                e.0 += d * 1e6 / walked * mean_cpp * to_util;
             }
         }
         for t in self.flows.values_mut() {
@@ -359,7 +366,7 @@ impl Dyssect {
             old,
             cap_w,
             cap_o,
-            fixed_cores: self.cfg.rate_pps.is_none(),
+            fixed_cores: !self.cfg.min_cores || self.cfg.rate_pps.is_none(),
             alpha: self.cfg.alpha,
         };
         // An old assignment can name offloaded flows of the priority class (class changed): the model forbids it.
@@ -367,6 +374,10 @@ impl Dyssect {
             if f.priority {
                 input.old.flow_core[h] = None;
             }
+        }
+        if t0.duration_since(self.started) < self.cfg.long {
+            // The first long period only measures (tables filling, caches cold: loads not yet representative).
+            return;
         }
         let long = self.last_long.is_none_or(|l| t0.duration_since(l) >= self.cfg.long) && nq > 1;
         let (a, kind, status, objective) = if long {
@@ -378,7 +389,15 @@ impl Dyssect {
             let status = serde_json::to_value(r.status).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
             (r.assignment, "long", status, r.objective)
         } else {
-            let a = heuristic::step(&input, &self.roles);
+            // Balancing (fixed cores): the heuristic also evens load out, to within
+            // 10% of the mean (Table IV's target), never beyond the caps.
+            let mut tight = input.clone();
+            if input.fixed_cores {
+                let avg = input.shard_load.iter().sum::<f64>() / nq as f64;
+                tight.cap_w = input.cap_w.min(avg * 1.1);
+                tight.cap_o = input.cap_o.min(avg * 1.1);
+            }
+            let a = heuristic::step(&tight, &self.roles);
             let o = milp::objective(&input, &a);
             (a, "short", "heuristic".to_string(), o)
         };
