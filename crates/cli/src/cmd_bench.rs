@@ -22,6 +22,8 @@ pub struct BenchArgs {
 pub enum BenchCmd {
     /// Multi-core scaling: throughput vs cores (1, 2 real; more projected) per strategy, chain and traffic, with PNG plots.
     Scaling(crate::cmd_scaling::ScalingArgs),
+    /// Dyssect vs rss and rsspp: projected throughput, imbalance, priority and other p99 latency, moves, controller time.
+    Dyssect(crate::cmd_dyssect::DyssectArgs),
     /// I/O-only baseline: replay -> forward -> discard on one core.
     Io {
         /// Flows in the generated trace.
@@ -165,6 +167,7 @@ pub enum BenchCmd {
 pub fn run(a: BenchArgs) -> Result<(), CliError> {
     match a.which {
         BenchCmd::Scaling(s) => crate::cmd_scaling::run(s)?,
+        BenchCmd::Dyssect(d) => crate::cmd_dyssect::run(d)?,
         BenchCmd::Io { flows, packets, size, seconds, batch, quick, json } => {
             let opts =
                 if quick { IoBenchOptions::quick() } else { IoBenchOptions { flows, packets, size, seconds, batch } };
