@@ -182,7 +182,17 @@ pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result
 pub fn table(rows: &[Row], slo_us: f64) -> String {
     let mut s = format!(
         "{:<10} {:<8} {:>5} {:>9} {:>8} {:>10} {:>13} {:>13} {:>7} {:>6} {:>11}\n",
-        "trace", "scale", "cores", "Mpps", "xrsspp", "imbalance", "prio p99 us", "other p99 us", "moves", "flows", "ctl ms"
+        "trace",
+        "scale",
+        "cores",
+        "Mpps",
+        "xrsspp",
+        "imbalance",
+        "prio p99 us",
+        "other p99 us",
+        "moves",
+        "flows",
+        "ctl ms"
     );
     for r in rows {
         s.push_str(&format!(

@@ -483,7 +483,8 @@ fn run_chains(
                                     (Some(st), Some(c)) => Some(Control::new(st, c).with_sampling(stride)),
                                     _ => None,
                                 };
-                                let mut wk = Worker::new(w, pool, source, exec, sink, cfg.batch_size, measure_from, ctl);
+                                let mut wk =
+                                    Worker::new(w, pool, source, exec, sink, cfg.batch_size, measure_from, ctl);
                                 wk.set_priority(cfg.priority.as_ref().map(|p| p.1));
                                 if cfg.virtual_cores.is_some() && cfg.rate_pps.is_none() && cfg.priority.is_some() {
                                     wk.set_virtual_latency(hz);
@@ -597,10 +598,13 @@ fn run_chains(
         ));
         if let Some(sc) = report.scale.as_mut() {
             sc.controller = strat.report_json();
-            sc.priority =
-                cfg.priority.as_ref().map(|(name, _)| crate::report::PriorityReport::new(name, cfg.slo_us, &workers, hz));
+            sc.priority = cfg
+                .priority
+                .as_ref()
+                .map(|(name, _)| crate::report::PriorityReport::new(name, cfg.slo_us, &workers, hz));
             if let (Some(p), true) = (sc.priority.as_mut(), cfg.virtual_cores.is_some() && cfg.rate_pps.is_none()) {
-                p.latency_from = "virtual-time: trace arrivals, each logical worker a dedicated FIFO core (PROJECTION)".into();
+                p.latency_from =
+                    "virtual-time: trace arrivals, each logical worker a dedicated FIFO core (PROJECTION)".into();
             }
         }
     }

@@ -7,7 +7,7 @@ use flowplane_nf::{NfContext, NfCounters};
 use flowplane_packet::{tsc, Batch, PacketPool};
 use flowplane_scale::dyssect::class::PriorityClass;
 use flowplane_scale::dyssect::sketch::SpaceSaving;
-use flowplane_scale::steer::{Classifier, HeavyFlow, Handover, Steering};
+use flowplane_scale::steer::{Classifier, FlowRule, Handover, HeavyFlow, Steering};
 
 use crate::exec::{Pipeline, StoreReport};
 use crate::hist::Histogram;
@@ -131,11 +131,28 @@ impl<'a> Control<'a> {
         let keys: Vec<u16> = due.iter().map(|m| m.key).collect();
         // A flow with an exact-match rule belongs to the rule's key, not its RETA entry.
         let rules = self.steering.flow_rules();
-        let st = self.steering;
         res.flows_out += if rules.is_empty() {
             exec.export_flows_by(&|k| keys.iter().position(|&e| e == c.entry_of(k)), &mut outs)
         } else {
-            exec.export_flows_by(&|k| keys.iter().position(|&e| e == st.key_of(c, &rules, k)), &mut outs)
+            // The rules of the due slots, and those of the due entries' other flows (few).
+            let due_rules: Vec<(usize, FlowRule)> =
+                rules.iter().filter_map(|(key, r)| keys.iter().position(|k| k == key).map(|i| (i, *r))).collect();
+            let entry_rules: Vec<FlowRule> =
+                rules.iter().map(|(_, r)| *r).filter(|r| keys.contains(&r.entry)).collect();
+            let pick = |k: &flowplane_wire::flow::FiveTuple| {
+                let e = c.entry_of(k);
+                if let flowplane_wire::flow::FiveTuple::V4(t) = k {
+                    if let Some((i, _)) = due_rules.iter().find(|(_, r)| r.entry == e && r.matches(t)) {
+                        return Some(*i);
+                    }
+                    if entry_rules.iter().any(|r| r.entry == e && r.matches(t)) {
+                        // Its own slot owns it, not moving now.
+                        return None;
+                    }
+                }
+                keys.iter().position(|&x| x == e)
+            };
+            exec.export_flows_by(&pick, &mut outs)
         } as u64;
         for (mv, out) in due.into_iter().zip(outs) {
             self.steering.hand_over(mv, out);
@@ -308,7 +325,8 @@ impl<'a> Worker<'a> {
                 let l = self.last_end.saturating_sub(t0 + (ts as f64 * k) as u64);
                 res.packet_latency.record(l);
                 if self.priority.is_some() {
-                    if self.prio.get(i) == Some(&true) { &mut res.prio_latency } else { &mut res.normal_latency }.record(l);
+                    if self.prio.get(i) == Some(&true) { &mut res.prio_latency } else { &mut res.normal_latency }
+                        .record(l);
                 }
             }
         } else if let (Some((clock, k)), true) = (self.vclock.as_mut(), self.priority.is_some()) {

@@ -106,7 +106,11 @@ impl Strategy for Churn {
                 continue;
             }
             // A flow (mostly heavy ones): offload, move on, bring home, or drop its rule.
-            let f = if self.rnd() % 4 == 0 { self.rnd() as usize % self.rules.len() } else { self.rnd() as usize % (self.rules.len() / 10) };
+            let f = if self.rnd() % 4 == 0 {
+                self.rnd() as usize % self.rules.len()
+            } else {
+                self.rnd() as usize % (self.rules.len() / 10)
+            };
             let rule = self.rules[f];
             let slot = st.flow_rules().iter().find(|(_, r)| r.tuple == rule.tuple).map(|(k, _)| *k);
             match slot {

@@ -656,7 +656,13 @@ impl Steering {
     }
 
     /// As [`Steering::snapshot`], and the flow rules of the same generation.
-    pub fn snapshot_rules(&self, q: u16, owner: &mut [u16], moves: &mut Vec<Move>, rules: &mut Vec<(u16, FlowRule)>) -> u64 {
+    pub fn snapshot_rules(
+        &self,
+        q: u16,
+        owner: &mut [u16],
+        moves: &mut Vec<Move>,
+        rules: &mut Vec<(u16, FlowRule)>,
+    ) -> u64 {
         let ctl = self.ctl();
         let g = self.gen.load(Ordering::SeqCst);
         for (o, a) in owner.iter_mut().zip(self.owner.iter()) {

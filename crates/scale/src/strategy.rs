@@ -220,10 +220,9 @@ pub fn by_name(name: &str, period: Duration) -> Result<Box<dyn Strategy>, ScaleE
         "rss" => Ok(Box::new(Rss)),
         "shared" => Ok(Box::new(Shared)),
         "rsspp" => Ok(Box::new(RssPlusPlus::with_period(period))),
-        "dyssect" => Ok(Box::new(crate::dyssect::Dyssect::new(crate::dyssect::Config {
-            short: period,
-            ..Default::default()
-        }))),
+        "dyssect" => {
+            Ok(Box::new(crate::dyssect::Dyssect::new(crate::dyssect::Config { short: period, ..Default::default() })))
+        }
         _ => Err(ScaleError::Strategy(name.to_string())),
     }
 }

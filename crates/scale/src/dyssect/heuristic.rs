@@ -127,7 +127,10 @@ pub fn repair(input: &Input, mut a: Assignment) -> Assignment {
         match donor {
             Some(d) if count(d, &a) >= 2 => {
                 let s = (0..a.shard_core.len())
-                    .filter(|&s| a.shard_core[s] == d && !input.flows.iter().zip(&a.flow_core).any(|(f, x)| f.shard == s && x.is_some()))
+                    .filter(|&s| {
+                        a.shard_core[s] == d
+                            && !input.flows.iter().zip(&a.flow_core).any(|(f, x)| f.shard == s && x.is_some())
+                    })
                     .min_by(|&x, &y| input.shard_load[x].total_cmp(&input.shard_load[y]));
                 if let Some(s) = s {
                     a.shard_core[s] = k;
@@ -146,9 +149,7 @@ pub fn repair(input: &Input, mut a: Assignment) -> Assignment {
 fn place_flow(input: &Input, a: &mut Assignment, offloading: &[usize], h: usize) {
     let u = a.loads(input);
     let l = input.flows[h].load;
-    if let Some(&k) =
-        offloading.iter().filter(|&&k| u[k] + l <= input.cap_o).min_by(|&&x, &&y| u[x].total_cmp(&u[y]))
-    {
+    if let Some(&k) = offloading.iter().filter(|&&k| u[k] + l <= input.cap_o).min_by(|&&x, &&y| u[x].total_cmp(&u[y])) {
         a.flow_core[h] = Some(k);
     }
 }
@@ -159,14 +160,21 @@ mod tests {
     use crate::dyssect::model::FlowLoad;
     use proptest::prelude::*;
 
-    fn instance(loads: Vec<f64>, flows: Vec<(usize, f64, bool)>, cores: usize, nw: usize, seed: u64) -> (Input, Vec<Role>) {
+    fn instance(
+        loads: Vec<f64>,
+        flows: Vec<(usize, f64, bool)>,
+        cores: usize,
+        nw: usize,
+        seed: u64,
+    ) -> (Input, Vec<Role>) {
         let s = loads.len();
         let flows: Vec<FlowLoad> = flows
             .into_iter()
             .map(|(sh, frac, p)| FlowLoad { shard: sh % s, load: loads[sh % s] * frac, priority: p })
             .collect();
-        let old_roles: Vec<Role> =
-            (0..cores).map(|c| if (c as u64 + seed) % 3 == 0 && c > 0 { Role::Offloading } else { Role::Working }).collect();
+        let old_roles: Vec<Role> = (0..cores)
+            .map(|c| if (c as u64 + seed) % 3 == 0 && c > 0 { Role::Offloading } else { Role::Working })
+            .collect();
         let w: Vec<usize> = (0..cores).filter(|&c| old_roles[c] == Role::Working).collect();
         let o: Vec<usize> = (0..cores).filter(|&c| old_roles[c] == Role::Offloading).collect();
         let old = Assignment {

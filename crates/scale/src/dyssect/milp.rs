@@ -21,8 +21,10 @@
 use std::time::{Duration, Instant};
 
 use good_lp::solvers::microlp::microlp;
-use good_lp::{constraint, variable, Expression, ProblemVariables, ResolutionError, Solution, SolutionStatus, SolverModel,
-    Variable, WithInitialSolution, WithTimeLimit};
+use good_lp::{
+    constraint, variable, Expression, ProblemVariables, ResolutionError, Solution, SolutionStatus, SolverModel,
+    Variable, WithInitialSolution, WithTimeLimit,
+};
 use serde::Serialize;
 
 use super::model::{Assignment, Input, Role};
@@ -89,7 +91,7 @@ pub fn objective(input: &Input, a: &Assignment) -> f64 {
 
 /// Solves the long-timescale problem for `input`, warm-started from `warm`, within `budget`.
 pub fn solve(input: &Input, warm: &Assignment, budget: Duration) -> Solved {
-    solve_reduced(input, warm, budget, usize::MAX)
+    solve_reduced(input, warm, budget, usize::MAX, usize::MAX)
 }
 
 /// As [`solve`], with only the `free` most loaded shards (and those of
@@ -97,7 +99,9 @@ pub fn solve(input: &Input, warm: &Assignment, budget: Duration) -> Solved {
 /// puts them (their load a constant of their core). The full 512-shard
 /// model is too large for microlp's LP relaxation within a second; the
 /// light shards rarely need to move.
-pub fn solve_reduced(input: &Input, warm: &Assignment, budget: Duration, free: usize) -> Solved {
+/// At most `max_moves` shard migrations (a constraint; the warm start is
+/// kept within it by the caller or the solve falls back to it).
+pub fn solve_reduced(input: &Input, warm: &Assignment, budget: Duration, free: usize, max_moves: usize) -> Solved {
     let t0 = Instant::now();
     let c = input.cores;
     let s = input.shard_load.len();
@@ -122,7 +126,8 @@ pub fn solve_reduced(input: &Input, warm: &Assignment, budget: Duration, free: u
         .collect();
     let fixed_on = |si: usize| warm.shard_core.get(si).copied().unwrap_or(0).min(c.saturating_sub(1));
     let x: Vec<Vec<Variable>> = (0..h).map(|_| (0..c).map(|_| vars.add(variable().binary())).collect()).collect();
-    let xx: Vec<Vec<Variable>> = (0..h).map(|_| (0..c).map(|_| vars.add(variable().min(0.0).max(1.0))).collect()).collect();
+    let xx: Vec<Vec<Variable>> =
+        (0..h).map(|_| (0..c).map(|_| vars.add(variable().min(0.0).max(1.0))).collect()).collect();
     let z = vars.add(variable().min(0.0));
     // Overload beyond the caps, heavily penalised: the problem stays feasible
     // when the load exceeds what the caps allow (the checker still flags it).
@@ -130,12 +135,14 @@ pub fn solve_reduced(input: &Input, warm: &Assignment, budget: Duration, free: u
     let binaries = 2 * c + a.iter().map(Vec::len).sum::<usize>() + h * c;
     // Migrations (Eq. 16): shards off their old core, flows off their old offloading core or newly offloaded.
     let mut migr = Expression::from(0.0);
+    let mut shard_migr = Expression::from(0.0);
     for (si, row) in a.iter().enumerate() {
         if let Some(&old) = input.old.shard_core.get(si) {
             if row.is_empty() {
                 migr += f64::from(u8::from(fixed_on(si) != old));
             } else if old < c {
                 migr += 1.0 - row[old];
+                shard_migr += 1.0 - row[old];
             }
         }
     }
@@ -169,6 +176,11 @@ pub fn solve_reduced(input: &Input, warm: &Assignment, budget: Duration, free: u
         };
     }
     m = m.with(constraint!(sum_w >= 1.0));
+    if max_moves < s {
+        // The warm start's own forced moves (shards on cores that stopped working) stay allowed.
+        let forced = warm.shard_core.iter().zip(&input.old.shard_core).filter(|(a, b)| a != b).count();
+        m = m.with(constraint!(shard_migr <= max_moves.max(forced) as f64));
+    }
     for row in a.iter().filter(|r| !r.is_empty()) {
         let e: Expression = row.iter().copied().sum();
         m = m.with(constraint!(e == 1.0));
@@ -272,7 +284,8 @@ pub fn solve_reduced(input: &Input, warm: &Assignment, budget: Duration, free: u
                     }
                 })
                 .collect();
-            let pick = |row: &[Variable]| (0..row.len()).max_by(|&i, &j| sol.value(row[i]).total_cmp(&sol.value(row[j])));
+            let pick =
+                |row: &[Variable]| (0..row.len()).max_by(|&i, &j| sol.value(row[i]).total_cmp(&sol.value(row[j])));
             let shard_core: Vec<usize> = a
                 .iter()
                 .enumerate()
@@ -319,9 +332,8 @@ mod tests {
         let scale = 0.6 * cores as f64 / total;
         let shard_load: Vec<f64> = raw.iter().map(|l| l * scale).collect();
         // The heavy shards' load is mostly one elephant each (offloadable); shard 5's is priority.
-        let flows: Vec<FlowLoad> = (0..8.min(shards))
-            .map(|i| FlowLoad { shard: i, load: shard_load[i] * 0.9, priority: i == 5 })
-            .collect();
+        let flows: Vec<FlowLoad> =
+            (0..8.min(shards)).map(|i| FlowLoad { shard: i, load: shard_load[i] * 0.9, priority: i == 5 }).collect();
         let old = Assignment::working(cores, (0..shards).map(|i| i % cores).collect(), flows.len());
         Input { cores, shard_load, flows, old, cap_w: 0.85, cap_o: 0.95, fixed_cores: fixed, alpha: 0.001 }
     }
@@ -339,9 +351,13 @@ mod tests {
             for seed in 1..4 {
                 let i = input(shards, cores, seed, fixed);
                 let r = solve(&i, &warm(&i), Duration::from_secs(5));
-                eprintln!("{shards}x{cores} fixed {fixed} seed {seed}: {:?} in {:.0} ms, {:.4}", r.status, r.solve_ms, r.objective);
+                eprintln!(
+                    "{shards}x{cores} fixed {fixed} seed {seed}: {:?} in {:.0} ms, {:.4}",
+                    r.status, r.solve_ms, r.objective
+                );
                 if matches!(r.status, Status::Optimal | Status::TimeLimit) && overload(&i, &r.assignment) <= 0.0 {
-                    check(&i, &r.assignment).unwrap_or_else(|e| panic!("{shards}x{cores} seed {seed}: {e} ({:?})", r.status));
+                    check(&i, &r.assignment)
+                        .unwrap_or_else(|e| panic!("{shards}x{cores} seed {seed}: {e} ({:?})", r.status));
                 }
                 assert!(matches!(r.status, Status::Optimal | Status::TimeLimit), "{:?}", r.status);
                 // Never worse than its warm start.
@@ -382,7 +398,7 @@ mod tests {
             );
             assert!(r.solve_ms < budget as f64 * 1.5 + 200.0);
             for free in [32, 64] {
-                let r = solve_reduced(&i, &wm, Duration::from_millis(budget), free);
+                let r = solve_reduced(&i, &wm, Duration::from_millis(budget), free, 32);
                 eprintln!(
                     "  reduced to {free} free shards: {:?} in {:.0} ms, objective {:.4}, {} binaries",
                     r.status, r.solve_ms, r.objective, r.binaries

@@ -25,7 +25,13 @@ impl SpaceSaving {
     /// An empty sketch whose samples each stand for `weight` packets.
     pub fn new(weight: u64) -> Self {
         let empty = HeavyFlow { tuple: FiveTupleV4::default(), hash: 0, packets: 0, priority: false };
-        SpaceSaving { hash: [0; COUNTERS], count: [0; COUNTERS], flow: [empty; COUNTERS], used: 0, weight: weight.max(1) }
+        SpaceSaving {
+            hash: [0; COUNTERS],
+            count: [0; COUNTERS],
+            flow: [empty; COUNTERS],
+            used: 0,
+            weight: weight.max(1),
+        }
     }
 
     /// Counts one sampled packet of `tuple` (hash `hash`).
