@@ -54,7 +54,7 @@ pub fn run(a: DyssectArgs) -> Result<(), CliError> {
         o.seconds = s;
     }
     if let Some(p) = a.packets {
-        if p < 1000 || p > 1 << 28 {
+        if !(1000..=1 << 28).contains(&p) {
             return Err(CliError::new(format!("--packets {p}: must be between 1000 and {}", 1u64 << 28)));
         }
         o.packets = p;
@@ -66,7 +66,7 @@ pub fn run(a: DyssectArgs) -> Result<(), CliError> {
         o.flows = f;
     }
     if let Some(r) = a.rate {
-        if !(r.is_finite() && r >= 1.0 && r <= 1e10) {
+        if !(r.is_finite() && (1.0..=1e10).contains(&r)) {
             return Err(CliError::new(format!("--rate {r}: must be between 1 and 1e10 packets/s")));
         }
         o.rate = r;

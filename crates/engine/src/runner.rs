@@ -544,7 +544,6 @@ fn run_chains(
                         &mut prev_scan,
                         &mut prev_busy,
                         &mut log,
-                        hz,
                     );
                 }
             }
@@ -648,7 +647,6 @@ fn control_tick(
     prev_scan: &mut Vec<u64>,
     prev_busy: &mut Vec<u64>,
     log: &mut ControlLog,
-    hz: f64,
 ) {
     // Each queue's share of the traffic in the window: packets it received per
     // stream position it walked (at full speed queues walk at their own pace;
@@ -699,7 +697,7 @@ fn control_tick(
     }
     // Strategies that drive the table themselves (Dyssect: RETA moves and flow rules).
     let empty = LoadSample { entry_packets: &[], owners: &[], queues: st.queues() };
-    if strat.drive(st, &empty, &log.cpp, hz) {
+    if strat.drive(st, &empty, &log.cpp, tsc::hz()) {
         return;
     }
     if !strat.counts_loads() {

@@ -98,7 +98,7 @@ impl Strategy for Churn {
         while tries < 4 * self.per_tick && self.started < self.total {
             tries += 1;
             let owners = st.owners();
-            if self.rnd() % 2 == 0 {
+            if self.rnd().is_multiple_of(2) {
                 // A shard (with or without offloaded flows) to another core.
                 let e = (self.rnd() as usize % st.reta_size()) as u16;
                 let to = (owners[e as usize] + 1 + (self.rnd() % 2) as u16) % q;
@@ -106,7 +106,7 @@ impl Strategy for Churn {
                 continue;
             }
             // A flow (mostly heavy ones): offload, move on, bring home, or drop its rule.
-            let f = if self.rnd() % 4 == 0 {
+            let f = if self.rnd().is_multiple_of(4) {
                 self.rnd() as usize % self.rules.len()
             } else {
                 self.rnd() as usize % (self.rules.len() / 10)
@@ -122,10 +122,10 @@ impl Strategy for Churn {
                 }
                 Some(key) => {
                     let home = owners[rule.entry as usize];
-                    if owners[key as usize] == home && self.rnd() % 2 == 0 {
+                    if owners[key as usize] == home && self.rnd().is_multiple_of(2) {
                         let _ = st.remove_flow_rule(key);
                     } else {
-                        let to = if self.rnd() % 2 == 0 { home } else { (owners[key as usize] + 1) % q };
+                        let to = if self.rnd().is_multiple_of(2) { home } else { (owners[key as usize] + 1) % q };
                         self.started += u64::from(st.start_move(key, to).is_ok());
                     }
                 }

@@ -173,7 +173,7 @@ mod tests {
             .map(|(sh, frac, p)| FlowLoad { shard: sh % s, load: loads[sh % s] * frac, priority: p })
             .collect();
         let old_roles: Vec<Role> = (0..cores)
-            .map(|c| if (c as u64 + seed) % 3 == 0 && c > 0 { Role::Offloading } else { Role::Working })
+            .map(|c| if (c as u64 + seed).is_multiple_of(3) && c > 0 { Role::Offloading } else { Role::Working })
             .collect();
         let w: Vec<usize> = (0..cores).filter(|&c| old_roles[c] == Role::Working).collect();
         let o: Vec<usize> = (0..cores).filter(|&c| old_roles[c] == Role::Offloading).collect();

@@ -230,10 +230,10 @@ pub fn solve_reduced(input: &Input, warm: &Assignment, budget: Duration, free: u
         let home: Expression = xx[hi].iter().copied().sum();
         m = m.with(constraint!(home == out));
         let sh = input.flows[hi].shard;
-        for k in 0..c {
+        for (k, &v) in xx[hi].iter().enumerate() {
             match a.get(sh).and_then(|r| r.get(k)) {
-                Some(&v) => m = m.with(constraint!(xx[hi][k] <= v)),
-                None => m = m.with(constraint!(xx[hi][k] <= 0.0)),
+                Some(&av) => m = m.with(constraint!(v <= av)),
+                None => m = m.with(constraint!(v <= 0.0)),
             }
         }
     }

@@ -486,9 +486,9 @@ impl Dyssect {
         // Every entry of a shard to its core (also the stragglers of a shard whose majority is there).
         let ns = a.shard_core.len().max(1);
         let owners = st.owners();
-        for e in 0..st.reta_size() {
+        for (e, &o) in owners.iter().enumerate().take(st.reta_size()) {
             let want = a.shard_core[e % ns];
-            if owners[e] as usize != want && st.start_move(e as u16, want as u16).is_ok() {
+            if o as usize != want && st.start_move(e as u16, want as u16).is_ok() {
                 sm += 1;
             }
         }

@@ -57,7 +57,7 @@ impl SpaceSaving {
     pub fn top(&self, out: &mut Vec<HeavyFlow>) {
         out.clear();
         out.extend((0..self.used).map(|i| HeavyFlow { packets: self.count[i], ..self.flow[i] }));
-        out.sort_by(|a, b| b.packets.cmp(&a.packets));
+        out.sort_by_key(|f| std::cmp::Reverse(f.packets));
     }
 }
 
