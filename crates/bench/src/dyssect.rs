@@ -1,6 +1,6 @@
 //! `flowplane bench dyssect`: rss, rsspp and dyssect on the same traces —
 //! uniform, Zipf 1.1, a few elephants, and shifting skew (the heavy flows
-//! change every quarter of the trace) — at projected 8 and 16 cores
+//! change every half of the trace) — at projected 8 and 16 cores
 //! (`--virtual-cores`: logical workers taking turns on one thread). Per row:
 //! projected throughput, load imbalance, the priority class's and the other
 //! traffic's p99 latency (virtual time: packets arrive at the trace's
@@ -104,7 +104,7 @@ fn trace(name: &str, o: &DyssectOptions) -> Result<GenConfig, String> {
         "uniform" => (FlowDist::Uniform, None),
         "zipf" => (FlowDist::Zipf(1.1), None),
         "elephants" => (FlowDist::Elephants { k: 8, share: 0.6 }, None),
-        "shifting" => (FlowDist::Elephants { k: 8, share: 0.6 }, Some((o.packets / 4).max(1))),
+        "shifting" => (FlowDist::Elephants { k: 8, share: 0.6 }, Some((o.packets / 2).max(1))),
         _ => return Err(format!("unknown trace '{name}' (known: {})", TRACES.join(", "))),
     };
     Ok(GenConfig {
