@@ -171,7 +171,6 @@ fn trace(plan: &UpfPlan, packets: u64, size: u16) -> Result<Arc<ReplayTrace>, St
         proto: Proto::Gtpu,
         seed: 11,
         upf: Some(*plan),
-        shift_every: None,
         ..GenConfig::default()
     };
     let gen = Generator::new(cfg).map_err(|e| e.to_string())?;
