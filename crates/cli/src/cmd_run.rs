@@ -84,7 +84,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 1000.0, allow_negative_numbers = true)]
     pub long_period_ms: f64,
     /// Dyssect's MILP time budget, in milliseconds (the incumbent is used when it runs out).
-    #[arg(long, default_value_t = 500.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 200.0, allow_negative_numbers = true)]
     pub solver_budget_ms: f64,
     /// Control period of the strategy, in milliseconds.
     #[arg(long, default_value_t = 100.0, allow_negative_numbers = true)]

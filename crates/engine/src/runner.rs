@@ -106,7 +106,7 @@ impl Default for RunConfig {
             priority: None,
             slo_us: None,
             long_period: Duration::from_secs(1),
-            solver_budget: Duration::from_millis(500),
+            solver_budget: Duration::from_millis(200),
         }
     }
 }

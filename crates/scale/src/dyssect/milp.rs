@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use good_lp::solvers::microlp::microlp;
 use good_lp::{
     constraint, variable, Expression, ProblemVariables, ResolutionError, Solution, SolutionStatus, SolverModel,
-    Variable, WithInitialSolution, WithTimeLimit,
+    Variable, WithInitialSolution, WithMipGap, WithTimeLimit,
 };
 use serde::Serialize;
 
@@ -35,6 +35,8 @@ use super::model::{Assignment, Input, Role};
 pub enum Status {
     /// Proven optimal.
     Optimal,
+    /// Within the relative MIP gap of optimal.
+    Gap,
     /// Time limit with the solver's incumbent.
     TimeLimit,
     /// Time limit before the solver had an incumbent: the warm start is used.
@@ -60,6 +62,9 @@ pub struct Solved {
     /// Binary variables in the model.
     pub binaries: usize,
 }
+
+/// Relative MIP gap at which a solve stops (reported as `optimal` by status `GapLimit` -> `gap`).
+pub const MIP_GAP: f32 = 0.02;
 
 /// Objective weight of the overload beyond the caps.
 pub const OVERLOAD_PENALTY: f64 = 100.0;
@@ -260,6 +265,7 @@ pub fn solve_reduced(input: &Input, warm: &Assignment, budget: Duration, free: u
     init.push((z, warm.loads(input).into_iter().fold(0.0, f64::max)));
     init.push((over, overload(input, warm)));
     let left = budget.saturating_sub(t0.elapsed()).as_secs_f64().max(0.001);
+    // A 2% relative gap: the symmetric cores make proving the last percent the bulk of the search.
     let m = m.with_initial_solution(init).with_time_limit(left);
     let fallback = |status| {
         let assignment = warm.clone();
@@ -271,6 +277,7 @@ pub fn solve_reduced(input: &Input, warm: &Assignment, budget: Duration, free: u
             binaries,
         }
     };
+    let Ok(m) = m.with_mip_gap(MIP_GAP) else { return fallback(Status::Error) };
     match m.solve() {
         Ok(sol) => {
             let role: Vec<Role> = (0..c)
@@ -296,7 +303,8 @@ pub fn solve_reduced(input: &Input, warm: &Assignment, budget: Duration, free: u
             let assignment = Assignment { role, shard_core, flow_core };
             let status = match sol.status() {
                 SolutionStatus::Optimal => Status::Optimal,
-                _ => Status::TimeLimit,
+                SolutionStatus::GapLimit => Status::Gap,
+                SolutionStatus::TimeLimit => Status::TimeLimit,
             };
             Solved {
                 objective: objective(input, &assignment),
@@ -355,11 +363,13 @@ mod tests {
                     "{shards}x{cores} fixed {fixed} seed {seed}: {:?} in {:.0} ms, {:.4}",
                     r.status, r.solve_ms, r.objective
                 );
-                if matches!(r.status, Status::Optimal | Status::TimeLimit) && overload(&i, &r.assignment) <= 0.0 {
+                if matches!(r.status, Status::Optimal | Status::Gap | Status::TimeLimit)
+                    && overload(&i, &r.assignment) <= 0.0
+                {
                     check(&i, &r.assignment)
                         .unwrap_or_else(|e| panic!("{shards}x{cores} seed {seed}: {e} ({:?})", r.status));
                 }
-                assert!(matches!(r.status, Status::Optimal | Status::TimeLimit), "{:?}", r.status);
+                assert!(matches!(r.status, Status::Optimal | Status::Gap | Status::TimeLimit), "{:?}", r.status);
                 // Never worse than its warm start.
                 assert!(r.objective <= objective(&i, &warm(&i)) + 1e-6);
             }
@@ -375,7 +385,7 @@ mod tests {
         let old = Assignment::working(3, vec![0, 1, 2, 0, 1, 2], 1);
         let i = Input { cores: 3, shard_load, flows, old, cap_w: 0.9, cap_o: 0.95, fixed_cores: true, alpha: 0.001 };
         let r = solve(&i, &i.old.clone(), Duration::from_secs(10));
-        assert_eq!(r.status, Status::Optimal);
+        assert!(matches!(r.status, Status::Optimal | Status::Gap), "{:?}", r.status);
         check(&i, &r.assignment).unwrap();
         assert!(r.assignment.flow_core[0].is_some());
     }
@@ -403,7 +413,9 @@ mod tests {
                     "  reduced to {free} free shards: {:?} in {:.0} ms, objective {:.4}, {} binaries",
                     r.status, r.solve_ms, r.objective, r.binaries
                 );
-                if matches!(r.status, Status::Optimal | Status::TimeLimit) && overload(&i, &r.assignment) <= 0.0 {
+                if matches!(r.status, Status::Optimal | Status::Gap | Status::TimeLimit)
+                    && overload(&i, &r.assignment) <= 0.0
+                {
                     check(&i, &r.assignment).unwrap();
                 }
                 assert!(r.solve_ms < budget as f64 * 1.5 + 200.0);

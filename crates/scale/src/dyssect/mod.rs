@@ -81,7 +81,7 @@ impl Default for Config {
         Config {
             short: Duration::from_millis(100),
             long: Duration::from_secs(1),
-            budget: Duration::from_millis(500),
+            budget: Duration::from_millis(200),
             slots: 256,
             candidates: 16,
             u_max: 0.9,
@@ -332,11 +332,14 @@ impl Dyssect {
         // Keep the flows with rules and the heaviest others.
         let ruled: Vec<u32> = rules.iter().map(|(_, r)| r.hash).collect();
         let mut cands: Vec<Tracked> = self.flows.values().copied().filter(|t| ruled.contains(&t.rule.hash)).collect();
+        // Candidates: flows heavy enough to matter (a fifth of an evenly loaded core);
+        // the others only make the MILP larger (and the controller steals CPU from the workers).
+        let even = shard_load.iter().sum::<f64>() / nq.max(1) as f64;
         let mut others: Vec<Tracked> = self
             .flows
             .values()
             .copied()
-            .filter(|t| !ruled.contains(&t.rule.hash) && !t.priority && t.load > 0.0)
+            .filter(|t| !ruled.contains(&t.rule.hash) && !t.priority && t.load > 0.2 * even)
             .collect();
         others.sort_by(|a, b| b.load.total_cmp(&a.load));
         cands.extend(others.into_iter().take(self.cfg.candidates.saturating_sub(cands.len())));
