@@ -24,6 +24,8 @@ pub enum BenchCmd {
     Scaling(crate::cmd_scaling::ScalingArgs),
     /// State-compute replication: Mpps vs cores for rss, shared, scr per program and trace; compute limit; loss recovery.
     Scr(crate::cmd_scr::ScrArgs),
+    /// Dyssect vs rss and rsspp: projected throughput, imbalance, priority and other p99 latency, moves, controller time.
+    Dyssect(crate::cmd_dyssect::DyssectArgs),
     /// I/O-only baseline: replay -> forward -> discard on one core.
     Io {
         /// Flows in the generated trace.
@@ -171,6 +173,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
     match a.which {
         BenchCmd::Scaling(s) => crate::cmd_scaling::run(s)?,
         BenchCmd::Scr(s) => crate::cmd_scr::run(s)?,
+        BenchCmd::Dyssect(d) => crate::cmd_dyssect::run(d)?,
         BenchCmd::Io { flows, packets, size, seconds, batch, quick, json } => {
             let opts =
                 if quick { IoBenchOptions::quick() } else { IoBenchOptions { flows, packets, size, seconds, batch } };

@@ -58,6 +58,9 @@ pub struct GenArgs {
     /// Every R-th packet opens a new flow; the others go to the --flows most recent flows.
     #[arg(long, value_name = "R")]
     pub new_flow_every: Option<String>,
+    /// Shifting skew: every N packets the popularity ranks move to other flows (the heavy flows change).
+    #[arg(long)]
+    pub shift_every: Option<String>,
     /// Packet rate for the timestamps (accepts k/M/G suffixes).
     #[arg(long, value_name = "PPS", default_value = "10M")]
     pub rate: String,
@@ -129,6 +132,7 @@ impl GenArgs {
             rate_pps: parse_f64("rate", &self.rate)?,
             seed: parse_u64("seed", &self.seed)?,
             upf,
+            shift_every: self.shift_every.as_deref().map(|r| parse_u64("shift-every", r)).transpose()?,
         };
         let cfg = match &self.profile {
             Some(p) => cfg.with_profile(p)?,

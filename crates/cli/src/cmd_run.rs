@@ -89,8 +89,9 @@ pub struct RunArgs {
     pub export: Vec<String>,
     /// Multi-core strategy: rss (shared-nothing sharding), shared (round-robin spray, shared state),
     /// rsspp (RSS++ rebalancing with state hand-over), scr (state-compute replication: a sequencer
-    /// sprays round robin with piggybacked history; every core keeps a replica).
-    #[arg(long, default_value = "rss", value_parser = ["rss", "shared", "rsspp", "scr"])]
+    /// sprays round robin with piggybacked history; every core keeps a replica), dyssect (shards on
+    /// working cores, heavy flows offloaded by NIC flow rules, MILP + heuristic controller).
+    #[arg(long, default_value = "rss", value_parser = ["rss", "shared", "rsspp", "scr", "dyssect"])]
     pub scale: String,
     /// --scale scr: history records piggybacked per packet (default: the number of cores; at least that).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
@@ -107,6 +108,19 @@ pub struct RunArgs {
     /// --scale scr: seed of the injected loss pattern.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// A priority traffic class measured apart (and kept on SLO-sized working cores by
+    /// dyssect): dport=P[-Q] and/or dscp=D, comma-separated.
+    #[arg(long)]
+    pub priority: Option<String>,
+    /// The priority class's latency SLO in microseconds (dyssect sizes working cores with Kingman's formula).
+    #[arg(long, allow_negative_numbers = true)]
+    pub slo_us: Option<f64>,
+    /// Dyssect's long timescale (MILP period), in milliseconds.
+    #[arg(long, default_value_t = 1000.0, allow_negative_numbers = true)]
+    pub long_period_ms: f64,
+    /// Dyssect's MILP time budget, in milliseconds (the incumbent is used when it runs out).
+    #[arg(long, default_value_t = 200.0, allow_negative_numbers = true)]
+    pub solver_budget_ms: f64,
     /// Control period of the strategy, in milliseconds.
     #[arg(long, default_value_t = 100.0, allow_negative_numbers = true)]
     pub scale_period_ms: f64,
@@ -252,6 +266,19 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
     if !(a.scale_period_ms.is_finite() && (1.0..=60_000.0).contains(&a.scale_period_ms)) {
         return Err(CliError::new(format!("--scale-period-ms {}: must be between 1 and 60000", a.scale_period_ms)));
     }
+    for (name, v) in [("--long-period-ms", a.long_period_ms), ("--solver-budget-ms", a.solver_budget_ms)] {
+        if !(v.is_finite() && (1.0..=600_000.0).contains(&v)) {
+            return Err(CliError::new(format!("{name} {v}: must be between 1 and 600000")));
+        }
+    }
+    if let Some(s) = a.slo_us {
+        if !(s.is_finite() && s > 0.0) {
+            return Err(CliError::new(format!("--slo-us {s}: must be a positive number of microseconds")));
+        }
+    }
+    if let Some(p) = &a.priority {
+        flowplane_engine::runner::PriorityClass::parse(p).map_err(CliError::new)?;
+    }
     if a.ring < 2 * flowplane_packet::MAX_BATCH || a.ring > 1 << 20 {
         return Err(CliError::new(format!(
             "--ring {}: must be between {} and {}",
@@ -375,6 +402,10 @@ pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliErr
     let cores = a.cores.unwrap_or_else(cpu::available_cores);
     let loops = if a.duration.is_some() && a.loops.is_none() { None } else { Some(a.loops.unwrap_or(1)) };
     let exports = parse_exports(&a.export)?;
+    let priority = match &a.priority {
+        Some(p) => Some((p.clone(), flowplane_engine::runner::PriorityClass::parse(p).map_err(CliError::new)?)),
+        None => None,
+    };
     let exec = ExecConfig {
         kind: ExecKind::parse(&a.exec)?,
         prefetch: !a.no_prefetch,
@@ -410,6 +441,10 @@ pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliErr
             seed: a.seed,
             log_entries: a.scr_log,
         },
+        priority,
+        slo_us: a.slo_us,
+        long_period: Duration::from_secs_f64(a.long_period_ms / 1e3),
+        solver_budget: Duration::from_secs_f64(a.solver_budget_ms / 1e3),
     };
     Ok((cfg, spec))
 }

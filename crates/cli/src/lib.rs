@@ -24,6 +24,7 @@ macro_rules! out {
 }
 
 mod cmd_bench;
+mod cmd_dyssect;
 mod cmd_gen;
 mod cmd_live;
 mod cmd_mlffr;

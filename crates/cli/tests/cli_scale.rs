@@ -35,7 +35,11 @@ fn strategies_run_or_refuse_in_one_line() {
     assert_eq!(v["packets"], 20000);
     let v = json(&["run", "--gen", GEN, "--chain", "fw", "--cores", "2", "--no-pin", "--json"]);
     assert!(v["scale"]["steering"][0].as_str().unwrap().contains("fw needs both directions"), "{}", v["scale"]);
-    let out = run(&["run", "--gen", GEN, "--chain", "fsc", "--scale", "dyssect"]);
+    // Dyssect runs (every packet once) and reports its controller; an unknown strategy is refused.
+    let v = json(&["run", "--gen", GEN, "--chain", "fsc", "--cores", "2", "--scale", "dyssect", "--no-pin", "--json"]);
+    assert_eq!(v["scale"]["strategy"], "dyssect");
+    assert_eq!(v["nfs"][0]["packets_in"], 20000);
+    let out = run(&["run", "--gen", GEN, "--chain", "fsc", "--scale", "scr-next"]);
     assert_eq!(out.status.code(), Some(2));
 }
 

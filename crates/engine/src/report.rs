@@ -162,6 +162,59 @@ pub struct ScaleReport {
     /// a PROJECTION of N real cores each running one worker.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub projected_mpps: Option<f64>,
+    /// `--priority`: the class's latency against its SLO, and the other traffic's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<PriorityReport>,
+    /// The strategy's own section (Dyssect: decisions, per-core load over time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub controller: Option<serde_json::Value>,
+}
+
+/// Latency of the priority class and of the rest (`--priority`, `--slo-us`).
+#[derive(Clone, Debug, Serialize)]
+pub struct PriorityReport {
+    /// The class as given.
+    pub class: String,
+    /// Its SLO (µs), if any.
+    pub slo_us: Option<f64>,
+    /// What the latencies measure (as `latency_from`).
+    pub latency_from: String,
+    /// Priority packets measured.
+    pub packets: u64,
+    /// Priority class p50, p99, p99.9 (ns).
+    pub latency_ns: [f64; 3],
+    /// Other packets measured.
+    pub normal_packets: u64,
+    /// Other traffic p50, p99, p99.9 (ns).
+    pub normal_latency_ns: [f64; 3],
+    /// p99 of the class within its SLO.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99_within_slo: Option<bool>,
+}
+
+impl PriorityReport {
+    /// From the workers' class histograms.
+    pub fn new(class: &str, slo_us: Option<f64>, ws: &[WorkerResult], hz: f64) -> Self {
+        let (mut p, mut n) = (Histogram::default(), Histogram::default());
+        for w in ws {
+            p.merge(&w.prio_latency);
+            n.merge(&w.normal_latency);
+        }
+        let paced = ws.iter().any(|w| w.packet_latency.count() > 0);
+        let ns = |c: u64| c as f64 * 1e9 / hz;
+        let q = |h: &Histogram| [ns(h.quantile(0.5)), ns(h.quantile(0.99)), ns(h.quantile(0.999))];
+        let latency_ns = q(&p);
+        PriorityReport {
+            class: class.to_string(),
+            slo_us,
+            latency_from: if paced { "arrival-to-transmit" } else { "receive-to-transmit" }.to_string(),
+            packets: p.count(),
+            latency_ns,
+            normal_packets: n.count(),
+            normal_latency_ns: q(&n),
+            p99_within_slo: slo_us.map(|s| latency_ns[1] <= s * 1e3),
+        }
+    }
 }
 
 impl ScaleReport {
@@ -223,6 +276,8 @@ impl ScaleReport {
             latency_from: if paced { "arrival-to-transmit" } else { "receive-to-transmit" }.to_string(),
             busy_mpps: if busiest > 0.0 { packets as f64 / busiest / 1e6 } else { 0.0 },
             projected_mpps: (cfg.virtual_cores.is_some() && busiest > 0.0).then(|| packets as f64 / busiest / 1e6),
+            priority: None,
+            controller: None,
         }
     }
 }
@@ -377,6 +432,36 @@ impl fmt::Display for Report {
                     f,
                     "projected    {p:.2} Mpps on {} cores (PROJECTION: packets / busiest logical worker's busy time)",
                     sc.workers
+                )?;
+            }
+            if let Some(p) = &sc.priority {
+                let slo = match (p.slo_us, p.p99_within_slo) {
+                    (Some(s), Some(ok)) => format!("; SLO {s} us: p99 {}", if ok { "within" } else { "OVER" }),
+                    _ => String::new(),
+                };
+                writeln!(
+                    f,
+                    "priority     {}: {} packets p50 {:.0} ns, p99 {:.0} ns, p99.9 {:.0} ns; others {} packets p99 {:.0} ns ({}){slo}",
+                    p.class,
+                    p.packets,
+                    p.latency_ns[0],
+                    p.latency_ns[1],
+                    p.latency_ns[2],
+                    p.normal_packets,
+                    p.normal_latency_ns[1],
+                    p.latency_from
+                )?;
+            }
+            if let Some(c) = &sc.controller {
+                let g = |k: &str| c.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+                let n = c.get("decisions").and_then(|d| d.as_array()).map_or(0, Vec::len);
+                writeln!(
+                    f,
+                    "controller   {n} decisions, {:.0} shard moves, {:.0} flow moves, {:.0} flows offloaded at the end, {:.1} ms controller time",
+                    g("shard_moves"),
+                    g("flow_moves"),
+                    g("offloaded"),
+                    g("controller_ms")
                 )?;
             }
         }

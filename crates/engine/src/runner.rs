@@ -14,6 +14,7 @@ use flowplane_io::{cpu, Sink, Source};
 use flowplane_nf::Export;
 use flowplane_packet::{tsc, PacketPool, PoolConfig, MAX_BATCH};
 
+pub use flowplane_scale::dyssect::class::PriorityClass;
 use flowplane_scale::rss::DEFAULT_RETA_SIZE;
 use flowplane_scale::steer::{Classifier, HashOn, Steering};
 use flowplane_scale::strategy::{self, imbalance, LoadSample, Strategy};
@@ -77,6 +78,15 @@ pub struct RunConfig {
     pub virtual_cores: Option<usize>,
     /// `--scale scr`: history length, loss recovery, injected loss.
     pub scr: crate::scr::ScrConfig,
+    /// `--priority`: a traffic class whose latency is measured apart (and, under
+    /// Dyssect, kept on working cores sized for its SLO).
+    pub priority: Option<(String, flowplane_scale::dyssect::class::PriorityClass)>,
+    /// `--slo-us`: the priority class's latency SLO.
+    pub slo_us: Option<f64>,
+    /// Dyssect's long timescale (the MILP period).
+    pub long_period: Duration,
+    /// Dyssect's MILP time budget.
+    pub solver_budget: Duration,
 }
 
 impl Default for RunConfig {
@@ -98,8 +108,32 @@ impl Default for RunConfig {
             ring: 4096,
             virtual_cores: None,
             scr: crate::scr::ScrConfig::default(),
+            priority: None,
+            slo_us: None,
+            long_period: Duration::from_secs(1),
+            solver_budget: Duration::from_millis(200),
         }
     }
+}
+
+/// The strategy `cfg` names, with its settings (Dyssect's come from the run's
+/// options; `trace_rate`: the trace's own packet rate, Dyssect's offered load
+/// for virtual cores at full speed, where latency is taken in trace time).
+fn make_strategy(cfg: &RunConfig, trace_rate: Option<f64>) -> Result<Box<dyn Strategy>, EngineError> {
+    if cfg.scale == "dyssect" {
+        let d = flowplane_scale::dyssect::Config {
+            short: cfg.scale_period,
+            long: cfg.long_period,
+            budget: cfg.solver_budget,
+            priority: cfg.priority.as_ref().map(|p| p.1),
+            slo_us: cfg.slo_us,
+            rate_pps: cfg.rate_pps.or(trace_rate.filter(|_| cfg.virtual_cores.is_some())),
+            batch: cfg.batch_size,
+            ..Default::default()
+        };
+        return Ok(Box::new(flowplane_scale::dyssect::Dyssect::new(d)));
+    }
+    Ok(strategy::by_name(&cfg.scale, cfg.scale_period)?)
 }
 
 /// What to replay.
@@ -175,7 +209,7 @@ pub fn prepare(
     symmetric_rss: bool,
 ) -> Result<Prepared, EngineError> {
     check(cfg)?;
-    let strategy = strategy::by_name(&cfg.scale, cfg.scale_period)?;
+    let strategy = make_strategy(cfg, None)?;
     let workers = workers(cfg);
     if cfg.virtual_cores.is_some() && !strategy.projectable() {
         return Err(EngineError::Config(format!(
@@ -211,9 +245,11 @@ pub fn run_prepared(cfg: &RunConfig, spec: &ChainSpec, p: &Prepared, output: Out
             p.plan.overrides.len()
         )));
     }
-    let strategy = strategy::by_name(&cfg.scale, cfg.scale_period)?;
+    let n = p.trace.packets() as f64;
+    let trace_rate = (p.trace.loop_ns() > 1 && n > 0.0).then(|| n * 1e9 / p.trace.loop_ns() as f64);
+    let strategy = make_strategy(cfg, trace_rate)?;
     let chains = build_chains_planned(cfg, spec, &p.plan, workers)?;
-    let steering = Arc::new(Steering::new(workers, &p.classifier, &[])?);
+    let steering = Arc::new(Steering::with_flow_slots(workers, &p.classifier, &[], strategy.flow_slots())?);
     let nic = Nic { steering, classifier: p.classifier.clone(), strategy, plan: p.plan.clone() };
     run_chains(cfg, spec, chains, Arc::clone(&p.trace), output, Some(nic))
 }
@@ -375,6 +411,7 @@ fn run_chains(
     let counts = strategy.as_ref().is_some_and(|s| s.counts_loads());
     // SCR's logs must cover the drift between cores: keep the queues within a bounded distance.
     let bounded = strategy.as_ref().is_some_and(|s| s.moves_flows()) || scr.is_some_and(|r| r.logs.is_some());
+    let stride = strategy.as_ref().map_or(0, |s| s.sample_stride());
     let steering = nic_parts.as_ref().map(|n| &*n.0);
     let classifier = nic_parts.as_ref().map(|n| &n.1);
     // Per thread: its workers' chains, in worker order.
@@ -478,10 +515,15 @@ fn run_chains(
                                     Output::Ports(ports) => Box::new(crate::live::port_sink(ports, w, None)?),
                                 };
                                 let ctl = match (steering, classifier) {
-                                    (Some(st), Some(c)) => Some(Control::new(st, c)),
+                                    (Some(st), Some(c)) => Some(Control::new(st, c).with_sampling(stride)),
                                     _ => None,
                                 };
-                                let wk = Worker::new(w, pool, source, exec, sink, cfg.batch_size, measure_from, ctl);
+                                let mut wk =
+                                    Worker::new(w, pool, source, exec, sink, cfg.batch_size, measure_from, ctl);
+                                wk.set_priority(cfg.priority.as_ref().map(|p| p.1));
+                                if cfg.virtual_cores.is_some() && cfg.rate_pps.is_none() && cfg.priority.is_some() {
+                                    wk.set_virtual_latency(hz);
+                                }
                                 ws.push(match replica {
                                     Some(r) => wk.with_scr(r),
                                     None => wk,
@@ -591,6 +633,17 @@ fn run_chains(
             elapsed,
             hz,
         ));
+        if let Some(sc) = report.scale.as_mut() {
+            sc.controller = strat.report_json();
+            sc.priority = cfg
+                .priority
+                .as_ref()
+                .map(|(name, _)| crate::report::PriorityReport::new(name, cfg.slo_us, &workers, hz));
+            if let (Some(p), true) = (sc.priority.as_mut(), cfg.virtual_cores.is_some() && cfg.rate_pps.is_none()) {
+                p.latency_from =
+                    "virtual-time: trace arrivals, each logical worker a dedicated FIFO core (PROJECTION)".into();
+            }
+        }
     }
     if let Some(r) = scr {
         let cores = workers.iter_mut().filter_map(|w| w.scr.take()).collect();
@@ -683,6 +736,11 @@ fn control_tick(
     if active == walked.len() && active > 0 {
         log.windows.push(imbalance(&share));
         log.cpu_windows.push(imbalance(&cpu));
+    }
+    // Strategies that drive the table themselves (Dyssect: RETA moves and flow rules).
+    let empty = LoadSample { entry_packets: &[], owners: &[], queues: st.queues() };
+    if strat.drive(st, &empty, &log.cpp, tsc::hz()) {
+        return;
     }
     if !strat.counts_loads() {
         return;

@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use flowplane_io::{Rx, RxStats, Sink, Source, TxCounters};
 use flowplane_nf::{NfContext, NfCounters};
 use flowplane_packet::{tsc, Batch, PacketPool};
-use flowplane_scale::steer::{Classifier, Handover, Steering};
+use flowplane_scale::dyssect::class::PriorityClass;
+use flowplane_scale::dyssect::sketch::SpaceSaving;
+use flowplane_scale::steer::{Classifier, FlowRule, Handover, HeavyFlow, Steering};
 
 use crate::exec::{Pipeline, StoreReport};
 use crate::hist::Histogram;
@@ -47,6 +49,11 @@ pub struct WorkerResult {
     pub flows_refused: u64,
     /// `--scale scr`: the core's replica (digest, fast-forward cost, recovery).
     pub scr: Option<ScrCoreReport>,
+    /// `--priority`: latency of the class's packets (cycles; as `packet_latency`
+    /// when paced, else their batch's receive-to-transmit).
+    pub prio_latency: Histogram,
+    /// `--priority`: latency of the other packets.
+    pub normal_latency: Histogram,
 }
 
 /// A worker's side of the control plane: its queue's steering table and
@@ -57,12 +64,45 @@ pub struct Control<'a> {
     /// The classifier the trace was steered with.
     pub classifier: &'a Classifier,
     mail: Vec<Handover>,
+    /// Heavy-flow sampling (Dyssect): the sketch, its stride, packets seen.
+    sketch: Option<(SpaceSaving, u32, u64)>,
+    heavy: Vec<HeavyFlow>,
 }
 
 impl<'a> Control<'a> {
     /// A control channel over `steering`.
     pub fn new(steering: &'a Steering, classifier: &'a Classifier) -> Self {
-        Control { steering, classifier, mail: Vec::new() }
+        Control { steering, classifier, mail: Vec::new(), sketch: None, heavy: Vec::new() }
+    }
+
+    /// Samples one packet in `stride` into a heavy-flow sketch, published for the strategy.
+    pub fn with_sampling(mut self, stride: u32) -> Self {
+        if stride > 0 {
+            self.sketch = Some((SpaceSaving::new(u64::from(stride)), stride, 0));
+        }
+        self
+    }
+
+    /// Feeds the sampled packets of `batch` (before the chain rewrites them) to the sketch.
+    fn sample(&mut self, core: usize, batch: &Batch, class: Option<&PriorityClass>) {
+        let Some((sk, stride, seen)) = self.sketch.as_mut() else { return };
+        let n = batch.len() as u64;
+        let stride = u64::from(*stride);
+        // The packets whose running index is a multiple of the stride.
+        let mut i = (stride - *seen % stride) % stride;
+        while i < n {
+            let f = batch.data(i as usize);
+            if let Ok(flowplane_wire::flow::FiveTuple::V4(t)) = flowplane_wire::flow::extract_five_tuple(f) {
+                sk.add(batch.rss_hashes()[i as usize], &t, class.is_some_and(|c| c.matches(f)));
+            }
+            i += stride;
+        }
+        *seen += n;
+        // Published every 256 strides' worth of packets (a try-lock: never waits).
+        if (*seen / stride) % 256 < n.div_ceil(stride) {
+            sk.top(&mut self.heavy);
+            self.steering.publish_heavy(core, &self.heavy);
+        }
     }
 
     /// Imports the state handed to this core (at a batch boundary).
@@ -92,7 +132,31 @@ impl<'a> Control<'a> {
         let c = self.classifier;
         let mut outs = vec![Vec::new(); due.len()];
         let keys: Vec<u16> = due.iter().map(|m| m.key).collect();
-        res.flows_out += exec.export_flows_by(&|k| keys.iter().position(|&e| e == c.entry_of(k)), &mut outs) as u64;
+        // A flow with an exact-match rule belongs to the rule's key, not its RETA entry.
+        let rules = self.steering.flow_rules();
+        res.flows_out += if rules.is_empty() {
+            exec.export_flows_by(&|k| keys.iter().position(|&e| e == c.entry_of(k)), &mut outs)
+        } else {
+            // The rules of the due slots, and those of the due entries' other flows (few).
+            let due_rules: Vec<(usize, FlowRule)> =
+                rules.iter().filter_map(|(key, r)| keys.iter().position(|k| k == key).map(|i| (i, *r))).collect();
+            let entry_rules: Vec<FlowRule> =
+                rules.iter().map(|(_, r)| *r).filter(|r| keys.contains(&r.entry)).collect();
+            let pick = |k: &flowplane_wire::flow::FiveTuple| {
+                let e = c.entry_of(k);
+                if let flowplane_wire::flow::FiveTuple::V4(t) = k {
+                    if let Some((i, _)) = due_rules.iter().find(|(_, r)| r.entry == e && r.matches(t)) {
+                        return Some(*i);
+                    }
+                    if entry_rules.iter().any(|r| r.entry == e && r.matches(t)) {
+                        // Its own slot owns it, not moving now.
+                        return None;
+                    }
+                }
+                keys.iter().position(|&x| x == e)
+            };
+            exec.export_flows_by(&pick, &mut outs)
+        } as u64;
         for (mv, out) in due.into_iter().zip(outs) {
             self.steering.hand_over(mv, out);
         }
@@ -135,6 +199,14 @@ pub struct Worker<'a> {
     scr: Option<Box<ScrReplica>>,
     /// The source said it is exhausted (not stopped by time).
     source_done: bool,
+    /// `--priority`: the class, and per packet of the batch in flight whether it is in it.
+    priority: Option<PriorityClass>,
+    prio: Vec<bool>,
+    /// Virtual-time latency (`--virtual-cores` at full speed): this logical
+    /// worker as a dedicated core serving its packets FIFO, each arriving at
+    /// its trace timestamp, each taking its batch's measured cost per packet.
+    /// (core free at, ns; TSC cycles per ns)
+    vclock: Option<(f64, f64)>,
 }
 
 impl<'a> Worker<'a> {
@@ -168,6 +240,9 @@ impl<'a> Worker<'a> {
             arrivals: Vec::with_capacity(flowplane_packet::MAX_BATCH),
             scr: None,
             source_done: false,
+            priority: None,
+            prio: Vec::with_capacity(flowplane_packet::MAX_BATCH),
+            vclock: None,
         }
     }
 
@@ -175,6 +250,16 @@ impl<'a> Worker<'a> {
     pub fn with_scr(mut self, r: ScrReplica) -> Self {
         self.scr = Some(Box::new(r));
         self
+    }
+
+    /// Measures the class latencies in virtual time (see `vclock`), with `hz` TSC cycles per second.
+    pub fn set_virtual_latency(&mut self, hz: f64) {
+        self.vclock = Some((0.0, hz / 1e9));
+    }
+
+    /// Measures the latency of a priority class apart (`--priority`).
+    pub fn set_priority(&mut self, class: Option<PriorityClass>) {
+        self.priority = class;
     }
 
     /// Receives one burst and runs the chain over it.
@@ -208,6 +293,12 @@ impl<'a> Worker<'a> {
             res.tx = TxCounters::default();
             res.batch_latency = Histogram::default();
             res.packet_latency = Histogram::default();
+            res.prio_latency = Histogram::default();
+            res.normal_latency = Histogram::default();
+            // The virtual core's backlog from the warm-up is not measured either.
+            if let Some(v) = self.vclock.as_mut() {
+                v.0 = 0.0;
+            }
             res.busy_cycles = 0;
         }
         let batch = &mut self.batch;
@@ -218,6 +309,18 @@ impl<'a> Worker<'a> {
         let now_ns = batch.timestamps().iter().copied().max().unwrap_or(0);
         let arrival = self.source.arrival_clock();
         let ctx = NfContext { now_tsc: now, now_ns };
+        if let Some(c) = self.ctl.as_mut() {
+            c.sample(self.core, batch, self.priority.as_ref());
+        }
+        if self.vclock.is_some() {
+            self.arrivals.clear();
+            self.arrivals.extend_from_slice(batch.timestamps());
+        }
+        if let Some(class) = &self.priority {
+            // Classified before the chain rewrites headers; within the reserved capacity.
+            self.prio.clear();
+            self.prio.extend((0..n).map(|i| class.matches(batch.data(i))));
+        }
         match (self.scr.as_mut(), self.source.scr_side()) {
             (Some(r), Some(side)) => r.process(self.exec.chain_mut(), batch, side, &ctx),
             _ => self.exec.process(batch, &ctx),
@@ -239,8 +342,28 @@ impl<'a> Worker<'a> {
         self.last_end = tsc::rdtsc();
         res.batch_latency.record(self.last_end.saturating_sub(now));
         if let Some((t0, k)) = arrival {
-            for &ts in &self.arrivals {
-                res.packet_latency.record(self.last_end.saturating_sub(t0 + (ts as f64 * k) as u64));
+            for (i, &ts) in self.arrivals.iter().enumerate() {
+                let l = self.last_end.saturating_sub(t0 + (ts as f64 * k) as u64);
+                res.packet_latency.record(l);
+                if self.priority.is_some() {
+                    if self.prio.get(i) == Some(&true) { &mut res.prio_latency } else { &mut res.normal_latency }
+                        .record(l);
+                }
+            }
+        } else if let (Some((clock, k)), true) = (self.vclock.as_mut(), self.priority.is_some()) {
+            // Per packet: FIFO on a dedicated core, service = the batch's own cost per packet.
+            let nic = self.source.rx_stats().nic_cycles.saturating_sub(nic0);
+            let per = self.last_end.saturating_sub(now).saturating_sub(nic) as f64 / *k / n.max(1) as f64;
+            for (i, &ts) in self.arrivals.iter().enumerate() {
+                let a = ts as f64;
+                *clock = clock.max(a) + per;
+                let l = ((*clock - a) * *k) as u64;
+                if self.prio.get(i) == Some(&true) { &mut res.prio_latency } else { &mut res.normal_latency }.record(l);
+            }
+        } else if self.priority.is_some() {
+            let l = self.last_end.saturating_sub(now);
+            for &p in &self.prio {
+                if p { &mut res.prio_latency } else { &mut res.normal_latency }.record(l);
             }
         }
         res.busy_cycles += self.last_end.saturating_sub(now);

@@ -25,7 +25,7 @@
 use std::sync::Arc;
 
 use flowplane_packet::{tsc, Batch, Line, PacketPool};
-use flowplane_scale::steer::{Move, Steering, MAX_DRIFT, MAX_SCAN};
+use flowplane_scale::steer::{FlowRule, Move, Steering, MAX_DRIFT, MAX_SCAN};
 
 use crate::replay::ReplayTrace;
 use crate::scr::{ScrSide, ScrTap, Sequencer};
@@ -33,6 +33,11 @@ use crate::{Rx, RxStats, Source};
 
 /// Owner value marking a key with a move in progress that involves this queue.
 const TRANSIT: u16 = u16::MAX;
+
+/// Owner value marking a RETA entry some of whose flows have exact-match
+/// rules (Dyssect): the walk's slow path matches the packet against them.
+/// The walk tests `>= FLOWS`, one compare for both markers.
+const FLOWS: u16 = u16::MAX - 1;
 
 /// Ring entries ahead whose arena line delivery prefetches.
 const PREFETCH_AHEAD: usize = 96;
@@ -117,6 +122,10 @@ pub struct NicQueue {
     stats: RxStats,
     /// SCR: the sequencer's side arrays (spray only).
     scr: Option<ScrTap>,
+    /// Run-time flow rules of the current generation, as (slot key, rule).
+    rules: Vec<(u16, FlowRule)>,
+    /// Per key marked [`FLOWS`]: its real owner value (a queue or [`TRANSIT`]).
+    shadow: Box<[u16]>,
 }
 
 impl NicQueue {
@@ -151,6 +160,8 @@ impl NicQueue {
             own_idx: 0,
             listed: false,
             start_gen: 0,
+            shadow: vec![0u16; keys].into_boxed_slice(),
+            rules: Vec::new(),
             steering,
             stats: RxStats::default(),
             scr: None,
@@ -178,7 +189,9 @@ impl NicQueue {
     /// Re-reads the table after a change.
     fn refresh(&mut self) {
         let mut moves = std::mem::take(&mut self.snap_moves);
-        self.gen = self.steering.snapshot(self.me, &mut self.owner, &mut moves);
+        let mut rules = std::mem::take(&mut self.rules);
+        self.gen = self.steering.snapshot_rules(self.me, &mut self.owner, &mut moves, &mut rules);
+        self.rules = rules;
         self.done_ids.retain(|id| moves.iter().any(|m| m.id == *id));
         for m in &moves {
             if !self.done_ids.contains(&m.id) && !self.transits.iter().any(|t| t.id == m.id) {
@@ -192,7 +205,56 @@ impl NicQueue {
                 *o = TRANSIT;
             }
         }
+        self.mark_flows();
         self.all_mine = self.transits.is_empty() && self.owner.iter().all(|&o| o == self.me);
+    }
+
+    /// Marks the entries with flow rules [`FLOWS`], keeping their owner in `shadow`.
+    fn mark_flows(&mut self) {
+        for (_, r) in &self.rules {
+            let e = r.entry as usize;
+            if let Some(o) = self.owner.get_mut(e) {
+                if *o != FLOWS {
+                    self.shadow[e] = *o;
+                    *o = FLOWS;
+                }
+            }
+        }
+    }
+
+    /// The steering key of the packet at index `i` of entry `k` (marked
+    /// [`FLOWS`]): a rule's slot when the packet's hash and then its 5-tuple
+    /// match, else the entry. Cold: only entries with offloaded flows.
+    #[cold]
+    fn flow_key(&self, k: u16, i: usize) -> u16 {
+        let d = &self.trace.queues[0];
+        let h = d.hash.get(i).copied().unwrap_or(0);
+        for (slot, r) in &self.rules {
+            if r.entry != k || r.hash != h {
+                continue;
+            }
+            // The exact compare: the frame's 5-tuple (the first two lines hold any IPv4 header).
+            let first = d.first_line.get(i).copied().unwrap_or(0) as usize;
+            let mut buf = [0u8; 128];
+            let len = (d.len.get(i).copied().unwrap_or(0) as usize).min(buf.len());
+            for (j, l) in d.lines.iter().skip(first).take(len.div_ceil(64)).enumerate() {
+                let n = (len - j * 64).min(64);
+                buf[j * 64..j * 64 + n].copy_from_slice(&l.0[..n]);
+            }
+            if r.matches_frame(&buf[..len]) {
+                return *slot;
+            }
+        }
+        k
+    }
+
+    /// The owner value of key `k` with the [`FLOWS`] mark resolved.
+    #[inline]
+    fn owner_of(&self, k: u16) -> u16 {
+        match self.owner.get(k as usize).copied().unwrap_or(TRANSIT) {
+            FLOWS => self.shadow[k as usize],
+            o => o,
+        }
     }
 
     /// Who takes the packet of `key` at `pos` while the key moves: Some(true)
@@ -241,6 +303,12 @@ impl NicQueue {
                 if self.owner[k] == TRANSIT && !self.transits.iter().any(|m| m.key as usize == k) {
                     // The latest owner from the table (a later move would have kept it in transit).
                     self.owner[k] = self.steering.owners().get(k).copied().unwrap_or(0);
+                }
+                if self.owner[k] == FLOWS
+                    && self.shadow[k] == TRANSIT
+                    && !self.transits.iter().any(|m| m.key as usize == k)
+                {
+                    self.shadow[k] = self.steering.owners().get(k).copied().unwrap_or(0);
                 }
             }
             self.all_mine = self.transits.is_empty() && self.owner.iter().all(|&o| o == self.me);
@@ -329,7 +397,26 @@ impl NicQueue {
             pos += r.next_i - i0;
             if r.transit {
                 // A key on the move: the slow path decides, or holds the walk here.
-                let k = self.trace.queues[0].keys.get(r.next_i as usize).copied().unwrap_or(0);
+                let mut k = self.trace.queues[0].keys.get(r.next_i as usize).copied().unwrap_or(0);
+                if self.owner.get(k as usize) == Some(&FLOWS) {
+                    k = self.flow_key(k, r.next_i as usize);
+                    let o = self.owner_of(k);
+                    if o != TRANSIT {
+                        // Settled: the rule's (or the entry's) owner takes it.
+                        let mine = o == self.me;
+                        let room = self.tail - self.head < cap;
+                        if mine && room {
+                            self.ring[(self.tail & (cap - 1)) as usize] = (loop_k << 32) | r.next_i;
+                            self.tail += 1;
+                        }
+                        if let Some(c) = self.counts.get_mut(k as usize) {
+                            *c += u64::from(mine);
+                        }
+                        drops += u64::from(mine && !room);
+                        pos += 1;
+                        continue;
+                    }
+                }
                 match self.resolve(k, pos) {
                     Some(mine) => {
                         let room = self.tail - self.head < cap;
@@ -535,7 +622,7 @@ fn walk_run<const PACED: bool>(
         let count = !counts.is_empty();
         for &k in keys.get(i0 as usize..end_i as usize).unwrap_or(&[]) {
             let o = owner.get(k as usize).copied().unwrap_or(TRANSIT);
-            if o == TRANSIT {
+            if o >= FLOWS {
                 transit = true;
                 break;
             }
@@ -562,7 +649,7 @@ fn walk_run<const PACED: bool>(
         }
         let k = keys.get(i as usize).copied().unwrap_or(0);
         let o = owner.get(k as usize).copied().unwrap_or(TRANSIT);
-        if o == TRANSIT {
+        if o >= FLOWS {
             transit = true;
             break;
         }

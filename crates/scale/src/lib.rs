@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod dyssect;
 pub mod error;
 pub mod rss;
 pub mod steer;

@@ -247,6 +247,8 @@ struct Control {
     /// Moves whose new owner has not yet walked past their switch point.
     active: Vec<Move>,
     inbox: Vec<Vec<Handover>>,
+    /// Per flow slot: the exact-match rule bound to it (Dyssect's offloaded flows).
+    flow_rules: Vec<Option<FlowRule>>,
 }
 
 /// The live steering table shared by all queues of a port.
@@ -263,12 +265,27 @@ pub struct Steering {
     loads: Box<[Box<[AtomicU64]>]>,
     ctl: Mutex<Control>,
     moves_done: AtomicU64,
+    /// First flow-slot key (`keys() - first_slot` slots follow the RETA and the fixed rules).
+    first_slot: usize,
+    /// Per queue: the heaviest flows its worker sampled (published now and then, off the packet path).
+    heavy: Box<[Mutex<Vec<HeavyFlow>>]>,
 }
 
 impl Steering {
     /// A table over `queues` queues for `classifier`'s keys: RETA entry `i`
     /// to `reta[i]` (round robin when empty), rule `r` to its queue.
     pub fn new(queues: usize, classifier: &Classifier, reta: &[u16]) -> Result<Self, ScaleError> {
+        Self::with_flow_slots(queues, classifier, reta, 0)
+    }
+
+    /// As [`Steering::new`], with `slots` more keys for run-time exact-match
+    /// flow rules ([`Steering::install_flow_rule`]), flow-director style.
+    pub fn with_flow_slots(
+        queues: usize,
+        classifier: &Classifier,
+        reta: &[u16],
+        slots: usize,
+    ) -> Result<Self, ScaleError> {
         let max = u16::MAX as usize - 1;
         if queues == 0 || queues > max {
             return Err(ScaleError::Queues { got: queues, max });
@@ -285,6 +302,11 @@ impl Steering {
             }
             owner.push(r.queue);
         }
+        let first_slot = owner.len();
+        if first_slot + slots > u16::MAX as usize - 2 {
+            return Err(ScaleError::Queues { got: first_slot + slots, max: u16::MAX as usize - 2 });
+        }
+        owner.extend(std::iter::repeat_n(0u16, slots));
         let keys = owner.len();
         Ok(Steering {
             queues,
@@ -299,8 +321,11 @@ impl Steering {
                 next_id: 1,
                 active: Vec::new(),
                 inbox: (0..queues).map(|_| Vec::new()).collect(),
+                flow_rules: vec![None; slots],
             }),
             moves_done: AtomicU64::new(0),
+            first_slot,
+            heavy: (0..queues).map(|_| Mutex::new(Vec::new())).collect(),
         })
     }
 
@@ -429,10 +454,15 @@ impl Steering {
     /// past every queue's receive point, so no queue has taken a packet of
     /// the key with the old view beyond it.
     pub fn start_move(&self, key: u16, to: u16) -> Result<Move, MoveError> {
-        if key as usize >= self.reta_size || to as usize >= self.queues {
+        let k = key as usize;
+        if (k >= self.reta_size && k < self.first_slot) || k >= self.owner.len() || to as usize >= self.queues {
             return Err(MoveError::BadArgs);
         }
         let mut ctl = self.ctl();
+        if k >= self.first_slot && ctl.flow_rules.get(k - self.first_slot).is_none_or(|r| r.is_none()) {
+            // A free flow slot steers nothing: nothing to move.
+            return Err(MoveError::BadArgs);
+        }
         if ctl.active.iter().any(|m| m.key == key) {
             return Err(MoveError::Busy);
         }
@@ -515,6 +545,164 @@ impl Steering {
     /// Moves completed (state imported).
     pub fn moves_done(&self) -> u64 {
         self.moves_done.load(Ordering::Relaxed)
+    }
+}
+
+/// A run-time exact-match rule (Dyssect's offloaded flow): packets of
+/// `tuple` (either direction; flags ignored) in RETA entry `entry` take the
+/// rule's slot key instead of the entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowRule {
+    /// The RETA entry the flow hashes to.
+    pub entry: u16,
+    /// Its RSS hash (the NIC's cheap pre-filter before the exact compare).
+    pub hash: u32,
+    /// The flow (flags 0).
+    pub tuple: FiveTupleV4,
+}
+
+impl FlowRule {
+    /// True if `t` is this rule's flow, in either direction.
+    #[inline]
+    pub fn matches(&self, t: &FiveTupleV4) -> bool {
+        let t = t.with_flags(0);
+        t == self.tuple || t.reversed() == self.tuple
+    }
+
+    /// True if `frame` carries this rule's flow.
+    pub fn matches_frame(&self, frame: &[u8]) -> bool {
+        matches!(extract_five_tuple(frame), Ok(FiveTuple::V4(t)) if self.matches(&t))
+    }
+}
+
+/// A heavy flow a worker sampled (Dyssect's per-flow load measurement).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HeavyFlow {
+    /// The flow.
+    pub tuple: FiveTupleV4,
+    /// Its RSS hash.
+    pub hash: u32,
+    /// Estimated packets (sampled count times the sampling stride), cumulative.
+    pub packets: u64,
+    /// Belongs to the priority class (never offloaded).
+    pub priority: bool,
+}
+
+/// Why a flow rule was not installed or removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuleError {
+    /// No such slot, or the slot is (not) in use.
+    BadSlot,
+    /// The entry or the slot is moving, or (removal) the slot's owner differs from the entry's.
+    Busy,
+}
+
+impl Steering {
+    /// Flow slots (run-time rules).
+    pub fn flow_slots(&self) -> usize {
+        self.owner.len() - self.first_slot
+    }
+
+    /// The steering key of flow slot `i`.
+    pub fn slot_key(&self, i: usize) -> u16 {
+        (self.first_slot + i) as u16
+    }
+
+    /// Binds `rule` to a free slot, owned by the entry's current owner (so
+    /// no packet changes queue until the slot itself is moved). Refused while
+    /// the entry moves. Returns the slot's key.
+    pub fn install_flow_rule(&self, rule: FlowRule) -> Result<u16, RuleError> {
+        if rule.entry as usize >= self.reta_size {
+            return Err(RuleError::BadSlot);
+        }
+        let mut ctl = self.ctl();
+        if ctl.active.iter().any(|m| m.key == rule.entry) {
+            return Err(RuleError::Busy);
+        }
+        if ctl.flow_rules.iter().flatten().any(|r| r.tuple == rule.tuple || r.tuple.reversed() == rule.tuple) {
+            return Err(RuleError::BadSlot);
+        }
+        let Some(i) = ctl.flow_rules.iter().position(|r| r.is_none()) else { return Err(RuleError::BadSlot) };
+        let key = self.first_slot + i;
+        self.owner[key].store(self.owner[rule.entry as usize].load(Ordering::SeqCst), Ordering::SeqCst);
+        ctl.flow_rules[i] = Some(FlowRule { tuple: rule.tuple.with_flags(0), ..rule });
+        self.gen.fetch_add(1, Ordering::SeqCst);
+        Ok(key as u16)
+    }
+
+    /// Unbinds the rule of slot key `key`: only when neither it nor its
+    /// entry is moving and both have the same owner (no packet changes queue).
+    pub fn remove_flow_rule(&self, key: u16) -> Result<(), RuleError> {
+        let k = key as usize;
+        if k < self.first_slot || k >= self.owner.len() {
+            return Err(RuleError::BadSlot);
+        }
+        let mut ctl = self.ctl();
+        let Some(rule) = ctl.flow_rules[k - self.first_slot] else { return Err(RuleError::BadSlot) };
+        if ctl.active.iter().any(|m| m.key == key || m.key == rule.entry)
+            || self.owner[k].load(Ordering::SeqCst) != self.owner[rule.entry as usize].load(Ordering::SeqCst)
+        {
+            return Err(RuleError::Busy);
+        }
+        ctl.flow_rules[k - self.first_slot] = None;
+        self.gen.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The rules in use, as (slot key, rule).
+    pub fn flow_rules(&self) -> Vec<(u16, FlowRule)> {
+        let ctl = self.ctl();
+        ctl.flow_rules.iter().enumerate().filter_map(|(i, r)| r.map(|r| ((self.first_slot + i) as u16, r))).collect()
+    }
+
+    /// As [`Steering::snapshot`], and the flow rules of the same generation.
+    pub fn snapshot_rules(
+        &self,
+        q: u16,
+        owner: &mut [u16],
+        moves: &mut Vec<Move>,
+        rules: &mut Vec<(u16, FlowRule)>,
+    ) -> u64 {
+        let ctl = self.ctl();
+        let g = self.gen.load(Ordering::SeqCst);
+        for (o, a) in owner.iter_mut().zip(self.owner.iter()) {
+            *o = a.load(Ordering::SeqCst);
+        }
+        moves.clear();
+        moves.extend(ctl.active.iter().filter(|m| m.from == q || m.to == q).copied());
+        rules.clear();
+        rules.extend(
+            ctl.flow_rules.iter().enumerate().filter_map(|(i, r)| r.map(|r| ((self.first_slot + i) as u16, r))),
+        );
+        g
+    }
+
+    /// Whether any move is in progress for `key`.
+    pub fn is_moving(&self, key: u16) -> bool {
+        self.ctl().active.iter().any(|m| m.key == key)
+    }
+
+    /// The steering key a flow's packets take: its rule's slot, or its RETA entry.
+    pub fn key_of(&self, classifier: &Classifier, rules: &[(u16, FlowRule)], t: &FiveTuple) -> u16 {
+        if let FiveTuple::V4(k) = t {
+            if let Some((key, _)) = rules.iter().find(|(_, r)| r.matches(k)) {
+                return *key;
+            }
+        }
+        classifier.entry_of(t)
+    }
+
+    /// Worker of queue `q` publishes its heaviest sampled flows (never blocks: skipped when busy).
+    pub fn publish_heavy(&self, q: usize, flows: &[HeavyFlow]) {
+        if let Some(Ok(mut h)) = self.heavy.get(q).map(|m| m.try_lock()) {
+            h.clear();
+            h.extend_from_slice(flows);
+        }
+    }
+
+    /// The heavy flows every queue last published.
+    pub fn heavy_flows(&self) -> Vec<Vec<HeavyFlow>> {
+        self.heavy.iter().map(|m| m.lock().map(|h| h.clone()).unwrap_or_default()).collect()
     }
 }
 

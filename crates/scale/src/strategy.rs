@@ -21,7 +21,7 @@ use std::time::Duration;
 use crate::ScaleError;
 
 /// The strategies `--scale` accepts now.
-pub const NAMES: &[&str] = &["rss", "shared", "rsspp", "scr"];
+pub const NAMES: &[&str] = &["rss", "shared", "rsspp", "scr", "dyssect"];
 
 /// Default control period (RSS++'s and Dyssect's minimum suggested one).
 pub const DEFAULT_PERIOD: Duration = Duration::from_millis(100);
@@ -102,6 +102,24 @@ pub trait Strategy: Send {
     /// Called every period: RETA entries to move, as (entry, new queue).
     fn rebalance(&mut self, _s: &LoadSample<'_>) -> Vec<(u16, u16)> {
         Vec::new()
+    }
+    /// Run-time exact-match flow-rule slots the strategy needs in the NIC (Dyssect).
+    fn flow_slots(&self) -> usize {
+        0
+    }
+    /// Workers sample one packet in this many into a heavy-flow sketch (0: no sampling).
+    fn sample_stride(&self) -> u32 {
+        0
+    }
+    /// Called every period instead of [`Strategy::rebalance`] by strategies
+    /// that drive the table themselves (RETA moves and flow rules); `cpp`:
+    /// each queue's worker cycles per packet, `hz`: TSC rate. True if handled.
+    fn drive(&mut self, _st: &crate::steer::Steering, _s: &LoadSample<'_>, _cpp: &[f64], _hz: f64) -> bool {
+        false
+    }
+    /// The strategy's own report section (decisions, loads over time).
+    fn report_json(&self) -> Option<serde_json::Value> {
+        None
     }
 }
 
@@ -228,6 +246,9 @@ pub fn by_name(name: &str, period: Duration) -> Result<Box<dyn Strategy>, ScaleE
         "shared" => Ok(Box::new(Shared)),
         "rsspp" => Ok(Box::new(RssPlusPlus::with_period(period))),
         "scr" => Ok(Box::new(Scr)),
+        "dyssect" => {
+            Ok(Box::new(crate::dyssect::Dyssect::new(crate::dyssect::Config { short: period, ..Default::default() })))
+        }
         _ => Err(ScaleError::Strategy(name.to_string())),
     }
 }
@@ -253,6 +274,6 @@ mod tests {
         assert!(imbalance(&after) < 0.2, "{after:?} after {moves:?}");
         assert!(moves.len() <= 3);
         assert!(Rss.rebalance(&s).is_empty());
-        assert!(by_name("dyssect", DEFAULT_PERIOD).is_err());
+        assert!(by_name("dyssect", DEFAULT_PERIOD).is_ok() && by_name("scr2", DEFAULT_PERIOD).is_err());
     }
 }

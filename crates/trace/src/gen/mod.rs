@@ -421,6 +421,9 @@ pub struct GenConfig {
     pub seed: u64,
     /// UPF mode of `gtpu` (`--upf NxM[:dir]`): `flows` must be N x M.
     pub upf: Option<UpfPlan>,
+    /// Shifting skew: every this many packets the popularity ranks rotate
+    /// to other flows (the heavy flows change; the distribution does not).
+    pub shift_every: Option<u64>,
 }
 
 impl Default for GenConfig {
@@ -439,6 +442,7 @@ impl Default for GenConfig {
             rate_pps: 10e6,
             seed: 1,
             upf: None,
+            shift_every: None,
         }
     }
 }
@@ -603,6 +607,8 @@ struct Scheduler {
     opened: u64,
     pattern_share: f64,
     i: u64,
+    shift_every: Option<u64>,
+    flows: u64,
 }
 
 impl Scheduler {
@@ -618,6 +624,8 @@ impl Scheduler {
             opened: 0,
             pattern_share: if cfg.pattern == Pattern::None { 0.0 } else { cfg.pattern_share },
             i: 0,
+            shift_every: cfg.shift_every.filter(|&s| s > 0),
+            flows: cfg.flows.max(1),
         }
     }
 
@@ -645,16 +653,27 @@ impl Scheduler {
             return Slot::Pattern;
         }
         let Some(picker) = self.picker.as_mut() else { return Slot::Pattern };
-        match self.order {
-            Order::Random => Slot::Flow(picker.pick(&mut self.rng)),
+        let rank = match self.order {
+            Order::Random => picker.pick(&mut self.rng),
             Order::Burst(n) => {
                 if self.burst_left == 0 {
                     self.burst_flow = picker.pick(&mut self.rng);
                     self.burst_left = n;
                 }
                 self.burst_left -= 1;
-                Slot::Flow(self.burst_flow)
+                self.burst_flow
             }
+        };
+        Slot::Flow(self.shifted(rank, i))
+    }
+
+    /// Shifting skew: the flow holding popularity `rank` in the epoch of packet `i`.
+    #[inline]
+    fn shifted(&self, rank: u64, i: u64) -> u64 {
+        match self.shift_every {
+            // A rotation by a large odd step per epoch: the heavy ranks land on other flows.
+            Some(e) => (rank + (i / e).wrapping_mul(0x9e37_79b9 | 1)) % self.flows,
+            None => rank,
         }
     }
 }
@@ -942,6 +961,32 @@ pub(crate) use frame::{GTPU_HEADERS, GTPU_PORT};
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn shifting_skew_changes_the_heavy_flows() {
+        let cfg = GenConfig {
+            flows: 1000,
+            packets: 40_000,
+            dist: FlowDist::Elephants { k: 2, share: 0.8 },
+            shift_every: Some(10_000),
+            ..GenConfig::default()
+        };
+        let mut s = Scheduler::new(&cfg, build_picker(&cfg).unwrap());
+        let mut tops = Vec::new();
+        for _ in 0..4 {
+            let mut count = vec![0u32; 1000];
+            for _ in 0..10_000 {
+                if let Slot::Flow(f) = s.next() {
+                    count[f as usize] += 1;
+                }
+            }
+            let top = (0..1000).max_by_key(|&f| count[f]).unwrap();
+            assert!(count[top] > 3000);
+            tops.push(top);
+        }
+        tops.dedup();
+        assert_eq!(tops.len(), 4, "{tops:?}");
+    }
     use super::*;
 
     fn frames(cfg: GenConfig) -> Vec<Vec<u8>> {

@@ -1,0 +1,300 @@
+//! `flowplane bench dyssect`: rss, rsspp and dyssect on the same traces —
+//! uniform, Zipf 1.1, a few elephants, and shifting skew (the heavy flows
+//! change every half of the trace) — at projected 8 and 16 cores
+//! (`--virtual-cores`: logical workers taking turns on one thread). Per row:
+//! projected throughput, load imbalance, the priority class's and the other
+//! traffic's p99 latency (virtual time: packets arrive at the trace's
+//! timestamps, each logical worker a dedicated FIFO core with its measured
+//! service times — a projection like the throughput), RETA and flow moves,
+//! and the controller's time. A table, JSON and one PNG per trace and core
+//! count: load imbalance per 100 ms window over time, one line per strategy.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use flowplane_engine::exec::ExecConfig;
+use flowplane_engine::runner::{prepare, run_prepared, Input, Output, PriorityClass};
+use flowplane_engine::spec;
+use flowplane_engine::RunConfig;
+use flowplane_trace::gen::{FlowDist, GenConfig, Generator};
+use plotters::prelude::*;
+use serde::Serialize;
+
+/// The traces measured.
+pub const TRACES: &[&str] = &["uniform", "zipf", "elephants", "shifting"];
+
+/// The priority class of the runs: about 0.6% of the generator's flows, mice.
+pub const PRIORITY: &str = "dport=20000-20999";
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct DyssectOptions {
+    /// Seconds per run (after a one-second warm-up).
+    pub seconds: f64,
+    /// Packets per trace.
+    pub packets: u64,
+    /// Flows per trace.
+    pub flows: u64,
+    /// Offered rate in trace time (packets/s): the arrivals of the virtual-time latency.
+    pub rate: f64,
+    /// Logical worker counts (projected).
+    pub cores: Vec<usize>,
+    /// Traces (names in [`TRACES`]).
+    pub traces: Vec<String>,
+    /// Strategies.
+    pub strategies: Vec<String>,
+    /// Chain.
+    pub chain: String,
+    /// The priority class's SLO (µs).
+    pub slo_us: f64,
+}
+
+impl DyssectOptions {
+    /// The full experiment (or a small one for a smoke run).
+    pub fn new(quick: bool) -> Self {
+        DyssectOptions {
+            seconds: if quick { 1.5 } else { 6.0 },
+            packets: if quick { 200_000 } else { 8_000_000 },
+            flows: if quick { 20_000 } else { 200_000 },
+            rate: 12e6,
+            cores: if quick { vec![8] } else { vec![8, 16] },
+            traces: TRACES.iter().map(|t| t.to_string()).collect(),
+            strategies: vec!["rss".into(), "rsspp".into(), "dyssect".into()],
+            chain: "lb -> fsc".into(),
+            slo_us: 50.0,
+        }
+    }
+}
+
+/// One measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    /// Trace.
+    pub trace: String,
+    /// Strategy.
+    pub strategy: String,
+    /// Logical workers (projected cores).
+    pub cores: usize,
+    /// Projected throughput (Mpps).
+    pub mpps: f64,
+    /// Against rsspp on the same trace and cores.
+    pub vs_rsspp: Option<f64>,
+    /// Load imbalance after the first second.
+    pub imbalance: f64,
+    /// Priority class p99 (µs, virtual time).
+    pub prio_p99_us: f64,
+    /// Other traffic p99 (µs, virtual time).
+    pub normal_p99_us: f64,
+    /// Priority p99 within the SLO.
+    pub within_slo: bool,
+    /// Moves completed (RETA entries and flow slots).
+    pub moves: u64,
+    /// Dyssect: flow moves started.
+    pub flow_moves: u64,
+    /// Dyssect: controller wall time (ms) and decisions.
+    pub controller_ms: f64,
+    /// See `controller_ms`.
+    pub decisions: usize,
+    /// Imbalance per window over time.
+    pub imbalance_windows: Vec<f64>,
+}
+
+fn trace(name: &str, o: &DyssectOptions) -> Result<GenConfig, String> {
+    let (dist, shift) = match name {
+        "uniform" => (FlowDist::Uniform, None),
+        "zipf" => (FlowDist::Zipf(1.1), None),
+        "elephants" => (FlowDist::Elephants { k: 8, share: 0.6 }, None),
+        "shifting" => (FlowDist::Elephants { k: 8, share: 0.6 }, Some((o.packets / 2).max(1))),
+        _ => return Err(format!("unknown trace '{name}' (known: {})", TRACES.join(", "))),
+    };
+    Ok(GenConfig {
+        flows: o.flows,
+        packets: o.packets,
+        dist,
+        rate_pps: o.rate,
+        seed: 5,
+        shift_every: shift,
+        ..GenConfig::default()
+    })
+}
+
+/// Runs the experiment; `progress` sees every row as it is measured.
+pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result<Vec<Row>, String> {
+    let spec = spec::parse(&o.chain).map_err(|e| e.to_string())?;
+    let class = PriorityClass::parse(PRIORITY)?;
+    let mut rows: Vec<Row> = Vec::new();
+    for t in &o.traces {
+        let gen = trace(t, o)?;
+        for &n in &o.cores {
+            for s in &o.strategies {
+                let cfg = RunConfig {
+                    cores: 1,
+                    virtual_cores: Some(n),
+                    loops: None,
+                    duration: Some(Duration::from_secs_f64(o.seconds)),
+                    warmup: Some(Duration::from_secs(1)),
+                    scale: s.clone(),
+                    priority: Some((PRIORITY.to_string(), class)),
+                    slo_us: Some(o.slo_us),
+                    ring: 1 << 16,
+                    exec: ExecConfig {
+                        flows: ((o.flows as f64 * 2.5 / n as f64) as usize).max(4096),
+                        default_idle_timeout_ns: 3_600_000_000_000,
+                        ..ExecConfig::default()
+                    },
+                    ..RunConfig::default()
+                };
+                let g = Generator::new(gen.clone()).map_err(|e| e.to_string())?;
+                let r = prepare(&cfg, &spec, Input::Generated(Box::new(g)), false)
+                    .and_then(|p| run_prepared(&cfg, &spec, &p, Output::Discard))
+                    .map_err(|e| format!("{t} {s} {n}: {e}"))?;
+                let sc = r.scale.as_ref().ok_or("no scale report")?;
+                let pr = sc.priority.as_ref();
+                let ctl = sc.controller.as_ref();
+                let g = |k: &str| ctl.and_then(|c| c.get(k)).and_then(|v| v.as_f64()).unwrap_or(0.0);
+                let mpps = sc.projected_mpps.unwrap_or(0.0);
+                let base = rows.iter().find(|x| x.trace == *t && x.cores == n && x.strategy == "rsspp").map(|x| x.mpps);
+                let row = Row {
+                    trace: t.clone(),
+                    strategy: s.clone(),
+                    cores: n,
+                    mpps,
+                    vs_rsspp: base.filter(|&b| b > 0.0).map(|b| mpps / b),
+                    imbalance: sc.imbalance_settled,
+                    prio_p99_us: pr.map_or(0.0, |p| p.latency_ns[1] / 1e3),
+                    normal_p99_us: pr.map_or(0.0, |p| p.normal_latency_ns[1] / 1e3),
+                    within_slo: pr.and_then(|p| p.p99_within_slo).unwrap_or(false),
+                    moves: sc.moves,
+                    flow_moves: g("flow_moves") as u64,
+                    controller_ms: g("controller_ms"),
+                    decisions: ctl.and_then(|c| c.get("decisions")).and_then(|d| d.as_array()).map_or(0, Vec::len),
+                    imbalance_windows: sc.imbalance.clone(),
+                };
+                progress(&row);
+                rows.push(row);
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// The table, one line per row.
+pub fn table(rows: &[Row], slo_us: f64) -> String {
+    let mut s = format!(
+        "{:<10} {:<8} {:>5} {:>9} {:>8} {:>10} {:>13} {:>13} {:>7} {:>6} {:>11}\n",
+        "trace",
+        "scale",
+        "cores",
+        "Mpps",
+        "xrsspp",
+        "imbalance",
+        "prio p99 us",
+        "other p99 us",
+        "moves",
+        "flows",
+        "ctl ms"
+    );
+    for r in rows {
+        s.push_str(&format!(
+            "{:<10} {:<8} {:>4}p {:>9.2} {:>8} {:>9.1}% {:>12.1}{} {:>13.1} {:>7} {:>6} {:>11.1}\n",
+            r.trace,
+            r.strategy,
+            r.cores,
+            r.mpps,
+            r.vs_rsspp.map_or("-".to_string(), |x| format!("{x:.2}")),
+            r.imbalance * 100.0,
+            r.prio_p99_us,
+            if r.within_slo { " " } else { "!" },
+            r.normal_p99_us,
+            r.moves,
+            r.flow_moves,
+            r.controller_ms
+        ));
+    }
+    s.push_str(&format!(
+        "(Np: PROJECTED from N logical workers taking turns on one thread; latency in virtual time: trace arrivals, each worker a dedicated FIFO core; ! = priority p99 over its {slo_us} us SLO)\n"
+    ));
+    s
+}
+
+/// One PNG per trace and core count: imbalance per window over time, a line per strategy.
+pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let text = crate::plot::register_font();
+    let mut out = Vec::new();
+    let mut keys: Vec<(String, usize)> = rows.iter().map(|r| (r.trace.clone(), r.cores)).collect();
+    keys.dedup();
+    for (t, n) in keys {
+        let path = dir.join(format!("dyssect-{t}-{n}.png"));
+        let mine: Vec<&Row> = rows.iter().filter(|r| r.trace == t && r.cores == n).collect();
+        let xmax = mine.iter().map(|r| r.imbalance_windows.len()).max().unwrap_or(1).max(2) as f64 * 0.1;
+        let root = BitMapBackend::new(&path, (1000, 600)).into_drawing_area();
+        let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+        root.fill(&WHITE).map_err(|e| err(&e))?;
+        let mut b = ChartBuilder::on(&root);
+        b.margin(20);
+        if text {
+            b.caption(format!("{t}, {n} projected cores: load imbalance per 100 ms window"), ("sans-serif", 22))
+                .x_label_area_size(40)
+                .y_label_area_size(60);
+        }
+        let mut chart = b.build_cartesian_2d(0.0f64..xmax, 0.0f64..1.0).map_err(|e| err(&e))?;
+        if text {
+            chart.configure_mesh().x_desc("seconds").y_desc("imbalance").draw().map_err(|e| err(&e))?;
+        } else {
+            chart.configure_mesh().disable_x_mesh().disable_y_mesh().draw().map_err(|e| err(&e))?;
+        }
+        for (i, r) in mine.iter().enumerate() {
+            let pts: Vec<(f64, f64)> =
+                r.imbalance_windows.iter().enumerate().map(|(k, &v)| (k as f64 * 0.1, v)).collect();
+            let color = Palette99::pick(i).to_rgba();
+            let line = chart.draw_series(LineSeries::new(pts, color.stroke_width(2))).map_err(|e| err(&e))?;
+            if text {
+                let label = format!("{} ({:.1} Mpps)", r.strategy, r.mpps);
+                line.label(label)
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            }
+        }
+        if text {
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .position(SeriesLabelPosition::UpperRight)
+                .draw()
+                .map_err(|e| err(&e))?;
+        }
+        root.present().map_err(|e| err(&e))?;
+        drop(chart);
+        drop(root);
+        out.push(path);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quick_run_measures_every_strategy_and_plots() {
+        let o = DyssectOptions {
+            seconds: 1.2,
+            packets: 50_000,
+            flows: 5_000,
+            cores: vec![4],
+            traces: vec!["shifting".into()],
+            ..DyssectOptions::new(true)
+        };
+        let rows = run_dyssect(&o, |_| {}).unwrap();
+        assert_eq!(rows.len(), 3);
+        assert!(rows.iter().all(|r| r.mpps > 0.0), "{rows:?}");
+        assert!(rows.iter().find(|r| r.strategy == "dyssect").unwrap().vs_rsspp.is_some());
+        assert!(table(&rows, o.slo_us).contains("dyssect"));
+        let dir = std::env::temp_dir().join(format!("fp-dyssect-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let files = plot(&rows, &dir).unwrap();
+        assert_eq!(files.len(), 1);
+        assert_eq!(&std::fs::read(&files[0]).unwrap()[1..4], b"PNG");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,114 @@
+//! `flowplane bench dyssect`: rss, rsspp and dyssect on uniform, Zipf,
+//! elephants and shifting-skew traces at projected 8 and 16 cores; a table
+//! (or JSON) and a PNG per trace and core count.
+
+use std::path::PathBuf;
+
+use flowplane_bench::dyssect::{plot, run_dyssect, table, DyssectOptions, TRACES};
+
+use crate::error::CliError;
+
+#[derive(clap::Args, Debug)]
+pub struct DyssectArgs {
+    /// Seconds per run (after a one-second warm-up).
+    #[arg(long, allow_negative_numbers = true)]
+    pub seconds: Option<f64>,
+    /// Packets per trace.
+    #[arg(long, allow_negative_numbers = true)]
+    pub packets: Option<u64>,
+    /// Flows per trace.
+    #[arg(long, allow_negative_numbers = true)]
+    pub flows: Option<u64>,
+    /// Offered rate in trace time, packets/s (the arrivals of the virtual-time latency).
+    #[arg(long, allow_negative_numbers = true)]
+    pub rate: Option<f64>,
+    /// Projected core counts, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub cores: Option<Vec<usize>>,
+    /// Traces: uniform, zipf, elephants, shifting.
+    #[arg(long, value_delimiter = ',', value_parser = TRACES.to_vec())]
+    pub traces: Vec<String>,
+    /// Strategies.
+    #[arg(long, value_delimiter = ',', value_parser = ["rss", "rsspp", "dyssect"])]
+    pub strategies: Vec<String>,
+    /// The priority class's SLO, µs.
+    #[arg(long, allow_negative_numbers = true)]
+    pub slo_us: Option<f64>,
+    /// Directory for the PNG plots.
+    #[arg(long, default_value = ".")]
+    pub plot_dir: PathBuf,
+    /// Small and short (CI smoke run).
+    #[arg(long)]
+    pub quick: bool,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: DyssectArgs) -> Result<(), CliError> {
+    let mut o = DyssectOptions::new(a.quick);
+    if let Some(s) = a.seconds {
+        if !(s.is_finite() && s > 0.0 && s <= 600.0) {
+            return Err(CliError::new(format!("--seconds {s}: must be between 0 and 600")));
+        }
+        o.seconds = s;
+    }
+    if let Some(p) = a.packets {
+        if !(1000..=1 << 28).contains(&p) {
+            return Err(CliError::new(format!("--packets {p}: must be between 1000 and {}", 1u64 << 28)));
+        }
+        o.packets = p;
+    }
+    if let Some(f) = a.flows {
+        if f == 0 || f > 1 << 26 {
+            return Err(CliError::new(format!("--flows {f}: must be between 1 and {}", 1u64 << 26)));
+        }
+        o.flows = f;
+    }
+    if let Some(r) = a.rate {
+        if !(r.is_finite() && (1.0..=1e10).contains(&r)) {
+            return Err(CliError::new(format!("--rate {r}: must be between 1 and 1e10 packets/s")));
+        }
+        o.rate = r;
+    }
+    if let Some(s) = a.slo_us {
+        if !(s.is_finite() && s > 0.0) {
+            return Err(CliError::new(format!("--slo-us {s}: must be positive")));
+        }
+        o.slo_us = s;
+    }
+    if let Some(c) = a.cores {
+        if c.iter().any(|&n| !(2..=4096).contains(&n)) {
+            return Err(CliError::new("--cores: each must be between 2 and 4096"));
+        }
+        o.cores = c;
+    }
+    if !a.traces.is_empty() {
+        o.traces = a.traces;
+    }
+    if !a.strategies.is_empty() {
+        o.strategies = a.strategies;
+    }
+    let json = a.json;
+    let rows = run_dyssect(&o, |r| {
+        if !json {
+            eprintln!(
+                "  {} {} {}p: {:.2} Mpps, prio p99 {:.1} us, {} moves",
+                r.trace, r.strategy, r.cores, r.mpps, r.prio_p99_us, r.moves
+            );
+        }
+    })
+    .map_err(CliError::new)?;
+    std::fs::create_dir_all(&a.plot_dir).map_err(|e| CliError::new(format!("{}: {e}", a.plot_dir.display())))?;
+    let files = plot(&rows, &a.plot_dir).map_err(CliError::new)?;
+    if json {
+        let v = serde_json::json!({ "rows": rows, "plots": files, "slo_us": o.slo_us, "rate_pps": o.rate });
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        out!("{}", table(&rows, o.slo_us));
+        for f in files {
+            outln!("plot         {}", f.display());
+        }
+    }
+    Ok(())
+}
