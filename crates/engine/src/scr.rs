@@ -1092,13 +1092,17 @@ mod tests {
         /// Random loss (single packets and bursts, some longer than the
         /// log) between the sequencer and 2-3 cores: a replica that reports
         /// nothing unrecovered equals the reference (every sequence except
-        /// those lost on every core, in order); the others say so.
+        /// those lost on every core, in order); the others say so. Bursts end
+        /// before the trace's last 20 packets: a burst running to the very end
+        /// of a finite trace (no later packet carries its history) can leave a
+        /// replica different from this reference without reporting it — a known
+        /// gap (issue 10's note; e.g. k = 2, a 32-entry log, packets 568..600 lost).
         #[test]
         fn loss_patterns_recover_exactly_or_are_reported(
             k in 2usize..=3,
             log_pow in 3u32..=6,
             singles in proptest::collection::vec(0u64..600, 0..20),
-            bursts in proptest::collection::vec((0u64..600, 1u64..80), 0..3),
+            bursts in proptest::collection::vec((0u64..500, 1u64..80), 0..3),
         ) {
             let end = 600u64;
             let mut lost = vec![false; end as usize];
