@@ -496,6 +496,12 @@ impl ExecContext {
     /// an NF that ends flows run packet by packet (the earlier NF would have
     /// seen the release; see `ExactEnds`).
     pub(crate) fn segment_end(&mut self, start: usize, n: usize) -> usize {
+        self.segment_end_with(start, n, |s, i| s.flows[i].is_some().then(|| s.flows[i].bits()))
+    }
+
+    /// The segment rule over packet ids `id(scratch, i)` (None: never repeats).
+    #[inline]
+    fn segment_end_with(&mut self, start: usize, n: usize, id: impl Fn(&Scratch, usize) -> Option<u32>) -> usize {
         if !self.exact.repeats || start >= n {
             return n;
         }
@@ -505,9 +511,10 @@ impl ExecContext {
         let s = &mut self.scratch;
         s.seen.clear();
         for i in start..n {
-            let f = s.flows[i];
-            if f.is_some() && !s.seen.insert(f.bits()) {
-                return i;
+            if let Some(x) = id(s, i) {
+                if !s.seen.insert(x) {
+                    return i;
+                }
             }
         }
         n
@@ -518,21 +525,7 @@ impl ExecContext {
     /// packet of a 5-tuple already in it. Keys are told apart by their hash;
     /// a collision only ends a segment early.
     pub(crate) fn segment_end_by_key(&mut self, start: usize, n: usize) -> usize {
-        if !self.exact.repeats || start >= n {
-            return n;
-        }
-        if self.exact.per_packet {
-            return start + 1;
-        }
-        let s = &mut self.scratch;
-        s.seen.clear();
-        for i in start..n {
-            let m = &s.metas[i];
-            if m.valid && !s.seen.insert(hash_tuple(&m.tuple) as u32) {
-                return i;
-            }
-        }
-        n
+        self.segment_end_with(start, n, |s, i| s.metas[i].valid.then(|| hash_tuple(&s.metas[i].tuple) as u32))
     }
 
     /// Handle of packet `i`'s group-`g` entry as the auxiliary table keeps it in the flow's block.

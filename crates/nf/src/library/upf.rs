@@ -1020,13 +1020,16 @@ impl Nf for Upf {
 
 impl Upf {
     fn run(&mut self, batch: &mut Batch, range: std::ops::Range<usize>, ctx: &NfContext) {
-        if self.cfg.staged && self.cfg.profile {
-            // Where the cycles go: one TSC read between passes (per batch, not per packet).
-            let mut t = tsc::rdtsc();
+        if self.cfg.staged {
+            // With `profile`, where the cycles go: one TSC read between passes (per batch, not per packet).
+            let profile = self.cfg.profile;
+            let mut t = if profile { tsc::rdtsc() } else { 0 };
             let mut lap = |u: &mut Upf, k: usize| {
-                let now = tsc::rdtsc();
-                u.pass_cycles[k] += now.saturating_sub(t);
-                t = now;
+                if profile {
+                    let now = tsc::rdtsc();
+                    u.pass_cycles[k] += now.saturating_sub(t);
+                    t = now;
+                }
             };
             for i in range.clone() {
                 self.stage_parse(batch, i);
@@ -1044,29 +1047,14 @@ impl Upf {
                 self.stage_classify(batch, i);
             }
             lap(self, 3);
-            self.timed_packets += range.len() as u64;
+            if profile {
+                self.timed_packets += range.len() as u64;
+            }
             for i in range {
                 let now = packet_time(batch, i, ctx);
                 self.stage_act(batch, i, now);
             }
             lap(self, 4);
-        } else if self.cfg.staged {
-            for i in range.clone() {
-                self.stage_parse(batch, i);
-            }
-            for i in range.clone() {
-                self.stage_lookup(i);
-            }
-            for i in range.clone() {
-                self.stage_pdrs(i);
-            }
-            for i in range.clone() {
-                self.stage_classify(batch, i);
-            }
-            for i in range {
-                let now = packet_time(batch, i, ctx);
-                self.stage_act(batch, i, now);
-            }
         } else {
             for i in range {
                 self.stage_parse(batch, i);
