@@ -6,7 +6,7 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use flowplane_wire::checksum::{update16, update32, update_bytes};
+use flowplane_wire::checksum::{apply_delta, delta32, update16, update_bytes};
 use flowplane_wire::flow::FiveTuple;
 use flowplane_wire::icmp::IcmpView;
 use flowplane_wire::ipv4::IpProtocol;
@@ -132,32 +132,40 @@ impl<'a> Pkt<'a> {
     }
 
     /// Applies an incremental update `f` to the TCP/UDP checksum, if in use.
+    #[inline]
     fn fix_l4_checksum(&mut self, f: impl FnOnce(u16) -> u16) {
         if let Some(at) = self.l4_checksum_at() {
-            let mut n = f(u16::from_be_bytes([self.data[at], self.data[at + 1]]));
+            // One bounds check for the field (`l4_checksum_at` read it already).
+            let Some(field) = self.data.get_mut(at..at + 2) else { return };
+            let mut n = f(u16::from_be_bytes([field[0], field[1]]));
             if self.meta.proto == IpProtocol::UDP && n == 0 {
                 n = 0xffff; // RFC 768: a computed zero is sent as all ones
             }
-            self.data[at..at + 2].copy_from_slice(&n.to_be_bytes());
+            field.copy_from_slice(&n.to_be_bytes());
         }
     }
 
-    fn set_ipv4_addr(&mut self, field: usize, new: Ipv4Addr) -> bool {
+    /// Rewrites the IPv4 address at `FIELD` (12: source, 16: destination)
+    /// and both checksums; `false` if not IPv4. On every rewritten packet of
+    /// a load balancer or NAT: one bounds check covers the header's fixed part.
+    #[inline]
+    fn set_ipv4_addr<const FIELD: usize>(&mut self, new: Ipv4Addr) -> bool {
         if self.meta.v6 || !self.meta.valid {
             return false;
         }
         let l3 = self.meta.l3 as usize;
-        let at = l3 + field;
-        let Some(cur) = self.data.get(at..at + 4) else { return false };
-        let old = u32::from_be_bytes([cur[0], cur[1], cur[2], cur[3]]);
+        let Some(hdr) = self.data.get_mut(l3..l3 + 20) else { return false };
+        let old = u32::from_be_bytes([hdr[FIELD], hdr[FIELD + 1], hdr[FIELD + 2], hdr[FIELD + 3]]);
         let newv = u32::from(new);
         if old == newv {
             return true;
         }
-        self.data[at..at + 4].copy_from_slice(&newv.to_be_bytes());
-        let c = u16::from_be_bytes([self.data[l3 + 10], self.data[l3 + 11]]);
-        self.data[l3 + 10..l3 + 12].copy_from_slice(&update32(c, old, newv).to_be_bytes());
-        self.fix_l4_checksum(|c| update32(c, old, newv));
+        hdr[FIELD..FIELD + 4].copy_from_slice(&newv.to_be_bytes());
+        // The same delta updates the IPv4 header and the TCP/UDP checksum.
+        let d = delta32(old, newv);
+        let c = apply_delta(u16::from_be_bytes([hdr[10], hdr[11]]), d);
+        hdr[10..12].copy_from_slice(&c.to_be_bytes());
+        self.fix_l4_checksum(|c| apply_delta(c, d));
         true
     }
 
@@ -182,12 +190,12 @@ impl<'a> Pkt<'a> {
 
     /// Rewrites the IPv4 source address, updating both checksums. `false` if not IPv4.
     pub fn set_ipv4_src(&mut self, a: Ipv4Addr) -> bool {
-        self.set_ipv4_addr(12, a)
+        self.set_ipv4_addr::<12>(a)
     }
 
     /// Rewrites the IPv4 destination address, updating both checksums. `false` if not IPv4.
     pub fn set_ipv4_dst(&mut self, a: Ipv4Addr) -> bool {
-        self.set_ipv4_addr(16, a)
+        self.set_ipv4_addr::<16>(a)
     }
 
     /// Rewrites the IPv6 destination address, updating the TCP/UDP or

@@ -90,10 +90,27 @@ pub fn update16(check: u16, old: u16, new: u16) -> u16 {
 /// `~HC + ~m_hi + ~m_lo + m'_hi + m'_lo`, folded once.
 #[inline]
 pub fn update32(check: u16, old: u32, new: u32) -> u16 {
+    apply_delta(check, delta32(old, new))
+}
+
+/// The part of an RFC 1624 update that depends only on the field: `~m + m'`
+/// for a 32-bit field, as an unfolded sum below 2^18. One rewrite of an IPv4
+/// address updates two checksums (IPv4 header and TCP/UDP) with the same
+/// delta: compute it once, apply it with [`apply_delta`] to each.
+#[inline]
+pub fn delta32(old: u32, new: u32) -> u32 {
     let nold = !old;
-    let acc =
-        (!check) as u64 + (nold >> 16) as u64 + (nold & 0xffff) as u64 + (new >> 16) as u64 + (new & 0xffff) as u64;
-    !fold(acc)
+    (nold >> 16) + (nold & 0xffff) + (new >> 16) + (new & 0xffff)
+}
+
+/// Applies a [`delta32`] to checksum `check`: `~(~HC + delta)`. The sum is
+/// below 2^19, so two 16-bit folds bring it to 16 bits.
+#[inline]
+pub fn apply_delta(check: u16, delta: u32) -> u16 {
+    let s = delta + u32::from(!check);
+    let s = (s & 0xffff) + (s >> 16);
+    let s = (s & 0xffff) + (s >> 16);
+    !(s as u16)
 }
 
 /// RFC 1624 update for an arbitrary even-length byte field (e.g. an IPv6 address).

@@ -73,13 +73,13 @@ impl StatefulNf for Fsc {
 
     #[inline]
     fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut FscState, ctx: &NfContext) -> Action {
-        // Counted at the flow's first packet here, not in `init`: the
-        // aggregated layout also initialises flows an upstream NF dropped.
-        self.flows += u64::from(st.packets == 0);
         // First and last seen as the extremes, not the arrival order: under
         // the `shared` strategy a flow's packets reach its entry from several
         // cores, not in time order.
         if st.packets == 0 {
+            // Counted at the flow's first packet here, not in `init`: the
+            // aggregated layout also initialises flows an upstream NF dropped.
+            self.flows += 1;
             (st.first_ns, st.last_ns) = (ctx.now_ns, ctx.now_ns);
         } else {
             st.first_ns = st.first_ns.min(ctx.now_ns);
