@@ -583,6 +583,9 @@ fn run_chains(
                         &mut prev_busy,
                         &mut log,
                     );
+                    if strat.finished() {
+                        break;
+                    }
                 }
             }
             let until = deadline.map_or(next_tick, |d| d.min(next_tick));
