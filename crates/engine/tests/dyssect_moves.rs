@@ -254,7 +254,8 @@ fn state_is_one_cores(run: &Churned, at: &[Vec<u32>], loop_ns: u64) {
         assert_eq!(got, want, "flow {f}: (packets, bytes, first, last) on {CORES} cores vs 1");
     }
     let c = &run.report.nfs[0].counters;
-    let (n, bytes) = run.sent.iter().enumerate().fold((0, 0), |(n, b), (f, &k)| (n + k, b + k * frame(f as u32, 0).len() as u64));
+    let (n, bytes) =
+        run.sent.iter().enumerate().fold((0, 0), |(n, b), (f, &k)| (n + k, b + k * frame(f as u32, 0).len() as u64));
     assert_eq!((c.packets_in, c.packets_out, c.dropped, c.bytes_in), (n, n, 0, bytes));
 }
 
