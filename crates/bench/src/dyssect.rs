@@ -97,6 +97,12 @@ pub struct Row {
     pub decisions: usize,
     /// Imbalance per window over time.
     pub imbalance_windows: Vec<f64>,
+    /// Flow entries handed between cores (the hand-overs' work).
+    pub flows_moved: u64,
+    /// Per logical worker: packets processed, and busy ms (its own work, the projection's basis).
+    pub core_packets: Vec<u64>,
+    /// See `core_packets`.
+    pub core_busy_ms: Vec<f64>,
 }
 
 fn trace(name: &str, o: &DyssectOptions) -> Result<GenConfig, String> {
@@ -169,6 +175,9 @@ pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result
                     controller_ms: g("controller_ms"),
                     decisions: ctl.and_then(|c| c.get("decisions")).and_then(|d| d.as_array()).map_or(0, Vec::len),
                     imbalance_windows: sc.imbalance.clone(),
+                    flows_moved: sc.flows_moved,
+                    core_packets: r.per_core.iter().map(|c| c.packets).collect(),
+                    core_busy_ms: sc.work_ms.clone(),
                 };
                 progress(&row);
                 rows.push(row);

@@ -149,6 +149,8 @@ pub struct ScaleReport {
     pub imbalance_cpu_settled: f64,
     /// Per worker: busy time (batches) / run time.
     pub utilisation: Vec<f64>,
+    /// Per worker: its own work (busy time without the NIC's walk), ms: the projection's basis.
+    pub work_ms: Vec<f64>,
     /// Packet latency, ns (p50, p99, p99.9): paced, from each packet's
     /// arrival at the port to the end of its transmit (ring wait included);
     /// at full speed, from its batch's receive to transmit.
@@ -272,6 +274,7 @@ impl ScaleReport {
             imbalance_cpu: cpu_windows.to_vec(),
             imbalance_cpu_settled: settled(cpu_windows),
             utilisation: ws.iter().map(|w| if wall > 0.0 { w.busy_cycles as f64 / wall } else { 0.0 }).collect(),
+            work_ms: ws.iter().map(|w| work(w) as f64 * 1e3 / hz).collect(),
             latency_ns: [ns(hist.quantile(0.5)), ns(hist.quantile(0.99)), ns(hist.quantile(0.999))],
             latency_from: if paced { "arrival-to-transmit" } else { "receive-to-transmit" }.to_string(),
             busy_mpps: if busiest > 0.0 { packets as f64 / busiest / 1e6 } else { 0.0 },

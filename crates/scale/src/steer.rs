@@ -235,6 +235,9 @@ pub enum MoveError {
 #[derive(Default)]
 struct Padded {
     scan: AtomicU64,
+    /// The last real position published (kept when `scan` says finished):
+    /// a move's switch point must lie past a finished queue's end too.
+    last: AtomicU64,
     rx: AtomicU64,
     busy: AtomicU64,
     /// Stream position at the last publication of the per-key counts.
@@ -379,6 +382,9 @@ impl Steering {
     pub fn publish_progress(&self, q: usize, pos: u64, rx: u64) {
         if let Some(s) = self.scan.get(q) {
             s.rx.store(rx, Ordering::Relaxed);
+            if pos != u64::MAX {
+                s.last.store(pos, Ordering::SeqCst);
+            }
             s.scan.store(pos, Ordering::SeqCst);
         }
     }
@@ -472,10 +478,13 @@ impl Steering {
         }
         // Announce first, then read the positions: a queue that read the old
         // generation published its position before, and scans at most
-        // at most MAX_SCAN past it with the old view.
+        // MAX_SCAN past it with the old view. A finished queue counts with
+        // its end: a switch point before it would wait forever for a
+        // hand-over from a finished old owner, or give packets to a finished
+        // new owner (lost); past it, the move never switches and the key
+        // stays with its old owner.
         self.gen.fetch_add(1, Ordering::SeqCst);
-        let max_scan =
-            self.scan.iter().map(|s| s.scan.load(Ordering::SeqCst)).filter(|&p| p != u64::MAX).max().unwrap_or(0);
+        let max_scan = self.scan.iter().map(|s| s.last.load(Ordering::SeqCst)).max().unwrap_or(0);
         let at = max_scan + MAX_SCAN + 1;
         self.owner[key as usize].store(to, Ordering::SeqCst);
         let mv = Move { id: ctl.next_id, key, from, to, at };
@@ -784,5 +793,21 @@ mod tests {
         assert_eq!(mv0.len(), 1);
         s.retired(mv.id);
         assert_eq!(s.active_moves(), 0);
+    }
+
+    #[test]
+    fn a_move_never_switches_before_a_finished_queues_end() {
+        // Queue 1 finished at 40,000 (its old owner could never hand over, or
+        // as new owner it would never take the key's packets); queue 0 is at 100.
+        let c = Classifier::new(8, false, HashOn::FiveTuple, false, Vec::new()).unwrap();
+        let s = Steering::new(2, &c, &[]).unwrap();
+        s.publish_progress(0, 100, 50);
+        s.publish_progress(1, 40_000, 20_000);
+        s.publish_progress(1, u64::MAX, 20_000);
+        assert_eq!(s.slowest_other(0), u64::MAX, "a finished queue holds nobody back");
+        for (key, to) in [(1, 0), (2, 1)] {
+            let mv = s.start_move(key, to).unwrap();
+            assert_eq!(mv.at, 40_000 + MAX_SCAN + 1);
+        }
     }
 }

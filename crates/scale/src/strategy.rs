@@ -121,6 +121,12 @@ pub trait Strategy: Send {
     fn report_json(&self) -> Option<serde_json::Value> {
         None
     }
+    /// True once the strategy has done what the run is for: the run stops
+    /// (as at its deadline). Tests whose length is a number of moves, not
+    /// of packets, end this way.
+    fn finished(&self) -> bool {
+        false
+    }
 }
 
 /// Shared-nothing RSS sharding (a static table).

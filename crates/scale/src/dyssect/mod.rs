@@ -74,6 +74,10 @@ pub struct Config {
     pub max_moves: usize,
     /// Shards S (a power of two <= the RETA size): RETA entries sharing their low log2(S) bits.
     pub shards: usize,
+    /// Short timescale, fixed cores: a core may carry this times the mean
+    /// load before shards move (hysteresis: measured loads are noisy and
+    /// every move is a hand-over).
+    pub slack: f64,
 }
 
 impl Default for Config {
@@ -96,8 +100,12 @@ impl Default for Config {
             alpha: 0.05,
             min_cores: false,
             free_shards: 48,
-            max_moves: 8,
-            shards: 16,
+            // 64 shards of 8 RETA entries (16 shards of 32 balanced 8 cores
+            // coarsely and each move cost 32 hand-overs: shifting skew, 8
+            // projected cores, 0.5-0.9x rsspp; 64: 1.0x, moves halved).
+            max_moves: 32,
+            shards: 64,
+            slack: 1.15,
         }
     }
 }
@@ -160,6 +168,10 @@ pub struct Log {
     /// The priority class's SLO and the cap it gave (Kingman), if any.
     pub slo_us: Option<f64>,
 }
+
+/// An offloading core below this fraction of the mean load goes back to
+/// working at the next short-timescale step (fixed cores).
+const UNDERUSED: f64 = 0.5;
 
 /// A flow the controller tracks.
 #[derive(Clone, Copy, Debug)]
@@ -422,15 +434,28 @@ impl Dyssect {
             (r.assignment, "long", status, r.objective)
         } else {
             // Balancing (fixed cores): the heuristic also evens load out, to within
-            // 30% of the mean (Table IV's target with hysteresis: measured loads are
-            // noisy and every shard move is a hand-over), never beyond the caps.
+            // `slack` of the mean (Table IV's target with hysteresis: measured loads
+            // are noisy and every shard move is a hand-over), never beyond the caps.
             let mut tight = input.clone();
             if input.fixed_cores {
                 let avg = input.shard_load.iter().sum::<f64>() / nq as f64;
-                tight.cap_w = input.cap_w.min(avg * 1.3);
-                tight.cap_o = input.cap_o.min(avg * 1.3);
+                tight.cap_w = input.cap_w.min(avg * self.cfg.slack);
+                tight.cap_o = input.cap_o.min(avg * self.cfg.slack);
             }
-            let a = heuristic::step(&tight, &self.roles);
+            // An offloading core left with little (its flows' load moved on:
+            // the heavy flows shifted) works again until the next long decision
+            // instead of idling while working cores are loaded (fixed cores).
+            let mut roles = self.roles.clone();
+            if input.fixed_cores {
+                let u = input.old.loads(&input);
+                let avg = input.shard_load.iter().sum::<f64>() / nq as f64;
+                for (r, &l) in roles.iter_mut().zip(&u) {
+                    if *r == Role::Offloading && l < UNDERUSED * avg {
+                        *r = Role::Working;
+                    }
+                }
+            }
+            let a = heuristic::step(&tight, &roles);
             let o = milp::objective(&input, &a);
             (a, "short", "heuristic".to_string(), o)
         };
