@@ -409,8 +409,8 @@ fn run_chains(
     };
     let scr = scr.as_ref();
     let counts = strategy.as_ref().is_some_and(|s| s.counts_loads());
-    // SCR's logs must cover the drift between cores: keep the queues within a bounded distance.
-    let bounded = strategy.as_ref().is_some_and(|s| s.moves_flows()) || scr.is_some_and(|r| r.logs.is_some());
+    // SCR bounds the drift between cores itself (a replica waits before its log would overwrite).
+    let bounded = strategy.as_ref().is_some_and(|s| s.moves_flows());
     let stride = strategy.as_ref().map_or(0, |s| s.sample_stride());
     let steering = nic_parts.as_ref().map(|n| &*n.0);
     let classifier = nic_parts.as_ref().map(|n| &n.1);

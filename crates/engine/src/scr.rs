@@ -481,6 +481,10 @@ pub struct ScrCoreReport {
     pub table_full: u64,
     /// Table sweeps (deterministic, at 7/8 full).
     pub sweeps: u64,
+    /// Times logging waited for the slowest core to come within the log size (recovery on).
+    pub drift_waits: u64,
+    /// Cycles those waits took.
+    pub drift_wait_cycles: u64,
 }
 
 /// One core's private replica of the chain's state.
@@ -492,6 +496,8 @@ pub struct ScrReplica {
     logs: Option<Arc<ScrLogs>>,
     /// Highest sequence applied (`max[c]`).
     max: u64,
+    /// Highest sequence this core may log without waiting for the slowest (recovery on).
+    bound: u64,
     /// The stream's last sequence number (bounded runs): the replica catches up to it at the end.
     end: Option<u64>,
     batches: u64,
@@ -579,6 +585,7 @@ impl ScrReplica {
             seq,
             logs,
             max: 0,
+            bound: 0,
             end,
             batches: 0,
             flush: vec![ScrRecord::default(); h],
@@ -627,6 +634,9 @@ impl ScrReplica {
         let wrap = |i: usize| if i + 1 == h.len() { 0 } else { i + 1 };
         // Taken, not cloned: an Arc clone per packet would bounce its count between cores.
         if let Some(logs) = self.logs.take() {
+            if seq > self.bound {
+                self.wait_for_slowest(&logs, seq);
+            }
             let log = logs.log(self.core);
             // Algorithm 1 lines 6-14: the gap (LOST: below the new max,
             // not written) and the packet's entries are logged first.
@@ -801,6 +811,49 @@ impl ScrReplica {
             self.apply(&r);
             self.run_ff(chain);
             self.flush = h;
+        }
+    }
+
+    /// Keeps this core's log from overwriting entries a slower core may
+    /// still recover: logging `seq` waits until every other core still
+    /// receiving is within the log size (less a margin of 2N) behind it.
+    /// The bound is re-read only when `seq` passes it (a few times per log
+    /// length), so a core well within it pays one compare per packet. The
+    /// slowest core never waits here (nor in recovery, which only waits for
+    /// slower cores), so this cannot deadlock; a wait past the limit goes on
+    /// (an overwritten entry is then reported unrecoverable).
+    #[cold]
+    fn wait_for_slowest(&mut self, logs: &ScrLogs, seq: u64) {
+        let log = logs.log(self.core);
+        let room = (log.entries() as u64).saturating_sub(2 * self.seq.history() as u64).max(1);
+        let t0 = tsc::rdtsc();
+        let mut spins = 0u64;
+        loop {
+            let slowest = logs
+                .logs
+                .iter()
+                .enumerate()
+                .filter(|&(c, l)| c != self.core && l.claim.load(Ordering::Acquire) == 0)
+                .map(|(_, l)| l.max.load(Ordering::Acquire))
+                .min()
+                .unwrap_or(u64::MAX);
+            let bound = slowest.saturating_add(room);
+            let now = tsc::rdtsc();
+            if seq <= bound || now.saturating_sub(t0) > WAIT_LIMIT_CYCLES {
+                self.bound = bound.max(seq);
+                if spins > 0 {
+                    self.rep.drift_waits += 1;
+                    self.rep.drift_wait_cycles += now.saturating_sub(t0);
+                }
+                return;
+            }
+            spins += 1;
+            if spins.is_multiple_of(1024) {
+                // The slowest core may need this CPU (more threads than CPUs).
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
     }
 
@@ -979,13 +1032,14 @@ impl ScrReport {
         v.push(format!("scr replicas {verdict}: {}", digests.join(" ")));
         let sum = |f: fn(&ScrCoreReport) -> u64| self.cores.iter().map(f).sum::<u64>();
         v.push(format!(
-            "scr loss     {} lost, {} gaps: {} recovered, {} lost everywhere, {} unrecovered; {} table-full",
+            "scr loss     {} lost, {} gaps: {} recovered, {} lost everywhere, {} unrecovered; {} table-full; {} drift waits",
             sum(|c| c.lost),
             sum(|c| c.gaps),
             sum(|c| c.recovered),
             sum(|c| c.lost_everywhere),
             sum(|c| c.unrecovered),
-            sum(|c| c.table_full)
+            sum(|c| c.table_full),
+            sum(|c| c.drift_waits)
         ));
         v
     }
