@@ -91,6 +91,9 @@ pub struct ScrLog {
     max: AtomicU64,
     /// Highest sequence number the owner is writing (>= `max`).
     writing: AtomicU64,
+    /// Every sequence up to this one the core has received or read from
+    /// another log: it reads no log below it again (the drift bound).
+    resolved: AtomicU64,
     /// The core has finished (its log will not change).
     done: AtomicBool,
     /// The core has stopped receiving: the last sequence number it knows
@@ -120,6 +123,7 @@ impl ScrLog {
         ScrLog {
             max: AtomicU64::new(0),
             writing: AtomicU64::new(0),
+            resolved: AtomicU64::new(0),
             done: AtomicBool::new(false),
             claim: AtomicU64::new(0),
             tags: (0..n).map(|_| AtomicU64::new(0)).collect(),
@@ -348,6 +352,14 @@ impl ReplicaTable {
         &mut bytemuck::cast_slice_mut::<u64, u8>(w)[..self.size]
     }
 
+    /// Slot `at`'s last-seen time, the idle timeout and its state (a run of
+    /// records of one key updates them without a lookup each).
+    #[inline(always)]
+    pub(crate) fn slot_parts(&mut self, at: usize) -> (&mut u64, u64, &mut [u8]) {
+        let w = &mut self.states[at * self.stride..(at + 1) * self.stride];
+        (&mut self.hdr[at].last, self.timeout_ns, &mut bytemuck::cast_slice_mut::<u64, u8>(w)[..self.size])
+    }
+
     /// Touches slot `at` at `now`: whether the state starts over (idle past the timeout).
     #[inline(always)]
     fn touch(&mut self, at: usize, now: u64) -> Slot {
@@ -467,6 +479,10 @@ pub struct ScrCoreReport {
     pub ff_cycles_sampled: u64,
     /// Own packets in the sampled batches.
     pub ff_packets_sampled: u64,
+    /// Sampled: cycles of the own packets' actions (every NF, the same batches).
+    pub own_cycles_sampled: u64,
+    /// Cycles the sequencer spent on this core's packets (the NIC's or switch's work).
+    pub seq_cycles: u64,
     /// Packets this core lost between the sequencer and itself (injected).
     pub lost: u64,
     /// Sequence numbers missing from the history a core received (lost packets' coverage).
@@ -601,82 +617,92 @@ impl ScrReplica {
         self.ff.push(*r);
     }
 
-    /// Fast-forwards the queued entries: each NF over all of them in order,
-    /// the next NF over those the previous ones passed (the same result as
-    /// entry by entry through the chain: an NF's state sees only its own
-    /// sequence of surviving entries). One monomorphised loop per NF.
+    /// Fast-forwards the queued entries (recovered ones).
     #[inline]
     fn run_ff(&mut self, chain: &mut Chain) {
         if self.ff.is_empty() {
             return;
         }
-        self.rep.fast_forwarded += self.ff.len() as u64;
-        self.alive.clear();
-        self.alive.extend(self.ff.iter().map(|r| r.valid()));
-        for (s, t) in chain.stages.iter_mut().zip(self.tables.iter_mut()) {
-            if let (Stage::Stateful { nf, .. }, Some(t)) = (s, t.as_mut()) {
-                nf.scr_fast_forward(t, &self.ff, &mut self.alive);
-            }
-        }
+        let ff = std::mem::take(&mut self.ff);
+        self.ff_over(chain, &ff);
+        self.ff = ff;
         self.ff.clear();
     }
 
+    /// Fast-forwards `recs` in order: each NF over all of them, the next
+    /// NF over those the previous ones passed (the same result as entry by
+    /// entry through the chain: an NF's state sees only its own sequence of
+    /// surviving entries). One monomorphised loop per NF.
+    #[inline]
+    fn ff_over(&mut self, chain: &mut Chain, recs: &[ScrRecord]) {
+        if recs.is_empty() {
+            return;
+        }
+        self.rep.fast_forwarded += recs.len() as u64;
+        self.alive.clear();
+        self.alive.extend(recs.iter().map(|r| r.valid()));
+        for (s, t) in chain.stages.iter_mut().zip(self.tables.iter_mut()) {
+            if let (Stage::Stateful { nf, .. }, Some(t)) = (s, t.as_mut()) {
+                nf.scr_fast_forward(t, recs, &mut self.alive);
+            }
+        }
+    }
+
     /// Brings the replica up to just before `seq` from the history `h`
-    /// (sequence `s` at slot `(s-1) % N`), logging and recovering per
+    /// (oldest first, `seq`'s own record last), logging and recovering per
     /// Algorithm 1 when logs are on. `seq` itself is logged, not applied.
     fn catch_up(&mut self, chain: &mut Chain, seq: u64, h: &[ScrRecord]) {
         let n = h.len() as u64;
         let minseq = seq.saturating_sub(n - 1).max(1);
         let from = self.max + 1;
-        // Sequence k sits at slot (k - 1) % n: one division, then a wrapping index.
         let first = from.max(minseq);
-        let slot0 = ((first - 1) % n) as usize;
-        let wrap = |i: usize| if i + 1 == h.len() { 0 } else { i + 1 };
+        // Sequence k sits at h[n - 1 - (seq - k)].
+        let at = |k: u64| (n - 1 - (seq - k)) as usize;
         // Taken, not cloned: an Arc clone per packet would bounce its count between cores.
         if let Some(logs) = self.logs.take() {
+            let log = logs.log(self.core);
+            // Algorithm 1 lines 6-14 in order: the gap is marked LOST (max
+            // raised, nothing written) and each of its entries recovered
+            // from the other logs, then the packet's entries are logged.
+            if minseq > from {
+                log.publish(minseq - 1);
+                for k in from..minseq {
+                    if self.ff.len() == self.ff.capacity() {
+                        self.run_ff(chain);
+                    }
+                    // Reading k: the others must not overwrite it yet.
+                    log.resolved.store(k - 1, Ordering::Release);
+                    self.rep.gaps += 1;
+                    match recover(&logs, self.core, k) {
+                        Recovered::Rec(r) => {
+                            self.rep.recovered += 1;
+                            self.apply(&r);
+                        }
+                        Recovered::LostEverywhere => self.rep.lost_everywhere += 1,
+                        Recovered::Unrecoverable => self.rep.unrecovered += 1,
+                    }
+                }
+                log.resolved.store(minseq - 1, Ordering::Release);
+            }
             if seq > self.bound {
                 self.wait_for_slowest(&logs, seq);
             }
-            let log = logs.log(self.core);
-            // Algorithm 1 lines 6-14: the gap (LOST: below the new max,
-            // not written) and the packet's entries are logged first.
             log.begin(seq);
-            let mut i = slot0;
-            for k in first..=seq {
-                log.put(k, &h[i]);
-                i = wrap(i);
+            for (k, r) in (first..=seq).zip(&h[at(first)..]) {
+                log.put(k, r);
             }
             log.publish(seq);
-            for k in from..minseq.min(seq) {
-                if self.ff.len() == self.ff.capacity() {
-                    self.run_ff(chain);
-                }
-                self.rep.gaps += 1;
-                match recover(&logs, self.core, k) {
-                    Recovered::Rec(r) => {
-                        self.rep.recovered += 1;
-                        self.apply(&r);
-                    }
-                    Recovered::LostEverywhere => self.rep.lost_everywhere += 1,
-                    Recovered::Unrecoverable => self.rep.unrecovered += 1,
-                }
-            }
+            log.resolved.store(seq, Ordering::Release);
             self.logs = Some(logs);
+            self.run_ff(chain);
         } else if minseq > from {
             let g = minseq.min(seq) - from;
             self.rep.gaps += g;
             self.rep.unrecovered += g;
         }
-        let mut i = slot0;
-        for _ in first..seq {
-            if self.ff.len() == self.ff.capacity() {
-                self.run_ff(chain);
-            }
-            let r = h[i];
-            self.apply(&r);
-            i = wrap(i);
+        if first < seq {
+            self.ff_over(chain, &h[at(first)..at(seq)]);
         }
-        self.run_ff(chain);
         self.max = self.max.max(seq);
     }
 
@@ -686,6 +712,7 @@ impl ScrReplica {
         let n = batch.len().min(side.seqs.len());
         let hn = side.history;
         self.batches += 1;
+        self.rep.seq_cycles = side.cycles;
         let sample = self.batches.is_multiple_of(SAMPLE_EVERY);
         for i in 0..n {
             let s = side.seqs[i];
@@ -696,17 +723,21 @@ impl ScrReplica {
                 self.rep.unrecovered += 1;
                 continue;
             }
+            self.rep.own += 1;
+            let r = h[hn - 1];
             if sample {
                 let t0 = tsc::rdtsc();
                 self.catch_up(chain, s, h);
-                self.rep.ff_cycles_sampled += tsc::rdtsc().saturating_sub(t0);
+                let t1 = tsc::rdtsc();
+                self.own_packet(chain, batch, i, &r, ctx);
+                let t2 = tsc::rdtsc();
+                self.rep.ff_cycles_sampled += t1.saturating_sub(t0);
+                self.rep.own_cycles_sampled += t2.saturating_sub(t1);
                 self.rep.ff_packets_sampled += 1;
             } else {
                 self.catch_up(chain, s, h);
+                self.own_packet(chain, batch, i, &r, ctx);
             }
-            self.rep.own += 1;
-            let r = h[((s - 1) % hn as u64) as usize];
-            self.own_packet(chain, batch, i, &r, ctx);
         }
     }
 
@@ -716,8 +747,7 @@ impl ScrReplica {
     #[cfg(test)]
     fn step_record(&mut self, chain: &mut Chain, seq: u64, h: &[ScrRecord]) {
         self.catch_up(chain, seq, h);
-        let r = h[((seq - 1) % h.len() as u64) as usize];
-        self.apply(&r);
+        self.apply(&h[h.len() - 1]);
         self.run_ff(chain);
     }
 
@@ -802,13 +832,11 @@ impl ScrReplica {
             self.end = None;
         }
         if let Some(end) = self.end.filter(|&e| e > self.max) {
-            let hn = self.seq.history();
             let mut h = std::mem::take(&mut self.flush);
             self.seq.fill(end, &mut h);
             self.catch_up(chain, end, &h);
             // The last sequence is nobody's own packet here: apply it too.
-            let r = h[((end - 1) % hn as u64) as usize];
-            self.apply(&r);
+            self.apply(&h[h.len() - 1]);
             self.run_ff(chain);
             self.flush = h;
         }
@@ -816,16 +844,25 @@ impl ScrReplica {
 
     /// Keeps this core's log from overwriting entries a slower core may
     /// still recover: logging `seq` waits until every other core still
-    /// receiving is within the log size (less a margin of 2N) behind it.
-    /// The bound is re-read only when `seq` passes it (a few times per log
-    /// length), so a core well within it pays one compare per packet. The
-    /// slowest core never waits here (nor in recovery, which only waits for
-    /// slower cores), so this cannot deadlock; a wait past the limit goes on
-    /// (an overwritten entry is then reported unrecoverable).
+    /// receiving has resolved (received or recovered) everything up to
+    /// `seq - (L - N)` (L log entries, N history). The bound is re-read only
+    /// when `seq` passes it (a few times per log length), so a core well
+    /// within it pays one compare per packet.
+    ///
+    /// No deadlock (L >= 2N): a core waits here only after resolving its
+    /// gap, so its max and resolved mark are at least `seq - N`. A core
+    /// recovering `k` waits only for a core C whose max is below `k`; if C
+    /// waits here, C's seq exceeds `k - 1 + L - N`, so its max is at least
+    /// `k`: C does not hold `k` back. Two cores waiting here for each other
+    /// would each be more than `L - N` ahead of the other's `seq - N`:
+    /// impossible. Recoveries cannot wait in a cycle either (each waits
+    /// for a lower max). A wait past the limit goes on (an overwritten
+    /// entry is then reported unrecoverable).
     #[cold]
     fn wait_for_slowest(&mut self, logs: &ScrLogs, seq: u64) {
         let log = logs.log(self.core);
-        let room = (log.entries() as u64).saturating_sub(2 * self.seq.history() as u64).max(1);
+        let nh = self.seq.history() as u64;
+        let room = (log.entries() as u64).saturating_sub(nh).max(nh);
         let t0 = tsc::rdtsc();
         let mut spins = 0u64;
         loop {
@@ -834,7 +871,7 @@ impl ScrReplica {
                 .iter()
                 .enumerate()
                 .filter(|&(c, l)| c != self.core && l.claim.load(Ordering::Acquire) == 0)
-                .map(|(_, l)| l.max.load(Ordering::Acquire))
+                .map(|(_, l)| l.resolved.load(Ordering::Acquire))
                 .min()
                 .unwrap_or(u64::MAX);
             let bound = slowest.saturating_add(room);
@@ -867,6 +904,7 @@ impl ScrReplica {
             if self.ff.len() == self.ff.capacity() {
                 self.run_ff(chain);
             }
+            log.resolved.store(k - 1, Ordering::Release);
             self.rep.gaps += 1;
             match recover(logs, self.core, k) {
                 Recovered::Rec(r) => {
@@ -877,6 +915,7 @@ impl ScrReplica {
                 Recovered::Unrecoverable => self.rep.unrecovered += 1,
             }
         }
+        log.resolved.store(target, Ordering::Release);
         self.run_ff(chain);
         self.max = target;
     }
@@ -975,6 +1014,10 @@ pub struct ScrReport {
     pub ff_cycles_per_packet: f64,
     /// History entries fast-forwarded per own packet.
     pub ff_entries_per_packet: f64,
+    /// Own packet's actions (every NF), cycles per packet (the same sampled batches).
+    pub own_cycles_per_packet: f64,
+    /// The sequencer's cycles per packet (stamping, history; the NIC's work, not in the workers' figures).
+    pub seq_cycles_per_packet: f64,
     /// Loss recovery (logs, Algorithm 1) on.
     pub recovery: bool,
     /// Injected loss rate.
@@ -994,6 +1037,8 @@ impl ScrReport {
         let own: u64 = cores.iter().map(|c| c.own).sum();
         let ff: u64 = cores.iter().map(|c| c.fast_forwarded).sum();
         let (cy, pk) = cores.iter().fold((0, 0), |a, c| (a.0 + c.ff_cycles_sampled, a.1 + c.ff_packets_sampled));
+        let owncy: u64 = cores.iter().map(|c| c.own_cycles_sampled).sum();
+        let seqcy: u64 = cores.iter().map(|c| c.seq_cycles).sum();
         let consistent = cores.windows(2).all(|w| w[0].digest == w[1].digest && w[0].max_seq == w[1].max_seq);
         ScrReport {
             history,
@@ -1002,6 +1047,8 @@ impl ScrReport {
             copied_bytes_per_packet: history * std::mem::size_of::<ScrRecord>(),
             ff_cycles_per_packet: if pk > 0 { cy as f64 / pk as f64 } else { 0.0 },
             ff_entries_per_packet: if own > 0 { ff as f64 / own as f64 } else { 0.0 },
+            own_cycles_per_packet: if pk > 0 { owncy as f64 / pk as f64 } else { 0.0 },
+            seq_cycles_per_packet: if own > 0 { seqcy as f64 / own as f64 } else { 0.0 },
             recovery,
             loss,
             consistent,
@@ -1023,6 +1070,15 @@ impl ScrReport {
             if self.recovery { "on" } else { "off" },
             self.loss
         )];
+        let per_entry = if self.ff_entries_per_packet > 0.0 {
+            format!(" ({:.1}/entry)", self.ff_cycles_per_packet / self.ff_entries_per_packet)
+        } else {
+            String::new()
+        };
+        v.push(format!(
+            "scr cycles   per packet: sequencer {:.1} (NIC side), fast-forward {:.1}{}, own packet {:.1} (TSC, sampled batches)",
+            self.seq_cycles_per_packet, self.ff_cycles_per_packet, per_entry, self.own_cycles_per_packet
+        ));
         let digests: Vec<String> = self.cores.iter().map(|c| format!("{:016x}", c.digest)).collect();
         let verdict = match (self.comparable, self.consistent) {
             (false, _) => "not comparable (run stopped by time: replicas at different points)",
