@@ -32,16 +32,22 @@ use serde::Serialize;
 use crate::chain::{Chain, Stage};
 use crate::stage::apply_action;
 
-/// Default log entries per core (a power of two; 640 KB): cache-resident,
-/// and far more than the usual distance between cores (a few bursts). The
-/// emulated NIC bounds the drift between queues to
-/// [`flowplane_scale::steer::MAX_DRIFT`] positions; a core further behind
-/// than the log finds entries overwritten and reports them unrecoverable
-/// (`--scr-log` raises it; the paper's logs have 1024 entries).
-pub const DEFAULT_LOG: usize = 1 << 14;
+/// Default log entries per core (a power of two; 40 B each: 10 MB). A
+/// core logs every sequence it receives (streaming writes: any log larger
+/// than the cache costs the same per packet), and a core may run at most
+/// the log size (less N) ahead of the slowest before it waits (see
+/// `ScrReplica::wait_for_slowest`): 256 K sequences is tens of
+/// milliseconds at full speed, more than a descheduled thread on a shared
+/// machine usually loses, so cores on dedicated CPUs practically never
+/// wait (`--scr-log` changes it; the paper's logs have 1024 entries).
+pub const DEFAULT_LOG: usize = 1 << 18;
 
 /// Batches between two samples of the fast-forward cost (two TSC reads per packet when sampled).
 const SAMPLE_EVERY: u64 = 16;
+
+/// A sampled packet taking longer than this (cycles) was preempted or
+/// waited (recovery, drift): left out of the per-packet cost figures.
+const SAMPLE_MAX_CYCLES: u64 = 20_000;
 
 /// Spins before a core waiting for another core's log entry gives up and
 /// declares the entry unrecoverable (never hang: ~2^32 cycles is seconds).
@@ -659,7 +665,14 @@ impl ScrReplica {
         // Sequence k sits at h[n - 1 - (seq - k)].
         let at = |k: u64| (n - 1 - (seq - k)) as usize;
         // Taken, not cloned: an Arc clone per packet would bounce its count between cores.
-        if let Some(logs) = self.logs.take() {
+        if self.logs.as_ref().is_some_and(|l| l.logs.len() == 1) {
+            // Algorithm 1 with no other core: every gap is lost everywhere,
+            // and nobody would read the log: not written.
+            if minseq > from {
+                self.rep.gaps += minseq - from;
+                self.rep.lost_everywhere += minseq - from;
+            }
+        } else if let Some(logs) = self.logs.take() {
             let log = logs.log(self.core);
             // Algorithm 1 lines 6-14 in order: the gap is marked LOST (max
             // raised, nothing written) and each of its entries recovered
@@ -731,9 +744,12 @@ impl ScrReplica {
                 let t1 = tsc::rdtsc();
                 self.own_packet(chain, batch, i, &r, ctx);
                 let t2 = tsc::rdtsc();
-                self.rep.ff_cycles_sampled += t1.saturating_sub(t0);
-                self.rep.own_cycles_sampled += t2.saturating_sub(t1);
-                self.rep.ff_packets_sampled += 1;
+                // A sample the thread was preempted in says nothing about the work: dropped.
+                if t2.saturating_sub(t0) < SAMPLE_MAX_CYCLES {
+                    self.rep.ff_cycles_sampled += t1.saturating_sub(t0);
+                    self.rep.own_cycles_sampled += t2.saturating_sub(t1);
+                    self.rep.ff_packets_sampled += 1;
+                }
             } else {
                 self.catch_up(chain, s, h);
                 self.own_packet(chain, batch, i, &r, ctx);
@@ -863,6 +879,10 @@ impl ScrReplica {
         let log = logs.log(self.core);
         let nh = self.seq.history() as u64;
         let room = (log.entries() as u64).saturating_sub(nh).max(nh);
+        // Once waiting, wait until the slowest is half the spare room
+        // closer (the bound still leaves N: the argument above holds):
+        // few long waits rather than a lockstep of short ones.
+        let hyst = (room - nh.min(room)) / 2;
         let t0 = tsc::rdtsc();
         let mut spins = 0u64;
         loop {
@@ -876,7 +896,8 @@ impl ScrReplica {
                 .unwrap_or(u64::MAX);
             let bound = slowest.saturating_add(room);
             let now = tsc::rdtsc();
-            if seq <= bound || now.saturating_sub(t0) > WAIT_LIMIT_CYCLES {
+            let need = if spins == 0 { seq } else { seq.saturating_add(hyst) };
+            if need <= bound || now.saturating_sub(t0) > WAIT_LIMIT_CYCLES {
                 self.bound = bound.max(seq);
                 if spins > 0 {
                     self.rep.drift_waits += 1;
@@ -885,8 +906,11 @@ impl ScrReplica {
                 return;
             }
             spins += 1;
-            if spins.is_multiple_of(1024) {
-                // The slowest core may need this CPU (more threads than CPUs).
+            if spins > 4096 {
+                // A long wait: the slowest core is likely descheduled and
+                // may need this CPU (more threads than CPUs): sleep.
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            } else if spins.is_multiple_of(256) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -989,7 +1013,9 @@ impl ScrRun {
         }
         let seq = Arc::new(Sequencer::new(trace, history, cfg.loss, cfg.seed));
         let end = loops.map(|l| l.saturating_mul(seq.stream_len()));
-        let logs = cfg.recovery.then(|| Arc::new(ScrLogs::new(workers, cfg.log_entries)));
+        // One core has no other log to recover from: a token log (never written per packet).
+        let entries = if workers > 1 { cfg.log_entries } else { 2 };
+        let logs = cfg.recovery.then(|| Arc::new(ScrLogs::new(workers, entries)));
         let keys = (1..=seq.stream_len())
             .map(|s| seq.record(s).connection_key())
             .collect::<std::collections::HashSet<u128>>()

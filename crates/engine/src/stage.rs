@@ -231,19 +231,24 @@ fn scr_ff_loop<T: StatefulNf, K: Fn(&flowplane_nf::stateful::ScrRecord) -> u128>
         }
         alive[i] = nf.scr_transition(st, r, &ctx);
         i += 1;
-        // The same key again (a heavy flow's run): the state in hand, no
-        // lookup; last-seen and expiry exactly as `lookup` keeps them.
-        while i < n && alive[i] && key(&recs[i]) == k {
-            let r = &recs[i];
-            let now = r.ts_ns();
-            let fresh = now.saturating_sub(*last) > timeout;
-            *last = if fresh { now } else { (*last).max(now) };
-            let ctx = NfContext { now_tsc: 0, now_ns: now };
-            if fresh {
-                *st = nf.scr_init(r, &ctx);
+        // The same key again (a heavy flow's run): the state in hand (in
+        // registers, written back once), no lookup; last-seen and expiry
+        // exactly as `lookup` keeps them.
+        if i < n && alive[i] && key(&recs[i]) == k {
+            let (mut l, mut s) = (*last, *st);
+            while i < n && alive[i] && key(&recs[i]) == k {
+                let r = &recs[i];
+                let now = r.ts_ns();
+                let fresh = now.saturating_sub(l) > timeout;
+                l = if fresh { now } else { l.max(now) };
+                let ctx = NfContext { now_tsc: 0, now_ns: now };
+                if fresh {
+                    s = nf.scr_init(r, &ctx);
+                }
+                alive[i] = nf.scr_transition(&mut s, r, &ctx);
+                i += 1;
             }
-            alive[i] = nf.scr_transition(st, r, &ctx);
-            i += 1;
+            (*last, *st) = (l, s);
         }
     }
 }

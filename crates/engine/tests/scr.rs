@@ -119,6 +119,11 @@ fn loss_is_recovered_or_reported() {
         assert!(sum(|c| c.recovered) > 0);
         assert!(s.consistent && s.comparable, "{:?}", s.cores);
     }
+    // One core: nobody to recover from, every gap lost everywhere (consistently).
+    let scr = ScrConfig { recovery: true, loss: 0.05, seed: 11, ..ScrConfig::default() };
+    let s = run(chain, gen(false, Proto::Tcp), "scr", 1, None, scr).scr.unwrap();
+    assert_eq!(s.cores[0].unrecovered, 0);
+    assert!(s.cores[0].lost_everywhere > 0 && s.comparable);
     // Without recovery the skipped entries are counted and the digests say so.
     let scr = ScrConfig { loss: 0.05, seed: 11, ..ScrConfig::default() };
     let s = run(chain, gen(false, Proto::Tcp), "scr", 2, None, scr).scr.unwrap();
