@@ -14,6 +14,15 @@
 //! from the other cores' logs), and the state digest that proves the
 //! replicas identical at the end of a run.
 //!
+//! Algorithm 1 assumes a later packet reveals every loss. At the end of a
+//! run (finite trace, or stopped by `--duration`) each core claims the last
+//! sequence number it knows the sequencer emitted, and every core catches
+//! up to the highest claim from the other cores' logs: a loss burst that
+//! reaches the end is recovered, lost everywhere, or reported, like any
+//! other. A core never runs more than the log size ahead of what the
+//! slowest core still has to read (it waits; see `wait_for_slowest`), so
+//! entries are overwritten only past the wait limit, and then reported.
+//!
 //! Replicas stay identical because everything that changes them is a
 //! function of the packet sequence: the records (keys, fields, time),
 //! insertion and idle expiry on record time, and the table sweep (run when

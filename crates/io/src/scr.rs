@@ -62,13 +62,7 @@ impl Sequencer {
             recs.push(r);
         }
         let loss = if loss_rate <= 0.0 { 0 } else { (loss_rate.min(1.0) * u64::MAX as f64) as u64 };
-        Sequencer {
-            recs: recs.into_boxed_slice(),
-            loop_ns: trace.loop_ns,
-            history: history.max(1),
-            loss,
-            seed,
-        }
+        Sequencer { recs: recs.into_boxed_slice(), loop_ns: trace.loop_ns, history: history.max(1), loss, seed }
     }
 
     /// Records per packet (N).
