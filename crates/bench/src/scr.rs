@@ -62,6 +62,10 @@ pub struct ScrOptions {
     pub burn: Vec<u32>,
     /// Loss rates for the Fig. 10 sweep.
     pub losses: Vec<f64>,
+    /// `flowplane mlffr` per real-core configuration, with trials of this
+    /// length (None: not measured; projected rows never: a paced run of
+    /// logical workers taking turns is no machine's loss-free rate).
+    pub mlffr_trial: Option<std::time::Duration>,
 }
 
 impl ScrOptions {
@@ -77,6 +81,7 @@ impl ScrOptions {
             strategies: vec!["rss".into(), "shared".into(), "scr".into()],
             burn: if quick { vec![0, 64] } else { vec![0, 16, 64, 256, 1024] },
             losses: vec![0.0, 0.0001, 0.001, 0.01],
+            mlffr_trial: None,
         }
     }
 }
@@ -112,6 +117,8 @@ pub struct Row {
     pub ff_cycles: Option<f64>,
     /// scr: replicas identical at the end.
     pub identical: Option<bool>,
+    /// Maximum loss-free forwarding rate (Mpps; `flowplane mlffr`, 0.1% loss, 2% resolution), when asked.
+    pub mlffr_mpps: Option<f64>,
     /// Why the runtime refused.
     pub refused: Option<String>,
 }
@@ -125,14 +132,39 @@ fn gen(trace: &str, packets: u64, both: bool) -> Result<GenConfig, String> {
     Ok(g)
 }
 
-/// One run's figure: (Mpps, report).
-fn measure(cfg: &RunConfig, chain: &str, g: &GenConfig, reps: usize) -> Result<(f64, Report), String> {
+/// One run's figure: (Mpps, report, MLFFR in Mpps when `mlffr` gives a trial length and the cores are real).
+fn measure(
+    cfg: &RunConfig,
+    chain: &str,
+    g: &GenConfig,
+    reps: usize,
+    mlffr: Option<std::time::Duration>,
+) -> Result<(f64, Report, Option<f64>), String> {
     let spec = spec::parse(chain).map_err(|e| e.to_string())?;
     let gen = Generator::new(g.clone()).map_err(|e| e.to_string())?;
     let p = prepare(cfg, &spec, Input::Generated(Box::new(gen)), false).map_err(|e| e.to_string())?;
+    let (m, r) = best_of(cfg, &spec, &p, reps)?;
+    let rate = match mlffr {
+        Some(trial) if cfg.virtual_cores.is_none() => {
+            let mc = flowplane_engine::mlffr::MlffrConfig { trial, resolution: 0.02, ..Default::default() };
+            let x = flowplane_engine::mlffr::search(cfg, &spec, &p, &mc).map_err(|e| e.to_string())?;
+            Some(x.mlffr_pps / 1e6)
+        }
+        _ => None,
+    };
+    Ok((m, r, rate))
+}
+
+/// The best of `reps` runs: (Mpps, report).
+fn best_of(
+    cfg: &RunConfig,
+    spec: &flowplane_engine::spec::ChainSpec,
+    p: &flowplane_engine::runner::Prepared,
+    reps: usize,
+) -> Result<(f64, Report), String> {
     let mut best: Option<(f64, Report)> = None;
     for _ in 0..reps.max(1) {
-        let r = run_prepared(cfg, &spec, &p, Output::Discard).map_err(|e| e.to_string())?;
+        let r = run_prepared(cfg, spec, p, Output::Discard).map_err(|e| e.to_string())?;
         let sc = r.scale.as_ref();
         let m = if cfg.virtual_cores.is_some() {
             sc.and_then(|s| s.projected_mpps).unwrap_or(0.0)
@@ -159,10 +191,11 @@ fn config(n: usize, real: usize, strategy: &str, loops: u64, scr: ScrConfig) -> 
     }
 }
 
-fn fill(row: &mut Row, res: Result<(f64, Report), String>) {
+fn fill(row: &mut Row, res: Result<(f64, Report, Option<f64>), String>) {
     match res {
-        Ok((m, r)) => {
+        Ok((m, r, mlffr)) => {
             row.mpps = Some(m);
+            row.mlffr_mpps = mlffr;
             if let Some(s) = &r.scr {
                 row.history_bytes = Some(s.history_bytes_per_packet);
                 row.ff_cycles = Some(s.ff_cycles_per_packet);
@@ -206,7 +239,7 @@ pub fn run_scr(o: &ScrOptions, mut progress: impl FnMut(&Row)) -> Result<Vec<Row
                         ..Row::default()
                     };
                     let cfg = config(n, real, s, o.loops, ScrConfig::default());
-                    fill(&mut row, measure(&cfg, chain, &g, o.reps));
+                    fill(&mut row, measure(&cfg, chain, &g, o.reps, o.mlffr_trial));
                     push(row, &mut one, &mut rows);
                 }
             }
@@ -229,7 +262,7 @@ pub fn run_scr(o: &ScrOptions, mut progress: impl FnMut(&Row)) -> Result<Vec<Row
                 ..Row::default()
             };
             let cfg = config(n, real, "scr", o.loops, ScrConfig::default());
-            fill(&mut row, measure(&cfg, &chain, &g, o.reps));
+            fill(&mut row, measure(&cfg, &chain, &g, o.reps, o.mlffr_trial));
             push(row, &mut one, &mut rows);
         }
     }
@@ -250,7 +283,7 @@ pub fn run_scr(o: &ScrOptions, mut progress: impl FnMut(&Row)) -> Result<Vec<Row
             ..Row::default()
         };
         let cfg = config(real, real, "scr", o.loops, ScrConfig { recovery, loss, seed: 7, ..ScrConfig::default() });
-        fill(&mut row, measure(&cfg, "portknock", &g, o.reps));
+        fill(&mut row, measure(&cfg, "portknock", &g, o.reps, o.mlffr_trial));
         // Ratios against recovery off.
         let m = row.mpps;
         row.cores = real;
@@ -270,8 +303,20 @@ pub fn run_scr(o: &ScrOptions, mut progress: impl FnMut(&Row)) -> Result<Vec<Row
 /// The table.
 pub fn table(rows: &[Row]) -> String {
     let mut s = format!(
-        "{:<9} {:<10} {:<10} {:<7} {:>5} {:>6} {:>7} {:>9} {:>7} {:>8} {:>9} {:>9}\n",
-        "exp", "program", "trace", "scale", "cores", "iters", "loss%", "Mpps", "x1", "hist B", "ff cyc/p", "replicas"
+        "{:<9} {:<10} {:<10} {:<7} {:>5} {:>6} {:>7} {:>9} {:>7} {:>8} {:>9} {:>9} {:>7}\n",
+        "exp",
+        "program",
+        "trace",
+        "scale",
+        "cores",
+        "iters",
+        "loss%",
+        "Mpps",
+        "x1",
+        "hist B",
+        "ff cyc/p",
+        "replicas",
+        "MLFFR"
     );
     for r in rows {
         let cores = if r.projected { format!("{}p", r.cores) } else { r.cores.to_string() };
@@ -291,16 +336,17 @@ pub fn table(rows: &[Row]) -> String {
         match (&r.refused, r.mpps) {
             (Some(e), _) => s.push_str(&format!("{head} refused: {e}\n")),
             (None, m) => s.push_str(&format!(
-                "{head} {:>9.2} {:>7} {:>8} {:>9} {:>9}\n",
+                "{head} {:>9.2} {:>7} {:>8} {:>9} {:>9} {:>7}\n",
                 m.unwrap_or(0.0),
                 r.ratio.map_or("-".to_string(), |x| format!("{x:.2}")),
                 r.history_bytes.map_or("-".to_string(), |b| b.to_string()),
                 r.ff_cycles.map_or("-".to_string(), |c| format!("{c:.0}")),
                 r.identical.map_or("-", |i| if i { "identical" } else { "DIVERGED" }),
+                r.mlffr_mpps.map_or("-".to_string(), |x| format!("{x:.2}")),
             )),
         }
     }
-    s.push_str("(Mpps: packets / the busiest worker's own busy time, best of the runs; Np: projected from N logical workers on one core; x1: against the same strategy on 1 core, recovery rows against recovery off)\n");
+    s.push_str("(Mpps: packets / the busiest worker's own busy time, best of the runs; Np: projected from N logical workers on one core; x1: against the same strategy on 1 core, recovery rows against recovery off; MLFFR: `flowplane mlffr` in Mpps with --mlffr, real cores only)\n");
     s
 }
 
@@ -410,11 +456,16 @@ mod tests {
             strategies: vec!["rss".into(), "shared".into(), "scr".into()],
             burn: vec![0, 32],
             losses: vec![0.0, 0.01],
+            mlffr_trial: None,
         };
         let rows = run_scr(&o, |_| {}).unwrap();
         assert_eq!(rows.len(), 2 * 3 * 3 + 2 * 3 + 3);
         let scr: Vec<&Row> = rows.iter().filter(|r| r.strategy == "scr" && r.mpps.is_some()).collect();
-        assert!(scr.len() >= 2 * 3 + 2 * 3 + 3);
+        assert!(
+            scr.len() >= 2 * 3 + 2 * 3 + 3,
+            "{:?}",
+            rows.iter().filter(|r| r.refused.is_some()).collect::<Vec<_>>()
+        );
         for r in &scr {
             if r.recovery || r.loss == 0.0 {
                 assert_eq!(r.identical, Some(true), "{r:?}");
@@ -428,5 +479,27 @@ mod tests {
         let files = plot(&rows, &dir).unwrap();
         assert_eq!(files.len(), 3);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn mlffr_is_searched_on_real_cores_only() {
+        let o = ScrOptions {
+            packets: 5_000,
+            loops: 1,
+            reps: 1,
+            cores: vec![1, 3],
+            programs: vec!["ddos".into()],
+            traces: vec!["single".into()],
+            strategies: vec!["scr".into()],
+            burn: vec![],
+            losses: vec![],
+            mlffr_trial: Some(std::time::Duration::from_millis(40)),
+        };
+        let rows = run_scr(&o, |_| {}).unwrap();
+        let one = rows.iter().find(|r| r.experiment == "scaling" && r.cores == 1).unwrap();
+        assert!(one.mlffr_mpps.is_some_and(|m| m > 0.0), "{one:?}");
+        let proj = rows.iter().find(|r| r.experiment == "scaling" && r.cores == 3).unwrap();
+        assert!(proj.projected && proj.mlffr_mpps.is_none(), "{proj:?}");
+        assert!(table(&rows).contains("MLFFR"));
     }
 }

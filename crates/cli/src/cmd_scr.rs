@@ -37,6 +37,11 @@ pub struct ScrArgs {
     /// Loss rates of the Fig. 10 sweep (fractions), comma-separated.
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub losses: Option<Vec<f64>>,
+    /// Also search each real-core configuration's maximum loss-free
+    /// forwarding rate (`flowplane mlffr`: 0.1% loss, 2% resolution) with
+    /// trials of this many seconds (slow: about ten trials per row).
+    #[arg(long, value_name = "SECONDS")]
+    pub mlffr: Option<f64>,
     /// Directory for the PNG plots.
     #[arg(long, default_value = ".")]
     pub plot_dir: PathBuf,
@@ -82,6 +87,12 @@ pub fn run(a: ScrArgs) -> Result<(), CliError> {
             return Err(CliError::new("--losses: each must be a fraction between 0 and 1"));
         }
         o.losses = l;
+    }
+    if let Some(t) = a.mlffr {
+        if !(t.is_finite() && (0.05..=60.0).contains(&t)) {
+            return Err(CliError::new(format!("--mlffr {t}: trial seconds between 0.05 and 60")));
+        }
+        o.mlffr_trial = Some(std::time::Duration::from_secs_f64(t));
     }
     if !a.programs.is_empty() {
         o.programs = a.programs;

@@ -409,12 +409,11 @@ fn run_chains(
     };
     let scr = scr.as_ref();
     let counts = strategy.as_ref().is_some_and(|s| s.counts_loads());
-    // SCR's logs must cover the drift between cores: keep the queues within a bounded distance.
-    // Projected runs too: logical workers taking turns process a burst each per
-    // turn, so free-running queues would each walk their own span of the
+    // SCR bounds the drift between cores itself (a replica waits before its log would overwrite).
+    // Projected runs are held within a bounded distance: logical workers taking turns process a
+    // burst each per turn, so free-running queues would each walk their own span of the
     // stream and every strategy would look balanced (packets / busiest worker).
     let bounded = strategy.as_ref().is_some_and(|s| s.moves_flows())
-        || scr.is_some_and(|r| r.logs.is_some())
         || (cfg.virtual_cores.is_some_and(|v| v > threads) && nic_parts.is_some());
     let stride = strategy.as_ref().map_or(0, |s| s.sample_stride());
     let steering = nic_parts.as_ref().map(|n| &*n.0);

@@ -209,18 +209,47 @@ fn scr_ff_loop<T: StatefulNf, K: Fn(&flowplane_nf::stateful::ScrRecord) -> u128>
     alive: &mut [bool],
     key: K,
 ) {
-    for (r, a) in recs.iter().zip(alive.iter_mut()) {
-        if !*a {
+    let n = recs.len().min(alive.len());
+    let mut i = 0;
+    while i < n {
+        let r = &recs[i];
+        if !alive[i] {
+            i += 1;
             continue;
         }
+        let k = key(r);
         let now = r.ts_ns();
-        let Some(slot) = t.lookup(key(r), now) else { continue };
+        let Some(slot) = t.lookup(k, now) else {
+            i += 1;
+            continue;
+        };
+        let (last, timeout, bytes) = t.slot_parts(slot.at);
+        let st = cast_mut::<T::State>(bytes);
         let ctx = NfContext { now_tsc: 0, now_ns: now };
-        let st = cast_mut::<T::State>(t.state(slot.at));
         if slot.fresh {
             *st = nf.scr_init(r, &ctx);
         }
-        *a = nf.scr_transition(st, r, &ctx);
+        alive[i] = nf.scr_transition(st, r, &ctx);
+        i += 1;
+        // The same key again (a heavy flow's run): the state in hand (in
+        // registers, written back once), no lookup; last-seen and expiry
+        // exactly as `lookup` keeps them.
+        if i < n && alive[i] && key(&recs[i]) == k {
+            let (mut l, mut s) = (*last, *st);
+            while i < n && alive[i] && key(&recs[i]) == k {
+                let r = &recs[i];
+                let now = r.ts_ns();
+                let fresh = now.saturating_sub(l) > timeout;
+                l = if fresh { now } else { l.max(now) };
+                let ctx = NfContext { now_tsc: 0, now_ns: now };
+                if fresh {
+                    s = nf.scr_init(r, &ctx);
+                }
+                alive[i] = nf.scr_transition(&mut s, r, &ctx);
+                i += 1;
+            }
+            (*last, *st) = (l, s);
+        }
     }
 }
 

@@ -119,11 +119,48 @@ fn loss_is_recovered_or_reported() {
         assert!(sum(|c| c.recovered) > 0);
         assert!(s.consistent && s.comparable, "{:?}", s.cores);
     }
+    // One core: nobody to recover from, every gap lost everywhere (consistently).
+    let scr = ScrConfig { recovery: true, loss: 0.05, seed: 11, ..ScrConfig::default() };
+    let s = run(chain, gen(false, Proto::Tcp), "scr", 1, None, scr).scr.unwrap();
+    assert_eq!(s.cores[0].unrecovered, 0);
+    assert!(s.cores[0].lost_everywhere > 0 && s.comparable);
     // Without recovery the skipped entries are counted and the digests say so.
     let scr = ScrConfig { loss: 0.05, seed: 11, ..ScrConfig::default() };
     let s = run(chain, gen(false, Proto::Tcp), "scr", 2, None, scr).scr.unwrap();
     assert!(s.cores.iter().map(|c| c.unrecovered).sum::<u64>() > 0);
     assert!(!s.consistent);
+}
+
+/// A run stopped by time: with recovery every core claims where it
+/// stopped and all catch up to the highest claim from the logs, so the
+/// digests are comparable (and identical) even with loss.
+#[test]
+fn a_timed_run_with_recovery_ends_identical() {
+    for loss in [0.0, 0.01] {
+        let cfg = RunConfig {
+            cores: 2,
+            pin: false,
+            loops: None,
+            duration: Some(std::time::Duration::from_millis(300)),
+            scale: "scr".to_string(),
+            scr: ScrConfig { recovery: true, loss, seed: 3, ..ScrConfig::default() },
+            exec: ExecConfig { flows: 1 << 14, hugepages: false, ..ExecConfig::default() },
+            ..RunConfig::default()
+        };
+        let r = run_input(
+            &cfg,
+            &parse("ddos(threshold=200,window=0.001) -> portknock").unwrap(),
+            Input::Generated(Box::new(Generator::new(gen(false, Proto::Tcp)).unwrap())),
+            false,
+            Output::Discard,
+        )
+        .unwrap()
+        .report;
+        let s = r.scr.unwrap();
+        assert!(s.comparable && s.consistent, "loss {loss}: {:?}", s.cores);
+        assert_eq!(s.cores.iter().map(|c| c.unrecovered).sum::<u64>(), 0, "{:?}", s.cores);
+        assert!(s.cores[0].max_seq > 1000 && s.cores.iter().all(|c| c.max_seq == s.cores[0].max_seq), "{:?}", s.cores);
+    }
 }
 
 #[test]

@@ -756,7 +756,7 @@ impl Source for NicQueue {
             tap.clear();
             for k in 0..got {
                 let e = ring[((head + k as u64) & mask) as usize];
-                tap.attach(k, (e >> 32) * self.n + (e & 0xffff_ffff) + 1);
+                tap.attach_at(k, e >> 32, (e & 0xffff_ffff) as usize);
             }
             let c = tsc::rdtsc().saturating_sub(t0);
             tap.cycles += c;

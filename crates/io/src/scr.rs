@@ -5,7 +5,10 @@
 //! declared fields of the last N packets in a ring, and piggybacks that
 //! ring — the last N-1 packets' records, the packet's own, and (implied by
 //! the sequence number) the index of the earliest — on each packet it
-//! sprays round robin over the cores (SCR Fig. 4a).
+//! sprays round robin over the cores (SCR Fig. 4a). The side array hands
+//! each packet's ring over rotated by that index, oldest record first and
+//! the packet's own last (what a core's parser reads from the prefix), so a
+//! core fast-forwards over one contiguous slice.
 //!
 //! The fields are extracted once when the trace is loaded (what the
 //! sequencer's parser does per packet in hardware); at receive a queue
@@ -24,9 +27,8 @@ use crate::replay::ReplayTrace;
 
 /// The sequencer of one run, shared by every queue (immutable).
 pub struct Sequencer {
+    /// The stream positions' records, first-loop timestamps set.
     recs: Box<[ScrRecord]>,
-    /// Timestamps of the stream positions (ns, first loop).
-    ts: Box<[u64]>,
     loop_ns: u64,
     history: usize,
     /// Loss threshold on a 64-bit hash (0: no loss).
@@ -51,23 +53,16 @@ impl Sequencer {
         let d = &trace.queues[0];
         let n = d.len.len();
         let mut recs = Vec::with_capacity(n);
-        let mut ts = Vec::with_capacity(n);
         let mut buf = Vec::with_capacity(2048);
         for i in 0..n {
             trace.copy_frame(0, i, &mut buf);
             let m = PktMeta::parse(&buf);
-            recs.push(ScrRecord::from_frame(&buf, &m));
-            ts.push(d.ts_at(i));
+            let mut r = ScrRecord::from_frame(&buf, &m);
+            r.set_ts_ns(d.ts_at(i));
+            recs.push(r);
         }
         let loss = if loss_rate <= 0.0 { 0 } else { (loss_rate.min(1.0) * u64::MAX as f64) as u64 };
-        Sequencer {
-            recs: recs.into_boxed_slice(),
-            ts: ts.into_boxed_slice(),
-            loop_ns: trace.loop_ns,
-            history: history.max(1),
-            loss,
-            seed,
-        }
+        Sequencer { recs: recs.into_boxed_slice(), loop_ns: trace.loop_ns, history: history.max(1), loss, seed }
     }
 
     /// Records per packet (N).
@@ -86,8 +81,16 @@ impl Sequencer {
         let n = self.recs.len() as u64;
         let q = seq - 1;
         let (lp, i) = (q / n, (q % n) as usize);
+        self.at(lp, i)
+    }
+
+    /// The record of stream position `i` of loop `lp`.
+    #[inline(always)]
+    fn at(&self, lp: u64, i: usize) -> ScrRecord {
         let mut r = self.recs[i];
-        r.set_ts_ns(lp.saturating_mul(self.loop_ns).saturating_add(self.ts[i]));
+        if lp > 0 {
+            r.set_ts_ns(lp.saturating_mul(self.loop_ns).saturating_add(r.ts_ns()));
+        }
         r
     }
 
@@ -98,32 +101,48 @@ impl Sequencer {
     }
 
     /// Writes the history piggybacked on packet `seq` into `out` (N
-    /// records): the record of sequence `s` at slot `(s - 1) % N` for
-    /// `s` in `max(1, seq - N + 1) ..= seq`, as the sequencer's ring holds them.
+    /// records, oldest first): sequence `s` at `N - 1 - (seq - s)` for `s`
+    /// in `max(1, seq - N + 1) ..= seq` (slots before sequence 1 are left as they are).
     #[inline]
     pub fn fill(&self, seq: u64, out: &mut [ScrRecord]) {
-        let nh = self.history as u64;
         let n = self.recs.len() as u64;
         let q = seq - 1;
-        let (mut lp, mut i) = (q / n, q % n);
-        let mut slot = (q % nh) as usize;
-        let first = seq.saturating_sub(nh - 1).max(1);
-        let mut s = seq;
-        loop {
-            let mut r = self.recs[i as usize];
-            r.set_ts_ns(lp.saturating_mul(self.loop_ns).saturating_add(self.ts[i as usize]));
-            out[slot] = r;
-            if s == first {
-                break;
+        self.fill_at(q / n, (q % n) as usize, out);
+    }
+
+    /// [`Sequencer::fill`] for the packet at stream position `i` of loop
+    /// `lp` (no division): at most two contiguous copies of the stream's
+    /// records, timestamps shifted by the loop.
+    #[inline]
+    pub fn fill_at(&self, lp: u64, i: usize, out: &mut [ScrRecord]) {
+        let nh = out.len().min(self.history);
+        let n = self.recs.len();
+        if nh > n {
+            // History longer than the stream (tiny traces): record by record.
+            let seq = lp * n as u64 + i as u64 + 1;
+            for (j, o) in out[..nh].iter_mut().rev().enumerate() {
+                if (j as u64) < seq {
+                    *o = self.record(seq - j as u64);
+                }
             }
-            s -= 1;
-            slot = if slot == 0 { self.history - 1 } else { slot - 1 };
-            if i == 0 {
-                i = n - 1;
-                lp -= 1;
-            } else {
-                i -= 1;
-            }
+            return;
+        }
+        let cur = nh.min(i + 1);
+        copy_shifted(&self.recs[i + 1 - cur..=i], &mut out[nh - cur..nh], lp.saturating_mul(self.loop_ns));
+        if cur < nh && lp > 0 {
+            let rest = nh - cur;
+            copy_shifted(&self.recs[n - rest..], &mut out[..rest], (lp - 1).saturating_mul(self.loop_ns));
+        }
+    }
+}
+
+/// Copies records, adding `shift` to their timestamps.
+#[inline(always)]
+fn copy_shifted(from: &[ScrRecord], to: &mut [ScrRecord], shift: u64) {
+    to.copy_from_slice(from);
+    if shift > 0 {
+        for r in to {
+            r.set_ts_ns(r.ts_ns().saturating_add(shift));
         }
     }
 }
@@ -134,10 +153,12 @@ pub struct ScrSide<'a> {
     /// Sequence number of each packet of the burst, in batch order.
     pub seqs: &'a [u64],
     /// Each packet's piggybacked history: N records per packet (packet k's
-    /// at `k * N ..`), sequence `s` at slot `(s - 1) % N`.
+    /// at `k * N ..`), oldest first, the packet's own last.
     pub hist: &'a [ScrRecord],
     /// N.
     pub history: usize,
+    /// Cycles the sequencer has spent on this queue so far (stamping, history).
+    pub cycles: u64,
 }
 
 /// A queue's receive side of the sequencer: the side arrays parallel to the batch.
@@ -176,10 +197,17 @@ impl ScrTap {
     /// Packet `k` of the burst has sequence number `s`: attach its history.
     #[inline(always)]
     pub fn attach(&mut self, k: usize, s: u64) {
+        let n = self.seq.stream_len();
+        self.attach_at(k, (s - 1) / n, ((s - 1) % n) as usize);
+    }
+
+    /// Packet `k` of the burst is stream position `i` of loop `lp`: attach its history.
+    #[inline(always)]
+    pub fn attach_at(&mut self, k: usize, lp: u64, i: usize) {
         let h = self.seq.history();
         if let Some(slot) = self.seqs.get_mut(k) {
-            *slot = s;
-            self.seq.fill(s, &mut self.hist[k * h..(k + 1) * h]);
+            *slot = lp * self.seq.stream_len() + i as u64 + 1;
+            self.seq.fill_at(lp, i, &mut self.hist[k * h..(k + 1) * h]);
             self.len = self.len.max(k + 1);
         }
     }
@@ -187,7 +215,7 @@ impl ScrTap {
     /// The burst's side arrays.
     pub fn side(&self) -> ScrSide<'_> {
         let h = self.seq.history();
-        ScrSide { seqs: &self.seqs[..self.len], hist: &self.hist[..self.len * h], history: h }
+        ScrSide { seqs: &self.seqs[..self.len], hist: &self.hist[..self.len * h], history: h, cycles: self.cycles }
     }
 }
 
@@ -207,17 +235,25 @@ mod tests {
         let t = b.build();
         let s = Sequencer::new(&t, 3, 0.0, 1);
         let mut out = [ScrRecord::default(); 3];
-        // Sequence 7 is loop 1, position 1; the ring holds 5, 6, 7 at slots 1, 2, 0.
+        // Sequence 7 is loop 1, position 1: 5 (loop 0), 6, 7, oldest first.
         s.fill(7, &mut out);
-        assert_eq!(out[0], s.record(7));
-        assert_eq!(out[1], s.record(5));
-        assert_eq!(out[2], s.record(6));
+        assert_eq!(out, [s.record(5), s.record(6), s.record(7)]);
         assert_eq!(s.record(6).ts_ns(), t.loop_ns());
         assert!(s.record(7).ts_ns() > s.record(6).ts_ns());
-        // Sequence 1: only itself.
+        assert!(s.record(5).ts_ns() < s.record(6).ts_ns());
+        // Loop 2 (shifted twice), crossing from loop 1.
+        s.fill(12, &mut out);
+        assert_eq!(out, [s.record(10), s.record(11), s.record(12)]);
+        assert_eq!(s.record(11).ts_ns(), 2 * t.loop_ns());
+        // Sequence 1: only itself, last.
         let mut one = [ScrRecord::default(); 3];
         s.fill(1, &mut one);
-        assert_eq!(one[0], s.record(1));
+        assert_eq!(one[2], s.record(1));
+        // A history longer than the stream.
+        let long = Sequencer::new(&t, 8, 0.0, 1);
+        let mut h = [ScrRecord::default(); 8];
+        long.fill(9, &mut h);
+        assert_eq!(h, std::array::from_fn(|j| long.record(2 + j as u64)));
         let lossy = Sequencer::new(&t, 3, 0.5, 9);
         let lost = (1..=10_000).filter(|&q| lossy.lost(q)).count();
         assert!((4_500..5_500).contains(&lost), "{lost}");
