@@ -177,6 +177,8 @@ pub struct FlowTable<K: FlowKey> {
     pub(crate) mask: u32,
     pub(crate) slab: Slab<K>,
     pub(crate) idle_timeout_ns: Option<u64>,
+    /// `idle_timeout_ns` or `u64::MAX` (never idle): one compare per hit in [`Self::is_idle`].
+    idle_limit: u64,
     policy: FullPolicy,
     pub(crate) stats: TableStats,
     lookups: Cell<u64>,
@@ -217,6 +219,7 @@ impl<K: FlowKey> FlowTable<K> {
             mask: (nbuckets - 1) as u32,
             slab,
             idle_timeout_ns: cfg.idle_timeout_ns,
+            idle_limit: cfg.idle_timeout_ns.unwrap_or(u64::MAX),
             policy: cfg.full_policy,
             stats: TableStats::default(),
             lookups: Cell::new(0),
@@ -431,7 +434,8 @@ impl<K: FlowKey> FlowTable<K> {
     /// went backwards).
     #[inline(always)]
     fn is_idle(&self, seen: u64, now: u64) -> bool {
-        matches!(self.idle_timeout_ns, Some(t) if now > seen && now - seen > t)
+        // A clock that went backwards saturates to 0: not idle.
+        now.saturating_sub(seen) > self.idle_limit
     }
 
     /// True if live entry `h`, seen at `now_ns`, would be renewed as idle by a lookup (for callers that found

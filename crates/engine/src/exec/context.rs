@@ -393,17 +393,19 @@ impl ExecContext {
         let mut m = 0usize;
         for i in range {
             scratch.flows[i] = FlowRef::NONE;
-            let meta = scratch.metas[i];
-            if !meta.valid {
-                continue;
-            }
-            match meta.tuple {
-                FiveTuple::V4(k) if bulk => scratch.gather_v4(&mut m, i, k, batch.timestamps()[i]),
-                t => {
-                    let h = hash_tuple(&t);
+            // The common case reads the key in place; the rest copies the metadata.
+            match &scratch.metas[i] {
+                m4 if !m4.valid => {}
+                &PktMeta { tuple: FiveTuple::V4(k), .. } if bulk => {
+                    scratch.gather_v4(&mut m, i, k, batch.timestamps()[i])
+                }
+                other => {
+                    let meta = *other;
+                    let h = hash_tuple(&meta.tuple);
                     let pctx = packet_ctx(batch, i, ctx);
                     let data = batch.data_mut(i);
-                    let r = store.upsert(&t, h, pctx.now_ns, |u| upsert_all(stages, aux, data, &meta, &pctx, u));
+                    let r =
+                        store.upsert(&meta.tuple, h, pctx.now_ns, |u| upsert_all(stages, aux, data, &meta, &pctx, u));
                     if let Some((r, _)) = r {
                         scratch.flows[i] = r;
                     }

@@ -75,15 +75,21 @@ impl StatefulNf for Fsc {
     fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut FscState, ctx: &NfContext) -> Action {
         // First and last seen as the extremes, not the arrival order: under
         // the `shared` strategy a flow's packets reach its entry from several
-        // cores, not in time order.
+        // cores, not in time order. (Branches, not min/max: in order, neither
+        // extreme moves back, and the stores are skipped.)
+        let now = ctx.now_ns;
         if st.packets == 0 {
             // Counted at the flow's first packet here, not in `init`: the
             // aggregated layout also initialises flows an upstream NF dropped.
             self.flows += 1;
-            (st.first_ns, st.last_ns) = (ctx.now_ns, ctx.now_ns);
+            (st.first_ns, st.last_ns) = (now, now);
         } else {
-            st.first_ns = st.first_ns.min(ctx.now_ns);
-            st.last_ns = st.last_ns.max(ctx.now_ns);
+            if now < st.first_ns {
+                st.first_ns = now;
+            }
+            if now > st.last_ns {
+                st.last_ns = now;
+            }
         }
         st.packets += 1;
         st.bytes += pkt.len() as u64;
