@@ -27,7 +27,7 @@ use std::sync::Arc;
 use flowplane_packet::{tsc, Batch, Line, PacketPool};
 use flowplane_scale::steer::{FlowRule, Move, Steering, MAX_DRIFT, MAX_SCAN};
 
-use crate::replay::ReplayTrace;
+use crate::replay::{QueueData, ReplayTrace};
 use crate::scr::{ScrSide, ScrTap, Sequencer};
 use crate::{Rx, RxStats, Source};
 
@@ -41,6 +41,9 @@ const FLOWS: u16 = u16::MAX - 1;
 
 /// Ring entries ahead whose arena line delivery prefetches.
 const PREFETCH_AHEAD: usize = 96;
+
+/// Largest private copy of a queue's packets for a static start (lines, 1 GiB).
+const MAX_GATHER_LINES: usize = 1 << 24;
 
 /// Bursts between two publications of the per-key packet counts.
 const LOAD_PUBLISH_BURSTS: u64 = 64;
@@ -116,6 +119,10 @@ pub struct NicQueue {
     /// static split would have it), read instead of walking the stream.
     own: Vec<u32>,
     own_idx: usize,
+    /// `own`'s packets copied contiguously (same order): each core streams
+    /// its own memory as behind a real NIC queue, not every other line of
+    /// the shared stream (which costs both cores the whole stream's bandwidth).
+    mine: Option<QueueData>,
     /// Delivering from `own` (until the table first changes).
     listed: bool,
     start_gen: u64,
@@ -158,6 +165,7 @@ impl NicQueue {
             slowest: 0,
             own: Vec::new(),
             own_idx: 0,
+            mine: None,
             listed: false,
             start_gen: 0,
             shadow: vec![0u16; keys].into_boxed_slice(),
@@ -173,6 +181,11 @@ impl NicQueue {
             let keys = &q.trace.queues[0].keys;
             q.own = (0..n as u32).filter(|&i| q.owner.get(keys[i as usize] as usize) == Some(&me)).collect();
             q.own.shrink_to_fit();
+            let d = &q.trace.queues[0];
+            let lines: usize = q.own.iter().map(|&i| Line::count_for(d.len[i as usize] as usize)).sum();
+            if lines <= MAX_GATHER_LINES {
+                q.mine = d.gather(&q.own);
+            }
             q.listed = true;
         }
         q
@@ -483,20 +496,46 @@ impl NicQueue {
             }
             let ids = &own[idx..];
             let shift = loop_k.saturating_mul(self.trace.loop_ns);
-            let k = batch.rx_burst_lines(pool, chunk, |k| {
-                if let Some(&ahead) = ids.get(k + PREFETCH_AHEAD) {
-                    if let Some(&first) = d.first_line.get(ahead as usize) {
-                        if let Some(l) = d.lines.get(first as usize) {
+            let k = if let Some(m) = &self.mine {
+                // The private copy: position j of `own` is packet j of `m`.
+                batch.rx_burst_lines(pool, chunk, |k| {
+                    let j = idx + k;
+                    if let Some(&ahead) = m.first_line.get(j + PREFETCH_AHEAD) {
+                        if let Some(l) = m.lines.get(ahead as usize) {
                             flowplane_packet::prefetch::read(l);
                         }
                     }
-                }
-                let i = ids[k] as usize;
-                let first = d.first_line[i] as usize;
-                let l = d.len[i];
-                bytes += u64::from(l);
-                (&d.lines[first..first + Line::count_for(l as usize)], l, d.hash[i], shift.saturating_add(d.ts_at(i)))
-            });
+                    let first = m.first_line[j] as usize;
+                    let l = m.len[j];
+                    bytes += u64::from(l);
+                    (
+                        &m.lines[first..first + Line::count_for(l as usize)],
+                        l,
+                        m.hash[j],
+                        shift.saturating_add(m.ts_at(j)),
+                    )
+                })
+            } else {
+                batch.rx_burst_lines(pool, chunk, |k| {
+                    if let Some(&ahead) = ids.get(k + PREFETCH_AHEAD) {
+                        if let Some(&first) = d.first_line.get(ahead as usize) {
+                            if let Some(l) = d.lines.get(first as usize) {
+                                flowplane_packet::prefetch::read(l);
+                            }
+                        }
+                    }
+                    let i = ids[k] as usize;
+                    let first = d.first_line[i] as usize;
+                    let l = d.len[i];
+                    bytes += u64::from(l);
+                    (
+                        &d.lines[first..first + Line::count_for(l as usize)],
+                        l,
+                        d.hash[i],
+                        shift.saturating_add(d.ts_at(i)),
+                    )
+                })
+            };
             got += k;
             self.own_idx += k;
             if self.own_idx == own.len() {
@@ -687,6 +726,7 @@ impl Source for NicQueue {
             // The table changed: walk the stream from this queue's next own packet on.
             self.listed = false;
             self.own = Vec::new();
+            self.mine = None;
         }
         let direct = self.all_mine && !self.cfg.spray && self.cfg.rate_pps.is_none();
         if direct && self.head == self.tail {
