@@ -41,6 +41,8 @@ pub struct WorkerResult {
     pub busy_cycles: u64,
     /// The receive queue's counters (NIC emulation, ring drops).
     pub rx: RxStats,
+    /// Stream positions the queue had walked when measuring started (`rx.scanned` then).
+    pub scanned_from: u64,
     /// Flow entries handed to other cores / taken from them.
     pub flows_out: u64,
     /// Flow entries imported from other cores.
@@ -300,6 +302,7 @@ impl<'a> Worker<'a> {
                 v.0 = 0.0;
             }
             res.busy_cycles = 0;
+            res.scanned_from = self.source.rx_stats().scanned;
         }
         let batch = &mut self.batch;
         res.packets += n as u64;
