@@ -156,7 +156,8 @@ pub struct ScaleReport {
     /// What `latency_ns` measures: `arrival-to-transmit` or `receive-to-transmit`.
     pub latency_from: String,
     /// Packets / the busiest worker's own busy time (batches, without the
-    /// NIC's walk), Mpps: what the run's cores sustain while working; at
+    /// NIC's walk; a batch the OS interrupted counts at the worker's recent
+    /// cost per packet), Mpps: what the run's cores sustain while working; at
     /// most the stream rate the slowest worker keeps up with (its stream
     /// positions walked per second of its work: a core owning a larger
     /// share of the traffic bounds the port's rate).
@@ -254,7 +255,8 @@ impl ScaleReport {
         }
         let ns = |c: u64| c as f64 * 1e9 / hz;
         // A logical worker's own work: its batches minus the NIC's steering walk.
-        let work = |w: &WorkerResult| w.busy_cycles.saturating_sub(w.rx.nic_cycles);
+        // Batches the OS interrupted count at the worker's recent cost (see `busy_on_cpu`).
+        let work = |w: &WorkerResult| w.busy_on_cpu.saturating_sub(w.rx.nic_cycles);
         let busiest = ws.iter().map(work).max().unwrap_or(0) as f64 / hz;
         // The stream rate the slowest worker keeps up with: the stream positions
         // it walked per second of its own work. Workers that walk the stream at
