@@ -560,6 +560,10 @@ impl NicQueue {
     /// The stream position a list burst of `want` packets ends at (at most):
     /// the position of the own packet after them, within the burst's bound.
     fn list_claim(&self, want: usize) -> u64 {
+        if self.own.is_empty() {
+            // Nothing of this queue's until the table changes: the claim is the end of the stream.
+            return self.end.unwrap_or(self.scan.saturating_add(MAX_SCAN));
+        }
         let end = self.end.unwrap_or(u64::MAX).min(self.scan.saturating_add(MAX_SCAN));
         let (len, j) = (self.own.len(), self.own_idx + want);
         let loop_k = self.scan / self.n.max(1);

@@ -381,7 +381,8 @@ impl Steering {
     pub fn publish_progress(&self, q: usize, pos: u64, rx: u64) {
         if let Some(s) = self.scan.get(q) {
             s.rx.store(rx, Ordering::Relaxed);
-            s.scan.store(pos, Ordering::SeqCst);
+            // Release, not a fence per burst: moves order against the claims (each at or past the scan).
+            s.scan.store(pos, Ordering::Release);
         }
     }
 
@@ -489,11 +490,20 @@ impl Steering {
         // within a span it claimed before re-reading the generation, so one
         // still on the old generation has its claim visible here.
         self.gen.fetch_add(1, Ordering::SeqCst);
+        // A queue that has finished claimed up to the end of the stream: the
+        // switch is then past every packet (a finished old owner never hands
+        // over, and a finished new owner never receives again).
         let at = self
             .scan
             .iter()
-            .map(|s| s.claim.load(Ordering::SeqCst).max(s.scan.load(Ordering::SeqCst)))
-            .filter(|&p| p != u64::MAX)
+            .map(|s| {
+                let (c, p) = (s.claim.load(Ordering::SeqCst), s.scan.load(Ordering::SeqCst));
+                if p == u64::MAX {
+                    c
+                } else {
+                    c.max(p)
+                }
+            })
             .max()
             .unwrap_or(0);
         self.owner[key as usize].store(to, Ordering::SeqCst);
