@@ -158,9 +158,13 @@ pub struct ScaleReport {
     /// What `latency_ns` measures: `arrival-to-transmit` or `receive-to-transmit`.
     pub latency_from: String,
     /// Packets / the busiest worker's own busy time (batches, without the
-    /// NIC's walk), Mpps: what the run's cores sustain while working.
+    /// NIC's walk; a batch the OS interrupted counts at the worker's recent
+    /// cost per packet), Mpps: what the run's cores sustain while working; at
+    /// most the stream rate the slowest worker keeps up with (its stream
+    /// positions walked per second of its work: a core owning a larger
+    /// share of the traffic bounds the port's rate).
     pub busy_mpps: f64,
-    /// `--virtual-cores`: packets / the busiest logical worker's busy time (Mpps),
+    /// `--virtual-cores`: `busy_mpps` of the logical workers (Mpps),
     /// a PROJECTION of N real cores each running one worker.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub projected_mpps: Option<f64>,
@@ -253,8 +257,20 @@ impl ScaleReport {
         }
         let ns = |c: u64| c as f64 * 1e9 / hz;
         // A logical worker's own work: its batches minus the NIC's steering walk.
-        let work = |w: &WorkerResult| w.busy_cycles.saturating_sub(w.rx.nic_cycles);
+        // Batches the OS interrupted count at the worker's recent cost (see `busy_on_cpu`).
+        let work = |w: &WorkerResult| w.busy_on_cpu.saturating_sub(w.rx.nic_cycles);
         let busiest = ws.iter().map(work).max().unwrap_or(0) as f64 / hz;
+        // The stream rate the slowest worker keeps up with: the stream positions
+        // it walked per second of its own work. Workers that walk the stream at
+        // their own pace (a static table) each deliver as many packets as their
+        // turns allow, so packets / busiest alone would not see that a worker
+        // owning a larger share falls behind the stream.
+        let keeps_up = ws
+            .iter()
+            .filter(|w| work(w) > 0 && w.packets > 0)
+            .map(|w| w.rx.scanned.saturating_sub(w.scanned_from) as f64 / (work(w) as f64 / hz))
+            .fold(f64::INFINITY, f64::min);
+        let sustained = if busiest > 0.0 { (packets as f64 / busiest).min(keeps_up) / 1e6 } else { 0.0 };
         ScaleReport {
             strategy: strategy.to_string(),
             workers: ws.len(),
@@ -277,8 +293,8 @@ impl ScaleReport {
             work_ms: ws.iter().map(|w| work(w) as f64 * 1e3 / hz).collect(),
             latency_ns: [ns(hist.quantile(0.5)), ns(hist.quantile(0.99)), ns(hist.quantile(0.999))],
             latency_from: if paced { "arrival-to-transmit" } else { "receive-to-transmit" }.to_string(),
-            busy_mpps: if busiest > 0.0 { packets as f64 / busiest / 1e6 } else { 0.0 },
-            projected_mpps: (cfg.virtual_cores.is_some() && busiest > 0.0).then(|| packets as f64 / busiest / 1e6),
+            busy_mpps: sustained,
+            projected_mpps: (cfg.virtual_cores.is_some() && busiest > 0.0).then_some(sustained),
             priority: None,
             controller: None,
         }
@@ -433,7 +449,7 @@ impl fmt::Display for Report {
             if let Some(p) = sc.projected_mpps {
                 writeln!(
                     f,
-                    "projected    {p:.2} Mpps on {} cores (PROJECTION: packets / busiest logical worker's busy time)",
+                    "projected    {p:.2} Mpps on {} cores (PROJECTION: the stream rate the busiest logical worker sustains)",
                     sc.workers
                 )?;
             }

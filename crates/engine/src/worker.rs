@@ -41,6 +41,13 @@ pub struct WorkerResult {
     pub busy_cycles: u64,
     /// The receive queue's counters (NIC emulation, ring drops).
     pub rx: RxStats,
+    /// Stream positions the queue had walked when measuring started (`rx.scanned` then).
+    pub scanned_from: u64,
+    /// `busy_cycles` with the batches the OS interrupted (cycles per packet over
+    /// [`PREEMPTED`] times the recent figure) counted at the recent figure: the
+    /// chain's own work on a shared machine, where a thread descheduled for a
+    /// few ms mid-batch would otherwise count that time as work.
+    pub busy_on_cpu: u64,
     /// Flow entries handed to other cores / taken from them.
     pub flows_out: u64,
     /// Flow entries imported from other cores.
@@ -55,6 +62,11 @@ pub struct WorkerResult {
     /// `--priority`: latency of the other packets.
     pub normal_latency: Histogram,
 }
+
+/// A batch costing more than this many times the recent cycles per packet
+/// was interrupted (descheduled): a batch's own variation is a few times at
+/// most, a time slice is hundreds of batches.
+pub const PREEMPTED: f64 = 8.0;
 
 /// A worker's side of the control plane: its queue's steering table and
 /// hand-over mailbox, and the classifier that maps a flow to its RETA entry.
@@ -120,15 +132,16 @@ impl<'a> Control<'a> {
     }
 
     /// Hands over the state of every move the queue says is due (one pass
-    /// over the tables for all of them).
-    fn release(&mut self, source: &mut dyn Source, exec: &mut Pipeline, res: &mut WorkerResult) {
+    /// over the tables for all of them); the cycles that took (0: none due).
+    fn release(&mut self, source: &mut dyn Source, exec: &mut Pipeline, res: &mut WorkerResult) -> u64 {
         let mut due = Vec::new();
         while let Some(mv) = source.take_due() {
             due.push(mv);
         }
         if due.is_empty() {
-            return;
+            return 0;
         }
+        let t0 = tsc::rdtsc();
         let c = self.classifier;
         let mut outs = vec![Vec::new(); due.len()];
         let keys: Vec<u16> = due.iter().map(|m| m.key).collect();
@@ -160,6 +173,7 @@ impl<'a> Control<'a> {
         for (mv, out) in due.into_iter().zip(outs) {
             self.steering.hand_over(mv, out);
         }
+        tsc::rdtsc().saturating_sub(t0)
     }
 }
 
@@ -207,6 +221,8 @@ pub struct Worker<'a> {
     /// its trace timestamp, each taking its batch's measured cost per packet.
     /// (core free at, ns; TSC cycles per ns)
     vclock: Option<(f64, f64)>,
+    /// Recent batch cycles per packet (moving average), to spot interrupted batches.
+    recent_cpp: f64,
 }
 
 impl<'a> Worker<'a> {
@@ -243,6 +259,7 @@ impl<'a> Worker<'a> {
             priority: None,
             prio: Vec::with_capacity(flowplane_packet::MAX_BATCH),
             vclock: None,
+            recent_cpp: 0.0,
         }
     }
 
@@ -300,6 +317,8 @@ impl<'a> Worker<'a> {
                 v.0 = 0.0;
             }
             res.busy_cycles = 0;
+            res.busy_on_cpu = 0;
+            res.scanned_from = self.source.rx_stats().scanned;
         }
         let batch = &mut self.batch;
         res.packets += n as u64;
@@ -336,9 +355,10 @@ impl<'a> Worker<'a> {
         res.tx.dropped += tx.dropped;
         res.tx.errors += tx.errors;
         res.batches += 1;
-        if let Some(c) = self.ctl.as_mut() {
-            c.release(self.source.as_mut(), &mut self.exec, res);
-        }
+        let handed = match self.ctl.as_mut() {
+            Some(c) => c.release(self.source.as_mut(), &mut self.exec, res),
+            None => 0,
+        };
         self.last_end = tsc::rdtsc();
         res.batch_latency.record(self.last_end.saturating_sub(now));
         if let Some((t0, k)) = arrival {
@@ -367,6 +387,16 @@ impl<'a> Worker<'a> {
             }
         }
         res.busy_cycles += self.last_end.saturating_sub(now);
+        // The batch without its hand-overs (real work, kept whole) against the recent cost per packet.
+        let own = self.last_end.saturating_sub(now).saturating_sub(handed);
+        let per = own as f64 / n.max(1) as f64;
+        let kept = if self.recent_cpp > 0.0 && per > PREEMPTED * self.recent_cpp {
+            (self.recent_cpp * n as f64) as u64
+        } else {
+            self.recent_cpp = if self.recent_cpp > 0.0 { 0.97 * self.recent_cpp + 0.03 * per } else { per };
+            own
+        };
+        res.busy_on_cpu += kept + handed;
         if let Some(c) = self.ctl.as_ref() {
             // The worker's own work (not the NIC's walk), for rebalancing by load.
             let nic = self.source.rx_stats().nic_cycles.saturating_sub(nic0);

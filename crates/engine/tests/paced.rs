@@ -61,3 +61,59 @@ fn mlffr_brackets_the_loss_free_rate() {
         assert!(t.rate_pps > r.mlffr_pps && t.loss > m.loss, "{t:?}");
     }
 }
+
+/// `flowplane mlffr` on a deliberately slowed chain (`synthetic(k=8)`: eight
+/// dependent DRAM reads per packet) finds, within 5%, the rate at which it
+/// starts losing packets: the chain's capacity from its measured service
+/// time (packets / the busiest core's busy cycles at full speed, unpaced),
+/// on 1 and 2 cores. A performance figure: run it on a quiet machine
+/// (`cargo test -p flowplane-engine --test paced -- --ignored --nocapture`);
+/// when other processes take the CPU, a paced core loses packets below its
+/// capacity (it is off the CPU while they arrive), which no search can tell
+/// from the chain being slow: the test then says so and skips.
+/// Known gap (06:37 UTC, load 3, workers 97% on the CPU): 1 core found
+/// 1.26 Mpps against a capacity of 2.42 Mpps (ratio 0.52): paced runs lose
+/// well below the full-speed service rate; not yet explained (smaller
+/// batches when paced, the walk and per-packet latency on the worker's core).
+#[test]
+#[ignore]
+fn mlffr_finds_where_a_slowed_chain_starts_losing() {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("one CPU: skipped");
+        return;
+    }
+    let spec = parse("synthetic(k=8)").unwrap();
+    for cores in [1, 2] {
+        // A ring deep enough for a few ms off the CPU, shallow enough that 5% over capacity fills it within a trial.
+        let c = RunConfig { ring: 1 << 14, pin: true, ..cfg(cores) };
+        let p = prepare(&c, &spec, gen(), false).unwrap();
+        // Capacity from the service time, and the share of the run the busiest core had the CPU.
+        let service = || {
+            let full = RunConfig { rate_pps: None, warmup: Some(Duration::from_millis(100)), ..c.clone() };
+            let r = run_prepared(&full, &spec, &p, Output::Discard).unwrap();
+            let busy = r.scale.unwrap().busy_mpps * 1e6;
+            (busy, r.mpps * 1e6 / busy.max(1.0))
+        };
+        let runs: Vec<(f64, f64)> = (0..3).map(|_| service()).collect();
+        let capacity = runs.iter().map(|r| r.0).fold(0.0, f64::max);
+        let on_cpu = runs.iter().map(|r| r.1).fold(f64::MAX, f64::min);
+        let m = MlffrConfig {
+            trial: Duration::from_millis(600),
+            resolution: 0.02,
+            max_rate: Some(capacity * 1.3),
+            ..MlffrConfig::default()
+        };
+        let r = search(&c, &spec, &p, &m).unwrap();
+        let ratio = r.mlffr_pps / capacity;
+        eprintln!(
+            "{cores} core(s): capacity {capacity:.0} pps, on the CPU {:.0}% of the run, mlffr {:.0} pps, ratio {ratio:.3}",
+            on_cpu * 100.0,
+            r.mlffr_pps
+        );
+        if on_cpu < 0.9 {
+            eprintln!("the workers had the CPU less than 90% of the time: machine busy, skipped");
+            continue;
+        }
+        assert!((0.95..=1.05).contains(&ratio), "{cores} core(s): mlffr {} vs capacity {capacity}", r.mlffr_pps);
+    }
+}

@@ -90,8 +90,11 @@ pub struct RxStats {
     pub rx_ring_full: u64,
     /// TSC cycles the NIC emulation spent steering (not the worker's work).
     pub nic_cycles: u64,
-    /// Walks held back at a moving key's packet until its state arrived.
+    /// Walks held back at a moving key's packet until its state arrived
+    /// (only when more than the parking room of such packets wait).
     pub stalls: u64,
+    /// Packets of a moving key held aside until its state arrived, the walk going on for the other keys.
+    pub parked: u64,
     /// Bursts cut short because the pool was empty.
     pub pool_empty: u64,
 }

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use flowplane_packet::{tsc, Batch, Line, PacketPool};
 use flowplane_scale::steer::{FlowRule, Move, Steering, MAX_DRIFT, MAX_SCAN};
 
-use crate::replay::ReplayTrace;
+use crate::replay::{QueueData, ReplayTrace};
 use crate::scr::{ScrSide, ScrTap, Sequencer};
 use crate::{Rx, RxStats, Source};
 
@@ -41,6 +41,12 @@ const FLOWS: u16 = u16::MAX - 1;
 
 /// Ring entries ahead whose arena line delivery prefetches.
 const PREFETCH_AHEAD: usize = 96;
+
+/// Largest private copy of a queue's packets for a static start (lines, 1 GiB).
+const MAX_GATHER_LINES: usize = 1 << 24;
+
+/// Most packets a queue holds aside for keys whose state is on its way.
+const MAX_PARKED: usize = 8192;
 
 /// Bursts between two publications of the per-key packet counts.
 const LOAD_PUBLISH_BURSTS: u64 = 64;
@@ -116,6 +122,10 @@ pub struct NicQueue {
     /// static split would have it), read instead of walking the stream.
     own: Vec<u32>,
     own_idx: usize,
+    /// `own`'s packets copied contiguously (same order): each core streams
+    /// its own memory as behind a real NIC queue, not every other line of
+    /// the shared stream (which costs both cores the whole stream's bandwidth).
+    mine: Option<QueueData>,
     /// Delivering from `own` (until the table first changes).
     listed: bool,
     start_gen: u64,
@@ -126,6 +136,10 @@ pub struct NicQueue {
     rules: Vec<(u16, FlowRule)>,
     /// Per key marked [`FLOWS`]: its real owner value (a queue or [`TRANSIT`]).
     shadow: Box<[u16]>,
+    /// A move's new owner past the switch point before the state arrived:
+    /// the key's packets wait here in arrival order (key, ring entry) while
+    /// the walk goes on for every other key (no stall behind the old owner).
+    parked: Vec<(u16, u64)>,
 }
 
 impl NicQueue {
@@ -158,6 +172,7 @@ impl NicQueue {
             slowest: 0,
             own: Vec::new(),
             own_idx: 0,
+            mine: None,
             listed: false,
             start_gen: 0,
             shadow: vec![0u16; keys].into_boxed_slice(),
@@ -165,6 +180,7 @@ impl NicQueue {
             steering,
             stats: RxStats::default(),
             scr: None,
+            parked: Vec::new(),
         };
         q.refresh();
         q.start_gen = q.gen;
@@ -173,6 +189,11 @@ impl NicQueue {
             let keys = &q.trace.queues[0].keys;
             q.own = (0..n as u32).filter(|&i| q.owner.get(keys[i as usize] as usize) == Some(&me)).collect();
             q.own.shrink_to_fit();
+            let d = &q.trace.queues[0];
+            let lines: usize = q.own.iter().map(|&i| Line::count_for(d.len[i as usize] as usize)).sum();
+            if lines <= MAX_GATHER_LINES {
+                q.mine = d.gather(&q.own);
+            }
             q.listed = true;
         }
         q
@@ -281,15 +302,58 @@ impl NicQueue {
         }
     }
 
+    /// Holds the packet at ring entry `entry` of moving key `key` aside; false if there is no room.
+    #[cold]
+    fn park(&mut self, key: u16, entry: u64) -> bool {
+        if self.parked.len() >= MAX_PARKED {
+            return false;
+        }
+        if self.parked.capacity() == 0 {
+            // Once per queue, on its first hand-over.
+            self.parked.reserve_exact(MAX_PARKED);
+        }
+        self.parked.push((key, entry));
+        self.stats.parked += 1;
+        true
+    }
+
+    /// Moves the held packets of keys whose state has arrived into the
+    /// ring, in arrival order, as far as the ring has room (a key's later
+    /// packets never pass its earlier ones).
+    #[cold]
+    fn unpark(&mut self) {
+        let cap = self.ring.len() as u64;
+        let mut full = false;
+        let mut w = 0;
+        for r in 0..self.parked.len() {
+            let (key, e) = self.parked[r];
+            let go = !full && self.resolve(key, self.abs(e)) == Some(true);
+            if go && self.tail - self.head < cap {
+                self.ring[(self.tail & (cap - 1)) as usize] = e;
+                self.tail += 1;
+                continue;
+            }
+            // The ring is full: nothing more moves this time (order kept for every key).
+            full |= go;
+            self.parked[w] = (key, e);
+            w += 1;
+        }
+        self.parked.truncate(w);
+    }
+
     /// Retires moves this queue is done with (after its hand-overs).
     fn retire(&mut self) {
         let (me, scan) = (self.me, self.scan);
         let steering = &self.steering;
+        let parked = &self.parked;
         let done = &mut self.done_ids;
         let mut changed = false;
         self.transits.retain(|m| {
-            let finished =
-                if m.to == me { scan >= m.at && steering.is_ready(m.key, m.id) } else { done.contains(&m.id) };
+            let finished = if m.to == me {
+                scan >= m.at && steering.is_ready(m.key, m.id) && !parked.iter().any(|p| p.0 == m.key)
+            } else {
+                done.contains(&m.id)
+            };
             if finished && m.to == me {
                 done.push(m.id);
                 // Past the switch point with the state: the move is over for every queue.
@@ -328,12 +392,42 @@ impl NicQueue {
         }
     }
 
-    /// Walks the stream from `scan`, taking owned packets into the ring.
+    /// Walks the stream from `scan`, taking owned packets into the ring, in
+    /// spans claimed before they are walked ([`Steering::publish_claim`]) of
+    /// about one burst's worth of this queue's packets: a table change
+    /// switches at the end of the span a queue is in.
     fn walk(&mut self, want: usize, now: u64) {
+        let end = self.end.unwrap_or(u64::MAX).min(self.scan.saturating_add(MAX_SCAN));
+        if self.cfg.spray {
+            // Round robin by position: no table, no switch point.
+            return self.walk_to(want, now, end);
+        }
+        let span = ((want + PREFETCH_AHEAD) as u64 * self.nq).clamp(256, MAX_SCAN);
+        let target = (want + PREFETCH_AHEAD) as u64;
+        loop {
+            let claim = self.scan.saturating_add(span).min(end);
+            self.steering.publish_claim(self.me as usize, claim);
+            if self.steering.generation() != self.gen {
+                // Changed before this span was claimed: walk it with the new table.
+                self.refresh();
+            }
+            let from = self.scan;
+            self.walk_to(want, now, claim);
+            // On only if the walk ran to its claim and wants more.
+            let more =
+                self.scan == claim && claim < end && (self.cfg.rate_pps.is_some() || self.tail - self.head < target);
+            if !more || self.scan == from {
+                return;
+            }
+        }
+    }
+
+    /// Walks the stream from `scan` up to position `claim`, taking owned packets into the ring.
+    fn walk_to(&mut self, want: usize, now: u64, claim: u64) {
         let due = self.due(now);
         let paced = due.is_some();
         let (due_ns, due_pos) = due.unwrap_or((u64::MAX, u64::MAX));
-        let mut limit = self.end.unwrap_or(u64::MAX).min(self.scan + MAX_SCAN).min(due_pos);
+        let mut limit = self.end.unwrap_or(u64::MAX).min(claim).min(due_pos);
         if self.cfg.bounded_drift && self.nq > 1 && limit > self.slowest.saturating_add(MAX_DRIFT) {
             // Positions only grow: re-read the slowest queue only when near the bound.
             self.slowest = self.steering.slowest_other(self.me as usize);
@@ -417,7 +511,18 @@ impl NicQueue {
                         continue;
                     }
                 }
-                match self.resolve(k, pos) {
+                let entry = (loop_k << 32) | r.next_i;
+                let resolved = self.resolve(k, pos);
+                if resolved != Some(false) && (resolved.is_none() || self.parked.iter().any(|p| p.0 == k)) {
+                    // Ours, but the state is not here yet (or older packets of the key wait): hold it aside.
+                    if self.park(k, entry) {
+                        pos += 1;
+                        continue;
+                    }
+                    self.stats.stalls += 1;
+                    break;
+                }
+                match resolved {
                     Some(mine) => {
                         let room = self.tail - self.head < cap;
                         if mine && room {
@@ -452,6 +557,24 @@ impl NicQueue {
 }
 
 impl NicQueue {
+    /// The stream position a list burst of `want` packets ends at (at most):
+    /// the position of the own packet after them, within the burst's bound.
+    fn list_claim(&self, want: usize) -> u64 {
+        if self.own.is_empty() {
+            // Nothing of this queue's until the table changes: the claim is the end of the stream.
+            return self.end.unwrap_or(self.scan.saturating_add(MAX_SCAN));
+        }
+        let end = self.end.unwrap_or(u64::MAX).min(self.scan.saturating_add(MAX_SCAN));
+        let (len, j) = (self.own.len(), self.own_idx + want);
+        let loop_k = self.scan / self.n.max(1);
+        let next = match self.own.get(j) {
+            Some(&i) => loop_k * self.n + u64::from(i),
+            None if j - len < len => (loop_k + 1) * self.n + u64::from(self.own[j - len]),
+            None => end,
+        };
+        next.min(end)
+    }
+
     /// Delivers up to `want` of this queue's packets from its own list (the
     /// table has not changed since the start: nothing to steer).
     fn list_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, want: usize) -> Rx {
@@ -483,20 +606,46 @@ impl NicQueue {
             }
             let ids = &own[idx..];
             let shift = loop_k.saturating_mul(self.trace.loop_ns);
-            let k = batch.rx_burst_lines(pool, chunk, |k| {
-                if let Some(&ahead) = ids.get(k + PREFETCH_AHEAD) {
-                    if let Some(&first) = d.first_line.get(ahead as usize) {
-                        if let Some(l) = d.lines.get(first as usize) {
+            let k = if let Some(m) = &self.mine {
+                // The private copy: position j of `own` is packet j of `m`.
+                batch.rx_burst_lines(pool, chunk, |k| {
+                    let j = idx + k;
+                    if let Some(&ahead) = m.first_line.get(j + PREFETCH_AHEAD) {
+                        if let Some(l) = m.lines.get(ahead as usize) {
                             flowplane_packet::prefetch::read(l);
                         }
                     }
-                }
-                let i = ids[k] as usize;
-                let first = d.first_line[i] as usize;
-                let l = d.len[i];
-                bytes += u64::from(l);
-                (&d.lines[first..first + Line::count_for(l as usize)], l, d.hash[i], shift.saturating_add(d.ts_at(i)))
-            });
+                    let first = m.first_line[j] as usize;
+                    let l = m.len[j];
+                    bytes += u64::from(l);
+                    (
+                        &m.lines[first..first + Line::count_for(l as usize)],
+                        l,
+                        m.hash[j],
+                        shift.saturating_add(m.ts_at(j)),
+                    )
+                })
+            } else {
+                batch.rx_burst_lines(pool, chunk, |k| {
+                    if let Some(&ahead) = ids.get(k + PREFETCH_AHEAD) {
+                        if let Some(&first) = d.first_line.get(ahead as usize) {
+                            if let Some(l) = d.lines.get(first as usize) {
+                                flowplane_packet::prefetch::read(l);
+                            }
+                        }
+                    }
+                    let i = ids[k] as usize;
+                    let first = d.first_line[i] as usize;
+                    let l = d.len[i];
+                    bytes += u64::from(l);
+                    (
+                        &d.lines[first..first + Line::count_for(l as usize)],
+                        l,
+                        d.hash[i],
+                        shift.saturating_add(d.ts_at(i)),
+                    )
+                })
+            };
             got += k;
             self.own_idx += k;
             if self.own_idx == own.len() {
@@ -682,20 +831,36 @@ impl Source for NicQueue {
         let want = max.min(batch.room());
         if self.listed {
             if self.gen == self.start_gen && self.head == self.tail {
-                return self.list_burst(pool, batch, want);
+                // Claim the positions this burst covers, then check the table is still the one listed.
+                self.steering.publish_claim(self.me as usize, self.list_claim(want));
+                if self.steering.generation() == self.gen {
+                    return self.list_burst(pool, batch, want);
+                }
+                self.refresh();
             }
             // The table changed: walk the stream from this queue's next own packet on.
             self.listed = false;
             self.own = Vec::new();
+            self.mine = None;
         }
         let direct = self.all_mine && !self.cfg.spray && self.cfg.rate_pps.is_none();
         if direct && self.head == self.tail {
             // One queue owning everything and nothing held in the ring:
             // nothing to steer, deliver straight from the stream (the plain replay).
-            return self.direct_burst(pool, batch, want);
+            let claim = self.scan.saturating_add(want as u64).min(self.end.unwrap_or(u64::MAX));
+            self.steering.publish_claim(self.me as usize, claim);
+            if self.steering.generation() == self.gen {
+                return self.direct_burst(pool, batch, want);
+            }
+            // The table changed meanwhile: steer from the next burst on.
+            self.refresh();
+            return Rx::Idle;
         }
         if !direct {
             let t0 = tsc::rdtsc();
+            if !self.parked.is_empty() {
+                self.unpark();
+            }
             self.walk(want, now);
             self.stats.nic_cycles += tsc::rdtsc().saturating_sub(t0);
         }
@@ -712,7 +877,7 @@ impl Source for NicQueue {
             let at_end = self.end.is_some_and(|e| self.scan >= e);
             let owes =
                 self.transits.iter().any(|m| m.from == self.me && m.at <= self.scan && !self.done_ids.contains(&m.id));
-            return if at_end && self.head == self.tail && !owes {
+            return if at_end && self.head == self.tail && !owes && self.parked.is_empty() {
                 if !self.counts.is_empty() {
                     self.steering.publish_loads(self.me as usize, &self.counts, self.scan);
                 }
@@ -941,6 +1106,69 @@ mod tests {
         let k2_1 = got1.iter().filter(|&&x| x & 0xffff == 2).count();
         assert_eq!(k2_0 + k2_1, 10_000);
         assert!(k2_0 > 0 && k2_1 > 0, "{k2_0} {k2_1}");
+    }
+
+    /// Receives one burst of `q` into `got` as (key, stream index); false when done.
+    fn burst(q: &mut NicQueue, pool: &mut PacketPool, batch: &mut Batch, got: &mut Vec<(u16, u64)>) -> bool {
+        match q.rx_burst(pool, batch, 16, 0) {
+            Rx::Packets(n) => {
+                got.extend((0..n).map(|i| (batch.rss_hashes()[i] as u16, batch.timestamps()[i] / 10)));
+                batch.free_all(pool).unwrap();
+                true
+            }
+            Rx::Idle => true,
+            Rx::Done => false,
+        }
+    }
+
+    #[test]
+    fn a_move_takes_effect_within_a_burst_and_the_new_owner_goes_on_meanwhile() {
+        // 40000 packets over 4 keys; queue 0 owns keys 0 and 2, queue 1 keys 1 and 3.
+        let keys: Vec<u16> = (0..40_000u32).map(|i| (i % 4) as u16).collect();
+        let (t, s) = setup(&keys);
+        let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
+        let cfg = NicConfig { loops: Some(1), bounded_drift: true, ..Default::default() };
+        let mut q0 = NicQueue::new(t.clone(), s.clone(), 0, cfg);
+        let mut q1 = NicQueue::new(t, s.clone(), 1, cfg);
+        let mut batch = Batch::new(&pool);
+        let (mut got0, mut got1) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            burst(&mut q0, &mut pool, &mut batch, &mut got0);
+            burst(&mut q1, &mut pool, &mut batch, &mut got1);
+        }
+        let furthest = s.queue_scan().into_iter().max().unwrap();
+        let mv = s.start_move(2, 1).unwrap();
+        // The switch is at the end of the span a queue is walking: within one burst (16 packets of
+        // a queue, its prefetch distance, over 2 queues), not a fixed 8192 positions ahead.
+        assert!(mv.at <= furthest + 256, "switch at {} with queues at {furthest}", mv.at);
+        // The old owner reaches the switch point and owes the state; it is held back for now.
+        let due = loop {
+            assert!(burst(&mut q0, &mut pool, &mut batch, &mut got0));
+            if let Some(m) = q0.take_due() {
+                break m;
+            }
+        };
+        // Meanwhile the new owner goes on with its other keys past the switch point.
+        for _ in 0..200 {
+            burst(&mut q1, &mut pool, &mut batch, &mut got1);
+        }
+        let st = q1.rx_stats();
+        assert_eq!(st.stalls, 0);
+        assert!(st.parked > 0);
+        assert!(got1.iter().any(|&(k, i)| k != 2 && i > mv.at + 1000), "no progress past {}", mv.at);
+        assert!(!got1.iter().any(|&(k, _)| k == 2));
+        // The state arrives: key 2's packets follow from the switch point, in order.
+        s.hand_over(due, Vec::new());
+        let mut mail = Vec::new();
+        s.take_mail(1, &mut mail);
+        s.imported(mail[0].mv);
+        while burst(&mut q0, &mut pool, &mut batch, &mut got0) | burst(&mut q1, &mut pool, &mut batch, &mut got1) {}
+        assert_eq!(got0.len() + got1.len(), 40_000);
+        let k2: Vec<u64> = got1.iter().filter(|p| p.0 == 2).map(|p| p.1).collect();
+        assert!(k2.windows(2).all(|w| w[0] < w[1]) && k2.first().is_some_and(|&i| i >= mv.at));
+        assert!(got0.iter().filter(|p| p.0 == 2).all(|p| p.1 < mv.at));
+        assert_eq!(k2.len() + got0.iter().filter(|p| p.0 == 2).count(), 10_000);
+        assert_eq!(s.moves_done(), 1);
     }
 
     /// Walk cost per stream position (run with --ignored --nocapture; a figure, not a check).

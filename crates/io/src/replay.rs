@@ -87,6 +87,34 @@ impl QueueData {
             None => self.ts[i],
         }
     }
+
+    /// Packets `idx` of this queue, copied contiguously in that order with
+    /// their times (a NIC queue's own descriptor memory: one core streams
+    /// its packets without touching the others' lines). No steering keys.
+    /// None if the copy would not fit the arena's 32-bit line index.
+    pub(crate) fn gather(&self, idx: &[u32]) -> Option<QueueData> {
+        let mut q = QueueData::default();
+        let lines: usize = idx.iter().map(|&i| Line::count_for(self.len[i as usize] as usize)).sum();
+        if lines > u32::MAX as usize {
+            return None;
+        }
+        q.lines.reserve_exact(lines);
+        q.first_line.reserve_exact(idx.len());
+        q.len.reserve_exact(idx.len());
+        q.hash.reserve_exact(idx.len());
+        q.ts.reserve_exact(idx.len());
+        for &i in idx {
+            let i = i as usize;
+            let (first, n) = (self.first_line[i] as usize, Line::count_for(self.len[i] as usize));
+            q.first_line.push(q.lines.len() as u32);
+            q.lines.extend_from_slice(&self.lines[first..first + n]);
+            q.len.push(self.len[i]);
+            q.hash.push(self.hash[i]);
+            q.ts.push(self.ts_at(i));
+            q.bytes += u64::from(self.len[i]);
+        }
+        Some(q)
+    }
 }
 
 /// Accumulates frames, then freezes them into a [`ReplayTrace`].

@@ -185,8 +185,7 @@ impl Classifier {
     }
 }
 
-/// Largest stream span a queue receives (scans) in one burst at full speed;
-/// a move's switch point lies this far past every queue's last published position.
+/// Largest stream span a queue receives (scans) in one burst at full speed.
 pub const MAX_SCAN: u64 = 8192;
 
 /// How far (stream positions) a queue may walk ahead of the slowest queue
@@ -242,6 +241,9 @@ struct Padded {
     busy: AtomicU64,
     /// Stream position at the last publication of the per-key counts.
     loads_pos: AtomicU64,
+    /// End of the stream span the queue may be receiving with the table it
+    /// holds (published before it receives there; see [`Steering::publish_claim`]).
+    claim: AtomicU64,
 }
 
 #[derive(Default)]
@@ -385,7 +387,20 @@ impl Steering {
             if pos != u64::MAX {
                 s.last.store(pos, Ordering::SeqCst);
             }
-            s.scan.store(pos, Ordering::SeqCst);
+            // Release, not a fence per burst: moves order against the claims (each at or past the scan).
+            s.scan.store(pos, Ordering::Release);
+        }
+    }
+
+    /// Queue `q` is about to receive stream positions before `end` with the
+    /// table of the generation it holds. Publish, then re-read
+    /// [`Steering::generation`]: a move started meanwhile is then either seen
+    /// by the queue or switches at or past `end` (a change takes effect
+    /// within the burst each queue is in).
+    #[inline]
+    pub fn publish_claim(&self, q: usize, end: u64) {
+        if let Some(s) = self.scan.get(q) {
+            s.claim.store(end, Ordering::SeqCst);
         }
     }
 
@@ -456,9 +471,10 @@ impl Steering {
         out
     }
 
-    /// Starts moving RETA entry `key` to queue `to`. The switch point lies
-    /// past every queue's receive point, so no queue has taken a packet of
-    /// the key with the old view beyond it.
+    /// Starts moving RETA entry `key` to queue `to`. The switch point is the
+    /// furthest any queue has received or claimed (the end of the burst it
+    /// is in), so no queue has taken a packet of the key with the old view
+    /// at or beyond it, and the change takes effect within that burst.
     pub fn start_move(&self, key: u16, to: u16) -> Result<Move, MoveError> {
         let k = key as usize;
         if (k >= self.reta_size && k < self.first_slot) || k >= self.owner.len() || to as usize >= self.queues {
@@ -476,16 +492,27 @@ impl Steering {
         if from == to {
             return Err(MoveError::Same);
         }
-        // Announce first, then read the positions: a queue that read the old
-        // generation published its position before, and scans at most
-        // MAX_SCAN past it with the old view. A finished queue counts with
-        // its end: a switch point before it would wait forever for a
-        // hand-over from a finished old owner, or give packets to a finished
-        // new owner (lost); past it, the move never switches and the key
-        // stays with its old owner.
+        // Announce first, then read the positions: a queue receives only
+        // within a span it claimed before re-reading the generation, so one
+        // still on the old generation has its claim visible here.
         self.gen.fetch_add(1, Ordering::SeqCst);
-        let max_scan = self.scan.iter().map(|s| s.last.load(Ordering::SeqCst)).max().unwrap_or(0);
-        let at = max_scan + MAX_SCAN + 1;
+        // A queue that has finished claimed up to the end of the stream: the
+        // switch is then past every packet (a finished old owner never hands
+        // over, and a finished new owner never receives again). Its last
+        // real position counts too (a source that finished without a claim).
+        let at = self
+            .scan
+            .iter()
+            .map(|s| {
+                let (c, p) = (s.claim.load(Ordering::SeqCst), s.scan.load(Ordering::SeqCst));
+                if p == u64::MAX {
+                    c.max(s.last.load(Ordering::SeqCst))
+                } else {
+                    c.max(p)
+                }
+            })
+            .max()
+            .unwrap_or(0);
         self.owner[key as usize].store(to, Ordering::SeqCst);
         let mv = Move { id: ctl.next_id, key, from, to, at };
         ctl.next_id += 1;
@@ -762,6 +789,19 @@ mod tests {
     }
 
     #[test]
+    fn a_move_switches_at_the_end_of_the_bursts_in_progress() {
+        let c = Classifier::new(8, false, HashOn::FiveTuple, false, Vec::new()).unwrap();
+        let s = Steering::new(2, &c, &[]).unwrap();
+        s.publish_progress(0, 4900, 10);
+        s.publish_progress(1, 5000, 10);
+        // Queue 0 is receiving up to 5064 (a burst), queue 1 claimed nothing past its position.
+        s.publish_claim(0, 5064);
+        assert_eq!(s.start_move(2, 1).unwrap().at, 5064);
+        s.publish_claim(1, 5100);
+        assert_eq!(s.start_move(1, 0).unwrap().at, 5100);
+    }
+
+    #[test]
     fn moves_switch_past_every_receive_point() {
         let c = Classifier::new(8, false, HashOn::FiveTuple, false, Vec::new()).unwrap();
         let s = Steering::new(2, &c, &[]).unwrap();
@@ -771,7 +811,7 @@ mod tests {
         let g = s.generation();
         let mv = s.start_move(0, 1).unwrap();
         assert!(s.generation() > g);
-        assert_eq!((mv.from, mv.to, mv.at), (0, 1, 5000 + MAX_SCAN + 1));
+        assert_eq!((mv.from, mv.to, mv.at), (0, 1, 5000));
         assert_eq!(s.start_move(0, 0), Err(MoveError::Busy));
         assert_eq!(s.start_move(1, 1), Err(MoveError::Same));
         assert_eq!(s.start_move(9, 0), Err(MoveError::BadArgs));
@@ -806,8 +846,9 @@ mod tests {
         s.publish_progress(1, u64::MAX, 20_000);
         assert_eq!(s.slowest_other(0), u64::MAX, "a finished queue holds nobody back");
         for (key, to) in [(1, 0), (2, 1)] {
+            // At the finished queue's end: it examined everything before 40,000 and takes nothing after.
             let mv = s.start_move(key, to).unwrap();
-            assert_eq!(mv.at, 40_000 + MAX_SCAN + 1);
+            assert_eq!(mv.at, 40_000);
         }
     }
 }

@@ -218,7 +218,11 @@ impl Strategy for RssPlusPlus {
 
     /// Greedy, as RSS++: the busiest core gives the entry whose load best
     /// fills half the gap to the least busy core, until the imbalance is
-    /// under the threshold or no entry fits; few moves per period.
+    /// under the threshold or no entry helps; few moves per period. An entry
+    /// helps if it is lighter than the whole gap (the pair's larger load
+    /// drops; the sum of squared loads strictly falls, so no cycle): an
+    /// elephant entry a little over half the gap still moves in one step,
+    /// where only entries under half the gap would take dozens of small ones.
     fn rebalance(&mut self, s: &LoadSample<'_>) -> Vec<(u16, u16)> {
         let mut loads = s.queue_loads();
         let mut owners = s.owners.to_vec();
@@ -226,13 +230,15 @@ impl Strategy for RssPlusPlus {
         while moves.len() < self.max_moves && imbalance(&loads) > self.threshold {
             let Some((hi, &max)) = loads.iter().enumerate().max_by_key(|(_, &l)| l) else { break };
             let Some((lo, &min)) = loads.iter().enumerate().min_by_key(|(_, &l)| l) else { break };
-            let gap = (max - min) / 2;
-            // The largest entry of the busiest core that does not overshoot.
+            let gap = max - min;
+            // The entry of the busiest core that best halves the gap (ties: the heavier).
             let best = owners
                 .iter()
                 .enumerate()
-                .filter(|&(e, &o)| o as usize == hi && s.entry_packets[e] > 0 && s.entry_packets[e] <= gap)
-                .max_by_key(|&(e, _)| s.entry_packets[e])
+                .filter(|&(e, &o)| o as usize == hi && s.entry_packets[e] > 0 && s.entry_packets[e] < gap)
+                .min_by_key(|&(e, _)| {
+                    (s.entry_packets[e].saturating_mul(2).abs_diff(gap), u64::MAX - s.entry_packets[e])
+                })
                 .map(|(e, _)| e);
             let Some(e) = best else { break };
             let p = s.entry_packets[e];
@@ -281,5 +287,29 @@ mod tests {
         assert!(moves.len() <= 3);
         assert!(Rss.rebalance(&s).is_empty());
         assert!(by_name("dyssect", DEFAULT_PERIOD).is_ok() && by_name("scr2", DEFAULT_PERIOD).is_err());
+    }
+
+    #[test]
+    fn rsspp_moves_an_elephant_entry_a_little_over_half_the_gap() {
+        // 8 cores, 64 entries each of load 10; elephants (+625) on entries 0, 8 (core 0) and 1, 9 (core 1):
+        // cores 0 and 1 carry 1890, cores 2..7 640. Balanced is 952.5 per core.
+        let mut packets = vec![10u64; 512];
+        for e in [0, 8, 1, 9] {
+            packets[e] += 625;
+        }
+        let owners: Vec<u16> = (0..512).map(|e| (e % 8) as u16).collect();
+        let s = LoadSample { entry_packets: &packets, owners: &owners, queues: 8 };
+        let mut r = RssPlusPlus::default();
+        let moves = r.rebalance(&s);
+        let mut o = owners.clone();
+        for (e, q) in &moves {
+            o[*e as usize] = *q;
+        }
+        let after = LoadSample { entry_packets: &packets, owners: &o, queues: 8 }.queue_loads();
+        // One elephant leaves each loaded core in the first period (later periods even out small entries).
+        assert!(moves.iter().filter(|(e, _)| packets[*e as usize] > 600).count() >= 2, "{moves:?}");
+        assert!(moves.len() <= r.max_moves);
+        // Four indivisible elephants on eight cores: the best is one per core (max 1265).
+        assert!(after.iter().max() <= Some(&1265), "{after:?}");
     }
 }
