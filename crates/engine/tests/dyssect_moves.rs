@@ -48,16 +48,26 @@ fn frame(f: u32, seq: u32) -> Vec<u8> {
     ipv4_frame([10, (f >> 8) as u8, f as u8, 1], [192, 0, 2, (f % 7) as u8], 17, &u)
 }
 
-fn trace(c: &Classifier) -> (Arc<ReplayTrace>, Vec<u32>, Vec<FlowRule>) {
-    let mut b = ReplayBuilder::new(1);
-    let mut next = vec![0u32; FLOWS as usize];
+/// The flow of each packet of the stream, in order. Skewed: a tenth of the
+/// flows carry half the packets (the ones worth offloading).
+fn flow_of_packets() -> impl Iterator<Item = u32> {
     let mut x = 0x9e37_79b9u32;
-    for i in 0..PACKETS {
+    (0..PACKETS).map(move |_| {
         x ^= x << 13;
         x ^= x >> 17;
         x ^= x << 5;
-        // Skewed: a tenth of the flows carry half the packets (the ones worth offloading).
-        let f = if x & 1 == 0 { (x >> 1) % (FLOWS / 10) } else { (x >> 1) % FLOWS };
+        if x & 1 == 0 {
+            (x >> 1) % (FLOWS / 10)
+        } else {
+            (x >> 1) % FLOWS
+        }
+    })
+}
+
+fn trace(c: &Classifier) -> (Arc<ReplayTrace>, Vec<u32>, Vec<FlowRule>) {
+    let mut b = ReplayBuilder::new(1);
+    let mut next = vec![0u32; FLOWS as usize];
+    for (i, f) in (0..PACKETS).zip(flow_of_packets()) {
         let fr = frame(f, next[f as usize]);
         next[f as usize] += 1;
         let (k, h) = c.classify(&fr).unwrap();
@@ -188,12 +198,7 @@ fn churned(loops: Option<u64>, total: u64, tail: u32) -> (Churned, Vec<u32>, Vec
     let (loop_ns, n) = (t.loop_ns(), t.packets());
     // Each flow's stream indices within a loop (its packets' times).
     let mut at: Vec<Vec<u32>> = vec![Vec::new(); FLOWS as usize];
-    let mut x = 0x9e37_79b9u32;
-    for i in 0..PACKETS {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        let f = if x & 1 == 0 { (x >> 1) % (FLOWS / 10) } else { (x >> 1) % FLOWS };
+    for (i, f) in (0..PACKETS).zip(flow_of_packets()) {
         at[f as usize].push(i);
     }
     assert_eq!(n, PACKETS as usize);
