@@ -67,10 +67,10 @@ if ! pkg-config --exists libdpdk 2>/dev/null; then
     as_root apt-get install -y -qq --no-install-recommends libdpdk-dev pkg-config >/dev/null
 fi
 step "DPDK ports (--features dpdk)"
-# One test at a time: DPDK's af_packet PMD names its PACKET_FANOUT group
-# (pid ^ port id) & 0xffff, so two flowplane processes started back to back
-# (consecutive pids, ports 1 and 0) can pick the same group in the root
-# namespace and the second fails with EINVAL.
+# One test at a time: DPDK's af_packet PMD derives its PACKET_FANOUT group id
+# from the process id, and two of these tests running at once failed once
+# with EINVAL setting PACKET_FANOUT (an id collision between the concurrent
+# flowplane processes in one namespace).
 cargo test --locked -p flowplane --features dpdk --test ports_dpdk -- --test-threads=1
 
 # The fuzz targets (a separate workspace, run with nightly + libFuzzer; see
