@@ -25,7 +25,7 @@ use crate::exec::{Pipeline, StoreReport};
 use crate::hist::Histogram;
 use crate::placement;
 use crate::report::Report;
-use crate::runner::{collect_exports, merge_details, RunConfig};
+use crate::runner::{collect_exports, join_workers, merge_details, RunConfig};
 use crate::spec::ChainSpec;
 use crate::worker::{Step, Worker, WorkerResult};
 
@@ -222,13 +222,7 @@ pub fn run_live(
             }
         }
         halt.store(true, Ordering::Relaxed);
-        handles
-            .into_iter()
-            .map(|h| match h {
-                Ok(h) => h.join().unwrap_or(Err(EngineError::WorkerPanicked)),
-                Err(e) => Err(e),
-            })
-            .collect()
+        join_workers(handles)
     });
     let elapsed = wall.elapsed();
     let mut pairs = Vec::with_capacity(nw);

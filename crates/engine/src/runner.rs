@@ -596,13 +596,7 @@ fn run_chains(
             std::thread::sleep(Duration::from_millis(2).min(until.saturating_duration_since(Instant::now())));
         }
         stop.store(true, Ordering::Relaxed);
-        handles
-            .into_iter()
-            .map(|h| match h {
-                Ok(h) => h.join().unwrap_or(Err(EngineError::WorkerPanicked)),
-                Err(e) => Err(e),
-            })
-            .collect()
+        join_workers(handles)
     });
     let elapsed = wall.elapsed();
     let mut pairs: Vec<(WorkerResult, Pipeline)> = Vec::with_capacity(nw);
@@ -834,4 +828,18 @@ pub(crate) fn collect_exports(
         out.push((name.clone(), rows));
     }
     out
+}
+
+/// Joins scoped worker threads in spawn order: a thread that could not be
+/// spawned keeps its error, one that panicked becomes `WorkerPanicked`.
+pub(crate) fn join_workers<T>(
+    handles: Vec<Result<std::thread::ScopedJoinHandle<'_, Result<T, EngineError>>, EngineError>>,
+) -> Vec<Result<T, EngineError>> {
+    handles
+        .into_iter()
+        .map(|h| match h {
+            Ok(h) => h.join().unwrap_or(Err(EngineError::WorkerPanicked)),
+            Err(e) => Err(e),
+        })
+        .collect()
 }

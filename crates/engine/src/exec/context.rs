@@ -395,7 +395,7 @@ impl ExecContext {
             scratch.flows[i] = FlowRef::NONE;
             // The common case reads the key in place; the rest copies the metadata.
             match &scratch.metas[i] {
-                m4 if !m4.valid => {}
+                meta if !meta.valid => {}
                 &PktMeta { tuple: FiveTuple::V4(k), .. } if bulk => {
                     scratch.gather_v4(&mut m, i, k, batch.timestamps()[i])
                 }
