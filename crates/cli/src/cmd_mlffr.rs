@@ -13,7 +13,8 @@ use crate::error::CliError;
 
 #[derive(clap::Args, Debug)]
 pub struct MlffrArgs {
-    /// The configuration (as `flowplane run`; --rate, --duration, --loops and --export are set by the search).
+    /// The configuration (as `flowplane run`; --rate, --duration, --loops and --export are set by the search;
+    /// --warmup is each trial's learning phase, default 0.25 s).
     #[command(flatten)]
     pub run: RunArgs,
     /// Loss counted as loss-free, in percent.
@@ -61,6 +62,8 @@ pub fn run(mut a: MlffrArgs) -> Result<(), CliError> {
         resolution: a.resolution / 100.0,
         trial: Duration::from_secs_f64(a.trial),
         max_rate: a.max_rate,
+        // `--warmup`: the learning phase before each trial (losses there do not count).
+        warmup: cfg.warmup.unwrap_or(MlffrConfig::default().warmup),
     };
     let r = search(&cfg, &spec, &prepared, &m)?;
     if a.run.json {

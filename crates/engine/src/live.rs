@@ -164,7 +164,10 @@ pub fn run_live(
                                 buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
                                 ..PoolConfig::default()
                             })?;
-                            let exec = Pipeline::new(chain, cfg.exec, shared.clone())?;
+                            let mut exec = Pipeline::new(chain, cfg.exec, shared.clone())?;
+                            // A page fault on the packet path is a stall that overflows the port's ring.
+                            exec.prefault();
+                            pool.prefault();
                             let rx = live
                                 .input
                                 .open_rx_into(w, &mut pool)

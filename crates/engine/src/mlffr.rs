@@ -4,6 +4,12 @@
 //! loses — receive-ring overflow (`rx_ring_full`) and transmit failures —
 //! never an NF's verdict; pool exhaustion delays receive (the packets wait
 //! in the ring) and shows up as ring overflow.
+//!
+//! Each trial starts with a learning phase at the trial's rate (RFC 2544
+//! §23: the device learns its flows first) whose losses do not count: the
+//! first packets of a run insert every flow and find cold caches, and a
+//! worker paced just under its capacity runs with small batches and little
+//! slack, so that transient alone would decide the search otherwise.
 
 use std::time::Duration;
 
@@ -24,11 +30,19 @@ pub struct MlffrConfig {
     pub trial: Duration,
     /// Upper end of the search (packets/s); None: 1.5x the full-speed rate.
     pub max_rate: Option<f64>,
+    /// Learning phase before each trial, at the trial's rate, not counted (default 250 ms).
+    pub warmup: Duration,
 }
 
 impl Default for MlffrConfig {
     fn default() -> Self {
-        MlffrConfig { loss: 0.001, resolution: 0.01, trial: Duration::from_secs(1), max_rate: None }
+        MlffrConfig {
+            loss: 0.001,
+            resolution: 0.01,
+            trial: Duration::from_secs(1),
+            max_rate: None,
+            warmup: Duration::from_millis(250),
+        }
     }
 }
 
@@ -37,7 +51,7 @@ impl Default for MlffrConfig {
 pub struct Trial {
     /// Offered rate (packets/s over the port).
     pub rate_pps: f64,
-    /// Packets that arrived at the port.
+    /// Packets that arrived at the port (after the learning phase).
     pub offered: u64,
     /// Packets received by the workers.
     pub received: u64,
@@ -69,14 +83,21 @@ fn trial(
     spec: &ChainSpec,
     p: &Prepared,
     rate: Option<f64>,
-    d: Duration,
+    m: &MlffrConfig,
 ) -> Result<(Trial, f64), EngineError> {
-    let c =
-        RunConfig { rate_pps: rate, loops: None, duration: Some(d), warmup: None, export: Vec::new(), ..cfg.clone() };
+    let c = RunConfig {
+        rate_pps: rate,
+        loops: None,
+        duration: Some(m.trial),
+        warmup: Some(m.warmup),
+        export: Vec::new(),
+        ..cfg.clone()
+    };
     let r = run_prepared(&c, spec, p, Output::Discard)?;
     let sc = r.scale.as_ref();
-    let lost = sc.map_or(0, |s| s.rx_ring_full) + r.tx_errors;
-    let offered = sc.map_or(0, |s| s.offered).max(r.packets + lost);
+    // Counted from the end of the learning phase (the transmit counters restart there too).
+    let lost = sc.map_or(0, |s| s.rx_ring_full_measured) + r.tx_errors;
+    let offered = sc.map_or(0, |s| s.offered_measured).max(r.packets + lost);
     let loss = if offered > 0 { lost as f64 / offered as f64 } else { 0.0 };
     let t = Trial { rate_pps: rate.unwrap_or(0.0), offered, received: r.packets, lost, loss, loss_free: false };
     // Packets over the busy span of the slowest core (not the table set-up).
@@ -88,14 +109,14 @@ pub fn search(cfg: &RunConfig, spec: &ChainSpec, p: &Prepared, m: &MlffrConfig) 
     if !((0.0..1.0).contains(&m.loss) && m.resolution > 0.0 && m.resolution < 1.0) {
         return Err(EngineError::Config("mlffr: loss must be in [0, 1) and resolution in (0, 1)".to_string()));
     }
-    let (_, full) = trial(cfg, spec, p, None, m.trial)?;
+    let (_, full) = trial(cfg, spec, p, None, m)?;
     let mut hi = m.max_rate.unwrap_or(full * 1.5).max(1.0);
     let mut lo = 0.0f64;
     let mut trials = Vec::new();
     // The upper end must lose; if it does not, it is the answer (capped search).
     while hi - lo > m.resolution * hi {
         let mid = if trials.is_empty() { hi } else { (lo + hi) / 2.0 };
-        let (mut t, _) = trial(cfg, spec, p, Some(mid), m.trial)?;
+        let (mut t, _) = trial(cfg, spec, p, Some(mid), m)?;
         t.loss_free = t.loss <= m.loss;
         let ok = t.loss_free;
         trials.push(t);

@@ -128,6 +128,11 @@ pub struct ScaleReport {
     pub offered: u64,
     /// Packets dropped because a core's receive ring was full.
     pub rx_ring_full: u64,
+    /// `offered` and `rx_ring_full` after the warm-up (what `flowplane mlffr`
+    /// counts: the trial, not its learning phase).
+    pub offered_measured: u64,
+    /// See `offered_measured`.
+    pub rx_ring_full_measured: u64,
     /// NIC emulation (steering walk) cycles per received packet, not counted as workers' work.
     pub nic_cycles_per_packet: f64,
     /// RETA moves completed (state handed over and imported).
@@ -280,6 +285,8 @@ impl ScaleReport {
             order_not_guaranteed: plan.unordered.clone(),
             offered: ws.iter().map(|w| w.rx.scanned).max().unwrap_or(0),
             rx_ring_full: ws.iter().map(|w| w.rx.rx_ring_full).sum(),
+            offered_measured: ws.iter().map(|w| w.rx.scanned.saturating_sub(w.scanned_from)).max().unwrap_or(0),
+            rx_ring_full_measured: ws.iter().map(|w| w.rx.rx_ring_full.saturating_sub(w.ring_full_from)).sum(),
             nic_cycles_per_packet: if packets > 0 { nic as f64 / packets as f64 } else { 0.0 },
             moves,
             flows_moved: ws.iter().map(|w| w.flows_out).sum(),

@@ -449,7 +449,7 @@ fn run_chains(
                         let build = || -> Result<Vec<Worker<'_>>, EngineError> {
                             let mut ws = Vec::with_capacity(mine.len());
                             for (w, chain) in mine {
-                                let pool = PacketPool::new(PoolConfig {
+                                let mut pool = PacketPool::new(PoolConfig {
                                     buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
                                     ..PoolConfig::default()
                                 })?;
@@ -470,7 +470,12 @@ fn run_chains(
                                 } else {
                                     cfg.exec
                                 };
-                                let exec = Pipeline::new(chain, ecfg, shared.clone())?;
+                                let mut exec = Pipeline::new(chain, ecfg, shared.clone())?;
+                                if cfg.rate_pps.is_some() {
+                                    // Paced: a page fault on the packet path is a stall that loses packets.
+                                    exec.prefault();
+                                    pool.prefault();
+                                }
                                 let base_ns = trace.base_ns();
                                 let source: Box<dyn Source> = match &steering_arc {
                                     Some(st) => {

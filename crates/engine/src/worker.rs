@@ -43,6 +43,8 @@ pub struct WorkerResult {
     pub rx: RxStats,
     /// Stream positions the queue had walked when measuring started (`rx.scanned` then).
     pub scanned_from: u64,
+    /// Receive-ring drops when measuring started (`rx.rx_ring_full` then).
+    pub ring_full_from: u64,
     /// `busy_cycles` with the batches the OS interrupted (cycles per packet over
     /// [`PREEMPTED`] times the recent figure) counted at the recent figure: the
     /// chain's own work on a shared machine, where a thread descheduled for a
@@ -319,6 +321,7 @@ impl<'a> Worker<'a> {
             res.busy_cycles = 0;
             res.busy_on_cpu = 0;
             res.scanned_from = self.source.rx_stats().scanned;
+            res.ring_full_from = self.source.rx_stats().rx_ring_full;
         }
         let batch = &mut self.batch;
         res.packets += n as u64;

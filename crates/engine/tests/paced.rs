@@ -71,10 +71,13 @@ fn mlffr_brackets_the_loss_free_rate() {
 /// when other processes take the CPU, a paced core loses packets below its
 /// capacity (it is off the CPU while they arrive), which no search can tell
 /// from the chain being slow: the test then says so and skips.
-/// Known gap (06:37 UTC, load 3, workers 97% on the CPU): 1 core found
-/// 1.26 Mpps against a capacity of 2.42 Mpps (ratio 0.52): paced runs lose
-/// well below the full-speed service rate; not yet explained (smaller
-/// batches when paced, the walk and per-packet latency on the worker's core).
+/// Measured 2026-11-24 (quiet machine): before the learning phase and the
+/// prefaulted tables the ratio was 0.52-0.72 — every trial started with cold
+/// tables and caches (and, with large tables, 20-100 ms of page faults), and a
+/// worker paced just under capacity runs small batches with little slack, so
+/// the start transient decided the search. Since: 1 core 0.945-0.975; 2 cores
+/// 0.78 (the paced walk visits every stream position on each core; capacity
+/// excludes that NIC emulation work).
 #[test]
 #[ignore]
 fn mlffr_finds_where_a_slowed_chain_starts_losing() {
