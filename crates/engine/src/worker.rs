@@ -328,7 +328,7 @@ impl<'a> Worker<'a> {
         res.bytes += batch.lens().iter().map(|&l| l as u64).sum::<u64>();
         // The packet clock: NF actions see each packet's own time; table
         // bookkeeping (last seen, expiry) the latest time in the batch.
-        let now_ns = batch.timestamps().iter().copied().max().unwrap_or(0);
+        let now_ns = batch.timestamps().iter().fold(0, |a, &t| a.max(t));
         let arrival = self.source.arrival_clock();
         let ctx = NfContext { now_tsc: now, now_ns };
         if let Some(c) = self.ctl.as_mut() {
