@@ -34,7 +34,7 @@ use std::sync::Arc;
 use flowplane_io::scr::{ScrSide, Sequencer};
 use flowplane_nf::stateful::{Granularity, ScrFields, ScrRecord};
 use flowplane_nf::{NfContext, Pkt, PktMeta};
-use flowplane_packet::{tsc, Batch, DROP};
+use flowplane_packet::{tsc, Batch, DROP, MAX_BATCH};
 use flowplane_wire::hash::crc32c_u64;
 use serde::Serialize;
 
@@ -518,6 +518,17 @@ pub struct ScrCoreReport {
     pub drift_wait_cycles: u64,
 }
 
+/// A packet of the batch in flight that the replica applies (SCR without
+/// logs): its index, and the part of its history (`h[ff.0..ff.1]`) not yet
+/// applied, fast-forwarded before it.
+#[derive(Clone, Copy, Debug)]
+pub struct Planned {
+    /// Index in the batch.
+    pub i: u32,
+    /// History entries to fast-forward first (range in the packet's history).
+    pub ff: (u32, u32),
+}
+
 /// One core's private replica of the chain's state.
 pub struct ScrReplica {
     core: usize,
@@ -536,6 +547,11 @@ pub struct ScrReplica {
     /// Entries queued for fast-forward and their survival through the chain (capacity N, reused).
     ff: Vec<ScrRecord>,
     alive: Vec<bool>,
+    /// NF-major batches (no logs): the packets applied, their parses and
+    /// their history entries' survival (capacity MAX_BATCH, MAX_BATCH * N; reused).
+    plan: Vec<Planned>,
+    metas: Vec<PktMeta>,
+    alive_batch: Vec<bool>,
     rep: ScrCoreReport,
 }
 
@@ -622,6 +638,9 @@ impl ScrReplica {
             flush: vec![ScrRecord::default(); h],
             ff: Vec::with_capacity(h.max(64)),
             alive: Vec::with_capacity(h.max(64)),
+            plan: Vec::with_capacity(MAX_BATCH),
+            metas: Vec::with_capacity(MAX_BATCH),
+            alive_batch: Vec::with_capacity(MAX_BATCH * h.max(1)),
             rep: ScrCoreReport { core, ..Default::default() },
         }
     }
@@ -736,6 +755,9 @@ impl ScrReplica {
         self.batches += 1;
         self.rep.seq_cycles = side.cycles;
         let sample = self.batches.is_multiple_of(SAMPLE_EVERY);
+        if self.logs.is_none() && !sample {
+            return self.process_nf_major(chain, batch, side, ctx);
+        }
         for i in 0..n {
             let s = side.seqs[i];
             let h = &side.hist[i * hn..(i + 1) * hn];
@@ -762,6 +784,65 @@ impl ScrReplica {
             } else {
                 self.catch_up(chain, s, h);
                 self.own_packet(chain, batch, i, &r, ctx);
+            }
+        }
+    }
+
+    /// [`Self::process`] without logs, NF by NF: the sequence bookkeeping of
+    /// `catch_up` for every packet first, then each NF over the whole batch
+    /// in sequence order (each packet's unapplied history, then the packet)
+    /// in one monomorphised call. The same result as packet by packet: an
+    /// NF's state sees only its own sequence of surviving entries and
+    /// packets, and that sequence does not depend on the order in which the
+    /// NFs take their turns. Sampled batches take the packet-by-packet path
+    /// (it times fast-forward and own packet apart).
+    fn process_nf_major(&mut self, chain: &mut Chain, batch: &mut Batch, side: ScrSide<'_>, ctx: &NfContext) {
+        let hn = side.history;
+        let n = batch.len().min(side.seqs.len()).min(MAX_BATCH).min(side.hist.len() / hn.max(1));
+        self.plan.clear();
+        self.metas.clear();
+        self.alive_batch.clear();
+        self.alive_batch.extend(side.hist[..n * hn].iter().map(|r| r.valid()));
+        for i in 0..n {
+            let s = side.seqs[i];
+            if s <= self.max {
+                // Reordered or duplicated: cannot be replayed exactly; counted (as in `process`).
+                self.rep.unrecovered += 1;
+                self.metas.push(PktMeta::default());
+                continue;
+            }
+            self.rep.own += 1;
+            // `catch_up` without logs: a gap is unrecoverable; the rest of the history is fast-forwarded.
+            let minseq = s.saturating_sub(hn as u64 - 1).max(1);
+            let from = self.max + 1;
+            if minseq > from {
+                let g = minseq.min(s) - from;
+                self.rep.gaps += g;
+                self.rep.unrecovered += g;
+            }
+            let first = from.max(minseq);
+            let at = |k: u64| (hn as u64 - 1 - (s - k)) as u32;
+            let ff = if first < s { (at(first), at(s)) } else { (0, 0) };
+            self.rep.fast_forwarded += u64::from(ff.1 - ff.0);
+            self.plan.push(Planned { i: i as u32, ff });
+            self.max = s;
+            self.metas.push(PktMeta::parse(batch.data(i)));
+        }
+        for (st, t) in chain.stages.iter_mut().zip(self.tables.iter_mut()) {
+            match (st, t.as_mut()) {
+                (Stage::Stateless(nf), _) => {
+                    for p in &self.plan {
+                        let i = p.i as usize;
+                        if batch.verdicts()[i] != DROP {
+                            let c = NfContext { now_ns: side.hist[i * hn + hn - 1].ts_ns(), ..*ctx };
+                            nf.process(batch, i..i + 1, &c);
+                        }
+                    }
+                }
+                (Stage::Stateful { nf, counters, .. }, Some(t)) => {
+                    nf.scr_batch(t, &self.plan, side.hist, hn, &mut self.alive_batch, batch, &self.metas, ctx, counters)
+                }
+                (Stage::Stateful { .. }, None) => {}
             }
         }
     }
