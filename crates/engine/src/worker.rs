@@ -364,6 +364,23 @@ impl<'a> Worker<'a> {
         };
         self.last_end = tsc::rdtsc();
         res.batch_latency.record(self.last_end.saturating_sub(now));
+        res.busy_cycles += self.last_end.saturating_sub(now);
+        // The batch without its hand-overs (real work, kept whole) against the recent cost per packet.
+        let own = self.last_end.saturating_sub(now).saturating_sub(handed);
+        let per = own as f64 / n.max(1) as f64;
+        let kept = if self.recent_cpp > 0.0 && per > PREEMPTED * self.recent_cpp {
+            (self.recent_cpp * n as f64) as u64
+        } else {
+            // Down fast, up slowly: interruptions only ever inflate a batch, and a
+            // first batch (cold tables, set-up) must not hold the figure up for long.
+            self.recent_cpp = match self.recent_cpp {
+                r if r <= 0.0 => per,
+                r if per < r => 0.5 * r + 0.5 * per,
+                r => 0.97 * r + 0.03 * per,
+            };
+            own
+        };
+        res.busy_on_cpu += kept + handed;
         if let Some((t0, k)) = arrival {
             for (i, &ts) in self.arrivals.iter().enumerate() {
                 let l = self.last_end.saturating_sub(t0 + (ts as f64 * k) as u64);
@@ -374,9 +391,10 @@ impl<'a> Worker<'a> {
                 }
             }
         } else if let (Some((clock, k)), true) = (self.vclock.as_mut(), self.priority.is_some()) {
-            // Per packet: FIFO on a dedicated core, service = the batch's own cost per packet.
+            // Per packet: FIFO on a dedicated core, service = the batch's own cost per packet
+            // (an interrupted batch at the recent cost: a dedicated core is not descheduled).
             let nic = self.source.rx_stats().nic_cycles.saturating_sub(nic0);
-            let per = self.last_end.saturating_sub(now).saturating_sub(nic) as f64 / *k / n.max(1) as f64;
+            let per = (kept + handed).saturating_sub(nic) as f64 / *k / n.max(1) as f64;
             for (i, &ts) in self.arrivals.iter().enumerate() {
                 let a = ts as f64;
                 *clock = clock.max(a) + per;
@@ -389,17 +407,6 @@ impl<'a> Worker<'a> {
                 if p { &mut res.prio_latency } else { &mut res.normal_latency }.record(l);
             }
         }
-        res.busy_cycles += self.last_end.saturating_sub(now);
-        // The batch without its hand-overs (real work, kept whole) against the recent cost per packet.
-        let own = self.last_end.saturating_sub(now).saturating_sub(handed);
-        let per = own as f64 / n.max(1) as f64;
-        let kept = if self.recent_cpp > 0.0 && per > PREEMPTED * self.recent_cpp {
-            (self.recent_cpp * n as f64) as u64
-        } else {
-            self.recent_cpp = if self.recent_cpp > 0.0 { 0.97 * self.recent_cpp + 0.03 * per } else { per };
-            own
-        };
-        res.busy_on_cpu += kept + handed;
         if let Some(c) = self.ctl.as_ref() {
             // The worker's own work (not the NIC's walk), for rebalancing by load.
             let nic = self.source.rx_stats().nic_cycles.saturating_sub(nic0);
