@@ -755,7 +755,7 @@ impl ScrReplica {
         self.batches += 1;
         self.rep.seq_cycles = side.cycles;
         let sample = self.batches.is_multiple_of(SAMPLE_EVERY);
-        if self.logs.is_none() && !sample {
+        if !sample && (self.logs.is_none() || self.no_gaps(&side, n)) {
             return self.process_nf_major(chain, batch, side, ctx);
         }
         for i in 0..n {
@@ -788,7 +788,21 @@ impl ScrReplica {
         }
     }
 
-    /// [`Self::process`] without logs, NF by NF: the sequence bookkeeping of
+    /// Whether the batch's packets follow the replica's sequence with no
+    /// gap and no reordering (each packet's history reaches back to what is applied).
+    fn no_gaps(&self, side: &ScrSide<'_>, n: usize) -> bool {
+        let hn = side.history as u64;
+        let mut max = self.max;
+        for &s in &side.seqs[..n] {
+            if s <= max || s.saturating_sub(hn - 1).max(1) > max + 1 {
+                return false;
+            }
+            max = s;
+        }
+        true
+    }
+
+    /// [`Self::process`] NF by NF: the sequence bookkeeping of
     /// `catch_up` for every packet first, then each NF over the whole batch
     /// in sequence order (each packet's unapplied history, then the packet)
     /// in one monomorphised call. The same result as packet by packet: an
@@ -796,6 +810,12 @@ impl ScrReplica {
     /// packets, and that sequence does not depend on the order in which the
     /// NFs take their turns. Sampled batches take the packet-by-packet path
     /// (it times fast-forward and own packet apart).
+    ///
+    /// With logs (recovery on) only for a batch [`Self::no_gaps`] passes:
+    /// each packet's entries are logged (and the core waits for the slowest,
+    /// as in `catch_up`) in the bookkeeping pass, before any NF runs; a
+    /// batch with a gap or a reordered packet takes the packet-by-packet path
+    /// (Algorithm 1 applies recovered entries in order).
     fn process_nf_major(&mut self, chain: &mut Chain, batch: &mut Batch, side: ScrSide<'_>, ctx: &NfContext) {
         let hn = side.history;
         let n = batch.len().min(side.seqs.len()).min(MAX_BATCH).min(side.hist.len() / hn.max(1));
@@ -824,6 +844,24 @@ impl ScrReplica {
             let at = |k: u64| (hn as u64 - 1 - (s - k)) as u32;
             let ff = if first < s { (at(first), at(s)) } else { (0, 0) };
             self.rep.fast_forwarded += u64::from(ff.1 - ff.0);
+            // Taken, not cloned: an Arc clone per packet would bounce its count between cores.
+            if let Some(logs) = self.logs.take() {
+                if logs.logs.len() > 1 {
+                    // `catch_up`'s logging (no gap here: `no_gaps`).
+                    let log = logs.log(self.core);
+                    if s > self.bound {
+                        self.wait_for_slowest(&logs, s);
+                    }
+                    log.begin(s);
+                    let h = &side.hist[i * hn..(i + 1) * hn];
+                    for (k, r) in (first..=s).zip(&h[at(first) as usize..]) {
+                        log.put(k, r);
+                    }
+                    log.publish(s);
+                    log.resolved.store(s, Ordering::Release);
+                }
+                self.logs = Some(logs);
+            }
             self.plan.push(Planned { i: i as u32, ff });
             self.max = s;
             self.metas.push(PktMeta::parse(batch.data(i)));
