@@ -529,6 +529,20 @@ pub struct Planned {
     pub ff: (u32, u32),
 }
 
+/// What every NF's [`crate::stage::StatefulStage::scr_batch`] reads of a batch.
+pub struct ScrBatch<'a> {
+    /// The packets applied, in sequence order.
+    pub plan: &'a [Planned],
+    /// Every packet's history, `history` records each (packet i's at `i * history`), its own last.
+    pub hist: &'a [ScrRecord],
+    /// N.
+    pub history: usize,
+    /// Packet i's parse.
+    pub metas: &'a [PktMeta],
+    /// The worker's context (each packet runs at its record's time).
+    pub ctx: &'a NfContext,
+}
+
 /// One core's private replica of the chain's state.
 pub struct ScrReplica {
     core: usize,
@@ -878,7 +892,8 @@ impl ScrReplica {
                     }
                 }
                 (Stage::Stateful { nf, counters, .. }, Some(t)) => {
-                    nf.scr_batch(t, &self.plan, side.hist, hn, &mut self.alive_batch, batch, &self.metas, ctx, counters)
+                    let b = ScrBatch { plan: &self.plan, hist: side.hist, history: hn, metas: &self.metas, ctx };
+                    nf.scr_batch(t, &b, &mut self.alive_batch, batch, counters)
                 }
                 (Stage::Stateful { .. }, None) => {}
             }

@@ -125,23 +125,17 @@ pub trait StatefulStage: Send {
         _alive: &mut [bool],
     ) {
     }
-    /// SCR without logs: this NF's share of a whole batch, in sequence
-    /// order — for each planned packet, its history entries not yet applied
-    /// (fast-forwarded as [`Self::scr_fast_forward`], `alive` indexed like
-    /// `hist`), then the packet's own action with its record's time
-    /// (monomorphised: one virtual call per NF per batch). `metas[i]` is
-    /// packet i's parse; dropped packets are skipped.
-    #[allow(clippy::too_many_arguments)]
+    /// SCR: this NF's share of a whole batch, in sequence order — for each
+    /// planned packet, its history entries not yet applied (fast-forwarded
+    /// as [`Self::scr_fast_forward`], `alive` indexed like `b.hist`), then
+    /// the packet's own action with its record's time (monomorphised: one
+    /// virtual call per NF per batch). Dropped packets are skipped.
     fn scr_batch(
         &mut self,
         _t: &mut crate::scr::ReplicaTable,
-        _plan: &[crate::scr::Planned],
-        _hist: &[flowplane_nf::stateful::ScrRecord],
-        _history: usize,
+        _b: &crate::scr::ScrBatch<'_>,
         _alive: &mut [bool],
         _batch: &mut Batch,
-        _metas: &[PktMeta],
-        _ctx: &NfContext,
         _counters: &mut NfCounters,
     ) {
     }
@@ -274,36 +268,32 @@ fn scr_ff_loop<T: StatefulNf, K: Fn(&flowplane_nf::stateful::ScrRecord) -> u128>
 }
 
 /// [`StatefulStage::scr_batch`] for one NF type and key kind.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn scr_batch_loop<T: StatefulNf, K: Fn(&flowplane_nf::stateful::ScrRecord) -> u128>(
     nf: &mut T,
     t: &mut crate::scr::ReplicaTable,
-    plan: &[crate::scr::Planned],
-    hist: &[flowplane_nf::stateful::ScrRecord],
-    hn: usize,
+    b: &crate::scr::ScrBatch<'_>,
     alive: &mut [bool],
     batch: &mut Batch,
-    metas: &[PktMeta],
-    ctx: &NfContext,
     counters: &mut NfCounters,
     key: K,
 ) {
-    for p in plan {
+    let (hist, hn) = (b.hist, b.history);
+    for p in b.plan {
         let i = p.i as usize;
         let base = i * hn;
-        let (a, b) = (base + p.ff.0 as usize, base + p.ff.1 as usize);
-        if let (Some(recs), Some(al)) = (hist.get(a..b), alive.get_mut(a..b)) {
+        let (lo, hi) = (base + p.ff.0 as usize, base + p.ff.1 as usize);
+        if let (Some(recs), Some(al)) = (hist.get(lo..hi), alive.get_mut(lo..hi)) {
             scr_ff_loop::<T, _>(nf, t, recs, al, &key);
         }
         if batch.verdicts()[i] == DROP {
             continue;
         }
-        let (Some(r), Some(meta)) = (hist.get(base + hn - 1), metas.get(i)) else { continue };
+        let (Some(r), Some(meta)) = (hist.get(base + hn - 1), b.metas.get(i)) else { continue };
         counters.packets_in += 1;
         counters.bytes_in += u64::from(batch.lens()[i]);
         let now = r.ts_ns();
-        let c = NfContext { now_ns: now, ..*ctx };
+        let c = NfContext { now_ns: now, ..*b.ctx };
         let action = if !r.valid() || !meta.valid {
             nf.on_unparsed()
         } else if let Some(slot) = t.lookup(key(r), now) {
@@ -383,32 +373,18 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     fn scr_batch(
         &mut self,
         t: &mut crate::scr::ReplicaTable,
-        plan: &[crate::scr::Planned],
-        hist: &[flowplane_nf::stateful::ScrRecord],
-        hn: usize,
+        b: &crate::scr::ScrBatch<'_>,
         alive: &mut [bool],
         batch: &mut Batch,
-        metas: &[PktMeta],
-        ctx: &NfContext,
         counters: &mut NfCounters,
     ) {
         use crate::scr::KeyOf;
         let nf = &mut self.0;
         match t.key_of {
-            KeyOf::Src => {
-                scr_batch_loop::<T, _>(nf, t, plan, hist, hn, alive, batch, metas, ctx, counters, |r| KeyOf::Src.key(r))
-            }
-            KeyOf::Dst => {
-                scr_batch_loop::<T, _>(nf, t, plan, hist, hn, alive, batch, metas, ctx, counters, |r| KeyOf::Dst.key(r))
-            }
-            KeyOf::Flow => scr_batch_loop::<T, _>(nf, t, plan, hist, hn, alive, batch, metas, ctx, counters, |r| {
-                KeyOf::Flow.key(r)
-            }),
-            KeyOf::Connection => {
-                scr_batch_loop::<T, _>(nf, t, plan, hist, hn, alive, batch, metas, ctx, counters, |r| {
-                    KeyOf::Connection.key(r)
-                })
-            }
+            KeyOf::Src => scr_batch_loop::<T, _>(nf, t, b, alive, batch, counters, |r| KeyOf::Src.key(r)),
+            KeyOf::Dst => scr_batch_loop::<T, _>(nf, t, b, alive, batch, counters, |r| KeyOf::Dst.key(r)),
+            KeyOf::Flow => scr_batch_loop::<T, _>(nf, t, b, alive, batch, counters, |r| KeyOf::Flow.key(r)),
+            KeyOf::Connection => scr_batch_loop::<T, _>(nf, t, b, alive, batch, counters, |r| KeyOf::Connection.key(r)),
         }
     }
     fn scr_init_bytes(&mut self, rec: &flowplane_nf::stateful::ScrRecord, ctx: &NfContext, out: &mut [u8]) {
