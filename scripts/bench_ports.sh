@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Port figures (root; a release build with --features dpdk for the DPDK parts):
 #   scripts/bench_ports.sh veth      # per backend on one veth pair: loss vs offered rate, busy cycles/packet
-#   scripts/bench_ports.sh null      # DPDK net_null forward vs dpdk-testpmd --forward-mode=io, one core
+#   scripts/bench_ports.sh null      # DPDK net_null forward vs dpdk-testpmd --forward-mode=io, one core: the ratio
 #   scripts/bench_ports.sh pcap      # DPDK net_pcap infinite_rx, 1M flows, 64 B, random: forward, fsc, lb -> fsc -> ratelimit
-# Env: BACKENDS="afpacket afxdp dpdk_af_packet", RATES="50000 100000 150000 200000", FP=target/release/flowplane.
+# Env: BACKENDS="afpacket afxdp dpdk_af_packet", RATES="50000 100000 150000 200000", FP=target/release/flowplane;
+#      null: ROUNDS=5 SECS=5 BURST=32.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FP=${FP:-target/release/flowplane}
@@ -46,14 +47,42 @@ PY
     done
 }
 
+# The net_null figure: flowplane `forward` vs dpdk-testpmd io forwarding, both on one forwarding core (CPU 0,
+# where flowplane pins its worker; testpmd's main lcore, which only prints, on CPU 1),
+# interleaved over $ROUNDS rounds of $SECS s, at the same burst ($BURST: testpmd's default 32). testpmd forwards
+# net_null0 -> net_null1 and back on its one core, so its packet rate is the sum of both ports' Rx-pps (median of
+# the per-second samples after the first two); flowplane forwards net_null0 -> net_null1 (--warmup 1, then $SECS s).
+# cycles/packet = TSC Hz / rate: on net_null a forwarding core is never idle. Prints each round, then the medians
+# and the ratio. Env: ROUNDS=5 SECS=5 BURST=32.
 null() {
-    echo "dpdk-testpmd io, net_null0 <-> net_null1, one forwarding core (Rx-pps per port; both directions on the core):"
-    timeout -s INT 12 dpdk-testpmd $EAL --vdev net_null0 --vdev net_null1 -l 0,1 -- --forward-mode=io --nb-cores=1 \
-        --auto-start --stats-period 3 2>&1 | grep -E "Rx-pps" | tail -2 || true
-    for b in 32 64; do
-        "$FP" run --input dpdk:net_null0 --output dpdk:net_null1 --chain forward --cores 1 --batch $b --duration 5 --warmup 1 --json |
-            python3 -c "import json,sys; j=json.load(sys.stdin); print(f\"flowplane forward, batch $b: {j['mpps']:.2f} Mpps, {j['cycles_per_packet']:.1f} busy cycles/packet\")"
+    local rounds=${ROUNDS:-5} secs=${SECS:-5} burst=${BURST:-32}
+    echo "net_null forward, one core (CPU 0), burst $burst, $rounds rounds of ${secs}s, testpmd and flowplane interleaved"
+    for r in $(seq 1 "$rounds"); do
+        timeout -s INT $((secs + 4)) dpdk-testpmd $EAL --vdev net_null0 --vdev net_null1 -l 0,1 --main-lcore 1 \
+            -- --forward-mode=io --nb-cores=1 --burst="$burst" --auto-start --stats-period 1 \
+            >"$tmp/testpmd.$r" 2>&1 || true
+        "$FP" run --input dpdk:net_null0 --output dpdk:net_null1 --chain forward --cores 1 --batch "$burst" \
+            --duration "$secs" --warmup 1 --json >"$tmp/fp.$r" 2>"$tmp/fp.$r.err" ||
+            { cat "$tmp/fp.$r.err" >&2; exit 1; }
     done
+    python3 - "$tmp" "$rounds" <<'PY'
+import json, re, statistics as st, sys
+tmp, rounds = sys.argv[1], int(sys.argv[2])
+tp, fp, ghz = [], [], []
+for r in range(1, rounds + 1):
+    pps = [int(x) for x in re.findall(r"Rx-pps:\s+(\d+)", open(f"{tmp}/testpmd.{r}", errors="replace").read())]
+    sums = [pps[i] + pps[i + 1] for i in range(0, len(pps) - 1, 2)][2:]
+    if not sums:
+        sys.exit(f"round {r}: no testpmd Rx-pps samples (see dpdk-testpmd's output)")
+    j = json.load(open(f"{tmp}/fp.{r}"))
+    tp.append(st.median(sums) / 1e6); fp.append(j["mpps"]); ghz.append(j["tsc_ghz"])
+    print(f"round {r}: testpmd io {tp[-1]:6.2f} Mpps   flowplane forward {fp[-1]:6.2f} Mpps   ratio {fp[-1] / tp[-1]:.3f}")
+t, f, g = st.median(tp), st.median(fp), st.median(ghz)
+print(f"median:  testpmd io {t:6.2f} Mpps ({g * 1e3 / t:5.1f} cycles/packet)   "
+      f"flowplane forward {f:6.2f} Mpps ({g * 1e3 / f:5.1f} cycles/packet)")
+print(f"ratio flowplane/testpmd: {f / t:.3f} (median of rates; per-round ratios {min(a / b for a, b in zip(fp, tp)):.3f}"
+      f"..{max(a / b for a, b in zip(fp, tp)):.3f}; target >= 0.9)")
+PY
 }
 
 pcap() {
