@@ -471,3 +471,23 @@ impl TxQueue for DpdkTx {
         Some((sent as u64, bytes, dropped as u64, full))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shim's `div_stride` (a 128-bit multiply-high by `recip`) is an exact division.
+    #[test]
+    fn reciprocal_divides_exactly() {
+        let div = |n: u64, m: u64| ((u128::from(n) * u128::from(m)) >> 64) as u64;
+        for stride in [64u32, 128, 2304, 2368, 2432, 4096, 9344, 65472] {
+            let m = recip(stride);
+            let s = u64::from(stride);
+            for i in (0..200_000u64).chain([(MAX_REGION / s) - 2, (MAX_REGION / s) - 1]) {
+                for n in [i * s, i * s + 1, i * s + s / 2, i * s + s - 1] {
+                    assert_eq!(div(n, m), n / s, "stride {stride}, n {n}");
+                }
+            }
+        }
+    }
+}
