@@ -4,7 +4,7 @@
 #   scripts/bench_ports.sh null      # DPDK net_null forward vs dpdk-testpmd --forward-mode=io, one core: the ratio
 #   scripts/bench_ports.sh pcap      # DPDK net_pcap infinite_rx, 1M flows, 64 B, random: forward, fsc, lb -> fsc -> ratelimit
 # Env: BACKENDS="afpacket afxdp dpdk_af_packet", RATES="50000 100000 150000 200000", FP=target/release/flowplane;
-#      null: ROUNDS=5 SECS=5 BURST=32.
+#      null: ROUNDS=5 SECS=5 BURST=32 RT=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FP=${FP:-target/release/flowplane}
@@ -53,15 +53,19 @@ PY
 # net_null0 -> net_null1 and back on its one core, so its packet rate is the sum of both ports' Rx-pps (median of
 # the per-second samples after the first two); flowplane forwards net_null0 -> net_null1 (--warmup 1, then $SECS s).
 # cycles/packet = TSC Hz / rate: on net_null a forwarding core is never idle. Prints each round, then the medians
-# and the ratio. Env: ROUNDS=5 SECS=5 BURST=32.
+# and the ratio. Both run at a real-time priority (chrt -f 50, RT=0 to turn off): on a shared machine other
+# processes then keep off the forwarding core, and rounds agree within a few % instead of +-30%.
+# Env: ROUNDS=5 SECS=5 BURST=32 RT=1.
 null() {
-    local rounds=${ROUNDS:-5} secs=${SECS:-5} burst=${BURST:-32}
-    echo "net_null forward, one core (CPU 0), burst $burst, $rounds rounds of ${secs}s, testpmd and flowplane interleaved"
+    local rounds=${ROUNDS:-5} secs=${SECS:-5} burst=${BURST:-32} rt=()
+    [[ ${RT:-1} == 1 ]] && chrt -f 50 true 2>/dev/null && rt=(chrt -f 50)
+    echo "net_null forward, one core (CPU 0), burst $burst, $rounds rounds of ${secs}s, testpmd and flowplane" \
+        "interleaved${rt:+, ${rt[*]}}"
     for r in $(seq 1 "$rounds"); do
-        timeout -s INT $((secs + 4)) dpdk-testpmd $EAL --vdev net_null0 --vdev net_null1 -l 0,1 --main-lcore 1 \
+        timeout -s INT $((secs + 4)) "${rt[@]}" dpdk-testpmd $EAL --vdev net_null0 --vdev net_null1 -l 0,1 --main-lcore 1 \
             -- --forward-mode=io --nb-cores=1 --burst="$burst" --auto-start --stats-period 1 \
             >"$tmp/testpmd.$r" 2>&1 || true
-        "$FP" run --input dpdk:net_null0 --output dpdk:net_null1 --chain forward --cores 1 --batch "$burst" \
+        "${rt[@]}" "$FP" run --input dpdk:net_null0 --output dpdk:net_null1 --chain forward --cores 1 --batch "$burst" \
             --duration "$secs" --warmup 1 --json >"$tmp/fp.$r" 2>"$tmp/fp.$r.err" ||
             { cat "$tmp/fp.$r.err" >&2; exit 1; }
     done
