@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Port figures (root; a release build with --features dpdk for the DPDK parts):
 #   scripts/bench_ports.sh veth      # per backend on one veth pair: loss vs offered rate, busy cycles/packet
+#   scripts/bench_ports.sh mlffr     # per backend on one veth pair: the highest loss-free rate (binary search)
 #   scripts/bench_ports.sh null      # DPDK net_null forward vs dpdk-testpmd --forward-mode=io, one core: the ratio
 #   scripts/bench_ports.sh pcap      # DPDK net_pcap infinite_rx, 1M flows, 64 B, random: forward, fsc, lb -> fsc -> ratelimit
 # Env: BACKENDS="afpacket afxdp dpdk_af_packet", RATES="50000 100000 150000 200000", FP=target/release/flowplane;
@@ -16,7 +17,7 @@ trap cleanup EXIT
 
 pn() { case $1 in dpdk_af_packet) echo "dpdk:net_af_packet$3,iface=$2,qdisc_bypass=1,framecnt=16384";; *) echo "$1:$2";; esac; }
 
-veth() {
+veth_setup() {
     ip netns add fA$ID; ip netns add fB$ID
     ip link add fa$ID type veth peer name v0 netns fA$ID
     ip link add fb$ID type veth peer name v0 netns fB$ID
@@ -26,24 +27,62 @@ veth() {
     echo "replay baseline (in memory, forward, 1 core):"
     "$FP" run --input "$tmp/t.pcap" --chain forward --cores 1 --loops 20 --json |
         python3 -c "import json,sys; j=json.load(sys.stdin); print(f\"  {j['mpps']:.1f} Mpps, {j['cycles_per_packet']:.1f} cycles/packet\")"
-    for be in ${BACKENDS:-afpacket afxdp dpdk_af_packet}; do
-        for r in ${RATES:-50000 100000 150000 200000}; do
-            "$FP" run --input "$(pn $be fa$ID 0)" --output "$(pn $be fb$ID 1)" --chain forward --cores 1 --pool 16384 --json >"$tmp/fp.json" 2>/dev/null &
-            pid=$!
-            sleep 2
-            sent=$(ip netns exec fA$ID taskset -c 1 "$FP" run --input "$tmp/t.pcap" --output afpacket:v0 --chain forward \
-                --rate "$r" --duration 3 --cores 1 --no-pin --json | python3 -c "import json,sys; print(json.load(sys.stdin)['packets_out'])")
-            sleep 0.5
-            kill -INT $pid; wait $pid || true
-            python3 - "$be" "$r" "$sent" "$tmp/fp.json" <<'PY'
+}
+
+# One trial: flowplane forwards fa -> fb with backend $1 while a sender in namespace fA offers $2 packets/s for
+# 3 s (CPU 1). Prints "offered sent lost_percent": lost = sent - what flowplane transmitted on fb.
+trial() {
+    local be=$1 r=$2 pid sent
+    "$FP" run --input "$(pn $be fa$ID 0)" --output "$(pn $be fb$ID 1)" --chain forward --cores 1 --pool 16384 --json >"$tmp/fp.json" 2>/dev/null &
+    pid=$!
+    sleep 2
+    sent=$(ip netns exec fA$ID taskset -c 1 "$FP" run --input "$tmp/t.pcap" --output afpacket:v0 --chain forward \
+        --rate "$r" --duration 3 --cores 1 --no-pin --json | python3 -c "import json,sys; print(json.load(sys.stdin)['packets_out'])")
+    sleep 0.5
+    kill -INT $pid; wait $pid || true
+    python3 - "$be" "$r" "$sent" "$tmp/fp.json" <<'PY'
 import json, sys
 be, r, sent, f = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 j = json.load(open(f)); p = j['ports']
 lost = sent - p[1]['tx_packets']
+print(r, sent / 3, lost / max(sent, 1) * 100, file=open(f + ".trial", "w"))
 print(f"{be:15} offered {r/1e3:6.0f} kpps (sent {sent/3e3:5.0f} kpps): lost {lost} ({lost/max(sent,1)*100:.3f}%), "
       f"rx_overrun {p[0]['rx_overrun']}, tx_full {p[1]['tx_full']}, busy cycles/packet {j['cycles_per_packet']:.0f}")
 PY
+}
+
+veth() {
+    veth_setup
+    for be in ${BACKENDS:-afpacket afxdp dpdk_af_packet}; do
+        for r in ${RATES:-50000 100000 150000 200000}; do
+            trial "$be" "$r"
         done
+    done
+}
+
+# The highest loss-free rate per backend (loss <= LOSS %, default 0.1): a binary search of the offered rate
+# between LO (loss-free, checked first) and HI, down to RES packets/s. Env: LO=50000 HI=300000 RES=5000 LOSS=0.1.
+mlffr() {
+    veth_setup
+    local lo0=${LO:-50000} hi0=${HI:-300000} res=${RES:-5000} loss=${LOSS:-0.1}
+    for be in ${BACKENDS:-afpacket afxdp dpdk_af_packet}; do
+        local lo=0 hi=$hi0 r=$lo0 best=""
+        while ((hi - lo > res)); do
+            trial "$be" "$r" | sed 's/^/  /'
+            read -r _ sent pct <"$tmp/fp.json.trial"
+            if python3 -c "import sys; sys.exit(0 if $pct <= $loss else 1)"; then
+                lo=$r; best=$sent
+            else
+                hi=$r
+            fi
+            r=$(((lo + hi) / 2))
+        done
+        if [[ -n $best ]]; then
+            printf '%-15s loss-free (<= %s%%) up to %s kpps offered (%.0f kpps sent); lossy at %s kpps\n' \
+                "$be" "$loss" $((lo / 1000)) "$(python3 -c "print($best / 1e3)")" $((hi / 1000))
+        else
+            echo "$be: lossy already at $((hi / 1000)) kpps"
+        fi
     done
 }
 
@@ -100,7 +139,8 @@ pcap() {
 
 case "${1:-veth}" in
     veth) veth ;;
+    mlffr) mlffr ;;
     null) null ;;
     pcap) pcap ;;
-    *) echo "usage: $0 veth|null|pcap" >&2; exit 2 ;;
+    *) echo "usage: $0 veth|mlffr|null|pcap" >&2; exit 2 ;;
 esac
