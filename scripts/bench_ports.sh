@@ -5,7 +5,7 @@
 #   scripts/bench_ports.sh null      # DPDK net_null forward vs dpdk-testpmd --forward-mode=io, one core: the ratio
 #   scripts/bench_ports.sh pcap      # DPDK net_pcap infinite_rx, 1M flows, 64 B, random: forward, fsc, lb -> fsc -> ratelimit
 # Env: BACKENDS="afpacket afxdp dpdk_af_packet", RATES="50000 100000 150000 200000", FP=target/release/flowplane;
-#      null: ROUNDS=5 SECS=5 BURST=32 RT=1.
+#      null: ROUNDS=5 SECS=5 BURST=32; null and pcap: RT=1 (a real-time priority for the measured runs; RT=0: none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FP=${FP:-target/release/flowplane}
@@ -129,9 +129,11 @@ PY
 }
 
 pcap() {
+    local rt=()
+    [[ ${RT:-1} == 1 ]] && chrt -f 50 true 2>/dev/null && rt=(chrt -f 50)
     "$FP" gen --flows 1000000 --packets 1000000 --size 64 --dist uniform --order random --proto udp --seed 1 -o "$tmp/m1.pcap" >/dev/null
     for c in "forward" "fsc" "lb -> fsc -> ratelimit"; do
-        "$FP" run --input "dpdk:net_pcap0,rx_pcap=$tmp/m1.pcap,infinite_rx=1" --output dpdk:net_null0 --chain "$c" --cores 1 \
+        "${rt[@]}" "$FP" run --input "dpdk:net_pcap0,rx_pcap=$tmp/m1.pcap,infinite_rx=1" --output dpdk:net_null0 --chain "$c" --cores 1 \
             --pool 1100000 --eal "--no-huge --no-pci -m 8192 --no-shconf --no-telemetry" --duration 5 --warmup 2 --json 2>/dev/null |
             python3 -c "import json,sys; j=json.load(sys.stdin); print(f\"net_pcap infinite_rx, 1M flows: {'$c':24} {j['mpps']:.2f} Mpps, {j['cycles_per_packet']:.0f} busy cycles/packet\")"
     done
