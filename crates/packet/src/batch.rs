@@ -263,6 +263,86 @@ impl Batch {
         Ok((lent, refused, dropped))
     }
 
+    /// Bulk receive from a device that wrote into lent buffers (a DPDK RX
+    /// burst), without a per-packet call: `fill` writes up to `max` packets
+    /// straight into the batch's free slots — buffer index, data offset in
+    /// the buffer, length, flow hash; each slice is as long as the room it
+    /// may use — and returns how many it wrote. Each is then checked as
+    /// [`Batch::push_from_device`] checks one (lent, data within the
+    /// buffer's floor..ceil): one that fails is left out, order kept, and
+    /// its index handed to `reject` (a lent one is still lent: the caller
+    /// reclaims it and counts a drop). Appended packets get verdict 0 and
+    /// time `ts`. Returns how many were appended (0, `fill` not called, for
+    /// a foreign pool).
+    #[inline]
+    pub fn rx_from_device(
+        &mut self,
+        pool: &mut PacketPool,
+        max: usize,
+        ts: u64,
+        fill: impl FnOnce(&mut [u32], &mut [u16], &mut [u16], &mut [u32]) -> usize,
+        mut reject: impl FnMut(u32),
+    ) -> usize {
+        if !pool.same_pool(&self.mem) {
+            return 0;
+        }
+        let start = self.len;
+        let end = start + max.min(MAX_BATCH - start);
+        let n = fill(
+            &mut self.buf[start..end],
+            &mut self.off[start..end],
+            &mut self.pkt_len[start..end],
+            &mut self.rss_hash[start..end],
+        )
+        .min(end - start);
+        let (floor, ceil) = (self.mem.floor, self.mem.ceil);
+        let mut w = start;
+        for r in start..start + n {
+            let (idx, off, len) = (self.buf[r], self.off[r], self.pkt_len[r]);
+            if (off as usize) < floor || off as usize + len as usize > ceil || !pool.clear_lent(idx) {
+                reject(idx);
+                continue;
+            }
+            if w != r {
+                self.buf[w] = idx;
+                self.off[w] = off;
+                self.pkt_len[w] = len;
+                self.rss_hash[w] = self.rss_hash[r];
+            }
+            w += 1;
+        }
+        pool.note_taken(w - start);
+        self.verdict[start..w].fill(0);
+        self.ts[start..w].fill(ts);
+        self.len = w;
+        w - start
+    }
+
+    /// Bulk transmit in place (a DPDK TX burst): frees the dropped packets'
+    /// buffers, marks every live one lent to the device and hands `give`
+    /// their buffer indices, data offsets and lengths, in order. The device
+    /// owns them all from then on: what it cannot send it keeps on its own
+    /// free list (a mempool) until it hands them out again
+    /// ([`Batch::rx_from_device`]). Empties the batch; returns `give`'s
+    /// result and how many dropped packets were freed.
+    #[inline]
+    pub fn lend_all_to_device<R>(
+        &mut self,
+        pool: &mut PacketPool,
+        give: impl FnOnce(&[u32], &[u16], &[u16]) -> R,
+    ) -> Result<(R, usize), PoolError> {
+        if !pool.same_pool(&self.mem) {
+            return Err(PoolError::ForeignBatch);
+        }
+        // One branch-free pass finds drops (none on a forward's path).
+        let dropped = if self.verdicts().iter().fold(false, |d, &v| d | (v == DROP)) { self.compact(pool)? } else { 0 };
+        let n = self.len;
+        pool.mark_lent_bulk(&self.buf[..n]);
+        let r = give(&self.buf[..n], &self.off[..n], &self.pkt_len[..n]);
+        self.len = 0;
+        Ok((r, dropped))
+    }
+
     /// Packet data of packet `i` (panics if `i >= len()`, like slice indexing).
     #[inline(always)]
     pub fn data(&self, i: usize) -> &[u8] {
@@ -618,6 +698,59 @@ mod tests {
         assert!(p.reclaim(fill[2]) && p.reclaim(fill[3]));
         assert_eq!(p.stats().in_device, 0);
         assert_eq!(p.stats().free, 8);
+    }
+
+    #[test]
+    fn device_bulk_receive_checks_each_and_bulk_transmit_lends_all() {
+        // A "device" region: 6 buffers of 256 bytes, data within 64..192, all in device.
+        let mut region = vec![Line::ZERO; 6 * 4];
+        let base = std::ptr::NonNull::new(region.as_mut_ptr() as *mut u8).unwrap();
+        // SAFETY: the region outlives the pool and batch below and is only touched through them.
+        let mut p = unsafe { PacketPool::from_device_region(base, 6, 256, 64, 192) }.unwrap();
+        let mut b = Batch::new(&p);
+        let mut rejected = Vec::new();
+        // Five "received": 1 ok, 2 before the floor, 3 ok, 3 again (no longer lent), 9 not a buffer.
+        let got = b.rx_from_device(
+            &mut p,
+            8,
+            77,
+            |idx, off, len, hash| {
+                assert_eq!(idx.len(), 8);
+                let pk = [(1, 100, 60, 11), (2, 10, 60, 22), (3, 64, 128, 33), (3, 64, 60, 44), (9, 64, 60, 55)];
+                for (k, &(i, o, l, h)) in pk.iter().enumerate() {
+                    (idx[k], off[k], len[k], hash[k]) = (i, o, l, h);
+                }
+                pk.len()
+            },
+            |i| rejected.push(i),
+        );
+        assert_eq!(got, 2);
+        assert_eq!(rejected, [2, 3, 9]);
+        assert_eq!(
+            (b.lens(), b.rss_hashes(), b.timestamps(), b.verdicts()),
+            (&[60, 128][..], &[11, 33][..], &[77, 77][..], &[0, 0][..])
+        );
+        assert_eq!(p.stats().in_device, 4, "2 still lent: the caller reclaims it");
+        assert!(p.reclaim(2) && !p.reclaim(9));
+        b.data_mut(1)[127] = 5;
+        assert_eq!(region[3 * 4 + 2].0[63], 5, "buffer 3, data at 64, last byte at 191");
+        // `fill` is offered only the batch's room.
+        let room = |idx: &mut [u32], _: &mut [u16], _: &mut [u16], _: &mut [u32]| {
+            assert_eq!(idx.len(), MAX_BATCH - 2);
+            0
+        };
+        assert_eq!(b.rx_from_device(&mut p, 300, 0, room, |_| ()), 0);
+        // Transmit: the dropped packet is freed, the live one lent in place.
+        b.drop_packet(0);
+        let ((seen, offs, lens), dropped) =
+            b.lend_all_to_device(&mut p, |idx, off, len| (idx.to_vec(), off.to_vec(), len.to_vec())).unwrap();
+        assert_eq!((seen, offs, lens, dropped), (vec![3], vec![64], vec![128], 1));
+        assert!(b.is_empty());
+        assert_eq!((p.stats().free, p.stats().in_device), (2, 4), "1 and 2 free; 3 back in device");
+        // A batch of another pool is refused.
+        let mut q = pool(4);
+        assert_eq!(b.rx_from_device(&mut q, 4, 0, |_, _, _, _| unreachable!(), |_| ()), 0);
+        assert!(b.lend_all_to_device(&mut q, |_, _, _| ()).is_err());
     }
 
     #[test]

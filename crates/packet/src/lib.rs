@@ -10,7 +10,7 @@
 //! Ownership invariant (what makes the unsafe code in `pool` sound): every
 //! buffer index is in exactly one of three places — its pool's free list,
 //! one batch position, or *in device* (lent to a port: an RX fill ring or a
-//! TX ring, marked by one bit per buffer in the pool). Only this crate moves
+//! TX ring, marked by one flag per buffer in the pool). Only this crate moves
 //! indices, and a device's returned index is accepted only if it was lent
 //! ([`PacketPool::reclaim`], [`Batch::push_from_device`]), so safe code can
 //! never alias a buffer, whatever a device hands back. While a buffer is in

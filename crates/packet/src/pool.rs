@@ -5,7 +5,7 @@
 //!
 //! A buffer may also be *in device*: lent to a port (an AF_XDP fill or TX
 //! ring, a NIC descriptor) and reclaimed when the device gives it back.
-//! The pool keeps one bit per buffer for that state, so an index a device
+//! The pool keeps one flag per buffer for that state, so an index a device
 //! hands back is accepted only if it was lent (a bogus or repeated index
 //! from a device can never create a second owner). The region is
 //! page-aligned so a device can register it whole (AF_XDP's UMEM is this
@@ -134,8 +134,10 @@ pub struct PacketPool {
     pub(crate) mem: Arc<PoolMem>,
     free: Vec<u32>,
     alloc_failures: u64,
-    /// One bit per buffer: lent to a device.
-    lent: Vec<u64>,
+    /// One flag per buffer: lent to a device. A byte, not a bit: a burst's
+    /// buffers are often neighbours, and bits in one word made each packet's
+    /// update wait for the previous one's store (a read-modify-write chain).
+    lent: Vec<bool>,
     in_device: usize,
 }
 
@@ -167,7 +169,7 @@ impl PacketPool {
         });
         // Highest index at the bottom so buffer 0 is handed out first.
         let free = (0..cfg.buffers as u32).rev().collect();
-        let lent = vec![0u64; cfg.buffers.div_ceil(64)];
+        let lent = vec![false; cfg.buffers];
         Ok(PacketPool { mem, free, alloc_failures: 0, lent, in_device: 0 })
     }
 
@@ -228,12 +230,7 @@ impl PacketPool {
         }
         let headroom = (floor + crate::DEFAULT_HEADROOM).min(ceil - 1);
         let mem = Arc::new(PoolMem { base, layout: None, buf_size: stride, headroom, count, floor, ceil });
-        let mut lent = vec![u64::MAX; count.div_ceil(64)];
-        if !count.is_multiple_of(64) {
-            if let Some(last) = lent.last_mut() {
-                *last = (1u64 << (count % 64)) - 1;
-            }
-        }
+        let lent = vec![true; count];
         Ok(PacketPool { mem, free: Vec::with_capacity(count), alloc_failures: 0, lent, in_device: count })
     }
 
@@ -343,25 +340,47 @@ impl PacketPool {
         true
     }
 
-    /// Clears `idx`'s lent bit if it was set (the device hands it back).
+    /// Clears `idx`'s lent flag if it was set (the device hands it back).
     #[inline(always)]
     pub(crate) fn take_lent(&mut self, idx: u32) -> bool {
-        let (w, b) = (idx as usize / 64, 1u64 << (idx % 64));
-        match self.lent.get_mut(w) {
-            Some(word) if *word & b != 0 => {
-                *word &= !b;
-                self.in_device -= 1;
+        let taken = self.clear_lent(idx);
+        self.in_device -= usize::from(taken);
+        taken
+    }
+
+    /// [`PacketPool::take_lent`] without the count: a burst adjusts it once
+    /// ([`PacketPool::note_taken`]), so no packet waits on the previous one's update.
+    #[inline(always)]
+    pub(crate) fn clear_lent(&mut self, idx: u32) -> bool {
+        match self.lent.get_mut(idx as usize) {
+            Some(f) if *f => {
+                *f = false;
                 true
             }
             _ => false,
         }
     }
 
+    /// `n` buffers left the device through [`PacketPool::clear_lent`].
+    #[inline(always)]
+    pub(crate) fn note_taken(&mut self, n: usize) {
+        self.in_device -= n;
+    }
+
     /// Marks an owned index as lent to a device.
     #[inline(always)]
     pub(crate) fn mark_lent(&mut self, idx: u32) {
-        self.lent[idx as usize / 64] |= 1u64 << (idx % 64);
+        self.lent[idx as usize] = true;
         self.in_device += 1;
+    }
+
+    /// Marks owned indices as lent to a device (a transmit burst).
+    #[inline(always)]
+    pub(crate) fn mark_lent_bulk(&mut self, idx: &[u32]) {
+        for &i in idx {
+            self.lent[i as usize] = true;
+        }
+        self.in_device += idx.len();
     }
 
     /// Buffers lent to a device now.

@@ -8,9 +8,11 @@
 //!
 //! Mbufs are processed in place: a worker's packet pool *is* its queue's
 //! mempool (`PacketPool::from_device_region` over the mempool's contiguous
-//! objects, every buffer in device until received), a received mbuf enters
-//! the batch as its buffer index, and transmit gives the same mbufs to
-//! `rte_eth_tx_burst` (`Batch::lend_to_device`). Dropped and refused
+//! objects, every buffer in device until received), the shim writes a
+//! received burst's buffer indices, offsets, lengths and hashes straight into
+//! the batch (`Batch::rx_from_device`, which checks each one), and transmit
+//! gives the same mbufs to `rte_eth_tx_burst` (`Batch::lend_all_to_device`):
+//! no copy and no per-packet call on either side. Dropped and refused
 //! buffers go back to the mempool at the next receive. When the worker's
 //! pool is not a DPDK one (another port type in front), transmit copies
 //! into mbufs of a TX pool.
@@ -50,6 +52,8 @@ extern "C" {
         q: u16,
         base: usize,
         stride: u32,
+        magic: u64,
+        count: u32,
         idx: *mut u32,
         off: *mut u16,
         len: *mut u16,
@@ -57,7 +61,17 @@ extern "C" {
         max: u16,
         dropped: *mut u32,
     ) -> u16;
-    fn fp_dpdk_tx(port: u16, q: u16, base: usize, stride: u32, addr: *const u64, len: *const u16, n: u16) -> u16;
+    #[allow(clippy::too_many_arguments)]
+    fn fp_dpdk_tx(
+        port: u16,
+        q: u16,
+        base: usize,
+        stride: u32,
+        idx: *const u32,
+        off: *const u16,
+        len: *const u16,
+        n: u16,
+    ) -> u16;
     fn fp_dpdk_tx_copy(
         port: u16,
         q: u16,
@@ -115,6 +129,15 @@ fn eal() -> Result<(), PortError> {
     });
     r.clone().map_err(PortError::Unsupported)
 }
+
+/// The shim's divide-free `n / stride` (receive: an mbuf's index from its address): ceil(2^64 / stride), exact for
+/// every n < 2^64 / stride (`csrc/dpdk_shim.c`, div_stride).
+fn recip(stride: u32) -> u64 {
+    (u64::MAX / u64::from(stride.max(2))) + 1
+}
+
+/// Largest region the reciprocal covers exactly (far beyond any mempool).
+const MAX_REGION: u64 = 1 << 48;
 
 /// One queue's mempool region.
 #[derive(Clone, Copy)]
@@ -179,6 +202,9 @@ impl DpdkPort {
                 std::io::Error::from_raw_os_error(-r),
             ));
         }
+        if (0..queues).any(|q| u64::from(count[q]) * u64::from(stride[q]) >= MAX_REGION) {
+            return Err(PortError::Unsupported(format!("dpdk:{spec}: mempool region over {MAX_REGION} bytes")));
+        }
         let pools = (0..queues)
             .map(|q| QueuePool { base: base[q], stride: stride[q], count: count[q], floor: floor[q] })
             .collect();
@@ -235,10 +261,9 @@ impl Port for DpdkPort {
             q: q as u16,
             base: qp.base,
             stride: qp.stride,
+            magic: recip(qp.stride),
+            count: qp.count,
             idx: Box::new([0; MAX_BATCH]),
-            off: Box::new([0; MAX_BATCH]),
-            len: Box::new([0; MAX_BATCH]),
-            hash: Box::new([0; MAX_BATCH]),
             polls: 0,
             t0: flowplane_packet::tsc::rdtsc(),
             ns_per_tick: 1e9 / flowplane_packet::tsc::hz().max(1.0),
@@ -252,7 +277,6 @@ impl Port for DpdkPort {
             port: self.port,
             q: q as u16,
             copy_pool: std::ptr::null_mut(),
-            addr: Box::new([0; MAX_BATCH]),
             len: Box::new([0; MAX_BATCH]),
             data: Box::new([std::ptr::null(); MAX_BATCH]),
             counters,
@@ -266,10 +290,10 @@ struct DpdkRx {
     q: u16,
     base: usize,
     stride: u32,
+    magic: u64,
+    count: u32,
+    /// Scratch: buffers going back to the mempool, or refused at receive.
     idx: Box<[u32; MAX_BATCH]>,
-    off: Box<[u16; MAX_BATCH]>,
-    len: Box<[u16; MAX_BATCH]>,
-    hash: Box<[u32; MAX_BATCH]>,
     polls: u32,
     t0: u64,
     ns_per_tick: f64,
@@ -292,6 +316,10 @@ impl DpdkRx {
 
 impl RxQueue for DpdkRx {
     fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize) -> usize {
+        self.rx_burst_at(pool, batch, max, flowplane_packet::tsc::rdtsc())
+    }
+
+    fn rx_burst_at(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize, now_tsc: u64) -> usize {
         // Buffers the worker freed (dropped packets) go back to the mempool.
         loop {
             let k = pool.lend(&mut self.idx[..]);
@@ -305,45 +333,54 @@ impl RxQueue for DpdkRx {
         if self.polls.is_multiple_of(4096) {
             self.read_stats();
         }
-        let max = max.min(batch.room()).min(MAX_BATCH) as u16;
-        let mut dropped = 0u32;
-        // SAFETY: the arrays hold MAX_BATCH >= max entries.
-        let n = unsafe {
-            fp_dpdk_rx(
-                self.port,
-                self.q,
-                self.base,
-                self.stride,
-                self.idx.as_mut_ptr(),
-                self.off.as_mut_ptr(),
-                self.len.as_mut_ptr(),
-                self.hash.as_mut_ptr(),
-                max,
-                &mut dropped,
-            )
-        } as usize;
-        if n == 0 {
-            QueueCounters::add(&self.counters.rx_oversize, dropped as u64);
-            return 0;
-        }
-        let ts = (flowplane_packet::tsc::rdtsc().saturating_sub(self.t0) as f64 * self.ns_per_tick) as u64;
-        let (mut got, mut bytes) = (0usize, 0u64);
-        for i in 0..n {
-            if batch.push_from_device(pool, self.idx[i], self.off[i], self.len[i], self.hash[i], ts) {
-                got += 1;
-                bytes += self.len[i] as u64;
-            } else {
-                // Outside the data area (never expected): back to the mempool, counted.
-                if pool.reclaim(self.idx[i]) {
-                    let mut one = [0u32; 1];
-                    if pool.lend(&mut one) == 1 {
-                        // SAFETY: one buffer of this region, lent back to DPDK.
-                        unsafe { fp_dpdk_put(self.base, self.stride, one.as_ptr(), 1) };
-                    }
+        let (port, q, base, stride, magic, count) = (self.port, self.q, self.base, self.stride, self.magic, self.count);
+        // The worker's reading for this burst (no second clock read per burst).
+        let ts = (now_tsc.saturating_sub(self.t0) as f64 * self.ns_per_tick) as u64;
+        let start = batch.len();
+        let (mut dropped, mut refused) = (0u32, 0usize);
+        let scratch = &mut self.idx;
+        // The shim writes each mbuf's (index, data offset, length, hash) straight into the
+        // batch, which then checks each one (lent, data inside the mbuf's buffer).
+        let got = batch.rx_from_device(
+            pool,
+            max,
+            ts,
+            |idx, off, len, hash| {
+                let room = idx.len().min(MAX_BATCH) as u16;
+                // SAFETY: the shim writes at most `room` entries to each array, and each
+                // slice is at least that long.
+                let n = unsafe {
+                    fp_dpdk_rx(
+                        port,
+                        q,
+                        base,
+                        stride,
+                        magic,
+                        count,
+                        idx.as_mut_ptr(),
+                        off.as_mut_ptr(),
+                        len.as_mut_ptr(),
+                        hash.as_mut_ptr(),
+                        room,
+                        &mut dropped,
+                    )
+                };
+                n as usize
+            },
+            |i| {
+                if let Some(slot) = scratch.get_mut(refused) {
+                    *slot = i;
+                    refused += 1;
                 }
-                dropped += 1;
-            }
+            },
+        );
+        // Refused ones (data outside the buffer: never expected) were lent: reclaimed now,
+        // they go back to the mempool at the next receive; counted.
+        for &i in &self.idx[..refused] {
+            pool.reclaim(i);
         }
+        dropped += refused as u32;
+        let bytes: u64 = batch.lens()[start..].iter().map(|&l| l as u64).sum();
         let c = &self.counters;
         QueueCounters::add(&c.rx_packets, got as u64);
         QueueCounters::add(&c.rx_bytes, bytes);
@@ -357,7 +394,6 @@ struct DpdkTx {
     port: u16,
     q: u16,
     copy_pool: *mut RteMempool,
-    addr: Box<[u64; MAX_BATCH]>,
     len: Box<[u16; MAX_BATCH]>,
     data: Box<[*const u8; MAX_BATCH]>,
     counters: Arc<QueueCounters>,
@@ -417,23 +453,41 @@ impl TxQueue for DpdkTx {
         }
         let (base, _) = pool.region();
         let stride = pool.buf_size() as u32;
-        let mut k = 0;
-        let (addr, len) = (&mut self.addr, &mut self.len);
-        let Ok((_, _, dropped)) = batch.lend_to_device(pool, |_, a, l| {
-            addr[k] = a;
-            len[k] = l;
-            k += 1;
-            true
-        }) else {
-            return None;
-        };
-        // SAFETY: addr/len[..k] name mbufs of the worker's DPDK region, just lent to the device.
-        let sent = unsafe {
-            fp_dpdk_tx(self.port, self.q, base as usize, stride, self.addr.as_ptr(), self.len.as_ptr(), k as u16)
-        } as usize;
-        let bytes = self.len[..sent].iter().map(|&l| l as u64).sum();
-        let full = (k - sent) as u64;
+        let (port, q) = (self.port, self.q);
+        let ((sent, bytes, n), dropped) = batch
+            .lend_all_to_device(pool, |idx, off, len| {
+                let n = idx.len().min(MAX_BATCH);
+                // SAFETY: idx/off/len[..n] name mbufs of the worker's DPDK region (its
+                // queue's mempool), just lent to the device: the shim sends them or
+                // returns them to their mempool.
+                let sent = unsafe {
+                    fp_dpdk_tx(port, q, base as usize, stride, idx.as_ptr(), off.as_ptr(), len.as_ptr(), n as u16)
+                } as usize;
+                (sent, len[..sent].iter().map(|&l| l as u64).sum::<u64>(), n)
+            })
+            .ok()?;
+        let full = (n - sent) as u64;
         QueueCounters::add(&self.counters.tx_full, full);
         Some((sent as u64, bytes, dropped as u64, full))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shim's `div_stride` (a 128-bit multiply-high by `recip`) is an exact division.
+    #[test]
+    fn reciprocal_divides_exactly() {
+        let div = |n: u64, m: u64| ((u128::from(n) * u128::from(m)) >> 64) as u64;
+        for stride in [64u32, 128, 2304, 2368, 2432, 4096, 9344, 65472] {
+            let m = recip(stride);
+            let s = u64::from(stride);
+            for i in (0..200_000u64).chain([(MAX_REGION / s) - 2, (MAX_REGION / s) - 1]) {
+                for n in [i * s, i * s + 1, i * s + s / 2, i * s + s - 1] {
+                    assert_eq!(div(n, m), n / s, "stride {stride}, n {n}");
+                }
+            }
+        }
     }
 }

@@ -280,6 +280,14 @@ pub trait RxQueue: Send {
     /// buffers) to `batch`; their timestamps are receive times in ns after
     /// the port was opened.
     fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize) -> usize;
+
+    /// [`RxQueue::rx_burst`] given the caller's TSC reading for this burst
+    /// (the worker's): a queue that stamps a burst with one time takes it
+    /// from there rather than reading the clock again. Default: `rx_burst`.
+    fn rx_burst_at(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize, now_tsc: u64) -> usize {
+        let _ = now_tsc;
+        self.rx_burst(pool, batch, max)
+    }
 }
 
 /// One transmit queue, fed by one worker.
@@ -315,8 +323,8 @@ impl PortSource {
 
 impl Source for PortSource {
     #[inline]
-    fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize, _now: u64) -> Rx {
-        match self.rx.rx_burst(pool, batch, max.min(batch.room())) {
+    fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize, now: u64) -> Rx {
+        match self.rx.rx_burst_at(pool, batch, max.min(batch.room()), now) {
             0 => Rx::Idle,
             n => Rx::Packets(n),
         }
@@ -352,6 +360,15 @@ impl PortSink {
 
 impl Sink for PortSink {
     fn tx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch) -> TxCounters {
+        // One output port and every verdict 0 or DROP (one branch-free pass): the device may
+        // take the buffers themselves, and the counting pass below is not needed.
+        if self.tx.len() == 1 && !batch.verdicts().iter().fold(false, |bad, &v| bad | (v.wrapping_add(1) > 1)) {
+            if let Some((sent, bytes, dropped, full)) = self.tx[0].tx_lend(pool, batch) {
+                QueueCounters::add(&self.counters[0].tx_packets, sent);
+                QueueCounters::add(&self.counters[0].tx_bytes, bytes);
+                return TxCounters { sent, bytes, dropped, errors: full };
+            }
+        }
         let mut c = TxCounters::default();
         // Which ports this batch uses (bit per port; more than 64 ports: scan all).
         let mut used = 0u64;
@@ -366,14 +383,6 @@ impl Sink for PortSink {
             } else {
                 beyond = true;
                 c.errors += 1;
-            }
-        }
-        // One output port and every live packet for it: the device may take the buffers themselves.
-        if nports == 1 && !beyond {
-            if let Some((sent, bytes, dropped, full)) = self.tx[0].tx_lend(pool, batch) {
-                QueueCounters::add(&self.counters[0].tx_packets, sent);
-                QueueCounters::add(&self.counters[0].tx_bytes, bytes);
-                return TxCounters { sent, bytes, dropped, errors: full };
             }
         }
         for (p, (tx, qc)) in self.tx.iter_mut().zip(&self.counters).enumerate() {
