@@ -546,11 +546,14 @@ impl Upf {
             return;
         }
         if hot.flags & Hot::FAST != 0 {
-            // Two entries per line; shared classifiers are usually cached already.
+            // A block is four lines; shared classifiers are usually cached already.
             let at = hot.cls as usize;
-            if let Some(e) = self.rules.cls.get(at..at + usize::from(hot.cls_len)) {
-                for x in e.iter().step_by(2).take(4) {
-                    prefetch::read(x);
+            if let Some(b) = self.rules.cls.get(at..at + usize::from(hot.cls_len)) {
+                for x in b.iter().take(2) {
+                    prefetch::read(&x.remote);
+                    prefetch::read(&x.ue);
+                    prefetch::read(&x.remote_lo);
+                    prefetch::read(&x.proto);
                 }
             }
         } else if let Some(sess) = self.rules.sessions.get(hot.session as usize) {

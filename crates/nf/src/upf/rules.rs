@@ -614,9 +614,9 @@ pub struct Hot {
     pub session: u32,
     /// First PDR of the direction in [`RuleSet::pdrs`]: compiled ranks count from it.
     pub pdrs: u32,
-    /// First entry of the direction's compiled classifier in [`RuleSet::cls`].
+    /// First block of the direction's compiled classifier in [`RuleSet::cls`].
     pub cls: u32,
-    /// Its number of entries.
+    /// Its number of blocks.
     pub cls_len: u16,
     /// [`Hot::FAST`], [`Hot::HAS_UE4`].
     pub flags: u8,
@@ -770,8 +770,8 @@ pub struct RuleSet {
     pub lists: Vec<u32>,
     /// Per PDR, what acting on it reads (parallel to `pdrs`).
     pub acts: Vec<Act>,
-    /// Compiled classifiers (interned: sessions with the same match fields share one).
-    pub cls: Vec<cls::Entry>,
+    /// Compiled classifiers' blocks (interned: sessions with the same match fields share them).
+    pub cls: Vec<cls::Block>,
     /// TEID ([`teid_key`]) -> session and its uplink [`Hot`].
     pub teids: Index<TeidSlot>,
     /// UE address (IPv4-mapped or IPv6) -> session and its downlink [`Hot`].
@@ -814,7 +814,7 @@ impl RuleSet {
         let mut seen_ue: HashMap<u128, u64> = HashMap::new();
         let mut seen_seid: HashMap<u64, ()> = HashMap::new();
         let mut interned: HashMap<Vec<Sdf>, u32> = HashMap::new();
-        let mut templates: HashMap<Vec<cls::Entry>, u32> = HashMap::new();
+        let mut templates: HashMap<Vec<cls::Entry>, (u32, u16)> = HashMap::new();
         for s in specs {
             let si = rs.sessions.len() as u32;
             let e = |m: String| format!("session {}: {m}", s.seid);
@@ -1011,11 +1011,11 @@ impl RuleSet {
                 let compiled = cls::compile(pdrs, &rs.sdfs, uplink).filter(|_| fast);
                 let (at, n, fast) = match compiled {
                     Some(list) => {
-                        let n = list.len() as u16;
-                        let at = *templates.entry(list).or_insert_with_key(|list| {
+                        let (at, n) = *templates.entry(list).or_insert_with_key(|list| {
+                            let blocks = cls::Block::pack(list);
                             let at = rs.cls.len() as u32;
-                            rs.cls.extend_from_slice(list);
-                            at
+                            rs.cls.extend_from_slice(&blocks);
+                            (at, blocks.len() as u16)
                         });
                         (at, n, Hot::FAST)
                     }
