@@ -153,8 +153,8 @@ struct Packet {
 }
 
 fn packet() -> impl Strategy<Value = Packet> {
-    (any::<bool>(), 0u32..3, prop::sample::select(vec![7u32, 8, 9]), prop::option::of(0u8..3))
-        .prop_flat_map(|(uplink, session, teid, qfi)| {
+    (any::<bool>(), 0u32..3, prop::sample::select(vec![7u32, 8, 9]), prop::option::of(0u8..3)).prop_flat_map(
+        |(uplink, session, teid, qfi)| {
             (prop::sample::select(vec![6u8, 17, 1]), 0u8..4, 0u8..20, 0u16..9, 0u16..9).prop_map(
                 move |(proto, ue, remote, ue_port, remote_port)| Packet {
                     uplink,
@@ -168,7 +168,8 @@ fn packet() -> impl Strategy<Value = Packet> {
                     remote_port,
                 },
             )
-        })
+        },
+    )
 }
 
 impl Packet {
@@ -198,10 +199,16 @@ impl Packet {
     }
 }
 
-fn check(sessions: usize, rules: &[Rule], ues: &[Ue], one_teid: bool, packets: &[Packet]) -> Result<u32, TestCaseError> {
+fn check(
+    sessions: usize,
+    rules: &[Rule],
+    ues: &[Ue],
+    one_teid: bool,
+    packets: &[Packet],
+) -> Result<u32, TestCaseError> {
     let specs: Vec<SessionSpec> =
         (0..sessions).map(|k| session(k as u32, rules, &ues[k % ues.len()], one_teid)).collect();
-    let Ok(rs) = RuleSet::compile(&specs) else { return Ok(0) };
+    let rs = RuleSet::compile(&specs).map_err(TestCaseError::fail)?;
     let mut fast = 0;
     for p in packets {
         if p.session as usize >= sessions {
@@ -209,7 +216,8 @@ fn check(sessions: usize, rules: &[Rule], ues: &[Ue], one_teid: bool, packets: &
         }
         let f = p.fields(&ues[p.session as usize % ues.len()]);
         let (want, got, hot) = if p.uplink {
-            let want = rs.session_by_teid(p.teid).and_then(|s| rs.classify(&rs.sessions[s as usize], true, p.teid, p.qfi, &f));
+            let want =
+                rs.session_by_teid(p.teid).and_then(|s| rs.classify(&rs.sessions[s as usize], true, p.teid, p.qfi, &f));
             let slot = rs.teids.get(teid_key(p.teid));
             let got = slot.and_then(|e| rs.classify_hot(&e.hot, e.ue4, true, p.teid, p.qfi, &f));
             (want, got, slot.map(|e| e.hot))
@@ -226,7 +234,8 @@ fn check(sessions: usize, rules: &[Rule], ues: &[Ue], one_teid: bool, packets: &
         }
     }
     // The sessions share their PDRs' match fields: those are compiled once.
-    let blocks = |up: bool| rules.iter().filter(|r| r.uplink == up).map(|r| r.sdf.len().max(1)).sum::<usize>().div_ceil(8);
+    let blocks =
+        |up: bool| rules.iter().filter(|r| r.uplink == up).map(|r| r.sdf.len().max(1)).sum::<usize>().div_ceil(8);
     prop_assert!(rs.cls.len() <= blocks(true) + blocks(false));
     Ok(fast)
 }

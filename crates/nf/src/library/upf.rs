@@ -37,6 +37,8 @@ pub mod control;
 pub mod pfcp;
 #[path = "../upf/rules.rs"]
 pub mod rules;
+#[path = "../upf/table.rs"]
+pub mod table;
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -212,8 +214,8 @@ impl UpfCounters {
 
 /// A URR's counters (per core; a cache line each, with the URR's threshold,
 /// so counting a packet touches one line).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[repr(align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
 pub struct Usage {
     /// Uplink IP bytes.
     pub ul_bytes: u64,
@@ -227,6 +229,7 @@ pub struct Usage {
     since_report: u64,
     /// The URR's volume threshold (a copy of the rule's; 0: none).
     threshold: u64,
+    _pad: [u64; 2],
 }
 
 /// A usage report raised by a URR's volume threshold.
@@ -296,6 +299,12 @@ struct Scratch {
     hot: [Hot; MAX_BATCH],
     /// Uplink: the session's UE IPv4 address.
     ue4: [u32; MAX_BATCH],
+    /// Uplink: the session's first FAR and URR.
+    bases: [(u32, u32); MAX_BATCH],
+    /// The matched PDR's action, once known (`ready`): from the classifier's
+    /// relative action (uplink), else read from [`RuleSet::acts`] in the prepare pass.
+    act: [Act; MAX_BATCH],
+    ready: [bool; MAX_BATCH],
     /// What classifying decided (`Pending`: matched PDR `pdr`, act in the last pass).
     out: [Outcome; MAX_BATCH],
     pdr: [u32; MAX_BATCH],
@@ -321,7 +330,7 @@ pub struct Upf {
     cfg: UpfConfig,
     rules: Arc<RuleSet>,
     qer: Vec<[Bucket; 2]>,
-    usage: Vec<Usage>,
+    usage: table::Table<Usage>,
     buffered: Vec<u64>,
     reports: Vec<UsageReport>,
     c: UpfCounters,
@@ -402,8 +411,11 @@ impl Upf {
             kind: [Kind::Done; MAX_BATCH],
             key: [0; MAX_BATCH],
             slot: [0; MAX_BATCH],
-            hot: [Hot { session: NONE, ..Hot::default() }; MAX_BATCH],
+            hot: [Hot::EMPTY; MAX_BATCH],
             ue4: [0; MAX_BATCH],
+            bases: [(0, 0); MAX_BATCH],
+            act: [cls::TAct::default().act(0, 0); MAX_BATCH],
+            ready: [false; MAX_BATCH],
             out: [Outcome::Pending; MAX_BATCH],
             pdr: [NONE; MAX_BATCH],
             inner_at: [0; MAX_BATCH],
@@ -414,7 +426,7 @@ impl Upf {
             cfg,
             rules: Arc::new(RuleSet::default()),
             qer: Vec::new(),
-            usage: Vec::new(),
+            usage: table::Table::default(),
             buffered: Vec::new(),
             reports,
             c: UpfCounters::default(),
@@ -458,11 +470,10 @@ impl Upf {
                 *b = 0;
             }
         }
-        let mut usage = usage;
+        let mut usage = table::Table::from_slice(&usage);
         for (u, r) in usage.iter_mut().zip(&new.urrs) {
             u.threshold = r.threshold;
         }
-        flowplane_table::huge::advise_hugepages(&usage);
         flowplane_table::huge::advise_hugepages(&qer);
         self.usage = usage;
         self.qer = qer;
@@ -481,7 +492,7 @@ impl Upf {
 
     /// Usage per URR, by (SEID, URR ID).
     pub fn usage(&self) -> impl Iterator<Item = ((u64, u32), Usage)> + '_ {
-        self.rules.urrs.iter().zip(&self.usage).map(|(u, c)| ((self.rules.sessions[u.session as usize].seid, u.id), *c))
+        self.rules.urrs.iter().zip(self.usage.iter()).map(|(u, c)| ((self.rules.sessions[u.session as usize].seid, u.id), *c))
     }
 
     /// Takes the queued usage reports (what a PFCP Session Report Request carries).
@@ -537,11 +548,11 @@ impl Upf {
         let (key, slot) = (sc.key[i], sc.slot[i]);
         let found = match sc.kind[i] {
             Kind::Done => return,
-            Kind::Gtpu => self.rules.teids.get_from(key, slot).map(|e| (e.hot, e.ue4)),
-            Kind::Plain => self.rules.ues.get_from(key, slot).map(|e| (e.hot, 0)),
+            Kind::Gtpu => self.rules.teids.get_from(key, slot).map(|e| (e.hot, e.ue4, (e.far_base, e.urr_base))),
+            Kind::Plain => self.rules.ues.get_from(key, slot).map(|e| (e.hot, 0, (0, 0))),
         };
-        let Some((hot, ue4)) = found else { return };
-        (sc.hot[i], sc.ue4[i]) = (hot, ue4);
+        let Some((hot, ue4, bases)) = found else { return };
+        (sc.hot[i], sc.ue4[i], sc.bases[i]) = (hot, ue4, bases);
         if !self.cfg.staged {
             return;
         }
@@ -568,31 +579,56 @@ impl Upf {
     }
 
     /// Pass three: parse the GTP-U header and inner packet, match the
-    /// session's PDRs; a staged walk prefetches the matched PDR's [`Act`].
+    /// session's PDRs. An uplink PDR's action usually comes with the
+    /// classifier (relative to the session's rules; a staged walk prefetches
+    /// its URR counters); else a staged walk prefetches the PDR's [`Act`].
     #[inline(always)]
     fn stage_classify(&mut self, batch: &mut Batch, i: usize) {
-        let out = match self.scratch.kind[i] {
+        let kind = self.scratch.kind[i];
+        let out = match kind {
             Kind::Done => return,
             Kind::Gtpu => self.classify_uplink(batch, i),
             Kind::Plain => self.classify_downlink(batch, i),
         };
-        self.scratch.out[i] = out;
-        if out == Outcome::Pending && self.cfg.staged {
-            if let Some(a) = self.rules.acts.get(self.scratch.pdr[i] as usize) {
+        let sc = &mut *self.scratch;
+        sc.out[i] = out;
+        sc.ready[i] = false;
+        if out != Outcome::Pending {
+            return;
+        }
+        let (hot, pdr) = (sc.hot[i], sc.pdr[i]);
+        if kind == Kind::Gtpu && hot.flags & Hot::FAST != 0 {
+            let t = (hot.cls as usize * cls::LANES).wrapping_add(pdr.wrapping_sub(hot.pdrs) as usize);
+            if let Some(t) = self.rules.tacts.get(t).filter(|t| t.bits & cls::TAct::SLOW == 0) {
+                let (far_base, urr_base) = sc.bases[i];
+                let a = t.act(far_base, urr_base);
+                (sc.act[i], sc.ready[i]) = (a, true);
+                if self.cfg.staged {
+                    if let Some(u) = self.usage.get(a.urr as usize) {
+                        prefetch::write(u);
+                    }
+                }
+                return;
+            }
+        }
+        if self.cfg.staged {
+            if let Some(a) = self.rules.acts.get(pdr as usize) {
                 prefetch::read(a);
             }
         }
     }
 
-    /// Pass four (staged only): prefetch the per-core state the matched
-    /// PDR's rules update (URR counters; QER buckets and rates with an MBR).
+    /// Pass four (staged only): for packets whose action is not known yet,
+    /// read the PDR's [`Act`] and prefetch the per-core state its rules
+    /// update (URR counters; QER buckets and rates with an MBR).
     #[inline(always)]
-    fn stage_prepare(&self, i: usize) {
-        let sc = &*self.scratch;
-        if sc.kind[i] == Kind::Done || sc.out[i] != Outcome::Pending {
+    fn stage_prepare(&mut self, i: usize) {
+        let sc = &mut *self.scratch;
+        if sc.kind[i] == Kind::Done || sc.out[i] != Outcome::Pending || sc.ready[i] {
             return;
         }
-        let Some(a) = self.rules.acts.get(sc.pdr[i] as usize) else { return };
+        let Some(&a) = self.rules.acts.get(sc.pdr[i] as usize) else { return };
+        (sc.act[i], sc.ready[i]) = (a, true);
         for &u in self.rules.refs(&a.urr) {
             if let Some(u) = self.usage.get(u as usize) {
                 prefetch::write(u);
@@ -715,7 +751,7 @@ impl Upf {
             let sc = &*self.scratch;
             (sc.pdr[i], usize::from(sc.inner_at[i]), usize::from(sc.inner_len[i]), sc.v6[i])
         };
-        let a = self.rules.acts[pi as usize];
+        let a = if self.scratch.ready[i] { self.scratch.act[i] } else { self.rules.acts[pi as usize] };
         if !self.enforce(&a, usize::from(!uplink), inner_len as u64, now) {
             return None;
         }

@@ -94,6 +94,43 @@ impl Entry {
     }
 }
 
+/// What acting on an uplink PDR needs, its FAR and URR relative to the
+/// session's first (which the TEID index slot holds): so the usual uplink
+/// packet reads no per-PDR line at all. In [`super::rules::RuleSet::tacts`],
+/// parallel to the classifier's blocks: rank r of the classifier at block b
+/// is at `b * LANES + r` (a direction has no more PDRs than entries).
+/// [`TAct::SLOW`]: read [`super::rules::Act`] instead (downlink, an MBR, an
+/// outer header to create, several URRs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(C, align(8))]
+pub struct TAct {
+    /// FAR index - the session's first.
+    pub far: u16,
+    /// URR index - the session's first, or `u16::MAX` for none.
+    pub urr: u16,
+    /// [`TAct::SLOW`], the FAR's action and destination ([`TAct::DROP`], ...).
+    pub bits: u8,
+    /// The PDR's flags ([`super::rules::Pdr::OHR`], ...).
+    pub flags: u8,
+    /// QER gates.
+    pub gate: u8,
+    /// Downlink QFI mark.
+    pub mark_qfi: u8,
+}
+
+impl TAct {
+    /// Not expressible here: read the PDR's [`super::rules::Act`].
+    pub const SLOW: u8 = 1;
+    /// The FAR drops.
+    pub const DROP: u8 = 2;
+    /// The FAR buffers.
+    pub const BUFFER: u8 = 4;
+    /// The FAR's destination is the access side.
+    pub const TO_ACCESS: u8 = 8;
+    /// A [`TAct`] that says "read the Act".
+    pub const SLOW_ACT: TAct = TAct { far: 0, urr: 0, bits: TAct::SLOW, flags: 0, gate: 0, mark_qfi: 0 };
+}
+
 /// Entries per [`Block`].
 pub const LANES: usize = 8;
 

@@ -597,7 +597,7 @@ pub struct Session {
 }
 
 /// A slot of an [`Index`]: its key and what the key finds.
-pub trait Slot: Copy {
+pub trait Slot: bytemuck::Pod {
     /// The empty slot.
     const EMPTY: Self;
     /// Whether the slot is empty.
@@ -608,7 +608,8 @@ pub trait Slot: Copy {
 
 /// What the data path needs of a session in one direction, kept in the
 /// index slot that finds the session (so finding it touches no other line).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
 pub struct Hot {
     /// Session index ([`NONE`] in an empty slot).
     pub session: u32,
@@ -620,6 +621,7 @@ pub struct Hot {
     pub cls_len: u16,
     /// [`Hot::FAST`], [`Hot::HAS_UE4`].
     pub flags: u8,
+    _pad: u8,
 }
 
 impl Hot {
@@ -627,11 +629,12 @@ impl Hot {
     pub const FAST: u8 = 1;
     /// The session has a UE IPv4 address.
     pub const HAS_UE4: u8 = 2;
-    const EMPTY: Hot = Hot { session: NONE, pdrs: 0, cls: 0, cls_len: 0, flags: 0 };
+    /// An empty slot's: no session.
+    pub const EMPTY: Hot = Hot { session: NONE, pdrs: 0, cls: 0, cls_len: 0, flags: 0, _pad: 0 };
 }
 
 /// A TEID index slot: a local F-TEID, the session's UE IPv4 address and its uplink [`Hot`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C, align(32))]
 pub struct TeidSlot {
     /// The TEID.
@@ -640,10 +643,14 @@ pub struct TeidSlot {
     pub ue4: u32,
     /// Uplink.
     pub hot: Hot,
+    /// The session's first FAR (what [`cls::TAct`]s count from).
+    pub far_base: u32,
+    /// The session's first URR.
+    pub urr_base: u32,
 }
 
 impl Slot for TeidSlot {
-    const EMPTY: Self = TeidSlot { teid: 0, ue4: 0, hot: Hot::EMPTY };
+    const EMPTY: Self = TeidSlot { teid: 0, ue4: 0, hot: Hot::EMPTY, far_base: 0, urr_base: 0 };
     #[inline(always)]
     fn is_empty(&self) -> bool {
         self.hot.session == NONE
@@ -655,7 +662,7 @@ impl Slot for TeidSlot {
 }
 
 /// A UE address index slot: the address (IPv4-mapped or IPv6) and the session's downlink [`Hot`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C, align(32))]
 pub struct UeSlot {
     /// The UE address.
@@ -680,8 +687,8 @@ impl Slot for UeSlot {
 /// <= 1/2), built once per rule set: lookups never allocate and one slot,
 /// which holds what the packet needs next, can be prefetched.
 #[derive(Clone, Debug)]
-pub struct Index<S> {
-    slots: Vec<S>,
+pub struct Index<S: Slot> {
+    slots: super::table::Table<S>,
     mask: usize,
 }
 
@@ -694,7 +701,7 @@ impl<S: Slot> Default for Index<S> {
 impl<S: Slot> Index<S> {
     fn build(entries: &[S]) -> Index<S> {
         let cap = (entries.len() * 2).next_power_of_two().max(16);
-        let mut ix = Index { slots: vec![S::EMPTY; cap], mask: cap - 1 };
+        let mut ix = Index { slots: super::table::Table::filled(cap, S::EMPTY), mask: cap - 1 };
         for e in entries {
             let mut s = ix.slot_of(e.key());
             while !ix.slots[s].is_empty() {
@@ -705,11 +712,12 @@ impl<S: Slot> Index<S> {
         ix
     }
 
-    /// The home slot of `k`.
+    /// The home slot of `k`: the first of a cache line's two, so a key
+    /// displaced by one collision is still on the line a prefetch brought.
     #[inline(always)]
     pub fn slot_of(&self, k: u128) -> usize {
         let x = (k as u64) ^ ((k >> 64) as u64).rotate_left(29);
-        (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & self.mask
+        (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & self.mask & !1
     }
 
     /// The home slot's entry (for a prefetch).
@@ -772,6 +780,8 @@ pub struct RuleSet {
     pub acts: Vec<Act>,
     /// Compiled classifiers' blocks (interned: sessions with the same match fields share them).
     pub cls: Vec<cls::Block>,
+    /// Uplink PDR actions relative to the session, [`cls::LANES`] per block of `cls`.
+    pub tacts: Vec<cls::TAct>,
     /// TEID ([`teid_key`]) -> session and its uplink [`Hot`].
     pub teids: Index<TeidSlot>,
     /// UE address (IPv4-mapped or IPv6) -> session and its downlink [`Hot`].
@@ -814,7 +824,8 @@ impl RuleSet {
         let mut seen_ue: HashMap<u128, u64> = HashMap::new();
         let mut seen_seid: HashMap<u64, ()> = HashMap::new();
         let mut interned: HashMap<Vec<Sdf>, u32> = HashMap::new();
-        let mut templates: HashMap<Vec<cls::Entry>, (u32, u16)> = HashMap::new();
+        #[allow(clippy::type_complexity)]
+        let mut templates: HashMap<(Vec<cls::Entry>, Vec<cls::TAct>), (u32, u16)> = HashMap::new();
         for s in specs {
             let si = rs.sessions.len() as u32;
             let e = |m: String| format!("session {}: {m}", s.seid);
@@ -1009,24 +1020,34 @@ impl RuleSet {
             let mut hot = |(start, len): (u32, u32), uplink: bool, fast: bool| {
                 let pdrs = &rs.pdrs[start as usize..(start + len) as usize];
                 let compiled = cls::compile(pdrs, &rs.sdfs, uplink).filter(|_| fast);
+                // Uplink actions relative to the session's rules (none downlink: its FARs create headers).
+                let tacts: Vec<cls::TAct> = if uplink {
+                    pdrs.iter().map(|p| tact(p, &rs.fars[p.far as usize], far_base, urr_base)).collect()
+                } else {
+                    Vec::new()
+                };
                 let (at, n, fast) = match compiled {
                     Some(list) => {
-                        let (at, n) = *templates.entry(list).or_insert_with_key(|list| {
+                        let (at, n) = *templates.entry((list, tacts)).or_insert_with_key(|(list, tacts)| {
                             let blocks = cls::Block::pack(list);
                             let at = rs.cls.len() as u32;
                             rs.cls.extend_from_slice(&blocks);
+                            let mut t = vec![cls::TAct::SLOW_ACT; blocks.len() * cls::LANES];
+                            t[..tacts.len()].copy_from_slice(tacts);
+                            rs.tacts.extend_from_slice(&t);
                             (at, blocks.len() as u16)
                         });
                         (at, n, Hot::FAST)
                     }
                     None => (0, 0, 0),
                 };
-                Hot { session: si, pdrs: start, cls: at, cls_len: n, flags: fast | ue_flag }
+                Hot { session: si, pdrs: start, cls: at, cls_len: n, flags: fast | ue_flag, _pad: 0 }
             };
             let ul_hot = hot(ul_r, true, own_teids.len() <= 1 && !mapped6);
             let dl_hot = hot(dl_r, false, true);
             let ue4_32 = ue4.map_or(0, |a| a as u32);
-            teids.extend(own_teids.iter().map(|&teid| TeidSlot { teid, ue4: ue4_32, hot: ul_hot }));
+            let (far_base, urr_base) = (far_base as u32, urr_base as u32);
+            teids.extend(own_teids.iter().map(|&teid| TeidSlot { teid, ue4: ue4_32, hot: ul_hot, far_base, urr_base }));
             ues.extend([ue4, ue6].into_iter().flatten().map(|ue| UeSlot { ue, hot: dl_hot }));
         }
         rs.acts = rs.pdrs.iter().map(|p| Act::new(p, &rs.fars[p.far as usize])).collect();
@@ -1044,11 +1065,11 @@ impl RuleSet {
         advise(&self.sdfs);
         advise(&self.acts);
         advise(&self.cls);
+        advise(&self.tacts);
         advise(&self.fars);
         advise(&self.qers);
         advise(&self.urrs);
-        advise(&self.teids.slots);
-        advise(&self.ues.slots);
+
     }
 
     /// The session holding local TEID `teid`.
@@ -1121,6 +1142,57 @@ impl RuleSet {
             return cls::first(entries, &p).map(|r| hot.pdrs + u32::from(r));
         }
         self.classify(self.sessions.get(hot.session as usize)?, uplink, teid, qfi, f)
+    }
+}
+
+/// A PDR's uplink action relative to its session's first FAR and URR.
+fn tact(p: &Pdr, f: &Far, far_base: usize, urr_base: usize) -> cls::TAct {
+    let far = u16::try_from(p.far as usize - far_base).ok();
+    let urr = if p.urr == NONE {
+        Some(u16::MAX)
+    } else if p.urr & LIST != 0 {
+        None
+    } else {
+        u16::try_from(p.urr as usize - urr_base).ok().filter(|&u| u != u16::MAX)
+    };
+    let (Some(far), Some(urr)) = (far, urr) else { return cls::TAct::SLOW_ACT };
+    if f.ohc || p.mbr & 1 != 0 {
+        return cls::TAct::SLOW_ACT;
+    }
+    let action = match f.action {
+        FarAction::Forward => 0,
+        FarAction::Drop => cls::TAct::DROP,
+        FarAction::Buffer => cls::TAct::BUFFER,
+    };
+    let to = if f.destination == Iface::Access { cls::TAct::TO_ACCESS } else { 0 };
+    cls::TAct { far, urr, bits: action | to, flags: p.flags, gate: p.gate, mark_qfi: p.mark_qfi }
+}
+
+impl cls::TAct {
+    /// The [`Act`] of a non-[`cls::TAct::SLOW`] uplink action in the session of `slot`.
+    #[inline(always)]
+    pub fn act(&self, slot_far_base: u32, slot_urr_base: u32) -> Act {
+        let action = if self.bits & cls::TAct::DROP != 0 {
+            FarAction::Drop
+        } else if self.bits & cls::TAct::BUFFER != 0 {
+            FarAction::Buffer
+        } else {
+            FarAction::Forward
+        };
+        Act {
+            far: slot_far_base + u32::from(self.far),
+            qer: NONE,
+            urr: if self.urr == u16::MAX { NONE } else { slot_urr_base + u32::from(self.urr) },
+            ohc_teid: 0,
+            ohc_addr: 0,
+            action,
+            destination: if self.bits & cls::TAct::TO_ACCESS != 0 { Iface::Access } else { Iface::Core },
+            ohc: false,
+            flags: self.flags,
+            gate: self.gate,
+            mbr: 0,
+            mark_qfi: self.mark_qfi,
+        }
     }
 }
 
