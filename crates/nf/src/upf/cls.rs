@@ -210,37 +210,39 @@ impl Block {
             .collect()
     }
 
-    /// Bit k: lane k matches. Every lane is computed (no branch per lane).
+    /// Bit k: lane k matches. Every lane is computed (no branch per lane);
+    /// the fields of one width make one mask each, which the compiler turns
+    /// into a vector compare and a move-mask.
     #[inline(always)]
     pub fn mask(&self, p: &Pkt) -> u32 {
-        let ue_ok = u8::from(p.ue_ok);
-        let mut m = 0u32;
+        let (mut m32, mut m16, mut m8) = (0u32, 0u32, 0u32);
+        for k in 0..LANES {
+            let ok = (p.remote & self.remote_mask[k] == self.remote[k]) & (p.ue & self.ue_mask[k] == self.ue[k]);
+            m32 |= u32::from(ok) << k;
+        }
+        for k in 0..LANES {
+            let ok = (p.remote_port.wrapping_sub(self.remote_lo[k]) <= self.remote_span[k])
+                & (p.ue_port.wrapping_sub(self.ue_lo[k]) <= self.ue_span[k]);
+            m16 |= u32::from(ok) << k;
+        }
+        let no_ue = u8::from(!p.ue_ok);
         for k in 0..LANES {
             let ok = ((self.qfi[k] == p.qfi) | (self.qfi[k] == ANY_QFI))
-                & ((self.need_ue[k] & !ue_ok & 1) == 0)
-                & (p.proto & self.proto_mask[k] == self.proto[k])
-                & (p.remote & self.remote_mask[k] == self.remote[k])
-                & (p.ue & self.ue_mask[k] == self.ue[k])
-                & (p.remote_port.wrapping_sub(self.remote_lo[k]) <= self.remote_span[k])
-                & (p.ue_port.wrapping_sub(self.ue_lo[k]) <= self.ue_span[k]);
-            m |= u32::from(ok) << k;
+                & (self.need_ue[k] & no_ue == 0)
+                & (p.proto & self.proto_mask[k] == self.proto[k]);
+            m8 |= u32::from(ok) << k;
         }
-        m
+        m32 & m16 & m8
     }
 }
 
-/// The rank of the first PDR whose entries match (eight blocks at a time,
-/// so up to 64 entries take no data-dependent branch).
+/// The rank of the first PDR whose entries match (one branch per block of eight).
 #[inline(always)]
 pub fn first(blocks: &[Block], p: &Pkt) -> Option<u16> {
-    for chunk in blocks.chunks(8) {
-        let mut m = 0u64;
-        for (b, blk) in chunk.iter().enumerate() {
-            m |= u64::from(blk.mask(p)) << (LANES * b);
-        }
+    for b in blocks {
+        let m = b.mask(p);
         if m != 0 {
-            let t = m.trailing_zeros() as usize;
-            return Some(chunk[t / LANES].rank[t % LANES]);
+            return Some(b.rank[m.trailing_zeros() as usize]);
         }
     }
     None
