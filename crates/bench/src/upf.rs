@@ -152,7 +152,7 @@ pub struct UpfRow {
     pub forwarded: f64,
     /// Throughput relative to the `rtc` mode row of the same PDRs, direction and executor.
     pub vs_rtc: Option<f64>,
-    /// Staged mode: TSC cycles per packet of each pass (parse, lookup, pdrs, classify, act).
+    /// Staged mode: TSC cycles per packet of each pass (parse, lookup, classify, prepare, act).
     pub passes: Vec<(String, f64)>,
 }
 
@@ -227,7 +227,7 @@ pub fn run_upf(o: &UpfBenchOptions) -> Result<UpfReport, String> {
                     let passes = prof
                         .and_then(|p| p["cycles"].as_object())
                         .map(|c| {
-                            ["parse", "lookup", "pdrs", "classify", "act"]
+                            ["parse", "lookup", "classify", "prepare", "act"]
                                 .iter()
                                 .map(|k| {
                                     (k.to_string(), c.get(*k).and_then(|v| v.as_u64()).unwrap_or(0) as f64 / timed)
@@ -294,13 +294,13 @@ impl fmt::Display for UpfReport {
         writeln!(f, "\nwhere the cycles go (staged rows; TSC cycles per packet of each pass, whole batches timed):")?;
         writeln!(
             f,
-            "{:>8} {:>5} {:>4} {:>11} {:>7} {:>7} {:>7} {:>9} {:>7}",
-            "sessions", "pdrs", "dir", "executor", "parse", "lookup", "pdrs", "classify", "act"
+            "{:>8} {:>5} {:>4} {:>11} {:>7} {:>7} {:>9} {:>7} {:>7}",
+            "sessions", "pdrs", "dir", "executor", "parse", "lookup", "classify", "prepare", "act"
         )?;
         for r in self.rows.iter().filter(|r| !r.passes.is_empty()) {
             write!(f, "{:>8} {:>5} {:>4} {:>11}", r.sessions, r.pdrs, r.dir, r.exec)?;
             for (k, (_, c)) in r.passes.iter().enumerate() {
-                let w = if k == 3 { 9 } else { 7 };
+                let w = if k == 2 { 9 } else { 7 };
                 write!(f, " {c:>w$.1}")?;
             }
             writeln!(f)?;

@@ -4,7 +4,8 @@
 //! ranges) and random packets; the model scans every PDR with plain IPv4
 //! arithmetic and picks the lowest precedence (ties: provisioning order).
 //! The packets go through the real NF (uplink GTP-U and downlink IP), whose
-//! URR per PDR shows which PDR took each packet.
+//! URR per PDR shows which PDR took each packet: IPv4 packets of a session
+//! with one local F-TEID take the compiled classifier, the others the general path.
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -77,11 +78,12 @@ impl Filter {
     }
 }
 
-/// The model: the index of the winning rule.
-fn model(rules: &[Rule], p: &Packet) -> Option<usize> {
+/// The model: the index of the winning rule (`teids`: the session's local F-TEIDs).
+fn model(rules: &[Rule], teids: &[u32], p: &Packet) -> Option<usize> {
     let mut best: Option<usize> = None;
     for (i, r) in rules.iter().enumerate() {
         let ok = r.uplink == p.uplink
+            && (!p.uplink || teids.contains(&p.teid))
             && (!p.uplink || r.teid.is_none_or(|t| t == p.teid))
             && (!p.uplink || r.qfi.is_none_or(|q| Some(q) == p.qfi))
             && (r.filters.is_empty() || r.filters.iter().any(|f| f.matches(p)));
@@ -144,9 +146,9 @@ fn packet() -> impl Strategy<Value = Packet> {
         })
 }
 
-fn session(rules: &[Rule]) -> SessionSpec {
-    // Two PDRs of the lowest priority that match nothing (protocol 99) make
-    // the session own TEIDs 7 and 8 whatever the random rules name.
+fn session(rules: &[Rule], teids: &[u32]) -> SessionSpec {
+    // PDRs of the lowest priority that match nothing (protocol 99) make the
+    // session own `teids` whatever the random rules name.
     let mut pdrs: Vec<PdrSpec> = rules
         .iter()
         .enumerate()
@@ -164,7 +166,7 @@ fn session(rules: &[Rule]) -> SessionSpec {
             urrs: vec![i as u32 + 1],
         })
         .collect();
-    for (k, teid) in [7u32, 8].into_iter().enumerate() {
+    for (k, &teid) in teids.iter().enumerate() {
         pdrs.push(PdrSpec {
             id: 1000 + k as u16,
             precedence: 1000,
@@ -219,16 +221,26 @@ fn frame(p: &Packet) -> Vec<u8> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
 
+    /// `one_teid`: every F-TEID is 7, so the session has one and its uplink
+    /// takes the compiled classifier (`upf::cls`); with TEIDs 7 and 8, the general path.
     #[test]
     fn pdr_matching_agrees_with_the_model(
         rules in prop::collection::vec(rule(), 1..10),
         packets in prop::collection::vec(packet(), 1..40),
+        one_teid in any::<bool>(),
     ) {
-        let rs = RuleSet::compile(&[session(&rules)]).unwrap();
+        let mut rules = rules;
+        let teids: &[u32] = if one_teid { &[7] } else { &[7, 8] };
+        if one_teid {
+            for r in &mut rules {
+                r.teid = r.teid.map(|_| 7);
+            }
+        }
+        let rs = RuleSet::compile(&[session(&rules, teids)]).unwrap();
         let mut upf = Upf::new(UpfConfig::default(), Arc::new(rs));
         let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
         for p in &packets {
-            let want = model(&rules, p);
+            let want = model(&rules, teids, p);
             let mut b = Batch::new(&pool);
             prop_assert!(b.push_copy(&mut pool, &frame(p), 0));
             let before: Vec<u64> = upf.usage().map(|(_, u)| u.ul_packets + u.dl_packets).collect();

@@ -36,6 +36,11 @@ impl<T: Pod> HugeArray<T> {
     }
 }
 
+// SAFETY: a shared `&HugeArray` only reads the elements (`Deref` to `&[T]`);
+// writing needs `&mut`, so sharing one between threads is sharing a `&[T]`,
+// which `T: Sync` allows (as for `Vec<T>`).
+unsafe impl<T: Pod + Sync> Sync for HugeArray<T> {}
+
 impl<T: Pod> Deref for HugeArray<T> {
     type Target = [T];
     #[inline(always)]

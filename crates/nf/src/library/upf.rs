@@ -21,17 +21,24 @@
 //! plus per-core QER buckets and URR counters. It changes packet lengths
 //! (encapsulation, decapsulation), which only a batch element may do; put
 //! 5-tuple NFs that should see inner headers after it in a separate chain.
-//! `mode=staged` (default) walks a batch in three passes — parse and
-//! prefetch the index slot, resolve the session and prefetch it and its first
-//! PDR, then classify and act — so the lookups of a batch overlap;
-//! `mode=rtc` does each packet to completion (the baseline).
+//! `mode=staged` (default) walks a batch in five passes, each prefetching
+//! what the next reads, so the lookups of a batch overlap: parse (prefetch
+//! the TEID or UE index slot, which holds what classifying needs of the
+//! session), lookup (prefetch the session's compiled classifier, see
+//! [`cls`]), classify (prefetch the matched PDR's [`rules::Act`]: its rule
+//! references with the FAR copied in), prepare (prefetch the URR counters and
+//! QER buckets), act. `mode=rtc` does each packet to completion (the baseline).
 
+#[path = "../upf/cls.rs"]
+pub mod cls;
 #[path = "../upf/control.rs"]
 pub mod control;
 #[path = "../upf/pfcp.rs"]
 pub mod pfcp;
 #[path = "../upf/rules.rs"]
 pub mod rules;
+#[path = "../upf/table.rs"]
+pub mod table;
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -43,7 +50,7 @@ use flowplane_wire::frame::PktMeta;
 use flowplane_wire::gtpu::{self, GtpuPacket, PduSessionInfo, PduType};
 use serde_json::{json, Map, Value};
 
-use self::rules::{Far, FarAction, Fields, Iface, RuleSet, SessionsFile, NONE};
+use self::rules::{Act, FarAction, Fields, Hot, Iface, RuleSet, SessionsFile, NONE};
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::Export;
 use crate::{Nf, NfContext, NfCounters, ParamError, ParamSpec, Params};
@@ -205,8 +212,10 @@ impl UpfCounters {
     }
 }
 
-/// A URR's counters (per core).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// A URR's counters (per core; a cache line each, with the URR's threshold,
+/// so counting a packet touches one line).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
 pub struct Usage {
     /// Uplink IP bytes.
     pub ul_bytes: u64,
@@ -218,6 +227,9 @@ pub struct Usage {
     pub dl_packets: u64,
     /// Bytes since the last usage report.
     since_report: u64,
+    /// The URR's volume threshold (a copy of the rule's; 0: none).
+    threshold: u64,
+    _pad: [u64; 2],
 }
 
 /// A usage report raised by a URR's volume threshold.
@@ -283,8 +295,17 @@ struct Scratch {
     kind: [Kind; MAX_BATCH],
     key: [u128; MAX_BATCH],
     slot: [usize; MAX_BATCH],
-    session: [u32; MAX_BATCH],
-    /// What pass three decided (`Pending`: matched PDR `pdr`, act in pass four).
+    /// The session's index slot's [`Hot`] (`session` NONE: unknown).
+    hot: [Hot; MAX_BATCH],
+    /// Uplink: the session's UE IPv4 address.
+    ue4: [u32; MAX_BATCH],
+    /// Uplink: the session's first FAR and URR.
+    bases: [(u32, u32); MAX_BATCH],
+    /// The matched PDR's action, once known (`ready`): from the classifier's
+    /// relative action (uplink), else read from [`RuleSet::acts`] in the prepare pass.
+    act: [Act; MAX_BATCH],
+    ready: [bool; MAX_BATCH],
+    /// What classifying decided (`Pending`: matched PDR `pdr`, act in the last pass).
     out: [Outcome; MAX_BATCH],
     pdr: [u32; MAX_BATCH],
     inner_at: [u16; MAX_BATCH],
@@ -295,7 +316,7 @@ struct Scratch {
 /// A packet's fate before the last pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Outcome {
-    /// Matched a PDR: pass four applies it.
+    /// Matched a PDR: the last pass applies it.
     #[default]
     Pending,
     /// Dropped (counted).
@@ -309,7 +330,7 @@ pub struct Upf {
     cfg: UpfConfig,
     rules: Arc<RuleSet>,
     qer: Vec<[Bucket; 2]>,
-    usage: Vec<Usage>,
+    usage: table::Table<Usage>,
     buffered: Vec<u64>,
     reports: Vec<UsageReport>,
     c: UpfCounters,
@@ -329,7 +350,7 @@ impl std::fmt::Debug for Upf {
 }
 
 /// The staged passes, as the profile names them.
-const PASSES: [&str; 5] = ["parse", "lookup", "pdrs", "classify", "act"];
+const PASSES: [&str; 5] = ["parse", "lookup", "classify", "prepare", "act"];
 
 const ETH_IPV4: [u8; 2] = [0x08, 0x00];
 const ETH_IPV6: [u8; 2] = [0x86, 0xdd];
@@ -390,7 +411,11 @@ impl Upf {
             kind: [Kind::Done; MAX_BATCH],
             key: [0; MAX_BATCH],
             slot: [0; MAX_BATCH],
-            session: [NONE; MAX_BATCH],
+            hot: [Hot::EMPTY; MAX_BATCH],
+            ue4: [0; MAX_BATCH],
+            bases: [(0, 0); MAX_BATCH],
+            act: [cls::TAct::default().act(0, 0); MAX_BATCH],
+            ready: [false; MAX_BATCH],
             out: [Outcome::Pending; MAX_BATCH],
             pdr: [NONE; MAX_BATCH],
             inner_at: [0; MAX_BATCH],
@@ -401,7 +426,7 @@ impl Upf {
             cfg,
             rules: Arc::new(RuleSet::default()),
             qer: Vec::new(),
-            usage: Vec::new(),
+            usage: table::Table::default(),
             buffered: Vec::new(),
             reports,
             c: UpfCounters::default(),
@@ -445,7 +470,10 @@ impl Upf {
                 *b = 0;
             }
         }
-        flowplane_table::huge::advise_hugepages(&usage);
+        let mut usage = table::Table::from_slice(&usage);
+        for (u, r) in usage.iter_mut().zip(&new.urrs) {
+            u.threshold = r.threshold;
+        }
         flowplane_table::huge::advise_hugepages(&qer);
         self.usage = usage;
         self.qer = qer;
@@ -464,7 +492,7 @@ impl Upf {
 
     /// Usage per URR, by (SEID, URR ID).
     pub fn usage(&self) -> impl Iterator<Item = ((u64, u32), Usage)> + '_ {
-        self.rules.urrs.iter().zip(&self.usage).map(|(u, c)| ((self.rules.sessions[u.session as usize].seid, u.id), *c))
+        self.rules.urrs.iter().zip(self.usage.iter()).map(|(u, c)| ((self.rules.sessions[u.session as usize].seid, u.id), *c))
     }
 
     /// Takes the queued usage reports (what a PFCP Session Report Request carries).
@@ -492,83 +520,131 @@ impl Upf {
         }
         // Anything to UDP port 2152 is N3 (a GTP-U header too short for a TEID is malformed there).
         let n3 = m.proto.0 == 17 && m.l4 != 0 && m.tuple.dst_port() == GTPU_PORT;
-        let (kind, key) =
-            if n3 { (Kind::Gtpu, rules::teid_key(m.teid)) } else { (Kind::Plain, rules::ip128(m.tuple.dst_ip())) };
-        let ix = if kind == Kind::Gtpu { &self.rules.teids } else { &self.rules.ues };
-        let s = ix.slot_of(key);
-        sc.kind[i] = kind;
-        sc.key[i] = key;
-        sc.slot[i] = s;
-        sc.session[i] = NONE;
         sc.out[i] = Outcome::Pending;
-        if self.cfg.staged {
-            prefetch::read(ix.slot(s));
-        }
-    }
-
-    /// Pass two: resolve the session, prefetch it and its first PDR.
-    #[inline(always)]
-    fn stage_lookup(&mut self, i: usize) {
-        let sc = &mut *self.scratch;
-        let ix = match sc.kind[i] {
-            Kind::Done => return,
-            Kind::Gtpu => &self.rules.teids,
-            Kind::Plain => &self.rules.ues,
-        };
-        let s = ix.get_from(sc.key[i], sc.slot[i]).unwrap_or(NONE);
-        sc.session[i] = s;
-        if self.cfg.staged {
-            if let Some(sess) = self.rules.sessions.get(s as usize) {
-                prefetch::read(sess);
+        sc.hot[i].session = NONE;
+        if n3 {
+            let key = rules::teid_key(m.teid);
+            let s = self.rules.teids.slot_of(key);
+            (sc.kind[i], sc.key[i], sc.slot[i]) = (Kind::Gtpu, key, s);
+            if self.cfg.staged {
+                prefetch::read(self.rules.teids.slot(s));
+            }
+        } else {
+            let key = rules::ip128(m.tuple.dst_ip());
+            let s = self.rules.ues.slot_of(key);
+            (sc.kind[i], sc.key[i], sc.slot[i]) = (Kind::Plain, key, s);
+            if self.cfg.staged {
+                prefetch::read(self.rules.ues.slot(s));
             }
         }
     }
 
-    /// Pass two and a half (staged only): prefetch the session's PDRs of the
-    /// packet's direction (up to 8 lines; the scan reads them in order).
+    /// Pass two: resolve the session's index slot (what classifying needs
+    /// of the session is in it); prefetch the classifier's first lines (or,
+    /// for the general path, the session and its first PDRs).
     #[inline(always)]
-    fn stage_pdrs(&self, i: usize) {
-        let sc = &*self.scratch;
-        let Some(sess) = self.rules.sessions.get(sc.session[i] as usize) else { return };
-        let (start, len) = if sc.kind[i] == Kind::Gtpu { sess.ul } else { sess.dl };
-        let Some(pdrs) = self.rules.pdrs.get(start as usize..(start + len) as usize) else { return };
-        let per_line = (64 / std::mem::size_of::<rules::Pdr>()).max(1);
-        for p in pdrs.iter().step_by(per_line).take(8) {
-            prefetch::read(p);
+    fn stage_lookup(&mut self, i: usize) {
+        let sc = &mut *self.scratch;
+        let (key, slot) = (sc.key[i], sc.slot[i]);
+        let found = match sc.kind[i] {
+            Kind::Done => return,
+            Kind::Gtpu => self.rules.teids.get_from(key, slot).map(|e| (e.hot, e.ue4, (e.far_base, e.urr_base))),
+            Kind::Plain => self.rules.ues.get_from(key, slot).map(|e| (e.hot, 0, (0, 0))),
+        };
+        let Some((hot, ue4, bases)) = found else { return };
+        (sc.hot[i], sc.ue4[i], sc.bases[i]) = (hot, ue4, bases);
+        if !self.cfg.staged {
+            return;
+        }
+        if hot.flags & Hot::FAST != 0 {
+            // A block is four lines; shared classifiers are usually cached already.
+            let at = hot.cls as usize;
+            if let Some(b) = self.rules.cls.get(at..at + usize::from(hot.cls_len)) {
+                for x in b.iter().take(2) {
+                    prefetch::read(&x.remote);
+                    prefetch::read(&x.ue);
+                    prefetch::read(&x.remote_lo);
+                    prefetch::read(&x.proto);
+                }
+            }
+        } else if let Some(sess) = self.rules.sessions.get(hot.session as usize) {
+            prefetch::read(sess);
+            let (start, len) = if sc.kind[i] == Kind::Gtpu { sess.ul } else { sess.dl };
+            if let Some(p) = self.rules.pdrs.get(start as usize..(start + len) as usize) {
+                for x in p.iter().step_by(2).take(4) {
+                    prefetch::read(x);
+                }
+            }
         }
     }
 
     /// Pass three: parse the GTP-U header and inner packet, match the
-    /// session's PDRs; a staged walk prefetches the matched PDR's FAR, QER
-    /// and URR state for pass four.
+    /// session's PDRs. An uplink PDR's action usually comes with the
+    /// classifier (relative to the session's rules; a staged walk prefetches
+    /// its URR counters); else a staged walk prefetches the PDR's [`Act`].
     #[inline(always)]
     fn stage_classify(&mut self, batch: &mut Batch, i: usize) {
-        let out = match self.scratch.kind[i] {
+        let kind = self.scratch.kind[i];
+        let out = match kind {
             Kind::Done => return,
             Kind::Gtpu => self.classify_uplink(batch, i),
             Kind::Plain => self.classify_downlink(batch, i),
         };
-        self.scratch.out[i] = out;
-        if out == Outcome::Pending && self.cfg.staged {
-            let p = self.rules.pdrs[self.scratch.pdr[i] as usize];
-            prefetch::read(&self.rules.fars[p.far as usize]);
-            for &u in self.rules.refs(&p.urr) {
-                if let Some(u) = self.usage.get(u as usize) {
-                    prefetch::write(u);
-                }
-            }
-            if p.mbr != 0 {
-                for &q in self.rules.refs(&p.qer) {
-                    if let Some(b) = self.qer.get(q as usize) {
-                        prefetch::write(b);
-                        prefetch::read(&self.rules.qers[q as usize]);
+        let sc = &mut *self.scratch;
+        sc.out[i] = out;
+        sc.ready[i] = false;
+        if out != Outcome::Pending {
+            return;
+        }
+        let (hot, pdr) = (sc.hot[i], sc.pdr[i]);
+        if kind == Kind::Gtpu && hot.flags & Hot::FAST != 0 {
+            let t = (hot.cls as usize * cls::LANES).wrapping_add(pdr.wrapping_sub(hot.pdrs) as usize);
+            if let Some(t) = self.rules.tacts.get(t).filter(|t| t.bits & cls::TAct::SLOW == 0) {
+                let (far_base, urr_base) = sc.bases[i];
+                let a = t.act(far_base, urr_base);
+                (sc.act[i], sc.ready[i]) = (a, true);
+                if self.cfg.staged {
+                    if let Some(u) = self.usage.get(a.urr as usize) {
+                        prefetch::write(u);
                     }
+                }
+                return;
+            }
+        }
+        if self.cfg.staged {
+            if let Some(a) = self.rules.acts.get(pdr as usize) {
+                prefetch::read(a);
+            }
+        }
+    }
+
+    /// Pass four (staged only): for packets whose action is not known yet,
+    /// read the PDR's [`Act`] and prefetch the per-core state its rules
+    /// update (URR counters; QER buckets and rates with an MBR).
+    #[inline(always)]
+    fn stage_prepare(&mut self, i: usize) {
+        let sc = &mut *self.scratch;
+        if sc.kind[i] == Kind::Done || sc.out[i] != Outcome::Pending || sc.ready[i] {
+            return;
+        }
+        let Some(&a) = self.rules.acts.get(sc.pdr[i] as usize) else { return };
+        (sc.act[i], sc.ready[i]) = (a, true);
+        for &u in self.rules.refs(&a.urr) {
+            if let Some(u) = self.usage.get(u as usize) {
+                prefetch::write(u);
+            }
+        }
+        if a.mbr != 0 {
+            for &q in self.rules.refs(&a.qer) {
+                if let Some(b) = self.qer.get(q as usize) {
+                    prefetch::write(b);
+                    prefetch::read(&self.rules.qers[q as usize]);
                 }
             }
         }
     }
 
-    /// Pass four: QER, URR, FAR; decapsulate or encapsulate; the verdict.
+    /// Pass five: QER, URR, FAR; decapsulate or encapsulate; the verdict.
     #[inline(always)]
     fn stage_act(&mut self, batch: &mut Batch, i: usize, now: u64) {
         let verdict = match (self.scratch.kind[i], self.scratch.out[i]) {
@@ -624,16 +700,17 @@ impl Upf {
         self.c.uplink += 1;
         let teid = g.teid();
         let qfi = layout.pdu_session.map(|p| p.qfi);
-        let Some(sess) = self.rules.sessions.get(self.scratch.session[i] as usize) else {
+        let hot = self.scratch.hot[i];
+        if hot.session == NONE {
             self.c.unknown_teid += 1;
             return Outcome::Drop;
-        };
+        }
         let inner_at = g0 + layout.header_len;
         let Some((f, inner_len, v6)) = inner_fields(&data[inner_at..g0 + layout.end]) else {
             self.c.malformed_inner += 1;
             return Outcome::Drop;
         };
-        let Some(pi) = self.rules.classify(sess, true, teid, qfi, &f) else {
+        let Some(pi) = self.rules.classify_hot(&hot, self.scratch.ue4[i], true, teid, qfi, &f) else {
             self.c.no_pdr += 1;
             return Outcome::Drop;
         };
@@ -646,10 +723,11 @@ impl Upf {
     fn classify_downlink(&mut self, batch: &Batch, i: usize) -> Outcome {
         let m = self.scratch.metas[i];
         self.c.downlink += 1;
-        let Some(sess) = self.rules.sessions.get(self.scratch.session[i] as usize) else {
+        let hot = self.scratch.hot[i];
+        if hot.session == NONE {
             self.c.unknown_ue += 1;
             return Outcome::Drop;
-        };
+        }
         let l3 = m.l3 as usize;
         let Some((f, inner_len, v6)) = inner_fields(&batch.data(i)[l3..]) else {
             self.c.malformed_inner += 1;
@@ -657,7 +735,7 @@ impl Upf {
         };
         // Downlink: the UE is the destination.
         let f = Fields { proto: f.proto, ue: f.remote, remote: f.ue, ue_port: f.remote_port, remote_port: f.ue_port };
-        let Some(pi) = self.rules.classify(sess, false, 0, None, &f) else {
+        let Some(pi) = self.rules.classify_hot(&hot, 0, false, 0, None, &f) else {
             self.c.no_pdr += 1;
             return Outcome::Drop;
         };
@@ -673,12 +751,11 @@ impl Upf {
             let sc = &*self.scratch;
             (sc.pdr[i], usize::from(sc.inner_at[i]), usize::from(sc.inner_len[i]), sc.v6[i])
         };
-        let pdr = self.rules.pdrs[pi as usize];
-        let far = self.rules.fars[pdr.far as usize];
-        if !self.enforce(&pdr, &far, usize::from(!uplink), inner_len as u64, now) {
+        let a = if self.scratch.ready[i] { self.scratch.act[i] } else { self.rules.acts[pi as usize] };
+        if !self.enforce(&a, usize::from(!uplink), inner_len as u64, now) {
             return None;
         }
-        if uplink && pdr.outer_header_removal() {
+        if uplink && a.outer_header_removal() {
             // Keep the L2 header, drop outer IP/UDP/GTP-U and any trailer.
             let hdr = inner_at - l3;
             let d = batch.data_mut(i);
@@ -690,13 +767,13 @@ impl Upf {
             }
             self.c.decapsulated += 1;
         }
-        if far.ohc {
+        if a.ohc {
             // Downlink: drop an Ethernet trailer before the length fields are computed.
             if !uplink && !batch.set_len(i, l3 + inner_len) {
                 self.c.no_room += 1;
                 return None;
             }
-            if !self.encap(batch, i, l3, &far, pdr.mark_qfi) {
+            if !self.encap(batch, i, l3, (a.ohc_teid, a.ohc_addr), a.mark_qfi) {
                 return None;
             }
         }
@@ -705,7 +782,7 @@ impl Upf {
         } else {
             self.c.dl_forwarded += 1;
         }
-        Some(self.port(far.destination))
+        Some(self.port(a.destination))
     }
 
     fn port(&self, to: Iface) -> Option<u16> {
@@ -718,8 +795,8 @@ impl Upf {
     /// FAR action, QER gate and MBR, URR counting (direction `dir`: 0 up, 1 down).
     /// `false`: the packet is dropped (counted).
     #[inline]
-    fn enforce(&mut self, pdr: &rules::Pdr, far: &Far, dir: usize, bytes: u64, now: u64) -> bool {
-        match far.action {
+    fn enforce(&mut self, pdr: &Act, dir: usize, bytes: u64, now: u64) -> bool {
+        match pdr.action {
             FarAction::Forward => {}
             FarAction::Drop => {
                 self.c.far_drop += 1;
@@ -767,9 +844,9 @@ impl Upf {
                 u.dl_packets += 1;
             }
             u.since_report += bytes;
-            let cfg = self.rules.urrs[ui as usize];
-            if cfg.threshold > 0 && u.since_report >= cfg.threshold {
+            if u.threshold > 0 && u.since_report >= u.threshold {
                 u.since_report = 0;
+                let cfg = self.rules.urrs[ui as usize];
                 self.c.usage_reports += 1;
                 if self.reports.len() < self.cfg.reports {
                     let seid = self.rules.sessions[cfg.session as usize].seid;
@@ -789,7 +866,7 @@ impl Upf {
 
     /// Prepends IPv4/UDP/GTP-U (and a DL PDU Session Container when a QFI
     /// is set) after the L2 header of packet `i`, whose IP packet runs to the end.
-    fn encap(&mut self, batch: &mut Batch, i: usize, l3: usize, far: &Far, qfi: u8) -> bool {
+    fn encap(&mut self, batch: &mut Batch, i: usize, l3: usize, (ohc_teid, ohc_addr): (u32, u32), qfi: u8) -> bool {
         let psc = (qfi != rules::ANY_QFI).then_some(PduSessionInfo {
             pdu_type: PduType::Downlink,
             qfi,
@@ -797,7 +874,7 @@ impl Upf {
             rqi: false,
             ppi: None,
         });
-        let g = gtpu::GtpuRepr::g_pdu(far.ohc_teid, psc, 0);
+        let g = gtpu::GtpuRepr::g_pdu(ohc_teid, psc, 0);
         let glen = g.buffer_len();
         let n = 28 + glen;
         let inner_len = batch.lens()[i] as usize - l3;
@@ -816,7 +893,7 @@ impl Upf {
         ip.copy_from_slice(&[0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
         ip[12..16].copy_from_slice(&self.cfg.n3_addr.octets());
-        ip[16..20].copy_from_slice(&far.ohc_addr.to_be_bytes());
+        ip[16..20].copy_from_slice(&ohc_addr.to_be_bytes());
         let c = checksum::checksum(ip);
         ip[10..12].copy_from_slice(&c.to_be_bytes());
         let u = l3 + 20;
@@ -825,13 +902,13 @@ impl Upf {
         d[u + 2..u + 4].copy_from_slice(&GTPU_PORT.to_be_bytes());
         d[u + 4..u + 6].copy_from_slice(&ulen.to_be_bytes());
         d[u + 6..u + 8].copy_from_slice(&[0, 0]);
-        let g = gtpu::GtpuRepr::g_pdu(far.ohc_teid, psc, inner_len);
+        let g = gtpu::GtpuRepr::g_pdu(ohc_teid, psc, inner_len);
         if g.emit(&mut GtpuPacket::new_unchecked(&mut d[u + 8..u + 8 + glen])).is_err() {
             self.c.no_room += 1;
             return false;
         }
         if self.cfg.udp_checksum {
-            let ph = checksum::pseudo_header_v4(self.cfg.n3_addr.octets(), far.ohc_addr.to_be_bytes(), 17, ulen);
+            let ph = checksum::pseudo_header_v4(self.cfg.n3_addr.octets(), ohc_addr.to_be_bytes(), 17, ulen);
             let s = checksum::combine(ph, checksum::sum(&d[u..u + ulen as usize]));
             let mut c = checksum::finish(s);
             if c == 0 {
@@ -1040,11 +1117,11 @@ impl Upf {
             }
             lap(self, 1);
             for i in range.clone() {
-                self.stage_pdrs(i);
+                self.stage_classify(batch, i);
             }
             lap(self, 2);
             for i in range.clone() {
-                self.stage_classify(batch, i);
+                self.stage_prepare(i);
             }
             lap(self, 3);
             if profile {

@@ -15,6 +15,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use serde::{Deserialize, Serialize};
 
+use super::cls;
+
 /// "None" in the compiled rules' u32 references.
 pub const NONE: u32 = u32::MAX;
 /// A PDR's QER or URR reference with this bit set starts a list in
@@ -417,6 +419,7 @@ fn ports(t: &str) -> Result<(u16, u16), String> {
 /// marks are copied in, so packets of PDRs without an MBR never touch the
 /// QER arrays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(align(32))]
 pub struct Pdr {
     /// Local F-TEID to match (uplink), if [`Pdr::has_teid`].
     pub teid: u32,
@@ -490,6 +493,64 @@ pub struct Far {
     pub session: u32,
 }
 
+/// What acting on a matched PDR reads: the PDR's rule references, gates
+/// and marks with its FAR's action and outer header copied in — half a
+/// cache line per PDR, parallel to [`RuleSet::pdrs`], so a matched packet
+/// touches one line of rules (the classifier lines are shared).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C, align(32))]
+pub struct Act {
+    /// FAR index in [`RuleSet::fars`] (buffer counts).
+    pub far: u32,
+    /// QER reference (see [`RuleSet::refs`]).
+    pub qer: u32,
+    /// URR reference (see [`RuleSet::refs`]).
+    pub urr: u32,
+    /// The FAR's peer TEID.
+    pub ohc_teid: u32,
+    /// The FAR's peer IPv4 address.
+    pub ohc_addr: u32,
+    /// The FAR's action.
+    pub action: FarAction,
+    /// The FAR's destination interface.
+    pub destination: Iface,
+    /// The FAR creates an outer header.
+    pub ohc: bool,
+    /// The PDR's flags ([`Pdr::OHR`], ...).
+    pub flags: u8,
+    /// QER gates (as [`Pdr::gate`]).
+    pub gate: u8,
+    /// MBR flags (as [`Pdr::mbr`]).
+    pub mbr: u8,
+    /// Downlink QFI mark (as [`Pdr::mark_qfi`]).
+    pub mark_qfi: u8,
+}
+
+impl Act {
+    fn new(p: &Pdr, f: &Far) -> Act {
+        Act {
+            far: p.far,
+            qer: p.qer,
+            urr: p.urr,
+            ohc_teid: f.ohc_teid,
+            ohc_addr: f.ohc_addr,
+            action: f.action,
+            destination: f.destination,
+            ohc: f.ohc,
+            flags: p.flags,
+            gate: p.gate,
+            mbr: p.mbr,
+            mark_qfi: p.mark_qfi,
+        }
+    }
+
+    /// Removes the outer header.
+    #[inline(always)]
+    pub fn outer_header_removal(&self) -> bool {
+        self.flags & Pdr::OHR != 0
+    }
+}
+
 /// A compiled QER.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Qer {
@@ -535,65 +596,154 @@ pub struct Session {
     pub dl: (u32, u32),
 }
 
-/// An open-addressing hash index `u128 -> u32` (linear probing, load <= 1/2),
-/// built once per rule set: lookups never allocate and one slot can be prefetched.
+/// A slot of an [`Index`]: its key and what the key finds.
+pub trait Slot: bytemuck::Pod {
+    /// The empty slot.
+    const EMPTY: Self;
+    /// Whether the slot is empty.
+    fn is_empty(&self) -> bool;
+    /// The slot's key.
+    fn key(&self) -> u128;
+}
+
+/// What the data path needs of a session in one direction, kept in the
+/// index slot that finds the session (so finding it touches no other line).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct Hot {
+    /// Session index ([`NONE`] in an empty slot).
+    pub session: u32,
+    /// First PDR of the direction in [`RuleSet::pdrs`]: compiled ranks count from it.
+    pub pdrs: u32,
+    /// First block of the direction's compiled classifier in [`RuleSet::cls`].
+    pub cls: u32,
+    /// Its number of blocks.
+    pub cls_len: u16,
+    /// [`Hot::FAST`], [`Hot::HAS_UE4`].
+    pub flags: u8,
+    _pad: u8,
+}
+
+impl Hot {
+    /// The compiled classifier answers the direction's IPv4 packets.
+    pub const FAST: u8 = 1;
+    /// The session has a UE IPv4 address.
+    pub const HAS_UE4: u8 = 2;
+    /// An empty slot's: no session.
+    pub const EMPTY: Hot = Hot { session: NONE, pdrs: 0, cls: 0, cls_len: 0, flags: 0, _pad: 0 };
+}
+
+/// A TEID index slot: a local F-TEID, the session's UE IPv4 address and its uplink [`Hot`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(32))]
+pub struct TeidSlot {
+    /// The TEID.
+    pub teid: u32,
+    /// The session's UE IPv4 address, if [`Hot::HAS_UE4`].
+    pub ue4: u32,
+    /// Uplink.
+    pub hot: Hot,
+    /// The session's first FAR (what [`cls::TAct`]s count from).
+    pub far_base: u32,
+    /// The session's first URR.
+    pub urr_base: u32,
+}
+
+impl Slot for TeidSlot {
+    const EMPTY: Self = TeidSlot { teid: 0, ue4: 0, hot: Hot::EMPTY, far_base: 0, urr_base: 0 };
+    #[inline(always)]
+    fn is_empty(&self) -> bool {
+        self.hot.session == NONE
+    }
+    #[inline(always)]
+    fn key(&self) -> u128 {
+        teid_key(self.teid)
+    }
+}
+
+/// A UE address index slot: the address (IPv4-mapped or IPv6) and the session's downlink [`Hot`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(32))]
+pub struct UeSlot {
+    /// The UE address.
+    pub ue: u128,
+    /// Downlink.
+    pub hot: Hot,
+}
+
+impl Slot for UeSlot {
+    const EMPTY: Self = UeSlot { ue: 0, hot: Hot::EMPTY };
+    #[inline(always)]
+    fn is_empty(&self) -> bool {
+        self.hot.session == NONE
+    }
+    #[inline(always)]
+    fn key(&self) -> u128 {
+        self.ue
+    }
+}
+
+/// An open-addressing hash index of 32-byte slots (linear probing, load
+/// <= 1/2), built once per rule set: lookups never allocate and one slot,
+/// which holds what the packet needs next, can be prefetched.
 #[derive(Clone, Debug)]
-pub struct Index {
-    slots: Vec<(u128, u32)>,
+pub struct Index<S: Slot> {
+    slots: super::table::Table<S>,
     mask: usize,
 }
 
-impl Default for Index {
-    fn default() -> Index {
+impl<S: Slot> Default for Index<S> {
+    fn default() -> Index<S> {
         Index::build(&[])
     }
 }
 
-impl Index {
-    fn build(entries: &[(u128, u32)]) -> Index {
+impl<S: Slot> Index<S> {
+    fn build(entries: &[S]) -> Index<S> {
         let cap = (entries.len() * 2).next_power_of_two().max(16);
-        let mut ix = Index { slots: vec![(0, NONE); cap], mask: cap - 1 };
-        for &(k, v) in entries {
-            let mut s = ix.slot_of(k);
-            while ix.slots[s].1 != NONE {
+        let mut ix = Index { slots: super::table::Table::filled(cap, S::EMPTY), mask: cap - 1 };
+        for e in entries {
+            let mut s = ix.slot_of(e.key());
+            while !ix.slots[s].is_empty() {
                 s = (s + 1) & ix.mask;
             }
-            ix.slots[s] = (k, v);
+            ix.slots[s] = *e;
         }
         ix
     }
 
-    /// The home slot of `k`.
+    /// The home slot of `k`: the first of a cache line's two, so a key
+    /// displaced by one collision is still on the line a prefetch brought.
     #[inline(always)]
     pub fn slot_of(&self, k: u128) -> usize {
         let x = (k as u64) ^ ((k >> 64) as u64).rotate_left(29);
-        (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & self.mask
+        (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & self.mask & !1
     }
 
     /// The home slot's entry (for a prefetch).
     #[inline(always)]
-    pub fn slot(&self, s: usize) -> &(u128, u32) {
+    pub fn slot(&self, s: usize) -> &S {
         &self.slots[s & self.mask]
     }
 
-    /// The value of `k`, probing from slot `s` (its [`Index::slot_of`]).
+    /// The slot of `k`, probing from slot `s` (its [`Index::slot_of`]).
     #[inline(always)]
-    pub fn get_from(&self, k: u128, mut s: usize) -> Option<u32> {
+    pub fn get_from(&self, k: u128, mut s: usize) -> Option<&S> {
         loop {
-            let (sk, v) = self.slots[s & self.mask];
-            if v == NONE {
+            let e = &self.slots[s & self.mask];
+            if e.is_empty() {
                 return None;
             }
-            if sk == k {
-                return Some(v);
+            if e.key() == k {
+                return Some(e);
             }
             s = (s + 1) & self.mask;
         }
     }
 
-    /// The value of `k`.
+    /// The slot of `k`.
     #[inline]
-    pub fn get(&self, k: u128) -> Option<u32> {
+    pub fn get(&self, k: u128) -> Option<&S> {
         self.get_from(k, self.slot_of(k))
     }
 
@@ -626,10 +776,16 @@ pub struct RuleSet {
     pub urrs: Vec<Urr>,
     /// PDRs' lists of several QERs or URRs: a length, then the indices.
     pub lists: Vec<u32>,
-    /// TEID ([`teid_key`]) -> session.
-    pub teids: Index,
-    /// UE address (IPv4-mapped or IPv6) -> session.
-    pub ues: Index,
+    /// Per PDR, what acting on it reads (parallel to `pdrs`).
+    pub acts: Vec<Act>,
+    /// Compiled classifiers' blocks (interned: sessions with the same match fields share them).
+    pub cls: Vec<cls::Block>,
+    /// Uplink PDR actions relative to the session, [`cls::LANES`] per block of `cls`.
+    pub tacts: Vec<cls::TAct>,
+    /// TEID ([`teid_key`]) -> session and its uplink [`Hot`].
+    pub teids: Index<TeidSlot>,
+    /// UE address (IPv4-mapped or IPv6) -> session and its downlink [`Hot`].
+    pub ues: Index<UeSlot>,
 }
 
 impl RuleSet {
@@ -668,6 +824,8 @@ impl RuleSet {
         let mut seen_ue: HashMap<u128, u64> = HashMap::new();
         let mut seen_seid: HashMap<u64, ()> = HashMap::new();
         let mut interned: HashMap<Vec<Sdf>, u32> = HashMap::new();
+        #[allow(clippy::type_complexity)]
+        let mut templates: HashMap<(Vec<cls::Entry>, Vec<cls::TAct>), (u32, u16)> = HashMap::new();
         for s in specs {
             let si = rs.sessions.len() as u32;
             let e = |m: String| format!("session {}: {m}", s.seid);
@@ -680,7 +838,6 @@ impl RuleSet {
                 if let Some(o) = seen_ue.insert(u, s.seid) {
                     return Err(e(format!("UE address already used by session {o}")));
                 }
-                ues.push((u, si));
             }
             let far_base = rs.fars.len();
             for f in &s.fars {
@@ -732,6 +889,7 @@ impl RuleSet {
             }
             let mut ul = Vec::new();
             let mut dl = Vec::new();
+            let mut own_teids = Vec::new();
             for p in &s.pdrs {
                 if s.pdrs.iter().filter(|g| g.id == p.id).count() > 1 {
                     return Err(e(format!("duplicate PDR {}", p.id)));
@@ -797,7 +955,7 @@ impl RuleSet {
                         Some(_) => {}
                         None => {
                             seen_teid.insert(t, s.seid);
-                            teids.push((teid_key(t), si));
+                            own_teids.push(t);
                         }
                     }
                 }
@@ -853,7 +1011,46 @@ impl RuleSet {
                 ul: ul_r,
                 dl: dl_r,
             });
+            // The compiled classifiers. Uplink: the packet's TEID found the
+            // session, so with one local F-TEID every PDR's F-TEID check holds;
+            // the UE check compares the IPv4 address only, so an IPv4-mapped
+            // IPv6 UE address takes the general path.
+            let mapped6 = ue6.is_some_and(|a| a >> 32 == 0xffff);
+            let ue_flag = if ue4.is_some() { Hot::HAS_UE4 } else { 0 };
+            let mut hot = |(start, len): (u32, u32), uplink: bool, fast: bool| {
+                let pdrs = &rs.pdrs[start as usize..(start + len) as usize];
+                let compiled = cls::compile(pdrs, &rs.sdfs, uplink).filter(|_| fast);
+                // Uplink actions relative to the session's rules (none downlink: its FARs create headers).
+                let tacts: Vec<cls::TAct> = if uplink {
+                    pdrs.iter().map(|p| tact(p, &rs.fars[p.far as usize], far_base, urr_base)).collect()
+                } else {
+                    Vec::new()
+                };
+                let (at, n, fast) = match compiled {
+                    Some(list) => {
+                        let (at, n) = *templates.entry((list, tacts)).or_insert_with_key(|(list, tacts)| {
+                            let blocks = cls::Block::pack(list);
+                            let at = rs.cls.len() as u32;
+                            rs.cls.extend_from_slice(&blocks);
+                            let mut t = vec![cls::TAct::SLOW_ACT; blocks.len() * cls::LANES];
+                            t[..tacts.len()].copy_from_slice(tacts);
+                            rs.tacts.extend_from_slice(&t);
+                            (at, blocks.len() as u16)
+                        });
+                        (at, n, Hot::FAST)
+                    }
+                    None => (0, 0, 0),
+                };
+                Hot { session: si, pdrs: start, cls: at, cls_len: n, flags: fast | ue_flag, _pad: 0 }
+            };
+            let ul_hot = hot(ul_r, true, own_teids.len() <= 1 && !mapped6);
+            let dl_hot = hot(dl_r, false, true);
+            let ue4_32 = ue4.map_or(0, |a| a as u32);
+            let (far_base, urr_base) = (far_base as u32, urr_base as u32);
+            teids.extend(own_teids.iter().map(|&teid| TeidSlot { teid, ue4: ue4_32, hot: ul_hot, far_base, urr_base }));
+            ues.extend([ue4, ue6].into_iter().flatten().map(|ue| UeSlot { ue, hot: dl_hot }));
         }
+        rs.acts = rs.pdrs.iter().map(|p| Act::new(p, &rs.fars[p.far as usize])).collect();
         rs.teids = Index::build(&teids);
         rs.ues = Index::build(&ues);
         rs.advise_hugepages();
@@ -866,23 +1063,25 @@ impl RuleSet {
         advise(&self.sessions);
         advise(&self.pdrs);
         advise(&self.sdfs);
+        advise(&self.acts);
+        advise(&self.cls);
+        advise(&self.tacts);
         advise(&self.fars);
         advise(&self.qers);
         advise(&self.urrs);
-        advise(&self.teids.slots);
-        advise(&self.ues.slots);
+
     }
 
     /// The session holding local TEID `teid`.
     #[inline]
     pub fn session_by_teid(&self, teid: u32) -> Option<u32> {
-        self.teids.get(teid_key(teid))
+        self.teids.get(teid_key(teid)).map(|e| e.hot.session)
     }
 
     /// The session whose UE has address `a` (IPv4-mapped or IPv6).
     #[inline]
     pub fn session_by_ue(&self, a: u128) -> Option<u32> {
-        self.ues.get(a)
+        self.ues.get(a).map(|e| e.hot.session)
     }
 
     /// The first PDR (index into `pdrs`) of session `s` in the direction
@@ -910,6 +1109,90 @@ impl RuleSet {
             return Some((start + k) as u32);
         }
         None
+    }
+
+    /// [`RuleSet::classify`] for the session and direction an index slot
+    /// found (`hot`; uplink: `ue4` its UE IPv4 address, `teid` the key that
+    /// found it): the compiled classifier for IPv4 packets, else the general path.
+    #[inline]
+    pub fn classify_hot(
+        &self,
+        hot: &Hot,
+        ue4: u32,
+        uplink: bool,
+        teid: u32,
+        qfi: Option<u8>,
+        f: &Fields,
+    ) -> Option<u32> {
+        const MAPPED: u128 = 0xffff;
+        if hot.flags & Hot::FAST != 0 && f.ue >> 32 == MAPPED && f.remote >> 32 == MAPPED {
+            let at = hot.cls as usize;
+            let entries = self.cls.get(at..at + usize::from(hot.cls_len))?;
+            // Downlink: the destination found the session, so it is the UE's address.
+            let ue_ok = !uplink || (hot.flags & Hot::HAS_UE4 != 0 && ue4 == f.ue as u32);
+            let p = cls::Pkt {
+                proto: f.proto,
+                qfi: qfi.unwrap_or(cls::NO_QFI),
+                ue: f.ue as u32,
+                remote: f.remote as u32,
+                ue_port: f.ue_port,
+                remote_port: f.remote_port,
+                ue_ok,
+            };
+            return cls::first(entries, &p).map(|r| hot.pdrs + u32::from(r));
+        }
+        self.classify(self.sessions.get(hot.session as usize)?, uplink, teid, qfi, f)
+    }
+}
+
+/// A PDR's uplink action relative to its session's first FAR and URR.
+fn tact(p: &Pdr, f: &Far, far_base: usize, urr_base: usize) -> cls::TAct {
+    let far = u16::try_from(p.far as usize - far_base).ok();
+    let urr = if p.urr == NONE {
+        Some(u16::MAX)
+    } else if p.urr & LIST != 0 {
+        None
+    } else {
+        u16::try_from(p.urr as usize - urr_base).ok().filter(|&u| u != u16::MAX)
+    };
+    let (Some(far), Some(urr)) = (far, urr) else { return cls::TAct::SLOW_ACT };
+    if f.ohc || p.mbr & 1 != 0 {
+        return cls::TAct::SLOW_ACT;
+    }
+    let action = match f.action {
+        FarAction::Forward => 0,
+        FarAction::Drop => cls::TAct::DROP,
+        FarAction::Buffer => cls::TAct::BUFFER,
+    };
+    let to = if f.destination == Iface::Access { cls::TAct::TO_ACCESS } else { 0 };
+    cls::TAct { far, urr, bits: action | to, flags: p.flags, gate: p.gate, mark_qfi: p.mark_qfi }
+}
+
+impl cls::TAct {
+    /// The [`Act`] of a non-[`cls::TAct::SLOW`] uplink action in the session of `slot`.
+    #[inline(always)]
+    pub fn act(&self, slot_far_base: u32, slot_urr_base: u32) -> Act {
+        let action = if self.bits & cls::TAct::DROP != 0 {
+            FarAction::Drop
+        } else if self.bits & cls::TAct::BUFFER != 0 {
+            FarAction::Buffer
+        } else {
+            FarAction::Forward
+        };
+        Act {
+            far: slot_far_base + u32::from(self.far),
+            qer: NONE,
+            urr: if self.urr == u16::MAX { NONE } else { slot_urr_base + u32::from(self.urr) },
+            ohc_teid: 0,
+            ohc_addr: 0,
+            action,
+            destination: if self.bits & cls::TAct::TO_ACCESS != 0 { Iface::Access } else { Iface::Core },
+            ohc: false,
+            flags: self.flags,
+            gate: self.gate,
+            mbr: 0,
+            mark_qfi: self.mark_qfi,
+        }
     }
 }
 

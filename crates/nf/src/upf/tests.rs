@@ -294,6 +294,56 @@ fn urr_counts_and_threshold_reports() {
 }
 
 #[test]
+fn a_swapped_threshold_applies_to_the_carried_count() {
+    let mut u = upf(&[spec()], UpfConfig::default());
+    let inner = udp_payload(UE, DN, 4000, 80); // 46 bytes
+    let frame = gtpu4(GNB, N3, 100, Some(9), &inner);
+    run(&mut u, &[(frame.clone(), 0), (frame.clone(), 1)]);
+    assert!(u.take_reports().is_empty(), "92 bytes < 100");
+    let mut s = spec();
+    s.urrs[0].volume_threshold = Some(1_000);
+    u.set_rules(Arc::new(RuleSet::compile(&[s.clone()]).unwrap()));
+    // The 92 bytes carried over count towards the new threshold.
+    let frames: Vec<_> = (2..21).map(|k| (frame.clone(), k)).collect();
+    run(&mut u, &frames);
+    assert!(u.take_reports().is_empty(), "21 x 46 = 966 bytes < 1,000");
+    run(&mut u, &[(frame.clone(), 21)]);
+    let r = u.take_reports();
+    assert_eq!((r.len(), r[0].volume), (1, 22 * 46));
+    s.urrs[0].volume_threshold = None;
+    u.set_rules(Arc::new(RuleSet::compile(&[s]).unwrap()));
+    run(&mut u, &(21..80).map(|k| (frame.clone(), k)).collect::<Vec<_>>());
+    assert!(u.take_reports().is_empty(), "no threshold, no report");
+}
+
+#[test]
+fn compiled_classifiers_are_shared_and_pick_the_pdr() {
+    let mut a = spec();
+    let mut b = spec();
+    b.seid = 8;
+    b.ue_ipv4 = Some([10, 45, 0, 9].into());
+    for p in &mut b.pdrs {
+        p.teid = p.teid.map(|_| 200);
+    }
+    a.seid = 7;
+    let rs = RuleSet::compile(&[a, b]).unwrap();
+    // Uplink (two entries, a block) and downlink (one) of session 7, shared by session 8.
+    assert_eq!(rs.cls.len(), 2);
+    let (sa, sb) = (rs.teids.get(teid_key(100)).unwrap(), rs.teids.get(teid_key(200)).unwrap());
+    assert_eq!((sa.hot.cls, sa.hot.cls_len), (sb.hot.cls, sb.hot.cls_len));
+    assert!(sa.hot.flags & Hot::FAST != 0);
+    let f = Fields { proto: 17, ue: v4_128(u32::from_be_bytes(UE)), remote: v4_128(0xcb00_7105), ue_port: 4000, remote_port: 53 };
+    let p = rs.classify_hot(&sa.hot, sa.ue4, true, 100, None, &f).unwrap();
+    assert_eq!(rs.pdrs[p as usize].id, 1);
+    // Session 8's UE is another address: its UE-address PDRs do not match session 7's UE.
+    assert_eq!(rs.classify_hot(&sb.hot, sb.ue4, true, 200, None, &f), None);
+    let f9 = Fields { ue: v4_128(u32::from_be_bytes([10, 45, 0, 9])), ..f };
+    let p = rs.classify_hot(&sb.hot, sb.ue4, true, 200, Some(9), &f9).unwrap();
+    assert_eq!(rs.pdrs[p as usize].id, 1);
+    assert_eq!(rs.acts[p as usize].far, rs.pdrs[p as usize].far);
+}
+
+#[test]
 fn rule_swaps_carry_state_and_change_forwarding() {
     let mut u = upf(&[spec()], UpfConfig::default());
     let inner = udp_payload(UE, DN, 4000, 80);
