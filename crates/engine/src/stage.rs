@@ -129,6 +129,8 @@ pub trait StatefulStage: Send {
     fn process_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext) -> Action;
     /// The NF's action is resumable (`StatefulNf::STEPS`).
     fn steps(&self) -> bool;
+    /// Its resumable action is one prefetch its hook already makes (`StatefulNf::ONE_STEP`).
+    fn one_step(&self) -> bool;
     /// One step of the resumable action on `state` (exactly `state_size` bytes).
     fn step_bytes(&self, pkt: &Pkt<'_>, state: &[u8], cur: &mut Cursor) -> Step;
     /// The action resumed from `cur` (same result as `process_bytes`).
@@ -355,6 +357,9 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     }
     fn steps(&self) -> bool {
         T::STEPS
+    }
+    fn one_step(&self) -> bool {
+        T::ONE_STEP
     }
     #[inline]
     fn step_bytes(&self, pkt: &Pkt<'_>, state: &[u8], cur: &mut Cursor) -> Step {

@@ -34,8 +34,10 @@
 //! stack, the cursors are allocated once per executor and reused: nothing
 //! is allocated per packet.
 //!
-//! A chain where no NF has a resumable action has nothing to interleave
-//! beyond the match, and runs the batched executor itself.
+//! A chain where no NF has a resumable action (or only one-step ones, see
+//! `StatefulNf::ONE_STEP`, whose prefetch hook is the whole interleaving)
+//! has nothing to interleave beyond the match, and runs the batched
+//! executor itself.
 
 use flowplane_nf::stateful::Cursor;
 use flowplane_nf::NfContext;
@@ -59,7 +61,7 @@ pub(super) const INFO: ExecutorInfo = ExecutorInfo {
     layout: StateLayout::Aggregated,
     param: Some(ExecParam { what: "tasks in flight", default: 16, min: 1, max: MAX_TASKS }),
     new: |cx| {
-        let steps = cx.chain.stages.iter().any(|s| matches!(s, Stage::Stateful { nf, group: None, .. } if nf.steps()));
+        let steps = cx.chain.stages.iter().any(|s| matches!(s, Stage::Stateful { nf, group: None, .. } if nf.steps() && !nf.one_step()));
         if !steps {
             // Nothing to interleave beyond the match, which the batched
             // executor's bulk lookup already overlaps.
@@ -90,7 +92,7 @@ impl Interleaved {
         let steppers = chain
             .iter()
             .enumerate()
-            .filter(|(_, s)| matches!(s, Stage::Stateful { nf, group: None, .. } if nf.steps()))
+            .filter(|(_, s)| matches!(s, Stage::Stateful { nf, group: None, .. } if nf.steps() && !nf.one_step()))
             .map(|(si, _)| si)
             .collect();
         Interleaved {
@@ -245,9 +247,12 @@ impl Interleaved {
 /// entry's first line (the lookup brought that one) and the coarse entries
 /// the flow pins.
 fn prefetch_block(cx: &ExecContext, f: FlowRef) {
+    if cx.chain.state_size <= 32 && !cx.aux_on() {
+        // The entry header (32 bytes) shares the first line with the state.
+        return;
+    }
     let block = cx.stores[0].block(f);
     if cx.chain.state_size > 32 {
-        // The entry header (32 bytes) shares the first line with the state.
         if let Some(b) = block.get(32) {
             prefetch::write(b);
         }
