@@ -143,6 +143,8 @@ pub trait StatefulStage: Send {
     fn process_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext) -> Action;
     /// The NF's action is resumable (`StatefulNf::STEPS`).
     fn steps(&self) -> bool;
+    /// Its resumable action is one prefetch its hook already makes (`StatefulNf::ONE_STEP`).
+    fn one_step(&self) -> bool;
     /// One step of the resumable action on `state` (exactly `state_size` bytes).
     fn step_bytes(&self, pkt: &Pkt<'_>, state: &[u8], cur: &mut Cursor) -> Step;
     /// The action resumed from `cur` (same result as `process_bytes`).
@@ -180,6 +182,28 @@ pub trait StatefulStage: Send {
         ahead: usize,
         out: &mut BatchOutcome,
     );
+    /// The interleaved executor's step pass for this NF (GuNFu's scheduler,
+    /// monomorphised over the NF: no virtual call per step): the packets
+    /// `todo` lists run their resumable action's steps with `k` tasks in
+    /// flight, visited round-robin. A visit runs a task's steps until one
+    /// names a line, which is prefetched (`prefetch`) while the other tasks
+    /// run, or until the action can finish; a finished task's slot takes the
+    /// next packet of `todo`. `cursors[i]` records packet i's progress (every
+    /// cursor of the slice is reset first); `flows[i]` names its block in
+    /// `store`, this NF's state at `offset`. Steps only read.
+    #[allow(clippy::too_many_arguments)]
+    fn step_pass(
+        &self,
+        batch: &mut Batch,
+        todo: &[u16],
+        metas: &[PktMeta],
+        flows: &[FlowRef],
+        store: &FlowStore,
+        offset: usize,
+        k: usize,
+        prefetch: bool,
+        cursors: &mut [Cursor],
+    );
     /// [`StatefulStage::process_batch`] with each packet's action resumed
     /// from its cursor, `cursors[i]` for packet i (`StatefulNf::finish`):
     /// the interleaved executor's finishing pass.
@@ -198,6 +222,13 @@ pub trait StatefulStage: Send {
         out: &mut BatchOutcome,
     );
 }
+
+/// Most tasks in flight in a step pass (`interleaved:K`'s largest K).
+pub const MAX_TASKS: usize = 64;
+
+/// Most steps of one packet's action in a step pass (a bound on a
+/// misbehaving NF; its finish completes whatever the steps left).
+const MAX_STEPS: u16 = 512;
 
 /// A [`StatefulNf`] of concrete type `T`, boxed as a [`StatefulStage`].
 pub struct Typed<T>(pub T);
@@ -402,6 +433,9 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     fn steps(&self) -> bool {
         T::STEPS
     }
+    fn one_step(&self) -> bool {
+        T::ONE_STEP
+    }
     #[inline]
     fn step_bytes(&self, pkt: &Pkt<'_>, state: &[u8], cur: &mut Cursor) -> Step {
         if T::STEPS {
@@ -457,6 +491,93 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
         out: &mut BatchOutcome,
     ) {
         self.run_batch::<false>(batch, range, metas, flows, store, offset, ctx, ahead, &[], out)
+    }
+
+    #[inline]
+    fn step_pass(
+        &self,
+        batch: &mut Batch,
+        todo: &[u16],
+        metas: &[PktMeta],
+        flows: &[FlowRef],
+        store: &FlowStore,
+        offset: usize,
+        k: usize,
+        prefetch: bool,
+        cursors: &mut [Cursor],
+    ) {
+        cursors.fill(Cursor::default());
+        if !T::STEPS {
+            return;
+        }
+        let size = std::mem::size_of::<T::State>();
+        let nf = &self.0;
+        // One visit of packet i's task: true when it yielded on a prefetched line.
+        let mut visit = |i: usize, budget: &mut u16| -> bool {
+            let (Some(meta), Some(&f), Some(cur)) = (metas.get(i), flows.get(i), cursors.get_mut(i)) else {
+                return false;
+            };
+            let Some(b) = store.block(f).get(offset..offset + size) else { return false };
+            let st = cast::<T::State>(b);
+            let pkt = Pkt::new(batch.data_mut(i), meta);
+            while *budget > 0 {
+                *budget -= 1;
+                match nf.step(&pkt, st, cur) {
+                    Step::Prefetch(p) if prefetch => {
+                        flowplane_packet::prefetch::addr(p);
+                        return *budget > 0;
+                    }
+                    // Without prefetching there is nothing to wait for: go on.
+                    Step::Prefetch(_) => {}
+                    Step::Ready => return false,
+                }
+            }
+            false
+        };
+        // (packet, steps left) of the tasks in flight, `live` of them at the front.
+        let mut slots = [(0u16, 0u16); MAX_TASKS];
+        let k = k.clamp(1, MAX_TASKS);
+        let (mut live, mut next) = (0, 0);
+        while live < k && next < todo.len() {
+            let (i, mut b) = (todo[next], MAX_STEPS);
+            next += 1;
+            if visit(usize::from(i), &mut b) {
+                slots[live] = (i, b);
+                live += 1;
+            }
+        }
+        let mut t = 0;
+        while live > 0 {
+            if t >= live {
+                t = 0;
+            }
+            let (i, mut b) = slots[t];
+            if visit(usize::from(i), &mut b) {
+                slots[t].1 = b;
+                t += 1;
+                continue;
+            }
+            // Done: the slot takes the next packet that has a line to wait for.
+            let mut refill = None;
+            while refill.is_none() && next < todo.len() {
+                let (j, mut bj) = (todo[next], MAX_STEPS);
+                next += 1;
+                if visit(usize::from(j), &mut bj) {
+                    refill = Some((j, bj));
+                }
+            }
+            match refill {
+                Some(task) => {
+                    slots[t] = task;
+                    t += 1;
+                }
+                // The batch is running out: the window shrinks, in order.
+                None => {
+                    slots.copy_within(t + 1..live, t);
+                    live -= 1;
+                }
+            }
+        }
     }
 
     #[inline]
@@ -538,5 +659,92 @@ impl<T: StatefulNf> Typed<T> {
             }
         }
         out.counters = c;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flowplane_nf::testutil::udp4;
+    use flowplane_packet::{PacketPool, PoolConfig};
+    use flowplane_table::FullPolicy;
+
+    use crate::store::StoreConfig;
+
+    /// A chase of `state` dependent reads: each step names the next line.
+    struct Chase {
+        mem: Vec<u64>,
+    }
+
+    impl StatefulNf for Chase {
+        type State = u64;
+        const STEPS: bool = true;
+        fn name(&self) -> &'static str {
+            "chase"
+        }
+        fn init(&mut self, _: &Pkt<'_>, _: &NfContext) -> u64 {
+            0
+        }
+        fn process(&mut self, _: &mut Pkt<'_>, _: &mut u64, _: &NfContext) -> Action {
+            Action::Pass
+        }
+        fn step(&self, _: &Pkt<'_>, st: &u64, cur: &mut Cursor) -> Step {
+            cur.step += 1;
+            if u64::from(cur.step) <= *st {
+                Step::at(&self.mem[cur.step as usize * 8 % self.mem.len()])
+            } else {
+                Step::Ready
+            }
+        }
+    }
+
+    #[test]
+    fn step_pass_runs_every_task_to_ready_at_any_k() {
+        let mut pool = PacketPool::new(PoolConfig { buffers: 128, ..Default::default() }).unwrap();
+        let mut batch = Batch::new(&pool);
+        let cfg = StoreConfig {
+            capacity: 1024,
+            capacity_v6: 1024,
+            state_size: 8,
+            idle_timeout_ns: None,
+            full_policy: FullPolicy::Reject,
+            hugepages: false,
+        };
+        let mut store = FlowStore::new(cfg).unwrap();
+        let mut metas = vec![PktMeta::default(); 64];
+        let mut flows = vec![FlowRef::NONE; 64];
+        for i in 0..64u8 {
+            let f = udp4([10, 0, 0, i], [192, 168, 0, 1], 1000, 80);
+            assert!(batch.push_copy(&mut pool, &f, 0));
+            metas[usize::from(i)].parse_into(&f);
+            let steps = u64::from(i % 7) * 3 + u64::from(i == 10) * 1000;
+            let t = metas[usize::from(i)].tuple;
+            let (r, _) = store
+                .upsert(&t, u64::from(i) * 0x9e37_79b9, 0, |u| {
+                    if let flowplane_table::Upsert::New(b) = u {
+                        b[..8].copy_from_slice(&steps.to_ne_bytes());
+                    }
+                })
+                .unwrap();
+            flows[usize::from(i)] = r;
+        }
+        // Every other packet takes steps; the others' cursors stay reset.
+        let todo: Vec<u16> = (0..64).step_by(2).collect();
+        let nf = Typed(Chase { mem: vec![0; 4096] });
+        for k in [1, 2, 5, 16, 64] {
+            for prefetch in [true, false] {
+                let mut cursors = vec![Cursor { step: 99, ..Cursor::default() }; 64];
+                nf.step_pass(&mut batch, &todo, &metas, &flows, &store, 0, k, prefetch, &mut cursors);
+                for (i, c) in cursors.iter().enumerate() {
+                    let want = match i {
+                        _ if i % 2 == 1 => 0,
+                        // A chase longer than the step bound stops at it.
+                        10 => u32::from(MAX_STEPS),
+                        _ => (i as u32 % 7) * 3 + 1,
+                    };
+                    assert_eq!(c.step, want, "k={k} prefetch={prefetch} packet {i}");
+                }
+            }
+        }
     }
 }

@@ -1,20 +1,22 @@
-//! `interleaved[:K]`: GuNFu's interleaved function streams. Each packet is a
-//! task that walks the chain's resumable actions (`StatefulNf::step`: a trie
-//! node, a route-table entry, a connection, a chase), cut at the memory
-//! accesses they name. K tasks are in flight (default 16); the scheduler
+//! `interleaved[:K]`: GuNFu's interleaved function streams. Each packet's
+//! resumable action in an NF (`StatefulNf::step`: a trie node, a
+//! route-table entry, a connection, a chase) is a task cut at the memory
+//! accesses it names. K tasks are in flight (default 16); the scheduler
 //! visits them round-robin, and a visit runs a task until it names a line
 //! it needs, which is prefetched while the other tasks run; a task with
 //! nothing more to fetch leaves, and its slot takes the next packet of the
-//! batch (GuNFu's Algorithm 1).
+//! batch (GuNFu's Algorithm 1). The scheduler runs NF by NF, monomorphised
+//! over each NF (`StatefulStage::step_pass`): a step is an inlined call and
+//! a packet with nothing to fetch costs a compare, not a task switch.
 //!
 //! A batch goes through three passes:
 //! 1. the flow-table match, decomposed the table's bulk way: the bucket and
 //!    entry misses of the whole batch overlap (one lookup for every 5-tuple
 //!    NF, new flows inserted in packet order);
-//! 2. the steps, interleaved as above, from each flow's block (its second
-//!    line and the coarse entries it pins are prefetched when the task
-//!    starts); steps only read, and record their progress in a cursor per
-//!    packet and NF;
+//! 2. the steps, interleaved as above, NF by NF in chain order, from each
+//!    flow's block (its second line and the coarse entries it pins are
+//!    prefetched for the whole batch first); steps only read, and record
+//!    their progress in a cursor per packet and NF;
 //! 3. the finish: the batched executor's staged pass in arrival order, each
 //!    NF's `finish` resuming from the packet's cursor instead of `process`.
 //!    Flow ends take effect at their packet as in `batch` (a segment stops
@@ -28,14 +30,17 @@
 //! flow already appeared in the batch takes no steps (they would read state
 //! the earlier packet's finish changes). Shared (coarse) state is locked only
 //! inside finishing, never across a switch, so two in-flight packets of one
-//! source cannot deadlock. The task slots and the cursors are allocated once
-//! per executor and reused: nothing is allocated per packet.
+//! source cannot deadlock. The task slots are an array on the step pass's
+//! stack, the cursors are allocated once per executor and reused: nothing
+//! is allocated per packet.
 //!
-//! A chain where no NF has a resumable action has nothing to interleave
-//! beyond the match, and runs the batched executor itself.
+//! A chain where no NF has a resumable action (or only one-step ones, see
+//! `StatefulNf::ONE_STEP`, whose prefetch hook is the whole interleaving)
+//! has nothing to interleave beyond the match, and runs the batched
+//! executor itself.
 
-use flowplane_nf::stateful::{Cursor, Step};
-use flowplane_nf::{NfContext, Pkt};
+use flowplane_nf::stateful::Cursor;
+use flowplane_nf::NfContext;
 use flowplane_packet::{prefetch, Batch, MAX_BATCH};
 
 use super::context::{SeenSet, PREFETCH_AHEAD};
@@ -45,11 +50,8 @@ use crate::coarse::aux_handle;
 use crate::stage::BatchOutcome;
 use crate::store::FlowRef;
 
-/// Most yields of one task (a bound on a misbehaving NF's steps).
-const MAX_YIELDS: u16 = 512;
-
 /// Most tasks in flight.
-pub(crate) const MAX_TASKS: u16 = 64;
+pub(crate) const MAX_TASKS: u16 = crate::stage::MAX_TASKS as u16;
 
 /// Registry entry.
 pub(super) const INFO: ExecutorInfo = ExecutorInfo {
@@ -59,7 +61,7 @@ pub(super) const INFO: ExecutorInfo = ExecutorInfo {
     layout: StateLayout::Aggregated,
     param: Some(ExecParam { what: "tasks in flight", default: 16, min: 1, max: MAX_TASKS }),
     new: |cx| {
-        let steps = cx.chain.stages.iter().any(|s| matches!(s, Stage::Stateful { nf, group: None, .. } if nf.steps()));
+        let steps = cx.chain.stages.iter().any(|s| matches!(s, Stage::Stateful { nf, group: None, .. } if nf.steps() && !nf.one_step()));
         if !steps {
             // Nothing to interleave beyond the match, which the batched
             // executor's bulk lookup already overlaps.
@@ -69,27 +71,13 @@ pub(super) const INFO: ExecutorInfo = ExecutorInfo {
     },
 };
 
-/// One packet in flight.
-#[derive(Clone, Copy, Debug)]
-struct Task {
-    /// Packet index in the batch.
-    i: usize,
-    /// Next entry of `steppers` whose steps run.
-    stage: usize,
-    /// Yields left: a task that keeps naming lines past this leaves; its
-    /// finish completes whatever the steps left.
-    budget: u16,
-}
-
 /// The scheduler's reused state.
 struct Interleaved {
     k: usize,
-    /// Tasks in flight (`live` of them at the front).
-    tasks: Vec<Task>,
+    /// The packets of the current batch that take steps.
+    todo: Box<[u16; MAX_BATCH]>,
     /// The 5-tuple stages with resumable actions, in chain order.
     steppers: Vec<usize>,
-    /// Per stage: (offset, size) of its state in the block.
-    layout: Vec<(usize, usize)>,
     /// Stage-major cursors: `cursors[si * MAX_BATCH + i]` for packet i.
     cursors: Vec<Cursor>,
     /// Flows already seen in the current batch.
@@ -101,24 +89,16 @@ struct Interleaved {
 impl Interleaved {
     fn new(k: u16, chain: &[Stage]) -> Self {
         let k = usize::from(k.clamp(1, MAX_TASKS));
-        let layout: Vec<(usize, usize)> = chain
-            .iter()
-            .map(|s| match s {
-                Stage::Stateful { nf, offset, .. } => (*offset, nf.state_size()),
-                Stage::Stateless(_) => (0, 0),
-            })
-            .collect();
         let steppers = chain
             .iter()
             .enumerate()
-            .filter(|(_, s)| matches!(s, Stage::Stateful { nf, group: None, .. } if nf.steps()))
+            .filter(|(_, s)| matches!(s, Stage::Stateful { nf, group: None, .. } if nf.steps() && !nf.one_step()))
             .map(|(si, _)| si)
             .collect();
         Interleaved {
             k,
-            tasks: Vec::with_capacity(k),
+            todo: Box::new([0; MAX_BATCH]),
             steppers,
-            layout,
             cursors: vec![Cursor::default(); chain.len() * MAX_BATCH],
             seen: SeenSet::new(),
             progress: vec![0; chain.len()],
@@ -169,88 +149,35 @@ impl Executor for Interleaved {
 }
 
 impl Interleaved {
-    /// Pass 2: every packet's steps, K tasks at a time, round-robin. A task
-    /// that is done hands its slot to the next packet at once (the slots keep
-    /// their places, so each task is visited again only after the others).
+    /// Pass 2: the steps. The packets that take steps are those with a flow
+    /// entry, not dropped, whose flow has not appeared earlier in the batch;
+    /// their blocks' far lines are prefetched for the whole batch at once.
+    /// Then each NF with a resumable action, in chain order, runs its step
+    /// pass over them: K tasks in flight round-robin, each yielding on the
+    /// line it names (`StatefulStage::step_pass`, the scheduler monomorphised
+    /// over the NF, so a one-step NF costs a compare per packet, not a task
+    /// switch through a virtual call).
     fn steps(&mut self, cx: &ExecContext, batch: &mut Batch, n: usize) {
         self.seen.clear();
-        self.tasks.clear();
-        let mut next = 0;
-        while self.tasks.len() < self.k && next < n {
-            next += 1;
-            if let Some(task) = self.admit(cx, batch, next - 1) {
-                self.tasks.push(task);
-            }
-        }
-        let mut t = 0;
-        while !self.tasks.is_empty() {
-            if t >= self.tasks.len() {
-                t = 0;
-            }
-            let mut task = self.tasks[t];
-            if self.advance(cx, batch, &mut task) {
-                self.tasks[t] = task;
-                t += 1;
-                continue;
-            }
-            let mut refill = None;
-            while refill.is_none() && next < n {
-                next += 1;
-                refill = self.admit(cx, batch, next - 1);
-            }
-            match refill {
-                Some(task) => {
-                    self.tasks[t] = task;
-                    t += 1;
-                }
-                // The batch is running out: the window shrinks, in order.
-                None => {
-                    self.tasks.remove(t);
+        let mut m = 0;
+        for i in 0..n {
+            let flow = cx.scratch.flows[i];
+            // A flow seen earlier in the batch: its state changes before this
+            // packet finishes, so steps now would be wasted.
+            if flow.is_some() && !batch.is_dropped(i) && self.seen.insert(flow.bits()) {
+                self.todo[m] = i as u16;
+                m += 1;
+                if cx.cfg.prefetch {
+                    prefetch_block(cx, flow);
                 }
             }
         }
-    }
-
-    /// Starts packet `i`'s task: resets its cursors, prefetches its block's
-    /// far parts and takes its first step; None when it has nothing to fetch.
-    fn admit(&mut self, cx: &ExecContext, batch: &mut Batch, i: usize) -> Option<Task> {
+        let (metas, flows) = (&cx.scratch.metas[..n], &cx.scratch.flows[..n]);
         for &si in &self.steppers {
-            self.cursors[si * MAX_BATCH + i] = Cursor::default();
+            let Stage::Stateful { nf, offset, .. } = &cx.chain.stages[si] else { continue };
+            let cursors = &mut self.cursors[si * MAX_BATCH..si * MAX_BATCH + n];
+            nf.step_pass(batch, &self.todo[..m], metas, flows, &cx.stores[0], *offset, self.k, cx.cfg.prefetch, cursors);
         }
-        let flow = cx.scratch.flows[i];
-        // A flow seen earlier in the batch: its state changes before this
-        // packet finishes, so steps now would be wasted.
-        if !flow.is_some() || batch.is_dropped(i) || !self.seen.insert(flow.bits()) {
-            return None;
-        }
-        if cx.cfg.prefetch {
-            prefetch_block(cx, flow);
-        }
-        let mut task = Task { i, stage: 0, budget: MAX_YIELDS };
-        self.advance(cx, batch, &mut task).then_some(task)
-    }
-
-    /// Runs `task` until it names a line (prefetched: true, the task yields)
-    /// or has nothing more to fetch (false).
-    fn advance(&mut self, cx: &ExecContext, batch: &mut Batch, task: &mut Task) -> bool {
-        let flow = cx.scratch.flows[task.i];
-        while let Some(&si) = self.steppers.get(task.stage) {
-            let Stage::Stateful { nf, .. } = &cx.chain.stages[si] else { break };
-            let (off, sz) = self.layout[si];
-            let Some(state) = cx.stores[0].block(flow).get(off..off + sz) else { break };
-            let pkt = Pkt::new(batch.data_mut(task.i), &cx.scratch.metas[task.i]);
-            match nf.step_bytes(&pkt, state, &mut self.cursors[si * MAX_BATCH + task.i]) {
-                Step::Prefetch(p) if cx.cfg.prefetch => {
-                    prefetch::addr(p);
-                    task.budget = task.budget.saturating_sub(1);
-                    return task.budget > 0;
-                }
-                // Without prefetching there is nothing to wait for: go on.
-                Step::Prefetch(_) => {}
-                Step::Ready => task.stage += 1,
-            }
-        }
-        false
     }
 
     /// Pass 3 over one segment: `ExecContext::run_stages` with each NF
@@ -320,9 +247,12 @@ impl Interleaved {
 /// entry's first line (the lookup brought that one) and the coarse entries
 /// the flow pins.
 fn prefetch_block(cx: &ExecContext, f: FlowRef) {
+    if cx.chain.state_size <= 32 && !cx.aux_on() {
+        // The entry header (32 bytes) shares the first line with the state.
+        return;
+    }
     let block = cx.stores[0].block(f);
     if cx.chain.state_size > 32 {
-        // The entry header (32 bytes) shares the first line with the state.
         if let Some(b) = block.get(32) {
             prefetch::write(b);
         }

@@ -166,12 +166,13 @@ struct Td {
     fin_acked: bool,
 }
 
-/// One tracked connection.
+/// One tracked connection: two cache lines, everything a packet of a bound
+/// flow reads (binding check, state, windows, last use) in the first — the
+/// line the prefetch hook and the step name — and the key, which only
+/// lookups and removal read, in the second.
 #[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
 struct Conn {
-    /// Canonical 5-tuple.
-    key: FiveTuple,
-    last_ns: u64,
     gen: u32,
     /// Directional states bound to this connection.
     refs: u16,
@@ -180,8 +181,14 @@ struct Conn {
     state: u8,
     /// The originator sent in the canonical key's direction.
     orig_fwd: bool,
+    last_ns: u64,
     td: [Td; 2],
+    /// Canonical 5-tuple.
+    key: FiveTuple,
 }
+
+// The hot fields fill exactly the first line.
+const _: () = assert!(std::mem::offset_of!(Conn, key) == 64 && std::mem::size_of::<Conn>() == 128);
 
 impl Conn {
     fn empty() -> Self {
@@ -216,10 +223,17 @@ impl ConnTable {
     fn new(cap: usize) -> Self {
         let slots = (cap * 2).next_power_of_two().max(16);
         // Zeroed u64s come from calloc: pages are touched only when used.
+        let index = vec![0u64; slots];
+        let mut slab = Vec::with_capacity(cap);
+        // Both are read at random: on 4 KiB pages nearly every access is
+        // also a TLB miss, whose page walk the prefetch hook cannot hide
+        // (it stalled the hook itself). The slab's pages fault in as it grows.
+        flowplane_table::huge::advise_hugepages(&index);
+        flowplane_table::huge::advise_hugepages(slab.spare_capacity_mut());
         ConnTable {
-            index: vec![0u64; slots],
+            index,
             mask: slots - 1,
-            slab: Vec::with_capacity(cap),
+            slab,
             free: Vec::with_capacity(cap),
             cap,
             live: 0,

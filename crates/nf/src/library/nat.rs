@@ -545,6 +545,7 @@ impl StatefulNf for Nat {
     const ENDS_FLOWS: bool = true;
     const HAS_PREFETCH: bool = true;
     const STEPS: bool = true;
+    const ONE_STEP: bool = true;
 
     fn name(&self) -> &'static str {
         NF.name
