@@ -230,15 +230,7 @@ impl ConnTable {
         // (it stalled the hook itself). The slab's pages fault in as it grows.
         flowplane_table::huge::advise_hugepages(&index);
         flowplane_table::huge::advise_hugepages(slab.spare_capacity_mut());
-        ConnTable {
-            index,
-            mask: slots - 1,
-            slab,
-            free: Vec::with_capacity(cap),
-            cap,
-            live: 0,
-            sweep_at: 0,
-        }
+        ConnTable { index, mask: slots - 1, slab, free: Vec::with_capacity(cap), cap, live: 0, sweep_at: 0 }
     }
 
     #[inline]

@@ -492,7 +492,11 @@ impl Upf {
 
     /// Usage per URR, by (SEID, URR ID).
     pub fn usage(&self) -> impl Iterator<Item = ((u64, u32), Usage)> + '_ {
-        self.rules.urrs.iter().zip(self.usage.iter()).map(|(u, c)| ((self.rules.sessions[u.session as usize].seid, u.id), *c))
+        self.rules
+            .urrs
+            .iter()
+            .zip(self.usage.iter())
+            .map(|(u, c)| ((self.rules.sessions[u.session as usize].seid, u.id), *c))
     }
 
     /// Takes the queued usage reports (what a PFCP Session Report Request carries).

@@ -1069,7 +1069,6 @@ impl RuleSet {
         advise(&self.fars);
         advise(&self.qers);
         advise(&self.urrs);
-
     }
 
     /// The session holding local TEID `teid`.

@@ -332,7 +332,13 @@ fn compiled_classifiers_are_shared_and_pick_the_pdr() {
     let (sa, sb) = (rs.teids.get(teid_key(100)).unwrap(), rs.teids.get(teid_key(200)).unwrap());
     assert_eq!((sa.hot.cls, sa.hot.cls_len), (sb.hot.cls, sb.hot.cls_len));
     assert!(sa.hot.flags & Hot::FAST != 0);
-    let f = Fields { proto: 17, ue: v4_128(u32::from_be_bytes(UE)), remote: v4_128(0xcb00_7105), ue_port: 4000, remote_port: 53 };
+    let f = Fields {
+        proto: 17,
+        ue: v4_128(u32::from_be_bytes(UE)),
+        remote: v4_128(0xcb00_7105),
+        ue_port: 4000,
+        remote_port: 53,
+    };
     let p = rs.classify_hot(&sa.hot, sa.ue4, true, 100, None, &f).unwrap();
     assert_eq!(rs.pdrs[p as usize].id, 1);
     // Session 8's UE is another address: its UE-address PDRs do not match session 7's UE.
