@@ -696,6 +696,29 @@ impl ScrReplica {
         }
     }
 
+    /// Logs sequences `first..=seq` (`recs`, in order) in this core's log,
+    /// waiting first for the slowest core when `seq` is past the bound
+    /// (Algorithm 1's logging, gap already handled).
+    fn log_entries(&mut self, logs: &ScrLogs, seq: u64, first: u64, recs: &[ScrRecord]) {
+        if seq > self.bound {
+            self.wait_for_slowest(logs, seq);
+        }
+        let log = logs.log(self.core);
+        log.begin(seq);
+        for (k, r) in (first..=seq).zip(recs) {
+            log.put(k, r);
+        }
+        log.publish(seq);
+        log.resolved.store(seq, Ordering::Release);
+    }
+
+    /// Without logs, sequences `from..minseq` (before `seq`) cannot be recovered: counted.
+    fn count_unrecovered_gap(&mut self, from: u64, minseq: u64, seq: u64) {
+        let g = minseq.min(seq) - from;
+        self.rep.gaps += g;
+        self.rep.unrecovered += g;
+    }
+
     /// Brings the replica up to just before `seq` from the history `h`
     /// (oldest first, `seq`'s own record last), logging and recovering per
     /// Algorithm 1 when logs are on. `seq` itself is logged, not applied.
@@ -739,21 +762,11 @@ impl ScrReplica {
                 }
                 log.resolved.store(minseq - 1, Ordering::Release);
             }
-            if seq > self.bound {
-                self.wait_for_slowest(&logs, seq);
-            }
-            log.begin(seq);
-            for (k, r) in (first..=seq).zip(&h[at(first)..]) {
-                log.put(k, r);
-            }
-            log.publish(seq);
-            log.resolved.store(seq, Ordering::Release);
+            self.log_entries(&logs, seq, first, &h[at(first)..]);
             self.logs = Some(logs);
             self.run_ff(chain);
         } else if minseq > from {
-            let g = minseq.min(seq) - from;
-            self.rep.gaps += g;
-            self.rep.unrecovered += g;
+            self.count_unrecovered_gap(from, minseq, seq);
         }
         if first < seq {
             self.ff_over(chain, &h[at(first)..at(seq)]);
@@ -850,9 +863,7 @@ impl ScrReplica {
             let minseq = s.saturating_sub(hn as u64 - 1).max(1);
             let from = self.max + 1;
             if minseq > from {
-                let g = minseq.min(s) - from;
-                self.rep.gaps += g;
-                self.rep.unrecovered += g;
+                self.count_unrecovered_gap(from, minseq, s);
             }
             let first = from.max(minseq);
             let at = |k: u64| (hn as u64 - 1 - (s - k)) as u32;
@@ -862,17 +873,7 @@ impl ScrReplica {
             if let Some(logs) = self.logs.take() {
                 if logs.logs.len() > 1 {
                     // `catch_up`'s logging (no gap here: `no_gaps`).
-                    let log = logs.log(self.core);
-                    if s > self.bound {
-                        self.wait_for_slowest(&logs, s);
-                    }
-                    log.begin(s);
-                    let h = &side.hist[i * hn..(i + 1) * hn];
-                    for (k, r) in (first..=s).zip(&h[at(first) as usize..]) {
-                        log.put(k, r);
-                    }
-                    log.publish(s);
-                    log.resolved.store(s, Ordering::Release);
+                    self.log_entries(&logs, s, first, &side.hist[i * hn + at(first) as usize..(i + 1) * hn]);
                 }
                 self.logs = Some(logs);
             }
