@@ -328,7 +328,7 @@ impl<'a> Worker<'a> {
         res.bytes += batch.lens().iter().map(|&l| l as u64).sum::<u64>();
         // The packet clock: NF actions see each packet's own time; table
         // bookkeeping (last seen, expiry) the latest time in the batch.
-        let now_ns = batch.timestamps().iter().fold(0, |a, &t| a.max(t));
+        let now_ns = batch.max_timestamp();
         let arrival = self.source.arrival_clock();
         let ctx = NfContext { now_tsc: now, now_ns };
         if let Some(c) = self.ctl.as_mut() {
@@ -343,9 +343,9 @@ impl<'a> Worker<'a> {
             self.prio.clear();
             self.prio.extend((0..n).map(|i| class.matches(batch.data(i))));
         }
-        match (self.scr.as_mut(), self.source.scr_side()) {
-            (Some(r), Some(side)) => r.process(self.exec.chain_mut(), batch, side, &ctx),
-            _ => self.exec.process(batch, &ctx),
+        match self.scr.as_mut().and_then(|r| Some((r, self.source.scr_side()?))) {
+            Some((r, side)) => r.process(self.exec.chain_mut(), batch, side, &ctx),
+            None => self.exec.process(batch, &ctx),
         }
         if arrival.is_some() {
             // Within the reserved capacity: no allocation.

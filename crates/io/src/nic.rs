@@ -608,7 +608,7 @@ impl NicQueue {
             let shift = loop_k.saturating_mul(self.trace.loop_ns);
             let k = if let Some(m) = &self.mine {
                 // The private copy: position j of `own` is packet j of `m`.
-                batch.rx_burst_lines(pool, chunk, |k| {
+                batch.rx_burst_lines_timed(pool, chunk, m.times(idx, chunk, shift), |k| {
                     let j = idx + k;
                     if let Some(&ahead) = m.first_line.get(j + PREFETCH_AHEAD) {
                         if let Some(l) = m.lines.get(ahead as usize) {
@@ -618,12 +618,7 @@ impl NicQueue {
                     let first = m.first_line[j] as usize;
                     let l = m.len[j];
                     bytes += u64::from(l);
-                    (
-                        &m.lines[first..first + Line::count_for(l as usize)],
-                        l,
-                        m.hash[j],
-                        shift.saturating_add(m.ts_at(j)),
-                    )
+                    (&m.lines[first..first + Line::count_for(l as usize)], l, m.hash[j])
                 })
             } else {
                 batch.rx_burst_lines(pool, chunk, |k| {
@@ -692,7 +687,7 @@ impl NicQueue {
             let (lines, first_line, len, hash) = (&d.lines, &d.first_line[pos..], &d.len[pos..], &d.hash[pos..]);
             let shift = loop_k.saturating_mul(self.trace.loop_ns);
             let k0 = pos;
-            let k = batch.rx_burst_lines(pool, chunk, |k| {
+            let k = batch.rx_burst_lines_timed(pool, chunk, d.times(k0, chunk, shift), |k| {
                 if let Some(&ahead) = first_line.get(k + PREFETCH_AHEAD) {
                     if let Some(l) = lines.get(ahead as usize) {
                         flowplane_packet::prefetch::read(l);
@@ -701,7 +696,7 @@ impl NicQueue {
                 let first = first_line[k] as usize;
                 let l = len[k];
                 bytes += u64::from(l);
-                (&lines[first..first + Line::count_for(l as usize)], l, hash[k], shift.saturating_add(d.ts_at(k0 + k)))
+                (&lines[first..first + Line::count_for(l as usize)], l, hash[k])
             });
             got += k;
             pos += k;
@@ -965,6 +960,9 @@ impl Source for NicQueue {
     }
 
     fn take_due(&mut self) -> Option<Move> {
+        if self.transits.is_empty() {
+            return None;
+        }
         let consumed = if self.head == self.tail {
             self.scan
         } else {

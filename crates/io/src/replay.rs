@@ -19,7 +19,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use flowplane_packet::{Batch, Line, PacketPool};
+use flowplane_packet::{Batch, Line, PacketPool, RxTimes};
 
 use crate::{Rx, Source};
 
@@ -85,6 +85,15 @@ impl QueueData {
         match self.ts_step {
             Some(step) => i as u64 * step,
             None => self.ts[i],
+        }
+    }
+
+    /// Times of packets `k0..k0 + n`, each plus `shift`, as the receive burst's rule.
+    #[inline]
+    pub(crate) fn times(&self, k0: usize, n: usize, shift: u64) -> RxTimes<'_> {
+        match self.ts_step {
+            Some(step) => RxTimes::Even { first: shift.saturating_add(k0 as u64 * step), step },
+            None => RxTimes::Shifted { shift, ts: self.ts.get(k0..k0 + n).unwrap_or(&[]) },
         }
     }
 
@@ -405,7 +414,7 @@ impl Source for ReplayQueue {
             let (lines, first_line, len, hash) = (&d.lines, &d.first_line[pos..], &d.len[pos..], &d.hash[pos..]);
             // Packet time: the capture's, shifted by the loops already done.
             let shift = self.counters.loops.saturating_mul(self.trace.loop_ns);
-            let n = batch.rx_burst_lines(pool, chunk, |k| {
+            let n = batch.rx_burst_lines_timed(pool, chunk, d.times(pos, chunk, shift), |k| {
                 // Under the DRAM pressure of large flow tables the hardware
                 // prefetcher loses the replay stream: fetch a few packets ahead.
                 if let Some(&ahead) = first_line.get(k + RX_PREFETCH_AHEAD) {
@@ -416,7 +425,7 @@ impl Source for ReplayQueue {
                 let first = first_line[k] as usize;
                 let l = len[k];
                 bytes += l as u64;
-                (&lines[first..first + Line::count_for(l as usize)], l, hash[k], shift.saturating_add(d.ts_at(pos + k)))
+                (&lines[first..first + Line::count_for(l as usize)], l, hash[k])
             });
             got += n;
             self.pos += n;
