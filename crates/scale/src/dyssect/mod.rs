@@ -173,6 +173,10 @@ pub struct Log {
 /// working at the next short-timescale step (fixed cores).
 const UNDERUSED: f64 = 0.5;
 
+/// How much a long-timescale decision must lower the objective (about a
+/// core's load fraction) over the short step's to be carried out.
+const KEEP_MARGIN: f64 = 0.05;
+
 /// A flow the controller tracks.
 #[derive(Clone, Copy, Debug)]
 struct Tracked {
@@ -418,11 +422,17 @@ impl Dyssect {
                 input.old.flow_core[h] = None;
             }
         }
-        if t0.duration_since(self.started) < self.cfg.long {
-            // The first long period only measures (tables filling, caches cold: loads not yet representative).
+        if st.active_moves() > 0 {
+            // The last decision is still being carried out: its flows are not
+            // on their new cores yet, and a decision on that half-moved state
+            // would undo it (offloading cores look idle until their flows arrive).
             return;
         }
-        let long = self.last_long.is_none_or(|l| t0.duration_since(l) >= self.cfg.long) && nq > 1;
+        // The short step balances from the first period on (as RSS++ does); the
+        // first long decision waits a long period for representative loads.
+        let long = t0.duration_since(self.started) >= self.cfg.long
+            && self.last_long.is_none_or(|l| t0.duration_since(l) >= self.cfg.long)
+            && nq > 1;
         let (a, kind, status, objective) = if long {
             self.last_long = Some(t0);
             // Warm start: the heuristic under a role split with offloading cores for the heavy flows.
@@ -431,31 +441,29 @@ impl Dyssect {
             let r = milp::solve_reduced(&input, &warm, self.cfg.budget, self.cfg.free_shards, self.cfg.max_moves);
             let status =
                 serde_json::to_value(r.status).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
-            (r.assignment, "long", status, r.objective)
-        } else {
-            // Balancing (fixed cores): the heuristic also evens load out, to within
-            // `slack` of the mean (Table IV's target with hysteresis: measured loads
-            // are noisy and every shard move is a hand-over), never beyond the caps.
-            let mut tight = input.clone();
-            if input.fixed_cores {
-                let avg = input.shard_load.iter().sum::<f64>() / nq as f64;
-                tight.cap_w = input.cap_w.min(avg * self.cfg.slack);
-                tight.cap_o = input.cap_o.min(avg * self.cfg.slack);
-            }
-            // An offloading core left with little (its flows' load moved on:
-            // the heavy flows shifted) works again until the next long decision
-            // instead of idling while working cores are loaded (fixed cores).
-            let mut roles = self.roles.clone();
-            if input.fixed_cores {
-                let u = input.old.loads(&input);
-                let avg = input.shard_load.iter().sum::<f64>() / nq as f64;
-                for (r, &l) in roles.iter_mut().zip(&u) {
-                    if *r == Role::Offloading && l < UNDERUSED * avg {
-                        *r = Role::Working;
-                    }
+            // The long decision must beat what the short step would do by a
+            // margin (a solve cut short by its budget can return a worse
+            // incumbent; and every move is a hand-over).
+            let stay = self.short_step(&input);
+            // Compared on the model's objective while the caps can hold; when even
+            // an even spread is over them, on the balance alone (max load and
+            // migrations: the overload penalty would otherwise decide).
+            let avg = input.shard_load.iter().sum::<f64>() / nq.max(1) as f64;
+            let judge = |a: &Assignment| {
+                if input.cap_w >= avg {
+                    milp::objective(&input, a)
+                } else {
+                    a.loads(&input).into_iter().fold(0.0, f64::max) + input.alpha * a.migrations(&input.old) as f64
                 }
+            };
+            let (o_new, o_stay) = (judge(&r.assignment), judge(&stay));
+            if o_new < o_stay - KEEP_MARGIN {
+                (r.assignment, "long", status, o_new)
+            } else {
+                (stay, "long", format!("kept ({status})"), o_stay)
             }
-            let a = heuristic::step(&tight, &roles);
+        } else {
+            let a = self.short_step(&input);
             let o = milp::objective(&input, &a);
             (a, "short", "heuristic".to_string(), o)
         };
@@ -483,6 +491,38 @@ impl Dyssect {
                 planned,
             });
         }
+    }
+
+    /// The short-timescale step on the current roles. Balancing (fixed
+    /// cores): the heuristic also evens load out, to within `slack` of the
+    /// mean (Table IV's target with hysteresis: measured loads are noisy and
+    /// every shard move is a hand-over), never beyond the caps.
+    fn short_step(&self, input: &Input) -> Assignment {
+        let nq = input.cores;
+        let mut tight = input.clone();
+        if input.fixed_cores {
+            // Within the caps when the load allows it; when even an even spread
+            // is over a cap, the caps cannot hold and the step only evens out
+            // (else every core is "over" and shards churn to no gain).
+            let avg = input.shard_load.iter().sum::<f64>() / nq.max(1) as f64;
+            let even = avg * self.cfg.slack;
+            tight.cap_w = if input.cap_w >= avg { input.cap_w.min(even) } else { even };
+            tight.cap_o = if input.cap_o >= avg { input.cap_o.min(even) } else { even };
+        }
+        // An offloading core left with little (its flows' load moved on:
+        // the heavy flows shifted) works again until the next long decision
+        // instead of idling while working cores are loaded (fixed cores).
+        let mut roles = self.roles.clone();
+        if input.fixed_cores {
+            let u = input.old.loads(input);
+            let avg = input.shard_load.iter().sum::<f64>() / nq.max(1) as f64;
+            for (r, &l) in roles.iter_mut().zip(&u) {
+                if *r == Role::Offloading && l < UNDERUSED * avg {
+                    *r = Role::Working;
+                }
+            }
+        }
+        heuristic::step(&tight, &roles)
     }
 
     /// Roles for the warm start: enough offloading cores for the heavy
