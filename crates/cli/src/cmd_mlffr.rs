@@ -90,7 +90,9 @@ pub fn run(mut a: MlffrArgs) -> Result<(), CliError> {
         return crate::cmd_mlffr_port::run(a, port);
     }
     if a.send.is_some() || a.recv.is_some() || a.trace.is_some() || a.trace_gen.is_some() {
-        return Err(CliError::new("--send, --recv, --trace and --trace-gen apply to live ports (--input afpacket:IFACE, ...)"));
+        return Err(CliError::new(
+            "--send, --recv, --trace and --trace-gen apply to live ports (--input afpacket:IFACE, ...)",
+        ));
     }
     if a.run.input.is_none() && a.run.gen.is_none() {
         a.run.gen = Some(DEFAULT_GEN.to_string());

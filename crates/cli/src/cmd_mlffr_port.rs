@@ -51,7 +51,11 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
         return Err(CliError::new("--loops, --rate, --virtual-cores and --metrics do not apply to mlffr on ports"));
     }
     if a.send_batch == 0 || a.send_batch > flowplane_packet::MAX_BATCH {
-        return Err(CliError::new(format!("--send-batch {}: must be in 1..={}", a.send_batch, flowplane_packet::MAX_BATCH)));
+        return Err(CliError::new(format!(
+            "--send-batch {}: must be in 1..={}",
+            a.send_batch,
+            flowplane_packet::MAX_BATCH
+        )));
     }
     a.run.duration = Some(a.trial);
     let (cfg, spec) = config(&a.run)?;

@@ -23,9 +23,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flowplane_io::cpu;
 use flowplane_io::port::peer::{self, Frames, PeerCounts, PeerSpec, SendPlan, SendResult};
 use flowplane_io::port::{self, netns, Port, PortOptions, PortStats};
-use flowplane_io::cpu;
 use flowplane_packet::{Batch, PacketPool, PoolConfig};
 use serde::Serialize;
 
@@ -34,6 +34,9 @@ use crate::live::{run_live, Live};
 use crate::mlffr::MlffrConfig;
 use crate::runner::{run_prepared, Output, Prepared, RunConfig};
 use crate::spec::ChainSpec;
+
+/// The lowest rate the search tries (packets/s).
+const MIN_RATE: f64 = 1000.0;
 
 /// Opens the ports flowplane runs on for one trial: (input, outputs by verdict).
 pub type OpenPorts<'a> = dyn Fn() -> Result<(Arc<dyn Port>, Vec<Arc<dyn Port>>), EngineError> + Sync + 'a;
@@ -254,7 +257,9 @@ pub fn port_trial(
                     loop {
                         std::thread::sleep(Duration::from_millis(5));
                         let n = counts.get(peer::PHASE_MEASURE);
-                        if n >= r.sent || still.elapsed() > Duration::from_millis(100) || t0.elapsed() > Duration::from_secs(2)
+                        if n >= r.sent
+                            || still.elapsed() > Duration::from_millis(100)
+                            || t0.elapsed() > Duration::from_secs(2)
                         {
                             break;
                         }
@@ -348,28 +353,31 @@ pub fn search_ports(
     let mut retried = false;
     while lo < hi && hi - lo > m.resolution * hi && trials.len() < 64 {
         let mid = (lo + hi) / 2.0;
+        if mid < MIN_RATE {
+            // Lossy even at a trickle: nothing is loss-free (MLFFR 0).
+            break;
+        }
         let t = judge(port_trial(cfg, spec, rig, Some(mid), m)?);
-        // Loss-free, but the sender could not offer the rate asked (a noisy machine):
-        // once more; short again, the sender is the limit here and the bracket ends at mid.
+        // Loss-free, but the sender could not offer the rate asked (a noisy machine): counted
+        // at the rate it achieved, tried once more; short again, the sender is the limit here.
         let short = t.offered_pps < mid * (1.0 - m.resolution / 2.0);
         let ok = t.loss_free;
         let at = t.offered_pps.min(mid);
         trials.push(t);
-        if ok && short && !retried {
+        if ok && at > lo {
+            lo = at;
+            best = Some(trials.len() - 1);
+        }
+        if ok && short {
+            if retried {
+                sender_short = true;
+                break;
+            }
             retried = true;
             continue;
         }
         retried = false;
-        if ok {
-            if at > lo {
-                lo = at;
-                best = Some(trials.len() - 1);
-            }
-            if short {
-                sender_short = true;
-                hi = mid;
-            }
-        } else {
+        if !ok {
             hi = mid;
         }
     }

@@ -19,7 +19,10 @@ pub fn enter(name: &str) -> Result<(), PortError> {
     // SAFETY: `c` is NUL-terminated and outlives the call.
     let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if fd < 0 {
-        return Err(PortError::Os(format!("network namespace {path} (ip netns add {name})"), io::Error::last_os_error()));
+        return Err(PortError::Os(
+            format!("network namespace {path} (ip netns add {name})"),
+            io::Error::last_os_error(),
+        ));
     }
     // SAFETY: `fd` is an open descriptor of a namespace file; setns moves only this thread.
     let r = unsafe { libc::setns(fd, libc::CLONE_NEWNET) };

@@ -165,13 +165,7 @@ impl PeerCounts {
 
 /// Receives on `rx` and counts frames by trailer phase into `counts` until
 /// `stop` is raised (then returns after the queue is empty). Naps when idle.
-pub fn receive(
-    rx: &mut dyn RxQueue,
-    pool: &mut PacketPool,
-    batch: &mut Batch,
-    counts: &PeerCounts,
-    stop: &AtomicBool,
-) {
+pub fn receive(rx: &mut dyn RxQueue, pool: &mut PacketPool, batch: &mut Batch, counts: &PeerCounts, stop: &AtomicBool) {
     let mut local = [0u64; PHASES];
     let (mut other, mut reordered) = (0u64, 0u64);
     let mut last: Option<u32> = None;
