@@ -449,7 +449,8 @@ mod tests {
         let r = send(&mut q, &mut pool, &mut batch, &frames, &plan, &ready, &AtomicBool::new(false)).unwrap();
         assert_eq!(r.probes, 3);
         let rate = r.sent as f64 / r.measured_s;
-        assert!((rate - 20_000.0).abs() < 20_000.0 * 0.1, "rate {rate} ({r:?})");
+        // Never above the rate; below it only when the thread was kept off the CPU (a loaded machine), and then said.
+        assert!(rate < 22_000.0 && (rate > 18_000.0 || r.behind > 0), "rate {rate} ({r:?})");
         assert_eq!(q.got.iter().filter(|g| g.0 == PHASE_PROBE).count(), 3);
         assert_eq!(q.got.iter().filter(|g| g.0 == PHASE_WARMUP).count() as u64, r.warmup_sent);
         assert_eq!(q.got.iter().filter(|g| g.0 == PHASE_MEASURE).count() as u64, r.sent);
