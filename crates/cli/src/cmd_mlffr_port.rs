@@ -124,7 +124,7 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
         r.frame_bytes
     );
     outln!(
-        "{:>11} {:>11} {:>10} {:>10} {:>8} {:>8} {:>10} {:>8} {:>9} {:>9}",
+        "{:>11} {:>11} {:>10} {:>10} {:>8} {:>8} {:>10} {:>8} {:>8} {:>9} {:>9}",
         "asked kpps",
         "sent kpps",
         "sent",
@@ -133,13 +133,14 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
         "loss %",
         "rx_overrun",
         "tx_full",
+        "recv_drop",
         "cyc/pkt",
         "loss-free"
     );
     for t in &r.trials {
         let asked = if t.rate_pps > 0.0 { format!("{:.1}", t.rate_pps / 1e3) } else { "max".to_string() };
         outln!(
-            "{:>11} {:>11.1} {:>10} {:>10} {:>8} {:>8.4} {:>10} {:>8} {:>9.0} {:>9}",
+            "{:>11} {:>11.1} {:>10} {:>10} {:>8} {:>8.4} {:>10} {:>8} {:>8} {:>9.0} {:>9}",
             asked,
             t.offered_pps / 1e3,
             t.offered,
@@ -148,6 +149,7 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
             t.loss * 100.0,
             t.rx_overrun,
             t.tx_full,
+            t.receiver_drops,
             t.cycles_per_packet,
             if t.loss_free { "yes" } else { "no" }
         );

@@ -1,10 +1,11 @@
 //! The maximum loss-free forwarding rate on live ports (`flowplane mlffr
 //! --input afpacket:IFACE ...`): the same binary search as [`crate::mlffr`],
 //! with real links in place of the paced in-memory replay. Per trial a
-//! sender thread injects the trace into the peer end of the input port's
-//! link at the trial's rate (TSC-paced bursts, `flowplane_io::port::peer`),
-//! flowplane runs the chain on the ports ([`run_live`]), and a receiver
-//! thread counts what leaves the peer end of the output port's link. Every
+//! sender injects the trace into the peer end of the input port's link at
+//! the trial's rate (TSC-paced bursts, `flowplane_io::port::peer`),
+//! flowplane runs the chain on the ports ([`run_live`]), and a receiver on
+//! the same thread (polled between the sender's bursts) counts what leaves
+//! the peer end of the output port's link. Every
 //! frame carries its phase (probe, learning, measured) and a sequence number
 //! in a trailer, so loss over the measured phase — sent minus received,
 //! whichever ring, queue or link dropped it (the kernel's RX ring drops,
@@ -21,10 +22,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flowplane_io::cpu;
-use flowplane_io::port::peer::{self, Frames, PeerCounts, PeerSpec, SendPlan, SendResult};
+use flowplane_io::port::peer::{self, Counter, Frames, PeerSpec, SendPlan, SendResult};
 use flowplane_io::port::{self, netns, Port, PortOptions, PortStats};
 use flowplane_packet::{Batch, PacketPool, PoolConfig};
 use serde::Serialize;
@@ -86,6 +87,8 @@ pub struct PortTrial {
     pub tx_errors: u64,
     /// Measured packets received out of sequence.
     pub reordered: u64,
+    /// The receiver's own RX ring drops (the measurement's limit, not the ports': should be 0).
+    pub receiver_drops: u64,
     /// Times the sender fell behind its schedule (its own limit).
     pub sender_behind: u64,
     /// Packets flowplane's workers received after their learning phase.
@@ -197,8 +200,7 @@ pub fn port_trial(
     let (input, outputs) = (rig.open)()?;
     let live = Live::new(Arc::clone(&input), outputs.clone(), c.cores);
     let (in0, out0) = (input.stats(), sum(&outputs));
-    let counts = PeerCounts::default();
-    let (stop, rx_stop, rx_ready) = (AtomicBool::new(false), AtomicBool::new(false), AtomicBool::new(false));
+    let stop = AtomicBool::new(false);
     let plan = SendPlan {
         rate_pps: rate,
         warmup: m.warmup,
@@ -206,69 +208,35 @@ pub fn port_trial(
         batch: rig.send_batch,
         probe_timeout: Duration::from_secs(5),
     };
-    let (report, sent, received) = std::thread::scope(|s| {
-        let (counts, stop, rx_stop, rx_ready, input) = (&counts, &stop, &rx_stop, &rx_ready, &input);
-        let rxh = std::thread::Builder::new()
-            .name("fp-mlffr-rx".into())
-            .spawn_scoped(s, move || -> Result<(), EngineError> {
-                let opened = (|| {
-                    let port = open_peer(&rig.receiver, rig.peer_opts)?;
-                    let mut pool = PacketPool::new(PoolConfig { buffers: 4096, ..PoolConfig::default() })?;
-                    let rx = port.open_rx_into(0, &mut pool).map_err(|e| cfg_err(format!("{}: {e}", rig.receiver)))?;
-                    Ok::<_, EngineError>((port, pool, rx))
-                })();
-                match opened {
-                    Ok((_port, mut pool, mut rx)) => {
-                        let mut batch = Batch::new(&pool);
-                        rx_ready.store(true, Ordering::Release);
-                        peer::receive(rx.as_mut(), &mut pool, &mut batch, counts, rx_stop);
-                        Ok(())
-                    }
-                    Err(e) => {
-                        stop.store(true, Ordering::Relaxed);
-                        Err(e)
-                    }
-                }
-            })
-            .map_err(EngineError::Thread);
-        let txh = std::thread::Builder::new()
-            .name("fp-mlffr-tx".into())
-            .spawn_scoped(s, move || -> Result<SendResult, EngineError> {
+    type Peer = (SendResult, u64, u64, PortStats);
+    let (report, peer) = std::thread::scope(|s| {
+        let (stop, input) = (&stop, &input);
+        // One thread sends and counts (see `peer::Counter`): it enters the
+        // receiver's namespace to open the receiver, then the sender's.
+        let h = std::thread::Builder::new()
+            .name("fp-mlffr-peer".into())
+            .spawn_scoped(s, move || -> Result<Peer, EngineError> {
                 let r = (|| {
                     if let Some(cpu) = rig.sender_cpu {
                         cpu::pin_current_thread(cpu);
                     }
-                    let port = open_peer(&rig.sender, rig.peer_opts)?;
+                    let rport = open_peer(&rig.receiver, rig.peer_opts)?;
+                    let mut rpool = PacketPool::new(PoolConfig { buffers: 4096, ..PoolConfig::default() })?;
+                    let rx =
+                        rport.open_rx_into(0, &mut rpool).map_err(|e| cfg_err(format!("{}: {e}", rig.receiver)))?;
+                    let mut counter = Counter::new(rx, rpool);
+                    let sport = open_peer(&rig.sender, rig.peer_opts)?;
                     let (mut pool, mut batch) = sender_pool()?;
-                    let mut tx = port.open_tx(0).map_err(|e| cfg_err(format!("{}: {e}", rig.sender)))?;
-                    let t0 = Instant::now();
-                    while !rx_ready.load(Ordering::Acquire) {
-                        if stop.load(Ordering::Relaxed) || t0.elapsed() > Duration::from_secs(10) {
-                            return Err(cfg_err("the receiver did not start"));
-                        }
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
+                    let mut tx = sport.open_tx(0).map_err(|e| cfg_err(format!("{}: {e}", rig.sender)))?;
                     let base = in0.rx_packets;
-                    let ready = || input.stats().rx_packets > base && counts.get(peer::PHASE_PROBE) > 0;
-                    let r = peer::send(tx.as_mut(), &mut pool, &mut batch, &rig.frames, &plan, &ready, stop)
-                        .map_err(cfg_err)?;
-                    // Drain: until every measured packet is counted, or the count has not moved for 100 ms.
-                    let (t0, mut last, mut still) = (Instant::now(), u64::MAX, Instant::now());
-                    loop {
-                        std::thread::sleep(Duration::from_millis(5));
-                        let n = counts.get(peer::PHASE_MEASURE);
-                        if n >= r.sent
-                            || still.elapsed() > Duration::from_millis(100)
-                            || t0.elapsed() > Duration::from_secs(2)
-                        {
-                            break;
-                        }
-                        if n != last {
-                            last = n;
-                            still = Instant::now();
-                        }
-                    }
-                    Ok(r)
+                    let ready = |c: &Counter| c.get(peer::PHASE_PROBE) > 0 && input.stats().rx_packets > base;
+                    let r =
+                        peer::send(tx.as_mut(), &mut pool, &mut batch, &rig.frames, &plan, &mut counter, &ready, stop)
+                            .map_err(cfg_err)?;
+                    let (got, reordered) = (counter.get(peer::PHASE_MEASURE), counter.reordered());
+                    // Closing the receive queue reads the kernel's last drop count.
+                    drop(counter);
+                    Ok((r, got, reordered, rport.stats()))
                 })();
                 stop.store(true, Ordering::Relaxed);
                 r
@@ -276,18 +244,15 @@ pub fn port_trial(
             .map_err(EngineError::Thread);
         let report = run_live(&c, spec, &live, stop, &mut |_, _| {});
         stop.store(true, Ordering::Relaxed);
-        rx_stop.store(true, Ordering::Relaxed);
-        let panicked = |who: &str| EngineError::Config(format!("the {who} thread panicked"));
-        let sent = txh.and_then(|h| h.join().unwrap_or_else(|_| Err(panicked("sender"))));
-        let received = rxh.and_then(|h| h.join().unwrap_or_else(|_| Err(panicked("receiver"))));
-        (report, sent, received)
+        let peer =
+            h.and_then(|h| h.join().unwrap_or_else(|_| Err(EngineError::Config("the sender thread panicked".into()))));
+        (report, peer)
     });
-    // The sender's or receiver's error explains a run that never saw traffic better than the run's.
-    let sent = sent?;
-    received?;
+    // The peer's error explains a run that never saw traffic better than the run's.
+    let (sent, got, reordered, rstats) = peer?;
     let report = report?;
     let (in1, out1) = (live.input.stats(), sum(&live.outputs));
-    let got = counts.get(peer::PHASE_MEASURE).min(sent.sent);
+    let got = got.min(sent.sent);
     let lost = sent.sent - got;
     Ok(PortTrial {
         rate_pps: rate.unwrap_or(0.0),
@@ -301,7 +266,8 @@ pub fn port_trial(
         rx_pool_empty: in1.rx_pool_empty.saturating_sub(in0.rx_pool_empty),
         tx_full: out1.tx_full.saturating_sub(out0.tx_full),
         tx_errors: out1.tx_errors.saturating_sub(out0.tx_errors),
-        reordered: counts.reordered.load(Ordering::Relaxed),
+        reordered,
+        receiver_drops: rstats.rx_overrun,
         sender_behind: sent.behind,
         worker_packets: report.packets,
         cycles_per_packet: report.cycles_per_packet,

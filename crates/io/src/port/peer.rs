@@ -20,7 +20,7 @@
 //! is then below the asked one, which the result shows.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use flowplane_packet::{tsc, Batch, PacketPool, MAX_BATCH};
@@ -145,66 +145,69 @@ impl Frames {
     }
 }
 
-/// What the receiver has counted so far (one writer: the receiver thread).
-#[derive(Debug, Default)]
-pub struct PeerCounts {
-    /// Frames received per phase (probe, learning, measured).
-    pub phase: [AtomicU64; PHASES],
-    /// Frames without the sender's trailer (other traffic on the link).
-    pub other: AtomicU64,
-    /// Measured frames whose sequence number was not above the previous one's.
-    pub reordered: AtomicU64,
+/// The receiver: polls an RX queue and counts frames by trailer phase.
+/// It runs on the sender's thread, between the sender's bursts and while
+/// the sender waits: one thread, so a sender spinning at a real-time
+/// priority cannot starve it (its ring would overflow and the loss be
+/// blamed on the ports under test).
+pub struct Counter {
+    rx: Box<dyn RxQueue>,
+    pool: PacketPool,
+    batch: Box<Batch>,
+    phase: [u64; PHASES],
+    other: u64,
+    reordered: u64,
+    last: Option<u32>,
 }
 
-impl PeerCounts {
-    /// Frames received in `phase`.
-    pub fn get(&self, phase: u8) -> u64 {
-        self.phase[phase as usize % PHASES].load(Ordering::Relaxed)
+impl Counter {
+    /// A counter over `rx`, whose buffers are `pool`'s.
+    pub fn new(rx: Box<dyn RxQueue>, pool: PacketPool) -> Counter {
+        let batch = Batch::new(&pool);
+        Counter { rx, pool, batch, phase: [0; PHASES], other: 0, reordered: 0, last: None }
     }
-}
 
-/// Receives on `rx` and counts frames by trailer phase into `counts` until
-/// `stop` is raised (then returns after the queue is empty). Naps when idle.
-pub fn receive(rx: &mut dyn RxQueue, pool: &mut PacketPool, batch: &mut Batch, counts: &PeerCounts, stop: &AtomicBool) {
-    let mut local = [0u64; PHASES];
-    let (mut other, mut reordered) = (0u64, 0u64);
-    let mut last: Option<u32> = None;
-    let mut idle = 0u32;
-    loop {
-        let n = rx.rx_burst(pool, batch, MAX_BATCH);
-        if n == 0 {
-            if stop.load(Ordering::Relaxed) {
+    /// Receives and counts what is waiting (up to a few bursts); returns the frames seen.
+    pub fn poll(&mut self) -> usize {
+        let mut seen = 0;
+        for _ in 0..4 {
+            let n = self.rx.rx_burst(&mut self.pool, &mut self.batch, MAX_BATCH);
+            if n == 0 {
                 break;
             }
-            idle += 1;
-            if idle > 64 {
-                std::thread::sleep(Duration::from_micros(200));
-            } else {
-                std::hint::spin_loop();
-            }
-            continue;
-        }
-        idle = 0;
-        for i in 0..batch.len() {
-            match read_stamp(batch.data(i)) {
-                Some((p, seq)) => {
-                    local[p as usize] += 1;
-                    if p == PHASE_MEASURE {
-                        if last.is_some_and(|l| seq <= l) {
-                            reordered += 1;
+            seen += n;
+            for i in 0..self.batch.len() {
+                match read_stamp(self.batch.data(i)) {
+                    Some((p, seq)) => {
+                        self.phase[p as usize] += 1;
+                        if p == PHASE_MEASURE {
+                            if self.last.is_some_and(|l| seq <= l) {
+                                self.reordered += 1;
+                            }
+                            self.last = Some(seq);
                         }
-                        last = Some(seq);
                     }
+                    None => self.other += 1,
                 }
-                None => other += 1,
             }
+            let _ = self.batch.free_all(&mut self.pool);
         }
-        let _ = batch.free_all(pool);
-        for (c, v) in counts.phase.iter().zip(local) {
-            c.store(v, Ordering::Relaxed);
-        }
-        counts.other.store(other, Ordering::Relaxed);
-        counts.reordered.store(reordered, Ordering::Relaxed);
+        seen
+    }
+
+    /// Frames received in `phase`.
+    pub fn get(&self, phase: u8) -> u64 {
+        self.phase[phase as usize % PHASES]
+    }
+
+    /// Frames without the sender's trailer (other traffic on the link).
+    pub fn other(&self) -> u64 {
+        self.other
+    }
+
+    /// Measured frames whose sequence number was not above the previous one's.
+    pub fn reordered(&self) -> u64 {
+        self.reordered
     }
 }
 
@@ -240,9 +243,10 @@ pub struct SendResult {
     pub behind: u64,
 }
 
-/// A sender's transmit state.
+/// A sender's transmit state (and the receiver it polls).
 struct Tx<'a> {
     tx: &'a mut dyn TxQueue,
+    rx: &'a mut Counter,
     pool: &'a mut PacketPool,
     batch: &'a mut Batch,
     frames: &'a Frames,
@@ -284,6 +288,9 @@ impl Tx<'_> {
         let end = start + (dur.as_secs_f64() * hz) as u64;
         let per = rate.map(|r| hz / r.max(1.0));
         let nap = (100e-6 * hz) as u64;
+        // A paced sender sends at least 50 us worth of packets per call (up to a burst):
+        // one packet per system call would cap it far below its flat-out rate.
+        let min_burst = rate.map_or(1, |r| ((r * 50e-6) as u64).clamp(1, b as u64));
         // Backlog the sender catches up on after a scheduling gap (a late wake-up, a
         // preemption): 2 ms worth or two bursts; beyond that it is dropped.
         let cap = per.map_or(0, |c| ((2e-3 * hz / c) as u64).max(2 * b as u64));
@@ -309,8 +316,11 @@ impl Tx<'_> {
                         sched = due_total - b as u64;
                         due = b as u64;
                     }
-                    if due == 0 {
-                        let at = start + (sched as f64 * c) as u64;
+                    if due < min_burst {
+                        if self.rx.poll() > 0 {
+                            continue;
+                        }
+                        let at = start + ((sched + min_burst - 1) as f64 * c) as u64;
                         let wait = at.saturating_sub(now);
                         if wait > 2 * nap {
                             std::thread::sleep(Duration::from_secs_f64((wait - nap) as f64 / hz));
@@ -325,32 +335,41 @@ impl Tx<'_> {
             let k = self.burst(want as usize, phase);
             sent += k;
             sched += k;
+            self.rx.poll();
         }
         let secs = (tsc::rdtsc() - start) as f64 / hz;
         (sent, secs, behind)
     }
 }
 
-/// Runs one trial's traffic on `tx`: probes (one per millisecond) until
-/// `ready` says the path carries them, then the learning phase and the
-/// measured phase at `plan.rate_pps`. Stops early when `abort` is raised.
+/// Runs one trial's traffic on `tx`, counting what `rx` receives: probes
+/// (one per millisecond) until `ready` says the path carries them, then the
+/// learning phase and the measured phase at `plan.rate_pps`, then the drain
+/// (until every measured frame is counted, or none came for 100 ms). Stops
+/// early when `abort` is raised.
+#[allow(clippy::too_many_arguments)]
 pub fn send(
     tx: &mut dyn TxQueue,
     pool: &mut PacketPool,
     batch: &mut Batch,
     frames: &Frames,
     plan: &SendPlan,
-    ready: &dyn Fn() -> bool,
+    rx: &mut Counter,
+    ready: &dyn Fn(&Counter) -> bool,
     abort: &AtomicBool,
 ) -> Result<SendResult, PortError> {
     if frames.is_empty() {
         return Err(PortError::Spec("the sender has no frames to send".to_string()));
     }
     let b = plan.batch.clamp(1, MAX_BATCH);
-    let mut t = Tx { tx, pool, batch, frames, next: 0, seq: 0, short: 0 };
+    let mut t = Tx { tx, rx, pool, batch, frames, next: 0, seq: 0, short: 0 };
     let mut r = SendResult::default();
     let t0 = Instant::now();
-    while !ready() {
+    loop {
+        t.rx.poll();
+        if ready(t.rx) {
+            break;
+        }
         if abort.load(Ordering::Relaxed) {
             return Ok(r);
         }
@@ -364,9 +383,25 @@ pub fn send(
         std::thread::sleep(Duration::from_millis(1));
     }
     // Probes still in flight settle before the learning phase starts.
-    std::thread::sleep(Duration::from_millis(20));
+    let t1 = Instant::now();
+    while t1.elapsed() < Duration::from_millis(20) {
+        t.rx.poll();
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let (w, _, b1) = t.phase(PHASE_WARMUP, plan.rate_pps, plan.warmup, b, abort);
     let (s, secs, b2) = t.phase(PHASE_MEASURE, plan.rate_pps, plan.measure, b, abort);
+    // Drain: until every measured frame is counted, or none came for 100 ms (2 s at most).
+    let (t2, mut still) = (Instant::now(), Instant::now());
+    while t.rx.get(PHASE_MEASURE) < s
+        && still.elapsed() < Duration::from_millis(100)
+        && t2.elapsed() < Duration::from_secs(2)
+    {
+        if t.rx.poll() > 0 {
+            still = Instant::now();
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
     r.warmup_sent = w;
     r.sent = s;
     r.measured_s = secs;
@@ -405,10 +440,13 @@ mod tests {
         assert_eq!(read_stamp(&g), None, "unknown phase");
     }
 
-    /// A transmit queue that keeps what it was given (up to `room` per call).
+    type Wire = std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<Vec<u8>>>>;
+
+    /// A transmit queue that keeps what it was given (up to `room` per call) and puts it on `wire`.
     struct Keep {
         got: Vec<(u8, u32)>,
         room: usize,
+        wire: Wire,
     }
 
     impl TxQueue for Keep {
@@ -417,6 +455,7 @@ mod tests {
             for i in 0..batch.len() {
                 if batch.verdicts()[i] == port && n < self.room {
                     self.got.push(read_stamp(batch.data(i)).unwrap());
+                    self.wire.lock().unwrap().push_back(batch.data(i).to_vec());
                     n += 1;
                 }
             }
@@ -424,8 +463,36 @@ mod tests {
         }
     }
 
+    /// The far end of `wire`: every frame arrives, unless it is a measured one with a sequence number in `lose`.
+    struct Far {
+        wire: Wire,
+        lose: std::ops::Range<u32>,
+    }
+
+    impl RxQueue for Far {
+        fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize) -> usize {
+            let mut n = 0;
+            let mut w = self.wire.lock().unwrap();
+            while n < max.min(batch.room()) {
+                let Some(f) = w.pop_front() else { break };
+                if read_stamp(&f).is_some_and(|(p, s)| p == PHASE_MEASURE && self.lose.contains(&s)) {
+                    continue;
+                }
+                assert!(batch.push_copy(pool, &f, 0));
+                n += 1;
+            }
+            n
+        }
+    }
+
+    fn rig(room: usize, lose: std::ops::Range<u32>) -> (Keep, Counter) {
+        let wire = Wire::default();
+        let pool = PacketPool::new(PoolConfig { buffers: 256, ..PoolConfig::default() }).unwrap();
+        (Keep { got: Vec::new(), room, wire: wire.clone() }, Counter::new(Box::new(Far { wire, lose }), pool))
+    }
+
     #[test]
-    fn paced_sender_sends_at_the_rate_in_phases() {
+    fn paced_sender_sends_at_the_rate_in_phases_and_the_counter_counts_them() {
         let mut frames = Frames::new();
         for l in [60usize, 100, 200] {
             assert!(frames.push(&vec![0xab; l], 2048));
@@ -433,7 +500,7 @@ mod tests {
         assert!(!frames.push(&[1; 2045], 2048));
         let mut pool = PacketPool::new(PoolConfig { buffers: 256, ..PoolConfig::default() }).unwrap();
         let mut batch = Batch::new(&pool);
-        let mut q = Keep { got: Vec::new(), room: usize::MAX };
+        let (mut q, mut c) = rig(usize::MAX, 0..0);
         let plan = SendPlan {
             rate_pps: Some(20_000.0),
             warmup: Duration::from_millis(50),
@@ -442,11 +509,11 @@ mod tests {
             probe_timeout: Duration::from_secs(1),
         };
         let probes = std::cell::Cell::new(0);
-        let ready = || {
+        let ready = |_: &Counter| {
             probes.set(probes.get() + 1);
             probes.get() > 3
         };
-        let r = send(&mut q, &mut pool, &mut batch, &frames, &plan, &ready, &AtomicBool::new(false)).unwrap();
+        let r = send(&mut q, &mut pool, &mut batch, &frames, &plan, &mut c, &ready, &AtomicBool::new(false)).unwrap();
         assert_eq!(r.probes, 3);
         let rate = r.sent as f64 / r.measured_s;
         // Never above the rate; below it only when the thread was kept off the CPU (a loaded machine), and then said.
@@ -455,6 +522,8 @@ mod tests {
         assert_eq!(q.got.iter().filter(|g| g.0 == PHASE_WARMUP).count() as u64, r.warmup_sent);
         assert_eq!(q.got.iter().filter(|g| g.0 == PHASE_MEASURE).count() as u64, r.sent);
         assert!(q.got.windows(2).all(|w| w[1].1 == w[0].1 + 1), "sequence numbers follow each other");
+        assert_eq!((c.get(PHASE_PROBE), c.get(PHASE_WARMUP), c.get(PHASE_MEASURE)), (3, r.warmup_sent, r.sent));
+        assert_eq!((c.other(), c.reordered()), (0, 0));
         assert_eq!(pool.stats().free, 256, "every buffer back");
         // A path that never answers is a one-line error.
         let e = send(
@@ -463,19 +532,21 @@ mod tests {
             &mut batch,
             &frames,
             &SendPlan { probe_timeout: Duration::from_millis(20), ..plan },
-            &|| false,
+            &mut c,
+            &|_: &Counter| false,
             &AtomicBool::new(false),
         );
         assert!(e.is_err());
     }
 
     #[test]
-    fn a_full_queue_is_a_shortfall_not_a_hang() {
+    fn lost_frames_are_missing_from_the_count_and_a_full_queue_is_a_shortfall() {
         let mut frames = Frames::new();
         frames.push(&[0; 60], 2048);
         let mut pool = PacketPool::new(PoolConfig { buffers: 256, ..PoolConfig::default() }).unwrap();
         let mut batch = Batch::new(&pool);
-        let mut q = Keep { got: Vec::new(), room: 1 };
+        // One frame per call goes; measured frames 100..150 (by sequence number) are lost on the way.
+        let (mut q, mut c) = rig(1, 100..150);
         let plan = SendPlan {
             rate_pps: None,
             warmup: Duration::from_millis(10),
@@ -483,8 +554,13 @@ mod tests {
             batch: 32,
             probe_timeout: Duration::from_secs(1),
         };
-        let r = send(&mut q, &mut pool, &mut batch, &frames, &plan, &|| true, &AtomicBool::new(false)).unwrap();
+        let r =
+            send(&mut q, &mut pool, &mut batch, &frames, &plan, &mut c, &|_: &Counter| true, &AtomicBool::new(false))
+                .unwrap();
         assert!(r.sent > 0 && r.short_sends > 0, "{r:?}");
-        assert_eq!(q.got.iter().filter(|g| g.0 == PHASE_MEASURE).count() as u64, r.sent);
+        let m: Vec<u32> = q.got.iter().filter(|g| g.0 == PHASE_MEASURE).map(|g| g.1).collect();
+        assert_eq!(m.len() as u64, r.sent);
+        let lost = m.iter().filter(|s| (100..150).contains(*s)).count() as u64;
+        assert_eq!(c.get(PHASE_MEASURE), r.sent - lost);
     }
 }
