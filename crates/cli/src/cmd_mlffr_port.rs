@@ -124,7 +124,7 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
         r.frame_bytes
     );
     outln!(
-        "{:>11} {:>11} {:>10} {:>10} {:>8} {:>8} {:>10} {:>8} {:>8} {:>9} {:>9}",
+        "{:>11} {:>11} {:>10} {:>10} {:>8} {:>8} {:>10} {:>8} {:>9} {:>8} {:>6} {:>9}",
         "asked kpps",
         "sent kpps",
         "sent",
@@ -135,12 +135,13 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
         "tx_full",
         "recv_drop",
         "cyc/pkt",
+        "busy%",
         "loss-free"
     );
     for t in &r.trials {
         let asked = if t.rate_pps > 0.0 { format!("{:.1}", t.rate_pps / 1e3) } else { "max".to_string() };
         outln!(
-            "{:>11} {:>11.1} {:>10} {:>10} {:>8} {:>8.4} {:>10} {:>8} {:>8} {:>9.0} {:>9}",
+            "{:>11} {:>11.1} {:>10} {:>10} {:>8} {:>8.4} {:>10} {:>8} {:>9} {:>8.0} {:>6.1} {:>9}",
             asked,
             t.offered_pps / 1e3,
             t.offered,
@@ -151,6 +152,7 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
             t.tx_full,
             t.receiver_drops,
             t.cycles_per_packet,
+            t.worker_busy * 100.0,
             if t.loss_free { "yes" } else { "no" }
         );
     }
@@ -164,8 +166,9 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
     );
     match (r.replay_cycles_per_packet, r.replay_pps) {
         (Some(c), Some(p)) => outln!(
-            "cycles/pkt   {:.0} busy cycles per packet on the ports at the MLFFR; in-memory replay of the same chain and trace: {:.1} ({:.2} Mpps)",
+            "cycles/pkt   {:.0} busy cycles per packet on the ports at the MLFFR (TSC {:.2} GHz); in-memory replay of the same chain and trace: {:.1} ({:.2} Mpps)",
             r.cycles_per_packet,
+            r.tsc_ghz,
             c,
             p / 1e6
         ),

@@ -95,6 +95,9 @@ pub struct PortTrial {
     pub worker_packets: u64,
     /// Workers' busy TSC cycles per packet (receive to transmit).
     pub cycles_per_packet: f64,
+    /// Fraction of the workers' time busy at the offered rate (cycles per packet x rate / TSC Hz / cores):
+    /// how near flowplane itself was to its limit.
+    pub worker_busy: f64,
 }
 
 /// The search's result on ports.
@@ -120,6 +123,8 @@ pub struct PortMlffr {
     pub limited_by: &'static str,
     /// Workers' busy cycles per packet at the MLFFR trial.
     pub cycles_per_packet: f64,
+    /// TSC frequency (GHz), the unit of the cycle counts.
+    pub tsc_ghz: f64,
     /// The in-memory replay of the same trace and chain: busy cycles per packet.
     pub replay_cycles_per_packet: Option<f64>,
     /// The in-memory replay's throughput (packets/s).
@@ -254,9 +259,10 @@ pub fn port_trial(
     let (in1, out1) = (live.input.stats(), sum(&live.outputs));
     let got = got.min(sent.sent);
     let lost = sent.sent - got;
+    let offered_pps = if sent.measured_s > 0.0 { sent.sent as f64 / sent.measured_s } else { 0.0 };
     Ok(PortTrial {
         rate_pps: rate.unwrap_or(0.0),
-        offered_pps: if sent.measured_s > 0.0 { sent.sent as f64 / sent.measured_s } else { 0.0 },
+        offered_pps,
         offered: sent.sent,
         received: got,
         lost,
@@ -271,6 +277,7 @@ pub fn port_trial(
         sender_behind: sent.behind,
         worker_packets: report.packets,
         cycles_per_packet: report.cycles_per_packet,
+        worker_busy: report.cycles_per_packet * offered_pps / (live.hz * c.cores.max(1) as f64),
     })
 }
 
@@ -309,7 +316,9 @@ pub fn search_ports(
         let ok = t.loss_free;
         trials.push(t);
         if ok {
-            lo = cap;
+            // Loss-free at the cap: the cap is the answer (capped search).
+            lo = cap.min(trials[trials.len() - 1].offered_pps);
+            hi = lo;
             best = Some(trials.len() - 1);
         } else {
             (lo, hi, best) = (0.0, cap, None);
@@ -378,6 +387,7 @@ pub fn search_ports(
             _ => "flowplane",
         },
         cycles_per_packet,
+        tsc_ghz: flowplane_packet::tsc::hz() / 1e9,
         replay_cycles_per_packet,
         replay_pps,
         loss_threshold: m.loss,
