@@ -1,7 +1,9 @@
 //! `flowplane mlffr`: the maximum loss-free forwarding rate of one
 //! configuration (chain, cores, strategy, traffic), by binary search of the
 //! paced offered rate. Loss is the port's (receive-ring overflow, transmit
-//! errors), never an NF's verdict.
+//! errors), never an NF's verdict. On live ports (`--input afpacket:IFACE`,
+//! ...) the search is `cmd_mlffr_port`'s: a built-in sender and receiver on
+//! the far ends of the links.
 
 use std::time::Duration;
 

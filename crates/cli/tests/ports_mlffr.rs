@@ -142,3 +142,26 @@ fn mlffr_over_veth_with_afpacket_finds_a_sane_rate() {
 fn mlffr_over_veth_with_afxdp_finds_a_sane_rate() {
     search("afxdp", "x");
 }
+
+#[test]
+fn mlffr_on_ports_says_what_is_missing_in_one_line() {
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN).arg("mlffr").args(args).output().expect("spawn flowplane");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let e = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(e.trim().lines().count(), 1, "{e}");
+        e
+    };
+    let e = run(&["--input", "afpacket:lo", "--output", "afpacket:lo", "--chain", "forward"]);
+    assert!(e.contains("--send"), "{e}");
+    let e = run(&["--input", "afpacket:lo", "--output", "afpacket:lo", "--send", "afpacket:v0@ns", "--chain", "forward"]);
+    assert!(e.contains("--recv"), "{e}");
+    let e = run(&["--input", "afpacket:lo", "--send", "afpacket:v0", "--recv", "afpacket:v1", "--chain", "forward"]);
+    assert!(e.contains("--output"), "{e}");
+    let e = run(&["--input", "afpacket:lo", "--output", "o.pcap", "--send", "afpacket:v0", "--recv", "afpacket:v1"]);
+    assert!(e.contains("live ports only"), "{e}");
+    let e = run(&["--input", "afpacket:lo", "--output", "afpacket:lo", "--send", "dpdk:net_null0", "--recv", "afpacket:v1"]);
+    assert!(e.contains("--send"), "{e}");
+    let e = run(&["--gen", "--flows 10 --packets 100", "--send", "afpacket:v0", "--chain", "forward"]);
+    assert!(e.contains("live ports"), "{e}");
+}
