@@ -57,6 +57,9 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
             flowplane_packet::MAX_BATCH
         )));
     }
+    if !(a.drain.is_finite() && (0.001..=10.0).contains(&a.drain)) {
+        return Err(CliError::new(format!("--drain {}: must be between 0.001 and 10 seconds", a.drain)));
+    }
     a.run.duration = Some(a.trial);
     let (cfg, spec) = config(&a.run)?;
     // The sender's traffic, loaded as a replay loads it: the in-memory reference runs on the same packets.
@@ -97,6 +100,7 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
         frames,
         send_batch: a.send_batch,
         sender_cpu,
+        drain: Duration::from_secs_f64(a.drain),
     };
     let m = MlffrConfig {
         loss: a.loss / 100.0,

@@ -10,7 +10,10 @@
 //! in a trailer, so loss over the measured phase — sent minus received,
 //! whichever ring, queue or link dropped it (the kernel's RX ring drops,
 //! PACKET_STATISTICS or the XDP socket's rx_dropped/rx_ring_full, are shown
-//! beside it) — is exact.
+//! beside it) — is exact. A measured packet that has not come out within
+//! the drain time after the phase (default 25 ms) counts as lost: a deep
+//! RX ring (AF_PACKET's default holds ~100K small packets) could otherwise
+//! hide an overloaded worker for a whole trial.
 //!
 //! The first trial sends flat out: its achieved rate is the sender's own
 //! maximum on this machine (sender, kernel and flowplane sharing the CPUs),
@@ -58,6 +61,8 @@ pub struct PortRig<'a> {
     pub send_batch: usize,
     /// The CPU the sender is pinned to (None: not pinned).
     pub sender_cpu: Option<usize>,
+    /// How long after a trial's measured phase its packets may still come out (later: lost).
+    pub drain: Duration,
 }
 
 /// One trial on ports.
@@ -212,6 +217,7 @@ pub fn port_trial(
         measure: m.trial,
         batch: rig.send_batch,
         probe_timeout: Duration::from_secs(5),
+        drain: rig.drain,
     };
     type Peer = (SendResult, u64, u64, PortStats);
     let (report, peer) = std::thread::scope(|s| {
