@@ -291,7 +291,10 @@ impl Tx<'_> {
         let start = tsc::rdtsc();
         let end = start + (dur.as_secs_f64() * hz) as u64;
         let per = rate.map(|r| hz / r.max(1.0));
-        let nap = (100e-6 * hz) as u64;
+        // Waits longer than two naps are slept (all but one nap), not spun: a sender
+        // spinning at a real-time priority would be throttled by the kernel (RT tasks
+        // get 95% of a CPU by default) and stall 50 ms in every second.
+        let nap = (25e-6 * hz) as u64;
         // A paced sender sends at least 100 us worth of packets per call (up to a burst):
         // one packet per system call would cap it far below its flat-out rate.
         let min_burst = rate.map_or(1, |r| ((r * 100e-6) as u64).clamp(1, b as u64));
