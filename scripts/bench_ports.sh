@@ -5,7 +5,7 @@
 #   scripts/bench_ports.sh null      # DPDK net_null forward vs dpdk-testpmd --forward-mode=io, one core: the ratio
 #   scripts/bench_ports.sh pcap      # DPDK net_pcap infinite_rx, 1M flows, 64 B, random: forward, fsc, lb -> fsc -> ratelimit
 # Env: BACKENDS="afpacket afxdp dpdk_af_packet", RATES="50000 100000 150000 200000", FP=target/release/flowplane;
-#      mlffr: LOSS=0.1 RES=1 TRIAL=1 SENDER=afpacket RT=1;
+#      mlffr: LOSS=0.1 RES=1 TRIAL=1 SENDER=afpacket RT=1 CHAIN=forward;
 #      null: ROUNDS=5 SECS=5 BURST=32; null and pcap: RT=1 (a real-time priority for the measured runs; RT=0: none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,7 +67,8 @@ veth() {
 # every trial, the MLFFR, the sender's maximum (which of the two was the limit) and busy cycles/packet beside the
 # in-memory replay's. At a real-time priority (RT=1, as null and pcap): on a shared machine, other processes would
 # otherwise preempt the sender and the worker, and both the rates and the busy cycles would be theirs.
-# Env: LOSS=0.1 (%), RES=1 (% of the bracket), TRIAL=1 (s), SENDER=afpacket, RT=1.
+# Env: LOSS=0.1 (%), RES=1 (% of the bracket), TRIAL=1 (s), SENDER=afpacket, RT=1, CHAIN=forward (a slower chain,
+# e.g. "burn(iters=1000)", makes flowplane rather than the sender the limit).
 mlffr() {
     veth_setup
     local s=${SENDER:-afpacket} rt=()
@@ -75,7 +76,7 @@ mlffr() {
     for be in ${BACKENDS:-afpacket afxdp dpdk_af_packet}; do
         echo "$be:${rt:+ (${rt[*]})}"
         "${rt[@]}" "$FP" mlffr --input "$(pn $be fa$ID 0)" --output "$(pn $be fb$ID 1)" --send "$s:v0@fA$ID" --recv "afpacket:v0@fB$ID" \
-            --trace "$tmp/t.pcap" --chain forward --cores 1 --pool 16384 \
+            --trace "$tmp/t.pcap" --chain "${CHAIN:-forward}" --cores 1 --pool 16384 \
             --loss "${LOSS:-0.1}" --resolution "${RES:-1}" --trial "${TRIAL:-1}" | sed 's/^/  /'
     done
 }
