@@ -76,7 +76,7 @@ mlffr() {
     for be in ${BACKENDS:-afpacket afxdp dpdk_af_packet}; do
         echo "$be:${rt:+ (${rt[*]})}"
         "${rt[@]}" "$FP" mlffr --input "$(pn $be fa$ID 0)" --output "$(pn $be fb$ID 1)" --send "$s:v0@fA$ID" --recv "afpacket:v0@fB$ID" \
-            --trace "$tmp/t.pcap" --chain "${CHAIN:-forward}" --cores 1 --pool 16384 \
+            --trace "$tmp/t.pcap" --chain "${CHAIN:-forward}" --cores 1 --pool 65536 \
             --loss "${LOSS:-0.1}" --resolution "${RES:-1}" --trial "${TRIAL:-1}" | sed 's/^/  /'
     done
 }
