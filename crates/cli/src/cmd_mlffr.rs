@@ -69,7 +69,7 @@ pub struct MlffrArgs {
     pub send_batch: usize,
     /// On ports: seconds after a trial during which its packets may still come out; later ones count
     /// as lost (they were queued behind an overloaded worker).
-    #[arg(long, default_value_t = 0.025, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
     pub drain: f64,
     /// On ports: the CPU the sender runs on (default: the last CPU when workers are pinned and one is left over).
     #[arg(long, allow_negative_numbers = true)]

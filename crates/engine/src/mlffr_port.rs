@@ -11,9 +11,10 @@
 //! whichever ring, queue or link dropped it (the kernel's RX ring drops,
 //! PACKET_STATISTICS or the XDP socket's rx_dropped/rx_ring_full, are shown
 //! beside it) — is exact. A measured packet that has not come out within
-//! the drain time after the phase (default 25 ms) counts as lost: a deep
-//! RX ring (AF_PACKET's default holds ~100K small packets) could otherwise
-//! hide an overloaded worker for a whole trial.
+//! the drain time after the phase (default 100 ms: longer than the 50-ms
+//! stall of a worker the kernel throttles at a real-time priority) counts
+//! as lost: a deep RX ring (AF_PACKET's default holds ~100K small packets)
+//! could otherwise hide an overloaded worker for a whole trial.
 //!
 //! The first trial sends flat out: its achieved rate is the sender's own
 //! maximum on this machine (sender, kernel and flowplane sharing the CPUs),
