@@ -87,8 +87,8 @@ fn search(backend: &str, tag: &str) {
         .args(["mlffr", "--input", &format!("{backend}:{}", t.fa), "--output", &format!("{backend}:{}", t.fb)])
         .args(["--send", &format!("afpacket:v0@{}", t.ns_a), "--recv", &format!("afpacket:v0@{}", t.ns_b)])
         .args(["--trace-gen", "--flows 64 --packets 5000 --size 64 --proto udp --seed 3"])
-        .args(["--chain", "burn(iters=300)", "--cores", "1", "--no-pin"])
-        .args(["--trial", "0.3", "--warmup", "0.1", "--resolution", "25", "--json"])
+        .args(["--chain", "burn(iters=2000)", "--cores", "1", "--no-pin"])
+        .args(["--trial", "0.3", "--warmup", "0.1", "--resolution", "25", "--drain", "0.02", "--json"])
         .output()
         .expect("spawn flowplane");
     assert!(out.status.success(), "{backend}: mlffr failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -125,7 +125,7 @@ fn search(backend: &str, tag: &str) {
     assert!(f(at, "loss") <= thr && f(at, "reordered") == 0.0, "{at}");
     assert!(f(&r, "cycles_per_packet") > 0.0, "{r}");
     assert!(f(&r, "replay_cycles_per_packet") > 0.0, "{r}");
-    assert_eq!(r["chain"], "burn(iters=300)");
+    assert_eq!(r["chain"], "burn(iters=2000)");
     // The chain is slower than the sender (burn), so the search searched: the flat-out trial lost.
     assert_eq!(trials[0]["loss_free"].as_bool(), Some(false), "{backend}: {r}");
     assert!(mlffr < max, "{backend}: {r}");
