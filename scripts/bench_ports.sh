@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Port figures (root; a release build with --features dpdk for the DPDK parts):
 #   scripts/bench_ports.sh veth      # per backend on one veth pair: loss vs offered rate, busy cycles/packet
-#   scripts/bench_ports.sh mlffr     # per backend on one veth pair: the highest loss-free rate (binary search)
+#   scripts/bench_ports.sh mlffr     # per backend on one veth pair: the highest loss-free rate (flowplane mlffr)
 #   scripts/bench_ports.sh null      # DPDK net_null forward vs dpdk-testpmd --forward-mode=io, one core: the ratio
 #   scripts/bench_ports.sh pcap      # DPDK net_pcap infinite_rx, 1M flows, 64 B, random: forward, fsc, lb -> fsc -> ratelimit
 # Env: BACKENDS="afpacket afxdp dpdk_af_packet", RATES="50000 100000 150000 200000", FP=target/release/flowplane;
+#      mlffr: LOSS=0.1 RES=1 TRIAL=1 SENDER=afpacket RT=1 CHAIN=forward;
 #      null: ROUNDS=5 SECS=5 BURST=32; null and pcap: RT=1 (a real-time priority for the measured runs; RT=0: none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,33 +61,23 @@ veth() {
     done
 }
 
-# The highest loss-free rate per backend (loss <= LOSS %, default 0.1): a binary search of the offered rate
-# between LO (loss-free, checked first) and HI, down to RES packets/s. Env: LO=50000 HI=1000000 RES=5000 LOSS=0.1.
-# HI itself is never tried: when no trial lost, the result says the cap was not reached.
+# The highest loss-free rate per backend: `flowplane mlffr` on the ports, which sends the trace itself (a paced
+# sender on the far end of fa's link, in namespace fA; SENDER=afpacket|afxdp picks its socket), counts what leaves
+# fb's link in namespace fB, and binary-searches below the sender's own maximum (its flat-out first trial). Prints
+# every trial, the MLFFR, the sender's maximum (which of the two was the limit) and busy cycles/packet beside the
+# in-memory replay's. At a real-time priority (RT=1, as null and pcap): on a shared machine, other processes would
+# otherwise preempt the sender and the worker, and both the rates and the busy cycles would be theirs.
+# Env: LOSS=0.1 (%), RES=1 (% of the bracket), TRIAL=1 (s), SENDER=afpacket, RT=1, CHAIN=forward (a slower chain,
+# e.g. "burn(iters=1000)", makes flowplane rather than the sender the limit).
 mlffr() {
     veth_setup
-    local lo0=${LO:-50000} hi0=${HI:-1000000} res=${RES:-5000} loss=${LOSS:-0.1}
+    local s=${SENDER:-afpacket} rt=()
+    [[ ${RT:-1} == 1 ]] && chrt -f 50 true 2>/dev/null && rt=(chrt -f 50)
     for be in ${BACKENDS:-afpacket afxdp dpdk_af_packet}; do
-        local lo=0 hi=$hi0 r=$lo0 best="" lossy=""
-        while ((hi - lo > res)); do
-            trial "$be" "$r" | sed 's/^/  /'
-            read -r _ sent pct <"$tmp/fp.json.trial"
-            if python3 -c "import sys; sys.exit(0 if $pct <= $loss else 1)"; then
-                lo=$r; best=$sent
-            else
-                hi=$r lossy=1
-            fi
-            r=$(((lo + hi) / 2))
-        done
-        if [[ -n $best && -n $lossy ]]; then
-            printf '%-15s loss-free (<= %s%%) up to %s kpps offered (%.0f kpps sent); lossy at %s kpps\n' \
-                "$be" "$loss" $((lo / 1000)) "$(python3 -c "print($best / 1e3)")" $((hi / 1000))
-        elif [[ -n $best ]]; then
-            printf '%-15s loss-free (<= %s%%) up to %s kpps offered (%.0f kpps sent): no trial lost, cap HI=%s not reached\n' \
-                "$be" "$loss" $((lo / 1000)) "$(python3 -c "print($best / 1e3)")" "$hi0"
-        else
-            echo "$be: lossy already at $((hi / 1000)) kpps"
-        fi
+        echo "$be:${rt:+ (${rt[*]})}"
+        "${rt[@]}" "$FP" mlffr --input "$(pn $be fa$ID 0)" --output "$(pn $be fb$ID 1)" --send "$s:v0@fA$ID" --recv "afpacket:v0@fB$ID" \
+            --trace "$tmp/t.pcap" --chain "${CHAIN:-forward}" --cores 1 --pool 65536 \
+            --loss "${LOSS:-0.1}" --resolution "${RES:-1}" --trial "${TRIAL:-1}" | sed 's/^/  /'
     done
 }
 

@@ -1,7 +1,9 @@
 //! `flowplane mlffr`: the maximum loss-free forwarding rate of one
 //! configuration (chain, cores, strategy, traffic), by binary search of the
 //! paced offered rate. Loss is the port's (receive-ring overflow, transmit
-//! errors), never an NF's verdict.
+//! errors), never an NF's verdict. On live ports (`--input afpacket:IFACE`,
+//! ...) the search is `cmd_mlffr_port`'s: a built-in sender and receiver on
+//! the far ends of the links.
 
 use std::time::Duration;
 
@@ -11,7 +13,28 @@ use flowplane_engine::runner::{prepare, Input};
 use crate::cmd_run::{config, parse_gen, validate, RunArgs, DEFAULT_GEN};
 use crate::error::CliError;
 
+/// How to wire the links for `mlffr` on ports (shown by `flowplane mlffr --help`).
+const PORTS_HELP: &str = "\
+On live ports (--input afpacket:IFACE | afxdp:IFACE | dpdk:..., --output likewise), each trial sends
+the traffic (--trace, or --trace-gen) at the trial's rate from a sender built into flowplane into the
+peer end of the input's link (--send), flowplane forwards it, and a receiver counts what leaves the
+peer end of the output's link (--recv): loss is sent - received over the measured phase (the kernel's
+RX ring drops are listed beside it). The first trial sends flat out: the sender's own maximum, which
+bounds the search. One veth pair per side, the peer ends in namespaces (as root):
+  ip netns add fpA; ip netns add fpB
+  ip link add fa type veth peer name v0 netns fpA
+  ip link add fb type veth peer name v0 netns fpB
+  ip link set fa up; ip link set fb up
+  ip -n fpA link set v0 up; ip -n fpB link set v0 up
+  flowplane mlffr --input afpacket:fa --output afpacket:fb --send afpacket:v0@fpA --recv afpacket:v0@fpB \\
+      --chain forward --cores 1
+(scripts/bench_ports.sh mlffr does this for every backend; remove with ip netns del fpA; ip netns del fpB.)";
+
+/// Traffic the port sender sends when neither --trace nor --trace-gen is given.
+pub const PORT_GEN: &str = "--flows 1000 --packets 100000 --size 64 --proto udp --seed 1";
+
 #[derive(clap::Args, Debug)]
+#[command(after_long_help = PORTS_HELP)]
 pub struct MlffrArgs {
     /// The configuration (as `flowplane run`; --rate, --duration, --loops and --export are set by the search;
     /// --warmup is each trial's learning phase, default 0.25 s).
@@ -26,9 +49,31 @@ pub struct MlffrArgs {
     /// Seconds per trial.
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub trial: f64,
-    /// Upper end of the search in packets/s (default: 1.5x the unpaced rate).
+    /// Upper end of the search in packets/s (default: 1.5x the unpaced rate; on ports: the sender's maximum).
     #[arg(long, allow_negative_numbers = true)]
     pub max_rate: Option<f64>,
+    /// On ports: the sender, on the peer end of the input port's link: afpacket:IFACE[@NETNS] or afxdp:IFACE[@NETNS].
+    #[arg(long, value_name = "PEER")]
+    pub send: Option<String>,
+    /// On ports: the receiver, on the peer end of the output port's link (as --send).
+    #[arg(long, value_name = "PEER")]
+    pub recv: Option<String>,
+    /// On ports: the pcap the sender sends (looped; each frame gets a 6-byte trailer).
+    #[arg(long, value_name = "FILE", conflicts_with = "trace_gen")]
+    pub trace: Option<std::path::PathBuf>,
+    /// On ports: generate the sender's traffic with `flowplane gen` options (default: 1000 UDP flows, 64-B packets).
+    #[arg(long, value_name = "OPTIONS", allow_hyphen_values = true)]
+    pub trace_gen: Option<String>,
+    /// On ports: packets per transmit call of the sender.
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
+    pub send_batch: usize,
+    /// On ports: seconds after a trial during which its packets may still come out; later ones count
+    /// as lost (they were queued behind an overloaded worker).
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
+    pub drain: f64,
+    /// On ports: the CPU the sender runs on (default: the last CPU when workers are pinned and one is left over).
+    #[arg(long, allow_negative_numbers = true)]
+    pub send_cpu: Option<usize>,
 }
 
 pub fn run(mut a: MlffrArgs) -> Result<(), CliError> {
@@ -46,6 +91,14 @@ pub fn run(mut a: MlffrArgs) -> Result<(), CliError> {
         if !(r.is_finite() && r > 0.0) {
             return Err(CliError::new(format!("--max-rate {r}: must be a positive packet rate")));
         }
+    }
+    if let Some(port) = crate::cmd_live::live_input(&a.run)? {
+        return crate::cmd_mlffr_port::run(a, port);
+    }
+    if a.send.is_some() || a.recv.is_some() || a.trace.is_some() || a.trace_gen.is_some() {
+        return Err(CliError::new(
+            "--send, --recv, --trace and --trace-gen apply to live ports (--input afpacket:IFACE, ...)",
+        ));
     }
     if a.run.input.is_none() && a.run.gen.is_none() {
         a.run.gen = Some(DEFAULT_GEN.to_string());

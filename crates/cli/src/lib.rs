@@ -28,6 +28,7 @@ mod cmd_dyssect;
 mod cmd_gen;
 mod cmd_live;
 mod cmd_mlffr;
+mod cmd_mlffr_port;
 mod cmd_nfs;
 mod cmd_run;
 mod cmd_scaling;

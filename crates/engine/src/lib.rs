@@ -18,6 +18,7 @@ pub mod hist;
 pub mod live;
 pub mod load;
 pub mod mlffr;
+pub mod mlffr_port;
 pub mod placement;
 pub mod report;
 pub mod runner;

@@ -9,6 +9,7 @@
  * and removes it when the last one is deleted.
  */
 #include <errno.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -69,6 +70,13 @@ int fp_xsk_open(const char *ifname, uint32_t queue, void *area, uint64_t size, u
 			.bind_flags = bind_modes[i] | XDP_USE_NEED_WAKEUP,
 		};
 		r = xsk_socket__create(&x->xsk, ifname, queue, x->umem, rx ? &x->rx : NULL, tx ? &x->tx : NULL, &sc);
+		/* After a failed zero-copy attempt the kernel releases that socket's hold on the
+		 * queue in deferred work: EBUSY until it has run (long under a real-time priority,
+		 * whose threads keep the kernel's workers off the CPUs). Wait for it, 1 s at most. */
+		for (int t = 0; i == 1 && r == -EBUSY && t < 100; t++) {
+			usleep(10000);
+			r = xsk_socket__create(&x->xsk, ifname, queue, x->umem, rx ? &x->rx : NULL, tx ? &x->tx : NULL, &sc);
+		}
 		if (!r) {
 			x->zerocopy = i == 0;
 			break;

@@ -22,6 +22,8 @@ pub mod afpacket;
 pub mod afxdp;
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
+pub mod netns;
+pub mod peer;
 
 use std::fmt;
 use std::path::PathBuf;
