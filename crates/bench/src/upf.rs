@@ -163,7 +163,8 @@ pub struct UpfReport {
     pub rows: Vec<UpfRow>,
 }
 
-fn trace(plan: &UpfPlan, packets: u64, size: u16) -> Result<Arc<ReplayTrace>, String> {
+/// The generated trace of `plan` (`packets` frames of `size` bytes, flows in random order), on one queue.
+pub fn trace(plan: &UpfPlan, packets: u64, size: u16) -> Result<Arc<ReplayTrace>, String> {
     let cfg = GenConfig {
         flows: plan.flows(),
         packets,

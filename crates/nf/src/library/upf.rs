@@ -31,6 +31,8 @@
 
 #[path = "../upf/cls.rs"]
 pub mod cls;
+#[path = "../upf/fast.rs"]
+pub mod fast;
 #[path = "../upf/control.rs"]
 pub mod control;
 #[path = "../upf/pfcp.rs"]
@@ -561,14 +563,16 @@ impl Upf {
             return;
         }
         if hot.flags & Hot::FAST != 0 {
-            // A block is four lines; shared classifiers are usually cached already.
+            // A block is six lines; shared classifiers are usually cached already.
             let at = hot.cls as usize;
             if let Some(b) = self.rules.cls.get(at..at + usize::from(hot.cls_len)) {
                 for x in b.iter().take(2) {
                     prefetch::read(&x.remote);
                     prefetch::read(&x.ue);
                     prefetch::read(&x.remote_lo);
-                    prefetch::read(&x.proto);
+                    prefetch::read(&x.ue_lo);
+                    prefetch::read(&x.meta);
+                    prefetch::read(&x.rank);
                 }
             }
         } else if let Some(sess) = self.rules.sessions.get(hot.session as usize) {
@@ -677,6 +681,22 @@ impl Upf {
         let m = self.scratch.metas[i];
         let g0 = m.l4 as usize + 8;
         let data = batch.data(i);
+        let hot = self.scratch.hot[i];
+        if hot.flags & Hot::FAST != 0 {
+            // The usual layout, read at fixed offsets (else the general parse below).
+            if let Some(u) = fast::uplink_v4(data, &m) {
+                self.c.uplink += 1;
+                let mut p = u.pkt;
+                p.ue_ok = hot.flags & Hot::HAS_UE4 != 0 && self.scratch.ue4[i] == p.ue;
+                let Some(pi) = self.rules.classify_v4(&hot, &p) else {
+                    self.c.no_pdr += 1;
+                    return Outcome::Drop;
+                };
+                let sc = &mut *self.scratch;
+                (sc.pdr[i], sc.inner_at[i], sc.inner_len[i], sc.v6[i]) = (pi, u.inner_at as u16, u.inner_len as u16, false);
+                return Outcome::Pending;
+            }
+        }
         let Some(udp_end) = udp_end(data, &m) else {
             self.c.malformed_gtpu += 1;
             return Outcome::Drop;
@@ -704,7 +724,6 @@ impl Upf {
         self.c.uplink += 1;
         let teid = g.teid();
         let qfi = layout.pdu_session.map(|p| p.qfi);
-        let hot = self.scratch.hot[i];
         if hot.session == NONE {
             self.c.unknown_teid += 1;
             return Outcome::Drop;

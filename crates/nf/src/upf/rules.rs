@@ -1125,8 +1125,6 @@ impl RuleSet {
     ) -> Option<u32> {
         const MAPPED: u128 = 0xffff;
         if hot.flags & Hot::FAST != 0 && f.ue >> 32 == MAPPED && f.remote >> 32 == MAPPED {
-            let at = hot.cls as usize;
-            let entries = self.cls.get(at..at + usize::from(hot.cls_len))?;
             // Downlink: the destination found the session, so it is the UE's address.
             let ue_ok = !uplink || (hot.flags & Hot::HAS_UE4 != 0 && ue4 == f.ue as u32);
             let p = cls::Pkt {
@@ -1138,9 +1136,17 @@ impl RuleSet {
                 remote_port: f.remote_port,
                 ue_ok,
             };
-            return cls::first(entries, &p).map(|r| hot.pdrs + u32::from(r));
+            return self.classify_v4(hot, &p);
         }
         self.classify(self.sessions.get(hot.session as usize)?, uplink, teid, qfi, f)
+    }
+
+    /// The compiled classifier of `hot` (which must be [`Hot::FAST`]) on an IPv4 packet.
+    #[inline(always)]
+    pub fn classify_v4(&self, hot: &Hot, p: &cls::Pkt) -> Option<u32> {
+        let at = hot.cls as usize;
+        let blocks = self.cls.get(at..at + usize::from(hot.cls_len))?;
+        cls::first(blocks, p).map(|r| hot.pdrs + u32::from(r))
     }
 }
 
