@@ -32,7 +32,7 @@ fn main() {
         assert!(t.copy_frame(0, i, &mut f));
         frames.push(f);
     }
-    let cfg = UpfConfig { staged, usage: false, ..UpfConfig::default() };
+    let cfg = UpfConfig { staged, usage: false, profile: staged, ..UpfConfig::default() };
     let mut u = Upf::new(cfg, rules);
     let mut pool = PacketPool::new(PoolConfig { buffers: 256, ..Default::default() }).expect("pool");
     let mut b = Batch::new(&pool);
@@ -53,6 +53,19 @@ fn main() {
         best = best.min(cycles as f64 / frames.len() as f64);
     }
     let c = u.counters();
+    // Staged: cycles per packet of each pass over every round (the profile sums them).
+    let passes = u.report().and_then(|r| {
+        let p = r.get("profile")?;
+        let n = p["packets"].as_u64()?.max(1) as f64;
+        let c = p["cycles"].as_object()?;
+        Some(
+            ["parse", "lookup", "classify", "prepare", "act"]
+                .iter()
+                .map(|k| format!("{k} {:.1}", c.get(*k).and_then(|v| v.as_u64()).unwrap_or(0) as f64 / n))
+                .collect::<Vec<_>>()
+                .join(", "),
+        )
+    });
     println!(
         "{sessions} x {pdrs} {} {}: {best:.1} cycles/packet in process (best of {rounds}); in {} out {}",
         if dir == UpfDir::Downlink { "dl" } else { "ul" },
@@ -60,4 +73,7 @@ fn main() {
         c.packets_in,
         c.packets_out
     );
+    if let Some(p) = passes {
+        println!("  passes (all rounds): {p}");
+    }
 }

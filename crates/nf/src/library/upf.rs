@@ -527,7 +527,7 @@ impl Upf {
         // Anything to UDP port 2152 is N3 (a GTP-U header too short for a TEID is malformed there).
         let n3 = m.proto.0 == 17 && m.l4 != 0 && m.tuple.dst_port() == GTPU_PORT;
         sc.out[i] = Outcome::Pending;
-        sc.hot[i].session = NONE;
+        sc.hot[i] = Hot::EMPTY;
         if n3 {
             let key = rules::teid_key(m.teid);
             let s = self.rules.teids.slot_of(key);
