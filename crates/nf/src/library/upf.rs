@@ -752,6 +752,17 @@ impl Upf {
             return Outcome::Drop;
         }
         let l3 = m.l3 as usize;
+        if hot.flags & Hot::FAST != 0 {
+            if let Some((p, inner_len)) = fast::downlink_v4(batch.data(i), &m) {
+                let Some(pi) = self.rules.classify_v4(&hot, &p) else {
+                    self.c.no_pdr += 1;
+                    return Outcome::Drop;
+                };
+                let sc = &mut *self.scratch;
+                (sc.pdr[i], sc.inner_at[i], sc.inner_len[i], sc.v6[i]) = (pi, l3 as u16, inner_len as u16, false);
+                return Outcome::Pending;
+            }
+        }
         let Some((f, inner_len, v6)) = inner_fields(&batch.data(i)[l3..]) else {
             self.c.malformed_inner += 1;
             return Outcome::Drop;
@@ -782,7 +793,14 @@ impl Upf {
             // Keep the L2 header, drop outer IP/UDP/GTP-U and any trailer.
             let hdr = inner_at - l3;
             let d = batch.data_mut(i);
-            d.copy_within(0..l3, hdr);
+            if l3 == 14 {
+                // The usual untagged header: a fixed-size copy, not a memmove call.
+                let mut h = [0u8; 14];
+                h.copy_from_slice(&d[..14]);
+                d[hdr..hdr + 14].copy_from_slice(&h);
+            } else {
+                d.copy_within(0..l3, hdr);
+            }
             d[hdr + l3 - 2..hdr + l3].copy_from_slice(if v6 { &ETH_IPV6 } else { &ETH_IPV4 });
             if !batch.adj(i, hdr) || !batch.set_len(i, l3 + inner_len) {
                 self.c.no_room += 1;

@@ -1,4 +1,4 @@
-//! The uplink fast path: the GTP-U layout nearly every gNB sends — a G-PDU
+//! The fast paths. Uplink: the GTP-U layout nearly every gNB sends — a G-PDU
 //! with E set (S and PN clear) and exactly one extension, an UL PDU Session
 //! Container, carrying an IPv4 packet without options — recognised with a
 //! few fixed-offset loads and two compares of the layout bytes, and its
@@ -7,7 +7,8 @@
 //! inner IPv4 header) would accept it with the same result; anything else
 //! (other flags, several or other extensions, a DL container, IP options,
 //! lengths that do not add up, a short frame) returns `None` and takes the
-//! general path, which counts malformed packets by reason.
+//! general path, which counts malformed packets by reason. Downlink: an
+//! IPv4 packet without options, read at fixed offsets ([`downlink_v4`]).
 //!
 //! [`GtpuPacket::layout`]: flowplane_wire::gtpu::GtpuPacket::layout
 
@@ -84,6 +85,39 @@ pub fn uplink_v4(data: &[u8], m: &PktMeta) -> Option<FastUl> {
         inner_at: l4 + 24,
         inner_len,
     })
+}
+
+/// The downlink counterpart: an N6 frame carrying IPv4 without options
+/// (`m` its parse), read at fixed offsets as the UE sees it (the
+/// destination is the UE end; `ue_ok` set, as the destination found the
+/// session; no QFI); with the packet's length. `None`: the general path.
+#[inline(always)]
+pub fn downlink_v4(data: &[u8], m: &PktMeta) -> Option<(cls::Pkt, usize)> {
+    if m.v6 {
+        return None;
+    }
+    let l3 = usize::from(m.l3);
+    let b: &[u8; 24] = data.get(l3..l3 + 24)?.try_into().ok()?;
+    let len = u16::from_be_bytes([b[2], b[3]]) as usize;
+    if b[0] != 0x45 || len < 24 || len > data.len() - l3 {
+        return None;
+    }
+    let first = u16::from_be_bytes([b[6], b[7]]) & 0x1fff == 0;
+    let proto = b[9];
+    let (remote_port, ue_port) = match proto {
+        6 | 17 | 132 | 136 if first => (u16::from_be_bytes([b[20], b[21]]), u16::from_be_bytes([b[22], b[23]])),
+        _ => (0, 0),
+    };
+    let pkt = cls::Pkt {
+        proto,
+        qfi: cls::NO_QFI,
+        ue: u32::from_be_bytes([b[16], b[17], b[18], b[19]]),
+        remote: u32::from_be_bytes([b[12], b[13], b[14], b[15]]),
+        ue_port,
+        remote_port,
+        ue_ok: true,
+    };
+    Some((pkt, len))
 }
 
 #[cfg(test)]
@@ -175,7 +209,58 @@ mod tests {
         }
     }
 
+    /// The general path's reading of a downlink frame (as `classify_downlink`).
+    fn general_dl(data: &[u8]) -> Option<(cls::Pkt, usize)> {
+        let m = PktMeta::parse(data);
+        let (f, len, v6) = super::super::inner_fields(data.get(usize::from(m.l3)..)?)?;
+        if v6 {
+            return None;
+        }
+        let pkt = cls::Pkt {
+            proto: f.proto,
+            qfi: cls::NO_QFI,
+            ue: f.remote as u32,
+            remote: f.ue as u32,
+            ue_port: f.remote_port,
+            remote_port: f.ue_port,
+            ue_ok: true,
+        };
+        Some((pkt, len))
+    }
+
+    #[test]
+    fn downlink_fast_path_and_fallback() {
+        let f = udp4(DN, UE, 5060, 4000);
+        let (p, len) = downlink_v4(&f, &PktMeta::parse(&f)).expect("fast path");
+        assert_eq!(Some((p, len)), general_dl(&f));
+        assert_eq!((p.ue, p.remote, p.ue_port, p.remote_port, len), (u32::from_be_bytes(UE), u32::from_be_bytes(DN), 4000, 5060, f.len() - 14));
+        let mut opts = f.clone();
+        opts[14] = 0x46;
+        assert!(downlink_v4(&opts, &PktMeta::parse(&opts)).is_none());
+        let short = &f[..f.len() - 1];
+        assert!(downlink_v4(short, &PktMeta::parse(short)).is_none());
+    }
+
     proptest! {
+        /// Whatever bytes change, the downlink fast path declines or agrees.
+        #[test]
+        fn downlink_fast_path_agrees_with_the_general_path(
+            edits in proptest::collection::vec((0usize..50, any::<u8>()), 0..4),
+            proto in prop::sample::select(vec![1u8, 6, 17, 132, 136]),
+        ) {
+            let mut f = udp4(DN, UE, 5060, 4000);
+            f[23] = proto;
+            for (at, v) in edits {
+                if at < f.len() {
+                    f[at] = v;
+                }
+            }
+            let m = PktMeta::parse(&f);
+            if let Some(fast) = downlink_v4(&f, &m) {
+                prop_assert_eq!(Some(fast), general_dl(&f));
+            }
+        }
+
         /// Whatever bytes change, the fast path either declines or agrees with the general path.
         #[test]
         fn fast_path_agrees_with_the_general_path(
