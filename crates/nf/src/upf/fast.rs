@@ -188,7 +188,8 @@ mod tests {
         let plain = gtpu4([198, 51, 100, 10], [192, 0, 2, 1], 100, None, &inner());
         assert!(uplink_v4(&plain, &PktMeta::parse(&plain)).is_none());
         assert!(general(&plain).is_some());
-        let cases: [(&str, fn(&mut Vec<u8>, usize)); 8] = [
+        type Change = fn(&mut Vec<u8>, usize);
+        let cases: [(&str, Change); 8] = [
             ("S flag set", |f, g| f[g] |= 0x02),
             ("reserved flag bit", |f, g| f[g] |= 0x08),
             ("DL PDU type", |f, g| f[g + 13] &= 0x0f),
