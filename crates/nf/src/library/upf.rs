@@ -28,6 +28,10 @@
 //! [`cls`]), classify (prefetch the matched PDR's [`rules::Act`]: its rule
 //! references with the FAR copied in), prepare (prefetch the URR counters and
 //! QER buckets), act. `mode=rtc` does each packet to completion (the baseline).
+//! In either mode, packets of sessions with a compiled classifier whose
+//! headers have the usual layout (G-PDU with one UL PDU Session Container
+//! and IPv4 inside; plain IPv4 downlink) are read at fixed offsets
+//! ([`fast`]); others take the general parse, which counts drops by reason.
 
 #[path = "../upf/cls.rs"]
 pub mod cls;
