@@ -163,7 +163,8 @@ pub struct UpfReport {
     pub rows: Vec<UpfRow>,
 }
 
-fn trace(plan: &UpfPlan, packets: u64, size: u16) -> Result<Arc<ReplayTrace>, String> {
+/// The generated trace of `plan` (`packets` frames of `size` bytes, flows in random order), on one queue.
+pub fn trace(plan: &UpfPlan, packets: u64, size: u16) -> Result<Arc<ReplayTrace>, String> {
     let cfg = GenConfig {
         flows: plan.flows(),
         packets,
@@ -290,6 +291,28 @@ impl fmt::Display for UpfReport {
                 r.forwarded * 100.0,
                 v
             )?;
+        }
+        // The headline: the best row of each PDR count and direction against
+        // the honest baseline, the `rtc` executor with the UPF in `rtc` mode.
+        let mut keys: Vec<(u32, &str)> = self.rows.iter().map(|r| (r.pdrs, r.dir)).collect();
+        keys.dedup();
+        for (pdrs, dir) in keys {
+            let of = |r: &&UpfRow| r.pdrs == pdrs && r.dir == dir;
+            let base = self.rows.iter().filter(of).find(|r| r.exec == "rtc" && r.mode == "rtc");
+            let best = self.rows.iter().filter(of).max_by(|a, b| a.mpps.total_cmp(&b.mpps));
+            if let (Some(base), Some(best)) = (base, best) {
+                if base.mpps > 0.0 {
+                    writeln!(
+                        f,
+                        "{pdrs} PDRs {dir}: best {} / {} {:.2} Mpps = {:.2}x rtc / rtc ({:.2} Mpps)",
+                        best.exec,
+                        best.mode,
+                        best.mpps,
+                        best.mpps / base.mpps,
+                        base.mpps
+                    )?;
+                }
+            }
         }
         writeln!(f, "\nwhere the cycles go (staged rows; TSC cycles per packet of each pass, whole batches timed):")?;
         writeln!(

@@ -130,6 +130,12 @@ pub enum BenchCmd {
         /// Executors, comma-separated (default: every registered executor).
         #[arg(long = "exec", value_delimiter = ',')]
         execs: Vec<String>,
+        /// Directions, comma-separated: ul, dl (default: both).
+        #[arg(long = "dir", value_delimiter = ',')]
+        dirs: Vec<String>,
+        /// UPF modes, comma-separated: rtc, staged (default: both).
+        #[arg(long = "mode", value_delimiter = ',')]
+        modes: Vec<String>,
         /// Seconds per measurement.
         #[arg(long, allow_negative_numbers = true)]
         seconds: Option<f64>,
@@ -275,7 +281,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 out!("{rep}");
             }
         }
-        BenchCmd::Upf { sessions, pdrs, execs, seconds, packets, quick, json } => {
+        BenchCmd::Upf { sessions, pdrs, execs, dirs, modes, seconds, packets, quick, json } => {
             let mut o = if quick { UpfBenchOptions::quick() } else { UpfBenchOptions::default() };
             if let Some(s) = sessions {
                 o.sessions = s;
@@ -290,6 +296,22 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 o.packets = p;
             }
             o.execs = execs;
+            if !dirs.is_empty() {
+                o.dirs = dirs
+                    .iter()
+                    .map(|d| match d.as_str() {
+                        "ul" => Ok(flowplane_trace::gen::UpfDir::Uplink),
+                        "dl" => Ok(flowplane_trace::gen::UpfDir::Downlink),
+                        _ => Err(CliError::new(format!("--dir: '{d}' is not ul or dl"))),
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
+            if !modes.is_empty() {
+                if let Some(m) = modes.iter().find(|m| !matches!(m.as_str(), "rtc" | "staged")) {
+                    return Err(CliError::new(format!("--mode: '{m}' is not rtc or staged")));
+                }
+                o.modes = modes;
+            }
             if !(o.seconds.is_finite() && o.seconds > 0.0) {
                 return Err(CliError::new("--seconds: must be positive"));
             }

@@ -28,9 +28,15 @@
 //! [`cls`]), classify (prefetch the matched PDR's [`rules::Act`]: its rule
 //! references with the FAR copied in), prepare (prefetch the URR counters and
 //! QER buckets), act. `mode=rtc` does each packet to completion (the baseline).
+//! In either mode, packets of sessions with a compiled classifier whose
+//! headers have the usual layout (G-PDU with one UL PDU Session Container
+//! and IPv4 inside; plain IPv4 downlink) are read at fixed offsets
+//! ([`fast`]); others take the general parse, which counts drops by reason.
 
 #[path = "../upf/cls.rs"]
 pub mod cls;
+#[path = "../upf/fast.rs"]
+pub mod fast;
 #[path = "../upf/control.rs"]
 pub mod control;
 #[path = "../upf/pfcp.rs"]
@@ -525,7 +531,7 @@ impl Upf {
         // Anything to UDP port 2152 is N3 (a GTP-U header too short for a TEID is malformed there).
         let n3 = m.proto.0 == 17 && m.l4 != 0 && m.tuple.dst_port() == GTPU_PORT;
         sc.out[i] = Outcome::Pending;
-        sc.hot[i].session = NONE;
+        sc.hot[i] = Hot::EMPTY;
         if n3 {
             let key = rules::teid_key(m.teid);
             let s = self.rules.teids.slot_of(key);
@@ -561,14 +567,16 @@ impl Upf {
             return;
         }
         if hot.flags & Hot::FAST != 0 {
-            // A block is four lines; shared classifiers are usually cached already.
+            // A block is six lines; shared classifiers are usually cached already.
             let at = hot.cls as usize;
             if let Some(b) = self.rules.cls.get(at..at + usize::from(hot.cls_len)) {
                 for x in b.iter().take(2) {
                     prefetch::read(&x.remote);
                     prefetch::read(&x.ue);
                     prefetch::read(&x.remote_lo);
-                    prefetch::read(&x.proto);
+                    prefetch::read(&x.ue_lo);
+                    prefetch::read(&x.meta);
+                    prefetch::read(&x.rank);
                 }
             }
         } else if let Some(sess) = self.rules.sessions.get(hot.session as usize) {
@@ -677,6 +685,22 @@ impl Upf {
         let m = self.scratch.metas[i];
         let g0 = m.l4 as usize + 8;
         let data = batch.data(i);
+        let hot = self.scratch.hot[i];
+        if hot.flags & Hot::FAST != 0 {
+            // The usual layout, read at fixed offsets (else the general parse below).
+            if let Some(u) = fast::uplink_v4(data, &m) {
+                self.c.uplink += 1;
+                let mut p = u.pkt;
+                p.ue_ok = hot.flags & Hot::HAS_UE4 != 0 && self.scratch.ue4[i] == p.ue;
+                let Some(pi) = self.rules.classify_v4(&hot, &p) else {
+                    self.c.no_pdr += 1;
+                    return Outcome::Drop;
+                };
+                let sc = &mut *self.scratch;
+                (sc.pdr[i], sc.inner_at[i], sc.inner_len[i], sc.v6[i]) = (pi, u.inner_at as u16, u.inner_len as u16, false);
+                return Outcome::Pending;
+            }
+        }
         let Some(udp_end) = udp_end(data, &m) else {
             self.c.malformed_gtpu += 1;
             return Outcome::Drop;
@@ -704,7 +728,6 @@ impl Upf {
         self.c.uplink += 1;
         let teid = g.teid();
         let qfi = layout.pdu_session.map(|p| p.qfi);
-        let hot = self.scratch.hot[i];
         if hot.session == NONE {
             self.c.unknown_teid += 1;
             return Outcome::Drop;
@@ -733,6 +756,17 @@ impl Upf {
             return Outcome::Drop;
         }
         let l3 = m.l3 as usize;
+        if hot.flags & Hot::FAST != 0 {
+            if let Some((p, inner_len)) = fast::downlink_v4(batch.data(i), &m) {
+                let Some(pi) = self.rules.classify_v4(&hot, &p) else {
+                    self.c.no_pdr += 1;
+                    return Outcome::Drop;
+                };
+                let sc = &mut *self.scratch;
+                (sc.pdr[i], sc.inner_at[i], sc.inner_len[i], sc.v6[i]) = (pi, l3 as u16, inner_len as u16, false);
+                return Outcome::Pending;
+            }
+        }
         let Some((f, inner_len, v6)) = inner_fields(&batch.data(i)[l3..]) else {
             self.c.malformed_inner += 1;
             return Outcome::Drop;
@@ -763,7 +797,14 @@ impl Upf {
             // Keep the L2 header, drop outer IP/UDP/GTP-U and any trailer.
             let hdr = inner_at - l3;
             let d = batch.data_mut(i);
-            d.copy_within(0..l3, hdr);
+            if l3 == 14 {
+                // The usual untagged header: a fixed-size copy, not a memmove call.
+                let mut h = [0u8; 14];
+                h.copy_from_slice(&d[..14]);
+                d[hdr..hdr + 14].copy_from_slice(&h);
+            } else {
+                d.copy_within(0..l3, hdr);
+            }
             d[hdr + l3 - 2..hdr + l3].copy_from_slice(if v6 { &ETH_IPV6 } else { &ETH_IPV4 });
             if !batch.adj(i, hdr) || !batch.set_len(i, l3 + inner_len) {
                 self.c.no_room += 1;

@@ -690,6 +690,8 @@ impl Slot for UeSlot {
 pub struct Index<S: Slot> {
     slots: super::table::Table<S>,
     mask: usize,
+    /// 64 - log2(capacity): [`Index::slot_of`] keeps the hash's top bits.
+    shift: u32,
 }
 
 impl<S: Slot> Default for Index<S> {
@@ -701,7 +703,8 @@ impl<S: Slot> Default for Index<S> {
 impl<S: Slot> Index<S> {
     fn build(entries: &[S]) -> Index<S> {
         let cap = (entries.len() * 2).next_power_of_two().max(16);
-        let mut ix = Index { slots: super::table::Table::filled(cap, S::EMPTY), mask: cap - 1 };
+        let shift = 64 - cap.trailing_zeros();
+        let mut ix = Index { slots: super::table::Table::filled(cap, S::EMPTY), mask: cap - 1, shift };
         for e in entries {
             let mut s = ix.slot_of(e.key());
             while !ix.slots[s].is_empty() {
@@ -714,10 +717,15 @@ impl<S: Slot> Index<S> {
 
     /// The home slot of `k`: the first of a cache line's two, so a key
     /// displaced by one collision is still on the line a prefetch brought.
+    /// Fibonacci hashing, the product's top bits: keys allocated in
+    /// sequence (TEIDs, UE addresses from a pool) land on distinct lines.
+    /// (Bits 32 and up, as before, put 130K sequential TEIDs 2.8 probes
+    /// deep on average, 55% of them off their home line: a demand miss the
+    /// prefetch did not cover.)
     #[inline(always)]
     pub fn slot_of(&self, k: u128) -> usize {
         let x = (k as u64) ^ ((k >> 64) as u64).rotate_left(29);
-        (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & self.mask & !1
+        (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift) as usize & self.mask & !1
     }
 
     /// The home slot's entry (for a prefetch).
@@ -1125,8 +1133,6 @@ impl RuleSet {
     ) -> Option<u32> {
         const MAPPED: u128 = 0xffff;
         if hot.flags & Hot::FAST != 0 && f.ue >> 32 == MAPPED && f.remote >> 32 == MAPPED {
-            let at = hot.cls as usize;
-            let entries = self.cls.get(at..at + usize::from(hot.cls_len))?;
             // Downlink: the destination found the session, so it is the UE's address.
             let ue_ok = !uplink || (hot.flags & Hot::HAS_UE4 != 0 && ue4 == f.ue as u32);
             let p = cls::Pkt {
@@ -1138,9 +1144,17 @@ impl RuleSet {
                 remote_port: f.remote_port,
                 ue_ok,
             };
-            return cls::first(entries, &p).map(|r| hot.pdrs + u32::from(r));
+            return self.classify_v4(hot, &p);
         }
         self.classify(self.sessions.get(hot.session as usize)?, uplink, teid, qfi, f)
+    }
+
+    /// The compiled classifier of `hot` (which must be [`Hot::FAST`]) on an IPv4 packet.
+    #[inline(always)]
+    pub fn classify_v4(&self, hot: &Hot, p: &cls::Pkt) -> Option<u32> {
+        let at = hot.cls as usize;
+        let blocks = self.cls.get(at..at + usize::from(hot.cls_len))?;
+        cls::first(blocks, p).map(|r| hot.pdrs + u32::from(r))
     }
 }
 
@@ -1200,5 +1214,44 @@ fn qfi(q: Option<u8>) -> Result<u8, String> {
         Some(q) if q > 63 => Err(format!("QFI {q} above 63")),
         Some(q) => Ok(q),
         None => Ok(ANY_QFI),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sequentially allocated TEIDs (as the PFCP endpoint hands them out)
+    /// are found, almost all on the line of their home slot, which the data
+    /// path prefetches; random ones are all found too.
+    #[test]
+    fn index_keeps_sequential_keys_on_their_home_line() {
+        let slot = |teid: u32| TeidSlot { teid, hot: Hot { session: teid, ..Hot::EMPTY }, ..TeidSlot::EMPTY };
+        let seq: Vec<TeidSlot> = (1..=20_000).map(slot).collect();
+        let ix = Index::build(&seq);
+        let mut off_line = 0;
+        for e in &seq {
+            let k = e.key();
+            let home = ix.slot_of(k);
+            let found = ix.get_from(k, home).expect("found");
+            assert_eq!(found.hot.session, e.teid);
+            let at = (found as *const TeidSlot as usize - ix.slot(0) as *const TeidSlot as usize) / 32;
+            off_line += usize::from((at.wrapping_sub(home) & ix.mask) >= 2);
+        }
+        assert!(off_line * 100 < seq.len(), "{off_line} of {} off their home line", seq.len());
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let random: Vec<TeidSlot> = (0..5_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                slot((x as u32) | 1)
+            })
+            .collect();
+        let ix = Index::build(&random);
+        for e in &random {
+            assert!(ix.get(e.key()).is_some_and(|f| f.teid == e.teid));
+        }
+        assert!(ix.get(teid_key(0)).is_none());
     }
 }

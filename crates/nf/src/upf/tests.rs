@@ -463,3 +463,32 @@ fn ipv6_ue_both_directions() {
     assert_eq!((g.teid(), g.payload()), (0x55, &down[14..]));
     assert_eq!(u.upf_counters().no_pdr, 0);
 }
+
+/// The uplink fast path (`upf::fast`) and the general parse give the same
+/// forwarding; a batch slot that held a known session's packet holds
+/// nothing of it for the next packet there (an unknown TEID stays unknown).
+#[test]
+fn fast_path_and_fallback_forward_alike_and_slots_do_not_leak_sessions() {
+    let mut u = upf(&[spec()], UpfConfig::default());
+    // The session's uplink takes the compiled classifier, where the fast path applies.
+    assert_ne!(u.rules().teids.get(teid_key(100)).unwrap().hot.flags & Hot::FAST, 0);
+    let inner = udp_payload(UE, DN, 4000, 53);
+    let fast = gtpu4(GNB, N3, 100, Some(9), &inner);
+    let m = PktMeta::parse(&fast);
+    assert!(fast::uplink_v4(&fast, &m).is_some());
+    // The S flag with a sequence number: a layout only the general parse takes.
+    let mut slow = fast.clone();
+    slow[42] |= 0x02;
+    slow[50..52].copy_from_slice(&[0x12, 0x34]);
+    assert!(fast::uplink_v4(&slow, &PktMeta::parse(&slow)).is_none());
+    let out = run(&mut u, &[(fast.clone(), 0), (slow, 0)]);
+    assert_eq!(&out[0].as_ref().expect("forwarded")[14..], &inner[..]);
+    assert_eq!(out[0], out[1]);
+    // Slot 0 found session 7 above; an unknown TEID there now is dropped as such.
+    let out = run(&mut u, &[(gtpu4(GNB, N3, 999, Some(9), &inner), 0)]);
+    assert!(out[0].is_none());
+    let c = u.upf_counters();
+    assert_eq!((c.ul_forwarded, c.unknown_teid, c.uplink), (2, 1, 3));
+    let urr: u64 = u.usage().map(|(_, x)| x.ul_packets).sum();
+    assert_eq!(urr, 2);
+}
