@@ -8,6 +8,10 @@
 //! each packet to completion). The `upf` is a batch element, so with a
 //! chain of only the `upf` every executor hands it the same batches: the
 //! executor rows differ only by noise, the mode rows show the prefetching.
+//! The AMF-like NF (`amf`, 2^17 UEs of 24 cache lines) runs beside it in its
+//! three modes (`rtc`: nothing prefetched, `all`: every line of the UE,
+//! `staged`: only the lines each message's action touches), and
+//! [`UpfReport::plot_png`] draws both.
 
 use std::fmt;
 use std::net::Ipv4Addr;
@@ -100,6 +104,10 @@ pub struct UpfBenchOptions {
     pub seconds: f64,
     /// Packets per batch.
     pub batch: usize,
+    /// UEs of the `amf` rows (0: no `amf` rows).
+    pub amf_ues: u32,
+    /// `amf` modes (`rtc`, `all`, `staged`).
+    pub amf_modes: Vec<String>,
 }
 
 impl Default for UpfBenchOptions {
@@ -114,6 +122,8 @@ impl Default for UpfBenchOptions {
             size: 128,
             seconds: 2.0,
             batch: 64,
+            amf_ues: 1 << 17,
+            amf_modes: vec!["rtc".into(), "all".into(), "staged".into()],
         }
     }
 }
@@ -126,6 +136,7 @@ impl UpfBenchOptions {
             pdrs: vec![1, 4],
             packets: 50_000,
             seconds: 0.2,
+            amf_ues: 4096,
             ..UpfBenchOptions::default()
         }
     }
@@ -156,11 +167,32 @@ pub struct UpfRow {
     pub passes: Vec<(String, f64)>,
 }
 
+/// One `amf` measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct AmfRow {
+    /// UE contexts.
+    pub ues: u32,
+    /// Executor.
+    pub exec: String,
+    /// `amf` mode.
+    pub mode: String,
+    /// Million messages per second.
+    pub mpps: f64,
+    /// TSC cycles per message.
+    pub cycles_per_packet: f64,
+    /// Messages dropped / messages seen (0: every message found its UE and was well formed).
+    pub dropped: f64,
+    /// Throughput relative to the `rtc` mode row of the same executor.
+    pub vs_rtc: Option<f64>,
+}
+
 /// Every row.
 #[derive(Clone, Debug, Serialize)]
 pub struct UpfReport {
     /// Rows in run order.
     pub rows: Vec<UpfRow>,
+    /// The `amf` rows.
+    pub amf: Vec<AmfRow>,
 }
 
 /// The generated trace of `plan` (`packets` frames of `size` bytes, flows in random order), on one queue.
@@ -253,6 +285,7 @@ pub fn run_upf(o: &UpfBenchOptions) -> Result<UpfReport, String> {
         }
         drop(ctl);
     }
+    let amf = run_amf(o, &execs)?;
     let base: Vec<(u32, &'static str, String, f64)> =
         rows.iter().filter(|r| r.mode == "rtc").map(|r| (r.pdrs, r.dir, r.exec.clone(), r.mpps)).collect();
     for r in &mut rows {
@@ -262,7 +295,176 @@ pub fn run_upf(o: &UpfBenchOptions) -> Result<UpfReport, String> {
             .filter(|b| b.3 > 0.0)
             .map(|b| r.mpps / b.3);
     }
-    Ok(UpfReport { rows })
+    Ok(UpfReport { rows, amf })
+}
+
+/// The `amf` rows: `o.amf_ues` UEs, one UE per flow of a generated AMF
+/// trace (every message type, each UE's messages in order), per executor and mode.
+fn run_amf(o: &UpfBenchOptions, execs: &[ExecKind]) -> Result<Vec<AmfRow>, String> {
+    if o.amf_ues == 0 || o.amf_modes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let cfg = GenConfig {
+        flows: u64::from(o.amf_ues),
+        packets: o.packets,
+        size: SizeSpec::Fixed(o.size),
+        dist: FlowDist::Uniform,
+        order: Order::Random,
+        proto: Proto::Amf,
+        seed: 13,
+        ..GenConfig::default()
+    };
+    let gen = Generator::new(cfg).map_err(|e| e.to_string())?;
+    let dispatch = RssDispatcher::new(1, false).map_err(|e| e.to_string())?;
+    let t = load_generated(gen, &dispatch).map_err(|e| e.to_string())?.0;
+    let mut rows: Vec<AmfRow> = Vec::new();
+    for &kind in execs {
+        for mode in &o.amf_modes {
+            let spec = spec::parse(&format!("amf(ues={}, mode={mode})", o.amf_ues)).map_err(|e| e.to_string())?;
+            let cfg = RunConfig {
+                cores: 1,
+                batch_size: o.batch,
+                loops: None,
+                duration: Some(Duration::from_secs_f64(o.seconds)),
+                warmup: Some(Duration::from_secs_f64((o.seconds / 2.0).min(1.0))),
+                exec: ExecConfig { kind, flows: 4096, ..ExecConfig::default() },
+                ..RunConfig::default()
+            };
+            let r = run(&cfg, &spec, t.clone(), Output::Discard).map_err(|e| e.to_string())?;
+            let nf = r.nfs.iter().find(|n| n.name == "amf");
+            let dropped = nf.map_or(1.0, |n| n.counters.dropped as f64 / n.counters.packets_in.max(1) as f64);
+            rows.push(AmfRow {
+                ues: o.amf_ues,
+                exec: kind.name().to_string(),
+                mode: mode.clone(),
+                mpps: r.mpps,
+                cycles_per_packet: r.cycles_per_packet,
+                dropped,
+                vs_rtc: None,
+            });
+        }
+    }
+    let base: Vec<(String, f64)> = rows.iter().filter(|r| r.mode == "rtc").map(|r| (r.exec.clone(), r.mpps)).collect();
+    for r in &mut rows {
+        r.vs_rtc = base.iter().find(|b| b.0 == r.exec).filter(|b| b.1 > 0.0).map(|b| r.mpps / b.1);
+    }
+    Ok(rows)
+}
+
+impl UpfReport {
+    /// Writes a PNG: on the left Mpps against PDRs per session, one line per
+    /// direction, executor and UPF mode; on the right the `amf` rows, Mpps
+    /// per executor, one bar group per mode.
+    pub fn plot_png(&self, path: &std::path::Path) -> Result<(), String> {
+        use plotters::prelude::*;
+        if !crate::plot::register_font() {
+            return Err("no TrueType font found for the plot's text (install fonts-dejavu-core)".to_string());
+        }
+        let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+        let root = BitMapBackend::new(path, (1600, 800)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(&e))?;
+        let (left, right) = root.split_horizontally(1000);
+        let pmax = self.rows.iter().map(|r| r.pdrs).max().unwrap_or(1).max(2);
+        let ymax = self.rows.iter().map(|r| r.mpps).fold(1.0f64, f64::max) * 1.15;
+        let mut chart = ChartBuilder::on(&left)
+            .caption("UPF, one core: Mpps vs PDRs per session", ("sans-serif", 22))
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(60)
+            .build_cartesian_2d(1u32..pmax, 0.0..ymax)
+            .map_err(|e| err(&e))?;
+        chart.configure_mesh().x_desc("PDRs per session").y_desc("Mpps").draw().map_err(|e| err(&e))?;
+        let mut series: Vec<(&str, &str, &str)> = Vec::new();
+        for r in &self.rows {
+            let k = (r.dir, r.exec.as_str(), r.mode.as_str());
+            if !series.contains(&k) {
+                series.push(k);
+            }
+        }
+        for (n, &(dir, exec, mode)) in series.iter().enumerate() {
+            let color = Palette99::pick(n).to_rgba();
+            let pts: Vec<(u32, f64)> = self
+                .rows
+                .iter()
+                .filter(|r| r.dir == dir && r.exec == exec && r.mode == mode)
+                .map(|r| (r.pdrs, r.mpps))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+                .map_err(|e| err(&e))?
+                .label(format!("{dir} {exec} {mode}"))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(|e| err(&e))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(|e| err(&e))?;
+        // AMF: one group of bars per executor, one bar per mode.
+        let execs: Vec<&str> = self.amf.iter().fold(Vec::new(), |mut v, r| {
+            if !v.contains(&r.exec.as_str()) {
+                v.push(r.exec.as_str());
+            }
+            v
+        });
+        let modes: Vec<&str> = self.amf.iter().fold(Vec::new(), |mut v, r| {
+            if !v.contains(&r.mode.as_str()) {
+                v.push(r.mode.as_str());
+            }
+            v
+        });
+        let ues = self.amf.first().map_or(0, |r| r.ues);
+        let amax = self.amf.iter().map(|r| r.mpps).fold(1.0f64, f64::max) * 1.15;
+        let slots = (execs.len() * (modes.len() + 1)).max(1) as f64;
+        let mut bars = ChartBuilder::on(&right)
+            .caption(format!("amf, {ues} UEs: Mpps per executor and mode"), ("sans-serif", 22))
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..slots, 0.0..amax)
+            .map_err(|e| err(&e))?;
+        let group = modes.len() + 1;
+        bars.configure_mesh()
+            .disable_x_mesh()
+            .x_labels(execs.len().max(1) * 2)
+            .x_label_formatter(&|x| {
+                let g = (*x / group as f64) as usize;
+                execs
+                    .get(g)
+                    .filter(|_| (*x - (g * group) as f64 - modes.len() as f64 / 2.0).abs() < 0.75)
+                    .map_or(String::new(), |e| e.to_string())
+            })
+            .y_desc("Mpps")
+            .draw()
+            .map_err(|e| err(&e))?;
+        for (m, mode) in modes.iter().enumerate() {
+            let color = Palette99::pick(m + 3).to_rgba();
+            let rects: Vec<Rectangle<(f64, f64)>> = execs
+                .iter()
+                .enumerate()
+                .filter_map(|(g, e)| {
+                    let r = self.amf.iter().find(|r| r.exec == *e && r.mode == *mode)?;
+                    let x = (g * group + m) as f64;
+                    Some(Rectangle::new([(x + 0.1, 0.0), (x + 0.9, r.mpps)], color.filled()))
+                })
+                .collect();
+            bars.draw_series(rects)
+                .map_err(|e| err(&e))?
+                .label(*mode)
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled()));
+        }
+        bars.configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(|e| err(&e))?;
+        root.present().map_err(|e| err(&e))?;
+        Ok(())
+    }
 }
 
 impl fmt::Display for UpfReport {
@@ -314,6 +516,28 @@ impl fmt::Display for UpfReport {
                 }
             }
         }
+        if !self.amf.is_empty() {
+            writeln!(f, "\namf (state-heavy NF, 24-line UE contexts), one core, per executor and mode:")?;
+            writeln!(
+                f,
+                "{:>8} {:>11} {:>7} {:>8} {:>11} {:>9} {:>7}",
+                "UEs", "executor", "mode", "Mpps", "cycles/pkt", "dropped", "vs rtc"
+            )?;
+            for r in &self.amf {
+                let v = r.vs_rtc.map_or("-".to_string(), |x| format!("{x:.2}x"));
+                writeln!(
+                    f,
+                    "{:>8} {:>11} {:>7} {:>8.2} {:>11.1} {:>8.1}% {:>7}",
+                    r.ues,
+                    r.exec,
+                    r.mode,
+                    r.mpps,
+                    r.cycles_per_packet,
+                    r.dropped * 100.0,
+                    v
+                )?;
+            }
+        }
         writeln!(f, "\nwhere the cycles go (staged rows; TSC cycles per packet of each pass, whole batches timed):")?;
         writeln!(
             f,
@@ -344,10 +568,24 @@ mod tests {
             execs: vec!["batch".into()],
             packets: 20_000,
             seconds: 0.05,
+            amf_ues: 2048,
             ..UpfBenchOptions::default()
         };
         let r = run_upf(&o).unwrap();
         assert_eq!(r.rows.len(), 4);
+        // The amf rows: every mode, every message to a known UE, each mode against rtc.
+        assert_eq!(r.amf.iter().map(|a| a.mode.as_str()).collect::<Vec<_>>(), ["rtc", "all", "staged"]);
+        for a in &r.amf {
+            assert!(a.mpps > 0.0 && a.dropped == 0.0 && a.vs_rtc.is_some(), "{a:?}");
+        }
+        assert!(r.to_string().contains("amf (state-heavy NF"));
+        // The plot: a PNG file (or, without a font on the machine, an error that says so).
+        let png = std::env::temp_dir().join(format!("flowplane-upf-{}.png", std::process::id()));
+        match r.plot_png(&png) {
+            Ok(()) => assert_eq!(&std::fs::read(&png).unwrap()[1..4], b"PNG"),
+            Err(e) => assert!(e.contains("font"), "{e}"),
+        }
+        let _ = std::fs::remove_file(&png);
         for row in &r.rows {
             assert!(row.mpps > 0.0, "{row:?}");
             assert_eq!(row.forwarded, 1.0, "{row:?}");

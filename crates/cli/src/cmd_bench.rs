@@ -136,6 +136,12 @@ pub enum BenchCmd {
         /// UPF modes, comma-separated: rtc, staged (default: both).
         #[arg(long = "mode", value_delimiter = ',')]
         modes: Vec<String>,
+        /// UEs of the `amf` rows (0: none; default 131072).
+        #[arg(long)]
+        amf_ues: Option<u32>,
+        /// Also draw the rows (Mpps vs PDRs; the amf modes) into this PNG file.
+        #[arg(long)]
+        png: Option<std::path::PathBuf>,
         /// Seconds per measurement.
         #[arg(long, allow_negative_numbers = true)]
         seconds: Option<f64>,
@@ -281,7 +287,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 out!("{rep}");
             }
         }
-        BenchCmd::Upf { sessions, pdrs, execs, dirs, modes, seconds, packets, quick, json } => {
+        BenchCmd::Upf { sessions, pdrs, execs, dirs, modes, amf_ues, png, seconds, packets, quick, json } => {
             let mut o = if quick { UpfBenchOptions::quick() } else { UpfBenchOptions::default() };
             if let Some(s) = sessions {
                 o.sessions = s;
@@ -318,11 +324,23 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             if o.packets == 0 || o.packets > 1 << 28 {
                 return Err(CliError::new("--packets: must be between 1 and 268435456"));
             }
+            if let Some(u) = amf_ues {
+                if u > 1 << 22 {
+                    return Err(CliError::new("--amf-ues: at most 4194304"));
+                }
+                o.amf_ues = u;
+            }
             let rep = run_upf(&o).map_err(CliError::new)?;
+            if let Some(p) = &png {
+                rep.plot_png(p).map_err(CliError::new)?;
+            }
             if json {
                 outln!("{}", serde_json::to_string_pretty(&rep)?);
             } else {
                 out!("{rep}");
+                if let Some(p) = &png {
+                    outln!("plot         {}", p.display());
+                }
             }
         }
         BenchCmd::Table { sizes, batches, insert_every, ops, quick, reverse, json } => {
