@@ -41,6 +41,8 @@ use serde::Serialize;
 use crate::chain::{Chain, Stage};
 use crate::stage::apply_action;
 
+pub(crate) mod ff;
+
 /// Default log entries per core (a power of two; 40 B each: 10 MB). A
 /// core logs every sequence it receives (streaming writes: any log larger
 /// than the cache costs the same per packet), and a core may run at most
@@ -367,12 +369,26 @@ impl ReplicaTable {
         &mut bytemuck::cast_slice_mut::<u64, u8>(w)[..self.size]
     }
 
-    /// Slot `at`'s last-seen time, the idle timeout and its state (a run of
-    /// records of one key updates them without a lookup each).
+    /// The idle timeout.
     #[inline(always)]
-    pub(crate) fn slot_parts(&mut self, at: usize) -> (&mut u64, u64, &mut [u8]) {
+    pub(crate) fn timeout_ns(&self) -> u64 {
+        self.timeout_ns
+    }
+
+    /// Slot `at`'s last-seen time and state (`S` the NF's state: `size` bytes, alignment <= 8).
+    #[inline(always)]
+    pub(crate) fn read_slot<S: bytemuck::Pod>(&self, at: usize) -> (u64, S) {
+        let w = &self.states[at * self.stride..(at + 1) * self.stride];
+        (self.hdr[at].last, *bytemuck::from_bytes(&bytemuck::cast_slice::<u64, u8>(w)[..std::mem::size_of::<S>()]))
+    }
+
+    /// Writes slot `at`'s last-seen time and state (a run of records of one
+    /// key kept them in hand: see [`ff`]).
+    #[inline(always)]
+    pub(crate) fn write_slot<S: bytemuck::Pod>(&mut self, at: usize, last: u64, st: &S) {
+        self.hdr[at].last = last;
         let w = &mut self.states[at * self.stride..(at + 1) * self.stride];
-        (&mut self.hdr[at].last, self.timeout_ns, &mut bytemuck::cast_slice_mut::<u64, u8>(w)[..self.size])
+        *bytemuck::from_bytes_mut(&mut bytemuck::cast_slice_mut::<u64, u8>(w)[..std::mem::size_of::<S>()]) = *st;
     }
 
     /// Touches slot `at` at `now`: whether the state starts over (idle past the timeout).
@@ -541,6 +557,9 @@ pub struct ScrBatch<'a> {
     pub metas: &'a [PktMeta],
     /// The worker's context (each packet runs at its record's time).
     pub ctx: &'a NfContext,
+    /// The chain has one stateful NF: the history entries' survival
+    /// (`alive`) is neither set up nor kept (an entry is live when valid).
+    pub sole: bool,
 }
 
 /// One core's private replica of the chain's state.
@@ -566,6 +585,8 @@ pub struct ScrReplica {
     plan: Vec<Planned>,
     metas: Vec<PktMeta>,
     alive_batch: Vec<bool>,
+    /// The chain has one stateful NF (see [`ScrBatch::sole`]).
+    sole: bool,
     rep: ScrCoreReport,
 }
 
@@ -655,6 +676,7 @@ impl ScrReplica {
             plan: Vec::with_capacity(MAX_BATCH),
             metas: Vec::with_capacity(MAX_BATCH),
             alive_batch: Vec::with_capacity(MAX_BATCH * h.max(1)),
+            sole: chain.stages.iter().filter(|s| matches!(s, Stage::Stateful { .. })).count() == 1,
             rep: ScrCoreReport { core, ..Default::default() },
         }
     }
@@ -849,7 +871,9 @@ impl ScrReplica {
         self.plan.clear();
         self.metas.clear();
         self.alive_batch.clear();
-        self.alive_batch.extend(side.hist[..n * hn].iter().map(|r| r.valid()));
+        if !self.sole {
+            self.alive_batch.extend(side.hist[..n * hn].iter().map(|r| r.valid()));
+        }
         for i in 0..n {
             let s = side.seqs[i];
             if s <= self.max {
@@ -893,7 +917,14 @@ impl ScrReplica {
                     }
                 }
                 (Stage::Stateful { nf, counters, .. }, Some(t)) => {
-                    let b = ScrBatch { plan: &self.plan, hist: side.hist, history: hn, metas: &self.metas, ctx };
+                    let b = ScrBatch {
+                        plan: &self.plan,
+                        hist: side.hist,
+                        history: hn,
+                        metas: &self.metas,
+                        ctx,
+                        sole: self.sole,
+                    };
                     nf.scr_batch(t, &b, &mut self.alive_batch, batch, counters)
                 }
                 (Stage::Stateful { .. }, None) => {}
