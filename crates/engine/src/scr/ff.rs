@@ -92,16 +92,20 @@ fn ff_entries<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
     if !SOLE && alive.len() < recs.len() {
         return;
     }
-    // A run of the key in hand (a heavy flow's N - 1 entries): back to back,
-    // no bookkeeping per entry. A single entry goes the general way (the
-    // run's setup would cost more than it saves).
     let mut j = 0;
-    if recs.len() > 1 && hot.key != NO_KEY && key(&recs[0]) == hot.key {
-        let limit = hot.last.saturating_add(t.timeout_ns());
-        j = run_in_hand::<T, K, SOLE>(nf, &mut hot.st, &mut hot.last, recs, alive, key, hot.key, limit);
-    }
-    // The rest the general way (not live, another key, or idle past the timeout).
     while j < recs.len() {
+        // A run of the key in hand (a heavy flow's N - 1 entries): back to
+        // back, no bookkeeping per entry. Not for a last single entry (the
+        // run's setup would cost more than it saves).
+        if recs.len() - j > 1 && hot.key != NO_KEY && key(&recs[j]) == hot.key {
+            let limit = hot.last.saturating_add(t.timeout_ns());
+            let al = if SOLE { &mut [][..] } else { &mut alive[j..] };
+            j += run_in_hand::<T, K, SOLE>(nf, &mut hot.st, &mut hot.last, &recs[j..], al, key, hot.key, limit);
+            if j == recs.len() {
+                break;
+            }
+        }
+        // One entry the general way (not live, another key, or idle past the timeout).
         let r = &recs[j];
         let live = if SOLE { r.valid() } else { alive[j] };
         if live {
