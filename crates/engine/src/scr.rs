@@ -868,6 +868,23 @@ impl ScrReplica {
     fn process_nf_major(&mut self, chain: &mut Chain, batch: &mut Batch, side: ScrSide<'_>, ctx: &NfContext) {
         let hn = side.history;
         let n = batch.len().min(side.seqs.len()).min(MAX_BATCH).min(side.hist.len() / hn.max(1));
+        // Logging (recovery on, several cores): the batch has no gap
+        // (`no_gaps`), so it logs one contiguous range of sequences, up to its
+        // last packet's: the seqlock opened once for all of it, each packet's
+        // entries written in the bookkeeping pass, `max` and the resolved
+        // mark published once at the end (a core about to wait publishes
+        // what it has written first: `wait_for_slowest`).
+        // Taken, not cloned: an Arc clone per batch would bounce its count between cores.
+        let logs = match self.logs.take() {
+            Some(l) if l.logs.len() > 1 && n > 0 => Some(l),
+            other => {
+                self.logs = other;
+                None
+            }
+        };
+        if let Some(l) = &logs {
+            l.log(self.core).begin(side.seqs[n - 1].max(self.max));
+        }
         self.plan.clear();
         self.metas.clear();
         self.alive_batch.clear();
@@ -893,17 +910,26 @@ impl ScrReplica {
             let at = |k: u64| (hn as u64 - 1 - (s - k)) as u32;
             let ff = if first < s { (at(first), at(s)) } else { (0, 0) };
             self.rep.fast_forwarded += u64::from(ff.1 - ff.0);
-            // Taken, not cloned: an Arc clone per packet would bounce its count between cores.
-            if let Some(logs) = self.logs.take() {
-                if logs.logs.len() > 1 {
-                    // `catch_up`'s logging (no gap here: `no_gaps`).
-                    self.log_entries(&logs, s, first, &side.hist[i * hn + at(first) as usize..(i + 1) * hn]);
+            if let Some(l) = &logs {
+                // `catch_up`'s logging (no gap here: `no_gaps`), the seqlock already open.
+                if s > self.bound {
+                    self.wait_for_slowest(l, s);
                 }
-                self.logs = Some(logs);
+                let log = l.log(self.core);
+                let recs = &side.hist[i * hn + at(first) as usize..(i + 1) * hn];
+                for (k, r) in (first..).zip(recs) {
+                    log.put(k, r);
+                }
             }
             self.plan.push(Planned { i: i as u32, ff });
             self.max = s;
             self.metas.push(PktMeta::parse(batch.data(i)));
+        }
+        if let Some(l) = logs {
+            let log = l.log(self.core);
+            log.publish(self.max);
+            log.resolved.store(self.max, Ordering::Release);
+            self.logs = Some(l);
         }
         for (st, t) in chain.stages.iter_mut().zip(self.tables.iter_mut()) {
             match (st, t.as_mut()) {
@@ -1052,6 +1078,16 @@ impl ScrReplica {
     #[cold]
     fn wait_for_slowest(&mut self, logs: &ScrLogs, seq: u64) {
         let log = logs.log(self.core);
+        // A batch publishes at its end: what is written so far (everything
+        // up to `max`, contiguous) is published before waiting, so a core
+        // recovering from this log or bounded by its resolved mark is never
+        // held back by it (the argument below).
+        if log.max.load(Ordering::Relaxed) < self.max {
+            log.publish(self.max);
+        }
+        if log.resolved.load(Ordering::Relaxed) < self.max {
+            log.resolved.store(self.max, Ordering::Release);
+        }
         let nh = self.seq.history() as u64;
         let room = (log.entries() as u64).saturating_sub(nh).max(nh);
         // Once waiting, wait until the slowest is half the spare room
