@@ -869,21 +869,32 @@ impl ScrReplica {
         let hn = side.history;
         let n = batch.len().min(side.seqs.len()).min(MAX_BATCH).min(side.hist.len() / hn.max(1));
         // Logging (recovery on, several cores): the batch has no gap
-        // (`no_gaps`), so it logs one contiguous range of sequences, up to its
-        // last packet's: the seqlock opened once for all of it, each packet's
-        // entries written in the bookkeeping pass, `max` and the resolved
-        // mark published once at the end (a core about to wait publishes
-        // what it has written first: `wait_for_slowest`).
+        // (`no_gaps`), so it logs one contiguous range of sequences, up to
+        // its last packet's `hi`: the core waits for the slowest once (for
+        // `hi`), opens the seqlock once, writes each packet's entries in the
+        // bookkeeping pass, and publishes `max` and its resolved mark at the
+        // end (a core about to wait publishes what it has written first:
+        // `wait_for_slowest`). Waiting for a whole batch ahead keeps the
+        // deadlock argument of `wait_for_slowest` when the log's spare room
+        // is at least twice the batch's entries; a shorter log logs packet
+        // by packet (`log_entries`).
         // Taken, not cloned: an Arc clone per batch would bounce its count between cores.
-        let logs = match self.logs.take() {
-            Some(l) if l.logs.len() > 1 && n > 0 => Some(l),
-            other => {
-                self.logs = other;
-                None
+        let (mut logs, mut per_packet) = (None, None);
+        match self.logs.take() {
+            Some(l) if l.logs.len() > 1 && n > 0 => {
+                let room = (l.log(self.core).entries() as u64).saturating_sub(hn as u64);
+                if room >= 2 * (n * hn) as u64 {
+                    let hi = side.seqs[n - 1].max(self.max);
+                    if hi > self.bound {
+                        self.wait_for_slowest(&l, hi);
+                    }
+                    l.log(self.core).begin(hi);
+                    logs = Some(l);
+                } else {
+                    per_packet = Some(l);
+                }
             }
-        };
-        if let Some(l) = &logs {
-            l.log(self.core).begin(side.seqs[n - 1].max(self.max));
+            other => self.logs = other,
         }
         self.plan.clear();
         self.metas.clear();
@@ -910,16 +921,15 @@ impl ScrReplica {
             let at = |k: u64| (hn as u64 - 1 - (s - k)) as u32;
             let ff = if first < s { (at(first), at(s)) } else { (0, 0) };
             self.rep.fast_forwarded += u64::from(ff.1 - ff.0);
+            let recs = &side.hist[i * hn + at(first) as usize..(i + 1) * hn];
             if let Some(l) = &logs {
-                // `catch_up`'s logging (no gap here: `no_gaps`), the seqlock already open.
-                if s > self.bound {
-                    self.wait_for_slowest(l, s);
-                }
+                // `catch_up`'s logging (no gap here: `no_gaps`), the seqlock open, the wait done.
                 let log = l.log(self.core);
-                let recs = &side.hist[i * hn + at(first) as usize..(i + 1) * hn];
                 for (k, r) in (first..).zip(recs) {
                     log.put(k, r);
                 }
+            } else if let Some(l) = &per_packet {
+                self.log_entries(l, s, first, recs);
             }
             self.plan.push(Planned { i: i as u32, ff });
             self.max = s;
@@ -930,6 +940,8 @@ impl ScrReplica {
             log.publish(self.max);
             log.resolved.store(self.max, Ordering::Release);
             self.logs = Some(l);
+        } else if per_packet.is_some() {
+            self.logs = per_packet;
         }
         for (st, t) in chain.stages.iter_mut().zip(self.tables.iter_mut()) {
             match (st, t.as_mut()) {
