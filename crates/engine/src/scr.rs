@@ -369,6 +369,19 @@ impl ReplicaTable {
         &mut bytemuck::cast_slice_mut::<u64, u8>(w)[..self.size]
     }
 
+    /// The slot of `key` when it is the key looked up last (a run of it needs no lookup).
+    #[inline(always)]
+    pub(crate) fn cached(&self, key: u128) -> Option<usize> {
+        (key == self.hot_key && self.hot_at != usize::MAX).then_some(self.hot_at)
+    }
+
+    /// Slot `at`'s state (`S` the NF's state: `size` bytes, alignment <= 8).
+    #[inline(always)]
+    pub(crate) fn state_of<S: bytemuck::Pod>(&mut self, at: usize) -> &mut S {
+        let w = &mut self.states[at * self.stride..(at + 1) * self.stride];
+        bytemuck::from_bytes_mut(&mut bytemuck::cast_slice_mut::<u64, u8>(w)[..std::mem::size_of::<S>()])
+    }
+
     /// The idle timeout.
     #[inline(always)]
     pub(crate) fn timeout_ns(&self) -> u64 {
@@ -1434,7 +1447,8 @@ mod tests {
         let size = nf(&mut ca).state_size();
         // Time unit: a tenth of the window (1 ms); idle timeout 5 windows.
         const U: u64 = 100_000;
-        let (mut ta, mut tb) = (ReplicaTable::new(KeyOf::Src, 64, size, 5 * U), ReplicaTable::new(KeyOf::Src, 64, size, 5 * U));
+        let (mut ta, mut tb) =
+            (ReplicaTable::new(KeyOf::Src, 64, size, 5 * U), ReplicaTable::new(KeyOf::Src, 64, size, 5 * U));
         let mut x = 0x9e37_79b9u32;
         let mut next = move |m: u32| {
             x ^= x << 13;

@@ -295,8 +295,8 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
         recs: &[flowplane_nf::stateful::ScrRecord],
         alive: &mut [bool],
     ) {
-        use crate::scr::KeyOf;
         use crate::scr::ff::fast_forward;
+        use crate::scr::KeyOf;
         // One loop per key kind, the key computation inlined.
         match t.key_of {
             KeyOf::Src => fast_forward::<T, _>(&mut self.0, t, recs, alive, |r| KeyOf::Src.key(r)),
