@@ -934,15 +934,14 @@ impl ScrReplica {
             let at = |k: u64| (hn as u64 - 1 - (s - k)) as u32;
             let ff = if first < s { (at(first), at(s)) } else { (0, 0) };
             self.rep.fast_forwarded += u64::from(ff.1 - ff.0);
-            let recs = &side.hist[i * hn + at(first) as usize..(i + 1) * hn];
             if let Some(l) = &logs {
                 // `catch_up`'s logging (no gap here: `no_gaps`), the seqlock open, the wait done.
                 let log = l.log(self.core);
-                for (k, r) in (first..).zip(recs) {
+                for (k, r) in (first..).zip(&side.hist[i * hn + at(first) as usize..(i + 1) * hn]) {
                     log.put(k, r);
                 }
             } else if let Some(l) = &per_packet {
-                self.log_entries(l, s, first, recs);
+                self.log_entries(l, s, first, &side.hist[i * hn + at(first) as usize..(i + 1) * hn]);
             }
             self.plan.push(Planned { i: i as u32, ff });
             self.max = s;
