@@ -41,6 +41,8 @@ use serde::Serialize;
 use crate::chain::{Chain, Stage};
 use crate::stage::apply_action;
 
+pub(crate) mod ff;
+
 /// Default log entries per core (a power of two; 40 B each: 10 MB). A
 /// core logs every sequence it receives (streaming writes: any log larger
 /// than the cache costs the same per packet), and a core may run at most
@@ -367,12 +369,39 @@ impl ReplicaTable {
         &mut bytemuck::cast_slice_mut::<u64, u8>(w)[..self.size]
     }
 
-    /// Slot `at`'s last-seen time, the idle timeout and its state (a run of
-    /// records of one key updates them without a lookup each).
+    /// The slot of `key` when it is the key looked up last (a run of it needs no lookup).
     #[inline(always)]
-    pub(crate) fn slot_parts(&mut self, at: usize) -> (&mut u64, u64, &mut [u8]) {
+    pub(crate) fn cached(&self, key: u128) -> Option<usize> {
+        (key == self.hot_key && self.hot_at != usize::MAX).then_some(self.hot_at)
+    }
+
+    /// Slot `at`'s state (`S` the NF's state: `size` bytes, alignment <= 8).
+    #[inline(always)]
+    pub(crate) fn state_of<S: bytemuck::Pod>(&mut self, at: usize) -> &mut S {
         let w = &mut self.states[at * self.stride..(at + 1) * self.stride];
-        (&mut self.hdr[at].last, self.timeout_ns, &mut bytemuck::cast_slice_mut::<u64, u8>(w)[..self.size])
+        bytemuck::from_bytes_mut(&mut bytemuck::cast_slice_mut::<u64, u8>(w)[..std::mem::size_of::<S>()])
+    }
+
+    /// The idle timeout.
+    #[inline(always)]
+    pub(crate) fn timeout_ns(&self) -> u64 {
+        self.timeout_ns
+    }
+
+    /// Slot `at`'s last-seen time and state (`S` the NF's state: `size` bytes, alignment <= 8).
+    #[inline(always)]
+    pub(crate) fn read_slot<S: bytemuck::Pod>(&self, at: usize) -> (u64, S) {
+        let w = &self.states[at * self.stride..(at + 1) * self.stride];
+        (self.hdr[at].last, *bytemuck::from_bytes(&bytemuck::cast_slice::<u64, u8>(w)[..std::mem::size_of::<S>()]))
+    }
+
+    /// Writes slot `at`'s last-seen time and state (a run of records of one
+    /// key kept them in hand: see [`ff`]).
+    #[inline(always)]
+    pub(crate) fn write_slot<S: bytemuck::Pod>(&mut self, at: usize, last: u64, st: &S) {
+        self.hdr[at].last = last;
+        let w = &mut self.states[at * self.stride..(at + 1) * self.stride];
+        *bytemuck::from_bytes_mut(&mut bytemuck::cast_slice_mut::<u64, u8>(w)[..std::mem::size_of::<S>()]) = *st;
     }
 
     /// Touches slot `at` at `now`: whether the state starts over (idle past the timeout).
@@ -541,6 +570,9 @@ pub struct ScrBatch<'a> {
     pub metas: &'a [PktMeta],
     /// The worker's context (each packet runs at its record's time).
     pub ctx: &'a NfContext,
+    /// The chain has one stateful NF: the history entries' survival
+    /// (`alive`) is neither set up nor kept (an entry is live when valid).
+    pub sole: bool,
 }
 
 /// One core's private replica of the chain's state.
@@ -566,6 +598,8 @@ pub struct ScrReplica {
     plan: Vec<Planned>,
     metas: Vec<PktMeta>,
     alive_batch: Vec<bool>,
+    /// The chain has one stateful NF (see [`ScrBatch::sole`]).
+    sole: bool,
     rep: ScrCoreReport,
 }
 
@@ -655,6 +689,7 @@ impl ScrReplica {
             plan: Vec::with_capacity(MAX_BATCH),
             metas: Vec::with_capacity(MAX_BATCH),
             alive_batch: Vec::with_capacity(MAX_BATCH * h.max(1)),
+            sole: chain.stages.iter().filter(|s| matches!(s, Stage::Stateful { .. })).count() == 1,
             rep: ScrCoreReport { core, ..Default::default() },
         }
     }
@@ -846,10 +881,40 @@ impl ScrReplica {
     fn process_nf_major(&mut self, chain: &mut Chain, batch: &mut Batch, side: ScrSide<'_>, ctx: &NfContext) {
         let hn = side.history;
         let n = batch.len().min(side.seqs.len()).min(MAX_BATCH).min(side.hist.len() / hn.max(1));
+        // Logging (recovery on, several cores): the batch has no gap
+        // (`no_gaps`), so it logs one contiguous range of sequences, up to
+        // its last packet's `hi`: the core waits for the slowest once (for
+        // `hi`), opens the seqlock once, writes each packet's entries in the
+        // bookkeeping pass, and publishes `max` and its resolved mark at the
+        // end (a core about to wait publishes what it has written first:
+        // `wait_for_slowest`). Waiting for a whole batch ahead keeps the
+        // deadlock argument of `wait_for_slowest` when the log's spare room
+        // is at least twice the batch's entries; a shorter log logs packet
+        // by packet (`log_entries`).
+        // Taken, not cloned: an Arc clone per batch would bounce its count between cores.
+        let (mut logs, mut per_packet) = (None, None);
+        match self.logs.take() {
+            Some(l) if l.logs.len() > 1 && n > 0 => {
+                let room = (l.log(self.core).entries() as u64).saturating_sub(hn as u64);
+                if room >= 2 * (n * hn) as u64 {
+                    let hi = side.seqs[n - 1].max(self.max);
+                    if hi > self.bound {
+                        self.wait_for_slowest(&l, hi);
+                    }
+                    l.log(self.core).begin(hi);
+                    logs = Some(l);
+                } else {
+                    per_packet = Some(l);
+                }
+            }
+            other => self.logs = other,
+        }
         self.plan.clear();
         self.metas.clear();
         self.alive_batch.clear();
-        self.alive_batch.extend(side.hist[..n * hn].iter().map(|r| r.valid()));
+        if !self.sole {
+            self.alive_batch.extend(side.hist[..n * hn].iter().map(|r| r.valid()));
+        }
         for i in 0..n {
             let s = side.seqs[i];
             if s <= self.max {
@@ -869,17 +934,26 @@ impl ScrReplica {
             let at = |k: u64| (hn as u64 - 1 - (s - k)) as u32;
             let ff = if first < s { (at(first), at(s)) } else { (0, 0) };
             self.rep.fast_forwarded += u64::from(ff.1 - ff.0);
-            // Taken, not cloned: an Arc clone per packet would bounce its count between cores.
-            if let Some(logs) = self.logs.take() {
-                if logs.logs.len() > 1 {
-                    // `catch_up`'s logging (no gap here: `no_gaps`).
-                    self.log_entries(&logs, s, first, &side.hist[i * hn + at(first) as usize..(i + 1) * hn]);
+            if let Some(l) = &logs {
+                // `catch_up`'s logging (no gap here: `no_gaps`), the seqlock open, the wait done.
+                let log = l.log(self.core);
+                for (k, r) in (first..).zip(&side.hist[i * hn + at(first) as usize..(i + 1) * hn]) {
+                    log.put(k, r);
                 }
-                self.logs = Some(logs);
+            } else if let Some(l) = &per_packet {
+                self.log_entries(l, s, first, &side.hist[i * hn + at(first) as usize..(i + 1) * hn]);
             }
             self.plan.push(Planned { i: i as u32, ff });
             self.max = s;
             self.metas.push(PktMeta::parse(batch.data(i)));
+        }
+        if let Some(l) = logs {
+            let log = l.log(self.core);
+            log.publish(self.max);
+            log.resolved.store(self.max, Ordering::Release);
+            self.logs = Some(l);
+        } else if per_packet.is_some() {
+            self.logs = per_packet;
         }
         for (st, t) in chain.stages.iter_mut().zip(self.tables.iter_mut()) {
             match (st, t.as_mut()) {
@@ -893,7 +967,14 @@ impl ScrReplica {
                     }
                 }
                 (Stage::Stateful { nf, counters, .. }, Some(t)) => {
-                    let b = ScrBatch { plan: &self.plan, hist: side.hist, history: hn, metas: &self.metas, ctx };
+                    let b = ScrBatch {
+                        plan: &self.plan,
+                        hist: side.hist,
+                        history: hn,
+                        metas: &self.metas,
+                        ctx,
+                        sole: self.sole,
+                    };
                     nf.scr_batch(t, &b, &mut self.alive_batch, batch, counters)
                 }
                 (Stage::Stateful { .. }, None) => {}
@@ -1021,6 +1102,16 @@ impl ScrReplica {
     #[cold]
     fn wait_for_slowest(&mut self, logs: &ScrLogs, seq: u64) {
         let log = logs.log(self.core);
+        // A batch publishes at its end: what is written so far (everything
+        // up to `max`, contiguous) is published before waiting, so a core
+        // recovering from this log or bounded by its resolved mark is never
+        // held back by it (the argument below).
+        if log.max.load(Ordering::Relaxed) < self.max {
+            log.publish(self.max);
+        }
+        if log.resolved.load(Ordering::Relaxed) < self.max {
+            log.resolved.store(self.max, Ordering::Release);
+        }
         let nh = self.seq.history() as u64;
         let room = (log.entries() as u64).saturating_sub(nh).max(nh);
         // Once waiting, wait until the slowest is half the spare room
@@ -1335,6 +1426,79 @@ mod tests {
         assert!(!s.fresh);
         let s = a.lookup(a.key_of.key(&rec(999 % 300, 999)), 2000).unwrap();
         assert!(s.fresh, "idle past the timeout starts over");
+    }
+
+    /// The fast-forward with the key in hand (runs back to back, one
+    /// write-back) leaves the same states, last-seen times and survivals as
+    /// a lookup and a transition per entry: keys interleaved, runs going
+    /// idle past the timeout inside and between calls, times going back,
+    /// invalid records, a table small enough to sweep.
+    #[test]
+    fn fast_forward_in_hand_equals_entry_by_entry() {
+        let spec = crate::spec::parse("ddos(threshold=3,window=0.001)").unwrap();
+        let (mut ca, mut cb) = (Chain::build(&spec).unwrap(), Chain::build(&spec).unwrap());
+        fn nf(c: &mut Chain) -> &mut Box<dyn crate::stage::StatefulStage> {
+            match &mut c.stages[0] {
+                Stage::Stateful { nf, .. } => nf,
+                Stage::Stateless(_) => unreachable!(),
+            }
+        }
+        let size = nf(&mut ca).state_size();
+        // Time unit: a tenth of the window (1 ms); idle timeout 5 windows.
+        const U: u64 = 100_000;
+        let (mut ta, mut tb) =
+            (ReplicaTable::new(KeyOf::Src, 64, size, 5 * U), ReplicaTable::new(KeyOf::Src, 64, size, 5 * U));
+        let mut x = 0x9e37_79b9u32;
+        let mut next = move |m: u32| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x % m
+        };
+        let (mut ts, mut src, mut recs) = (1_000u64, 1u32, Vec::new());
+        for _ in 0..20_000 {
+            if next(4) == 0 {
+                src = if next(8) == 0 { 1000 + next(200) } else { 1 + next(3) };
+            }
+            ts = match next(16) {
+                0 => ts + 200 * U,
+                1 => ts.saturating_sub(30 * U),
+                _ => ts + u64::from(next(12)) * U / 4,
+            };
+            let mut r = rec(src, ts);
+            if next(64) == 0 {
+                r = ScrRecord::default();
+                r.set_ts_ns(ts);
+            }
+            recs.push(r);
+        }
+        let (mut i, mut got, mut want) = (0, Vec::new(), Vec::new());
+        while i < recs.len() {
+            let n = (1 + next(9) as usize).min(recs.len() - i);
+            let chunk = &recs[i..i + n];
+            let mut alive: Vec<bool> = chunk.iter().map(|r| r.valid()).collect();
+            nf(&mut ca).scr_fast_forward(&mut ta, chunk, &mut alive);
+            got.extend(alive);
+            for r in chunk {
+                let ctx = NfContext { now_tsc: 0, now_ns: r.ts_ns() };
+                let pass = r.valid()
+                    && match tb.lookup(tb.key_of.key(r), r.ts_ns()) {
+                        Some(s) => {
+                            if s.fresh {
+                                nf(&mut cb).scr_init_bytes(r, &ctx, tb.state(s.at));
+                            }
+                            let st = tb.state(s.at);
+                            nf(&mut cb).scr_transition_bytes(st, r, &ctx)
+                        }
+                        None => true,
+                    };
+                want.push(pass);
+            }
+            i += n;
+        }
+        assert!(ta.sweeps > 0 && got.iter().any(|&a| !a) && got.iter().filter(|&&a| a).count() > 1000);
+        assert_eq!(got, want);
+        assert_eq!(ta.digest(), tb.digest());
     }
 
     /// Fast-forward cost per history entry (run with --ignored --nocapture; a figure, not a check).

@@ -245,102 +245,6 @@ fn cast_mut<S: Pod>(bytes: &mut [u8]) -> &mut S {
     bytemuck::from_bytes_mut(&mut bytes[..std::mem::size_of::<S>()])
 }
 
-/// SCR fast-forward of one NF over history entries (see `StatefulStage::scr_fast_forward`).
-#[inline(always)]
-fn scr_ff_loop<T: StatefulNf, K: Fn(&flowplane_nf::stateful::ScrRecord) -> u128>(
-    nf: &mut T,
-    t: &mut crate::scr::ReplicaTable,
-    recs: &[flowplane_nf::stateful::ScrRecord],
-    alive: &mut [bool],
-    key: K,
-) {
-    let n = recs.len().min(alive.len());
-    let mut i = 0;
-    while i < n {
-        let r = &recs[i];
-        if !alive[i] {
-            i += 1;
-            continue;
-        }
-        let k = key(r);
-        let now = r.ts_ns();
-        let Some(slot) = t.lookup(k, now) else {
-            i += 1;
-            continue;
-        };
-        let (last, timeout, bytes) = t.slot_parts(slot.at);
-        let st = cast_mut::<T::State>(bytes);
-        let ctx = NfContext { now_tsc: 0, now_ns: now };
-        if slot.fresh {
-            *st = nf.scr_init(r, &ctx);
-        }
-        alive[i] = nf.scr_transition(st, r, &ctx);
-        i += 1;
-        // The same key again (a heavy flow's run): the state in hand (in
-        // registers, written back once), no lookup; last-seen and expiry
-        // exactly as `lookup` keeps them.
-        if i < n && alive[i] && key(&recs[i]) == k {
-            let (mut l, mut s) = (*last, *st);
-            while i < n && alive[i] && key(&recs[i]) == k {
-                let r = &recs[i];
-                let now = r.ts_ns();
-                let fresh = now.saturating_sub(l) > timeout;
-                l = if fresh { now } else { l.max(now) };
-                let ctx = NfContext { now_tsc: 0, now_ns: now };
-                if fresh {
-                    s = nf.scr_init(r, &ctx);
-                }
-                alive[i] = nf.scr_transition(&mut s, r, &ctx);
-                i += 1;
-            }
-            (*last, *st) = (l, s);
-        }
-    }
-}
-
-/// [`StatefulStage::scr_batch`] for one NF type and key kind.
-#[inline(always)]
-fn scr_batch_loop<T: StatefulNf, K: Fn(&flowplane_nf::stateful::ScrRecord) -> u128>(
-    nf: &mut T,
-    t: &mut crate::scr::ReplicaTable,
-    b: &crate::scr::ScrBatch<'_>,
-    alive: &mut [bool],
-    batch: &mut Batch,
-    counters: &mut NfCounters,
-    key: K,
-) {
-    let (hist, hn) = (b.hist, b.history);
-    for p in b.plan {
-        let i = p.i as usize;
-        let base = i * hn;
-        let (lo, hi) = (base + p.ff.0 as usize, base + p.ff.1 as usize);
-        if let (Some(recs), Some(al)) = (hist.get(lo..hi), alive.get_mut(lo..hi)) {
-            scr_ff_loop::<T, _>(nf, t, recs, al, &key);
-        }
-        if batch.verdicts()[i] == DROP {
-            continue;
-        }
-        let (Some(r), Some(meta)) = (hist.get(base + hn - 1), b.metas.get(i)) else { continue };
-        counters.packets_in += 1;
-        counters.bytes_in += u64::from(batch.lens()[i]);
-        let now = r.ts_ns();
-        let c = NfContext { now_ns: now, ..*b.ctx };
-        let action = if !r.valid() || !meta.valid {
-            nf.on_unparsed()
-        } else if let Some(slot) = t.lookup(key(r), now) {
-            let st = cast_mut::<T::State>(t.state(slot.at));
-            if slot.fresh {
-                *st = nf.scr_init(r, &c);
-            }
-            nf.process(&mut Pkt::new(batch.data_mut(i), meta), st, &c)
-        } else {
-            // Table full on every core alike: the packet passes untracked.
-            Action::Pass
-        };
-        apply_action(batch, i, action, counters);
-    }
-}
-
 impl<T: StatefulNf> StatefulStage for Typed<T> {
     fn name(&self) -> &'static str {
         self.0.name()
@@ -391,13 +295,14 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
         recs: &[flowplane_nf::stateful::ScrRecord],
         alive: &mut [bool],
     ) {
+        use crate::scr::ff::fast_forward;
         use crate::scr::KeyOf;
         // One loop per key kind, the key computation inlined.
         match t.key_of {
-            KeyOf::Src => scr_ff_loop::<T, _>(&mut self.0, t, recs, alive, |r| KeyOf::Src.key(r)),
-            KeyOf::Dst => scr_ff_loop::<T, _>(&mut self.0, t, recs, alive, |r| KeyOf::Dst.key(r)),
-            KeyOf::Flow => scr_ff_loop::<T, _>(&mut self.0, t, recs, alive, |r| KeyOf::Flow.key(r)),
-            KeyOf::Connection => scr_ff_loop::<T, _>(&mut self.0, t, recs, alive, |r| KeyOf::Connection.key(r)),
+            KeyOf::Src => fast_forward::<T, _>(&mut self.0, t, recs, alive, |r| KeyOf::Src.key(r)),
+            KeyOf::Dst => fast_forward::<T, _>(&mut self.0, t, recs, alive, |r| KeyOf::Dst.key(r)),
+            KeyOf::Flow => fast_forward::<T, _>(&mut self.0, t, recs, alive, |r| KeyOf::Flow.key(r)),
+            KeyOf::Connection => fast_forward::<T, _>(&mut self.0, t, recs, alive, |r| KeyOf::Connection.key(r)),
         }
     }
     #[inline]
@@ -409,13 +314,23 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
         batch: &mut Batch,
         counters: &mut NfCounters,
     ) {
+        use crate::scr::ff::batch as run;
         use crate::scr::KeyOf;
         let nf = &mut self.0;
-        match t.key_of {
-            KeyOf::Src => scr_batch_loop::<T, _>(nf, t, b, alive, batch, counters, |r| KeyOf::Src.key(r)),
-            KeyOf::Dst => scr_batch_loop::<T, _>(nf, t, b, alive, batch, counters, |r| KeyOf::Dst.key(r)),
-            KeyOf::Flow => scr_batch_loop::<T, _>(nf, t, b, alive, batch, counters, |r| KeyOf::Flow.key(r)),
-            KeyOf::Connection => scr_batch_loop::<T, _>(nf, t, b, alive, batch, counters, |r| KeyOf::Connection.key(r)),
+        // One loop per key kind and alive bookkeeping (one stateful NF: none).
+        match (t.key_of, b.sole) {
+            (KeyOf::Src, true) => run::<T, _, true>(nf, t, b, alive, batch, counters, |r| KeyOf::Src.key(r)),
+            (KeyOf::Src, false) => run::<T, _, false>(nf, t, b, alive, batch, counters, |r| KeyOf::Src.key(r)),
+            (KeyOf::Dst, true) => run::<T, _, true>(nf, t, b, alive, batch, counters, |r| KeyOf::Dst.key(r)),
+            (KeyOf::Dst, false) => run::<T, _, false>(nf, t, b, alive, batch, counters, |r| KeyOf::Dst.key(r)),
+            (KeyOf::Flow, true) => run::<T, _, true>(nf, t, b, alive, batch, counters, |r| KeyOf::Flow.key(r)),
+            (KeyOf::Flow, false) => run::<T, _, false>(nf, t, b, alive, batch, counters, |r| KeyOf::Flow.key(r)),
+            (KeyOf::Connection, true) => {
+                run::<T, _, true>(nf, t, b, alive, batch, counters, |r| KeyOf::Connection.key(r))
+            }
+            (KeyOf::Connection, false) => {
+                run::<T, _, false>(nf, t, b, alive, batch, counters, |r| KeyOf::Connection.key(r))
+            }
         }
     }
     fn scr_init_bytes(&mut self, rec: &flowplane_nf::stateful::ScrRecord, ctx: &NfContext, out: &mut [u8]) {
