@@ -35,10 +35,10 @@
 
 #[path = "../upf/cls.rs"]
 pub mod cls;
-#[path = "../upf/fast.rs"]
-pub mod fast;
 #[path = "../upf/control.rs"]
 pub mod control;
+#[path = "../upf/fast.rs"]
+pub mod fast;
 #[path = "../upf/pfcp.rs"]
 pub mod pfcp;
 #[path = "../upf/rules.rs"]
@@ -697,7 +697,8 @@ impl Upf {
                     return Outcome::Drop;
                 };
                 let sc = &mut *self.scratch;
-                (sc.pdr[i], sc.inner_at[i], sc.inner_len[i], sc.v6[i]) = (pi, u.inner_at as u16, u.inner_len as u16, false);
+                (sc.pdr[i], sc.inner_at[i], sc.inner_len[i], sc.v6[i]) =
+                    (pi, u.inner_at as u16, u.inner_len as u16, false);
                 return Outcome::Pending;
             }
         }

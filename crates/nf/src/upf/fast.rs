@@ -234,7 +234,10 @@ mod tests {
         let f = udp4(DN, UE, 5060, 4000);
         let (p, len) = downlink_v4(&f, &PktMeta::parse(&f)).expect("fast path");
         assert_eq!(Some((p, len)), general_dl(&f));
-        assert_eq!((p.ue, p.remote, p.ue_port, p.remote_port, len), (u32::from_be_bytes(UE), u32::from_be_bytes(DN), 4000, 5060, f.len() - 14));
+        assert_eq!(
+            (p.ue, p.remote, p.ue_port, p.remote_port, len),
+            (u32::from_be_bytes(UE), u32::from_be_bytes(DN), 4000, 5060, f.len() - 14)
+        );
         let mut opts = f.clone();
         opts[14] = 0x46;
         assert!(downlink_v4(&opts, &PktMeta::parse(&opts)).is_none());
