@@ -213,6 +213,19 @@ pub fn trace(plan: &UpfPlan, packets: u64, size: u16) -> Result<Arc<ReplayTrace>
     Ok(load_generated(gen, &dispatch).map_err(|e| e.to_string())?.0)
 }
 
+/// One measurement's run: one core, `o`'s batch and seconds (half of them, at most 1 s, of warm-up).
+fn one_core(o: &UpfBenchOptions, kind: ExecKind) -> RunConfig {
+    RunConfig {
+        cores: 1,
+        batch_size: o.batch,
+        loops: None,
+        duration: Some(Duration::from_secs_f64(o.seconds)),
+        warmup: Some(Duration::from_secs_f64((o.seconds / 2.0).min(1.0))),
+        exec: ExecConfig { kind, flows: 4096, ..ExecConfig::default() },
+        ..RunConfig::default()
+    }
+}
+
 /// Runs the UPF benchmark.
 pub fn run_upf(o: &UpfBenchOptions) -> Result<UpfReport, String> {
     let execs: Vec<ExecKind> = if o.execs.is_empty() {
@@ -242,16 +255,7 @@ pub fn run_upf(o: &UpfBenchOptions) -> Result<UpfReport, String> {
                     let profile = mode == "staged";
                     let chain = format!("upf(rules={name}, mode={mode}, usage=false, profile={profile})");
                     let spec = spec::parse(&chain).map_err(|e| e.to_string())?;
-                    let cfg = RunConfig {
-                        cores: 1,
-                        batch_size: o.batch,
-                        loops: None,
-                        duration: Some(Duration::from_secs_f64(o.seconds)),
-                        warmup: Some(Duration::from_secs_f64((o.seconds / 2.0).min(1.0))),
-                        exec: ExecConfig { kind, flows: 4096, ..ExecConfig::default() },
-                        ..RunConfig::default()
-                    };
-                    let r = run(&cfg, &spec, t.clone(), Output::Discard).map_err(|e| e.to_string())?;
+                    let r = run(&one_core(o, kind), &spec, t.clone(), Output::Discard).map_err(|e| e.to_string())?;
                     let nf = r.nfs.iter().find(|n| n.name == "upf");
                     let forwarded =
                         nf.map_or(0.0, |n| n.counters.packets_out as f64 / n.counters.packets_in.max(1) as f64);
@@ -321,16 +325,7 @@ fn run_amf(o: &UpfBenchOptions, execs: &[ExecKind]) -> Result<Vec<AmfRow>, Strin
     for &kind in execs {
         for mode in &o.amf_modes {
             let spec = spec::parse(&format!("amf(ues={}, mode={mode})", o.amf_ues)).map_err(|e| e.to_string())?;
-            let cfg = RunConfig {
-                cores: 1,
-                batch_size: o.batch,
-                loops: None,
-                duration: Some(Duration::from_secs_f64(o.seconds)),
-                warmup: Some(Duration::from_secs_f64((o.seconds / 2.0).min(1.0))),
-                exec: ExecConfig { kind, flows: 4096, ..ExecConfig::default() },
-                ..RunConfig::default()
-            };
-            let r = run(&cfg, &spec, t.clone(), Output::Discard).map_err(|e| e.to_string())?;
+            let r = run(&one_core(o, kind), &spec, t.clone(), Output::Discard).map_err(|e| e.to_string())?;
             let nf = r.nfs.iter().find(|n| n.name == "amf");
             let dropped = nf.map_or(1.0, |n| n.counters.dropped as f64 / n.counters.packets_in.max(1) as f64);
             rows.push(AmfRow {
