@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use flowplane_engine::mlffr::{search, MlffrConfig};
-use flowplane_engine::runner::{prepare, Input};
+use flowplane_engine::runner::{prepare, Input, RunConfig};
 
 use crate::cmd_run::{config, parse_gen, validate, RunArgs, DEFAULT_GEN};
 use crate::error::CliError;
@@ -76,6 +76,19 @@ pub struct MlffrArgs {
     pub send_cpu: Option<usize>,
 }
 
+/// The search's settings from the options (shared by the in-memory and the port search).
+pub(crate) fn search_config(a: &MlffrArgs, cfg: &RunConfig) -> MlffrConfig {
+    MlffrConfig {
+        loss: a.loss / 100.0,
+        resolution: a.resolution / 100.0,
+        trial: Duration::from_secs_f64(a.trial),
+        max_rate: a.max_rate,
+        // `--warmup`: the learning phase before each trial (losses there do not count).
+        warmup: cfg.warmup.unwrap_or(MlffrConfig::default().warmup),
+    }
+}
+
+/// `flowplane mlffr`: the in-memory search, or the port search when `--input` names a port.
 pub fn run(mut a: MlffrArgs) -> Result<(), CliError> {
     validate(&a.run)?;
     if !(a.loss.is_finite() && (0.0..100.0).contains(&a.loss)) {
@@ -110,15 +123,7 @@ pub fn run(mut a: MlffrArgs) -> Result<(), CliError> {
         None => Input::Generated(Box::new(parse_gen(a.run.gen.as_deref().unwrap_or(DEFAULT_GEN))?)),
     };
     let prepared = prepare(&cfg, &spec, input, a.run.symmetric_rss)?;
-    let m = MlffrConfig {
-        loss: a.loss / 100.0,
-        resolution: a.resolution / 100.0,
-        trial: Duration::from_secs_f64(a.trial),
-        max_rate: a.max_rate,
-        // `--warmup`: the learning phase before each trial (losses there do not count).
-        warmup: cfg.warmup.unwrap_or(MlffrConfig::default().warmup),
-    };
-    let r = search(&cfg, &spec, &prepared, &m)?;
+    let r = search(&cfg, &spec, &prepared, &search_config(&a, &cfg))?;
     if a.run.json {
         let mut v = serde_json::to_value(&r)?;
         v["chain"] = serde_json::Value::String(a.run.chain.clone());

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use flowplane_engine::mlffr::MlffrConfig;
 use flowplane_engine::mlffr_port::{frames_of, search_ports, sender_frame_room, PortRig};
 use flowplane_engine::runner::{prepare, Input};
 use flowplane_engine::EngineError;
@@ -14,7 +13,7 @@ use flowplane_io::port::peer::PeerSpec;
 use flowplane_io::port::{self, Port, PortOptions, PortSpec};
 
 use crate::cmd_live::{output_ports, port_options};
-use crate::cmd_mlffr::{MlffrArgs, PORT_GEN};
+use crate::cmd_mlffr::{search_config, MlffrArgs, PORT_GEN};
 use crate::cmd_run::{config, parse_gen};
 use crate::error::CliError;
 
@@ -102,13 +101,7 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
         sender_cpu,
         drain: Duration::from_secs_f64(a.drain),
     };
-    let m = MlffrConfig {
-        loss: a.loss / 100.0,
-        resolution: a.resolution / 100.0,
-        trial: Duration::from_secs_f64(a.trial),
-        max_rate: a.max_rate,
-        warmup: cfg.warmup.unwrap_or(MlffrConfig::default().warmup),
-    };
+    let m = search_config(&a, &cfg);
     let r = search_ports(&cfg, &spec, &rig, &m, Some(&prepared), names)?;
     if a.run.json {
         let mut v = serde_json::to_value(&r)?;

@@ -78,6 +78,19 @@ pub struct Mlffr {
     pub trials: Vec<Trial>,
 }
 
+/// One trial's run of `cfg`: offered at `rate` (None: full speed), for the
+/// trial's time after its learning phase, no export files.
+pub(crate) fn trial_config(cfg: &RunConfig, m: &MlffrConfig, rate: Option<f64>) -> RunConfig {
+    RunConfig {
+        rate_pps: rate,
+        loops: None,
+        duration: Some(m.trial),
+        warmup: Some(m.warmup),
+        export: Vec::new(),
+        ..cfg.clone()
+    }
+}
+
 fn trial(
     cfg: &RunConfig,
     spec: &ChainSpec,
@@ -85,15 +98,7 @@ fn trial(
     rate: Option<f64>,
     m: &MlffrConfig,
 ) -> Result<(Trial, f64), EngineError> {
-    let c = RunConfig {
-        rate_pps: rate,
-        loops: None,
-        duration: Some(m.trial),
-        warmup: Some(m.warmup),
-        export: Vec::new(),
-        ..cfg.clone()
-    };
-    let r = run_prepared(&c, spec, p, Output::Discard)?;
+    let r = run_prepared(&trial_config(cfg, m, rate), spec, p, Output::Discard)?;
     let sc = r.scale.as_ref();
     // Counted from the end of the learning phase (the transmit counters restart there too).
     let lost = sc.map_or(0, |s| s.rx_ring_full_measured) + r.tx_errors;

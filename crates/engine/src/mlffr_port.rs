@@ -36,7 +36,7 @@ use serde::Serialize;
 
 use crate::error::EngineError;
 use crate::live::{run_live, Live};
-use crate::mlffr::MlffrConfig;
+use crate::mlffr::{trial_config, MlffrConfig};
 use crate::runner::{run_prepared, Output, Prepared, RunConfig};
 use crate::spec::ChainSpec;
 
@@ -366,15 +366,7 @@ pub fn search_ports(
     let cycles_per_packet = best.map_or(0.0, |i| trials[i].cycles_per_packet);
     let (replay_cycles_per_packet, replay_pps) = match replay {
         Some(p) => {
-            let c = RunConfig {
-                rate_pps: None,
-                loops: None,
-                duration: Some(m.trial),
-                warmup: Some(m.warmup),
-                export: Vec::new(),
-                ..cfg.clone()
-            };
-            let r = run_prepared(&c, spec, p, Output::Discard)?;
+            let r = run_prepared(&trial_config(cfg, m, None), spec, p, Output::Discard)?;
             (Some(r.cycles_per_packet), Some(r.mpps * 1e6))
         }
         None => (None, None),
