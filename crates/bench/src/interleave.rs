@@ -155,6 +155,12 @@ pub struct ChainOpts {
     pub packing_gain_batch: Option<f64>,
     /// `interleaved:16` over `interleaved:16 --no-packing`.
     pub packing_gain_interleaved: Option<f64>,
+    /// The six-NF chain whose every NF keeps all its state in the flow's
+    /// block (`route` as the sixth NF instead of `fw`, whose connection
+    /// table is a second, private match no chain-level sharing removes).
+    pub block_only_chain: String,
+    /// `batch` over `batch --no-match-sharing` on that chain.
+    pub match_sharing_gain_block_only: Option<f64>,
 }
 
 /// The case name of the chain-optimisation rows.
@@ -162,6 +168,16 @@ const OPT_CASE: &str = "6 five-tuple NFs";
 
 /// Six NFs keyed on the 5-tuple (the redundant-match case): one match serves them all.
 const SIX_FIVE_TUPLE: &str = "lb -> fsc -> ratelimit(pps=1000000000) -> acl -> hh -> fw(allow_new=any)";
+
+/// The case name of the redundant-match rows whose NFs keep no private table.
+const OPT_CASE_BLOCK: &str = "6 five-tuple NFs, route";
+
+/// The first five of [`SIX_FIVE_TUPLE`], then `route` to the load
+/// balancer's backends (`LB_ROUTES`): every NF's state is in the flow's block.
+const FIVE_BEFORE_ROUTE: &str = "lb -> fsc -> ratelimit(pps=1000000000) -> acl -> hh";
+
+/// The routes of that chain: lb's default backends (10.10.0.1-16) on port 2, the rest on port 1.
+const LB_ROUTES: &str = "0.0.0.0/0 1\n10.10.0.0/24 2\n";
 
 /// The NAT of the 1M-flow cases: 16 addresses x 64512 ports, a port for each flow.
 const NAT_1M: &str = "nat(addrs=16, ports=1024-65535, timeout=3600)";
@@ -359,6 +375,17 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
         v.push(("batch --no-match-sharing".into(), ExecConfig { match_sharing: false, ..ExecConfig::default() }));
         variants.push(v);
     }
+    let mut lb_routes_path = None;
+    if opts.wants("opt") {
+        let path = std::env::temp_dir().join(format!("flowplane-bench-lb-routes-{}.txt", std::process::id()));
+        std::fs::write(&path, LB_ROUTES).map_err(|e| format!("{}: {e}", path.display()))?;
+        let chain = format!("{FIVE_BEFORE_ROUTE} -> route(routes={})", path.display());
+        lb_routes_path = Some(path);
+        cases.push((OPT_CASE_BLOCK.into(), chain, Traffic::Udp, opts.flows));
+        let mut v = plain[..2].to_vec();
+        v.push(("batch --no-match-sharing".into(), ExecConfig { match_sharing: false, ..ExecConfig::default() }));
+        variants.push(v);
+    }
     let mut traces: Vec<(u64, Traffic, Arc<ReplayTrace>)> = Vec::new();
     let mut rows = Vec::new();
     for ((case, chain, traffic, flows), variants) in cases.iter().zip(&variants) {
@@ -377,7 +404,7 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
         };
         let start = rows.len();
         for (label, knobs) in variants {
-            let m = if case == OPT_CASE { &m_opt } else { &m };
+            let m = if case == OPT_CASE || case == OPT_CASE_BLOCK { &m_opt } else { &m };
             let r = m.one_with(&trace, chain, *knobs, flows)?;
             let kind = knobs.kind;
             let k = (kind.name().eq("interleaved") && knobs.packing).then(|| kind.param());
@@ -400,7 +427,8 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
             r.vs_batch = if batch > 0.0 { r.mpps / batch } else { 0.0 };
         }
     }
-    let of = |label: &str| rows.iter().find(|r| r.case == OPT_CASE && r.exec == label).map(|r| r.mpps);
+    let of_case = |case: &str, label: &str| rows.iter().find(|r| r.case == case && r.exec == label).map(|r| r.mpps);
+    let of = |label: &str| of_case(OPT_CASE, label);
     let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
         _ => None,
@@ -410,8 +438,13 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
         match_sharing_gain: ratio(of("batch"), of("batch --no-match-sharing")),
         packing_gain_batch: ratio(of("batch"), of("batch --no-packing")),
         packing_gain_interleaved: ratio(of("interleaved:16"), of("interleaved:16 --no-packing")),
+        block_only_chain: format!("{FIVE_BEFORE_ROUTE} -> route"),
+        match_sharing_gain_block_only: ratio(
+            of_case(OPT_CASE_BLOCK, "batch"),
+            of_case(OPT_CASE_BLOCK, "batch --no-match-sharing"),
+        ),
     };
-    if let Some(p) = routes_path {
+    for p in [routes_path, lb_routes_path].into_iter().flatten() {
         let _ = std::fs::remove_file(p);
     }
     let best = cases
@@ -548,6 +581,12 @@ impl fmt::Display for InterleaveReport {
             let x = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}x"));
             writeln!(f, "\nchain-level optimisations on {}:", o.chain)?;
             writeln!(f, "redundant-match removal (one match vs one per NF, batch): {}", x(o.match_sharing_gain))?;
+            writeln!(
+                f,
+                "redundant-match removal on {} (every state in the flow's block): {}",
+                o.block_only_chain,
+                x(o.match_sharing_gain_block_only)
+            )?;
             writeln!(
                 f,
                 "data packing: batch {}, interleaved:16 {}",

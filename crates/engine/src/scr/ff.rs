@@ -135,9 +135,101 @@ pub(crate) fn fast_forward<T: StatefulNf, K: Fn(&ScrRecord) -> u128>(
     ff_entries::<T, K, false>(nf, t, recs, alive, &key);
 }
 
+/// The state of the key in hand: a slot's state and last-seen time held in
+/// locals while consecutive records and packets of that key run on it
+/// (written back when another key comes, or at the end of the batch). Exact
+/// for the same reason as [`run_in_hand`]: nothing else touches the slot
+/// meanwhile, and no time in hand passes `limit` (the slot's last-seen time
+/// when taken plus the idle timeout), so none would start the state over.
+struct Hand<S> {
+    at: usize,
+    key: u128,
+    last: u64,
+    limit: u64,
+    st: S,
+}
+
+impl<S: bytemuck::Pod> Hand<S> {
+    #[inline(always)]
+    fn take(t: &ReplicaTable, at: usize, key: u128) -> Hand<S> {
+        let (last, st) = t.read_slot::<S>(at);
+        Hand { at, key, last, limit: last.saturating_add(t.timeout_ns()), st }
+    }
+
+    #[inline(always)]
+    fn put_back(&self, t: &mut ReplicaTable) {
+        t.write_slot(self.at, self.last, &self.st);
+    }
+}
+
+/// The state of key `k` at time `now` in hand: the hand when it holds `k`
+/// and `now` is within its limit; else the hand goes back to the table and
+/// the table's last key is taken when it is `k` (a heavy flow's records and
+/// packets follow each other). None: the general path (a lookup) applies.
+#[inline(always)]
+fn in_hand<'h, S: bytemuck::Pod>(
+    hand: &'h mut Option<Hand<S>>,
+    t: &mut ReplicaTable,
+    k: u128,
+    now: u64,
+) -> Option<&'h mut Hand<S>> {
+    if hand.as_ref().is_some_and(|h| h.key != k || now > h.limit) {
+        if let Some(h) = hand.take() {
+            h.put_back(t);
+        }
+    }
+    if hand.is_none() {
+        let at = t.cached(k)?;
+        let h = Hand::take(t, at, k);
+        if now > h.limit {
+            return None;
+        }
+        *hand = Some(h);
+    }
+    hand.as_mut()
+}
+
+/// Applies the leading records of `recs` to the state in hand while they
+/// are of its key and within its limit (records not live are passed over);
+/// returns how many it went through. The state stays in registers.
+#[inline(always)]
+fn run_hand<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
+    nf: &mut T,
+    h: &mut Hand<T::State>,
+    recs: &[ScrRecord],
+    alive: &mut [bool],
+    key: &K,
+) -> usize {
+    let (hk, limit) = (h.key, h.limit);
+    let (mut st, mut last) = (h.st, h.last);
+    let mut n = 0;
+    for (j, r) in recs.iter().enumerate() {
+        let live = if SOLE { r.valid() } else { alive.get(j).copied().unwrap_or(false) };
+        if live {
+            let now = r.ts_ns();
+            if key(r) != hk || now > limit {
+                break;
+            }
+            last = last.max(now);
+            let pass = nf.scr_transition(&mut st, r, &NfContext { now_tsc: 0, now_ns: now });
+            if let Some(a) = alive.get_mut(j).filter(|_| !SOLE) {
+                *a = pass;
+            }
+        }
+        n = j + 1;
+    }
+    h.st = st;
+    h.last = last;
+    n
+}
+
 /// `StatefulStage::scr_batch` for one NF type and key kind: per planned
 /// packet, its history entries not yet applied, then its own action.
 /// `SOLE`: as in [`ff_entries`] (the batch's `alive` is not set up).
+///
+/// The state of the key looked up last stays in hand across records and
+/// packets ([`Hand`]): a heavy flow's N - 1 records and its packet per
+/// packet cost one transition each, with no lookup, for the whole batch.
 #[inline(always)]
 pub(crate) fn batch<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
     nf: &mut T,
@@ -149,13 +241,40 @@ pub(crate) fn batch<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
     key: K,
 ) {
     let (hist, hn) = (b.hist, b.history);
+    let mut hand: Option<Hand<T::State>> = None;
     for p in b.plan {
         let i = p.i as usize;
         let base = i * hn;
         let (lo, hi) = (base + p.ff.0 as usize, base + p.ff.1 as usize);
         if let Some(recs) = hist.get(lo..hi) {
             let al = if SOLE { &mut [][..] } else { alive.get_mut(lo..hi).unwrap_or(&mut []) };
-            ff_entries::<T, K, SOLE>(nf, t, recs, al, &key);
+            let mut j = 0;
+            while j < recs.len() {
+                if let Some(h) = hand.as_mut() {
+                    j += run_hand::<T, K, SOLE>(nf, h, &recs[j..], al.get_mut(j..).unwrap_or(&mut []), &key);
+                    if j >= recs.len() {
+                        break;
+                    }
+                }
+                // Not live, another key, or past the hand's limit.
+                let r = &recs[j];
+                let live = if SOLE { r.valid() } else { al.get(j).copied().unwrap_or(false) };
+                if live {
+                    let (k, now) = (key(r), r.ts_ns());
+                    if in_hand(&mut hand, t, k, now).is_some() {
+                        // The next turn's run takes it.
+                        continue;
+                    }
+                    let ctx = NfContext { now_tsc: 0, now_ns: now };
+                    if let Some(st) = state(nf, t, k, r, &ctx) {
+                        let pass = nf.scr_transition(st, r, &ctx);
+                        if let Some(a) = al.get_mut(j).filter(|_| !SOLE) {
+                            *a = pass;
+                        }
+                    }
+                }
+                j += 1;
+            }
         }
         if batch.verdicts()[i] == DROP {
             continue;
@@ -166,12 +285,23 @@ pub(crate) fn batch<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
         let c = NfContext { now_ns: r.ts_ns(), ..*b.ctx };
         let action = if !r.valid() || !meta.valid {
             nf.on_unparsed()
-        } else if let Some(st) = state(nf, t, key(r), r, &c) {
-            nf.process(&mut Pkt::new(batch.data_mut(i), meta), st, &c)
         } else {
-            // Table full on every core alike: the packet passes untracked.
-            Action::Pass
+            let k = key(r);
+            match in_hand(&mut hand, t, k, c.now_ns) {
+                Some(h) => {
+                    h.last = h.last.max(c.now_ns);
+                    nf.process(&mut Pkt::new(batch.data_mut(i), meta), &mut h.st, &c)
+                }
+                None => match state(nf, t, k, r, &c) {
+                    Some(st) => nf.process(&mut Pkt::new(batch.data_mut(i), meta), st, &c),
+                    // Table full on every core alike: the packet passes untracked.
+                    None => Action::Pass,
+                },
+            }
         };
         apply_action(batch, i, action, counters);
+    }
+    if let Some(h) = hand {
+        h.put_back(t);
     }
 }
