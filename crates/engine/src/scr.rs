@@ -1428,39 +1428,53 @@ mod tests {
         assert!(s.fresh, "idle past the timeout starts over");
     }
 
-    /// The fast-forward with the key in hand (runs back to back, one
-    /// write-back) leaves the same states, last-seen times and survivals as
-    /// a lookup and a transition per entry: keys interleaved, runs going
-    /// idle past the timeout inside and between calls, times going back,
-    /// invalid records, a table small enough to sweep.
-    #[test]
-    fn fast_forward_in_hand_equals_entry_by_entry() {
-        let spec = crate::spec::parse("ddos(threshold=3,window=0.001)").unwrap();
-        let (mut ca, mut cb) = (Chain::build(&spec).unwrap(), Chain::build(&spec).unwrap());
-        fn nf(c: &mut Chain) -> &mut Box<dyn crate::stage::StatefulStage> {
-            match &mut c.stages[0] {
-                Stage::Stateful { nf, .. } => nf,
-                Stage::Stateless(_) => unreachable!(),
-            }
+    /// Time unit of the key-in-hand tests: a tenth of the ddos window (1 ms).
+    const U: u64 = 100_000;
+
+    /// The first stage of a chain of one stateful NF.
+    fn nf0(c: &mut Chain) -> &mut Box<dyn crate::stage::StatefulStage> {
+        match &mut c.stages[0] {
+            Stage::Stateful { nf, .. } => nf,
+            Stage::Stateless(_) => unreachable!(),
         }
-        let size = nf(&mut ca).state_size();
-        // Time unit: a tenth of the window (1 ms); idle timeout 5 windows.
-        const U: u64 = 100_000;
-        let (mut ta, mut tb) =
-            (ReplicaTable::new(KeyOf::Src, 64, size, 5 * U), ReplicaTable::new(KeyOf::Src, 64, size, 5 * U));
-        let mut x = 0x9e37_79b9u32;
-        let mut next = move |m: u32| {
+    }
+
+    /// Two `ddos(threshold=3,window=0.001)` chains and a 64-slot replica
+    /// table for each (idle timeout 5 windows: small enough to sweep).
+    fn ddos_pair() -> (Chain, Chain, ReplicaTable, ReplicaTable) {
+        let spec = crate::spec::parse("ddos(threshold=3,window=0.001)").unwrap();
+        let (mut ca, cb) = (Chain::build(&spec).unwrap(), Chain::build(&spec).unwrap());
+        let size = nf0(&mut ca).state_size();
+        let table = || ReplicaTable::new(KeyOf::Src, 64, size, 5 * U);
+        (ca, cb, table(), table())
+    }
+
+    /// Xorshift32 draws below `m`.
+    fn xorshift(mut x: u32) -> impl FnMut(u32) -> u32 {
+        move |m: u32| {
             x ^= x << 13;
             x ^= x >> 17;
             x ^= x << 5;
             x % m
-        };
-        let (mut ts, mut src, mut recs) = (1_000u64, 1u32, Vec::new());
-        for _ in 0..20_000 {
-            if next(4) == 0 {
-                src = if next(8) == 0 { 1000 + next(200) } else { 1 + next(3) };
+        }
+    }
+
+    /// `n` records: the source changes one time in `switch` (to one of
+    /// `heavy` heavy sources, or one of 200 others one time in 8), the time
+    /// jumps past the idle timeout or back one time in `jumps` each, one record in 64 is invalid.
+    fn hostile_records(
+        next: &mut impl FnMut(u32) -> u32,
+        n: usize,
+        switch: u32,
+        heavy: u32,
+        jumps: u32,
+    ) -> Vec<ScrRecord> {
+        let (mut ts, mut src, mut recs) = (1_000u64, 1u32, Vec::with_capacity(n));
+        for _ in 0..n {
+            if next(switch) == 0 {
+                src = if next(8) == 0 { 1000 + next(200) } else { 1 + next(heavy) };
             }
-            ts = match next(16) {
+            ts = match next(jumps) {
                 0 => ts + 200 * U,
                 1 => ts.saturating_sub(30 * U),
                 _ => ts + u64::from(next(12)) * U / 4,
@@ -1472,12 +1486,25 @@ mod tests {
             }
             recs.push(r);
         }
+        recs
+    }
+
+    /// The fast-forward with the key in hand (runs back to back, one
+    /// write-back) leaves the same states, last-seen times and survivals as
+    /// a lookup and a transition per entry: keys interleaved, runs going
+    /// idle past the timeout inside and between calls, times going back,
+    /// invalid records, a table small enough to sweep.
+    #[test]
+    fn fast_forward_in_hand_equals_entry_by_entry() {
+        let (mut ca, mut cb, mut ta, mut tb) = ddos_pair();
+        let mut next = xorshift(0x9e37_79b9);
+        let recs = hostile_records(&mut next, 20_000, 4, 3, 16);
         let (mut i, mut got, mut want) = (0, Vec::new(), Vec::new());
         while i < recs.len() {
             let n = (1 + next(9) as usize).min(recs.len() - i);
             let chunk = &recs[i..i + n];
             let mut alive: Vec<bool> = chunk.iter().map(|r| r.valid()).collect();
-            nf(&mut ca).scr_fast_forward(&mut ta, chunk, &mut alive);
+            nf0(&mut ca).scr_fast_forward(&mut ta, chunk, &mut alive);
             got.extend(alive);
             for r in chunk {
                 let ctx = NfContext { now_tsc: 0, now_ns: r.ts_ns() };
@@ -1485,10 +1512,10 @@ mod tests {
                     && match tb.lookup(tb.key_of.key(r), r.ts_ns()) {
                         Some(s) => {
                             if s.fresh {
-                                nf(&mut cb).scr_init_bytes(r, &ctx, tb.state(s.at));
+                                nf0(&mut cb).scr_init_bytes(r, &ctx, tb.state(s.at));
                             }
                             let st = tb.state(s.at);
-                            nf(&mut cb).scr_transition_bytes(st, r, &ctx)
+                            nf0(&mut cb).scr_transition_bytes(st, r, &ctx)
                         }
                         None => true,
                     };
@@ -1510,42 +1537,9 @@ mod tests {
         use flowplane_nf::stateful::Action;
         use flowplane_nf::NfCounters;
         use flowplane_packet::{PacketPool, PoolConfig};
-        let spec = crate::spec::parse("ddos(threshold=3,window=0.001)").unwrap();
-        let (mut ca, mut cb) = (Chain::build(&spec).unwrap(), Chain::build(&spec).unwrap());
-        fn nf(c: &mut Chain) -> &mut Box<dyn crate::stage::StatefulStage> {
-            match &mut c.stages[0] {
-                Stage::Stateful { nf, .. } => nf,
-                Stage::Stateless(_) => unreachable!(),
-            }
-        }
-        let size = nf(&mut ca).state_size();
-        const U: u64 = 100_000;
-        let (mut ta, mut tb) =
-            (ReplicaTable::new(KeyOf::Src, 64, size, 5 * U), ReplicaTable::new(KeyOf::Src, 64, size, 5 * U));
-        let mut x = 0x2545_f491u32;
-        let mut next = move |m: u32| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x % m
-        };
-        let (mut ts, mut src, mut recs) = (1_000u64, 1u32, Vec::new());
-        for _ in 0..30_000 {
-            if next(6) == 0 {
-                src = if next(8) == 0 { 1000 + next(200) } else { 1 + next(2) };
-            }
-            ts = match next(32) {
-                0 => ts + 200 * U,
-                1 => ts.saturating_sub(30 * U),
-                _ => ts + u64::from(next(12)) * U / 4,
-            };
-            let mut r = rec(src, ts);
-            if next(64) == 0 {
-                r = ScrRecord::default();
-                r.set_ts_ns(ts);
-            }
-            recs.push(r);
-        }
+        let (mut ca, mut cb, mut ta, mut tb) = ddos_pair();
+        let mut next = xorshift(0x2545_f491);
+        let recs = hostile_records(&mut next, 30_000, 6, 2, 32);
         // A core of three: packet s carries records s-2, s-1 (fast-forwarded) and its own.
         const N: usize = 3;
         let mut pool = PacketPool::new(PoolConfig { buffers: 256, ..PoolConfig::default() }).unwrap();
@@ -1572,23 +1566,23 @@ mod tests {
                     let own = j == N - 1;
                     if !r.valid() {
                         if own {
-                            want.push(nf(&mut cb).on_unparsed() != Action::Drop);
+                            want.push(nf0(&mut cb).on_unparsed() != Action::Drop);
                         }
                         continue;
                     }
                     match tb.lookup(tb.key_of.key(r), r.ts_ns()) {
                         Some(slot) => {
                             if slot.fresh {
-                                nf(&mut cb).scr_init_bytes(r, &c, tb.state(slot.at));
+                                nf0(&mut cb).scr_init_bytes(r, &c, tb.state(slot.at));
                             }
                             let st = tb.state(slot.at);
                             if own {
                                 let mut f = frame.clone();
                                 let m = PktMeta::parse(&f);
-                                let a = nf(&mut cb).process_bytes(&mut Pkt::new(&mut f, &m), st, &c);
+                                let a = nf0(&mut cb).process_bytes(&mut Pkt::new(&mut f, &m), st, &c);
                                 want.push(a != Action::Drop);
                             } else {
-                                nf(&mut cb).scr_transition_bytes(st, r, &c);
+                                nf0(&mut cb).scr_transition_bytes(st, r, &c);
                             }
                         }
                         None if own => want.push(true),
@@ -1597,7 +1591,7 @@ mod tests {
                 }
             }
             let b = ScrBatch { plan: &plan, hist: &hist, history: N, metas: &metas, ctx: &ctx, sole: true };
-            nf(&mut ca).scr_batch(&mut ta, &b, &mut [], &mut batch, &mut counters);
+            nf0(&mut ca).scr_batch(&mut ta, &b, &mut [], &mut batch, &mut counters);
             got.extend(batch.verdicts().iter().map(|&v| v != flowplane_packet::DROP));
             batch.free_all(&mut pool).unwrap();
             s += plan.len() * N;
