@@ -9,7 +9,7 @@
 //! Exact for any NF: it is the same slot's state, and nothing else touches
 //! the table during the run.
 
-use flowplane_nf::stateful::{Action, ScrRecord, StatefulNf};
+use flowplane_nf::stateful::{Action, ScrRecord, ScrRun, StatefulNf};
 use flowplane_nf::{NfContext, NfCounters, Pkt};
 use flowplane_packet::{Batch, DROP};
 
@@ -190,8 +190,10 @@ fn in_hand<'h, S: bytemuck::Pod>(
 }
 
 /// Applies the leading records of `recs` to the state in hand while they
-/// are of its key and within its limit (records not live are passed over);
-/// returns how many it went through. The state stays in registers.
+/// are live, of its key and within its limit; returns how many it went
+/// through. The chain's only stateful NF (`SOLE`) takes them as one run
+/// (`StatefulNf::scr_run`, which may have a closed form); otherwise record
+/// by record (records not live are passed over), the state in registers.
 #[inline(always)]
 fn run_hand<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
     nf: &mut T,
@@ -201,18 +203,36 @@ fn run_hand<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
     key: &K,
 ) -> usize {
     let (hk, limit) = (h.key, h.limit);
+    if SOLE {
+        // The leading valid records of the key within the limit, as one run
+        // (`StatefulNf::scr_run`: a closed form where the NF has one).
+        let (mut lo, mut hi, mut n) = (u64::MAX, 0u64, 0usize);
+        for r in recs {
+            let now = r.ts_ns();
+            if !r.valid() || key(r) != hk || now > limit {
+                break;
+            }
+            lo = lo.min(now);
+            hi = hi.max(now);
+            n += 1;
+        }
+        if n > 0 {
+            nf.scr_run(&mut h.st, &ScrRun { recs: &recs[..n], min_ns: lo, max_ns: hi });
+            h.last = h.last.max(hi);
+        }
+        return n;
+    }
     let (mut st, mut last) = (h.st, h.last);
     let mut n = 0;
     for (j, r) in recs.iter().enumerate() {
-        let live = if SOLE { r.valid() } else { alive.get(j).copied().unwrap_or(false) };
-        if live {
+        if alive.get(j).copied().unwrap_or(false) {
             let now = r.ts_ns();
             if key(r) != hk || now > limit {
                 break;
             }
             last = last.max(now);
             let pass = nf.scr_transition(&mut st, r, &NfContext { now_tsc: 0, now_ns: now });
-            if let Some(a) = alive.get_mut(j).filter(|_| !SOLE) {
+            if let Some(a) = alive.get_mut(j) {
                 *a = pass;
             }
         }
