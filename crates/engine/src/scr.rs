@@ -1367,6 +1367,11 @@ mod tests {
     use super::*;
 
     fn rec(src: u32, ts: u64) -> ScrRecord {
+        rec_to(src, 0, ts)
+    }
+
+    /// A TCP frame from `src` to port `dport`.
+    fn frame_to(src: u32, dport: u16) -> Vec<u8> {
         let mut f = vec![0u8; 60];
         // Ethernet + IPv4 + TCP, source address `src`.
         f[12] = 0x08;
@@ -1376,7 +1381,14 @@ mod tests {
         f[23] = 6;
         f[26..30].copy_from_slice(&src.to_be_bytes());
         f[30..34].copy_from_slice(&[10, 0, 0, 1]);
+        f[36..38].copy_from_slice(&dport.to_be_bytes());
         f[46] = 0x50;
+        f
+    }
+
+    /// The record of a TCP packet from `src` to port `dport` at `ts`.
+    fn rec_to(src: u32, dport: u16, ts: u64) -> ScrRecord {
+        let f = frame_to(src, dport);
         let m = PktMeta::parse(&f);
         let mut r = ScrRecord::from_frame(&f, &m);
         r.set_ts_ns(ts);
@@ -1439,10 +1451,10 @@ mod tests {
         }
     }
 
-    /// Two `ddos(threshold=3,window=0.001)` chains and a 64-slot replica
-    /// table for each (idle timeout 5 windows: small enough to sweep).
-    fn ddos_pair() -> (Chain, Chain, ReplicaTable, ReplicaTable) {
-        let spec = crate::spec::parse("ddos(threshold=3,window=0.001)").unwrap();
+    /// Two chains of `spec` (one NF keyed by source) and a 64-slot replica
+    /// table for each (idle timeout 5 ddos windows: small enough to sweep).
+    fn pair(spec: &str) -> (Chain, Chain, ReplicaTable, ReplicaTable) {
+        let spec = crate::spec::parse(spec).unwrap();
         let (mut ca, cb) = (Chain::build(&spec).unwrap(), Chain::build(&spec).unwrap());
         let size = nf0(&mut ca).state_size();
         let table = || ReplicaTable::new(KeyOf::Src, 64, size, 5 * U);
@@ -1459,7 +1471,7 @@ mod tests {
         }
     }
 
-    /// `n` records: the source changes one time in `switch` (to one of
+    /// `n` records to random ports: the source changes one time in `switch` (to one of
     /// `heavy` heavy sources, or one of 200 others one time in 8), the time
     /// jumps past the idle timeout or back one time in `jumps` each, one record in 64 is invalid.
     fn hostile_records(
@@ -1479,7 +1491,9 @@ mod tests {
                 1 => ts.saturating_sub(30 * U),
                 _ => ts + u64::from(next(12)) * U / 4,
             };
-            let mut r = rec(src, ts);
+            // Knocks and the protected port of portknock's defaults, and others.
+            let dport = [1111, 2222, 3333, 22, 80][next(5) as usize];
+            let mut r = rec_to(src, dport, ts);
             if next(64) == 0 {
                 r = ScrRecord::default();
                 r.set_ts_ns(ts);
@@ -1496,7 +1510,7 @@ mod tests {
     /// invalid records, a table small enough to sweep.
     #[test]
     fn fast_forward_in_hand_equals_entry_by_entry() {
-        let (mut ca, mut cb, mut ta, mut tb) = ddos_pair();
+        let (mut ca, mut cb, mut ta, mut tb) = pair("ddos(threshold=3,window=0.001)");
         let mut next = xorshift(0x9e37_79b9);
         let recs = hostile_records(&mut next, 20_000, 4, 3, 16);
         let (mut i, mut got, mut want) = (0, Vec::new(), Vec::new());
@@ -1534,17 +1548,24 @@ mod tests {
     /// time jumps past the idle timeout and backwards, invalid records.
     #[test]
     fn batch_with_state_in_hand_equals_record_by_record() {
+        // ddos takes a key's records as runs (`scr_run` in closed form);
+        // portknock one by one in the same pass.
+        for spec in ["ddos(threshold=3,window=0.001)", "portknock"] {
+            batch_in_hand_case(spec);
+        }
+    }
+
+    fn batch_in_hand_case(spec: &str) {
         use flowplane_nf::stateful::Action;
         use flowplane_nf::NfCounters;
         use flowplane_packet::{PacketPool, PoolConfig};
-        let (mut ca, mut cb, mut ta, mut tb) = ddos_pair();
+        let (mut ca, mut cb, mut ta, mut tb) = pair(spec);
         let mut next = xorshift(0x2545_f491);
         let recs = hostile_records(&mut next, 30_000, 6, 2, 32);
         // A core of three: packet s carries records s-2, s-1 (fast-forwarded) and its own.
         const N: usize = 3;
         let mut pool = PacketPool::new(PoolConfig { buffers: 256, ..PoolConfig::default() }).unwrap();
         let mut batch = Batch::new(&pool);
-        let frame = flowplane_nf::testutil::udp4([10, 0, 0, 1], [10, 0, 0, 2], 1, 2);
         let ctx = NfContext::default();
         let (mut s, mut got, mut want) = (N, Vec::new(), Vec::new());
         let mut counters = NfCounters::default();
@@ -1557,6 +1578,8 @@ mod tests {
                     break;
                 }
                 hist.extend_from_slice(&recs[at + 1 - N..=at]);
+                // The packet the own record was taken from.
+                let frame = frame_to(recs[at].src, recs[at].dport);
                 assert!(batch.push_copy(&mut pool, &frame, 0));
                 metas.push(PktMeta::parse(&frame));
                 plan.push(Planned { i: i as u32, ff: (0, N as u32 - 1) });

@@ -405,6 +405,11 @@ pub trait StatefulNf: Send + 'static {
         true
     }
 
+    /// Set to `true` when the NF overrides [`StatefulNf::scr_run`] with a
+    /// closed form; the engine then gathers a heavy key's records into runs
+    /// for it (otherwise it applies them one by one in the same pass).
+    const SCR_RUN: bool = false;
+
     /// SCR: applies a run of history records to `state` in order — every
     /// record valid and of this state's key, none idle past the timeout (the
     /// engine guarantees both), each at its own time — exactly as

@@ -191,9 +191,10 @@ fn in_hand<'h, S: bytemuck::Pod>(
 
 /// Applies the leading records of `recs` to the state in hand while they
 /// are live, of its key and within its limit; returns how many it went
-/// through. The chain's only stateful NF (`SOLE`) takes them as one run
-/// (`StatefulNf::scr_run`, which may have a closed form); otherwise record
-/// by record (records not live are passed over), the state in registers.
+/// through. The chain's only stateful NF (`SOLE`) with a closed form
+/// (`StatefulNf::SCR_RUN`) takes them as one run (`StatefulNf::scr_run`);
+/// otherwise record by record in one pass (records not live are passed
+/// over), the state in registers.
 #[inline(always)]
 fn run_hand<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
     nf: &mut T,
@@ -203,7 +204,7 @@ fn run_hand<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
     key: &K,
 ) -> usize {
     let (hk, limit) = (h.key, h.limit);
-    if SOLE {
+    if SOLE && T::SCR_RUN {
         // The leading valid records of the key within the limit, as one run
         // (`StatefulNf::scr_run`: a closed form where the NF has one).
         let (mut lo, mut hi, mut n) = (u64::MAX, 0u64, 0usize);
@@ -225,14 +226,15 @@ fn run_hand<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
     let (mut st, mut last) = (h.st, h.last);
     let mut n = 0;
     for (j, r) in recs.iter().enumerate() {
-        if alive.get(j).copied().unwrap_or(false) {
+        let live = if SOLE { r.valid() } else { alive.get(j).copied().unwrap_or(false) };
+        if live {
             let now = r.ts_ns();
             if key(r) != hk || now > limit {
                 break;
             }
             last = last.max(now);
             let pass = nf.scr_transition(&mut st, r, &NfContext { now_tsc: 0, now_ns: now });
-            if let Some(a) = alive.get_mut(j) {
+            if let Some(a) = alive.get_mut(j).filter(|_| !SOLE) {
                 *a = pass;
             }
         }

@@ -161,6 +161,8 @@ impl StatefulNf for Ddos {
         self.step(st, ctx.now_ns).0
     }
 
+    const SCR_RUN: bool = true;
+
     /// A run whose times all fall in the state's current window neither
     /// rolls the window over nor moves it back: each record adds one to the
     /// count, and the source is blocked (once per window) as soon as the
