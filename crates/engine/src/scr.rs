@@ -54,7 +54,7 @@ pub(crate) mod ff;
 pub const DEFAULT_LOG: usize = 1 << 18;
 
 /// Batches between two samples of the fast-forward cost (two TSC reads per packet when sampled).
-const SAMPLE_EVERY: u64 = 16;
+const SAMPLE_EVERY: u64 = 64;
 
 /// A sampled packet taking longer than this (cycles) was preempted or
 /// waited (recovery, drift): left out of the per-packet cost figures.
