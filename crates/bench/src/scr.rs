@@ -424,13 +424,7 @@ pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
             }
         }
         if text {
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .position(SeriesLabelPosition::UpperLeft)
-                .draw()
-                .map_err(|e| err(&e))?;
+            crate::plot::legend(&mut chart, SeriesLabelPosition::UpperLeft).map_err(|e| err(&e))?;
         }
         root.present().map_err(|e| err(&e))?;
         drop(chart);

@@ -391,13 +391,7 @@ impl UpfReport {
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
             chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(|e| err(&e))?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(|e| err(&e))?;
+        crate::plot::legend(&mut chart, SeriesLabelPosition::UpperRight).map_err(|e| err(&e))?;
         // AMF: one group of bars per executor, one bar per mode.
         let execs: Vec<&str> = self.amf.iter().fold(Vec::new(), |mut v, r| {
             if !v.contains(&r.exec.as_str()) {
@@ -451,12 +445,7 @@ impl UpfReport {
                 .label(*mode)
                 .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled()));
         }
-        bars.configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(|e| err(&e))?;
+        crate::plot::legend(&mut bars, SeriesLabelPosition::UpperRight).map_err(|e| err(&e))?;
         root.present().map_err(|e| err(&e))?;
         Ok(())
     }

@@ -66,12 +66,8 @@ pub fn uplink_v4(data: &[u8], m: &PktMeta) -> Option<FastUl> {
     if l4 + ulen > l3 + ip_len || l4 + ulen > data.len() || gend + 8 > ulen || inner_len > room || inner_len < 24 {
         return None;
     }
-    let first = u16::from_be_bytes([b[30], b[31]]) & 0x1fff == 0;
     let proto = b[33];
-    let (ue_port, remote_port) = match proto {
-        6 | 17 | 132 | 136 if first => (u16::from_be_bytes([b[44], b[45]]), u16::from_be_bytes([b[46], b[47]])),
-        _ => (0, 0),
-    };
+    let (ue_port, remote_port) = ports(proto, [b[30], b[31]], [b[44], b[45], b[46], b[47]]);
     Some(FastUl {
         pkt: cls::Pkt {
             proto,
@@ -85,6 +81,18 @@ pub fn uplink_v4(data: &[u8], m: &PktMeta) -> Option<FastUl> {
         inner_at: l4 + 24,
         inner_len,
     })
+}
+
+/// The (source, destination) ports of an inner IPv4 packet of protocol
+/// `proto` whose flags/fragment-offset field is `frag` and whose first four
+/// L4 bytes are `l4`: (0, 0) for a protocol without ports or a later fragment.
+#[inline(always)]
+fn ports(proto: u8, frag: [u8; 2], l4: [u8; 4]) -> (u16, u16) {
+    let first = u16::from_be_bytes(frag) & 0x1fff == 0;
+    match proto {
+        6 | 17 | 132 | 136 if first => (u16::from_be_bytes([l4[0], l4[1]]), u16::from_be_bytes([l4[2], l4[3]])),
+        _ => (0, 0),
+    }
 }
 
 /// The downlink counterpart: an N6 frame carrying IPv4 without options
@@ -102,12 +110,8 @@ pub fn downlink_v4(data: &[u8], m: &PktMeta) -> Option<(cls::Pkt, usize)> {
     if b[0] != 0x45 || len < 24 || len > data.len() - l3 {
         return None;
     }
-    let first = u16::from_be_bytes([b[6], b[7]]) & 0x1fff == 0;
     let proto = b[9];
-    let (remote_port, ue_port) = match proto {
-        6 | 17 | 132 | 136 if first => (u16::from_be_bytes([b[20], b[21]]), u16::from_be_bytes([b[22], b[23]])),
-        _ => (0, 0),
-    };
+    let (remote_port, ue_port) = ports(proto, [b[6], b[7]], [b[20], b[21], b[22], b[23]]);
     let pkt = cls::Pkt {
         proto,
         qfi: cls::NO_QFI,
@@ -245,6 +249,15 @@ mod tests {
         assert!(downlink_v4(short, &PktMeta::parse(short)).is_none());
     }
 
+    /// Sets the bytes `edits` name (positions past the end are ignored).
+    fn overwrite(f: &mut [u8], edits: &[(usize, u8)]) {
+        for &(at, v) in edits {
+            if let Some(b) = f.get_mut(at) {
+                *b = v;
+            }
+        }
+    }
+
     proptest! {
         /// Whatever bytes change, the downlink fast path declines or agrees.
         #[test]
@@ -254,11 +267,7 @@ mod tests {
         ) {
             let mut f = udp4(DN, UE, 5060, 4000);
             f[23] = proto;
-            for (at, v) in edits {
-                if at < f.len() {
-                    f[at] = v;
-                }
-            }
+            overwrite(&mut f, &edits);
             let m = PktMeta::parse(&f);
             if let Some(fast) = downlink_v4(&f, &m) {
                 prop_assert_eq!(Some(fast), general_dl(&f));
@@ -275,11 +284,7 @@ mod tests {
             let mut i = inner();
             i[9] = proto;
             let mut f = gtpu4([198, 51, 100, 10], [192, 0, 2, 1], 100, Some(qfi), &i);
-            for (at, v) in edits {
-                if at < f.len() {
-                    f[at] = v;
-                }
-            }
+            overwrite(&mut f, &edits);
             let m = PktMeta::parse(&f);
             if let Some(fast) = uplink_v4(&f, &m) {
                 prop_assert_eq!(Some(fast), general(&f));
