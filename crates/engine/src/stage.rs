@@ -139,6 +139,23 @@ pub trait StatefulStage: Send {
         _counters: &mut NfCounters,
     ) {
     }
+    /// Packet `i` through the NF, as one iteration of
+    /// [`StatefulStage::process_batch`] (the run-to-completion executors'
+    /// step: one virtual call per NF per packet): skips it if already
+    /// dropped, counts it, runs the action on `flow`'s state at `offset`,
+    /// applies the verdict. Returns whether the packet ends its flow.
+    #[allow(clippy::too_many_arguments)]
+    fn process_one(
+        &mut self,
+        batch: &mut Batch,
+        i: usize,
+        meta: &PktMeta,
+        flow: FlowRef,
+        store: &mut FlowStore,
+        offset: usize,
+        ctx: &NfContext,
+        counters: &mut NfCounters,
+    ) -> bool;
     /// Runs the per-packet action on `state` (exactly `state_size` bytes).
     fn process_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext) -> Action;
     /// The NF's action is resumable (`StatefulNf::STEPS`).
@@ -277,6 +294,21 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     fn init_into(&mut self, pkt: &Pkt<'_>, ctx: &NfContext, out: &mut [u8]) {
         let s = self.0.init(pkt, ctx);
         *cast_mut::<T::State>(out) = s;
+    }
+    #[inline]
+    fn process_one(
+        &mut self,
+        batch: &mut Batch,
+        i: usize,
+        meta: &PktMeta,
+        flow: FlowRef,
+        store: &mut FlowStore,
+        offset: usize,
+        ctx: &NfContext,
+        counters: &mut NfCounters,
+    ) -> bool {
+        // One packet: one table's checked typed access, not a view of both.
+        self.one(batch, i, meta, flow, |f| store.state_mut::<T::State>(f, offset), ctx, None, counters) == Some(true)
     }
     #[inline]
     fn process_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext) -> Action {
@@ -516,6 +548,8 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
 impl<T: StatefulNf> Typed<T> {
     /// The batch loop: each packet's action (`process`, or `finish` from
     /// `cursors[i]` when `RESUME`), the prefetch hook `ahead` packets early.
+    /// The NF's state is reached through one typed view of the store, checked
+    /// once per pass, not once per packet.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn run_batch<const RESUME: bool>(
@@ -532,40 +566,16 @@ impl<T: StatefulNf> Typed<T> {
         out: &mut BatchOutcome,
     ) {
         let n = range.end.min(batch.len()).min(metas.len()).min(flows.len());
-        let size = std::mem::size_of::<T::State>();
+        let mut states = store.states_mut::<T::State>(offset);
         let mut c = NfCounters::default();
         for i in range.start..n {
-            if T::HAS_PREFETCH && ahead > 0 && i + ahead < n && flows[i + ahead].is_some() {
-                let b = store.block(flows[i + ahead]);
-                if b.len() >= offset + size {
-                    self.0.prefetch(cast::<T::State>(&b[offset..]));
+            if T::HAS_PREFETCH && ahead > 0 && i + ahead < n {
+                if let Some(st) = states.get(flows[i + ahead]) {
+                    self.0.prefetch(st);
                 }
             }
-            if batch.is_dropped(i) {
-                continue;
-            }
-            c.packets_in += 1;
-            c.bytes_in += batch.lens()[i] as u64;
-            let meta = &metas[i];
-            let action = if !meta.valid || !flows[i].is_some() {
-                self.0.on_unparsed()
-            } else {
-                let block = store.block_mut(flows[i]);
-                if block.len() < offset + size {
-                    // A store sized for another chain: refuse rather than misread.
-                    Action::Drop
-                } else {
-                    let state = cast_mut::<T::State>(&mut block[offset..]);
-                    // The NF sees the packet's own time.
-                    let pctx = packet_ctx(batch, i, ctx);
-                    let mut pkt = Pkt::new(batch.data_mut(i), meta);
-                    match cursors.get(i) {
-                        Some(cur) if RESUME && T::STEPS => self.0.finish(&mut pkt, state, cur, &pctx),
-                        _ => self.0.process(&mut pkt, state, &pctx),
-                    }
-                }
-            };
-            if apply_action(batch, i, action, &mut c) {
+            let cur = if RESUME && T::STEPS { cursors.get(i) } else { None };
+            if self.one(batch, i, &metas[i], flows[i], |f| states.get_mut(f), ctx, cur, &mut c) == Some(true) {
                 out.mark_end(i);
                 if T::ENDS_FLOWS {
                     out.stopped_at = Some(i + 1);
@@ -574,6 +584,49 @@ impl<T: StatefulNf> Typed<T> {
             }
         }
         out.counters = c;
+    }
+
+    /// Packet `i` through the NF, the body of every loop over packets: skips
+    /// a packet already dropped (`None`), counts it in, runs the action on
+    /// its flow's state (resumed from `cur` if given), applies the verdict.
+    /// `Some(true)`: the packet ends its flow.
+    /// `state` finds the flow's state (called only for a packet with one).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn one<'s>(
+        &mut self,
+        batch: &mut Batch,
+        i: usize,
+        meta: &PktMeta,
+        flow: FlowRef,
+        state: impl FnOnce(FlowRef) -> Option<&'s mut T::State>,
+        ctx: &NfContext,
+        cur: Option<&Cursor>,
+        c: &mut NfCounters,
+    ) -> Option<bool> {
+        if batch.is_dropped(i) {
+            return None;
+        }
+        c.packets_in += 1;
+        c.bytes_in += batch.lens()[i] as u64;
+        let action = if !meta.valid || !flow.is_some() {
+            self.0.on_unparsed()
+        } else {
+            match state(flow) {
+                Some(state) => {
+                    // The NF sees the packet's own time.
+                    let pctx = packet_ctx(batch, i, ctx);
+                    let mut pkt = Pkt::new(batch.data_mut(i), meta);
+                    match cur {
+                        Some(cur) => self.0.finish(&mut pkt, state, cur, &pctx),
+                        None => self.0.process(&mut pkt, state, &pctx),
+                    }
+                }
+                // A store sized for another chain: refuse rather than misread.
+                None => Action::Drop,
+            }
+        };
+        Some(apply_action(batch, i, action, c))
     }
 }
 

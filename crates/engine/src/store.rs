@@ -3,7 +3,8 @@
 //! state block. A [`FlowRef`] (the executor's per-packet annotation) names
 //! the entry: the table's entry handle, bit 31 set for the IPv6 table.
 
-use flowplane_table::{FlowTable, FullPolicy, TableConfig, TableError, TableStats, Upsert};
+use bytemuck::Pod;
+use flowplane_table::{FlowTable, FullPolicy, StatesMut, TableConfig, TableError, TableStats, Upsert};
 use flowplane_wire::flow::{FiveTuple, FiveTupleV4, FiveTupleV6};
 
 /// A packet's flow entry in a [`FlowStore`]: which table and which entry.
@@ -117,6 +118,32 @@ impl FlowStore {
             &mut []
         } else {
             self.v6.state_mut(r.0 & !V6_BIT)
+        }
+    }
+
+    /// The `S` at `offset` of `r`'s block, checked (size, alignment, range);
+    /// `None` for [`FlowRef::NONE`] or when it does not fit.
+    #[inline(always)]
+    pub fn state_mut<S: Pod>(&mut self, r: FlowRef, offset: usize) -> Option<&mut S> {
+        if r.0 & V6_BIT == 0 {
+            self.v4.state_as_mut(r.0, offset)
+        } else if r == FlowRef::NONE {
+            None
+        } else {
+            self.v6.state_as_mut(r.0 & !V6_BIT, offset)
+        }
+    }
+
+    /// One NF's state (an `S` at `offset` of every block) in both tables,
+    /// checked once for the whole view; with a store sized for another chain
+    /// (the `S` does not fit), a view in which every flow is out of range.
+    #[inline]
+    pub fn states_mut<S: Pod>(&mut self, offset: usize) -> StoreStates<'_, S> {
+        let v4 = self.v4.states_mut::<S>(offset);
+        let v6 = self.v6.states_mut::<S>(offset);
+        match (v4, v6) {
+            (Some(v4), Some(v6)) => StoreStates { v4, v6 },
+            _ => StoreStates { v4: StatesMut::empty(), v6: StatesMut::empty() },
         }
     }
 
@@ -235,6 +262,40 @@ impl FlowStore {
         }
         for (_, k, s) in self.v6.iter() {
             f(&FiveTuple::V6(*k), s);
+        }
+    }
+}
+
+/// One NF's typed state in every block of a [`FlowStore`]
+/// ([`FlowStore::states_mut`]): a batch pass reaches packet i's state
+/// through its [`FlowRef`] without a per-packet size or alignment check.
+pub struct StoreStates<'a, S> {
+    v4: StatesMut<'a, S>,
+    v6: StatesMut<'a, S>,
+}
+
+impl<S: Pod> StoreStates<'_, S> {
+    /// The state of `r`'s flow; `None` for [`FlowRef::NONE`] or an out-of-range entry.
+    #[inline(always)]
+    pub fn get_mut(&mut self, r: FlowRef) -> Option<&mut S> {
+        if r.0 & V6_BIT == 0 {
+            self.v4.get_mut(r.0)
+        } else if r == FlowRef::NONE {
+            None
+        } else {
+            self.v6.get_mut(r.0 & !V6_BIT)
+        }
+    }
+
+    /// Read-only [`Self::get_mut`] (prefetch hooks).
+    #[inline(always)]
+    pub fn get(&self, r: FlowRef) -> Option<&S> {
+        if r.0 & V6_BIT == 0 {
+            self.v4.get(r.0)
+        } else if r == FlowRef::NONE {
+            None
+        } else {
+            self.v6.get(r.0 & !V6_BIT)
         }
     }
 }

@@ -16,7 +16,8 @@
 //! Module map: `cuckoo` (placement, bucket search and displacement paths, shared
 //! by both tables), `key` (the [`FlowKey`] trait), `simd` (tag compare), `slab`
 //! (memory, entries, free list), `flow_table` (the per-core table), `expiry` (its
-//! idle sweep), `shared` (the shared table), `error`.
+//! idle sweep), `states` (typed views of one NF's state across the entries),
+//! `shared` (the shared table), `error`.
 
 mod cuckoo;
 pub mod error;
@@ -27,6 +28,7 @@ pub mod key;
 pub mod shared;
 pub mod simd;
 mod slab;
+pub mod states;
 
 pub use cuckoo::{BULK_LOOKUP_MAX, SLOTS};
 pub use error::TableError;
@@ -35,3 +37,4 @@ pub use flow_table::{
 };
 pub use huge::HugeArray;
 pub use key::FlowKey;
+pub use states::StatesMut;

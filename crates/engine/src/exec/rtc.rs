@@ -3,13 +3,11 @@
 //! lookups, no prefetch. Stateless stages (which take whole batches) cut the
 //! chain into segments, each run packet by packet.
 
-use flowplane_nf::stateful::Action;
-use flowplane_nf::{NfContext, Pkt};
+use flowplane_nf::NfContext;
 use flowplane_packet::Batch;
 
 use super::{ExecContext, Executor, ExecutorInfo, StateLayout};
 use crate::chain::Stage;
-use crate::stage::{apply_action, packet_ctx};
 
 /// Registry entry.
 pub(super) const INFO: ExecutorInfo = ExecutorInfo {
@@ -36,39 +34,38 @@ impl Executor for Rtc {
             }
             let seg_end =
                 (seg_start..stages).find(|&k| matches!(cx.chain.stages[k], Stage::Stateless(_))).unwrap_or(stages);
+            // Without coarse stages (the common case) the per-stage loop
+            // borrows the stages and the store once per packet, not through `cx`.
+            let coarse = !cx.chain.groups.is_empty();
             for i in 0..n {
                 if !looked_up {
                     cx.scratch.flows[i] = cx.lookup_one(batch, i, ctx);
                 }
                 let flow = cx.scratch.flows[i];
-                cx.pin_coarse_packet(i, ctx.now_ns);
                 let mut end = false;
-                for si in seg_start..seg_end {
-                    if cx.chain.stages[si].is_coarse() {
-                        cx.run_coarse(si, batch, i, ctx);
-                        continue;
-                    }
-                    let Stage::Stateful { nf, offset, counters, .. } = &mut cx.chain.stages[si] else { continue };
-                    if batch.is_dropped(i) {
-                        continue;
-                    }
-                    counters.packets_in += 1;
-                    counters.bytes_in += batch.lens()[i] as u64;
-                    let action = if !flow.is_some() {
-                        nf.on_unparsed()
-                    } else {
-                        let sz = nf.state_size();
-                        match cx.stores[0].block_mut(flow).get_mut(*offset..*offset + sz) {
-                            Some(st) => {
-                                let pctx = packet_ctx(batch, i, ctx);
-                                nf.process_bytes(&mut Pkt::new(batch.data_mut(i), &cx.scratch.metas[i]), st, &pctx)
-                            }
-                            None => Action::Drop,
+                if coarse {
+                    cx.pin_coarse_packet(i, ctx.now_ns);
+                    for si in seg_start..seg_end {
+                        if cx.chain.stages[si].is_coarse() {
+                            cx.run_coarse(si, batch, i, ctx);
+                            continue;
                         }
-                    };
-                    end |= apply_action(batch, i, action, counters);
+                        let ExecContext { chain, stores, scratch, .. } = &mut *cx;
+                        if let Stage::Stateful { nf, offset, counters, .. } = &mut chain.stages[si] {
+                            let meta = &scratch.metas[i];
+                            end |= nf.process_one(batch, i, meta, flow, &mut stores[0], *offset, ctx, counters);
+                        }
+                    }
+                    cx.unpin_coarse_packet(i, ctx.now_ns);
+                } else {
+                    let ExecContext { chain, stores, scratch, .. } = &mut *cx;
+                    let (meta, store) = (&scratch.metas[i], &mut stores[0]);
+                    for stage in &mut chain.stages[seg_start..seg_end] {
+                        if let Stage::Stateful { nf, offset, counters, .. } = stage {
+                            end |= nf.process_one(batch, i, meta, flow, store, *offset, ctx, counters);
+                        }
+                    }
                 }
-                cx.unpin_coarse_packet(i, ctx.now_ns);
                 if end && flow.is_some() {
                     cx.end_flow(0, flow, ctx.now_ns, i + 1);
                 }
