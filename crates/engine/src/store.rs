@@ -42,6 +42,26 @@ impl FlowRef {
     pub fn is_some(self) -> bool {
         self != FlowRef::NONE
     }
+
+    /// Which table and which entry: every accessor of [`FlowStore`] dispatches
+    /// through this one decoding (IPv4 tested first: it is the common case).
+    #[inline(always)]
+    fn entry(self) -> Entry {
+        if self.0 & V6_BIT == 0 {
+            Entry::V4(self.0)
+        } else if self == FlowRef::NONE {
+            Entry::None
+        } else {
+            Entry::V6(self.0 & !V6_BIT)
+        }
+    }
+}
+
+/// A decoded [`FlowRef`].
+enum Entry {
+    V4(u32),
+    V6(u32),
+    None,
 }
 
 /// How to size a store.
@@ -100,24 +120,20 @@ impl FlowStore {
     /// State block of `r` (empty for `FlowRef::NONE`).
     #[inline(always)]
     pub fn block(&self, r: FlowRef) -> &[u8] {
-        if r.0 & V6_BIT == 0 {
-            self.v4.state(r.0)
-        } else if r == FlowRef::NONE {
-            &[]
-        } else {
-            self.v6.state(r.0 & !V6_BIT)
+        match r.entry() {
+            Entry::V4(h) => self.v4.state(h),
+            Entry::V6(h) => self.v6.state(h),
+            Entry::None => &[],
         }
     }
 
     /// Mutable state block of `r` (empty for `FlowRef::NONE`).
     #[inline(always)]
     pub fn block_mut(&mut self, r: FlowRef) -> &mut [u8] {
-        if r.0 & V6_BIT == 0 {
-            self.v4.state_mut(r.0)
-        } else if r == FlowRef::NONE {
-            &mut []
-        } else {
-            self.v6.state_mut(r.0 & !V6_BIT)
+        match r.entry() {
+            Entry::V4(h) => self.v4.state_mut(h),
+            Entry::V6(h) => self.v6.state_mut(h),
+            Entry::None => &mut [],
         }
     }
 
@@ -125,12 +141,10 @@ impl FlowStore {
     /// `None` for [`FlowRef::NONE`] or when it does not fit.
     #[inline(always)]
     pub fn state_mut<S: Pod>(&mut self, r: FlowRef, offset: usize) -> Option<&mut S> {
-        if r.0 & V6_BIT == 0 {
-            self.v4.state_as_mut(r.0, offset)
-        } else if r == FlowRef::NONE {
-            None
-        } else {
-            self.v6.state_as_mut(r.0 & !V6_BIT, offset)
+        match r.entry() {
+            Entry::V4(h) => self.v4.state_as_mut(h, offset),
+            Entry::V6(h) => self.v6.state_as_mut(h, offset),
+            Entry::None => None,
         }
     }
 
@@ -169,23 +183,20 @@ impl FlowStore {
     /// Sets `r`'s last-seen time (a later packet served by the same lookup).
     #[inline]
     pub fn touch(&mut self, r: FlowRef, now_ns: u64) {
-        if r == FlowRef::NONE {
-        } else if r.0 & V6_BIT == 0 {
-            self.v4.touch(r.0, now_ns)
-        } else {
-            self.v6.touch(r.0 & !V6_BIT, now_ns)
+        match r.entry() {
+            Entry::V4(h) => self.v4.touch(h, now_ns),
+            Entry::V6(h) => self.v6.touch(h, now_ns),
+            Entry::None => {}
         }
     }
 
     /// True if `r`'s flow, seen at `now_ns`, is idle past the timeout (a lookup would renew it).
     #[inline]
     pub fn idle_at(&self, r: FlowRef, now_ns: u64) -> bool {
-        if r == FlowRef::NONE {
-            false
-        } else if r.0 & V6_BIT == 0 {
-            self.v4.idle_at(r.0, now_ns)
-        } else {
-            self.v6.idle_at(r.0 & !V6_BIT, now_ns)
+        match r.entry() {
+            Entry::V4(h) => self.v4.idle_at(h, now_ns),
+            Entry::V6(h) => self.v6.idle_at(h, now_ns),
+            Entry::None => false,
         }
     }
 
@@ -199,23 +210,19 @@ impl FlowStore {
 
     /// Removes the entry of `r`.
     pub fn remove(&mut self, r: FlowRef) -> bool {
-        if r == FlowRef::NONE {
-            false
-        } else if r.0 & V6_BIT == 0 {
-            self.v4.remove_handle(r.0)
-        } else {
-            self.v6.remove_handle(r.0 & !V6_BIT)
+        match r.entry() {
+            Entry::V4(h) => self.v4.remove_handle(h),
+            Entry::V6(h) => self.v6.remove_handle(h),
+            Entry::None => false,
         }
     }
 
     /// Key of `r`'s flow (None: no entry there any more).
     pub fn key(&self, r: FlowRef) -> Option<FiveTuple> {
-        if r == FlowRef::NONE {
-            None
-        } else if r.0 & V6_BIT == 0 {
-            self.v4.key(r.0).map(|k| FiveTuple::V4(*k))
-        } else {
-            self.v6.key(r.0 & !V6_BIT).map(|k| FiveTuple::V6(*k))
+        match r.entry() {
+            Entry::V4(h) => self.v4.key(h).map(|k| FiveTuple::V4(*k)),
+            Entry::V6(h) => self.v6.key(h).map(|k| FiveTuple::V6(*k)),
+            Entry::None => None,
         }
     }
 
@@ -278,24 +285,20 @@ impl<S: Pod> StoreStates<'_, S> {
     /// The state of `r`'s flow; `None` for [`FlowRef::NONE`] or an out-of-range entry.
     #[inline(always)]
     pub fn get_mut(&mut self, r: FlowRef) -> Option<&mut S> {
-        if r.0 & V6_BIT == 0 {
-            self.v4.get_mut(r.0)
-        } else if r == FlowRef::NONE {
-            None
-        } else {
-            self.v6.get_mut(r.0 & !V6_BIT)
+        match r.entry() {
+            Entry::V4(h) => self.v4.get_mut(h),
+            Entry::V6(h) => self.v6.get_mut(h),
+            Entry::None => None,
         }
     }
 
     /// Read-only [`Self::get_mut`] (prefetch hooks).
     #[inline(always)]
     pub fn get(&self, r: FlowRef) -> Option<&S> {
-        if r.0 & V6_BIT == 0 {
-            self.v4.get(r.0)
-        } else if r == FlowRef::NONE {
-            None
-        } else {
-            self.v6.get(r.0 & !V6_BIT)
+        match r.entry() {
+            Entry::V4(h) => self.v4.get(h),
+            Entry::V6(h) => self.v6.get(h),
+            Entry::None => None,
         }
     }
 }
