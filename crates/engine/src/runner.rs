@@ -451,6 +451,8 @@ fn run_chains(
                             for (w, chain) in mine {
                                 let mut pool = PacketPool::new(PoolConfig {
                                     buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
+                                    // In memory, no port registers the region: spread the buffers over the L1's sets.
+                                    buf_size: flowplane_packet::SPREAD_BUF_SIZE,
                                     ..PoolConfig::default()
                                 })?;
                                 let replica = scr.map(|r| {

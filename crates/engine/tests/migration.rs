@@ -19,7 +19,10 @@ use flowplane_trace::{PcapWriter, TraceReader, WriterOptions};
 
 const FLOWS: u32 = 2000;
 const PACKETS: u32 = 40_000;
-const LOOPS: u64 = 30;
+/// Loops of the trace: enough control ticks (1 ms, 64 moves each) for
+/// 10,000 moves; an optimised build replays several times faster, so it
+/// loops more to last as many ticks.
+const LOOPS: u64 = if cfg!(debug_assertions) { 30 } else { 150 };
 
 /// Flow `f`'s `seq`-th packet: UDP with (flow, seq) in the payload.
 fn frame(f: u32, seq: u32) -> Vec<u8> {

@@ -29,6 +29,14 @@ pub use pool::{PacketPool, PoolConfig, PoolError, PoolStats, RegionGuard, REGION
 pub const DEFAULT_BUF_SIZE: usize = 2048;
 /// Default headroom in front of the packet data.
 pub const DEFAULT_HEADROOM: usize = 128;
+/// Buffer size for pools no device constrains (the in-memory replay): the
+/// default plus one cache line. With a 2048-byte stride every buffer's first
+/// data line falls in the same two of a 32 KiB L1's 64 sets, so a burst's
+/// 64 packets evict each other's lines before the NFs read them; one extra
+/// line per buffer spreads them over every set (DPDK's mempool pads its
+/// objects for the same reason). Pools a port registers keep
+/// [`DEFAULT_BUF_SIZE`]: AF_XDP's aligned UMEM chunks must be a power of two.
+pub const SPREAD_BUF_SIZE: usize = DEFAULT_BUF_SIZE + 64;
 
 /// Software prefetch hints (safe wrappers: a prefetch never faults).
 pub mod prefetch {
