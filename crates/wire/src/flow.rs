@@ -683,7 +683,15 @@ impl HashableKey for CustomKey {
 /// for what the walk accepts).
 #[inline]
 pub fn extract_five_tuple(frame: &[u8]) -> Result<FiveTuple, FlowError> {
-    crate::frame::walk::<false>(frame).map(|w| w.tuple)
+    // The common cases straight (untagged TCP/UDP over IPv4, or IPv6 without
+    // extension headers: exactly the walk's key), the rest through the walk.
+    if let Some(t) = crate::frame::ipv4_tuple_fast(frame) {
+        return Ok(t);
+    }
+    if let Some((t, _)) = crate::frame::ipv6_tuple_fast(frame) {
+        return Ok(t);
+    }
+    crate::frame::walk_tuple(frame)
 }
 
 #[cfg(test)]

@@ -209,6 +209,37 @@ fn parse_ipv4_fast(f: &[u8], m: &mut PktMeta) -> bool {
     true
 }
 
+/// The 5-tuple of an untagged Ethernet + IPv4 + TCP/UDP frame (first
+/// fragment or unfragmented) whose datagram holds both ports: exactly what
+/// the walk returns for such a frame, without its other fields (the flow
+/// key alone, for [`crate::flow::extract_five_tuple`]). `None`: use the walk.
+#[inline(always)]
+pub(crate) fn ipv4_tuple_fast(f: &[u8]) -> Option<FiveTuple> {
+    let h = f.first_chunk::<34>()?;
+    if h[12] != 0x08 || h[13] != 0x00 || h[14] >> 4 != 4 {
+        return None;
+    }
+    let ihl = ((h[14] & 0x0f) as usize) * 4;
+    let total = u16::from_be_bytes([h[16], h[17]]) as usize;
+    let proto = h[23];
+    // The walk's conditions: a header of at least 20 bytes, the ports inside
+    // both the frame and the datagram the header states, not a later fragment.
+    if ihl < 20 || total < ihl + 4 || (h[20] & 0x1f) | h[21] != 0 || !matches!(proto, PROTO_TCP | PROTO_UDP) {
+        return None;
+    }
+    let l4 = 14 + ihl;
+    let p = f.get(l4..l4 + 4)?;
+    let addrs = load_u64(h[26..34].first_chunk().unwrap_or(&[0; 8]));
+    let ports = u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
+    Some(FiveTuple::V4(FiveTupleV4::from_words([addrs, tail_word(ports, proto, 0)])))
+}
+
+/// The walk's flow key, out of line so the fast paths keep their registers.
+#[inline(never)]
+pub(crate) fn walk_tuple(f: &[u8]) -> Result<FiveTuple, FlowError> {
+    walk::<false>(f).map(|w| w.tuple)
+}
+
 /// The TEID of a GTP-U (version 1, protocol type GTP) header at the start of
 /// `g`; `None` for anything else on port 2152, which stays plain UDP.
 #[inline]
@@ -226,35 +257,7 @@ const V6_UDP_MIN: usize = 14 + 40 + 8;
 /// length, not GTP-U); anything else returns false for the general walk.
 #[inline(always)]
 fn parse_ipv6_fast(f: &[u8], m: &mut PktMeta) -> bool {
-    // One length check up front lets every fixed-offset read below go unchecked.
-    let Some(h) = f.first_chunk::<V6_UDP_MIN>() else { return false };
-    if h[12] != 0x86 || h[13] != 0xdd || h[14] >> 4 != 6 {
-        return false;
-    }
-    let proto = h[20];
-    let plen = u16::from_be_bytes([h[18], h[19]]) as usize;
-    // Padding after the datagram is fine, a datagram cut short is not.
-    if 14 + 40 + plen > f.len() {
-        return false;
-    }
-    let dport = u16::from_be_bytes([h[56], h[57]]);
-    if proto == PROTO_UDP {
-        let ulen = u16::from_be_bytes([h[58], h[59]]) as usize;
-        // GTP-U (port 2152) needs its header validated: general walk.
-        if plen < 8 || ulen < 8 || ulen > plen || dport == GTPU_PORT {
-            return false;
-        }
-    } else if proto == PROTO_TCP {
-        let Some(&off) = f.get(14 + 40 + 12) else { return false };
-        let hl = ((off >> 4) as usize) * 4;
-        if plen < 20 || hl < 20 || hl > plen {
-            return false;
-        }
-    } else {
-        return false;
-    }
-    let a: [u64; 4] = core::array::from_fn(|i| load_u64(h[22 + 8 * i..30 + 8 * i].first_chunk().unwrap_or(&[0; 8])));
-    let ports = u32::from_le_bytes([h[54], h[55], h[56], h[57]]);
+    let Some((tuple, proto)) = ipv6_tuple_fast(f) else { return false };
     m.valid = true;
     m.v6 = true;
     m.vlan = 0;
@@ -262,8 +265,44 @@ fn parse_ipv6_fast(f: &[u8], m: &mut PktMeta) -> bool {
     m.proto = IpProtocol(proto);
     m.l3 = 14;
     m.l4 = 14 + 40;
-    m.tuple = FiveTuple::V6(FiveTupleV6::from_words([a[0], a[1], a[2], a[3], tail_word(ports, proto, 0)]));
+    m.tuple = tuple;
     true
+}
+
+/// The key and protocol of [`parse_ipv6_fast`]'s frames (and of
+/// [`crate::flow::extract_five_tuple`]'s IPv6 common case).
+#[inline(always)]
+pub(crate) fn ipv6_tuple_fast(f: &[u8]) -> Option<(FiveTuple, u8)> {
+    // One length check up front lets every fixed-offset read below go unchecked.
+    let h = f.first_chunk::<V6_UDP_MIN>()?;
+    if h[12] != 0x86 || h[13] != 0xdd || h[14] >> 4 != 6 {
+        return None;
+    }
+    let proto = h[20];
+    let plen = u16::from_be_bytes([h[18], h[19]]) as usize;
+    // Padding after the datagram is fine, a datagram cut short is not.
+    if 14 + 40 + plen > f.len() {
+        return None;
+    }
+    let dport = u16::from_be_bytes([h[56], h[57]]);
+    if proto == PROTO_UDP {
+        let ulen = u16::from_be_bytes([h[58], h[59]]) as usize;
+        // GTP-U (port 2152) needs its header validated: general walk.
+        if plen < 8 || ulen < 8 || ulen > plen || dport == GTPU_PORT {
+            return None;
+        }
+    } else if proto == PROTO_TCP {
+        let off = *f.get(14 + 40 + 12)?;
+        let hl = ((off >> 4) as usize) * 4;
+        if plen < 20 || hl < 20 || hl > plen {
+            return None;
+        }
+    } else {
+        return None;
+    }
+    let a: [u64; 4] = core::array::from_fn(|i| load_u64(h[22 + 8 * i..30 + 8 * i].first_chunk().unwrap_or(&[0; 8])));
+    let ports = u32::from_le_bytes([h[54], h[55], h[56], h[57]]);
+    Some((FiveTuple::V6(FiveTupleV6::from_words([a[0], a[1], a[2], a[3], tail_word(ports, proto, 0)])), proto))
 }
 
 /// Everything else: the general walk with the meta's checks.

@@ -413,6 +413,26 @@ proptest! {
     }
 
     #[test]
+    fn same_as_reference_on_ipv4_prefix_and_noise(
+        ihl_words in 0u8..16,
+        total in 0u16..120,
+        frag in prop::sample::select(vec![0u16, 0x2000, 0x4000, 0x0001, 0x1fff, 0x2001]),
+        proto in prop::sample::select(vec![6u8, 17, 1, 132, 47]),
+        rest in prop::collection::vec(any::<u8>(), 0..100),
+    ) {
+        // A valid Ethernet + IPv4 prefix whose header length, total length and
+        // fragment fields vary around the fast paths' limits.
+        let mut f = vec![0u8; 12];
+        f.extend_from_slice(&[0x08, 0x00, 0x40 | ihl_words, 0]);
+        f.extend_from_slice(&total.to_be_bytes());
+        f.extend_from_slice(&[0, 0]);
+        f.extend_from_slice(&frag.to_be_bytes());
+        f.extend_from_slice(&[64, proto, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2]);
+        f.extend_from_slice(&rest);
+        check(&f);
+    }
+
+    #[test]
     fn same_as_reference_on_ipv6_prefix_and_noise(nh in nh_strategy(), plen in 0u16..80, rest in prop::collection::vec(any::<u8>(), 0..80)) {
         // A valid Ethernet + IPv6 prefix so the random tail reaches the L4/ext parsing.
         let mut f = v6_frame(0, nh, &rest);
