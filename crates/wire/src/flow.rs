@@ -688,7 +688,7 @@ pub fn extract_five_tuple(frame: &[u8]) -> Result<FiveTuple, FlowError> {
     if let Some(t) = crate::frame::ipv4_tuple_fast(frame) {
         return Ok(t);
     }
-    if let Some((t, _)) = crate::frame::ipv6_tuple_fast(frame) {
+    if let Some(t) = crate::frame::ipv6_tuple_fast(frame) {
         return Ok(t);
     }
     crate::frame::walk_tuple(frame)

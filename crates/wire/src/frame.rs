@@ -257,7 +257,7 @@ const V6_UDP_MIN: usize = 14 + 40 + 8;
 /// length, not GTP-U); anything else returns false for the general walk.
 #[inline(always)]
 fn parse_ipv6_fast(f: &[u8], m: &mut PktMeta) -> bool {
-    let Some((tuple, proto)) = ipv6_tuple_fast(f) else { return false };
+    let Some((h, proto)) = ipv6_fast_case(f) else { return false };
     m.valid = true;
     m.v6 = true;
     m.vlan = 0;
@@ -265,14 +265,22 @@ fn parse_ipv6_fast(f: &[u8], m: &mut PktMeta) -> bool {
     m.proto = IpProtocol(proto);
     m.l3 = 14;
     m.l4 = 14 + 40;
-    m.tuple = tuple;
+    m.tuple = FiveTuple::V6(ipv6_fast_key(h, proto));
     true
 }
 
-/// The key and protocol of [`parse_ipv6_fast`]'s frames (and of
-/// [`crate::flow::extract_five_tuple`]'s IPv6 common case).
+/// The IPv6 key of [`crate::flow::extract_five_tuple`]'s common case: the
+/// frames [`parse_ipv6_fast`] takes.
 #[inline(always)]
-pub(crate) fn ipv6_tuple_fast(f: &[u8]) -> Option<(FiveTuple, u8)> {
+pub(crate) fn ipv6_tuple_fast(f: &[u8]) -> Option<FiveTuple> {
+    let (h, proto) = ipv6_fast_case(f)?;
+    Some(FiveTuple::V6(ipv6_fast_key(h, proto)))
+}
+
+/// The IPv6 fast paths' frames: the headers through the UDP header (or TCP's
+/// ports), and the protocol. `None`: use the general walk.
+#[inline(always)]
+fn ipv6_fast_case(f: &[u8]) -> Option<(&[u8; V6_UDP_MIN], u8)> {
     // One length check up front lets every fixed-offset read below go unchecked.
     let h = f.first_chunk::<V6_UDP_MIN>()?;
     if h[12] != 0x86 || h[13] != 0xdd || h[14] >> 4 != 6 {
@@ -300,9 +308,15 @@ pub(crate) fn ipv6_tuple_fast(f: &[u8]) -> Option<(FiveTuple, u8)> {
     } else {
         return None;
     }
+    Some((h, proto))
+}
+
+/// The key of an [`ipv6_fast_case`] frame.
+#[inline(always)]
+fn ipv6_fast_key(h: &[u8; V6_UDP_MIN], proto: u8) -> FiveTupleV6 {
     let a: [u64; 4] = core::array::from_fn(|i| load_u64(h[22 + 8 * i..30 + 8 * i].first_chunk().unwrap_or(&[0; 8])));
     let ports = u32::from_le_bytes([h[54], h[55], h[56], h[57]]);
-    Some((FiveTuple::V6(FiveTupleV6::from_words([a[0], a[1], a[2], a[3], tail_word(ports, proto, 0)])), proto))
+    FiveTupleV6::from_words([a[0], a[1], a[2], a[3], tail_word(ports, proto, 0)])
 }
 
 /// Everything else: the general walk with the meta's checks.
