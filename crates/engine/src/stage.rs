@@ -37,6 +37,18 @@ impl BatchOutcome {
     }
 }
 
+/// Packet `i` reaching an NF: counted in (packets and bytes) and true, or
+/// false with nothing counted if an earlier NF dropped it.
+#[inline(always)]
+pub(crate) fn arrive(batch: &Batch, i: usize, c: &mut NfCounters) -> bool {
+    if batch.is_dropped(i) {
+        return false;
+    }
+    c.packets_in += 1;
+    c.bytes_in += batch.lens()[i] as u64;
+    true
+}
+
 /// Applies an action to packet `i`'s verdict; returns true if it ends the flow.
 #[inline(always)]
 pub fn apply_action(batch: &mut Batch, i: usize, a: Action, c: &mut NfCounters) -> bool {
@@ -604,11 +616,9 @@ impl<T: StatefulNf> Typed<T> {
         cur: Option<&Cursor>,
         c: &mut NfCounters,
     ) -> Option<bool> {
-        if batch.is_dropped(i) {
+        if !arrive(batch, i, c) {
             return None;
         }
-        c.packets_in += 1;
-        c.bytes_in += batch.lens()[i] as u64;
         let action = if !meta.valid || !flow.is_some() {
             self.0.on_unparsed()
         } else {

@@ -23,7 +23,7 @@ use crate::coarse::{
     aux_handle, coarse_hash, group_key, handle_bits, key_tuple, with_locked, GroupLayout, SharedStores,
 };
 use crate::error::EngineError;
-use crate::stage::{apply_action, packet_ctx, BatchOutcome, StatefulStage};
+use crate::stage::{apply_action, arrive, packet_ctx, BatchOutcome, StatefulStage};
 use crate::store::{FlowRef, FlowStore, StoreConfig};
 
 /// Seed of the flow-table hash.
@@ -1107,11 +1107,9 @@ fn coarse_one(
     ctx: &NfContext,
     counters: &mut NfCounters,
 ) -> Option<Action> {
-    if batch.is_dropped(i) {
+    if !arrive(batch, i, counters) {
         return None;
     }
-    counters.packets_in += 1;
-    counters.bytes_in += batch.lens()[i] as u64;
     if !meta.valid || !h.is_some() {
         return Some(nf.on_unparsed());
     }
