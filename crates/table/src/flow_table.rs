@@ -485,6 +485,14 @@ impl<K: FlowKey> FlowTable<K> {
         // Hits idle past the timeout are renewed in key order with the misses (below), not here.
         let mut stale = 0u64;
         let mut m = hit;
+        if self.idle_limit == u64::MAX {
+            // No timeout: nothing is ever idle, so the touch need not read the old time.
+            while m != 0 {
+                let i = m.trailing_zeros() as usize;
+                m &= m - 1;
+                self.slab.set_last_seen(out[i], now.at(i));
+            }
+        }
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;

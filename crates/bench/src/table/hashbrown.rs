@@ -1,9 +1,9 @@
 //! hashbrown (SwissTable) rows of `flowplane bench table`, on the same keys, hashes and access streams as the
 //! per-core table. `hashbrown::HashTable<(BenchKey, [u8; 64])>` is driven with the precomputed hashes (no
 //! hashing cost), preallocated like the flow table; it has no batch API, so its rows are batch 1. As for the flow
-//! table, the lookup, update and insertion-rate rows are measured together (interleaved slices).
+//! table, the lookup, update and insertion-rate rows are measured one after the other ([`super::steady_rows`]).
 
-use super::{steady_together, BenchKey, BenchRow, TableBenchOptions, Workload, KEY_SEED};
+use super::{steady_rows, BenchKey, BenchRow, TableBenchOptions, Workload, KEY_SEED};
 use crate::pages::{self, PageBacking};
 use crate::tsc::rdtsc;
 use hashbrown::HashTable;
@@ -49,7 +49,7 @@ fn backing(m: &Map, w: &Workload) -> PageBacking {
     e.map_or_else(PageBacking::default, |e| pages::of_addr(e as *const _ as usize))
 }
 
-/// The rows measured together, as in `percore`: lookups and updates on `a`, the insertion-rate sweep on `b`
+/// The rows, as in `percore`: lookups and updates on `a`, the insertion-rate sweep on `b`
 /// (each measured slice's new flows removed after it; warm-up only hits).
 #[derive(Clone, Copy)]
 enum Op {
@@ -59,15 +59,22 @@ enum Op {
     Mixed(u64),
 }
 
-fn run_job(op: Op, at: &mut usize, a: &mut Map, b: &mut Map, w: &Workload, n: u64, warming: bool) -> u64 {
-    let miss_n = w.hit_stream.len().min(w.absent.len());
-    match op {
+/// One row: its operation, its index among the rows (its stream regions) and the slices it has run.
+struct Job {
+    op: Op,
+    row: usize,
+    slices: usize,
+}
+
+fn run_job(job: &mut Job, a: &mut Map, b: &mut Map, w: &Workload, n: u64, warming: bool) -> u64 {
+    let (hit_at, absent_at) = w.slice_start(job.row, job.slices);
+    job.slices += 1;
+    let at = &mut if matches!(job.op, Op::Miss) { absent_at } else { hit_at };
+    match job.op {
         Op::Hit => cycle_ops(&w.hit_stream, &w.hit_stream_hashes, at, n, |k, h| {
             a.find(h, |e| e.0 == *k).map_or(0, |e| u64::from(e.1[0]))
         }),
-        Op::Miss => cycle_ops(&w.absent[..miss_n], &w.absent_hashes[..miss_n], at, n, |k, h| {
-            u64::from(a.find(h, |e| e.0 == *k).is_some())
-        }),
+        Op::Miss => cycle_ops(&w.absent, &w.absent_hashes, at, n, |k, h| u64::from(a.find(h, |e| e.0 == *k).is_some())),
         Op::Update => {
             cycle_ops(&w.hit_stream, &w.hit_stream_hashes, at, n, |k, h| match a.find_mut(h, |e| e.0 == *k) {
                 Some(e) => {
@@ -79,7 +86,7 @@ fn run_job(op: Op, at: &mut usize, a: &mut Map, b: &mut Map, w: &Workload, n: u6
             })
         }
         Op::Mixed(r) => {
-            let mut next_new = 0usize;
+            let mut next_new = absent_at;
             let t0 = rdtsc();
             for i in 0..n {
                 let (k, h) = if !warming && i % r == r - 1 {
@@ -95,7 +102,7 @@ fn run_job(op: Op, at: &mut usize, a: &mut Map, b: &mut Map, w: &Workload, n: u6
                 }
             }
             let t = rdtsc().wrapping_sub(t0);
-            for (k, h) in w.absent[..next_new].iter().zip(&w.absent_hashes[..next_new]) {
+            for (k, h) in w.absent[absent_at..next_new].iter().zip(&w.absent_hashes[absent_at..next_new]) {
                 if let Ok(e) = b.find_entry(*h, |e| e.0 == *k) {
                     e.remove();
                 }
@@ -111,7 +118,7 @@ pub fn run_hashbrown(opts: &TableBenchOptions) -> Vec<BenchRow> {
     let ops = opts.ops.max(1);
     let (sizes, _, rates) = opts.ordered();
     for size in sizes {
-        let w = Workload::new(size, ops, KEY_SEED);
+        let w = Workload::for_rows(size, ops, KEY_SEED, 3 + rates.len());
         let mut a = Map::with_capacity(size);
         let t0 = rdtsc();
         for (k, h) in w.resident.iter().zip(&w.resident_hashes) {
@@ -128,20 +135,19 @@ pub fn run_hashbrown(opts: &TableBenchOptions) -> Vec<BenchRow> {
         if opts.reverse {
             rows.extend(churn(&mut a, ops, size, &w, pa));
         }
-        let mut jobs: Vec<(Op, usize)> = [Op::Hit, Op::Miss, Op::Update]
+        let mut jobs: Vec<Job> = [Op::Hit, Op::Miss, Op::Update]
             .into_iter()
             .chain(rates.iter().map(|&r| Op::Mixed(r.max(1))))
-            .map(|op| (op, 0))
+            .enumerate()
+            .map(|(row, op)| Job { op, row, slices: 0 })
             .collect();
         if opts.reverse {
             jobs.reverse();
         }
-        let results = steady_together(ops, jobs.len(), |i, n, warming| {
-            let (op, at) = &mut jobs[i];
-            run_job(*op, at, &mut a, &mut b, &w, n, warming)
-        });
-        for ((op, _), s) in jobs.iter().zip(&results) {
-            rows.push(match *op {
+        let results =
+            steady_rows(ops, jobs.len(), |i, n, warming| run_job(&mut jobs[i], &mut a, &mut b, &w, n, warming));
+        for (job, s) in jobs.iter().zip(&results) {
+            rows.push(match job.op {
                 Op::Hit => BenchRow::steady(NAME, "lookup-hit", size, 1, 0, s).with_pages(pa),
                 Op::Miss => BenchRow::steady(NAME, "lookup-miss", size, 1, 0, s).with_pages(pa),
                 Op::Update => BenchRow::steady(NAME, "update", size, 1, 0, s).with_pages(pa),

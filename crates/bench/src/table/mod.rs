@@ -18,11 +18,11 @@
 //! between rows of the same process, because this machine is shared and noisy.
 //!
 //! Rows must not depend on their order. So every single-core row is measured by
-//! [`steady_together`], with the other rows of its implementation and size:
-//! warm-up slices of its own work until the rate is stable, then [`SLICES`]
-//! rounds of one slice of every row, the median slice being a row's figure
-//! (rows measured together share the same interference from other processes,
-//! and a burst of it moves one slice, not the row); the flow
+//! [`steady`] in one block ([`steady_rows`] says why not interleaved with the
+//! others): warm-up slices of its own work until the rate is stable, then
+//! [`SLICES`] slices, the median slice being a row's figure (a burst of
+//! interference from other processes moves one slice, not the row); rows
+//! read disjoint regions of the key streams ([`Workload::slice_start`]); the flow
 //! tables are prefaulted with their transparent hugepages assembled before
 //! measuring ([`flowplane_table::FlowTable::prefault`]), and every row reports
 //! the page backing of the memory it measured (`huge_pages`: the fraction on
@@ -201,62 +201,63 @@ pub struct Steady {
     pub mops_per_cpu: f64,
 }
 
-/// Measures `ops` operations of one row in the steady state: [`steady_together`] with a single row.
-pub fn steady(ops: u64, mut slice: impl FnMut(u64, bool) -> u64) -> Steady {
-    steady_together(ops, 1, |_, n, warming| slice(n, warming))[0]
-}
-
-/// Measures `rows` rows of `ops` operations each, together, in the steady state. `slice(row, n, warming)` runs `n`
-/// operations of `row` (continuing where its previous slice stopped) and returns the TSC cycles they took.
+/// Measures `ops` operations of one row in the steady state. `slice(n, warming)` runs `n` operations of the row
+/// (continuing where its previous slice stopped) and returns the TSC cycles they took.
 ///
-/// Warm-up rounds run one slice (`n = ops / SLICES`) of every row until each row's last two slices agree within
-/// [`WARMUP_TOLERANCE`] (at most [`WARMUP_MAX`] rounds); then [`SLICES`] measured rounds, each running one slice of
-/// every row, starting at a different row each round. A row's figure is its median slice. Rows measured together
-/// share the same stretch of time, so interference from other processes on a shared machine (which moves a row's
-/// rate several-fold within seconds here) reaches them alike rather than one row and not the next, and no row's
-/// place in the order matters. Warm-up is normally the measured work itself; rows that consume keys (insertions)
-/// warm up on lookups instead.
-pub fn steady_together(ops: u64, rows: usize, mut slice: impl FnMut(usize, u64, bool) -> u64) -> Vec<Steady> {
+/// Warm-up slices (`n = ops / SLICES`) run until two consecutive ones agree within [`WARMUP_TOLERANCE`] (at most
+/// [`WARMUP_MAX`]); then [`SLICES`] measured slices, the row's figure being the median one. Warm-up is normally the
+/// measured work itself; rows that consume keys (insertions) warm up on lookups instead.
+pub fn steady(ops: u64, mut slice: impl FnMut(u64, bool) -> u64) -> Steady {
     let n = ops.div_ceil(SLICES).max(1);
-    let mut prev: Vec<Option<f64>> = vec![None; rows];
-    let mut stable = vec![false; rows];
+    let mut prev: Option<f64> = None;
     let mut warmup = 0;
-    while warmup < WARMUP_MAX && !stable.iter().all(|&s| s) {
+    loop {
+        if warmup == WARMUP_MAX {
+            break;
+        }
         warmup += 1;
-        for r in 0..rows {
-            let c = slice(r, n, true) as f64;
-            stable[r] = prev[r].is_some_and(|p| (c - p).abs() <= WARMUP_TOLERANCE * p.max(c));
-            prev[r] = Some(c);
+        let c = slice(n, true) as f64;
+        let stable = prev.is_some_and(|p| (c - p).abs() <= WARMUP_TOLERANCE * p.max(c));
+        prev = Some(c);
+        if stable {
+            break;
         }
     }
-    let mut per_op = vec![Vec::with_capacity(SLICES as usize); rows];
-    let mut per_cpu = vec![Vec::with_capacity(SLICES as usize); rows];
-    let (mut cpu, mut wall) = (vec![0u64; rows], vec![0u64; rows]);
-    for round in 0..SLICES as usize {
-        for k in 0..rows {
-            let r = (round + k) % rows;
-            let (c0, w0) = (thread_cpu_ns(), std::time::Instant::now());
-            per_op[r].push(slice(r, n, false) as f64 / n as f64);
-            let c = thread_cpu_ns().saturating_sub(c0);
-            wall[r] += w0.elapsed().as_nanos() as u64;
-            cpu[r] += c;
-            per_cpu[r].push(n as f64 * 1e3 / c.max(1) as f64);
-        }
+    let mut per_op = Vec::with_capacity(SLICES as usize);
+    let mut per_cpu = Vec::with_capacity(SLICES as usize);
+    let (mut cpu, mut wall) = (0u64, 0u64);
+    for _ in 0..SLICES {
+        let (c0, w0) = (thread_cpu_ns(), std::time::Instant::now());
+        per_op.push(slice(n, false) as f64 / n as f64);
+        let c = thread_cpu_ns().saturating_sub(c0);
+        wall += w0.elapsed().as_nanos() as u64;
+        cpu += c;
+        per_cpu.push(n as f64 * 1e3 / c.max(1) as f64);
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    (0..rows)
-        .map(|r| Steady {
-            cycles_per_op: median(&mut per_op[r]),
-            best_cycles_per_op: per_op[r][0],
-            ops: n * SLICES,
-            warmup,
-            cpu_share: if wall[r] > 0 { (cpu[r] as f64 / wall[r] as f64).min(1.0) } else { 0.0 },
-            mops_per_cpu: median(&mut per_cpu[r]),
-        })
-        .collect()
+    Steady {
+        cycles_per_op: median(&mut per_op),
+        best_cycles_per_op: per_op[0],
+        ops: n * SLICES,
+        warmup,
+        cpu_share: if wall > 0 { (cpu as f64 / wall as f64).min(1.0) } else { 0.0 },
+        mops_per_cpu: median(&mut per_cpu),
+    }
+}
+
+/// Measures `rows` rows of `ops` operations each, one after the other, each by [`steady`] (its own warm-up, then
+/// its slices). `slice(row, n, warming)` runs `n` operations of `row`.
+///
+/// Rows are deliberately not interleaved slice by slice: on this machine the rate of a row depends on what ran in
+/// the tens of milliseconds before it, beyond any one slice (a batch-64 lookup slice right after batch-32 work runs
+/// at ~100 cycles/op, after batch-64 work at ~40, with the same keys or with disjoint ones, even after a full
+/// untimed slice of its own work), so an interleaved row's figure depended on its neighbour in the order (issue 7
+/// item 10). A row measured in one block reaches the state its own work sustains; the warm-up waits for it.
+pub fn steady_rows(ops: u64, rows: usize, mut slice: impl FnMut(usize, u64, bool) -> u64) -> Vec<Steady> {
+    (0..rows).map(|r| steady(ops, |n, warming| slice(r, n, warming))).collect()
 }
 
 /// CPU time consumed by the calling thread, in ns (0 if unavailable).
@@ -356,6 +357,10 @@ impl SplitMix {
 /// `resident` keys (`0..size`) are inserted before measuring; `absent` keys are never resident at the
 /// start of a measurement (lookup-miss stream, new keys of the insertion-rate sweep); the access
 /// streams are sequential arrays (keys arrive in packets, i.e. in cache), their targets uniformly random.
+///
+/// Rows of one run read disjoint regions of the streams ([`Workload::slice_start`]): a slice that re-reads keys
+/// another row just read would find part of their lines still in the caches, a steady state no single workload
+/// has. Consecutive slices of a row read consecutive regions, so a key is read again only after every region was.
 pub struct Workload {
     /// Resident keys and hashes.
     pub resident: Vec<BenchKey>,
@@ -371,16 +376,32 @@ pub struct Workload {
     pub hit_stream_hashes: Vec<u64>,
     /// Distinct resident keys, in random order, for delete/re-insert rounds.
     pub churn: Vec<u32>,
+    /// Regions of `hit_stream` and `absent`: one per row of the run.
+    regions: usize,
 }
 
 impl Workload {
-    /// Builds the workload of one table size: `ops + ABSENT_SLACK` absent keys, streams of at most 1M keys.
+    /// Builds the workload of one table size: `ops + ABSENT_SLACK` absent keys, streams of at most 1M keys, cycled.
     pub fn new(size: usize, ops: u64, seed: u64) -> Self {
-        let absent_n = ops as usize + ABSENT_SLACK;
+        Self::for_rows(size, ops, seed, 1)
+    }
+
+    /// The workload of `rows` rows measured by [`steady_rows`] with `ops` operations each: every row gets its own
+    /// region of one slice in both streams (see [`Workload::slice_start`]), so the hit stream holds
+    /// `rows` slices of keys and `absent` at least that many. With `rows = 1` it is [`Workload::new`]'s.
+    pub fn for_rows(size: usize, ops: u64, seed: u64, rows: usize) -> Self {
+        let regions = rows.max(1);
+        let cycled = (ops as usize).clamp(1, 1 << 20);
+        let region_len = ops.div_ceil(SLICES).max(1) as usize + MAX_BATCH_BENCH;
+        let absent_n = if regions > 1 {
+            (ops as usize + ABSENT_SLACK).max(regions * region_len)
+        } else {
+            ops as usize + ABSENT_SLACK
+        };
         let (mut keys, mut hashes) = make_keys(size + absent_n, seed);
         let absent = keys.split_off(size);
         let absent_hashes = hashes.split_off(size);
-        let stream_len = (ops as usize).clamp(1, 1 << 20);
+        let stream_len = if regions > 1 { regions * region_len } else { cycled };
         let mut rng = SplitMix(seed ^ 0xA5A5);
         let mut hit_stream = Vec::with_capacity(stream_len);
         let mut hit_stream_hashes = Vec::with_capacity(stream_len);
@@ -390,7 +411,7 @@ impl Workload {
             hit_stream_hashes.push(hashes[i]);
         }
         // Distinct indices: multiplying by a prime larger than any size is a bijection mod `size`.
-        let churn_n = size.min(stream_len);
+        let churn_n = size.min(cycled);
         let churn = (0..churn_n as u64).map(|j| ((j * 2_654_435_761 + 12_345) % size as u64) as u32).collect();
         Workload {
             resident: keys,
@@ -400,7 +421,16 @@ impl Workload {
             hit_stream,
             hit_stream_hashes,
             churn,
+            regions,
         }
+    }
+
+    /// Where row `row`'s `k`-th slice (warm-up included) starts reading, in `hit_stream` and in `absent`: region
+    /// `(row + k) mod rows` of each. A region holds a whole slice (plus a batch); rows start in different regions
+    /// and move one region per slice.
+    pub fn slice_start(&self, row: usize, k: usize) -> (usize, usize) {
+        let r = (row + k) % self.regions;
+        (r * (self.hit_stream.len() / self.regions), r * (self.absent.len() / self.regions))
     }
 }
 
@@ -551,6 +581,33 @@ mod tests {
         let set: std::collections::HashSet<_> = a.iter().collect();
         assert_eq!(set.len(), a.len());
         assert_eq!(ha[5], bench_hash(&a[5]));
+    }
+
+    /// Rows of one run start their slices in distinct regions of both streams, each long enough for a slice, and
+    /// a row's consecutive slices move to the next region; one row alone keeps `new`'s cycled streams.
+    #[test]
+    fn rows_read_disjoint_stream_regions() {
+        let (size, ops, rows) = (1 << 10, 9_000u64, 5);
+        let w = Workload::for_rows(size, ops, KEY_SEED, rows);
+        let slice = ops.div_ceil(SLICES) as usize + MAX_BATCH_BENCH;
+        assert_eq!(w.hit_stream.len(), rows * slice);
+        assert!(w.absent.len() >= rows * slice);
+        for k in 0..2 * rows {
+            let starts: Vec<(usize, usize)> = (0..rows).map(|r| w.slice_start(r, k)).collect();
+            for (i, a) in starts.iter().enumerate() {
+                assert!(a.0 + slice <= w.hit_stream.len() && a.1 + slice <= w.absent.len());
+                for b in &starts[i + 1..] {
+                    assert!(a.0.abs_diff(b.0) >= slice && a.1.abs_diff(b.1) >= slice, "{starts:?}");
+                }
+            }
+            assert_eq!(w.slice_start(0, k + 1), w.slice_start(1, k));
+        }
+        // Absent keys are never resident; every stream key is.
+        let resident: std::collections::HashSet<_> = w.resident.iter().collect();
+        assert!(w.absent.iter().all(|k| !resident.contains(k)));
+        assert!(w.hit_stream.iter().all(|k| resident.contains(k)));
+        let one = Workload::new(size, ops, KEY_SEED);
+        assert_eq!((one.hit_stream.len(), one.slice_start(0, 3)), (ops as usize, (0, 0)));
     }
 
     /// The CI smoke run: every implementation produces its rows, with sane numbers.

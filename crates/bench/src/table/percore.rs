@@ -1,11 +1,9 @@
 //! Per-core `FlowTable` rows of `flowplane bench table`: lookup-hit, lookup-miss, update, add-on-miss insertion
 //! (into a fresh table and after deletions), delete, and the PNA insertion-rate sweep, per size and batch size.
-//! The lookup, update and insertion-rate rows of one size are measured together (interleaved slices, see
-//! [`super::steady_together`]) on two prefaulted tables.
+//! The lookup, update and insertion-rate rows of one size are measured one after the other, each in its steady
+//! state ([`super::steady_rows`]), on two prefaulted tables.
 
-use super::{
-    steady_together, BenchKey, BenchRow, TableBenchOptions, Workload, ABSENT_SLACK, KEY_SEED, MAX_BATCH_BENCH,
-};
+use super::{steady_rows, BenchKey, BenchRow, TableBenchOptions, Workload, ABSENT_SLACK, KEY_SEED, MAX_BATCH_BENCH};
 use crate::pages::{self, PageBacking};
 use crate::tsc::rdtsc;
 use flowplane_table::{FlowTable, FullPolicy, Handle, TableConfig, INVALID_HANDLE};
@@ -78,7 +76,7 @@ fn backing(t: &FlowTable<BenchKey>) -> PageBacking {
     pages::of_spans(&t.memory_spans())
 }
 
-/// The rows measured together ([`super::steady_together`]).
+/// The rows measured by [`super::steady_rows`].
 #[derive(Clone, Copy, Debug)]
 enum Op {
     /// Find the handle and read the first state byte (as hashbrown reads its value).
@@ -92,10 +90,14 @@ enum Op {
     Mixed(u64),
 }
 
-/// One row of the together-measured set, with its position in its key stream.
+/// One row of one size, with its position in its key stream.
 struct Job {
     op: Op,
     batch: usize,
+    /// This row's index among the rows of its size (its stream regions, [`Workload::slice_start`]).
+    row: usize,
+    /// Slices run so far (warm-up included).
+    slices: usize,
     at: usize,
     now: u64,
 }
@@ -111,7 +113,9 @@ struct Tables {
 fn run_job(job: &mut Job, t: &mut Tables, w: &Workload, n: u64, warming: bool) -> u64 {
     let mut out = [0 as Handle; MAX_BATCH_BENCH];
     let batch = job.batch;
-    let miss_n = w.hit_stream.len().min(w.absent.len());
+    let (hit_at, absent_at) = w.slice_start(job.row, job.slices);
+    job.slices += 1;
+    job.at = if matches!(job.op, Op::Miss) { absent_at } else { hit_at };
     match job.op {
         Op::Hit => {
             let a = &t.a;
@@ -132,7 +136,7 @@ fn run_job(job: &mut Job, t: &mut Tables, w: &Workload, n: u64, warming: bool) -
         }
         Op::Miss => {
             let a = &t.a;
-            run_ops(&w.absent[..miss_n], &w.absent_hashes[..miss_n], &mut job.at, n, batch, |k, h| {
+            run_ops(&w.absent, &w.absent_hashes, &mut job.at, n, batch, |k, h| {
                 if batch == 1 {
                     u64::from(a.lookup(&k[0], h[0]).is_some())
                 } else {
@@ -162,7 +166,8 @@ fn run_job(job: &mut Job, t: &mut Tables, w: &Workload, n: u64, warming: bool) -
             let b = &mut t.b;
             let mut kb = [BenchKey::default(); MAX_BATCH_BENCH];
             let mut hb = [0u64; MAX_BATCH_BENCH];
-            let (mut next_new, mut k) = (0usize, 0u64);
+            let (first_new, mut k) = (absent_at, 0u64);
+            let mut next_new = first_new;
             let t0 = rdtsc();
             while k < n {
                 // Build the batch the way packets arrive: keys copied into a small in-cache array.
@@ -187,7 +192,7 @@ fn run_job(job: &mut Job, t: &mut Tables, w: &Workload, n: u64, warming: bool) -
             }
             let c = rdtsc().wrapping_sub(t0);
             job.now += k;
-            for (key, h) in w.absent[..next_new].iter().zip(&w.absent_hashes[..next_new]) {
+            for (key, h) in w.absent[first_new..next_new].iter().zip(&w.absent_hashes[first_new..next_new]) {
                 b.remove(key, *h);
             }
             c * n / k.max(1)
@@ -197,8 +202,8 @@ fn run_job(job: &mut Job, t: &mut Tables, w: &Workload, n: u64, warming: bool) -
 
 fn run_size(opts: &TableBenchOptions, size: usize) -> Vec<BenchRow> {
     let ops = opts.ops.max(1);
-    let w = Workload::new(size, ops, KEY_SEED);
     let (_, batches, rates) = opts.ordered();
+    let w = Workload::for_rows(size, ops, KEY_SEED, batches.len() * (3 + rates.len()));
     let mut rows = Vec::new();
     let mut a = table(size, opts.state_size);
     let c = fill(&mut a, &w.resident, &w.resident_hashes, MAX_BATCH_BENCH);
@@ -221,13 +226,13 @@ fn run_size(opts: &TableBenchOptions, size: usize) -> Vec<BenchRow> {
     for &batch in &batches {
         let batch = batch.clamp(1, MAX_BATCH_BENCH);
         for op in [Op::Hit, Op::Miss, Op::Update].into_iter().chain(rates.iter().map(|&r| Op::Mixed(r.max(1)))) {
-            jobs.push(Job { op, batch, at: 0, now: 0 });
+            jobs.push(Job { op, batch, row: jobs.len(), slices: 0, at: 0, now: 0 });
         }
     }
     if opts.reverse {
         jobs.reverse();
     }
-    let results = steady_together(ops, jobs.len(), |i, n, warming| run_job(&mut jobs[i], &mut t, &w, n, warming));
+    let results = steady_rows(ops, jobs.len(), |i, n, warming| run_job(&mut jobs[i], &mut t, &w, n, warming));
     let (pa, pb) = (backing(&t.a), backing(&t.b));
     for (j, s) in jobs.iter().zip(&results) {
         let row = match j.op {
