@@ -19,10 +19,10 @@ use flowplane_trace::{PcapWriter, TraceReader, WriterOptions};
 
 const FLOWS: u32 = 2000;
 const PACKETS: u32 = 40_000;
-/// Loops of the trace: enough control ticks (1 ms, 64 moves each) for
+/// Loops of the trace: enough control ticks (1 ms, up to 256 moves each) for
 /// 10,000 moves; an optimised build replays several times faster, so it
 /// loops more to last as many ticks.
-const LOOPS: u64 = if cfg!(debug_assertions) { 30 } else { 150 };
+const LOOPS: u64 = if cfg!(debug_assertions) { 60 } else { 150 };
 
 /// Flow `f`'s `seq`-th packet: UDP with (flow, seq) in the payload.
 fn frame(f: u32, seq: u32) -> Vec<u8> {
@@ -117,7 +117,7 @@ fn ten_thousand_reta_moves_lose_and_reorder_nothing() {
     let nic = Nic {
         steering,
         classifier: c,
-        strategy: Box::new(Churn { per_tick: 64, total: u64::MAX, started: 0, x: 7 }),
+        strategy: Box::new(Churn { per_tick: 256, total: u64::MAX, started: 0, x: 7 }),
         plan: Default::default(),
     };
     let two = run_steered(&cfg(2), &spec, t, nic, Output::Pcap(w.clone())).unwrap();
