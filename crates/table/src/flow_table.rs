@@ -485,19 +485,13 @@ impl<K: FlowKey> FlowTable<K> {
         // Hits idle past the timeout are renewed in key order with the misses (below), not here.
         let mut stale = 0u64;
         let mut m = hit;
-        if self.idle_limit == u64::MAX {
-            // No timeout: nothing is ever idle, so the touch need not read the old time.
-            while m != 0 {
-                let i = m.trailing_zeros() as usize;
-                m &= m - 1;
-                self.slab.set_last_seen(out[i], now.at(i));
-            }
-        }
+        // Without a timeout nothing is ever idle: the touch need not read the old time.
+        let timed = self.idle_limit != u64::MAX;
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
             let t = now.at(i);
-            if self.is_idle(self.slab.last_seen(out[i]), t) {
+            if timed && self.is_idle(self.slab.last_seen(out[i]), t) {
                 stale |= 1 << i;
             } else {
                 self.slab.set_last_seen(out[i], t);

@@ -3,7 +3,7 @@
 //! hashing cost), preallocated like the flow table; it has no batch API, so its rows are batch 1. As for the flow
 //! table, the lookup, update and insertion-rate rows are measured one after the other ([`super::steady_rows`]).
 
-use super::{steady_rows, BenchKey, BenchRow, TableBenchOptions, Workload, KEY_SEED};
+use super::{steady_rows, BenchKey, BenchRow, StreamCursor, TableBenchOptions, Workload, KEY_SEED};
 use crate::pages::{self, PageBacking};
 use crate::tsc::rdtsc;
 use hashbrown::HashTable;
@@ -59,17 +59,16 @@ enum Op {
     Mixed(u64),
 }
 
-/// One row: its operation, its index among the rows (its stream regions) and the slices it has run.
+/// One row: its operation and where its slices read the key streams.
 struct Job {
     op: Op,
-    row: usize,
-    slices: usize,
+    cursor: StreamCursor,
 }
 
 fn run_job(job: &mut Job, a: &mut Map, b: &mut Map, w: &Workload, n: u64, warming: bool) -> u64 {
-    let (hit_at, absent_at) = w.slice_start(job.row, job.slices);
-    job.slices += 1;
-    let at = &mut if matches!(job.op, Op::Miss) { absent_at } else { hit_at };
+    let (hit_at, absent_at) = job.cursor.next_slice(w);
+    let mut cursor = if matches!(job.op, Op::Miss) { absent_at } else { hit_at };
+    let at = &mut cursor;
     match job.op {
         Op::Hit => cycle_ops(&w.hit_stream, &w.hit_stream_hashes, at, n, |k, h| {
             a.find(h, |e| e.0 == *k).map_or(0, |e| u64::from(e.1[0]))
@@ -139,7 +138,7 @@ pub fn run_hashbrown(opts: &TableBenchOptions) -> Vec<BenchRow> {
             .into_iter()
             .chain(rates.iter().map(|&r| Op::Mixed(r.max(1))))
             .enumerate()
-            .map(|(row, op)| Job { op, row, slices: 0 })
+            .map(|(row, op)| Job { op, cursor: StreamCursor::new(row) })
             .collect();
         if opts.reverse {
             jobs.reverse();

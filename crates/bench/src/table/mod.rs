@@ -434,6 +434,26 @@ impl Workload {
     }
 }
 
+/// A row's place in the key streams: its index among the rows of its run and the slices it has run.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StreamCursor {
+    row: usize,
+    slices: usize,
+}
+
+impl StreamCursor {
+    /// The cursor of row `row`, before its first slice.
+    pub(crate) fn new(row: usize) -> Self {
+        StreamCursor { row, slices: 0 }
+    }
+
+    /// Where the next slice starts in `hit_stream` and in `absent` ([`Workload::slice_start`]).
+    pub(crate) fn next_slice(&mut self, w: &Workload) -> (usize, usize) {
+        self.slices += 1;
+        w.slice_start(self.row, self.slices - 1)
+    }
+}
+
 /// Seed of the benchmark keys (every implementation measures the same keys).
 pub const KEY_SEED: u64 = 0xF10B_A5E5;
 

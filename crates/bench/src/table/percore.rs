@@ -3,7 +3,9 @@
 //! The lookup, update and insertion-rate rows of one size are measured one after the other, each in its steady
 //! state ([`super::steady_rows`]), on two prefaulted tables.
 
-use super::{steady_rows, BenchKey, BenchRow, TableBenchOptions, Workload, ABSENT_SLACK, KEY_SEED, MAX_BATCH_BENCH};
+use super::{
+    steady_rows, BenchKey, BenchRow, StreamCursor, TableBenchOptions, Workload, ABSENT_SLACK, KEY_SEED, MAX_BATCH_BENCH,
+};
 use crate::pages::{self, PageBacking};
 use crate::tsc::rdtsc;
 use flowplane_table::{FlowTable, FullPolicy, Handle, TableConfig, INVALID_HANDLE};
@@ -90,15 +92,12 @@ enum Op {
     Mixed(u64),
 }
 
-/// One row of one size, with its position in its key stream.
+/// One row of one size, with its place in the key streams and its packet clock.
 struct Job {
     op: Op,
     batch: usize,
-    /// This row's index among the rows of its size (its stream regions, [`Workload::slice_start`]).
-    row: usize,
-    /// Slices run so far (warm-up included).
-    slices: usize,
-    at: usize,
+    /// Where its slices read the key streams.
+    cursor: StreamCursor,
     now: u64,
 }
 
@@ -113,13 +112,12 @@ struct Tables {
 fn run_job(job: &mut Job, t: &mut Tables, w: &Workload, n: u64, warming: bool) -> u64 {
     let mut out = [0 as Handle; MAX_BATCH_BENCH];
     let batch = job.batch;
-    let (hit_at, absent_at) = w.slice_start(job.row, job.slices);
-    job.slices += 1;
-    job.at = if matches!(job.op, Op::Miss) { absent_at } else { hit_at };
+    let (hit_at, absent_at) = job.cursor.next_slice(w);
+    let mut at = if matches!(job.op, Op::Miss) { absent_at } else { hit_at };
     match job.op {
         Op::Hit => {
             let a = &t.a;
-            run_ops(&w.hit_stream, &w.hit_stream_hashes, &mut job.at, n, batch, |k, h| {
+            run_ops(&w.hit_stream, &w.hit_stream_hashes, &mut at, n, batch, |k, h| {
                 if batch == 1 {
                     a.lookup(&k[0], h[0]).map_or(0, |x| u64::from(a.state(x)[0]))
                 } else {
@@ -136,7 +134,7 @@ fn run_job(job: &mut Job, t: &mut Tables, w: &Workload, n: u64, warming: bool) -
         }
         Op::Miss => {
             let a = &t.a;
-            run_ops(&w.absent, &w.absent_hashes, &mut job.at, n, batch, |k, h| {
+            run_ops(&w.absent, &w.absent_hashes, &mut at, n, batch, |k, h| {
                 if batch == 1 {
                     u64::from(a.lookup(&k[0], h[0]).is_some())
                 } else {
@@ -146,7 +144,7 @@ fn run_job(job: &mut Job, t: &mut Tables, w: &Workload, n: u64, warming: bool) -
         }
         Op::Update => {
             let a = &mut t.a;
-            run_ops(&w.hit_stream, &w.hit_stream_hashes, &mut job.at, n, batch, |k, h| {
+            run_ops(&w.hit_stream, &w.hit_stream_hashes, &mut at, n, batch, |k, h| {
                 let hits = if batch == 1 {
                     out[0] = a.lookup(&k[0], h[0]).unwrap_or(INVALID_HANDLE);
                     usize::from(out[0] != INVALID_HANDLE)
@@ -177,9 +175,9 @@ fn run_job(job: &mut Job, t: &mut Tables, w: &Workload, n: u64, warming: bool) -
                         hb[j] = w.absent_hashes[next_new];
                         next_new += 1;
                     } else {
-                        kb[j] = w.hit_stream[job.at];
-                        hb[j] = w.hit_stream_hashes[job.at];
-                        job.at = if job.at + 1 == w.hit_stream.len() { 0 } else { job.at + 1 };
+                        kb[j] = w.hit_stream[at];
+                        hb[j] = w.hit_stream_hashes[at];
+                        at = if at + 1 == w.hit_stream.len() { 0 } else { at + 1 };
                     }
                 }
                 let now = job.now + k;
@@ -226,7 +224,7 @@ fn run_size(opts: &TableBenchOptions, size: usize) -> Vec<BenchRow> {
     for &batch in &batches {
         let batch = batch.clamp(1, MAX_BATCH_BENCH);
         for op in [Op::Hit, Op::Miss, Op::Update].into_iter().chain(rates.iter().map(|&r| Op::Mixed(r.max(1)))) {
-            jobs.push(Job { op, batch, row: jobs.len(), slices: 0, at: 0, now: 0 });
+            jobs.push(Job { op, batch, cursor: StreamCursor::new(jobs.len()), now: 0 });
         }
     }
     if opts.reverse {
