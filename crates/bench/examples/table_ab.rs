@@ -6,7 +6,7 @@
 //! binaries differ only in the table code.
 //!
 //! `cargo run --release -p flowplane-bench --example table_ab -- [SIZE]` prints one line per row:
-//! `op batch r cycles/op Mops`.
+//! `op batch r cycles/op Mops`. `TABLE_AB_BATCHES=32` and `TABLE_AB_OPS=N` narrow a run (e.g. under callgrind).
 
 use flowplane_bench::table::{make_keys, BenchKey};
 use flowplane_bench::tsc::rdtsc;
@@ -14,6 +14,7 @@ use flowplane_table::{FlowTable, FullPolicy, Handle, TableConfig, INVALID_HANDLE
 use std::hint::black_box;
 
 const SLICES: usize = 9;
+/// Operations per row (`TABLE_AB_OPS` overrides, e.g. for a run under callgrind).
 const OPS: usize = 4_000_000;
 const BATCH_MAX: usize = 64;
 
@@ -124,12 +125,18 @@ fn slice(op: Op, batch: usize, t: &mut Tables, k: &Keys, reg: usize, n: usize, w
 fn main() {
     let size: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(1 << 22);
     let mut rows: Vec<(Op, usize)> = Vec::new();
-    for batch in [1, 32, 64] {
+    // `TABLE_AB_BATCHES=32` keeps only those batch sizes.
+    let batches: Vec<usize> = std::env::var("TABLE_AB_BATCHES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|b| b.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 32, 64]);
+    for batch in batches {
         for op in [Op::Hit, Op::Miss, Op::Update, Op::Mixed(10), Op::Mixed(1000)] {
             rows.push((op, batch));
         }
     }
-    let n = OPS / SLICES;
+    let ops = std::env::var("TABLE_AB_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(OPS);
+    let n = ops / SLICES;
     let region = n + BATCH_MAX;
     let regions = rows.len();
     let (mut keys, mut hashes) = make_keys(size + regions * region, 0xF10B_A5E5);
@@ -152,6 +159,12 @@ fn main() {
     for t in [&mut a, &mut b] {
         for (kk, hh) in keys.chunks(BATCH_MAX).zip(hashes.chunks(BATCH_MAX)) {
             black_box(t.lookup_or_insert_batch(kk, hh, 0, &mut out[..kk.len()], |_, s| s[0] = 1));
+        }
+    }
+    // The page backing the rows ran on (both trees' tables ask for transparent hugepages).
+    if let Ok(r) = std::fs::read_to_string("/proc/self/smaps_rollup") {
+        for l in r.lines().filter(|l| l.starts_with("Rss:") || l.starts_with("AnonHugePages:")) {
+            eprintln!("{l}");
         }
     }
     let mut t = Tables { a, b };
