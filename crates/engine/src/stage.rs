@@ -12,10 +12,10 @@ use std::ops::Range;
 use bytemuck::Pod;
 use flowplane_nf::stateful::{Action, Cursor, Granularity, StatefulNf, Step};
 use flowplane_nf::{Export, NfContext, NfCounters, Pkt, PktMeta};
-use flowplane_packet::{Batch, DROP};
+use flowplane_packet::{Batch, Lanes, DROP};
 use flowplane_wire::flow::FiveTuple;
 
-use crate::store::{FlowRef, FlowStore};
+use crate::store::{FlowRef, FlowStore, StoreStates};
 
 /// What a batch pass of one NF produced.
 #[derive(Clone, Copy, Debug, Default)]
@@ -561,7 +561,11 @@ impl<T: StatefulNf> Typed<T> {
     /// The batch loop: each packet's action (`process`, or `finish` from
     /// `cursors[i]` when `RESUME`), the prefetch hook `ahead` packets early.
     /// The NF's state is reached through one typed view of the store, checked
-    /// once per pass, not once per packet.
+    /// once per pass, not once per packet; the batch is split once into its
+    /// parts ([`Batch::lanes_mut`]). The same rule as [`Typed::one`] (skip
+    /// dropped packets, count the rest in, unparsed packets to
+    /// `on_unparsed`), with the counters derived once per pass: packets and
+    /// bytes in from the live packets, packets out as in minus dropped.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn run_batch<const RESUME: bool>(
@@ -577,25 +581,103 @@ impl<T: StatefulNf> Typed<T> {
         cursors: &[Cursor],
         out: &mut BatchOutcome,
     ) {
-        let n = range.end.min(batch.len()).min(metas.len()).min(flows.len());
+        let mut lanes = batch.lanes_mut();
+        let n = range.end.min(lanes.len()).min(metas.len()).min(flows.len());
+        let start = range.start.min(n);
         let mut states = store.states_mut::<T::State>(offset);
-        let mut c = NfCounters::default();
-        for i in range.start..n {
+        // Every packet of the pass counted in; a dropped one taken back out below.
+        let mut bytes_in: u64 = lanes.lens[start..n].iter().map(|&l| u64::from(l)).sum();
+        let (mut skipped, mut dropped) = (0u64, 0u64);
+        let mut end = n;
+        // The NF sees each packet's own time.
+        let mut pctx = *ctx;
+        for i in start..n {
             if T::HAS_PREFETCH && ahead > 0 && i + ahead < n {
                 if let Some(st) = states.get(flows[i + ahead]) {
                     self.0.prefetch(st);
                 }
             }
-            let cur = if RESUME && T::STEPS { cursors.get(i) } else { None };
-            if self.one(batch, i, &metas[i], flows[i], |f| states.get_mut(f), ctx, cur, &mut c) == Some(true) {
-                out.mark_end(i);
-                if T::ENDS_FLOWS {
-                    out.stopped_at = Some(i + 1);
-                    break;
+            if lanes.verdicts[i] == DROP {
+                skipped += 1;
+                bytes_in -= u64::from(lanes.lens[i]);
+            } else {
+                let meta = &metas[i];
+                let action = match states.get_v4_mut(flows[i]) {
+                    Some(state) if meta.valid => {
+                        pctx.now_ns = lanes.times[i];
+                        let mut pkt = Pkt::new(lanes.data_mut(i), meta);
+                        match if RESUME && T::STEPS { cursors.get(i) } else { None } {
+                            Some(cur) => self.0.finish(&mut pkt, state, cur, &pctx),
+                            None => self.0.process(&mut pkt, state, &pctx),
+                        }
+                    }
+                    _ => self.off_v4(&mut lanes, i, meta, flows[i], &mut states, ctx, cursors),
+                };
+                let ends = match action {
+                    Action::Pass => false,
+                    Action::Port(p) => {
+                        lanes.verdicts[i] = p.min(DROP - 1);
+                        false
+                    }
+                    Action::Drop => {
+                        lanes.verdicts[i] = DROP;
+                        dropped += 1;
+                        false
+                    }
+                    Action::EndFlow => true,
+                    Action::DropEndFlow => {
+                        lanes.verdicts[i] = DROP;
+                        dropped += 1;
+                        true
+                    }
+                };
+                if ends {
+                    out.mark_end(i);
+                    if T::ENDS_FLOWS {
+                        out.stopped_at = Some(i + 1);
+                        end = i + 1;
+                        break;
+                    }
                 }
             }
         }
-        out.counters = c;
+        if end < n {
+            // Stopped early: the packets not reached are not counted in.
+            bytes_in -= lanes.lens[end..n].iter().map(|&l| u64::from(l)).sum::<u64>();
+        }
+        let packets_in = (end - start) as u64 - skipped;
+        out.counters = NfCounters { packets_in, bytes_in, packets_out: packets_in - dropped, dropped };
+    }
+
+    /// The action of a live packet off [`Typed::run_batch`]'s fast path
+    /// (an IPv6 flow, no flow, an unparsed packet): kept out of line so the
+    /// loop's registers serve the common case.
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
+    fn off_v4(
+        &mut self,
+        lanes: &mut Lanes<'_>,
+        i: usize,
+        meta: &PktMeta,
+        flow: FlowRef,
+        states: &mut StoreStates<'_, T::State>,
+        ctx: &NfContext,
+        cursors: &[Cursor],
+    ) -> Action {
+        if !meta.valid || !flow.is_some() {
+            return self.0.on_unparsed();
+        }
+        let Some(state) = states.get_mut(flow) else {
+            // A store sized for another chain: refuse rather than misread.
+            return Action::Drop;
+        };
+        let pctx = NfContext { now_ns: lanes.times[i], ..*ctx };
+        let mut pkt = Pkt::new(lanes.data_mut(i), meta);
+        match if T::STEPS { cursors.get(i) } else { None } {
+            Some(cur) => self.0.finish(&mut pkt, state, cur, &pctx),
+            None => self.0.process(&mut pkt, state, &pctx),
+        }
     }
 
     /// Packet `i` through the NF, the body of every loop over packets: skips

@@ -292,6 +292,15 @@ impl<S: Pod> StoreStates<'_, S> {
         }
     }
 
+    /// The state of `r`'s flow if `r` is an IPv4 entry in range, with one
+    /// comparison: an IPv4 ref is its table handle, and every IPv6 ref and
+    /// [`FlowRef::NONE`] has bit 31 set, above any table's capacity. `None`
+    /// sends the caller to [`Self::get_mut`] (the batch loops' fast path).
+    #[inline(always)]
+    pub fn get_v4_mut(&mut self, r: FlowRef) -> Option<&mut S> {
+        self.v4.get_mut(r.0)
+    }
+
     /// Read-only [`Self::get_mut`] (prefetch hooks).
     #[inline(always)]
     pub fn get(&self, r: FlowRef) -> Option<&S> {
