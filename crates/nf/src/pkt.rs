@@ -147,25 +147,50 @@ impl<'a> Pkt<'a> {
 
     /// Rewrites the IPv4 address at `FIELD` (12: source, 16: destination)
     /// and both checksums; `false` if not IPv4. On every rewritten packet of
-    /// a load balancer or NAT: one bounds check covers the header's fixed part.
+    /// a load balancer or NAT: one bounds check covers the header's fixed
+    /// part, one the TCP/UDP checksum field. The sums work on the bytes as
+    /// they lie in memory: a one's complement sum is byte-order independent
+    /// (RFC 1071 section 2(B)), so no field is swapped to big endian and back.
     #[inline]
     fn set_ipv4_addr<const FIELD: usize>(&mut self, new: Ipv4Addr) -> bool {
-        if self.meta.v6 || !self.meta.valid {
+        let m = self.meta;
+        if m.v6 || !m.valid {
             return false;
         }
-        let l3 = self.meta.l3 as usize;
+        let l3 = m.l3 as usize;
         let Some(hdr) = self.data.get_mut(l3..l3 + 20) else { return false };
-        let old = u32::from_be_bytes([hdr[FIELD], hdr[FIELD + 1], hdr[FIELD + 2], hdr[FIELD + 3]]);
-        let newv = u32::from(new);
+        let old = u32::from_ne_bytes([hdr[FIELD], hdr[FIELD + 1], hdr[FIELD + 2], hdr[FIELD + 3]]);
+        let newb = new.octets();
+        let newv = u32::from_ne_bytes(newb);
         if old == newv {
             return true;
         }
-        hdr[FIELD..FIELD + 4].copy_from_slice(&newv.to_be_bytes());
+        hdr[FIELD..FIELD + 4].copy_from_slice(&newb);
         // The same delta updates the IPv4 header and the TCP/UDP checksum.
         let d = delta32(old, newv);
-        let c = apply_delta(u16::from_be_bytes([hdr[10], hdr[11]]), d);
-        hdr[10..12].copy_from_slice(&c.to_be_bytes());
-        self.fix_l4_checksum(|c| apply_delta(c, d));
+        let c = apply_delta(u16::from_ne_bytes([hdr[10], hdr[11]]), d);
+        hdr[10..12].copy_from_slice(&c.to_ne_bytes());
+        let udp = m.proto == IpProtocol::UDP;
+        let field = match m.proto {
+            IpProtocol::TCP => 16,
+            IpProtocol::UDP => 6,
+            _ => return true,
+        };
+        if m.l4 == 0 {
+            return true;
+        }
+        let at = m.l4 as usize + field;
+        let Some(f) = self.data.get_mut(at..at + 2) else { return true };
+        let c = u16::from_ne_bytes([f[0], f[1]]);
+        // UDP over IPv4 with checksum 0 carries none: keep it that way.
+        if udp && c == 0 {
+            return true;
+        }
+        let mut n = apply_delta(c, d);
+        if udp && n == 0 {
+            n = 0xffff; // RFC 768: a computed zero is sent as all ones (the same in either byte order)
+        }
+        f.copy_from_slice(&n.to_ne_bytes());
         true
     }
 
@@ -189,11 +214,13 @@ impl<'a> Pkt<'a> {
     }
 
     /// Rewrites the IPv4 source address, updating both checksums. `false` if not IPv4.
+    #[inline]
     pub fn set_ipv4_src(&mut self, a: Ipv4Addr) -> bool {
         self.set_ipv4_addr::<12>(a)
     }
 
     /// Rewrites the IPv4 destination address, updating both checksums. `false` if not IPv4.
+    #[inline]
     pub fn set_ipv4_dst(&mut self, a: Ipv4Addr) -> bool {
         self.set_ipv4_addr::<16>(a)
     }
@@ -303,5 +330,74 @@ mod tests {
         assert!(p.set_ipv4_src(Ipv4Addr::new(192, 0, 2, 7)) && p.set_src_port(4242));
         assert_eq!((p.ipv4_src(), p.src_port()), (Some(Ipv4Addr::new(192, 0, 2, 7)), Some(4242)));
         crate::testutil::assert_ipv4_checksums(&f);
+    }
+
+    /// Recomputes a UDP checksum from scratch (the oracle of the rewrite).
+    fn udp_checksum_from_scratch(f: &[u8]) -> u16 {
+        let (src, dst) = ([f[26], f[27], f[28], f[29]], [f[30], f[31], f[32], f[33]]);
+        let mut seg = f[34..].to_vec();
+        seg[6..8].fill(0);
+        let ph = flowplane_wire::checksum::pseudo_header_v4(src, dst, 17, seg.len() as u16);
+        match flowplane_wire::checksum::finish(flowplane_wire::checksum::combine(ph, flowplane_wire::checksum::sum(&seg))) {
+            0 => 0xffff,
+            c => c,
+        }
+    }
+
+    #[test]
+    fn a_udp_rewrite_that_sums_to_zero_sends_all_ones() {
+        // Search the destinations for one whose new UDP checksum computes to
+        // zero (about one in 65535), then check RFC 768's all-ones.
+        let base = udp4([10, 0, 0, 1], [10, 0, 0, 2], 1000, 53);
+        let hit = (0u32..1 << 20).find_map(|k| {
+            let mut f = base.clone();
+            let m = PktMeta::parse(&f);
+            assert!(Pkt::new(&mut f, &m).set_ipv4_dst(Ipv4Addr::from(0x0a00_0000 | k)));
+            (u16::from_be_bytes([f[40], f[41]]) == 0xffff).then_some(f)
+        });
+        let f = hit.expect("a destination whose checksum computes to zero");
+        assert_eq!(udp_checksum_from_scratch(&f), 0xffff);
+        crate::testutil::assert_ipv4_checksums(&f);
+    }
+
+    proptest::proptest! {
+        /// Any address rewrite of TCP or UDP keeps both checksums valid, as
+        /// recomputing them from scratch says (the UDP one bit for bit,
+        /// including RFC 768's all-ones for a computed zero); a UDP checksum of
+        /// 0 (none) stays 0.
+        #[test]
+        fn address_rewrites_match_a_from_scratch_checksum(
+            src in proptest::prelude::any::<[u8; 4]>(),
+            dst in proptest::prelude::any::<[u8; 4]>(),
+            ports in proptest::prelude::any::<(u16, u16)>(),
+            new in proptest::prelude::any::<[u8; 4]>(),
+            tcp in proptest::prelude::any::<bool>(),
+            rewrite_src in proptest::prelude::any::<bool>(),
+            no_udp_checksum in proptest::prelude::any::<bool>(),
+        ) {
+            let mut f = if tcp {
+                tcp4(src, dst, ports.0, ports.1, TcpFlags::ACK.bits(), 1, 1)
+            } else {
+                udp4(src, dst, ports.0, ports.1)
+            };
+            if !tcp && no_udp_checksum {
+                f[40..42].fill(0);
+            }
+            let m = PktMeta::parse(&f);
+            let mut p = Pkt::new(&mut f, &m);
+            let a = Ipv4Addr::from(new);
+            let done = if rewrite_src { p.set_ipv4_src(a) } else { p.set_ipv4_dst(a) };
+            proptest::prop_assert!(done);
+            proptest::prop_assert_eq!(if rewrite_src { p.ipv4_src() } else { p.ipv4_dst() }, Some(a));
+            crate::testutil::assert_ipv4_checksums(&f);
+            if !tcp {
+                let c = u16::from_be_bytes([f[40], f[41]]);
+                if no_udp_checksum {
+                    proptest::prop_assert_eq!(c, 0);
+                } else {
+                    proptest::prop_assert_eq!(c, udp_checksum_from_scratch(&f));
+                }
+            }
+        }
     }
 }
