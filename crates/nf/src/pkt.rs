@@ -337,8 +337,8 @@ mod tests {
         let (src, dst) = ([f[26], f[27], f[28], f[29]], [f[30], f[31], f[32], f[33]]);
         let mut seg = f[34..].to_vec();
         seg[6..8].fill(0);
-        let ph = flowplane_wire::checksum::pseudo_header_v4(src, dst, 17, seg.len() as u16);
-        match flowplane_wire::checksum::finish(flowplane_wire::checksum::combine(ph, flowplane_wire::checksum::sum(&seg))) {
+        use flowplane_wire::checksum::{combine, finish, pseudo_header_v4, sum};
+        match finish(combine(pseudo_header_v4(src, dst, 17, seg.len() as u16), sum(&seg))) {
             0 => 0xffff,
             c => c,
         }
