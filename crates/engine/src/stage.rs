@@ -12,7 +12,7 @@ use std::ops::Range;
 use bytemuck::Pod;
 use flowplane_nf::stateful::{Action, Cursor, Granularity, StatefulNf, Step};
 use flowplane_nf::{Export, NfContext, NfCounters, Pkt, PktMeta};
-use flowplane_packet::{Batch, Lanes, DROP};
+use flowplane_packet::{Batch, Lanes, Verdict, DROP};
 use flowplane_wire::flow::FiveTuple;
 
 use crate::store::{FlowRef, FlowStore, StoreStates};
@@ -49,34 +49,39 @@ pub(crate) fn arrive(batch: &Batch, i: usize, c: &mut NfCounters) -> bool {
     true
 }
 
-/// Applies an action to packet `i`'s verdict; returns true if it ends the flow.
+/// Writes an action's verdict into `v`; returns (the packet is dropped, it
+/// ends its flow). The one rule behind [`apply_action`] and the batch loop.
 #[inline(always)]
-pub fn apply_action(batch: &mut Batch, i: usize, a: Action, c: &mut NfCounters) -> bool {
+fn set_verdict(v: &mut Verdict, a: Action) -> (bool, bool) {
     match a {
-        Action::Pass => {
-            c.packets_out += 1;
-            false
-        }
+        Action::Pass => (false, false),
         Action::Port(p) => {
-            batch.verdicts_mut()[i] = p.min(DROP - 1);
-            c.packets_out += 1;
-            false
+            *v = p.min(DROP - 1);
+            (false, false)
         }
         Action::Drop => {
-            batch.drop_packet(i);
-            c.dropped += 1;
-            false
+            *v = DROP;
+            (true, false)
         }
-        Action::EndFlow => {
-            c.packets_out += 1;
-            true
-        }
+        Action::EndFlow => (false, true),
         Action::DropEndFlow => {
-            batch.drop_packet(i);
-            c.dropped += 1;
-            true
+            *v = DROP;
+            (true, true)
         }
     }
+}
+
+/// Applies an action to packet `i`'s verdict and counts it out or dropped;
+/// returns true if it ends the flow.
+#[inline(always)]
+pub fn apply_action(batch: &mut Batch, i: usize, a: Action, c: &mut NfCounters) -> bool {
+    let (dropped, ends) = set_verdict(&mut batch.verdicts_mut()[i], a);
+    if dropped {
+        c.dropped += 1;
+    } else {
+        c.packets_out += 1;
+    }
+    ends
 }
 
 /// The context an NF action on packet `i` sees: the packet's own time.
@@ -602,35 +607,18 @@ impl<T: StatefulNf> Typed<T> {
                 bytes_in -= u64::from(lanes.lens[i]);
             } else {
                 let meta = &metas[i];
+                let cur = if RESUME && T::STEPS { cursors.get(i) } else { None };
                 let action = match states.get_v4_mut(flows[i]) {
                     Some(state) if meta.valid => {
                         pctx.now_ns = lanes.times[i];
-                        let mut pkt = Pkt::new(lanes.data_mut(i), meta);
-                        match if RESUME && T::STEPS { cursors.get(i) } else { None } {
-                            Some(cur) => self.0.finish(&mut pkt, state, cur, &pctx),
-                            None => self.0.process(&mut pkt, state, &pctx),
-                        }
+                        self.act(&mut Pkt::new(lanes.data_mut(i), meta), state, cur, &pctx)
                     }
-                    _ => self.off_v4(&mut lanes, i, meta, flows[i], &mut states, ctx, cursors),
+                    _ => self.off_v4(&mut lanes, i, meta, flows[i], &mut states, ctx, cur),
                 };
-                let ends = match action {
-                    Action::Pass => false,
-                    Action::Port(p) => {
-                        lanes.verdicts[i] = p.min(DROP - 1);
-                        false
-                    }
-                    Action::Drop => {
-                        lanes.verdicts[i] = DROP;
-                        dropped += 1;
-                        false
-                    }
-                    Action::EndFlow => true,
-                    Action::DropEndFlow => {
-                        lanes.verdicts[i] = DROP;
-                        dropped += 1;
-                        true
-                    }
-                };
+                let (was_dropped, ends) = set_verdict(&mut lanes.verdicts[i], action);
+                if was_dropped {
+                    dropped += 1;
+                }
                 if ends {
                     out.mark_end(i);
                     if T::ENDS_FLOWS {
@@ -663,7 +651,7 @@ impl<T: StatefulNf> Typed<T> {
         flow: FlowRef,
         states: &mut StoreStates<'_, T::State>,
         ctx: &NfContext,
-        cursors: &[Cursor],
+        cur: Option<&Cursor>,
     ) -> Action {
         if !meta.valid || !flow.is_some() {
             return self.0.on_unparsed();
@@ -673,10 +661,16 @@ impl<T: StatefulNf> Typed<T> {
             return Action::Drop;
         };
         let pctx = NfContext { now_ns: lanes.times[i], ..*ctx };
-        let mut pkt = Pkt::new(lanes.data_mut(i), meta);
-        match if T::STEPS { cursors.get(i) } else { None } {
-            Some(cur) => self.0.finish(&mut pkt, state, cur, &pctx),
-            None => self.0.process(&mut pkt, state, &pctx),
+        self.act(&mut Pkt::new(lanes.data_mut(i), meta), state, cur, &pctx)
+    }
+
+    /// The NF's action on a packet with its state: resumed from `cur` (the
+    /// interleaved executor's steps) or run whole.
+    #[inline(always)]
+    fn act(&mut self, pkt: &mut Pkt<'_>, state: &mut T::State, cur: Option<&Cursor>, ctx: &NfContext) -> Action {
+        match cur {
+            Some(cur) => self.0.finish(pkt, state, cur, ctx),
+            None => self.0.process(pkt, state, ctx),
         }
     }
 
@@ -708,11 +702,7 @@ impl<T: StatefulNf> Typed<T> {
                 Some(state) => {
                     // The NF sees the packet's own time.
                     let pctx = packet_ctx(batch, i, ctx);
-                    let mut pkt = Pkt::new(batch.data_mut(i), meta);
-                    match cur {
-                        Some(cur) => self.0.finish(&mut pkt, state, cur, &pctx),
-                        None => self.0.process(&mut pkt, state, &pctx),
-                    }
+                    self.act(&mut Pkt::new(batch.data_mut(i), meta), state, cur, &pctx)
                 }
                 // A store sized for another chain: refuse rather than misread.
                 None => Action::Drop,

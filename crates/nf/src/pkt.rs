@@ -113,6 +113,7 @@ impl<'a> Pkt<'a> {
     // short by a snap length, where the views rightly refuse the packet.
 
     /// Offset of the L4 checksum field, if it is present and in use.
+    #[inline]
     fn l4_checksum_at(&self) -> Option<usize> {
         if self.meta.l4 == 0 {
             return None;
@@ -147,50 +148,25 @@ impl<'a> Pkt<'a> {
 
     /// Rewrites the IPv4 address at `FIELD` (12: source, 16: destination)
     /// and both checksums; `false` if not IPv4. On every rewritten packet of
-    /// a load balancer or NAT: one bounds check covers the header's fixed
-    /// part, one the TCP/UDP checksum field. The sums work on the bytes as
-    /// they lie in memory: a one's complement sum is byte-order independent
-    /// (RFC 1071 section 2(B)), so no field is swapped to big endian and back.
+    /// a load balancer or NAT: one bounds check covers the header's fixed part.
     #[inline]
     fn set_ipv4_addr<const FIELD: usize>(&mut self, new: Ipv4Addr) -> bool {
-        let m = self.meta;
-        if m.v6 || !m.valid {
+        if self.meta.v6 || !self.meta.valid {
             return false;
         }
-        let l3 = m.l3 as usize;
+        let l3 = self.meta.l3 as usize;
         let Some(hdr) = self.data.get_mut(l3..l3 + 20) else { return false };
-        let old = u32::from_ne_bytes([hdr[FIELD], hdr[FIELD + 1], hdr[FIELD + 2], hdr[FIELD + 3]]);
-        let newb = new.octets();
-        let newv = u32::from_ne_bytes(newb);
+        let old = u32::from_be_bytes([hdr[FIELD], hdr[FIELD + 1], hdr[FIELD + 2], hdr[FIELD + 3]]);
+        let newv = u32::from(new);
         if old == newv {
             return true;
         }
-        hdr[FIELD..FIELD + 4].copy_from_slice(&newb);
+        hdr[FIELD..FIELD + 4].copy_from_slice(&newv.to_be_bytes());
         // The same delta updates the IPv4 header and the TCP/UDP checksum.
         let d = delta32(old, newv);
-        let c = apply_delta(u16::from_ne_bytes([hdr[10], hdr[11]]), d);
-        hdr[10..12].copy_from_slice(&c.to_ne_bytes());
-        let udp = m.proto == IpProtocol::UDP;
-        let field = match m.proto {
-            IpProtocol::TCP => 16,
-            IpProtocol::UDP => 6,
-            _ => return true,
-        };
-        if m.l4 == 0 {
-            return true;
-        }
-        let at = m.l4 as usize + field;
-        let Some(f) = self.data.get_mut(at..at + 2) else { return true };
-        let c = u16::from_ne_bytes([f[0], f[1]]);
-        // UDP over IPv4 with checksum 0 carries none: keep it that way.
-        if udp && c == 0 {
-            return true;
-        }
-        let mut n = apply_delta(c, d);
-        if udp && n == 0 {
-            n = 0xffff; // RFC 768: a computed zero is sent as all ones (the same in either byte order)
-        }
-        f.copy_from_slice(&n.to_ne_bytes());
+        let c = apply_delta(u16::from_be_bytes([hdr[10], hdr[11]]), d);
+        hdr[10..12].copy_from_slice(&c.to_be_bytes());
+        self.fix_l4_checksum(|c| apply_delta(c, d));
         true
     }
 
