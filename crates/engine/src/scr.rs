@@ -303,6 +303,58 @@ impl KeyOf {
     }
 }
 
+impl KeyOf {
+    /// The record bits a key is made of, with the kind's VALID bit, as a
+    /// mask over [`ScrRecord::to_words`] (None: either direction, not a
+    /// field match). A record matches a [`KeyPattern`] taken from a valid
+    /// record of key `k` exactly when it is valid and its key is `k`.
+    #[inline(always)]
+    pub fn mask(self) -> Option<[u64; 4]> {
+        use flowplane_wire::scr::kind::{V6, VALID};
+        let kind = u64::from(VALID | V6) << 56;
+        let fields = |set: fn(&mut ScrRecord)| {
+            let mut r = ScrRecord::default();
+            set(&mut r);
+            let w = r.to_words();
+            [kind, w[1], w[2], w[3]]
+        };
+        match self {
+            KeyOf::Src => Some(fields(|r| r.src = u32::MAX)),
+            KeyOf::Dst => Some(fields(|r| r.dst = u32::MAX)),
+            KeyOf::Flow => Some(fields(|r| {
+                (r.src, r.dst, r.sport, r.dport, r.proto) = (u32::MAX, u32::MAX, u16::MAX, u16::MAX, u8::MAX)
+            })),
+            KeyOf::Connection => None,
+        }
+    }
+}
+
+/// A key as a masked comparison of a record's words: one load and compare
+/// per word the key lives in, where computing the key of every record of a
+/// run would build and compare 128-bit keys.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KeyPattern {
+    mask: [u64; 4],
+    want: [u64; 4],
+}
+
+impl KeyPattern {
+    /// The pattern of valid record `r`'s key under `mask` ([`KeyOf::mask`]).
+    #[inline(always)]
+    pub(crate) fn of(mask: [u64; 4], r: &ScrRecord) -> KeyPattern {
+        let w = r.to_words();
+        KeyPattern { mask, want: std::array::from_fn(|i| w[i] & mask[i]) }
+    }
+
+    /// `r` is valid and has the pattern's key.
+    #[inline(always)]
+    pub(crate) fn matches(&self, r: &ScrRecord) -> bool {
+        let w = r.to_words();
+        let (m, k) = (&self.mask, &self.want);
+        (((w[0] ^ k[0]) & m[0]) | ((w[1] ^ k[1]) & m[1]) | ((w[2] ^ k[2]) & m[2]) | ((w[3] ^ k[3]) & m[3])) == 0
+    }
+}
+
 #[inline(always)]
 fn hash128(k: u128) -> u64 {
     let a = crc32c_u64(0x5bd1_e995, k as u64);
@@ -573,6 +625,8 @@ pub struct ScrBatch<'a> {
     /// The chain has one stateful NF: the history entries' survival
     /// (`alive`) is neither set up nor kept (an entry is live when valid).
     pub sole: bool,
+    /// The records' times never go back ([`flowplane_io::scr::ScrSide::monotonic`]).
+    pub monotonic: bool,
 }
 
 /// One core's private replica of the chain's state.
@@ -974,6 +1028,7 @@ impl ScrReplica {
                         metas: &self.metas,
                         ctx,
                         sole: self.sole,
+                        monotonic: side.monotonic,
                     };
                     nf.scr_batch(t, &b, &mut self.alive_batch, batch, counters)
                 }
@@ -1550,18 +1605,29 @@ mod tests {
     fn batch_with_state_in_hand_equals_record_by_record() {
         // ddos takes a key's records as runs (`scr_run` in closed form);
         // portknock one by one in the same pass.
+        // Times that go back take the general runs; times that never do
+        // (a sequencer's clock) the pattern runs (`run_hand`).
         for spec in ["ddos(threshold=3,window=0.001)", "portknock"] {
-            batch_in_hand_case(spec);
+            for monotonic in [false, true] {
+                batch_in_hand_case(spec, monotonic);
+            }
         }
     }
 
-    fn batch_in_hand_case(spec: &str) {
+    fn batch_in_hand_case(spec: &str, monotonic: bool) {
         use flowplane_nf::stateful::Action;
         use flowplane_nf::NfCounters;
         use flowplane_packet::{PacketPool, PoolConfig};
         let (mut ca, mut cb, mut ta, mut tb) = pair(spec);
         let mut next = xorshift(0x2545_f491);
-        let recs = hostile_records(&mut next, 30_000, 6, 2, 32);
+        let mut recs = hostile_records(&mut next, 30_000, 6, 2, 32);
+        if monotonic {
+            let mut latest = 0;
+            for r in &mut recs {
+                latest = r.ts_ns().max(latest);
+                r.set_ts_ns(latest);
+            }
+        }
         // A core of three: packet s carries records s-2, s-1 (fast-forwarded) and its own.
         const N: usize = 3;
         let mut pool = PacketPool::new(PoolConfig { buffers: 256, ..PoolConfig::default() }).unwrap();
@@ -1613,7 +1679,7 @@ mod tests {
                     }
                 }
             }
-            let b = ScrBatch { plan: &plan, hist: &hist, history: N, metas: &metas, ctx: &ctx, sole: true };
+            let b = ScrBatch { plan: &plan, hist: &hist, history: N, metas: &metas, ctx: &ctx, sole: true, monotonic };
             nf0(&mut ca).scr_batch(&mut ta, &b, &mut [], &mut batch, &mut counters);
             got.extend(batch.verdicts().iter().map(|&v| v != flowplane_packet::DROP));
             batch.free_all(&mut pool).unwrap();
@@ -1797,6 +1863,31 @@ mod tests {
             cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(160),
             ..Default::default()
         })]
+
+        /// A record matches the pattern of a valid record exactly when it is
+        /// valid and has that record's key, for every key kind with a mask
+        /// (records drawn near each other: fields equal or one bit apart).
+        #[test]
+        fn key_pattern_matches_exactly_the_key(
+            a in proptest::prelude::any::<[u64; 4]>(),
+            flips in proptest::collection::vec(0u32..256, 0..3),
+            kinds in 0u8..16,
+        ) {
+            use flowplane_wire::scr::kind::VALID;
+            let a = ScrRecord::from_words([a[0] | u64::from(VALID) << 56, a[1], a[2], a[3]]);
+            let mut w = a.to_words();
+            for f in flips {
+                w[(f / 64) as usize] ^= 1 << (f % 64);
+            }
+            w[0] = (w[0] & !(0xff << 56)) | u64::from(kinds) << 56;
+            let b = ScrRecord::from_words(w);
+            for k in [KeyOf::Src, KeyOf::Dst, KeyOf::Flow] {
+                let p = KeyPattern::of(k.mask().unwrap(), &a);
+                proptest::prop_assert!(p.matches(&a));
+                proptest::prop_assert_eq!(p.matches(&b), b.valid() && k.key(&b) == k.key(&a), "{:?}", k);
+            }
+            proptest::prop_assert!(KeyOf::Connection.mask().is_none());
+        }
 
         /// Random loss (single packets and bursts, some longer than the log,
         /// some reaching the end of the trace) between the sequencer and 2-3

@@ -368,18 +368,44 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
         let nf = &mut self.0;
         // One loop per key kind and alive bookkeeping (one stateful NF: none).
         match (t.key_of, b.sole) {
-            (KeyOf::Src, true) => run::<T, _, true>(nf, t, b, alive, batch, counters, |r| KeyOf::Src.key(r)),
-            (KeyOf::Src, false) => run::<T, _, false>(nf, t, b, alive, batch, counters, |r| KeyOf::Src.key(r)),
-            (KeyOf::Dst, true) => run::<T, _, true>(nf, t, b, alive, batch, counters, |r| KeyOf::Dst.key(r)),
-            (KeyOf::Dst, false) => run::<T, _, false>(nf, t, b, alive, batch, counters, |r| KeyOf::Dst.key(r)),
-            (KeyOf::Flow, true) => run::<T, _, true>(nf, t, b, alive, batch, counters, |r| KeyOf::Flow.key(r)),
-            (KeyOf::Flow, false) => run::<T, _, false>(nf, t, b, alive, batch, counters, |r| KeyOf::Flow.key(r)),
-            (KeyOf::Connection, true) => {
-                run::<T, _, true>(nf, t, b, alive, batch, counters, |r| KeyOf::Connection.key(r))
+            (KeyOf::Src, true) => {
+                run::<T, _, true>(nf, t, b, alive, batch, counters, |r| KeyOf::Src.key(r), KeyOf::Src.mask())
             }
-            (KeyOf::Connection, false) => {
-                run::<T, _, false>(nf, t, b, alive, batch, counters, |r| KeyOf::Connection.key(r))
+            (KeyOf::Src, false) => {
+                run::<T, _, false>(nf, t, b, alive, batch, counters, |r| KeyOf::Src.key(r), KeyOf::Src.mask())
             }
+            (KeyOf::Dst, true) => {
+                run::<T, _, true>(nf, t, b, alive, batch, counters, |r| KeyOf::Dst.key(r), KeyOf::Dst.mask())
+            }
+            (KeyOf::Dst, false) => {
+                run::<T, _, false>(nf, t, b, alive, batch, counters, |r| KeyOf::Dst.key(r), KeyOf::Dst.mask())
+            }
+            (KeyOf::Flow, true) => {
+                run::<T, _, true>(nf, t, b, alive, batch, counters, |r| KeyOf::Flow.key(r), KeyOf::Flow.mask())
+            }
+            (KeyOf::Flow, false) => {
+                run::<T, _, false>(nf, t, b, alive, batch, counters, |r| KeyOf::Flow.key(r), KeyOf::Flow.mask())
+            }
+            (KeyOf::Connection, true) => run::<T, _, true>(
+                nf,
+                t,
+                b,
+                alive,
+                batch,
+                counters,
+                |r| KeyOf::Connection.key(r),
+                KeyOf::Connection.mask(),
+            ),
+            (KeyOf::Connection, false) => run::<T, _, false>(
+                nf,
+                t,
+                b,
+                alive,
+                batch,
+                counters,
+                |r| KeyOf::Connection.key(r),
+                KeyOf::Connection.mask(),
+            ),
         }
     }
     fn scr_init_bytes(&mut self, rec: &flowplane_nf::stateful::ScrRecord, ctx: &NfContext, out: &mut [u8]) {

@@ -111,6 +111,8 @@ pub struct NicQueue {
     /// Next stream position to receive (absolute: loop * n + index).
     scan: u64,
     ring: Box<[u64]>,
+    /// Beside each ring entry, what the NIC writes back for it ([`Desc`]).
+    desc: Box<[Desc]>,
     head: u64,
     tail: u64,
     counts: Box<[u64]>,
@@ -128,6 +130,10 @@ pub struct NicQueue {
     mine: Option<QueueData>,
     /// Delivering from `own` (until the table first changes).
     listed: bool,
+    /// Spray over queues that divide the loop: this queue's positions are
+    /// the same in every loop (`me`, `me + nq`, ...), their packets copied
+    /// contiguously as `mine` is (the ring's descriptors point into it).
+    sprayed: Option<QueueData>,
     start_gen: u64,
     stats: RxStats,
     /// SCR: the sequencer's side arrays (spray only).
@@ -140,6 +146,21 @@ pub struct NicQueue {
     /// the key's packets wait here in arrival order (key, ring entry) while
     /// the walk goes on for every other key (no stall behind the old owner).
     parked: Vec<(u16, u64)>,
+}
+
+/// A receive descriptor as a NIC writes it back beside a ring entry: where
+/// the packet's bytes are, its length, RSS hash and time within its loop.
+/// The worker reads these from its own ring, not the shared stream's
+/// per-packet arrays (which the NIC's walk has just read), as a driver
+/// reads a NIC's descriptors.
+#[derive(Clone, Copy, Default)]
+struct Desc {
+    ts: u64,
+    first_line: u32,
+    hash: u32,
+    len: u16,
+    /// `first_line` is in the queue's own copy (`sprayed`), not the stream.
+    own: bool,
 }
 
 impl NicQueue {
@@ -165,6 +186,7 @@ impl NicQueue {
             snap_moves: Vec::new(),
             scan: if cfg.spray { u64::from(me) } else { 0 },
             ring: vec![0u64; ring].into_boxed_slice(),
+            desc: vec![Desc::default(); ring].into_boxed_slice(),
             head: 0,
             tail: 0,
             counts: vec![0u64; if cfg.count_loads { keys } else { 0 }].into_boxed_slice(),
@@ -174,6 +196,7 @@ impl NicQueue {
             own_idx: 0,
             mine: None,
             listed: false,
+            sprayed: None,
             start_gen: 0,
             shadow: vec![0u16; keys].into_boxed_slice(),
             rules: Vec::new(),
@@ -195,6 +218,14 @@ impl NicQueue {
                 q.mine = d.gather(&q.own);
             }
             q.listed = true;
+        }
+        if cfg.spray && n > 0 && n % nq == 0 {
+            let d = &q.trace.queues[0];
+            let idx: Vec<u32> = (u64::from(me)..n).step_by(nq as usize).map(|i| i as u32).collect();
+            let lines: usize = idx.iter().map(|&i| Line::count_for(d.len[i as usize] as usize)).sum();
+            if lines <= MAX_GATHER_LINES {
+                q.sprayed = d.gather(&idx);
+            }
         }
         q
     }
@@ -549,6 +580,36 @@ impl NicQueue {
         self.steering.publish_progress(self.me as usize, pos, self.stats.packets);
     }
 
+    /// Writes the descriptors of the ring entries from `from` to the tail
+    /// (the entries the walk and the held packets' release just added).
+    fn write_back(&mut self, from: u64) {
+        let d = &self.trace.queues[0];
+        let mask = self.ring.len() as u64 - 1;
+        let (me, nq) = (u64::from(self.me), self.nq);
+        // i / nq for 32-bit i as a multiply (Lemire's fastdiv: exact below 2^32).
+        let magic = u128::from(u64::MAX / nq.max(1)) + 1;
+        for t in from..self.tail {
+            let at = (t & mask) as usize;
+            let i = self.ring[at] & 0xffff_ffff;
+            // A sprayed position's packet in the own copy (every position of
+            // this queue is `me` modulo the queues: the stream is the fallback).
+            let j = ((magic * u128::from(i.wrapping_sub(me) & 0xffff_ffff)) >> 64) as u64;
+            let own = self.sprayed.as_ref().filter(|_| i >= me && j * nq == i - me).and_then(|m| {
+                let j = j as usize;
+                let (first_line, hash, len) = (*m.first_line.get(j)?, *m.hash.get(j)?, *m.len.get(j)?);
+                Some(Desc { ts: m.ts_at(j), first_line, hash, len, own: true })
+            });
+            let i = i as usize;
+            let shared = || {
+                let (first_line, hash, len) = (*d.first_line.get(i)?, *d.hash.get(i)?, *d.len.get(i)?);
+                Some(Desc { ts: d.ts_at(i), first_line, hash, len, own: false })
+            };
+            if let Some(w) = own.or_else(shared) {
+                self.desc[at] = w;
+            }
+        }
+    }
+
     /// Stream position of a ring entry.
     #[inline]
     fn abs(&self, e: u64) -> u64 {
@@ -853,10 +914,12 @@ impl Source for NicQueue {
         }
         if !direct {
             let t0 = tsc::rdtsc();
+            let tail0 = self.tail;
             if !self.parked.is_empty() {
                 self.unpark();
             }
             self.walk(want, now);
+            self.write_back(tail0);
             self.stats.nic_cycles += tsc::rdtsc().saturating_sub(t0);
         }
         if !self.transits.is_empty() {
@@ -884,27 +947,26 @@ impl Source for NicQueue {
             };
         }
         let d = &self.trace.queues[0];
-        let (ring, head, tail) = (&self.ring, self.head, self.tail);
+        let own = self.sprayed.as_ref().map_or(&d.lines, |m| &m.lines);
+        let (ring, desc, head, tail) = (&self.ring, &self.desc, self.head, self.tail);
         let mask = ring.len() as u64 - 1;
         let loop_ns = self.trace.loop_ns;
         let mut bytes = 0u64;
         let got = batch.rx_burst_lines(pool, take, |k| {
             let h = head + k as u64;
             if h + (PREFETCH_AHEAD as u64) < tail {
-                let e = ring[((h + PREFETCH_AHEAD as u64) & mask) as usize];
-                if let Some(&first) = d.first_line.get((e & 0xffff_ffff) as usize) {
-                    if let Some(l) = d.lines.get(first as usize) {
-                        flowplane_packet::prefetch::read(l);
-                    }
+                let a = desc[((h + PREFETCH_AHEAD as u64) & mask) as usize];
+                if let Some(l) = if a.own { own } else { &d.lines }.get(a.first_line as usize) {
+                    flowplane_packet::prefetch::read(l);
                 }
             }
-            let e = ring[(h & mask) as usize];
-            let (lp, i) = (e >> 32, (e & 0xffff_ffff) as usize);
-            let first = d.first_line[i] as usize;
-            let l = d.len[i];
-            bytes += u64::from(l);
-            let ts = lp.saturating_mul(loop_ns).saturating_add(d.ts_at(i));
-            (&d.lines[first..first + Line::count_for(l as usize)], l, d.hash[i], ts)
+            let at = (h & mask) as usize;
+            let (lp, w) = (ring[at] >> 32, desc[at]);
+            let first = w.first_line as usize;
+            bytes += u64::from(w.len);
+            let ts = lp.saturating_mul(loop_ns).saturating_add(w.ts);
+            let lines = if w.own { own } else { &d.lines };
+            (&lines[first..first + Line::count_for(w.len as usize)], w.len, w.hash, ts)
         });
         if got < take {
             self.stats.pool_empty += 1;
@@ -1044,6 +1106,32 @@ mod tests {
         let b = drain(&mut NicQueue::new(t, s0, 1, cfg), &mut pool);
         assert_eq!(a, vec![0, 2, 4, 6, 8, 10, 1, 3, 5, 7, 9]);
         assert_eq!(b, vec![1, 3, 5, 7, 9, 0, 2, 4, 6, 8, 10]);
+    }
+
+    /// Queues that divide the loop deliver from their own copies (the
+    /// descriptors point into them): the same packets, times and lengths
+    /// as the shared stream's.
+    #[test]
+    fn spray_over_queues_dividing_the_loop_reads_own_copies() {
+        let keys = vec![0u16; 12];
+        let (t, s0) = setup(&keys);
+        let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
+        let cfg = NicConfig { loops: Some(3), spray: true, ..Default::default() };
+        let loop_ns = t.loop_ns();
+        for me in 0..2u16 {
+            let mut q = NicQueue::new(t.clone(), s0.clone(), me, cfg);
+            assert!(q.sprayed.is_some());
+            let mut batch = Batch::new(&pool);
+            let mut got = Vec::new();
+            while let Rx::Packets(n) = q.rx_burst(&mut pool, &mut batch, 5, 0) {
+                got.extend((0..n).map(|i| (batch.data(i)[0], batch.data(i).len(), batch.timestamps()[i])));
+                batch.free_all(&mut pool).unwrap();
+            }
+            let want: Vec<(u8, usize, u64)> = (0..3u64)
+                .flat_map(|lp| (u64::from(me)..12).step_by(2).map(move |i| (i as u8, 60, lp * loop_ns + 10 * i)))
+                .collect();
+            assert_eq!(got, want);
+        }
     }
 
     #[test]

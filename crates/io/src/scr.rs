@@ -34,6 +34,9 @@ pub struct Sequencer {
     /// Loss threshold on a 64-bit hash (0: no loss).
     loss: u64,
     seed: u64,
+    /// Every record's time is at or after the one before it, loops
+    /// included (see [`ScrSide::monotonic`]).
+    monotonic: bool,
 }
 
 /// SplitMix64 finaliser (the loss decision's hash).
@@ -58,11 +61,31 @@ impl Sequencer {
             trace.copy_frame(0, i, &mut buf);
             let m = PktMeta::parse(&buf);
             let mut r = ScrRecord::from_frame(&buf, &m);
-            r.set_ts_ns(d.ts_at(i));
+            // Clamped, not wrapped: the stamps of a clock never go back.
+            r.set_ts_ns(d.ts_at(i).min(ScrRecord::MAX_TS_NS));
             recs.push(r);
         }
         let loss = if loss_rate <= 0.0 { 0 } else { (loss_rate.min(1.0) * u64::MAX as f64) as u64 };
-        Sequencer { recs: recs.into_boxed_slice(), loop_ns: trace.loop_ns, history: history.max(1), loss, seed }
+        // A trace's clock may jump back; a loop's first record follows the
+        // last one of the loop before when the loop lasts the trace's span.
+        let monotonic = recs.windows(2).all(|w| w[0].ts_ns() <= w[1].ts_ns())
+            && match (recs.first(), recs.last()) {
+                (Some(a), Some(z)) => z.ts_ns() <= trace.loop_ns.saturating_add(a.ts_ns()),
+                _ => true,
+            };
+        Sequencer {
+            recs: recs.into_boxed_slice(),
+            loop_ns: trace.loop_ns,
+            history: history.max(1),
+            loss,
+            seed,
+            monotonic,
+        }
+    }
+
+    /// Every record's time is at or after the one before it ([`ScrSide::monotonic`]).
+    pub fn monotonic(&self) -> bool {
+        self.monotonic
     }
 
     /// Records per packet (N).
@@ -89,7 +112,7 @@ impl Sequencer {
     fn at(&self, lp: u64, i: usize) -> ScrRecord {
         let mut r = self.recs[i];
         if lp > 0 {
-            r.set_ts_ns(lp.saturating_mul(self.loop_ns).saturating_add(r.ts_ns()));
+            r.set_ts_ns(lp.saturating_mul(self.loop_ns).saturating_add(r.ts_ns()).min(ScrRecord::MAX_TS_NS));
         }
         r
     }
@@ -136,13 +159,14 @@ impl Sequencer {
     }
 }
 
-/// Copies records, adding `shift` to their timestamps.
+/// Copies records, adding `shift` to their timestamps (clamped at the
+/// latest a record carries: a long run's times stay in order).
 #[inline(always)]
 fn copy_shifted(from: &[ScrRecord], to: &mut [ScrRecord], shift: u64) {
     to.copy_from_slice(from);
     if shift > 0 {
         for r in to {
-            r.set_ts_ns(r.ts_ns().saturating_add(shift));
+            r.set_ts_ns(r.ts_ns().saturating_add(shift).min(ScrRecord::MAX_TS_NS));
         }
     }
 }
@@ -159,6 +183,11 @@ pub struct ScrSide<'a> {
     pub history: usize,
     /// Cycles the sequencer has spent on this queue so far (stamping, history).
     pub cycles: u64,
+    /// The stream's times never go back (a sequencer's clock; a replayed
+    /// trace's unless it jumps back): within a history, the times at or
+    /// before a bound are a prefix, and a run's earliest and latest times
+    /// are its first and last.
+    pub monotonic: bool,
 }
 
 /// A queue's receive side of the sequencer: the side arrays parallel to the batch.
@@ -215,7 +244,13 @@ impl ScrTap {
     /// The burst's side arrays.
     pub fn side(&self) -> ScrSide<'_> {
         let h = self.seq.history();
-        ScrSide { seqs: &self.seqs[..self.len], hist: &self.hist[..self.len * h], history: h, cycles: self.cycles }
+        ScrSide {
+            seqs: &self.seqs[..self.len],
+            hist: &self.hist[..self.len * h],
+            history: h,
+            cycles: self.cycles,
+            monotonic: self.seq.monotonic,
+        }
     }
 }
 

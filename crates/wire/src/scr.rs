@@ -112,6 +112,9 @@ fn fold6(a: std::net::Ipv6Addr) -> u32 {
 }
 
 impl ScrRecord {
+    /// The latest time a record carries (56 bits of ns: 2.2 years).
+    pub const MAX_TS_NS: u64 = TS_MASK;
+
     /// Extracts the record of `frame` (its parsed facts `m`), time unset.
     pub fn from_frame(frame: &[u8], m: &PktMeta) -> ScrRecord {
         let mut r = ScrRecord { len: frame.len().min(u16::MAX as usize) as u16, ..Default::default() };

@@ -13,7 +13,7 @@ use flowplane_nf::stateful::{Action, ScrRecord, ScrRun, StatefulNf};
 use flowplane_nf::{NfContext, NfCounters, Pkt};
 use flowplane_packet::{Batch, DROP};
 
-use super::{ReplicaTable, ScrBatch};
+use super::{KeyPattern, ReplicaTable, ScrBatch};
 use crate::stage::apply_action;
 
 /// Finds or inserts `r`'s key at its time and hands its state (None: the
@@ -144,6 +144,8 @@ pub(crate) fn fast_forward<T: StatefulNf, K: Fn(&ScrRecord) -> u128>(
 struct Hand<S> {
     at: usize,
     key: u128,
+    /// The key as a masked compare of a record's words (None: the key kind has none).
+    pat: Option<KeyPattern>,
     last: u64,
     limit: u64,
     st: S,
@@ -151,9 +153,9 @@ struct Hand<S> {
 
 impl<S: bytemuck::Pod> Hand<S> {
     #[inline(always)]
-    fn take(t: &ReplicaTable, at: usize, key: u128) -> Hand<S> {
+    fn take(t: &ReplicaTable, at: usize, key: u128, pat: Option<KeyPattern>) -> Hand<S> {
         let (last, st) = t.read_slot::<S>(at);
-        Hand { at, key, last, limit: last.saturating_add(t.timeout_ns()), st }
+        Hand { at, key, pat, last, limit: last.saturating_add(t.timeout_ns()), st }
     }
 
     #[inline(always)]
@@ -162,15 +164,18 @@ impl<S: bytemuck::Pod> Hand<S> {
     }
 }
 
-/// The state of key `k` at time `now` in hand: the hand when it holds `k`
-/// and `now` is within its limit; else the hand goes back to the table and
-/// the table's last key is taken when it is `k` (a heavy flow's records and
-/// packets follow each other). None: the general path (a lookup) applies.
+/// The state of valid record `r`'s key `k` at time `now` in hand: the hand
+/// when it holds `k` and `now` is within its limit; else the hand goes back
+/// to the table and the table's last key is taken when it is `k` (a heavy
+/// flow's records and packets follow each other). None: the general path
+/// (a lookup) applies. `mask`: the key kind's ([`KeyOf::mask`](super::KeyOf::mask)).
 #[inline(always)]
 fn in_hand<'h, S: bytemuck::Pod>(
     hand: &'h mut Option<Hand<S>>,
     t: &mut ReplicaTable,
     k: u128,
+    r: &ScrRecord,
+    mask: Option<[u64; 4]>,
     now: u64,
 ) -> Option<&'h mut Hand<S>> {
     if hand.as_ref().is_some_and(|h| h.key != k || now > h.limit) {
@@ -180,7 +185,7 @@ fn in_hand<'h, S: bytemuck::Pod>(
     }
     if hand.is_none() {
         let at = t.cached(k)?;
-        let h = Hand::take(t, at, k);
+        let h = Hand::take(t, at, k, mask.map(|m| KeyPattern::of(m, r)));
         if now > h.limit {
             return None;
         }
@@ -195,6 +200,11 @@ fn in_hand<'h, S: bytemuck::Pod>(
 /// (`StatefulNf::SCR_RUN`) takes them as one run (`StatefulNf::scr_run`);
 /// otherwise record by record in one pass (records not live are passed
 /// over), the state in registers.
+///
+/// `SOLE` with the key's pattern: a record is live and of the key in one
+/// masked compare; times that never go back (`monotonic`) make the run's
+/// records within the limit a prefix, its first and last time its earliest
+/// and latest: no time is looked at per record.
 #[inline(always)]
 fn run_hand<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
     nf: &mut T,
@@ -202,8 +212,39 @@ fn run_hand<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
     recs: &[ScrRecord],
     alive: &mut [bool],
     key: &K,
+    monotonic: bool,
 ) -> usize {
     let (hk, limit) = (h.key, h.limit);
+    if let (true, Some(p)) = (SOLE, h.pat) {
+        if T::SCR_RUN && monotonic {
+            let mut n = recs.iter().take_while(|r| p.matches(r)).count();
+            while n > 0 && recs[n - 1].ts_ns() > limit {
+                n -= 1;
+            }
+            if n > 0 {
+                let (lo, hi) = (recs[0].ts_ns(), recs[n - 1].ts_ns());
+                nf.scr_run(&mut h.st, &ScrRun { recs: &recs[..n], min_ns: lo, max_ns: hi });
+                h.last = h.last.max(hi);
+            }
+            return n;
+        }
+        if !T::SCR_RUN {
+            let (mut st, mut last) = (h.st, h.last);
+            let mut n = 0;
+            for r in recs {
+                let now = r.ts_ns();
+                if !p.matches(r) || now > limit {
+                    break;
+                }
+                last = last.max(now);
+                nf.scr_transition(&mut st, r, &NfContext { now_tsc: 0, now_ns: now });
+                n += 1;
+            }
+            h.st = st;
+            h.last = last;
+            return n;
+        }
+    }
     if SOLE && T::SCR_RUN {
         // The leading valid records of the key within the limit, as one run
         // (`StatefulNf::scr_run`: a closed form where the NF has one).
@@ -245,14 +286,16 @@ fn run_hand<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
     n
 }
 
-/// `StatefulStage::scr_batch` for one NF type and key kind: per planned
-/// packet, its history entries not yet applied, then its own action.
-/// `SOLE`: as in [`ff_entries`] (the batch's `alive` is not set up).
+/// `StatefulStage::scr_batch` for one NF type and key kind (`mask`: the
+/// kind's [`KeyOf::mask`](super::KeyOf::mask)): per planned packet, its
+/// history entries not yet applied, then its own action. `SOLE`: as in
+/// [`ff_entries`] (the batch's `alive` is not set up).
 ///
 /// The state of the key looked up last stays in hand across records and
 /// packets ([`Hand`]): a heavy flow's N - 1 records and its packet per
 /// packet cost one transition each, with no lookup, for the whole batch.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn batch<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
     nf: &mut T,
     t: &mut ReplicaTable,
@@ -261,6 +304,7 @@ pub(crate) fn batch<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
     batch: &mut Batch,
     counters: &mut NfCounters,
     key: K,
+    mask: Option<[u64; 4]>,
 ) {
     let (hist, hn) = (b.hist, b.history);
     let mut hand: Option<Hand<T::State>> = None;
@@ -273,7 +317,8 @@ pub(crate) fn batch<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
             let mut j = 0;
             while j < recs.len() {
                 if let Some(h) = hand.as_mut() {
-                    j += run_hand::<T, K, SOLE>(nf, h, &recs[j..], al.get_mut(j..).unwrap_or(&mut []), &key);
+                    let al = al.get_mut(j..).unwrap_or(&mut []);
+                    j += run_hand::<T, K, SOLE>(nf, h, &recs[j..], al, &key, b.monotonic);
                     if j >= recs.len() {
                         break;
                     }
@@ -283,7 +328,7 @@ pub(crate) fn batch<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
                 let live = if SOLE { r.valid() } else { al.get(j).copied().unwrap_or(false) };
                 if live {
                     let (k, now) = (key(r), r.ts_ns());
-                    if in_hand(&mut hand, t, k, now).is_some() {
+                    if in_hand(&mut hand, t, k, r, mask, now).is_some() {
                         // The next turn's run takes it.
                         continue;
                     }
@@ -309,7 +354,7 @@ pub(crate) fn batch<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
             nf.on_unparsed()
         } else {
             let k = key(r);
-            match in_hand(&mut hand, t, k, c.now_ns) {
+            match in_hand(&mut hand, t, k, r, mask, c.now_ns) {
                 Some(h) => {
                     h.last = h.last.max(c.now_ns);
                     nf.process(&mut Pkt::new(batch.data_mut(i), meta), &mut h.st, &c)
