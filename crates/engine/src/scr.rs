@@ -53,8 +53,10 @@ pub(crate) mod ff;
 /// wait (`--scr-log` changes it; the paper's logs have 1024 entries).
 pub const DEFAULT_LOG: usize = 1 << 18;
 
-/// Batches between two samples of the fast-forward cost (two TSC reads per packet when sampled).
-const SAMPLE_EVERY: u64 = 64;
+/// Batches between two samples of the fast-forward cost (two TSC reads per
+/// packet when sampled, and the packet-by-packet path: rare enough not to
+/// weigh on the figures it samples, thousands of samples a second).
+const SAMPLE_EVERY: u64 = 256;
 
 /// A sampled packet taking longer than this (cycles) was preempted or
 /// waited (recovery, drift): left out of the per-packet cost figures.
