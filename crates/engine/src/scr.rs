@@ -43,15 +43,17 @@ use crate::stage::apply_action;
 
 pub(crate) mod ff;
 
-/// Default log entries per core (a power of two; 40 B each: 10 MB). A
-/// core logs every sequence it receives (streaming writes: any log larger
-/// than the cache costs the same per packet), and a core may run at most
-/// the log size (less N) ahead of the slowest before it waits (see
-/// `ScrReplica::wait_for_slowest`): 256 K sequences is tens of
-/// milliseconds at full speed, more than a descheduled thread on a shared
-/// machine usually loses, so cores on dedicated CPUs practically never
-/// wait (`--scr-log` changes it; the paper's logs have 1024 entries).
-pub const DEFAULT_LOG: usize = 1 << 18;
+/// Default log entries per core (a power of two; 40 B each: 640 KB, in a
+/// core's L2 here). A core logs every sequence it receives: a log the cache
+/// holds costs a few stores per record, one larger than the cache a
+/// write-allocate miss per line (`bench scr`'s recovery rows, 2 cores,
+/// portknock: 0.84-0.86 of recovery off with 256 K entries, 0.89-0.98 with
+/// 16 K). A core may run at most the log size (less N) ahead of the slowest
+/// before it waits (see `ScrReplica::wait_for_slowest`): 16 K sequences is
+/// a few hundred microseconds at full speed, so a core waits when the other
+/// is descheduled (counted: `drift_waits`), never overwrites what it may
+/// still need (`--scr-log` changes it; the paper's logs have 1024 entries).
+pub const DEFAULT_LOG: usize = 1 << 14;
 
 /// Batches between two samples of the fast-forward cost (two TSC reads per
 /// packet when sampled, and the packet-by-packet path: rare enough not to

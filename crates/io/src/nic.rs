@@ -582,6 +582,8 @@ impl NicQueue {
 
     /// Writes the descriptors of the ring entries from `from` to the tail
     /// (the entries the walk and the held packets' release just added).
+    /// Once per burst, out of line (rx_burst's inlining stays as it was).
+    #[inline(never)]
     fn write_back(&mut self, from: u64) {
         let d = &self.trace.queues[0];
         let mask = self.ring.len() as u64 - 1;
