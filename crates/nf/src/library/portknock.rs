@@ -26,7 +26,7 @@ use serde_json::json;
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::{merge_keeping, Export};
-use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, ScrFields, ScrRecord, StatefulNf};
+use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, ScrFields, ScrRecord, ScrRun, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 use flowplane_wire::ipv4::IpProtocol;
 
@@ -212,6 +212,21 @@ impl StatefulNf for PortKnock {
         dport != self.protect || new == self.n
     }
 
+    const SCR_RUN: bool = true;
+
+    /// An open source stays open whatever its records (from the last stage
+    /// every transition leads back to it); a closed one goes record by
+    /// record. The knock state has no time in it.
+    #[inline]
+    fn scr_run(&mut self, st: &mut KnockState, run: &ScrRun<'_>) {
+        if st.stage == self.n {
+            return;
+        }
+        for r in run.recs {
+            self.scr_transition(st, r, &NfContext::default());
+        }
+    }
+
     fn on_unparsed(&mut self) -> Action {
         self.c.unparsed += 1;
         Action::Pass
@@ -260,6 +275,47 @@ mod tests {
 
     fn to(src: [u8; 4], dport: u16) -> Vec<u8> {
         tcp4(src, SRV, 40000, dport, SYN, 1, 0)
+    }
+
+    proptest::proptest! {
+        /// `scr_run` leaves the state `scr_transition` record by record
+        /// leaves, from every stage (open ones included), over TCP records
+        /// to knock ports, the protected port and others, UDP records and
+        /// TCP records without ports.
+        #[test]
+        fn scr_run_equals_the_transitions_one_by_one(
+            stage in 0u32..=3,
+            recs in proptest::collection::vec((0usize..7, 0u8..4), 1..24),
+        ) {
+            let mut nf = PortKnock::new(&[1111, 2222, 3333], 22).unwrap();
+            let recs: Vec<ScrRecord> = recs
+                .iter()
+                .map(|&(p, kind)| {
+                    let dport = [1111, 2222, 3333, 22, 80, 1111, 2222][p];
+                    let f = match kind {
+                        0 => udp4(A, SRV, 40000, dport),
+                        _ => to(A, dport),
+                    };
+                    let mut r = ScrRecord::from_frame(&f, &PktMeta::parse(&f));
+                    if kind == 3 {
+                        // A TCP record without ports (a later fragment's).
+                        r = ScrRecord::from_words({
+                            let mut w = r.to_words();
+                            w[0] &= !(u64::from(flowplane_wire::scr::kind::PORTS) << 56);
+                            w
+                        });
+                    }
+                    r
+                })
+                .collect();
+            let mut a = KnockState { stage };
+            nf.scr_run(&mut a, &ScrRun { recs: &recs, min_ns: 0, max_ns: 0 });
+            let mut b = KnockState { stage };
+            for r in &recs {
+                nf.scr_transition(&mut b, r, &NfContext::default());
+            }
+            proptest::prop_assert_eq!(a, b);
+        }
     }
 
     fn pk() -> Harness<PortKnock> {
