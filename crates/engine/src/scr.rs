@@ -1651,12 +1651,22 @@ mod tests {
                 // The packet the own record was taken from.
                 let frame = frame_to(recs[at].src, recs[at].dport);
                 assert!(batch.push_copy(&mut pool, &frame, 0));
+                // One packet in 16 dropped by a stage before: its records
+                // are applied, the packet itself is not (no lookup either).
+                let dropped_before = next(16) == 0;
+                if dropped_before {
+                    batch.drop_packet(i);
+                }
                 metas.push(PktMeta::parse(&frame));
                 plan.push(Planned { i: i as u32, ff: (0, N as u32 - 1) });
                 // The reference: each record with a lookup, the own one through `process`.
                 for (j, r) in recs[at + 1 - N..=at].iter().enumerate() {
                     let c = NfContext { now_ns: r.ts_ns(), ..ctx };
                     let own = j == N - 1;
+                    if own && dropped_before {
+                        want.push(false);
+                        continue;
+                    }
                     if !r.valid() {
                         if own {
                             want.push(nf0(&mut cb).on_unparsed() != Action::Drop);

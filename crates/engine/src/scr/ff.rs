@@ -302,6 +302,48 @@ fn run_hand<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
     n
 }
 
+/// A heavy flow's packet in one step (the chain's only stateful NF, with a
+/// closed form, times that never go back): its unapplied records and its
+/// own (`all`, the own last) all of the key in hand within its limit — the
+/// records as one run, then the packet's action on the state in hand, what
+/// the general path does for them with one scan instead of a scan and a key
+/// check per packet. False, nothing done: the general path applies.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn whole_packet<T: StatefulNf>(
+    nf: &mut T,
+    h: &mut Hand<T::State>,
+    all: &[ScrRecord],
+    i: usize,
+    batch: &mut Batch,
+    meta: Option<&flowplane_nf::PktMeta>,
+    ctx: &NfContext,
+    counters: &mut NfCounters,
+) -> bool {
+    let (Some(p), Some((own, recs)), Some(meta)) = (h.pat, all.split_last(), meta.filter(|m| m.valid)) else {
+        return false;
+    };
+    // Times never go back: the own record's is the latest.
+    if own.ts_ns() > h.limit || leading_matches(&p, all) != all.len() {
+        return false;
+    }
+    if let (Some(first), Some(last)) = (recs.first(), recs.last()) {
+        nf.scr_run(&mut h.st, &ScrRun { recs, min_ns: first.ts_ns(), max_ns: last.ts_ns() });
+        h.last = h.last.max(last.ts_ns());
+    }
+    if batch.verdicts()[i] == DROP {
+        return true;
+    }
+    let now = own.ts_ns();
+    h.last = h.last.max(now);
+    counters.packets_in += 1;
+    counters.bytes_in += u64::from(batch.lens()[i]);
+    let c = NfContext { now_ns: now, ..*ctx };
+    let action = nf.process(&mut Pkt::new(batch.data_mut(i), meta), &mut h.st, &c);
+    apply_action(batch, i, action, counters);
+    true
+}
+
 /// `StatefulStage::scr_batch` for one NF type and key kind (`mask`: the
 /// kind's [`KeyOf::mask`](super::KeyOf::mask)): per planned packet, its
 /// history entries not yet applied, then its own action. `SOLE`: as in
@@ -328,6 +370,11 @@ pub(crate) fn batch<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
         let i = p.i as usize;
         let base = i * hn;
         let (lo, hi) = (base + p.ff.0 as usize, base + p.ff.1 as usize);
+        if let (true, true, Some(h), Some(all)) = (SOLE && T::SCR_RUN, b.monotonic, hand.as_mut(), hist.get(lo..=hi)) {
+            if whole_packet(nf, h, all, i, batch, b.metas.get(i), b.ctx, counters) {
+                continue;
+            }
+        }
         if let Some(recs) = hist.get(lo..hi) {
             let al = if SOLE { &mut [][..] } else { alive.get_mut(lo..hi).unwrap_or(&mut []) };
             let mut j = 0;
