@@ -215,11 +215,17 @@ impl StatefulNf for PortKnock {
     const SCR_RUN: bool = true;
 
     /// An open source stays open whatever its records (from the last stage
-    /// every transition leads back to it); a closed one goes record by
+    /// every transition leads back to it), and a source at stage 0 stays
+    /// there unless a record knocks the first port (any other TCP port
+    /// resets it to 0, anything else leaves it); otherwise record by
     /// record. The knock state has no time in it.
     #[inline]
     fn scr_run(&mut self, st: &mut KnockState, run: &ScrRun<'_>) {
         if st.stage == self.n {
+            return;
+        }
+        let first = self.knock[0];
+        if st.stage == 0 && !run.recs.iter().any(|r| r.proto == IpProtocol::TCP.0 && r.dst_port() == Some(first)) {
             return;
         }
         for r in run.recs {
@@ -284,7 +290,7 @@ mod tests {
         /// TCP records without ports.
         #[test]
         fn scr_run_equals_the_transitions_one_by_one(
-            stage in 0u32..=3,
+            stage in proptest::prop_oneof![0u32..=3, proptest::strategy::Just(0)],
             recs in proptest::collection::vec((0usize..7, 0u8..4), 1..24),
         ) {
             let mut nf = PortKnock::new(&[1111, 2222, 3333], 22).unwrap();
