@@ -313,7 +313,7 @@ impl KeyOf {
     /// field match). A record matches a [`KeyPattern`] taken from a valid
     /// record of key `k` exactly when it is valid and its key is `k`.
     #[inline(always)]
-    pub fn mask(self) -> Option<[u64; 4]> {
+    pub(crate) fn mask(self) -> Option<[u64; 4]> {
         use flowplane_wire::scr::kind::{V6, VALID};
         let kind = u64::from(VALID | V6) << 56;
         let fields = |set: fn(&mut ScrRecord)| {
