@@ -26,7 +26,7 @@ use serde_json::json;
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::{merge_keeping, Export};
-use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, ScrFields, ScrRecord, ScrRun, StatefulNf};
+use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, ScrFields, ScrRecord, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 use flowplane_wire::ipv4::IpProtocol;
 
@@ -220,7 +220,7 @@ impl StatefulNf for PortKnock {
     /// resets it to 0, anything else leaves it); otherwise record by
     /// record. The knock state has no time in it.
     #[inline]
-    fn scr_run(&mut self, st: &mut KnockState, run: &ScrRun<'_>) {
+    fn scr_run(&mut self, st: &mut KnockState, run: &crate::stateful::ScrRun<'_>) {
         if st.stage == self.n {
             return;
         }
@@ -271,6 +271,7 @@ impl StatefulNf for PortKnock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stateful::ScrRun;
     const SYN: u8 = flowplane_wire::tcp::TcpFlags::SYN.bits();
     use crate::pkt::PktMeta;
     use crate::testutil::{tcp4, udp4, Harness};
