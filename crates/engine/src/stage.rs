@@ -367,45 +367,21 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
         use crate::scr::KeyOf;
         let nf = &mut self.0;
         // One loop per key kind and alive bookkeeping (one stateful NF: none).
+        // Per key kind: its key and its record mask, constants in each arm.
+        macro_rules! arm {
+            ($kind:ident, $sole:literal) => {
+                run::<T, _, $sole>(nf, t, b, alive, batch, counters, |r| KeyOf::$kind.key(r), KeyOf::$kind.mask())
+            };
+        }
         match (t.key_of, b.sole) {
-            (KeyOf::Src, true) => {
-                run::<T, _, true>(nf, t, b, alive, batch, counters, |r| KeyOf::Src.key(r), KeyOf::Src.mask())
-            }
-            (KeyOf::Src, false) => {
-                run::<T, _, false>(nf, t, b, alive, batch, counters, |r| KeyOf::Src.key(r), KeyOf::Src.mask())
-            }
-            (KeyOf::Dst, true) => {
-                run::<T, _, true>(nf, t, b, alive, batch, counters, |r| KeyOf::Dst.key(r), KeyOf::Dst.mask())
-            }
-            (KeyOf::Dst, false) => {
-                run::<T, _, false>(nf, t, b, alive, batch, counters, |r| KeyOf::Dst.key(r), KeyOf::Dst.mask())
-            }
-            (KeyOf::Flow, true) => {
-                run::<T, _, true>(nf, t, b, alive, batch, counters, |r| KeyOf::Flow.key(r), KeyOf::Flow.mask())
-            }
-            (KeyOf::Flow, false) => {
-                run::<T, _, false>(nf, t, b, alive, batch, counters, |r| KeyOf::Flow.key(r), KeyOf::Flow.mask())
-            }
-            (KeyOf::Connection, true) => run::<T, _, true>(
-                nf,
-                t,
-                b,
-                alive,
-                batch,
-                counters,
-                |r| KeyOf::Connection.key(r),
-                KeyOf::Connection.mask(),
-            ),
-            (KeyOf::Connection, false) => run::<T, _, false>(
-                nf,
-                t,
-                b,
-                alive,
-                batch,
-                counters,
-                |r| KeyOf::Connection.key(r),
-                KeyOf::Connection.mask(),
-            ),
+            (KeyOf::Src, true) => arm!(Src, true),
+            (KeyOf::Src, false) => arm!(Src, false),
+            (KeyOf::Dst, true) => arm!(Dst, true),
+            (KeyOf::Dst, false) => arm!(Dst, false),
+            (KeyOf::Flow, true) => arm!(Flow, true),
+            (KeyOf::Flow, false) => arm!(Flow, false),
+            (KeyOf::Connection, true) => arm!(Connection, true),
+            (KeyOf::Connection, false) => arm!(Connection, false),
         }
     }
     fn scr_init_bytes(&mut self, rec: &flowplane_nf::stateful::ScrRecord, ctx: &NfContext, out: &mut [u8]) {
