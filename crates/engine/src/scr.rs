@@ -1610,11 +1610,11 @@ mod tests {
     /// time jumps past the idle timeout and backwards, invalid records.
     #[test]
     fn batch_with_state_in_hand_equals_record_by_record() {
-        // ddos takes a key's records as runs (`scr_run` in closed form);
-        // portknock one by one in the same pass.
-        // Times that go back take the general runs; times that never do
-        // (a sequencer's clock) the pattern runs (`run_hand`).
-        for spec in ["ddos(threshold=3,window=0.001)", "portknock"] {
+        // ddos and portknock take a key's records as runs (`scr_run`), hh
+        // record by record in one pass. Times that go back take the general
+        // runs; times that never do (a sequencer's clock) the pattern runs
+        // (`run_hand`) and, for the closed forms, whole packets.
+        for spec in ["ddos(threshold=3,window=0.001)", "portknock", "hh"] {
             for monotonic in [false, true] {
                 batch_in_hand_case(spec, monotonic);
             }
