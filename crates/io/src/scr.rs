@@ -61,8 +61,7 @@ impl Sequencer {
             trace.copy_frame(0, i, &mut buf);
             let m = PktMeta::parse(&buf);
             let mut r = ScrRecord::from_frame(&buf, &m);
-            // Clamped, not wrapped: the stamps of a clock never go back.
-            r.set_ts_ns(d.ts_at(i).min(ScrRecord::MAX_TS_NS));
+            r.set_ts_ns(d.ts_at(i));
             recs.push(r);
         }
         let loss = if loss_rate <= 0.0 { 0 } else { (loss_rate.min(1.0) * u64::MAX as f64) as u64 };
@@ -112,7 +111,7 @@ impl Sequencer {
     fn at(&self, lp: u64, i: usize) -> ScrRecord {
         let mut r = self.recs[i];
         if lp > 0 {
-            r.set_ts_ns(lp.saturating_mul(self.loop_ns).saturating_add(r.ts_ns()).min(ScrRecord::MAX_TS_NS));
+            r.set_ts_ns(lp.saturating_mul(self.loop_ns).saturating_add(r.ts_ns()));
         }
         r
     }
@@ -160,13 +159,13 @@ impl Sequencer {
 }
 
 /// Copies records, adding `shift` to their timestamps (clamped at the
-/// latest a record carries: a long run's times stay in order).
+/// latest a record carries, [`ScrRecord::set_ts_ns`]: a long run's times stay in order).
 #[inline(always)]
 fn copy_shifted(from: &[ScrRecord], to: &mut [ScrRecord], shift: u64) {
     to.copy_from_slice(from);
     if shift > 0 {
         for r in to {
-            r.set_ts_ns(r.ts_ns().saturating_add(shift).min(ScrRecord::MAX_TS_NS));
+            r.set_ts_ns(r.ts_ns().saturating_add(shift));
         }
     }
 }

@@ -112,9 +112,6 @@ fn fold6(a: std::net::Ipv6Addr) -> u32 {
 }
 
 impl ScrRecord {
-    /// The latest time a record carries (56 bits of ns: 2.2 years).
-    pub const MAX_TS_NS: u64 = TS_MASK;
-
     /// Extracts the record of `frame` (its parsed facts `m`), time unset.
     pub fn from_frame(frame: &[u8], m: &PktMeta) -> ScrRecord {
         let mut r = ScrRecord { len: frame.len().min(u16::MAX as usize) as u16, ..Default::default() };
@@ -170,10 +167,11 @@ impl ScrRecord {
         self.ts_kind & TS_MASK
     }
 
-    /// Sets the timestamp.
+    /// Sets the timestamp, clamped at the latest a record carries (56 bits
+    /// of ns, 2.2 years), not wrapped: a sequencer's stamps never go back.
     #[inline(always)]
     pub fn set_ts_ns(&mut self, ts: u64) {
-        self.ts_kind = (self.ts_kind & !TS_MASK) | (ts & TS_MASK);
+        self.ts_kind = (self.ts_kind & !TS_MASK) | ts.min(TS_MASK);
     }
 
     /// Destination port, if the packet had ports.
