@@ -331,6 +331,45 @@ impl KeyOf {
             KeyOf::Connection => None,
         }
     }
+
+    /// The mask of a record's key (as [`KeyOf::mask`]), its whole kind byte
+    /// and the fields `f` names: what a pure transition
+    /// ([`StatefulNf::SCR_PURE`](flowplane_nf::StatefulNf::SCR_PURE)) reads.
+    /// Two records equal under it take a state to the same next state. None
+    /// when the transition reads the time (every record's differs) or the
+    /// key kind has no mask.
+    pub(crate) fn still_mask(self, f: ScrFields) -> Option<[u64; 4]> {
+        if f.0 & ScrFields::TIME.0 != 0 {
+            return None;
+        }
+        let key = self.mask()?;
+        let mut r = ScrRecord::default();
+        let has = |x: ScrFields| f.0 & x.0 != 0;
+        if has(ScrFields::SRC_IP) {
+            r.src = u32::MAX;
+        }
+        if has(ScrFields::DST_IP) {
+            r.dst = u32::MAX;
+        }
+        if has(ScrFields::PORTS) {
+            (r.sport, r.dport) = (u16::MAX, u16::MAX);
+        }
+        if has(ScrFields::PROTO) {
+            r.proto = u8::MAX;
+        }
+        if has(ScrFields::LEN) {
+            r.len = u16::MAX;
+        }
+        if has(ScrFields::TCP_FLAGS) {
+            r.flags = u8::MAX;
+        }
+        if has(ScrFields::TCP_SEQ_ACK) {
+            (r.seq, r.ack) = (u32::MAX, u32::MAX);
+        }
+        let w = r.to_words();
+        let kind = u64::from(u8::MAX) << 56;
+        Some([key[0] | kind, key[1] | w[1], key[2] | w[2], key[3] | w[3]])
+    }
 }
 
 /// A key as a masked comparison of a record's words: one load and compare
@@ -353,9 +392,53 @@ impl KeyPattern {
     /// `r` is valid and has the pattern's key.
     #[inline(always)]
     pub(crate) fn matches(&self, r: &ScrRecord) -> bool {
-        let w = r.to_words();
-        let (m, k) = (&self.mask, &self.want);
-        (((w[0] ^ k[0]) & m[0]) | ((w[1] ^ k[1]) & m[1]) | ((w[2] ^ k[2]) & m[2]) | ((w[3] ^ k[3]) & m[3])) == 0
+        self.four_match(&[*r; 4])
+    }
+
+    /// How many leading records of `recs` match: a heavy key's N - 1
+    /// records per packet, so four at a time ([`KeyPattern::four_match`]),
+    /// then one by one from the first group of four with a mismatch.
+    #[inline(always)]
+    pub(crate) fn leading(&self, recs: &[ScrRecord]) -> usize {
+        let (fours, _) = recs.as_chunks::<4>();
+        let n = 4 * fours.iter().take_while(|f| self.four_match(f)).count();
+        n + recs[n..].iter().take_while(|r| self.matches(r)).count()
+    }
+
+    /// Every record of `recs` matches: four at a time, the last four
+    /// overlapping the ones before where the count is not a multiple of four
+    /// (7 records: two tests); fewer than four one by one.
+    #[inline(always)]
+    pub(crate) fn all_match(&self, recs: &[ScrRecord]) -> bool {
+        let (fours, rest) = recs.as_chunks::<4>();
+        match recs.last_chunk::<4>() {
+            None => rest.iter().all(|r| self.matches(r)),
+            Some(last) => fours.iter().all(|f| self.four_match(f)) && (rest.is_empty() || self.four_match(last)),
+        }
+    }
+
+    /// All four records match: their differences from the pattern or-ed
+    /// (one 256-bit xor and or per record), then one test against the mask
+    /// (`vptest`). A record is exactly one AVX2 register.
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
+    #[inline(always)]
+    fn four_match(&self, four: &[ScrRecord; 4]) -> bool {
+        use safe_arch::{bitor_m256i, bitxor_m256i, m256i, testz_m256i};
+        let want = m256i::from(self.want);
+        let d =
+            four.iter().fold(m256i::default(), |d, r| bitor_m256i(d, bitxor_m256i(m256i::from(r.to_words()), want)));
+        testz_m256i(d, m256i::from(self.mask)) == 1
+    }
+
+    /// All four records match (without AVX2: the same or-ed differences, word by word).
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2")))]
+    #[inline(always)]
+    fn four_match(&self, four: &[ScrRecord; 4]) -> bool {
+        let d = four.iter().fold([0u64; 4], |d, r| {
+            let w = r.to_words();
+            std::array::from_fn(|i| d[i] | (w[i] ^ self.want[i]))
+        });
+        (d[0] & self.mask[0]) | (d[1] & self.mask[1]) | (d[2] & self.mask[2]) | (d[3] & self.mask[3]) == 0
     }
 }
 
@@ -1534,16 +1617,18 @@ mod tests {
     }
 
     /// `n` records to random ports: the source changes one time in `switch` (to one of
-    /// `heavy` heavy sources, or one of 200 others one time in 8), the time
-    /// jumps past the idle timeout or back one time in `jumps` each, one record in 64 is invalid.
+    /// `heavy` heavy sources, or one of 200 others one time in 8), the port one time in
+    /// `port_change`, the time jumps past the idle timeout or back one time in `jumps`
+    /// each, one record in 64 is invalid.
     fn hostile_records(
         next: &mut impl FnMut(u32) -> u32,
         n: usize,
         switch: u32,
         heavy: u32,
+        port_change: u32,
         jumps: u32,
     ) -> Vec<ScrRecord> {
-        let (mut ts, mut src, mut recs) = (1_000u64, 1u32, Vec::with_capacity(n));
+        let (mut ts, mut src, mut dport, mut recs) = (1_000u64, 1u32, 80, Vec::with_capacity(n));
         for _ in 0..n {
             if next(switch) == 0 {
                 src = if next(8) == 0 { 1000 + next(200) } else { 1 + next(heavy) };
@@ -1553,8 +1638,12 @@ mod tests {
                 1 => ts.saturating_sub(30 * U),
                 _ => ts + u64::from(next(12)) * U / 4,
             };
-            // Knocks and the protected port of portknock's defaults, and others.
-            let dport = [1111, 2222, 3333, 22, 80][next(5) as usize];
+            // Knocks and the protected port of portknock's defaults, and
+            // others; drawn again one time in `port_change` (runs of
+            // records equal in all portknock reads: its fixed points).
+            if port_change <= 1 || next(port_change) == 0 {
+                dport = [1111, 2222, 3333, 22, 80][next(5) as usize];
+            }
             let mut r = rec_to(src, dport, ts);
             if next(64) == 0 {
                 r = ScrRecord::default();
@@ -1574,7 +1663,7 @@ mod tests {
     fn fast_forward_in_hand_equals_entry_by_entry() {
         let (mut ca, mut cb, mut ta, mut tb) = pair("ddos(threshold=3,window=0.001)");
         let mut next = xorshift(0x9e37_79b9);
-        let recs = hostile_records(&mut next, 20_000, 4, 3, 16);
+        let recs = hostile_records(&mut next, 20_000, 4, 3, 1, 16);
         let (mut i, mut got, mut want) = (0, Vec::new(), Vec::new());
         while i < recs.len() {
             let n = (1 + next(9) as usize).min(recs.len() - i);
@@ -1616,18 +1705,24 @@ mod tests {
         // (`run_hand`) and, for the closed forms, whole packets.
         for spec in ["ddos(threshold=3,window=0.001)", "portknock", "hh"] {
             for monotonic in [false, true] {
-                batch_in_hand_case(spec, monotonic);
+                batch_in_hand_case(spec, monotonic, 1);
             }
+        }
+        // Ports that stay: portknock's fixed points (a pure transition: a
+        // heavy source's records equal to one that leaves its state as it
+        // is are passed over), the state changing between them.
+        for port_change in [3, 12] {
+            batch_in_hand_case("portknock", true, port_change);
         }
     }
 
-    fn batch_in_hand_case(spec: &str, monotonic: bool) {
+    fn batch_in_hand_case(spec: &str, monotonic: bool, port_change: u32) {
         use flowplane_nf::stateful::Action;
         use flowplane_nf::NfCounters;
         use flowplane_packet::{PacketPool, PoolConfig};
         let (mut ca, mut cb, mut ta, mut tb) = pair(spec);
         let mut next = xorshift(0x2545_f491);
-        let mut recs = hostile_records(&mut next, 30_000, 6, 2, 32);
+        let mut recs = hostile_records(&mut next, 30_000, 6, 2, port_change, 32);
         if monotonic {
             let mut latest = 0;
             for r in &mut recs {
@@ -1904,6 +1999,61 @@ mod tests {
                 proptest::prop_assert_eq!(p.matches(&b), b.valid() && k.key(&b) == k.key(&a), "{:?}", k);
             }
             proptest::prop_assert!(KeyOf::Connection.mask().is_none());
+        }
+
+        /// `leading` and `all_match` (four records per test, the last four
+        /// overlapping) agree with `matches` record by record: runs of 0-13
+        /// records, each the pattern's own or one bit off it.
+        #[test]
+        fn pattern_runs_agree_with_record_by_record(
+            a in proptest::prelude::any::<[u64; 4]>(),
+            flips in proptest::collection::vec(proptest::option::weighted(0.2, 0u32..256), 0..14),
+        ) {
+            use flowplane_wire::scr::kind::VALID;
+            let a = ScrRecord::from_words([a[0] | u64::from(VALID) << 56, a[1], a[2], a[3]]);
+            let recs: Vec<ScrRecord> = flips
+                .iter()
+                .map(|f| {
+                    let mut w = a.to_words();
+                    if let Some(f) = f {
+                        w[(f / 64) as usize] ^= 1 << (f % 64);
+                    }
+                    ScrRecord::from_words(w)
+                })
+                .collect();
+            let fields = ScrFields::SRC_IP.with(ScrFields::PORTS).with(ScrFields::PROTO);
+            for m in [KeyOf::Src.mask(), KeyOf::Flow.mask(), KeyOf::Src.still_mask(fields)].into_iter().flatten() {
+                let p = KeyPattern::of(m, &a);
+                let lead = recs.iter().take_while(|r| p.matches(r)).count();
+                proptest::prop_assert_eq!(p.leading(&recs), lead);
+                proptest::prop_assert_eq!(p.all_match(&recs), lead == recs.len());
+            }
+        }
+
+        /// The still mask covers what portknock's transition reads: records
+        /// equal under it take any stage to the same stage with the same
+        /// verdict (the `SCR_PURE` promise checked against the NF itself).
+        #[test]
+        fn still_mask_covers_what_portknock_reads(
+            a in proptest::prelude::any::<[u64; 4]>(),
+            b in proptest::prelude::any::<[u64; 4]>(),
+            port in proptest::sample::select(vec![1111u16, 2222, 3333, 22, 80]),
+            stage in 0u32..5,
+        ) {
+            use flowplane_nf::portknock::{KnockState, PortKnock};
+            use flowplane_nf::stateful::StatefulNf;
+            let mut nf = PortKnock::new(&[1111, 2222, 3333], 22).unwrap();
+            let m = KeyOf::Src.still_mask(nf.scr_fields().unwrap()).unwrap();
+            // `b` equal to `a` under the mask, free elsewhere; a knock port and TCP often.
+            let mut a = ScrRecord::from_words(a);
+            (a.dport, a.proto) = (port, if a.proto.is_multiple_of(2) { 6 } else { a.proto });
+            let w = a.to_words();
+            let b = ScrRecord::from_words(std::array::from_fn(|i| (w[i] & m[i]) | (b[i] & !m[i])));
+            proptest::prop_assert!(!a.valid() || KeyPattern::of(m, &a).matches(&b));
+            let (mut sa, mut sb) = (KnockState { stage }, KnockState { stage });
+            let (ca, cb) = (NfContext { now_tsc: 0, now_ns: a.ts_ns() }, NfContext { now_tsc: 0, now_ns: b.ts_ns() });
+            let (pa, pb) = (nf.scr_transition(&mut sa, &a, &ca), nf.scr_transition(&mut sb, &b, &cb));
+            proptest::prop_assert_eq!((pa, sa.stage), (pb, sb.stage));
         }
 
         /// Random loss (single packets and bursts, some longer than the log,

@@ -367,11 +367,23 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
         use crate::scr::KeyOf;
         let nf = &mut self.0;
         // One loop per key kind and alive bookkeeping (one stateful NF: none).
-        // Per key kind: its key and its record mask, constants in each arm.
+        // Per key kind: its key and its record masks, constants in each arm.
+        let fields = if T::SCR_PURE { nf.scr_fields() } else { None };
         macro_rules! arm {
-            ($kind:ident, $sole:literal) => {
-                run::<T, _, $sole>(nf, t, b, alive, batch, counters, |r| KeyOf::$kind.key(r), KeyOf::$kind.mask())
-            };
+            ($kind:ident, $sole:literal) => {{
+                let still = fields.and_then(|f| KeyOf::$kind.still_mask(f));
+                run::<T, _, $sole>(
+                    nf,
+                    t,
+                    b,
+                    alive,
+                    batch,
+                    counters,
+                    |r| KeyOf::$kind.key(r),
+                    KeyOf::$kind.mask(),
+                    still,
+                )
+            }};
         }
         match (t.key_of, b.sole) {
             (KeyOf::Src, true) => arm!(Src, true),

@@ -410,6 +410,16 @@ pub trait StatefulNf: Send + 'static {
     /// for it (otherwise it applies them one by one in the same pass).
     const SCR_RUN: bool = false;
 
+    /// Set to `true` when [`StatefulNf::scr_transition`] reads nothing but
+    /// the state, the record's kind byte and its [`StatefulNf::scr_fields`]
+    /// (the time only when they name it) and changes nothing but the state:
+    /// two records equal in those take a state to the same next state. The
+    /// engine then passes over, with one masked compare each, a heavy key's
+    /// records that equal one the state in hand was found to be a fixed
+    /// point of (portknock: a source at stage 0 sending to a port that is
+    /// not the first knock, an open source whatever it sends).
+    const SCR_PURE: bool = false;
+
     /// SCR: applies a run of history records to `state` in order — every
     /// record valid and of this state's key, none idle past the timeout (the
     /// engine guarantees both), each at its own time — exactly as

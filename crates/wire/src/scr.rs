@@ -79,7 +79,8 @@ impl ScrFields {
 }
 
 /// One packet's history entry: what a state transition may read.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+/// 32 bytes, no padding: four words ([`ScrRecord::to_words`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C)]
 pub struct ScrRecord {
     /// The sequencer's timestamp in ns (low 56 bits) and the kind byte (high 8).
@@ -214,32 +215,20 @@ impl ScrRecord {
             | u128::from(self.kind() & kind::V6)
     }
 
-    /// The record as four words (the log's lock-free copy).
+    /// The record as four words (the log's lock-free copy; masked compares
+    /// of a record): its memory, `ts_kind` first (on a little-endian machine
+    /// the kind is word 0's top byte, `src` word 1's low half, and so on).
+    /// One 32-byte load, where building the words from the fields took a
+    /// load and a shift per field.
     #[inline(always)]
     pub fn to_words(&self) -> [u64; 4] {
-        [
-            self.ts_kind,
-            u64::from(self.src) | u64::from(self.dst) << 32,
-            u64::from(self.sport) | u64::from(self.dport) << 16 | u64::from(self.seq) << 32,
-            u64::from(self.ack) | u64::from(self.len) << 32 | u64::from(self.proto) << 48 | u64::from(self.flags) << 56,
-        ]
+        bytemuck::cast(*self)
     }
 
     /// The inverse of [`ScrRecord::to_words`].
     #[inline(always)]
     pub fn from_words(w: [u64; 4]) -> ScrRecord {
-        ScrRecord {
-            ts_kind: w[0],
-            src: w[1] as u32,
-            dst: (w[1] >> 32) as u32,
-            sport: w[2] as u16,
-            dport: (w[2] >> 16) as u16,
-            seq: (w[2] >> 32) as u32,
-            ack: w[3] as u32,
-            len: (w[3] >> 32) as u16,
-            proto: (w[3] >> 48) as u8,
-            flags: (w[3] >> 56) as u8,
-        }
+        bytemuck::cast(w)
     }
 }
 
@@ -255,6 +244,10 @@ mod tests {
         r.ts_kind = u64::from(kind::VALID | kind::TCP | kind::PORTS) << 56;
         r.set_ts_ns(123_456_789);
         assert_eq!(ScrRecord::from_words(r.to_words()), r);
+        // The documented word layout (little-endian): what masks over the words are built on.
+        #[cfg(target_endian = "little")]
+        assert_eq!(r.to_words(), [r.ts_kind, 1 | 2 << 32, 3 | 4 << 16 | 5 << 32, 6 | 7 << 32 | 6 << 48 | 0x12 << 56,]);
+        assert_eq!(r.to_words()[0] >> 56, u64::from(r.kind()));
         assert_eq!(r.ts_ns(), 123_456_789);
         assert_eq!(r.tcp_flags(), Some(0x12));
         assert_eq!(r.dst_port(), Some(4));

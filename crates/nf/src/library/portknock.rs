@@ -214,6 +214,10 @@ impl StatefulNf for PortKnock {
 
     const SCR_RUN: bool = true;
 
+    /// The transition reads the stage, the kind byte, the protocol and the
+    /// destination port (no time), and nothing else changes.
+    const SCR_PURE: bool = true;
+
     /// An open source stays open whatever its records (from the last stage
     /// every transition leads back to it), and a source at stage 0 stays
     /// there unless a record knocks the first port (any other TCP port
