@@ -343,28 +343,21 @@ impl KeyOf {
             return None;
         }
         let key = self.mask()?;
+        // Each declarable field and the record bits it occupies.
+        const SET: [(ScrFields, fn(&mut ScrRecord)); 7] = [
+            (ScrFields::SRC_IP, |r| r.src = u32::MAX),
+            (ScrFields::DST_IP, |r| r.dst = u32::MAX),
+            (ScrFields::PORTS, |r| (r.sport, r.dport) = (u16::MAX, u16::MAX)),
+            (ScrFields::PROTO, |r| r.proto = u8::MAX),
+            (ScrFields::LEN, |r| r.len = u16::MAX),
+            (ScrFields::TCP_FLAGS, |r| r.flags = u8::MAX),
+            (ScrFields::TCP_SEQ_ACK, |r| (r.seq, r.ack) = (u32::MAX, u32::MAX)),
+        ];
         let mut r = ScrRecord::default();
-        let has = |x: ScrFields| f.0 & x.0 != 0;
-        if has(ScrFields::SRC_IP) {
-            r.src = u32::MAX;
-        }
-        if has(ScrFields::DST_IP) {
-            r.dst = u32::MAX;
-        }
-        if has(ScrFields::PORTS) {
-            (r.sport, r.dport) = (u16::MAX, u16::MAX);
-        }
-        if has(ScrFields::PROTO) {
-            r.proto = u8::MAX;
-        }
-        if has(ScrFields::LEN) {
-            r.len = u16::MAX;
-        }
-        if has(ScrFields::TCP_FLAGS) {
-            r.flags = u8::MAX;
-        }
-        if has(ScrFields::TCP_SEQ_ACK) {
-            (r.seq, r.ack) = (u32::MAX, u32::MAX);
+        for (x, set) in SET {
+            if f.0 & x.0 != 0 {
+                set(&mut r);
+            }
         }
         let w = r.to_words();
         let kind = u64::from(u8::MAX) << 56;
@@ -1583,6 +1576,39 @@ mod tests {
         assert!(!s.fresh);
         let s = a.lookup(a.key_of.key(&rec(999 % 300, 999)), 2000).unwrap();
         assert!(s.fresh, "idle past the timeout starts over");
+    }
+
+    /// A still mask is the key, the kind byte and the declared fields, no
+    /// more: a record differing in an undeclared field (or the time) still
+    /// matches; one differing in a declared field or the kind does not. A
+    /// transition that reads the time has none.
+    #[test]
+    fn still_mask_is_the_key_kind_and_declared_fields() {
+        use flowplane_wire::scr::kind::{PORTS, TCP, VALID};
+        let f = ScrFields::SRC_IP.with(ScrFields::PORTS).with(ScrFields::PROTO);
+        assert!(KeyOf::Src.still_mask(f.with(ScrFields::TIME)).is_none());
+        assert!(KeyOf::Connection.still_mask(f).is_none());
+        let m = KeyOf::Src.still_mask(f).unwrap();
+        let w = [u64::from(VALID | PORTS | TCP) << 56 | 5, 0x0a00_0001 | 7 << 32, 1234 | 80 << 16, 6 << 48];
+        let a = ScrRecord::from_words(w);
+        let p = KeyPattern::of(m, &a);
+        let changed = |set: fn(&mut ScrRecord)| {
+            let mut b = a;
+            set(&mut b);
+            p.matches(&b)
+        };
+        assert!(changed(|b| b.set_ts_ns(99)));
+        assert!(changed(|b| b.dst = 9));
+        assert!(changed(|b| (b.len, b.flags, b.seq, b.ack) = (60, 2, 3, 4)));
+        assert!(!changed(|b| b.src = 2));
+        assert!(!changed(|b| b.dport = 81));
+        assert!(!changed(|b| b.sport = 1));
+        assert!(!changed(|b| b.proto = 17));
+        assert!(!changed(|b| *b = ScrRecord::from_words({
+            let mut w = b.to_words();
+            w[0] &= !(u64::from(PORTS) << 56);
+            w
+        })));
     }
 
     /// Time unit of the key-in-hand tests: a tenth of the ddos window (1 ms).
