@@ -344,7 +344,8 @@ impl KeyOf {
         }
         let key = self.mask()?;
         // Each declarable field and the record bits it occupies.
-        const SET: [(ScrFields, fn(&mut ScrRecord)); 7] = [
+        type Set = fn(&mut ScrRecord);
+        const SET: [(ScrFields, Set); 7] = [
             (ScrFields::SRC_IP, |r| r.src = u32::MAX),
             (ScrFields::DST_IP, |r| r.dst = u32::MAX),
             (ScrFields::PORTS, |r| (r.sport, r.dport) = (u16::MAX, u16::MAX)),
