@@ -315,21 +315,14 @@ impl KeyOf {
     #[inline(always)]
     pub(crate) fn mask(self) -> Option<[u64; 4]> {
         use flowplane_wire::scr::kind::{V6, VALID};
-        let kind = u64::from(VALID | V6) << 56;
-        let fields = |set: fn(&mut ScrRecord)| {
-            let mut r = ScrRecord::default();
-            set(&mut r);
-            let w = r.to_words();
-            [kind, w[1], w[2], w[3]]
+        let fields = match self {
+            KeyOf::Src => ScrFields::SRC_IP,
+            KeyOf::Dst => ScrFields::DST_IP,
+            KeyOf::Flow => ScrFields::FIVE_TUPLE,
+            KeyOf::Connection => return None,
         };
-        match self {
-            KeyOf::Src => Some(fields(|r| r.src = u32::MAX)),
-            KeyOf::Dst => Some(fields(|r| r.dst = u32::MAX)),
-            KeyOf::Flow => Some(fields(|r| {
-                (r.src, r.dst, r.sport, r.dport, r.proto) = (u32::MAX, u32::MAX, u16::MAX, u16::MAX, u8::MAX)
-            })),
-            KeyOf::Connection => None,
-        }
+        let w = fields_mask(fields);
+        Some([u64::from(VALID | V6) << 56, w[1], w[2], w[3]])
     }
 
     /// The mask of a record's key (as [`KeyOf::mask`]), its whole kind byte
@@ -342,33 +335,39 @@ impl KeyOf {
         if f.0 & ScrFields::TIME.0 != 0 {
             return None;
         }
-        let key = self.mask()?;
-        // Each declarable field and the record bits it occupies.
-        type Set = fn(&mut ScrRecord);
-        const SET: [(ScrFields, Set); 7] = [
-            (ScrFields::SRC_IP, |r| r.src = u32::MAX),
-            (ScrFields::DST_IP, |r| r.dst = u32::MAX),
-            (ScrFields::PORTS, |r| (r.sport, r.dport) = (u16::MAX, u16::MAX)),
-            (ScrFields::PROTO, |r| r.proto = u8::MAX),
-            (ScrFields::LEN, |r| r.len = u16::MAX),
-            (ScrFields::TCP_FLAGS, |r| r.flags = u8::MAX),
-            (ScrFields::TCP_SEQ_ACK, |r| (r.seq, r.ack) = (u32::MAX, u32::MAX)),
-        ];
-        let mut r = ScrRecord::default();
-        for (x, set) in SET {
-            if f.0 & x.0 != 0 {
-                set(&mut r);
-            }
-        }
-        let w = r.to_words();
-        let kind = u64::from(u8::MAX) << 56;
-        Some([key[0] | kind, key[1] | w[1], key[2] | w[2], key[3] | w[3]])
+        let (key, w) = (self.mask()?, fields_mask(f));
+        Some([key[0] | u64::from(u8::MAX) << 56, key[1] | w[1], key[2] | w[2], key[3] | w[3]])
     }
 }
 
-/// A key as a masked comparison of a record's words: one load and compare
-/// per word the key lives in, where computing the key of every record of a
-/// run would build and compare 128-bit keys.
+/// The bits of [`ScrRecord::to_words`] the header fields `f` occupy (the
+/// time and kind word left out): built from a record with those fields set,
+/// so it follows the record's layout.
+#[inline(always)]
+fn fields_mask(f: ScrFields) -> [u64; 4] {
+    type Set = fn(&mut ScrRecord);
+    const SET: [(ScrFields, Set); 7] = [
+        (ScrFields::SRC_IP, |r| r.src = u32::MAX),
+        (ScrFields::DST_IP, |r| r.dst = u32::MAX),
+        (ScrFields::PORTS, |r| (r.sport, r.dport) = (u16::MAX, u16::MAX)),
+        (ScrFields::PROTO, |r| r.proto = u8::MAX),
+        (ScrFields::LEN, |r| r.len = u16::MAX),
+        (ScrFields::TCP_FLAGS, |r| r.flags = u8::MAX),
+        (ScrFields::TCP_SEQ_ACK, |r| (r.seq, r.ack) = (u32::MAX, u32::MAX)),
+    ];
+    let mut r = ScrRecord::default();
+    for (x, set) in SET {
+        if f.0 & x.0 != 0 {
+            set(&mut r);
+        }
+    }
+    let w = r.to_words();
+    [0, w[1], w[2], w[3]]
+}
+
+/// A key as a masked comparison of a record's words (one vector compare
+/// per four records, see [`KeyPattern::four_match`]), where computing the
+/// key of every record of a run would build and compare 128-bit keys.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct KeyPattern {
     mask: [u64; 4],

@@ -244,10 +244,8 @@ fn run_hand<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
         // (`StatefulNf::scr_run`: a closed form where the NF has one).
         let (mut lo, mut hi, mut n) = (u64::MAX, 0u64, 0usize);
         if let (Some(p), true) = (&pat, monotonic) {
-            n = p.leading(recs);
-            while n > 0 && recs[n - 1].ts_ns() > limit {
-                n -= 1;
-            }
+            // Times in order: those within the limit are a prefix.
+            n = recs[..p.leading(recs)].partition_point(|r| r.ts_ns() <= limit);
             if n > 0 {
                 (lo, hi) = (recs[0].ts_ns(), recs[n - 1].ts_ns());
             }
@@ -325,14 +323,12 @@ fn whole_packet<T: StatefulNf>(
     }
     // Still: a fixed point of the state in hand, matched by every record
     // (the own one too, which puts it under the key in hand): nothing to apply.
-    let of = |q: &KeyPattern| q.all_match(all);
-    let still_now = h.still.filter(|f| same_state(&f.st, &h.st));
-    if still_now.is_some_and(|f| of(&f.pat)) {
+    if h.still.is_some_and(|f| same_state(&f.st, &h.st) && f.pat.all_match(all)) {
         if let Some(last) = recs.last() {
             h.last = h.last.max(last.ts_ns());
         }
     } else {
-        if !of(&p) {
+        if !p.all_match(all) {
             return false;
         }
         if let (Some(first), Some(last)) = (recs.first(), recs.last()) {
