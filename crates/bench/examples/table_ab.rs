@@ -6,7 +6,9 @@
 //! binaries differ only in the table code.
 //!
 //! `cargo run --release -p flowplane-bench --example table_ab -- [SIZE]` prints one line per row:
-//! `op batch r cycles/op Mops`. `TABLE_AB_BATCHES=32` and `TABLE_AB_OPS=N` narrow a run (e.g. under callgrind).
+//! `op batch cycles/op Mops` (op is `mixed-R` for one new flow every R ops). `TABLE_AB_BATCHES=32` and
+//! `TABLE_AB_OPS=N` narrow a run (e.g. under callgrind). `scripts/table_ab.sh OLD_TREE ROUNDS` builds it in both
+//! trees and prints each row's median over alternated runs (some rows settle at one of two rates per run).
 
 use flowplane_bench::table::{make_keys, BenchKey};
 use flowplane_bench::tsc::rdtsc;
