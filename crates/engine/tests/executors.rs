@@ -5,9 +5,10 @@ use flowplane_engine::chain::Chain;
 use flowplane_engine::coarse::SharedStores;
 use flowplane_engine::exec::{ExecConfig, ExecKind, Pipeline};
 use flowplane_engine::spec::parse;
-use flowplane_nf::testutil::{tcp4, udp4};
+use flowplane_nf::testutil::{tcp4, udp4, udp6};
 use flowplane_nf::{NfContext, NfCounters};
 use flowplane_packet::{Batch, PacketPool, PoolConfig, DROP};
+use std::net::Ipv6Addr;
 
 /// Every registered executor, and the interleaved one at several task counts.
 fn kinds() -> Vec<ExecKind> {
@@ -34,13 +35,18 @@ fn frames() -> Vec<Vec<u8>> {
     v
 }
 
-type Outcome = (Vec<(String, NfCounters)>, Vec<Vec<u16>>, Option<Vec<String>>, u64);
+/// Counters, verdicts, fsc's export, unparsed packets, flow entries in the executor's store(s).
+type Outcome = (Vec<(String, NfCounters)>, Vec<Vec<u16>>, Option<Vec<String>>, u64, u64);
 
 fn run(chain: &str, kind: ExecKind, aux: bool) -> Outcome {
     run_with(chain, ExecConfig { kind, aux, ..ExecConfig::default() })
 }
 
 fn run_with(chain: &str, cfg: ExecConfig) -> Outcome {
+    run_frames(chain, cfg, &frames())
+}
+
+fn run_frames(chain: &str, cfg: ExecConfig, frames: &[Vec<u8>]) -> Outcome {
     let c = Chain::build(&parse(chain).unwrap()).unwrap();
     let shared = SharedStores::new(&c.groups, 4096, 3_600_000_000_000).unwrap();
     let cfg = ExecConfig { flows: 4096, hugepages: false, ..cfg };
@@ -48,7 +54,7 @@ fn run_with(chain: &str, cfg: ExecConfig) -> Outcome {
     let mut pool = PacketPool::new(PoolConfig { buffers: 1024, ..Default::default() }).unwrap();
     let mut batch = Batch::new(&pool);
     let mut verdicts = Vec::new();
-    for (k, chunk) in frames().chunks(32).enumerate() {
+    for (k, chunk) in frames.chunks(32).enumerate() {
         for f in chunk {
             assert!(batch.push_copy(&mut pool, f, 0));
         }
@@ -62,7 +68,8 @@ fn run_with(chain: &str, cfg: ExecConfig) -> Outcome {
         v.sort();
         v
     });
-    (counters, verdicts, export, exec.store_report().unparsed)
+    let report = exec.store_report();
+    (counters, verdicts, export, report.unparsed, report.flows)
 }
 
 #[test]
@@ -75,6 +82,45 @@ fn executors_agree_on_a_five_tuple_chain() {
         .map(|i| format!("{}:udp:any:any:{}-{}", if i % 3 == 0 { "drop" } else { "allow" }, 2000 + 7 * i, 2003 + 7 * i))
         .collect();
     five_tuple_chain(&format!("lb(backends=4) -> fsc -> ratelimit(pps=1, burst=3) -> acl(rule={})", rules.join(";")));
+}
+
+/// IPv6 flows among IPv4 ones behind an NF that drops: an NF's lookup (its own, under `pernf`, where the IPv4
+/// keys are gathered once per batch and the IPv6 ones looked up key by key) never sees a packet dropped before it.
+#[test]
+fn executors_agree_on_ipv6_behind_a_dropping_nf() {
+    let mut frames = Vec::new();
+    for _round in 0..5 {
+        for f in 0..200u16 {
+            frames.push(if f % 4 == 1 {
+                udp6(
+                    Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, f),
+                    Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 1),
+                    3000 + f,
+                    53,
+                )
+            } else {
+                udp4([10, 1, (f >> 8) as u8, f as u8], [192, 168, 1, 2], 2000 + f, 53)
+            });
+        }
+    }
+    // The ACL drops every packet of flows 0-49 (both families), so their first packet never reaches fsc.
+    let chain = "ratelimit(pps=1, burst=3) -> acl(rule=drop:udp:any:any:2000-2049;drop:udp:any:any:3000-3049) -> fsc -> lb(backends=4)";
+    let reference =
+        run_frames(chain, ExecConfig { kind: ExecKind::parse("rtc").unwrap(), ..ExecConfig::default() }, &frames);
+    // The limiter passes each flow's first three packets (no refill within the trace's 31 us): fsc sees those of
+    // the 150 flows the ACL lets through, and only those have an fsc entry.
+    let counters = |name: &str| reference.0.iter().find(|(n, _)| n == name).unwrap().1;
+    assert_eq!((counters("ratelimit").packets_in, counters("ratelimit").dropped), (1000, 400));
+    assert_eq!((counters("acl").packets_in, counters("acl").dropped), (600, 150));
+    assert_eq!(counters("fsc").packets_in, 450);
+    assert_eq!(reference.2.as_ref().unwrap().len(), 150, "one fsc entry per flow that reached it, IPv6 ones included");
+    for kind in kinds() {
+        let o = run_frames(chain, ExecConfig { kind, ..ExecConfig::default() }, &frames);
+        assert_eq!((&o.0, &o.1, &o.2), (&reference.0, &reference.1, &reference.2), "{kind}");
+    }
+    // pernf: each NF's own table holds the flows that reached it (ratelimit and acl 200, fsc and lb 150).
+    let o = run_frames(chain, ExecConfig { kind: ExecKind::parse("pernf").unwrap(), ..ExecConfig::default() }, &frames);
+    assert_eq!(o.4, 200 + 200 + 150 + 150);
 }
 
 fn five_tuple_chain(chain: &str) {

@@ -7,7 +7,7 @@ use std::ops::Range;
 use flowplane_nf::NfContext;
 use flowplane_packet::{Batch, MAX_BATCH};
 
-use super::context::{lookup_into, PREFETCH_AHEAD};
+use super::context::{gather_range, lookup_into, PREFETCH_AHEAD};
 use super::{ExecContext, Executor, ExecutorInfo, StateLayout};
 use crate::chain::Stage;
 use crate::stage::BatchOutcome;
@@ -58,6 +58,9 @@ impl PerNf {
         let mut frontier = range.end;
         cx.pin_coarse_batch(range.clone(), ctx.now_ns);
         let ahead = if cx.cfg.prefetch && cx.cfg.prefetch_hooks { PREFETCH_AHEAD } else { 0 };
+        // The range's IPv4 keys, gathered once for every NF's own bulk lookup (a range of one packet, as chains
+        // that end flows may run, takes the single-key path instead).
+        let mut gathered = (range.len() > 1).then(|| gather_range(cx, batch, range.clone()));
         let mut k = 0;
         for si in 0..cx.chain.stages.len() {
             let per_flow = matches!(cx.chain.stages[si], Stage::Stateful { group: None, .. });
@@ -77,7 +80,7 @@ impl PerNf {
                 continue;
             }
             let flows = &mut self.flows[k];
-            lookup_into(cx, k, si, batch, todo.clone(), flows, ctx);
+            lookup_into(cx, k, si, batch, todo.clone(), flows, ctx, gathered.as_mut());
             if let Stage::Stateful { nf, counters, .. } = &mut cx.chain.stages[si] {
                 let metas = &cx.scratch.metas[..frontier];
                 let mut out = BatchOutcome::default();
