@@ -429,6 +429,9 @@ fn run_chains(
     let go = std::sync::atomic::AtomicU64::new(0);
     let warm = cfg.warmup.map_or(0, |w| (w.as_secs_f64() * hz) as u64);
     type Done = Result<Vec<(WorkerResult, Pipeline)>, EngineError>;
+    // Workers wake the coordinating thread when they end, so it can sleep until its next control tick (or the
+    // deadline) instead of polling: on a machine with as many CPUs as workers, every wake-up preempts one.
+    let coordinator = std::thread::current();
     let results: Vec<Done> = std::thread::scope(|s| {
         let handles: Vec<_> = per_thread
             .into_iter()
@@ -440,9 +443,11 @@ fn run_chains(
                 let shared = &shared;
                 let (barrier, go) = (&barrier, &go);
                 let steering_arc = nic_parts.as_ref().map(|n| Arc::clone(&n.0));
+                let wake = WakeOnExit(coordinator.clone());
                 std::thread::Builder::new()
                     .name(format!("fp-worker-{t}"))
                     .spawn_scoped(s, move || -> Done {
+                        let _wake = wake;
                         if cfg.pin {
                             cpu::pin_current_thread(t);
                         }
@@ -600,7 +605,8 @@ fn run_chains(
                 }
             }
             let until = deadline.map_or(next_tick, |d| d.min(next_tick));
-            std::thread::sleep(Duration::from_millis(2).min(until.saturating_duration_since(Instant::now())));
+            // Woken early by a worker that ends (`WakeOnExit`); spurious wake-ups just loop.
+            std::thread::park_timeout(until.saturating_duration_since(Instant::now()));
         }
         stop.store(true, Ordering::Relaxed);
         join_workers(handles)
@@ -849,4 +855,14 @@ pub(crate) fn join_workers<T>(
             Err(e) => Err(e),
         })
         .collect()
+}
+
+/// Unparks the coordinating thread when a worker thread ends (returns, fails or panics), so the coordinator's
+/// sleep until its next tick ends as soon as the workers are done.
+struct WakeOnExit(std::thread::Thread);
+
+impl Drop for WakeOnExit {
+    fn drop(&mut self) {
+        self.0.unpark();
+    }
 }
