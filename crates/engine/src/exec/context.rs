@@ -1012,10 +1012,11 @@ pub(crate) fn gather_range(cx: &mut ExecContext, batch: &Batch, range: Range<usi
 }
 
 /// Looks up `range` in stage `si`'s own store `k` (the per-NF layout),
-/// inserting the misses; `init(stage data)` is the default action. With
-/// `pre` (from [`gather_range`] over a range containing this one) the IPv4
-/// keys come from it, less the packets dropped since; otherwise the valid,
-/// not-dropped IPv4 packets are gathered here. The rest goes key by key.
+/// inserting the misses (`init(stage data)` is the default action), from a
+/// [`gather_range`] over a range containing this one: the keys of the packets
+/// dropped since leave the gather for good (a later NF does not see them
+/// either), the keys of `range` (a contiguous run: the gather is in packet
+/// order) are looked up in bulk, and the range's IPv6 packets key by key.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn lookup_into(
     cx: &mut ExecContext,
@@ -1025,92 +1026,55 @@ pub(crate) fn lookup_into(
     range: Range<usize>,
     flows: &mut [FlowRef; MAX_BATCH],
     ctx: &NfContext,
-    pre: Option<&mut RangeGather>,
+    g: &mut RangeGather,
 ) {
-    if let Some(g) = pre {
-        return lookup_gathered(cx, k, si, batch, range, flows, ctx, g);
-    }
-    let ExecContext { stores, chain, scratch, .. } = cx;
-    let store = &mut stores[k];
-    let mut m = 0usize;
-    // A range of one packet (chains that end flows run packet by packet) takes
-    // the single-key path: a bulk lookup's setup would cost more than it hides.
-    let bulk = range.len() > 1;
-    for i in range {
-        flows[i] = FlowRef::NONE;
-        let meta = scratch.metas[i];
-        if !meta.valid || batch.is_dropped(i) {
-            continue;
-        }
-        match meta.tuple {
-            FiveTuple::V4(key) if bulk => m = scratch.gather_v4(m, i, key, batch.timestamps()[i]),
-            t => {
-                let h = hash_tuple(&t);
-                let pctx = packet_ctx(batch, i, ctx);
-                let data = batch.data_mut(i);
-                let stage = &mut chain.stages[si];
-                if let Some((r, _)) = store.upsert(&t, h, pctx.now_ns, |u| upsert_one(stage, data, &meta, &pctx, u)) {
-                    flows[i] = r;
-                }
+    g.len = cx.scratch.retain_gathered(g.len, |i| batch.is_dropped(i));
+    flows[range.clone()].fill(FlowRef::NONE);
+    if g.others {
+        for i in range.clone() {
+            if !matches!(cx.scratch.metas[i].tuple, FiveTuple::V4(_)) {
+                flows[i] = lookup_key(cx, k, si, batch, i, ctx);
             }
         }
     }
+    let ExecContext { stores, chain, scratch, .. } = cx;
+    let idx = &scratch.idx[..g.len];
+    let j0 = idx.partition_point(|&i| usize::from(i) < range.start);
+    let j1 = idx.partition_point(|&i| usize::from(i) < range.end);
     let stage = &mut chain.stages[si];
     let Scratch { keys, hashes, idx, handles, metas, times, .. } = scratch;
-    let gathered = Gathered { keys: &keys[..m], hashes: &hashes[..m], idx: &idx[..m], times: &times[..m] };
-    bulk_upsert(store, gathered, handles, flows, |i, u| {
+    let gathered = Gathered { keys: &keys[j0..j1], hashes: &hashes[j0..j1], idx: &idx[j0..j1], times: &times[j0..j1] };
+    bulk_upsert(&mut stores[k], gathered, handles, flows, |i, u| {
         let pctx = packet_ctx(batch, i, ctx);
         upsert_one(stage, batch.data_mut(i), &metas[i], &pctx, u)
     });
 }
 
-/// [`lookup_into`] from a range gather: the keys of the packets dropped
-/// since leave it for good (a later NF does not see them either), the keys of
-/// `range` (a contiguous run: the gather is in packet order) are looked up in
-/// bulk, and the range's IPv6 packets key by key.
-#[allow(clippy::too_many_arguments)]
-fn lookup_gathered(
+/// Packet `i`'s entry in stage `si`'s own store `k`, looked up key by key
+/// (inserting a miss); `FlowRef::NONE` for an unparsed or dropped packet and
+/// a full table. The per-NF layout's path for IPv6 and for ranges of one
+/// packet (chains that end flows may run packet by packet: a bulk lookup's
+/// setup would cost more than it hides).
+pub(crate) fn lookup_key(
     cx: &mut ExecContext,
     k: usize,
     si: usize,
     batch: &mut Batch,
-    range: Range<usize>,
-    flows: &mut [FlowRef; MAX_BATCH],
+    i: usize,
     ctx: &NfContext,
-    g: &mut RangeGather,
-) {
+) -> FlowRef {
     let ExecContext { stores, chain, scratch, .. } = cx;
-    let store = &mut stores[k];
-    g.len = scratch.retain_gathered(g.len, |i| batch.is_dropped(i));
-    flows[range.clone()].fill(FlowRef::NONE);
-    if g.others {
-        for i in range.clone() {
-            let meta = &scratch.metas[i];
-            if !meta.valid || batch.is_dropped(i) || matches!(meta.tuple, FiveTuple::V4(_)) {
-                continue;
-            }
-            let meta = *meta;
-            let h = hash_tuple(&meta.tuple);
-            let pctx = packet_ctx(batch, i, ctx);
-            let data = batch.data_mut(i);
-            let stage = &mut chain.stages[si];
-            if let Some((r, _)) =
-                store.upsert(&meta.tuple, h, pctx.now_ns, |u| upsert_one(stage, data, &meta, &pctx, u))
-            {
-                flows[i] = r;
-            }
-        }
+    let meta = scratch.metas[i];
+    if !meta.valid || batch.is_dropped(i) {
+        return FlowRef::NONE;
     }
-    let idx = &scratch.idx[..g.len];
-    let (j0, j1) =
-        (idx.partition_point(|&i| usize::from(i) < range.start), idx.partition_point(|&i| usize::from(i) < range.end));
+    let h = hash_tuple(&meta.tuple);
+    let pctx = packet_ctx(batch, i, ctx);
+    let data = batch.data_mut(i);
     let stage = &mut chain.stages[si];
-    let Scratch { keys, hashes, idx, handles, metas, times, .. } = scratch;
-    let gathered = Gathered { keys: &keys[j0..j1], hashes: &hashes[j0..j1], idx: &idx[j0..j1], times: &times[j0..j1] };
-    bulk_upsert(store, gathered, handles, flows, |i, u| {
-        let pctx = packet_ctx(batch, i, ctx);
-        upsert_one(stage, batch.data_mut(i), &metas[i], &pctx, u)
-    });
+    stores[k]
+        .upsert(&meta.tuple, h, pctx.now_ns, |u| upsert_one(stage, data, &meta, &pctx, u))
+        .map_or(FlowRef::NONE, |(r, _)| r)
 }
 
 /// The aggregated layout's add-on-miss callback for a packet: an expired

@@ -7,7 +7,7 @@ use std::ops::Range;
 use flowplane_nf::NfContext;
 use flowplane_packet::{Batch, MAX_BATCH};
 
-use super::context::{gather_range, lookup_into, PREFETCH_AHEAD};
+use super::context::{gather_range, lookup_into, lookup_key, PREFETCH_AHEAD};
 use super::{ExecContext, Executor, ExecutorInfo, StateLayout};
 use crate::chain::Stage;
 use crate::stage::BatchOutcome;
@@ -80,7 +80,14 @@ impl PerNf {
                 continue;
             }
             let flows = &mut self.flows[k];
-            lookup_into(cx, k, si, batch, todo.clone(), flows, ctx, gathered.as_mut());
+            match gathered.as_mut() {
+                Some(g) => lookup_into(cx, k, si, batch, todo.clone(), flows, ctx, g),
+                None => {
+                    for i in todo.clone() {
+                        flows[i] = lookup_key(cx, k, si, batch, i, ctx);
+                    }
+                }
+            }
             if let Stage::Stateful { nf, counters, .. } = &mut cx.chain.stages[si] {
                 let metas = &cx.scratch.metas[..frontier];
                 let mut out = BatchOutcome::default();
