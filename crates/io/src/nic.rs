@@ -123,6 +123,9 @@ pub struct NicQueue {
     /// indices of its packets (a NIC queue's own descriptor stream, as a
     /// static split would have it), read instead of walking the stream.
     own: Vec<u32>,
+    /// The queue owns every key: `own` is implicitly `0..n` (paced only;
+    /// unpaced, such a queue delivers straight from the stream).
+    own_all: bool,
     own_idx: usize,
     /// `own`'s packets copied contiguously (same order): each core streams
     /// its own memory as behind a real NIC queue, not every other line of
@@ -193,6 +196,7 @@ impl NicQueue {
             bursts: 0,
             slowest: 0,
             own: Vec::new(),
+            own_all: false,
             own_idx: 0,
             mine: None,
             listed: false,
@@ -207,7 +211,12 @@ impl NicQueue {
         };
         q.refresh();
         q.start_gen = q.gen;
-        if !cfg.spray && !cfg.bounded_drift && cfg.rate_pps.is_none() && !q.all_mine && q.transits.is_empty() && n > 0 {
+        let paced = cfg.rate_pps.is_some();
+        if !cfg.spray && !cfg.bounded_drift && paced && q.all_mine && q.transits.is_empty() && n > 0 {
+            // A static start owning everything, paced: the stream is the own list.
+            q.own_all = true;
+            q.listed = true;
+        } else if !cfg.spray && !cfg.bounded_drift && !q.all_mine && q.transits.is_empty() && n > 0 {
             // A static start: this queue's packets, once, in stream order.
             let keys = &q.trace.queues[0].keys;
             q.own = (0..n as u32).filter(|&i| q.owner.get(keys[i as usize] as usize) == Some(&me)).collect();
@@ -623,6 +632,10 @@ impl NicQueue {
     /// The stream position a list burst of `want` packets ends at (at most):
     /// the position of the own packet after them, within the burst's bound.
     fn list_claim(&self, want: usize) -> u64 {
+        if self.own_all {
+            let end = self.end.unwrap_or(u64::MAX);
+            return self.scan.saturating_add((want as u64).min(MAX_SCAN)).min(end);
+        }
         if self.own.is_empty() {
             // Nothing of this queue's until the table changes: the claim is the end of the stream.
             return self.end.unwrap_or(self.scan.saturating_add(MAX_SCAN));
@@ -636,6 +649,89 @@ impl NicQueue {
             None => end,
         };
         next.min(end)
+    }
+
+    /// Paced, the table as it started: takes this queue's own packets that
+    /// are due by the port's clock into the ring, up to stream position
+    /// `claim`, each with its descriptor (from the private copy when there
+    /// is one); a packet finding the ring full is dropped and counted. As a
+    /// NIC queue's own descriptor stream: the other queues' packets are not
+    /// visited (walking them costs each core the whole stream's rate).
+    fn own_walk(&mut self, now: u64, claim: u64) {
+        let Some((due_ns, due_pos)) = self.due(now) else { return };
+        let n = self.n;
+        let end = self.end.unwrap_or(u64::MAX);
+        let len = if self.own_all { n as usize } else { self.own.len() };
+        if len == 0 {
+            // Nothing of this queue's until the table changes.
+            self.scan = self.scan.max(end.min(claim));
+            return;
+        }
+        let limit = end.min(claim).min(due_pos);
+        let d = &self.trace.queues[0];
+        let own = &self.own[..];
+        let own_all = self.own_all;
+        let mine = self.mine.as_ref();
+        let (ring, desc) = (&mut self.ring[..], &mut self.desc[..]);
+        let cap = ring.len() as u64;
+        let mask = cap - 1;
+        let (head, mut tail) = (self.head, self.tail);
+        let mut loop_k = self.scan / n;
+        let mut j = self.own_idx;
+        let mut drops = 0u64;
+        loop {
+            let i = if own_all { j as u32 } else { own[j] };
+            if loop_k * n + u64::from(i) >= limit {
+                break;
+            }
+            let w = match mine {
+                Some(m) => m.first_line.get(j).zip(m.hash.get(j)).zip(m.len.get(j)).map(|((&f, &h), &l)| Desc {
+                    ts: m.ts_at(j),
+                    first_line: f,
+                    hash: h,
+                    len: l,
+                    own: true,
+                }),
+                None => {
+                    let k = i as usize;
+                    d.first_line.get(k).zip(d.hash.get(k)).zip(d.len.get(k)).map(|((&f, &h), &l)| Desc {
+                        ts: d.ts_at(k),
+                        first_line: f,
+                        hash: h,
+                        len: l,
+                        own: false,
+                    })
+                }
+            };
+            let Some(w) = w else { break };
+            if loop_k.saturating_mul(self.trace.loop_ns).saturating_add(w.ts) > due_ns {
+                break;
+            }
+            if tail - head < cap {
+                let at = (tail & mask) as usize;
+                ring[at] = (loop_k << 32) | u64::from(i);
+                desc[at] = w;
+                tail += 1;
+            } else {
+                drops += 1;
+            }
+            j += 1;
+            if j == len {
+                j = 0;
+                loop_k += 1;
+            }
+        }
+        self.tail = tail;
+        self.own_idx = j;
+        // Everything before the next own packet is seen (none of it is this
+        // queue's), but no further than the claim: a walk taking over after a
+        // table change starts there.
+        let i = if own_all { j as u64 } else { u64::from(own[j]) };
+        let next = (loop_k * n + i).min(end.min(claim)).max(self.scan);
+        self.stats.scanned += next - self.scan;
+        self.stats.rx_ring_full += drops;
+        self.scan = next;
+        self.steering.publish_progress(self.me as usize, self.scan, self.stats.packets);
     }
 
     /// Delivers up to `want` of this queue's packets from its own list (the
@@ -797,8 +893,8 @@ struct WalkRun {
 }
 
 /// The walk's inner loop over packets `i0..end_i` of loop `loop_k`: one key
-/// and one owner load per packet, the ring slot written always and kept
-/// when owned (no unpredictable branch).
+/// and one owner load per packet, the ring slot written whenever the ring
+/// has room and kept when owned (no unpredictable branch).
 #[inline(always)]
 fn walk_run<const PACED: bool>(
     q: &mut NicQueue,
@@ -865,7 +961,10 @@ fn walk_run<const PACED: bool>(
             *c += u64::from(mine);
         }
         let room = tail - head < cap;
-        ring[(tail & mask) as usize] = base | i;
+        if room {
+            // Full, the slot at the tail is the head's (a packet not yet delivered).
+            ring[(tail & mask) as usize] = base | i;
+        }
         tail += u64::from(mine & room);
         drops += u64::from(mine & !room);
         i += 1;
@@ -887,21 +986,48 @@ impl Source for NicQueue {
             self.refresh();
         }
         let want = max.min(batch.room());
+        let paced = self.cfg.rate_pps.is_some();
+        let mut walked = false;
         if self.listed {
-            if self.gen == self.start_gen && self.head == self.tail {
+            if self.gen == self.start_gen && !paced && self.head == self.tail {
                 // Claim the positions this burst covers, then check the table is still the one listed.
                 self.steering.publish_claim(self.me as usize, self.list_claim(want));
                 if self.steering.generation() == self.gen {
                     return self.list_burst(pool, batch, want);
                 }
                 self.refresh();
+            } else if self.gen == self.start_gen && paced {
+                // Everything due, claimed span by span (what finds the ring full is dropped, not left waiting).
+                let t0 = tsc::rdtsc();
+                let end = self.end.unwrap_or(u64::MAX);
+                walked = true;
+                loop {
+                    let claim = self.list_claim(MAX_SCAN as usize);
+                    self.steering.publish_claim(self.me as usize, claim);
+                    if self.steering.generation() != self.gen {
+                        self.refresh();
+                        walked = false;
+                        break;
+                    }
+                    self.own_walk(now, claim);
+                    if self.scan < claim || self.scan >= end {
+                        break;
+                    }
+                }
+                self.stats.nic_cycles += tsc::rdtsc().saturating_sub(t0);
             }
-            // The table changed: walk the stream from this queue's next own packet on.
-            self.listed = false;
-            self.own = Vec::new();
-            self.mine = None;
+            if !walked {
+                // The table changed: walk the stream from this queue's next own packet on.
+                self.listed = false;
+                self.own_all = false;
+                self.own = Vec::new();
+                if self.mine.take().is_some() && self.head != self.tail {
+                    // Packets in the ring described from the private copy: describe them from the stream.
+                    self.write_back(self.head);
+                }
+            }
         }
-        let direct = self.all_mine && !self.cfg.spray && self.cfg.rate_pps.is_none();
+        let direct = self.all_mine && !self.cfg.spray && !paced;
         if direct && self.head == self.tail {
             // One queue owning everything and nothing held in the ring:
             // nothing to steer, deliver straight from the stream (the plain replay).
@@ -914,7 +1040,7 @@ impl Source for NicQueue {
             self.refresh();
             return Rx::Idle;
         }
-        if !direct {
+        if !direct && !walked {
             let t0 = tsc::rdtsc();
             let tail0 = self.tail;
             if !self.parked.is_empty() {
@@ -949,7 +1075,7 @@ impl Source for NicQueue {
             };
         }
         let d = &self.trace.queues[0];
-        let own = self.sprayed.as_ref().map_or(&d.lines, |m| &m.lines);
+        let own = self.sprayed.as_ref().or(self.mine.as_ref()).map_or(&d.lines, |m| &m.lines);
         let (ring, desc, head, tail) = (&self.ring, &self.desc, self.head, self.tail);
         let mask = ring.len() as u64 - 1;
         let loop_ns = self.trace.loop_ns;
@@ -1257,6 +1383,77 @@ mod tests {
         assert!(got0.iter().filter(|p| p.0 == 2).all(|p| p.1 < mv.at));
         assert_eq!(k2.len() + got0.iter().filter(|p| p.0 == 2).count(), 10_000);
         assert_eq!(s.moves_done(), 1);
+    }
+
+    /// Paced with the table as it started, each queue takes only its own
+    /// due packets (a full ring drops the newest arrivals, counted); when
+    /// the table changes with packets in the ring, those are delivered
+    /// (described from the stream, not the private copy) and the walk goes
+    /// on from there: every packet delivered or counted as dropped once.
+    #[test]
+    fn paced_static_queues_take_their_due_packets_and_hand_over_to_the_walk() {
+        // 40000 packets 10 ns apart; queue 0 owns keys 0 and 2 (even positions).
+        let keys: Vec<u16> = (0..40_000u32).map(|i| (i % 4) as u16).collect();
+        let (t, s) = setup(&keys);
+        let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
+        // 1e8 packets/s on a 1 GHz clock: the trace time due is the clock in ns.
+        let cfg = NicConfig { loops: Some(1), rate_pps: Some(1e8), tsc_hz: 1e9, ring: 1024, ..Default::default() };
+        let mut q0 = NicQueue::new(t.clone(), s.clone(), 0, cfg);
+        let mut q1 = NicQueue::new(t, s.clone(), 1, cfg);
+        assert!(q0.listed && q0.mine.is_some());
+        let mut batch = Batch::new(&pool);
+        let mut got = [Vec::new(), Vec::new()];
+        let take = |q: &mut NicQueue, pool: &mut PacketPool, batch: &mut Batch, now: u64, got: &mut Vec<u64>| {
+            let r = q.rx_burst(pool, batch, 16, now);
+            if let Rx::Packets(n) = r {
+                for i in 0..n {
+                    let pos = batch.timestamps()[i] / 10;
+                    // The bytes are the packet's own (a descriptor read from the right copy).
+                    assert_eq!(batch.data(i)[0], pos as u8);
+                    got.push(pos);
+                }
+                batch.free_all(pool).unwrap();
+            }
+            r
+        };
+        // At 1 us: positions 0..=100 due, 51 of them queue 0's; 16 taken, 35 left in the ring.
+        assert_eq!(take(&mut q0, &mut pool, &mut batch, 1000, &mut got[0]), Rx::Packets(16));
+        assert_eq!(got[0], (0..32).step_by(2).collect::<Vec<u64>>());
+        assert_eq!(q0.tail - q0.head, 35);
+        // At 100 us: 5001 own packets due; 4950 new arrivals, room for 989, the rest dropped.
+        assert_eq!(take(&mut q0, &mut pool, &mut batch, 100_000, &mut got[0]), Rx::Packets(16));
+        assert_eq!(q0.rx_stats().rx_ring_full, 4950 - 989);
+        assert_eq!(got[0][16..], (32..64).step_by(2).collect::<Vec<u64>>()[..]);
+        // The table changes with 1008 packets in queue 0's ring.
+        s.start_move(2, 1).unwrap();
+        let mut now = 100_000;
+        for _ in 0..100_000 {
+            now += 100;
+            let mut active = false;
+            for (me, q) in [&mut q0, &mut q1].into_iter().enumerate() {
+                active |= take(q, &mut pool, &mut batch, now, &mut got[me]) != Rx::Done;
+                if let Some(mv) = q.take_due() {
+                    s.hand_over(mv, Vec::new());
+                    let mut mail = Vec::new();
+                    s.take_mail(mv.to as usize, &mut mail);
+                    s.imported(mail[0].mv);
+                }
+            }
+            if !active {
+                break;
+            }
+        }
+        assert_eq!(s.moves_done(), 1);
+        let dropped = q0.rx_stats().rx_ring_full + q1.rx_stats().rx_ring_full;
+        assert_eq!(got[0].len() + got[1].len() + dropped as usize, 40_000);
+        for key in 0..4 {
+            // Each key's packets in stream order, each once: on queue 0, then (key 2, moved) on queue 1.
+            let k: Vec<u64> = got.iter().flatten().copied().filter(|&p| p % 4 == key).collect();
+            assert!(k.windows(2).all(|w| w[0] < w[1]), "key {key}: {:?}", k.windows(2).find(|w| w[0] >= w[1]));
+        }
+        let k2_1 = got[1].iter().filter(|&&p| p % 4 == 2).count();
+        assert!(k2_1 > 0 && got[0].iter().all(|&p| p % 2 == 0));
+        batch.free_all(&mut pool).unwrap();
     }
 
     /// Walk cost per stream position (run with --ignored --nocapture; a figure, not a check).
