@@ -49,6 +49,10 @@ pub struct MlffrArgs {
     /// Seconds per trial.
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub trial: f64,
+    /// Repeats of a lossy trial before its rate counts as lossy (a shared machine's interference is not the
+    /// chain being slow; 0: one trial per rate).
+    #[arg(long, default_value_t = 1)]
+    pub retries: u32,
     /// Upper end of the search in packets/s (default: 1.5x the unpaced rate; on ports: the sender's maximum).
     #[arg(long, allow_negative_numbers = true)]
     pub max_rate: Option<f64>,
@@ -85,6 +89,7 @@ pub(crate) fn search_config(a: &MlffrArgs, cfg: &RunConfig) -> MlffrConfig {
         max_rate: a.max_rate,
         // `--warmup`: the learning phase before each trial (losses there do not count).
         warmup: cfg.warmup.unwrap_or(MlffrConfig::default().warmup),
+        retries: a.retries,
     }
 }
 
@@ -136,20 +141,22 @@ pub fn run(mut a: MlffrArgs) -> Result<(), CliError> {
     outln!("{:>14} {:>12} {:>12} {:>10} {:>9}", "rate (Mpps)", "offered", "lost", "loss %", "loss-free");
     for t in &r.trials {
         outln!(
-            "{:>14.3} {:>12} {:>12} {:>10.4} {:>9}",
+            "{:>14.3} {:>12} {:>12} {:>10.4} {:>9}{}",
             t.rate_pps / 1e6,
             t.offered,
             t.lost,
             t.loss * 100.0,
-            if t.loss_free { "yes" } else { "no" }
+            if t.loss_free { "yes" } else { "no" },
+            if t.repeat > 0 { format!(" (repeat {})", t.repeat) } else { String::new() }
         );
     }
     outln!(
-        "MLFFR        {:.3} Mpps (loss <= {}%, resolution {}%); unpaced {:.3} Mpps",
+        "MLFFR        {:.3} Mpps (loss <= {}%, resolution {}%); unpaced {:.3} Mpps before the search, {:.3} after",
         r.mlffr_pps / 1e6,
         a.loss,
         a.resolution,
-        r.full_speed_pps / 1e6
+        r.full_speed_pps / 1e6,
+        r.full_speed_after_pps / 1e6
     );
     Ok(())
 }

@@ -10,6 +10,15 @@
 //! first packets of a run insert every flow and find cold caches, and a
 //! worker paced just under its capacity runs with small batches and little
 //! slack, so that transient alone would decide the search otherwise.
+//!
+//! A lossy trial is repeated (`retries`, default 1) and the rate counts as
+//! lossy only if every attempt loses: on a shared machine a core taken off
+//! the CPU for a few ms loses a ring's worth of packets at any rate, which
+//! is not the chain being slow (RFC 2544 asks for the rate at which the
+//! device drops nothing; a repeat that drops nothing shows it can). The
+//! unpaced rate is measured before and after the search, so the report
+//! shows how far the configuration's own speed moved meanwhile (a
+//! memory-bound chain on a shared host moves by several percent).
 
 use std::time::Duration;
 
@@ -32,6 +41,8 @@ pub struct MlffrConfig {
     pub max_rate: Option<f64>,
     /// Learning phase before each trial, at the trial's rate, not counted (default 250 ms).
     pub warmup: Duration,
+    /// Repeats of a lossy trial before its rate counts as lossy (default 1; the upper end's first trial is not repeated).
+    pub retries: u32,
 }
 
 impl Default for MlffrConfig {
@@ -42,6 +53,7 @@ impl Default for MlffrConfig {
             trial: Duration::from_secs(1),
             max_rate: None,
             warmup: Duration::from_millis(250),
+            retries: 1,
         }
     }
 }
@@ -61,6 +73,8 @@ pub struct Trial {
     pub loss: f64,
     /// Within the threshold.
     pub loss_free: bool,
+    /// 0 for a rate's first trial, k for its k-th repeat (the earlier ones lost).
+    pub repeat: u32,
 }
 
 /// The search's result.
@@ -70,6 +84,8 @@ pub struct Mlffr {
     pub mlffr_pps: f64,
     /// Unpaced throughput of the same configuration (packets/s), the search's reference.
     pub full_speed_pps: f64,
+    /// The unpaced throughput again after the search (packets/s): how far it moved meanwhile.
+    pub full_speed_after_pps: f64,
     /// Loss threshold used.
     pub loss_threshold: f64,
     /// Resolution used.
@@ -104,7 +120,7 @@ fn trial(
     let lost = sc.map_or(0, |s| s.rx_ring_full_measured) + r.tx_errors;
     let offered = sc.map_or(0, |s| s.offered_measured).max(r.packets + lost);
     let loss = if offered > 0 { lost as f64 / offered as f64 } else { 0.0 };
-    let t = Trial { rate_pps: rate.unwrap_or(0.0), offered, received: r.packets, lost, loss, loss_free: false };
+    let t = Trial { rate_pps: rate.unwrap_or(0.0), offered, received: r.packets, lost, loss, loss_free: false, repeat: 0 };
     // Packets over the busy span of the slowest core (not the table set-up).
     Ok((t, r.mpps * 1e6))
 }
@@ -120,11 +136,19 @@ pub fn search(cfg: &RunConfig, spec: &ChainSpec, p: &Prepared, m: &MlffrConfig) 
     let mut trials = Vec::new();
     // The upper end must lose; if it does not, it is the answer (capped search).
     while hi - lo > m.resolution * hi {
-        let mid = if trials.is_empty() { hi } else { (lo + hi) / 2.0 };
-        let (mut t, _) = trial(cfg, spec, p, Some(mid), m)?;
-        t.loss_free = t.loss <= m.loss;
-        let ok = t.loss_free;
-        trials.push(t);
+        let first = trials.is_empty();
+        let mid = if first { hi } else { (lo + hi) / 2.0 };
+        let mut ok = false;
+        for repeat in 0..=if first { 0 } else { m.retries } {
+            let (mut t, _) = trial(cfg, spec, p, Some(mid), m)?;
+            t.loss_free = t.loss <= m.loss;
+            t.repeat = repeat;
+            ok = t.loss_free;
+            trials.push(t);
+            if ok {
+                break;
+            }
+        }
         if ok {
             lo = mid;
             if mid >= hi {
@@ -134,5 +158,13 @@ pub fn search(cfg: &RunConfig, spec: &ChainSpec, p: &Prepared, m: &MlffrConfig) 
             hi = mid;
         }
     }
-    Ok(Mlffr { mlffr_pps: lo, full_speed_pps: full, loss_threshold: m.loss, resolution: m.resolution, trials })
+    let (_, after) = trial(cfg, spec, p, None, m)?;
+    Ok(Mlffr {
+        mlffr_pps: lo,
+        full_speed_pps: full,
+        full_speed_after_pps: after,
+        loss_threshold: m.loss,
+        resolution: m.resolution,
+        trials,
+    })
 }

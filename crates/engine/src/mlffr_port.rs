@@ -333,6 +333,8 @@ pub fn search_ports(
     }
     let mut sender_short = false;
     let mut retried = false;
+    // Repeats of a lossy rate so far (`m.retries`: interference on a shared machine is not flowplane being slow).
+    let mut lossy_repeats = 0u32;
     while lo < hi && hi - lo > m.resolution * hi && trials.len() < 64 {
         let mid = (lo + hi) / 2.0;
         if mid < MIN_RATE {
@@ -360,8 +362,13 @@ pub fn search_ports(
         }
         retried = false;
         if !ok {
+            if lossy_repeats < m.retries {
+                lossy_repeats += 1;
+                continue;
+            }
             hi = mid;
         }
+        lossy_repeats = 0;
     }
     let cycles_per_packet = best.map_or(0.0, |i| trials[i].cycles_per_packet);
     let (replay_cycles_per_packet, replay_pps) = match replay {

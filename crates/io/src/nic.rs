@@ -126,7 +126,18 @@ pub struct NicQueue {
     /// The queue owns every key: `own` is implicitly `0..n` (paced only;
     /// unpaced, such a queue delivers straight from the stream).
     own_all: bool,
-    own_idx: usize,
+    /// The next own packet not yet received (unpaced: delivered; paced:
+    /// arrived or dropped), counted over loops (see [`NicQueue::own_pos`]).
+    own_next: u64,
+    /// Paced, the table as it started: the packets the ring holds, as runs
+    /// of the own sequence (start, count) in arrival order; a run ends
+    /// where packets found the ring full.
+    runs: std::collections::VecDeque<(u64, u64)>,
+    /// Packets in `runs` (at most the ring's size).
+    held: u64,
+    /// Paced, the table as it started: the claim published last (bursts
+    /// within it need not publish again while the generation stays).
+    claimed: u64,
     /// `own`'s packets copied contiguously (same order): each core streams
     /// its own memory as behind a real NIC queue, not every other line of
     /// the shared stream (which costs both cores the whole stream's bandwidth).
@@ -197,7 +208,10 @@ impl NicQueue {
             slowest: 0,
             own: Vec::new(),
             own_all: false,
-            own_idx: 0,
+            own_next: 0,
+            runs: std::collections::VecDeque::with_capacity(ring),
+            held: 0,
+            claimed: 0,
             mine: None,
             listed: false,
             sprayed: None,
@@ -629,117 +643,206 @@ impl NicQueue {
 }
 
 impl NicQueue {
+    /// Packets per loop in this queue's own sequence.
+    #[inline]
+    fn own_len(&self) -> u64 {
+        if self.own_all {
+            self.n
+        } else {
+            self.own.len() as u64
+        }
+    }
+
+    /// Stream position of own packet `a` (counted over loops: loop `a / len`, index `a % len`).
+    #[inline]
+    fn own_pos(&self, a: u64) -> u64 {
+        let len = self.own_len().max(1);
+        let (k, j) = (a / len, (a % len) as usize);
+        k * self.n + if self.own_all { j as u64 } else { u64::from(self.own[j]) }
+    }
+
     /// The stream position a list burst of `want` packets ends at (at most):
     /// the position of the own packet after them, within the burst's bound.
     fn list_claim(&self, want: usize) -> u64 {
-        if self.own_all {
-            let end = self.end.unwrap_or(u64::MAX);
-            return self.scan.saturating_add((want as u64).min(MAX_SCAN)).min(end);
-        }
-        if self.own.is_empty() {
+        let end = self.end.unwrap_or(u64::MAX);
+        if self.own_len() == 0 {
             // Nothing of this queue's until the table changes: the claim is the end of the stream.
             return self.end.unwrap_or(self.scan.saturating_add(MAX_SCAN));
         }
-        let end = self.end.unwrap_or(u64::MAX).min(self.scan.saturating_add(MAX_SCAN));
-        let (len, j) = (self.own.len(), self.own_idx + want);
-        let loop_k = self.scan / self.n.max(1);
-        let next = match self.own.get(j) {
-            Some(&i) => loop_k * self.n + u64::from(i),
-            None if j - len < len => (loop_k + 1) * self.n + u64::from(self.own[j - len]),
-            None => end,
-        };
-        next.min(end)
+        self.own_pos(self.own_next + want as u64).min(end.min(self.scan.saturating_add(MAX_SCAN)))
     }
 
-    /// Paced, the table as it started: takes this queue's own packets that
-    /// are due by the port's clock into the ring, up to stream position
-    /// `claim`, each with its descriptor (from the private copy when there
-    /// is one); a packet finding the ring full is dropped and counted. As a
-    /// NIC queue's own descriptor stream: the other queues' packets are not
-    /// visited (walking them costs each core the whole stream's rate).
-    fn own_walk(&mut self, now: u64, claim: u64) {
+    /// Marks everything before own packet `own_next` seen, within `bound`.
+    fn own_progress(&mut self, bound: u64) {
+        let next = if self.own_len() == 0 { bound } else { self.own_pos(self.own_next).min(bound) };
+        if next > self.scan {
+            self.stats.scanned += next - self.scan;
+            self.scan = next;
+        }
+        self.steering.publish_progress(self.me as usize, self.scan, self.stats.packets);
+    }
+
+    /// Paced, the table as it started: the port's clock has brought this
+    /// queue's own packets up to the one due next (before stream position
+    /// `claim`); the first that fit join the ring ([`NicQueue::runs`]), the
+    /// rest find it full and are dropped (counted), as a NIC queue's own
+    /// descriptor stream: the other queues' packets are not visited and
+    /// nothing is written per packet (the NIC does this in hardware).
+    fn arrive(&mut self, now: u64, claim: u64) {
         let Some((due_ns, due_pos)) = self.due(now) else { return };
-        let n = self.n;
         let end = self.end.unwrap_or(u64::MAX);
-        let len = if self.own_all { n as usize } else { self.own.len() };
+        let len = self.own_len();
         if len == 0 {
-            // Nothing of this queue's until the table changes.
-            self.scan = self.scan.max(end.min(claim));
+            self.own_progress(end.min(claim));
             return;
         }
         let limit = end.min(claim).min(due_pos);
-        let d = &self.trace.queues[0];
-        let own = &self.own[..];
-        let own_all = self.own_all;
+        let (d, own, n) = (&self.trace.queues[0], &self.own[..], self.n);
         let mine = self.mine.as_ref();
-        let (ring, desc) = (&mut self.ring[..], &mut self.desc[..]);
-        let cap = ring.len() as u64;
-        let mask = cap - 1;
-        let (head, mut tail) = (self.head, self.tail);
-        let mut loop_k = self.scan / n;
-        let mut j = self.own_idx;
-        let mut drops = 0u64;
+        let (mut k, mut j) = (self.own_next / len, (self.own_next % len) as usize);
+        let mut a = self.own_next;
         loop {
-            let i = if own_all { j as u32 } else { own[j] };
-            if loop_k * n + u64::from(i) >= limit {
+            let i = if self.own_all { j } else { own[j] as usize };
+            if k * n + i as u64 >= limit {
                 break;
             }
-            let w = match mine {
-                Some(m) => m.first_line.get(j).zip(m.hash.get(j)).zip(m.len.get(j)).map(|((&f, &h), &l)| Desc {
-                    ts: m.ts_at(j),
-                    first_line: f,
-                    hash: h,
-                    len: l,
-                    own: true,
-                }),
-                None => {
-                    let k = i as usize;
-                    d.first_line.get(k).zip(d.hash.get(k)).zip(d.len.get(k)).map(|((&f, &h), &l)| Desc {
-                        ts: d.ts_at(k),
-                        first_line: f,
-                        hash: h,
-                        len: l,
-                        own: false,
-                    })
-                }
+            let ts = match mine {
+                Some(m) => m.ts_at(j),
+                None => d.ts_at(i),
             };
-            let Some(w) = w else { break };
-            if loop_k.saturating_mul(self.trace.loop_ns).saturating_add(w.ts) > due_ns {
+            if k.saturating_mul(self.trace.loop_ns).saturating_add(ts) > due_ns {
                 break;
             }
-            if tail - head < cap {
-                let at = (tail & mask) as usize;
-                ring[at] = (loop_k << 32) | u64::from(i);
-                desc[at] = w;
-                tail += 1;
-            } else {
-                drops += 1;
-            }
+            a += 1;
             j += 1;
-            if j == len {
-                j = 0;
-                loop_k += 1;
+            if j as u64 == len {
+                (k, j) = (k + 1, 0);
             }
         }
-        self.tail = tail;
-        self.own_idx = j;
-        // Everything before the next own packet is seen (none of it is this
-        // queue's), but no further than the claim: a walk taking over after a
-        // table change starts there.
-        let i = if own_all { j as u64 } else { u64::from(own[j]) };
-        let next = (loop_k * n + i).min(end.min(claim)).max(self.scan);
-        self.stats.scanned += next - self.scan;
-        self.stats.rx_ring_full += drops;
-        self.scan = next;
-        self.steering.publish_progress(self.me as usize, self.scan, self.stats.packets);
+        let arrived = a - self.own_next;
+        let taken = arrived.min(self.ring.len() as u64 - self.held);
+        if taken > 0 {
+            match self.runs.back_mut() {
+                Some(r) if r.0 + r.1 == self.own_next => r.1 += taken,
+                _ => self.runs.push_back((self.own_next, taken)),
+            }
+            self.held += taken;
+        }
+        self.stats.rx_ring_full += arrived - taken;
+        self.own_next = a;
+        self.own_progress(end.min(claim));
+    }
+
+    /// Delivers up to `want` packets of the runs the ring holds (paced, the table as it started).
+    fn run_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, want: usize) -> usize {
+        let len = self.own_len().max(1);
+        let (mut got, mut bytes) = (0usize, 0u64);
+        while got < want {
+            let Some(&(start, count)) = self.runs.front() else { break };
+            let (k, j) = (start / len, (start % len) as usize);
+            let chunk = ((want - got) as u64).min(count).min(len - j as u64) as usize;
+            let (took, b) = self.deliver_own(pool, batch, k, j, chunk);
+            got += took;
+            bytes += b;
+            self.held -= took as u64;
+            if took as u64 == count {
+                self.runs.pop_front();
+            } else if let Some(r) = self.runs.front_mut() {
+                *r = (start + took as u64, count - took as u64);
+            }
+            if took < chunk {
+                self.stats.pool_empty += 1;
+                break;
+            }
+        }
+        self.stats.packets += got as u64;
+        self.stats.bytes += bytes;
+        got
+    }
+
+    /// Receives own packets `j..j + chunk` of loop `k` (one loop, contiguous
+    /// in the own sequence) into the batch: (packets received, their bytes).
+    fn deliver_own(&self, pool: &mut PacketPool, batch: &mut Batch, k: u64, j: usize, chunk: usize) -> (usize, u64) {
+        let d = &self.trace.queues[0];
+        let shift = k.saturating_mul(self.trace.loop_ns);
+        let mut bytes = 0u64;
+        let got = if let Some(m) = &self.mine {
+            // The private copy: position j of `own` is packet j of `m`.
+            batch.rx_burst_lines_timed(pool, chunk, m.times(j, chunk, shift), |x| {
+                let at = j + x;
+                if let Some(&ahead) = m.first_line.get(at + PREFETCH_AHEAD) {
+                    if let Some(l) = m.lines.get(ahead as usize) {
+                        flowplane_packet::prefetch::read(l);
+                    }
+                }
+                let first = m.first_line[at] as usize;
+                let l = m.len[at];
+                bytes += u64::from(l);
+                (&m.lines[first..first + Line::count_for(l as usize)], l, m.hash[at])
+            })
+        } else if self.own_all {
+            // Every packet is this queue's: the stream itself, in order.
+            batch.rx_burst_lines_timed(pool, chunk, d.times(j, chunk, shift), |x| {
+                let at = j + x;
+                if let Some(&ahead) = d.first_line.get(at + PREFETCH_AHEAD) {
+                    if let Some(l) = d.lines.get(ahead as usize) {
+                        flowplane_packet::prefetch::read(l);
+                    }
+                }
+                let first = d.first_line[at] as usize;
+                let l = d.len[at];
+                bytes += u64::from(l);
+                (&d.lines[first..first + Line::count_for(l as usize)], l, d.hash[at])
+            })
+        } else {
+            let ids = &self.own[j..];
+            batch.rx_burst_lines(pool, chunk, |x| {
+                if let Some(&ahead) = ids.get(x + PREFETCH_AHEAD) {
+                    if let Some(&first) = d.first_line.get(ahead as usize) {
+                        if let Some(l) = d.lines.get(first as usize) {
+                            flowplane_packet::prefetch::read(l);
+                        }
+                    }
+                }
+                let i = ids[x] as usize;
+                let first = d.first_line[i] as usize;
+                let l = d.len[i];
+                bytes += u64::from(l);
+                (&d.lines[first..first + Line::count_for(l as usize)], l, d.hash[i], shift.saturating_add(d.ts_at(i)))
+            })
+        };
+        (got, bytes)
+    }
+
+    /// Leaves the own-sequence delivery (the table changed): the packets
+    /// the ring holds as runs become ring entries described from the
+    /// stream, and the walk goes on from `scan`.
+    fn unlist(&mut self) {
+        self.listed = false;
+        let runs = std::mem::take(&mut self.runs);
+        let mask = self.ring.len() as u64 - 1;
+        let from = self.tail;
+        for &(start, count) in &runs {
+            for a in start..start + count {
+                let p = self.own_pos(a);
+                let (k, i) = (p / self.n, p % self.n);
+                self.ring[(self.tail & mask) as usize] = (k << 32) | i;
+                self.tail += 1;
+            }
+        }
+        self.held = 0;
+        self.own_all = false;
+        self.own = Vec::new();
+        self.mine = None;
+        self.write_back(from);
     }
 
     /// Delivers up to `want` of this queue's packets from its own list (the
     /// table has not changed since the start: nothing to steer).
     fn list_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, want: usize) -> Rx {
-        let n = self.n;
         let end = self.end.unwrap_or(u64::MAX);
-        if self.scan >= end || self.own.is_empty() {
+        let len = self.own_len();
+        if self.scan >= end || len == 0 {
             if self.cfg.loops.is_some() {
                 self.scan = end;
                 self.steering.publish_progress(self.me as usize, u64::MAX, self.stats.packets);
@@ -747,79 +850,33 @@ impl NicQueue {
             }
             return Rx::Idle;
         }
-        let d = &self.trace.queues[0];
-        let own = &self.own[..];
-        let mut loop_k = self.scan / n;
         let (mut got, mut bytes) = (0usize, 0u64);
         // A burst spans at most MAX_SCAN stream positions (the move protocol's bound).
-        let limit = self.scan.saturating_add(MAX_SCAN);
+        let limit = self.scan.saturating_add(MAX_SCAN).min(end);
         while got < want {
-            let idx = self.own_idx;
-            let base = loop_k * n;
-            let mut chunk = (want - got).min(own.len() - idx);
-            while chunk > 0 && base + u64::from(own[idx + chunk - 1]) >= limit.min(end) {
+            let (k, j) = (self.own_next / len, (self.own_next % len) as usize);
+            let mut chunk = (want - got).min((len - j as u64) as usize);
+            while chunk > 0 && self.own_pos(self.own_next + chunk as u64 - 1) >= limit {
                 chunk -= 1;
             }
             if chunk == 0 {
                 break;
             }
-            let ids = &own[idx..];
-            let shift = loop_k.saturating_mul(self.trace.loop_ns);
-            let k = if let Some(m) = &self.mine {
-                // The private copy: position j of `own` is packet j of `m`.
-                batch.rx_burst_lines_timed(pool, chunk, m.times(idx, chunk, shift), |k| {
-                    let j = idx + k;
-                    if let Some(&ahead) = m.first_line.get(j + PREFETCH_AHEAD) {
-                        if let Some(l) = m.lines.get(ahead as usize) {
-                            flowplane_packet::prefetch::read(l);
-                        }
-                    }
-                    let first = m.first_line[j] as usize;
-                    let l = m.len[j];
-                    bytes += u64::from(l);
-                    (&m.lines[first..first + Line::count_for(l as usize)], l, m.hash[j])
-                })
-            } else {
-                batch.rx_burst_lines(pool, chunk, |k| {
-                    if let Some(&ahead) = ids.get(k + PREFETCH_AHEAD) {
-                        if let Some(&first) = d.first_line.get(ahead as usize) {
-                            if let Some(l) = d.lines.get(first as usize) {
-                                flowplane_packet::prefetch::read(l);
-                            }
-                        }
-                    }
-                    let i = ids[k] as usize;
-                    let first = d.first_line[i] as usize;
-                    let l = d.len[i];
-                    bytes += u64::from(l);
-                    (
-                        &d.lines[first..first + Line::count_for(l as usize)],
-                        l,
-                        d.hash[i],
-                        shift.saturating_add(d.ts_at(i)),
-                    )
-                })
-            };
-            got += k;
-            self.own_idx += k;
-            if self.own_idx == own.len() {
-                self.own_idx = 0;
-                loop_k += 1;
-            }
-            if k < chunk {
+            let (took, b) = self.deliver_own(pool, batch, k, j, chunk);
+            got += took;
+            bytes += b;
+            self.own_next += took as u64;
+            if took < chunk {
                 self.stats.pool_empty += 1;
                 break;
             }
         }
+        self.stats.packets += got as u64;
+        self.stats.bytes += bytes;
         // Everything before this queue's next packet is seen (none of it is its
         // own), but no further than this burst's bound: a walk taking over
         // after a table change must start where the old view's claim ends.
-        let next = (loop_k * n + u64::from(self.own[self.own_idx])).min(limit).min(end);
-        self.stats.scanned += next.saturating_sub(self.scan);
-        self.scan = next;
-        self.stats.packets += got as u64;
-        self.stats.bytes += bytes;
-        self.steering.publish_progress(self.me as usize, self.scan, self.stats.packets);
+        self.own_progress(limit);
         if got > 0 {
             Rx::Packets(got)
         } else if self.scan >= end {
@@ -987,7 +1044,6 @@ impl Source for NicQueue {
         }
         let want = max.min(batch.room());
         let paced = self.cfg.rate_pps.is_some();
-        let mut walked = false;
         if self.listed {
             if self.gen == self.start_gen && !paced && self.head == self.tail {
                 // Claim the positions this burst covers, then check the table is still the one listed.
@@ -1000,32 +1056,38 @@ impl Source for NicQueue {
                 // Everything due, claimed span by span (what finds the ring full is dropped, not left waiting).
                 let t0 = tsc::rdtsc();
                 let end = self.end.unwrap_or(u64::MAX);
-                walked = true;
+                let mut same = true;
                 loop {
-                    let claim = self.list_claim(MAX_SCAN as usize);
-                    self.steering.publish_claim(self.me as usize, claim);
-                    if self.steering.generation() != self.gen {
-                        self.refresh();
-                        walked = false;
-                        break;
+                    if self.scan >= self.claimed {
+                        // Past the span claimed last (still claimed while the generation is the one read).
+                        let claim = self.list_claim(MAX_SCAN as usize);
+                        self.steering.publish_claim(self.me as usize, claim);
+                        if self.steering.generation() != self.gen {
+                            self.refresh();
+                            same = false;
+                            break;
+                        }
+                        self.claimed = claim;
                     }
-                    self.own_walk(now, claim);
-                    if self.scan < claim || self.scan >= end {
+                    self.arrive(now, self.claimed);
+                    if self.scan < self.claimed || self.scan >= end {
                         break;
                     }
                 }
                 self.stats.nic_cycles += tsc::rdtsc().saturating_sub(t0);
-            }
-            if !walked {
-                // The table changed: walk the stream from this queue's next own packet on.
-                self.listed = false;
-                self.own_all = false;
-                self.own = Vec::new();
-                if self.mine.take().is_some() && self.head != self.tail {
-                    // Packets in the ring described from the private copy: describe them from the stream.
-                    self.write_back(self.head);
+                if same {
+                    return match self.run_burst(pool, batch, want) {
+                        0 if self.scan >= end && self.runs.is_empty() => {
+                            self.steering.publish_progress(self.me as usize, u64::MAX, self.stats.packets);
+                            Rx::Done
+                        }
+                        0 => Rx::Idle,
+                        got => Rx::Packets(got),
+                    };
                 }
             }
+            // The table changed: walk the stream from this queue's next own packet on.
+            self.unlist();
         }
         let direct = self.all_mine && !self.cfg.spray && !paced;
         if direct && self.head == self.tail {
@@ -1040,7 +1102,7 @@ impl Source for NicQueue {
             self.refresh();
             return Rx::Idle;
         }
-        if !direct && !walked {
+        if !direct {
             let t0 = tsc::rdtsc();
             let tail0 = self.tail;
             if !self.parked.is_empty() {
@@ -1075,7 +1137,7 @@ impl Source for NicQueue {
             };
         }
         let d = &self.trace.queues[0];
-        let own = self.sprayed.as_ref().or(self.mine.as_ref()).map_or(&d.lines, |m| &m.lines);
+        let own = self.sprayed.as_ref().map_or(&d.lines, |m| &m.lines);
         let (ring, desc, head, tail) = (&self.ring, &self.desc, self.head, self.tail);
         let mask = ring.len() as u64 - 1;
         let loop_ns = self.trace.loop_ns;
@@ -1385,6 +1447,40 @@ mod tests {
         assert_eq!(s.moves_done(), 1);
     }
 
+    /// A queue whose packets sit at the start of the stream and whose next
+    /// loop is further than one burst's bound ahead (a long run of the other
+    /// queue's packets at the end): each loop's packets once, at full speed
+    /// and paced.
+    #[test]
+    fn own_packets_far_apart_across_loops_come_once_per_loop() {
+        let keys: Vec<u16> = (0..20_100u32).map(|i| u16::from(i >= 100)).collect();
+        let (t, s) = setup(&keys);
+        let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
+        for rate in [None, Some(1e8)] {
+            let cfg = NicConfig { loops: Some(3), rate_pps: rate, tsc_hz: 1e9, ring: 1 << 16, ..Default::default() };
+            let mut q = NicQueue::new(t.clone(), s.clone(), 0, cfg);
+            let mut batch = Batch::new(&pool);
+            let mut got = Vec::new();
+            let mut now = 0;
+            for _ in 0..1_000_000 {
+                now += 1000;
+                match q.rx_burst(&mut pool, &mut batch, 16, now) {
+                    Rx::Packets(n) => {
+                        got.extend((0..n).map(|i| batch.timestamps()[i] / 10));
+                        batch.free_all(&mut pool).unwrap();
+                    }
+                    Rx::Idle => {}
+                    Rx::Done => break,
+                }
+            }
+            // Trace time 10 ns per position; loop k's packets at k * loop_ns.
+            let loop_pos = t.loop_ns / 10;
+            let want: Vec<u64> = (0..3).flat_map(|k| (0..100).map(move |i| k * loop_pos + i)).collect();
+            let first_wrong = got.iter().zip(&want).position(|(a, b)| a != b);
+            assert!(got == want, "rate {rate:?}: {} packets, first wrong at {first_wrong:?}", got.len());
+        }
+    }
+
     /// Paced with the table as it started, each queue takes only its own
     /// due packets (a full ring drops the newest arrivals, counted); when
     /// the table changes with packets in the ring, those are delivered
@@ -1419,7 +1515,7 @@ mod tests {
         // At 1 us: positions 0..=100 due, 51 of them queue 0's; 16 taken, 35 left in the ring.
         assert_eq!(take(&mut q0, &mut pool, &mut batch, 1000, &mut got[0]), Rx::Packets(16));
         assert_eq!(got[0], (0..32).step_by(2).collect::<Vec<u64>>());
-        assert_eq!(q0.tail - q0.head, 35);
+        assert_eq!(q0.held, 35);
         // At 100 us: 5001 own packets due; 4950 new arrivals, room for 989, the rest dropped.
         assert_eq!(take(&mut q0, &mut pool, &mut batch, 100_000, &mut got[0]), Rx::Packets(16));
         assert_eq!(q0.rx_stats().rx_ring_full, 4950 - 989);
