@@ -120,7 +120,8 @@ fn trial(
     let lost = sc.map_or(0, |s| s.rx_ring_full_measured) + r.tx_errors;
     let offered = sc.map_or(0, |s| s.offered_measured).max(r.packets + lost);
     let loss = if offered > 0 { lost as f64 / offered as f64 } else { 0.0 };
-    let t = Trial { rate_pps: rate.unwrap_or(0.0), offered, received: r.packets, lost, loss, loss_free: false, repeat: 0 };
+    let t =
+        Trial { rate_pps: rate.unwrap_or(0.0), offered, received: r.packets, lost, loss, loss_free: false, repeat: 0 };
     // Packets over the busy span of the slowest core (not the table set-up).
     Ok((t, r.mpps * 1e6))
 }

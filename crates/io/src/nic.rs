@@ -127,12 +127,12 @@ pub struct NicQueue {
     /// unpaced, such a queue delivers straight from the stream).
     own_all: bool,
     /// The next own packet not yet received (unpaced: delivered; paced:
-    /// arrived or dropped), counted over loops (see [`NicQueue::own_pos`]).
-    own_next: u64,
+    /// arrived or dropped).
+    own_next: OwnAt,
     /// Paced, the table as it started: the packets the ring holds, as runs
     /// of the own sequence (start, count) in arrival order; a run ends
     /// where packets found the ring full.
-    runs: std::collections::VecDeque<(u64, u64)>,
+    runs: std::collections::VecDeque<(OwnAt, u64)>,
     /// Packets in `runs` (at most the ring's size).
     held: u64,
     /// Paced, the table as it started: the claim published last (bursts
@@ -160,6 +160,13 @@ pub struct NicQueue {
     /// the key's packets wait here in arrival order (key, ring entry) while
     /// the walk goes on for every other key (no stall behind the old owner).
     parked: Vec<(u16, u64)>,
+}
+
+/// An own packet of a queue's sequence: index `j` of its own list in loop `k`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct OwnAt {
+    k: u64,
+    j: usize,
 }
 
 /// A receive descriptor as a NIC writes it back beside a ring entry: where
@@ -208,7 +215,7 @@ impl NicQueue {
             slowest: 0,
             own: Vec::new(),
             own_all: false,
-            own_next: 0,
+            own_next: OwnAt::default(),
             runs: std::collections::VecDeque::with_capacity(ring),
             held: 0,
             claimed: 0,
@@ -653,12 +660,24 @@ impl NicQueue {
         }
     }
 
-    /// Stream position of own packet `a` (counted over loops: loop `a / len`, index `a % len`).
+    /// Stream position of an own packet.
     #[inline]
-    fn own_pos(&self, a: u64) -> u64 {
+    fn own_pos(&self, at: OwnAt) -> u64 {
+        at.k * self.n + if self.own_all { at.j as u64 } else { u64::from(self.own[at.j]) }
+    }
+
+    /// The own packet `by` after `at` (no division unless past the next loop).
+    #[inline]
+    fn own_after(&self, at: OwnAt, by: u64) -> OwnAt {
         let len = self.own_len().max(1);
-        let (k, j) = (a / len, (a % len) as usize);
-        k * self.n + if self.own_all { j as u64 } else { u64::from(self.own[j]) }
+        let j = at.j as u64 + by;
+        if j < len {
+            OwnAt { k: at.k, j: j as usize }
+        } else if j < 2 * len {
+            OwnAt { k: at.k + 1, j: (j - len) as usize }
+        } else {
+            OwnAt { k: at.k + j / len, j: (j % len) as usize }
+        }
     }
 
     /// The stream position a list burst of `want` packets ends at (at most):
@@ -669,7 +688,7 @@ impl NicQueue {
             // Nothing of this queue's until the table changes: the claim is the end of the stream.
             return self.end.unwrap_or(self.scan.saturating_add(MAX_SCAN));
         }
-        self.own_pos(self.own_next + want as u64).min(end.min(self.scan.saturating_add(MAX_SCAN)))
+        self.own_pos(self.own_after(self.own_next, want as u64)).min(end.min(self.scan.saturating_add(MAX_SCAN)))
     }
 
     /// Marks everything before own packet `own_next` seen, within `bound`.
@@ -699,8 +718,8 @@ impl NicQueue {
         let limit = end.min(claim).min(due_pos);
         let (d, own, n) = (&self.trace.queues[0], &self.own[..], self.n);
         let mine = self.mine.as_ref();
-        let (mut k, mut j) = (self.own_next / len, (self.own_next % len) as usize);
-        let mut a = self.own_next;
+        let OwnAt { mut k, mut j } = self.own_next;
+        let mut arrived = 0u64;
         loop {
             let i = if self.own_all { j } else { own[j] as usize };
             if k * n + i as u64 >= limit {
@@ -713,23 +732,23 @@ impl NicQueue {
             if k.saturating_mul(self.trace.loop_ns).saturating_add(ts) > due_ns {
                 break;
             }
-            a += 1;
+            arrived += 1;
             j += 1;
             if j as u64 == len {
                 (k, j) = (k + 1, 0);
             }
         }
-        let arrived = a - self.own_next;
         let taken = arrived.min(self.ring.len() as u64 - self.held);
         if taken > 0 {
+            let last = self.runs.back().map(|&(at, count)| self.own_after(at, count));
             match self.runs.back_mut() {
-                Some(r) if r.0 + r.1 == self.own_next => r.1 += taken,
+                Some(r) if last == Some(self.own_next) => r.1 += taken,
                 _ => self.runs.push_back((self.own_next, taken)),
             }
             self.held += taken;
         }
         self.stats.rx_ring_full += arrived - taken;
-        self.own_next = a;
+        self.own_next = OwnAt { k, j };
         self.own_progress(end.min(claim));
     }
 
@@ -739,16 +758,18 @@ impl NicQueue {
         let (mut got, mut bytes) = (0usize, 0u64);
         while got < want {
             let Some(&(start, count)) = self.runs.front() else { break };
-            let (k, j) = (start / len, (start % len) as usize);
-            let chunk = ((want - got) as u64).min(count).min(len - j as u64) as usize;
-            let (took, b) = self.deliver_own(pool, batch, k, j, chunk);
+            let chunk = ((want - got) as u64).min(count).min(len - start.j as u64) as usize;
+            let (took, b) = self.deliver_own(pool, batch, start.k, start.j, chunk);
             got += took;
             bytes += b;
             self.held -= took as u64;
             if took as u64 == count {
                 self.runs.pop_front();
-            } else if let Some(r) = self.runs.front_mut() {
-                *r = (start + took as u64, count - took as u64);
+            } else {
+                let next = self.own_after(start, took as u64);
+                if let Some(r) = self.runs.front_mut() {
+                    *r = (next, count - took as u64);
+                }
             }
             if took < chunk {
                 self.stats.pool_empty += 1;
@@ -823,11 +844,12 @@ impl NicQueue {
         let mask = self.ring.len() as u64 - 1;
         let from = self.tail;
         for &(start, count) in &runs {
-            for a in start..start + count {
-                let p = self.own_pos(a);
-                let (k, i) = (p / self.n, p % self.n);
-                self.ring[(self.tail & mask) as usize] = (k << 32) | i;
+            let mut at = start;
+            for _ in 0..count {
+                let i = self.own_pos(at) - at.k * self.n;
+                self.ring[(self.tail & mask) as usize] = (at.k << 32) | i;
                 self.tail += 1;
+                at = self.own_after(at, 1);
             }
         }
         self.held = 0;
@@ -854,9 +876,9 @@ impl NicQueue {
         // A burst spans at most MAX_SCAN stream positions (the move protocol's bound).
         let limit = self.scan.saturating_add(MAX_SCAN).min(end);
         while got < want {
-            let (k, j) = (self.own_next / len, (self.own_next % len) as usize);
+            let OwnAt { k, j } = self.own_next;
             let mut chunk = (want - got).min((len - j as u64) as usize);
-            while chunk > 0 && self.own_pos(self.own_next + chunk as u64 - 1) >= limit {
+            while chunk > 0 && self.own_pos(OwnAt { k, j: j + chunk - 1 }) >= limit {
                 chunk -= 1;
             }
             if chunk == 0 {
@@ -865,7 +887,7 @@ impl NicQueue {
             let (took, b) = self.deliver_own(pool, batch, k, j, chunk);
             got += took;
             bytes += b;
-            self.own_next += took as u64;
+            self.own_next = self.own_after(self.own_next, took as u64);
             if took < chunk {
                 self.stats.pool_empty += 1;
                 break;
