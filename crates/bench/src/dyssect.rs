@@ -9,6 +9,7 @@
 //! and the controller's time. A table, JSON and one PNG per trace and core
 //! count: load imbalance per 100 ms window over time, one line per strategy.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -16,7 +17,10 @@ use flowplane_engine::exec::ExecConfig;
 use flowplane_engine::runner::{prepare, run_prepared, Input, Output, PriorityClass};
 use flowplane_engine::spec;
 use flowplane_engine::RunConfig;
+use flowplane_scale::rss::DEFAULT_RETA_SIZE;
+use flowplane_scale::steer::{Classifier, HashOn};
 use flowplane_trace::gen::{FlowDist, GenConfig, Generator};
+use flowplane_wire::flow::{extract_five_tuple, FiveTuple};
 use plotters::prelude::*;
 use serde::Serialize;
 
@@ -103,6 +107,14 @@ pub struct Row {
     pub core_packets: Vec<u64>,
     /// See `core_packets`.
     pub core_busy_ms: Vec<f64>,
+    /// The most any balancer that keeps each flow on one core could project
+    /// at this run's cost per packet (its packets per busy second per core
+    /// over the trace's flow-level bound, [`Ceiling`]).
+    pub ceiling_mpps: f64,
+    /// The trace's [`Ceiling::flow_over_entries`] at these cores.
+    pub flow_over_entries: f64,
+    /// The trace's heaviest flow's share of its phase.
+    pub top_flow_share: f64,
 }
 
 fn trace(name: &str, o: &DyssectOptions) -> Result<GenConfig, String> {
@@ -124,6 +136,97 @@ fn trace(name: &str, o: &DyssectOptions) -> Result<GenConfig, String> {
     })
 }
 
+/// What balance a trace allows, from its packets alone (no run): per phase
+/// (the packets between two shifts of the heavy flows), the busiest core's
+/// packets when (a) whole flows are placed as well as possible — bounded
+/// below by max(an even share, the heaviest flow), which no balancer that
+/// keeps a flow on one core beats — and (b) whole RETA entries are placed
+/// by LPT (largest first onto the least loaded core), a balance an
+/// entry-level balancer such as RSS++ can reach. Summed over phases: the
+/// busiest core sets each phase's length.
+#[derive(Clone, Debug, Serialize)]
+pub struct Ceiling {
+    /// Cores.
+    pub cores: usize,
+    /// Packets in the trace.
+    pub packets: u64,
+    /// Phases (1 without shifts).
+    pub phases: u64,
+    /// Sum over phases of max(even share, heaviest flow): the flow-level bound.
+    pub flow_bound: f64,
+    /// Sum over phases of the busiest core with RETA entries placed by LPT.
+    pub entry_lpt: f64,
+    /// The heaviest single flow's share of its phase (the largest over phases).
+    pub top_flow_share: f64,
+}
+
+impl Ceiling {
+    /// The most any flow-level balancer can project over an entry-level one
+    /// that reaches LPT's balance in every phase (same cost per packet).
+    pub fn flow_over_entries(&self) -> f64 {
+        self.entry_lpt / self.flow_bound.max(1.0)
+    }
+
+    /// The most any flow-level balancer can project over a measured run whose
+    /// busiest core carried `busiest_share` of the packets.
+    pub fn flow_over(&self, busiest_share: f64) -> f64 {
+        busiest_share * self.packets as f64 / self.flow_bound.max(1.0)
+    }
+}
+
+/// The [`Ceiling`] of the trace `gen` describes, over `cores` cores and the
+/// runtime's RETA (its size and Toeplitz hash, as the emulated NIC steers).
+pub fn ceiling(gen: &GenConfig, cores: usize) -> Result<Ceiling, String> {
+    let cores = cores.max(1);
+    let classifier =
+        Classifier::new(DEFAULT_RETA_SIZE, false, HashOn::FiveTuple, false, Vec::new()).map_err(|e| e.to_string())?;
+    let mut g = Generator::new(gen.clone()).map_err(|e| e.to_string())?;
+    let phase_len = gen.shift_every.filter(|&s| s > 0).unwrap_or(u64::MAX);
+    let mut buf = Vec::new();
+    let mut flows: HashMap<FiveTuple, u64> = HashMap::new();
+    let mut entries = vec![0u64; DEFAULT_RETA_SIZE];
+    let mut c = Ceiling { cores, packets: 0, phases: 0, flow_bound: 0.0, entry_lpt: 0.0, top_flow_share: 0.0 };
+    let mut in_phase = 0u64;
+    while g.next_frame(&mut buf).is_some() {
+        // Frames that are not IP take the default queue (key 0), as the NIC does; they are no flow of their own.
+        let (key, _) = classifier.classify(&buf).unwrap_or((0, 0));
+        entries[key as usize % DEFAULT_RETA_SIZE] += 1;
+        if let Ok(t) = extract_five_tuple(&buf) {
+            *flows.entry(t).or_insert(0) += 1;
+        }
+        in_phase += 1;
+        c.packets += 1;
+        if in_phase == phase_len {
+            close_phase(&mut c, &mut flows, &mut entries, in_phase);
+            in_phase = 0;
+        }
+    }
+    close_phase(&mut c, &mut flows, &mut entries, in_phase);
+    Ok(c)
+}
+
+/// Adds one phase's bounds to `c` and clears the phase's counts.
+fn close_phase(c: &mut Ceiling, flows: &mut HashMap<FiveTuple, u64>, entries: &mut [u64], n: u64) {
+    if n == 0 {
+        return;
+    }
+    let top = flows.values().copied().max().unwrap_or(0);
+    c.flow_bound += (n as f64 / c.cores as f64).max(top as f64);
+    c.top_flow_share = c.top_flow_share.max(top as f64 / n as f64);
+    let mut sorted = entries.to_vec();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    let mut load = vec![0u64; c.cores];
+    for e in sorted {
+        if let Some(min) = load.iter_mut().min() {
+            *min += e;
+        }
+    }
+    c.entry_lpt += load.iter().copied().max().unwrap_or(0) as f64;
+    c.phases += 1;
+    flows.clear();
+    entries.iter_mut().for_each(|x| *x = 0);
+}
+
 /// Runs the experiment; `progress` sees every row as it is measured.
 pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result<Vec<Row>, String> {
     let spec = spec::parse(&o.chain).map_err(|e| e.to_string())?;
@@ -132,6 +235,7 @@ pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result
     for t in &o.traces {
         let gen = trace(t, o)?;
         for &n in &o.cores {
+            let bound = ceiling(&gen, n)?;
             for s in &o.strategies {
                 let cfg = RunConfig {
                     cores: 1,
@@ -160,6 +264,10 @@ pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result
                 let g = |k: &str| ctl.and_then(|c| c.get(k)).and_then(|v| v.as_f64()).unwrap_or(0.0);
                 let mpps = sc.projected_mpps.unwrap_or(0.0);
                 let base = rows.iter().find(|x| x.trace == *t && x.cores == n && x.strategy == "rsspp").map(|x| x.mpps);
+                let busy_s: f64 = sc.work_ms.iter().sum::<f64>() / 1e3;
+                let done: u64 = r.per_core.iter().map(|c| c.packets).sum();
+                let per_core_pps = if busy_s > 0.0 { done as f64 / busy_s } else { 0.0 };
+                let ceiling_mpps = per_core_pps * bound.packets as f64 / bound.flow_bound.max(1.0) / 1e6;
                 let row = Row {
                     trace: t.clone(),
                     strategy: s.clone(),
@@ -178,6 +286,9 @@ pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result
                     flows_moved: sc.flows_moved,
                     core_packets: r.per_core.iter().map(|c| c.packets).collect(),
                     core_busy_ms: sc.work_ms.clone(),
+                    ceiling_mpps,
+                    flow_over_entries: bound.flow_over_entries(),
+                    top_flow_share: bound.top_flow_share,
                 };
                 progress(&row);
                 rows.push(row);
@@ -190,11 +301,12 @@ pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result
 /// The table, one line per row.
 pub fn table(rows: &[Row], slo_us: f64) -> String {
     let mut s = format!(
-        "{:<10} {:<8} {:>5} {:>9} {:>8} {:>10} {:>13} {:>13} {:>7} {:>6} {:>11}\n",
+        "{:<10} {:<8} {:>5} {:>9} {:>9} {:>8} {:>10} {:>13} {:>13} {:>7} {:>6} {:>11}\n",
         "trace",
         "scale",
         "cores",
         "Mpps",
+        "bound",
         "xrsspp",
         "imbalance",
         "prio p99 us",
@@ -205,11 +317,12 @@ pub fn table(rows: &[Row], slo_us: f64) -> String {
     );
     for r in rows {
         s.push_str(&format!(
-            "{:<10} {:<8} {:>4}p {:>9.2} {:>8} {:>9.1}% {:>12.1}{} {:>13.1} {:>7} {:>6} {:>11.1}\n",
+            "{:<10} {:<8} {:>4}p {:>9.2} {:>9.2} {:>8} {:>9.1}% {:>12.1}{} {:>13.1} {:>7} {:>6} {:>11.1}\n",
             r.trace,
             r.strategy,
             r.cores,
             r.mpps,
+            r.ceiling_mpps,
             r.vs_rsspp.map_or("-".to_string(), |x| format!("{x:.2}")),
             r.imbalance * 100.0,
             r.prio_p99_us,
@@ -220,8 +333,22 @@ pub fn table(rows: &[Row], slo_us: f64) -> String {
             r.controller_ms
         ));
     }
+    let mut seen: Vec<(&str, usize)> = Vec::new();
+    for r in rows {
+        if seen.contains(&(r.trace.as_str(), r.cores)) {
+            continue;
+        }
+        seen.push((r.trace.as_str(), r.cores));
+        s.push_str(&format!(
+            "{} {}p: heaviest flow {:.1}% of the packets; whole flows placed at best vs RETA entries placed by LPT: at most {:.3}x\n",
+            r.trace,
+            r.cores,
+            r.top_flow_share * 100.0,
+            r.flow_over_entries
+        ));
+    }
     s.push_str(&format!(
-        "(Np: PROJECTED from N logical workers taking turns on one thread; latency in virtual time: trace arrivals, each worker a dedicated FIFO core; ! = priority p99 over its {slo_us} us SLO)\n"
+        "(Np: PROJECTED from N logical workers taking turns on one thread; bound: the most any balancer that keeps each flow on one core could project at that row's cost per packet (the trace's flow-level bound); latency in virtual time: trace arrivals, each worker a dedicated FIFO core; ! = priority p99 over its {slo_us} us SLO)\n"
     ));
     s
 }
@@ -277,6 +404,40 @@ pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ceiling_bounds_flow_and_entry_placement() {
+        // One flow carries everything: no placement helps (bound = LPT = every packet).
+        let one = GenConfig {
+            flows: 100,
+            packets: 20_000,
+            dist: FlowDist::Elephants { k: 1, share: 1.0 },
+            ..GenConfig::default()
+        };
+        let c = ceiling(&one, 8).unwrap();
+        assert_eq!((c.packets, c.phases), (20_000, 1));
+        assert_eq!(c.flow_bound, 20_000.0);
+        assert_eq!(c.entry_lpt, 20_000.0);
+        assert!((c.top_flow_share - 1.0).abs() < 1e-12);
+        // Many even flows: the flow bound is the even share, entries place within a few percent of it.
+        let even = GenConfig { flows: 50_000, packets: 400_000, ..GenConfig::default() };
+        let c = ceiling(&even, 8).unwrap();
+        assert_eq!(c.flow_bound, 50_000.0);
+        assert!(c.entry_lpt >= c.flow_bound && c.flow_over_entries() < 1.02, "{c:?}");
+        // Shifting: one phase per shift, each bounded by its own heaviest flow.
+        let shifting = GenConfig {
+            flows: 1000,
+            packets: 40_000,
+            dist: FlowDist::Elephants { k: 2, share: 0.8 },
+            shift_every: Some(10_000),
+            ..GenConfig::default()
+        };
+        let c = ceiling(&shifting, 8).unwrap();
+        assert_eq!(c.phases, 4);
+        // Two elephants of ~40% each: each phase's busiest core holds at least one (~4,000 packets).
+        assert!(c.flow_bound > 4.0 * 3_800.0 && c.flow_bound < 4.0 * 4_300.0, "{c:?}");
+        assert!(c.entry_lpt >= c.flow_bound);
+    }
 
     #[test]
     fn quick_run_measures_every_strategy_and_plots() {
