@@ -177,20 +177,25 @@ impl Ceiling {
 /// The [`Ceiling`] of the trace `gen` describes, over `cores` cores and the
 /// runtime's RETA (its size and Toeplitz hash, as the emulated NIC steers).
 pub fn ceiling(gen: &GenConfig, cores: usize) -> Result<Ceiling, String> {
+    ceiling_with_reta(gen, cores, DEFAULT_RETA_SIZE)
+}
+
+/// [`ceiling`] with a RETA of `reta` entries (a power of two; RSS++ and the
+/// Dyssect paper's NIC used 128).
+pub fn ceiling_with_reta(gen: &GenConfig, cores: usize, reta: usize) -> Result<Ceiling, String> {
     let cores = cores.max(1);
-    let classifier =
-        Classifier::new(DEFAULT_RETA_SIZE, false, HashOn::FiveTuple, false, Vec::new()).map_err(|e| e.to_string())?;
+    let classifier = Classifier::new(reta, false, HashOn::FiveTuple, false, Vec::new()).map_err(|e| e.to_string())?;
     let mut g = Generator::new(gen.clone()).map_err(|e| e.to_string())?;
     let phase_len = gen.shift_every.filter(|&s| s > 0).unwrap_or(u64::MAX);
     let mut buf = Vec::new();
     let mut flows: HashMap<FiveTuple, u64> = HashMap::new();
-    let mut entries = vec![0u64; DEFAULT_RETA_SIZE];
+    let mut entries = vec![0u64; reta];
     let mut c = Ceiling { cores, packets: 0, phases: 0, flow_bound: 0.0, entry_lpt: 0.0, top_flow_share: 0.0 };
     let mut in_phase = 0u64;
     while g.next_frame(&mut buf).is_some() {
         // Frames that are not IP take the default queue (key 0), as the NIC does; they are no flow of their own.
         let (key, _) = classifier.classify(&buf).unwrap_or((0, 0));
-        entries[key as usize % DEFAULT_RETA_SIZE] += 1;
+        entries[key as usize % reta] += 1;
         if let Ok(t) = extract_five_tuple(&buf) {
             *flows.entry(t).or_insert(0) += 1;
         }
@@ -225,6 +230,35 @@ fn close_phase(c: &mut Ceiling, flows: &mut HashMap<FiveTuple, u64>, entries: &m
     c.phases += 1;
     flows.clear();
     entries.iter_mut().for_each(|x| *x = 0);
+}
+
+/// The ceilings of every trace of `o` at each core count and RETA size, as
+/// a table (no run): how much any balancer that keeps flows whole could
+/// gain over RETA entries placed by LPT.
+pub fn ceiling_table(o: &DyssectOptions, retas: &[usize]) -> Result<String, String> {
+    let mut s = format!(
+        "{:<10} {:>6} {:>6} {:>8} {:>14} {:>12}\n",
+        "trace", "cores", "reta", "phases", "flow/entries", "top flow %"
+    );
+    for t in &o.traces {
+        let g = trace(t, o)?;
+        for &n in &o.cores {
+            for &reta in retas {
+                let c = ceiling_with_reta(&g, n, reta)?;
+                s.push_str(&format!(
+                    "{:<10} {:>6} {:>6} {:>8} {:>13.3}x {:>12.2}\n",
+                    t,
+                    n,
+                    reta,
+                    c.phases,
+                    c.flow_over_entries(),
+                    c.top_flow_share * 100.0
+                ));
+            }
+        }
+    }
+    s.push_str("(flow/entries: the busiest core's packets with RETA entries placed largest-first on the least loaded core, over the least any placement of whole flows allows, max(even share, heaviest flow), summed over the trace's shift phases)\n");
+    Ok(s)
 }
 
 /// Runs the experiment; `progress` sees every row as it is measured.
@@ -437,6 +471,18 @@ mod tests {
         // Two elephants of ~40% each: each phase's busiest core holds at least one (~4,000 packets).
         assert!(c.flow_bound > 4.0 * 3_800.0 && c.flow_bound < 4.0 * 4_300.0, "{c:?}");
         assert!(c.entry_lpt >= c.flow_bound);
+        // A RETA of one entry puts everything on one core: LPT = every packet.
+        let c1 = ceiling_with_reta(&shifting, 8, 1).unwrap();
+        assert_eq!(c1.entry_lpt, 40_000.0);
+        let o = DyssectOptions {
+            packets: 20_000,
+            flows: 1000,
+            cores: vec![8],
+            traces: vec!["shifting".into()],
+            ..DyssectOptions::new(true)
+        };
+        let t = ceiling_table(&o, &[128, 512]).unwrap();
+        assert_eq!(t.lines().filter(|l| l.starts_with("shifting")).count(), 2, "{t}");
     }
 
     #[test]

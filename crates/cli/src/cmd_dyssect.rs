@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use flowplane_bench::dyssect::{plot, run_dyssect, table, DyssectOptions, TRACES};
+use flowplane_bench::dyssect::{ceiling_table, plot, run_dyssect, table, DyssectOptions, TRACES};
 
 use crate::error::CliError;
 
@@ -37,6 +37,11 @@ pub struct DyssectArgs {
     /// Directory for the PNG plots.
     #[arg(long, default_value = ".")]
     pub plot_dir: PathBuf,
+    /// Print only each trace's balance ceiling (no runs): how much any
+    /// balancer keeping flows whole could gain over RETA entries placed by
+    /// LPT, at RETA sizes 128 (the Dyssect paper's RSS++ setting) and 512.
+    #[arg(long)]
+    pub ceiling: bool,
     /// Small and short (CI smoke run).
     #[arg(long)]
     pub quick: bool,
@@ -88,6 +93,10 @@ pub fn run(a: DyssectArgs) -> Result<(), CliError> {
     }
     if !a.strategies.is_empty() {
         o.strategies = a.strategies;
+    }
+    if a.ceiling {
+        out!("{}", ceiling_table(&o, &[128, 512]).map_err(CliError::new)?);
+        return Ok(());
     }
     let json = a.json;
     let rows = run_dyssect(&o, |r| {
