@@ -122,3 +122,17 @@ fn bench_scaling_prints_a_table_and_writes_plots() {
     assert_eq!(&std::fs::read(&png).unwrap()[1..4], b"PNG");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn bench_dyssect_prints_each_traces_ceiling_without_runs() {
+    let out = run(&["bench", "dyssect", "--ceiling", "--quick", "--traces", "shifting,elephants", "--cores", "8"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    // One line per trace and RETA size: the gain of whole-flow placement over LPT-placed entries is >= 1.
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("shifting") || l.starts_with("elephants")).collect();
+    assert_eq!(rows.len(), 4, "{text}");
+    for r in rows {
+        let x: f64 = r.split_whitespace().nth(4).and_then(|v| v.trim_end_matches('x').parse().ok()).expect(r);
+        assert!((1.0..2.0).contains(&x), "{r}");
+    }
+}
