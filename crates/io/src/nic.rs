@@ -787,8 +787,10 @@ impl NicQueue {
         let d = &self.trace.queues[0];
         let shift = k.saturating_mul(self.trace.loop_ns);
         let mut bytes = 0u64;
-        let got = if let Some(m) = &self.mine {
-            // The private copy: position j of `own` is packet j of `m`.
+        // The private copy (position j of `own` is its packet j), or, when every
+        // packet is this queue's, the stream itself in order.
+        let whole = self.mine.as_ref().or(if self.own_all { Some(d) } else { None });
+        let got = if let Some(m) = whole {
             batch.rx_burst_lines_timed(pool, chunk, m.times(j, chunk, shift), |x| {
                 let at = j + x;
                 if let Some(&ahead) = m.first_line.get(at + PREFETCH_AHEAD) {
@@ -800,20 +802,6 @@ impl NicQueue {
                 let l = m.len[at];
                 bytes += u64::from(l);
                 (&m.lines[first..first + Line::count_for(l as usize)], l, m.hash[at])
-            })
-        } else if self.own_all {
-            // Every packet is this queue's: the stream itself, in order.
-            batch.rx_burst_lines_timed(pool, chunk, d.times(j, chunk, shift), |x| {
-                let at = j + x;
-                if let Some(&ahead) = d.first_line.get(at + PREFETCH_AHEAD) {
-                    if let Some(l) = d.lines.get(ahead as usize) {
-                        flowplane_packet::prefetch::read(l);
-                    }
-                }
-                let first = d.first_line[at] as usize;
-                let l = d.len[at];
-                bytes += u64::from(l);
-                (&d.lines[first..first + Line::count_for(l as usize)], l, d.hash[at])
             })
         } else {
             let ids = &self.own[j..];
