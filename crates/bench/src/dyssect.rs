@@ -166,12 +166,6 @@ impl Ceiling {
     pub fn flow_over_entries(&self) -> f64 {
         self.entry_lpt / self.flow_bound.max(1.0)
     }
-
-    /// The most any flow-level balancer can project over a measured run whose
-    /// busiest core carried `busiest_share` of the packets.
-    pub fn flow_over(&self, busiest_share: f64) -> f64 {
-        busiest_share * self.packets as f64 / self.flow_bound.max(1.0)
-    }
 }
 
 /// The [`Ceiling`] of the trace `gen` describes, over `cores` cores and the
@@ -193,11 +187,14 @@ pub fn ceiling_with_reta(gen: &GenConfig, cores: usize, reta: usize) -> Result<C
     let mut c = Ceiling { cores, packets: 0, phases: 0, flow_bound: 0.0, entry_lpt: 0.0, top_flow_share: 0.0 };
     let mut in_phase = 0u64;
     while g.next_frame(&mut buf).is_some() {
-        // Frames that are not IP take the default queue (key 0), as the NIC does; they are no flow of their own.
-        let (key, _) = classifier.classify(&buf).unwrap_or((0, 0));
-        entries[key as usize % reta] += 1;
-        if let Ok(t) = extract_five_tuple(&buf) {
-            *flows.entry(t).or_insert(0) += 1;
+        // One parse per frame: the flow, and its RETA entry from the NIC's hash. Frames
+        // that are not IP take the default queue (entry 0), as the NIC does; they are no flow.
+        match extract_five_tuple(&buf) {
+            Ok(t) => {
+                entries[classifier.entry_of(&t) as usize] += 1;
+                *flows.entry(t).or_insert(0) += 1;
+            }
+            Err(_) => entries[0] += 1,
         }
         in_phase += 1;
         c.packets += 1;
@@ -298,8 +295,9 @@ pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result
                 let g = |k: &str| ctl.and_then(|c| c.get(k)).and_then(|v| v.as_f64()).unwrap_or(0.0);
                 let mpps = sc.projected_mpps.unwrap_or(0.0);
                 let base = rows.iter().find(|x| x.trace == *t && x.cores == n && x.strategy == "rsspp").map(|x| x.mpps);
+                let core_packets: Vec<u64> = r.per_core.iter().map(|c| c.packets).collect();
                 let busy_s: f64 = sc.work_ms.iter().sum::<f64>() / 1e3;
-                let done: u64 = r.per_core.iter().map(|c| c.packets).sum();
+                let done: u64 = core_packets.iter().sum();
                 let per_core_pps = if busy_s > 0.0 { done as f64 / busy_s } else { 0.0 };
                 let ceiling_mpps = per_core_pps * bound.packets as f64 / bound.flow_bound.max(1.0) / 1e6;
                 let row = Row {
@@ -318,7 +316,7 @@ pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result
                     decisions: ctl.and_then(|c| c.get("decisions")).and_then(|d| d.as_array()).map_or(0, Vec::len),
                     imbalance_windows: sc.imbalance.clone(),
                     flows_moved: sc.flows_moved,
-                    core_packets: r.per_core.iter().map(|c| c.packets).collect(),
+                    core_packets,
                     core_busy_ms: sc.work_ms.clone(),
                     ceiling_mpps,
                     flow_over_entries: bound.flow_over_entries(),
