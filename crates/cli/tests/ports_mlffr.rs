@@ -104,6 +104,8 @@ fn search(backend: &str, tag: &str) {
         assert_eq!(tr["loss_free"].as_bool(), Some(f(tr, "loss") <= thr), "{tr}");
     }
     // The bracket: every loss-free rate asked is below every lossy one asked after it, and rises.
+    // A rate may be asked twice in a row (a lossy trial repeated, `--retries`; a short sender's
+    // loss-free trial tried again): its two answers may differ.
     let asked: Vec<(f64, bool)> =
         trials[1..].iter().map(|tr| (f(tr, "rate_pps"), tr["loss_free"].as_bool().unwrap())).collect();
     for (i, a) in asked.iter().enumerate() {
@@ -111,8 +113,8 @@ fn search(backend: &str, tag: &str) {
             match (a.1, b.1) {
                 (true, true) => assert!(b.0 >= a.0, "{backend}: loss-free rates rise: {asked:?}"),
                 (false, false) => assert!(b.0 <= a.0, "{backend}: lossy rates fall: {asked:?}"),
-                (true, false) => assert!(b.0 > a.0, "{backend}: lossy above loss-free: {asked:?}"),
-                (false, true) => assert!(b.0 < a.0, "{backend}: loss-free below lossy: {asked:?}"),
+                (true, false) => assert!(b.0 >= a.0, "{backend}: lossy above loss-free: {asked:?}"),
+                (false, true) => assert!(b.0 <= a.0, "{backend}: loss-free below lossy: {asked:?}"),
             }
         }
     }
