@@ -1,7 +1,8 @@
 //! `--metrics ADDR:PORT`: Prometheus text format for a live run, encoded by
 //! `prometheus-client` from the run's live view at each scrape (no counter is
-//! kept twice), served by `tiny_http` on a thread of its own. Also the
-//! one-line status a terminal gets once a second.
+//! kept twice), served by a small bounded HTTP/1.1 server on one thread of
+//! its own (see [`serve`]). Also the one-line status a terminal gets once a
+//! second.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -267,27 +268,155 @@ pub fn render(live: &Arc<Live>) -> Result<String, CliError> {
     Ok(out)
 }
 
-/// Serves `render(live)` on `addr` until `stop` is raised (a thread of its own).
+/// Connections open at once; the oldest is closed to make room for a new one.
+const MAX_CONNS: usize = 64;
+/// A connection must have sent its request and taken the answer within this time.
+const CONN_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bytes of request line and headers read at most (the body, if any, is never read).
+const MAX_HEAD: usize = 8 << 10;
+/// The server's sleep when nothing happened (a scrape waits at most this long to be seen).
+const IDLE_NAP: Duration = Duration::from_millis(5);
+
+/// One client connection: its request so far, then the answer being written.
+struct Conn {
+    s: std::net::TcpStream,
+    since: std::time::Instant,
+    head: Vec<u8>,
+    out: Vec<u8>,
+    sent: usize,
+}
+
+/// The answer to a request head: (status line, content type, body); None while the head is incomplete.
+fn answer(head: &[u8], live: &Arc<Live>) -> Option<(&'static str, &'static str, String)> {
+    let end = head.windows(4).position(|w| w == b"\r\n\r\n").or_else(|| head.windows(2).position(|w| w == b"\n\n"));
+    if end.is_none() {
+        if head.len() >= MAX_HEAD {
+            return Some(("431 Request Header Fields Too Large", "text/plain", "request head too large\n".into()));
+        }
+        return None;
+    }
+    let text = String::from_utf8_lossy(head);
+    let line = text.lines().next().unwrap_or("");
+    let mut parts = line.split(' ');
+    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Some(("400 Bad Request", "text/plain", "bad request line\n".into()));
+    };
+    if !version.starts_with("HTTP/1.") {
+        return Some(("400 Bad Request", "text/plain", "HTTP/1.x only\n".into()));
+    }
+    let path = target.split('?').next().unwrap_or("");
+    if path != "/metrics" && path != "/" {
+        return Some(("404 Not Found", "text/plain", "not found: GET /metrics\n".into()));
+    }
+    if method != "GET" {
+        return Some(("405 Method Not Allowed", "text/plain", "GET only\n".into()));
+    }
+    if path == "/" {
+        return Some(("200 OK", "text/html", "<html><body><a href=\"/metrics\">/metrics</a></body></html>\n".into()));
+    }
+    Some(match render(live) {
+        Ok(b) => ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", b),
+        Err(e) => ("500 Internal Server Error", "text/plain", format!("{e}\n")),
+    })
+}
+
+/// Advances one connection (non-blocking): reads its head, answers, writes. False once it is done.
+fn step(c: &mut Conn, live: &Arc<Live>, now: std::time::Instant) -> (bool, bool) {
+    use std::io::{ErrorKind, Read, Write};
+    if now.duration_since(c.since) > CONN_TIMEOUT {
+        return (false, false);
+    }
+    let mut moved = false;
+    if c.out.is_empty() {
+        let mut buf = [0u8; 1024];
+        loop {
+            let room = MAX_HEAD - c.head.len();
+            match c.s.read(&mut buf[..room.min(1024)]) {
+                Ok(0) => return (false, true),
+                Ok(n) => {
+                    moved = true;
+                    c.head.extend_from_slice(&buf[..n]);
+                    if c.head.len() >= MAX_HEAD {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(_) => return (false, true),
+            }
+        }
+        let Some((status, ctype, body)) = answer(&c.head, live) else { return (true, moved) };
+        c.out = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n{}\r\n",
+            body.len(),
+            if status.starts_with("405") { "Allow: GET\r\n" } else { "" },
+        )
+        .into_bytes();
+        c.out.extend_from_slice(body.as_bytes());
+        moved = true;
+    }
+    while c.sent < c.out.len() {
+        match c.s.write(&c.out[c.sent..]) {
+            Ok(0) => return (false, true),
+            Ok(n) => {
+                c.sent += n;
+                moved = true;
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return (true, moved),
+            Err(_) => return (false, true),
+        }
+    }
+    let _ = c.s.shutdown(std::net::Shutdown::Write);
+    (false, true)
+}
+
+/// Serves `render(live)` on `addr` until `stop` is raised: one thread, non-blocking
+/// sockets, at most [`MAX_CONNS`] connections (a new one closes the oldest), each
+/// closed after [`CONN_TIMEOUT`]. `GET /metrics` answers the metrics, `GET /` a link
+/// to them; other paths 404, other methods 405, one request per connection.
+///
+/// Why not a thread per connection (tiny_http did that): idle connections then cost a
+/// thread each with no timeout, and a failed spawn took the endpoint down for good.
+/// Here an idle connection costs a socket and a read attempt per turn, for 2 s at most.
 pub fn serve(addr: &str, live: Arc<Live>, stop: Arc<AtomicBool>) -> Result<std::thread::JoinHandle<()>, CliError> {
-    let server = tiny_http::Server::http(addr).map_err(|e| CliError::new(format!("--metrics {addr}: {e}")))?;
+    let listener = std::net::TcpListener::bind(addr).map_err(|e| CliError::new(format!("--metrics {addr}: {e}")))?;
+    listener.set_nonblocking(true).map_err(|e| CliError::new(format!("--metrics {addr}: {e}")))?;
     std::thread::Builder::new()
         .name("fp-metrics".to_string())
         .spawn(move || {
+            let mut conns: std::collections::VecDeque<Conn> = std::collections::VecDeque::with_capacity(MAX_CONNS);
             while !stop.load(Ordering::Relaxed) {
-                let Ok(Some(req)) = server.recv_timeout(Duration::from_millis(100)) else { continue };
-                let (code, body) = match render(&live) {
-                    Ok(b) => (200, b),
-                    Err(e) => (500, e.to_string()),
-                };
-                let ct = tiny_http::Header::from_bytes(
-                    &b"Content-Type"[..],
-                    &b"application/openmetrics-text; version=1.0.0; charset=utf-8"[..],
-                );
-                let mut resp = tiny_http::Response::from_string(body).with_status_code(code);
-                if let Ok(h) = ct {
-                    resp = resp.with_header(h);
+                let mut busy = false;
+                let now = std::time::Instant::now();
+                // Accept everything pending; past the cap the oldest connection makes room.
+                loop {
+                    match listener.accept() {
+                        Ok((s, _)) => {
+                            busy = true;
+                            if s.set_nonblocking(true).is_err() {
+                                continue;
+                            }
+                            let _ = s.set_nodelay(true);
+                            if conns.len() >= MAX_CONNS {
+                                conns.pop_front();
+                            }
+                            conns.push_back(Conn { s, since: now, head: Vec::new(), out: Vec::new(), sent: 0 });
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        // WouldBlock, or a transient error (EMFILE, ECONNABORTED): try again next turn.
+                        Err(_) => break,
+                    }
                 }
-                let _ = req.respond(resp);
+                conns.retain_mut(|c| {
+                    let (keep, moved) = step(c, &live, now);
+                    busy |= moved;
+                    keep
+                });
+                if !busy {
+                    std::thread::sleep(IDLE_NAP);
+                }
             }
         })
         .map_err(|e| CliError::new(format!("--metrics: {e}")))
