@@ -7,6 +7,12 @@
 //! write once per burst) and each core's snapshot (packets, busy cycles,
 //! tables, NF counters, latency), published about twice a second at a batch
 //! boundary. At the end the report is merged as for a replay, exports included.
+//!
+//! The control loop also polls each port's [`flowplane_io::port::LinkWatch`]
+//! every [`LINK_CHECK`] (off the packet path): a link that goes down or up,
+//! an interface that vanishes or is re-created is reported at once on stderr
+//! (the queues re-attach to a re-created one themselves); a queue that cannot
+//! re-attach stops the run with that error.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
@@ -96,6 +102,9 @@ pub fn port_sink(ports: &[Arc<dyn Port>], w: usize, no_port: Option<Arc<AtomicU6
 const PUBLISH_EVERY: Duration = Duration::from_millis(500);
 /// Steps between two looks at the publication clock (64 naps of an idle worker: ~3 ms).
 const PUBLISH_CHECK: u32 = 64;
+/// How often the control loop looks at the ports' interfaces.
+const LINK_CHECK: Duration = Duration::from_millis(200);
+
 /// Idle polls in a row before a worker naps (an idle port should not burn a shared core).
 const IDLE_SPINS: u32 = 2048;
 
@@ -149,7 +158,7 @@ pub fn run_live(
     let halt = AtomicBool::new(false);
     let wall = Instant::now();
     type Done = Result<(WorkerResult, Pipeline), EngineError>;
-    let results: Vec<Done> = std::thread::scope(|s| {
+    let (results, link_failure): (Vec<Done>, Option<String>) = std::thread::scope(|s| {
         let handles: Vec<_> = chains
             .into_iter()
             .enumerate()
@@ -221,19 +230,31 @@ pub fn run_live(
         let deadline = cfg.duration.map(|d| Instant::now() + d + cfg.warmup.unwrap_or_default());
         let start = Instant::now();
         let mut next = start + Duration::from_secs(1);
+        let mut next_link = start + LINK_CHECK;
+        let mut link_failure = None;
         while !stop.load(Ordering::Relaxed)
             && deadline.is_none_or(|d| Instant::now() < d)
             && handles.iter().any(|h| h.as_ref().is_ok_and(|h| !h.is_finished()))
         {
             std::thread::sleep(Duration::from_millis(20));
+            if Instant::now() >= next_link {
+                next_link += LINK_CHECK;
+                link_failure = check_links(live);
+                if link_failure.is_some() {
+                    break;
+                }
+            }
             if Instant::now() >= next {
                 next += Duration::from_secs(1);
                 tick(live, start.elapsed());
             }
         }
         halt.store(true, Ordering::Relaxed);
-        join_workers(handles)
+        (join_workers(handles), link_failure)
     });
+    if let Some(why) = link_failure {
+        return Err(EngineError::Config(why));
+    }
     let elapsed = wall.elapsed();
     let mut pairs = Vec::with_capacity(nw);
     for r in results {
@@ -249,6 +270,21 @@ pub fn run_live(
     report.cycles_per_packet = if report.packets > 0 { busy as f64 / report.packets as f64 } else { 0.0 };
     report.exports = collect_exports(cfg, &pipelines, &report);
     Ok(report)
+}
+
+/// Polls every port's interface: each change is one line on stderr; a queue that
+/// could not re-attach to a re-created interface is the run's end (its error).
+fn check_links(live: &Live) -> Option<String> {
+    for p in std::iter::once(&live.input).chain(&live.outputs) {
+        let Some(w) = p.link() else { continue };
+        if let Some(line) = w.poll() {
+            eprintln!("flowplane: {line}");
+        }
+        if let Some(why) = w.failure() {
+            return Some(why);
+        }
+    }
+    None
 }
 
 /// Publishes worker `wk`'s figures (a lock and a few small allocations, twice a second).

@@ -189,3 +189,58 @@ int fp_xsk_stats(struct fp_xsk *x, uint64_t *rx_dropped, uint64_t *rx_ring_full,
 	*fill_empty = st.rx_fill_ring_empty_descs;
 	return 0;
 }
+
+/*
+ * The XDP program named `name` on ifindex: attached alone (legacy) or as one
+ * of libxdp's dispatcher's programs. Returns its id, 0 if there is none.
+ */
+uint32_t fp_xdp_find(int ifindex, const char *name)
+{
+	libxdp_set_print(quiet_xdp);
+	struct xdp_multiprog *mp = xdp_multiprog__get_from_ifindex(ifindex);
+	if (!mp || libxdp_get_error(mp))
+		return 0;
+	uint32_t id = 0;
+	if (xdp_multiprog__is_legacy(mp)) {
+		struct xdp_program *p = xdp_multiprog__main_prog(mp);
+		if (p && !strcmp(xdp_program__name(p), name))
+			id = xdp_program__id(p);
+	} else {
+		for (struct xdp_program *p = xdp_multiprog__next_prog(NULL, mp); p; p = xdp_multiprog__next_prog(p, mp))
+			if (!strcmp(xdp_program__name(p), name)) {
+				id = xdp_program__id(p);
+				break;
+			}
+	}
+	xdp_multiprog__close(mp);
+	return id;
+}
+
+/*
+ * Detaches the XDP program of id `id` from ifindex, and only it: alone, the
+ * attachment is removed; in libxdp's dispatcher, that one program (the
+ * dispatcher goes with its last). Returns 1 if detached, 0 if no such
+ * program is attached, or a negative errno.
+ */
+int fp_xdp_detach(int ifindex, uint32_t id)
+{
+	libxdp_set_print(quiet_xdp);
+	struct xdp_multiprog *mp = xdp_multiprog__get_from_ifindex(ifindex);
+	if (!mp || libxdp_get_error(mp))
+		return 0;
+	int r = 0;
+	if (xdp_multiprog__is_legacy(mp)) {
+		struct xdp_program *p = xdp_multiprog__main_prog(mp);
+		if (p && xdp_program__id(p) == id)
+			r = xdp_multiprog__detach(mp) ? -EBUSY : 1;
+	} else {
+		for (struct xdp_program *p = xdp_multiprog__next_prog(NULL, mp); p; p = xdp_multiprog__next_prog(p, mp))
+			if (xdp_program__id(p) == id) {
+				int e = xdp_program__detach(p, ifindex, xdp_multiprog__attach_mode(mp), 0);
+				r = e ? (e < 0 ? e : -e) : 1;
+				break;
+			}
+	}
+	xdp_multiprog__close(mp);
+	return r;
+}

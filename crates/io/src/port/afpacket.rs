@@ -5,6 +5,13 @@
 //! packet. Receive copies each packet from the ring into a pool buffer (the
 //! ring is the kernel's memory; the copy is the "DMA"); RX ring overruns
 //! are the kernel's `tp_drops`, read every few hundred polls.
+//!
+//! The port's [`LinkWatch`] follows the interface: when it is deleted and
+//! created again under the same name, each queue re-opens its socket on the
+//! new index (checked when the queue is idle and once per transmit batch).
+//! A transmit refused because the link is down counts the batch's packets as
+//! `tx_errors` with one system call, and only bytes the kernel accepted are
+//! counted as sent.
 
 use std::ffi::CString;
 use std::io;
@@ -14,7 +21,7 @@ use std::sync::Arc;
 
 use flowplane_packet::{Batch, PacketPool, Verdict, MAX_BATCH};
 
-use super::{Port, PortError, PortOptions, QueueCounters, RxQueue, TxQueue};
+use super::{LinkWatch, Port, PortError, PortOptions, QueueCounters, RxQueue, TxQueue};
 
 const TPACKET_V3: libc::c_int = 2;
 
@@ -84,7 +91,7 @@ static NEXT_GROUP: AtomicU16 = AtomicU16::new(0);
 /// An interface opened through AF_PACKET for N queue pairs.
 pub struct AfPacketPort {
     iface: String,
-    ifindex: i32,
+    watch: Arc<LinkWatch>,
     queues: usize,
     opts: PortOptions,
     group: u16,
@@ -113,9 +120,10 @@ impl AfPacketPort {
         packet_socket()?;
         let group =
             (std::process::id() as u16).wrapping_mul(31).wrapping_add(NEXT_GROUP.fetch_add(1, Ordering::Relaxed));
+        let watch = Arc::new(LinkWatch::new(&format!("afpacket:{iface}"), iface)?);
         Ok(AfPacketPort {
             iface: iface.to_string(),
-            ifindex: ifindex as i32,
+            watch,
             queues,
             opts,
             group,
@@ -138,15 +146,41 @@ impl Port for AfPacketPort {
         &self.counters
     }
 
+    fn link(&self) -> Option<&LinkWatch> {
+        Some(&self.watch)
+    }
+
     fn open_rx(&self, q: usize) -> Result<Box<dyn RxQueue>, PortError> {
         let counters = self.counters.get(q).cloned().ok_or_else(|| PortError::Spec(format!("queue {q}")))?;
-        Ok(Box::new(AfPacketRx::open(self, counters)?))
+        let cfg = RxCfg {
+            iface: self.iface.clone(),
+            opts: self.opts,
+            queues: self.queues,
+            group: self.group,
+            base_ns: self.base_ns,
+            watch: Arc::clone(&self.watch),
+        };
+        let epoch = self.watch.epoch();
+        let rx = AfPacketRx::open(cfg, epoch, counters)?;
+        // Packets dropped before the run are not the run's.
+        rx.counters.rx_overrun.store(0, Ordering::Relaxed);
+        Ok(Box::new(rx))
     }
 
     fn open_tx(&self, q: usize) -> Result<Box<dyn TxQueue>, PortError> {
         let counters = self.counters.get(q).cloned().ok_or_else(|| PortError::Spec(format!("queue {q}")))?;
         Ok(Box::new(AfPacketTx::open(self, counters)?))
     }
+}
+
+/// What a receive queue needs to open (and re-open) its socket.
+struct RxCfg {
+    iface: String,
+    opts: PortOptions,
+    queues: usize,
+    group: u16,
+    base_ns: u64,
+    watch: Arc<LinkWatch>,
 }
 
 /// A TPACKET_V3 receive ring.
@@ -161,6 +195,9 @@ pub struct AfPacketRx {
     off: usize,
     polls: u32,
     base_ns: u64,
+    /// The interface generation this socket is bound to (the watch's epoch then).
+    epoch: u32,
+    cfg: RxCfg,
     counters: Arc<QueueCounters>,
     fd: Fd,
 }
@@ -170,7 +207,9 @@ pub struct AfPacketRx {
 unsafe impl Send for AfPacketRx {}
 
 impl AfPacketRx {
-    fn open(port: &AfPacketPort, counters: Arc<QueueCounters>) -> Result<Self, PortError> {
+    /// A socket and ring on the interface's index of generation `epoch`.
+    fn open(port: RxCfg, epoch: u32, counters: Arc<QueueCounters>) -> Result<Self, PortError> {
+        let ifindex = port.watch.ifindex();
         let fd = packet_socket()?;
         setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_VERSION, &TPACKET_V3, "PACKET_VERSION v3")?;
         // Our own transmissions on this interface are not input.
@@ -215,27 +254,54 @@ impl AfPacketRx {
             off: 0,
             polls: 0,
             base_ns: port.base_ns,
+            epoch,
             counters,
             fd,
+            cfg: port,
         };
-        bind(&rx.fd, port.ifindex, libc::ETH_P_ALL as u16, &port.iface)?;
+        let port = &rx.cfg;
+        bind(&rx.fd, ifindex, libc::ETH_P_ALL as u16, &port.iface)?;
         if o.promisc {
             // SAFETY: packet_mreq is plain data; all-zero is valid.
             let mut mr: libc::packet_mreq = unsafe { zeroed() };
-            mr.mr_ifindex = port.ifindex;
+            mr.mr_ifindex = ifindex;
             mr.mr_type = libc::PACKET_MR_PROMISC as u16;
             // The kernel drops the membership when the socket closes: promiscuity ends with the port.
             setsockopt(&rx.fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &mr, "promiscuous mode")?;
         }
         if port.queues > 1 {
+            // A fanout group belongs to one device: each interface generation gets its own.
+            let group = port.group.wrapping_add(epoch as u16);
             let arg: libc::c_int =
-                (port.group as u32 | ((libc::PACKET_FANOUT_HASH | libc::PACKET_FANOUT_FLAG_DEFRAG) << 16)) as i32;
+                (group as u32 | ((libc::PACKET_FANOUT_HASH | libc::PACKET_FANOUT_FLAG_DEFRAG) << 16)) as i32;
             setsockopt(&rx.fd, libc::SOL_PACKET, libc::PACKET_FANOUT, &arg, "PACKET_FANOUT hash")?;
         }
-        // Packets dropped before the run are not the run's.
         rx.read_drops();
-        rx.counters.rx_overrun.store(0, Ordering::Relaxed);
         Ok(rx)
+    }
+
+    /// The interface came back with a new index: a new socket and ring on it (the old
+    /// ones are closed after; the counters go on). A failure stops the run through the watch.
+    #[cold]
+    fn reattach(&mut self) {
+        let epoch = self.cfg.watch.epoch();
+        let cfg = RxCfg {
+            iface: self.cfg.iface.clone(),
+            opts: self.cfg.opts,
+            queues: self.cfg.queues,
+            group: self.cfg.group,
+            base_ns: self.cfg.base_ns,
+            watch: Arc::clone(&self.cfg.watch),
+        };
+        match AfPacketRx::open(cfg, epoch, Arc::clone(&self.counters)) {
+            Ok(rx) => *self = rx,
+            Err(e) => {
+                self.epoch = epoch;
+                self.cfg
+                    .watch
+                    .fail(format!("afpacket:{}: cannot re-attach to the re-created interface: {e}", self.cfg.iface));
+            }
+        }
     }
 
     /// Adds the kernel's ring-full drops since the last read (the read resets them).
@@ -355,6 +421,9 @@ impl RxQueue for AfPacketRx {
         QueueCounters::add(&c.rx_bytes, bytes);
         QueueCounters::add(&c.rx_pool_empty, no_buf);
         QueueCounters::add(&c.rx_oversize, oversize);
+        if n == 0 && self.cfg.watch.epoch() != self.epoch {
+            self.reattach();
+        }
         n
     }
 }
@@ -373,6 +442,10 @@ pub struct AfPacketTx {
     iov: Box<[libc::iovec; MAX_BATCH]>,
     msgs: Box<[libc::mmsghdr; MAX_BATCH]>,
     counters: Arc<QueueCounters>,
+    iface: String,
+    watch: Arc<LinkWatch>,
+    /// The interface generation this socket is bound to.
+    epoch: u32,
     fd: Fd,
 }
 
@@ -382,29 +455,49 @@ unsafe impl Send for AfPacketTx {}
 
 impl AfPacketTx {
     fn open(port: &AfPacketPort, counters: Arc<QueueCounters>) -> Result<Self, PortError> {
+        let epoch = port.watch.epoch();
+        let fd = Self::socket(&port.iface, port.watch.ifindex())?;
+        // SAFETY: iovec and mmsghdr are plain data (pointers and lengths); all-zero is valid.
+        let (iov, msgs) = unsafe { (Box::new(zeroed()), Box::new(zeroed())) };
+        Ok(AfPacketTx { iov, msgs, counters, iface: port.iface.clone(), watch: Arc::clone(&port.watch), epoch, fd })
+    }
+
+    fn socket(iface: &str, ifindex: i32) -> Result<Fd, PortError> {
         let fd = packet_socket()?;
         let one: libc::c_int = 1;
         setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &one, "PACKET_QDISC_BYPASS")?;
         let sndbuf: libc::c_int = 4 << 20;
         let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_SNDBUF, &sndbuf, "SO_SNDBUF");
-        bind(&fd, port.ifindex, 0, &port.iface)?;
-        // SAFETY: iovec and mmsghdr are plain data (pointers and lengths); all-zero is valid.
-        let (iov, msgs) = unsafe { (Box::new(zeroed()), Box::new(zeroed())) };
-        Ok(AfPacketTx { iov, msgs, counters, fd })
+        bind(&fd, ifindex, 0, iface)?;
+        Ok(fd)
+    }
+
+    /// The interface came back with a new index: a socket bound to it.
+    #[cold]
+    fn reattach(&mut self) {
+        self.epoch = self.watch.epoch();
+        match Self::socket(&self.iface, self.watch.ifindex()) {
+            Ok(fd) => self.fd = fd,
+            Err(e) => {
+                self.watch.fail(format!("afpacket:{}: cannot re-attach to the re-created interface: {e}", self.iface))
+            }
+        }
     }
 }
 
 impl TxQueue for AfPacketTx {
     fn tx_batch(&mut self, batch: &Batch, port: Verdict) -> (u64, u64, u64) {
+        // One relaxed load per batch: a re-created interface gets a new socket.
+        if self.watch.epoch() != self.epoch {
+            self.reattach();
+        }
         let mut k = 0;
-        let mut bytes = 0u64;
         for (i, &v) in batch.verdicts().iter().enumerate() {
             if v != port {
                 continue;
             }
             let d = batch.data(i);
             self.iov[k] = libc::iovec { iov_base: d.as_ptr() as *mut libc::c_void, iov_len: d.len() };
-            bytes += d.len() as u64;
             k += 1;
         }
         for j in 0..k {
@@ -412,47 +505,43 @@ impl TxQueue for AfPacketTx {
             h.msg_iov = &mut self.iov[j];
             h.msg_iovlen = 1;
         }
-        let (mut sent, mut errors, mut full) = (0usize, 0u64, 0u64);
-        while sent < k {
-            // SAFETY: msgs[sent..k] are initialised above and point at iovecs
+        // `done` messages are dealt with: sent (their bytes counted) or refused (errors).
+        let (mut done, mut bytes, mut errors, mut full) = (0usize, 0u64, 0u64, 0u64);
+        while done < k {
+            // SAFETY: msgs[done..k] are initialised above and point at iovecs
             // describing packet data of `batch`, which is borrowed for this call;
             // the kernel only reads them.
             let r = unsafe {
-                libc::sendmmsg(self.fd.0, self.msgs.as_mut_ptr().add(sent), (k - sent) as u32, libc::MSG_DONTWAIT)
+                libc::sendmmsg(self.fd.0, self.msgs.as_mut_ptr().add(done), (k - done) as u32, libc::MSG_DONTWAIT)
             };
             if r > 0 {
-                sent += r as usize;
+                // Only what the kernel accepted is sent, and only its bytes are counted.
+                for j in done..done + r as usize {
+                    bytes += self.iov[j].iov_len as u64;
+                }
+                done += r as usize;
                 continue;
             }
             match io::Error::last_os_error().raw_os_error() {
                 Some(libc::EINTR) => continue,
                 Some(libc::EAGAIN | libc::ENOBUFS) => {
-                    full = (k - sent) as u64;
+                    full = (k - done) as u64;
                     break;
                 }
-                // This message is refused (too long, link down): count it and go on.
+                // Link down or interface gone: the rest fails alike (one call, not one per packet).
+                Some(libc::ENETDOWN | libc::ENXIO | libc::ENODEV) => {
+                    errors += (k - done) as u64;
+                    break;
+                }
+                // This message is refused (too long): count it and go on.
                 _ => {
                     errors += 1;
-                    sent += 1;
-                }
-            }
-        }
-        let ok = sent as u64 - errors;
-        if ok < k as u64 {
-            // Bytes of what did not go: recount only on the (rare) lossy path.
-            bytes = 0;
-            let mut j = 0;
-            for (i, &v) in batch.verdicts().iter().enumerate() {
-                if v == port {
-                    if j < sent {
-                        bytes += batch.lens()[i] as u64;
-                    }
-                    j += 1;
+                    done += 1;
                 }
             }
         }
         QueueCounters::add(&self.counters.tx_full, full);
         QueueCounters::add(&self.counters.tx_errors, errors);
-        (ok, bytes, full + errors)
+        (k as u64 - full - errors, bytes, full + errors)
     }
 }

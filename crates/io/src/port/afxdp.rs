@@ -11,14 +11,28 @@
 //! small pool of its own) and lends that frame to the TX ring; completed
 //! frames are reclaimed at the next transmit. One ring operation and at most
 //! one system call (the kick) per batch.
+//!
+//! XDP programs: libxdp detaches the program it loaded with the last socket,
+//! but a run that dies (`kill -9`, a second Ctrl-C) leaves it attached, and
+//! libxdp then reuses it on the next start without ever detaching it. So the
+//! port records each program it gets (a marker file per program under
+//! `/run/flowplane`, naming the run's pid), detaches it when the port and its
+//! queues are gone (every exit path that unwinds), and on open detaches a
+//! program whose marker names a run that is no longer alive. A program
+//! without a marker is someone else's: left in place, with a one-line notice.
+//!
+//! A re-created interface (see [`LinkWatch`]): each queue closes its socket and
+//! opens a new one on the new interface (RX: the pool's lent buffers are
+//! taken back first), checked when idle (RX) or once per batch (TX).
 
 use std::ffi::{c_char, c_int, c_void, CString};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use flowplane_packet::{tsc, Batch, PacketPool, PoolConfig, RegionGuard, Verdict, MAX_BATCH};
 
-use super::{Port, PortError, PortOptions, QueueCounters, RxQueue, TxQueue};
+use super::{LinkWatch, Port, PortError, PortOptions, QueueCounters, RxQueue, TxQueue};
 
 /// The shim's socket (opaque).
 #[repr(C)]
@@ -47,6 +61,124 @@ extern "C" {
     fn fp_xsk_tx(x: *mut FpXsk, addr: *const u64, len: *const u32, n: u32) -> u32;
     fn fp_xsk_complete(x: *mut FpXsk, addr: *mut u64, max: u32) -> u32;
     fn fp_xsk_stats(x: *mut FpXsk, rx_dropped: *mut u64, rx_ring_full: *mut u64, fill_empty: *mut u64) -> c_int;
+    fn fp_xdp_find(ifindex: c_int, name: *const c_char) -> u32;
+    fn fp_xdp_detach(ifindex: c_int, id: u32) -> c_int;
+}
+
+/// The name of libxdp's default AF_XDP redirect program (what an RX socket loads).
+const XSK_PROG: &str = "xsk_def_prog";
+/// Where runs record the XDP programs they attached (one file per program: the run's pid).
+const MARKER_DIR: &str = "/run/flowplane";
+
+/// The id of the program named [`XSK_PROG`] on `ifindex`, 0 if none.
+fn xsk_prog_on(ifindex: i32) -> u32 {
+    let name = CString::new(XSK_PROG).unwrap_or_default();
+    // SAFETY: `name` is NUL-terminated and outlives the call; the shim only reads it.
+    unsafe { fp_xdp_find(ifindex, name.as_ptr()) }
+}
+
+/// Detaches program `id` from `ifindex` (and nothing else): Ok(true) if it was attached.
+fn detach_prog(ifindex: i32, id: u32) -> Result<bool, std::io::Error> {
+    // SAFETY: plain integer arguments; the shim matches the program by id before detaching.
+    match unsafe { fp_xdp_detach(ifindex, id) } {
+        r if r < 0 => Err(std::io::Error::from_raw_os_error(-r)),
+        r => Ok(r == 1),
+    }
+}
+
+/// True if `pid` is a running flowplane process.
+fn flowplane_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "flowplane")
+}
+
+/// The XDP programs a port attached, recorded by marker files and detached when
+/// the port and all its queues are gone (the last `Arc` dropped).
+struct XdpOwner {
+    port: String,
+    /// The network namespace's inode: interface indices are per namespace.
+    netns: u64,
+    /// (ifindex, program id) recorded by this run.
+    owned: Mutex<Vec<(i32, u32)>>,
+    /// Programs found attached and left alone (someone else's or another live run's).
+    foreign: Mutex<Vec<u32>>,
+}
+
+impl XdpOwner {
+    fn new(port: String) -> XdpOwner {
+        use std::os::unix::fs::MetadataExt;
+        let netns = std::fs::metadata("/proc/thread-self/ns/net").map_or(0, |m| m.ino());
+        XdpOwner { port, netns, owned: Mutex::new(Vec::new()), foreign: Mutex::new(Vec::new()) }
+    }
+
+    fn marker(&self, ifindex: i32, id: u32) -> PathBuf {
+        PathBuf::from(format!("{MARKER_DIR}/xdp-{}-{ifindex}-{id}", self.netns))
+    }
+
+    /// At open: detaches a program a dead flowplane run left on `ifindex`; leaves any other.
+    fn clear_stale(&self, ifindex: i32) {
+        let id = xsk_prog_on(ifindex);
+        if id == 0 {
+            return;
+        }
+        let m = self.marker(ifindex, id);
+        let pid = std::fs::read_to_string(&m).ok().and_then(|s| s.trim().parse::<u32>().ok());
+        match pid {
+            Some(pid) if pid != std::process::id() && !flowplane_alive(pid) => match detach_prog(ifindex, id) {
+                Ok(_) => {
+                    let _ = std::fs::remove_file(&m);
+                    eprintln!(
+                        "flowplane: {}: removed XDP program {XSK_PROG} (id {id}) left attached by flowplane run {pid}, which died",
+                        self.port
+                    );
+                }
+                Err(e) => eprintln!(
+                    "flowplane: {}: XDP program {XSK_PROG} (id {id}) left by flowplane run {pid} could not be removed: {e}",
+                    self.port
+                ),
+            },
+            Some(_) => self.foreign.lock().map(|mut f| f.push(id)).unwrap_or(()),
+            None => {
+                self.foreign.lock().map(|mut f| f.push(id)).unwrap_or(());
+                eprintln!(
+                    "flowplane: {}: XDP program {XSK_PROG} (id {id}) is attached and was not loaded by flowplane: left in place (shared)",
+                    self.port
+                );
+            }
+        }
+    }
+
+    /// After an RX socket opened on `ifindex`: records the program it uses if this run attached it.
+    fn claim(&self, ifindex: i32) {
+        let id = xsk_prog_on(ifindex);
+        if id == 0 || self.foreign.lock().is_ok_and(|f| f.contains(&id)) {
+            return;
+        }
+        let Ok(mut owned) = self.owned.lock() else { return };
+        if owned.contains(&(ifindex, id)) {
+            return;
+        }
+        owned.push((ifindex, id));
+        // Best effort: without the marker a dead run's program is only reported, not removed.
+        let _ = std::fs::create_dir_all(MARKER_DIR);
+        let _ = std::fs::write(self.marker(ifindex, id), format!("{}\n", std::process::id()));
+    }
+}
+
+impl Drop for XdpOwner {
+    fn drop(&mut self) {
+        let owned = self.owned.get_mut().map(std::mem::take).unwrap_or_default();
+        for (ifindex, id) in owned {
+            // libxdp detaches what it loaded with the last socket, but not a program it
+            // found and reused: whatever of ours is still there goes now.
+            if xsk_prog_on(ifindex) == id {
+                if let Err(e) = detach_prog(ifindex, id) {
+                    eprintln!("flowplane: {}: could not remove XDP program {XSK_PROG} (id {id}): {e}", self.port);
+                    continue;
+                }
+            }
+            let _ = std::fs::remove_file(self.marker(ifindex, id));
+        }
+    }
 }
 
 /// An open shim socket, closed on drop.
@@ -112,6 +244,8 @@ pub struct AfXdpPort {
     queues: usize,
     counters: Vec<Arc<QueueCounters>>,
     zerocopy: Arc<AtomicBool>,
+    watch: Arc<LinkWatch>,
+    owner: Arc<XdpOwner>,
 }
 
 impl AfXdpPort {
@@ -122,12 +256,18 @@ impl AfXdpPort {
         if unsafe { libc::if_nametoindex(name.as_ptr()) } == 0 {
             return Err(PortError::Os(format!("interface {iface}"), std::io::Error::last_os_error()));
         }
+        let port = format!("afxdp:{iface}:{queue0}");
+        let watch = Arc::new(LinkWatch::new(&port, iface)?);
+        let owner = Arc::new(XdpOwner::new(port));
+        owner.clear_stale(watch.ifindex());
         Ok(AfXdpPort {
             iface: iface.to_string(),
             queue0,
             queues,
             counters: (0..queues).map(|_| Arc::new(QueueCounters::default())).collect(),
             zerocopy: Arc::new(AtomicBool::new(false)),
+            watch,
+            owner,
         })
     }
 
@@ -157,6 +297,10 @@ impl Port for AfXdpPort {
         &self.counters
     }
 
+    fn link(&self) -> Option<&LinkWatch> {
+        Some(&self.watch)
+    }
+
     fn open_rx(&self, _q: usize) -> Result<Box<dyn RxQueue>, PortError> {
         Err(PortError::Unsupported(format!("{}: AF_XDP receives into the worker's pool (open_rx_into)", self.name())))
     }
@@ -166,7 +310,9 @@ impl Port for AfXdpPort {
         let ring = ring_for(pool.stats().buffers);
         let region = pool.region();
         let guard = pool.region_guard();
+        let epoch = self.watch.epoch();
         let (xsk, zc) = Xsk::open(&self.iface, self.queue0 + q as u32, region, pool.buf_size(), ring, true, false)?;
+        self.owner.claim(self.watch.ifindex());
         if zc {
             self.zerocopy.store(true, Ordering::Relaxed);
         }
@@ -174,6 +320,12 @@ impl Port for AfXdpPort {
         let mut rx = AfXdpRx {
             xsk,
             _region: guard,
+            iface: self.iface.clone(),
+            queue: self.queue0 + q as u32,
+            ring,
+            epoch,
+            watch: Arc::clone(&self.watch),
+            owner: Arc::clone(&self.owner),
             buf_size: pool.buf_size() as u64,
             addrs: Box::new([0; MAX_BATCH]),
             lens: Box::new([0; MAX_BATCH]),
@@ -190,12 +342,9 @@ impl Port for AfXdpPort {
 
     fn open_tx(&self, q: usize) -> Result<Box<dyn TxQueue>, PortError> {
         let counters = self.counters.get(q).cloned().ok_or_else(|| PortError::Spec(format!("queue {q}")))?;
-        let frames = 2048;
-        let pool = PacketPool::new(PoolConfig { buffers: frames, headroom: 0, ..PoolConfig::default() })
-            .map_err(|e| PortError::Unsupported(format!("AF_XDP TX frames: {e}")))?;
-        let ring = ring_for(frames);
-        let (xsk, _) =
-            Xsk::open(&self.iface, self.queue0 + q as u32, pool.region(), pool.buf_size(), ring, false, true)?;
+        let epoch = self.watch.epoch();
+        let queue = self.queue0 + q as u32;
+        let (xsk, pool) = AfXdpTx::socket(&self.iface, queue)?;
         let batch = Batch::new(&pool);
         Ok(Box::new(AfXdpTx {
             xsk,
@@ -205,6 +354,10 @@ impl Port for AfXdpPort {
             lens: Box::new([0; MAX_BATCH]),
             comp: Box::new([0; 2 * MAX_BATCH]),
             counters,
+            iface: self.iface.clone(),
+            queue,
+            epoch,
+            watch: Arc::clone(&self.watch),
         }))
     }
 }
@@ -214,6 +367,13 @@ pub struct AfXdpRx {
     xsk: Xsk,
     /// Keeps the pool's region mapped until the socket is closed (declared after `xsk`: dropped after it).
     _region: RegionGuard,
+    iface: String,
+    queue: u32,
+    ring: u32,
+    /// The interface generation the socket is bound to (the watch's epoch then).
+    epoch: u32,
+    watch: Arc<LinkWatch>,
+    owner: Arc<XdpOwner>,
     buf_size: u64,
     addrs: Box<[u64; MAX_BATCH]>,
     lens: Box<[u32; MAX_BATCH]>,
@@ -243,7 +403,34 @@ impl AfXdpRx {
         f
     }
 
+    /// The interface came back with a new index: the old socket closed, the buffers
+    /// lent to it taken back, a new socket on the new interface given a full fill ring.
+    #[cold]
+    fn reattach(&mut self, pool: &mut PacketPool) {
+        self.read_stats();
+        self.epoch = self.watch.epoch();
+        // Closing the old socket first frees the queue; its buffers are then no one's but ours.
+        self.xsk = Xsk(std::ptr::null_mut());
+        for i in 0..pool.stats().buffers {
+            pool.reclaim(i as u32);
+        }
+        self.deficit = self.ring as usize;
+        match Xsk::open(&self.iface, self.queue, pool.region(), pool.buf_size(), self.ring, true, false) {
+            Ok((xsk, _)) => {
+                self.xsk = xsk;
+                self.owner.claim(self.watch.ifindex());
+                while self.deficit > 0 && self.refill(pool) > 0 {}
+            }
+            Err(e) => {
+                self.watch.fail(format!("afxdp:{}: cannot re-attach to the re-created interface: {e}", self.iface))
+            }
+        }
+    }
+
     fn read_stats(&mut self) {
+        if self.xsk.0.is_null() {
+            return;
+        }
         let (mut d, mut full, mut empty) = (0u64, 0u64, 0u64);
         // SAFETY: out-pointers are valid locals.
         if unsafe { fp_xsk_stats(self.xsk.0, &mut d, &mut full, &mut empty) } == 0 {
@@ -255,6 +442,10 @@ impl AfXdpRx {
 
 impl RxQueue for AfXdpRx {
     fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize) -> usize {
+        if self.xsk.0.is_null() {
+            // No socket since a failed re-attach (the run is stopping).
+            return 0;
+        }
         self.polls = self.polls.wrapping_add(1);
         if self.polls.is_multiple_of(1024) {
             self.read_stats();
@@ -266,6 +457,11 @@ impl RxQueue for AfXdpRx {
         // SAFETY: addrs/lens hold MAX_BATCH >= max entries.
         let n = unsafe { fp_xsk_rx(self.xsk.0, self.addrs.as_mut_ptr(), self.lens.as_mut_ptr(), max as u32) } as usize;
         if n == 0 {
+            // Idle: the place to notice a re-created interface (one relaxed load).
+            if self.watch.epoch() != self.epoch {
+                self.reattach(pool);
+                return 0;
+            }
             // SAFETY: a live socket.
             unsafe { fp_xsk_rx_wakeup(self.xsk.0) };
             return 0;
@@ -315,9 +511,42 @@ pub struct AfXdpTx {
     lens: Box<[u32; MAX_BATCH]>,
     comp: Box<[u64; 2 * MAX_BATCH]>,
     counters: Arc<QueueCounters>,
+    iface: String,
+    queue: u32,
+    /// The interface generation the socket is bound to.
+    epoch: u32,
+    watch: Arc<LinkWatch>,
 }
 
 impl AfXdpTx {
+    /// A TX socket on `iface` queue `queue` with a UMEM of its own frames.
+    fn socket(iface: &str, queue: u32) -> Result<(Xsk, PacketPool), PortError> {
+        let frames = 2048;
+        let pool = PacketPool::new(PoolConfig { buffers: frames, headroom: 0, ..PoolConfig::default() })
+            .map_err(|e| PortError::Unsupported(format!("AF_XDP TX frames: {e}")))?;
+        let ring = ring_for(frames);
+        let (xsk, _) = Xsk::open(iface, queue, pool.region(), pool.buf_size(), ring, false, true)?;
+        Ok((xsk, pool))
+    }
+
+    /// The interface came back with a new index: a new socket and frames on it (frames in
+    /// flight on the old socket are gone with it).
+    #[cold]
+    fn reattach(&mut self) {
+        self.epoch = self.watch.epoch();
+        self.xsk = Xsk(std::ptr::null_mut());
+        match Self::socket(&self.iface, self.queue) {
+            Ok((xsk, pool)) => {
+                self.batch = Batch::new(&pool);
+                self.pool = pool;
+                self.xsk = xsk;
+            }
+            Err(e) => {
+                self.watch.fail(format!("afxdp:{}: cannot re-attach to the re-created interface: {e}", self.iface))
+            }
+        }
+    }
+
     /// Reclaims the frames the kernel has sent.
     fn complete(&mut self) {
         loop {
@@ -337,6 +566,15 @@ impl AfXdpTx {
 
 impl TxQueue for AfXdpTx {
     fn tx_batch(&mut self, batch: &Batch, port: Verdict) -> (u64, u64, u64) {
+        // One relaxed load per batch: a re-created interface gets a new socket.
+        if self.watch.epoch() != self.epoch {
+            self.reattach();
+        }
+        if self.xsk.0.is_null() {
+            let n = batch.verdicts().iter().filter(|&&v| v == port).count() as u64;
+            QueueCounters::add(&self.counters.tx_errors, n);
+            return (0, 0, n);
+        }
         self.complete();
         let mut full = 0u64;
         for (i, &v) in batch.verdicts().iter().enumerate() {

@@ -12,7 +12,9 @@
 //! writes once per burst, so a status line or a metrics scrape reads them
 //! while the run goes on. Every packet lost is counted by reason: RX ring
 //! overrun (the kernel's ring was full), pool exhaustion, TX full, no such
-//! output port.
+//! output port. A port on a Linux interface also has a [`LinkWatch`]: the
+//! run's control loop polls it (interface gone, link down/up, re-created)
+//! and the queues re-attach to a re-created interface by themselves.
 //!
 //! The system calls and the mmap'ed rings are this module's `unsafe`, each
 //! block with its `// SAFETY:` argument.
@@ -22,6 +24,7 @@ pub mod afpacket;
 pub mod afxdp;
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
+pub mod link;
 pub mod netns;
 pub mod peer;
 
@@ -31,6 +34,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use flowplane_packet::{Batch, PacketPool, Verdict, DROP};
+
+pub use link::{LinkState, LinkStats, LinkWatch};
 
 use crate::sink::SharedPcapWriter;
 use crate::{Rx, RxStats, Sink, Source, TxCounters};
@@ -266,6 +271,10 @@ pub trait Port: Send + Sync {
     fn open_tx(&self, q: usize) -> Result<Box<dyn TxQueue>, PortError>;
     /// Per-queue counters (live).
     fn counters(&self) -> &[Arc<QueueCounters>];
+    /// The interface's watch (a Linux interface), polled by the run's control loop.
+    fn link(&self) -> Option<&LinkWatch> {
+        None
+    }
     /// The port's counters summed over its queues.
     fn stats(&self) -> PortStats {
         let mut s = PortStats::default();
