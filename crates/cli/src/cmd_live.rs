@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use flowplane_engine::live::{run_live, Live};
-use flowplane_io::port::{self, PcapPort, Port, PortOptions, PortSpec, PortStats};
+use flowplane_io::port::{self, LinkStats, PcapPort, Port, PortOptions, PortSpec, PortStats};
 use flowplane_io::sink::SharedPcapWriter;
 use flowplane_trace::{PcapWriter, WriterOptions};
 
@@ -107,8 +107,10 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
         let rows = report.exports.iter().find(|(n, _)| n == name).map(|(_, r)| r.as_slice()).unwrap_or(&[]);
         write_export(path, rows)?;
     }
-    let ports: Vec<(String, PortStats)> =
-        std::iter::once(&live.input).chain(live.outputs.iter()).map(|p| (p.name(), p.stats())).collect();
+    let ports: Vec<(String, PortStats, Option<LinkStats>)> = std::iter::once(&live.input)
+        .chain(live.outputs.iter())
+        .map(|p| (p.name(), p.stats(), p.link().map(|w| w.stats())))
+        .collect();
     let cores_snap = live.snapshots();
     let drops = metrics::drops(&live, &cores_snap);
     // The workers and the server are gone: the files' last handles are ours.
@@ -120,14 +122,17 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
     }
     if a.json {
         let mut v = serde_json::to_value(&report)?;
-        v["ports"] = serde_json::Value::Array(ports.iter().map(|(n, s)| port_json(n, s)).collect());
+        v["ports"] = serde_json::Value::Array(ports.iter().map(|(n, s, l)| port_json(n, s, l.as_ref())).collect());
         v["drops"] = serde_json::Value::Object(drops.iter().map(|(r, n)| (r.to_string(), (*n).into())).collect());
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         out!("{report}");
-        for (n, s) in &ports {
+        for (n, s, l) in &ports {
+            let link = l.map_or(String::new(), |l| {
+                format!("; link {} (down {}, gone {}, re-attached {})", l.state.as_str(), l.downs, l.gone, l.reattached)
+            });
             outln!(
-                "port         {n}: rx {} ({} B), tx {} ({} B); rx_overrun {}, pool_empty {}, rx_oversize {}, tx_full {}, tx_errors {}",
+                "port         {n}: rx {} ({} B), tx {} ({} B); rx_overrun {}, pool_empty {}, rx_oversize {}, tx_full {}, tx_errors {}{link}",
                 s.rx_packets,
                 s.rx_bytes,
                 s.tx_packets,
@@ -145,8 +150,8 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
     Ok(())
 }
 
-fn port_json(name: &str, s: &PortStats) -> serde_json::Value {
-    serde_json::json!({
+fn port_json(name: &str, s: &PortStats, link: Option<&LinkStats>) -> serde_json::Value {
+    let mut v = serde_json::json!({
         "name": name,
         "rx_packets": s.rx_packets,
         "rx_bytes": s.rx_bytes,
@@ -157,7 +162,14 @@ fn port_json(name: &str, s: &PortStats) -> serde_json::Value {
         "tx_bytes": s.tx_bytes,
         "tx_full": s.tx_full,
         "tx_errors": s.tx_errors,
-    })
+    });
+    if let Some(l) = link {
+        v["link"] = l.state.as_str().into();
+        v["link_downs"] = l.downs.into();
+        v["link_gone"] = l.gone.into();
+        v["link_reattached"] = l.reattached.into();
+    }
+    v
 }
 
 /// `pcap:FILE` or a bare path, as a path (for the replay's `--input`).

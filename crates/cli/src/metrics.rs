@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowplane_engine::live::{CoreSnap, Live};
-use flowplane_io::port::PortStats;
+use flowplane_io::port::{LinkState, Port, PortStats};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::MetricType;
@@ -33,6 +33,11 @@ pub fn drops(live: &Live, cores: &[CoreSnap]) -> Vec<(&'static str, u64)> {
         ("nf_verdict", nf),
         ("table_full", table_full),
     ]
+}
+
+/// The input port, then the output ports.
+fn ports(live: &Live) -> impl Iterator<Item = &Arc<dyn Port>> {
+    std::iter::once(&live.input).chain(&live.outputs)
 }
 
 /// The input port's counters and the output ports' counters.
@@ -75,8 +80,14 @@ impl Status {
         let drops: Vec<String> =
             drops(live, &cores).into_iter().filter(|d| d.1 > 0).map(|(r, n)| format!("{r} {n}")).collect();
         let load: Vec<String> = loads.iter().enumerate().map(|(i, l)| format!("c{i} {l:.0}%")).collect();
+        // Interfaces not up are named on every line until they are back.
+        let links: String = ports(live)
+            .filter_map(|p| p.link().map(|w| (p.name(), w.stats().state)))
+            .filter(|(_, st)| *st != LinkState::Up)
+            .map(|(n, st)| format!("  link {n} {}", st.as_str()))
+            .collect();
         format!(
-            "{:>6.0}s  in {:.4} Mpps  out {:.4} Mpps  drops [{}]  load [{}]  flows {flows}/{cap}",
+            "{:>6.0}s  in {:.4} Mpps  out {:.4} Mpps  drops [{}]  load [{}]  flows {flows}/{cap}{links}",
             at.as_secs_f64(),
             din as f64 / dt / 1e6,
             dout as f64 / dt / 1e6,
@@ -158,6 +169,22 @@ impl Collector for LiveCollector {
         }
         counter(&mut enc, "flowplane_port_rx_packets", "Packets received per port queue", rows_rx)?;
         counter(&mut enc, "flowplane_port_tx_packets", "Packets transmitted per port queue", rows_tx)?;
+        let links: Vec<_> = ports.iter().filter_map(|p| p.link().map(|w| (p.name(), w.stats()))).collect();
+        gauge(
+            &mut enc,
+            "flowplane_port_link_up",
+            "1 if the port's interface is up with carrier, 0 if down or gone",
+            links.iter().map(|(n, s)| (vec![("port", n.clone())], (s.state == LinkState::Up) as i64)),
+        )?;
+        counter(
+            &mut enc,
+            "flowplane_port_link_events",
+            "Interface events per port: down (link lost), gone (deleted), reattached (re-created, queues re-opened)",
+            links.iter().flat_map(|(n, s)| {
+                [("down", s.downs), ("gone", s.gone), ("reattached", s.reattached)]
+                    .map(|(e, v)| (vec![("port", n.clone()), ("event", e.to_string())], v))
+            }),
+        )?;
         counter(
             &mut enc,
             "flowplane_drops",
