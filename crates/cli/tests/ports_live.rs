@@ -124,7 +124,7 @@ fn threads(pid: u32) -> usize {
 #[test]
 fn metrics_server_is_bounded_and_answers_only_get_metrics() {
     let v = Veth::new("m");
-    let port = 19_541;
+    let port = 19_571;
     let mut fp = Proc::spawn(&[
         "run",
         "--input",
@@ -246,7 +246,7 @@ fn afpacket_link_faults_are_reported_and_a_recreated_input_is_reattached() {
     let dir = std::env::temp_dir().join(format!("fp-live-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pcap = trace(&dir);
-    let port = 19_542;
+    let port = 19_572;
     let (pi, po) = (format!("afpacket:{}", vi.0), format!("afpacket:{}", vo.0));
     let mut fp = Proc::spawn(&[
         "run",
@@ -310,5 +310,116 @@ fn afpacket_link_faults_are_reported_and_a_recreated_input_is_reattached() {
     assert_eq!(json_port(&report, &pi, "link_gone"), 1);
     assert_eq!(json_port(&report, &pi, "link_reattached"), 1);
     assert_eq!(json_port(&report, &pi, "link"), "up");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The id of the XDP program on `iface`, if one is attached.
+fn xdp_prog(iface: &str) -> Option<String> {
+    let l = Command::new("ip").args(["-d", "link", "show", iface]).output().unwrap();
+    let l = String::from_utf8_lossy(&l.stdout).into_owned();
+    let i = l.find("prog/xdp id ")?;
+    Some(l[i + 12..].split(' ').next().unwrap().to_string())
+}
+
+fn wait_prog(iface: &str) -> String {
+    let t0 = Instant::now();
+    loop {
+        if let Some(id) = xdp_prog(iface) {
+            return id;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "no XDP program appeared on {iface}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits for the run's record of program `id` (written just after the program is attached).
+fn wait_marker(id: &str) -> std::path::PathBuf {
+    let t0 = Instant::now();
+    loop {
+        let found = std::fs::read_dir("/run/flowplane")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find(|e| e.file_name().to_string_lossy().ends_with(&format!("-{id}")));
+        if let Some(e) = found {
+            return e.path();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "no record of XDP program {id} in /run/flowplane");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Issue 29: after `kill -9` the XDP program stayed attached, a restarted run left it
+/// attached even after a clean exit, and a re-created input received nothing.
+#[test]
+fn afxdp_program_of_a_killed_run_is_removed_and_a_recreated_input_is_reattached() {
+    let (vi, vo) = (Veth::new("x"), Veth::new("y"));
+    let dir = std::env::temp_dir().join(format!("fp-livex-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pcap = trace(&dir);
+    let port = 19_573;
+    let pi = format!("afxdp:{}:0", vi.0);
+    let args = |json: bool| {
+        let mut a: Vec<String> = ["run", "--input", &pi, "--output", &format!("afpacket:{}", vo.0)]
+            .iter()
+            .chain(&["--chain", "forward", "--cores", "1", "--no-pin", "--metrics", &format!("127.0.0.1:{port}")])
+            .map(|s| s.to_string())
+            .collect();
+        if json {
+            a.push("--json".into());
+        }
+        a
+    };
+    let spawn = |json: bool| {
+        let a = args(json);
+        Proc::spawn(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    // A run killed outright leaves its program attached.
+    let mut fp = spawn(false);
+    let first = wait_prog(&vi.0);
+    wait_marker(&first);
+    let _ = fp.signal_and_wait("-KILL");
+    assert_eq!(xdp_prog(&vi.0).as_deref(), Some(first.as_str()), "kill -9 leaves the program (the kernel's rule)");
+    // The next run removes it (it was flowplane's), loads its own, and follows a re-created input.
+    let mut fp = spawn(true);
+    wait_for_metrics(&mut fp, port);
+    let second = wait_prog(&vi.0);
+    assert_ne!(second, first, "the dead run's program is replaced");
+    send(&pcap, &vi.peer());
+    wait_metric(port, "flowplane_core_packets_out_total{core=\"0\"}", 200);
+    vi.delete();
+    vi.create();
+    wait_metric(port, &format!("flowplane_port_link_events_total{{port=\"{pi}\",event=\"reattached\"}}"), 1);
+    wait_prog(&vi.0);
+    send(&pcap, &vi.peer());
+    wait_metric(port, "flowplane_core_packets_out_total{core=\"0\"}", 400);
+    let out = fp.signal_and_wait("-INT");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.lines().next().unwrap_or("").starts_with(&format!(
+            "flowplane: {pi}: removed XDP program xsk_def_prog (id {first}) left attached by flowplane run "
+        )),
+        "{err}"
+    );
+    assert_eq!(json_port(&String::from_utf8_lossy(&out.stdout), &pi, "rx_packets"), 400);
+    // A clean exit leaves nothing: not on the input, not on the output.
+    assert_eq!(xdp_prog(&vi.0), None, "{err}");
+    assert_eq!(xdp_prog(&vo.0), None);
+    // A program flowplane cannot tell as its own (no record of a run) is left in place, with a notice.
+    let mut fp = spawn(false);
+    let third = wait_prog(&vi.0);
+    let record = wait_marker(&third);
+    let _ = fp.signal_and_wait("-KILL");
+    std::fs::remove_file(record).unwrap();
+    let mut fp = spawn(false);
+    wait_for_metrics(&mut fp, port);
+    let out = fp.signal_and_wait("-INT");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("xsk_def_prog (id {third}) is attached and was not loaded by flowplane: left in place")),
+        "{err}"
+    );
+    assert_eq!(xdp_prog(&vi.0), Some(third), "someone else's program is never detached");
     let _ = std::fs::remove_dir_all(&dir);
 }
