@@ -423,3 +423,50 @@ fn afxdp_program_of_a_killed_run_is_removed_and_a_recreated_input_is_reattached(
     assert_eq!(xdp_prog(&vi.0), Some(third), "someone else's program is never detached");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A re-created input that cannot be re-attached (the queue is gone: one RX queue where
+/// there were two) stops the run: one line naming the port, a non-zero exit, no program left.
+#[test]
+fn afxdp_recreated_input_without_its_queue_stops_the_run() {
+    let vo = Veth::new("q");
+    let name = format!("flz{}", std::process::id() % 100_000);
+    let mk = |q: &str| {
+        let _ = sh(&["ip", "link", "del", &name]);
+        let p = format!("{name}p");
+        must(&["ip", "link", "add", &name, "numrxqueues", q, "numtxqueues", q, "type", "veth", "peer", "name", &p]);
+        must(&["ip", "link", "set", &name, "up"]);
+        must(&["ip", "link", "set", &p, "up"]);
+    };
+    let _guard = Veth(name.clone());
+    mk("2");
+    let pi = format!("afxdp:{name}:1");
+    let mut fp = Proc::spawn(&[
+        "run",
+        "--input",
+        &pi,
+        "--output",
+        &format!("afpacket:{}", vo.0),
+        "--chain",
+        "forward",
+        "--cores",
+        "1",
+        "--no-pin",
+    ]);
+    wait_prog(&name);
+    must(&["ip", "link", "del", &name]);
+    mk("1");
+    let t0 = Instant::now();
+    while fp.running() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the run went on without its input queue");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = fp.signal_and_wait("-INT");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let last = err.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with(&format!("flowplane: error: {pi}: cannot re-attach to the re-created interface: ")),
+        "{err}"
+    );
+    assert_eq!(xdp_prog(&name), None);
+}

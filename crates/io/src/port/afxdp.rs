@@ -421,9 +421,10 @@ impl AfXdpRx {
                 self.owner.claim(self.watch.ifindex());
                 while self.deficit > 0 && self.refill(pool) > 0 {}
             }
-            Err(e) => {
-                self.watch.fail(format!("afxdp:{}: cannot re-attach to the re-created interface: {e}", self.iface))
-            }
+            Err(e) => self.watch.fail(format!(
+                "afxdp:{}:{}: cannot re-attach to the re-created interface: {e}",
+                self.iface, self.queue
+            )),
         }
     }
 
@@ -541,9 +542,10 @@ impl AfXdpTx {
                 self.pool = pool;
                 self.xsk = xsk;
             }
-            Err(e) => {
-                self.watch.fail(format!("afxdp:{}: cannot re-attach to the re-created interface: {e}", self.iface))
-            }
+            Err(e) => self.watch.fail(format!(
+                "afxdp:{}:{}: cannot re-attach to the re-created interface: {e}",
+                self.iface, self.queue
+            )),
         }
     }
 
