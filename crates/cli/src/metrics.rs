@@ -301,8 +301,10 @@ const MAX_CONNS: usize = 64;
 const CONN_TIMEOUT: Duration = Duration::from_secs(2);
 /// Bytes of request line and headers read at most (the body, if any, is never read).
 const MAX_HEAD: usize = 8 << 10;
-/// The server's sleep when nothing happened (a scrape waits at most this long to be seen).
+/// The server's sleep when nothing happened with connections open (a request waits at most
+/// this long to be read), and with none (a new connection waits at most this long to be accepted).
 const IDLE_NAP: Duration = Duration::from_millis(5);
+const EMPTY_NAP: Duration = Duration::from_millis(20);
 
 /// One client connection: its request so far, then the answer being written.
 struct Conn {
@@ -442,7 +444,7 @@ pub fn serve(addr: &str, live: Arc<Live>, stop: Arc<AtomicBool>) -> Result<std::
                     keep
                 });
                 if !busy {
-                    std::thread::sleep(IDLE_NAP);
+                    std::thread::sleep(if conns.is_empty() { EMPTY_NAP } else { IDLE_NAP });
                 }
             }
         })

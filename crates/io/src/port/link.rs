@@ -228,3 +228,23 @@ impl Drop for LinkWatch {
         unsafe { libc::close(self.ctl) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_interface_is_an_error_and_loopback_is_watched_without_events() {
+        assert!(LinkWatch::new("afpacket:fp-nosuch0", "fp-nosuch0").is_err());
+        assert!(LinkWatch::new("afpacket:x", "0123456789abcdefg").is_err());
+        let w = LinkWatch::new("afpacket:lo", "lo").expect("lo exists in every namespace");
+        assert!(w.ifindex() > 0);
+        assert_eq!(w.epoch(), 0);
+        assert_eq!(w.poll(), None, "no change, no line");
+        let s = w.stats();
+        assert_eq!((s.state, s.downs, s.gone, s.reattached), (LinkState::Up, 0, 0, 0));
+        w.fail("first".into());
+        w.fail("second".into());
+        assert_eq!(w.failure().as_deref(), Some("first"));
+    }
+}
