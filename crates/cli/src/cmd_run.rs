@@ -2,7 +2,6 @@
 //! source, run a chain on N cores, print the report.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::builder::PossibleValue;
@@ -13,7 +12,6 @@ use flowplane_engine::{spec, RunConfig};
 use flowplane_io::cpu;
 use flowplane_table::FullPolicy;
 use flowplane_trace::gen::{GenConfig, Generator};
-use flowplane_trace::{PcapWriter, WriterOptions};
 
 use crate::cmd_gen::GenArgs;
 use crate::error::CliError;
@@ -333,9 +331,13 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         Some(path) => Input::File(path),
         None => Input::Generated(Box::new(parse_gen(a.gen.as_deref().unwrap_or(DEFAULT_GEN))?)),
     };
+    // Every destination is checked before the first packet: export files first
+    // (creating the pcap truncates an existing one), then the output.
+    let exports = crate::results::create_exports(&parse_exports(&a.export)?)?;
     let live_out =
         a.output.as_ref().is_some_and(|p| crate::io_port_spec(&p.to_string_lossy()).is_some_and(|s| s.is_live()))
             || !a.ports.is_empty();
+    let mut pcap_path = None;
     let output = match &a.output {
         Some(_) if live_out => {
             let (ports, files) = crate::cmd_live::output_ports(&a, cores, 0)?;
@@ -345,28 +347,27 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
             Output::Ports(ports)
         }
         Some(p) => {
-            let p = &crate::cmd_live::file_of(p);
-            let w = PcapWriter::create(p, WriterOptions { nanosecond: true, ..WriterOptions::default() })?;
-            Output::Pcap(Arc::new(Mutex::new(w)))
+            let p = crate::cmd_live::file_of(p);
+            let w = crate::results::create_pcap(&p, "--output")?;
+            pcap_path = Some(p);
+            Output::Pcap(w)
         }
         None => Output::Discard,
     };
-    let exports = parse_exports(&a.export)?;
     let run = run_input(&cfg, &spec, input, a.symmetric_rss, output.clone())?;
     let (report, load, (symmetric, auto_symmetric)) = (run.report, run.load, run.symmetric);
-    if let Output::Pcap(w) = output {
-        let w = Arc::try_unwrap(w).map_err(|_| CliError::new("output writer still in use"))?;
-        let w = w.into_inner().map_err(|_| CliError::new("output writer poisoned by a failed worker"))?;
-        w.finish()?;
+    // From here on nothing aborts the command: whatever cannot be written is
+    // reported and turns the exit code to 1, after the report.
+    let mut lost = crate::results::Losses::default();
+    if let (Output::Pcap(w), Some(p)) = (output, &pcap_path) {
+        lost.close_pcap(p, w);
     }
-    for (name, path) in &exports {
-        let rows = report.exports.iter().find(|(n, _)| n == name).map(|(_, r)| r.as_slice()).unwrap_or(&[]);
-        write_export(path, rows)?;
-    }
+    lost.commit_exports(exports, |nf| export_rows(&report, nf));
     if a.json {
         let mut v = serde_json::to_value(&report)?;
         v["load"] = serde_json::to_value(load)?;
         v["symmetric_rss"] = serde_json::Value::Bool(symmetric);
+        v["lost"] = lost.to_json();
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         if demo {
@@ -386,8 +387,16 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
             outln!("rss          symmetric key ({nf} needs both directions of a connection on one core)");
         }
         out!("{report}");
+        for l in lost.lines() {
+            outln!("{l}");
+        }
     }
-    Ok(())
+    lost.into_result()
+}
+
+/// The rows `report` exported for `nf` (none if it exported nothing).
+pub(crate) fn export_rows(report: &flowplane_engine::Report, nf: &str) -> Vec<serde_json::Value> {
+    report.exports.iter().find(|(n, _)| n == nf).map(|(_, r)| r.clone()).unwrap_or_default()
 }
 
 /// The run configuration and chain `a` describe (validated).
@@ -464,30 +473,4 @@ pub fn parse_exports(specs: &[String]) -> Result<Vec<(String, PathBuf)>, CliErro
             }
         })
         .collect()
-}
-
-/// Writes exported rows as JSON (an array) or CSV (columns of the first row, in order).
-pub(crate) fn write_export(path: &std::path::Path, rows: &[serde_json::Value]) -> Result<(), CliError> {
-    use std::io::Write;
-    let io = |e: std::io::Error| CliError::new(format!("{}: {e}", path.display()));
-    let mut w = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
-    if path.extension().and_then(|e| e.to_str()) == Some("json") {
-        serde_json::to_writer_pretty(&mut w, rows)?;
-        writeln!(w).map_err(io)?;
-    } else {
-        let cols: Vec<String> =
-            rows.first().and_then(|r| r.as_object()).map(|o| o.keys().cloned().collect()).unwrap_or_default();
-        writeln!(w, "{}", cols.join(",")).map_err(io)?;
-        for r in rows {
-            let line: Vec<String> = cols
-                .iter()
-                .map(|c| match &r[c] {
-                    serde_json::Value::String(s) => s.clone(),
-                    v => v.to_string(),
-                })
-                .collect();
-            writeln!(w, "{}", line.join(",")).map_err(io)?;
-        }
-    }
-    w.flush().map_err(io)
 }
