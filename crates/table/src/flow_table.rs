@@ -191,6 +191,16 @@ pub struct FlowTable<K: FlowKey> {
 unsafe impl<K: FlowKey> Send for FlowTable<K> {}
 
 impl<K: FlowKey> FlowTable<K> {
+    /// Bytes [`Self::new`] allocates for `capacity` entries of `state_size` bytes (buckets, slab, free list and
+    /// live bitmap; `None` for a state too large): lets a caller check a configuration against the machine's
+    /// memory before allocating it.
+    pub fn footprint(capacity: usize, state_size: usize) -> Option<u128> {
+        let layout = crate::slab::EntryLayout::new::<K>(state_size).ok()?;
+        let cap = capacity as u128;
+        let buckets = (cap * 10).div_ceil(SLOTS as u128 * 9).next_power_of_two() * 64;
+        Some(buckets + cap * (layout.size as u128 + 4) + cap.div_ceil(64) * 8)
+    }
+
     /// Creates a table; buckets are sized so a full slab loads at most 90% of the slots.
     pub fn new(cfg: TableConfig) -> Result<Self, TableError> {
         if cfg.capacity == 0 || cfg.capacity > (1 << 31) {
