@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::builder::PossibleValue;
 use clap::Parser;
 use flowplane_engine::exec::{ExecConfig, ExecKind};
-use flowplane_engine::runner::{run_input, Input, Output};
+use flowplane_engine::runner::{prepare, run_prepared, Input, Output};
 use flowplane_engine::{spec, RunConfig};
 use flowplane_io::cpu;
 use flowplane_table::FullPolicy;
@@ -144,8 +144,10 @@ pub struct RunArgs {
     /// Packets per batch (1..=256).
     #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
     pub batch: usize,
-    /// Offered load in packets/s over all cores (default: full speed).
-    #[arg(long, allow_negative_numbers = true)]
+    /// Offered load in packets/s over all cores (default: full speed); suffixes k/M/G (2M).
+    /// At least 1 pps, and without --duration the paced run must end within a day
+    /// (trace packets x --loops / rate <= 86400 s).
+    #[arg(long, allow_negative_numbers = true, value_parser = rate_value)]
     pub rate: Option<f64>,
     /// Buffers per core's packet pool.
     #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
@@ -199,6 +201,14 @@ fn executors() -> Executors {
     Executors
 }
 
+/// `--rate` values: a number with an optional k/M/G suffix, as `gen --rate`.
+fn rate_value(s: &str) -> Result<f64, String> {
+    crate::cmd_gen::parse_f64("rate", s).map_err(|e| e.to_string())
+}
+
+/// Longest run `--rate` may pace without `--duration` (a day).
+const MAX_PACED_S: f64 = 86_400.0;
+
 /// Parses a `--gen` string with `flowplane gen`'s own option parser into a
 /// validated configuration (nothing generated yet). `--size-mix FILE` and
 /// `--dist cdf:FILE` read their file here.
@@ -219,9 +229,17 @@ pub fn parse_gen_config(s: &str) -> Result<GenConfig, CliError> {
     w.args.to_config()
 }
 
-/// Parses a `--gen` string (see [`parse_gen_config`]) into a ready generator.
+/// Parses a `--gen` string (see [`parse_gen_config`]) into a ready generator,
+/// refusing a trace the machine's memory cannot hold before generating it
+/// (the generator's set-up already walks every packet for TCP).
 pub fn parse_gen(s: &str) -> Result<Generator, CliError> {
-    Generator::new(parse_gen_config(s)?).map_err(|e| CliError::new(format!("--gen: {e}")))
+    let cfg = parse_gen_config(s)?;
+    let need = flowplane_engine::budget::Need {
+        what: format!("--gen --packets {}", cfg.packets),
+        bytes: flowplane_engine::budget::generated_bytes(&cfg),
+    };
+    flowplane_engine::budget::check(&[need])?;
+    Generator::new(cfg).map_err(|e| CliError::new(format!("--gen: {e}")))
 }
 
 pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
@@ -243,8 +261,8 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
         }
     }
     if let Some(r) = a.rate {
-        if !(r.is_finite() && r > 0.0) {
-            return Err(CliError::new(format!("--rate {r}: must be a positive packet rate")));
+        if !(r.is_finite() && (1.0..=1e12).contains(&r)) {
+            return Err(CliError::new(format!("--rate {r}: must be a packet rate between 1 and 1e12 packets/s")));
         }
     }
     if let Some(w) = a.warmup {
@@ -354,8 +372,10 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         }
         None => Output::Discard,
     };
-    let run = run_input(&cfg, &spec, input, a.symmetric_rss, output.clone())?;
-    let (report, load, (symmetric, auto_symmetric)) = (run.report, run.load, run.symmetric);
+    let prepared = prepare(&cfg, &spec, input, a.symmetric_rss)?;
+    check_paced_length(&cfg, prepared.load.packets)?;
+    let report = run_prepared(&cfg, &spec, &prepared, output.clone())?;
+    let (load, symmetric, auto_symmetric) = (prepared.load, prepared.plan.symmetric, prepared.auto_symmetric);
     // From here on nothing aborts the command: whatever cannot be written is
     // reported and turns the exit code to 1, after the report.
     let mut lost = crate::results::Losses::default();
@@ -399,11 +419,25 @@ pub(crate) fn export_rows(report: &flowplane_engine::Report, nf: &str) -> Vec<se
     report.exports.iter().find(|(n, _)| n == nf).map(|(_, r)| r.clone()).unwrap_or_default()
 }
 
+/// Refuses a paced run that would not end within [`MAX_PACED_S`] (`--rate 1e-9`):
+/// with a loop count and no duration, its length is packets x loops / rate.
+fn check_paced_length(cfg: &RunConfig, packets: u64) -> Result<(), CliError> {
+    if let (Some(rate), Some(loops), None) = (cfg.rate_pps, cfg.loops, cfg.duration) {
+        let secs = packets as f64 * loops as f64 / rate;
+        if secs > MAX_PACED_S {
+            return Err(CliError::new(format!(
+                "--rate {rate}: {packets} packets x {loops} loop(s) would take {secs:.0} s (more than a day); raise the rate or give --duration"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The run configuration and chain `a` describe (validated).
 pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliError> {
     let spec = match &a.chain_file {
         Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?;
+            let text = flowplane_nf::read_text_file(&p.to_string_lossy()).map_err(|e| CliError::new(format!("--chain-file {e}")))?;
             spec::parse_toml(&text).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?
         }
         None => spec::parse(&a.chain)?,
