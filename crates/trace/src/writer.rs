@@ -241,3 +241,85 @@ impl<W: Write> PcapWriter<W> {
         e.with_path_str(self.path.as_deref())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    /// A disk that fills after `room` bytes (a short write, then errors) and frees again after one failure.
+    struct FillsOnce {
+        data: Vec<u8>,
+        room: usize,
+        failed: bool,
+    }
+
+    impl Write for FillsOnce {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            if !self.failed && self.data.len() + b.len() > self.room {
+                let n = self.room - self.data.len();
+                if n == 0 {
+                    self.failed = true;
+                    return Err(std::io::Error::from_raw_os_error(28));
+                }
+                self.data.extend_from_slice(&b[..n]);
+                return Ok(n);
+            }
+            self.data.extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_failed_write_stops_the_writer_for_good_and_counts_what_is_lost() {
+        // 300 KB of room: the first buffer (256 KiB) goes in whole, the second fails part-way.
+        let mut w = PcapWriter::new(FillsOnce { data: Vec::new(), room: 300_000, failed: false }, WriterOptions::default())
+            .unwrap();
+        let seen = Arc::new(AtomicU64::new(0));
+        let s = Arc::clone(&seen);
+        w.on_error(Box::new(move |_| {
+            s.fetch_add(1, Ordering::Relaxed);
+        }));
+        let frame = [0xabu8; 1000];
+        let mut failed_at = None;
+        for i in 0..1000u64 {
+            if w.write_packet(i * 1000, &frame, 1000).is_err() && failed_at.is_none() {
+                failed_at = Some(i);
+            }
+        }
+        assert!(failed_at.is_some() && w.is_stopped());
+        let before_close = w.inner.data.len();
+        let out = w.close();
+        assert_eq!(seen.load(Ordering::Relaxed), 1, "the hook hears of the failure once");
+        // Nothing was written after the failure, though the "disk" had room again.
+        assert_eq!(out.written + out.lost, 1000);
+        assert_eq!(out.written, ((BUFFER - 24) / 1016) as u64, "only the first whole buffer was handed over");
+        assert!(out.error.as_deref().is_some_and(|e| e.contains("os error 28")), "{:?}", out.error);
+        assert!(before_close <= 300_000);
+    }
+
+    #[test]
+    fn a_file_is_cut_back_to_its_last_whole_record() {
+        let dir = std::env::temp_dir().join(format!("fp-writer-cut-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("o.pcap");
+        let mut w = PcapWriter::create(&path, WriterOptions::default()).unwrap();
+        for i in 0..10u64 {
+            w.write_packet(i, &[1u8; 60], 60).unwrap();
+        }
+        w.flush_buf().unwrap();
+        // Simulate a failed flush that left half a record behind.
+        std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(&[0u8; 30]).unwrap();
+        let e = TraceError::io(w.bytes, std::io::Error::from_raw_os_error(28));
+        w.stop(&e);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 24 + 10 * 76);
+        assert!(w.write_packet(11, &[1u8; 60], 60).is_err());
+        let out = w.close();
+        assert_eq!((out.written, out.lost), (10, 1));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
