@@ -190,14 +190,15 @@ impl<W: Write> PcapWriter<W> {
         self.failed = Some(e.to_string().into_boxed_str());
     }
 
-    /// Packets handed to the underlying writer so far (whole records; buffered ones are not counted yet).
+    /// Packets written so far (some may still be in the writer's buffer; [`Self::close`] says which reached the
+    /// file).
     pub fn packets_written(&self) -> u64 {
-        self.packets
+        self.packets + self.buffered
     }
 
-    /// Bytes handed to the underlying writer so far, global header included.
+    /// Bytes written so far, global header included (some may still be buffered).
     pub fn bytes_written(&self) -> u64 {
-        self.bytes
+        self.bytes + self.buf.len() as u64
     }
 
     /// Packets given to the writer that will not be written.
