@@ -437,7 +437,8 @@ fn check_paced_length(cfg: &RunConfig, packets: u64) -> Result<(), CliError> {
 pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliError> {
     let spec = match &a.chain_file {
         Some(p) => {
-            let text = flowplane_nf::read_text_file(&p.to_string_lossy()).map_err(|e| CliError::new(format!("--chain-file {e}")))?;
+            let text = flowplane_nf::read_text_file(&p.to_string_lossy())
+                .map_err(|e| CliError::new(format!("--chain-file {e}")))?;
             spec::parse_toml(&text).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?
         }
         None => spec::parse(&a.chain)?,

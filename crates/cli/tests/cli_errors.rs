@@ -228,7 +228,8 @@ fn limits_instead_of_aborts() {
     let big_acl = format!("acl(rules={})", s(&big));
     let zero_gen = "--flows 10 --packets 100 --size-mix /dev/zero";
     let base = ["run", "--gen", GEN, "--cores", "1"];
-    let with = |extra: &[&'static str]| -> Vec<&'static str> { base.iter().copied().chain(extra.iter().copied()).collect() };
+    let with =
+        |extra: &[&'static str]| -> Vec<&'static str> { base.iter().copied().chain(extra.iter().copied()).collect() };
     let mut cases: Vec<(Vec<&str>, &str)> = vec![
         // The documented maximum of --flows: 2^30 flows per core, >100 GiB of tables.
         (with(&["--flows", "1073741824"]), "--flows"),

@@ -76,8 +76,19 @@ fn a_missing_export_directory_is_refused_before_the_run() {
     let export_a = format!("srcctr={}", s(&a));
     let started = Instant::now();
     let out = run(&[
-        "run", "--input", s(&t), "--chain", "srcctr -> fsc", "--cores", "1", "--duration", "5", "--export", &export_a,
-        "--export", "fsc=/nonexistent/x.csv",
+        "run",
+        "--input",
+        s(&t),
+        "--chain",
+        "srcctr -> fsc",
+        "--cores",
+        "1",
+        "--duration",
+        "5",
+        "--export",
+        &export_a,
+        "--export",
+        "fsc=/nonexistent/x.csv",
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
@@ -100,7 +111,17 @@ fn an_output_on_a_full_disk_loses_packets_but_not_the_report_or_the_exports() {
     let f = dir.join("f.csv");
     let export_f = format!("fsc={}", s(&f));
     let out = run(&[
-        "run", "--input", s(&t), "--chain", "srcctr -> fsc", "--cores", "1", "--output", s(&o), "--export", &export_f,
+        "run",
+        "--input",
+        s(&t),
+        "--chain",
+        "srcctr -> fsc",
+        "--cores",
+        "1",
+        "--output",
+        s(&o),
+        "--export",
+        &export_f,
         "--json",
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -120,7 +141,10 @@ fn an_output_on_a_full_disk_loses_packets_but_not_the_report_or_the_exports() {
     match ts {
         Ok(ts) => {
             let terr = String::from_utf8_lossy(&ts.stderr);
-            assert!(ts.status.success() && !terr.contains("cut short") && !terr.contains("appears to be damaged"), "{terr}");
+            assert!(
+                ts.status.success() && !terr.contains("cut short") && !terr.contains("appears to be damaged"),
+                "{terr}"
+            );
             assert_eq!(String::from_utf8_lossy(&ts.stdout).lines().count() as u64, written);
         }
         Err(e) => eprintln!("tshark not run ({e}): the pcap's readability is not checked"),
@@ -149,7 +173,19 @@ fn an_export_on_a_full_disk_is_not_written_and_the_others_are() {
     let f = fs.0.join("f.csv");
     let src = dir.join("s.csv");
     let (export_f, export_s) = (format!("fsc={}", s(&f)), format!("srcctr={}", s(&src)));
-    let text = run(&["run", "--input", s(&t), "--chain", "srcctr -> fsc", "--cores", "1", "--export", &export_f, "--export", &export_s]);
+    let text = run(&[
+        "run",
+        "--input",
+        s(&t),
+        "--chain",
+        "srcctr -> fsc",
+        "--cores",
+        "1",
+        "--export",
+        &export_f,
+        "--export",
+        &export_s,
+    ]);
     let err = String::from_utf8_lossy(&text.stderr);
     assert_eq!(text.status.code(), Some(1), "{err}");
     let stdout = String::from_utf8_lossy(&text.stdout);

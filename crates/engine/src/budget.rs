@@ -19,11 +19,11 @@ use flowplane_table::shared::SharedFlowTable;
 use flowplane_wire::flow::{FiveTupleV4, FiveTupleV6};
 
 use crate::chain::Chain;
+use crate::chain::Stage;
 use crate::error::EngineError;
 use crate::exec::StateLayout;
 use crate::runner::RunConfig;
 use crate::spec::ChainSpec;
-use crate::chain::Stage;
 
 /// One item of a run's memory: what sets its size (an option, an NF parameter) and its bytes.
 #[derive(Clone, Debug, PartialEq)]
@@ -88,13 +88,13 @@ pub fn run_needs(cfg: &RunConfig, chain: &Chain) -> Vec<Need> {
         if scr {
             per_worker += FlowTable::<FiveTupleV4>::footprint(cfg.exec.flows, chain.state_size.max(1)).unwrap_or(0);
         }
-        needs.push(Need { what: format!("--flows {} (flow tables of {w} worker(s))", cfg.exec.flows), bytes: per_worker * w });
+        needs.push(Need {
+            what: format!("--flows {} (flow tables of {w} worker(s))", cfg.exec.flows),
+            bytes: per_worker * w,
+        });
     }
-    let shared: u128 = chain
-        .groups
-        .iter()
-        .map(|g| SharedFlowTable::<u128>::footprint(cfg.exec.flows, 1 + g.words))
-        .sum();
+    let shared: u128 =
+        chain.groups.iter().map(|g| SharedFlowTable::<u128>::footprint(cfg.exec.flows, 1 + g.words)).sum();
     if shared > 0 {
         needs.push(Need { what: format!("--flows {} (shared tables)", cfg.exec.flows), bytes: shared });
     }
@@ -155,7 +155,8 @@ mod tests {
 
     #[test]
     fn the_largest_item_is_named_with_bytes_needed_and_available() {
-        let needs = [Need { what: "--pool 4096".into(), bytes: 1 << 20 }, Need { what: "--flows 9".into(), bytes: 3 << 30 }];
+        let needs =
+            [Need { what: "--pool 4096".into(), bytes: 1 << 20 }, Need { what: "--flows 9".into(), bytes: 3 << 30 }];
         assert!(check_against(&needs, 4 << 30).is_ok());
         let e = check_against(&needs, 2 << 30).unwrap_err().to_string();
         assert!(e.starts_with("--flows 9: needs 3.0 GiB of memory (3.0 GiB in all), 2.0 GiB available"), "{e}");

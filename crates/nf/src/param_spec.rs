@@ -461,11 +461,7 @@ pub fn private_bytes(nf: &str, pairs: &[(String, String)]) -> u128 {
             _ => 0,
         }
     };
-    desc.params
-        .iter()
-        .filter(|s| s.bytes_each > 0)
-        .map(|s| u128::from(value(s)) * u128::from(s.bytes_each))
-        .sum()
+    desc.params.iter().filter(|s| s.bytes_each > 0).map(|s| u128::from(value(s)) * u128::from(s.bytes_each)).sum()
 }
 
 #[cfg(test)]

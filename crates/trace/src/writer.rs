@@ -278,8 +278,9 @@ mod tests {
     #[test]
     fn a_failed_write_stops_the_writer_for_good_and_counts_what_is_lost() {
         // 300 KB of room: the first buffer (256 KiB) goes in whole, the second fails part-way.
-        let mut w = PcapWriter::new(FillsOnce { data: Vec::new(), room: 300_000, failed: false }, WriterOptions::default())
-            .unwrap();
+        let mut w =
+            PcapWriter::new(FillsOnce { data: Vec::new(), room: 300_000, failed: false }, WriterOptions::default())
+                .unwrap();
         let seen = Arc::new(AtomicU64::new(0));
         let s = Arc::clone(&seen);
         w.on_error(Box::new(move |_| {
