@@ -64,6 +64,11 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
     let (mut cfg, spec) = config(&a)?;
     cfg.loops = None;
     let cores = cfg.cores;
+    // Memory is checked before it is allocated, as for a replay (NF arrays first: building the chain allocates them).
+    let mut needs = flowplane_engine::budget::nf_needs(&cfg, &spec);
+    flowplane_engine::budget::check(&needs)?;
+    needs.extend(flowplane_engine::budget::run_needs(&cfg, &flowplane_engine::chain::Chain::build(&spec)?));
+    flowplane_engine::budget::check(&needs)?;
     let exports = crate::results::create_exports(&parse_exports(&a.export)?)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

@@ -54,7 +54,9 @@ pub enum Stamp {
     },
 }
 
-/// Writes live packets to a pcap file, stamped as [`Stamp`] says.
+/// Writes live packets to a pcap file, stamped as [`Stamp`] says. Packets the
+/// writer refuses (it stopped at its first failed write) count as errors; the
+/// writer itself knows which packets were lost (`PcapWriter::close`).
 pub struct PcapSink {
     writer: SharedPcapWriter,
     stamp: Stamp,
