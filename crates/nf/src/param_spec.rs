@@ -231,6 +231,10 @@ impl ParamSpec {
         use serde_json::json;
         let mut o = json!({ "name": self.name, "type": self.type_name() });
         let m = o.as_object_mut().expect("an object");
+        if self.bytes_each > 0 {
+            // Memory per unit per instance: what the run's memory check counts.
+            m.insert("bytes_each".into(), json!(self.bytes_each));
+        }
         match self.kind {
             ParamKind::UInt { default, min, max } => {
                 m.insert("default".into(), json!(default));

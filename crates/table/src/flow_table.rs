@@ -952,6 +952,17 @@ mod tests {
         z ^ (z >> 31)
     }
 
+    /// The footprint a memory budget checks is what the table maps (buckets and slab), plus its index vectors.
+    #[test]
+    fn footprint_covers_what_new_maps() {
+        for (cap, state) in [(1usize, 1usize), (1000, 24), (1 << 14, 100), (100_000, 200)] {
+            let t = FlowTable::<u64>::new(TableConfig::new(cap, state)).expect("table");
+            let mapped: usize = t.memory_spans().iter().map(|s| s.1).sum();
+            let f = FlowTable::<u64>::footprint(cap, state).expect("footprint") as usize;
+            assert!(f >= mapped && f <= mapped + cap * 5 + 64, "cap {cap} state {state}: {f} vs {mapped} mapped");
+        }
+    }
+
     /// Fills exactly-sized bucket arrays (slab as large as the slots) until the first failure.
     #[test]
     fn cuckoo_reaches_90_percent_load() {
