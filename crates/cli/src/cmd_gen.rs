@@ -86,7 +86,7 @@ fn parse_u64(opt: &str, v: &str) -> Result<u64, CliError> {
         .ok_or_else(|| CliError::new(format!("--{opt} '{v}': expected a non-negative integer")))
 }
 
-fn parse_f64(opt: &str, v: &str) -> Result<f64, CliError> {
+pub(crate) fn parse_f64(opt: &str, v: &str) -> Result<f64, CliError> {
     let t = v.trim();
     let (num, mult) = match t.chars().last() {
         Some('k' | 'K') => (&t[..t.len() - 1], 1e3),

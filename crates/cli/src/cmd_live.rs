@@ -6,14 +6,13 @@
 use std::io::IsTerminal;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use flowplane_engine::live::{run_live, Live};
 use flowplane_io::port::{self, LinkStats, PcapPort, Port, PortOptions, PortSpec, PortStats};
 use flowplane_io::sink::SharedPcapWriter;
-use flowplane_trace::{PcapWriter, WriterOptions};
 
-use crate::cmd_run::{config, parse_exports, write_export, RunArgs};
+use crate::cmd_run::{config, export_rows, parse_exports, RunArgs};
 use crate::error::CliError;
 use crate::metrics;
 
@@ -32,7 +31,7 @@ pub fn port_options(a: &RunArgs) -> PortOptions {
 }
 
 /// Output ports by verdict, and the pcap files among them (finished at the end).
-type OutputPorts = (Vec<Arc<dyn Port>>, Vec<SharedPcapWriter>);
+type OutputPorts = (Vec<Arc<dyn Port>>, Vec<(std::path::PathBuf, SharedPcapWriter)>);
 
 /// The output ports (verdict i = port i): `--output` then each `--port`.
 /// Pcap files are created here; `base_ns` is packet time 0 for their stamps.
@@ -45,9 +44,8 @@ pub fn output_ports(a: &RunArgs, queues: usize, base_ns: u64) -> Result<OutputPo
         let spec = PortSpec::parse(&n).map_err(|e| CliError::new(format!("--output/--port {e}")))?;
         match &spec {
             PortSpec::Pcap(path) => {
-                let w = PcapWriter::create(path, WriterOptions { nanosecond: true, ..WriterOptions::default() })?;
-                let w = Arc::new(Mutex::new(w));
-                files.push(Arc::clone(&w));
+                let w = crate::results::create_pcap(path, "--output/--port")?;
+                files.push((path.clone(), Arc::clone(&w)));
                 ports.push(Arc::new(PcapPort::new(&path.to_string_lossy(), w, base_ns, queues)));
             }
             _ => ports.push(port::open(&spec, queues, port_options(a)).map_err(|e| CliError::new(e.to_string()))?),
@@ -66,7 +64,12 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
     let (mut cfg, spec) = config(&a)?;
     cfg.loops = None;
     let cores = cfg.cores;
-    let exports = parse_exports(&a.export)?;
+    // Memory is checked before it is allocated, as for a replay (NF arrays first: building the chain allocates them).
+    let mut needs = flowplane_engine::budget::nf_needs(&cfg, &spec);
+    flowplane_engine::budget::check(&needs)?;
+    needs.extend(flowplane_engine::budget::run_needs(&cfg, &flowplane_engine::chain::Chain::build(&spec)?));
+    flowplane_engine::budget::check(&needs)?;
+    let exports = crate::results::create_exports(&parse_exports(&a.export)?)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         // The first signal stops the run cleanly; a second one while stopping exits at once (status 1).
@@ -103,10 +106,8 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
         let _ = h.join();
     }
     let report = result?;
-    for (name, path) in &exports {
-        let rows = report.exports.iter().find(|(n, _)| n == name).map(|(_, r)| r.as_slice()).unwrap_or(&[]);
-        write_export(path, rows)?;
-    }
+    let mut lost = crate::results::Losses::default();
+    lost.commit_exports(exports, |nf| export_rows(&report, nf));
     let ports: Vec<(String, PortStats, Option<LinkStats>)> = std::iter::once(&live.input)
         .chain(live.outputs.iter())
         .map(|p| (p.name(), p.stats(), p.link().map(|w| w.stats())))
@@ -115,15 +116,14 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
     let drops = metrics::drops(&live, &cores_snap);
     // The workers and the server are gone: the files' last handles are ours.
     drop(live);
-    for w in files {
-        let w = Arc::try_unwrap(w).map_err(|_| CliError::new("output writer still in use"))?;
-        let w = w.into_inner().map_err(|_| CliError::new("output writer poisoned by a failed worker"))?;
-        w.finish()?;
+    for (path, w) in files {
+        lost.close_pcap(&path, w);
     }
     if a.json {
         let mut v = serde_json::to_value(&report)?;
         v["ports"] = serde_json::Value::Array(ports.iter().map(|(n, s, l)| port_json(n, s, l.as_ref())).collect());
         v["drops"] = serde_json::Value::Object(drops.iter().map(|(r, n)| (r.to_string(), (*n).into())).collect());
+        v["lost"] = lost.to_json();
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         out!("{report}");
@@ -146,8 +146,11 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
         }
         let d: Vec<String> = drops.iter().map(|(r, n)| format!("{r} {n}")).collect();
         outln!("drops        {}", d.join(", "));
+        for l in lost.lines() {
+            outln!("{l}");
+        }
     }
-    Ok(())
+    lost.into_result()
 }
 
 fn port_json(name: &str, s: &PortStats, link: Option<&LinkStats>) -> serde_json::Value {

@@ -2,18 +2,16 @@
 //! source, run a chain on N cores, print the report.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::builder::PossibleValue;
 use clap::Parser;
 use flowplane_engine::exec::{ExecConfig, ExecKind};
-use flowplane_engine::runner::{run_input, Input, Output};
+use flowplane_engine::runner::{prepare, run_prepared, Input, Output};
 use flowplane_engine::{spec, RunConfig};
 use flowplane_io::cpu;
 use flowplane_table::FullPolicy;
 use flowplane_trace::gen::{GenConfig, Generator};
-use flowplane_trace::{PcapWriter, WriterOptions};
 
 use crate::cmd_gen::GenArgs;
 use crate::error::CliError;
@@ -146,8 +144,10 @@ pub struct RunArgs {
     /// Packets per batch (1..=256).
     #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
     pub batch: usize,
-    /// Offered load in packets/s over all cores (default: full speed).
-    #[arg(long, allow_negative_numbers = true)]
+    /// Offered load in packets/s over all cores (default: full speed); suffixes k/M/G (2M).
+    /// At least 1 pps, and without --duration the paced run must end within a day
+    /// (trace packets x --loops / rate <= 86400 s).
+    #[arg(long, allow_negative_numbers = true, value_parser = rate_value)]
     pub rate: Option<f64>,
     /// Buffers per core's packet pool.
     #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
@@ -201,6 +201,14 @@ fn executors() -> Executors {
     Executors
 }
 
+/// `--rate` values: a number with an optional k/M/G suffix, as `gen --rate`.
+fn rate_value(s: &str) -> Result<f64, String> {
+    crate::cmd_gen::parse_f64("rate", s).map_err(|e| e.to_string())
+}
+
+/// Longest run `--rate` may pace without `--duration` (a day).
+const MAX_PACED_S: f64 = 86_400.0;
+
 /// Parses a `--gen` string with `flowplane gen`'s own option parser into a
 /// validated configuration (nothing generated yet). `--size-mix FILE` and
 /// `--dist cdf:FILE` read their file here.
@@ -221,9 +229,17 @@ pub fn parse_gen_config(s: &str) -> Result<GenConfig, CliError> {
     w.args.to_config()
 }
 
-/// Parses a `--gen` string (see [`parse_gen_config`]) into a ready generator.
+/// Parses a `--gen` string (see [`parse_gen_config`]) into a ready generator,
+/// refusing a trace the machine's memory cannot hold before generating it
+/// (the generator's set-up already walks every packet for TCP).
 pub fn parse_gen(s: &str) -> Result<Generator, CliError> {
-    Generator::new(parse_gen_config(s)?).map_err(|e| CliError::new(format!("--gen: {e}")))
+    let cfg = parse_gen_config(s)?;
+    let need = flowplane_engine::budget::Need {
+        what: format!("--gen --packets {}", cfg.packets),
+        bytes: flowplane_engine::budget::generated_bytes(&cfg),
+    };
+    flowplane_engine::budget::check(&[need])?;
+    Generator::new(cfg).map_err(|e| CliError::new(format!("--gen: {e}")))
 }
 
 pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
@@ -245,8 +261,8 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
         }
     }
     if let Some(r) = a.rate {
-        if !(r.is_finite() && r > 0.0) {
-            return Err(CliError::new(format!("--rate {r}: must be a positive packet rate")));
+        if !(r.is_finite() && (1.0..=1e12).contains(&r)) {
+            return Err(CliError::new(format!("--rate {r}: must be a packet rate between 1 and 1e12 packets/s")));
         }
     }
     if let Some(w) = a.warmup {
@@ -333,9 +349,13 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         Some(path) => Input::File(path),
         None => Input::Generated(Box::new(parse_gen(a.gen.as_deref().unwrap_or(DEFAULT_GEN))?)),
     };
+    // Every destination is checked before the first packet: export files first
+    // (creating the pcap truncates an existing one), then the output.
+    let exports = crate::results::create_exports(&parse_exports(&a.export)?)?;
     let live_out =
         a.output.as_ref().is_some_and(|p| crate::io_port_spec(&p.to_string_lossy()).is_some_and(|s| s.is_live()))
             || !a.ports.is_empty();
+    let mut pcap_path = None;
     let output = match &a.output {
         Some(_) if live_out => {
             let (ports, files) = crate::cmd_live::output_ports(&a, cores, 0)?;
@@ -345,28 +365,29 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
             Output::Ports(ports)
         }
         Some(p) => {
-            let p = &crate::cmd_live::file_of(p);
-            let w = PcapWriter::create(p, WriterOptions { nanosecond: true, ..WriterOptions::default() })?;
-            Output::Pcap(Arc::new(Mutex::new(w)))
+            let p = crate::cmd_live::file_of(p);
+            let w = crate::results::create_pcap(&p, "--output")?;
+            pcap_path = Some(p);
+            Output::Pcap(w)
         }
         None => Output::Discard,
     };
-    let exports = parse_exports(&a.export)?;
-    let run = run_input(&cfg, &spec, input, a.symmetric_rss, output.clone())?;
-    let (report, load, (symmetric, auto_symmetric)) = (run.report, run.load, run.symmetric);
-    if let Output::Pcap(w) = output {
-        let w = Arc::try_unwrap(w).map_err(|_| CliError::new("output writer still in use"))?;
-        let w = w.into_inner().map_err(|_| CliError::new("output writer poisoned by a failed worker"))?;
-        w.finish()?;
+    let prepared = prepare(&cfg, &spec, input, a.symmetric_rss)?;
+    check_paced_length(&cfg, prepared.load.packets)?;
+    let report = run_prepared(&cfg, &spec, &prepared, output.clone())?;
+    let (load, symmetric, auto_symmetric) = (prepared.load, prepared.plan.symmetric, prepared.auto_symmetric);
+    // From here on nothing aborts the command: whatever cannot be written is
+    // reported and turns the exit code to 1, after the report.
+    let mut lost = crate::results::Losses::default();
+    if let (Output::Pcap(w), Some(p)) = (output, &pcap_path) {
+        lost.close_pcap(p, w);
     }
-    for (name, path) in &exports {
-        let rows = report.exports.iter().find(|(n, _)| n == name).map(|(_, r)| r.as_slice()).unwrap_or(&[]);
-        write_export(path, rows)?;
-    }
+    lost.commit_exports(exports, |nf| export_rows(&report, nf));
     if a.json {
         let mut v = serde_json::to_value(&report)?;
         v["load"] = serde_json::to_value(load)?;
         v["symmetric_rss"] = serde_json::Value::Bool(symmetric);
+        v["lost"] = lost.to_json();
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         if demo {
@@ -386,6 +407,28 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
             outln!("rss          symmetric key ({nf} needs both directions of a connection on one core)");
         }
         out!("{report}");
+        for l in lost.lines() {
+            outln!("{l}");
+        }
+    }
+    lost.into_result()
+}
+
+/// The rows `report` exported for `nf` (none if it exported nothing).
+pub(crate) fn export_rows(report: &flowplane_engine::Report, nf: &str) -> Vec<serde_json::Value> {
+    report.exports.iter().find(|(n, _)| n == nf).map(|(_, r)| r.clone()).unwrap_or_default()
+}
+
+/// Refuses a paced run that would not end within [`MAX_PACED_S`] (`--rate 1e-9`):
+/// with a loop count and no duration, its length is packets x loops / rate.
+fn check_paced_length(cfg: &RunConfig, packets: u64) -> Result<(), CliError> {
+    if let (Some(rate), Some(loops), None) = (cfg.rate_pps, cfg.loops, cfg.duration) {
+        let secs = packets as f64 * loops as f64 / rate;
+        if secs > MAX_PACED_S {
+            return Err(CliError::new(format!(
+                "--rate {rate}: {packets} packets x {loops} loop(s) would take {secs:.0} s (more than a day); raise the rate or give --duration"
+            )));
+        }
     }
     Ok(())
 }
@@ -394,7 +437,8 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
 pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliError> {
     let spec = match &a.chain_file {
         Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?;
+            let text = flowplane_nf::read_text_file(&p.to_string_lossy())
+                .map_err(|e| CliError::new(format!("--chain-file {e}")))?;
             spec::parse_toml(&text).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?
         }
         None => spec::parse(&a.chain)?,
@@ -464,30 +508,4 @@ pub fn parse_exports(specs: &[String]) -> Result<Vec<(String, PathBuf)>, CliErro
             }
         })
         .collect()
-}
-
-/// Writes exported rows as JSON (an array) or CSV (columns of the first row, in order).
-pub(crate) fn write_export(path: &std::path::Path, rows: &[serde_json::Value]) -> Result<(), CliError> {
-    use std::io::Write;
-    let io = |e: std::io::Error| CliError::new(format!("{}: {e}", path.display()));
-    let mut w = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
-    if path.extension().and_then(|e| e.to_str()) == Some("json") {
-        serde_json::to_writer_pretty(&mut w, rows)?;
-        writeln!(w).map_err(io)?;
-    } else {
-        let cols: Vec<String> =
-            rows.first().and_then(|r| r.as_object()).map(|o| o.keys().cloned().collect()).unwrap_or_default();
-        writeln!(w, "{}", cols.join(",")).map_err(io)?;
-        for r in rows {
-            let line: Vec<String> = cols
-                .iter()
-                .map(|c| match &r[c] {
-                    serde_json::Value::String(s) => s.clone(),
-                    v => v.to_string(),
-                })
-                .collect();
-            writeln!(w, "{}", line.join(",")).map_err(io)?;
-        }
-    }
-    w.flush().map_err(io)
 }

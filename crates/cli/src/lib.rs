@@ -1,7 +1,8 @@
 //! `flowplane`: the command-line front end, as a library so that its input
 //! parsers can be fuzzed (`fuzz/`) and reused. Each subcommand lives in its
 //! own module (`cmd_*`); they all return [`CliError`], which [`run`] prints as
-//! one line and turns into exit code 2. Nothing here may panic on user input.
+//! one line and turns into exit code 2 (1 for a run that reported but lost
+//! results, see `results`). Nothing here may panic on user input.
 //! The `flowplane` binary is `main.rs`: one call to [`run`].
 
 #![forbid(unsafe_code)]
@@ -37,6 +38,7 @@ mod cmd_trace;
 mod cmd_upf;
 mod error;
 mod metrics;
+mod results;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -113,7 +115,7 @@ where
         Err(e) if e.is_stdout_closed() => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("flowplane: error: {e}");
-            ExitCode::from(2)
+            ExitCode::from(e.exit_code())
         }
     }
 }

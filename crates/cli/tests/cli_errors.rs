@@ -215,3 +215,49 @@ fn a_closed_stdout_ends_the_command_quietly() {
         assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{args:?}: {err}");
     }
 }
+
+/// Values the CLI accepts but the machine cannot hold, files that never end and rates that never finish
+/// (issue 29): each is refused with one line before anything big is allocated or read — no SIGABRT, no OOM
+/// kill, and fast (the whole set in well under a second of work each).
+#[test]
+fn limits_instead_of_aborts() {
+    let dir = tmpdir("limits");
+    // A regular file just past the 64 MiB cap for rule/route/session/chain files (sparse: no disk used).
+    let big = dir.join("big.rules");
+    std::fs::File::create(&big).and_then(|f| f.set_len((64 << 20) + 1)).expect("sparse file");
+    let big_acl = format!("acl(rules={})", s(&big));
+    let zero_gen = "--flows 10 --packets 100 --size-mix /dev/zero";
+    let base = ["run", "--gen", GEN, "--cores", "1"];
+    let with =
+        |extra: &[&'static str]| -> Vec<&'static str> { base.iter().copied().chain(extra.iter().copied()).collect() };
+    let mut cases: Vec<(Vec<&str>, &str)> = vec![
+        // The documented maximum of --flows: 2^30 flows per core, >100 GiB of tables.
+        (with(&["--flows", "1073741824"]), "--flows"),
+        (with(&["--flows", "1073741824", "--chain", "srcctr"]), "--flows"),
+        (with(&["--chain", "amf(ues=16777216)"]), "ues"),
+        (with(&["--chain", "synthetic(mem=16G)", "--virtual-cores", "64"]), "mem"),
+        (vec!["run", "--gen", "--packets 1000000000", "--cores", "1"], "--packets"),
+        (vec!["run", "--gen", "--packets 1000000000 --proto tcp", "--cores", "1"], "--packets"),
+        (with(&["--chain", "ddos", "--scale", "scr", "--scr-log", "4294967296"]), "--scr-log"),
+        (with(&["--chain-file", "/dev/zero"]), "/dev/zero"),
+        (with(&["--chain", "acl(rules=/dev/zero)"]), "/dev/zero"),
+        (with(&["--chain", "route(routes=/dev/zero)"]), "/dev/zero"),
+        (with(&["--chain", "upf(sessions=/dev/zero)"]), "/dev/zero"),
+        (vec!["run", "--gen", zero_gen, "--cores", "1"], "/dev/zero"),
+        (with(&["--rate", "1e-9"]), "--rate"),
+        (with(&["--rate", "0.5"]), "--rate"),
+        (with(&["--rate", "10", "--loops", "100000000"]), "--rate"),
+    ];
+    cases.push((vec!["run", "--gen", GEN, "--cores", "1", "--chain", &big_acl], "64 MiB"));
+    let t = std::time::Instant::now();
+    check_all(&cases);
+    // Refused before allocating or reading: the 64 MiB file is the slowest case.
+    assert!(t.elapsed() < std::time::Duration::from_secs(20), "{:?}", t.elapsed());
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+#[test]
+fn run_rate_takes_suffixes_like_gen() {
+    let out = run(&["run", "--gen", GEN, "--cores", "1", "--chain", "fsc", "--rate", "2M", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod budget;
 pub mod chain;
 pub mod coarse;
 pub mod error;

@@ -217,7 +217,25 @@ pub fn prepare(
             strategy.name()
         )));
     }
+    // Memory is checked before it is allocated: the NFs' private arrays before
+    // the first chain is built, then the tables, pools, logs and the trace.
+    let nf_needs = crate::budget::nf_needs(cfg, spec);
+    crate::budget::check(&nf_needs)?;
     let chain0 = Chain::build(spec)?;
+    let mut needs = nf_needs;
+    needs.extend(crate::budget::run_needs(cfg, &chain0));
+    match &input {
+        Input::File(path) => {
+            // The replayed trace costs about its file's size (a 64-byte frame: 80 bytes of file, ~88 in memory).
+            let bytes = std::fs::metadata(path).map_or(0, |m| if m.is_file() { m.len() } else { 0 });
+            needs.push(crate::budget::Need { what: format!("--input {}", path.display()), bytes: bytes.into() });
+        }
+        Input::Generated(gen) => needs.push(crate::budget::Need {
+            what: format!("--gen --packets {}", gen.remaining()),
+            bytes: crate::budget::generated_bytes(gen.config()),
+        }),
+    }
+    crate::budget::check(&needs)?;
     let plan = placement::plan(&chain0, spec, strategy.as_ref(), workers, symmetric_rss)?;
     let auto_symmetric =
         if workers > 1 && !symmetric_rss && plan.symmetric { chain0.needs_symmetric_rss() } else { None };

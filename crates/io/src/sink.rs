@@ -1,7 +1,6 @@
 //! Sinks: where a worker's processed batches go.
 
 use std::fs::File;
-use std::io::BufWriter;
 use std::sync::{Arc, Mutex};
 
 use flowplane_packet::{Batch, PacketPool, DROP};
@@ -33,7 +32,7 @@ impl Sink for Discard {
 }
 
 /// A pcap file shared by every worker: one lock per batch, never per packet.
-pub type SharedPcapWriter = Arc<Mutex<PcapWriter<BufWriter<File>>>>;
+pub type SharedPcapWriter = Arc<Mutex<PcapWriter<File>>>;
 
 /// What timestamps a [`PcapSink`] writes.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -55,7 +54,9 @@ pub enum Stamp {
     },
 }
 
-/// Writes live packets to a pcap file, stamped as [`Stamp`] says.
+/// Writes live packets to a pcap file, stamped as [`Stamp`] says. Packets the
+/// writer refuses (it stopped at its first failed write) count as errors; the
+/// writer itself knows which packets were lost (`PcapWriter::close`).
 pub struct PcapSink {
     writer: SharedPcapWriter,
     stamp: Stamp,

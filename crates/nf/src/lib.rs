@@ -33,7 +33,7 @@ use flowplane_packet::Batch;
 use serde::Serialize;
 
 pub use param_spec::{ParamKind, ParamSpec};
-pub use params::{ParamError, Params};
+pub use params::{human_bytes, mem_available, read_text_file, ParamError, Params, MAX_FILE_BYTES};
 pub use pkt::{Pkt, PktMeta};
 pub use registry::{KeyedBy, NfDescriptor, NfSink};
 pub use report::Export;

@@ -15,6 +15,10 @@ pub struct ParamSpec {
     pub kind: ParamKind,
     /// One-line description; the type, range and default are shown from `kind`.
     pub doc: &'static str,
+    /// Bytes each unit of this integer parameter allocates per NF instance (0: it sizes nothing). Set with
+    /// [`ParamSpec::allocates`]; checked against the machine's memory when read, and summed by the engine's
+    /// memory budget before any chain is built.
+    pub bytes_each: u64,
 }
 
 /// The type of a parameter, with its range and default.
@@ -99,13 +103,13 @@ impl ParamSpec {
     /// An unsigned integer in `[min, max]` defaulting to `default`.
     pub const fn uint(name: &'static str, default: u64, min: u64, max: u64, doc: &'static str) -> Self {
         assert!(min <= default && default <= max, "a parameter's default must lie in its range");
-        ParamSpec { name, kind: ParamKind::UInt { default, min, max }, doc }
+        ParamSpec { name, kind: ParamKind::UInt { default, min, max }, doc, bytes_each: 0 }
     }
 
     /// An unsigned integer in `[min, max]`, absent by default.
     pub const fn uint_or_none(name: &'static str, min: u64, max: u64, doc: &'static str) -> Self {
         assert!(min <= max, "empty range");
-        ParamSpec { name, kind: ParamKind::UIntOrNone { min, max }, doc }
+        ParamSpec { name, kind: ParamKind::UIntOrNone { min, max }, doc, bytes_each: 0 }
     }
 
     /// An unsigned integer in `[min, max]` defaulting to parameter `like`'s value (clamped).
@@ -118,18 +122,18 @@ impl ParamSpec {
     ) -> Self {
         assert!(min <= max, "empty range");
         assert!(matches!(like.kind, ParamKind::UInt { .. }), "the default must come from an integer parameter");
-        ParamSpec { name, kind: ParamKind::UIntLike { like, min, max }, doc }
+        ParamSpec { name, kind: ParamKind::UIntLike { like, min, max }, doc, bytes_each: 0 }
     }
 
     /// A real number in `[min, max]` defaulting to `default`.
     pub const fn float(name: &'static str, default: f64, min: f64, max: f64, doc: &'static str) -> Self {
         assert!(min <= default && default <= max, "a parameter's default must lie in its range");
-        ParamSpec { name, kind: ParamKind::Float { default, min, max }, doc }
+        ParamSpec { name, kind: ParamKind::Float { default, min, max }, doc, bytes_each: 0 }
     }
 
     /// A boolean defaulting to `default`.
     pub const fn bool(name: &'static str, default: bool, doc: &'static str) -> Self {
-        ParamSpec { name, kind: ParamKind::Bool { default }, doc }
+        ParamSpec { name, kind: ParamKind::Bool { default }, doc, bytes_each: 0 }
     }
 
     /// One of `choices`, defaulting to `default`.
@@ -144,12 +148,23 @@ impl ParamSpec {
             i += 1;
         }
         assert!(i < choices.len(), "a parameter's default must be one of its choices");
-        ParamSpec { name, kind: ParamKind::Choice { default, choices }, doc }
+        ParamSpec { name, kind: ParamKind::Choice { default, choices }, doc, bytes_each: 0 }
     }
 
     /// Text of form `syntax` that the NF parses, defaulting to `default` (empty: none).
     pub const fn text(name: &'static str, default: &'static str, syntax: &'static str, doc: &'static str) -> Self {
-        ParamSpec { name, kind: ParamKind::Text { default, syntax }, doc }
+        ParamSpec { name, kind: ParamKind::Text { default, syntax }, doc, bytes_each: 0 }
+    }
+
+    /// Declares that each unit of this integer parameter allocates `bytes_each` bytes per NF instance
+    /// (`ues` contexts of 1.5 KiB): a value the machine cannot hold is refused before anything is allocated.
+    pub const fn allocates(mut self, bytes_each: u64) -> Self {
+        assert!(
+            matches!(self.kind, ParamKind::UInt { .. } | ParamKind::UIntOrNone { .. } | ParamKind::UIntLike { .. }),
+            "only an integer parameter sizes memory"
+        );
+        self.bytes_each = bytes_each;
+        self
     }
 
     /// The default of an integer parameter, for configuration structs that
@@ -216,6 +231,10 @@ impl ParamSpec {
         use serde_json::json;
         let mut o = json!({ "name": self.name, "type": self.type_name() });
         let m = o.as_object_mut().expect("an object");
+        if self.bytes_each > 0 {
+            // Memory per unit per instance: what the run's memory check counts.
+            m.insert("bytes_each".into(), json!(self.bytes_each));
+        }
         match self.kind {
             ParamKind::UInt { default, min, max } => {
                 m.insert("default".into(), json!(default));
@@ -311,20 +330,41 @@ pub(crate) fn parse_float(s: &str) -> Option<f64> {
 impl Params {
     /// An integer parameter ([`ParamKind::UInt`] or [`ParamKind::UIntLike`]).
     pub fn uint(&mut self, spec: &ParamSpec) -> Result<u64, ParamError> {
-        match spec.kind {
-            ParamKind::UInt { default, min, max } => Ok(self.uint_in(spec.name, min, max)?.unwrap_or(default)),
+        let v = match spec.kind {
+            ParamKind::UInt { default, min, max } => self.uint_in(spec.name, min, max)?.unwrap_or(default),
             ParamKind::UIntLike { like, min, max } => match self.uint_in(spec.name, min, max)? {
-                Some(v) => Ok(v),
-                None => Ok(self.uint(like)?.clamp(min, max)),
+                Some(v) => v,
+                None => self.uint(like)?.clamp(min, max),
             },
-            _ => Err(self.misread(spec, "uint")),
+            _ => return Err(self.misread(spec, "uint")),
+        };
+        self.check_memory(spec, v)?;
+        Ok(v)
+    }
+
+    /// Refuses a value of a memory-sizing parameter that one instance alone could not allocate.
+    fn check_memory(&self, spec: &ParamSpec, v: u64) -> Result<(), ParamError> {
+        let need = u128::from(v) * u128::from(spec.bytes_each);
+        match crate::params::mem_available() {
+            Some(avail) if need > u128::from(avail) => Err(ParamError(format!(
+                "{}: parameter '{}={v}' needs {} per instance, {} of memory available",
+                self.nf(),
+                spec.name,
+                crate::params::human_bytes(need),
+                crate::params::human_bytes(u128::from(avail))
+            ))),
+            _ => Ok(()),
         }
     }
 
     /// An integer parameter that is absent by default ([`ParamKind::UIntOrNone`]).
     pub fn uint_or_none(&mut self, spec: &ParamSpec) -> Result<Option<u64>, ParamError> {
         match spec.kind {
-            ParamKind::UIntOrNone { min, max } => self.uint_in(spec.name, min, max),
+            ParamKind::UIntOrNone { min, max } => {
+                let v = self.uint_in(spec.name, min, max)?;
+                self.check_memory(spec, v.unwrap_or(0))?;
+                Ok(v)
+            }
             _ => Err(self.misread(spec, "uint_or_none")),
         }
     }
@@ -403,6 +443,29 @@ impl Params {
             spec.type_name()
         ))
     }
+}
+
+/// Bytes the memory-sizing parameters ([`ParamSpec::allocates`]) of NF `nf`
+/// given `pairs` allocate per instance, read without building the NF (an
+/// unknown NF or a malformed value counts 0: building reports those).
+pub fn private_bytes(nf: &str, pairs: &[(String, String)]) -> u128 {
+    let Some(desc) = crate::registry::find(nf) else { return 0 };
+    let mut p = Params::new(nf, pairs.to_vec());
+    let mut value = |spec: &ParamSpec| -> u64 {
+        let given = |p: &mut Params, min, max| p.uint_in(spec.name, min, max).ok().flatten();
+        match spec.kind {
+            ParamKind::UInt { default, min, max } => given(&mut p, min, max).unwrap_or(default),
+            ParamKind::UIntOrNone { min, max } => given(&mut p, min, max).unwrap_or(0),
+            ParamKind::UIntLike { like, min, max } => given(&mut p, min, max).unwrap_or_else(|| match like.kind {
+                ParamKind::UInt { default, min: lmin, max: lmax } => {
+                    p.uint_in(like.name, lmin, lmax).ok().flatten().unwrap_or(default).clamp(min, max)
+                }
+                _ => min,
+            }),
+            _ => 0,
+        }
+    };
+    desc.params.iter().filter(|s| s.bytes_each > 0).map(|s| u128::from(value(s)) * u128::from(s.bytes_each)).sum()
 }
 
 #[cfg(test)]

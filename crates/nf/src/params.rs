@@ -1,7 +1,64 @@
 //! NF parameters from chain specs: `name(key=value, ...)` as given; typed
 //! access through the NF's declarations is in [`crate::param_spec`].
+//! Also the limits parameters are held to: the machine's available memory
+//! ([`mem_available`]) and bounded reads of the files they name
+//! ([`read_text_file`], at most [`MAX_FILE_BYTES`]).
 
 use std::fmt;
+use std::io::Read;
+
+/// Largest rule, route, session or chain file read (64 MiB): a file past it,
+/// or one that never ends (`/dev/zero`), is refused instead of read until the
+/// process is killed.
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+
+/// Reads the text file `path` ([`MAX_FILE_BYTES`] at most; character and
+/// block devices refused, they may never end). Errors are one line naming
+/// the file.
+pub fn read_text_file(path: &str) -> Result<String, String> {
+    let f = std::fs::File::open(path).map_err(|e| format!("{path}: {e}"))?;
+    let meta = f.metadata().map_err(|e| format!("{path}: {e}"))?;
+    if meta.is_dir() {
+        return Err(format!("{path}: is a directory"));
+    }
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if meta.file_type().is_char_device() || meta.file_type().is_block_device() {
+            return Err(format!("{path}: is a device, not a file"));
+        }
+    }
+    let mut bytes = Vec::new();
+    f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(|e| format!("{path}: {e}"))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!("{path}: larger than {} MiB", MAX_FILE_BYTES >> 20));
+    }
+    String::from_utf8(bytes).map_err(|_| format!("{path}: not UTF-8 text"))
+}
+
+/// Memory the kernel can give without swapping (`MemAvailable` of
+/// `/proc/meminfo`), in bytes; `None` where it cannot be read (no check then).
+pub fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// `1.5 GiB`-style size for messages.
+pub fn human_bytes(b: u128) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = b as f64;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < UNITS.len() {
+        x /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{x:.1} {}", UNITS[u])
+    }
+}
 
 /// A parameter problem, naming the offending token.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -191,6 +191,16 @@ pub struct FlowTable<K: FlowKey> {
 unsafe impl<K: FlowKey> Send for FlowTable<K> {}
 
 impl<K: FlowKey> FlowTable<K> {
+    /// Bytes [`Self::new`] allocates for `capacity` entries of `state_size` bytes (buckets, slab, free list and
+    /// live bitmap; `None` for a state too large): lets a caller check a configuration against the machine's
+    /// memory before allocating it.
+    pub fn footprint(capacity: usize, state_size: usize) -> Option<u128> {
+        let layout = crate::slab::EntryLayout::new::<K>(state_size).ok()?;
+        let cap = capacity as u128;
+        let buckets = (cap * 10).div_ceil(SLOTS as u128 * 9).next_power_of_two() * 64;
+        Some(buckets + cap * (layout.size as u128 + 4) + cap.div_ceil(64) * 8)
+    }
+
     /// Creates a table; buckets are sized so a full slab loads at most 90% of the slots.
     pub fn new(cfg: TableConfig) -> Result<Self, TableError> {
         if cfg.capacity == 0 || cfg.capacity > (1 << 31) {
@@ -940,6 +950,17 @@ mod tests {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
+    }
+
+    /// The footprint a memory budget checks is what the table maps (buckets and slab), plus its index vectors.
+    #[test]
+    fn footprint_covers_what_new_maps() {
+        for (cap, state) in [(1usize, 1usize), (1000, 24), (1 << 14, 100), (100_000, 200)] {
+            let t = FlowTable::<u64>::new(TableConfig::new(cap, state)).expect("table");
+            let mapped: usize = t.memory_spans().iter().map(|s| s.1).sum();
+            let f = FlowTable::<u64>::footprint(cap, state).expect("footprint") as usize;
+            assert!(f >= mapped && f <= mapped + cap * 5 + 64, "cap {cap} state {state}: {f} vs {mapped} mapped");
+        }
     }
 
     /// Fills exactly-sized bucket arrays (slab as large as the slots) until the first failure.

@@ -428,6 +428,15 @@ enum Room {
 }
 
 impl<K: SharedKey> SharedFlowTable<K> {
+    /// Bytes [`Self::new`] allocates (and touches) for `capacity` keys of `state_words` words: lets a caller
+    /// check a configuration against the machine's memory before allocating it.
+    pub fn footprint(capacity: usize, state_words: usize) -> u128 {
+        let (cap, slots) = (capacity as u128, SLOTS as u128);
+        let nb = (cap + cap / 10).div_ceil(slots).max(2).next_power_of_two();
+        let stride = (HEADER_WORDS + state_words).div_ceil(LINE_WORDS) * LINE_WORDS;
+        nb * core::mem::size_of::<Bucket>() as u128 + cap * (stride as u128 * 8 + 4)
+    }
+
     /// Creates a table with every entry preallocated.
     pub fn new(cfg: SharedTableConfig) -> Result<Self, SharedConfigError> {
         if cfg.capacity == 0 || cfg.capacity > MAX_CAPACITY {

@@ -58,6 +58,10 @@ pub enum TraceErrorKind {
     InvalidOption(&'static str),
     /// A timestamp beyond what pcap's 32-bit seconds field can hold (after 2106-02-07).
     TimestampOutOfRange(u64),
+    /// A writer that an earlier failed write stopped: nothing more is written.
+    Stopped,
+    /// A writer's earlier failure, as text (names the file already).
+    WriteFailed(Box<str>),
 }
 
 /// An error from reading or writing a trace: the kind plus, when known, the file it concerns.
@@ -161,6 +165,8 @@ impl fmt::Display for TraceErrorKind {
             }
             InvalidOption(what) => write!(f, "invalid writer option: {what}"),
             TimestampOutOfRange(ns) => write!(f, "timestamp {ns} ns does not fit the pcap 32-bit seconds field"),
+            Stopped => f.write_str("writer stopped by an earlier failed write"),
+            WriteFailed(cause) => f.write_str(cause),
         }
     }
 }

@@ -22,4 +22,4 @@ pub use error::{TraceError, TraceErrorKind};
 pub use linktype::{to_ethernet, LinkType};
 pub use reader::{fuzz_read_all, PacketRef, TraceFormat, TraceReader};
 pub use unparsed::{Unparsed, UnparsedCounts};
-pub use writer::{PcapWriter, WriterOptions};
+pub use writer::{ErrorHook, PcapWriter, WriteOutcome, WriterOptions};

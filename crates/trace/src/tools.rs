@@ -5,7 +5,7 @@
 //! are skipped and counted.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter};
+use std::io::BufReader;
 use std::path::Path;
 
 use flowplane_wire::checksum;
@@ -22,7 +22,7 @@ pub struct ToolSummary {
     pub skipped: u64,
 }
 
-fn writer(path: &Path) -> Result<PcapWriter<BufWriter<File>>, TraceError> {
+fn writer(path: &Path) -> Result<PcapWriter<File>, TraceError> {
     PcapWriter::create(path, WriterOptions { nanosecond: true, ..WriterOptions::default() })
 }
 

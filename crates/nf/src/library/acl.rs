@@ -307,7 +307,7 @@ impl Acl {
         let mut rules = Vec::new();
         let file = p.text(&RULES)?;
         if !file.is_empty() {
-            let text = std::fs::read_to_string(&file)
+            let text = crate::read_text_file(&file)
                 .map_err(|e| err(format!("parameter 'rules={file}': cannot read rules file: {e}")))?;
             rules = parse_rules(&file, &text).map_err(|e| err(format!("rules file {e}")))?;
         }

@@ -314,7 +314,7 @@ impl Route {
         if file.is_empty() {
             return Err(err("parameter 'routes=FILE' is required".into()));
         }
-        let text = std::fs::read_to_string(&file)
+        let text = crate::read_text_file(&file)
             .map_err(|e| err(format!("parameter 'routes={file}': cannot read route file: {e}")))?;
         let routes = parse_routes(&file, &text).map_err(|e| err(format!("route file {e}")))?;
         Route::new(&routes, miss_drop).map_err(err)

@@ -39,7 +39,8 @@ const MEM: ParamSpec = ParamSpec::uint(
     8,
     MAX_MEM,
     "bytes of the private pointer-chasing array per instance (default 256 MiB; suffixes are decimal)",
-);
+)
+.allocates(1);
 const SEED: ParamSpec = ParamSpec::uint("seed", 1, 0, u64::MAX, "seed of the random permutation and flow starts");
 
 /// Registration (see `crates/nf/build.rs`).

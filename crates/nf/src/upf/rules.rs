@@ -217,7 +217,7 @@ impl SessionsFile {
 
     /// Reads and parses a session file.
     pub fn load(path: &str) -> Result<SessionsFile, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read session file {path}: {e}"))?;
+        let text = crate::read_text_file(path).map_err(|e| format!("cannot read session file {e}"))?;
         Self::parse(&text).map_err(|e| format!("{path}: {e}"))
     }
 

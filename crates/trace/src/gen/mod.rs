@@ -99,6 +99,26 @@ impl From<TraceError> for GenError {
     }
 }
 
+/// Largest size-mix or CDF file read: such files are a few lines.
+const MAX_SPEC_FILE: u64 = 16 << 20;
+
+/// Reads a size-mix or CDF file, refusing devices and files past [`MAX_SPEC_FILE`] (`/dev/zero` never ends).
+fn read_small_file(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::FileTypeExt;
+    let f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let ft = f.metadata().map_err(|e| e.to_string())?.file_type();
+    if ft.is_char_device() || ft.is_block_device() {
+        return Err("is a device, not a file".into());
+    }
+    let mut bytes = Vec::new();
+    f.take(MAX_SPEC_FILE + 1).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_SPEC_FILE {
+        return Err(format!("larger than {} MiB", MAX_SPEC_FILE >> 20));
+    }
+    String::from_utf8(bytes).map_err(|_| "not UTF-8 text".into())
+}
+
 fn invalid(msg: impl Into<String>) -> GenError {
     GenError::Invalid(msg.into())
 }
@@ -150,7 +170,7 @@ impl SizeSpec {
         let path = Path::new(spec);
         let (text, entries): (String, Vec<&str>);
         if path.is_file() {
-            text = std::fs::read_to_string(path).map_err(|e| GenError::Io(format!("{spec}: {e}")))?;
+            text = read_small_file(path).map_err(|e| GenError::Io(format!("{spec}: {e}")))?;
             entries =
                 text.lines().map(|l| l.split('#').next().unwrap_or("").trim()).filter(|l| !l.is_empty()).collect();
         } else if spec.contains(':') {
@@ -215,7 +235,8 @@ impl FromStr for FlowDist {
                 Ok(FlowDist::Elephants { k, share })
             }
             "cdf" if !arg.is_empty() => {
-                let text = std::fs::read_to_string(arg).map_err(|e| GenError::Io(format!("--dist cdf: {arg}: {e}")))?;
+                let text =
+                    read_small_file(Path::new(arg)).map_err(|e| GenError::Io(format!("--dist cdf: {arg}: {e}")))?;
                 parse_cdf(&text).map_err(|m| invalid(format!("--dist cdf: {arg}: {m}")))
             }
             _ => {
