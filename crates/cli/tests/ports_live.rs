@@ -185,7 +185,7 @@ fn metric(text: &str, line_prefix: &str) -> Option<u64> {
         .map(|v| v as u64)
 }
 
-/// Scrapes until `line_prefix` reads `want` (or 3 s pass); how long it took.
+/// Scrapes until `line_prefix` reads `want` (or 15 s pass: a loaded CI host); how long it took.
 fn wait_metric(port: u16, line_prefix: &str, want: u64) -> Duration {
     let t0 = Instant::now();
     loop {
@@ -193,7 +193,7 @@ fn wait_metric(port: u16, line_prefix: &str, want: u64) -> Duration {
         if metric(&text, line_prefix) == Some(want) {
             return t0.elapsed();
         }
-        assert!(t0.elapsed() < Duration::from_secs(3), "{line_prefix} != {want} after 3 s:\n{text}");
+        assert!(t0.elapsed() < Duration::from_secs(15), "{line_prefix} != {want} after 15 s:\n{text}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -272,14 +272,14 @@ fn afpacket_link_faults_are_reported_and_a_recreated_input_is_reattached() {
     wait_metric(port, "flowplane_core_packets_out_total{core=\"0\"}", 200);
     // The output goes down: reported within a poll period, its packets are tx errors.
     must(&["ip", "link", "set", &vo.0, "down"]);
-    assert!(wait_metric(port, &up(&po), 0) < Duration::from_secs(1));
+    assert!(wait_metric(port, &up(&po), 0) < Duration::from_secs(5));
     send(&pcap, &vi.peer());
     wait_metric(port, "flowplane_drops_total{reason=\"tx_error\"}", 200);
     must(&["ip", "link", "set", &vo.0, "up"]);
     wait_metric(port, &up(&po), 1);
     // The input is deleted (reported), then created again: re-attached, it receives again.
     vi.delete();
-    assert!(wait_metric(port, &ev(&pi, "gone"), 1) < Duration::from_secs(1));
+    assert!(wait_metric(port, &ev(&pi, "gone"), 1) < Duration::from_secs(5));
     wait_metric(port, &up(&pi), 0);
     vi.create();
     wait_metric(port, &ev(&pi, "reattached"), 1);
