@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Runs one NF's independent Python model against the `flowplane` binary over a run matrix.
+
+Usage: harness.py FLOWPLANE_BIN NF TMPDIR [--full]
+
+The model (`<NF>.py` beside this file, written from the NF's documented rule, not its code)
+crafts a capture with scapy and says, packet by packet, what a serial run must forward.
+The harness tags every packet (its index in the last 4 bytes of the frame), writes a
+nanosecond pcap, runs flowplane over the matrix (executor x batch x placement) and
+compares the forwarded tags, the `--json` counters and the export with the model.
+
+Matrix: executors x placements (1 core; 2 cores under rss, shared, rsspp, scr, dyssect;
+8 virtual cores under rss), each at one batch size chosen so that every (executor, batch)
+and (placement, batch) pair is covered too (a pairwise design, 35 runs per NF);
+`--full` runs the whole product (140 runs per NF). Prints `checked N of N` at the end.
+"""
+import importlib
+import json
+import os
+import struct
+import subprocess
+import sys
+
+from scapy.all import IP, IPv6, TCP, UDP, Raw  # noqa: F401  (models import layers from here)
+
+EXECS = ["rtc", "batch", "microbatch", "pernf", "interleaved"]
+BATCHES = [1, 4, 64, 256]
+# (label, extra args, cores) in plan order.
+PLACEMENTS = [
+    ("1core", ["--cores", "1"], 1),
+    ("rss", ["--cores", "2", "--scale", "rss"], 2),
+    ("shared", ["--cores", "2", "--scale", "shared"], 2),
+    ("rsspp", ["--cores", "2", "--scale", "rsspp"], 2),
+    ("scr", ["--cores", "2", "--scale", "scr"], 2),
+    ("dyssect", ["--cores", "2", "--scale", "dyssect"], 2),
+    ("vc8", ["--virtual-cores", "8", "--scale", "rss"], 8),
+]
+# The README's list of SCR-aware NFs; every other NF must refuse `--scale scr` in one line.
+SCR_AWARE = {"ddos", "hh", "portknock", "ratelimit", "conntrack", "burn"}
+
+
+class Rec:
+    """One crafted packet as a model sees it: time (ns after the first packet) and header fields."""
+
+    def __init__(self, i, t, pkt):
+        self.i, self.t, self.pkt = i, t, pkt
+        ip = pkt[IP] if IP in pkt else pkt[IPv6] if IPv6 in pkt else None
+        self.v6 = IPv6 in pkt
+        self.src = ip.src if ip is not None else None
+        self.dst = ip.dst if ip is not None else None
+        self.proto = (ip.nh if self.v6 else ip.proto) if ip is not None else None
+        l4 = pkt[TCP] if TCP in pkt else pkt[UDP] if UDP in pkt else None
+        self.sport = l4.sport if l4 is not None else 0
+        self.dport = l4.dport if l4 is not None else 0
+        self.flags = int(pkt[TCP].flags) if TCP in pkt else 0
+        self.frame = b""  # filled once tagged
+
+    @property
+    def flow(self):
+        return (self.proto, self.src, self.dst, self.sport, self.dport)
+
+
+class Run:
+    """What one flowplane run produced, handed to a model's optional `check(...)`."""
+
+    def __init__(self, label, cores, exe, batch, out_frames, report, export):
+        self.label, self.cores, self.exe, self.batch = label, cores, exe, batch
+        self.out = out_frames  # [(t_ns, bytes)] as written
+        self.tags = [struct.unpack(">I", f[-4:])[0] for _, f in out_frames]
+        self.report, self.export = report, export
+
+    def nf(self, name):
+        return next(n for n in self.report["nfs"] if n["name"] == name)
+
+    def order_not_guaranteed(self):
+        return self.report.get("scale", {}).get("order_not_guaranteed", [])
+
+
+def write_pcap(path, frames):
+    with open(path, "wb") as f:
+        f.write(struct.pack("<IHHiIII", 0xA1B23C4D, 2, 4, 0, 0, 65535, 1))  # nanosecond pcap, Ethernet
+        for t, b in frames:
+            t += 1_700_000_000 * 10**9
+            f.write(struct.pack("<IIII", t // 10**9, t % 10**9, len(b), len(b)) + b)
+
+
+def read_pcap(path):
+    data = open(path, "rb").read()
+    magic = struct.unpack("<I", data[:4])[0]
+    scale = 1 if magic == 0xA1B23C4D else 1000
+    assert magic in (0xA1B2C3D4, 0xA1B23C4D), f"{path}: not a little-endian pcap ({magic:#x})"
+    out, off = [], 24
+    while off < len(data):
+        sec, frac, incl, _ = struct.unpack("<IIII", data[off : off + 16])
+        out.append((sec * 10**9 + frac * scale, data[off + 16 : off + 16 + incl]))
+        off += 16 + incl
+    return out
+
+
+def verdict_errors(model, recs, run, expect):
+    """Serial semantics: the forwarded tags are exactly the expected ones (None = either)."""
+    errs = []
+    got = set(run.tags)
+    if len(got) != len(run.tags):
+        errs.append(f"{len(run.tags) - len(got)} packets forwarded twice")
+    for r in recs:
+        e = expect[r.i]
+        if e is not None and e != (r.i in got):
+            errs.append(f"packet {r.i} t={r.t} {r.flow} flags={r.flags:#x}: expected {'pass' if e else 'drop'}")
+    return errs
+
+
+def main():
+    bin_, nf, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
+    full = "--full" in sys.argv[4:]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    model = importlib.import_module(nf)
+    os.makedirs(tmp, exist_ok=True)
+    crafted = model.craft()
+    t0 = crafted[0][0]
+    recs = [Rec(i, t - t0, p) for i, (t, p) in enumerate(crafted)]
+    for r in recs:
+        r.frame = bytes(r.pkt / Raw(struct.pack(">I", r.i)))
+    inp = os.path.join(tmp, "in.pcap")
+    write_pcap(inp, [(r.t, r.frame) for r in recs])
+    expect = model.expect(recs)
+    assert len(expect) == len(recs)
+    refuses = set(getattr(model, "REFUSES", ())) | ({"scr"} if nf not in SCR_AWARE else set())
+
+    cells = []
+    nf_i = sum(map(ord, nf))
+    for e, exe in enumerate(EXECS):
+        for p, (label, args, cores) in enumerate(PLACEMENTS):
+            batches = BATCHES if full else [BATCHES[(e + p + nf_i) % 4]]
+            cells += [(exe, b, label, args, cores) for b in batches]
+
+    failures, checked = [], 0
+    for exe, batch, label, args, cores in cells:
+        out = os.path.join(tmp, "out.pcap")
+        cmd = [bin_, "run", "--input", inp, "--output", out, "--chain", model.CHAIN, "--exec", exe]
+        cmd += ["--batch", str(batch), "--flows", "4096", "--json"] + args + getattr(model, "ARGS", [])
+        exp_path = None
+        if getattr(model, "EXPORT", False):
+            exp_path = os.path.join(tmp, "export.json")
+            cmd += ["--export", f"{nf}={exp_path}"]
+        for f in (out, exp_path):
+            if f and os.path.exists(f):
+                os.remove(f)
+        pr = subprocess.run(cmd, capture_output=True, text=True)
+        what = f"[{nf} --exec {exe} --batch {batch} {label}]"
+        checked += 1
+        if label in refuses:
+            lines = pr.stderr.strip().splitlines()
+            if pr.returncode != 2 or len(lines) != 1:
+                failures.append(f"{what} expected a one-line refusal (exit 2), got {pr.returncode}: {pr.stderr}")
+            continue
+        if pr.returncode != 0:
+            failures.append(f"{what} exit {pr.returncode}: {pr.stderr.strip()}")
+            continue
+        report = json.loads(pr.stdout)
+        export = json.load(open(exp_path)) if exp_path else None
+        run = Run(label, cores, exe, batch, read_pcap(out), report, export)
+        errs = []
+        if report["packets"] != len(recs) or report["scale"] and report["scale"].get("rx_ring_full"):
+            errs.append(f"input not fully delivered: packets={report['packets']} of {len(recs)}")
+        # The model's own check (multi-core rules, exports, counters); serial verdicts otherwise.
+        if hasattr(model, "check"):
+            errs += model.check(recs, run, expect, verdict_errors)
+        else:
+            errs += verdict_errors(model, recs, run, expect)
+        counted = run.nf(nf)
+        if counted["packets_out"] != len(run.tags) or counted["packets_in"] != len(recs):
+            errs.append(f"counters in={counted['packets_in']} out={counted['packets_out']}, pcap has {len(run.tags)}")
+        if errs:
+            failures.append(f"{what} {len(errs)} errors:\n  " + "\n  ".join(errs[:8]))
+    for f in failures:
+        print(f"FAIL {f}")
+    print(f"checked {checked} of {len(cells)} runs, {len(failures)} failed, {len(recs)} packets per run")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
