@@ -30,3 +30,36 @@ def pkt(src, dst, proto="udp", sport=1000, dport=2000, size=0, flags="S"):
 
 def rng(seed):
     return random.Random(seed)
+
+
+def bucket_model(recs, key, cost, rate, burst, pick=lambda r: True):
+    """The documented token bucket, exact in integers: tokens scaled by 1e9, `rate` tokens per
+    second (so `rate` scaled units per ns), full (`burst`) at a key's first packet, capped at
+    `burst`; a packet passes and takes `cost` if the bucket holds at least `cost`."""
+    state, out = {}, []
+    for r in recs:
+        if not pick(r):
+            out.append(True)
+            continue
+        k, c = key(r), cost(r) * S
+        units, last = state.get(k, (burst * S, r.t))
+        units = min(burst * S, units + max(0, r.t - last) * rate)
+        ok = units >= c
+        state[k] = (units - c if ok else units, max(last, r.t))
+        out.append(ok)
+    return out
+
+
+def bucket_bound_errors(recs, passed, key, cost, rate, burst):
+    """What holds in any processing order (cores sharing a bucket): a key never gets more than
+    `burst` plus what accrues over its packets' time span."""
+    errs, span, got = [], {}, {}
+    for r in recs:
+        lo, hi = span.get(key(r), (r.t, r.t))
+        span[key(r)] = (min(lo, r.t), max(hi, r.t))
+        if r.i in passed:
+            got[key(r)] = got.get(key(r), 0) + cost(r)
+    for k, (lo, hi) in span.items():
+        if got.get(k, 0) * S > burst * S + (hi - lo) * rate:
+            errs.append(f"{k}: {got[k]} passed, more than burst {burst} + {rate}/s over {(hi - lo) / S:.3f} s")
+    return errs

@@ -134,7 +134,7 @@ def main():
             batches = BATCHES if full else [BATCHES[(e + p + nf_i) % 4]]
             cells += [(exe, b, label, args, cores) for b in batches]
 
-    failures, checked = [], 0
+    failures, checked, drifts = [], 0, []
     for exe, batch, label, args, cores in cells:
         out = os.path.join(tmp, "out.pcap")
         cmd = [bin_, "run", "--input", inp, "--output", out, "--chain", model.CHAIN, "--exec", exe]
@@ -168,14 +168,21 @@ def main():
             errs += model.check(recs, run, expect, verdict_errors)
         else:
             errs += verdict_errors(model, recs, run, expect)
-        counted = run.nf(nf)
-        if counted["packets_out"] != len(run.tags) or counted["packets_in"] != len(recs):
-            errs.append(f"counters in={counted['packets_in']} out={counted['packets_out']}, pcap has {len(run.tags)}")
+        first = run.nf(nf)
+        if report["packets_out"] != len(run.tags) or first["packets_in"] != len(recs):
+            errs.append(f"counters: {nf} in={first['packets_in']}, out={report['packets_out']}, pcap has {len(run.tags)}")
+        drift = len(verdict_errors(model, recs, run, expect))
+        if drift and not errs:
+            drifts.append(f"{what} {drift} verdicts differ from the serial model (bound checks passed)")
         if errs:
             failures.append(f"{what} {len(errs)} errors:\n  " + "\n  ".join(errs[:8]))
+    for d in drifts:
+        print(f"DRIFT {d}")
     for f in failures:
         print(f"FAIL {f}")
-    print(f"checked {checked} of {len(cells)} runs, {len(failures)} failed, {len(recs)} packets per run")
+    npass, ndrop = sum(e is True for e in expect), sum(e is False for e in expect)
+    print(f"model: {npass} pass, {ndrop} drop, {len(recs) - npass - ndrop} either, of {len(recs)} packets")
+    print(f"checked {checked} of {len(cells)} runs, {len(failures)} failed")
     sys.exit(1 if failures else 0)
 
 
