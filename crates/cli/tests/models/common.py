@@ -2,7 +2,7 @@
 import ipaddress
 import random
 
-from scapy.all import IP, IPv6, TCP, UDP, Ether, Raw
+from scapy.all import ICMP, IP, TCP, UDP, Ether, ICMPv6EchoRequest, IPv6, Raw
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -24,7 +24,10 @@ def rec_flow(r):
 def pkt(src, dst, proto="udp", sport=1000, dport=2000, size=0, flags="S"):
     """An Ethernet frame with an IPv4 or IPv6 header (by the address) and `size` payload bytes."""
     ip = IPv6(src=src, dst=dst) if ":" in src else IP(src=src, dst=dst)
-    l4 = UDP(sport=sport, dport=dport) if proto == "udp" else TCP(sport=sport, dport=dport, flags=flags)
+    if proto == "icmp":
+        l4 = ICMPv6EchoRequest() if ":" in src else ICMP()
+    else:
+        l4 = UDP(sport=sport, dport=dport) if proto == "udp" else TCP(sport=sport, dport=dport, flags=flags)
     return Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / ip / l4 / Raw(b"x" * size)
 
 

@@ -134,7 +134,7 @@ def main():
             batches = BATCHES if full else [BATCHES[(e + p + nf_i) % 4]]
             cells += [(exe, b, label, args, cores) for b in batches]
 
-    failures, checked, drifts = [], 0, []
+    failures, checked, drifts, known = [], 0, [], []
     for exe, batch, label, args, cores in cells:
         out = os.path.join(tmp, "out.pcap")
         cmd = [bin_, "run", "--input", inp, "--output", out, "--chain", model.CHAIN, "--exec", exe]
@@ -171,11 +171,16 @@ def main():
         first = run.nf(nf)
         if report["packets_out"] != len(run.tags) or first["packets_in"] != len(recs):
             errs.append(f"counters: {nf} in={first['packets_in']}, out={report['packets_out']}, pcap has {len(run.tags)}")
+        # "KNOWN: ..." marks a reported bug owned elsewhere: listed, not failed (see the model).
+        known += [f"{what} {e}" for e in errs if e.startswith("KNOWN")]
+        errs = [e for e in errs if not e.startswith("KNOWN")]
         drift = len(verdict_errors(model, recs, run, expect))
         if drift and not errs:
             drifts.append(f"{what} {drift} verdicts differ from the serial model (bound checks passed)")
         if errs:
             failures.append(f"{what} {len(errs)} errors:\n  " + "\n  ".join(errs[:8]))
+    for k in known:
+        print(k)
     for d in drifts:
         print(f"DRIFT {d}")
     for f in failures:
