@@ -1,6 +1,7 @@
 """Helpers the models share: address normalisation and a small deterministic traffic mixer."""
 import ipaddress
 import random
+import struct
 
 from scapy.all import ICMP, IP, TCP, UDP, Ether, ICMPv6EchoRequest, IPv6, Raw
 
@@ -66,3 +67,28 @@ def bucket_bound_errors(recs, passed, key, cost, rate, burst):
         if got.get(k, 0) * S > burst * S + (hi - lo) * rate:
             errs.append(f"{k}: {got[k]} passed, more than burst {burst} + {rate}/s over {(hi - lo) / S:.3f} s")
     return errs
+
+
+def checksums_ok(frame):
+    """The IPv4 header and TCP/UDP checksums of an Ethernet frame verify (RFC 1071)."""
+    def fold(b):
+        b += b"\0" * (len(b) % 2)
+        s = sum(struct.unpack(f">{len(b) // 2}H", b))
+        while s >> 16:
+            s = (s & 0xFFFF) + (s >> 16)
+        return s
+
+    if frame[12:14] == b"\x08\x00":
+        ihl = (frame[14] & 15) * 4
+        ip, l4 = frame[14 : 14 + ihl], frame[14 + ihl :]
+        if fold(ip) != 0xFFFF:
+            return False
+        pseudo = ip[12:20] + bytes([0, ip[9]]) + struct.pack(">H", len(l4))
+    else:
+        ip, l4 = frame[14:54], frame[54:]
+        pseudo = ip[8:40] + struct.pack(">I", len(l4)) + bytes([0, 0, 0, ip[6]])
+    return fold(pseudo + l4) == 0xFFFF
+
+
+def dst_of(frame):
+    return addr(frame[30:34] if frame[12:14] == b"\x08\x00" else frame[38:54])
