@@ -116,6 +116,8 @@ def main():
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     model = importlib.import_module(nf)
     os.makedirs(tmp, exist_ok=True)
+    if hasattr(model, "files"):
+        model.files(tmp)  # e.g. a rule file the chain names
     crafted = model.craft()
     t0 = crafted[0][0]
     recs = [Rec(i, t - t0, p) for i, (t, p) in enumerate(crafted)]
@@ -137,7 +139,7 @@ def main():
     failures, checked, drifts, known = [], 0, [], []
     for exe, batch, label, args, cores in cells:
         out = os.path.join(tmp, "out.pcap")
-        cmd = [bin_, "run", "--input", inp, "--output", out, "--chain", model.CHAIN, "--exec", exe]
+        cmd = [bin_, "run", "--input", inp, "--output", out, "--chain", model.CHAIN.format(tmp=tmp), "--exec", exe]
         cmd += ["--batch", str(batch), "--flows", "4096", "--json"] + args + getattr(model, "ARGS", [])
         exp_path = None
         if getattr(model, "EXPORT", False):
