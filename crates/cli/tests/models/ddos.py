@@ -70,5 +70,8 @@ def shared_bound(recs, run):
         passed[r.src] = passed.get(r.src, 0) + (r.i in set(run.tags))
     for s, (lo, hi) in span.items():
         if passed[s] > T * ((hi - lo) // W + 1):
-            errs.append(f"{s}: {passed[s]} passed over {(hi - lo) / S:.3f} s, more than {T} per window")
+            # Bug (reported): cores far apart in packet time re-anchor the window back and forth,
+            # each forward step opening a fresh window: about 2x the threshold gets through.
+            errs.append("KNOWN: shared over-admits (window re-anchoring): "
+                        f"{s}: {passed[s]} passed over {(hi - lo) / S:.3f} s, more than {T} per window")
     return errs

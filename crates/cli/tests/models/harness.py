@@ -5,7 +5,7 @@ Usage: harness.py FLOWPLANE_BIN NF TMPDIR [--full]
 
 The model (`<NF>.py` beside this file, written from the NF's documented rule, not its code)
 crafts a capture with scapy and says, packet by packet, what a serial run must forward.
-The harness tags every packet (its index in the last 4 bytes of the frame), writes a
+The harness tags every packet (its index in 4 of the frame's last 8 bytes), writes a
 nanosecond pcap, runs flowplane over the matrix (executor x batch x placement) and
 compares the forwarded tags, the `--json` counters and the export with the model.
 
@@ -20,8 +20,8 @@ import os
 import struct
 import subprocess
 import sys
+import time
 
-from scapy.all import IP, IPv6, TCP, UDP, Raw  # noqa: F401  (models import layers from here)
 
 EXECS = ["rtc", "batch", "microbatch", "pernf", "interleaved"]
 BATCHES = [1, 4, 64, 256]
@@ -40,24 +40,16 @@ SCR_AWARE = {"ddos", "hh", "portknock", "ratelimit", "conntrack", "burn"}
 
 
 class Rec:
-    """One crafted packet as a model sees it: time (ns after the first packet) and header fields."""
+    """One crafted packet as a model sees it: time (ns after the first packet), header fields
+    (`common.Tmpl`), the tagged frame."""
 
-    def __init__(self, i, t, pkt):
-        self.i, self.t, self.pkt = i, t, pkt
-        ip = pkt[IP] if IP in pkt else pkt[IPv6] if IPv6 in pkt else None
-        self.v6 = IPv6 in pkt
-        self.src = ip.src if ip is not None else None
-        self.dst = ip.dst if ip is not None else None
-        self.proto = (ip.nh if self.v6 else ip.proto) if ip is not None else None
-        l4 = pkt[TCP] if TCP in pkt else pkt[UDP] if UDP in pkt else None
-        self.sport = l4.sport if l4 is not None else 0
-        self.dport = l4.dport if l4 is not None else 0
-        self.flags = int(pkt[TCP].flags) if TCP in pkt else 0
-        self.frame = b""  # filled once tagged
-
-    @property
-    def flow(self):
-        return (self.proto, self.src, self.dst, self.sport, self.dport)
+    def __init__(self, i, t, tmpl):
+        self.i, self.t = i, t
+        self.v6, self.src, self.dst, self.proto = tmpl.v6, tmpl.src, tmpl.dst, tmpl.proto
+        self.sport, self.dport, self.flags = tmpl.sport, tmpl.dport, tmpl.flags
+        self.flow = self.nflow = (self.proto, self.src, self.dst, self.sport, self.dport)
+        tag = struct.pack(">I", i)
+        self.frame = tmpl.frame[:-8] + tag + bytes(b ^ 0xFF for b in tag)
 
 
 class Run:
@@ -66,7 +58,7 @@ class Run:
     def __init__(self, label, cores, exe, batch, out_frames, report, export):
         self.label, self.cores, self.exe, self.batch = label, cores, exe, batch
         self.out = out_frames  # [(t_ns, bytes)] as written
-        self.tags = [struct.unpack(">I", f[-4:])[0] for _, f in out_frames]
+        self.tags = [struct.unpack(">I", f[-8:-4])[0] for _, f in out_frames]
         self.report, self.export = report, export
 
     def nf(self, name):
@@ -121,8 +113,6 @@ def main():
     crafted = model.craft()
     t0 = crafted[0][0]
     recs = [Rec(i, t - t0, p) for i, (t, p) in enumerate(crafted)]
-    for r in recs:
-        r.frame = bytes(r.pkt / Raw(struct.pack(">I", r.i)))
     inp = os.path.join(tmp, "in.pcap")
     write_pcap(inp, [(r.t, r.frame) for r in recs])
     expect = model.expect(recs)
@@ -136,7 +126,7 @@ def main():
             batches = BATCHES if full else [BATCHES[(e + p + nf_i) % 4]]
             cells += [(exe, b, label, args, cores) for b in batches]
 
-    failures, checked, drifts, known = [], 0, [], []
+    failures, checked, drifts, known, spent = [], 0, [], [], {}
     for exe, batch, label, args, cores in cells:
         out = os.path.join(tmp, "out.pcap")
         cmd = [bin_, "run", "--input", inp, "--output", out, "--chain", model.CHAIN.format(tmp=tmp), "--exec", exe]
@@ -148,7 +138,9 @@ def main():
         for f in (out, exp_path):
             if f and os.path.exists(f):
                 os.remove(f)
+        t_start = time.monotonic()
         pr = subprocess.run(cmd, capture_output=True, text=True)
+        spent[label] = spent.get(label, 0) + time.monotonic() - t_start
         what = f"[{nf} --exec {exe} --batch {batch} {label}]"
         checked += 1
         if label in refuses:
@@ -187,6 +179,7 @@ def main():
         print(f"DRIFT {d}")
     for f in failures:
         print(f"FAIL {f}")
+    print("flowplane seconds per placement: " + ", ".join(f"{k} {v:.1f}" for k, v in spent.items()))
     npass, ndrop = sum(e is True for e in expect), sum(e is False for e in expect)
     print(f"model: {npass} pass, {ndrop} drop, {len(recs) - npass - ndrop} either, of {len(recs)} packets")
     print(f"checked {checked} of {len(cells)} runs, {len(failures)} failed")

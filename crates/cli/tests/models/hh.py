@@ -18,7 +18,7 @@ def craft():
         size = 40 + 37 * f
         out += [(k * 40 * MS + f, pkt(src, dst, "tcp" if f % 3 else "udp", 1000 + f, 80, size=size)) for k in range(100)]
     # A flow of exactly THRESHOLD bytes (not above it): 20 frames of 1000 bytes.
-    base = len(pkt("10.9.0.1", "192.0.2.2", "udp", 1, 1)) + 4  # + the harness's tag
+    base = len(pkt("10.9.0.1", "192.0.2.2", "udp", 1, 1).frame)  # with the tag trailer
     out += [(k * 200 * MS + 7, pkt("10.9.0.1", "192.0.2.2", "udp", 1, 1, size=1000 - base)) for k in range(20)]
     # An elephant that goes idle past the timeout and comes back smaller: a new incarnation.
     out += [(k * 5 * MS, pkt("10.8.0.1", "192.0.2.3", "tcp", 7, 7, size=1200)) for k in range(60)]

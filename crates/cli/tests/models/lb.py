@@ -4,6 +4,7 @@ later packet goes to the same backend; the destination is rewritten with valid c
 nothing else changes; the export has one row per flow: its 5-tuple as received and its backend.
 On one core the assignment is exact; on N cores each core runs its own round robin, so the
 model checks stickiness, the pools and that per-backend counts differ by at most N."""
+import functools
 import ipaddress
 
 from common import addr, checksums_ok, dst_of, flow_of, pkt, rec_flow, rng
@@ -39,8 +40,9 @@ def mask(frame, p):
     return bytes(b)
 
 
+@functools.lru_cache(maxsize=None)
 def pool(base, n):
-    return [addr(ipaddress.ip_address(base) + i) for i in range(n)]
+    return tuple(addr(ipaddress.ip_address(base) + i) for i in range(n))
 
 
 def check(recs, run, expect, verdicts):
@@ -60,12 +62,13 @@ def check(recs, run, expect, verdicts):
             errs.append(f"{p.i}: rewritten frame has a bad length or checksum")
         if mask(out, p) != mask(p.frame, p):
             errs.append(f"{p.i}: bytes other than the destination and checksums changed")
-        first = seen.setdefault(rec_flow(p), dst_of(out))
+        to = dst_of(out)
+        first = seen.setdefault(rec_flow(p), to)
         got = exported.get(rec_flow(p), "no row" if run.label != "shared" else first)  # see KNOWN below
-        if run.cores == 1 and dst_of(out) != sent[rec_flow(p)]:
-            errs.append(f"{p.i} {rec_flow(p)}: sent to {dst_of(out)}, expected {sent[rec_flow(p)]}")
-        elif dst_of(out) != first or dst_of(out) != got or first not in pool(BASE6, B6) + pool(BASE, B4):
-            errs.append(f"{p.i} {rec_flow(p)}: sent to {dst_of(out)}, first {first}, exported backend {got}")
+        if run.cores == 1 and to != sent[rec_flow(p)]:
+            errs.append(f"{p.i} {rec_flow(p)}: sent to {to}, expected {sent[rec_flow(p)]}")
+        elif to != first or to != got or first not in pool(BASE6, B6) + pool(BASE, B4):
+            errs.append(f"{p.i} {rec_flow(p)}: sent to {to}, first {first}, exported backend {got}")
     if run.label == "shared" and len(run.export) < len(sent):
         return errs + [f"KNOWN: shared exports {len(run.export)} of {len(sent)} flows (issue 29, lb under shared)"]
     rows = {flow_of(x): addr(x["backend"]) for x in run.export}

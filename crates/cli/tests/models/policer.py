@@ -43,5 +43,8 @@ def check(recs, run, expect, verdicts):
         return verdicts(None, recs, run, expect)
     errs = [] if "policer" in run.order_not_guaranteed() else ["shared: policer not in order_not_guaranteed"]
     got = set(run.tags)
-    errs += bucket_bound_errors(recs, got, dst, lambda r: len(r.frame), RATE, BURST)
-    return errs + bucket_bound_errors(recs, got, dst, lambda r: 1, PPS, PBURST)
+    over = bucket_bound_errors(recs, got, dst, lambda r: len(r.frame), RATE, BURST)
+    over += bucket_bound_errors(recs, got, dst, lambda r: 1, PPS, PBURST)
+    # Bug (reported): sprayed over cores whose packet clocks are more than CLOCK_RESET_NS apart,
+    # every alternation re-anchors the bucket back and refills it forward: up to ~2x the rate.
+    return errs + [f"KNOWN: shared over-admits (clock re-anchoring): {e}" for e in over]
