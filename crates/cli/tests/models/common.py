@@ -81,9 +81,9 @@ def bucket_model(recs, key, cost, rate, burst, pick=lambda r: True):
     return out
 
 
-def bucket_bound_errors(recs, passed, key, cost, rate, burst, slack=1):
+def bucket_bound_errors(recs, passed, key, cost, rate, burst):
     """What holds in any processing order (cores sharing a bucket): a key never gets more than
-    `burst` plus what accrues over its packets' time span (times `slack`)."""
+    `burst` plus what accrues over its packets' time span."""
     errs, span, got = [], {}, {}
     for r in recs:
         lo, hi = span.get(key(r), (r.t, r.t))
@@ -91,7 +91,7 @@ def bucket_bound_errors(recs, passed, key, cost, rate, burst, slack=1):
         if r.i in passed:
             got[key(r)] = got.get(key(r), 0) + cost(r)
     for k, (lo, hi) in span.items():
-        if got.get(k, 0) * S > slack * (burst * S + (hi - lo) * rate):
+        if got.get(k, 0) * S > burst * S + (hi - lo) * rate:
             errs.append(f"{k}: {got[k]} passed, more than burst {burst} + {rate}/s over {(hi - lo) / S:.3f} s")
     return errs
 
