@@ -14,6 +14,7 @@ Matrix: executors x placements (1 core; 2 cores under rss, shared, rsspp, scr, d
 and (placement, batch) pair is covered too (a pairwise design, 35 runs per NF);
 `--full` runs the whole product (140 runs per NF). Prints `checked N of N` at the end.
 """
+import concurrent.futures
 import importlib
 import json
 import os
@@ -127,20 +128,28 @@ def main():
             cells += [(exe, b, label, args, cores) for b in batches]
 
     failures, checked, drifts, known, spent = [], 0, [], [], {}
-    for exe, batch, label, args, cores in cells:
-        out = os.path.join(tmp, "out.pcap")
+
+    def launch(n, cell):
+        """Runs one cell in its own files. A run mostly waits (the runner's control period),
+        so a few run at once."""
+        exe, batch, label, args, cores = cell
+        out, exp_path = os.path.join(tmp, f"out{n}.pcap"), None
         cmd = [bin_, "run", "--input", inp, "--output", out, "--chain", model.CHAIN.format(tmp=tmp), "--exec", exe]
         cmd += ["--batch", str(batch), "--flows", "4096", "--json"] + args + getattr(model, "ARGS", [])
-        exp_path = None
         if getattr(model, "EXPORT", False):
-            exp_path = os.path.join(tmp, "export.json")
+            exp_path = os.path.join(tmp, f"export{n}.json")
             cmd += ["--export", f"{nf}={exp_path}"]
         for f in (out, exp_path):
             if f and os.path.exists(f):
-                os.remove(f)
+                os.remove(f)  # never read a previous run's files
         t_start = time.monotonic()
         pr = subprocess.run(cmd, capture_output=True, text=True)
-        spent[label] = spent.get(label, 0) + time.monotonic() - t_start
+        return pr, out, exp_path, time.monotonic() - t_start
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(launch, range(len(cells)), cells))
+    for (exe, batch, label, args, cores), (pr, out, exp_path, secs) in zip(cells, results):
+        spent[label] = spent.get(label, 0) + secs
         what = f"[{nf} --exec {exe} --batch {batch} {label}]"
         checked += 1
         if label in refuses:
