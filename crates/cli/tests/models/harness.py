@@ -106,6 +106,7 @@ def verdict_errors(model, recs, run, expect):
 def main():
     bin_, nf, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
     full = "--full" in sys.argv[4:]
+    sys.dont_write_bytecode = True  # no __pycache__ in the source tree
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     model = importlib.import_module(nf)
     os.makedirs(tmp, exist_ok=True)
