@@ -1,5 +1,7 @@
 //! `fsc`: flow statistics counter (FAJITA A.1): packets, bytes, first and
-//! last seen per 5-tuple. Its table is exportable at the end of a run
+//! last seen per 5-tuple. Bytes are frame lengths (Ethernet header included,
+//! no FCS); first and last seen are packet-clock ns (after the capture's
+//! first packet). Its table is exportable at the end of a run
 //! (`--export fsc=flows.csv|json`).
 
 use bytemuck::{Pod, Zeroable};

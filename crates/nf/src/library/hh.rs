@@ -1,5 +1,5 @@
 //! `hh`: heavy-hitter monitor (SCR Table 1). Every 5-tuple flow counts its
-//! bytes and packets in its state; the NF keeps a fixed-size top-k summary
+//! bytes (frame lengths) and packets in its state; the NF keeps a fixed-size top-k summary
 //! (the k flows with the most bytes seen so far), touched only when a flow's
 //! count exceeds the current k-th largest, so the common packet costs one
 //! compare. `report()` lists the top-k; with `threshold=BYTES` flows above

@@ -1,7 +1,10 @@
 //! `policer`: per-destination-IP token bucket (FAJITA A.1) restricting the
 //! download rate of each server. The state is keyed by the destination
-//! address, so every flow towards one server draws from one bucket (shared
-//! between cores under RSS).
+//! address, so every flow towards one server draws from one bucket, which
+//! starts full at the server's first packet. The NF declares destination
+//! affinity: rss, rsspp, dyssect and virtual cores steer a server's packets
+//! to one core, so verdicts equal a one-core run's; `--scale shared` sprays
+//! them over cores and lists policer in `order_not_guaranteed`.
 //!
 //! Units: by default `rate` is in bytes per second and `burst` in bytes, and
 //! a packet costs its frame length (Ethernet header included, FCS excluded),

@@ -1,8 +1,13 @@
-//! `psd`: port-scan detector (FAJITA A.1). Per source IP (shared between
-//! cores under RSS) it estimates how many distinct destination ports the
-//! source probed in the current window; once the estimate reaches `ports`,
-//! the source is flagged for the rest of the window and its packets are
-//! dropped (`action=drop`) or passed and counted (`action=flag`).
+//! `psd`: port-scan detector (FAJITA A.1). Per source IP (the NF declares
+//! source affinity: one source's packets on one core under rss, rsspp,
+//! dyssect and virtual cores; `--scale shared` sprays them and lists psd in
+//! `order_not_guaranteed`) it estimates how many distinct destination ports
+//! the source probed in the current window; once the estimate reaches
+//! `ports`, the source is flagged for the rest of the window and its packets,
+//! the probe that reached it included, are dropped (`action=drop`) or passed
+//! and counted (`action=flag`). `--export psd=FILE` writes one row per
+//! source: its current window's start (`window_start_ns`), estimate
+//! (`ports_estimate`) and whether it is flagged.
 //!
 //! The distinct-port set is a fixed 512-bit bitmap of hashed ports (a
 //! linear-counting sketch), so the state is plain data of 80 bytes.
@@ -23,7 +28,8 @@
 //! port: they are not counted but follow the source's verdict.
 //!
 //! Windows are tumbling, anchored at the source's first packet after the
-//! previous window ended. A clock stepping back a little (cores sharing the
+//! previous window ended: a window anchored at `a` holds the packets before
+//! `a + window`; one at exactly `a + window` starts the next. A clock stepping back a little (cores sharing the
 //! state) changes nothing; a jump back by more than a window (a restarted
 //! clock) re-anchors the window at the new time, keeping its evidence.
 

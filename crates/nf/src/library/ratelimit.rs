@@ -1,7 +1,10 @@
 //! `ratelimit`: flow rate limiter — a token bucket per 5-tuple (FAJITA's
-//! third chain NF). Tokens accrue at `pps` per second up to `burst`; a packet
-//! that finds less than one token is dropped. Time comes from the batch
-//! clock; a clock that jumps backwards adds no tokens (and never panics).
+//! third chain NF). A flow's bucket starts full (`burst` tokens) at its first
+//! packet; tokens accrue at `pps` per second up to `burst` (exactly: one
+//! nano-token per ns per unit of `pps`); a packet that finds at least one
+//! token passes and takes one, one that finds less is dropped. Time is the
+//! packet's own clock (README, "What NFs see"); a clock that jumps backwards
+//! adds no tokens (and never panics).
 //!
 //! This is SCR's token-bucket policer (Table 1, `tbf`): per 5-tuple, last
 //! packet time and tokens; under `--scale scr` time is the sequencer's.
