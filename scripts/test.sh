@@ -33,6 +33,14 @@ if ! command -v ip >/dev/null 2>&1; then
     as_root apt-get update -qq
     as_root apt-get install -y -qq --no-install-recommends iproute2 >/dev/null
 fi
+# scapy crafts the traffic of the NF model tests (crates/cli/tests/nf_models.rs, crates/cli/tests/models/)
+# and of the regression captures (crates/cli/tests/captures/make_*.py); Debian's python3 has it as a package.
+if ! /usr/bin/python3 -c "import scapy" >/dev/null 2>&1; then
+    step "installing python3-scapy"
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -qq
+    as_root apt-get install -y -qq --no-install-recommends python3 python3-scapy >/dev/null
+fi
 # AF_XDP ports build against libxdp/libbpf found by pkg-config (crates/io/build.rs; without them
 # afxdp: ports are not built in and crates/cli/tests/ports_afxdp.rs fails).
 if ! pkg-config --exists libxdp libbpf 2>/dev/null; then
