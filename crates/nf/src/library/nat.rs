@@ -238,6 +238,8 @@ impl Default for NatConfig {
 /// the remote it was mapped for (what inbound filtering compares against).
 #[derive(Clone, Copy, Debug, Default)]
 struct Mapping {
+    /// Time of the last outbound packet translated with it (its idle clock).
+    last_out: u64,
     inside: u32,
     gen: u32,
     remote: u32,
@@ -246,6 +248,28 @@ struct Mapping {
     in_use: bool,
     /// [`FIN_OUT`] | [`FIN_IN`] | [`QUEUED`].
     fin: u8,
+}
+
+impl Mapping {
+    /// Idle past `timeout` at `now` (then the mapping is free). The rule of
+    /// `flowplane_table`'s expiry sweep for clocks that jump: a last-seen time
+    /// in the future is rebased to `now` (a full timeout from now), never
+    /// expired early; the arithmetic saturates.
+    #[inline]
+    fn idle(&mut self, now: u64, timeout: u64) -> bool {
+        if self.last_out > now {
+            self.last_out = now;
+            return false;
+        }
+        now - self.last_out > timeout
+    }
+
+    /// Held by generation `gen` and not idle at `now` (read-only: a future
+    /// last-seen time counts as live).
+    #[inline]
+    fn live_at(&self, gen: u32, now: u64, timeout: u64) -> bool {
+        self.in_use && self.gen == gen && now.saturating_sub(self.last_out) <= timeout
+    }
 }
 
 /// A FIN went out (inside to remote).
@@ -275,6 +299,13 @@ struct Pool {
     tw: Vec<TimeWait>,
     tw_head: usize,
     tw_len: usize,
+    /// Where the next search for an idle mapping starts.
+    scan_at: u32,
+    /// A search that found no idle mapping, at `scan_ns`: none can be idle
+    /// before `idle_from` (the earliest last-seen + timeout + 1 ns then), so
+    /// an exhausted pool costs one pass per such bound, not one per packet.
+    idle_from: u64,
+    scan_ns: u64,
 }
 
 impl Pool {
@@ -289,17 +320,58 @@ impl Pool {
             }
         }
         let tw = if time_wait { vec![TimeWait::default(); n] } else { Vec::new() };
-        Pool { rev: vec![Mapping::default(); n], free, head: 0, len: n, tw, tw_head: 0, tw_len: 0 }
+        Pool {
+            rev: vec![Mapping::default(); n],
+            free,
+            head: 0,
+            len: n,
+            tw,
+            tw_head: 0,
+            tw_len: 0,
+            scan_at: 0,
+            idle_from: 0,
+            scan_ns: 0,
+        }
     }
 
-    fn alloc(&mut self) -> Option<u32> {
-        if self.len == 0 {
+    /// A free slot: the head of the free list, or else the first mapping
+    /// idle past `timeout` at `now` in slot order from where the last search
+    /// stopped (reclaimed: generation bumped). `None`: the pool is exhausted.
+    /// Whether a port is available is a function of the packet times alone.
+    fn alloc(&mut self, now: u64, timeout: u64) -> Option<(u32, bool)> {
+        if self.len > 0 {
+            let s = self.free[self.head];
+            self.head = if self.head + 1 == self.free.len() { 0 } else { self.head + 1 };
+            self.len -= 1;
+            return Some((s, false));
+        }
+        // A clock that went backwards invalidates the bound.
+        if now < self.idle_from && now >= self.scan_ns {
             return None;
         }
-        let s = self.free[self.head];
-        self.head = if self.head + 1 == self.free.len() { 0 } else { self.head + 1 };
-        self.len -= 1;
-        Some(s)
+        let n = self.rev.len() as u32;
+        let mut min_seen = u64::MAX;
+        for k in 0..n {
+            let mut i = self.scan_at + k;
+            if i >= n {
+                i -= n;
+            }
+            let e = &mut self.rev[i as usize];
+            if !e.in_use {
+                continue;
+            }
+            if e.idle(now, timeout) {
+                e.in_use = false;
+                e.gen = e.gen.wrapping_add(1);
+                e.fin = 0;
+                self.scan_at = if i + 1 == n { 0 } else { i + 1 };
+                return Some((i, true));
+            }
+            min_seen = min_seen.min(e.last_out);
+        }
+        self.idle_from = min_seen.saturating_add(timeout).saturating_add(1);
+        self.scan_ns = now;
+        None
     }
 
     /// Queues a slot at the tail. Callers free a slot only when it was in use,
@@ -316,8 +388,9 @@ impl Pool {
         }
     }
 
-    fn in_use(&self) -> usize {
-        self.free.len() - self.len
+    /// Mappings held and not idle at `now`.
+    fn live(&self, now: u64, timeout: u64) -> usize {
+        self.rev.iter().filter(|e| e.in_use && now.saturating_sub(e.last_out) <= timeout).count()
     }
 
     /// Frees a slot held by generation `gen`: bumps the generation (stale
@@ -389,7 +462,9 @@ impl Pool {
 struct Counters {
     mappings: u64,
     released: u64,
-    spurious_release: u64,
+    idle_reclaimed: u64,
+    idle_remapped: u64,
+    rejudged: u64,
     inbound_flows: u64,
     out_packets: u64,
     in_packets: u64,
@@ -420,6 +495,9 @@ pub struct Nat {
     inside_mask: u32,
     /// 0: TCP, 1: UDP.
     pools: [Pool; 2],
+    timeout_ns: u64,
+    /// The latest packet time seen (what export and report judge idleness at).
+    now_ns: u64,
     c: Counters,
 }
 
@@ -510,7 +588,8 @@ impl Nat {
             )));
         }
         let pools = [Pool::new(cfg.addrs, ports, true), Pool::new(cfg.addrs, ports, false)];
-        Ok(Nat { cfg, ext_base: base, ports, inside_net, inside_mask, pools, c: Counters::default() })
+        let timeout_ns = cfg.timeout_s.saturating_mul(1_000_000_000);
+        Ok(Nat { cfg, ext_base: base, ports, inside_net, inside_mask, pools, timeout_ns, now_ns: 0, c: Counters::default() })
     }
 
     /// The configuration.
@@ -518,9 +597,9 @@ impl Nat {
         &self.cfg
     }
 
-    /// Ports in use: (TCP, UDP).
+    /// Ports held by a mapping not idle at the latest packet time: (TCP, UDP).
     pub fn ports_in_use(&self) -> (usize, usize) {
-        (self.pools[0].in_use(), self.pools[1].in_use())
+        (self.pools[0].live(self.now_ns, self.timeout_ns), self.pools[1].live(self.now_ns, self.timeout_ns))
     }
 
     #[inline]
@@ -541,7 +620,8 @@ impl Nat {
 
 impl StatefulNf for Nat {
     type State = NatState;
-    const HAS_RELEASE: bool = true;
+    // No release hook: a mapping is freed on the packet clock (RST, TIME_WAIT,
+    // idle at lookup), never when the executor drops a flow entry.
     const ENDS_FLOWS: bool = true;
     const HAS_PREFETCH: bool = true;
     const STEPS: bool = true;
@@ -568,7 +648,7 @@ impl StatefulNf for Nat {
     }
 
     fn idle_timeout_ns(&self) -> Option<u64> {
-        Some(self.cfg.timeout_s.saturating_mul(1_000_000_000))
+        Some(self.timeout_ns)
     }
 
     fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> NatState {
@@ -576,23 +656,24 @@ impl StatefulNf for Nat {
     }
 
     fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut NatState, ctx: &NfContext) -> Action {
+        self.now_ns = self.now_ns.max(ctx.now_ns);
         // TIME_WAITs end on the packet clock, before the packet that finds them over.
         let tcp = &self.pools[0];
         if tcp.tw_len != 0 && tcp.tw[tcp.tw_head].deadline_ns <= ctx.now_ns {
             self.expire_time_wait(ctx.now_ns);
         }
         if st.kind == kind::PENDING {
-            *st = self.classify(pkt);
+            *st = self.classify(pkt, ctx.now_ns);
         }
         self.translate(pkt, st, ctx)
     }
 
-    /// One step: inbound and closing outbound flows name their reverse-map
-    /// entry (a hint: `finish` is `process` and reads it again, since an
-    /// earlier packet may release the slot meanwhile).
+    /// One step: translated flows name their reverse-map entry (a hint:
+    /// `finish` is `process` and reads it again, since an earlier packet may
+    /// release the slot meanwhile).
     fn step(&self, _pkt: &Pkt<'_>, st: &NatState, cur: &mut Cursor) -> Step {
         cur.step += 1;
-        if cur.step == 1 && (st.kind == kind::INBOUND || st.kind == kind::OUTBOUND_CLOSING) {
+        if cur.step == 1 && maps(st.kind) {
             if let Some(e) = self.pools[(st.pool & 1) as usize].rev.get(st.slot as usize) {
                 return Step::at(e);
             }
@@ -601,25 +682,12 @@ impl StatefulNf for Nat {
     }
 
     fn prefetch(&self, st: &NatState) {
-        // Only inbound and closing outbound flows read indirect state (the reverse-map entry).
-        if st.kind == kind::INBOUND || st.kind == kind::OUTBOUND_CLOSING {
+        // Translated flows read indirect state: the reverse-map entry (outbound ones write its idle clock).
+        if maps(st.kind) {
             if let Some(e) = self.pools[(st.pool & 1) as usize].rev.get(st.slot as usize) {
-                flowplane_packet::prefetch::read(e);
+                flowplane_packet::prefetch::write(e);
             }
         }
-    }
-
-    fn release(&mut self, _key: &FiveTuple, st: &NatState) {
-        if st.kind != kind::OUTBOUND && st.kind != kind::OUTBOUND_CLOSING {
-            return;
-        }
-        if self.pools[(st.pool & 1) as usize].release(st.slot, st.gen) {
-            self.c.released += 1;
-        } else if st.kind == kind::OUTBOUND {
-            // A second release of the same flow, or a state from another instance.
-            self.c.spurious_release += 1;
-        }
-        // (A closing flow's port may have been released after its TIME_WAIT already.)
     }
 
     fn on_unparsed(&mut self) -> Action {
@@ -641,7 +709,9 @@ impl StatefulNf for Nat {
             "udp_ports_in_use": udp,
             "mappings_created": c.mappings,
             "ports_released": c.released,
-            "spurious_releases": c.spurious_release,
+            "idle_mappings_reclaimed": c.idle_reclaimed,
+            "remapped_after_idle": c.idle_remapped,
+            "inbound_rejudged": c.rejudged,
             "inbound_flows": c.inbound_flows,
             "outbound_packets": c.out_packets,
             "inbound_packets": c.in_packets,
@@ -678,6 +748,12 @@ impl StatefulNf for Nat {
             kind::INBOUND => "in",
             _ => return None,
         };
+        // Live translations only: a mapping released (RST, TIME_WAIT), reclaimed
+        // or idle past the timeout at the latest packet time is not listed.
+        let e = self.pools[(st.pool & 1) as usize].rev.get(st.slot as usize)?;
+        if !e.live_at(st.gen, self.now_ns, self.timeout_ns) {
+            return None;
+        }
         Some(json!({
             "direction": dir,
             "proto": key.proto(),
@@ -691,9 +767,15 @@ impl StatefulNf for Nat {
     }
 }
 
+/// Kinds whose state names a reverse-map entry.
+#[inline(always)]
+fn maps(kind: u8) -> bool {
+    kind == kind::OUTBOUND || kind == kind::OUTBOUND_CLOSING || kind == kind::INBOUND
+}
+
 impl Nat {
     /// The old default action: classify the flow and, for a new outbound flow, take a port.
-    fn classify(&mut self, pkt: &Pkt<'_>) -> NatState {
+    fn classify(&mut self, pkt: &Pkt<'_>, now: u64) -> NatState {
         let m = pkt.meta();
         if m.v6 {
             return Nat::state(kind::V6);
@@ -716,83 +798,135 @@ impl Nat {
         let (Some(sport), Some(dport)) = (pkt.src_port(), pkt.dst_port()) else {
             return Nat::state(kind::FRAGMENT);
         };
+        if !inside {
+            return self.judge_inbound(pool, ext.unwrap_or(0), src, sport, dport, now);
+        }
+        let timeout = self.timeout_ns;
         let p = &mut self.pools[pool as usize];
-        if inside {
-            let Some(slot) = p.alloc() else { return Nat::state(kind::EXHAUSTED) };
-            let e = &mut p.rev[slot as usize];
-            e.inside = src;
-            e.inside_port = sport;
-            e.remote = dst;
-            e.remote_port = dport;
-            e.fin = 0;
-            e.in_use = true;
-            self.c.mappings += 1;
-            NatState {
-                addr: self.ext_base + slot / self.ports,
-                slot,
-                gen: e.gen,
-                port: self.cfg.port_lo + (slot % self.ports) as u16,
-                kind: kind::OUTBOUND,
-                pool,
-            }
-        } else {
-            let idx = ext.unwrap_or(0);
-            if dport < self.cfg.port_lo || dport > self.cfg.port_hi {
-                return Nat::state(kind::UNMAPPED);
-            }
-            let slot = idx * self.ports + (dport - self.cfg.port_lo) as u32;
-            match p.rev.get(slot as usize) {
-                Some(e) if e.in_use => {
-                    let allowed = match self.cfg.filter {
-                        Filter::EndpointIndependent => true,
-                        Filter::AddressDependent => e.remote == src,
-                        Filter::AddressAndPortDependent => e.remote == src && e.remote_port == sport,
-                    };
-                    if !allowed {
-                        return Nat::state(kind::FILTERED);
-                    }
-                    self.c.inbound_flows += 1;
-                    NatState { addr: e.inside, slot, gen: e.gen, port: e.inside_port, kind: kind::INBOUND, pool }
+        let Some((slot, reclaimed)) = p.alloc(now, timeout) else { return Nat::state(kind::EXHAUSTED) };
+        let e = &mut p.rev[slot as usize];
+        e.inside = src;
+        e.inside_port = sport;
+        e.remote = dst;
+        e.remote_port = dport;
+        e.fin = 0;
+        e.in_use = true;
+        e.last_out = now;
+        let gen = e.gen;
+        self.c.mappings += 1;
+        self.c.idle_reclaimed += u64::from(reclaimed);
+        self.c.released += u64::from(reclaimed);
+        NatState {
+            addr: self.ext_base + slot / self.ports,
+            slot,
+            gen,
+            port: self.cfg.port_lo + (slot % self.ports) as u16,
+            kind: kind::OUTBOUND,
+            pool,
+        }
+    }
+
+    /// An inbound packet from `src:sport` to external address `idx`, port
+    /// `dport`, judged against the mapping that holds the port now.
+    fn judge_inbound(&mut self, pool: u8, idx: u32, src: u32, sport: u16, dport: u16, now: u64) -> NatState {
+        if dport < self.cfg.port_lo || dport > self.cfg.port_hi {
+            return Nat::state(kind::UNMAPPED);
+        }
+        let slot = idx * self.ports + (dport - self.cfg.port_lo) as u32;
+        let timeout = self.timeout_ns;
+        let mut e = self.pools[pool as usize].rev.get_mut(slot as usize);
+        if e.as_mut().is_some_and(|e| !e.in_use || e.idle(now, timeout)) {
+            e = None;
+        }
+        match e {
+            Some(e) => {
+                let allowed = match self.cfg.filter {
+                    Filter::EndpointIndependent => true,
+                    Filter::AddressDependent => e.remote == src,
+                    Filter::AddressAndPortDependent => e.remote == src && e.remote_port == sport,
+                };
+                if !allowed {
+                    return Nat::state(kind::FILTERED);
                 }
-                _ => Nat::state(kind::UNMAPPED),
+                let st = NatState { addr: e.inside, slot, gen: e.gen, port: e.inside_port, kind: kind::INBOUND, pool };
+                self.c.inbound_flows += 1;
+                st
             }
+            _ => Nat::state(kind::UNMAPPED),
         }
     }
 
     /// The per-packet action on a classified flow.
     #[inline]
     fn translate(&mut self, pkt: &mut Pkt<'_>, st: &mut NatState, ctx: &NfContext) -> Action {
+        let now = ctx.now_ns;
         let flags = pkt.tcp_flags().unwrap_or(TcpFlags(0));
         let rst = flags.contains(TcpFlags::RST);
         match st.kind {
             kind::OUTBOUND | kind::OUTBOUND_CLOSING => {
-                if st.kind == kind::OUTBOUND_CLOSING && !self.live(st) {
-                    // Released after TIME_WAIT: a new connection on the old
-                    // 5-tuple, mapped afresh (never onto the released port's new owner).
-                    self.c.remapped += 1;
-                    // (classify never returns a closing state: this recurses once.)
-                    *st = self.classify(pkt);
+                let timeout = self.timeout_ns;
+                let pool = &mut self.pools[(st.pool & 1) as usize];
+                let held = match pool.rev.get_mut(st.slot as usize) {
+                    Some(e) if e.in_use && e.gen == st.gen => {
+                        if e.idle(now, timeout) {
+                            // Idle past the timeout: free, and this packet a new flow's
+                            // first (what an expiry at lookup gives; the old slot is
+                            // left to the allocator, as it is after such an expiry).
+                            self.c.idle_remapped += 1;
+                            false
+                        } else {
+                            e.last_out = now;
+                            true
+                        }
+                    }
+                    _ => {
+                        // Released after TIME_WAIT, or reclaimed idle: a new connection on the old
+                        // 5-tuple, mapped afresh (never onto the released port's new owner).
+                        self.c.remapped += u64::from(st.kind == kind::OUTBOUND_CLOSING);
+                        false
+                    }
+                };
+                if !held {
+                    // (classify never returns a closing state nor an idle mapping: this recurses once.)
+                    *st = self.classify(pkt, now);
                     return self.translate(pkt, st, ctx);
                 }
                 pkt.set_ipv4_src(Ipv4Addr::from(st.addr));
                 pkt.set_src_port(st.port);
                 self.c.out_packets += 1;
                 if rst {
+                    // The inside host reset the connection: the port is free at once.
                     self.c.rst_ends += 1;
+                    if self.pools[(st.pool & 1) as usize].release(st.slot, st.gen) {
+                        self.c.released += 1;
+                    }
                     return Action::EndFlow;
                 }
                 if flags.contains(TcpFlags::FIN) && st.pool == 0 {
                     st.kind = kind::OUTBOUND_CLOSING;
-                    self.fin_seen(st, FIN_OUT, ctx.now_ns);
+                    self.fin_seen(st, FIN_OUT, now);
                 }
                 Action::Pass
             }
-            kind::INBOUND => {
-                if !self.live(st) {
-                    // Released (and maybe reused): block this flow until it idles out.
-                    st.kind = kind::STALE;
-                    self.c.stale += 1;
-                    return Action::Drop;
+            kind::INBOUND | kind::STALE => {
+                let timeout = self.timeout_ns;
+                let live = st.kind == kind::INBOUND
+                    && self.pools[(st.pool & 1) as usize]
+                        .rev
+                        .get_mut(st.slot as usize)
+                        .is_some_and(|e| e.in_use && e.gen == st.gen && !e.idle(now, timeout));
+                if !live {
+                    // The mapping was released, reclaimed or is idle: judge the packet
+                    // against whatever holds the port now (a new connection to the same
+                    // remote endpoint reuses this 5-tuple).
+                    let j = self.rejudge(pkt, now);
+                    if j.kind != kind::INBOUND {
+                        st.kind = kind::STALE;
+                        self.c.stale += 1;
+                        return Action::Drop;
+                    }
+                    self.c.rejudged += 1;
+                    *st = j;
                 }
                 pkt.set_ipv4_dst(Ipv4Addr::from(st.addr));
                 pkt.set_dst_port(st.port);
@@ -802,17 +936,13 @@ impl Nat {
                     return Action::EndFlow;
                 }
                 if flags.contains(TcpFlags::FIN) && st.pool == 0 {
-                    self.fin_seen(st, FIN_IN, ctx.now_ns);
+                    self.fin_seen(st, FIN_IN, now);
                 }
                 Action::Pass
             }
             kind::FILTERED => {
                 self.c.filtered += 1;
                 Action::DropEndFlow
-            }
-            kind::STALE => {
-                self.c.stale += 1;
-                Action::Drop
             }
             kind::TRANSIT => {
                 self.c.transit += 1;
@@ -846,13 +976,23 @@ impl Nat {
             _ => Action::DropEndFlow,
         }
     }
-}
 
-impl Nat {
-    /// The flow's mapping is still the one it was created with.
-    #[inline]
-    fn live(&self, st: &NatState) -> bool {
-        self.pools[(st.pool & 1) as usize].rev.get(st.slot as usize).is_some_and(|e| e.in_use && e.gen == st.gen)
+    /// An inbound packet of a flow whose mapping is gone, judged afresh
+    /// (an `INBOUND` state when the port's current mapping admits it).
+    #[cold]
+    fn rejudge(&mut self, pkt: &Pkt<'_>, now: u64) -> NatState {
+        let pool = match pkt.meta().proto {
+            IpProtocol::TCP => 0u8,
+            IpProtocol::UDP => 1u8,
+            _ => return Nat::state(kind::UNMAPPED),
+        };
+        let (Some(src), Some(dst), Some(sport), Some(dport)) =
+            (pkt.ipv4_src(), pkt.ipv4_dst(), pkt.src_port(), pkt.dst_port())
+        else {
+            return Nat::state(kind::UNMAPPED);
+        };
+        let Some(idx) = self.ext_index(u32::from(dst)) else { return Nat::state(kind::UNMAPPED) };
+        self.judge_inbound(pool, idx, u32::from(src), sport, dport, now)
     }
 
     /// Records a FIN in one direction of a TCP mapping; once both directions
