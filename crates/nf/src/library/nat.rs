@@ -496,7 +496,7 @@ pub struct Nat {
     /// 0: TCP, 1: UDP.
     pools: [Pool; 2],
     timeout_ns: u64,
-    /// The latest packet time seen (what export and report judge idleness at).
+    /// The last packet's time (what export and report judge idleness at).
     now_ns: u64,
     c: Counters,
 }
@@ -589,7 +589,17 @@ impl Nat {
         }
         let pools = [Pool::new(cfg.addrs, ports, true), Pool::new(cfg.addrs, ports, false)];
         let timeout_ns = cfg.timeout_s.saturating_mul(1_000_000_000);
-        Ok(Nat { cfg, ext_base: base, ports, inside_net, inside_mask, pools, timeout_ns, now_ns: 0, c: Counters::default() })
+        Ok(Nat {
+            cfg,
+            ext_base: base,
+            ports,
+            inside_net,
+            inside_mask,
+            pools,
+            timeout_ns,
+            now_ns: 0,
+            c: Counters::default(),
+        })
     }
 
     /// The configuration.
@@ -656,7 +666,7 @@ impl StatefulNf for Nat {
     }
 
     fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut NatState, ctx: &NfContext) -> Action {
-        self.now_ns = self.now_ns.max(ctx.now_ns);
+        self.now_ns = ctx.now_ns;
         // TIME_WAITs end on the packet clock, before the packet that finds them over.
         let tcp = &self.pools[0];
         if tcp.tw_len != 0 && tcp.tw[tcp.tw_head].deadline_ns <= ctx.now_ns {
@@ -1120,45 +1130,77 @@ mod tests {
     }
 
     #[test]
-    fn port_reuse_after_release_detects_stale_inbound() {
-        let mut h = Harness::new(nat(1, 6000, 6000));
+    fn idle_mapping_is_free_at_lookup_and_its_stale_inbound_is_dropped() {
+        const S: u64 = 1_000_000_000;
+        let mut h = Harness::new(nat_with(&[("ports", "6000-6000"), ("timeout", "10")]));
         let a_out = udp4([10, 0, 0, 1], REMOTE, 1111, 53);
         let (out, _) = h.run(&a_out);
         assert_eq!(src_of(&out), (EXT, 6000));
         // The remote's reply flow is created while A holds the port.
         let a_reply = udp4(REMOTE, EXT, 53, 6000);
         assert_eq!(dst_of(&h.run(&a_reply).0), ([10, 0, 0, 1], 1111));
-        // Pool of one: B is refused while A holds it.
+        // Pool of one: B is refused while A holds it, up to exactly the timeout.
         let b_out = udp4([10, 0, 0, 2], [192, 0, 2, 9], 2222, 123);
+        h.now_ns = 10 * S;
         assert_eq!(h.run(&b_out).1, Action::DropEndFlow);
-
-        // A's outbound flow expires: the executor removes it and calls release.
-        let key = h.key_of(&a_out).unwrap();
-        let st = h.states.remove(&key).unwrap();
-        h.nf.release(&key, &st);
-        assert_eq!(h.nf.ports_in_use(), (0, 0));
-        // A double release (a bug elsewhere) is ignored, not a double free.
-        h.nf.release(&key, &st);
-        assert_eq!(report_u64(&h.nf, "spurious_releases"), 1);
-        assert_eq!(h.nf.ports_in_use(), (0, 0));
-
-        // B now gets the same port, with a new generation.
+        assert_eq!(h.run(&a_reply).1, Action::Pass, "replies do not refresh the mapping, but 10 s is not past 10 s");
+        // Past the timeout: A's mapping is free, whatever the executor's sweep did.
+        h.now_ns = 10 * S + 1;
+        assert_eq!(h.nf.ports_in_use(), (0, 1), "counted at the last packet's time");
+        assert_eq!(h.run(&a_reply).1, Action::Drop, "idle: the reply is stale");
         let (bout, act) = h.run(&b_out);
-        assert_eq!(act, Action::Pass);
-        assert_eq!(src_of(&bout), (EXT, 6000));
+        assert_eq!((src_of(&bout), act), ((EXT, 6000), Action::Pass), "B takes the idle port");
         assert_ne!(h.state_of(&b_out).unwrap().gen, h.state_of(&a_reply).unwrap().gen);
-        // A's old inbound flow must not reach B: dropped and kept blocked.
+        // A's old inbound flow is judged against B's mapping: apdf refuses it, and keeps refusing.
         let (stale, act) = h.run(&a_reply);
-        assert_eq!(act, Action::Drop);
-        assert_eq!(stale, a_reply);
+        assert_eq!((stale, act), (a_reply.clone(), Action::Drop));
         assert_eq!(h.state_of(&a_reply).unwrap().kind, kind::STALE);
         assert_eq!(h.run(&a_reply).1, Action::Drop);
-        assert_eq!(report_u64(&h.nf, "dropped_stale"), 2);
+        assert_eq!(report_u64(&h.nf, "dropped_stale"), 3);
         // B's own reply is translated to B.
         let (bback, act) = h.run(&udp4([192, 0, 2, 9], EXT, 123, 6000));
         assert_eq!(act, Action::Pass);
         assert_eq!(dst_of(&bback), ([10, 0, 0, 2], 2222));
         assert_ipv4_checksums(&bback);
+        // A comes back: its mapping was reclaimed, so it is a new flow; the pool is B's.
+        assert_eq!(h.run(&a_out).1, Action::DropEndFlow);
+        let r = h.nf.report().unwrap();
+        assert_eq!((r["idle_mappings_reclaimed"].as_u64(), r["mappings_created"].as_u64()), (Some(1), Some(2)));
+        // The executor dropping a flow entry frees nothing: release is not even declared.
+        assert!(!<Nat as StatefulNf>::HAS_RELEASE);
+    }
+
+    #[test]
+    fn an_idle_outbound_flow_starts_a_new_mapping_and_the_clock_may_jump_back() {
+        const S: u64 = 1_000_000_000;
+        let mut h = Harness::new(nat_with(&[("ports", "6000-6001"), ("timeout", "10")]));
+        let a = udp4([10, 0, 0, 1], REMOTE, 1111, 53);
+        h.now_ns = 100 * S;
+        assert_eq!(src_of(&h.run(&a).0), (EXT, 6000));
+        // Past the timeout, the same 5-tuple gets a fresh mapping: the free list's next port.
+        h.now_ns = 111 * S;
+        assert_eq!(src_of(&h.run(&a).0), (EXT, 6001));
+        assert_eq!(report_u64(&h.nf, "remapped_after_idle"), 1);
+        // A clock that goes back never expires a mapping early.
+        h.now_ns = 50 * S;
+        assert_eq!(src_of(&h.run(&a).0), (EXT, 6001));
+        h.now_ns = 59 * S;
+        assert_eq!(src_of(&h.run(&a).0), (EXT, 6001), "rebased at 50 s: live");
+        assert_eq!(h.run(&udp4(REMOTE, EXT, 53, 6001)).1, Action::Pass);
+        // Both ports held: A's first mapping (last seen at 100 s, in the future) is rebased
+        // to 60 s by the search, not reclaimed. The exhausted answer holds until the earliest
+        // mapping can be idle; then the idle one (A's, last seen at 59 s) is found.
+        h.now_ns = 60 * S;
+        let (b, c) = (udp4([10, 0, 0, 2], REMOTE, 2222, 53), udp4([10, 0, 0, 3], REMOTE, 3333, 53));
+        assert_eq!(h.run(&b).1, Action::DropEndFlow);
+        assert_eq!(h.nf.ports_in_use(), (0, 2));
+        assert_eq!(h.run(&c).1, Action::DropEndFlow);
+        h.now_ns = 69 * S;
+        assert_eq!(h.run(&c).1, Action::DropEndFlow, "59 s + 10 s is not past the timeout");
+        h.now_ns = 69 * S + 1;
+        assert_eq!(src_of(&h.run(&c).0), (EXT, 6001), "A idle since 59 s: C takes its port");
+        assert_eq!(h.nf.ports_in_use(), (0, 2));
+        assert_eq!(h.run(&udp4(REMOTE, EXT, 53, 6001)).0, udp4(REMOTE, [10, 0, 0, 3], 53, 3333));
     }
 
     #[test]
@@ -1256,7 +1298,8 @@ mod tests {
         let (last, act) = h.run(&out(ack, 3));
         assert_eq!((src_of(&last), act), ((EXT, 7000), Action::Pass));
         assert_eq!(dst_of(&h.run(&inb(fin)).0), ([10, 0, 0, 1], 3000));
-        let other = tcp4([10, 0, 0, 2], REMOTE, 5000, 80, syn, 1, 0);
+        // The next host talks to the remote's other port.
+        let other = tcp4([10, 0, 0, 2], REMOTE, 5000, 81, syn, 1, 0);
         assert_eq!(h.run(&other).1, Action::DropEndFlow, "the only port is still held");
         assert_eq!(h.nf.ports_in_use(), (1, 0));
         // 2 s after the close the first packet the NAT sees releases it — and can take it.
@@ -1265,18 +1308,53 @@ mod tests {
         assert_eq!((src_of(&o), act), ((EXT, 7000), Action::Pass), "released port reused by the next host");
         let r = h.nf.report().unwrap();
         assert_eq!((r["time_wait_released"].as_u64(), r["ports_released"].as_u64()), (Some(1), Some(1)));
-        // The old connection's packets never reach the new owner.
+        // The old connection's packets never reach the new owner (apdf: it maps to REMOTE:81).
         assert_eq!(h.run(&inb(ack)).1, Action::Drop, "stale inbound");
         assert_eq!(h.state_of(&inb(ack)).unwrap().kind, kind::STALE);
         // A late packet of the old outbound 5-tuple is a new connection: no port left for it.
         assert_eq!(h.run(&out(ack, 3)).1, Action::DropEndFlow);
         assert_eq!(h.nf.report().unwrap()["remapped_after_time_wait"], 1);
-        // The closed flow's own release (expiry) later is expected, not a double free.
-        let key = h.key_of(&other).unwrap();
-        let st = h.states.remove(&key).unwrap();
-        h.nf.release(&key, &st);
-        assert_eq!(h.nf.ports_in_use(), (0, 0));
-        assert_eq!(h.nf.report().unwrap()["spurious_releases"], 0);
+        assert_eq!(h.nf.ports_in_use(), (1, 0));
+        // Export: the new owner's flow only; the closed connection's rows are gone.
+        let row = |f: &[u8]| h.nf.export_row(&h.key_of(f).unwrap(), &h.state_of(f).unwrap());
+        assert!(h.state_of(&out(ack, 3)).is_none() && row(&inb(ack)).is_none());
+        assert_eq!(row(&other).unwrap()["src"], "10.0.0.2");
+    }
+
+    #[test]
+    fn a_new_connection_to_the_same_remote_endpoint_gets_its_replies_after_rst_and_time_wait() {
+        // Issue 29: the replies of a connection that reuses a port freed by an inside RST or
+        // by TIME_WAIT, toward the same remote endpoint (the same inbound 5-tuple), were dropped
+        // as stale. They belong to the port's current mapping, under every filter.
+        let (syn, ack, rst, fin) = (
+            TcpFlags::SYN.bits(),
+            TcpFlags::ACK.bits(),
+            TcpFlags::RST.bits(),
+            TcpFlags::FIN.bits() | TcpFlags::ACK.bits(),
+        );
+        for filter in ["eif", "adf", "apdf"] {
+            let mut h = Harness::new(nat_with(&[("ports", "7000-7000"), ("fin_timeout", "1"), ("filter", filter)]));
+            let inb = |flags| tcp4(REMOTE, EXT, 80, 7000, flags, 100, 2);
+            let a = |flags| tcp4([10, 0, 0, 1], REMOTE, 3000, 80, flags, 1, 0);
+            let b = |flags| tcp4([10, 0, 0, 2], REMOTE, 4000, 80, flags, 1, 0);
+            let c = |flags| tcp4([10, 0, 0, 3], REMOTE, 5000, 80, flags, 1, 0);
+            h.run(&a(syn));
+            assert_eq!(dst_of(&h.run(&inb(syn | ack)).0), ([10, 0, 0, 1], 3000));
+            assert_eq!(h.run(&a(rst)).1, Action::EndFlow);
+            assert_eq!(src_of(&h.run(&b(syn)).0), (EXT, 7000), "{filter}");
+            for _ in 0..3 {
+                assert_eq!(dst_of(&h.run(&inb(ack)).0), ([10, 0, 0, 2], 4000), "{filter}: B's reply");
+            }
+            h.run(&b(fin));
+            h.run(&inb(fin));
+            h.now_ns = 2_000_000_000;
+            assert_eq!(src_of(&h.run(&c(syn)).0), (EXT, 7000), "{filter}: after TIME_WAIT");
+            for _ in 0..3 {
+                assert_eq!(dst_of(&h.run(&inb(ack)).0), ([10, 0, 0, 3], 5000), "{filter}: C's reply");
+            }
+            let r = h.nf.report().unwrap();
+            assert_eq!((r["dropped_stale"].as_u64(), r["inbound_rejudged"].as_u64()), (Some(0), Some(2)), "{filter}");
+        }
     }
 
     #[test]
@@ -1300,23 +1378,24 @@ mod tests {
 
     #[test]
     fn time_wait_of_a_port_released_meanwhile_is_ignored() {
-        // FINs both ways, then the outbound flow idles out before the TIME_WAIT ends:
-        // the port is released once, and the later deadline does not free its next owner.
+        // FINs both ways, then the mapping idles out before the TIME_WAIT ends and B takes
+        // the port: the port is released once, and the later deadline does not free B's.
+        const S: u64 = 1_000_000_000;
         let fin = TcpFlags::FIN.bits() | TcpFlags::ACK.bits();
-        let mut h = Harness::new(nat_with(&[("ports", "7000-7000"), ("fin_timeout", "10")]));
-        let a = tcp4([10, 0, 0, 1], REMOTE, 3000, 80, fin, 1, 1);
-        h.run(&a);
+        let mut h = Harness::new(nat_with(&[("ports", "7000-7000"), ("fin_timeout", "10"), ("timeout", "5")]));
+        h.run(&tcp4([10, 0, 0, 1], REMOTE, 3000, 80, fin, 1, 1));
         h.run(&tcp4(REMOTE, EXT, 80, 7000, fin, 5, 2));
-        let key = h.key_of(&a).unwrap();
-        let st = h.states.remove(&key).unwrap();
-        h.nf.release(&key, &st);
         let b = tcp4([10, 0, 0, 2], REMOTE, 4000, 80, TcpFlags::SYN.bits(), 1, 0);
-        assert_eq!(src_of(&h.run(&b).0), (EXT, 7000));
-        h.now_ns = 20_000_000_000;
-        assert_eq!(src_of(&h.run(&b).0), (EXT, 7000), "b keeps its port after a's deadline");
+        h.now_ns = 6 * S;
+        assert_eq!(src_of(&h.run(&b).0), (EXT, 7000), "A idle past 5 s: reclaimed");
+        for t in [9, 12, 15] {
+            h.now_ns = t * S;
+            assert_eq!(src_of(&h.run(&b).0), (EXT, 7000), "b keeps its port after a's deadline");
+        }
         assert_eq!(h.nf.ports_in_use(), (1, 0));
         let r = h.nf.report().unwrap();
         assert_eq!((r["time_wait_released"].as_u64(), r["ports_released"].as_u64()), (Some(0), Some(1)));
+        assert_eq!(r["idle_mappings_reclaimed"], 1);
     }
 
     #[test]
