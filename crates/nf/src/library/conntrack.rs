@@ -1,10 +1,51 @@
 //! `conntrack`: TCP connection state tracker (SCR Table 1): the full TCP
 //! state machine in both directions — three-way handshake with sequence
-//! and acknowledgement numbers checked, data within a window of the
-//! highest sequence seen per direction, FIN each way, RST — with per-state
-//! idle timeouts on the packet clock. Packets that do not fit the state
-//! (no SYN for a new connection, a bad handshake ACK, a sequence number far
-//! outside the window) are dropped and counted as invalid; non-TCP passes.
+//! and acknowledgement numbers checked, every later segment checked against
+//! the acceptable windows below, FIN each way, RST (RFC 5961) — with
+//! per-state idle timeouts on the packet clock. Packets that do not fit the
+//! state are dropped and counted as invalid; non-TCP passes.
+//!
+//! The rule, per connection (keyed by the canonical 5-tuple, both directions
+//! meet). A segment's *length* is `max(0, frame bytes - 54) + SYN + FIN` (the
+//! frame bytes past the smallest Ethernet + IPv4 + TCP headers bound its
+//! payload; the history record carries no header lengths), its *end* is
+//! `seq + length`; comparisons are modulo 2^32 (RFC 1982). `W` is `window=`
+//! (default 2^24 bytes), standing for every advertised window. Per direction
+//! `d` the tracker keeps `end[d]` (the highest segment end `d` sent, Linux's
+//! `td_end`) and `acked[d]` (the highest ack the other side sent for `d`).
+//! * **No connection** (or one idle past its timeout since its last passing
+//!   packet: `timeout=` when established, `min(30 s, timeout)` in every other
+//!   state; a last-seen time in the future after the clock jumped back is
+//!   rebased, never expired early): only a plain SYN passes; it opens the
+//!   connection (SYN_SENT) with `end[init] = its end`. Anything else is
+//!   invalid. (A full table passes the SYN untracked, `table_full`.)
+//! * **SYN_SENT**: the responder's SYN-ACK with `ack = ISN + 1` passes
+//!   (SYN_RECV; `end[resp]` = its end, `acked[init] = ack`,
+//!   `acked[resp] = its seq + 1`); a retransmitted SYN (same seq) passes. An
+//!   RST passes and removes the connection only from the responder with ACK
+//!   and `ack = ISN + 1`, or from the initiator with `seq = ISN + 1`.
+//!   Anything else is invalid.
+//! * **SYN_RECV**: the initiator's ACK (no SYN) with `ack = responder ISN + 1`
+//!   that is in window establishes it; a retransmitted SYN-ACK (same seq)
+//!   passes. An in-window RST removes the connection. Anything else is
+//!   invalid.
+//! * **Established, FIN_WAIT, CLOSING, TIME_WAIT**: a SYN is invalid (in
+//!   TIME_WAIT a plain SYN starts a new connection instead). A segment from
+//!   `d` is **in window** when
+//!   (I) `seq <= acked[d] + W` (not past what the receiver acknowledged plus a
+//!   window), (II) `end >= end[d] - W` (not ending more than a window before
+//!   what `d` already sent) and, if it carries ACK and no RST,
+//!   (III) `ack <= end[other]` and (IV) `ack >= end[other] - W`. A segment out
+//!   of window is dropped (`out_of_window`, invalid) and changes nothing, FINs
+//!   included. One in window passes and advances `end[d]` and, with ACK,
+//!   `acked[other]`; a FIN marks `d` (FIN_WAIT; both marked: CLOSING); an ACK
+//!   in CLOSING closes it (TIME_WAIT, `closed`).
+//! * **RST** after the handshake (RFC 5961 section 3.2): checked on I and II
+//!   only. Out of window: dropped, the connection stays. In window with
+//!   `seq = acked[d]` exactly (the receiver's next expected sequence): passes
+//!   and resets (removes) the connection. In window otherwise: passes (the
+//!   receiver answers with a challenge ACK) and the connection stays
+//!   (`rst_in_window`).
 //!
 //! Connections live in the NF's own preallocated table keyed by the
 //! canonical connection (both directions meet; symmetric RSS under `rss`).

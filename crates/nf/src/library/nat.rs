@@ -28,24 +28,42 @@
 //!   the remote address and port the mapping sent to. A filtered packet is
 //!   dropped and counted (`dropped_filtered`) without keeping state; one that
 //!   passes is translated back (destination rewritten).
-//! * **Release**: when an outbound flow expires or ends, its port goes back to
-//!   the pool and the slot's generation is bumped. An inbound flow whose
-//!   generation no longer matches (the port was released, maybe reused by
-//!   another inside host) is dropped and counted, and stays blocked until it
-//!   idles out, so a stale connection never reaches the port's new owner.
-//!   Mappings are refreshed by outbound traffic only (the outbound flow's idle
-//!   timer), as RFC 4787 requires at least.
-//! * **TCP close**: an RST from inside ends the outbound flow and releases its
-//!   port at once; an RST from outside ends the inbound flow only (the port
-//!   stays with the inside host until it closes too, or idles out). Once a FIN
-//!   has been seen in both directions the port is held for `fin_timeout`
-//!   seconds more (TIME_WAIT: the last ACK, retransmitted FINs) and then
-//!   released — on the packet clock, by the first packet the NAT sees after
-//!   the delay, so it happens at the same packet whatever the executor and
-//!   batch size. After that the inbound flow is stale (dropped), and a later
-//!   packet of the outbound 5-tuple is a new connection that gets a new port.
-//!   Only an outbound flow that has sent a FIN checks its mapping per packet;
-//!   the others keep the one-read fast path.
+//! * **Idle timeout** (`timeout=`, on the packet clock): a mapping's clock is
+//!   the time of the last outbound packet translated with it (replies do not
+//!   refresh it, as RFC 4787 allows). At a packet of time `t`, a mapping whose
+//!   last outbound packet was at `l` is *live* while `t - l <= timeout` and
+//!   *free* once `t - l > timeout` — decided when the packet looks it up,
+//!   whatever the executor, batch size or expiry sweep did (a last-seen time
+//!   in the future after the clock jumped back is rebased to `t`, never
+//!   expired early). The executor dropping a flow entry (expiry, eviction)
+//!   frees nothing: `nat` declares no release hook.
+//! * **Release**: a port is freed by exactly three events, all on the packet
+//!   clock: an RST from inside (at that packet), the end of TIME_WAIT (below),
+//!   and the idle timeout. Freeing bumps the slot's generation.
+//! * **Allocation** (a new outbound flow's first packet): the head of the
+//!   free list (ports freed by RST or TIME_WAIT join its tail, so a released
+//!   port is reused as late as possible); if the list is empty, the first
+//!   mapping idle at that packet's time in slot order from where the last
+//!   such search stopped (slot = address index * ports + port offset;
+//!   reclaimed, counted `idle_mappings_reclaimed`); if none, the pool is
+//!   exhausted. An outbound packet whose flow's mapping is free (idle, or
+//!   released after TIME_WAIT) starts a new mapping the same way.
+//! * **Inbound packets are judged against the port's current mapping**: an
+//!   inbound flow bound to a mapping that is gone (released, reclaimed, idle)
+//!   is judged again at each packet against whatever holds the port now — a
+//!   new connection to the same remote endpoint (the same inbound 5-tuple)
+//!   gets its replies; a packet no live mapping admits is dropped and counted
+//!   (`dropped_stale`), keeping the flow's state, so a stale connection never
+//!   reaches the port's new owner unless that owner's filter admits it.
+//! * **TCP close**: an RST from inside releases the port at once and ends
+//!   the outbound flow; an RST from outside ends the inbound flow only (the
+//!   port stays with the inside host until it closes too, or idles out). Once
+//!   a FIN has been seen in both directions the port is held for
+//!   `fin_timeout` seconds more (TIME_WAIT: the last ACK, retransmitted FINs)
+//!   and then released — by the first packet the NAT sees at or after the
+//!   deadline (`t >= FINs' time + fin_timeout`), before that packet is
+//!   handled. After that a later packet of the outbound 5-tuple is a new
+//!   connection that needs a new port.
 //! * **Pool exhausted**: the new flow's packet is dropped and counted, and no
 //!   state is kept, so the next packet of that flow retries the allocation.
 //! * **Other traffic**: ICMP and other protocols from inside or to an external
@@ -63,7 +81,16 @@
 //! gives each core a disjoint share of `ports` and programs the NIC's
 //! flow-director rules to steer a reply (by destination port) to the core
 //! that allocated it; strategies that move flows between cores refuse it.
-//! `--export nat=FILE` writes one row per translated flow (both directions).
+//! `--export nat=FILE` writes one row per translated flow (`direction` out or
+//! in, the 5-tuple, the translated address and port) whose mapping is live at
+//! the time of the last packet this NAT instance processed: flows whose
+//! mapping was released (RST, TIME_WAIT), reclaimed, or is idle past the
+//! timeout then are not listed, nor are dropped flows (stale, filtered,
+//! unmapped, exhausted). An inbound row names the mapping's current holder.
+//! (On several cores each core judges at its own last packet.)
+//!
+//! Cost: every translated packet reads its mapping (outbound ones also
+//! write its clock), a second cache line the prefetch hook fetches ahead.
 
 use std::net::{IpAddr, Ipv4Addr};
 
