@@ -1,10 +1,51 @@
 //! `conntrack`: TCP connection state tracker (SCR Table 1): the full TCP
 //! state machine in both directions — three-way handshake with sequence
-//! and acknowledgement numbers checked, data within a window of the
-//! highest sequence seen per direction, FIN each way, RST — with per-state
-//! idle timeouts on the packet clock. Packets that do not fit the state
-//! (no SYN for a new connection, a bad handshake ACK, a sequence number far
-//! outside the window) are dropped and counted as invalid; non-TCP passes.
+//! and acknowledgement numbers checked, every later segment checked against
+//! the acceptable windows below, FIN each way, RST (RFC 5961) — with
+//! per-state idle timeouts on the packet clock. Packets that do not fit the
+//! state are dropped and counted as invalid; non-TCP passes.
+//!
+//! The rule, per connection (keyed by the canonical 5-tuple, both directions
+//! meet). A segment's *length* is `max(0, frame bytes - 54) + SYN + FIN` (the
+//! frame bytes past the smallest Ethernet + IPv4 + TCP headers bound its
+//! payload; the history record carries no header lengths), its *end* is
+//! `seq + length`; comparisons are modulo 2^32 (RFC 1982). `W` is `window=`
+//! (default 2^24 bytes), standing for every advertised window. Per direction
+//! `d` the tracker keeps `end[d]` (the highest segment end `d` sent, Linux's
+//! `td_end`) and `acked[d]` (the highest ack the other side sent for `d`).
+//! * **No connection** (or one idle past its timeout since its last passing
+//!   packet: `timeout=` when established, `min(30 s, timeout)` in every other
+//!   state; a last-seen time in the future after the clock jumped back is
+//!   rebased, never expired early): only a plain SYN passes; it opens the
+//!   connection (SYN_SENT) with `end[init] = its end`. Anything else is
+//!   invalid. (A full table passes the SYN untracked, `table_full`.)
+//! * **SYN_SENT**: the responder's SYN-ACK with `ack = ISN + 1` passes
+//!   (SYN_RECV; `end[resp]` = its end, `acked[init] = ack`,
+//!   `acked[resp] = its seq + 1`); a retransmitted SYN (same seq) passes. An
+//!   RST passes and removes the connection only from the responder with ACK
+//!   and `ack = ISN + 1`, or from the initiator with `seq = ISN + 1`.
+//!   Anything else is invalid.
+//! * **SYN_RECV**: the initiator's ACK (no SYN) with `ack = responder ISN + 1`
+//!   that is in window establishes it; a retransmitted SYN-ACK (same seq)
+//!   passes. An in-window RST removes the connection. Anything else is
+//!   invalid.
+//! * **Established, FIN_WAIT, CLOSING, TIME_WAIT**: a SYN is invalid (in
+//!   TIME_WAIT a plain SYN starts a new connection instead). A segment from
+//!   `d` is **in window** when
+//!   (I) `seq <= acked[d] + W` (not past what the receiver acknowledged plus a
+//!   window), (II) `end >= end[d] - W` (not ending more than a window before
+//!   what `d` already sent) and, if it carries ACK and no RST,
+//!   (III) `ack <= end[other]` and (IV) `ack >= end[other] - W`. A segment out
+//!   of window is dropped (`out_of_window`, invalid) and changes nothing, FINs
+//!   included. One in window passes and advances `end[d]` and, with ACK,
+//!   `acked[other]`; a FIN marks `d` (FIN_WAIT; both marked: CLOSING); an ACK
+//!   in CLOSING closes it (TIME_WAIT, `closed`).
+//! * **RST** after the handshake (RFC 5961 section 3.2): checked on I and II
+//!   only. Out of window: dropped, the connection stays. In window with
+//!   `seq = acked[d]` exactly (the receiver's next expected sequence): passes
+//!   and resets (removes) the connection. In window otherwise: passes (the
+//!   receiver answers with a challenge ACK) and the connection stays
+//!   (`rst_in_window`).
 //!
 //! Connections live in the NF's own preallocated table keyed by the
 //! canonical connection (both directions meet; symmetric RSS under `rss`).
@@ -28,31 +69,41 @@ use crate::{NfContext, ParamError, ParamSpec, Params};
 const CONNS: ParamSpec = ParamSpec::uint("conns", 1 << 20, 16, 1 << 26, "connection table capacity per core");
 const TIMEOUT: ParamSpec =
     ParamSpec::uint("timeout", 300, 1, 30 * 86_400, "idle timeout of an established connection in seconds");
+const WINDOW: ParamSpec = ParamSpec::uint(
+    "window",
+    1 << 24,
+    1 << 10,
+    1 << 30,
+    "largest receive window assumed, bytes: how far a segment may lie from the tracked sequence space",
+);
 
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {
     name: "conntrack",
     about: "TCP connection tracker (SCR Table 1): handshake, seq/ack, FIN/RST state machine in both directions",
     keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
-    params: &[CONNS, TIMEOUT],
+    params: &[CONNS, TIMEOUT, WINDOW],
 };
 
 /// Builds `conntrack` from its parameters and hands it to `sink`.
 pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
     let conns = p.uint(&CONNS)? as usize;
     let timeout = p.uint(&TIMEOUT)?;
-    Ok(sink.stateful(Conntrack::new(conns, timeout * 1_000_000_000)))
+    let window = p.uint(&WINDOW)? as u32;
+    Ok(sink.stateful(Conntrack::new(conns, timeout * 1_000_000_000).with_window(window)))
 }
 
 const FIN: u8 = 0x01;
 const SYN: u8 = 0x02;
 const RST: u8 = 0x04;
 const ACK: u8 = 0x10;
+#[cfg(test)]
+const PSH: u8 = 0x08;
 
 /// Idle timeout of connections not yet established or closing (ns).
 const SHORT_TIMEOUT_NS: u64 = 30_000_000_000;
-/// Half-width of the accepted sequence window around the highest sequence seen.
-const WINDOW: i32 = 1 << 30;
+/// Smallest Ethernet + IPv4 + TCP headers: a frame's bytes past them bound its payload.
+const MIN_HEADERS: u32 = 14 + 20 + 20;
 
 /// Connection states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,14 +123,19 @@ pub enum CtState {
     TimeWait = 6,
 }
 
-/// One tracked connection.
+/// One tracked connection (one cache line). Directions: 0 is the canonical
+/// key's lower endpoint sending.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Conn {
     key: u128,
     last_ns: u64,
     isn: [u32; 2],
-    /// Highest sequence number seen per direction.
-    hi: [u32; 2],
+    /// Per direction: the end of its sequence space sent so far (highest
+    /// seq + payload bound + SYN + FIN), Linux's `td_end`.
+    end: [u32; 2],
+    /// Per direction: the highest ack the other side sent for it (what the
+    /// receiver has acknowledged, RFC 793's RCV.NXT as far as seen).
+    acked: [u32; 2],
     /// `CtState` as u8; 0: free slot.
     state: u8,
     /// Direction (0: canonical lower endpoint sent) of the initiator.
@@ -102,6 +158,8 @@ struct Counters {
     established: u64,
     closed: u64,
     reset: u64,
+    rst_in_window: u64,
+    out_of_window: u64,
     invalid: u64,
     non_tcp: u64,
     full: u64,
@@ -113,20 +171,67 @@ pub struct Conntrack {
     table: Box<[Conn]>,
     len: usize,
     timeout_ns: u64,
+    window: u32,
     c: Counters,
 }
 
-/// Wrapping "a is after b".
+/// Wrapping "a is after b" (sequence-number arithmetic, RFC 1982).
 #[inline(always)]
 fn after(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) > 0
+}
+
+/// The sequence space a segment occupies past its `seq`: the payload bound
+/// (frame bytes past the smallest headers, an upper bound on any frame) plus
+/// one for SYN and one for FIN.
+#[inline(always)]
+fn seg_len(r: &ScrRecord, flags: u8) -> u32 {
+    u32::from(r.len).saturating_sub(MIN_HEADERS) + u32::from(flags & SYN != 0) + u32::from(flags & FIN != 0)
 }
 
 impl Conntrack {
     /// A tracker for `conns` connections, established ones idle after `timeout_ns`.
     pub fn new(conns: usize, timeout_ns: u64) -> Self {
         let cap = (conns.max(16) * 8 / 7).next_power_of_two();
-        Conntrack { table: vec![Conn::default(); cap].into_boxed_slice(), len: 0, timeout_ns, c: Counters::default() }
+        Conntrack {
+            table: vec![Conn::default(); cap].into_boxed_slice(),
+            len: 0,
+            timeout_ns,
+            window: const { WINDOW.uint_default() } as u32,
+            c: Counters::default(),
+        }
+    }
+
+    /// The same tracker with receive windows assumed up to `window` bytes.
+    pub fn with_window(mut self, window: u32) -> Self {
+        self.window = window.max(1);
+        self
+    }
+
+    /// The window check (Linux conntrack's `tcp_in_window` with every
+    /// advertised window taken as `self.window`) of a segment from `d`:
+    /// not past what the receiver acknowledged plus a window (I), not ending
+    /// more than a window before what `d` already sent (II), and an ack, if
+    /// any, within the last window of what the other side sent (III, IV).
+    /// An RST is checked on I and II only.
+    fn in_window(&self, c: &Conn, d: usize, r: &ScrRecord, flags: u8) -> bool {
+        let w = self.window;
+        let end = r.seq.wrapping_add(seg_len(r, flags));
+        let seq_ok = !after(r.seq, c.acked[d].wrapping_add(w)) && !after(c.end[d].wrapping_sub(w), end);
+        let ack_ok =
+            flags & (ACK | RST) != ACK || (!after(r.ack, c.end[1 - d]) && !after(c.end[1 - d].wrapping_sub(w), r.ack));
+        seq_ok && ack_ok
+    }
+
+    /// Records an accepted segment from `d` in the tracked sequence spaces.
+    fn advance(c: &mut Conn, d: usize, r: &ScrRecord, flags: u8) {
+        let end = r.seq.wrapping_add(seg_len(r, flags));
+        if after(end, c.end[d]) {
+            c.end[d] = end;
+        }
+        if flags & ACK != 0 && after(r.ack, c.acked[1 - d]) {
+            c.acked[1 - d] = r.ack;
+        }
     }
 
     fn hash(k: u128) -> usize {
@@ -195,10 +300,14 @@ impl Conntrack {
             return true;
         };
         let mut live = self.table[i].state != 0;
-        if live && now.saturating_sub(self.table[i].last_ns) > self.timeout_of(&self.table[i]) {
-            // Idle past its timeout: forgotten, the packet is judged as a new connection's.
-            self.remove(i);
-            live = false;
+        if live {
+            // A clock that went backwards rebases the connection's idle time (never expires it early).
+            self.table[i].last_ns = self.table[i].last_ns.min(now);
+            if now - self.table[i].last_ns > self.timeout_of(&self.table[i]) {
+                // Idle past its timeout: forgotten, the packet is judged as a new connection's.
+                self.remove(i);
+                live = false;
+            }
         }
         let syn_only = flags & (SYN | ACK | RST | FIN) == SYN;
         if !live || (self.table[i].state == CtState::TimeWait as u8 && syn_only) {
@@ -221,31 +330,47 @@ impl Conntrack {
             self.c.new += 1;
             let mut c = Conn { key, last_ns: now, state: CtState::SynSent as u8, init: d as u8, ..Default::default() };
             c.isn[d] = r.seq;
-            c.hi[d] = r.seq.wrapping_add(1);
+            c.end[d] = r.seq.wrapping_add(seg_len(r, flags));
             self.table[i] = c;
             return true;
         }
-        let c = &mut self.table[i];
-        c.last_ns = c.last_ns.max(now);
+        let c = self.table[i];
         let init = usize::from(c.init);
         let resp = 1 - init;
+        let st = c.state;
         if flags & RST != 0 {
-            // Accepted in window only (blind resets are dropped).
-            if c.state >= CtState::SynRecv as u8 && (r.seq.wrapping_sub(c.hi[d]) as i32).unsigned_abs() > WINDOW as u32
-            {
+            let ok = if st == CtState::SynSent as u8 {
+                // RFC 793: from the responder acknowledging the SYN, or the initiator's abort.
+                (d == resp && flags & ACK != 0 && r.ack == c.isn[init].wrapping_add(1))
+                    || (d == init && r.seq == c.isn[init].wrapping_add(1))
+            } else {
+                self.in_window(&c, d, r, flags)
+            };
+            if !ok {
+                // Blind or stale reset: dropped, the connection stays.
+                self.c.out_of_window += 1;
                 self.c.invalid += 1;
                 return false;
             }
-            self.c.reset += 1;
-            self.remove(i);
+            self.table[i].last_ns = now;
+            if st == CtState::SynSent as u8 || st == CtState::SynRecv as u8 || r.seq == c.acked[d] {
+                // RFC 5961 3.2: only a reset at exactly the receiver's next sequence resets.
+                self.c.reset += 1;
+                self.remove(i);
+            } else {
+                // In the window but not exact: the receiver answers with a challenge ACK; kept.
+                self.c.rst_in_window += 1;
+            }
             return true;
         }
-        let st = c.state;
         let ok = if st == CtState::SynSent as u8 {
             if d == resp && flags & (SYN | ACK) == SYN | ACK && r.ack == c.isn[init].wrapping_add(1) {
+                let c = &mut self.table[i];
                 c.state = CtState::SynRecv as u8;
                 c.isn[resp] = r.seq;
-                c.hi[resp] = r.seq.wrapping_add(1);
+                c.end[resp] = r.seq.wrapping_add(seg_len(r, flags));
+                c.acked[init] = r.ack;
+                c.acked[resp] = r.seq.wrapping_add(1);
                 true
             } else {
                 // A retransmitted SYN.
@@ -253,33 +378,41 @@ impl Conntrack {
             }
         } else if st == CtState::SynRecv as u8 {
             if d == init && flags & (SYN | ACK) == ACK && r.ack == c.isn[resp].wrapping_add(1) {
-                c.state = CtState::Established as u8;
-                self.c.established += 1;
-                true
+                if self.in_window(&c, d, r, flags) {
+                    let c = &mut self.table[i];
+                    Self::advance(c, d, r, flags);
+                    c.state = CtState::Established as u8;
+                    self.c.established += 1;
+                    true
+                } else {
+                    self.c.out_of_window += 1;
+                    false
+                }
             } else {
                 // A retransmitted SYN-ACK.
                 d == resp && flags & (SYN | ACK) == SYN | ACK && r.seq == c.isn[resp]
             }
+        } else if flags & SYN != 0 {
+            // No SYN inside a connection (a new one may start from TIME_WAIT only, above).
+            false
+        } else if !self.in_window(&c, d, r, flags) {
+            self.c.out_of_window += 1;
+            false
         } else {
-            // Established and closing: no SYN, sequence within the window.
-            if flags & SYN != 0 || (r.seq.wrapping_sub(c.hi[d]) as i32).unsigned_abs() > WINDOW as u32 {
-                false
-            } else {
-                if after(r.seq, c.hi[d]) {
-                    c.hi[d] = r.seq;
-                }
-                if flags & FIN != 0 {
-                    c.fin |= 1 << d;
-                    c.hi[d] = c.hi[d].max(r.seq.wrapping_add(1));
-                    c.state = if c.fin == 3 { CtState::Closing as u8 } else { CtState::FinWait as u8 };
-                } else if c.state == CtState::Closing as u8 && flags & ACK != 0 {
-                    c.state = CtState::TimeWait as u8;
-                    self.c.closed += 1;
-                }
-                true
+            let c = &mut self.table[i];
+            Self::advance(c, d, r, flags);
+            if flags & FIN != 0 {
+                c.fin |= 1 << d;
+                c.state = if c.fin == 3 { CtState::Closing as u8 } else { CtState::FinWait as u8 };
+            } else if c.state == CtState::Closing as u8 && flags & ACK != 0 {
+                c.state = CtState::TimeWait as u8;
+                self.c.closed += 1;
             }
+            true
         };
-        if !ok {
+        if ok {
+            self.table[i].last_ns = now;
+        } else {
             self.c.invalid += 1;
         }
         ok
@@ -292,7 +425,8 @@ impl Conntrack {
             .filter(|c| c.state != 0)
             .map(|c| {
                 let mut h = (c.key as u64) ^ ((c.key >> 64) as u64).rotate_left(21) ^ c.last_ns.rotate_left(7);
-                h ^= (u64::from(c.hi[0]) << 32 | u64::from(c.hi[1])).rotate_left(13);
+                h ^= (u64::from(c.end[0]) << 32 | u64::from(c.end[1])).rotate_left(13);
+                h ^= (u64::from(c.acked[0]) << 32 | u64::from(c.acked[1])).rotate_left(29);
                 h ^= u64::from(c.state) << 56 | u64::from(c.fin) << 48 | u64::from(c.init) << 40;
                 h.wrapping_mul(0x9e37_79b9_7f4a_7c15)
             })
@@ -340,7 +474,13 @@ impl StatefulNf for Conntrack {
     }
 
     fn scr_fields(&self) -> Option<ScrFields> {
-        Some(ScrFields::FIVE_TUPLE.with(ScrFields::TCP_FLAGS).with(ScrFields::TCP_SEQ_ACK).with(ScrFields::TIME))
+        Some(
+            ScrFields::FIVE_TUPLE
+                .with(ScrFields::TCP_FLAGS)
+                .with(ScrFields::TCP_SEQ_ACK)
+                .with(ScrFields::LEN)
+                .with(ScrFields::TIME),
+        )
     }
 
     #[inline]
@@ -365,6 +505,8 @@ impl StatefulNf for Conntrack {
             "established": c.established,
             "closed": c.closed,
             "reset": c.reset,
+            "rst_in_window": c.rst_in_window,
+            "out_of_window": c.out_of_window,
             "invalid": c.invalid,
             "non_tcp": c.non_tcp,
             "table_full": c.full,
@@ -380,11 +522,12 @@ impl StatefulNf for Conntrack {
 mod tests {
     use super::*;
 
-    fn rec(src: u32, sport: u16, dst: u32, dport: u16, flags: u8, seq: u32, ack: u32) -> ScrRecord {
-        let mut f = vec![0u8; 60];
+    /// A TCP record; `data` payload bytes (the frame carries no padding, so the bound is exact).
+    fn seg(src: u32, sport: u16, dst: u32, dport: u16, flags: u8, seq: u32, ack: u32, data: usize) -> ScrRecord {
+        let mut f = vec![0u8; 54 + data];
         f[12] = 0x08;
         f[14] = 0x45;
-        f[16..18].copy_from_slice(&46u16.to_be_bytes());
+        f[16..18].copy_from_slice(&(40 + data as u16).to_be_bytes());
         f[22] = 64;
         f[23] = 6;
         f[26..30].copy_from_slice(&src.to_be_bytes());
@@ -399,30 +542,119 @@ mod tests {
         ScrRecord::from_frame(&f, &m)
     }
 
+    fn rec(src: u32, sport: u16, dst: u32, dport: u16, flags: u8, seq: u32, ack: u32) -> ScrRecord {
+        seg(src, sport, dst, dport, flags, seq, ack, 0)
+    }
+
     #[test]
     fn handshake_data_fin_and_invalid() {
         let mut ct = Conntrack::new(64, 300_000_000_000);
         let (c, s) = (0x0a00_0002, 0x0a00_0001);
-        assert!(!ct.track(&rec(c, 1000, s, 80, ACK, 5, 9), 0), "no SYN: invalid");
-        assert!(ct.track(&rec(c, 1000, s, 80, SYN, 100, 0), 1));
-        assert!(!ct.track(&rec(s, 80, c, 1000, SYN | ACK, 500, 7), 2), "SYN-ACK acking the wrong number");
-        assert!(ct.track(&rec(s, 80, c, 1000, SYN | ACK, 500, 101), 3));
-        assert!(!ct.track(&rec(c, 1000, s, 80, ACK, 101, 7), 4), "bad handshake ACK");
-        assert!(ct.track(&rec(c, 1000, s, 80, ACK, 101, 501), 5));
-        assert!(ct.track(&rec(s, 80, c, 1000, ACK, 501, 150), 6));
-        assert!(!ct.track(&rec(s, 80, c, 1000, ACK, 501u32.wrapping_add(1 << 31), 150), 7), "far outside the window");
-        assert!(ct.track(&rec(c, 1000, s, 80, FIN | ACK, 150, 501), 8));
-        assert!(ct.track(&rec(s, 80, c, 1000, FIN | ACK, 501, 151), 9));
-        assert!(ct.track(&rec(c, 1000, s, 80, ACK, 151, 502), 10));
+        let cs = |flags, seq, ack, data| seg(c, 1000, s, 80, flags, seq, ack, data);
+        let sc = |flags, seq, ack, data| seg(s, 80, c, 1000, flags, seq, ack, data);
+        assert!(!ct.track(&cs(ACK, 5, 9, 0), 0), "no SYN: invalid");
+        assert!(ct.track(&cs(SYN, 100, 0, 0), 1));
+        assert!(!ct.track(&sc(SYN | ACK, 500, 7, 0), 2), "SYN-ACK acking the wrong number");
+        assert!(ct.track(&sc(SYN | ACK, 500, 101, 0), 3));
+        assert!(!ct.track(&cs(ACK, 101, 7, 0), 4), "bad handshake ACK");
+        assert!(ct.track(&cs(ACK, 101, 501, 0), 5));
+        assert!(ct.track(&cs(ACK | PSH, 101, 501, 49), 6));
+        assert!(ct.track(&sc(ACK, 501, 150, 0), 7));
+        assert!(!ct.track(&sc(ACK, 501u32.wrapping_add(1 << 31), 150, 0), 8), "far outside the window");
+        assert!(!ct.track(&sc(ACK, 501, 151, 0), 8), "acks a byte never sent");
+        assert!(ct.track(&cs(FIN | ACK, 150, 501, 0), 8));
+        assert!(ct.track(&sc(FIN | ACK, 501, 151, 0), 9));
+        assert!(ct.track(&cs(ACK, 151, 502, 0), 10));
         assert_eq!(ct.c.closed, 1);
         assert_eq!(ct.len(), 1);
-        // A new SYN reuses the TIME_WAIT slot; a RST removes it.
-        assert!(ct.track(&rec(c, 1000, s, 80, SYN, 9000, 0), 11));
-        assert!(ct.track(&rec(s, 80, c, 1000, RST, 0, 0), 12));
+        // A new SYN reuses the TIME_WAIT slot; the responder's RST acknowledging it removes it.
+        assert!(ct.track(&cs(SYN, 9000, 0, 0), 11));
+        assert!(!ct.track(&sc(RST, 0, 0, 0), 12), "an RST in SYN_SENT must acknowledge the SYN");
+        assert!(ct.track(&sc(RST | ACK, 0, 9001, 0), 12));
         assert!(ct.is_empty());
         // Idle expiry: an ACK after the short timeout finds nothing.
         assert!(ct.track(&rec(c, 2000, s, 80, SYN, 1, 0), 20));
         assert!(!ct.track(&rec(c, 2000, s, 80, ACK, 2, 1), 20 + SHORT_TIMEOUT_NS + 1));
+    }
+
+    /// An established connection: client 10.0.0.2:1000 (ISN 100, then 1000 bytes sent), server
+    /// 10.0.0.1:80 (ISN 0xffff_fff0: its numbers wrap; 100 bytes sent), each side acked.
+    fn established(
+        window: u32,
+    ) -> (Conntrack, impl Fn(u8, u32, u32, usize) -> ScrRecord, impl Fn(u8, u32, u32, usize) -> ScrRecord) {
+        let (c, s) = (0x0a00_0002, 0x0a00_0001);
+        let cs = move |flags, seq, ack, data| seg(c, 1000, s, 80, flags, seq, ack, data);
+        let sc = move |flags, seq, ack, data| seg(s, 80, c, 1000, flags, seq, ack, data);
+        let mut ct = Conntrack::new(64, 300_000_000_000).with_window(window);
+        let si = 0xffff_fff0u32;
+        for (r, t) in [
+            (cs(SYN, 100, 0, 0), 1),
+            (sc(SYN | ACK, si, 101, 0), 2),
+            (cs(ACK, 101, si.wrapping_add(1), 0), 3),
+            (cs(ACK | PSH, 101, si.wrapping_add(1), 1000), 4),
+            (sc(ACK | PSH, si.wrapping_add(1), 1101, 100), 5),
+            (cs(ACK, 1101, si.wrapping_add(101), 0), 6),
+        ] {
+            assert!(ct.track(&r, t));
+        }
+        (ct, cs, sc)
+    }
+
+    #[test]
+    fn sequence_and_ack_windows() {
+        let w = 1u32 << 16;
+        let (mut ct, cs, sc) = established(w);
+        let s_end = 0xffff_fff0u32.wrapping_add(101);
+        // Data: up to a window past what the server acknowledged (1101), back to a window behind.
+        assert!(ct.track(&cs(ACK, 1101 + w, s_end, 0), 7), "I: seq = acked + window");
+        assert!(!ct.track(&cs(ACK, 1102 + w, s_end, 0), 7), "I: one past");
+        assert!(ct.track(&cs(ACK, 1101 + w - 10, s_end, 0), 7));
+        // The client's end is now 1101 + w: a segment ending a window before it still passes.
+        assert!(ct.track(&cs(ACK, 1101 - 5, s_end, 5), 7), "II: ends exactly end - window");
+        assert!(!ct.track(&cs(ACK, 1101 - 6, s_end, 5), 7), "II: ends one before");
+        // Acks: not past what the server sent, not more than a window behind it.
+        assert!(!ct.track(&cs(ACK, 1101, s_end.wrapping_add(1), 0), 7), "III");
+        assert!(ct.track(&cs(ACK, 1101, s_end.wrapping_sub(w), 0), 7), "IV: end - window");
+        assert!(!ct.track(&cs(ACK, 1101, s_end.wrapping_sub(w + 1), 0), 7), "IV: one more");
+        // No ACK flag: the ack field is not checked.
+        assert!(ct.track(&cs(PSH, 1101, 7, 0), 7));
+        assert_eq!(ct.c.out_of_window, 4);
+        assert_eq!(ct.report().unwrap()["out_of_window"], 4);
+        // Far out-of-window FINs and SYNs change nothing.
+        assert!(!ct.track(&cs(FIN | ACK, 1101 + (1 << 28), s_end, 0), 8));
+        assert!(!ct.track(&sc(SYN | ACK, 5, 1101, 0), 8));
+        assert_eq!(ct.table.iter().find(|c| c.state != 0).unwrap().state, CtState::Established as u8);
+    }
+
+    #[test]
+    fn rst_exact_resets_in_window_is_kept_out_of_window_dropped() {
+        let (mut ct, cs, sc) = established(1 << 16);
+        let s_end = 0xffff_fff0u32.wrapping_add(101);
+        // Issue 29: a client RST 2^29 behind tore the connection down.
+        assert!(!ct.track(&cs(RST, 1101u32.wrapping_sub(1 << 29), 0, 0), 7), "out of window: dropped");
+        assert!(!ct.track(&sc(RST, s_end.wrapping_add(1 << 20), 0, 0), 7));
+        assert_eq!(ct.len(), 1);
+        // In window, not at the receiver's next sequence: passes (challenge ACK), kept.
+        assert!(ct.track(&cs(RST, 1150, 0, 0), 8));
+        assert!(ct.track(&sc(RST | ACK, s_end.wrapping_sub(3), 1101, 0), 8));
+        assert_eq!((ct.c.rst_in_window, ct.c.reset, ct.len()), (2, 0, 1));
+        assert!(ct.track(&cs(ACK, 1101, s_end, 0), 9), "still established");
+        // Exactly the server's acknowledged 1101: reset.
+        assert!(ct.track(&cs(RST, 1101, 0, 0), 10));
+        assert_eq!((ct.c.reset, ct.len()), (1, 0));
+        assert!(!ct.track(&cs(ACK, 1101, s_end, 0), 11), "no connection");
+    }
+
+    #[test]
+    fn a_clock_that_goes_back_rebases_the_idle_time() {
+        let (mut ct, cs, _) = established(1 << 16);
+        let s_end = 0xffff_fff0u32.wrapping_add(101);
+        let t = 300_000_000_000;
+        assert!(ct.track(&cs(ACK, 1101, s_end, 0), 7));
+        // Back in time: the connection's idle time restarts there; it lives one full timeout.
+        assert!(ct.track(&cs(ACK, 1101, s_end, 0), 3));
+        assert!(ct.track(&cs(ACK, 1101, s_end, 0), 3 + t));
+        assert!(!ct.track(&cs(ACK, 1101, s_end, 0), 3 + 2 * t + 1), "idle past the timeout");
     }
 
     #[test]
@@ -432,7 +664,7 @@ mod tests {
             assert!(ct.track(&rec(i + 1, 1, 100, 80, SYN, i, 0), 0));
         }
         for i in (0..14u32).step_by(2) {
-            assert!(ct.track(&rec(100, 80, i + 1, 1, RST, 0, 0), 1));
+            assert!(ct.track(&rec(100, 80, i + 1, 1, RST | ACK, 0, i + 1), 1));
         }
         for i in (1..14u32).step_by(2) {
             assert!(ct.track(&rec(i + 1, 1, 100, 80, SYN, i, 0), 2), "retransmitted SYN of {i} finds its entry");

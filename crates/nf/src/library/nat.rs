@@ -28,24 +28,42 @@
 //!   the remote address and port the mapping sent to. A filtered packet is
 //!   dropped and counted (`dropped_filtered`) without keeping state; one that
 //!   passes is translated back (destination rewritten).
-//! * **Release**: when an outbound flow expires or ends, its port goes back to
-//!   the pool and the slot's generation is bumped. An inbound flow whose
-//!   generation no longer matches (the port was released, maybe reused by
-//!   another inside host) is dropped and counted, and stays blocked until it
-//!   idles out, so a stale connection never reaches the port's new owner.
-//!   Mappings are refreshed by outbound traffic only (the outbound flow's idle
-//!   timer), as RFC 4787 requires at least.
-//! * **TCP close**: an RST from inside ends the outbound flow and releases its
-//!   port at once; an RST from outside ends the inbound flow only (the port
-//!   stays with the inside host until it closes too, or idles out). Once a FIN
-//!   has been seen in both directions the port is held for `fin_timeout`
-//!   seconds more (TIME_WAIT: the last ACK, retransmitted FINs) and then
-//!   released — on the packet clock, by the first packet the NAT sees after
-//!   the delay, so it happens at the same packet whatever the executor and
-//!   batch size. After that the inbound flow is stale (dropped), and a later
-//!   packet of the outbound 5-tuple is a new connection that gets a new port.
-//!   Only an outbound flow that has sent a FIN checks its mapping per packet;
-//!   the others keep the one-read fast path.
+//! * **Idle timeout** (`timeout=`, on the packet clock): a mapping's clock is
+//!   the time of the last outbound packet translated with it (replies do not
+//!   refresh it, as RFC 4787 allows). At a packet of time `t`, a mapping whose
+//!   last outbound packet was at `l` is *live* while `t - l <= timeout` and
+//!   *free* once `t - l > timeout` — decided when the packet looks it up,
+//!   whatever the executor, batch size or expiry sweep did (a last-seen time
+//!   in the future after the clock jumped back is rebased to `t`, never
+//!   expired early). The executor dropping a flow entry (expiry, eviction)
+//!   frees nothing: `nat` declares no release hook.
+//! * **Release**: a port is freed by exactly three events, all on the packet
+//!   clock: an RST from inside (at that packet), the end of TIME_WAIT (below),
+//!   and the idle timeout. Freeing bumps the slot's generation.
+//! * **Allocation** (a new outbound flow's first packet): the head of the
+//!   free list (ports freed by RST or TIME_WAIT join its tail, so a released
+//!   port is reused as late as possible); if the list is empty, the first
+//!   mapping idle at that packet's time in slot order from where the last
+//!   such search stopped (slot = address index * ports + port offset;
+//!   reclaimed, counted `idle_mappings_reclaimed`); if none, the pool is
+//!   exhausted. An outbound packet whose flow's mapping is free (idle, or
+//!   released after TIME_WAIT) starts a new mapping the same way.
+//! * **Inbound packets are judged against the port's current mapping**: an
+//!   inbound flow bound to a mapping that is gone (released, reclaimed, idle)
+//!   is judged again at each packet against whatever holds the port now — a
+//!   new connection to the same remote endpoint (the same inbound 5-tuple)
+//!   gets its replies; a packet no live mapping admits is dropped and counted
+//!   (`dropped_stale`), keeping the flow's state, so a stale connection never
+//!   reaches the port's new owner unless that owner's filter admits it.
+//! * **TCP close**: an RST from inside releases the port at once and ends
+//!   the outbound flow; an RST from outside ends the inbound flow only (the
+//!   port stays with the inside host until it closes too, or idles out). Once
+//!   a FIN has been seen in both directions the port is held for
+//!   `fin_timeout` seconds more (TIME_WAIT: the last ACK, retransmitted FINs)
+//!   and then released — by the first packet the NAT sees at or after the
+//!   deadline (`t >= FINs' time + fin_timeout`), before that packet is
+//!   handled. After that a later packet of the outbound 5-tuple is a new
+//!   connection that needs a new port.
 //! * **Pool exhausted**: the new flow's packet is dropped and counted, and no
 //!   state is kept, so the next packet of that flow retries the allocation.
 //! * **Other traffic**: ICMP and other protocols from inside or to an external
@@ -63,7 +81,16 @@
 //! gives each core a disjoint share of `ports` and programs the NIC's
 //! flow-director rules to steer a reply (by destination port) to the core
 //! that allocated it; strategies that move flows between cores refuse it.
-//! `--export nat=FILE` writes one row per translated flow (both directions).
+//! `--export nat=FILE` writes one row per translated flow (`direction` out or
+//! in, the 5-tuple, the translated address and port) whose mapping is live at
+//! the time of the last packet this NAT instance processed: flows whose
+//! mapping was released (RST, TIME_WAIT), reclaimed, or is idle past the
+//! timeout then are not listed, nor are dropped flows (stale, filtered,
+//! unmapped, exhausted). An inbound row names the mapping's current holder.
+//! (On several cores each core judges at its own last packet.)
+//!
+//! Cost: every translated packet reads its mapping (outbound ones also
+//! write its clock), a second cache line the prefetch hook fetches ahead.
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -238,6 +265,8 @@ impl Default for NatConfig {
 /// the remote it was mapped for (what inbound filtering compares against).
 #[derive(Clone, Copy, Debug, Default)]
 struct Mapping {
+    /// Time of the last outbound packet translated with it (its idle clock).
+    last_out: u64,
     inside: u32,
     gen: u32,
     remote: u32,
@@ -246,6 +275,28 @@ struct Mapping {
     in_use: bool,
     /// [`FIN_OUT`] | [`FIN_IN`] | [`QUEUED`].
     fin: u8,
+}
+
+impl Mapping {
+    /// Idle past `timeout` at `now` (then the mapping is free). The rule of
+    /// `flowplane_table`'s expiry sweep for clocks that jump: a last-seen time
+    /// in the future is rebased to `now` (a full timeout from now), never
+    /// expired early; the arithmetic saturates.
+    #[inline]
+    fn idle(&mut self, now: u64, timeout: u64) -> bool {
+        if self.last_out > now {
+            self.last_out = now;
+            return false;
+        }
+        now - self.last_out > timeout
+    }
+
+    /// Held by generation `gen` and not idle at `now` (read-only: a future
+    /// last-seen time counts as live).
+    #[inline]
+    fn live_at(&self, gen: u32, now: u64, timeout: u64) -> bool {
+        self.in_use && self.gen == gen && now.saturating_sub(self.last_out) <= timeout
+    }
 }
 
 /// A FIN went out (inside to remote).
@@ -275,6 +326,13 @@ struct Pool {
     tw: Vec<TimeWait>,
     tw_head: usize,
     tw_len: usize,
+    /// Where the next search for an idle mapping starts.
+    scan_at: u32,
+    /// A search that found no idle mapping, at `scan_ns`: none can be idle
+    /// before `idle_from` (the earliest last-seen + timeout + 1 ns then), so
+    /// an exhausted pool costs one pass per such bound, not one per packet.
+    idle_from: u64,
+    scan_ns: u64,
 }
 
 impl Pool {
@@ -289,17 +347,58 @@ impl Pool {
             }
         }
         let tw = if time_wait { vec![TimeWait::default(); n] } else { Vec::new() };
-        Pool { rev: vec![Mapping::default(); n], free, head: 0, len: n, tw, tw_head: 0, tw_len: 0 }
+        Pool {
+            rev: vec![Mapping::default(); n],
+            free,
+            head: 0,
+            len: n,
+            tw,
+            tw_head: 0,
+            tw_len: 0,
+            scan_at: 0,
+            idle_from: 0,
+            scan_ns: 0,
+        }
     }
 
-    fn alloc(&mut self) -> Option<u32> {
-        if self.len == 0 {
+    /// A free slot: the head of the free list, or else the first mapping
+    /// idle past `timeout` at `now` in slot order from where the last search
+    /// stopped (reclaimed: generation bumped). `None`: the pool is exhausted.
+    /// Whether a port is available is a function of the packet times alone.
+    fn alloc(&mut self, now: u64, timeout: u64) -> Option<(u32, bool)> {
+        if self.len > 0 {
+            let s = self.free[self.head];
+            self.head = if self.head + 1 == self.free.len() { 0 } else { self.head + 1 };
+            self.len -= 1;
+            return Some((s, false));
+        }
+        // A clock that went backwards invalidates the bound.
+        if now < self.idle_from && now >= self.scan_ns {
             return None;
         }
-        let s = self.free[self.head];
-        self.head = if self.head + 1 == self.free.len() { 0 } else { self.head + 1 };
-        self.len -= 1;
-        Some(s)
+        let n = self.rev.len() as u32;
+        let mut min_seen = u64::MAX;
+        for k in 0..n {
+            let mut i = self.scan_at + k;
+            if i >= n {
+                i -= n;
+            }
+            let e = &mut self.rev[i as usize];
+            if !e.in_use {
+                continue;
+            }
+            if e.idle(now, timeout) {
+                e.in_use = false;
+                e.gen = e.gen.wrapping_add(1);
+                e.fin = 0;
+                self.scan_at = if i + 1 == n { 0 } else { i + 1 };
+                return Some((i, true));
+            }
+            min_seen = min_seen.min(e.last_out);
+        }
+        self.idle_from = min_seen.saturating_add(timeout).saturating_add(1);
+        self.scan_ns = now;
+        None
     }
 
     /// Queues a slot at the tail. Callers free a slot only when it was in use,
@@ -316,8 +415,9 @@ impl Pool {
         }
     }
 
-    fn in_use(&self) -> usize {
-        self.free.len() - self.len
+    /// Mappings held and not idle at `now`.
+    fn live(&self, now: u64, timeout: u64) -> usize {
+        self.rev.iter().filter(|e| e.in_use && now.saturating_sub(e.last_out) <= timeout).count()
     }
 
     /// Frees a slot held by generation `gen`: bumps the generation (stale
@@ -389,7 +489,9 @@ impl Pool {
 struct Counters {
     mappings: u64,
     released: u64,
-    spurious_release: u64,
+    idle_reclaimed: u64,
+    idle_remapped: u64,
+    rejudged: u64,
     inbound_flows: u64,
     out_packets: u64,
     in_packets: u64,
@@ -420,6 +522,9 @@ pub struct Nat {
     inside_mask: u32,
     /// 0: TCP, 1: UDP.
     pools: [Pool; 2],
+    timeout_ns: u64,
+    /// The last packet's time (what export and report judge idleness at).
+    now_ns: u64,
     c: Counters,
 }
 
@@ -510,7 +615,18 @@ impl Nat {
             )));
         }
         let pools = [Pool::new(cfg.addrs, ports, true), Pool::new(cfg.addrs, ports, false)];
-        Ok(Nat { cfg, ext_base: base, ports, inside_net, inside_mask, pools, c: Counters::default() })
+        let timeout_ns = cfg.timeout_s.saturating_mul(1_000_000_000);
+        Ok(Nat {
+            cfg,
+            ext_base: base,
+            ports,
+            inside_net,
+            inside_mask,
+            pools,
+            timeout_ns,
+            now_ns: 0,
+            c: Counters::default(),
+        })
     }
 
     /// The configuration.
@@ -518,9 +634,9 @@ impl Nat {
         &self.cfg
     }
 
-    /// Ports in use: (TCP, UDP).
+    /// Ports held by a mapping not idle at the latest packet time: (TCP, UDP).
     pub fn ports_in_use(&self) -> (usize, usize) {
-        (self.pools[0].in_use(), self.pools[1].in_use())
+        (self.pools[0].live(self.now_ns, self.timeout_ns), self.pools[1].live(self.now_ns, self.timeout_ns))
     }
 
     #[inline]
@@ -541,7 +657,8 @@ impl Nat {
 
 impl StatefulNf for Nat {
     type State = NatState;
-    const HAS_RELEASE: bool = true;
+    // No release hook: a mapping is freed on the packet clock (RST, TIME_WAIT,
+    // idle at lookup), never when the executor drops a flow entry.
     const ENDS_FLOWS: bool = true;
     const HAS_PREFETCH: bool = true;
     const STEPS: bool = true;
@@ -568,7 +685,7 @@ impl StatefulNf for Nat {
     }
 
     fn idle_timeout_ns(&self) -> Option<u64> {
-        Some(self.cfg.timeout_s.saturating_mul(1_000_000_000))
+        Some(self.timeout_ns)
     }
 
     fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> NatState {
@@ -576,23 +693,24 @@ impl StatefulNf for Nat {
     }
 
     fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut NatState, ctx: &NfContext) -> Action {
+        self.now_ns = ctx.now_ns;
         // TIME_WAITs end on the packet clock, before the packet that finds them over.
         let tcp = &self.pools[0];
         if tcp.tw_len != 0 && tcp.tw[tcp.tw_head].deadline_ns <= ctx.now_ns {
             self.expire_time_wait(ctx.now_ns);
         }
         if st.kind == kind::PENDING {
-            *st = self.classify(pkt);
+            *st = self.classify(pkt, ctx.now_ns);
         }
         self.translate(pkt, st, ctx)
     }
 
-    /// One step: inbound and closing outbound flows name their reverse-map
-    /// entry (a hint: `finish` is `process` and reads it again, since an
-    /// earlier packet may release the slot meanwhile).
+    /// One step: translated flows name their reverse-map entry (a hint:
+    /// `finish` is `process` and reads it again, since an earlier packet may
+    /// release the slot meanwhile).
     fn step(&self, _pkt: &Pkt<'_>, st: &NatState, cur: &mut Cursor) -> Step {
         cur.step += 1;
-        if cur.step == 1 && (st.kind == kind::INBOUND || st.kind == kind::OUTBOUND_CLOSING) {
+        if cur.step == 1 && maps(st.kind) {
             if let Some(e) = self.pools[(st.pool & 1) as usize].rev.get(st.slot as usize) {
                 return Step::at(e);
             }
@@ -601,25 +719,12 @@ impl StatefulNf for Nat {
     }
 
     fn prefetch(&self, st: &NatState) {
-        // Only inbound and closing outbound flows read indirect state (the reverse-map entry).
-        if st.kind == kind::INBOUND || st.kind == kind::OUTBOUND_CLOSING {
+        // Translated flows read indirect state: the reverse-map entry (outbound ones write its idle clock).
+        if maps(st.kind) {
             if let Some(e) = self.pools[(st.pool & 1) as usize].rev.get(st.slot as usize) {
-                flowplane_packet::prefetch::read(e);
+                flowplane_packet::prefetch::write(e);
             }
         }
-    }
-
-    fn release(&mut self, _key: &FiveTuple, st: &NatState) {
-        if st.kind != kind::OUTBOUND && st.kind != kind::OUTBOUND_CLOSING {
-            return;
-        }
-        if self.pools[(st.pool & 1) as usize].release(st.slot, st.gen) {
-            self.c.released += 1;
-        } else if st.kind == kind::OUTBOUND {
-            // A second release of the same flow, or a state from another instance.
-            self.c.spurious_release += 1;
-        }
-        // (A closing flow's port may have been released after its TIME_WAIT already.)
     }
 
     fn on_unparsed(&mut self) -> Action {
@@ -641,7 +746,9 @@ impl StatefulNf for Nat {
             "udp_ports_in_use": udp,
             "mappings_created": c.mappings,
             "ports_released": c.released,
-            "spurious_releases": c.spurious_release,
+            "idle_mappings_reclaimed": c.idle_reclaimed,
+            "remapped_after_idle": c.idle_remapped,
+            "inbound_rejudged": c.rejudged,
             "inbound_flows": c.inbound_flows,
             "outbound_packets": c.out_packets,
             "inbound_packets": c.in_packets,
@@ -678,6 +785,12 @@ impl StatefulNf for Nat {
             kind::INBOUND => "in",
             _ => return None,
         };
+        // Live translations only: a mapping released (RST, TIME_WAIT), reclaimed
+        // or idle past the timeout at the latest packet time is not listed.
+        let e = self.pools[(st.pool & 1) as usize].rev.get(st.slot as usize)?;
+        if !e.live_at(st.gen, self.now_ns, self.timeout_ns) {
+            return None;
+        }
         Some(json!({
             "direction": dir,
             "proto": key.proto(),
@@ -691,9 +804,15 @@ impl StatefulNf for Nat {
     }
 }
 
+/// Kinds whose state names a reverse-map entry.
+#[inline(always)]
+fn maps(kind: u8) -> bool {
+    kind == kind::OUTBOUND || kind == kind::OUTBOUND_CLOSING || kind == kind::INBOUND
+}
+
 impl Nat {
     /// The old default action: classify the flow and, for a new outbound flow, take a port.
-    fn classify(&mut self, pkt: &Pkt<'_>) -> NatState {
+    fn classify(&mut self, pkt: &Pkt<'_>, now: u64) -> NatState {
         let m = pkt.meta();
         if m.v6 {
             return Nat::state(kind::V6);
@@ -716,83 +835,135 @@ impl Nat {
         let (Some(sport), Some(dport)) = (pkt.src_port(), pkt.dst_port()) else {
             return Nat::state(kind::FRAGMENT);
         };
+        if !inside {
+            return self.judge_inbound(pool, ext.unwrap_or(0), src, sport, dport, now);
+        }
+        let timeout = self.timeout_ns;
         let p = &mut self.pools[pool as usize];
-        if inside {
-            let Some(slot) = p.alloc() else { return Nat::state(kind::EXHAUSTED) };
-            let e = &mut p.rev[slot as usize];
-            e.inside = src;
-            e.inside_port = sport;
-            e.remote = dst;
-            e.remote_port = dport;
-            e.fin = 0;
-            e.in_use = true;
-            self.c.mappings += 1;
-            NatState {
-                addr: self.ext_base + slot / self.ports,
-                slot,
-                gen: e.gen,
-                port: self.cfg.port_lo + (slot % self.ports) as u16,
-                kind: kind::OUTBOUND,
-                pool,
-            }
-        } else {
-            let idx = ext.unwrap_or(0);
-            if dport < self.cfg.port_lo || dport > self.cfg.port_hi {
-                return Nat::state(kind::UNMAPPED);
-            }
-            let slot = idx * self.ports + (dport - self.cfg.port_lo) as u32;
-            match p.rev.get(slot as usize) {
-                Some(e) if e.in_use => {
-                    let allowed = match self.cfg.filter {
-                        Filter::EndpointIndependent => true,
-                        Filter::AddressDependent => e.remote == src,
-                        Filter::AddressAndPortDependent => e.remote == src && e.remote_port == sport,
-                    };
-                    if !allowed {
-                        return Nat::state(kind::FILTERED);
-                    }
-                    self.c.inbound_flows += 1;
-                    NatState { addr: e.inside, slot, gen: e.gen, port: e.inside_port, kind: kind::INBOUND, pool }
+        let Some((slot, reclaimed)) = p.alloc(now, timeout) else { return Nat::state(kind::EXHAUSTED) };
+        let e = &mut p.rev[slot as usize];
+        e.inside = src;
+        e.inside_port = sport;
+        e.remote = dst;
+        e.remote_port = dport;
+        e.fin = 0;
+        e.in_use = true;
+        e.last_out = now;
+        let gen = e.gen;
+        self.c.mappings += 1;
+        self.c.idle_reclaimed += u64::from(reclaimed);
+        self.c.released += u64::from(reclaimed);
+        NatState {
+            addr: self.ext_base + slot / self.ports,
+            slot,
+            gen,
+            port: self.cfg.port_lo + (slot % self.ports) as u16,
+            kind: kind::OUTBOUND,
+            pool,
+        }
+    }
+
+    /// An inbound packet from `src:sport` to external address `idx`, port
+    /// `dport`, judged against the mapping that holds the port now.
+    fn judge_inbound(&mut self, pool: u8, idx: u32, src: u32, sport: u16, dport: u16, now: u64) -> NatState {
+        if dport < self.cfg.port_lo || dport > self.cfg.port_hi {
+            return Nat::state(kind::UNMAPPED);
+        }
+        let slot = idx * self.ports + (dport - self.cfg.port_lo) as u32;
+        let timeout = self.timeout_ns;
+        let mut e = self.pools[pool as usize].rev.get_mut(slot as usize);
+        if e.as_mut().is_some_and(|e| !e.in_use || e.idle(now, timeout)) {
+            e = None;
+        }
+        match e {
+            Some(e) => {
+                let allowed = match self.cfg.filter {
+                    Filter::EndpointIndependent => true,
+                    Filter::AddressDependent => e.remote == src,
+                    Filter::AddressAndPortDependent => e.remote == src && e.remote_port == sport,
+                };
+                if !allowed {
+                    return Nat::state(kind::FILTERED);
                 }
-                _ => Nat::state(kind::UNMAPPED),
+                let st = NatState { addr: e.inside, slot, gen: e.gen, port: e.inside_port, kind: kind::INBOUND, pool };
+                self.c.inbound_flows += 1;
+                st
             }
+            _ => Nat::state(kind::UNMAPPED),
         }
     }
 
     /// The per-packet action on a classified flow.
     #[inline]
     fn translate(&mut self, pkt: &mut Pkt<'_>, st: &mut NatState, ctx: &NfContext) -> Action {
+        let now = ctx.now_ns;
         let flags = pkt.tcp_flags().unwrap_or(TcpFlags(0));
         let rst = flags.contains(TcpFlags::RST);
         match st.kind {
             kind::OUTBOUND | kind::OUTBOUND_CLOSING => {
-                if st.kind == kind::OUTBOUND_CLOSING && !self.live(st) {
-                    // Released after TIME_WAIT: a new connection on the old
-                    // 5-tuple, mapped afresh (never onto the released port's new owner).
-                    self.c.remapped += 1;
-                    // (classify never returns a closing state: this recurses once.)
-                    *st = self.classify(pkt);
+                let timeout = self.timeout_ns;
+                let pool = &mut self.pools[(st.pool & 1) as usize];
+                let held = match pool.rev.get_mut(st.slot as usize) {
+                    Some(e) if e.in_use && e.gen == st.gen => {
+                        if e.idle(now, timeout) {
+                            // Idle past the timeout: free, and this packet a new flow's
+                            // first (what an expiry at lookup gives; the old slot is
+                            // left to the allocator, as it is after such an expiry).
+                            self.c.idle_remapped += 1;
+                            false
+                        } else {
+                            e.last_out = now;
+                            true
+                        }
+                    }
+                    _ => {
+                        // Released after TIME_WAIT, or reclaimed idle: a new connection on the old
+                        // 5-tuple, mapped afresh (never onto the released port's new owner).
+                        self.c.remapped += u64::from(st.kind == kind::OUTBOUND_CLOSING);
+                        false
+                    }
+                };
+                if !held {
+                    // (classify never returns a closing state nor an idle mapping: this recurses once.)
+                    *st = self.classify(pkt, now);
                     return self.translate(pkt, st, ctx);
                 }
                 pkt.set_ipv4_src(Ipv4Addr::from(st.addr));
                 pkt.set_src_port(st.port);
                 self.c.out_packets += 1;
                 if rst {
+                    // The inside host reset the connection: the port is free at once.
                     self.c.rst_ends += 1;
+                    if self.pools[(st.pool & 1) as usize].release(st.slot, st.gen) {
+                        self.c.released += 1;
+                    }
                     return Action::EndFlow;
                 }
                 if flags.contains(TcpFlags::FIN) && st.pool == 0 {
                     st.kind = kind::OUTBOUND_CLOSING;
-                    self.fin_seen(st, FIN_OUT, ctx.now_ns);
+                    self.fin_seen(st, FIN_OUT, now);
                 }
                 Action::Pass
             }
-            kind::INBOUND => {
-                if !self.live(st) {
-                    // Released (and maybe reused): block this flow until it idles out.
-                    st.kind = kind::STALE;
-                    self.c.stale += 1;
-                    return Action::Drop;
+            kind::INBOUND | kind::STALE => {
+                let timeout = self.timeout_ns;
+                let live = st.kind == kind::INBOUND
+                    && self.pools[(st.pool & 1) as usize]
+                        .rev
+                        .get_mut(st.slot as usize)
+                        .is_some_and(|e| e.in_use && e.gen == st.gen && !e.idle(now, timeout));
+                if !live {
+                    // The mapping was released, reclaimed or is idle: judge the packet
+                    // against whatever holds the port now (a new connection to the same
+                    // remote endpoint reuses this 5-tuple).
+                    let j = self.rejudge(pkt, now);
+                    if j.kind != kind::INBOUND {
+                        st.kind = kind::STALE;
+                        self.c.stale += 1;
+                        return Action::Drop;
+                    }
+                    self.c.rejudged += 1;
+                    *st = j;
                 }
                 pkt.set_ipv4_dst(Ipv4Addr::from(st.addr));
                 pkt.set_dst_port(st.port);
@@ -802,17 +973,13 @@ impl Nat {
                     return Action::EndFlow;
                 }
                 if flags.contains(TcpFlags::FIN) && st.pool == 0 {
-                    self.fin_seen(st, FIN_IN, ctx.now_ns);
+                    self.fin_seen(st, FIN_IN, now);
                 }
                 Action::Pass
             }
             kind::FILTERED => {
                 self.c.filtered += 1;
                 Action::DropEndFlow
-            }
-            kind::STALE => {
-                self.c.stale += 1;
-                Action::Drop
             }
             kind::TRANSIT => {
                 self.c.transit += 1;
@@ -846,13 +1013,23 @@ impl Nat {
             _ => Action::DropEndFlow,
         }
     }
-}
 
-impl Nat {
-    /// The flow's mapping is still the one it was created with.
-    #[inline]
-    fn live(&self, st: &NatState) -> bool {
-        self.pools[(st.pool & 1) as usize].rev.get(st.slot as usize).is_some_and(|e| e.in_use && e.gen == st.gen)
+    /// An inbound packet of a flow whose mapping is gone, judged afresh
+    /// (an `INBOUND` state when the port's current mapping admits it).
+    #[cold]
+    fn rejudge(&mut self, pkt: &Pkt<'_>, now: u64) -> NatState {
+        let pool = match pkt.meta().proto {
+            IpProtocol::TCP => 0u8,
+            IpProtocol::UDP => 1u8,
+            _ => return Nat::state(kind::UNMAPPED),
+        };
+        let (Some(src), Some(dst), Some(sport), Some(dport)) =
+            (pkt.ipv4_src(), pkt.ipv4_dst(), pkt.src_port(), pkt.dst_port())
+        else {
+            return Nat::state(kind::UNMAPPED);
+        };
+        let Some(idx) = self.ext_index(u32::from(dst)) else { return Nat::state(kind::UNMAPPED) };
+        self.judge_inbound(pool, idx, u32::from(src), sport, dport, now)
     }
 
     /// Records a FIN in one direction of a TCP mapping; once both directions
@@ -980,45 +1157,77 @@ mod tests {
     }
 
     #[test]
-    fn port_reuse_after_release_detects_stale_inbound() {
-        let mut h = Harness::new(nat(1, 6000, 6000));
+    fn idle_mapping_is_free_at_lookup_and_its_stale_inbound_is_dropped() {
+        const S: u64 = 1_000_000_000;
+        let mut h = Harness::new(nat_with(&[("ports", "6000-6000"), ("timeout", "10")]));
         let a_out = udp4([10, 0, 0, 1], REMOTE, 1111, 53);
         let (out, _) = h.run(&a_out);
         assert_eq!(src_of(&out), (EXT, 6000));
         // The remote's reply flow is created while A holds the port.
         let a_reply = udp4(REMOTE, EXT, 53, 6000);
         assert_eq!(dst_of(&h.run(&a_reply).0), ([10, 0, 0, 1], 1111));
-        // Pool of one: B is refused while A holds it.
+        // Pool of one: B is refused while A holds it, up to exactly the timeout.
         let b_out = udp4([10, 0, 0, 2], [192, 0, 2, 9], 2222, 123);
+        h.now_ns = 10 * S;
         assert_eq!(h.run(&b_out).1, Action::DropEndFlow);
-
-        // A's outbound flow expires: the executor removes it and calls release.
-        let key = h.key_of(&a_out).unwrap();
-        let st = h.states.remove(&key).unwrap();
-        h.nf.release(&key, &st);
-        assert_eq!(h.nf.ports_in_use(), (0, 0));
-        // A double release (a bug elsewhere) is ignored, not a double free.
-        h.nf.release(&key, &st);
-        assert_eq!(report_u64(&h.nf, "spurious_releases"), 1);
-        assert_eq!(h.nf.ports_in_use(), (0, 0));
-
-        // B now gets the same port, with a new generation.
+        assert_eq!(h.run(&a_reply).1, Action::Pass, "replies do not refresh the mapping, but 10 s is not past 10 s");
+        // Past the timeout: A's mapping is free, whatever the executor's sweep did.
+        h.now_ns = 10 * S + 1;
+        assert_eq!(h.nf.ports_in_use(), (0, 1), "counted at the last packet's time");
+        assert_eq!(h.run(&a_reply).1, Action::Drop, "idle: the reply is stale");
         let (bout, act) = h.run(&b_out);
-        assert_eq!(act, Action::Pass);
-        assert_eq!(src_of(&bout), (EXT, 6000));
+        assert_eq!((src_of(&bout), act), ((EXT, 6000), Action::Pass), "B takes the idle port");
         assert_ne!(h.state_of(&b_out).unwrap().gen, h.state_of(&a_reply).unwrap().gen);
-        // A's old inbound flow must not reach B: dropped and kept blocked.
+        // A's old inbound flow is judged against B's mapping: apdf refuses it, and keeps refusing.
         let (stale, act) = h.run(&a_reply);
-        assert_eq!(act, Action::Drop);
-        assert_eq!(stale, a_reply);
+        assert_eq!((stale, act), (a_reply.clone(), Action::Drop));
         assert_eq!(h.state_of(&a_reply).unwrap().kind, kind::STALE);
         assert_eq!(h.run(&a_reply).1, Action::Drop);
-        assert_eq!(report_u64(&h.nf, "dropped_stale"), 2);
+        assert_eq!(report_u64(&h.nf, "dropped_stale"), 3);
         // B's own reply is translated to B.
         let (bback, act) = h.run(&udp4([192, 0, 2, 9], EXT, 123, 6000));
         assert_eq!(act, Action::Pass);
         assert_eq!(dst_of(&bback), ([10, 0, 0, 2], 2222));
         assert_ipv4_checksums(&bback);
+        // A comes back: its mapping was reclaimed, so it is a new flow; the pool is B's.
+        assert_eq!(h.run(&a_out).1, Action::DropEndFlow);
+        let r = h.nf.report().unwrap();
+        assert_eq!((r["idle_mappings_reclaimed"].as_u64(), r["mappings_created"].as_u64()), (Some(1), Some(2)));
+        // The executor dropping a flow entry frees nothing: release is not even declared.
+        assert!(!<Nat as StatefulNf>::HAS_RELEASE);
+    }
+
+    #[test]
+    fn an_idle_outbound_flow_starts_a_new_mapping_and_the_clock_may_jump_back() {
+        const S: u64 = 1_000_000_000;
+        let mut h = Harness::new(nat_with(&[("ports", "6000-6001"), ("timeout", "10")]));
+        let a = udp4([10, 0, 0, 1], REMOTE, 1111, 53);
+        h.now_ns = 100 * S;
+        assert_eq!(src_of(&h.run(&a).0), (EXT, 6000));
+        // Past the timeout, the same 5-tuple gets a fresh mapping: the free list's next port.
+        h.now_ns = 111 * S;
+        assert_eq!(src_of(&h.run(&a).0), (EXT, 6001));
+        assert_eq!(report_u64(&h.nf, "remapped_after_idle"), 1);
+        // A clock that goes back never expires a mapping early.
+        h.now_ns = 50 * S;
+        assert_eq!(src_of(&h.run(&a).0), (EXT, 6001));
+        h.now_ns = 59 * S;
+        assert_eq!(src_of(&h.run(&a).0), (EXT, 6001), "rebased at 50 s: live");
+        assert_eq!(h.run(&udp4(REMOTE, EXT, 53, 6001)).1, Action::Pass);
+        // Both ports held: A's first mapping (last seen at 100 s, in the future) is rebased
+        // to 60 s by the search, not reclaimed. The exhausted answer holds until the earliest
+        // mapping can be idle; then the idle one (A's, last seen at 59 s) is found.
+        h.now_ns = 60 * S;
+        let (b, c) = (udp4([10, 0, 0, 2], REMOTE, 2222, 53), udp4([10, 0, 0, 3], REMOTE, 3333, 53));
+        assert_eq!(h.run(&b).1, Action::DropEndFlow);
+        assert_eq!(h.nf.ports_in_use(), (0, 2));
+        assert_eq!(h.run(&c).1, Action::DropEndFlow);
+        h.now_ns = 69 * S;
+        assert_eq!(h.run(&c).1, Action::DropEndFlow, "59 s + 10 s is not past the timeout");
+        h.now_ns = 69 * S + 1;
+        assert_eq!(src_of(&h.run(&c).0), (EXT, 6001), "A idle since 59 s: C takes its port");
+        assert_eq!(h.nf.ports_in_use(), (0, 2));
+        assert_eq!(h.run(&udp4(REMOTE, EXT, 53, 6001)).0, udp4(REMOTE, [10, 0, 0, 3], 53, 3333));
     }
 
     #[test]
@@ -1116,7 +1325,8 @@ mod tests {
         let (last, act) = h.run(&out(ack, 3));
         assert_eq!((src_of(&last), act), ((EXT, 7000), Action::Pass));
         assert_eq!(dst_of(&h.run(&inb(fin)).0), ([10, 0, 0, 1], 3000));
-        let other = tcp4([10, 0, 0, 2], REMOTE, 5000, 80, syn, 1, 0);
+        // The next host talks to the remote's other port.
+        let other = tcp4([10, 0, 0, 2], REMOTE, 5000, 81, syn, 1, 0);
         assert_eq!(h.run(&other).1, Action::DropEndFlow, "the only port is still held");
         assert_eq!(h.nf.ports_in_use(), (1, 0));
         // 2 s after the close the first packet the NAT sees releases it — and can take it.
@@ -1125,18 +1335,53 @@ mod tests {
         assert_eq!((src_of(&o), act), ((EXT, 7000), Action::Pass), "released port reused by the next host");
         let r = h.nf.report().unwrap();
         assert_eq!((r["time_wait_released"].as_u64(), r["ports_released"].as_u64()), (Some(1), Some(1)));
-        // The old connection's packets never reach the new owner.
+        // The old connection's packets never reach the new owner (apdf: it maps to REMOTE:81).
         assert_eq!(h.run(&inb(ack)).1, Action::Drop, "stale inbound");
         assert_eq!(h.state_of(&inb(ack)).unwrap().kind, kind::STALE);
         // A late packet of the old outbound 5-tuple is a new connection: no port left for it.
         assert_eq!(h.run(&out(ack, 3)).1, Action::DropEndFlow);
         assert_eq!(h.nf.report().unwrap()["remapped_after_time_wait"], 1);
-        // The closed flow's own release (expiry) later is expected, not a double free.
-        let key = h.key_of(&other).unwrap();
-        let st = h.states.remove(&key).unwrap();
-        h.nf.release(&key, &st);
-        assert_eq!(h.nf.ports_in_use(), (0, 0));
-        assert_eq!(h.nf.report().unwrap()["spurious_releases"], 0);
+        assert_eq!(h.nf.ports_in_use(), (1, 0));
+        // Export: the new owner's flow only; the closed connection's rows are gone.
+        let row = |f: &[u8]| h.nf.export_row(&h.key_of(f).unwrap(), &h.state_of(f).unwrap());
+        assert!(h.state_of(&out(ack, 3)).is_none() && row(&inb(ack)).is_none());
+        assert_eq!(row(&other).unwrap()["src"], "10.0.0.2");
+    }
+
+    #[test]
+    fn a_new_connection_to_the_same_remote_endpoint_gets_its_replies_after_rst_and_time_wait() {
+        // Issue 29: the replies of a connection that reuses a port freed by an inside RST or
+        // by TIME_WAIT, toward the same remote endpoint (the same inbound 5-tuple), were dropped
+        // as stale. They belong to the port's current mapping, under every filter.
+        let (syn, ack, rst, fin) = (
+            TcpFlags::SYN.bits(),
+            TcpFlags::ACK.bits(),
+            TcpFlags::RST.bits(),
+            TcpFlags::FIN.bits() | TcpFlags::ACK.bits(),
+        );
+        for filter in ["eif", "adf", "apdf"] {
+            let mut h = Harness::new(nat_with(&[("ports", "7000-7000"), ("fin_timeout", "1"), ("filter", filter)]));
+            let inb = |flags| tcp4(REMOTE, EXT, 80, 7000, flags, 100, 2);
+            let a = |flags| tcp4([10, 0, 0, 1], REMOTE, 3000, 80, flags, 1, 0);
+            let b = |flags| tcp4([10, 0, 0, 2], REMOTE, 4000, 80, flags, 1, 0);
+            let c = |flags| tcp4([10, 0, 0, 3], REMOTE, 5000, 80, flags, 1, 0);
+            h.run(&a(syn));
+            assert_eq!(dst_of(&h.run(&inb(syn | ack)).0), ([10, 0, 0, 1], 3000));
+            assert_eq!(h.run(&a(rst)).1, Action::EndFlow);
+            assert_eq!(src_of(&h.run(&b(syn)).0), (EXT, 7000), "{filter}");
+            for _ in 0..3 {
+                assert_eq!(dst_of(&h.run(&inb(ack)).0), ([10, 0, 0, 2], 4000), "{filter}: B's reply");
+            }
+            h.run(&b(fin));
+            h.run(&inb(fin));
+            h.now_ns = 2_000_000_000;
+            assert_eq!(src_of(&h.run(&c(syn)).0), (EXT, 7000), "{filter}: after TIME_WAIT");
+            for _ in 0..3 {
+                assert_eq!(dst_of(&h.run(&inb(ack)).0), ([10, 0, 0, 3], 5000), "{filter}: C's reply");
+            }
+            let r = h.nf.report().unwrap();
+            assert_eq!((r["dropped_stale"].as_u64(), r["inbound_rejudged"].as_u64()), (Some(0), Some(2)), "{filter}");
+        }
     }
 
     #[test]
@@ -1160,23 +1405,24 @@ mod tests {
 
     #[test]
     fn time_wait_of_a_port_released_meanwhile_is_ignored() {
-        // FINs both ways, then the outbound flow idles out before the TIME_WAIT ends:
-        // the port is released once, and the later deadline does not free its next owner.
+        // FINs both ways, then the mapping idles out before the TIME_WAIT ends and B takes
+        // the port: the port is released once, and the later deadline does not free B's.
+        const S: u64 = 1_000_000_000;
         let fin = TcpFlags::FIN.bits() | TcpFlags::ACK.bits();
-        let mut h = Harness::new(nat_with(&[("ports", "7000-7000"), ("fin_timeout", "10")]));
-        let a = tcp4([10, 0, 0, 1], REMOTE, 3000, 80, fin, 1, 1);
-        h.run(&a);
+        let mut h = Harness::new(nat_with(&[("ports", "7000-7000"), ("fin_timeout", "10"), ("timeout", "5")]));
+        h.run(&tcp4([10, 0, 0, 1], REMOTE, 3000, 80, fin, 1, 1));
         h.run(&tcp4(REMOTE, EXT, 80, 7000, fin, 5, 2));
-        let key = h.key_of(&a).unwrap();
-        let st = h.states.remove(&key).unwrap();
-        h.nf.release(&key, &st);
         let b = tcp4([10, 0, 0, 2], REMOTE, 4000, 80, TcpFlags::SYN.bits(), 1, 0);
-        assert_eq!(src_of(&h.run(&b).0), (EXT, 7000));
-        h.now_ns = 20_000_000_000;
-        assert_eq!(src_of(&h.run(&b).0), (EXT, 7000), "b keeps its port after a's deadline");
+        h.now_ns = 6 * S;
+        assert_eq!(src_of(&h.run(&b).0), (EXT, 7000), "A idle past 5 s: reclaimed");
+        for t in [9, 12, 15] {
+            h.now_ns = t * S;
+            assert_eq!(src_of(&h.run(&b).0), (EXT, 7000), "b keeps its port after a's deadline");
+        }
         assert_eq!(h.nf.ports_in_use(), (1, 0));
         let r = h.nf.report().unwrap();
         assert_eq!((r["time_wait_released"].as_u64(), r["ports_released"].as_u64()), (Some(0), Some(1)));
+        assert_eq!(r["idle_mappings_reclaimed"], 1);
     }
 
     #[test]
