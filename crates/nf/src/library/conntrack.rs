@@ -523,6 +523,7 @@ mod tests {
     use super::*;
 
     /// A TCP record; `data` payload bytes (the frame carries no padding, so the bound is exact).
+    #[allow(clippy::too_many_arguments)]
     fn seg(src: u32, sport: u16, dst: u32, dport: u16, flags: u8, seq: u32, ack: u32, data: usize) -> ScrRecord {
         let mut f = vec![0u8; 54 + data];
         f[12] = 0x08;
@@ -579,12 +580,12 @@ mod tests {
 
     /// An established connection: client 10.0.0.2:1000 (ISN 100, then 1000 bytes sent), server
     /// 10.0.0.1:80 (ISN 0xffff_fff0: its numbers wrap; 100 bytes sent), each side acked.
-    fn established(
-        window: u32,
-    ) -> (Conntrack, impl Fn(u8, u32, u32, usize) -> ScrRecord, impl Fn(u8, u32, u32, usize) -> ScrRecord) {
-        let (c, s) = (0x0a00_0002, 0x0a00_0001);
-        let cs = move |flags, seq, ack, data| seg(c, 1000, s, 80, flags, seq, ack, data);
-        let sc = move |flags, seq, ack, data| seg(s, 80, c, 1000, flags, seq, ack, data);
+    /// A segment builder for one direction: (flags, seq, ack, payload bytes).
+    type Dir = fn(u8, u32, u32, usize) -> ScrRecord;
+
+    fn established(window: u32) -> (Conntrack, Dir, Dir) {
+        let cs: Dir = |flags, seq, ack, data| seg(0x0a00_0002, 1000, 0x0a00_0001, 80, flags, seq, ack, data);
+        let sc: Dir = |flags, seq, ack, data| seg(0x0a00_0001, 80, 0x0a00_0002, 1000, flags, seq, ack, data);
         let mut ct = Conntrack::new(64, 300_000_000_000).with_window(window);
         let si = 0xffff_fff0u32;
         for (r, t) in [
