@@ -69,7 +69,34 @@ fn run_frames(chain: &str, cfg: ExecConfig, frames: &[Vec<u8>]) -> Outcome {
         v
     });
     let report = exec.store_report();
+    assert_conserved(&report, &format!("{chain} under {}", cfg.kind));
     (counters, verdicts, export, report.unparsed, report.flows)
+}
+
+/// Table conservation, the contract every executor keeps: each entry inserted is still there, expired, ended by
+/// an NF or evicted (summed over the context's tables: one per NF under `pernf`, where an ended flow leaves each).
+fn assert_conserved(r: &flowplane_engine::exec::StoreReport, what: &str) {
+    assert_eq!(r.flows + r.expiries + r.ended + r.evictions, r.insertions, "{what}: table counters {r:?}");
+    assert!(r.flows <= r.capacity, "{what}: {r:?}");
+}
+
+/// Issue 29: `fsc -> nat` under `pernf` ended a flow nat dropped (pool exhausted) in both NFs' tables but counted
+/// it once (512 flows + 2,440 ended of 5,392 insertions). 600 UDP flows on a 256-port pool, one packet each and
+/// again: nat maps the first 256 flows and ends the rest at their first packet, every executor alike.
+#[test]
+fn ended_flows_are_counted_per_entry_under_every_executor() {
+    let frames: Vec<Vec<u8>> = (0..2)
+        .flat_map(|_| (0..600u32).map(|f| udp4([10, 0, (f >> 8) as u8, f as u8], [198, 51, 100, 1], 5000, 53)))
+        .collect();
+    let chain = "fsc -> nat(ports=1024-1279)";
+    for kind in kinds() {
+        let o = run_frames(chain, ExecConfig { kind, ..ExecConfig::default() }, &frames);
+        let nat = o.0.iter().find(|(n, _)| n == "nat").unwrap().1;
+        assert_eq!((nat.packets_in, nat.dropped), (1200, 2 * (600 - 256)), "{kind}");
+        // Live: the 256 mapped flows, in fsc's table (and nat's own under pernf).
+        let tables = if kind.name() == "pernf" { 2 } else { 1 };
+        assert_eq!(o.4, 256 * tables, "{kind}");
+    }
 }
 
 #[test]

@@ -845,18 +845,20 @@ impl ExecContext {
     }
 
     /// Ends the flow `key` in every store of the per-NF layout (each NF's
-    /// release callback on its own state), counted once.
+    /// release callback on its own state), counted once per entry removed.
     pub(crate) fn end_flow_everywhere(&mut self, key: &FiveTuple) {
         let h = hash_tuple(key);
-        let mut any = false;
+        // `ended` counts entries, as insertions do: a flow with an entry in n per-NF tables ends n times, so
+        // every table's `flows + expiries + ended + evictions = insertions` holds in the sum.
+        let mut removed = 0;
         // (The per-NF layout keeps no auxiliary handles: nothing to unpin.)
         let ExecContext { stores, chain, .. } = self;
         for (k, store) in stores.iter_mut().enumerate() {
             if let Some(flow) = store.find(key, h) {
-                any |= remove_flow(&mut chain.stages, store, Some(k), None, flow);
+                removed += u64::from(remove_flow(&mut chain.stages, store, Some(k), None, flow));
             }
         }
-        self.stats.ended += u64::from(any);
+        self.stats.ended += removed;
     }
 
     // ---- Results ----
