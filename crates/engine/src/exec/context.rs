@@ -905,6 +905,18 @@ impl ExecContext {
     /// if it exports state ([`Export::State`]). Coarse state is shared by all
     /// cores: export it from one core only (`include_shared`).
     pub fn export(&self, name: &str, include_shared: bool) -> Option<Vec<serde_json::Value>> {
+        self.export_resolving(name, include_shared, &|_| None)
+    }
+
+    /// [`ExecContext::export`], with `resolve` naming the flows of coarse keys that do not carry their tuple
+    /// (IPv6 5-tuple fingerprints in the `shared` strategy's tables: see [`crate::coarse::group_key`]); a key
+    /// neither carries nor `resolve` knows has no row.
+    pub fn export_resolving(
+        &self,
+        name: &str,
+        include_shared: bool,
+        resolve: &dyn Fn(u128) -> Option<FiveTuple>,
+    ) -> Option<Vec<serde_json::Value>> {
         let mut k = 0;
         for s in &self.chain.stages {
             let Stage::Stateful { nf, offset, group, member, .. } = s else { continue };
@@ -931,7 +943,7 @@ impl ExecContext {
                         if *flags & bit != 0 {
                             if let Some(st) = bytes.get(*offset..*offset + sz) {
                                 // Keys without a 5-tuple projection (TEID, field set) go raw.
-                                let row = match key_tuple(gran, *key) {
+                                let row = match key_tuple(gran, *key).or_else(|| resolve(*key)) {
                                     Some(t) => nf.export_row_bytes(&t, st),
                                     None => nf.export_raw_row_bytes(*key, st),
                                 };

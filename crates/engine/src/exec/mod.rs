@@ -395,4 +395,14 @@ impl Pipeline {
     pub fn export(&self, name: &str, include_shared: bool) -> Option<Vec<serde_json::Value>> {
         self.cx.export(name, include_shared)
     }
+
+    /// [`Pipeline::export`], resolving coarse keys that do not carry their flow (see [`ExecContext::export_resolving`]).
+    pub fn export_resolving(
+        &self,
+        name: &str,
+        include_shared: bool,
+        resolve: &dyn Fn(u128) -> Option<flowplane_wire::flow::FiveTuple>,
+    ) -> Option<Vec<serde_json::Value>> {
+        self.cx.export_resolving(name, include_shared, resolve)
+    }
 }
