@@ -500,8 +500,21 @@ impl fmt::Display for Report {
         if t.capacity > 0 {
             writeln!(
                 f,
-                "flow table   {} flows / {} capacity, {} insertions, {} expiries, {} ended, {} table-full, {} evictions, {} unparsed",
-                t.flows, t.capacity, t.insertions, t.expiries, t.ended, t.table_full, t.evictions, t.unparsed
+                "flow table   {} flows{} / {} capacity, {} insertions, {} expiries, {} ended, {} table-full, {} evictions, {} unparsed{}",
+                t.flows,
+                if t.entries != t.flows { format!(" ({} entries)", t.entries) } else { String::new() },
+                t.capacity,
+                t.insertions,
+                t.expiries,
+                t.ended,
+                t.table_full,
+                t.evictions,
+                t.unparsed,
+                if t.moved_in + t.moved_out > 0 {
+                    format!(", {} moved out, {} moved in", t.moved_out, t.moved_in)
+                } else {
+                    String::new()
+                }
             )?;
         }
         if t.shared_capacity > 0 {

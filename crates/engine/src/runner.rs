@@ -634,6 +634,8 @@ fn run_chains(
                 w.flows_refused += bad as u64;
                 st.imported(h.mv);
             }
+            // The worker's table figures were read when it stopped, before these entries arrived.
+            w.store = p.store_report();
         }
     }
     // Every worker has stopped: the state is final. Each NF's per-core
@@ -667,6 +669,20 @@ fn run_chains(
     if let Some(r) = scr {
         let cores = workers.iter_mut().filter_map(|w| w.scr.take()).collect();
         report.scr = Some(crate::scr::ScrReport::new(r.seq.history(), r.fields, cfg.scr.recovery, cfg.scr.loss, cores));
+    }
+    // Live flows where the per-core tables do not give them by a sum: under scr the replicas hold the state
+    // (every replica the same), and a sprayed flow has an entry on every core it reached (unless its state lives
+    // in a shared 5-tuple table, whose keys each core reports).
+    if let Some(n) = replicas.first().and_then(|r| r.flows()) {
+        report.tables.flows = n;
+    } else if spray && !report.tables.flows_shared {
+        let mut keys = std::collections::HashSet::new();
+        for p in &pipelines {
+            p.for_each_flow(&mut |k| {
+                keys.insert(*k);
+            });
+        }
+        report.tables.flows = keys.len() as u64;
     }
     // Keys that do not carry their flow (SCR records' folded IPv6 addresses, the `shared` strategy's IPv6 5-tuple
     // fingerprints) are named from the input, read again once for an export.

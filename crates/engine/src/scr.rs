@@ -1388,6 +1388,13 @@ impl ScrReplica {
     }
 }
 
+impl ScrReplica {
+    /// Keys in the replica's first table keyed by the 5-tuple (None: no NF keeps per-flow state): the live flows.
+    pub fn flows(&self) -> Option<u64> {
+        self.tables.iter().flatten().find(|t| t.key_of == KeyOf::Flow).map(|t| t.len as u64)
+    }
+}
+
 /// Adds `frame`'s IPv6 addresses to `m`, by their 32-bit fold in SCR records (what [`ScrReplica::export`] needs to
 /// show IPv6 keys).
 pub fn add_v6_folds(m: &mut std::collections::HashMap<u32, std::net::Ipv6Addr>, frame: &[u8]) {

@@ -169,6 +169,9 @@ pub struct ExecStats {
     /// Packets that reached coarse state by a direct shared lookup because
     /// the 5-tuple table had no entry for them (it was full).
     pub aux_fallbacks: u64,
+    /// Entries handed over to another core, and taken over from one (`exec/migrate`).
+    pub moved_out: u64,
+    pub moved_in: u64,
 }
 
 /// Expiry pacing: time of the last sweep step, entries to sweep, sweep period.
@@ -886,12 +889,25 @@ impl ExecContext {
         };
         for s in &self.stores {
             let st: TableStats = s.stats();
-            r.flows += s.len() as u64;
+            r.entries += s.len() as u64;
             r.capacity += s.capacity() as u64;
             r.insertions += st.inserts;
             r.expiries += st.expiries;
             r.table_full += st.full_events;
             r.evictions += st.evictions;
+        }
+        // The tables count imported entries as inserts; the report keeps hand-overs apart.
+        r.insertions -= self.stats.moved_in.min(r.insertions);
+        r.moved_in = self.stats.moved_in;
+        r.moved_out = self.stats.moved_out;
+        r.flows = self.stores.first().map_or(0, |s| s.len() as u64);
+        // Per-flow state in a shared table (the `shared` strategy): its keys are the live flows, the same reading
+        // on every core.
+        let five_tuple =
+            self.chain.groups.iter().position(|g| g.granularity == flowplane_nf::stateful::Granularity::FiveTuple);
+        if let Some(t) = five_tuple.and_then(|g| self.shared.tables.get(g)) {
+            r.flows = t.len() as u64;
+            r.flows_shared = true;
         }
         for t in &self.shared.tables {
             r.shared_keys += t.len() as u64;
@@ -1191,10 +1207,14 @@ fn coarse_one(
     if !arrive(batch, i, counters) {
         return None;
     }
-    if !meta.valid || !h.is_some() {
+    if !meta.valid {
         return Some(nf.on_unparsed());
     }
-    let Some(words) = table.state(h) else { return Some(nf.on_unparsed()) };
+    // No entry: the shared table was full (or, without the auxiliary table, its lookup found no room).
+    if !h.is_some() {
+        return Some(nf.on_no_state());
+    }
+    let Some(words) = table.state(h) else { return Some(nf.on_no_state()) };
     let sz = nf.state_size();
     let bit = 2u64 << member;
     let ctx = &packet_ctx(batch, i, ctx);
