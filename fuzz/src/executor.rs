@@ -189,8 +189,9 @@ fn check(spec: &ChainSpec, cfg: &ExecConfig, run: &CoreRun) {
     }
     assert_eq!(given, run.live, "the chain forwarded {given} packets, {} left the batches undropped", run.live);
     let t = &run.report;
-    assert!(t.flows <= t.capacity, "{t:?}");
-    assert_eq!(t.flows + t.expiries + t.ended + t.evictions, t.insertions, "table counters: {t:?}");
+    assert!(t.entries <= t.capacity, "{t:?}");
+    assert_eq!(t.entries + t.expiries + t.ended + t.evictions, t.insertions, "table counters: {t:?}");
+    assert!(t.flows <= t.entries, "live flows are entries of the first table: {t:?}");
     if cfg.full_policy == FullPolicy::Reject {
         assert_eq!(t.evictions, 0, "{t:?}");
     }
