@@ -125,10 +125,10 @@ fn exports_under_every_strategy_equal_rss() {
     assert_eq!(a, run());
 }
 
-/// Issue 29: table counters that add up under every executor and strategy (flows + expiries + ended + evictions
-/// + moved out = insertions + moved in), with the flow count equal to the live flows: pernf counted an ended flow
-/// once though every per-NF table held it, rsspp read its tables before late hand-overs arrived, `shared` summed
-/// each core's entries of the same flow.
+/// Issue 29: table counters that add up under every executor and strategy (entries, expiries, ended, evictions
+/// and moved out sum to insertions and moved in), with the flow count equal to the live flows: pernf counted an
+/// ended flow once though every per-NF table held it, rsspp read its tables before late hand-overs arrived,
+/// `shared` summed each core's entries of the same flow.
 #[test]
 fn table_counters_add_up_and_count_live_flows_under_every_strategy() {
     let g = traffic(false, 6);
