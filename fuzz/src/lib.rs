@@ -6,6 +6,8 @@
 
 use flowplane_engine::spec::ChainSpec;
 
+pub mod executor;
+
 /// Most NFs a fuzzed chain may have: enough for every layout and group-limit path, small
 /// enough that building the chain stays fast.
 pub const MAX_NFS: usize = 16;

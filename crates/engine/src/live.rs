@@ -268,7 +268,7 @@ pub fn run_live(
     // packet is the workers' busy cycles (receive to transmit) per packet.
     let busy: u64 = workers.iter().map(|w| w.busy_cycles).sum();
     report.cycles_per_packet = if report.packets > 0 { busy as f64 / report.packets as f64 } else { 0.0 };
-    report.exports = collect_exports(cfg, &pipelines, &report);
+    report.exports = collect_exports(cfg, &pipelines, None, None, &report);
     Ok(report)
 }
 

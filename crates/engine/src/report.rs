@@ -109,6 +109,34 @@ pub struct Report {
     pub exports: Vec<(String, Vec<serde_json::Value>)>,
 }
 
+/// What a strategy that sprays one key's packets over cores (`shared`) guarantees for the NFs whose state depends
+/// on per-key packet order (ddos, ratelimit, policer, portknock, psd, ...): each packet still updates its key's
+/// state exactly once, under the entry's lock, so per-key packet and byte counts are exact; but the packets of a
+/// key are applied in the order the cores reach them, and that order is not bounded (a core taken off the CPU lags
+/// by as many packets as it missed). Any verdict that depends on earlier packets of its key — which packets a rate
+/// limit drops, the window in which a source is blocked, whether a knock sequence completed — may differ from a
+/// serial run, and with it the NF's state, report and export.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct VerdictDrift {
+    /// The NFs concerned (those of `order_not_guaranteed`).
+    pub nfs: Vec<String>,
+    /// The one-line statement of the bound (see the type's doc).
+    pub bound: String,
+}
+
+impl VerdictDrift {
+    /// For `nfs` (None if empty).
+    pub fn of(nfs: &[String]) -> Option<VerdictDrift> {
+        (!nfs.is_empty()).then(|| VerdictDrift {
+            nfs: nfs.to_vec(),
+            bound: "per-key packet and byte counts exact; per-key order unbounded, so any verdict that depends on \
+                    earlier packets of its key (and state, reports, exports) may differ from a serial run; use rss \
+                    for exact results"
+                .to_string(),
+        })
+    }
+}
+
 /// The multi-core runtime's figures.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ScaleReport {
@@ -124,6 +152,8 @@ pub struct ScaleReport {
     pub steering: Vec<String>,
     /// NFs whose per-key packet order the strategy does not keep (results may differ from one core).
     pub order_not_guaranteed: Vec<String>,
+    /// How far those NFs' results may drift from a serial run (None: every NF's results are exact).
+    pub verdicts_may_differ: Option<VerdictDrift>,
     /// Packets that arrived at the port (stream positions the NIC passed).
     pub offered: u64,
     /// Packets dropped because a core's receive ring was full.
@@ -283,6 +313,7 @@ impl ScaleReport {
             virtual_cores: cfg.virtual_cores.is_some(),
             steering: plan.notes.clone(),
             order_not_guaranteed: plan.unordered.clone(),
+            verdicts_may_differ: VerdictDrift::of(&plan.unordered),
             offered: ws.iter().map(|w| w.rx.scanned).max().unwrap_or(0),
             rx_ring_full: ws.iter().map(|w| w.rx.rx_ring_full).sum(),
             offered_measured: ws.iter().map(|w| w.rx.scanned.saturating_sub(w.scanned_from)).max().unwrap_or(0),
@@ -434,6 +465,9 @@ impl fmt::Display for Report {
             if !sc.order_not_guaranteed.is_empty() {
                 writeln!(f, "order        not guaranteed per key for: {}", sc.order_not_guaranteed.join(", "))?;
             }
+            if let Some(d) = &sc.verdicts_may_differ {
+                writeln!(f, "verdicts     may differ from a serial run for {}: {}", d.nfs.join(", "), d.bound)?;
+            }
             let util: Vec<String> = sc.utilisation.iter().map(|u| format!("{:.0}%", u * 100.0)).collect();
             let last = sc.imbalance.last().copied().unwrap_or(0.0);
             writeln!(
@@ -500,8 +534,21 @@ impl fmt::Display for Report {
         if t.capacity > 0 {
             writeln!(
                 f,
-                "flow table   {} flows / {} capacity, {} insertions, {} expiries, {} ended, {} table-full, {} evictions, {} unparsed",
-                t.flows, t.capacity, t.insertions, t.expiries, t.ended, t.table_full, t.evictions, t.unparsed
+                "flow table   {} flows{} / {} capacity, {} insertions, {} expiries, {} ended, {} table-full, {} evictions, {} unparsed{}",
+                t.flows,
+                if t.entries != t.flows { format!(" ({} entries)", t.entries) } else { String::new() },
+                t.capacity,
+                t.insertions,
+                t.expiries,
+                t.ended,
+                t.table_full,
+                t.evictions,
+                t.unparsed,
+                if t.moved_in + t.moved_out > 0 {
+                    format!(", {} moved out, {} moved in", t.moved_out, t.moved_in)
+                } else {
+                    String::new()
+                }
             )?;
         }
         if t.shared_capacity > 0 {

@@ -446,7 +446,7 @@ fn run_chains(
     let barrier = std::sync::Barrier::new(threads);
     let go = std::sync::atomic::AtomicU64::new(0);
     let warm = cfg.warmup.map_or(0, |w| (w.as_secs_f64() * hz) as u64);
-    type Done = Result<Vec<(WorkerResult, Pipeline)>, EngineError>;
+    type Done = Result<Vec<(WorkerResult, Pipeline, Option<Box<crate::scr::ScrReplica>>)>, EngineError>;
     // Workers wake the coordinating thread when they end, so it can sleep until its next control tick (or the
     // deadline) instead of polling: on a machine with as many CPUs as workers, every wake-up preempts one.
     let coordinator = std::thread::current();
@@ -582,7 +582,7 @@ fn run_chains(
                             take_turns(&mut ws, stop);
                         }
                         // Exports wait for every worker (shared state is still changing).
-                        Ok(ws.into_iter().map(Worker::finish).collect())
+                        Ok(ws.into_iter().map(Worker::finish_with_replica).collect())
                     })
                     .map_err(EngineError::Thread)
             })
@@ -630,12 +630,17 @@ fn run_chains(
         join_workers(handles)
     });
     let elapsed = wall.elapsed();
-    let mut pairs: Vec<(WorkerResult, Pipeline)> = Vec::with_capacity(nw);
+    let mut done = Vec::with_capacity(nw);
     for r in results {
-        pairs.extend(r?);
+        done.extend(r?);
     }
-    pairs.sort_by_key(|(w, _)| w.core);
-    let (mut workers, mut pipelines): (Vec<WorkerResult>, Vec<Pipeline>) = pairs.into_iter().unzip();
+    done.sort_by_key(|(w, _, _)| w.core);
+    let (mut workers, mut pipelines, mut replicas) = (Vec::new(), Vec::new(), Vec::new());
+    for (w, p, r) in done {
+        workers.push(w);
+        pipelines.push(p);
+        replicas.extend(r);
+    }
     if let Some((st, _, _)) = &nic_parts {
         // State handed over after its new owner had finished: it still belongs there.
         let mut mail = Vec::new();
@@ -647,6 +652,8 @@ fn run_chains(
                 w.flows_refused += bad as u64;
                 st.imported(h.mv);
             }
+            // The worker's table figures were read when it stopped, before these entries arrived.
+            w.store = p.store_report();
         }
     }
     // Every worker has stopped: the state is final. Each NF's per-core
@@ -681,7 +688,27 @@ fn run_chains(
         let cores = workers.iter_mut().filter_map(|w| w.scr.take()).collect();
         report.scr = Some(crate::scr::ScrReport::new(r.seq.history(), r.fields, cfg.scr.recovery, cfg.scr.loss, cores));
     }
-    report.exports = collect_exports(cfg, &pipelines, &report);
+    // Live flows where the per-core tables do not give them by a sum: under scr the replicas hold the state
+    // (every replica the same), and a sprayed flow has an entry on every core it reached (unless its state lives
+    // in a shared 5-tuple table, whose keys each core reports).
+    if let Some(n) = replicas.first().and_then(|r| r.flows()) {
+        report.tables.flows = n;
+    } else if spray && !report.tables.flows_shared {
+        let mut keys = std::collections::HashSet::new();
+        for p in &pipelines {
+            p.for_each_flow(&mut |k| {
+                keys.insert(*k);
+            });
+        }
+        report.tables.flows = keys.len() as u64;
+    }
+    // Keys that do not carry their flow (SCR records' folded IPv6 addresses, the `shared` strategy's IPv6 5-tuple
+    // fingerprints) are named from the input, read again once for an export.
+    let keys = (!cfg.export.is_empty() && spray).then(|| ExportKeys::of(&trace));
+    // Under scr the state is the replicas' (the pipelines' tables stay empty): export core 0's, which every
+    // replica equals when the digests agree.
+    let scr_state = replicas.first().zip(keys.as_ref()).map(|(r, k)| (&**r, k));
+    report.exports = collect_exports(cfg, &pipelines, scr_state, keys.as_ref(), &report);
     Ok(report)
 }
 
@@ -834,8 +861,11 @@ pub(crate) fn merge_details(workers: &[WorkerResult], pipelines: &[Pipeline]) ->
 pub(crate) fn collect_exports(
     cfg: &RunConfig,
     pipelines: &[Pipeline],
+    scr: Option<(&crate::scr::ScrReplica, &ExportKeys)>,
+    keys: Option<&ExportKeys>,
     report: &Report,
 ) -> Vec<(String, Vec<serde_json::Value>)> {
+    let resolve = |k: u128| keys.and_then(|m| m.v6_tuples.get(&k).copied());
     let mut names: Vec<&String> = cfg.export.iter().collect();
     names.sort();
     names.dedup();
@@ -845,10 +875,13 @@ pub(crate) fn collect_exports(
         let Some(i) = first.chain().stages.iter().position(|s| s.name() == name) else { continue };
         let stage = &first.chain().stages[i];
         let rows = match stage.export_kind() {
+            Export::State if scr.is_some() => {
+                scr.and_then(|(r, k)| r.export(first.chain(), name, &k.v6_folds)).unwrap_or_default()
+            }
             Export::State => pipelines
                 .iter()
                 .enumerate()
-                .flat_map(|(core, p)| p.export(name, core == 0).unwrap_or_default())
+                .flat_map(|(core, p)| p.export_resolving(name, core == 0, &resolve).unwrap_or_default())
                 .collect(),
             Export::Report => {
                 let merged = report.nfs.get(i).and_then(|n| n.details.as_ref());
@@ -859,6 +892,40 @@ pub(crate) fn collect_exports(
         out.push((name.clone(), rows));
     }
     out
+}
+
+/// The input's IPv6 flows by the keys that stand for them where the key does not carry the addresses.
+#[derive(Default)]
+pub(crate) struct ExportKeys {
+    /// SCR records' 32-bit folds of IPv6 addresses.
+    pub(crate) v6_folds: std::collections::HashMap<u32, std::net::Ipv6Addr>,
+    /// Shared 5-tuple tables' keys of IPv6 flows (fingerprints).
+    pub(crate) v6_tuples: std::collections::HashMap<u128, flowplane_wire::flow::FiveTuple>,
+}
+
+impl ExportKeys {
+    /// Reads every packet of `trace` once.
+    fn of(trace: &ReplayTrace) -> ExportKeys {
+        let mut k = ExportKeys::default();
+        let mut buf = Vec::new();
+        for q in 0..trace.queues() {
+            for i in 0..trace.queue_packets(q) {
+                if !trace.copy_frame(q, i, &mut buf) {
+                    continue;
+                }
+                let meta = flowplane_nf::PktMeta::parse(&buf);
+                if !meta.valid || meta.tuple.is_ipv4() {
+                    continue;
+                }
+                crate::scr::add_v6_folds(&mut k.v6_folds, &buf);
+                let g = flowplane_nf::stateful::Granularity::FiveTuple;
+                if let Some(key) = crate::coarse::group_key(g, &meta) {
+                    k.v6_tuples.insert(key, g.project(&meta.tuple));
+                }
+            }
+        }
+        k
+    }
 }
 
 /// Joins scoped worker threads in spawn order: a thread that could not be

@@ -187,6 +187,8 @@ pub trait StatefulStage: Send {
     fn release_bytes(&mut self, key: &FiveTuple, state: &[u8]);
     /// Unparsed packets.
     fn on_unparsed(&mut self) -> Action;
+    /// Packets with a key but no state (table full).
+    fn on_no_state(&mut self) -> Action;
     /// Report.
     fn report(&self) -> Option<serde_json::Value>;
     /// Merges another core's report into `into` (the NF's merge hook).
@@ -436,6 +438,9 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     fn on_unparsed(&mut self) -> Action {
         self.0.on_unparsed()
     }
+    fn on_no_state(&mut self) -> Action {
+        self.0.on_no_state()
+    }
     fn report(&self) -> Option<serde_json::Value> {
         self.0.report()
     }
@@ -667,8 +672,11 @@ impl<T: StatefulNf> Typed<T> {
         ctx: &NfContext,
         cur: Option<&Cursor>,
     ) -> Action {
-        if !meta.valid || !flow.is_some() {
+        if !meta.valid {
             return self.0.on_unparsed();
+        }
+        if !flow.is_some() {
+            return self.0.on_no_state();
         }
         let Some(state) = states.get_mut(flow) else {
             // A store sized for another chain: refuse rather than misread.
@@ -709,8 +717,10 @@ impl<T: StatefulNf> Typed<T> {
         if !arrive(batch, i, c) {
             return None;
         }
-        let action = if !meta.valid || !flow.is_some() {
+        let action = if !meta.valid {
             self.0.on_unparsed()
+        } else if !flow.is_some() {
+            self.0.on_no_state()
         } else {
             match state(flow) {
                 Some(state) => {

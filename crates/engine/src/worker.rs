@@ -454,7 +454,13 @@ impl<'a> Worker<'a> {
     }
 
     /// The results and the chain (whose state exports read).
-    pub fn finish(mut self) -> (WorkerResult, Pipeline) {
+    pub fn finish(self) -> (WorkerResult, Pipeline) {
+        let (res, exec, _) = self.finish_with_replica();
+        (res, exec)
+    }
+
+    /// [`Worker::finish`], keeping the `--scale scr` replica (its state is what `--export` writes).
+    pub fn finish_with_replica(mut self) -> (WorkerResult, Pipeline, Option<Box<ScrReplica>>) {
         // Buffers still held (none unless a sink failed) go back to the pool.
         let _ = self.batch.free_all(&mut self.pool);
         let mut res = self.res;
@@ -466,6 +472,6 @@ impl<'a> Worker<'a> {
         }
         res.nfs = self.exec.nf_results();
         res.store = self.exec.store_report();
-        (res, self.exec)
+        (res, self.exec, self.scr)
     }
 }

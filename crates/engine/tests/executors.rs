@@ -35,7 +35,7 @@ fn frames() -> Vec<Vec<u8>> {
     v
 }
 
-/// Counters, verdicts, fsc's export, unparsed packets, flow entries in the executor's store(s).
+/// Counters, verdicts, fsc's export, unparsed packets, entries in the executor's store(s).
 type Outcome = (Vec<(String, NfCounters)>, Vec<Vec<u16>>, Option<Vec<String>>, u64, u64);
 
 fn run(chain: &str, kind: ExecKind, aux: bool) -> Outcome {
@@ -69,7 +69,36 @@ fn run_frames(chain: &str, cfg: ExecConfig, frames: &[Vec<u8>]) -> Outcome {
         v
     });
     let report = exec.store_report();
-    (counters, verdicts, export, report.unparsed, report.flows)
+    assert_conserved(&report, &format!("{chain} under {}", cfg.kind));
+    (counters, verdicts, export, report.unparsed, report.entries)
+}
+
+/// Table conservation, the contract every executor keeps: each entry inserted is still there, expired, ended by
+/// an NF or evicted (summed over the context's tables: one per NF under `pernf`, where an ended flow leaves each),
+/// and the live flows are the first table's entries (every later per-NF table holds a subset).
+fn assert_conserved(r: &flowplane_engine::exec::StoreReport, what: &str) {
+    assert_eq!(r.entries + r.expiries + r.ended + r.evictions, r.insertions, "{what}: table counters {r:?}");
+    assert!(r.conserved(), "{what}: {r:?}");
+    assert!(r.flows <= r.entries && r.entries <= r.capacity, "{what}: {r:?}");
+}
+
+/// Issue 29: `fsc -> nat` under `pernf` ended a flow nat dropped (pool exhausted) in both NFs' tables but counted
+/// it once (512 flows + 2,440 ended of 5,392 insertions). 600 UDP flows on a 256-port pool, one packet each and
+/// again: nat maps the first 256 flows and ends the rest at their first packet, every executor alike.
+#[test]
+fn ended_flows_are_counted_per_entry_under_every_executor() {
+    let frames: Vec<Vec<u8>> = (0..2)
+        .flat_map(|_| (0..600u32).map(|f| udp4([10, 0, (f >> 8) as u8, f as u8], [198, 51, 100, 1], 5000, 53)))
+        .collect();
+    let chain = "fsc -> nat(ports=1024-1279)";
+    for kind in kinds() {
+        let o = run_frames(chain, ExecConfig { kind, ..ExecConfig::default() }, &frames);
+        let nat = o.0.iter().find(|(n, _)| n == "nat").unwrap().1;
+        assert_eq!((nat.packets_in, nat.dropped), (1200, 2 * (600 - 256)), "{kind}");
+        // Live: the 256 mapped flows, in fsc's table (and nat's own under pernf).
+        let tables = if kind.name() == "pernf" { 2 } else { 1 };
+        assert_eq!(o.4, 256 * tables, "{kind}");
+    }
 }
 
 #[test]

@@ -377,6 +377,13 @@ pub trait StatefulNf: Send + 'static {
         Action::Pass
     }
 
+    /// What to do with a packet that has a flow key but no state because its table was full (the per-core flow
+    /// table or a shared table: counted there as `table_full`). Default: as an unparsed packet
+    /// ([`StatefulNf::on_unparsed`]); an NF that counts such packets names them apart (not `unparsed`).
+    fn on_no_state(&mut self) -> Action {
+        self.on_unparsed()
+    }
+
     /// State-compute replication (`--scale scr`, SCR Appendix C): the
     /// header fields this NF's state transition reads. `None` (the default):
     /// the NF does not opt in and `--scale scr` refuses it. An NF opting in

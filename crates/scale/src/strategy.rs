@@ -140,6 +140,12 @@ impl Strategy for Rss {
 }
 
 /// Round-robin spray over cores with shared state (SCR's and FAJITA's baseline).
+///
+/// Every NF whose state updates commute (counters, lb's per-flow backend, acl) gives the same results as `rss`.
+/// NFs whose verdicts depend on per-key packet order (ddos, ratelimit, policer, portknock, psd) run, but a key's
+/// packets reach its state in whatever order the cores get there, with no bound on how far apart: their verdicts,
+/// state and exports may differ from a serial run (per-key packet and byte counts stay exact). The report says so
+/// (`order_not_guaranteed`, `verdicts_may_differ`); NFs with per-core state (fw, nat, conntrack) are refused.
 #[derive(Debug, Default)]
 pub struct Shared;
 

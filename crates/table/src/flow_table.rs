@@ -77,7 +77,7 @@ impl TableConfig {
 /// Counters since creation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TableStats {
-    /// New entries created.
+    /// New entries created (an entry expired on lookup and started over counts as one).
     pub inserts: u64,
     /// Entries removed explicitly (`remove`, `remove_handle`).
     pub removes: u64,
@@ -493,7 +493,9 @@ impl<K: FlowKey> FlowTable<K> {
         s.fill(0);
         f(Upsert::New(s));
         self.slab.set_last_seen(h, now);
+        // An expiry and a new entry in its place: the counters still add up (live + expiries + ... = inserts).
         self.stats.expiries += 1;
+        self.stats.inserts += 1;
     }
 
     /// [`Self::lookup_or_insert_batch`] for one chunk of at most `BULK_LOOKUP_MAX` keys; `done` holds the handles

@@ -169,6 +169,9 @@ pub struct ExecStats {
     /// Packets that reached coarse state by a direct shared lookup because
     /// the 5-tuple table had no entry for them (it was full).
     pub aux_fallbacks: u64,
+    /// Entries handed over to another core, and taken over from one (`exec/migrate`).
+    pub moved_out: u64,
+    pub moved_in: u64,
 }
 
 /// Expiry pacing: time of the last sweep step, entries to sweep, sweep period.
@@ -845,18 +848,20 @@ impl ExecContext {
     }
 
     /// Ends the flow `key` in every store of the per-NF layout (each NF's
-    /// release callback on its own state), counted once.
+    /// release callback on its own state), counted once per entry removed.
     pub(crate) fn end_flow_everywhere(&mut self, key: &FiveTuple) {
         let h = hash_tuple(key);
-        let mut any = false;
+        // `ended` counts entries, as insertions do: a flow with an entry in n per-NF tables ends n times, so
+        // every table's `flows + expiries + ended + evictions = insertions` holds in the sum.
+        let mut removed = 0;
         // (The per-NF layout keeps no auxiliary handles: nothing to unpin.)
         let ExecContext { stores, chain, .. } = self;
         for (k, store) in stores.iter_mut().enumerate() {
             if let Some(flow) = store.find(key, h) {
-                any |= remove_flow(&mut chain.stages, store, Some(k), None, flow);
+                removed += u64::from(remove_flow(&mut chain.stages, store, Some(k), None, flow));
             }
         }
-        self.stats.ended += u64::from(any);
+        self.stats.ended += removed;
     }
 
     // ---- Results ----
@@ -884,12 +889,25 @@ impl ExecContext {
         };
         for s in &self.stores {
             let st: TableStats = s.stats();
-            r.flows += s.len() as u64;
+            r.entries += s.len() as u64;
             r.capacity += s.capacity() as u64;
             r.insertions += st.inserts;
             r.expiries += st.expiries;
             r.table_full += st.full_events;
             r.evictions += st.evictions;
+        }
+        // The tables count imported entries as inserts; the report keeps hand-overs apart.
+        r.insertions -= self.stats.moved_in.min(r.insertions);
+        r.moved_in = self.stats.moved_in;
+        r.moved_out = self.stats.moved_out;
+        r.flows = self.stores.first().map_or(0, |s| s.len() as u64);
+        // Per-flow state in a shared table (the `shared` strategy): its keys are the live flows, the same reading
+        // on every core.
+        let five_tuple =
+            self.chain.groups.iter().position(|g| g.granularity == flowplane_nf::stateful::Granularity::FiveTuple);
+        if let Some(t) = five_tuple.and_then(|g| self.shared.tables.get(g)) {
+            r.flows = t.len() as u64;
+            r.flows_shared = true;
         }
         for t in &self.shared.tables {
             r.shared_keys += t.len() as u64;
@@ -903,6 +921,18 @@ impl ExecContext {
     /// if it exports state ([`Export::State`]). Coarse state is shared by all
     /// cores: export it from one core only (`include_shared`).
     pub fn export(&self, name: &str, include_shared: bool) -> Option<Vec<serde_json::Value>> {
+        self.export_resolving(name, include_shared, &|_| None)
+    }
+
+    /// [`ExecContext::export`], with `resolve` naming the flows of coarse keys that do not carry their tuple
+    /// (IPv6 5-tuple fingerprints in the `shared` strategy's tables: see [`crate::coarse::group_key`]); a key
+    /// neither carries nor `resolve` knows has no row.
+    pub fn export_resolving(
+        &self,
+        name: &str,
+        include_shared: bool,
+        resolve: &dyn Fn(u128) -> Option<FiveTuple>,
+    ) -> Option<Vec<serde_json::Value>> {
         let mut k = 0;
         for s in &self.chain.stages {
             let Stage::Stateful { nf, offset, group, member, .. } = s else { continue };
@@ -929,7 +959,7 @@ impl ExecContext {
                         if *flags & bit != 0 {
                             if let Some(st) = bytes.get(*offset..*offset + sz) {
                                 // Keys without a 5-tuple projection (TEID, field set) go raw.
-                                let row = match key_tuple(gran, *key) {
+                                let row = match key_tuple(gran, *key).or_else(|| resolve(*key)) {
                                     Some(t) => nf.export_row_bytes(&t, st),
                                     None => nf.export_raw_row_bytes(*key, st),
                                 };
@@ -1177,10 +1207,14 @@ fn coarse_one(
     if !arrive(batch, i, counters) {
         return None;
     }
-    if !meta.valid || !h.is_some() {
+    if !meta.valid {
         return Some(nf.on_unparsed());
     }
-    let Some(words) = table.state(h) else { return Some(nf.on_unparsed()) };
+    // No entry: the shared table was full (or, without the auxiliary table, its lookup found no room).
+    if !h.is_some() {
+        return Some(nf.on_no_state());
+    }
+    let Some(words) = table.state(h) else { return Some(nf.on_no_state()) };
     let sz = nf.state_size();
     let bit = 2u64 << member;
     let ctx = &packet_ctx(batch, i, ctx);

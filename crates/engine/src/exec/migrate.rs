@@ -103,6 +103,7 @@ pub(crate) fn export_flows_by(
         n += export_table(store.v4(), si, &|k| FiveTuple::V4(*k), which, outs);
         n += export_table(store.v6(), si, &|k| FiveTuple::V6(*k), which, outs);
     }
+    cx.stats.moved_out += n as u64;
     n
 }
 
@@ -171,5 +172,6 @@ pub(crate) fn import_flows(cx: &mut ExecContext, data: &[u8]) -> (usize, usize) 
             _ => bad += 1,
         }
     }
+    cx.stats.moved_in += ok as u64;
     (ok, bad)
 }

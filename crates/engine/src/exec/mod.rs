@@ -231,18 +231,34 @@ impl Default for ExecConfig {
 }
 
 /// Table figures for the report.
+///
+/// Conservation, per core and summed over cores: every entry a per-flow table took is still there, expired,
+/// ended, evicted or handed to another core (`entries + expiries + ended + evictions + moved_out = insertions +
+/// moved_in`; over a whole run every hand-over arrives, so `moved_in = moved_out` less the refused imports).
+/// [`StoreReport::conserved`] checks it.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct StoreReport {
-    /// Live flows at the end.
+    /// Live flows at the end: the entries of the first per-flow table (under `pernf` every later NF's table
+    /// holds a subset: the flows that reached it), or the shared 5-tuple table's keys when the strategy keeps
+    /// per-flow state there (`shared`: each core's table then holds handles on it).
     pub flows: u64,
+    /// Entries in the per-core per-flow tables at the end (one table per 5-tuple NF under `pernf`).
+    pub entries: u64,
     /// Capacity.
     pub capacity: u64,
-    /// Insertions (add-on-miss).
+    /// Insertions (add-on-miss, and an idle entry found by a lookup and started over), not hand-overs.
     pub insertions: u64,
-    /// Expired entries.
+    /// Expired entries (swept, or found idle past their timeout by a lookup).
     pub expiries: u64,
-    /// Flows ended by an NF (FIN/RST, ...).
+    /// Entries removed because an NF ended their flow (FIN/RST, ...): one per per-flow table under `pernf`.
     pub ended: u64,
+    /// Entries handed over to another core (`rsspp`, `dyssect` moves).
+    pub moved_out: u64,
+    /// Entries taken over from another core.
+    pub moved_in: u64,
+    /// `flows` counts a table every core shares (keep one reading when merging).
+    #[serde(skip)]
+    pub flows_shared: bool,
     /// Inserts refused because the table was full.
     pub table_full: u64,
     /// Entries evicted to make room.
@@ -263,13 +279,26 @@ pub struct StoreReport {
 }
 
 impl StoreReport {
+    /// The tables' counters add up (see the type's doc).
+    pub fn conserved(&self) -> bool {
+        self.entries + self.expiries + self.ended + self.evictions + self.moved_out == self.insertions + self.moved_in
+    }
+
     /// Adds another core's figures.
     pub fn merge(&mut self, o: &StoreReport) {
-        self.flows += o.flows;
+        if o.flows_shared {
+            self.flows = self.flows.max(o.flows);
+            self.flows_shared = true;
+        } else {
+            self.flows += o.flows;
+        }
+        self.entries += o.entries;
         self.capacity += o.capacity;
         self.insertions += o.insertions;
         self.expiries += o.expiries;
         self.ended += o.ended;
+        self.moved_out += o.moved_out;
+        self.moved_in += o.moved_in;
         self.table_full += o.table_full;
         self.evictions += o.evictions;
         self.unparsed += o.unparsed;
@@ -394,5 +423,23 @@ impl Pipeline {
     /// Export rows of NF `name`, if it exports state (see [`ExecContext::export`]).
     pub fn export(&self, name: &str, include_shared: bool) -> Option<Vec<serde_json::Value>> {
         self.cx.export(name, include_shared)
+    }
+
+    /// Calls `f` with the key of every live flow: the entries of the first per-flow table (see
+    /// [`StoreReport::flows`]).
+    pub fn for_each_flow(&self, f: &mut dyn FnMut(&flowplane_wire::flow::FiveTuple)) {
+        if let Some(s) = self.cx.stores.first() {
+            s.for_each(|k, _| f(k));
+        }
+    }
+
+    /// [`Pipeline::export`], resolving coarse keys that do not carry their flow (see [`ExecContext::export_resolving`]).
+    pub fn export_resolving(
+        &self,
+        name: &str,
+        include_shared: bool,
+        resolve: &dyn Fn(u128) -> Option<flowplane_wire::flow::FiveTuple>,
+    ) -> Option<Vec<serde_json::Value>> {
+        self.cx.export_resolving(name, include_shared, resolve)
     }
 }

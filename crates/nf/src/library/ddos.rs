@@ -12,9 +12,10 @@
 //! window at the new time, keeping its count, so a blocked source stays
 //! blocked for at most one more window instead of until the clock catches up.
 //!
-//! Packets without a flow key, or without state because the table is full,
-//! pass (fail-open: the NF cannot tell them apart from ARP and other
-//! non-IP traffic) and are counted as `unparsed` in the report.
+//! Packets without a flow key pass (fail-open: ARP and other non-IP
+//! traffic) and are counted as `unparsed` in the report; packets without
+//! state because the source table is full pass too and are counted as
+//! `table_full`.
 
 use bytemuck::{Pod, Zeroable};
 use flowplane_wire::flow::FiveTuple;
@@ -68,6 +69,7 @@ pub struct Ddos {
     blocked_sources: u64,
     dropped: u64,
     unparsed: u64,
+    table_full: u64,
 }
 
 impl Ddos {
@@ -112,6 +114,7 @@ impl Ddos {
             blocked_sources: 0,
             dropped: 0,
             unparsed: 0,
+            table_full: 0,
         }
     }
 }
@@ -190,6 +193,11 @@ impl StatefulNf for Ddos {
         Action::Pass
     }
 
+    fn on_no_state(&mut self) -> Action {
+        self.table_full += 1;
+        Action::Pass
+    }
+
     fn report(&self) -> Option<serde_json::Value> {
         Some(json!({
             "window_ns": self.window_ns,
@@ -198,6 +206,7 @@ impl StatefulNf for Ddos {
             "blocked_sources": self.blocked_sources,
             "dropped": self.dropped,
             "unparsed": self.unparsed,
+            "table_full": self.table_full,
         }))
     }
 

@@ -1,7 +1,13 @@
-//! `lb`: stateful round-robin load balancer (FAJITA A.1). The first packet
-//! of a flow picks the next backend of its family's pool; every later packet
+//! `lb`: stateful load balancer (FAJITA A.1). The first packet of a flow
+//! picks a backend of its family's pool from the flow's 5-tuple (a keyed
+//! hash of the tuple as received, modulo the pool size); every later packet
 //! of the flow is sent to the same backend (sticky per 5-tuple). The
 //! destination address is rewritten with incremental checksum updates.
+//!
+//! The choice is a function of the flow alone, not of which core saw it
+//! first or how many flows came before (round robin was, issue 29): the
+//! same backend under every executor, core count and strategy — `shared`,
+//! which sprays a flow's first packets over cores, included.
 //!
 //! IPv4 flows use the pool `base`, `base+1`, ... (`backends` addresses); IPv6
 //! flows use their own pool `base6`, `base6+1`, ... (`backends6` addresses,
@@ -11,13 +17,13 @@
 //!
 //! The report gives the flows assigned to each backend (merged over cores),
 //! `--export lb=FILE` one row per live flow: its 5-tuple as received and the
-//! backend it was sent to. Each core balances its own flows round-robin, so
-//! which backend a flow gets depends on the number of cores.
+//! backend it was sent to.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use bytemuck::{Pod, Zeroable};
 use flowplane_wire::flow::FiveTuple;
+use flowplane_wire::hash::HashableKey;
 use serde_json::{json, Value};
 
 use crate::pkt::Pkt;
@@ -41,7 +47,7 @@ const BACKENDS6: ParamSpec =
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {
     name: "lb",
-    about: "stateful round-robin load balancer: rewrites the destination (IPv4 pool, optional IPv6 pool), sticky per 5-tuple",
+    about: "stateful load balancer: rewrites the destination to a backend picked from the 5-tuple's hash (IPv4 pool, optional IPv6 pool), sticky per 5-tuple",
     keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
     params: &[BACKENDS, BASE, BASE6, BACKENDS6],
 };
@@ -65,28 +71,35 @@ pub struct LbState {
     pub backend: u32,
 }
 
-/// One address family's pool with its round-robin cursor and per-backend flow counts.
+/// Seed of the backend hash (apart from the flow tables' and the NIC's, so backends do not follow buckets or cores).
+const PICK_SEED: u32 = 0x6c62_5f31;
+
+/// A flow's backend among `n`: its tuple's keyed hash, scaled to `0..n` (multiply-shift: no division).
+pub fn backend_for(key: &FiveTuple, n: usize) -> u32 {
+    let h = key.hash64(PICK_SEED);
+    ((u128::from(h) * n as u128) >> 64) as u32
+}
+
+/// One address family's pool with its per-backend flow counts.
 #[derive(Debug)]
 struct Pool<A> {
     addrs: Vec<A>,
-    next: usize,
     assigned: Vec<u64>,
 }
 
 impl<A> Pool<A> {
     fn new(addrs: Vec<A>) -> Self {
         let assigned = vec![0; addrs.len()];
-        Pool { addrs, next: 0, assigned }
+        Pool { addrs, assigned }
     }
 
-    fn pick(&mut self) -> u32 {
+    fn pick(&mut self, key: &FiveTuple) -> u32 {
         if self.addrs.is_empty() {
             return UNBALANCED;
         }
-        let b = self.next;
-        self.next = if b + 1 == self.addrs.len() { 0 } else { b + 1 };
-        self.assigned[b] += 1;
-        b as u32
+        let b = backend_for(key, self.addrs.len());
+        self.assigned[b as usize] += 1;
+        b
     }
 }
 
@@ -152,12 +165,13 @@ impl Lb {
 
     #[inline(never)]
     fn assign(&mut self, pkt: &Pkt<'_>, st: &mut LbState) {
+        let key = pkt.meta().tuple;
         st.backend = if pkt.meta().v6 {
-            let b = self.v6.pick();
+            let b = self.v6.pick(&key);
             self.unbalanced_flows += u64::from(b == UNBALANCED);
             b
         } else {
-            self.v4.pick()
+            self.v4.pick(&key)
         };
     }
 
@@ -218,9 +232,9 @@ impl StatefulNf for Lb {
         NF.name
     }
 
-    /// Per-flow state whose updates commute (the backend is picked once per flow under the state's lock; counters add up): correct from any
-    /// core, so `shared` may spray a flow's packets over cores (its state then
-    /// lives in a shared table, updated under the entry's lock).
+    /// Per-flow state whose updates commute (the backend, a function of the flow, is picked once per flow under the
+    /// state's lock; counters add up): correct from any core, so `shared` may spray a flow's packets over cores (its
+    /// state then lives in a shared table, updated under the entry's lock) with the same results as `rss`.
     fn placement(&self) -> Placement {
         Placement { affinity: Affinity::Any, global: GlobalState::None }
     }
@@ -291,20 +305,34 @@ impl StatefulNf for Lb {
 mod tests {
     use super::*;
     use crate::testutil::{udp4, Harness};
+    use flowplane_wire::frame::PktMeta;
+
+    /// The backend of a frame's flow by the documented rule: the tuple's hash scaled to the pool.
+    fn expected(frame: &[u8], n: usize) -> usize {
+        backend_for(&PktMeta::parse(frame).tuple, n) as usize
+    }
 
     #[test]
-    fn round_robin_and_sticky() {
-        let mut h = Harness::new(Lb::new(vec![Ipv4Addr::new(1, 1, 1, 1), Ipv4Addr::new(2, 2, 2, 2)]));
-        let a = udp4([10, 0, 0, 1], [9, 9, 9, 9], 1000, 80);
-        let b = udp4([10, 0, 0, 2], [9, 9, 9, 9], 1000, 80);
-        let (out_a, act) = h.run(&a);
-        assert_eq!(act, Action::Pass);
-        assert_eq!(&out_a[30..34], &[1, 1, 1, 1]);
-        let (out_b, _) = h.run(&b);
-        assert_eq!(&out_b[30..34], &[2, 2, 2, 2]);
-        let (again, _) = h.run(&a);
-        assert_eq!(&again[30..34], &[1, 1, 1, 1], "sticky");
-        crate::testutil::assert_ipv4_checksums(&again);
+    fn picks_by_the_flow_and_sticks() {
+        let pool = [[1, 1, 1, 1], [2, 2, 2, 2]];
+        let mut h = Harness::new(Lb::new(pool.iter().map(|&a| Ipv4Addr::from(a)).collect()));
+        let mut per = [0u64; 2];
+        for i in 0..1000u16 {
+            let f = udp4([10, 0, (i >> 8) as u8, i as u8], [9, 9, 9, 9], 1000 + i, 80);
+            let (out, act) = h.run(&f);
+            assert_eq!(act, Action::Pass);
+            let b = expected(&f, 2);
+            assert_eq!(&out[30..34], &pool[b]);
+            per[b] += 1;
+            if i % 100 == 0 {
+                let (again, _) = h.run(&f);
+                assert_eq!(&again[30..34], &pool[b], "sticky");
+                crate::testutil::assert_ipv4_checksums(&again);
+            }
+        }
+        // A hash spreads 1000 flows about evenly (a binomial's 5 sigma is 80).
+        assert!(per.iter().all(|&n| (420..=580).contains(&n)), "{per:?}");
+        assert_eq!(h.nf.report().unwrap()["ipv4"]["flows_per_backend"], json!(per));
     }
 
     #[test]
@@ -348,19 +376,25 @@ mod tests {
             assert_ipv6_checksums(&out);
             got.push(dst(&out));
         }
-        // Round-robin over the 3 IPv6 backends, independent of the IPv4 pool.
-        assert_eq!(got, vec![v6("2001:db8::10"), v6("2001:db8::11"), v6("2001:db8::12"), v6("2001:db8::10")]);
+        // The 3 IPv6 backends, by each flow's hash, independent of the IPv4 pool.
+        let pool6 = [v6("2001:db8::10"), v6("2001:db8::11"), v6("2001:db8::12")];
+        let want: Vec<Ipv6Addr> = flows.iter().map(|f| pool6[expected(f, 3)]).collect();
+        assert_eq!(got, want);
         let (again, _) = h.run(&flows[1]);
-        assert_eq!(dst(&again), v6("2001:db8::11"), "sticky");
-        let (out4, _) = h.run(&udp4([10, 0, 0, 1], [9, 9, 9, 9], 1, 80));
-        assert_eq!(&out4[30..34], &[10, 10, 0, 1], "the IPv4 pool starts at its own first backend");
+        assert_eq!(dst(&again), want[1], "sticky");
+        let f4 = udp4([10, 0, 0, 1], [9, 9, 9, 9], 1, 80);
+        let (out4, _) = h.run(&f4);
+        assert_eq!(out4[30..34], [10, 10, 0, 1 + expected(&f4, 2) as u8], "the IPv4 pool is its own");
         let r = h.nf.report().unwrap();
-        assert_eq!(r["ipv6"]["flows_per_backend"], json!([2, 1, 1]));
-        assert_eq!(r["ipv4"]["flows_per_backend"], json!([1, 0]));
+        let mut per6 = [0u64; 3];
+        flows.iter().for_each(|f| per6[expected(f, 3)] += 1);
+        assert_eq!(r["ipv6"]["flows_per_backend"], json!(per6));
+        assert_eq!(r["ipv4"]["flows"], 1);
         assert_eq!(r["ipv6_unbalanced_flows"], 0);
         let key = h.key_of(&flows[2]).unwrap();
         let row = h.nf.export_row(&key, &h.state_of(&flows[2]).unwrap()).unwrap();
-        assert_eq!((row["dst"].as_str(), row["backend"].as_str()), (Some("2001:db8:ffff::1"), Some("2001:db8::12")));
+        let b = want[2].to_string();
+        assert_eq!((row["dst"].as_str(), row["backend"].as_str()), (Some("2001:db8:ffff::1"), Some(b.as_str())));
     }
 
     #[test]
@@ -387,16 +421,22 @@ mod tests {
     fn reports_merge_backend_by_backend() {
         let pool = vec![Ipv4Addr::new(1, 1, 1, 1), Ipv4Addr::new(2, 2, 2, 2), Ipv4Addr::new(3, 3, 3, 3)];
         let (mut a, mut b) = (Harness::new(Lb::new(pool.clone())), Harness::new(Lb::new(pool)));
-        for i in 0..4u16 {
-            a.run(&udp4([10, 0, 0, 1], [9, 9, 9, 9], i, 80));
+        let mut per = [0u64; 3];
+        for i in 0..40u16 {
+            let f = udp4([10, 0, 0, 1], [9, 9, 9, 9], i, 80);
+            per[expected(&f, 3)] += 1;
+            a.run(&f);
         }
-        b.run(&udp4([10, 0, 0, 2], [9, 9, 9, 9], 1, 80));
+        let f = udp4([10, 0, 0, 2], [9, 9, 9, 9], 1, 80);
+        per[expected(&f, 3)] += 1;
+        b.run(&f);
         let mut r = a.nf.report().unwrap();
         a.nf.merge_report(&mut r, &b.nf.report().unwrap());
-        assert_eq!(r["ipv4"]["flows_per_backend"], json!([3, 1, 1]));
+        assert_eq!(r["ipv4"]["flows_per_backend"], json!(per));
         assert_eq!(r["ipv4"]["backends"], 3, "the pool size is not summed");
-        assert_eq!((r["ipv4"]["flows"].as_u64(), r["ipv4"]["flows_min_per_backend"].as_u64()), (Some(5), Some(1)));
-        assert_eq!(r["ipv4"]["flows_max_per_backend"], 3);
+        assert_eq!(r["ipv4"]["flows"], 41);
+        assert_eq!(r["ipv4"]["flows_min_per_backend"], per.iter().min().copied().unwrap());
+        assert_eq!(r["ipv4"]["flows_max_per_backend"], per.iter().max().copied().unwrap());
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! shares one counter block, which under RSS lives in a table shared between
 //! cores (the FAJITA scenario for the auxiliary table). Counts packets and
 //! bytes (frame lengths) and first/last seen; the table is exportable
-//! (`--export srcctr=sources.csv|json`).
+//! (`--export srcctr=sources.csv|json`). Packets pass whatever happens; the
+//! report counts those without a flow key (`unparsed`) and those without
+//! state because the source table was full (`table_full`) apart.
 
 use bytemuck::{Pod, Zeroable};
 use flowplane_wire::flow::FiveTuple;
@@ -47,8 +49,10 @@ pub struct SrcCtrState {
 pub struct SrcCtr {
     /// Sources whose state this instance created.
     sources: u64,
-    /// Packets without a flow key (non-IP, malformed) or without state (table full).
+    /// Packets without a flow key (non-IP, malformed).
     unparsed: u64,
+    /// Packets with a key but without state: the source table was full.
+    table_full: u64,
 }
 
 impl SrcCtr {
@@ -90,8 +94,13 @@ impl StatefulNf for SrcCtr {
         Action::Pass
     }
 
+    fn on_no_state(&mut self) -> Action {
+        self.table_full += 1;
+        Action::Pass
+    }
+
     fn report(&self) -> Option<serde_json::Value> {
-        Some(json!({ "sources_seen": self.sources, "unparsed": self.unparsed }))
+        Some(json!({ "sources_seen": self.sources, "unparsed": self.unparsed, "table_full": self.table_full }))
     }
 
     fn export_kind(&self) -> Export {
