@@ -1,9 +1,10 @@
-"""lb model (module doc): a flow's first packet picks the next backend of its family's pool
-(IPv4: base, base+1, ... `backends`; IPv6: base6, ... `backends6`), round robin per core; every
-later packet goes to the same backend; the destination is rewritten with valid checksums and
-nothing else changes; the export has one row per flow: its 5-tuple as received and its backend.
-On one core the assignment is exact; on N cores each core runs its own round robin, so the
-model checks stickiness, the pools and that per-backend counts differ by at most N."""
+"""lb model (module doc): a flow's first packet picks a backend of its family's pool
+(IPv4: base, base+1, ... `backends`; IPv6: base6, ... `backends6`) as a function of its 5-tuple
+alone (a keyed hash: which backend is the NF's business, but it must not depend on the executor,
+batch size, core count or strategy); every later packet goes to the same backend; the destination
+is rewritten with valid checksums and nothing else changes; the export has one row per flow: its
+5-tuple as received and its backend. The model checks stickiness, the pools, the export, and that
+every run of the matrix assigns every flow the backend the first run checked gave it."""
 import functools
 import ipaddress
 
@@ -45,16 +46,16 @@ def pool(base, n):
     return tuple(addr(ipaddress.ip_address(base) + i) for i in range(n))
 
 
+# flow -> backend, from the first run checked; every later run must agree (one process runs them all).
+ASSIGNED = {}
+
+
 def check(recs, run, expect, verdicts):
     errs = verdicts(None, recs, run, expect)
     by_tag = {t: f for t, (_, f) in zip(run.tags, run.out)}
-    sent, nxt, seen = {}, {4: 0, 6: 0}, {}  # the one-core assignment; each flow's first backend
+    flows, seen = {rec_flow(p) for p in recs}, {}
     exported = {flow_of(x): addr(x["backend"]) for x in run.export}
     for p in recs:
-        fam = 6 if p.v6 else 4
-        if rec_flow(p) not in sent:
-            sent[rec_flow(p)] = pool(BASE6, B6)[nxt[6] % B6] if p.v6 else pool(BASE, B4)[nxt[4] % B4]
-            nxt[fam] += 1
         out = by_tag.get(p.i)
         if out is None:
             continue
@@ -62,22 +63,13 @@ def check(recs, run, expect, verdicts):
             errs.append(f"{p.i}: rewritten frame has a bad length or checksum")
         if mask(out, p) != mask(p.frame, p):
             errs.append(f"{p.i}: bytes other than the destination and checksums changed")
-        to = dst_of(out)
-        first = seen.setdefault(rec_flow(p), to)
-        got = exported.get(rec_flow(p), "no row" if run.label != "shared" else first)  # see KNOWN below
-        if run.cores == 1 and to != sent[rec_flow(p)]:
-            errs.append(f"{p.i} {rec_flow(p)}: sent to {to}, expected {sent[rec_flow(p)]}")
-        elif to != first or to != got or first not in pool(BASE6, B6) + pool(BASE, B4):
-            errs.append(f"{p.i} {rec_flow(p)}: sent to {to}, first {first}, exported backend {got}")
-    if run.label == "shared" and len(run.export) < len(sent):
-        return errs + [f"KNOWN: shared exports {len(run.export)} of {len(sent)} flows (issue 29, lb under shared)"]
-    rows = {flow_of(x): addr(x["backend"]) for x in run.export}
-    if set(rows) != set(sent) or len(rows) != len(run.export):
-        errs.append(f"export: {len(run.export)} rows for {len(sent)} flows")
-    for base, n in ((BASE, B4), (BASE6, B6)):
-        counts = [list(rows.values()).count(b) for b in pool(base, n)]
-        if sum(counts) != sum((":" in f[1]) == (":" in base) for f in rows):
-            errs.append(f"export: backends outside the pool {pool(base, n)}")
-        if max(counts) - min(counts) > run.cores:
-            errs.append(f"backends of {base}: flows per backend {counts}, more than {run.cores} apart")
+        to, f = dst_of(out), rec_flow(p)
+        first = seen.setdefault(f, to)
+        want = ASSIGNED.setdefault(f, to)
+        if to not in (pool(BASE6, B6) if p.v6 else pool(BASE, B4)):
+            errs.append(f"{p.i} {f}: sent to {to}, outside its family's pool")
+        if to != first or to != exported.get(f, "no row") or to != want:
+            errs.append(f"{p.i} {f}: sent to {to}, first {first}, exported {exported.get(f)}, other runs {want}")
+    if set(exported) != flows or len(exported) != len(run.export):
+        errs.append(f"export: {len(run.export)} rows for {len(flows)} flows")
     return errs
