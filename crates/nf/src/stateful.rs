@@ -34,6 +34,36 @@ use crate::pkt::{Pkt, PktMeta};
 use crate::report::Export;
 use crate::NfContext;
 
+/// The one idle rule of every state container — the engine's flow tables,
+/// the per-NF stamps in aggregated blocks and coarse entries, NF-private
+/// tables (fw's connections): state last touched at `last_ns` is idle at
+/// `now_ns` (both packet-clock times, [`NfContext::now_ns`]) when strictly
+/// more than `timeout_ns` has passed. A last touch in the future (the clock
+/// went backwards) is not idle; the toucher then rebases it to `now_ns`
+/// ([`IdleStamp::touch`]), as the flow tables' sweep does, so nothing expires
+/// early and nothing stays forever.
+#[inline(always)]
+pub fn is_idle(last_ns: u64, now_ns: u64, timeout_ns: u64) -> bool {
+    now_ns.saturating_sub(last_ns) > timeout_ns
+}
+
+/// A last-touched time under the [`is_idle`] rule, for NF-private tables.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+#[repr(transparent)]
+pub struct IdleStamp(pub u64);
+
+impl IdleStamp {
+    /// True if the state was idle at `now_ns` (the caller treats it as
+    /// gone: releases it, starts afresh); either way the stamp becomes
+    /// `now_ns` (a stamp in the future is rebased, not kept).
+    #[inline(always)]
+    pub fn touch(&mut self, now_ns: u64, timeout_ns: u64) -> bool {
+        let idle = is_idle(self.0, now_ns, timeout_ns);
+        self.0 = now_ns;
+        idle
+    }
+}
+
 /// What an NF's state is keyed by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Granularity {
@@ -283,7 +313,17 @@ pub trait StatefulNf: Send + 'static {
         Placement::default_for(self.granularity(), Self::BOTH_DIRECTIONS)
     }
 
-    /// Idle time after which a flow's state expires (None: the chain's default).
+    /// Idle time after which this NF's state expires (None: the timeout of
+    /// the container it lives in — the longest any 5-tuple NF of the chain
+    /// declares, or for a coarse NF the longest of its group, else the run's
+    /// `--idle-timeout`).
+    ///
+    /// The rule, enforced by the engine on the packet clock wherever the
+    /// state lives: a packet that reaches this NF more than the timeout
+    /// after the last packet of the same key that reached it ([`is_idle`])
+    /// finds fresh state — the old state is released (`release`), then
+    /// `init` runs — exactly as if the entry had expired and been inserted
+    /// anew. NF-private tables apply the same rule with [`IdleStamp`].
     fn idle_timeout_ns(&self) -> Option<u64> {
         None
     }

@@ -483,7 +483,10 @@ impl<K: FlowKey> FlowTable<K> {
         s.fill(0);
         f(Upsert::New(s));
         self.slab.set_last_seen(h, now);
+        // An expiry and an insertion: the table's books (flows + expiries +
+        // ended + evictions = insertions) stay balanced.
         self.stats.expiries += 1;
+        self.stats.inserts += 1;
     }
 
     /// [`Self::lookup_or_insert_batch`] for one chunk of at most `BULK_LOOKUP_MAX` keys; `done` holds the handles
