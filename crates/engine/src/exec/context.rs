@@ -20,7 +20,7 @@ use flowplane_wire::hash::HashableKey;
 use super::{ExecConfig, StateLayout, StoreReport};
 use crate::chain::{Chain, IdleSlot, Stage};
 use crate::coarse::{
-    aux_handle, coarse_hash, group_key, handle_bits, key_tuple, with_locked, GroupLayout, SharedStores,
+    aux_handle, coarse_hash, group_key, handle_bits, key_tuple, with_locked, ClockSlot, GroupLayout, SharedStores,
 };
 use crate::error::EngineError;
 use crate::stage::{apply_action, arrive, packet_ctx, BatchOutcome, StatefulStage};
@@ -230,6 +230,9 @@ pub struct ExecContext {
     idle_ns: u64,
     /// The current batch spans at most `idle_ns`: one lookup window.
     one_window: bool,
+    /// This core's packet clock among those the shared sweep waits for
+    /// (None: no coarse state).
+    clock: Option<ClockSlot>,
 }
 
 /// What the auxiliary table needs: the coarse groups and their shared tables.
@@ -341,6 +344,7 @@ impl ExecContext {
         let per_packet = five_tuple().enumerate().any(|(k, nf)| nf.has_release() && last_end.is_some_and(|e| k < e));
         let stages = chain.stages.len();
         let exact = ExactEnds { repeats, per_packet };
+        let clock = if shared.tables.is_empty() { None } else { shared.clocks.register() };
         Ok(ExecContext {
             cfg,
             layout,
@@ -356,6 +360,7 @@ impl ExecContext {
             pending_ends: [0; 4],
             idle_ns,
             one_window: true,
+            clock,
         })
     }
 
@@ -380,6 +385,10 @@ impl ExecContext {
     /// size, instead of touching DRAM-resident entries on every packet. A
     /// call does at most one full pass, so a clock jump costs one pass.
     pub(crate) fn expire(&mut self, now: u64) {
+        let tsc = flowplane_packet::tsc::rdtsc();
+        if let Some(c) = &self.clock {
+            c.set(now, tsc);
+        }
         if self.sweep.last_ns == 0 {
             // The first batch starts the clock (trace times may be since the epoch).
             self.sweep.last_ns = now;
@@ -400,6 +409,8 @@ impl ExecContext {
         } as usize;
         let aux_on = self.aux_on();
         let pernf = self.layout == StateLayout::PerNf;
+        // Shared entries expire at the slowest running core's clock (see `CoreClocks`).
+        let shared_now = if self.clock.is_some() { self.shared.clocks.watermark(now, tsc) } else { now };
         let ExecContext { stores, chain, shared, .. } = self;
         let Chain { stages, groups, .. } = chain;
         let aux = Aux { groups, shared, now };
@@ -411,7 +422,7 @@ impl ExecContext {
         for (g, t) in shared.tables.iter().enumerate() {
             let gran = groups[g].granularity;
             // Coarse NFs get their release callback too (on whichever core sweeps).
-            t.expire(now, budget, |key, words| {
+            t.expire(shared_now, budget, |key, words| {
                 let Some(tuple) = key_tuple(gran, *key) else { return };
                 let _ = with_locked(words, |flags, buf| {
                     let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
