@@ -104,9 +104,10 @@ impl CoreClocks {
     /// A slot for one core's clock, freed when dropped (None: all taken;
     /// that core then does not hold the sweep back).
     pub fn register(self: &Arc<Self>) -> Option<ClockSlot> {
-        let i = self.slots.iter().position(|(c, _)| {
-            c.compare_exchange(FREE, NOT_STARTED, Ordering::AcqRel, Ordering::Relaxed).is_ok()
-        })?;
+        let i = self
+            .slots
+            .iter()
+            .position(|(c, _)| c.compare_exchange(FREE, NOT_STARTED, Ordering::AcqRel, Ordering::Relaxed).is_ok())?;
         self.used.fetch_max(i + 1, Ordering::AcqRel);
         Some(ClockSlot { clocks: Arc::clone(self), i })
     }

@@ -651,7 +651,8 @@ impl<T: StatefulNf> Typed<T> {
         out: &mut BatchOutcome,
     ) {
         if let Some(idle) = self.1.slot {
-            return self.run_batch_stamped::<RESUME>(batch, range, metas, flows, store, offset, idle, ctx, cursors, out);
+            return self
+                .run_batch_stamped::<RESUME>(batch, range, metas, flows, store, offset, idle, ctx, cursors, out);
         }
         let mut lanes = batch.lanes_mut();
         let n = range.end.min(lanes.len()).min(metas.len()).min(flows.len());

@@ -39,27 +39,39 @@ use crate::NfContext;
 /// tables (fw's connections): state last touched at `last_ns` is idle at
 /// `now_ns` (both packet-clock times, [`NfContext::now_ns`]) when strictly
 /// more than `timeout_ns` has passed. A last touch in the future (the clock
-/// went backwards) is not idle; the toucher then rebases it to `now_ns`
-/// ([`IdleStamp::touch`]), as the flow tables' sweep does, so nothing expires
-/// early and nothing stays forever.
+/// went backwards, or another core got ahead) is never idle.
 #[inline(always)]
 pub fn is_idle(last_ns: u64, now_ns: u64, timeout_ns: u64) -> bool {
     now_ns.saturating_sub(last_ns) > timeout_ns
 }
 
-/// A last-touched time under the [`is_idle`] rule, for NF-private tables.
+/// The last-touched time after a touch at `now_ns`: the later of the two
+/// (packets of one key processed a little out of time order — several cores
+/// on one coarse entry — never make it look idle), except that a stamp more
+/// than the timeout in the future means the clock went backwards: it is
+/// rebased to `now_ns`, as the flow tables' sweep does, so nothing expires
+/// early and nothing stays forever.
+#[inline(always)]
+pub fn touched(last_ns: u64, now_ns: u64, timeout_ns: u64) -> u64 {
+    if last_ns > now_ns.saturating_add(timeout_ns) {
+        now_ns
+    } else {
+        last_ns.max(now_ns)
+    }
+}
+
+/// A last-touched time under the [`is_idle`] and [`touched`] rules.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 #[repr(transparent)]
 pub struct IdleStamp(pub u64);
 
 impl IdleStamp {
     /// True if the state was idle at `now_ns` (the caller treats it as
-    /// gone: releases it, starts afresh); either way the stamp becomes
-    /// `now_ns` (a stamp in the future is rebased, not kept).
+    /// gone: releases it, starts afresh); the stamp then records the touch.
     #[inline(always)]
     pub fn touch(&mut self, now_ns: u64, timeout_ns: u64) -> bool {
         let idle = is_idle(self.0, now_ns, timeout_ns);
-        self.0 = now_ns;
+        self.0 = if idle { now_ns } else { touched(self.0, now_ns, timeout_ns) };
         idle
     }
 }

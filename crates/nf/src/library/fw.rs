@@ -42,16 +42,32 @@
 //!   Packets without a flow key (non-IP, malformed, no state because the flow
 //!   table is full) are dropped: a firewall fails closed.
 //!
+//! Idle timeout (`timeout=S`): a connection's own last-use time is the time
+//! of the last packet of either direction that found it open (a TCP segment
+//! the tracker looked at, dropped out-of-window ones included; a datagram or
+//! echo message of it; ICMP errors quoting it do not count). A packet
+//! arriving more than S seconds after it — strictly, on the packet clock —
+//! finds no connection: the connection is removed (counted as `expired`)
+//! and the packet is judged as the first of a new one (only an allowed SYN,
+//! an allowed datagram or echo request opens; anything else is dropped
+//! under its reason, e.g. `no_conn`, `udp_unsolicited`). Exactly S passes.
+//! This holds whatever the directions' per-flow states say (the engine keeps
+//! each direction's state for the chain's longest timeout, and a direction
+//! idle while the other is busy keeps its connection). A clock that goes
+//! backwards expires nothing.
+//!
 //! Drops of packets that belong to no connection return `DropEndFlow`, so a
 //! scan leaves no directional state behind. When one direction ends the
 //! connection, the other direction's state still names the freed slot; its
 //! generation no longer matches, so its next packet is looked up again
-//! (a reused 5-tuple finds its new connection). A connection is freed when
-//! the last direction bound to it expires (`release`); a slow sweep on each
-//! new connection also reclaims connections idle for twice the timeout, which
-//! covers states the executor evicted without a release. Each core has its
-//! own table: under multi-core RSS both directions of a connection must reach
-//! the same core (symmetric RSS).
+//! (a reused 5-tuple finds its new connection). Slots are reclaimed by the
+//! idle check on lookup, by the last direction's `release` if the connection
+//! is already idle then, and by a slow sweep on each new connection
+//! (connections idle past the timeout, which also covers states the executor
+//! evicted without a release). Report: `opened` = `conns_live` +
+//! `closed_fin` + `closed_rst` + `released` + `swept` + `expired`. Each core
+//! has its own table: under multi-core RSS both directions of a connection
+//! must reach the same core (symmetric RSS).
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -66,7 +82,9 @@ use serde_json::json;
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::merge_keeping;
-use crate::stateful::{is_idle, Action, Affinity, Cursor, GlobalState, Granularity, Placement, StatefulNf, Step};
+use crate::stateful::{
+    is_idle, touched, Action, Affinity, Cursor, GlobalState, Granularity, Placement, StatefulNf, Step,
+};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const ALLOW_NEW: ParamSpec = ParamSpec::choice("allow_new", "inside", &["inside", "any"], "who may open connections");
@@ -621,7 +639,7 @@ impl Fw {
         let c = &mut self.table.slab[s];
         c.kind = kind;
         c.orig_fwd = *t == key;
-        c.last_ns = now;
+        c.last_ns = touched(c.last_ns, now, self.timeout_ns);
         self.bind(st, s, t);
         self.c.opened += 1;
         Some(s)
@@ -685,7 +703,7 @@ impl Fw {
         const ACK: TcpFlags = TcpFlags::ACK;
         const FIN: TcpFlags = TcpFlags::FIN;
         let c = &mut self.table.slab[s];
-        c.last_ns = now;
+        c.last_ns = touched(c.last_ns, now, self.timeout_ns);
         let f = seg.flags;
         if f.contains(TcpFlags::RST) {
             let ok = if c.state == tcp_state::SYN_SENT {
@@ -807,7 +825,7 @@ impl Fw {
             return match found {
                 Some(s) if self.table.slab[s].kind == K_ECHO && (st.dir == 0) == req => {
                     let c = &mut self.table.slab[s];
-                    c.last_ns = now;
+                    c.last_ns = touched(c.last_ns, now, self.timeout_ns);
                     Action::Pass
                 }
                 Some(_) => {
@@ -852,7 +870,7 @@ impl Fw {
         let t = *pkt.tuple();
         if let Some(s) = self.find(st, &t, now) {
             let c = &mut self.table.slab[s];
-            c.last_ns = now;
+            c.last_ns = touched(c.last_ns, now, self.timeout_ns);
             return Action::Pass;
         }
         if !self.may_open(t.src_ip()) {
