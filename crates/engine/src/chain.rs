@@ -60,6 +60,11 @@ pub struct IdleSlot {
 }
 
 impl Stage {
+    /// A stateful NF as an uncompiled stage (for [`Chain::from_stages`]).
+    pub fn stateful<T: StatefulNf>(nf: T) -> Stage {
+        StageSink.stateful(nf)
+    }
+
     /// True for a stateful NF keyed coarser than the 5-tuple (state in a shared table).
     #[inline]
     pub fn is_coarse(&self) -> bool {
@@ -163,14 +168,21 @@ impl Chain {
     pub fn build_with(spec: &ChainSpec, shared_flows: bool) -> Result<Chain, EngineError> {
         let mut stages = Vec::with_capacity(spec.nfs.len());
         for s in &spec.nfs {
-            let stage = registry::build_with(&s.name, Params::new(&s.name, s.params.clone()), StageSink)?;
-            if let Stage::Stateful { nf, .. } = &stage {
+            stages.push(registry::build_with(&s.name, Params::new(&s.name, s.params.clone()), StageSink)?);
+        }
+        Chain::from_stages(stages, shared_flows)
+    }
+
+    /// Compiles NFs already built (the registry's, or a test's own through
+    /// [`Stage::stateful`]): coarse groups, the aggregated block, idle stamps.
+    pub fn from_stages(mut stages: Vec<Stage>, shared_flows: bool) -> Result<Chain, EngineError> {
+        for stage in &stages {
+            if let Stage::Stateful { nf, .. } = stage {
                 let max = if nf.granularity() == Granularity::FiveTuple { 16 } else { 8 };
                 if nf.state_align() > max {
                     return Err(EngineError::StateAlign { nf: nf.name(), align: nf.state_align(), max });
                 }
             }
-            stages.push(stage);
         }
         let rewriter = stages.iter().position(|s| matches!(s, Stage::Stateless(nf) if nf.rewrites_flow()));
         if let Some(r) = rewriter {
