@@ -533,3 +533,24 @@ pub trait StatefulNf: Send + 'static {
         Vec::new()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_rule_strictly_past_the_timeout_never_backwards() {
+        assert!(!is_idle(10, 15, 5), "exactly the timeout is not idle");
+        assert!(is_idle(10, 16, 5));
+        assert!(!is_idle(100, 3, 5), "a stamp in the future is not idle");
+        // A touch keeps the later time, unless the clock went back past a timeout.
+        assert_eq!(touched(100, 97, 5), 100);
+        assert_eq!(touched(100, 90, 5), 90);
+        assert_eq!(touched(100, 120, 5), 120);
+        assert_eq!(touched(u64::MAX, 0, u64::MAX), u64::MAX);
+        let mut s = IdleStamp(10);
+        assert!(!s.touch(15, 5) && s.0 == 15);
+        assert!(s.touch(21, 5) && s.0 == 21);
+        assert!(!s.touch(0, 5) && s.0 == 0, "rebased after a jump back");
+    }
+}
