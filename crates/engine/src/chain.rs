@@ -13,7 +13,7 @@ use flowplane_nf::{Export, Nf, NfCounters, Params, StatefulNf};
 use crate::coarse::{GroupLayout, MAX_GROUP_WORDS};
 use crate::error::EngineError;
 use crate::spec::ChainSpec;
-use crate::stage::{StatefulStage, Typed};
+use crate::stage::{BlockIdle, StatefulStage, Typed};
 
 /// One stage of a compiled chain.
 pub enum Stage {
@@ -31,12 +31,40 @@ pub enum Stage {
         group: Option<usize>,
         /// Index of the NF within its coarse group (its "initialised" bit).
         member: usize,
+        /// The NF's idle stamp, where its container's expiry is not its own
+        /// timeout (see [`IdleSlot`]).
+        idle: Option<IdleSlot>,
         /// Counters kept by the executor.
         counters: NfCounters,
     },
 }
 
+/// An NF's last-touched stamp (a `u64` packet time) in its state's block,
+/// kept where the container's own expiry is not the NF's timeout: in the
+/// aggregated 5-tuple block for an NF whose declared timeout is shorter than
+/// the block's (the longest of the chain), and in a coarse entry for every
+/// coarse NF (a flow's pin keeps the entry from expiring, and several NFs may
+/// share it). On access, a stamp idle past the NF's timeout
+/// (`flowplane_nf::stateful::is_idle`) makes the engine release the NF's old
+/// state, zero it and run `init` — what an expiry followed by a new insert
+/// would do — and every access sets it to the packet's time. Only the NF's
+/// own packets touch it (not those an earlier NF dropped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdleSlot {
+    /// Byte offset of the stamp in the block (right before the NF's state).
+    pub at: usize,
+    /// The NF's timeout in ns (0 until the run's default is known: a coarse
+    /// NF that declares none takes its group's, resolved by the executor's
+    /// context).
+    pub timeout_ns: u64,
+}
+
 impl Stage {
+    /// A stateful NF as an uncompiled stage (for [`Chain::from_stages`]).
+    pub fn stateful<T: StatefulNf>(nf: T) -> Stage {
+        StageSink.stateful(nf)
+    }
+
     /// True for a stateful NF keyed coarser than the 5-tuple (state in a shared table).
     #[inline]
     pub fn is_coarse(&self) -> bool {
@@ -90,8 +118,10 @@ pub struct Chain {
     pub stages: Vec<Stage>,
     /// Bytes of the aggregated 5-tuple state block.
     pub state_size: usize,
-    /// Longest idle timeout any 5-tuple NF asked for (None: none asked);
-    /// coarse NFs' timeouts are their groups' (`GroupLayout::idle_timeout_ns`).
+    /// Longest idle timeout any 5-tuple NF asked for (None: none asked):
+    /// the aggregated block's; an NF asking for less gets an [`IdleSlot`].
+    /// Coarse groups' entries expire after the longest timeout of their NFs
+    /// (`GroupLayout::idle_timeout_ns`), each NF by its own stamp.
     pub idle_timeout_ns: Option<u64>,
     /// Coarse groups (one per coarse granularity used), in order of first use.
     pub groups: Vec<GroupLayout>,
@@ -110,7 +140,14 @@ impl NfSink for StageSink {
         Stage::Stateless(nf)
     }
     fn stateful<T: StatefulNf>(self, nf: T) -> Stage {
-        Stage::Stateful { nf: Box::new(Typed(nf)), offset: 0, group: None, member: 0, counters: NfCounters::default() }
+        Stage::Stateful {
+            nf: Box::new(Typed::new(nf)),
+            offset: 0,
+            group: None,
+            member: 0,
+            idle: None,
+            counters: NfCounters::default(),
+        }
     }
 }
 
@@ -131,14 +168,21 @@ impl Chain {
     pub fn build_with(spec: &ChainSpec, shared_flows: bool) -> Result<Chain, EngineError> {
         let mut stages = Vec::with_capacity(spec.nfs.len());
         for s in &spec.nfs {
-            let stage = registry::build_with(&s.name, Params::new(&s.name, s.params.clone()), StageSink)?;
-            if let Stage::Stateful { nf, .. } = &stage {
+            stages.push(registry::build_with(&s.name, Params::new(&s.name, s.params.clone()), StageSink)?);
+        }
+        Chain::from_stages(stages, shared_flows)
+    }
+
+    /// Compiles NFs already built (the registry's, or a test's own through
+    /// [`Stage::stateful`]): coarse groups, the aggregated block, idle stamps.
+    pub fn from_stages(mut stages: Vec<Stage>, shared_flows: bool) -> Result<Chain, EngineError> {
+        for stage in &stages {
+            if let Stage::Stateful { nf, .. } = stage {
                 let max = if nf.granularity() == Granularity::FiveTuple { 16 } else { 8 };
                 if nf.state_align() > max {
                     return Err(EngineError::StateAlign { nf: nf.name(), align: nf.state_align(), max });
                 }
             }
-            stages.push(stage);
         }
         let rewriter = stages.iter().position(|s| matches!(s, Stage::Stateless(nf) if nf.rewrites_flow()));
         if let Some(r) = rewriter {
@@ -152,7 +196,7 @@ impl Chain {
         let mut group_bytes: Vec<usize> = Vec::new();
         let mut members: Vec<usize> = Vec::new();
         for st in stages.iter_mut() {
-            if let Stage::Stateful { nf, offset, group, member, .. } = st {
+            if let Stage::Stateful { nf, offset, group, member, idle, .. } = st {
                 let g = nf.granularity();
                 if g == Granularity::FiveTuple && !shared_flows {
                     continue;
@@ -166,7 +210,10 @@ impl Chain {
                         groups.len() - 1
                     }
                 };
-                let at = align_up(group_bytes[gi], nf.state_align());
+                // The NF's stamp, then its state.
+                let stamp = align_up(group_bytes[gi], 8);
+                *idle = Some(IdleSlot { at: stamp, timeout_ns: nf.idle_timeout_ns().unwrap_or(0) });
+                let at = align_up(stamp + 8, nf.state_align());
                 *offset = at;
                 *group = Some(gi);
                 *member = members[gi];
@@ -221,15 +268,28 @@ impl Chain {
                 Stage::Stateless(_) => 0,
             });
         }
-        let mut timeout: Option<u64> = None;
+        let timeout = order
+            .iter()
+            .filter_map(|&i| match &stages[i] {
+                Stage::Stateful { nf, .. } => nf.idle_timeout_ns(),
+                Stage::Stateless(_) => None,
+            })
+            .max();
         for i in order {
-            if let Stage::Stateful { nf, offset, .. } = &mut stages[i] {
+            if let Stage::Stateful { nf, offset, idle, .. } = &mut stages[i] {
                 size = align_up(size, if packed { nf.state_align() } else { 64 });
+                // A shorter timeout than the block's: the NF's stamp, then its state.
+                *idle = match (nf.idle_timeout_ns(), timeout) {
+                    (Some(t), Some(block)) if t < block => {
+                        let at = align_up(size, 8);
+                        size = align_up(at + 8, nf.state_align());
+                        Some(IdleSlot { at, timeout_ns: t })
+                    }
+                    _ => None,
+                };
+                nf.set_idle(idle.map(|s| BlockIdle { at: s.at, timeout_ns: s.timeout_ns }));
                 *offset = size;
                 size += nf.state_size();
-                if let Some(t) = nf.idle_timeout_ns() {
-                    timeout = Some(timeout.map_or(t, |x| x.max(t)));
-                }
             }
         }
         self.state_size = size;

@@ -17,7 +17,7 @@
 //! counted), so later packets reach the shared state without a lookup.
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use flowplane_nf::stateful::Granularity;
@@ -54,6 +54,99 @@ pub struct GroupLayout {
 pub struct SharedStores {
     /// Tables in group order.
     pub tables: Vec<Arc<SharedFlowTable<u128>>>,
+    /// The packet clocks of the cores sharing them (for the sweep).
+    pub clocks: Arc<CoreClocks>,
+}
+
+/// Most cores (contexts) whose clocks hold the shared sweep back at once.
+const CLOCK_SLOTS: usize = 1024;
+/// A slot no context holds.
+const FREE: u64 = u64::MAX;
+/// A slot whose context has processed no batch yet.
+const NOT_STARTED: u64 = u64::MAX - 1;
+
+/// The packet clocks of the cores sharing the coarse tables, so that the
+/// shared sweep never expires an entry before the slowest core would.
+///
+/// Why: each core's packet clock is its own (in a replay a fast core may be
+/// seconds of trace time ahead of a slow one), and an entry the sweep
+/// frees is gone for every core. Swept at one core's clock, a key whose
+/// packets go to a slower core (portknock: a source on one core) could lose
+/// its state while that core still sees it live — a verdict that depended
+/// on the cores' relative speed. So the sweep judges idleness at the
+/// *watermark*: the earliest clock of the cores still running (each core's
+/// latest batch time; a core that has not started, or has processed no
+/// batch for a second of wall time — finished, or idle on a live port whose
+/// next packets come later anyway — does not hold it back). Every core's
+/// next packets are at or after the watermark, so an entry idle there
+/// would have been found idle by any of them: the sweep only collects what
+/// the per-NF stamps (`chain::IdleSlot`) already treat as gone.
+pub struct CoreClocks {
+    /// Per registered context: (latest batch time ns, TSC when set).
+    slots: Box<[(AtomicU64, AtomicU64)]>,
+    /// Slots ever handed out (scan bound).
+    used: AtomicUsize,
+    /// TSC ticks after which a silent core no longer holds the watermark.
+    stale: u64,
+}
+
+impl Default for CoreClocks {
+    fn default() -> Self {
+        CoreClocks {
+            slots: (0..CLOCK_SLOTS).map(|_| (AtomicU64::new(FREE), AtomicU64::new(0))).collect(),
+            used: AtomicUsize::new(0),
+            stale: flowplane_packet::tsc::hz() as u64,
+        }
+    }
+}
+
+impl CoreClocks {
+    /// A slot for one core's clock, freed when dropped (None: all taken;
+    /// that core then does not hold the sweep back).
+    pub fn register(self: &Arc<Self>) -> Option<ClockSlot> {
+        let i = self
+            .slots
+            .iter()
+            .position(|(c, _)| c.compare_exchange(FREE, NOT_STARTED, Ordering::AcqRel, Ordering::Relaxed).is_ok())?;
+        self.used.fetch_max(i + 1, Ordering::AcqRel);
+        Some(ClockSlot { clocks: Arc::clone(self), i })
+    }
+
+    /// The earliest clock of the running cores, at most `now_ns`; `tsc`
+    /// is the caller's TSC reading (to tell silent cores).
+    pub fn watermark(&self, now_ns: u64, tsc: u64) -> u64 {
+        let used = self.used.load(Ordering::Acquire).min(self.slots.len());
+        self.slots[..used]
+            .iter()
+            .filter_map(|(c, t)| {
+                let c = c.load(Ordering::Acquire);
+                let fresh = tsc.saturating_sub(t.load(Ordering::Relaxed)) < self.stale;
+                (c < NOT_STARTED && fresh).then_some(c)
+            })
+            .fold(now_ns, u64::min)
+    }
+}
+
+/// One core's slot in [`CoreClocks`].
+pub struct ClockSlot {
+    clocks: Arc<CoreClocks>,
+    i: usize,
+}
+
+impl ClockSlot {
+    /// The core has processed packets up to `now_ns` (at TSC `tsc`).
+    #[inline]
+    pub fn set(&self, now_ns: u64, tsc: u64) {
+        let (c, t) = &self.clocks.slots[self.i];
+        t.store(tsc, Ordering::Relaxed);
+        c.store(now_ns.min(NOT_STARTED - 1), Ordering::Release);
+    }
+}
+
+impl Drop for ClockSlot {
+    fn drop(&mut self) {
+        self.clocks.slots[self.i].0.store(FREE, Ordering::Release);
+    }
 }
 
 impl SharedStores {
@@ -67,7 +160,7 @@ impl SharedStores {
             let t = SharedFlowTable::new(SharedTableConfig { capacity, state_words: 1 + g.words, idle_timeout_ns })?;
             tables.push(Arc::new(t));
         }
-        Ok(SharedStores { tables })
+        Ok(SharedStores { tables, clocks: Arc::default() })
     }
 }
 

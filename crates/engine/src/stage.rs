@@ -9,8 +9,8 @@
 
 use std::ops::Range;
 
-use bytemuck::Pod;
-use flowplane_nf::stateful::{Action, Cursor, Granularity, StatefulNf, Step};
+use bytemuck::{Pod, Zeroable};
+use flowplane_nf::stateful::{Action, Cursor, Granularity, IdleStamp, StatefulNf, Step};
 use flowplane_nf::{Export, NfContext, NfCounters, Pkt, PktMeta};
 use flowplane_packet::{Batch, Lanes, Verdict, DROP};
 use flowplane_wire::flow::FiveTuple;
@@ -103,6 +103,12 @@ pub trait StatefulStage: Send {
     fn state_align(&self) -> usize;
     /// Idle timeout.
     fn idle_timeout_ns(&self) -> Option<u64>;
+    /// Where the NF's idle stamp sits in the aggregated block (None: the
+    /// block's expiry is the NF's own, or the state is not in such a block);
+    /// the chain compiler sets it when it lays the block out.
+    fn set_idle(&mut self, idle: Option<BlockIdle>);
+    /// States this NF found idle by its block stamp and reset.
+    fn idle_resets(&self) -> u64;
     /// The NF's state holds resources released by its release callback.
     fn has_release(&self) -> bool;
     /// The NF must see both directions of a connection on one core.
@@ -266,8 +272,31 @@ pub const MAX_TASKS: usize = 64;
 /// misbehaving NF; its finish completes whatever the steps left).
 const MAX_STEPS: u16 = 512;
 
+/// An NF's idle stamp in the aggregated block (see [`crate::chain::IdleSlot`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockIdle {
+    /// Byte offset of the stamp in the block (before the NF's state).
+    pub at: usize,
+    /// The NF's timeout, ns.
+    pub timeout_ns: u64,
+}
+
+/// A stage's block stamp and how often it reset the state.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StampCheck {
+    slot: Option<BlockIdle>,
+    resets: u64,
+}
+
 /// A [`StatefulNf`] of concrete type `T`, boxed as a [`StatefulStage`].
-pub struct Typed<T>(pub T);
+pub struct Typed<T>(pub T, StampCheck);
+
+impl<T> Typed<T> {
+    /// `nf` as a stage (no block stamp until the chain compiler sets one).
+    pub fn new(nf: T) -> Self {
+        Typed(nf, StampCheck::default())
+    }
+}
 
 /// Reads the state at the front of `bytes` (blocks are 64-byte aligned and
 /// offsets respect the state's alignment, so this is a plain cast).
@@ -279,6 +308,18 @@ fn cast<S: Pod>(bytes: &[u8]) -> &S {
 #[inline(always)]
 fn cast_mut<S: Pod>(bytes: &mut [u8]) -> &mut S {
     bytemuck::from_bytes_mut(&mut bytes[..std::mem::size_of::<S>()])
+}
+
+/// The stamp at `at` and the `S` at `offset` (after the stamp) of a block;
+/// None if they do not fit.
+#[inline]
+fn stamped<S: Pod>(block: &mut [u8], offset: usize, at: usize) -> Option<(&mut [u8; 8], &mut S)> {
+    if at.checked_add(8)? > offset || offset.checked_add(std::mem::size_of::<S>())? > block.len() {
+        return None;
+    }
+    let (head, tail) = block.split_at_mut(offset);
+    let stamp = (&mut head[at..at + 8]).try_into().ok()?;
+    Some((stamp, cast_mut::<S>(tail)))
 }
 
 impl<T: StatefulNf> StatefulStage for Typed<T> {
@@ -296,6 +337,12 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     }
     fn idle_timeout_ns(&self) -> Option<u64> {
         self.0.idle_timeout_ns()
+    }
+    fn set_idle(&mut self, idle: Option<BlockIdle>) {
+        self.1.slot = idle;
+    }
+    fn idle_resets(&self) -> u64 {
+        self.1.resets
     }
     fn has_release(&self) -> bool {
         T::HAS_RELEASE
@@ -326,6 +373,9 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
         ctx: &NfContext,
         counters: &mut NfCounters,
     ) -> bool {
+        if let Some(idle) = self.1.slot {
+            return self.one_stamped(batch, i, meta, flow, store, offset, idle, ctx, None, counters) == Some(true);
+        }
         // One packet: one table's checked typed access, not a view of both.
         self.one(batch, i, meta, flow, |f| store.state_mut::<T::State>(f, offset), ctx, None, counters) == Some(true)
     }
@@ -605,6 +655,10 @@ impl<T: StatefulNf> Typed<T> {
         cursors: &[Cursor],
         out: &mut BatchOutcome,
     ) {
+        if let Some(idle) = self.1.slot {
+            return self
+                .run_batch_stamped::<RESUME>(batch, range, metas, flows, store, offset, idle, ctx, cursors, out);
+        }
         let mut lanes = batch.lanes_mut();
         let n = range.end.min(lanes.len()).min(metas.len()).min(flows.len());
         let start = range.start.min(n);
@@ -654,6 +708,88 @@ impl<T: StatefulNf> Typed<T> {
         }
         let packets_in = (end - start) as u64 - skipped;
         out.counters = NfCounters { packets_in, bytes_in, packets_out: packets_in - dropped, dropped };
+    }
+
+    /// [`Typed::run_batch`] for an NF with a block stamp: packet by packet
+    /// through [`Typed::one_stamped`] (each packet's block reached through
+    /// the store, its stamp checked at the packet's time, in arrival order),
+    /// stopping after an end as the fast loop does. Only chains that mix
+    /// timeouts in one block take it; no prefetch hooks.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn run_batch_stamped<const RESUME: bool>(
+        &mut self,
+        batch: &mut Batch,
+        range: Range<usize>,
+        metas: &[PktMeta],
+        flows: &[FlowRef],
+        store: &mut FlowStore,
+        offset: usize,
+        idle: BlockIdle,
+        ctx: &NfContext,
+        cursors: &[Cursor],
+        out: &mut BatchOutcome,
+    ) {
+        let n = range.end.min(batch.len()).min(metas.len()).min(flows.len());
+        let mut c = NfCounters::default();
+        for i in range.start.min(n)..n {
+            let cur = if RESUME && T::STEPS { cursors.get(i) } else { None };
+            if self.one_stamped(batch, i, &metas[i], flows[i], store, offset, idle, ctx, cur, &mut c) == Some(true) {
+                out.mark_end(i);
+                if T::ENDS_FLOWS {
+                    out.stopped_at = Some(i + 1);
+                    break;
+                }
+            }
+        }
+        out.counters = c;
+    }
+
+    /// [`Typed::one`] for an NF with a block stamp: the stamp is touched at
+    /// the packet's time, and a state idle past the NF's timeout is released,
+    /// zeroed and initialised before the action runs (from scratch: a
+    /// cursor stepped on the old state is dropped).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn one_stamped(
+        &mut self,
+        batch: &mut Batch,
+        i: usize,
+        meta: &PktMeta,
+        flow: FlowRef,
+        store: &mut FlowStore,
+        offset: usize,
+        idle: BlockIdle,
+        ctx: &NfContext,
+        cur: Option<&Cursor>,
+        c: &mut NfCounters,
+    ) -> Option<bool> {
+        if !arrive(batch, i, c) {
+            return None;
+        }
+        let action = if !meta.valid || !flow.is_some() {
+            self.0.on_unparsed()
+        } else {
+            let pctx = packet_ctx(batch, i, ctx);
+            let mut pkt = Pkt::new(batch.data_mut(i), meta);
+            match stamped::<T::State>(store.block_mut(flow), offset, idle.at) {
+                Some((stamp, state)) => {
+                    let mut s = IdleStamp(u64::from_ne_bytes(*stamp));
+                    let reset = s.touch(pctx.now_ns, idle.timeout_ns);
+                    *stamp = s.0.to_ne_bytes();
+                    if reset {
+                        self.0.release(&meta.tuple, state);
+                        *state = T::State::zeroed();
+                        *state = self.0.init(&pkt, &pctx);
+                        self.1.resets += 1;
+                    }
+                    self.act(&mut pkt, state, if reset { None } else { cur }, &pctx)
+                }
+                // A store sized for another chain: refuse rather than misread.
+                None => Action::Drop,
+            }
+        };
+        Some(apply_action(batch, i, action, c))
     }
 
     /// The action of a live packet off [`Typed::run_batch`]'s fast path
@@ -804,7 +940,7 @@ mod tests {
         }
         // Every other packet takes steps; the others' cursors stay reset.
         let todo: Vec<u16> = (0..64).step_by(2).collect();
-        let nf = Typed(Chase { mem: vec![0; 4096] });
+        let nf = Typed::new(Chase { mem: vec![0; 4096] });
         for k in [1, 2, 5, 16, 64] {
             for prefetch in [true, false] {
                 let mut cursors = vec![Cursor { step: 99, ..Cursor::default() }; 64];

@@ -34,6 +34,48 @@ use crate::pkt::{Pkt, PktMeta};
 use crate::report::Export;
 use crate::NfContext;
 
+/// The one idle rule of every state container — the engine's flow tables,
+/// the per-NF stamps in aggregated blocks and coarse entries, NF-private
+/// tables (fw's connections): state last touched at `last_ns` is idle at
+/// `now_ns` (both packet-clock times, [`NfContext::now_ns`]) when strictly
+/// more than `timeout_ns` has passed. A last touch in the future (the clock
+/// went backwards, or another core got ahead) is never idle.
+#[inline(always)]
+pub fn is_idle(last_ns: u64, now_ns: u64, timeout_ns: u64) -> bool {
+    now_ns.saturating_sub(last_ns) > timeout_ns
+}
+
+/// The last-touched time after a touch at `now_ns`: the later of the two
+/// (packets of one key processed a little out of time order — several cores
+/// on one coarse entry — never make it look idle), except that a stamp more
+/// than the timeout in the future means the clock went backwards: it is
+/// rebased to `now_ns`, as the flow tables' sweep does, so nothing expires
+/// early and nothing stays forever.
+#[inline(always)]
+pub fn touched(last_ns: u64, now_ns: u64, timeout_ns: u64) -> u64 {
+    if last_ns > now_ns.saturating_add(timeout_ns) {
+        now_ns
+    } else {
+        last_ns.max(now_ns)
+    }
+}
+
+/// A last-touched time under the [`is_idle`] and [`touched`] rules.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+#[repr(transparent)]
+pub struct IdleStamp(pub u64);
+
+impl IdleStamp {
+    /// True if the state was idle at `now_ns` (the caller treats it as
+    /// gone: releases it, starts afresh); the stamp then records the touch.
+    #[inline(always)]
+    pub fn touch(&mut self, now_ns: u64, timeout_ns: u64) -> bool {
+        let idle = is_idle(self.0, now_ns, timeout_ns);
+        self.0 = if idle { now_ns } else { touched(self.0, now_ns, timeout_ns) };
+        idle
+    }
+}
+
 /// What an NF's state is keyed by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Granularity {
@@ -283,7 +325,17 @@ pub trait StatefulNf: Send + 'static {
         Placement::default_for(self.granularity(), Self::BOTH_DIRECTIONS)
     }
 
-    /// Idle time after which a flow's state expires (None: the chain's default).
+    /// Idle time after which this NF's state expires (None: the timeout of
+    /// the container it lives in — the longest any 5-tuple NF of the chain
+    /// declares, or for a coarse NF the longest of its group, else the run's
+    /// `--idle-timeout`).
+    ///
+    /// The rule, enforced by the engine on the packet clock wherever the
+    /// state lives: a packet that reaches this NF more than the timeout
+    /// after the last packet of the same key that reached it ([`is_idle`])
+    /// finds fresh state — the old state is released (`release`), then
+    /// `init` runs — exactly as if the entry had expired and been inserted
+    /// anew. NF-private tables apply the same rule with [`IdleStamp`].
     fn idle_timeout_ns(&self) -> Option<u64> {
         None
     }
@@ -486,5 +538,26 @@ pub trait StatefulNf: Send + 'static {
     /// [`Export::Report`]).
     fn export_report_rows(&self, _merged: &serde_json::Value) -> Vec<serde_json::Value> {
         Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_rule_strictly_past_the_timeout_never_backwards() {
+        assert!(!is_idle(10, 15, 5), "exactly the timeout is not idle");
+        assert!(is_idle(10, 16, 5));
+        assert!(!is_idle(100, 3, 5), "a stamp in the future is not idle");
+        // A touch keeps the later time, unless the clock went back past a timeout.
+        assert_eq!(touched(100, 97, 5), 100);
+        assert_eq!(touched(100, 90, 5), 90);
+        assert_eq!(touched(100, 120, 5), 120);
+        assert_eq!(touched(u64::MAX, 0, u64::MAX), u64::MAX);
+        let mut s = IdleStamp(10);
+        assert!(!s.touch(15, 5) && s.0 == 15);
+        assert!(s.touch(21, 5) && s.0 == 21);
+        assert!(!s.touch(0, 5) && s.0 == 0, "rebased after a jump back");
     }
 }

@@ -283,4 +283,7 @@ fn idle_entries_are_expired_on_lookup_with_per_key_times() {
     assert!(new && seen == [true, false] && h == out[2]);
     assert!(!t.upsert(&a, mix(a), 5, |_| panic!("no callback for a live entry")).unwrap().1);
     assert_eq!(t.stats().expiries, 2);
+    // An expiry on lookup is an expiry and an insertion: the books balance.
+    let s = t.stats();
+    assert_eq!(s.inserts, t.len() as u64 + s.expiries + s.removes + s.evictions);
 }

@@ -9,7 +9,7 @@
 
 use std::ops::Range;
 
-use flowplane_nf::stateful::Action;
+use flowplane_nf::stateful::{Action, Granularity, IdleStamp};
 use flowplane_nf::{Export, NfContext, NfCounters, Pkt, PktMeta};
 use flowplane_packet::{Batch, MAX_BATCH};
 use flowplane_table::shared::{SharedFlowTable, SharedHandle};
@@ -18,9 +18,9 @@ use flowplane_wire::flow::{FiveTuple, FiveTupleV4};
 use flowplane_wire::hash::HashableKey;
 
 use super::{ExecConfig, StateLayout, StoreReport};
-use crate::chain::{Chain, Stage};
+use crate::chain::{Chain, IdleSlot, Stage};
 use crate::coarse::{
-    aux_handle, coarse_hash, group_key, handle_bits, key_tuple, with_locked, GroupLayout, SharedStores,
+    aux_handle, coarse_hash, group_key, handle_bits, key_tuple, with_locked, ClockSlot, GroupLayout, SharedStores,
 };
 use crate::error::EngineError;
 use crate::stage::{apply_action, arrive, packet_ctx, BatchOutcome, StatefulStage};
@@ -172,6 +172,9 @@ pub struct ExecStats {
     /// Entries handed over to another core, and taken over from one (`exec/migrate`).
     pub moved_out: u64,
     pub moved_in: u64,
+    /// Coarse NF states found idle past their NF's timeout by their stamp
+    /// (`chain::IdleSlot`) and reset in place.
+    pub state_resets: u64,
 }
 
 /// Expiry pacing: time of the last sweep step, entries to sweep, sweep period.
@@ -226,10 +229,13 @@ pub struct ExecContext {
     pub(crate) progress: Vec<usize>,
     /// Packets (bits) whose flow an NF ended that not every stage has run yet.
     pending_ends: [u64; 4],
-    /// The flow tables' idle timeout (lookup windows, see `window_end`).
+    /// The shortest idle timeout of the flow tables (lookup windows, see `window_end`).
     idle_ns: u64,
     /// The current batch spans at most `idle_ns`: one lookup window.
     one_window: bool,
+    /// This core's packet clock among those the shared sweep waits for
+    /// (None: no coarse state).
+    clock: Option<ClockSlot>,
 }
 
 /// What the auxiliary table needs: the coarse groups and their shared tables.
@@ -249,7 +255,12 @@ pub(crate) fn hash_tuple(t: &FiveTuple) -> u64 {
 
 impl ExecContext {
     /// Builds the context and allocates its per-core stores.
-    pub fn new(chain: Chain, cfg: ExecConfig, shared: SharedStores, layout: StateLayout) -> Result<Self, EngineError> {
+    pub fn new(
+        mut chain: Chain,
+        cfg: ExecConfig,
+        shared: SharedStores,
+        layout: StateLayout,
+    ) -> Result<Self, EngineError> {
         if cfg.full_policy == FullPolicy::EvictLruIdle {
             // Eviction drops a flow without the release callbacks: refuse it
             // where that would leak (NAT ports, pins on shared state).
@@ -278,11 +289,30 @@ impl ExecContext {
             )));
         }
         let timeout_ns = chain.idle_timeout_ns.unwrap_or(cfg.default_idle_timeout_ns);
-        let store_cfg = |size: usize| StoreConfig {
+        // A coarse NF that declares no timeout takes its group's (known now).
+        let Chain { stages, groups, .. } = &mut chain;
+        for st in stages.iter_mut() {
+            if let Stage::Stateful { group: Some(g), idle: Some(slot), .. } = st {
+                if slot.timeout_ns == 0 {
+                    slot.timeout_ns = groups[*g].idle_timeout_ns.unwrap_or(cfg.default_idle_timeout_ns);
+                }
+            }
+        }
+        // The per-NF layout gives each NF a table with its own timeout: no block stamps there.
+        let mut idle_ns = timeout_ns;
+        if layout == StateLayout::PerNf {
+            for st in stages.iter_mut() {
+                if let Stage::Stateful { nf, group: None, .. } = st {
+                    nf.set_idle(None);
+                    idle_ns = idle_ns.min(nf.idle_timeout_ns().unwrap_or(timeout_ns));
+                }
+            }
+        }
+        let store_cfg = |size: usize, timeout: Option<u64>| StoreConfig {
             capacity: cfg.flows,
             capacity_v6: (cfg.flows / 4).max(1024),
             state_size: size,
-            idle_timeout_ns: Some(timeout_ns),
+            idle_timeout_ns: Some(timeout.unwrap_or(timeout_ns)),
             full_policy: cfg.full_policy,
             hugepages: cfg.hugepages,
         };
@@ -293,12 +323,13 @@ impl ExecContext {
                 StateLayout::PerNf => {
                     for s in &chain.stages {
                         if let Stage::Stateful { nf, group: None, .. } = s {
-                            stores.push(FlowStore::new(store_cfg(nf.state_size())).map_err(table_err)?);
+                            let c = store_cfg(nf.state_size(), nf.idle_timeout_ns());
+                            stores.push(FlowStore::new(c).map_err(table_err)?);
                         }
                     }
                 }
                 StateLayout::Aggregated => {
-                    stores.push(FlowStore::new(store_cfg(chain.state_size)).map_err(table_err)?);
+                    stores.push(FlowStore::new(store_cfg(chain.state_size, None)).map_err(table_err)?);
                 }
             }
         }
@@ -316,6 +347,7 @@ impl ExecContext {
         let per_packet = five_tuple().enumerate().any(|(k, nf)| nf.has_release() && last_end.is_some_and(|e| k < e));
         let stages = chain.stages.len();
         let exact = ExactEnds { repeats, per_packet };
+        let clock = if shared.tables.is_empty() { None } else { shared.clocks.register() };
         Ok(ExecContext {
             cfg,
             layout,
@@ -325,12 +357,13 @@ impl ExecContext {
             scratch: Scratch::new(groups),
             stats: ExecStats::default(),
             multi_line,
-            sweep: Sweep { last_ns: 0, entries: (cfg.flows as u64).max(64), period_ns: sweep_period_ns(timeout_ns) },
+            sweep: Sweep { last_ns: 0, entries: (cfg.flows as u64).max(64), period_ns: sweep_period_ns(idle_ns) },
             exact,
             progress: vec![0; stages],
             pending_ends: [0; 4],
-            idle_ns: timeout_ns,
+            idle_ns,
             one_window: true,
+            clock,
         })
     }
 
@@ -355,6 +388,10 @@ impl ExecContext {
     /// size, instead of touching DRAM-resident entries on every packet. A
     /// call does at most one full pass, so a clock jump costs one pass.
     pub(crate) fn expire(&mut self, now: u64) {
+        let tsc = flowplane_packet::tsc::rdtsc();
+        if let Some(c) = &self.clock {
+            c.set(now, tsc);
+        }
         if self.sweep.last_ns == 0 {
             // The first batch starts the clock (trace times may be since the epoch).
             self.sweep.last_ns = now;
@@ -375,6 +412,8 @@ impl ExecContext {
         } as usize;
         let aux_on = self.aux_on();
         let pernf = self.layout == StateLayout::PerNf;
+        // Shared entries expire at the slowest running core's clock (see `CoreClocks`).
+        let shared_now = if self.clock.is_some() { self.shared.clocks.watermark(now, tsc) } else { now };
         let ExecContext { stores, chain, shared, .. } = self;
         let Chain { stages, groups, .. } = chain;
         let aux = Aux { groups, shared, now };
@@ -386,7 +425,7 @@ impl ExecContext {
         for (g, t) in shared.tables.iter().enumerate() {
             let gran = groups[g].granularity;
             // Coarse NFs get their release callback too (on whichever core sweeps).
-            t.expire(now, budget, |key, words| {
+            t.expire(shared_now, budget, |key, words| {
                 let Some(tuple) = key_tuple(gran, *key) else { return };
                 let _ = with_locked(words, |flags, buf| {
                     let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
@@ -687,11 +726,18 @@ impl ExecContext {
     #[inline]
     pub(crate) fn run_coarse(&mut self, si: usize, batch: &mut Batch, i: usize, ctx: &NfContext) {
         let ExecContext { chain, shared, scratch, .. } = self;
-        if let Stage::Stateful { nf, offset, group: Some(g), member, counters } = &mut chain.stages[si] {
-            let t = &shared.tables[*g];
-            let h = scratch.coarse[*g][i];
-            if let Some(a) = coarse_one(nf.as_mut(), *member, *offset, t, h, batch, i, &scratch.metas[i], ctx, counters)
-            {
+        let Chain { stages, groups, .. } = chain;
+        if let Stage::Stateful { nf, offset, group: Some(g), member, idle, counters } = &mut stages[si] {
+            let place = Coarse {
+                member: *member,
+                offset: *offset,
+                idle: *idle,
+                granularity: groups[*g].granularity,
+                table: &shared.tables[*g],
+                h: scratch.coarse[*g][i],
+            };
+            let resets = &mut self.stats.state_resets;
+            if let Some(a) = coarse_one(nf.as_mut(), &place, batch, i, &scratch.metas[i], ctx, counters, resets) {
                 apply_action(batch, i, a, counters);
             }
         }
@@ -885,8 +931,14 @@ impl ExecContext {
             unparsed: self.stats.unparsed,
             shared_lookups: self.stats.shared_lookups,
             aux_fallbacks: self.stats.aux_fallbacks,
+            state_resets: self.stats.state_resets,
             ..Default::default()
         };
+        for st in &self.chain.stages {
+            if let Stage::Stateful { nf, .. } = st {
+                r.state_resets += nf.idle_resets();
+            }
+        }
         for s in &self.stores {
             let st: TableStats = s.stats();
             r.entries += s.len() as u64;
@@ -1153,10 +1205,14 @@ fn init_all(
 ) {
     let pkt = Pkt::new(data, meta);
     for s in stages.iter_mut() {
-        if let Stage::Stateful { nf, offset, group: None, .. } = s {
+        if let Stage::Stateful { nf, offset, group: None, idle, .. } = s {
             let sz = nf.state_size();
             if let Some(dst) = block.get_mut(*offset..*offset + sz) {
                 nf.init_into(&pkt, ctx, dst);
+            }
+            // The NF's idle stamp starts with the flow (its first packet's time).
+            if let Some(dst) = idle.and_then(|s| block.get_mut(s.at..s.at + 8)) {
+                dst.copy_from_slice(&ctx.now_ns.to_ne_bytes());
             }
         }
     }
@@ -1187,22 +1243,39 @@ fn init_one(stage: &mut Stage, data: &mut [u8], meta: &PktMeta, ctx: &NfContext,
     }
 }
 
-/// Runs a coarse NF's action for packet `i` on its shared entry `h`, under the
+/// Where a coarse NF's state is for one packet: its shared entry and its place in it.
+struct Coarse<'a> {
+    /// The NF's index in its group ("initialised" bit).
+    member: usize,
+    /// Byte offset of its state in the entry's state words.
+    offset: usize,
+    /// Its idle stamp (every coarse NF has one once the chain is compiled).
+    idle: Option<IdleSlot>,
+    /// The group's granularity (the key's projection for `release`).
+    granularity: Granularity,
+    /// The group's shared table.
+    table: &'a SharedFlowTable<u128>,
+    /// The packet's pinned entry.
+    h: SharedHandle,
+}
+
+/// Runs a coarse NF's action for packet `i` on its shared entry, under the
 /// entry's lock; its default action runs first if this NF has not initialised
-/// the entry yet. Returns the action to apply (None: the packet was already dropped).
+/// the entry yet, or if its stamp says the state idled past the NF's timeout
+/// (then after `release` on the old state, counted in `resets`) — whether
+/// or not flows pin the entry. Returns the action to apply (None: the packet
+/// was already dropped).
 #[allow(clippy::too_many_arguments)]
 #[inline]
 fn coarse_one(
     nf: &mut dyn StatefulStage,
-    member: usize,
-    offset: usize,
-    table: &SharedFlowTable<u128>,
-    h: SharedHandle,
+    c: &Coarse<'_>,
     batch: &mut Batch,
     i: usize,
     meta: &PktMeta,
     ctx: &NfContext,
     counters: &mut NfCounters,
+    resets: &mut u64,
 ) -> Option<Action> {
     if !arrive(batch, i, counters) {
         return None;
@@ -1211,18 +1284,34 @@ fn coarse_one(
         return Some(nf.on_unparsed());
     }
     // No entry: the shared table was full (or, without the auxiliary table, its lookup found no room).
-    if !h.is_some() {
+    if !c.h.is_some() {
         return Some(nf.on_no_state());
     }
-    let Some(words) = table.state(h) else { return Some(nf.on_no_state()) };
-    let sz = nf.state_size();
-    let bit = 2u64 << member;
+    let Some(words) = c.table.state(c.h) else { return Some(nf.on_no_state()) };
+    let (sz, offset) = (nf.state_size(), c.offset);
+    let bit = 2u64 << c.member;
     let ctx = &packet_ctx(batch, i, ctx);
     let a = with_locked(words, |flags, buf| {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+        let fresh = *flags & bit == 0;
+        let mut idle = false;
+        if let Some(slot) = c.idle {
+            if let Some(b) = bytes.get_mut(slot.at..slot.at + 8) {
+                let mut stamp = IdleStamp(u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])));
+                idle = stamp.touch(ctx.now_ns, slot.timeout_ns) && !fresh;
+                b.copy_from_slice(&stamp.0.to_ne_bytes());
+            }
+        }
         let Some(st) = bytes.get_mut(offset..offset + sz) else { return Action::Drop };
         let mut pkt = Pkt::new(batch.data_mut(i), meta);
-        if *flags & bit == 0 {
+        if idle {
+            if let Some(t) = c.table.key(c.h).and_then(|k| key_tuple(c.granularity, k)) {
+                nf.release_bytes(&t, st);
+            }
+            st.fill(0);
+            *resets += 1;
+        }
+        if fresh || idle {
             nf.init_into(&pkt, ctx, st);
             *flags |= bit;
         }

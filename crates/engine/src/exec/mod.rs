@@ -276,6 +276,10 @@ pub struct StoreReport {
     pub shared_capacity: u64,
     /// Shared-table insertions refused because a table was full.
     pub shared_table_full: u64,
+    /// NF states found idle past their NF's own timeout by their stamp
+    /// inside a live entry (an aggregated block with a longer timeout, a
+    /// coarse entry) and reset in place: not table events (the entry stays).
+    pub state_resets: u64,
 }
 
 impl StoreReport {
@@ -304,6 +308,7 @@ impl StoreReport {
         self.unparsed += o.unparsed;
         self.shared_lookups += o.shared_lookups;
         self.aux_fallbacks += o.aux_fallbacks;
+        self.state_resets += o.state_resets;
         // The shared tables are the same for every core: keep one reading.
         self.shared_keys = self.shared_keys.max(o.shared_keys);
         self.shared_capacity = self.shared_capacity.max(o.shared_capacity);

@@ -42,16 +42,32 @@
 //!   Packets without a flow key (non-IP, malformed, no state because the flow
 //!   table is full) are dropped: a firewall fails closed.
 //!
+//! Idle timeout (`timeout=S`): a connection's own last-use time is the time
+//! of the last packet of either direction that found it open (a TCP segment
+//! the tracker looked at, dropped out-of-window ones included; a datagram or
+//! echo message of it; ICMP errors quoting it do not count). A packet
+//! arriving more than S seconds after it — strictly, on the packet clock —
+//! finds no connection: the connection is removed (counted as `expired`)
+//! and the packet is judged as the first of a new one (only an allowed SYN,
+//! an allowed datagram or echo request opens; anything else is dropped
+//! under its reason, e.g. `no_conn`, `udp_unsolicited`). Exactly S passes.
+//! This holds whatever the directions' per-flow states say (the engine keeps
+//! each direction's state for the chain's longest timeout, and a direction
+//! idle while the other is busy keeps its connection). A clock that goes
+//! backwards expires nothing.
+//!
 //! Drops of packets that belong to no connection return `DropEndFlow`, so a
 //! scan leaves no directional state behind. When one direction ends the
 //! connection, the other direction's state still names the freed slot; its
 //! generation no longer matches, so its next packet is looked up again
-//! (a reused 5-tuple finds its new connection). A connection is freed when
-//! the last direction bound to it expires (`release`); a slow sweep on each
-//! new connection also reclaims connections idle for twice the timeout, which
-//! covers states the executor evicted without a release. Each core has its
-//! own table: under multi-core RSS both directions of a connection must reach
-//! the same core (symmetric RSS).
+//! (a reused 5-tuple finds its new connection). Slots are reclaimed by the
+//! idle check on lookup, by the last direction's `release` if the connection
+//! is already idle then, and by a slow sweep on each new connection
+//! (connections idle past the timeout, which also covers states the executor
+//! evicted without a release). Report: `opened` = `conns_live` +
+//! `closed_fin` + `closed_rst` + `released` + `swept` + `expired`. Each core
+//! has its own table: under multi-core RSS both directions of a connection
+//! must reach the same core (symmetric RSS).
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -66,7 +82,9 @@ use serde_json::json;
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::report::merge_keeping;
-use crate::stateful::{Action, Affinity, Cursor, GlobalState, Granularity, Placement, StatefulNf, Step};
+use crate::stateful::{
+    is_idle, touched, Action, Affinity, Cursor, GlobalState, Granularity, Placement, StatefulNf, Step,
+};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const ALLOW_NEW: ParamSpec = ParamSpec::choice("allow_new", "inside", &["inside", "any"], "who may open connections");
@@ -334,8 +352,8 @@ impl ConnTable {
         }
     }
 
-    /// Frees up to `n` live connections idle longer than `max_idle`; returns how many.
-    fn sweep(&mut self, n: usize, now: u64, max_idle: u64) -> u64 {
+    /// Frees up to `n` live connections idle at `now` ([`is_idle`]); returns how many.
+    fn sweep(&mut self, n: usize, now: u64, timeout: u64) -> u64 {
         let mut freed = 0;
         for _ in 0..n.min(self.slab.len()) {
             if self.sweep_at >= self.slab.len() {
@@ -344,7 +362,7 @@ impl ConnTable {
             let s = self.sweep_at;
             self.sweep_at += 1;
             let c = &self.slab[s];
-            if c.live && now.saturating_sub(c.last_ns) > max_idle {
+            if c.live && is_idle(c.last_ns, now, timeout) {
                 self.remove(s);
                 freed += 1;
             }
@@ -398,6 +416,7 @@ struct Counters {
     closed_rst: u64,
     released: u64,
     swept: u64,
+    expired: u64,
     related: u64,
     nd_passed: u64,
     // drops
@@ -496,6 +515,8 @@ pub struct Fw {
     /// `cfg.inside/cfg.inside_len`, for matching.
     inside: IpPrefix,
     timeout_ns: u64,
+    /// Latest packet time seen (the clock `release` judges idleness by).
+    now_ns: u64,
     table: ConnTable,
     c: Counters,
 }
@@ -521,6 +542,7 @@ impl Fw {
             cfg: FwConfig { conns, ..cfg },
             inside,
             timeout_ns: cfg.timeout_s.saturating_mul(1_000_000_000),
+            now_ns: 0,
             table: ConnTable::new(conns as usize),
             c: Counters::default(),
         }
@@ -548,12 +570,38 @@ impl Fw {
         self.cfg.allow_new == AllowNew::Any || self.inside.contains(src)
     }
 
-    /// The live connection `st` is bound to.
+    /// The live connection `st` is bound to (idle or not).
     #[inline]
     fn bound(&self, st: &FwState) -> Option<usize> {
         let s = st.conn.checked_sub(1)? as usize;
         let c = self.table.slab.get(s)?;
         (c.live && c.gen == st.gen).then_some(s)
+    }
+
+    /// Whether connection `s` is still open at `now`: one idle past the
+    /// timeout is gone, whatever still refers to it — it is removed here
+    /// (counted as `expired`) and the packet sees no connection.
+    #[inline]
+    fn alive(&mut self, s: usize, now: u64) -> bool {
+        if !is_idle(self.table.slab[s].last_ns, now, self.timeout_ns) {
+            return true;
+        }
+        self.table.remove(s);
+        self.c.expired += 1;
+        false
+    }
+
+    /// The connection `st` is bound to, if it is still open at `now`.
+    #[inline]
+    fn bound_at(&mut self, st: &FwState, now: u64) -> Option<usize> {
+        let s = self.bound(st)?;
+        self.alive(s, now).then_some(s)
+    }
+
+    /// The open connection of `key` (canonical) at `now`, if any.
+    fn lookup_at(&mut self, key: &FiveTuple, now: u64) -> Option<usize> {
+        let s = self.table.lookup(key)?;
+        self.alive(s, now).then_some(s)
     }
 
     /// Binds `st` to slot `s` for a packet with tuple `t`.
@@ -566,21 +614,22 @@ impl Fw {
         c.refs = c.refs.saturating_add(1);
     }
 
-    /// The connection of this packet: the bound one, else a lookup (which binds).
-    fn find(&mut self, st: &mut FwState, t: &FiveTuple) -> Option<usize> {
-        if let Some(s) = self.bound(st) {
+    /// The open connection of this packet at `now`: the bound one, else a
+    /// lookup (which binds).
+    fn find(&mut self, st: &mut FwState, t: &FiveTuple, now: u64) -> Option<usize> {
+        if let Some(s) = self.bound_at(st, now) {
             return Some(s);
         }
-        let s = self.table.lookup(&t.canonical())?;
+        let s = self.lookup_at(&t.canonical(), now)?;
         self.bind(st, s, t);
         Some(s)
     }
 
     /// Creates a connection opened by a packet with tuple `t` and binds `st` as its originator.
     fn open(&mut self, st: &mut FwState, t: &FiveTuple, kind: u8, now: u64) -> Option<usize> {
-        self.c.swept += self.table.sweep(SWEEP_STEP, now, self.timeout_ns.saturating_mul(2));
+        self.c.swept += self.table.sweep(SWEEP_STEP, now, self.timeout_ns);
         if self.table.live >= self.table.cap {
-            self.c.swept += self.table.sweep(SWEEP_FULL, now, self.timeout_ns.saturating_mul(2));
+            self.c.swept += self.table.sweep(SWEEP_FULL, now, self.timeout_ns);
         }
         let key = t.canonical();
         let Some(s) = self.table.insert(key) else {
@@ -590,15 +639,15 @@ impl Fw {
         let c = &mut self.table.slab[s];
         c.kind = kind;
         c.orig_fwd = *t == key;
-        c.last_ns = now;
+        c.last_ns = touched(c.last_ns, now, self.timeout_ns);
         self.bind(st, s, t);
         self.c.opened += 1;
         Some(s)
     }
 
-    /// Drop verdict: a packet without a connection leaves no state behind.
-    fn drop_for(&self, st: &FwState) -> Action {
-        if self.bound(st).is_some() {
+    /// Drop verdict: a packet without an open connection leaves no state behind.
+    fn drop_for(&mut self, st: &FwState, now: u64) -> Action {
+        if self.bound_at(st, now).is_some() {
             Action::Drop
         } else {
             Action::DropEndFlow
@@ -608,14 +657,14 @@ impl Fw {
     fn tcp(&mut self, pkt: &Pkt<'_>, st: &mut FwState, now: u64) -> Action {
         let Some(seg) = parse_seg(pkt) else {
             self.c.malformed += 1;
-            return self.drop_for(st);
+            return self.drop_for(st, now);
         };
         if !valid_flags(seg.flags) {
             self.c.invalid_flags += 1;
-            return self.drop_for(st);
+            return self.drop_for(st, now);
         }
         let t = *pkt.tuple();
-        let Some(s) = self.find(st, &t) else {
+        let Some(s) = self.find(st, &t, now) else {
             return self.tcp_new(pkt, st, &seg, now);
         };
         self.tcp_track(s, st.dir as usize & 1, &seg, now)
@@ -654,7 +703,7 @@ impl Fw {
         const ACK: TcpFlags = TcpFlags::ACK;
         const FIN: TcpFlags = TcpFlags::FIN;
         let c = &mut self.table.slab[s];
-        c.last_ns = c.last_ns.max(now);
+        c.last_ns = touched(c.last_ns, now, self.timeout_ns);
         let f = seg.flags;
         if f.contains(TcpFlags::RST) {
             let ok = if c.state == tcp_state::SYN_SENT {
@@ -767,16 +816,16 @@ impl Fw {
     fn icmp(&mut self, pkt: &Pkt<'_>, st: &mut FwState, now: u64) -> Action {
         let Some(msg) = pkt.icmp() else {
             self.c.malformed += 1;
-            return self.drop_for(st);
+            return self.drop_for(st, now);
         };
         let (req, rep) = (msg.is_echo_request(), msg.is_echo_reply());
         let t = *pkt.tuple();
         if req || rep {
-            let found = self.find(st, &t);
+            let found = self.find(st, &t, now);
             return match found {
                 Some(s) if self.table.slab[s].kind == K_ECHO && (st.dir == 0) == req => {
                     let c = &mut self.table.slab[s];
-                    c.last_ns = c.last_ns.max(now);
+                    c.last_ns = touched(c.last_ns, now, self.timeout_ns);
                     Action::Pass
                 }
                 Some(_) => {
@@ -800,13 +849,13 @@ impl Fw {
         if msg.is_error() {
             // Related: the quoted packet belongs to a tracked connection.
             if let Some(q) = msg.quoted_tuple() {
-                if self.table.lookup(&q.canonical()).is_some() {
+                if self.lookup_at(&q.canonical(), now).is_some() {
                     self.c.related += 1;
                     return Action::Pass;
                 }
             }
             self.c.icmp_unrelated += 1;
-            return self.drop_for(st);
+            return self.drop_for(st, now);
         }
         // Router/neighbour solicitation and advertisement, redirect (RFC 4861).
         if msg.is_v6() && (133..=137).contains(&msg.msg_type()) {
@@ -814,14 +863,14 @@ impl Fw {
             return Action::Pass;
         }
         self.c.icmp_other += 1;
-        self.drop_for(st)
+        self.drop_for(st, now)
     }
 
     fn datagram(&mut self, pkt: &Pkt<'_>, st: &mut FwState, now: u64) -> Action {
         let t = *pkt.tuple();
-        if let Some(s) = self.find(st, &t) {
+        if let Some(s) = self.find(st, &t, now) {
             let c = &mut self.table.slab[s];
-            c.last_ns = c.last_ns.max(now);
+            c.last_ns = touched(c.last_ns, now, self.timeout_ns);
             return Action::Pass;
         }
         if !self.may_open(t.src_ip()) {
@@ -899,19 +948,21 @@ impl StatefulNf for Fw {
     }
 
     fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut FwState, ctx: &NfContext) -> Action {
+        let now = ctx.now_ns;
+        self.now_ns = self.now_ns.max(now);
         if !pkt.meta().valid {
             self.c.unparsed += 1;
-            return self.drop_for(st);
+            return self.drop_for(st, now);
         }
         if pkt.tuple().is_non_first_fragment() {
             self.c.fragment += 1;
-            return self.drop_for(st);
+            return self.drop_for(st, now);
         }
         match pkt.proto() {
-            IpProtocol::TCP => self.tcp(pkt, st, ctx.now_ns),
-            IpProtocol::ICMP if !pkt.meta().v6 => self.icmp(pkt, st, ctx.now_ns),
-            IpProtocol::ICMPV6 if pkt.meta().v6 => self.icmp(pkt, st, ctx.now_ns),
-            _ => self.datagram(pkt, st, ctx.now_ns),
+            IpProtocol::TCP => self.tcp(pkt, st, now),
+            IpProtocol::ICMP if !pkt.meta().v6 => self.icmp(pkt, st, now),
+            IpProtocol::ICMPV6 if pkt.meta().v6 => self.icmp(pkt, st, now),
+            _ => self.datagram(pkt, st, now),
         }
     }
 
@@ -954,11 +1005,18 @@ impl StatefulNf for Fw {
         }
     }
 
+    /// A direction's state goes (its entry expired or ended): it unbinds.
+    /// The connection's life is its own idle time, not its directions'
+    /// entries: the executor may release a direction while looking up a
+    /// later packet before earlier packets — the other direction's among
+    /// them — have run, so the last unbinding frees the connection only if
+    /// it is already idle at the latest packet time this NF has seen;
+    /// otherwise the idle check on lookup or the sweep frees it.
     fn release(&mut self, _key: &FiveTuple, st: &FwState) {
         let Some(s) = self.bound(st) else { return };
         let c = &mut self.table.slab[s];
         c.refs = c.refs.saturating_sub(1);
-        if c.refs == 0 {
+        if c.refs == 0 && is_idle(c.last_ns, self.now_ns, self.timeout_ns) {
             self.table.remove(s);
             self.c.released += 1;
         }
@@ -983,6 +1041,7 @@ impl StatefulNf for Fw {
             "closed_rst": c.closed_rst,
             "released": c.released,
             "swept": c.swept,
+            "expired": c.expired,
             "related_icmp": c.related,
             "nd_passed": c.nd_passed,
             "drops": {
@@ -1244,14 +1303,57 @@ mod tests {
         assert_eq!(h.run(&back).1, Action::Pass);
         assert_eq!(h.run(&out).1, Action::Pass);
         assert_eq!(h.run(&unsolicited).1, Action::DropEndFlow);
-        // Expiry of both directions frees the connection.
+        // Both directions' states going while the connection is still open
+        // leave it to its own idle time...
         for k in [h.key_of(&out).unwrap(), h.key_of(&back).unwrap()] {
             let st = h.states.remove(&k).unwrap();
             h.nf.release(&k, &st);
         }
-        assert_eq!(h.nf.live_conns(), 0);
-        assert_eq!(stat(&h, "released"), 1);
+        assert_eq!(h.nf.live_conns(), 1);
+        assert_eq!(stat(&h, "released"), 0);
+        // ...after which a reply finds none (expired on lookup) and is unsolicited again.
+        h.now_ns = 300 * SEC + 1;
         assert_eq!(h.run(&back).1, Action::DropEndFlow);
+        assert_eq!((h.nf.live_conns(), stat(&h, "expired")), (0, 1));
+    }
+
+    const SEC: u64 = 1_000_000_000;
+
+    /// Issue 29: a connection idle past the timeout is gone although both
+    /// directions' states still name it; one idle exactly the timeout is not.
+    #[test]
+    fn idle_connection_expires_at_lookup() {
+        let mut h = Harness::new(Fw::new(FwConfig { conns: 64, timeout_s: 6, ..FwConfig::default() }));
+        let (c, s) = handshake(&mut h);
+        assert_eq!(h.run(&c2s(ACK | PSH, c, s, 100)).1, Action::Pass);
+        h.now_ns = 6 * SEC;
+        assert_eq!(h.run(&s2c(ACK | PSH, s, c + 100, 10)).1, Action::Pass, "idle exactly the timeout");
+        h.now_ns = 12 * SEC + 1;
+        assert_eq!(h.run(&s2c(ACK | PSH, s + 10, c + 100, 10)).1, Action::DropEndFlow, "idle past it");
+        assert_eq!(drops(&h, "no_conn"), 1);
+        assert_eq!(h.run(&c2s(ACK, c + 100, s + 10, 0)).1, Action::DropEndFlow, "the inside too");
+        assert_eq!((h.nf.live_conns(), stat(&h, "expired")), (0, 1));
+        // UDP: a reply past the timeout is unsolicited; the inside may open again.
+        let (out, back) = (udp4(C, S, 5353, 53), udp4(S, C, 53, 5353));
+        assert_eq!(h.run(&out).1, Action::Pass);
+        h.now_ns += 6 * SEC + 1;
+        assert_eq!(h.run(&back).1, Action::DropEndFlow);
+        assert_eq!(h.run(&out).1, Action::Pass);
+        assert_eq!(h.run(&back).1, Action::Pass);
+        // A clock that jumps backwards expires nothing.
+        h.now_ns -= 10 * SEC;
+        assert_eq!(h.run(&back).1, Action::Pass);
+        // Directions released after the connection idled out free it at once.
+        h.now_ns += 200 * SEC;
+        assert_eq!(h.run(&udp4(S, C, 1, 2)).1, Action::DropEndFlow, "advances the NF's clock");
+        for k in [h.key_of(&out).unwrap(), h.key_of(&back).unwrap()] {
+            let st = h.states.remove(&k).unwrap();
+            h.nf.release(&k, &st);
+        }
+        assert_eq!((h.nf.live_conns(), stat(&h, "released")), (0, 1));
+        // Every connection opened is accounted for.
+        let gone = ["closed_fin", "closed_rst", "released", "swept", "expired"].map(|k| stat(&h, k));
+        assert_eq!(stat(&h, "opened"), h.nf.live_conns() as u64 + gone.iter().sum::<u64>());
     }
 
     fn icmp4(src: [u8; 4], dst: [u8; 4], ty: u8, id: u16) -> Vec<u8> {

@@ -17,8 +17,18 @@
 //! dropped otherwise; all other traffic passes (knocks included). Non-first
 //! TCP fragments carry no port, so they cannot be told apart from fragments
 //! of the protected service: they pass only for OPEN sources and do not step
-//! the automaton. Packets without a flow key pass. An OPEN source stays open
-//! until its state idles out (`timeout`, or the chain's default).
+//! the automaton. Packets without a flow key pass.
+//!
+//! Idle timeout (`timeout=S`; 0: the longest timeout of the other NFs keyed
+//! by source IP in the chain, else the run's `--idle-timeout`): a packet of a
+//! source (any protocol) that reaches this NF more than S seconds — strictly,
+//! on the packet clock — after the previous packet of that source that
+//! reached it finds the source at CLOSED_1 (fresh state), then steps the
+//! automaton as above. So an OPEN source closes after S seconds of silence,
+//! and a knock sequence with a gap over S starts over. Exactly S passes. The
+//! engine enforces it at access, whichever executor, core or strategy, and
+//! whether or not flows pin the source's shared entry (see
+//! `StatefulNf::idle_timeout_ns`).
 
 use bytemuck::{Pod, Zeroable};
 use serde_json::json;
