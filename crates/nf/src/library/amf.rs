@@ -40,8 +40,8 @@ use crate::{Nf, NfContext, NfCounters, ParamError, ParamSpec, Params};
 
 const PORT: ParamSpec = ParamSpec::uint("port", 38412, 1, 65535, "UDP port the AMF messages are sent to");
 // Per UE: its 24-line context, a free-list slot and up to 4 map slots (key and value).
-const UES: ParamSpec =
-    ParamSpec::uint("ues", 1 << 17, 1, 1 << 24, "UE contexts per core (24 cache lines each)").allocates(24 * 64 + 4 + 48);
+const UES: ParamSpec = ParamSpec::uint("ues", 1 << 17, 1, 1 << 24, "UE contexts per core (24 cache lines each)")
+    .allocates(24 * 64 + 4 + 48);
 const MODE: ParamSpec = ParamSpec::choice(
     "mode",
     "staged",

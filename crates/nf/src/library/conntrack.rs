@@ -66,7 +66,9 @@ use crate::report::merge_keeping;
 use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
-const CONNS: ParamSpec = ParamSpec::uint("conns", 1 << 20, 16, 1 << 26, "connection table capacity per core");
+// Per connection: a 64-byte slot in a table of up to 2.3x the capacity, plus its index words.
+const CONNS: ParamSpec =
+    ParamSpec::uint("conns", 1 << 20, 16, 1 << 26, "connection table capacity per core").allocates(160);
 const TIMEOUT: ParamSpec =
     ParamSpec::uint("timeout", 300, 1, 30 * 86_400, "idle timeout of an established connection in seconds");
 const WINDOW: ParamSpec = ParamSpec::uint(

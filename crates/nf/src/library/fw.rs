@@ -90,7 +90,9 @@ use crate::{NfContext, ParamError, ParamSpec, Params};
 const ALLOW_NEW: ParamSpec = ParamSpec::choice("allow_new", "inside", &["inside", "any"], "who may open connections");
 const INSIDE: ParamSpec = ParamSpec::text("inside", "10.0.0.0/8", "ADDR/LEN", "inside prefix, IPv4 or IPv6");
 const TIMEOUT: ParamSpec = ParamSpec::uint("timeout", 300, 1, 30 * 86_400, "idle timeout in seconds");
-const CONNS: ParamSpec = ParamSpec::uint("conns", 1 << 20, 1, MAX_CONNS, "connection table capacity per core");
+// Per connection: its 128-byte slab entry, up to four 8-byte index slots and a free-list word.
+const CONNS: ParamSpec =
+    ParamSpec::uint("conns", 1 << 20, 1, MAX_CONNS, "connection table capacity per core").allocates(168);
 
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {
