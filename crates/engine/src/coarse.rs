@@ -75,9 +75,10 @@ const NOT_STARTED: u64 = u64::MAX - 1;
 /// its state while that core still sees it live — a verdict that depended
 /// on the cores' relative speed. So the sweep judges idleness at the
 /// *watermark*: the earliest clock of the cores still running (each core's
-/// latest batch time; a core that has not started, or has processed no
-/// batch for a second of wall time — finished, or idle on a live port whose
-/// next packets come later anyway — does not hold it back). Every core's
+/// latest batch time; a core that has not started does not hold it back,
+/// nor, on live ports, one that has processed no batch for a second of wall
+/// time — idle, its next packets come later anyway; in a replay a silent
+/// core holds it until it is done, see [`SharedStores::for_replay`]). Every core's
 /// next packets are at or after the watermark, so an entry idle there
 /// would have been found idle by any of them: the sweep only collects what
 /// the per-NF stamps (`chain::IdleSlot`) already treat as gone.
@@ -161,6 +162,21 @@ impl SharedStores {
             tables.push(Arc::new(t));
         }
         Ok(SharedStores { tables, clocks: Arc::default() })
+    }
+
+    /// For a replay: a silent core holds the sweep back until it drops its
+    /// slot, however long it is off the CPU. Replayed clocks are the
+    /// trace's, not the wall's: a worker descheduled for a second on a busy
+    /// host is not idle, and letting the others sweep past its clock took
+    /// state it still saw live (portknock's verdicts changed under load). A
+    /// finished core holds the watermark at its last time: later entries
+    /// only expire later, never early. Live ports keep the one-second rule
+    /// (their clocks follow the wall).
+    pub fn for_replay(mut self) -> Self {
+        if let Some(c) = Arc::get_mut(&mut self.clocks) {
+            c.stale = u64::MAX;
+        }
+        self
     }
 }
 

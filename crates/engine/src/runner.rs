@@ -406,7 +406,7 @@ fn run_chains(
     let threads = cfg.cores.min(nw).max(1);
     // Coarse state is shared by every core: one table per coarse group, created once.
     let shared = match chains.first() {
-        Some(c) => SharedStores::new(&c.groups, cfg.exec.flows, cfg.exec.default_idle_timeout_ns)?,
+        Some(c) => SharedStores::new(&c.groups, cfg.exec.flows, cfg.exec.default_idle_timeout_ns)?.for_replay(),
         None => SharedStores::default(),
     };
     let hz = tsc::hz();
