@@ -9,7 +9,7 @@
 //! boundary. At the end the report is merged as for a replay, exports included.
 //!
 //! The control loop also polls each port's [`flowplane_io::port::LinkWatch`]
-//! every [`LINK_CHECK`] (off the packet path): a link that goes down or up,
+//! every `LINK_CHECK` (200 ms, off the packet path): a link that goes down or up,
 //! an interface that vanishes or is re-created is reported at once on stderr
 //! (the queues re-attach to a re-created one themselves); a queue that cannot
 //! re-attach stops the run with that error.
