@@ -106,8 +106,15 @@ fn search(backend: &str, tag: &str) {
     // The bracket: every loss-free rate asked is below every lossy one asked after it, and rises.
     // A rate may be asked twice in a row (a lossy trial repeated, `--retries`; a short sender's
     // loss-free trial tried again): its two answers may differ.
-    let asked: Vec<(f64, bool)> =
-        trials[1..].iter().map(|tr| (f(tr, "rate_pps"), tr["loss_free"].as_bool().unwrap())).collect();
+    // The search goes on from the last answer at a rate, so a rate asked again in a row counts once, as its last answer.
+    let mut asked: Vec<(f64, bool)> = Vec::new();
+    for tr in &trials[1..] {
+        let now = (f(tr, "rate_pps"), tr["loss_free"].as_bool().unwrap());
+        match asked.last_mut() {
+            Some(last) if last.0 == now.0 => *last = now,
+            _ => asked.push(now),
+        }
+    }
     for (i, a) in asked.iter().enumerate() {
         for b in &asked[i + 1..] {
             match (a.1, b.1) {
