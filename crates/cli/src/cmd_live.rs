@@ -96,7 +96,7 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
             let _ = o.flush();
         }
     };
-    let result = run_live(&cfg, &spec, &live, &stop, &mut tick);
+    let result = run_live(&cfg, &spec, a.symmetric_rss, &live, &stop, &mut tick);
     if tty {
         outln!();
     }

@@ -11,3 +11,8 @@ fn afpacket_forward_between_veths_delivers_every_packet_in_order() {
 fn afpacket_nat_between_veths_rewrites_with_valid_checksums() {
     ports_common::check_nat("afpacket", 19_532);
 }
+
+#[test]
+fn afpacket_nat_on_two_cores_steers_every_reply_to_its_owner() {
+    ports_common::check_nat_two_cores("afpacket", 19_533);
+}

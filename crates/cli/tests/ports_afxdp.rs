@@ -13,3 +13,8 @@ fn afxdp_forward_between_veths_delivers_every_packet_in_order() {
 fn afxdp_nat_between_veths_rewrites_with_valid_checksums() {
     ports_common::check_nat("afxdp", 19_542);
 }
+
+#[test]
+fn afxdp_nat_on_two_cores_steers_every_reply_to_its_owner() {
+    ports_common::check_nat_two_cores("afxdp", 19_543);
+}

@@ -18,11 +18,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
+use flowplane_io::dispatch::{DispatchStats, Dispatcher, Spread};
 use flowplane_io::port::{Port, PortSink, PortSource};
-use flowplane_io::{cpu, TxCounters};
+use flowplane_io::{cpu, Source, TxCounters};
 use flowplane_nf::NfCounters;
 use flowplane_packet::{tsc, PacketPool, PoolConfig, MAX_BATCH};
-use flowplane_scale::strategy;
+use flowplane_scale::rss::DEFAULT_RETA_SIZE;
+use flowplane_scale::steer::{Classifier, HashOn, Steering};
 
 use crate::chain::Chain;
 use crate::coarse::SharedStores;
@@ -31,7 +33,7 @@ use crate::exec::{Pipeline, StoreReport};
 use crate::hist::Histogram;
 use crate::placement;
 use crate::report::Report;
-use crate::runner::{collect_exports, join_workers, merge_details, RunConfig};
+use crate::runner::{build_chains_planned, collect_exports, join_workers, make_strategy, merge_details, RunConfig};
 use crate::spec::ChainSpec;
 use crate::worker::{Step, Worker, WorkerResult};
 
@@ -66,6 +68,8 @@ pub struct Live {
     pub no_port: Arc<AtomicU64>,
     /// TSC ticks per second.
     pub hz: f64,
+    /// The dispatcher's figures while one runs ([`Steer::Dispatcher`]).
+    pub dispatch: Mutex<Option<Arc<DispatchStats>>>,
 }
 
 impl Live {
@@ -77,6 +81,7 @@ impl Live {
             cores: (0..cores).map(|_| Mutex::new(CoreSnap::default())).collect(),
             no_port: Arc::new(AtomicU64::new(0)),
             hz: tsc::hz(),
+            dispatch: Mutex::new(None),
         }
     }
 
@@ -108,13 +113,44 @@ const LINK_CHECK: Duration = Duration::from_millis(200);
 /// Idle polls in a row before a worker naps (an idle port should not burn a shared core).
 const IDLE_SPINS: u32 = 2048;
 
+/// How a live run steers packets to its workers (chosen by [`run_live`], reported).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Steer {
+    /// The port's own spreading: worker i polls input queue i (the kernel's fanout hash, the device's RSS).
+    Port,
+    /// A dispatcher core polls every input queue and steers by the run's table ([`flowplane_io::dispatch`]).
+    Dispatcher,
+}
+
+impl Steer {
+    /// As the report names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Steer::Port => "port",
+            Steer::Dispatcher => "dispatcher",
+        }
+    }
+}
+
+/// Frames per worker's dispatcher ring.
+const DISPATCH_RING: usize = 4096;
+
 /// Runs `spec` on `live.input`'s queues (one worker per core) until `stop`
 /// is raised or `cfg.duration` (plus warm-up) has passed; `tick` is called
 /// about once a second on the calling thread (status line). Returns the
 /// merged report (its clock names the ports' receive time).
+///
+/// The strategy (`cfg.scale`) and the chain's placement decide the steering
+/// as for a replay ([`placement::plan`]): where the port's own hash is not
+/// enough — a spray (`shared`), flow-director rules (nat's replies by port,
+/// fw's ICMP errors by quoted flow), per-core parameter shares, a symmetric
+/// or address-only hash — a dispatcher core steers by flowplane's table
+/// ([`Steer::Dispatcher`]). Strategies that move keys at run time or
+/// replicate state are refused on ports in one line.
 pub fn run_live(
     cfg: &RunConfig,
     spec: &ChainSpec,
+    symmetric_rss: bool,
     live: &Live,
     stop: &AtomicBool,
     tick: &mut dyn FnMut(&Live, Duration),
@@ -127,35 +163,80 @@ pub fn run_live(
         return Err(EngineError::Config(format!("batch size {} out of range [1, {MAX_BATCH}]", cfg.batch_size)));
     }
     let chain0 = Chain::build(spec)?;
-    let strat = strategy::by_name("rss", cfg.scale_period)?;
-    let plan = placement::plan(&chain0, spec, strat.as_ref(), nw, false)?;
-    // The port's own spreading (a symmetric flow hash) is all the steering a
-    // live port has: NFs that need flow-director rules or per-core parameter
-    // shares (nat's replies by port) cannot be honoured over several queues.
-    if nw > 1 && (!plan.rules.is_empty() || plan.overrides.iter().any(|o| !o.is_empty())) {
+    let strat = make_strategy(cfg, None)?;
+    let why_not = if strat.replicates() {
+        Some("its sequencer stamps and replays a history per packet, which the port dispatcher does not do yet")
+    } else if strat.moves_flows() || strat.flow_slots() > 0 {
+        Some("it moves keys between cores at run time with their state, which the port dispatcher does not do yet")
+    } else {
+        None
+    };
+    if let Some(why) = why_not {
         return Err(EngineError::Config(format!(
-            "{}: the chain needs NIC steering rules a live port's flow hash cannot give ({}); use --cores 1",
-            live.input.name(),
-            plan.notes.join("; ")
+            "--scale {} on a live port ({}): {why}; rss and shared run on ports",
+            strat.name(),
+            live.input.name()
         )));
     }
-    let mut chains = Vec::with_capacity(nw);
-    for _ in 0..nw {
-        chains.push(Chain::build(spec)?);
-    }
-    for e in &cfg.export {
-        if !spec.nfs.iter().any(|n| &n.name == e) {
-            return Err(EngineError::ExportNotInChain(e.clone()));
+    let plan = placement::plan(&chain0, spec, strat.as_ref(), nw, symmetric_rss)?;
+    let steer = if nw > 1
+        && (strat.spray()
+            || plan.symmetric
+            || plan.icmp_inner
+            || plan.hash_on != HashOn::FiveTuple
+            || !plan.rules.is_empty()
+            || plan.overrides.iter().any(|o| !o.is_empty()))
+    {
+        Steer::Dispatcher
+    } else {
+        Steer::Port
+    };
+    // Per-core chains with their port shares; exports checked (and refused) as for a replay.
+    let chains = build_chains_planned(cfg, spec, &plan, nw)?;
+    // The dispatcher's table: the same classifier and RETA a replay's emulated NIC steers with.
+    let steering = match steer {
+        Steer::Dispatcher => {
+            let classifier =
+                Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())?;
+            let steering = Arc::new(Steering::new(nw, &classifier, &[])?);
+            Some((classifier, steering, if strat.spray() { Spread::Spray } else { Spread::Table }))
         }
-    }
+        Steer::Port => None,
+    };
     let shared = match chains.first() {
         Some(c) => SharedStores::new(&c.groups, cfg.exec.flows, cfg.exec.default_idle_timeout_ns)?,
         None => SharedStores::default(),
     };
     let hz = live.hz;
     let warm = cfg.warmup.map_or(0, |w| (w.as_secs_f64() * hz) as u64);
+    // The dispatcher opens every input queue into a pool of its own (an AF_XDP queue's UMEM).
+    let (dispatcher, mut dispatched) = match steering {
+        Some((classifier, steering, spread)) => {
+            let mut rxs = Vec::with_capacity(nw);
+            for q in 0..live.input.queues() {
+                let mut pool = PacketPool::new(PoolConfig {
+                    buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
+                    ..PoolConfig::default()
+                })?;
+                pool.prefault();
+                let rx = live.input.open_rx_into(q, &mut pool).map_err(|e| EngineError::Config(e.to_string()))?;
+                rxs.push((rx, pool));
+            }
+            let (d, srcs) = Dispatcher::new(rxs, classifier, steering, spread, DISPATCH_RING)
+                .map_err(|e| EngineError::Config(e.to_string()))?;
+            (Some(d), srcs.into_iter().map(Some).collect())
+        }
+        None => (None, Vec::new()),
+    };
+    let dispatch_stats = dispatcher.as_ref().map(Dispatcher::stats);
+    if let Ok(mut d) = live.dispatch.lock() {
+        *d = dispatch_stats.clone();
+    }
     let barrier = Barrier::new(nw + 1);
     let halt = AtomicBool::new(false);
+    // Workers behind the dispatcher end when it has stopped and their ring is empty, never on `halt`.
+    let never = AtomicBool::new(false);
+    let stop_dispatch = AtomicBool::new(false);
     let wall = Instant::now();
     type Done = Result<(WorkerResult, Pipeline), EngineError>;
     let (results, link_failure): (Vec<Done>, Option<String>) = std::thread::scope(|s| {
@@ -163,7 +244,9 @@ pub fn run_live(
             .into_iter()
             .enumerate()
             .map(|(w, chain)| {
-                let (shared, barrier, halt) = (&shared, &barrier, &halt);
+                let (shared, barrier) = (&shared, &barrier);
+                let fed = dispatched.get_mut(w).and_then(Option::take);
+                let halt = if fed.is_some() { &never } else { &halt };
                 std::thread::Builder::new()
                     .name(format!("fp-live-{w}"))
                     .spawn_scoped(s, move || -> Done {
@@ -179,13 +262,18 @@ pub fn run_live(
                             // A page fault on the packet path is a stall that overflows the port's ring.
                             exec.prefault();
                             pool.prefault();
-                            let rx = live
-                                .input
-                                .open_rx_into(w, &mut pool)
-                                .map_err(|e| EngineError::Config(e.to_string()))?;
-                            let source = PortSource::new(rx, Arc::clone(&live.input.counters()[w]));
+                            let source: Box<dyn Source> = match fed {
+                                Some(src) => Box::new(src),
+                                None => {
+                                    let rx = live
+                                        .input
+                                        .open_rx_into(w, &mut pool)
+                                        .map_err(|e| EngineError::Config(e.to_string()))?;
+                                    Box::new(PortSource::new(rx, Arc::clone(&live.input.counters()[w])))
+                                }
+                            };
                             let sink = port_sink(&live.outputs, w, Some(Arc::clone(&live.no_port)))?;
-                            Ok(Worker::new(w, pool, Box::new(source), exec, Box::new(sink), cfg.batch_size, 0, None))
+                            Ok(Worker::new(w, pool, source, exec, Box::new(sink), cfg.batch_size, 0, None))
                         };
                         let built = build();
                         barrier.wait();
@@ -225,6 +313,13 @@ pub fn run_live(
                     .map_err(EngineError::Thread)
             })
             .collect();
+        let dispatcher_thread = dispatcher.map(|d| {
+            let stop_dispatch = &stop_dispatch;
+            std::thread::Builder::new()
+                .name("fp-dispatch".into())
+                .spawn_scoped(s, move || d.run(stop_dispatch))
+                .map_err(EngineError::Thread)
+        });
         // Every worker is built (or failed) before the clock starts.
         barrier.wait();
         let deadline = cfg.duration.map(|d| Instant::now() + d + cfg.warmup.unwrap_or_default());
@@ -249,7 +344,20 @@ pub fn run_live(
                 tick(live, start.elapsed());
             }
         }
+        // The dispatcher stops first: its workers then take what it handed them and end.
+        stop_dispatch.store(true, Ordering::Relaxed);
+        let dispatch_failed = match dispatcher_thread {
+            Some(Ok(h)) => h.join().is_err(),
+            Some(Err(e)) => {
+                eprintln!("flowplane: {e}");
+                true
+            }
+            None => false,
+        };
         halt.store(true, Ordering::Relaxed);
+        if dispatch_failed {
+            never.store(true, Ordering::Relaxed);
+        }
         (join_workers(handles), link_failure)
     });
     if let Some(why) = link_failure {
@@ -269,7 +377,32 @@ pub fn run_live(
     let busy: u64 = workers.iter().map(|w| w.busy_cycles).sum();
     report.cycles_per_packet = if report.packets > 0 { busy as f64 / report.packets as f64 } else { 0.0 };
     report.exports = collect_exports(cfg, &pipelines, None, None, &report);
+    report.steering = Some(steer_report(steer, strat.name(), &plan, dispatch_stats.as_deref(), hz));
     Ok(report)
+}
+
+/// The report's account of a live run's steering.
+fn steer_report(
+    steer: Steer,
+    strategy: &str,
+    plan: &placement::Plan,
+    d: Option<&DispatchStats>,
+    hz: f64,
+) -> crate::report::SteerReport {
+    let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let packets = d.map_or(0, |d| l(&d.packets));
+    let busy = d.map_or(0, |d| l(&d.busy_cycles));
+    crate::report::SteerReport {
+        by: steer.as_str().to_string(),
+        strategy: strategy.to_string(),
+        notes: plan.notes.clone(),
+        dispatched: packets,
+        dispatch_cycles_per_packet: if packets > 0 { busy as f64 / packets as f64 } else { 0.0 },
+        dispatch_busy_s: busy as f64 / hz,
+        dispatch_ring_full: d.map_or(0, |d| d.ring_full.iter().map(l).sum()),
+        unclassified: d.map_or(0, |d| l(&d.unclassified)),
+        oversize: d.map_or(0, |d| l(&d.oversize)),
+    }
 }
 
 /// Polls every port's interface: each change is one line on stderr; a queue that

@@ -254,7 +254,7 @@ pub fn port_trial(
                 r
             })
             .map_err(EngineError::Thread);
-        let report = run_live(&c, spec, &live, stop, &mut |_, _| {});
+        let report = run_live(&c, spec, false, &live, stop, &mut |_, _| {});
         stop.store(true, Ordering::Relaxed);
         let peer =
             h.and_then(|h| h.join().unwrap_or_else(|_| Err(EngineError::Config("the sender thread panicked".into()))));

@@ -101,6 +101,9 @@ pub struct Report {
     /// The multi-core runtime: strategy, NIC emulation, balance, projection.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scale: Option<ScaleReport>,
+    /// A live run's steering: the port's own spreading or the dispatcher's, and what it cost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steering: Option<SteerReport>,
     /// `--scale scr`: history, fast-forward cost, recovery, replica digests.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scr: Option<crate::scr::ScrReport>,
@@ -135,6 +138,29 @@ impl VerdictDrift {
                 .to_string(),
         })
     }
+}
+
+/// How a live run's packets reached their workers.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SteerReport {
+    /// `port` (each worker polls its own input queue) or `dispatcher` (a core steers by flowplane's table).
+    pub by: String,
+    /// The strategy (`--scale`).
+    pub strategy: String,
+    /// Why the steering is what it is (the NFs' placement).
+    pub notes: Vec<String>,
+    /// Packets the dispatcher received.
+    pub dispatched: u64,
+    /// The dispatcher's TSC cycles per packet (its own core; not in the workers' figures).
+    pub dispatch_cycles_per_packet: f64,
+    /// Seconds the dispatcher spent on bursts that received something.
+    pub dispatch_busy_s: f64,
+    /// Packets dropped because a worker's ring was full.
+    pub dispatch_ring_full: u64,
+    /// Packets the dispatcher could not classify (not IP, malformed): sent to worker 0.
+    pub unclassified: u64,
+    /// Packets too large for a dispatcher buffer (dropped).
+    pub oversize: u64,
 }
 
 /// The multi-core runtime's figures.
@@ -452,6 +478,20 @@ impl fmt::Display for Report {
                 "core {:<7} {} packets, {:.2} Mpps, {:.1} cycles/pkt",
                 c.core, c.packets, c.mpps, c.cycles_per_packet
             )?;
+        }
+        if let Some(st) = &self.steering {
+            let by = if st.by == "dispatcher" {
+                format!(
+                    "a dispatcher core ({} packets, {:.1} cycles/pkt not in the workers' figures, ring_full {}, unclassified {}, oversize {})",
+                    st.dispatched, st.dispatch_cycles_per_packet, st.dispatch_ring_full, st.unclassified, st.oversize
+                )
+            } else {
+                "the port's own queues".to_string()
+            };
+            writeln!(f, "steering     {} by {by}", st.strategy)?;
+            for n in &st.notes {
+                writeln!(f, "steering     {n}")?;
+            }
         }
         if let Some(sc) = &self.scale {
             writeln!(

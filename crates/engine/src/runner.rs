@@ -119,7 +119,7 @@ impl Default for RunConfig {
 /// The strategy `cfg` names, with its settings (Dyssect's come from the run's
 /// options; `trace_rate`: the trace's own packet rate, Dyssect's offered load
 /// for virtual cores at full speed, where latency is taken in trace time).
-fn make_strategy(cfg: &RunConfig, trace_rate: Option<f64>) -> Result<Box<dyn Strategy>, EngineError> {
+pub(crate) fn make_strategy(cfg: &RunConfig, trace_rate: Option<f64>) -> Result<Box<dyn Strategy>, EngineError> {
     if cfg.scale == "dyssect" {
         let d = flowplane_scale::dyssect::Config {
             short: cfg.scale_period,
@@ -278,7 +278,7 @@ fn workers(cfg: &RunConfig) -> usize {
 }
 
 /// One chain per worker, each from the spec with its plan overrides (per-core port shares).
-fn build_chains_planned(
+pub(crate) fn build_chains_planned(
     cfg: &RunConfig,
     spec: &ChainSpec,
     plan: &Plan,

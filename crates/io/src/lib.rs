@@ -7,6 +7,8 @@
 //! - [`sink`]: where processed batches go (discard, pcap file).
 //! - [`cpu`]: pinning worker threads to cores.
 //!
+//! - [`dispatch`]: the software dispatcher that steers a live port's packets
+//!   to workers by the run's table (spray, flow-director rules) where the port cannot.
 //! - [`port`]: real ports (AF_PACKET; AF_XDP and DPDK named, not built yet)
 //!   behind the same [`Source`]/[`Sink`] traits.
 //!
@@ -16,6 +18,7 @@
 
 #[allow(unsafe_code)]
 pub mod cpu;
+pub mod dispatch;
 pub mod nic;
 #[allow(unsafe_code)]
 pub mod port;
