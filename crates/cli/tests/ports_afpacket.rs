@@ -16,3 +16,8 @@ fn afpacket_nat_between_veths_rewrites_with_valid_checksums() {
 fn afpacket_nat_on_two_cores_steers_every_reply_to_its_owner() {
     ports_common::check_nat_two_cores("afpacket", 19_533);
 }
+
+#[test]
+fn afpacket_rsspp_moves_entries_under_traffic_losing_and_reordering_nothing() {
+    ports_common::check_rsspp_moves("afpacket", 19_534);
+}

@@ -18,3 +18,8 @@ fn afxdp_nat_between_veths_rewrites_with_valid_checksums() {
 fn afxdp_nat_on_two_cores_steers_every_reply_to_its_owner() {
     ports_common::check_nat_two_cores("afxdp", 19_543);
 }
+
+#[test]
+fn afxdp_rsspp_moves_entries_under_traffic_losing_and_reordering_nothing() {
+    ports_common::check_rsspp_moves("afxdp", 19_544);
+}

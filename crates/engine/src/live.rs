@@ -33,9 +33,12 @@ use crate::exec::{Pipeline, StoreReport};
 use crate::hist::Histogram;
 use crate::placement;
 use crate::report::Report;
-use crate::runner::{build_chains_planned, collect_exports, join_workers, make_strategy, merge_details, RunConfig};
+use crate::runner::{
+    build_chains_planned, collect_exports, control_tick, join_workers, make_strategy, merge_details, ControlLog,
+    RunConfig,
+};
 use crate::spec::ChainSpec;
-use crate::worker::{Step, Worker, WorkerResult};
+use crate::worker::{Control, Step, Worker, WorkerResult};
 
 /// One core's figures at its last publication.
 #[derive(Clone, Default)]
@@ -163,11 +166,11 @@ pub fn run_live(
         return Err(EngineError::Config(format!("batch size {} out of range [1, {MAX_BATCH}]", cfg.batch_size)));
     }
     let chain0 = Chain::build(spec)?;
-    let strat = make_strategy(cfg, None)?;
+    let mut strat = make_strategy(cfg, None)?;
     let why_not = if strat.replicates() {
         Some("its sequencer stamps and replays a history per packet, which the port dispatcher does not do yet")
-    } else if strat.moves_flows() || strat.flow_slots() > 0 {
-        Some("it moves keys between cores at run time with their state, which the port dispatcher does not do yet")
+    } else if strat.flow_slots() > 0 {
+        Some("its per-flow rules (offloaded heavy flows) are not matched by the port dispatcher yet")
     } else {
         None
     };
@@ -181,6 +184,7 @@ pub fn run_live(
     let plan = placement::plan(&chain0, spec, strat.as_ref(), nw, symmetric_rss)?;
     let steer = if nw > 1
         && (strat.spray()
+            || strat.moves_flows()
             || plan.symmetric
             || plan.icmp_inner
             || plan.hash_on != HashOn::FiveTuple
@@ -210,6 +214,8 @@ pub fn run_live(
     let hz = live.hz;
     let warm = cfg.warmup.map_or(0, |w| (w.as_secs_f64() * hz) as u64);
     // The dispatcher opens every input queue into a pool of its own (an AF_XDP queue's UMEM).
+    let table = steering.as_ref().map(|(c, st, _)| (c.clone(), Arc::clone(st)));
+    let moving = strat.moves_flows();
     let (dispatcher, mut dispatched) = match steering {
         Some((classifier, steering, spread)) => {
             let mut rxs = Vec::with_capacity(nw);
@@ -224,7 +230,7 @@ pub fn run_live(
             }
             let (d, srcs) = Dispatcher::new(rxs, classifier, steering, spread, DISPATCH_RING)
                 .map_err(|e| EngineError::Config(e.to_string()))?;
-            (Some(d), srcs.into_iter().map(Some).collect())
+            (Some(if moving { d.with_moves() } else { d }), srcs.into_iter().map(Some).collect())
         }
         None => (None, Vec::new()),
     };
@@ -233,6 +239,7 @@ pub fn run_live(
         *d = dispatch_stats.clone();
     }
     let barrier = Barrier::new(nw + 1);
+    let mut log = ControlLog::default();
     let halt = AtomicBool::new(false);
     // Workers behind the dispatcher end when it has stopped and their ring is empty, never on `halt`.
     let never = AtomicBool::new(false);
@@ -244,7 +251,7 @@ pub fn run_live(
             .into_iter()
             .enumerate()
             .map(|(w, chain)| {
-                let (shared, barrier) = (&shared, &barrier);
+                let (shared, barrier, table) = (&shared, &barrier, &table);
                 let fed = dispatched.get_mut(w).and_then(Option::take);
                 let halt = if fed.is_some() { &never } else { &halt };
                 std::thread::Builder::new()
@@ -253,7 +260,7 @@ pub fn run_live(
                         if cfg.pin {
                             cpu::pin_current_thread(w);
                         }
-                        let build = || -> Result<Worker<'static>, EngineError> {
+                        let build = || -> Result<Worker<'_>, EngineError> {
                             let mut pool = PacketPool::new(PoolConfig {
                                 buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
                                 ..PoolConfig::default()
@@ -273,7 +280,9 @@ pub fn run_live(
                                 }
                             };
                             let sink = port_sink(&live.outputs, w, Some(Arc::clone(&live.no_port)))?;
-                            Ok(Worker::new(w, pool, source, exec, Box::new(sink), cfg.batch_size, 0, None))
+                            // Behind the dispatcher a worker hands state over and takes it in (moves).
+                            let ctl = table.as_ref().map(|(c, st)| Control::new(st, c));
+                            Ok(Worker::new(w, pool, source, exec, Box::new(sink), cfg.batch_size, 0, ctl))
                         };
                         let built = build();
                         barrier.wait();
@@ -327,6 +336,11 @@ pub fn run_live(
         let mut next = start + Duration::from_secs(1);
         let mut next_link = start + LINK_CHECK;
         let mut link_failure = None;
+        // The strategy's control loop (RSS++: RETA moves from the dispatcher's per-key counts).
+        let period = strat.period();
+        let mut next_ctl = start + period;
+        let (mut prev_keys, mut prev_rx, mut prev_scan, mut prev_busy) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         while !stop.load(Ordering::Relaxed)
             && deadline.is_none_or(|d| Instant::now() < d)
             && handles.iter().any(|h| h.as_ref().is_ok_and(|h| !h.is_finished()))
@@ -342,6 +356,20 @@ pub fn run_live(
             if Instant::now() >= next {
                 next += Duration::from_secs(1);
                 tick(live, start.elapsed());
+            }
+            if let (true, Some((_, st))) = (moving, table.as_ref()) {
+                if Instant::now() >= next_ctl {
+                    next_ctl += period;
+                    control_tick(
+                        st,
+                        strat.as_mut(),
+                        &mut prev_keys,
+                        &mut prev_rx,
+                        &mut prev_scan,
+                        &mut prev_busy,
+                        &mut log,
+                    );
+                }
             }
         }
         // The dispatcher stops first: its workers then take what it handed them and end.
@@ -368,7 +396,21 @@ pub fn run_live(
     for r in results {
         pairs.push(r?);
     }
-    let (workers, pipelines): (Vec<WorkerResult>, Vec<Pipeline>) = pairs.into_iter().unzip();
+    let (mut workers, mut pipelines): (Vec<WorkerResult>, Vec<Pipeline>) = pairs.into_iter().unzip();
+    if let Some((_, st)) = &table {
+        // State handed over after its new owner had finished: it still belongs there.
+        let mut mail = Vec::new();
+        for (q, (p, w)) in pipelines.iter_mut().zip(workers.iter_mut()).enumerate() {
+            st.take_mail(q, &mut mail);
+            for h in mail.drain(..) {
+                let (ok, bad) = p.import_flows(&h.state);
+                w.flows_in += ok as u64;
+                w.flows_refused += bad as u64;
+                st.imported(h.mv);
+            }
+            w.store = p.store_report();
+        }
+    }
     let details = merge_details(&workers, &pipelines);
     let mut report = Report::from_workers(spec, cfg, &workers, details, elapsed, hz);
     report.clock = format!("port receive time ({})", live.input.name());
@@ -377,7 +419,11 @@ pub fn run_live(
     let busy: u64 = workers.iter().map(|w| w.busy_cycles).sum();
     report.cycles_per_packet = if report.packets > 0 { busy as f64 / report.packets as f64 } else { 0.0 };
     report.exports = collect_exports(cfg, &pipelines, None, None, &report);
-    report.steering = Some(steer_report(steer, strat.name(), &plan, dispatch_stats.as_deref(), hz));
+    let mut sr = steer_report(steer, strat.name(), &plan, dispatch_stats.as_deref(), hz);
+    sr.moves_started = log.started;
+    sr.moves_done = table.as_ref().map_or(0, |(_, st)| st.moves_done());
+    sr.stalls = workers.iter().map(|w| w.rx.stalls).sum();
+    report.steering = Some(sr);
     Ok(report)
 }
 
@@ -402,6 +448,7 @@ fn steer_report(
         dispatch_ring_full: d.map_or(0, |d| d.ring_full.iter().map(l).sum()),
         unclassified: d.map_or(0, |d| l(&d.unclassified)),
         oversize: d.map_or(0, |d| l(&d.oversize)),
+        ..Default::default()
     }
 }
 

@@ -161,6 +161,12 @@ pub struct SteerReport {
     pub unclassified: u64,
     /// Packets too large for a dispatcher buffer (dropped).
     pub oversize: u64,
+    /// RETA moves the strategy started (rsspp), and those whose state the new owner imported.
+    pub moves_started: u64,
+    /// See `moves_started`.
+    pub moves_done: u64,
+    /// Receives held back at a moved key's packet until its state arrived.
+    pub stalls: u64,
 }
 
 /// The multi-core runtime's figures.
@@ -489,6 +495,13 @@ impl fmt::Display for Report {
                 "the port's own queues".to_string()
             };
             writeln!(f, "steering     {} by {by}", st.strategy)?;
+            if st.moves_started > 0 {
+                writeln!(
+                    f,
+                    "steering     {} RETA moves started, {} done (state handed over), {} receives held for state",
+                    st.moves_started, st.moves_done, st.stalls
+                )?;
+            }
             for n in &st.notes {
                 writeln!(f, "steering     {n}")?;
             }

@@ -370,15 +370,15 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
 
 /// What the control loop saw.
 #[derive(Default)]
-struct ControlLog {
+pub(crate) struct ControlLog {
     /// Imbalance factor of the packets each core received, per period window.
-    windows: Vec<f64>,
+    pub(crate) windows: Vec<f64>,
     /// Imbalance factor of the cores' busy cycles, per period window.
-    cpu_windows: Vec<f64>,
+    pub(crate) cpu_windows: Vec<f64>,
     /// Per queue: smoothed worker cycles per packet (a window alone is noisy).
     cpp: Vec<f64>,
     /// Moves started.
-    started: u64,
+    pub(crate) started: u64,
 }
 
 /// Runs prebuilt per-worker chains over `trace`: real workers one per
@@ -740,7 +740,7 @@ fn take_turns(ws: &mut [Worker<'_>], stop: &AtomicBool) {
 
 /// One period of the control loop: the window's per-queue load and
 /// imbalance, the strategy's rebalancing, the moves started.
-fn control_tick(
+pub(crate) fn control_tick(
     st: &Steering,
     strat: &mut dyn Strategy,
     prev_loads: &mut Vec<(u64, Vec<u64>)>,

@@ -20,15 +20,27 @@
 //!
 //! A flow keeps its order: the input port keeps a flow on one of its queues,
 //! the dispatcher reads each queue in order, and a flow's key has one owner
-//! (the table is static on a port: strategies that move keys at run time are
-//! refused there by the runner).
+//! at a time.
+//!
+//! Moves (RSS++ on a port): the dispatcher is the port's one wire, its
+//! packet count the stream position. It publishes, for every queue, the
+//! position it is about to reach before it re-reads the table, as a NIC
+//! queue of the emulated NIC does, so a move started by the control loop
+//! switches at a position the dispatcher has not passed
+//! ([`flowplane_scale::steer::Steering::start_move`]). At the switch point it
+//! puts a marker in the old owner's ring behind the key's last packet; the
+//! old owner's source reports the move due when it takes the marker
+//! ([`Source::take_due`]), and its worker hands the key's state over. The
+//! key's later packets go to the new owner tagged with the move; the new
+//! owner's source holds them (and what is behind them) until the state is
+//! imported. Nothing is lost or reordered; a hold is counted (`stalls`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use flowplane_packet::{tsc, Batch, PacketPool, MAX_BATCH};
-use flowplane_scale::steer::{Classifier, Steering};
+use flowplane_scale::steer::{Classifier, Move, Steering};
 use rtrb::{Consumer, Producer, RingBuffer};
 
 use crate::port::{QueueCounters, RxQueue};
@@ -37,12 +49,17 @@ use crate::{Rx, RxStats, Source};
 /// Largest frame a dispatcher buffer holds (a standard MTU frame with VLAN tags and slack).
 pub const FRAME_ROOM: usize = 2048;
 
-/// One packet on its way from the dispatcher to a worker.
+/// One packet on its way from the dispatcher to a worker, or a hand-over marker.
 pub struct Frame {
     buf: Box<[u8]>,
     len: u16,
     hash: u32,
     ts: u64,
+    key: u16,
+    /// A move whose state must be imported before this packet is delivered (0: none).
+    wait: u64,
+    /// A marker: every packet of the move's key before its switch point is ahead of it.
+    due: Option<Move>,
 }
 
 /// The dispatcher's figures, readable while it runs.
@@ -92,8 +109,29 @@ struct Lane {
     free: Vec<Box<[u8]>>,
 }
 
+/// A move as the dispatcher follows it: switched once its marker is out.
+#[derive(Clone, Copy)]
+struct Following {
+    mv: Move,
+    switched: bool,
+}
+
+/// Bursts between two publications of the per-key packet counts.
+const LOAD_PUBLISH_BURSTS: u64 = 16;
+
 /// The dispatcher: reads every input queue, steers, hands over.
 pub struct Dispatcher {
+    /// Publish positions and per-key counts, follow moves (a strategy that moves keys).
+    moving: bool,
+    /// Stream position: packets received so far.
+    pos: u64,
+    moves: Vec<Following>,
+    /// Per worker: packets handed to it, and (moving) per key.
+    sent: Vec<u64>,
+    counts: Vec<Vec<u64>>,
+    bursts: u64,
+    /// Per worker: markers not yet in its ring (the ring was full).
+    markers: Vec<Vec<Move>>,
     /// Per input queue: the queue, the pool it receives into, a batch over that pool.
     rxs: Vec<(Box<dyn RxQueue>, PacketPool, Box<Batch>)>,
     classifier: Classifier,
@@ -108,6 +146,8 @@ pub struct Dispatcher {
 
 /// A worker's source: the frames the dispatcher steered to it.
 pub struct DispatchedSource {
+    steering: Arc<Steering>,
+    due: std::collections::VecDeque<Move>,
     rx: Consumer<Frame>,
     back: Producer<Box<[u8]>>,
     stats: RxStats,
@@ -160,6 +200,8 @@ impl Dispatcher {
             let free = (0..ring + MAX_BATCH).map(|_| vec![0u8; FRAME_ROOM].into_boxed_slice()).collect();
             lanes.push(Lane { tx, back, free });
             sources.push(DispatchedSource {
+                steering: Arc::clone(&steering),
+                due: std::collections::VecDeque::new(),
                 rx,
                 back: back_tx,
                 stats: RxStats::default(),
@@ -175,8 +217,34 @@ impl Dispatcher {
         let rxs = rxs.collect();
         let owner = steering.owners();
         let generation = steering.generation();
-        let d = Dispatcher { rxs, classifier, steering, owner, generation, spread, next: 0, lanes, stats };
+        let keys = steering.keys();
+        let d = Dispatcher {
+            moving: false,
+            pos: 0,
+            moves: Vec::new(),
+            sent: vec![0; workers],
+            counts: vec![vec![0; keys]; workers],
+            bursts: 0,
+            markers: vec![Vec::new(); workers],
+            rxs,
+            classifier,
+            steering,
+            owner,
+            generation,
+            spread,
+            next: 0,
+            lanes,
+            stats,
+        };
         Ok((d, sources))
+    }
+
+    /// Follows the table's moves (a strategy that moves keys at run time) and
+    /// publishes what its control loop reads: per-queue positions, packets
+    /// and per-key counts.
+    pub fn with_moves(mut self) -> Self {
+        self.moving = true;
+        self
     }
 
     /// The dispatcher's figures (shared with whoever reads them while it runs).
@@ -201,32 +269,99 @@ impl Dispatcher {
                 }
             }
         }
+        // Moves still before their switch point switch now (no packet follows): their old owners hand over.
+        if self.moving {
+            self.refresh();
+            self.switch_due(u64::MAX);
+            let t0 = std::time::Instant::now();
+            while self.markers.iter().any(|m| !m.is_empty()) && t0.elapsed() < Duration::from_secs(1) {
+                for lane in &mut self.lanes {
+                    while let Ok(b) = lane.back.pop() {
+                        lane.free.push(b);
+                    }
+                }
+                Self::flush(&mut self.lanes, &mut self.markers);
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+    }
+
+    /// Re-reads the table after a change: owners, and moves not followed yet.
+    fn refresh(&mut self) {
+        let g = self.steering.generation();
+        if g == self.generation {
+            return;
+        }
+        self.generation = g;
+        self.owner = self.steering.owners();
+        if self.moving {
+            for mv in self.steering.moves() {
+                if !self.moves.iter().any(|f| f.mv.id == mv.id) {
+                    self.moves.push(Following { mv, switched: false });
+                }
+            }
+        }
+    }
+
+    /// Switches every followed move whose switch point is at or before `pos`: its marker goes to the old owner.
+    fn switch_due(&mut self, pos: u64) {
+        for f in self.moves.iter_mut().filter(|f| !f.switched && pos >= f.mv.at) {
+            f.switched = true;
+            self.markers[f.mv.from as usize].push(f.mv);
+        }
     }
 
     /// One round over the input queues: receives a burst from each and hands
     /// every packet to its worker. Returns the packets received.
     pub fn poll(&mut self) -> usize {
-        if self.steering.generation() != self.generation {
-            // A table change (never per packet: the table is static on ports today).
-            self.generation = self.steering.generation();
-            self.owner = self.steering.owners();
+        self.refresh();
+        if self.moving {
+            self.switch_due(self.pos);
+            // A move whose state has arrived needs no tag any more: it leaves the table's active list.
+            let st = &self.steering;
+            self.moves.retain(|f| {
+                let done = f.switched && st.is_ready(f.mv.key, f.mv.id);
+                if done {
+                    st.retired(f.mv.id);
+                }
+                !done
+            });
         }
-        let t0 = tsc::rdtsc();
-        let mut total = 0usize;
-        let last = self.lanes.len() - 1;
-        let (mut unclassified, mut oversize, mut delivered) = (0u64, 0u64, 0u64);
-        for (rxq, pool, batch) in &mut self.rxs {
-            let n = rxq.rx_burst_at(pool, batch, MAX_BATCH, t0);
-            if n == 0 {
-                continue;
-            }
-            total += n;
+        if self.markers.iter().any(|m| !m.is_empty()) {
             for lane in &mut self.lanes {
                 while let Ok(b) = lane.back.pop() {
                     lane.free.push(b);
                 }
             }
+            Self::flush(&mut self.lanes, &mut self.markers);
+        }
+        let t0 = tsc::rdtsc();
+        let mut total = 0usize;
+        let last = self.lanes.len() - 1;
+        let (mut unclassified, mut oversize, mut delivered) = (0u64, 0u64, 0u64);
+        for qi in 0..self.rxs.len() {
+            let (rxq, pool, batch) = &mut self.rxs[qi];
+            let n = rxq.rx_burst_at(pool, batch, MAX_BATCH, t0);
+            if n == 0 {
+                continue;
+            }
+            total += n;
+            if self.moving {
+                // Claim the burst's positions, then re-read the table: a move started from here on switches past them.
+                for q in 0..self.lanes.len() {
+                    self.steering.publish_claim(q, self.pos + n as u64);
+                }
+                self.refresh();
+            }
+            for lane in &mut self.lanes {
+                while let Ok(b) = lane.back.pop() {
+                    lane.free.push(b);
+                }
+            }
+            let (_, pool, batch) = &mut self.rxs[qi];
             for i in 0..batch.len() {
+                let p = self.pos;
+                self.pos += 1;
                 let data = batch.data(i);
                 let (key, hash) = match self.classifier.classify(data) {
                     Some(kh) => kh,
@@ -235,7 +370,7 @@ impl Dispatcher {
                         (0, 0)
                     }
                 };
-                let w = match self.spread {
+                let mut w = match self.spread {
                     Spread::Spray => {
                         let w = self.next;
                         self.next = if w + 1 == self.lanes.len() { 0 } else { w + 1 };
@@ -243,6 +378,23 @@ impl Dispatcher {
                     }
                     Spread::Table => self.owner.get(key as usize).map_or(0, |&o| o as usize),
                 };
+                let mut wait = 0;
+                if !self.moves.is_empty() {
+                    for f in self.moves.iter_mut().filter(|f| f.mv.key == key) {
+                        if !f.switched && p >= f.mv.at {
+                            f.switched = true;
+                            self.markers[f.mv.from as usize].push(f.mv);
+                        }
+                        if f.switched {
+                            wait = f.mv.id;
+                        } else {
+                            w = f.mv.from as usize;
+                        }
+                    }
+                    if self.markers.iter().any(|m| !m.is_empty()) {
+                        Self::flush(&mut self.lanes, &mut self.markers);
+                    }
+                }
                 if data.len() > FRAME_ROOM {
                     oversize += 1;
                     continue;
@@ -254,9 +406,18 @@ impl Dispatcher {
                     continue;
                 };
                 buf[..data.len()].copy_from_slice(data);
-                let frame = Frame { buf, len: data.len() as u16, hash, ts: batch.timestamps()[i] };
+                let ts = batch.timestamps()[i];
+                let frame = Frame { buf, len: data.len() as u16, hash, ts, key, wait, due: None };
                 match lane.tx.push(frame) {
-                    Ok(()) => delivered += 1,
+                    Ok(()) => {
+                        delivered += 1;
+                        self.sent[w] += 1;
+                        if self.moving {
+                            if let Some(c) = self.counts[w].get_mut(key as usize) {
+                                *c += 1;
+                            }
+                        }
+                    }
                     Err(rtrb::PushError::Full(f)) => {
                         lane.free.push(f.buf);
                         QueueCounters::add(&self.stats.ring_full[w], 1);
@@ -265,6 +426,16 @@ impl Dispatcher {
             }
             // The batch's buffers go back to the dispatcher's own pool; it never fails on a batch taken from it.
             let _ = batch.free_all(pool);
+            if self.moving {
+                self.bursts += 1;
+                let loads = self.bursts.is_multiple_of(LOAD_PUBLISH_BURSTS);
+                for q in 0..self.lanes.len() {
+                    self.steering.publish_progress(q, self.pos, self.sent[q]);
+                    if loads {
+                        self.steering.publish_loads(q, &self.counts[q], self.pos);
+                    }
+                }
+            }
         }
         if total > 0 {
             let s = &self.stats;
@@ -275,6 +446,25 @@ impl Dispatcher {
             QueueCounters::add(&s.busy_cycles, tsc::rdtsc().wrapping_sub(t0));
         }
         total
+    }
+
+    /// Puts waiting markers into their rings (each behind everything sent before it).
+    fn flush(lanes: &mut [Lane], markers: &mut [Vec<Move>]) {
+        for (lane, waiting) in lanes.iter_mut().zip(markers.iter_mut()) {
+            while let Some(&mv) = waiting.first() {
+                let Some(buf) = lane.free.pop() else { break };
+                let f = Frame { buf, len: 0, hash: 0, ts: 0, key: mv.key, wait: 0, due: Some(mv) };
+                match lane.tx.push(f) {
+                    Ok(()) => {
+                        waiting.remove(0);
+                    }
+                    Err(rtrb::PushError::Full(f)) => {
+                        lane.free.push(f.buf);
+                        break;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -291,21 +481,30 @@ impl Source for DispatchedSource {
     fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize, _now: u64) -> Rx {
         // `closed` first: once it reads true every frame pushed is visible, so an empty ring is the end.
         let closed = self.shared.closed.load(Ordering::Acquire);
-        let n = max.min(batch.room()).min(self.rx.slots());
-        if n == 0 {
-            return if closed { Rx::Done } else { Rx::Idle };
-        }
+        let max = max.min(batch.room());
         let (mut got, mut bytes, mut no_buf) = (0usize, 0u64, 0u64);
-        for _ in 0..n {
+        let mut stalled = false;
+        while got < max {
+            let Ok(head) = self.rx.peek() else { break };
+            // A moved key's packet waits (and what is behind it) until the key's state is here.
+            if head.wait != 0 && !self.steering.is_ready(head.key, head.wait) {
+                stalled = true;
+                break;
+            }
             let Ok(f) = self.rx.pop() else { break };
-            let len = f.len as usize;
-            if batch.push_copy(pool, &f.buf[..len], f.ts) {
-                let i = batch.len() - 1;
-                batch.rss_hashes_mut()[i] = f.hash;
-                got += 1;
-                bytes += len as u64;
+            if let Some(mv) = f.due {
+                // Everything of the key before the switch point was delivered before this marker.
+                self.due.push_back(mv);
             } else {
-                no_buf += 1;
+                let len = f.len as usize;
+                if batch.push_copy(pool, &f.buf[..len], f.ts) {
+                    let i = batch.len() - 1;
+                    batch.rss_hashes_mut()[i] = f.hash;
+                    got += 1;
+                    bytes += len as u64;
+                } else {
+                    no_buf += 1;
+                }
             }
             // The return ring has room for every buffer of the lane.
             let _ = self.back.push(f.buf);
@@ -313,13 +512,16 @@ impl Source for DispatchedSource {
         self.stats.packets += got as u64;
         self.stats.bytes += bytes;
         self.stats.pool_empty += no_buf;
+        self.stats.stalls += u64::from(stalled && got == 0);
         if let Some(c) = &self.counters {
             QueueCounters::add(&c.rx_pool_empty, no_buf);
         }
-        if got == 0 {
-            Rx::Idle
-        } else {
+        if got > 0 {
             Rx::Packets(got)
+        } else if closed && self.rx.is_empty() && self.due.is_empty() {
+            Rx::Done
+        } else {
+            Rx::Idle
         }
     }
 
@@ -328,6 +530,10 @@ impl Source for DispatchedSource {
             rx_ring_full: self.shared.ring_full.get(self.me).map_or(0, |a| a.load(Ordering::Relaxed)),
             ..self.stats
         }
+    }
+
+    fn take_due(&mut self) -> Option<Move> {
+        self.due.pop_front()
     }
 }
 
@@ -343,7 +549,7 @@ mod tests {
     impl RxQueue for Frames {
         fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize) -> usize {
             let mut n = 0;
-            while n < max && !self.0.is_empty() {
+            while n < max.min(32) && !self.0.is_empty() {
                 let f = self.0.remove(0);
                 assert!(batch.push_copy(pool, &f, n as u64));
                 n += 1;
@@ -461,5 +667,43 @@ mod tests {
         let mut pool = PacketPool::new(PoolConfig::default()).unwrap();
         let mut b = Batch::new(&pool);
         assert_eq!(srcs[1].rx_burst(&mut pool, &mut b, 8, 0), Rx::Done);
+    }
+
+    #[test]
+    fn a_moved_key_switches_owner_at_its_switch_point_with_nothing_lost_or_reordered() {
+        let frames: Vec<Vec<u8>> = (0..400u16).map(|i| udp([10, 0, (i % 20) as u8, 1], 2000 + i % 20)).collect();
+        let (d, mut srcs, c) = setup(frames.clone(), Spread::Table, 512);
+        let mut d = d.with_moves();
+        assert_eq!(d.poll(), 32);
+        let st = Arc::clone(&d.steering);
+        let (key, _) = c.classify(&frames[40]).unwrap();
+        let from = st.owners()[key as usize];
+        let to = 1 - from;
+        let mv = st.start_move(key, to).unwrap();
+        assert_eq!(mv.at, 32, "the switch point is where the dispatcher stands");
+        while d.poll() > 0 {}
+        // The new owner delivers up to the key's first moved packet, then holds it until the state arrives.
+        let early = drain(&mut srcs[to as usize]);
+        assert_eq!(srcs[to as usize].rx_stats().stalls, 1);
+        assert!(early.iter().all(|(f, _)| c.classify(f).unwrap().0 != key));
+        let old = drain(&mut srcs[from as usize]);
+        assert_eq!(srcs[from as usize].take_due(), Some(mv), "the marker comes after the key's last packet");
+        assert_eq!(srcs[from as usize].take_due(), None);
+        st.imported(mv);
+        let late = drain(&mut srcs[to as usize]);
+        // Per flow: the old owner's part then the new owner's part is the input's order.
+        let of_key = |v: &[(Vec<u8>, u32)]| -> Vec<Vec<u8>> {
+            v.iter().filter(|(f, _)| c.classify(f).unwrap().0 == key).map(|(f, _)| f.clone()).collect()
+        };
+        let mut got = of_key(&old);
+        got.extend(of_key(&late));
+        let want: Vec<Vec<u8>> = frames.iter().filter(|f| c.classify(f).unwrap().0 == key).cloned().collect();
+        assert_eq!(got, want);
+        let before: Vec<Vec<u8>> = frames[..32].iter().filter(|f| c.classify(f).unwrap().0 == key).cloned().collect();
+        assert_eq!(of_key(&old), before, "the old owner has exactly the key's packets before the switch point");
+        assert_eq!(old.len() + early.len() + late.len(), 400);
+        // Once the state is in, the dispatcher retires the move: the key may move again.
+        d.poll();
+        assert_eq!(st.active_moves(), 0);
     }
 }

@@ -578,6 +578,11 @@ impl Steering {
         self.ctl().active.len()
     }
 
+    /// The moves not yet complete (a dispatcher that steers for every queue needs them all).
+    pub fn moves(&self) -> Vec<Move> {
+        self.ctl().active.clone()
+    }
+
     /// Moves completed (state imported).
     pub fn moves_done(&self) -> u64 {
         self.moves_done.load(Ordering::Relaxed)
