@@ -23,6 +23,11 @@ pub fn drops(live: &Live, cores: &[CoreSnap]) -> Vec<(&'static str, u64)> {
     let (rx, tx) = port_totals(live);
     let nf: u64 = cores.iter().map(|c| c.tx.dropped).sum();
     let table_full: u64 = cores.iter().map(|c| c.store.table_full).sum();
+    // Behind a dispatcher core: packets its workers' rings had no room for, and frames too large for its buffers.
+    let dispatch = live.dispatch.lock().ok().and_then(|d| d.clone());
+    let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let ring_full = dispatch.as_ref().map_or(0, |d| d.ring_full.iter().map(l).sum());
+    let oversize = dispatch.as_ref().map_or(0, |d| l(&d.oversize));
     vec![
         ("rx_overrun", rx.rx_overrun),
         ("pool_empty", rx.rx_pool_empty),
@@ -32,6 +37,8 @@ pub fn drops(live: &Live, cores: &[CoreSnap]) -> Vec<(&'static str, u64)> {
         ("no_port", live.no_port.load(Ordering::Relaxed)),
         ("nf_verdict", nf),
         ("table_full", table_full),
+        ("dispatch_ring_full", ring_full),
+        ("dispatch_oversize", oversize),
     ]
 }
 
