@@ -330,6 +330,12 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
         )));
     }
     let dyssect = a.scale == "dyssect";
+    if a.scale_period_ms != 100.0 && !(dyssect || a.scale == "rsspp") {
+        return Err(CliError::new(format!(
+            "--scale-period-ms {}: the control period of rsspp and dyssect; --scale {} runs no controller",
+            a.scale_period_ms, a.scale
+        )));
+    }
     for (name, v, default) in
         [("--long-period-ms", a.long_period_ms, 1000.0), ("--solver-budget-ms", a.solver_budget_ms, 200.0)]
     {
