@@ -314,6 +314,49 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
     if a.scale != "scr" && (a.scr_history.is_some() || a.scr_recovery || a.scr_loss > 0.0) {
         return Err(CliError::new("--scr-history/--scr-recovery/--scr-loss need --scale scr".to_string()));
     }
+    // Options that act only in some runs are refused where they would change
+    // nothing (a value equal to the default is the run without the option).
+    let scr = a.scale == "scr";
+    if a.seed != 1 && !(scr && a.scr_loss > 0.0) {
+        return Err(CliError::new(format!(
+            "--seed {}: seeds the loss --scr-loss injects; it needs --scale scr --scr-loss RATE",
+            a.seed
+        )));
+    }
+    if a.scr_log != flowplane_engine::scr::DEFAULT_LOG && !(scr && a.scr_recovery) {
+        return Err(CliError::new(format!(
+            "--scr-log {}: sizes the recovery logs; it needs --scale scr --scr-recovery",
+            a.scr_log
+        )));
+    }
+    let dyssect = a.scale == "dyssect";
+    if a.scale_period_ms != 100.0 && !(dyssect || a.scale == "rsspp") {
+        return Err(CliError::new(format!(
+            "--scale-period-ms {}: the control period of rsspp and dyssect; --scale {} runs no controller",
+            a.scale_period_ms, a.scale
+        )));
+    }
+    for (name, v, default) in
+        [("--long-period-ms", a.long_period_ms, 1000.0), ("--solver-budget-ms", a.solver_budget_ms, 200.0)]
+    {
+        if v != default && !dyssect {
+            return Err(CliError::new(format!("{name} {v}: sets Dyssect's controller; it needs --scale dyssect")));
+        }
+    }
+    if let (Some(s), None, false) = (a.slo_us, &a.priority, dyssect) {
+        return Err(CliError::new(format!(
+            "--slo-us {s}: the SLO of the --priority class (and dyssect's working-core cap); it needs --priority or --scale dyssect"
+        )));
+    }
+    if a.symmetric_rss && (scr || a.scale == "shared") {
+        return Err(CliError::new(format!(
+            "--symmetric-rss: --scale {} sprays packets over the cores round robin; no RSS key steers them",
+            a.scale
+        )));
+    }
+    if a.restamp && a.output.is_none() {
+        return Err(CliError::new("--restamp stamps the packets --output writes; it needs --output"));
+    }
     if a.pool < 2 * flowplane_packet::MAX_BATCH {
         return Err(CliError::new(format!("--pool {}: must be at least {}", a.pool, 2 * flowplane_packet::MAX_BATCH)));
     }
@@ -349,12 +392,18 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         Some(path) => Input::File(path),
         None => Input::Generated(Box::new(parse_gen(a.gen.as_deref().unwrap_or(DEFAULT_GEN))?)),
     };
-    // Every destination is checked before the first packet: export files first
-    // (creating the pcap truncates an existing one), then the output.
-    let exports = crate::results::create_exports(&parse_exports(&a.export)?)?;
     let live_out =
         a.output.as_ref().is_some_and(|p| crate::io_port_spec(&p.to_string_lossy()).is_some_and(|s| s.is_live()))
             || !a.ports.is_empty();
+    if !live_out && (a.promisc || a.eal.is_some()) {
+        let opt = if a.promisc { "--promisc" } else { "--eal" };
+        return Err(CliError::new(format!(
+            "{opt} configures live ports (afpacket:, afxdp:, dpdk:); this run replays a trace and writes no port"
+        )));
+    }
+    // Every destination is checked before the first packet: export files first
+    // (creating the pcap truncates an existing one), then the output.
+    let exports = crate::results::create_exports(&parse_exports(&a.export)?)?;
     let mut pcap_path = None;
     let output = match &a.output {
         Some(_) if live_out => {

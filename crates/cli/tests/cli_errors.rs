@@ -238,7 +238,7 @@ fn limits_instead_of_aborts() {
         (with(&["--chain", "synthetic(mem=16G)", "--virtual-cores", "64"]), "mem"),
         (vec!["run", "--gen", "--packets 1000000000", "--cores", "1"], "--packets"),
         (vec!["run", "--gen", "--packets 1000000000 --proto tcp", "--cores", "1"], "--packets"),
-        (with(&["--chain", "ddos", "--scale", "scr", "--scr-log", "4294967296"]), "--scr-log"),
+        (with(&["--chain", "ddos", "--scale", "scr", "--scr-recovery", "--scr-log", "4294967296"]), "--scr-log"),
         (with(&["--chain-file", "/dev/zero"]), "/dev/zero"),
         (with(&["--chain", "acl(rules=/dev/zero)"]), "/dev/zero"),
         (with(&["--chain", "route(routes=/dev/zero)"]), "/dev/zero"),

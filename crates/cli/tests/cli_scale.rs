@@ -136,3 +136,47 @@ fn bench_dyssect_prints_each_traces_ceiling_without_runs() {
         assert!((1.0..2.0).contains(&x), "{r}");
     }
 }
+
+/// Issue 30: an SCR replica runs its chain over its own tables in sequence
+/// order, not through the `Pipeline`, so `--exec` and the executor's table
+/// options changed nothing under `--scale scr` (the report even named the
+/// executor). Each is refused in one line, before the input is opened (a
+/// missing file is not reached); the default executor runs.
+#[test]
+fn scr_refuses_executor_options_before_loading() {
+    let missing = std::env::temp_dir().join(format!("flowplane-scr-exec-missing-{}.pcap", std::process::id()));
+    let m = missing.to_str().unwrap();
+    for opt in [
+        &["--exec", "rtc"][..],
+        &["--exec", "interleaved:4"],
+        &["--no-prefetch"],
+        &["--no-prefetch-hooks"],
+        &["--no-aux"],
+        &["--no-packing"],
+        &["--no-match-sharing"],
+        &["--table-full", "evict"],
+    ] {
+        let mut args = vec!["run", "--chain", "ddos -> hh", "--scale", "scr", "--cores", "2", "--input", m];
+        args.extend_from_slice(opt);
+        let out = run(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{opt:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{opt:?}: {err}");
+        assert!(err.contains(&format!("{}: --scale scr runs each replica's chain", opt.join(" "))), "{opt:?}: {err}");
+    }
+    let v = json(&[
+        "run",
+        "--chain",
+        "ddos -> hh",
+        "--scale",
+        "scr",
+        "--cores",
+        "2",
+        "--gen",
+        GEN,
+        "--exec",
+        "batch",
+        "--json",
+    ]);
+    assert_eq!(v["packets"], 20_000);
+}

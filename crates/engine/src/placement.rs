@@ -38,7 +38,8 @@ fn refuse(strategy: &str, msg: String) -> EngineError {
     EngineError::Config(format!("--scale {strategy}: {msg}"))
 }
 
-/// The placements of the chain's stateful NFs: (spec index, name, placement).
+/// The placements of the chain's stateful NFs and of the stateless elements
+/// that declare one (amf's private UE table): (spec index, name, placement).
 fn placements(chain: &Chain) -> Vec<(usize, &'static str, Placement)> {
     chain
         .stages
@@ -46,9 +47,23 @@ fn placements(chain: &Chain) -> Vec<(usize, &'static str, Placement)> {
         .enumerate()
         .filter_map(|(i, s)| match s {
             Stage::Stateful { nf, .. } => Some((i, nf.name(), nf.placement())),
-            Stage::Stateless(_) => None,
+            Stage::Stateless(nf) => nf.placement().map(|p| (i, nf.name(), p)),
         })
         .collect()
+}
+
+/// Sprayed packets of one flow reach every core: state that is neither in
+/// the flow tables (shared under `shared`) nor commutative is wrong there.
+fn spray_refusal(nf: &str, pl: &Placement) -> Option<String> {
+    match (pl.affinity, pl.global) {
+        (_, GlobalState::PortPool { .. } | GlobalState::Private) => {
+            Some(format!("{nf} keeps NF-global state per core that sprayed packets cannot share; use rss"))
+        }
+        (Affinity::Connection, _) => {
+            Some(format!("{nf} needs both directions of a connection in order on one core; use rss"))
+        }
+        _ => None,
+    }
 }
 
 /// Checks every NF's declared placement against `strategy` on `cores`
@@ -65,6 +80,18 @@ pub fn plan(
     let ps = placements(chain);
     if strategy.replicates() {
         // SCR: every core holds every key, so no steering is needed; each NF must opt in.
+        // A stateless element's own state is not replicated: it sees only its core's share.
+        let own = chain.stages.iter().filter_map(|s| match s {
+            Stage::Stateless(nf) => nf.placement().map(|p| (nf.name(), p)),
+            Stage::Stateful { .. } => None,
+        });
+        for (nf, pl) in own {
+            if cores > 1 {
+                if let Some(why) = spray_refusal(nf, &pl) {
+                    return Err(refuse(name, why));
+                }
+            }
+        }
         if let Some(why) = crate::scr::refusal(chain) {
             return Err(refuse(name, why));
         }
@@ -81,22 +108,12 @@ pub fn plan(
             .iter()
             .any(|s| matches!(s, Stage::Stateful { nf, .. } if nf.granularity() == Granularity::FiveTuple));
         for (_, nf, pl) in &ps {
-            match (pl.affinity, pl.global) {
-                (_, GlobalState::PortPool { .. } | GlobalState::Private) => {
-                    return Err(refuse(
-                        name,
-                        format!("{nf} keeps NF-global state per core that sprayed packets cannot share; use rss"),
-                    ))
-                }
-                (Affinity::Connection, _) => {
-                    return Err(refuse(
-                        name,
-                        format!("{nf} needs both directions of a connection in order on one core; use rss"),
-                    ))
-                }
-                // Order-dependent per-flow or per-address state: runs, its order not guaranteed.
-                (Affinity::Flow | Affinity::Source | Affinity::Destination, _) => p.unordered.push(nf.to_string()),
-                (Affinity::Any, _) => {}
+            if let Some(why) = spray_refusal(nf, pl) {
+                return Err(refuse(name, why));
+            }
+            // Order-dependent per-flow or per-address state: runs, its order not guaranteed.
+            if pl.affinity != Affinity::Any {
+                p.unordered.push(nf.to_string());
             }
         }
         return Ok(p);

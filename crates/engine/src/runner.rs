@@ -330,6 +330,27 @@ fn check(cfg: &RunConfig) -> Result<(), EngineError> {
             1 << 20
         )));
     }
+    if cfg.scale == "scr" {
+        // An SCR replica runs the chain over its own tables in sequence order
+        // (worker.rs hands the batch to it, not to the Pipeline): the
+        // executor and its table options would change nothing.
+        let (e, d) = (&cfg.exec, ExecConfig::default());
+        let kind = format!("--exec {}", e.kind);
+        let set = [
+            (e.kind != d.kind, kind.as_str()),
+            (!e.prefetch, "--no-prefetch"),
+            (!e.prefetch_hooks, "--no-prefetch-hooks"),
+            (!e.aux, "--no-aux"),
+            (!e.packing, "--no-packing"),
+            (!e.match_sharing, "--no-match-sharing"),
+            (e.full_policy != d.full_policy, "--table-full evict"),
+        ];
+        if let Some((_, opt)) = set.iter().find(|(on, _)| *on) {
+            return Err(EngineError::Config(format!(
+                "{opt}: --scale scr runs each replica's chain in its own order over its replica tables, not through an executor; drop {opt} or use another --scale"
+            )));
+        }
+    }
     Ok(())
 }
 

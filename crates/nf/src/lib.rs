@@ -119,4 +119,13 @@ pub trait Nf: Send {
     fn rewrites_flow(&self) -> bool {
         false
     }
+
+    /// What this element's own state needs on several cores, checked against
+    /// the strategy as a stateful NF's [`StatefulNf::placement`] is (steered,
+    /// or the chain refused). `None`: no state, or per-core figures that add
+    /// up (counters); an element keeping private per-core state that later
+    /// packets depend on must declare it, or a spraying strategy runs it wrong.
+    fn placement(&self) -> Option<Placement> {
+        None
+    }
 }

@@ -126,7 +126,9 @@ def main():
     for e, exe in enumerate(EXECS):
         for p, (label, args, cores) in enumerate(PLACEMENTS):
             batches = BATCHES if full else [BATCHES[(e + p + nf_i) % 4]]
-            cells += [(exe, b, label, args, cores) for b in batches]
+            # scr's replicas run no executor (another --exec is refused): its cells keep their batch sizes.
+            run_exe = "batch" if label == "scr" else exe
+            cells += [(run_exe, b, label, args, cores) for b in batches]
 
     failures, checked, drifts, known, spent = [], 0, [], [], {}
 

@@ -30,13 +30,19 @@
 //! `mode=rtc` prefetches nothing. Malformed messages, unknown UEs (other
 //! than on registration), replayed sequence numbers, disallowed slices and
 //! a full context table are counted drops; other packets pass untouched.
+//!
+//! Contexts are per core (a private table), so on several cores every
+//! message of a gNB association (one 5-tuple) must reach one core and stay
+//! there: `amf` declares that placement, and strategies that spray packets
+//! (`shared`, `scr`) or move flows between cores (`rsspp`, `dyssect`) are
+//! refused; `rss` runs it.
 
 use flowplane_packet::{prefetch, Batch, MAX_BATCH};
 use flowplane_wire::frame::PktMeta;
 use serde_json::{json, Value};
 
 use crate::registry::{KeyedBy, NfDescriptor, NfSink};
-use crate::{Nf, NfContext, NfCounters, ParamError, ParamSpec, Params};
+use crate::{Affinity, GlobalState, Nf, NfContext, NfCounters, ParamError, ParamSpec, Params, Placement};
 
 const PORT: ParamSpec = ParamSpec::uint("port", 38412, 1, 65535, "UDP port the AMF messages are sent to");
 // Per UE: its 24-line context, a free-list slot and up to 4 map slots (key and value).
@@ -498,6 +504,13 @@ impl Nf for Amf {
                 }
             }
         }
+    }
+
+    fn placement(&self) -> Option<Placement> {
+        // A UE's messages come over its gNB's association (one 5-tuple), and its
+        // context lives in this core's private table: every message of the flow
+        // must reach the core that registered the UE, and flows cannot move.
+        Some(Placement { affinity: Affinity::Flow, global: GlobalState::Private })
     }
 
     fn counters(&self) -> NfCounters {
