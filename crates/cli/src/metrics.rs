@@ -192,6 +192,13 @@ impl Collector for LiveCollector {
                     .map(|(e, v)| (vec![("port", n.clone()), ("event", e.to_string())], v))
             }),
         )?;
+        enc.encode_descriptor(
+            "flowplane_ready",
+            "1 once every worker (and the dispatcher) polls its queue: traffic sent from then on is received",
+            None,
+            MetricType::Gauge,
+        )?
+        .encode_gauge(&(live.ready.load(Ordering::Relaxed) as i64))?;
         counter(
             &mut enc,
             "flowplane_drops",

@@ -21,3 +21,8 @@ fn afpacket_nat_on_two_cores_steers_every_reply_to_its_owner() {
 fn afpacket_rsspp_moves_entries_under_traffic_losing_and_reordering_nothing() {
     ports_common::check_rsspp_moves("afpacket", 19_534);
 }
+
+#[test]
+fn afpacket_exports_equal_the_replays_under_every_steering() {
+    ports_common::check_same_exports_as_replay("afpacket", 19_535);
+}

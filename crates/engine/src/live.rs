@@ -73,6 +73,8 @@ pub struct Live {
     pub hz: f64,
     /// The dispatcher's figures while one runs ([`Steer::Dispatcher`]).
     pub dispatch: Mutex<Option<Arc<DispatchStats>>>,
+    /// Every worker is built and polls (tables prefaulted, queues open): the data plane is up.
+    pub ready: AtomicBool,
 }
 
 impl Live {
@@ -85,6 +87,7 @@ impl Live {
             no_port: Arc::new(AtomicU64::new(0)),
             hz: tsc::hz(),
             dispatch: Mutex::new(None),
+            ready: AtomicBool::new(false),
         }
     }
 
@@ -265,10 +268,7 @@ pub fn run_live(
                                 buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
                                 ..PoolConfig::default()
                             })?;
-                            let mut exec = Pipeline::new(chain, cfg.exec, shared.clone())?;
-                            // A page fault on the packet path is a stall that overflows the port's ring.
-                            exec.prefault();
-                            pool.prefault();
+                            // The queue opens first: what arrives while the tables fault in waits in its ring.
                             let source: Box<dyn Source> = match fed {
                                 Some(src) => Box::new(src),
                                 None => {
@@ -279,6 +279,10 @@ pub fn run_live(
                                     Box::new(PortSource::new(rx, Arc::clone(&live.input.counters()[w])))
                                 }
                             };
+                            let mut exec = Pipeline::new(chain, cfg.exec, shared.clone())?;
+                            // A page fault on the packet path is a stall that overflows the port's ring.
+                            exec.prefault();
+                            pool.prefault();
                             let sink = port_sink(&live.outputs, w, Some(Arc::clone(&live.no_port)))?;
                             // Behind the dispatcher a worker hands state over and takes it in (moves).
                             let ctl = table.as_ref().map(|(c, st)| Control::new(st, c));
@@ -322,6 +326,9 @@ pub fn run_live(
                     .map_err(EngineError::Thread)
             })
             .collect();
+        // Every worker is built (or failed) before the clock starts, and before the dispatcher
+        // hands anything over (until then the input's packets wait in the port's rings).
+        barrier.wait();
         let dispatcher_thread = dispatcher.map(|d| {
             let stop_dispatch = &stop_dispatch;
             std::thread::Builder::new()
@@ -329,8 +336,7 @@ pub fn run_live(
                 .spawn_scoped(s, move || d.run(stop_dispatch))
                 .map_err(EngineError::Thread)
         });
-        // Every worker is built (or failed) before the clock starts.
-        barrier.wait();
+        live.ready.store(true, Ordering::Relaxed);
         let deadline = cfg.duration.map(|d| Instant::now() + d + cfg.warmup.unwrap_or_default());
         let start = Instant::now();
         let mut next = start + Duration::from_secs(1);
