@@ -26,3 +26,8 @@ fn afpacket_rsspp_moves_entries_under_traffic_losing_and_reordering_nothing() {
 fn afpacket_exports_equal_the_replays_under_every_steering() {
     ports_common::check_same_exports_as_replay("afpacket", 19_535);
 }
+
+#[test]
+fn afpacket_fw_on_two_cores_passes_replies_and_related_icmp_errors() {
+    ports_common::check_fw_icmp_two_cores("afpacket", 19_536);
+}
