@@ -18,6 +18,7 @@ pub use flowplane_scale::dyssect::class::PriorityClass;
 use flowplane_scale::rss::DEFAULT_RETA_SIZE;
 use flowplane_scale::steer::{Classifier, HashOn, Steering};
 use flowplane_scale::strategy::{self, imbalance, LoadSample, Strategy};
+pub use flowplane_scale::NicProfile;
 use flowplane_trace::gen::Generator;
 
 use crate::chain::Chain;
