@@ -573,4 +573,45 @@ mod tests {
         assert_eq!(&std::fs::read(&files[0]).unwrap()[1..4], b"PNG");
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    #[test]
+    fn nic_table_puts_rsspp_and_dyssect_side_by_side_per_profile() {
+        let row = |strategy: &str, nic: &str, moves: u64, pending: usize| Row {
+            trace: "zipf".into(),
+            strategy: strategy.into(),
+            cores: 8,
+            nic: nic.into(),
+            moves_pending: pending,
+            nic_updates: 0,
+            nic_waited_max_ms: 0.0,
+            mpps: 1.5,
+            vs_rsspp: None,
+            imbalance: 0.25,
+            prio_p99_us: 10.0,
+            normal_p99_us: 20.0,
+            within_slo: true,
+            moves,
+            flow_moves: 0,
+            controller_ms: 0.0,
+            decisions: 0,
+            imbalance_windows: Vec::new(),
+            flows_moved: 0,
+            core_packets: Vec::new(),
+            core_busy_ms: Vec::new(),
+            ceiling_mpps: 0.0,
+            flow_over_entries: 1.0,
+            top_flow_share: 0.0,
+        };
+        let rows = [row("rsspp", "ideal", 40, 0), row("dyssect", "ideal", 12, 0), row("rsspp", "connectx4", 8, 32)];
+        let profiles = [NicProfile::ideal(), NicProfile::parse("connectx4").unwrap()];
+        let t = nic_table(&rows, &profiles);
+        let line = |nic: &str| t.lines().find(|l| l.starts_with("zipf") && l.contains(nic)).unwrap().to_string();
+        let cols = |l: String| l.split_whitespace().map(String::from).collect::<Vec<_>>();
+        // trace, cores, nic, |, rsspp's six figures, |, dyssect's six.
+        let ideal = cols(line("ideal"));
+        assert_eq!((&ideal[4][..], &ideal[5][..], &ideal[11][..]), ("40", "0", "12"), "{t}");
+        let cx = cols(line("connectx4"));
+        assert_eq!((&cx[4][..], &cx[5][..], &cx[11][..]), ("8", "32", "-"), "{t}");
+        assert!(t.contains("nic connectx4 (RETA update 359.23 ms"), "{t}");
+    }
 }
