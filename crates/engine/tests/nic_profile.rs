@@ -44,7 +44,8 @@ fn frame(f: u32, seq: u32) -> Vec<u8> {
 /// The stream (flow per packet) and each flow's packets per loop: 80% of the
 /// packets from `HEAVY` flows whose RETA entry is even (core 0's by default).
 fn stream(c: &Classifier) -> (Vec<u32>, Vec<u32>) {
-    let heavy: Vec<u32> = (0..FLOWS).filter(|&f| c.classify(&frame(f, 0)).unwrap().0 % 2 == 0).take(HEAVY).collect();
+    let heavy: Vec<u32> =
+        (0..FLOWS).filter(|&f| c.classify(&frame(f, 0)).unwrap().0.is_multiple_of(2)).take(HEAVY).collect();
     assert_eq!(heavy.len(), HEAVY);
     let mut x = 0x2545_f491u32;
     let mut per_flow = vec![0u32; FLOWS as usize];
@@ -53,7 +54,7 @@ fn stream(c: &Classifier) -> (Vec<u32>, Vec<u32>) {
             x ^= x << 13;
             x ^= x >> 17;
             x ^= x << 5;
-            let f = if x % 5 != 0 { heavy[(x >> 3) as usize % HEAVY] } else { (x >> 3) % FLOWS };
+            let f = if !x.is_multiple_of(5) { heavy[(x >> 3) as usize % HEAVY] } else { (x >> 3) % FLOWS };
             per_flow[f as usize] += 1;
             f
         })
