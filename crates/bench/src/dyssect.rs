@@ -372,11 +372,17 @@ pub fn table(rows: &[Row], slo_us: f64) -> String {
         "flows",
         "ctl ms"
     );
+    // Under several NIC profiles each row names its own (the table is unchanged otherwise).
+    let named = rows.iter().any(|r| r.nic != "ideal");
+    if named {
+        s = s.replacen("scale   ", "scale    nic       ", 1);
+    }
     for r in rows {
+        let scale = if named { format!("{:<8} {:<9}", r.strategy, r.nic) } else { r.strategy.clone() };
         s.push_str(&format!(
             "{:<10} {:<8} {:>4}p {:>9.2} {:>9.2} {:>8} {:>9.1}% {:>12.1}{} {:>13.1} {:>7} {:>6} {:>11.1}\n",
             r.trace,
-            r.strategy,
+            scale,
             r.cores,
             r.mpps,
             r.ceiling_mpps,
