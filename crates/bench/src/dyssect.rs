@@ -8,13 +8,18 @@
 //! service times — a projection like the throughput), RETA and flow moves,
 //! and the controller's time. A table, JSON and one PNG per trace and core
 //! count: load imbalance per 100 ms window over time, one line per strategy.
+//!
+//! `--nic-profile`: the same runs on emulated NICs that take time to apply
+//! a RETA update or a flow rule (the Dyssect paper's measured NICs), and a
+//! table with rsspp and dyssect side by side under each profile: moves done,
+//! moves still queued in the NIC at the end, imbalance, throughput, latency.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flowplane_engine::exec::ExecConfig;
-use flowplane_engine::runner::{prepare, run_prepared, Input, Output, PriorityClass};
+use flowplane_engine::runner::{prepare, run_prepared, Input, NicProfile, Output, PriorityClass};
 use flowplane_engine::spec;
 use flowplane_engine::RunConfig;
 use flowplane_scale::rss::DEFAULT_RETA_SIZE;
@@ -51,6 +56,8 @@ pub struct DyssectOptions {
     pub chain: String,
     /// The priority class's SLO (µs).
     pub slo_us: f64,
+    /// NIC profiles (update latencies) each strategy runs under.
+    pub profiles: Vec<NicProfile>,
 }
 
 impl DyssectOptions {
@@ -66,6 +73,7 @@ impl DyssectOptions {
             strategies: vec!["rss".into(), "rsspp".into(), "dyssect".into()],
             chain: "lb -> fsc".into(),
             slo_us: 50.0,
+            profiles: vec![NicProfile::ideal()],
         }
     }
 }
@@ -79,6 +87,14 @@ pub struct Row {
     pub strategy: String,
     /// Logical workers (projected cores).
     pub cores: usize,
+    /// NIC profile (update latencies).
+    pub nic: String,
+    /// Changes (RETA entries, flow rules and slots) still queued in the NIC at the end: requested, never applied.
+    pub moves_pending: usize,
+    /// NIC updates applied, and the longest time one waited from request to landing (ms).
+    pub nic_updates: u64,
+    /// See `nic_updates`.
+    pub nic_waited_max_ms: f64,
     /// Projected throughput (Mpps).
     pub mpps: f64,
     /// Against rsspp on the same trace and cores.
@@ -267,8 +283,9 @@ pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result
         let gen = trace(t, o)?;
         for &n in &o.cores {
             let bound = ceiling(&gen, n)?;
-            for s in &o.strategies {
+            for (nic, s) in o.profiles.iter().flat_map(|p| o.strategies.iter().map(move |s| (p, s))) {
                 let cfg = RunConfig {
+                    nic_profile: nic.clone(),
                     cores: 1,
                     virtual_cores: Some(n),
                     loops: None,
@@ -288,13 +305,17 @@ pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result
                 let g = Generator::new(gen.clone()).map_err(|e| e.to_string())?;
                 let r = prepare(&cfg, &spec, Input::Generated(Box::new(g)), false)
                     .and_then(|p| run_prepared(&cfg, &spec, &p, Output::Discard))
-                    .map_err(|e| format!("{t} {s} {n}: {e}"))?;
+                    .map_err(|e| format!("{t} {s} {n} {}: {e}", nic.name))?;
                 let sc = r.scale.as_ref().ok_or("no scale report")?;
                 let pr = sc.priority.as_ref();
                 let ctl = sc.controller.as_ref();
                 let g = |k: &str| ctl.and_then(|c| c.get(k)).and_then(|v| v.as_f64()).unwrap_or(0.0);
                 let mpps = sc.projected_mpps.unwrap_or(0.0);
-                let base = rows.iter().find(|x| x.trace == *t && x.cores == n && x.strategy == "rsspp").map(|x| x.mpps);
+                let base = rows
+                    .iter()
+                    .find(|x| x.trace == *t && x.cores == n && x.nic == nic.name && x.strategy == "rsspp")
+                    .map(|x| x.mpps);
+                let nr = sc.nic.as_ref();
                 let core_packets: Vec<u64> = r.per_core.iter().map(|c| c.packets).collect();
                 let busy_s: f64 = sc.work_ms.iter().sum::<f64>() / 1e3;
                 let done: u64 = core_packets.iter().sum();
@@ -304,6 +325,10 @@ pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result
                     trace: t.clone(),
                     strategy: s.clone(),
                     cores: n,
+                    nic: nic.name.clone(),
+                    moves_pending: nr.map_or(0, |x| x.pending_changes),
+                    nic_updates: nr.map_or(0, |x| x.updates),
+                    nic_waited_max_ms: nr.map_or(0.0, |x| x.waited_max_ms),
                     mpps,
                     vs_rsspp: base.filter(|&b| b > 0.0).map(|b| mpps / b),
                     imbalance: sc.imbalance_settled,
@@ -347,11 +372,17 @@ pub fn table(rows: &[Row], slo_us: f64) -> String {
         "flows",
         "ctl ms"
     );
+    // Under several NIC profiles each row names its own (the table is unchanged otherwise).
+    let named = rows.iter().any(|r| r.nic != "ideal");
+    if named {
+        s = s.replacen("scale   ", "scale    nic       ", 1);
+    }
     for r in rows {
+        let scale = if named { format!("{:<8} {:<9}", r.strategy, r.nic) } else { r.strategy.clone() };
         s.push_str(&format!(
             "{:<10} {:<8} {:>4}p {:>9.2} {:>9.2} {:>8} {:>9.1}% {:>12.1}{} {:>13.1} {:>7} {:>6} {:>11.1}\n",
             r.trace,
-            r.strategy,
+            scale,
             r.cores,
             r.mpps,
             r.ceiling_mpps,
@@ -385,15 +416,57 @@ pub fn table(rows: &[Row], slo_us: f64) -> String {
     s
 }
 
-/// One PNG per trace and core count: imbalance per window over time, a line per strategy.
+/// Per trace, core count and NIC profile: rsspp and dyssect side by side
+/// (moves done, moves still queued in the NIC at the end, imbalance,
+/// throughput, the priority class's and the other traffic's p99).
+pub fn nic_table(rows: &[Row], profiles: &[NicProfile]) -> String {
+    let side = |r: Option<&Row>| match r {
+        Some(r) => format!(
+            "{:>6} {:>7} {:>8.1}% {:>7.2} {:>9.1} {:>9.1}",
+            r.moves,
+            r.moves_pending,
+            r.imbalance * 100.0,
+            r.mpps,
+            r.prio_p99_us,
+            r.normal_p99_us
+        ),
+        None => format!("{:>6} {:>7} {:>9} {:>7} {:>9} {:>9}", "-", "-", "-", "-", "-", "-"),
+    };
+    let head = format!(
+        "{:>6} {:>7} {:>9} {:>7} {:>9} {:>9}",
+        "moves", "pending", "imbalance", "Mpps", "prio p99", "other p99"
+    );
+    let mut s = format!("{:<10} {:>5} {:<10} | rsspp {head} | dyssect {head}\n", "trace", "cores", "nic");
+    let mut keys: Vec<(&str, usize, &str)> = rows.iter().map(|r| (r.trace.as_str(), r.cores, r.nic.as_str())).collect();
+    keys.dedup();
+    for (t, n, nic) in keys {
+        let find = |st: &str| rows.iter().find(|r| r.trace == t && r.cores == n && r.nic == nic && r.strategy == st);
+        s.push_str(&format!(
+            "{t:<10} {n:>4}p {nic:<10} |       {} |         {}\n",
+            side(find("rsspp")),
+            side(find("dyssect"))
+        ));
+    }
+    for p in profiles {
+        s.push_str(&format!("nic {}\n", p.describe()));
+    }
+    s.push_str("(moves: completed, state handed over; pending: changes requested but still queued in the NIC at the end; imbalance after the first second; p99 in us, virtual time)\n");
+    s
+}
+
+/// One PNG per trace, core count and NIC profile: imbalance per window over time, a line per strategy.
 pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
     let text = crate::plot::register_font();
     let mut out = Vec::new();
-    let mut keys: Vec<(String, usize)> = rows.iter().map(|r| (r.trace.clone(), r.cores)).collect();
+    let mut keys: Vec<(String, usize, String)> =
+        rows.iter().map(|r| (r.trace.clone(), r.cores, r.nic.clone())).collect();
     keys.dedup();
-    for (t, n) in keys {
-        let path = dir.join(format!("dyssect-{t}-{n}.png"));
-        let mine: Vec<&Row> = rows.iter().filter(|r| r.trace == t && r.cores == n).collect();
+    for (t, n, nic) in keys {
+        let path = match nic.as_str() {
+            "ideal" => dir.join(format!("dyssect-{t}-{n}.png")),
+            _ => dir.join(format!("dyssect-{t}-{n}-{nic}.png")),
+        };
+        let mine: Vec<&Row> = rows.iter().filter(|r| r.trace == t && r.cores == n && r.nic == nic).collect();
         let xmax = mine.iter().map(|r| r.imbalance_windows.len()).max().unwrap_or(1).max(2) as f64 * 0.1;
         let root = BitMapBackend::new(&path, (1000, 600)).into_drawing_area();
         let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
@@ -401,7 +474,8 @@ pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
         let mut b = ChartBuilder::on(&root);
         b.margin(20);
         if text {
-            b.caption(format!("{t}, {n} projected cores: load imbalance per 100 ms window"), ("sans-serif", 22))
+            let on = if nic == "ideal" { String::new() } else { format!(" ({nic} NIC)") };
+            b.caption(format!("{t}, {n} projected cores{on}: load imbalance per 100 ms window"), ("sans-serif", 22))
                 .x_label_area_size(40)
                 .y_label_area_size(60);
         }
@@ -504,5 +578,46 @@ mod tests {
         assert_eq!(files.len(), 1);
         assert_eq!(&std::fs::read(&files[0]).unwrap()[1..4], b"PNG");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn nic_table_puts_rsspp_and_dyssect_side_by_side_per_profile() {
+        let row = |strategy: &str, nic: &str, moves: u64, pending: usize| Row {
+            trace: "zipf".into(),
+            strategy: strategy.into(),
+            cores: 8,
+            nic: nic.into(),
+            moves_pending: pending,
+            nic_updates: 0,
+            nic_waited_max_ms: 0.0,
+            mpps: 1.5,
+            vs_rsspp: None,
+            imbalance: 0.25,
+            prio_p99_us: 10.0,
+            normal_p99_us: 20.0,
+            within_slo: true,
+            moves,
+            flow_moves: 0,
+            controller_ms: 0.0,
+            decisions: 0,
+            imbalance_windows: Vec::new(),
+            flows_moved: 0,
+            core_packets: Vec::new(),
+            core_busy_ms: Vec::new(),
+            ceiling_mpps: 0.0,
+            flow_over_entries: 1.0,
+            top_flow_share: 0.0,
+        };
+        let rows = [row("rsspp", "ideal", 40, 0), row("dyssect", "ideal", 12, 0), row("rsspp", "connectx4", 8, 32)];
+        let profiles = [NicProfile::ideal(), NicProfile::parse("connectx4").unwrap()];
+        let t = nic_table(&rows, &profiles);
+        let line = |nic: &str| t.lines().find(|l| l.starts_with("zipf") && l.contains(nic)).unwrap().to_string();
+        let cols = |l: String| l.split_whitespace().map(String::from).collect::<Vec<_>>();
+        // trace, cores, nic, |, rsspp's six figures, |, dyssect's six.
+        let ideal = cols(line("ideal"));
+        assert_eq!((&ideal[4][..], &ideal[5][..], &ideal[11][..]), ("40", "0", "12"), "{t}");
+        let cx = cols(line("connectx4"));
+        assert_eq!((&cx[4][..], &cx[5][..], &cx[11][..]), ("8", "32", "-"), "{t}");
+        assert!(t.contains("nic connectx4 (RETA update 359.23 ms"), "{t}");
     }
 }

@@ -1,10 +1,12 @@
 //! `flowplane bench dyssect`: rss, rsspp and dyssect on uniform, Zipf,
 //! elephants and shifting-skew traces at projected 8 and 16 cores; a table
-//! (or JSON) and a PNG per trace and core count.
+//! (or JSON) and a PNG per trace and core count. `--nic-profile`: the runs
+//! under each emulated NIC's update latencies, rsspp and dyssect side by side.
 
 use std::path::PathBuf;
 
-use flowplane_bench::dyssect::{ceiling_table, plot, run_dyssect, table, DyssectOptions, TRACES};
+use flowplane_bench::dyssect::{ceiling_table, nic_table, plot, run_dyssect, table, DyssectOptions, TRACES};
+use flowplane_engine::runner::NicProfile;
 
 use crate::error::CliError;
 
@@ -31,6 +33,11 @@ pub struct DyssectArgs {
     /// Strategies.
     #[arg(long, value_delimiter = ',', value_parser = ["rss", "rsspp", "dyssect"])]
     pub strategies: Vec<String>,
+    /// NIC profiles, comma-separated: how long the emulated NIC takes to apply a RETA
+    /// update or a flow rule (ideal, bcm57416, nfp4000, connectx4, or reta=DUR:rule=DUR);
+    /// rsspp and dyssect (unless --strategies) run under each, shown side by side.
+    #[arg(long, value_delimiter = ',', value_name = "NAME")]
+    pub nic_profile: Vec<String>,
     /// The priority class's SLO, µs.
     #[arg(long, allow_negative_numbers = true)]
     pub slo_us: Option<f64>,
@@ -91,6 +98,13 @@ pub fn run(a: DyssectArgs) -> Result<(), CliError> {
     if !a.traces.is_empty() {
         o.traces = a.traces;
     }
+    let profiles = !a.nic_profile.is_empty();
+    if profiles {
+        o.profiles =
+            a.nic_profile.iter().map(|p| NicProfile::parse(p)).collect::<Result<_, _>>().map_err(CliError::new)?;
+        // rss never changes the table: the profiles compare the two that do.
+        o.strategies = vec!["rsspp".into(), "dyssect".into()];
+    }
     if !a.strategies.is_empty() {
         o.strategies = a.strategies;
     }
@@ -102,8 +116,14 @@ pub fn run(a: DyssectArgs) -> Result<(), CliError> {
     let rows = run_dyssect(&o, |r| {
         if !json {
             eprintln!(
-                "  {} {} {}p: {:.2} Mpps, prio p99 {:.1} us, {} moves",
-                r.trace, r.strategy, r.cores, r.mpps, r.prio_p99_us, r.moves
+                "  {} {} {}p{}: {:.2} Mpps, prio p99 {:.1} us, {} moves",
+                r.trace,
+                r.strategy,
+                r.cores,
+                if profiles { format!(" {}", r.nic) } else { String::new() },
+                r.mpps,
+                r.prio_p99_us,
+                r.moves
             );
         }
     })
@@ -111,10 +131,26 @@ pub fn run(a: DyssectArgs) -> Result<(), CliError> {
     std::fs::create_dir_all(&a.plot_dir).map_err(|e| CliError::new(format!("{}: {e}", a.plot_dir.display())))?;
     let files = plot(&rows, &a.plot_dir).map_err(CliError::new)?;
     if json {
-        let v = serde_json::json!({ "rows": rows, "plots": files, "slo_us": o.slo_us, "rate_pps": o.rate });
+        let mut v = serde_json::json!({ "rows": rows, "plots": files, "slo_us": o.slo_us, "rate_pps": o.rate });
+        if profiles {
+            v["nic_profiles"] = o
+                .profiles
+                .iter()
+                .map(|p| {
+                    serde_json::json!({
+                        "name": p.name,
+                        "reta_update_us": p.reta_update.as_secs_f64() * 1e6,
+                        "rule_insert_us": p.rule_insert.as_secs_f64() * 1e6,
+                    })
+                })
+                .collect();
+        }
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         out!("{}", table(&rows, o.slo_us));
+        if profiles {
+            out!("{}", nic_table(&rows, &o.profiles));
+        }
         for f in files {
             outln!("plot         {}", f.display());
         }

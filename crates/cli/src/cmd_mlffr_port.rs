@@ -60,6 +60,9 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
         return Err(CliError::new(format!("--drain {}: must be between 0.001 and 10 seconds", a.drain)));
     }
     a.run.duration = Some(a.trial);
+    if a.run.nic_profile.is_some() {
+        return Err(CliError::new("--nic-profile models the emulated NIC of a replay; a live port's NIC has its own"));
+    }
     let (cfg, spec) = config(&a.run)?;
     // The sender's traffic, loaded as a replay loads it: the in-memory reference runs on the same packets.
     let traffic = match &a.trace {

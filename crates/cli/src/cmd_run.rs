@@ -122,6 +122,10 @@ pub struct RunArgs {
     /// Control period of the strategy, in milliseconds.
     #[arg(long, default_value_t = 100.0, allow_negative_numbers = true)]
     pub scale_period_ms: f64,
+    /// How long the emulated NIC takes to apply a RETA update or a flow rule (rsspp, dyssect; replay only):
+    /// ideal (at once), bcm57416 (228 us), nfp4000 (1.07 ms), connectx4 (359 ms), or reta=DUR:rule=DUR.
+    #[arg(long, value_name = "NAME")]
+    pub nic_profile: Option<String>,
     /// Receive ring entries per core (a full ring drops and counts: rx_ring_full).
     #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
     pub ring: usize,
@@ -357,6 +361,15 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
     if a.restamp && a.output.is_none() {
         return Err(CliError::new("--restamp stamps the packets --output writes; it needs --output"));
     }
+    if let Some(p) = &a.nic_profile {
+        let p = flowplane_engine::runner::NicProfile::parse(p).map_err(CliError::new)?;
+        if !p.is_ideal() && !matches!(a.scale.as_str(), "rsspp" | "dyssect") {
+            return Err(CliError::new(format!(
+                "--nic-profile {}: --scale {} never updates the NIC's table (the profile applies to rsspp and dyssect)",
+                p.name, a.scale
+            )));
+        }
+    }
     if a.pool < 2 * flowplane_packet::MAX_BATCH {
         return Err(CliError::new(format!("--pool {}: must be at least {}", a.pool, 2 * flowplane_packet::MAX_BATCH)));
     }
@@ -373,6 +386,11 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         return Err(CliError::new("--port gives verdicts 1, 2, ...: it needs --output (verdict 0) first"));
     }
     if let Some(port) = crate::cmd_live::live_input(&a)? {
+        if a.nic_profile.is_some() {
+            return Err(CliError::new(
+                "--nic-profile models the emulated NIC of a replay; a live port's NIC has its own",
+            ));
+        }
         return crate::cmd_live::run(a, port);
     }
     if a.metrics.is_some() {
@@ -538,6 +556,10 @@ pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliErr
         slo_us: a.slo_us,
         long_period: Duration::from_secs_f64(a.long_period_ms / 1e3),
         solver_budget: Duration::from_secs_f64(a.solver_budget_ms / 1e3),
+        nic_profile: match &a.nic_profile {
+            Some(p) => flowplane_engine::runner::NicProfile::parse(p).map_err(CliError::new)?,
+            None => flowplane_engine::runner::NicProfile::ideal(),
+        },
     };
     Ok((cfg, spec))
 }

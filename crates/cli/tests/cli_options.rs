@@ -392,6 +392,15 @@ fn cases(dir: &Path) -> Vec<Case> {
             })),
         },
         Case {
+            opt: "--nic-profile",
+            without: dys(&[]),
+            with: dys(&["--nic-profile", "connectx4"]),
+            expect: Expect::Check(Box::new(|wo, w| {
+                let p = |o: &Out| o.at("/scale/nic/profile").as_str().unwrap_or("").to_string();
+                ok(p(wo) == "ideal" && p(w) == "connectx4", || format!("NIC profile {} -> {}", p(wo), p(w)))
+            })),
+        },
+        Case {
             opt: "--scale-period-ms",
             without: dys(&[]),
             with: dys(&["--scale-period-ms", "10"]),

@@ -180,3 +180,55 @@ fn scr_refuses_executor_options_before_loading() {
     ]);
     assert_eq!(v["packets"], 20_000);
 }
+
+#[test]
+fn nic_profiles_apply_to_rsspp_and_dyssect_and_are_refused_elsewhere() {
+    for (args, want) in [
+        (&["--scale", "rsspp", "--nic-profile", "e810"][..], "known: ideal, bcm57416, nfp4000, connectx4"),
+        (&["--nic-profile", "connectx4"][..], "--scale rss never updates the NIC's table"),
+        (&["--scale", "dyssect", "--nic-profile", "reta=fast"][..], "'fast' is not a duration"),
+    ] {
+        let out = run(&[&["run", "--gen", GEN, "--chain", "fsc"][..], args].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!((out.status.code(), err.lines().count()), (Some(2), 1), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    let out = run(&["bench", "dyssect", "--nic-profile", "ideal,cx9"]);
+    assert_eq!(out.status.code(), Some(2));
+    // The report names the profile and its latencies; every packet is processed once.
+    let v = json(&[
+        "run",
+        "--gen",
+        GEN,
+        "--chain",
+        "fsc",
+        "--cores",
+        "2",
+        "--scale",
+        "rsspp",
+        "--nic-profile",
+        "connectx4",
+        "--no-pin",
+        "--json",
+    ]);
+    let nic = &v["scale"]["nic"];
+    assert_eq!(nic["profile"], "connectx4", "{}", v["scale"]);
+    assert!((nic["reta_update_us"].as_f64().unwrap() - 359_226.71).abs() < 0.01, "{nic}");
+    assert_eq!(v["nfs"][0]["packets_in"], 20000);
+    let out = run(&[
+        "run",
+        "--gen",
+        GEN,
+        "--chain",
+        "fsc",
+        "--cores",
+        "2",
+        "--scale",
+        "dyssect",
+        "--nic-profile",
+        "bcm57416",
+        "--no-pin",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("nic          profile bcm57416: RETA update 228.05 us"), "{text}");
+}

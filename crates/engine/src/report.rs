@@ -241,6 +241,49 @@ pub struct ScaleReport {
     /// The strategy's own section (Dyssect: decisions, per-core load over time).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub controller: Option<serde_json::Value>,
+    /// The emulated NIC's update latencies and what they delayed (strategies that change the table).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nic: Option<NicReport>,
+}
+
+/// The NIC profile a run applied (`--nic-profile`) and the updates it delayed.
+#[derive(Clone, Debug, Serialize)]
+pub struct NicReport {
+    /// Profile name.
+    pub profile: String,
+    /// Latency of one RETA update (µs).
+    pub reta_update_us: f64,
+    /// Latency of one flow-rule operation (µs).
+    pub rule_insert_us: f64,
+    /// Updates applied (a RETA write, a flow-rule operation).
+    pub updates: u64,
+    /// Changes they carried (RETA entries moved, rules installed, rule slots moved).
+    pub changes: u64,
+    /// Sum over the applied updates of the time from request to landing (ms).
+    pub waited_total_ms: f64,
+    /// The longest of those (ms).
+    pub waited_max_ms: f64,
+    /// Updates still queued in the NIC when the run ended (never applied).
+    pub pending_updates: usize,
+    /// Changes they carried.
+    pub pending_changes: usize,
+}
+
+impl NicReport {
+    /// From the profile and the steering table's figures.
+    pub fn new(p: &flowplane_scale::NicProfile, s: flowplane_scale::steer::UpdateStats) -> Self {
+        NicReport {
+            profile: p.name.clone(),
+            reta_update_us: p.reta_update.as_secs_f64() * 1e6,
+            rule_insert_us: p.rule_insert.as_secs_f64() * 1e6,
+            updates: s.updates,
+            changes: s.changes,
+            waited_total_ms: s.waited_total.as_secs_f64() * 1e3,
+            waited_max_ms: s.waited_max.as_secs_f64() * 1e3,
+            pending_updates: s.pending_updates,
+            pending_changes: s.pending_changes,
+        }
+    }
 }
 
 /// Latency of the priority class and of the rest (`--priority`, `--slo-us`).
@@ -367,6 +410,7 @@ impl ScaleReport {
             projected_mpps: (cfg.virtual_cores.is_some() && busiest > 0.0).then_some(sustained),
             priority: None,
             controller: None,
+            nic: None,
         }
     }
 }
@@ -563,6 +607,22 @@ impl fmt::Display for Report {
                     p.normal_packets,
                     p.normal_latency_ns[1],
                     p.latency_from
+                )?;
+            }
+            if let Some(n) = &sc.nic {
+                let ms = |us: f64| flowplane_scale::nic_profile::fmt(Duration::from_secs_f64(us / 1e6));
+                writeln!(
+                    f,
+                    "nic          profile {}: RETA update {}, flow rule {}; {} updates applied ({} changes), waited {:.1} ms in all, at most {:.1} ms; {} updates ({} changes) still queued at the end",
+                    n.profile,
+                    ms(n.reta_update_us),
+                    ms(n.rule_insert_us),
+                    n.updates,
+                    n.changes,
+                    n.waited_total_ms,
+                    n.waited_max_ms,
+                    n.pending_updates,
+                    n.pending_changes
                 )?;
             }
             if let Some(c) = &sc.controller {

@@ -7,11 +7,13 @@
 
 pub mod dyssect;
 pub mod error;
+pub mod nic_profile;
 pub mod rss;
 pub mod steer;
 pub mod strategy;
 
 pub use error::ScaleError;
+pub use nic_profile::NicProfile;
 pub use rss::RssDispatcher;
 
 /// A dispatch strategy: which queue a frame goes to, and the flow hash the

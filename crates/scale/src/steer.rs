@@ -19,15 +19,32 @@
 //! Hot path: a queue reads [`Steering::generation`] once per burst and copies
 //! the table only when it changed; the mutex guards control operations
 //! (moves, hand-over mail), never a packet.
+//!
+//! Update latency ([`NicProfile`]): a real NIC takes time to apply a change
+//! (the Dyssect paper measured 228 µs to 359 ms per RETA update). A change
+//! requested at time `t` — a RETA move, a flow rule installed, a rule's slot
+//! moved — lands no earlier than `t` + the profile's latency, and the NIC
+//! applies updates one at a time: each waits in a serial queue behind the
+//! ones before it. Until a change lands the table steers as before: the
+//! move's switch point `at` is only chosen when it lands ([`Steering::pump`],
+//! called by the control loop), so the old owner keeps the key until then and
+//! the hand-over protocol above is unchanged. RETA moves requested between
+//! two pumps (one control period's decisions) form one update, as one write
+//! of the table does; each flow-rule operation is an update of its own.
+//! Controllers see the table as requested ([`Steering::planned_owners`]);
+//! queues see it as landed ([`Steering::owners`], the snapshots). With
+//! the default `ideal` profile every change lands at once, inside the call.
 
+use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use flowplane_wire::flow::{extract_five_tuple, FiveTuple, FiveTupleV4};
 use flowplane_wire::rss::{Toeplitz, MICROSOFT_KEY, SYMMETRIC_KEY};
 
-use crate::ScaleError;
+use crate::{NicProfile, ScaleError};
 
 /// What the RSS hash covers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -205,9 +222,13 @@ pub struct Move {
     pub from: u16,
     /// New owner.
     pub to: u16,
-    /// Stream position from which the new owner receives the key's packets.
+    /// Stream position from which the new owner receives the key's packets
+    /// ([`PENDING`] while the NIC has not applied the update yet).
     pub at: u64,
 }
+
+/// [`Move::at`] of a move whose update has not landed yet.
+pub const PENDING: u64 = u64::MAX;
 
 /// A key's flow state on its way from the old owner to the new.
 #[derive(Debug)]
@@ -252,8 +273,63 @@ struct Control {
     /// Moves whose new owner has not yet walked past their switch point.
     active: Vec<Move>,
     inbox: Vec<Vec<Handover>>,
-    /// Per flow slot: the exact-match rule bound to it (Dyssect's offloaded flows).
+    /// Per flow slot: the exact-match rule bound to it (Dyssect's offloaded flows), as landed.
     flow_rules: Vec<Option<FlowRule>>,
+    /// Per key: its owner after every requested change (landed or queued).
+    planned: Vec<u16>,
+    /// Per flow slot: its rule after every requested change (landed or queued).
+    planned_rules: Vec<Option<FlowRule>>,
+    /// Changes the NIC has not applied yet, oldest first (one at a time).
+    queue: VecDeque<Update>,
+    /// When the NIC finished its last update: the next starts no earlier.
+    nic_free: Option<Instant>,
+    stats: UpdateStats,
+}
+
+/// What one update changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum UpdateKind {
+    /// A write of the RETA (any number of entries).
+    Reta,
+    /// One flow-rule operation (install a rule, or re-target a rule's queue).
+    Rule,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Move(Move),
+    /// Flow slot index whose planned rule becomes the NIC's.
+    Rule(usize),
+}
+
+/// A change waiting in the NIC's update queue.
+#[derive(Debug)]
+struct Update {
+    kind: UpdateKind,
+    ops: Vec<Op>,
+    /// When its first change was requested.
+    requested: Instant,
+    /// When the control loop handed it to the NIC (a RETA update takes more moves until then).
+    submitted: Option<Instant>,
+    /// When the NIC started it (after the update before it).
+    start: Option<Instant>,
+}
+
+/// The NIC's update figures so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UpdateStats {
+    /// Updates applied (a RETA write, a flow-rule operation; each change at once under `ideal`).
+    pub updates: u64,
+    /// Changes they carried (RETA entries moved, rules installed, slots moved).
+    pub changes: u64,
+    /// Sum over the applied updates of the time from request to landing (as the control loop saw it land).
+    pub waited_total: Duration,
+    /// The longest of those.
+    pub waited_max: Duration,
+    /// Updates still queued.
+    pub pending_updates: usize,
+    /// Changes still queued (requested, never applied).
+    pub pending_changes: usize,
 }
 
 /// The live steering table shared by all queues of a port.
@@ -274,6 +350,8 @@ pub struct Steering {
     first_slot: usize,
     /// Per queue: the heaviest flows its worker sampled (published now and then, off the packet path).
     heavy: Box<[Mutex<Vec<HeavyFlow>>]>,
+    /// Update latencies.
+    profile: NicProfile,
 }
 
 impl Steering {
@@ -313,6 +391,7 @@ impl Steering {
         }
         owner.extend(std::iter::repeat_n(0u16, slots));
         let keys = owner.len();
+        let planned = owner.clone();
         Ok(Steering {
             queues,
             reta_size: n,
@@ -327,11 +406,163 @@ impl Steering {
                 active: Vec::new(),
                 inbox: (0..queues).map(|_| Vec::new()).collect(),
                 flow_rules: vec![None; slots],
+                planned,
+                planned_rules: vec![None; slots],
+                queue: VecDeque::new(),
+                nic_free: None,
+                stats: UpdateStats::default(),
             }),
             moves_done: AtomicU64::new(0),
             first_slot,
             heavy: (0..queues).map(|_| Mutex::new(Vec::new())).collect(),
+            profile: NicProfile::ideal(),
         })
+    }
+
+    /// The same table on a NIC with `profile`'s update latencies (default `ideal`).
+    pub fn with_nic_profile(mut self, profile: NicProfile) -> Self {
+        self.profile = profile;
+        self
+    }
+
+    /// The NIC's update latencies.
+    pub fn nic_profile(&self) -> &NicProfile {
+        &self.profile
+    }
+
+    fn latency(&self, kind: UpdateKind) -> Duration {
+        match kind {
+            UpdateKind::Reta => self.profile.reta_update,
+            UpdateKind::Rule => self.profile.rule_insert,
+        }
+    }
+
+    /// Queues change `op` (or applies it at once: no latency and nothing queued before it).
+    fn request(&self, ctl: &mut Control, kind: UpdateKind, op: Op, now: Instant) {
+        if ctl.queue.is_empty() && self.latency(kind).is_zero() {
+            self.land(ctl, op);
+            ctl.stats.updates += 1;
+            ctl.stats.changes += 1;
+            return;
+        }
+        // RETA moves not yet handed to the NIC ride in the same table write.
+        if let Some(tail) = ctl.queue.back_mut() {
+            if kind == UpdateKind::Reta && tail.kind == UpdateKind::Reta && tail.submitted.is_none() {
+                tail.ops.push(op);
+                return;
+            }
+        }
+        ctl.queue.push_back(Update { kind, ops: vec![op], requested: now, submitted: None, start: None });
+    }
+
+    /// Applies one change to the table the queues steer by.
+    fn land(&self, ctl: &mut Control, op: Op) {
+        match op {
+            Op::Move(mv) => {
+                // Announce first, then read the positions: a queue receives only
+                // within a span it claimed before re-reading the generation, so one
+                // still on the old generation has its claim visible here.
+                self.gen.fetch_add(1, Ordering::SeqCst);
+                // A queue that has finished claimed up to the end of the stream: the
+                // switch is then past every packet (a finished old owner never hands
+                // over, and a finished new owner never receives again). Its last
+                // real position counts too (a source that finished without a claim).
+                let at = self
+                    .scan
+                    .iter()
+                    .map(|s| {
+                        let (c, p) = (s.claim.load(Ordering::SeqCst), s.scan.load(Ordering::SeqCst));
+                        if p == u64::MAX {
+                            c.max(s.last.load(Ordering::SeqCst))
+                        } else {
+                            c.max(p)
+                        }
+                    })
+                    .max()
+                    .unwrap_or(0);
+                self.owner[mv.key as usize].store(mv.to, Ordering::SeqCst);
+                ctl.active.push(Move { at, ..mv });
+            }
+            Op::Rule(i) => {
+                let key = self.first_slot + i;
+                if let Some(rule) = ctl.planned_rules[i] {
+                    // The slot starts on the entry's owner: no packet changes queue until the slot moves.
+                    self.owner[key].store(self.owner[rule.entry as usize].load(Ordering::SeqCst), Ordering::SeqCst);
+                    ctl.flow_rules[i] = Some(rule);
+                    self.gen.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+
+    /// True if a queued change concerns `key` (a move of it, or its rule being installed).
+    fn queued(&self, ctl: &Control, key: u16) -> bool {
+        ctl.queue.iter().flat_map(|u| &u.ops).any(|op| match op {
+            Op::Move(m) => m.key == key,
+            Op::Rule(i) => self.first_slot + i == key as usize,
+        })
+    }
+
+    /// True if a move of `key` is queued (a slot whose rule is still queued may be moved: it lands after).
+    fn queued_move(ctl: &Control, key: u16) -> bool {
+        ctl.queue.iter().flat_map(|u| &u.ops).any(|op| matches!(op, Op::Move(m) if m.key == key))
+    }
+
+    /// The NIC's side of the clock: hands the changes requested since the
+    /// last call to the NIC (the RETA moves as one write) and applies every
+    /// update whose time has come, one after the other (each starts when the
+    /// one before it finished, or when it was handed over if later). The
+    /// control loop calls it after each period's decisions and whenever
+    /// [`Steering::next_landing`] is due.
+    pub fn pump(&self, now: Instant) {
+        let mut ctl = self.ctl();
+        for u in ctl.queue.iter_mut() {
+            u.submitted.get_or_insert(now);
+        }
+        loop {
+            let free = ctl.nic_free;
+            let Some(h) = ctl.queue.front_mut() else { break };
+            let ready = h.submitted.unwrap_or(h.requested);
+            let start = *h.start.get_or_insert(free.map_or(ready, |f| f.max(ready)));
+            let done = start + self.latency(h.kind);
+            if done > now {
+                break;
+            }
+            let Some(u) = ctl.queue.pop_front() else { break };
+            ctl.nic_free = Some(done);
+            for &op in &u.ops {
+                self.land(&mut ctl, op);
+            }
+            let waited = now.saturating_duration_since(u.requested);
+            let st = &mut ctl.stats;
+            st.updates += 1;
+            st.changes += u.ops.len() as u64;
+            st.waited_total += waited;
+            st.waited_max = st.waited_max.max(waited);
+        }
+    }
+
+    /// When the NIC finishes the update it is applying (None: nothing in flight).
+    pub fn next_landing(&self) -> Option<Instant> {
+        let ctl = self.ctl();
+        let h = ctl.queue.front()?;
+        Some(h.start? + self.latency(h.kind))
+    }
+
+    /// The NIC's update figures so far.
+    pub fn update_stats(&self) -> UpdateStats {
+        let ctl = self.ctl();
+        UpdateStats {
+            pending_updates: ctl.queue.len(),
+            pending_changes: ctl.queue.iter().map(|u| u.ops.len()).sum(),
+            ..ctl.stats
+        }
+    }
+
+    /// Owner of every key once every requested change has landed (what a
+    /// controller asked for; [`Steering::owners`] is what the NIC steers by).
+    pub fn planned_owners(&self) -> Vec<u16> {
+        self.ctl().planned.clone()
     }
 
     fn ctl(&self) -> std::sync::MutexGuard<'_, Control> {
@@ -360,7 +591,8 @@ impl Steering {
         self.gen.load(Ordering::SeqCst)
     }
 
-    /// Current owner of every key (after the moves started so far).
+    /// Current owner of every key as the NIC steers now (after the moves
+    /// whose update has landed; see [`Steering::planned_owners`]).
     pub fn owners(&self) -> Vec<u16> {
         self.owner.iter().map(|o| o.load(Ordering::SeqCst)).collect()
     }
@@ -471,53 +703,41 @@ impl Steering {
         out
     }
 
-    /// Starts moving RETA entry `key` to queue `to`. The switch point is the
-    /// furthest any queue has received or claimed (the end of the burst it
-    /// is in), so no queue has taken a packet of the key with the old view
-    /// at or beyond it, and the change takes effect within that burst.
+    /// Starts moving RETA entry (or flow slot) `key` to queue `to`. The
+    /// switch point is the furthest any queue has received or claimed when
+    /// the change lands (the end of the burst it is in), so no queue has
+    /// taken a packet of the key with the old view at or beyond it, and the
+    /// change takes effect within that burst. Under a profile with latency
+    /// the change is queued: the returned move's `at` is then [`PENDING`].
     pub fn start_move(&self, key: u16, to: u16) -> Result<Move, MoveError> {
+        self.start_move_at(key, to, Instant::now())
+    }
+
+    /// [`Steering::start_move`] requested at `now` (the control loop's clock).
+    pub fn start_move_at(&self, key: u16, to: u16, now: Instant) -> Result<Move, MoveError> {
         let k = key as usize;
         if (k >= self.reta_size && k < self.first_slot) || k >= self.owner.len() || to as usize >= self.queues {
             return Err(MoveError::BadArgs);
         }
         let mut ctl = self.ctl();
-        if k >= self.first_slot && ctl.flow_rules.get(k - self.first_slot).is_none_or(|r| r.is_none()) {
+        if k >= self.first_slot && ctl.planned_rules.get(k - self.first_slot).is_none_or(|r| r.is_none()) {
             // A free flow slot steers nothing: nothing to move.
             return Err(MoveError::BadArgs);
         }
-        if ctl.active.iter().any(|m| m.key == key) {
+        if ctl.active.iter().any(|m| m.key == key) || Self::queued_move(&ctl, key) {
             return Err(MoveError::Busy);
         }
-        let from = self.owner[key as usize].load(Ordering::SeqCst);
+        let from = ctl.planned[k];
         if from == to {
             return Err(MoveError::Same);
         }
-        // Announce first, then read the positions: a queue receives only
-        // within a span it claimed before re-reading the generation, so one
-        // still on the old generation has its claim visible here.
-        self.gen.fetch_add(1, Ordering::SeqCst);
-        // A queue that has finished claimed up to the end of the stream: the
-        // switch is then past every packet (a finished old owner never hands
-        // over, and a finished new owner never receives again). Its last
-        // real position counts too (a source that finished without a claim).
-        let at = self
-            .scan
-            .iter()
-            .map(|s| {
-                let (c, p) = (s.claim.load(Ordering::SeqCst), s.scan.load(Ordering::SeqCst));
-                if p == u64::MAX {
-                    c.max(s.last.load(Ordering::SeqCst))
-                } else {
-                    c.max(p)
-                }
-            })
-            .max()
-            .unwrap_or(0);
-        self.owner[key as usize].store(to, Ordering::SeqCst);
-        let mv = Move { id: ctl.next_id, key, from, to, at };
+        let mv = Move { id: ctl.next_id, key, from, to, at: PENDING };
         ctl.next_id += 1;
-        ctl.active.push(mv);
-        Ok(mv)
+        ctl.planned[k] = to;
+        let kind = if k < self.reta_size { UpdateKind::Reta } else { UpdateKind::Rule };
+        self.request(&mut ctl, kind, Op::Move(mv), now);
+        // Landed at once: the switch point is chosen.
+        Ok(ctl.active.iter().find(|m| m.id == mv.id).copied().unwrap_or(mv))
     }
 
     /// The old owner hands the key's state over (it has processed every packet of the key before `at`).
@@ -573,9 +793,10 @@ impl Steering {
         self.ctl().active.retain(|m| m.id != id);
     }
 
-    /// Moves not yet complete.
+    /// Moves not yet complete, and changes the NIC has not applied yet.
     pub fn active_moves(&self) -> usize {
-        self.ctl().active.len()
+        let ctl = self.ctl();
+        ctl.active.len() + ctl.queue.iter().map(|u| u.ops.len()).sum::<usize>()
     }
 
     /// The moves not yet complete (a dispatcher that steers for every queue needs them all).
@@ -651,23 +872,30 @@ impl Steering {
 
     /// Binds `rule` to a free slot, owned by the entry's current owner (so
     /// no packet changes queue until the slot itself is moved). Refused while
-    /// the entry moves. Returns the slot's key.
+    /// the entry moves. Returns the slot's key (under a profile with latency
+    /// the rule steers once its update lands; the slot may be moved meanwhile,
+    /// that move queued behind it).
     pub fn install_flow_rule(&self, rule: FlowRule) -> Result<u16, RuleError> {
+        self.install_flow_rule_at(rule, Instant::now())
+    }
+
+    /// [`Steering::install_flow_rule`] requested at `now` (the control loop's clock).
+    pub fn install_flow_rule_at(&self, rule: FlowRule, now: Instant) -> Result<u16, RuleError> {
         if rule.entry as usize >= self.reta_size {
             return Err(RuleError::BadSlot);
         }
         let mut ctl = self.ctl();
-        if ctl.active.iter().any(|m| m.key == rule.entry) {
+        if ctl.active.iter().any(|m| m.key == rule.entry) || Self::queued_move(&ctl, rule.entry) {
             return Err(RuleError::Busy);
         }
-        if ctl.flow_rules.iter().flatten().any(|r| r.tuple == rule.tuple || r.tuple.reversed() == rule.tuple) {
+        if ctl.planned_rules.iter().flatten().any(|r| r.tuple == rule.tuple || r.tuple.reversed() == rule.tuple) {
             return Err(RuleError::BadSlot);
         }
-        let Some(i) = ctl.flow_rules.iter().position(|r| r.is_none()) else { return Err(RuleError::BadSlot) };
+        let Some(i) = ctl.planned_rules.iter().position(|r| r.is_none()) else { return Err(RuleError::BadSlot) };
         let key = self.first_slot + i;
-        self.owner[key].store(self.owner[rule.entry as usize].load(Ordering::SeqCst), Ordering::SeqCst);
-        ctl.flow_rules[i] = Some(FlowRule { tuple: rule.tuple.with_flags(0), ..rule });
-        self.gen.fetch_add(1, Ordering::SeqCst);
+        ctl.planned[key] = ctl.planned[rule.entry as usize];
+        ctl.planned_rules[i] = Some(FlowRule { tuple: rule.tuple.with_flags(0), ..rule });
+        self.request(&mut ctl, UpdateKind::Rule, Op::Rule(i), now);
         Ok(key as u16)
     }
 
@@ -679,18 +907,23 @@ impl Steering {
             return Err(RuleError::BadSlot);
         }
         let mut ctl = self.ctl();
-        let Some(rule) = ctl.flow_rules[k - self.first_slot] else { return Err(RuleError::BadSlot) };
+        let Some(rule) = ctl.planned_rules[k - self.first_slot] else { return Err(RuleError::BadSlot) };
+        // Nothing queued for the slot or its entry: the landed table is the planned one there.
         if ctl.active.iter().any(|m| m.key == key || m.key == rule.entry)
+            || self.queued(&ctl, key)
+            || self.queued(&ctl, rule.entry)
             || self.owner[k].load(Ordering::SeqCst) != self.owner[rule.entry as usize].load(Ordering::SeqCst)
         {
             return Err(RuleError::Busy);
         }
+        // Removal is not modelled as an update: no packet changes queue (same owner), so it costs nothing here.
         ctl.flow_rules[k - self.first_slot] = None;
+        ctl.planned_rules[k - self.first_slot] = None;
         self.gen.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
-    /// The rules in use, as (slot key, rule).
+    /// The rules in use (landed: steering packets now), as (slot key, rule).
     pub fn flow_rules(&self) -> Vec<(u16, FlowRule)> {
         let ctl = self.ctl();
         ctl.flow_rules.iter().enumerate().filter_map(|(i, r)| r.map(|r| ((self.first_slot + i) as u16, r))).collect()
@@ -718,9 +951,10 @@ impl Steering {
         g
     }
 
-    /// Whether any move is in progress for `key`.
+    /// Whether any move is in progress (or queued in the NIC) for `key`.
     pub fn is_moving(&self, key: u16) -> bool {
-        self.ctl().active.iter().any(|m| m.key == key)
+        let ctl = self.ctl();
+        ctl.active.iter().any(|m| m.key == key) || self.queued(&ctl, key)
     }
 
     /// The steering key a flow's packets take: its rule's slot, or its RETA entry.
@@ -855,5 +1089,109 @@ mod tests {
             let mv = s.start_move(key, to).unwrap();
             assert_eq!(mv.at, 40_000);
         }
+    }
+
+    fn profiled(reta: Duration, rule: Duration) -> Steering {
+        let c = Classifier::new(8, false, HashOn::FiveTuple, false, Vec::new()).unwrap();
+        let p = NicProfile { name: "test".into(), reta_update: reta, rule_insert: rule };
+        Steering::with_flow_slots(2, &c, &[], 4).unwrap().with_nic_profile(p)
+    }
+
+    #[test]
+    fn a_move_lands_after_its_latency_and_the_old_owner_steers_until_then() {
+        let ms = Duration::from_millis(1);
+        let s = profiled(ms, Duration::ZERO);
+        let t0 = Instant::now();
+        s.publish_progress(0, 100, 50);
+        s.publish_progress(1, 200, 50);
+        let g = s.generation();
+        let mv = s.start_move_at(0, 1, t0).unwrap();
+        assert_eq!((mv.from, mv.to, mv.at), (0, 1, PENDING));
+        // Requested, not applied: the queues' table and generation are as before.
+        assert_eq!((s.owners()[0], s.planned_owners()[0], s.generation()), (0, 1, g));
+        assert!(s.is_moving(0) && s.active_moves() == 1);
+        assert_eq!(s.start_move_at(0, 0, t0), Err(MoveError::Busy));
+        let (mut own, mut mv0) = (vec![0u16; s.keys()], Vec::new());
+        s.snapshot(1, &mut own, &mut mv0);
+        assert!(own[0] == 0 && mv0.is_empty(), "the new owner sees no move before it lands");
+        s.pump(t0);
+        assert_eq!(s.next_landing(), Some(t0 + ms));
+        // The queues walk on meanwhile: the switch point is chosen when the update lands.
+        s.publish_progress(0, 5000, 2500);
+        s.pump(t0 + ms - Duration::from_micros(1));
+        assert_eq!((s.owners()[0], s.generation()), (0, g));
+        s.pump(t0 + ms);
+        assert_eq!(s.owners()[0], 1);
+        assert!(s.generation() > g);
+        s.snapshot(1, &mut own, &mut mv0);
+        assert_eq!((mv0.len(), mv0[0].id, mv0[0].at), (1, mv.id, 5000));
+        let st = s.update_stats();
+        assert_eq!((st.updates, st.changes, st.waited_max, st.pending_changes), (1, 1, ms, 0));
+        assert_eq!(s.next_landing(), None);
+    }
+
+    #[test]
+    fn updates_apply_one_at_a_time_and_a_periods_reta_moves_ride_together() {
+        let (ms, us) = (Duration::from_millis(1), Duration::from_micros(1));
+        let s = profiled(ms, Duration::from_micros(300));
+        let t0 = Instant::now();
+        // Period 1: two RETA moves, one table write.
+        s.start_move_at(0, 1, t0).unwrap();
+        s.start_move_at(2, 1, t0).unwrap();
+        s.pump(t0);
+        // Period 2, 100 us later: another write, queued behind the first.
+        let t1 = t0 + 100 * us;
+        s.start_move_at(1, 0, t1).unwrap();
+        // And a flow rule on entry 3, then its slot moved: each its own update, behind.
+        let rule = FlowRule {
+            entry: 3,
+            hash: 3,
+            tuple: FiveTupleV4::new(Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2), 1, 2, 17),
+        };
+        let slot = s.install_flow_rule_at(rule, t1).unwrap();
+        assert_eq!(s.install_flow_rule_at(rule, t1), Err(RuleError::BadSlot), "one rule per flow, queued or not");
+        assert_eq!(s.start_move_at(slot, 0, t1).unwrap().at, PENDING);
+        assert_eq!(s.remove_flow_rule(slot), Err(RuleError::Busy));
+        s.pump(t1);
+        assert_eq!(s.update_stats().pending_updates, 4);
+        assert_eq!(s.active_moves(), 5);
+        s.pump(t0 + ms);
+        assert_eq!((s.owners()[0], s.owners()[2], s.owners()[1]), (1, 1, 1), "the first write only");
+        assert_eq!(s.next_landing(), Some(t0 + 2 * ms), "the second starts when the first ends");
+        s.pump(t0 + 2 * ms - us);
+        assert_eq!(s.owners()[1], 1);
+        s.pump(t0 + 2 * ms);
+        assert_eq!(s.owners()[1], 0);
+        assert!(s.flow_rules().is_empty(), "the rule waits behind the RETA writes");
+        s.pump(t0 + 2 * ms + 300 * us);
+        assert_eq!(s.flow_rules().len(), 1);
+        assert_eq!(s.owners()[slot as usize], s.owners()[3], "a new rule starts on its entry's owner");
+        s.pump(t0 + 2 * ms + 600 * us);
+        assert_eq!(s.owners()[slot as usize], 0);
+        let st = s.update_stats();
+        assert_eq!((st.updates, st.changes, st.pending_updates), (4, 5, 0));
+        assert_eq!(st.waited_max, 2 * ms + 500 * us, "the slot move waited behind three updates");
+    }
+
+    #[test]
+    fn the_ideal_nic_applies_every_change_at_once() {
+        let s = profiled(Duration::ZERO, Duration::ZERO);
+        s.publish_progress(0, 70, 10);
+        let mv = s.start_move(5, 0).unwrap();
+        assert_eq!((mv.at, s.owners()[5]), (70, 0));
+        let rule = FlowRule {
+            entry: 5,
+            hash: 5,
+            tuple: FiveTupleV4::new(Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2), 1, 2, 17),
+        };
+        assert_eq!(s.install_flow_rule(rule), Err(RuleError::Busy), "the entry is still moving");
+        s.imported(mv);
+        s.retired(mv.id);
+        let slot = s.install_flow_rule(rule).unwrap();
+        assert_eq!(s.flow_rules().len(), 1);
+        assert_eq!(s.start_move(slot, 1).unwrap().at, 70);
+        assert_eq!(s.next_landing(), None);
+        let st = s.update_stats();
+        assert_eq!((st.updates, st.changes, st.waited_total, st.pending_updates), (3, 3, Duration::ZERO, 0));
     }
 }
