@@ -19,7 +19,7 @@ fn afpacket_nat_on_two_cores_steers_every_reply_to_its_owner() {
 
 #[test]
 fn afpacket_rsspp_moves_entries_under_traffic_losing_and_reordering_nothing() {
-    ports_common::check_rsspp_moves("afpacket", 19_534);
+    ports_common::check_moves("afpacket", "rsspp", 19_534);
 }
 
 #[test]
@@ -30,4 +30,9 @@ fn afpacket_exports_equal_the_replays_under_every_steering() {
 #[test]
 fn afpacket_fw_on_two_cores_passes_replies_and_related_icmp_errors() {
     ports_common::check_fw_icmp_two_cores("afpacket", 19_536);
+}
+
+#[test]
+fn afpacket_dyssect_moves_shards_and_flows_under_traffic_losing_and_reordering_nothing() {
+    ports_common::check_moves("afpacket", "dyssect", 19_537);
 }

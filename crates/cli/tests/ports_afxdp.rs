@@ -21,5 +21,5 @@ fn afxdp_nat_on_two_cores_steers_every_reply_to_its_owner() {
 
 #[test]
 fn afxdp_rsspp_moves_entries_under_traffic_losing_and_reordering_nothing() {
-    ports_common::check_rsspp_moves("afxdp", 19_544);
+    ports_common::check_moves("afxdp", "rsspp", 19_544);
 }

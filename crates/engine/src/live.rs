@@ -151,8 +151,10 @@ const DISPATCH_RING: usize = 4096;
 /// enough — a spray (`shared`), flow-director rules (nat's replies by port,
 /// fw's ICMP errors by quoted flow), per-core parameter shares, a symmetric
 /// or address-only hash — a dispatcher core steers by flowplane's table
-/// ([`Steer::Dispatcher`]). Strategies that move keys at run time or
-/// replicate state are refused on ports in one line.
+/// ([`Steer::Dispatcher`]), which also carries out the moves of strategies
+/// that rebalance (RSS++'s RETA moves, Dyssect's shard moves and per-flow
+/// rules) with their state. SCR (replicated state) is refused on ports in
+/// one line.
 pub fn run_live(
     cfg: &RunConfig,
     spec: &ChainSpec,
@@ -172,8 +174,6 @@ pub fn run_live(
     let mut strat = make_strategy(cfg, None)?;
     let why_not = if strat.replicates() {
         Some("its sequencer stamps and replays a history per packet, which the port dispatcher does not do yet")
-    } else if strat.flow_slots() > 0 {
-        Some("its per-flow rules (offloaded heavy flows) are not matched by the port dispatcher yet")
     } else {
         None
     };
@@ -205,7 +205,7 @@ pub fn run_live(
         Steer::Dispatcher => {
             let classifier =
                 Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())?;
-            let steering = Arc::new(Steering::new(nw, &classifier, &[])?);
+            let steering = Arc::new(Steering::with_flow_slots(nw, &classifier, &[], strat.flow_slots())?);
             Some((classifier, steering, if strat.spray() { Spread::Spray } else { Spread::Table }))
         }
         Steer::Port => None,
@@ -219,6 +219,8 @@ pub fn run_live(
     // The dispatcher opens every input queue into a pool of its own (an AF_XDP queue's UMEM).
     let table = steering.as_ref().map(|(c, st, _)| (c.clone(), Arc::clone(st)));
     let moving = strat.moves_flows();
+    // Dyssect samples heavy flows on the workers for its per-flow rules.
+    let stride = strat.sample_stride();
     let (dispatcher, mut dispatched) = match steering {
         Some((classifier, steering, spread)) => {
             let mut rxs = Vec::with_capacity(nw);
@@ -285,7 +287,7 @@ pub fn run_live(
                             pool.prefault();
                             let sink = port_sink(&live.outputs, w, Some(Arc::clone(&live.no_port)))?;
                             // Behind the dispatcher a worker hands state over and takes it in (moves).
-                            let ctl = table.as_ref().map(|(c, st)| Control::new(st, c));
+                            let ctl = table.as_ref().map(|(c, st)| Control::new(st, c).with_sampling(stride));
                             Ok(Worker::new(w, pool, source, exec, Box::new(sink), cfg.batch_size, 0, ctl))
                         };
                         let built = build();
@@ -375,6 +377,8 @@ pub fn run_live(
                         &mut prev_busy,
                         &mut log,
                     );
+                    // The period's changes go to the table (a port's dispatcher applies them at once).
+                    st.pump(Instant::now());
                 }
             }
         }
@@ -426,9 +430,11 @@ pub fn run_live(
     report.cycles_per_packet = if report.packets > 0 { busy as f64 / report.packets as f64 } else { 0.0 };
     report.exports = collect_exports(cfg, &pipelines, None, None, &report);
     let mut sr = steer_report(steer, strat.name(), &plan, dispatch_stats.as_deref(), hz);
-    sr.moves_started = log.started;
+    // Every move started is done or still under way (Dyssect starts its own, outside the log's count).
     sr.moves_done = table.as_ref().map_or(0, |(_, st)| st.moves_done());
+    sr.moves_started = sr.moves_done + table.as_ref().map_or(0, |(_, st)| st.active_moves() as u64);
     sr.stalls = workers.iter().map(|w| w.rx.stalls).sum();
+    sr.controller = if moving { strat.report_json() } else { None };
     report.steering = Some(sr);
     Ok(report)
 }

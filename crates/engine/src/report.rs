@@ -167,6 +167,9 @@ pub struct SteerReport {
     pub moves_done: u64,
     /// Receives held back at a moved key's packet until its state arrived.
     pub stalls: u64,
+    /// The strategy's own account (RSS++'s and Dyssect's decisions).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub controller: Option<serde_json::Value>,
 }
 
 /// The multi-core runtime's figures.

@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowplane_packet::{tsc, Batch, PacketPool, MAX_BATCH};
-use flowplane_scale::steer::{Classifier, Move, Steering};
+use flowplane_scale::steer::{Classifier, FlowRule, Move, Steering};
 use rtrb::{Consumer, Producer, RingBuffer};
 
 use crate::port::{QueueCounters, RxQueue};
@@ -137,6 +137,9 @@ pub struct Dispatcher {
     classifier: Classifier,
     steering: Arc<Steering>,
     owner: Vec<u16>,
+    /// Run-time flow rules (slot key, rule) and the RETA's size (keys below it are entries).
+    rules: Vec<(u16, FlowRule)>,
+    reta_size: usize,
     generation: u64,
     spread: Spread,
     next: usize,
@@ -226,6 +229,8 @@ impl Dispatcher {
             counts: vec![vec![0; keys]; workers],
             bursts: 0,
             markers: vec![Vec::new(); workers],
+            rules: steering.flow_rules(),
+            reta_size: steering.reta_size(),
             rxs,
             classifier,
             steering,
@@ -294,6 +299,7 @@ impl Dispatcher {
         }
         self.generation = g;
         self.owner = self.steering.owners();
+        self.rules = self.steering.flow_rules();
         if self.moving {
             for mv in self.steering.moves() {
                 if !self.moves.iter().any(|f| f.mv.id == mv.id) {
@@ -370,6 +376,13 @@ impl Dispatcher {
                         (0, 0)
                     }
                 };
+                // An exact-match rule (Dyssect's offloaded flow) takes the flow out of its RETA entry.
+                let mut key = key;
+                if !self.rules.is_empty() && (key as usize) < self.reta_size {
+                    if let Some((slot, _)) = self.rules.iter().find(|(_, r)| r.entry == key && r.matches_frame(data)) {
+                        key = *slot;
+                    }
+                }
                 let mut w = match self.spread {
                     Spread::Spray => {
                         let w = self.next;
