@@ -34,8 +34,8 @@ use crate::hist::Histogram;
 use crate::placement;
 use crate::report::Report;
 use crate::runner::{
-    build_chains_planned, collect_exports, control_tick, join_workers, make_strategy, merge_details, ControlLog,
-    RunConfig,
+    build_chains_planned, collect_exports, control_tick, import_late_mail, join_workers, make_strategy, merge_details,
+    ControlLog, RunConfig,
 };
 use crate::spec::ChainSpec;
 use crate::worker::{Control, Step, Worker, WorkerResult};
@@ -408,18 +408,7 @@ pub fn run_live(
     }
     let (mut workers, mut pipelines): (Vec<WorkerResult>, Vec<Pipeline>) = pairs.into_iter().unzip();
     if let Some((_, st)) = &table {
-        // State handed over after its new owner had finished: it still belongs there.
-        let mut mail = Vec::new();
-        for (q, (p, w)) in pipelines.iter_mut().zip(workers.iter_mut()).enumerate() {
-            st.take_mail(q, &mut mail);
-            for h in mail.drain(..) {
-                let (ok, bad) = p.import_flows(&h.state);
-                w.flows_in += ok as u64;
-                w.flows_refused += bad as u64;
-                st.imported(h.mv);
-            }
-            w.store = p.store_report();
-        }
+        import_late_mail(st, &mut pipelines, &mut workers);
     }
     let details = merge_details(&workers, &pipelines);
     let mut report = Report::from_workers(spec, cfg, &workers, details, elapsed, hz);

@@ -686,19 +686,7 @@ fn run_chains(
         replicas.extend(r);
     }
     if let Some((st, _, _)) = &nic_parts {
-        // State handed over after its new owner had finished: it still belongs there.
-        let mut mail = Vec::new();
-        for (q, (p, w)) in pipelines.iter_mut().zip(workers.iter_mut()).enumerate() {
-            st.take_mail(q, &mut mail);
-            for h in mail.drain(..) {
-                let (ok, bad) = p.import_flows(&h.state);
-                w.flows_in += ok as u64;
-                w.flows_refused += bad as u64;
-                st.imported(h.mv);
-            }
-            // The worker's table figures were read when it stopped, before these entries arrived.
-            w.store = p.store_report();
-        }
+        import_late_mail(st, &mut pipelines, &mut workers);
     }
     // Every worker has stopped: the state is final. Each NF's per-core
     // reports merge into one with its hook; exports read the final state.
@@ -757,6 +745,22 @@ fn run_chains(
     let scr_state = replicas.first().zip(keys.as_ref()).map(|(r, k)| (&**r, k));
     report.exports = collect_exports(cfg, &pipelines, scr_state, keys.as_ref(), &report);
     Ok(report)
+}
+
+/// State handed over after its new owner had finished still belongs there: imported once every worker stopped.
+pub(crate) fn import_late_mail(st: &Steering, pipelines: &mut [Pipeline], workers: &mut [WorkerResult]) {
+    let mut mail = Vec::new();
+    for (q, (p, w)) in pipelines.iter_mut().zip(workers.iter_mut()).enumerate() {
+        st.take_mail(q, &mut mail);
+        for h in mail.drain(..) {
+            let (ok, bad) = p.import_flows(&h.state);
+            w.flows_in += ok as u64;
+            w.flows_refused += bad as u64;
+            st.imported(h.mv);
+        }
+        // The worker's table figures were read when it stopped, before these entries arrived.
+        w.store = p.store_report();
+    }
 }
 
 /// Bursts a logical worker runs per turn.

@@ -175,14 +175,14 @@ pub fn run_between(
 ) -> (Vec<Vec<String>>, Vec<Vec<String>>, String) {
     let t = Topo::new(&format!("{}{tag}", &backend[..2]));
     let input = t.dir.join("in.pcap");
-    let capture = t.dir.join("cap.pcap");
+    let n = packets.to_string();
     must(&[
         BIN,
         "gen",
         "--flows",
         "16",
         "--packets",
-        &packets.to_string(),
+        &n,
         "--proto",
         "udp",
         "--seed",
@@ -190,98 +190,35 @@ pub fn run_between(
         "-o",
         input.to_str().unwrap(),
     ]);
-    // flowplane between the veths, until SIGINT.
-    let mut fp = Proc(Some(
-        Command::new(BIN)
-            .args(["run", "--input", &port_name(backend, &t.fa, 0), "--output", &port_name(backend, &t.fb, 1)])
-            .args(["--chain", chain, "--cores", "1", "--no-pin", "--json"])
-            .args(["--metrics", &format!("127.0.0.1:{metrics_port}")])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn flowplane"),
-    ));
-    // The receiver: tshark in the second namespace, UDP only (no stray frames).
-    let mut cap = Proc(Some(
-        Command::new("ip")
-            .args(["netns", "exec", &t.ns_b, "tshark", "-n", "-i", "v0", "-f", "udp", "-w"])
-            .arg(&capture)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn tshark"),
-    ));
-    // Both are listening once the capture file exists and the metrics answer.
-    let t0 = Instant::now();
-    while !(capture.exists() && ready(metrics_port)) {
-        if let Some(Ok(Some(_))) = fp.0.as_mut().map(|c| c.try_wait()) {
-            let out = fp.0.take().unwrap().wait_with_output().unwrap();
-            panic!("flowplane on {backend} ports exited at start: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        assert!(t0.elapsed() < Duration::from_secs(20), "flowplane or tshark did not start");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_millis(500));
-    // The sender: flowplane replaying the pcap into the first namespace's veth at 2000 packets/s.
-    must(&[
-        "ip",
-        "netns",
-        "exec",
-        &t.ns_a,
-        BIN,
-        "run",
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        "afpacket:v0",
-        "--chain",
-        "forward",
-        "--rate",
-        "2000",
-        "--cores",
-        "1",
-        "--no-pin",
-    ]);
-    // Everything has crossed once the metrics count it out (or 10 s pass).
-    let t0 = Instant::now();
-    let mut text = scrape(metrics_port);
-    while metric(&text, "flowplane_core_packets_out_total{core=\"0\"}") < packets as u64
-        && t0.elapsed() < Duration::from_secs(20)
-    {
-        std::thread::sleep(Duration::from_millis(200));
-        text = scrape(metrics_port);
-    }
+    // flowplane between the veths until SIGINT, tshark in the second namespace.
+    let run = Between::start(backend, &t, &["--chain", chain, "--cores", "1"], metrics_port);
+    run.send(&t, &input, 2000);
+    // Everything has crossed once the metrics count it out (or 20 s pass).
+    let text = run.wait_out(packets as u64);
     assert!(text.contains("200 OK") && text.contains("# TYPE flowplane_drops counter"), "{text}");
     let (inn, out) = (
         metric(&text, "flowplane_core_packets_total{core=\"0\"}"),
         metric(&text, "flowplane_core_packets_out_total{core=\"0\"}"),
     );
-    assert_eq!(
-        (inn, out),
-        (packets as u64, packets as u64),
-        "{backend}: packets in/out after {:?}: {text}",
-        t0.elapsed()
-    );
+    assert_eq!((inn, out), (packets as u64, packets as u64), "{backend}: packets in/out: {text}");
     assert_eq!(metric(&text, "flowplane_drops_total{reason=\"rx_overrun\"}"), 0);
     assert_eq!(metric(&text, "flowplane_drops_total{reason=\"tx_full\"}"), 0);
     assert!(text.contains("flowplane_batch_latency_cycles_bucket"), "latency histogram: {text}");
     assert!(text.contains("flowplane_table_flows{core=\"0\"}"), "{text}");
-    std::thread::sleep(Duration::from_millis(500));
-    let out = fp.interrupt_and_wait();
-    assert!(out.status.success(), "flowplane exit on SIGINT: {}", String::from_utf8_lossy(&out.stderr));
+    std::thread::sleep(Duration::from_millis(200));
+    let capture = run.capture.clone();
+    let report = run.stop();
     // Teardown: no XDP program is left on flowplane's interfaces.
     for me in [&t.fa, &t.fb] {
         let l = Command::new("ip").args(["-d", "link", "show", me]).output().unwrap();
         let l = String::from_utf8_lossy(&l.stdout);
         assert!(!l.contains("prog/xdp"), "{backend}: XDP program left on {me}: {l}");
     }
-    let capo = cap.interrupt_and_wait();
-    assert!(capo.status.success() || capture.exists());
     let fields =
         ["ip.src", "ip.dst", "udp.srcport", "udp.dstport", "data.data", "ip.checksum.status", "udp.checksum.status"];
     let sent = tshark_rows(&input, &fields);
     let got = tshark_rows(&capture, &fields);
-    (sent, got, String::from_utf8_lossy(&out.stdout).into_owned())
+    (sent, got, report)
 }
 
 /// flowplane running `run` between the topology's two veths (its own input and output
