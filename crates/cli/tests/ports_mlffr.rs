@@ -106,15 +106,19 @@ fn search(backend: &str, tag: &str) {
     // The bracket: every loss-free rate asked is below every lossy one asked after it, and rises.
     // A rate may be asked twice in a row (a lossy trial repeated, `--retries`; a short sender's
     // loss-free trial tried again): its two answers may differ.
-    // The search goes on from the last answer at a rate, so a rate asked again in a row counts once, as its last answer.
-    let mut asked: Vec<(f64, bool)> = Vec::new();
+    // The search goes on from the last answer at a rate, so a rate asked again in a row counts once,
+    // as its last answer; a loss-free trial whose sender fell short counts at the rate it offered
+    // (as the search credits it).
+    let mut runs: Vec<(f64, (f64, bool))> = Vec::new();
     for tr in &trials[1..] {
-        let now = (f(tr, "rate_pps"), tr["loss_free"].as_bool().unwrap());
-        match asked.last_mut() {
-            Some(last) if last.0 == now.0 => *last = now,
-            _ => asked.push(now),
+        let (asked_at, ok) = (f(tr, "rate_pps"), tr["loss_free"].as_bool().unwrap());
+        let now = (if ok { asked_at.min(f(tr, "offered_pps")) } else { asked_at }, ok);
+        match runs.last_mut() {
+            Some(last) if last.0 == asked_at => last.1 = now,
+            _ => runs.push((asked_at, now)),
         }
     }
+    let asked: Vec<(f64, bool)> = runs.into_iter().map(|r| r.1).collect();
     for (i, a) in asked.iter().enumerate() {
         for b in &asked[i + 1..] {
             match (a.1, b.1) {

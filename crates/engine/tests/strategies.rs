@@ -146,16 +146,17 @@ fn every_nf_is_correct_on_every_strategy_that_accepts_it() {
         let res = check_all(d.name, &chain_of(d.name), &gen);
         let accepted = |s: &str| res.iter().any(|(k, ok)| k == s && *ok);
         assert!(accepted("rss/2"), "{}: rss runs every NF", d.name);
-        // Per-flow state moves to shared tables under `shared`; per-core NF-global state cannot.
+        // Per-flow state moves to shared tables under `shared`; per-core NF-global state cannot
+        // (amf's UE contexts: a UE's messages must stay on the core that holds its context).
         assert_eq!(
             accepted("shared/2"),
-            !["fw", "nat", "conntrack"].contains(&d.name),
+            !["fw", "nat", "conntrack", "amf"].contains(&d.name),
             "{}: shared refuses per-core state",
             d.name
         );
         assert_eq!(
             accepted("rsspp/2"),
-            !["fw", "nat", "conntrack"].contains(&d.name),
+            !["fw", "nat", "conntrack", "amf"].contains(&d.name),
             "{}: rsspp refuses per-core state",
             d.name
         );
