@@ -5,30 +5,15 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
+
+mod ports_common;
+
+use ports_common::{must, sh, Proc};
 
 const BIN: &str = env!("CARGO_BIN_EXE_flowplane");
 
-fn sh(args: &[&str]) -> bool {
-    Command::new(args[0])
-        .args(&args[1..])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-fn must(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?} failed (these tests need root and iproute2): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A veth pair `NAME`/`NAMEp`, both up; deleted on drop.
 struct Veth(String);
 
 impl Veth {
@@ -56,42 +41,6 @@ impl Veth {
 impl Drop for Veth {
     fn drop(&mut self) {
         let _ = sh(&["ip", "link", "del", &self.0]);
-    }
-}
-
-/// A flowplane child killed on drop.
-struct Proc(Option<Child>);
-
-impl Proc {
-    fn spawn(args: &[&str]) -> Proc {
-        Proc(Some(
-            Command::new(BIN)
-                .args(args)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn flowplane"),
-        ))
-    }
-    fn pid(&self) -> u32 {
-        self.0.as_ref().expect("running").id()
-    }
-    fn signal_and_wait(&mut self, sig: &str) -> std::process::Output {
-        let c = self.0.take().expect("running");
-        let _ = sh(&["kill", sig, &c.id().to_string()]);
-        c.wait_with_output().expect("wait")
-    }
-    fn running(&mut self) -> bool {
-        self.0.as_mut().is_some_and(|c| c.try_wait().is_ok_and(|s| s.is_none()))
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 

@@ -347,8 +347,6 @@ pub fn run_live(
         // The strategy's control loop (RSS++: RETA moves from the dispatcher's per-key counts).
         let period = strat.period();
         let mut next_ctl = start + period;
-        let (mut prev_keys, mut prev_rx, mut prev_scan, mut prev_busy) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         while !stop.load(Ordering::Relaxed)
             && deadline.is_none_or(|d| Instant::now() < d)
             && handles.iter().any(|h| h.as_ref().is_ok_and(|h| !h.is_finished()))
@@ -368,15 +366,7 @@ pub fn run_live(
             if let (true, Some((_, st))) = (moving, table.as_ref()) {
                 if Instant::now() >= next_ctl {
                     next_ctl += period;
-                    control_tick(
-                        st,
-                        strat.as_mut(),
-                        &mut prev_keys,
-                        &mut prev_rx,
-                        &mut prev_scan,
-                        &mut prev_busy,
-                        &mut log,
-                    );
+                    control_tick(st, strat.as_mut(), &mut log);
                     // The period's changes go to the table (a port's dispatcher applies them at once).
                     st.pump(Instant::now());
                 }

@@ -407,6 +407,11 @@ pub(crate) struct ControlLog {
     cpp: Vec<f64>,
     /// Moves started.
     pub(crate) started: u64,
+    /// What the previous period read (its deltas are the window's figures).
+    prev_loads: Vec<(u64, Vec<u64>)>,
+    prev_rx: Vec<u64>,
+    prev_scan: Vec<u64>,
+    prev_busy: Vec<u64>,
 }
 
 /// Runs prebuilt per-worker chains over `trace`: real workers one per
@@ -622,10 +627,6 @@ fn run_chains(
         let deadline = cfg.duration.map(|d| Instant::now() + d + cfg.warmup.unwrap_or_default());
         let period = strategy.as_ref().map_or(Duration::from_millis(100), |s| s.period());
         let mut next_tick = Instant::now() + period;
-        let mut prev_keys: Vec<(u64, Vec<u64>)> = Vec::new();
-        let mut prev_rx: Vec<u64> = Vec::new();
-        let mut prev_scan: Vec<u64> = Vec::new();
-        let mut prev_busy: Vec<u64> = Vec::new();
         // Sleep in slices so a run whose workers finish early returns early;
         // the strategy's control loop ticks every period meanwhile.
         //
@@ -649,15 +650,7 @@ fn run_chains(
             if now >= next_tick {
                 next_tick += period;
                 if let (Some(st), Some(strat)) = (steering, strategy.as_mut()) {
-                    control_tick(
-                        st,
-                        strat.as_mut(),
-                        &mut prev_keys,
-                        &mut prev_rx,
-                        &mut prev_scan,
-                        &mut prev_busy,
-                        &mut log,
-                    );
+                    control_tick(st, strat.as_mut(), &mut log);
                     // This period's changes go to the NIC (its RETA moves as one write).
                     st.pump(Instant::now());
                     if strat.finished() {
@@ -791,15 +784,8 @@ fn take_turns(ws: &mut [Worker<'_>], stop: &AtomicBool) {
 
 /// One period of the control loop: the window's per-queue load and
 /// imbalance, the strategy's rebalancing, the moves started.
-pub(crate) fn control_tick(
-    st: &Steering,
-    strat: &mut dyn Strategy,
-    prev_loads: &mut Vec<(u64, Vec<u64>)>,
-    prev_rx: &mut Vec<u64>,
-    prev_scan: &mut Vec<u64>,
-    prev_busy: &mut Vec<u64>,
-    log: &mut ControlLog,
-) {
+pub(crate) fn control_tick(st: &Steering, strat: &mut dyn Strategy, log: &mut ControlLog) {
+    let ControlLog { prev_loads, prev_rx, prev_scan, prev_busy, .. } = log;
     // Each queue's share of the traffic in the window: packets it received per
     // stream position it walked (at full speed queues walk at their own pace;
     // paced, this is its share of the offered load).

@@ -280,11 +280,7 @@ impl Dispatcher {
             self.switch_due(u64::MAX);
             let t0 = std::time::Instant::now();
             while self.markers.iter().any(|m| !m.is_empty()) && t0.elapsed() < Duration::from_secs(1) {
-                for lane in &mut self.lanes {
-                    while let Ok(b) = lane.back.pop() {
-                        lane.free.push(b);
-                    }
-                }
+                Self::reclaim(&mut self.lanes);
                 Self::flush(&mut self.lanes, &mut self.markers);
                 std::thread::sleep(Duration::from_micros(100));
             }
@@ -334,11 +330,7 @@ impl Dispatcher {
             });
         }
         if self.markers.iter().any(|m| !m.is_empty()) {
-            for lane in &mut self.lanes {
-                while let Ok(b) = lane.back.pop() {
-                    lane.free.push(b);
-                }
-            }
+            Self::reclaim(&mut self.lanes);
             Self::flush(&mut self.lanes, &mut self.markers);
         }
         let t0 = tsc::rdtsc();
@@ -359,11 +351,7 @@ impl Dispatcher {
                 }
                 self.refresh();
             }
-            for lane in &mut self.lanes {
-                while let Ok(b) = lane.back.pop() {
-                    lane.free.push(b);
-                }
-            }
+            Self::reclaim(&mut self.lanes);
             let (_, pool, batch) = &mut self.rxs[qi];
             for i in 0..batch.len() {
                 let p = self.pos;
@@ -459,6 +447,15 @@ impl Dispatcher {
             QueueCounters::add(&s.busy_cycles, tsc::rdtsc().wrapping_sub(t0));
         }
         total
+    }
+
+    /// Takes back the buffers the workers are done with.
+    fn reclaim(lanes: &mut [Lane]) {
+        for lane in lanes {
+            while let Ok(b) = lane.back.pop() {
+                lane.free.push(b);
+            }
+        }
     }
 
     /// Puts waiting markers into their rings (each behind everything sent before it).

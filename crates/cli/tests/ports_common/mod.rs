@@ -9,6 +9,9 @@
 //! when the test fails (Drop guard). A machine where they cannot be made
 //! fails this test loudly: it never passes without running.
 
+// Each port test crate uses a part of this module (ports_live its process helpers only).
+#![allow(dead_code)]
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -17,7 +20,7 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_flowplane");
 
-fn sh(args: &[&str]) -> bool {
+pub fn sh(args: &[&str]) -> bool {
     Command::new(args[0])
         .args(&args[1..])
         .stdout(Stdio::null())
@@ -26,7 +29,7 @@ fn sh(args: &[&str]) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-fn must(args: &[&str]) {
+pub fn must(args: &[&str]) {
     let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
     assert!(
         out.status.success(),
@@ -100,13 +103,38 @@ impl Drop for Topo {
 }
 
 /// A child process killed on drop (a failing test leaves nothing running).
-struct Proc(Option<Child>);
+pub struct Proc(pub Option<Child>);
 
 impl Proc {
-    fn interrupt_and_wait(&mut self) -> std::process::Output {
+    /// flowplane with `args`, its output piped.
+    pub fn spawn(args: &[&str]) -> Proc {
+        Proc(Some(
+            Command::new(BIN)
+                .args(args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn flowplane"),
+        ))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.0.as_ref().expect("running").id()
+    }
+
+    /// Sends `sig` (as `kill` takes it) and waits for the exit.
+    pub fn signal_and_wait(&mut self, sig: &str) -> std::process::Output {
         let c = self.0.take().expect("running");
-        let _ = sh(&["kill", "-INT", &c.id().to_string()]);
+        let _ = sh(&["kill", sig, &c.id().to_string()]);
         c.wait_with_output().expect("wait")
+    }
+
+    pub fn interrupt_and_wait(&mut self) -> std::process::Output {
+        self.signal_and_wait("-INT")
+    }
+
+    pub fn running(&mut self) -> bool {
+        self.0.as_mut().is_some_and(|c| c.try_wait().is_ok_and(|s| s.is_none()))
     }
 }
 
@@ -375,7 +403,6 @@ pub fn check_nat(backend: &str, metrics_port: u16) {
 /// tshark captured) to the external port the flow got. Every flow gets its own external
 /// port (no port given twice across the cores), every reply reaches the inside address
 /// and port that owns it, both cores translate, and the report names the dispatcher.
-#[allow(dead_code)]
 pub fn check_nat_two_cores(backend: &str, metrics_port: u16) {
     let (n, flows) = (640usize, 64usize);
     let t = Topo::with_queues(&format!("{}2", &backend[..2]), 2);
@@ -494,7 +521,6 @@ print(len(out))
 /// flows) between the cores while the traffic flows. Every packet arrives, each flow's
 /// sequence numbers in order with no gap, the moves handed their flows' state over (the
 /// export counts every flow's packets exactly once), and the report counts the moves.
-#[allow(dead_code)]
 pub fn check_moves(backend: &str, scale: &str, metrics_port: u16) {
     let t = Topo::with_queues(&format!("{}{}", &backend[..2], &scale[..2]), 2);
     let input = t.dir.join("in.pcap");
@@ -583,7 +609,6 @@ fn export_state(path: &Path) -> Vec<String> {
 /// veths gives the same exported state for a chain of counting NFs, whatever the steering:
 /// the port's own queues (1 and 2 cores), the dispatcher's spray (`shared`) and its RETA
 /// with RSS++ moves (`rsspp`). The replay on one core is the reference.
-#[allow(dead_code)]
 pub fn check_same_exports_as_replay(backend: &str, metrics_port: u16) {
     let t = Topo::with_queues(&format!("{}d", &backend[..2]), 2);
     let input = t.dir.join("in.pcap");
@@ -642,7 +667,6 @@ pub fn check_same_exports_as_replay(backend: &str, metrics_port: u16) {
 /// packet's expected verdict in its IP id (1 passes, 0 is dropped): 32 inside UDP flows out,
 /// their replies in, ICMP port-unreachable errors from a router quoting each flow (related:
 /// pass), errors quoting flows that never existed and unsolicited outside packets (drop).
-#[allow(dead_code)]
 pub fn check_fw_icmp_two_cores(backend: &str, metrics_port: u16) {
     let t = Topo::with_queues(&format!("{}w", &backend[..2]), 2);
     let (first, second) = (t.dir.join("flows.pcap"), t.dir.join("errors.pcap"));
