@@ -87,6 +87,11 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
         Some(addr) => Some(metrics::serve(addr, Arc::clone(&live), Arc::clone(&stop))?),
         None => None,
     };
+    // Removed (the socket file too) when the run ends.
+    let ctl = match &a.ctl {
+        Some(path) => Some(crate::ctl::serve(path, Arc::clone(&live), spec.clone(), Arc::clone(&stop))?),
+        None => None,
+    };
     let tty = std::io::stdout().is_terminal();
     let mut status = metrics::Status::default();
     let mut tick = |l: &Live, at: std::time::Duration| {
@@ -107,6 +112,7 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
     if let Some(h) = server {
         let _ = h.join();
     }
+    drop(ctl);
     let report = result?;
     let mut lost = crate::results::Losses::default();
     lost.commit_exports(exports, |nf| export_rows(&report, nf));

@@ -46,6 +46,9 @@ pub struct RunArgs {
     /// Live runs: serve Prometheus metrics on this address (e.g. 127.0.0.1:9100).
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
+    /// Live runs: serve the control socket at PATH (`flowplane ctl PATH show runtime`, `set`, `load`, `export`, `stop`).
+    #[arg(long, value_name = "PATH")]
+    pub ctl: Option<std::path::PathBuf>,
     /// Chain spec, e.g. "forward -> count".
     #[arg(long, short = 'c', default_value = DEFAULT_CHAIN, conflicts_with = "chain_file")]
     pub chain: String,
@@ -395,6 +398,11 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
     }
     if a.metrics.is_some() {
         return Err(CliError::new("--metrics serves a live run (--input afpacket:IFACE, ...)"));
+    }
+    if a.ctl.is_some() {
+        return Err(CliError::new(
+            "--ctl serves a live run (--input afpacket:IFACE, ...); a replay runs to its end unattended",
+        ));
     }
     a.input = a.input.as_deref().map(crate::cmd_live::file_of);
     let demo = a.input.is_none() && a.gen.is_none();

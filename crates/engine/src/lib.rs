@@ -13,6 +13,7 @@
 pub mod budget;
 pub mod chain;
 pub mod coarse;
+pub mod control;
 pub mod error;
 pub mod exec;
 pub mod hist;

@@ -33,6 +33,8 @@ use crate::worker::Worker;
 pub struct CoreSnap {
     /// Packets received (after warm-up).
     pub packets: u64,
+    /// Batches processed (after warm-up).
+    pub batches: u64,
     /// Transmit counters.
     pub tx: TxCounters,
     /// TSC cycles spent on batches.
@@ -63,6 +65,8 @@ pub struct Live {
     pub dispatch: Mutex<Option<Arc<DispatchStats>>>,
     /// Every worker is built and polls (tables prefaulted, queues open): the data plane is up.
     pub ready: AtomicBool,
+    /// Requests to the workers (`flowplane ctl`), served between batches.
+    pub ctl: crate::control::Mailboxes,
 }
 
 impl Live {
@@ -76,6 +80,7 @@ impl Live {
             hz: tsc::hz(),
             dispatch: Mutex::new(None),
             ready: AtomicBool::new(false),
+            ctl: crate::control::Mailboxes::new(cores),
         }
     }
 
@@ -147,6 +152,7 @@ pub(crate) fn publish(cell: &Mutex<CoreSnap>, wk: &Worker<'_>, now: u64) {
     let p = wk.pipeline();
     let snap = CoreSnap {
         packets: r.packets,
+        batches: r.batches,
         tx: r.tx,
         busy_cycles: r.busy_cycles,
         at_tsc: now,

@@ -518,15 +518,22 @@ fn serve(ws: &mut [Worker<'_>], halt: &AtomicBool, live: &Live, hz: f64) {
     let mut idle = 0u32;
     let mut steps = 0u32;
     let mut open: Vec<usize> = (0..ws.len()).collect();
+    // What each worker's mailbox had posted when it last looked.
+    let mut seen = vec![0u64; ws.len()];
     while !open.is_empty() {
         let mut busy = false;
-        open.retain(|&i| match ws[i].step(halt) {
-            Step::Busy => {
-                busy = true;
-                true
+        open.retain(|&i| {
+            // Requests land between two batches.
+            let wk = &mut ws[i];
+            live.ctl.serve(wk.core(), &mut seen[i], wk.pipeline_mut());
+            match wk.step(halt) {
+                Step::Busy => {
+                    busy = true;
+                    true
+                }
+                Step::Idle => true,
+                Step::Done => false,
             }
-            Step::Idle => true,
-            Step::Done => false,
         });
         if busy {
             idle = 0;

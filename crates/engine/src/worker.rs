@@ -431,6 +431,11 @@ impl<'a> Worker<'a> {
         }
     }
 
+    /// The executor, to change between two batches (run-time requests).
+    pub fn pipeline_mut(&mut self) -> &mut Pipeline {
+        &mut self.exec
+    }
+
     /// The worker's index (its queue, its core's snapshot).
     pub fn core(&self) -> usize {
         self.core
