@@ -478,7 +478,14 @@ impl ScrReplica {
     /// end catches up from the sequencer's final history (a lossless
     /// control message; earlier gaps stay counted as unrecovered); a run
     /// stopped by time is left where it is (not comparable).
+    ///
+    /// A streaming sequencer (ports) has no end until its stream stops;
+    /// the dispatcher stops before its workers end, so by now the end it
+    /// left is the run's ([`Sequencer::end`]).
     pub fn finish(&mut self, chain: &mut Chain, ran_to_end: bool) {
+        if self.end.is_none() {
+            self.end = self.seq.end();
+        }
         if let Some(logs) = self.logs.clone() {
             let claim = match self.end {
                 Some(e) if ran_to_end => e,

@@ -76,6 +76,36 @@ impl ScrRun {
         trace: &flowplane_io::replay::ReplayTrace,
         chain: &Chain,
     ) -> Result<ScrRun, crate::error::EngineError> {
+        let history = Self::check(cfg, workers, threads)?;
+        let seq = Arc::new(Sequencer::new(trace, history, cfg.loss, cfg.seed));
+        let end = loops.map(|l| l.saturating_mul(seq.stream_len()));
+        let keys = (1..=seq.stream_len())
+            .map(|s| seq.record(s).connection_key())
+            .collect::<std::collections::HashSet<u128>>()
+            .len();
+        Ok(ScrRun { seq, logs: Self::logs(cfg, workers), end, fields: chain_fields(chain), keys })
+    }
+
+    /// [`ScrRun::new`] for a stream with no trace behind it (live ports:
+    /// the dispatcher core stamps packets as they arrive,
+    /// [`flowplane_io::scr::Stamper`]). The replica tables take `flows`
+    /// entries (the flow-table capacity); the end is not known before the
+    /// stream stops (the stamper leaves it with the sequencer, and every
+    /// replica catches up to it: [`Sequencer::end`]).
+    pub fn streaming(
+        cfg: &ScrConfig,
+        workers: usize,
+        threads: usize,
+        flows: usize,
+        chain: &Chain,
+    ) -> Result<ScrRun, crate::error::EngineError> {
+        let history = Self::check(cfg, workers, threads)?;
+        let seq = Arc::new(Sequencer::streaming(history, cfg.loss, cfg.seed));
+        Ok(ScrRun { seq, logs: Self::logs(cfg, workers), end: None, fields: chain_fields(chain), keys: flows.max(1) })
+    }
+
+    /// The configuration's checks; the history N.
+    fn check(cfg: &ScrConfig, workers: usize, threads: usize) -> Result<usize, crate::error::EngineError> {
         let bad = |m: String| Err(crate::error::EngineError::Config(m));
         let history = cfg.history.unwrap_or(workers);
         if history < workers || history > 4096 {
@@ -95,15 +125,13 @@ impl ScrRun {
         if !cfg.log_entries.is_power_of_two() || cfg.log_entries < 2 * history {
             return bad(format!("SCR log of {} entries: a power of two of at least 2N", cfg.log_entries));
         }
-        let seq = Arc::new(Sequencer::new(trace, history, cfg.loss, cfg.seed));
-        let end = loops.map(|l| l.saturating_mul(seq.stream_len()));
+        Ok(history)
+    }
+
+    /// The per-core logs (recovery on).
+    fn logs(cfg: &ScrConfig, workers: usize) -> Option<Arc<ScrLogs>> {
         // One core has no other log to recover from: a token log (never written per packet).
         let entries = if workers > 1 { cfg.log_entries } else { 2 };
-        let logs = cfg.recovery.then(|| Arc::new(ScrLogs::new(workers, entries)));
-        let keys = (1..=seq.stream_len())
-            .map(|s| seq.record(s).connection_key())
-            .collect::<std::collections::HashSet<u128>>()
-            .len();
-        Ok(ScrRun { seq, logs, end, fields: chain_fields(chain), keys })
+        cfg.recovery.then(|| Arc::new(ScrLogs::new(workers, entries)))
     }
 }

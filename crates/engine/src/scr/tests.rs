@@ -609,3 +609,52 @@ proptest::proptest! {
         }
     }
 }
+
+/// A stream stamped as it arrives (a port's dispatcher core) gives every
+/// replica the state the trace sequencer gives it: the same digests, and
+/// every replica caught up to the last sequence number the stamper left.
+#[test]
+fn a_stamped_stream_ends_every_replica_where_the_trace_run_does() {
+    use flowplane_io::scr::Stamper;
+    let end = 600u64;
+    let t = trace(12, end as u32);
+    let spec = crate::spec::parse("ddos(threshold=3,window=0.001) -> hh").unwrap();
+    let cores = 2usize;
+    let by_trace = Arc::new(Sequencer::new(&t, cores, 0.0, 1));
+    let streamed = Arc::new(Sequencer::streaming(cores, 0.0, 1));
+    let mut stamper = Stamper::new(Arc::clone(&streamed));
+    // What the dispatcher hands each core: its packets' sequence numbers and histories.
+    let mut sprayed: Vec<Vec<(u64, Vec<ScrRecord>)>> = vec![Vec::new(); cores];
+    let mut buf = Vec::new();
+    for i in 0..end as usize {
+        t.copy_frame(0, i, &mut buf);
+        let (s, h) = stamper.stamp(&buf, i as u64 * 20_000);
+        sprayed[i % cores].push((s, h.to_vec()));
+    }
+    assert_eq!(streamed.end(), None, "no end before the stream stops");
+    stamper.close();
+    let mut digests = Vec::new();
+    for (core, mine) in sprayed.iter().enumerate() {
+        let mut chain = Chain::build(&spec).unwrap();
+        let mut r = ScrReplica::new(core, &chain, 1024, u64::MAX / 4, Arc::clone(&streamed), None, None);
+        for (s, h) in mine {
+            r.step_record(&mut chain, *s, h);
+        }
+        r.finish(&mut chain, true);
+        let rep = r.report(&chain, 0);
+        assert!(rep.reached_end && rep.max_seq == end, "core {core}: {rep:?}");
+        assert_eq!((rep.gaps, rep.unrecovered), (0, 0));
+        digests.push(rep.digest);
+        // The trace path, the same core.
+        let mut chain = Chain::build(&spec).unwrap();
+        let mut r = ScrReplica::new(core, &chain, 1024, u64::MAX / 4, Arc::clone(&by_trace), None, Some(end));
+        let mut h = vec![ScrRecord::default(); cores];
+        for s in (core as u64 + 1..=end).step_by(cores) {
+            by_trace.fill(s, &mut h);
+            r.step_record(&mut chain, s, &h);
+        }
+        r.finish(&mut chain, true);
+        digests.push(r.report(&chain, 0).digest);
+    }
+    assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:x?}");
+}
