@@ -265,10 +265,9 @@ impl Stamper {
     }
 
     /// Stamps the next packet (`frame`, received at `ts_ns`): its sequence
-    /// number and its history (N records, oldest first, its own last; the
-    /// slots before sequence 1 hold default records, which no replica reads).
+    /// number (its history: [`Stamper::history`]).
     #[inline]
-    pub fn stamp(&mut self, frame: &[u8], ts_ns: u64) -> (u64, &[ScrRecord]) {
+    pub fn stamp(&mut self, frame: &[u8], ts_ns: u64) -> u64 {
         let n = self.ring.len() / 2;
         let m = PktMeta::parse(frame);
         let mut r = ScrRecord::from_frame(frame, &m);
@@ -279,7 +278,15 @@ impl Stamper {
         self.at = if self.at + 1 == n { 0 } else { self.at + 1 };
         self.ring[self.at] = r;
         self.ring[self.at + n] = r;
-        (self.last, &self.ring[self.at + 1..self.at + 1 + n])
+        self.last
+    }
+
+    /// The last stamped packet's history: N records, oldest first, its own
+    /// last (the slots before sequence 1 hold default records, which no replica reads).
+    #[inline(always)]
+    pub fn history(&self) -> &[ScrRecord] {
+        let n = self.ring.len() / 2;
+        &self.ring[self.at + 1..self.at + 1 + n]
     }
 
     /// The packet of sequence number `seq` is lost between the sequencer and its core (injected).
@@ -292,8 +299,7 @@ impl Stamper {
     /// to the sequencer (the replicas catch up to it: [`Sequencer::end`]).
     /// Once; a later call changes nothing.
     pub fn close(&self) {
-        let n = self.ring.len() / 2;
-        let h: Box<[ScrRecord]> = self.ring[self.at + 1..self.at + 1 + n].into();
+        let h: Box<[ScrRecord]> = self.history().into();
         let _ = self.seq.tail.set((self.last, h));
     }
 }
@@ -462,7 +468,8 @@ mod tests {
         for (i, f) in frames.iter().enumerate() {
             // Packet 5 arrives with an earlier time (another input queue): the clock holds.
             let ts = if i == 5 { 1 } else { 10 * i as u64 };
-            let (s, h) = st.stamp(f, ts);
+            let s = st.stamp(f, ts);
+            let h = st.history();
             assert_eq!(s, i as u64 + 1);
             let mut want = [ScrRecord::default(); 4];
             trace.fill(s, &mut want);

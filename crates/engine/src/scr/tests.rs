@@ -628,8 +628,8 @@ fn a_stamped_stream_ends_every_replica_where_the_trace_run_does() {
     let mut buf = Vec::new();
     for i in 0..end as usize {
         t.copy_frame(0, i, &mut buf);
-        let (s, h) = stamper.stamp(&buf, i as u64 * 20_000);
-        sprayed[i % cores].push((s, h.to_vec()));
+        let s = stamper.stamp(&buf, i as u64 * 20_000);
+        sprayed[i % cores].push((s, stamper.history().to_vec()));
     }
     assert_eq!(streamed.end(), None, "no end before the stream stops");
     stamper.close();
