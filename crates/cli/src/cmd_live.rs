@@ -8,7 +8,9 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use flowplane_engine::live::{run_live, Live};
+use flowplane_engine::live::Live;
+use flowplane_engine::runner::run_port;
+use flowplane_engine::runtime::Watch;
 use flowplane_io::port::{self, LinkStats, PcapPort, Port, PortOptions, PortSpec, PortStats};
 use flowplane_io::sink::SharedPcapWriter;
 
@@ -96,7 +98,7 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
             let _ = o.flush();
         }
     };
-    let result = run_live(&cfg, &spec, a.symmetric_rss, &live, &stop, &mut tick);
+    let result = run_port(&cfg, &spec, a.symmetric_rss, &live, Watch { stop: Some(&stop), tick: Some(&mut tick) });
     if tty {
         outln!();
     }

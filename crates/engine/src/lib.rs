@@ -23,6 +23,7 @@ pub mod mlffr_port;
 pub mod placement;
 pub mod report;
 pub mod runner;
+pub mod runtime;
 pub mod scr;
 pub mod spec;
 pub mod stage;
