@@ -284,11 +284,12 @@ impl Dispatcher {
     /// in worker order): it stamps every packet and sprays round robin, and
     /// each source hands the sequence numbers and histories over with its
     /// bursts. Needs [`Spread::Spray`] and no moves; before the first poll.
-    pub fn with_sequencer(
+    pub fn with_sequencer<'s>(
         mut self,
         seq: Arc<Sequencer>,
-        sources: &mut [DispatchedSource],
+        sources: impl IntoIterator<Item = &'s mut DispatchedSource>,
     ) -> Result<Self, DispatchError> {
+        let mut sources: Vec<&mut DispatchedSource> = sources.into_iter().collect();
         if self.spread != Spread::Spray || self.moving || !seq.is_streaming() || sources.len() != self.lanes.len() {
             return Err(DispatchError(
                 "an SCR sequencer needs a spraying dispatcher with no moves, a streaming sequencer and its sources"
@@ -304,7 +305,7 @@ impl Dispatcher {
             }
         }
         let workers = self.lanes.len() as u64;
-        for s in sources {
+        for s in sources.iter_mut() {
             s.scr = Some(ScrRx {
                 seqs: vec![0; MAX_BATCH].into_boxed_slice(),
                 hist: vec![ScrRecord::default(); MAX_BATCH * n].into_boxed_slice(),
