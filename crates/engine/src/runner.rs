@@ -412,8 +412,8 @@ const DISPATCH_RING: usize = 4096;
 /// or address-only hash — a dispatcher core steers by flowplane's table
 /// ([`Steer::Dispatcher`]), which also carries out the moves of strategies
 /// that rebalance (RSS++'s RETA moves, Dyssect's shard moves and per-flow
-/// rules) with their state. SCR (replicated state) is refused on ports in
-/// one line.
+/// rules) with their state, and is SCR's sequencer (stamping, histories,
+/// spray: [`Dispatcher::with_sequencer`]).
 pub fn run_port(
     cfg: &RunConfig,
     spec: &ChainSpec,
@@ -427,22 +427,17 @@ pub fn run_port(
     }
     let chain0 = Chain::build(spec)?;
     let strat = make_strategy(cfg, None)?;
-    if strat.replicates() {
-        return Err(EngineError::Config(format!(
-            "--scale {} on a live port ({}): its sequencer stamps and replays a history per packet, which the port dispatcher does not do yet; rss, shared, rsspp and dyssect run on ports",
-            strat.name(),
-            live.input.name()
-        )));
-    }
     let plan = placement::plan(&chain0, spec, strat.as_ref(), nw, symmetric_rss)?;
-    let steer = if nw > 1
-        && (strat.spray()
-            || strat.moves_flows()
-            || plan.symmetric
-            || plan.icmp_inner
-            || plan.hash_on != HashOn::FiveTuple
-            || !plan.rules.is_empty()
-            || plan.overrides.iter().any(|o| !o.is_empty()))
+    // SCR's sequencer is the dispatcher core, on one worker too.
+    let steer = if strat.replicates()
+        || nw > 1
+            && (strat.spray()
+                || strat.moves_flows()
+                || plan.symmetric
+                || plan.icmp_inner
+                || plan.hash_on != HashOn::FiveTuple
+                || !plan.rules.is_empty()
+                || plan.overrides.iter().any(|o| !o.is_empty()))
     {
         Steer::Dispatcher
     } else {

@@ -176,6 +176,8 @@ pub(crate) fn run_workers(
     let spray = strategy.as_ref().is_some_and(|s| s.spray());
     let scr = match (strategy.as_ref().is_some_and(|s| s.replicates()), chains.first(), &trace) {
         (true, Some(c), Some(t)) => Some(crate::scr::ScrRun::new(&cfg.scr, nw, threads, cfg.loops, t, c)?),
+        // A port: the dispatcher core stamps packets as they arrive.
+        (true, Some(c), None) => Some(crate::scr::ScrRun::streaming(&cfg.scr, nw, threads, cfg.exec.flows, c)?),
         _ => None,
     };
     let scr = scr.as_ref();
@@ -193,6 +195,14 @@ pub(crate) fn run_workers(
     let (dispatcher, mut dispatched) = match port {
         Some(p) => (p.dispatcher.take(), std::mem::take(&mut p.dispatched)),
         None => (None, Vec::new()),
+    };
+    // SCR on a port: the dispatcher core is the sequencer (stamps, histories, spray).
+    let dispatcher = match (dispatcher, scr) {
+        (Some(d), Some(r)) => Some(
+            d.with_sequencer(Arc::clone(&r.seq), dispatched.iter_mut().flatten())
+                .map_err(|e| EngineError::Config(e.to_string()))?,
+        ),
+        (d, _) => d,
     };
     let dispatch_stats = dispatcher.as_ref().map(Dispatcher::stats);
     if let Some(Ok(mut d)) = live.map(|l| l.dispatch.lock()) {
@@ -459,7 +469,9 @@ pub(crate) fn run_workers(
     };
     // Under scr the state is the replicas' (the pipelines' tables stay empty): export core 0's, which every
     // replica equals when the digests agree.
-    let scr_state = replicas.first().zip(keys.as_ref()).map(|(r, k)| (&**r, k));
+    // A port keeps no input: its replicas' keys are named from the records alone (IPv4; no IPv6 fold is known).
+    let no_keys = ExportKeys::default();
+    let scr_state = replicas.first().map(|r| (&**r, keys.as_ref().unwrap_or(&no_keys)));
     report.exports = collect_exports(cfg, &pipelines, scr_state, keys.as_ref(), &report);
     Ok(report)
 }
