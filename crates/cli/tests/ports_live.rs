@@ -102,7 +102,7 @@ fn metrics_server_is_bounded_and_answers_only_get_metrics() {
     assert!(during <= before, "threads grew with idle connections: {before} -> {during}");
     let m = http(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
     assert!(m.starts_with("HTTP/1.1 200 OK\r\n"), "{m}");
-    assert!(m.contains("# TYPE flowplane_drops counter"), "{m}");
+    assert!(m.contains("# TYPE flowplane_drops_total counter"), "{m}");
     // A partial request holds a connection at most 2 s.
     let mut slow = TcpStream::connect(("127.0.0.1", port)).unwrap();
     slow.write_all(b"GET /metr").unwrap();

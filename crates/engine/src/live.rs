@@ -1,8 +1,8 @@
 //! What a live run on real ports shows while it goes on: [`Live`] holds the
 //! input and output ports (their per-queue counters are atomics the workers
 //! write once per burst) and each core's snapshot (packets, busy cycles,
-//! tables, NF counters, latency), which the workers publish about twice a
-//! second at a batch boundary ([`crate::runtime`] runs them); a status line
+//! tables, NF counters and each NF's own report, latency), which the workers
+//! publish about twice a second at a batch boundary ([`crate::runtime`] runs them); a status line
 //! and a metrics scrape read it. Also here: the sink that sends a worker's
 //! packets on the output ports by verdict, and how a live run steers
 //! packets to its workers ([`Steer`], reported).
@@ -43,6 +43,9 @@ pub struct CoreSnap {
     pub store: StoreReport,
     /// Per-NF counters in chain order.
     pub nfs: Vec<(String, NfCounters)>,
+    /// Per NF (chain order), its own report on this core (`report()`; the
+    /// metrics export its numeric fields).
+    pub nf_details: Vec<Option<serde_json::Value>>,
     /// Receive-to-transmit cycles per batch.
     pub latency: Option<Histogram>,
 }
@@ -145,13 +148,15 @@ pub(crate) fn steer_report(
 pub(crate) fn publish(cell: &Mutex<CoreSnap>, wk: &Worker<'_>, now: u64) {
     let r = wk.result();
     let p = wk.pipeline();
+    let (nfs, nf_details) = p.nf_results().into_iter().map(|(n, c, d)| ((n, c), d)).unzip();
     let snap = CoreSnap {
         packets: r.packets,
         tx: r.tx,
         busy_cycles: r.busy_cycles,
         at_tsc: now,
         store: p.store_report(),
-        nfs: p.nf_results().into_iter().map(|(n, c, _)| (n, c)).collect(),
+        nfs,
+        nf_details,
         latency: Some(r.batch_latency.clone()),
     };
     if let Ok(mut c) = cell.lock() {

@@ -223,7 +223,7 @@ pub fn run_between(
     run.send(&t, &input, 2000);
     // Everything has crossed once the metrics count it out (or 20 s pass).
     let text = run.wait_out(packets as u64);
-    assert!(text.contains("200 OK") && text.contains("# TYPE flowplane_drops counter"), "{text}");
+    assert!(text.contains("200 OK") && text.contains("# TYPE flowplane_drops_total counter"), "{text}");
     let (inn, out) = (
         metric(&text, "flowplane_core_packets_total{core=\"0\"}"),
         metric(&text, "flowplane_core_packets_out_total{core=\"0\"}"),
@@ -231,7 +231,7 @@ pub fn run_between(
     assert_eq!((inn, out), (packets as u64, packets as u64), "{backend}: packets in/out: {text}");
     assert_eq!(metric(&text, "flowplane_drops_total{reason=\"rx_overrun\"}"), 0);
     assert_eq!(metric(&text, "flowplane_drops_total{reason=\"tx_full\"}"), 0);
-    assert!(text.contains("flowplane_batch_latency_cycles_bucket"), "latency histogram: {text}");
+    assert!(text.contains("flowplane_batch_latency_seconds_bucket"), "latency histogram: {text}");
     assert!(text.contains("flowplane_table_flows{core=\"0\"}"), "{text}");
     std::thread::sleep(Duration::from_millis(200));
     let capture = run.capture.clone();
