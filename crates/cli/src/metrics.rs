@@ -268,7 +268,13 @@ impl Collector for LiveCollector {
             "flowplane's version (always 1)",
             [(vec![("version", env!("CARGO_PKG_VERSION").to_string())], 1i64)],
         )?;
-        counter(&mut enc, "flowplane_core_packets", "Packets received per worker core", None, per_core(&|c| c.packets))?;
+        counter(
+            &mut enc,
+            "flowplane_core_packets",
+            "Packets received per worker core",
+            None,
+            per_core(&|c| c.packets),
+        )?;
         counter(
             &mut enc,
             "flowplane_core_packets_out",

@@ -419,3 +419,10 @@ fn afxdp_recreated_input_without_its_queue_stops_the_run() {
     );
     assert_eq!(xdp_prog(&name), None);
 }
+
+/// Issue 31: both metrics formats pass outside checkers (promtool, the reference OpenMetrics
+/// parser) and agree with the final report (see `ports_common::check_metrics`).
+#[test]
+fn metrics_pass_promtool_in_both_formats_and_match_the_report() {
+    ports_common::check_metrics("afpacket", 19_561);
+}
