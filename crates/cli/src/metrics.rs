@@ -671,3 +671,83 @@ pub fn serve(addr: &str, live: Arc<Live>, stop: Arc<AtomicBool>) -> Result<std::
         })
         .map_err(|e| CliError::new(format!("--metrics: {e}")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `prometheus-client` writes (OpenMetrics), as 0.0.4 wants it: counters' HELP/TYPE
+    /// under their `_total` sample name, no UNIT, no EOF; other families untouched.
+    #[test]
+    fn openmetrics_to_text_004() {
+        let om = "# HELP a_packets Packets.\n# TYPE a_packets counter\na_packets_total{core=\"0\"} 3\n\
+                  # HELP a_busy_seconds Busy.\n# TYPE a_busy_seconds counter\n# UNIT a_busy_seconds seconds\n\
+                  a_busy_seconds_total 0.5\n# HELP a_up Up.\n# TYPE a_up gauge\na_up 1\n\
+                  # HELP a_lat_seconds Lat.\n# TYPE a_lat_seconds histogram\n# UNIT a_lat_seconds seconds\n\
+                  a_lat_seconds_sum 0.1\na_lat_seconds_count 2\na_lat_seconds_bucket{le=\"+Inf\"} 2\n\
+                  # HELP a_x X.\n# TYPE a_x unknown\na_x 7\n# EOF\n";
+        let want = "# HELP a_packets_total Packets.\n# TYPE a_packets_total counter\na_packets_total{core=\"0\"} 3\n\
+                    # HELP a_busy_seconds_total Busy.\n# TYPE a_busy_seconds_total counter\na_busy_seconds_total 0.5\n\
+                    # HELP a_up Up.\n# TYPE a_up gauge\na_up 1\n\
+                    # HELP a_lat_seconds Lat.\n# TYPE a_lat_seconds histogram\n\
+                    a_lat_seconds_sum 0.1\na_lat_seconds_count 2\na_lat_seconds_bucket{le=\"+Inf\"} 2\n\
+                    # HELP a_x X.\n# TYPE a_x untyped\na_x 7\n";
+        assert_eq!(text_004(om), want);
+    }
+
+    fn head(accept: Option<&str>) -> String {
+        let a = accept.map_or(String::new(), |a| format!("Accept: {a}\r\n"));
+        format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{a}\r\n")
+    }
+
+    #[test]
+    fn accept_header_picks_the_format() {
+        // Prometheus 2.x and 3.x defaults.
+        for a in [
+            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,\
+             text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+            "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,\
+             text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
+            "Application/OpenMetrics-Text",
+        ] {
+            assert!(wants_openmetrics(&head(Some(a))), "{a}");
+        }
+        assert!(wants_openmetrics("GET /metrics HTTP/1.1\r\naccept:application/openmetrics-text\r\n\r\n"));
+        for a in [
+            None,
+            Some("*/*"),
+            Some("text/plain;version=0.0.4"),
+            Some("application/openmetrics-text;q=0, text/plain"),
+            Some("application/openmetrics-text;q=0.5, */*"),
+            Some("application/json"),
+        ] {
+            assert!(!wants_openmetrics(&head(a)), "{a:?}");
+        }
+        // The request line is not a header, even when its target says openmetrics.
+        assert!(!wants_openmetrics("GET /accept:application/openmetrics-text HTTP/1.1\r\n\r\n"));
+    }
+
+    #[test]
+    fn report_fields_are_the_numbers_under_names() {
+        let r = serde_json::json!({
+            "k": 10, "mode": "drop", "on": true, "none": null, "neg": -3, "ratio": 0.25,
+            "drops": {"policy": 2, "deep": {"x": 1}},
+            "top": [{"bytes": 5}],
+            "usage": {"10/1": {"ul_packets": 4}},
+            "by_id": {"7": 1},
+        });
+        let mut got = report_fields(&r);
+        got.sort_by(|a, b| a.0.cmp(&b.0));
+        let want = [
+            ("drops.deep.x", Num::U(1)),
+            ("drops.policy", Num::U(2)),
+            ("k", Num::U(10)),
+            ("neg", Num::I(-3)),
+            ("ratio", Num::F(0.25)),
+        ];
+        assert_eq!(got, want.map(|(n, v)| (n.to_string(), v)));
+        assert!(report_fields(&serde_json::json!(5)).is_empty(), "a bare number has no name");
+        let many: serde_json::Map<String, Value> = (0..1000).map(|i| (format!("f{i}"), serde_json::json!(i))).collect();
+        assert_eq!(report_fields(&Value::Object(many)).len(), MAX_NF_STATS);
+    }
+}
