@@ -2,8 +2,8 @@
 //! input and output ports (their per-queue counters are atomics the workers
 //! write once per burst) and each core's snapshot (packets, busy cycles,
 //! tables, NF counters and each NF's own report, latency), which the workers
-//! publish about twice a second at a batch boundary ([`crate::runtime`] runs them); a status line
-//! and a metrics scrape read it. Also here: the sink that sends a worker's
+//! publish about twice a second at a batch boundary ([`crate::runtime`] runs
+//! them); a status line and a metrics scrape read it. Also here: the sink that sends a worker's
 //! packets on the output ports by verdict, and how a live run steers
 //! packets to its workers ([`Steer`], reported).
 //!
@@ -144,7 +144,8 @@ pub(crate) fn steer_report(
     }
 }
 
-/// Publishes worker `wk`'s figures (a lock and a few small allocations, twice a second).
+/// Publishes worker `wk`'s figures (a lock and a few small allocations, twice a second; each
+/// NF's `report()` is built here, off the packet path, as the final report builds it).
 pub(crate) fn publish(cell: &Mutex<CoreSnap>, wk: &Worker<'_>, now: u64) {
     let r = wk.result();
     let p = wk.pipeline();
