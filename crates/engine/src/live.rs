@@ -144,8 +144,9 @@ pub(crate) fn steer_report(
     }
 }
 
-/// Publishes worker `wk`'s figures (a lock and a few small allocations, twice a second; each
-/// NF's `report()` is built here, off the packet path, as the final report builds it).
+/// Publishes worker `wk`'s figures (a lock and a few small allocations, twice a second, between
+/// batches). Each NF's `report()` is built here too: an NF with a large report (upf's usage per
+/// URR) costs its worker that much every half second.
 pub(crate) fn publish(cell: &Mutex<CoreSnap>, wk: &Worker<'_>, now: u64) {
     let r = wk.result();
     let p = wk.pipeline();
