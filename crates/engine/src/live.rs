@@ -1,9 +1,9 @@
 //! What a live run on real ports shows while it goes on: [`Live`] holds the
 //! input and output ports (their per-queue counters are atomics the workers
 //! write once per burst) and each core's snapshot (packets, busy cycles,
-//! tables, NF counters, latency), which the workers publish about twice a
-//! second at a batch boundary ([`crate::runtime`] runs them); a status line
-//! and a metrics scrape read it. Also here: the sink that sends a worker's
+//! tables, NF counters and each NF's own report, latency), which the workers
+//! publish about twice a second at a batch boundary ([`crate::runtime`] runs
+//! them); a status line and a metrics scrape read it. Also here: the sink that sends a worker's
 //! packets on the output ports by verdict, and how a live run steers
 //! packets to its workers ([`Steer`], reported).
 //!
@@ -45,6 +45,9 @@ pub struct CoreSnap {
     pub store: StoreReport,
     /// Per-NF counters in chain order.
     pub nfs: Vec<(String, NfCounters)>,
+    /// Per NF (chain order), its own report on this core (`report()`; the
+    /// metrics export its numeric fields).
+    pub nf_details: Vec<Option<serde_json::Value>>,
     /// Receive-to-transmit cycles per batch.
     pub latency: Option<Histogram>,
 }
@@ -146,10 +149,13 @@ pub(crate) fn steer_report(
     }
 }
 
-/// Publishes worker `wk`'s figures (a lock and a few small allocations, twice a second).
+/// Publishes worker `wk`'s figures (a lock and a few small allocations, twice a second, between
+/// batches). Each NF's `report()` is built here too: an NF with a large report (upf's usage per
+/// URR) costs its worker that much every half second.
 pub(crate) fn publish(cell: &Mutex<CoreSnap>, wk: &Worker<'_>, now: u64) {
     let r = wk.result();
     let p = wk.pipeline();
+    let (nfs, nf_details) = p.nf_results().into_iter().map(|(n, c, d)| ((n, c), d)).unzip();
     let snap = CoreSnap {
         packets: r.packets,
         batches: r.batches,
@@ -157,7 +163,8 @@ pub(crate) fn publish(cell: &Mutex<CoreSnap>, wk: &Worker<'_>, now: u64) {
         busy_cycles: r.busy_cycles,
         at_tsc: now,
         store: p.store_report(),
-        nfs: p.nf_results().into_iter().map(|(n, c, _)| (n, c)).collect(),
+        nfs,
+        nf_details,
         latency: Some(r.batch_latency.clone()),
     };
     if let Ok(mut c) = cell.lock() {
