@@ -4,7 +4,7 @@
 //! loop on the calling thread — the strategy's period (RSS++ and Dyssect
 //! moves), the NIC's pending updates, the deadline, the caller's stop flag
 //! (signals) and status tick, the ports' links. What feeds the workers is a
-//! [`Feed`]: a loaded trace through the emulated NIC, or a live port's
+//! `Feed`: a loaded trace through the emulated NIC, or a live port's
 //! queues (directly, or through a dispatcher core that steers by
 //! flowplane's table). At the end it merges the workers' results into the
 //! report, exports included. The entry points that prepare a run (load a

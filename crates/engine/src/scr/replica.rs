@@ -84,7 +84,7 @@ pub struct ScrReplica {
 }
 
 impl ScrReplica {
-    /// A replica for `core` of `chain` (checked with [`refusal`]), `flows`
+    /// A replica for `core` of `chain` (checked with [`super::refusal`]), `flows`
     /// entries per NF table, idle timeouts from the NFs or `default_timeout_ns`.
     pub fn new(
         core: usize,
