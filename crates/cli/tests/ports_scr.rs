@@ -4,5 +4,5 @@ mod ports_common;
 
 #[test]
 fn afpacket_scr_one_flow_over_two_workers_replicas_agree_with_the_model() {
-    ports_common::check_scr_one_flow("afpacket", 19_551);
+    ports_common::check_scr_one_flow("afpacket", 19_553);
 }
