@@ -20,6 +20,7 @@
 //! block with its `// SAFETY:` argument.
 
 pub mod afpacket;
+pub mod fanout_steer;
 #[cfg(fp_afxdp)]
 pub mod afxdp;
 #[cfg(feature = "dpdk")]
