@@ -6,6 +6,15 @@
 //! ring is the kernel's memory; the copy is the "DMA"); RX ring overruns
 //! are the kernel's `tp_drops`, read every few hundred polls.
 //!
+//! Kernel steering ([`AfPacketPort::with_kernel_steering`]): instead of the
+//! fanout hash, the group runs flowplane's steering program
+//! ([`super::fanout_steer`]), which returns the worker a frame belongs to;
+//! the kernel delivers it to the socket at that index in the group, which is
+//! the order sockets joined. So the port opens every receive socket at the
+//! first `open_rx` and joins them in queue order; each `open_rx(q)` takes its
+//! own. Such a group cannot be rebuilt in order by queues re-attaching one by
+//! one: a re-created interface stops the run (one line) instead.
+//!
 //! The port's [`LinkWatch`] follows the interface: when it is deleted and
 //! created again under the same name, each queue re-opens its socket on the
 //! new index (checked when the queue is idle and once per transmit batch).
@@ -17,10 +26,11 @@ use std::ffi::CString;
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use flowplane_packet::{Batch, PacketPool, Verdict, MAX_BATCH};
 
+use super::fanout_steer::KernelSteer;
 use super::{LinkWatch, Port, PortError, PortOptions, QueueCounters, RxQueue, TxQueue};
 
 const TPACKET_V3: libc::c_int = 2;
@@ -97,6 +107,9 @@ pub struct AfPacketPort {
     group: u16,
     counters: Vec<Arc<QueueCounters>>,
     base_ns: u64,
+    /// Kernel steering: the program, and the receive queues opened (in order) but not yet taken.
+    steer: Option<Arc<KernelSteer>>,
+    opened: Mutex<Vec<Option<AfPacketRx>>>,
 }
 
 impl AfPacketPort {
@@ -129,7 +142,48 @@ impl AfPacketPort {
             group,
             counters: (0..queues).map(|_| Arc::new(QueueCounters::default())).collect(),
             base_ns: realtime_ns(),
+            steer: None,
+            opened: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Steers received frames to the queues with `steer` (worker `i` = queue `i`) instead of the fanout hash.
+    pub fn with_kernel_steering(mut self, steer: Arc<KernelSteer>) -> Self {
+        self.steer = Some(steer);
+        self
+    }
+
+    fn rx_cfg(&self) -> RxCfg {
+        RxCfg {
+            iface: self.iface.clone(),
+            opts: self.opts,
+            queues: self.queues,
+            group: self.group,
+            base_ns: self.base_ns,
+            watch: Arc::clone(&self.watch),
+            steered: self.steer.is_some(),
+        }
+    }
+
+    /// Kernel steering: the first call opens every queue's socket and joins them in order; each takes its own.
+    fn take_steered(&self, q: usize, steer: &KernelSteer) -> Result<AfPacketRx, PortError> {
+        let mut opened = self.opened.lock().map_err(|_| PortError::Spec("afpacket: poisoned queue list".into()))?;
+        if opened.is_empty() {
+            let epoch = self.watch.epoch();
+            let mut rxs = Vec::with_capacity(self.queues);
+            for c in &self.counters {
+                rxs.push(AfPacketRx::open(self.rx_cfg(), epoch, Arc::clone(c))?);
+            }
+            let fds: Vec<libc::c_int> = rxs.iter().map(|r| r.fd.0).collect();
+            steer
+                .join(&fds, self.group.wrapping_add(epoch as u16))
+                .map_err(|e| PortError::Spec(format!("afpacket:{}: {e}", self.iface)))?;
+            *opened = rxs.into_iter().map(Some).collect();
+        }
+        opened
+            .get_mut(q)
+            .and_then(Option::take)
+            .ok_or_else(|| PortError::Spec(format!("afpacket:{}: queue {q} opened twice", self.iface)))
     }
 }
 
@@ -152,16 +206,10 @@ impl Port for AfPacketPort {
 
     fn open_rx(&self, q: usize) -> Result<Box<dyn RxQueue>, PortError> {
         let counters = self.counters.get(q).cloned().ok_or_else(|| PortError::Spec(format!("queue {q}")))?;
-        let cfg = RxCfg {
-            iface: self.iface.clone(),
-            opts: self.opts,
-            queues: self.queues,
-            group: self.group,
-            base_ns: self.base_ns,
-            watch: Arc::clone(&self.watch),
+        let rx = match &self.steer {
+            Some(steer) => self.take_steered(q, steer)?,
+            None => AfPacketRx::open(self.rx_cfg(), self.watch.epoch(), counters)?,
         };
-        let epoch = self.watch.epoch();
-        let rx = AfPacketRx::open(cfg, epoch, counters)?;
         // Packets dropped before the run are not the run's.
         rx.counters.rx_overrun.store(0, Ordering::Relaxed);
         Ok(Box::new(rx))
@@ -181,6 +229,8 @@ struct RxCfg {
     group: u16,
     base_ns: u64,
     watch: Arc<LinkWatch>,
+    /// The socket joins a kernel-steered group (by the port, in order), not the hash group.
+    steered: bool,
 }
 
 /// A TPACKET_V3 receive ring.
@@ -269,7 +319,7 @@ impl AfPacketRx {
             // The kernel drops the membership when the socket closes: promiscuity ends with the port.
             setsockopt(&rx.fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &mr, "promiscuous mode")?;
         }
-        if port.queues > 1 {
+        if port.queues > 1 && !port.steered {
             // A fanout group belongs to one device: each interface generation gets its own.
             let group = port.group.wrapping_add(epoch as u16);
             let arg: libc::c_int =
@@ -285,6 +335,15 @@ impl AfPacketRx {
     #[cold]
     fn reattach(&mut self) {
         let epoch = self.cfg.watch.epoch();
+        if self.cfg.steered {
+            self.epoch = epoch;
+            self.cfg.watch.fail(format!(
+                "afpacket:{}: the interface was re-created; a kernel-steered fanout group cannot be rebuilt \
+                 in queue order while the run goes on",
+                self.cfg.iface
+            ));
+            return;
+        }
         let cfg = RxCfg {
             iface: self.cfg.iface.clone(),
             opts: self.cfg.opts,
@@ -292,6 +351,7 @@ impl AfPacketRx {
             group: self.cfg.group,
             base_ns: self.cfg.base_ns,
             watch: Arc::clone(&self.cfg.watch),
+            steered: false,
         };
         match AfPacketRx::open(cfg, epoch, Arc::clone(&self.counters)) {
             Ok(rx) => *self = rx,

@@ -222,6 +222,7 @@ impl std::fmt::Debug for KernelSteer {
     }
 }
 
+#[cfg_attr(not(fp_fanout_steer), allow(dead_code))]
 fn sys_err(what: &str, r: i32) -> SteerError {
     let e = if r < 0 { std::io::Error::from_raw_os_error(-r) } else { std::io::Error::last_os_error() };
     SteerError(format!("kernel steering: {what}: {e}"))
@@ -480,9 +481,7 @@ impl KernelSteer {
         let cpus = unsafe { ffi::libbpf_num_possible_cpus() }.max(1) as usize;
         let mut v = vec![0u64; cpus];
         // SAFETY: a per-CPU array of u64 fills one u64 per possible CPU: `v` holds exactly that.
-        let r = unsafe {
-            ffi::bpf_map_lookup_elem(self.stats, &i as *const u32 as *const _, v.as_mut_ptr() as *mut _)
-        };
+        let r = unsafe { ffi::bpf_map_lookup_elem(self.stats, &i as *const u32 as *const _, v.as_mut_ptr() as *mut _) };
         if r != 0 {
             return 0;
         }

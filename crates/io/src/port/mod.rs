@@ -20,11 +20,11 @@
 //! block with its `// SAFETY:` argument.
 
 pub mod afpacket;
-pub mod fanout_steer;
 #[cfg(fp_afxdp)]
 pub mod afxdp;
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
+pub mod fanout_steer;
 pub mod link;
 pub mod netns;
 pub mod peer;
