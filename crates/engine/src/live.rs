@@ -19,6 +19,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use flowplane_io::dispatch::{DispatchStats, Dispatcher, Spread};
+use flowplane_io::port::fanout_steer::KernelSteer;
 use flowplane_io::port::{Port, PortSink, PortSource};
 use flowplane_io::{cpu, Source, TxCounters};
 use flowplane_nf::NfCounters;
@@ -126,6 +127,9 @@ pub enum Steer {
     Port,
     /// A dispatcher core polls every input queue and steers by the run's table ([`flowplane_io::dispatch`]).
     Dispatcher,
+    /// The kernel steers by the run's table: an AF_PACKET input's fanout group runs flowplane's
+    /// classifier as a program ([`flowplane_io::port::fanout_steer`]); worker i polls queue i.
+    Kernel,
 }
 
 impl Steer {
@@ -134,6 +138,7 @@ impl Steer {
         match self {
             Steer::Port => "port",
             Steer::Dispatcher => "dispatcher",
+            Steer::Kernel => "kernel",
         }
     }
 }
@@ -153,8 +158,12 @@ const DISPATCH_RING: usize = 4096;
 /// or address-only hash — a dispatcher core steers by flowplane's table
 /// ([`Steer::Dispatcher`]), which also carries out the moves of strategies
 /// that rebalance (RSS++'s RETA moves, Dyssect's shard moves and per-flow
-/// rules) with their state. SCR (replicated state) is refused on ports in
-/// one line.
+/// rules) with their state. On an AF_PACKET input, a static table (no spray,
+/// no moves) runs in the kernel instead ([`Steer::Kernel`]: the same
+/// classifier, rules and RETA as a fanout program, no dispatcher core); where
+/// the program cannot load (built without clang, no CAP_BPF) the dispatcher
+/// steers and the report says why in one line. SCR (replicated state) is
+/// refused on ports in one line.
 pub fn run_live(
     cfg: &RunConfig,
     spec: &ChainSpec,
@@ -185,21 +194,28 @@ pub fn run_live(
         )));
     }
     let plan = placement::plan(&chain0, spec, strat.as_ref(), nw, symmetric_rss)?;
-    let steer = if nw > 1
+    let needs_table = nw > 1
         && (strat.spray()
             || strat.moves_flows()
             || plan.symmetric
             || plan.icmp_inner
             || plan.hash_on != HashOn::FiveTuple
             || !plan.rules.is_empty()
-            || plan.overrides.iter().any(|o| !o.is_empty()))
-    {
-        Steer::Dispatcher
-    } else {
-        Steer::Port
-    };
+            || plan.overrides.iter().any(|o| !o.is_empty()));
     // Per-core chains with their port shares; exports checked (and refused) as for a replay.
     let chains = build_chains_planned(cfg, spec, &plan, nw)?;
+    let (steer, kernel, kernel_note) = if !needs_table {
+        (Steer::Port, None, None)
+    } else if strat.spray() || strat.moves_flows() || !live.input.name().starts_with("afpacket:") {
+        (Steer::Dispatcher, None, None)
+    } else {
+        match kernel_steering(&plan, nw, strat.flow_slots(), live) {
+            Ok(k) => (Steer::Kernel, Some(k), None),
+            Err(why) => {
+                (Steer::Dispatcher, None, Some(format!("kernel steering unavailable, a dispatcher core steers: {why}")))
+            }
+        }
+    };
     // The dispatcher's table: the same classifier and RETA a replay's emulated NIC steers with.
     let steering = match steer {
         Steer::Dispatcher => {
@@ -208,7 +224,7 @@ pub fn run_live(
             let steering = Arc::new(Steering::with_flow_slots(nw, &classifier, &[], strat.flow_slots())?);
             Some((classifier, steering, if strat.spray() { Spread::Spray } else { Spread::Table }))
         }
-        Steer::Port => None,
+        Steer::Port | Steer::Kernel => None,
     };
     let shared = match chains.first() {
         Some(c) => SharedStores::new(&c.groups, cfg.exec.flows, cfg.exec.default_idle_timeout_ns)?,
@@ -409,6 +425,12 @@ pub fn run_live(
     report.cycles_per_packet = if report.packets > 0 { busy as f64 / report.packets as f64 } else { 0.0 };
     report.exports = collect_exports(cfg, &pipelines, None, None, &report);
     let mut sr = steer_report(steer, strat.name(), &plan, dispatch_stats.as_deref(), hz);
+    sr.notes.extend(kernel_note);
+    if let Some(k) = &kernel {
+        let s = k.stats();
+        sr.kernel_steered = s.reta + s.fdir + s.flow + s.unclassified;
+        sr.unclassified = s.unclassified;
+    }
     // Every move started is done or still under way (Dyssect starts its own, outside the log's count).
     sr.moves_done = table.as_ref().map_or(0, |(_, st)| st.moves_done());
     sr.moves_started = sr.moves_done + table.as_ref().map_or(0, |(_, st)| st.active_moves() as u64);
@@ -416,6 +438,18 @@ pub fn run_live(
     sr.controller = if moving { strat.report_json() } else { None };
     report.steering = Some(sr);
     Ok(report)
+}
+
+/// Loads the kernel steering program with the run's table (the classifier and round-robin RETA
+/// a dispatcher would use) and hands it to the input port, before any of its queues opens.
+fn kernel_steering(plan: &placement::Plan, nw: usize, slots: usize, live: &Live) -> Result<Arc<KernelSteer>, String> {
+    let classifier =
+        Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())
+            .map_err(|e| e.to_string())?;
+    let steering = Steering::with_flow_slots(nw, &classifier, &[], slots).map_err(|e| e.to_string())?;
+    let k = Arc::new(KernelSteer::for_steering(&classifier, &steering).map_err(|e| e.to_string())?);
+    live.input.steer_in_kernel(Arc::clone(&k)).map_err(|e| e.to_string())?;
+    Ok(k)
 }
 
 /// The report's account of a live run's steering.

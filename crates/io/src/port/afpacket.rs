@@ -108,8 +108,10 @@ pub struct AfPacketPort {
     counters: Vec<Arc<QueueCounters>>,
     base_ns: u64,
     /// Kernel steering: the program, and the receive queues opened (in order) but not yet taken.
-    steer: Option<Arc<KernelSteer>>,
+    steer: Mutex<Option<Arc<KernelSteer>>>,
     opened: Mutex<Vec<Option<AfPacketRx>>>,
+    /// An RX queue was opened (kernel steering can no longer be set up).
+    rx_opened: std::sync::atomic::AtomicBool,
 }
 
 impl AfPacketPort {
@@ -142,15 +144,22 @@ impl AfPacketPort {
             group,
             counters: (0..queues).map(|_| Arc::new(QueueCounters::default())).collect(),
             base_ns: realtime_ns(),
-            steer: None,
+            steer: Mutex::new(None),
             opened: Mutex::new(Vec::new()),
+            rx_opened: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// Steers received frames to the queues with `steer` (worker `i` = queue `i`) instead of the fanout hash.
-    pub fn with_kernel_steering(mut self, steer: Arc<KernelSteer>) -> Self {
-        self.steer = Some(steer);
+    pub fn with_kernel_steering(self, steer: Arc<KernelSteer>) -> Self {
+        if let Ok(mut s) = self.steer.lock() {
+            *s = Some(steer);
+        }
         self
+    }
+
+    fn steering(&self) -> Option<Arc<KernelSteer>> {
+        self.steer.lock().ok().and_then(|s| s.clone())
     }
 
     fn rx_cfg(&self) -> RxCfg {
@@ -161,7 +170,7 @@ impl AfPacketPort {
             group: self.group,
             base_ns: self.base_ns,
             watch: Arc::clone(&self.watch),
-            steered: self.steer.is_some(),
+            steered: self.steering().is_some(),
         }
     }
 
@@ -206,13 +215,23 @@ impl Port for AfPacketPort {
 
     fn open_rx(&self, q: usize) -> Result<Box<dyn RxQueue>, PortError> {
         let counters = self.counters.get(q).cloned().ok_or_else(|| PortError::Spec(format!("queue {q}")))?;
-        let rx = match &self.steer {
-            Some(steer) => self.take_steered(q, steer)?,
+        self.rx_opened.store(true, Ordering::Relaxed);
+        let rx = match self.steering() {
+            Some(steer) => self.take_steered(q, &steer)?,
             None => AfPacketRx::open(self.rx_cfg(), self.watch.epoch(), counters)?,
         };
         // Packets dropped before the run are not the run's.
         rx.counters.rx_overrun.store(0, Ordering::Relaxed);
         Ok(Box::new(rx))
+    }
+
+    fn steer_in_kernel(&self, steer: Arc<KernelSteer>) -> Result<(), PortError> {
+        if self.rx_opened.load(Ordering::Relaxed) {
+            return Err(PortError::Spec(format!("afpacket:{}: kernel steering after a queue was opened", self.iface)));
+        }
+        let mut s = self.steer.lock().map_err(|_| PortError::Spec("afpacket: poisoned".into()))?;
+        *s = Some(steer);
+        Ok(())
     }
 
     fn open_tx(&self, q: usize) -> Result<Box<dyn TxQueue>, PortError> {

@@ -268,6 +268,13 @@ pub trait Port: Send + Sync {
         let _ = pool;
         self.open_rx(q)
     }
+    /// Steers received frames to the RX queues in the kernel with `steer`
+    /// (queue `i` = worker `i`), before any RX queue is opened. Only
+    /// AF_PACKET ports can ([`fanout_steer`]); the others say why not.
+    fn steer_in_kernel(&self, steer: Arc<fanout_steer::KernelSteer>) -> Result<(), PortError> {
+        let _ = steer;
+        Err(PortError::Spec(format!("{}: kernel steering is for AF_PACKET ports", self.name())))
+    }
     /// Opens TX queue `q`.
     fn open_tx(&self, q: usize) -> Result<Box<dyn TxQueue>, PortError>;
     /// Per-queue counters (live).
