@@ -614,8 +614,9 @@ fn export_state(path: &Path) -> Vec<String> {
 
 /// The same trace (50 TCP connections, both directions) through a replay and through the
 /// veths gives the same exported state for a chain of counting NFs, whatever the steering:
-/// the port's own queues (1 and 2 cores), the dispatcher's spray (`shared`) and its RETA
-/// with RSS++ moves (`rsspp`). The replay on one core is the reference.
+/// the port's own queues (1 and 2 cores), flowplane's symmetric table (`--symmetric-rss`:
+/// the kernel's fanout program on AF_PACKET, the dispatcher elsewhere), the dispatcher's spray
+/// (`shared`) and its RETA with RSS++ moves (`rsspp`). The replay on one core is the reference.
 pub fn check_same_exports_as_replay(backend: &str, metrics_port: u16) {
     let t = Topo::with_queues(&format!("{}d", &backend[..2]), 2);
     let input = t.dir.join("in.pcap");
@@ -649,6 +650,7 @@ pub fn check_same_exports_as_replay(backend: &str, metrics_port: u16) {
     for (tag, args) in [
         ("rss1", vec!["--cores", "1"]),
         ("rss2", vec!["--cores", "2"]),
+        ("sym2", vec!["--cores", "2", "--symmetric-rss"]),
         ("shared2", vec!["--cores", "2", "--scale", "shared"]),
         ("rsspp2", vec!["--cores", "2", "--scale", "rsspp", "--scale-period-ms", "50"]),
     ] {
@@ -664,6 +666,10 @@ pub fn check_same_exports_as_replay(backend: &str, metrics_port: u16) {
         assert_eq!(out, 2000, "{backend} {tag}: every packet out: {text}\n{report}");
         for ((nf, w), g) in nfs.iter().zip(&want).zip(states(tag)) {
             assert_eq!(&g, w, "{backend} {tag}: {nf}'s export differs from the replay's (report: {report})");
+        }
+        if tag == "sym2" {
+            let by = table_steering(backend);
+            assert!(report.contains(&format!("\"by\": \"{by}\"")), "{backend} {tag}: steered by the {by}: {report}");
         }
     }
 }
