@@ -185,6 +185,27 @@ mod ffi {
         pub fn bpf_map_delete_elem(fd: c_int, key: *const c_void) -> c_int;
         pub fn bpf_map_lookup_elem(fd: c_int, key: *const c_void, value: *mut c_void) -> c_int;
         pub fn libbpf_num_possible_cpus() -> c_int;
+        pub fn bpf_prog_test_run_opts(fd: c_int, opts: *mut TestRunOpts) -> c_int;
+    }
+
+    /// libbpf's `struct bpf_test_run_opts` (1.x).
+    #[repr(C)]
+    pub struct TestRunOpts {
+        pub sz: usize,
+        pub data_in: *const c_void,
+        pub data_out: *mut c_void,
+        pub data_size_in: u32,
+        pub data_size_out: u32,
+        pub ctx_in: *const c_void,
+        pub ctx_out: *mut c_void,
+        pub ctx_size_in: u32,
+        pub ctx_size_out: u32,
+        pub retval: u32,
+        pub repeat: c_int,
+        pub duration: u32,
+        pub flags: u32,
+        pub cpu: u32,
+        pub batch_size: u32,
     }
 }
 
@@ -464,6 +485,38 @@ impl KernelSteer {
 
     fn write_cfg(&self, nflows: usize) -> Result<(), SteerError> {
         update(self.cfg, &0u32.to_ne_bytes(), &cfg_bytes(&self.classifier, nflows as u32), "fp_cfg")
+    }
+
+    /// Runs the program once on `frame` (Ethernet, at least 14 bytes) as the kernel
+    /// receives it (`BPF_PROG_TEST_RUN`: the MAC header pulled, VLAN tags left in the
+    /// data) and returns what it returned: the owner of the frame's key. For tests of
+    /// the program against [`Classifier`]; the frame counts in [`KernelSteer::stats`].
+    #[cfg(fp_fanout_steer)]
+    pub fn run_once(&self, frame: &[u8]) -> Result<u32, SteerError> {
+        let mut o = ffi::TestRunOpts {
+            sz: std::mem::size_of::<ffi::TestRunOpts>(),
+            data_in: frame.as_ptr() as *const _,
+            data_out: std::ptr::null_mut(),
+            data_size_in: frame.len() as u32,
+            data_size_out: 0,
+            ctx_in: std::ptr::null(),
+            ctx_out: std::ptr::null_mut(),
+            ctx_size_in: 0,
+            ctx_size_out: 0,
+            retval: 0,
+            repeat: 1,
+            duration: 0,
+            flags: 0,
+            cpu: 0,
+            batch_size: 0,
+        };
+        // SAFETY: `o` is a fully initialised bpf_test_run_opts whose data_in points to
+        // `frame`'s bytes for the call; no output buffers are given.
+        let r = unsafe { ffi::bpf_prog_test_run_opts(self.prog, &mut o) };
+        if r != 0 {
+            return Err(sys_err("BPF_PROG_TEST_RUN", r));
+        }
+        Ok(o.retval)
     }
 
     /// What the program has steered so far.
