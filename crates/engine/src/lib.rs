@@ -16,6 +16,7 @@ pub mod coarse;
 pub mod error;
 pub mod exec;
 pub mod hist;
+mod kernel_moves;
 pub mod live;
 pub mod load;
 pub mod mlffr;

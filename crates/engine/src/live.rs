@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use flowplane_io::dispatch::{DispatchStats, Dispatcher, Spread};
 use flowplane_io::port::fanout_steer::KernelSteer;
 use flowplane_io::port::{Port, PortSink, PortSource};
+use flowplane_io::steered::{KernelSource, SwitchTimes};
 use flowplane_io::{cpu, Source, TxCounters};
 use flowplane_nf::NfCounters;
 use flowplane_packet::{tsc, PacketPool, PoolConfig, MAX_BATCH};
@@ -32,6 +33,7 @@ use crate::coarse::SharedStores;
 use crate::error::EngineError;
 use crate::exec::{Pipeline, StoreReport};
 use crate::hist::Histogram;
+use crate::kernel_moves::KernelMover;
 use crate::placement;
 use crate::report::Report;
 use crate::runner::{
@@ -204,27 +206,34 @@ pub fn run_live(
             || plan.overrides.iter().any(|o| !o.is_empty()));
     // Per-core chains with their port shares; exports checked (and refused) as for a replay.
     let chains = build_chains_planned(cfg, spec, &plan, nw)?;
-    let (steer, kernel, kernel_note) = if !needs_table {
-        (Steer::Port, None, None)
-    } else if strat.spray() || strat.moves_flows() || !live.input.name().starts_with("afpacket:") {
-        (Steer::Dispatcher, None, None)
+    let moving = strat.moves_flows();
+    // The run's table: the same classifier and RETA a replay's emulated NIC steers with.
+    let made = if needs_table {
+        let classifier =
+            Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())?;
+        let steering = Arc::new(Steering::with_flow_slots(nw, &classifier, &[], strat.flow_slots())?);
+        Some((classifier, steering))
     } else {
-        match kernel_steering(&plan, nw, strat.flow_slots(), live) {
+        None
+    };
+    let (steer, kernel, kernel_note) = match &made {
+        None => (Steer::Port, None, None),
+        Some(_) if strat.spray() || !live.input.name().starts_with("afpacket:") => (Steer::Dispatcher, None, None),
+        Some((c, st)) => match kernel_steering(c, st, moving, live) {
             Ok(k) => (Steer::Kernel, Some(k), None),
             Err(why) => {
                 (Steer::Dispatcher, None, Some(format!("kernel steering unavailable, a dispatcher core steers: {why}")))
             }
-        }
+        },
     };
-    // The dispatcher's table: the same classifier and RETA a replay's emulated NIC steers with.
-    let steering = match steer {
-        Steer::Dispatcher => {
-            let classifier =
-                Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())?;
-            let steering = Arc::new(Steering::with_flow_slots(nw, &classifier, &[], strat.flow_slots())?);
-            Some((classifier, steering, if strat.spray() { Spread::Spray } else { Spread::Table }))
+    // Kernel-steered moves: the switch times the control loop publishes to the workers' sources.
+    let switch = Arc::new(SwitchTimes::default());
+    let mut mover = kernel.as_ref().filter(|_| moving).map(|k| KernelMover::new(Arc::clone(k), Arc::clone(&switch)));
+    let steering = match (steer, made.as_ref()) {
+        (Steer::Dispatcher, Some((c, st))) => {
+            Some((c.clone(), Arc::clone(st), if strat.spray() { Spread::Spray } else { Spread::Table }))
         }
-        Steer::Port | Steer::Kernel => None,
+        _ => None,
     };
     let shared = match chains.first() {
         Some(c) => SharedStores::new(&c.groups, cfg.exec.flows, cfg.exec.default_idle_timeout_ns)?,
@@ -232,9 +241,9 @@ pub fn run_live(
     };
     let hz = live.hz;
     let warm = cfg.warmup.map_or(0, |w| (w.as_secs_f64() * hz) as u64);
+    // Workers hand state over and take it in (moves) behind the dispatcher or under kernel steering.
+    let table = if steer == Steer::Dispatcher || mover.is_some() { made.clone() } else { None };
     // The dispatcher opens every input queue into a pool of its own (an AF_XDP queue's UMEM).
-    let table = steering.as_ref().map(|(c, st, _)| (c.clone(), Arc::clone(st)));
-    let moving = strat.moves_flows();
     // Dyssect samples heavy flows on the workers for its per-flow rules.
     let stride = strat.sample_stride();
     let (dispatcher, mut dispatched) = match steering {
@@ -272,7 +281,8 @@ pub fn run_live(
             .into_iter()
             .enumerate()
             .map(|(w, chain)| {
-                let (shared, barrier, table) = (&shared, &barrier, &table);
+                let (shared, barrier, table, switch) = (&shared, &barrier, &table, &switch);
+                let kernel_moves = mover.is_some();
                 let fed = dispatched.get_mut(w).and_then(Option::take);
                 let halt = if fed.is_some() { &never } else { &halt };
                 std::thread::Builder::new()
@@ -294,7 +304,19 @@ pub fn run_live(
                                         .input
                                         .open_rx_into(w, &mut pool)
                                         .map_err(|e| EngineError::Config(e.to_string()))?;
-                                    Box::new(PortSource::new(rx, Arc::clone(&live.input.counters()[w])))
+                                    let counters = Arc::clone(&live.input.counters()[w]);
+                                    match table.as_ref().filter(|_| kernel_moves) {
+                                        Some((c, st)) => Box::new(KernelSource::new(
+                                            rx,
+                                            counters,
+                                            w as u16,
+                                            Arc::clone(st),
+                                            c.clone(),
+                                            Arc::clone(switch),
+                                            KERNEL_DRAIN.as_nanos() as u64,
+                                        )),
+                                        None => Box::new(PortSource::new(rx, counters)),
+                                    }
                                 }
                             };
                             let mut exec = Pipeline::new(chain, cfg.exec, shared.clone())?;
@@ -382,9 +404,19 @@ pub fn run_live(
             if let (true, Some((_, st))) = (moving, table.as_ref()) {
                 if Instant::now() >= next_ctl {
                     next_ctl += period;
+                    if let Some(m) = mover.as_mut() {
+                        m.publish(st);
+                    }
                     control_tick(st, strat.as_mut(), &mut log);
                     // The period's changes go to the table (a port's dispatcher applies them at once).
                     st.pump(Instant::now());
+                }
+                // Kernel steering: landed changes into the program, finished moves retired.
+                if let Some(m) = mover.as_mut() {
+                    if let Err(e) = m.apply(st) {
+                        link_failure = Some(e);
+                        break;
+                    }
                 }
             }
         }
@@ -440,14 +472,18 @@ pub fn run_live(
     Ok(report)
 }
 
-/// Loads the kernel steering program with the run's table (the classifier and round-robin RETA
-/// a dispatcher would use) and hands it to the input port, before any of its queues opens.
-fn kernel_steering(plan: &placement::Plan, nw: usize, slots: usize, live: &Live) -> Result<Arc<KernelSteer>, String> {
-    let classifier =
-        Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())
-            .map_err(|e| e.to_string())?;
-    let steering = Steering::with_flow_slots(nw, &classifier, &[], slots).map_err(|e| e.to_string())?;
-    let k = Arc::new(KernelSteer::for_steering(&classifier, &steering).map_err(|e| e.to_string())?);
+/// Longest a frame steered before a move can sit unseen in its old owner's ring: the
+/// ring's block timeout (1 ms by default), its timer's jiffies, and a margin.
+const KERNEL_DRAIN: Duration = Duration::from_millis(25);
+
+/// Loads the kernel steering program with the run's table (the classifier and RETA a
+/// dispatcher would use; per-(worker, key) counts when the strategy moves keys) and hands
+/// it to the input port, before any of its queues opens.
+fn kernel_steering(c: &Classifier, st: &Steering, moving: bool, live: &Live) -> Result<Arc<KernelSteer>, String> {
+    let k = Arc::new(KernelSteer::for_steering(c, st).map_err(|e| e.to_string())?);
+    if moving {
+        k.start_counting().map_err(|e| e.to_string())?;
+    }
     live.input.steer_in_kernel(Arc::clone(&k)).map_err(|e| e.to_string())?;
     Ok(k)
 }

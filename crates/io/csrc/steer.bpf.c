@@ -47,9 +47,11 @@ struct fp_cfg {
 	__u32 reta_size;
 	__u32 nrules;
 	__u32 nflows;
+	__u32 keys;
 	__u8 hash_on;
 	__u8 icmp_inner;
-	__u8 pad[2];
+	__u8 count; // fp_counts kept (a strategy that moves keys reads them)
+	__u8 pad;
 };
 
 struct fp_fdir {
@@ -116,6 +118,15 @@ struct {
 	__type(key, struct fp_flow);
 	__type(value, struct fp_slot);
 } fp_flows SEC(".maps");
+
+// Frames per (owner, key), at owner * keys + key; sized at load, mmap'ed by flowplane.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1024);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, __u64);
+} fp_counts SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -285,10 +296,18 @@ static __always_inline void count(__u32 what)
 		*c += 1;
 }
 
-static __always_inline __u32 owner(__u32 key)
+// The owner of `key`, counted against (owner, key) when the run reads loads.
+static __always_inline __u32 owner(struct fp_cfg *cfg, __u32 key)
 {
 	__u32 *o = bpf_map_lookup_elem(&fp_reta, &key);
-	return o ? *o : 0;
+	__u32 q = o ? *o : 0;
+	if (cfg->count) {
+		__u32 i = q * cfg->keys + key;
+		__u64 *c = bpf_map_lookup_elem(&fp_counts, &i);
+		if (c)
+			__sync_fetch_and_add(c, 1);
+	}
+	return q;
 }
 
 SEC("socket")
@@ -359,6 +378,7 @@ int fp_steer(struct __sk_buff *skb)
 		__u32 dst;
 		__builtin_memcpy(&dst, &k.a[4], 4);
 		__u16 dport = ((__u16)k.p[2] << 8) | k.p[3];
+		__u32 hit = MAX_FDIR;
 		for (__u32 r = 0; r < MAX_FDIR; r++) {
 			if (r >= nrules)
 				break;
@@ -371,8 +391,12 @@ int fp_steer(struct __sk_buff *skb)
 				continue;
 			if (dport < f->lo || dport > f->hi)
 				continue;
+			hit = r;
+			break;
+		}
+		if (hit < MAX_FDIR) {
 			count(ST_FDIR);
-			return owner(cfg->reta_size + r);
+			return owner(cfg, cfg->reta_size + hit);
 		}
 	}
 
@@ -430,15 +454,15 @@ int fp_steer(struct __sk_buff *skb)
 		struct fp_slot *s = bpf_map_lookup_elem(&fp_flows, &f);
 		if (s && s->entry == key) {
 			count(ST_FLOW);
-			return owner(s->slot);
+			return owner(cfg, s->slot);
 		}
 	}
 	count(ST_RETA);
-	return owner(key);
+	return owner(cfg, key);
 
 unclassified:
 	count(ST_UNCLASSIFIED);
-	return owner(0);
+	return owner(cfg, 0);
 }
 
 // No GPL-only helper is used: the workspace licence applies.

@@ -25,6 +25,7 @@ pub mod port;
 pub mod replay;
 pub mod scr;
 pub mod sink;
+pub mod steered;
 
 use flowplane_packet::{Batch, PacketPool};
 use flowplane_scale::steer::Move;

@@ -177,6 +177,7 @@ fn round(frames: &[Vec<u8>], c: Classifier, with_rule: bool) {
         st.start_move(slot, other).unwrap();
     }
     let steer = Arc::new(KernelSteer::for_steering(&c, &st).unwrap());
+    steer.start_counting().unwrap();
     let rx_port =
         AfPacketPort::open("ksa", QUEUES, PortOptions::default()).unwrap().with_kernel_steering(steer.clone());
     let mut rxs: Vec<Box<dyn RxQueue>> = (0..QUEUES).map(|q| rx_port.open_rx(q).unwrap()).collect();
@@ -186,6 +187,22 @@ fn round(frames: &[Vec<u8>], c: Classifier, with_rule: bool) {
     let got = send_and_collect(&mut *tx, &mut rxs, frames);
     let mut owners = st.owners();
     check("initial table", &c, &owners, &st.flow_rules(), frames, &got);
+    // The per-(worker, key) counts a moving strategy reads: each frame once, on its owner's row.
+    let mut counts = Vec::new();
+    steer.counts(&mut counts);
+    let keys = steer.keys();
+    let mut want = vec![vec![0u64; keys]; QUEUES];
+    for f in frames {
+        let mut key = c.classify(f).map_or(0, |(k, _)| k) as usize;
+        if key < c.reta_size() {
+            if let Some((slot, _)) = st.flow_rules().iter().find(|(_, r)| r.entry as usize == key && r.matches_frame(f))
+            {
+                key = *slot as usize;
+            }
+        }
+        want[owners[key] as usize][key] += 1;
+    }
+    assert_eq!(counts, want.concat(), "per-(worker, key) counts");
     let s = steer.stats();
     assert!(s.reta > 0 && s.unclassified > 0 && (s.fdir > 0) != c.rules().is_empty(), "{s:?}");
     assert_eq!(s.flow > 0, with_rule, "{s:?}");

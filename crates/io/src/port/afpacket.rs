@@ -422,6 +422,37 @@ impl AfPacketRx {
 
 impl RxQueue for AfPacketRx {
     fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize) -> usize {
+        self.receive(pool, batch, max, None)
+    }
+
+    fn rx_burst_gated(
+        &mut self,
+        pool: &mut PacketPool,
+        batch: &mut Batch,
+        max: usize,
+        gate: &mut dyn FnMut(&[u8], u64) -> bool,
+    ) -> usize {
+        self.receive(pool, batch, max, Some(gate))
+    }
+}
+
+/// A receive gate: a frame's bytes and receive time (ns since the Unix epoch); false holds it back.
+type Gate<'a> = dyn FnMut(&[u8], u64) -> bool + 'a;
+
+/// Longest frame prefix a gate sees with its 802.1Q tag put back.
+const GATE_ROOM: usize = 512;
+
+impl AfPacketRx {
+    /// Receives up to `max` frames; `gate` (when given) sees each one first, as the worker
+    /// will (tag put back, up to [`GATE_ROOM`] bytes) with its receive time (ns since the
+    /// Unix epoch), and a `false` leaves it and what follows in the ring.
+    fn receive(
+        &mut self,
+        pool: &mut PacketPool,
+        batch: &mut Batch,
+        max: usize,
+        mut gate: Option<&mut Gate<'_>>,
+    ) -> usize {
         self.polls = self.polls.wrapping_add(1);
         if self.polls.is_multiple_of(512) {
             self.read_drops();
@@ -462,8 +493,31 @@ impl RxQueue for AfPacketRx {
                 // SAFETY: start + len <= block size (checked), inside the owned block;
                 // the kernel does not write it until release.
                 let data = unsafe { std::slice::from_raw_parts(self.ring.add(self.cur * bs + start), len) };
-                let ts = (h.tp_sec as u64 * 1_000_000_000 + h.tp_nsec as u64).saturating_sub(self.base_ns);
+                let abs = h.tp_sec as u64 * 1_000_000_000 + h.tp_nsec as u64;
+                let ts = abs.saturating_sub(self.base_ns);
                 let vlan = h.tp_status & libc::TP_STATUS_VLAN_VALID != 0 && len >= 12;
+                if let Some(g) = gate.as_mut() {
+                    let take = if vlan {
+                        let mut f = [0u8; GATE_ROOM];
+                        let n = (len + 4).min(GATE_ROOM);
+                        f[..12].copy_from_slice(&data[..12]);
+                        let tpid = if h.tp_status & libc::TP_STATUS_VLAN_TPID_VALID != 0 {
+                            h.hv1.tp_vlan_tpid
+                        } else {
+                            0x8100
+                        };
+                        f[12..14].copy_from_slice(&tpid.to_be_bytes());
+                        f[14..16].copy_from_slice(&(h.hv1.tp_vlan_tci as u16).to_be_bytes());
+                        f[16..n].copy_from_slice(&data[12..n - 4]);
+                        g(&f[..n], abs)
+                    } else {
+                        g(data, abs)
+                    };
+                    if !take {
+                        // Left where it is: the next burst starts at this frame.
+                        break;
+                    }
+                }
                 let room = pool.data_room();
                 if len + 4 * vlan as usize > room {
                     oversize += 1;

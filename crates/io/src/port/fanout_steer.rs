@@ -87,17 +87,20 @@ fn hash_on_code(on: HashOn) -> u8 {
     }
 }
 
-/// `fp_cfg`'s value: reta_mask, reta_size, nrules, nflows (host order u32), hash_on, icmp_inner, 2 pad.
+/// `fp_cfg`'s value: reta_mask, reta_size, nrules, nflows, keys (host order u32), hash_on,
+/// icmp_inner, count, 1 pad.
 #[cfg_attr(not(fp_fanout_steer), allow(dead_code))]
-fn cfg_bytes(c: &Classifier, nflows: u32) -> [u8; 20] {
-    let mut b = [0u8; 20];
+fn cfg_bytes(c: &Classifier, nflows: u32, keys: u32, count: bool) -> [u8; 24] {
+    let mut b = [0u8; 24];
     let n = c.reta_size() as u32;
     b[0..4].copy_from_slice(&(n - 1).to_ne_bytes());
     b[4..8].copy_from_slice(&n.to_ne_bytes());
     b[8..12].copy_from_slice(&(c.rules().len() as u32).to_ne_bytes());
     b[12..16].copy_from_slice(&nflows.to_ne_bytes());
-    b[16] = hash_on_code(c.hash_on());
-    b[17] = c.icmp_inner() as u8;
+    b[16..20].copy_from_slice(&keys.to_ne_bytes());
+    b[20] = hash_on_code(c.hash_on());
+    b[21] = c.icmp_inner() as u8;
+    b[22] = count as u8;
     b
 }
 
@@ -224,6 +227,11 @@ pub struct KernelSteer {
     stats: RawFd,
     classifier: Classifier,
     keys: usize,
+    queues: usize,
+    /// fp_counts mapped read-only (queues * keys u64 the program adds to), and its length in bytes.
+    counts: *const u64,
+    counts_len: usize,
+    counting: std::sync::atomic::AtomicBool,
     /// Flow rules installed: (slot key, rule).
     flow_rules: std::sync::Mutex<Vec<(u16, FlowRule)>>,
     flow_slots: usize,
@@ -259,6 +267,18 @@ impl KernelSteer {
         owners: &[u16],
         flow_slots: usize,
     ) -> Result<KernelSteer, SteerError> {
+        let queues = owners.iter().map(|&q| q as usize + 1).max().unwrap_or(1);
+        Self::load_for(classifier, keys, owners, flow_slots, queues)
+    }
+
+    /// [`KernelSteer::load`] for `queues` workers (the size of the per-(worker, key) counts).
+    fn load_for(
+        classifier: &Classifier,
+        keys: usize,
+        owners: &[u16],
+        flow_slots: usize,
+        queues: usize,
+    ) -> Result<KernelSteer, SteerError> {
         if classifier.rules().len() > MAX_FDIR {
             return Err(SteerError(format!(
                 "kernel steering: {} flow-director rules (at most {MAX_FDIR})",
@@ -272,12 +292,16 @@ impl KernelSteer {
                 owners.len()
             )));
         }
-        Self::load_impl(classifier, keys, owners, flow_slots)
+        if queues == 0 || owners.iter().any(|&q| q as usize >= queues) {
+            return Err(SteerError(format!("kernel steering: owners beyond {queues} workers")));
+        }
+        Self::load_impl(classifier, keys, owners, flow_slots, queues)
     }
 
     /// [`KernelSteer::load`] for a live table: its keys, owners and flow rules as they stand.
     pub fn for_steering(classifier: &Classifier, steering: &Steering) -> Result<KernelSteer, SteerError> {
-        let k = Self::load(classifier, steering.keys(), &steering.owners(), steering.flow_slots())?;
+        let k =
+            Self::load_for(classifier, steering.keys(), &steering.owners(), steering.flow_slots(), steering.queues())?;
         for (slot, rule) in steering.flow_rules() {
             k.add_flow_rule(slot, &rule)?;
         }
@@ -285,7 +309,7 @@ impl KernelSteer {
     }
 
     #[cfg(not(fp_fanout_steer))]
-    fn load_impl(_: &Classifier, _: usize, _: &[u16], _: usize) -> Result<KernelSteer, SteerError> {
+    fn load_impl(_: &Classifier, _: usize, _: &[u16], _: usize, _: usize) -> Result<KernelSteer, SteerError> {
         Err(SteerError(
             "kernel steering not built in (clang was missing when flowplane was built: apt-get install clang)".into(),
         ))
@@ -297,6 +321,7 @@ impl KernelSteer {
         keys: usize,
         owners: &[u16],
         flow_slots: usize,
+        queues: usize,
     ) -> Result<KernelSteer, SteerError> {
         use std::ffi::CString;
         // libelf reads the ELF headers in place: give it 8-byte aligned memory.
@@ -334,6 +359,7 @@ impl KernelSteer {
         };
         let (m_cfg, m_toep, m_reta, m_fdir, m_flows, m_stats) =
             (map("fp_cfg")?, map("fp_toep")?, map("fp_reta")?, map("fp_fdir")?, map("fp_flows")?, map("fp_stats")?);
+        let m_counts = map("fp_counts")?;
         // SAFETY: maps of the live, not yet loaded object.
         unsafe {
             let r = ffi::bpf_map__set_max_entries(m_reta, keys.max(1) as u32);
@@ -344,6 +370,10 @@ impl KernelSteer {
             let r = ffi::bpf_map__set_max_entries(m_flows, (2 * flow_slots).max(1) as u32);
             if r != 0 {
                 return Err(sys_err("sizing fp_flows", r));
+            }
+            let r = ffi::bpf_map__set_max_entries(m_counts, (queues * keys).max(1) as u32);
+            if r != 0 {
+                return Err(sys_err("sizing fp_counts", r));
             }
         }
         // SAFETY: a live object, opened above.
@@ -359,7 +389,7 @@ impl KernelSteer {
             return Err(SteerError("kernel steering: program fp_steer missing".into()));
         }
         // SAFETY: program and maps belong to the loaded object; their descriptors live as long as it.
-        let (prog, cfg, toep, reta, fdir, flows, stats) = unsafe {
+        let (prog, cfg, toep, reta, fdir, flows, stats, counts_fd) = unsafe {
             (
                 ffi::bpf_program__fd(prog),
                 ffi::bpf_map__fd(m_cfg),
@@ -368,8 +398,17 @@ impl KernelSteer {
                 ffi::bpf_map__fd(m_fdir),
                 ffi::bpf_map__fd(m_flows),
                 ffi::bpf_map__fd(m_stats),
+                ffi::bpf_map__fd(m_counts),
             )
         };
+        let counts_len = ((queues * keys).max(1) * 8).div_ceil(4096) * 4096;
+        // SAFETY: maps the BPF_F_MMAPABLE array fp_counts read-only, its whole (page-rounded)
+        // size; the mapping lives until drop, after which nothing reads it.
+        let counts =
+            unsafe { libc::mmap(std::ptr::null_mut(), counts_len, libc::PROT_READ, libc::MAP_SHARED, counts_fd, 0) };
+        if counts == libc::MAP_FAILED {
+            return Err(SteerError(format!("kernel steering: mmap of fp_counts: {}", std::io::Error::last_os_error())));
+        }
         let obj = std::mem::replace(&mut guard.0, std::ptr::null_mut());
         let k = KernelSteer {
             obj,
@@ -380,6 +419,10 @@ impl KernelSteer {
             stats,
             classifier: classifier.clone(),
             keys,
+            queues,
+            counts: counts as *const u64,
+            counts_len,
+            counting: std::sync::atomic::AtomicBool::new(false),
             flow_rules: std::sync::Mutex::new(Vec::new()),
             flow_slots,
         };
@@ -389,7 +432,7 @@ impl KernelSteer {
         }
         k.set_reta(owners)?;
         // Configuration last: until it is written the program reads no rules and a zero mask.
-        update(k.cfg, &0u32.to_ne_bytes(), &cfg_bytes(classifier, 0), "fp_cfg")?;
+        k.write_cfg(0)?;
         Ok(k)
     }
 
@@ -467,6 +510,11 @@ impl KernelSteer {
     /// Brings the program's owners and flow rules to `steering`'s as landed (after moves, rule changes).
     pub fn sync(&self, steering: &Steering) -> Result<(), SteerError> {
         self.set_reta(&steering.owners())?;
+        self.sync_rules(steering)
+    }
+
+    /// Brings the program's exact-match flow rules to `steering`'s as landed.
+    pub fn sync_rules(&self, steering: &Steering) -> Result<(), SteerError> {
         let want = steering.flow_rules();
         let have: Vec<(u16, FlowRule)> =
             self.flow_rules.lock().map_err(|_| SteerError("kernel steering: poisoned".into()))?.clone();
@@ -483,8 +531,58 @@ impl KernelSteer {
         Ok(())
     }
 
+    /// Waits for an RCU grace period after table writes: when it returns, every frame
+    /// the program steered by the old table is in its socket's ring. Returns the real
+    /// time (ns since the Unix epoch) after which every frame received is steered by
+    /// the new table.
+    pub fn grace_period(&self) -> u64 {
+        // The program runs, and its frame is queued, inside the receive path's RCU read
+        // section; MEMBARRIER_CMD_GLOBAL (1) returns after synchronize_rcu().
+        // SAFETY: a plain system call with constant arguments.
+        let r = unsafe { libc::syscall(libc::SYS_membarrier, 1 as libc::c_int, 0 as libc::c_uint, 0 as libc::c_int) };
+        if r != 0 {
+            // nohz_full CPUs refuse it: a grace period is a few ms at most.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    }
+
     fn write_cfg(&self, nflows: usize) -> Result<(), SteerError> {
-        update(self.cfg, &0u32.to_ne_bytes(), &cfg_bytes(&self.classifier, nflows as u32), "fp_cfg")
+        let count = self.counting.load(std::sync::atomic::Ordering::Relaxed);
+        let b = cfg_bytes(&self.classifier, nflows as u32, self.keys as u32, count);
+        update(self.cfg, &0u32.to_ne_bytes(), &b, "fp_cfg")
+    }
+
+    /// Counts every frame against its (worker, key) from now on ([`KernelSteer::counts`]):
+    /// what a strategy that moves keys reads as loads (one atomic add per frame).
+    pub fn start_counting(&self) -> Result<(), SteerError> {
+        self.counting.store(true, std::sync::atomic::Ordering::Relaxed);
+        let n = self.flow_rules.lock().map_err(|_| SteerError("kernel steering: poisoned".into()))?.len();
+        self.write_cfg(n)
+    }
+
+    /// Workers the counts are kept for.
+    pub fn queues(&self) -> usize {
+        self.queues
+    }
+
+    /// Frames steered so far per (worker, key), at `worker * keys() + key` (empty before
+    /// [`KernelSteer::start_counting`] or without the program).
+    pub fn counts(&self, out: &mut Vec<u64>) {
+        out.clear();
+        if self.counts.is_null() {
+            return;
+        }
+        let n = self.queues * self.keys;
+        out.extend((0..n).map(|i| {
+            // SAFETY: i < queues * keys entries of the read-only mapping of fp_counts, which
+            // lives as long as `self`; the program adds to them atomically, so an atomic load
+            // of an aligned u64 is a valid read.
+            unsafe {
+                (*(self.counts.add(i) as *const std::sync::atomic::AtomicU64))
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            }
+        }));
     }
 
     /// Runs the program once on `frame` (Ethernet, at least 14 bytes) as the kernel
@@ -551,6 +649,8 @@ impl KernelSteer {
 #[cfg(fp_fanout_steer)]
 impl Drop for KernelSteer {
     fn drop(&mut self) {
+        // SAFETY: the mapping was made in `load_impl` with this length and is unmapped once.
+        unsafe { libc::munmap(self.counts as *mut libc::c_void, self.counts_len) };
         // SAFETY: the object was loaded in `load_impl` and is closed once; the fanout
         // groups holding the program keep their own reference to it.
         unsafe { ffi::bpf_object__close(self.obj) };
@@ -641,12 +741,13 @@ mod tests {
             queue: 1,
         };
         let c = Classifier::new(512, true, HashOn::DstIp, true, vec![rule]).unwrap();
-        let b = cfg_bytes(&c, 3);
+        let b = cfg_bytes(&c, 3, 515, true);
         assert_eq!(u32::from_ne_bytes(b[0..4].try_into().unwrap()), 511);
         assert_eq!(u32::from_ne_bytes(b[4..8].try_into().unwrap()), 512);
         assert_eq!(u32::from_ne_bytes(b[8..12].try_into().unwrap()), 1);
         assert_eq!(u32::from_ne_bytes(b[12..16].try_into().unwrap()), 3);
-        assert_eq!((b[16], b[17]), (2, 1));
+        assert_eq!(u32::from_ne_bytes(b[16..20].try_into().unwrap()), 515);
+        assert_eq!((b[20], b[21], b[22]), (2, 1, 1));
         let f = fdir_bytes(&rule);
         // The program compares raw wire words: prefix and mask are network-order bytes.
         assert_eq!(&f[0..8], &[203, 0, 113, 1, 255, 255, 255, 0]);

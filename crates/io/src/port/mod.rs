@@ -307,6 +307,21 @@ pub trait RxQueue: Send {
         let _ = now_tsc;
         self.rx_burst(pool, batch, max)
     }
+
+    /// [`RxQueue::rx_burst`] asking `gate` about each frame first (its bytes as the
+    /// worker will see them, its receive time in ns since the Unix epoch): `false`
+    /// leaves that frame, and what follows it, in the queue for a later burst.
+    /// Default: no gate (a queue that cannot hold frames back).
+    fn rx_burst_gated(
+        &mut self,
+        pool: &mut PacketPool,
+        batch: &mut Batch,
+        max: usize,
+        gate: &mut dyn FnMut(&[u8], u64) -> bool,
+    ) -> usize {
+        let _ = gate;
+        self.rx_burst(pool, batch, max)
+    }
 }
 
 /// One transmit queue, fed by one worker.
