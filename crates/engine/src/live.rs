@@ -131,6 +131,7 @@ pub enum Steer {
     Dispatcher,
     /// The kernel steers by the run's table: an AF_PACKET input's fanout group runs flowplane's
     /// classifier as a program ([`flowplane_io::port::fanout_steer`]); worker i polls queue i.
+    /// Moves (RSS++, Dyssect) follow [`flowplane_io::steered`]'s protocol.
     Kernel,
 }
 
@@ -160,12 +161,13 @@ const DISPATCH_RING: usize = 4096;
 /// or address-only hash — a dispatcher core steers by flowplane's table
 /// ([`Steer::Dispatcher`]), which also carries out the moves of strategies
 /// that rebalance (RSS++'s RETA moves, Dyssect's shard moves and per-flow
-/// rules) with their state. On an AF_PACKET input, a static table (no spray,
-/// no moves) runs in the kernel instead ([`Steer::Kernel`]: the same
-/// classifier, rules and RETA as a fanout program, no dispatcher core); where
-/// the program cannot load (built without clang, no CAP_BPF) the dispatcher
-/// steers and the report says why in one line. SCR (replicated state) is
-/// refused on ports in one line.
+/// rules) with their state. On an AF_PACKET input the table runs in the
+/// kernel instead unless the strategy sprays ([`Steer::Kernel`]: the same
+/// classifier, rules and RETA as a fanout program, no dispatcher core; moves
+/// by the switch-time protocol of [`flowplane_io::steered`]); where the
+/// program cannot load (built without clang, no CAP_BPF, a verifier that
+/// refuses it) the dispatcher steers and the report says why in one line.
+/// SCR (replicated state) is refused on ports in one line.
 pub fn run_live(
     cfg: &RunConfig,
     spec: &ChainSpec,

@@ -248,3 +248,118 @@ impl Source for KernelSource {
         self.due.pop_front()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flowplane_packet::PoolConfig;
+    use flowplane_scale::steer::HashOn;
+
+    /// A queue of (frame, receive time) that honours the gate.
+    struct FakeRx(VecDeque<(Vec<u8>, u64)>);
+
+    impl RxQueue for FakeRx {
+        fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize) -> usize {
+            self.rx_burst_gated(pool, batch, max, &mut |_, _| true)
+        }
+
+        fn rx_burst_gated(
+            &mut self,
+            pool: &mut PacketPool,
+            batch: &mut Batch,
+            max: usize,
+            gate: &mut dyn FnMut(&[u8], u64) -> bool,
+        ) -> usize {
+            let mut n = 0;
+            while n < max {
+                let Some((f, ts)) = self.0.front() else { break };
+                if !gate(f, *ts) {
+                    break;
+                }
+                assert!(batch.push_copy(pool, f, 0));
+                self.0.pop_front();
+                n += 1;
+            }
+            n
+        }
+    }
+
+    fn udp(src: u8, sport: u16) -> Vec<u8> {
+        let mut f = vec![0u8; 42];
+        f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&28u16.to_be_bytes());
+        f[23] = 17;
+        f[26..30].copy_from_slice(&[10, 0, 0, src]);
+        f[30..34].copy_from_slice(&[10, 9, 9, 9]);
+        f[34..36].copy_from_slice(&sport.to_be_bytes());
+        f[36..38].copy_from_slice(&53u16.to_be_bytes());
+        f
+    }
+
+    #[test]
+    fn the_old_owner_hands_over_at_the_first_frame_past_the_switch_and_the_new_owner_holds_until_then() {
+        let c = Classifier::new(8, false, HashOn::FiveTuple, false, Vec::new()).unwrap();
+        let st = Arc::new(Steering::new(2, &c, &[]).unwrap());
+        // Two flows on different entries, both owned by queue 0 (round robin over 8 entries: even entries).
+        let (a, b) = {
+            let mut even = (1..=250u8).map(|s| udp(s, 1000)).filter(|f| c.classify(f).unwrap().0.is_multiple_of(2));
+            let a = even.next().unwrap();
+            let ka = c.classify(&a).unwrap().0;
+            let b = even.find(|f| c.classify(f).unwrap().0 != ka).unwrap();
+            (a, b)
+        };
+        let key = c.classify(&a).unwrap().0;
+        let switch = Arc::new(SwitchTimes::default());
+        let t = 1_000_000u64;
+        let mut pool = PacketPool::new(PoolConfig { buffers: 256, ..Default::default() }).unwrap();
+        let mut batch = Batch::new(&pool);
+        let counters = Arc::new(QueueCounters::default());
+        // Old owner: a's frame before the switch, b's after; new owner: a's frame after the switch, then b's.
+        let old = FakeRx(VecDeque::from([(a.clone(), t - 5), (b.clone(), t + 5)]));
+        let new = FakeRx(VecDeque::from([(a.clone(), t + 7), (b.clone(), t + 8)]));
+        let mut q0 = KernelSource::new(Box::new(old), counters.clone(), 0, st.clone(), c.clone(), switch.clone(), 10);
+        let mut q1 = KernelSource::new(Box::new(new), counters, 1, st.clone(), c, switch.clone(), 10);
+        let mv = st.start_move(key, 1).unwrap();
+        // Landed, not yet in the kernel: nobody reports, the new owner already holds the key.
+        assert_eq!(q1.rx_burst(&mut pool, &mut batch, 32, 0), Rx::Idle, "a's frame held");
+        assert!(q0.take_due().is_none());
+        switch.publish(mv.id, t);
+        assert_eq!(q0.rx_burst(&mut pool, &mut batch, 32, 0), Rx::Packets(2));
+        assert_eq!(q0.take_due(), Some(mv), "b's frame came after the switch: a's stream is complete");
+        batch.free_all(&mut pool).unwrap();
+        assert_eq!(q1.rx_burst(&mut pool, &mut batch, 32, 0), Rx::Idle, "still held: no state yet");
+        assert!(q1.rx_stats().stalls > 0);
+        st.hand_over(mv, Vec::new());
+        st.imported(mv);
+        assert_eq!(q1.rx_burst(&mut pool, &mut batch, 32, 0), Rx::Packets(2), "the state is in: a's frame, then b's");
+        assert_eq!(batch.data(0), &a[..]);
+        batch.free_all(&mut pool).unwrap();
+    }
+
+    #[test]
+    fn an_idle_old_owner_hands_over_once_its_ring_could_hold_nothing_older() {
+        let c = Classifier::new(8, false, HashOn::FiveTuple, false, Vec::new()).unwrap();
+        let st = Arc::new(Steering::new(2, &c, &[]).unwrap());
+        let switch = Arc::new(SwitchTimes::default());
+        let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
+        let mut batch = Batch::new(&pool);
+        let mut q0 = KernelSource::new(
+            Box::new(FakeRx(VecDeque::new())),
+            Arc::new(QueueCounters::default()),
+            0,
+            st.clone(),
+            c,
+            switch.clone(),
+            50_000_000,
+        );
+        let mv = st.start_move(0, 1).unwrap();
+        let now = realtime_ns();
+        switch.publish(mv.id, now);
+        assert_eq!(q0.rx_burst(&mut pool, &mut batch, 32, 0), Rx::Idle);
+        assert!(q0.take_due().is_none(), "a block may still be open in the ring");
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        assert_eq!(q0.rx_burst(&mut pool, &mut batch, 32, 0), Rx::Idle);
+        assert_eq!(q0.take_due(), Some(mv));
+    }
+}

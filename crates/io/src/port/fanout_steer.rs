@@ -29,6 +29,9 @@
 //!   directions of each, to their slot key and the entry they are bound to.
 //! - `fp_stats` (per CPU): frames steered by the RETA, by a rule, by a flow
 //!   rule, and frames not classified.
+//! - `fp_counts` (mmap'ed, from [`KernelSteer::start_counting`] on): frames per
+//!   (worker, key), one atomic add per frame: the loads a strategy that moves
+//!   keys reads. Moves themselves: [`crate::steered`].
 //!
 //! The kernel drops nothing here: it only picks the socket. Fragments are
 //! not reassembled (no `PACKET_FANOUT_FLAG_DEFRAG`): each is steered as the
@@ -617,6 +620,12 @@ impl KernelSteer {
         Ok(o.retval)
     }
 
+    /// [`KernelSteer::run_once`] without the program built in.
+    #[cfg(not(fp_fanout_steer))]
+    pub fn run_once(&self, _frame: &[u8]) -> Result<u32, SteerError> {
+        Err(SteerError("kernel steering not built in".into()))
+    }
+
     /// What the program has steered so far.
     pub fn stats(&self) -> SteerStats {
         let mut s = SteerStats::default();
@@ -641,7 +650,7 @@ impl KernelSteer {
 
     #[cfg(not(fp_fanout_steer))]
     fn stat(&self, _: u32) -> u64 {
-        let _ = (self.stats, self.flows, self.reta, self.cfg);
+        let _ = (self.stats, self.flows, self.reta, self.cfg, self.counts_len);
         0
     }
 }
