@@ -6,7 +6,7 @@
 #   scripts/test.sh            # everything
 #   scripts/test.sh --quick    # fmt, clippy and the test suite only
 #
-# Needs Rust stable (rustup); installs tshark with apt-get (as root, or through
+# Needs Rust stable (rustup); installs tshark (and the other Debian packages below) with apt-get (as root, or through
 # sudo) and the nightly Miri component with rustup when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +40,17 @@ if ! /usr/bin/python3 -c "import scapy" >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
     as_root apt-get update -qq
     as_root apt-get install -y -qq --no-install-recommends python3 python3-scapy >/dev/null
+fi
+# The metrics test (crates/cli/tests/ports_live.rs) lints the text format with promtool (Debian ships it
+# in the prometheus package, ~96 MB with the server) and parses the OpenMetrics format with the Python
+# client's reference parser (promtool reads only the text format).
+if ! command -v promtool >/dev/null 2>&1 || ! /usr/bin/python3 -c "import prometheus_client" >/dev/null 2>&1; then
+    step "installing prometheus (promtool), python3-prometheus-client"
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -qq
+    as_root apt-get install -y -qq --no-install-recommends prometheus python3-prometheus-client >/dev/null
+    # Where systemd runs, the package starts a Prometheus server: the tests need only promtool.
+    if command -v systemctl >/dev/null 2>&1; then as_root systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
 fi
 # AF_XDP ports build against libxdp/libbpf found by pkg-config (crates/io/build.rs; without them
 # afxdp: ports are not built in and crates/cli/tests/ports_afxdp.rs fails).

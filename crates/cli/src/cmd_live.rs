@@ -8,7 +8,9 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use flowplane_engine::live::{run_live, Live};
+use flowplane_engine::live::Live;
+use flowplane_engine::runner::run_port;
+use flowplane_engine::runtime::Watch;
 use flowplane_io::port::{self, LinkStats, PcapPort, Port, PortOptions, PortSpec, PortStats};
 use flowplane_io::sink::SharedPcapWriter;
 
@@ -85,6 +87,11 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
         Some(addr) => Some(metrics::serve(addr, Arc::clone(&live), Arc::clone(&stop))?),
         None => None,
     };
+    // Removed (the socket file too) when the run ends.
+    let ctl = match &a.ctl {
+        Some(path) => Some(crate::ctl::serve(path, Arc::clone(&live), spec.clone(), Arc::clone(&stop))?),
+        None => None,
+    };
     let tty = std::io::stdout().is_terminal();
     let mut status = metrics::Status::default();
     let mut tick = |l: &Live, at: std::time::Duration| {
@@ -96,7 +103,7 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
             let _ = o.flush();
         }
     };
-    let result = run_live(&cfg, &spec, a.symmetric_rss, &live, &stop, &mut tick);
+    let result = run_port(&cfg, &spec, a.symmetric_rss, &live, Watch { stop: Some(&stop), tick: Some(&mut tick) });
     if tty {
         outln!();
     }
@@ -105,6 +112,7 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
     if let Some(h) = server {
         let _ = h.join();
     }
+    drop(ctl);
     let report = result?;
     let mut lost = crate::results::Losses::default();
     lost.commit_exports(exports, |nf| export_rows(&report, nf));

@@ -46,6 +46,9 @@ pub struct RunArgs {
     /// Live runs: serve Prometheus metrics on this address (e.g. 127.0.0.1:9100).
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
+    /// Live runs: serve the control socket at PATH (`flowplane ctl PATH show runtime`, `set`, `load`, `export`, `stop`).
+    #[arg(long, value_name = "PATH")]
+    pub ctl: Option<std::path::PathBuf>,
     /// Chain spec, e.g. "forward -> count".
     #[arg(long, short = 'c', default_value = DEFAULT_CHAIN, conflicts_with = "chain_file")]
     pub chain: String,
@@ -89,7 +92,7 @@ pub struct RunArgs {
     /// rsspp (RSS++ rebalancing with state hand-over), scr (state-compute replication: a sequencer
     /// sprays round robin with piggybacked history; every core keeps a replica), dyssect (shards on
     /// working cores, heavy flows offloaded by NIC flow rules, MILP + heuristic controller).
-    #[arg(long, default_value = "rss", value_parser = ["rss", "shared", "rsspp", "scr", "dyssect"])]
+    #[arg(long, default_value = "rss", value_parser = clap::builder::PossibleValuesParser::new(flowplane_scale::strategy::names()))]
     pub scale: String,
     /// --scale scr: history records piggybacked per packet (default: the number of cores; at least that).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
@@ -334,7 +337,11 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
         )));
     }
     let dyssect = a.scale == "dyssect";
-    if a.scale_period_ms != 100.0 && !(dyssect || a.scale == "rsspp") {
+    // What the strategy is made of decides which options apply to it.
+    let strategy = flowplane_scale::strategy::by_name(&a.scale, flowplane_scale::strategy::DEFAULT_PERIOD)
+        .map_err(|e| CliError::new(format!("--scale {e}")))?;
+    let controlled = strategy.controller().is_some();
+    if a.scale_period_ms != 100.0 && !controlled {
         return Err(CliError::new(format!(
             "--scale-period-ms {}: the control period of rsspp and dyssect; --scale {} runs no controller",
             a.scale_period_ms, a.scale
@@ -352,7 +359,7 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
             "--slo-us {s}: the SLO of the --priority class (and dyssect's working-core cap); it needs --priority or --scale dyssect"
         )));
     }
-    if a.symmetric_rss && (scr || a.scale == "shared") {
+    if a.symmetric_rss && strategy.delivery().sprays() {
         return Err(CliError::new(format!(
             "--symmetric-rss: --scale {} sprays packets over the cores round robin; no RSS key steers them",
             a.scale
@@ -363,7 +370,7 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
     }
     if let Some(p) = &a.nic_profile {
         let p = flowplane_engine::runner::NicProfile::parse(p).map_err(CliError::new)?;
-        if !p.is_ideal() && !matches!(a.scale.as_str(), "rsspp" | "dyssect") {
+        if !p.is_ideal() && !controlled {
             return Err(CliError::new(format!(
                 "--nic-profile {}: --scale {} never updates the NIC's table (the profile applies to rsspp and dyssect)",
                 p.name, a.scale
@@ -395,6 +402,11 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
     }
     if a.metrics.is_some() {
         return Err(CliError::new("--metrics serves a live run (--input afpacket:IFACE, ...)"));
+    }
+    if a.ctl.is_some() {
+        return Err(CliError::new(
+            "--ctl serves a live run (--input afpacket:IFACE, ...); a replay runs to its end unattended",
+        ));
     }
     a.input = a.input.as_deref().map(crate::cmd_live::file_of);
     let demo = a.input.is_none() && a.gen.is_none();

@@ -25,6 +25,7 @@ macro_rules! out {
 }
 
 mod cmd_bench;
+mod cmd_ctl;
 mod cmd_dyssect;
 mod cmd_gen;
 mod cmd_live;
@@ -36,6 +37,7 @@ mod cmd_scaling;
 mod cmd_scr;
 mod cmd_trace;
 mod cmd_upf;
+mod ctl;
 mod error;
 mod metrics;
 mod results;
@@ -76,6 +78,8 @@ enum Command {
     Mlffr(cmd_mlffr::MlffrArgs),
     /// UPF tools: `upf sessions` writes the session file matching `gen --proto gtpu --upf NxM`.
     Upf(cmd_upf::UpfArgs),
+    /// Ask a running `run --ctl PATH`: show runtime|errors|nfs|tables|ports, set, load, export, stop.
+    Ctl(cmd_ctl::CtlArgs),
 }
 
 /// Runs the command line `args` (program name first, as `std::env::args_os`
@@ -109,6 +113,7 @@ where
         Command::Bench(a) => cmd_bench::run(a),
         Command::Mlffr(a) => cmd_mlffr::run(a),
         Command::Upf(a) => cmd_upf::run(a),
+        Command::Ctl(a) => cmd_ctl::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

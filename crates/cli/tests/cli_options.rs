@@ -239,6 +239,12 @@ fn cases(dir: &Path) -> Vec<Case> {
             expect: Expect::Refused("--metrics serves a live run"),
         },
         Case {
+            opt: "--ctl",
+            without: std(),
+            with: plus(std(), &["--ctl", "/tmp/flowplane-options.sock"]),
+            expect: Expect::Refused("--ctl serves a live run"),
+        },
+        Case {
             opt: "--chain",
             without: no(&["run", "--gen", GEN, "--flows", "4096", "--cores", "1", "--json"]),
             with: std(),

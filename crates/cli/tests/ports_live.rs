@@ -102,7 +102,7 @@ fn metrics_server_is_bounded_and_answers_only_get_metrics() {
     assert!(during <= before, "threads grew with idle connections: {before} -> {during}");
     let m = http(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
     assert!(m.starts_with("HTTP/1.1 200 OK\r\n"), "{m}");
-    assert!(m.contains("# TYPE flowplane_drops counter"), "{m}");
+    assert!(m.contains("# TYPE flowplane_drops_total counter"), "{m}");
     // A partial request holds a connection at most 2 s.
     let mut slow = TcpStream::connect(("127.0.0.1", port)).unwrap();
     slow.write_all(b"GET /metr").unwrap();
@@ -418,4 +418,11 @@ fn afxdp_recreated_input_without_its_queue_stops_the_run() {
         "{err}"
     );
     assert_eq!(xdp_prog(&name), None);
+}
+
+/// Issue 31: both metrics formats pass outside checkers (promtool, the reference OpenMetrics
+/// parser) and agree with the final report (see `ports_common::check_metrics`).
+#[test]
+fn metrics_pass_promtool_in_both_formats_and_match_the_report() {
+    ports_common::check_metrics("afpacket", 19_561);
 }

@@ -103,6 +103,15 @@ impl Stage {
         }
     }
 
+    /// Takes new run-time parameters (`p`: all of the NF's parameters as
+    /// the chain now gives them), between two batches; the NF's state stays.
+    pub fn reconfigure(&mut self, p: &mut flowplane_nf::Params) -> Result<(), flowplane_nf::ParamError> {
+        match self {
+            Stage::Stateless(n) => n.reconfigure(p),
+            Stage::Stateful { nf, .. } => nf.reconfigure(p),
+        }
+    }
+
     /// Export rows derived from the report merged over every core ([`Export::Report`]).
     pub fn export_report_rows(&self, merged: &serde_json::Value) -> Vec<serde_json::Value> {
         match self {

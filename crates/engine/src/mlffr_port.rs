@@ -3,7 +3,7 @@
 //! with real links in place of the paced in-memory replay. Per trial a
 //! sender injects the trace into the peer end of the input port's link at
 //! the trial's rate (TSC-paced bursts, `flowplane_io::port::peer`),
-//! flowplane runs the chain on the ports ([`run_live`]), and a receiver on
+//! flowplane runs the chain on the ports ([`crate::runner::run_port`]), and a receiver on
 //! the same thread (polled between the sender's bursts) counts what leaves
 //! the peer end of the output port's link. Every
 //! frame carries its phase (probe, learning, measured) and a sequence number
@@ -35,9 +35,10 @@ use flowplane_packet::{Batch, PacketPool, PoolConfig};
 use serde::Serialize;
 
 use crate::error::EngineError;
-use crate::live::{run_live, Live};
+use crate::live::Live;
 use crate::mlffr::{trial_config, MlffrConfig};
 use crate::runner::{run_prepared, Output, Prepared, RunConfig};
+use crate::runtime::Watch;
 use crate::spec::ChainSpec;
 
 /// The lowest rate the search tries (packets/s).
@@ -254,7 +255,7 @@ pub fn port_trial(
                 r
             })
             .map_err(EngineError::Thread);
-        let report = run_live(&c, spec, false, &live, stop, &mut |_, _| {});
+        let report = crate::runner::run_port(&c, spec, false, &live, Watch { stop: Some(stop), tick: None });
         stop.store(true, Ordering::Relaxed);
         let peer =
             h.and_then(|h| h.join().unwrap_or_else(|_| Err(EngineError::Config("the sender thread panicked".into()))));

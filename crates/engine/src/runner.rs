@@ -1,35 +1,36 @@
-//! Running a chain: building it once per core, loading the input through the
-//! dispatch stage, starting one worker per core over the replay trace, and
-//! merging their results. The CLI and the benchmarks go through here.
+//! Preparing a run: the configuration, the strategy, the chain built once
+//! per core with its placement checked, the steering planned, and the input
+//! made ready — a trace loaded through the dispatch stage, or a live port's
+//! queues opened (behind a dispatcher core when flowplane steers). Every
+//! entry point then hands the run to the one runtime ([`crate::runtime`]).
+//! The CLI and the benchmarks go through here.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use flowplane_io::nic::{NicConfig, NicQueue};
-use flowplane_io::replay::{ReplayConfig, ReplayQueue, ReplayTrace};
-use flowplane_io::sink::{Discard, PcapSink, SharedPcapWriter, Stamp};
-use flowplane_io::{cpu, Sink, Source};
+use flowplane_io::dispatch::{Dispatcher, Spread as DispatchSpread};
+use flowplane_io::replay::ReplayTrace;
+use flowplane_io::sink::SharedPcapWriter;
 use flowplane_nf::Export;
-use flowplane_packet::{tsc, PacketPool, PoolConfig, MAX_BATCH};
+use flowplane_packet::{PacketPool, PoolConfig, MAX_BATCH};
 
 pub use flowplane_scale::dyssect::class::PriorityClass;
 use flowplane_scale::rss::DEFAULT_RETA_SIZE;
 use flowplane_scale::steer::{Classifier, HashOn, Steering};
-use flowplane_scale::strategy::{self, imbalance, LoadSample, Strategy};
+use flowplane_scale::strategy::{self, Delivery, Strategy, StrategyConfig};
 pub use flowplane_scale::NicProfile;
 use flowplane_trace::gen::Generator;
 
 use crate::chain::Chain;
-use crate::coarse::SharedStores;
 use crate::error::EngineError;
-use crate::exec::{ExecConfig, Pipeline};
+use crate::exec::ExecConfig;
+use crate::live::{Live, Steer};
 use crate::load::{load_generated_with, load_trace_with, LoadStats, Spread};
 use crate::placement::{self, Plan};
-use crate::report::{Report, ScaleReport};
+use crate::report::Report;
+use crate::runtime::{run_workers, Feed, PortFeed, Watch};
 use crate::spec::ChainSpec;
-use crate::worker::{Control, Step, Worker, WorkerResult};
 
 /// Where forwarded packets go.
 #[derive(Clone, Default)]
@@ -124,20 +125,21 @@ impl Default for RunConfig {
 /// options; `trace_rate`: the trace's own packet rate, Dyssect's offered load
 /// for virtual cores at full speed, where latency is taken in trace time).
 pub(crate) fn make_strategy(cfg: &RunConfig, trace_rate: Option<f64>) -> Result<Box<dyn Strategy>, EngineError> {
-    if cfg.scale == "dyssect" {
-        let d = flowplane_scale::dyssect::Config {
-            short: cfg.scale_period,
-            long: cfg.long_period,
-            budget: cfg.solver_budget,
-            priority: cfg.priority.as_ref().map(|p| p.1),
-            slo_us: cfg.slo_us,
-            rate_pps: cfg.rate_pps.or(trace_rate.filter(|_| cfg.virtual_cores.is_some())),
-            batch: cfg.batch_size,
-            ..Default::default()
-        };
-        return Ok(Box::new(flowplane_scale::dyssect::Dyssect::new(d)));
-    }
-    Ok(strategy::by_name(&cfg.scale, cfg.scale_period)?)
+    let c = StrategyConfig {
+        period: cfg.scale_period,
+        long_period: cfg.long_period,
+        solver_budget: cfg.solver_budget,
+        priority: cfg.priority.as_ref().map(|p| p.1),
+        slo_us: cfg.slo_us,
+        rate_pps: cfg.rate_pps.or(trace_rate.filter(|_| cfg.virtual_cores.is_some())),
+        batch: cfg.batch_size,
+    };
+    Ok(strategy::build(&cfg.scale, &c)?)
+}
+
+/// Flow-rule slots the strategy's controller needs in the NIC (Dyssect's per-flow rules).
+fn flow_slots(s: &dyn Strategy) -> usize {
+    s.controller().map_or(0, |c| c.flow_slots())
 }
 
 /// What to replay.
@@ -272,15 +274,15 @@ pub fn run_prepared(cfg: &RunConfig, spec: &ChainSpec, p: &Prepared, output: Out
     let strategy = make_strategy(cfg, trace_rate)?;
     let chains = build_chains_planned(cfg, spec, &p.plan, workers)?;
     let steering = Arc::new(
-        Steering::with_flow_slots(workers, &p.classifier, &[], strategy.flow_slots())?
+        Steering::with_flow_slots(workers, &p.classifier, &[], flow_slots(strategy.as_ref()))?
             .with_nic_profile(cfg.nic_profile.clone()),
     );
     let nic = Nic { steering, classifier: p.classifier.clone(), strategy, plan: p.plan.clone() };
-    run_chains(cfg, spec, chains, Arc::clone(&p.trace), output, Some(nic))
+    run_workers(cfg, spec, chains, Feed::Replay(Arc::clone(&p.trace)), output, Some(nic), Watch::default())
 }
 
 /// Logical workers of a run.
-fn workers(cfg: &RunConfig) -> usize {
+pub(crate) fn workers(cfg: &RunConfig) -> usize {
     cfg.virtual_cores.unwrap_or(cfg.cores).max(1)
 }
 
@@ -313,7 +315,7 @@ pub fn run_steered(
 ) -> Result<Report, EngineError> {
     check(cfg)?;
     let chains = build_chains_planned(cfg, spec, &nic.plan, workers(cfg))?;
-    run_chains(cfg, spec, chains, trace, output, Some(nic))
+    run_workers(cfg, spec, chains, Feed::Replay(trace), output, Some(nic), Watch::default())
 }
 
 fn check(cfg: &RunConfig) -> Result<(), EngineError> {
@@ -393,599 +395,133 @@ pub fn run(cfg: &RunConfig, spec: &ChainSpec, trace: Arc<ReplayTrace>, output: O
     } else {
         None
     };
-    run_chains(cfg, spec, chains, trace, output, nic)
+    run_workers(cfg, spec, chains, Feed::Replay(trace), output, nic, Watch::default())
 }
 
-/// What the control loop saw.
-#[derive(Default)]
-pub(crate) struct ControlLog {
-    /// Imbalance factor of the packets each core received, per period window.
-    pub(crate) windows: Vec<f64>,
-    /// Imbalance factor of the cores' busy cycles, per period window.
-    pub(crate) cpu_windows: Vec<f64>,
-    /// Per queue: smoothed worker cycles per packet (a window alone is noisy).
-    cpp: Vec<f64>,
-    /// Moves started.
-    pub(crate) started: u64,
-    /// What the previous period read (its deltas are the window's figures).
-    prev_loads: Vec<(u64, Vec<u64>)>,
-    prev_rx: Vec<u64>,
-    prev_scan: Vec<u64>,
-    prev_busy: Vec<u64>,
-}
+/// Frames per worker's dispatcher ring.
+const DISPATCH_RING: usize = 4096;
 
-/// Runs prebuilt per-worker chains over `trace`: real workers one per
-/// thread, or logical workers taking turns on `cfg.cores` threads.
-fn run_chains(
+/// Runs `spec` on `live.input`'s queues (one worker per core) until
+/// `watch.stop` is raised or `cfg.duration` (plus warm-up) has passed;
+/// `watch.tick` is called about once a second on the calling thread (status
+/// line). Returns the merged report (its clock names the ports' receive time).
+///
+/// The strategy (`cfg.scale`) and the chain's placement decide the steering
+/// as for a replay ([`placement::plan`]): where the port's own hash is not
+/// enough — a spray (`shared`), flow-director rules (nat's replies by port,
+/// fw's ICMP errors by quoted flow), per-core parameter shares, a symmetric
+/// or address-only hash — a dispatcher core steers by flowplane's table
+/// ([`Steer::Dispatcher`]), which also carries out the moves of strategies
+/// that rebalance (RSS++'s RETA moves, Dyssect's shard moves and per-flow
+/// rules) with their state, and is SCR's sequencer (stamping, histories,
+/// spray: [`Dispatcher::with_sequencer`]). On an AF_PACKET input a static
+/// table (no spray, no moves, no sequencer) runs in the kernel instead
+/// ([`Steer::Kernel`]: the same classifier, rules and RETA as a fanout
+/// program, no dispatcher core); where the program cannot load (built without
+/// clang, no CAP_BPF, a verifier that refuses it) the dispatcher steers and
+/// the report says why in one line.
+pub fn run_port(
     cfg: &RunConfig,
     spec: &ChainSpec,
-    chains: Vec<Chain>,
-    trace: Arc<ReplayTrace>,
-    output: Output,
-    mut nic: Option<Nic>,
+    symmetric_rss: bool,
+    live: &Live,
+    watch: Watch<'_>,
 ) -> Result<Report, EngineError> {
-    let nw = workers(cfg);
-    if chains.len() != nw || (nic.is_none() && trace.queues() != nw) {
-        return Err(EngineError::Config(format!("{nw} workers but the trace has {} queues", trace.queues())));
+    let nw = cfg.cores.max(1);
+    if cfg.batch_size == 0 || cfg.batch_size > MAX_BATCH {
+        return Err(EngineError::Config(format!("batch size {} out of range [1, {MAX_BATCH}]", cfg.batch_size)));
     }
-    if let Some(n) = &nic {
-        if n.steering.queues() != nw || !trace.is_steered() {
-            return Err(EngineError::Config(format!(
-                "{nw} workers but the steering table has {} queues",
-                n.steering.queues()
-            )));
-        }
-    }
-    let threads = cfg.cores.min(nw).max(1);
-    // Coarse state is shared by every core: one table per coarse group, created once.
-    let shared = match chains.first() {
-        Some(c) => SharedStores::new(&c.groups, cfg.exec.flows, cfg.exec.default_idle_timeout_ns)?.for_replay(),
-        None => SharedStores::default(),
-    };
-    let hz = tsc::hz();
-    let stop = AtomicBool::new(false);
-    let epoch_ns =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    let start_tsc = tsc::rdtsc();
-    let measure_from = start_tsc + cfg.warmup.map_or(0, |w| (w.as_secs_f64() * hz) as u64);
-    let wall = Instant::now();
-    let (nic_parts, mut strategy) = match nic.take() {
-        Some(Nic { steering, classifier, strategy, plan }) => (Some((steering, classifier, plan)), Some(strategy)),
-        None => (None, None),
-    };
-    let spray = strategy.as_ref().is_some_and(|s| s.spray());
-    let scr = match (strategy.as_ref().is_some_and(|s| s.replicates()), chains.first()) {
-        (true, Some(c)) => Some(crate::scr::ScrRun::new(&cfg.scr, nw, threads, cfg.loops, &trace, c)?),
-        _ => None,
-    };
-    let scr = scr.as_ref();
-    let counts = strategy.as_ref().is_some_and(|s| s.counts_loads());
-    // SCR bounds the drift between cores itself (a replica waits before its log would overwrite).
-    // Projected runs are held within a bounded distance: logical workers taking turns process a
-    // burst each per turn, so free-running queues would each walk their own span of the
-    // stream and every strategy would look balanced (packets / busiest worker).
-    let bounded = strategy.as_ref().is_some_and(|s| s.moves_flows())
-        || (cfg.virtual_cores.is_some_and(|v| v > threads) && nic_parts.is_some());
-    let stride = strategy.as_ref().map_or(0, |s| s.sample_stride());
-    let steering = nic_parts.as_ref().map(|n| &*n.0);
-    let classifier = nic_parts.as_ref().map(|n| &n.1);
-    // Per thread: its workers' chains, in worker order.
-    let mut per_thread: Vec<Vec<(usize, Chain)>> = (0..threads).map(|_| Vec::new()).collect();
-    for (w, chain) in chains.into_iter().enumerate() {
-        per_thread[w % threads].push((w, chain));
-    }
-    let mut log = ControlLog::default();
-    // Every worker is built (tables allocated) before the traffic starts.
-    let barrier = std::sync::Barrier::new(threads);
-    let go = std::sync::atomic::AtomicU64::new(0);
-    let warm = cfg.warmup.map_or(0, |w| (w.as_secs_f64() * hz) as u64);
-    type Done = Result<Vec<(WorkerResult, Pipeline, Option<Box<crate::scr::ScrReplica>>)>, EngineError>;
-    // Workers wake the coordinating thread when they end, so it can sleep until its next control tick (or the
-    // deadline) instead of polling: on a machine with as many CPUs as workers, every wake-up preempts one.
-    let coordinator = std::thread::current();
-    let results: Vec<Done> = std::thread::scope(|s| {
-        let handles: Vec<_> = per_thread
-            .into_iter()
-            .enumerate()
-            .map(|(t, mine)| {
-                let trace = Arc::clone(&trace);
-                let output = output.clone();
-                let stop = &stop;
-                let shared = &shared;
-                let (barrier, go) = (&barrier, &go);
-                let steering_arc = nic_parts.as_ref().map(|n| Arc::clone(&n.0));
-                let wake = WakeOnExit(coordinator.clone());
-                std::thread::Builder::new()
-                    .name(format!("fp-worker-{t}"))
-                    .spawn_scoped(s, move || -> Done {
-                        let _wake = wake;
-                        if cfg.pin {
-                            cpu::pin_current_thread(t);
-                        }
-                        let build = || -> Result<Vec<Worker<'_>>, EngineError> {
-                            let mut ws = Vec::with_capacity(mine.len());
-                            for (w, chain) in mine {
-                                let mut pool = PacketPool::new(PoolConfig {
-                                    buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
-                                    // In memory, no port registers the region: spread the buffers over the L1's sets.
-                                    buf_size: flowplane_packet::SPREAD_BUF_SIZE,
-                                    ..PoolConfig::default()
-                                })?;
-                                let replica = scr.map(|r| {
-                                    crate::scr::ScrReplica::new(
-                                        w,
-                                        &chain,
-                                        cfg.exec.flows.min(r.keys.saturating_mul(2).max(1024)),
-                                        cfg.exec.default_idle_timeout_ns,
-                                        Arc::clone(&r.seq),
-                                        r.logs.clone(),
-                                        r.end,
-                                    )
-                                });
-                                // Under scr the chain's state lives in the replica: the executor's tables stay small.
-                                let ecfg = if scr.is_some() {
-                                    crate::exec::ExecConfig { flows: 1024, ..cfg.exec }
-                                } else {
-                                    cfg.exec
-                                };
-                                let mut exec = Pipeline::new(chain, ecfg, shared.clone())?;
-                                if cfg.rate_pps.is_some() {
-                                    // Paced: a page fault on the packet path is a stall that loses packets.
-                                    exec.prefault();
-                                    pool.prefault();
-                                }
-                                let base_ns = trace.base_ns();
-                                let source: Box<dyn Source> = match &steering_arc {
-                                    Some(st) => {
-                                        let q = NicQueue::new(
-                                            Arc::clone(&trace),
-                                            Arc::clone(st),
-                                            w as u16,
-                                            NicConfig {
-                                                loops: cfg.loops,
-                                                rate_pps: cfg.rate_pps,
-                                                tsc_hz: hz,
-                                                start_tsc,
-                                                ring: cfg.ring,
-                                                spray,
-                                                count_loads: counts,
-                                                bounded_drift: bounded,
-                                            },
-                                        );
-                                        match scr {
-                                            Some(r) => Box::new(q.with_sequencer(Arc::clone(&r.seq))),
-                                            None => Box::new(q),
-                                        }
-                                    }
-                                    None => Box::new(ReplayQueue::new(
-                                        Arc::clone(&trace),
-                                        w,
-                                        ReplayConfig {
-                                            loops: cfg.loops,
-                                            max_packets: None,
-                                            // The whole trace's rate: each queue paces by trace time.
-                                            rate_pps: cfg.rate_pps,
-                                            tsc_hz: hz,
-                                        },
-                                    )),
-                                };
-                                let sink: Box<dyn Sink> = match &output {
-                                    Output::Discard => Box::new(Discard),
-                                    Output::Pcap(wr) => {
-                                        let stamp = if cfg.restamp {
-                                            Stamp::Transmit { tsc0: start_tsc, epoch_ns, tsc_hz: hz }
-                                        } else {
-                                            Stamp::Packet { base_ns }
-                                        };
-                                        Box::new(PcapSink::new(wr.clone(), stamp))
-                                    }
-                                    Output::Ports(ports) => Box::new(crate::live::port_sink(ports, w, None)?),
-                                };
-                                let ctl = match (steering, classifier) {
-                                    (Some(st), Some(c)) => Some(Control::new(st, c).with_sampling(stride)),
-                                    _ => None,
-                                };
-                                let mut wk =
-                                    Worker::new(w, pool, source, exec, sink, cfg.batch_size, measure_from, ctl);
-                                wk.set_priority(cfg.priority.as_ref().map(|p| p.1));
-                                if cfg.virtual_cores.is_some() && cfg.rate_pps.is_none() && cfg.priority.is_some() {
-                                    wk.set_virtual_latency(hz);
-                                }
-                                ws.push(match replica {
-                                    Some(r) => wk.with_scr(r),
-                                    None => wk,
-                                });
-                            }
-                            Ok(ws)
-                        };
-                        // Every thread reaches the barrier, built or not (a failed one then returns its error).
-                        let built = build();
-                        if barrier.wait().is_leader() {
-                            go.store(tsc::rdtsc(), Ordering::SeqCst);
-                        }
-                        barrier.wait();
-                        let mut ws = built?;
-                        let t0 = go.load(Ordering::SeqCst);
-                        for w in &mut ws {
-                            w.start(t0, t0 + warm);
-                        }
-                        if ws.len() == 1 {
-                            ws[0].run(stop);
-                        } else {
-                            take_turns(&mut ws, stop);
-                        }
-                        // Exports wait for every worker (shared state is still changing).
-                        Ok(ws.into_iter().map(Worker::finish_with_replica).collect())
-                    })
-                    .map_err(EngineError::Thread)
-            })
-            .collect();
-        // The run's clock starts when every worker is ready.
-        while go.load(Ordering::SeqCst) == 0 && handles.iter().any(|h| h.as_ref().is_ok_and(|h| !h.is_finished())) {
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        let deadline = cfg.duration.map(|d| Instant::now() + d + cfg.warmup.unwrap_or_default());
-        let period = strategy.as_ref().map_or(Duration::from_millis(100), |s| s.period());
-        let mut next_tick = Instant::now() + period;
-        // Sleep in slices so a run whose workers finish early returns early;
-        // the strategy's control loop ticks every period meanwhile.
-        //
-        // The NIC's update latencies (`--nic-profile`) run on this loop's
-        // clock, the wall clock, as the control period does: a 359 ms update
-        // spans 3.6 periods of 100 ms whatever the run. With virtual cores
-        // (logical workers taking turns on fewer threads) a wall-clock
-        // second carries fewer packets than the projected cores would take,
-        // so an update covers fewer packets than on real cores; the period
-        // does the same, so the controller's view (how many periods a change
-        // takes to land) is the paper's, while packets per update are not.
-        while handles.iter().any(|h| h.as_ref().is_ok_and(|h| !h.is_finished())) {
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                break;
-            }
-            if let Some(st) = steering {
-                // Updates whose time has come land (the old table steered until now).
-                st.pump(now);
-            }
-            if now >= next_tick {
-                next_tick += period;
-                if let (Some(st), Some(strat)) = (steering, strategy.as_mut()) {
-                    control_tick(st, strat.as_mut(), &mut log);
-                    // This period's changes go to the NIC (its RETA moves as one write).
-                    st.pump(Instant::now());
-                    if strat.finished() {
-                        break;
-                    }
-                }
-            }
-            let until = deadline.map_or(next_tick, |d| d.min(next_tick));
-            let until = steering.and_then(|st| st.next_landing()).map_or(until, |l| l.min(until));
-            // Woken early by a worker that ends (`WakeOnExit`); spurious wake-ups just loop.
-            std::thread::park_timeout(until.saturating_duration_since(Instant::now()));
-        }
-        stop.store(true, Ordering::Relaxed);
-        join_workers(handles)
-    });
-    let elapsed = wall.elapsed();
-    let mut done = Vec::with_capacity(nw);
-    for r in results {
-        done.extend(r?);
-    }
-    done.sort_by_key(|(w, _, _)| w.core);
-    let (mut workers, mut pipelines, mut replicas) = (Vec::new(), Vec::new(), Vec::new());
-    for (w, p, r) in done {
-        workers.push(w);
-        pipelines.push(p);
-        replicas.extend(r);
-    }
-    if let Some((st, _, _)) = &nic_parts {
-        import_late_mail(st, &mut pipelines, &mut workers);
-    }
-    // Every worker has stopped: the state is final. Each NF's per-core
-    // reports merge into one with its hook; exports read the final state.
-    let details = merge_details(&workers, &pipelines);
-    let mut report = Report::from_workers(spec, cfg, &workers, details, elapsed, hz);
-    if let (Some((st, _, plan)), Some(strat)) = (&nic_parts, &strategy) {
-        report.scale = Some(ScaleReport::new(
-            cfg,
-            strat.name(),
-            plan,
-            &workers,
-            threads,
-            (&log.windows, &log.cpu_windows),
-            st.moves_done(),
-            elapsed,
-            hz,
-        ));
-        if let Some(sc) = report.scale.as_mut() {
-            sc.controller = strat.report_json();
-            if strat.moves_flows() || !st.nic_profile().is_ideal() {
-                sc.nic = Some(crate::report::NicReport::new(st.nic_profile(), st.update_stats()));
-            }
-            sc.priority = cfg
-                .priority
-                .as_ref()
-                .map(|(name, _)| crate::report::PriorityReport::new(name, cfg.slo_us, &workers, hz));
-            if let (Some(p), true) = (sc.priority.as_mut(), cfg.virtual_cores.is_some() && cfg.rate_pps.is_none()) {
-                p.latency_from =
-                    "virtual-time: trace arrivals, each logical worker a dedicated FIFO core (PROJECTION)".into();
-            }
-        }
-    }
-    if let Some(r) = scr {
-        let cores = workers.iter_mut().filter_map(|w| w.scr.take()).collect();
-        report.scr = Some(crate::scr::ScrReport::new(r.seq.history(), r.fields, cfg.scr.recovery, cfg.scr.loss, cores));
-    }
-    // Live flows where the per-core tables do not give them by a sum: under scr the replicas hold the state
-    // (every replica the same), and a sprayed flow has an entry on every core it reached (unless its state lives
-    // in a shared 5-tuple table, whose keys each core reports).
-    if let Some(n) = replicas.first().and_then(|r| r.flows()) {
-        report.tables.flows = n;
-    } else if spray && !report.tables.flows_shared {
-        let mut keys = std::collections::HashSet::new();
-        for p in &pipelines {
-            p.for_each_flow(&mut |k| {
-                keys.insert(*k);
-            });
-        }
-        report.tables.flows = keys.len() as u64;
-    }
-    // Keys that do not carry their flow (SCR records' folded IPv6 addresses, the `shared` strategy's IPv6 5-tuple
-    // fingerprints) are named from the input, read again once for an export.
-    let keys = (!cfg.export.is_empty() && spray).then(|| ExportKeys::of(&trace));
-    // Under scr the state is the replicas' (the pipelines' tables stay empty): export core 0's, which every
-    // replica equals when the digests agree.
-    let scr_state = replicas.first().zip(keys.as_ref()).map(|(r, k)| (&**r, k));
-    report.exports = collect_exports(cfg, &pipelines, scr_state, keys.as_ref(), &report);
-    Ok(report)
-}
-
-/// State handed over after its new owner had finished still belongs there: imported once every worker stopped.
-pub(crate) fn import_late_mail(st: &Steering, pipelines: &mut [Pipeline], workers: &mut [WorkerResult]) {
-    let mut mail = Vec::new();
-    for (q, (p, w)) in pipelines.iter_mut().zip(workers.iter_mut()).enumerate() {
-        st.take_mail(q, &mut mail);
-        for h in mail.drain(..) {
-            let (ok, bad) = p.import_flows(&h.state);
-            w.flows_in += ok as u64;
-            w.flows_refused += bad as u64;
-            st.imported(h.mv);
-        }
-        // The worker's table figures were read when it stopped, before these entries arrived.
-        w.store = p.store_report();
-    }
-}
-
-/// Bursts a logical worker runs per turn.
-const TURN_BURSTS: usize = 16;
-
-/// Logical workers taking turns on one thread, a few bursts each.
-fn take_turns(ws: &mut [Worker<'_>], stop: &AtomicBool) {
-    let mut live: Vec<usize> = (0..ws.len()).collect();
-    while !live.is_empty() {
-        let mut busy = false;
-        // A few bursts per turn: a worker's caches and prefetches stay warm
-        // across its own bursts, as on a core of its own.
-        live.retain(|&i| {
-            for _ in 0..TURN_BURSTS {
-                match ws[i].step(stop) {
-                    Step::Busy => busy = true,
-                    Step::Idle => return true,
-                    Step::Done => return false,
-                }
-            }
-            true
-        });
-        if !busy {
-            std::hint::spin_loop();
-        }
-    }
-}
-
-/// One period of the control loop: the window's per-queue load and
-/// imbalance, the strategy's rebalancing, the moves started.
-pub(crate) fn control_tick(st: &Steering, strat: &mut dyn Strategy, log: &mut ControlLog) {
-    let ControlLog { prev_loads, prev_rx, prev_scan, prev_busy, .. } = log;
-    // Each queue's share of the traffic in the window: packets it received per
-    // stream position it walked (at full speed queues walk at their own pace;
-    // paced, this is its share of the offered load).
-    let (rx, scan) = (st.queue_rx(), st.queue_scan());
-    prev_rx.resize(rx.len(), 0);
-    prev_scan.resize(scan.len(), 0);
-    let walked: Vec<u64> =
-        scan.iter().zip(prev_scan.iter()).map(|(&a, &b)| if a == u64::MAX { 0 } else { a.saturating_sub(b) }).collect();
-    let share: Vec<u64> = rx
-        .iter()
-        .zip(prev_rx.iter())
-        .zip(&walked)
-        .map(|((&a, &b), &w)| a.saturating_sub(b).saturating_mul(1_000_000).checked_div(w).unwrap_or(0))
-        .collect();
-    let active = walked.iter().filter(|&&w| w > 0).count();
-    // Cycles per packet of each queue's worker in the window: an entry's load
-    // is its packets times its owner's cost per packet (RSS++ balances CPU load).
-    let busy = st.queue_busy();
-    prev_busy.resize(busy.len(), 0);
-    log.cpp.resize(busy.len(), 0.0);
-    for (k, ((&b, &pb), (&r, &pr))) in busy.iter().zip(prev_busy.iter()).zip(rx.iter().zip(prev_rx.iter())).enumerate()
+    let chain0 = Chain::build(spec)?;
+    let strat = make_strategy(cfg, None)?;
+    let plan = placement::plan(&chain0, spec, strat.as_ref(), nw, symmetric_rss)?;
+    // SCR's sequencer is the dispatcher core, on one worker too.
+    let (delivery, moves) = (strat.delivery(), strat.controller().is_some());
+    let steer = if delivery == Delivery::Sequenced
+        || nw > 1
+            && (delivery.sprays()
+                || moves
+                || plan.symmetric
+                || plan.icmp_inner
+                || plan.hash_on != HashOn::FiveTuple
+                || !plan.rules.is_empty()
+                || plan.overrides.iter().any(|o| !o.is_empty()))
     {
-        let n = r.saturating_sub(pr);
-        if n >= 1000 {
-            let x = b.saturating_sub(pb) as f64 / n as f64;
-            log.cpp[k] = if log.cpp[k] == 0.0 { x } else { 0.7 * log.cpp[k] + 0.3 * x };
-        }
-    }
-    let cpp: Vec<u64> = log.cpp.iter().map(|&c| c as u64).collect();
-    let mean_cpp = (cpp.iter().sum::<u64>() / cpp.len().max(1) as u64).max(1);
-    let cpu: Vec<u64> = busy
-        .iter()
-        .zip(prev_busy.iter())
-        .zip(&walked)
-        .map(|((&b, &pb), &w)| b.saturating_sub(pb).saturating_mul(1_000).checked_div(w).unwrap_or(0))
-        .collect();
-    *prev_busy = busy;
-    *prev_rx = rx;
-    for (p, &s) in prev_scan.iter_mut().zip(&scan) {
-        if s != u64::MAX {
-            *p = s;
-        }
-    }
-    if active == walked.len() && active > 0 {
-        log.windows.push(imbalance(&share));
-        log.cpu_windows.push(imbalance(&cpu));
-    }
-    // Strategies that drive the table themselves (Dyssect: RETA moves and flow rules).
-    let empty = LoadSample { entry_packets: &[], owners: &[], queues: st.queues() };
-    if strat.drive(st, &empty, &log.cpp, tsc::hz()) {
-        return;
-    }
-    if !strat.counts_loads() {
-        return;
-    }
-    // Per RETA entry: packets per million stream positions, from each
-    // queue's counts over the positions it had walked when it published them
-    // (a consistent pair; a move mid-window splits an entry over two queues).
-    let reta = st.reta_size();
-    // As requested: moves still queued in a slow NIC count as done (else they would be asked for again).
-    let owners = st.planned_owners();
-    let now = st.queue_key_loads();
-    let mut delta = vec![0u64; reta];
-    for (q, (pos, counts)) in now.iter().enumerate() {
-        let (ppos, pcounts) = match prev_loads.get(q) {
-            Some(p) => (p.0, &p.1[..]),
-            None => (0, &[][..]),
-        };
-        let w = pos.saturating_sub(ppos);
-        if w == 0 {
-            continue;
-        }
-        let c = if strat.balance_cpu() { cpp.get(q).copied().filter(|&c| c > 0).unwrap_or(mean_cpp) } else { 1 };
-        for (e, d) in delta.iter_mut().enumerate() {
-            let x = counts.get(e).copied().unwrap_or(0).saturating_sub(pcounts.get(e).copied().unwrap_or(0));
-            *d += x.saturating_mul(1_000_000) / w * c;
-        }
-    }
-    *prev_loads = now;
-    let sample = LoadSample { entry_packets: &delta, owners: &owners[..reta], queues: st.queues() };
-    for (e, q) in strat.rebalance(&sample) {
-        if st.start_move(e, q).is_ok() {
-            log.started += 1;
-        }
-    }
-}
-
-/// Each NF's reports of every core, merged with the NF's hook (in chain order).
-pub(crate) fn merge_details(workers: &[WorkerResult], pipelines: &[Pipeline]) -> Vec<Option<serde_json::Value>> {
-    let Some(first) = pipelines.first() else { return Vec::new() };
-    first
-        .chain()
-        .stages
-        .iter()
-        .enumerate()
-        .map(|(i, stage)| {
-            let mut merged: Option<serde_json::Value> = None;
-            for d in workers.iter().filter_map(|w| w.nfs.get(i).and_then(|n| n.2.as_ref())) {
-                match &mut merged {
-                    Some(m) => stage.merge_report(m, d),
-                    None => merged = Some(d.clone()),
-                }
-            }
-            merged
-        })
-        .collect()
-}
-
-/// The rows of every `--export`ed NF: its state from every core (shared
-/// state once), or rows derived from its merged report.
-pub(crate) fn collect_exports(
-    cfg: &RunConfig,
-    pipelines: &[Pipeline],
-    scr: Option<(&crate::scr::ScrReplica, &ExportKeys)>,
-    keys: Option<&ExportKeys>,
-    report: &Report,
-) -> Vec<(String, Vec<serde_json::Value>)> {
-    let resolve = |k: u128| keys.and_then(|m| m.v6_tuples.get(&k).copied());
-    let mut names: Vec<&String> = cfg.export.iter().collect();
-    names.sort();
-    names.dedup();
-    let Some(first) = pipelines.first() else { return Vec::new() };
-    let mut out = Vec::new();
-    for name in names {
-        let Some(i) = first.chain().stages.iter().position(|s| s.name() == name) else { continue };
-        let stage = &first.chain().stages[i];
-        let rows = match stage.export_kind() {
-            Export::State if scr.is_some() => {
-                scr.and_then(|(r, k)| r.export(first.chain(), name, &k.v6_folds)).unwrap_or_default()
-            }
-            Export::State => pipelines
-                .iter()
-                .enumerate()
-                .flat_map(|(core, p)| p.export_resolving(name, core == 0, &resolve).unwrap_or_default())
-                .collect(),
-            Export::Report => {
-                let merged = report.nfs.get(i).and_then(|n| n.details.as_ref());
-                stage.export_report_rows(merged.unwrap_or(&serde_json::Value::Null))
-            }
-            Export::None => continue,
-        };
-        out.push((name.clone(), rows));
-    }
-    out
-}
-
-/// The input's IPv6 flows by the keys that stand for them where the key does not carry the addresses.
-#[derive(Default)]
-pub(crate) struct ExportKeys {
-    /// SCR records' 32-bit folds of IPv6 addresses.
-    pub(crate) v6_folds: std::collections::HashMap<u32, std::net::Ipv6Addr>,
-    /// Shared 5-tuple tables' keys of IPv6 flows (fingerprints).
-    pub(crate) v6_tuples: std::collections::HashMap<u128, flowplane_wire::flow::FiveTuple>,
-}
-
-impl ExportKeys {
-    /// Reads every packet of `trace` once.
-    fn of(trace: &ReplayTrace) -> ExportKeys {
-        let mut k = ExportKeys::default();
-        let mut buf = Vec::new();
-        for q in 0..trace.queues() {
-            for i in 0..trace.queue_packets(q) {
-                if !trace.copy_frame(q, i, &mut buf) {
-                    continue;
-                }
-                let meta = flowplane_nf::PktMeta::parse(&buf);
-                if !meta.valid || meta.tuple.is_ipv4() {
-                    continue;
-                }
-                crate::scr::add_v6_folds(&mut k.v6_folds, &buf);
-                let g = flowplane_nf::stateful::Granularity::FiveTuple;
-                if let Some(key) = crate::coarse::group_key(g, &meta) {
-                    k.v6_tuples.insert(key, g.project(&meta.tuple));
-                }
+        Steer::Dispatcher
+    } else {
+        Steer::Port
+    };
+    // Per-core chains with their port shares; exports checked (and refused) as for a replay.
+    let chains = build_chains_planned(cfg, spec, &plan, nw)?;
+    let mut notes = plan.notes.clone();
+    // A static table on an AF_PACKET input: the kernel's fanout program steers, no dispatcher core.
+    let (steer, kernel) = if steer == Steer::Dispatcher
+        && delivery == Delivery::Table
+        && !moves
+        && live.input.name().starts_with("afpacket:")
+    {
+        match kernel_steering(&plan, nw, flow_slots(strat.as_ref()), live) {
+            Ok(k) => (Steer::Kernel, Some(k)),
+            Err(why) => {
+                notes.push(format!("kernel steering unavailable, a dispatcher core steers: {why}"));
+                (steer, None)
             }
         }
-        k
-    }
+    } else {
+        (steer, None)
+    };
+    let mut port = PortFeed {
+        live,
+        steer,
+        dispatcher: None,
+        dispatched: Vec::new(),
+        strategy: strat.name().to_string(),
+        notes,
+        kernel,
+    };
+    let nic = match steer {
+        Steer::Port | Steer::Kernel => None,
+        Steer::Dispatcher => {
+            // The dispatcher's table: the same classifier and RETA a replay's emulated NIC steers with.
+            let classifier =
+                Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())?;
+            let steering = Arc::new(Steering::with_flow_slots(nw, &classifier, &[], flow_slots(strat.as_ref()))?);
+            let spread = if delivery.sprays() { DispatchSpread::Spray } else { DispatchSpread::Table };
+            // The dispatcher opens every input queue into a pool of its own (an AF_XDP queue's UMEM).
+            let mut rxs = Vec::with_capacity(nw);
+            for q in 0..live.input.queues() {
+                let mut pool = PacketPool::new(PoolConfig {
+                    buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
+                    ..PoolConfig::default()
+                })?;
+                pool.prefault();
+                let rx = live.input.open_rx_into(q, &mut pool).map_err(|e| EngineError::Config(e.to_string()))?;
+                rxs.push((rx, pool));
+            }
+            let (d, srcs) = Dispatcher::new(rxs, classifier.clone(), Arc::clone(&steering), spread, DISPATCH_RING)
+                .map_err(|e| EngineError::Config(e.to_string()))?;
+            port.dispatcher = Some(if moves { d.with_moves() } else { d });
+            port.dispatched = srcs.into_iter().map(Some).collect();
+            Some(Nic { steering, classifier, strategy: strat, plan })
+        }
+    };
+    run_workers(cfg, spec, chains, Feed::Port(Box::new(port)), Output::Discard, nic, watch)
 }
 
-/// Joins scoped worker threads in spawn order: a thread that could not be
-/// spawned keeps its error, one that panicked becomes `WorkerPanicked`.
-pub(crate) fn join_workers<T>(
-    handles: Vec<Result<std::thread::ScopedJoinHandle<'_, Result<T, EngineError>>, EngineError>>,
-) -> Vec<Result<T, EngineError>> {
-    handles
-        .into_iter()
-        .map(|h| match h {
-            Ok(h) => h.join().unwrap_or(Err(EngineError::WorkerPanicked)),
-            Err(e) => Err(e),
-        })
-        .collect()
-}
-
-/// Unparks the coordinating thread when a worker thread ends (returns, fails or panics), so the coordinator's
-/// sleep until its next tick ends as soon as the workers are done.
-struct WakeOnExit(std::thread::Thread);
-
-impl Drop for WakeOnExit {
-    fn drop(&mut self) {
-        self.0.unpark();
-    }
+/// Loads the kernel steering program with the run's table (the classifier and round-robin
+/// RETA a dispatcher would use) and hands it to the input port, before any of its queues opens.
+fn kernel_steering(
+    plan: &placement::Plan,
+    nw: usize,
+    slots: usize,
+    live: &Live,
+) -> Result<Arc<flowplane_io::port::fanout_steer::KernelSteer>, String> {
+    let classifier =
+        Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())
+            .map_err(|e| e.to_string())?;
+    let steering = Steering::with_flow_slots(nw, &classifier, &[], slots).map_err(|e| e.to_string())?;
+    let k = flowplane_io::port::fanout_steer::KernelSteer::for_steering(&classifier, &steering)
+        .map_err(|e| e.to_string())?;
+    let k = Arc::new(k);
+    live.input.steer_in_kernel(Arc::clone(&k)).map_err(|e| e.to_string())?;
+    Ok(k)
 }

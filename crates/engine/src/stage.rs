@@ -207,6 +207,8 @@ pub trait StatefulStage: Send {
     fn export_raw_row_bytes(&self, key: u128, state: &[u8]) -> Option<serde_json::Value>;
     /// Export rows derived from the merged report.
     fn export_report_rows(&self, merged: &serde_json::Value) -> Vec<serde_json::Value>;
+    /// New run-time parameters (between two batches; the NF's hook).
+    fn reconfigure(&mut self, p: &mut flowplane_nf::Params) -> Result<(), flowplane_nf::ParamError>;
     /// Runs the per-packet action over packets `range` of a batch.
     /// `flows[i]` names packet i's block in `store`; this NF's state sits at
     /// `offset`. The prefetch hook runs `ahead` packets in advance (0:
@@ -508,6 +510,9 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     }
     fn export_report_rows(&self, merged: &serde_json::Value) -> Vec<serde_json::Value> {
         self.0.export_report_rows(merged)
+    }
+    fn reconfigure(&mut self, p: &mut flowplane_nf::Params) -> Result<(), flowplane_nf::ParamError> {
+        self.0.reconfigure(p)
     }
 
     #[inline]

@@ -431,6 +431,16 @@ impl<'a> Worker<'a> {
         }
     }
 
+    /// The executor, to change between two batches (run-time requests).
+    pub fn pipeline_mut(&mut self) -> &mut Pipeline {
+        &mut self.exec
+    }
+
+    /// The worker's index (its queue, its core's snapshot).
+    pub fn core(&self) -> usize {
+        self.core
+    }
+
     /// The run starts now (every worker is built): pacing and warm-up count from `tsc`.
     pub fn start(&mut self, tsc: u64, measure_from_tsc: u64) {
         self.source.start(tsc);

@@ -34,6 +34,18 @@
 //! key's later packets go to the new owner tagged with the move; the new
 //! owner's source holds them (and what is behind them) until the state is
 //! imported. Nothing is lost or reordered; a hold is counted (`stalls`).
+//!
+//! SCR on a port ([`Dispatcher::with_sequencer`]): the dispatcher core is
+//! the SCR paper's software sequencer. Per packet, in arrival order, it
+//! stamps the next sequence number and the sequencer's time
+//! ([`Stamper`]), writes the packet's history (the last N records, its own
+//! last) behind the frame in the same buffer, and sprays round robin. A
+//! packet the next worker's ring cannot take is dropped before it is
+//! stamped (loss before the sequencer, which SCR does not see: no gap).
+//! The worker's source hands the sequence numbers and histories over with
+//! each burst ([`Source::scr_side`]), as the emulated NIC's sequencer does;
+//! when the dispatcher stops, the last history goes to the [`Sequencer`]
+//! so every replica catches up to the stream's end.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -43,7 +55,10 @@ use flowplane_packet::{tsc, Batch, PacketPool, MAX_BATCH};
 use flowplane_scale::steer::{Classifier, FlowRule, Move, Steering};
 use rtrb::{Consumer, Producer, RingBuffer};
 
+use flowplane_wire::scr::ScrRecord;
+
 use crate::port::{QueueCounters, RxQueue};
+use crate::scr::{ScrSide, Sequencer, Stamper};
 use crate::{Rx, RxStats, Source};
 
 /// Largest frame a dispatcher buffer holds (a standard MTU frame with VLAN tags and slack).
@@ -60,6 +75,8 @@ pub struct Frame {
     wait: u64,
     /// A marker: every packet of the move's key before its switch point is ahead of it.
     due: Option<Move>,
+    /// SCR: the packet's sequence number (its history follows the frame's room in `buf`).
+    seq: u64,
 }
 
 /// The dispatcher's figures, readable while it runs.
@@ -77,6 +94,8 @@ pub struct DispatchStats {
     pub busy_cycles: AtomicU64,
     /// Per worker: packets dropped because the worker's ring was full.
     pub ring_full: Vec<AtomicU64>,
+    /// SCR, per worker: packets stamped and then lost on the way to it (injected, `--scr-loss`).
+    pub scr_lost: Vec<AtomicU64>,
     /// The dispatcher has stopped: a worker whose ring is empty is done.
     pub closed: AtomicBool,
 }
@@ -145,6 +164,8 @@ pub struct Dispatcher {
     next: usize,
     lanes: Vec<Lane>,
     stats: Arc<DispatchStats>,
+    /// SCR: the sequencer's working state (stamping, history).
+    stamper: Option<Stamper>,
 }
 
 /// A worker's source: the frames the dispatcher steered to it.
@@ -157,6 +178,17 @@ pub struct DispatchedSource {
     shared: Arc<DispatchStats>,
     me: usize,
     counters: Option<Arc<QueueCounters>>,
+    /// SCR: the burst's sequence numbers and histories.
+    scr: Option<ScrRx>,
+}
+
+/// A worker's side arrays under SCR, parallel to its batch (preallocated).
+struct ScrRx {
+    seqs: Box<[u64]>,
+    hist: Box<[ScrRecord]>,
+    len: usize,
+    history: usize,
+    workers: u64,
 }
 
 /// Why a dispatcher could not be set up.
@@ -192,6 +224,7 @@ impl Dispatcher {
         }
         let stats = Arc::new(DispatchStats {
             ring_full: (0..workers).map(|_| AtomicU64::new(0)).collect(),
+            scr_lost: (0..workers).map(|_| AtomicU64::new(0)).collect(),
             ..DispatchStats::default()
         });
         let mut lanes = Vec::with_capacity(workers);
@@ -211,6 +244,7 @@ impl Dispatcher {
                 shared: Arc::clone(&stats),
                 me,
                 counters: None,
+                scr: None,
             });
         }
         let rxs = rxs.into_iter().map(|(q, p)| {
@@ -240,8 +274,48 @@ impl Dispatcher {
             next: 0,
             lanes,
             stats,
+            stamper: None,
         };
         Ok((d, sources))
+    }
+
+    /// SCR: the dispatcher becomes the sequencer `seq` (streaming:
+    /// [`Sequencer::streaming`]) in front of `sources` (this dispatcher's,
+    /// in worker order): it stamps every packet and sprays round robin, and
+    /// each source hands the sequence numbers and histories over with its
+    /// bursts. Needs [`Spread::Spray`] and no moves; before the first poll.
+    pub fn with_sequencer<'s>(
+        mut self,
+        seq: Arc<Sequencer>,
+        sources: impl IntoIterator<Item = &'s mut DispatchedSource>,
+    ) -> Result<Self, DispatchError> {
+        let mut sources: Vec<&mut DispatchedSource> = sources.into_iter().collect();
+        if self.spread != Spread::Spray || self.moving || !seq.is_streaming() || sources.len() != self.lanes.len() {
+            return Err(DispatchError(
+                "an SCR sequencer needs a spraying dispatcher with no moves, a streaming sequencer and its sources"
+                    .into(),
+            ));
+        }
+        let n = seq.history();
+        // Each buffer holds the frame, then its history (the sequencer's prefix, kept behind the frame here).
+        let room = FRAME_ROOM + n * std::mem::size_of::<ScrRecord>();
+        for lane in &mut self.lanes {
+            for b in &mut lane.free {
+                *b = vec![0u8; room].into_boxed_slice();
+            }
+        }
+        let workers = self.lanes.len() as u64;
+        for s in sources.iter_mut() {
+            s.scr = Some(ScrRx {
+                seqs: vec![0; MAX_BATCH].into_boxed_slice(),
+                hist: vec![ScrRecord::default(); MAX_BATCH * n].into_boxed_slice(),
+                len: 0,
+                history: n,
+                workers,
+            });
+        }
+        self.stamper = Some(Stamper::new(seq));
+        Ok(self)
     }
 
     /// Follows the table's moves (a strategy that moves keys at run time) and
@@ -284,6 +358,10 @@ impl Dispatcher {
                 Self::flush(&mut self.lanes, &mut self.markers);
                 std::thread::sleep(Duration::from_micros(100));
             }
+        }
+        // Before the rings close: a worker that finds its ring closed finds the stream's end here.
+        if let Some(st) = &self.stamper {
+            st.close();
         }
     }
 
@@ -357,6 +435,41 @@ impl Dispatcher {
                 let p = self.pos;
                 self.pos += 1;
                 let data = batch.data(i);
+                if let Some(st) = self.stamper.as_mut() {
+                    // SCR: stamp, attach the history, spray (no classification: every core processes every packet).
+                    if data.len() > FRAME_ROOM {
+                        oversize += 1;
+                        continue;
+                    }
+                    let w = self.next;
+                    let workers = self.lanes.len();
+                    let lane = &mut self.lanes[w];
+                    if lane.free.is_empty() || lane.tx.slots() == 0 {
+                        // Dropped before the sequencer: no sequence number taken, so no gap for the replicas.
+                        QueueCounters::add(&self.stats.ring_full[w], 1);
+                        continue;
+                    }
+                    self.next = if w + 1 == workers { 0 } else { w + 1 };
+                    let s = st.stamp(data, batch.timestamps()[i]);
+                    if st.lost(s) {
+                        QueueCounters::add(&self.stats.scr_lost[w], 1);
+                        continue;
+                    }
+                    let hist: &[u8] = bytemuck::cast_slice(st.history());
+                    let Some(mut buf) = lane.free.pop() else { continue };
+                    buf[..data.len()].copy_from_slice(data);
+                    buf[FRAME_ROOM..FRAME_ROOM + hist.len()].copy_from_slice(hist);
+                    let ts = batch.timestamps()[i];
+                    let frame = Frame { buf, len: data.len() as u16, hash: 0, ts, key: 0, wait: 0, due: None, seq: s };
+                    // Room checked above; this core is the ring's only producer.
+                    if let Err(rtrb::PushError::Full(f)) = lane.tx.push(frame) {
+                        lane.free.push(f.buf);
+                        continue;
+                    }
+                    delivered += 1;
+                    self.sent[w] += 1;
+                    continue;
+                }
                 let (key, hash) = match self.classifier.classify(data) {
                     Some(kh) => kh,
                     None => {
@@ -408,7 +521,7 @@ impl Dispatcher {
                 };
                 buf[..data.len()].copy_from_slice(data);
                 let ts = batch.timestamps()[i];
-                let frame = Frame { buf, len: data.len() as u16, hash, ts, key, wait, due: None };
+                let frame = Frame { buf, len: data.len() as u16, hash, ts, key, wait, due: None, seq: 0 };
                 match lane.tx.push(frame) {
                     Ok(()) => {
                         delivered += 1;
@@ -463,7 +576,7 @@ impl Dispatcher {
         for (lane, waiting) in lanes.iter_mut().zip(markers.iter_mut()) {
             while let Some(&mv) = waiting.first() {
                 let Some(buf) = lane.free.pop() else { break };
-                let f = Frame { buf, len: 0, hash: 0, ts: 0, key: mv.key, wait: 0, due: Some(mv) };
+                let f = Frame { buf, len: 0, hash: 0, ts: 0, key: mv.key, wait: 0, due: Some(mv), seq: 0 };
                 match lane.tx.push(f) {
                     Ok(()) => {
                         waiting.remove(0);
@@ -510,6 +623,9 @@ impl Source for DispatchedSource {
                 if batch.push_copy(pool, &f.buf[..len], f.ts) {
                     let i = batch.len() - 1;
                     batch.rss_hashes_mut()[i] = f.hash;
+                    if let Some(x) = self.scr.as_mut() {
+                        x.put(i, f.seq, &f.buf[FRAME_ROOM..]);
+                    }
                     got += 1;
                     bytes += len as u64;
                 } else {
@@ -518,6 +634,9 @@ impl Source for DispatchedSource {
             }
             // The return ring has room for every buffer of the lane.
             let _ = self.back.push(f.buf);
+        }
+        if let Some(x) = self.scr.as_mut() {
+            x.len = batch.len().min(MAX_BATCH);
         }
         self.stats.packets += got as u64;
         self.stats.bytes += bytes;
@@ -544,6 +663,35 @@ impl Source for DispatchedSource {
 
     fn take_due(&mut self) -> Option<Move> {
         self.due.pop_front()
+    }
+
+    fn scr_side(&self) -> Option<ScrSide<'_>> {
+        let x = self.scr.as_ref()?;
+        Some(ScrSide {
+            seqs: &x.seqs[..x.len],
+            hist: &x.hist[..x.len * x.history],
+            history: x.history,
+            // The dispatcher's work is the sequencer's (stamping, history, spraying): its share per worker.
+            cycles: self.shared.busy_cycles.load(Ordering::Relaxed) / x.workers,
+            monotonic: true,
+        })
+    }
+
+    fn scr_lost(&self) -> u64 {
+        self.shared.scr_lost.get(self.me).map_or(0, |a| a.load(Ordering::Relaxed))
+    }
+}
+
+impl ScrRx {
+    /// Batch packet `i` has sequence number `seq` and the history in `bytes` (N records behind the frame).
+    #[inline(always)]
+    fn put(&mut self, i: usize, seq: u64, bytes: &[u8]) {
+        let n = self.history;
+        if let (Some(s), Some(h)) = (self.seqs.get_mut(i), self.hist.get_mut(i * n..(i + 1) * n)) {
+            *s = seq;
+            let h: &mut [u8] = bytemuck::cast_slice_mut(h);
+            h.copy_from_slice(&bytes[..h.len()]);
+        }
     }
 }
 
@@ -640,6 +788,87 @@ mod tests {
         assert_eq!((a, b), (512, 512), "each ring holds 512 frames");
         assert_eq!(a + b + full, 1200, "every packet delivered or counted");
         assert_eq!(srcs[0].rx_stats().rx_ring_full + srcs[1].rx_stats().rx_ring_full, full);
+    }
+
+    /// SCR on a port: the dispatcher stamps and sprays; through the
+    /// histories every worker sees every record, in order, with the
+    /// sequencer's non-decreasing time, and its own packets are the input's
+    /// at their sequence numbers. A packet a full ring cannot take is
+    /// dropped before it is stamped (no gap), and the last history is left
+    /// with the sequencer when the dispatcher stops.
+    #[test]
+    fn scr_stamps_and_sprays_and_every_worker_sees_every_record_in_order() {
+        let frames: Vec<Vec<u8>> = (0..1200u16).map(|i| udp([10, 0, (i % 3) as u8, 1], i)).collect();
+        let (d, mut srcs, _) = setup(frames.clone(), Spread::Spray, 512);
+        let seq = Arc::new(Sequencer::streaming(3, 0.0, 1));
+        let d = d.with_sequencer(Arc::clone(&seq), &mut srcs).unwrap();
+        let st = d.stats();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| d.run(&stop));
+            while st.packets.load(Ordering::Relaxed) < 1200 {
+                std::thread::yield_now();
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        // Two rings of 512: 1024 stamped, the rest dropped before the sequencer.
+        let full: u64 = st.ring_full.iter().map(|x| x.load(Ordering::Relaxed)).sum();
+        assert_eq!(full, 1200 - 1024);
+        assert_eq!(seq.end(), Some(1024));
+        let want = |k: u64| {
+            let f = &frames[(k - 1) as usize];
+            ScrRecord::from_frame(f, &flowplane_wire::frame::PktMeta::parse(f))
+        };
+        let untimed = |mut r: ScrRecord| {
+            r.set_ts_ns(0);
+            r
+        };
+        for (w, src) in srcs.iter_mut().enumerate() {
+            let mut pool = PacketPool::new(PoolConfig { buffers: 1024, ..PoolConfig::default() }).unwrap();
+            let mut b = Batch::new(&pool);
+            let (mut own, mut seen) = (Vec::new(), std::collections::BTreeMap::new());
+            while let Rx::Packets(_) = src.rx_burst(&mut pool, &mut b, MAX_BATCH, 0) {
+                let side = src.scr_side().expect("a sequenced source has side data");
+                assert_eq!((side.seqs.len(), side.history), (b.len(), 3));
+                for i in 0..b.len() {
+                    let k = side.seqs[i];
+                    assert_eq!(b.data(i), &frames[(k - 1) as usize][..], "the packet is the input's at its number");
+                    own.push(k);
+                    for (j, r) in side.hist[i * 3..(i + 1) * 3].iter().enumerate() {
+                        if let Some(s) = (k + j as u64).checked_sub(2).filter(|&s| s >= 1) {
+                            assert_eq!(*seen.entry(s).or_insert(*r), *r, "one record per sequence number");
+                        }
+                    }
+                }
+                b.free_all(&mut pool).unwrap();
+            }
+            assert_eq!(own, (w as u64 + 1..=1024).step_by(2).collect::<Vec<_>>(), "round robin, in order");
+            // Past its last packet, a worker catches up from the history the sequencer kept at the end.
+            let mut tail = [ScrRecord::default(); 3];
+            seq.fill(1024, &mut tail);
+            for (s, r) in (1022..=1024).zip(tail) {
+                assert_eq!(*seen.entry(s).or_insert(r), r, "the end's history is the one the packets carried");
+            }
+            assert_eq!(seen.keys().copied().collect::<Vec<_>>(), (1..=1024).collect::<Vec<_>>());
+            assert!(seen.iter().all(|(&k, &r)| untimed(r) == untimed(want(k))), "worker {w}: the input's records");
+            assert!(seen.values().zip(seen.values().skip(1)).all(|(a, b)| a.ts_ns() <= b.ts_ns()));
+            assert_eq!(src.rx_burst(&mut pool, &mut b, 8, 0), Rx::Done);
+            assert_eq!(src.scr_lost(), 0);
+        }
+    }
+
+    #[test]
+    fn scr_needs_a_spraying_dispatcher_and_injected_loss_is_counted_per_worker() {
+        let (d, mut srcs, _) = setup(Vec::new(), Spread::Table, 512);
+        assert!(d.with_sequencer(Arc::new(Sequencer::streaming(2, 0.0, 1)), &mut srcs).is_err());
+        let frames: Vec<Vec<u8>> = (0..400u16).map(|i| udp([10, 0, 0, 1], i)).collect();
+        let (d, mut srcs, _) = setup(frames, Spread::Spray, 512);
+        let mut d = d.with_sequencer(Arc::new(Sequencer::streaming(2, 0.25, 3)), &mut srcs).unwrap();
+        while d.poll() > 0 {}
+        let got: usize = srcs.iter_mut().map(|s| drain(s).len()).sum();
+        let lost: u64 = srcs.iter().map(|s| s.scr_lost()).sum();
+        assert_eq!(got as u64 + lost, 400);
+        assert!((60..140).contains(&lost), "{lost}");
     }
 
     #[test]

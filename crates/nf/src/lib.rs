@@ -128,4 +128,17 @@ pub trait Nf: Send {
     fn placement(&self) -> Option<Placement> {
         None
     }
+
+    /// Takes new values of its run-time parameters (`flowplane ctl set`,
+    /// `load`) between two batches, keeping its state: `p` holds every
+    /// parameter as the chain now gives it. Default: the parameters are
+    /// fixed for the run.
+    fn reconfigure(&mut self, _p: &mut Params) -> Result<(), ParamError> {
+        Err(fixed_for_run(self.name()))
+    }
+}
+
+/// The refusal of an NF whose parameters cannot change while it runs.
+pub fn fixed_for_run(nf: &str) -> ParamError {
+    ParamError(format!("{nf}: its parameters are fixed for the run (a restart changes them)"))
 }

@@ -353,6 +353,13 @@ pub trait StatefulNf: Send + 'static {
     /// Per-packet action, with the flow's state updated in place.
     fn process(&mut self, pkt: &mut Pkt<'_>, state: &mut Self::State, ctx: &NfContext) -> Action;
 
+    /// Takes new values of its run-time parameters between two batches,
+    /// keeping every flow's state (see [`crate::Nf::reconfigure`]). Default:
+    /// fixed for the run.
+    fn reconfigure(&mut self, _p: &mut crate::Params) -> Result<(), crate::ParamError> {
+        Err(crate::fixed_for_run(self.name()))
+    }
+
     /// Set to `true` when the NF implements [`StatefulNf::release`] (its
     /// state holds resources): the executor then refuses table policies that
     /// drop state without calling it (eviction).

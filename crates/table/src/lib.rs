@@ -13,15 +13,19 @@
 //! Words: a *slot* is a position inside a bucket; an *entry* is a flow's key and
 //! state, named by its *handle*.
 //!
+//! [`FixedMap`] is the small fixed-capacity map NFs keep their own per-core
+//! state in (index over a slab, stable slots, deterministic sweep).
+//!
 //! Module map: `cuckoo` (placement, bucket search and displacement paths, shared
 //! by both tables), `key` (the [`FlowKey`] trait), `simd` (tag compare), `slab`
-//! (memory, entries, free list), `flow_table` (the per-core table), `expiry` (its
+//! (memory, entries, free list), `fixed_map` (the NF-private map), `flow_table` (the per-core table), `expiry` (its
 //! idle sweep), `states` (typed views of one NF's state across the entries),
 //! `shared` (the shared table), `error`.
 
 mod cuckoo;
 pub mod error;
 pub mod expiry;
+pub mod fixed_map;
 pub mod flow_table;
 pub mod huge;
 pub mod key;
@@ -32,6 +36,7 @@ pub mod states;
 
 pub use cuckoo::{BULK_LOOKUP_MAX, SLOTS};
 pub use error::TableError;
+pub use fixed_map::{FibHash, FixedMap, KeyHash, FIXED_MAP_MAX};
 pub use flow_table::{
     BatchResult, FlowTable, FullPolicy, Handle, Iter, Stamps, TableConfig, TableStats, Upsert, INVALID_HANDLE,
 };

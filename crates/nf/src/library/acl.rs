@@ -17,6 +17,14 @@
 //! IPv6 prefixes in brackets, e.g. `drop:udp:10.0.0.0/8:any:any:53;drop:any:[2001:db8::]/32`.
 //! File rules come first, then inline ones.
 //!
+//! The rules can be replaced while the ACL runs (`flowplane ctl load acl
+//! FILE`, `set acl rule ...`): the swap lands between two batches, so a batch
+//! is judged by one rule set, and a flow's cached verdict carries the rule
+//! set's version: the next packet of a flow decided under an older set walks
+//! the new rules again (its state kept). Per-rule counters start over with
+//! the new set. Versions are [`VERSION_BITS`] bits: a flow idle across a
+//! multiple of 4096 swaps would keep its old verdict.
+//!
 //! Matching conventions: `icmp` matches ICMP and ICMPv6; a prefix only
 //! matches addresses of its own family; a rule with a port range only matches
 //! TCP and UDP packets that carry ports (not ICMP, not non-first fragments).
@@ -70,6 +78,12 @@ pub const DROP_BIT: u32 = 1 << 31;
 const COUNTED_BIT: u32 = 1 << 30;
 /// Set once the rules have been evaluated for the flow (a zeroed state has not been).
 const DECIDED_BIT: u32 = 1 << 29;
+/// Bits of the rule index (at least [`MAX_RULES`] + 1 values).
+const RULE_BITS: u32 = 17;
+/// Bits of the rule set's version a decided state carries (above the rule index).
+pub const VERSION_BITS: u32 = 12;
+const VERSION_MASK: u32 = (1 << VERSION_BITS) - 1;
+const _: () = assert!(MAX_RULES < 1 << RULE_BITS && RULE_BITS + VERSION_BITS <= 29);
 /// Rules a step of the resumable rule walk evaluates before yielding.
 pub const RULES_PER_STEP: usize = 8;
 
@@ -90,7 +104,12 @@ impl AclState {
 
     /// Index of the deciding rule (the rule count means the default action).
     pub fn rule(&self) -> usize {
-        (self.verdict & !(DROP_BIT | COUNTED_BIT | DECIDED_BIT)) as usize
+        (self.verdict & ((1 << RULE_BITS) - 1)) as usize
+    }
+
+    /// The version of the rule set that decided the flow.
+    pub fn version(&self) -> u32 {
+        (self.verdict >> RULE_BITS) & VERSION_MASK
     }
 
     /// True once the rules have been evaluated for the flow.
@@ -297,6 +316,8 @@ pub struct Acl {
     /// Packets per rule (same indexing).
     packets: Vec<u64>,
     unparsed: u64,
+    /// The rule set's version (bumped by each swap; see the module doc).
+    version: u32,
 }
 
 impl Acl {
@@ -327,7 +348,7 @@ impl Acl {
     pub fn new(mut rules: Vec<Rule>, default_drop: bool) -> Self {
         rules.truncate(MAX_RULES);
         let n = rules.len() + 1;
-        Acl { rules, default_drop, flows: vec![0; n], packets: vec![0; n], unparsed: 0 }
+        Acl { rules, default_drop, flows: vec![0; n], packets: vec![0; n], unparsed: 0, version: 0 }
     }
 
     /// The facts the rules look at, from the flow's packet.
@@ -347,13 +368,19 @@ impl Acl {
     /// The decided state for rule `idx` (the rule count: the default action).
     fn verdict_of(&self, idx: usize) -> AclState {
         let drop = self.rules.get(idx).map_or(self.default_drop, |r| r.drop);
-        AclState { verdict: idx as u32 | DECIDED_BIT | if drop { DROP_BIT } else { 0 } }
+        AclState { verdict: idx as u32 | self.version << RULE_BITS | DECIDED_BIT | if drop { DROP_BIT } else { 0 } }
     }
 
     /// Evaluates the rules for a flow: first match wins.
     fn decide(&self, pkt: &Pkt<'_>) -> AclState {
         let facts = Self::facts(pkt);
         self.verdict_of(self.rules.iter().position(|r| r.matches(&facts)).unwrap_or(self.rules.len()))
+    }
+
+    /// True if the flow was decided by the rule set in force.
+    #[inline]
+    fn current(&self, st: &AclState) -> bool {
+        st.decided() && st.version() == self.version
     }
 
     /// Counts the packet (and, at its first, the flow) against its deciding rule.
@@ -402,7 +429,7 @@ impl StatefulNf for Acl {
 
     #[inline]
     fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut AclState, _ctx: &NfContext) -> Action {
-        if !st.decided() {
+        if !self.current(st) {
             *st = self.decide(pkt);
         }
         self.account(st)
@@ -415,7 +442,7 @@ impl StatefulNf for Acl {
     /// (`cur.val[1]`: 2 once the counter has been named.)
     fn step(&self, pkt: &Pkt<'_>, st: &AclState, cur: &mut Cursor) -> Step {
         cur.step += 1;
-        let rule = if st.decided() {
+        let rule = if self.current(st) {
             st.rule()
         } else if cur.val[1] != 0 {
             AclState { verdict: cur.val[0] as u32 }.rule()
@@ -449,12 +476,21 @@ impl StatefulNf for Acl {
 
     /// `process`, with the rule walk's result from the cursor when it completed.
     fn finish(&mut self, pkt: &mut Pkt<'_>, st: &mut AclState, cur: &Cursor, _ctx: &NfContext) -> Action {
-        if !st.decided() {
+        if !self.current(st) {
             // The walk's result, when it completed (a decided state always has DECIDED_BIT).
             let walked = AclState { verdict: cur.val[0] as u32 };
-            *st = if walked.decided() { walked } else { self.decide(pkt) };
+            *st = if self.current(&walked) { walked } else { self.decide(pkt) };
         }
         self.account(st)
+    }
+
+    /// A new rule set (file, inline rules, default) between two batches:
+    /// flows decided under the old one are judged again at their next packet.
+    fn reconfigure(&mut self, p: &mut Params) -> Result<(), ParamError> {
+        let new = Acl::from_params(p)?;
+        let version = (self.version + 1) & VERSION_MASK;
+        *self = Acl { unparsed: self.unparsed, version, ..new };
+        Ok(())
     }
 
     fn prefetch(&self, st: &AclState) {
@@ -492,6 +528,7 @@ impl StatefulNf for Acl {
             .collect();
         Some(json!({
             "rules": n,
+            "version": self.version,
             "default": verdict(self.default_drop),
             "default_flows": self.flows[n],
             "default_packets": self.packets[n],
@@ -502,7 +539,7 @@ impl StatefulNf for Acl {
 
     fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
         // Every core has the same rules: per-rule counters add up rule by rule.
-        merge_keeping(into, other, &["rules", "default", "per_rule"]);
+        merge_keeping(into, other, &["rules", "version", "default", "per_rule"]);
         if let (Some(mine), Some(theirs)) = (into.get_mut("per_rule"), other.get("per_rule")) {
             merge_rows(mine, theirs, &["rule", "origin", "action"]);
         }

@@ -38,6 +38,7 @@
 //! refused; `rss` runs it.
 
 use flowplane_packet::{prefetch, Batch, MAX_BATCH};
+use flowplane_table::{FibHash, FixedMap};
 use flowplane_wire::frame::PktMeta;
 use serde_json::{json, Value};
 
@@ -45,7 +46,7 @@ use crate::registry::{KeyedBy, NfDescriptor, NfSink};
 use crate::{Affinity, GlobalState, Nf, NfContext, NfCounters, ParamError, ParamSpec, Params, Placement};
 
 const PORT: ParamSpec = ParamSpec::uint("port", 38412, 1, 65535, "UDP port the AMF messages are sent to");
-// Per UE: its 24-line context, a free-list slot and up to 4 map slots (key and value).
+// Per UE: its 24-line context and its map share (an 8-byte entry, a free-list word, up to 4 index words).
 const UES: ParamSpec = ParamSpec::uint("ues", 1 << 17, 1, 1 << 24, "UE contexts per core (24 cache lines each)")
     .allocates(24 * 64 + 4 + 48);
 const MODE: ParamSpec = ParamSpec::choice(
@@ -162,71 +163,6 @@ pub struct AmfCounters {
     pub other: u64,
 }
 
-/// A small open-addressing map UE id -> context slot (linear probing,
-/// backward-shift deletion; load <= 1/2): no allocation after creation.
-#[derive(Debug)]
-struct Map {
-    keys: Vec<u64>,
-    vals: Vec<u32>,
-    mask: usize,
-}
-
-impl Map {
-    fn new(n: usize) -> Map {
-        let cap = (n * 2).next_power_of_two().max(16);
-        Map { keys: vec![0; cap], vals: vec![0; cap], mask: cap - 1 }
-    }
-
-    #[inline(always)]
-    fn home(&self, k: u64) -> usize {
-        (k.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 24) as usize & self.mask
-    }
-
-    #[inline(always)]
-    fn get_from(&self, k: u64, mut s: usize) -> Option<u32> {
-        loop {
-            match self.keys[s] {
-                0 => return None,
-                x if x == k => return Some(self.vals[s]),
-                _ => s = (s + 1) & self.mask,
-            }
-        }
-    }
-
-    fn insert(&mut self, k: u64, v: u32) {
-        let mut s = self.home(k);
-        while self.keys[s] != 0 && self.keys[s] != k {
-            s = (s + 1) & self.mask;
-        }
-        self.keys[s] = k;
-        self.vals[s] = v;
-    }
-
-    fn remove(&mut self, k: u64) {
-        let mut s = self.home(k);
-        while self.keys[s] != k {
-            if self.keys[s] == 0 {
-                return;
-            }
-            s = (s + 1) & self.mask;
-        }
-        // Backward shift: move later members of the cluster into the hole when their home allows it.
-        let mut hole = s;
-        let mut j = (s + 1) & self.mask;
-        while self.keys[j] != 0 {
-            let h = self.home(self.keys[j]);
-            let between = if hole <= j { hole < h && h <= j } else { hole < h || h <= j };
-            if !between {
-                self.keys[hole] = self.keys[j];
-                self.vals[hole] = self.vals[j];
-                hole = j;
-            }
-            j = (j + 1) & self.mask;
-        }
-        self.keys[hole] = 0;
-    }
-}
-
 /// A parsed message.
 #[derive(Clone, Copy, Debug, Default)]
 struct Msg {
@@ -241,9 +177,10 @@ struct Msg {
 pub struct Amf {
     port: u16,
     mode: Mode,
+    /// UE contexts, indexed by the UE's slot in `map`.
     ctx: Vec<UeCtx>,
-    free: Vec<u32>,
-    map: Map,
+    /// UE id -> its slot (stable while registered; freed slots are reused last-in-first-out).
+    map: FixedMap<u64, (), FibHash>,
     c: AmfCounters,
     counters: NfCounters,
     msgs: Box<[Option<Msg>; MAX_BATCH]>,
@@ -253,7 +190,7 @@ pub struct Amf {
 
 impl std::fmt::Debug for Amf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Amf").field("ues", &(self.ctx.len() - self.free.len())).field("counters", &self.c).finish()
+        f.debug_struct("Amf").field("ues", &self.map.len()).field("counters", &self.c).finish()
     }
 }
 
@@ -266,14 +203,15 @@ fn mix(a: u64, b: u64) -> u64 {
 impl Amf {
     /// An AMF for messages to UDP `port`, with room for `ues` contexts.
     pub fn new(port: u16, ues: usize, mode: Mode) -> Amf {
+        // At least one context (the map's minimum), at most what a slot can name.
+        let ues = ues.clamp(1, flowplane_table::FIXED_MAP_MAX);
         let ctx = vec![UeCtx::default(); ues];
         flowplane_table::huge::advise_hugepages(&ctx);
         Amf {
             port,
             mode,
             ctx,
-            free: (0..ues as u32).rev().collect(),
-            map: Map::new(ues),
+            map: FixedMap::new(ues).expect("amf: cannot allocate the UE map"),
             c: AmfCounters::default(),
             counters: NfCounters::default(),
             msgs: Box::new([None; MAX_BATCH]),
@@ -289,7 +227,7 @@ impl Amf {
 
     /// UEs with a context.
     pub fn ues(&self) -> usize {
-        self.ctx.len() - self.free.len()
+        self.map.len()
     }
 
     /// Parses packet `i`: `None` for packets that are not AMF messages or are malformed (counted).
@@ -342,13 +280,12 @@ impl Amf {
     fn act(&mut self, m: &Msg, slot: Option<u32>, now: u64) -> bool {
         let slot = match (slot, m.t) {
             (Some(s), _) => s,
-            (None, msg::REGISTRATION) => match self.free.pop() {
-                Some(s) => {
-                    self.map.insert(m.ue, s);
-                    self.ctx[s as usize] = UeCtx::default();
-                    s
+            (None, msg::REGISTRATION) => match self.map.insert(m.ue, ()) {
+                Ok(s) => {
+                    self.ctx[s] = UeCtx::default();
+                    s as u32
                 }
-                None => {
+                Err(_) => {
                     self.c.table_full += 1;
                     return false;
                 }
@@ -429,8 +366,7 @@ impl Amf {
         id[5] += 1;
         self.c.handled[usize::from(m.t - 1)] += 1;
         if m.t == msg::DEREGISTRATION {
-            self.map.remove(m.ue);
-            self.free.push(slot);
+            self.map.remove(&m.ue);
         }
         true
     }
@@ -465,13 +401,13 @@ impl Nf for Amf {
                     }
                     if let Some(m) = m {
                         if staged {
-                            prefetch::read(&me.map.keys[me.map.home(m.ue)]);
+                            prefetch::read(me.map.home_word(FixedMap::<u64, (), FibHash>::hash(&m.ue)));
                         }
                     }
                 }
                 1 => {
                     let Some(m) = me.msgs[i] else { return };
-                    let s = me.map.get_from(m.ue, me.map.home(m.ue));
+                    let s = me.map.find(&m.ue).map(|s| s as u32);
                     me.slots[i] = s;
                     if let (Some(s), true) = (s, staged) {
                         me.prefetch_lines(s, &m);
@@ -480,7 +416,7 @@ impl Nf for Amf {
                 _ => {
                     let Some(m) = me.msgs[i] else { return };
                     // A registration or deregistration earlier in the batch may have changed the slot.
-                    let slot = if staged { me.map.get_from(m.ue, me.map.home(m.ue)) } else { me.slots[i] };
+                    let slot = if staged { me.map.find(&m.ue).map(|s| s as u32) } else { me.slots[i] };
                     let now = batch.timestamps()[i];
                     if me.act(&m, slot, now) {
                         me.counters.packets_out += 1;
@@ -645,17 +581,13 @@ mod tests {
     }
 
     #[test]
-    fn map_deletes_keep_clusters_reachable() {
-        let mut m = Map::new(64);
-        for k in 1..=100u64 {
-            m.insert(k * 7919, k as u32);
-        }
-        for k in (1..=100u64).step_by(3) {
-            m.remove(k * 7919);
-        }
-        for k in 1..=100u64 {
-            let want = (k % 3 != 1).then_some(k as u32);
-            assert_eq!(m.get_from(k * 7919, m.home(k * 7919)), want, "{k}");
-        }
+    fn deregistered_slots_are_reused() {
+        let mut a = Amf::new(38412, 2, Mode::Staged);
+        let reg = |ue| frame(msg::REGISTRATION, ue, 1, 7, 1);
+        assert_eq!(run(&mut a, &[reg(1), reg(2), reg(3)]), [true, true, false]);
+        assert_eq!((a.ues(), a.amf_counters().table_full), (2, 1));
+        assert_eq!(run(&mut a, &[frame(msg::DEREGISTRATION, 1, 2, 0, 0), reg(3)]), [true, true]);
+        assert_eq!(run(&mut a, &[frame(msg::SERVICE, 3, 2, 9, 0), frame(msg::SERVICE, 1, 3, 9, 0)]), [true, false]);
+        assert_eq!((a.ues(), a.amf_counters().unknown_ue), (2, 1));
     }
 }

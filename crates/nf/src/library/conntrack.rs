@@ -47,8 +47,11 @@
 //!   receiver answers with a challenge ACK) and the connection stays
 //!   (`rst_in_window`).
 //!
-//! Connections live in the NF's own preallocated table keyed by the
-//! canonical connection (both directions meet; symmetric RSS under `rss`).
+//! Connections live in the NF's own preallocated table (a
+//! [`flowplane_table::FixedMap`]) keyed by the canonical connection (both
+//! directions meet; symmetric RSS under `rss`). For `conns=N` it holds
+//! `7/8 x C` connections, where `C` (the reported `capacity`) is the power of
+//! two at or above `8/7 x max(N, 16)`.
 //! Every change is a function of the packet sequence alone (a record of
 //! the packet's 5-tuple, flags, seq/ack and time), and `process` runs the
 //! very same transition on the packet's record, so under `--scale scr` the
@@ -57,6 +60,7 @@
 //! related flows); this is the lean tracker of the SCR evaluation.
 
 use bytemuck::{Pod, Zeroable};
+use flowplane_table::{FibHash, FixedMap};
 use flowplane_wire::scr::{ScrFields, ScrRecord};
 use serde_json::json;
 
@@ -66,9 +70,9 @@ use crate::report::merge_keeping;
 use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
-// Per connection: a 64-byte slot in a table of up to 2.3x the capacity, plus its index words.
+// Per connection: up to 2.3 x 7/8 64-byte slab entries and free-list words, 2.3 x 2 8-byte index words.
 const CONNS: ParamSpec =
-    ParamSpec::uint("conns", 1 << 20, 16, 1 << 26, "connection table capacity per core").allocates(160);
+    ParamSpec::uint("conns", 1 << 20, 16, 1 << 26, "connection table capacity per core").allocates(176);
 const TIMEOUT: ParamSpec =
     ParamSpec::uint("timeout", 300, 1, 30 * 86_400, "idle timeout of an established connection in seconds");
 const WINDOW: ParamSpec = ParamSpec::uint(
@@ -125,11 +129,10 @@ pub enum CtState {
     TimeWait = 6,
 }
 
-/// One tracked connection (one cache line). Directions: 0 is the canonical
-/// key's lower endpoint sending.
+/// One tracked connection (with its key, one 64-byte table entry).
+/// Directions: 0 is the canonical key's lower endpoint sending.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Conn {
-    key: u128,
     last_ns: u64,
     isn: [u32; 2],
     /// Per direction: the end of its sequence space sent so far (highest
@@ -138,7 +141,7 @@ struct Conn {
     /// Per direction: the highest ack the other side sent for it (what the
     /// receiver has acknowledged, RFC 793's RCV.NXT as far as seen).
     acked: [u32; 2],
-    /// `CtState` as u8; 0: free slot.
+    /// `CtState` as u8.
     state: u8,
     /// Direction (0: canonical lower endpoint sent) of the initiator.
     init: u8,
@@ -170,11 +173,19 @@ struct Counters {
 /// The tracker.
 #[derive(Debug)]
 pub struct Conntrack {
-    table: Box<[Conn]>,
-    len: usize,
+    /// Canonical connection key -> connection.
+    table: FixedMap<u128, Conn, FibHash>,
+    /// The reported capacity (the table holds 7/8 of it).
+    capacity: usize,
     timeout_ns: u64,
     window: u32,
     c: Counters,
+}
+
+/// Connection `i` of `t`, which the caller has just found live.
+#[inline(always)]
+fn conn(t: &mut FixedMap<u128, Conn, FibHash>, i: usize) -> &mut Conn {
+    t.peek_at_mut(i).expect("conntrack: a connection slot just found")
 }
 
 /// Wrapping "a is after b" (sequence-number arithmetic, RFC 1982).
@@ -194,10 +205,11 @@ fn seg_len(r: &ScrRecord, flags: u8) -> u32 {
 impl Conntrack {
     /// A tracker for `conns` connections, established ones idle after `timeout_ns`.
     pub fn new(conns: usize, timeout_ns: u64) -> Self {
-        let cap = (conns.max(16) * 8 / 7).next_power_of_two();
+        let cap = (conns.clamp(16, 1 << 40) * 8 / 7).next_power_of_two();
         Conntrack {
-            table: vec![Conn::default(); cap].into_boxed_slice(),
-            len: 0,
+            // The bound above keeps the capacity valid; only memory can fail (as allocation would).
+            table: FixedMap::new(cap / 8 * 7).expect("conntrack: cannot allocate the connection table"),
+            capacity: cap,
             timeout_ns,
             window: const { WINDOW.uint_default() } as u32,
             c: Counters::default(),
@@ -236,52 +248,11 @@ impl Conntrack {
         }
     }
 
-    fn hash(k: u128) -> usize {
-        let x = (k as u64) ^ ((k >> 64) as u64).rotate_left(29);
-        (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20) as usize
-    }
-
     fn timeout_of(&self, c: &Conn) -> u64 {
         if c.state == CtState::Established as u8 {
             self.timeout_ns
         } else {
             SHORT_TIMEOUT_NS.min(self.timeout_ns)
-        }
-    }
-
-    /// The slot of `key` (live or not), or the free slot where it would go.
-    fn find(&self, key: u128) -> Option<usize> {
-        let mask = self.table.len() - 1;
-        let mut i = Self::hash(key) & mask;
-        for _ in 0..self.table.len() {
-            let c = &self.table[i];
-            if c.state == 0 || c.key == key {
-                return Some(i);
-            }
-            i = (i + 1) & mask;
-        }
-        None
-    }
-
-    /// Removes slot `i` (backward-shift deletion keeps linear probing exact).
-    fn remove(&mut self, mut i: usize) {
-        let mask = self.table.len() - 1;
-        self.table[i].state = 0;
-        self.len -= 1;
-        let mut j = i;
-        loop {
-            j = (j + 1) & mask;
-            if self.table[j].state == 0 {
-                return;
-            }
-            let home = Self::hash(self.table[j].key) & mask;
-            // Move j back to i if its home is not in (i, j] cyclically.
-            let between = if i <= j { home > i && home <= j } else { home > i || home <= j };
-            if !between {
-                self.table[i] = self.table[j];
-                self.table[j].state = 0;
-                i = j;
-            }
         }
     }
 
@@ -297,46 +268,41 @@ impl Conntrack {
         let d = usize::from(
             ((u64::from(r.src) << 16) | u64::from(r.sport)) > ((u64::from(r.dst) << 16) | u64::from(r.dport)),
         );
-        let Some(i) = self.find(key) else {
-            self.c.full += 1;
-            return true;
-        };
-        let mut live = self.table[i].state != 0;
-        if live {
+        let mut found = self.table.find(&key);
+        if let Some(i) = found {
             // A clock that went backwards rebases the connection's idle time (never expires it early).
-            self.table[i].last_ns = self.table[i].last_ns.min(now);
-            if now - self.table[i].last_ns > self.timeout_of(&self.table[i]) {
+            let c = conn(&mut self.table, i);
+            c.last_ns = c.last_ns.min(now);
+            let (last, c) = (c.last_ns, *c);
+            if now - last > self.timeout_of(&c) {
                 // Idle past its timeout: forgotten, the packet is judged as a new connection's.
-                self.remove(i);
-                live = false;
+                self.table.remove_at(i);
+                found = None;
             }
         }
         let syn_only = flags & (SYN | ACK | RST | FIN) == SYN;
-        if !live || (self.table[i].state == CtState::TimeWait as u8 && syn_only) {
+        let time_wait = found.is_some_and(|i| conn(&mut self.table, i).state == CtState::TimeWait as u8);
+        let Some(i) = found.filter(|_| !(time_wait && syn_only)) else {
             if !syn_only {
                 self.c.invalid += 1;
                 return false;
             }
-            let i = if live {
-                i
-            } else {
-                // `remove` may have shifted entries: look again.
-                let Some(j) = self.find(key) else { return true };
-                if (self.len + 1) * 8 > self.table.len() * 7 {
+            let mut c = Conn { last_ns: now, state: CtState::SynSent as u8, init: d as u8, ..Default::default() };
+            c.isn[d] = r.seq;
+            c.end[d] = r.seq.wrapping_add(seg_len(r, flags));
+            match found {
+                // A new connection over one in TIME_WAIT: same key, same slot.
+                Some(i) => *conn(&mut self.table, i) = c,
+                None if self.table.insert(key, c).is_err() => {
                     self.c.full += 1;
                     return true;
                 }
-                self.len += 1;
-                j
-            };
+                None => {}
+            }
             self.c.new += 1;
-            let mut c = Conn { key, last_ns: now, state: CtState::SynSent as u8, init: d as u8, ..Default::default() };
-            c.isn[d] = r.seq;
-            c.end[d] = r.seq.wrapping_add(seg_len(r, flags));
-            self.table[i] = c;
             return true;
-        }
-        let c = self.table[i];
+        };
+        let c = *conn(&mut self.table, i);
         let init = usize::from(c.init);
         let resp = 1 - init;
         let st = c.state;
@@ -354,11 +320,11 @@ impl Conntrack {
                 self.c.invalid += 1;
                 return false;
             }
-            self.table[i].last_ns = now;
+            conn(&mut self.table, i).last_ns = now;
             if st == CtState::SynSent as u8 || st == CtState::SynRecv as u8 || r.seq == c.acked[d] {
                 // RFC 5961 3.2: only a reset at exactly the receiver's next sequence resets.
                 self.c.reset += 1;
-                self.remove(i);
+                self.table.remove_at(i);
             } else {
                 // In the window but not exact: the receiver answers with a challenge ACK; kept.
                 self.c.rst_in_window += 1;
@@ -367,7 +333,7 @@ impl Conntrack {
         }
         let ok = if st == CtState::SynSent as u8 {
             if d == resp && flags & (SYN | ACK) == SYN | ACK && r.ack == c.isn[init].wrapping_add(1) {
-                let c = &mut self.table[i];
+                let c = conn(&mut self.table, i);
                 c.state = CtState::SynRecv as u8;
                 c.isn[resp] = r.seq;
                 c.end[resp] = r.seq.wrapping_add(seg_len(r, flags));
@@ -381,7 +347,7 @@ impl Conntrack {
         } else if st == CtState::SynRecv as u8 {
             if d == init && flags & (SYN | ACK) == ACK && r.ack == c.isn[resp].wrapping_add(1) {
                 if self.in_window(&c, d, r, flags) {
-                    let c = &mut self.table[i];
+                    let c = conn(&mut self.table, i);
                     Self::advance(c, d, r, flags);
                     c.state = CtState::Established as u8;
                     self.c.established += 1;
@@ -401,7 +367,7 @@ impl Conntrack {
             self.c.out_of_window += 1;
             false
         } else {
-            let c = &mut self.table[i];
+            let c = conn(&mut self.table, i);
             Self::advance(c, d, r, flags);
             if flags & FIN != 0 {
                 c.fin |= 1 << d;
@@ -413,7 +379,7 @@ impl Conntrack {
             true
         };
         if ok {
-            self.table[i].last_ns = now;
+            conn(&mut self.table, i).last_ns = now;
         } else {
             self.c.invalid += 1;
         }
@@ -424,9 +390,8 @@ impl Conntrack {
     pub fn digest(&self) -> u64 {
         self.table
             .iter()
-            .filter(|c| c.state != 0)
-            .map(|c| {
-                let mut h = (c.key as u64) ^ ((c.key >> 64) as u64).rotate_left(21) ^ c.last_ns.rotate_left(7);
+            .map(|(_, &key, c)| {
+                let mut h = (key as u64) ^ ((key >> 64) as u64).rotate_left(21) ^ c.last_ns.rotate_left(7);
                 h ^= (u64::from(c.end[0]) << 32 | u64::from(c.end[1])).rotate_left(13);
                 h ^= (u64::from(c.acked[0]) << 32 | u64::from(c.acked[1])).rotate_left(29);
                 h ^= u64::from(c.state) << 56 | u64::from(c.fin) << 48 | u64::from(c.init) << 40;
@@ -437,12 +402,12 @@ impl Conntrack {
 
     /// Connections tracked now.
     pub fn len(&self) -> usize {
-        self.len
+        self.table.len()
     }
 
     /// No connection tracked.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.table.is_empty()
     }
 }
 
@@ -502,7 +467,7 @@ impl StatefulNf for Conntrack {
     fn report(&self) -> Option<serde_json::Value> {
         let c = &self.c;
         Some(json!({
-            "capacity": self.table.len(),
+            "capacity": self.capacity,
             "new": c.new,
             "established": c.established,
             "closed": c.closed,
@@ -626,7 +591,7 @@ mod tests {
         // Far out-of-window FINs and SYNs change nothing.
         assert!(!ct.track(&cs(FIN | ACK, 1101 + (1 << 28), s_end, 0), 8));
         assert!(!ct.track(&sc(SYN | ACK, 5, 1101, 0), 8));
-        assert_eq!(ct.table.iter().find(|c| c.state != 0).unwrap().state, CtState::Established as u8);
+        assert_eq!(ct.table.iter().next().unwrap().2.state, CtState::Established as u8);
     }
 
     #[test]

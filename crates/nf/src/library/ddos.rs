@@ -126,6 +126,14 @@ impl StatefulNf for Ddos {
         NF.name
     }
 
+    /// A new window or threshold between two batches: sources keep their
+    /// windows and counts; the new threshold judges their next packet.
+    fn reconfigure(&mut self, p: &mut Params) -> Result<(), ParamError> {
+        let new = Ddos::from_params(p)?;
+        (self.window_ns, self.threshold) = (new.window_ns, new.threshold);
+        Ok(())
+    }
+
     fn granularity(&self) -> Granularity {
         Granularity::SrcIp
     }

@@ -4,14 +4,16 @@
 //! This module owns the firewall NF: its policy, its per-direction flow state
 //! and the NF-private **connection table** that joins the two directions of a
 //! connection. The executor keys state by the directional 5-tuple, so each
-//! direction has a small [`FwState`] that points (slab index + generation)
-//! into the connection table, which is keyed by the canonical 5-tuple
-//! ([`FiveTuple::canonical`]) and preallocated once: an open-addressing
-//! (linear probing, backward-shift deletion) index of `2 x conns` rounded up
-//! to a power of two, over a slab of at most `conns` connections with a free
-//! list. A full table refuses new connections (dropped and counted); the
-//! slab index is stable, so the prefetch hook can fetch a flow's connection
-//! a few packets ahead (FAJITA's indirect state).
+//! direction has a small [`FwState`] that points (slot + generation) into
+//! the connection table, which is keyed by the canonical 5-tuple
+//! ([`FiveTuple::canonical`]) and preallocated once: a
+//! [`flowplane_table::FixedMap`] of `conns` connections (an open-addressing
+//! index over a slab of stable slots). A full table refuses new connections
+//! (dropped and counted); a connection's slot is stable while it lives, so
+//! the prefetch hook can fetch a flow's connection a few packets ahead
+//! (FAJITA's indirect state). A slot's generation counts the connections it
+//! held before (kept in the freed slot's bytes), so a direction still bound
+//! to an earlier one sees a stale binding.
 //!
 //! Policy (`allow_new=inside|any`, `inside=PREFIX`):
 //! * **TCP**: only a plain SYN from the inside prefix (or from anyone with
@@ -72,7 +74,8 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use bytemuck::{Pod, Zeroable};
-use flowplane_wire::flow::{FiveTuple, FiveTupleV4};
+use flowplane_table::{FixedMap, KeyHash};
+use flowplane_wire::flow::FiveTuple;
 use flowplane_wire::hash::HashableKey;
 use flowplane_wire::ipv4::IpProtocol;
 use flowplane_wire::prefix::IpPrefix;
@@ -90,7 +93,7 @@ use crate::{NfContext, ParamError, ParamSpec, Params};
 const ALLOW_NEW: ParamSpec = ParamSpec::choice("allow_new", "inside", &["inside", "any"], "who may open connections");
 const INSIDE: ParamSpec = ParamSpec::text("inside", "10.0.0.0/8", "ADDR/LEN", "inside prefix, IPv4 or IPv6");
 const TIMEOUT: ParamSpec = ParamSpec::uint("timeout", 300, 1, 30 * 86_400, "idle timeout in seconds");
-// Per connection: its 128-byte slab entry, up to four 8-byte index slots and a free-list word.
+// Per connection: its 128-byte slab entry, up to four 8-byte index words, a free-list word and a live bit.
 const CONNS: ParamSpec =
     ParamSpec::uint("conns", 1 << 20, 1, MAX_CONNS, "connection table capacity per core").allocates(168);
 
@@ -186,191 +189,52 @@ struct Td {
     fin_acked: bool,
 }
 
-/// One tracked connection: two cache lines, everything a packet of a bound
-/// flow reads (binding check, state, windows, last use) in the first — the
-/// line the prefetch hook and the step name — and the key, which only
-/// lookups and removal read, in the second.
+/// One tracked connection's state: one cache line holding everything a
+/// packet of a bound flow reads (binding check, state, windows, last use) —
+/// the line the prefetch hook and the step name. The connection table's
+/// entry puts the canonical 5-tuple, which only lookups and removal read, on
+/// the second line.
 #[derive(Clone, Copy, Debug)]
 #[repr(C, align(64))]
 struct Conn {
+    /// Connections this slot has held before (a direction bound to an earlier one sees a stale binding).
     gen: u32,
     /// Directional states bound to this connection.
     refs: u16,
-    live: bool,
     kind: u8,
     state: u8,
     /// The originator sent in the canonical key's direction.
     orig_fwd: bool,
     last_ns: u64,
     td: [Td; 2],
-    /// Canonical 5-tuple.
-    key: FiveTuple,
 }
 
-// The hot fields fill exactly the first line.
-const _: () = assert!(std::mem::offset_of!(Conn, key) == 64 && std::mem::size_of::<Conn>() == 128);
+// The hot fields fill exactly one line.
+const _: () = assert!(std::mem::size_of::<Conn>() == 64);
 
 impl Conn {
-    fn empty() -> Self {
-        Conn {
-            key: FiveTuple::V4(FiveTupleV4::new(Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, 0, 0, 0)),
-            last_ns: 0,
-            gen: 0,
-            refs: 0,
-            live: false,
-            kind: 0,
-            state: 0,
-            orig_fwd: true,
-            td: [Td::default(); 2],
-        }
+    fn empty(gen: u32) -> Self {
+        Conn { last_ns: 0, gen, refs: 0, kind: 0, state: 0, orig_fwd: true, td: [Td::default(); 2] }
     }
 }
 
-/// Preallocated connection table: open-addressing index over a slab.
-#[derive(Debug)]
-struct ConnTable {
-    /// `hash << 32 | (slab index + 1)`; 0 = empty.
-    index: Vec<u64>,
-    mask: usize,
-    slab: Vec<Conn>,
-    free: Vec<u32>,
-    cap: usize,
-    live: usize,
-    sweep_at: usize,
-}
+/// The connection table's hash of a canonical 5-tuple.
+struct ConnHash;
 
-impl ConnTable {
-    fn new(cap: usize) -> Self {
-        let slots = (cap * 2).next_power_of_two().max(16);
-        // Zeroed u64s come from calloc: pages are touched only when used.
-        let index = vec![0u64; slots];
-        let mut slab = Vec::with_capacity(cap);
-        // Both are read at random: on 4 KiB pages nearly every access is
-        // also a TLB miss, whose page walk the prefetch hook cannot hide
-        // (it stalled the hook itself). The slab's pages fault in as it grows.
-        flowplane_table::huge::advise_hugepages(&index);
-        flowplane_table::huge::advise_hugepages(slab.spare_capacity_mut());
-        ConnTable { index, mask: slots - 1, slab, free: Vec::with_capacity(cap), cap, live: 0, sweep_at: 0 }
-    }
-
-    #[inline]
+impl KeyHash<FiveTuple> for ConnHash {
+    #[inline(always)]
     fn hash(key: &FiveTuple) -> u32 {
         key.hash32(HASH_SEED)
     }
+}
 
-    fn lookup(&self, key: &FiveTuple) -> Option<usize> {
-        let h = Self::hash(key);
-        let mut i = h as usize & self.mask;
-        loop {
-            let e = self.index[i];
-            if e == 0 {
-                return None;
-            }
-            if (e >> 32) as u32 == h {
-                let s = (e as u32 - 1) as usize;
-                if self.slab.get(s).is_some_and(|c| c.key == *key) {
-                    return Some(s);
-                }
-            }
-            i = (i + 1) & self.mask;
-        }
-    }
+/// Preallocated connection table: canonical 5-tuple -> connection, stable slots.
+type ConnTable = FixedMap<FiveTuple, Conn, ConnHash>;
 
-    /// Inserts a new connection for `key` (which must be absent); None when full.
-    fn insert(&mut self, key: FiveTuple) -> Option<usize> {
-        let s = match self.free.pop() {
-            Some(s) => s as usize,
-            None if self.slab.len() < self.cap => {
-                // Within the preallocated capacity: no reallocation.
-                self.slab.push(Conn::empty());
-                self.slab.len() - 1
-            }
-            None => return None,
-        };
-        let h = Self::hash(&key);
-        let mut i = h as usize & self.mask;
-        // The index is at most half full, so an empty slot exists.
-        while self.index[i] != 0 {
-            i = (i + 1) & self.mask;
-        }
-        self.index[i] = (h as u64) << 32 | (s as u64 + 1);
-        let gen = self.slab[s].gen;
-        self.slab[s] = Conn { key, gen, live: true, ..Conn::empty() };
-        self.live += 1;
-        Some(s)
-    }
-
-    /// Frees slot `s`: unlinks it from the index and bumps its generation so
-    /// directional states that still name it see a stale binding.
-    fn remove(&mut self, s: usize) {
-        let Some(c) = self.slab.get(s) else { return };
-        if !c.live {
-            return;
-        }
-        let h = Self::hash(&c.key);
-        let want = s as u64 + 1;
-        let mut i = h as usize & self.mask;
-        loop {
-            let e = self.index[i];
-            if e == 0 {
-                break; // not indexed (cannot happen for a live slot): just free it
-            }
-            if e & 0xffff_ffff == want {
-                self.unlink(i);
-                break;
-            }
-            i = (i + 1) & self.mask;
-        }
-        let c = &mut self.slab[s];
-        c.live = false;
-        c.refs = 0;
-        c.gen = c.gen.wrapping_add(1);
-        self.live -= 1;
-        // One place per slot: the free list never outgrows its capacity.
-        self.free.push(s as u32);
-    }
-
-    /// Backward-shift deletion at index position `i`.
-    fn unlink(&mut self, mut i: usize) {
-        let m = self.mask;
-        loop {
-            let mut j = (i + 1) & m;
-            loop {
-                let e = self.index[j];
-                if e == 0 {
-                    self.index[i] = 0;
-                    return;
-                }
-                let home = (e >> 32) as usize & m;
-                // The entry at j may fill the hole at i if its home is not in (i, j] (cyclically).
-                let movable = if i <= j { home <= i || home > j } else { home <= i && home > j };
-                if movable {
-                    self.index[i] = e;
-                    i = j;
-                    break;
-                }
-                j = (j + 1) & m;
-            }
-        }
-    }
-
-    /// Frees up to `n` live connections idle at `now` ([`is_idle`]); returns how many.
-    fn sweep(&mut self, n: usize, now: u64, timeout: u64) -> u64 {
-        let mut freed = 0;
-        for _ in 0..n.min(self.slab.len()) {
-            if self.sweep_at >= self.slab.len() {
-                self.sweep_at = 0;
-            }
-            let s = self.sweep_at;
-            self.sweep_at += 1;
-            let c = &self.slab[s];
-            if c.live && is_idle(c.last_ns, now, timeout) {
-                self.remove(s);
-                freed += 1;
-            }
-        }
-        freed
-    }
+/// Connection `s` of `t`, which the caller has just found live.
+#[inline(always)]
+fn conn(t: &mut ConnTable, s: usize) -> &mut Conn {
+    t.peek_at_mut(s).expect("fw: a connection slot just found")
 }
 
 /// Which sources may open connections.
@@ -545,7 +409,8 @@ impl Fw {
             inside,
             timeout_ns: cfg.timeout_s.saturating_mul(1_000_000_000),
             now_ns: 0,
-            table: ConnTable::new(conns as usize),
+            // conns is within 1..=MAX_CONNS, far below the map's limit; only memory can fail (as allocation would).
+            table: ConnTable::new(conns as usize).expect("fw: cannot allocate the connection table"),
             c: Counters::default(),
         }
     }
@@ -557,13 +422,13 @@ impl Fw {
 
     /// Connections currently tracked.
     pub fn live_conns(&self) -> usize {
-        self.table.live
+        self.table.len()
     }
 
     /// TCP state of the connection a packet with 5-tuple `t` belongs to (NEW if none).
     pub fn tcp_state_of(&self, t: &FiveTuple) -> u8 {
-        match self.table.lookup(&t.canonical()) {
-            Some(s) if self.table.slab[s].kind == K_TCP => self.table.slab[s].state,
+        match self.table.get(&t.canonical()) {
+            Some(c) if c.kind == K_TCP => c.state,
             _ => tcp_state::NEW,
         }
     }
@@ -572,12 +437,18 @@ impl Fw {
         self.cfg.allow_new == AllowNew::Any || self.inside.contains(src)
     }
 
+    /// Frees up to `n` slots' connections idle at `now` ([`is_idle`]), from the sweep cursor on.
+    fn sweep(&mut self, n: usize, now: u64) {
+        let timeout = self.timeout_ns;
+        self.c.swept += self.table.sweep(n, |_, c| !is_idle(c.last_ns, now, timeout)) as u64;
+    }
+
     /// The live connection `st` is bound to (idle or not).
     #[inline]
     fn bound(&self, st: &FwState) -> Option<usize> {
         let s = st.conn.checked_sub(1)? as usize;
-        let c = self.table.slab.get(s)?;
-        (c.live && c.gen == st.gen).then_some(s)
+        let (_, c) = self.table.get_at(s)?;
+        (c.gen == st.gen).then_some(s)
     }
 
     /// Whether connection `s` is still open at `now`: one idle past the
@@ -585,10 +456,10 @@ impl Fw {
     /// (counted as `expired`) and the packet sees no connection.
     #[inline]
     fn alive(&mut self, s: usize, now: u64) -> bool {
-        if !is_idle(self.table.slab[s].last_ns, now, self.timeout_ns) {
+        if !is_idle(conn(&mut self.table, s).last_ns, now, self.timeout_ns) {
             return true;
         }
-        self.table.remove(s);
+        self.table.remove_at(s);
         self.c.expired += 1;
         false
     }
@@ -602,14 +473,14 @@ impl Fw {
 
     /// The open connection of `key` (canonical) at `now`, if any.
     fn lookup_at(&mut self, key: &FiveTuple, now: u64) -> Option<usize> {
-        let s = self.table.lookup(key)?;
+        let s = self.table.find(key)?;
         self.alive(s, now).then_some(s)
     }
 
     /// Binds `st` to slot `s` for a packet with tuple `t`.
     fn bind(&mut self, st: &mut FwState, s: usize, t: &FiveTuple) {
-        let c = &mut self.table.slab[s];
-        let fwd = *t == c.key;
+        let Some((key, c)) = self.table.get_at_mut(s) else { return };
+        let fwd = t == key;
         st.conn = s as u32 + 1;
         st.gen = c.gen;
         st.dir = if fwd == c.orig_fwd { 0 } else { 1 };
@@ -629,16 +500,19 @@ impl Fw {
 
     /// Creates a connection opened by a packet with tuple `t` and binds `st` as its originator.
     fn open(&mut self, st: &mut FwState, t: &FiveTuple, kind: u8, now: u64) -> Option<usize> {
-        self.c.swept += self.table.sweep(SWEEP_STEP, now, self.timeout_ns);
-        if self.table.live >= self.table.cap {
-            self.c.swept += self.table.sweep(SWEEP_FULL, now, self.timeout_ns);
+        self.sweep(SWEEP_STEP, now);
+        if self.table.is_full() {
+            self.sweep(SWEEP_FULL, now);
         }
         let key = t.canonical();
-        let Some(s) = self.table.insert(key) else {
+        // A reused slot's connection is the next generation of the one it held (kept in the freed slot).
+        let gen = self.table.next_slot().and_then(|s| self.table.peek_at(s)).map_or(0, |c| c.gen.wrapping_add(1));
+        // Callers open only after the lookup of `key` missed.
+        let Ok(s) = self.table.insert_new_hashed(ConnTable::hash(&key), key, Conn::empty(gen)) else {
             self.c.table_full += 1;
             return None;
         };
-        let c = &mut self.table.slab[s];
+        let c = conn(&mut self.table, s);
         c.kind = kind;
         c.orig_fwd = *t == key;
         c.last_ns = touched(c.last_ns, now, self.timeout_ns);
@@ -693,7 +567,7 @@ impl Fw {
         }
         let t = *pkt.tuple();
         let Some(s) = self.open(st, &t, K_TCP, now) else { return Action::DropEndFlow };
-        let c = &mut self.table.slab[s];
+        let c = conn(&mut self.table, s);
         c.state = tcp_state::SYN_SENT;
         c.td[0] = syn_td(seg);
         Action::Pass
@@ -704,7 +578,7 @@ impl Fw {
         const SYN: TcpFlags = TcpFlags::SYN;
         const ACK: TcpFlags = TcpFlags::ACK;
         const FIN: TcpFlags = TcpFlags::FIN;
-        let c = &mut self.table.slab[s];
+        let c = conn(&mut self.table, s);
         c.last_ns = touched(c.last_ns, now, self.timeout_ns);
         let f = seg.flags;
         if f.contains(TcpFlags::RST) {
@@ -719,7 +593,7 @@ impl Fw {
                 self.c.rst_invalid += 1;
                 return Action::Drop;
             }
-            self.table.remove(s);
+            self.table.remove_at(s);
             self.c.closed_rst += 1;
             return Action::EndFlow;
         }
@@ -808,7 +682,7 @@ impl Fw {
             tcp_state::ESTABLISHED
         };
         if c.state == tcp_state::CLOSED {
-            self.table.remove(s);
+            self.table.remove_at(s);
             self.c.closed_fin += 1;
             return Action::EndFlow;
         }
@@ -825,8 +699,8 @@ impl Fw {
         if req || rep {
             let found = self.find(st, &t, now);
             return match found {
-                Some(s) if self.table.slab[s].kind == K_ECHO && (st.dir == 0) == req => {
-                    let c = &mut self.table.slab[s];
+                Some(s) if conn(&mut self.table, s).kind == K_ECHO && (st.dir == 0) == req => {
+                    let c = conn(&mut self.table, s);
                     c.last_ns = touched(c.last_ns, now, self.timeout_ns);
                     Action::Pass
                 }
@@ -871,7 +745,7 @@ impl Fw {
     fn datagram(&mut self, pkt: &Pkt<'_>, st: &mut FwState, now: u64) -> Action {
         let t = *pkt.tuple();
         if let Some(s) = self.find(st, &t, now) {
-            let c = &mut self.table.slab[s];
+            let c = conn(&mut self.table, s);
             c.last_ns = touched(c.last_ns, now, self.timeout_ns);
             return Action::Pass;
         }
@@ -976,7 +850,7 @@ impl StatefulNf for Fw {
         cur.step += 1;
         let t = &self.table;
         if st.conn != 0 {
-            return match (cur.step, t.slab.get(st.conn as usize - 1)) {
+            return match (cur.step, t.peek_at(st.conn as usize - 1)) {
                 (1, Some(c)) => Step::at(c),
                 _ => Step::Ready,
             };
@@ -988,21 +862,15 @@ impl StatefulNf for Fw {
             1 => {
                 let h = ConnTable::hash(&pkt.tuple().canonical());
                 cur.input = u64::from(h);
-                cur.pos = h & t.mask as u32;
-                t.index.get(cur.pos as usize).map_or(Step::Ready, Step::at)
+                Step::at(t.home_word(h))
             }
-            2 => match t.index.get(cur.pos as usize) {
-                Some(&e) if e != 0 && (e >> 32) == cur.input => {
-                    t.slab.get((e as u32).wrapping_sub(1) as usize).map_or(Step::Ready, Step::at)
-                }
-                _ => Step::Ready,
-            },
+            2 => t.home_slot(cur.input as u32).and_then(|s| t.peek_at(s)).map_or(Step::Ready, Step::at),
             _ => Step::Ready,
         }
     }
 
     fn prefetch(&self, st: &FwState) {
-        if let Some(c) = st.conn.checked_sub(1).and_then(|s| self.table.slab.get(s as usize)) {
+        if let Some(c) = st.conn.checked_sub(1).and_then(|s| self.table.peek_at(s as usize)) {
             flowplane_packet::prefetch::read(c);
         }
     }
@@ -1016,10 +884,10 @@ impl StatefulNf for Fw {
     /// otherwise the idle check on lookup or the sweep frees it.
     fn release(&mut self, _key: &FiveTuple, st: &FwState) {
         let Some(s) = self.bound(st) else { return };
-        let c = &mut self.table.slab[s];
+        let c = conn(&mut self.table, s);
         c.refs = c.refs.saturating_sub(1);
         if c.refs == 0 && is_idle(c.last_ns, self.now_ns, self.timeout_ns) {
-            self.table.remove(s);
+            self.table.remove_at(s);
             self.c.released += 1;
         }
     }
@@ -1035,8 +903,8 @@ impl StatefulNf for Fw {
             "allow_new": match self.cfg.allow_new { AllowNew::Inside => "inside", AllowNew::Any => "any" },
             "inside": format!("{}/{}", self.cfg.inside, self.cfg.inside_len),
             "timeout_s": self.cfg.timeout_s,
-            "conns_capacity_per_core": self.table.cap,
-            "conns_live": self.table.live,
+            "conns_capacity_per_core": self.table.capacity(),
+            "conns_live": self.table.len(),
             "opened": c.opened,
             "established": c.established,
             "closed_fin": c.closed_fin,
@@ -1082,6 +950,7 @@ mod tests {
     const RST: u8 = TcpFlags::RST.bits();
     const SYN: u8 = TcpFlags::SYN.bits();
     use crate::testutil::{ipv4_frame, tcp4, udp4, Harness};
+    use flowplane_wire::flow::FiveTupleV4;
 
     const C: [u8; 4] = [10, 0, 0, 5];
     const S: [u8; 4] = [93, 184, 216, 34];
@@ -1455,27 +1324,27 @@ mod tests {
 
     #[test]
     fn conn_table_index_survives_churn() {
-        let mut t = ConnTable::new(200);
+        let mut t = ConnTable::new(200).unwrap();
         let key =
             |i: u32| FiveTuple::V4(FiveTupleV4::new(Ipv4Addr::from(i), Ipv4Addr::new(1, 1, 1, 1), 7, 9, 6)).canonical();
         let mut slots = Vec::new();
         for i in 0..200 {
-            slots.push(t.insert(key(i)).unwrap());
+            slots.push(t.insert(key(i), Conn::empty(0)).unwrap());
         }
-        assert!(t.insert(key(999)).is_none(), "full");
+        assert!(t.insert(key(999), Conn::empty(0)).is_err(), "full");
         for i in (0..200).step_by(3) {
-            t.remove(slots[i as usize]);
+            t.remove_at(slots[i as usize]);
         }
         for i in 0..200u32 {
-            assert_eq!(t.lookup(&key(i)).is_some(), i % 3 != 0, "key {i}");
+            assert_eq!(t.find(&key(i)).is_some(), i % 3 != 0, "key {i}");
         }
         for i in (0..200).step_by(3) {
-            slots[i as usize] = t.insert(key(i + 1000)).unwrap();
+            slots[i as usize] = t.insert(key(i + 1000), Conn::empty(0)).unwrap();
         }
-        assert_eq!(t.live, 200);
+        assert_eq!(t.len(), 200);
         for i in 0..200u32 {
             let k = if i % 3 == 0 { key(i + 1000) } else { key(i) };
-            assert_eq!(t.lookup(&k), Some(slots[i as usize]));
+            assert_eq!(t.find(&k), Some(slots[i as usize]));
         }
     }
 

@@ -137,6 +137,17 @@ impl StatefulNf for Policer {
         NF.name
     }
 
+    /// A new rate or depth between two batches (buckets keep their tokens);
+    /// `pps` (what a token is) is fixed for the run: the buckets hold that unit.
+    fn reconfigure(&mut self, p: &mut Params) -> Result<(), ParamError> {
+        let new = Policer::from_params(p)?;
+        if new.pps != self.pps {
+            return Err(ParamError("policer: 'pps' is fixed for the run (the buckets hold its unit)".into()));
+        }
+        (self.rate, self.burst) = (new.rate, new.burst);
+        Ok(())
+    }
+
     fn granularity(&self) -> Granularity {
         Granularity::DstIp
     }

@@ -99,6 +99,14 @@ impl StatefulNf for RateLimit {
         NF.name
     }
 
+    /// A new rate or depth between two batches: buckets keep their tokens
+    /// (capped at the new depth when next refilled).
+    fn reconfigure(&mut self, p: &mut Params) -> Result<(), ParamError> {
+        let new = RateLimit::from_params(p)?;
+        (self.pps, self.burst) = (new.pps, new.burst);
+        Ok(())
+    }
+
     fn init(&mut self, _pkt: &Pkt<'_>, ctx: &NfContext) -> Bucket {
         Bucket::full(self.burst, ctx.now_ns)
     }

@@ -1,0 +1,369 @@
+//! The control socket of a live run (`flowplane run ... --ctl PATH`) and its
+//! client (`flowplane ctl PATH COMMAND...`).
+//!
+//! A Unix stream socket created with mode 0600; a connection whose peer
+//! (SO_PEERCRED) is not this process's user, or root, is closed unanswered.
+//! One request per connection: the client sends its words as a JSON array
+//! on one line, the server answers one JSON object (`{"ok": true,
+//! "result": ...}` or `{"ok": false, "error": "..."}`) and closes. Reads
+//! come from the workers' published snapshots (twice a second) and the
+//! ports' counters; changes (`set`, `load`) and mid-run exports go to the
+//! workers' mailboxes and land between two batches on every core
+//! ([`flowplane_engine::control`]).
+//!
+//! Commands: `show runtime|errors|nfs|tables|ports`, `set NF PARAM VALUE`,
+//! `load NF FILE` (the NF's file parameter: acl's rules, ...), `export NF
+//! FILE`, `stop`, `help`. An NF is named as in the chain (`acl`), or
+//! `acl#2` for its second occurrence.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use flowplane_engine::control::{Answer, Command};
+use flowplane_engine::live::Live;
+use flowplane_engine::spec::ChainSpec;
+use serde_json::{json, Value};
+
+use crate::error::CliError;
+
+/// Longest request line read.
+const MAX_REQUEST: u64 = 64 << 10;
+/// A client must send its request within this time.
+const READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a change or an export waits for every worker.
+const WORKER_TIMEOUT: Duration = Duration::from_secs(5);
+/// The server's sleep between two looks at the listener.
+const NAP: Duration = Duration::from_millis(20);
+
+/// The commands, for `help` and errors.
+pub const HELP: &str =
+    "show runtime|errors|nfs|tables|ports; set NF PARAM VALUE; load NF FILE; export NF FILE; stop; help";
+
+/// A running control socket: removed when dropped.
+pub struct CtlServer {
+    path: PathBuf,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for CtlServer {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Binds `path` (refusing one a live process listens on; a stale socket
+/// file is replaced) and serves it until `stop` rises.
+pub fn serve(path: &Path, live: Arc<Live>, spec: ChainSpec, stop: Arc<AtomicBool>) -> Result<CtlServer, CliError> {
+    let e = |m: String| CliError::new(format!("--ctl {}: {m}", path.display()));
+    if let Ok(md) = std::fs::symlink_metadata(path) {
+        if !md.file_type().is_socket() {
+            return Err(e("exists and is not a socket".into()));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(e("another process serves it".into()));
+        }
+        std::fs::remove_file(path).map_err(|x| e(x.to_string()))?;
+    }
+    let listener = UnixListener::bind(path).map_err(|x| e(x.to_string()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|x| e(x.to_string()))?;
+    listener.set_nonblocking(true).map_err(|x| e(x.to_string()))?;
+    let mut state = Server { live, spec, stop: Arc::clone(&stop) };
+    let thread = std::thread::Builder::new()
+        .name("fp-ctl".into())
+        .spawn(move || {
+            while !state.stop.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((s, _)) => state.connection(s),
+                    Err(x) if x.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => std::thread::sleep(NAP),
+                }
+            }
+        })
+        .map_err(|x| e(x.to_string()))?;
+    Ok(CtlServer { path: path.to_path_buf(), thread: Some(thread) })
+}
+
+/// True if `s`'s peer runs as this process's user or as root.
+fn peer_allowed(s: &UnixStream) -> bool {
+    match rustix::net::sockopt::socket_peercred(s) {
+        Ok(c) => {
+            let uid = c.uid.as_raw();
+            uid == 0 || uid == rustix::process::geteuid().as_raw()
+        }
+        Err(_) => false,
+    }
+}
+
+struct Server {
+    live: Arc<Live>,
+    /// The chain as it runs now (changes accepted by every worker are written here).
+    spec: ChainSpec,
+    stop: Arc<AtomicBool>,
+}
+
+impl Server {
+    fn connection(&mut self, mut s: UnixStream) {
+        if !peer_allowed(&s) {
+            return;
+        }
+        let _ = s.set_nonblocking(false);
+        let _ = s.set_read_timeout(Some(READ_TIMEOUT));
+        let _ = s.set_write_timeout(Some(READ_TIMEOUT));
+        let mut line = String::new();
+        let read = BufReader::new((&s).take(MAX_REQUEST)).read_line(&mut line);
+        let answer = match read {
+            Ok(_) => match serde_json::from_str::<Vec<String>>(line.trim()) {
+                Ok(words) => match self.answer(&words) {
+                    Ok(v) => json!({"ok": true, "result": v}),
+                    Err(m) => json!({"ok": false, "error": m}),
+                },
+                Err(_) => json!({"ok": false, "error": "a request is a JSON array of strings on one line"}),
+            },
+            Err(x) => json!({"ok": false, "error": format!("reading the request: {x}")}),
+        };
+        let _ = writeln!(s, "{answer}");
+    }
+
+    fn answer(&mut self, words: &[String]) -> Result<Value, String> {
+        let w: Vec<&str> = words.iter().map(String::as_str).collect();
+        match w.as_slice() {
+            ["help"] => Ok(json!(HELP)),
+            ["show", "runtime"] => Ok(self.runtime()),
+            ["show", "errors"] => Ok(self.errors()),
+            ["show", "nfs"] => Ok(self.nfs()),
+            ["show", "tables"] => Ok(self.tables()),
+            ["show", "ports"] => Ok(self.ports()),
+            ["set", nf, param, value] => self.set(nf, param, value),
+            ["load", nf, file] => self.load(nf, file),
+            ["export", nf, file] => self.export(nf, file),
+            ["stop"] => {
+                self.stop.store(true, Ordering::Relaxed);
+                Ok(json!("stopping"))
+            }
+            _ => Err(format!("unknown command '{}' (commands: {HELP})", w.join(" "))),
+        }
+    }
+
+    fn runtime(&self) -> Value {
+        let cores = self.live.snapshots();
+        let hz = self.live.hz;
+        let rows: Vec<Value> = cores
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                json!({
+                    "core": i,
+                    "packets": c.packets,
+                    "batches": c.batches,
+                    "vectors_per_call": if c.batches > 0 { c.packets as f64 / c.batches as f64 } else { 0.0 },
+                    "busy_s": c.busy_cycles as f64 / hz,
+                    "cycles_per_packet": if c.packets > 0 { c.busy_cycles as f64 / c.packets as f64 } else { 0.0 },
+                    "packets_out": c.tx.sent,
+                })
+            })
+            .collect();
+        json!({"tsc_hz": hz, "ready": self.live.ready.load(Ordering::Relaxed), "cores": rows})
+    }
+
+    /// Per-NF counters summed over the cores, in chain order.
+    fn nf_totals(&self) -> Vec<(String, flowplane_nf::NfCounters)> {
+        let mut nfs: Vec<(String, flowplane_nf::NfCounters)> = Vec::new();
+        for c in self.live.snapshots() {
+            for (i, (n, k)) in c.nfs.iter().enumerate() {
+                match nfs.get_mut(i) {
+                    Some(t) => t.1.merge(k),
+                    None => nfs.push((n.clone(), *k)),
+                }
+            }
+        }
+        nfs
+    }
+
+    fn errors(&self) -> Value {
+        let cores = self.live.snapshots();
+        let drops: serde_json::Map<String, Value> =
+            crate::metrics::drops(&self.live, &cores).into_iter().map(|(r, n)| (r.to_string(), n.into())).collect();
+        let nfs: Vec<Value> =
+            self.nf_totals().into_iter().map(|(n, k)| json!({"nf": n, "dropped": k.dropped})).collect();
+        json!({"drops": drops, "nfs": nfs})
+    }
+
+    fn nfs(&self) -> Value {
+        let totals = self.nf_totals();
+        let rows: Vec<Value> = self
+            .spec
+            .nfs
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let k = totals.get(i).map(|t| t.1).unwrap_or_default();
+                let params: serde_json::Map<String, Value> =
+                    n.params.iter().map(|(k, v)| (k.clone(), v.clone().into())).collect();
+                json!({
+                    "index": i,
+                    "nf": n.name,
+                    "params": params,
+                    "packets_in": k.packets_in,
+                    "packets_out": k.packets_out,
+                    "dropped": k.dropped,
+                })
+            })
+            .collect();
+        Value::Array(rows)
+    }
+
+    fn tables(&self) -> Value {
+        let rows: Vec<Value> = self
+            .live
+            .snapshots()
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                json!({
+                    "core": i,
+                    "flows": c.store.flows,
+                    "capacity": c.store.capacity,
+                    "insertions": c.store.insertions,
+                    "expiries": c.store.expiries,
+                    "table_full": c.store.table_full,
+                })
+            })
+            .collect();
+        Value::Array(rows)
+    }
+
+    fn ports(&self) -> Value {
+        let rows: Vec<Value> = std::iter::once(&self.live.input)
+            .chain(self.live.outputs.iter())
+            .map(|p| {
+                let s = p.stats();
+                json!({
+                    "name": p.name(),
+                    "rx_packets": s.rx_packets,
+                    "rx_overrun": s.rx_overrun,
+                    "rx_pool_empty": s.rx_pool_empty,
+                    "tx_packets": s.tx_packets,
+                    "tx_full": s.tx_full,
+                    "tx_errors": s.tx_errors,
+                })
+            })
+            .collect();
+        Value::Array(rows)
+    }
+
+    /// The chain position of `nf` (`name` or `name#N`, the N-th occurrence from 1).
+    fn position(&self, nf: &str) -> Result<usize, String> {
+        let (name, nth) = match nf.split_once('#') {
+            Some((n, k)) => {
+                (n, k.parse::<usize>().ok().filter(|&k| k >= 1).ok_or(format!("'{nf}': NAME#N, N from 1"))?)
+            }
+            None => (nf, 1),
+        };
+        self.spec.nfs.iter().enumerate().filter(|(_, n)| n.name == name).nth(nth - 1).map(|(i, _)| i).ok_or_else(|| {
+            let names: Vec<&str> = self.spec.nfs.iter().map(|n| n.name.as_str()).collect();
+            format!("no NF '{nf}' in the chain ({})", names.join(" -> "))
+        })
+    }
+
+    fn set(&mut self, nf: &str, param: &str, value: &str) -> Result<Value, String> {
+        let i = self.position(nf)?;
+        let mut new = self.spec.nfs[i].clone();
+        match new.params.iter_mut().find(|(k, _)| k == param) {
+            Some(p) => p.1 = value.to_string(),
+            None => new.params.push((param.to_string(), value.to_string())),
+        }
+        // Unknown parameters are refused before any worker sees them.
+        let desc = flowplane_nf::registry::find(&new.name).ok_or(format!("unknown NF '{}'", new.name))?;
+        if !desc.params.iter().any(|p| p.name == param) {
+            let known: Vec<&str> = desc.params.iter().map(|p| p.name).collect();
+            return Err(format!("{}: unknown parameter '{param}' (known: {})", new.name, known.join(", ")));
+        }
+        let answers = self.live.ctl.ask(&Command::Reconfigure { index: i, nf: new.clone() }, WORKER_TIMEOUT)?;
+        let refused: Vec<&String> =
+            answers.iter().filter_map(|a| if let Answer::Refused(m) = a { Some(m) } else { None }).collect();
+        match refused.first() {
+            // Every core runs the same check on the same parameters: all refuse or none.
+            Some(m) if refused.len() == answers.len() => Err((*m).clone()),
+            Some(m) => Err(format!("{} of {} cores refused: {m}", refused.len(), answers.len())),
+            None => {
+                self.spec.nfs[i] = new;
+                Ok(json!({"nf": nf, "param": param, "value": value, "cores": answers.len()}))
+            }
+        }
+    }
+
+    fn load(&mut self, nf: &str, file: &str) -> Result<Value, String> {
+        let i = self.position(nf)?;
+        let name = self.spec.nfs[i].name.clone();
+        let desc = flowplane_nf::registry::find(&name).ok_or(format!("unknown NF '{name}'"))?;
+        // The NF's file parameter: a text parameter whose syntax is FILE.
+        let param = desc
+            .params
+            .iter()
+            .find(|p| matches!(p.kind, flowplane_nf::ParamKind::Text { syntax: "FILE", .. }))
+            .ok_or(format!("{name} reads no file (use set {name} PARAM VALUE)"))?;
+        let abs = std::fs::canonicalize(file).map_err(|e| format!("{file}: {e}"))?;
+        self.set(nf, param.name, &abs.to_string_lossy())
+    }
+
+    fn export(&self, nf: &str, file: &str) -> Result<Value, String> {
+        let i = self.position(nf)?;
+        let answers = self.live.ctl.ask(&Command::Export { index: i }, WORKER_TIMEOUT)?;
+        let mut rows = Vec::new();
+        let mut merged: Option<Value> = None;
+        let mut hook: Option<flowplane_engine::chain::Chain> = None;
+        for a in answers {
+            match a {
+                Answer::Rows(r) => rows.extend(r),
+                Answer::Report(Some(r)) => {
+                    // The NF's own merge hook (a one-NF chain built for it).
+                    if hook.is_none() {
+                        let one = ChainSpec { nfs: vec![self.spec.nfs[i].clone()] };
+                        hook = Some(flowplane_engine::chain::Chain::build(&one).map_err(|e| e.to_string())?);
+                    }
+                    match (&mut merged, hook.as_ref().and_then(|c| c.stages.first())) {
+                        (Some(m), Some(st)) => st.merge_report(m, &r),
+                        (m, _) => *m = Some(r),
+                    }
+                }
+                Answer::Refused(m) => return Err(m),
+                Answer::Report(None) | Answer::Done => {}
+            }
+        }
+        if let (Some(m), Some(st)) = (&merged, hook.as_ref().and_then(|c| c.stages.first())) {
+            rows = st.export_report_rows(m);
+        }
+        let n = rows.len();
+        // Written beside its target and renamed over it, as an end-of-run export.
+        let out = crate::results::ExportFile::create(nf, Path::new(file)).map_err(|e| e.to_string())?;
+        out.commit(&rows)?;
+        Ok(json!({"nf": nf, "rows": n, "file": file}))
+    }
+}
+
+/// `flowplane ctl PATH COMMAND...`: sends the command, prints the answer.
+pub fn request(path: &Path, words: &[String]) -> Result<Value, CliError> {
+    let e = |m: String| CliError::new(format!("ctl {}: {m}", path.display()));
+    let mut s = UnixStream::connect(path).map_err(|x| e(x.to_string()))?;
+    s.set_read_timeout(Some(WORKER_TIMEOUT + Duration::from_secs(5))).map_err(|x| e(x.to_string()))?;
+    writeln!(s, "{}", serde_json::to_string(words).map_err(|x| e(x.to_string()))?).map_err(|x| e(x.to_string()))?;
+    let mut line = String::new();
+    BufReader::new(s.take(16 << 20)).read_line(&mut line).map_err(|x| e(x.to_string()))?;
+    if line.is_empty() {
+        return Err(e("the server closed the connection without answering (not this user's run?)".into()));
+    }
+    let v: Value = serde_json::from_str(line.trim()).map_err(|x| e(format!("bad answer: {x}")))?;
+    if v["ok"].as_bool() == Some(true) {
+        Ok(v["result"].clone())
+    } else {
+        Err(CliError::new(format!("ctl: {}", v["error"].as_str().unwrap_or("refused"))))
+    }
+}

@@ -1,0 +1,159 @@
+//! Run-time requests to the workers (`flowplane ctl`): a mailbox per
+//! worker that the worker looks at between two batches, so a change lands
+//! at a batch boundary on every core — a batch sees an NF's old parameters
+//! or its new ones, never half of each — and flow state stays where it is.
+//!
+//! Posting takes a lock and bumps the mailbox's counter; a worker reads the
+//! counter (one relaxed atomic load per batch) and takes the lock only when
+//! it moved, so the data path pays nothing while nobody asks. Each request
+//! carries its reply channel; [`Mailboxes::ask`] waits for every worker's
+//! answer (or a timeout: a worker stuck or gone is named, not waited for).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use flowplane_nf::Params;
+
+use crate::exec::Pipeline;
+use crate::spec::NfSpec;
+
+/// What a worker is asked to do between two batches.
+#[derive(Clone, Debug)]
+pub enum Command {
+    /// NF `index` of the chain takes these parameters (all of them, as the chain now gives them).
+    Reconfigure {
+        /// The NF's position in the chain.
+        index: usize,
+        /// The NF with its new parameters.
+        nf: NfSpec,
+    },
+    /// NF `index`'s state rows now (its `--export` rows on this core), or its
+    /// report when its export is derived from the merged report.
+    Export {
+        /// The NF's position in the chain.
+        index: usize,
+    },
+}
+
+/// A worker's answer.
+#[derive(Clone, Debug)]
+pub enum Answer {
+    /// Done.
+    Done,
+    /// This core's rows (state exports; shared state only from core 0).
+    Rows(Vec<serde_json::Value>),
+    /// This core's report of the NF (for exports derived from the merged report).
+    Report(Option<serde_json::Value>),
+    /// Refused, with the one-line reason.
+    Refused(String),
+}
+
+type Request = (Command, mpsc::Sender<(usize, Answer)>);
+
+/// One mailbox per worker.
+pub struct Mailboxes {
+    boxes: Vec<Mailbox>,
+}
+
+struct Mailbox {
+    posted: AtomicU64,
+    queue: Mutex<Vec<Request>>,
+}
+
+impl Mailboxes {
+    /// Mailboxes for `workers` workers.
+    pub fn new(workers: usize) -> Mailboxes {
+        Mailboxes {
+            boxes: (0..workers).map(|_| Mailbox { posted: AtomicU64::new(0), queue: Mutex::new(Vec::new()) }).collect(),
+        }
+    }
+
+    /// Workers served.
+    pub fn workers(&self) -> usize {
+        self.boxes.len()
+    }
+
+    /// Posts `cmd` to every worker and waits for every answer, in worker
+    /// order; a worker that has not answered within `timeout` is an error
+    /// naming it (a stopped run's workers answer nothing).
+    pub fn ask(&self, cmd: &Command, timeout: Duration) -> Result<Vec<Answer>, String> {
+        let (tx, rx) = mpsc::channel();
+        for b in &self.boxes {
+            b.queue.lock().map_err(|_| "a worker's mailbox is poisoned".to_string())?.push((cmd.clone(), tx.clone()));
+            b.posted.fetch_add(1, Ordering::Release);
+        }
+        drop(tx);
+        let mut answers: Vec<Option<Answer>> = vec![None; self.boxes.len()];
+        let deadline = std::time::Instant::now() + timeout;
+        while answers.iter().any(Option::is_none) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok((w, a)) => {
+                    if let Some(slot) = answers.get_mut(w) {
+                        *slot = Some(a);
+                    }
+                }
+                Err(_) => {
+                    let missing: Vec<String> =
+                        answers.iter().enumerate().filter(|(_, a)| a.is_none()).map(|(w, _)| w.to_string()).collect();
+                    return Err(format!(
+                        "worker(s) {} did not answer within {} ms (the run is ending or stuck)",
+                        missing.join(", "),
+                        timeout.as_millis()
+                    ));
+                }
+            }
+        }
+        Ok(answers.into_iter().flatten().collect())
+    }
+
+    /// Worker `w`'s side, between two batches: carries out what was posted
+    /// since `seen` on its pipeline. One atomic load when nothing was.
+    #[inline]
+    pub fn serve(&self, w: usize, seen: &mut u64, pipeline: &mut Pipeline) {
+        let Some(b) = self.boxes.get(w) else { return };
+        let now = b.posted.load(Ordering::Acquire);
+        if now == *seen {
+            return;
+        }
+        *seen = now;
+        let reqs = match b.queue.lock() {
+            Ok(mut q) => std::mem::take(&mut *q),
+            Err(_) => return,
+        };
+        for (cmd, reply) in reqs {
+            let _ = reply.send((w, carry_out(w, &cmd, pipeline)));
+        }
+    }
+}
+
+/// One command on one worker's pipeline.
+fn carry_out(w: usize, cmd: &Command, pipeline: &mut Pipeline) -> Answer {
+    match cmd {
+        Command::Reconfigure { index, nf } => match pipeline.chain_mut().stages.get_mut(*index) {
+            Some(stage) if stage.name() == nf.name => {
+                let mut p = Params::new(&nf.name, nf.params.clone());
+                match stage.reconfigure(&mut p) {
+                    Ok(()) => Answer::Done,
+                    Err(e) => Answer::Refused(e.to_string()),
+                }
+            }
+            _ => Answer::Refused(format!("no NF {} at position {index} of the chain", nf.name)),
+        },
+        Command::Export { index } => {
+            let Some(stage) = pipeline.chain().stages.get(*index) else {
+                return Answer::Refused(format!("no NF at position {index} of the chain"));
+            };
+            match stage.export_kind() {
+                flowplane_nf::Export::State => {
+                    let name = stage.name();
+                    Answer::Rows(pipeline.export(name, w == 0).unwrap_or_default())
+                }
+                flowplane_nf::Export::Report => Answer::Report(stage.report()),
+                flowplane_nf::Export::None => Answer::Refused(format!("{} keeps no exportable state", stage.name())),
+            }
+        }
+    }
+}

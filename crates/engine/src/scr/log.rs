@@ -1,0 +1,195 @@
+//! The per-core single-writer logs and the loss recovery of Algorithm 1
+//! (SCR Appendix B: NOT_INIT / LOST markers, finite circular logs, a
+//! missing entry recovered from the other cores' logs).
+
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+
+use flowplane_nf::stateful::ScrRecord;
+use flowplane_packet::tsc;
+
+/// Spins before a core waiting for another core's log entry gives up and
+/// declares the entry unrecoverable (never hang: ~2^32 cycles is seconds).
+pub(super) const WAIT_LIMIT_CYCLES: u64 = 1 << 32;
+
+/// One log entry's record words (half a cache line).
+#[repr(C, align(32))]
+struct LogRec([AtomicU64; 4]);
+
+/// One core's single-writer, multiple-reader circular log: the records it
+/// received, each at slot `seq % entries`, a dense array of their sequence
+/// numbers beside them, and its `max[c]`. Algorithm 1's markers follow from
+/// `max`: NOT_INIT is `k > max`; LOST is `k <= max` with no record of `k`
+/// (a gap is marked by raising `max` alone, so marking a long gap
+/// overwrites nothing another core may still need). A reader detects a
+/// record being overwritten by the batch seqlock `writing` (raised before
+/// the owner writes, `max` after). On x86 every store here is a plain move:
+/// no atomic read-modify-write, no fence instruction.
+#[repr(C, align(128))]
+pub struct ScrLog {
+    /// Highest sequence number this core has logged or marked (its `max[c]`).
+    pub(super) max: AtomicU64,
+    /// Highest sequence number the owner is writing (>= `max`).
+    writing: AtomicU64,
+    /// Every sequence up to this one the core has received or read from
+    /// another log: it reads no log below it again (the drift bound).
+    pub(super) resolved: AtomicU64,
+    /// The core has finished (its log will not change).
+    pub(super) done: AtomicBool,
+    /// The core has stopped receiving: the last sequence number it knows
+    /// the sequencer emitted (the stream's end, or its own highest), plus
+    /// one (0: still receiving). Every core catches up to the highest claim.
+    pub(super) claim: AtomicU64,
+    tags: Box<[AtomicU64]>,
+    recs: Box<[LogRec]>,
+}
+
+/// What a core's log says about sequence `k`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogRead {
+    /// `history[k]`.
+    Rec(ScrRecord),
+    /// LOST: the core received a later sequence but not `k`.
+    Lost,
+    /// NOT_INIT: the core has not got that far (yet).
+    NotInit,
+    /// The entry was overwritten by a later sequence (the log wrapped).
+    Gone,
+}
+
+impl ScrLog {
+    fn new(entries: usize) -> ScrLog {
+        let n = entries.max(2).next_power_of_two();
+        ScrLog {
+            max: AtomicU64::new(0),
+            writing: AtomicU64::new(0),
+            resolved: AtomicU64::new(0),
+            done: AtomicBool::new(false),
+            claim: AtomicU64::new(0),
+            tags: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            recs: (0..n).map(|_| LogRec(std::array::from_fn(|_| AtomicU64::new(0)))).collect(),
+        }
+    }
+
+    /// Entries.
+    pub fn entries(&self) -> usize {
+        self.tags.len()
+    }
+
+    /// The owner is about to write records up to `hi` (seqlock open).
+    #[inline(always)]
+    pub(super) fn begin(&self, hi: u64) {
+        self.writing.store(hi, Ordering::Relaxed);
+        fence(Ordering::Release);
+    }
+
+    /// Writes `history[k]` — by the owning core only, between [`ScrLog::begin`] and [`ScrLog::publish`].
+    #[inline(always)]
+    pub(super) fn put(&self, k: u64, r: &ScrRecord) {
+        let i = (k as usize) & (self.tags.len() - 1);
+        for (a, v) in self.recs[i].0.iter().zip(r.to_words()) {
+            a.store(v, Ordering::Relaxed);
+        }
+        self.tags[i].store(k, Ordering::Relaxed);
+    }
+
+    /// Everything up to `k` is logged or marked LOST (seqlock close).
+    #[inline(always)]
+    pub(super) fn publish(&self, k: u64) {
+        self.max.store(k, Ordering::Release);
+    }
+
+    /// Tests: writes `history[k]` and publishes it.
+    #[cfg(test)]
+    pub(super) fn write(&self, k: u64, r: &ScrRecord) {
+        self.begin(k);
+        self.put(k, r);
+        self.publish(k);
+    }
+
+    /// Reads what the log says about `k`.
+    pub fn read(&self, k: u64) -> LogRead {
+        if self.max.load(Ordering::Acquire) < k {
+            return LogRead::NotInit;
+        }
+        let i = (k as usize) & (self.tags.len() - 1);
+        let t = self.tags[i].load(Ordering::Relaxed);
+        let w = std::array::from_fn(|j| self.recs[i].0[j].load(Ordering::Relaxed));
+        fence(Ordering::Acquire);
+        if self.writing.load(Ordering::Relaxed) >= k + self.tags.len() as u64 {
+            // A later sequence may have taken the slot (or be taking it).
+            return LogRead::Gone;
+        }
+        if t == k {
+            LogRead::Rec(ScrRecord::from_words(w))
+        } else {
+            LogRead::Lost
+        }
+    }
+}
+
+/// Every core's log.
+pub struct ScrLogs {
+    pub(super) logs: Box<[ScrLog]>,
+}
+
+impl ScrLogs {
+    /// Logs for `cores` cores of `entries` entries each.
+    pub fn new(cores: usize, entries: usize) -> ScrLogs {
+        ScrLogs { logs: (0..cores).map(|_| ScrLog::new(entries)).collect() }
+    }
+
+    /// Core `c`'s log.
+    pub fn log(&self, c: usize) -> &ScrLog {
+        &self.logs[c]
+    }
+}
+
+/// The outcome of recovering one missing sequence number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recovered {
+    /// Another core logged it.
+    Rec(ScrRecord),
+    /// Every other core marked it LOST: nobody saw it, nobody processes it.
+    LostEverywhere,
+    /// Not recoverable: overwritten in the logs that might hold it, or the wait timed out.
+    Unrecoverable,
+}
+
+/// `handle_loss_recovery(k, c)` of Algorithm 1: read the other cores' logs
+/// until one holds `history[k]` or all say LOST. A core that has not got to
+/// `k` is waited for (it will log `k` or LOST: it marks a whole gap before
+/// resolving any of it, and a finished core has logged up to the end). A
+/// wrapped entry, or a wait past the limit, makes `k` unrecoverable.
+pub fn recover(logs: &ScrLogs, me: usize, k: u64) -> Recovered {
+    let n = logs.logs.len();
+    let t0 = tsc::rdtsc();
+    loop {
+        let (mut lost, mut gone, mut waiting) = (0usize, 0usize, 0usize);
+        for c in (0..n).filter(|&c| c != me) {
+            match logs.logs[c].read(k) {
+                LogRead::Rec(r) => return Recovered::Rec(r),
+                LogRead::Lost => lost += 1,
+                LogRead::Gone => gone += 1,
+                LogRead::NotInit => {
+                    let l = &logs.logs[c];
+                    let stopped = l.done.load(Ordering::Acquire) || l.claim.load(Ordering::Acquire) != 0;
+                    if stopped && l.max.load(Ordering::Acquire) < k {
+                        // Stopped receiving before k: it never had it (its
+                        // end-of-run catch-up will mark k LOST; it may be
+                        // waiting for this core's claim, so do not wait for it).
+                        lost += 1;
+                    } else {
+                        waiting += 1;
+                    }
+                }
+            }
+        }
+        if waiting == 0 {
+            return if gone == 0 && lost == n - 1 { Recovered::LostEverywhere } else { Recovered::Unrecoverable };
+        }
+        if tsc::rdtsc().saturating_sub(t0) > WAIT_LIMIT_CYCLES {
+            return Recovered::Unrecoverable;
+        }
+        std::hint::spin_loop();
+    }
+}
