@@ -414,7 +414,12 @@ const DISPATCH_RING: usize = 4096;
 /// ([`Steer::Dispatcher`]), which also carries out the moves of strategies
 /// that rebalance (RSS++'s RETA moves, Dyssect's shard moves and per-flow
 /// rules) with their state, and is SCR's sequencer (stamping, histories,
-/// spray: [`Dispatcher::with_sequencer`]).
+/// spray: [`Dispatcher::with_sequencer`]). On an AF_PACKET input a static
+/// table (no spray, no moves, no sequencer) runs in the kernel instead
+/// ([`Steer::Kernel`]: the same classifier, rules and RETA as a fanout
+/// program, no dispatcher core); where the program cannot load (built without
+/// clang, no CAP_BPF, a verifier that refuses it) the dispatcher steers and
+/// the report says why in one line.
 pub fn run_port(
     cfg: &RunConfig,
     spec: &ChainSpec,
@@ -447,16 +452,34 @@ pub fn run_port(
     };
     // Per-core chains with their port shares; exports checked (and refused) as for a replay.
     let chains = build_chains_planned(cfg, spec, &plan, nw)?;
+    let mut notes = plan.notes.clone();
+    // A static table on an AF_PACKET input: the kernel's fanout program steers, no dispatcher core.
+    let (steer, kernel) = if steer == Steer::Dispatcher
+        && delivery == Delivery::Table
+        && !moves
+        && live.input.name().starts_with("afpacket:")
+    {
+        match kernel_steering(&plan, nw, flow_slots(strat.as_ref()), live) {
+            Ok(k) => (Steer::Kernel, Some(k)),
+            Err(why) => {
+                notes.push(format!("kernel steering unavailable, a dispatcher core steers: {why}"));
+                (steer, None)
+            }
+        }
+    } else {
+        (steer, None)
+    };
     let mut port = PortFeed {
         live,
         steer,
         dispatcher: None,
         dispatched: Vec::new(),
         strategy: strat.name().to_string(),
-        notes: plan.notes.clone(),
+        notes,
+        kernel,
     };
     let nic = match steer {
-        Steer::Port => None,
+        Steer::Port | Steer::Kernel => None,
         Steer::Dispatcher => {
             // The dispatcher's table: the same classifier and RETA a replay's emulated NIC steers with.
             let classifier =
@@ -482,4 +505,23 @@ pub fn run_port(
         }
     };
     run_workers(cfg, spec, chains, Feed::Port(Box::new(port)), Output::Discard, nic, watch)
+}
+
+/// Loads the kernel steering program with the run's table (the classifier and round-robin
+/// RETA a dispatcher would use) and hands it to the input port, before any of its queues opens.
+fn kernel_steering(
+    plan: &placement::Plan,
+    nw: usize,
+    slots: usize,
+    live: &Live,
+) -> Result<Arc<flowplane_io::port::fanout_steer::KernelSteer>, String> {
+    let classifier =
+        Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())
+            .map_err(|e| e.to_string())?;
+    let steering = Steering::with_flow_slots(nw, &classifier, &[], slots).map_err(|e| e.to_string())?;
+    let k = flowplane_io::port::fanout_steer::KernelSteer::for_steering(&classifier, &steering)
+        .map_err(|e| e.to_string())?;
+    let k = Arc::new(k);
+    live.input.steer_in_kernel(Arc::clone(&k)).map_err(|e| e.to_string())?;
+    Ok(k)
 }

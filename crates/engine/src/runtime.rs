@@ -76,6 +76,8 @@ pub(crate) struct PortFeed<'a> {
     /// The strategy's name and the placement's notes (the report's steering section).
     pub(crate) strategy: String,
     pub(crate) notes: Vec<String>,
+    /// The kernel's steering program (with [`Steer::Kernel`]), for its figures.
+    pub(crate) kernel: Option<Arc<flowplane_io::port::fanout_steer::KernelSteer>>,
 }
 
 /// What the caller sees and controls while a run goes on.
@@ -417,6 +419,11 @@ pub(crate) fn run_workers(
         sr.moves_started = sr.moves_done + st.map_or(0, |st| st.active_moves() as u64);
         sr.stalls = workers.iter().map(|w| w.rx.stalls).sum();
         sr.controller = strategy.as_ref().and_then(|s| s.controller()).and_then(|c| c.report_json());
+        if let Some(k) = &p.kernel {
+            let s = k.stats();
+            sr.kernel_steered = s.reta + s.fdir + s.flow + s.unclassified;
+            sr.unclassified = s.unclassified;
+        }
         report.steering = Some(sr);
     } else if let (Some((st, _, plan)), Some(strat)) = (&nic_parts, &strategy) {
         report.scale = Some(ScaleReport::new(
