@@ -11,7 +11,7 @@ use crate::error::CliError;
 /// `flowplane ctl` arguments.
 #[derive(Args, Debug)]
 #[command(
-    after_help = "COMMANDS:\n  show runtime    per core: packets, batches, vectors per call, busy seconds, cycles per packet\n  show errors     drops by reason, and per NF\n  show nfs        the chain with each NF's parameters and counters\n  show tables     per core: flows, capacity, insertions, expiries, table full\n  show ports      per port: received, transmitted, overruns, errors\n  set NF PARAM VALUE   change a run-time parameter (NF or NF#N), between two batches on every core\n  load NF FILE    the NF's file parameter (acl's rules) from FILE, as set\n  export NF FILE  the NF's state now (JSON or CSV by extension)\n  stop            end the run (as SIGTERM)\n  help            the commands"
+    after_help = "COMMANDS:\n  show runtime    per core: packets, batches, vectors per call, busy seconds, cycles per packet\n  show errors     drops by reason, and per NF\n  show nfs        the chain with each NF's parameters and counters\n  show tables     per core: flows, capacity, insertions, expiries, table full\n  show ports      per port: received, transmitted, overruns, errors\n  show flow PROTO SRC SPORT DST DPORT   each NF's state of one flow (show flow SRC: a source's)\n  set NF PARAM VALUE   change a run-time parameter (NF or NF#N), between two batches on every core\n  load NF FILE    the NF's file parameter (acl's rules) from FILE, as set\n  export NF FILE  the NF's state now (JSON or CSV by extension)\n  stop            end the run (as SIGTERM)\n  help            the commands"
 )]
 pub struct CtlArgs {
     /// The run's control socket (`flowplane run ... --ctl PATH`).

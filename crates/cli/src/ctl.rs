@@ -42,7 +42,7 @@ const NAP: Duration = Duration::from_millis(20);
 
 /// The commands, for `help` and errors.
 pub const HELP: &str =
-    "show runtime|errors|nfs|tables|ports; set NF PARAM VALUE; load NF FILE; export NF FILE; stop; help";
+    "show runtime|errors|nfs|tables|ports; show flow PROTO SRC SPORT DST DPORT | SRC; set NF PARAM VALUE; load NF FILE; export NF FILE; stop; help";
 
 /// A running control socket: removed when dropped.
 pub struct CtlServer {
@@ -141,6 +141,7 @@ impl Server {
             ["show", "nfs"] => Ok(self.nfs()),
             ["show", "tables"] => Ok(self.tables()),
             ["show", "ports"] => Ok(self.ports()),
+            ["show", "flow", key @ ..] => self.flow(key),
             ["set", nf, param, value] => self.set(nf, param, value),
             ["load", nf, file] => self.load(nf, file),
             ["export", nf, file] => self.export(nf, file),
@@ -322,6 +323,43 @@ impl Server {
         self.set(nf, param.name, &abs.to_string_lossy())
     }
 
+    /// `show flow PROTO SRC SPORT DST DPORT` (a flow) or `show flow SRC` (a source's coarse state).
+    fn flow(&self, words: &[&str]) -> Result<Value, String> {
+        let syntax = "show flow PROTO SRC SPORT DST DPORT (proto tcp|udp|icmp|N), or show flow SRC";
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().map_err(|_| format!("'{s}' is not an IP address ({syntax})"));
+        let port = |s: &str| s.parse::<u16>().map_err(|_| format!("'{s}' is not a port ({syntax})"));
+        let key = match words {
+            [proto, src, sport, dst, dport] => {
+                let p = match *proto {
+                    "tcp" => 6,
+                    "udp" => 17,
+                    "icmp" => 1,
+                    n => n.parse::<u8>().map_err(|_| format!("'{n}' is not a protocol ({syntax})"))?,
+                };
+                flowplane_wire::flow::FiveTuple::new(ip(src)?, ip(dst)?, port(sport)?, port(dport)?, p)
+            }
+            [src] => {
+                let s = ip(src)?;
+                let any = if s.is_ipv4() {
+                    std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+                } else {
+                    std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+                };
+                flowplane_wire::flow::FiveTuple::new(s, any, 0, 0, 0)
+            }
+            _ => return Err(syntax.to_string()),
+        }
+        .ok_or_else(|| format!("mixed address families ({syntax})"))?;
+        let answers = self.live.ctl.ask(&Command::Flow { key }, WORKER_TIMEOUT)?;
+        let mut rows = Vec::new();
+        for (core, a) in answers.into_iter().enumerate() {
+            if let Answer::Flow(r) = a {
+                rows.extend(r.into_iter().map(|(nf, state)| json!({"core": core, "nf": nf, "state": state})));
+            }
+        }
+        Ok(Value::Array(rows))
+    }
+
     fn export(&self, nf: &str, file: &str) -> Result<Value, String> {
         let i = self.position(nf)?;
         let answers = self.live.ctl.ask(&Command::Export { index: i }, WORKER_TIMEOUT)?;
@@ -343,7 +381,7 @@ impl Server {
                     }
                 }
                 Answer::Refused(m) => return Err(m),
-                Answer::Report(None) | Answer::Done => {}
+                Answer::Report(None) | Answer::Done | Answer::Flow(_) => {}
             }
         }
         if let (Some(m), Some(st)) = (&merged, hook.as_ref().and_then(|c| c.stages.first())) {

@@ -130,6 +130,19 @@ fn ctl_commands_round_trip_and_an_acl_swap_under_traffic_lands_at_one_batch() {
     assert_eq!(ports[0]["rx_packets"].as_u64(), Some(n as u64), "{ports}");
     assert!(ok(&sock, &["help"]).as_str().unwrap().contains("set NF PARAM VALUE"));
 
+    // One flow's state in each NF (acl's verdict per flow, ddos's per source), and a source's alone.
+    let flow = ok(&sock, &["show", "flow", "udp", "10.0.0.1", "4000", "10.0.0.2", "5002"]);
+    let nfs_of = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array().unwrap().iter().map(|r| r["nf"].as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(nfs_of(&flow), ["acl", "ddos"], "{flow}");
+    assert_eq!(flow[1]["state"]["src"], "10.0.0.1", "{flow}");
+    let src = ok(&sock, &["show", "flow", "10.0.0.1"]);
+    assert_eq!(nfs_of(&src), ["ddos"], "{src}");
+    assert_eq!(ok(&sock, &["show", "flow", "udp", "10.9.9.9", "1", "10.0.0.2", "2"]), serde_json::json!([]));
+    let (good, _, err) = ctl(&sock, &["show", "flow", "udp", "nope"]);
+    assert!(!good && err.contains("show flow PROTO SRC SPORT DST DPORT"), "{err}");
+
     // A run-time parameter; refusals are one line and change nothing.
     let set = ok(&sock, &["set", "ddos", "threshold", "5"]);
     assert_eq!(set["value"], "5", "{set}");

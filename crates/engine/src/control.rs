@@ -35,6 +35,12 @@ pub enum Command {
         /// The NF's position in the chain.
         index: usize,
     },
+    /// Each stateful NF's state for one flow (and, on core 0, the coarse state of its source,
+    /// destination or other key: shared by every core).
+    Flow {
+        /// The flow.
+        key: flowplane_wire::flow::FiveTuple,
+    },
 }
 
 /// A worker's answer.
@@ -46,6 +52,8 @@ pub enum Answer {
     Rows(Vec<serde_json::Value>),
     /// This core's report of the NF (for exports derived from the merged report).
     Report(Option<serde_json::Value>),
+    /// This core's state of one flow: (NF, its export row).
+    Flow(Vec<(String, serde_json::Value)>),
     /// Refused, with the one-line reason.
     Refused(String),
 }
@@ -142,6 +150,7 @@ fn carry_out(w: usize, cmd: &Command, pipeline: &mut Pipeline) -> Answer {
             }
             _ => Answer::Refused(format!("no NF {} at position {index} of the chain", nf.name)),
         },
+        Command::Flow { key } => Answer::Flow(pipeline.flow_rows(key, w == 0)),
         Command::Export { index } => {
             let Some(stage) = pipeline.chain().stages.get(*index) else {
                 return Answer::Refused(format!("no NF at position {index} of the chain"));

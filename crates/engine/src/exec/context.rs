@@ -245,6 +245,12 @@ pub(crate) struct Aux<'a> {
     now: u64,
 }
 
+/// A state with no export row, as its bytes (little-endian hex).
+fn raw_state(b: &[u8]) -> serde_json::Value {
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    serde_json::json!({ "state_bytes": hex })
+}
+
 #[inline(always)]
 pub(crate) fn hash_tuple(t: &FiveTuple) -> u64 {
     match t {
@@ -908,6 +914,62 @@ impl ExecContext {
             }
         }
         self.stats.ended += removed;
+    }
+
+    /// Each stateful NF's state for the flow `key` on this core (`flowplane ctl show flow`): its
+    /// 5-tuple state, or its coarse state for the flow's source, destination or other key. One
+    /// lookup per table, nothing inserted; NFs without state for the flow are left out.
+    pub fn flow_rows(&self, key: &FiveTuple, include_shared: bool) -> Vec<(String, serde_json::Value)> {
+        let h = hash_tuple(key);
+        let meta = flowplane_nf::PktMeta { tuple: *key, valid: true, ..Default::default() };
+        let mut out = Vec::new();
+        let mut k = 0;
+        for s in &self.chain.stages {
+            let Stage::Stateful { nf, offset, group, member, .. } = s else { continue };
+            let sz = nf.state_size();
+            let row = match *group {
+                Some(g) if include_shared => {
+                    let gran = self.chain.groups[g].granularity;
+                    let bit = 2u64 << member;
+                    crate::coarse::group_key(gran, &meta).and_then(|gk| {
+                        let t = &self.shared.tables[g];
+                        let hdl = t.lookup(&gk, crate::coarse::coarse_hash(gk));
+                        let words = t.state(hdl)?;
+                        with_locked(words, |flags, buf| {
+                            let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+                            if *flags & bit == 0 {
+                                return None;
+                            }
+                            let st = bytes.get(*offset..*offset + sz)?;
+                            let row = match key_tuple(gran, gk) {
+                                Some(t) => nf.export_row_bytes(&t, st),
+                                None => nf.export_raw_row_bytes(gk, st),
+                            };
+                            Some(row.unwrap_or_else(|| raw_state(st)))
+                        })
+                        .flatten()
+                    })
+                }
+                Some(_) => None,
+                None => {
+                    let (store, off) = match self.layout {
+                        StateLayout::PerNf => (self.stores.get(k), 0),
+                        StateLayout::Aggregated => (self.stores.first(), *offset),
+                    };
+                    k += 1;
+                    store.and_then(|st| {
+                        let r = st.find(key, h)?;
+                        let b = st.block(r).get(off..off + sz)?;
+                        // An NF without an export row (acl) shows its state's bytes.
+                        Some(nf.export_row_bytes(key, b).unwrap_or_else(|| raw_state(b)))
+                    })
+                }
+            };
+            if let Some(r) = row {
+                out.push((nf.name().to_string(), r));
+            }
+        }
+        out
     }
 
     // ---- Results ----

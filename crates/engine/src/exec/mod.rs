@@ -425,6 +425,15 @@ impl Pipeline {
         migrate::import_flows(&mut self.cx, data)
     }
 
+    /// Each stateful NF's state for flow `key` on this core (see [`ExecContext::flow_rows`]).
+    pub fn flow_rows(
+        &self,
+        key: &flowplane_wire::flow::FiveTuple,
+        include_shared: bool,
+    ) -> Vec<(String, serde_json::Value)> {
+        self.cx.flow_rows(key, include_shared)
+    }
+
     /// Export rows of NF `name`, if it exports state (see [`ExecContext::export`]).
     pub fn export(&self, name: &str, include_shared: bool) -> Option<Vec<serde_json::Value>> {
         self.cx.export(name, include_shared)
