@@ -95,6 +95,9 @@ pub(crate) fn search_config(a: &MlffrArgs, cfg: &RunConfig) -> MlffrConfig {
 
 /// `flowplane mlffr`: the in-memory search, or the port search when `--input` names a port.
 pub fn run(mut a: MlffrArgs) -> Result<(), CliError> {
+    if a.run.config.is_some() {
+        return Err(CliError::new("--config holds a `flowplane run`; mlffr takes its options on the command line"));
+    }
     validate(&a.run)?;
     if !(a.loss.is_finite() && (0.0..100.0).contains(&a.loss)) {
         return Err(CliError::new(format!("--loss {}: must be a percentage in [0, 100)", a.loss)));

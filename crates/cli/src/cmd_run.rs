@@ -23,6 +23,18 @@ pub const DEFAULT_GEN: &str = "--flows 1000000 --packets 4000000 --size 64 --dis
 
 #[derive(clap::Args, Debug, Default)]
 pub struct RunArgs {
+    /// A TOML file with the run's options: each option's name without its dashes as a key
+    /// (`cores = 2`, `idle_timeout = 10`, flags `= true`, `port = ["afpacket:b"]`), the chain as
+    /// `chain = "..."` or [[nf]] tables. Options on the command line override the file's.
+    /// A live run with --ctl re-reads it on `flowplane ctl PATH reload`.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The chain from the config file's [[nf]] tables (set by --config).
+    #[arg(skip)]
+    pub nf_chain: Option<spec::ChainSpec>,
+    /// The config file and command line the run was built from (set by --config, kept for `ctl reload`).
+    #[arg(skip)]
+    pub source: Option<crate::run_config::Source>,
     /// Trace to replay (pcap or pcapng; Ethernet, raw IP, Linux cooked, loopback, PPP, Cisco HDLC),
     /// or a live port to run on until Ctrl-C: pcap:FILE | afpacket:IFACE | afxdp:IFACE[:QUEUE] | dpdk:PORT_OR_VDEV.
     #[arg(long, short = 'i', conflicts_with = "gen")]
@@ -379,7 +391,14 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
+/// `flowplane run`; `cli` is the command line's words after `run` (merged over a `--config` file).
+pub fn run_cmd(mut a: RunArgs, cli: &[std::ffi::OsString]) -> Result<(), CliError> {
+    if let Some(path) = a.config.clone() {
+        let m = crate::run_config::merge(&path, cli)?;
+        a = m.args;
+        a.nf_chain = m.nf;
+        a.source = Some(crate::run_config::Source { path, cli: cli.to_vec(), values: m.values });
+    }
     validate(&a)?;
     #[cfg(feature = "dpdk")]
     if let Some(e) = &a.eal {
@@ -510,13 +529,14 @@ fn check_paced_length(cfg: &RunConfig, packets: u64) -> Result<(), CliError> {
 
 /// The run configuration and chain `a` describe (validated).
 pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliError> {
-    let spec = match &a.chain_file {
-        Some(p) => {
+    let spec = match (&a.nf_chain, &a.chain_file) {
+        (Some(s), _) => s.clone(),
+        (None, Some(p)) => {
             let text = flowplane_nf::read_text_file(&p.to_string_lossy())
                 .map_err(|e| CliError::new(format!("--chain-file {e}")))?;
             spec::parse_toml(&text).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?
         }
-        None => spec::parse(&a.chain)?,
+        (None, None) => spec::parse(&a.chain)?,
     };
     let cores = a.cores.unwrap_or_else(cpu::available_cores);
     let loops = if a.duration.is_some() && a.loops.is_none() { None } else { Some(a.loops.unwrap_or(1)) };
