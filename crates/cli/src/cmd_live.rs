@@ -89,7 +89,7 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
     };
     // Removed (the socket file too) when the run ends.
     let ctl = match &a.ctl {
-        Some(path) => Some(crate::ctl::serve(path, Arc::clone(&live), spec.clone(), Arc::clone(&stop))?),
+        Some(path) => Some(crate::ctl::serve(path, Arc::clone(&live), spec.clone(), Arc::clone(&stop), a.source.clone())?),
         None => None,
     };
     let tty = std::io::stdout().is_terminal();

@@ -527,9 +527,9 @@ fn check_paced_length(cfg: &RunConfig, packets: u64) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The run configuration and chain `a` describe (validated).
-pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliError> {
-    let spec = match (&a.nf_chain, &a.chain_file) {
+/// The chain `a` gives: the config file's [[nf]] tables, --chain-file, or --chain.
+pub(crate) fn chain_spec(a: &RunArgs) -> Result<spec::ChainSpec, CliError> {
+    Ok(match (&a.nf_chain, &a.chain_file) {
         (Some(s), _) => s.clone(),
         (None, Some(p)) => {
             let text = flowplane_nf::read_text_file(&p.to_string_lossy())
@@ -537,7 +537,12 @@ pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliErr
             spec::parse_toml(&text).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?
         }
         (None, None) => spec::parse(&a.chain)?,
-    };
+    })
+}
+
+/// The run configuration and chain `a` describe (validated).
+pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliError> {
+    let spec = chain_spec(a)?;
     let cores = a.cores.unwrap_or_else(cpu::available_cores);
     let loops = if a.duration.is_some() && a.loops.is_none() { None } else { Some(a.loops.unwrap_or(1)) };
     let exports = parse_exports(&a.export)?;

@@ -79,7 +79,7 @@ enum Command {
     Mlffr(cmd_mlffr::MlffrArgs),
     /// UPF tools: `upf sessions` writes the session file matching `gen --proto gtpu --upf NxM`.
     Upf(cmd_upf::UpfArgs),
-    /// Ask a running `run --ctl PATH`: show runtime|errors|nfs|tables|ports, set, load, export, stop.
+    /// Ask a running `run --ctl PATH`: show runtime|errors|nfs|tables|ports, set, load, export, reload, stop.
     Ctl(cmd_ctl::CtlArgs),
 }
 

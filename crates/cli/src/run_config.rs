@@ -121,8 +121,10 @@ pub fn merge_text(file: &str, text: &str, cli: &[OsString]) -> Result<Merged, Cl
     let mut words: Vec<OsString> = Vec::new();
     let mut nf = None;
     let mut seen: Vec<(String, String)> = Vec::new(); // (long name, key as written)
-    for (key, value) in &table {
-        let at = at_of(key);
+    // In the file's order, so a conflict names the later key.
+    let mut keys: Vec<(usize, &String, &toml::Value)> = table.iter().map(|(k, v)| (at_of(k), k, v)).collect();
+    keys.sort_by_key(|k| k.0);
+    for (at, key, value) in keys {
         let long = key.replace('_', "-");
         if let Some((_, first)) = seen.iter().find(|(l, _)| *l == long) {
             return Err(err(at, format!("'{key}' and '{first}' are the same option")));
