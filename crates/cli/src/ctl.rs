@@ -402,12 +402,15 @@ impl Server {
         for &i in &changed {
             let nf = &new.nfs[i];
             let label = self.label(i);
+            let refuse = |e: String| {
+                let named = e.starts_with(&format!("{}:", nf.name));
+                format!("{}{e} (nothing applied)", if named { String::new() } else { format!("{label}: ") })
+            };
             let one = ChainSpec { nfs: vec![nf.clone()] };
-            let mut chain = flowplane_engine::chain::Chain::build(&one)
-                .map_err(|e| format!("{label}: {e} (nothing applied)"))?;
+            let mut chain = flowplane_engine::chain::Chain::build(&one).map_err(|e| refuse(e.to_string()))?;
             let mut p = flowplane_nf::Params::new(&nf.name, nf.params.clone());
             if let Some(st) = chain.stages.first_mut() {
-                st.reconfigure(&mut p).map_err(|e| format!("{label}: {e} (nothing applied)"))?;
+                st.reconfigure(&mut p).map_err(|e| refuse(e.to_string()))?;
             }
         }
         let mut applied = Vec::new();
