@@ -421,7 +421,10 @@ impl Server {
                 nf.params.iter().map(|(k, v)| (k.clone(), v.clone().into())).collect();
             self.apply(i, nf).map_err(|e| {
                 let done: Vec<&str> = applied.iter().filter_map(|a: &Value| a["nf"].as_str()).collect();
-                format!("{label}: {e} (applied before it: {})", if done.is_empty() { "none".into() } else { done.join(", ") })
+                format!(
+                    "{label}: {e} (applied before it: {})",
+                    if done.is_empty() { "none".into() } else { done.join(", ") }
+                )
             })?;
             applied.push(json!({"nf": label, "params": params}));
         }

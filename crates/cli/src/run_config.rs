@@ -106,7 +106,8 @@ pub fn merge_text(file: &str, text: &str, cli: &[OsString]) -> Result<Merged, Cl
         err(at, format!("not TOML: {}", e.message().trim()))
     })?;
     let table: toml::Table = text.parse().map_err(|e: toml::de::Error| CliError::new(format!("{file}: {e}")))?;
-    let at_of = |k: &str| doc.get_ref().iter().find(|(key, _)| key.get_ref() == k).map_or(0, |(key, _)| key.span().start);
+    let at_of =
+        |k: &str| doc.get_ref().iter().find(|(key, _)| key.get_ref() == k).map_or(0, |(key, _)| key.span().start);
 
     let cmd = command();
     let given = cmd.clone().try_get_matches_from(cli).map_err(|e| CliError::new(clap_line(&e)))?;
@@ -121,7 +122,7 @@ pub fn merge_text(file: &str, text: &str, cli: &[OsString]) -> Result<Merged, Cl
     let mut words: Vec<OsString> = Vec::new();
     let mut nf = None;
     let mut seen: Vec<(String, String)> = Vec::new(); // (long name, key as written)
-    // In the file's order, so a conflict names the later key.
+                                                      // In the file's order, so a conflict names the later key.
     let mut keys: Vec<(usize, &String, &toml::Value)> = table.iter().map(|(k, v)| (at_of(k), k, v)).collect();
     keys.sort_by_key(|k| k.0);
     for (at, key, value) in keys {
@@ -174,7 +175,10 @@ pub fn merge_text(file: &str, text: &str, cli: &[OsString]) -> Result<Merged, Cl
                 };
                 let mut w = Vec::new();
                 for v in items {
-                    w.push(format!("--{long}={}", scalar(v).map_err(|_| bad("takes a string or an array of strings"))?));
+                    w.push(format!(
+                        "--{long}={}",
+                        scalar(v).map_err(|_| bad("takes a string or an array of strings"))?
+                    ));
                 }
                 w
             }
@@ -189,7 +193,8 @@ pub fn merge_text(file: &str, text: &str, cli: &[OsString]) -> Result<Merged, Cl
         }
     }
     words.extend(cli.iter().cloned());
-    let m = cmd.clone().try_get_matches_from(&words).map_err(|e| CliError::new(format!("{file}: {}", clap_line(&e))))?;
+    let m =
+        cmd.clone().try_get_matches_from(&words).map_err(|e| CliError::new(format!("{file}: {}", clap_line(&e))))?;
     let args = RunArgs::from_arg_matches(&m).map_err(|e| CliError::new(format!("{file}: {}", clap_line(&e))))?;
     let values = cmd
         .get_arguments()
@@ -261,7 +266,8 @@ mod tests {
                 _ => {
                     let v = SAMPLES.iter().find(|(k, _)| *k == long).map(|(_, v)| v.to_string()).or_else(|| {
                         // A value other than the default, where the option has a list of them.
-                        let choices: Vec<String> = a.get_possible_values().iter().map(|p| p.get_name().to_string()).collect();
+                        let choices: Vec<String> =
+                            a.get_possible_values().iter().map(|p| p.get_name().to_string()).collect();
                         let def = a.get_default_values().first().map(|d| d.to_string_lossy().into_owned());
                         choices.into_iter().find(|c| Some(c) != def.as_ref()).or(def)
                     });
@@ -289,9 +295,12 @@ mod tests {
         )
         .unwrap();
         let a = m.args;
-        assert_eq!((a.cores, a.idle_timeout, a.flows, a.no_pin, a.json), (Some(2), 2.5, 4096, true, false));
-        assert_eq!(a.ports, vec!["afpacket:a", "afpacket:b"]);
-        assert_eq!(a.export, vec!["hh=x.csv"]);
+        assert_eq!(
+            (a.workers.cores, a.tables.idle_timeout, a.tables.flows, a.workers.no_pin, a.outputs.json),
+            (Some(2), 2.5, 4096, true, false)
+        );
+        assert_eq!(a.outputs.ports, vec!["afpacket:a", "afpacket:b"]);
+        assert_eq!(a.outputs.export, vec!["hh=x.csv"]);
         assert!(m.values.iter().any(|(k, v)| k == "cores" && v == &["2"]));
     }
 
@@ -301,19 +310,20 @@ mod tests {
         let a = merged(text, &["--cores", "4", "--gen", "--flows 5", "--chain-file", "c.toml", "--port", "afpacket:z"])
             .unwrap()
             .args;
-        assert_eq!(a.cores, Some(4));
-        assert_eq!((a.input, a.gen.as_deref()), (None, Some("--flows 5")));
-        assert_eq!(a.chain_file.as_deref(), Some(Path::new("c.toml")));
-        assert_eq!(a.ports, vec!["afpacket:z"], "a list replaces the file's");
+        assert_eq!(a.workers.cores, Some(4));
+        assert_eq!((a.traffic.input, a.traffic.gen.as_deref()), (None, Some("--flows 5")));
+        assert_eq!(a.pipeline.chain_file.as_deref(), Some(Path::new("c.toml")));
+        assert_eq!(a.outputs.ports, vec!["afpacket:z"], "a list replaces the file's");
         // Without the command line: the file's.
         let a = merged(text, &[]).unwrap().args;
-        assert_eq!((a.cores, a.chain.as_str()), (Some(2), "fsc"));
-        assert_eq!(a.input.as_deref(), Some(Path::new("a.pcap")));
+        assert_eq!((a.workers.cores, a.pipeline.chain.as_str()), (Some(2), "fsc"));
+        assert_eq!(a.traffic.input.as_deref(), Some(Path::new("a.pcap")));
     }
 
     #[test]
     fn nf_tables_give_the_chain() {
-        let text = "cores = 1\n[[nf]]\nname = \"acl\"\nrules = \"my rules.txt\"\n[[nf]]\nname = \"ddos\"\nthreshold = 5\n";
+        let text =
+            "cores = 1\n[[nf]]\nname = \"acl\"\nrules = \"my rules.txt\"\n[[nf]]\nname = \"ddos\"\nthreshold = 5\n";
         let m = merged(text, &[]).unwrap();
         let nf = m.nf.unwrap();
         assert_eq!(nf.nfs.len(), 2);
@@ -334,7 +344,10 @@ mod tests {
             ("scale = \"magic\"\n", "run.toml:1: scale: invalid value 'magic'"),
             ("chain = \"fsc\"\n\n[[nf]]\nname = \"acl\"\n", "run.toml:3: 'nf' and 'chain' both given"),
             ("input = \"a\"\ngen = \"--flows 1\"\n", "run.toml:2: 'gen' and 'input' both given"),
-            ("idle_timeout = 1\nidle-timeout = 2\n", "run.toml:2: 'idle-timeout' and 'idle_timeout' are the same option"),
+            (
+                "idle_timeout = 1\nidle-timeout = 2\n",
+                "run.toml:2: 'idle-timeout' and 'idle_timeout' are the same option",
+            ),
             ("config = \"x.toml\"\n", "run.toml:1: 'config': a config file cannot name another"),
             ("cores = 1\ncores = 2\n", "run.toml:2: not TOML"),
             ("[[nf]]\nrules = \"x\"\n", "run.toml:1: [[nf]]: chain file: nf #1 has no string 'name'"),

@@ -78,7 +78,8 @@ fn a_run_from_run_toml_reloads_rules_and_thresholds_and_refuses_cores() {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cfg{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let (sock, out, rules, conf) = (dir.join("fp.sock"), dir.join("out.pcap"), dir.join("acl.rules"), dir.join("run.toml"));
+    let (sock, out, rules, conf) =
+        (dir.join("fp.sock"), dir.join("out.pcap"), dir.join("acl.rules"), dir.join("run.toml"));
     std::fs::write(&rules, "drop proto udp dport 5001\n").unwrap();
     let toml = |cores: usize, threshold: u64| {
         format!(
@@ -118,7 +119,10 @@ fn a_run_from_run_toml_reloads_rules_and_thresholds_and_refuses_cores() {
     std::fs::write(&conf, toml(1, 250)).unwrap();
     let r = ok(&sock, &["reload"]);
     assert_eq!(r["applied"].as_array().map(Vec::len), Some(1), "{r}");
-    assert_eq!((r["applied"][0]["nf"].as_str(), r["applied"][0]["params"]["threshold"].as_str()), (Some("ddos"), Some("250")));
+    assert_eq!(
+        (r["applied"][0]["nf"].as_str(), r["applied"][0]["params"]["threshold"].as_str()),
+        (Some("ddos"), Some("250"))
+    );
     burst(&v.peer(), &sock, 400, 600);
     // 4. cores edited (and the threshold beside it): refused in one line, nothing applied.
     std::fs::write(&conf, toml(2, 10)).unwrap();
@@ -140,7 +144,8 @@ fn a_run_from_run_toml_reloads_rules_and_thresholds_and_refuses_cores() {
     }
     let done = fp.signal_and_wait("-0");
     assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
-    let report: serde_json::Value = serde_json::from_slice(&done.stdout).expect("JSON report (json = true in the file)");
+    let report: serde_json::Value =
+        serde_json::from_slice(&done.stdout).expect("JSON report (json = true in the file)");
     assert_eq!(report["nfs"][0]["details"]["version"], 1, "one rules swap: the ddos reload left acl alone");
 
     // What passed, read by tshark: burst 1 the 5002 packets (odd), burst 2 the 5001 ones (even),
@@ -148,7 +153,8 @@ fn a_run_from_run_toml_reloads_rules_and_thresholds_and_refuses_cores() {
     let got: Vec<(u16, usize)> = tshark_rows(&out, &["udp.dstport", "data.data"])
         .iter()
         .map(|r| {
-            let text: Vec<u8> = (0..r[1].len() / 2).map(|i| u8::from_str_radix(&r[1][2 * i..2 * i + 2], 16).unwrap()).collect();
+            let text: Vec<u8> =
+                (0..r[1].len() / 2).map(|i| u8::from_str_radix(&r[1][2 * i..2 * i + 2], 16).unwrap()).collect();
             (r[0].parse().unwrap(), String::from_utf8(text).unwrap().trim_start_matches("seq=").parse().unwrap())
         })
         .collect();
