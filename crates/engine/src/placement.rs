@@ -7,7 +7,7 @@
 use flowplane_nf::stateful::Granularity;
 use flowplane_nf::{Affinity, GlobalState, Placement};
 use flowplane_scale::steer::{FdirRule, HashOn};
-use flowplane_scale::strategy::Strategy;
+use flowplane_scale::strategy::{Delivery, Strategy};
 
 use crate::chain::{Chain, Stage};
 use crate::error::EngineError;
@@ -78,7 +78,8 @@ pub fn plan(
     let name = strategy.name();
     let mut p = Plan { symmetric: symmetric_flag, overrides: vec![Vec::new(); cores], ..Plan::default() };
     let ps = placements(chain);
-    if strategy.replicates() {
+    let moves = strategy.controller().is_some();
+    if strategy.delivery() == Delivery::Sequenced {
         // SCR: every core holds every key, so no steering is needed; each NF must opt in.
         // A stateless element's own state is not replicated: it sees only its core's share.
         let own = chain.stages.iter().filter_map(|s| match s {
@@ -101,7 +102,7 @@ pub fn plan(
     if cores <= 1 {
         return Ok(p);
     }
-    if strategy.spray() {
+    if strategy.delivery() == Delivery::Spray {
         // A flow's packets reach every core: 5-tuple state moves to shared tables.
         p.shared_flows = chain
             .stages
@@ -163,7 +164,7 @@ pub fn plan(
     for (i, nf, pl) in &ps {
         match pl.global {
             GlobalState::None => {}
-            GlobalState::Private if strategy.moves_flows() => {
+            GlobalState::Private if moves => {
                 return Err(refuse(
                     name,
                     format!(
@@ -172,7 +173,7 @@ pub fn plan(
                 ))
             }
             GlobalState::Private => {}
-            GlobalState::PortPool { .. } if strategy.moves_flows() => {
+            GlobalState::PortPool { .. } if moves => {
                 return Err(refuse(
                     name,
                     format!("{nf}'s port pool is split per core, so its flows cannot move between cores; use rss"),
