@@ -153,6 +153,17 @@ fn file_digests(nf: &NfSpec) -> Vec<(String, Option<u64>)> {
         .collect()
 }
 
+/// The first parameter that differs between `old` and `new` (same NF) and is not
+/// declared live, as the refusal `set` gives; None if every change is live.
+fn fixed_param_changed(old: &NfSpec, new: &NfSpec) -> Option<String> {
+    let desc = flowplane_nf::registry::find(&new.name)?;
+    let value = |nf: &NfSpec, k: &str| nf.params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let p = desc.params.iter().find(|p| !p.live && value(old, p.name) != value(new, p.name))?;
+    let live: Vec<&str> = desc.params.iter().filter(|p| p.live).map(|p| p.name).collect();
+    let can = if live.is_empty() { "none of its parameters".to_string() } else { live.join(", ") };
+    Some(format!("'{}' is fixed for the run (a restart changes it; changeable while running: {can})", p.name))
+}
+
 /// Parameters as a sorted list (a spec's order does not change an NF).
 fn sorted(p: &[(String, String)]) -> Vec<(String, String)> {
     let mut v = p.to_vec();
@@ -406,10 +417,13 @@ impl Server {
                     || self.files.get(i).is_some_and(|f| *f != file_digests(&new.nfs[i]))
             })
             .collect();
-        // Each changed NF alone first: its parameters valid and changeable at run time.
+        // Each changed NF alone first: its parameters declared live, valid, and taken by the NF.
         for &i in &changed {
             let nf = &new.nfs[i];
             let label = self.label(i);
+            if let Some(why) = fixed_param_changed(&self.spec.nfs[i], nf) {
+                return Err(format!("{label}: {why} (nothing applied)"));
+            }
             let refuse = |e: String| {
                 let named = e.starts_with(&format!("{}:", nf.name));
                 format!("{}{e} (nothing applied)", if named { String::new() } else { format!("{label}: ") })
@@ -504,5 +518,25 @@ pub fn request(path: &Path, words: &[String]) -> Result<Value, CliError> {
         Ok(v["result"].clone())
     } else {
         Err(CliError::new(format!("ctl: {}", v["error"].as_str().unwrap_or("refused"))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nf(name: &str, params: &[(&str, &str)]) -> NfSpec {
+        NfSpec { name: name.into(), params: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
+    }
+
+    #[test]
+    fn reload_names_the_first_fixed_parameter_changed() {
+        assert_eq!(fixed_param_changed(&nf("hh", &[("threshold", "5")]), &nf("hh", &[("threshold", "9")])), None);
+        let why = fixed_param_changed(&nf("hh", &[]), &nf("hh", &[("k", "20")])).unwrap();
+        assert!(why.starts_with("'k' is fixed for the run") && why.contains("threshold, export"), "{why}");
+        let why = fixed_param_changed(&nf("lb", &[("base", "10.0.0.1")]), &nf("lb", &[])).unwrap();
+        assert!(why.starts_with("'base' is fixed"), "{why}");
+        let why = fixed_param_changed(&nf("portknock", &[]), &nf("portknock", &[("knock", "1-2")])).unwrap();
+        assert!(why.starts_with("'knock' is fixed") && why.ends_with("changeable while running: protect)"), "{why}");
     }
 }

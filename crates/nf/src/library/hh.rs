@@ -28,13 +28,13 @@ use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const K: ParamSpec = ParamSpec::uint("k", 10, 1, MAX_K, "flows in the top-k summary");
 const THRESHOLD: ParamSpec =
-    ParamSpec::uint_or_none("threshold", 1, u64::MAX, "bytes above which a flow is flagged heavy");
+    ParamSpec::uint_or_none("threshold", 1, u64::MAX, "bytes above which a flow is flagged heavy").live();
 const EXPORT: ParamSpec = ParamSpec::choice(
     "export",
     "top",
     &["top", "all"],
     "--export writes the top-k flows of the report, or every live flow",
-);
+).live();
 
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {

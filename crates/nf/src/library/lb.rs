@@ -40,7 +40,7 @@ use crate::stateful::Granularity;
 use crate::stateful::{Action, Affinity, GlobalState, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
-const BACKENDS: ParamSpec = ParamSpec::uint("backends", 16, 1, 65_536, "IPv4 backend pool size");
+const BACKENDS: ParamSpec = ParamSpec::uint("backends", 16, 1, 65_536, "IPv4 backend pool size").live();
 const BASE: ParamSpec = ParamSpec::text("base", "10.10.0.1", "IPv4", "first backend (the pool is base, base+1, ...)");
 const BASE6: ParamSpec = ParamSpec::text(
     "base6",
@@ -49,7 +49,7 @@ const BASE6: ParamSpec = ParamSpec::text(
     "first IPv6 backend (pool base6, base6+1, ...); empty: IPv6 flows pass unbalanced (counted)",
 );
 const BACKENDS6: ParamSpec =
-    ParamSpec::uint_like("backends6", &BACKENDS, 1, 65_536, "IPv6 backend pool size (default: backends)");
+    ParamSpec::uint_like("backends6", &BACKENDS, 1, 65_536, "IPv6 backend pool size (default: backends)").live();
 
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {

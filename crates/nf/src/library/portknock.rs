@@ -45,7 +45,7 @@ pub const MAX_KNOCKS: usize = 8;
 
 const KNOCK: ParamSpec =
     ParamSpec::text("knock", "1111-2222-3333", "P1-P2-...", "knock sequence of 1..8 TCP ports (1..65535)");
-const PROTECT: ParamSpec = ParamSpec::uint("protect", 22, 1, 65535, "protected TCP port");
+const PROTECT: ParamSpec = ParamSpec::uint("protect", 22, 1, 65535, "protected TCP port").live();
 const TIMEOUT: ParamSpec =
     ParamSpec::uint("timeout", 0, 0, 30 * 86_400, "idle timeout of a source's state in seconds, 0 = chain default");
 

@@ -45,17 +45,17 @@ use crate::{NfContext, ParamError, ParamSpec, Params};
 use flowplane_wire::ipv4::IpProtocol;
 use flowplane_wire::tcp::TcpFlags;
 
-const WINDOW: ParamSpec = ParamSpec::float("window", 10.0, 0.001, 86_400.0, "window in seconds");
+const WINDOW: ParamSpec = ParamSpec::float("window", 10.0, 0.001, 86_400.0, "window in seconds").live();
 const PORTS: ParamSpec =
-    ParamSpec::uint("ports", 20, 1, 1024, "distinct destination ports in a window that flag a source");
+    ParamSpec::uint("ports", 20, 1, 1024, "distinct destination ports in a window that flag a source").live();
 const ACTION: ParamSpec =
-    ParamSpec::choice("action", "drop", &["drop", "flag"], "drop a flagged source's packets, or pass and count them");
+    ParamSpec::choice("action", "drop", &["drop", "flag"], "drop a flagged source's packets, or pass and count them").live();
 const TCP: ParamSpec = ParamSpec::choice(
     "tcp",
     "noack",
     &["noack", "all"],
     "TCP packets that count as probes: without the ACK flag, or all",
-);
+).live();
 
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {
