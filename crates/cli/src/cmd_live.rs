@@ -20,7 +20,7 @@ use crate::metrics;
 
 /// `--input`'s port, if it names a live one.
 pub fn live_input(a: &RunArgs) -> Result<Option<PortSpec>, CliError> {
-    let Some(i) = &a.input else { return Ok(None) };
+    let Some(i) = &a.traffic.input else { return Ok(None) };
     let spec = PortSpec::parse(&i.to_string_lossy()).map_err(|e| CliError::new(format!("--input {e}")))?;
     Ok(spec.is_live().then_some(spec))
 }
@@ -29,7 +29,11 @@ pub fn live_input(a: &RunArgs) -> Result<Option<PortSpec>, CliError> {
 pub fn port_options(a: &RunArgs) -> PortOptions {
     // --pool beyond its default also sizes a device's own buffers (DPDK mbufs per queue).
     let d = PortOptions::default();
-    PortOptions { promisc: a.promisc, buffers: if a.pool > 4096 { a.pool } else { d.buffers }, ..d }
+    PortOptions {
+        promisc: a.live.promisc,
+        buffers: if a.workers.pool > 4096 { a.workers.pool } else { d.buffers },
+        ..d
+    }
 }
 
 /// Output ports by verdict, and the pcap files among them (finished at the end).
@@ -40,8 +44,13 @@ type OutputPorts = (Vec<Arc<dyn Port>>, Vec<(std::path::PathBuf, SharedPcapWrite
 pub fn output_ports(a: &RunArgs, queues: usize, base_ns: u64) -> Result<OutputPorts, CliError> {
     let mut ports: Vec<Arc<dyn Port>> = Vec::new();
     let mut files = Vec::new();
-    let names: Vec<String> =
-        a.output.iter().map(|p| p.to_string_lossy().into_owned()).chain(a.ports.iter().cloned()).collect();
+    let names: Vec<String> = a
+        .outputs
+        .output
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .chain(a.outputs.ports.iter().cloned())
+        .collect();
     for n in names {
         let spec = PortSpec::parse(&n).map_err(|e| CliError::new(format!("--output/--port {e}")))?;
         match &spec {
@@ -58,7 +67,11 @@ pub fn output_ports(a: &RunArgs, queues: usize, base_ns: u64) -> Result<OutputPo
 
 /// Runs on a live input until stopped.
 pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
-    if a.gen.is_some() || a.loops.is_some() || a.rate.is_some() || a.virtual_cores.is_some() {
+    if a.traffic.gen.is_some()
+        || a.traffic.loops.is_some()
+        || a.traffic.rate.is_some()
+        || a.workers.virtual_cores.is_some()
+    {
         return Err(CliError::new(
             "--gen, --loops, --rate and --virtual-cores apply to replayed input, not to a live port",
         ));
@@ -71,7 +84,7 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
     flowplane_engine::budget::check(&needs)?;
     needs.extend(flowplane_engine::budget::run_needs(&cfg, &flowplane_engine::chain::Chain::build(&spec)?));
     flowplane_engine::budget::check(&needs)?;
-    let exports = crate::results::create_exports(&parse_exports(&a.export)?)?;
+    let exports = crate::results::create_exports(&parse_exports(&a.outputs.export)?)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         // The first signal stops the run cleanly; a second one while stopping exits at once (status 1).
@@ -83,13 +96,15 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
     let base_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let (outputs, files) = output_ports(&a, cores, base_ns)?;
     let live = Arc::new(Live::new(inp, outputs, cores));
-    let server = match &a.metrics {
+    let server = match &a.live.metrics {
         Some(addr) => Some(metrics::serve(addr, Arc::clone(&live), Arc::clone(&stop))?),
         None => None,
     };
     // Removed (the socket file too) when the run ends.
-    let ctl = match &a.ctl {
-        Some(path) => Some(crate::ctl::serve(path, Arc::clone(&live), spec.clone(), Arc::clone(&stop))?),
+    let ctl = match &a.live.ctl {
+        Some(path) => {
+            Some(crate::ctl::serve(path, Arc::clone(&live), spec.clone(), Arc::clone(&stop), a.source.clone())?)
+        }
         None => None,
     };
     let tty = std::io::stdout().is_terminal();
@@ -103,7 +118,8 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
             let _ = o.flush();
         }
     };
-    let result = run_port(&cfg, &spec, a.symmetric_rss, &live, Watch { stop: Some(&stop), tick: Some(&mut tick) });
+    let result =
+        run_port(&cfg, &spec, a.strategy.symmetric_rss, &live, Watch { stop: Some(&stop), tick: Some(&mut tick) });
     if tty {
         outln!();
     }
@@ -127,7 +143,7 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
     for (path, w) in files {
         lost.close_pcap(&path, w);
     }
-    if a.json {
+    if a.outputs.json {
         let mut v = serde_json::to_value(&report)?;
         v["ports"] = serde_json::Value::Array(ports.iter().map(|(n, s, l)| port_json(n, s, l.as_ref())).collect());
         v["drops"] = serde_json::Value::Object(drops.iter().map(|(r, n)| (r.to_string(), (*n).into())).collect());

@@ -41,42 +41,42 @@ pub struct MlffrArgs {
     #[command(flatten)]
     pub run: RunArgs,
     /// Loss counted as loss-free, in percent.
-    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
+    #[arg(help_heading = "Search", long, default_value_t = 0.1, allow_negative_numbers = true)]
     pub loss: f64,
     /// Stop when the bracket is narrower than this percentage of its upper end.
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    #[arg(help_heading = "Search", long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub resolution: f64,
     /// Seconds per trial.
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    #[arg(help_heading = "Search", long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub trial: f64,
     /// Repeats of a lossy trial before its rate counts as lossy (a shared machine's interference is not the
     /// chain being slow; 0: one trial per rate).
-    #[arg(long, default_value_t = 1)]
+    #[arg(help_heading = "Search", long, default_value_t = 1)]
     pub retries: u32,
     /// Upper end of the search in packets/s (default: 1.5x the unpaced rate; on ports: the sender's maximum).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(help_heading = "Search", long, allow_negative_numbers = true)]
     pub max_rate: Option<f64>,
     /// On ports: the sender, on the peer end of the input port's link: afpacket:IFACE[@NETNS] or afxdp:IFACE[@NETNS].
-    #[arg(long, value_name = "PEER")]
+    #[arg(help_heading = "Search", long, value_name = "PEER")]
     pub send: Option<String>,
     /// On ports: the receiver, on the peer end of the output port's link (as --send).
-    #[arg(long, value_name = "PEER")]
+    #[arg(help_heading = "Search", long, value_name = "PEER")]
     pub recv: Option<String>,
     /// On ports: the pcap the sender sends (looped; each frame gets a 6-byte trailer).
-    #[arg(long, value_name = "FILE", conflicts_with = "trace_gen")]
+    #[arg(help_heading = "Search", long, value_name = "FILE", conflicts_with = "trace_gen")]
     pub trace: Option<std::path::PathBuf>,
     /// On ports: generate the sender's traffic with `flowplane gen` options (default: 1000 UDP flows, 64-B packets).
-    #[arg(long, value_name = "OPTIONS", allow_hyphen_values = true)]
+    #[arg(help_heading = "Search", long, value_name = "OPTIONS", allow_hyphen_values = true)]
     pub trace_gen: Option<String>,
     /// On ports: packets per transmit call of the sender.
-    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
+    #[arg(help_heading = "Search", long, default_value_t = 64, allow_negative_numbers = true)]
     pub send_batch: usize,
     /// On ports: seconds after a trial during which its packets may still come out; later ones count
     /// as lost (they were queued behind an overloaded worker).
-    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
+    #[arg(help_heading = "Search", long, default_value_t = 0.1, allow_negative_numbers = true)]
     pub drain: f64,
     /// On ports: the CPU the sender runs on (default: the last CPU when workers are pinned and one is left over).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(help_heading = "Search", long, allow_negative_numbers = true)]
     pub send_cpu: Option<usize>,
 }
 
@@ -95,6 +95,9 @@ pub(crate) fn search_config(a: &MlffrArgs, cfg: &RunConfig) -> MlffrConfig {
 
 /// `flowplane mlffr`: the in-memory search, or the port search when `--input` names a port.
 pub fn run(mut a: MlffrArgs) -> Result<(), CliError> {
+    if a.run.config.is_some() {
+        return Err(CliError::new("--config holds a `flowplane run`; mlffr takes its options on the command line"));
+    }
     validate(&a.run)?;
     if !(a.loss.is_finite() && (0.0..100.0).contains(&a.loss)) {
         return Err(CliError::new(format!("--loss {}: must be a percentage in [0, 100)", a.loss)));
@@ -118,26 +121,26 @@ pub fn run(mut a: MlffrArgs) -> Result<(), CliError> {
             "--send, --recv, --trace and --trace-gen apply to live ports (--input afpacket:IFACE, ...)",
         ));
     }
-    if a.run.input.is_none() && a.run.gen.is_none() {
-        a.run.gen = Some(DEFAULT_GEN.to_string());
+    if a.run.traffic.input.is_none() && a.run.traffic.gen.is_none() {
+        a.run.traffic.gen = Some(DEFAULT_GEN.to_string());
     }
-    a.run.duration = Some(a.trial);
+    a.run.traffic.duration = Some(a.trial);
     let (cfg, spec) = config(&a.run)?;
-    let input = match &a.run.input {
+    let input = match &a.run.traffic.input {
         Some(path) => Input::File(path),
-        None => Input::Generated(Box::new(parse_gen(a.run.gen.as_deref().unwrap_or(DEFAULT_GEN))?)),
+        None => Input::Generated(Box::new(parse_gen(a.run.traffic.gen.as_deref().unwrap_or(DEFAULT_GEN))?)),
     };
-    let prepared = prepare(&cfg, &spec, input, a.run.symmetric_rss)?;
+    let prepared = prepare(&cfg, &spec, input, a.run.strategy.symmetric_rss)?;
     let r = search(&cfg, &spec, &prepared, &search_config(&a, &cfg))?;
-    if a.run.json {
+    if a.run.outputs.json {
         let mut v = serde_json::to_value(&r)?;
-        v["chain"] = serde_json::Value::String(a.run.chain.clone());
+        v["chain"] = serde_json::Value::String(a.run.pipeline.chain.clone());
         v["cores"] = cfg.cores.into();
         v["scale"] = serde_json::Value::String(cfg.scale.clone());
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    outln!("mlffr        {} on {} core(s), --scale {}", a.run.chain, cfg.cores, cfg.scale);
+    outln!("mlffr        {} on {} core(s), --scale {}", a.run.pipeline.chain, cfg.cores, cfg.scale);
     outln!("{:>14} {:>12} {:>12} {:>10} {:>9}", "rate (Mpps)", "offered", "lost", "loss %", "loss-free");
     for t in &r.trials {
         outln!(

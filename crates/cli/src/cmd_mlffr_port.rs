@@ -28,7 +28,7 @@ fn open_all(a: &MlffrArgs, input: &PortSpec, cores: usize) -> Result<Ports, CliE
 /// Runs the search on ports.
 pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
     #[cfg(feature = "dpdk")]
-    if let Some(e) = &a.run.eal {
+    if let Some(e) = &a.run.live.eal {
         flowplane_io::port::dpdk::set_eal_args(e.split_whitespace().map(str::to_string).collect());
     }
     let peer = |flag: &str, v: &Option<String>| -> Result<PeerSpec, CliError> {
@@ -38,15 +38,19 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
         PeerSpec::parse(s).map_err(|e| CliError::new(format!("{flag} {e}")))
     };
     let (sender, receiver) = (peer("--send", &a.send)?, peer("--recv", &a.recv)?);
-    let Some(out) = &a.run.output else {
+    let Some(out) = &a.run.outputs.output else {
         return Err(CliError::new("--output PORT is needed on ports: where flowplane forwards to"));
     };
-    for o in std::iter::once(out.to_string_lossy().into_owned()).chain(a.run.ports.iter().cloned()) {
+    for o in std::iter::once(out.to_string_lossy().into_owned()).chain(a.run.outputs.ports.iter().cloned()) {
         if !PortSpec::parse(&o).is_ok_and(|s| s.is_live()) {
             return Err(CliError::new(format!("--output/--port {o}: mlffr on ports forwards to live ports only")));
         }
     }
-    if a.run.loops.is_some() || a.run.rate.is_some() || a.run.virtual_cores.is_some() || a.run.metrics.is_some() {
+    if a.run.traffic.loops.is_some()
+        || a.run.traffic.rate.is_some()
+        || a.run.workers.virtual_cores.is_some()
+        || a.run.live.metrics.is_some()
+    {
         return Err(CliError::new("--loops, --rate, --virtual-cores and --metrics do not apply to mlffr on ports"));
     }
     if a.send_batch == 0 || a.send_batch > flowplane_packet::MAX_BATCH {
@@ -59,8 +63,8 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
     if !(a.drain.is_finite() && (0.001..=10.0).contains(&a.drain)) {
         return Err(CliError::new(format!("--drain {}: must be between 0.001 and 10 seconds", a.drain)));
     }
-    a.run.duration = Some(a.trial);
-    if a.run.nic_profile.is_some() {
+    a.run.traffic.duration = Some(a.trial);
+    if a.run.strategy.nic_profile.is_some() {
         return Err(CliError::new("--nic-profile models the emulated NIC of a replay; a live port's NIC has its own"));
     }
     let (cfg, spec) = config(&a.run)?;
@@ -69,21 +73,21 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
         Some(p) => Input::File(p),
         None => Input::Generated(Box::new(parse_gen(a.trace_gen.as_deref().unwrap_or(PORT_GEN))?)),
     };
-    let prepared = prepare(&cfg, &spec, traffic, a.run.symmetric_rss)?;
+    let prepared = prepare(&cfg, &spec, traffic, a.run.strategy.symmetric_rss)?;
     let frames = frames_of(&prepared, sender_frame_room())?;
     let cores = cfg.cores;
     // A DPDK port starts once per process: it is opened once and kept for every trial;
     // AF_PACKET and AF_XDP ports are opened afresh per trial (their counters start at zero).
     let dpdk = matches!(input, PortSpec::Dpdk(_))
         || std::iter::once(out.to_string_lossy().into_owned())
-            .chain(a.run.ports.iter().cloned())
+            .chain(a.run.outputs.ports.iter().cloned())
             .any(|o| matches!(PortSpec::parse(&o), Ok(PortSpec::Dpdk(_))));
     let kept = if dpdk { Some(open_all(&a, &input, cores)?) } else { None };
     let names = match &kept {
         Some((i, o)) => (i.name(), o.iter().map(|p| p.name()).collect()),
         None => (
             input.to_string(),
-            std::iter::once(out.to_string_lossy().into_owned()).chain(a.run.ports.iter().cloned()).collect(),
+            std::iter::once(out.to_string_lossy().into_owned()).chain(a.run.outputs.ports.iter().cloned()).collect(),
         ),
     };
     let open = || -> Result<Ports, EngineError> {
@@ -106,16 +110,16 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
     };
     let m = search_config(&a, &cfg);
     let r = search_ports(&cfg, &spec, &rig, &m, Some(&prepared), names)?;
-    if a.run.json {
+    if a.run.outputs.json {
         let mut v = serde_json::to_value(&r)?;
-        v["chain"] = serde_json::Value::String(a.run.chain.clone());
+        v["chain"] = serde_json::Value::String(a.run.pipeline.chain.clone());
         v["cores"] = cfg.cores.into();
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     outln!(
         "mlffr        {} on {} core(s): {} -> {}; sender {}, receiver {}; {:.0}-B frames (trailer included)",
-        a.run.chain,
+        a.run.pipeline.chain,
         cfg.cores,
         r.input,
         r.outputs.join(", "),

@@ -21,8 +21,42 @@ pub const DEFAULT_CHAIN: &str = "lb(backends=16) -> fsc -> ratelimit(pps=1000)";
 /// The traffic of the default demo: 64-byte UDP packets, 1M flows, random order.
 pub const DEFAULT_GEN: &str = "--flows 1000000 --packets 4000000 --size 64 --dist uniform --order random --seed 1";
 
+/// `flowplane run`'s options, grouped by concern (each group a help heading);
+/// `--config FILE` gives any of them from a TOML file ([`crate::run_config`]).
 #[derive(clap::Args, Debug, Default)]
 pub struct RunArgs {
+    /// A TOML file with the run's options: each option's name without its dashes as a key
+    /// (`cores = 2`, `idle_timeout = 10`, flags `= true`, `port = ["afpacket:b"]`), the chain as
+    /// `chain = "..."` or [[nf]] tables. Options on the command line override the file's.
+    /// A live run with --ctl re-reads it on `flowplane ctl PATH reload`.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The chain from the config file's [[nf]] tables (set by --config).
+    #[arg(skip)]
+    pub nf_chain: Option<spec::ChainSpec>,
+    /// The config file and command line the run was built from (set by --config, kept for `ctl reload`).
+    #[arg(skip)]
+    pub source: Option<crate::run_config::Source>,
+    #[command(flatten)]
+    pub traffic: TrafficArgs,
+    #[command(flatten)]
+    pub outputs: OutputArgs,
+    #[command(flatten)]
+    pub live: LiveArgs,
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
+    #[command(flatten)]
+    pub tables: TableArgs,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
+    #[command(flatten)]
+    pub strategy: StrategyArgs,
+}
+
+/// The traffic: a trace, generated packets or a live port, and how long and how fast it is replayed.
+#[derive(clap::Args, Debug, Default)]
+#[command(next_help_heading = "Traffic")]
+pub struct TrafficArgs {
     /// Trace to replay (pcap or pcapng; Ethernet, raw IP, Linux cooked, loopback, PPP, Cisco HDLC),
     /// or a live port to run on until Ctrl-C: pcap:FILE | afpacket:IFACE | afxdp:IFACE[:QUEUE] | dpdk:PORT_OR_VDEV.
     #[arg(long, short = 'i', conflicts_with = "gen")]
@@ -31,12 +65,47 @@ pub struct RunArgs {
     /// (e.g. "--flows 1000 --packets 100000 --proto tcp").
     #[arg(long, allow_hyphen_values = true)]
     pub gen: Option<String>,
+    /// Passes over the trace (default 1 for --input/--gen).
+    #[arg(long, allow_negative_numbers = true)]
+    pub loops: Option<u64>,
+    /// Run for this many seconds (the trace loops as needed).
+    #[arg(long, allow_negative_numbers = true)]
+    pub duration: Option<f64>,
+    /// Seconds processed before measuring starts (added to --duration).
+    #[arg(long, allow_negative_numbers = true)]
+    pub warmup: Option<f64>,
+    /// Offered load in packets/s over all cores (default: full speed); suffixes k/M/G (2M).
+    /// At least 1 pps, and without --duration the paced run must end within a day
+    /// (trace packets x --loops / rate <= 86400 s).
+    #[arg(long, allow_negative_numbers = true, value_parser = rate_value)]
+    pub rate: Option<f64>,
+}
+
+/// Where packets, state exports and the report go.
+#[derive(clap::Args, Debug, Default)]
+#[command(next_help_heading = "Outputs")]
+pub struct OutputArgs {
     /// Where packets with verdict 0 go: a pcap file (FILE or pcap:FILE) or a live port (afpacket:IFACE, ...).
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
     /// More output ports, for verdicts 1, 2, ... in order (NFs choose a port: forward(port=1), route).
     #[arg(long = "port", value_name = "PORT")]
     pub ports: Vec<String>,
+    /// Stamp --output packets with the time they were sent instead of their own (the input's) time.
+    #[arg(long)]
+    pub restamp: bool,
+    /// Export an NF's state at the end of the run: NF=FILE.csv or NF=FILE.json (repeatable).
+    #[arg(long, value_name = "NF=FILE")]
+    pub export: Vec<String>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Live ports and the running service: port options, metrics, the control socket.
+#[derive(clap::Args, Debug, Default)]
+#[command(next_help_heading = "Live ports and service")]
+pub struct LiveArgs {
     /// Put live ports in promiscuous mode while they are open.
     #[arg(long)]
     pub promisc: bool,
@@ -49,18 +118,24 @@ pub struct RunArgs {
     /// Live runs: serve the control socket at PATH (`flowplane ctl PATH show runtime`, `set`, `load`, `export`, `stop`).
     #[arg(long, value_name = "PATH")]
     pub ctl: Option<std::path::PathBuf>,
+}
+
+/// The chain and how each core runs it (executor, batch, optimisations).
+#[derive(clap::Args, Debug, Default)]
+#[command(next_help_heading = "Chain and executor")]
+pub struct PipelineArgs {
     /// Chain spec, e.g. "forward -> count".
     #[arg(long, short = 'c', default_value = DEFAULT_CHAIN, conflicts_with = "chain_file")]
     pub chain: String,
     /// Chain from a TOML file (`chain = "..."` or `[[nf]]` tables with `name` and parameters).
     #[arg(long)]
     pub chain_file: Option<PathBuf>,
-    /// Worker cores (default: all available).
-    #[arg(long, allow_negative_numbers = true)]
-    pub cores: Option<usize>,
     /// Executor (the engine's registry: batch = FAJITA, rtc, pernf = VPP, microbatch = FastClick, interleaved[:K] = GuNFu).
     #[arg(long, default_value = "batch", value_parser = executors())]
     pub exec: String,
+    /// Packets per batch (1..=256).
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
+    pub batch: usize,
     /// Disable software prefetching (bulk lookups, state lines, NF prefetch hooks).
     #[arg(long)]
     pub no_prefetch: bool,
@@ -76,6 +151,12 @@ pub struct RunArgs {
     /// Disable redundant-match removal: one flow match per NF (batch then runs as pernf).
     #[arg(long)]
     pub no_match_sharing: bool,
+}
+
+/// The per-core flow tables.
+#[derive(clap::Args, Debug, Default)]
+#[command(next_help_heading = "Flow tables")]
+pub struct TableArgs {
     /// Flow-table capacity per core (IPv4 flows).
     #[arg(long, default_value_t = 1 << 21, allow_negative_numbers = true)]
     pub flows: usize,
@@ -85,15 +166,50 @@ pub struct RunArgs {
     /// When a flow table is full: reject (count and pass without state) or evict the least recently used entry.
     #[arg(long, default_value = "reject", value_parser = ["reject", "evict"])]
     pub table_full: String,
-    /// Export an NF's state at the end of the run: NF=FILE.csv or NF=FILE.json (repeatable).
-    #[arg(long, value_name = "NF=FILE")]
-    pub export: Vec<String>,
+}
+
+/// The worker cores and their buffers.
+#[derive(clap::Args, Debug, Default)]
+#[command(next_help_heading = "Workers")]
+pub struct WorkerArgs {
+    /// Worker cores (default: all available).
+    #[arg(long, allow_negative_numbers = true)]
+    pub cores: Option<usize>,
+    /// Buffers per core's packet pool.
+    #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
+    pub pool: usize,
+    /// Receive ring entries per core (a full ring drops and counts: rx_ring_full).
+    #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
+    pub ring: usize,
+    /// Do not pin workers to cores.
+    #[arg(long)]
+    pub no_pin: bool,
+    /// Run N logical workers in turn on the real cores and report a projected throughput
+    /// (shared-nothing strategies only).
+    #[arg(long, allow_negative_numbers = true)]
+    pub virtual_cores: Option<usize>,
+}
+
+/// How packets are spread over the cores: the strategy and its controller.
+#[derive(clap::Args, Debug, Default)]
+#[command(next_help_heading = "Multi-core strategy")]
+pub struct StrategyArgs {
     /// Multi-core strategy: rss (shared-nothing sharding), shared (round-robin spray, shared state),
     /// rsspp (RSS++ rebalancing with state hand-over), scr (state-compute replication: a sequencer
     /// sprays round robin with piggybacked history; every core keeps a replica), dyssect (shards on
     /// working cores, heavy flows offloaded by NIC flow rules, MILP + heuristic controller).
     #[arg(long, default_value = "rss", value_parser = clap::builder::PossibleValuesParser::new(flowplane_scale::strategy::names()))]
     pub scale: String,
+    /// Use the symmetric RSS key (both directions of a connection on one core).
+    #[arg(long)]
+    pub symmetric_rss: bool,
+    /// Control period of the strategy, in milliseconds.
+    #[arg(long, default_value_t = 100.0, allow_negative_numbers = true)]
+    pub scale_period_ms: f64,
+    /// How long the emulated NIC takes to apply a RETA update or a flow rule (rsspp, dyssect; replay only):
+    /// ideal (at once), bcm57416 (228 us), nfp4000 (1.07 ms), connectx4 (359 ms), or reta=DUR:rule=DUR.
+    #[arg(long, value_name = "NAME")]
+    pub nic_profile: Option<String>,
     /// --scale scr: history records piggybacked per packet (default: the number of cores; at least that).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub scr_history: Option<usize>,
@@ -122,52 +238,6 @@ pub struct RunArgs {
     /// Dyssect's MILP time budget, in milliseconds (the incumbent is used when it runs out).
     #[arg(long, default_value_t = 200.0, allow_negative_numbers = true)]
     pub solver_budget_ms: f64,
-    /// Control period of the strategy, in milliseconds.
-    #[arg(long, default_value_t = 100.0, allow_negative_numbers = true)]
-    pub scale_period_ms: f64,
-    /// How long the emulated NIC takes to apply a RETA update or a flow rule (rsspp, dyssect; replay only):
-    /// ideal (at once), bcm57416 (228 us), nfp4000 (1.07 ms), connectx4 (359 ms), or reta=DUR:rule=DUR.
-    #[arg(long, value_name = "NAME")]
-    pub nic_profile: Option<String>,
-    /// Receive ring entries per core (a full ring drops and counts: rx_ring_full).
-    #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
-    pub ring: usize,
-    /// Run N logical workers in turn on the real cores and report a projected throughput
-    /// (shared-nothing strategies only).
-    #[arg(long, allow_negative_numbers = true)]
-    pub virtual_cores: Option<usize>,
-    /// Use the symmetric RSS key (both directions of a connection on one core).
-    #[arg(long)]
-    pub symmetric_rss: bool,
-    /// Passes over the trace (default 1 for --input/--gen).
-    #[arg(long, allow_negative_numbers = true)]
-    pub loops: Option<u64>,
-    /// Run for this many seconds (the trace loops as needed).
-    #[arg(long, allow_negative_numbers = true)]
-    pub duration: Option<f64>,
-    /// Seconds processed before measuring starts (added to --duration).
-    #[arg(long, allow_negative_numbers = true)]
-    pub warmup: Option<f64>,
-    /// Packets per batch (1..=256).
-    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
-    pub batch: usize,
-    /// Offered load in packets/s over all cores (default: full speed); suffixes k/M/G (2M).
-    /// At least 1 pps, and without --duration the paced run must end within a day
-    /// (trace packets x --loops / rate <= 86400 s).
-    #[arg(long, allow_negative_numbers = true, value_parser = rate_value)]
-    pub rate: Option<f64>,
-    /// Buffers per core's packet pool.
-    #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
-    pub pool: usize,
-    /// Do not pin workers to cores.
-    #[arg(long)]
-    pub no_pin: bool,
-    /// Stamp --output packets with the time they were sent instead of their own (the input's) time.
-    #[arg(long)]
-    pub restamp: bool,
-    /// Print the report as JSON.
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// `--exec` values: every registered executor (with its parameter, e.g.
@@ -250,192 +320,220 @@ pub fn parse_gen(s: &str) -> Result<Generator, CliError> {
 }
 
 pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
-    if let Some(c) = a.cores {
+    if let Some(c) = a.workers.cores {
         if c == 0 || c > 512 {
             return Err(CliError::new(format!("--cores {c}: must be between 1 and 512")));
         }
     }
-    if a.batch == 0 || a.batch > flowplane_packet::MAX_BATCH {
+    if a.pipeline.batch == 0 || a.pipeline.batch > flowplane_packet::MAX_BATCH {
         return Err(CliError::new(format!(
             "--batch {}: must be between 1 and {}",
-            a.batch,
+            a.pipeline.batch,
             flowplane_packet::MAX_BATCH
         )));
     }
-    if let Some(d) = a.duration {
+    if let Some(d) = a.traffic.duration {
         if !(d.is_finite() && d > 0.0 && d <= 86_400.0) {
             return Err(CliError::new(format!("--duration {d}: must be a positive number of seconds (<= 86400)")));
         }
     }
-    if let Some(r) = a.rate {
+    if let Some(r) = a.traffic.rate {
         if !(r.is_finite() && (1.0..=1e12).contains(&r)) {
             return Err(CliError::new(format!("--rate {r}: must be a packet rate between 1 and 1e12 packets/s")));
         }
     }
-    if let Some(w) = a.warmup {
+    if let Some(w) = a.traffic.warmup {
         if !(w.is_finite() && (0.0..=3600.0).contains(&w)) {
             return Err(CliError::new(format!("--warmup {w}: must be between 0 and 3600 seconds")));
         }
     }
-    if a.loops == Some(0) {
+    if a.traffic.loops == Some(0) {
         return Err(CliError::new("--loops 0: must be at least 1"));
     }
-    if a.flows == 0 || a.flows > 1 << 30 {
-        return Err(CliError::new(format!("--flows {}: must be between 1 and {}", a.flows, 1u64 << 30)));
+    if a.tables.flows == 0 || a.tables.flows > 1 << 30 {
+        return Err(CliError::new(format!("--flows {}: must be between 1 and {}", a.tables.flows, 1u64 << 30)));
     }
-    if !(a.idle_timeout.is_finite() && a.idle_timeout > 0.0) {
-        return Err(CliError::new(format!("--idle-timeout {}: must be a positive number of seconds", a.idle_timeout)));
+    if !(a.tables.idle_timeout.is_finite() && a.tables.idle_timeout > 0.0) {
+        return Err(CliError::new(format!(
+            "--idle-timeout {}: must be a positive number of seconds",
+            a.tables.idle_timeout
+        )));
     }
-    if !(a.scale_period_ms.is_finite() && (1.0..=60_000.0).contains(&a.scale_period_ms)) {
-        return Err(CliError::new(format!("--scale-period-ms {}: must be between 1 and 60000", a.scale_period_ms)));
+    if !(a.strategy.scale_period_ms.is_finite() && (1.0..=60_000.0).contains(&a.strategy.scale_period_ms)) {
+        return Err(CliError::new(format!(
+            "--scale-period-ms {}: must be between 1 and 60000",
+            a.strategy.scale_period_ms
+        )));
     }
-    for (name, v) in [("--long-period-ms", a.long_period_ms), ("--solver-budget-ms", a.solver_budget_ms)] {
+    for (name, v) in
+        [("--long-period-ms", a.strategy.long_period_ms), ("--solver-budget-ms", a.strategy.solver_budget_ms)]
+    {
         if !(v.is_finite() && (1.0..=600_000.0).contains(&v)) {
             return Err(CliError::new(format!("{name} {v}: must be between 1 and 600000")));
         }
     }
-    if let Some(s) = a.slo_us {
+    if let Some(s) = a.strategy.slo_us {
         if !(s.is_finite() && s > 0.0) {
             return Err(CliError::new(format!("--slo-us {s}: must be a positive number of microseconds")));
         }
     }
-    if let Some(p) = &a.priority {
+    if let Some(p) = &a.strategy.priority {
         flowplane_engine::runner::PriorityClass::parse(p).map_err(CliError::new)?;
     }
-    if a.ring < 2 * flowplane_packet::MAX_BATCH || a.ring > 1 << 20 {
+    if a.workers.ring < 2 * flowplane_packet::MAX_BATCH || a.workers.ring > 1 << 20 {
         return Err(CliError::new(format!(
             "--ring {}: must be between {} and {}",
-            a.ring,
+            a.workers.ring,
             2 * flowplane_packet::MAX_BATCH,
             1 << 20
         )));
     }
-    if let Some(v) = a.virtual_cores {
+    if let Some(v) = a.workers.virtual_cores {
         if v == 0 || v > 4096 {
             return Err(CliError::new(format!("--virtual-cores {v}: must be between 1 and 4096")));
         }
     }
-    if !(a.scr_loss.is_finite() && (0.0..=1.0).contains(&a.scr_loss)) {
-        return Err(CliError::new(format!("--scr-loss {}: must be a probability between 0 and 1", a.scr_loss)));
+    if !(a.strategy.scr_loss.is_finite() && (0.0..=1.0).contains(&a.strategy.scr_loss)) {
+        return Err(CliError::new(format!(
+            "--scr-loss {}: must be a probability between 0 and 1",
+            a.strategy.scr_loss
+        )));
     }
-    if a.scale != "scr" && (a.scr_history.is_some() || a.scr_recovery || a.scr_loss > 0.0) {
+    if a.strategy.scale != "scr"
+        && (a.strategy.scr_history.is_some() || a.strategy.scr_recovery || a.strategy.scr_loss > 0.0)
+    {
         return Err(CliError::new("--scr-history/--scr-recovery/--scr-loss need --scale scr".to_string()));
     }
     // Options that act only in some runs are refused where they would change
     // nothing (a value equal to the default is the run without the option).
-    let scr = a.scale == "scr";
-    if a.seed != 1 && !(scr && a.scr_loss > 0.0) {
+    let scr = a.strategy.scale == "scr";
+    if a.strategy.seed != 1 && !(scr && a.strategy.scr_loss > 0.0) {
         return Err(CliError::new(format!(
             "--seed {}: seeds the loss --scr-loss injects; it needs --scale scr --scr-loss RATE",
-            a.seed
+            a.strategy.seed
         )));
     }
-    if a.scr_log != flowplane_engine::scr::DEFAULT_LOG && !(scr && a.scr_recovery) {
+    if a.strategy.scr_log != flowplane_engine::scr::DEFAULT_LOG && !(scr && a.strategy.scr_recovery) {
         return Err(CliError::new(format!(
             "--scr-log {}: sizes the recovery logs; it needs --scale scr --scr-recovery",
-            a.scr_log
+            a.strategy.scr_log
         )));
     }
-    let dyssect = a.scale == "dyssect";
+    let dyssect = a.strategy.scale == "dyssect";
     // What the strategy is made of decides which options apply to it.
-    let strategy = flowplane_scale::strategy::by_name(&a.scale, flowplane_scale::strategy::DEFAULT_PERIOD)
+    let strategy = flowplane_scale::strategy::by_name(&a.strategy.scale, flowplane_scale::strategy::DEFAULT_PERIOD)
         .map_err(|e| CliError::new(format!("--scale {e}")))?;
     let controlled = strategy.controller().is_some();
-    if a.scale_period_ms != 100.0 && !controlled {
+    if a.strategy.scale_period_ms != 100.0 && !controlled {
         return Err(CliError::new(format!(
             "--scale-period-ms {}: the control period of rsspp and dyssect; --scale {} runs no controller",
-            a.scale_period_ms, a.scale
+            a.strategy.scale_period_ms, a.strategy.scale
         )));
     }
-    for (name, v, default) in
-        [("--long-period-ms", a.long_period_ms, 1000.0), ("--solver-budget-ms", a.solver_budget_ms, 200.0)]
-    {
+    for (name, v, default) in [
+        ("--long-period-ms", a.strategy.long_period_ms, 1000.0),
+        ("--solver-budget-ms", a.strategy.solver_budget_ms, 200.0),
+    ] {
         if v != default && !dyssect {
             return Err(CliError::new(format!("{name} {v}: sets Dyssect's controller; it needs --scale dyssect")));
         }
     }
-    if let (Some(s), None, false) = (a.slo_us, &a.priority, dyssect) {
+    if let (Some(s), None, false) = (a.strategy.slo_us, &a.strategy.priority, dyssect) {
         return Err(CliError::new(format!(
             "--slo-us {s}: the SLO of the --priority class (and dyssect's working-core cap); it needs --priority or --scale dyssect"
         )));
     }
-    if a.symmetric_rss && strategy.delivery().sprays() {
+    if a.strategy.symmetric_rss && strategy.delivery().sprays() {
         return Err(CliError::new(format!(
             "--symmetric-rss: --scale {} sprays packets over the cores round robin; no RSS key steers them",
-            a.scale
+            a.strategy.scale
         )));
     }
-    if a.restamp && a.output.is_none() {
+    if a.outputs.restamp && a.outputs.output.is_none() {
         return Err(CliError::new("--restamp stamps the packets --output writes; it needs --output"));
     }
-    if let Some(p) = &a.nic_profile {
+    if let Some(p) = &a.strategy.nic_profile {
         let p = flowplane_engine::runner::NicProfile::parse(p).map_err(CliError::new)?;
         if !p.is_ideal() && !controlled {
             return Err(CliError::new(format!(
                 "--nic-profile {}: --scale {} never updates the NIC's table (the profile applies to rsspp and dyssect)",
-                p.name, a.scale
+                p.name, a.strategy.scale
             )));
         }
     }
-    if a.pool < 2 * flowplane_packet::MAX_BATCH {
-        return Err(CliError::new(format!("--pool {}: must be at least {}", a.pool, 2 * flowplane_packet::MAX_BATCH)));
+    if a.workers.pool < 2 * flowplane_packet::MAX_BATCH {
+        return Err(CliError::new(format!(
+            "--pool {}: must be at least {}",
+            a.workers.pool,
+            2 * flowplane_packet::MAX_BATCH
+        )));
     }
     Ok(())
 }
 
-pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
+/// `flowplane run`; `cli` is the command line's words after `run` (merged over a `--config` file).
+pub fn run_cmd(mut a: RunArgs, cli: &[std::ffi::OsString]) -> Result<(), CliError> {
+    if let Some(path) = a.config.clone() {
+        let m = crate::run_config::merge(&path, cli)?;
+        a = m.args;
+        a.nf_chain = m.nf;
+        a.source = Some(crate::run_config::Source { path, cli: cli.to_vec(), values: m.values });
+    }
     validate(&a)?;
     #[cfg(feature = "dpdk")]
-    if let Some(e) = &a.eal {
+    if let Some(e) = &a.live.eal {
         flowplane_io::port::dpdk::set_eal_args(e.split_whitespace().map(str::to_string).collect());
     }
-    if a.output.is_none() && !a.ports.is_empty() {
+    if a.outputs.output.is_none() && !a.outputs.ports.is_empty() {
         return Err(CliError::new("--port gives verdicts 1, 2, ...: it needs --output (verdict 0) first"));
     }
     if let Some(port) = crate::cmd_live::live_input(&a)? {
-        if a.nic_profile.is_some() {
+        if a.strategy.nic_profile.is_some() {
             return Err(CliError::new(
                 "--nic-profile models the emulated NIC of a replay; a live port's NIC has its own",
             ));
         }
         return crate::cmd_live::run(a, port);
     }
-    if a.metrics.is_some() {
+    if a.live.metrics.is_some() {
         return Err(CliError::new("--metrics serves a live run (--input afpacket:IFACE, ...)"));
     }
-    if a.ctl.is_some() {
+    if a.live.ctl.is_some() {
         return Err(CliError::new(
             "--ctl serves a live run (--input afpacket:IFACE, ...); a replay runs to its end unattended",
         ));
     }
-    a.input = a.input.as_deref().map(crate::cmd_live::file_of);
-    let demo = a.input.is_none() && a.gen.is_none();
+    a.traffic.input = a.traffic.input.as_deref().map(crate::cmd_live::file_of);
+    let demo = a.traffic.input.is_none() && a.traffic.gen.is_none();
     if demo {
-        a.gen = Some(DEFAULT_GEN.to_string());
-        if a.loops.is_none() && a.duration.is_none() {
-            a.duration = Some(3.0);
+        a.traffic.gen = Some(DEFAULT_GEN.to_string());
+        if a.traffic.loops.is_none() && a.traffic.duration.is_none() {
+            a.traffic.duration = Some(3.0);
         }
     }
     let (cfg, spec) = config(&a)?;
     let cores = cfg.cores;
-    let input = match &a.input {
+    let input = match &a.traffic.input {
         Some(path) => Input::File(path),
-        None => Input::Generated(Box::new(parse_gen(a.gen.as_deref().unwrap_or(DEFAULT_GEN))?)),
+        None => Input::Generated(Box::new(parse_gen(a.traffic.gen.as_deref().unwrap_or(DEFAULT_GEN))?)),
     };
-    let live_out =
-        a.output.as_ref().is_some_and(|p| crate::io_port_spec(&p.to_string_lossy()).is_some_and(|s| s.is_live()))
-            || !a.ports.is_empty();
-    if !live_out && (a.promisc || a.eal.is_some()) {
-        let opt = if a.promisc { "--promisc" } else { "--eal" };
+    let live_out = a
+        .outputs
+        .output
+        .as_ref()
+        .is_some_and(|p| crate::io_port_spec(&p.to_string_lossy()).is_some_and(|s| s.is_live()))
+        || !a.outputs.ports.is_empty();
+    if !live_out && (a.live.promisc || a.live.eal.is_some()) {
+        let opt = if a.live.promisc { "--promisc" } else { "--eal" };
         return Err(CliError::new(format!(
             "{opt} configures live ports (afpacket:, afxdp:, dpdk:); this run replays a trace and writes no port"
         )));
     }
     // Every destination is checked before the first packet: export files first
     // (creating the pcap truncates an existing one), then the output.
-    let exports = crate::results::create_exports(&parse_exports(&a.export)?)?;
+    let exports = crate::results::create_exports(&parse_exports(&a.outputs.export)?)?;
     let mut pcap_path = None;
-    let output = match &a.output {
+    let output = match &a.outputs.output {
         Some(_) if live_out => {
             let (ports, files) = crate::cmd_live::output_ports(&a, cores, 0)?;
             if !files.is_empty() {
@@ -451,7 +549,7 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         }
         None => Output::Discard,
     };
-    let prepared = prepare(&cfg, &spec, input, a.symmetric_rss)?;
+    let prepared = prepare(&cfg, &spec, input, a.strategy.symmetric_rss)?;
     check_paced_length(&cfg, prepared.load.packets)?;
     let report = run_prepared(&cfg, &spec, &prepared, output.clone())?;
     let (load, symmetric, auto_symmetric) = (prepared.load, prepared.plan.symmetric, prepared.auto_symmetric);
@@ -462,7 +560,7 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
         lost.close_pcap(p, w);
     }
     lost.commit_exports(exports, |nf| export_rows(&report, nf));
-    if a.json {
+    if a.outputs.json {
         let mut v = serde_json::to_value(&report)?;
         v["load"] = serde_json::to_value(load)?;
         v["symmetric_rss"] = serde_json::Value::Bool(symmetric);
@@ -477,7 +575,7 @@ pub fn run_cmd(mut a: RunArgs) -> Result<(), CliError> {
             load.packets,
             load.unclassified,
             load.skipped,
-            a.virtual_cores.unwrap_or(cores)
+            a.workers.virtual_cores.unwrap_or(cores)
         );
         if load.unparsed.total() > 0 {
             outln!("unparsed     {} (not replayed)", load.unparsed);
@@ -512,63 +610,73 @@ fn check_paced_length(cfg: &RunConfig, packets: u64) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The run configuration and chain `a` describe (validated).
-pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliError> {
-    let spec = match &a.chain_file {
-        Some(p) => {
+/// The chain `a` gives: the config file's [[nf]] tables, --chain-file, or --chain.
+pub(crate) fn chain_spec(a: &RunArgs) -> Result<spec::ChainSpec, CliError> {
+    Ok(match (&a.nf_chain, &a.pipeline.chain_file) {
+        (Some(s), _) => s.clone(),
+        (None, Some(p)) => {
             let text = flowplane_nf::read_text_file(&p.to_string_lossy())
                 .map_err(|e| CliError::new(format!("--chain-file {e}")))?;
             spec::parse_toml(&text).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?
         }
-        None => spec::parse(&a.chain)?,
+        (None, None) => spec::parse(&a.pipeline.chain)?,
+    })
+}
+
+/// The run configuration and chain `a` describe (validated).
+pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliError> {
+    let spec = chain_spec(a)?;
+    let cores = a.workers.cores.unwrap_or_else(cpu::available_cores);
+    let loops = if a.traffic.duration.is_some() && a.traffic.loops.is_none() {
+        None
+    } else {
+        Some(a.traffic.loops.unwrap_or(1))
     };
-    let cores = a.cores.unwrap_or_else(cpu::available_cores);
-    let loops = if a.duration.is_some() && a.loops.is_none() { None } else { Some(a.loops.unwrap_or(1)) };
-    let exports = parse_exports(&a.export)?;
-    let priority = match &a.priority {
+    let exports = parse_exports(&a.outputs.export)?;
+    let priority = match &a.strategy.priority {
         Some(p) => Some((p.clone(), flowplane_engine::runner::PriorityClass::parse(p).map_err(CliError::new)?)),
         None => None,
     };
     let exec = ExecConfig {
-        kind: ExecKind::parse(&a.exec)?,
-        prefetch: !a.no_prefetch,
-        flows: a.flows,
-        default_idle_timeout_ns: (a.idle_timeout * 1e9) as u64,
-        full_policy: if a.table_full == "evict" { FullPolicy::EvictLruIdle } else { FullPolicy::Reject },
+        kind: ExecKind::parse(&a.pipeline.exec)?,
+        prefetch: !a.pipeline.no_prefetch,
+        flows: a.tables.flows,
+        default_idle_timeout_ns: (a.tables.idle_timeout * 1e9) as u64,
+        full_policy: if a.tables.table_full == "evict" { FullPolicy::EvictLruIdle } else { FullPolicy::Reject },
         hugepages: true,
-        aux: !a.no_aux,
-        prefetch_hooks: !a.no_prefetch_hooks,
-        packing: !a.no_packing,
-        match_sharing: !a.no_match_sharing,
+        aux: !a.pipeline.no_aux,
+        prefetch_hooks: !a.pipeline.no_prefetch_hooks,
+        packing: !a.pipeline.no_packing,
+        match_sharing: !a.pipeline.no_match_sharing,
     };
     let cfg = RunConfig {
         cores,
-        batch_size: a.batch,
-        pool_buffers: a.pool,
+        batch_size: a.pipeline.batch,
+        pool_buffers: a.workers.pool,
         loops,
-        duration: a.duration.map(Duration::from_secs_f64),
-        rate_pps: a.rate,
-        pin: !a.no_pin,
-        warmup: a.warmup.map(Duration::from_secs_f64),
+        duration: a.traffic.duration.map(Duration::from_secs_f64),
+        rate_pps: a.traffic.rate,
+        pin: !a.workers.no_pin,
+        warmup: a.traffic.warmup.map(Duration::from_secs_f64),
         exec,
         export: exports.iter().map(|(n, _)| n.clone()).collect(),
-        restamp: a.restamp,
-        scale: a.scale.clone(),
-        scale_period: Duration::from_secs_f64(a.scale_period_ms / 1e3),
-        ring: a.ring,
-        virtual_cores: a.virtual_cores,
+        restamp: a.outputs.restamp,
+        scale: a.strategy.scale.clone(),
+        scale_period: Duration::from_secs_f64(a.strategy.scale_period_ms / 1e3),
+        ring: a.workers.ring,
+        virtual_cores: a.workers.virtual_cores,
         scr: flowplane_engine::scr::ScrConfig {
-            history: a.scr_history,
-            recovery: a.scr_recovery,
-            loss: a.scr_loss,
-            seed: a.seed,
-            log_entries: a.scr_log,
+            history: a.strategy.scr_history,
+            recovery: a.strategy.scr_recovery,
+            loss: a.strategy.scr_loss,
+            seed: a.strategy.seed,
+            log_entries: a.strategy.scr_log,
         },
         priority,
-        slo_us: a.slo_us,
-        long_period: Duration::from_secs_f64(a.long_period_ms / 1e3),
-        solver_budget: Duration::from_secs_f64(a.solver_budget_ms / 1e3),
-        nic_profile: match &a.nic_profile {
+        slo_us: a.strategy.slo_us,
+        long_period: Duration::from_secs_f64(a.strategy.long_period_ms / 1e3),
+        solver_budget: Duration::from_secs_f64(a.strategy.solver_budget_ms / 1e3),
+        nic_profile: match &a.strategy.nic_profile {
             Some(p) => flowplane_engine::runner::NicProfile::parse(p).map_err(CliError::new)?,
             None => flowplane_engine::runner::NicProfile::ideal(),
         },

@@ -13,8 +13,20 @@
 //!
 //! Commands: `show runtime|errors|nfs|tables|ports`, `set NF PARAM VALUE`,
 //! `load NF FILE` (the NF's file parameter: acl's rules, ...), `export NF
-//! FILE`, `stop`, `help`. An NF is named as in the chain (`acl`), or
+//! FILE`, `reload`, `stop`, `help`. An NF is named as in the chain (`acl`), or
 //! `acl#2` for its second occurrence.
+//!
+//! `reload` (a run started with `--config FILE`) re-reads the file, merged
+//! under the run's command line as at start, and compares it with the
+//! running configuration: any option other than the chain changed (cores,
+//! ports, strategy, table sizes, ...), or the chain's shape (its NFs and
+//! their order), refuses the whole reload in one line naming the first such
+//! key. Otherwise every NF whose parameters changed, or whose file
+//! parameter's file (acl's rules) changed content, is first checked alone
+//! (built from its new parameters and reconfigured, so an NF that cannot
+//! change at run time refuses here), and only when every one passes are the
+//! changes sent to the workers, NF by NF, as `set` does: nothing is applied
+//! unless everything can be.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -26,10 +38,11 @@ use std::time::Duration;
 
 use flowplane_engine::control::{Answer, Command};
 use flowplane_engine::live::Live;
-use flowplane_engine::spec::ChainSpec;
+use flowplane_engine::spec::{ChainSpec, NfSpec};
 use serde_json::{json, Value};
 
 use crate::error::CliError;
+use crate::run_config::Source;
 
 /// Longest request line read.
 const MAX_REQUEST: u64 = 64 << 10;
@@ -42,7 +55,7 @@ const NAP: Duration = Duration::from_millis(20);
 
 /// The commands, for `help` and errors.
 pub const HELP: &str =
-    "show runtime|errors|nfs|tables|ports; show flow PROTO SRC SPORT DST DPORT | SRC; set NF PARAM VALUE; load NF FILE; export NF FILE; stop; help";
+    "show runtime|errors|nfs|tables|ports; show flow PROTO SRC SPORT DST DPORT | SRC; set NF PARAM VALUE; load NF FILE; export NF FILE; reload; stop; help";
 
 /// A running control socket: removed when dropped.
 pub struct CtlServer {
@@ -60,8 +73,15 @@ impl Drop for CtlServer {
 }
 
 /// Binds `path` (refusing one a live process listens on; a stale socket
-/// file is replaced) and serves it until `stop` rises.
-pub fn serve(path: &Path, live: Arc<Live>, spec: ChainSpec, stop: Arc<AtomicBool>) -> Result<CtlServer, CliError> {
+/// file is replaced) and serves it until `stop` rises. `config`: where the
+/// run's options came from, for `reload` (none: the run has no `--config`).
+pub fn serve(
+    path: &Path,
+    live: Arc<Live>,
+    spec: ChainSpec,
+    stop: Arc<AtomicBool>,
+    config: Option<Source>,
+) -> Result<CtlServer, CliError> {
     let e = |m: String| CliError::new(format!("--ctl {}: {m}", path.display()));
     if let Ok(md) = std::fs::symlink_metadata(path) {
         if !md.file_type().is_socket() {
@@ -75,7 +95,8 @@ pub fn serve(path: &Path, live: Arc<Live>, spec: ChainSpec, stop: Arc<AtomicBool
     let listener = UnixListener::bind(path).map_err(|x| e(x.to_string()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|x| e(x.to_string()))?;
     listener.set_nonblocking(true).map_err(|x| e(x.to_string()))?;
-    let mut state = Server { live, spec, stop: Arc::clone(&stop) };
+    let files = spec.nfs.iter().map(file_digests).collect();
+    let mut state = Server { live, spec, stop: Arc::clone(&stop), config, files };
     let thread = std::thread::Builder::new()
         .name("fp-ctl".into())
         .spawn(move || {
@@ -107,6 +128,47 @@ struct Server {
     /// The chain as it runs now (changes accepted by every worker are written here).
     spec: ChainSpec,
     stop: Arc<AtomicBool>,
+    /// The run's config file and command line (`reload`).
+    config: Option<Source>,
+    /// Per NF: its file parameters' contents as last applied (`reload` re-applies a changed file).
+    files: Vec<Vec<(String, Option<u64>)>>,
+}
+
+/// The NF's file parameters (text parameters whose syntax is FILE) with a digest of each file's content now.
+fn file_digests(nf: &NfSpec) -> Vec<(String, Option<u64>)> {
+    let Some(desc) = flowplane_nf::registry::find(&nf.name) else { return Vec::new() };
+    desc.params
+        .iter()
+        .filter(|p| matches!(p.kind, flowplane_nf::ParamKind::Text { syntax: "FILE", .. }))
+        .filter_map(|p| nf.params.iter().find(|(k, _)| k == p.name))
+        .map(|(k, path)| {
+            let digest = flowplane_nf::read_text_file(path).ok().map(|text| {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                text.hash(&mut h);
+                h.finish()
+            });
+            (k.clone(), digest)
+        })
+        .collect()
+}
+
+/// The first parameter that differs between `old` and `new` (same NF) and is not
+/// declared live, as the refusal `set` gives; None if every change is live.
+fn fixed_param_changed(old: &NfSpec, new: &NfSpec) -> Option<String> {
+    let desc = flowplane_nf::registry::find(&new.name)?;
+    let value = |nf: &NfSpec, k: &str| nf.params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let p = desc.params.iter().find(|p| !p.live && value(old, p.name) != value(new, p.name))?;
+    let live: Vec<&str> = desc.params.iter().filter(|p| p.live).map(|p| p.name).collect();
+    let can = if live.is_empty() { "none of its parameters".to_string() } else { live.join(", ") };
+    Some(format!("'{}' is fixed for the run (a restart changes it; changeable while running: {can})", p.name))
+}
+
+/// Parameters as a sorted list (a spec's order does not change an NF).
+fn sorted(p: &[(String, String)]) -> Vec<(String, String)> {
+    let mut v = p.to_vec();
+    v.sort();
+    v
 }
 
 impl Server {
@@ -145,6 +207,7 @@ impl Server {
             ["set", nf, param, value] => self.set(nf, param, value),
             ["load", nf, file] => self.load(nf, file),
             ["export", nf, file] => self.export(nf, file),
+            ["reload"] => self.reload(),
             ["stop"] => {
                 self.stop.store(true, Ordering::Relaxed);
                 Ok(json!("stopping"))
@@ -295,6 +358,12 @@ impl Server {
                 new.name
             ));
         }
+        let cores = self.apply(i, new)?;
+        Ok(json!({"nf": nf, "param": param, "value": value, "cores": cores}))
+    }
+
+    /// Sends NF `i`'s new parameters to every worker; on success the running chain takes them.
+    fn apply(&mut self, i: usize, new: NfSpec) -> Result<usize, String> {
         let answers = self.live.ctl.ask(&Command::Reconfigure { index: i, nf: new.clone() }, WORKER_TIMEOUT)?;
         let refused: Vec<&String> =
             answers.iter().filter_map(|a| if let Answer::Refused(m) = a { Some(m) } else { None }).collect();
@@ -303,10 +372,86 @@ impl Server {
             Some(m) if refused.len() == answers.len() => Err((*m).clone()),
             Some(m) => Err(format!("{} of {} cores refused: {m}", refused.len(), answers.len())),
             None => {
+                if let Some(f) = self.files.get_mut(i) {
+                    *f = file_digests(&new);
+                }
                 self.spec.nfs[i] = new;
-                Ok(json!({"nf": nf, "param": param, "value": value, "cores": answers.len()}))
+                Ok(answers.len())
             }
         }
+    }
+
+    /// The name `nf` has in commands: `name`, or `name#N` for its N-th occurrence.
+    fn label(&self, i: usize) -> String {
+        let name = &self.spec.nfs[i].name;
+        let nth = self.spec.nfs[..i].iter().filter(|n| &n.name == name).count();
+        if nth == 0 {
+            name.clone()
+        } else {
+            format!("{name}#{}", nth + 1)
+        }
+    }
+
+    /// `reload`: the config file's changed NF parameters and rule files, all or nothing (see the module doc).
+    fn reload(&mut self) -> Result<Value, String> {
+        let Some(src) = self.config.clone() else {
+            return Err("this run was started without --config: there is no file to reload".into());
+        };
+        let m = crate::run_config::merge(&src.path, &src.cli).map_err(|e| e.to_string())?;
+        let restart = |what: String| Err(format!("{what}: a restart changes it (nothing applied)"));
+        for ((long, was), (_, now)) in src.values.iter().zip(&m.values) {
+            if was != now && long != "chain" && long != "chain-file" {
+                let key = crate::run_config::key_of(long);
+                return restart(format!("'{key}' changed from '{}' to '{}'", was.join(","), now.join(",")));
+            }
+        }
+        let mut args = m.args;
+        args.nf_chain = m.nf;
+        let new = crate::cmd_run::chain_spec(&args).map_err(|e| e.to_string())?;
+        let shape = |c: &ChainSpec| c.nfs.iter().map(|n| n.name.as_str()).collect::<Vec<_>>().join(" -> ");
+        if shape(&new) != shape(&self.spec) {
+            return restart(format!("the chain's NFs changed from '{}' to '{}'", shape(&self.spec), shape(&new)));
+        }
+        let changed: Vec<usize> = (0..new.nfs.len())
+            .filter(|&i| {
+                sorted(&new.nfs[i].params) != sorted(&self.spec.nfs[i].params)
+                    || self.files.get(i).is_some_and(|f| *f != file_digests(&new.nfs[i]))
+            })
+            .collect();
+        // Each changed NF alone first: its parameters declared live, valid, and taken by the NF.
+        for &i in &changed {
+            let nf = &new.nfs[i];
+            let label = self.label(i);
+            if let Some(why) = fixed_param_changed(&self.spec.nfs[i], nf) {
+                return Err(format!("{label}: {why} (nothing applied)"));
+            }
+            let refuse = |e: String| {
+                let named = e.starts_with(&format!("{}:", nf.name));
+                format!("{}{e} (nothing applied)", if named { String::new() } else { format!("{label}: ") })
+            };
+            let one = ChainSpec { nfs: vec![nf.clone()] };
+            let mut chain = flowplane_engine::chain::Chain::build(&one).map_err(|e| refuse(e.to_string()))?;
+            let mut p = flowplane_nf::Params::new(&nf.name, nf.params.clone());
+            if let Some(st) = chain.stages.first_mut() {
+                st.reconfigure(&mut p).map_err(|e| refuse(e.to_string()))?;
+            }
+        }
+        let mut applied = Vec::new();
+        for &i in &changed {
+            let label = self.label(i);
+            let nf = new.nfs[i].clone();
+            let params: serde_json::Map<String, Value> =
+                nf.params.iter().map(|(k, v)| (k.clone(), v.clone().into())).collect();
+            self.apply(i, nf).map_err(|e| {
+                let done: Vec<&str> = applied.iter().filter_map(|a: &Value| a["nf"].as_str()).collect();
+                format!(
+                    "{label}: {e} (applied before it: {})",
+                    if done.is_empty() { "none".into() } else { done.join(", ") }
+                )
+            })?;
+            applied.push(json!({"nf": label, "params": params}));
+        }
+        Ok(json!({"file": src.path.display().to_string(), "applied": applied}))
     }
 
     fn load(&mut self, nf: &str, file: &str) -> Result<Value, String> {
@@ -411,5 +556,25 @@ pub fn request(path: &Path, words: &[String]) -> Result<Value, CliError> {
         Ok(v["result"].clone())
     } else {
         Err(CliError::new(format!("ctl: {}", v["error"].as_str().unwrap_or("refused"))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nf(name: &str, params: &[(&str, &str)]) -> NfSpec {
+        NfSpec { name: name.into(), params: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
+    }
+
+    #[test]
+    fn reload_names_the_first_fixed_parameter_changed() {
+        assert_eq!(fixed_param_changed(&nf("hh", &[("threshold", "5")]), &nf("hh", &[("threshold", "9")])), None);
+        let why = fixed_param_changed(&nf("hh", &[]), &nf("hh", &[("k", "20")])).unwrap();
+        assert!(why.starts_with("'k' is fixed for the run") && why.contains("threshold, export"), "{why}");
+        let why = fixed_param_changed(&nf("lb", &[("base", "10.0.0.1")]), &nf("lb", &[])).unwrap();
+        assert!(why.starts_with("'base' is fixed"), "{why}");
+        let why = fixed_param_changed(&nf("portknock", &[]), &nf("portknock", &[("knock", "1-2")])).unwrap();
+        assert!(why.starts_with("'knock' is fixed") && why.ends_with("changeable while running: protect)"), "{why}");
     }
 }

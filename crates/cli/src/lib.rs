@@ -41,6 +41,7 @@ mod ctl;
 mod error;
 mod metrics;
 mod results;
+mod run_config;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -78,7 +79,7 @@ enum Command {
     Mlffr(cmd_mlffr::MlffrArgs),
     /// UPF tools: `upf sessions` writes the session file matching `gen --proto gtpu --upf NxM`.
     Upf(cmd_upf::UpfArgs),
-    /// Ask a running `run --ctl PATH`: show runtime|errors|nfs|tables|ports, set, load, export, stop.
+    /// Ask a running `run --ctl PATH`: show runtime|errors|nfs|tables|ports, set, load, export, reload, stop.
     Ctl(cmd_ctl::CtlArgs),
 }
 
@@ -90,7 +91,10 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(args) {
+    let raw: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    // `run --config FILE` merges the file under the command line's own words.
+    let run_words = raw.iter().skip(1).position(|w| w == "run").map_or(&[][..], |i| &raw[i + 2..]);
+    let cli = match Cli::try_parse_from(&raw) {
         Ok(c) => c,
         Err(e) => {
             // --help / --version are not errors; everything else is a usage
@@ -108,7 +112,7 @@ where
     let result: Result<(), CliError> = match cli.command {
         Command::Gen(a) => cmd_gen::run(a),
         Command::Trace(a) => cmd_trace::run(a),
-        Command::Run(a) => cmd_run::run_cmd(a),
+        Command::Run(a) => cmd_run::run_cmd(a, run_words),
         Command::Nfs(a) => cmd_nfs::run(a),
         Command::Bench(a) => cmd_bench::run(a),
         Command::Mlffr(a) => cmd_mlffr::run(a),

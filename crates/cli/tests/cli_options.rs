@@ -257,6 +257,17 @@ fn cases(dir: &Path) -> Vec<Case> {
             expect: Expect::Changes(&["/nfs"]),
         },
         Case {
+            opt: "--config",
+            without: std(),
+            with: no(&["run", "--config", &p("run.toml"), "--chain", lb]),
+            expect: Expect::Check(Box::new(|wo, w| {
+                let names = |o: &Out| [o.at("/nfs/0/name"), o.at("/nfs/2/name")];
+                ok(names(w) == names(wo) && w.at("/nfs/0/name") == "lb", || "the command line's --chain wins".into())?;
+                ok(w.u("/cores") == 2 && w.u("/per_core/1/packets") > 0, || "cores = 2 from the file".into())?;
+                ok(w.u("/packets") == wo.u("/packets"), || "gen from the file".into())
+            })),
+        },
+        Case {
             opt: "--cores",
             without: std(),
             with: no(&["run", "--gen", GEN, "--flows", "4096", "--cores", "2", "--json", "--chain", lb]),
@@ -548,6 +559,12 @@ fn every_run_option_changes_the_run_or_is_refused() {
         .unwrap();
     assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
     std::fs::write(dir.join("c.toml"), "chain = \"fsc\"\n").unwrap();
+    // The standard run's options in a file, with two changed; the command line's --chain overrides the file's.
+    std::fs::write(
+        dir.join("run.toml"),
+        format!("gen = \"{GEN}\"\nflows = 4096\ncores = 2\njson = true\nchain = \"fsc\"\n"),
+    )
+    .unwrap();
 
     let cases = cases(&dir);
     let covered: BTreeSet<String> = cases.iter().map(|c| c.opt.to_string()).collect();

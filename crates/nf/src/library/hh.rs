@@ -28,13 +28,13 @@ use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const K: ParamSpec = ParamSpec::uint("k", 10, 1, MAX_K, "flows in the top-k summary");
 const THRESHOLD: ParamSpec =
-    ParamSpec::uint_or_none("threshold", 1, u64::MAX, "bytes above which a flow is flagged heavy");
+    ParamSpec::uint_or_none("threshold", 1, u64::MAX, "bytes above which a flow is flagged heavy").live();
 const EXPORT: ParamSpec = ParamSpec::choice(
     "export",
     "top",
     &["top", "all"],
     "--export writes the top-k flows of the report, or every live flow",
-);
+).live();
 
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {
@@ -164,6 +164,22 @@ impl StatefulNf for Hh {
     /// lives in a shared table, updated under the entry's lock).
     fn placement(&self) -> Placement {
         Placement { affinity: Affinity::Any, global: GlobalState::None }
+    }
+
+    /// A new threshold or export mode between two batches: every flow keeps
+    /// its counts and the summary its entries; crossings of the new threshold
+    /// are counted from now on. `k` sizes the summary: fixed for the run.
+    fn reconfigure(&mut self, p: &mut Params) -> Result<(), ParamError> {
+        let new = Hh::from_params(p)?;
+        if new.top.len() != self.top.len() {
+            return Err(ParamError(format!(
+                "hh: k={} sizes the top-k summary (k={} now): a restart changes it",
+                new.top.len(),
+                self.top.len()
+            )));
+        }
+        (self.threshold, self.export_all) = (new.threshold, new.export_all);
+        Ok(())
     }
 
     fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> HhState {
@@ -434,5 +450,27 @@ mod tests {
         h.states.insert(key, HhState { bytes: u64::MAX - 1, packets: u64::MAX });
         h.run(&f);
         assert_eq!(h.state_of(&f).unwrap(), HhState { bytes: u64::MAX, packets: u64::MAX });
+    }
+
+    #[test]
+    fn reconfigure_keeps_counts_and_the_summary() {
+        let mut h = Harness::new(Hh::new(4, None));
+        let f = crate::testutil::udp4([10, 0, 0, 1], [9, 9, 9, 9], 1000, 80);
+        let len = f.len() as u64;
+        for _ in 0..3 {
+            h.run(&f);
+        }
+        let params = |t: &str, k: &str| Params::new("hh", vec![("threshold".into(), t.into()), ("k".into(), k.into())]);
+        h.nf.reconfigure(&mut params(&(4 * len - 1).to_string(), "4")).unwrap();
+        h.run(&f);
+        let st = h.state_of(&f).unwrap();
+        assert_eq!((st.bytes, st.packets), (4 * len, 4), "the flow's counts survived");
+        let r = h.nf.report().unwrap();
+        assert_eq!(r["flows_over_threshold"], 1, "the 4th packet crossed the new threshold: {r}");
+        assert_eq!((r["top"][0]["packets"].as_u64(), r["top"][0]["heavy"].as_bool()), (Some(4), Some(true)));
+        assert_eq!(r["flows_seen"], 1);
+        let e = h.nf.reconfigure(&mut params("1", "8")).unwrap_err();
+        assert!(e.0.contains("k=8") && e.0.contains("restart"), "{e}");
+        assert_eq!(h.nf.threshold, Some(4 * len - 1), "a refused change changes nothing");
     }
 }

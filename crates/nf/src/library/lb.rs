@@ -15,6 +15,13 @@
 //! balanced: they pass untouched and are counted (`ipv6_unbalanced_flows`
 //! and `_packets` in the report).
 //!
+//! At run time (`flowplane ctl set lb backends N`, `reload`) the pool sizes
+//! may change, the first addresses (`base`, `base6`) may not: backend i is
+//! `base+i` before and after, so a flow keeps its backend while that backend
+//! stays in the pool, and only flows of removed backends (i >= the new size)
+//! move, at their next packet, to the backend their hash picks in the new
+//! pool (counted as `moved_flows`). New flows spread over the new pool.
+//!
 //! The report gives the flows assigned to each backend (merged over cores),
 //! `--export lb=FILE` one row per live flow: its 5-tuple as received and the
 //! backend it was sent to.
@@ -33,7 +40,7 @@ use crate::stateful::Granularity;
 use crate::stateful::{Action, Affinity, GlobalState, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
-const BACKENDS: ParamSpec = ParamSpec::uint("backends", 16, 1, 65_536, "IPv4 backend pool size");
+const BACKENDS: ParamSpec = ParamSpec::uint("backends", 16, 1, 65_536, "IPv4 backend pool size").live();
 const BASE: ParamSpec = ParamSpec::text("base", "10.10.0.1", "IPv4", "first backend (the pool is base, base+1, ...)");
 const BASE6: ParamSpec = ParamSpec::text(
     "base6",
@@ -42,7 +49,7 @@ const BASE6: ParamSpec = ParamSpec::text(
     "first IPv6 backend (pool base6, base6+1, ...); empty: IPv6 flows pass unbalanced (counted)",
 );
 const BACKENDS6: ParamSpec =
-    ParamSpec::uint_like("backends6", &BACKENDS, 1, 65_536, "IPv6 backend pool size (default: backends)");
+    ParamSpec::uint_like("backends6", &BACKENDS, 1, 65_536, "IPv6 backend pool size (default: backends)").live();
 
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {
@@ -93,6 +100,12 @@ impl<A> Pool<A> {
         Pool { addrs, assigned }
     }
 
+    /// The pool `base`, ..., `base+n-1` of the same base: counts of kept backends kept.
+    fn resize(&mut self, addrs: Vec<A>) {
+        self.assigned.resize(addrs.len(), 0);
+        self.addrs = addrs;
+    }
+
     fn pick(&mut self, key: &FiveTuple) -> u32 {
         if self.addrs.is_empty() {
             return UNBALANCED;
@@ -110,6 +123,8 @@ pub struct Lb {
     v6: Pool<Ipv6Addr>,
     unbalanced_flows: u64,
     unbalanced_packets: u64,
+    /// Flows moved off a backend removed at run time.
+    moved_flows: u64,
 }
 
 impl Lb {
@@ -145,7 +160,13 @@ impl Lb {
     /// A balancer over IPv4 `backends` (at least one), without an IPv6 pool.
     pub fn new(backends: Vec<Ipv4Addr>) -> Self {
         let backends = if backends.is_empty() { vec![Ipv4Addr::new(10, 10, 0, 1)] } else { backends };
-        Lb { v4: Pool::new(backends), v6: Pool::new(Vec::new()), unbalanced_flows: 0, unbalanced_packets: 0 }
+        Lb {
+            v4: Pool::new(backends),
+            v6: Pool::new(Vec::new()),
+            unbalanced_flows: 0,
+            unbalanced_packets: 0,
+            moved_flows: 0,
+        }
     }
 
     /// Adds an IPv6 pool.
@@ -175,8 +196,24 @@ impl Lb {
         };
     }
 
+    /// A flow whose backend was removed at run time: its hash's backend in the pool now.
+    #[cold]
+    fn moved(&mut self, pkt: &Pkt<'_>, st: &mut LbState) -> Option<IpAddr> {
+        let key = pkt.meta().tuple;
+        let (b, addr) = if pkt.meta().v6 {
+            let b = self.v6.pick(&key);
+            (b, self.v6.addrs.get(b as usize).map(|&a| IpAddr::V6(a)))
+        } else {
+            let b = self.v4.pick(&key);
+            (b, self.v4.addrs.get(b as usize).map(|&a| IpAddr::V4(a)))
+        };
+        st.backend = b;
+        self.moved_flows += 1;
+        addr
+    }
+
     #[inline(never)]
-    fn process_v6(&mut self, pkt: &mut Pkt<'_>, st: &LbState) -> Action {
+    fn process_v6(&mut self, pkt: &mut Pkt<'_>, st: &mut LbState) -> Action {
         match self.v6.addrs.get(st.backend as usize) {
             Some(&ip) => {
                 pkt.set_ipv6_dst(ip);
@@ -186,7 +223,13 @@ impl Lb {
                 self.unbalanced_packets += 1;
                 Action::Pass
             }
-            None => Action::Drop,
+            None => match self.moved(pkt, st) {
+                Some(IpAddr::V6(ip)) => {
+                    pkt.set_ipv6_dst(ip);
+                    Action::Pass
+                }
+                _ => Action::Drop,
+            },
         }
     }
 }
@@ -257,8 +300,27 @@ impl StatefulNf for Lb {
                 pkt.set_ipv4_dst(ip);
                 Action::Pass
             }
-            None => Action::Drop,
+            None => match self.moved(pkt, st) {
+                Some(IpAddr::V4(ip)) => {
+                    pkt.set_ipv4_dst(ip);
+                    Action::Pass
+                }
+                _ => Action::Drop,
+            },
         }
+    }
+
+    /// New pool sizes between two batches (see the module doc): the bases are fixed for the run.
+    fn reconfigure(&mut self, p: &mut Params) -> Result<(), ParamError> {
+        let new = Lb::from_params(p)?;
+        if new.v4.addrs.first() != self.v4.addrs.first() || new.v6.addrs.first() != self.v6.addrs.first() {
+            return Err(ParamError(
+                "lb: base and base6 name every backend (backend i is base+i): a restart changes them; backends and backends6 may change".into(),
+            ));
+        }
+        self.v4.resize(new.v4.addrs);
+        self.v6.resize(new.v6.addrs);
+        Ok(())
     }
 
     fn report(&self) -> Option<Value> {
@@ -267,6 +329,7 @@ impl StatefulNf for Lb {
             "ipv6": pool_report(&self.v6),
             "ipv6_unbalanced_flows": self.unbalanced_flows,
             "ipv6_unbalanced_packets": self.unbalanced_packets,
+            "moved_flows": self.moved_flows,
         }))
     }
 
@@ -448,5 +511,41 @@ mod tests {
             assert_eq!(act, Action::Pass);
             assert_eq!(out, f);
         }
+    }
+
+    #[test]
+    fn reconfigure_moves_only_the_flows_of_removed_backends() {
+        let params = |pairs: &[(&str, &str)]| {
+            Params::new("lb", pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+        };
+        let mut h = Harness::new(Lb::from_params(&mut params(&[("backends", "8"), ("base", "10.10.0.1")])).unwrap());
+        let flows: Vec<Vec<u8>> = (0..300u16).map(|i| udp4([10, 0, (i >> 8) as u8, i as u8], [9, 9, 9, 9], 1000 + i, 80)).collect();
+        let addr = |out: &[u8]| u32::from_be_bytes(out[30..34].try_into().unwrap()) - u32::from(Ipv4Addr::new(10, 10, 0, 1));
+        let before: Vec<u32> = flows.iter().map(|f| addr(&h.run(f).0)).collect();
+        h.nf.reconfigure(&mut params(&[("backends", "4")])).unwrap();
+        let mut moved = 0;
+        for (f, &b) in flows.iter().zip(&before) {
+            let now = addr(&h.run(f).0);
+            if b < 4 {
+                assert_eq!(now, b, "a flow of a kept backend stays");
+            } else {
+                // The documented rule: the flow's hash in the new pool.
+                assert_eq!(now as usize, expected(f, 4), "a moved flow");
+                moved += 1;
+            }
+            assert_eq!(addr(&h.run(f).0), now, "sticky after the move");
+        }
+        assert!(moved > 50, "{moved}");
+        assert_eq!(h.nf.report().unwrap()["moved_flows"], moved);
+        // Growing the pool moves nobody; new flows spread over it.
+        h.nf.reconfigure(&mut params(&[("backends", "16")])).unwrap();
+        let kept: Vec<u32> = flows.iter().map(|f| addr(&h.run(f).0)).collect();
+        assert!(kept.iter().all(|&b| b < 4));
+        let new = udp4([10, 1, 0, 1], [9, 9, 9, 9], 5, 80);
+        assert_eq!(addr(&h.run(&new).0) as usize, expected(&new, 16));
+        assert_eq!(h.nf.report().unwrap()["moved_flows"], moved);
+        let e = h.nf.reconfigure(&mut params(&[("base", "10.20.0.1")])).unwrap_err();
+        assert!(e.0.contains("restart"), "{e}");
+        assert_eq!(h.nf.report().unwrap()["ipv4"]["backends"], 16, "a refused change changes nothing");
     }
 }

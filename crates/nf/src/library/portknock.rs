@@ -45,7 +45,7 @@ pub const MAX_KNOCKS: usize = 8;
 
 const KNOCK: ParamSpec =
     ParamSpec::text("knock", "1111-2222-3333", "P1-P2-...", "knock sequence of 1..8 TCP ports (1..65535)");
-const PROTECT: ParamSpec = ParamSpec::uint("protect", 22, 1, 65535, "protected TCP port");
+const PROTECT: ParamSpec = ParamSpec::uint("protect", 22, 1, 65535, "protected TCP port").live();
 const TIMEOUT: ParamSpec =
     ParamSpec::uint("timeout", 0, 0, 30 * 86_400, "idle timeout of a source's state in seconds, 0 = chain default");
 
@@ -161,6 +161,27 @@ impl StatefulNf for PortKnock {
 
     fn idle_timeout_ns(&self) -> Option<u64> {
         self.timeout_ns
+    }
+
+    /// A new protected port between two batches: every source keeps its
+    /// automaton (an OPEN source reaches the new port at once). The knock
+    /// sequence (what each source's stage means) and the timeout (the flow
+    /// table's expiry, set when the run starts) are fixed for the run.
+    fn reconfigure(&mut self, p: &mut Params) -> Result<(), ParamError> {
+        let new = PortKnock::from_params(p)?;
+        if (new.knock, new.n) != (self.knock, self.n) {
+            return Err(ParamError(
+                "portknock: knock is the sequence every source's automaton is in the middle of: a restart changes it"
+                    .into(),
+            ));
+        }
+        if new.timeout_ns != self.timeout_ns {
+            return Err(ParamError(
+                "portknock: timeout sets the source table's expiry when the run starts: a restart changes it".into(),
+            ));
+        }
+        self.protect = new.protect;
+        Ok(())
     }
 
     fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> KnockState {
@@ -464,5 +485,32 @@ mod tests {
         assert!(mk(&[("knock", "22-23")]).unwrap_err().0.contains("'protect=22'"));
         assert!(mk(&[("protect", "70000")]).is_err());
         assert_eq!(PortKnock::new(&[5], 6).unwrap().next_stage(0, 5), 1);
+    }
+
+    #[test]
+    fn reconfigure_moves_the_protected_port_and_keeps_every_automaton() {
+        let mut h = pk();
+        for port in [1111, 2222, 3333] {
+            h.run(&to(A, port));
+        }
+        h.run(&to(B, 1111));
+        let p = |pairs: &[(&str, &str)]| {
+            Params::new("portknock", pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+        };
+        h.nf.reconfigure(&mut p(&[("protect", "2200")])).unwrap();
+        assert_eq!(h.state_of(&to(A, 1)).unwrap().stage, 3, "A stays OPEN");
+        assert_eq!(h.state_of(&to(B, 1)).unwrap().stage, 1, "B keeps its first knock");
+        assert_eq!(h.run(&to(A, 2200)).1, Action::Pass, "an OPEN source reaches the new port");
+        assert_eq!(h.run(&to(B, 22)).1, Action::Pass, "the old port is no longer guarded");
+        assert_eq!(h.run(&to(B, 2200)).1, Action::Drop);
+        for (pairs, why) in [
+            (&[("knock", "1111-2222")][..], "knock is the sequence"),
+            (&[("timeout", "5")][..], "timeout sets"),
+            (&[("protect", "1111")][..], "also a knock port"),
+        ] {
+            let e = h.nf.reconfigure(&mut p(pairs)).unwrap_err();
+            assert!(e.0.contains(why), "{e}");
+        }
+        assert_eq!(h.nf.protect, 2200, "a refused change changes nothing");
     }
 }

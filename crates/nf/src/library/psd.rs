@@ -45,17 +45,17 @@ use crate::{NfContext, ParamError, ParamSpec, Params};
 use flowplane_wire::ipv4::IpProtocol;
 use flowplane_wire::tcp::TcpFlags;
 
-const WINDOW: ParamSpec = ParamSpec::float("window", 10.0, 0.001, 86_400.0, "window in seconds");
+const WINDOW: ParamSpec = ParamSpec::float("window", 10.0, 0.001, 86_400.0, "window in seconds").live();
 const PORTS: ParamSpec =
-    ParamSpec::uint("ports", 20, 1, 1024, "distinct destination ports in a window that flag a source");
+    ParamSpec::uint("ports", 20, 1, 1024, "distinct destination ports in a window that flag a source").live();
 const ACTION: ParamSpec =
-    ParamSpec::choice("action", "drop", &["drop", "flag"], "drop a flagged source's packets, or pass and count them");
+    ParamSpec::choice("action", "drop", &["drop", "flag"], "drop a flagged source's packets, or pass and count them").live();
 const TCP: ParamSpec = ParamSpec::choice(
     "tcp",
     "noack",
     &["noack", "all"],
     "TCP packets that count as probes: without the ACK flag, or all",
-);
+).live();
 
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {
@@ -179,6 +179,17 @@ impl StatefulNf for Psd {
         NF.name
     }
 
+    /// A new window, threshold, action or probe rule between two batches:
+    /// every source keeps its window and its sketch; one whose sketch already
+    /// reaches a lowered threshold is flagged at its next packet, and one
+    /// flagged stays flagged until its window ends.
+    fn reconfigure(&mut self, p: &mut Params) -> Result<(), ParamError> {
+        let new = Psd::from_params(p)?;
+        (self.window_ns, self.ports, self.bits_threshold, self.action, self.tcp_all) =
+            (new.window_ns, new.ports, new.bits_threshold, new.action, new.tcp_all);
+        Ok(())
+    }
+
     fn granularity(&self) -> Granularity {
         Granularity::SrcIp
     }
@@ -211,11 +222,13 @@ impl StatefulNf for Psd {
             if *word & mask == 0 {
                 *word |= mask;
                 st.bits_set += 1;
-                if st.flagged == 0 && st.bits_set >= self.bits_threshold {
-                    st.flagged = 1;
-                    self.flagged_sources += 1;
-                }
             }
+        }
+        // Checked on every packet, not only on a new port: a threshold lowered at run
+        // time flags a source already past it at its next packet.
+        if st.flagged == 0 && st.bits_set >= self.bits_threshold {
+            st.flagged = 1;
+            self.flagged_sources += 1;
         }
         if st.flagged == 0 {
             return Action::Pass;
@@ -431,5 +444,28 @@ mod tests {
         assert!(e.0.contains("out of range"));
         let e = Psd::from_params(&mut params(&[("window", "0")])).unwrap_err();
         assert!(e.0.contains("'window=0'"));
+    }
+
+    #[test]
+    fn reconfigure_keeps_every_sketch() {
+        let mut h = Harness::new(Psd::new(10 * S, 20, PsdAction::Drop, false));
+        let probe = |p: u16| udp4([10, 0, 0, 1], [9, 9, 9, 9], 1000, p);
+        for port in 0..10u16 {
+            assert_eq!(h.run(&probe(100 + port * 7)).1, Action::Pass);
+        }
+        let before = h.state_of(&probe(1)).unwrap();
+        assert!(before.bits_set >= 9 && before.flagged == 0, "{before:?}");
+        let mut p = Params::new("psd", vec![("ports".into(), "5".into()), ("window".into(), "10".into())]);
+        h.nf.reconfigure(&mut p).unwrap();
+        // The sketch survived: a port probed before is free, and the source, past 5 ports, is flagged now.
+        assert_eq!(h.run(&probe(100)).1, Action::Drop);
+        let after = h.state_of(&probe(1)).unwrap();
+        assert_eq!((after.bits_set, after.ports, after.window_start_ns), (before.bits_set, before.ports, before.window_start_ns));
+        assert_eq!(after.flagged, 1);
+        assert_eq!(h.nf.report().unwrap()["sources_flagged"], 1);
+        // Invalid parameters change nothing.
+        let mut bad = Params::new("psd", vec![("ports".into(), "0".into())]);
+        assert!(h.nf.reconfigure(&mut bad).is_err());
+        assert_eq!(h.nf.ports, 5);
     }
 }
