@@ -16,6 +16,7 @@ pub mod coarse;
 pub mod control;
 pub mod error;
 pub mod exec;
+pub mod graph;
 pub mod hist;
 pub mod live;
 pub mod load;

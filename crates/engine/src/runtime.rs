@@ -154,7 +154,7 @@ pub(crate) fn run_workers(
     // Coarse state is shared by every core: one table per coarse group, created once.
     let shared = match chains.first() {
         Some(c) => {
-            let s = SharedStores::new(&c.groups, cfg.exec.flows, cfg.exec.default_idle_timeout_ns)?;
+            let s = SharedStores::for_chain(c, cfg.exec.flows, cfg.exec.default_idle_timeout_ns)?;
             if trace.is_some() {
                 s.for_replay()
             } else {
@@ -805,11 +805,10 @@ pub(crate) fn control_tick(st: &Steering, strat: &mut dyn Strategy, log: &mut Co
 pub(crate) fn merge_details(workers: &[WorkerResult], pipelines: &[Pipeline]) -> Vec<Option<serde_json::Value>> {
     let Some(first) = pipelines.first() else { return Vec::new() };
     first
-        .chain()
-        .stages
-        .iter()
+        .stages()
+        .into_iter()
         .enumerate()
-        .map(|(i, stage)| {
+        .map(|(i, (_, stage))| {
             let mut merged: Option<serde_json::Value> = None;
             for d in workers.iter().filter_map(|w| w.nfs.get(i).and_then(|n| n.2.as_ref())) {
                 match &mut merged {
@@ -838,8 +837,9 @@ pub(crate) fn collect_exports(
     let Some(first) = pipelines.first() else { return Vec::new() };
     let mut out = Vec::new();
     for name in names {
-        let Some(i) = first.chain().stages.iter().position(|s| s.name() == name) else { continue };
-        let stage = &first.chain().stages[i];
+        let Some(i) = first.stage_index(name) else { continue };
+        let stages = first.stages();
+        let stage = stages[i].1;
         let rows = match stage.export_kind() {
             Export::State if scr.is_some() => {
                 scr.and_then(|(r, k)| r.export(first.chain(), name, &k.v6_folds)).unwrap_or_default()
