@@ -326,7 +326,7 @@ impl Server {
                 Answer::Report(Some(r)) => {
                     // The NF's own merge hook (a one-NF chain built for it).
                     if hook.is_none() {
-                        let one = ChainSpec { nfs: vec![self.spec.nfs[i].clone()] };
+                        let one = ChainSpec::linear(vec![self.spec.nfs[i].clone()]);
                         hook = Some(flowplane_engine::chain::Chain::build(&one).map_err(|e| e.to_string())?);
                     }
                     match (&mut merged, hook.as_ref().and_then(|c| c.stages.first())) {

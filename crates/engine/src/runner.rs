@@ -40,6 +40,9 @@ pub enum Output {
     Discard,
     /// Written to a pcap file shared by all workers.
     Pcap(SharedPcapWriter),
+    /// Written by verdict (verdict i = file i) to pcap files shared by all
+    /// workers: a replay's `--output` and `--port` files.
+    Pcaps(Vec<SharedPcapWriter>),
     /// Sent on ports, by verdict (port i = verdict i); worker w uses TX queue w of each.
     Ports(Vec<Arc<dyn flowplane_io::port::Port>>),
 }

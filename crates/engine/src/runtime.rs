@@ -292,19 +292,18 @@ pub(crate) fn run_workers(
                                     exec.prefault();
                                     pool.prefault();
                                 }
+                                let stamp = if cfg.restamp {
+                                    Stamp::Transmit { tsc0: start_tsc, epoch_ns, tsc_hz: hz }
+                                } else {
+                                    Stamp::Packet { base_ns: trace.as_ref().map_or(0, |t| t.base_ns()) }
+                                };
                                 let sink: Box<dyn Sink> = match (&output, live) {
                                     (_, Some(l)) => {
                                         Box::new(crate::live::port_sink(&l.outputs, w, Some(Arc::clone(&l.no_port)))?)
                                     }
                                     (Output::Discard, None) => Box::new(Discard),
-                                    (Output::Pcap(wr), None) => {
-                                        let stamp = if cfg.restamp {
-                                            Stamp::Transmit { tsc0: start_tsc, epoch_ns, tsc_hz: hz }
-                                        } else {
-                                            Stamp::Packet { base_ns: trace.as_ref().map_or(0, |t| t.base_ns()) }
-                                        };
-                                        Box::new(PcapSink::new(wr.clone(), stamp))
-                                    }
+                                    (Output::Pcap(wr), None) => Box::new(PcapSink::new(wr.clone(), stamp)),
+                                    (Output::Pcaps(ws), None) => Box::new(PcapSink::by_verdict(ws.clone(), stamp)),
                                     (Output::Ports(ports), None) => Box::new(crate::live::port_sink(ports, w, None)?),
                                 };
                                 // Behind a steering table a worker hands state over and takes it in (moves).

@@ -6,8 +6,10 @@
 //! `branches := '{' branch (';' branch)* [';'] '}'`, `branch := LABEL ':' segment`,
 //! `nf := NAME ('(' [param (',' param)*] ')')?`, `param := KEY '=' VALUE`.
 //! Names, keys and port names are `[A-Za-z_][A-Za-z0-9_]*`; values are any
-//! run of characters other than `,()=;{}` and whitespace (e.g. `10.0.0.0/8`,
-//! `2M`, `1.5`). Errors name the offending token and its column.
+//! run of characters other than `,()=` and whitespace (e.g. `10.0.0.0/8`,
+//! `2M`, `1.5`, an ACL's `drop:udp;drop:tcp`: a value is always inside
+//! parentheses, so `;` and braces in it never end a branch). Errors name the
+//! offending token and its column.
 //!
 //! A branch point follows the NF that ends a segment and splits the
 //! segment's packets by their verdict there. `LABEL` is `allow` (any
@@ -359,7 +361,7 @@ impl<'a> Lexer<'a> {
         self.skip_ws();
         let rest = &self.s[self.pos..];
         let end =
-            rest.char_indices().find(|&(_, c)| c.is_whitespace() || "(),=;{}".contains(c)).map_or(rest.len(), |(i, _)| i);
+            rest.char_indices().find(|&(_, c)| c.is_whitespace() || "(),=".contains(c)).map_or(rest.len(), |(i, _)| i);
         if end == 0 {
             let found = self.describe_next();
             return self.err(format!("expected a value for '{key}', found {found}"));
@@ -734,6 +736,8 @@ mod tests {
     fn parses_graphs() {
         let g = parse("acl(rules=r.txt) -> { allow: lb -> fsc ; deny: count -> port(mirror) }").unwrap();
         assert!(g.is_graph());
+        let inline = parse("acl(rule=drop:udp;drop:tcp:{x}) -> { deny: count }").unwrap();
+        assert_eq!(inline.nfs[0].params[0].1, "drop:udp;drop:tcp:{x}");
         let names: Vec<&str> = g.nfs.iter().map(|n| n.name.as_str()).collect();
         assert_eq!(names, vec!["acl", "lb", "fsc", "count"]);
         assert_eq!(g.segments.len(), 3);
