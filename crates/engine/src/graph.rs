@@ -53,10 +53,11 @@ use crate::exec::{ExecConfig, Pipeline};
 /// Most branches at one branch point (lanes are bytes; lane 0 is "no branch").
 pub const MAX_BRANCHES: usize = 254;
 
-/// One branch: which verdicts it takes, its path, its segment's pipeline.
+/// One branch: which verdicts it takes, its label, its segment's pipeline.
 pub(crate) struct Arm {
     pub(crate) on: BranchOn,
-    pub(crate) path: String,
+    /// The branch's label (its NFs report as `label/name` within its parent's names).
+    pub(crate) label: String,
     pub(crate) pipe: Pipeline,
 }
 
@@ -112,7 +113,9 @@ impl Graph {
                 BranchOn::Port(p) => g.port_lanes.push((p, lane)),
             }
             let sh = shared.get(k).cloned().unwrap_or_default();
-            g.arms.push(Arm { on: b.on, path: b.path, pipe: Pipeline::new(b.chain, cfg, sh)? });
+            // The path's last label: names nest level by level.
+            let label = b.path.rsplit('/').next().unwrap_or_default().to_string();
+            g.arms.push(Arm { on: b.on, label, pipe: Pipeline::new(b.chain, cfg, sh)? });
         }
         Ok(g)
     }

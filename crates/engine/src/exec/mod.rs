@@ -413,7 +413,7 @@ impl Pipeline {
     pub fn nf_results(&self) -> Vec<(String, NfCounters, Option<serde_json::Value>)> {
         let mut out = self.cx.nf_results();
         for a in self.arms() {
-            out.extend(a.pipe.nf_results().into_iter().map(|(n, c, d)| (format!("{}/{n}", a.path), c, d)));
+            out.extend(a.pipe.nf_results().into_iter().map(|(n, c, d)| (format!("{}/{n}", a.label), c, d)));
         }
         out
     }
@@ -423,7 +423,7 @@ impl Pipeline {
     pub fn stages(&self) -> Vec<(String, &Stage)> {
         let mut out: Vec<(String, &Stage)> = self.cx.chain.stages.iter().map(|s| (s.name().to_string(), s)).collect();
         for a in self.arms() {
-            out.extend(a.pipe.stages().into_iter().map(|(n, s)| (format!("{}/{n}", a.path), s)));
+            out.extend(a.pipe.stages().into_iter().map(|(n, s)| (format!("{}/{n}", a.label), s)));
         }
         out
     }
