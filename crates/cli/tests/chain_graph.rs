@@ -161,14 +161,34 @@ fn each_branch_equals_its_chain_on_the_trace_filtered_by_the_branch_verdict() {
 
     // The branch chains alone on their filtered traces.
     let solo_fsc = run_ok(&[
-        "run", "--input", &dir.p("allow.pcap"), "--cores", "1", "--flows", "4096", "--chain", "fsc", "--export",
-        &format!("fsc={}", dir.p("solo_fsc.json")), "--json",
+        "run",
+        "--input",
+        &dir.p("allow.pcap"),
+        "--cores",
+        "1",
+        "--flows",
+        "4096",
+        "--chain",
+        "fsc",
+        "--export",
+        &format!("fsc={}", dir.p("solo_fsc.json")),
+        "--json",
     ]);
     let solo_rows = fsc_rows(Path::new(&dir.p("solo_fsc.json")), model["allow_first_ns"].as_u64().unwrap());
     assert_eq!(solo_rows, want_rows, "fsc alone on allow.pcap: the model's flows");
     assert_eq!(solo_fsc["packets_out"], model["allow_packets"]);
-    let solo_count =
-        run_ok(&["run", "--input", &dir.p("deny.pcap"), "--cores", "1", "--flows", "4096", "--chain", "count", "--json"]);
+    let solo_count = run_ok(&[
+        "run",
+        "--input",
+        &dir.p("deny.pcap"),
+        "--cores",
+        "1",
+        "--flows",
+        "4096",
+        "--chain",
+        "count",
+        "--json",
+    ]);
     let solo_count = nf(&solo_count, "count")["details"].clone();
     assert_eq!(&solo_count, want_count, "count alone on deny.pcap: the model's totals");
 
@@ -191,13 +211,15 @@ fn each_branch_equals_its_chain_on_the_trace_filtered_by_the_branch_verdict() {
                 } else {
                     args.extend(["--chain", CHAIN]);
                 }
-                let (pa, pb, ef, ec) = (format!("a={a}"), format!("b={b}"), format!("fsc={fx}"), format!("deny/count={cx}"));
+                let (pa, pb, ef, ec) =
+                    (format!("a={a}"), format!("b={b}"), format!("fsc={fx}"), format!("deny/count={cx}"));
                 args.extend([
                     "--cores", cores, "--exec", exec, "--flows", "4096", "--output", &o, "--port", &pa, "--port", &pb,
                     "--export", &ef, "--export", &ec, "--json",
                 ]);
                 let r = run_ok(&args);
-                let names: Vec<&str> = r["nfs"].as_array().unwrap().iter().map(|n| n["name"].as_str().unwrap()).collect();
+                let names: Vec<&str> =
+                    r["nfs"].as_array().unwrap().iter().map(|n| n["name"].as_str().unwrap()).collect();
                 assert_eq!(names, ["acl", "allow/fsc", "deny/count"], "{what}");
                 assert_eq!(r["packets"], model["packets"], "{what}");
                 assert_eq!(r["packets_out"], model["packets"], "{what}: every packet leaves by a port");
@@ -227,7 +249,12 @@ fn each_branch_equals_its_chain_on_the_trace_filtered_by_the_branch_verdict() {
 #[test]
 fn bad_graphs_are_refused_in_one_line() {
     let dir = Dir::new("refused");
-    let (gen, o, y, c) = ("--flows 10 --packets 100", dir.p("o.pcap"), format!("y={}", dir.p("y.pcap")), format!("count={}", dir.p("c.json")));
+    let (gen, o, y, c) = (
+        "--flows 10 --packets 100",
+        dir.p("o.pcap"),
+        format!("y={}", dir.p("y.pcap")),
+        format!("count={}", dir.p("c.json")),
+    );
     for (chain, extra, want) in [
         ("acl -> { allow: fsc ; deny }", vec![], "expected ':' after branch label 'deny'"),
         ("acl -> { allow: fsc -> port(x) }", vec![], "no output port is named 'x'"),

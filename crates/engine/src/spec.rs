@@ -175,7 +175,11 @@ impl ChainSpec {
             1 => Ok(Some(by_name[0])),
             _ => {
                 let ps: Vec<&str> = by_name.iter().map(|&i| paths[i].as_str()).collect();
-                Err(format!("'{name}' names {} NFs of the chain graph; name one by its path: {}", ps.len(), ps.join(", ")))
+                Err(format!(
+                    "'{name}' names {} NFs of the chain graph; name one by its path: {}",
+                    ps.len(),
+                    ps.join(", ")
+                ))
             }
         }
     }
@@ -321,7 +325,9 @@ impl<'a> Lexer<'a> {
                 let rest = &self.s[self.pos..];
                 let end = rest
                     .char_indices()
-                    .find(|&(i, c)| i > 0 && (c.is_whitespace() || "(),=;:{}".contains(c) || rest[i..].starts_with("->")))
+                    .find(|&(i, c)| {
+                        i > 0 && (c.is_whitespace() || "(),=;:{}".contains(c) || rest[i..].starts_with("->"))
+                    })
                     .map_or(rest.len(), |(i, _)| i);
                 format!("'{}'", &rest[..end])
             }
@@ -730,7 +736,6 @@ mod tests {
         assert!(parse("lb(a=1").is_err());
         assert!(parse("é -> lb").is_err());
     }
-
 
     #[test]
     fn parses_graphs() {

@@ -33,7 +33,9 @@ fn run(p: &mut Pipeline, frames: &[Vec<u8>]) -> Vec<u16> {
 }
 
 fn frames() -> Vec<Vec<u8>> {
-    (0..300u32).map(|f| udp4([10, 0, 0, (f % 50) as u8], [192, 168, 1, (f % 7) as u8], 1000 + f as u16 % 9, 80)).collect()
+    (0..300u32)
+        .map(|f| udp4([10, 0, 0, (f % 50) as u8], [192, 168, 1, (f % 7) as u8], 1000 + f as u16 % 9, 80))
+        .collect()
 }
 
 #[test]
@@ -85,7 +87,11 @@ fn a_graphs_flows_move_between_cores_with_every_segment() {
             r
         };
         let want: Vec<_> = ["fsc", "allow/fsc", "deny/fsc", "deny/allow/fsc"].map(|n| rows(&a, n)).into();
-        assert!(want.iter().all(|r| !r.is_empty()), "{kind}: every segment holds flows: {:?}", want.iter().map(Vec::len).collect::<Vec<_>>());
+        assert!(
+            want.iter().all(|r| !r.is_empty()),
+            "{kind}: every segment holds flows: {:?}",
+            want.iter().map(Vec::len).collect::<Vec<_>>()
+        );
         let mut data = Vec::new();
         let moved = a.export_flows(&|_| true, &mut data);
         assert_eq!(moved as u64, before.entries, "{kind}");

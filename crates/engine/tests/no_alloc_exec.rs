@@ -103,7 +103,8 @@ fn graphs_allocate_nothing_in_steady_state() {
     // dst 192.168.1.(f % 7): the ACL drops 0..=3, so every batch splits over both branches.
     let frames: Vec<Vec<u8>> =
         (0..512u32).map(|f| udp4([10, 0, (f >> 8) as u8, f as u8], [192, 168, 1, (f % 7) as u8], 1000, 80)).collect();
-    let chain = "fsc -> acl(rule=drop:udp:any:192.168.1.0/30) -> { allow: lb -> fsc ; deny: srcctr -> count -> port(2) }";
+    let chain =
+        "fsc -> acl(rule=drop:udp:any:192.168.1.0/30) -> { allow: lb -> fsc ; deny: srcctr -> count -> port(2) }";
     for kind in kinds() {
         let c = Chain::build(&parse(chain).unwrap()).unwrap();
         let shared = SharedStores::for_chain(&c, 4096, 3_600_000_000_000).unwrap();

@@ -91,8 +91,8 @@ impl PcapSink {
 
 impl Sink for PcapSink {
     fn tx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch) -> TxCounters {
-        let mut c = TxCounters::default();
-        c.dropped = batch.verdicts().iter().filter(|&&v| self.file_of(v).is_none()).count() as u64;
+        let dropped = batch.verdicts().iter().filter(|&&v| self.file_of(v).is_none()).count() as u64;
+        let mut c = TxCounters { dropped, ..TxCounters::default() };
         let now = match self.stamp {
             Stamp::Packet { .. } => 0,
             Stamp::Transmit { tsc0, epoch_ns, tsc_hz } => {

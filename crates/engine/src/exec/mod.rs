@@ -579,7 +579,7 @@ impl Pipeline {
         which: &dyn Fn(&flowplane_wire::flow::FiveTuple) -> Option<usize>,
         outs: &mut [Vec<u8>],
     ) -> usize {
-        let starts: Vec<usize> = outs.iter_mut().map(|o| section_open(o)).collect();
+        let starts: Vec<usize> = outs.iter_mut().map(section_open).collect();
         let mut n = migrate::export_flows_by(&mut self.cx, which, outs);
         for (o, &at) in outs.iter_mut().zip(&starts) {
             section_close(o, at);
