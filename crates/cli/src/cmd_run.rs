@@ -51,7 +51,8 @@ pub struct RunArgs {
     /// Live runs: serve the control socket at PATH (`flowplane ctl PATH show runtime`, `set`, `load`, `export`, `stop`).
     #[arg(long, value_name = "PATH")]
     pub ctl: Option<std::path::PathBuf>,
-    /// Chain spec, e.g. "forward -> count".
+    /// Chain spec, e.g. "forward -> count", or a chain graph splitting packets by verdict,
+    /// e.g. "acl(rules=r.txt) -> { allow: fsc -> port(a) ; deny: count -> port(b) }" (with --port a=.. --port b=..).
     #[arg(long, short = 'c', default_value = DEFAULT_CHAIN, conflicts_with = "chain_file")]
     pub chain: String,
     /// Chain from a TOML file (`chain = "..."` or `[[nf]]` tables with `name` and parameters).

@@ -140,6 +140,34 @@ mod tests {
     use flowplane_packet::PoolConfig;
 
     #[test]
+    fn pcap_by_verdict_writes_each_port_to_its_file() {
+        let dir = std::env::temp_dir().join(format!("flowplane-sink-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let open = |n: &str| -> SharedPcapWriter {
+            Arc::new(Mutex::new(PcapWriter::create(&dir.join(n), Default::default()).unwrap()))
+        };
+        let ws = vec![open("p0.pcap"), open("p1.pcap")];
+        let mut sink = PcapSink::by_verdict(ws.clone(), Stamp::Packet { base_ns: 0 });
+        let mut pool = PacketPool::new(PoolConfig { buffers: 8, ..Default::default() }).unwrap();
+        let mut b = Batch::new(&pool);
+        for k in 0..5u8 {
+            assert!(b.push_copy(&mut pool, &[k; 60], 0));
+        }
+        // Verdicts 1, 0, drop, 1, 7 (no file: dropped).
+        b.verdicts_mut().copy_from_slice(&[1, 0, DROP, 1, 7]);
+        let c = sink.tx_burst(&mut pool, &mut b);
+        assert_eq!((c.sent, c.dropped, c.errors), (3, 2, 0));
+        assert_eq!(pool.stats().free, 8);
+        drop(sink);
+        let written: Vec<u64> = ws
+            .into_iter()
+            .map(|w| Arc::try_unwrap(w).ok().unwrap().into_inner().unwrap().close().written)
+            .collect();
+        assert_eq!(written, vec![1, 2]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn discard_counts_and_frees() {
         let mut pool = PacketPool::new(PoolConfig { buffers: 8, ..Default::default() }).unwrap();
         let mut b = Batch::new(&pool);
