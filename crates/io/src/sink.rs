@@ -159,10 +159,8 @@ mod tests {
         assert_eq!((c.sent, c.dropped, c.errors), (3, 2, 0));
         assert_eq!(pool.stats().free, 8);
         drop(sink);
-        let written: Vec<u64> = ws
-            .into_iter()
-            .map(|w| Arc::try_unwrap(w).ok().unwrap().into_inner().unwrap().close().written)
-            .collect();
+        let written: Vec<u64> =
+            ws.into_iter().map(|w| Arc::try_unwrap(w).ok().unwrap().into_inner().unwrap().close().written).collect();
         assert_eq!(written, vec![1, 2]);
         let _ = std::fs::remove_dir_all(&dir);
     }
