@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # MLFFR on live ports per strategy, 2 workers, over veth pairs in two network namespaces (as root):
-# rss on the port's own queues, rss through the dispatcher core (--symmetric-rss), shared (the
-# dispatcher's spray), rsspp (RETA moves through the dispatcher). One line per strategy.
+# rss on the port's own queues, rss by flowplane's symmetric table (--symmetric-rss: on AF_PACKET
+# the kernel's fanout program steers, no dispatcher core), shared (the dispatcher's spray), rsspp
+# (RETA moves through the dispatcher). One line per strategy.
 #   scripts/mlffr_strategies.sh                      CHAIN="fsc -> burn(iters=400)" scripts/mlffr_strategies.sh
 # On a 2-vCPU machine the sender, receiver, dispatcher and workers share two CPUs: the figures
 # there say every strategy runs on ports, not which is faster.

@@ -60,6 +60,14 @@ if ! pkg-config --exists libxdp libbpf 2>/dev/null; then
     as_root apt-get update -qq
     as_root apt-get install -y -qq --no-install-recommends libxdp-dev libbpf-dev pkg-config >/dev/null
 fi
+# Kernel steering for AF_PACKET ports: crates/io/build.rs compiles csrc/steer.bpf.c with clang
+# (-target bpf); without clang it is not built in and crates/io/tests/fanout_steer.rs fails.
+if ! command -v clang >/dev/null 2>&1; then
+    step "installing clang"
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -qq
+    as_root apt-get install -y -qq --no-install-recommends clang >/dev/null
+fi
 df -h . | tail -1   # disk: a full disk once failed CI mid-build
 
 step "cargo fmt --check"

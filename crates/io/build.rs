@@ -4,6 +4,12 @@
 //! both libraries and sets `cfg(fp_afxdp)`; otherwise the crate builds
 //! without AF_XDP and `afxdp:` ports report that they are not built in.
 //! `FLOWPLANE_NO_AFXDP=1` builds without it even where the libraries exist.
+//!
+//! Kernel steering for AF_PACKET ports: with libbpf found (as above) and
+//! `clang` on the PATH (or in `$CLANG`), compiles `csrc/steer.bpf.c` with
+//! `clang -O2 -g -target bpf` into `$OUT_DIR/steer.bpf.o` (embedded by
+//! `src/fanout_steer.rs`) and sets `cfg(fp_fanout_steer)`; without clang the
+//! feature is absent and runs that would use it take the software dispatcher.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -46,6 +52,7 @@ fn afxdp() {
     println!("cargo:rerun-if-env-changed=FLOWPLANE_NO_AFXDP");
     println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
     println!("cargo::rustc-check-cfg=cfg(fp_afxdp)");
+    println!("cargo::rustc-check-cfg=cfg(fp_fanout_steer)");
     if std::env::var_os("FLOWPLANE_NO_AFXDP").is_some_and(|v| v == "1") {
         return;
     }
@@ -74,4 +81,33 @@ fn afxdp() {
     println!("cargo:rustc-link-lib=dylib=xdp");
     println!("cargo:rustc-link-lib=dylib=bpf");
     println!("cargo:rustc-cfg=fp_afxdp");
+    fanout_steer(&bpf.include_paths);
+}
+
+/// The PACKET_FANOUT_EBPF steering program (needs libbpf to load it, clang to build it).
+fn fanout_steer(bpf_includes: &[std::path::PathBuf]) {
+    println!("cargo:rerun-if-changed=csrc/steer.bpf.c");
+    println!("cargo:rerun-if-env-changed=CLANG");
+    let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".into());
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap_or_default()).join("steer.bpf.o");
+    // `-target bpf` does not search the host's multiarch directory, where <asm/types.h> lives.
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let mut cmd = std::process::Command::new(&clang);
+    cmd.args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"]);
+    cmd.arg(format!("-I/usr/include/{arch}-linux-gnu"));
+    for p in bpf_includes {
+        cmd.arg(format!("-I{}", p.display()));
+    }
+    cmd.arg("-c").arg("csrc/steer.bpf.c").arg("-o").arg(&out);
+    match cmd.output() {
+        Ok(o) if o.status.success() => println!("cargo:rustc-cfg=fp_fanout_steer"),
+        Ok(o) => println!(
+            "cargo:warning=AF_PACKET kernel steering not built: {clang} failed on csrc/steer.bpf.c: {}",
+            String::from_utf8_lossy(&o.stderr).lines().next().unwrap_or("")
+        ),
+        Err(e) => println!(
+            "cargo:warning=AF_PACKET kernel steering not built (runs take the dispatcher): \
+             {clang} not found (apt-get install clang): {e}"
+        ),
+    }
 }

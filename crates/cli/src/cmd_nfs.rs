@@ -50,7 +50,9 @@ fn describe(d: &NfDescriptor) -> String {
     let wt = d.params.iter().map(|p| ty(p).len()).max().unwrap_or(0);
     let wd = d.params.iter().map(|p| p.default_text().len()).max().unwrap_or(0);
     for p in d.params {
-        out += &format!("    {:<wn$}  {:<wt$}  default {:<wd$}  {}\n", p.name, ty(p), p.default_text(), p.doc);
+        // `(live)`: `flowplane ctl set` changes it while the NF runs.
+        let live = if p.live { " (live)" } else { "" };
+        out += &format!("    {:<wn$}  {:<wt$}  default {:<wd$}  {}{live}\n", p.name, ty(p), p.default_text(), p.doc);
     }
     out
 }

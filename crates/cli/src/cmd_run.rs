@@ -95,7 +95,7 @@ pub struct RunArgs {
     /// rsspp (RSS++ rebalancing with state hand-over), scr (state-compute replication: a sequencer
     /// sprays round robin with piggybacked history; every core keeps a replica), dyssect (shards on
     /// working cores, heavy flows offloaded by NIC flow rules, MILP + heuristic controller).
-    #[arg(long, default_value = "rss", value_parser = ["rss", "shared", "rsspp", "scr", "dyssect"])]
+    #[arg(long, default_value = "rss", value_parser = clap::builder::PossibleValuesParser::new(flowplane_scale::strategy::names()))]
     pub scale: String,
     /// --scale scr: history records piggybacked per packet (default: the number of cores; at least that).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
@@ -340,7 +340,11 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
         )));
     }
     let dyssect = a.scale == "dyssect";
-    if a.scale_period_ms != 100.0 && !(dyssect || a.scale == "rsspp") {
+    // What the strategy is made of decides which options apply to it.
+    let strategy = flowplane_scale::strategy::by_name(&a.scale, flowplane_scale::strategy::DEFAULT_PERIOD)
+        .map_err(|e| CliError::new(format!("--scale {e}")))?;
+    let controlled = strategy.controller().is_some();
+    if a.scale_period_ms != 100.0 && !controlled {
         return Err(CliError::new(format!(
             "--scale-period-ms {}: the control period of rsspp and dyssect; --scale {} runs no controller",
             a.scale_period_ms, a.scale
@@ -358,7 +362,7 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
             "--slo-us {s}: the SLO of the --priority class (and dyssect's working-core cap); it needs --priority or --scale dyssect"
         )));
     }
-    if a.symmetric_rss && (scr || a.scale == "shared") {
+    if a.symmetric_rss && strategy.delivery().sprays() {
         return Err(CliError::new(format!(
             "--symmetric-rss: --scale {} sprays packets over the cores round robin; no RSS key steers them",
             a.scale
@@ -369,7 +373,7 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
     }
     if let Some(p) = &a.nic_profile {
         let p = flowplane_engine::runner::NicProfile::parse(p).map_err(CliError::new)?;
-        if !p.is_ideal() && !matches!(a.scale.as_str(), "rsspp" | "dyssect") {
+        if !p.is_ideal() && !controlled {
             return Err(CliError::new(format!(
                 "--nic-profile {}: --scale {} never updates the NIC's table (the profile applies to rsspp and dyssect)",
                 p.name, a.scale

@@ -282,9 +282,17 @@ impl Server {
         }
         // Unknown parameters are refused before any worker sees them.
         let desc = flowplane_nf::registry::find(&new.name).ok_or(format!("unknown NF '{}'", new.name))?;
-        if !desc.params.iter().any(|p| p.name == param) {
+        let Some(spec) = desc.params.iter().find(|p| p.name == param) else {
             let known: Vec<&str> = desc.params.iter().map(|p| p.name).collect();
             return Err(format!("{}: unknown parameter '{param}' (known: {})", new.name, known.join(", ")));
+        };
+        if !spec.live {
+            let live: Vec<&str> = desc.params.iter().filter(|p| p.live).map(|p| p.name).collect();
+            let can = if live.is_empty() { "none of its parameters".to_string() } else { live.join(", ") };
+            return Err(format!(
+                "{}: '{param}' is fixed for the run (a restart changes it; changeable while running: {can})",
+                new.name
+            ));
         }
         let answers = self.live.ctl.ask(&Command::Reconfigure { index: i, nf: new.clone() }, WORKER_TIMEOUT)?;
         let refused: Vec<&String> =

@@ -157,3 +157,28 @@ fn carry_out(w: usize, cmd: &Command, pipeline: &mut Pipeline) -> Answer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chain::Chain;
+    use crate::spec::{ChainSpec, NfSpec};
+
+    /// The contract `flowplane nfs` shows and `ctl set` relies on: an NF that declares a
+    /// parameter live takes its parameters again while it runs; one that declares none refuses.
+    #[test]
+    fn live_parameters_are_exactly_the_ones_reconfigure_takes() {
+        let mut checked = 0;
+        for d in flowplane_nf::registry::NFS {
+            let spec = ChainSpec { nfs: vec![NfSpec { name: d.name.to_string(), params: Vec::new() }] };
+            // NFs that need a parameter to be built (a session file, a table) are skipped.
+            let Ok(mut chain) = Chain::build(&spec) else { continue };
+            let mut p = Params::new(d.name, Vec::new());
+            let r = chain.stages[0].reconfigure(&mut p);
+            let live = d.params.iter().any(|p| p.live);
+            assert_eq!(r.is_ok(), live, "{}: live parameters {live}, reconfigure {r:?}", d.name);
+            checked += 1;
+        }
+        assert!(checked >= 15, "only {checked} NFs built with their defaults");
+    }
+}

@@ -112,6 +112,9 @@ pub enum Steer {
     Port,
     /// A dispatcher core polls every input queue and steers by the run's table ([`flowplane_io::dispatch`]).
     Dispatcher,
+    /// The kernel steers by the run's table: an AF_PACKET input's fanout group runs flowplane's
+    /// classifier as a program ([`flowplane_io::port::fanout_steer`]); worker i polls queue i.
+    Kernel,
 }
 
 impl Steer {
@@ -120,6 +123,7 @@ impl Steer {
         match self {
             Steer::Port => "port",
             Steer::Dispatcher => "dispatcher",
+            Steer::Kernel => "kernel",
         }
     }
 }

@@ -7,7 +7,7 @@
 use flowplane_nf::stateful::Granularity;
 use flowplane_nf::{Affinity, GlobalState, Placement};
 use flowplane_scale::steer::{FdirRule, HashOn};
-use flowplane_scale::strategy::Strategy;
+use flowplane_scale::strategy::{Delivery, Strategy};
 
 use crate::chain::{Chain, Stage};
 use crate::error::EngineError;
@@ -80,10 +80,11 @@ pub fn plan(
     let name = strategy.name();
     let mut p = Plan { symmetric: symmetric_flag, overrides: vec![Vec::new(); cores], ..Plan::default() };
     let ps = placements(chain);
-    if strategy.replicates() && chain.is_graph() {
+    let moves = strategy.controller().is_some();
+    if strategy.delivery() == Delivery::Sequenced && chain.is_graph() {
         return Err(refuse(name, "chain graphs run on per-core state; SCR replicas run one linear chain".to_string()));
     }
-    if strategy.replicates() {
+    if strategy.delivery() == Delivery::Sequenced {
         // SCR: every core holds every key, so no steering is needed; each NF must opt in.
         // A stateless element's own state is not replicated: it sees only its core's share.
         let own = chain.stages.iter().filter_map(|s| match s {
@@ -106,7 +107,7 @@ pub fn plan(
     if cores <= 1 {
         return Ok(p);
     }
-    if strategy.spray() {
+    if strategy.delivery() == Delivery::Spray {
         // A flow's packets reach every core: 5-tuple state moves to shared tables.
         p.shared_flows = chain
             .all_stages()
@@ -168,7 +169,7 @@ pub fn plan(
     for (i, nf, pl) in &ps {
         match pl.global {
             GlobalState::None => {}
-            GlobalState::Private if strategy.moves_flows() => {
+            GlobalState::Private if moves => {
                 return Err(refuse(
                     name,
                     format!(
@@ -177,7 +178,7 @@ pub fn plan(
                 ))
             }
             GlobalState::Private => {}
-            GlobalState::PortPool { .. } if strategy.moves_flows() => {
+            GlobalState::PortPool { .. } if moves => {
                 return Err(refuse(
                     name,
                     format!("{nf}'s port pool is split per core, so its flows cannot move between cores; use rss"),

@@ -143,7 +143,8 @@ impl VerdictDrift {
 /// How a live run's packets reached their workers.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SteerReport {
-    /// `port` (each worker polls its own input queue) or `dispatcher` (a core steers by flowplane's table).
+    /// `port` (each worker polls its own input queue), `dispatcher` (a core steers by flowplane's
+    /// table) or `kernel` (an AF_PACKET fanout program steers by flowplane's table; each worker polls its queue).
     pub by: String,
     /// The strategy (`--scale`).
     pub strategy: String,
@@ -157,7 +158,9 @@ pub struct SteerReport {
     pub dispatch_busy_s: f64,
     /// Packets dropped because a worker's ring was full.
     pub dispatch_ring_full: u64,
-    /// Packets the dispatcher could not classify (not IP, malformed): sent to worker 0.
+    /// Frames the kernel's steering program placed (`by: "kernel"`).
+    pub kernel_steered: u64,
+    /// Packets the dispatcher (or the kernel program) could not classify (not IP, malformed): sent to key 0's owner.
     pub unclassified: u64,
     /// Packets too large for a dispatcher buffer (dropped).
     pub oversize: u64,
@@ -526,6 +529,11 @@ impl fmt::Display for Report {
                 format!(
                     "a dispatcher core ({} packets, {:.1} cycles/pkt not in the workers' figures, ring_full {}, unclassified {}, oversize {})",
                     st.dispatched, st.dispatch_cycles_per_packet, st.dispatch_ring_full, st.unclassified, st.oversize
+                )
+            } else if st.by == "kernel" {
+                format!(
+                    "the kernel (AF_PACKET fanout program with flowplane's table, no dispatcher core; {} frames, unclassified {})",
+                    st.kernel_steered, st.unclassified
                 )
             } else {
                 "the port's own queues".to_string()

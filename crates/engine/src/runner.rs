@@ -18,7 +18,7 @@ use flowplane_packet::{PacketPool, PoolConfig, MAX_BATCH};
 pub use flowplane_scale::dyssect::class::PriorityClass;
 use flowplane_scale::rss::DEFAULT_RETA_SIZE;
 use flowplane_scale::steer::{Classifier, HashOn, Steering};
-use flowplane_scale::strategy::{self, Strategy};
+use flowplane_scale::strategy::{self, Delivery, Strategy, StrategyConfig};
 pub use flowplane_scale::NicProfile;
 use flowplane_trace::gen::Generator;
 
@@ -128,20 +128,21 @@ impl Default for RunConfig {
 /// options; `trace_rate`: the trace's own packet rate, Dyssect's offered load
 /// for virtual cores at full speed, where latency is taken in trace time).
 pub(crate) fn make_strategy(cfg: &RunConfig, trace_rate: Option<f64>) -> Result<Box<dyn Strategy>, EngineError> {
-    if cfg.scale == "dyssect" {
-        let d = flowplane_scale::dyssect::Config {
-            short: cfg.scale_period,
-            long: cfg.long_period,
-            budget: cfg.solver_budget,
-            priority: cfg.priority.as_ref().map(|p| p.1),
-            slo_us: cfg.slo_us,
-            rate_pps: cfg.rate_pps.or(trace_rate.filter(|_| cfg.virtual_cores.is_some())),
-            batch: cfg.batch_size,
-            ..Default::default()
-        };
-        return Ok(Box::new(flowplane_scale::dyssect::Dyssect::new(d)));
-    }
-    Ok(strategy::by_name(&cfg.scale, cfg.scale_period)?)
+    let c = StrategyConfig {
+        period: cfg.scale_period,
+        long_period: cfg.long_period,
+        solver_budget: cfg.solver_budget,
+        priority: cfg.priority.as_ref().map(|p| p.1),
+        slo_us: cfg.slo_us,
+        rate_pps: cfg.rate_pps.or(trace_rate.filter(|_| cfg.virtual_cores.is_some())),
+        batch: cfg.batch_size,
+    };
+    Ok(strategy::build(&cfg.scale, &c)?)
+}
+
+/// Flow-rule slots the strategy's controller needs in the NIC (Dyssect's per-flow rules).
+fn flow_slots(s: &dyn Strategy) -> usize {
+    s.controller().map_or(0, |c| c.flow_slots())
 }
 
 /// What to replay.
@@ -276,7 +277,7 @@ pub fn run_prepared(cfg: &RunConfig, spec: &ChainSpec, p: &Prepared, output: Out
     let strategy = make_strategy(cfg, trace_rate)?;
     let chains = build_chains_planned(cfg, spec, &p.plan, workers)?;
     let steering = Arc::new(
-        Steering::with_flow_slots(workers, &p.classifier, &[], strategy.flow_slots())?
+        Steering::with_flow_slots(workers, &p.classifier, &[], flow_slots(strategy.as_ref()))?
             .with_nic_profile(cfg.nic_profile.clone()),
     );
     let nic = Nic { steering, classifier: p.classifier.clone(), strategy, plan: p.plan.clone() };
@@ -417,7 +418,12 @@ const DISPATCH_RING: usize = 4096;
 /// ([`Steer::Dispatcher`]), which also carries out the moves of strategies
 /// that rebalance (RSS++'s RETA moves, Dyssect's shard moves and per-flow
 /// rules) with their state, and is SCR's sequencer (stamping, histories,
-/// spray: [`Dispatcher::with_sequencer`]).
+/// spray: [`Dispatcher::with_sequencer`]). On an AF_PACKET input a static
+/// table (no spray, no moves, no sequencer) runs in the kernel instead
+/// ([`Steer::Kernel`]: the same classifier, rules and RETA as a fanout
+/// program, no dispatcher core); where the program cannot load (built without
+/// clang, no CAP_BPF, a verifier that refuses it) the dispatcher steers and
+/// the report says why in one line.
 pub fn run_port(
     cfg: &RunConfig,
     spec: &ChainSpec,
@@ -433,10 +439,11 @@ pub fn run_port(
     let strat = make_strategy(cfg, None)?;
     let plan = placement::plan(&chain0, spec, strat.as_ref(), nw, symmetric_rss)?;
     // SCR's sequencer is the dispatcher core, on one worker too.
-    let steer = if strat.replicates()
+    let (delivery, moves) = (strat.delivery(), strat.controller().is_some());
+    let steer = if delivery == Delivery::Sequenced
         || nw > 1
-            && (strat.spray()
-                || strat.moves_flows()
+            && (delivery.sprays()
+                || moves
                 || plan.symmetric
                 || plan.icmp_inner
                 || plan.hash_on != HashOn::FiveTuple
@@ -449,22 +456,40 @@ pub fn run_port(
     };
     // Per-core chains with their port shares; exports checked (and refused) as for a replay.
     let chains = build_chains_planned(cfg, spec, &plan, nw)?;
+    let mut notes = plan.notes.clone();
+    // A static table on an AF_PACKET input: the kernel's fanout program steers, no dispatcher core.
+    let (steer, kernel) = if steer == Steer::Dispatcher
+        && delivery == Delivery::Table
+        && !moves
+        && live.input.name().starts_with("afpacket:")
+    {
+        match kernel_steering(&plan, nw, flow_slots(strat.as_ref()), live) {
+            Ok(k) => (Steer::Kernel, Some(k)),
+            Err(why) => {
+                notes.push(format!("kernel steering unavailable, a dispatcher core steers: {why}"));
+                (steer, None)
+            }
+        }
+    } else {
+        (steer, None)
+    };
     let mut port = PortFeed {
         live,
         steer,
         dispatcher: None,
         dispatched: Vec::new(),
         strategy: strat.name().to_string(),
-        notes: plan.notes.clone(),
+        notes,
+        kernel,
     };
     let nic = match steer {
-        Steer::Port => None,
+        Steer::Port | Steer::Kernel => None,
         Steer::Dispatcher => {
             // The dispatcher's table: the same classifier and RETA a replay's emulated NIC steers with.
             let classifier =
                 Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())?;
-            let steering = Arc::new(Steering::with_flow_slots(nw, &classifier, &[], strat.flow_slots())?);
-            let spread = if strat.spray() { DispatchSpread::Spray } else { DispatchSpread::Table };
+            let steering = Arc::new(Steering::with_flow_slots(nw, &classifier, &[], flow_slots(strat.as_ref()))?);
+            let spread = if delivery.sprays() { DispatchSpread::Spray } else { DispatchSpread::Table };
             // The dispatcher opens every input queue into a pool of its own (an AF_XDP queue's UMEM).
             let mut rxs = Vec::with_capacity(nw);
             for q in 0..live.input.queues() {
@@ -478,10 +503,29 @@ pub fn run_port(
             }
             let (d, srcs) = Dispatcher::new(rxs, classifier.clone(), Arc::clone(&steering), spread, DISPATCH_RING)
                 .map_err(|e| EngineError::Config(e.to_string()))?;
-            port.dispatcher = Some(if strat.moves_flows() { d.with_moves() } else { d });
+            port.dispatcher = Some(if moves { d.with_moves() } else { d });
             port.dispatched = srcs.into_iter().map(Some).collect();
             Some(Nic { steering, classifier, strategy: strat, plan })
         }
     };
     run_workers(cfg, spec, chains, Feed::Port(Box::new(port)), Output::Discard, nic, watch)
+}
+
+/// Loads the kernel steering program with the run's table (the classifier and round-robin
+/// RETA a dispatcher would use) and hands it to the input port, before any of its queues opens.
+fn kernel_steering(
+    plan: &placement::Plan,
+    nw: usize,
+    slots: usize,
+    live: &Live,
+) -> Result<Arc<flowplane_io::port::fanout_steer::KernelSteer>, String> {
+    let classifier =
+        Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())
+            .map_err(|e| e.to_string())?;
+    let steering = Steering::with_flow_slots(nw, &classifier, &[], slots).map_err(|e| e.to_string())?;
+    let k = flowplane_io::port::fanout_steer::KernelSteer::for_steering(&classifier, &steering)
+        .map_err(|e| e.to_string())?;
+    let k = Arc::new(k);
+    live.input.steer_in_kernel(Arc::clone(&k)).map_err(|e| e.to_string())?;
+    Ok(k)
 }

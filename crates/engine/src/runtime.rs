@@ -23,7 +23,7 @@ use flowplane_io::{cpu, Sink, Source};
 use flowplane_nf::Export;
 use flowplane_packet::{tsc, PacketPool, PoolConfig, MAX_BATCH};
 use flowplane_scale::steer::Steering;
-use flowplane_scale::strategy::{imbalance, LoadSample, Strategy};
+use flowplane_scale::strategy::{imbalance, Controller, Delivery, LoadSample, DEFAULT_PERIOD};
 
 use crate::chain::Chain;
 use crate::coarse::SharedStores;
@@ -76,6 +76,8 @@ pub(crate) struct PortFeed<'a> {
     /// The strategy's name and the placement's notes (the report's steering section).
     pub(crate) strategy: String,
     pub(crate) notes: Vec<String>,
+    /// The kernel's steering program (with [`Steer::Kernel`]), for its figures.
+    pub(crate) kernel: Option<Arc<flowplane_io::port::fanout_steer::KernelSteer>>,
 }
 
 /// What the caller sees and controls while a run goes on.
@@ -173,22 +175,23 @@ pub(crate) fn run_workers(
         Some(Nic { steering, classifier, strategy, plan }) => (Some((steering, classifier, plan)), Some(strategy)),
         None => (None, None),
     };
-    let spray = strategy.as_ref().is_some_and(|s| s.spray());
-    let scr = match (strategy.as_ref().is_some_and(|s| s.replicates()), chains.first(), &trace) {
+    let delivery = strategy.as_ref().map_or(Delivery::Table, |s| s.delivery());
+    let spray = delivery.sprays();
+    let controller = strategy.as_ref().and_then(|s| s.controller());
+    let scr = match (delivery == Delivery::Sequenced, chains.first(), &trace) {
         (true, Some(c), Some(t)) => Some(crate::scr::ScrRun::new(&cfg.scr, nw, threads, cfg.loops, t, c)?),
         // A port: the dispatcher core stamps packets as they arrive.
         (true, Some(c), None) => Some(crate::scr::ScrRun::streaming(&cfg.scr, nw, threads, cfg.exec.flows, c)?),
         _ => None,
     };
     let scr = scr.as_ref();
-    let counts = strategy.as_ref().is_some_and(|s| s.counts_loads());
+    let counts = controller.is_some_and(|c| c.counts_loads());
     // SCR bounds the drift between cores itself (a replica waits before its log would overwrite).
     // Projected runs are held within a bounded distance: logical workers taking turns process a
     // burst each per turn, so free-running queues would each walk their own span of the
     // stream and every strategy would look balanced (packets / busiest worker).
-    let bounded = strategy.as_ref().is_some_and(|s| s.moves_flows())
-        || (cfg.virtual_cores.is_some_and(|v| v > threads) && nic_parts.is_some());
-    let stride = strategy.as_ref().map_or(0, |s| s.sample_stride());
+    let bounded = controller.is_some() || (cfg.virtual_cores.is_some_and(|v| v > threads) && nic_parts.is_some());
+    let stride = controller.map_or(0, |c| c.sample_stride());
     let steering = nic_parts.as_ref().map(|n| &*n.0);
     let classifier = nic_parts.as_ref().map(|n| &n.1);
     let live = port.as_ref().map(|p| p.live);
@@ -362,7 +365,8 @@ pub(crate) fn run_workers(
         if let Some(l) = live {
             l.ready.store(true, Ordering::Relaxed);
         }
-        let link_failure = control_loop(cfg, &running, steering, strategy.as_deref_mut(), &mut log, live, watch);
+        let controller = strategy.as_deref_mut().and_then(|s| s.controller_mut());
+        let link_failure = control_loop(cfg, &running, steering, controller, &mut log, live, watch);
         // The dispatcher stops first: its workers then take what it handed them and end.
         stop_dispatch.store(true, Ordering::Relaxed);
         let dispatch_failed = match dispatcher_thread {
@@ -413,7 +417,12 @@ pub(crate) fn run_workers(
         sr.moves_done = st.map_or(0, |st| st.moves_done());
         sr.moves_started = sr.moves_done + st.map_or(0, |st| st.active_moves() as u64);
         sr.stalls = workers.iter().map(|w| w.rx.stalls).sum();
-        sr.controller = strategy.as_ref().filter(|s| s.moves_flows()).and_then(|s| s.report_json());
+        sr.controller = strategy.as_ref().and_then(|s| s.controller()).and_then(|c| c.report_json());
+        if let Some(k) = &p.kernel {
+            let s = k.stats();
+            sr.kernel_steered = s.reta + s.fdir + s.flow + s.unclassified;
+            sr.unclassified = s.unclassified;
+        }
         report.steering = Some(sr);
     } else if let (Some((st, _, plan)), Some(strat)) = (&nic_parts, &strategy) {
         report.scale = Some(ScaleReport::new(
@@ -429,7 +438,7 @@ pub(crate) fn run_workers(
         ));
         if let Some(sc) = report.scale.as_mut() {
             sc.controller = strat.report_json();
-            if strat.moves_flows() || !st.nic_profile().is_ideal() {
+            if strat.controller().is_some() || !st.nic_profile().is_ideal() {
                 sc.nic = Some(crate::report::NicReport::new(st.nic_profile(), st.update_stats()));
             }
             sc.priority = cfg
@@ -583,14 +592,14 @@ fn control_loop(
     cfg: &RunConfig,
     running: &dyn Fn() -> bool,
     steering: Option<&Steering>,
-    mut strategy: Option<&mut (dyn Strategy + 'static)>,
+    mut controller: Option<&mut dyn Controller>,
     log: &mut ControlLog,
     live: Option<&Live>,
     mut watch: Watch<'_>,
 ) -> Option<String> {
     let start = Instant::now();
     let deadline = cfg.duration.map(|d| start + d + cfg.warmup.unwrap_or_default());
-    let period = strategy.as_ref().map_or(Duration::from_millis(100), |s| s.period());
+    let period = controller.as_ref().map_or(DEFAULT_PERIOD, |c| c.period());
     let mut next_tick = start + period;
     let mut next_status = start + Duration::from_secs(1);
     let mut next_link = start + LINK_CHECK;
@@ -613,11 +622,11 @@ fn control_loop(
         }
         if now >= next_tick {
             next_tick += period;
-            if let (Some(st), Some(strat)) = (steering, strategy.as_deref_mut()) {
-                control_tick(st, strat, log);
+            if let Some(st) = steering {
+                control_tick(st, controller.as_deref_mut(), log);
                 // This period's changes go to the NIC (its RETA moves as one write).
                 st.pump(Instant::now());
-                if strat.finished() {
+                if controller.as_ref().is_some_and(|c| c.finished()) {
                     break;
                 }
             }
@@ -711,7 +720,7 @@ fn take_turns(ws: &mut [Worker<'_>], stop: &AtomicBool) {
 
 /// One period of the control loop: the window's per-queue load and
 /// imbalance, the strategy's rebalancing, the moves started.
-pub(crate) fn control_tick(st: &Steering, strat: &mut dyn Strategy, log: &mut ControlLog) {
+pub(crate) fn control_tick<'c>(st: &Steering, controller: Option<&mut (dyn Controller + 'c)>, log: &mut ControlLog) {
     let ControlLog { prev_loads, prev_rx, prev_scan, prev_busy, .. } = log;
     // Each queue's share of the traffic in the window: packets it received per
     // stream position it walked (at full speed queues walk at their own pace;
@@ -762,6 +771,7 @@ pub(crate) fn control_tick(st: &Steering, strat: &mut dyn Strategy, log: &mut Co
     }
     // Strategies that drive the table themselves (Dyssect: RETA moves and flow rules).
     let empty = LoadSample { entry_packets: &[], owners: &[], queues: st.queues() };
+    let Some(strat) = controller else { return };
     if strat.drive(st, &empty, &log.cpp, tsc::hz()) {
         return;
     }

@@ -21,7 +21,7 @@ use flowplane_engine::{run, RunConfig};
 use flowplane_io::replay::{ReplayBuilder, ReplayTrace};
 use flowplane_nf::testutil::ipv4_frame;
 use flowplane_scale::steer::{Classifier, FlowRule, HashOn, Steering};
-use flowplane_scale::strategy::{LoadSample, Strategy};
+use flowplane_scale::strategy::{Controller, LoadSample, Strategy};
 use flowplane_trace::{PcapWriter, TraceReader, WriterOptions};
 use flowplane_wire::flow::{extract_five_tuple, FiveTuple};
 
@@ -109,9 +109,15 @@ impl Strategy for Churn {
     fn name(&self) -> &'static str {
         "churn"
     }
-    fn moves_flows(&self) -> bool {
-        true
+    fn controller(&self) -> Option<&dyn Controller> {
+        Some(self)
     }
+    fn controller_mut(&mut self) -> Option<&mut dyn Controller> {
+        Some(self)
+    }
+}
+
+impl Controller for Churn {
     fn counts_loads(&self) -> bool {
         true
     }

@@ -9,6 +9,8 @@
 //!
 //! - [`dispatch`]: the software dispatcher that steers a live port's packets
 //!   to workers by the run's table (spray, flow-director rules) where the port cannot.
+//! - [`steered`]: a worker's source on a queue the kernel steers by flowplane's
+//!   table (AF_PACKET fanout program), with RETA moves and state hand-over.
 //! - [`port`]: real ports (AF_PACKET; AF_XDP and DPDK named, not built yet)
 //!   behind the same [`Source`]/[`Sink`] traits.
 //!
@@ -25,6 +27,7 @@ pub mod port;
 pub mod replay;
 pub mod scr;
 pub mod sink;
+pub mod steered;
 
 use flowplane_packet::{Batch, PacketPool};
 use flowplane_scale::steer::Move;

@@ -19,6 +19,9 @@ pub struct ParamSpec {
     /// [`ParamSpec::allocates`]; checked against the machine's memory when read, and summed by the engine's
     /// memory budget before any chain is built.
     pub bytes_each: u64,
+    /// The NF takes a new value while it runs (`flowplane ctl set`), keeping its state: its
+    /// `reconfigure` hook re-reads this parameter. Set with [`ParamSpec::live`].
+    pub live: bool,
 }
 
 /// The type of a parameter, with its range and default.
@@ -103,13 +106,13 @@ impl ParamSpec {
     /// An unsigned integer in `[min, max]` defaulting to `default`.
     pub const fn uint(name: &'static str, default: u64, min: u64, max: u64, doc: &'static str) -> Self {
         assert!(min <= default && default <= max, "a parameter's default must lie in its range");
-        ParamSpec { name, kind: ParamKind::UInt { default, min, max }, doc, bytes_each: 0 }
+        ParamSpec { name, kind: ParamKind::UInt { default, min, max }, doc, bytes_each: 0, live: false }
     }
 
     /// An unsigned integer in `[min, max]`, absent by default.
     pub const fn uint_or_none(name: &'static str, min: u64, max: u64, doc: &'static str) -> Self {
         assert!(min <= max, "empty range");
-        ParamSpec { name, kind: ParamKind::UIntOrNone { min, max }, doc, bytes_each: 0 }
+        ParamSpec { name, kind: ParamKind::UIntOrNone { min, max }, doc, bytes_each: 0, live: false }
     }
 
     /// An unsigned integer in `[min, max]` defaulting to parameter `like`'s value (clamped).
@@ -122,18 +125,18 @@ impl ParamSpec {
     ) -> Self {
         assert!(min <= max, "empty range");
         assert!(matches!(like.kind, ParamKind::UInt { .. }), "the default must come from an integer parameter");
-        ParamSpec { name, kind: ParamKind::UIntLike { like, min, max }, doc, bytes_each: 0 }
+        ParamSpec { name, kind: ParamKind::UIntLike { like, min, max }, doc, bytes_each: 0, live: false }
     }
 
     /// A real number in `[min, max]` defaulting to `default`.
     pub const fn float(name: &'static str, default: f64, min: f64, max: f64, doc: &'static str) -> Self {
         assert!(min <= default && default <= max, "a parameter's default must lie in its range");
-        ParamSpec { name, kind: ParamKind::Float { default, min, max }, doc, bytes_each: 0 }
+        ParamSpec { name, kind: ParamKind::Float { default, min, max }, doc, bytes_each: 0, live: false }
     }
 
     /// A boolean defaulting to `default`.
     pub const fn bool(name: &'static str, default: bool, doc: &'static str) -> Self {
-        ParamSpec { name, kind: ParamKind::Bool { default }, doc, bytes_each: 0 }
+        ParamSpec { name, kind: ParamKind::Bool { default }, doc, bytes_each: 0, live: false }
     }
 
     /// One of `choices`, defaulting to `default`.
@@ -148,12 +151,19 @@ impl ParamSpec {
             i += 1;
         }
         assert!(i < choices.len(), "a parameter's default must be one of its choices");
-        ParamSpec { name, kind: ParamKind::Choice { default, choices }, doc, bytes_each: 0 }
+        ParamSpec { name, kind: ParamKind::Choice { default, choices }, doc, bytes_each: 0, live: false }
     }
 
     /// Text of form `syntax` that the NF parses, defaulting to `default` (empty: none).
     pub const fn text(name: &'static str, default: &'static str, syntax: &'static str, doc: &'static str) -> Self {
-        ParamSpec { name, kind: ParamKind::Text { default, syntax }, doc, bytes_each: 0 }
+        ParamSpec { name, kind: ParamKind::Text { default, syntax }, doc, bytes_each: 0, live: false }
+    }
+
+    /// Declares the parameter changeable while the NF runs (`flowplane ctl set`): the NF's
+    /// `reconfigure` hook takes it, keeping every flow's state.
+    pub const fn live(mut self) -> Self {
+        self.live = true;
+        self
     }
 
     /// Declares that each unit of this integer parameter allocates `bytes_each` bytes per NF instance
@@ -234,6 +244,10 @@ impl ParamSpec {
         if self.bytes_each > 0 {
             // Memory per unit per instance: what the run's memory check counts.
             m.insert("bytes_each".into(), json!(self.bytes_each));
+        }
+        if self.live {
+            // Changeable while the NF runs (`flowplane ctl set`).
+            m.insert("live".into(), json!(true));
         }
         match self.kind {
             ParamKind::UInt { default, min, max } => {

@@ -121,6 +121,10 @@ fn icmp_quoted(frame: &[u8]) -> Option<FiveTupleV4> {
     }
     let inner = ip + ihl + 8;
     let ihl2 = usize::from(frame.get(inner)? & 0x0f) * 4;
+    // A quoted header shorter than 20 bytes quotes no flow (and its addresses would lie past `b`).
+    if ihl2 < 20 {
+        return None;
+    }
     let b = frame.get(inner..inner + ihl2 + 4)?;
     let a4 = |o: usize| Ipv4Addr::new(b[o], b[o + 1], b[o + 2], b[o + 3]);
     let proto = b[9];
@@ -148,6 +152,21 @@ impl Classifier {
         }
         let key = if symmetric { &SYMMETRIC_KEY } else { &MICROSOFT_KEY };
         Ok(Classifier { toeplitz: Toeplitz::new(key), mask: (reta_size - 1) as u32, reta_size, on, icmp_inner, rules })
+    }
+
+    /// What the hash covers.
+    pub fn hash_on(&self) -> HashOn {
+        self.on
+    }
+
+    /// Whether ICMPv4 errors are classified by the flow they quote.
+    pub fn icmp_inner(&self) -> bool {
+        self.icmp_inner
+    }
+
+    /// The Toeplitz key (symmetric or Microsoft's), for a kernel or NIC programmed to hash as this does.
+    pub fn toeplitz_key(&self) -> &[u8; 40] {
+        self.toeplitz.key()
     }
 
     /// RETA entries.
@@ -1025,6 +1044,25 @@ mod tests {
         icmp[42..70].copy_from_slice(&udp([10, 0, 0, 1], [10, 0, 0, 2], 5000, 53)[14..42]);
         assert_eq!(c.classify(&icmp).unwrap().0, c.classify(&flow).unwrap().0);
         assert_eq!(c.classify(&[0u8; 10]), None);
+    }
+
+    #[test]
+    fn an_icmp_error_quoting_a_header_shorter_than_20_bytes_is_classified_by_its_own_addresses() {
+        // Regression: a quoted IHL below 5 made `icmp_quoted` index past its slice (a dispatcher panic).
+        let c = Classifier::new(512, true, HashOn::FiveTuple, true, Vec::new()).unwrap();
+        for ihl in 0u8..5 {
+            let mut icmp = vec![0u8; 14 + 20 + 8 + 28];
+            icmp[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+            icmp[14] = 0x45;
+            icmp[16..18].copy_from_slice(&56u16.to_be_bytes());
+            icmp[23] = 1;
+            icmp[26..30].copy_from_slice(&[10, 0, 0, 9]);
+            icmp[30..34].copy_from_slice(&[10, 0, 0, 1]);
+            icmp[34] = 3;
+            icmp[42] = 0x40 | ihl;
+            let own = FiveTuple::V4(FiveTupleV4::new(Ipv4Addr::new(10, 0, 0, 9), Ipv4Addr::new(10, 0, 0, 1), 0, 0, 1));
+            assert_eq!(c.classify(&icmp).unwrap().0, c.entry_of(&own), "quoted IHL {ihl}");
+        }
     }
 
     #[test]

@@ -6,6 +6,15 @@
 //! ring is the kernel's memory; the copy is the "DMA"); RX ring overruns
 //! are the kernel's `tp_drops`, read every few hundred polls.
 //!
+//! Kernel steering ([`AfPacketPort::with_kernel_steering`]): instead of the
+//! fanout hash, the group runs flowplane's steering program
+//! ([`super::fanout_steer`]), which returns the worker a frame belongs to;
+//! the kernel delivers it to the socket at that index in the group, which is
+//! the order sockets joined. So the port opens every receive socket at the
+//! first `open_rx` and joins them in queue order; each `open_rx(q)` takes its
+//! own. Such a group cannot be rebuilt in order by queues re-attaching one by
+//! one: a re-created interface stops the run (one line) instead.
+//!
 //! The port's [`LinkWatch`] follows the interface: when it is deleted and
 //! created again under the same name, each queue re-opens its socket on the
 //! new index (checked when the queue is idle and once per transmit batch).
@@ -17,10 +26,11 @@ use std::ffi::CString;
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use flowplane_packet::{Batch, PacketPool, Verdict, MAX_BATCH};
 
+use super::fanout_steer::KernelSteer;
 use super::{LinkWatch, Port, PortError, PortOptions, QueueCounters, RxQueue, TxQueue};
 
 const TPACKET_V3: libc::c_int = 2;
@@ -97,6 +107,11 @@ pub struct AfPacketPort {
     group: u16,
     counters: Vec<Arc<QueueCounters>>,
     base_ns: u64,
+    /// Kernel steering: the program, and the receive queues opened (in order) but not yet taken.
+    steer: Mutex<Option<Arc<KernelSteer>>>,
+    opened: Mutex<Vec<Option<AfPacketRx>>>,
+    /// An RX queue was opened (kernel steering can no longer be set up).
+    rx_opened: std::sync::atomic::AtomicBool,
 }
 
 impl AfPacketPort {
@@ -129,7 +144,55 @@ impl AfPacketPort {
             group,
             counters: (0..queues).map(|_| Arc::new(QueueCounters::default())).collect(),
             base_ns: realtime_ns(),
+            steer: Mutex::new(None),
+            opened: Mutex::new(Vec::new()),
+            rx_opened: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Steers received frames to the queues with `steer` (worker `i` = queue `i`) instead of the fanout hash.
+    pub fn with_kernel_steering(self, steer: Arc<KernelSteer>) -> Self {
+        if let Ok(mut s) = self.steer.lock() {
+            *s = Some(steer);
+        }
+        self
+    }
+
+    fn steering(&self) -> Option<Arc<KernelSteer>> {
+        self.steer.lock().ok().and_then(|s| s.clone())
+    }
+
+    fn rx_cfg(&self) -> RxCfg {
+        RxCfg {
+            iface: self.iface.clone(),
+            opts: self.opts,
+            queues: self.queues,
+            group: self.group,
+            base_ns: self.base_ns,
+            watch: Arc::clone(&self.watch),
+            steered: self.steering().is_some(),
+        }
+    }
+
+    /// Kernel steering: the first call opens every queue's socket and joins them in order; each takes its own.
+    fn take_steered(&self, q: usize, steer: &KernelSteer) -> Result<AfPacketRx, PortError> {
+        let mut opened = self.opened.lock().map_err(|_| PortError::Spec("afpacket: poisoned queue list".into()))?;
+        if opened.is_empty() {
+            let epoch = self.watch.epoch();
+            let mut rxs = Vec::with_capacity(self.queues);
+            for c in &self.counters {
+                rxs.push(AfPacketRx::open(self.rx_cfg(), epoch, Arc::clone(c))?);
+            }
+            let fds: Vec<libc::c_int> = rxs.iter().map(|r| r.fd.0).collect();
+            steer
+                .join(&fds, self.group.wrapping_add(epoch as u16))
+                .map_err(|e| PortError::Spec(format!("afpacket:{}: {e}", self.iface)))?;
+            *opened = rxs.into_iter().map(Some).collect();
+        }
+        opened
+            .get_mut(q)
+            .and_then(Option::take)
+            .ok_or_else(|| PortError::Spec(format!("afpacket:{}: queue {q} opened twice", self.iface)))
     }
 }
 
@@ -152,19 +215,23 @@ impl Port for AfPacketPort {
 
     fn open_rx(&self, q: usize) -> Result<Box<dyn RxQueue>, PortError> {
         let counters = self.counters.get(q).cloned().ok_or_else(|| PortError::Spec(format!("queue {q}")))?;
-        let cfg = RxCfg {
-            iface: self.iface.clone(),
-            opts: self.opts,
-            queues: self.queues,
-            group: self.group,
-            base_ns: self.base_ns,
-            watch: Arc::clone(&self.watch),
+        self.rx_opened.store(true, Ordering::Relaxed);
+        let rx = match self.steering() {
+            Some(steer) => self.take_steered(q, &steer)?,
+            None => AfPacketRx::open(self.rx_cfg(), self.watch.epoch(), counters)?,
         };
-        let epoch = self.watch.epoch();
-        let rx = AfPacketRx::open(cfg, epoch, counters)?;
         // Packets dropped before the run are not the run's.
         rx.counters.rx_overrun.store(0, Ordering::Relaxed);
         Ok(Box::new(rx))
+    }
+
+    fn steer_in_kernel(&self, steer: Arc<KernelSteer>) -> Result<(), PortError> {
+        if self.rx_opened.load(Ordering::Relaxed) {
+            return Err(PortError::Spec(format!("afpacket:{}: kernel steering after a queue was opened", self.iface)));
+        }
+        let mut s = self.steer.lock().map_err(|_| PortError::Spec("afpacket: poisoned".into()))?;
+        *s = Some(steer);
+        Ok(())
     }
 
     fn open_tx(&self, q: usize) -> Result<Box<dyn TxQueue>, PortError> {
@@ -181,6 +248,8 @@ struct RxCfg {
     group: u16,
     base_ns: u64,
     watch: Arc<LinkWatch>,
+    /// The socket joins a kernel-steered group (by the port, in order), not the hash group.
+    steered: bool,
 }
 
 /// A TPACKET_V3 receive ring.
@@ -269,7 +338,7 @@ impl AfPacketRx {
             // The kernel drops the membership when the socket closes: promiscuity ends with the port.
             setsockopt(&rx.fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &mr, "promiscuous mode")?;
         }
-        if port.queues > 1 {
+        if port.queues > 1 && !port.steered {
             // A fanout group belongs to one device: each interface generation gets its own.
             let group = port.group.wrapping_add(epoch as u16);
             let arg: libc::c_int =
@@ -285,6 +354,15 @@ impl AfPacketRx {
     #[cold]
     fn reattach(&mut self) {
         let epoch = self.cfg.watch.epoch();
+        if self.cfg.steered {
+            self.epoch = epoch;
+            self.cfg.watch.fail(format!(
+                "afpacket:{}: the interface was re-created; a kernel-steered fanout group cannot be rebuilt \
+                 in queue order while the run goes on",
+                self.cfg.iface
+            ));
+            return;
+        }
         let cfg = RxCfg {
             iface: self.cfg.iface.clone(),
             opts: self.cfg.opts,
@@ -292,6 +370,7 @@ impl AfPacketRx {
             group: self.cfg.group,
             base_ns: self.cfg.base_ns,
             watch: Arc::clone(&self.cfg.watch),
+            steered: false,
         };
         match AfPacketRx::open(cfg, epoch, Arc::clone(&self.counters)) {
             Ok(rx) => *self = rx,
@@ -343,6 +422,37 @@ impl AfPacketRx {
 
 impl RxQueue for AfPacketRx {
     fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize) -> usize {
+        self.receive(pool, batch, max, None)
+    }
+
+    fn rx_burst_gated(
+        &mut self,
+        pool: &mut PacketPool,
+        batch: &mut Batch,
+        max: usize,
+        gate: &mut dyn FnMut(&[u8], u64) -> bool,
+    ) -> usize {
+        self.receive(pool, batch, max, Some(gate))
+    }
+}
+
+/// A receive gate: a frame's bytes and receive time (ns since the Unix epoch); false holds it back.
+type Gate<'a> = dyn FnMut(&[u8], u64) -> bool + 'a;
+
+/// Longest frame prefix a gate sees with its 802.1Q tag put back.
+const GATE_ROOM: usize = 512;
+
+impl AfPacketRx {
+    /// Receives up to `max` frames; `gate` (when given) sees each one first, as the worker
+    /// will (tag put back, up to [`GATE_ROOM`] bytes) with its receive time (ns since the
+    /// Unix epoch), and a `false` leaves it and what follows in the ring.
+    fn receive(
+        &mut self,
+        pool: &mut PacketPool,
+        batch: &mut Batch,
+        max: usize,
+        mut gate: Option<&mut Gate<'_>>,
+    ) -> usize {
         self.polls = self.polls.wrapping_add(1);
         if self.polls.is_multiple_of(512) {
             self.read_drops();
@@ -383,8 +493,31 @@ impl RxQueue for AfPacketRx {
                 // SAFETY: start + len <= block size (checked), inside the owned block;
                 // the kernel does not write it until release.
                 let data = unsafe { std::slice::from_raw_parts(self.ring.add(self.cur * bs + start), len) };
-                let ts = (h.tp_sec as u64 * 1_000_000_000 + h.tp_nsec as u64).saturating_sub(self.base_ns);
+                let abs = h.tp_sec as u64 * 1_000_000_000 + h.tp_nsec as u64;
+                let ts = abs.saturating_sub(self.base_ns);
                 let vlan = h.tp_status & libc::TP_STATUS_VLAN_VALID != 0 && len >= 12;
+                if let Some(g) = gate.as_mut() {
+                    let take = if vlan {
+                        let mut f = [0u8; GATE_ROOM];
+                        let n = (len + 4).min(GATE_ROOM);
+                        f[..12].copy_from_slice(&data[..12]);
+                        let tpid = if h.tp_status & libc::TP_STATUS_VLAN_TPID_VALID != 0 {
+                            h.hv1.tp_vlan_tpid
+                        } else {
+                            0x8100
+                        };
+                        f[12..14].copy_from_slice(&tpid.to_be_bytes());
+                        f[14..16].copy_from_slice(&(h.hv1.tp_vlan_tci as u16).to_be_bytes());
+                        f[16..n].copy_from_slice(&data[12..n - 4]);
+                        g(&f[..n], abs)
+                    } else {
+                        g(data, abs)
+                    };
+                    if !take {
+                        // Left where it is: the next burst starts at this frame.
+                        break;
+                    }
+                }
                 let room = pool.data_room();
                 if len + 4 * vlan as usize > room {
                     oversize += 1;

@@ -24,6 +24,7 @@ pub mod afpacket;
 pub mod afxdp;
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
+pub mod fanout_steer;
 pub mod link;
 pub mod netns;
 pub mod peer;
@@ -267,6 +268,13 @@ pub trait Port: Send + Sync {
         let _ = pool;
         self.open_rx(q)
     }
+    /// Steers received frames to the RX queues in the kernel with `steer`
+    /// (queue `i` = worker `i`), before any RX queue is opened. Only
+    /// AF_PACKET ports can ([`fanout_steer`]); the others say why not.
+    fn steer_in_kernel(&self, steer: Arc<fanout_steer::KernelSteer>) -> Result<(), PortError> {
+        let _ = steer;
+        Err(PortError::Spec(format!("{}: kernel steering is for AF_PACKET ports", self.name())))
+    }
     /// Opens TX queue `q`.
     fn open_tx(&self, q: usize) -> Result<Box<dyn TxQueue>, PortError>;
     /// Per-queue counters (live).
@@ -297,6 +305,21 @@ pub trait RxQueue: Send {
     /// from there rather than reading the clock again. Default: `rx_burst`.
     fn rx_burst_at(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize, now_tsc: u64) -> usize {
         let _ = now_tsc;
+        self.rx_burst(pool, batch, max)
+    }
+
+    /// [`RxQueue::rx_burst`] asking `gate` about each frame first (its bytes as the
+    /// worker will see them, its receive time in ns since the Unix epoch): `false`
+    /// leaves that frame, and what follows it, in the queue for a later burst.
+    /// Default: no gate (a queue that cannot hold frames back).
+    fn rx_burst_gated(
+        &mut self,
+        pool: &mut PacketPool,
+        batch: &mut Batch,
+        max: usize,
+        gate: &mut dyn FnMut(&[u8], u64) -> bool,
+    ) -> usize {
+        let _ = gate;
         self.rx_burst(pool, batch, max)
     }
 }

@@ -45,15 +45,15 @@ const RULES: ParamSpec = ParamSpec::text(
     "",
     "FILE",
     "rule file: 'allow|drop [proto tcp|udp|icmp|any|N] [src CIDR] [dst CIDR] [sport N[-M]] [dport N[-M]]' per line, # comments",
-);
+).live();
 const RULE: ParamSpec = ParamSpec::text(
     "rule",
     "",
     "RULES",
     "inline rules 'action:proto:src:dst:sport:dport' (trailing fields optional, any = wildcard, IPv6 as [2001:db8::]/32) separated by ';', after the file's",
-);
+).live();
 const DEFAULT: ParamSpec =
-    ParamSpec::choice("default", "allow", &["allow", "drop"], "verdict when no rule matches, and for non-IP packets");
+    ParamSpec::choice("default", "allow", &["allow", "drop"], "verdict when no rule matches, and for non-IP packets").live();
 
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {

@@ -29,9 +29,9 @@ use crate::stateful::{
 };
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
-const WINDOW: ParamSpec = ParamSpec::float("window", 1.0, 0.001, 86_400.0, "window in seconds");
+const WINDOW: ParamSpec = ParamSpec::float("window", 1.0, 0.001, 86_400.0, "window in seconds").live();
 const THRESHOLD: ParamSpec =
-    ParamSpec::uint("threshold", 10_000, 1, 1_000_000_000_000, "packets allowed per source per window");
+    ParamSpec::uint("threshold", 10_000, 1, 1_000_000_000_000, "packets allowed per source per window").live();
 
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {

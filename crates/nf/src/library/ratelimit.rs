@@ -19,8 +19,8 @@ use crate::stateful::Granularity;
 use crate::stateful::{Action, ScrFields, ScrRecord, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
-const PPS: ParamSpec = ParamSpec::uint("pps", 1000, 1, 1_000_000_000, "tokens (packets) per second per flow");
-const BURST: ParamSpec = ParamSpec::uint_like("burst", &PPS, 1, 1_000_000_000, "bucket depth in packets");
+const PPS: ParamSpec = ParamSpec::uint("pps", 1000, 1, 1_000_000_000, "tokens (packets) per second per flow").live();
+const BURST: ParamSpec = ParamSpec::uint_like("burst", &PPS, 1, 1_000_000_000, "bucket depth in packets").live();
 
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::steer::{FlowRule, Steering};
-use crate::strategy::{LoadSample, Strategy};
+use crate::strategy::{Controller, LoadSample};
 use class::PriorityClass;
 use model::{Assignment, FlowLoad, Input, Role};
 
@@ -619,13 +619,7 @@ fn st_entry(st: &Steering, h: &crate::steer::HeavyFlow) -> u16 {
     (h.hash as usize & (st.reta_size() - 1)) as u16
 }
 
-impl Strategy for Dyssect {
-    fn name(&self) -> &'static str {
-        "dyssect"
-    }
-    fn moves_flows(&self) -> bool {
-        true
-    }
+impl Controller for Dyssect {
     fn counts_loads(&self) -> bool {
         true
     }
