@@ -170,7 +170,7 @@ mod tests {
     fn live_parameters_are_exactly_the_ones_reconfigure_takes() {
         let mut checked = 0;
         for d in flowplane_nf::registry::NFS {
-            let spec = ChainSpec { nfs: vec![NfSpec { name: d.name.to_string(), params: Vec::new() }] };
+            let spec = ChainSpec::linear(vec![NfSpec { name: d.name.to_string(), params: Vec::new() }]);
             // NFs that need a parameter to be built (a session file, a table) are skipped.
             let Ok(mut chain) = Chain::build(&spec) else { continue };
             let mut p = Params::new(d.name, Vec::new());
