@@ -44,12 +44,13 @@ type OutputPorts = (Vec<Arc<dyn Port>>, Vec<(std::path::PathBuf, SharedPcapWrite
 pub fn output_ports(a: &RunArgs, queues: usize, base_ns: u64) -> Result<OutputPorts, CliError> {
     let mut ports: Vec<Arc<dyn Port>> = Vec::new();
     let mut files = Vec::new();
+    // `--port NAME=PORT`: the name is the chain graph's (bound in `config`).
     let names: Vec<String> = a
         .outputs
         .output
         .iter()
         .map(|p| p.to_string_lossy().into_owned())
-        .chain(a.outputs.ports.iter().cloned())
+        .chain(a.outputs.ports.iter().map(|p| crate::cmd_run::port_arg(p).1.to_string()))
         .collect();
     for n in names {
         let spec = PortSpec::parse(&n).map_err(|e| CliError::new(format!("--output/--port {e}")))?;

@@ -89,7 +89,9 @@ pub struct OutputArgs {
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
     /// More output ports, for verdicts 1, 2, ... in order (NFs choose a port: forward(port=1), route).
-    #[arg(long = "port", value_name = "PORT")]
+    /// NAME=PORT names one for a chain graph's port(NAME) and branch labels. A replay
+    /// writing a pcap --output takes pcap files here too (verdict i to the i-th file).
+    #[arg(long = "port", value_name = "[NAME=]PORT")]
     pub ports: Vec<String>,
     /// Stamp --output packets with the time they were sent instead of their own (the input's) time.
     #[arg(long)]
@@ -124,7 +126,8 @@ pub struct LiveArgs {
 #[derive(clap::Args, Debug, Default)]
 #[command(next_help_heading = "Chain and executor")]
 pub struct PipelineArgs {
-    /// Chain spec, e.g. "forward -> count".
+    /// Chain spec, e.g. "forward -> count", or a chain graph splitting packets by verdict,
+    /// e.g. "acl(rules=r.txt) -> { allow: fsc -> port(a) ; deny: count -> port(b) }" (with --port a=.. --port b=..).
     #[arg(long, short = 'c', default_value = DEFAULT_CHAIN, conflicts_with = "chain_file")]
     pub chain: String,
     /// Chain from a TOML file (`chain = "..."` or `[[nf]]` tables with `name` and parameters).
@@ -517,12 +520,9 @@ pub fn run_cmd(mut a: RunArgs, cli: &[std::ffi::OsString]) -> Result<(), CliErro
         Some(path) => Input::File(path),
         None => Input::Generated(Box::new(parse_gen(a.traffic.gen.as_deref().unwrap_or(DEFAULT_GEN))?)),
     };
-    let live_out = a
-        .outputs
-        .output
-        .as_ref()
-        .is_some_and(|p| crate::io_port_spec(&p.to_string_lossy()).is_some_and(|s| s.is_live()))
-        || !a.outputs.ports.is_empty();
+    let is_live = |p: &str| crate::io_port_spec(p).is_some_and(|s| s.is_live());
+    let live_ports = a.outputs.ports.iter().filter(|p| is_live(port_arg(p).1)).count();
+    let live_out = a.outputs.output.as_ref().is_some_and(|p| is_live(&p.to_string_lossy())) || live_ports > 0;
     if !live_out && (a.live.promisc || a.live.eal.is_some()) {
         let opt = if a.live.promisc { "--promisc" } else { "--eal" };
         return Err(CliError::new(format!(
@@ -532,20 +532,32 @@ pub fn run_cmd(mut a: RunArgs, cli: &[std::ffi::OsString]) -> Result<(), CliErro
     // Every destination is checked before the first packet: export files first
     // (creating the pcap truncates an existing one), then the output.
     let exports = crate::results::create_exports(&parse_exports(&a.outputs.export)?)?;
-    let mut pcap_path = None;
+    let mut pcap_paths = Vec::new();
     let output = match &a.outputs.output {
         Some(_) if live_out => {
             let (ports, files) = crate::cmd_live::output_ports(&a, cores, 0)?;
             if !files.is_empty() {
-                return Err(CliError::new("a replayed input writes one pcap --output; --port takes live ports"));
+                return Err(CliError::new(
+                    "a replayed input writes either live ports or pcap files (--output and --port), not both",
+                ));
             }
             Output::Ports(ports)
         }
         Some(p) => {
-            let p = crate::cmd_live::file_of(p);
-            let w = crate::results::create_pcap(&p, "--output")?;
-            pcap_path = Some(p);
-            Output::Pcap(w)
+            // Verdict 0 to --output, verdict i to the i-th --port file.
+            let mut ws = Vec::new();
+            let files = std::iter::once(p.clone()).chain(a.outputs.ports.iter().map(|q| PathBuf::from(port_arg(q).1)));
+            for (i, f) in files.enumerate() {
+                let f = crate::cmd_live::file_of(&f);
+                let what = if i == 0 { "--output".to_string() } else { format!("--port {}", f.display()) };
+                ws.push(crate::results::create_pcap(&f, &what)?);
+                pcap_paths.push(f);
+            }
+            if ws.len() == 1 {
+                Output::Pcap(ws.remove(0))
+            } else {
+                Output::Pcaps(ws)
+            }
         }
         None => Output::Discard,
     };
@@ -556,8 +568,18 @@ pub fn run_cmd(mut a: RunArgs, cli: &[std::ffi::OsString]) -> Result<(), CliErro
     // From here on nothing aborts the command: whatever cannot be written is
     // reported and turns the exit code to 1, after the report.
     let mut lost = crate::results::Losses::default();
-    if let (Output::Pcap(w), Some(p)) = (output, &pcap_path) {
-        lost.close_pcap(p, w);
+    match output {
+        Output::Pcap(w) => {
+            if let Some(p) = pcap_paths.first() {
+                lost.close_pcap(p, w);
+            }
+        }
+        Output::Pcaps(ws) => {
+            for (p, w) in pcap_paths.iter().zip(ws) {
+                lost.close_pcap(p, w);
+            }
+        }
+        _ => {}
     }
     lost.commit_exports(exports, |nf| export_rows(&report, nf));
     if a.outputs.json {
@@ -610,6 +632,33 @@ fn check_paced_length(cfg: &RunConfig, packets: u64) -> Result<(), CliError> {
     Ok(())
 }
 
+/// `--port`'s value: its name (`NAME=`, a name being `[A-Za-z_][A-Za-z0-9_]*`) and the port itself.
+pub(crate) fn port_arg(arg: &str) -> (Option<&str>, &str) {
+    match arg.split_once('=') {
+        Some((n, rest))
+            if n.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+        {
+            (Some(n), rest)
+        }
+        _ => (None, arg),
+    }
+}
+
+/// The names `--port NAME=PORT` gives, with their verdicts (the i-th `--port` is verdict i).
+pub(crate) fn port_names(a: &RunArgs) -> Result<Vec<(String, u16)>, CliError> {
+    let mut names: Vec<(String, u16)> = Vec::new();
+    for (i, p) in a.outputs.ports.iter().enumerate() {
+        if let (Some(n), _) = port_arg(p) {
+            if names.iter().any(|(k, _)| k == n) {
+                return Err(CliError::new(format!("--port: the name '{n}' is given twice")));
+            }
+            names.push((n.to_string(), (i + 1).min(u16::MAX as usize - 1) as u16));
+        }
+    }
+    Ok(names)
+}
+
 /// The chain `a` gives: the config file's [[nf]] tables, --chain-file, or --chain.
 pub(crate) fn chain_spec(a: &RunArgs) -> Result<spec::ChainSpec, CliError> {
     Ok(match (&a.nf_chain, &a.pipeline.chain_file) {
@@ -632,6 +681,10 @@ pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliErr
     } else {
         Some(a.traffic.loops.unwrap_or(1))
     };
+    let mut spec = spec;
+    if spec.is_graph() {
+        spec.bind_ports(&port_names(a)?).map_err(|e| CliError::new(format!("chain graph: {e}")))?;
+    }
     let exports = parse_exports(&a.outputs.export)?;
     let priority = match &a.strategy.priority {
         Some(p) => Some((p.clone(), flowplane_engine::runner::PriorityClass::parse(p).map_err(CliError::new)?)),

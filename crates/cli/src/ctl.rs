@@ -429,7 +429,7 @@ impl Server {
                 let named = e.starts_with(&format!("{}:", nf.name));
                 format!("{}{e} (nothing applied)", if named { String::new() } else { format!("{label}: ") })
             };
-            let one = ChainSpec { nfs: vec![nf.clone()] };
+            let one = ChainSpec::linear(vec![nf.clone()]);
             let mut chain = flowplane_engine::chain::Chain::build(&one).map_err(|e| refuse(e.to_string()))?;
             let mut p = flowplane_nf::Params::new(&nf.name, nf.params.clone());
             if let Some(st) = chain.stages.first_mut() {
@@ -517,7 +517,7 @@ impl Server {
                 Answer::Report(Some(r)) => {
                     // The NF's own merge hook (a one-NF chain built for it).
                     if hook.is_none() {
-                        let one = ChainSpec { nfs: vec![self.spec.nfs[i].clone()] };
+                        let one = ChainSpec::linear(vec![self.spec.nfs[i].clone()]);
                         hook = Some(flowplane_engine::chain::Chain::build(&one).map_err(|e| e.to_string())?);
                     }
                     match (&mut merged, hook.as_ref().and_then(|c| c.stages.first())) {

@@ -200,6 +200,7 @@ fn cases(dir: &Path) -> Vec<Case> {
     };
     let no = |v: &[&str]| s(v);
     let exp_out = out.clone();
+    let (exp_o3, exp_port) = (p("o3.pcap"), port.clone());
     let exp_export = export.clone();
     let (rr0, rr1) = (r0.clone(), r1.clone());
     vec![
@@ -225,10 +226,15 @@ fn cases(dir: &Path) -> Vec<Case> {
             })),
         },
         Case {
+            // A replay writes verdict i to the i-th --port file (without it, every verdict to --output).
             opt: "--port",
-            without: plus(std(), &["--output", &p("o2.pcap")]),
-            with: plus(std(), &["--output", &p("o3.pcap"), "--port", &port]),
-            expect: Expect::Refused("--port takes live ports"),
+            without: base("forward(port=1)", &["--output", &p("o2.pcap")]),
+            with: base("forward(port=1)", &["--output", &p("o3.pcap"), "--port", &format!("b={port}")]),
+            expect: Expect::Check(Box::new(move |_, w| {
+                let (n0, _) = pcap(Path::new(&exp_o3))?;
+                let (n1, _) = pcap(Path::new(&exp_port))?;
+                ok(n0 == 0 && n1 as u64 == w.u("/packets_out") && n1 > 0, || format!("{n0} to --output, {n1} to --port"))
+            })),
         },
         Case { opt: "--promisc", without: std(), with: plus(std(), &["--promisc"]), expect: Expect::Refused("--promisc configures live ports") },
         Case { opt: "--eal", without: std(), with: plus(std(), &["--eal", "--no-huge"]), expect: Expect::Refused("--eal configures live ports") },

@@ -63,17 +63,17 @@ fn store_bytes(flows: usize, state_size: usize) -> u128 {
     v4.unwrap_or(0) + v6.unwrap_or(0)
 }
 
-/// Everything [`nf_needs`] leaves out, from the built chain (its state sizes and coarse groups).
-pub fn run_needs(cfg: &RunConfig, chain: &Chain) -> Vec<Need> {
-    let w = workers(cfg);
+/// One worker's flow tables and the run's shared tables for `chain` and,
+/// in a graph, every branch segment (each has its own).
+fn chain_bytes(cfg: &RunConfig, chain: &Chain) -> (u128, u128) {
     let scr = cfg.scale == "scr";
-    let mut needs = Vec::new();
+    let mut per_worker: u128 = 0;
     if chain.is_stateful() {
         let info = cfg.exec.kind.info();
         let per_nf = info.layout == StateLayout::PerNf || !cfg.exec.match_sharing;
         // Under scr the executor's tables hold 1024 flows and the replica's table (at most --flows) the state.
         let flows = if scr { 1024 } else { cfg.exec.flows };
-        let mut per_worker: u128 = if per_nf {
+        per_worker = if per_nf {
             chain
                 .stages
                 .iter()
@@ -88,13 +88,29 @@ pub fn run_needs(cfg: &RunConfig, chain: &Chain) -> Vec<Need> {
         if scr {
             per_worker += FlowTable::<FiveTupleV4>::footprint(cfg.exec.flows, chain.state_size.max(1)).unwrap_or(0);
         }
+    }
+    let mut shared: u128 =
+        chain.groups.iter().map(|g| SharedFlowTable::<u128>::footprint(cfg.exec.flows, 1 + g.words)).sum();
+    for b in &chain.branches {
+        let (t, s) = chain_bytes(cfg, &b.chain);
+        per_worker += t;
+        shared += s;
+    }
+    (per_worker, shared)
+}
+
+/// Everything [`nf_needs`] leaves out, from the built chain (its state sizes and coarse groups).
+pub fn run_needs(cfg: &RunConfig, chain: &Chain) -> Vec<Need> {
+    let w = workers(cfg);
+    let scr = cfg.scale == "scr";
+    let mut needs = Vec::new();
+    let (tables, shared) = chain_bytes(cfg, chain);
+    if tables > 0 {
         needs.push(Need {
             what: format!("--flows {} (flow tables of {w} worker(s))", cfg.exec.flows),
-            bytes: per_worker * w,
+            bytes: tables * w,
         });
     }
-    let shared: u128 =
-        chain.groups.iter().map(|g| SharedFlowTable::<u128>::footprint(cfg.exec.flows, 1 + g.words)).sum();
     if shared > 0 {
         needs.push(Need { what: format!("--flows {} (shared tables)", cfg.exec.flows), bytes: shared });
     }

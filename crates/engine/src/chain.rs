@@ -5,6 +5,13 @@
 //! flow (FAJITA ①): states are packed back to back, smallest first, so the
 //! first cache line covers as many NFs as possible. Stateless elements
 //! (`forward`, `count`) stay batch-level stages in their chain position.
+//!
+//! A chain graph (`acl -> { allow: lb ; deny: count -> port(m) }`, see
+//! [`crate::spec`]) compiles segment by segment: each linear segment is a
+//! [`Chain`] of its own (its own aggregated block, coarse groups and, once
+//! running, its own table and batched lookups), with its branches in
+//! [`Chain::branches`]; [`crate::graph`] runs them. A spec without branches
+//! and ports compiles to exactly the linear chain of before (no branches).
 
 use flowplane_nf::registry::{self, NfSink};
 use flowplane_nf::stateful::Granularity;
@@ -12,7 +19,7 @@ use flowplane_nf::{Export, Nf, NfCounters, Params, StatefulNf};
 
 use crate::coarse::{GroupLayout, MAX_GROUP_WORDS};
 use crate::error::EngineError;
-use crate::spec::ChainSpec;
+use crate::spec::{ChainSpec, Label, PortRef};
 use crate::stage::{BlockIdle, StatefulStage, Typed};
 
 /// One stage of a compiled chain.
@@ -134,6 +141,32 @@ pub struct Chain {
     pub idle_timeout_ns: Option<u64>,
     /// Coarse groups (one per coarse granularity used), in order of first use.
     pub groups: Vec<GroupLayout>,
+    /// A graph segment's branches (empty: a linear chain, or a segment
+    /// ending in a port or in nothing).
+    pub branches: Vec<Branch>,
+    /// `port(P)`: the output port of every packet this segment passes.
+    pub port: Option<u16>,
+}
+
+/// Which of the branching segment's verdicts a branch takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BranchOn {
+    /// Every verdict but drop, without a port branch of its own.
+    Pass,
+    /// Dropped packets (revived: verdict 0 before the branch's NFs).
+    Drop,
+    /// Packets sent to this port.
+    Port(u16),
+}
+
+/// One branch of a graph segment.
+pub struct Branch {
+    /// Which verdicts it takes.
+    pub on: BranchOn,
+    /// Its labels from the root (`deny`, `allow/1`): NFs report as `path/name`.
+    pub path: String,
+    /// The branch's segment (with its own branches).
+    pub chain: Chain,
 }
 
 fn align_up(x: usize, a: usize) -> usize {
@@ -175,6 +208,18 @@ impl Chain {
     /// the per-core aggregated block: the `shared` strategy, which sprays a
     /// flow's packets over every core.
     pub fn build_with(spec: &ChainSpec, shared_flows: bool) -> Result<Chain, EngineError> {
+        if spec.is_graph() {
+            if let Some(n) = spec.unbound_port() {
+                return Err(EngineError::Config(format!(
+                    "chain graph: no output port is named '{n}' (name one with --port {n}=SPEC)"
+                )));
+            }
+            return Chain::build_segment(spec, 0, shared_flows, None);
+        }
+        Chain::build_linear(spec, shared_flows)
+    }
+
+    fn build_linear(spec: &ChainSpec, shared_flows: bool) -> Result<Chain, EngineError> {
         let mut stages = Vec::with_capacity(spec.nfs.len());
         for s in &spec.nfs {
             stages.push(registry::build_with(&s.name, Params::new(&s.name, s.params.clone()), StageSink)?);
@@ -251,9 +296,80 @@ impl Chain {
                 });
             }
         }
-        let mut chain = Chain { stages, state_size: 0, idle_timeout_ns: None, groups };
+        let mut chain =
+            Chain { stages, state_size: 0, idle_timeout_ns: None, groups, branches: Vec::new(), port: None };
         chain.lay_out_flow_block(true);
         Ok(chain)
+    }
+
+    /// Segment `seg` of a graph with its branches; `rewritten`: an NF of an
+    /// earlier segment rewrites flows (no stateful NF may follow it).
+    fn build_segment(
+        spec: &ChainSpec,
+        seg: usize,
+        shared_flows: bool,
+        rewritten: Option<&'static str>,
+    ) -> Result<Chain, EngineError> {
+        let mut chain = Chain::build_linear(&spec.segment_spec(seg), shared_flows)?;
+        if let (Some(after), Some(nf)) = (rewritten, chain.first_stateful()) {
+            return Err(EngineError::StatefulAfterRewrite { nf, after });
+        }
+        let rewritten = rewritten.or_else(|| {
+            chain.stages.iter().find_map(|s| match s {
+                Stage::Stateless(nf) if nf.rewrites_flow() => Some(nf.name()),
+                _ => None,
+            })
+        });
+        chain.port = match &spec.segments[seg].port {
+            None => None,
+            Some(PortRef::Num(p)) => Some(*p),
+            Some(PortRef::Name(n)) => return Err(EngineError::Config(format!("chain graph: unbound port '{n}'"))),
+        };
+        for k in spec.children(seg) {
+            let on = match &spec.segments[k].on {
+                Label::Allow => BranchOn::Pass,
+                Label::Deny => BranchOn::Drop,
+                Label::Port(p) => BranchOn::Port(*p),
+                Label::Named(n) => return Err(EngineError::Config(format!("chain graph: unbound port '{n}'"))),
+            };
+            // Bound names may make two labels one port.
+            if chain.branches.iter().any(|b| b.on == on) {
+                return Err(EngineError::Config(format!(
+                    "chain graph: two branches of '{}' take the same verdict",
+                    spec.segment_path(seg)
+                )));
+            }
+            let sub = Chain::build_segment(spec, k, shared_flows, rewritten)?;
+            chain.branches.push(Branch { on, path: spec.segment_path(k), chain: sub });
+        }
+        Ok(chain)
+    }
+
+    fn first_stateful(&self) -> Option<&'static str> {
+        self.stages.iter().find_map(|s| match s {
+            Stage::Stateful { nf, .. } => Some(nf.name()),
+            Stage::Stateless(_) => None,
+        })
+    }
+
+    /// Every stage of the graph, depth first (the order of the spec's `nfs`),
+    /// with its segment's path (empty for the root).
+    pub fn all_stages(&self) -> Vec<(&str, &Stage)> {
+        let mut out = Vec::new();
+        self.collect_stages("", &mut out);
+        out
+    }
+
+    fn collect_stages<'a>(&'a self, path: &'a str, out: &mut Vec<(&'a str, &'a Stage)>) {
+        out.extend(self.stages.iter().map(|s| (path, s)));
+        for b in &self.branches {
+            b.chain.collect_stages(&b.path, out);
+        }
+    }
+
+    /// True for a graph segment (branches or a port).
+    pub fn is_graph(&self) -> bool {
+        !self.branches.is_empty() || self.port.is_some()
     }
 
     /// Lays out the aggregated 5-tuple block: the auxiliary table's pinned
@@ -305,15 +421,18 @@ impl Chain {
         self.idle_timeout_ns = timeout;
     }
 
-    /// The first NF that needs both directions of a connection on one core.
+    /// The first NF (of the whole graph) that needs both directions of a connection on one core.
     pub fn needs_symmetric_rss(&self) -> Option<&'static str> {
-        self.stages.iter().find_map(|s| match s {
-            Stage::Stateful { nf, .. } if nf.both_directions() => Some(nf.name()),
-            _ => None,
-        })
+        self.stages
+            .iter()
+            .find_map(|s| match s {
+                Stage::Stateful { nf, .. } if nf.both_directions() => Some(nf.name()),
+                _ => None,
+            })
+            .or_else(|| self.branches.iter().find_map(|b| b.chain.needs_symmetric_rss()))
     }
 
-    /// True if any stage keeps per-flow state.
+    /// True if any stage of this segment (not its branches) keeps per-flow state.
     pub fn is_stateful(&self) -> bool {
         self.stages.iter().any(|s| matches!(s, Stage::Stateful { .. }))
     }

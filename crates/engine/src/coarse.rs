@@ -56,6 +56,9 @@ pub struct SharedStores {
     pub tables: Vec<Arc<SharedFlowTable<u128>>>,
     /// The packet clocks of the cores sharing them (for the sweep).
     pub clocks: Arc<CoreClocks>,
+    /// A chain graph's branches' tables, in [`crate::chain::Chain::branches`]
+    /// order (each segment has its own groups; empty for a linear chain).
+    pub branches: Vec<SharedStores>,
 }
 
 /// Most cores (contexts) whose clocks hold the shared sweep back at once.
@@ -161,7 +164,20 @@ impl SharedStores {
             let t = SharedFlowTable::new(SharedTableConfig { capacity, state_words: 1 + g.words, idle_timeout_ns })?;
             tables.push(Arc::new(t));
         }
-        Ok(SharedStores { tables, clocks: Arc::default() })
+        Ok(SharedStores { tables, clocks: Arc::default(), branches: Vec::new() })
+    }
+
+    /// [`SharedStores::new`] for every segment of `chain` (a graph's branches too).
+    pub fn for_chain(
+        chain: &crate::chain::Chain,
+        capacity: usize,
+        default_idle_timeout_ns: u64,
+    ) -> Result<Self, EngineError> {
+        let mut s = SharedStores::new(&chain.groups, capacity, default_idle_timeout_ns)?;
+        for b in &chain.branches {
+            s.branches.push(SharedStores::for_chain(&b.chain, capacity, default_idle_timeout_ns)?);
+        }
+        Ok(s)
     }
 
     /// For a replay: a silent core holds the sweep back until it drops its
@@ -176,6 +192,7 @@ impl SharedStores {
         if let Some(c) = Arc::get_mut(&mut self.clocks) {
             c.stale = u64::MAX;
         }
+        self.branches = std::mem::take(&mut self.branches).into_iter().map(SharedStores::for_replay).collect();
         self
     }
 }

@@ -140,7 +140,7 @@ impl Mailboxes {
 /// One command on one worker's pipeline.
 fn carry_out(w: usize, cmd: &Command, pipeline: &mut Pipeline) -> Answer {
     match cmd {
-        Command::Reconfigure { index, nf } => match pipeline.chain_mut().stages.get_mut(*index) {
+        Command::Reconfigure { index, nf } => match pipeline.stage_mut(*index) {
             Some(stage) if stage.name() == nf.name => {
                 let mut p = Params::new(&nf.name, nf.params.clone());
                 match stage.reconfigure(&mut p) {
@@ -152,13 +152,13 @@ fn carry_out(w: usize, cmd: &Command, pipeline: &mut Pipeline) -> Answer {
         },
         Command::Flow { key } => Answer::Flow(pipeline.flow_rows(key, w == 0)),
         Command::Export { index } => {
-            let Some(stage) = pipeline.chain().stages.get(*index) else {
+            let stages = pipeline.stages();
+            let Some((_, stage)) = stages.get(*index) else {
                 return Answer::Refused(format!("no NF at position {index} of the chain"));
             };
             match stage.export_kind() {
                 flowplane_nf::Export::State => {
-                    let name = stage.name();
-                    Answer::Rows(pipeline.export(name, w == 0).unwrap_or_default())
+                    Answer::Rows(pipeline.export_at(*index, w == 0, &|_| None).unwrap_or_default())
                 }
                 flowplane_nf::Export::Report => Answer::Report(stage.report()),
                 flowplane_nf::Export::None => Answer::Refused(format!("{} keeps no exportable state", stage.name())),
@@ -179,7 +179,7 @@ mod tests {
     fn live_parameters_are_exactly_the_ones_reconfigure_takes() {
         let mut checked = 0;
         for d in flowplane_nf::registry::NFS {
-            let spec = ChainSpec { nfs: vec![NfSpec { name: d.name.to_string(), params: Vec::new() }] };
+            let spec = ChainSpec::linear(vec![NfSpec { name: d.name.to_string(), params: Vec::new() }]);
             // NFs that need a parameter to be built (a session file, a table) are skipped.
             let Ok(mut chain) = Chain::build(&spec) else { continue };
             let mut p = Params::new(d.name, Vec::new());

@@ -3,7 +3,10 @@
 //! merges counters, TSC cycles and batch-latency histograms into a [`Report`].
 //!
 //! - [`spec`]: the chain-spec language.
-//! - [`chain`]: building NF instances from a spec (one set per core).
+//! - [`chain`]: building NF instances from a spec (one set per core; a
+//!   chain graph segment by segment).
+//! - [`graph`]: a chain graph's branch points: the batch split into
+//!   sub-batches by verdict, each branch's pipeline, the join.
 //! - [`worker`]: the per-core run loop.
 //! - [`runner`]: starting workers on cores and collecting the report.
 //! - [`live`]: long-running runs on real ports (until stopped), with live figures.
@@ -16,6 +19,7 @@ pub mod coarse;
 pub mod control;
 pub mod error;
 pub mod exec;
+pub mod graph;
 pub mod hist;
 pub mod live;
 pub mod load;

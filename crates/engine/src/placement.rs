@@ -40,10 +40,12 @@ fn refuse(strategy: &str, msg: String) -> EngineError {
 
 /// The placements of the chain's stateful NFs and of the stateless elements
 /// that declare one (amf's private UE table): (spec index, name, placement).
+/// A graph's NFs count in the spec's flat order (every segment's).
 fn placements(chain: &Chain) -> Vec<(usize, &'static str, Placement)> {
     chain
-        .stages
-        .iter()
+        .all_stages()
+        .into_iter()
+        .map(|(_, s)| s)
         .enumerate()
         .filter_map(|(i, s)| match s {
             Stage::Stateful { nf, .. } => Some((i, nf.name(), nf.placement())),
@@ -79,6 +81,9 @@ pub fn plan(
     let mut p = Plan { symmetric: symmetric_flag, overrides: vec![Vec::new(); cores], ..Plan::default() };
     let ps = placements(chain);
     let moves = strategy.controller().is_some();
+    if strategy.delivery() == Delivery::Sequenced && chain.is_graph() {
+        return Err(refuse(name, "chain graphs run on per-core state; SCR replicas run one linear chain".to_string()));
+    }
     if strategy.delivery() == Delivery::Sequenced {
         // SCR: every core holds every key, so no steering is needed; each NF must opt in.
         // A stateless element's own state is not replicated: it sees only its core's share.
@@ -105,9 +110,9 @@ pub fn plan(
     if strategy.delivery() == Delivery::Spray {
         // A flow's packets reach every core: 5-tuple state moves to shared tables.
         p.shared_flows = chain
-            .stages
-            .iter()
-            .any(|s| matches!(s, Stage::Stateful { nf, .. } if nf.granularity() == Granularity::FiveTuple));
+            .all_stages()
+            .into_iter()
+            .any(|(_, s)| matches!(s, Stage::Stateful { nf, .. } if nf.granularity() == Granularity::FiveTuple));
         for (_, nf, pl) in &ps {
             if let Some(why) = spray_refusal(nf, pl) {
                 return Err(refuse(name, why));

@@ -422,18 +422,7 @@ impl ScaleReport {
 }
 
 fn spec_string(spec: &ChainSpec) -> String {
-    spec.nfs
-        .iter()
-        .map(|n| {
-            if n.params.is_empty() {
-                n.name.clone()
-            } else {
-                let ps: Vec<String> = n.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                format!("{}({})", n.name, ps.join(", "))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" -> ")
+    spec.to_string()
 }
 
 impl Report {

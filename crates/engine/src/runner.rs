@@ -40,6 +40,9 @@ pub enum Output {
     Discard,
     /// Written to a pcap file shared by all workers.
     Pcap(SharedPcapWriter),
+    /// Written by verdict (verdict i = file i) to pcap files shared by all
+    /// workers: a replay's `--output` and `--port` files.
+    Pcaps(Vec<SharedPcapWriter>),
     /// Sent on ports, by verdict (port i = verdict i); worker w uses TX queue w of each.
     Ports(Vec<Arc<dyn flowplane_io::port::Port>>),
 }
@@ -370,11 +373,12 @@ fn build_chains(cfg: &RunConfig, spec: &ChainSpec, workers: usize) -> Result<Vec
         chains.push(Chain::build(spec)?);
     }
     for e in &cfg.export {
-        if !spec.nfs.iter().any(|n| &n.name == e) {
+        // A graph's NF by its path (`deny/count`) or a name only one NF has.
+        let Some(i) = spec.find_nf(e).map_err(EngineError::Config)? else {
             return Err(EngineError::ExportNotInChain(e.clone()));
-        }
+        };
         // Refused before any traffic: an NF without exportable state would write an empty file.
-        let stage = chains.first().and_then(|c| c.stages.iter().find(|s| s.name() == e));
+        let stage = chains.first().and_then(|c| c.all_stages().get(i).map(|s| s.1));
         if stage.is_some_and(|s| s.export_kind() == Export::None) {
             return Err(EngineError::ExportRefused(e.clone()));
         }

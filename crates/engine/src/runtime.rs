@@ -156,7 +156,7 @@ pub(crate) fn run_workers(
     // Coarse state is shared by every core: one table per coarse group, created once.
     let shared = match chains.first() {
         Some(c) => {
-            let s = SharedStores::new(&c.groups, cfg.exec.flows, cfg.exec.default_idle_timeout_ns)?;
+            let s = SharedStores::for_chain(c, cfg.exec.flows, cfg.exec.default_idle_timeout_ns)?;
             if trace.is_some() {
                 s.for_replay()
             } else {
@@ -295,19 +295,18 @@ pub(crate) fn run_workers(
                                     exec.prefault();
                                     pool.prefault();
                                 }
+                                let stamp = if cfg.restamp {
+                                    Stamp::Transmit { tsc0: start_tsc, epoch_ns, tsc_hz: hz }
+                                } else {
+                                    Stamp::Packet { base_ns: trace.as_ref().map_or(0, |t| t.base_ns()) }
+                                };
                                 let sink: Box<dyn Sink> = match (&output, live) {
                                     (_, Some(l)) => {
                                         Box::new(crate::live::port_sink(&l.outputs, w, Some(Arc::clone(&l.no_port)))?)
                                     }
                                     (Output::Discard, None) => Box::new(Discard),
-                                    (Output::Pcap(wr), None) => {
-                                        let stamp = if cfg.restamp {
-                                            Stamp::Transmit { tsc0: start_tsc, epoch_ns, tsc_hz: hz }
-                                        } else {
-                                            Stamp::Packet { base_ns: trace.as_ref().map_or(0, |t| t.base_ns()) }
-                                        };
-                                        Box::new(PcapSink::new(wr.clone(), stamp))
-                                    }
+                                    (Output::Pcap(wr), None) => Box::new(PcapSink::new(wr.clone(), stamp)),
+                                    (Output::Pcaps(ws), None) => Box::new(PcapSink::by_verdict(ws.clone(), stamp)),
                                     (Output::Ports(ports), None) => Box::new(crate::live::port_sink(ports, w, None)?),
                                 };
                                 // Behind a steering table a worker hands state over and takes it in (moves).
@@ -815,11 +814,10 @@ pub(crate) fn control_tick<'c>(st: &Steering, controller: Option<&mut (dyn Contr
 pub(crate) fn merge_details(workers: &[WorkerResult], pipelines: &[Pipeline]) -> Vec<Option<serde_json::Value>> {
     let Some(first) = pipelines.first() else { return Vec::new() };
     first
-        .chain()
-        .stages
-        .iter()
+        .stages()
+        .into_iter()
         .enumerate()
-        .map(|(i, stage)| {
+        .map(|(i, (_, stage))| {
             let mut merged: Option<serde_json::Value> = None;
             for d in workers.iter().filter_map(|w| w.nfs.get(i).and_then(|n| n.2.as_ref())) {
                 match &mut merged {
@@ -848,8 +846,9 @@ pub(crate) fn collect_exports(
     let Some(first) = pipelines.first() else { return Vec::new() };
     let mut out = Vec::new();
     for name in names {
-        let Some(i) = first.chain().stages.iter().position(|s| s.name() == name) else { continue };
-        let stage = &first.chain().stages[i];
+        let Some(i) = first.stage_index(name) else { continue };
+        let stages = first.stages();
+        let stage = stages[i].1;
         let rows = match stage.export_kind() {
             Export::State if scr.is_some() => {
                 scr.and_then(|(r, k)| r.export(first.chain(), name, &k.v6_folds)).unwrap_or_default()

@@ -707,6 +707,124 @@ impl Batch {
     }
 }
 
+/// Why [`Batch::split_into`] or [`Batch::join_from`] refused (nothing moved).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitError {
+    /// A part is bound to another pool's memory.
+    ForeignPart,
+    /// A part was not empty before a split.
+    PartNotEmpty,
+    /// A lane number names no part, or fewer lanes than packets were given.
+    BadLane,
+    /// A join found a part's packet count different from its lanes' (or the batch not empty).
+    Mismatch,
+}
+
+impl Batch {
+    /// An empty batch bound to the same pool memory as `self` (a part for
+    /// [`Batch::split_into`]). Allocates: create parts once, reuse them.
+    pub fn sibling(&self) -> Box<Batch> {
+        Box::new(Batch {
+            mem: Arc::clone(&self.mem),
+            len: 0,
+            buf: [0; MAX_BATCH],
+            off: [0; MAX_BATCH],
+            pkt_len: [0; MAX_BATCH],
+            rss_hash: [0; MAX_BATCH],
+            verdict: [0; MAX_BATCH],
+            ts: [0; MAX_BATCH],
+            ts_max: 0,
+            ts_hint_len: 0,
+        })
+    }
+
+    /// True if `other` holds buffers of the same pool memory.
+    #[inline]
+    pub fn same_memory(&self, other: &Batch) -> bool {
+        Arc::ptr_eq(&self.mem, &other.mem)
+    }
+
+    /// Moves packet `i` (buffer ownership with its annotations) to the part
+    /// `parts[lane[i]]`, in order, leaving this batch empty: a branch point's
+    /// sub-batches (VPP's `nexts[]`). Every packet stays owned by exactly one
+    /// batch. Undo with [`Batch::join_from`] and the same lanes. Nothing
+    /// allocates; on an error nothing moved.
+    pub fn split_into(&mut self, lane: &[u8], parts: &mut [Box<Batch>]) -> Result<(), SplitError> {
+        let n = self.len;
+        if lane.len() < n || lane[..n].iter().any(|&l| l as usize >= parts.len()) {
+            return Err(SplitError::BadLane);
+        }
+        for p in parts.iter() {
+            if !self.same_memory(p) {
+                return Err(SplitError::ForeignPart);
+            }
+            if p.len != 0 {
+                return Err(SplitError::PartNotEmpty);
+            }
+        }
+        for (i, &l) in lane[..n].iter().enumerate() {
+            let p = &mut parts[l as usize];
+            let k = p.len;
+            p.buf[k] = self.buf[i];
+            p.off[k] = self.off[i];
+            p.pkt_len[k] = self.pkt_len[i];
+            p.rss_hash[k] = self.rss_hash[i];
+            p.verdict[k] = self.verdict[i];
+            p.ts[k] = self.ts[i];
+            p.len = k + 1;
+        }
+        for p in parts.iter_mut() {
+            p.ts_hint_len = usize::MAX;
+        }
+        self.empty();
+        Ok(())
+    }
+
+    /// Takes the packets [`Batch::split_into`] spread over `parts` back in
+    /// their original order (`lane` as given to the split), with whatever
+    /// their parts changed (verdicts, lengths, times), leaving the parts
+    /// empty. This batch must be empty. On an error nothing moved.
+    pub fn join_from(&mut self, lane: &[u8], parts: &mut [Box<Batch>]) -> Result<(), SplitError> {
+        let total: usize = parts.iter().map(|p| p.len).sum();
+        if self.len != 0 || lane.len() < total {
+            return Err(SplitError::Mismatch);
+        }
+        let mut counts = [0usize; 256];
+        for &l in &lane[..total] {
+            if l as usize >= parts.len() {
+                return Err(SplitError::BadLane);
+            }
+            counts[l as usize] += 1;
+        }
+        for (k, p) in parts.iter().enumerate() {
+            if !self.same_memory(p) {
+                return Err(SplitError::ForeignPart);
+            }
+            if counts[k] != p.len {
+                return Err(SplitError::Mismatch);
+            }
+        }
+        let mut at = [0usize; 256];
+        for (i, &l) in lane[..total].iter().enumerate() {
+            let p = &parts[l as usize];
+            let k = at[l as usize];
+            at[l as usize] = k + 1;
+            self.buf[i] = p.buf[k];
+            self.off[i] = p.off[k];
+            self.pkt_len[i] = p.pkt_len[k];
+            self.rss_hash[i] = p.rss_hash[k];
+            self.verdict[i] = p.verdict[k];
+            self.ts[i] = p.ts[k];
+        }
+        self.len = total;
+        self.ts_hint_len = usize::MAX;
+        for p in parts.iter_mut() {
+            p.empty();
+        }
+        Ok(())
+    }
+}
+
 impl std::fmt::Debug for Batch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Batch").field("len", &self.len).finish()
@@ -717,6 +835,39 @@ impl std::fmt::Debug for Batch {
 mod tests {
     use super::*;
     use crate::PoolConfig;
+
+    #[test]
+    fn split_and_join_keep_order_and_ownership() {
+        let mut pool = PacketPool::new(PoolConfig { buffers: 16, ..Default::default() }).unwrap();
+        let mut b = Batch::new(&pool);
+        for k in 0..6u8 {
+            assert!(b.push_copy(&mut pool, &[k; 60], u64::from(k)));
+        }
+        let lane = [1u8, 0, 1, 2, 0, 1];
+        let mut parts = vec![b.sibling(), b.sibling(), b.sibling()];
+        b.split_into(&lane, &mut parts).unwrap();
+        assert!(b.is_empty());
+        assert_eq!(parts.iter().map(|p| p.len()).collect::<Vec<_>>(), vec![2, 3, 1]);
+        // Per-lane order is the original order.
+        assert_eq!(parts[1].timestamps(), &[0, 2, 5]);
+        assert_eq!(parts[1].data(2)[0], 5);
+        parts[1].drop_packet(1);
+        parts[2].verdicts_mut()[0] = 7;
+        b.join_from(&lane, &mut parts).unwrap();
+        assert!(parts.iter().all(|p| p.is_empty()));
+        assert_eq!(b.timestamps(), &[0, 1, 2, 3, 4, 5]);
+        assert_eq!(b.verdicts(), &[0, 0, DROP, 7, 0, 0]);
+        assert!((0..6).all(|k| b.data(k)[0] == k as u8));
+        // Errors move nothing.
+        let mut bad = vec![b.sibling()];
+        assert_eq!(b.split_into(&lane, &mut bad), Err(SplitError::BadLane));
+        assert_eq!(b.len(), 6);
+        let other = PacketPool::new(PoolConfig { buffers: 4, ..Default::default() }).unwrap();
+        let mut foreign = vec![Batch::new(&other), b.sibling(), b.sibling()];
+        assert_eq!(b.split_into(&lane, &mut foreign), Err(SplitError::ForeignPart));
+        b.free_all(&mut pool).unwrap();
+        assert_eq!(pool.stats().free, 16);
+    }
 
     fn pool(n: usize) -> PacketPool {
         PacketPool::new(PoolConfig { buffers: n, ..PoolConfig::default() }).unwrap()

@@ -22,7 +22,7 @@ mod batch;
 mod pool;
 pub mod tsc;
 
-pub use batch::{Batch, Lanes, Line, RxTimes, Verdict, DROP, MAX_BATCH};
+pub use batch::{Batch, Lanes, Line, RxTimes, SplitError, Verdict, DROP, MAX_BATCH};
 pub use pool::{PacketPool, PoolConfig, PoolError, PoolStats, RegionGuard, REGION_ALIGN};
 
 /// Default buffer size (data room + headroom), as DPDK's default mbuf.

@@ -31,6 +31,7 @@ use serde::{Serialize, Serializer};
 use crate::chain::{Chain, Stage};
 use crate::coarse::SharedStores;
 use crate::error::EngineError;
+use crate::graph::{take_graph, Arm, Graph};
 
 mod context;
 mod migrate;
@@ -317,10 +318,17 @@ impl StoreReport {
 }
 
 /// One core's chain with its state and executor: what a worker calls per batch.
+///
+/// A chain graph's pipeline is its root segment's, with the branch point in
+/// `graph` (each branch a pipeline of its own, see [`crate::graph`]); for a
+/// linear chain `graph` is `None` and nothing else differs. Results, exports,
+/// hand-overs and parameter changes cover every segment; NF indices are the
+/// spec's flat order ([`crate::spec::ChainSpec::nfs`]).
 pub struct Pipeline {
     kind: ExecKind,
     cx: ExecContext,
     exec: Box<dyn Executor>,
+    graph: Option<Box<Graph>>,
 }
 
 impl Pipeline {
@@ -329,6 +337,12 @@ impl Pipeline {
     /// [`SharedStores::new`] from `chain.groups`; an empty one is fine for
     /// chains without coarse NFs).
     pub fn new(mut chain: Chain, mut cfg: ExecConfig, shared: SharedStores) -> Result<Self, EngineError> {
+        let (port, branches) = take_graph(&mut chain);
+        let graph = if port.is_none() && branches.is_empty() {
+            None
+        } else {
+            Some(Box::new(Graph::new(port, branches, cfg, &shared.branches)?))
+        };
         if !cfg.match_sharing && cfg.kind.info().layout == StateLayout::Aggregated {
             if cfg.kind != ExecKind::BATCH {
                 return Err(EngineError::Unsupported(format!(
@@ -344,7 +358,7 @@ impl Pipeline {
         let info = cfg.kind.info();
         let cx = ExecContext::new(chain, cfg, shared, info.layout)?;
         let exec = (info.new)(&cx);
-        Ok(Pipeline { kind: cfg.kind, cx, exec })
+        Ok(Pipeline { kind: cfg.kind, cx, exec, graph })
     }
 
     /// The executor.
@@ -352,8 +366,16 @@ impl Pipeline {
         self.kind
     }
 
-    /// Processes one batch through the whole chain.
+    /// Processes one batch through the whole chain (a graph's branches too).
     pub fn process(&mut self, batch: &mut Batch, ctx: &NfContext) {
+        self.process_segment(batch, ctx);
+        if let Some(g) = &mut self.graph {
+            g.run(batch, ctx);
+        }
+    }
+
+    #[inline(always)]
+    fn process_segment(&mut self, batch: &mut Batch, ctx: &NfContext) {
         if !self.cx.chain.is_stateful() {
             let n = batch.len();
             for s in self.cx.chain.stages.iter_mut() {
@@ -368,9 +390,110 @@ impl Pipeline {
         self.cx.expire(ctx.now_ns);
     }
 
-    /// Per-NF results: (name, counters, details).
+    /// A batch time without packets for this segment (a branch that got none):
+    /// expiry and the shared tables' clock advance as after a batch; its branches likewise.
+    pub(crate) fn idle(&mut self, now_ns: u64) {
+        if self.cx.chain.is_stateful() {
+            self.cx.expire(now_ns);
+        }
+        if let Some(g) = &mut self.graph {
+            for a in &mut g.arms {
+                a.pipe.idle(now_ns);
+            }
+        }
+    }
+
+    /// The branches (a linear chain's pipeline has none).
+    fn arms(&self) -> &[Arm] {
+        self.graph.as_deref().map_or(&[], |g| &g.arms)
+    }
+
+    /// Per-NF results: (name, counters, details); a graph's branch NFs named by
+    /// their path (`deny/count`), in the spec's flat order.
     pub fn nf_results(&self) -> Vec<(String, NfCounters, Option<serde_json::Value>)> {
-        self.cx.nf_results()
+        let mut out = self.cx.nf_results();
+        for a in self.arms() {
+            out.extend(a.pipe.nf_results().into_iter().map(|(n, c, d)| (format!("{}/{n}", a.label), c, d)));
+        }
+        out
+    }
+
+    /// Every stage of the graph in the spec's flat order, each named by its
+    /// path (`deny/count`; the root's NFs by name).
+    pub fn stages(&self) -> Vec<(String, &Stage)> {
+        let mut out: Vec<(String, &Stage)> = self.cx.chain.stages.iter().map(|s| (s.name().to_string(), s)).collect();
+        for a in self.arms() {
+            out.extend(a.pipe.stages().into_iter().map(|(n, s)| (format!("{}/{n}", a.label), s)));
+        }
+        out
+    }
+
+    /// Stage `i` of [`Pipeline::stages`], mutable (a run-time parameter change).
+    pub fn stage_mut(&mut self, mut i: usize) -> Option<&mut Stage> {
+        let here = self.cx.chain.stages.len();
+        if i < here {
+            return self.cx.chain.stages.get_mut(i);
+        }
+        i -= here;
+        for a in self.graph.as_deref_mut().map_or(&mut [][..], |g| &mut g.arms[..]) {
+            let n = a.pipe.stage_count();
+            if i < n {
+                return a.pipe.stage_mut(i);
+            }
+            i -= n;
+        }
+        None
+    }
+
+    fn stage_count(&self) -> usize {
+        self.cx.chain.stages.len() + self.arms().iter().map(|a| a.pipe.stage_count()).sum::<usize>()
+    }
+
+    /// The flat index of the NF `name` names: its path (`deny/count`; a root
+    /// NF's path is its name), or a name only one NF of the graph has.
+    pub fn stage_index(&self, name: &str) -> Option<usize> {
+        let st = self.stages();
+        if let Some(i) = st.iter().position(|(p, _)| p == name) {
+            return Some(i);
+        }
+        let mut by_name = st.iter().enumerate().filter(|(_, (_, s))| s.name() == name).map(|(i, _)| i);
+        match (by_name.next(), by_name.next()) {
+            (Some(i), None) => Some(i),
+            _ => None,
+        }
+    }
+
+    /// The segment pipeline holding flat stage `i`, and `i` within it.
+    fn segment_of(&self, mut i: usize) -> Option<(&Pipeline, usize)> {
+        let here = self.cx.chain.stages.len();
+        if i < here {
+            return Some((self, i));
+        }
+        i -= here;
+        for a in self.arms() {
+            let n = a.pipe.stage_count();
+            if i < n {
+                return a.pipe.segment_of(i);
+            }
+            i -= n;
+        }
+        None
+    }
+
+    /// Export rows of flat stage `i` (see [`Pipeline::export`]).
+    pub fn export_at(
+        &self,
+        i: usize,
+        include_shared: bool,
+        resolve: &dyn Fn(u128) -> Option<flowplane_wire::flow::FiveTuple>,
+    ) -> Option<Vec<serde_json::Value>> {
+        let (p, k) = self.segment_of(i)?;
+        // Rows of the k-th stage: the context finds an NF by name, so count same-named NFs before it.
+        let name = p.cx.chain.stages[k].name();
+        if p.cx.chain.stages[..k].iter().any(|s| s.name() == name) {
+            return None;
+        }
+        p.cx.export_resolving(name, include_shared, resolve)
     }
 
     /// Backs every per-core table's memory now, before the traffic starts:
@@ -381,6 +504,11 @@ impl Pipeline {
     pub fn prefault(&mut self) {
         for s in &mut self.cx.stores {
             s.prefault();
+        }
+        if let Some(g) = &mut self.graph {
+            for a in &mut g.arms {
+                a.pipe.prefault();
+            }
         }
     }
 
@@ -394,9 +522,24 @@ impl Pipeline {
         &self.cx.chain
     }
 
-    /// Table figures.
+    /// Table figures (a graph's: every segment's tables summed; `flows`
+    /// the most any one segment holds, a flow having an entry in each
+    /// stateful segment it reached).
     pub fn store_report(&self) -> StoreReport {
-        self.cx.store_report()
+        let mut r = self.cx.store_report();
+        for a in self.arms() {
+            let b = a.pipe.store_report();
+            let flows = r.flows.max(b.flows);
+            let keys = r.shared_keys + b.shared_keys;
+            let cap = r.shared_capacity + b.shared_capacity;
+            let full = r.shared_table_full + b.shared_table_full;
+            r.merge(&b);
+            r.flows = flows;
+            r.shared_keys = keys;
+            r.shared_capacity = cap;
+            r.shared_table_full = full;
+        }
+        r
     }
 
     /// Moves the per-flow entries whose key `pick` selects out of this
@@ -407,7 +550,14 @@ impl Pipeline {
         pick: &dyn Fn(&flowplane_wire::flow::FiveTuple) -> bool,
         out: &mut Vec<u8>,
     ) -> usize {
-        migrate::export_flows(&mut self.cx, pick, out)
+        if self.graph.is_none() {
+            return migrate::export_flows(&mut self.cx, pick, out);
+        }
+        let mut outs = [std::mem::take(out)];
+        let n = self.export_framed(&|k| pick(k).then_some(0), &mut outs);
+        let [o] = outs;
+        *out = o;
+        n
     }
 
     /// [`Pipeline::export_flows`] for several hand-overs in one pass: an entry
@@ -417,12 +567,52 @@ impl Pipeline {
         which: &dyn Fn(&flowplane_wire::flow::FiveTuple) -> Option<usize>,
         outs: &mut [Vec<u8>],
     ) -> usize {
-        migrate::export_flows_by(&mut self.cx, which, outs)
+        if self.graph.is_none() {
+            return migrate::export_flows_by(&mut self.cx, which, outs);
+        }
+        self.export_framed(which, outs)
+    }
+
+    /// A graph's hand-over: one section per segment, depth first (`len u32`, then the segment's entries).
+    fn export_framed(
+        &mut self,
+        which: &dyn Fn(&flowplane_wire::flow::FiveTuple) -> Option<usize>,
+        outs: &mut [Vec<u8>],
+    ) -> usize {
+        let starts: Vec<usize> = outs.iter_mut().map(section_open).collect();
+        let mut n = migrate::export_flows_by(&mut self.cx, which, outs);
+        for (o, &at) in outs.iter_mut().zip(&starts) {
+            section_close(o, at);
+        }
+        if let Some(g) = &mut self.graph {
+            for a in &mut g.arms {
+                n += a.pipe.export_framed(which, outs);
+            }
+        }
+        n
     }
 
     /// Imports entries another core's [`Pipeline::export_flows`] produced: (imported, refused).
     pub fn import_flows(&mut self, data: &[u8]) -> (usize, usize) {
-        migrate::import_flows(&mut self.cx, data)
+        if self.graph.is_none() {
+            return migrate::import_flows(&mut self.cx, data);
+        }
+        self.import_framed(data).0
+    }
+
+    /// [`Pipeline::import_flows`] of [`Pipeline::export_framed`]'s sections; returns what they left over.
+    fn import_framed<'a>(&mut self, data: &'a [u8]) -> ((usize, usize), &'a [u8]) {
+        let Some((mine, mut rest)) = section_read(data) else { return ((0, 0), &[]) };
+        let (mut ok, mut refused) = migrate::import_flows(&mut self.cx, mine);
+        if let Some(g) = &mut self.graph {
+            for a in &mut g.arms {
+                let ((o, r), left) = a.pipe.import_framed(rest);
+                ok += o;
+                refused += r;
+                rest = left;
+            }
+        }
+        ((ok, refused), rest)
     }
 
     /// Each stateful NF's state for flow `key` on this core (see [`ExecContext::flow_rows`]).
@@ -436,7 +626,7 @@ impl Pipeline {
 
     /// Export rows of NF `name`, if it exports state (see [`ExecContext::export`]).
     pub fn export(&self, name: &str, include_shared: bool) -> Option<Vec<serde_json::Value>> {
-        self.cx.export(name, include_shared)
+        self.export_resolving(name, include_shared, &|_| None)
     }
 
     /// Calls `f` with the key of every live flow: the entries of the first per-flow table (see
@@ -445,15 +635,40 @@ impl Pipeline {
         if let Some(s) = self.cx.stores.first() {
             s.for_each(|k, _| f(k));
         }
+        for a in self.arms() {
+            a.pipe.for_each_flow(f);
+        }
     }
 
     /// [`Pipeline::export`], resolving coarse keys that do not carry their flow (see [`ExecContext::export_resolving`]).
+    /// In a graph, `name` is an NF's path or a name only one NF has ([`Pipeline::stage_index`]).
     pub fn export_resolving(
         &self,
         name: &str,
         include_shared: bool,
         resolve: &dyn Fn(u128) -> Option<flowplane_wire::flow::FiveTuple>,
     ) -> Option<Vec<serde_json::Value>> {
-        self.cx.export_resolving(name, include_shared, resolve)
+        if self.graph.is_none() {
+            return self.cx.export_resolving(name, include_shared, resolve);
+        }
+        self.export_at(self.stage_index(name)?, include_shared, resolve)
     }
+}
+
+/// Starts a hand-over section: a `u32` length patched by [`section_close`].
+fn section_open(out: &mut Vec<u8>) -> usize {
+    out.extend_from_slice(&[0; 4]);
+    out.len()
+}
+
+fn section_close(out: &mut [u8], at: usize) {
+    let len = (out.len() - at) as u32;
+    out[at - 4..at].copy_from_slice(&len.to_le_bytes());
+}
+
+/// A section and what follows it (None: truncated).
+fn section_read(data: &[u8]) -> Option<(&[u8], &[u8])> {
+    let len = u32::from_le_bytes(data.get(..4)?.try_into().ok()?) as usize;
+    let body = data.get(4..4 + len)?;
+    Some((body, &data[4 + len..]))
 }
