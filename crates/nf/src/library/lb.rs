@@ -110,6 +110,7 @@ pub struct Lb {
     v6: Pool<Ipv6Addr>,
     unbalanced_flows: u64,
     unbalanced_packets: u64,
+    table_full: u64,
 }
 
 impl Lb {
@@ -145,7 +146,7 @@ impl Lb {
     /// A balancer over IPv4 `backends` (at least one), without an IPv6 pool.
     pub fn new(backends: Vec<Ipv4Addr>) -> Self {
         let backends = if backends.is_empty() { vec![Ipv4Addr::new(10, 10, 0, 1)] } else { backends };
-        Lb { v4: Pool::new(backends), v6: Pool::new(Vec::new()), unbalanced_flows: 0, unbalanced_packets: 0 }
+        Lb { v4: Pool::new(backends), v6: Pool::new(Vec::new()), unbalanced_flows: 0, unbalanced_packets: 0, table_full: 0 }
     }
 
     /// Adds an IPv6 pool.
@@ -261,12 +262,19 @@ impl StatefulNf for Lb {
         }
     }
 
+    /// Fails open: the packet passes unbalanced, counted as `table_full`.
+    fn on_no_state(&mut self) -> Action {
+        self.table_full += 1;
+        Action::Pass
+    }
+
     fn report(&self) -> Option<Value> {
         Some(json!({
             "ipv4": pool_report(&self.v4),
             "ipv6": pool_report(&self.v6),
             "ipv6_unbalanced_flows": self.unbalanced_flows,
             "ipv6_unbalanced_packets": self.unbalanced_packets,
+            "table_full": self.table_full,
         }))
     }
 
