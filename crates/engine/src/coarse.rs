@@ -283,6 +283,14 @@ pub fn handle_bits(h: SharedHandle) -> u64 {
     h.to_bits()
 }
 
+/// An auxiliary slot whose pin the shared table refused when the flow
+/// started (read as `NONE` everywhere): the packet that started the flow was
+/// counted there, so its own pin step does not ask again; later packets do
+/// (`ExecContext`'s retry), each refusal counted once.
+pub fn aux_refused_bits() -> u64 {
+    handle_bits(SharedHandle::NONE) & !(1u64 << 32)
+}
+
 /// The handle stored in a flow block's 8-byte auxiliary slot (`NONE` if the slot is short).
 #[inline(always)]
 pub fn aux_handle(slot: &[u8]) -> SharedHandle {

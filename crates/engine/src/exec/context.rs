@@ -20,7 +20,7 @@ use flowplane_wire::hash::HashableKey;
 use super::{ExecConfig, StateLayout, StoreReport};
 use crate::chain::{Chain, IdleSlot, Stage};
 use crate::coarse::{
-    aux_handle, coarse_hash, group_key, handle_bits, key_tuple, with_locked, ClockSlot, GroupLayout, SharedStores,
+    aux_handle, aux_refused_bits, coarse_hash, group_key, handle_bits, key_tuple, with_locked, ClockSlot, GroupLayout, SharedStores,
 };
 use crate::error::EngineError;
 use crate::stage::{apply_action, arrive, packet_ctx, BatchOutcome, StatefulStage};
@@ -607,6 +607,55 @@ impl ExecContext {
         }
     }
 
+    /// [`Self::aux_handle_of`], except that a flow whose block holds no pin
+    /// although its packet has a key of group `g` — the shared table was full
+    /// when the flow started — tries again now, and a pin it gets goes into
+    /// the block (released with the flow, like one taken at its start). So
+    /// the flow reaches its shared state as soon as there is room, and every
+    /// packet the table refuses counts once in the table's `table_full`, as
+    /// the NFs count it (issue 29: they counted 1,750 against the table's 1,694).
+    #[inline]
+    fn aux_handle_retrying(&mut self, g: usize, i: usize, flow: FlowRef, now: u64) -> SharedHandle {
+        let h = self.aux_handle_of(g, flow);
+        if h.is_some() || !flow.is_some() {
+            return h;
+        }
+        self.repin_aux(g, i, flow, now)
+    }
+
+    /// The cold half of [`Self::aux_handle_retrying`].
+    #[cold]
+    #[inline(never)]
+    fn repin_aux(&mut self, g: usize, i: usize, flow: FlowRef, now: u64) -> SharedHandle {
+        let at = self.chain.groups[g].aux_offset;
+        if let Some(slot) = self.stores[0].block_mut(flow).get_mut(at..at + 8) {
+            if u64::from_ne_bytes(slot.try_into().unwrap_or([0; 8])) == aux_refused_bits() {
+                // The packet that started the flow: refused (and counted) a moment ago.
+                slot.copy_from_slice(&handle_bits(SharedHandle::NONE).to_ne_bytes());
+                return SharedHandle::NONE;
+            }
+        }
+        let meta = &self.scratch.metas[i];
+        let layout = &self.chain.groups[g];
+        let Some(k) = meta.valid.then(|| group_key(layout.granularity, meta)).flatten() else {
+            return SharedHandle::NONE;
+        };
+        self.stats.shared_lookups += 1;
+        let Some((h, _)) = self.shared.tables[g].acquire(&k, coarse_hash(k), now, |_, _| {}) else {
+            return SharedHandle::NONE;
+        };
+        match self.stores[0].block_mut(flow).get_mut(at..at + 8) {
+            Some(dst) => {
+                dst.copy_from_slice(&handle_bits(h).to_ne_bytes());
+                h
+            }
+            None => {
+                self.shared.tables[g].release(h, now);
+                SharedHandle::NONE
+            }
+        }
+    }
+
     /// Fills the coarse handles (`scratch.coarse`) of packets `range`: from
     /// the flows' blocks (aux on; `scratch.flows` must be filled) or by
     /// pinning every packet's coarse entries with one bulk shared lookup per
@@ -627,7 +676,7 @@ impl ExecContext {
                     self.stats.aux_fallbacks += 1;
                 }
                 for g in 0..self.chain.groups.len() {
-                    let h = if direct { self.pin_direct(g, i, now) } else { self.aux_handle_of(g, flow) };
+                    let h = if direct { self.pin_direct(g, i, now) } else { self.aux_handle_retrying(g, i, flow, now) };
                     self.scratch.coarse[g][i] = h;
                     // The shared entries are as cold as the flow's block was:
                     // start their misses for the whole batch before the NFs run.
@@ -702,7 +751,7 @@ impl ExecContext {
             self.stats.aux_fallbacks += 1;
         }
         for g in 0..self.chain.groups.len() {
-            let h = if direct { self.pin_direct(g, i, now) } else { self.aux_handle_of(g, flow) };
+            let h = if direct { self.pin_direct(g, i, now) } else { self.aux_handle_retrying(g, i, flow, now) };
             self.scratch.coarse[g][i] = h;
         }
     }
@@ -943,6 +992,7 @@ impl ExecContext {
             let st: TableStats = s.stats();
             r.entries += s.len() as u64;
             r.capacity += s.capacity() as u64;
+            r.capacity_v6 += s.capacity_v6() as u64;
             r.insertions += st.inserts;
             r.expiries += st.expiries;
             r.table_full += st.full_events;
@@ -1218,14 +1268,14 @@ fn init_all(
     }
     if let Some(aux) = aux {
         for (g, layout) in aux.groups.iter().enumerate() {
-            let h = match group_key(layout.granularity, meta) {
+            let bits = match group_key(layout.granularity, meta) {
                 Some(k) => aux.shared.tables[g]
                     .acquire(&k, coarse_hash(k), aux.now, |_, _| {})
-                    .map_or(SharedHandle::NONE, |(h, _)| h),
-                None => SharedHandle::NONE,
+                    .map_or(aux_refused_bits(), |(h, _)| handle_bits(h)),
+                None => handle_bits(SharedHandle::NONE),
             };
             if let Some(dst) = block.get_mut(layout.aux_offset..layout.aux_offset + 8) {
-                dst.copy_from_slice(&handle_bits(h).to_ne_bytes());
+                dst.copy_from_slice(&bits.to_ne_bytes());
             }
         }
     }
@@ -1283,8 +1333,13 @@ fn coarse_one(
     if !meta.valid {
         return Some(nf.on_unparsed());
     }
-    // No entry: the shared table was full (or, without the auxiliary table, its lookup found no room).
+    // No entry: the packet has no key of this granularity (a TEID counter
+    // seeing non-GTP-U traffic, an IPv6 packet for an IP pair: as unparsed),
+    // or the shared table was full (no room at the flow's start nor now).
     if !c.h.is_some() {
+        if group_key(c.granularity, meta).is_none() {
+            return Some(nf.on_unparsed());
+        }
         return Some(nf.on_no_state());
     }
     let Some(words) = c.table.state(c.h) else { return Some(nf.on_no_state()) };
