@@ -126,6 +126,13 @@ impl CoreClocks {
             })
             .fold(now_ns, u64::min)
     }
+
+    /// The latest packet time any core of the run has reached (None: no
+    /// core has processed a packet): the time exports judge idleness at.
+    pub fn latest(&self) -> Option<u64> {
+        let used = self.used.load(Ordering::Acquire).min(self.slots.len());
+        self.slots[..used].iter().map(|(c, _)| c.load(Ordering::Acquire)).filter(|&c| c < NOT_STARTED).max()
+    }
 }
 
 /// One core's slot in [`CoreClocks`].

@@ -269,6 +269,23 @@ impl FlowStore {
         }
     }
 
+    /// Every flow a lookup at `now_ns` would still find (not idle past the
+    /// timeout; every live flow for `None`) with its block: what an export lists.
+    pub fn for_each_live(&self, now_ns: Option<u64>, mut f: impl FnMut(&FiveTuple, &[u8])) {
+        let live4 = |h| now_ns.is_none_or(|t| !self.v4.idle_at(h, t));
+        let live6 = |h| now_ns.is_none_or(|t| !self.v6.idle_at(h, t));
+        for (h, k, s) in self.v4.iter() {
+            if live4(h) {
+                f(&FiveTuple::V4(*k), s);
+            }
+        }
+        for (h, k, s) in self.v6.iter() {
+            if live6(h) {
+                f(&FiveTuple::V6(*k), s);
+            }
+        }
+    }
+
     /// Every live flow with its block.
     pub fn for_each(&self, mut f: impl FnMut(&FiveTuple, &[u8])) {
         for (_, k, s) in self.v4.iter() {

@@ -9,7 +9,7 @@
 
 use std::ops::Range;
 
-use flowplane_nf::stateful::{Action, Granularity, IdleStamp};
+use flowplane_nf::stateful::{is_idle, Action, Granularity, IdleStamp};
 use flowplane_nf::{Export, NfContext, NfCounters, Pkt, PktMeta};
 use flowplane_packet::{Batch, MAX_BATCH};
 use flowplane_table::shared::{SharedFlowTable, SharedHandle};
@@ -347,7 +347,8 @@ impl ExecContext {
         let per_packet = five_tuple().enumerate().any(|(k, nf)| nf.has_release() && last_end.is_some_and(|e| k < e));
         let stages = chain.stages.len();
         let exact = ExactEnds { repeats, per_packet };
-        let clock = if shared.tables.is_empty() { None } else { shared.clocks.register() };
+        // Every core's clock, also without shared tables: exports judge idleness at the run's latest packet time.
+        let clock = shared.clocks.register();
         Ok(ExecContext {
             cfg,
             layout,
@@ -1037,7 +1038,7 @@ impl ExecContext {
     ) -> Option<Vec<serde_json::Value>> {
         let mut k = 0;
         for s in &self.chain.stages {
-            let Stage::Stateful { nf, offset, group, member, .. } = s else { continue };
+            let Stage::Stateful { nf, offset, group, member, idle, .. } = s else { continue };
             if nf.name() != name {
                 if group.is_none() {
                     k += 1;
@@ -1049,6 +1050,15 @@ impl ExecContext {
             }
             let sz = nf.state_size();
             let mut rows = Vec::new();
+            // The idle rule of a lookup, at the run's latest packet time: a
+            // state a packet would find idle (and start over) is not listed.
+            let now = self.shared.clocks.latest();
+            let stamp_idle = |bytes: &[u8]| match (idle, now) {
+                (Some(slot), Some(now)) => bytes
+                    .get(slot.at..slot.at + 8)
+                    .is_some_and(|b| is_idle(u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])), now, slot.timeout_ns)),
+                _ => false,
+            };
             if let Some(g) = *group {
                 if !include_shared {
                     return Some(rows);
@@ -1058,7 +1068,7 @@ impl ExecContext {
                 self.shared.tables[g].for_each(|_, key, words| {
                     let _ = with_locked(words, |flags, buf| {
                         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
-                        if *flags & bit != 0 {
+                        if *flags & bit != 0 && !stamp_idle(bytes) {
                             if let Some(st) = bytes.get(*offset..*offset + sz) {
                                 // Keys without a 5-tuple projection (TEID, field set) go raw.
                                 let row = match key_tuple(gran, *key).or_else(|| resolve(*key)) {
@@ -1076,7 +1086,12 @@ impl ExecContext {
                 StateLayout::PerNf => (self.stores.get(k)?, 0),
                 StateLayout::Aggregated => (self.stores.first()?, *offset),
             };
-            store.for_each(|key, block| {
+            // (Per-NF tables carry the NF's own timeout: no stamps in their blocks.)
+            let stamped = self.layout == StateLayout::Aggregated;
+            store.for_each_live(now, |key, block| {
+                if stamped && stamp_idle(block) {
+                    return;
+                }
                 if let Some(r) = block.get(off..off + sz).and_then(|b| nf.export_row_bytes(key, b)) {
                     rows.push(r);
                 }
