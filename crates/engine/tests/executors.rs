@@ -281,9 +281,10 @@ fn idle_coarse_state_expires() {
     let mut e = Pipeline::new(c, cfg, shared).unwrap();
     let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
     let mut batch = Batch::new(&pool);
+    // Each packet carries its time (the packet clock, as a worker's batch does).
     let mut send = |e: &mut Pipeline, src: u8, now_ns: u64| {
         for _ in 0..8 {
-            assert!(batch.push_copy(&mut pool, &udp4([10, 0, 0, src], [192, 168, 1, 1], 5000, 53), 0));
+            assert!(batch.push_copy(&mut pool, &udp4([10, 0, 0, src], [192, 168, 1, 1], 5000, 53), now_ns));
         }
         e.process(&mut batch, &NfContext { now_tsc: 0, now_ns });
         batch.free_all(&mut pool).unwrap();
