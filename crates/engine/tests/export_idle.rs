@@ -4,8 +4,8 @@
 
 use flowplane_engine::chain::Chain;
 use flowplane_engine::coarse::SharedStores;
-use flowplane_engine::exec::{ExecConfig, ExecKind};
 use flowplane_engine::exec::Pipeline;
+use flowplane_engine::exec::{ExecConfig, ExecKind};
 use flowplane_engine::spec::parse;
 use flowplane_nf::testutil::udp4;
 use flowplane_nf::NfContext;
@@ -46,12 +46,8 @@ fn exports_leave_out_states_idle_past_their_timeout_at_the_last_packet() {
                 p.process(&mut batch, &NfContext { now_tsc: 0, now_ns: t });
                 batch.free_all(&mut pool).unwrap();
             }
-            let mut got: Vec<String> = p
-                .export("portknock", true)
-                .unwrap()
-                .iter()
-                .map(|r| r["src"].as_str().unwrap().to_string())
-                .collect();
+            let mut got: Vec<String> =
+                p.export("portknock", true).unwrap().iter().map(|r| r["src"].as_str().unwrap().to_string()).collect();
             got.sort();
             assert_eq!(got, want, "{kind} aux={aux}");
             assert_eq!(p.export("fsc", true).unwrap().len(), 11, "{kind} aux={aux}: fsc's flows are all live");

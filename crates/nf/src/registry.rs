@@ -128,7 +128,8 @@ mod tests {
     /// Calls `on_no_state` once on a stateful NF: (name, verdict, passes_without_state, report before, after).
     struct NoState;
 
-    type NoStateSeen = Option<(&'static str, crate::Action, bool, Option<serde_json::Value>, Option<serde_json::Value>)>;
+    type NoStateSeen =
+        Option<(&'static str, crate::Action, bool, Option<serde_json::Value>, Option<serde_json::Value>)>;
 
     impl NfSink for NoState {
         type Out = NoStateSeen;

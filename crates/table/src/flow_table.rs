@@ -972,7 +972,8 @@ mod tests {
     /// the floor's neighbour's figure).
     #[test]
     fn a_table_holds_exactly_its_capacity() {
-        let sizes: Vec<usize> = if cfg!(miri) { vec![1, 7, 64] } else { (1..=80).chain([1000, 4096, 65_536]).collect() };
+        let sizes: Vec<usize> =
+            if cfg!(miri) { vec![1, 7, 64] } else { (1..=80).chain([1000, 4096, 65_536]).collect() };
         for cap in sizes {
             let mut t = FlowTable::<u64>::new(TableConfig::new(cap, 8)).unwrap();
             let mut n = 0u64;

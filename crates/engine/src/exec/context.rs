@@ -20,7 +20,8 @@ use flowplane_wire::hash::HashableKey;
 use super::{ExecConfig, StateLayout, StoreReport};
 use crate::chain::{Chain, IdleSlot, Stage};
 use crate::coarse::{
-    aux_handle, aux_refused_bits, coarse_hash, group_key, handle_bits, key_tuple, with_locked, ClockSlot, GroupLayout, SharedStores,
+    aux_handle, aux_refused_bits, coarse_hash, group_key, handle_bits, key_tuple, with_locked, ClockSlot, GroupLayout,
+    SharedStores,
 };
 use crate::error::EngineError;
 use crate::stage::{apply_action, arrive, packet_ctx, BatchOutcome, StatefulStage};

@@ -96,7 +96,6 @@ impl Controller for RssPlusPlus {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
