@@ -96,6 +96,7 @@ impl Controller for RssPlusPlus {
     }
 }
 
+
 #[cfg(test)]
 mod tests {
     use super::*;
