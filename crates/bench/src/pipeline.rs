@@ -144,11 +144,41 @@ pub(crate) fn trace_for(flows: u64) -> Result<Arc<ReplayTrace>, String> {
     trace_with(flows, Proto::Udp)
 }
 
+/// What a row of `flows` flows allocates: its trace (`cfg`) and the run's flow table (sized as
+/// `Measure::one_with` sizes it, for the largest state a measured chain has) — checked against the machine's
+/// memory before either is allocated: a one-line refusal, not an abort (issue 29: `--flows 67108864` asked for
+/// 22 GiB of trace and 16 GiB of table and died in the allocator).
+fn needs(flows: u64, cfg: &GenConfig) -> Vec<flowplane_engine::budget::Need> {
+    use flowplane_engine::budget::{generated_bytes, Need};
+    let table_flows = ((flows as f64 * 1.25) as usize).max(4096);
+    let table = flowplane_table::FlowTable::<flowplane_wire::flow::FiveTupleV4>::footprint(table_flows, 128);
+    vec![
+        Need {
+            what: format!("bench pipeline --flows {flows} (a trace of {} packets)", cfg.packets),
+            bytes: generated_bytes(cfg),
+        },
+        Need {
+            what: format!("bench pipeline --flows {flows} (a flow table of {table_flows} entries)"),
+            bytes: table.unwrap_or(0),
+        },
+    ]
+}
+
 /// [`trace_for`] with another transport.
 pub(crate) fn trace_with(flows: u64, proto: Proto) -> Result<Arc<ReplayTrace>, String> {
+    let cfg = trace_config(flows, proto);
+    flowplane_engine::budget::check(&needs(flows, &cfg)).map_err(|e| e.to_string())?;
+    let gen = Generator::new(cfg).map_err(|e| e.to_string())?;
+    let dispatch = RssDispatcher::new(1, false).map_err(|e| e.to_string())?;
+    let (t, _) = load_generated(gen, &dispatch).map_err(|e| e.to_string())?;
+    Ok(t)
+}
+
+/// The trace of a row of `flows` flows.
+fn trace_config(flows: u64, proto: Proto) -> GenConfig {
     // At least 4 packets per flow and 2M packets, so each loop is long.
     let packets = (flows * 4).max(2_000_000);
-    let cfg = GenConfig {
+    GenConfig {
         flows,
         packets,
         size: SizeSpec::Fixed(64),
@@ -157,11 +187,7 @@ pub(crate) fn trace_with(flows: u64, proto: Proto) -> Result<Arc<ReplayTrace>, S
         proto,
         seed: 7,
         ..GenConfig::default()
-    };
-    let gen = Generator::new(cfg).map_err(|e| e.to_string())?;
-    let dispatch = RssDispatcher::new(1, false).map_err(|e| e.to_string())?;
-    let (t, _) = load_generated(gen, &dispatch).map_err(|e| e.to_string())?;
-    Ok(t)
+    }
 }
 
 pub(crate) struct Measure<'a> {
@@ -427,5 +453,28 @@ impl fmt::Display for PipelineReport {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 29: `bench pipeline --flows 67108864` (the largest count it takes) aborted in the allocator; now
+    /// its trace and table are checked first: on a host with 21.6 GiB available, one line naming the option.
+    #[test]
+    fn the_largest_flow_count_is_refused_in_one_line_where_memory_is_short() {
+        let flows = 67_108_864;
+        let n = needs(flows, &trace_config(flows, Proto::Udp));
+        let total: u128 = n.iter().map(|x| x.bytes).sum();
+        assert!(total > 38 << 30, "{n:?}");
+        let e = flowplane_engine::budget::check_against(&n, 21_600 << 20).unwrap_err().to_string();
+        assert!(e.contains("bench pipeline --flows 67108864") && !e.contains('\n'), "{e}");
+        // The default sweep's largest row fits a 16 GiB host.
+        assert!(flowplane_engine::budget::check_against(
+            &needs(4_000_000, &trace_config(4_000_000, Proto::Udp)),
+            16 << 30
+        )
+        .is_ok());
     }
 }

@@ -57,7 +57,7 @@ pub fn nf_needs(cfg: &RunConfig, spec: &ChainSpec) -> Vec<Need> {
 
 /// Bytes of one flow store (IPv4 and IPv6 tables) as `FlowStore::new` sizes it.
 fn store_bytes(flows: usize, state_size: usize) -> u128 {
-    let v4 = FlowTable::<FiveTupleV4>::footprint(flows.max(64), state_size.max(1));
+    let v4 = FlowTable::<FiveTupleV4>::footprint(flows.max(1), state_size.max(1));
     let v6 = FlowTable::<FiveTupleV6>::footprint((flows / 4).max(1024), state_size.max(1));
     // A state too large for an entry is refused when the table is built; count nothing for it here.
     v4.unwrap_or(0) + v6.unwrap_or(0)

@@ -129,6 +129,13 @@ impl CoreClocks {
             })
             .fold(now_ns, u64::min)
     }
+
+    /// The latest packet time any core of the run has reached (None: no
+    /// core has processed a packet): the time exports judge idleness at.
+    pub fn latest(&self) -> Option<u64> {
+        let used = self.used.load(Ordering::Acquire).min(self.slots.len());
+        self.slots[..used].iter().map(|(c, _)| c.load(Ordering::Acquire)).filter(|&c| c < NOT_STARTED).max()
+    }
 }
 
 /// One core's slot in [`CoreClocks`].
@@ -298,6 +305,14 @@ pub fn key_tuple(g: Granularity, k: u128) -> Option<FiveTuple> {
 #[inline(always)]
 pub fn handle_bits(h: SharedHandle) -> u64 {
     h.to_bits()
+}
+
+/// An auxiliary slot whose pin the shared table refused when the flow
+/// started (read as `NONE` everywhere): the packet that started the flow was
+/// counted there, so its own pin step does not ask again; later packets do
+/// (`ExecContext`'s retry), each refusal counted once.
+pub fn aux_refused_bits() -> u64 {
+    handle_bits(SharedHandle::NONE) & !(1u64 << 32)
 }
 
 /// The handle stored in a flow block's 8-byte auxiliary slot (`NONE` if the slot is short).

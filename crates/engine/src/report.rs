@@ -647,10 +647,11 @@ impl fmt::Display for Report {
         if t.capacity > 0 {
             writeln!(
                 f,
-                "flow table   {} flows{} / {} capacity, {} insertions, {} expiries, {} ended, {} table-full, {} evictions, {} unparsed{}",
+                "flow table   {} flows{} / {} capacity (+ {} IPv6), {} insertions, {} expiries, {} ended, {} table-full, {} evictions, {} unparsed{}",
                 t.flows,
                 if t.entries != t.flows { format!(" ({} entries)", t.entries) } else { String::new() },
                 t.capacity,
+                t.capacity_v6,
                 t.insertions,
                 t.expiries,
                 t.ended,

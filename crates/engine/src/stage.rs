@@ -193,7 +193,7 @@ pub trait StatefulStage: Send {
     fn release_bytes(&mut self, key: &FiveTuple, state: &[u8]);
     /// Unparsed packets.
     fn on_unparsed(&mut self) -> Action;
-    /// Packets with a key but no state (table full).
+    /// Packets with a key but no state (table full): counted by the NF, its verdict.
     fn on_no_state(&mut self) -> Action;
     /// Report.
     fn report(&self) -> Option<serde_json::Value>;
@@ -772,8 +772,10 @@ impl<T: StatefulNf> Typed<T> {
         if !arrive(batch, i, c) {
             return None;
         }
-        let action = if !meta.valid || !flow.is_some() {
+        let action = if !meta.valid {
             self.0.on_unparsed()
+        } else if !flow.is_some() {
+            self.0.on_no_state()
         } else {
             let pctx = packet_ctx(batch, i, ctx);
             let mut pkt = Pkt::new(batch.data_mut(i), meta);

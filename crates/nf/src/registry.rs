@@ -125,6 +125,67 @@ mod tests {
         }
     }
 
+    /// Calls `on_no_state` once on a stateful NF: (name, verdict, passes_without_state, report before, after).
+    struct NoState;
+
+    type NoStateSeen =
+        Option<(&'static str, crate::Action, bool, Option<serde_json::Value>, Option<serde_json::Value>)>;
+
+    impl NfSink for NoState {
+        type Out = NoStateSeen;
+        fn stateless(self, _nf: Box<dyn Nf>) -> NoStateSeen {
+            None
+        }
+        fn stateful<T: StatefulNf>(self, mut nf: T) -> NoStateSeen {
+            let before = nf.report();
+            let verdict = nf.on_no_state();
+            Some((nf.name(), verdict, nf.passes_without_state(), before, nf.report()))
+        }
+    }
+
+    /// Issue 29: a packet with a key but no state (table full) is counted
+    /// `table_full` — never `unparsed` — by every stateful NF that reports,
+    /// and its verdict is the one `passes_without_state` states (what scr's
+    /// fast-forward uses for other cores' packets). Access-control NFs fail
+    /// closed; the others fail open.
+    #[test]
+    fn every_stateful_nf_counts_table_full_apart_and_states_its_verdict() {
+        let dir = std::env::temp_dir().join(format!("fp-nostate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let routes = dir.join("routes");
+        std::fs::write(&routes, "10.0.0.0/8 1\n").unwrap();
+        let closed = ["acl", "conntrack", "fw", "nat", "portknock"];
+        let mut seen = 0;
+        for d in NFS {
+            let params = match d.name {
+                // route follows `miss` (default drop): with miss=pass it fails open.
+                "route" => vec![("routes".into(), routes.display().to_string()), ("miss".into(), "pass".into())],
+                _ => vec![],
+            };
+            let Some((name, verdict, passes, before, after)) =
+                build_with(d.name, Params::new(d.name, params), NoState).unwrap_or_else(|e| panic!("{}: {e}", d.name))
+            else {
+                continue;
+            };
+            seen += 1;
+            let want_pass = !closed.contains(&name);
+            assert_eq!(passes, want_pass, "{name}: fails {}", if want_pass { "open" } else { "closed" });
+            assert_eq!(verdict, if passes { crate::Action::Pass } else { crate::Action::Drop }, "{name}");
+            let (Some(before), Some(after)) = (before, after) else { continue };
+            // The count sits at the top level, or under `drops` (fw); nat names its drops `dropped_*`.
+            let find = |r: &serde_json::Value, k: &str| {
+                r.get(k).or_else(|| r.get("drops").and_then(|d| d.get(k))).and_then(|v| v.as_u64())
+            };
+            let full = |r: &serde_json::Value| find(r, "table_full").or_else(|| find(r, "dropped_table_full"));
+            assert_eq!(full(&after), full(&before).map(|n| n + 1), "{name}: counted as table_full: {after}");
+            for k in ["unparsed", "dropped_unparsed", "unkeyed", "missed"] {
+                assert_eq!(find(&after, k), find(&before, k), "{name}: not counted as {k}");
+            }
+        }
+        assert!(seen >= 15, "{seen} stateful NFs");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
     #[test]
     fn unknown_names_are_one_line_errors() {
         let build = |n: &str, p| build_with(n, Params::new(n, p), Name);

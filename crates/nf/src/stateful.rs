@@ -436,11 +436,28 @@ pub trait StatefulNf: Send + 'static {
         Action::Pass
     }
 
-    /// What to do with a packet that has a flow key but no state because its table was full (the per-core flow
-    /// table or a shared table: counted there as `table_full`). Default: as an unparsed packet
-    /// ([`StatefulNf::on_unparsed`]); an NF that counts such packets names them apart (not `unparsed`).
+    /// Whether a packet that has a flow key but no state — its table (the
+    /// per-core flow table, a shared table, the replica table under scr) was
+    /// full — passes this NF. The library's rule: an NF that admits traffic
+    /// only on what its state proves (fw, conntrack, portknock, acl, nat:
+    /// access control) fails closed, `false`; one that drops only on evidence
+    /// its state accumulates (ddos, psd, policer, ratelimit) or only counts
+    /// fails open, `true` (the default). Pure: scr's fast-forward asks it for
+    /// other cores' packets, so every replica judges them alike.
+    fn passes_without_state(&self) -> bool {
+        true
+    }
+
+    /// A packet that has a flow key but no state because its table was full
+    /// (counted there as `table_full`): the NF counts it apart — `table_full`
+    /// in its report, never `unparsed` — and returns `Pass` or `Drop` as
+    /// [`StatefulNf::passes_without_state`] says (the default does exactly that, counting nothing).
     fn on_no_state(&mut self) -> Action {
-        self.on_unparsed()
+        if self.passes_without_state() {
+            Action::Pass
+        } else {
+            Action::Drop
+        }
     }
 
     /// State-compute replication (`--scale scr`, SCR Appendix C): the

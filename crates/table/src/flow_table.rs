@@ -966,6 +966,25 @@ mod tests {
     }
 
     /// Fills exactly-sized bucket arrays (slab as large as the slots) until the first failure.
+    /// Issue 29: `capacity` is what the table holds — exactly `capacity`
+    /// distinct keys, the next one refused (`table_full`) — at every size,
+    /// the smallest included (a store once floored them at 64 and reported
+    /// the floor's neighbour's figure).
+    #[test]
+    fn a_table_holds_exactly_its_capacity() {
+        let sizes: Vec<usize> =
+            if cfg!(miri) { vec![1, 7, 64] } else { (1..=80).chain([1000, 4096, 65_536]).collect() };
+        for cap in sizes {
+            let mut t = FlowTable::<u64>::new(TableConfig::new(cap, 8)).unwrap();
+            let mut n = 0u64;
+            while t.insert(&n, mix(n), 0, |_| {}).is_ok() {
+                n += 1;
+            }
+            assert_eq!((n as usize, t.len(), t.capacity()), (cap, cap, cap), "capacity {cap}");
+            assert_eq!(t.stats().full_events, 1, "capacity {cap}: the refused insert counted once");
+        }
+    }
+
     #[test]
     fn cuckoo_reaches_90_percent_load() {
         // Miri interprets every instruction: small tables only (the bookkeeping is the same at any size).

@@ -9,7 +9,7 @@
 
 use std::ops::Range;
 
-use flowplane_nf::stateful::{Action, Granularity, IdleStamp};
+use flowplane_nf::stateful::{is_idle, Action, Granularity, IdleStamp};
 use flowplane_nf::{Export, NfContext, NfCounters, Pkt, PktMeta};
 use flowplane_packet::{Batch, MAX_BATCH};
 use flowplane_table::shared::{SharedFlowTable, SharedHandle};
@@ -20,7 +20,8 @@ use flowplane_wire::hash::HashableKey;
 use super::{ExecConfig, StateLayout, StoreReport};
 use crate::chain::{Chain, IdleSlot, Stage};
 use crate::coarse::{
-    aux_handle, coarse_hash, group_key, handle_bits, key_tuple, with_locked, ClockSlot, GroupLayout, SharedStores,
+    aux_handle, aux_refused_bits, coarse_hash, group_key, handle_bits, key_tuple, with_locked, ClockSlot, GroupLayout,
+    SharedStores,
 };
 use crate::error::EngineError;
 use crate::stage::{apply_action, arrive, packet_ctx, BatchOutcome, StatefulStage};
@@ -353,7 +354,8 @@ impl ExecContext {
         let per_packet = five_tuple().enumerate().any(|(k, nf)| nf.has_release() && last_end.is_some_and(|e| k < e));
         let stages = chain.stages.len();
         let exact = ExactEnds { repeats, per_packet };
-        let clock = if shared.tables.is_empty() { None } else { shared.clocks.register() };
+        // Every core's clock, also without shared tables: exports judge idleness at the run's latest packet time.
+        let clock = shared.clocks.register();
         Ok(ExecContext {
             cfg,
             layout,
@@ -613,6 +615,55 @@ impl ExecContext {
         }
     }
 
+    /// [`Self::aux_handle_of`], except that a flow whose block holds no pin
+    /// although its packet has a key of group `g` — the shared table was full
+    /// when the flow started — tries again now, and a pin it gets goes into
+    /// the block (released with the flow, like one taken at its start). So
+    /// the flow reaches its shared state as soon as there is room, and every
+    /// packet the table refuses counts once in the table's `table_full`, as
+    /// the NFs count it (issue 29: they counted 1,750 against the table's 1,694).
+    #[inline]
+    fn aux_handle_retrying(&mut self, g: usize, i: usize, flow: FlowRef, now: u64) -> SharedHandle {
+        let h = self.aux_handle_of(g, flow);
+        if h.is_some() || !flow.is_some() {
+            return h;
+        }
+        self.repin_aux(g, i, flow, now)
+    }
+
+    /// The cold half of [`Self::aux_handle_retrying`].
+    #[cold]
+    #[inline(never)]
+    fn repin_aux(&mut self, g: usize, i: usize, flow: FlowRef, now: u64) -> SharedHandle {
+        let at = self.chain.groups[g].aux_offset;
+        if let Some(slot) = self.stores[0].block_mut(flow).get_mut(at..at + 8) {
+            if u64::from_ne_bytes(slot.try_into().unwrap_or([0; 8])) == aux_refused_bits() {
+                // The packet that started the flow: refused (and counted) a moment ago.
+                slot.copy_from_slice(&handle_bits(SharedHandle::NONE).to_ne_bytes());
+                return SharedHandle::NONE;
+            }
+        }
+        let meta = &self.scratch.metas[i];
+        let layout = &self.chain.groups[g];
+        let Some(k) = meta.valid.then(|| group_key(layout.granularity, meta)).flatten() else {
+            return SharedHandle::NONE;
+        };
+        self.stats.shared_lookups += 1;
+        let Some((h, _)) = self.shared.tables[g].acquire(&k, coarse_hash(k), now, |_, _| {}) else {
+            return SharedHandle::NONE;
+        };
+        match self.stores[0].block_mut(flow).get_mut(at..at + 8) {
+            Some(dst) => {
+                dst.copy_from_slice(&handle_bits(h).to_ne_bytes());
+                h
+            }
+            None => {
+                self.shared.tables[g].release(h, now);
+                SharedHandle::NONE
+            }
+        }
+    }
+
     /// Fills the coarse handles (`scratch.coarse`) of packets `range`: from
     /// the flows' blocks (aux on; `scratch.flows` must be filled) or by
     /// pinning every packet's coarse entries with one bulk shared lookup per
@@ -633,7 +684,7 @@ impl ExecContext {
                     self.stats.aux_fallbacks += 1;
                 }
                 for g in 0..self.chain.groups.len() {
-                    let h = if direct { self.pin_direct(g, i, now) } else { self.aux_handle_of(g, flow) };
+                    let h = if direct { self.pin_direct(g, i, now) } else { self.aux_handle_retrying(g, i, flow, now) };
                     self.scratch.coarse[g][i] = h;
                     // The shared entries are as cold as the flow's block was:
                     // start their misses for the whole batch before the NFs run.
@@ -708,7 +759,7 @@ impl ExecContext {
             self.stats.aux_fallbacks += 1;
         }
         for g in 0..self.chain.groups.len() {
-            let h = if direct { self.pin_direct(g, i, now) } else { self.aux_handle_of(g, flow) };
+            let h = if direct { self.pin_direct(g, i, now) } else { self.aux_handle_retrying(g, i, flow, now) };
             self.scratch.coarse[g][i] = h;
         }
     }
@@ -1005,6 +1056,7 @@ impl ExecContext {
             let st: TableStats = s.stats();
             r.entries += s.len() as u64;
             r.capacity += s.capacity() as u64;
+            r.capacity_v6 += s.capacity_v6() as u64;
             r.insertions += st.inserts;
             r.expiries += st.expiries;
             r.table_full += st.full_events;
@@ -1049,7 +1101,7 @@ impl ExecContext {
     ) -> Option<Vec<serde_json::Value>> {
         let mut k = 0;
         for s in &self.chain.stages {
-            let Stage::Stateful { nf, offset, group, member, .. } = s else { continue };
+            let Stage::Stateful { nf, offset, group, member, idle, .. } = s else { continue };
             if nf.name() != name {
                 if group.is_none() {
                     k += 1;
@@ -1061,6 +1113,15 @@ impl ExecContext {
             }
             let sz = nf.state_size();
             let mut rows = Vec::new();
+            // The idle rule of a lookup, at the run's latest packet time: a
+            // state a packet would find idle (and start over) is not listed.
+            let now = self.shared.clocks.latest();
+            let stamp_idle = |bytes: &[u8]| match (idle, now) {
+                (Some(slot), Some(now)) => bytes
+                    .get(slot.at..slot.at + 8)
+                    .is_some_and(|b| is_idle(u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])), now, slot.timeout_ns)),
+                _ => false,
+            };
             if let Some(g) = *group {
                 if !include_shared {
                     return Some(rows);
@@ -1070,7 +1131,7 @@ impl ExecContext {
                 self.shared.tables[g].for_each(|_, key, words| {
                     let _ = with_locked(words, |flags, buf| {
                         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
-                        if *flags & bit != 0 {
+                        if *flags & bit != 0 && !stamp_idle(bytes) {
                             if let Some(st) = bytes.get(*offset..*offset + sz) {
                                 // Keys without a 5-tuple projection (TEID, field set) go raw.
                                 let row = match key_tuple(gran, *key).or_else(|| resolve(*key)) {
@@ -1088,7 +1149,12 @@ impl ExecContext {
                 StateLayout::PerNf => (self.stores.get(k)?, 0),
                 StateLayout::Aggregated => (self.stores.first()?, *offset),
             };
-            store.for_each(|key, block| {
+            // (Per-NF tables carry the NF's own timeout: no stamps in their blocks.)
+            let stamped = self.layout == StateLayout::Aggregated;
+            store.for_each_live(now, |key, block| {
+                if stamped && stamp_idle(block) {
+                    return;
+                }
                 if let Some(r) = block.get(off..off + sz).and_then(|b| nf.export_row_bytes(key, b)) {
                     rows.push(r);
                 }
@@ -1280,14 +1346,14 @@ fn init_all(
     }
     if let Some(aux) = aux {
         for (g, layout) in aux.groups.iter().enumerate() {
-            let h = match group_key(layout.granularity, meta) {
+            let bits = match group_key(layout.granularity, meta) {
                 Some(k) => aux.shared.tables[g]
                     .acquire(&k, coarse_hash(k), aux.now, |_, _| {})
-                    .map_or(SharedHandle::NONE, |(h, _)| h),
-                None => SharedHandle::NONE,
+                    .map_or(aux_refused_bits(), |(h, _)| handle_bits(h)),
+                None => handle_bits(SharedHandle::NONE),
             };
             if let Some(dst) = block.get_mut(layout.aux_offset..layout.aux_offset + 8) {
-                dst.copy_from_slice(&handle_bits(h).to_ne_bytes());
+                dst.copy_from_slice(&bits.to_ne_bytes());
             }
         }
     }
@@ -1345,8 +1411,13 @@ fn coarse_one(
     if !meta.valid {
         return Some(nf.on_unparsed());
     }
-    // No entry: the shared table was full (or, without the auxiliary table, its lookup found no room).
+    // No entry: the packet has no key of this granularity (a TEID counter
+    // seeing non-GTP-U traffic, an IPv6 packet for an IP pair: as unparsed),
+    // or the shared table was full (no room at the flow's start nor now).
     if !c.h.is_some() {
+        if group_key(c.granularity, meta).is_none() {
+            return Some(nf.on_unparsed());
+        }
         return Some(nf.on_no_state());
     }
     let Some(words) = c.table.state(c.h) else { return Some(nf.on_no_state()) };

@@ -245,8 +245,11 @@ pub struct StoreReport {
     pub flows: u64,
     /// Entries in the per-core per-flow tables at the end (one table per 5-tuple NF under `pernf`).
     pub entries: u64,
-    /// Capacity.
+    /// IPv4 entries the per-core tables hold (`--flows` per table): an IPv4
+    /// flow past it is refused (`table_full`).
     pub capacity: u64,
+    /// IPv6 entries they hold besides (each store has an IPv6 table of its own).
+    pub capacity_v6: u64,
     /// Insertions (add-on-miss, and an idle entry found by a lookup and started over), not hand-overs.
     pub insertions: u64,
     /// Expired entries (swept, or found idle past their timeout by a lookup).
@@ -299,6 +302,7 @@ impl StoreReport {
         }
         self.entries += o.entries;
         self.capacity += o.capacity;
+        self.capacity_v6 += o.capacity_v6;
         self.insertions += o.insertions;
         self.expiries += o.expiries;
         self.ended += o.ended;

@@ -11,7 +11,8 @@ use crate::chain::{Chain, Stage};
 impl ScrReplica {
     /// Export rows of NF `name` (as [`crate::exec::Pipeline::export`] makes them from a flow table or a shared
     /// table) from this replica's table for it: every replica holds the same state (the digests check it), so
-    /// one replica's rows are the run's. None if no stateful NF is called `name`. Records fold IPv6 addresses
+    /// one replica's rows are the run's; a key idle past the timeout at the latest record time is not listed (what a
+    /// lookup would find). None if no stateful NF is called `name`. Records fold IPv6 addresses
     /// to 32 bits: `v6` maps each fold back to an address of the input (see [`add_v6_folds`]); a key whose fold it
     /// lacks, or keyed by connection (the direction is not kept), has no row.
     pub fn export(
@@ -36,8 +37,11 @@ impl ScrReplica {
         let zero =
             |is_v6: bool| if is_v6 { IpAddr::V6(Ipv6Addr::UNSPECIFIED) } else { IpAddr::V4(Ipv4Addr::UNSPECIFIED) };
         let mut rows = Vec::new();
+        // The idle rule of a lookup at the latest record time (every replica saw every record): a key a record
+        // would find idle, and start over, is not listed though no sweep removed it yet.
+        let now = t.hdr.iter().filter(|h| h.used != 0).map(|h| h.last).max().unwrap_or(0);
         for (i, h) in t.hdr.iter().enumerate() {
-            if h.used == 0 {
+            if h.used == 0 || flowplane_nf::stateful::is_idle(h.last, now, t.timeout_ns()) {
                 continue;
             }
             let k = h.key;

@@ -9,7 +9,7 @@
 //! Exact for any NF: it is the same slot's state, and nothing else touches
 //! the table during the run.
 
-use flowplane_nf::stateful::{Action, ScrRecord, ScrRun, StatefulNf};
+use flowplane_nf::stateful::{ScrRecord, ScrRun, StatefulNf};
 use flowplane_nf::{NfContext, NfCounters, Pkt};
 use flowplane_packet::{Batch, DROP};
 
@@ -72,11 +72,16 @@ fn ff_entries<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
         let live = if SOLE { r.valid() } else { alive[j] };
         if live {
             let ctx = NfContext { now_tsc: 0, now_ns: r.ts_ns() };
-            if let Some(st) = state(nf, t, key(r), r, &ctx) {
-                let pass = nf.scr_transition(st, r, &ctx);
-                if !SOLE {
-                    alive[j] = pass;
+            match state(nf, t, key(r), r, &ctx) {
+                Some(st) => {
+                    let pass = nf.scr_transition(st, r, &ctx);
+                    if !SOLE {
+                        alive[j] = pass;
+                    }
                 }
+                // Table full on every core alike: the verdict the core that owns the packet gives it.
+                None if !SOLE => alive[j] = nf.passes_without_state(),
+                None => {}
             }
         }
         j += 1;
@@ -411,11 +416,13 @@ pub(crate) fn batch<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
                         continue;
                     }
                     let ctx = NfContext { now_tsc: 0, now_ns: now };
-                    if let Some(st) = state(nf, t, k, r, &ctx) {
-                        let pass = nf.scr_transition(st, r, &ctx);
-                        if let Some(a) = al.get_mut(j).filter(|_| !SOLE) {
-                            *a = pass;
-                        }
+                    let pass = match state(nf, t, k, r, &ctx) {
+                        Some(st) => nf.scr_transition(st, r, &ctx),
+                        // Table full on every core alike: as the owning core's `on_no_state`.
+                        None => nf.passes_without_state(),
+                    };
+                    if let Some(a) = al.get_mut(j).filter(|_| !SOLE) {
+                        *a = pass;
                     }
                 }
                 j += 1;
@@ -439,8 +446,8 @@ pub(crate) fn batch<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
                 }
                 None => match state(nf, t, k, r, &c) {
                     Some(st) => nf.process(&mut Pkt::new(batch.data_mut(i), meta), st, &c),
-                    // Table full on every core alike: the packet passes untracked.
-                    None => Action::Pass,
+                    // Table full on every core alike: counted, and judged as the NF says (`passes_without_state`).
+                    None => nf.on_no_state(),
                 },
             }
         };

@@ -456,8 +456,9 @@ impl ScrReplica {
                         let mut pkt = Pkt::new(batch.data_mut(i), &meta);
                         nf.process_bytes(&mut pkt, st, &c)
                     } else {
-                        // Table full on every core alike: the packet passes untracked.
-                        flowplane_nf::Action::Pass
+                        // Table full on every core alike: counted, and judged as the NF says
+                        // (`passes_without_state`, which the other replicas' fast-forward uses).
+                        nf.on_no_state()
                     };
                     apply_action(batch, i, action, counters);
                 }

@@ -25,6 +25,11 @@
 //! the new set. Versions are [`VERSION_BITS`] bits: a flow idle across a
 //! multiple of 4096 swaps would keep its old verdict.
 //!
+//! Packets without a flow key (non-IP, malformed) get the default verdict
+//! (`unparsed`); a packet with a key but no state because the flow table is
+//! full is dropped whatever the rules say (`table_full`): an access list
+//! fails closed.
+//!
 //! Matching conventions: `icmp` matches ICMP and ICMPv6; a prefix only
 //! matches addresses of its own family; a rule with a port range only matches
 //! TCP and UDP packets that carry ports (not ICMP, not non-first fragments).
@@ -316,6 +321,7 @@ pub struct Acl {
     /// Packets per rule (same indexing).
     packets: Vec<u64>,
     unparsed: u64,
+    table_full: u64,
     /// The rule set's version (bumped by each swap; see the module doc).
     version: u32,
 }
@@ -348,7 +354,7 @@ impl Acl {
     pub fn new(mut rules: Vec<Rule>, default_drop: bool) -> Self {
         rules.truncate(MAX_RULES);
         let n = rules.len() + 1;
-        Acl { rules, default_drop, flows: vec![0; n], packets: vec![0; n], unparsed: 0, version: 0 }
+        Acl { rules, default_drop, flows: vec![0; n], packets: vec![0; n], unparsed: 0, table_full: 0, version: 0 }
     }
 
     /// The facts the rules look at, from the flow's packet.
@@ -489,7 +495,7 @@ impl StatefulNf for Acl {
     fn reconfigure(&mut self, p: &mut Params) -> Result<(), ParamError> {
         let new = Acl::from_params(p)?;
         let version = (self.version + 1) & VERSION_MASK;
-        *self = Acl { unparsed: self.unparsed, version, ..new };
+        *self = Acl { unparsed: self.unparsed, table_full: self.table_full, version, ..new };
         Ok(())
     }
 
@@ -499,7 +505,7 @@ impl StatefulNf for Acl {
         }
     }
 
-    /// Packets without a flow key (non-IP, malformed, or no state) get the default verdict.
+    /// Packets without a flow key (non-IP, malformed) get the default verdict.
     fn on_unparsed(&mut self) -> Action {
         self.unparsed += 1;
         if self.default_drop {
@@ -507,6 +513,16 @@ impl StatefulNf for Acl {
         } else {
             Action::Pass
         }
+    }
+
+    /// An ACL fails closed: a flow whose verdict cannot be kept is not let in.
+    fn passes_without_state(&self) -> bool {
+        false
+    }
+
+    fn on_no_state(&mut self) -> Action {
+        self.table_full += 1;
+        Action::Drop
     }
 
     fn report(&self) -> Option<serde_json::Value> {
@@ -533,6 +549,7 @@ impl StatefulNf for Acl {
             "default_flows": self.flows[n],
             "default_packets": self.packets[n],
             "unparsed": self.unparsed,
+            "table_full": self.table_full,
             "per_rule": rules,
         }))
     }

@@ -3,7 +3,8 @@
 //! arithmetic on its source's one-word state, in `process` and, under
 //! `--scale scr`, in the state transition of every history entry too — so
 //! the replicated compute grows with N while dispatch stays the same. It
-//! never drops; its only state is the per-source accumulator.
+//! never drops; its only state is the per-source accumulator. A packet whose
+//! source found no room (the table full) passes, counted as `table_full`.
 
 use bytemuck::{Pod, Zeroable};
 use flowplane_wire::scr::{ScrFields, ScrRecord};
@@ -27,7 +28,7 @@ pub const NF: NfDescriptor = NfDescriptor {
 
 /// Builds `burn` from its parameters and hands it to `sink`.
 pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
-    Ok(sink.stateful(Burn { iters: p.uint(&ITERS)? as u32 }))
+    Ok(sink.stateful(Burn { iters: p.uint(&ITERS)? as u32, table_full: 0 }))
 }
 
 /// The per-source accumulator.
@@ -42,6 +43,7 @@ pub struct BurnState {
 #[derive(Debug)]
 pub struct Burn {
     iters: u32,
+    table_full: u64,
 }
 
 impl Burn {
@@ -90,8 +92,14 @@ impl StatefulNf for Burn {
         true
     }
 
+    /// Fails open: counted as `table_full`, passed untouched.
+    fn on_no_state(&mut self) -> Action {
+        self.table_full += 1;
+        Action::Pass
+    }
+
     fn report(&self) -> Option<serde_json::Value> {
-        Some(json!({ "iters": self.iters }))
+        Some(json!({ "iters": self.iters, "table_full": self.table_full }))
     }
 
     fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {

@@ -18,7 +18,9 @@
 //!   state; a last-seen time in the future after the clock jumped back is
 //!   rebased, never expired early): only a plain SYN passes; it opens the
 //!   connection (SYN_SENT) with `end[init] = its end`. Anything else is
-//!   invalid. (A full table passes the SYN untracked, `table_full`.)
+//!   invalid. (A SYN the connection table has no room for is dropped,
+//!   `table_full`: the tracker fails closed; so is every packet that found no
+//!   per-flow state because the engine's flow table was full.)
 //! * **SYN_SENT**: the responder's SYN-ACK with `ack = ISN + 1` passes
 //!   (SYN_RECV; `end[resp]` = its end, `acked[init] = ack`,
 //!   `acked[resp] = its seq + 1`); a retransmitted SYN (same seq) passes. An
@@ -293,9 +295,10 @@ impl Conntrack {
             match found {
                 // A new connection over one in TIME_WAIT: same key, same slot.
                 Some(i) => *conn(&mut self.table, i) = c,
+                // Fails closed: a connection it cannot track is not let in.
                 None if self.table.insert(key, c).is_err() => {
                     self.c.full += 1;
-                    return true;
+                    return false;
                 }
                 None => {}
             }
@@ -462,6 +465,15 @@ impl StatefulNf for Conntrack {
 
     fn scr_digest(&self) -> u64 {
         self.digest()
+    }
+
+    fn passes_without_state(&self) -> bool {
+        false
+    }
+
+    fn on_no_state(&mut self) -> Action {
+        self.c.full += 1;
+        Action::Drop
     }
 
     fn report(&self) -> Option<serde_json::Value> {

@@ -2,7 +2,8 @@
 //! last seen per 5-tuple. Bytes are frame lengths (Ethernet header included,
 //! no FCS); first and last seen are packet-clock ns (after the capture's
 //! first packet). Its table is exportable at the end of a run
-//! (`--export fsc=flows.csv|json`).
+//! (`--export fsc=flows.csv|json`). A counter fails open: a packet whose flow
+//! found no room (the flow table full) passes, in no row, counted as `table_full`.
 
 use bytemuck::{Pod, Zeroable};
 use flowplane_wire::flow::FiveTuple;
@@ -46,6 +47,7 @@ pub struct FscState {
 #[derive(Default, Debug)]
 pub struct Fsc {
     flows: u64,
+    table_full: u64,
 }
 
 impl Fsc {
@@ -98,8 +100,14 @@ impl StatefulNf for Fsc {
         Action::Pass
     }
 
+    /// Fails open: counted as `table_full`, passed untouched.
+    fn on_no_state(&mut self) -> Action {
+        self.table_full += 1;
+        Action::Pass
+    }
+
     fn report(&self) -> Option<serde_json::Value> {
-        Some(json!({ "flows_seen": self.flows }))
+        Some(json!({ "flows_seen": self.flows, "table_full": self.table_full }))
     }
 
     fn export_kind(&self) -> Export {

@@ -41,8 +41,10 @@
 //!   they quote belongs to a known connection (related). IPv6 neighbour
 //!   discovery passes (IPv6 does not work without it). Other ICMP is dropped.
 //! * Non-first fragments carry no ports and cannot be checked: dropped.
-//!   Packets without a flow key (non-IP, malformed, no state because the flow
-//!   table is full) are dropped: a firewall fails closed.
+//!   Packets without a flow key (non-IP, malformed: `drops.unparsed`) and
+//!   packets without state because a table is full (the engine's flow table
+//!   or the connection table: `drops.table_full`) are dropped: a firewall
+//!   fails closed.
 //!
 //! Idle timeout (`timeout=S`): a connection's own last-use time is the time
 //! of the last packet of either direction that found it open (a TCP segment
@@ -894,6 +896,15 @@ impl StatefulNf for Fw {
 
     fn on_unparsed(&mut self) -> Action {
         self.c.unparsed += 1;
+        Action::Drop
+    }
+
+    fn passes_without_state(&self) -> bool {
+        false
+    }
+
+    fn on_no_state(&mut self) -> Action {
+        self.c.table_full += 1;
         Action::Drop
     }
 

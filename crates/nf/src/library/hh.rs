@@ -9,7 +9,9 @@
 //! lists are disjoint, so the run's report merges them and keeps the k
 //! largest. A flow that expires keeps its summary entry; if the same 5-tuple
 //! returns, its entry is updated only once the new incarnation is larger
-//! (the entry records the largest incarnation).
+//! (the entry records the largest incarnation). A monitor fails open: a
+//! packet whose flow found no room (the flow table full) passes, uncounted in
+//! any flow, counted as `table_full`.
 //!
 //! `--export hh=FILE` writes the report's top-k (`export=top`, default; the
 //! same rows as the report, merged over cores) or every live flow with its
@@ -85,6 +87,7 @@ pub struct Hh {
     threshold: Option<u64>,
     flows: u64,
     over_threshold: u64,
+    table_full: u64,
     /// `--export` writes every live flow instead of the top-k.
     export_all: bool,
 }
@@ -109,6 +112,7 @@ impl Hh {
             threshold,
             flows: 0,
             over_threshold: 0,
+            table_full: 0,
             export_all: false,
         }
     }
@@ -222,6 +226,12 @@ impl StatefulNf for Hh {
         true
     }
 
+    /// Fails open: counted as `table_full`, passed untouched.
+    fn on_no_state(&mut self) -> Action {
+        self.table_full += 1;
+        Action::Pass
+    }
+
     fn report(&self) -> Option<serde_json::Value> {
         let mut top: Vec<_> = self
             .top()
@@ -245,6 +255,7 @@ impl StatefulNf for Hh {
             "threshold_bytes": self.threshold,
             "flows_seen": self.flows,
             "flows_over_threshold": self.over_threshold,
+            "table_full": self.table_full,
             "top": top,
         }))
     }

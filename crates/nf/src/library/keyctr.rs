@@ -2,7 +2,8 @@
 //! destination IP, IP pair, GTP-U TEID, or a chosen field set
 //! (`keyctr(key=dst_ip+dport)`). The state is shared between cores; packets
 //! without such a key (a TEID counter seeing non-GTP-U traffic) pass and are
-//! counted as unkeyed.
+//! counted as unkeyed. A counter fails open: a packet whose key found no
+//! room (the shared table full) passes, in no row, counted as `table_full`.
 //!
 //! `--export keyctr=FILE` writes one row per key: the key's fields (`src`,
 //! `dst`, the 5-tuple, `teid`, or the chosen fields) and its packets and
@@ -126,6 +127,7 @@ pub struct KeyCtr<S = KeyCtrState> {
     key: Granularity,
     keys: u64,
     unkeyed: u64,
+    table_full: u64,
     _state: std::marker::PhantomData<fn() -> S>,
 }
 
@@ -145,7 +147,7 @@ impl KeyCtr {
 impl<S: CounterState> KeyCtr<S> {
     /// A counter keyed by `key` with state `S`.
     pub fn keyed(key: Granularity) -> Self {
-        KeyCtr { key, keys: 0, unkeyed: 0, _state: std::marker::PhantomData }
+        KeyCtr { key, keys: 0, unkeyed: 0, table_full: 0, _state: std::marker::PhantomData }
     }
 
     fn row(&self, mut m: Map<String, Value>, st: &S) -> Option<Value> {
@@ -189,8 +191,14 @@ impl<S: CounterState> StatefulNf for KeyCtr<S> {
         Action::Pass
     }
 
+    /// A counter fails open: the packet passes, counted as `table_full`.
+    fn on_no_state(&mut self) -> Action {
+        self.table_full += 1;
+        Action::Pass
+    }
+
     fn report(&self) -> Option<Value> {
-        Some(json!({ "key": self.key.name(), "keys_seen": self.keys, "unkeyed": self.unkeyed }))
+        Some(json!({ "key": self.key.name(), "keys_seen": self.keys, "unkeyed": self.unkeyed, "table_full": self.table_full }))
     }
 
     fn export_kind(&self) -> Export {

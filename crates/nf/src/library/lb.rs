@@ -125,6 +125,7 @@ pub struct Lb {
     unbalanced_packets: u64,
     /// Flows moved off a backend removed at run time.
     moved_flows: u64,
+    table_full: u64,
 }
 
 impl Lb {
@@ -166,6 +167,7 @@ impl Lb {
             unbalanced_flows: 0,
             unbalanced_packets: 0,
             moved_flows: 0,
+            table_full: 0,
         }
     }
 
@@ -323,6 +325,12 @@ impl StatefulNf for Lb {
         Ok(())
     }
 
+    /// Fails open: the packet passes unbalanced, counted as `table_full`.
+    fn on_no_state(&mut self) -> Action {
+        self.table_full += 1;
+        Action::Pass
+    }
+
     fn report(&self) -> Option<Value> {
         Some(json!({
             "ipv4": pool_report(&self.v4),
@@ -330,6 +338,7 @@ impl StatefulNf for Lb {
             "ipv6_unbalanced_flows": self.unbalanced_flows,
             "ipv6_unbalanced_packets": self.unbalanced_packets,
             "moved_flows": self.moved_flows,
+            "table_full": self.table_full,
         }))
     }
 

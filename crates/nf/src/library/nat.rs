@@ -72,9 +72,10 @@
 //!   direction are dropped and counted (they carry no ports to translate);
 //!   traffic that is neither inside-sourced nor addressed to an external
 //!   address, and IPv6, pass untouched (counted). Packets without a flow key
-//!   (non-IP, malformed, or no state because the table is full) are DROPPED:
-//!   the NF cannot tell a table-full inside packet from garbage, and passing
-//!   it would leak an untranslated inside address.
+//!   (non-IP, malformed: `dropped_unparsed`) and packets without state
+//!   because the flow table is full (`dropped_table_full`) are DROPPED: the
+//!   NF fails closed, as passing a table-full packet would leak an
+//!   untranslated inside address.
 //!
 //! Each core builds its own instance with its own pools. The NF declares its
 //! pool ([`crate::GlobalState::PortPool`]): on several cores the runtime
@@ -504,6 +505,7 @@ struct Counters {
     transit: u64,
     v6: u64,
     unparsed: u64,
+    table_full: u64,
     rst_ends: u64,
     filtered: u64,
     fin_closed: u64,
@@ -732,6 +734,15 @@ impl StatefulNf for Nat {
         Action::Drop
     }
 
+    fn passes_without_state(&self) -> bool {
+        false
+    }
+
+    fn on_no_state(&mut self) -> Action {
+        self.c.table_full += 1;
+        Action::Drop
+    }
+
     fn report(&self) -> Option<serde_json::Value> {
         let c = &self.c;
         let (tcp, udp) = self.ports_in_use();
@@ -764,6 +775,7 @@ impl StatefulNf for Nat {
             "dropped_fragments": c.fragments,
             "dropped_other_proto": c.other_dropped,
             "dropped_unparsed": c.unparsed,
+            "dropped_table_full": c.table_full,
             "passed_other_proto": c.other_passed,
             "passed_transit": c.transit,
             "passed_ipv6": c.v6,

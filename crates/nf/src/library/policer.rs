@@ -17,6 +17,10 @@
 //! slightly different clocks) adds no tokens; a jump back by more than
 //! [`CLOCK_RESET_NS`] (a restarted clock) re-anchors the bucket at the new time
 //! so it is not starved until the clock catches up.
+//!
+//! Table full: a policer drops only on what a bucket holds, so it fails open —
+//! a packet whose server found no room in the (shared) table passes,
+//! unlimited, counted as `table_full` (packets without an address: `unparsed`).
 
 use serde_json::json;
 
@@ -102,6 +106,7 @@ pub struct Policer {
     dropped_bytes: u64,
     servers: u64,
     unparsed: u64,
+    table_full: u64,
 }
 
 impl Policer {
@@ -126,6 +131,7 @@ impl Policer {
             dropped_bytes: 0,
             servers: 0,
             unparsed: 0,
+            table_full: 0,
         }
     }
 }
@@ -181,6 +187,12 @@ impl StatefulNf for Policer {
         Action::Pass
     }
 
+    /// Fails open: a server without a bucket is not limited (counted as `table_full`).
+    fn on_no_state(&mut self) -> Action {
+        self.table_full += 1;
+        Action::Pass
+    }
+
     fn report(&self) -> Option<serde_json::Value> {
         Some(json!({
             "rate": self.rate,
@@ -191,6 +203,7 @@ impl StatefulNf for Policer {
             "dropped": self.dropped,
             "dropped_bytes": self.dropped_bytes,
             "unparsed": self.unparsed,
+            "table_full": self.table_full,
         }))
     }
 

@@ -29,6 +29,11 @@
 //! engine enforces it at access, whichever executor, core or strategy, and
 //! whether or not flows pin the source's shared entry (see
 //! `StatefulNf::idle_timeout_ns`).
+//!
+//! Table full: an access-control NF fails closed — a packet whose source
+//! found no room in the (shared) source table has no automaton, so it is
+//! dropped (knocks and other traffic included: nothing about the source
+//! can be kept) and counted as `table_full`, never as `unparsed`.
 
 use bytemuck::{Pod, Zeroable};
 use serde_json::json;
@@ -80,6 +85,7 @@ struct Counters {
     fragments_dropped: u64,
     non_tcp: u64,
     unparsed: u64,
+    table_full: u64,
 }
 
 /// The port-knocking firewall.
@@ -273,6 +279,16 @@ impl StatefulNf for PortKnock {
         Action::Pass
     }
 
+    /// Fails closed: a source whose automaton cannot be kept is not let in.
+    fn passes_without_state(&self) -> bool {
+        false
+    }
+
+    fn on_no_state(&mut self) -> Action {
+        self.c.table_full += 1;
+        Action::Drop
+    }
+
     fn report(&self) -> Option<serde_json::Value> {
         let c = &self.c;
         Some(json!({
@@ -286,6 +302,7 @@ impl StatefulNf for PortKnock {
             "fragments_dropped": c.fragments_dropped,
             "non_tcp": c.non_tcp,
             "unparsed": c.unparsed,
+            "table_full": c.table_full,
         }))
     }
 

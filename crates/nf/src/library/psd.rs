@@ -32,6 +32,10 @@
 //! `a + window`; one at exactly `a + window` starts the next. A clock stepping back a little (cores sharing the
 //! state) changes nothing; a jump back by more than a window (a restarted
 //! clock) re-anchors the window at the new time, keeping its evidence.
+//!
+//! Table full: a detector drops only on the evidence a sketch holds, so it
+//! fails open — a packet whose source found no room in the (shared) table
+//! passes, unjudged, counted as `table_full` (packets without an address: `unparsed`).
 
 use bytemuck::{Pod, Zeroable};
 use flowplane_wire::flow::FiveTuple;
@@ -112,6 +116,7 @@ pub struct Psd {
     flagged_sources: u64,
     flagged_packets: u64,
     unparsed: u64,
+    table_full: u64,
 }
 
 /// Bit of the sketch for a port: multiplicative (Fibonacci) hashing, top 9 bits.
@@ -151,6 +156,7 @@ impl Psd {
             flagged_sources: 0,
             flagged_packets: 0,
             unparsed: 0,
+            table_full: 0,
         }
     }
 
@@ -245,6 +251,12 @@ impl StatefulNf for Psd {
         Action::Pass
     }
 
+    /// Fails open: a source without a sketch is not judged (counted as `table_full`).
+    fn on_no_state(&mut self) -> Action {
+        self.table_full += 1;
+        Action::Pass
+    }
+
     fn report(&self) -> Option<serde_json::Value> {
         Some(json!({
             "window_ns": self.window_ns,
@@ -256,6 +268,7 @@ impl StatefulNf for Psd {
             "sources_flagged": self.flagged_sources,
             "flagged_packets": self.flagged_packets,
             "unparsed": self.unparsed,
+            "table_full": self.table_full,
         }))
     }
 

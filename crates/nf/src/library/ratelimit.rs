@@ -4,7 +4,9 @@
 //! nano-token per ns per unit of `pps`); a packet that finds at least one
 //! token passes and takes one, one that finds less is dropped. Time is the
 //! packet's own clock (README, "What NFs see"); a clock that jumps backwards
-//! adds no tokens (and never panics).
+//! adds no tokens (and never panics). A limiter drops only on what a bucket
+//! holds, so it fails open: a packet whose flow found no room (the flow table
+//! full) passes, unlimited, counted as `table_full`.
 //!
 //! This is SCR's token-bucket policer (Table 1, `tbf`): per 5-tuple, last
 //! packet time and tokens; under `--scale scr` time is the sequencer's.
@@ -76,6 +78,7 @@ pub struct RateLimit {
     pps: u64,
     burst: u64,
     dropped: u64,
+    table_full: u64,
 }
 
 impl RateLimit {
@@ -83,12 +86,12 @@ impl RateLimit {
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
         let pps = p.uint(&PPS)?;
         let burst = p.uint(&BURST)?;
-        Ok(RateLimit { pps, burst, dropped: 0 })
+        Ok(RateLimit { pps, burst, dropped: 0, table_full: 0 })
     }
 
     /// A limiter of `pps` packets/s per flow with bucket depth `burst`.
     pub fn new(pps: u64, burst: u64) -> Self {
-        RateLimit { pps: pps.max(1), burst: burst.max(1), dropped: 0 }
+        RateLimit { pps: pps.max(1), burst: burst.max(1), dropped: 0, table_full: 0 }
     }
 }
 
@@ -134,8 +137,14 @@ impl StatefulNf for RateLimit {
         b.take(self.pps, self.burst, ctx.now_ns)
     }
 
+    /// Fails open: a flow without a bucket is not limited (counted as `table_full`).
+    fn on_no_state(&mut self) -> Action {
+        self.table_full += 1;
+        Action::Pass
+    }
+
     fn report(&self) -> Option<serde_json::Value> {
-        Some(json!({ "pps": self.pps, "burst": self.burst, "dropped": self.dropped }))
+        Some(json!({ "pps": self.pps, "burst": self.burst, "dropped": self.dropped, "table_full": self.table_full }))
     }
 
     fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {

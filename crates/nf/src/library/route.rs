@@ -15,7 +15,9 @@
 //! `PREFIX/LEN PORT`, e.g. `10.0.0.0/8 1`, `2001:db8::/32 4`, `0.0.0.0/0 0`;
 //! `PORT` (0..=65534) becomes the packet's output port. A prefix listed
 //! twice keeps its last port. Packets without a route, and non-IP ones,
-//! follow `miss` (drop, or pass with the verdict unchanged).
+//! follow `miss` (drop, or pass with the verdict unchanged), and so do
+//! packets that found no state because the flow table was full (counted as
+//! `table_full`, not `missed`).
 //!
 //! Per flow, the state records the last next hop and counts packets (an
 //! export row per flow: which port its packets took).
@@ -303,6 +305,7 @@ pub struct Route {
     miss_drop: bool,
     routed: u64,
     missed: u64,
+    table_full: u64,
 }
 
 impl Route {
@@ -322,7 +325,7 @@ impl Route {
 
     /// A router over `routes`.
     pub fn new(routes: &[RouteEntry], miss_drop: bool) -> Result<Self, String> {
-        Ok(Route { lpm: Lpm::new(routes)?, miss_drop, routed: 0, missed: 0 })
+        Ok(Route { lpm: Lpm::new(routes)?, miss_drop, routed: 0, missed: 0, table_full: 0 })
     }
 
     /// The tables.
@@ -459,6 +462,20 @@ impl StatefulNf for Route {
         }
     }
 
+    /// No state (flow table full): the packet is not routed, so it follows `miss`.
+    fn passes_without_state(&self) -> bool {
+        !self.miss_drop
+    }
+
+    fn on_no_state(&mut self) -> Action {
+        self.table_full += 1;
+        if self.miss_drop {
+            Action::Drop
+        } else {
+            Action::Pass
+        }
+    }
+
     fn report(&self) -> Option<serde_json::Value> {
         Some(json!({
             "routes_v4": self.lpm.routes_v4,
@@ -467,6 +484,7 @@ impl StatefulNf for Route {
             "v6_nodes": self.lpm.v6.len() / 256,
             "routed": self.routed,
             "missed": self.missed,
+            "table_full": self.table_full,
         }))
     }
 

@@ -7,7 +7,8 @@
 //! hardware prefetcher cannot guess the next address. A flow's state is a
 //! position in that cycle, pseudo-random from the flow's key at creation;
 //! each packet walks `k` steps and stores where it ended (so the reads
-//! cannot be optimised away; the export shows it).
+//! cannot be optimised away; the export shows it). A packet whose flow found
+//! no room (the flow table full) passes, counted as `table_full`.
 //! The prefetch hook prefetches `array[state.idx]`, the first of the k
 //! accesses: exactly what FAJITA's customizable prefetch provides. The
 //! resumable action (interleaved executor) is the chase as k steps, each
@@ -93,6 +94,7 @@ pub struct Synthetic {
     seed: u64,
     /// Packets processed (k reads each).
     packets: u64,
+    table_full: u64,
 }
 
 impl Synthetic {
@@ -122,7 +124,7 @@ impl Synthetic {
             let j = rng.below(i as u64) as usize;
             array.swap(i, j);
         }
-        Ok(Synthetic { k: k.min(MAX_K as u32), array, seed, packets: 0 })
+        Ok(Synthetic { k: k.min(MAX_K as u32), array, seed, packets: 0, table_full: 0 })
     }
 
     /// Entries in the array.
@@ -206,12 +208,19 @@ impl StatefulNf for Synthetic {
         }
     }
 
+    /// Fails open: counted as `table_full`, passed untouched.
+    fn on_no_state(&mut self) -> Action {
+        self.table_full += 1;
+        Action::Pass
+    }
+
     fn report(&self) -> Option<serde_json::Value> {
         Some(json!({
             "k": self.k,
             "mem_bytes_per_core": self.array.len() as u64 * 4,
             "entries_per_core": self.array.len(),
             "indirect_reads": self.packets * self.k as u64,
+            "table_full": self.table_full,
         }))
     }
 
