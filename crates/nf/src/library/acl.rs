@@ -58,7 +58,8 @@ const RULE: ParamSpec = ParamSpec::text(
     "inline rules 'action:proto:src:dst:sport:dport' (trailing fields optional, any = wildcard, IPv6 as [2001:db8::]/32) separated by ';', after the file's",
 ).live();
 const DEFAULT: ParamSpec =
-    ParamSpec::choice("default", "allow", &["allow", "drop"], "verdict when no rule matches, and for non-IP packets").live();
+    ParamSpec::choice("default", "allow", &["allow", "drop"], "verdict when no rule matches, and for non-IP packets")
+        .live();
 
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {

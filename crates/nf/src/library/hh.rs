@@ -36,7 +36,8 @@ const EXPORT: ParamSpec = ParamSpec::choice(
     "top",
     &["top", "all"],
     "--export writes the top-k flows of the report, or every live flow",
-).live();
+)
+.live();
 
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {

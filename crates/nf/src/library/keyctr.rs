@@ -198,7 +198,9 @@ impl<S: CounterState> StatefulNf for KeyCtr<S> {
     }
 
     fn report(&self) -> Option<Value> {
-        Some(json!({ "key": self.key.name(), "keys_seen": self.keys, "unkeyed": self.unkeyed, "table_full": self.table_full }))
+        Some(
+            json!({ "key": self.key.name(), "keys_seen": self.keys, "unkeyed": self.unkeyed, "table_full": self.table_full }),
+        )
     }
 
     fn export_kind(&self) -> Export {

@@ -528,8 +528,10 @@ mod tests {
             Params::new("lb", pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
         };
         let mut h = Harness::new(Lb::from_params(&mut params(&[("backends", "8"), ("base", "10.10.0.1")])).unwrap());
-        let flows: Vec<Vec<u8>> = (0..300u16).map(|i| udp4([10, 0, (i >> 8) as u8, i as u8], [9, 9, 9, 9], 1000 + i, 80)).collect();
-        let addr = |out: &[u8]| u32::from_be_bytes(out[30..34].try_into().unwrap()) - u32::from(Ipv4Addr::new(10, 10, 0, 1));
+        let flows: Vec<Vec<u8>> =
+            (0..300u16).map(|i| udp4([10, 0, (i >> 8) as u8, i as u8], [9, 9, 9, 9], 1000 + i, 80)).collect();
+        let addr =
+            |out: &[u8]| u32::from_be_bytes(out[30..34].try_into().unwrap()) - u32::from(Ipv4Addr::new(10, 10, 0, 1));
         let before: Vec<u32> = flows.iter().map(|f| addr(&h.run(f).0)).collect();
         h.nf.reconfigure(&mut params(&[("backends", "4")])).unwrap();
         let mut moved = 0;

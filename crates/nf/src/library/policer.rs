@@ -37,14 +37,16 @@ const RATE: ParamSpec = ParamSpec::uint(
     1,
     MAX_RATE,
     "bytes/s per destination (125M = 1 Gbit/s), packets/s with pps=true",
-).live();
+)
+.live();
 const BURST: ParamSpec = ParamSpec::uint_like(
     "burst",
     &RATE,
     1,
     MAX_BURST,
     "bucket depth in bytes (packets with pps=true); default one second's worth",
-).live();
+)
+.live();
 const PPS: ParamSpec = ParamSpec::bool("pps", false, "count packets instead of bytes");
 
 /// Registration (see `crates/nf/build.rs`).

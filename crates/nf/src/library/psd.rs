@@ -53,13 +53,15 @@ const WINDOW: ParamSpec = ParamSpec::float("window", 10.0, 0.001, 86_400.0, "win
 const PORTS: ParamSpec =
     ParamSpec::uint("ports", 20, 1, 1024, "distinct destination ports in a window that flag a source").live();
 const ACTION: ParamSpec =
-    ParamSpec::choice("action", "drop", &["drop", "flag"], "drop a flagged source's packets, or pass and count them").live();
+    ParamSpec::choice("action", "drop", &["drop", "flag"], "drop a flagged source's packets, or pass and count them")
+        .live();
 const TCP: ParamSpec = ParamSpec::choice(
     "tcp",
     "noack",
     &["noack", "all"],
     "TCP packets that count as probes: without the ACK flag, or all",
-).live();
+)
+.live();
 
 /// Registration (see `crates/nf/build.rs`).
 pub const NF: NfDescriptor = NfDescriptor {
@@ -473,7 +475,10 @@ mod tests {
         // The sketch survived: a port probed before is free, and the source, past 5 ports, is flagged now.
         assert_eq!(h.run(&probe(100)).1, Action::Drop);
         let after = h.state_of(&probe(1)).unwrap();
-        assert_eq!((after.bits_set, after.ports, after.window_start_ns), (before.bits_set, before.ports, before.window_start_ns));
+        assert_eq!(
+            (after.bits_set, after.ports, after.window_start_ns),
+            (before.bits_set, before.ports, before.window_start_ns)
+        );
         assert_eq!(after.flagged, 1);
         assert_eq!(h.nf.report().unwrap()["sources_flagged"], 1);
         // Invalid parameters change nothing.
