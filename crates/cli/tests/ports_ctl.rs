@@ -11,45 +11,11 @@ use std::time::{Duration, Instant};
 
 mod ports_common;
 
-use ports_common::{must, sh, tshark_rows, Proc};
+use ports_common::{ctl, ctl_ok, tshark_rows, Proc, Veth};
 
-const BIN: &str = env!("CARGO_BIN_EXE_flowplane");
-
-struct Veth(String);
-
-impl Veth {
-    fn new(tag: &str) -> Veth {
-        let v = Veth(format!("fl{tag}{}", std::process::id() % 100_000));
-        let _ = sh(&["ip", "link", "del", &v.0]);
-        must(&["ip", "link", "add", &v.0, "type", "veth", "peer", "name", &v.peer()]);
-        for i in [&v.0, &v.peer()] {
-            let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{i}/disable_ipv6"), "1");
-            must(&["ip", "link", "set", i, "up"]);
-        }
-        v
-    }
-    fn peer(&self) -> String {
-        format!("{}p", self.0)
-    }
-}
-
-impl Drop for Veth {
-    fn drop(&mut self) {
-        let _ = sh(&["ip", "link", "del", &self.0]);
-    }
-}
-
-/// `flowplane ctl SOCK words... --json`: (exit ok, stdout, stderr).
-fn ctl(sock: &Path, words: &[&str]) -> (bool, serde_json::Value, String) {
-    let out = Command::new(BIN).arg("ctl").arg(sock).args(words).arg("--json").output().unwrap();
-    let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-    (out.status.success(), v, String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
+/// `ctl` that must succeed: its answer.
 fn ok(sock: &Path, words: &[&str]) -> serde_json::Value {
-    let (good, v, err) = ctl(sock, words);
-    assert!(good, "ctl {words:?}: {err}");
-    v
+    ctl_ok(sock, words)
 }
 
 /// Sends `n` UDP packets on `iface` alternating destination ports 5001 and

@@ -98,8 +98,6 @@ const PUBLISH_EVERY: Duration = Duration::from_millis(500);
 const PUBLISH_CHECK: u32 = 64;
 /// How often the control loop looks at the ports' interfaces.
 const LINK_CHECK: Duration = Duration::from_millis(200);
-/// Idle polls in a row before a port's worker naps (an idle port should not burn a shared core).
-const IDLE_SPINS: u32 = 2048;
 /// The longest the control loop sleeps while a caller's stop flag (a signal) may rise.
 const STOP_POLL: Duration = Duration::from_millis(20);
 
@@ -535,7 +533,7 @@ fn source<'a>(
 fn serve(ws: &mut [Worker<'_>], halt: &AtomicBool, live: &Live, hz: f64) {
     let every = (PUBLISH_EVERY.as_secs_f64() * hz) as u64;
     let mut last = tsc::rdtsc();
-    let mut idle = 0u32;
+    let mut backoff = cpu::IdleBackoff::default();
     let mut steps = 0u32;
     let mut open: Vec<usize> = (0..ws.len()).collect();
     // What each worker's mailbox had posted when it last looked.
@@ -556,14 +554,9 @@ fn serve(ws: &mut [Worker<'_>], halt: &AtomicBool, live: &Live, hz: f64) {
             }
         });
         if busy {
-            idle = 0;
+            backoff.busy();
         } else {
-            idle += 1;
-            if idle >= IDLE_SPINS {
-                std::thread::sleep(Duration::from_micros(50));
-            } else {
-                std::hint::spin_loop();
-            }
+            backoff.idle();
         }
         // The clock is read every PUBLISH_CHECK steps, not per batch.
         steps = steps.wrapping_add(1);

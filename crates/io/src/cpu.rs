@@ -35,3 +35,33 @@ mod tests {
         std::thread::spawn(|| assert!(super::pin_current_thread(0))).join().unwrap();
     }
 }
+
+/// How a polling loop waits when its queues are empty: spin a while (a packet
+/// may be a few hundred ns away), then nap 50 µs per poll, so an idle port
+/// does not burn a core another thread shares.
+#[derive(Debug, Default)]
+pub struct IdleBackoff {
+    idle: u32,
+}
+
+impl IdleBackoff {
+    /// Idle polls in a row before the loop naps.
+    pub const SPINS: u32 = 2048;
+
+    /// The poll found work: spin again next time.
+    #[inline]
+    pub fn busy(&mut self) {
+        self.idle = 0;
+    }
+
+    /// The poll found nothing: spin, or nap once the queue has been idle long enough.
+    #[inline]
+    pub fn idle(&mut self) {
+        self.idle = self.idle.saturating_add(1);
+        if self.idle >= Self::SPINS {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}

@@ -100,9 +100,6 @@ pub struct DispatchStats {
     pub closed: AtomicBool,
 }
 
-/// Idle polls in a row before the dispatcher naps (an idle port should not burn a shared core).
-const IDLE_SPINS: u32 = 2048;
-
 /// Marks the dispatcher closed however its loop ends.
 struct CloseOnExit(Arc<DispatchStats>);
 
@@ -335,17 +332,12 @@ impl Dispatcher {
     /// worker's source ends once it has taken what was handed to it.
     pub fn run(mut self, stop: &AtomicBool) {
         let _close = CloseOnExit(Arc::clone(&self.stats));
-        let mut idle = 0u32;
+        let mut backoff = crate::cpu::IdleBackoff::default();
         while !stop.load(Ordering::Relaxed) {
             if self.poll() > 0 {
-                idle = 0;
+                backoff.busy();
             } else {
-                idle += 1;
-                if idle >= IDLE_SPINS {
-                    std::thread::sleep(Duration::from_micros(50));
-                } else {
-                    std::hint::spin_loop();
-                }
+                backoff.idle();
             }
         }
         // Moves still before their switch point switch now (no packet follows): their old owners hand over.

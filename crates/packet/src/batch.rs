@@ -138,8 +138,13 @@ impl Lanes<'_> {
 impl Batch {
     /// An empty batch bound to `pool`'s memory. Allocate once per worker, reuse forever.
     pub fn new(pool: &PacketPool) -> Box<Batch> {
+        Batch::over(Arc::clone(&pool.mem))
+    }
+
+    /// An empty batch over `mem`.
+    fn over(mem: Arc<PoolMem>) -> Box<Batch> {
         Box::new(Batch {
-            mem: Arc::clone(&pool.mem),
+            mem,
             len: 0,
             buf: [0; MAX_BATCH],
             off: [0; MAX_BATCH],
@@ -724,18 +729,7 @@ impl Batch {
     /// An empty batch bound to the same pool memory as `self` (a part for
     /// [`Batch::split_into`]). Allocates: create parts once, reuse them.
     pub fn sibling(&self) -> Box<Batch> {
-        Box::new(Batch {
-            mem: Arc::clone(&self.mem),
-            len: 0,
-            buf: [0; MAX_BATCH],
-            off: [0; MAX_BATCH],
-            pkt_len: [0; MAX_BATCH],
-            rss_hash: [0; MAX_BATCH],
-            verdict: [0; MAX_BATCH],
-            ts: [0; MAX_BATCH],
-            ts_max: 0,
-            ts_hint_len: 0,
-        })
+        Batch::over(Arc::clone(&self.mem))
     }
 
     /// True if `other` holds buffers of the same pool memory.

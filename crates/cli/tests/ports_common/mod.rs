@@ -1014,3 +1014,43 @@ pub fn check_metrics(backend: &str, metrics_port: u16) {
     assert!(sum > 0.0 && busy >= sum && busy <= sum * (1.0 + 1.0 / 16.0) + 1e-9, "busy {busy} s, latency sum {sum} s");
     assert!(busy < u(&r["duration_s"]), "busy {busy} s within the run");
 }
+
+/// A veth pair in the test's namespace (IPv6 off, both ends up), removed on drop: flowplane
+/// runs on the first end, the test sends into the peer.
+pub struct Veth(pub String);
+
+impl Veth {
+    pub fn new(tag: &str) -> Veth {
+        let v = Veth(format!("fl{tag}{}", std::process::id() % 100_000));
+        let _ = sh(&["ip", "link", "del", &v.0]);
+        must(&["ip", "link", "add", &v.0, "type", "veth", "peer", "name", &v.peer()]);
+        for i in [&v.0, &v.peer()] {
+            let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{i}/disable_ipv6"), "1");
+            must(&["ip", "link", "set", i, "up"]);
+        }
+        v
+    }
+    pub fn peer(&self) -> String {
+        format!("{}p", self.0)
+    }
+}
+
+impl Drop for Veth {
+    fn drop(&mut self) {
+        let _ = sh(&["ip", "link", "del", &self.0]);
+    }
+}
+
+/// `flowplane ctl SOCK words... --json`: (exit ok, answer, stderr).
+pub fn ctl(sock: &Path, words: &[&str]) -> (bool, serde_json::Value, String) {
+    let out = Command::new(BIN).arg("ctl").arg(sock).args(words).arg("--json").output().unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.success(), v, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// `ctl` that must succeed: its answer.
+pub fn ctl_ok(sock: &Path, words: &[&str]) -> serde_json::Value {
+    let (good, v, err) = ctl(sock, words);
+    assert!(good, "ctl {words:?}: {err}");
+    v
+}
