@@ -17,6 +17,7 @@ pub mod control;
 pub mod error;
 pub mod exec;
 pub mod hist;
+mod kernel_moves;
 pub mod live;
 pub mod load;
 pub mod mlffr;
