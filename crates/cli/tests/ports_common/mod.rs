@@ -527,7 +527,9 @@ print(len(out))
 /// number in the flow), so the controller moves RETA entries (and Dyssect offloads heavy
 /// flows) between the cores while the traffic flows. Every packet arrives, each flow's
 /// sequence numbers in order with no gap, the moves handed their flows' state over (the
-/// export counts every flow's packets exactly once), and the report counts the moves.
+/// export counts every flow's packets exactly once), and the report counts the moves. On
+/// AF_PACKET the kernel's fanout program steers and the moves follow its protocol
+/// (`flowplane_io::steered`); elsewhere the dispatcher's markers.
 pub fn check_moves(backend: &str, scale: &str, metrics_port: u16) {
     let t = Topo::with_queues(&format!("{}{}", &backend[..2], &scale[..2]), 2);
     let input = t.dir.join("in.pcap");
