@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use flowplane_io::port::fanout_steer::KernelSteer;
 use flowplane_io::steered::SwitchTimes;
-use flowplane_scale::steer::{Steering, PENDING};
+use flowplane_scale::steer::{FlowRule, Steering, PENDING};
 
 /// Longest a frame steered before a move can sit unseen in its old owner's ring: the
 /// ring's block timeout (1 ms by default), its timer's jiffies, and a margin.
@@ -24,12 +24,18 @@ pub(crate) struct KernelMover {
     applied: Vec<u64>,
     generation: u64,
     counts: Vec<u64>,
+    /// The owner of every key as written in the program (RETA entries, then flow slots).
+    owners: Vec<u16>,
+    /// The flow rules written in the program.
+    rules: Vec<(u16, FlowRule)>,
 }
 
 impl KernelMover {
-    pub(crate) fn new(k: Arc<KernelSteer>) -> Self {
+    /// The mover of program `k`, loaded with `st`'s table.
+    pub(crate) fn new(k: Arc<KernelSteer>, st: &Steering) -> Self {
         let switch = Arc::new(SwitchTimes::default());
-        KernelMover { k, switch, applied: Vec::new(), generation: u64::MAX, counts: Vec::new() }
+        let (owners, rules) = (st.owners(), st.flow_rules());
+        KernelMover { k, switch, applied: Vec::new(), generation: u64::MAX, counts: Vec::new(), owners, rules }
     }
 
     /// The switch times this mover publishes (the workers' sources read them).
@@ -79,10 +85,21 @@ impl KernelMover {
             return self.retire(st);
         }
         self.generation = g;
+        // A new rule's slot steers to its entry's owner (no frame changes queue until the slot
+        // moves): a slot used before may still name the queue its last rule was moved to.
+        let rules = st.flow_rules();
+        for (slot, r) in &rules {
+            if !self.rules.iter().any(|(s, h)| s == slot && h == r) {
+                let q = self.owners.get(r.entry as usize).copied().unwrap_or(0);
+                self.set_owner(*slot, q)?;
+            }
+        }
+        // Then the moves (a new rule's slot may move at once), then the rules themselves.
         for &(_, key, _, to) in &chosen {
-            self.k.set_entry(key, to).map_err(|e| e.to_string())?;
+            self.set_owner(key, to)?;
         }
         self.k.sync_rules(st).map_err(|e| e.to_string())?;
+        self.rules = rules;
         if !chosen.is_empty() {
             let t = self.k.grace_period();
             for &(id, ..) in &chosen {
@@ -91,6 +108,15 @@ impl KernelMover {
             }
         }
         self.retire(st)
+    }
+
+    /// Writes key `key`'s owner into the program.
+    fn set_owner(&mut self, key: u16, q: u16) -> Result<(), String> {
+        self.k.set_entry(key, q).map_err(|e| e.to_string())?;
+        if let Some(o) = self.owners.get_mut(key as usize) {
+            *o = q;
+        }
+        Ok(())
     }
 
     /// Moves are in the program whose state has not been imported yet (the loop looks again soon).

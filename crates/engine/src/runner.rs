@@ -482,7 +482,7 @@ pub fn run_port(
         dispatched: Vec::new(),
         strategy: strat.name().to_string(),
         notes,
-        kernel_moves: kernel.as_ref().filter(|_| moves).map(|k| KernelMover::new(Arc::clone(k))),
+        kernel_moves: kernel.as_ref().filter(|_| moves).map(|k| KernelMover::new(Arc::clone(k), &steering)),
         kernel,
     };
     let nic = match steer {
