@@ -136,3 +136,89 @@ impl KernelMover {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flowplane_io::port::fanout_steer;
+    use flowplane_scale::steer::{Classifier, HashOn};
+    use flowplane_wire::flow::{extract_five_tuple, FiveTuple};
+
+    fn udp(src: u8) -> Vec<u8> {
+        let mut f = vec![0u8; 42];
+        f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&28u16.to_be_bytes());
+        f[22] = 64;
+        f[23] = 17;
+        f[26..30].copy_from_slice(&[10, 0, 0, src]);
+        f[30..34].copy_from_slice(&[10, 9, 9, 9]);
+        f[34..36].copy_from_slice(&1000u16.to_be_bytes());
+        f[36..38].copy_from_slice(&53u16.to_be_bytes());
+        f[38..40].copy_from_slice(&8u16.to_be_bytes());
+        f
+    }
+
+    fn rule(c: &Classifier, f: &[u8]) -> FlowRule {
+        let (entry, hash) = c.classify(f).unwrap();
+        let Ok(FiveTuple::V4(tuple)) = extract_five_tuple(f) else { panic!("an IPv4 frame") };
+        FlowRule { entry, hash, tuple }
+    }
+
+    /// Starts a move, lands it, writes it into the program, hands over and retires it.
+    fn complete(st: &Steering, m: &mut KernelMover, key: u16, to: u16) {
+        let mv = st.start_move(key, to).unwrap();
+        st.pump(std::time::Instant::now());
+        m.apply(st).unwrap();
+        assert!(m.switch.get(mv.id).is_some(), "the move has its switch time");
+        st.hand_over(mv, Vec::new());
+        st.imported(mv);
+        m.apply(st).unwrap();
+        assert!(!m.in_flight(), "retired once imported");
+    }
+
+    /// Regression: a flow slot whose last rule had been moved to another queue kept that
+    /// queue in the program when a new rule took the slot; the new flow then left its
+    /// entry's owner without a hand-over (its state split over two queues).
+    #[test]
+    fn a_reused_flow_slot_steers_to_its_new_entrys_owner() {
+        assert!(fanout_steer::available(), "built without clang: apt-get install clang (scripts/test.sh does)");
+        let c = Classifier::new(8, false, HashOn::FiveTuple, false, Vec::new()).unwrap();
+        let st = Steering::with_flow_slots(2, &c, &[], 1).unwrap();
+        let k = match KernelSteer::for_steering(&c, &st) {
+            Ok(k) => Arc::new(k),
+            // Loading needs CAP_BPF (the root tests run it).
+            Err(e) if unprivileged() => return eprintln!("skipped: {e}"),
+            Err(e) => panic!("{e}"),
+        };
+        let mut m = KernelMover::new(Arc::clone(&k), &st);
+        // Two flows on different entries of queue 0 (round robin: even entries).
+        let mut even = (1..=250u8).map(udp).filter(|f| c.classify(f).unwrap().0 % 2 == 0);
+        let a = even.next().unwrap();
+        let b = even.find(|f| c.classify(f).unwrap().0 != c.classify(&a).unwrap().0).unwrap();
+        let (ra, rb) = (rule(&c, &a), rule(&c, &b));
+        // a's rule takes the slot; the slot moves to queue 1, then a's entry follows it.
+        let slot = st.install_flow_rule(ra).unwrap();
+        st.pump(std::time::Instant::now());
+        m.apply(&st).unwrap();
+        assert_eq!(k.run_once(&a).unwrap(), 0, "a new rule changes no queue");
+        complete(&st, &mut m, slot, 1);
+        assert_eq!(k.run_once(&a).unwrap(), 1, "the slot moved");
+        complete(&st, &mut m, ra.entry, 1);
+        st.remove_flow_rule(slot).unwrap();
+        m.apply(&st).unwrap();
+        assert_eq!(k.run_once(&a).unwrap(), 1, "by its entry now");
+        // b's rule reuses the slot: b stays on its entry's owner, queue 0.
+        assert_eq!(st.install_flow_rule(rb).unwrap(), slot);
+        st.pump(std::time::Instant::now());
+        m.apply(&st).unwrap();
+        assert_eq!(k.run_once(&b).unwrap(), 0, "the reused slot steers to b's entry's owner");
+    }
+
+    /// Not root: the program cannot load here.
+    fn unprivileged() -> bool {
+        std::fs::read_to_string("/proc/self/status")
+            .map(|s| s.lines().any(|l| l.starts_with("Uid:") && !l.split_whitespace().nth(1).is_some_and(|u| u == "0")))
+            .unwrap_or(false)
+    }
+}
