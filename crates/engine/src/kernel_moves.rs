@@ -193,7 +193,7 @@ mod tests {
         };
         let mut m = KernelMover::new(Arc::clone(&k), &st);
         // Two flows on different entries of queue 0 (round robin: even entries).
-        let mut even = (1..=250u8).map(udp).filter(|f| c.classify(f).unwrap().0 % 2 == 0);
+        let mut even = (1..=250u8).map(udp).filter(|f| c.classify(f).unwrap().0.is_multiple_of(2));
         let a = even.next().unwrap();
         let b = even.find(|f| c.classify(f).unwrap().0 != c.classify(&a).unwrap().0).unwrap();
         let (ra, rb) = (rule(&c, &a), rule(&c, &b));
@@ -218,7 +218,7 @@ mod tests {
     /// Not root: the program cannot load here.
     fn unprivileged() -> bool {
         std::fs::read_to_string("/proc/self/status")
-            .map(|s| s.lines().any(|l| l.starts_with("Uid:") && !l.split_whitespace().nth(1).is_some_and(|u| u == "0")))
+            .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1).is_none_or(|u| u != "0")))
             .unwrap_or(false)
     }
 }
