@@ -5,9 +5,10 @@
 //! moves), the NIC's pending updates, the deadline, the caller's stop flag
 //! (signals) and status tick, the ports' links. What feeds the workers is a
 //! `Feed`: a loaded trace through the emulated NIC, or a live port's
-//! queues (directly, or through a dispatcher core that steers by
-//! flowplane's table). At the end it merges the workers' results into the
-//! report, exports included. The entry points that prepare a run (load a
+//! queues (directly, through a dispatcher core that steers by flowplane's
+//! table, or as the kernel's steering program puts them — whose moves the
+//! control loop writes into the program: `kernel_moves.rs`). At the end it
+//! merges the workers' results into the report, exports included. The entry points that prepare a run (load a
 //! trace, open a port, plan the steering) are in [`crate::runner`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
