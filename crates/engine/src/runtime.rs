@@ -8,8 +8,9 @@
 //! queues (directly, through a dispatcher core that steers by flowplane's
 //! table, or as the kernel's steering program puts them — whose moves the
 //! control loop writes into the program: `kernel_moves.rs`). At the end it
-//! merges the workers' results into the report, exports included. The entry points that prepare a run (load a
-//! trace, open a port, plan the steering) are in [`crate::runner`].
+//! merges the workers' results into the report, exports included. The
+//! entry points that prepare a run (load a trace, open a port, plan the
+//! steering) are in [`crate::runner`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
