@@ -4,6 +4,10 @@
 //! (so RSS++ and Dyssect see their loads); whenever moves have landed it writes
 //! the table into the program, waits for a grace period and publishes the
 //! moves' switch time; a move whose state the new owner imported is retired.
+//! A new flow rule's slot is first written with its entry's owner (a slot
+//! keeps, in the program, the queue its last rule was moved to). Runs on the
+//! runtime's control loop ([`crate::runtime`]), which wakes every
+//! millisecond while a move is under way.
 
 use std::sync::Arc;
 use std::time::Duration;
