@@ -114,6 +114,7 @@ pub enum Steer {
     Dispatcher,
     /// The kernel steers by the run's table: an AF_PACKET input's fanout group runs flowplane's
     /// classifier as a program ([`flowplane_io::port::fanout_steer`]); worker i polls queue i.
+    /// Moves (RSS++, Dyssect) follow [`flowplane_io::steered`]'s protocol.
     Kernel,
 }
 

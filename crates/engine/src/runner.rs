@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowplane_io::dispatch::{Dispatcher, Spread as DispatchSpread};
+use flowplane_io::port::fanout_steer::KernelSteer;
 use flowplane_io::replay::ReplayTrace;
 use flowplane_io::sink::SharedPcapWriter;
 use flowplane_nf::Export;
@@ -25,6 +26,7 @@ use flowplane_trace::gen::Generator;
 use crate::chain::Chain;
 use crate::error::EngineError;
 use crate::exec::ExecConfig;
+use crate::kernel_moves::KernelMover;
 use crate::live::{Live, Steer};
 use crate::load::{load_generated_with, load_trace_with, LoadStats, Spread};
 use crate::placement::{self, Plan};
@@ -418,12 +420,14 @@ const DISPATCH_RING: usize = 4096;
 /// ([`Steer::Dispatcher`]), which also carries out the moves of strategies
 /// that rebalance (RSS++'s RETA moves, Dyssect's shard moves and per-flow
 /// rules) with their state, and is SCR's sequencer (stamping, histories,
-/// spray: [`Dispatcher::with_sequencer`]). On an AF_PACKET input a static
-/// table (no spray, no moves, no sequencer) runs in the kernel instead
-/// ([`Steer::Kernel`]: the same classifier, rules and RETA as a fanout
-/// program, no dispatcher core); where the program cannot load (built without
-/// clang, no CAP_BPF, a verifier that refuses it) the dispatcher steers and
-/// the report says why in one line.
+/// spray: [`Dispatcher::with_sequencer`]). On an AF_PACKET input a table
+/// (no spray, no sequencer) runs in the kernel instead ([`Steer::Kernel`]:
+/// the same classifier, rules and RETA as a fanout program, no dispatcher
+/// core); a strategy that moves entries (RSS++, Dyssect) then moves them in
+/// the program by the switch-time protocol of [`flowplane_io::steered`]
+/// (the control loop's half: `kernel_moves.rs`). Where the program
+/// cannot load (built without clang, no CAP_BPF, a verifier that refuses it)
+/// the dispatcher steers and the report says why in one line.
 pub fn run_port(
     cfg: &RunConfig,
     spec: &ChainSpec,
@@ -457,22 +461,24 @@ pub fn run_port(
     // Per-core chains with their port shares; exports checked (and refused) as for a replay.
     let chains = build_chains_planned(cfg, spec, &plan, nw)?;
     let mut notes = plan.notes.clone();
-    // A static table on an AF_PACKET input: the kernel's fanout program steers, no dispatcher core.
-    let (steer, kernel) = if steer == Steer::Dispatcher
-        && delivery == Delivery::Table
-        && !moves
-        && live.input.name().starts_with("afpacket:")
-    {
-        match kernel_steering(&plan, nw, flow_slots(strat.as_ref()), live) {
-            Ok(k) => (Steer::Kernel, Some(k)),
-            Err(why) => {
-                notes.push(format!("kernel steering unavailable, a dispatcher core steers: {why}"));
-                (steer, None)
+    // The run's table: the same classifier and RETA a replay's emulated NIC steers with.
+    let classifier =
+        Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())?;
+    let steering = Arc::new(Steering::with_flow_slots(nw, &classifier, &[], flow_slots(strat.as_ref()))?);
+    // A table on an AF_PACKET input (no spray, no sequencer): the kernel's fanout program steers,
+    // no dispatcher core; moves follow the switch-time protocol of flowplane_io::steered.
+    let (steer, kernel) =
+        if steer == Steer::Dispatcher && delivery == Delivery::Table && live.input.name().starts_with("afpacket:") {
+            match kernel_steering(&classifier, &steering, moves, live) {
+                Ok(k) => (Steer::Kernel, Some(k)),
+                Err(why) => {
+                    notes.push(format!("kernel steering unavailable, a dispatcher core steers: {why}"));
+                    (steer, None)
+                }
             }
-        }
-    } else {
-        (steer, None)
-    };
+        } else {
+            (steer, None)
+        };
     let mut port = PortFeed {
         live,
         steer,
@@ -480,15 +486,15 @@ pub fn run_port(
         dispatched: Vec::new(),
         strategy: strat.name().to_string(),
         notes,
+        kernel_moves: kernel.as_ref().filter(|_| moves).map(|k| KernelMover::new(Arc::clone(k), &steering)),
         kernel,
     };
     let nic = match steer {
-        Steer::Port | Steer::Kernel => None,
+        Steer::Port => None,
+        // A static table lives in the program alone; moves need the table (the workers' hand-over).
+        Steer::Kernel if !moves => None,
+        Steer::Kernel => Some(Nic { steering, classifier, strategy: strat, plan }),
         Steer::Dispatcher => {
-            // The dispatcher's table: the same classifier and RETA a replay's emulated NIC steers with.
-            let classifier =
-                Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())?;
-            let steering = Arc::new(Steering::with_flow_slots(nw, &classifier, &[], flow_slots(strat.as_ref()))?);
             let spread = if delivery.sprays() { DispatchSpread::Spray } else { DispatchSpread::Table };
             // The dispatcher opens every input queue into a pool of its own (an AF_XDP queue's UMEM).
             let mut rxs = Vec::with_capacity(nw);
@@ -511,21 +517,19 @@ pub fn run_port(
     run_workers(cfg, spec, chains, Feed::Port(Box::new(port)), Output::Discard, nic, watch)
 }
 
-/// Loads the kernel steering program with the run's table (the classifier and round-robin
-/// RETA a dispatcher would use) and hands it to the input port, before any of its queues opens.
+/// Loads the kernel steering program with the run's table (the classifier and RETA a
+/// dispatcher would use; per-(worker, key) counts when the strategy moves keys) and hands
+/// it to the input port, before any of its queues opens.
 fn kernel_steering(
-    plan: &placement::Plan,
-    nw: usize,
-    slots: usize,
+    classifier: &Classifier,
+    steering: &Steering,
+    moves: bool,
     live: &Live,
-) -> Result<Arc<flowplane_io::port::fanout_steer::KernelSteer>, String> {
-    let classifier =
-        Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())
-            .map_err(|e| e.to_string())?;
-    let steering = Steering::with_flow_slots(nw, &classifier, &[], slots).map_err(|e| e.to_string())?;
-    let k = flowplane_io::port::fanout_steer::KernelSteer::for_steering(&classifier, &steering)
-        .map_err(|e| e.to_string())?;
-    let k = Arc::new(k);
+) -> Result<Arc<KernelSteer>, String> {
+    let k = Arc::new(KernelSteer::for_steering(classifier, steering).map_err(|e| e.to_string())?);
+    if moves {
+        k.start_counting().map_err(|e| e.to_string())?;
+    }
     live.input.steer_in_kernel(Arc::clone(&k)).map_err(|e| e.to_string())?;
     Ok(k)
 }

@@ -5,10 +5,12 @@
 //! moves), the NIC's pending updates, the deadline, the caller's stop flag
 //! (signals) and status tick, the ports' links. What feeds the workers is a
 //! `Feed`: a loaded trace through the emulated NIC, or a live port's
-//! queues (directly, or through a dispatcher core that steers by
-//! flowplane's table). At the end it merges the workers' results into the
-//! report, exports included. The entry points that prepare a run (load a
-//! trace, open a port, plan the steering) are in [`crate::runner`].
+//! queues (directly, through a dispatcher core that steers by flowplane's
+//! table, or as the kernel's steering program puts them — whose moves the
+//! control loop writes into the program: `kernel_moves.rs`). At the end it
+//! merges the workers' results into the report, exports included. The
+//! entry points that prepare a run (load a trace, open a port, plan the
+//! steering) are in [`crate::runner`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,16 +21,18 @@ use flowplane_io::nic::{NicConfig, NicQueue};
 use flowplane_io::port::PortSource;
 use flowplane_io::replay::{ReplayConfig, ReplayQueue, ReplayTrace};
 use flowplane_io::sink::{Discard, PcapSink, Stamp};
+use flowplane_io::steered::{KernelSource, SwitchTimes};
 use flowplane_io::{cpu, Sink, Source};
 use flowplane_nf::Export;
 use flowplane_packet::{tsc, PacketPool, PoolConfig, MAX_BATCH};
-use flowplane_scale::steer::Steering;
+use flowplane_scale::steer::{Classifier, Steering};
 use flowplane_scale::strategy::{imbalance, Controller, Delivery, LoadSample, DEFAULT_PERIOD};
 
 use crate::chain::Chain;
 use crate::coarse::SharedStores;
 use crate::error::EngineError;
 use crate::exec::{ExecConfig, Pipeline};
+use crate::kernel_moves::{KernelMover, KERNEL_DRAIN};
 use crate::live::{Live, Steer};
 use crate::report::{Report, ScaleReport};
 use crate::runner::{workers, Nic, Output, RunConfig};
@@ -78,6 +82,9 @@ pub(crate) struct PortFeed<'a> {
     pub(crate) notes: Vec<String>,
     /// The kernel's steering program (with [`Steer::Kernel`]), for its figures.
     pub(crate) kernel: Option<Arc<flowplane_io::port::fanout_steer::KernelSteer>>,
+    /// Moves under kernel steering (a strategy with a controller on [`Steer::Kernel`]):
+    /// the control loop's half of [`flowplane_io::steered`]'s protocol.
+    pub(crate) kernel_moves: Option<KernelMover>,
 }
 
 /// What the caller sees and controls while a run goes on.
@@ -100,6 +107,8 @@ const PUBLISH_CHECK: u32 = 64;
 const LINK_CHECK: Duration = Duration::from_millis(200);
 /// The longest the control loop sleeps while a caller's stop flag (a signal) may rise.
 const STOP_POLL: Duration = Duration::from_millis(20);
+/// The longest it sleeps while a kernel-steered move is under way (retired once its state is in).
+const MOVE_POLL: Duration = Duration::from_millis(1);
 
 /// The one runtime: builds one worker per chain on its thread (real
 /// workers one per thread, or logical workers taking turns on `cfg.cores`
@@ -193,10 +202,12 @@ pub(crate) fn run_workers(
     let steering = nic_parts.as_ref().map(|n| &*n.0);
     let classifier = nic_parts.as_ref().map(|n| &n.1);
     let live = port.as_ref().map(|p| p.live);
-    let (dispatcher, mut dispatched) = match port {
-        Some(p) => (p.dispatcher.take(), std::mem::take(&mut p.dispatched)),
-        None => (None, Vec::new()),
+    let (dispatcher, mut dispatched, mut mover) = match port {
+        Some(p) => (p.dispatcher.take(), std::mem::take(&mut p.dispatched), p.kernel_moves.take()),
+        None => (None, Vec::new(), None),
     };
+    // Kernel-steered moves: each worker's source reads the switch times the control loop publishes.
+    let switch = mover.as_ref().map(KernelMover::switch_times);
     // SCR on a port: the dispatcher core is the sequencer (stamps, histories, spray).
     let dispatcher = match (dispatcher, scr) {
         (Some(d), Some(r)) => Some(
@@ -239,6 +250,7 @@ pub(crate) fn run_workers(
                 let (shared, barrier, go) = (&shared, &barrier, &go);
                 let halt = if mine.iter().any(|m| m.2.is_some()) { &never } else { &halt };
                 let steering_arc = nic_parts.as_ref().map(|n| Arc::clone(&n.0));
+                let kernel = switch.as_ref().zip(nic_parts.as_ref()).map(|(sw, n)| (Arc::clone(sw), n.1.clone()));
                 let wake = WakeOnExit(coordinator.clone());
                 std::thread::Builder::new()
                     .name(format!("fp-worker-{t}"))
@@ -272,7 +284,8 @@ pub(crate) fn run_workers(
                                     )
                                 });
                                 // A port's queue opens first: what arrives while the tables fault in waits in its ring.
-                                let source = source(cfg, w, &trace, live, fed, &mut pool, &steering_arc, scr, {
+                                let feed = Fed { dispatched: fed, kernel: kernel.clone() };
+                                let source = source(cfg, w, &trace, live, feed, &mut pool, &steering_arc, scr, {
                                     NicConfig {
                                         loops: cfg.loops,
                                         rate_pps: cfg.rate_pps,
@@ -364,7 +377,7 @@ pub(crate) fn run_workers(
             l.ready.store(true, Ordering::Relaxed);
         }
         let controller = strategy.as_deref_mut().and_then(|s| s.controller_mut());
-        let link_failure = control_loop(cfg, &running, steering, controller, &mut log, live, watch);
+        let link_failure = control_loop(cfg, &running, steering, controller, mover.as_mut(), &mut log, live, watch);
         // The dispatcher stops first: its workers then take what it handed them and end.
         stop_dispatch.store(true, Ordering::Relaxed);
         let dispatch_failed = match dispatcher_thread {
@@ -482,27 +495,48 @@ pub(crate) fn run_workers(
     Ok(report)
 }
 
+/// How a live worker's packets reach it besides its own queue of the port.
+struct Fed {
+    /// Its ring from the dispatcher core.
+    dispatched: Option<DispatchedSource>,
+    /// Under kernel-steered moves: the switch times and the run's classifier.
+    kernel: Option<(Arc<SwitchTimes>, Classifier)>,
+}
+
 /// Worker `w`'s source: its queue of the emulated NIC (with the SCR
 /// sequencer's side data), its part of a split trace, its ring from the
-/// dispatcher, or its queue of the live input port (opened into `pool`).
+/// dispatcher, or its queue of the live input port (opened into `pool`;
+/// under kernel-steered moves, behind [`KernelSource`]'s protocol).
 #[allow(clippy::too_many_arguments)]
 fn source<'a>(
     cfg: &RunConfig,
     w: usize,
     trace: &Option<Arc<ReplayTrace>>,
     live: Option<&Live>,
-    fed: Option<DispatchedSource>,
+    fed: Fed,
     pool: &mut PacketPool,
     steering: &Option<Arc<Steering>>,
     scr: Option<&crate::scr::ScrRun>,
     nic: NicConfig,
 ) -> Result<Box<dyn Source + 'a>, EngineError> {
-    if let Some(src) = fed {
+    if let Some(src) = fed.dispatched {
         return Ok(Box::new(src));
     }
     if let Some(l) = live {
         let rx = l.input.open_rx_into(w, pool).map_err(|e| EngineError::Config(e.to_string()))?;
-        return Ok(Box::new(PortSource::new(rx, Arc::clone(&l.input.counters()[w]))));
+        let counters = Arc::clone(&l.input.counters()[w]);
+        return Ok(match (fed.kernel, steering) {
+            (Some((switch, classifier)), Some(st)) => Box::new(KernelSource::new(
+                rx,
+                counters,
+                w as u16,
+                Arc::clone(st),
+                classifier,
+                switch,
+                KERNEL_DRAIN.as_nanos() as u64,
+            )),
+            _ => Box::new(PortSource::new(rx, counters)),
+        });
     }
     let Some(trace) = trace else { return Err(EngineError::Config("a run needs an input".into())) };
     Ok(match steering {
@@ -581,11 +615,13 @@ fn serve(ws: &mut [Worker<'_>], halt: &AtomicBool, live: &Live, hz: f64) {
 /// rises: the NIC's due updates land, the strategy ticks every period, the
 /// ports' links are checked, the caller's status tick runs once a second.
 /// Returns why a port failed, if one did.
+#[allow(clippy::too_many_arguments)]
 fn control_loop(
     cfg: &RunConfig,
     running: &dyn Fn() -> bool,
     steering: Option<&Steering>,
     mut controller: Option<&mut dyn Controller>,
+    mut mover: Option<&mut KernelMover>,
     log: &mut ControlLog,
     live: Option<&Live>,
     mut watch: Watch<'_>,
@@ -616,12 +652,22 @@ fn control_loop(
         if now >= next_tick {
             next_tick += period;
             if let Some(st) = steering {
+                // Kernel steering: the program's per-(worker, key) counts are the loads the strategy reads.
+                if let Some(m) = mover.as_deref_mut() {
+                    m.publish(st);
+                }
                 control_tick(st, controller.as_deref_mut(), log);
                 // This period's changes go to the NIC (its RETA moves as one write).
                 st.pump(Instant::now());
                 if controller.as_ref().is_some_and(|c| c.finished()) {
                     break;
                 }
+            }
+        }
+        // Kernel steering: landed changes go into the program, finished moves are retired.
+        if let (Some(st), Some(m)) = (steering, mover.as_deref_mut()) {
+            if let Err(e) = m.apply(st) {
+                return Some(format!("kernel steering: {e}"));
             }
         }
         if let Some(l) = live {
@@ -647,6 +693,9 @@ fn control_loop(
         }
         if watch.stop.is_some() {
             until = until.min(now + STOP_POLL);
+        }
+        if mover.as_ref().is_some_and(|m| m.in_flight()) {
+            until = until.min(now + MOVE_POLL);
         }
         // Woken early by a worker that ends (`WakeOnExit`); spurious wake-ups just loop.
         std::thread::park_timeout(until.saturating_duration_since(Instant::now()));

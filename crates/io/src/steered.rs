@@ -106,6 +106,9 @@ pub struct KernelSource {
     holding: Vec<(u16, u64)>,
     due: VecDeque<Move>,
     stalls: u64,
+    /// Each frame's hash is the classifier's (the kernel's own `tp_rxhash` is not): a
+    /// strategy with flow rules (Dyssect) names a sampled flow's RETA entry by it.
+    rehash: bool,
 }
 
 /// The steering key of `frame`, as the program computes it (and the dispatcher).
@@ -131,6 +134,7 @@ impl KernelSource {
         drain_ns: u64,
     ) -> Self {
         let keys = steering.keys();
+        let classifier_keys = classifier.reta_size();
         KernelSource {
             rx,
             counters,
@@ -149,6 +153,7 @@ impl KernelSource {
             holding: Vec::new(),
             due: VecDeque::new(),
             stalls: 0,
+            rehash: keys > classifier_keys,
         }
     }
 
@@ -185,6 +190,7 @@ impl Source for KernelSource {
     fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize, _now: u64) -> Rx {
         self.refresh();
         let max = max.min(batch.room());
+        let first = batch.len();
         let (me, st) = (self.me, &self.steering);
         self.holding.clear();
         self.holding
@@ -225,6 +231,12 @@ impl Source for KernelSource {
             }
             n
         };
+        if self.rehash {
+            for i in first..first + n {
+                let h = self.classifier.classify(batch.data(i)).map_or(0, |(_, h)| h);
+                batch.rss_hashes_mut()[i] = h;
+            }
+        }
         if n > 0 {
             Rx::Packets(n)
         } else {

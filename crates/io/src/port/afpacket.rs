@@ -98,6 +98,10 @@ fn realtime_ns() -> u64 {
 /// Fanout group ids handed out by this process (distinct per opened port).
 static NEXT_GROUP: AtomicU16 = AtomicU16::new(0);
 
+/// Ring block bytes on a kernel-steered port whose keys move (one page: a 16 MiB ring is
+/// 4096 blocks, ~4 s of 1 ms blocks while a worker holds frames for a move).
+const HOLD_BLOCK: usize = 4096;
+
 /// An interface opened through AF_PACKET for N queue pairs.
 pub struct AfPacketPort {
     iface: String,
@@ -179,9 +183,16 @@ impl AfPacketPort {
         let mut opened = self.opened.lock().map_err(|_| PortError::Spec("afpacket: poisoned queue list".into()))?;
         if opened.is_empty() {
             let epoch = self.watch.epoch();
+            let mut cfg = self.rx_cfg();
+            if steer.counting() {
+                // Moves: a new owner leaves a key's frames (and all behind them) in its ring until
+                // the key's state is in, and a block is retired every timeout with however few
+                // frames it holds: small blocks make that wait last 16 times longer at low rates.
+                cfg.opts.block_size = cfg.opts.block_size.min(HOLD_BLOCK);
+            }
             let mut rxs = Vec::with_capacity(self.queues);
             for c in &self.counters {
-                rxs.push(AfPacketRx::open(self.rx_cfg(), epoch, Arc::clone(c))?);
+                rxs.push(AfPacketRx::open(cfg.clone(), epoch, Arc::clone(c))?);
             }
             let fds: Vec<libc::c_int> = rxs.iter().map(|r| r.fd.0).collect();
             steer
@@ -241,6 +252,7 @@ impl Port for AfPacketPort {
 }
 
 /// What a receive queue needs to open (and re-open) its socket.
+#[derive(Clone)]
 struct RxCfg {
     iface: String,
     opts: PortOptions,

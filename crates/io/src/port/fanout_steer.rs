@@ -564,6 +564,11 @@ impl KernelSteer {
         self.write_cfg(n)
     }
 
+    /// Frames are counted: the program serves a strategy that moves keys.
+    pub fn counting(&self) -> bool {
+        self.counting.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Workers the counts are kept for.
     pub fn queues(&self) -> usize {
         self.queues
