@@ -67,6 +67,32 @@ pub fn output_ports(a: &RunArgs, queues: usize, base_ns: u64) -> Result<OutputPo
 }
 
 /// Runs on a live input until stopped.
+/// SIGINT/SIGTERM: the first stops the run cleanly (workers drain, reports and exports are
+/// written, ports close); a second one while stopping exits at once with status 1, after
+/// detaching the XDP programs this run attached (the ports' destructors will not run).
+fn watch_signals(stop: &Arc<AtomicBool>) -> Result<(), CliError> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(|e| CliError::new(format!("signal: {e}")))?;
+    let stop = Arc::clone(stop);
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut seen = 0;
+            for _ in signals.forever() {
+                seen += 1;
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                if seen > 1 {
+                    let n = flowplane_io::port::release_xdp_programs();
+                    eprintln!("flowplane: second signal: exiting now ({n} XDP program(s) removed; no report)");
+                    std::process::exit(1);
+                }
+            }
+        })
+        .map_err(|e| CliError::new(format!("signal thread: {e}")))?;
+    Ok(())
+}
+
 pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
     if a.traffic.gen.is_some()
         || a.traffic.loops.is_some()
@@ -87,12 +113,7 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
     flowplane_engine::budget::check(&needs)?;
     let exports = crate::results::create_exports(&parse_exports(&a.outputs.export)?)?;
     let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // The first signal stops the run cleanly; a second one while stopping exits at once (status 1).
-        let e = |e: std::io::Error| CliError::new(format!("signal: {e}"));
-        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&stop)).map_err(e)?;
-        signal_hook::flag::register(sig, Arc::clone(&stop)).map_err(e)?;
-    }
+    watch_signals(&stop)?;
     let inp = port::open(&input, cores, port_options(&a)).map_err(|e| CliError::new(e.to_string()))?;
     let base_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let (outputs, files) = output_ports(&a, cores, base_ns)?;

@@ -373,6 +373,54 @@ fn afxdp_program_of_a_killed_run_is_removed_and_a_recreated_input_is_reattached(
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Issue 29: a second Ctrl-C while a run stops used to exit before the XDP program was
+/// removed. Now it exits at once (status 1, no report) after removing it; if the first
+/// signal's clean stop wins the race, the run ends normally. Either way nothing is left.
+#[test]
+fn afxdp_second_interrupt_exits_at_once_and_removes_the_program() {
+    let (vi, vo) = (Veth::new("d"), Veth::new("e"));
+    let pi = format!("afxdp:{}:0", vi.0);
+    let (mut second, mut clean) = (0, 0);
+    for _ in 0..3 {
+        let mut fp = Proc::spawn(&[
+            "run",
+            "--input",
+            &pi,
+            "--output",
+            &format!("afpacket:{}", vo.0),
+            "--chain",
+            "forward",
+            "--cores",
+            "1",
+            "--no-pin",
+        ]);
+        let id = wait_prog(&vi.0);
+        wait_marker(&id);
+        let pid = fp.pid().to_string();
+        must(&["kill", "-INT", &pid]);
+        std::thread::sleep(Duration::from_millis(2));
+        let out = fp.signal_and_wait("-INT");
+        let err = String::from_utf8_lossy(&out.stderr);
+        match out.status.code() {
+            Some(1) => {
+                // 1 removed, or 0 if the first signal's stop had already removed it.
+                assert!(err.contains("second signal: exiting now ("), "{err}");
+                second += 1;
+            }
+            Some(0) => clean += 1,
+            c => panic!("exit {c:?}: {err}"),
+        }
+        assert_eq!(xdp_prog(&vi.0), None, "{err}");
+        let left = std::fs::read_dir("/run/flowplane")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(&format!("-{id}")));
+        assert!(!left, "the run's record of program {id} is removed");
+    }
+    assert!(second > 0, "the second signal never arrived while stopping ({clean} clean stops)");
+}
+
 /// A re-created input that cannot be re-attached (the queue is gone: one RX queue where
 /// there were two) stops the run: one line naming the port, a non-zero exit, no program left.
 #[test]

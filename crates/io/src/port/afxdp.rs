@@ -20,6 +20,9 @@
 //! queues are gone (every exit path that unwinds), and on open detaches a
 //! program whose marker names a run that is no longer alive. A program
 //! without a marker is someone else's: left in place, with a one-line notice.
+//! A process that must exit without unwinding (a second Ctrl-C during
+//! shutdown) calls [`release_programs`] first: every program this process
+//! still owns is detached from wherever its thread can reach it.
 //!
 //! A re-created interface (see [`LinkWatch`]): each queue closes its socket and
 //! opens a new one on the new interface (RX: the pool's lent buffers are
@@ -91,6 +94,40 @@ fn flowplane_alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "flowplane")
 }
 
+/// Every (netns, ifindex, program id, marker) this process owns, whichever port claimed it:
+/// what [`release_programs`] detaches when the process exits without unwinding.
+static PROCESS_OWNED: Mutex<Vec<(u64, i32, u32, PathBuf)>> = Mutex::new(Vec::new());
+
+/// The calling thread's network namespace inode (0 if unknown).
+fn thread_netns() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/thread-self/ns/net").map_or(0, |m| m.ino())
+}
+
+/// Detaches every XDP program this process attached and still owns, and removes their
+/// markers: for an exit that skips the ports' destructors (a second Ctrl-C while stopping).
+/// Programs in another network namespace than the caller's are left to the next start's
+/// stale-marker check. Returns how many were removed. Only for an exit: ports dropped
+/// after it block (their programs are already gone).
+pub fn release_programs() -> usize {
+    let here = thread_netns();
+    let mut owned = PROCESS_OWNED.lock().unwrap_or_else(|p| p.into_inner());
+    let mut removed = 0;
+    for (netns, ifindex, id, marker) in std::mem::take(&mut *owned) {
+        if netns != here {
+            continue;
+        }
+        if xsk_prog_on(ifindex) == id && detach_prog(ifindex, id).is_ok() {
+            removed += 1;
+        }
+        let _ = std::fs::remove_file(marker);
+    }
+    // Left locked for good: the process is about to exit, and a port destructor on another
+    // thread must not start a detach it cannot finish.
+    std::mem::forget(owned);
+    removed
+}
+
 /// The XDP programs a port attached, recorded by marker files and detached when
 /// the port and all its queues are gone (the last `Arc` dropped).
 struct XdpOwner {
@@ -105,8 +142,7 @@ struct XdpOwner {
 
 impl XdpOwner {
     fn new(port: String) -> XdpOwner {
-        use std::os::unix::fs::MetadataExt;
-        let netns = std::fs::metadata("/proc/thread-self/ns/net").map_or(0, |m| m.ino());
+        let netns = thread_netns();
         XdpOwner { port, netns, owned: Mutex::new(Vec::new()), foreign: Mutex::new(Vec::new()) }
     }
 
@@ -161,13 +197,19 @@ impl XdpOwner {
         // Best effort: without the marker a dead run's program is only reported, not removed.
         let _ = std::fs::create_dir_all(MARKER_DIR);
         let _ = std::fs::write(self.marker(ifindex, id), format!("{}\n", std::process::id()));
+        if let Ok(mut p) = PROCESS_OWNED.lock() {
+            p.push((self.netns, ifindex, id, self.marker(ifindex, id)));
+        }
     }
 }
 
 impl Drop for XdpOwner {
     fn drop(&mut self) {
         let owned = self.owned.get_mut().map(std::mem::take).unwrap_or_default();
-        for (ifindex, id) in owned {
+        // Held while detaching: an emergency `release_programs` either runs first (and this
+        // finds nothing left to detach) or waits until these are gone and unlisted.
+        let mut process = PROCESS_OWNED.lock();
+        for &(ifindex, id) in &owned {
             // libxdp detaches what it loaded with the last socket, but not a program it
             // found and reused: whatever of ours is still there goes now.
             if xsk_prog_on(ifindex) == id {
@@ -177,6 +219,9 @@ impl Drop for XdpOwner {
                 }
             }
             let _ = std::fs::remove_file(self.marker(ifindex, id));
+        }
+        if let Ok(p) = process.as_mut() {
+            p.retain(|&(n, i, d, _)| !(n == self.netns && owned.contains(&(i, d))));
         }
     }
 }

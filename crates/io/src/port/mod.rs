@@ -38,6 +38,20 @@ use flowplane_packet::{Batch, PacketPool, Verdict, DROP};
 
 pub use link::{LinkState, LinkStats, LinkWatch};
 
+/// Detaches the XDP programs this process attached (none without AF_XDP support): for an
+/// exit that skips the ports' destructors (ports dropped after it block). Returns how many
+/// were removed.
+pub fn release_xdp_programs() -> usize {
+    #[cfg(fp_afxdp)]
+    {
+        afxdp::release_programs()
+    }
+    #[cfg(not(fp_afxdp))]
+    {
+        0
+    }
+}
+
 use crate::sink::SharedPcapWriter;
 use crate::{Rx, RxStats, Sink, Source, TxCounters};
 
