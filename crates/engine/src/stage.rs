@@ -209,6 +209,8 @@ pub trait StatefulStage: Send {
     fn export_report_rows(&self, merged: &serde_json::Value) -> Vec<serde_json::Value>;
     /// New run-time parameters (between two batches; the NF's hook).
     fn reconfigure(&mut self, p: &mut flowplane_nf::Params) -> Result<(), flowplane_nf::ParamError>;
+    /// Time passed without a packet (the NF's hook, [`StatefulNf::tick`]).
+    fn tick(&mut self, now_ns: u64);
     /// Runs the per-packet action over packets `range` of a batch.
     /// `flows[i]` names packet i's block in `store`; this NF's state sits at
     /// `offset`. The prefetch hook runs `ahead` packets in advance (0:
@@ -513,6 +515,10 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     }
     fn reconfigure(&mut self, p: &mut flowplane_nf::Params) -> Result<(), flowplane_nf::ParamError> {
         self.0.reconfigure(p)
+    }
+
+    fn tick(&mut self, now_ns: u64) {
+        self.0.tick(now_ns)
     }
 
     #[inline]

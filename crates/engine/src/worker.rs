@@ -225,7 +225,13 @@ pub struct Worker<'a> {
     vclock: Option<(f64, f64)>,
     /// Recent batch cycles per packet (moving average), to spot interrupted batches.
     recent_cpp: f64,
+    /// Idle timer ticks (live sources): TSC cycles between two, and the last one's TSC.
+    tick_every: u64,
+    last_tick: u64,
 }
+
+/// How often an idle live worker advances its packet clock (expiry, NF timers): 100 ms.
+const IDLE_TICK: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl<'a> Worker<'a> {
     /// A worker for core (or logical worker) `core`.
@@ -262,6 +268,21 @@ impl<'a> Worker<'a> {
             prio: Vec::with_capacity(flowplane_packet::MAX_BATCH),
             vclock: None,
             recent_cpp: 0.0,
+            tick_every: (IDLE_TICK.as_secs_f64() * tsc::hz()) as u64,
+            last_tick: 0,
+        }
+    }
+
+    /// An idle source: at most every [`IDLE_TICK`], the chain's clock moves to the
+    /// source's clock (live ports only; a replay's time is its trace's), so flows
+    /// expire, shared tables' clocks advance and NF timers run without packets.
+    fn idle_tick(&mut self, now_tsc: u64) {
+        if self.scr.is_some() || now_tsc.wrapping_sub(self.last_tick) < self.tick_every {
+            return;
+        }
+        self.last_tick = now_tsc;
+        if let Some(ns) = self.source.clock_ns() {
+            self.exec.tick(ns);
         }
     }
 
@@ -295,6 +316,7 @@ impl<'a> Worker<'a> {
                 if let Some(c) = self.ctl.as_mut() {
                     c.release(self.source.as_mut(), &mut self.exec, res);
                 }
+                self.idle_tick(now);
                 return if stop.load(Ordering::Relaxed) { Step::Done } else { Step::Idle };
             }
             Rx::Done => {

@@ -98,6 +98,9 @@ pub struct DispatchStats {
     pub scr_lost: Vec<AtomicU64>,
     /// The dispatcher has stopped: a worker whose ring is empty is done.
     pub closed: AtomicBool,
+    /// The input port's receive clock (ns, its timestamps' units) when the dispatcher last
+    /// found it idle, plus one: the workers' idle timers read it (0: not yet known).
+    pub idle_clock_ns: AtomicU64,
 }
 
 /// Marks the dispatcher closed however its loop ends.
@@ -337,6 +340,9 @@ impl Dispatcher {
             if self.poll() > 0 {
                 backoff.busy();
             } else {
+                if let Some(ns) = self.rxs.first().and_then(|r| r.0.clock_ns()) {
+                    self.stats.idle_clock_ns.store(ns + 1, Ordering::Relaxed);
+                }
                 backoff.idle();
             }
         }
@@ -593,6 +599,10 @@ impl DispatchedSource {
 }
 
 impl Source for DispatchedSource {
+    fn clock_ns(&self) -> Option<u64> {
+        self.shared.idle_clock_ns.load(Ordering::Relaxed).checked_sub(1)
+    }
+
     fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize, _now: u64) -> Rx {
         // `closed` first: once it reads true every frame pushed is visible, so an empty ring is the end.
         let closed = self.shared.closed.load(Ordering::Acquire);

@@ -70,6 +70,13 @@ pub trait Source: Send {
         0
     }
 
+    /// A live source's packet clock now (its packets' timestamp units): a worker whose
+    /// source is idle advances its timers (expiry, NF sweeps) to it. None for replays,
+    /// whose time is the trace's and advances only with its packets.
+    fn clock_ns(&self) -> Option<u64> {
+        None
+    }
+
     /// Receive-side counters (NIC emulation, ring drops); zero for sources without them.
     fn rx_stats(&self) -> RxStats {
         RxStats::default()

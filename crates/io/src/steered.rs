@@ -187,6 +187,10 @@ impl KernelSource {
 }
 
 impl Source for KernelSource {
+    fn clock_ns(&self) -> Option<u64> {
+        self.rx.clock_ns()
+    }
+
     fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize, _now: u64) -> Rx {
         self.refresh();
         let max = max.min(batch.room());

@@ -136,6 +136,11 @@ pub trait Nf: Send {
     fn reconfigure(&mut self, _p: &mut Params) -> Result<(), ParamError> {
         Err(fixed_for_run(self.name()))
     }
+
+    /// Time passed on the packet clock without a packet (an idle live port's timer
+    /// tick, about ten times a second): private timers advance to `now_ns`.
+    /// Default: nothing (state judged at lookup needs no timer).
+    fn tick(&mut self, _now_ns: u64) {}
 }
 
 /// The refusal of an NF whose parameters cannot change while it runs.

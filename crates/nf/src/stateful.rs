@@ -360,6 +360,11 @@ pub trait StatefulNf: Send + 'static {
         Err(crate::fixed_for_run(self.name()))
     }
 
+    /// Time passed on the packet clock without a packet (see [`crate::Nf::tick`]):
+    /// the NF's private timers (its own tables' sweeps, its clock for reports)
+    /// advance to `now_ns`. Default: nothing.
+    fn tick(&mut self, _now_ns: u64) {}
+
     /// Set to `true` when the NF implements [`StatefulNf::release`] (its
     /// state holds resources): the executor then refuses table policies that
     /// drop state without calling it (eviction).

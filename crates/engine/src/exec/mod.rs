@@ -407,6 +407,27 @@ impl Pipeline {
         }
     }
 
+    /// A timer tick on an idle worker (see [`flowplane_io::Source::clock_ns`]): the
+    /// packet clock moves to `now_ns` without a packet, so expiry sweeps, the shared
+    /// tables' clock and every NF's private timers advance as after a batch at that
+    /// time; its branches likewise.
+    pub fn tick(&mut self, now_ns: u64) {
+        for s in self.cx.chain.stages.iter_mut() {
+            match s {
+                Stage::Stateless(nf) => nf.tick(now_ns),
+                Stage::Stateful { nf, .. } => nf.tick(now_ns),
+            }
+        }
+        if self.cx.chain.is_stateful() {
+            self.cx.expire(now_ns);
+        }
+        if let Some(g) = &mut self.graph {
+            for a in &mut g.arms {
+                a.pipe.tick(now_ns);
+            }
+        }
+    }
+
     /// The branches (a linear chain's pipeline has none).
     fn arms(&self) -> &[Arm] {
         self.graph.as_deref().map_or(&[], |g| &g.arms)

@@ -433,6 +433,11 @@ impl AfPacketRx {
 }
 
 impl RxQueue for AfPacketRx {
+    fn clock_ns(&self) -> Option<u64> {
+        // The kernel stamps frames with CLOCK_REALTIME.
+        Some(realtime_ns().saturating_sub(self.base_ns))
+    }
+
     fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize) -> usize {
         self.receive(pool, batch, max, None)
     }

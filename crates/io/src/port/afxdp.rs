@@ -487,6 +487,10 @@ impl AfXdpRx {
 }
 
 impl RxQueue for AfXdpRx {
+    fn clock_ns(&self) -> Option<u64> {
+        Some((tsc::rdtsc().saturating_sub(self.t0) as f64 * self.ns_per_tick) as u64)
+    }
+
     fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize) -> usize {
         if self.xsk.0.is_null() {
             // No socket since a failed re-attach (the run is stopping).

@@ -315,6 +315,10 @@ impl DpdkRx {
 }
 
 impl RxQueue for DpdkRx {
+    fn clock_ns(&self) -> Option<u64> {
+        Some((flowplane_packet::tsc::rdtsc().saturating_sub(self.t0) as f64 * self.ns_per_tick) as u64)
+    }
+
     fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize) -> usize {
         self.rx_burst_at(pool, batch, max, flowplane_packet::tsc::rdtsc())
     }

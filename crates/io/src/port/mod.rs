@@ -322,6 +322,12 @@ pub trait RxQueue: Send {
         self.rx_burst(pool, batch, max)
     }
 
+    /// The queue's receive clock now, in its timestamps' units (ns after the port was
+    /// opened): an idle worker advances its timers to it. None: the queue has no clock.
+    fn clock_ns(&self) -> Option<u64> {
+        None
+    }
+
     /// [`RxQueue::rx_burst`] asking `gate` about each frame first (its bytes as the
     /// worker will see them, its receive time in ns since the Unix epoch): `false`
     /// leaves that frame, and what follows it, in the queue for a later burst.
@@ -376,6 +382,10 @@ impl Source for PortSource {
             0 => Rx::Idle,
             n => Rx::Packets(n),
         }
+    }
+
+    fn clock_ns(&self) -> Option<u64> {
+        self.rx.clock_ns()
     }
 
     fn rx_stats(&self) -> RxStats {

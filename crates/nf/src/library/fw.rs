@@ -121,6 +121,8 @@ const HASH_SEED: u32 = 0x0f1e_2d3c;
 /// Connections inspected by the sweep per new connection (and when full).
 const SWEEP_STEP: usize = 2;
 const SWEEP_FULL: usize = 64;
+/// Connections inspected per timer tick of an idle port (ten ticks a second).
+const SWEEP_TICK: usize = 4096;
 
 /// TCP connection states (the `state` of a connection; NEW is "no connection yet").
 pub mod tcp_state {
@@ -818,6 +820,13 @@ impl StatefulNf for Fw {
 
     fn idle_timeout_ns(&self) -> Option<u64> {
         Some(self.timeout_ns)
+    }
+
+    fn tick(&mut self, now_ns: u64) {
+        // An idle port's timer: connections idle past the timeout leave the table
+        // (and `conns_live`) without waiting for the next new connection's sweep.
+        self.now_ns = self.now_ns.max(now_ns);
+        self.sweep(SWEEP_TICK, now_ns);
     }
 
     fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> FwState {

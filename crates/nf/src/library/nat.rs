@@ -690,6 +690,16 @@ impl StatefulNf for Nat {
         Some(self.timeout_ns)
     }
 
+    fn tick(&mut self, now_ns: u64) {
+        // An idle port's timer: TIME_WAITs end and ports idle past the timeout stop
+        // counting as in use, without a packet.
+        self.now_ns = self.now_ns.max(now_ns);
+        let tcp = &self.pools[0];
+        if tcp.tw_len != 0 && tcp.tw[tcp.tw_head].deadline_ns <= now_ns {
+            self.expire_time_wait(now_ns);
+        }
+    }
+
     fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> NatState {
         Nat::state(kind::PENDING)
     }
