@@ -262,6 +262,26 @@ impl Server {
 
     fn nfs(&self) -> Value {
         let totals = self.nf_totals();
+        let cores = self.live.snapshots();
+        // Each NF's own report per core, as its numeric fields (the metrics' flowplane_nf_stat).
+        let stats = |i: usize| -> Vec<Value> {
+            cores
+                .iter()
+                .enumerate()
+                .map(|(core, c)| {
+                    let fields: serde_json::Map<String, Value> = c
+                        .nf_details
+                        .get(i)
+                        .and_then(Option::as_ref)
+                        .map(crate::metrics::report_fields)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(k, v)| (k, v.into()))
+                        .collect();
+                    json!({"core": core, "fields": fields})
+                })
+                .collect()
+        };
         let rows: Vec<Value> = self
             .spec
             .nfs
@@ -278,6 +298,7 @@ impl Server {
                     "packets_in": k.packets_in,
                     "packets_out": k.packets_out,
                     "dropped": k.dropped,
+                    "stats": stats(i),
                 })
             })
             .collect();

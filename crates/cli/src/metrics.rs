@@ -202,6 +202,16 @@ pub(crate) enum Num {
     F(f64),
 }
 
+impl From<Num> for Value {
+    fn from(n: Num) -> Value {
+        match n {
+            Num::U(u) => u.into(),
+            Num::I(i) => i.into(),
+            Num::F(f) => f.into(),
+        }
+    }
+}
+
 impl prometheus_client::encoding::EncodeGaugeValue for Num {
     fn encode(&self, e: &mut prometheus_client::encoding::GaugeValueEncoder) -> fmt::Result {
         match *self {

@@ -88,6 +88,11 @@ fn an_idle_port_expires_flows_and_fw_connections_at_their_timeout() {
     assert_eq!(t[0]["flows"].as_u64(), Some(0), "idle flows expire without packets: {t}");
     assert_eq!(t[0]["expiries"], t[0]["insertions"], "{t}");
     assert_eq!(fw_conns_live(), Some(0), "fw's idle connections leave its table without packets");
+    // ctl shows the same report fields as the metrics.
+    let nfs = ctl_ok(&sock, &["show", "nfs"]);
+    assert_eq!(nfs[0]["stats"][0]["fields"]["conns_live"].as_u64(), Some(0), "{nfs}");
+    assert_eq!(nfs[0]["stats"][0]["fields"]["opened"].as_u64(), Some(n), "{nfs}");
+    assert_eq!(nfs[0]["stats"][0]["fields"]["swept"].as_u64(), Some(n), "the timer's sweep freed them: {nfs}");
     let outp = fp.interrupt_and_wait();
     assert!(outp.status.success(), "{}", String::from_utf8_lossy(&outp.stderr));
     let _ = std::fs::remove_dir_all(&dir);
