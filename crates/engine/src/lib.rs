@@ -33,6 +33,7 @@ pub mod runtime;
 pub mod scr;
 pub mod spec;
 pub mod stage;
+pub mod tap;
 pub mod store;
 pub mod worker;
 

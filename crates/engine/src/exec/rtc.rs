@@ -22,6 +22,19 @@ struct Rtc;
 
 impl Executor for Rtc {
     fn run(&mut self, cx: &mut ExecContext, batch: &mut Batch, ctx: &NfContext) {
+        // One test per batch: the loop is built with and without the observation point (`crate::tap`).
+        if cx.tap.is_some() {
+            run_with::<true>(cx, batch, ctx);
+        } else {
+            run_with::<false>(cx, batch, ctx);
+        }
+    }
+}
+
+/// The run-to-completion loop; with `OBS`, the armed tap sees each packet after each stage.
+#[inline(always)]
+fn run_with<const OBS: bool>(cx: &mut ExecContext, batch: &mut Batch, ctx: &NfContext) {
+    {
         let n = batch.len();
         let stages = cx.chain.stages.len();
         let mut seg_start = 0;
@@ -29,6 +42,9 @@ impl Executor for Rtc {
         while seg_start < stages {
             if let Stage::Stateless(nf) = &mut cx.chain.stages[seg_start] {
                 nf.process(batch, 0..n, ctx);
+                if OBS {
+                    cx.observe(seg_start, batch, 0..n);
+                }
                 seg_start += 1;
                 continue;
             }
@@ -48,21 +64,29 @@ impl Executor for Rtc {
                     for si in seg_start..seg_end {
                         if cx.chain.stages[si].is_coarse() {
                             cx.run_coarse(si, batch, i, ctx);
-                            continue;
+                        } else {
+                            let ExecContext { chain, stores, scratch, .. } = &mut *cx;
+                            if let Stage::Stateful { nf, offset, counters, .. } = &mut chain.stages[si] {
+                                let meta = &scratch.metas[i];
+                                end |= nf.process_one(batch, i, meta, flow, &mut stores[0], *offset, ctx, counters);
+                            }
                         }
-                        let ExecContext { chain, stores, scratch, .. } = &mut *cx;
-                        if let Stage::Stateful { nf, offset, counters, .. } = &mut chain.stages[si] {
-                            let meta = &scratch.metas[i];
-                            end |= nf.process_one(batch, i, meta, flow, &mut stores[0], *offset, ctx, counters);
+                        if OBS {
+                            cx.observe(si, batch, i..i + 1);
                         }
                     }
                     cx.unpin_coarse_packet(i, ctx.now_ns);
                 } else {
-                    let ExecContext { chain, stores, scratch, .. } = &mut *cx;
+                    let ExecContext { chain, stores, scratch, tap, .. } = &mut *cx;
                     let (meta, store) = (&scratch.metas[i], &mut stores[0]);
-                    for stage in &mut chain.stages[seg_start..seg_end] {
+                    for (si, stage) in chain.stages[seg_start..seg_end].iter_mut().enumerate() {
                         if let Stage::Stateful { nf, offset, counters, .. } = stage {
                             end |= nf.process_one(batch, i, meta, flow, store, *offset, ctx, counters);
+                        }
+                        if OBS {
+                            if let Some(t) = tap.as_deref_mut() {
+                                t.after(seg_start + si, batch, i..i + 1);
+                            }
                         }
                     }
                 }
