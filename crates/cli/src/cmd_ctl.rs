@@ -16,8 +16,8 @@ use crate::error::CliError;
 pub struct CtlArgs {
     /// The run's control socket (`flowplane run ... --ctl PATH`).
     pub socket: PathBuf,
-    /// The command and its arguments.
-    #[arg(required = true, num_args = 1..)]
+    /// The command and its arguments (its own options, as `capture start FILE --at NF`, included).
+    #[arg(required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<String>,
     /// Print the answer as JSON.
     #[arg(long)]
@@ -26,7 +26,9 @@ pub struct CtlArgs {
 
 /// Sends the command and prints the answer.
 pub fn run(a: CtlArgs) -> Result<(), CliError> {
-    let mut words = a.command.clone();
+    // `--json` after the command is ctl's own option, not one of the command's words.
+    let json = a.json || a.command.iter().any(|w| w == "--json");
+    let mut words: Vec<String> = a.command.iter().filter(|w| *w != "--json").cloned().collect();
     // Files are named for the server, which may run elsewhere in the tree: absolute paths.
     let file = match words.as_mut_slice() {
         [verb, _, file] if verb == "export" || verb == "load" => Some(file),
@@ -41,7 +43,7 @@ pub fn run(a: CtlArgs) -> Result<(), CliError> {
         }
     }
     let v = crate::ctl::request(&a.socket, &words)?;
-    if a.json {
+    if json {
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
