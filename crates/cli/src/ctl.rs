@@ -55,7 +55,8 @@ const WORKER_TIMEOUT: Duration = Duration::from_secs(5);
 const NAP: Duration = Duration::from_millis(20);
 
 /// The commands, for `help` and errors.
-pub const HELP: &str = "show runtime|errors|nfs|tables|ports; show flow PROTO SRC SPORT DST DPORT | SRC; set NF PARAM VALUE; \
+pub const HELP: &str =
+    "show runtime|errors|nfs|tables|ports; show flow PROTO SRC SPORT DST DPORT | SRC; set NF PARAM VALUE; \
      load NF FILE; export NF FILE; trace add N [PROTO SRC SPORT DST DPORT | SRC]; trace show; trace clear; \
      capture start FILE [--at NF] [--dropped]; capture stop; reload; stop; help";
 

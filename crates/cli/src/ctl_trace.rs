@@ -346,14 +346,9 @@ impl Describe for TraceFilter {
         match self {
             TraceFilter::Any => "any packet".into(),
             TraceFilter::Source(a) => format!("from {a}"),
-            TraceFilter::Flow(k) => format!(
-                "{} {} {} {} {}",
-                proto_name(k.proto()),
-                k.src_ip(),
-                k.src_port(),
-                k.dst_ip(),
-                k.dst_port()
-            ),
+            TraceFilter::Flow(k) => {
+                format!("{} {} {} {} {}", proto_name(k.proto()), k.src_ip(), k.src_port(), k.dst_ip(), k.dst_port())
+            }
         }
     }
 }

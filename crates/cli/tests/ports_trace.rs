@@ -58,7 +58,8 @@ fn check(exec: &str, tag: &str) {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("trace-{exec}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let (sock, out, dropped, input) = (dir.join("fp.sock"), dir.join("out.pcap"), dir.join("drop.pcap"), dir.join("in.pcap"));
+    let (sock, out, dropped, input) =
+        (dir.join("fp.sock"), dir.join("out.pcap"), dir.join("drop.pcap"), dir.join("in.pcap"));
     let mut fp = Proc::spawn(&[
         "run",
         "--input",
@@ -106,7 +107,10 @@ fn check(exec: &str, tag: &str) {
     assert_eq!(pkts.len(), 5, "exactly the 5 packets asked for: {trace}");
     for p in pkts {
         assert_eq!(p["flow"]["dport"], 5001, "{p}");
-        assert_eq!((&p["flow"]["proto"], &p["flow"]["src"], &p["flow"]["sport"]), (&"udp".into(), &"10.0.0.1".into(), &4000.into()));
+        assert_eq!(
+            (&p["flow"]["proto"], &p["flow"]["src"], &p["flow"]["sport"]),
+            (&"udp".into(), &"10.0.0.1".into(), &4000.into())
+        );
         assert_eq!((&p["worker"], &p["len"]), (&0.into(), &52.into()), "{p}");
         assert_eq!(verdicts(p), ["acl drop", "ddos not reached", "fsc not reached"], "{p}");
         assert_eq!(p["verdict"], "drop");
@@ -133,9 +137,13 @@ fn check(exec: &str, tag: &str) {
         assert_eq!(verdicts(p), ["acl pass", "ddos pass", "fsc pass"], "{p}");
         assert_eq!(p["verdict"], "out port 0");
     }
-    let human = Command::new(env!("CARGO_BIN_EXE_flowplane")).arg("ctl").arg(&sock).args(["trace", "show"]).output().unwrap();
+    let human =
+        Command::new(env!("CARGO_BIN_EXE_flowplane")).arg("ctl").arg(&sock).args(["trace", "show"]).output().unwrap();
     let text = String::from_utf8_lossy(&human.stdout);
-    assert!(text.starts_with("packet 1: worker 0 port afpacket:") && text.contains("\n  acl          pass\n"), "{text}");
+    assert!(
+        text.starts_with("packet 1: worker 0 port afpacket:") && text.contains("\n  acl          pass\n"),
+        "{text}"
+    );
     ctl_ok(&sock, &["trace", "clear"]);
     assert_eq!(ctl_ok(&sock, &["trace", "show"]), serde_json::json!([]));
 

@@ -33,8 +33,8 @@ pub mod runtime;
 pub mod scr;
 pub mod spec;
 pub mod stage;
-pub mod tap;
 pub mod store;
+pub mod tap;
 pub mod worker;
 
 pub use error::EngineError;

@@ -151,13 +151,7 @@ pub struct Tap {
 
 impl Tap {
     fn new() -> Box<Tap> {
-        Box::new(Tap {
-            trace: None,
-            capture: None,
-            last: [0; MAX_BATCH],
-            traced: [0; MAX_BATCH],
-            any_traced: false,
-        })
+        Box::new(Tap { trace: None, capture: None, last: [0; MAX_BATCH], traced: [0; MAX_BATCH], any_traced: false })
     }
 
     /// Arms (or with None disarms) a trace; `stages` is the root segment's stage count. Returns the tap to keep

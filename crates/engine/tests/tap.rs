@@ -106,8 +106,7 @@ fn traces_and_captures_are_the_model_under_every_executor() {
         let want: Vec<usize> = (0..N).filter(|&i| dport(i) == 5003).take(5).collect();
         assert_eq!(recs.iter().map(|r| (r.ts_ns / 1000) as usize).collect::<Vec<_>>(), want, "{what}");
         for (r, &i) in recs.iter().zip(&want) {
-            let stages: Vec<Option<u16>> =
-                r.stages.iter().map(|&s| (s != NOT_REACHED).then_some(s as u16)).collect();
+            let stages: Vec<Option<u16>> = r.stages.iter().map(|&s| (s != NOT_REACHED).then_some(s as u16)).collect();
             assert_eq!(stages, model(i), "{what}: packet {i}");
             assert_eq!(r.tuple.map(|t| t.dst_port()), Some(5003));
         }
@@ -157,7 +156,8 @@ fn a_full_capture_ring_counts_its_losses() {
     let mut p = pipeline(ExecKind::BATCH, &dir);
     let (prod, mut cons) = rtrb::RingBuffer::new(4 * (16 + 60));
     let lost = Arc::new(AtomicU64::new(0));
-    let arm = CaptureArm { at: None, dropped: false, rings: Arc::new(Mutex::new(vec![Some(prod)])), lost: Arc::clone(&lost) };
+    let arm =
+        CaptureArm { at: None, dropped: false, rings: Arc::new(Mutex::new(vec![Some(prod)])), lost: Arc::clone(&lost) };
     p.arm_capture(0, Some(&arm));
     run(&mut p);
     let mut buf = Vec::new();
