@@ -20,6 +20,15 @@
 //!   flight run the NFs' resumable actions (`StatefulNf::step`) round-robin,
 //!   each switching when it names a line to fetch; then the staged pass
 //!   finishes every packet in arrival order from its cursors.
+//!
+//! Observation (`flowplane ctl trace|capture`, [`crate::tap`]): every
+//! executor calls `ExecContext::observe` right after a stage ran a range of
+//! packets (stage-major executors per stage and segment, `rtc` per stage and
+//! packet), so a trace or capture sees each stage's verdicts the same way
+//! under every executor. The stage loops are monomorphised with and without
+//! that call (`const OBS: bool`): with nothing armed, a batch pays the
+//! pipeline's test of `tap` and the executor's choice of loop, nothing per
+//! stage or packet.
 
 use std::fmt;
 
