@@ -11,13 +11,13 @@ use crate::error::CliError;
 /// `flowplane ctl` arguments.
 #[derive(Args, Debug)]
 #[command(
-    after_help = "COMMANDS:\n  show runtime    per core: packets, batches, vectors per call, busy seconds, cycles per packet\n  show errors     drops by reason, and per NF\n  show nfs        the chain with each NF's parameters, counters and own report fields per core\n  show tables     per core: flows, capacity, insertions, expiries, table full\n  show ports      per port: received, transmitted, overruns, errors\n  show flow PROTO SRC SPORT DST DPORT   each NF's state of one flow (show flow SRC: a source's)\n  set NF PARAM VALUE   change a run-time parameter (NF or NF#N), between two batches on every core\n  load NF FILE    the NF's file parameter (acl's rules) from FILE, as set\n  export NF FILE  the NF's state now (JSON or CSV by extension)\n  reload          re-read the run's --config file: changed NF parameters and rule files applied (all or\n                  nothing); any other change (cores, ports, strategy, chain shape, ...) refused\n  stop            end the run (as SIGTERM)\n  help            the commands"
+    after_help = "COMMANDS:\n  show runtime    per core: packets, batches, vectors per call, busy seconds, cycles per packet\n  show errors     drops by reason, and per NF\n  show nfs        the chain with each NF's parameters, counters and own report fields per core\n  show tables     per core: flows, capacity, insertions, expiries, table full\n  show ports      per port: received, transmitted, overruns, errors\n  show flow PROTO SRC SPORT DST DPORT   each NF's state of one flow (show flow SRC: a source's)\n  set NF PARAM VALUE   change a run-time parameter (NF or NF#N), between two batches on every core\n  load NF FILE    the NF's file parameter (acl's rules) from FILE, as set\n  export NF FILE  the NF's state now (JSON or CSV by extension)\n  trace add N [PROTO SRC SPORT DST DPORT | SRC]   record the next N packets in total over every worker\n                  (matching the flow or source; none: any packet): worker, queue, 5-tuple, each NF's\n                  verdict (pass, port N, drop, not reached); a new trace add replaces the previous trace\n  trace show      the traced packets, in time order\n  trace clear     disarm the trace and forget its packets\n  capture start FILE [--at NF] [--dropped]   write a pcap of the packets entering the chain (or leaving\n                  NF), or only of those dropped (by NF, or by any NF), from every worker; FILE is created\n                  now; workers queue copies to one writer thread, a full queue drops and counts them\n  capture stop    close the pcap: packets written, packets dropped (the run's end stops it too)\n  reload          re-read the run's --config file: changed NF parameters and rule files applied (all or\n                  nothing); any other change (cores, ports, strategy, chain shape, ...) refused\n  stop            end the run (as SIGTERM)\n  help            the commands"
 )]
 pub struct CtlArgs {
     /// The run's control socket (`flowplane run ... --ctl PATH`).
     pub socket: PathBuf,
-    /// The command and its arguments.
-    #[arg(required = true, num_args = 1..)]
+    /// The command and its arguments (its own options, as `capture start FILE --at NF`, included).
+    #[arg(required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<String>,
     /// Print the answer as JSON.
     #[arg(long)]
@@ -26,23 +26,65 @@ pub struct CtlArgs {
 
 /// Sends the command and prints the answer.
 pub fn run(a: CtlArgs) -> Result<(), CliError> {
-    let mut words = a.command.clone();
+    // `--json` after the command is ctl's own option, not one of the command's words.
+    let json = a.json || a.command.iter().any(|w| w == "--json");
+    let mut words: Vec<String> = a.command.iter().filter(|w| *w != "--json").cloned().collect();
     // Files are named for the server, which may run elsewhere in the tree: absolute paths.
-    if let [verb, _, file] = words.as_mut_slice() {
-        if verb == "export" || verb == "load" {
-            let p = PathBuf::from(&*file);
-            if p.is_relative() {
-                let cwd = std::env::current_dir().map_err(|e| CliError::new(format!("ctl: {e}")))?;
-                *file = cwd.join(p).to_string_lossy().into_owned();
-            }
+    let file = match words.as_mut_slice() {
+        [verb, _, file] if verb == "export" || verb == "load" => Some(file),
+        [verb, start, file, ..] if verb == "capture" && start == "start" => Some(file),
+        _ => None,
+    };
+    if let Some(file) = file {
+        let p = PathBuf::from(&*file);
+        if p.is_relative() {
+            let cwd = std::env::current_dir().map_err(|e| CliError::new(format!("ctl: {e}")))?;
+            *file = cwd.join(p).to_string_lossy().into_owned();
         }
     }
     let v = crate::ctl::request(&a.socket, &words)?;
-    if a.json {
+    if json {
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
+    if words.len() == 2 && words[0] == "trace" && words[1] == "show" {
+        return print_trace(&v);
+    }
     print_human(&v)
+}
+
+/// `trace show`: each packet on a line, then its NFs' verdicts one per line (as VPP's `show trace`).
+fn print_trace(v: &Value) -> Result<(), CliError> {
+    let packets = v.as_array().map_or(&[][..], Vec::as_slice);
+    if packets.is_empty() {
+        outln!("no packets traced");
+    }
+    for (k, p) in packets.iter().enumerate() {
+        let f = &p["flow"];
+        let flow = if f.is_null() {
+            "no flow key".to_string()
+        } else {
+            format!("{} {}:{} -> {}:{}", s(&f["proto"]), s(&f["src"]), f["sport"], s(&f["dst"]), f["dport"])
+        };
+        outln!(
+            "packet {}: worker {} port {} queue {} time {:.6} s len {} {flow} => {}",
+            k + 1,
+            p["worker"],
+            s(&p["port"]),
+            p["queue"],
+            p["ts_ns"].as_u64().unwrap_or(0) as f64 / 1e9,
+            p["len"],
+            s(&p["verdict"])
+        );
+        for st in p["stages"].as_array().map_or(&[][..], Vec::as_slice) {
+            outln!("  {:<12} {}", s(&st["nf"]), s(&st["verdict"]));
+        }
+    }
+    Ok(())
+}
+
+fn s(v: &Value) -> &str {
+    v.as_str().unwrap_or("")
 }
 
 /// An answer as lines: arrays of objects as one `key value` line per row.

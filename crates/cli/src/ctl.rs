@@ -13,8 +13,9 @@
 //!
 //! Commands: `show runtime|errors|nfs|tables|ports`, `set NF PARAM VALUE`,
 //! `load NF FILE` (the NF's file parameter: acl's rules, ...), `export NF
-//! FILE`, `reload`, `stop`, `help`. An NF is named as in the chain (`acl`), or
-//! `acl#2` for its second occurrence.
+//! FILE`, `trace add N [FILTER]|show|clear`, `capture start FILE [--at NF]
+//! [--dropped]|stop` (see [`crate::ctl_trace`]), `reload`, `stop`, `help`. An
+//! NF is named as in the chain (`acl`), or `acl#2` for its second occurrence.
 //!
 //! `reload` (a run started with `--config FILE`) re-reads the file, merged
 //! under the run's command line as at start, and compares it with the
@@ -55,7 +56,9 @@ const NAP: Duration = Duration::from_millis(20);
 
 /// The commands, for `help` and errors.
 pub const HELP: &str =
-    "show runtime|errors|nfs|tables|ports; show flow PROTO SRC SPORT DST DPORT | SRC; set NF PARAM VALUE; load NF FILE; export NF FILE; reload; stop; help";
+    "show runtime|errors|nfs|tables|ports; show flow PROTO SRC SPORT DST DPORT | SRC; set NF PARAM VALUE; \
+     load NF FILE; export NF FILE; trace add N [PROTO SRC SPORT DST DPORT | SRC]; trace show; trace clear; \
+     capture start FILE [--at NF] [--dropped]; capture stop; reload; stop; help";
 
 /// A running control socket: removed when dropped.
 pub struct CtlServer {
@@ -96,7 +99,10 @@ pub fn serve(
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|x| e(x.to_string()))?;
     listener.set_nonblocking(true).map_err(|x| e(x.to_string()))?;
     let files = spec.nfs.iter().map(file_digests).collect();
-    let mut state = Server { live, spec, stop: Arc::clone(&stop), config, files };
+    // Packet time 0 of a live port is the run's start: close enough to now for the captures' stamps.
+    let base_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let taps = crate::ctl_trace::Taps::new(base_ns);
+    let mut state = Server { live, spec, stop: Arc::clone(&stop), config, files, taps };
     let thread = std::thread::Builder::new()
         .name("fp-ctl".into())
         .spawn(move || {
@@ -107,6 +113,8 @@ pub fn serve(
                     Err(_) => std::thread::sleep(NAP),
                 }
             }
+            // The run is over: a capture still running is drained and closed.
+            state.taps.end();
         })
         .map_err(|x| e(x.to_string()))?;
     Ok(CtlServer { path: path.to_path_buf(), thread: Some(thread) })
@@ -132,6 +140,8 @@ struct Server {
     config: Option<Source>,
     /// Per NF: its file parameters' contents as last applied (`reload` re-applies a changed file).
     files: Vec<Vec<(String, Option<u64>)>>,
+    /// Packet traces and captures.
+    taps: crate::ctl_trace::Taps,
 }
 
 /// The NF's file parameters (text parameters whose syntax is FILE) with a digest of each file's content now.
@@ -207,6 +217,16 @@ impl Server {
             ["set", nf, param, value] => self.set(nf, param, value),
             ["load", nf, file] => self.load(nf, file),
             ["export", nf, file] => self.export(nf, file),
+            ["trace", rest @ ..] => {
+                let labels: Vec<String> = (0..self.spec.nfs.len()).map(|i| self.label(i)).collect();
+                self.taps.trace(&self.live, &labels, rest)
+            }
+            ["capture", rest @ ..] => {
+                let mut taps = std::mem::take(&mut self.taps);
+                let r = taps.capture(&self.live, &|nf| self.position(nf), rest);
+                self.taps = taps;
+                r
+            }
             ["reload"] => self.reload(),
             ["stop"] => {
                 self.stop.store(true, Ordering::Relaxed);
@@ -491,31 +511,7 @@ impl Server {
 
     /// `show flow PROTO SRC SPORT DST DPORT` (a flow) or `show flow SRC` (a source's coarse state).
     fn flow(&self, words: &[&str]) -> Result<Value, String> {
-        let syntax = "show flow PROTO SRC SPORT DST DPORT (proto tcp|udp|icmp|N), or show flow SRC";
-        let ip = |s: &str| s.parse::<std::net::IpAddr>().map_err(|_| format!("'{s}' is not an IP address ({syntax})"));
-        let port = |s: &str| s.parse::<u16>().map_err(|_| format!("'{s}' is not a port ({syntax})"));
-        let key = match words {
-            [proto, src, sport, dst, dport] => {
-                let p = match *proto {
-                    "tcp" => 6,
-                    "udp" => 17,
-                    "icmp" => 1,
-                    n => n.parse::<u8>().map_err(|_| format!("'{n}' is not a protocol ({syntax})"))?,
-                };
-                flowplane_wire::flow::FiveTuple::new(ip(src)?, ip(dst)?, port(sport)?, port(dport)?, p)
-            }
-            [src] => {
-                let s = ip(src)?;
-                let any = if s.is_ipv4() {
-                    std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
-                } else {
-                    std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
-                };
-                flowplane_wire::flow::FiveTuple::new(s, any, 0, 0, 0)
-            }
-            _ => return Err(syntax.to_string()),
-        }
-        .ok_or_else(|| format!("mixed address families ({syntax})"))?;
+        let (key, _) = crate::ctl_trace::flow_key(words).map_err(|e| format!("show flow {e}"))?;
         let answers = self.live.ctl.ask(&Command::Flow { key }, WORKER_TIMEOUT)?;
         let mut rows = Vec::new();
         for (core, a) in answers.into_iter().enumerate() {
@@ -547,7 +543,7 @@ impl Server {
                     }
                 }
                 Answer::Refused(m) => return Err(m),
-                Answer::Report(None) | Answer::Done | Answer::Flow(_) => {}
+                Answer::Report(None) | Answer::Done | Answer::Flow(_) | Answer::Trace(_) => {}
             }
         }
         if let (Some(m), Some(st)) = (&merged, hook.as_ref().and_then(|c| c.stages.first())) {

@@ -38,6 +38,7 @@ mod cmd_scr;
 mod cmd_trace;
 mod cmd_upf;
 mod ctl;
+mod ctl_trace;
 mod error;
 mod metrics;
 mod results;

@@ -8,6 +8,9 @@
 //! it moved, so the data path pays nothing while nobody asks. Each request
 //! carries its reply channel; [`Mailboxes::ask`] waits for every worker's
 //! answer (or a timeout: a worker stuck or gone is named, not waited for).
+//!
+//! Traces and captures (`crate::tap`) are armed the same way: the records
+//! and rings are allocated by the control path and handed to each worker.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -41,6 +44,12 @@ pub enum Command {
         /// The flow.
         key: flowplane_wire::flow::FiveTuple,
     },
+    /// Arm a trace (its records allocated now), or disarm it (None: `trace clear`).
+    Trace(Option<crate::tap::TraceArm>),
+    /// The packets traced so far.
+    TraceShow,
+    /// Arm a capture (the worker takes its ring), or stop it (None).
+    Capture(Option<crate::tap::CaptureArm>),
 }
 
 /// A worker's answer.
@@ -54,6 +63,8 @@ pub enum Answer {
     Report(Option<serde_json::Value>),
     /// This core's state of one flow: (NF, its export row).
     Flow(Vec<(String, serde_json::Value)>),
+    /// This core's traced packets.
+    Trace(Vec<crate::tap::TraceRecord>),
     /// Refused, with the one-line reason.
     Refused(String),
 }
@@ -151,6 +162,22 @@ fn carry_out(w: usize, cmd: &Command, pipeline: &mut Pipeline) -> Answer {
             _ => Answer::Refused(format!("no NF {} at position {index} of the chain", nf.name)),
         },
         Command::Flow { key } => Answer::Flow(pipeline.flow_rows(key, w == 0)),
+        Command::Trace(arm) => {
+            pipeline.arm_trace(w, arm.as_ref());
+            Answer::Done
+        }
+        Command::TraceShow => Answer::Trace(pipeline.trace_records()),
+        Command::Capture(arm) => {
+            if let Some(a) = arm {
+                if a.at.is_some_and(|at| at >= pipeline.root_stages()) {
+                    return Answer::Refused(
+                        "capture --at: only the NFs before a chain graph's branch point can be captured".into(),
+                    );
+                }
+            }
+            pipeline.arm_capture(w, arm.as_ref());
+            Answer::Done
+        }
         Command::Export { index } => {
             let stages = pipeline.stages();
             let Some((_, stage)) = stages.get(*index) else {

@@ -34,6 +34,7 @@ pub mod scr;
 pub mod spec;
 pub mod stage;
 pub mod store;
+pub mod tap;
 pub mod worker;
 
 pub use error::EngineError;

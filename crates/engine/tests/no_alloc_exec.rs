@@ -139,3 +139,48 @@ fn graphs_allocate_nothing_in_steady_state() {
         assert_eq!(verdicts, [50 * 512 - denied, 0, denied], "{kind}");
     }
 }
+
+#[test]
+fn traces_and_captures_allocate_nothing_while_recording() {
+    use flowplane_engine::tap::{CaptureArm, TraceArm, TraceFilter};
+    use std::sync::atomic::AtomicU64;
+    use std::sync::{Arc, Mutex};
+    let frames: Vec<Vec<u8>> =
+        (0..512u32).map(|f| udp4([10, 0, (f >> 8) as u8, f as u8], [192, 168, 1, (f % 7) as u8], 1000, 80)).collect();
+    for kind in kinds() {
+        let c = Chain::build(&parse("fsc -> acl(rule=drop:udp:any:192.168.1.0/30) -> srcctr").unwrap()).unwrap();
+        let shared = SharedStores::new(&c.groups, 4096, 3_600_000_000_000).unwrap();
+        let cfg = ExecConfig { kind, flows: 4096, hugepages: false, ..ExecConfig::default() };
+        let mut e = Pipeline::new(c, cfg, shared).unwrap();
+        let mut pool = PacketPool::new(PoolConfig { buffers: 256, ..Default::default() }).unwrap();
+        let mut batch = Batch::new(&pool);
+        let mut round = |e: &mut Pipeline, k: u64| {
+            for chunk in frames.chunks(64) {
+                for f in chunk {
+                    assert!(batch.push_copy(&mut pool, f, 0));
+                }
+                e.process(&mut batch, &NfContext { now_tsc: 0, now_ns: k * 1_000_000 });
+                batch.free_all(&mut pool).unwrap();
+            }
+        };
+        round(&mut e, 0);
+        // Armed on the control path (allocating there); the rounds below fill the records and the ring
+        // (which fills up: the rest are counted lost, still without allocating).
+        let trace = TraceArm { filter: TraceFilter::Any, count: 5000, left: Arc::new(AtomicU64::new(5000)) };
+        e.arm_trace(0, Some(&trace));
+        let (prod, _cons) = rtrb::RingBuffer::new(1 << 16);
+        let lost = Arc::new(AtomicU64::new(0));
+        let cap = CaptureArm { at: Some(1), dropped: true, rings: Arc::new(Mutex::new(vec![Some(prod)])), lost };
+        e.arm_capture(0, Some(&cap));
+        COUNTING.with(|c| c.set(true));
+        let before = ALLOCS.with(Cell::get);
+        for k in 1..20 {
+            round(&mut e, k);
+        }
+        let after = ALLOCS.with(Cell::get);
+        COUNTING.with(|c| c.set(false));
+        assert_eq!(after - before, 0, "{kind}: allocations while tracing and capturing");
+        assert_eq!(e.trace_records().len(), 5000, "{kind}");
+        assert!(cap.lost.load(std::sync::atomic::Ordering::Relaxed) > 0, "{kind}: the ring filled up");
+    }
+}

@@ -237,6 +237,8 @@ pub struct ExecContext {
     /// This core's packet clock among those the shared sweep waits for
     /// (None: no coarse state).
     clock: Option<ClockSlot>,
+    /// An armed trace or capture (`crate::tap`): None on the fast path.
+    pub(crate) tap: Option<Box<crate::tap::Tap>>,
 }
 
 /// What the auxiliary table needs: the coarse groups and their shared tables.
@@ -372,6 +374,7 @@ impl ExecContext {
             idle_ns,
             one_window: true,
             clock,
+            tap: None,
         })
     }
 
@@ -856,6 +859,30 @@ impl ExecContext {
         ctx: &NfContext,
         prefetch: bool,
     ) -> (u64, usize) {
+        // One test per segment: the loop is built with and without the observation point.
+        if self.tap.is_some() {
+            self.run_stages_with::<true>(batch, range, ctx, prefetch)
+        } else {
+            self.run_stages_with::<false>(batch, range, ctx, prefetch)
+        }
+    }
+
+    /// Stage `si` ran packets `range`: the armed tap looks at their verdicts.
+    #[inline]
+    pub(crate) fn observe(&mut self, si: usize, batch: &Batch, range: Range<usize>) {
+        if let Some(t) = self.tap.as_deref_mut() {
+            t.after(si, batch, range);
+        }
+    }
+
+    #[inline(always)]
+    fn run_stages_with<const OBS: bool>(
+        &mut self,
+        batch: &mut Batch,
+        range: Range<usize>,
+        ctx: &NfContext,
+        prefetch: bool,
+    ) -> (u64, usize) {
         let mut frontier = range.end;
         if prefetch && self.multi_line {
             // The lookup brought each entry's first line; fetch the next one now,
@@ -880,10 +907,14 @@ impl ExecContext {
             let todo = from..frontier;
             self.progress[si] = frontier;
             if self.chain.stages[si].is_coarse() {
-                self.run_coarse_batch(si, batch, todo, ctx);
+                self.run_coarse_batch(si, batch, todo.clone(), ctx);
+                if OBS {
+                    self.observe(si, batch, todo);
+                }
                 continue;
             }
             let ExecContext { stores, chain, scratch, .. } = self;
+            let mut ran = todo.clone();
             match &mut chain.stages[si] {
                 Stage::Stateless(nf) => nf.process(batch, todo, ctx),
                 Stage::Stateful { nf, offset, counters, .. } => {
@@ -898,8 +929,12 @@ impl ExecContext {
                     if let Some(stop) = out.stopped_at {
                         frontier = stop;
                         self.progress[si] = stop;
+                        ran.end = stop;
                     }
                 }
+            }
+            if OBS {
+                self.observe(si, batch, ran);
             }
         }
         let aux_on = self.aux_on();

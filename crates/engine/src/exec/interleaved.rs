@@ -190,6 +190,22 @@ impl Interleaved {
         range: std::ops::Range<usize>,
         ctx: &NfContext,
     ) -> (u64, usize) {
+        // One test per segment: the loop is built with and without the observation point (`crate::tap`).
+        if cx.tap.is_some() {
+            self.finish_with::<true>(cx, batch, range, ctx)
+        } else {
+            self.finish_with::<false>(cx, batch, range, ctx)
+        }
+    }
+
+    #[inline(always)]
+    fn finish_with<const OBS: bool>(
+        &mut self,
+        cx: &mut ExecContext,
+        batch: &mut Batch,
+        range: std::ops::Range<usize>,
+        ctx: &NfContext,
+    ) -> (u64, usize) {
         let mut frontier = range.end;
         // The NFs that take no steps still get their prefetch hooks.
         let ahead = if cx.cfg.prefetch && cx.cfg.prefetch_hooks { PREFETCH_AHEAD } else { 0 };
@@ -202,9 +218,13 @@ impl Interleaved {
             let todo = from..frontier;
             self.progress[si] = frontier;
             if cx.chain.stages[si].is_coarse() {
-                cx.run_coarse_batch(si, batch, todo, ctx);
+                cx.run_coarse_batch(si, batch, todo.clone(), ctx);
+                if OBS {
+                    cx.observe(si, batch, todo);
+                }
                 continue;
             }
+            let mut ran = todo.clone();
             let ExecContext { stores, chain, scratch, .. } = &mut *cx;
             match &mut chain.stages[si] {
                 Stage::Stateless(nf) => nf.process(batch, todo, ctx),
@@ -220,8 +240,12 @@ impl Interleaved {
                     if let Some(stop) = out.stopped_at {
                         frontier = stop;
                         self.progress[si] = stop;
+                        ran.end = stop;
                     }
                 }
+            }
+            if OBS {
+                cx.observe(si, batch, ran);
             }
         }
         let mut ended = 0;

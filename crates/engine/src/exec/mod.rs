@@ -20,6 +20,15 @@
 //!   flight run the NFs' resumable actions (`StatefulNf::step`) round-robin,
 //!   each switching when it names a line to fetch; then the staged pass
 //!   finishes every packet in arrival order from its cursors.
+//!
+//! Observation (`flowplane ctl trace|capture`, [`crate::tap`]): every
+//! executor calls `ExecContext::observe` right after a stage ran a range of
+//! packets (stage-major executors per stage and segment, `rtc` per stage and
+//! packet), so a trace or capture sees each stage's verdicts the same way
+//! under every executor. The stage loops are monomorphised with and without
+//! that call (`const OBS: bool`): with nothing armed, a batch pays the
+//! pipeline's test of `tap` and the executor's choice of loop, nothing per
+//! stage or packet.
 
 use std::fmt;
 
@@ -380,6 +389,9 @@ impl Pipeline {
 
     #[inline(always)]
     fn process_segment(&mut self, batch: &mut Batch, ctx: &NfContext) {
+        if self.cx.tap.is_some() {
+            return self.process_observed(batch, ctx);
+        }
         if !self.cx.chain.is_stateful() {
             let n = batch.len();
             for s in self.cx.chain.stages.iter_mut() {
@@ -392,6 +404,49 @@ impl Pipeline {
         self.cx.parse(batch);
         self.exec.run(&mut self.cx, batch, ctx);
         self.cx.expire(ctx.now_ns);
+    }
+
+    /// [`Pipeline::process_segment`] with a trace or capture armed (`crate::tap`): the batch is parsed for the
+    /// trace's filter and every stage's verdicts are observed.
+    #[cold]
+    fn process_observed(&mut self, batch: &mut Batch, ctx: &NfContext) {
+        self.cx.parse(batch);
+        if let Some(t) = self.cx.tap.as_deref_mut() {
+            t.begin(batch, &self.cx.scratch.metas[..]);
+        }
+        if !self.cx.chain.is_stateful() {
+            let n = batch.len();
+            for si in 0..self.cx.chain.stages.len() {
+                if let Stage::Stateless(nf) = &mut self.cx.chain.stages[si] {
+                    nf.process(batch, 0..n, ctx);
+                }
+                self.cx.observe(si, batch, 0..n);
+            }
+            return;
+        }
+        self.exec.run(&mut self.cx, batch, ctx);
+        self.cx.expire(ctx.now_ns);
+    }
+
+    /// Arms (`Some`) or disarms a trace on this core's root segment.
+    pub fn arm_trace(&mut self, worker: usize, arm: Option<&crate::tap::TraceArm>) {
+        let stages = self.cx.chain.stages.len();
+        self.cx.tap = crate::tap::Tap::arm_trace(self.cx.tap.take(), worker, arm, stages);
+    }
+
+    /// Arms (`Some`) or disarms a capture on this core's root segment.
+    pub fn arm_capture(&mut self, worker: usize, arm: Option<&crate::tap::CaptureArm>) {
+        self.cx.tap = crate::tap::Tap::arm_capture(self.cx.tap.take(), worker, arm);
+    }
+
+    /// The packets traced on this core so far.
+    pub fn trace_records(&self) -> Vec<crate::tap::TraceRecord> {
+        crate::tap::Tap::records(self.cx.tap.as_deref())
+    }
+
+    /// Stages of the root segment (what a trace and `capture --at` see).
+    pub fn root_stages(&self) -> usize {
+        self.cx.chain.stages.len()
     }
 
     /// A batch time without packets for this segment (a branch that got none):

@@ -55,6 +55,22 @@ impl PerNf {
     /// Runs every stage over `range` from where it stopped; returns the end
     /// of what every stage has run.
     fn run_range(&mut self, cx: &mut ExecContext, batch: &mut Batch, range: Range<usize>, ctx: &NfContext) -> usize {
+        // One test per segment: the loop is built with and without the observation point (`crate::tap`).
+        if cx.tap.is_some() {
+            self.run_range_with::<true>(cx, batch, range, ctx)
+        } else {
+            self.run_range_with::<false>(cx, batch, range, ctx)
+        }
+    }
+
+    #[inline(always)]
+    fn run_range_with<const OBS: bool>(
+        &mut self,
+        cx: &mut ExecContext,
+        batch: &mut Batch,
+        range: Range<usize>,
+        ctx: &NfContext,
+    ) -> usize {
         let mut frontier = range.end;
         cx.pin_coarse_batch(range.clone(), ctx.now_ns);
         let ahead = if cx.cfg.prefetch && cx.cfg.prefetch_hooks { PREFETCH_AHEAD } else { 0 };
@@ -72,13 +88,20 @@ impl PerNf {
             let todo = from..frontier;
             cx.progress[si] = frontier;
             if let Stage::Stateless(nf) = &mut cx.chain.stages[si] {
-                nf.process(batch, todo, ctx);
+                nf.process(batch, todo.clone(), ctx);
+                if OBS {
+                    cx.observe(si, batch, todo);
+                }
                 continue;
             }
             if cx.chain.stages[si].is_coarse() {
-                cx.run_coarse_batch(si, batch, todo, ctx);
+                cx.run_coarse_batch(si, batch, todo.clone(), ctx);
+                if OBS {
+                    cx.observe(si, batch, todo);
+                }
                 continue;
             }
+            let mut ran = todo.clone();
             let flows = &mut self.flows[k];
             match gathered.as_mut() {
                 Some(g) => lookup_into(cx, k, si, batch, todo.clone(), flows, ctx, g),
@@ -99,6 +122,10 @@ impl PerNf {
                 if let Some(stop) = out.stopped_at {
                     frontier = stop;
                     cx.progress[si] = stop;
+                    ran.end = stop;
+                }
+                if OBS {
+                    cx.observe(si, batch, ran);
                 }
             }
             k += 1;
