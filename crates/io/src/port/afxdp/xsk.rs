@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex};
 
 use flowplane_packet::{tsc, Batch, PacketPool, PoolConfig, RegionGuard, Verdict, MAX_BATCH};
 
-use super::{LinkWatch, Port, PortError, PortOptions, QueueCounters, RxQueue, TxQueue};
+use crate::port::{LinkWatch, Port, PortError, PortOptions, QueueCounters, RxQueue, TxQueue};
 
 /// The shim's socket (opaque).
 #[repr(C)]
