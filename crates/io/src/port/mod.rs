@@ -64,8 +64,11 @@ pub struct PortKind {
     /// shown (the one-line reason when malformed).
     pub parse: fn(&str) -> Result<String, String>,
     /// Opens a live port of this kind for N queue pairs.
-    pub open: fn(&PortSpec, usize, PortOptions) -> Result<Arc<dyn Port>, PortError>,
+    pub open: OpenFn,
 }
+
+/// A kind's constructor: the port named by the spec, for N queue pairs.
+pub type OpenFn = fn(&PortSpec, usize, PortOptions) -> Result<Arc<dyn Port>, PortError>;
 
 /// What a port kind can do; every check and refusal about ports reads these.
 #[derive(Clone, Copy, Debug)]
