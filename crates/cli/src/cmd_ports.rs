@@ -3,7 +3,7 @@
 //! each is written, what it can do, and whether this binary has it.
 
 use clap::Args;
-use flowplane_io::port::{kind, PortKind, PORTS};
+use flowplane_io::port::{kind, PortInfo, PORTS};
 
 use crate::error::CliError;
 
@@ -17,7 +17,7 @@ pub struct PortsArgs {
 }
 
 pub fn run(a: PortsArgs) -> Result<(), CliError> {
-    let list: Vec<&PortKind> = match &a.name {
+    let list: Vec<&PortInfo> = match &a.name {
         None => PORTS.iter().collect(),
         Some(n) => vec![kind(n).ok_or_else(|| {
             let known: Vec<&str> = PORTS.iter().map(|k| k.name).collect();
@@ -38,7 +38,7 @@ pub fn run(a: PortsArgs) -> Result<(), CliError> {
 }
 
 /// The capabilities as words, for the listing.
-fn caps(k: &PortKind) -> Vec<String> {
+fn caps(k: &PortInfo) -> Vec<String> {
     let c = &k.caps;
     let mut v = vec![if c.live { "live" } else { "file" }.to_string()];
     let flags = [
@@ -56,7 +56,7 @@ fn caps(k: &PortKind) -> Vec<String> {
     v
 }
 
-fn to_json(k: &PortKind) -> serde_json::Value {
+fn to_json(k: &PortInfo) -> serde_json::Value {
     let c = &k.caps;
     serde_json::json!({
         "name": k.name,

@@ -31,10 +31,10 @@ use std::sync::{Arc, Mutex};
 use flowplane_packet::{Batch, PacketPool, Verdict, MAX_BATCH};
 
 use super::fanout_steer::KernelSteer;
-use super::{iface_arg, LinkWatch, Port, PortCaps, PortError, PortKind, PortOptions, PortSpec, QueueCounters, RxQueue, TxQueue};
+use super::{iface_arg, LinkWatch, Port, PortCaps, PortError, PortInfo, PortOptions, PortSpec, QueueCounters, RxQueue, TxQueue};
 
 /// Registration (see [`super::PORTS`]).
-pub const INFO: PortKind = PortKind {
+pub const INFO: PortInfo = PortInfo {
     name: "afpacket",
     syntax: "afpacket:IFACE",
     about: "a Linux interface through AF_PACKET (TPACKET_V3 ring and fanout per queue, sendmmsg)",

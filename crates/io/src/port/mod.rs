@@ -1,7 +1,17 @@
-//! Real ports: one abstraction over every backend (AF_PACKET, AF_XDP where
-//! libxdp was found at build time; DPDK plugs in behind the same traits), named the same way everywhere:
-//! `pcap:FILE | afpacket:IFACE | afxdp:IFACE[:QUEUE] | dpdk:PORT_OR_VDEV`
-//! (a bare path is a pcap file).
+//! Real ports: one abstraction over every backend, named the same way
+//! everywhere as `KIND:ARGS` (a bare path is a pcap file).
+//!
+//! The kinds are a registry, [`PORTS`]: one file (or directory) per kind in
+//! this directory exporting its registration `pub const INFO: PortInfo` —
+//! its syntax, how its arguments parse, its capabilities ([`PortCaps`]:
+//! live or a file, kernel steering, peer, once per process, root, the run
+//! options it takes, or why this binary lacks it) and its constructor — and
+//! one name on the `ports!(...)` line, the same descriptor-table style as
+//! the strategies, executors and NFs. Nothing else names a kind: the CLI and
+//! the runner parse specs and read capabilities through the registry.
+//! Kinds: `pcap:FILE`, `afpacket:IFACE`, `afxdp:IFACE[:QUEUE]` (where libxdp
+//! was found at build time), `dpdk:PORT_OR_VDEV` (the `dpdk` feature);
+//! `flowplane ports` lists them.
 //!
 //! A [`Port`] is opened once for N queues (one RX/TX queue pair per worker);
 //! each worker opens its own [`RxQueue`] and [`TxQueue`] on its own thread.
@@ -41,7 +51,7 @@ macro_rules! ports {
         $(pub mod $name;)+
         /// Every port kind, by the scheme before the first ':' of its name; a
         /// name without a registered scheme is a path of the first (`pcap`).
-        pub static PORTS: &[PortKind] = &[$($name::INFO),+];
+        pub static PORTS: &[PortInfo] = &[$($name::INFO),+];
     };
 }
 
@@ -51,7 +61,7 @@ ports!(pcap, afpacket, afxdp, dpdk);
 /// A registered port kind: how its name is written and parsed, what it can
 /// do, and how it opens. The runtime and the CLI ask these, never a kind's name.
 #[derive(Debug)]
-pub struct PortKind {
+pub struct PortInfo {
     /// The scheme: `NAME:ARGS`.
     pub name: &'static str,
     /// How a port of this kind is written (help texts).
@@ -95,7 +105,7 @@ pub struct PortCaps {
 }
 
 /// The port kind named `name` (the scheme, without ':').
-pub fn kind(name: &str) -> Option<&'static PortKind> {
+pub fn kind(name: &str) -> Option<&'static PortInfo> {
     PORTS.iter().find(|k| k.name == name)
 }
 
@@ -121,7 +131,7 @@ pub(crate) fn iface_arg(name: &str) -> Result<String, String> {
 /// kind's `parse` wrote them back).
 #[derive(Clone)]
 pub struct PortSpec {
-    kind: &'static PortKind,
+    kind: &'static PortInfo,
     arg: String,
 }
 
@@ -140,7 +150,7 @@ impl PortSpec {
     }
 
     /// Its kind.
-    pub fn kind(&self) -> &'static PortKind {
+    pub fn kind(&self) -> &'static PortInfo {
         self.kind
     }
 

@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use flowplane_packet::{Batch, Verdict};
 
-use super::{Port, PortCaps, PortError, PortKind, PortOptions, PortSpec, QueueCounters, RxQueue, TxQueue};
+use super::{Port, PortCaps, PortError, PortInfo, PortOptions, PortSpec, QueueCounters, RxQueue, TxQueue};
 use crate::sink::SharedPcapWriter;
 
 /// Registration (see [`super::PORTS`]); the first kind: a bare path is a pcap file.
-pub const INFO: PortKind = PortKind {
+pub const INFO: PortInfo = PortInfo {
     name: "pcap",
     syntax: "pcap:FILE",
     about: "a pcap/pcapng file (or a bare path): replayed as input, written as output",

@@ -11,10 +11,10 @@ use std::sync::Arc;
 #[cfg(fp_afxdp)]
 pub use xsk::{AfXdpPort, AfXdpRx, AfXdpTx};
 
-use super::{iface_arg, Port, PortCaps, PortError, PortKind, PortOptions, PortSpec};
+use super::{iface_arg, Port, PortCaps, PortError, PortInfo, PortOptions, PortSpec};
 
 /// Registration (see [`super::PORTS`]).
-pub const INFO: PortKind = PortKind {
+pub const INFO: PortInfo = PortInfo {
     name: "afxdp",
     syntax: "afxdp:IFACE[:QUEUE]",
     about: "a Linux interface's queues through AF_XDP (worker i on queue QUEUE+i; zero copy where the driver has it)",

@@ -10,10 +10,10 @@ use std::sync::Arc;
 #[cfg(feature = "dpdk")]
 pub use ethdev::{set_eal_args, DpdkPort};
 
-use super::{Port, PortCaps, PortError, PortKind, PortOptions, PortSpec};
+use super::{Port, PortCaps, PortError, PortInfo, PortOptions, PortSpec};
 
 /// Registration (see [`super::PORTS`]).
-pub const INFO: PortKind = PortKind {
+pub const INFO: PortInfo = PortInfo {
     name: "dpdk",
     syntax: "dpdk:PORT_OR_VDEV",
     about: "a DPDK port id or vdev (net_null0, net_pcap0,rx_pcap=in.pcap, ...); the EAL starts once per process",
