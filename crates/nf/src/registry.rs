@@ -1,6 +1,6 @@
 //! The NF registry: chain-spec names -> descriptors and constructors.
 //!
-//! The entries are the library's ([`crate::library`]): each NF is one file
+//! The entries are the library's (`src/library.rs`): each NF is one file
 //! of `crates/nf/src/library/` exporting `pub const INFO: NfInfo` (name,
 //! one-line description, what its state is keyed by, declared parameters)
 //! and `pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out,

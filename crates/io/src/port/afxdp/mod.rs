@@ -1,6 +1,6 @@
 //! `afxdp:IFACE[:QUEUE]`: a Linux interface's queues through AF_XDP (worker
 //! i on queue QUEUE + i). Built where libxdp and libbpf were found at build
-//! time ([`xsk`], the driver); elsewhere the kind is still named, so the
+//! time (`xsk`, the driver); elsewhere the kind is still named, so the
 //! spec parses and opening it says why it is missing.
 
 #[cfg(fp_afxdp)]

@@ -1,5 +1,5 @@
 //! `dpdk:PORT_OR_VDEV`: a DPDK port id or vdev (the `dpdk` cargo feature;
-//! the driver is [`ethdev`]). Without the feature the kind is still named,
+//! the driver is `ethdev`). Without the feature the kind is still named,
 //! so the spec parses and opening it says why it is missing.
 
 #[cfg(feature = "dpdk")]
