@@ -672,17 +672,23 @@ fn absent_port(kind: &Value) -> String {
 fn port_options_act_only_on_the_kinds_that_take_them() {
     let kinds = port_kinds();
     assert!(kinds.len() >= 4, "{kinds:?}");
-    let taken: BTreeSet<String> =
-        kinds.iter().flat_map(|k| k["options"].as_array().unwrap().iter().map(|o| o.as_str().unwrap().to_string())).collect();
+    let taken: BTreeSet<String> = kinds
+        .iter()
+        .flat_map(|k| k["options"].as_array().unwrap().iter().map(|o| o.as_str().unwrap().to_string()))
+        .collect();
     // Served by a live run whatever its ports (the walk above checks them refused on a replay).
     let service: BTreeSet<String> = ["--metrics", "--ctl"].iter().map(|s| s.to_string()).collect();
     let live = live_options();
     assert!(live.contains("--promisc") && live.contains("--metrics") && !live.contains("--chain"), "{live:?}");
     let unowned: Vec<_> = live.iter().filter(|o| !taken.contains(*o) && !service.contains(*o)).collect();
-    assert!(unowned.is_empty(), "live options no port kind takes (declare them in the kind's PortCaps::options): {unowned:?}");
+    assert!(
+        unowned.is_empty(),
+        "live options no port kind takes (declare them in the kind's PortCaps::options): {unowned:?}"
+    );
     assert!(taken.is_subset(&live), "kinds take options `run --help` does not list: {taken:?} vs {live:?}");
     // Each option with a value for it, from the help's `--opt <VALUE>`.
-    let help = String::from_utf8_lossy(&Command::new(BIN).args(["run", "--help"]).output().unwrap().stdout).into_owned();
+    let help =
+        String::from_utf8_lossy(&Command::new(BIN).args(["run", "--help"]).output().unwrap().stdout).into_owned();
     let mut checked = 0;
     for opt in &taken {
         let with_value = help.lines().map(str::trim_start).any(|l| l.starts_with(&format!("{opt} <")));
