@@ -54,13 +54,14 @@ pub fn output_ports(a: &RunArgs, queues: usize, base_ns: u64) -> Result<OutputPo
         .collect();
     for n in names {
         let spec = PortSpec::parse(&n).map_err(|e| CliError::new(format!("--output/--port {e}")))?;
-        match &spec {
-            PortSpec::Pcap(path) => {
-                let w = crate::results::create_pcap(path, "--output/--port")?;
-                files.push((path.clone(), Arc::clone(&w)));
-                ports.push(Arc::new(PcapPort::new(&path.to_string_lossy(), w, base_ns, queues)));
-            }
-            _ => ports.push(port::open(&spec, queues, port_options(a)).map_err(|e| CliError::new(e.to_string()))?),
+        if spec.is_live() {
+            ports.push(port::open(&spec, queues, port_options(a)).map_err(|e| CliError::new(e.to_string()))?);
+        } else {
+            // A file: created here, with the run's other results.
+            let path = std::path::PathBuf::from(spec.arg());
+            let w = crate::results::create_pcap(&path, "--output/--port")?;
+            files.push((path, Arc::clone(&w)));
+            ports.push(Arc::new(PcapPort::new(spec.arg(), w, base_ns, queues)));
         }
     }
     Ok((ports, files))
@@ -223,8 +224,8 @@ fn port_json(name: &str, s: &PortStats, link: Option<&LinkStats>) -> serde_json:
 
 /// `pcap:FILE` or a bare path, as a path (for the replay's `--input`).
 pub fn file_of(p: &Path) -> std::path::PathBuf {
-    match p.to_str().and_then(|s| s.strip_prefix("pcap:")) {
-        Some(rest) => rest.into(),
+    match p.to_str().and_then(crate::io_port_spec).filter(|s| !s.is_live()) {
+        Some(file) => file.arg().into(),
         None => p.to_path_buf(),
     }
 }

@@ -76,13 +76,14 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
     let prepared = prepare(&cfg, &spec, traffic, a.run.strategy.symmetric_rss)?;
     let frames = frames_of(&prepared, sender_frame_room())?;
     let cores = cfg.cores;
-    // A DPDK port starts once per process: it is opened once and kept for every trial;
-    // AF_PACKET and AF_XDP ports are opened afresh per trial (their counters start at zero).
-    let dpdk = matches!(input, PortSpec::Dpdk(_))
+    // A port that starts once per process (DPDK) is opened once and kept for every trial;
+    // the others are opened afresh per trial (their counters start at zero).
+    let once = |s: &PortSpec| s.kind().caps.once_per_process;
+    let keep = once(&input)
         || std::iter::once(out.to_string_lossy().into_owned())
             .chain(a.run.outputs.ports.iter().cloned())
-            .any(|o| matches!(PortSpec::parse(&o), Ok(PortSpec::Dpdk(_))));
-    let kept = if dpdk { Some(open_all(&a, &input, cores)?) } else { None };
+            .any(|o| PortSpec::parse(&o).is_ok_and(|s| once(&s)));
+    let kept = if keep { Some(open_all(&a, &input, cores)?) } else { None };
     let names = match &kept {
         Some((i, o)) => (i.name(), o.iter().map(|p| p.name()).collect()),
         None => (

@@ -3,7 +3,7 @@
 //! (type, range, default, doc), from the registry's descriptors.
 
 use clap::Args;
-use flowplane_nf::registry::{find, KeyedBy, NfDescriptor, NFS};
+use flowplane_nf::registry::{find, KeyedBy, NfInfo, NFS};
 
 use crate::error::CliError;
 
@@ -17,7 +17,7 @@ pub struct NfsArgs {
 }
 
 pub fn run(a: NfsArgs) -> Result<(), CliError> {
-    let list: Vec<&NfDescriptor> = match &a.name {
+    let list: Vec<&NfInfo> = match &a.name {
         None => NFS.iter().collect(),
         Some(n) => vec![find(n).ok_or_else(|| {
             let known: Vec<&str> = NFS.iter().map(|k| k.name).collect();
@@ -36,7 +36,7 @@ pub fn run(a: NfsArgs) -> Result<(), CliError> {
 }
 
 /// One NF: `name  keyed by K  about`, then one indented line per parameter.
-fn describe(d: &NfDescriptor) -> String {
+fn describe(d: &NfInfo) -> String {
     let keyed = match d.keyed_by {
         KeyedBy::Stateless => "\u{2013} (stateless)".to_string(),
         k => k.describe(),

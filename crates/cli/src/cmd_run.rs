@@ -57,9 +57,8 @@ pub struct RunArgs {
 #[derive(clap::Args, Debug, Default)]
 #[command(next_help_heading = "Traffic")]
 pub struct TrafficArgs {
-    /// Trace to replay (pcap or pcapng; Ethernet, raw IP, Linux cooked, loopback, PPP, Cisco HDLC),
-    /// or a live port to run on until Ctrl-C: pcap:FILE | afpacket:IFACE | afxdp:IFACE[:QUEUE] | dpdk:PORT_OR_VDEV.
-    #[arg(long, short = 'i', conflicts_with = "gen")]
+    // The port kinds are the registry's (flowplane_io::port::PORTS; `flowplane ports` lists them).
+    #[arg(long, short = 'i', conflicts_with = "gen", help = input_help())]
     pub input: Option<PathBuf>,
     /// Generate the traffic in memory instead, with `flowplane gen` options
     /// (e.g. "--flows 1000 --packets 100000 --proto tcp").
@@ -108,7 +107,7 @@ pub struct OutputArgs {
 #[derive(clap::Args, Debug, Default)]
 #[command(next_help_heading = "Live ports and service")]
 pub struct LiveArgs {
-    /// Put live ports in promiscuous mode while they are open.
+    /// Put live ports in promiscuous mode while they are open (the kinds that take it: `flowplane ports`).
     #[arg(long)]
     pub promisc: bool,
     /// DPDK EAL arguments for dpdk: ports, as one string (default "--no-huge --no-pci -m 1024 --no-shconf").
@@ -483,6 +482,7 @@ pub fn run_cmd(mut a: RunArgs, cli: &[std::ffi::OsString]) -> Result<(), CliErro
         a.source = Some(crate::run_config::Source { path, cli: cli.to_vec(), values: m.values });
     }
     validate(&a)?;
+    check_port_options(&a)?;
     #[cfg(feature = "dpdk")]
     if let Some(e) = &a.live.eal {
         flowplane_io::port::dpdk::set_eal_args(e.split_whitespace().map(str::to_string).collect());
@@ -498,13 +498,14 @@ pub fn run_cmd(mut a: RunArgs, cli: &[std::ffi::OsString]) -> Result<(), CliErro
         }
         return crate::cmd_live::run(a, port);
     }
+    let live = flowplane_io::port::live_schemes();
     if a.live.metrics.is_some() {
-        return Err(CliError::new("--metrics serves a live run (--input afpacket:IFACE, ...)"));
+        return Err(CliError::new(format!("--metrics serves a live run (--input one of {live}...)")));
     }
     if a.live.ctl.is_some() {
-        return Err(CliError::new(
-            "--ctl serves a live run (--input afpacket:IFACE, ...); a replay runs to its end unattended",
-        ));
+        return Err(CliError::new(format!(
+            "--ctl serves a live run (--input one of {live}...); a replay runs to its end unattended"
+        )));
     }
     a.traffic.input = a.traffic.input.as_deref().map(crate::cmd_live::file_of);
     let demo = a.traffic.input.is_none() && a.traffic.gen.is_none();
@@ -520,19 +521,13 @@ pub fn run_cmd(mut a: RunArgs, cli: &[std::ffi::OsString]) -> Result<(), CliErro
         Some(path) => Input::File(path),
         None => Input::Generated(Box::new(parse_gen(a.traffic.gen.as_deref().unwrap_or(DEFAULT_GEN))?)),
     };
-    let is_live = |p: &str| crate::io_port_spec(p).is_some_and(|s| s.is_live());
-    let live_ports = a.outputs.ports.iter().filter(|p| is_live(port_arg(p).1)).count();
-    let live_out = a.outputs.output.as_ref().is_some_and(|p| is_live(&p.to_string_lossy())) || live_ports > 0;
-    if !live_out && (a.live.promisc || a.live.eal.is_some()) {
-        let opt = if a.live.promisc { "--promisc" } else { "--eal" };
-        return Err(CliError::new(format!(
-            "{opt} configures live ports (afpacket:, afxdp:, dpdk:); this run replays a trace and writes no port"
-        )));
-    }
     // Every destination is checked before the first packet: export files first
     // (creating the pcap truncates an existing one), then the output.
     let exports = crate::results::create_exports(&parse_exports(&a.outputs.export)?)?;
     let mut pcap_paths = Vec::new();
+    let is_live = |p: &str| crate::io_port_spec(p).is_some_and(|s| s.is_live());
+    let live_out = a.outputs.output.as_ref().is_some_and(|p| is_live(&p.to_string_lossy()))
+        || a.outputs.ports.iter().any(|p| is_live(port_arg(p).1));
     let output = match &a.outputs.output {
         Some(_) if live_out => {
             let (ports, files) = crate::cmd_live::output_ports(&a, cores, 0)?;
@@ -626,6 +621,45 @@ fn check_paced_length(cfg: &RunConfig, packets: u64) -> Result<(), CliError> {
         if secs > MAX_PACED_S {
             return Err(CliError::new(format!(
                 "--rate {rate}: {packets} packets x {loops} loop(s) would take {secs:.0} s (more than a day); raise the rate or give --duration"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `--input`'s help: a trace, or a port of a registered kind.
+fn input_help() -> String {
+    format!(
+        "Trace to replay (pcap or pcapng; Ethernet, raw IP, Linux cooked, loopback, PPP, Cisco HDLC), \
+         or a live port to run on until Ctrl-C: {} (`flowplane ports` lists them)",
+        flowplane_io::port::syntaxes()
+    )
+}
+
+/// The ports a run names: `--input`, `--output`, then each `--port` (malformed ones skipped:
+/// they are reported where they are opened).
+pub(crate) fn named_ports(a: &RunArgs) -> Vec<flowplane_io::port::PortSpec> {
+    let input = a.traffic.input.iter().chain(&a.outputs.output).map(|p| p.to_string_lossy().into_owned());
+    input
+        .chain(a.outputs.ports.iter().map(|p| port_arg(p).1.to_string()))
+        .filter_map(|p| crate::io_port_spec(&p))
+        .collect()
+}
+
+/// A port option (`--promisc`, `--eal`) acts only on the port kinds whose registry entry
+/// takes it: given to a run with no such port, it would change nothing, and is refused.
+pub(crate) fn check_port_options(a: &RunArgs) -> Result<(), CliError> {
+    let kinds: Vec<_> = named_ports(a).iter().map(|s| s.kind()).collect();
+    for (opt, given) in [("--promisc", a.live.promisc), ("--eal", a.live.eal.is_some())] {
+        if given && !kinds.iter().any(|k| k.caps.options.contains(&opt)) {
+            let takers: Vec<String> = flowplane_io::port::PORTS
+                .iter()
+                .filter(|k| k.caps.options.contains(&opt))
+                .map(|k| format!("{}:", k.name))
+                .collect();
+            return Err(CliError::new(format!(
+                "{opt} configures live ports ({}); no port of this run is one",
+                takers.join(", ")
             )));
         }
     }

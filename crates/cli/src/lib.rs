@@ -32,6 +32,7 @@ mod cmd_live;
 mod cmd_mlffr;
 mod cmd_mlffr_port;
 mod cmd_nfs;
+mod cmd_ports;
 mod cmd_run;
 mod cmd_scaling;
 mod cmd_scr;
@@ -74,6 +75,8 @@ enum Command {
     Run(cmd_run::RunArgs),
     /// List the NFs usable in chain specs: what each is keyed by, its parameters with type, range and default.
     Nfs(cmd_nfs::NfsArgs),
+    /// List the port kinds --input, --output and --port take: syntax, capabilities, built in or not.
+    Ports(cmd_ports::PortsArgs),
     /// Benchmarks: io, parse, table, pipeline.
     Bench(cmd_bench::BenchArgs),
     /// Maximum loss-free forwarding rate of one configuration (binary search of the paced rate).
@@ -115,6 +118,7 @@ where
         Command::Trace(a) => cmd_trace::run(a),
         Command::Run(a) => cmd_run::run_cmd(a, run_words),
         Command::Nfs(a) => cmd_nfs::run(a),
+        Command::Ports(a) => cmd_ports::run(a),
         Command::Bench(a) => cmd_bench::run(a),
         Command::Mlffr(a) => cmd_mlffr::run(a),
         Command::Upf(a) => cmd_upf::run(a),

@@ -7,7 +7,9 @@
 //! options that only change speed (prefetching, packing, pinning, pool
 //! size) are checked to leave every result as it was, each with the reason
 //! a replay cannot show more. Live-port behaviour is covered by the
-//! `ports_*` tests; here the live-only options must be refused on a replay.
+//! `ports_*` tests (`ports_matrix.rs`: every strategy on every port kind);
+//! here the live-only options must be refused on a replay, and each port
+//! option on a run without a port of a kind that takes it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -631,4 +633,81 @@ fn options_that_would_change_nothing_are_refused() {
     }
     // Refused before any file is created.
     assert!(!out.exists());
+}
+
+/// The options under `run --help`'s "Live ports and service" heading.
+fn live_options() -> BTreeSet<String> {
+    let o = Command::new(BIN).args(["run", "--help"]).output().expect("spawn flowplane");
+    let text = String::from_utf8_lossy(&o.stdout);
+    let section = text.split("\nLive ports and service:\n").nth(1).expect("the heading");
+    // Up to the next heading (a line that starts at the margin).
+    section
+        .lines()
+        .take_while(|l| l.is_empty() || l.starts_with(' '))
+        .map(str::trim_start)
+        .filter(|l| l.starts_with("--"))
+        .filter_map(|l| l.split([' ', ',']).next().map(str::to_string))
+        .collect()
+}
+
+/// `flowplane ports --json`: every registered port kind.
+fn port_kinds() -> Vec<Value> {
+    let o = Command::new(BIN).args(["ports", "--json"]).output().expect("spawn flowplane");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice::<Value>(&o.stdout).unwrap().as_array().cloned().unwrap()
+}
+
+/// A port of `kind` that names nothing on this machine, from its syntax (`afxdp:IFACE[:QUEUE]` -> `afxdp:fpnosuch0`).
+fn absent_port(kind: &Value) -> String {
+    let syntax = kind["syntax"].as_str().unwrap();
+    format!("{}:fpnosuch0", syntax.split(':').next().unwrap())
+}
+
+/// Issue 30: a port option acts only on the port kinds whose registry entry takes it
+/// (`flowplane ports`); on a run whose ports are all of other kinds it would change
+/// nothing, and is refused in one line before any port is opened. Walks every option
+/// under the live heading of `run --help` and every registered kind, so a new option
+/// or kind is covered (an option no kind takes must be one of the service options).
+#[test]
+fn port_options_act_only_on_the_kinds_that_take_them() {
+    let kinds = port_kinds();
+    assert!(kinds.len() >= 4, "{kinds:?}");
+    let taken: BTreeSet<String> = kinds
+        .iter()
+        .flat_map(|k| k["options"].as_array().unwrap().iter().map(|o| o.as_str().unwrap().to_string()))
+        .collect();
+    // Served by a live run whatever its ports (the walk above checks them refused on a replay).
+    let service: BTreeSet<String> = ["--metrics", "--ctl"].iter().map(|s| s.to_string()).collect();
+    let live = live_options();
+    assert!(live.contains("--promisc") && live.contains("--metrics") && !live.contains("--chain"), "{live:?}");
+    let unowned: Vec<_> = live.iter().filter(|o| !taken.contains(*o) && !service.contains(*o)).collect();
+    assert!(
+        unowned.is_empty(),
+        "live options no port kind takes (declare them in the kind's PortCaps::options): {unowned:?}"
+    );
+    assert!(taken.is_subset(&live), "kinds take options `run --help` does not list: {taken:?} vs {live:?}");
+    // Each option with a value for it, from the help's `--opt <VALUE>`.
+    let help =
+        String::from_utf8_lossy(&Command::new(BIN).args(["run", "--help"]).output().unwrap().stdout).into_owned();
+    let mut checked = 0;
+    for opt in &taken {
+        let with_value = help.lines().map(str::trim_start).any(|l| l.starts_with(&format!("{opt} <")));
+        for k in kinds.iter().filter(|k| k["live"] == true) {
+            let port = absent_port(k);
+            let mut args = vec!["run", "--input", &port, "--chain", "fsc", "--duration", "0.1", "--json", opt.as_str()];
+            if with_value {
+                args.push("x");
+            }
+            let r = Command::new(BIN).args(&args).output().unwrap();
+            let err = String::from_utf8_lossy(&r.stderr);
+            let takes = k["options"].as_array().unwrap().iter().any(|o| o == opt.as_str());
+            // Either way the run cannot start (no such port here): exit 2 in one line.
+            assert_eq!(r.status.code(), Some(2), "{args:?}: {err}");
+            assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+            let refused = err.contains(&format!("{opt} configures live ports"));
+            assert_eq!(refused, !takes, "{args:?}: {err}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 6, "{checked} option x kind pairs");
 }

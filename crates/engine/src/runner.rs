@@ -467,18 +467,17 @@ pub fn run_port(
     let steering = Arc::new(Steering::with_flow_slots(nw, &classifier, &[], flow_slots(strat.as_ref()))?);
     // A table on an AF_PACKET input (no spray, no sequencer): the kernel's fanout program steers,
     // no dispatcher core; moves follow the switch-time protocol of flowplane_io::steered.
-    let (steer, kernel) =
-        if steer == Steer::Dispatcher && delivery == Delivery::Table && live.input.name().starts_with("afpacket:") {
-            match kernel_steering(&classifier, &steering, moves, live) {
-                Ok(k) => (Steer::Kernel, Some(k)),
-                Err(why) => {
-                    notes.push(format!("kernel steering unavailable, a dispatcher core steers: {why}"));
-                    (steer, None)
-                }
+    let (steer, kernel) = if steer == Steer::Dispatcher && delivery == Delivery::Table && kernel_steerable(live) {
+        match kernel_steering(&classifier, &steering, moves, live) {
+            Ok(k) => (Steer::Kernel, Some(k)),
+            Err(why) => {
+                notes.push(format!("kernel steering unavailable, a dispatcher core steers: {why}"));
+                (steer, None)
             }
-        } else {
-            (steer, None)
-        };
+        }
+    } else {
+        (steer, None)
+    };
     let mut port = PortFeed {
         live,
         steer,
@@ -515,6 +514,11 @@ pub fn run_port(
         }
     };
     run_workers(cfg, spec, chains, Feed::Port(Box::new(port)), Output::Discard, nic, watch)
+}
+
+/// The input port's kind can steer its queues in the kernel (its registry entry says so).
+fn kernel_steerable(live: &Live) -> bool {
+    flowplane_io::port::PortSpec::parse(&live.input.name()).is_ok_and(|s| s.kind().caps.kernel_steering)
 }
 
 /// Loads the kernel steering program with the run's table (the classifier and RETA a

@@ -11,7 +11,7 @@
 //!   to workers by the run's table (spray, flow-director rules) where the port cannot.
 //! - [`steered`]: a worker's source on a queue the kernel steers by flowplane's
 //!   table (AF_PACKET fanout program), with RETA moves and state hand-over.
-//! - [`port`]: real ports (AF_PACKET; AF_XDP and DPDK named, not built yet)
+//! - [`port`]: real ports, a registry of kinds (`PORTS`: pcap, AF_PACKET, AF_XDP, DPDK)
 //!   behind the same [`Source`]/[`Sink`] traits.
 //!
 //! No `unsafe` outside [`cpu`] (the affinity system calls) and [`port`]

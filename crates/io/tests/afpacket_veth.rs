@@ -49,8 +49,10 @@ fn frame(i: u16) -> Vec<u8> {
 #[test]
 fn veth_round_trip_in_order_with_counters() {
     let v = Veth::new("p");
-    let rx_port = port::open(&PortSpec::AfPacket { iface: v.0.clone() }, 1, PortOptions::default()).unwrap();
-    let tx_port = port::open(&PortSpec::AfPacket { iface: v.1.clone() }, 1, PortOptions::default()).unwrap();
+    let rx_port =
+        port::open(&PortSpec::parse(&format!("afpacket:{}", v.0)).unwrap(), 1, PortOptions::default()).unwrap();
+    let tx_port =
+        port::open(&PortSpec::parse(&format!("afpacket:{}", v.1)).unwrap(), 1, PortOptions::default()).unwrap();
     let mut rxq = rx_port.open_rx(0).unwrap();
     let mut txq = tx_port.open_tx(0).unwrap();
     let mut pool = PacketPool::new(PoolConfig { buffers: 1024, ..Default::default() }).unwrap();
@@ -97,7 +99,7 @@ fn veth_round_trip_in_order_with_counters() {
 #[test]
 fn a_fanout_group_does_not_receive_its_own_transmissions() {
     let v = Veth::new("o");
-    let port = port::open(&PortSpec::AfPacket { iface: v.0.clone() }, 2, PortOptions::default()).unwrap();
+    let port = port::open(&PortSpec::parse(&format!("afpacket:{}", v.0)).unwrap(), 2, PortOptions::default()).unwrap();
     let mut rxs: Vec<_> = (0..2).map(|q| port.open_rx(q).unwrap()).collect();
     let mut txq = port.open_tx(0).unwrap();
     let mut pool = PacketPool::new(PoolConfig { buffers: 1024, ..Default::default() }).unwrap();

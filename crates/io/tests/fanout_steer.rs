@@ -181,7 +181,7 @@ fn round(frames: &[Vec<u8>], c: Classifier, with_rule: bool) {
     let rx_port =
         AfPacketPort::open("ksa", QUEUES, PortOptions::default()).unwrap().with_kernel_steering(steer.clone());
     let mut rxs: Vec<Box<dyn RxQueue>> = (0..QUEUES).map(|q| rx_port.open_rx(q).unwrap()).collect();
-    let tx_port = port::open(&PortSpec::AfPacket { iface: "ksb".into() }, 1, PortOptions::default()).unwrap();
+    let tx_port = port::open(&PortSpec::parse("afpacket:ksb").unwrap(), 1, PortOptions::default()).unwrap();
     let mut tx = tx_port.open_tx(0).unwrap();
 
     let got = send_and_collect(&mut *tx, &mut rxs, frames);

@@ -7,9 +7,9 @@
 //! programming model (declared flow granularity and state, add-on-miss
 //! default action, per-packet action) builds on the same trait.
 //!
-//! The NF library lives in `src/library/`, one file per NF; the build
-//! script registers every file there in the [`registry`], which creates NFs
-//! by name from a chain spec. Each NF declares its parameters once
+//! The NF library lives in `src/library/`, one file per NF, each named on
+//! one line of the library's `nfs!` table; the [`registry`] creates NFs by
+//! name from a chain spec. Each NF declares its parameters once
 //! ([`ParamSpec`]); parsing and `flowplane nfs` read that declaration.
 //! Frame builders and a one-NF harness for tests are in `testutil`
 //! (cargo feature `testutil`).
@@ -35,7 +35,7 @@ use serde::Serialize;
 pub use param_spec::{ParamKind, ParamSpec};
 pub use params::{human_bytes, mem_available, read_text_file, ParamError, Params, MAX_FILE_BYTES};
 pub use pkt::{Pkt, PktMeta};
-pub use registry::{KeyedBy, NfDescriptor, NfSink};
+pub use registry::{KeyedBy, NfInfo, NfSink};
 pub use report::Export;
 pub use stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
 

@@ -5,7 +5,7 @@
 //! its descriptor says, and each declared default, written out, is accepted.
 
 use bytemuck::Zeroable;
-use flowplane_nf::registry::{build_with, KeyedBy, NfDescriptor, NfSink, NFS};
+use flowplane_nf::registry::{build_with, KeyedBy, NfInfo, NfSink, NFS};
 use flowplane_nf::testutil::{tcp4, udp4};
 use flowplane_nf::{Granularity, Nf, NfContext, Params, Pkt, PktMeta, StatefulNf};
 use flowplane_packet::{Batch, PacketPool, PoolConfig};
@@ -179,7 +179,7 @@ fn declared_defaults_parse_and_every_declared_parameter_is_read() {
 /// `flowplane nfs` and the docs show what `NFS` holds: spot-check the declarations against the behaviour.
 #[test]
 fn descriptors_describe_the_nfs() {
-    let d = |n: &str| -> &'static NfDescriptor { NFS.iter().find(|k| k.name == n).unwrap() };
+    let d = |n: &str| -> &'static NfInfo { NFS.iter().find(|k| k.name == n).unwrap() };
     assert_eq!(d("forward").keyed_by, KeyedBy::Stateless);
     assert_eq!(d("srcctr").keyed_by.describe(), "src-ip");
     assert_eq!(d("policer").keyed_by.describe(), "dst-ip");

@@ -1024,9 +1024,20 @@ pub struct Veth(pub String);
 
 impl Veth {
     pub fn new(tag: &str) -> Veth {
+        Veth::with_queues(tag, 1)
+    }
+    /// As `new`, with `queues` RX and TX queues on both ends (AF_XDP binds one socket per queue).
+    pub fn with_queues(tag: &str, queues: usize) -> Veth {
         let v = Veth(format!("fl{tag}{}", std::process::id() % 100_000));
+        let q = queues.to_string();
+        let qs = ["numrxqueues", q.as_str(), "numtxqueues", q.as_str()];
         let _ = sh(&["ip", "link", "del", &v.0]);
-        must(&["ip", "link", "add", &v.0, "type", "veth", "peer", "name", &v.peer()]);
+        let peer = v.peer();
+        let mut args = vec!["ip", "link", "add", v.0.as_str()];
+        args.extend(qs);
+        args.extend(["type", "veth", "peer", "name", peer.as_str()]);
+        args.extend(qs);
+        must(&args);
         for i in [&v.0, &v.peer()] {
             let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{i}/disable_ipv6"), "1");
             must(&["ip", "link", "set", i, "up"]);

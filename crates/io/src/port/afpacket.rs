@@ -31,7 +31,25 @@ use std::sync::{Arc, Mutex};
 use flowplane_packet::{Batch, PacketPool, Verdict, MAX_BATCH};
 
 use super::fanout_steer::KernelSteer;
-use super::{LinkWatch, Port, PortError, PortOptions, QueueCounters, RxQueue, TxQueue};
+use super::{iface_arg, LinkWatch, Port, PortCaps, PortError, PortInfo, PortOptions, PortSpec, QueueCounters, RxQueue, TxQueue};
+
+/// Registration (see [`super::PORTS`]).
+pub const INFO: PortInfo = PortInfo {
+    name: "afpacket",
+    syntax: "afpacket:IFACE",
+    about: "a Linux interface through AF_PACKET (TPACKET_V3 ring and fanout per queue, sendmmsg)",
+    caps: PortCaps {
+        live: true,
+        kernel_steering: true,
+        peer: true,
+        once_per_process: false,
+        needs_root: true,
+        options: &["--promisc"],
+        missing: None,
+    },
+    parse: iface_arg,
+    open: |spec: &PortSpec, queues, opts| Ok(Arc::new(AfPacketPort::open(spec.arg(), queues, opts)?)),
+};
 
 const TPACKET_V3: libc::c_int = 2;
 

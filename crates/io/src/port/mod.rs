@@ -1,7 +1,17 @@
-//! Real ports: one abstraction over every backend (AF_PACKET, AF_XDP where
-//! libxdp was found at build time; DPDK plugs in behind the same traits), named the same way everywhere:
-//! `pcap:FILE | afpacket:IFACE | afxdp:IFACE[:QUEUE] | dpdk:PORT_OR_VDEV`
-//! (a bare path is a pcap file).
+//! Real ports: one abstraction over every backend, named the same way
+//! everywhere as `KIND:ARGS` (a bare path is a pcap file).
+//!
+//! The kinds are a registry, [`PORTS`]: one file (or directory) per kind in
+//! this directory exporting its registration `pub const INFO: PortInfo` —
+//! its syntax, how its arguments parse, its capabilities ([`PortCaps`]:
+//! live or a file, kernel steering, peer, once per process, root, the run
+//! options it takes, or why this binary lacks it) and its constructor — and
+//! one name on the `ports!(...)` line, the same descriptor-table style as
+//! the strategies, executors and NFs. Nothing else names a kind: the CLI and
+//! the runner parse specs and read capabilities through the registry.
+//! Kinds: `pcap:FILE`, `afpacket:IFACE`, `afxdp:IFACE[:QUEUE]` (where libxdp
+//! was found at build time), `dpdk:PORT_OR_VDEV` (the `dpdk` feature);
+//! `flowplane ports` lists them.
 //!
 //! A [`Port`] is opened once for N queues (one RX/TX queue pair per worker);
 //! each worker opens its own [`RxQueue`] and [`TxQueue`] on its own thread.
@@ -19,24 +29,19 @@
 //! The system calls and the mmap'ed rings are this module's `unsafe`, each
 //! block with its `// SAFETY:` argument.
 
-pub mod afpacket;
-#[cfg(fp_afxdp)]
-pub mod afxdp;
-#[cfg(feature = "dpdk")]
-pub mod dpdk;
 pub mod fanout_steer;
 pub mod link;
 pub mod netns;
 pub mod peer;
 
 use std::fmt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use flowplane_packet::{Batch, PacketPool, Verdict, DROP};
 
 pub use link::{LinkState, LinkStats, LinkWatch};
+pub use pcap::PcapPort;
 
 /// Detaches the XDP programs this process attached (none without AF_XDP support): for an
 /// exit that skips the ports' destructors (ports dropped after it block). Returns how many
@@ -52,83 +57,145 @@ pub fn release_xdp_programs() -> usize {
     }
 }
 
-use crate::sink::SharedPcapWriter;
 use crate::{Rx, RxStats, Sink, Source, TxCounters};
 
-/// How a port is named on the command line.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PortSpec {
-    /// A pcap/pcapng file (`pcap:FILE` or a bare path).
-    Pcap(PathBuf),
-    /// A Linux interface through AF_PACKET (TPACKET_V3 RX ring, sendmmsg TX).
-    AfPacket {
-        /// Interface name.
-        iface: String,
-    },
-    /// A Linux interface queue through AF_XDP.
-    AfXdp {
-        /// Interface name.
-        iface: String,
-        /// First queue (worker i uses queue + i).
-        queue: u32,
-    },
-    /// A DPDK port id or vdev string.
-    Dpdk(String),
+/// Declares the registry: each port kind's module and its descriptor, in listing order.
+macro_rules! ports {
+    ($($name:ident),+ $(,)?) => {
+        $(pub mod $name;)+
+        /// Every port kind, by the scheme before the first ':' of its name; a
+        /// name without a registered scheme is a path of the first (`pcap`).
+        pub static PORTS: &[PortInfo] = &[$($name::INFO),+];
+    };
+}
+
+// The registry: one file (or directory) per port kind in this directory, named here.
+ports!(pcap, afpacket, afxdp, dpdk);
+
+/// A registered port kind: how its name is written and parsed, what it can
+/// do, and how it opens. The runtime and the CLI ask these, never a kind's name.
+#[derive(Debug)]
+pub struct PortInfo {
+    /// The scheme: `NAME:ARGS`.
+    pub name: &'static str,
+    /// How a port of this kind is written (help texts).
+    pub syntax: &'static str,
+    /// One line for listings.
+    pub about: &'static str,
+    /// What it can do.
+    pub caps: PortCaps,
+    /// Checks the arguments after `NAME:` and returns them as the port is
+    /// shown (the one-line reason when malformed).
+    pub parse: fn(&str) -> Result<String, String>,
+    /// Opens a live port of this kind for N queue pairs.
+    pub open: OpenFn,
+}
+
+/// A kind's constructor: the port named by the spec, for N queue pairs.
+pub type OpenFn = fn(&PortSpec, usize, PortOptions) -> Result<Arc<dyn Port>, PortError>;
+
+/// What a port kind can do; every check and refusal about ports reads these.
+#[derive(Clone, Copy, Debug)]
+pub struct PortCaps {
+    /// A live port (opened, polled until stopped); false: a file, replayed
+    /// as input or written as output.
+    pub live: bool,
+    /// Its receive queues can be steered in the kernel (AF_PACKET's fanout
+    /// program, [`fanout_steer`]): a table needs no dispatcher core.
+    pub kernel_steering: bool,
+    /// A Linux interface: it can be a sender or receiver peer, opened in a
+    /// network namespace ([`peer`], `flowplane mlffr --send/--recv`).
+    pub peer: bool,
+    /// The device starts once per process (DPDK's EAL): opened once and kept
+    /// for every trial of a search.
+    pub once_per_process: bool,
+    /// Opening it needs root (CAP_NET_RAW / CAP_NET_ADMIN / CAP_BPF).
+    pub needs_root: bool,
+    /// The port options of `flowplane run` it acts on (`--promisc`, `--eal`):
+    /// one given to a run without a port that takes it is refused.
+    pub options: &'static [&'static str],
+    /// Not built into this binary: why (one line).
+    pub missing: Option<&'static str>,
+}
+
+/// The port kind named `name` (the scheme, without ':').
+pub fn kind(name: &str) -> Option<&'static PortInfo> {
+    PORTS.iter().find(|k| k.name == name)
+}
+
+/// The live kinds' schemes, for messages: `afpacket:, afxdp:, dpdk:`.
+pub fn live_schemes() -> String {
+    PORTS.iter().filter(|k| k.caps.live).map(|k| format!("{}:", k.name)).collect::<Vec<_>>().join(", ")
+}
+
+/// The syntax of every kind, for help texts: `pcap:FILE | afpacket:IFACE | ...`.
+pub fn syntaxes() -> String {
+    PORTS.iter().map(|k| k.syntax).collect::<Vec<_>>().join(" | ")
+}
+
+/// An interface name argument (`afpacket:IFACE`, `afxdp:IFACE`).
+pub(crate) fn iface_arg(name: &str) -> Result<String, String> {
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(['/', ' ', ':']) {
+        return Err("expected an interface name (1-15 characters, no '/', ':' or space)".into());
+    }
+    Ok(name.to_string())
+}
+
+/// A port as named on the command line: its kind and its arguments (as the
+/// kind's `parse` wrote them back).
+#[derive(Clone)]
+pub struct PortSpec {
+    kind: &'static PortInfo,
+    arg: String,
 }
 
 impl PortSpec {
-    /// Parses `pcap:FILE | afpacket:IFACE | afxdp:IFACE[:QUEUE] | dpdk:PORT_OR_VDEV`; anything
-    /// without a known scheme is a pcap file path.
+    /// Parses `KIND:ARGS` for a registered kind ([`PORTS`]); anything
+    /// without a registered scheme is a pcap file path.
     pub fn parse(s: &str) -> Result<PortSpec, PortError> {
-        let bad = |why: &str| PortError::Spec(format!("{s}: {why}"));
-        let iface = |name: &str| -> Result<String, PortError> {
-            if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(['/', ' ', ':']) {
-                return Err(bad("expected an interface name (1-15 characters, no '/', ':' or space)"));
-            }
-            Ok(name.to_string())
+        let known = s.split_once(':').and_then(|(scheme, rest)| Some((kind(scheme)?, rest)));
+        let (kind, rest) = match known {
+            Some(k) => k,
+            None if s.is_empty() => return Err(PortError::Spec(format!("{s}: empty port"))),
+            None => return Ok(PortSpec { kind: &PORTS[0], arg: s.to_string() }),
         };
-        if let Some(rest) = s.strip_prefix("pcap:") {
-            if rest.is_empty() {
-                return Err(bad("expected pcap:FILE"));
-            }
-            return Ok(PortSpec::Pcap(PathBuf::from(rest)));
-        }
-        if let Some(rest) = s.strip_prefix("afpacket:") {
-            return Ok(PortSpec::AfPacket { iface: iface(rest)? });
-        }
-        if let Some(rest) = s.strip_prefix("afxdp:") {
-            let (name, q) = match rest.split_once(':') {
-                Some((n, q)) => (n, q.parse::<u32>().map_err(|_| bad("queue must be a number"))?),
-                None => (rest, 0),
-            };
-            return Ok(PortSpec::AfXdp { iface: iface(name)?, queue: q });
-        }
-        if let Some(rest) = s.strip_prefix("dpdk:") {
-            if rest.is_empty() {
-                return Err(bad("expected dpdk:PORT_ID or dpdk:VDEV"));
-            }
-            return Ok(PortSpec::Dpdk(rest.to_string()));
-        }
-        if s.is_empty() {
-            return Err(bad("empty port"));
-        }
-        Ok(PortSpec::Pcap(PathBuf::from(s)))
+        let arg = (kind.parse)(rest).map_err(|why| PortError::Spec(format!("{s}: {why}")))?;
+        Ok(PortSpec { kind, arg })
+    }
+
+    /// Its kind.
+    pub fn kind(&self) -> &'static PortInfo {
+        self.kind
+    }
+
+    /// Its arguments (after `KIND:`): a file path, an interface, a device.
+    pub fn arg(&self) -> &str {
+        &self.arg
     }
 
     /// True for a live port (not a file).
     pub fn is_live(&self) -> bool {
-        !matches!(self, PortSpec::Pcap(_))
+        self.kind.caps.live
+    }
+}
+
+impl PartialEq for PortSpec {
+    fn eq(&self, o: &Self) -> bool {
+        self.kind.name == o.kind.name && self.arg == o.arg
+    }
+}
+
+impl Eq for PortSpec {}
+
+impl fmt::Debug for PortSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PortSpec({self})")
     }
 }
 
 impl fmt::Display for PortSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PortSpec::Pcap(p) => write!(f, "pcap:{}", p.display()),
-            PortSpec::AfPacket { iface } => write!(f, "afpacket:{iface}"),
-            PortSpec::AfXdp { iface, queue } => write!(f, "afxdp:{iface}:{queue}"),
-            PortSpec::Dpdk(d) => write!(f, "dpdk:{d}"),
-        }
+        write!(f, "{}:{}", self.kind.name, self.arg)
     }
 }
 
@@ -465,99 +532,9 @@ impl Sink for PortSink {
     }
 }
 
-/// A pcap file as an output port (a live input's packets written with
-/// their receive times after `base_ns`).
-pub struct PcapPort {
-    path: String,
-    writer: SharedPcapWriter,
-    base_ns: u64,
-    counters: Vec<Arc<QueueCounters>>,
-}
-
-impl PcapPort {
-    /// An output port over `writer` for `queues` workers; packet time 0 is `base_ns` (ns since the epoch).
-    pub fn new(path: &str, writer: SharedPcapWriter, base_ns: u64, queues: usize) -> Self {
-        PcapPort {
-            path: path.to_string(),
-            writer,
-            base_ns,
-            counters: (0..queues).map(|_| Arc::new(QueueCounters::default())).collect(),
-        }
-    }
-}
-
-impl Port for PcapPort {
-    fn name(&self) -> String {
-        format!("pcap:{}", self.path)
-    }
-
-    fn queues(&self) -> usize {
-        self.counters.len()
-    }
-
-    fn open_rx(&self, _q: usize) -> Result<Box<dyn RxQueue>, PortError> {
-        Err(PortError::Unsupported(format!("pcap:{}: an output file cannot be received from", self.path)))
-    }
-
-    fn open_tx(&self, _q: usize) -> Result<Box<dyn TxQueue>, PortError> {
-        Ok(Box::new(PcapTx { writer: self.writer.clone(), base_ns: self.base_ns }))
-    }
-
-    fn counters(&self) -> &[Arc<QueueCounters>] {
-        &self.counters
-    }
-}
-
-/// A worker's handle on a shared pcap output: one lock per batch.
-struct PcapTx {
-    writer: SharedPcapWriter,
-    base_ns: u64,
-}
-
-impl TxQueue for PcapTx {
-    fn tx_batch(&mut self, batch: &Batch, port: Verdict) -> (u64, u64, u64) {
-        let (mut sent, mut bytes, mut lost) = (0, 0, 0);
-        let Ok(mut w) = self.writer.lock() else {
-            return (0, 0, batch.verdicts().iter().filter(|&&v| v == port).count() as u64);
-        };
-        for (i, &v) in batch.verdicts().iter().enumerate() {
-            if v != port {
-                continue;
-            }
-            let d = batch.data(i);
-            match w.write_packet(self.base_ns.saturating_add(batch.timestamps()[i]), d, d.len() as u32) {
-                Ok(()) => {
-                    sent += 1;
-                    bytes += d.len() as u64;
-                }
-                Err(_) => lost += 1,
-            }
-        }
-        (sent, bytes, lost)
-    }
-}
-
-/// Opens a live port for `queues` queue pairs.
+/// Opens a live port for `queues` queue pairs (its kind's constructor).
 pub fn open(spec: &PortSpec, queues: usize, opts: PortOptions) -> Result<Arc<dyn Port>, PortError> {
-    match spec {
-        PortSpec::AfPacket { iface } => Ok(Arc::new(afpacket::AfPacketPort::open(iface, queues, opts)?)),
-        #[cfg(fp_afxdp)]
-        PortSpec::AfXdp { iface, queue } => Ok(Arc::new(afxdp::AfXdpPort::open(iface, *queue, queues, opts)?)),
-        #[cfg(not(fp_afxdp))]
-        PortSpec::AfXdp { .. } => Err(PortError::Unsupported(format!(
-            "{spec}: AF_XDP is not built into this binary (build with libxdp-dev and libbpf-dev installed)"
-        ))),
-        #[cfg(feature = "dpdk")]
-        PortSpec::Dpdk(d) => Ok(Arc::new(dpdk::DpdkPort::open(d, queues, opts)?)),
-        #[cfg(not(feature = "dpdk"))]
-        PortSpec::Dpdk(_) => Err(PortError::Unsupported(format!(
-            "{spec}: DPDK ports are not built into this binary (build with --features dpdk and libdpdk-dev)"
-        ))),
-        PortSpec::Pcap(p) => Err(PortError::Unsupported(format!(
-            "{}: a pcap file is replayed or written, not opened as a live port",
-            p.display()
-        ))),
-    }
+    (spec.kind.open)(spec, queues, opts)
 }
 
 #[cfg(test)]
@@ -566,24 +543,53 @@ mod tests {
 
     #[test]
     fn names() {
-        assert_eq!(PortSpec::parse("t.pcap").unwrap(), PortSpec::Pcap("t.pcap".into()));
-        assert_eq!(PortSpec::parse("pcap:a:b.pcap").unwrap(), PortSpec::Pcap("a:b.pcap".into()));
-        assert_eq!(PortSpec::parse("afpacket:veth0").unwrap(), PortSpec::AfPacket { iface: "veth0".into() });
-        assert_eq!(PortSpec::parse("afxdp:eth1:3").unwrap(), PortSpec::AfXdp { iface: "eth1".into(), queue: 3 });
-        assert_eq!(PortSpec::parse("afxdp:eth1").unwrap(), PortSpec::AfXdp { iface: "eth1".into(), queue: 0 });
-        assert_eq!(PortSpec::parse("dpdk:net_null0").unwrap(), PortSpec::Dpdk("net_null0".into()));
+        let p = |s: &str| PortSpec::parse(s).unwrap();
+        let is = |s: &str, kind: &str, arg: &str| {
+            let spec = p(s);
+            assert_eq!((spec.kind().name, spec.arg()), (kind, arg), "{s}");
+        };
+        is("t.pcap", "pcap", "t.pcap");
+        is("pcap:a:b.pcap", "pcap", "a:b.pcap");
+        is("a:b.pcap", "pcap", "a:b.pcap");
+        is("afpacket:veth0", "afpacket", "veth0");
+        is("afxdp:eth1:3", "afxdp", "eth1:3");
+        is("afxdp:eth1", "afxdp", "eth1:0");
+        is("dpdk:net_null0", "dpdk", "net_null0");
         for bad in ["afpacket:", "afpacket:a/b", "afpacket:0123456789abcdef", "afxdp:eth0:x", "dpdk:", "pcap:", ""] {
-            assert!(PortSpec::parse(bad).is_err(), "{bad}");
+            let e = PortSpec::parse(bad).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("port {bad}: ")) && !e.contains('\n'), "{bad}: {e}");
         }
-        assert!(PortSpec::parse("afpacket:lo").unwrap().is_live());
-        assert!(!PortSpec::parse("x.pcap").unwrap().is_live());
-        assert_eq!(PortSpec::parse("afxdp:eth1:3").unwrap().to_string(), "afxdp:eth1:3");
+        assert!(p("afpacket:lo").is_live());
+        assert!(!p("x.pcap").is_live());
+        assert_eq!(p("afxdp:eth1:3").to_string(), "afxdp:eth1:3");
+        assert_eq!(p("x.pcap").to_string(), "pcap:x.pcap");
+        assert_eq!(p("afxdp:eth1"), p("afxdp:eth1:0"));
+    }
+
+    #[test]
+    fn the_registry_names_each_kind_once_and_parses_its_own_syntax() {
+        assert_eq!(PORTS.iter().map(|k| k.name).collect::<Vec<_>>(), ["pcap", "afpacket", "afxdp", "dpdk"]);
+        for k in PORTS {
+            assert_eq!(kind(k.name).map(|x| x.name), Some(k.name));
+            assert!(k.syntax.starts_with(&format!("{}:", k.name)), "{}", k.syntax);
+            assert!(!k.about.is_empty() && !k.about.contains('\n'), "{}: one-line about", k.name);
+            // The syntax's placeholder, written as a value, names a port of this kind.
+            let example = k.syntax.split('[').next().unwrap_or(k.syntax).replace(char::is_uppercase, "x");
+            assert_eq!(PortSpec::parse(&example).unwrap().kind().name, k.name, "{example}");
+            if let Some(why) = k.caps.missing {
+                let e = open(&PortSpec::parse(&example).unwrap(), 1, PortOptions::default()).err().unwrap();
+                assert!(e.to_string().ends_with(why), "{e}");
+            }
+        }
+        assert_eq!(live_schemes(), "afpacket:, afxdp:, dpdk:");
+        assert!(kind("nope").is_none());
     }
 
     #[test]
     fn unknown_interface_is_an_error_not_a_panic() {
-        let e = open(&PortSpec::AfPacket { iface: "fp-nosuch0".into() }, 1, PortOptions::default());
+        let e = open(&PortSpec::parse("afpacket:fp-nosuch0").unwrap(), 1, PortOptions::default());
         assert!(e.is_err());
-        assert!(open(&PortSpec::Dpdk("0".into()), 1, PortOptions::default()).is_err());
+        assert!(open(&PortSpec::parse("dpdk:0").unwrap(), 1, PortOptions::default()).is_err());
+        assert!(open(&PortSpec::parse("x.pcap").unwrap(), 1, PortOptions::default()).is_err());
     }
 }

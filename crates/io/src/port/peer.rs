@@ -56,8 +56,9 @@ impl PeerSpec {
             None => (s, None),
         };
         let port = PortSpec::parse(p)?;
-        if !matches!(port, PortSpec::AfPacket { .. } | PortSpec::AfXdp { .. }) {
-            return Err(PortError::Spec(format!("{s}: a peer is afpacket:IFACE or afxdp:IFACE (with @NETNS)")));
+        if !port.kind().caps.peer {
+            let peers: Vec<&str> = super::PORTS.iter().filter(|k| k.caps.peer).map(|k| k.syntax).collect();
+            return Err(PortError::Spec(format!("{s}: a peer is {} (with @NETNS)", peers.join(" or "))));
         }
         Ok(PeerSpec { port, netns: ns })
     }
@@ -427,11 +428,11 @@ mod tests {
     #[test]
     fn peer_names() {
         let p = PeerSpec::parse("afpacket:v0@fpA1").unwrap();
-        assert_eq!(p.port, PortSpec::AfPacket { iface: "v0".into() });
+        assert_eq!(p.port, PortSpec::parse("afpacket:v0").unwrap());
         assert_eq!(p.netns.as_deref(), Some("fpA1"));
         assert_eq!(p.to_string(), "afpacket:v0@fpA1");
         let p = PeerSpec::parse("afxdp:v0:1").unwrap();
-        assert_eq!((p.port, p.netns), (PortSpec::AfXdp { iface: "v0".into(), queue: 1 }, None));
+        assert_eq!((p.port, p.netns), (PortSpec::parse("afxdp:v0:1").unwrap(), None));
         for bad in ["afpacket:v0@", "x.pcap", "dpdk:net_null0@ns", "afpacket:@ns"] {
             assert!(PeerSpec::parse(bad).is_err(), "{bad}");
         }

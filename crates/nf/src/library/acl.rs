@@ -40,7 +40,7 @@ use flowplane_wire::prefix::{ip_bits, IpPrefix, PortRange};
 use serde_json::json;
 
 use crate::pkt::Pkt;
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::{merge_keeping, merge_rows};
 use crate::stateful::{Action, Affinity, Cursor, GlobalState, Granularity, Placement, StatefulNf, Step};
 use crate::{NfContext, ParamError, ParamSpec, Params};
@@ -61,8 +61,8 @@ const DEFAULT: ParamSpec =
     ParamSpec::choice("default", "allow", &["allow", "drop"], "verdict when no rule matches, and for non-IP packets")
         .live();
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "acl",
     about:
         "stateful ACL: ordered rules (proto, v4/v6 prefixes, port ranges), first match wins, verdict cached per flow",
@@ -418,7 +418,7 @@ impl StatefulNf for Acl {
     const STEPS: bool = true;
 
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     /// Per-flow state whose updates commute (the verdict is a function of the flow's first packet; counters add up): correct from any

@@ -42,7 +42,7 @@ use flowplane_table::{FibHash, FixedMap};
 use flowplane_wire::frame::PktMeta;
 use serde_json::{json, Value};
 
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::{Affinity, GlobalState, Nf, NfContext, NfCounters, ParamError, ParamSpec, Params, Placement};
 
 const PORT: ParamSpec = ParamSpec::uint("port", 38412, 1, 65535, "UDP port the AMF messages are sent to");
@@ -56,8 +56,8 @@ const MODE: ParamSpec = ParamSpec::choice(
     "staged: prefetch the lines each action touches; all: every line; rtc: none",
 );
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "amf",
     about: "AMF-like NF: 24-cache-line UE contexts, registration/service/PDU session/handover/deregistration messages over UDP",
     keyed_by: KeyedBy::Stateless,
@@ -374,7 +374,7 @@ impl Amf {
 
 impl Nf for Amf {
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     fn process(&mut self, batch: &mut Batch, range: std::ops::Range<usize>, _ctx: &NfContext) {

@@ -11,15 +11,15 @@ use flowplane_wire::scr::{ScrFields, ScrRecord};
 use serde_json::json;
 
 use crate::pkt::Pkt;
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::merge_keeping;
 use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const ITERS: ParamSpec = ParamSpec::uint("iters", 0, 0, 1_000_000, "rounds of dependent arithmetic per packet");
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "burn",
     about: "tunable compute per packet (N dependent multiply-xor rounds on a per-source word): SCR's Fig. 9 program",
     keyed_by: KeyedBy::Fixed(Granularity::SrcIp),
@@ -61,7 +61,7 @@ impl StatefulNf for Burn {
     type State = BurnState;
 
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     fn granularity(&self) -> Granularity {

@@ -67,7 +67,7 @@ use flowplane_wire::scr::{ScrFields, ScrRecord};
 use serde_json::json;
 
 use crate::pkt::Pkt;
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::merge_keeping;
 use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
@@ -85,8 +85,8 @@ const WINDOW: ParamSpec = ParamSpec::uint(
     "largest receive window assumed, bytes: how far a segment may lie from the tracked sequence space",
 );
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "conntrack",
     about: "TCP connection tracker (SCR Table 1): handshake, seq/ack, FIN/RST state machine in both directions",
     keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
@@ -418,7 +418,7 @@ impl StatefulNf for Conntrack {
     type State = CtFlow;
 
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     fn placement(&self) -> Placement {

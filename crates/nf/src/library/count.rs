@@ -3,13 +3,13 @@
 
 use flowplane_packet::{Batch, DROP};
 
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::Export;
 use crate::{Nf, NfContext, NfCounters, ParamError, Params};
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor =
-    NfDescriptor { name: "count", about: "count packets and bytes", keyed_by: KeyedBy::Stateless, params: &[] };
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo =
+    NfInfo { name: "count", about: "count packets and bytes", keyed_by: KeyedBy::Stateless, params: &[] };
 
 /// Builds `count` and hands it to `sink`.
 pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
@@ -31,7 +31,7 @@ impl Count {
 
 impl Nf for Count {
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     #[inline]

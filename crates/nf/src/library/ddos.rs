@@ -22,7 +22,7 @@ use flowplane_wire::flow::FiveTuple;
 use serde_json::json;
 
 use crate::pkt::Pkt;
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::{merge_keeping, Export};
 use crate::stateful::{
     Action, Affinity, GlobalState, Granularity, Placement, ScrFields, ScrRecord, ScrRun, StatefulNf,
@@ -33,8 +33,8 @@ const WINDOW: ParamSpec = ParamSpec::float("window", 1.0, 0.001, 86_400.0, "wind
 const THRESHOLD: ParamSpec =
     ParamSpec::uint("threshold", 10_000, 1, 1_000_000_000_000, "packets allowed per source per window").live();
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "ddos",
     about: "DDoS mitigator: packets per source IP per window, drop the source over the threshold",
     keyed_by: KeyedBy::Fixed(Granularity::SrcIp),
@@ -123,7 +123,7 @@ impl StatefulNf for Ddos {
     type State = DdosState;
 
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     /// A new window or threshold between two batches: sources keep their

@@ -2,13 +2,13 @@
 
 use flowplane_packet::{Batch, DROP};
 
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::{Nf, NfContext, NfCounters, ParamError, ParamSpec, Params};
 
 const PORT: ParamSpec = ParamSpec::uint("port", 0, 0, (DROP - 1) as u64, "output port");
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "forward",
     about: "send every packet to an output port (I/O baseline)",
     keyed_by: KeyedBy::Stateless,
@@ -37,7 +37,7 @@ impl Forward {
 
 impl Nf for Forward {
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     #[inline]

@@ -10,14 +10,14 @@ use flowplane_wire::flow::FiveTuple;
 use serde_json::json;
 
 use crate::pkt::Pkt;
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::Export;
 use crate::stateful::Granularity;
 use crate::stateful::{Action, Affinity, GlobalState, Placement, StatefulNf};
 use crate::{NfContext, ParamError, Params};
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "fsc",
     about: "flow statistics counter: packets, bytes, first/last seen per 5-tuple (exportable)",
     keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
@@ -61,7 +61,7 @@ impl StatefulNf for Fsc {
     type State = FscState;
 
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     /// Per-flow state whose updates commute (counters add up and first/last seen are kept as extremes): correct from any

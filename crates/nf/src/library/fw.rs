@@ -85,7 +85,7 @@ use flowplane_wire::tcp::{TcpFlags, TcpOption};
 use serde_json::json;
 
 use crate::pkt::Pkt;
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::merge_keeping;
 use crate::stateful::{
     is_idle, touched, Action, Affinity, Cursor, GlobalState, Granularity, Placement, StatefulNf, Step,
@@ -99,8 +99,8 @@ const TIMEOUT: ParamSpec = ParamSpec::uint("timeout", 300, 1, 30 * 86_400, "idle
 const CONNS: ParamSpec =
     ParamSpec::uint("conns", 1 << 20, 1, MAX_CONNS, "connection table capacity per core").allocates(168);
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "fw",
     about:
         "stateful firewall: TCP connection tracking (handshake, seq/ack windows, FIN/RST teardown), related UDP/ICMP",
@@ -810,7 +810,7 @@ impl StatefulNf for Fw {
     const STEPS: bool = true;
 
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     fn placement(&self) -> Placement {

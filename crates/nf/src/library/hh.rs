@@ -22,7 +22,7 @@ use flowplane_wire::flow::FiveTuple;
 use serde_json::{json, Value};
 
 use crate::pkt::Pkt;
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::{merge_keeping, Export};
 use crate::stateful::Granularity;
 use crate::stateful::{Action, Affinity, GlobalState, Placement, ScrFields, ScrRecord, StatefulNf};
@@ -39,8 +39,8 @@ const EXPORT: ParamSpec = ParamSpec::choice(
 )
 .live();
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "hh",
     about: "heavy-hitter monitor: bytes/packets per 5-tuple, reports the top-k flows (exportable)",
     keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
@@ -161,7 +161,7 @@ impl StatefulNf for Hh {
     type State = HhState;
 
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     /// Per-flow state whose updates commute (counters add up; the merged top-k keeps each flow's latest counts): correct from any

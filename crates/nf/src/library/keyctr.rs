@@ -17,7 +17,7 @@ use flowplane_wire::flow::{CustomKey, FieldSet, FiveTuple};
 use serde_json::{json, Map, Value};
 
 use crate::pkt::Pkt;
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::Export;
 use crate::stateful::{Action, Granularity, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
@@ -29,8 +29,8 @@ const KEY: ParamSpec = ParamSpec::text(
     "src_ip|dst_ip|ip_pair|teid|5tuple, or fields src_ip, dst_ip, sport, dport, proto, vlan, teid joined by '+'",
 );
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "keyctr",
     about: "packets and bytes per key of any granularity: source/destination IP, IP pair, GTP-U TEID or a field set (shared between cores, exportable)",
     keyed_by: KeyedBy::Param(&KEY),
@@ -162,7 +162,7 @@ impl<S: CounterState> StatefulNf for KeyCtr<S> {
     type State = S;
 
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     fn granularity(&self) -> Granularity {

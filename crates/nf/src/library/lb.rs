@@ -34,7 +34,7 @@ use flowplane_wire::hash::HashableKey;
 use serde_json::{json, Value};
 
 use crate::pkt::Pkt;
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::{merge_keeping, Export};
 use crate::stateful::Granularity;
 use crate::stateful::{Action, Affinity, GlobalState, Placement, StatefulNf};
@@ -51,8 +51,8 @@ const BASE6: ParamSpec = ParamSpec::text(
 const BACKENDS6: ParamSpec =
     ParamSpec::uint_like("backends6", &BACKENDS, 1, 65_536, "IPv6 backend pool size (default: backends)").live();
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "lb",
     about: "stateful load balancer: rewrites the destination to a backend picked from the 5-tuple's hash (IPv4 pool, optional IPv6 pool), sticky per 5-tuple",
     keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
@@ -274,7 +274,7 @@ impl StatefulNf for Lb {
     type State = LbState;
 
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     /// Per-flow state whose updates commute (the backend, a function of the flow, is picked once per flow under the

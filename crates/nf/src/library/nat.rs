@@ -103,7 +103,7 @@ use flowplane_wire::tcp::TcpFlags;
 use serde_json::json;
 
 use crate::pkt::Pkt;
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::{merge_keeping, Export};
 use crate::stateful::{Action, Affinity, Cursor, GlobalState, Granularity, Placement, StatefulNf, Step};
 use crate::{NfContext, ParamError, ParamSpec, Params};
@@ -129,8 +129,8 @@ const FIN_TIMEOUT: ParamSpec = ParamSpec::float(
     "seconds a TCP port stays held once FINs went both ways (TIME_WAIT)",
 );
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "nat",
     about: "source NAT with a port pool per external address, both directions, RFC 4787 filtering, port release on expiry/RST/FIN+TIME_WAIT (on several cores: a port share per core, replies steered to their core)",
     keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
@@ -667,7 +667,7 @@ impl StatefulNf for Nat {
     const ONE_STEP: bool = true;
 
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     fn placement(&self) -> Placement {

@@ -26,7 +26,7 @@ use serde_json::json;
 
 use crate::pkt::Pkt;
 use crate::ratelimit::Bucket;
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::merge_keeping;
 use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
@@ -49,8 +49,8 @@ const BURST: ParamSpec = ParamSpec::uint_like(
 .live();
 const PPS: ParamSpec = ParamSpec::bool("pps", false, "count packets instead of bytes");
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "policer",
     about: "policer: token bucket per destination IP limiting each server's download rate",
     keyed_by: KeyedBy::Fixed(Granularity::DstIp),
@@ -142,7 +142,7 @@ impl StatefulNf for Policer {
     type State = Bucket;
 
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     /// A new rate or depth between two batches (buckets keep their tokens);

@@ -39,7 +39,7 @@ use bytemuck::{Pod, Zeroable};
 use serde_json::json;
 
 use crate::pkt::Pkt;
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::{merge_keeping, Export};
 use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, ScrFields, ScrRecord, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
@@ -54,8 +54,8 @@ const PROTECT: ParamSpec = ParamSpec::uint("protect", 22, 1, 65535, "protected T
 const TIMEOUT: ParamSpec =
     ParamSpec::uint("timeout", 0, 0, 30 * 86_400, "idle timeout of a source's state in seconds, 0 = chain default");
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "portknock",
     about: "port-knocking firewall (SCR App. C): per source IP, the protected TCP port opens after the knock sequence",
     keyed_by: KeyedBy::Fixed(Granularity::SrcIp),
@@ -153,7 +153,7 @@ impl StatefulNf for PortKnock {
     type State = KnockState;
 
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     fn granularity(&self) -> Granularity {

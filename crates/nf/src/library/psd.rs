@@ -42,7 +42,7 @@ use flowplane_wire::flow::FiveTuple;
 use serde_json::json;
 
 use crate::pkt::Pkt;
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::{merge_keeping, Export};
 use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
@@ -63,8 +63,8 @@ const TCP: ParamSpec = ParamSpec::choice(
 )
 .live();
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "psd",
     about: "port-scan detector: distinct destination ports per source IP over a window (512-bit sketch)",
     keyed_by: KeyedBy::Fixed(Granularity::SrcIp),
@@ -184,7 +184,7 @@ impl StatefulNf for Psd {
     type State = PsdState;
 
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     /// A new window, threshold, action or probe rule between two batches:

@@ -15,7 +15,7 @@ use bytemuck::{Pod, Zeroable};
 use serde_json::json;
 
 use crate::pkt::Pkt;
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::merge_keeping;
 use crate::stateful::Granularity;
 use crate::stateful::{Action, ScrFields, ScrRecord, StatefulNf};
@@ -24,8 +24,8 @@ use crate::{NfContext, ParamError, ParamSpec, Params};
 const PPS: ParamSpec = ParamSpec::uint("pps", 1000, 1, 1_000_000_000, "tokens (packets) per second per flow").live();
 const BURST: ParamSpec = ParamSpec::uint_like("burst", &PPS, 1, 1_000_000_000, "bucket depth in packets").live();
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "ratelimit",
     about: "flow rate limiter: token bucket per 5-tuple",
     keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
@@ -99,7 +99,7 @@ impl StatefulNf for RateLimit {
     type State = Bucket;
 
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     /// A new rate or depth between two batches: buckets keep their tokens

@@ -1,5 +1,5 @@
 //! `route`: longest-prefix-match forwarding on the destination address, from
-//! a table of routes loaded from a file — the classic memory-bound NF.
+//! a table of routes loaded from a file — the classic memory-bound INFO.
 //!
 //! IPv4 uses DIR-24-8 (Gupta et al.; DPDK's `rte_lpm`): a 2^24-entry table
 //! indexed by the top 24 bits (64 MiB of `u32` on huge pages), whose entries hold a next hop or the index of a 256-entry
@@ -31,7 +31,7 @@ use flowplane_wire::prefix::{ip_bits, IpPrefix};
 use serde_json::json;
 
 use crate::pkt::Pkt;
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::{merge_keeping, Export};
 use crate::stateful::{Action, Cursor, Granularity, StatefulNf, Step};
 use crate::{NfContext, ParamError, ParamSpec, Params};
@@ -41,8 +41,8 @@ const ROUTES: ParamSpec =
 const MISS: ParamSpec =
     ParamSpec::choice("miss", "drop", &["drop", "pass"], "packets without a route (and non-IP packets): drop or pass");
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "route",
     about: "LPM forwarding on the destination: DIR-24-8 (IPv4) and a stride-8 trie (IPv6) from a route file; port = next hop",
     keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
@@ -298,7 +298,7 @@ pub struct RouteState {
     pub packets: u32,
 }
 
-/// The route NF.
+/// The route INFO.
 #[derive(Debug)]
 pub struct Route {
     lpm: Lpm,
@@ -398,7 +398,7 @@ impl StatefulNf for Route {
     const STEPS: bool = true;
 
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> RouteState {

@@ -12,13 +12,13 @@ use flowplane_wire::flow::FiveTuple;
 use serde_json::json;
 
 use crate::pkt::Pkt;
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::Export;
 use crate::stateful::{Action, Granularity, StatefulNf};
 use crate::{NfContext, ParamError, Params};
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "srcctr",
     about: "source-IP statistics counter: packets, bytes, first/last seen per source IP (exportable)",
     keyed_by: KeyedBy::Fixed(Granularity::SrcIp),
@@ -66,7 +66,7 @@ impl StatefulNf for SrcCtr {
     type State = SrcCtrState;
 
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     fn granularity(&self) -> Granularity {

@@ -19,7 +19,7 @@ use flowplane_table::HugeArray;
 use serde_json::json;
 
 use crate::pkt::Pkt;
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::{merge_keeping, Export};
 use crate::stateful::Granularity;
 use crate::stateful::{Action, Cursor, StatefulNf, Step};
@@ -44,8 +44,8 @@ const MEM: ParamSpec = ParamSpec::uint(
 .allocates(1);
 const SEED: ParamSpec = ParamSpec::uint("seed", 1, 0, u64::MAX, "seed of the random permutation and flow starts");
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "synthetic",
     about: "synthetic NF with k dependent indirect memory accesses per packet (FAJITA Fig. 3/17); prefetch hook loads the first",
     keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
@@ -84,7 +84,7 @@ impl SplitMix {
     }
 }
 
-/// The synthetic NF.
+/// The synthetic INFO.
 #[derive(Debug)]
 pub struct Synthetic {
     k: u32,
@@ -151,7 +151,7 @@ impl StatefulNf for Synthetic {
     const STEPS: bool = true;
 
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     fn init(&mut self, pkt: &Pkt<'_>, _ctx: &NfContext) -> SyntheticState {

@@ -57,7 +57,7 @@ use flowplane_wire::gtpu::{self, GtpuPacket, PduSessionInfo, PduType};
 use serde_json::{json, Map, Value};
 
 use self::rules::{Act, FarAction, Fields, Hot, Iface, RuleSet, SessionsFile, NONE};
-use crate::registry::{KeyedBy, NfDescriptor, NfSink};
+use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::Export;
 use crate::{Nf, NfContext, NfCounters, ParamError, ParamSpec, Params};
 
@@ -97,8 +97,8 @@ const PFCP: ParamSpec = ParamSpec::text(
     "serve PFCP (N4) on this UDP address (e.g. 0.0.0.0:8805); rule changes reach the data path between batches",
 );
 
-/// Registration (see `crates/nf/build.rs`).
-pub const NF: NfDescriptor = NfDescriptor {
+/// Registration (see [`crate::registry::NFS`]).
+pub const INFO: NfInfo = NfInfo {
     name: "upf",
     about: "5G UPF: GTP-U uplink decapsulation / downlink encapsulation by PDR (precedence, F-TEID, QFI, SDF), FAR, QER, URR",
     keyed_by: KeyedBy::Stateless,
@@ -1086,7 +1086,7 @@ fn inner_fields(ip: &[u8]) -> Option<(Fields, usize, bool)> {
 
 impl Nf for Upf {
     fn name(&self) -> &'static str {
-        NF.name
+        INFO.name
     }
 
     fn process(&mut self, batch: &mut Batch, range: std::ops::Range<usize>, ctx: &NfContext) {

@@ -7,9 +7,11 @@
 //! flow rules, carried out with state hand-over). The runtime asks for these
 //! pieces; it never branches on a strategy's name.
 //!
-//! One file per strategy in this directory, one registration line in
-//! [`STRATEGIES`] (the same descriptor-table style as the executors, the
-//! NFs and the ports):
+//! One file per strategy in this directory exporting its registration
+//! `pub const INFO: StrategyInfo`, named on the one `strategies!(...)` line
+//! that declares the modules and [`STRATEGIES`] — the same descriptor-table
+//! style as the executors (`EXECUTORS`), the NFs (`NFS`) and the ports
+//! (`PORTS`):
 //! - `rss`: shared-nothing sharding by the RETA, never changed.
 //! - `shared`: round-robin spray, one flow over every core; state must live
 //!   in shared tables.
@@ -26,20 +28,15 @@ use std::time::Duration;
 use crate::dyssect::class::PriorityClass;
 use crate::ScaleError;
 
-mod dyssect;
-mod rss;
-mod rsspp;
-mod scr;
-mod shared;
-
 pub use rss::Rss;
 pub use rsspp::RssPlusPlus;
 pub use scr::Scr;
 pub use shared::Shared;
 
-/// Declares the registry: every strategy's descriptor, in `--scale` order.
+/// Declares the registry: each strategy's module and its descriptor, in `--scale` order.
 macro_rules! strategies {
     ($($name:ident),+ $(,)?) => {
+        $(mod $name;)+
         /// Every strategy, by name; the first is the default.
         pub static STRATEGIES: &[StrategyInfo] = &[$($name::INFO),+];
     };

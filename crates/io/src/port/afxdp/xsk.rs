@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 
 use flowplane_packet::{tsc, Batch, PacketPool, PoolConfig, RegionGuard, Verdict, MAX_BATCH};
 
-use super::{LinkWatch, Port, PortError, PortOptions, QueueCounters, RxQueue, TxQueue};
+use crate::port::{LinkWatch, Port, PortError, PortOptions, QueueCounters, RxQueue, TxQueue};
 
 /// The shim's socket (opaque).
 #[repr(C)]
@@ -229,6 +229,9 @@ impl Drop for XdpOwner {
 /// An open shim socket, closed on drop.
 struct Xsk(*mut FpXsk);
 
+/// Held while a socket is set up (see [`Xsk::open`]).
+static OPENING: Mutex<()> = Mutex::new(());
+
 impl Xsk {
     /// Opens a socket whose UMEM is `region` (page-aligned, `frame`-byte frames).
     fn open(
@@ -243,6 +246,10 @@ impl Xsk {
         let name = CString::new(iface).map_err(|_| PortError::Spec(format!("{iface}: bad interface name")))?;
         let mut x = std::ptr::null_mut();
         let mut zc: c_int = 0;
+        // One socket set-up at a time in the process: each tries native mode first and falls back to
+        // generic, loading or reusing the interface's one XDP program; two workers doing that at once
+        // could each find the program in the other's mode (EBUSY, 1 run in 4 on a 2-queue veth).
+        let _one = OPENING.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: `name` is NUL-terminated and outlives the call; `region` is a
         // live, page-aligned allocation of region.1 bytes that the caller keeps
         // alive until this socket is closed (a RegionGuard or an owned pool,

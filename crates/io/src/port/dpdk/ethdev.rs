@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use flowplane_packet::{Batch, PacketPool, Verdict, MAX_BATCH};
 
-use super::{Port, PortError, PortOptions, QueueCounters, RxQueue, TxQueue};
+use crate::port::{Port, PortError, PortOptions, QueueCounters, RxQueue, TxQueue};
 
 #[repr(C)]
 struct RteMempool {
