@@ -71,7 +71,7 @@ fi
 df -h . | tail -1   # disk: a full disk once failed CI mid-build
 
 step "cargo fmt --check"
-# The NF library is declared by a build script: name its files so rustfmt sees them.
+# The NF library files are named too (belt and braces: nfs! declares them as modules).
 cargo fmt --all --check -- crates/nf/src/library/*.rs
 
 step "cargo clippy (all targets, warnings are errors)"
