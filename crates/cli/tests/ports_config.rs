@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 mod ports_common;
 
-use ports_common::{ctl, ctl_ok, tshark_rows, Proc, Veth};
+use ports_common::{ctl, ctl_ok, tshark_rows, wait_ready, Proc, Veth};
 
 /// `ctl` that must succeed: its answer.
 fn ok(sock: &Path, words: &[&str]) -> serde_json::Value {
@@ -60,12 +60,7 @@ fn a_run_from_run_toml_reloads_rules_and_thresholds_and_refuses_cores() {
     std::fs::write(&conf, toml(1, 1_000_000)).unwrap();
     // One option from the command line beside the file.
     let mut fp = Proc::spawn(&["run", "--config", conf.to_str().unwrap(), "--no-pin"]);
-    let t0 = Instant::now();
-    while !ctl(&sock, &["show", "runtime"]).1["ready"].as_bool().unwrap_or(false) {
-        assert!(fp.running(), "flowplane exited at start");
-        assert!(t0.elapsed() < Duration::from_secs(20), "control socket did not come up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_ready(&sock, &mut fp);
     let nfs = ok(&sock, &["show", "nfs"]);
     assert_eq!((nfs[0]["nf"].as_str(), nfs[1]["params"]["threshold"].as_str()), (Some("acl"), Some("1000000")));
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 mod ports_common;
 
-use ports_common::{ctl, ctl_ok, tshark_rows, Proc, Veth};
+use ports_common::{ctl, ctl_ok, tshark_rows, wait_ready, Proc, Veth};
 
 /// `ctl` that must succeed: its answer.
 fn ok(sock: &Path, words: &[&str]) -> serde_json::Value {
@@ -56,12 +56,7 @@ fn ctl_commands_round_trip_and_an_acl_swap_under_traffic_lands_at_one_batch() {
         sock.to_str().unwrap(),
         "--json",
     ]);
-    let t0 = Instant::now();
-    while !ctl(&sock, &["show", "runtime"]).1["ready"].as_bool().unwrap_or(false) {
-        assert!(fp.running(), "flowplane exited at start");
-        assert!(t0.elapsed() < Duration::from_secs(20), "control socket did not come up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_ready(&sock, &mut fp);
     let mode = std::fs::metadata(&sock).map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions())).unwrap();
     assert_eq!(mode & 0o777, 0o600, "socket mode");
 

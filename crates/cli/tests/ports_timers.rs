@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 mod ports_common;
 
-use ports_common::{ctl, ctl_ok, Proc, Veth};
+use ports_common::{ctl_ok, wait_ready, Proc, Veth};
 
 /// Sends one UDP packet on each of `n` flows (source ports 4000..) from 10.0.0.1 (scapy).
 fn send(iface: &str, n: usize) {
@@ -65,12 +65,7 @@ fn an_idle_port_expires_flows_and_fw_connections_at_their_timeout() {
         &format!("127.0.0.1:{METRICS}"),
         "--json",
     ]);
-    let t0 = Instant::now();
-    while !ctl(&sock, &["show", "runtime"]).1["ready"].as_bool().unwrap_or(false) {
-        assert!(fp.running(), "flowplane exited at start");
-        assert!(t0.elapsed() < Duration::from_secs(20), "control socket did not come up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_ready(&sock, &mut fp);
     let n = 20u64;
     send(&v.peer(), n as usize);
     // Every flow in (fw's connections, published about twice a second), then no packet at all.

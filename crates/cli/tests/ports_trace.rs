@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 mod ports_common;
 
-use ports_common::{ctl, ctl_ok, tshark_rows, Proc, Veth};
+use ports_common::{ctl, ctl_ok, tshark_rows, wait_ready, Proc, Veth};
 
 /// Sends packets `from..to` on `iface`: 10.0.0.1:4000 -> 10.0.0.2:(5001 + i % 3), payload `seq=NNNNNN` (scapy).
 fn send(iface: &str, from: usize, to: usize) {
@@ -78,12 +78,7 @@ fn check(exec: &str, tag: &str, tail: bool) {
         "--ctl",
         sock.to_str().unwrap(),
     ]);
-    let t0 = Instant::now();
-    while !ctl(&sock, &["show", "runtime"]).1["ready"].as_bool().unwrap_or(false) {
-        assert!(fp.running(), "flowplane exited at start");
-        assert!(t0.elapsed() < Duration::from_secs(20), "control socket did not come up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_ready(&sock, &mut fp);
 
     // Refusals: one line each, nothing armed.
     for (words, why) in [

@@ -1062,6 +1062,16 @@ pub fn ctl(sock: &Path, words: &[&str]) -> (bool, serde_json::Value, String) {
     (out.status.success(), v, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// Waits until the run behind `sock` says its data plane is up (`show runtime`'s `ready`).
+pub fn wait_ready(sock: &Path, fp: &mut Proc) {
+    let t0 = std::time::Instant::now();
+    while !ctl(sock, &["show", "runtime"]).1["ready"].as_bool().unwrap_or(false) {
+        assert!(fp.running(), "flowplane exited at start");
+        assert!(t0.elapsed() < Duration::from_secs(20), "control socket did not come up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// `ctl` that must succeed: its answer.
 pub fn ctl_ok(sock: &Path, words: &[&str]) -> serde_json::Value {
     let (good, v, err) = ctl(sock, words);
