@@ -299,6 +299,7 @@ impl<'a> Worker<'a> {
             }
             Rx::Done => {
                 self.source_done = true;
+                self.exec.clock_done();
                 return Step::Done;
             }
         };
