@@ -155,8 +155,10 @@ impl Default for SharedClock {
 /// `timeout_ns` (strictly, [`flowplane_nf::stateful::is_idle`]). The stamp
 /// then records the touch: the later of the two, so a core behind never
 /// moves it back; a stamp more than the timeout ahead of every core's clock
-/// means the clock went backwards and is rebased to `now_ns`. Returns
-/// whether the state was idle (the caller starts it over).
+/// means the clock went backwards and is rebased to `now_ns` (clocks are
+/// published at the end of each batch: only one batch spanning more than
+/// the timeout of trace time could look alike). Returns whether the state
+/// was idle (the caller starts it over).
 #[inline(always)]
 pub fn touch_shared(stamp: &mut u64, now_ns: u64, clock: &SharedClock, timeout_ns: u64) -> bool {
     let idle = flowplane_nf::stateful::is_idle(*stamp, now_ns.min(clock.behind), timeout_ns);
@@ -222,6 +224,16 @@ impl CoreClocks {
             v.latest = v.latest.max(clock.unwrap_or(0));
         }
         v
+    }
+
+    /// These clocks as a replay's (see [`SharedStores::for_replay`]).
+    #[cfg(test)]
+    fn for_replay_clocks(mut self: Arc<Self>) -> Arc<Self> {
+        if let Some(c) = Arc::get_mut(&mut self) {
+            c.stale = u64::MAX;
+            c.replay = true;
+        }
+        self
     }
 
     /// A replay's clocks (cores hold the watermark however long they are silent).
@@ -466,6 +478,77 @@ mod tests {
         let src = key_tuple(Granularity::SrcIp, Granularity::SrcIp.key(&m).unwrap()).map(|k| k.src_ip());
         assert_eq!(src, Some(t.src_ip()));
         assert_eq!(key_tuple(Granularity::Teid, 7), None);
+    }
+
+    const S: u64 = 1_000_000_000;
+
+    /// Issue 29's drift: a sprayed flow with packets every 40 ms on two cores, core A three
+    /// seconds of trace time ahead of core B, timeout 2 s. Judged at A's clock alone, B's
+    /// touch made the stamp look idle to A (a reset); on the one clock it never is.
+    #[test]
+    fn a_core_ahead_never_resets_state_a_core_behind_is_in() {
+        let clocks = Arc::new(CoreClocks::default()).for_replay_clocks();
+        let (a, b) = (clocks.register().unwrap(), clocks.register().unwrap());
+        let mut stamp = 0u64;
+        let mut resets = 0;
+        // B at 0.04 s .. 1 s, A at 3.04 s .. 4 s, interleaved access by access.
+        for k in 1..=25u64 {
+            let (tb, ta) = (k * 40_000_000, 3 * S + k * 40_000_000);
+            b.set(tb - 40_000_000, 0);
+            a.set(ta - 40_000_000, 0);
+            let vb = clocks.view(&b, tb, 0);
+            resets += u32::from(touch_shared(&mut stamp, tb, &vb, 2 * S));
+            let va = clocks.view(&a, ta, 0);
+            assert_eq!(va.behind, tb - 40_000_000, "A judges at B's clock");
+            resets += u32::from(touch_shared(&mut stamp, ta, &va, 2 * S));
+        }
+        assert_eq!(resets, 0);
+        // The accessing core's clock alone (no other core): the same touches reset.
+        let mut alone = 0u64;
+        let r = touch_shared(&mut alone, S, &SharedClock::default(), 2 * S)
+            | touch_shared(&mut alone, 4 * S, &SharedClock::default(), 2 * S);
+        assert!(r, "idle past the timeout with no other core");
+    }
+
+    #[test]
+    fn idle_only_once_every_core_passed_the_gap() {
+        let clocks = Arc::new(CoreClocks::default()).for_replay_clocks();
+        let (a, b) = (clocks.register().unwrap(), clocks.register().unwrap());
+        // Not started: in a replay B holds the watermark at the trace's start.
+        assert_eq!(clocks.view(&a, 10 * S, 0).behind, 0);
+        assert_eq!(clocks.watermark(10 * S, 0), 0);
+        b.set(S, 0);
+        let mut stamp = S / 2;
+        // A at 5 s, B at 1 s: 1 s - 0.5 s is within 2 s, live (and the stamp moves on).
+        assert!(!touch_shared(&mut stamp, 5 * S, &clocks.view(&a, 5 * S, 0), 2 * S));
+        assert_eq!(stamp, 5 * S, "the later touch");
+        a.set(5 * S, 0);
+        // B behind touching never moves the stamp back (it is within the run's clocks).
+        assert!(!touch_shared(&mut stamp, S, &clocks.view(&b, S, 0), 2 * S));
+        assert_eq!(stamp, 5 * S);
+        // B past 7 s: A at 8 s finds the state idle (7 - 5 > 2).
+        b.set(7 * S + 1, 0);
+        assert!(touch_shared(&mut stamp, 8 * S, &clocks.view(&a, 8 * S, 0), 2 * S));
+        // B done: it holds nothing, its clock still counts as the run's latest.
+        b.done();
+        a.set(8 * S, 0);
+        assert_eq!(clocks.view(&a, 9 * S, 0).behind, u64::MAX);
+        assert_eq!(clocks.watermark(9 * S, 0), 8 * S, "A's own clock");
+        assert_eq!(clocks.latest(), Some(8 * S));
+        // A stamp more than the timeout past every core's clock: the clock went back, rebased.
+        let mut future = 100 * S;
+        assert!(!touch_shared(&mut future, 9 * S, &clocks.view(&a, 9 * S, 0), 2 * S));
+        assert_eq!(future, 9 * S);
+    }
+
+    #[test]
+    fn live_clocks_skip_cores_not_started() {
+        let clocks = Arc::new(CoreClocks::default());
+        let (a, _b) = (clocks.register().unwrap(), clocks.register().unwrap());
+        let tsc = flowplane_packet::tsc::rdtsc();
+        a.set(3 * S, tsc);
+        assert_eq!(clocks.view(&a, 3 * S, tsc).behind, u64::MAX, "a live core not started holds nothing");
+        assert_eq!(clocks.watermark(5 * S, tsc), 3 * S);
     }
 
     #[test]
