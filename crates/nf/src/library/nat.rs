@@ -1334,6 +1334,32 @@ mod tests {
         assert_eq!(h.run(&tcp4(REMOTE, ext, 443, port, synack, 9, 2)).1, Action::Pass);
     }
 
+    /// On several cores a core's last packet may be long before the run's end: the report
+    /// judges at the end the engine hands over, as a one-core run's last packet would.
+    #[test]
+    fn ports_in_use_and_time_wait_are_judged_at_the_run_end() {
+        const S: u64 = 1_000_000_000;
+        let (syn, fin) = (TcpFlags::SYN.bits(), TcpFlags::FIN.bits() | TcpFlags::ACK.bits());
+        let mut h = Harness::new(nat_with(&[("ports", "7000-7001"), ("fin_timeout", "2"), ("timeout", "10")]));
+        h.run(&udp4([10, 0, 0, 1], REMOTE, 1111, 53));
+        let out = |flags| tcp4([10, 0, 0, 2], REMOTE, 3000, 80, flags, 1, 1);
+        h.run(&out(syn));
+        h.now_ns = 8 * S;
+        h.run(&tcp4(REMOTE, EXT, 80, 7000, fin, 100, 2));
+        h.run(&out(fin));
+        let r = h.nf.report().unwrap();
+        assert_eq!((r["tcp_ports_in_use"].as_u64(), r["tcp_ports_in_time_wait"].as_u64()), (Some(1), Some(1)));
+        assert_eq!(r["udp_ports_in_use"], 1, "at this core's last packet (8 s)");
+        // The run ended at 11 s: the UDP mapping (last out at 0 s) is idle, TIME_WAIT (over at 10 s) released.
+        h.nf.end_of_run(11 * S);
+        let r = h.nf.report().unwrap();
+        assert_eq!((r["tcp_ports_in_use"].as_u64(), r["udp_ports_in_use"].as_u64()), (Some(0), Some(0)));
+        assert_eq!((r["tcp_ports_in_time_wait"].as_u64(), r["time_wait_released"].as_u64()), (Some(0), Some(1)));
+        // An end before the core's own last packet changes nothing.
+        h.nf.end_of_run(S);
+        assert_eq!(h.nf.report().unwrap()["time_wait_released"], 1);
+    }
+
     #[test]
     fn fin_both_ways_releases_the_port_after_time_wait_on_the_packet_clock() {
         let (syn, ack, fin) = (TcpFlags::SYN.bits(), TcpFlags::ACK.bits(), TcpFlags::FIN.bits() | TcpFlags::ACK.bits());
