@@ -154,19 +154,21 @@ impl Default for SharedClock {
 /// for a packet at `now_ns` when `min(now_ns, clock.behind) - stamp` exceeds
 /// `timeout_ns` (strictly, [`flowplane_nf::stateful::is_idle`]). The stamp
 /// then records the touch: the later of the two, so a core behind never
-/// moves it back; a stamp more than the timeout ahead of every core's clock
-/// means the clock went backwards and is rebased to `now_ns` (clocks are
-/// published at the end of each batch: only one batch spanning more than
-/// the timeout of trace time could look alike). Returns whether the state
-/// was idle (the caller starts it over).
+/// moves it back. When no other core holds the watermark (one core, or the
+/// others done), a stamp more than the timeout ahead of every core's clock
+/// means the clock went backwards (a trace out of time order) and is
+/// rebased to `now_ns`, so nothing stays live forever; while other cores
+/// run, such a stamp is kept (their batches in flight may have written it)
+/// and the state stays live until the clocks pass it. Returns whether the
+/// state was idle (the caller starts it over).
 #[inline(always)]
 pub fn touch_shared(stamp: &mut u64, now_ns: u64, clock: &SharedClock, timeout_ns: u64) -> bool {
     let idle = flowplane_nf::stateful::is_idle(*stamp, now_ns.min(clock.behind), timeout_ns);
-    *stamp = if idle || *stamp > now_ns.max(clock.latest).saturating_add(timeout_ns) {
-        now_ns
-    } else {
-        (*stamp).max(now_ns)
-    };
+    // Clocks are published at the end of each batch, so while another core holds the
+    // watermark its batch in flight may have touched the state past every published
+    // clock: only with no other core running is a stamp that far ahead a clock gone back.
+    let back = clock.behind == u64::MAX && *stamp > now_ns.max(clock.latest).saturating_add(timeout_ns);
+    *stamp = if idle || back { now_ns } else { (*stamp).max(now_ns) };
     idle
 }
 
@@ -523,9 +525,13 @@ mod tests {
         assert!(!touch_shared(&mut stamp, 5 * S, &clocks.view(&a, 5 * S, 0), 2 * S));
         assert_eq!(stamp, 5 * S, "the later touch");
         a.set(5 * S, 0);
-        // B behind touching never moves the stamp back (it is within the run's clocks).
+        // B behind touching never moves the stamp back, however far ahead A's batch in flight
+        // (unpublished) wrote it.
         assert!(!touch_shared(&mut stamp, S, &clocks.view(&b, S, 0), 2 * S));
         assert_eq!(stamp, 5 * S);
+        let mut in_flight = 30 * S;
+        assert!(!touch_shared(&mut in_flight, S, &clocks.view(&b, S, 0), 2 * S));
+        assert_eq!(in_flight, 30 * S);
         // B past 7 s: A at 8 s finds the state idle (7 - 5 > 2).
         b.set(7 * S + 1, 0);
         assert!(touch_shared(&mut stamp, 8 * S, &clocks.view(&a, 8 * S, 0), 2 * S));
@@ -535,7 +541,8 @@ mod tests {
         assert_eq!(clocks.view(&a, 9 * S, 0).behind, u64::MAX);
         assert_eq!(clocks.watermark(9 * S, 0), 8 * S, "A's own clock");
         assert_eq!(clocks.latest(), Some(8 * S));
-        // A stamp more than the timeout past every core's clock: the clock went back, rebased.
+        // A stamp more than the timeout past every core's clock, no other core running: the
+        // clock went back, rebased.
         let mut future = 100 * S;
         assert!(!touch_shared(&mut future, 9 * S, &clocks.view(&a, 9 * S, 0), 2 * S));
         assert_eq!(future, 9 * S);
