@@ -412,8 +412,15 @@ pub(crate) fn run_workers(
     if let Some((st, _, _)) = &nic_parts {
         import_late_mail(st, &mut pipelines, &mut workers);
     }
-    // Every worker has stopped: the state is final. Each NF's per-core
+    // Every worker has stopped: the state is final. Each NF is told the run's
+    // end (its last packet time across cores), so its report and export judge
+    // at the same time on one core or several; then each NF's per-core
     // reports merge into one with its hook; exports read the final state.
+    for (w, p) in workers.iter_mut().zip(pipelines.iter_mut()) {
+        if p.end_of_run().is_some() {
+            w.nfs = p.nf_results();
+        }
+    }
     let details = merge_details(&workers, &pipelines);
     let mut report = Report::from_workers(spec, cfg, &workers, details, elapsed, hz);
     if let Feed::Port(p) = &feed {

@@ -321,6 +321,7 @@ impl<'a> Worker<'a> {
             }
             Rx::Done => {
                 self.source_done = true;
+                self.exec.clock_done();
                 return Step::Done;
             }
         };

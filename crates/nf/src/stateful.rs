@@ -530,6 +530,15 @@ pub trait StatefulNf: Send + 'static {
         0
     }
 
+    /// The run is over: `end_ns` is its last packet time across every core
+    /// (the trace's last packet in a replay). Called once per core, after
+    /// every core stopped and before `report` and the export rows, so that
+    /// state an NF keeps itself (port pools, connection tables) is judged at
+    /// the run's end rather than at this core's own last packet: on several
+    /// cores a core's last packet may be long before the run's. Default:
+    /// nothing.
+    fn end_of_run(&mut self, _end_ns: u64) {}
+
     /// NF-specific results for the report (JSON), if any.
     fn report(&self) -> Option<serde_json::Value> {
         None

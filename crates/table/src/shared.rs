@@ -1107,7 +1107,11 @@ impl<K: SharedKey> SharedFlowTable<K> {
     }
 
     /// Drops one pin. When the last pin goes: a removed entry is freed; with no idle
-    /// timeout the entry is removed now; otherwise its idle timer starts at `now`.
+    /// timeout the entry is removed now; otherwise its idle timer runs from the latest of
+    /// `now` and its last touch. The last-seen time never moves back: cores whose packet
+    /// clocks differ (a replay's cores drift apart in trace time) share the entry, and a
+    /// core behind releasing it must not make a flow another core is still in look idle
+    /// to the sweep.
     pub fn release(&self, h: SharedHandle, now: u64) -> ReleaseOutcome {
         if h.index() >= self.capacity {
             return ReleaseOutcome::Invalid;
@@ -1115,7 +1119,11 @@ impl<K: SharedKey> SharedFlowTable<K> {
         let w = self.word(h.index(), W_REF);
         let mut cur = w.load(Relaxed);
         if self.timeout != 0 && (cur >> 32) as u32 == h.gen && cur & DEAD == 0 {
-            self.word(h.index(), W_SEEN).store(now, Relaxed);
+            let seen = self.word(h.index(), W_SEEN);
+            // Read first: the common case (a core at or behind the last touch) writes nothing.
+            if now > seen.load(Relaxed) {
+                seen.fetch_max(now, Relaxed);
+            }
         }
         let new = loop {
             if (cur >> 32) as u32 != h.gen || cur & COUNT == 0 {

@@ -156,6 +156,21 @@ fn expiry_removes_idle_unreferenced_entries_only() {
     assert_eq!(t.expire(10, 64, |_, _| {}), 0);
 }
 
+/// Two cores whose packet clocks differ (issue 29): the core behind releasing its pin last
+/// must not move the entry's last-seen time back, or the sweep frees a key the core ahead
+/// touched within the timeout.
+#[test]
+fn a_release_behind_never_moves_last_seen_back() {
+    let t = SharedFlowTable::<u32>::new(cfg(64, 100)).unwrap();
+    let h = hash_key(&7u32);
+    let (ahead, _) = t.acquire(&7, h, 1000, |_, _| {}).unwrap();
+    let (behind, _) = t.acquire(&7, h, 10, |_, _| {}).unwrap();
+    assert_eq!(t.release(ahead, 1000), ReleaseOutcome::Referenced);
+    assert_eq!(t.release(behind, 10), ReleaseOutcome::Unreferenced);
+    assert_eq!(t.expire(1100, 64, |_, _| {}), 0, "touched at 1000: live at 1100");
+    assert_eq!(t.expire(1101, 64, |_, _| {}), 1);
+}
+
 #[test]
 fn expiry_work_is_bounded_by_budget() {
     let t = SharedFlowTable::<u32>::new(cfg(1000, 10)).unwrap();

@@ -15,6 +15,9 @@ came out. Times are seconds from 1000 s (the pcap keeps microseconds).
   nat_exec.pcap      UDP, one flow: a reply 9.06 s into the 10 s timeout, then the flow's next packet
                      past the timeout in the same batch window; every reply is sent to each port of
                      the pool 7000-7007 (on several cores the flow's port is its core's share).
+  nat_end.pcap       UDP and TCP flows whose last packets are at ~8 s (idle at the end) and ~16 s
+                     (FINs both ways: TIME_WAIT over by the end), and one UDP flow to the end at 25 s:
+                     ports in use and the export are judged at the trace's end on 1 and 2 cores.
   conntrack_seq.pcap TCP: a handshake, then segments far outside the window (RST 2^29 behind, data
                      2^28 ahead and 2^27 behind, FIN 2^28 ahead), RSTs in window but not exact, an
                      exact RST, and a connection closed by FINs; legitimate data after each probe.
@@ -154,6 +157,39 @@ def nat_exec():
     write("nat_exec.pcap", ev)
 
 
+def nat_end():
+    """Flows whose last packet is long before the trace's end, and one flow to the end: on two
+    cores the core without it stops early, yet its ports count at the trace's end."""
+    ev = []
+    # A: 6 UDP mappings and 2 open TCP connections, last packets at ~8 s (live at 16 s, idle at 25 s).
+    for k in range(6):
+        h = ("10.0.0.%d" % (k + 1), 1000 + k)
+        for t in (0.1 * k, 7.5 + 0.05 * k):
+            ev.append((t, udp(h[0], h[1], R, 53)))
+    for port in range(7000, 7016):  # the remote's replies, to each port of the pool
+        ev.append((7.9, udp(R, 53, EXT, port)))
+    for k in range(2):
+        h, seq = ("10.0.1.%d" % (k + 1), 2000 + k), 100 + k
+        ev.append((0.5 + k * 0.1, tcp(h[0], h[1], R, 80, "S", seq)))
+        ev.append((8.0 + k * 0.1, tcp(h[0], h[1], R, 80, "A", seq + 1, 1, b"data")))
+    # B: 4 TCP connections closed by FINs both ways at ~16 s: TIME_WAIT (2 s) over at ~18 s.
+    for k in range(4):
+        h, seq, rp = ("10.0.2.%d" % (k + 1), 3000 + k), 500 + k, 8080 + k
+        t = 15.5 + 0.1 * k
+        ev.append((t, tcp(h[0], h[1], R, rp, "S", seq)))
+        ev.append((t + 0.2, tcp(h[0], h[1], R, rp, "FA", seq + 1, 1)))
+        for port in range(7000, 7016):  # the remote's FIN, to each port of the pool
+            ev.append((t + 0.25, tcp(R, rp, EXT, port, "FA", 900, seq + 2)))
+        ev.append((t + 0.3, tcp(h[0], h[1], R, rp, "A", seq + 2, 901)))
+    # L: one UDP flow to the end (every 2 s, live at 25 s; to another remote port, so the 7.9 s
+    # replies are filtered on its port). Nothing else comes after 16 s: the core without L stops there.
+    for k in range(13):
+        ev.append((2.0 * k + 0.01, udp("10.0.3.1", 4000, R, 5353)))
+    ev.append((25.0, udp("10.0.3.1", 4000, R, 5353)))
+    ev.sort(key=lambda e: e[0])
+    write("nat_end.pcap", ev)
+
+
 def conntrack_seq():
     cl, sv = ("10.0.0.5", 40000), ("198.51.100.7", 80)
     ev = []
@@ -216,4 +252,5 @@ if __name__ == "__main__":
     nat_reuse()
     nat_idle()
     nat_exec()
+    nat_end()
     conntrack_seq()

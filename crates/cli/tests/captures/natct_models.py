@@ -29,12 +29,15 @@ def read(path):
 
 
 def nat(pkts, lo, hi, timeout, fin_timeout=4.0, filt="apdf", ext="203.0.113.1", observed=None):
-    """One external address, inside 10.0.0.0/8. `observed`: id -> external port the run gave
-    that outbound packet (several cores: which port of the pool is each core's choice)."""
+    """One external address, inside 10.0.0.0/8; a pool per protocol (TCP, UDP). `observed`:
+    id -> external port the run gave that outbound packet (several cores: which port of the pool
+    is each core's choice)."""
     T, FT, n = timeout * 10**6, round(fin_timeout * 10**6), hi - lo + 1
-    free, gen, maps, tw = deque(range(n)), [0] * n, {}, deque()
+    # Slots are (proto, port offset): each protocol has its own pool.
+    free = {pr: deque((pr, i) for i in range(n)) for pr in (6, 17)}
+    gen, maps, tw = {}, {}, deque()
     out, inn, res, c = {}, {}, {}, {"mappings_created": 0, "dropped_pool_exhausted": 0}
-    scan = [0]
+    scan = {6: 0, 17: 0}
 
     def alive(m, t):  # live at t (a last-seen time in the future is rebased to t)
         m["last"] = min(m["last"], t)
@@ -43,20 +46,22 @@ def nat(pkts, lo, hi, timeout, fin_timeout=4.0, filt="apdf", ext="203.0.113.1", 
     def held(f, t):
         return f is not None and f[0] in maps and maps[f[0]]["gen"] == f[1] and alive(maps[f[0]], t)
 
-    def release(s):
+    def drop(s):
         del maps[s]
-        gen[s] += 1
-        free.append(s)
+        gen[s] = gen.get(s, 0) + 1
 
-    def alloc(t):
-        if free:
-            return free.popleft()
+    def release(s):
+        drop(s)
+        free[s[0]].append(s)
+
+    def alloc(t, pr):
+        if free[pr]:
+            return free[pr].popleft()
         for k in range(n):
-            s = (scan[0] + k) % n
+            s = (pr, (scan[pr] + k) % n)
             if s in maps and not alive(maps[s], t):
-                del maps[s]
-                gen[s] += 1
-                scan[0] = (s + 1) % n
+                drop(s)
+                scan[pr] = (s[1] + 1) % n
                 return s
         return None
 
@@ -67,17 +72,20 @@ def nat(pkts, lo, hi, timeout, fin_timeout=4.0, filt="apdf", ext="203.0.113.1", 
             m["queued"] = True
             tw.append((t + FT, s, m["gen"]))
 
-    for p in pkts:
-        t, key, tcp = p["t"], (p["src"], p["sport"], p["dst"], p["dport"], p["proto"]), p["proto"] == 6
+    def expire_tw(t):  # TIME_WAITs over at t release their port (if still held by that connection)
         while tw and tw[0][0] <= t:
             _, s, g = tw.popleft()
             if s in maps and maps[s]["gen"] == g:
                 release(s)
+
+    for p in pkts:
+        t, key, tcp = p["t"], (p["src"], p["sport"], p["dst"], p["dport"], p["proto"]), p["proto"] == 6
+        expire_tw(t)
         if p["proto"] not in (6, 17) or not (p["src"].startswith("10.") or p["dst"] == ext):
             res[p["id"]] = (p["src"], p["sport"], p["dst"], p["dport"])
         elif p["src"].startswith("10."):
             if not held(out.get(key), t):
-                s = alloc(t) if observed is None else observed[p["id"]] - lo
+                s = alloc(t, p["proto"]) if observed is None else (p["proto"], observed[p["id"]] - lo)
                 if s is None:
                     c["dropped_pool_exhausted"] += 1
                     out.pop(key, None)
@@ -85,15 +93,14 @@ def nat(pkts, lo, hi, timeout, fin_timeout=4.0, filt="apdf", ext="203.0.113.1", 
                     continue
                 if s in maps:  # (observed ports only: alloc never returns a held slot)
                     assert not alive(maps[s], t), "two live mappings on one port"
-                    del maps[s]
-                    gen[s] += 1
-                maps[s] = {"gen": gen[s], "last": t, "in": (p["src"], p["sport"]),
+                    drop(s)
+                maps[s] = {"gen": gen.get(s, 0), "last": t, "in": (p["src"], p["sport"]),
                            "remote": (p["dst"], p["dport"]), "fin": 0, "queued": False}
-                out[key] = (s, gen[s])
+                out[key] = (s, maps[s]["gen"])
                 c["mappings_created"] += 1
             s = out[key][0]
             maps[s]["last"] = t
-            res[p["id"]] = (ext, lo + s, p["dst"], p["dport"])
+            res[p["id"]] = (ext, lo + s[1], p["dst"], p["dport"])
             if tcp and p["flags"] & RST:
                 release(s)
                 del out[key]
@@ -101,8 +108,8 @@ def nat(pkts, lo, hi, timeout, fin_timeout=4.0, filt="apdf", ext="203.0.113.1", 
                 fin(s, 1, t)
         else:
             if not held(inn.get(key), t):
-                s = p["dport"] - lo
-                m = maps.get(s) if 0 <= s < n else None
+                s = (p["proto"], p["dport"] - lo)
+                m = maps.get(s) if 0 <= s[1] < n else None
                 ok = m is not None and alive(m, t) and (filt == "eif" or (
                     m["remote"][0] == p["src"] and (filt == "adf" or m["remote"][1] == p["sport"])))
                 if not ok:  # unmapped, filtered or stale: dropped
@@ -115,14 +122,19 @@ def nat(pkts, lo, hi, timeout, fin_timeout=4.0, filt="apdf", ext="203.0.113.1", 
                 del inn[key]
             elif tcp and p["flags"] & FIN:
                 fin(s, 2, t)
-    # Export: flows whose mapping is live at the last packet's time (no rebase: read-only).
+    # The report and the export judge at the run's end, the last packet's time (no rebase:
+    # read-only), whichever core saw it: mappings live then, TIME_WAITs not yet over then.
     end = pkts[-1]["t"]
+    expire_tw(end)
+    for pr, name in ((6, "tcp"), (17, "udp")):
+        c[f"{name}_ports_in_use"] = sum(1 for s, m in maps.items() if s[0] == pr and end - m["last"] <= T)
+    c["tcp_ports_in_time_wait"] = sum(1 for _, s, g in tw if s in maps and maps[s]["gen"] == g)
     rows = []
     for table, d in ((out, "out"), (inn, "in")):
         for k, (s, g) in table.items():
             m = maps.get(s)
             if m and m["gen"] == g and end - m["last"] <= T:
-                tr = (ext, lo + s) if d == "out" else m["in"]
+                tr = (ext, lo + s[1]) if d == "out" else m["in"]
                 rows.append((d, k[4], k[0], k[1], k[2], k[3], tr[0], tr[1]))
     return res, c, sorted(rows)
 

@@ -9,7 +9,7 @@
 
 use std::ops::Range;
 
-use flowplane_nf::stateful::{is_idle, Action, Granularity, IdleStamp};
+use flowplane_nf::stateful::{is_idle, Action, Granularity};
 use flowplane_nf::{Export, NfContext, NfCounters, Pkt, PktMeta};
 use flowplane_packet::{Batch, MAX_BATCH};
 use flowplane_table::shared::{SharedFlowTable, SharedHandle};
@@ -20,8 +20,8 @@ use flowplane_wire::hash::HashableKey;
 use super::{ExecConfig, StateLayout, StoreReport};
 use crate::chain::{Chain, IdleSlot, Stage};
 use crate::coarse::{
-    aux_handle, aux_refused_bits, coarse_hash, group_key, handle_bits, key_tuple, with_locked, ClockSlot, GroupLayout,
-    SharedStores,
+    aux_handle, aux_refused_bits, coarse_hash, group_key, handle_bits, key_tuple, touch_shared, with_locked, ClockSlot,
+    GroupLayout, SharedClock, SharedStores,
 };
 use crate::error::EngineError;
 use crate::stage::{apply_action, arrive, packet_ctx, BatchOutcome, StatefulStage};
@@ -239,6 +239,9 @@ pub struct ExecContext {
     clock: Option<ClockSlot>,
     /// An armed trace or capture (`crate::tap`): None on the fast path.
     pub(crate) tap: Option<Box<crate::tap::Tap>>,
+    /// The other cores' clocks for this batch: what shared state's idleness
+    /// is judged on (see [`crate::coarse::CoreClocks`]).
+    shared_clock: SharedClock,
 }
 
 /// What the auxiliary table needs: the coarse groups and their shared tables.
@@ -375,6 +378,7 @@ impl ExecContext {
             one_window: true,
             clock,
             tap: None,
+            shared_clock: SharedClock::default(),
         })
     }
 
@@ -382,6 +386,30 @@ impl ExecContext {
     #[inline]
     pub fn aux_on(&self) -> bool {
         self.cfg.aux && self.layout == StateLayout::Aggregated && !self.chain.groups.is_empty()
+    }
+
+    /// Start of a batch whose latest packet is at `now`: reads the other
+    /// cores' clocks once (one relaxed load per other core) for the coarse
+    /// NFs' idle checks of the batch; nothing without coarse state.
+    #[inline]
+    pub(crate) fn begin_batch(&mut self, now: u64) {
+        if let (Some(c), false) = (&self.clock, self.chain.groups.is_empty()) {
+            let tsc = if c.clocks().is_replay() { 0 } else { flowplane_packet::tsc::rdtsc() };
+            self.shared_clock = c.clocks().view(c, now, tsc);
+        }
+    }
+
+    /// The core's source is exhausted: its clock no longer holds the shared
+    /// state's watermark (see [`crate::coarse::CoreClocks`]).
+    pub(crate) fn clock_done(&mut self) {
+        if let Some(c) = &self.clock {
+            c.done();
+        }
+    }
+
+    /// The run's latest packet time across cores (None: no packet).
+    pub(crate) fn run_end(&self) -> Option<u64> {
+        self.shared.clocks.latest()
     }
 
     /// Parses every packet of the batch into `scratch.metas`.
@@ -795,6 +823,7 @@ impl ExecContext {
                 granularity: groups[*g].granularity,
                 table: &shared.tables[*g],
                 h: scratch.coarse[*g][i],
+                clock: self.shared_clock,
             };
             let resets = &mut self.stats.state_resets;
             if let Some(a) = coarse_one(nf.as_mut(), &place, batch, i, &scratch.metas[i], ctx, counters, resets) {
@@ -1420,6 +1449,8 @@ struct Coarse<'a> {
     table: &'a SharedFlowTable<u128>,
     /// The packet's pinned entry.
     h: SharedHandle,
+    /// The other cores' clocks (the idle rule of shared state).
+    clock: SharedClock,
 }
 
 /// Runs a coarse NF's action for packet `i` on its shared entry, under the
@@ -1465,9 +1496,10 @@ fn coarse_one(
         let mut idle = false;
         if let Some(slot) = c.idle {
             if let Some(b) = bytes.get_mut(slot.at..slot.at + 8) {
-                let mut stamp = IdleStamp(u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])));
-                idle = stamp.touch(ctx.now_ns, slot.timeout_ns) && !fresh;
-                b.copy_from_slice(&stamp.0.to_ne_bytes());
+                let mut stamp = u64::from_ne_bytes(b.try_into().unwrap_or([0; 8]));
+                // Judged on the cores' one clock, not this core's alone (see `CoreClocks`).
+                idle = touch_shared(&mut stamp, ctx.now_ns, &c.clock, slot.timeout_ns) && !fresh;
+                b.copy_from_slice(&stamp.to_ne_bytes());
             }
         }
         let Some(st) = bytes.get_mut(offset..offset + sz) else { return Action::Drop };

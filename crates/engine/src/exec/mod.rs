@@ -402,6 +402,7 @@ impl Pipeline {
             return;
         }
         self.cx.parse(batch);
+        self.cx.begin_batch(ctx.now_ns);
         self.exec.run(&mut self.cx, batch, ctx);
         self.cx.expire(ctx.now_ns);
     }
@@ -447,6 +448,42 @@ impl Pipeline {
     /// Stages of the root segment (what a trace and `capture --at` see).
     pub fn root_stages(&self) -> usize {
         self.cx.chain.stages.len()
+    }
+
+    /// The core's source is exhausted: its clocks (a graph's branches' too)
+    /// no longer hold shared state's watermark.
+    pub fn clock_done(&mut self) {
+        self.cx.clock_done();
+        if let Some(g) = &mut self.graph {
+            for a in &mut g.arms {
+                a.pipe.clock_done();
+            }
+        }
+    }
+
+    /// End of the run, once every core stopped: each stateful NF (a graph's
+    /// branches' too) is told the run's last packet time across cores, which
+    /// its report and export then judge idleness at
+    /// ([`flowplane_nf::StatefulNf::end_of_run`]). Returns that time.
+    pub fn end_of_run(&mut self) -> Option<u64> {
+        let end = self.cx.run_end();
+        if let Some(t) = end {
+            self.end_at(t);
+        }
+        end
+    }
+
+    fn end_at(&mut self, end_ns: u64) {
+        for s in self.cx.chain.stages.iter_mut() {
+            if let Stage::Stateful { nf, .. } = s {
+                nf.end_of_run(end_ns);
+            }
+        }
+        if let Some(g) = &mut self.graph {
+            for a in &mut g.arms {
+                a.pipe.end_at(end_ns);
+            }
+        }
     }
 
     /// A batch time without packets for this segment (a branch that got none):

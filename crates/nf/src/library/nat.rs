@@ -84,11 +84,18 @@
 //! that allocated it; strategies that move flows between cores refuse it.
 //! `--export nat=FILE` writes one row per translated flow (`direction` out or
 //! in, the 5-tuple, the translated address and port) whose mapping is live at
-//! the time of the last packet this NAT instance processed: flows whose
-//! mapping was released (RST, TIME_WAIT), reclaimed, or is idle past the
-//! timeout then are not listed, nor are dropped flows (stale, filtered,
-//! unmapped, exhausted). An inbound row names the mapping's current holder.
-//! (On several cores each core judges at its own last packet.)
+//! the run's end — the time of the run's last packet, across every core (a
+//! replay: the trace's last packet): flows whose mapping was released (RST,
+//! TIME_WAIT), reclaimed, or is idle past the timeout then are not listed,
+//! nor are dropped flows (stale, filtered, unmapped, exhausted). An inbound
+//! row names the mapping's current holder. The report's `tcp_ports_in_use`
+//! and `udp_ports_in_use` count the mappings live at that same time, and
+//! `tcp_ports_in_time_wait` the ports still in TIME_WAIT then (a TIME_WAIT
+//! whose deadline is at or before the end is over and its port released,
+//! counted in `time_wait_released`, as the last packet of a one-core run
+//! would have released it). So one core and several report the same
+//! counts and rows (on several cores, each core's share of the pool gives
+//! the translated ports).
 //!
 //! Cost: every translated packet reads its mapping (outbound ones also
 //! write its clock), a second cache line the prefetch hook fetches ahead.
@@ -525,7 +532,7 @@ pub struct Nat {
     /// 0: TCP, 1: UDP.
     pools: [Pool; 2],
     timeout_ns: u64,
-    /// The last packet's time (what export and report judge idleness at).
+    /// The last packet's time, then the run's end (what export and report judge idleness at).
     now_ns: u64,
     c: Counters,
 }
@@ -636,7 +643,8 @@ impl Nat {
         &self.cfg
     }
 
-    /// Ports held by a mapping not idle at the latest packet time: (TCP, UDP).
+    /// Ports held by a mapping not idle at the latest packet time (after
+    /// the run: its end, see `end_of_run`): (TCP, UDP).
     pub fn ports_in_use(&self) -> (usize, usize) {
         (self.pools[0].live(self.now_ns, self.timeout_ns), self.pools[1].live(self.now_ns, self.timeout_ns))
     }
@@ -751,6 +759,16 @@ impl StatefulNf for Nat {
     fn on_no_state(&mut self) -> Action {
         self.c.table_full += 1;
         Action::Drop
+    }
+
+    fn end_of_run(&mut self, end_ns: u64) {
+        // Judged at the run's end, as a one-core run's last packet would judge:
+        // mappings idle by then are not in use, TIME_WAITs over by then are released.
+        self.now_ns = self.now_ns.max(end_ns);
+        let tcp = &self.pools[0];
+        if tcp.tw_len != 0 && tcp.tw[tcp.tw_head].deadline_ns <= self.now_ns {
+            self.expire_time_wait(self.now_ns);
+        }
     }
 
     fn report(&self) -> Option<serde_json::Value> {
@@ -1324,6 +1342,32 @@ mod tests {
         let synack = TcpFlags::SYN.bits() | TcpFlags::ACK.bits();
         assert_eq!(h.run(&tcp4([6, 6, 6, 6], ext, 443, port, synack, 9, 2)).1, Action::DropEndFlow);
         assert_eq!(h.run(&tcp4(REMOTE, ext, 443, port, synack, 9, 2)).1, Action::Pass);
+    }
+
+    /// On several cores a core's last packet may be long before the run's end: the report
+    /// judges at the end the engine hands over, as a one-core run's last packet would.
+    #[test]
+    fn ports_in_use_and_time_wait_are_judged_at_the_run_end() {
+        const S: u64 = 1_000_000_000;
+        let (syn, fin) = (TcpFlags::SYN.bits(), TcpFlags::FIN.bits() | TcpFlags::ACK.bits());
+        let mut h = Harness::new(nat_with(&[("ports", "7000-7001"), ("fin_timeout", "2"), ("timeout", "10")]));
+        h.run(&udp4([10, 0, 0, 1], REMOTE, 1111, 53));
+        let out = |flags| tcp4([10, 0, 0, 2], REMOTE, 3000, 80, flags, 1, 1);
+        h.run(&out(syn));
+        h.now_ns = 8 * S;
+        h.run(&tcp4(REMOTE, EXT, 80, 7000, fin, 100, 2));
+        h.run(&out(fin));
+        let r = h.nf.report().unwrap();
+        assert_eq!((r["tcp_ports_in_use"].as_u64(), r["tcp_ports_in_time_wait"].as_u64()), (Some(1), Some(1)));
+        assert_eq!(r["udp_ports_in_use"], 1, "at this core's last packet (8 s)");
+        // The run ended at 11 s: the UDP mapping (last out at 0 s) is idle, TIME_WAIT (over at 10 s) released.
+        h.nf.end_of_run(11 * S);
+        let r = h.nf.report().unwrap();
+        assert_eq!((r["tcp_ports_in_use"].as_u64(), r["udp_ports_in_use"].as_u64()), (Some(0), Some(0)));
+        assert_eq!((r["tcp_ports_in_time_wait"].as_u64(), r["time_wait_released"].as_u64()), (Some(0), Some(1)));
+        // An end before the core's own last packet changes nothing.
+        h.nf.end_of_run(S);
+        assert_eq!(h.nf.report().unwrap()["time_wait_released"], 1);
     }
 
     #[test]
