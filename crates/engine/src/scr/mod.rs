@@ -20,8 +20,11 @@
 //! up to the highest claim from the other cores' logs: a loss burst that
 //! reaches the end is recovered, lost everywhere, or reported, like any
 //! other. A core never runs more than the log size ahead of what the
-//! slowest core still has to read (it waits; see `wait_for_slowest`), so
-//! entries are overwritten only past the wait limit, and then reported.
+//! slowest core still has to read (it waits; see `wait_for_slowest`), and
+//! a core that has claimed keeps catching up to the others until they all
+//! have, so no entry is overwritten before every core has read it. These
+//! waits have no time limit (a descheduled core comes back): they end when
+//! the other core progresses, finishes, or is gone (its worker ended early).
 //!
 //! Replicas stay identical because everything that changes them is a
 //! function of the packet sequence: the records (keys, fields, time),
