@@ -6,9 +6,9 @@
 
 use flowplane_engine::exec::ExecConfig;
 
-/// Replicas that recover from each other's logs wait for each other a bounded time; seven
-/// two-core runs at once on a small machine can deschedule a core past that bound (the run
-/// then reports an entry unrecovered, as documented). The recovery tests run one at a time.
+/// Replicas that recover from each other's logs wait for each other (for as long as the other
+/// lives: a descheduled core is waited for, not given up on); several two-core runs at once on
+/// a small machine make those waits long. The recovery tests run one at a time.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {

@@ -658,3 +658,48 @@ fn a_stamped_stream_ends_every_replica_where_the_trace_run_does() {
     }
     assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:x?}");
 }
+
+/// A timed run's end (issue 29: one entry in 9 runs under load was left
+/// unrecovered). Core 0 stops receiving at sequence 100 — descheduled, or it
+/// saw the deadline first — and claims it; core 1 goes on to 600 with a
+/// 32-entry log. Core 1 must not run more than its log ahead of core 0's
+/// catch-up (it used to stop waiting for a core once it had claimed, and
+/// wrote over the ~500 entries core 0 had yet to read): both end at core 1's
+/// claim with every entry recovered and identical replicas.
+#[test]
+fn a_core_that_stops_early_is_caught_up_before_the_others_log_wraps() {
+    let end = 600u64;
+    let t = trace(12, end as u32);
+    let seq = Arc::new(Sequencer::new(&t, 2, 0.0, 1));
+    let logs = Arc::new(ScrLogs::new(2, 32));
+    let out: Vec<ScrCoreReport> = std::thread::scope(|sc| {
+        let hs: Vec<_> = [100u64, end]
+            .into_iter()
+            .enumerate()
+            .map(|(core, stop)| {
+                let (seq, logs) = (&seq, &logs);
+                sc.spawn(move || {
+                    let spec = crate::spec::parse("ddos(threshold=3,window=0.001) -> hh").unwrap();
+                    let mut chain = Chain::build(&spec).unwrap();
+                    let mut r =
+                        ScrReplica::new(core, &chain, 1024, u64::MAX / 4, Arc::clone(seq), Some(Arc::clone(logs)), None);
+                    let mut h = vec![ScrRecord::default(); seq.history()];
+                    let mut s = core as u64 + 1;
+                    while s <= stop {
+                        seq.fill(s, &mut h);
+                        r.step_record(&mut chain, s, &h);
+                        s += 2;
+                    }
+                    // Stopped by time: each core claims its own highest.
+                    r.finish(&mut chain, false);
+                    r.report(&chain, 0)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(out.iter().map(|c| c.unrecovered).sum::<u64>(), 0, "{out:?}");
+    assert!(out[0].recovered >= 500, "core 0 caught up from core 1's log: {out:?}");
+    assert!(out.iter().all(|c| c.max_seq == end && c.reached_end), "{out:?}");
+    assert_eq!(out[0].digest, out[1].digest, "{out:?}");
+}
