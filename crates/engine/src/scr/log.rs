@@ -184,16 +184,25 @@ pub fn recover(logs: &ScrLogs, me: usize, k: u64) -> Recovered {
                 LogRead::Gone => gone += 1,
                 LogRead::NotInit => {
                     let l = &logs.logs[c];
-                    let stopped = l.done.load(Ordering::Acquire) || l.claim.load(Ordering::Acquire) != 0;
-                    if stopped && l.max.load(Ordering::Acquire) < k {
-                        // Stopped receiving before k: it never had it (its
-                        // end-of-run catch-up will mark k LOST; it may be
-                        // waiting for this core's claim, so do not wait for it).
-                        lost += 1;
-                    } else if l.gone.load(Ordering::Acquire) {
-                        gone += 1;
-                    } else {
-                        waiting += 1;
+                    // `gone` first, then the log read again: what the core wrote before it went is seen.
+                    let went = l.gone.load(Ordering::Acquire);
+                    match if went { l.read(k) } else { LogRead::NotInit } {
+                        LogRead::Rec(r) => return Recovered::Rec(r),
+                        LogRead::Lost => lost += 1,
+                        LogRead::Gone => gone += 1,
+                        LogRead::NotInit => {
+                            let stopped = l.done.load(Ordering::Acquire) || l.claim.load(Ordering::Acquire) != 0;
+                            if stopped && l.max.load(Ordering::Acquire) < k {
+                                // Stopped receiving before k: it never had it (its
+                                // end-of-run catch-up will mark k LOST; it may be
+                                // waiting for this core's claim, so do not wait for it).
+                                lost += 1;
+                            } else if went {
+                                gone += 1;
+                            } else {
+                                waiting += 1;
+                            }
+                        }
                     }
                 }
             }

@@ -85,8 +85,8 @@ pub struct ScrReplica {
 }
 
 impl ScrReplica {
-    /// A replica for `core` of `chain` (checked with [`super::refusal`]), `flows`
-    /// entries per NF table, idle timeouts from the NFs or `default_timeout_ns`.
+    /// A replica for `core` of `chain` (checked with [`super::refusal`]), exactly `flows`
+    /// keys per NF table, idle timeouts from the NFs or `default_timeout_ns`.
     pub fn new(
         core: usize,
         chain: &Chain,
@@ -95,7 +95,7 @@ impl ScrReplica {
         seq: Arc<Sequencer>,
         logs: Option<Arc<ScrLogs>>,
         end: Option<u64>,
-    ) -> ScrReplica {
+    ) -> Result<ScrReplica, flowplane_table::TableError> {
         let tables = chain
             .stages
             .iter()
@@ -108,13 +108,13 @@ impl ScrReplica {
                         _ => KeyOf::Flow,
                     };
                     let t = nf.idle_timeout_ns().or(chain.idle_timeout_ns).unwrap_or(default_timeout_ns);
-                    Some(ReplicaTable::new(key_of, flows, nf.state_size(), t))
+                    ReplicaTable::new(key_of, flows, nf.state_size(), t).map(Some)
                 }
-                Stage::Stateless(_) => None,
+                Stage::Stateless(_) => Ok(None),
             })
-            .collect();
+            .collect::<Result<Vec<_>, _>>()?;
         let h = seq.history();
-        ScrReplica {
+        Ok(ScrReplica {
             core,
             tables,
             seq,
@@ -131,7 +131,7 @@ impl ScrReplica {
             alive_batch: Vec::with_capacity(MAX_BATCH * h.max(1)),
             sole: chain.stages.iter().filter(|s| matches!(s, Stage::Stateful { .. })).count() == 1,
             rep: ScrCoreReport { core, ..Default::default() },
-        }
+        })
     }
 
     /// Queues one history entry for fast-forwarding.
@@ -459,6 +459,7 @@ impl ScrReplica {
                     } else {
                         // Table full on every core alike: counted, and judged as the NF says
                         // (`passes_without_state`, which the other replicas' fast-forward uses).
+                        t.refuse();
                         nf.on_no_state()
                     };
                     apply_action(batch, i, action, counters);
@@ -507,8 +508,10 @@ impl ScrReplica {
             let all = loop {
                 let (mut target, mut all, mut gone) = (claim, true, false);
                 for (_, l) in logs.logs.iter().enumerate().filter(|&(c, _)| c != self.core) {
+                    // `gone` first: a core that claims and then goes has its claim seen with it.
+                    let went = l.gone.load(Ordering::Acquire);
                     match l.claim.load(Ordering::Acquire) {
-                        0 if l.gone.load(Ordering::Acquire) => gone = true,
+                        0 if went => gone = true,
                         0 => {
                             all = false;
                             target = target.max(l.max.load(Ordering::Acquire));
@@ -662,8 +665,13 @@ impl ScrReplica {
             .map(ReplicaTable::digest)
             .chain(own)
             .fold(0xcbf2_9ce4_8422_2325u64, |d, x| (d ^ x).wrapping_mul(0x100_0000_01b3));
-        r.table_full = self.tables.iter().flatten().map(|t| t.full).sum();
-        r.sweeps = self.tables.iter().flatten().map(|t| t.sweeps).sum();
+        let sum = |f: fn(&ReplicaTable) -> u64| self.tables.iter().flatten().map(f).sum();
+        r.table_full = sum(|t| t.refused);
+        r.sweeps = sum(|t| t.sweeps);
+        r.entries = sum(|t| t.len() as u64);
+        r.insertions = sum(|t| t.insertions);
+        r.expiries = sum(|t| t.expiries);
+        r.capacity = sum(|t| t.capacity() as u64);
         r
     }
 }

@@ -68,8 +68,9 @@ fn log_markers_and_wrap() {
 
 #[test]
 fn table_expires_and_sweeps_deterministically() {
-    let mut a = ReplicaTable::new(KeyOf::Src, 64, 8, 100);
-    let mut b = ReplicaTable::new(KeyOf::Src, 64, 8, 100);
+    // Timeout 50: at most 51 keys are live at once (one record per time unit), within the 64 slots.
+    let mut a = ReplicaTable::new(KeyOf::Src, 64, 8, 50).unwrap();
+    let mut b = ReplicaTable::new(KeyOf::Src, 64, 8, 50).unwrap();
     for i in 0..1000u32 {
         let r = rec(i % 300, u64::from(i));
         for t in [&mut a, &mut b] {
@@ -136,7 +137,7 @@ fn pair(spec: &str) -> (Chain, Chain, ReplicaTable, ReplicaTable) {
     let spec = crate::spec::parse(spec).unwrap();
     let (mut ca, cb) = (Chain::build(&spec).unwrap(), Chain::build(&spec).unwrap());
     let size = nf0(&mut ca).state_size();
-    let table = || ReplicaTable::new(KeyOf::Src, 64, size, 5 * U);
+    let table = || ReplicaTable::new(KeyOf::Src, 64, size, 5 * U).unwrap();
     (ca, cb, table(), table())
 }
 
@@ -345,7 +346,7 @@ fn apply_cost() {
     let mut b = flowplane_io::replay::ReplayBuilder::new(1);
     b.push_steered(&[0u8; 60], 0, 0, 0).unwrap();
     let seq = Arc::new(Sequencer::new(&b.build(), 8, 0.0, 1));
-    let mut r = ScrReplica::new(0, &chain, 1 << 21, 30_000_000_000, seq, None, None);
+    let mut r = ScrReplica::new(0, &chain, 1 << 21, 30_000_000_000, seq, None, None).unwrap();
     let recs: Vec<ScrRecord> = (0..8).map(|i| rec(7, i)).collect();
     for _ in 0..3 {
         let t0 = tsc::rdtsc();
@@ -391,7 +392,7 @@ fn core_run(
 ) -> (ScrCoreReport, u64) {
     let spec = crate::spec::parse("ddos(threshold=3,window=0.001) -> hh").unwrap();
     let mut chain = Chain::build(&spec).unwrap();
-    let mut r = ScrReplica::new(core, &chain, 1024, u64::MAX / 4, Arc::clone(seq), Some(Arc::clone(logs)), Some(end));
+    let mut r = ScrReplica::new(core, &chain, 1024, u64::MAX / 4, Arc::clone(seq), Some(Arc::clone(logs)), Some(end)).unwrap();
     let mut h = vec![ScrRecord::default(); seq.history()];
     let mut s = core as u64 + 1;
     while s <= end {
@@ -466,7 +467,7 @@ fn check_loss_pattern(k: usize, log: usize, lost: &[bool]) -> Result<Vec<ScrCore
     });
     let spec = crate::spec::parse("ddos(threshold=3,window=0.001) -> hh").unwrap();
     let mut chain = Chain::build(&spec).unwrap();
-    let mut reference = ScrReplica::new(0, &chain, 1024, u64::MAX / 4, Arc::clone(&seq), None, Some(end));
+    let mut reference = ScrReplica::new(0, &chain, 1024, u64::MAX / 4, Arc::clone(&seq), None, Some(end)).unwrap();
     for s in 1..=end {
         if (s..(s + k as u64).min(end + 1)).any(|q| !lost[(q - 1) as usize]) {
             reference.apply(&seq.record(s));
@@ -636,7 +637,7 @@ fn a_stamped_stream_ends_every_replica_where_the_trace_run_does() {
     let mut digests = Vec::new();
     for (core, mine) in sprayed.iter().enumerate() {
         let mut chain = Chain::build(&spec).unwrap();
-        let mut r = ScrReplica::new(core, &chain, 1024, u64::MAX / 4, Arc::clone(&streamed), None, None);
+        let mut r = ScrReplica::new(core, &chain, 1024, u64::MAX / 4, Arc::clone(&streamed), None, None).unwrap();
         for (s, h) in mine {
             r.step_record(&mut chain, *s, h);
         }
@@ -647,7 +648,7 @@ fn a_stamped_stream_ends_every_replica_where_the_trace_run_does() {
         digests.push(rep.digest);
         // The trace path, the same core.
         let mut chain = Chain::build(&spec).unwrap();
-        let mut r = ScrReplica::new(core, &chain, 1024, u64::MAX / 4, Arc::clone(&by_trace), None, Some(end));
+        let mut r = ScrReplica::new(core, &chain, 1024, u64::MAX / 4, Arc::clone(&by_trace), None, Some(end)).unwrap();
         let mut h = vec![ScrRecord::default(); cores];
         for s in (core as u64 + 1..=end).step_by(cores) {
             by_trace.fill(s, &mut h);
@@ -682,7 +683,7 @@ fn a_core_that_stops_early_is_caught_up_before_the_others_log_wraps() {
                     let spec = crate::spec::parse("ddos(threshold=3,window=0.001) -> hh").unwrap();
                     let mut chain = Chain::build(&spec).unwrap();
                     let mut r =
-                        ScrReplica::new(core, &chain, 1024, u64::MAX / 4, Arc::clone(seq), Some(Arc::clone(logs)), None);
+                        ScrReplica::new(core, &chain, 1024, u64::MAX / 4, Arc::clone(seq), Some(Arc::clone(logs)), None).unwrap();
                     let mut h = vec![ScrRecord::default(); seq.history()];
                     let mut s = core as u64 + 1;
                     while s <= stop {
