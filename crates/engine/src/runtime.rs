@@ -272,19 +272,20 @@ pub(crate) fn run_workers(
                                     },
                                     ..PoolConfig::default()
                                 })?;
-                                let replica = scr.map(|r| {
-                                    crate::scr::ScrReplica::new(
-                                        w,
-                                        &chain,
-                                        cfg.exec.flows.min(r.keys.saturating_mul(2).max(1024)),
-                                        cfg.exec.default_idle_timeout_ns,
-                                        Arc::clone(&r.seq),
-                                        r.logs.clone(),
-                                        r.end,
-                                    )
-                                    .map_err(|source| EngineError::Table { what: "scr replica table", source })
-                                })
-                                .transpose()?;
+                                let replica = scr
+                                    .map(|r| {
+                                        crate::scr::ScrReplica::new(
+                                            w,
+                                            &chain,
+                                            cfg.exec.flows.min(r.keys.saturating_mul(2).max(1024)),
+                                            cfg.exec.default_idle_timeout_ns,
+                                            Arc::clone(&r.seq),
+                                            r.logs.clone(),
+                                            r.end,
+                                        )
+                                        .map_err(|source| EngineError::Table { what: "scr replica table", source })
+                                    })
+                                    .transpose()?;
                                 // A port's queue opens first: what arrives while the tables fault in waits in its ring.
                                 let feed = Fed { dispatched: fed, kernel: kernel.clone() };
                                 let source = source(cfg, w, &trace, live, feed, &mut pool, &steering_arc, scr, {

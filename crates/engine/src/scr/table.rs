@@ -242,9 +242,8 @@ impl ReplicaTable {
     ) -> Result<ReplicaTable, flowplane_table::TableError> {
         let capacity = capacity.max(1);
         let stride = state_size.div_ceil(8).max(1);
-        let words = capacity
-            .checked_mul(stride)
-            .ok_or(flowplane_table::TableError::OutOfMemory { bytes: usize::MAX })?;
+        let words =
+            capacity.checked_mul(stride).ok_or(flowplane_table::TableError::OutOfMemory { bytes: usize::MAX })?;
         let map = FixedMap::new(capacity)?;
         Ok(ReplicaTable {
             key_of,
@@ -380,6 +379,8 @@ impl ReplicaTable {
         }
         let at = self.map.insert_new_hashed(h, key, Seen { last: now }).ok()?;
         self.insertions += 1;
+        // (Record times may go back: the new key may be the first to be idle.)
+        self.idle_from = self.idle_from.min(now.saturating_add(self.timeout_ns));
         self.hot_key = key;
         self.hot_at = at;
         Some(Slot { at, fresh: true })

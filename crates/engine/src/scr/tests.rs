@@ -392,7 +392,8 @@ fn core_run(
 ) -> (ScrCoreReport, u64) {
     let spec = crate::spec::parse("ddos(threshold=3,window=0.001) -> hh").unwrap();
     let mut chain = Chain::build(&spec).unwrap();
-    let mut r = ScrReplica::new(core, &chain, 1024, u64::MAX / 4, Arc::clone(seq), Some(Arc::clone(logs)), Some(end)).unwrap();
+    let mut r =
+        ScrReplica::new(core, &chain, 1024, u64::MAX / 4, Arc::clone(seq), Some(Arc::clone(logs)), Some(end)).unwrap();
     let mut h = vec![ScrRecord::default(); seq.history()];
     let mut s = core as u64 + 1;
     while s <= end {
@@ -682,8 +683,16 @@ fn a_core_that_stops_early_is_caught_up_before_the_others_log_wraps() {
                 sc.spawn(move || {
                     let spec = crate::spec::parse("ddos(threshold=3,window=0.001) -> hh").unwrap();
                     let mut chain = Chain::build(&spec).unwrap();
-                    let mut r =
-                        ScrReplica::new(core, &chain, 1024, u64::MAX / 4, Arc::clone(seq), Some(Arc::clone(logs)), None).unwrap();
+                    let mut r = ScrReplica::new(
+                        core,
+                        &chain,
+                        1024,
+                        u64::MAX / 4,
+                        Arc::clone(seq),
+                        Some(Arc::clone(logs)),
+                        None,
+                    )
+                    .unwrap();
                     let mut h = vec![ScrRecord::default(); seq.history()];
                     let mut s = core as u64 + 1;
                     while s <= stop {
