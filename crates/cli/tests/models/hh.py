@@ -69,14 +69,6 @@ def check_rule(recs, run, expect, verdicts):
     live, top, crossed = model(recs)
     d = run.nf("hh")["details"]
     got_top = {flow_of(x): (x["bytes"], x["packets"], x["heavy"]) for x in d["top"]}
-    flows = {f for f in live}
-    bogus = [f for f in got_top if f not in flows]
-    if run.label == "scr" and bogus:
-        # Bug (hh.rs): scr_transition offers rec.tuple(), an IPv6 flow's CRC32C-folded addresses
-        # as an IPv4 tuple, so the merged top-k lists the flow twice, once under a made-up address.
-        errs.append(f"KNOWN: scr top-k lists folded IPv6 tuples {bogus} (hh's scr_transition)")
-        top = dict(list(top.items())[: K - len(bogus)])
-        got_top = {f: v for f, v in got_top.items() if f not in bogus}
     if run.label == "shared" and run.exe == "pernf" and (got_top != top or len(run.export) != len(live)):
         # Open bug (engine, issue 29): under pernf + shared a flow's per-NF entry is sometimes
         # expired part-way through the flow (e.g. 49 of its 100 packets left), though no gap
