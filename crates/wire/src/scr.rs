@@ -317,7 +317,8 @@ mod tests {
         assert_eq!(r.tuple(), FiveTuple::from(FiveTupleV4::new(0xdead_beef.into(), 7.into(), 1, 2, 17)));
         assert!(!is_folded(&r.tuple()) && is_folded(&v6.tuple()));
         assert_eq!(v6.tuple().src_ip().to_string(), "100::dead:beef");
-        let real: FiveTuple = FiveTupleV6::new("2001:db8::1".parse().unwrap(), "fd00::2".parse().unwrap(), 1, 2, 17).into();
+        let real: FiveTuple =
+            FiveTupleV6::new("2001:db8::1".parse().unwrap(), "fd00::2".parse().unwrap(), 1, 2, 17).into();
         assert!(!is_folded(&real));
         let folded = recorded(&real);
         assert!(is_folded(&folded) && recorded(&folded) == folded);
