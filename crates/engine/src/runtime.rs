@@ -272,17 +272,20 @@ pub(crate) fn run_workers(
                                     },
                                     ..PoolConfig::default()
                                 })?;
-                                let replica = scr.map(|r| {
-                                    crate::scr::ScrReplica::new(
-                                        w,
-                                        &chain,
-                                        cfg.exec.flows.min(r.keys.saturating_mul(2).max(1024)),
-                                        cfg.exec.default_idle_timeout_ns,
-                                        Arc::clone(&r.seq),
-                                        r.logs.clone(),
-                                        r.end,
-                                    )
-                                });
+                                let replica = scr
+                                    .map(|r| {
+                                        crate::scr::ScrReplica::new(
+                                            w,
+                                            &chain,
+                                            cfg.exec.flows.min(r.keys.saturating_mul(2).max(1024)),
+                                            cfg.exec.default_idle_timeout_ns,
+                                            Arc::clone(&r.seq),
+                                            r.logs.clone(),
+                                            r.end,
+                                        )
+                                        .map_err(|source| EngineError::Table { what: "scr replica table", source })
+                                    })
+                                    .transpose()?;
                                 // A port's queue opens first: what arrives while the tables fault in waits in its ring.
                                 let feed = Fed { dispatched: fed, kernel: kernel.clone() };
                                 let source = source(cfg, w, &trace, live, feed, &mut pool, &steering_arc, scr, {
@@ -471,7 +474,15 @@ pub(crate) fn run_workers(
     }
     if let Some(r) = scr {
         let cores = workers.iter_mut().filter_map(|w| w.scr.take()).collect();
-        report.scr = Some(crate::scr::ScrReport::new(r.seq.history(), r.fields, cfg.scr.recovery, cfg.scr.loss, cores));
+        let sr = crate::scr::ScrReport::new(r.seq.history(), r.fields, cfg.scr.recovery, cfg.scr.loss, cores);
+        // The run's tables are the replicas' (the executors' stay empty): every replica holds the same keys, so
+        // one replica's counters are the run's; a packet refused for want of room counts on the core that owned it.
+        if let Some(c) = sr.cores.first() {
+            let t = &mut report.tables;
+            (t.entries, t.insertions, t.expiries) = (c.entries, c.insertions, c.expiries);
+            t.table_full = sr.cores.iter().map(|c| c.table_full).sum();
+        }
+        report.scr = Some(sr);
     }
     // Live flows where the per-core tables do not give them by a sum: under scr the replicas hold the state
     // (every replica the same), and a sprayed flow has an entry on every core it reached (unless its state lives

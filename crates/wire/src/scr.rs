@@ -112,6 +112,54 @@ fn fold6(a: std::net::Ipv6Addr) -> u32 {
     crc32c_u64(crc32c_u64(0, v as u64), (v >> 64) as u64)
 }
 
+/// The block a record's folded IPv6 address is shown in: `100::/64`
+/// (RFC 6666, discard-only: no flow's real address), the fold in the low 32
+/// bits. So a record's tuple of an IPv6 flow is still an IPv6 tuple, told
+/// apart from the flow's real tuple (see [`recorded`]).
+const FOLDED_BLOCK: u128 = 0x0100 << 112;
+
+/// The address a record shows for an IPv6 address of fold `fold`.
+pub fn folded_addr(fold: u32) -> std::net::Ipv6Addr {
+    std::net::Ipv6Addr::from(FOLDED_BLOCK | u128::from(fold))
+}
+
+/// `a` is a record's folded address ([`folded_addr`]).
+pub fn is_folded_addr(a: std::net::Ipv6Addr) -> bool {
+    u128::from(a) >> 32 == FOLDED_BLOCK >> 32
+}
+
+/// Address `a` as a record shows it: an IPv6 address folded ([`folded_addr`]), a folded one and IPv4 as they are.
+pub fn recorded_addr(a: std::net::IpAddr) -> std::net::IpAddr {
+    match a {
+        std::net::IpAddr::V6(x) if !is_folded_addr(x) => folded_addr(fold6(x)).into(),
+        other => other,
+    }
+}
+
+/// Tuple `t` as a record of its packets shows it ([`ScrRecord::tuple`]):
+/// an IPv6 flow's addresses folded, an IPv4 flow (or a record's tuple) as it is.
+pub fn recorded(t: &crate::flow::FiveTuple) -> crate::flow::FiveTuple {
+    match t {
+        crate::flow::FiveTuple::V6(x) if !is_folded(t) => crate::flow::FiveTupleV6::new(
+            folded_addr(fold6(x.src())),
+            folded_addr(fold6(x.dst())),
+            x.src_port(),
+            x.dst_port(),
+            x.proto(),
+        )
+        .into(),
+        _ => *t,
+    }
+}
+
+/// `t` is a record's tuple of an IPv6 flow (both addresses folded): the flow's real addresses are not known.
+pub fn is_folded(t: &crate::flow::FiveTuple) -> bool {
+    match t {
+        crate::flow::FiveTuple::V6(x) => is_folded_addr(x.src()) && is_folded_addr(x.dst()),
+        crate::flow::FiveTuple::V4(_) => false,
+    }
+}
+
 impl ScrRecord {
     /// Extracts the record of `frame` (its parsed facts `m`), time unset.
     pub fn from_frame(frame: &[u8], m: &PktMeta) -> ScrRecord {
@@ -187,9 +235,15 @@ impl ScrRecord {
         (self.kind() & kind::TCP != 0).then_some(self.flags)
     }
 
-    /// The 5-tuple (IPv4; an IPv6 packet's with folded addresses).
+    /// The 5-tuple: an IPv6 packet's with its addresses folded, shown in
+    /// `100::/64` ([`folded_addr`]; [`recorded`] of the packet's own tuple).
     pub fn tuple(&self) -> crate::flow::FiveTuple {
-        crate::flow::FiveTupleV4::new(self.src.into(), self.dst.into(), self.sport, self.dport, self.proto).into()
+        if self.kind() & kind::V6 != 0 {
+            let (s, d) = (folded_addr(self.src), folded_addr(self.dst));
+            crate::flow::FiveTupleV6::new(s, d, self.sport, self.dport, self.proto).into()
+        } else {
+            crate::flow::FiveTupleV4::new(self.src.into(), self.dst.into(), self.sport, self.dport, self.proto).into()
+        }
     }
 
     /// Exact 5-tuple key (104 bits) with the kind's family bit.
@@ -251,6 +305,27 @@ mod tests {
         assert_eq!(r.ts_ns(), 123_456_789);
         assert_eq!(r.tcp_flags(), Some(0x12));
         assert_eq!(r.dst_port(), Some(4));
+    }
+
+    /// A record's tuple of an IPv6 flow is the flow's own tuple as `recorded` shows it (folded addresses in
+    /// `100::/64`, told apart from real ones); an IPv4 flow's is its own.
+    #[test]
+    fn a_records_tuple_is_the_recorded_form_of_the_flows() {
+        use crate::flow::{FiveTuple, FiveTupleV4, FiveTupleV6};
+        let r = ScrRecord { src: 0xdead_beef, dst: 7, sport: 1, dport: 2, proto: 17, ts_kind: 0, ..Default::default() };
+        let v6 = ScrRecord { ts_kind: u64::from(kind::VALID | kind::V6 | kind::PORTS) << 56, ..r };
+        assert_eq!(r.tuple(), FiveTuple::from(FiveTupleV4::new(0xdead_beef.into(), 7.into(), 1, 2, 17)));
+        assert!(!is_folded(&r.tuple()) && is_folded(&v6.tuple()));
+        assert_eq!(v6.tuple().src_ip().to_string(), "100::dead:beef");
+        let real: FiveTuple =
+            FiveTupleV6::new("2001:db8::1".parse().unwrap(), "fd00::2".parse().unwrap(), 1, 2, 17).into();
+        assert!(!is_folded(&real));
+        let folded = recorded(&real);
+        assert!(is_folded(&folded) && recorded(&folded) == folded);
+        let (s, d) = ("2001:db8::1".parse().unwrap(), "fd00::2".parse().unwrap());
+        let rec = ScrRecord { src: fold6(s), dst: fold6(d), ..v6 };
+        assert_eq!(rec.tuple(), folded);
+        assert_eq!(recorded_addr(std::net::IpAddr::V6(s)), std::net::IpAddr::V6(folded_addr(fold6(s))));
     }
 
     #[test]

@@ -49,8 +49,6 @@ def check(recs, run, expect, verdicts):
     if run.label == "shared":
         return shared_bound(recs, run)
     errs = verdicts(None, recs, run, expect)
-    if run.label == "scr" and not run.export:
-        return errs + ["KNOWN: issue 29, exports under --scale scr are empty (the exports helper's fix)"]
     want = {addr(s): (ws, c, c > T, b) for s, (ws, c, b) in run_model(recs)[1].items()}
     got = {addr(x["src"]): (x["window_start_ns"], x["window_packets"], x["blocked"], x["blocked_windows"]) for x in run.export}
     for s in sorted(set(want) | set(got)):

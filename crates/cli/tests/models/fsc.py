@@ -28,9 +28,6 @@ def check(recs, run, expect, verdicts):
         w = want.setdefault(rec_flow(p), [0, 0, p.t, p.t])
         w[0], w[1], w[3] = w[0] + 1, w[1] + len(p.frame), p.t
     got = {flow_of(x): [x["packets"], x["bytes"], x["first_ns"], x["last_ns"]] for x in run.export}
-    if run.label == "shared" and not any(":" in f[1] for f in got):
-        errs.append("KNOWN: shared exports no IPv6 flows (issue 29, lb under shared)")
-        want = {f: v for f, v in want.items() if ":" not in f[1]}
     if len(got) != len(run.export):
         errs.append(f"export has {len(run.export) - len(got)} duplicate rows")
     for f in sorted(set(want) | set(got), key=str):

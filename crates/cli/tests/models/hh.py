@@ -72,25 +72,11 @@ def check_rule(recs, run, expect, verdicts, modelled):
     live, top = dict(live), dict(top)
     d = run.nf("hh")["details"]
     got_top = {flow_of(x): (x["bytes"], x["packets"], x["heavy"]) for x in d["top"]}
-    flows = {f for f in live}
-    bogus = [f for f in got_top if f not in flows]
-    if run.label == "scr" and bogus:
-        # Bug (hh.rs): scr_transition offers rec.tuple(), an IPv6 flow's CRC32C-folded addresses
-        # as an IPv4 tuple, so the merged top-k lists the flow twice, once under a made-up address.
-        errs.append(f"KNOWN: scr top-k lists folded IPv6 tuples {bogus} (hh's scr_transition)")
-        top = dict(list(top.items())[: K - len(bogus)])
-        got_top = {f: v for f, v in got_top.items() if f not in bogus}
     if got_top != top or len(d["top"]) != K:
         errs.append(f"top-{K}: expected {top}, got {got_top}")
     if d["flows_over_threshold"] != crossed:
         errs.append(f"flows_over_threshold: expected {crossed}, got {d['flows_over_threshold']}")
-    if run.label == "scr" and not run.export:
-        return errs + ["KNOWN: issue 29, exports under --scale scr are empty (the exports helper's fix)"]
     got = {flow_of(x): (x["bytes"], x["packets"]) for x in run.export}
-    if run.label == "shared":
-        if not any(":" in f[1] for f in got):
-            errs.append("KNOWN: shared exports no IPv6 flows (issue 29, lb under shared)")
-            live = {f: v for f, v in live.items() if ":" not in f[1]}
     if got != live:
         diff = {f: (live.get(f), got.get(f)) for f in set(live) | set(got) if live.get(f) != got.get(f)}
         errs.append(f"export=all: {len(run.export)} rows, {len(live)} live flows; (expected, got): {diff}")

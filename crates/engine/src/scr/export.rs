@@ -39,12 +39,11 @@ impl ScrReplica {
         let mut rows = Vec::new();
         // The idle rule of a lookup at the latest record time (every replica saw every record): a key a record
         // would find idle, and start over, is not listed though no sweep removed it yet.
-        let now = t.hdr.iter().filter(|h| h.used != 0).map(|h| h.last).max().unwrap_or(0);
-        for (i, h) in t.hdr.iter().enumerate() {
-            if h.used == 0 || flowplane_nf::stateful::is_idle(h.last, now, t.timeout_ns()) {
+        let now = t.entries().map(|(_, _, last)| last).max().unwrap_or(0);
+        for (i, k, last) in t.entries() {
+            if flowplane_nf::stateful::is_idle(last, now, t.timeout_ns()) {
                 continue;
             }
-            let k = h.key;
             let is_v6 = k as u8 & flowplane_wire::scr::kind::V6 != 0;
             let tuple = match t.key_of {
                 KeyOf::Src => ip((k >> 8) as u32, is_v6).and_then(|a| FiveTuple::new(a, zero(is_v6), 0, 0, 0)),
@@ -56,8 +55,7 @@ impl ScrReplica {
                 KeyOf::Connection => None,
             };
             let Some(tuple) = tuple else { continue };
-            let w = &t.states[i * t.stride..(i + 1) * t.stride];
-            rows.extend(nf.export_row_bytes(&tuple, &bytemuck::cast_slice::<u64, u8>(w)[..t.size]));
+            rows.extend(nf.export_row_bytes(&tuple, t.state_bytes(i)));
         }
         Some(rows)
     }
@@ -66,7 +64,7 @@ impl ScrReplica {
 impl ScrReplica {
     /// Keys in the replica's first table keyed by the 5-tuple (None: no NF keeps per-flow state): the live flows.
     pub fn flows(&self) -> Option<u64> {
-        self.tables.iter().flatten().find(|t| t.key_of == KeyOf::Flow).map(|t| t.len as u64)
+        self.tables.iter().flatten().find(|t| t.key_of == KeyOf::Flow).map(|t| t.len() as u64)
     }
 }
 

@@ -447,7 +447,10 @@ pub(crate) fn batch<T: StatefulNf, K: Fn(&ScrRecord) -> u128, const SOLE: bool>(
                 None => match state(nf, t, k, r, &c) {
                     Some(st) => nf.process(&mut Pkt::new(batch.data_mut(i), meta), st, &c),
                     // Table full on every core alike: counted, and judged as the NF says (`passes_without_state`).
-                    None => nf.on_no_state(),
+                    None => {
+                        t.refuse();
+                        nf.on_no_state()
+                    }
                 },
             }
         };

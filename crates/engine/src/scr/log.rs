@@ -4,12 +4,8 @@
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 
+use flowplane_io::cpu::IdleBackoff;
 use flowplane_nf::stateful::ScrRecord;
-use flowplane_packet::tsc;
-
-/// Spins before a core waiting for another core's log entry gives up and
-/// declares the entry unrecoverable (never hang: ~2^32 cycles is seconds).
-pub(super) const WAIT_LIMIT_CYCLES: u64 = 1 << 32;
 
 /// One log entry's record words (half a cache line).
 #[repr(C, align(32))]
@@ -39,6 +35,9 @@ pub struct ScrLog {
     /// the sequencer emitted (the stream's end, or its own highest), plus
     /// one (0: still receiving). Every core catches up to the highest claim.
     pub(super) claim: AtomicU64,
+    /// The core's replica is gone without finishing (its worker ended
+    /// early): it will log nothing more, so nobody waits for it.
+    pub(super) gone: AtomicBool,
     tags: Box<[AtomicU64]>,
     recs: Box<[LogRec]>,
 }
@@ -65,9 +64,17 @@ impl ScrLog {
             resolved: AtomicU64::new(0),
             done: AtomicBool::new(false),
             claim: AtomicU64::new(0),
+            gone: AtomicBool::new(false),
             tags: (0..n).map(|_| AtomicU64::new(0)).collect(),
             recs: (0..n).map(|_| LogRec(std::array::from_fn(|_| AtomicU64::new(0)))).collect(),
         }
+    }
+
+    /// The core still logs or resolves sequences: it has not finished and
+    /// its replica is not gone (a core catching up at the end of the run
+    /// still advances its resolved mark).
+    pub(super) fn active(&self) -> bool {
+        !self.done.load(Ordering::Acquire) && !self.gone.load(Ordering::Acquire)
     }
 
     /// Entries.
@@ -151,18 +158,23 @@ pub enum Recovered {
     Rec(ScrRecord),
     /// Every other core marked it LOST: nobody saw it, nobody processes it.
     LostEverywhere,
-    /// Not recoverable: overwritten in the logs that might hold it, or the wait timed out.
+    /// Not recoverable: overwritten in the logs that might hold it, or the
+    /// only core that might hold it is gone (its worker ended early).
     Unrecoverable,
 }
 
 /// `handle_loss_recovery(k, c)` of Algorithm 1: read the other cores' logs
 /// until one holds `history[k]` or all say LOST. A core that has not got to
 /// `k` is waited for (it will log `k` or LOST: it marks a whole gap before
-/// resolving any of it, and a finished core has logged up to the end). A
-/// wrapped entry, or a wait past the limit, makes `k` unrecoverable.
+/// resolving any of it, and a finished core has logged up to the end), for
+/// as long as it lives: a descheduled core comes back, and no time limit
+/// can tell it from a slow one (a wait that gave up made the replicas
+/// diverge under load). The wait spins, then naps, so a core that shares
+/// this CPU gets to run. A wrapped entry, or a core gone without
+/// finishing (its worker ended early), makes `k` unrecoverable.
 pub fn recover(logs: &ScrLogs, me: usize, k: u64) -> Recovered {
     let n = logs.logs.len();
-    let t0 = tsc::rdtsc();
+    let mut backoff = IdleBackoff::default();
     loop {
         let (mut lost, mut gone, mut waiting) = (0usize, 0usize, 0usize);
         for c in (0..n).filter(|&c| c != me) {
@@ -172,14 +184,25 @@ pub fn recover(logs: &ScrLogs, me: usize, k: u64) -> Recovered {
                 LogRead::Gone => gone += 1,
                 LogRead::NotInit => {
                     let l = &logs.logs[c];
-                    let stopped = l.done.load(Ordering::Acquire) || l.claim.load(Ordering::Acquire) != 0;
-                    if stopped && l.max.load(Ordering::Acquire) < k {
-                        // Stopped receiving before k: it never had it (its
-                        // end-of-run catch-up will mark k LOST; it may be
-                        // waiting for this core's claim, so do not wait for it).
-                        lost += 1;
-                    } else {
-                        waiting += 1;
+                    // `gone` first, then the log read again: what the core wrote before it went is seen.
+                    let went = l.gone.load(Ordering::Acquire);
+                    match if went { l.read(k) } else { LogRead::NotInit } {
+                        LogRead::Rec(r) => return Recovered::Rec(r),
+                        LogRead::Lost => lost += 1,
+                        LogRead::Gone => gone += 1,
+                        LogRead::NotInit => {
+                            let stopped = l.done.load(Ordering::Acquire) || l.claim.load(Ordering::Acquire) != 0;
+                            if stopped && l.max.load(Ordering::Acquire) < k {
+                                // Stopped receiving before k: it never had it (its
+                                // end-of-run catch-up will mark k LOST; it may be
+                                // waiting for this core's claim, so do not wait for it).
+                                lost += 1;
+                            } else if went {
+                                gone += 1;
+                            } else {
+                                waiting += 1;
+                            }
+                        }
                     }
                 }
             }
@@ -187,9 +210,6 @@ pub fn recover(logs: &ScrLogs, me: usize, k: u64) -> Recovered {
         if waiting == 0 {
             return if gone == 0 && lost == n - 1 { Recovered::LostEverywhere } else { Recovered::Unrecoverable };
         }
-        if tsc::rdtsc().saturating_sub(t0) > WAIT_LIMIT_CYCLES {
-            return Recovered::Unrecoverable;
-        }
-        std::hint::spin_loop();
+        backoff.idle();
     }
 }

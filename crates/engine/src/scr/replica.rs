@@ -5,12 +5,13 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use flowplane_io::cpu::IdleBackoff;
 use flowplane_io::scr::{ScrSide, Sequencer};
 use flowplane_nf::stateful::{Granularity, ScrRecord};
 use flowplane_nf::{NfContext, Pkt, PktMeta};
 use flowplane_packet::{tsc, Batch, DROP, MAX_BATCH};
 
-use super::log::{recover, Recovered, ScrLogs, WAIT_LIMIT_CYCLES};
+use super::log::{recover, Recovered, ScrLogs};
 use super::report::ScrCoreReport;
 use super::table::{KeyOf, ReplicaTable};
 use crate::chain::{Chain, Stage};
@@ -84,8 +85,8 @@ pub struct ScrReplica {
 }
 
 impl ScrReplica {
-    /// A replica for `core` of `chain` (checked with [`super::refusal`]), `flows`
-    /// entries per NF table, idle timeouts from the NFs or `default_timeout_ns`.
+    /// A replica for `core` of `chain` (checked with [`super::refusal`]), exactly `flows`
+    /// keys per NF table, idle timeouts from the NFs or `default_timeout_ns`.
     pub fn new(
         core: usize,
         chain: &Chain,
@@ -94,7 +95,7 @@ impl ScrReplica {
         seq: Arc<Sequencer>,
         logs: Option<Arc<ScrLogs>>,
         end: Option<u64>,
-    ) -> ScrReplica {
+    ) -> Result<ScrReplica, flowplane_table::TableError> {
         let tables = chain
             .stages
             .iter()
@@ -107,13 +108,13 @@ impl ScrReplica {
                         _ => KeyOf::Flow,
                     };
                     let t = nf.idle_timeout_ns().or(chain.idle_timeout_ns).unwrap_or(default_timeout_ns);
-                    Some(ReplicaTable::new(key_of, flows, nf.state_size(), t))
+                    ReplicaTable::new(key_of, flows, nf.state_size(), t).map(Some)
                 }
-                Stage::Stateless(_) => None,
+                Stage::Stateless(_) => Ok(None),
             })
-            .collect();
+            .collect::<Result<Vec<_>, _>>()?;
         let h = seq.history();
-        ScrReplica {
+        Ok(ScrReplica {
             core,
             tables,
             seq,
@@ -130,7 +131,7 @@ impl ScrReplica {
             alive_batch: Vec::with_capacity(MAX_BATCH * h.max(1)),
             sole: chain.stages.iter().filter(|s| matches!(s, Stage::Stateful { .. })).count() == 1,
             rep: ScrCoreReport { core, ..Default::default() },
-        }
+        })
     }
 
     /// Queues one history entry for fast-forwarding.
@@ -458,6 +459,7 @@ impl ScrReplica {
                     } else {
                         // Table full on every core alike: counted, and judged as the NF says
                         // (`passes_without_state`, which the other replicas' fast-forward uses).
+                        t.refuse();
                         nf.on_no_state()
                     };
                     apply_action(batch, i, action, counters);
@@ -494,26 +496,40 @@ impl ScrReplica {
             };
             let me = logs.log(self.core);
             me.claim.store(claim + 1, Ordering::Release);
-            let t0 = tsc::rdtsc();
-            let mut target = claim;
-            let mut all = true;
-            for l in logs.logs.iter() {
-                let mut c = l.claim.load(Ordering::Acquire);
-                while c == 0 {
-                    if tsc::rdtsc().saturating_sub(t0) > WAIT_LIMIT_CYCLES {
-                        break;
+            // Until every other core has claimed: catch up to what the
+            // others have published so far (no more than any of them will
+            // claim), so this core's resolved mark keeps pace with them
+            // and a core still receiving never waits for it
+            // (`wait_for_slowest` waits for a claimed core until it is done)
+            // nor writes over what it has yet to read. No time limit: a
+            // descheduled core comes back; only a core gone without
+            // finishing (its worker ended early) is not waited for.
+            let mut backoff = IdleBackoff::default();
+            let all = loop {
+                let (mut target, mut all, mut gone) = (claim, true, false);
+                for (_, l) in logs.logs.iter().enumerate().filter(|&(c, _)| c != self.core) {
+                    // `gone` first: a core that claims and then goes has its claim seen with it.
+                    let went = l.gone.load(Ordering::Acquire);
+                    match l.claim.load(Ordering::Acquire) {
+                        0 if went => gone = true,
+                        0 => {
+                            all = false;
+                            target = target.max(l.max.load(Ordering::Acquire));
+                        }
+                        c => target = target.max(c - 1),
                     }
-                    std::hint::spin_loop();
-                    c = l.claim.load(Ordering::Acquire);
                 }
-                all &= c != 0;
-                target = target.max(c.saturating_sub(1));
-            }
-            if target > self.max {
-                self.catch_up_gap(chain, &logs, target);
-            }
+                if target > self.max {
+                    self.catch_up_gap(chain, &logs, target);
+                    backoff.busy();
+                }
+                if all || gone {
+                    break all && !gone;
+                }
+                backoff.idle();
+            };
             // Comparable when every core's claim was seen (all catch up to the same target).
-            self.end = all.then_some(target);
+            self.end = all.then_some(self.max);
             me.done.store(true, Ordering::Release);
             return;
         }
@@ -532,8 +548,9 @@ impl ScrReplica {
     }
 
     /// Keeps this core's log from overwriting entries a slower core may
-    /// still recover: logging `seq` waits until every other core still
-    /// receiving has resolved (received or recovered) everything up to
+    /// still recover: logging `seq` waits until every other core not done
+    /// (still receiving, or catching up at the end: `finish`) has resolved
+    /// (received or recovered) everything up to
     /// `seq - (L - N)` (L log entries, N history). The bound is re-read only
     /// when `seq` passes it (a few times per log length), so a core well
     /// within it pays one compare per packet.
@@ -545,8 +562,12 @@ impl ScrReplica {
     /// `k`: C does not hold `k` back. Two cores waiting here for each other
     /// would each be more than `L - N` ahead of the other's `seq - N`:
     /// impossible. Recoveries cannot wait in a cycle either (each waits
-    /// for a lower max). A wait past the limit goes on (an overwritten
-    /// entry is then reported unrecoverable).
+    /// for a lower max). A claimed core catches up to every other core's
+    /// published max (`finish`), and a core publishes before it waits here:
+    /// it does not hold a waiting core back either. So the wait has no time
+    /// limit (a limit made a descheduled core's entries be overwritten: the
+    /// replicas then diverged under load); only a core gone without
+    /// finishing is not waited for.
     #[cold]
     fn wait_for_slowest(&mut self, logs: &ScrLogs, seq: u64) {
         let log = logs.log(self.core);
@@ -573,14 +594,14 @@ impl ScrReplica {
                 .logs
                 .iter()
                 .enumerate()
-                .filter(|&(c, l)| c != self.core && l.claim.load(Ordering::Acquire) == 0)
+                .filter(|&(c, l)| c != self.core && l.active())
                 .map(|(_, l)| l.resolved.load(Ordering::Acquire))
                 .min()
                 .unwrap_or(u64::MAX);
             let bound = slowest.saturating_add(room);
             let now = tsc::rdtsc();
             let need = if spins == 0 { seq } else { seq.saturating_add(hyst) };
-            if need <= bound || now.saturating_sub(t0) > WAIT_LIMIT_CYCLES {
+            if need <= bound {
                 self.bound = bound.max(seq);
                 if spins > 0 {
                     self.rep.drift_waits += 1;
@@ -644,8 +665,23 @@ impl ScrReplica {
             .map(ReplicaTable::digest)
             .chain(own)
             .fold(0xcbf2_9ce4_8422_2325u64, |d, x| (d ^ x).wrapping_mul(0x100_0000_01b3));
-        r.table_full = self.tables.iter().flatten().map(|t| t.full).sum();
-        r.sweeps = self.tables.iter().flatten().map(|t| t.sweeps).sum();
+        let sum = |f: fn(&ReplicaTable) -> u64| self.tables.iter().flatten().map(f).sum();
+        r.table_full = sum(|t| t.refused);
+        r.sweeps = sum(|t| t.sweeps);
+        r.entries = sum(|t| t.len() as u64);
+        r.insertions = sum(|t| t.insertions);
+        r.expiries = sum(|t| t.expiries);
+        r.capacity = sum(|t| t.capacity() as u64);
         r
+    }
+}
+
+impl Drop for ScrReplica {
+    /// A replica dropped before its `finish` (its worker ended early) tells
+    /// the other cores not to wait for its log any more.
+    fn drop(&mut self) {
+        if let Some(logs) = &self.logs {
+            logs.log(self.core).gone.store(true, Ordering::Release);
+        }
     }
 }

@@ -37,14 +37,31 @@ pub struct ScrCoreReport {
     pub lost_everywhere: u64,
     /// Missing entries skipped: no recovery, or not recoverable (the replica may diverge).
     pub unrecovered: u64,
-    /// Records a replica table could not take (full after a sweep).
+    /// This core's own packets a replica table had no room for (full with
+    /// live keys), per table: summed over cores, each refused packet once (as `table_full` under rss).
     pub table_full: u64,
-    /// Table sweeps (deterministic, at 7/8 full).
+    /// Passes over a full table removing idle entries (deterministic: the same records on every core).
     pub sweeps: u64,
+    /// Keys the replica tables hold at the end (every replica the same).
+    pub entries: u64,
+    /// Keys the replica tables hold at most (`--flows` per table).
+    pub capacity: u64,
+    /// Keys inserted (new, or idle past the timeout and started over).
+    pub insertions: u64,
+    /// Keys removed idle, or started over.
+    pub expiries: u64,
     /// Times logging waited for the slowest core to come within the log size (recovery on).
     pub drift_waits: u64,
     /// Cycles those waits took.
     pub drift_wait_cycles: u64,
+}
+
+impl ScrCoreReport {
+    /// The replica tables' counters add up: `entries + expiries == insertions`
+    /// (nothing else removes a key: no flow ends, no eviction, no hand-over).
+    pub fn conserved(&self) -> bool {
+        self.entries + self.expiries == self.insertions
+    }
 }
 
 /// The SCR section of a report.

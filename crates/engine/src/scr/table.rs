@@ -1,9 +1,10 @@
 //! The replica tables: one NF's private state per key, keyed from the
-//! history record so every core keys alike (linear probing over
-//! preallocated arrays, deterministic idle expiry and sweep), and the key
-//! patterns the fast-forward loops match records with.
+//! history record so every core keys alike (the project's fixed-capacity
+//! map, [`FixedMap`], with the states beside it by slot; deterministic idle
+//! expiry), and the key patterns the fast-forward loops match records with.
 
 use flowplane_nf::stateful::{ScrFields, ScrRecord};
+use flowplane_table::{FixedMap, KeyHash};
 use flowplane_wire::hash::crc32c_u64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,28 +168,58 @@ fn hash128(k: u128) -> u64 {
     (u64::from(a) << 32) | u64::from(b)
 }
 
-/// A replica slot's header: key, last-seen time, occupancy (half a line).
-#[derive(Clone, Copy, Default)]
-#[repr(C, align(32))]
-pub(super) struct Hdr {
-    pub(super) key: u128,
-    pub(super) last: u64,
-    pub(super) used: u64,
+/// The replica tables' hash of a key (CRC32C over both halves: every bit mixed).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct KeyCrc;
+
+impl KeyHash<u128> for KeyCrc {
+    #[inline(always)]
+    fn hash(key: &u128) -> u32 {
+        hash128(*key) as u32
+    }
 }
 
-/// One NF's private replica: linear probing over preallocated arrays, and
-/// a one-entry cache of the last key (a heavy flow's records hit it).
+/// A replica entry's value in the map: its last-seen time (its state lives
+/// in the side array, at its slot).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Seen {
+    pub(super) last: u64,
+}
+
+/// One NF's private replica: the project's fixed-capacity map
+/// ([`FixedMap`]) from the record's key to the last-seen time, the NF's
+/// states in a side array by slot (stable while the entry lives; states are
+/// `stride` words, sized per NF at run time), and a one-entry cache of the
+/// last key (a heavy flow's records hit it).
+///
+/// It holds exactly `capacity` keys (`--flows`). A new key that finds it
+/// full first removes every entry idle past the timeout at the record's time
+/// (one pass in slot order, skipped while no entry can be idle yet), then is
+/// refused. Every replica makes the same calls in the same order (the
+/// records' sequence), and the map is deterministic, so every replica holds
+/// the same keys in the same slots and refuses the same records.
+///
+/// Counters (per replica, the meaning the flow tables give them): `insertions`
+/// (a new key, or a key idle past the timeout started over by a lookup),
+/// `expiries` (removed idle, or started over), `refused` (own packets of
+/// the core whose key found no room: the run's `table_full` is their sum
+/// over cores, a packet counted once as under rss). `len + expiries ==
+/// insertions` always (nothing else removes an entry).
 pub struct ReplicaTable {
     pub(crate) key_of: KeyOf,
-    pub(super) hdr: Box<[Hdr]>,
-    /// States, `stride` words each (8-byte aligned for the NF's `Pod` state).
+    pub(super) map: FixedMap<u128, Seen, KeyCrc>,
+    /// States, `stride` words each by slot (8-byte aligned for the NF's `Pod` state).
     pub(super) states: Box<[u64]>,
     pub(super) stride: usize,
     pub(super) size: usize,
-    pub(super) len: usize,
     timeout_ns: u64,
+    /// No entry is idle before this time (the earliest `last + timeout`
+    /// the last pass over a full table saw): a full table is not swept again before.
+    idle_from: u64,
     pub(super) sweeps: u64,
-    pub(super) full: u64,
+    pub(super) insertions: u64,
+    pub(super) expiries: u64,
+    pub(super) refused: u64,
     /// The last key looked up and its slot (usize::MAX: none).
     hot_key: u128,
     hot_at: usize,
@@ -202,28 +233,63 @@ pub(crate) struct Slot {
 }
 
 impl ReplicaTable {
-    pub(super) fn new(key_of: KeyOf, capacity: usize, state_size: usize, timeout_ns: u64) -> ReplicaTable {
-        let cap = (capacity.max(64) * 8 / 7).next_power_of_two();
+    /// A table of exactly `capacity` keys (at least 1), all memory taken now.
+    pub(super) fn new(
+        key_of: KeyOf,
+        capacity: usize,
+        state_size: usize,
+        timeout_ns: u64,
+    ) -> Result<ReplicaTable, flowplane_table::TableError> {
+        let capacity = capacity.max(1);
         let stride = state_size.div_ceil(8).max(1);
-        ReplicaTable {
+        let words =
+            capacity.checked_mul(stride).ok_or(flowplane_table::TableError::OutOfMemory { bytes: usize::MAX })?;
+        let map = FixedMap::new(capacity)?;
+        Ok(ReplicaTable {
             key_of,
-            hdr: vec![Hdr::default(); cap].into_boxed_slice(),
-            states: vec![0; cap * stride].into_boxed_slice(),
+            map,
+            // Zeroed words come from calloc: pages are touched only when a slot is first used.
+            states: vec![0; words].into_boxed_slice(),
             stride,
             size: state_size,
-            len: 0,
             timeout_ns: timeout_ns.max(1),
+            idle_from: 0,
             sweeps: 0,
-            full: 0,
+            insertions: 0,
+            expiries: 0,
+            refused: 0,
             hot_key: 0,
             hot_at: usize::MAX,
-        }
+        })
+    }
+
+    /// Keys held.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// The most keys the table holds.
+    pub(crate) fn capacity(&self) -> usize {
+        self.map.capacity()
+    }
+
+    /// Counts one own packet whose key found no room (see the type's doc).
+    #[inline(always)]
+    pub(crate) fn refuse(&mut self) {
+        self.refused += 1;
     }
 
     #[inline(always)]
     pub(crate) fn state(&mut self, at: usize) -> &mut [u8] {
         let w = &mut self.states[at * self.stride..(at + 1) * self.stride];
         &mut bytemuck::cast_slice_mut::<u64, u8>(w)[..self.size]
+    }
+
+    /// Slot `at`'s state bytes, read only.
+    #[inline(always)]
+    pub(super) fn state_bytes(&self, at: usize) -> &[u8] {
+        let w = &self.states[at * self.stride..(at + 1) * self.stride];
+        &bytemuck::cast_slice::<u64, u8>(w)[..self.size]
     }
 
     /// The slot of `key` when it is the key looked up last (a run of it needs no lookup).
@@ -245,18 +311,26 @@ impl ReplicaTable {
         self.timeout_ns
     }
 
+    /// Slot `at`'s last-seen time (a live slot: found by a lookup).
+    #[inline(always)]
+    fn last(&self, at: usize) -> u64 {
+        self.map.peek_at(at).map_or(0, |s| s.last)
+    }
+
     /// Slot `at`'s last-seen time and state (`S` the NF's state: `size` bytes, alignment <= 8).
     #[inline(always)]
     pub(crate) fn read_slot<S: bytemuck::Pod>(&self, at: usize) -> (u64, S) {
         let w = &self.states[at * self.stride..(at + 1) * self.stride];
-        (self.hdr[at].last, *bytemuck::from_bytes(&bytemuck::cast_slice::<u64, u8>(w)[..std::mem::size_of::<S>()]))
+        (self.last(at), *bytemuck::from_bytes(&bytemuck::cast_slice::<u64, u8>(w)[..std::mem::size_of::<S>()]))
     }
 
     /// Writes slot `at`'s last-seen time and state (a run of records of one
     /// key kept them in hand: see [`ff`]).
     #[inline(always)]
     pub(crate) fn write_slot<S: bytemuck::Pod>(&mut self, at: usize, last: u64, st: &S) {
-        self.hdr[at].last = last;
+        if let Some(s) = self.map.peek_at_mut(at) {
+            s.last = last;
+        }
         let w = &mut self.states[at * self.stride..(at + 1) * self.stride];
         *bytemuck::from_bytes_mut(&mut bytemuck::cast_slice_mut::<u64, u8>(w)[..std::mem::size_of::<S>()]) = *st;
     }
@@ -264,14 +338,20 @@ impl ReplicaTable {
     /// Touches slot `at` at `now`: whether the state starts over (idle past the timeout).
     #[inline(always)]
     fn touch(&mut self, at: usize, now: u64) -> Slot {
-        let h = &mut self.hdr[at];
+        let timeout = self.timeout_ns;
+        let Some(s) = self.map.peek_at_mut(at) else { return Slot { at, fresh: true } };
         // Idle past the timeout: the flow starts over (as a conntrack lookup does).
-        let fresh = now.saturating_sub(h.last) > self.timeout_ns;
-        h.last = if fresh { now } else { h.last.max(now) };
+        let fresh = now.saturating_sub(s.last) > timeout;
+        s.last = if fresh { now } else { s.last.max(now) };
+        if fresh {
+            // The idle entry expired and the key came back: as a flow table counts it.
+            self.expiries += 1;
+            self.insertions += 1;
+        }
         Slot { at, fresh }
     }
 
-    /// Finds or inserts the key at time `now` (None: full even after a sweep).
+    /// Finds or inserts the key at time `now` (None: full even after removing idle entries).
     #[inline(always)]
     pub(crate) fn lookup(&mut self, key: u128, now: u64) -> Option<Slot> {
         if key == self.hot_key && self.hot_at != usize::MAX {
@@ -282,76 +362,66 @@ impl ReplicaTable {
 
     #[inline(never)]
     fn lookup_slow(&mut self, key: u128, now: u64) -> Option<Slot> {
-        let mask = self.hdr.len() - 1;
-        let mut i = (hash128(key) as usize) & mask;
-        loop {
-            let h = &self.hdr[i];
-            if h.used == 0 {
-                break;
-            }
-            if h.key == key {
-                self.hot_key = key;
-                self.hot_at = i;
-                return Some(self.touch(i, now));
-            }
-            i = (i + 1) & mask;
+        let h = KeyCrc::hash(&key);
+        if let Some(at) = self.map.find_hashed(h, &key) {
+            self.hot_key = key;
+            self.hot_at = at;
+            return Some(self.touch(at, now));
         }
-        if (self.len + 1) * 8 > self.hdr.len() * 7 {
-            self.sweep(now);
-            if (self.len + 1) * 8 > self.hdr.len() * 7 {
-                self.full += 1;
+        if self.map.is_full() {
+            if now <= self.idle_from {
                 return None;
             }
-            return self.lookup_slow(key, now);
+            self.sweep(now);
+            if self.map.is_full() {
+                return None;
+            }
         }
-        self.hdr[i] = Hdr { key, last: now, used: 1 };
-        self.len += 1;
+        let at = self.map.insert_new_hashed(h, key, Seen { last: now }).ok()?;
+        self.insertions += 1;
+        // (Record times may go back: the new key may be the first to be idle.)
+        self.idle_from = self.idle_from.min(now.saturating_add(self.timeout_ns));
         self.hot_key = key;
-        self.hot_at = i;
-        Some(Slot { at: i, fresh: true })
+        self.hot_at = at;
+        Some(Slot { at, fresh: true })
     }
 
-    /// Drops every entry idle past the timeout at `now` and re-inserts the
-    /// rest (linear probing has no tombstone-free delete). Deterministic: it
-    /// runs at the same record on every core.
+    /// Removes every entry idle past the timeout at `now` (one pass over
+    /// the used slots, in slot order) and notes when the earliest survivor
+    /// can be idle. Deterministic: it runs at the same record on every
+    /// core, over the same entries.
     #[cold]
     fn sweep(&mut self, now: u64) {
         self.sweeps += 1;
         self.hot_at = usize::MAX;
-        let mask = self.hdr.len() - 1;
-        let mut live: Vec<(Hdr, Vec<u64>)> = Vec::new();
-        for i in 0..self.hdr.len() {
-            let h = self.hdr[i];
-            if h.used != 0 && now.saturating_sub(h.last) <= self.timeout_ns {
-                live.push((h, self.states[i * self.stride..(i + 1) * self.stride].to_vec()));
+        let timeout = self.timeout_ns;
+        let mut idle_from = u64::MAX;
+        let slots = self.map.high_water();
+        let removed = self.map.sweep(slots, |_, s| {
+            let keep = now.saturating_sub(s.last) <= timeout;
+            if keep {
+                idle_from = idle_from.min(s.last.saturating_add(timeout));
             }
-        }
-        self.hdr.iter_mut().for_each(|h| h.used = 0);
-        self.len = 0;
-        // Re-insert in key order so the layout is a function of the live set alone.
-        live.sort_unstable_by_key(|e| e.0.key);
-        for (h, st) in live {
-            let mut i = (hash128(h.key) as usize) & mask;
-            while self.hdr[i].used != 0 {
-                i = (i + 1) & mask;
-            }
-            self.hdr[i] = h;
-            self.states[i * self.stride..(i + 1) * self.stride].copy_from_slice(&st);
-            self.len += 1;
-        }
+            keep
+        });
+        self.expiries += removed as u64;
+        self.idle_from = idle_from;
+    }
+
+    /// Live entries: `(slot, key, last-seen time)`.
+    pub(super) fn entries(&self) -> impl Iterator<Item = (usize, u128, u64)> + '_ {
+        self.map.iter().map(|(at, k, s)| (at, *k, s.last))
     }
 
     /// Order-independent digest of the keys, their last-seen times and states.
     pub(super) fn digest(&self) -> u64 {
         let mut d = 0u64;
-        for (i, h) in self.hdr.iter().enumerate() {
-            if h.used != 0 {
-                let mut x = hash128(h.key) ^ h.last.rotate_left(17);
-                for &w in &self.states[i * self.stride..(i + 1) * self.stride] {
-                    x = hash128(u128::from(x) << 64 | u128::from(w)) ^ x.rotate_left(29);
-                }
-                d = d.wrapping_add(x.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        for (i, key, last) in self.entries() {
+            let mut x = hash128(key) ^ last.rotate_left(17);
+            for &w in &self.states[i * self.stride..(i + 1) * self.stride] {
+                x = hash128(u128::from(x) << 64 | u128::from(w)) ^ x.rotate_left(29);
             }
+            d = d.wrapping_add(x.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         }
         d
     }

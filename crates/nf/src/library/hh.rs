@@ -16,9 +16,17 @@
 //! `--export hh=FILE` writes the report's top-k (`export=top`, default; the
 //! same rows as the report, merged over cores) or every live flow with its
 //! bytes and packets (`export=all`).
+//!
+//! Under SCR a replica also updates the summary from the history records of
+//! other cores' packets, which carry an IPv6 flow's addresses folded
+//! ([`flowplane_wire::scr::recorded`]): a record's tuple and the flow's own
+//! name one summary entry, shown by the real addresses once a packet of the
+//! flow has shown them; the merge keeps a folded row only when no core knew
+//! the flow's real addresses. So every replica's summary is the one core's.
 
 use bytemuck::{Pod, Zeroable};
 use flowplane_wire::flow::FiveTuple;
+use flowplane_wire::scr::{is_folded, recorded, recorded_addr};
 use serde_json::{json, Value};
 
 use crate::pkt::Pkt;
@@ -141,10 +149,14 @@ impl Hh {
     /// the k-th largest or the summary has room.
     #[cold]
     fn offer(&mut self, tuple: &FiveTuple, st: &HhState) {
-        let entry = TopEntry { tuple: *tuple, bytes: st.bytes, packets: st.packets };
-        if let Some(i) = self.top[..self.len].iter().position(|e| e.tuple == *tuple) {
+        let mut entry = TopEntry { tuple: *tuple, bytes: st.bytes, packets: st.packets };
+        if let Some(i) = self.top[..self.len].iter().position(|e| same_flow(&e.tuple, tuple)) {
             if st.bytes <= self.top[i].bytes {
                 return;
+            }
+            if is_folded(tuple) {
+                // An SCR record's tuple: the entry keeps the real addresses it has.
+                entry.tuple = self.top[i].tuple;
             }
             self.top[i] = entry;
         } else if self.len < self.top.len() {
@@ -274,6 +286,12 @@ impl StatefulNf for Hh {
             let flow = |r: &Value| [&r["proto"], &r["src"], &r["dst"], &r["sport"], &r["dport"]].map(|v| v.to_string());
             let mut seen = std::collections::HashSet::new();
             mine.retain(|r| seen.insert(flow(r)));
+            // Under SCR every replica lists the same flows, an IPv6 flow by its
+            // record's folded tuple where the replica never saw its packets:
+            // that row goes when another core's row shows the flow's addresses.
+            let known: std::collections::HashSet<[String; 5]> =
+                mine.iter().map(row_flow).filter(|(_, folded)| !folded).map(|(f, _)| f).collect();
+            mine.retain(|r| !matches!(row_flow(r), (f, true) if known.contains(&f)));
             mine.truncate(self.top.len());
         }
     }
@@ -304,6 +322,22 @@ impl StatefulNf for Hh {
     }
 }
 
+/// Summary tuples `a` and `b` name one flow: equal, or one is an SCR
+/// record's (IPv6 addresses folded) and the other's record shows the same.
+/// (Two real tuples are compared exactly: distinct flows whose folds collide stay apart.)
+fn same_flow(a: &FiveTuple, b: &FiveTuple) -> bool {
+    a == b || (is_folded(a) != is_folded(b) && recorded(a) == recorded(b))
+}
+
+/// A top-k row's flow as SCR records show it, and whether the row shows
+/// folded addresses (it came from records alone; see [`same_flow`]).
+fn row_flow(r: &Value) -> ([String; 5], bool) {
+    let addr = |k: &str| r[k].as_str().and_then(|a| a.parse::<std::net::IpAddr>().ok());
+    let folded = |k: &str| matches!(addr(k), Some(std::net::IpAddr::V6(a)) if flowplane_wire::scr::is_folded_addr(a));
+    let shown = |k: &str| addr(k).map_or_else(|| r[k].to_string(), |a| recorded_addr(a).to_string());
+    ([shown("src"), shown("dst"), r["sport"].to_string(), r["dport"].to_string(), r["proto"].to_string()], folded("src") && folded("dst"))
+}
+
 /// Order of top-k rows: more bytes first, then more packets, then by flow,
 /// so ties rank the same however the rows arrived.
 fn by_rank(a: &Value, b: &Value) -> std::cmp::Ordering {
@@ -322,6 +356,30 @@ mod tests {
 
     fn flow(i: u16) -> Vec<u8> {
         udp4([10, 0, 0, 1], [9, 9, 9, 9], 1000 + i, 80)
+    }
+
+    /// Issue 29: under SCR an IPv6 flow was listed twice, by its tuple and by its records' folded one.
+    #[test]
+    fn a_records_folded_tuple_and_the_flows_own_are_one_entry_and_one_row() {
+        use flowplane_wire::flow::FiveTupleV6;
+        let real: FiveTuple = FiveTupleV6::new("2001:db8::1".parse().unwrap(), "fd00::2".parse().unwrap(), 5, 6, 17).into();
+        let other: FiveTuple = FiveTupleV6::new("2001:db8::9".parse().unwrap(), "fd00::2".parse().unwrap(), 5, 6, 17).into();
+        let mut h = Hh::new(3, None);
+        h.offer(&real, &HhState { bytes: 10, packets: 1 });
+        h.offer(&recorded(&real), &HhState { bytes: 20, packets: 2 });
+        h.offer(&recorded(&other), &HhState { bytes: 5, packets: 1 });
+        let top = h.top();
+        assert_eq!(top.len(), 2, "{top:?}");
+        assert_eq!((top[0].tuple, top[0].bytes), (real, 20), "the real addresses kept, the counts updated");
+        assert_eq!(top[1].tuple, recorded(&other), "a flow seen only in records: folded");
+        // Another replica saw `real` by records only and `other` by its packets: merged, one row per flow.
+        let mut g = Hh::new(3, None);
+        g.offer(&recorded(&real), &HhState { bytes: 20, packets: 2 });
+        g.offer(&other, &HhState { bytes: 5, packets: 1 });
+        let mut merged = h.report().unwrap();
+        h.merge_report(&mut merged, &g.report().unwrap());
+        let rows: Vec<String> = merged["top"].as_array().unwrap().iter().map(|r| r["src"].to_string()).collect();
+        assert_eq!(rows, ["\"2001:db8::1\"", "\"2001:db8::9\""]);
     }
 
     #[test]
