@@ -326,7 +326,8 @@ pub struct Endpoint {
     sessions: BTreeMap<u64, Sess>,
     next_teid: u32,
     seq: u32,
-    cache: HashMap<(SocketAddr, u32), Vec<u8>>,
+    /// Responses by (peer, sequence number), with the request's message type.
+    cache: HashMap<(SocketAddr, u32), (u8, Vec<u8>)>,
     cache_order: VecDeque<(Instant, SocketAddr, u32)>,
     control: Arc<UpfControl>,
     /// Sessions changed since the last publication (while deferring).
@@ -443,7 +444,8 @@ impl Endpoint {
         };
         // §6.4: a request seen before from this peer gets the same response, unapplied.
         self.expire_cache(now);
-        if let Some(r) = self.cache.get(&(from, h.seq)) {
+        // (A request of another type reusing the number is a new request.)
+        if let Some((_, r)) = self.cache.get(&(from, h.seq)).filter(|c| c.0 == h.msg_type) {
             st.retransmissions.fetch_add(1, Ordering::Relaxed);
             return Some(r.clone());
         }
@@ -453,7 +455,7 @@ impl Endpoint {
                 self.cache.remove(&(a, s));
             }
         }
-        self.cache.insert((from, h.seq), rsp.clone());
+        self.cache.insert((from, h.seq), (h.msg_type, rsp.clone()));
         self.cache_order.push_back((now + self.cfg.cache_lifetime(), from, h.seq));
         Some(rsp)
     }
