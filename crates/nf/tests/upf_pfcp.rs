@@ -552,7 +552,10 @@ fn heartbeats_detect_a_failed_peer() {
     assert_eq!(out.len(), 1);
     let (to, hb) = &out[0];
     let h = decode(hb);
-    assert_eq!((*to, h.h.msg_type, h.get(ie::RECOVERY_TIME_STAMP).map(<[u8]>::len)), (a.addr, msg::HEARTBEAT_REQ, Some(4)));
+    assert_eq!(
+        (*to, h.h.msg_type, h.get(ie::RECOVERY_TIME_STAMP).map(<[u8]>::len)),
+        (a.addr, msg::HEARTBEAT_REQ, Some(4))
+    );
     let mut rsp = Writer::message(msg::HEARTBEAT_RSP, None, h.h.seq);
     rsp.ie(ie::RECOVERY_TIME_STAMP, &100u32.to_be_bytes());
     assert!(ep.handle(&rsp.finish(), a.addr).is_none());
@@ -690,12 +693,26 @@ fn an_independent_smf_scapy_drives_every_procedure() {
     assert!(stat(&ctl, |s| &s.peer_restarts) == 1 && stat(&ctl, |s| &s.heartbeat_responses) >= 1);
 
     // One line per frame: message type, the malformed marker, expert severities (all empty when clean).
-    let fields = ["-T", "fields", "-E", "separator=|", "-e", "pfcp.msg_type", "-e", "_ws.malformed", "-e", "_ws.expert.severity"];
+    let fields = [
+        "-T",
+        "fields",
+        "-E",
+        "separator=|",
+        "-e",
+        "pfcp.msg_type",
+        "-e",
+        "_ws.malformed",
+        "-e",
+        "_ws.expert.severity",
+    ];
     let Some(all) = common::tshark(&[&["-n", "-r", pcap.0.to_str().unwrap()], &fields[..]].concat()) else { return };
     let rows: Vec<Vec<&str>> = all.lines().map(|l| l.split('|').collect()).collect();
     assert_eq!(rows.len(), datagrams);
     assert!(rows.iter().all(|r| r.len() == 3 && !r[0].is_empty()), "tshark dissects every datagram as PFCP: {rows:?}");
-    assert!(rows.iter().all(|r| r[1].is_empty() && r[2].is_empty()), "tshark: malformed or expert-flagged frames: {all}");
+    assert!(
+        rows.iter().all(|r| r[1].is_empty() && r[2].is_empty()),
+        "tshark: malformed or expert-flagged frames: {all}"
+    );
     for t in ["5", "6", "7", "8", "9", "10", "1", "2", "14", "15", "50", "51", "52", "53", "54", "55"] {
         assert!(rows.iter().any(|r| r[0] == t), "message type {t} in the exchange");
     }

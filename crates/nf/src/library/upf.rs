@@ -112,8 +112,7 @@ const HEARTBEAT: ParamSpec = ParamSpec::uint(
 );
 const T1: ParamSpec =
     ParamSpec::uint("pfcp_t1_ms", 3_000, 1, 600_000, "PFCP T1: wait for a response before retransmitting");
-const N1: ParamSpec =
-    ParamSpec::uint("pfcp_n1", 3, 0, 100, "PFCP N1: retransmissions before a peer counts as failed");
+const N1: ParamSpec = ParamSpec::uint("pfcp_n1", 3, 0, 100, "PFCP N1: retransmissions before a peer counts as failed");
 const KEEP_RESTART: ParamSpec = ParamSpec::bool(
     "keep_sessions_on_restart",
     false,
@@ -1291,11 +1290,8 @@ impl Upf {
 /// ID's address, else the N3 address.
 fn n4_config(p: &mut Params, pfcp: &str, n3: Ipv4Addr) -> Result<control::N4Config, ParamError> {
     let node = p.text(&NODE_ID)?;
-    let bound: Option<Ipv4Addr> = pfcp
-        .parse::<std::net::SocketAddrV4>()
-        .ok()
-        .map(|a| *a.ip())
-        .filter(|a| !a.is_unspecified());
+    let bound: Option<Ipv4Addr> =
+        pfcp.parse::<std::net::SocketAddrV4>().ok().map(|a| *a.ip()).filter(|a| !a.is_unspecified());
     let node_id = if node.is_empty() {
         control::NodeId::V4(bound.unwrap_or(n3))
     } else {

@@ -216,7 +216,11 @@ impl NodeId {
                 && !l.starts_with('-')
                 && !l.ends_with('-')
         };
-        if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) || name.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        if name.is_empty()
+            || name.len() > 253
+            || !name.split('.').all(label_ok)
+            || name.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        {
             return Err(format!("'{s}' is neither an IPv4 address nor an FQDN"));
         }
         Ok(NodeId::Fqdn(name.to_ascii_lowercase()))
