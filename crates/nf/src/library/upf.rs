@@ -425,6 +425,7 @@ impl Upf {
         let a = p.text(&N3_ADDR)?;
         let n3_addr =
             a.parse().map_err(|_| ParamError(format!("upf: parameter 'n3_addr={a}' is not an IPv4 address")))?;
+        let n4 = n4_config(p, &pfcp, n3_addr)?;
         let cfg = UpfConfig {
             n3_addr,
             n3_port: p.uint_or_none(&N3_PORT)?.map(|x| x as u16),
@@ -447,7 +448,6 @@ impl Upf {
             })?;
             return Ok(Upf::with_control(cfg, ctl));
         }
-        let n4 = n4_config(p, &pfcp, n3_addr)?;
         if !pfcp.is_empty() {
             let ctl = control::shared(&pfcp, n4, &specs).map_err(|e| ParamError(format!("upf: {e}")))?;
             return Ok(Upf::with_control(cfg, ctl));
