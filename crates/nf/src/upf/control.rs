@@ -674,16 +674,22 @@ impl Endpoint {
         }
         let old = self.assocs.iter().find(|(_, a)| a.node == node).map(|(k, a)| (*k, a.recovery));
         let had_sessions = self.sessions.values().any(|s| s.owner.as_ref() == Some(&node));
-        if let Some((addr, old_rts)) = old {
+        let restarted = old.is_some_and(|(_, old_rts)| newer(rts, old_rts));
+        if let Some((addr, _)) = old {
             self.assocs.remove(&addr);
-            if newer(rts, old_rts) {
-                st.peer_restarts.fetch_add(1, Ordering::Relaxed);
-            }
         }
         // A repeated setup (or one after a failure with sessions kept): the
         // sessions stay with PSREI or when the option keeps them.
+        let mut n = 0;
         if (old.is_some() || had_sessions) && !psrei && !self.cfg.keep_sessions_on_restart {
-            self.drop_sessions(&node, Loss::Restart);
+            n = self.drop_sessions(&node, Loss::Restart);
+        }
+        if restarted {
+            st.peer_restarts.fetch_add(1, Ordering::Relaxed);
+            eprintln!(
+                "upf: PFCP peer {} at {from} restarted (Association Setup with a new Recovery Time Stamp): {n} sessions removed",
+                pfcp::node_id_text(&node)
+            );
         }
         st.associations.fetch_add(1, Ordering::Relaxed);
         let next_heartbeat = Instant::now() + self.cfg.heartbeat;
