@@ -576,6 +576,30 @@ fn heartbeats_detect_a_failed_peer() {
     assert_eq!(a.send(&mut ep, &m).cause(), cause::NO_ASSOCIATION);
 }
 
+/// The retransmission cache lives T1 x (N1 + 1): a request repeated later is
+/// a new request (here: its UE address is taken, cause 73).
+#[test]
+fn cached_responses_expire() {
+    use std::time::Instant;
+    let ctl = UpfControl::new(Arc::new(RuleSet::default()));
+    let mut cfg = control::N4Config::new(N3);
+    cfg.t1 = Duration::from_millis(100);
+    cfg.n1 = 2;
+    let mut ep = control::Endpoint::with_config(cfg, &[], Arc::clone(&ctl));
+    let mut a = Peer::new(8805, Ipv4Addr::LOCALHOST);
+    a.setup(&mut ep, 1);
+    let t0 = Instant::now();
+    let est = a.establishment(1, 1);
+    let first = ep.handle_at(&est, a.addr, t0).unwrap();
+    assert_eq!(ep.handle_at(&est, a.addr, t0 + Duration::from_millis(299)), Some(first.clone()));
+    let late = decode(&ep.handle_at(&est, a.addr, t0 + Duration::from_millis(300)).unwrap());
+    assert_eq!((late.cause(), ep.sessions()), (cause::RULE_FAILURE, 1));
+    // A request of another type reusing the sequence number is not answered from the cache.
+    let mut m = Writer::message(msg::HEARTBEAT_REQ, None, a.seq);
+    m.ie(ie::RECOVERY_TIME_STAMP, &1u32.to_be_bytes());
+    assert_eq!(decode(&ep.handle(&m.finish(), a.addr).unwrap()).h.msg_type, msg::HEARTBEAT_RSP);
+}
+
 /// Issue 32: "2,000 pipelined establishments: 1,077 lost in the socket's
 /// receive buffer". All 2,000 sent without waiting are answered and
 /// accepted when the endpoint could size its buffer for the burst (with

@@ -330,8 +330,8 @@ pub struct Endpoint {
     sessions: BTreeMap<u64, Sess>,
     next_teid: u32,
     seq: u32,
-    /// Responses by (peer, sequence number), with the request's message type.
-    cache: HashMap<(SocketAddr, u32), (u8, Vec<u8>)>,
+    /// Responses by (peer, sequence number), with the request's message type and the expiry.
+    cache: HashMap<(SocketAddr, u32), (u8, Instant, Vec<u8>)>,
     cache_order: VecDeque<(Instant, SocketAddr, u32)>,
     control: Arc<UpfControl>,
     /// Sessions changed since the last publication (while deferring).
@@ -402,6 +402,13 @@ impl Endpoint {
         r
     }
 
+    /// [`Endpoint::handle`] as if at `now` (the retransmission cache's clock; tests).
+    pub fn handle_at(&mut self, dgram: &[u8], from: SocketAddr, now: Instant) -> Option<Vec<u8>> {
+        let r = self.handle_one(dgram, from, now);
+        self.flush();
+        r
+    }
+
     /// Publishes the changes of the requests handled since the last flush, compiled once.
     pub fn flush(&mut self) {
         if std::mem::take(&mut self.dirty) {
@@ -449,26 +456,33 @@ impl Endpoint {
         // §6.4: a request seen before from this peer gets the same response, unapplied.
         self.expire_cache(now);
         // (A request of another type reusing the number is a new request.)
-        if let Some((_, r)) = self.cache.get(&(from, h.seq)).filter(|c| c.0 == h.msg_type) {
+        if let Some((_, _, r)) = self.cache.get(&(from, h.seq)).filter(|c| c.0 == h.msg_type) {
             st.retransmissions.fetch_add(1, Ordering::Relaxed);
             return Some(r.clone());
         }
         let rsp = self.respond(&h, body, rsp_type, from);
-        if self.cache.len() >= CACHE_MAX {
-            if let Some((_, a, s)) = self.cache_order.pop_front() {
-                self.cache.remove(&(a, s));
-            }
+        while self.cache.len() >= CACHE_MAX {
+            let Some((t, a, s)) = self.cache_order.pop_front() else { break };
+            self.uncache(t, a, s);
         }
-        self.cache.insert((from, h.seq), (h.msg_type, rsp.clone()));
-        self.cache_order.push_back((now + self.cfg.cache_lifetime(), from, h.seq));
+        let expiry = now + self.cfg.cache_lifetime();
+        self.cache.insert((from, h.seq), (h.msg_type, expiry, rsp.clone()));
+        self.cache_order.push_back((expiry, from, h.seq));
         Some(rsp)
     }
 
     fn expire_cache(&mut self, now: Instant) {
         while self.cache_order.front().is_some_and(|e| e.0 <= now) {
-            if let Some((_, a, s)) = self.cache_order.pop_front() {
-                self.cache.remove(&(a, s));
+            if let Some((t, a, s)) = self.cache_order.pop_front() {
+                self.uncache(t, a, s);
             }
+        }
+    }
+
+    /// Forgets the response cached for `(a, s)` until `t` (not a newer one under the same key).
+    fn uncache(&mut self, t: Instant, a: SocketAddr, s: u32) {
+        if self.cache.get(&(a, s)).is_some_and(|c| c.1 == t) {
+            self.cache.remove(&(a, s));
         }
     }
 
