@@ -3,19 +3,22 @@
 //!
 //! Procedures (TS 29.244): Heartbeat (§6.2.2, both ways), Association Setup
 //! / Update / Release (§6.2.6, §6.2.7, §6.2.8), Session Establishment,
-//! Modification, Deletion (§6.3.2-§6.3.4), Session Set Deletion (§6.2.9),
-//! Session Report Requests for URR thresholds (§6.3.5).
+//! Modification, Deletion (§6.3.2-§6.3.4), Session Set Deletion,
+//! Session Report Requests for URR thresholds (§6.3.5); the messages in §7.4
+//! (node related, Session Set Deletion §7.4.6) and §7.5 (session related).
 //!
-//! Trust (§6.2.6.1): an association is identified by the CP function's
+//! Trust (§6.2.6): an association is identified by the CP function's
 //! Node ID and bound to the source address (IP and port) it was set up
 //! from. Only Heartbeat and Association Setup are accepted from a peer
 //! without one; any other request is answered "No established PFCP
-//! Association" (cause 72, §7.2.2.4.2) and changes nothing, as does an
+//! Association" (cause 72, §8.2.1) and changes nothing, as does an
 //! Association Update / Release / Session Set Deletion naming another
 //! node than the one associated at that address. A session belongs to the
 //! association that established it: other associations' modification and
 //! deletion requests get "Session context not found" (cause 65).
 //! UP SEIDs are random (non-zero, unique), so a peer cannot guess others'.
+//! Sessions loaded from a session file belong to no association: no PFCP
+//! request changes them.
 //!
 //! Retransmissions (§6.4): every answered request is cached per peer
 //! address and sequence number for T1 x (N1 + 1); a request arriving again
@@ -573,7 +576,7 @@ impl Endpoint {
             msg::ASSOC_SETUP_REQ => {
                 let node = node_of()?;
                 let rts = recovery_of(ies).ok_or_else(|| no_seid(missing(ie::RECOVERY_TIME_STAMP)))?;
-                // PFCPASReq-Flags (§8.2.112) bit 1: PFCP Session Retained Indication.
+                // PFCPASReq-Flags bit 1: PFCP Session Retained Indication (PSREI).
                 let psrei = find(ie::PFCPASREQ_FLAGS).and_then(|v| v.first()).is_some_and(|f| f & 1 != 0);
                 self.associate(node, rts, psrei, from);
                 Ok((0, vec![]))
@@ -594,7 +597,7 @@ impl Endpoint {
                 Ok((0, vec![]))
             }
             msg::SESS_SET_DEL_REQ => {
-                // §6.2.9: the requester's sessions naming any of the FQ-CSIDs go.
+                // §7.4.6: the requester's sessions naming any of the FQ-CSIDs (§8.2.43) go.
                 let node = node_of()?;
                 self.assoc_node(from, Some(&node)).map_err(no_seid)?;
                 let mut set = Vec::new();

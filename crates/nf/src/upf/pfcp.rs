@@ -566,7 +566,7 @@ pub fn node_id_text(v: &[u8]) -> String {
     }
 }
 
-/// The (node address, CSID) pairs of an FQ-CSID IE (§8.2.46).
+/// The (node address, CSID) pairs of an FQ-CSID IE (§8.2.43).
 pub fn decode_fq_csid(v: &[u8]) -> Result<Vec<(Vec<u8>, u16)>, PfcpError> {
     let b = u8_of(v, ie::FQ_CSID)?;
     let alen = match b >> 4 {
