@@ -97,12 +97,66 @@ const PFCP: ParamSpec = ParamSpec::text(
     "serve PFCP (N4) on this UDP address (e.g. 0.0.0.0:8805); rule changes reach the data path between batches",
 );
 
+const NODE_ID: ParamSpec = ParamSpec::text(
+    "node_id",
+    "",
+    "IPV4|FQDN",
+    "PFCP Node ID (default: the pfcp address's IP if it names one, else n3_addr)",
+);
+const HEARTBEAT: ParamSpec = ParamSpec::uint(
+    "pfcp_heartbeat_ms",
+    10_000,
+    0,
+    86_400_000,
+    "Heartbeat Request interval per associated SMF (0: none)",
+);
+const T1: ParamSpec =
+    ParamSpec::uint("pfcp_t1_ms", 3_000, 1, 600_000, "PFCP T1: wait for a response before retransmitting");
+const N1: ParamSpec = ParamSpec::uint("pfcp_n1", 3, 0, 100, "PFCP N1: retransmissions before a peer counts as failed");
+const KEEP_RESTART: ParamSpec = ParamSpec::bool(
+    "keep_sessions_on_restart",
+    false,
+    "keep an SMF's sessions when it restarts (newer Recovery Time Stamp) or re-associates",
+);
+const KEEP_FAILURE: ParamSpec = ParamSpec::bool(
+    "keep_sessions_on_failure",
+    false,
+    "keep an SMF's sessions when it stops answering heartbeats (its association is released)",
+);
+const RCVBUF: ParamSpec = ParamSpec::uint(
+    "pfcp_rcvbuf",
+    8 << 20,
+    4096,
+    1 << 30,
+    "PFCP socket receive buffer, bytes (past net.core.rmem_max with CAP_NET_ADMIN)",
+);
+
 /// Registration (see [`crate::registry::NFS`]).
 pub const INFO: NfInfo = NfInfo {
     name: "upf",
     about: "5G UPF: GTP-U uplink decapsulation / downlink encapsulation by PDR (precedence, F-TEID, QFI, SDF), FAR, QER, URR",
     keyed_by: KeyedBy::Stateless,
-    params: &[SESSIONS, PFCP, RULES, N3_ADDR, N3_PORT, N6_PORT, MODE, UDP_CSUM, BUFFER, REPORTS, USAGE, PROFILE],
+    params: &[
+        SESSIONS,
+        PFCP,
+        RULES,
+        N3_ADDR,
+        N3_PORT,
+        N6_PORT,
+        MODE,
+        UDP_CSUM,
+        BUFFER,
+        REPORTS,
+        USAGE,
+        PROFILE,
+        NODE_ID,
+        HEARTBEAT,
+        T1,
+        N1,
+        KEEP_RESTART,
+        KEEP_FAILURE,
+        RCVBUF,
+    ],
 };
 
 /// Builds `upf` from its parameters and hands it to `sink`.
@@ -371,6 +425,7 @@ impl Upf {
         let a = p.text(&N3_ADDR)?;
         let n3_addr =
             a.parse().map_err(|_| ParamError(format!("upf: parameter 'n3_addr={a}' is not an IPv4 address")))?;
+        let n4 = n4_config(p, &pfcp, n3_addr)?;
         let cfg = UpfConfig {
             n3_addr,
             n3_port: p.uint_or_none(&N3_PORT)?.map(|x| x as u16),
@@ -394,7 +449,7 @@ impl Upf {
             return Ok(Upf::with_control(cfg, ctl));
         }
         if !pfcp.is_empty() {
-            let ctl = control::shared(&pfcp, n3_addr, &specs).map_err(|e| ParamError(format!("upf: {e}")))?;
+            let ctl = control::shared(&pfcp, n4, &specs).map_err(|e| ParamError(format!("upf: {e}")))?;
             return Ok(Upf::with_control(cfg, ctl));
         }
         let rules = RuleSet::compile(&specs).map_err(|e| ParamError(format!("upf: {file}: {e}")))?;
@@ -1122,7 +1177,8 @@ impl Nf for Upf {
 
     fn merge_report(&self, into: &mut Value, other: &Value) {
         // The rule set is the same on every core: keep one count.
-        crate::report::merge_keeping(into, other, &["sessions", "pdrs"]);
+        // The PFCP counters are the endpoint's, shared by every core: one copy too.
+        crate::report::merge_keeping(into, other, &["sessions", "pdrs", "pfcp"]);
     }
 
     /// URR usage rows; refused when no URR can ever count (no URR in a
@@ -1215,6 +1271,9 @@ impl Upf {
             "usage": usage,
             "queued_reports": reports,
         });
+        if let Some((ctl, _)) = &self.control {
+            out["pfcp"] = ctl.stats.to_json();
+        }
         if self.cfg.profile && self.cfg.staged {
             // Sums (cycles, packets): they add up over cores; the reader divides.
             let passes: Map<String, Value> =
@@ -1223,6 +1282,35 @@ impl Upf {
         }
         Some(out)
     }
+}
+
+/// The PFCP endpoint's settings from the `upf` parameters: the Node ID is
+/// `node_id=`, else the `pfcp=` address's IP when it names one, else the
+/// N3 address; the N4 address (in F-SEIDs) is the `pfcp=` IP, else the Node
+/// ID's address, else the N3 address.
+fn n4_config(p: &mut Params, pfcp: &str, n3: Ipv4Addr) -> Result<control::N4Config, ParamError> {
+    let node = p.text(&NODE_ID)?;
+    let bound: Option<Ipv4Addr> =
+        pfcp.parse::<std::net::SocketAddrV4>().ok().map(|a| *a.ip()).filter(|a| !a.is_unspecified());
+    let node_id = if node.is_empty() {
+        control::NodeId::V4(bound.unwrap_or(n3))
+    } else {
+        control::NodeId::parse(&node).map_err(|e| ParamError(format!("upf: parameter 'node_id={node}': {e}")))?
+    };
+    let n4 = bound.or(match node_id {
+        control::NodeId::V4(a) => Some(a),
+        control::NodeId::Fqdn(_) => None,
+    });
+    let mut c = control::N4Config::new(n3);
+    c.node_id = node_id;
+    c.n4 = n4.unwrap_or(n3);
+    c.heartbeat = std::time::Duration::from_millis(p.uint(&HEARTBEAT)?);
+    c.t1 = std::time::Duration::from_millis(p.uint(&T1)?);
+    c.n1 = p.uint(&N1)? as u32;
+    c.keep_sessions_on_restart = p.flag(&KEEP_RESTART)?;
+    c.keep_sessions_on_failure = p.flag(&KEEP_FAILURE)?;
+    c.rcvbuf = p.uint(&RCVBUF)? as usize;
+    Ok(c)
 }
 
 /// Export rows of a merged report: one per URR with traffic.

@@ -1,22 +1,71 @@
-//! The UPF's control plane: a PFCP (N4) endpoint on UDP that an SMF drives
-//! (Heartbeat, Association Setup/Release, Session Establishment,
-//! Modification, Deletion; Session Report Requests for URR thresholds), and
-//! the versioned hand-over of rule sets to the data path ([`UpfControl`]).
+//! The UPF's control plane: a PFCP (N4) endpoint on UDP that SMFs drive,
+//! and the versioned hand-over of rule sets to the data path ([`UpfControl`]).
+//!
+//! Procedures (TS 29.244): Heartbeat (§6.2.2, both ways), Association Setup
+//! / Update / Release (§6.2.6, §6.2.7, §6.2.8), Session Establishment,
+//! Modification, Deletion (§6.3.2-§6.3.4), Session Set Deletion,
+//! Session Report Requests for URR thresholds (§6.3.5); the messages in §7.4
+//! (node related, Session Set Deletion §7.4.6) and §7.5 (session related).
+//!
+//! Trust (§6.2.6): an association is identified by the CP function's
+//! Node ID and bound to the source address (IP and port) it was set up
+//! from. Only Heartbeat and Association Setup are accepted from a peer
+//! without one; any other request is answered "No established PFCP
+//! Association" (cause 72, §8.2.1) and changes nothing, as does an
+//! Association Update / Release / Session Set Deletion naming another
+//! node than the one associated at that address. A session belongs to the
+//! association that established it: other associations' modification and
+//! deletion requests get "Session context not found" (cause 65).
+//! UP SEIDs are random (non-zero, unique), so a peer cannot guess others'.
+//! Sessions loaded from a session file belong to no association: no PFCP
+//! request changes them.
+//!
+//! Retransmissions (§6.4): every answered request is cached per peer
+//! address and sequence number for T1 x (N1 + 1); a request arriving again
+//! within that time gets the cached response's bytes and is not applied
+//! again (a resent establishment creates no second session).
+//!
+//! Restarts and failures (§6.2.2, §6.2.6.2.2, TS 23.007 §19A): each
+//! association keeps the peer's Recovery Time Stamp; a Heartbeat (request
+//! or response) or Association Setup carrying a newer one means the peer
+//! restarted, and its sessions are removed (kept with
+//! `keep_sessions_on_restart`). A repeated Association Setup for a Node ID
+//! already associated replaces the association; its sessions are kept only
+//! if the request's PFCPASReq-Flags has PSREI (or the option is set). The
+//! endpoint sends each associated peer a Heartbeat Request every
+//! `heartbeat` interval, retransmitted every T1 up to N1 times; with no
+//! answer the peer has failed: the association is released and its
+//! sessions removed (kept with `keep_sessions_on_failure`), one line on
+//! stderr. Every such event is counted ([`ControlStats`]).
+//!
+//! The Association Setup Response carries the Node ID (configurable: IPv4
+//! or FQDN, [`N4Config::node_id`]), the Recovery Time Stamp, UP Function
+//! Features (FTUP: the UPF allocates F-TEIDs) and User Plane IP Resource
+//! Information (the N3 address). The F-SEID the UPF returns carries its N4
+//! address, F-TEIDs its N3 address.
+//!
+//! The socket: its receive buffer is raised ([`N4Config::rcvbuf`], beyond
+//! `net.core.rmem_max` when the process may), and a reader thread moves
+//! datagrams to a bounded queue as they arrive, so a burst of requests does
+//! not wait in the kernel while rules compile. The achieved buffer size,
+//! the kernel's drop count for the socket (from `/proc/net/udp`) and the
+//! queue's own drops are counted.
 //!
 //! Accepted changes compile a new immutable [`RuleSet`], published before
 //! the responses are sent; each core's `upf` picks the new version up at
 //! the start of its next batch (one atomic load per batch), so no packet
 //! ever sees half of a change. The endpoint handles every request waiting
-//! on its socket (up to [`BURST`]) before it compiles once for all of them:
-//! a compile costs O(all rules), so under churn its cost is shared by the
-//! requests that arrived meanwhile (per-session incremental rule sets would
-//! remove it).
+//! (up to [`BURST`]) before it compiles once for all of them: a compile
+//! costs O(all rules), so under churn its cost is shared by the requests
+//! that arrived meanwhile (per-session incremental rule sets would remove it).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::Duration;
+use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
 
 use super::pfcp::{self, cause, enc, ie, msg, Header, PfcpError, Writer};
 use super::rules::{ip128, RuleSet, SessionSpec};
@@ -40,18 +89,68 @@ pub struct ControlStats {
     pub accepted: AtomicU64,
     /// Requests answered with another cause.
     pub rejected: AtomicU64,
-    /// Datagrams dropped (not PFCP, unknown message type).
+    /// Datagrams dropped (not PFCP, unknown message type, unexpected response).
     pub discarded: AtomicU64,
+    /// Requests refused because their source has no association (cause 72).
+    pub no_association: AtomicU64,
+    /// Retransmitted requests answered from the cache (not applied again).
+    pub retransmissions: AtomicU64,
+    /// Associations set up (a repeated setup counts again).
+    pub associations: AtomicU64,
+    /// Associations released by their peer.
+    pub releases: AtomicU64,
+    /// Peers seen restarting (a newer Recovery Time Stamp).
+    pub peer_restarts: AtomicU64,
+    /// Peers declared failed (N1 heartbeats unanswered).
+    pub peer_failures: AtomicU64,
+    /// Sessions removed because their peer restarted, failed, released or
+    /// re-associated, or by a Session Set Deletion.
+    pub sessions_removed: AtomicU64,
+    /// Heartbeat Requests sent (retransmissions included).
+    pub heartbeats_sent: AtomicU64,
+    /// Heartbeat Responses received to them.
+    pub heartbeat_responses: AtomicU64,
     /// Session Report Requests sent.
     pub reports_sent: AtomicU64,
     /// Session Report Responses received.
     pub report_responses: AtomicU64,
     /// Rule sets compiled and published (one per burst of changing requests).
     pub publishes: AtomicU64,
+    /// The socket's receive buffer as the kernel reports it (bytes; Linux
+    /// counts its bookkeeping, twice the size asked for).
+    pub rcvbuf: AtomicU64,
+    /// Datagrams the kernel dropped on the socket (its buffer was full).
+    pub kernel_drops: AtomicU64,
+    /// Datagrams dropped because the endpoint's queue was full.
+    pub queue_drops: AtomicU64,
+}
+
+impl ControlStats {
+    /// The counters as JSON (the `upf` report's `pfcp` object).
+    pub fn to_json(&self) -> Value {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        json!({
+            "accepted": g(&self.accepted), "rejected": g(&self.rejected), "discarded": g(&self.discarded),
+            "no_association": g(&self.no_association), "retransmissions": g(&self.retransmissions),
+            "associations": g(&self.associations), "releases": g(&self.releases),
+            "peer_restarts": g(&self.peer_restarts), "peer_failures": g(&self.peer_failures),
+            "sessions_removed": g(&self.sessions_removed),
+            "heartbeats_sent": g(&self.heartbeats_sent), "heartbeat_responses": g(&self.heartbeat_responses),
+            "reports_sent": g(&self.reports_sent), "report_responses": g(&self.report_responses),
+            "publishes": g(&self.publishes), "rcvbuf": g(&self.rcvbuf),
+            "kernel_drops": g(&self.kernel_drops), "queue_drops": g(&self.queue_drops),
+        })
+    }
 }
 
 /// Most requests handled before one compile and their responses.
 pub const BURST: usize = 256;
+
+/// Datagrams the reader thread queues for the endpoint before it drops (counted).
+const QUEUE: usize = 65_536;
+
+/// Responses kept for retransmitted requests, over all peers (oldest evicted first).
+const CACHE_MAX: usize = 65_536;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic elsewhere while holding the lock leaves plain data behind: keep going.
@@ -98,24 +197,145 @@ impl UpfControl {
     }
 }
 
+/// The UPF's Node ID (§8.2.38).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeId {
+    /// An IPv4 address.
+    V4(Ipv4Addr),
+    /// A fully qualified domain name.
+    Fqdn(String),
+}
+
+impl NodeId {
+    /// An IPv4 address or an FQDN (labels of 1-63 letters, digits, '-').
+    pub fn parse(s: &str) -> Result<NodeId, String> {
+        if let Ok(a) = s.parse::<Ipv4Addr>() {
+            return Ok(NodeId::V4(a));
+        }
+        let name = s.trim_end_matches('.');
+        let label_ok = |l: &str| {
+            (1..=63).contains(&l.len())
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        if name.is_empty()
+            || name.len() > 253
+            || !name.split('.').all(label_ok)
+            || name.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        {
+            return Err(format!("'{s}' is neither an IPv4 address nor an FQDN"));
+        }
+        Ok(NodeId::Fqdn(name.to_ascii_lowercase()))
+    }
+
+    /// The Node ID IE's value.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            NodeId::V4(a) => enc::node_id_v4(*a),
+            NodeId::Fqdn(n) => enc::node_id_fqdn(n),
+        }
+    }
+}
+
+/// How the endpoint presents itself and watches its peers.
+#[derive(Clone, Debug)]
+pub struct N4Config {
+    /// The UPF's Node ID.
+    pub node_id: NodeId,
+    /// N3 address: in F-TEIDs the UPF allocates and in the User Plane IP
+    /// Resource Information.
+    pub n3: Ipv4Addr,
+    /// N4 address: in the F-SEIDs the UPF returns.
+    pub n4: Ipv4Addr,
+    /// Heartbeat Request interval per associated peer (zero: none sent).
+    pub heartbeat: Duration,
+    /// T1: wait for a response before retransmitting a request.
+    pub t1: Duration,
+    /// N1: retransmissions before the peer counts as failed.
+    pub n1: u32,
+    /// Keep a peer's sessions when it restarts (newer Recovery Time Stamp).
+    pub keep_sessions_on_restart: bool,
+    /// Keep a peer's sessions when it fails (heartbeats unanswered).
+    pub keep_sessions_on_failure: bool,
+    /// Socket receive buffer to ask for (bytes).
+    pub rcvbuf: usize,
+}
+
+impl N4Config {
+    /// Defaults: Node ID and N4 address `n3`; a heartbeat every 10 s, T1 = 3 s, N1 = 3; an 8 MB receive buffer.
+    pub fn new(n3: Ipv4Addr) -> N4Config {
+        N4Config {
+            node_id: NodeId::V4(n3),
+            n3,
+            n4: n3,
+            heartbeat: Duration::from_secs(10),
+            t1: Duration::from_secs(3),
+            n1: 3,
+            keep_sessions_on_restart: false,
+            keep_sessions_on_failure: false,
+            rcvbuf: 8 << 20,
+        }
+    }
+
+    /// How long a response stays cached for retransmitted requests: a
+    /// peer with our T1 and N1 has given up by then.
+    fn cache_lifetime(&self) -> Duration {
+        self.t1 * (self.n1 + 1)
+    }
+}
+
 /// One PFCP session as the endpoint keeps it.
 #[derive(Clone, Debug)]
 struct Sess {
     cp_seid: u64,
+    /// The Node ID of the association that owns it (None: from the session file).
+    owner: Option<Vec<u8>>,
+    /// FQ-CSIDs named at establishment (for Session Set Deletion).
+    csids: Vec<(Vec<u8>, u16)>,
     spec: SessionSpec,
 }
 
-/// The endpoint's state: associations and sessions (by local SEID).
+/// A request the endpoint sent and awaits the response to.
+#[derive(Debug)]
+struct Pending {
+    seq: u32,
+    sent: Instant,
+    tries: u32,
+    bytes: Vec<u8>,
+}
+
+/// One association with a CP function.
+#[derive(Debug)]
+struct Assoc {
+    node: Vec<u8>,
+    recovery: u32,
+    next_heartbeat: Instant,
+    heartbeat: Option<Pending>,
+}
+
+/// Why a peer's sessions go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Loss {
+    Restart,
+    Failure,
+    Release,
+}
+
+/// The endpoint's state: associations (by peer address), sessions (by local
+/// SEID) and the responses cached for retransmissions.
 #[derive(Debug)]
 pub struct Endpoint {
-    node: Ipv4Addr,
+    cfg: N4Config,
+    node: Vec<u8>,
     recovery: u32,
-    peer: Option<SocketAddr>,
-    associated: bool,
+    assocs: HashMap<SocketAddr, Assoc>,
     sessions: BTreeMap<u64, Sess>,
-    next_seid: u64,
     next_teid: u32,
-    report_seq: u32,
+    seq: u32,
+    /// Responses by (peer, sequence number), with the request's message type and the expiry.
+    cache: HashMap<(SocketAddr, u32), (u8, Instant, Vec<u8>)>,
+    cache_order: VecDeque<(Instant, SocketAddr, u32)>,
     control: Arc<UpfControl>,
     /// Sessions changed since the last publication (while deferring).
     dirty: bool,
@@ -126,23 +346,42 @@ pub struct Endpoint {
 /// Seconds between 1900 (NTP era 0) and 1970.
 const NTP_UNIX: u64 = 2_208_988_800;
 
+/// `new` is later than `old` (NTP seconds, modulo 2^32).
+fn newer(new: u32, old: u32) -> bool {
+    (new.wrapping_sub(old) as i32) > 0
+}
+
+type Reply = Result<(u64, Vec<(u16, Vec<u8>)>), (u64, PfcpError)>;
+
+fn refuse(cause: u8, what: &str) -> PfcpError {
+    PfcpError { cause, ie: None, what: what.into() }
+}
+
 impl Endpoint {
-    /// An endpoint whose node ID and F-TEID address is `node`, starting from
-    /// `initial` sessions (a session file; they count as associated).
+    /// An endpoint whose Node ID, N3 and N4 address is `node` (other
+    /// settings default, [`N4Config::new`]), starting from `initial` sessions
+    /// (a session file; they belong to no association).
     pub fn new(node: Ipv4Addr, initial: &[SessionSpec], control: Arc<UpfControl>) -> Endpoint {
+        Endpoint::with_config(N4Config::new(node), initial, control)
+    }
+
+    /// An endpoint configured by `cfg`.
+    pub fn with_config(cfg: N4Config, initial: &[SessionSpec], control: Arc<UpfControl>) -> Endpoint {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let sessions: BTreeMap<u64, Sess> =
-            initial.iter().map(|s| (s.seid, Sess { cp_seid: s.seid, spec: s.clone() })).collect();
-        let next_seid = sessions.keys().next_back().map_or(1, |k| k + 1);
+        let sessions: BTreeMap<u64, Sess> = initial
+            .iter()
+            .map(|s| (s.seid, Sess { cp_seid: s.seid, owner: None, csids: Vec::new(), spec: s.clone() }))
+            .collect();
         Endpoint {
-            node,
+            node: cfg.node_id.encode(),
+            cfg,
             recovery: (now + NTP_UNIX) as u32,
-            peer: None,
-            associated: !initial.is_empty(),
+            assocs: HashMap::new(),
             sessions,
-            next_seid,
             next_teid: 0x1000_0000,
-            report_seq: 0,
+            seq: 0,
+            cache: HashMap::new(),
+            cache_order: VecDeque::new(),
             control,
             dirty: false,
             defer: false,
@@ -161,8 +400,15 @@ impl Endpoint {
     /// before sending the responses of a burst.
     pub fn handle_deferred(&mut self, dgram: &[u8], from: SocketAddr) -> Option<Vec<u8>> {
         self.defer = true;
-        let r = self.handle_one(dgram, from);
+        let r = self.handle_one(dgram, from, Instant::now());
         self.defer = false;
+        r
+    }
+
+    /// [`Endpoint::handle`] as if at `now` (the retransmission cache's clock; tests).
+    pub fn handle_at(&mut self, dgram: &[u8], from: SocketAddr, now: Instant) -> Option<Vec<u8>> {
+        let r = self.handle_one(dgram, from, now);
+        self.flush();
         r
     }
 
@@ -173,7 +419,7 @@ impl Endpoint {
         }
     }
 
-    fn handle_one(&mut self, dgram: &[u8], from: SocketAddr) -> Option<Vec<u8>> {
+    fn handle_one(&mut self, dgram: &[u8], from: SocketAddr, now: Instant) -> Option<Vec<u8>> {
         let control = Arc::clone(&self.control);
         let st = &control.stats;
         let (h, body) = match pfcp::parse_header(dgram) {
@@ -188,12 +434,18 @@ impl Endpoint {
             }
         };
         let rsp_type = match h.msg_type {
-            msg::HEARTBEAT_REQ => msg::HEARTBEAT_RSP,
-            msg::ASSOC_SETUP_REQ => msg::ASSOC_SETUP_RSP,
-            msg::ASSOC_RELEASE_REQ => msg::ASSOC_RELEASE_RSP,
-            msg::SESS_EST_REQ => msg::SESS_EST_RSP,
-            msg::SESS_MOD_REQ => msg::SESS_MOD_RSP,
-            msg::SESS_DEL_REQ => msg::SESS_DEL_RSP,
+            msg::HEARTBEAT_REQ
+            | msg::ASSOC_SETUP_REQ
+            | msg::ASSOC_UPDATE_REQ
+            | msg::ASSOC_RELEASE_REQ
+            | msg::SESS_SET_DEL_REQ
+            | msg::SESS_EST_REQ
+            | msg::SESS_MOD_REQ
+            | msg::SESS_DEL_REQ => h.msg_type + 1,
+            msg::HEARTBEAT_RSP => {
+                self.heartbeat_response(&h, body, from);
+                return None;
+            }
             msg::SESS_REPORT_RSP => {
                 st.report_responses.fetch_add(1, Ordering::Relaxed);
                 return None;
@@ -204,15 +456,56 @@ impl Endpoint {
                 return None;
             }
         };
+        // §6.4: a request seen before from this peer gets the same response, unapplied.
+        self.expire_cache(now);
+        // (A request of another type reusing the number is a new request.)
+        if let Some((_, _, r)) = self.cache.get(&(from, h.seq)).filter(|c| c.0 == h.msg_type) {
+            st.retransmissions.fetch_add(1, Ordering::Relaxed);
+            return Some(r.clone());
+        }
+        let rsp = self.respond(&h, body, rsp_type, from);
+        while self.cache.len() >= CACHE_MAX {
+            let Some((t, a, s)) = self.cache_order.pop_front() else { break };
+            self.uncache(t, a, s);
+        }
+        let expiry = now + self.cfg.cache_lifetime();
+        self.cache.insert((from, h.seq), (h.msg_type, expiry, rsp.clone()));
+        self.cache_order.push_back((expiry, from, h.seq));
+        Some(rsp)
+    }
+
+    fn expire_cache(&mut self, now: Instant) {
+        while self.cache_order.front().is_some_and(|e| e.0 <= now) {
+            if let Some((t, a, s)) = self.cache_order.pop_front() {
+                self.uncache(t, a, s);
+            }
+        }
+    }
+
+    /// Forgets the response cached for `(a, s)` until `t` (not a newer one under the same key).
+    fn uncache(&mut self, t: Instant, a: SocketAddr, s: u32) {
+        if self.cache.get(&(a, s)).is_some_and(|c| c.1 == t) {
+            self.cache.remove(&(a, s));
+        }
+    }
+
+    fn respond(&mut self, h: &Header, body: &[u8], rsp_type: u8, from: SocketAddr) -> Vec<u8> {
+        let control = Arc::clone(&self.control);
+        let st = &control.stats;
         if rsp_type == msg::HEARTBEAT_RSP {
-            // A heartbeat response carries only the recovery time stamp.
+            // A heartbeat response carries only the recovery time stamp (§7.4.2.2).
             st.accepted.fetch_add(1, Ordering::Relaxed);
+            if let Ok(ies) = pfcp::ies(body) {
+                if let Some(r) = recovery_of(&ies) {
+                    self.peer_recovery(from, r);
+                }
+            }
             let mut w = Writer::message(msg::HEARTBEAT_RSP, None, h.seq);
             w.ie(ie::RECOVERY_TIME_STAMP, &self.recovery.to_be_bytes());
-            return Some(w.finish());
+            return w.finish();
         }
         let session_msg = rsp_type >= msg::SESS_EST_RSP;
-        let result = pfcp::ies(body).map_err(|e| (0, e)).and_then(|ies| self.request(&h, &ies, from));
+        let result = pfcp::ies(body).map_err(|e| (0, e)).and_then(|ies| self.request(h, &ies, from));
         let mut w;
         match result {
             Ok((cp_seid, body)) => {
@@ -226,6 +519,9 @@ impl Endpoint {
             }
             Err((cp_seid, e)) => {
                 st.rejected.fetch_add(1, Ordering::Relaxed);
+                if e.cause == cause::NO_ASSOCIATION {
+                    st.no_association.fetch_add(1, Ordering::Relaxed);
+                }
                 w = Writer::message(rsp_type, session_msg.then_some(cp_seid), h.seq);
                 self.node_id(&mut w, rsp_type);
                 w.ie(ie::CAUSE, &[e.cause]);
@@ -236,42 +532,91 @@ impl Endpoint {
         }
         if rsp_type == msg::ASSOC_SETUP_RSP {
             w.ie(ie::RECOVERY_TIME_STAMP, &self.recovery.to_be_bytes());
+            // §8.2.25: FTUP (octet 5, bit 5): the UPF allocates F-TEIDs; nothing else claimed.
+            w.ie(ie::UP_FUNCTION_FEATURES, &[0x10, 0x00]);
+            // §8.2.82: V4 and the N3 address, source interface Access (ASSOSI).
+            let mut ip = vec![0x41];
+            ip.extend_from_slice(&self.cfg.n3.octets());
+            ip.push(0);
+            w.ie(ie::UP_IP_RESOURCE_INFORMATION, &ip);
         }
-        Some(w.finish())
+        w.finish()
     }
 
-    /// Node ID leads association responses and the establishment response.
+    /// Node ID leads the node-level responses and the establishment response.
     fn node_id(&self, w: &mut Writer, rsp_type: u8) {
-        if matches!(rsp_type, msg::ASSOC_SETUP_RSP | msg::ASSOC_RELEASE_RSP | msg::SESS_EST_RSP) {
-            w.ie(ie::NODE_ID, &enc::node_id_v4(self.node));
+        if matches!(
+            rsp_type,
+            msg::ASSOC_SETUP_RSP
+                | msg::ASSOC_UPDATE_RSP
+                | msg::ASSOC_RELEASE_RSP
+                | msg::SESS_SET_DEL_RSP
+                | msg::SESS_EST_RSP
+        ) {
+            w.ie(ie::NODE_ID, &self.node);
+        }
+    }
+
+    /// The association at `from` if it is the one of Node ID `node` (when given).
+    fn assoc_node(&self, from: SocketAddr, node: Option<&[u8]>) -> Result<Vec<u8>, PfcpError> {
+        match self.assocs.get(&from) {
+            Some(a) if node.is_none_or(|n| n == a.node.as_slice()) => Ok(a.node.clone()),
+            _ => Err(refuse(cause::NO_ASSOCIATION, "no PFCP association with this peer")),
         }
     }
 
     /// The IEs of an accepted request's response (after Node ID and Cause), or the error.
-    #[allow(clippy::type_complexity)]
-    fn request(
-        &mut self,
-        h: &Header,
-        ies: &[pfcp::Ie<'_>],
-        from: SocketAddr,
-    ) -> Result<(u64, Vec<(u16, Vec<u8>)>), (u64, PfcpError)> {
+    fn request(&mut self, h: &Header, ies: &[pfcp::Ie<'_>], from: SocketAddr) -> Reply {
         let find = |t: u16| ies.iter().find(|i| i.ty == t).map(|i| i.value);
         let no_seid = |e: PfcpError| (0, e);
+        let node_of = || -> Result<Vec<u8>, (u64, PfcpError)> {
+            pfcp::decode_node_id(find(ie::NODE_ID).ok_or_else(|| no_seid(missing(ie::NODE_ID)))?).map_err(no_seid)
+        };
         match h.msg_type {
-            msg::HEARTBEAT_REQ => Ok((0, vec![])),
             msg::ASSOC_SETUP_REQ => {
-                find(ie::NODE_ID).ok_or_else(|| no_seid(missing(ie::NODE_ID)))?;
-                self.associated = true;
-                self.peer = Some(from);
+                let node = node_of()?;
+                let rts = recovery_of(ies).ok_or_else(|| no_seid(missing(ie::RECOVERY_TIME_STAMP)))?;
+                // PFCPASReq-Flags bit 1: PFCP Session Retained Indication (PSREI).
+                let psrei = find(ie::PFCPASREQ_FLAGS).and_then(|v| v.first()).is_some_and(|f| f & 1 != 0);
+                self.associate(node, rts, psrei, from);
+                Ok((0, vec![]))
+            }
+            msg::ASSOC_UPDATE_REQ => {
+                // §6.2.7: nothing of ours to update; accepted only from the association itself.
+                let node = node_of()?;
+                self.assoc_node(from, Some(&node)).map_err(no_seid)?;
                 Ok((0, vec![]))
             }
             msg::ASSOC_RELEASE_REQ => {
-                find(ie::NODE_ID).ok_or_else(|| no_seid(missing(ie::NODE_ID)))?;
-                self.associated = false;
-                self.peer = None;
-                // Releasing the association deletes its sessions (TS 29.244 §6.2.8.3).
-                self.sessions.clear();
-                self.publish();
+                let node = node_of()?;
+                self.assoc_node(from, Some(&node)).map_err(no_seid)?;
+                self.assocs.remove(&from);
+                self.control.stats.releases.fetch_add(1, Ordering::Relaxed);
+                // Releasing the association deletes its sessions (§6.2.8.3).
+                self.drop_sessions(&node, Loss::Release);
+                Ok((0, vec![]))
+            }
+            msg::SESS_SET_DEL_REQ => {
+                // §7.4.6: the requester's sessions naming any of the FQ-CSIDs (§8.2.43) go.
+                let node = node_of()?;
+                self.assoc_node(from, Some(&node)).map_err(no_seid)?;
+                let mut set = Vec::new();
+                for i in ies.iter().filter(|i| i.ty == ie::FQ_CSID) {
+                    set.extend(pfcp::decode_fq_csid(i.value).map_err(no_seid)?);
+                }
+                let doomed: Vec<u64> = self
+                    .sessions
+                    .iter()
+                    .filter(|(_, s)| s.owner.as_deref() == Some(&node[..]) && s.csids.iter().any(|c| set.contains(c)))
+                    .map(|(k, _)| *k)
+                    .collect();
+                for k in &doomed {
+                    self.sessions.remove(k);
+                }
+                if !doomed.is_empty() {
+                    self.control.stats.sessions_removed.fetch_add(doomed.len() as u64, Ordering::Relaxed);
+                    self.publish();
+                }
                 Ok((0, vec![]))
             }
             msg::SESS_EST_REQ => {
@@ -279,30 +624,33 @@ impl Endpoint {
                     Some(v) => pfcp::decode_fseid(v).map_err(no_seid)?,
                     None => return Err(no_seid(missing(ie::F_SEID))),
                 };
-                if !self.associated {
-                    return Err((
-                        cp_seid,
-                        PfcpError { cause: cause::NO_ASSOCIATION, ie: None, what: "no association".into() },
-                    ));
+                let owner = self.assoc_node(from, None).map_err(|e| (cp_seid, e))?;
+                let node = node_of().map_err(|e| (cp_seid, e.1))?;
+                if node != owner {
+                    return Err((cp_seid, refuse(cause::NO_ASSOCIATION, "Node ID is not the associated one")));
                 }
-                find(ie::NODE_ID).ok_or((cp_seid, missing(ie::NODE_ID)))?;
-                let seid = self.next_seid;
+                let mut csids = Vec::new();
+                for i in ies.iter().filter(|i| i.ty == ie::FQ_CSID) {
+                    csids.extend(pfcp::decode_fq_csid(i.value).map_err(|e| (cp_seid, e))?);
+                }
+                let seid = self.random_seid();
                 let mut spec = SessionSpec { seid, ..Default::default() };
                 let created = self.apply(&mut spec, ies).map_err(|e| (cp_seid, e))?;
                 if spec.pdrs.is_empty() {
                     return Err((cp_seid, missing(ie::CREATE_PDR)));
                 }
                 self.commit(spec.clone()).map_err(|e| (cp_seid, e))?;
-                self.next_seid += 1;
-                self.sessions.insert(seid, Sess { cp_seid, spec });
+                self.sessions.insert(seid, Sess { cp_seid, owner: Some(owner), csids, spec });
                 self.publish();
-                let mut out = vec![(ie::F_SEID, enc::fseid(seid, self.node))];
+                let mut out = vec![(ie::F_SEID, enc::fseid(seid, self.cfg.n4))];
                 out.extend(created);
                 Ok((cp_seid, out))
             }
             msg::SESS_MOD_REQ | msg::SESS_DEL_REQ => {
+                let owner = self.assoc_node(from, None).map_err(no_seid)?;
                 let seid = h.seid.unwrap_or(0);
-                let Some(sess) = self.sessions.get(&seid).cloned() else {
+                let Some(sess) = self.sessions.get(&seid).filter(|s| s.owner.as_ref() == Some(&owner)).cloned() else {
+                    // Another association's session is not found either.
                     return Err(no_seid(PfcpError {
                         cause: cause::SESSION_NOT_FOUND,
                         ie: None,
@@ -323,11 +671,160 @@ impl Endpoint {
                     }
                     return Err((sess.cp_seid, e));
                 }
-                self.sessions.insert(seid, Sess { cp_seid: sess.cp_seid, spec });
+                self.sessions.insert(seid, Sess { spec, ..sess.clone() });
                 self.publish();
                 Ok((sess.cp_seid, created))
             }
             _ => Err(no_seid(PfcpError { cause: cause::NOT_SUPPORTED, ie: None, what: "unsupported".into() })),
+        }
+    }
+
+    /// Association Setup from `from` for `node` (§6.2.6.2.2).
+    fn associate(&mut self, node: Vec<u8>, rts: u32, psrei: bool, from: SocketAddr) {
+        let ctl = Arc::clone(&self.control);
+        let st = &ctl.stats;
+        // Another node associated at this address before: that association ends.
+        if let Some(a) = self.assocs.get(&from).filter(|a| a.node != node) {
+            let other = a.node.clone();
+            self.assocs.remove(&from);
+            self.drop_sessions(&other, Loss::Release);
+        }
+        let old = self.assocs.iter().find(|(_, a)| a.node == node).map(|(k, a)| (*k, a.recovery));
+        let had_sessions = self.sessions.values().any(|s| s.owner.as_ref() == Some(&node));
+        let restarted = old.is_some_and(|(_, old_rts)| newer(rts, old_rts));
+        if let Some((addr, _)) = old {
+            self.assocs.remove(&addr);
+        }
+        // A repeated setup (or one after a failure with sessions kept): the
+        // sessions stay with PSREI or when the option keeps them.
+        let mut n = 0;
+        if (old.is_some() || had_sessions) && !psrei && !self.cfg.keep_sessions_on_restart {
+            n = self.drop_sessions(&node, Loss::Restart);
+        }
+        if restarted {
+            st.peer_restarts.fetch_add(1, Ordering::Relaxed);
+            eprintln!(
+                "upf: PFCP peer {} at {from} restarted (Association Setup with a new Recovery Time Stamp): {n} sessions removed",
+                pfcp::node_id_text(&node)
+            );
+        }
+        st.associations.fetch_add(1, Ordering::Relaxed);
+        let next_heartbeat = Instant::now() + self.cfg.heartbeat;
+        self.assocs.insert(from, Assoc { node, recovery: rts, next_heartbeat, heartbeat: None });
+    }
+
+    /// A Recovery Time Stamp from `from` (heartbeat): a newer one is a restart.
+    fn peer_recovery(&mut self, from: SocketAddr, rts: u32) {
+        let Some(a) = self.assocs.get_mut(&from) else { return };
+        if !newer(rts, a.recovery) {
+            return;
+        }
+        a.recovery = rts;
+        let node = a.node.clone();
+        self.control.stats.peer_restarts.fetch_add(1, Ordering::Relaxed);
+        let n = if self.cfg.keep_sessions_on_restart { 0 } else { self.drop_sessions(&node, Loss::Restart) };
+        eprintln!(
+            "upf: PFCP peer {} at {from} restarted (new Recovery Time Stamp): {n} sessions removed",
+            pfcp::node_id_text(&node)
+        );
+    }
+
+    /// Removes `node`'s sessions (unless the configuration keeps them for `why`); returns how many.
+    fn drop_sessions(&mut self, node: &[u8], why: Loss) -> usize {
+        if why == Loss::Failure && self.cfg.keep_sessions_on_failure {
+            return 0;
+        }
+        let before = self.sessions.len();
+        self.sessions.retain(|_, s| s.owner.as_deref() != Some(node));
+        let n = before - self.sessions.len();
+        if n > 0 {
+            self.control.stats.sessions_removed.fetch_add(n as u64, Ordering::Relaxed);
+            self.publish();
+        }
+        n
+    }
+
+    fn heartbeat_response(&mut self, h: &Header, body: &[u8], from: SocketAddr) {
+        let st = Arc::clone(&self.control);
+        let Some(a) = self.assocs.get_mut(&from) else {
+            st.stats.discarded.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if a.heartbeat.as_ref().is_none_or(|p| p.seq != h.seq) {
+            st.stats.discarded.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        a.heartbeat = None;
+        st.stats.heartbeat_responses.fetch_add(1, Ordering::Relaxed);
+        if let Some(r) = pfcp::ies(body).ok().and_then(|ies| recovery_of(&ies)) {
+            self.peer_recovery(from, r);
+        }
+    }
+
+    fn next_seq(&mut self) -> u32 {
+        self.seq = (self.seq + 1) & 0x00ff_ffff;
+        self.seq
+    }
+
+    /// Timers at `now`: Heartbeat Requests due (new and retransmitted), peer
+    /// failures (N1 retransmissions unanswered: the association is released),
+    /// expired cached responses. Returns the datagrams to send.
+    pub fn tick(&mut self, now: Instant) -> Vec<(SocketAddr, Vec<u8>)> {
+        self.expire_cache(now);
+        let mut out = Vec::new();
+        if self.cfg.heartbeat.is_zero() {
+            return out;
+        }
+        let mut failed = Vec::new();
+        let addrs: Vec<SocketAddr> = self.assocs.keys().copied().collect();
+        for addr in addrs {
+            let seq_if_new = self.seq.wrapping_add(1) & 0x00ff_ffff;
+            let Some(a) = self.assocs.get_mut(&addr) else { continue };
+            match &mut a.heartbeat {
+                Some(p) if now.duration_since(p.sent) >= self.cfg.t1 => {
+                    if p.tries >= self.cfg.n1 {
+                        failed.push(addr);
+                        continue;
+                    }
+                    p.tries += 1;
+                    p.sent = now;
+                    out.push((addr, p.bytes.clone()));
+                }
+                Some(_) => {}
+                None if now >= a.next_heartbeat => {
+                    let mut w = Writer::message(msg::HEARTBEAT_REQ, None, seq_if_new);
+                    w.ie(ie::RECOVERY_TIME_STAMP, &self.recovery.to_be_bytes());
+                    let bytes = w.finish();
+                    out.push((addr, bytes.clone()));
+                    a.heartbeat = Some(Pending { seq: seq_if_new, sent: now, tries: 0, bytes });
+                    a.next_heartbeat = now + self.cfg.heartbeat;
+                    self.seq = seq_if_new;
+                }
+                None => {}
+            }
+        }
+        self.control.stats.heartbeats_sent.fetch_add(out.len() as u64, Ordering::Relaxed);
+        for addr in failed {
+            let Some(a) = self.assocs.remove(&addr) else { continue };
+            self.control.stats.peer_failures.fetch_add(1, Ordering::Relaxed);
+            let n = self.drop_sessions(&a.node, Loss::Failure);
+            let kept = self.sessions.values().filter(|s| s.owner.as_ref() == Some(&a.node)).count();
+            eprintln!(
+                "upf: PFCP peer {} at {addr} failed ({} heartbeats unanswered): association released, {n} sessions removed, {kept} kept",
+                pfcp::node_id_text(&a.node),
+                self.cfg.n1 + 1
+            );
+        }
+        out
+    }
+
+    /// A random UP SEID: non-zero, not in use.
+    fn random_seid(&self) -> u64 {
+        loop {
+            let s = getrandom::u64().unwrap_or_else(|_| fallback_random());
+            if s != 0 && !self.sessions.contains_key(&s) {
+                return s;
+            }
         }
     }
 
@@ -389,7 +886,7 @@ impl Endpoint {
                 let t = spec.pdrs.iter().find_map(|q| q.teid).unwrap_or_else(|| self.alloc_teid());
                 p.teid = Some(t);
                 let mut w = Writer::default();
-                w.ie(ie::PDR_ID, &p.id.to_be_bytes()).ie(ie::F_TEID, &enc::fteid(t, self.node));
+                w.ie(ie::PDR_ID, &p.id.to_be_bytes()).ie(ie::F_TEID, &enc::fteid(t, self.cfg.n3));
                 created.push((ie::CREATED_PDR, w.into_ies()));
             }
             if let Some(a) = u.ue.0 {
@@ -453,18 +950,21 @@ impl Endpoint {
         }
     }
 
-    /// Session Report Requests for the cores' usage reports (to the association's peer).
+    /// Session Report Requests for the cores' usage reports, each to the
+    /// address of the association owning the session.
     pub fn report_requests(&mut self) -> Vec<(SocketAddr, Vec<u8>)> {
         let reports = self.control.take_reports();
-        let Some(peer) = self.peer else { return Vec::new() };
         let mut out = Vec::new();
         for r in reports {
             let Some(s) = self.sessions.get(&r.seid) else { continue };
-            self.report_seq = self.report_seq.wrapping_add(1) & 0x00ff_ffff;
-            let mut w = Writer::message(msg::SESS_REPORT_REQ, Some(s.cp_seid), 0x80_0000 | self.report_seq);
+            let Some(owner) = &s.owner else { continue };
+            let Some(peer) = self.assocs.iter().find(|(_, a)| &a.node == owner).map(|(k, _)| *k) else { continue };
+            let cp_seid = s.cp_seid;
+            let seq = self.next_seq();
+            let mut w = Writer::message(msg::SESS_REPORT_REQ, Some(cp_seid), seq);
             w.ie(ie::REPORT_TYPE, &[0x02]);
             w.group(ie::USAGE_REPORT_SRR);
-            w.ie(ie::URR_ID, &r.urr_id.to_be_bytes()).ie(ie::UR_SEQN, &self.report_seq.to_be_bytes());
+            w.ie(ie::URR_ID, &r.urr_id.to_be_bytes()).ie(ie::UR_SEQN, &seq.to_be_bytes());
             w.ie(ie::USAGE_REPORT_TRIGGER, &[0x02, 0, 0]).ie(ie::VOLUME_MEASUREMENT, &enc::total_volume(r.volume));
             w.end();
             out.push((peer, w.finish()));
@@ -477,6 +977,33 @@ impl Endpoint {
     pub fn sessions(&self) -> usize {
         self.sessions.len()
     }
+
+    /// The local SEIDs of the sessions held.
+    pub fn seids(&self) -> Vec<u64> {
+        self.sessions.keys().copied().collect()
+    }
+
+    /// Associations held.
+    pub fn associations(&self) -> usize {
+        self.assocs.len()
+    }
+}
+
+/// The Recovery Time Stamp IE among `ies`.
+fn recovery_of(ies: &[pfcp::Ie<'_>]) -> Option<u32> {
+    let v = ies.iter().find(|i| i.ty == ie::RECOVERY_TIME_STAMP)?.value;
+    Some(u32::from_be_bytes(v.get(..4)?.try_into().ok()?))
+}
+
+/// Random bits when the OS source fails: SipHash of a counter under the
+/// process's randomly keyed `RandomState`.
+fn fallback_random() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static STATE: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
+    static N: AtomicU64 = AtomicU64::new(0);
+    let mut h = STATE.get_or_init(Default::default).build_hasher();
+    h.write_u64(N.fetch_add(1, Ordering::Relaxed));
+    h.finish()
 }
 
 fn missing(t: u16) -> PfcpError {
@@ -506,42 +1033,123 @@ pub struct Server {
     pub addr: SocketAddr,
 }
 
-/// Binds `addr` (UDP) and serves PFCP on a thread, publishing into `control`.
+/// Binds `addr` (UDP) and serves PFCP on a thread, publishing into `control`
+/// (Node ID, N3 and N4 address `node`; other settings default).
 pub fn spawn(addr: &str, node: Ipv4Addr, initial: &[SessionSpec], control: &Arc<UpfControl>) -> Result<Server, String> {
+    spawn_with(addr, N4Config::new(node), initial, control)
+}
+
+/// Binds `addr` (UDP) and serves PFCP configured by `cfg` on a thread,
+/// publishing into `control`.
+pub fn spawn_with(
+    addr: &str,
+    cfg: N4Config,
+    initial: &[SessionSpec],
+    control: &Arc<UpfControl>,
+) -> Result<Server, String> {
     let sock = UdpSocket::bind(addr).map_err(|e| format!("PFCP endpoint {addr}: {e}"))?;
     let local = sock.local_addr().map_err(|e| e.to_string())?;
-    sock.set_read_timeout(Some(Duration::from_millis(20))).map_err(|e| e.to_string())?;
+    control.stats.rcvbuf.store(size_rcvbuf(&sock, cfg.rcvbuf) as u64, Ordering::Relaxed);
+    let rx = sock.try_clone().map_err(|e| format!("PFCP endpoint {addr}: {e}"))?;
+    rx.set_read_timeout(Some(Duration::from_millis(20))).map_err(|e| e.to_string())?;
+    let (tx, queue) = mpsc::sync_channel(QUEUE);
     let weak = Arc::downgrade(control);
-    let mut ep = Endpoint::new(node, initial, Arc::clone(control));
+    let weak_rx = Arc::downgrade(control);
+    let mut ep = Endpoint::with_config(cfg, initial, Arc::clone(control));
+    std::thread::Builder::new()
+        .name("pfcp-rx".into())
+        .spawn(move || receive(rx, tx, weak_rx))
+        .map_err(|e| format!("PFCP endpoint: {e}"))?;
     std::thread::Builder::new()
         .name("pfcp".into())
-        .spawn(move || serve(sock, &mut ep, weak))
+        .spawn(move || serve(sock, queue, &mut ep, weak))
         .map_err(|e| format!("PFCP endpoint: {e}"))?;
     Ok(Server { addr: local })
 }
 
-fn serve(sock: UdpSocket, ep: &mut Endpoint, weak: Weak<UpfControl>) {
-    let mut buf = vec![0u8; 65536];
-    let mut rsps: Vec<(SocketAddr, Vec<u8>)> = Vec::new();
-    loop {
-        // One blocking receive (20 ms timeout), then whatever else is waiting:
-        // the burst's changes are compiled once, before any response goes out.
-        if let Ok((n, from)) = sock.recv_from(&mut buf) {
-            rsps.extend(ep.handle_deferred(&buf[..n], from).map(|r| (from, r)));
-            if sock.set_nonblocking(true).is_ok() {
-                for _ in 1..BURST {
-                    let Ok((n, from)) = sock.recv_from(&mut buf) else { break };
-                    rsps.extend(ep.handle_deferred(&buf[..n], from).map(|r| (from, r)));
-                }
-                let _ = sock.set_nonblocking(false);
-            }
-            ep.flush();
-            for (to, r) in rsps.drain(..) {
-                let _ = sock.send_to(&r, to);
+/// Asks for a `want`-byte receive buffer, past `net.core.rmem_max` when
+/// the process may (CAP_NET_ADMIN); returns the size the kernel reports.
+fn size_rcvbuf(sock: &UdpSocket, want: usize) -> usize {
+    use rustix::net::sockopt;
+    let _ = sockopt::set_socket_recv_buffer_size(sock, want);
+    let got = sockopt::socket_recv_buffer_size(sock).unwrap_or(0);
+    // Linux reports twice the size set (its bookkeeping); below that, rmem_max capped it.
+    if got < want.saturating_mul(2) {
+        let _ = sockopt::set_socket_recv_buffer_size_force(sock, want);
+    }
+    sockopt::socket_recv_buffer_size(sock).unwrap_or(got)
+}
+
+/// The kernel's drop count for `sock` (the `drops` column of its row in
+/// /proc/net/udp or udp6, found by the socket's inode); None off Linux.
+pub fn kernel_drops(sock: &UdpSocket) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::io::AsRawFd;
+    let ino = std::fs::metadata(format!("/proc/self/fd/{}", sock.as_raw_fd())).ok()?.ino().to_string();
+    for table in ["/proc/net/udp", "/proc/net/udp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else { continue };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local rem st tx:rx tr:when retrnsmt uid timeout inode ref pointer drops
+            if f.len() >= 13 && f[9] == ino {
+                return f[12].parse().ok();
             }
         }
-        for (to, m) in ep.report_requests() {
+    }
+    None
+}
+
+/// The reader: moves datagrams from the socket to the endpoint's queue as
+/// they arrive (the endpoint may be compiling); a full queue drops, counted.
+fn receive(sock: UdpSocket, tx: mpsc::SyncSender<(Vec<u8>, SocketAddr)>, weak: Weak<UpfControl>) {
+    let mut buf = vec![0u8; 65536];
+    loop {
+        match sock.recv_from(&mut buf) {
+            Ok((n, from)) => match tx.try_send((buf[..n].to_vec(), from)) {
+                Ok(()) => {}
+                Err(mpsc::TrySendError::Full(_)) => {
+                    if let Some(c) = weak.upgrade() {
+                        c.stats.queue_drops.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Err(mpsc::TrySendError::Disconnected(_)) => return,
+            },
+            Err(_) if weak.strong_count() == 0 => return,
+            Err(_) => {}
+        }
+    }
+}
+
+fn serve(sock: UdpSocket, queue: mpsc::Receiver<(Vec<u8>, SocketAddr)>, ep: &mut Endpoint, weak: Weak<UpfControl>) {
+    let mut rsps: Vec<(SocketAddr, Vec<u8>)> = Vec::new();
+    let mut drops_read = Instant::now();
+    loop {
+        // One waiting receive (20 ms timeout), then whatever else is queued:
+        // the burst's changes are compiled once, before any response goes out.
+        match queue.recv_timeout(Duration::from_millis(20)) {
+            Ok((d, from)) => {
+                rsps.extend(ep.handle_deferred(&d, from).map(|r| (from, r)));
+                for _ in 1..BURST {
+                    let Ok((d, from)) = queue.try_recv() else { break };
+                    rsps.extend(ep.handle_deferred(&d, from).map(|r| (from, r)));
+                }
+                ep.flush();
+                for (to, r) in rsps.drain(..) {
+                    let _ = sock.send_to(&r, to);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+        let now = Instant::now();
+        for (to, m) in ep.tick(now).into_iter().chain(ep.report_requests()) {
             let _ = sock.send_to(&m, to);
+        }
+        if now.duration_since(drops_read) >= Duration::from_millis(100) {
+            drops_read = now;
+            if let Some(d) = kernel_drops(&sock) {
+                ep.control.stats.kernel_drops.store(d, Ordering::Relaxed);
+            }
         }
         // The endpoint holds one reference; the data path's `upf`s hold the others.
         if weak.strong_count() <= 1 {
@@ -570,14 +1178,14 @@ pub fn named(name: &str) -> Option<Arc<UpfControl>> {
 
 /// The control block of the endpoint at `addr`, shared by every core's
 /// `upf(pfcp=ADDR)`: the first caller binds the socket and starts serving.
-pub fn shared(addr: &str, node: Ipv4Addr, initial: &[SessionSpec]) -> Result<Arc<UpfControl>, String> {
+pub fn shared(addr: &str, cfg: N4Config, initial: &[SessionSpec]) -> Result<Arc<UpfControl>, String> {
     let mut map = lock(registry());
     if let Some(c) = map.get(addr).and_then(Weak::upgrade) {
         return Ok(c);
     }
     let rules = RuleSet::compile(initial)?;
     let c = UpfControl::new(Arc::new(rules));
-    spawn(addr, node, initial, &c)?;
+    spawn_with(addr, cfg, initial, &c)?;
     map.insert(addr.to_string(), Arc::downgrade(&c));
     Ok(c)
 }

@@ -18,12 +18,20 @@ pub mod msg {
     pub const ASSOC_SETUP_REQ: u8 = 5;
     /// Association Setup Response.
     pub const ASSOC_SETUP_RSP: u8 = 6;
+    /// Association Update Request.
+    pub const ASSOC_UPDATE_REQ: u8 = 7;
+    /// Association Update Response.
+    pub const ASSOC_UPDATE_RSP: u8 = 8;
     /// Association Release Request.
     pub const ASSOC_RELEASE_REQ: u8 = 9;
     /// Association Release Response.
     pub const ASSOC_RELEASE_RSP: u8 = 10;
     /// Version Not Supported Response.
     pub const VERSION_NOT_SUPPORTED: u8 = 11;
+    /// Session Set Deletion Request.
+    pub const SESS_SET_DEL_REQ: u8 = 14;
+    /// Session Set Deletion Response.
+    pub const SESS_SET_DEL_RSP: u8 = 15;
     /// Session Establishment Request.
     pub const SESS_EST_REQ: u8 = 50;
     /// Session Establishment Response.
@@ -74,10 +82,12 @@ pub mod ie {
     pub const REPORT_TYPE: u16 = 39;
     pub const OFFENDING_IE: u16 = 40;
     pub const DESTINATION_INTERFACE: u16 = 42;
+    pub const UP_FUNCTION_FEATURES: u16 = 43;
     pub const APPLY_ACTION: u16 = 44;
     pub const PDR_ID: u16 = 56;
     pub const F_SEID: u16 = 57;
     pub const NODE_ID: u16 = 60;
+    pub const FQ_CSID: u16 = 65;
     pub const MEASUREMENT_METHOD: u16 = 62;
     pub const USAGE_REPORT_TRIGGER: u16 = 63;
     pub const VOLUME_MEASUREMENT: u16 = 66;
@@ -90,7 +100,9 @@ pub mod ie {
     pub const UR_SEQN: u16 = 104;
     pub const FAR_ID: u16 = 108;
     pub const QER_ID: u16 = 109;
+    pub const UP_IP_RESOURCE_INFORMATION: u16 = 116;
     pub const QFI: u16 = 124;
+    pub const PFCPASREQ_FLAGS: u16 = 259;
 }
 
 /// Cause values (TS 29.244 §8.2.1).
@@ -507,6 +519,71 @@ pub fn decode_fseid(v: &[u8]) -> Result<u64, PfcpError> {
     u64_of(&v[1..], ie::F_SEID)
 }
 
+/// The Node ID IE (§8.2.38), checked and normalised (spare bits cleared):
+/// type 0 IPv4 (4 octets), 1 IPv6 (16), 2 FQDN (DNS labels, no trailing zero).
+/// Two Node IDs are the same node when these bytes are equal.
+pub fn decode_node_id(v: &[u8]) -> Result<Vec<u8>, PfcpError> {
+    let t = u8_of(v, ie::NODE_ID)? & 0x0f;
+    let ok = match t {
+        0 => v.len() >= 5,
+        1 => v.len() >= 17,
+        2 => v.len() >= 2,
+        _ => return Err(incorrect(ie::NODE_ID, "unknown Node ID type")),
+    };
+    if !ok {
+        return Err(bad_len(ie::NODE_ID));
+    }
+    let n = match t {
+        0 => 5,
+        1 => 17,
+        _ => v.len(),
+    };
+    let mut out = v[..n].to_vec();
+    out[0] = t;
+    if t == 2 {
+        // FQDNs compare case-insensitively.
+        out[1..].make_ascii_lowercase();
+    }
+    Ok(out)
+}
+
+/// A Node ID for humans: an address or a dotted FQDN.
+pub fn node_id_text(v: &[u8]) -> String {
+    match (v.first().map(|t| t & 0x0f), v.len()) {
+        (Some(0), 5..) => Ipv4Addr::new(v[1], v[2], v[3], v[4]).to_string(),
+        (Some(1), 17..) => v6_of(&v[1..], 0).map(|a| a.to_string()).unwrap_or_default(),
+        (Some(2), _) => {
+            let mut labels = Vec::new();
+            let mut b = &v[1..];
+            while let Some((&n, rest)) = b.split_first() {
+                let n = usize::from(n).min(rest.len());
+                labels.push(String::from_utf8_lossy(&rest[..n]).into_owned());
+                b = &rest[n..];
+            }
+            labels.join(".")
+        }
+        _ => "?".into(),
+    }
+}
+
+/// The (node address, CSID) pairs of an FQ-CSID IE (§8.2.43).
+pub fn decode_fq_csid(v: &[u8]) -> Result<Vec<(Vec<u8>, u16)>, PfcpError> {
+    let b = u8_of(v, ie::FQ_CSID)?;
+    let alen = match b >> 4 {
+        0 | 2 => 4,
+        1 => 16,
+        _ => return Err(incorrect(ie::FQ_CSID, "unknown node address type")),
+    };
+    let n = usize::from(b & 0x0f);
+    if v.len() < 1 + alen + 2 * n {
+        return Err(bad_len(ie::FQ_CSID));
+    }
+    let node = v[..1 + alen].to_vec();
+    let mut node = node;
+    node[0] >>= 4;
+    Ok((0..n).map(|k| (node.clone(), u16::from_be_bytes([v[1 + alen + 2 * k], v[2 + alen + 2 * k]]))).collect())
+}
+
 /// Builds PFCP messages.
 #[derive(Debug, Default)]
 pub struct Writer {
@@ -581,6 +658,26 @@ pub mod enc {
     pub fn node_id_v4(a: Ipv4Addr) -> Vec<u8> {
         let mut v = vec![0];
         v.extend_from_slice(&a.octets());
+        v
+    }
+
+    /// Node ID: an FQDN, as DNS labels without the trailing zero (§8.2.38).
+    pub fn node_id_fqdn(name: &str) -> Vec<u8> {
+        let mut v = vec![2];
+        for l in name.trim_end_matches('.').split('.') {
+            v.push(l.len() as u8);
+            v.extend_from_slice(l.as_bytes());
+        }
+        v
+    }
+
+    /// FQ-CSID with an IPv4 node address.
+    pub fn fq_csid_v4(node: Ipv4Addr, csids: &[u16]) -> Vec<u8> {
+        let mut v = vec![csids.len().min(15) as u8];
+        v.extend_from_slice(&node.octets());
+        for c in csids.iter().take(15) {
+            v.extend_from_slice(&c.to_be_bytes());
+        }
         v
     }
 

@@ -492,3 +492,38 @@ fn fast_path_and_fallback_forward_alike_and_slots_do_not_leak_sessions() {
     let urr: u64 = u.usage().map(|(_, x)| x.ul_packets).sum();
     assert_eq!(urr, 2);
 }
+
+/// The N4 parameters: the Node ID follows `node_id=`, else the `pfcp=` IP,
+/// else the N3 address; the F-SEID address the `pfcp=` IP when it names one.
+#[test]
+fn n4_parameters() {
+    let n3 = Ipv4Addr::new(192, 0, 2, 1);
+    let params = |kv: &[(&str, &str)]| {
+        Params::new("upf", kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>())
+    };
+    let c = n4_config(&mut params(&[]), "10.1.1.1:8805", n3).unwrap();
+    assert_eq!(
+        (c.node_id, c.n4, c.n3),
+        (control::NodeId::V4(Ipv4Addr::new(10, 1, 1, 1)), Ipv4Addr::new(10, 1, 1, 1), n3)
+    );
+    let c = n4_config(&mut params(&[]), "0.0.0.0:8805", n3).unwrap();
+    assert_eq!((c.node_id, c.n4), (control::NodeId::V4(n3), n3));
+    let mut p = params(&[
+        ("node_id", "UPF-a.Example.net"),
+        ("pfcp_heartbeat_ms", "0"),
+        ("pfcp_t1_ms", "200"),
+        ("pfcp_n1", "5"),
+        ("keep_sessions_on_restart", "true"),
+        ("pfcp_rcvbuf", "65536"),
+    ]);
+    let c = n4_config(&mut p, "0.0.0.0:8805", n3).unwrap();
+    p.finish().unwrap();
+    assert_eq!(c.node_id, control::NodeId::Fqdn("upf-a.example.net".into()));
+    assert_eq!(
+        (c.n4, c.heartbeat, c.t1, c.n1),
+        (n3, std::time::Duration::ZERO, std::time::Duration::from_millis(200), 5)
+    );
+    assert!(c.keep_sessions_on_restart && !c.keep_sessions_on_failure && c.rcvbuf == 65536);
+    let e = n4_config(&mut params(&[("node_id", "upf_1!")]), "", n3).unwrap_err();
+    assert_eq!(e.0, "upf: parameter 'node_id=upf_1!': 'upf_1!' is neither an IPv4 address nor an FQDN");
+}
