@@ -335,7 +335,10 @@ fn row_flow(r: &Value) -> ([String; 5], bool) {
     let addr = |k: &str| r[k].as_str().and_then(|a| a.parse::<std::net::IpAddr>().ok());
     let folded = |k: &str| matches!(addr(k), Some(std::net::IpAddr::V6(a)) if flowplane_wire::scr::is_folded_addr(a));
     let shown = |k: &str| addr(k).map_or_else(|| r[k].to_string(), |a| recorded_addr(a).to_string());
-    ([shown("src"), shown("dst"), r["sport"].to_string(), r["dport"].to_string(), r["proto"].to_string()], folded("src") && folded("dst"))
+    (
+        [shown("src"), shown("dst"), r["sport"].to_string(), r["dport"].to_string(), r["proto"].to_string()],
+        folded("src") && folded("dst"),
+    )
 }
 
 /// Order of top-k rows: more bytes first, then more packets, then by flow,
@@ -362,8 +365,10 @@ mod tests {
     #[test]
     fn a_records_folded_tuple_and_the_flows_own_are_one_entry_and_one_row() {
         use flowplane_wire::flow::FiveTupleV6;
-        let real: FiveTuple = FiveTupleV6::new("2001:db8::1".parse().unwrap(), "fd00::2".parse().unwrap(), 5, 6, 17).into();
-        let other: FiveTuple = FiveTupleV6::new("2001:db8::9".parse().unwrap(), "fd00::2".parse().unwrap(), 5, 6, 17).into();
+        let real: FiveTuple =
+            FiveTupleV6::new("2001:db8::1".parse().unwrap(), "fd00::2".parse().unwrap(), 5, 6, 17).into();
+        let other: FiveTuple =
+            FiveTupleV6::new("2001:db8::9".parse().unwrap(), "fd00::2".parse().unwrap(), 5, 6, 17).into();
         let mut h = Hh::new(3, None);
         h.offer(&real, &HhState { bytes: 10, packets: 1 });
         h.offer(&recorded(&real), &HhState { bytes: 20, packets: 2 });
