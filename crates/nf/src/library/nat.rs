@@ -701,11 +701,7 @@ impl StatefulNf for Nat {
     fn tick(&mut self, now_ns: u64) {
         // An idle port's timer: TIME_WAITs end and ports idle past the timeout stop
         // counting as in use, without a packet.
-        self.now_ns = self.now_ns.max(now_ns);
-        let tcp = &self.pools[0];
-        if tcp.tw_len != 0 && tcp.tw[tcp.tw_head].deadline_ns <= now_ns {
-            self.expire_time_wait(now_ns);
-        }
+        self.advance_to(now_ns);
     }
 
     fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> NatState {
@@ -764,11 +760,7 @@ impl StatefulNf for Nat {
     fn end_of_run(&mut self, end_ns: u64) {
         // Judged at the run's end, as a one-core run's last packet would judge:
         // mappings idle by then are not in use, TIME_WAITs over by then are released.
-        self.now_ns = self.now_ns.max(end_ns);
-        let tcp = &self.pools[0];
-        if tcp.tw_len != 0 && tcp.tw[tcp.tw_head].deadline_ns <= self.now_ns {
-            self.expire_time_wait(self.now_ns);
-        }
+        self.advance_to(end_ns);
     }
 
     fn report(&self) -> Option<serde_json::Value> {
@@ -1091,6 +1083,16 @@ impl Nat {
     }
 
     #[cold]
+    /// Time passes to `t` without a packet (a timer tick, the run's end): the clock
+    /// that judges ports in use moves there, and TIME_WAITs over by then end.
+    fn advance_to(&mut self, t: u64) {
+        self.now_ns = self.now_ns.max(t);
+        let tcp = &self.pools[0];
+        if tcp.tw_len != 0 && tcp.tw[tcp.tw_head].deadline_ns <= self.now_ns {
+            self.expire_time_wait(self.now_ns);
+        }
+    }
+
     fn expire_time_wait(&mut self, now_ns: u64) {
         let n = self.pools[0].expire_time_wait(now_ns);
         self.c.released += n;
