@@ -6,11 +6,11 @@
 #![no_main]
 
 use std::net::Ipv4Addr;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use flowplane_fuzz::for_each_record;
-use flowplane_io::dispatch::{Dispatcher, DispatchedSource, Spread};
+use flowplane_io::dispatch::{DispatchedSource, Dispatcher, Spread};
 use flowplane_io::port::RxQueue;
 use flowplane_io::{Rx, Source};
 use flowplane_packet::{Batch, PacketPool, PoolConfig, MAX_BATCH};
@@ -64,7 +64,8 @@ fuzz_target!(|data: &[u8]| {
     let spread = if cfg & 8 != 0 { Spread::Spray } else { Spread::Table };
     let total = frames.len();
     let input = Frames(frames.iter().cloned().collect());
-    let (d, mut srcs) = Dispatcher::new(vec![(Box::new(input), pool)], c.clone(), Arc::clone(&st), spread, 512).unwrap();
+    let (d, mut srcs) =
+        Dispatcher::new(vec![(Box::new(input), pool)], c.clone(), Arc::clone(&st), spread, 512).unwrap();
     let mut d = if cfg & 16 != 0 { d.with_moves() } else { d };
     let stats = d.stats();
     let mut wpool = PacketPool::new(PoolConfig { buffers: 1024, ..PoolConfig::default() }).unwrap();

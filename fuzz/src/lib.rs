@@ -27,6 +27,9 @@ pub const SIZE_CAPS: &[(&str, &str, u64, bool)] = &[
     ("hh", "k", 64, false),
 ];
 
+/// The cap of a parameter declared to size an allocation (`ParamSpec::allocates`).
+pub const ALLOC_CAP: u64 = 4096;
+
 /// Strips file parameters and caps allocation sizes; `false` if the chain has more than
 /// [`MAX_NFS`] NFs (the caller skips it). Errors in the values are left for the NFs to report.
 pub fn sanitize_chain(spec: &mut ChainSpec) -> bool {
@@ -36,10 +39,15 @@ pub fn sanitize_chain(spec: &mut ChainSpec) -> bool {
     for nf in &mut spec.nfs {
         let name = nf.name.as_str();
         nf.params.retain(|(k, _)| !FILE_PARAMS.contains(&(name, k.as_str())));
-        for &(nf_name, key, cap, set_absent) in SIZE_CAPS {
-            if name != nf_name {
-                continue;
-            }
+        // Every parameter the registry says sizes an allocation (`ParamSpec::allocates`: amf's
+        // `ues`, conntrack's `conns`, ...) is capped and set when absent, so an NF added later
+        // is covered too; SIZE_CAPS adds the ones sized otherwise.
+        let declared = flowplane_nf::registry::find(name).into_iter().flat_map(|i| i.params.iter());
+        let caps = declared
+            .filter(|p| p.bytes_each > 0 && !SIZE_CAPS.iter().any(|c| c.0 == name && c.1 == p.name))
+            .map(|p| (p.name, ALLOC_CAP, true))
+            .chain(SIZE_CAPS.iter().filter(|c| c.0 == name).map(|c| (c.1, c.2, c.3)));
+        for (key, cap, set_absent) in caps.collect::<Vec<_>>() {
             match nf.params.iter_mut().find(|(k, _)| k == key) {
                 Some((_, v)) if !within(v, cap) => *v = cap.to_string(),
                 Some(_) => {}
@@ -224,6 +232,12 @@ mod tests {
         assert_eq!(s.nfs[1].params, vec![("mem".to_string(), "65536".to_string())]);
         assert_eq!(s.nfs[2].params, vec![("conns".to_string(), "4096".to_string())]);
         assert_eq!(s.nfs[3].params, vec![("addrs".to_string(), "x".to_string())]);
+        // Found by the ASan campaign: `amf` alone built 128K UE contexts (201 MB, hugepage
+        // collapse under ASan: a 20 s timeout). Every parameter declared to allocate is capped.
+        let mut s = spec::parse("amf -> conntrack(conns=1M)").unwrap();
+        assert!(sanitize_chain(&mut s));
+        assert_eq!(s.nfs[0].params, vec![("ues".to_string(), ALLOC_CAP.to_string())]);
+        assert_eq!(s.nfs[1].params, vec![("conns".to_string(), ALLOC_CAP.to_string())]);
         let mut long = spec::parse(&vec!["count"; MAX_NFS + 1].join("->")).unwrap();
         assert!(!sanitize_chain(&mut long));
     }
