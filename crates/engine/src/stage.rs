@@ -195,6 +195,8 @@ pub trait StatefulStage: Send {
     fn on_unparsed(&mut self) -> Action;
     /// Packets with a key but no state (table full): counted by the NF, its verdict.
     fn on_no_state(&mut self) -> Action;
+    /// The NF fails open without state (the NF's rule, [`StatefulNf::passes_without_state`]).
+    fn passes_without_state(&self) -> bool;
     /// The run's end (the NF's hook, [`StatefulNf::end_of_run`]).
     fn end_of_run(&mut self, end_ns: u64);
     /// Report.
@@ -496,6 +498,9 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     }
     fn on_no_state(&mut self) -> Action {
         self.0.on_no_state()
+    }
+    fn passes_without_state(&self) -> bool {
+        self.0.passes_without_state()
     }
     fn end_of_run(&mut self, end_ns: u64) {
         self.0.end_of_run(end_ns)

@@ -1497,8 +1497,14 @@ fn coarse_one(
         if let Some(slot) = c.idle {
             if let Some(b) = bytes.get_mut(slot.at..slot.at + 8) {
                 let mut stamp = u64::from_ne_bytes(b.try_into().unwrap_or([0; 8]));
-                // Judged on the cores' one clock, not this core's alone (see `CoreClocks`).
-                idle = touch_shared(&mut stamp, ctx.now_ns, &c.clock, slot.timeout_ns) && !fresh;
+                // Judged on the cores' one clock, not this core's alone (see `CoreClocks`) —
+                // except for an NF that fails closed (access control: portknock, fw, ...):
+                // its state ends at its timeout by the packet's own time, so a core behind
+                // never holds a hole open for a packet after the timeout (a knock state that
+                // expired is gone for the packet at t = 20 s whatever the other core's clock).
+                let clock =
+                    if nf.passes_without_state() { c.clock } else { SharedClock { behind: u64::MAX, ..c.clock } };
+                idle = touch_shared(&mut stamp, ctx.now_ns, &clock, slot.timeout_ns) && !fresh;
                 b.copy_from_slice(&stamp.to_ne_bytes());
             }
         }
