@@ -64,6 +64,11 @@ pub struct IdleSlot {
     /// NF that declares none takes its group's, resolved by the executor's
     /// context).
     pub timeout_ns: u64,
+    /// The NF fails closed (`passes_without_state() == false`): shared state
+    /// of it is judged idle by the accessing packet's own time, not the
+    /// cores' one clock (see `coarse::CoreClocks`). Fixed when compiled, so
+    /// the per-packet path asks no NF.
+    pub own_clock: bool,
 }
 
 impl Stage {
@@ -266,7 +271,11 @@ impl Chain {
                 };
                 // The NF's stamp, then its state.
                 let stamp = align_up(group_bytes[gi], 8);
-                *idle = Some(IdleSlot { at: stamp, timeout_ns: nf.idle_timeout_ns().unwrap_or(0) });
+                *idle = Some(IdleSlot {
+                    at: stamp,
+                    timeout_ns: nf.idle_timeout_ns().unwrap_or(0),
+                    own_clock: !nf.passes_without_state(),
+                });
                 let at = align_up(stamp + 8, nf.state_align());
                 *offset = at;
                 *group = Some(gi);
@@ -408,7 +417,7 @@ impl Chain {
                     (Some(t), Some(block)) if t < block => {
                         let at = align_up(size, 8);
                         size = align_up(at + 8, nf.state_align());
-                        Some(IdleSlot { at, timeout_ns: t })
+                        Some(IdleSlot { at, timeout_ns: t, own_clock: !nf.passes_without_state() })
                     }
                     _ => None,
                 };

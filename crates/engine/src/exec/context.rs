@@ -1502,8 +1502,7 @@ fn coarse_one(
                 // its state ends at its timeout by the packet's own time, so a core behind
                 // never holds a hole open for a packet after the timeout (a knock state that
                 // expired is gone for the packet at t = 20 s whatever the other core's clock).
-                let clock =
-                    if nf.passes_without_state() { c.clock } else { SharedClock { behind: u64::MAX, ..c.clock } };
+                let clock = if slot.own_clock { SharedClock { behind: u64::MAX, ..c.clock } } else { c.clock };
                 idle = touch_shared(&mut stamp, ctx.now_ns, &clock, slot.timeout_ns) && !fresh;
                 b.copy_from_slice(&stamp.to_ne_bytes());
             }
