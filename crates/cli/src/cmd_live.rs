@@ -104,6 +104,16 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
             "--gen, --loops, --rate and --virtual-cores apply to replayed input, not to a live port",
         ));
     }
+    if a.workers.ring.is_some() {
+        return Err(CliError::new(
+            "--ring sizes the emulated NIC's receive rings of a replay; a live port's rings are the device's or the kernel's",
+        ));
+    }
+    if a.outputs.restamp {
+        return Err(CliError::new(
+            "--restamp: a live input's packets are written with the time they were received (there is no trace time to replace)",
+        ));
+    }
     let (mut cfg, spec) = config(&a)?;
     cfg.loops = None;
     let cores = cfg.cores;

@@ -108,6 +108,7 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
         send_batch: a.send_batch,
         sender_cpu,
         drain: Duration::from_secs_f64(a.drain),
+        symmetric_rss: a.run.strategy.symmetric_rss,
     };
     let m = search_config(&a, &cfg);
     let r = search_ports(&cfg, &spec, &rig, &m, Some(&prepared), names)?;
@@ -119,9 +120,11 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
         return Ok(());
     }
     outln!(
-        "mlffr        {} on {} core(s): {} -> {}; sender {}, receiver {}; {:.0}-B frames (trailer included)",
+        "mlffr        {} on {} core(s), --scale {} (steered by {}): {} -> {}; sender {}, receiver {}; {:.0}-B frames (trailer included)",
         a.run.pipeline.chain,
         cfg.cores,
+        a.run.strategy.scale,
+        if r.steered_by.is_empty() { "?" } else { &r.steered_by },
         r.input,
         r.outputs.join(", "),
         r.sender,

@@ -180,9 +180,10 @@ pub struct WorkerArgs {
     /// Buffers per core's packet pool.
     #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
     pub pool: usize,
-    /// Receive ring entries per core (a full ring drops and counts: rx_ring_full).
-    #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
-    pub ring: usize,
+    /// Receive ring entries per core of a replay's emulated NIC (a full ring drops and counts:
+    /// rx_ring_full); default 4096. A live port's rings are its own.
+    #[arg(long, allow_negative_numbers = true)]
+    pub ring: Option<usize>,
     /// Do not pin workers to cores.
     #[arg(long)]
     pub no_pin: bool,
@@ -382,10 +383,11 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
     if let Some(p) = &a.strategy.priority {
         flowplane_engine::runner::PriorityClass::parse(p).map_err(CliError::new)?;
     }
-    if a.workers.ring < 2 * flowplane_packet::MAX_BATCH || a.workers.ring > 1 << 20 {
+    let ring = a.workers.ring.unwrap_or(DEFAULT_RING);
+    if ring < 2 * flowplane_packet::MAX_BATCH || ring > 1 << 20 {
         return Err(CliError::new(format!(
             "--ring {}: must be between {} and {}",
-            a.workers.ring,
+            ring,
             2 * flowplane_packet::MAX_BATCH,
             1 << 20
         )));
@@ -472,6 +474,9 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
     }
     Ok(())
 }
+
+/// Receive ring entries per core of the emulated NIC when `--ring` is not given.
+pub const DEFAULT_RING: usize = 4096;
 
 /// `flowplane run`; `cli` is the command line's words after `run` (merged over a `--config` file).
 pub fn run_cmd(mut a: RunArgs, cli: &[std::ffi::OsString]) -> Result<(), CliError> {
@@ -750,7 +755,7 @@ pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliErr
         restamp: a.outputs.restamp,
         scale: a.strategy.scale.clone(),
         scale_period: Duration::from_secs_f64(a.strategy.scale_period_ms / 1e3),
-        ring: a.workers.ring,
+        ring: a.workers.ring.unwrap_or(DEFAULT_RING),
         virtual_cores: a.workers.virtual_cores,
         scr: flowplane_engine::scr::ScrConfig {
             history: a.strategy.scr_history,

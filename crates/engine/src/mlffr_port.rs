@@ -65,6 +65,8 @@ pub struct PortRig<'a> {
     pub sender_cpu: Option<usize>,
     /// How long after a trial's measured phase its packets may still come out (later: lost).
     pub drain: Duration,
+    /// Steer by flowplane's symmetric table (`--symmetric-rss`), as `flowplane run` on the ports would.
+    pub symmetric_rss: bool,
 }
 
 /// One trial on ports.
@@ -105,6 +107,8 @@ pub struct PortTrial {
     /// Fraction of the workers' time busy at the offered rate (cycles per packet x rate / TSC Hz / cores):
     /// how near flowplane itself was to its limit.
     pub worker_busy: f64,
+    /// Who steered packets to the workers (the report's `steering.by`: port, dispatcher, kernel).
+    pub steered_by: String,
 }
 
 /// The search's result on ports.
@@ -136,6 +140,8 @@ pub struct PortMlffr {
     pub replay_cycles_per_packet: Option<f64>,
     /// The in-memory replay's throughput (packets/s).
     pub replay_pps: Option<f64>,
+    /// Who steered packets to the workers in the trials (port, dispatcher or kernel; see [`PortTrial::steered_by`]).
+    pub steered_by: String,
     /// Loss threshold used.
     pub loss_threshold: f64,
     /// Resolution used.
@@ -255,7 +261,7 @@ pub fn port_trial(
                 r
             })
             .map_err(EngineError::Thread);
-        let report = crate::runner::run_port(&c, spec, false, &live, Watch { stop: Some(stop), tick: None });
+        let report = crate::runner::run_port(&c, spec, rig.symmetric_rss, &live, Watch { stop: Some(stop), tick: None });
         stop.store(true, Ordering::Relaxed);
         let peer =
             h.and_then(|h| h.join().unwrap_or_else(|_| Err(EngineError::Config("the sender thread panicked".into()))));
@@ -286,6 +292,7 @@ pub fn port_trial(
         worker_packets: report.packets,
         cycles_per_packet: report.cycles_per_packet,
         worker_busy: report.cycles_per_packet * offered_pps / (live.hz * c.cores.max(1) as f64),
+        steered_by: report.steering.as_ref().map_or_else(String::new, |s| s.by.clone()),
     })
 }
 
@@ -397,6 +404,7 @@ pub fn search_ports(
         tsc_ghz: flowplane_packet::tsc::hz() / 1e9,
         replay_cycles_per_packet,
         replay_pps,
+        steered_by: trials.first().map_or_else(String::new, |t| t.steered_by.clone()),
         loss_threshold: m.loss,
         resolution: m.resolution,
         trials,

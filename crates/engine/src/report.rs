@@ -70,6 +70,8 @@ pub struct Report {
     pub clock: String,
     /// Worker cores.
     pub cores: usize,
+    /// Packets per receive burst at most (`--batch`).
+    pub batch: usize,
     /// Packets received (all cores).
     pub packets: u64,
     /// Bytes received.
@@ -173,6 +175,9 @@ pub struct SteerReport {
     /// The strategy's own account (RSS++'s and Dyssect's decisions).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub controller: Option<serde_json::Value>,
+    /// `--priority`: the class's receive-to-transmit latency against its SLO, and the other traffic's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<PriorityReport>,
 }
 
 /// The multi-core runtime's figures.
@@ -337,6 +342,27 @@ impl PriorityReport {
             p99_within_slo: slo_us.map(|s| latency_ns[1] <= s * 1e3),
         }
     }
+
+    /// The report's `priority` line.
+    fn write(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = self;
+        let slo = match (p.slo_us, p.p99_within_slo) {
+            (Some(s), Some(ok)) => format!("; SLO {s} us: p99 {}", if ok { "within" } else { "OVER" }),
+            _ => String::new(),
+        };
+        writeln!(
+            f,
+            "priority     {}: {} packets p50 {:.0} ns, p99 {:.0} ns, p99.9 {:.0} ns; others {} packets p99 {:.0} ns ({}){slo}",
+            p.class,
+            p.packets,
+            p.latency_ns[0],
+            p.latency_ns[1],
+            p.latency_ns[2],
+            p.normal_packets,
+            p.normal_latency_ns[1],
+            p.latency_from
+        )
+    }
 }
 
 impl ScaleReport {
@@ -445,6 +471,7 @@ impl Report {
                 if cfg.restamp { "the transmit time" } else { "the packets' own times" }
             ),
             cores: ws.len(),
+            batch: cfg.batch_size,
             duration_s: elapsed.as_secs_f64(),
             tsc_ghz: hz / 1e9,
             ..Default::default()
@@ -549,6 +576,9 @@ impl fmt::Display for Report {
             for n in &st.notes {
                 writeln!(f, "steering     {n}")?;
             }
+            if let Some(p) = &st.priority {
+                p.write(f)?;
+            }
         }
         if let Some(sc) = &self.scale {
             writeln!(
@@ -592,22 +622,7 @@ impl fmt::Display for Report {
                 )?;
             }
             if let Some(p) = &sc.priority {
-                let slo = match (p.slo_us, p.p99_within_slo) {
-                    (Some(s), Some(ok)) => format!("; SLO {s} us: p99 {}", if ok { "within" } else { "OVER" }),
-                    _ => String::new(),
-                };
-                writeln!(
-                    f,
-                    "priority     {}: {} packets p50 {:.0} ns, p99 {:.0} ns, p99.9 {:.0} ns; others {} packets p99 {:.0} ns ({}){slo}",
-                    p.class,
-                    p.packets,
-                    p.latency_ns[0],
-                    p.latency_ns[1],
-                    p.latency_ns[2],
-                    p.normal_packets,
-                    p.normal_latency_ns[1],
-                    p.latency_from
-                )?;
+                p.write(f)?;
             }
             if let Some(n) = &sc.nic {
                 let ms = |us: f64| flowplane_scale::nic_profile::fmt(Duration::from_secs_f64(us / 1e6));

@@ -439,6 +439,8 @@ pub(crate) fn run_workers(
         sr.moves_started = sr.moves_done + st.map_or(0, |st| st.active_moves() as u64);
         sr.stalls = workers.iter().map(|w| w.rx.stalls).sum();
         sr.controller = strategy.as_ref().and_then(|s| s.controller()).and_then(|c| c.report_json());
+        sr.priority =
+            cfg.priority.as_ref().map(|(name, _)| crate::report::PriorityReport::new(name, cfg.slo_us, &workers, hz));
         if let Some(k) = &p.kernel {
             let s = k.stats();
             sr.kernel_steered = s.reta + s.fdir + s.flow + s.unclassified;
