@@ -329,20 +329,11 @@ impl<'a> Worker<'a> {
             // Warm-up over: throughput, cycles and latency count from here
             // (tables filled, caches and page tables warm). NF counters keep totals.
             self.first = Some(now);
-            res.packets = 0;
-            res.bytes = 0;
-            res.batches = 0;
-            res.tx = TxCounters::default();
-            res.batch_latency = Histogram::default();
-            res.packet_latency = Histogram::default();
-            res.prio_latency = Histogram::default();
-            res.normal_latency = Histogram::default();
+            clear_measured(res);
             // The virtual core's backlog from the warm-up is not measured either.
             if let Some(v) = self.vclock.as_mut() {
                 v.0 = 0.0;
             }
-            res.busy_cycles = 0;
-            res.busy_on_cpu = 0;
             res.scanned_from = self.source.rx_stats().scanned;
             res.ring_full_from = self.source.rx_stats().rx_ring_full;
         }
@@ -497,6 +488,10 @@ impl<'a> Worker<'a> {
         // Buffers still held (none unless a sink failed) go back to the pool.
         let _ = self.batch.free_all(&mut self.pool);
         let mut res = self.res;
+        if self.first.is_none() {
+            // The run ended inside its warm-up (or saw no packet): nothing was measured.
+            clear_measured(&mut res);
+        }
         res.cycles = self.first.map_or(0, |f| self.last_end.saturating_sub(f));
         res.rx = self.source.rx_stats();
         if let Some(r) = self.scr.as_mut() {
@@ -507,4 +502,18 @@ impl<'a> Worker<'a> {
         res.store = self.exec.store_report();
         (res, self.exec, self.scr)
     }
+}
+
+/// Zeroes what a worker measures (throughput, latency, busy time); NF counters keep their totals.
+fn clear_measured(res: &mut WorkerResult) {
+    res.packets = 0;
+    res.bytes = 0;
+    res.batches = 0;
+    res.tx = TxCounters::default();
+    res.batch_latency = Histogram::default();
+    res.packet_latency = Histogram::default();
+    res.prio_latency = Histogram::default();
+    res.normal_latency = Histogram::default();
+    res.busy_cycles = 0;
+    res.busy_on_cpu = 0;
 }
