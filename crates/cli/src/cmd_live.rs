@@ -71,7 +71,7 @@ pub fn output_ports(a: &RunArgs, queues: usize, base_ns: u64) -> Result<OutputPo
 /// SIGINT/SIGTERM: the first stops the run cleanly (workers drain, reports and exports are
 /// written, ports close); a second one while stopping exits at once with status 1, after
 /// detaching the XDP programs this run attached (the ports' destructors will not run).
-fn watch_signals(stop: &Arc<AtomicBool>) -> Result<(), CliError> {
+pub(crate) fn watch_signals(stop: &Arc<AtomicBool>) -> Result<(), CliError> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals =
         signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(|e| CliError::new(format!("signal: {e}")))?;
@@ -152,7 +152,7 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
         }
     };
     let result =
-        run_port(&cfg, &spec, a.strategy.symmetric_rss, &live, Watch { stop: Some(&stop), tick: Some(&mut tick) });
+        run_port(&cfg, &spec, a.strategy.symmetric_rss, &live, Watch { stop: Some(&stop), tick: Some(&mut tick), service: None });
     if tty {
         outln!();
     }
@@ -165,8 +165,8 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
     let report = result?;
     let mut lost = crate::results::Losses::default();
     lost.commit_exports(exports, |nf| export_rows(&report, nf));
-    let ports: Vec<(String, PortStats, Option<LinkStats>)> = std::iter::once(&live.input)
-        .chain(live.outputs.iter())
+    let ports: Vec<(String, PortStats, Option<LinkStats>)> = live
+        .ports()
         .map(|p| (p.name(), p.stats(), p.link().map(|w| w.stats())))
         .collect();
     let cores_snap = live.snapshots();

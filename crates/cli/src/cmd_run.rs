@@ -113,10 +113,11 @@ pub struct LiveArgs {
     /// DPDK EAL arguments for dpdk: ports, as one string (default "--no-huge --no-pci -m 1024 --no-shconf").
     #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
     pub eal: Option<String>,
-    /// Live runs: serve Prometheus metrics on this address (e.g. 127.0.0.1:9100).
+    /// Serve Prometheus metrics on this address while the run goes on (e.g. 127.0.0.1:9100): live runs and replays.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
-    /// Live runs: serve the control socket at PATH (`flowplane ctl PATH show runtime`, `set`, `load`, `export`, `stop`).
+    /// Serve the control socket at PATH while the run goes on (`flowplane ctl PATH show runtime`, `set`, `load`,
+    /// `export`, `stop`): live runs and replays (paced with --rate, a replay can be watched and changed as it plays).
     #[arg(long, value_name = "PATH")]
     pub ctl: Option<std::path::PathBuf>,
 }
@@ -475,6 +476,48 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// A replay served while it runs (`--ctl`, `--metrics`): the same control
+/// socket and endpoint as a live run, over the replay's workers (no ports:
+/// `show ports` lists none; `ctl stop` or Ctrl-C ends the replay early, with
+/// its report and exports).
+fn serve_replay(
+    a: &RunArgs,
+    cfg: &RunConfig,
+    spec: &flowplane_engine::spec::ChainSpec,
+    prepared: &flowplane_engine::runner::Prepared,
+    output: Output,
+) -> Result<flowplane_engine::Report, CliError> {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let what = match (&a.traffic.input, cfg.rate_pps) {
+        (Some(p), Some(r)) => format!("replay of {} at {r} packets/s", p.display()),
+        (Some(p), None) => format!("replay of {}", p.display()),
+        (None, Some(r)) => format!("generated traffic at {r} packets/s"),
+        (None, None) => "generated traffic".to_string(),
+    };
+    let live = Arc::new(flowplane_engine::live::Live::for_replay(what, flowplane_engine::runner::workers(cfg)));
+    let stop = Arc::new(AtomicBool::new(false));
+    crate::cmd_live::watch_signals(&stop)?;
+    let server = match &a.live.metrics {
+        Some(addr) => Some(crate::metrics::serve(addr, Arc::clone(&live), Arc::clone(&stop))?),
+        None => None,
+    };
+    let ctl = match &a.live.ctl {
+        Some(path) => {
+            Some(crate::ctl::serve(path, Arc::clone(&live), spec.clone(), Arc::clone(&stop), a.source.clone())?)
+        }
+        None => None,
+    };
+    let watch = flowplane_engine::runtime::Watch { stop: Some(&stop), tick: None, service: Some(&live) };
+    let report = flowplane_engine::runner::run_prepared_watched(cfg, spec, prepared, output, watch);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(h) = server {
+        let _ = h.join();
+    }
+    drop(ctl);
+    Ok(report?)
+}
+
 /// Receive ring entries per core of the emulated NIC when `--ring` is not given.
 pub const DEFAULT_RING: usize = 4096;
 
@@ -502,15 +545,6 @@ pub fn run_cmd(mut a: RunArgs, cli: &[std::ffi::OsString]) -> Result<(), CliErro
             ));
         }
         return crate::cmd_live::run(a, port);
-    }
-    let live = flowplane_io::port::live_schemes();
-    if a.live.metrics.is_some() {
-        return Err(CliError::new(format!("--metrics serves a live run (--input one of {live}...)")));
-    }
-    if a.live.ctl.is_some() {
-        return Err(CliError::new(format!(
-            "--ctl serves a live run (--input one of {live}...); a replay runs to its end unattended"
-        )));
     }
     a.traffic.input = a.traffic.input.as_deref().map(crate::cmd_live::file_of);
     let demo = a.traffic.input.is_none() && a.traffic.gen.is_none();
@@ -563,7 +597,11 @@ pub fn run_cmd(mut a: RunArgs, cli: &[std::ffi::OsString]) -> Result<(), CliErro
     };
     let prepared = prepare(&cfg, &spec, input, a.strategy.symmetric_rss)?;
     check_paced_length(&cfg, prepared.load.packets)?;
-    let report = run_prepared(&cfg, &spec, &prepared, output.clone())?;
+    let report = if a.live.ctl.is_some() || a.live.metrics.is_some() {
+        serve_replay(&a, &cfg, &spec, &prepared, output.clone())?
+    } else {
+        run_prepared(&cfg, &spec, &prepared, output.clone())?
+    };
     let (load, symmetric, auto_symmetric) = (prepared.load, prepared.plan.symmetric, prepared.auto_symmetric);
     // From here on nothing aborts the command: whatever cannot be written is
     // reported and turns the exit code to 1, after the report.

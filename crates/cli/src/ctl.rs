@@ -346,8 +346,9 @@ impl Server {
     }
 
     fn ports(&self) -> Value {
-        let rows: Vec<Value> = std::iter::once(&self.live.input)
-            .chain(self.live.outputs.iter())
+        let rows: Vec<Value> = self
+            .live
+            .ports()
             .map(|p| {
                 let s = p.stats();
                 json!({

@@ -188,7 +188,7 @@ impl Taps {
                     }
                 }
                 recs.sort_by_key(|r| (r.ts_ns, r.worker));
-                let port = live.input.name();
+                let port = live.source.clone();
                 Ok(Value::Array(recs.iter().map(|r| record_json(r, labels, &port)).collect()))
             }
             ["clear"] => {

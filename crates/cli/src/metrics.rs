@@ -79,12 +79,12 @@ pub fn table_full(cores: &[CoreSnap]) -> u64 {
 
 /// The input port, then the output ports.
 fn ports(live: &Live) -> impl Iterator<Item = &Arc<dyn Port>> {
-    std::iter::once(&live.input).chain(&live.outputs)
+    live.ports()
 }
 
 /// The input port's counters and the output ports' counters.
 fn port_totals(live: &Live) -> (PortStats, PortStats) {
-    let rx = live.input.stats();
+    let rx = live.input.as_ref().map(|i| i.stats()).unwrap_or_default();
     let mut tx = PortStats::default();
     for p in &live.outputs {
         tx.merge(&p.stats());
@@ -299,8 +299,7 @@ impl Collector for LiveCollector {
             Some(&Unit::Seconds),
             cores.iter().enumerate().map(|(i, c)| (vec![("core", i.to_string())], c.busy_cycles as f64 / hz)),
         )?;
-        let mut ports = vec![Arc::clone(&live.input)];
-        ports.extend(live.outputs.iter().cloned());
+        let ports: Vec<Arc<dyn Port>> = live.ports().cloned().collect();
         let mut rows: [Vec<(Labels, u64)>; 4] = Default::default();
         for p in &ports {
             for (q, c) in p.counters().iter().enumerate() {

@@ -19,7 +19,7 @@ fn bad_ports_are_one_line_errors() {
     fails(&["run", "--input", "afpacket:a/b", "--chain", "forward"], "afpacket:a/b");
     fails(&["run", "--input", "afxdp:eth0:x", "--chain", "forward"], "queue must be a number");
     fails(&["run", "--gen", "--flows 10 --packets 10", "--port", "afpacket:lo"], "needs --output");
-    fails(&["run", "--gen", "--flows 10 --packets 10", "--metrics", "127.0.0.1:1"], "--metrics serves a live run");
+    fails(&["run", "--gen", "--flows 10 --packets 10", "--metrics", "nonsense"], "--metrics nonsense");
     fails(&["run", "--input", "afpacket:lo", "--rate", "10"], "not to a live port");
     fails(&["run", "--gen", "--flows 10 --packets 10", "--output", "afpacket:fp-nosuch1"], "interface fp-nosuch1");
 }

@@ -52,10 +52,14 @@ pub struct CoreSnap {
     pub latency: Option<Histogram>,
 }
 
-/// What a running live data plane shows: its ports and cores.
+/// What a running data plane shows and takes requests on: its ports (a
+/// live run) and cores. A replay served on `--ctl`/`--metrics` has no
+/// input port (its input is the trace) and writes pcap files, not ports.
 pub struct Live {
-    /// The input port.
-    pub input: Arc<dyn Port>,
+    /// The input port (None: a served replay).
+    pub input: Option<Arc<dyn Port>>,
+    /// What feeds the workers, as `show runtime` and the status line name it.
+    pub source: String,
     /// Output ports by verdict.
     pub outputs: Vec<Arc<dyn Port>>,
     /// Per core, the last snapshot.
@@ -76,7 +80,8 @@ impl Live {
     /// A view over `input` and `outputs` for `cores` workers.
     pub fn new(input: Arc<dyn Port>, outputs: Vec<Arc<dyn Port>>, cores: usize) -> Live {
         Live {
-            input,
+            source: input.name(),
+            input: Some(input),
             outputs,
             cores: (0..cores).map(|_| Mutex::new(CoreSnap::default())).collect(),
             no_port: Arc::new(AtomicU64::new(0)),
@@ -85,6 +90,26 @@ impl Live {
             ready: AtomicBool::new(false),
             ctl: crate::control::Mailboxes::new(cores),
         }
+    }
+
+    /// A replay served while it runs: `workers` logical workers fed by `source` (a trace), no ports.
+    pub fn for_replay(source: String, workers: usize) -> Live {
+        Live {
+            input: None,
+            source,
+            outputs: Vec::new(),
+            cores: (0..workers).map(|_| Mutex::new(CoreSnap::default())).collect(),
+            no_port: Arc::new(AtomicU64::new(0)),
+            hz: tsc::hz(),
+            dispatch: Mutex::new(None),
+            ready: AtomicBool::new(false),
+            ctl: crate::control::Mailboxes::new(workers),
+        }
+    }
+
+    /// The input port (if any), then the outputs.
+    pub fn ports(&self) -> impl Iterator<Item = &Arc<dyn Port>> {
+        self.input.iter().chain(self.outputs.iter())
     }
 
     /// Every core's last snapshot.

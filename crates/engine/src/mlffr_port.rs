@@ -262,7 +262,7 @@ pub fn port_trial(
             })
             .map_err(EngineError::Thread);
         let report =
-            crate::runner::run_port(&c, spec, rig.symmetric_rss, &live, Watch { stop: Some(stop), tick: None });
+            crate::runner::run_port(&c, spec, rig.symmetric_rss, &live, Watch { stop: Some(stop), tick: None, service: None });
         stop.store(true, Ordering::Relaxed);
         let peer =
             h.and_then(|h| h.join().unwrap_or_else(|_| Err(EngineError::Config("the sender thread panicked".into()))));
@@ -271,7 +271,7 @@ pub fn port_trial(
     // The peer's error explains a run that never saw traffic better than the run's.
     let (sent, got, reordered, rstats) = peer?;
     let report = report?;
-    let (in1, out1) = (live.input.stats(), sum(&live.outputs));
+    let (in1, out1) = (live.input.as_ref().map(|i| i.stats()).unwrap_or_default(), sum(&live.outputs));
     let got = got.min(sent.sent);
     let lost = sent.sent - got;
     let offered_pps = if sent.measured_s > 0.0 { sent.sent as f64 / sent.measured_s } else { 0.0 };

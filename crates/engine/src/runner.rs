@@ -266,6 +266,18 @@ pub fn prepare(
 
 /// Runs a prepared input (a fresh table and strategy each time).
 pub fn run_prepared(cfg: &RunConfig, spec: &ChainSpec, p: &Prepared, output: Output) -> Result<Report, EngineError> {
+    run_prepared_watched(cfg, spec, p, output, Watch::default())
+}
+
+/// [`run_prepared`], watched: stopped by the caller's flag, served while it runs (`watch.service`:
+/// a [`Live`] made by [`Live::for_replay`] with [`workers`] cores).
+pub fn run_prepared_watched(
+    cfg: &RunConfig,
+    spec: &ChainSpec,
+    p: &Prepared,
+    output: Output,
+    watch: Watch<'_>,
+) -> Result<Report, EngineError> {
     check(cfg)?;
     let workers = workers(cfg);
     if p.plan.overrides.len() > 1 && p.plan.overrides.len() != workers {
@@ -283,11 +295,11 @@ pub fn run_prepared(cfg: &RunConfig, spec: &ChainSpec, p: &Prepared, output: Out
             .with_nic_profile(cfg.nic_profile.clone()),
     );
     let nic = Nic { steering, classifier: p.classifier.clone(), strategy, plan: p.plan.clone() };
-    run_workers(cfg, spec, chains, Feed::Replay(Arc::clone(&p.trace)), output, Some(nic), Watch::default())
+    run_workers(cfg, spec, chains, Feed::Replay(Arc::clone(&p.trace)), output, Some(nic), watch)
 }
 
 /// Logical workers of a run.
-pub(crate) fn workers(cfg: &RunConfig) -> usize {
+pub fn workers(cfg: &RunConfig) -> usize {
     cfg.virtual_cores.unwrap_or(cfg.cores).max(1)
 }
 
@@ -435,6 +447,9 @@ pub fn run_port(
     live: &Live,
     watch: Watch<'_>,
 ) -> Result<Report, EngineError> {
+    let Some(input) = live.input.as_ref() else {
+        return Err(EngineError::Config("a port run needs an input port".into()));
+    };
     let nw = cfg.cores.max(1);
     if cfg.batch_size == 0 || cfg.batch_size > MAX_BATCH {
         return Err(EngineError::Config(format!("batch size {} out of range [1, {MAX_BATCH}]", cfg.batch_size)));
@@ -497,13 +512,13 @@ pub fn run_port(
             let spread = if delivery.sprays() { DispatchSpread::Spray } else { DispatchSpread::Table };
             // The dispatcher opens every input queue into a pool of its own (an AF_XDP queue's UMEM).
             let mut rxs = Vec::with_capacity(nw);
-            for q in 0..live.input.queues() {
+            for q in 0..input.queues() {
                 let mut pool = PacketPool::new(PoolConfig {
                     buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
                     ..PoolConfig::default()
                 })?;
                 pool.prefault();
-                let rx = live.input.open_rx_into(q, &mut pool).map_err(|e| EngineError::Config(e.to_string()))?;
+                let rx = input.open_rx_into(q, &mut pool).map_err(|e| EngineError::Config(e.to_string()))?;
                 rxs.push((rx, pool));
             }
             let (d, srcs) = Dispatcher::new(rxs, classifier.clone(), Arc::clone(&steering), spread, DISPATCH_RING)
@@ -518,7 +533,7 @@ pub fn run_port(
 
 /// The input port's kind can steer its queues in the kernel (its registry entry says so).
 fn kernel_steerable(live: &Live) -> bool {
-    flowplane_io::port::PortSpec::parse(&live.input.name()).is_ok_and(|s| s.kind().caps.kernel_steering)
+    flowplane_io::port::PortSpec::parse(&live.source).is_ok_and(|s| s.kind().caps.kernel_steering)
 }
 
 /// Loads the kernel steering program with the run's table (the classifier and RETA a
@@ -534,6 +549,7 @@ fn kernel_steering(
     if moves {
         k.start_counting().map_err(|e| e.to_string())?;
     }
-    live.input.steer_in_kernel(Arc::clone(&k)).map_err(|e| e.to_string())?;
+    let input = live.input.as_ref().ok_or("no input port")?;
+    input.steer_in_kernel(Arc::clone(&k)).map_err(|e| e.to_string())?;
     Ok(k)
 }

@@ -94,6 +94,9 @@ pub struct Watch<'a> {
     pub stop: Option<&'a AtomicBool>,
     /// Called about once a second on the calling thread (the status line).
     pub tick: Option<StatusTick<'a>>,
+    /// A replay served while it runs (`--ctl`, `--metrics`): its workers publish
+    /// their snapshots here and serve its mailboxes, as a live run's do.
+    pub service: Option<&'a Live>,
 }
 
 /// The caller's status tick: the ports and cores, and the time since the run started.
@@ -147,12 +150,15 @@ pub(crate) fn run_workers(
             }
         }
         Feed::Port(p) => {
-            if p.live.input.queues() != nw || p.live.cores.len() != nw {
-                return Err(EngineError::Config(format!(
-                    "{nw} workers but the input port has {} queues",
-                    p.live.input.queues()
-                )));
+            let queues = p.live.input.as_ref().map_or(0, |i| i.queues());
+            if queues != nw || p.live.cores.len() != nw {
+                return Err(EngineError::Config(format!("{nw} workers but the input port has {queues} queues")));
             }
+        }
+    }
+    if let (Feed::Replay(_), Some(l)) = (&feed, watch.service) {
+        if l.cores.len() != nw {
+            return Err(EngineError::Config(format!("{nw} workers but the service has {} cores", l.cores.len())));
         }
     }
     let (trace, port) = match &mut feed {
@@ -201,7 +207,9 @@ pub(crate) fn run_workers(
     let stride = controller.map_or(0, |c| c.sample_stride());
     let steering = nic_parts.as_ref().map(|n| &*n.0);
     let classifier = nic_parts.as_ref().map(|n| &n.1);
-    let live = port.as_ref().map(|p| p.live);
+    // A port's workers read its queues; a served replay's only publish and take requests.
+    let port_live = port.as_ref().map(|p| p.live);
+    let live = port_live.or(watch.service);
     let (dispatcher, mut dispatched, mut mover) = match port {
         Some(p) => (p.dispatcher.take(), std::mem::take(&mut p.dispatched), p.kernel_moves.take()),
         None => (None, Vec::new(), None),
@@ -265,7 +273,7 @@ pub(crate) fn run_workers(
                                 let mut pool = PacketPool::new(PoolConfig {
                                     buffers: cfg.pool_buffers.max(2 * MAX_BATCH),
                                     // In memory, no port registers the region: spread the buffers over the L1's sets.
-                                    buf_size: if live.is_some() {
+                                    buf_size: if port_live.is_some() {
                                         PoolConfig::default().buf_size
                                     } else {
                                         flowplane_packet::SPREAD_BUF_SIZE
@@ -288,7 +296,7 @@ pub(crate) fn run_workers(
                                     .transpose()?;
                                 // A port's queue opens first: what arrives while the tables fault in waits in its ring.
                                 let feed = Fed { dispatched: fed, kernel: kernel.clone() };
-                                let source = source(cfg, w, &trace, live, feed, &mut pool, &steering_arc, scr, {
+                                let source = source(cfg, w, &trace, port_live, feed, &mut pool, &steering_arc, scr, {
                                     NicConfig {
                                         loops: cfg.loops,
                                         rate_pps: cfg.rate_pps,
@@ -304,7 +312,7 @@ pub(crate) fn run_workers(
                                 let ecfg =
                                     if scr.is_some() { ExecConfig { flows: 1024, ..cfg.exec } } else { cfg.exec };
                                 let mut exec = Pipeline::new(chain, ecfg, shared.clone())?;
-                                if cfg.rate_pps.is_some() || live.is_some() {
+                                if cfg.rate_pps.is_some() || port_live.is_some() {
                                     // Paced or live: a page fault on the packet path is a stall that loses packets.
                                     exec.prefault();
                                     pool.prefault();
@@ -314,7 +322,7 @@ pub(crate) fn run_workers(
                                 } else {
                                     Stamp::Packet { base_ns: trace.as_ref().map_or(0, |t| t.base_ns()) }
                                 };
-                                let sink: Box<dyn Sink> = match (&output, live) {
+                                let sink: Box<dyn Sink> = match (&output, port_live) {
                                     (_, Some(l)) => {
                                         Box::new(crate::live::port_sink(&l.outputs, w, Some(Arc::clone(&l.no_port)))?)
                                     }
@@ -427,7 +435,7 @@ pub(crate) fn run_workers(
     let details = merge_details(&workers, &pipelines);
     let mut report = Report::from_workers(spec, cfg, &workers, details, elapsed, hz);
     if let Feed::Port(p) = &feed {
-        report.clock = format!("port receive time ({})", p.live.input.name());
+        report.clock = format!("port receive time ({})", p.live.source);
         // On a port the run's span is mostly waiting for packets: the cost per
         // packet is the workers' busy cycles (receive to transmit) per packet.
         let busy: u64 = workers.iter().map(|w| w.busy_cycles).sum();
@@ -542,9 +550,9 @@ fn source<'a>(
     if let Some(src) = fed.dispatched {
         return Ok(Box::new(src));
     }
-    if let Some(l) = live {
-        let rx = l.input.open_rx_into(w, pool).map_err(|e| EngineError::Config(e.to_string()))?;
-        let counters = Arc::clone(&l.input.counters()[w]);
+    if let Some(input) = live.and_then(|l| l.input.as_ref()) {
+        let rx = input.open_rx_into(w, pool).map_err(|e| EngineError::Config(e.to_string()))?;
+        let counters = Arc::clone(&input.counters()[w]);
         return Ok(match (fed.kernel, steering) {
             (Some((switch, classifier)), Some(st)) => Box::new(KernelSource::new(
                 rx,
@@ -726,7 +734,7 @@ fn control_loop(
 /// Polls every port's interface: each change is one line on stderr; a queue that
 /// could not re-attach to a re-created interface is the run's end (its error).
 fn check_links(live: &Live) -> Option<String> {
-    for p in std::iter::once(&live.input).chain(&live.outputs) {
+    for p in live.ports() {
         let Some(w) = p.link() else { continue };
         if let Some(line) = w.poll() {
             eprintln!("flowplane: {line}");
