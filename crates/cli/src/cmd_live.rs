@@ -151,8 +151,13 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
             let _ = o.flush();
         }
     };
-    let result =
-        run_port(&cfg, &spec, a.strategy.symmetric_rss, &live, Watch { stop: Some(&stop), tick: Some(&mut tick), service: None });
+    let result = run_port(
+        &cfg,
+        &spec,
+        a.strategy.symmetric_rss,
+        &live,
+        Watch { stop: Some(&stop), tick: Some(&mut tick), service: None },
+    );
     if tty {
         outln!();
     }
@@ -165,10 +170,8 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
     let report = result?;
     let mut lost = crate::results::Losses::default();
     lost.commit_exports(exports, |nf| export_rows(&report, nf));
-    let ports: Vec<(String, PortStats, Option<LinkStats>)> = live
-        .ports()
-        .map(|p| (p.name(), p.stats(), p.link().map(|w| w.stats())))
-        .collect();
+    let ports: Vec<(String, PortStats, Option<LinkStats>)> =
+        live.ports().map(|p| (p.name(), p.stats(), p.link().map(|w| w.stats()))).collect();
     let cores_snap = live.snapshots();
     let drops = metrics::drops(&live, &cores_snap);
     // The workers and the server are gone: the files' last handles are ours.

@@ -261,8 +261,13 @@ pub fn port_trial(
                 r
             })
             .map_err(EngineError::Thread);
-        let report =
-            crate::runner::run_port(&c, spec, rig.symmetric_rss, &live, Watch { stop: Some(stop), tick: None, service: None });
+        let report = crate::runner::run_port(
+            &c,
+            spec,
+            rig.symmetric_rss,
+            &live,
+            Watch { stop: Some(stop), tick: None, service: None },
+        );
         stop.store(true, Ordering::Relaxed);
         let peer =
             h.and_then(|h| h.join().unwrap_or_else(|_| Err(EngineError::Config("the sender thread panicked".into()))));
