@@ -58,7 +58,7 @@ const NAP: Duration = Duration::from_millis(20);
 pub const HELP: &str =
     "show runtime|errors|nfs|tables|ports; show flow PROTO SRC SPORT DST DPORT | SRC; set NF PARAM VALUE; \
      load NF FILE; export NF FILE; trace add N [PROTO SRC SPORT DST DPORT | SRC]; trace show; trace clear; \
-     capture start FILE [--at NF] [--dropped]; capture stop; reload; stop; help";
+     capture start FILE [--at NF] [--dropped]; capture stop; profile start|stop; reload; stop; help";
 
 /// A running control socket: removed when dropped.
 pub struct CtlServer {
@@ -227,6 +227,21 @@ impl Server {
                 self.taps = taps;
                 r
             }
+            ["profile", on @ ("start" | "stop")] => {
+                let answers =
+                    self.live.ctl.ask(&flowplane_engine::control::Command::Profile(*on == "start"), WORKER_TIMEOUT)?;
+                match answers.iter().find_map(|a| match a {
+                    flowplane_engine::control::Answer::Refused(m) => Some(m.clone()),
+                    _ => None,
+                }) {
+                    Some(m) => Err(m),
+                    None => Ok(json!(if *on == "start" {
+                        "profiling: show runtime gives each NF's calls, vectors per call and cycles per packet"
+                    } else {
+                        "profile stopped"
+                    })),
+                }
+            }
             ["reload"] => self.reload(),
             ["stop"] => {
                 self.stop.store(true, Ordering::Relaxed);
@@ -254,7 +269,44 @@ impl Server {
                 })
             })
             .collect();
-        json!({"tsc_hz": hz, "ready": self.live.ready.load(Ordering::Relaxed), "cores": rows})
+        let mut v = json!({"tsc_hz": hz, "ready": self.live.ready.load(Ordering::Relaxed), "cores": rows});
+        if let Some(nfs) = self.profile_rows(&cores) {
+            v["nfs"] = Value::Array(nfs);
+        }
+        v
+    }
+
+    /// While a profile runs (`profile start`): per NF of the chain (before any branch point), summed
+    /// over the cores: calls, packets, vectors per call, cycles per packet and its share of the NFs' cycles.
+    fn profile_rows(&self, cores: &[flowplane_engine::live::CoreSnap]) -> Option<Vec<Value>> {
+        let mut sum: Vec<flowplane_engine::tap::StageCost> = Vec::new();
+        for p in cores.iter().filter_map(|c| c.profile.as_ref()) {
+            sum.resize(sum.len().max(p.len()), Default::default());
+            for (t, c) in sum.iter_mut().zip(p) {
+                t.calls += c.calls;
+                t.packets += c.packets;
+                t.cycles += c.cycles;
+            }
+        }
+        if cores.iter().all(|c| c.profile.is_none()) {
+            return None;
+        }
+        let all: u64 = sum.iter().map(|c| c.cycles).sum();
+        Some(
+            sum.iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    json!({
+                        "nf": self.label(i),
+                        "calls": c.calls,
+                        "packets": c.packets,
+                        "vectors_per_call": if c.calls > 0 { c.packets as f64 / c.calls as f64 } else { 0.0 },
+                        "cycles_per_packet": if c.packets > 0 { c.cycles as f64 / c.packets as f64 } else { 0.0 },
+                        "share": if all > 0 { c.cycles as f64 / all as f64 } else { 0.0 },
+                    })
+                })
+                .collect(),
+        )
     }
 
     /// Per-NF counters summed over the cores, in chain order.

@@ -3,7 +3,9 @@
 //! while it plays (`show runtime` counts grow, the metrics endpoint answers),
 //! changed (`load acl` swaps the rules: from then on every packet is
 //! dropped, with fsc's flows kept) and stopped early (`ctl stop`: the run
-//! ends with its report well before the trace's end). No root needed.
+//! ends with its report well before the trace's end); profiled (`profile
+//! start`: `show runtime` lists each NF's calls, vectors per call and cycles
+//! per packet). No root needed.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -76,6 +78,27 @@ fn a_paced_replay_is_watched_changed_and_stopped_on_its_control_socket() {
     assert!(m.contains("200 OK") && m.contains("flowplane_core_packets_total{core=\"1\"}"), "{m}");
     let (_, runtime, _) = ctl(&sock, &["show", "ports"]);
     assert_eq!(runtime, Value::Array(vec![]), "a replay has no ports");
+    // Profiled: each NF's calls, vectors per call and cycles per packet, from `profile start` on.
+    let (good, _, err) = ctl(&sock, &["profile", "start"]);
+    assert!(good, "profile start: {err}");
+    let t2 = Instant::now();
+    let nfs = loop {
+        let v = ctl(&sock, &["show", "runtime"]).1;
+        if v["nfs"].as_array().is_some_and(|n| n.len() == 2 && n[1]["packets"].as_u64().unwrap_or(0) > 0) {
+            break v["nfs"].clone();
+        }
+        assert!(t2.elapsed() < Duration::from_secs(5), "no profile in show runtime: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!((nfs[0]["nf"].as_str(), nfs[1]["nf"].as_str()), (Some("acl"), Some("fsc")), "{nfs}");
+    for n in nfs.as_array().unwrap() {
+        assert!(n["calls"].as_u64().unwrap() > 0 && n["cycles_per_packet"].as_f64().unwrap() > 0.0, "{nfs}");
+        assert!(n["vectors_per_call"].as_f64().unwrap() >= 1.0, "{nfs}");
+    }
+    // Every packet that reached fsc went through acl first (nothing dropped yet).
+    assert!(nfs[0]["packets"].as_u64() >= nfs[1]["packets"].as_u64(), "{nfs}");
+    let (good, _, err) = ctl(&sock, &["profile", "stop"]);
+    assert!(good, "profile stop: {err}");
     // Changed: every UDP packet is dropped from the swap on.
     let (good, v, err) = ctl(&sock, &["load", "acl", deny.to_str().unwrap()]);
     assert!(good, "load acl: {err} {v}");

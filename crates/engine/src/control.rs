@@ -50,6 +50,8 @@ pub enum Command {
     TraceShow,
     /// Arm a capture (the worker takes its ring), or stop it (None).
     Capture(Option<crate::tap::CaptureArm>),
+    /// Start (true: from zero) or stop the per-NF profile (`show runtime` shows it while it runs).
+    Profile(bool),
 }
 
 /// A worker's answer.
@@ -167,6 +169,10 @@ fn carry_out(w: usize, cmd: &Command, pipeline: &mut Pipeline) -> Answer {
             Answer::Done
         }
         Command::TraceShow => Answer::Trace(pipeline.trace_records()),
+        Command::Profile(on) => {
+            pipeline.arm_profile(*on);
+            Answer::Done
+        }
         Command::Capture(arm) => {
             if let Some(a) = arm {
                 if a.at.is_some_and(|at| at >= pipeline.root_stages()) {

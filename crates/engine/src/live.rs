@@ -50,6 +50,8 @@ pub struct CoreSnap {
     pub nf_details: Vec<Option<serde_json::Value>>,
     /// Receive-to-transmit cycles per batch.
     pub latency: Option<Histogram>,
+    /// Per NF of the root segment, its cost while a profile runs (`ctl profile start`).
+    pub profile: Option<Vec<crate::tap::StageCost>>,
 }
 
 /// What a running data plane shows and takes requests on: its ports (a
@@ -196,6 +198,7 @@ pub(crate) fn publish(cell: &Mutex<CoreSnap>, wk: &Worker<'_>, now: u64) {
         nfs,
         nf_details,
         latency: Some(r.batch_latency.clone()),
+        profile: p.profile(),
     };
     if let Ok(mut c) = cell.lock() {
         *c = snap;

@@ -31,7 +31,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use flowplane_packet::{Batch, Verdict, DROP, MAX_BATCH};
+use flowplane_packet::{tsc, Batch, Verdict, DROP, MAX_BATCH};
 use flowplane_wire::flow::FiveTuple;
 use flowplane_wire::frame::PktMeta;
 
@@ -141,6 +141,7 @@ struct Capture {
 pub struct Tap {
     trace: Option<Trace>,
     capture: Option<Capture>,
+    profile: Option<Profile>,
     /// Per packet of the batch: its verdict after the last stage observed.
     last: [Verdict; MAX_BATCH],
     /// Per packet of the batch: 1 + its trace record, or 0.
@@ -151,7 +152,14 @@ pub struct Tap {
 
 impl Tap {
     fn new() -> Box<Tap> {
-        Box::new(Tap { trace: None, capture: None, last: [0; MAX_BATCH], traced: [0; MAX_BATCH], any_traced: false })
+        Box::new(Tap {
+            trace: None,
+            capture: None,
+            profile: None,
+            last: [0; MAX_BATCH],
+            traced: [0; MAX_BATCH],
+            any_traced: false,
+        })
     }
 
     /// Arms (or with None disarms) a trace; `stages` is the root segment's stage count. Returns the tap to keep
@@ -187,8 +195,20 @@ impl Tap {
         t.keep()
     }
 
+    /// Starts (`true`: from zero) or stops the per-NF profile of the root segment's `stages` stages.
+    pub fn arm_profile(tap: Option<Box<Tap>>, on: bool, stages: usize) -> Option<Box<Tap>> {
+        let mut t = tap.unwrap_or_else(Tap::new);
+        t.profile = on.then(|| Profile { last_tsc: 0, stages: vec![StageCost::default(); stages] });
+        t.keep()
+    }
+
+    /// The per-NF profile so far, if one is running.
+    pub fn profile(tap: Option<&Tap>) -> Option<Vec<StageCost>> {
+        tap.and_then(|t| t.profile.as_ref()).map(|p| p.stages.clone())
+    }
+
     fn keep(self: Box<Tap>) -> Option<Box<Tap>> {
-        (self.trace.is_some() || self.capture.is_some()).then_some(self)
+        (self.trace.is_some() || self.capture.is_some() || self.profile.is_some()).then_some(self)
     }
 
     /// The records taken so far (control path: copied).
@@ -200,6 +220,10 @@ impl Tap {
     /// trace takes, captures the input when asked.
     pub fn begin(&mut self, batch: &Batch, metas: &[PktMeta]) {
         let n = batch.len();
+        if let Some(p) = &mut self.profile {
+            // The first stage's cost runs from here: the flow lookup is counted with it.
+            p.last_tsc = tsc::rdtsc();
+        }
         self.last[..n].copy_from_slice(batch.verdicts());
         self.any_traced = false;
         if let Some(tr) = &mut self.trace {
@@ -237,6 +261,7 @@ impl Tap {
     /// Stage `si` of the root segment has run packets `range`.
     #[inline]
     pub fn after(&mut self, si: usize, batch: &Batch, range: Range<usize>) {
+        let at = self.profile.as_ref().map(|_| tsc::rdtsc());
         let v = batch.verdicts();
         if self.any_traced {
             if let Some(tr) = &mut self.trace {
@@ -262,8 +287,40 @@ impl Tap {
                 }
             }
         }
+        // Packets that reached the stage: not dropped before it (a batched executor's range spans them too).
+        let n =
+            if self.profile.is_some() { self.last[range.clone()].iter().filter(|&&x| x != DROP).count() } else { 0 };
         self.last[range.clone()].copy_from_slice(&v[range]);
+        if let (Some(p), Some(at)) = (&mut self.profile, at) {
+            if let Some(c) = p.stages.get_mut(si) {
+                // A call over packets all dropped earlier (rtc observes each packet at every stage) is no call.
+                c.calls += u64::from(n > 0);
+                c.packets += n as u64;
+                c.cycles += at.saturating_sub(p.last_tsc);
+            }
+            // The tap's own work (trace, capture, this count) is left out of the next stage's cost.
+            p.last_tsc = tsc::rdtsc();
+        }
     }
+}
+
+/// One NF's cost while a profile runs (`flowplane ctl PATH profile start`): the
+/// cycles from the previous observation point (the batch's entry into the chain
+/// or the previous NF's end) to this NF's end, over the calls that ran it.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct StageCost {
+    /// Times the executor ran this NF (on a batch, a range of it, or one packet).
+    pub calls: u64,
+    /// Packets that reached it (not dropped by an earlier NF).
+    pub packets: u64,
+    /// TSC cycles.
+    pub cycles: u64,
+}
+
+/// Per-worker profile state: the root segment's stages' costs.
+struct Profile {
+    last_tsc: u64,
+    stages: Vec<StageCost>,
 }
 
 /// Copies packet `i` into the capture ring, or counts it lost when the ring is full.

@@ -165,3 +165,29 @@ fn a_full_capture_ring_counts_its_losses() {
     assert_eq!((got, lost.load(Ordering::Relaxed)), (4, N as u64 - 4));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `ctl profile start`: per stage, the packets that reached it (the model's), calls and cycles, under
+/// every executor; profiling changes no verdict, and stopping it leaves nothing armed.
+#[test]
+fn a_profile_counts_the_packets_each_nf_ran_under_every_executor() {
+    let dir = std::env::temp_dir().join(format!("fp-tap-prof-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let expect_final: Vec<u16> = (0..N).map(|i| model(i).iter().rev().find_map(|v| *v).unwrap()).collect();
+    let reached: Vec<u64> = (0..STAGES).map(|s| (0..N).filter(|&i| model(i)[s].is_some()).count() as u64).collect();
+    for kind in ExecKind::all() {
+        let what = kind.to_string();
+        let mut p = pipeline(kind, &dir);
+        assert!(p.profile().is_none());
+        p.arm_profile(true);
+        assert_eq!(run(&mut p), expect_final, "{what}: profiled");
+        let prof = p.profile().expect("a running profile");
+        assert_eq!(prof.iter().map(|c| c.packets).collect::<Vec<_>>(), reached, "{what}");
+        for (s, c) in prof.iter().enumerate() {
+            assert!(c.calls >= 1 && c.calls <= c.packets.max(1) * 2 + 4 && c.cycles > 0, "{what}: stage {s}: {c:?}");
+        }
+        p.arm_profile(false);
+        assert!(p.profile().is_none(), "{what}");
+        assert_eq!(run(&mut p).len(), N);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

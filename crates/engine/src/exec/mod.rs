@@ -440,6 +440,17 @@ impl Pipeline {
         self.cx.tap = crate::tap::Tap::arm_capture(self.cx.tap.take(), worker, arm);
     }
 
+    /// Starts (from zero) or stops the per-NF profile of this core's root segment.
+    pub fn arm_profile(&mut self, on: bool) {
+        let stages = self.cx.chain.stages.len();
+        self.cx.tap = crate::tap::Tap::arm_profile(self.cx.tap.take(), on, stages);
+    }
+
+    /// The per-NF profile so far (root segment, chain order), if one is running.
+    pub fn profile(&self) -> Option<Vec<crate::tap::StageCost>> {
+        crate::tap::Tap::profile(self.cx.tap.as_deref())
+    }
+
     /// The packets traced on this core so far.
     pub fn trace_records(&self) -> Vec<crate::tap::TraceRecord> {
         crate::tap::Tap::records(self.cx.tap.as_deref())
