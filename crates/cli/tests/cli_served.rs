@@ -1,5 +1,5 @@
 //! Issue 31, item 1: `--ctl` and `--metrics` on a replay, as on a live port.
-//! A paced replay (2 s of traffic at 20,000 packets/s on 2 cores) is watched
+//! A paced replay (10 s of traffic at 20,000 packets/s on 2 cores) is watched
 //! while it plays (`show runtime` counts grow, the metrics endpoint answers),
 //! changed (`load acl` swaps the rules: from then on every packet is
 //! dropped, with fsc's flows kept) and stopped early (`ctl stop`: the run
@@ -50,7 +50,7 @@ fn a_paced_replay_is_watched_changed_and_stopped_on_its_control_socket() {
     let chain = format!("acl(rules={}) -> fsc", pass.display());
     let t0 = Instant::now();
     let fp = Command::new(BIN)
-        .args(["run", "--gen", "--flows 50 --packets 40000 --proto udp --seed 3", "--rate", "20000"])
+        .args(["run", "--gen", "--flows 50 --packets 200000 --proto udp --seed 3", "--rate", "20000"])
         .args(["--chain", &chain, "--cores", "2", "--no-pin", "--json", "--ctl", sock.to_str().unwrap()])
         .args(["--metrics", &format!("127.0.0.1:{METRICS}")])
         .stdout(Stdio::piped())
@@ -73,7 +73,7 @@ fn a_paced_replay_is_watched_changed_and_stopped_on_its_control_socket() {
     };
     std::thread::sleep(Duration::from_millis(600));
     let second = packets(&sock);
-    assert!(second > first && second < 40_000, "show runtime: {first} then {second}");
+    assert!(second > first && second < 200_000, "show runtime: {first} then {second}");
     let m = scrape();
     assert!(m.contains("200 OK") && m.contains("flowplane_core_packets_total{core=\"1\"}"), "{m}");
     let (_, runtime, _) = ctl(&sock, &["show", "ports"]);
@@ -112,7 +112,7 @@ fn a_paced_replay_is_watched_changed_and_stopped_on_its_control_socket() {
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     let (n, dropped, out_n) =
         (r["packets"].as_u64().unwrap(), r["dropped"].as_u64().unwrap(), r["packets_out"].as_u64().unwrap());
-    assert!(n >= second && n < 40_000, "stopped early: {n} packets");
+    assert!(n >= second && n < 200_000, "stopped early: {n} packets");
     // Before the swap every packet passed; after it every one was dropped.
     assert!(out_n >= first && dropped > 0 && out_n + dropped == n, "out {out_n} + dropped {dropped} = {n}");
     assert_eq!(r["nfs"][0]["packets_out"].as_u64().unwrap(), out_n, "{}", r["nfs"]);
