@@ -120,3 +120,44 @@ fn a_paced_replay_is_watched_changed_and_stopped_on_its_control_socket() {
     assert_eq!(r["tables"]["flows"].as_u64(), Some(50), "{}", r["tables"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Under `--scale scr` the state is the replicas' (the executors' tables stay empty): `show tables`
+/// reads the replicas' figures while the run goes on (every replica holds every flow).
+#[test]
+fn show_tables_under_scr_reads_the_replicas() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("served-scr{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("fp.sock");
+    let t0 = Instant::now();
+    let fp = Command::new(BIN)
+        .args(["run", "--gen", "--flows 40 --packets 200000 --proto udp --seed 4", "--rate", "20000"])
+        .args(["--chain", "ddos -> hh", "--scale", "scr", "--cores", "2", "--no-pin", "--json"])
+        .args(["--ctl", sock.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    while ctl(&sock, &["show", "runtime"]).1["ready"].as_bool() != Some(true) {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the control socket did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let t1 = Instant::now();
+    let tables = loop {
+        let t = ctl(&sock, &["show", "tables"]).1;
+        let flows: Vec<u64> =
+            t.as_array().map_or(vec![], |c| c.iter().map(|c| c["flows"].as_u64().unwrap_or(0)).collect());
+        if flows.len() == 2 && flows.iter().all(|&f| f == 40) {
+            break t;
+        }
+        assert!(t1.elapsed() < Duration::from_secs(8), "show tables under scr: {t}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for c in tables.as_array().unwrap() {
+        assert!(c["insertions"].as_u64().unwrap() >= 40 && c["capacity"].as_u64().unwrap() >= 40, "{tables}");
+    }
+    assert!(ctl(&sock, &["stop"]).0);
+    let out = fp.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -194,7 +194,7 @@ pub(crate) fn publish(cell: &Mutex<CoreSnap>, wk: &Worker<'_>, now: u64) {
         tx: r.tx,
         busy_cycles: r.busy_cycles,
         at_tsc: now,
-        store: p.store_report(),
+        store: wk.store_report(),
         nfs,
         nf_details,
         latency: Some(r.batch_latency.clone()),

@@ -467,6 +467,15 @@ impl<'a> Worker<'a> {
         &self.res
     }
 
+    /// Its flow tables' figures now: the pipeline's, or under scr the replica's (where the state is).
+    pub fn store_report(&self) -> crate::exec::StoreReport {
+        let base = self.exec.store_report();
+        match &self.scr {
+            Some(r) => r.store_report(base),
+            None => base,
+        }
+    }
+
     /// The worker's pipeline (live runs read its table and NF counters).
     pub fn pipeline(&self) -> &Pipeline {
         &self.exec

@@ -648,6 +648,22 @@ impl ScrReplica {
         self.max = target;
     }
 
+    /// The flow-table figures of the run's state, which under scr is the
+    /// replica's (the executor's own tables stay empty): `base` with its
+    /// entries, capacity, insertions, expiries, table-full and flows replaced.
+    pub fn store_report(&self, mut base: crate::exec::StoreReport) -> crate::exec::StoreReport {
+        let sum = |f: fn(&ReplicaTable) -> u64| -> u64 { self.tables.iter().flatten().map(f).sum() };
+        base.entries = sum(|t| t.len() as u64);
+        base.capacity = sum(|t| t.capacity() as u64);
+        base.insertions = sum(|t| t.insertions);
+        base.expiries = sum(|t| t.expiries);
+        base.table_full = sum(|t| t.refused);
+        if let Some(f) = self.flows() {
+            base.flows = f;
+        }
+        base
+    }
+
     /// The replica's report (digest of the final state).
     pub fn report(&self, chain: &Chain, lost: u64) -> ScrCoreReport {
         let mut r = self.rep.clone();
