@@ -3,9 +3,9 @@
 //! packet), steering each packet when it is received by the live table of
 //! [`flowplane_scale::steer::Steering`].
 //!
-//! A queue is a shared part, [`Ring`] (its bounded descriptor ring, its
+//! A queue is a shared part, `Ring` (its bounded descriptor ring, its
 //! stream position, counters and the clock every mode paces by), and one
-//! delivery [`Mode`] owning exactly the state that mode needs. A packet
+//! delivery `Mode` owning exactly the state that mode needs. A packet
 //! that finds the ring full is dropped and counted (`rx_ring_full`), as a
 //! NIC does. The NIC's work (walking, steering) is counted apart from the
 //! worker's (`nic_cycles`); copying a packet into a pool buffer (the DMA)
@@ -13,18 +13,19 @@
 //! that mode's loop: no per-packet branch on the mode.
 //!
 //! The modes, and when a queue is in each:
-//! - [`Mode::Static`] (`own.rs`): the table has not changed since the
-//!   queue was built, nothing moves and no queue is held within a drift
-//!   bound. The queue reads its own packets' stream indices (its own
-//!   descriptor stream, as a static split has it; often a private copy of
-//!   their bytes), not the shared stream. Paced, the packets due arrive as
-//!   runs of that list and what finds the ring full is dropped. A queue
-//!   that owns every key unpaced starts in the walk instead (it delivers
-//!   straight from the stream there). When the table first changes the
-//!   queue turns into [`Mode::Walk`] (`Static::into_walk`): the packets
-//!   its ring holds become ring entries described from the stream and the
-//!   walk goes on from its next own packet. It never goes back.
-//! - [`Mode::Walk`] (`walk.rs`): every other table-steered queue, and any
+//! - `Mode::Static` (`own.rs`): from the start while the table is the one
+//!   the queue was built with, when no move is in progress, the drift bound
+//!   is off (`NicConfig::bounded_drift`: no controller moves keys) and the
+//!   queue owns some keys but not all (or, paced, all: its list is the
+//!   whole stream). The queue reads its own packets' stream indices (its
+//!   own descriptor stream, as a static split has it; often a private copy
+//!   of their bytes), not the shared stream. Paced, the packets due arrive
+//!   as runs of that list and what finds the ring full is dropped. When
+//!   the table first changes the queue turns into `Mode::Walk`
+//!   (`Static::into_walk`): the packets its ring holds become ring entries
+//!   described from the stream and the walk goes on from its next own
+//!   packet. It never goes back.
+//! - `Mode::Walk` (`walk.rs`): every other table-steered queue, and any
 //!   queue once its table has changed. It walks the shared stream ("the
 //!   wire") and takes the packets whose key it owns into its ring. At full
 //!   speed it walks only as far as it needs (the ring never fills); paced,
@@ -38,11 +39,11 @@
 //!   flow's packets are neither lost nor reordered. Owning every key and
 //!   unpaced, with nothing in its ring, it delivers straight from the
 //!   stream (the plain replay).
-//! - [`Mode::Spray`] (`spray.rs`, `NicConfig::spray`): packets go round
+//! - `Mode::Spray` (`spray.rs`, `NicConfig::spray`): packets go round
 //!   robin by stream position (the shared-state strategy), no table: a
 //!   move never involves the queue. Over queues that divide the loop its
 //!   positions' packets are copied contiguously and read from there.
-//! - [`Mode::Sequenced`] (`spray.rs`, [`NicQueue::with_sequencer`]): a
+//! - `Mode::Sequenced` (`spray.rs`, [`NicQueue::with_sequencer`]): a
 //!   spray with the SCR sequencer in front: each packet may be lost on its
 //!   way (`--scr-loss`) and gets its sequence number and history
 //!   ([`crate::Source::scr_side`]).
