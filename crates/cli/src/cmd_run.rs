@@ -385,7 +385,7 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
         flowplane_engine::runner::PriorityClass::parse(p).map_err(CliError::new)?;
     }
     let ring = a.workers.ring.unwrap_or(DEFAULT_RING);
-    if ring < 2 * flowplane_packet::MAX_BATCH || ring > 1 << 20 {
+    if !(2 * flowplane_packet::MAX_BATCH..=1 << 20).contains(&ring) {
         return Err(CliError::new(format!(
             "--ring {}: must be between {} and {}",
             ring,
