@@ -700,14 +700,16 @@ fn control_loop(
         }
         if let Some(l) = live {
             if now >= next_link {
-                next_link += LINK_CHECK;
+                next_link = now + LINK_CHECK;
                 if let Some(why) = check_links(l) {
                     return Some(why);
                 }
             }
-            if let Some(tick) = watch.tick.as_mut() {
-                if now >= next_status {
-                    next_status += Duration::from_secs(1);
+            if now >= next_status {
+                // Advanced with or without a status tick: a deadline left in the past would make
+                // this loop spin (it sleeps until the earliest of them) on a core the workers need.
+                next_status = now + Duration::from_secs(1);
+                if let Some(tick) = watch.tick.as_mut() {
                     tick(l, start.elapsed());
                 }
             }
