@@ -6,7 +6,7 @@
 # allows it) and AF_XDP (the dispatcher core steers). Who steered is printed from the report. One line
 # per (backend, strategy), or the one-line refusal.
 #   scripts/mlffr_strategies.sh
-#   CHAIN="fsc -> burn(iters=400)" BACKENDS=afpacket scripts/mlffr_strategies.sh
+#   CHAIN="hh -> burn(iters=400)" BACKENDS=afpacket scripts/mlffr_strategies.sh   (default chain: hh, which every strategy runs)
 # On a 2-vCPU machine the sender, receiver, dispatcher and workers share two CPUs: the figures
 # there say every strategy runs on ports, not which is faster (see "sender max" beside each MLFFR).
 set -u
@@ -26,7 +26,7 @@ for be in ${BACKENDS:-afpacket afxdp}; do
   for s in $scales "rss --symmetric-rss"; do
     # shellcheck disable=SC2086
     if "$B" mlffr --input $be:a$ID --output $be:b$ID --send afpacket:v0@A$ID --recv afpacket:v0@B$ID \
-        --trace-gen "--flows 256 --packets 20000 --size 64 --proto udp --seed 3" --chain "${CHAIN:-fsc}" --cores 2 --no-pin \
+        --trace-gen "--flows 256 --packets 20000 --size 64 --proto udp --seed 3" --chain "${CHAIN:-hh}" --cores 2 --no-pin \
         --scale $s --trial "${TRIAL:-0.5}" --warmup 0.2 --resolution "${RES:-20}" --json 2>"$tmp/err" >"$tmp/r.json"; then
       python3 - "$tmp/r.json" "$be" "$s" <<'PY'
 import json, sys
