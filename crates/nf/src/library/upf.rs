@@ -21,10 +21,10 @@
 //! plus per-core QER buckets and URR counters. It changes packet lengths
 //! (encapsulation, decapsulation), which only a batch element may do; put
 //! 5-tuple NFs that should see inner headers after it in a separate chain.
-//! `mode=staged` (default) walks a batch in five passes, each prefetching
+//! `mode=staged` (default) walks a batch in six passes, each prefetching
 //! what the next reads, so the lookups of a batch overlap: parse (prefetch
-//! the TEID or UE index slot, which holds what classifying needs of the
-//! session), lookup (prefetch the session's compiled classifier, see
+//! the TEID or UE index's home word), probe (prefetch the index entry the
+//! word names, which holds what classifying needs of the session), lookup (prefetch the session's compiled classifier, see
 //! [`cls`]), classify (prefetch the matched PDR's [`rules::Act`]: its rule
 //! references with the FAR copied in), prepare (prefetch the URR counters and
 //! QER buckets), act. `mode=rtc` does each packet to completion (the baseline).
@@ -56,7 +56,7 @@ use flowplane_wire::frame::PktMeta;
 use flowplane_wire::gtpu::{self, GtpuPacket, PduSessionInfo, PduType};
 use serde_json::{json, Map, Value};
 
-use self::rules::{Act, FarAction, Fields, Hot, Iface, RuleSet, SessionsFile, NONE};
+use self::rules::{Act, FarAction, Fields, Hot, Iface, Index, RuleSet, SessionsFile, TeidSlot, UeSlot, NONE};
 use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::Export;
 use crate::{Nf, NfContext, NfCounters, ParamError, ParamSpec, Params};
@@ -88,7 +88,7 @@ const USAGE: ParamSpec = ParamSpec::bool("usage", true, "list per-URR usage in t
 const PROFILE: ParamSpec = ParamSpec::bool(
     "profile",
     false,
-    "staged mode: report TSC cycles per packet of each pass (parse, lookup, PDRs, classify, act); a few cycles per packet",
+    "staged mode: report TSC cycles per packet of each pass (parse, probe, lookup, classify, prepare, act); a few cycles per packet",
 );
 const PFCP: ParamSpec = ParamSpec::text(
     "pfcp",
@@ -353,8 +353,9 @@ enum Kind {
 struct Scratch {
     metas: [PktMeta; MAX_BATCH],
     kind: [Kind; MAX_BATCH],
+    /// The index key: the TEID (uplink) or the UE address (downlink), and its hash.
     key: [u128; MAX_BATCH],
-    slot: [usize; MAX_BATCH],
+    hash: [u32; MAX_BATCH],
     /// The session's index slot's [`Hot`] (`session` NONE: unknown).
     hot: [Hot; MAX_BATCH],
     /// Uplink: the session's UE IPv4 address.
@@ -410,7 +411,10 @@ impl std::fmt::Debug for Upf {
 }
 
 /// The staged passes, as the profile names them.
-const PASSES: [&str; 5] = ["parse", "lookup", "classify", "prepare", "act"];
+type TeidIndex = Index<u32, TeidSlot>;
+type UeIndex = Index<u128, UeSlot>;
+
+const PASSES: [&str; 6] = ["parse", "probe", "lookup", "classify", "prepare", "act"];
 
 const ETH_IPV4: [u8; 2] = [0x08, 0x00];
 const ETH_IPV6: [u8; 2] = [0x86, 0xdd];
@@ -471,7 +475,7 @@ impl Upf {
             metas: [PktMeta::default(); MAX_BATCH],
             kind: [Kind::Done; MAX_BATCH],
             key: [0; MAX_BATCH],
-            slot: [0; MAX_BATCH],
+            hash: [0; MAX_BATCH],
             hot: [Hot::EMPTY; MAX_BATCH],
             ue4: [0; MAX_BATCH],
             bases: [(0, 0); MAX_BATCH],
@@ -565,7 +569,7 @@ impl Upf {
         std::mem::replace(&mut self.reports, Vec::with_capacity(self.cfg.reports))
     }
 
-    /// Pass one: parse, pick the index key, prefetch its slot.
+    /// Pass one: parse, pick the index key, prefetch its home index word.
     #[inline(always)]
     fn stage_parse(&mut self, batch: &Batch, i: usize) {
         let sc = &mut *self.scratch;
@@ -588,33 +592,54 @@ impl Upf {
         sc.out[i] = Outcome::Pending;
         sc.hot[i] = Hot::EMPTY;
         if n3 {
-            let key = rules::teid_key(m.teid);
-            let s = self.rules.teids.slot_of(key);
-            (sc.kind[i], sc.key[i], sc.slot[i]) = (Kind::Gtpu, key, s);
+            let h = TeidIndex::hash(&m.teid);
+            (sc.kind[i], sc.key[i], sc.hash[i]) = (Kind::Gtpu, u128::from(m.teid), h);
             if self.cfg.staged {
-                prefetch::read(self.rules.teids.slot(s));
+                prefetch::read(self.rules.teids.home(h));
             }
         } else {
             let key = rules::ip128(m.tuple.dst_ip());
-            let s = self.rules.ues.slot_of(key);
-            (sc.kind[i], sc.key[i], sc.slot[i]) = (Kind::Plain, key, s);
+            let h = UeIndex::hash(&key);
+            (sc.kind[i], sc.key[i], sc.hash[i]) = (Kind::Plain, key, h);
             if self.cfg.staged {
-                prefetch::read(self.rules.ues.slot(s));
+                prefetch::read(self.rules.ues.home(h));
             }
         }
     }
 
-    /// Pass two: resolve the session's index slot (what classifying needs
+    /// Pass two (staged only): the home index word is in cache; prefetch the
+    /// entry it names (what classifying needs of the session is in it).
+    #[inline(always)]
+    fn stage_probe(&self, i: usize) {
+        let sc = &*self.scratch;
+        match sc.kind[i] {
+            Kind::Done => {}
+            Kind::Gtpu => {
+                if let Some(e) = self.rules.teids.hint(sc.hash[i]) {
+                    prefetch::read(e);
+                }
+            }
+            Kind::Plain => {
+                if let Some(e) = self.rules.ues.hint(sc.hash[i]) {
+                    prefetch::read(e);
+                }
+            }
+        }
+    }
+
+    /// Pass three: resolve the session's index entry (what classifying needs
     /// of the session is in it); prefetch the classifier's first lines (or,
     /// for the general path, the session and its first PDRs).
     #[inline(always)]
     fn stage_lookup(&mut self, i: usize) {
         let sc = &mut *self.scratch;
-        let (key, slot) = (sc.key[i], sc.slot[i]);
+        let (key, h) = (sc.key[i], sc.hash[i]);
         let found = match sc.kind[i] {
             Kind::Done => return,
-            Kind::Gtpu => self.rules.teids.get_from(key, slot).map(|e| (e.hot, e.ue4, (e.far_base, e.urr_base))),
-            Kind::Plain => self.rules.ues.get_from(key, slot).map(|e| (e.hot, 0, (0, 0))),
+            Kind::Gtpu => {
+                self.rules.teids.get_hashed(h, &(key as u32)).map(|e| (e.hot, e.ue4, (e.far_base, e.urr_base)))
+            }
+            Kind::Plain => self.rules.ues.get_hashed(h, &key).map(|e| (e.hot, 0, (0, 0))),
         };
         let Some((hot, ue4, bases)) = found else { return };
         (sc.hot[i], sc.ue4[i], sc.bases[i]) = (hot, ue4, bases);
@@ -645,7 +670,7 @@ impl Upf {
         }
     }
 
-    /// Pass three: parse the GTP-U header and inner packet, match the
+    /// Pass four: parse the GTP-U header and inner packet, match the
     /// session's PDRs. An uplink PDR's action usually comes with the
     /// classifier (relative to the session's rules; a staged walk prefetches
     /// its URR counters); else a staged walk prefetches the PDR's [`Act`].
@@ -685,7 +710,7 @@ impl Upf {
         }
     }
 
-    /// Pass four (staged only): for packets whose action is not known yet,
+    /// Pass five (staged only): for packets whose action is not known yet,
     /// read the PDR's [`Act`] and prefetch the per-core state its rules
     /// update (URR counters; QER buckets and rates with an MBR).
     #[inline(always)]
@@ -711,7 +736,7 @@ impl Upf {
         }
     }
 
-    /// Pass five: QER, URR, FAR; decapsulate or encapsulate; the verdict.
+    /// Pass six: QER, URR, FAR; decapsulate or encapsulate; the verdict.
     #[inline(always)]
     fn stage_act(&mut self, batch: &mut Batch, i: usize, now: u64) {
         let verdict = match (self.scratch.kind[i], self.scratch.out[i]) {
@@ -1215,17 +1240,21 @@ impl Upf {
             }
             lap(self, 0);
             for i in range.clone() {
-                self.stage_lookup(i);
+                self.stage_probe(i);
             }
             lap(self, 1);
             for i in range.clone() {
-                self.stage_classify(batch, i);
+                self.stage_lookup(i);
             }
             lap(self, 2);
             for i in range.clone() {
-                self.stage_prepare(i);
+                self.stage_classify(batch, i);
             }
             lap(self, 3);
+            for i in range.clone() {
+                self.stage_prepare(i);
+            }
+            lap(self, 4);
             if profile {
                 self.timed_packets += range.len() as u64;
             }
@@ -1233,7 +1262,7 @@ impl Upf {
                 let now = packet_time(batch, i, ctx);
                 self.stage_act(batch, i, now);
             }
-            lap(self, 4);
+            lap(self, 5);
         } else {
             for i in range {
                 self.stage_parse(batch, i);

@@ -329,7 +329,7 @@ fn compiled_classifiers_are_shared_and_pick_the_pdr() {
     let rs = RuleSet::compile(&[a, b]).unwrap();
     // Uplink (two entries, a block) and downlink (one) of session 7, shared by session 8.
     assert_eq!(rs.cls.len(), 2);
-    let (sa, sb) = (rs.teids.get(teid_key(100)).unwrap(), rs.teids.get(teid_key(200)).unwrap());
+    let (sa, sb) = (rs.teids.get(100).unwrap(), rs.teids.get(200).unwrap());
     assert_eq!((sa.hot.cls, sa.hot.cls_len), (sb.hot.cls, sb.hot.cls_len));
     assert!(sa.hot.flags & Hot::FAST != 0);
     let f = Fields {
@@ -471,7 +471,7 @@ fn ipv6_ue_both_directions() {
 fn fast_path_and_fallback_forward_alike_and_slots_do_not_leak_sessions() {
     let mut u = upf(&[spec()], UpfConfig::default());
     // The session's uplink takes the compiled classifier, where the fast path applies.
-    assert_ne!(u.rules().teids.get(teid_key(100)).unwrap().hot.flags & Hot::FAST, 0);
+    assert_ne!(u.rules().teids.get(100).unwrap().hot.flags & Hot::FAST, 0);
     let inner = udp_payload(UE, DN, 4000, 53);
     let fast = gtpu4(GNB, N3, 100, Some(9), &inner);
     let m = PktMeta::parse(&fast);
