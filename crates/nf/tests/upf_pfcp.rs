@@ -760,3 +760,143 @@ fn an_independent_smf_scapy_drives_every_procedure() {
         assert!(rows.iter().any(|r| r[0] == t), "message type {t} in the exchange");
     }
 }
+
+/// The IEs of a Usage Report grouped IE: (URR ID, UR-SEQN, trigger, [total, UL, DL bytes, total, UL, DL packets]).
+fn usage_of(v: &[u8]) -> (u32, u32, [u8; 3], [u64; 6]) {
+    let g = pfcp::ies(v).unwrap();
+    let get = |t: u16| g.iter().find(|i| i.ty == t).unwrap_or_else(|| panic!("IE {t} in the Usage Report")).value;
+    let u32_at = |b: &[u8]| u32::from_be_bytes(b[..4].try_into().unwrap());
+    let vm = get(ie::VOLUME_MEASUREMENT);
+    assert_eq!(vm[0], 0x3f, "TOVOL ULVOL DLVOL TONOP ULNOP DLNOP");
+    let mut vol = [0u64; 6];
+    for (k, x) in vol.iter_mut().enumerate() {
+        *x = u64::from_be_bytes(vm[1 + 8 * k..9 + 8 * k].try_into().unwrap());
+    }
+    let t = get(ie::USAGE_REPORT_TRIGGER);
+    (u32_at(get(ie::URR_ID)), u32_at(get(ie::UR_SEQN)), [t[0], t[1], t[2]], vol)
+}
+
+/// The IP lengths (from each inner IP header's own length field) of uplink
+/// G-PDUs built by `gtpu4` over `udp4` (inner at 14 + 20 + 8 + 16 with a PDU
+/// Session Container) and of plain downlink frames.
+fn ip_len_at(f: &[u8], at: usize) -> u64 {
+    u64::from(u16::from_be_bytes([f[at + 2], f[at + 3]]))
+}
+
+/// Issue 32 item 2: usage reporting exact across two cores. A session's URR
+/// counts on two `upf` cores sharing one endpoint; its volume threshold
+/// report, Query URR answer and final report at deletion carry the whole
+/// session's usage since the previous report (UL, DL, total bytes and
+/// packets: the sums of both cores' packets); the Session Report Request
+/// goes to the CP F-SEID's address (not the association's) and is resent
+/// every T1, N1 times, then given up; a volume quota stops the traffic.
+#[test]
+fn usage_reports_are_exact_across_cores_and_retransmitted() {
+    let ctl = UpfControl::new(Arc::new(RuleSet::default()));
+    let mut cfg = control::N4Config::new(N3);
+    cfg.heartbeat = Duration::ZERO;
+    cfg.t1 = Duration::from_millis(100);
+    cfg.n1 = 2;
+    let mut ep = control::Endpoint::with_config(cfg, &[], Arc::clone(&ctl));
+    let mut cores = [
+        Upf::with_control(UpfConfig::default(), Arc::clone(&ctl)),
+        Upf::with_control(UpfConfig::default(), Arc::clone(&ctl)),
+    ];
+    let smf = SocketAddr::from(([127, 0, 0, 1], 8805));
+    associate(&mut ep, smf);
+    // The SMF's F-SEID names another address than the association's: reports go there.
+    let cp = Ipv4Addr::new(127, 0, 0, 9);
+    let mut w = Writer::message(msg::SESS_EST_REQ, Some(0), 1);
+    w.ie(ie::NODE_ID, &enc::node_id_v4(Ipv4Addr::LOCALHOST)).ie(ie::F_SEID, &enc::fseid(0xcafe, cp));
+    create_pdr(&mut w, 1, 10, true, None, "permit out ip from any to assigned", 1);
+    create_pdr(&mut w, 2, 10, false, None, "permit out ip from any to assigned", 2);
+    w.group(ie::CREATE_FAR).ie(ie::FAR_ID, &1u32.to_be_bytes()).ie(ie::APPLY_ACTION, &[0x02]);
+    w.group(ie::FORWARDING_PARAMETERS).ie(ie::DESTINATION_INTERFACE, &[1]).end().end();
+    w.group(ie::CREATE_FAR).ie(ie::FAR_ID, &2u32.to_be_bytes()).ie(ie::APPLY_ACTION, &[0x02]);
+    w.group(ie::FORWARDING_PARAMETERS).ie(ie::DESTINATION_INTERFACE, &[0]);
+    w.ie(ie::OUTER_HEADER_CREATION, &enc::ohc_gtpu_v4(0x77, GNB.into())).end().end();
+    w.group(ie::CREATE_URR).ie(ie::URR_ID, &1u32.to_be_bytes());
+    w.ie(ie::VOLUME_THRESHOLD, &enc::total_volume(1_000)).end();
+    let r = decode(&ep.handle(&w.finish(), smf).unwrap());
+    assert_eq!(r.cause(), cause::ACCEPTED);
+    let up_seid = pfcp::decode_fseid(r.get(ie::F_SEID).unwrap()).unwrap();
+    let created = pfcp::ies(r.get(ie::CREATED_PDR).unwrap()).unwrap();
+    let pfcp::FTeid::Teid(teid) =
+        pfcp::decode_fteid(created.iter().find(|i| i.ty == ie::F_TEID).unwrap().value).unwrap()
+    else {
+        panic!("a chosen TEID")
+    };
+    let up = |n: usize| gtpu4(GNB, N3.octets(), teid, Some(9), &udp4(UE, DN, 4000, 53 + n as u16)[14..]);
+    let down = |n: usize| udp4(DN, UE, 53, 4000 + n as u16);
+    // Traffic split over the cores; the expected usage from the frames' own IP length fields.
+    let mut want = [0u64; 4]; // UL bytes, UL packets, DL bytes, DL packets
+    let mut send = |cores: &mut [Upf; 2], ul: usize, dl: usize| {
+        for k in 0..ul {
+            let f = up(k);
+            want[0] += ip_len_at(&f, 14 + 20 + 8 + 16);
+            want[1] += 1;
+            assert!(run(&mut cores[k % 2], &[f])[0].is_some());
+        }
+        for k in 0..dl {
+            let f = down(k);
+            want[2] += ip_len_at(&f, 14);
+            want[3] += 1;
+            assert!(run(&mut cores[(k + 1) % 2], &[f])[0].is_some());
+        }
+        let w = want;
+        want = [0; 4];
+        w
+    };
+    let check = |vol: [u64; 6], w: [u64; 4], what: &str| {
+        assert_eq!(vol, [w[0] + w[2], w[0], w[2], w[1] + w[3], w[1], w[3]], "{what}");
+    };
+    let t0 = std::time::Instant::now();
+    // Over half the threshold on a core (a nudge), under it in all: no report.
+    let first = send(&mut cores, 6, 6);
+    assert!((first[0] + first[2]) * 2 > 1_000 && first[0] + first[2] < 1_000, "{first:?}");
+    assert!(ep.report_requests_at(t0).is_empty(), "under 1,000 bytes: no report yet");
+    // More: no core alone at 1,000 bytes, both together past it: the endpoint's sum crosses the threshold.
+    let second = send(&mut cores, 6, 6);
+    let sent = ep.report_requests_at(t0);
+    assert_eq!(sent.len(), 1, "one Session Report Request");
+    let (to, bytes) = &sent[0];
+    assert_eq!(*to, SocketAddr::from((cp, 8805)), "to the CP F-SEID's address");
+    let r = decode(bytes);
+    assert_eq!((r.h.msg_type, r.h.seid), (msg::SESS_REPORT_REQ, Some(0xcafe)));
+    let (id, seqn, trig, vol) = usage_of(r.get(ie::USAGE_REPORT_SRR).unwrap());
+    assert_eq!((id, seqn, trig), (1, 0, [0x02, 0, 0]), "VOLTH");
+    check(
+        vol,
+        [first[0] + second[0], first[1] + second[1], first[2] + second[2], first[3] + second[3]],
+        "threshold report: both cores",
+    );
+
+    // Unanswered: sent again every T1, N1 = 2 times, then given up.
+    let mut resent = 0;
+    for k in 1..=5u32 {
+        for (t, b) in ep.tick(t0 + Duration::from_millis(100) * k) {
+            assert_eq!((t, b.as_slice()), (*to, bytes.as_slice()), "the same request again");
+            resent += 1;
+        }
+    }
+    assert_eq!((resent, stat(&ctl, |s| &s.reports_retransmitted), stat(&ctl, |s| &s.reports_unanswered)), (2, 2, 1));
+
+    // Query URR: the usage since the threshold report.
+    let third = send(&mut cores, 3, 2);
+    let mut w = Writer::message(msg::SESS_MOD_REQ, Some(up_seid), 2);
+    w.group(ie::QUERY_URR).ie(ie::URR_ID, &1u32.to_be_bytes()).end();
+    let r = decode(&ep.handle(&w.finish(), smf).unwrap());
+    assert_eq!(r.cause(), cause::ACCEPTED);
+    let (id, seqn, trig, vol) = usage_of(r.get(ie::USAGE_REPORT_MODR).expect("a Usage Report in the response"));
+    assert_eq!((id, seqn, trig), (1, 1, [0x80, 0, 0]), "IMMER");
+    check(vol, third, "query: since the last report");
+
+    // Deletion: the final report (TERMR) with what was counted since the query.
+    let fifth = send(&mut cores, 2, 5);
+    let r = decode(&ep.handle(&Writer::message(msg::SESS_DEL_REQ, Some(up_seid), 4).finish(), smf).unwrap());
+    assert_eq!(r.cause(), cause::ACCEPTED);
+    let (_, seqn, trig, vol) = usage_of(r.get(ie::USAGE_REPORT_SDR).expect("the final Usage Report"));
+    assert_eq!((seqn, trig), (2, [0, 0x08, 0]), "TERMR");
+    check(vol, fifth, "final report");
+    assert!(cores.iter_mut().all(|c| run(c, &[up(0)])[0].is_none()), "the session is gone");
+}

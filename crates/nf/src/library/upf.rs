@@ -48,7 +48,8 @@ pub mod table;
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use flowplane_packet::{prefetch, tsc, Batch, DROP, MAX_BATCH};
 use flowplane_wire::checksum;
@@ -252,6 +253,8 @@ pub struct UpfCounters {
     pub usage_reports: u64,
     /// Usage reports lost because the queue was full.
     pub usage_reports_lost: u64,
+    /// Dropped because a URR's volume quota was used up.
+    pub quota_drop: u64,
 }
 
 impl UpfCounters {
@@ -268,14 +271,13 @@ impl UpfCounters {
             "gate_closed": self.gate_closed, "mbr_exceeded": self.mbr_exceeded,
             "not_ip": self.not_ip, "no_room": self.no_room,
             "usage_reports": self.usage_reports, "usage_reports_lost": self.usage_reports_lost,
+            "quota_drop": self.quota_drop,
         })
     }
 }
 
-/// A URR's counters (per core; a cache line each, with the URR's threshold,
-/// so counting a packet touches one line).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C, align(64))]
+/// A URR's usage on one core (a snapshot of its [`Cell`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
     /// Uplink IP bytes.
     pub ul_bytes: u64,
@@ -285,14 +287,114 @@ pub struct Usage {
     pub dl_bytes: u64,
     /// Downlink packets.
     pub dl_packets: u64,
-    /// Bytes since the last usage report.
-    since_report: u64,
-    /// The URR's volume threshold (a copy of the rule's; 0: none).
-    threshold: u64,
-    _pad: [u64; 2],
 }
 
-/// A usage report raised by a URR's volume threshold.
+impl Usage {
+    /// The sum of two shares.
+    pub fn plus(self, o: Usage) -> Usage {
+        Usage {
+            ul_bytes: self.ul_bytes + o.ul_bytes,
+            ul_packets: self.ul_packets + o.ul_packets,
+            dl_bytes: self.dl_bytes + o.dl_bytes,
+            dl_packets: self.dl_packets + o.dl_packets,
+        }
+    }
+
+    /// What was counted since `earlier` (a snapshot of the same counters).
+    pub fn since(self, earlier: Usage) -> Usage {
+        Usage {
+            ul_bytes: self.ul_bytes.saturating_sub(earlier.ul_bytes),
+            ul_packets: self.ul_packets.saturating_sub(earlier.ul_packets),
+            dl_bytes: self.dl_bytes.saturating_sub(earlier.dl_bytes),
+            dl_packets: self.dl_packets.saturating_sub(earlier.dl_packets),
+        }
+    }
+
+    /// Bytes both ways.
+    pub fn bytes(&self) -> u64 {
+        self.ul_bytes + self.dl_bytes
+    }
+}
+
+/// A URR's counters on one core: a cache line each, with the URR's nudge
+/// threshold, so counting a packet touches one line. Written by its core
+/// only (a relaxed load and store: plain moves, no locked instruction), read
+/// by the PFCP endpoint, which sums every core's cell of a URR when it
+/// reports: reports are exact across cores without a shared counter.
+#[derive(Debug, Default)]
+#[repr(C, align(64))]
+pub struct Cell {
+    ul_bytes: AtomicU64,
+    ul_packets: AtomicU64,
+    dl_bytes: AtomicU64,
+    dl_packets: AtomicU64,
+    /// Bytes this core counted since it last nudged the endpoint (core-private).
+    since: AtomicU64,
+    /// Nudge the endpoint after this many bytes (the URR's volume threshold
+    /// split over the cores: when the whole session reaches the threshold,
+    /// some core has counted its share; 0: none).
+    nudge_at: AtomicU64,
+    /// The endpoint found the URR's volume quota used up: drop (counted).
+    exhausted: AtomicU64,
+}
+
+#[inline(always)]
+fn bump(a: &AtomicU64, n: u64) {
+    // One writer per cell: no read-modify-write instruction needed.
+    a.store(a.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+}
+
+impl Cell {
+    /// The counters now.
+    pub fn snapshot(&self) -> Usage {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Usage {
+            ul_bytes: g(&self.ul_bytes),
+            ul_packets: g(&self.ul_packets),
+            dl_bytes: g(&self.dl_bytes),
+            dl_packets: g(&self.dl_packets),
+        }
+    }
+
+    fn from_usage(u: Usage) -> Cell {
+        let c = Cell::default();
+        c.ul_bytes.store(u.ul_bytes, Ordering::Relaxed);
+        c.ul_packets.store(u.ul_packets, Ordering::Relaxed);
+        c.dl_bytes.store(u.dl_bytes, Ordering::Relaxed);
+        c.dl_packets.store(u.dl_packets, Ordering::Relaxed);
+        c
+    }
+
+    /// Marks the URR's quota used up (or not): its packets are dropped.
+    pub fn set_exhausted(&self, on: bool) {
+        self.exhausted.store(u64::from(on), Ordering::Relaxed);
+    }
+}
+
+/// One core's URR counters for one rule set (indexed like its `urrs`).
+#[derive(Debug, Default)]
+pub struct Board {
+    /// The rule set the cells are indexed by.
+    pub rules: Arc<RuleSet>,
+    /// One cell per URR.
+    pub cells: Vec<Cell>,
+}
+
+impl Board {
+    /// This core's usage of URR `urr_id` of session `seid`, if its rule set has it.
+    pub fn usage_of(&self, seid: u64, urr_id: u32) -> Option<&Cell> {
+        let i = self
+            .rules
+            .urrs
+            .iter()
+            .position(|u| u.id == urr_id && self.rules.sessions.get(u.session as usize).is_some_and(|s| s.seid == seid))?;
+        self.cells.get(i)
+    }
+}
+
+/// A URR's volume threshold (or quota) share reached on one core: the
+/// endpoint sums every core's counters and reports if the whole session's
+/// usage reached it (without an endpoint, the report itself).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UsageReport {
     /// The session.
@@ -391,7 +493,12 @@ pub struct Upf {
     cfg: UpfConfig,
     rules: Arc<RuleSet>,
     qer: Vec<[Bucket; 2]>,
-    usage: table::Table<Usage>,
+    /// This core's URR counters (shared with the PFCP endpoint, which reads them).
+    board: Arc<Board>,
+    /// Its place in the endpoint's list of cores.
+    board_slot: Option<Arc<Mutex<Arc<Board>>>>,
+    /// Cores sharing the endpoint when the nudge thresholds were set.
+    split: usize,
     buffered: Vec<u64>,
     reports: Vec<UsageReport>,
     c: UpfCounters,
@@ -464,6 +571,11 @@ impl Upf {
     pub fn with_control(cfg: UpfConfig, ctl: Arc<control::UpfControl>) -> Upf {
         let (v, rules) = ctl.current();
         let mut u = Upf::new(cfg, rules);
+        // This core's counters join the endpoint's list: its reports sum every core's.
+        let slot = ctl.attach(Arc::clone(&u.board));
+        u.board_slot = Some(slot);
+        u.split = ctl.cores();
+        u.set_nudges();
         u.control = Some((ctl, v));
         u
     }
@@ -491,7 +603,9 @@ impl Upf {
             cfg,
             rules: Arc::new(RuleSet::default()),
             qer: Vec::new(),
-            usage: table::Table::default(),
+            board: Arc::new(Board::default()),
+            board_slot: None,
+            split: 1,
             buffered: Vec::new(),
             reports,
             c: UpfCounters::default(),
@@ -520,8 +634,15 @@ impl Upf {
             let at: HashMap<(u64, u32), usize> = old.enumerate().map(|(i, k)| (k, i)).collect();
             new.map(|k| at.get(&k).and_then(|&j| state.get(j).copied()).unwrap_or_default()).collect()
         }
-        let usage =
-            carry(old.keys(&old.urrs, |u| (u.session, u.id)), new.keys(&new.urrs, |u| (u.session, u.id)), &self.usage);
+        // With each URR's quota state: a URR the endpoint stopped stays stopped.
+        // (And the bytes towards its next nudge: a new threshold applies to the count carried over.)
+        let snap: Vec<(Usage, bool, u64)> = self
+            .board
+            .cells
+            .iter()
+            .map(|c| (c.snapshot(), c.exhausted.load(Ordering::Relaxed) != 0, c.since.load(Ordering::Relaxed)))
+            .collect();
+        let usage = carry(old.keys(&old.urrs, |u| (u.session, u.id)), new.keys(&new.urrs, |u| (u.session, u.id)), &snap);
         let qer =
             carry(old.keys(&old.qers, |q| (q.session, q.id)), new.keys(&new.qers, |q| (q.session, q.id)), &self.qer);
         let mut buffered = carry(
@@ -535,14 +656,34 @@ impl Upf {
                 *b = 0;
             }
         }
-        let mut usage = table::Table::from_slice(&usage);
-        for (u, r) in usage.iter_mut().zip(&new.urrs) {
-            u.threshold = r.threshold;
-        }
+        let cells: Vec<Cell> = usage
+            .into_iter()
+            .map(|(u, x, since)| {
+                let c = Cell::from_usage(u);
+                c.set_exhausted(x);
+                c.since.store(since, Ordering::Relaxed);
+                c
+            })
+            .collect();
+        flowplane_table::huge::advise_hugepages(&cells);
         flowplane_table::huge::advise_hugepages(&qer);
-        self.usage = usage;
+        self.board = Arc::new(Board { rules: Arc::clone(&self.rules), cells });
+        self.set_nudges();
+        if let Some(slot) = &self.board_slot {
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&self.board);
+        }
         self.qer = qer;
         self.buffered = buffered;
+    }
+
+    /// Each URR's nudge threshold: its volume threshold over the cores
+    /// sharing the endpoint (quotas the endpoint polls).
+    fn set_nudges(&mut self) {
+        for (c, r) in self.board.cells.iter().zip(&self.rules.urrs) {
+            let t = r.threshold;
+            let at = if t == 0 { 0 } else { (t / self.split as u64).max(1) };
+            c.nudge_at.store(at, Ordering::Relaxed);
+        }
     }
 
     /// The rule set in use.
@@ -560,8 +701,8 @@ impl Upf {
         self.rules
             .urrs
             .iter()
-            .zip(self.usage.iter())
-            .map(|(u, c)| ((self.rules.sessions[u.session as usize].seid, u.id), *c))
+            .zip(self.board.cells.iter())
+            .map(|(u, c)| ((self.rules.sessions[u.session as usize].seid, u.id), c.snapshot()))
     }
 
     /// Takes the queued usage reports (what a PFCP Session Report Request carries).
@@ -696,7 +837,7 @@ impl Upf {
                 let a = t.act(far_base, urr_base);
                 (sc.act[i], sc.ready[i]) = (a, true);
                 if self.cfg.staged {
-                    if let Some(u) = self.usage.get(a.urr as usize) {
+                    if let Some(u) = self.board.cells.get(a.urr as usize) {
                         prefetch::write(u);
                     }
                 }
@@ -722,7 +863,7 @@ impl Upf {
         let Some(&a) = self.rules.acts.get(sc.pdr[i] as usize) else { return };
         (sc.act[i], sc.ready[i]) = (a, true);
         for &u in self.rules.refs(&a.urr) {
-            if let Some(u) = self.usage.get(u as usize) {
+            if let Some(u) = self.board.cells.get(u as usize) {
                 prefetch::write(u);
             }
         }
@@ -960,18 +1101,28 @@ impl Upf {
                 }
             }
         }
-        for &ui in self.rules.refs(&pdr.urr) {
-            let Some(u) = self.usage.get_mut(ui as usize) else { continue };
+        let board = &*self.board;
+        let urrs = self.rules.refs(&pdr.urr);
+        if urrs.iter().any(|&ui| board.cells.get(ui as usize).is_some_and(|c| c.exhausted.load(Ordering::Relaxed) != 0)) {
+            // TS 29.244 5.2.2.2: a URR's volume quota used up stops the traffic it measures.
+            self.c.quota_drop += 1;
+            return false;
+        }
+        for &ui in urrs {
+            let Some(u) = board.cells.get(ui as usize) else { continue };
             if dir == 0 {
-                u.ul_bytes += bytes;
-                u.ul_packets += 1;
+                bump(&u.ul_bytes, bytes);
+                bump(&u.ul_packets, 1);
             } else {
-                u.dl_bytes += bytes;
-                u.dl_packets += 1;
+                bump(&u.dl_bytes, bytes);
+                bump(&u.dl_packets, 1);
             }
-            u.since_report += bytes;
-            if u.threshold > 0 && u.since_report >= u.threshold {
-                u.since_report = 0;
+            let since = u.since.load(Ordering::Relaxed) + bytes;
+            u.since.store(since, Ordering::Relaxed);
+            let at = u.nudge_at.load(Ordering::Relaxed);
+            if at > 0 && since >= at {
+                u.since.store(0, Ordering::Relaxed);
+                let s = u.snapshot();
                 let cfg = self.rules.urrs[ui as usize];
                 self.c.usage_reports += 1;
                 if self.reports.len() < self.cfg.reports {
@@ -979,7 +1130,7 @@ impl Upf {
                     self.reports.push(UsageReport {
                         seid,
                         urr_id: cfg.id,
-                        volume: u.ul_bytes + u.dl_bytes,
+                        volume: s.bytes(),
                         at_ns: now,
                     });
                 } else {
@@ -1174,9 +1325,11 @@ impl Nf for Upf {
             // One atomic load per call; a new rule set applies to whole batches (ranges).
             if ctl.version() != *v {
                 let (v, rules) = ctl.current();
+                let split = ctl.cores();
                 if let Some(c) = self.control.as_mut() {
                     c.1 = v;
                 }
+                self.split = split;
                 self.set_rules(rules);
             }
         }

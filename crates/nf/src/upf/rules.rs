@@ -204,6 +204,15 @@ pub struct UrrSpec {
     /// counting then starts over towards the next report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_threshold: Option<u64>,
+    /// Total volume after which the URR's traffic is dropped (reported once, trigger VOLQU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_quota: Option<u64>,
+    /// Seconds between periodic reports (Measurement Period; PFCP sessions only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measurement_period: Option<u32>,
+    /// Seconds after which a report is sent when there was usage since the last one (Time Threshold).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_threshold: Option<u32>,
 }
 
 impl SessionsFile {
@@ -572,6 +581,8 @@ pub struct Qer {
 pub struct Urr {
     /// Volume threshold in bytes (0: none).
     pub threshold: u64,
+    /// Volume quota in bytes (0: none).
+    pub quota: u64,
     /// Rule ID.
     pub id: u32,
     /// Session index.
@@ -884,7 +895,7 @@ impl RuleSet {
                 if s.urrs.iter().filter(|g| g.id == u.id).count() > 1 {
                     return Err(e(format!("duplicate URR {}", u.id)));
                 }
-                rs.urrs.push(Urr { threshold: u.volume_threshold.unwrap_or(0), id: u.id, session: si });
+                rs.urrs.push(Urr { threshold: u.volume_threshold.unwrap_or(0), quota: u.volume_quota.unwrap_or(0), id: u.id, session: si });
             }
             fn find(mut ids: impl Iterator<Item = u32>, id: u32) -> Option<usize> {
                 ids.position(|x| x == id)
