@@ -21,7 +21,6 @@ use flowplane_nf::upf::{Upf, UpfConfig};
 use flowplane_nf::{Nf, NfContext};
 use flowplane_packet::{Batch, PacketPool, PoolConfig};
 
-#[allow(dead_code)] // write_pcap: the scapy SMF writes its own capture
 mod common;
 
 const N3: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
@@ -899,4 +898,172 @@ fn usage_reports_are_exact_across_cores_and_retransmitted() {
     assert_eq!((seqn, trig), (2, [0, 0x08, 0]), "TERMR");
     check(vol, fifth, "final report");
     assert!(cores.iter_mut().all(|c| run(c, &[up(0)])[0].is_none()), "the session is gone");
+}
+
+/// The frames of a classic pcap file (as scapy writes it).
+fn read_pcap(path: &str) -> Vec<Vec<u8>> {
+    let b = std::fs::read(path).expect("the phase's pcap");
+    let (mut at, mut out) = (24, Vec::new());
+    while at + 16 <= b.len() {
+        let n = u32::from_le_bytes(b[at + 8..at + 12].try_into().unwrap()) as usize;
+        out.push(b[at + 16..at + 16 + n].to_vec());
+        at += 16 + n;
+    }
+    out
+}
+
+/// tshark's per-session sums of the packets of `path` (GTP dissector) in
+/// each of `phases` (frame ranges): uplink (G-PDUs to `teid`: the inner IP's
+/// length) and downlink (to the UE) bytes and packets, as [total, UL, DL
+/// bytes, total, UL, DL packets].
+fn tshark_sums(path: &str, teid: u32, phases: &[std::ops::Range<usize>]) -> Option<Vec<[u64; 6]>> {
+    let args =
+        ["-n", "-r", path, "-T", "fields", "-E", "separator=|", "-e", "gtp.teid", "-e", "ip.dst", "-e", "ip.len"];
+    let out = common::tshark(&args)?;
+    let rows: Vec<&str> = out.lines().collect();
+    let mut sums = Vec::new();
+    for r in phases {
+        let mut s = [0u64; 6];
+        for l in &rows[r.clone()] {
+            let f: Vec<&str> = l.split('|').collect();
+            let last = |x: &str| x.rsplit(',').next().unwrap_or("").to_string();
+            let len: u64 = last(f[2]).parse().unwrap();
+            let t = f[0].trim();
+            if !t.is_empty() {
+                let v =
+                    t.strip_prefix("0x").map_or_else(|| t.parse().unwrap(), |h| u32::from_str_radix(h, 16).unwrap());
+                if v == teid {
+                    (s[1], s[4]) = (s[1] + len, s[4] + 1);
+                }
+            } else if last(f[1]) == "10.45.0.1" {
+                (s[2], s[5]) = (s[2] + len, s[5] + 1);
+            }
+        }
+        (s[0], s[3]) = (s[1] + s[2], s[4] + s[5]);
+        sums.push(s);
+    }
+    Some(sums)
+}
+
+/// The scapy SMF (`pfcp/smf_usage.py`) drives usage reporting while the
+/// test runs its traffic through `cores` `upf` instances sharing one
+/// endpoint (packets spread over them): the threshold report (left
+/// unanswered: N1 + 1 sends T1 apart, counted by the script), the Query URR
+/// answer and the final report at deletion each carry exactly tshark's
+/// per-session sums of that phase's packets; tshark finds no malformed PFCP.
+fn usage_over_scapy(cores: usize) {
+    let ctl = UpfControl::new(Arc::new(RuleSet::default()));
+    let mut cfg = control::N4Config::new(N3);
+    cfg.heartbeat = Duration::ZERO;
+    cfg.t1 = Duration::from_millis(200);
+    cfg.n1 = 2;
+    let mut ep = control::Endpoint::with_config(cfg, &[], Arc::clone(&ctl));
+    let mut upfs: Vec<Upf> = (0..cores).map(|_| Upf::with_control(UpfConfig::default(), Arc::clone(&ctl))).collect();
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(5))).unwrap();
+    let dir = std::env::temp_dir().join(format!("flowplane-usage-{}-{cores}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pcap = dir.join("pfcp.pcap");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pfcp/smf_usage.py");
+    let mut child = std::process::Command::new(python())
+        .arg(&script)
+        .arg(sock.local_addr().unwrap().port().to_string())
+        .arg(&pcap)
+        .arg(&dir)
+        .args(["200", "2"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the scapy SMF");
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let (mut phases, mut usage, mut teid, mut lines) = (Vec::new(), Vec::new(), 0u32, Vec::new());
+    let mut traffic = Vec::new();
+    let mut buf = [0u8; 65536];
+    let started = std::time::Instant::now();
+    'run: loop {
+        assert!(started.elapsed() < Duration::from_secs(30), "scapy SMF: {lines:?}");
+        if let Ok((n, from)) = sock.recv_from(&mut buf) {
+            if let Some(r) = ep.handle(&buf[..n], from) {
+                sock.send_to(&r, from).unwrap();
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(l) => {
+                    lines.push(l.clone());
+                    let w: Vec<&str> = l.split(' ').collect();
+                    match w[0] {
+                        "SESSION" => teid = w[1].parse().unwrap(),
+                        "TRAFFIC" => {
+                            // The phase's packets spread over the cores (several per batch).
+                            let frames = read_pcap(w[2]);
+                            for (k, chunk) in frames.chunks(3).enumerate() {
+                                let _ = run(&mut upfs[k % cores], chunk);
+                            }
+                            phases.push(traffic.len()..traffic.len() + frames.len());
+                            traffic.extend(frames);
+                            use std::io::Write;
+                            writeln!(stdin, "done").unwrap();
+                        }
+                        "USAGE" => usage.push(w[2..].iter().map(|x| x.parse::<u64>().unwrap()).collect::<Vec<_>>()),
+                        "OK" => break 'run,
+                        _ => panic!("scapy SMF: {lines:?}"),
+                    }
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => break 'run,
+            }
+        }
+        let now = std::time::Instant::now();
+        for (to, m) in ep.tick(now).into_iter().chain(ep.report_requests()) {
+            sock.send_to(&m, to).unwrap();
+        }
+    }
+    assert!(child.wait().unwrap().success(), "scapy SMF: {lines:?}");
+    assert_eq!((phases.len(), usage.len()), (3, 3), "{lines:?}");
+    assert_eq!(stat(&ctl, |s| &s.reports_retransmitted), 2);
+    // Every phase's packets in one capture: one tshark run.
+    let all_traffic = dir.join("traffic.pcap");
+    common::write_pcap(&all_traffic, &traffic);
+    let Some(want) = tshark_sums(all_traffic.to_str().unwrap(), teid, &phases) else { return };
+    for (k, (u, w)) in usage.iter().zip(&want).enumerate() {
+        assert!(w[4] > 0 && w[5] > 0, "phase {}: traffic both ways", k + 1);
+        assert_eq!(u[..], w[..], "{cores} cores, phase {}: reported usage vs tshark's sums", k + 1);
+    }
+    let fields = [
+        "-T",
+        "fields",
+        "-E",
+        "separator=|",
+        "-e",
+        "pfcp.msg_type",
+        "-e",
+        "_ws.malformed",
+        "-e",
+        "_ws.expert.severity",
+    ];
+    let all = common::tshark(&[&["-n", "-r", pcap.to_str().unwrap()], &fields[..]].concat()).unwrap();
+    assert!(all.lines().all(|l| l.starts_with(|c: char| c.is_ascii_digit()) && l.ends_with("||")), "tshark: {all}");
+    for t in ["56", "53", "55"] {
+        assert!(all.lines().any(|l| l.split('|').next() == Some(t)), "message type {t}: {all}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn usage_reports_match_tshark_on_one_core() {
+    usage_over_scapy(1);
+}
+
+#[test]
+fn usage_reports_match_tshark_on_two_cores() {
+    usage_over_scapy(2);
 }
