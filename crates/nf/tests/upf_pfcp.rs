@@ -389,7 +389,8 @@ fn stat(c: &UpfControl, f: fn(&control::ControlStats) -> &std::sync::atomic::Ato
 
 /// Issue 32's N4 trust defects, each reproduced: requests from a source
 /// without an association, a spoofed release, another association's
-/// session, a resent establishment, sequential SEIDs.
+/// session, a resent establishment, sequential SEIDs (and, item 3,
+/// sequential UPF-chosen TEIDs).
 #[test]
 fn n4_trust_retransmissions_and_unpredictable_seids() {
     let ctl = UpfControl::new(Arc::new(RuleSet::default()));
@@ -446,14 +447,25 @@ fn n4_trust_retransmissions_and_unpredictable_seids() {
     let r = a.send(&mut ep, &m.finish());
     assert_eq!((r.h.msg_type, r.cause()), (msg::ASSOC_UPDATE_RSP, cause::ACCEPTED));
 
-    // UP SEIDs: non-zero, distinct, not a sequence.
-    let mut seids = vec![seid_a];
+    // UP SEIDs and UPF-chosen TEIDs: non-zero, distinct, not a sequence.
+    let (mut seids, mut teids) = (vec![seid_a], Vec::new());
     for ue in 2..40u8 {
         let m = a.establishment(ue, if ue % 2 == 0 { 8 } else { 7 });
         let r = a.send(&mut ep, &m);
         assert_eq!(r.cause(), cause::ACCEPTED, "UE {ue}");
         seids.push(pfcp::decode_fseid(r.get(ie::F_SEID).unwrap()).unwrap());
+        let created = pfcp::ies(r.get(ie::CREATED_PDR).unwrap()).unwrap();
+        match pfcp::decode_fteid(created.iter().find(|i| i.ty == ie::F_TEID).unwrap().value).unwrap() {
+            pfcp::FTeid::Teid(t) => teids.push(t),
+            pfcp::FTeid::Choose => panic!("a chosen TEID"),
+        }
     }
+    let mut sorted_teids = teids.clone();
+    sorted_teids.sort_unstable();
+    sorted_teids.dedup();
+    assert!(sorted_teids.len() == teids.len() && !teids.contains(&0), "TEIDs unique, non-zero: {teids:x?}");
+    // A sequence (as before: 0x10000000, 0x10000001, ...) has neighbours 1 apart; random ones rarely within 256.
+    assert!(teids.windows(2).all(|w| w[1].abs_diff(w[0]) > 256), "TEIDs unpredictable: {teids:x?}");
     let mut sorted = seids.clone();
     sorted.sort_unstable();
     sorted.dedup();

@@ -16,7 +16,8 @@
 //! node than the one associated at that address. A session belongs to the
 //! association that established it: other associations' modification and
 //! deletion requests get "Session context not found" (cause 65).
-//! UP SEIDs are random (non-zero, unique), so a peer cannot guess others'.
+//! UP SEIDs and the F-TEIDs the UPF chooses are random (non-zero, unique),
+//! so a peer cannot guess others'.
 //! Sessions loaded from a session file belong to no association: no PFCP
 //! request changes them.
 //!
@@ -408,7 +409,6 @@ pub struct Endpoint {
     recovery: u32,
     assocs: HashMap<SocketAddr, Assoc>,
     sessions: BTreeMap<u64, Sess>,
-    next_teid: u32,
     seq: u32,
     /// Responses by (peer, sequence number), with the request's message type and the expiry.
     cache: HashMap<(SocketAddr, u32), (u8, Instant, Vec<u8>)>,
@@ -467,7 +467,6 @@ impl Endpoint {
             recovery: (now + NTP_UNIX) as u32,
             assocs: HashMap::new(),
             sessions,
-            next_teid: 0x1000_0000,
             seq: 0,
             cache: HashMap::new(),
             cache_order: VecDeque::new(),
@@ -1020,10 +1019,15 @@ impl Endpoint {
         Ok(created)
     }
 
+    /// A UPF-chosen TEID (CHOOSE): random, like UP SEIDs (TS 33.501
+    /// recommends unpredictable TEIDs: a sequence lets an attacker on N3 guess
+    /// other sessions' tunnels), non-zero, not in use.
     fn alloc_teid(&mut self) -> u32 {
         loop {
-            let t = self.next_teid;
-            self.next_teid = self.next_teid.wrapping_add(1).max(1);
+            let t = getrandom::u32().unwrap_or_else(|_| fallback_random() as u32);
+            if t == 0 {
+                continue;
+            }
             let used = self.sessions.values().any(|s| s.spec.pdrs.iter().any(|p| p.teid == Some(t)));
             if !used {
                 return t;
