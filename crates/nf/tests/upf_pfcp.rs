@@ -1079,3 +1079,61 @@ fn usage_reports_match_tshark_on_one_core() {
 fn usage_reports_match_tshark_on_two_cores() {
     usage_over_scapy(2);
 }
+
+/// Issue 32 item 2's other triggers on two cores: a volume quota reached by
+/// the two cores together is reported once (VOLQU) with the whole usage,
+/// then both cores drop the URR's traffic (counted); a Measurement Period
+/// brings a periodic report (PERIO) with the usage since the last report.
+#[test]
+fn a_volume_quota_stops_traffic_on_every_core_and_periods_report() {
+    let ctl = UpfControl::new(Arc::new(RuleSet::default()));
+    let mut cfg = control::N4Config::new(N3);
+    cfg.heartbeat = Duration::ZERO;
+    let mut ep = control::Endpoint::with_config(cfg, &[], Arc::clone(&ctl));
+    let mut cores = [
+        Upf::with_control(UpfConfig::default(), Arc::clone(&ctl)),
+        Upf::with_control(UpfConfig::default(), Arc::clone(&ctl)),
+    ];
+    let smf = SocketAddr::from(([127, 0, 0, 1], 8805));
+    associate(&mut ep, smf);
+    let mut w = Writer::message(msg::SESS_EST_REQ, Some(0), 1);
+    w.ie(ie::NODE_ID, &enc::node_id_v4(Ipv4Addr::LOCALHOST)).ie(ie::F_SEID, &enc::fseid(0xbeef, Ipv4Addr::LOCALHOST));
+    create_pdr(&mut w, 1, 10, true, None, "permit out ip from any to assigned", 1);
+    w.group(ie::CREATE_FAR).ie(ie::FAR_ID, &1u32.to_be_bytes()).ie(ie::APPLY_ACTION, &[0x02]);
+    w.group(ie::FORWARDING_PARAMETERS).ie(ie::DESTINATION_INTERFACE, &[1]).end().end();
+    w.group(ie::CREATE_URR).ie(ie::URR_ID, &1u32.to_be_bytes());
+    w.ie(ie::VOLUME_QUOTA, &enc::total_volume(200)).ie(ie::MEASUREMENT_PERIOD, &60u32.to_be_bytes()).end();
+    let r = decode(&ep.handle(&w.finish(), smf).unwrap());
+    assert_eq!(r.cause(), cause::ACCEPTED);
+    let created = pfcp::ies(r.get(ie::CREATED_PDR).unwrap()).unwrap();
+    let pfcp::FTeid::Teid(teid) =
+        pfcp::decode_fteid(created.iter().find(|i| i.ty == ie::F_TEID).unwrap().value).unwrap()
+    else {
+        panic!("a chosen TEID")
+    };
+    let up = gtpu4(GNB, N3.octets(), teid, Some(9), &udp4(UE, DN, 4000, 53)[14..]);
+    let len = ip_len_at(&up, 14 + 20 + 8 + 16);
+    let t0 = std::time::Instant::now();
+    // Two packets per core: 4 x 46 = 184 bytes, under the quota.
+    for k in 0..4 {
+        assert!(run(&mut cores[k % 2], std::slice::from_ref(&up))[0].is_some());
+    }
+    assert!(ep.report_requests_at(t0).is_empty(), "under the quota");
+    // One more on core 1: 230 bytes in all (no core alone past 200).
+    assert!(run(&mut cores[1], std::slice::from_ref(&up))[0].is_some());
+    let sent = ep.report_requests_at(t0);
+    assert_eq!(sent.len(), 1);
+    let (_, _, trig, vol) = usage_of(decode(&sent[0].1).get(ie::USAGE_REPORT_SRR).unwrap());
+    assert_eq!(trig, [0, 0x01, 0], "VOLQU");
+    assert_eq!(vol, [5 * len, 5 * len, 0, 5, 5, 0]);
+    assert!(ep.report_requests_at(t0).is_empty(), "reported once");
+    for core in &mut cores {
+        assert!(run(core, std::slice::from_ref(&up))[0].is_none(), "quota used up: dropped on every core");
+        assert_eq!(core.upf_counters().quota_drop, 1);
+    }
+    // A minute on: the periodic report, with nothing counted since the quota report.
+    let sent = ep.report_requests_at(t0 + Duration::from_secs(61));
+    assert_eq!(sent.len(), 1);
+    let (_, seqn, trig, vol) = usage_of(decode(&sent[0].1).get(ie::USAGE_REPORT_SRR).unwrap());
+    assert_eq!((seqn, trig, vol), (1, [0x01, 0, 0], [0; 6]), "PERIO");
+}
