@@ -76,7 +76,7 @@ pub fn sessions_for(plan: &UpfPlan) -> SessionsFile {
                 qers: (0..plan.pdrs)
                     .map(|j| QerSpec { id: j + 1, qfi: Some(UpfPlan::qfi(j)), ..Default::default() })
                     .collect(),
-                urrs: vec![UrrSpec { id: 1, volume_threshold: None }],
+                urrs: vec![UrrSpec { id: 1, volume_threshold: None, ..Default::default() }],
             }
         })
         .collect();
