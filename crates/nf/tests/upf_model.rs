@@ -192,7 +192,7 @@ fn session(rules: &[Rule], teids: &[u32]) -> SessionSpec {
         ],
         qers: vec![],
         urrs: (0..rules.len())
-            .map(|i| UrrSpec { id: i as u32 + 1, volume_threshold: None, ..Default::default(), ..Default::default() })
+            .map(|i| UrrSpec { id: i as u32 + 1, volume_threshold: None, ..Default::default() })
             .collect(),
     }
 }

@@ -47,7 +47,7 @@ fn spec() -> SessionSpec {
             },
         ],
         qers: vec![],
-        urrs: vec![UrrSpec { id: 1, volume_threshold: Some(100), ..Default::default(), ..Default::default() }],
+        urrs: vec![UrrSpec { id: 1, volume_threshold: Some(100), ..Default::default() }],
     }
 }
 
@@ -232,7 +232,7 @@ fn several_qers_and_urrs_per_pdr() {
         QerSpec { id: 2, mbr_dl_kbps: Some(8), ..Default::default() },
         QerSpec { id: 3, gate_ul: Gate::Closed, ..Default::default() },
     ];
-    s.urrs.push(UrrSpec { id: 2, volume_threshold: None, ..Default::default(), ..Default::default() });
+    s.urrs.push(UrrSpec { id: 2, volume_threshold: None, ..Default::default() });
     for p in &mut s.pdrs {
         (p.qers, p.urrs) = if p.source == Iface::Core { (vec![1, 2], vec![1, 2]) } else { (vec![1, 3], vec![2]) };
     }
@@ -266,7 +266,7 @@ fn several_qers_and_urrs_per_pdr() {
     assert_eq!(back.sessions[0].pdrs.iter().find(|p| p.id == 3).unwrap().qers, vec![1]);
     // A rule listed twice is refused.
     let mut dup = spec();
-    dup.urrs.push(UrrSpec { id: 2, volume_threshold: None, ..Default::default(), ..Default::default() });
+    dup.urrs.push(UrrSpec { id: 2, volume_threshold: None, ..Default::default() });
     dup.pdrs[0].urrs = vec![1, 1];
     let e = RuleSet::compile(&[dup]).unwrap_err();
     assert!(e.contains("URR 1 listed twice"), "{e}");
