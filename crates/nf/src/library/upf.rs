@@ -18,7 +18,12 @@
 //! The NF is a batch element: its state is the provisioned rule set
 //! ([`rules::RuleSet`], loaded from `sessions=FILE` or swapped in whole by
 //! the control plane between batches, so no packet sees half a session)
-//! plus per-core QER buckets and URR counters. It changes packet lengths
+//! plus per-core QER buckets and URR counters. A core's URR counters are
+//! [`Cell`]s on a [`Board`] the PFCP endpoint also holds: the core writes
+//! them (plain stores, one writer), the endpoint sums every core's cell of a
+//! URR when it reports, so reports are exact across cores; a core only
+//! nudges the endpoint when its share reaches the URR's volume threshold
+//! divided by the number of cores. It changes packet lengths
 //! (encapsulation, decapsulation), which only a batch element may do; put
 //! 5-tuple NFs that should see inner headers after it in a separate chain.
 //! `mode=staged` (default) walks a batch in six passes, each prefetching

@@ -7,6 +7,18 @@
 //! Session Report Requests for URR thresholds (§6.3.5); the messages in §7.4
 //! (node related, Session Set Deletion §7.4.6) and §7.5 (session related).
 //!
+//! Usage reporting (§5.2.2): every core counts a URR's UL/DL bytes and
+//! packets on its own [`Board`]; the endpoint sums the cores' shares and
+//! reports the usage since the URR's previous report (UR-SEQN counting up):
+//! volume threshold (a core's nudge, then the sum decides), volume quota
+//! (polled; once reached the cores drop the URR's traffic, counted),
+//! Measurement Period (periodic, from the last report), Time Threshold
+//! (usage since a report older than it), Query URR (in the modification
+//! response) and the final report of each URR in the deletion response.
+//! Session Report Requests go to the CP F-SEID's IPv4 address at the owning
+//! association's port and are resent every T1 up to N1 times until
+//! answered.
+//!
 //! Trust (§6.2.6): an association is identified by the CP function's
 //! Node ID and bound to the source address (IP and port) it was set up
 //! from. Only Heartbeat and Association Setup are accepted from a peer
