@@ -59,7 +59,7 @@ fn main() {
         let n = p["packets"].as_u64()?.max(1) as f64;
         let c = p["cycles"].as_object()?;
         Some(
-            ["parse", "lookup", "classify", "prepare", "act"]
+            ["parse", "probe", "lookup", "classify", "prepare", "act"]
                 .iter()
                 .map(|k| format!("{k} {:.1}", c.get(*k).and_then(|v| v.as_u64()).unwrap_or(0) as f64 / n))
                 .collect::<Vec<_>>()

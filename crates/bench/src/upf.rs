@@ -76,7 +76,7 @@ pub fn sessions_for(plan: &UpfPlan) -> SessionsFile {
                 qers: (0..plan.pdrs)
                     .map(|j| QerSpec { id: j + 1, qfi: Some(UpfPlan::qfi(j)), ..Default::default() })
                     .collect(),
-                urrs: vec![UrrSpec { id: 1, volume_threshold: None }],
+                urrs: vec![UrrSpec { id: 1, volume_threshold: None, ..Default::default() }],
             }
         })
         .collect();
@@ -163,7 +163,7 @@ pub struct UpfRow {
     pub forwarded: f64,
     /// Throughput relative to the `rtc` mode row of the same PDRs, direction and executor.
     pub vs_rtc: Option<f64>,
-    /// Staged mode: TSC cycles per packet of each pass (parse, lookup, classify, prepare, act).
+    /// Staged mode: TSC cycles per packet of each pass (parse, probe, lookup, classify, prepare, act).
     pub passes: Vec<(String, f64)>,
 }
 
@@ -264,7 +264,7 @@ pub fn run_upf(o: &UpfBenchOptions) -> Result<UpfReport, String> {
                     let passes = prof
                         .and_then(|p| p["cycles"].as_object())
                         .map(|c| {
-                            ["parse", "lookup", "classify", "prepare", "act"]
+                            ["parse", "probe", "lookup", "classify", "prepare", "act"]
                                 .iter()
                                 .map(|k| {
                                     (k.to_string(), c.get(*k).and_then(|v| v.as_u64()).unwrap_or(0) as f64 / timed)
@@ -525,13 +525,13 @@ impl fmt::Display for UpfReport {
         writeln!(f, "\nwhere the cycles go (staged rows; TSC cycles per packet of each pass, whole batches timed):")?;
         writeln!(
             f,
-            "{:>8} {:>5} {:>4} {:>11} {:>7} {:>7} {:>9} {:>7} {:>7}",
-            "sessions", "pdrs", "dir", "executor", "parse", "lookup", "classify", "prepare", "act"
+            "{:>8} {:>5} {:>4} {:>11} {:>7} {:>7} {:>7} {:>9} {:>7} {:>7}",
+            "sessions", "pdrs", "dir", "executor", "parse", "probe", "lookup", "classify", "prepare", "act"
         )?;
         for r in self.rows.iter().filter(|r| !r.passes.is_empty()) {
             write!(f, "{:>8} {:>5} {:>4} {:>11}", r.sessions, r.pdrs, r.dir, r.exec)?;
             for (k, (_, c)) in r.passes.iter().enumerate() {
-                let w = if k == 2 { 9 } else { 7 };
+                let w = if k == 3 { 9 } else { 7 };
                 write!(f, " {c:>w$.1}")?;
             }
             writeln!(f)?;
@@ -579,7 +579,7 @@ mod tests {
         // Staged rows say where the cycles went, pass by pass; rtc rows are not timed.
         for row in &r.rows {
             if row.mode == "staged" {
-                assert_eq!(row.passes.len(), 5, "{row:?}");
+                assert_eq!(row.passes.len(), 6, "{row:?}");
                 assert!(row.passes.iter().all(|(_, c)| *c > 0.0), "{row:?}");
             } else {
                 assert!(row.passes.is_empty(), "{row:?}");

@@ -10,9 +10,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use flowplane_nf::upf::rules::{
-    ip128, teid_key, FarAction, FarSpec, Fields, Hot, Iface, PdrSpec, RuleSet, SessionSpec,
-};
+use flowplane_nf::upf::rules::{ip128, FarAction, FarSpec, Fields, Hot, Iface, PdrSpec, RuleSet, SessionSpec};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -218,7 +216,7 @@ fn check(
         let (want, got, hot) = if p.uplink {
             let want =
                 rs.session_by_teid(p.teid).and_then(|s| rs.classify(&rs.sessions[s as usize], true, p.teid, p.qfi, &f));
-            let slot = rs.teids.get(teid_key(p.teid));
+            let slot = rs.teids.get(p.teid);
             let got = slot.and_then(|e| rs.classify_hot(&e.hot, e.ue4, true, p.teid, p.qfi, &f));
             (want, got, slot.map(|e| e.hot))
         } else {

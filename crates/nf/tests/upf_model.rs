@@ -191,7 +191,9 @@ fn session(rules: &[Rule], teids: &[u32]) -> SessionSpec {
             FarSpec { id: 2, action: FarAction::Drop, destination: None, ohc_teid: None, ohc_addr: None },
         ],
         qers: vec![],
-        urrs: (0..rules.len()).map(|i| UrrSpec { id: i as u32 + 1, volume_threshold: None }).collect(),
+        urrs: (0..rules.len())
+            .map(|i| UrrSpec { id: i as u32 + 1, volume_threshold: None, ..Default::default() })
+            .collect(),
     }
 }
 

@@ -21,7 +21,6 @@ use flowplane_nf::upf::{Upf, UpfConfig};
 use flowplane_nf::{Nf, NfContext};
 use flowplane_packet::{Batch, PacketPool, PoolConfig};
 
-#[allow(dead_code)] // write_pcap: the scapy SMF writes its own capture
 mod common;
 
 const N3: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
@@ -390,7 +389,8 @@ fn stat(c: &UpfControl, f: fn(&control::ControlStats) -> &std::sync::atomic::Ato
 
 /// Issue 32's N4 trust defects, each reproduced: requests from a source
 /// without an association, a spoofed release, another association's
-/// session, a resent establishment, sequential SEIDs.
+/// session, a resent establishment, sequential SEIDs (and, item 3,
+/// sequential UPF-chosen TEIDs).
 #[test]
 fn n4_trust_retransmissions_and_unpredictable_seids() {
     let ctl = UpfControl::new(Arc::new(RuleSet::default()));
@@ -447,14 +447,25 @@ fn n4_trust_retransmissions_and_unpredictable_seids() {
     let r = a.send(&mut ep, &m.finish());
     assert_eq!((r.h.msg_type, r.cause()), (msg::ASSOC_UPDATE_RSP, cause::ACCEPTED));
 
-    // UP SEIDs: non-zero, distinct, not a sequence.
-    let mut seids = vec![seid_a];
+    // UP SEIDs and UPF-chosen TEIDs: non-zero, distinct, not a sequence.
+    let (mut seids, mut teids) = (vec![seid_a], Vec::new());
     for ue in 2..40u8 {
         let m = a.establishment(ue, if ue % 2 == 0 { 8 } else { 7 });
         let r = a.send(&mut ep, &m);
         assert_eq!(r.cause(), cause::ACCEPTED, "UE {ue}");
         seids.push(pfcp::decode_fseid(r.get(ie::F_SEID).unwrap()).unwrap());
+        let created = pfcp::ies(r.get(ie::CREATED_PDR).unwrap()).unwrap();
+        match pfcp::decode_fteid(created.iter().find(|i| i.ty == ie::F_TEID).unwrap().value).unwrap() {
+            pfcp::FTeid::Teid(t) => teids.push(t),
+            pfcp::FTeid::Choose => panic!("a chosen TEID"),
+        }
     }
+    let mut sorted_teids = teids.clone();
+    sorted_teids.sort_unstable();
+    sorted_teids.dedup();
+    assert!(sorted_teids.len() == teids.len() && !teids.contains(&0), "TEIDs unique, non-zero: {teids:x?}");
+    // A sequence (as before: 0x10000000, 0x10000001, ...) has neighbours 1 apart; random ones rarely within 256.
+    assert!(teids.windows(2).all(|w| w[1].abs_diff(w[0]) > 256), "TEIDs unpredictable: {teids:x?}");
     let mut sorted = seids.clone();
     sorted.sort_unstable();
     sorted.dedup();
@@ -759,4 +770,370 @@ fn an_independent_smf_scapy_drives_every_procedure() {
     for t in ["5", "6", "7", "8", "9", "10", "1", "2", "14", "15", "50", "51", "52", "53", "54", "55"] {
         assert!(rows.iter().any(|r| r[0] == t), "message type {t} in the exchange");
     }
+}
+
+/// The IEs of a Usage Report grouped IE: (URR ID, UR-SEQN, trigger, [total, UL, DL bytes, total, UL, DL packets]).
+fn usage_of(v: &[u8]) -> (u32, u32, [u8; 3], [u64; 6]) {
+    let g = pfcp::ies(v).unwrap();
+    let get = |t: u16| g.iter().find(|i| i.ty == t).unwrap_or_else(|| panic!("IE {t} in the Usage Report")).value;
+    let u32_at = |b: &[u8]| u32::from_be_bytes(b[..4].try_into().unwrap());
+    let vm = get(ie::VOLUME_MEASUREMENT);
+    assert_eq!(vm[0], 0x3f, "TOVOL ULVOL DLVOL TONOP ULNOP DLNOP");
+    let mut vol = [0u64; 6];
+    for (k, x) in vol.iter_mut().enumerate() {
+        *x = u64::from_be_bytes(vm[1 + 8 * k..9 + 8 * k].try_into().unwrap());
+    }
+    let t = get(ie::USAGE_REPORT_TRIGGER);
+    (u32_at(get(ie::URR_ID)), u32_at(get(ie::UR_SEQN)), [t[0], t[1], t[2]], vol)
+}
+
+/// The IP lengths (from each inner IP header's own length field) of uplink
+/// G-PDUs built by `gtpu4` over `udp4` (inner at 14 + 20 + 8 + 16 with a PDU
+/// Session Container) and of plain downlink frames.
+fn ip_len_at(f: &[u8], at: usize) -> u64 {
+    u64::from(u16::from_be_bytes([f[at + 2], f[at + 3]]))
+}
+
+/// Issue 32 item 2: usage reporting exact across two cores. A session's URR
+/// counts on two `upf` cores sharing one endpoint; its volume threshold
+/// report, Query URR answer and final report at deletion carry the whole
+/// session's usage since the previous report (UL, DL, total bytes and
+/// packets: the sums of both cores' packets); the Session Report Request
+/// goes to the CP F-SEID's address (not the association's) and is resent
+/// every T1, N1 times, then given up; a volume quota stops the traffic.
+#[test]
+fn usage_reports_are_exact_across_cores_and_retransmitted() {
+    let ctl = UpfControl::new(Arc::new(RuleSet::default()));
+    let mut cfg = control::N4Config::new(N3);
+    cfg.heartbeat = Duration::ZERO;
+    cfg.t1 = Duration::from_millis(100);
+    cfg.n1 = 2;
+    let mut ep = control::Endpoint::with_config(cfg, &[], Arc::clone(&ctl));
+    let mut cores = [
+        Upf::with_control(UpfConfig::default(), Arc::clone(&ctl)),
+        Upf::with_control(UpfConfig::default(), Arc::clone(&ctl)),
+    ];
+    let smf = SocketAddr::from(([127, 0, 0, 1], 8805));
+    associate(&mut ep, smf);
+    // The SMF's F-SEID names another address than the association's: reports go there.
+    let cp = Ipv4Addr::new(127, 0, 0, 9);
+    let mut w = Writer::message(msg::SESS_EST_REQ, Some(0), 1);
+    w.ie(ie::NODE_ID, &enc::node_id_v4(Ipv4Addr::LOCALHOST)).ie(ie::F_SEID, &enc::fseid(0xcafe, cp));
+    create_pdr(&mut w, 1, 10, true, None, "permit out ip from any to assigned", 1);
+    create_pdr(&mut w, 2, 10, false, None, "permit out ip from any to assigned", 2);
+    w.group(ie::CREATE_FAR).ie(ie::FAR_ID, &1u32.to_be_bytes()).ie(ie::APPLY_ACTION, &[0x02]);
+    w.group(ie::FORWARDING_PARAMETERS).ie(ie::DESTINATION_INTERFACE, &[1]).end().end();
+    w.group(ie::CREATE_FAR).ie(ie::FAR_ID, &2u32.to_be_bytes()).ie(ie::APPLY_ACTION, &[0x02]);
+    w.group(ie::FORWARDING_PARAMETERS).ie(ie::DESTINATION_INTERFACE, &[0]);
+    w.ie(ie::OUTER_HEADER_CREATION, &enc::ohc_gtpu_v4(0x77, GNB.into())).end().end();
+    w.group(ie::CREATE_URR).ie(ie::URR_ID, &1u32.to_be_bytes());
+    w.ie(ie::VOLUME_THRESHOLD, &enc::total_volume(1_000)).end();
+    let r = decode(&ep.handle(&w.finish(), smf).unwrap());
+    assert_eq!(r.cause(), cause::ACCEPTED);
+    let up_seid = pfcp::decode_fseid(r.get(ie::F_SEID).unwrap()).unwrap();
+    let created = pfcp::ies(r.get(ie::CREATED_PDR).unwrap()).unwrap();
+    let pfcp::FTeid::Teid(teid) =
+        pfcp::decode_fteid(created.iter().find(|i| i.ty == ie::F_TEID).unwrap().value).unwrap()
+    else {
+        panic!("a chosen TEID")
+    };
+    let up = |n: usize| gtpu4(GNB, N3.octets(), teid, Some(9), &udp4(UE, DN, 4000, 53 + n as u16)[14..]);
+    let down = |n: usize| udp4(DN, UE, 53, 4000 + n as u16);
+    // Traffic split over the cores; the expected usage from the frames' own IP length fields.
+    let mut want = [0u64; 4]; // UL bytes, UL packets, DL bytes, DL packets
+    let mut send = |cores: &mut [Upf; 2], ul: usize, dl: usize| {
+        for k in 0..ul {
+            let f = up(k);
+            want[0] += ip_len_at(&f, 14 + 20 + 8 + 16);
+            want[1] += 1;
+            assert!(run(&mut cores[k % 2], &[f])[0].is_some());
+        }
+        for k in 0..dl {
+            let f = down(k);
+            want[2] += ip_len_at(&f, 14);
+            want[3] += 1;
+            assert!(run(&mut cores[(k + 1) % 2], &[f])[0].is_some());
+        }
+        let w = want;
+        want = [0; 4];
+        w
+    };
+    let check = |vol: [u64; 6], w: [u64; 4], what: &str| {
+        assert_eq!(vol, [w[0] + w[2], w[0], w[2], w[1] + w[3], w[1], w[3]], "{what}");
+    };
+    let t0 = std::time::Instant::now();
+    // Over half the threshold on a core (a nudge), under it in all: no report.
+    let first = send(&mut cores, 6, 6);
+    assert!((first[0] + first[2]) * 2 > 1_000 && first[0] + first[2] < 1_000, "{first:?}");
+    assert!(ep.report_requests_at(t0).is_empty(), "under 1,000 bytes: no report yet");
+    // More: no core alone at 1,000 bytes, both together past it: the endpoint's sum crosses the threshold.
+    let second = send(&mut cores, 6, 6);
+    let sent = ep.report_requests_at(t0);
+    assert_eq!(sent.len(), 1, "one Session Report Request");
+    let (to, bytes) = &sent[0];
+    assert_eq!(*to, SocketAddr::from((cp, 8805)), "to the CP F-SEID's address");
+    let r = decode(bytes);
+    assert_eq!((r.h.msg_type, r.h.seid), (msg::SESS_REPORT_REQ, Some(0xcafe)));
+    let (id, seqn, trig, vol) = usage_of(r.get(ie::USAGE_REPORT_SRR).unwrap());
+    assert_eq!((id, seqn, trig), (1, 0, [0x02, 0, 0]), "VOLTH");
+    check(
+        vol,
+        [first[0] + second[0], first[1] + second[1], first[2] + second[2], first[3] + second[3]],
+        "threshold report: both cores",
+    );
+
+    // Unanswered: sent again every T1, N1 = 2 times, then given up.
+    let mut resent = 0;
+    for k in 1..=5u32 {
+        for (t, b) in ep.tick(t0 + Duration::from_millis(100) * k) {
+            assert_eq!((t, b.as_slice()), (*to, bytes.as_slice()), "the same request again");
+            resent += 1;
+        }
+    }
+    assert_eq!((resent, stat(&ctl, |s| &s.reports_retransmitted), stat(&ctl, |s| &s.reports_unanswered)), (2, 2, 1));
+
+    // Query URR: the usage since the threshold report.
+    let third = send(&mut cores, 3, 2);
+    let mut w = Writer::message(msg::SESS_MOD_REQ, Some(up_seid), 2);
+    w.group(ie::QUERY_URR).ie(ie::URR_ID, &1u32.to_be_bytes()).end();
+    let r = decode(&ep.handle(&w.finish(), smf).unwrap());
+    assert_eq!(r.cause(), cause::ACCEPTED);
+    let (id, seqn, trig, vol) = usage_of(r.get(ie::USAGE_REPORT_MODR).expect("a Usage Report in the response"));
+    assert_eq!((id, seqn, trig), (1, 1, [0x80, 0, 0]), "IMMER");
+    check(vol, third, "query: since the last report");
+
+    // Deletion: the final report (TERMR) with what was counted since the query.
+    let fifth = send(&mut cores, 2, 5);
+    let r = decode(&ep.handle(&Writer::message(msg::SESS_DEL_REQ, Some(up_seid), 4).finish(), smf).unwrap());
+    assert_eq!(r.cause(), cause::ACCEPTED);
+    let (_, seqn, trig, vol) = usage_of(r.get(ie::USAGE_REPORT_SDR).expect("the final Usage Report"));
+    assert_eq!((seqn, trig), (2, [0, 0x08, 0]), "TERMR");
+    check(vol, fifth, "final report");
+    assert!(cores.iter_mut().all(|c| run(c, &[up(0)])[0].is_none()), "the session is gone");
+}
+
+/// The frames of a classic pcap file (as scapy writes it).
+fn read_pcap(path: &str) -> Vec<Vec<u8>> {
+    let b = std::fs::read(path).expect("the phase's pcap");
+    let (mut at, mut out) = (24, Vec::new());
+    while at + 16 <= b.len() {
+        let n = u32::from_le_bytes(b[at + 8..at + 12].try_into().unwrap()) as usize;
+        out.push(b[at + 16..at + 16 + n].to_vec());
+        at += 16 + n;
+    }
+    out
+}
+
+/// tshark's per-session sums of the packets of `path` (GTP dissector) in
+/// each of `phases` (frame ranges): uplink (G-PDUs to `teid`: the inner IP's
+/// length) and downlink (to the UE) bytes and packets, as [total, UL, DL
+/// bytes, total, UL, DL packets].
+fn tshark_sums(path: &str, teid: u32, phases: &[std::ops::Range<usize>]) -> Option<Vec<[u64; 6]>> {
+    let args =
+        ["-n", "-r", path, "-T", "fields", "-E", "separator=|", "-e", "gtp.teid", "-e", "ip.dst", "-e", "ip.len"];
+    let out = common::tshark(&args)?;
+    let rows: Vec<&str> = out.lines().collect();
+    let mut sums = Vec::new();
+    for r in phases {
+        let mut s = [0u64; 6];
+        for l in &rows[r.clone()] {
+            let f: Vec<&str> = l.split('|').collect();
+            let last = |x: &str| x.rsplit(',').next().unwrap_or("").to_string();
+            let len: u64 = last(f[2]).parse().unwrap();
+            let t = f[0].trim();
+            if !t.is_empty() {
+                let v =
+                    t.strip_prefix("0x").map_or_else(|| t.parse().unwrap(), |h| u32::from_str_radix(h, 16).unwrap());
+                if v == teid {
+                    (s[1], s[4]) = (s[1] + len, s[4] + 1);
+                }
+            } else if last(f[1]) == "10.45.0.1" {
+                (s[2], s[5]) = (s[2] + len, s[5] + 1);
+            }
+        }
+        (s[0], s[3]) = (s[1] + s[2], s[4] + s[5]);
+        sums.push(s);
+    }
+    Some(sums)
+}
+
+/// The scapy SMF (`pfcp/smf_usage.py`) drives usage reporting while the
+/// test runs its traffic through `cores` `upf` instances sharing one
+/// endpoint (packets spread over them): the threshold report (left
+/// unanswered: N1 + 1 sends T1 apart, counted by the script), the Query URR
+/// answer and the final report at deletion each carry exactly tshark's
+/// per-session sums of that phase's packets; tshark finds no malformed PFCP.
+fn usage_over_scapy(cores: usize) {
+    let ctl = UpfControl::new(Arc::new(RuleSet::default()));
+    let mut cfg = control::N4Config::new(N3);
+    cfg.heartbeat = Duration::ZERO;
+    cfg.t1 = Duration::from_millis(200);
+    cfg.n1 = 2;
+    let mut ep = control::Endpoint::with_config(cfg, &[], Arc::clone(&ctl));
+    let mut upfs: Vec<Upf> = (0..cores).map(|_| Upf::with_control(UpfConfig::default(), Arc::clone(&ctl))).collect();
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(5))).unwrap();
+    let dir = std::env::temp_dir().join(format!("flowplane-usage-{}-{cores}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pcap = dir.join("pfcp.pcap");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pfcp/smf_usage.py");
+    let mut child = std::process::Command::new(python())
+        .arg(&script)
+        .arg(sock.local_addr().unwrap().port().to_string())
+        .arg(&pcap)
+        .arg(&dir)
+        .args(["200", "2"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the scapy SMF");
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let (mut phases, mut usage, mut teid, mut lines) = (Vec::new(), Vec::new(), 0u32, Vec::new());
+    let mut traffic = Vec::new();
+    let mut buf = [0u8; 65536];
+    let started = std::time::Instant::now();
+    'run: loop {
+        assert!(started.elapsed() < Duration::from_secs(30), "scapy SMF: {lines:?}");
+        if let Ok((n, from)) = sock.recv_from(&mut buf) {
+            if let Some(r) = ep.handle(&buf[..n], from) {
+                sock.send_to(&r, from).unwrap();
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(l) => {
+                    lines.push(l.clone());
+                    let w: Vec<&str> = l.split(' ').collect();
+                    match w[0] {
+                        "SESSION" => teid = w[1].parse().unwrap(),
+                        "TRAFFIC" => {
+                            // The phase's packets spread over the cores (several per batch).
+                            let frames = read_pcap(w[2]);
+                            for (k, chunk) in frames.chunks(3).enumerate() {
+                                let _ = run(&mut upfs[k % cores], chunk);
+                            }
+                            phases.push(traffic.len()..traffic.len() + frames.len());
+                            traffic.extend(frames);
+                            use std::io::Write;
+                            writeln!(stdin, "done").unwrap();
+                        }
+                        "USAGE" => usage.push(w[2..].iter().map(|x| x.parse::<u64>().unwrap()).collect::<Vec<_>>()),
+                        "OK" => break 'run,
+                        _ => panic!("scapy SMF: {lines:?}"),
+                    }
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => break 'run,
+            }
+        }
+        let now = std::time::Instant::now();
+        for (to, m) in ep.tick(now).into_iter().chain(ep.report_requests()) {
+            sock.send_to(&m, to).unwrap();
+        }
+    }
+    assert!(child.wait().unwrap().success(), "scapy SMF: {lines:?}");
+    assert_eq!((phases.len(), usage.len()), (3, 3), "{lines:?}");
+    assert_eq!(stat(&ctl, |s| &s.reports_retransmitted), 2);
+    // Every phase's packets in one capture: one tshark run.
+    let all_traffic = dir.join("traffic.pcap");
+    common::write_pcap(&all_traffic, &traffic);
+    let Some(want) = tshark_sums(all_traffic.to_str().unwrap(), teid, &phases) else { return };
+    for (k, (u, w)) in usage.iter().zip(&want).enumerate() {
+        assert!(w[4] > 0 && w[5] > 0, "phase {}: traffic both ways", k + 1);
+        assert_eq!(u[..], w[..], "{cores} cores, phase {}: reported usage vs tshark's sums", k + 1);
+    }
+    let fields = [
+        "-T",
+        "fields",
+        "-E",
+        "separator=|",
+        "-e",
+        "pfcp.msg_type",
+        "-e",
+        "_ws.malformed",
+        "-e",
+        "_ws.expert.severity",
+    ];
+    let all = common::tshark(&[&["-n", "-r", pcap.to_str().unwrap()], &fields[..]].concat()).unwrap();
+    assert!(all.lines().all(|l| l.starts_with(|c: char| c.is_ascii_digit()) && l.ends_with("||")), "tshark: {all}");
+    for t in ["56", "53", "55"] {
+        assert!(all.lines().any(|l| l.split('|').next() == Some(t)), "message type {t}: {all}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn usage_reports_match_tshark_on_one_core() {
+    usage_over_scapy(1);
+}
+
+#[test]
+fn usage_reports_match_tshark_on_two_cores() {
+    usage_over_scapy(2);
+}
+
+/// Issue 32 item 2's other triggers on two cores: a volume quota reached by
+/// the two cores together is reported once (VOLQU) with the whole usage,
+/// then both cores drop the URR's traffic (counted); a Measurement Period
+/// brings a periodic report (PERIO) with the usage since the last report.
+#[test]
+fn a_volume_quota_stops_traffic_on_every_core_and_periods_report() {
+    let ctl = UpfControl::new(Arc::new(RuleSet::default()));
+    let mut cfg = control::N4Config::new(N3);
+    cfg.heartbeat = Duration::ZERO;
+    let mut ep = control::Endpoint::with_config(cfg, &[], Arc::clone(&ctl));
+    let mut cores = [
+        Upf::with_control(UpfConfig::default(), Arc::clone(&ctl)),
+        Upf::with_control(UpfConfig::default(), Arc::clone(&ctl)),
+    ];
+    let smf = SocketAddr::from(([127, 0, 0, 1], 8805));
+    associate(&mut ep, smf);
+    let mut w = Writer::message(msg::SESS_EST_REQ, Some(0), 1);
+    w.ie(ie::NODE_ID, &enc::node_id_v4(Ipv4Addr::LOCALHOST)).ie(ie::F_SEID, &enc::fseid(0xbeef, Ipv4Addr::LOCALHOST));
+    create_pdr(&mut w, 1, 10, true, None, "permit out ip from any to assigned", 1);
+    w.group(ie::CREATE_FAR).ie(ie::FAR_ID, &1u32.to_be_bytes()).ie(ie::APPLY_ACTION, &[0x02]);
+    w.group(ie::FORWARDING_PARAMETERS).ie(ie::DESTINATION_INTERFACE, &[1]).end().end();
+    w.group(ie::CREATE_URR).ie(ie::URR_ID, &1u32.to_be_bytes());
+    w.ie(ie::VOLUME_QUOTA, &enc::total_volume(200)).ie(ie::MEASUREMENT_PERIOD, &60u32.to_be_bytes()).end();
+    let r = decode(&ep.handle(&w.finish(), smf).unwrap());
+    assert_eq!(r.cause(), cause::ACCEPTED);
+    let created = pfcp::ies(r.get(ie::CREATED_PDR).unwrap()).unwrap();
+    let pfcp::FTeid::Teid(teid) =
+        pfcp::decode_fteid(created.iter().find(|i| i.ty == ie::F_TEID).unwrap().value).unwrap()
+    else {
+        panic!("a chosen TEID")
+    };
+    let up = gtpu4(GNB, N3.octets(), teid, Some(9), &udp4(UE, DN, 4000, 53)[14..]);
+    let len = ip_len_at(&up, 14 + 20 + 8 + 16);
+    let t0 = std::time::Instant::now();
+    // Two packets per core: 4 x 46 = 184 bytes, under the quota.
+    for k in 0..4 {
+        assert!(run(&mut cores[k % 2], std::slice::from_ref(&up))[0].is_some());
+    }
+    assert!(ep.report_requests_at(t0).is_empty(), "under the quota");
+    // One more on core 1: 230 bytes in all (no core alone past 200).
+    assert!(run(&mut cores[1], std::slice::from_ref(&up))[0].is_some());
+    let sent = ep.report_requests_at(t0);
+    assert_eq!(sent.len(), 1);
+    let (_, _, trig, vol) = usage_of(decode(&sent[0].1).get(ie::USAGE_REPORT_SRR).unwrap());
+    assert_eq!(trig, [0, 0x01, 0], "VOLQU");
+    assert_eq!(vol, [5 * len, 5 * len, 0, 5, 5, 0]);
+    assert!(ep.report_requests_at(t0).is_empty(), "reported once");
+    for core in &mut cores {
+        assert!(run(core, std::slice::from_ref(&up))[0].is_none(), "quota used up: dropped on every core");
+        assert_eq!(core.upf_counters().quota_drop, 1);
+    }
+    // A minute on: the periodic report, with nothing counted since the quota report.
+    let sent = ep.report_requests_at(t0 + Duration::from_secs(61));
+    assert_eq!(sent.len(), 1);
+    let (_, seqn, trig, vol) = usage_of(decode(&sent[0].1).get(ie::USAGE_REPORT_SRR).unwrap());
+    assert_eq!((seqn, trig, vol), (1, [0x01, 0, 0], [0; 6]), "PERIO");
 }

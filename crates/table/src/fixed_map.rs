@@ -18,7 +18,10 @@
 //!   the index never needs a rebuild.
 //!
 //! All memory is taken at construction: the index (zeroed by the allocator,
-//! so its pages are touched only as used), the slab's and the free list's
+//! so its pages are touched only as used), the slab (one allocation aligned
+//! to a cache line whatever the entry's alignment: a 32-byte entry never
+//! straddles two lines, so a lookup reads one index line and one entry
+//! line — the UPF's TEID index relies on it) and the free list's
 //! capacity (entries are written the first time their slot is used, never
 //! moved or reallocated) and a live bitmap. Nothing allocates afterwards; an
 //! insert into a full map returns [`TableError::Full`] (it never grows, never
@@ -36,6 +39,9 @@
 //! generation checks (see fw) and prefetch hints.
 
 use core::marker::PhantomData;
+use core::ops::{Deref, DerefMut};
+use core::ptr::NonNull;
+use std::alloc::Layout;
 
 use crate::error::TableError;
 
@@ -85,6 +91,104 @@ struct Entry<K, V> {
     key: K,
 }
 
+/// The slab's storage: room for `cap` entries in one allocation aligned to at least 64 bytes (a `Vec` is
+/// aligned only to its element, so entries of 32 bytes from `malloc` (16 mod 64) would straddle lines);
+/// entries `0..len` are initialised, written only by [`Slab::push`] or through the slice.
+struct Slab<E> {
+    ptr: NonNull<E>,
+    cap: usize,
+    len: usize,
+}
+
+// SAFETY: a Slab uniquely owns its entries (like a `Vec<E>`): sending it sends the entries, sharing it shares `&[E]`.
+unsafe impl<E: Send> Send for Slab<E> {}
+// SAFETY: as above; `&Slab` gives only `&[E]`.
+unsafe impl<E: Sync> Sync for Slab<E> {}
+
+impl<E: Copy> Slab<E> {
+    fn layout(cap: usize) -> Option<Layout> {
+        let bytes = cap.checked_mul(size_of::<E>())?;
+        Layout::from_size_align(bytes, align_of::<E>().max(64)).ok()
+    }
+
+    fn with_capacity(cap: usize) -> Result<Self, TableError> {
+        let oom = TableError::OutOfMemory { bytes: cap.saturating_mul(size_of::<E>()) };
+        let layout = Self::layout(cap).ok_or(oom.clone())?;
+        let ptr = if layout.size() == 0 {
+            NonNull::dangling()
+        } else {
+            // SAFETY: the layout's size is non-zero (checked above).
+            NonNull::new(unsafe { std::alloc::alloc(layout) }.cast::<E>()).ok_or(oom)?
+        };
+        Ok(Slab { ptr, cap, len: 0 })
+    }
+
+    /// Appends `e`; the caller keeps `len < cap` (checked: a full slab panics rather than writing out of bounds).
+    #[inline]
+    fn push(&mut self, e: E) {
+        assert!(self.len < self.cap, "FixedMap slab overflow");
+        // SAFETY: len < cap, so the slot lies inside the allocation (or E is zero-sized); writing an
+        // uninitialised slot with `write` drops nothing.
+        unsafe { self.ptr.as_ptr().add(self.len).write(e) };
+        self.len += 1;
+    }
+
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// The whole allocation as bytes' address range, for the hugepage hint (no entry is read).
+    fn span(&self) -> (usize, usize) {
+        (self.ptr.as_ptr() as usize, self.cap * size_of::<E>())
+    }
+}
+
+impl<E> Deref for Slab<E> {
+    type Target = [E];
+    #[inline(always)]
+    fn deref(&self) -> &[E] {
+        // SAFETY: entries 0..len were written by `push` and are never uninitialised again; the pointer is
+        // aligned for E and valid for `cap >= len` entries while `self` lives.
+        unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<E> DerefMut for Slab<E> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut [E] {
+        // SAFETY: as in `deref`; `&mut self` makes the access exclusive.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<E> Drop for Slab<E> {
+    fn drop(&mut self) {
+        let size = self.cap * size_of::<E>();
+        if size != 0 {
+            // Entries are Copy (no destructor): only the memory is released, with the layout it was taken with.
+            // SAFETY: ptr was allocated in `with_capacity` with exactly this size and alignment.
+            unsafe {
+                std::alloc::dealloc(
+                    self.ptr.as_ptr().cast(),
+                    Layout::from_size_align_unchecked(size, align_of::<E>().max(64)),
+                )
+            };
+        }
+    }
+}
+
+impl<E: Copy> Slab<E> {
+    /// A copy with the same capacity.
+    fn try_clone(&self) -> Self {
+        let mut c = Slab::with_capacity(self.cap).expect("FixedMap clone: cannot allocate the slab");
+        for &e in self.iter() {
+            c.push(e);
+        }
+        c
+    }
+}
+
 /// Largest capacity: slots are stored as `slot + 1` in 32 bits.
 pub const FIXED_MAP_MAX: usize = (u32::MAX - 1) as usize;
 
@@ -94,7 +198,7 @@ pub struct FixedMap<K, V, H> {
     index: Vec<u64>,
     mask: usize,
     /// Entries ever used (`len()` is the high-water mark); capacity `cap`, never reallocated.
-    slab: Vec<Entry<K, V>>,
+    slab: Slab<Entry<K, V>>,
     /// One bit per slot: the slot holds a live entry.
     live: Vec<u64>,
     /// Freed slots, reused last-in-first-out (capacity `cap`).
@@ -118,8 +222,7 @@ impl<K: Copy + Eq, V: Copy, H: KeyHash<K>> FixedMap<K, V, H> {
             .ok_or(TableError::OutOfMemory { bytes: usize::MAX })?
             .max(16);
         let oom = |bytes: usize| TableError::OutOfMemory { bytes };
-        let mut slab = Vec::new();
-        slab.try_reserve_exact(capacity).map_err(|_| oom(capacity.saturating_mul(size_of::<Entry<K, V>>())))?;
+        let slab = Slab::with_capacity(capacity)?;
         let mut free = Vec::new();
         free.try_reserve_exact(capacity).map_err(|_| oom(capacity.saturating_mul(4)))?;
         // Zeroed words come from calloc: the index's pages are touched only when used.
@@ -127,7 +230,8 @@ impl<K: Copy + Eq, V: Copy, H: KeyHash<K>> FixedMap<K, V, H> {
         let live = vec![0u64; capacity.div_ceil(64)];
         // Both read at random: ask for hugepages (the slab's pages fault in as slots are first used).
         crate::huge::advise_hugepages(&index);
-        crate::huge::advise_hugepages(slab.spare_capacity_mut());
+        let (at, bytes) = slab.span();
+        crate::huge::advise_range(at, bytes);
         Ok(FixedMap { index, mask: slots - 1, slab, live, free, cap: capacity, len: 0, cursor: 0, _h: PhantomData })
     }
 
@@ -410,6 +514,25 @@ impl<K: Copy + Eq, V: Copy, H: KeyHash<K>> FixedMap<K, V, H> {
         &self.index[hash as usize & self.mask]
     }
 
+    /// The slot of the first index word from `hash`'s home position whose hash bits are `hash` (a hint: the
+    /// index alone is read, the key is not compared): prefetch [`Self::peek_at`] of it one stage before the
+    /// lookup, after prefetching [`Self::home_word`] one stage earlier. Unlike [`Self::home_slot`] it also
+    /// names an entry displaced by a collision (probing stops at an empty word, as a lookup would).
+    #[inline(always)]
+    pub fn probe_hint(&self, hash: u32) -> Option<usize> {
+        let mut i = hash as usize & self.mask;
+        loop {
+            let e = self.index[i];
+            if e == 0 {
+                return None;
+            }
+            if (e >> 32) as u32 == hash {
+                return Some((e as u32 - 1) as usize);
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
     /// The slot named by the home index word when its hash bits are `hash` (a hint: the key is not compared,
     /// the entry may sit further along the probe sequence): prefetch [`Self::peek_at`] of it.
     #[inline(always)]
@@ -423,8 +546,7 @@ impl<K: Copy, V: Copy, H> Clone for FixedMap<K, V, H> {
     /// A copy with the same capacity reserved (a `Vec` clone would keep only the used length, and the copy
     /// would reallocate when it grows).
     fn clone(&self) -> Self {
-        let mut slab = Vec::with_capacity(self.cap);
-        slab.extend_from_slice(&self.slab);
+        let slab = self.slab.try_clone();
         let mut free = Vec::with_capacity(self.cap);
         free.extend_from_slice(&self.free);
         FixedMap {
@@ -578,6 +700,34 @@ mod tests {
         let _ = format!("{c:?}");
     }
 
+    /// 32-byte entries start on a cache line or half way through one: never across two (a `Vec` from malloc
+    /// would put every other one across a line boundary).
+    #[test]
+    fn slab_is_line_aligned_so_small_entries_never_straddle() {
+        #[derive(Clone, Copy)]
+        struct V28([u32; 7]);
+        for cap in [1, 100, 70_000] {
+            let mut m = FixedMap::<u32, V28, FibHash>::new(cap).unwrap();
+            m.insert(5, V28([1; 7])).unwrap();
+            let at = m.peek_at(0).unwrap() as *const V28 as usize;
+            assert_eq!((at % 64, size_of::<Entry<u32, V28>>()), (0, 32), "cap {cap}");
+            assert_eq!(m.get(&5).map(|v| v.0[6]), Some(1));
+            let c = m.clone();
+            assert_eq!(c.peek_at(0).unwrap() as *const V28 as usize % 64, 0);
+        }
+        // Zero-sized entries need no memory.
+        let mut z = FixedMap::<(), (), Unit>::new(3).unwrap();
+        assert_eq!(z.insert((), ()), Ok(0));
+        assert_eq!((z.len(), z.get(&()).is_some()), (1, true));
+    }
+
+    struct Unit;
+    impl KeyHash<()> for Unit {
+        fn hash(_: &()) -> u32 {
+            1
+        }
+    }
+
     #[test]
     fn home_hints_name_the_entry() {
         let mut m = M::new(16).unwrap();
@@ -586,6 +736,7 @@ mod tests {
         assert_eq!(*m.home_word(h) as u32 as usize, s + 1);
         assert_eq!(m.home_slot(h), Some(s));
         assert_eq!(m.home_slot(h ^ 1), None);
+        assert_eq!(m.probe_hint(h), Some(s));
         assert_eq!(m.find_hashed(h, &77), Some(s));
     }
 }

@@ -74,15 +74,20 @@ const HUGE: usize = 2 << 20;
 /// (`MADV_COLLAPSE`, Linux 6.1+). A hint: the contents never change, and
 /// failure (an older kernel, no THP, a small array) only costs TLB misses.
 pub fn advise_hugepages<T>(s: &[T]) {
-    let start = s.as_ptr() as usize;
-    let end = start + std::mem::size_of_val(s);
+    advise_range(s.as_ptr() as usize, std::mem::size_of_val(s));
+}
+
+/// [`advise_hugepages`] for `bytes` bytes at address `start` of an allocation the caller owns (memory not
+/// initialised yet, as a map's reserved slab): the hint neither reads nor writes it.
+pub(crate) fn advise_range(start: usize, bytes: usize) {
+    let end = start + bytes;
     let (a, b) = (start.next_multiple_of(HUGE), end & !(HUGE - 1));
     if b <= a || cfg!(miri) {
         return;
     }
     #[cfg(target_os = "linux")]
-    // SAFETY: [a, b) lies inside the allocation backing `s`, which the borrow
-    // keeps alive for the call; MADV_HUGEPAGE and MADV_COLLAPSE change only
+    // SAFETY: [a, b) lies inside the allocation the caller owns and keeps
+    // alive for the call; MADV_HUGEPAGE and MADV_COLLAPSE change only
     // the size of the pages backing the range, never its contents, mapping or
     // permissions, so no reference into it is invalidated.
     unsafe {

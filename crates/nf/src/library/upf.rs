@@ -18,13 +18,18 @@
 //! The NF is a batch element: its state is the provisioned rule set
 //! ([`rules::RuleSet`], loaded from `sessions=FILE` or swapped in whole by
 //! the control plane between batches, so no packet sees half a session)
-//! plus per-core QER buckets and URR counters. It changes packet lengths
+//! plus per-core QER buckets and URR counters. A core's URR counters are
+//! [`Cell`]s on a [`Board`] the PFCP endpoint also holds: the core writes
+//! them (plain stores, one writer), the endpoint sums every core's cell of a
+//! URR when it reports, so reports are exact across cores; a core only
+//! nudges the endpoint when its share reaches the URR's volume threshold
+//! divided by the number of cores. It changes packet lengths
 //! (encapsulation, decapsulation), which only a batch element may do; put
 //! 5-tuple NFs that should see inner headers after it in a separate chain.
-//! `mode=staged` (default) walks a batch in five passes, each prefetching
+//! `mode=staged` (default) walks a batch in six passes, each prefetching
 //! what the next reads, so the lookups of a batch overlap: parse (prefetch
-//! the TEID or UE index slot, which holds what classifying needs of the
-//! session), lookup (prefetch the session's compiled classifier, see
+//! the TEID or UE index's home word), probe (prefetch the index entry the
+//! word names, which holds what classifying needs of the session), lookup (prefetch the session's compiled classifier, see
 //! [`cls`]), classify (prefetch the matched PDR's [`rules::Act`]: its rule
 //! references with the FAR copied in), prepare (prefetch the URR counters and
 //! QER buckets), act. `mode=rtc` does each packet to completion (the baseline).
@@ -48,7 +53,8 @@ pub mod table;
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use flowplane_packet::{prefetch, tsc, Batch, DROP, MAX_BATCH};
 use flowplane_wire::checksum;
@@ -56,7 +62,7 @@ use flowplane_wire::frame::PktMeta;
 use flowplane_wire::gtpu::{self, GtpuPacket, PduSessionInfo, PduType};
 use serde_json::{json, Map, Value};
 
-use self::rules::{Act, FarAction, Fields, Hot, Iface, RuleSet, SessionsFile, NONE};
+use self::rules::{Act, FarAction, Fields, Hot, Iface, Index, RuleSet, SessionsFile, TeidSlot, UeSlot, NONE};
 use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::Export;
 use crate::{Nf, NfContext, NfCounters, ParamError, ParamSpec, Params};
@@ -88,7 +94,7 @@ const USAGE: ParamSpec = ParamSpec::bool("usage", true, "list per-URR usage in t
 const PROFILE: ParamSpec = ParamSpec::bool(
     "profile",
     false,
-    "staged mode: report TSC cycles per packet of each pass (parse, lookup, PDRs, classify, act); a few cycles per packet",
+    "staged mode: report TSC cycles per packet of each pass (parse, probe, lookup, classify, prepare, act); a few cycles per packet",
 );
 const PFCP: ParamSpec = ParamSpec::text(
     "pfcp",
@@ -252,6 +258,8 @@ pub struct UpfCounters {
     pub usage_reports: u64,
     /// Usage reports lost because the queue was full.
     pub usage_reports_lost: u64,
+    /// Dropped because a URR's volume quota was used up.
+    pub quota_drop: u64,
 }
 
 impl UpfCounters {
@@ -268,14 +276,13 @@ impl UpfCounters {
             "gate_closed": self.gate_closed, "mbr_exceeded": self.mbr_exceeded,
             "not_ip": self.not_ip, "no_room": self.no_room,
             "usage_reports": self.usage_reports, "usage_reports_lost": self.usage_reports_lost,
+            "quota_drop": self.quota_drop,
         })
     }
 }
 
-/// A URR's counters (per core; a cache line each, with the URR's threshold,
-/// so counting a packet touches one line).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C, align(64))]
+/// A URR's usage on one core (a snapshot of its [`Cell`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
     /// Uplink IP bytes.
     pub ul_bytes: u64,
@@ -285,14 +292,114 @@ pub struct Usage {
     pub dl_bytes: u64,
     /// Downlink packets.
     pub dl_packets: u64,
-    /// Bytes since the last usage report.
-    since_report: u64,
-    /// The URR's volume threshold (a copy of the rule's; 0: none).
-    threshold: u64,
-    _pad: [u64; 2],
 }
 
-/// A usage report raised by a URR's volume threshold.
+impl Usage {
+    /// The sum of two shares.
+    pub fn plus(self, o: Usage) -> Usage {
+        Usage {
+            ul_bytes: self.ul_bytes + o.ul_bytes,
+            ul_packets: self.ul_packets + o.ul_packets,
+            dl_bytes: self.dl_bytes + o.dl_bytes,
+            dl_packets: self.dl_packets + o.dl_packets,
+        }
+    }
+
+    /// What was counted since `earlier` (a snapshot of the same counters).
+    pub fn since(self, earlier: Usage) -> Usage {
+        Usage {
+            ul_bytes: self.ul_bytes.saturating_sub(earlier.ul_bytes),
+            ul_packets: self.ul_packets.saturating_sub(earlier.ul_packets),
+            dl_bytes: self.dl_bytes.saturating_sub(earlier.dl_bytes),
+            dl_packets: self.dl_packets.saturating_sub(earlier.dl_packets),
+        }
+    }
+
+    /// Bytes both ways.
+    pub fn bytes(&self) -> u64 {
+        self.ul_bytes + self.dl_bytes
+    }
+}
+
+/// A URR's counters on one core: a cache line each, with the URR's nudge
+/// threshold, so counting a packet touches one line. Written by its core
+/// only (a relaxed load and store: plain moves, no locked instruction), read
+/// by the PFCP endpoint, which sums every core's cell of a URR when it
+/// reports: reports are exact across cores without a shared counter.
+#[derive(Debug, Default)]
+#[repr(C, align(64))]
+pub struct Cell {
+    ul_bytes: AtomicU64,
+    ul_packets: AtomicU64,
+    dl_bytes: AtomicU64,
+    dl_packets: AtomicU64,
+    /// Bytes this core counted since it last nudged the endpoint (core-private).
+    since: AtomicU64,
+    /// Nudge the endpoint after this many bytes (the URR's volume threshold
+    /// split over the cores: when the whole session reaches the threshold,
+    /// some core has counted its share; 0: none).
+    nudge_at: AtomicU64,
+    /// The endpoint found the URR's volume quota used up: drop (counted).
+    exhausted: AtomicU64,
+}
+
+#[inline(always)]
+fn bump(a: &AtomicU64, n: u64) {
+    // One writer per cell: no read-modify-write instruction needed.
+    a.store(a.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+}
+
+impl Cell {
+    /// The counters now.
+    pub fn snapshot(&self) -> Usage {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Usage {
+            ul_bytes: g(&self.ul_bytes),
+            ul_packets: g(&self.ul_packets),
+            dl_bytes: g(&self.dl_bytes),
+            dl_packets: g(&self.dl_packets),
+        }
+    }
+
+    fn from_usage(u: Usage) -> Cell {
+        let c = Cell::default();
+        c.ul_bytes.store(u.ul_bytes, Ordering::Relaxed);
+        c.ul_packets.store(u.ul_packets, Ordering::Relaxed);
+        c.dl_bytes.store(u.dl_bytes, Ordering::Relaxed);
+        c.dl_packets.store(u.dl_packets, Ordering::Relaxed);
+        c
+    }
+
+    /// Marks the URR's quota used up (or not): its packets are dropped.
+    pub fn set_exhausted(&self, on: bool) {
+        self.exhausted.store(u64::from(on), Ordering::Relaxed);
+    }
+}
+
+/// One core's URR counters for one rule set (indexed like its `urrs`).
+#[derive(Debug, Default)]
+pub struct Board {
+    /// The rule set the cells are indexed by.
+    pub rules: Arc<RuleSet>,
+    /// One cell per URR.
+    pub cells: Vec<Cell>,
+}
+
+impl Board {
+    /// This core's usage of URR `urr_id` of session `seid`, if its rule set has it.
+    pub fn usage_of(&self, seid: u64, urr_id: u32) -> Option<&Cell> {
+        let i = self
+            .rules
+            .urrs
+            .iter()
+            .position(|u| u.id == urr_id && self.rules.sessions.get(u.session as usize).is_some_and(|s| s.seid == seid))?;
+        self.cells.get(i)
+    }
+}
+
+/// A URR's volume threshold (or quota) share reached on one core: the
+/// endpoint sums every core's counters and reports if the whole session's
+/// usage reached it (without an endpoint, the report itself).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UsageReport {
     /// The session.
@@ -353,8 +460,9 @@ enum Kind {
 struct Scratch {
     metas: [PktMeta; MAX_BATCH],
     kind: [Kind; MAX_BATCH],
+    /// The index key: the TEID (uplink) or the UE address (downlink), and its hash.
     key: [u128; MAX_BATCH],
-    slot: [usize; MAX_BATCH],
+    hash: [u32; MAX_BATCH],
     /// The session's index slot's [`Hot`] (`session` NONE: unknown).
     hot: [Hot; MAX_BATCH],
     /// Uplink: the session's UE IPv4 address.
@@ -390,7 +498,12 @@ pub struct Upf {
     cfg: UpfConfig,
     rules: Arc<RuleSet>,
     qer: Vec<[Bucket; 2]>,
-    usage: table::Table<Usage>,
+    /// This core's URR counters (shared with the PFCP endpoint, which reads them).
+    board: Arc<Board>,
+    /// Its place in the endpoint's list of cores.
+    board_slot: Option<Arc<Mutex<Arc<Board>>>>,
+    /// Cores sharing the endpoint when the nudge thresholds were set.
+    split: usize,
     buffered: Vec<u64>,
     reports: Vec<UsageReport>,
     c: UpfCounters,
@@ -410,7 +523,10 @@ impl std::fmt::Debug for Upf {
 }
 
 /// The staged passes, as the profile names them.
-const PASSES: [&str; 5] = ["parse", "lookup", "classify", "prepare", "act"];
+type TeidIndex = Index<u32, TeidSlot>;
+type UeIndex = Index<u128, UeSlot>;
+
+const PASSES: [&str; 6] = ["parse", "probe", "lookup", "classify", "prepare", "act"];
 
 const ETH_IPV4: [u8; 2] = [0x08, 0x00];
 const ETH_IPV6: [u8; 2] = [0x86, 0xdd];
@@ -460,6 +576,11 @@ impl Upf {
     pub fn with_control(cfg: UpfConfig, ctl: Arc<control::UpfControl>) -> Upf {
         let (v, rules) = ctl.current();
         let mut u = Upf::new(cfg, rules);
+        // This core's counters join the endpoint's list: its reports sum every core's.
+        let slot = ctl.attach(Arc::clone(&u.board));
+        u.board_slot = Some(slot);
+        u.split = ctl.cores();
+        u.set_nudges();
         u.control = Some((ctl, v));
         u
     }
@@ -471,7 +592,7 @@ impl Upf {
             metas: [PktMeta::default(); MAX_BATCH],
             kind: [Kind::Done; MAX_BATCH],
             key: [0; MAX_BATCH],
-            slot: [0; MAX_BATCH],
+            hash: [0; MAX_BATCH],
             hot: [Hot::EMPTY; MAX_BATCH],
             ue4: [0; MAX_BATCH],
             bases: [(0, 0); MAX_BATCH],
@@ -487,7 +608,9 @@ impl Upf {
             cfg,
             rules: Arc::new(RuleSet::default()),
             qer: Vec::new(),
-            usage: table::Table::default(),
+            board: Arc::new(Board::default()),
+            board_slot: None,
+            split: 1,
             buffered: Vec::new(),
             reports,
             c: UpfCounters::default(),
@@ -516,8 +639,15 @@ impl Upf {
             let at: HashMap<(u64, u32), usize> = old.enumerate().map(|(i, k)| (k, i)).collect();
             new.map(|k| at.get(&k).and_then(|&j| state.get(j).copied()).unwrap_or_default()).collect()
         }
-        let usage =
-            carry(old.keys(&old.urrs, |u| (u.session, u.id)), new.keys(&new.urrs, |u| (u.session, u.id)), &self.usage);
+        // With each URR's quota state: a URR the endpoint stopped stays stopped.
+        // (And the bytes towards its next nudge: a new threshold applies to the count carried over.)
+        let snap: Vec<(Usage, bool, u64)> = self
+            .board
+            .cells
+            .iter()
+            .map(|c| (c.snapshot(), c.exhausted.load(Ordering::Relaxed) != 0, c.since.load(Ordering::Relaxed)))
+            .collect();
+        let usage = carry(old.keys(&old.urrs, |u| (u.session, u.id)), new.keys(&new.urrs, |u| (u.session, u.id)), &snap);
         let qer =
             carry(old.keys(&old.qers, |q| (q.session, q.id)), new.keys(&new.qers, |q| (q.session, q.id)), &self.qer);
         let mut buffered = carry(
@@ -531,14 +661,34 @@ impl Upf {
                 *b = 0;
             }
         }
-        let mut usage = table::Table::from_slice(&usage);
-        for (u, r) in usage.iter_mut().zip(&new.urrs) {
-            u.threshold = r.threshold;
-        }
+        let cells: Vec<Cell> = usage
+            .into_iter()
+            .map(|(u, x, since)| {
+                let c = Cell::from_usage(u);
+                c.set_exhausted(x);
+                c.since.store(since, Ordering::Relaxed);
+                c
+            })
+            .collect();
+        flowplane_table::huge::advise_hugepages(&cells);
         flowplane_table::huge::advise_hugepages(&qer);
-        self.usage = usage;
+        self.board = Arc::new(Board { rules: Arc::clone(&self.rules), cells });
+        self.set_nudges();
+        if let Some(slot) = &self.board_slot {
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&self.board);
+        }
         self.qer = qer;
         self.buffered = buffered;
+    }
+
+    /// Each URR's nudge threshold: its volume threshold over the cores
+    /// sharing the endpoint (quotas the endpoint polls).
+    fn set_nudges(&mut self) {
+        for (c, r) in self.board.cells.iter().zip(&self.rules.urrs) {
+            let t = r.threshold;
+            let at = if t == 0 { 0 } else { (t / self.split as u64).max(1) };
+            c.nudge_at.store(at, Ordering::Relaxed);
+        }
     }
 
     /// The rule set in use.
@@ -556,8 +706,8 @@ impl Upf {
         self.rules
             .urrs
             .iter()
-            .zip(self.usage.iter())
-            .map(|(u, c)| ((self.rules.sessions[u.session as usize].seid, u.id), *c))
+            .zip(self.board.cells.iter())
+            .map(|(u, c)| ((self.rules.sessions[u.session as usize].seid, u.id), c.snapshot()))
     }
 
     /// Takes the queued usage reports (what a PFCP Session Report Request carries).
@@ -565,7 +715,7 @@ impl Upf {
         std::mem::replace(&mut self.reports, Vec::with_capacity(self.cfg.reports))
     }
 
-    /// Pass one: parse, pick the index key, prefetch its slot.
+    /// Pass one: parse, pick the index key, prefetch its home index word.
     #[inline(always)]
     fn stage_parse(&mut self, batch: &Batch, i: usize) {
         let sc = &mut *self.scratch;
@@ -588,33 +738,54 @@ impl Upf {
         sc.out[i] = Outcome::Pending;
         sc.hot[i] = Hot::EMPTY;
         if n3 {
-            let key = rules::teid_key(m.teid);
-            let s = self.rules.teids.slot_of(key);
-            (sc.kind[i], sc.key[i], sc.slot[i]) = (Kind::Gtpu, key, s);
+            let h = TeidIndex::hash(&m.teid);
+            (sc.kind[i], sc.key[i], sc.hash[i]) = (Kind::Gtpu, u128::from(m.teid), h);
             if self.cfg.staged {
-                prefetch::read(self.rules.teids.slot(s));
+                prefetch::read(self.rules.teids.home(h));
             }
         } else {
             let key = rules::ip128(m.tuple.dst_ip());
-            let s = self.rules.ues.slot_of(key);
-            (sc.kind[i], sc.key[i], sc.slot[i]) = (Kind::Plain, key, s);
+            let h = UeIndex::hash(&key);
+            (sc.kind[i], sc.key[i], sc.hash[i]) = (Kind::Plain, key, h);
             if self.cfg.staged {
-                prefetch::read(self.rules.ues.slot(s));
+                prefetch::read(self.rules.ues.home(h));
             }
         }
     }
 
-    /// Pass two: resolve the session's index slot (what classifying needs
+    /// Pass two (staged only): the home index word is in cache; prefetch the
+    /// entry it names (what classifying needs of the session is in it).
+    #[inline(always)]
+    fn stage_probe(&self, i: usize) {
+        let sc = &*self.scratch;
+        match sc.kind[i] {
+            Kind::Done => {}
+            Kind::Gtpu => {
+                if let Some(e) = self.rules.teids.hint(sc.hash[i]) {
+                    prefetch::read(e);
+                }
+            }
+            Kind::Plain => {
+                if let Some(e) = self.rules.ues.hint(sc.hash[i]) {
+                    prefetch::read(e);
+                }
+            }
+        }
+    }
+
+    /// Pass three: resolve the session's index entry (what classifying needs
     /// of the session is in it); prefetch the classifier's first lines (or,
     /// for the general path, the session and its first PDRs).
     #[inline(always)]
     fn stage_lookup(&mut self, i: usize) {
         let sc = &mut *self.scratch;
-        let (key, slot) = (sc.key[i], sc.slot[i]);
+        let (key, h) = (sc.key[i], sc.hash[i]);
         let found = match sc.kind[i] {
             Kind::Done => return,
-            Kind::Gtpu => self.rules.teids.get_from(key, slot).map(|e| (e.hot, e.ue4, (e.far_base, e.urr_base))),
-            Kind::Plain => self.rules.ues.get_from(key, slot).map(|e| (e.hot, 0, (0, 0))),
+            Kind::Gtpu => {
+                self.rules.teids.get_hashed(h, &(key as u32)).map(|e| (e.hot, e.ue4, (e.far_base, e.urr_base)))
+            }
+            Kind::Plain => self.rules.ues.get_hashed(h, &key).map(|e| (e.hot, 0, (0, 0))),
         };
         let Some((hot, ue4, bases)) = found else { return };
         (sc.hot[i], sc.ue4[i], sc.bases[i]) = (hot, ue4, bases);
@@ -645,7 +816,7 @@ impl Upf {
         }
     }
 
-    /// Pass three: parse the GTP-U header and inner packet, match the
+    /// Pass four: parse the GTP-U header and inner packet, match the
     /// session's PDRs. An uplink PDR's action usually comes with the
     /// classifier (relative to the session's rules; a staged walk prefetches
     /// its URR counters); else a staged walk prefetches the PDR's [`Act`].
@@ -671,7 +842,7 @@ impl Upf {
                 let a = t.act(far_base, urr_base);
                 (sc.act[i], sc.ready[i]) = (a, true);
                 if self.cfg.staged {
-                    if let Some(u) = self.usage.get(a.urr as usize) {
+                    if let Some(u) = self.board.cells.get(a.urr as usize) {
                         prefetch::write(u);
                     }
                 }
@@ -685,7 +856,7 @@ impl Upf {
         }
     }
 
-    /// Pass four (staged only): for packets whose action is not known yet,
+    /// Pass five (staged only): for packets whose action is not known yet,
     /// read the PDR's [`Act`] and prefetch the per-core state its rules
     /// update (URR counters; QER buckets and rates with an MBR).
     #[inline(always)]
@@ -697,7 +868,7 @@ impl Upf {
         let Some(&a) = self.rules.acts.get(sc.pdr[i] as usize) else { return };
         (sc.act[i], sc.ready[i]) = (a, true);
         for &u in self.rules.refs(&a.urr) {
-            if let Some(u) = self.usage.get(u as usize) {
+            if let Some(u) = self.board.cells.get(u as usize) {
                 prefetch::write(u);
             }
         }
@@ -711,7 +882,7 @@ impl Upf {
         }
     }
 
-    /// Pass five: QER, URR, FAR; decapsulate or encapsulate; the verdict.
+    /// Pass six: QER, URR, FAR; decapsulate or encapsulate; the verdict.
     #[inline(always)]
     fn stage_act(&mut self, batch: &mut Batch, i: usize, now: u64) {
         let verdict = match (self.scratch.kind[i], self.scratch.out[i]) {
@@ -935,18 +1106,28 @@ impl Upf {
                 }
             }
         }
-        for &ui in self.rules.refs(&pdr.urr) {
-            let Some(u) = self.usage.get_mut(ui as usize) else { continue };
+        let board = &*self.board;
+        let urrs = self.rules.refs(&pdr.urr);
+        if urrs.iter().any(|&ui| board.cells.get(ui as usize).is_some_and(|c| c.exhausted.load(Ordering::Relaxed) != 0)) {
+            // TS 29.244 5.2.2.2: a URR's volume quota used up stops the traffic it measures.
+            self.c.quota_drop += 1;
+            return false;
+        }
+        for &ui in urrs {
+            let Some(u) = board.cells.get(ui as usize) else { continue };
             if dir == 0 {
-                u.ul_bytes += bytes;
-                u.ul_packets += 1;
+                bump(&u.ul_bytes, bytes);
+                bump(&u.ul_packets, 1);
             } else {
-                u.dl_bytes += bytes;
-                u.dl_packets += 1;
+                bump(&u.dl_bytes, bytes);
+                bump(&u.dl_packets, 1);
             }
-            u.since_report += bytes;
-            if u.threshold > 0 && u.since_report >= u.threshold {
-                u.since_report = 0;
+            let since = u.since.load(Ordering::Relaxed) + bytes;
+            u.since.store(since, Ordering::Relaxed);
+            let at = u.nudge_at.load(Ordering::Relaxed);
+            if at > 0 && since >= at {
+                u.since.store(0, Ordering::Relaxed);
+                let s = u.snapshot();
                 let cfg = self.rules.urrs[ui as usize];
                 self.c.usage_reports += 1;
                 if self.reports.len() < self.cfg.reports {
@@ -954,7 +1135,7 @@ impl Upf {
                     self.reports.push(UsageReport {
                         seid,
                         urr_id: cfg.id,
-                        volume: u.ul_bytes + u.dl_bytes,
+                        volume: s.bytes(),
                         at_ns: now,
                     });
                 } else {
@@ -1149,9 +1330,11 @@ impl Nf for Upf {
             // One atomic load per call; a new rule set applies to whole batches (ranges).
             if ctl.version() != *v {
                 let (v, rules) = ctl.current();
+                let split = ctl.cores();
                 if let Some(c) = self.control.as_mut() {
                     c.1 = v;
                 }
+                self.split = split;
                 self.set_rules(rules);
             }
         }
@@ -1215,17 +1398,21 @@ impl Upf {
             }
             lap(self, 0);
             for i in range.clone() {
-                self.stage_lookup(i);
+                self.stage_probe(i);
             }
             lap(self, 1);
             for i in range.clone() {
-                self.stage_classify(batch, i);
+                self.stage_lookup(i);
             }
             lap(self, 2);
             for i in range.clone() {
-                self.stage_prepare(i);
+                self.stage_classify(batch, i);
             }
             lap(self, 3);
+            for i in range.clone() {
+                self.stage_prepare(i);
+            }
+            lap(self, 4);
             if profile {
                 self.timed_packets += range.len() as u64;
             }
@@ -1233,7 +1420,7 @@ impl Upf {
                 let now = packet_time(batch, i, ctx);
                 self.stage_act(batch, i, now);
             }
-            lap(self, 4);
+            lap(self, 5);
         } else {
             for i in range {
                 self.stage_parse(batch, i);

@@ -7,6 +7,18 @@
 //! Session Report Requests for URR thresholds (§6.3.5); the messages in §7.4
 //! (node related, Session Set Deletion §7.4.6) and §7.5 (session related).
 //!
+//! Usage reporting (§5.2.2): every core counts a URR's UL/DL bytes and
+//! packets on its own [`Board`]; the endpoint sums the cores' shares and
+//! reports the usage since the URR's previous report (UR-SEQN counting up):
+//! volume threshold (a core's nudge, then the sum decides), volume quota
+//! (polled; once reached the cores drop the URR's traffic, counted),
+//! Measurement Period (periodic, from the last report), Time Threshold
+//! (usage since a report older than it), Query URR (in the modification
+//! response) and the final report of each URR in the deletion response.
+//! Session Report Requests go to the CP F-SEID's IPv4 address at the owning
+//! association's port and are resent every T1 up to N1 times until
+//! answered.
+//!
 //! Trust (§6.2.6): an association is identified by the CP function's
 //! Node ID and bound to the source address (IP and port) it was set up
 //! from. Only Heartbeat and Association Setup are accepted from a peer
@@ -16,7 +28,8 @@
 //! node than the one associated at that address. A session belongs to the
 //! association that established it: other associations' modification and
 //! deletion requests get "Session context not found" (cause 65).
-//! UP SEIDs are random (non-zero, unique), so a peer cannot guess others'.
+//! UP SEIDs and the F-TEIDs the UPF chooses are random (non-zero, unique),
+//! so a peer cannot guess others'.
 //! Sessions loaded from a session file belong to no association: no PFCP
 //! request changes them.
 //!
@@ -69,7 +82,7 @@ use serde_json::{json, Value};
 
 use super::pfcp::{self, cause, enc, ie, msg, Header, PfcpError, Writer};
 use super::rules::{ip128, RuleSet, SessionSpec};
-use super::UsageReport;
+use super::{Board, Usage, UsageReport};
 
 /// The rule set the data path should run, with its version, and the usage
 /// reports the cores raised for the endpoint to send.
@@ -78,6 +91,8 @@ pub struct UpfControl {
     version: AtomicU64,
     rules: Mutex<Arc<RuleSet>>,
     reports: Mutex<Vec<UsageReport>>,
+    /// Every core's URR counters (each core swaps its own board in when it takes a new rule set).
+    cores: Mutex<Vec<Arc<Mutex<Arc<Board>>>>>,
     /// Datagrams handled, by outcome.
     pub stats: ControlStats,
 }
@@ -114,6 +129,10 @@ pub struct ControlStats {
     pub reports_sent: AtomicU64,
     /// Session Report Responses received.
     pub report_responses: AtomicU64,
+    /// Session Report Requests sent again (T1 passed without a response).
+    pub reports_retransmitted: AtomicU64,
+    /// Session Report Requests given up after N1 retransmissions.
+    pub reports_unanswered: AtomicU64,
     /// Rule sets compiled and published (one per burst of changing requests).
     pub publishes: AtomicU64,
     /// The socket's receive buffer as the kernel reports it (bytes; Linux
@@ -137,6 +156,7 @@ impl ControlStats {
             "sessions_removed": g(&self.sessions_removed),
             "heartbeats_sent": g(&self.heartbeats_sent), "heartbeat_responses": g(&self.heartbeat_responses),
             "reports_sent": g(&self.reports_sent), "report_responses": g(&self.report_responses),
+            "reports_retransmitted": g(&self.reports_retransmitted), "reports_unanswered": g(&self.reports_unanswered),
             "publishes": g(&self.publishes), "rcvbuf": g(&self.rcvbuf),
             "kernel_drops": g(&self.kernel_drops), "queue_drops": g(&self.queue_drops),
         })
@@ -164,6 +184,7 @@ impl UpfControl {
             version: AtomicU64::new(1),
             rules: Mutex::new(rules),
             reports: Mutex::new(Vec::new()),
+            cores: Mutex::new(Vec::new()),
             stats: ControlStats::default(),
         })
     }
@@ -194,6 +215,42 @@ impl UpfControl {
 
     fn take_reports(&self) -> Vec<UsageReport> {
         std::mem::take(&mut *lock(&self.reports))
+    }
+
+    /// Adds a core's counters to those the endpoint sums; the core keeps the
+    /// returned slot and puts each new board of its own in it.
+    pub fn attach(&self, board: Arc<Board>) -> Arc<Mutex<Arc<Board>>> {
+        let slot = Arc::new(Mutex::new(board));
+        lock(&self.cores).push(Arc::clone(&slot));
+        slot
+    }
+
+    /// Cores attached.
+    pub fn cores(&self) -> usize {
+        lock(&self.cores).len().max(1)
+    }
+
+    /// The boards of every core now.
+    fn boards(&self) -> Vec<Arc<Board>> {
+        lock(&self.cores).iter().map(|s| Arc::clone(&lock(s))).collect()
+    }
+
+    /// The usage of URR `urr_id` of session `seid` summed over every core
+    /// (each core's share as counted by its current rule set).
+    pub fn usage(&self, seid: u64, urr_id: u32) -> Usage {
+        self.boards()
+            .iter()
+            .filter_map(|b| b.usage_of(seid, urr_id).map(super::Cell::snapshot))
+            .fold(Usage::default(), Usage::plus)
+    }
+
+    /// Marks the URR's volume quota used up on every core (its traffic is dropped).
+    fn exhaust(&self, seid: u64, urr_id: u32) {
+        for b in self.boards() {
+            if let Some(c) = b.usage_of(seid, urr_id) {
+                c.set_exhausted(true);
+            }
+        }
     }
 }
 
@@ -289,11 +346,44 @@ impl N4Config {
 #[derive(Clone, Debug)]
 struct Sess {
     cp_seid: u64,
+    /// The CP F-SEID's IPv4 address: where Session Report Requests go.
+    cp_addr: Option<Ipv4Addr>,
+    /// Per URR ID: what was reported so far.
+    urrs: HashMap<u32, UrrState>,
     /// The Node ID of the association that owns it (None: from the session file).
     owner: Option<Vec<u8>>,
     /// FQ-CSIDs named at establishment (for Session Set Deletion).
     csids: Vec<(Vec<u8>, u16)>,
     spec: SessionSpec,
+}
+
+/// A URR's reporting state (the endpoint's; the counters are the cores').
+#[derive(Clone, Debug)]
+struct UrrState {
+    /// The whole session's usage at the last report.
+    reported: Usage,
+    /// UR-SEQN of the next report (§8.2.54).
+    seqn: u32,
+    /// When the last report went (or the URR was created).
+    last: Instant,
+    /// The volume quota was reached (reported once; traffic dropped).
+    quota_hit: bool,
+}
+
+impl UrrState {
+    fn new(now: Instant) -> UrrState {
+        UrrState { reported: Usage::default(), seqn: 0, last: now, quota_hit: false }
+    }
+}
+
+/// Usage Report Trigger (§8.2.41) octets.
+mod trigger {
+    pub const PERIO: [u8; 3] = [0x01, 0, 0];
+    pub const VOLTH: [u8; 3] = [0x02, 0, 0];
+    pub const TIMTH: [u8; 3] = [0x04, 0, 0];
+    pub const IMMER: [u8; 3] = [0x80, 0, 0];
+    pub const VOLQU: [u8; 3] = [0, 0x01, 0];
+    pub const TERMR: [u8; 3] = [0, 0x08, 0];
 }
 
 /// A request the endpoint sent and awaits the response to.
@@ -331,11 +421,12 @@ pub struct Endpoint {
     recovery: u32,
     assocs: HashMap<SocketAddr, Assoc>,
     sessions: BTreeMap<u64, Sess>,
-    next_teid: u32,
     seq: u32,
     /// Responses by (peer, sequence number), with the request's message type and the expiry.
     cache: HashMap<(SocketAddr, u32), (u8, Instant, Vec<u8>)>,
     cache_order: VecDeque<(Instant, SocketAddr, u32)>,
+    /// Session Report Requests awaiting their response, by sequence number, with their destination.
+    reports_pending: BTreeMap<u32, (SocketAddr, Pending)>,
     control: Arc<UpfControl>,
     /// Sessions changed since the last publication (while deferring).
     dirty: bool,
@@ -370,7 +461,17 @@ impl Endpoint {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let sessions: BTreeMap<u64, Sess> = initial
             .iter()
-            .map(|s| (s.seid, Sess { cp_seid: s.seid, owner: None, csids: Vec::new(), spec: s.clone() }))
+            .map(|s| {
+                let sess = Sess {
+                    cp_seid: s.seid,
+                    cp_addr: None,
+                    urrs: HashMap::new(),
+                    owner: None,
+                    csids: Vec::new(),
+                    spec: s.clone(),
+                };
+                (s.seid, sess)
+            })
             .collect();
         Endpoint {
             node: cfg.node_id.encode(),
@@ -378,10 +479,10 @@ impl Endpoint {
             recovery: (now + NTP_UNIX) as u32,
             assocs: HashMap::new(),
             sessions,
-            next_teid: 0x1000_0000,
             seq: 0,
             cache: HashMap::new(),
             cache_order: VecDeque::new(),
+            reports_pending: BTreeMap::new(),
             control,
             dirty: false,
             defer: false,
@@ -447,7 +548,11 @@ impl Endpoint {
                 return None;
             }
             msg::SESS_REPORT_RSP => {
-                st.report_responses.fetch_add(1, Ordering::Relaxed);
+                if self.reports_pending.remove(&h.seq).is_some() {
+                    st.report_responses.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    st.discarded.fetch_add(1, Ordering::Relaxed);
+                }
                 return None;
             }
             _ => {
@@ -620,8 +725,8 @@ impl Endpoint {
                 Ok((0, vec![]))
             }
             msg::SESS_EST_REQ => {
-                let cp_seid = match find(ie::F_SEID) {
-                    Some(v) => pfcp::decode_fseid(v).map_err(no_seid)?,
+                let (cp_seid, cp_addr) = match find(ie::F_SEID) {
+                    Some(v) => (pfcp::decode_fseid(v).map_err(no_seid)?, fseid_v4(v)),
                     None => return Err(no_seid(missing(ie::F_SEID))),
                 };
                 let owner = self.assoc_node(from, None).map_err(|e| (cp_seid, e))?;
@@ -640,7 +745,9 @@ impl Endpoint {
                     return Err((cp_seid, missing(ie::CREATE_PDR)));
                 }
                 self.commit(spec.clone()).map_err(|e| (cp_seid, e))?;
-                self.sessions.insert(seid, Sess { cp_seid, owner: Some(owner), csids, spec });
+                let now = Instant::now();
+                let urrs = spec.urrs.iter().map(|u| (u.id, UrrState::new(now))).collect();
+                self.sessions.insert(seid, Sess { cp_seid, cp_addr, urrs, owner: Some(owner), csids, spec });
                 self.publish();
                 let mut out = vec![(ie::F_SEID, enc::fseid(seid, self.cfg.n4))];
                 out.extend(created);
@@ -658,9 +765,17 @@ impl Endpoint {
                     }));
                 };
                 if h.msg_type == msg::SESS_DEL_REQ {
+                    // §7.5.7.2: the final usage of every URR (trigger TERMR), read before the
+                    // cores drop the session with the next rule set.
+                    let ids: Vec<u32> = sess.spec.urrs.iter().map(|u| u.id).collect();
+                    let out = ids
+                        .into_iter()
+                        .filter_map(|id| self.usage_report(seid, id, trigger::TERMR))
+                        .map(|r| (ie::USAGE_REPORT_SDR, r))
+                        .collect();
                     self.sessions.remove(&seid);
                     self.publish();
-                    return Ok((sess.cp_seid, vec![]));
+                    return Ok((sess.cp_seid, out));
                 }
                 let mut spec = sess.spec.clone();
                 let created = self.apply(&mut spec, ies).map_err(|e| (sess.cp_seid, e))?;
@@ -671,8 +786,22 @@ impl Endpoint {
                     }
                     return Err((sess.cp_seid, e));
                 }
-                self.sessions.insert(seid, Sess { spec, ..sess.clone() });
+                let now = Instant::now();
+                let mut urrs = sess.urrs.clone();
+                urrs.retain(|id, _| spec.urrs.iter().any(|u| u.id == *id));
+                for u in &spec.urrs {
+                    urrs.entry(u.id).or_insert_with(|| UrrState::new(now));
+                }
+                self.sessions.insert(seid, Sess { spec, urrs, ..sess.clone() });
                 self.publish();
+                // §7.5.4.10, §7.5.5.2: each Query URR gets a Usage Report (trigger IMMER) in the response.
+                let mut created = created;
+                for q in ies.iter().filter(|i| i.ty == ie::QUERY_URR) {
+                    let id = pfcp::decode_id(q.value, ie::URR_ID).map_err(|e| (sess.cp_seid, e))?;
+                    if let Some(r) = self.usage_report(seid, id, trigger::IMMER) {
+                        created.push((ie::USAGE_REPORT_MODR, r));
+                    }
+                }
                 Ok((sess.cp_seid, created))
             }
             _ => Err(no_seid(PfcpError { cause: cause::NOT_SUPPORTED, ie: None, what: "unsupported".into() })),
@@ -771,10 +900,11 @@ impl Endpoint {
     /// expired cached responses. Returns the datagrams to send.
     pub fn tick(&mut self, now: Instant) -> Vec<(SocketAddr, Vec<u8>)> {
         self.expire_cache(now);
-        let mut out = Vec::new();
+        let mut out = self.retransmit_reports(now);
         if self.cfg.heartbeat.is_zero() {
             return out;
         }
+        let before = out.len();
         let mut failed = Vec::new();
         let addrs: Vec<SocketAddr> = self.assocs.keys().copied().collect();
         for addr in addrs {
@@ -803,7 +933,8 @@ impl Endpoint {
                 None => {}
             }
         }
-        self.control.stats.heartbeats_sent.fetch_add(out.len() as u64, Ordering::Relaxed);
+        let hb = (out.len() - before) as u64;
+        self.control.stats.heartbeats_sent.fetch_add(hb, Ordering::Relaxed);
         for addr in failed {
             let Some(a) = self.assocs.remove(&addr) else { continue };
             self.control.stats.peer_failures.fetch_add(1, Ordering::Relaxed);
@@ -900,10 +1031,15 @@ impl Endpoint {
         Ok(created)
     }
 
+    /// A UPF-chosen TEID (CHOOSE): random, like UP SEIDs (TS 33.501
+    /// recommends unpredictable TEIDs: a sequence lets an attacker on N3 guess
+    /// other sessions' tunnels), non-zero, not in use.
     fn alloc_teid(&mut self) -> u32 {
         loop {
-            let t = self.next_teid;
-            self.next_teid = self.next_teid.wrapping_add(1).max(1);
+            let t = getrandom::u32().unwrap_or_else(|_| fallback_random() as u32);
+            if t == 0 {
+                continue;
+            }
             let used = self.sessions.values().any(|s| s.spec.pdrs.iter().any(|p| p.teid == Some(t)));
             if !used {
                 return t;
@@ -950,26 +1086,148 @@ impl Endpoint {
         }
     }
 
-    /// Session Report Requests for the cores' usage reports, each to the
-    /// address of the association owning the session.
-    pub fn report_requests(&mut self) -> Vec<(SocketAddr, Vec<u8>)> {
-        let reports = self.control.take_reports();
-        let mut out = Vec::new();
-        for r in reports {
-            let Some(s) = self.sessions.get(&r.seid) else { continue };
-            let Some(owner) = &s.owner else { continue };
-            let Some(peer) = self.assocs.iter().find(|(_, a)| &a.node == owner).map(|(k, _)| *k) else { continue };
-            let cp_seid = s.cp_seid;
-            let seq = self.next_seq();
-            let mut w = Writer::message(msg::SESS_REPORT_REQ, Some(cp_seid), seq);
-            w.ie(ie::REPORT_TYPE, &[0x02]);
-            w.group(ie::USAGE_REPORT_SRR);
-            w.ie(ie::URR_ID, &r.urr_id.to_be_bytes()).ie(ie::UR_SEQN, &seq.to_be_bytes());
-            w.ie(ie::USAGE_REPORT_TRIGGER, &[0x02, 0, 0]).ie(ie::VOLUME_MEASUREMENT, &enc::total_volume(r.volume));
-            w.end();
-            out.push((peer, w.finish()));
+    /// A Usage Report's IEs (§7.5.8.2) for URR `urr_id` of session `seid`:
+    /// the usage since the last report, summed over every core (UL, DL and
+    /// total volumes and packet counts). None: no such session or URR.
+    fn usage_report(&mut self, seid: u64, urr_id: u32, trig: [u8; 3]) -> Option<Vec<u8>> {
+        let now_usage = self.control.usage(seid, urr_id);
+        let st = self.sessions.get_mut(&seid)?.urrs.get_mut(&urr_id)?;
+        let d = now_usage.since(st.reported);
+        st.reported = now_usage;
+        st.last = Instant::now();
+        let seqn = st.seqn;
+        st.seqn = st.seqn.wrapping_add(1);
+        let mut w = Writer::default();
+        w.ie(ie::URR_ID, &urr_id.to_be_bytes()).ie(ie::UR_SEQN, &seqn.to_be_bytes());
+        w.ie(ie::USAGE_REPORT_TRIGGER, &trig);
+        w.ie(ie::VOLUME_MEASUREMENT, &enc::volume_measurement(d.ul_bytes, d.dl_bytes, d.ul_packets, d.dl_packets));
+        Some(w.into_ies())
+    }
+
+    /// Where a session's Session Report Requests go: its CP F-SEID's address
+    /// (§7.5.8), at the port of the association owning it (8805 for an SMF
+    /// that follows §4.2.3); the association's address when the F-SEID has
+    /// no IPv4 address.
+    fn report_peer(&self, s: &Sess) -> Option<SocketAddr> {
+        let owner = s.owner.as_ref()?;
+        let assoc = self.assocs.iter().find(|(_, a)| &a.node == owner).map(|(k, _)| *k)?;
+        Some(match s.cp_addr {
+            Some(ip) => SocketAddr::new(ip.into(), assoc.port()),
+            None => assoc,
+        })
+    }
+
+    /// A Session Report Request carrying `reports` (Usage Report IEs) for
+    /// session `seid`, remembered for retransmission until answered.
+    fn report_request(&mut self, seid: u64, reports: Vec<Vec<u8>>, now: Instant) -> Option<(SocketAddr, Vec<u8>)> {
+        let s = self.sessions.get(&seid)?;
+        let (peer, cp_seid) = (self.report_peer(s)?, s.cp_seid);
+        let seq = self.next_seq();
+        let mut w = Writer::message(msg::SESS_REPORT_REQ, Some(cp_seid), seq);
+        w.ie(ie::REPORT_TYPE, &[0x02]);
+        for r in &reports {
+            w.ie(ie::USAGE_REPORT_SRR, r);
         }
-        self.control.stats.reports_sent.fetch_add(out.len() as u64, Ordering::Relaxed);
+        let bytes = w.finish();
+        self.reports_pending.insert(seq, (peer, Pending { seq, sent: now, tries: 0, bytes: bytes.clone() }));
+        self.control.stats.reports_sent.fetch_add(1, Ordering::Relaxed);
+        Some((peer, bytes))
+    }
+
+    /// Session Report Requests due: for the cores' nudges (a URR's volume
+    /// threshold or quota share reached on one core), reports when the whole
+    /// session's usage (every core summed) reached the threshold (VOLTH) or
+    /// the quota (VOLQU, after which the cores drop the URR's traffic); for
+    /// the timers, periodic reports (PERIO, every Measurement Period) and
+    /// time threshold reports (TIMTH: usage since the last report and the
+    /// Time Threshold passed since it). Each goes to the session's CP F-SEID.
+    pub fn report_requests(&mut self) -> Vec<(SocketAddr, Vec<u8>)> {
+        self.report_requests_at(Instant::now())
+    }
+
+    /// [`Endpoint::report_requests`] at `now` (tests).
+    pub fn report_requests_at(&mut self, now: Instant) -> Vec<(SocketAddr, Vec<u8>)> {
+        let mut due: BTreeMap<u64, Vec<(u32, [u8; 3])>> = BTreeMap::new();
+        for r in self.control.take_reports() {
+            let Some(s) = self.sessions.get(&r.seid) else { continue };
+            let (Some(spec), Some(st)) = (s.spec.urrs.iter().find(|u| u.id == r.urr_id), s.urrs.get(&r.urr_id)) else {
+                continue;
+            };
+            let total = self.control.usage(r.seid, r.urr_id);
+            if spec.volume_threshold.is_some_and(|t| total.since(st.reported).bytes() >= t) {
+                due.entry(r.seid).or_default().push((r.urr_id, trigger::VOLTH));
+            }
+        }
+        // Quotas are polled (every call, about every 20 ms): the cores drop
+        // a URR's traffic once the endpoint marks its quota used up.
+        let mut hit = Vec::new();
+        for (seid, s) in &self.sessions {
+            for u in &s.spec.urrs {
+                let Some(q) = u.volume_quota else { continue };
+                if s.urrs.get(&u.id).is_some_and(|st| !st.quota_hit) && self.control.usage(*seid, u.id).bytes() >= q {
+                    hit.push((*seid, u.id));
+                }
+            }
+        }
+        for (seid, id) in hit {
+            self.control.exhaust(seid, id);
+            if let Some(st) = self.sessions.get_mut(&seid).and_then(|s| s.urrs.get_mut(&id)) {
+                st.quota_hit = true;
+            }
+            due.entry(seid).or_default().push((id, trigger::VOLQU));
+        }
+        for (seid, s) in &self.sessions {
+            for u in &s.spec.urrs {
+                let Some(st) = s.urrs.get(&u.id) else { continue };
+                let age = now.saturating_duration_since(st.last);
+                if u.measurement_period.is_some_and(|p| age >= Duration::from_secs(p.into())) {
+                    due.entry(*seid).or_default().push((u.id, trigger::PERIO));
+                } else if u.time_threshold.is_some_and(|t| age >= Duration::from_secs(t.into()))
+                    && self.control.usage(*seid, u.id).since(st.reported) != Usage::default()
+                {
+                    due.entry(*seid).or_default().push((u.id, trigger::TIMTH));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (seid, urrs) in due {
+            let mut seen = Vec::new();
+            let reports: Vec<Vec<u8>> = urrs
+                .into_iter()
+                .filter(|(id, _)| {
+                    let first = !seen.contains(id);
+                    seen.push(*id);
+                    first
+                })
+                .filter_map(|(id, t)| self.usage_report(seid, id, t))
+                .collect();
+            if !reports.is_empty() {
+                out.extend(self.report_request(seid, reports, now));
+            }
+        }
+        out
+    }
+
+    /// Session Report Requests unanswered for T1: sent again, up to N1
+    /// times, then given up (counted).
+    fn retransmit_reports(&mut self, now: Instant) -> Vec<(SocketAddr, Vec<u8>)> {
+        let mut out = Vec::new();
+        let (t1, n1) = (self.cfg.t1, self.cfg.n1);
+        let st = Arc::clone(&self.control);
+        self.reports_pending.retain(|_, (to, p)| {
+            if now.saturating_duration_since(p.sent) < t1 {
+                return true;
+            }
+            if p.tries >= n1 {
+                st.stats.reports_unanswered.fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
+            p.tries += 1;
+            p.sent = now;
+            st.stats.reports_retransmitted.fetch_add(1, Ordering::Relaxed);
+            out.push((*to, p.bytes.clone()));
+            true
+        });
         out
     }
 
@@ -987,6 +1245,12 @@ impl Endpoint {
     pub fn associations(&self) -> usize {
         self.assocs.len()
     }
+}
+
+/// The IPv4 address of an F-SEID IE (§8.2.37), if it has one.
+fn fseid_v4(v: &[u8]) -> Option<Ipv4Addr> {
+    let a: [u8; 4] = v.get(9..13)?.try_into().ok()?;
+    (v.first()? & 2 != 0).then(|| Ipv4Addr::from(a))
 }
 
 /// The Recovery Time Stamp IE among `ies`.

@@ -78,6 +78,7 @@ pub mod ie {
     pub const MBR: u16 = 26;
     pub const PRECEDENCE: u16 = 29;
     pub const VOLUME_THRESHOLD: u16 = 31;
+    pub const TIME_THRESHOLD: u16 = 32;
     pub const REPORTING_TRIGGERS: u16 = 37;
     pub const REPORT_TYPE: u16 = 39;
     pub const OFFENDING_IE: u16 = 40;
@@ -89,8 +90,13 @@ pub mod ie {
     pub const NODE_ID: u16 = 60;
     pub const FQ_CSID: u16 = 65;
     pub const MEASUREMENT_METHOD: u16 = 62;
+    pub const MEASUREMENT_PERIOD: u16 = 64;
     pub const USAGE_REPORT_TRIGGER: u16 = 63;
     pub const VOLUME_MEASUREMENT: u16 = 66;
+    pub const VOLUME_QUOTA: u16 = 73;
+    pub const QUERY_URR: u16 = 77;
+    pub const USAGE_REPORT_MODR: u16 = 78;
+    pub const USAGE_REPORT_SDR: u16 = 79;
     pub const USAGE_REPORT_SRR: u16 = 80;
     pub const URR_ID: u16 = 81;
     pub const OUTER_HEADER_CREATION: u16 = 84;
@@ -489,11 +495,23 @@ pub fn decode_qer(v: &[u8], old: Option<&QerSpec>) -> Result<QerSpec, PfcpError>
 pub fn decode_urr(v: &[u8], old: Option<&UrrSpec>) -> Result<UrrSpec, PfcpError> {
     let g = ies(v)?;
     let id = u32_of(need(&g, ie::URR_ID, "URR")?, ie::URR_ID)?;
-    let mut u = old.cloned().unwrap_or(UrrSpec { id, volume_threshold: None });
+    let mut u = old.cloned().unwrap_or(UrrSpec { id, ..Default::default() });
+    // TOVOL first when present (then ULVOL, DLVOL): the UPF enforces the total.
+    let total = |t: &[u8], ty: u16| -> Result<Option<u64>, PfcpError> {
+        Ok(if u8_of(t, ty)? & 0x01 != 0 { Some(u64_of(&t[1..], ty)?) } else { None })
+    };
     if let Some(t) = find(&g, ie::VOLUME_THRESHOLD) {
-        let flags = u8_of(t, ie::VOLUME_THRESHOLD)?;
-        // TOVOL first when present (then ULVOL, DLVOL): the UPF enforces the total.
-        u.volume_threshold = if flags & 0x01 != 0 { Some(u64_of(&t[1..], ie::VOLUME_THRESHOLD)?) } else { None };
+        u.volume_threshold = total(t, ie::VOLUME_THRESHOLD)?;
+    }
+    if let Some(t) = find(&g, ie::VOLUME_QUOTA) {
+        u.volume_quota = total(t, ie::VOLUME_QUOTA)?;
+    }
+    // §8.2.32, §8.2.33: seconds (0: none).
+    if let Some(t) = find(&g, ie::MEASUREMENT_PERIOD) {
+        u.measurement_period = Some(u32_of(t, ie::MEASUREMENT_PERIOD)?).filter(|&x| x > 0);
+    }
+    if let Some(t) = find(&g, ie::TIME_THRESHOLD) {
+        u.time_threshold = Some(u32_of(t, ie::TIME_THRESHOLD)?).filter(|&x| x > 0);
     }
     Ok(u)
 }
@@ -717,6 +735,16 @@ pub mod enc {
         let mut v = vec![0x01, 0x00];
         v.extend_from_slice(&teid.to_be_bytes());
         v.extend_from_slice(&a.octets());
+        v
+    }
+
+    /// Volume Measurement (§8.2.44) with total, uplink and downlink volumes
+    /// and packet counts (TOVOL, ULVOL, DLVOL, TONOP, ULNOP, DLNOP).
+    pub fn volume_measurement(ul_bytes: u64, dl_bytes: u64, ul_packets: u64, dl_packets: u64) -> Vec<u8> {
+        let mut v = vec![0x3f];
+        for x in [ul_bytes + dl_bytes, ul_bytes, dl_bytes, ul_packets + dl_packets, ul_packets, dl_packets] {
+            v.extend_from_slice(&x.to_be_bytes());
+        }
         v
     }
 

@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use flowplane_table::{FixedMap, KeyHash};
 use serde::{Deserialize, Serialize};
 
 use super::cls;
@@ -203,6 +204,15 @@ pub struct UrrSpec {
     /// counting then starts over towards the next report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_threshold: Option<u64>,
+    /// Total volume after which the URR's traffic is dropped (reported once, trigger VOLQU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_quota: Option<u64>,
+    /// Seconds between periodic reports (Measurement Period; PFCP sessions only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measurement_period: Option<u32>,
+    /// Seconds after which a report is sent when there was usage since the last one (Time Threshold).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_threshold: Option<u32>,
 }
 
 impl SessionsFile {
@@ -571,6 +581,8 @@ pub struct Qer {
 pub struct Urr {
     /// Volume threshold in bytes (0: none).
     pub threshold: u64,
+    /// Volume quota in bytes (0: none).
+    pub quota: u64,
     /// Rule ID.
     pub id: u32,
     /// Session index.
@@ -596,18 +608,8 @@ pub struct Session {
     pub dl: (u32, u32),
 }
 
-/// A slot of an [`Index`]: its key and what the key finds.
-pub trait Slot: bytemuck::Pod {
-    /// The empty slot.
-    const EMPTY: Self;
-    /// Whether the slot is empty.
-    fn is_empty(&self) -> bool;
-    /// The slot's key.
-    fn key(&self) -> u128;
-}
-
 /// What the data path needs of a session in one direction, kept in the
-/// index slot that finds the session (so finding it touches no other line).
+/// index entry that finds the session (so finding it touches no other line).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C)]
 pub struct Hot {
@@ -633,12 +635,12 @@ impl Hot {
     pub const EMPTY: Hot = Hot { session: NONE, pdrs: 0, cls: 0, cls_len: 0, flags: 0, _pad: 0 };
 }
 
-/// A TEID index slot: a local F-TEID, the session's UE IPv4 address and its uplink [`Hot`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C, align(32))]
+/// What a local TEID finds: the session's UE IPv4 address and its uplink
+/// [`Hot`]. 28 bytes: with the TEID (the key) an index entry is 32 bytes,
+/// half a cache line of the line-aligned slab.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
 pub struct TeidSlot {
-    /// The TEID.
-    pub teid: u32,
     /// The session's UE IPv4 address, if [`Hot::HAS_UE4`].
     pub ue4: u32,
     /// Uplink.
@@ -649,122 +651,125 @@ pub struct TeidSlot {
     pub urr_base: u32,
 }
 
-impl Slot for TeidSlot {
-    const EMPTY: Self = TeidSlot { teid: 0, ue4: 0, hot: Hot::EMPTY, far_base: 0, urr_base: 0 };
-    #[inline(always)]
-    fn is_empty(&self) -> bool {
-        self.hot.session == NONE
-    }
-    #[inline(always)]
-    fn key(&self) -> u128 {
-        teid_key(self.teid)
-    }
-}
-
-/// A UE address index slot: the address (IPv4-mapped or IPv6) and the session's downlink [`Hot`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C, align(32))]
+/// What a UE address finds: the session's downlink [`Hot`] (with the
+/// 16-byte address, a 32-byte entry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
 pub struct UeSlot {
-    /// The UE address.
-    pub ue: u128,
     /// Downlink.
     pub hot: Hot,
 }
 
-impl Slot for UeSlot {
-    const EMPTY: Self = UeSlot { ue: 0, hot: Hot::EMPTY };
+/// The index's hash: Fibonacci hashing (the key times 2^64 / golden
+/// ratio) with the product's top 32 bits reversed, so the low bits the map
+/// takes a key's home position from are the product's top bits. Keys
+/// allocated in sequence (TEIDs, UE addresses from a pool) then land on
+/// distinct, evenly spread homes (the product's top bits of consecutive keys
+/// are the golden-ratio sequence): with [`flowplane_table::FibHash`], whose
+/// low bits are the product's bits 32 and up, 12% of 20,000 sequential TEIDs
+/// sat off their home index line; byte-swapped, 4.9% of 130,000; reversed,
+/// 0.08% (a bit reversal is a few ALU operations, a line off home a miss).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SeqHash;
+
+const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+
+impl KeyHash<u32> for SeqHash {
     #[inline(always)]
-    fn is_empty(&self) -> bool {
-        self.hot.session == NONE
-    }
-    #[inline(always)]
-    fn key(&self) -> u128 {
-        self.ue
+    fn hash(k: &u32) -> u32 {
+        ((u64::from(*k).wrapping_mul(GOLDEN) >> 32) as u32).reverse_bits()
     }
 }
 
-/// An open-addressing hash index of 32-byte slots (linear probing, load
-/// <= 1/2), built once per rule set: lookups never allocate and one slot,
-/// which holds what the packet needs next, can be prefetched.
+impl KeyHash<u128> for SeqHash {
+    #[inline(always)]
+    fn hash(k: &u128) -> u32 {
+        let x = (*k as u64) ^ ((*k >> 64) as u64).rotate_left(29);
+        ((x.wrapping_mul(GOLDEN) >> 32) as u32).reverse_bits()
+    }
+}
+
+/// A session index: the project's fixed-capacity map
+/// ([`flowplane_table::FixedMap`]), built once per rule set with exactly
+/// its entries' capacity (nothing allocates after the build; the rule set is
+/// immutable). A lookup reads one index line (8 words of hash bits and slot)
+/// and one entry line; the staged walk prefetches the first from the key's
+/// hash ([`Index::home`]), the second one pass later from the index alone
+/// ([`Index::hint`]). Fibonacci hashing of the key: keys allocated in
+/// sequence (TEIDs, UE addresses from a pool) spread over the index.
 #[derive(Clone, Debug)]
-pub struct Index<S: Slot> {
-    slots: super::table::Table<S>,
-    mask: usize,
-    /// 64 - log2(capacity): [`Index::slot_of`] keeps the hash's top bits.
-    shift: u32,
-}
+pub struct Index<K: Copy + Eq, V: Copy>(FixedMap<K, V, SeqHash>)
+where
+    SeqHash: KeyHash<K>;
 
-impl<S: Slot> Default for Index<S> {
-    fn default() -> Index<S> {
-        Index::build(&[])
+impl<K: Copy + Eq, V: Copy> Default for Index<K, V>
+where
+    SeqHash: KeyHash<K>,
+{
+    fn default() -> Self {
+        Index::build(&[]).expect("a one-entry map")
     }
 }
 
-impl<S: Slot> Index<S> {
-    fn build(entries: &[S]) -> Index<S> {
-        let cap = (entries.len() * 2).next_power_of_two().max(16);
-        let shift = 64 - cap.trailing_zeros();
-        let mut ix = Index { slots: super::table::Table::filled(cap, S::EMPTY), mask: cap - 1, shift };
-        for e in entries {
-            let mut s = ix.slot_of(e.key());
-            while !ix.slots[s].is_empty() {
-                s = (s + 1) & ix.mask;
-            }
-            ix.slots[s] = *e;
+impl<K: Copy + Eq, V: Copy> Index<K, V>
+where
+    SeqHash: KeyHash<K>,
+{
+    /// The index of `entries` (keys distinct: the compiler checks them).
+    fn build(entries: &[(K, V)]) -> Result<Self, String> {
+        let err = |e| format!("cannot allocate a session index of {} entries: {e}", entries.len());
+        let mut m = FixedMap::new(entries.len().max(1)).map_err(err)?;
+        for &(k, v) in entries {
+            m.insert(k, v).map_err(err)?;
         }
-        ix
+        Ok(Index(m))
     }
 
-    /// The home slot of `k`: the first of a cache line's two, so a key
-    /// displaced by one collision is still on the line a prefetch brought.
-    /// Fibonacci hashing, the product's top bits: keys allocated in
-    /// sequence (TEIDs, UE addresses from a pool) land on distinct lines.
-    /// (Bits 32 and up, as before, put 130K sequential TEIDs 2.8 probes
-    /// deep on average, 55% of them off their home line: a demand miss the
-    /// prefetch did not cover.)
+    /// The hash of `k` (what [`Index::home`], [`Index::hint`] and [`Index::get_hashed`] take).
     #[inline(always)]
-    pub fn slot_of(&self, k: u128) -> usize {
-        let x = (k as u64) ^ ((k >> 64) as u64).rotate_left(29);
-        (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift) as usize & self.mask & !1
+    pub fn hash(k: &K) -> u32 {
+        FixedMap::<K, V, SeqHash>::hash(k)
     }
 
-    /// The home slot's entry (for a prefetch).
+    /// The index word a lookup of hash `h` reads first (prefetch it).
     #[inline(always)]
-    pub fn slot(&self, s: usize) -> &S {
-        &self.slots[s & self.mask]
+    pub fn home(&self, h: u32) -> &u64 {
+        self.0.home_word(h)
     }
 
-    /// The slot of `k`, probing from slot `s` (its [`Index::slot_of`]).
+    /// The entry a lookup of hash `h` most likely ends on, from the index alone (prefetch it once
+    /// [`Index::home`] is in cache).
     #[inline(always)]
-    pub fn get_from(&self, k: u128, mut s: usize) -> Option<&S> {
-        loop {
-            let e = &self.slots[s & self.mask];
-            if e.is_empty() {
-                return None;
-            }
-            if e.key() == k {
-                return Some(e);
-            }
-            s = (s + 1) & self.mask;
-        }
+    pub fn hint(&self, h: u32) -> Option<&V> {
+        self.0.peek_at(self.0.probe_hint(h)?)
     }
 
-    /// The slot of `k`.
+    /// The value of `k`, whose hash `h` is.
+    #[inline(always)]
+    pub fn get_hashed(&self, h: u32, k: &K) -> Option<&V> {
+        self.0.peek_at(self.0.find_hashed(h, k)?)
+    }
+
+    /// The value of `k`.
     #[inline]
-    pub fn get(&self, k: u128) -> Option<&S> {
-        self.get_from(k, self.slot_of(k))
+    pub fn get(&self, k: K) -> Option<&V> {
+        self.get_hashed(Self::hash(&k), &k)
     }
 
-    /// Number of slots.
-    pub fn capacity(&self) -> usize {
-        self.slots.len()
+    /// Entries.
+    pub fn len(&self) -> usize {
+        self.0.len()
     }
-}
 
-/// Key tag of a TEID in the TEID index (so TEID keys never look like addresses).
-#[inline(always)]
-pub fn teid_key(teid: u32) -> u128 {
-    (1u128 << 64) | u128::from(teid)
+    /// No entry.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The map itself (tests look at slots and the index).
+    pub fn map(&self) -> &FixedMap<K, V, SeqHash> {
+        &self.0
+    }
 }
 
 /// The compiled, immutable rules of every session: what the data path reads.
@@ -790,10 +795,10 @@ pub struct RuleSet {
     pub cls: Vec<cls::Block>,
     /// Uplink PDR actions relative to the session, [`cls::LANES`] per block of `cls`.
     pub tacts: Vec<cls::TAct>,
-    /// TEID ([`teid_key`]) -> session and its uplink [`Hot`].
-    pub teids: Index<TeidSlot>,
+    /// Local TEID -> session and its uplink [`Hot`].
+    pub teids: Index<u32, TeidSlot>,
     /// UE address (IPv4-mapped or IPv6) -> session and its downlink [`Hot`].
-    pub ues: Index<UeSlot>,
+    pub ues: Index<u128, UeSlot>,
 }
 
 impl RuleSet {
@@ -890,7 +895,7 @@ impl RuleSet {
                 if s.urrs.iter().filter(|g| g.id == u.id).count() > 1 {
                     return Err(e(format!("duplicate URR {}", u.id)));
                 }
-                rs.urrs.push(Urr { threshold: u.volume_threshold.unwrap_or(0), id: u.id, session: si });
+                rs.urrs.push(Urr { threshold: u.volume_threshold.unwrap_or(0), quota: u.volume_quota.unwrap_or(0), id: u.id, session: si });
             }
             fn find(mut ids: impl Iterator<Item = u32>, id: u32) -> Option<usize> {
                 ids.position(|x| x == id)
@@ -1055,12 +1060,12 @@ impl RuleSet {
             let dl_hot = hot(dl_r, false, true);
             let ue4_32 = ue4.map_or(0, |a| a as u32);
             let (far_base, urr_base) = (far_base as u32, urr_base as u32);
-            teids.extend(own_teids.iter().map(|&teid| TeidSlot { teid, ue4: ue4_32, hot: ul_hot, far_base, urr_base }));
-            ues.extend([ue4, ue6].into_iter().flatten().map(|ue| UeSlot { ue, hot: dl_hot }));
+            teids.extend(own_teids.iter().map(|&teid| (teid, TeidSlot { ue4: ue4_32, hot: ul_hot, far_base, urr_base })));
+            ues.extend([ue4, ue6].into_iter().flatten().map(|ue| (ue, UeSlot { hot: dl_hot })));
         }
         rs.acts = rs.pdrs.iter().map(|p| Act::new(p, &rs.fars[p.far as usize])).collect();
-        rs.teids = Index::build(&teids);
-        rs.ues = Index::build(&ues);
+        rs.teids = Index::build(&teids)?;
+        rs.ues = Index::build(&ues)?;
         rs.advise_hugepages();
         Ok(rs)
     }
@@ -1082,7 +1087,7 @@ impl RuleSet {
     /// The session holding local TEID `teid`.
     #[inline]
     pub fn session_by_teid(&self, teid: u32) -> Option<u32> {
-        self.teids.get(teid_key(teid)).map(|e| e.hot.session)
+        self.teids.get(teid).map(|e| e.hot.session)
     }
 
     /// The session whose UE has address `a` (IPv4-mapped or IPv6).
@@ -1222,25 +1227,42 @@ mod tests {
     use super::*;
 
     /// Sequentially allocated TEIDs (as the PFCP endpoint hands them out)
-    /// are found, almost all on the line of their home slot, which the data
-    /// path prefetches; random ones are all found too.
+    /// are found, almost all with the index word on the line of their
+    /// home word (which the data path prefetches) and named by the index
+    /// alone (the hint the data path prefetches the entry from); random
+    /// ones are all found too.
     #[test]
     fn index_keeps_sequential_keys_on_their_home_line() {
-        let slot = |teid: u32| TeidSlot { teid, hot: Hot { session: teid, ..Hot::EMPTY }, ..TeidSlot::EMPTY };
-        let seq: Vec<TeidSlot> = (1..=20_000).map(slot).collect();
-        let ix = Index::build(&seq);
-        let mut off_line = 0;
-        for e in &seq {
-            let k = e.key();
-            let home = ix.slot_of(k);
-            let found = ix.get_from(k, home).expect("found");
-            assert_eq!(found.hot.session, e.teid);
-            let at = (found as *const TeidSlot as usize - ix.slot(0) as *const TeidSlot as usize) / 32;
-            off_line += usize::from((at.wrapping_sub(home) & ix.mask) >= 2);
+        let slot = |teid: u32| (teid, TeidSlot { ue4: 0, hot: Hot { session: teid, ..Hot::EMPTY }, far_base: 0, urr_base: 0 });
+        assert_eq!(std::mem::size_of::<TeidSlot>() + 4, 32, "an entry is half a line");
+        let seq: Vec<(u32, TeidSlot)> = (1..=130_000).map(slot).collect();
+        let ix = Index::build(&seq).unwrap();
+        let (mut off_line, mut missed_hint) = (0, 0);
+        for (k, _) in &seq {
+            let h = Index::<u32, TeidSlot>::hash(k);
+            let found = ix.get_hashed(h, k).expect("found");
+            assert_eq!(found.hot.session, *k);
+            missed_hint += usize::from(!ix.hint(h).is_some_and(|v| std::ptr::eq(v, found)));
+            // Where the key's index word sits: probe from home until it names the key's slot.
+            let m = ix.map();
+            let base = m.home_word(0) as *const u64 as usize;
+            let home = m.home_word(h) as *const u64 as usize;
+            let slot = m.find(k).unwrap() as u64 + 1;
+            let mut at = home;
+            let words = (m.capacity() * 2).next_power_of_two().max(16);
+            loop {
+                let w = *m.home_word(((at - base) / 8) as u32);
+                if w & 0xffff_ffff == slot {
+                    break;
+                }
+                at = base + ((at - base) / 8 + 1) % words * 8;
+            }
+            off_line += usize::from(at / 64 != home / 64);
         }
         assert!(off_line * 100 < seq.len(), "{off_line} of {} off their home line", seq.len());
+        assert!(missed_hint * 100 < seq.len(), "{missed_hint} of {} not named by the hint", seq.len());
         let mut x = 0x2545_f491_4f6c_dd1du64;
-        let random: Vec<TeidSlot> = (0..5_000)
+        let random: Vec<(u32, TeidSlot)> = (0..5_000)
             .map(|_| {
                 x ^= x << 13;
                 x ^= x >> 7;
@@ -1248,10 +1270,11 @@ mod tests {
                 slot((x as u32) | 1)
             })
             .collect();
-        let ix = Index::build(&random);
-        for e in &random {
-            assert!(ix.get(e.key()).is_some_and(|f| f.teid == e.teid));
+        let ix = Index::build(&random).unwrap();
+        for (k, v) in &random {
+            assert!(ix.get(*k).is_some_and(|f| f == v));
         }
-        assert!(ix.get(teid_key(0)).is_none());
+        assert!(ix.get(0).is_none());
+        assert!(Index::<u128, UeSlot>::default().get(7).is_none());
     }
 }

@@ -47,7 +47,7 @@ fn spec() -> SessionSpec {
             },
         ],
         qers: vec![],
-        urrs: vec![UrrSpec { id: 1, volume_threshold: Some(100) }],
+        urrs: vec![UrrSpec { id: 1, volume_threshold: Some(100), ..Default::default() }],
     }
 }
 
@@ -232,7 +232,7 @@ fn several_qers_and_urrs_per_pdr() {
         QerSpec { id: 2, mbr_dl_kbps: Some(8), ..Default::default() },
         QerSpec { id: 3, gate_ul: Gate::Closed, ..Default::default() },
     ];
-    s.urrs.push(UrrSpec { id: 2, volume_threshold: None });
+    s.urrs.push(UrrSpec { id: 2, volume_threshold: None, ..Default::default() });
     for p in &mut s.pdrs {
         (p.qers, p.urrs) = if p.source == Iface::Core { (vec![1, 2], vec![1, 2]) } else { (vec![1, 3], vec![2]) };
     }
@@ -266,7 +266,7 @@ fn several_qers_and_urrs_per_pdr() {
     assert_eq!(back.sessions[0].pdrs.iter().find(|p| p.id == 3).unwrap().qers, vec![1]);
     // A rule listed twice is refused.
     let mut dup = spec();
-    dup.urrs.push(UrrSpec { id: 2, volume_threshold: None });
+    dup.urrs.push(UrrSpec { id: 2, volume_threshold: None, ..Default::default() });
     dup.pdrs[0].urrs = vec![1, 1];
     let e = RuleSet::compile(&[dup]).unwrap_err();
     assert!(e.contains("URR 1 listed twice"), "{e}");
@@ -329,7 +329,7 @@ fn compiled_classifiers_are_shared_and_pick_the_pdr() {
     let rs = RuleSet::compile(&[a, b]).unwrap();
     // Uplink (two entries, a block) and downlink (one) of session 7, shared by session 8.
     assert_eq!(rs.cls.len(), 2);
-    let (sa, sb) = (rs.teids.get(teid_key(100)).unwrap(), rs.teids.get(teid_key(200)).unwrap());
+    let (sa, sb) = (rs.teids.get(100).unwrap(), rs.teids.get(200).unwrap());
     assert_eq!((sa.hot.cls, sa.hot.cls_len), (sb.hot.cls, sb.hot.cls_len));
     assert!(sa.hot.flags & Hot::FAST != 0);
     let f = Fields {
@@ -471,7 +471,7 @@ fn ipv6_ue_both_directions() {
 fn fast_path_and_fallback_forward_alike_and_slots_do_not_leak_sessions() {
     let mut u = upf(&[spec()], UpfConfig::default());
     // The session's uplink takes the compiled classifier, where the fast path applies.
-    assert_ne!(u.rules().teids.get(teid_key(100)).unwrap().hot.flags & Hot::FAST, 0);
+    assert_ne!(u.rules().teids.get(100).unwrap().hot.flags & Hot::FAST, 0);
     let inner = udp_payload(UE, DN, 4000, 53);
     let fast = gtpu4(GNB, N3, 100, Some(9), &inner);
     let m = PktMeta::parse(&fast);
