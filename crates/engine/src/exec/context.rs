@@ -27,8 +27,6 @@ use crate::error::EngineError;
 use crate::stage::{apply_action, arrive, packet_ctx, BatchOutcome, StatefulStage};
 use crate::store::{FlowRef, FlowStore, StoreConfig};
 
-/// Seed of the flow-table hash.
-const HASH_SEED: u32 = 0x9e37_79b9;
 /// Packets ahead at which the prefetch hook runs.
 pub(crate) const PREFETCH_AHEAD: usize = 4;
 
@@ -50,6 +48,8 @@ pub struct Scratch {
     handles: Box<[u32; MAX_BATCH]>,
     /// Each gathered key's packet time (idle checks on lookup are per packet).
     times: Box<[u64; MAX_BATCH]>,
+    /// The run's flow-table hash secret ([`ExecConfig::hash_seed`]), read from here once per key.
+    pub(crate) seed: u32,
 }
 
 impl Scratch {
@@ -57,7 +57,7 @@ impl Scratch {
     #[inline(always)]
     fn gather_v4(&mut self, m: usize, i: usize, k: FiveTupleV4, ts: u64) -> usize {
         self.keys[m] = k;
-        self.hashes[m] = k.hash64(HASH_SEED);
+        self.hashes[m] = k.hash64(self.seed);
         self.idx[m] = i as u16;
         self.times[m] = ts;
         m + 1
@@ -83,7 +83,7 @@ impl Scratch {
         w
     }
 
-    fn new(groups: usize) -> Self {
+    fn new(groups: usize, seed: u32) -> Self {
         Scratch {
             metas: Box::new([PktMeta::default(); MAX_BATCH]),
             flows: Box::new([FlowRef::NONE; MAX_BATCH]),
@@ -95,6 +95,7 @@ impl Scratch {
             idx: Box::new([0; MAX_BATCH]),
             handles: Box::new([0; MAX_BATCH]),
             times: Box::new([0; MAX_BATCH]),
+            seed,
         }
     }
 }
@@ -249,6 +250,8 @@ pub(crate) struct Aux<'a> {
     groups: &'a [GroupLayout],
     shared: &'a SharedStores,
     now: u64,
+    /// The run's hash secret (coarse keys are placed by it too).
+    seed: u32,
 }
 
 /// A state with no export row, as its bytes (little-endian hex).
@@ -257,11 +260,13 @@ fn raw_state(b: &[u8]) -> serde_json::Value {
     serde_json::json!({ "state_bytes": hex })
 }
 
+/// The flow tables' hash of `t` under the run's secret `seed` (every core of a run uses the same one, so
+/// hand-over and replicas place a key alike).
 #[inline(always)]
-pub(crate) fn hash_tuple(t: &FiveTuple) -> u64 {
+pub(crate) fn hash_tuple(t: &FiveTuple, seed: u32) -> u64 {
     match t {
-        FiveTuple::V4(k) => k.hash64(HASH_SEED),
-        FiveTuple::V6(k) => k.hash64(HASH_SEED),
+        FiveTuple::V4(k) => k.hash64(seed),
+        FiveTuple::V6(k) => k.hash64(seed),
     }
 }
 
@@ -367,7 +372,7 @@ impl ExecContext {
             chain,
             stores,
             shared,
-            scratch: Scratch::new(groups),
+            scratch: Scratch::new(groups, cfg.hash_seed),
             stats: ExecStats::default(),
             multi_line,
             sweep: Sweep { last_ns: 0, entries: (cfg.flows as u64).max(64), period_ns: sweep_period_ns(idle_ns) },
@@ -453,9 +458,9 @@ impl ExecContext {
         let pernf = self.layout == StateLayout::PerNf;
         // Shared entries expire at the slowest running core's clock (see `CoreClocks`).
         let shared_now = if self.clock.is_some() { self.shared.clocks.watermark(now, tsc) } else { now };
-        let ExecContext { stores, chain, shared, .. } = self;
+        let ExecContext { stores, chain, shared, scratch, .. } = self;
         let Chain { stages, groups, .. } = chain;
-        let aux = Aux { groups, shared, now };
+        let aux = Aux { groups, shared, now, seed: scratch.seed };
         for (k, store) in stores.iter_mut().enumerate() {
             store.expire(now, budget, |key, block| {
                 release_all(stages, pernf.then_some(k), aux_on.then_some(&aux), key, block)
@@ -493,7 +498,7 @@ impl ExecContext {
         let aux_on = self.aux_on();
         let ExecContext { stores, chain, scratch, shared, .. } = self;
         let Chain { stages, groups, .. } = chain;
-        let aux = Aux { groups, shared, now: ctx.now_ns };
+        let aux = Aux { groups, shared, now: ctx.now_ns, seed: scratch.seed };
         let aux = aux_on.then_some(&aux);
         let store = &mut stores[0];
         let mut m = 0usize;
@@ -507,7 +512,7 @@ impl ExecContext {
                 }
                 other => {
                     let meta = *other;
-                    let h = hash_tuple(&meta.tuple);
+                    let h = hash_tuple(&meta.tuple, scratch.seed);
                     let pctx = packet_ctx(batch, i, ctx);
                     let data = batch.data_mut(i);
                     let r =
@@ -538,9 +543,9 @@ impl ExecContext {
             return FlowRef::NONE;
         }
         let Chain { stages, groups, .. } = chain;
-        let aux = Aux { groups, shared, now: ctx.now_ns };
+        let aux = Aux { groups, shared, now: ctx.now_ns, seed: scratch.seed };
         let aux = aux_on.then_some(&aux);
-        let h = hash_tuple(&meta.tuple);
+        let h = hash_tuple(&meta.tuple, scratch.seed);
         let pctx = packet_ctx(batch, i, ctx);
         let data = batch.data_mut(i);
         let Some(store) = stores.first_mut() else { return FlowRef::NONE };
@@ -558,9 +563,10 @@ impl ExecContext {
         let ExecContext { stores, chain, shared, scratch, .. } = self;
         let Some(store) = stores.first_mut() else { return };
         let Chain { stages, groups, .. } = chain;
-        let aux = Aux { groups, shared, now: ctx.now_ns };
+        let aux = Aux { groups, shared, now: ctx.now_ns, seed: scratch.seed };
         let aux = aux_on.then_some(&aux);
-        let Scratch { metas, flows, .. } = scratch;
+        let Scratch { metas, flows, seed, .. } = scratch;
+        let seed = *seed;
         let (mut i, n) = (range.start, range.end);
         while i < n {
             let meta = &metas[i];
@@ -570,7 +576,7 @@ impl ExecContext {
             }
             let mut flow = FlowRef::NONE;
             if meta.valid {
-                let h = hash_tuple(&meta.tuple);
+                let h = hash_tuple(&meta.tuple, seed);
                 let pctx = packet_ctx(batch, i, ctx);
                 let data = batch.data_mut(i);
                 if let Some((r, _)) =
@@ -633,7 +639,7 @@ impl ExecContext {
     /// packet of a 5-tuple already in it. Keys are told apart by their hash;
     /// a collision only ends a segment early.
     pub(crate) fn segment_end_by_key(&mut self, start: usize, n: usize) -> usize {
-        self.segment_end_with(start, n, |s, i| s.metas[i].valid.then(|| hash_tuple(&s.metas[i].tuple) as u32))
+        self.segment_end_with(start, n, |s, i| s.metas[i].valid.then(|| hash_tuple(&s.metas[i].tuple, s.seed) as u32))
     }
 
     /// Handle of packet `i`'s group-`g` entry as the auxiliary table keeps it in the flow's block.
@@ -680,7 +686,7 @@ impl ExecContext {
             return SharedHandle::NONE;
         };
         self.stats.shared_lookups += 1;
-        let Some((h, _)) = self.shared.tables[g].acquire(&k, coarse_hash(k), now, |_, _| {}) else {
+        let Some((h, _)) = self.shared.tables[g].acquire(&k, coarse_hash(k, self.scratch.seed), now, |_, _| {}) else {
             return SharedHandle::NONE;
         };
         match self.stores[0].block_mut(flow).get_mut(at..at + 8) {
@@ -741,7 +747,7 @@ impl ExecContext {
                 let meta = &self.scratch.metas[i];
                 if let Some(k) = meta.valid.then(|| group_key(layout.granularity, meta)).flatten() {
                     keys[m] = k;
-                    hashes[m] = coarse_hash(k);
+                    hashes[m] = coarse_hash(k, self.scratch.seed);
                     idx[m] = i as u16;
                     m += 1;
                 }
@@ -760,7 +766,7 @@ impl ExecContext {
         match meta.valid.then(|| group_key(self.chain.groups[g].granularity, meta)).flatten() {
             Some(k) => {
                 self.stats.shared_lookups += 1;
-                self.shared.tables[g].acquire(&k, coarse_hash(k), now, |_, _| {}).map_or(SharedHandle::NONE, |(h, _)| h)
+                self.shared.tables[g].acquire(&k, coarse_hash(k, self.scratch.seed), now, |_, _| {}).map_or(SharedHandle::NONE, |(h, _)| h)
             }
             None => SharedHandle::NONE,
         }
@@ -969,7 +975,7 @@ impl ExecContext {
         let aux_on = self.aux_on();
         let ExecContext { stores, chain, scratch, shared, stats, .. } = self;
         let Chain { stages, groups, .. } = chain;
-        let aux = Aux { groups, shared, now: ctx.now_ns };
+        let aux = Aux { groups, shared, now: ctx.now_ns, seed: scratch.seed };
         let ended = end_flows(stages, &mut stores[0], None, aux_on.then_some(&aux), &scratch.flows[..frontier], &ends);
         stats.ended += ended;
         self.keep_ends_past(ends, frontier);
@@ -1005,7 +1011,7 @@ impl ExecContext {
         let pernf = (self.layout == StateLayout::PerNf).then_some(k);
         let ExecContext { stores, chain, scratch, shared, stats, .. } = self;
         let Chain { stages, groups, .. } = chain;
-        let aux = Aux { groups, shared, now };
+        let aux = Aux { groups, shared, now, seed: scratch.seed };
         stats.ended += remove_flow(stages, &mut stores[k], pernf, aux_on.then_some(&aux), flow) as u64;
         for f in scratch.flows[flows_from..].iter_mut() {
             if *f == flow {
@@ -1017,7 +1023,7 @@ impl ExecContext {
     /// Ends the flow `key` in every store of the per-NF layout (each NF's
     /// release callback on its own state), counted once per entry removed.
     pub(crate) fn end_flow_everywhere(&mut self, key: &FiveTuple) {
-        let h = hash_tuple(key);
+        let h = hash_tuple(key, self.scratch.seed);
         // `ended` counts entries, as insertions do: a flow with an entry in n per-NF tables ends n times, so
         // every table's `flows + expiries + ended + evictions = insertions` holds in the sum.
         let mut removed = 0;
@@ -1035,7 +1041,7 @@ impl ExecContext {
     /// 5-tuple state, or its coarse state for the flow's source, destination or other key. One
     /// lookup per table, nothing inserted; NFs without state for the flow are left out.
     pub fn flow_rows(&self, key: &FiveTuple, include_shared: bool) -> Vec<(String, serde_json::Value)> {
-        let h = hash_tuple(key);
+        let h = hash_tuple(key, self.scratch.seed);
         let meta = flowplane_nf::PktMeta { tuple: *key, valid: true, ..Default::default() };
         let mut out = Vec::new();
         let mut k = 0;
@@ -1048,7 +1054,7 @@ impl ExecContext {
                     let bit = 2u64 << member;
                     crate::coarse::group_key(gran, &meta).and_then(|gk| {
                         let t = &self.shared.tables[g];
-                        let hdl = t.lookup(&gk, crate::coarse::coarse_hash(gk));
+                        let hdl = t.lookup(&gk, crate::coarse::coarse_hash(gk, self.scratch.seed));
                         let words = t.state(hdl)?;
                         with_locked(words, |flags, buf| {
                             let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
@@ -1342,7 +1348,7 @@ pub(crate) fn lookup_key(
     if !meta.valid || batch.is_dropped(i) {
         return FlowRef::NONE;
     }
-    let h = hash_tuple(&meta.tuple);
+    let h = hash_tuple(&meta.tuple, scratch.seed);
     let pctx = packet_ctx(batch, i, ctx);
     let data = batch.data_mut(i);
     let stage = &mut chain.stages[si];
@@ -1412,7 +1418,7 @@ fn init_all(
         for (g, layout) in aux.groups.iter().enumerate() {
             let bits = match group_key(layout.granularity, meta) {
                 Some(k) => aux.shared.tables[g]
-                    .acquire(&k, coarse_hash(k), aux.now, |_, _| {})
+                    .acquire(&k, coarse_hash(k, aux.seed), aux.now, |_, _| {})
                     .map_or(aux_refused_bits(), |(h, _)| handle_bits(h)),
                 None => handle_bits(SharedHandle::NONE),
             };
