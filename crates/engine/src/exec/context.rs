@@ -164,6 +164,9 @@ struct ExactEnds {
 pub struct ExecStats {
     /// Flows ended by an NF.
     pub ended: u64,
+    /// Entries removed because an NF refused the flow on its first packet ([`Action::Refuse`]): not
+    /// insertions, not ended.
+    pub refused: u64,
     /// Packets without a flow key.
     pub unparsed: u64,
     /// Lookups in the shared tables (aux off: one per packet per group).
@@ -934,6 +937,7 @@ impl ExecContext {
         // a flow past where a later stage stopped; that end waits until the
         // later stage has run the packet too.
         let mut ends = self.pending_ends();
+        let mut refused = [0u64; 4];
         for si in 0..self.chain.stages.len() {
             let from = self.progress[si].max(range.start);
             if from >= frontier {
@@ -961,6 +965,9 @@ impl ExecContext {
                     for (e, o) in ends.iter_mut().zip(out.end) {
                         *e |= o;
                     }
+                    for (r, o) in refused.iter_mut().zip(out.refused) {
+                        *r |= o;
+                    }
                     if let Some(stop) = out.stopped_at {
                         frontier = stop;
                         self.progress[si] = stop;
@@ -976,8 +983,10 @@ impl ExecContext {
         let ExecContext { stores, chain, scratch, shared, stats, .. } = self;
         let Chain { stages, groups, .. } = chain;
         let aux = Aux { groups, shared, now: ctx.now_ns, seed: scratch.seed };
-        let ended = end_flows(stages, &mut stores[0], None, aux_on.then_some(&aux), &scratch.flows[..frontier], &ends);
+        let flows = &scratch.flows[..frontier];
+        let (ended, gone) = end_flows(stages, &mut stores[0], None, aux_on.then_some(&aux), flows, &ends, &refused);
         stats.ended += ended;
+        stats.refused += gone;
         self.keep_ends_past(ends, frontier);
         (ended, frontier)
     }
@@ -1006,13 +1015,19 @@ impl ExecContext {
 
     /// Removes one flow of store `k` (releasing its state) and forgets it in
     /// `flows[from..]` so later packets of the batch do not reuse the entry.
-    pub(crate) fn end_flow(&mut self, k: usize, flow: FlowRef, now: u64, flows_from: usize) {
+    /// `refused`: the flow was refused on its first packet (counted apart, see [`ExecStats::refused`]).
+    pub(crate) fn end_flow(&mut self, k: usize, flow: FlowRef, now: u64, flows_from: usize, refused: bool) {
         let aux_on = self.aux_on();
         let pernf = (self.layout == StateLayout::PerNf).then_some(k);
         let ExecContext { stores, chain, scratch, shared, stats, .. } = self;
         let Chain { stages, groups, .. } = chain;
         let aux = Aux { groups, shared, now, seed: scratch.seed };
-        stats.ended += remove_flow(stages, &mut stores[k], pernf, aux_on.then_some(&aux), flow) as u64;
+        let removed = remove_flow(stages, &mut stores[k], pernf, aux_on.then_some(&aux), flow) as u64;
+        if refused {
+            stats.refused += removed;
+        } else {
+            stats.ended += removed;
+        }
         for f in scratch.flows[flows_from..].iter_mut() {
             if *f == flow {
                 *f = FlowRef::NONE;
@@ -1022,7 +1037,7 @@ impl ExecContext {
 
     /// Ends the flow `key` in every store of the per-NF layout (each NF's
     /// release callback on its own state), counted once per entry removed.
-    pub(crate) fn end_flow_everywhere(&mut self, key: &FiveTuple) {
+    pub(crate) fn end_flow_everywhere(&mut self, key: &FiveTuple, refused: bool) {
         let h = hash_tuple(key, self.scratch.seed);
         // `ended` counts entries, as insertions do: a flow with an entry in n per-NF tables ends n times, so
         // every table's `flows + expiries + ended + evictions = insertions` holds in the sum.
@@ -1034,7 +1049,11 @@ impl ExecContext {
                 removed += u64::from(remove_flow(&mut chain.stages, store, Some(k), None, flow));
             }
         }
-        self.stats.ended += removed;
+        if refused {
+            self.stats.refused += removed;
+        } else {
+            self.stats.ended += removed;
+        }
     }
 
     /// Each stateful NF's state for the flow `key` on this core (`flowplane ctl show flow`): its
@@ -1132,8 +1151,10 @@ impl ExecContext {
             r.table_full += st.full_events;
             r.evictions += st.evictions;
         }
-        // The tables count imported entries as inserts; the report keeps hand-overs apart.
-        r.insertions -= self.stats.moved_in.min(r.insertions);
+        // The tables count imported entries as inserts; the report keeps hand-overs apart. An entry its first
+        // packet's NF refused was never admitted: neither an insertion nor ended.
+        r.insertions -= (self.stats.moved_in + self.stats.refused).min(r.insertions);
+        r.refused = self.stats.refused;
         r.moved_in = self.stats.moved_in;
         r.moved_out = self.stats.moved_out;
         r.flows = self.stores.first().map_or(0, |s| s.len() as u64);
@@ -1531,7 +1552,7 @@ fn coarse_one(
     // A coarse entry outlives any one flow: end-of-flow requests keep only their verdict.
     Some(match a.unwrap_or(Action::Drop) {
         Action::EndFlow => Action::Pass,
-        Action::DropEndFlow => Action::Drop,
+        Action::DropEndFlow | Action::Refuse => Action::Drop,
         other => other,
     })
 }
@@ -1586,7 +1607,8 @@ fn remove_flow(
     store.remove(flow)
 }
 
-/// Removes the flows whose packets asked to end them (each entry once).
+/// Removes the flows whose packets asked to end them (each entry once); returns (ended, removed as
+/// refused on their first packet: the bits of `refused`).
 pub(crate) fn end_flows(
     stages: &mut [Stage],
     store: &mut FlowStore,
@@ -1594,22 +1616,28 @@ pub(crate) fn end_flows(
     aux: Option<&Aux<'_>>,
     flows: &[FlowRef],
     ends: &[u64; 4],
-) -> u64 {
+    refused: &[u64; 4],
+) -> (u64, u64) {
     if ends.iter().all(|&e| e == 0) {
-        return 0;
+        return (0, 0);
     }
-    let mut removed = 0;
+    let (mut ended, mut gone) = (0, 0);
     for (w, &e) in ends.iter().enumerate() {
         let mut m = e;
         while m != 0 {
             let i = w * 64 + m.trailing_zeros() as usize;
             m &= m - 1;
             if let Some(&flow) = flows.get(i) {
-                removed += remove_flow(stages, store, pernf, aux, flow) as u64;
+                let removed = remove_flow(stages, store, pernf, aux, flow) as u64;
+                if refused[w] & (1 << (i & 63)) != 0 {
+                    gone += removed;
+                } else {
+                    ended += removed;
+                }
             }
         }
     }
-    removed
+    (ended, gone)
 }
 
 #[cfg(test)]

@@ -210,6 +210,7 @@ impl Interleaved {
         // The NFs that take no steps still get their prefetch hooks.
         let ahead = if cx.cfg.prefetch && cx.cfg.prefetch_hooks { PREFETCH_AHEAD } else { 0 };
         let mut ends = cx.pending_ends();
+        let mut refused = [0u64; 4];
         for si in 0..cx.chain.stages.len() {
             let from = self.progress[si].max(range.start);
             if from >= frontier {
@@ -237,6 +238,9 @@ impl Interleaved {
                     for (e, o) in ends.iter_mut().zip(out.end) {
                         *e |= o;
                     }
+                    for (r, o) in refused.iter_mut().zip(out.refused) {
+                        *r |= o;
+                    }
                     if let Some(stop) = out.stopped_at {
                         frontier = stop;
                         self.progress[si] = stop;
@@ -257,7 +261,7 @@ impl Interleaved {
                 let flow = cx.scratch.flows[i];
                 if i < frontier && flow.is_some() {
                     let before = cx.stats.ended;
-                    cx.end_flow(0, flow, ctx.now_ns, frontier);
+                    cx.end_flow(0, flow, ctx.now_ns, frontier, refused[w] & (1 << (i & 63)) != 0);
                     ended += cx.stats.ended - before;
                 }
             }

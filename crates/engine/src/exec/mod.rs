@@ -283,6 +283,9 @@ pub struct StoreReport {
     pub expiries: u64,
     /// Entries removed because an NF ended their flow (FIN/RST, ...): one per per-flow table under `pernf`.
     pub ended: u64,
+    /// Flows an NF refused on their first packet (nat's pool exhausted, a filtered or unmapped packet): their
+    /// entry was removed as never inserted, so neither `insertions` nor `ended` counts it.
+    pub refused: u64,
     /// Entries handed over to another core (`rsspp`, `dyssect` moves).
     pub moved_out: u64,
     /// Entries taken over from another core.
@@ -331,6 +334,7 @@ impl StoreReport {
         self.capacity += o.capacity;
         self.capacity_v6 += o.capacity_v6;
         self.insertions += o.insertions;
+        self.refused += o.refused;
         self.expiries += o.expiries;
         self.ended += o.ended;
         self.moved_out += o.moved_out;
