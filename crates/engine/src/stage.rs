@@ -38,6 +38,18 @@ impl BatchOutcome {
         self.end[i >> 6] |= 1 << (i & 63);
     }
 
+    /// Adds this pass's ends to a segment's `ends` and `refused` (`refused` within `ends`): a flow one stage
+    /// ends outright ([`End::Flow`]) is ended even where another refused it, as run-to-completion's
+    /// strongest end per packet.
+    #[inline]
+    pub fn merge_into(&self, ends: &mut [u64; 4], refused: &mut [u64; 4]) {
+        for w in 0..4 {
+            let flow = (ends[w] & !refused[w]) | (self.end[w] & !self.refused[w]);
+            ends[w] |= self.end[w];
+            refused[w] = (refused[w] | self.refused[w]) & !flow;
+        }
+    }
+
     /// Marks packet `i`'s flow as refused (removed as never inserted, with no stop).
     #[inline(always)]
     pub fn mark_refused(&mut self, i: usize) {

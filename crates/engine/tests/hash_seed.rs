@@ -75,7 +75,8 @@ fn the_crc_half_alone_collides_under_every_seed() {
         assert_eq!(low.len(), 1, "seed {seed:#x}: the CRC half kept the collision");
         // The table's placement spreads them.
         let t = FlowTable::<FiveTupleV4>::new(TableConfig::new(FLOWS, 8)).unwrap();
-        let b1: std::collections::BTreeSet<usize> = keys.iter().map(|k| t.candidate_buckets(k.hash64(seed)).0).collect();
+        let b1: std::collections::BTreeSet<usize> =
+            keys.iter().map(|k| t.candidate_buckets(k.hash64(seed)).0).collect();
         assert!(b1.len() >= 10, "seed {seed:#x}: {ATTACK} keys in {} primary buckets", b1.len());
     }
 }

@@ -234,6 +234,8 @@ pub struct ExecContext {
     pub(crate) progress: Vec<usize>,
     /// Packets (bits) whose flow an NF ended that not every stage has run yet.
     pending_ends: [u64; 4],
+    /// Of `pending_ends`: refusals.
+    pending_refused: [u64; 4],
     /// The shortest idle timeout of the flow tables (lookup windows, see `window_end`).
     idle_ns: u64,
     /// The current batch spans at most `idle_ns`: one lookup window.
@@ -382,6 +384,7 @@ impl ExecContext {
             exact,
             progress: vec![0; stages],
             pending_ends: [0; 4],
+            pending_refused: [0; 4],
             idle_ns,
             one_window: true,
             clock,
@@ -769,7 +772,9 @@ impl ExecContext {
         match meta.valid.then(|| group_key(self.chain.groups[g].granularity, meta)).flatten() {
             Some(k) => {
                 self.stats.shared_lookups += 1;
-                self.shared.tables[g].acquire(&k, coarse_hash(k, self.scratch.seed), now, |_, _| {}).map_or(SharedHandle::NONE, |(h, _)| h)
+                self.shared.tables[g]
+                    .acquire(&k, coarse_hash(k, self.scratch.seed), now, |_, _| {})
+                    .map_or(SharedHandle::NONE, |(h, _)| h)
             }
             None => SharedHandle::NONE,
         }
@@ -854,6 +859,7 @@ impl ExecContext {
     pub(crate) fn start_batch(&mut self, batch: &Batch) {
         self.progress.fill(0);
         self.pending_ends = [0; 4];
+        self.pending_refused = [0; 4];
         let ts = batch.timestamps();
         let (lo, hi) = ts.iter().fold((u64::MAX, 0), |(lo, hi), &t| (lo.min(t), hi.max(t)));
         self.one_window = hi.saturating_sub(lo) <= self.idle_ns;
@@ -886,7 +892,8 @@ impl ExecContext {
     /// and the coarse handles are filled; then the flows that asked to end
     /// are removed. A stage resumes where it stopped in an earlier segment of
     /// the batch, and an NF that ends a flow stops right after that packet:
-    /// the stages after it stop there too. Returns the flows ended and the
+    /// the stages after it stop there too (a refusal, [`Action::Refuse`], does
+    /// not stop). Returns the flows removed (ended or refused) and the
     /// end of what every stage has run (the next segment starts there).
     /// `prefetch` starts the second line of multi-line blocks and runs the
     /// NFs' prefetch hooks ahead of their actions.
@@ -936,8 +943,7 @@ impl ExecContext {
         // Ends requested so far in the batch: an earlier stage may have ended
         // a flow past where a later stage stopped; that end waits until the
         // later stage has run the packet too.
-        let mut ends = self.pending_ends();
-        let mut refused = [0u64; 4];
+        let (mut ends, mut refused) = self.pending_ends();
         for si in 0..self.chain.stages.len() {
             let from = self.progress[si].max(range.start);
             if from >= frontier {
@@ -962,12 +968,7 @@ impl ExecContext {
                     let store = &mut stores[0];
                     nf.process_batch(batch, todo, metas, flows, store, *offset, ctx, ahead, &mut out);
                     counters.merge(&out.counters);
-                    for (e, o) in ends.iter_mut().zip(out.end) {
-                        *e |= o;
-                    }
-                    for (r, o) in refused.iter_mut().zip(out.refused) {
-                        *r |= o;
-                    }
+                    out.merge_into(&mut ends, &mut refused);
                     if let Some(stop) = out.stopped_at {
                         frontier = stop;
                         self.progress[si] = stop;
@@ -987,21 +988,24 @@ impl ExecContext {
         let (ended, gone) = end_flows(stages, &mut stores[0], None, aux_on.then_some(&aux), flows, &ends, &refused);
         stats.ended += ended;
         stats.refused += gone;
-        self.keep_ends_past(ends, frontier);
-        (ended, frontier)
+        self.keep_ends_past(ends, refused, frontier);
+        // Either kind of removal leaves later packets of the window with a stale entry: the caller looks them up again.
+        (ended + gone, frontier)
     }
 
     /// Ends requested in the batch that not every stage has run yet (see
     /// [`ExecContext::keep_ends_past`]); executors start a segment's `ends` from these.
     #[inline]
-    pub(crate) fn pending_ends(&self) -> [u64; 4] {
-        self.pending_ends
+    /// With them, which of those are refusals ([`Action::Refuse`]).
+    #[inline]
+    pub(crate) fn pending_ends(&self) -> ([u64; 4], [u64; 4]) {
+        (self.pending_ends, self.pending_refused)
     }
 
     /// Keeps the ends of packets at or past `frontier` pending (those before
     /// it have been applied): a stage may have ended a flow past where a later
     /// stage stopped, and that end waits until the later stage has run it.
-    pub(crate) fn keep_ends_past(&mut self, mut ends: [u64; 4], frontier: usize) {
+    pub(crate) fn keep_ends_past(&mut self, mut ends: [u64; 4], refused: [u64; 4], frontier: usize) {
         for (w, e) in ends.iter_mut().enumerate() {
             let lo = w * 64;
             if frontier >= lo + 64 {
@@ -1009,6 +1013,7 @@ impl ExecContext {
             } else if frontier > lo {
                 *e &= !((1u64 << (frontier - lo)) - 1);
             }
+            self.pending_refused[w] = refused[w] & *e;
         }
         self.pending_ends = ends;
     }

@@ -119,12 +119,7 @@ impl PerNf {
                 let mut out = BatchOutcome::default();
                 nf.process_batch(batch, todo, metas, &flows[..frontier], &mut cx.stores[k], 0, ctx, ahead, &mut out);
                 counters.merge(&out.counters);
-                for (e, o) in self.ends.iter_mut().zip(out.end) {
-                    *e |= o;
-                }
-                for (r, o) in self.refused.iter_mut().zip(out.refused) {
-                    *r |= o;
-                }
+                out.merge_into(&mut self.ends, &mut self.refused);
                 if let Some(stop) = out.stopped_at {
                     frontier = stop;
                     cx.progress[si] = stop;
