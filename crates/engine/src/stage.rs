@@ -231,6 +231,8 @@ pub trait StatefulStage: Send {
     fn on_unparsed(&mut self) -> Action;
     /// Packets with a key but no state (table full): counted by the NF, its verdict.
     fn on_no_state(&mut self) -> Action;
+    /// The same with the packet and its time ([`StatefulNf::on_no_state_pkt`]).
+    fn on_no_state_pkt(&mut self, pkt: &Pkt<'_>, ctx: &NfContext) -> Action;
     /// The NF fails open without state (the NF's rule, [`StatefulNf::passes_without_state`]).
     fn passes_without_state(&self) -> bool;
     /// The run's end (the NF's hook, [`StatefulNf::end_of_run`]).
@@ -535,6 +537,9 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     }
     fn on_no_state(&mut self) -> Action {
         self.0.on_no_state()
+    }
+    fn on_no_state_pkt(&mut self, pkt: &Pkt<'_>, ctx: &NfContext) -> Action {
+        self.0.on_no_state_pkt(pkt, ctx)
     }
     fn passes_without_state(&self) -> bool {
         self.0.passes_without_state()

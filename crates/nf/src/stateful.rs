@@ -471,6 +471,13 @@ pub trait StatefulNf: Send + 'static {
         }
     }
 
+    /// [`StatefulNf::on_no_state`] with the packet and its time, where the engine has them (coarse state on
+    /// the executors' path; SCR replicas call `on_no_state`): an NF that must not fail open for keys its table
+    /// cannot hold judges them here (`ddos`'s sketch). The default is `on_no_state`.
+    fn on_no_state_pkt(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> Action {
+        self.on_no_state()
+    }
+
     /// State-compute replication (`--scale scr`, SCR Appendix C): the
     /// header fields this NF's state transition reads. `None` (the default):
     /// the NF does not opt in and `--scale scr` refuses it. An NF opting in

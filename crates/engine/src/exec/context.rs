@@ -995,7 +995,6 @@ impl ExecContext {
 
     /// Ends requested in the batch that not every stage has run yet (see
     /// [`ExecContext::keep_ends_past`]); executors start a segment's `ends` from these.
-    #[inline]
     /// With them, which of those are refusals ([`Action::Refuse`]).
     #[inline]
     pub(crate) fn pending_ends(&self) -> ([u64; 4], [u64; 4]) {
@@ -1516,9 +1515,13 @@ fn coarse_one(
         if group_key(c.granularity, meta).is_none() {
             return Some(nf.on_unparsed());
         }
-        return Some(nf.on_no_state());
+        let pctx = packet_ctx(batch, i, ctx);
+        return Some(nf.on_no_state_pkt(&Pkt::new(batch.data_mut(i), meta), &pctx));
     }
-    let Some(words) = c.table.state(c.h) else { return Some(nf.on_no_state()) };
+    let Some(words) = c.table.state(c.h) else {
+        let pctx = packet_ctx(batch, i, ctx);
+        return Some(nf.on_no_state_pkt(&Pkt::new(batch.data_mut(i), meta), &pctx));
+    };
     let (sz, offset) = (nf.state_size(), c.offset);
     let bit = 2u64 << c.member;
     let ctx = &packet_ctx(batch, i, ctx);
