@@ -42,7 +42,10 @@ fn a_spoofed_flood_past_the_table_drops_at_least_what_the_rule_says() {
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("flood.pcap");
     let t = trace.to_str().unwrap();
-    let g = Command::new(BIN).args(["gen", "--flows", "2000", "--packets", "80000", "--seed", "8", "-o", t]).output().unwrap();
+    let g = Command::new(BIN)
+        .args(["gen", "--flows", "2000", "--packets", "80000", "--seed", "8", "-o", t])
+        .output()
+        .unwrap();
     assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
     let want = model(&trace, None);
     let min_drops = want["min_drops"].as_u64().unwrap();
