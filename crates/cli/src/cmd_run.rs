@@ -169,6 +169,11 @@ pub struct TableArgs {
     /// When a flow table is full: reject (count and pass without state) or evict the least recently used entry.
     #[arg(long, default_value = "reject", value_parser = ["reject", "evict"])]
     pub table_full: String,
+    /// Secret of the flow tables' hash. Default: drawn at random for each run, so no one can compute flows that
+    /// collide into one bucket; set it to reproduce a run in which a table filled (results do not depend on it
+    /// while the tables have room).
+    #[arg(long, value_name = "N")]
+    pub hash_seed: Option<u32>,
 }
 
 /// The worker cores and their buffers.
@@ -778,6 +783,7 @@ pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliErr
         prefetch_hooks: !a.pipeline.no_prefetch_hooks,
         packing: !a.pipeline.no_packing,
         match_sharing: !a.pipeline.no_match_sharing,
+        hash_seed: a.tables.hash_seed.unwrap_or_else(flowplane_engine::exec::random_hash_seed),
     };
     let cfg = RunConfig {
         cores,

@@ -332,6 +332,14 @@ fn cases(dir: &Path) -> Vec<Case> {
             expect: Expect::Changes(&["/tables/evictions"]),
         },
         Case {
+            // The hash secret decides which entries share candidate buckets, so which one an eviction picks:
+            // a fixed seed reproduces a run whose table filled (the two seeds here evict differently).
+            opt: "--hash-seed",
+            without: no(&["run", "--gen", GEN, "--cores", "1", "--json", "--chain", "fsc", "--flows", "64", "--table-full", "evict", "--hash-seed", "1"]),
+            with: no(&["run", "--gen", GEN, "--cores", "1", "--json", "--chain", "fsc", "--flows", "64", "--table-full", "evict", "--hash-seed", "2"]),
+            expect: Expect::Changes(&["/tables/evictions"]),
+        },
+        Case {
             opt: "--export",
             without: base("hh(export=all)", &[]),
             with: base("hh(export=all)", &["--export", &format!("hh={export}")]),

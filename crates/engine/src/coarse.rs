@@ -30,10 +30,13 @@ use crate::error::EngineError;
 /// Most state words a coarse group may have (after the lock word).
 pub const MAX_GROUP_WORDS: usize = 63;
 
-/// Hash of a coarse key.
+/// Hash of a coarse key under the run's secret `seed` (every core sharing the table uses the same one). The
+/// secret is XOR-ed into both words before the table's multiply mix, which is not linear over XOR: which keys
+/// collide changes with the seed.
 #[inline(always)]
-pub fn coarse_hash(k: u128) -> u64 {
-    hash_key(&k)
+pub fn coarse_hash(k: u128, seed: u32) -> u64 {
+    let s = u128::from(seed).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835);
+    hash_key(&(k ^ s))
 }
 
 /// Layout of one coarse group, decided by the chain compiler.

@@ -27,6 +27,8 @@ pub struct BatchOutcome {
     /// The NF ends flows and one did: it stopped after this many packets of
     /// the batch (the executor applies the end before going on).
     pub stopped_at: Option<usize>,
+    /// Bit i: packet i's flow was refused on its first packet ([`Action::Refuse`]; also set in `end`).
+    pub refused: [u64; 4],
 }
 
 impl BatchOutcome {
@@ -35,6 +37,36 @@ impl BatchOutcome {
     pub fn mark_end(&mut self, i: usize) {
         self.end[i >> 6] |= 1 << (i & 63);
     }
+
+    /// Adds this pass's ends to a segment's `ends` and `refused` (`refused` within `ends`): a flow one stage
+    /// ends outright ([`End::Flow`]) is ended even where another refused it, as run-to-completion's
+    /// strongest end per packet.
+    #[inline]
+    pub fn merge_into(&self, ends: &mut [u64; 4], refused: &mut [u64; 4]) {
+        for w in 0..4 {
+            let flow = (ends[w] & !refused[w]) | (self.end[w] & !self.refused[w]);
+            ends[w] |= self.end[w];
+            refused[w] = (refused[w] | self.refused[w]) & !flow;
+        }
+    }
+
+    /// Marks packet `i`'s flow as refused (removed as never inserted, with no stop).
+    #[inline(always)]
+    pub fn mark_refused(&mut self, i: usize) {
+        self.mark_end(i);
+        self.refused[i >> 6] |= 1 << (i & 63);
+    }
+}
+
+/// Whether a packet ends its flow, by the NF's action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum End {
+    /// It does not.
+    No,
+    /// Refused on its first packet ([`Action::Refuse`]): the entry goes as never inserted.
+    Refused,
+    /// Ends it ([`Action::EndFlow`], [`Action::DropEndFlow`]).
+    Flow,
 }
 
 /// Packet `i` reaching an NF: counted in (packets and bytes) and true, or
@@ -52,29 +84,33 @@ pub(crate) fn arrive(batch: &Batch, i: usize, c: &mut NfCounters) -> bool {
 /// Writes an action's verdict into `v`; returns (the packet is dropped, it
 /// ends its flow). The one rule behind [`apply_action`] and the batch loop.
 #[inline(always)]
-fn set_verdict(v: &mut Verdict, a: Action) -> (bool, bool) {
+fn set_verdict(v: &mut Verdict, a: Action) -> (bool, End) {
     match a {
-        Action::Pass => (false, false),
+        Action::Pass => (false, End::No),
         Action::Port(p) => {
             *v = p.min(DROP - 1);
-            (false, false)
+            (false, End::No)
         }
         Action::Drop => {
             *v = DROP;
-            (true, false)
+            (true, End::No)
         }
-        Action::EndFlow => (false, true),
+        Action::EndFlow => (false, End::Flow),
         Action::DropEndFlow => {
             *v = DROP;
-            (true, true)
+            (true, End::Flow)
+        }
+        Action::Refuse => {
+            *v = DROP;
+            (true, End::Refused)
         }
     }
 }
 
 /// Applies an action to packet `i`'s verdict and counts it out or dropped;
-/// returns true if it ends the flow.
+/// returns whether it ends the flow.
 #[inline(always)]
-pub fn apply_action(batch: &mut Batch, i: usize, a: Action, c: &mut NfCounters) -> bool {
+pub fn apply_action(batch: &mut Batch, i: usize, a: Action, c: &mut NfCounters) -> End {
     let (dropped, ends) = set_verdict(&mut batch.verdicts_mut()[i], a);
     if dropped {
         c.dropped += 1;
@@ -178,7 +214,7 @@ pub trait StatefulStage: Send {
         offset: usize,
         ctx: &NfContext,
         counters: &mut NfCounters,
-    ) -> bool;
+    ) -> End;
     /// Runs the per-packet action on `state` (exactly `state_size` bytes).
     fn process_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext) -> Action;
     /// The NF's action is resumable (`StatefulNf::STEPS`).
@@ -195,6 +231,8 @@ pub trait StatefulStage: Send {
     fn on_unparsed(&mut self) -> Action;
     /// Packets with a key but no state (table full): counted by the NF, its verdict.
     fn on_no_state(&mut self) -> Action;
+    /// The same with the packet and its time ([`StatefulNf::on_no_state_pkt`]).
+    fn on_no_state_pkt(&mut self, pkt: &Pkt<'_>, ctx: &NfContext) -> Action;
     /// The NF fails open without state (the NF's rule, [`StatefulNf::passes_without_state`]).
     fn passes_without_state(&self) -> bool;
     /// The run's end (the NF's hook, [`StatefulNf::end_of_run`]).
@@ -380,12 +418,13 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
         offset: usize,
         ctx: &NfContext,
         counters: &mut NfCounters,
-    ) -> bool {
+    ) -> End {
         if let Some(idle) = self.1.slot {
-            return self.one_stamped(batch, i, meta, flow, store, offset, idle, ctx, None, counters) == Some(true);
+            return self.one_stamped(batch, i, meta, flow, store, offset, idle, ctx, None, counters).unwrap_or(End::No);
         }
         // One packet: one table's checked typed access, not a view of both.
-        self.one(batch, i, meta, flow, |f| store.state_mut::<T::State>(f, offset), ctx, None, counters) == Some(true)
+        self.one(batch, i, meta, flow, |f| store.state_mut::<T::State>(f, offset), ctx, None, counters)
+            .unwrap_or(End::No)
     }
     #[inline]
     fn process_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext) -> Action {
@@ -498,6 +537,9 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     }
     fn on_no_state(&mut self) -> Action {
         self.0.on_no_state()
+    }
+    fn on_no_state_pkt(&mut self, pkt: &Pkt<'_>, ctx: &NfContext) -> Action {
+        self.0.on_no_state_pkt(pkt, ctx)
     }
     fn passes_without_state(&self) -> bool {
         self.0.passes_without_state()
@@ -713,12 +755,17 @@ impl<T: StatefulNf> Typed<T> {
                 if was_dropped {
                     dropped += 1;
                 }
-                if ends {
-                    out.mark_end(i);
-                    if T::ENDS_FLOWS {
-                        out.stopped_at = Some(i + 1);
-                        end = i + 1;
-                        break;
+                match ends {
+                    End::No => {}
+                    // Nothing held, nothing released: removed after the pass, no stop.
+                    End::Refused => out.mark_refused(i),
+                    End::Flow => {
+                        out.mark_end(i);
+                        if T::ENDS_FLOWS {
+                            out.stopped_at = Some(i + 1);
+                            end = i + 1;
+                            break;
+                        }
                     }
                 }
             }
@@ -755,12 +802,16 @@ impl<T: StatefulNf> Typed<T> {
         let mut c = NfCounters::default();
         for i in range.start.min(n)..n {
             let cur = if RESUME && T::STEPS { cursors.get(i) } else { None };
-            if self.one_stamped(batch, i, &metas[i], flows[i], store, offset, idle, ctx, cur, &mut c) == Some(true) {
-                out.mark_end(i);
-                if T::ENDS_FLOWS {
-                    out.stopped_at = Some(i + 1);
-                    break;
+            match self.one_stamped(batch, i, &metas[i], flows[i], store, offset, idle, ctx, cur, &mut c) {
+                Some(End::Refused) => out.mark_refused(i),
+                Some(End::Flow) => {
+                    out.mark_end(i);
+                    if T::ENDS_FLOWS {
+                        out.stopped_at = Some(i + 1);
+                        break;
+                    }
                 }
+                _ => {}
             }
         }
         out.counters = c;
@@ -784,7 +835,7 @@ impl<T: StatefulNf> Typed<T> {
         ctx: &NfContext,
         cur: Option<&Cursor>,
         c: &mut NfCounters,
-    ) -> Option<bool> {
+    ) -> Option<End> {
         if !arrive(batch, i, c) {
             return None;
         }
@@ -858,7 +909,7 @@ impl<T: StatefulNf> Typed<T> {
     /// Packet `i` through the NF, the body of every loop over packets: skips
     /// a packet already dropped (`None`), counts it in, runs the action on
     /// its flow's state (resumed from `cur` if given), applies the verdict.
-    /// `Some(true)`: the packet ends its flow.
+    /// `Some(end)`: whether the packet ends its flow.
     /// `state` finds the flow's state (called only for a packet with one).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
@@ -872,7 +923,7 @@ impl<T: StatefulNf> Typed<T> {
         ctx: &NfContext,
         cur: Option<&Cursor>,
         c: &mut NfCounters,
-    ) -> Option<bool> {
+    ) -> Option<End> {
         if !arrive(batch, i, c) {
             return None;
         }

@@ -198,6 +198,12 @@ pub enum Action {
     EndFlow,
     /// Drop, and end the flow.
     DropEndFlow,
+    /// Drop a packet the NF refuses on its flow's first packet (a resource exhausted, filtered): the flow
+    /// keeps no state, so its entry — created for this packet by the add-on-miss lookup — is removed as if
+    /// never inserted (not counted as an insertion, nor as ended; release callbacks still run). The NF must
+    /// hold nothing for such a flow, so executors may remove it after the batch's other packets instead of
+    /// stopping there: a refusal costs what a drop costs. Only on the packet that created the state.
+    Refuse,
 }
 
 /// Which packets must meet on one core, in order, for an NF to be correct
@@ -463,6 +469,13 @@ pub trait StatefulNf: Send + 'static {
         } else {
             Action::Drop
         }
+    }
+
+    /// [`StatefulNf::on_no_state`] with the packet and its time, where the engine has them (coarse state on
+    /// the executors' path; SCR replicas call `on_no_state`): an NF that must not fail open for keys its table
+    /// cannot hold judges them here (`ddos`'s sketch). The default is `on_no_state`.
+    fn on_no_state_pkt(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> Action {
+        self.on_no_state()
     }
 
     /// State-compute replication (`--scale scr`, SCR Appendix C): the

@@ -177,7 +177,7 @@ impl<N: StatefulNf> Harness<N> {
         }
         let st = self.states.get_mut(&key).expect("inserted above");
         let a = self.nf.process(&mut Pkt::new(&mut data, &meta), st, &ctx);
-        if matches!(a, Action::EndFlow | Action::DropEndFlow) {
+        if matches!(a, Action::EndFlow | Action::DropEndFlow | Action::Refuse) {
             if let Some(s) = self.states.remove(&key) {
                 self.nf.release(&key, &s);
             }

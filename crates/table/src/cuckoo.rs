@@ -39,10 +39,14 @@ pub(crate) fn tag(hash: u64) -> u16 {
     t | u16::from(t == 0)
 }
 
-/// Primary bucket index, from the low bits of the hash.
+/// Primary bucket index, from the low bits of both halves of the hash. Not the low half alone: the flow
+/// keys' 64-bit hash (`wire::hash`) has a CRC low half, and CRC is affine in its seed, so keys that share a
+/// bucket by the low half share it under every seed (a per-run secret would not stop a collision flood); the
+/// high half is keyed non-linearly, and XOR-ing it in makes the bucket depend on the secret (one shift and one
+/// XOR per key).
 #[inline(always)]
 pub(crate) fn primary(hash: u64, mask: u32) -> u32 {
-    hash as u32 & mask
+    (hash ^ (hash >> 32)) as u32 & mask
 }
 
 /// The other candidate bucket of an entry with tag `tag` stored in bucket `b`

@@ -919,6 +919,18 @@ impl<K: FlowKey> FlowTable<K> {
         TableStats { lookups: self.lookups.get(), hits: self.hits.get(), ..self.stats }
     }
 
+    /// The two candidate buckets of `hash` (primary, alternate): for tests and diagnostics (a collision
+    /// flood is keys sharing both).
+    pub fn candidate_buckets(&self, hash: u64) -> (usize, usize) {
+        let p = place(hash, self.mask);
+        (p.b1 as usize, p.b2 as usize)
+    }
+
+    /// Number of buckets (a power of two).
+    pub fn bucket_count(&self) -> usize {
+        self.mask as usize + 1
+    }
+
     /// Live entries as (handle, key, state), in handle order (for exporting NF state).
     pub fn iter(&self) -> Iter<'_, K> {
         Iter { table: self, next: 0 }

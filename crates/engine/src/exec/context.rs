@@ -27,8 +27,6 @@ use crate::error::EngineError;
 use crate::stage::{apply_action, arrive, packet_ctx, BatchOutcome, StatefulStage};
 use crate::store::{FlowRef, FlowStore, StoreConfig};
 
-/// Seed of the flow-table hash.
-const HASH_SEED: u32 = 0x9e37_79b9;
 /// Packets ahead at which the prefetch hook runs.
 pub(crate) const PREFETCH_AHEAD: usize = 4;
 
@@ -50,6 +48,8 @@ pub struct Scratch {
     handles: Box<[u32; MAX_BATCH]>,
     /// Each gathered key's packet time (idle checks on lookup are per packet).
     times: Box<[u64; MAX_BATCH]>,
+    /// The run's flow-table hash secret ([`ExecConfig::hash_seed`]), read from here once per key.
+    pub(crate) seed: u32,
 }
 
 impl Scratch {
@@ -57,7 +57,7 @@ impl Scratch {
     #[inline(always)]
     fn gather_v4(&mut self, m: usize, i: usize, k: FiveTupleV4, ts: u64) -> usize {
         self.keys[m] = k;
-        self.hashes[m] = k.hash64(HASH_SEED);
+        self.hashes[m] = k.hash64(self.seed);
         self.idx[m] = i as u16;
         self.times[m] = ts;
         m + 1
@@ -83,7 +83,7 @@ impl Scratch {
         w
     }
 
-    fn new(groups: usize) -> Self {
+    fn new(groups: usize, seed: u32) -> Self {
         Scratch {
             metas: Box::new([PktMeta::default(); MAX_BATCH]),
             flows: Box::new([FlowRef::NONE; MAX_BATCH]),
@@ -95,6 +95,7 @@ impl Scratch {
             idx: Box::new([0; MAX_BATCH]),
             handles: Box::new([0; MAX_BATCH]),
             times: Box::new([0; MAX_BATCH]),
+            seed,
         }
     }
 }
@@ -163,6 +164,9 @@ struct ExactEnds {
 pub struct ExecStats {
     /// Flows ended by an NF.
     pub ended: u64,
+    /// Entries removed because an NF refused the flow on its first packet ([`Action::Refuse`]): not
+    /// insertions, not ended.
+    pub refused: u64,
     /// Packets without a flow key.
     pub unparsed: u64,
     /// Lookups in the shared tables (aux off: one per packet per group).
@@ -230,6 +234,8 @@ pub struct ExecContext {
     pub(crate) progress: Vec<usize>,
     /// Packets (bits) whose flow an NF ended that not every stage has run yet.
     pending_ends: [u64; 4],
+    /// Of `pending_ends`: refusals.
+    pending_refused: [u64; 4],
     /// The shortest idle timeout of the flow tables (lookup windows, see `window_end`).
     idle_ns: u64,
     /// The current batch spans at most `idle_ns`: one lookup window.
@@ -249,6 +255,8 @@ pub(crate) struct Aux<'a> {
     groups: &'a [GroupLayout],
     shared: &'a SharedStores,
     now: u64,
+    /// The run's hash secret (coarse keys are placed by it too).
+    seed: u32,
 }
 
 /// A state with no export row, as its bytes (little-endian hex).
@@ -257,11 +265,13 @@ fn raw_state(b: &[u8]) -> serde_json::Value {
     serde_json::json!({ "state_bytes": hex })
 }
 
+/// The flow tables' hash of `t` under the run's secret `seed` (every core of a run uses the same one, so
+/// hand-over and replicas place a key alike).
 #[inline(always)]
-pub(crate) fn hash_tuple(t: &FiveTuple) -> u64 {
+pub(crate) fn hash_tuple(t: &FiveTuple, seed: u32) -> u64 {
     match t {
-        FiveTuple::V4(k) => k.hash64(HASH_SEED),
-        FiveTuple::V6(k) => k.hash64(HASH_SEED),
+        FiveTuple::V4(k) => k.hash64(seed),
+        FiveTuple::V6(k) => k.hash64(seed),
     }
 }
 
@@ -367,13 +377,14 @@ impl ExecContext {
             chain,
             stores,
             shared,
-            scratch: Scratch::new(groups),
+            scratch: Scratch::new(groups, cfg.hash_seed),
             stats: ExecStats::default(),
             multi_line,
             sweep: Sweep { last_ns: 0, entries: (cfg.flows as u64).max(64), period_ns: sweep_period_ns(idle_ns) },
             exact,
             progress: vec![0; stages],
             pending_ends: [0; 4],
+            pending_refused: [0; 4],
             idle_ns,
             one_window: true,
             clock,
@@ -453,9 +464,9 @@ impl ExecContext {
         let pernf = self.layout == StateLayout::PerNf;
         // Shared entries expire at the slowest running core's clock (see `CoreClocks`).
         let shared_now = if self.clock.is_some() { self.shared.clocks.watermark(now, tsc) } else { now };
-        let ExecContext { stores, chain, shared, .. } = self;
+        let ExecContext { stores, chain, shared, scratch, .. } = self;
         let Chain { stages, groups, .. } = chain;
-        let aux = Aux { groups, shared, now };
+        let aux = Aux { groups, shared, now, seed: scratch.seed };
         for (k, store) in stores.iter_mut().enumerate() {
             store.expire(now, budget, |key, block| {
                 release_all(stages, pernf.then_some(k), aux_on.then_some(&aux), key, block)
@@ -493,7 +504,7 @@ impl ExecContext {
         let aux_on = self.aux_on();
         let ExecContext { stores, chain, scratch, shared, .. } = self;
         let Chain { stages, groups, .. } = chain;
-        let aux = Aux { groups, shared, now: ctx.now_ns };
+        let aux = Aux { groups, shared, now: ctx.now_ns, seed: scratch.seed };
         let aux = aux_on.then_some(&aux);
         let store = &mut stores[0];
         let mut m = 0usize;
@@ -507,7 +518,7 @@ impl ExecContext {
                 }
                 other => {
                     let meta = *other;
-                    let h = hash_tuple(&meta.tuple);
+                    let h = hash_tuple(&meta.tuple, scratch.seed);
                     let pctx = packet_ctx(batch, i, ctx);
                     let data = batch.data_mut(i);
                     let r =
@@ -538,9 +549,9 @@ impl ExecContext {
             return FlowRef::NONE;
         }
         let Chain { stages, groups, .. } = chain;
-        let aux = Aux { groups, shared, now: ctx.now_ns };
+        let aux = Aux { groups, shared, now: ctx.now_ns, seed: scratch.seed };
         let aux = aux_on.then_some(&aux);
-        let h = hash_tuple(&meta.tuple);
+        let h = hash_tuple(&meta.tuple, scratch.seed);
         let pctx = packet_ctx(batch, i, ctx);
         let data = batch.data_mut(i);
         let Some(store) = stores.first_mut() else { return FlowRef::NONE };
@@ -558,9 +569,10 @@ impl ExecContext {
         let ExecContext { stores, chain, shared, scratch, .. } = self;
         let Some(store) = stores.first_mut() else { return };
         let Chain { stages, groups, .. } = chain;
-        let aux = Aux { groups, shared, now: ctx.now_ns };
+        let aux = Aux { groups, shared, now: ctx.now_ns, seed: scratch.seed };
         let aux = aux_on.then_some(&aux);
-        let Scratch { metas, flows, .. } = scratch;
+        let Scratch { metas, flows, seed, .. } = scratch;
+        let seed = *seed;
         let (mut i, n) = (range.start, range.end);
         while i < n {
             let meta = &metas[i];
@@ -570,7 +582,7 @@ impl ExecContext {
             }
             let mut flow = FlowRef::NONE;
             if meta.valid {
-                let h = hash_tuple(&meta.tuple);
+                let h = hash_tuple(&meta.tuple, seed);
                 let pctx = packet_ctx(batch, i, ctx);
                 let data = batch.data_mut(i);
                 if let Some((r, _)) =
@@ -633,7 +645,7 @@ impl ExecContext {
     /// packet of a 5-tuple already in it. Keys are told apart by their hash;
     /// a collision only ends a segment early.
     pub(crate) fn segment_end_by_key(&mut self, start: usize, n: usize) -> usize {
-        self.segment_end_with(start, n, |s, i| s.metas[i].valid.then(|| hash_tuple(&s.metas[i].tuple) as u32))
+        self.segment_end_with(start, n, |s, i| s.metas[i].valid.then(|| hash_tuple(&s.metas[i].tuple, s.seed) as u32))
     }
 
     /// Handle of packet `i`'s group-`g` entry as the auxiliary table keeps it in the flow's block.
@@ -680,7 +692,7 @@ impl ExecContext {
             return SharedHandle::NONE;
         };
         self.stats.shared_lookups += 1;
-        let Some((h, _)) = self.shared.tables[g].acquire(&k, coarse_hash(k), now, |_, _| {}) else {
+        let Some((h, _)) = self.shared.tables[g].acquire(&k, coarse_hash(k, self.scratch.seed), now, |_, _| {}) else {
             return SharedHandle::NONE;
         };
         match self.stores[0].block_mut(flow).get_mut(at..at + 8) {
@@ -741,7 +753,7 @@ impl ExecContext {
                 let meta = &self.scratch.metas[i];
                 if let Some(k) = meta.valid.then(|| group_key(layout.granularity, meta)).flatten() {
                     keys[m] = k;
-                    hashes[m] = coarse_hash(k);
+                    hashes[m] = coarse_hash(k, self.scratch.seed);
                     idx[m] = i as u16;
                     m += 1;
                 }
@@ -760,7 +772,9 @@ impl ExecContext {
         match meta.valid.then(|| group_key(self.chain.groups[g].granularity, meta)).flatten() {
             Some(k) => {
                 self.stats.shared_lookups += 1;
-                self.shared.tables[g].acquire(&k, coarse_hash(k), now, |_, _| {}).map_or(SharedHandle::NONE, |(h, _)| h)
+                self.shared.tables[g]
+                    .acquire(&k, coarse_hash(k, self.scratch.seed), now, |_, _| {})
+                    .map_or(SharedHandle::NONE, |(h, _)| h)
             }
             None => SharedHandle::NONE,
         }
@@ -845,6 +859,7 @@ impl ExecContext {
     pub(crate) fn start_batch(&mut self, batch: &Batch) {
         self.progress.fill(0);
         self.pending_ends = [0; 4];
+        self.pending_refused = [0; 4];
         let ts = batch.timestamps();
         let (lo, hi) = ts.iter().fold((u64::MAX, 0), |(lo, hi), &t| (lo.min(t), hi.max(t)));
         self.one_window = hi.saturating_sub(lo) <= self.idle_ns;
@@ -877,7 +892,8 @@ impl ExecContext {
     /// and the coarse handles are filled; then the flows that asked to end
     /// are removed. A stage resumes where it stopped in an earlier segment of
     /// the batch, and an NF that ends a flow stops right after that packet:
-    /// the stages after it stop there too. Returns the flows ended and the
+    /// the stages after it stop there too (a refusal, [`Action::Refuse`], does
+    /// not stop). Returns the flows removed (ended or refused) and the
     /// end of what every stage has run (the next segment starts there).
     /// `prefetch` starts the second line of multi-line blocks and runs the
     /// NFs' prefetch hooks ahead of their actions.
@@ -927,7 +943,7 @@ impl ExecContext {
         // Ends requested so far in the batch: an earlier stage may have ended
         // a flow past where a later stage stopped; that end waits until the
         // later stage has run the packet too.
-        let mut ends = self.pending_ends();
+        let (mut ends, mut refused) = self.pending_ends();
         for si in 0..self.chain.stages.len() {
             let from = self.progress[si].max(range.start);
             if from >= frontier {
@@ -952,9 +968,7 @@ impl ExecContext {
                     let store = &mut stores[0];
                     nf.process_batch(batch, todo, metas, flows, store, *offset, ctx, ahead, &mut out);
                     counters.merge(&out.counters);
-                    for (e, o) in ends.iter_mut().zip(out.end) {
-                        *e |= o;
-                    }
+                    out.merge_into(&mut ends, &mut refused);
                     if let Some(stop) = out.stopped_at {
                         frontier = stop;
                         self.progress[si] = stop;
@@ -969,24 +983,28 @@ impl ExecContext {
         let aux_on = self.aux_on();
         let ExecContext { stores, chain, scratch, shared, stats, .. } = self;
         let Chain { stages, groups, .. } = chain;
-        let aux = Aux { groups, shared, now: ctx.now_ns };
-        let ended = end_flows(stages, &mut stores[0], None, aux_on.then_some(&aux), &scratch.flows[..frontier], &ends);
+        let aux = Aux { groups, shared, now: ctx.now_ns, seed: scratch.seed };
+        let flows = &scratch.flows[..frontier];
+        let (ended, gone) = end_flows(stages, &mut stores[0], None, aux_on.then_some(&aux), flows, &ends, &refused);
         stats.ended += ended;
-        self.keep_ends_past(ends, frontier);
-        (ended, frontier)
+        stats.refused += gone;
+        self.keep_ends_past(ends, refused, frontier);
+        // Either kind of removal leaves later packets of the window with a stale entry: the caller looks them up again.
+        (ended + gone, frontier)
     }
 
     /// Ends requested in the batch that not every stage has run yet (see
     /// [`ExecContext::keep_ends_past`]); executors start a segment's `ends` from these.
+    /// With them, which of those are refusals ([`Action::Refuse`]).
     #[inline]
-    pub(crate) fn pending_ends(&self) -> [u64; 4] {
-        self.pending_ends
+    pub(crate) fn pending_ends(&self) -> ([u64; 4], [u64; 4]) {
+        (self.pending_ends, self.pending_refused)
     }
 
     /// Keeps the ends of packets at or past `frontier` pending (those before
     /// it have been applied): a stage may have ended a flow past where a later
     /// stage stopped, and that end waits until the later stage has run it.
-    pub(crate) fn keep_ends_past(&mut self, mut ends: [u64; 4], frontier: usize) {
+    pub(crate) fn keep_ends_past(&mut self, mut ends: [u64; 4], refused: [u64; 4], frontier: usize) {
         for (w, e) in ends.iter_mut().enumerate() {
             let lo = w * 64;
             if frontier >= lo + 64 {
@@ -994,19 +1012,26 @@ impl ExecContext {
             } else if frontier > lo {
                 *e &= !((1u64 << (frontier - lo)) - 1);
             }
+            self.pending_refused[w] = refused[w] & *e;
         }
         self.pending_ends = ends;
     }
 
     /// Removes one flow of store `k` (releasing its state) and forgets it in
     /// `flows[from..]` so later packets of the batch do not reuse the entry.
-    pub(crate) fn end_flow(&mut self, k: usize, flow: FlowRef, now: u64, flows_from: usize) {
+    /// `refused`: the flow was refused on its first packet (counted apart, see [`ExecStats::refused`]).
+    pub(crate) fn end_flow(&mut self, k: usize, flow: FlowRef, now: u64, flows_from: usize, refused: bool) {
         let aux_on = self.aux_on();
         let pernf = (self.layout == StateLayout::PerNf).then_some(k);
         let ExecContext { stores, chain, scratch, shared, stats, .. } = self;
         let Chain { stages, groups, .. } = chain;
-        let aux = Aux { groups, shared, now };
-        stats.ended += remove_flow(stages, &mut stores[k], pernf, aux_on.then_some(&aux), flow) as u64;
+        let aux = Aux { groups, shared, now, seed: scratch.seed };
+        let removed = remove_flow(stages, &mut stores[k], pernf, aux_on.then_some(&aux), flow) as u64;
+        if refused {
+            stats.refused += removed;
+        } else {
+            stats.ended += removed;
+        }
         for f in scratch.flows[flows_from..].iter_mut() {
             if *f == flow {
                 *f = FlowRef::NONE;
@@ -1016,8 +1041,8 @@ impl ExecContext {
 
     /// Ends the flow `key` in every store of the per-NF layout (each NF's
     /// release callback on its own state), counted once per entry removed.
-    pub(crate) fn end_flow_everywhere(&mut self, key: &FiveTuple) {
-        let h = hash_tuple(key);
+    pub(crate) fn end_flow_everywhere(&mut self, key: &FiveTuple, refused: bool) {
+        let h = hash_tuple(key, self.scratch.seed);
         // `ended` counts entries, as insertions do: a flow with an entry in n per-NF tables ends n times, so
         // every table's `flows + expiries + ended + evictions = insertions` holds in the sum.
         let mut removed = 0;
@@ -1028,14 +1053,18 @@ impl ExecContext {
                 removed += u64::from(remove_flow(&mut chain.stages, store, Some(k), None, flow));
             }
         }
-        self.stats.ended += removed;
+        if refused {
+            self.stats.refused += removed;
+        } else {
+            self.stats.ended += removed;
+        }
     }
 
     /// Each stateful NF's state for the flow `key` on this core (`flowplane ctl show flow`): its
     /// 5-tuple state, or its coarse state for the flow's source, destination or other key. One
     /// lookup per table, nothing inserted; NFs without state for the flow are left out.
     pub fn flow_rows(&self, key: &FiveTuple, include_shared: bool) -> Vec<(String, serde_json::Value)> {
-        let h = hash_tuple(key);
+        let h = hash_tuple(key, self.scratch.seed);
         let meta = flowplane_nf::PktMeta { tuple: *key, valid: true, ..Default::default() };
         let mut out = Vec::new();
         let mut k = 0;
@@ -1048,7 +1077,7 @@ impl ExecContext {
                     let bit = 2u64 << member;
                     crate::coarse::group_key(gran, &meta).and_then(|gk| {
                         let t = &self.shared.tables[g];
-                        let hdl = t.lookup(&gk, crate::coarse::coarse_hash(gk));
+                        let hdl = t.lookup(&gk, crate::coarse::coarse_hash(gk, self.scratch.seed));
                         let words = t.state(hdl)?;
                         with_locked(words, |flags, buf| {
                             let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
@@ -1126,8 +1155,10 @@ impl ExecContext {
             r.table_full += st.full_events;
             r.evictions += st.evictions;
         }
-        // The tables count imported entries as inserts; the report keeps hand-overs apart.
-        r.insertions -= self.stats.moved_in.min(r.insertions);
+        // The tables count imported entries as inserts; the report keeps hand-overs apart. An entry its first
+        // packet's NF refused was never admitted: neither an insertion nor ended.
+        r.insertions -= (self.stats.moved_in + self.stats.refused).min(r.insertions);
+        r.refused = self.stats.refused;
         r.moved_in = self.stats.moved_in;
         r.moved_out = self.stats.moved_out;
         r.flows = self.stores.first().map_or(0, |s| s.len() as u64);
@@ -1342,7 +1373,7 @@ pub(crate) fn lookup_key(
     if !meta.valid || batch.is_dropped(i) {
         return FlowRef::NONE;
     }
-    let h = hash_tuple(&meta.tuple);
+    let h = hash_tuple(&meta.tuple, scratch.seed);
     let pctx = packet_ctx(batch, i, ctx);
     let data = batch.data_mut(i);
     let stage = &mut chain.stages[si];
@@ -1412,7 +1443,7 @@ fn init_all(
         for (g, layout) in aux.groups.iter().enumerate() {
             let bits = match group_key(layout.granularity, meta) {
                 Some(k) => aux.shared.tables[g]
-                    .acquire(&k, coarse_hash(k), aux.now, |_, _| {})
+                    .acquire(&k, coarse_hash(k, aux.seed), aux.now, |_, _| {})
                     .map_or(aux_refused_bits(), |(h, _)| handle_bits(h)),
                 None => handle_bits(SharedHandle::NONE),
             };
@@ -1484,9 +1515,13 @@ fn coarse_one(
         if group_key(c.granularity, meta).is_none() {
             return Some(nf.on_unparsed());
         }
-        return Some(nf.on_no_state());
+        let pctx = packet_ctx(batch, i, ctx);
+        return Some(nf.on_no_state_pkt(&Pkt::new(batch.data_mut(i), meta), &pctx));
     }
-    let Some(words) = c.table.state(c.h) else { return Some(nf.on_no_state()) };
+    let Some(words) = c.table.state(c.h) else {
+        let pctx = packet_ctx(batch, i, ctx);
+        return Some(nf.on_no_state_pkt(&Pkt::new(batch.data_mut(i), meta), &pctx));
+    };
     let (sz, offset) = (nf.state_size(), c.offset);
     let bit = 2u64 << c.member;
     let ctx = &packet_ctx(batch, i, ctx);
@@ -1525,7 +1560,7 @@ fn coarse_one(
     // A coarse entry outlives any one flow: end-of-flow requests keep only their verdict.
     Some(match a.unwrap_or(Action::Drop) {
         Action::EndFlow => Action::Pass,
-        Action::DropEndFlow => Action::Drop,
+        Action::DropEndFlow | Action::Refuse => Action::Drop,
         other => other,
     })
 }
@@ -1580,7 +1615,8 @@ fn remove_flow(
     store.remove(flow)
 }
 
-/// Removes the flows whose packets asked to end them (each entry once).
+/// Removes the flows whose packets asked to end them (each entry once); returns (ended, removed as
+/// refused on their first packet: the bits of `refused`).
 pub(crate) fn end_flows(
     stages: &mut [Stage],
     store: &mut FlowStore,
@@ -1588,22 +1624,28 @@ pub(crate) fn end_flows(
     aux: Option<&Aux<'_>>,
     flows: &[FlowRef],
     ends: &[u64; 4],
-) -> u64 {
+    refused: &[u64; 4],
+) -> (u64, u64) {
     if ends.iter().all(|&e| e == 0) {
-        return 0;
+        return (0, 0);
     }
-    let mut removed = 0;
+    let (mut ended, mut gone) = (0, 0);
     for (w, &e) in ends.iter().enumerate() {
         let mut m = e;
         while m != 0 {
             let i = w * 64 + m.trailing_zeros() as usize;
             m &= m - 1;
             if let Some(&flow) = flows.get(i) {
-                removed += remove_flow(stages, store, pernf, aux, flow) as u64;
+                let removed = remove_flow(stages, store, pernf, aux, flow) as u64;
+                if refused[w] & (1 << (i & 63)) != 0 {
+                    gone += removed;
+                } else {
+                    ended += removed;
+                }
             }
         }
     }
-    removed
+    (ended, gone)
 }
 
 #[cfg(test)]

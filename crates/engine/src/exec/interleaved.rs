@@ -209,7 +209,7 @@ impl Interleaved {
         let mut frontier = range.end;
         // The NFs that take no steps still get their prefetch hooks.
         let ahead = if cx.cfg.prefetch && cx.cfg.prefetch_hooks { PREFETCH_AHEAD } else { 0 };
-        let mut ends = cx.pending_ends();
+        let (mut ends, mut refused) = cx.pending_ends();
         for si in 0..cx.chain.stages.len() {
             let from = self.progress[si].max(range.start);
             if from >= frontier {
@@ -234,9 +234,7 @@ impl Interleaved {
                     let cursors = &self.cursors[si * MAX_BATCH..si * MAX_BATCH + frontier];
                     nf.finish_batch(batch, todo, metas, flows, &mut stores[0], *offset, ctx, ahead, cursors, &mut out);
                     counters.merge(&out.counters);
-                    for (e, o) in ends.iter_mut().zip(out.end) {
-                        *e |= o;
-                    }
+                    out.merge_into(&mut ends, &mut refused);
                     if let Some(stop) = out.stopped_at {
                         frontier = stop;
                         self.progress[si] = stop;
@@ -256,13 +254,13 @@ impl Interleaved {
                 m &= m - 1;
                 let flow = cx.scratch.flows[i];
                 if i < frontier && flow.is_some() {
-                    let before = cx.stats.ended;
-                    cx.end_flow(0, flow, ctx.now_ns, frontier);
-                    ended += cx.stats.ended - before;
+                    let before = cx.stats.ended + cx.stats.refused;
+                    cx.end_flow(0, flow, ctx.now_ns, frontier, refused[w] & (1 << (i & 63)) != 0);
+                    ended += cx.stats.ended + cx.stats.refused - before;
                 }
             }
         }
-        cx.keep_ends_past(ends, frontier);
+        cx.keep_ends_past(ends, refused, frontier);
         (ended, frontier)
     }
 }

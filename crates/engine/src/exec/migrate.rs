@@ -157,7 +157,7 @@ pub(crate) fn import_flows(cx: &mut ExecContext, data: &[u8]) -> (usize, usize) 
             bad += 1;
             continue;
         };
-        let h = hash_tuple(&key);
+        let h = hash_tuple(&key, cx.scratch.seed);
         let fill = |b: &mut [u8]| {
             let n = b.len().min(block.len());
             b[..n].copy_from_slice(&block[..n]);

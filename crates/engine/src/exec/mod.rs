@@ -221,6 +221,23 @@ pub struct ExecConfig {
     /// one match per NF — `batch` then runs as `pernf` (the same batch-wide
     /// staging with per-NF tables); executors without a per-NF form refuse it.
     pub match_sharing: bool,
+    /// The flow tables' hash secret, one per run and the same on every core (hand-overs, SCR replicas and
+    /// imports place a key alike): drawn at random ([`random_hash_seed`]) so no one can compute keys that
+    /// collide into one bucket offline; `--hash-seed N` fixes it for reproducible runs. Verdicts, counters
+    /// and exports do not depend on it while the tables have room; when a table fills, which flows find no
+    /// room (displacement paths) and which entry `--table-full evict` picks do.
+    pub hash_seed: u32,
+}
+
+/// A fresh flow-table hash secret from the OS's random source (falling back to the clock and the process
+/// id where that fails: unpredictable enough for bucket placement, which is not a cryptographic use).
+pub fn random_hash_seed() -> u32 {
+    getrandom::u32().unwrap_or_else(|_| {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let x = (t as u64 ^ (t >> 64) as u64 ^ u64::from(std::process::id()).rotate_left(32))
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (x >> 32) as u32
+    })
 }
 
 impl Default for ExecConfig {
@@ -236,6 +253,7 @@ impl Default for ExecConfig {
             aux: true,
             packing: true,
             match_sharing: true,
+            hash_seed: random_hash_seed(),
         }
     }
 }
@@ -265,6 +283,9 @@ pub struct StoreReport {
     pub expiries: u64,
     /// Entries removed because an NF ended their flow (FIN/RST, ...): one per per-flow table under `pernf`.
     pub ended: u64,
+    /// Flows an NF refused on their first packet (nat's pool exhausted, a filtered or unmapped packet): their
+    /// entry was removed as never inserted, so neither `insertions` nor `ended` counts it.
+    pub refused: u64,
     /// Entries handed over to another core (`rsspp`, `dyssect` moves).
     pub moved_out: u64,
     /// Entries taken over from another core.
@@ -313,6 +334,7 @@ impl StoreReport {
         self.capacity += o.capacity;
         self.capacity_v6 += o.capacity_v6;
         self.insertions += o.insertions;
+        self.refused += o.refused;
         self.expiries += o.expiries;
         self.ended += o.ended;
         self.moved_out += o.moved_out;

@@ -19,7 +19,7 @@ pub(super) const INFO: ExecutorInfo = ExecutorInfo {
     about: "VPP: a table per NF, one bulk lookup per NF per batch",
     layout: StateLayout::PerNf,
     param: None,
-    new: |cx| Box::new(PerNf { flows: vec![[FlowRef::NONE; MAX_BATCH]; cx.stores.len()], ends: [0; 4] }),
+    new: |cx| Box::new(PerNf { flows: vec![[FlowRef::NONE; MAX_BATCH]; cx.stores.len()], ends: [0; 4], refused: [0; 4] }),
 };
 
 /// Each 5-tuple stage's flow entries for the current batch, and the packets
@@ -27,6 +27,8 @@ pub(super) const INFO: ExecutorInfo = ExecutorInfo {
 struct PerNf {
     flows: Vec<[FlowRef; MAX_BATCH]>,
     ends: [u64; 4],
+    /// Of `ends`: flows refused on their first packet.
+    refused: [u64; 4],
 }
 
 impl Executor for PerNf {
@@ -42,6 +44,7 @@ impl Executor for PerNf {
         // the next segment resumes each stage where it stopped.
         let mut start = 0;
         self.ends = [0; 4];
+        self.refused = [0; 4];
         cx.start_batch(batch);
         while start < n {
             let w = cx.window_end(batch, start, n);
@@ -116,9 +119,7 @@ impl PerNf {
                 let mut out = BatchOutcome::default();
                 nf.process_batch(batch, todo, metas, &flows[..frontier], &mut cx.stores[k], 0, ctx, ahead, &mut out);
                 counters.merge(&out.counters);
-                for (e, o) in self.ends.iter_mut().zip(out.end) {
-                    *e |= o;
-                }
+                out.merge_into(&mut self.ends, &mut self.refused);
                 if let Some(stop) = out.stopped_at {
                     frontier = stop;
                     cx.progress[si] = stop;
@@ -135,8 +136,10 @@ impl PerNf {
             let bit = 1u64 << (i & 63);
             if self.ends[i >> 6] & bit != 0 {
                 self.ends[i >> 6] &= !bit;
+                let refused = self.refused[i >> 6] & bit != 0;
+                self.refused[i >> 6] &= !bit;
                 let key = cx.scratch.metas[i].tuple;
-                cx.end_flow_everywhere(&key);
+                cx.end_flow_everywhere(&key, refused);
             }
         }
         cx.unpin_coarse_batch(range, ctx.now_ns);

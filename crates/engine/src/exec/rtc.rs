@@ -8,6 +8,7 @@ use flowplane_packet::Batch;
 
 use super::{ExecContext, Executor, ExecutorInfo, StateLayout};
 use crate::chain::Stage;
+use crate::stage::End;
 
 /// Registry entry.
 pub(super) const INFO: ExecutorInfo = ExecutorInfo {
@@ -57,7 +58,7 @@ fn run_with<const OBS: bool>(cx: &mut ExecContext, batch: &mut Batch, ctx: &NfCo
                 cx.scratch.flows[i] = cx.lookup_one(batch, i, ctx);
             }
             let flow = cx.scratch.flows[i];
-            let mut end = false;
+            let mut end = End::No;
             if coarse {
                 cx.pin_coarse_packet(i, ctx.now_ns);
                 for si in seg_start..seg_end {
@@ -67,7 +68,7 @@ fn run_with<const OBS: bool>(cx: &mut ExecContext, batch: &mut Batch, ctx: &NfCo
                         let ExecContext { chain, stores, scratch, .. } = &mut *cx;
                         if let Stage::Stateful { nf, offset, counters, .. } = &mut chain.stages[si] {
                             let meta = &scratch.metas[i];
-                            end |= nf.process_one(batch, i, meta, flow, &mut stores[0], *offset, ctx, counters);
+                            end = end.max(nf.process_one(batch, i, meta, flow, &mut stores[0], *offset, ctx, counters));
                         }
                     }
                     if OBS {
@@ -80,7 +81,7 @@ fn run_with<const OBS: bool>(cx: &mut ExecContext, batch: &mut Batch, ctx: &NfCo
                 let (meta, store) = (&scratch.metas[i], &mut stores[0]);
                 for (si, stage) in chain.stages[seg_start..seg_end].iter_mut().enumerate() {
                     if let Stage::Stateful { nf, offset, counters, .. } = stage {
-                        end |= nf.process_one(batch, i, meta, flow, store, *offset, ctx, counters);
+                        end = end.max(nf.process_one(batch, i, meta, flow, store, *offset, ctx, counters));
                     }
                     if OBS {
                         if let Some(t) = tap.as_deref_mut() {
@@ -89,8 +90,8 @@ fn run_with<const OBS: bool>(cx: &mut ExecContext, batch: &mut Batch, ctx: &NfCo
                     }
                 }
             }
-            if end && flow.is_some() {
-                cx.end_flow(0, flow, ctx.now_ns, i + 1);
+            if end != End::No && flow.is_some() {
+                cx.end_flow(0, flow, ctx.now_ns, i + 1, end == End::Refused);
             }
         }
         looked_up = true;

@@ -13,12 +13,31 @@
 //! blocked for at most one more window instead of until the clock catches up.
 //!
 //! Packets without a flow key pass (fail-open: ARP and other non-IP
-//! traffic) and are counted as `unparsed` in the report; packets without
-//! state because the source table is full pass too and are counted as
-//! `table_full`.
+//! traffic) and are counted as `unparsed` in the report.
+//!
+//! **Table full: never fail open** (issue 33). A source the shared table
+//! cannot hold (a spoofed-source flood fills it) is counted in a bounded
+//! count-min sketch instead: [`SKETCH_ROWS`] rows of [`SKETCH_WIDTH`] 32-bit
+//! counters per core, indexed by the exact source address under a per-core
+//! random salt (a keyed multiply-shift per row), over one tumbling window
+//! per core anchored at the first such packet after the previous window
+//! ended (the window parameter; a clock jumping back by more than a window
+//! restarts it). The packet is counted first, and dropped when the
+//! source's estimate (the smallest of its counters) exceeds the threshold.
+//! A count-min estimate never undercounts, so such a source gets at most
+//! `threshold` packets per window through, as a tracked one does; sources
+//! sharing all their counters with heavy ones may be dropped early (the
+//! price of bounded memory). The NF steers by source (`Affinity::Source`),
+//! so one core sees all of a source's packets. Such packets count as
+//! `table_full` and, when dropped, `sketch_dropped`. SCR replicas judge
+//! a source without state by `on_no_state` (pass), not by the sketch.
+//!
+//! **Management prefix**: `admit=PREFIX` (default `none`) is always passed,
+//! tracked or not, and counted as `admitted`.
 
 use bytemuck::{Pod, Zeroable};
 use flowplane_wire::flow::FiveTuple;
+use flowplane_wire::prefix::IpPrefix;
 use serde_json::json;
 
 use crate::pkt::Pkt;
@@ -32,13 +51,22 @@ use crate::{NfContext, ParamError, ParamSpec, Params};
 const WINDOW: ParamSpec = ParamSpec::float("window", 1.0, 0.001, 86_400.0, "window in seconds").live();
 const THRESHOLD: ParamSpec =
     ParamSpec::uint("threshold", 10_000, 1, 1_000_000_000_000, "packets allowed per source per window").live();
+const ADMIT: ParamSpec =
+    ParamSpec::text("admit", "none", "ADDR/LEN|none", "sources always passed (a management prefix)").live();
+
+/// Rows of the sketch for sources without a table entry.
+pub const SKETCH_ROWS: usize = 4;
+/// Counters per row (a power of two).
+pub const SKETCH_WIDTH: usize = 16384;
 
 /// Registration (see [`crate::registry::NFS`]).
 pub const INFO: NfInfo = NfInfo {
     name: "ddos",
-    about: "DDoS mitigator: packets per source IP per window, drop the source over the threshold",
+    about: "DDoS mitigator: packets per source IP per window, drop the source over the threshold; sources the \
+            table cannot hold are counted in a count-min sketch (4 x 16384 per core, per window) and dropped over the \
+            same threshold (never fails open); admit=PREFIX always passes",
     keyed_by: KeyedBy::Fixed(Granularity::SrcIp),
-    params: &[WINDOW, THRESHOLD],
+    params: &[WINDOW, THRESHOLD, ADMIT],
 };
 
 /// Builds `ddos` from its parameters and hands it to `sink`.
@@ -65,11 +93,75 @@ pub struct DdosState {
 pub struct Ddos {
     window_ns: u64,
     threshold: u64,
+    /// Always passed (None: no management prefix).
+    admit: Option<IpPrefix>,
     sources: u64,
     blocked_sources: u64,
     dropped: u64,
     unparsed: u64,
     table_full: u64,
+    admitted: u64,
+    sketch_dropped: u64,
+    sketch: Sketch,
+}
+
+/// Count-min sketch of the sources without a table entry, over one tumbling window.
+#[derive(Debug)]
+struct Sketch {
+    counts: Box<[u32]>,
+    salt: [u64; SKETCH_ROWS],
+    window_start_ns: u64,
+    /// A packet was counted since the last clear.
+    used: bool,
+}
+
+impl Sketch {
+    fn new() -> Self {
+        let mut salt = [0u64; SKETCH_ROWS];
+        for (r, s) in salt.iter_mut().enumerate() {
+            // Unpredictable per core (an attacker cannot aim sources at one counter); a constant where the OS
+            // gives no randomness.
+            *s = getrandom::u64().unwrap_or(0x9E37_79B9_7F4A_7C15 ^ r as u64) | 1;
+        }
+        Sketch { counts: vec![0; SKETCH_ROWS * SKETCH_WIDTH].into_boxed_slice(), salt, window_start_ns: 0, used: false }
+    }
+
+    /// Counts one packet of `src` at `now` (window `window_ns`); returns the source's estimate.
+    fn add(&mut self, src: u128, now: u64, window_ns: u64) -> u64 {
+        let expired = match now.checked_sub(self.window_start_ns) {
+            Some(d) => d >= window_ns,
+            // A clock that jumped back by more than a window restarts it.
+            None => self.window_start_ns - now > window_ns,
+        };
+        if !self.used || expired {
+            self.counts.fill(0);
+            self.window_start_ns = now;
+            self.used = true;
+        }
+        let k = (src as u64) ^ ((src >> 64) as u64).rotate_left(31);
+        let mut est = u32::MAX;
+        for (r, &salt) in self.salt.iter().enumerate() {
+            let h = ((k ^ salt).wrapping_mul(0x9E37_79B9_7F4A_7C15 ^ salt.rotate_left(17)) >> 52) as usize;
+            let c = &mut self.counts[r * SKETCH_WIDTH + (h & (SKETCH_WIDTH - 1))];
+            *c = c.saturating_add(1);
+            est = est.min(*c);
+        }
+        u64::from(est)
+    }
+}
+
+fn admitted(admit: &Option<IpPrefix>, pkt: &Pkt<'_>) -> bool {
+    admit.as_ref().is_some_and(|p| p.contains(pkt.meta().tuple.src_ip()))
+}
+
+fn parse_admit(p: &mut Params) -> Result<Option<IpPrefix>, ParamError> {
+    let s = p.text(&ADMIT)?;
+    if s == "none" {
+        return Ok(None);
+    }
+    IpPrefix::parse(&s)
+        .map(Some)
+        .ok_or_else(|| ParamError(format!("ddos: parameter 'admit={s}' is not an IP prefix ADDR/LEN (or none)")))
 }
 
 impl Ddos {
@@ -78,7 +170,8 @@ impl Ddos {
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
         let window = p.float(&WINDOW)?;
         let threshold = p.uint(&THRESHOLD)?;
-        Ok(Ddos::new((window * 1e9).round() as u64, threshold))
+        let admit = parse_admit(p)?;
+        Ok(Ddos { admit, ..Ddos::new((window * 1e9).round() as u64, threshold) })
     }
 
     /// The state transition of one packet at `now`: (passes, blocked the source now).
@@ -115,6 +208,10 @@ impl Ddos {
             dropped: 0,
             unparsed: 0,
             table_full: 0,
+            admit: None,
+            admitted: 0,
+            sketch_dropped: 0,
+            sketch: Sketch::new(),
         }
     }
 }
@@ -130,7 +227,7 @@ impl StatefulNf for Ddos {
     /// windows and counts; the new threshold judges their next packet.
     fn reconfigure(&mut self, p: &mut Params) -> Result<(), ParamError> {
         let new = Ddos::from_params(p)?;
-        (self.window_ns, self.threshold) = (new.window_ns, new.threshold);
+        (self.window_ns, self.threshold, self.admit) = (new.window_ns, new.threshold, new.admit);
         Ok(())
     }
 
@@ -149,7 +246,11 @@ impl StatefulNf for Ddos {
     }
 
     #[inline]
-    fn process(&mut self, _pkt: &mut Pkt<'_>, st: &mut DdosState, ctx: &NfContext) -> Action {
+    fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut DdosState, ctx: &NfContext) -> Action {
+        if self.admit.is_some() && admitted(&self.admit, pkt) {
+            self.admitted += 1;
+            return Action::Pass;
+        }
         let (pass, newly_blocked) = self.step(st, ctx.now_ns);
         if pass {
             return Action::Pass;
@@ -206,6 +307,24 @@ impl StatefulNf for Ddos {
         Action::Pass
     }
 
+    fn on_no_state_pkt(&mut self, pkt: &Pkt<'_>, ctx: &NfContext) -> Action {
+        self.table_full += 1;
+        if admitted(&self.admit, pkt) {
+            self.admitted += 1;
+            return Action::Pass;
+        }
+        let src = match pkt.meta().tuple.src_ip() {
+            std::net::IpAddr::V4(a) => u128::from(u32::from(a)),
+            std::net::IpAddr::V6(a) => u128::from(a),
+        };
+        if self.sketch.add(src, ctx.now_ns, self.window_ns) > self.threshold {
+            self.sketch_dropped += 1;
+            self.dropped += 1;
+            return Action::Drop;
+        }
+        Action::Pass
+    }
+
     fn report(&self) -> Option<serde_json::Value> {
         Some(json!({
             "window_ns": self.window_ns,
@@ -215,6 +334,8 @@ impl StatefulNf for Ddos {
             "dropped": self.dropped,
             "unparsed": self.unparsed,
             "table_full": self.table_full,
+            "admitted": self.admitted,
+            "sketch_dropped": self.sketch_dropped,
         }))
     }
 

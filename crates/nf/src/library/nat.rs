@@ -66,6 +66,11 @@
 //!   connection that needs a new port.
 //! * **Pool exhausted**: the new flow's packet is dropped and counted, and no
 //!   state is kept, so the next packet of that flow retries the allocation.
+//!   Every refusal of a new flow (exhausted, filtered, unmapped, fragment,
+//!   `other=drop`) is [`Action::Refuse`]: the flow entry the lookup made for
+//!   the packet goes as never inserted (the report's `tables.refused`, not
+//!   `insertions` nor `ended`), and a batch goes on past it without a stop, so
+//!   a refused packet costs about what a passed one does.
 //! * **Other traffic**: ICMP and other protocols from inside or to an external
 //!   address are passed untouched (`other=pass`, default) or dropped
 //!   (`other=drop`), counted either way; non-first TCP/UDP fragments in either
@@ -715,10 +720,16 @@ impl StatefulNf for Nat {
         if tcp.tw_len != 0 && tcp.tw[tcp.tw_head].deadline_ns <= ctx.now_ns {
             self.expire_time_wait(ctx.now_ns);
         }
-        if st.kind == kind::PENDING {
+        let first = st.kind == kind::PENDING;
+        if first {
             *st = self.classify(pkt, ctx.now_ns);
         }
-        self.translate(pkt, st, ctx)
+        match self.translate(pkt, st, ctx) {
+            // A new flow refused (pool exhausted, filtered, unmapped, ...) holds nothing: its entry goes as never
+            // inserted, and costs no stop in a batch (issue 33). A mapped flow's later refusal still ends it.
+            Action::DropEndFlow if first => Action::Refuse,
+            a => a,
+        }
     }
 
     /// One step: translated flows name their reverse-map entry (a hint:
@@ -1189,10 +1200,10 @@ mod tests {
         }
         let third = udp4([10, 0, 0, 1], REMOTE, 102, 53);
         let (out, act) = h.run(&third);
-        assert_eq!(act, Action::DropEndFlow);
+        assert_eq!(act, Action::Refuse);
         assert_eq!(out, third, "dropped packet left untouched");
         assert!(h.state_of(&third).is_none(), "no state kept for a refused flow");
-        assert_eq!(h.run(&third).1, Action::DropEndFlow);
+        assert_eq!(h.run(&third).1, Action::Refuse);
         assert_eq!(report_u64(&h.nf, "dropped_pool_exhausted"), 2);
         // TCP has its own pool, still free.
         assert_eq!(h.run(&tcp4([10, 0, 0, 1], REMOTE, 102, 53, TcpFlags::SYN.bits(), 0, 0)).1, Action::Pass);
@@ -1211,7 +1222,7 @@ mod tests {
         // Pool of one: B is refused while A holds it, up to exactly the timeout.
         let b_out = udp4([10, 0, 0, 2], [192, 0, 2, 9], 2222, 123);
         h.now_ns = 10 * S;
-        assert_eq!(h.run(&b_out).1, Action::DropEndFlow);
+        assert_eq!(h.run(&b_out).1, Action::Refuse);
         assert_eq!(h.run(&a_reply).1, Action::Pass, "replies do not refresh the mapping, but 10 s is not past 10 s");
         // Past the timeout: A's mapping is free, whatever the executor's sweep did.
         h.now_ns = 10 * S + 1;
@@ -1261,11 +1272,11 @@ mod tests {
         // mapping can be idle; then the idle one (A's, last seen at 59 s) is found.
         h.now_ns = 60 * S;
         let (b, c) = (udp4([10, 0, 0, 2], REMOTE, 2222, 53), udp4([10, 0, 0, 3], REMOTE, 3333, 53));
-        assert_eq!(h.run(&b).1, Action::DropEndFlow);
+        assert_eq!(h.run(&b).1, Action::Refuse);
         assert_eq!(h.nf.ports_in_use(), (0, 2));
-        assert_eq!(h.run(&c).1, Action::DropEndFlow);
+        assert_eq!(h.run(&c).1, Action::Refuse);
         h.now_ns = 69 * S;
-        assert_eq!(h.run(&c).1, Action::DropEndFlow, "59 s + 10 s is not past the timeout");
+        assert_eq!(h.run(&c).1, Action::Refuse, "59 s + 10 s is not past the timeout");
         h.now_ns = 69 * S + 1;
         assert_eq!(src_of(&h.run(&c).0), (EXT, 6001), "A idle since 59 s: C takes its port");
         assert_eq!(h.nf.ports_in_use(), (0, 2));
@@ -1326,7 +1337,7 @@ mod tests {
                     assert_ipv4_checksums(&back);
                 } else {
                     filtered += 1;
-                    assert_eq!((back, act), (f.clone(), Action::DropEndFlow), "{mode}: {src:?}:{sport} is filtered");
+                    assert_eq!((back, act), (f.clone(), Action::Refuse), "{mode}: {src:?}:{sport} is filtered");
                     assert!(h.state_of(&f).is_none(), "{mode}: a filtered packet leaves no state");
                 }
             }
@@ -1342,7 +1353,7 @@ mod tests {
         let (out, _) = h.run(&tcp4([10, 0, 0, 1], REMOTE, 4000, 443, TcpFlags::SYN.bits(), 1, 0));
         let (ext, port) = src_of(&out);
         let synack = TcpFlags::SYN.bits() | TcpFlags::ACK.bits();
-        assert_eq!(h.run(&tcp4([6, 6, 6, 6], ext, 443, port, synack, 9, 2)).1, Action::DropEndFlow);
+        assert_eq!(h.run(&tcp4([6, 6, 6, 6], ext, 443, port, synack, 9, 2)).1, Action::Refuse);
         assert_eq!(h.run(&tcp4(REMOTE, ext, 443, port, synack, 9, 2)).1, Action::Pass);
     }
 
@@ -1395,7 +1406,7 @@ mod tests {
         assert_eq!(dst_of(&h.run(&inb(fin)).0), ([10, 0, 0, 1], 3000));
         // The next host talks to the remote's other port.
         let other = tcp4([10, 0, 0, 2], REMOTE, 5000, 81, syn, 1, 0);
-        assert_eq!(h.run(&other).1, Action::DropEndFlow, "the only port is still held");
+        assert_eq!(h.run(&other).1, Action::Refuse, "the only port is still held");
         assert_eq!(h.nf.ports_in_use(), (1, 0));
         // 2 s after the close the first packet the NAT sees releases it — and can take it.
         h.now_ns = 3_000_000_000;
@@ -1525,7 +1536,7 @@ mod tests {
         ];
         for f in &cases {
             let (out, act) = h.run(f);
-            assert_eq!(act, Action::DropEndFlow);
+            assert_eq!(act, Action::Refuse);
             assert_eq!(&out, f);
             assert!(h.state_of(f).is_none());
         }
@@ -1533,7 +1544,7 @@ mod tests {
         // A UDP mapping does not open the same TCP port.
         let (o, _) = h.run(&udp4([10, 0, 0, 1], REMOTE, 9, 53));
         let (a, p) = src_of(&o);
-        assert_eq!(h.run(&tcp4(REMOTE, a, 53, p, TcpFlags::SYN.bits(), 0, 0)).1, Action::DropEndFlow);
+        assert_eq!(h.run(&tcp4(REMOTE, a, 53, p, TcpFlags::SYN.bits(), 0, 0)).1, Action::Refuse);
     }
 
     #[test]
@@ -1567,9 +1578,9 @@ mod tests {
         // other=drop drops ICMP from inside and to the external address.
         let mut p = Params::new("nat", vec![("other".into(), "drop".into())]);
         let mut h = Harness::new(Nat::from_params(&mut p).unwrap());
-        assert_eq!(h.run(&icmp).1, Action::DropEndFlow);
+        assert_eq!(h.run(&icmp).1, Action::Refuse);
         let inbound_icmp = ipv4_frame(REMOTE, EXT, IpProtocol::ICMP.0, &[8, 0, 0xf7, 0xff, 0, 0, 0, 0]);
-        assert_eq!(h.run(&inbound_icmp).1, Action::DropEndFlow);
+        assert_eq!(h.run(&inbound_icmp).1, Action::Refuse);
         assert_eq!(report_u64(&h.nf, "dropped_other_proto"), 2);
     }
 
@@ -1612,7 +1623,7 @@ mod tests {
         frag[24..26].copy_from_slice(&c.to_be_bytes());
         let m = PktMeta::parse(&frag);
         assert!(m.valid && m.l4 == 0, "non-first fragment keyed without L4");
-        assert_eq!(h.run(&frag).1, Action::DropEndFlow);
+        assert_eq!(h.run(&frag).1, Action::Refuse);
         assert_eq!(report_u64(&h.nf, "dropped_fragments"), 1);
         // UDP with no checksum keeps none.
         let mut nocsum = udp4([10, 0, 0, 4], REMOTE, 5, 6);
