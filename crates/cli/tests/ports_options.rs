@@ -454,6 +454,7 @@ fn every_run_option_acts_on_a_live_port_or_is_refused() {
         ("--no-aux", Live::Same("b", "the auxiliary key table is a faster path to the same state")),
         ("--no-packing", Live::Same("b", "packing lays the state out in fewer lines; the same values")),
         ("--no-match-sharing", Live::Same("b", "a shared match is the same match computed once")),
+        ("--hash-seed", Live::Same("b", "the tables' secret: results depend on it only when a table is full (cli_options.rs: two seeds evict differently)")),
         ("--pool", Live::Same("b", "more buffers per core; 1,000 packets at 20 kpps never exhaust the default")),
         ("--no-pin", Live::Elsewhere("every run here is unpinned (a shared test machine); pinning moves threads, not results")),
         (
