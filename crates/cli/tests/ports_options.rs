@@ -269,6 +269,8 @@ fn every_run_option_acts_on_a_live_port_or_is_refused() {
                         "1",
                         "--pool",
                         "8192",
+                        "--hash-seed",
+                        "7",
                         "--no-prefetch",
                         "--no-prefetch-hooks",
                         "--no-aux",
