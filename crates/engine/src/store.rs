@@ -286,6 +286,35 @@ impl FlowStore {
         }
     }
 
+    /// Visits up to about `budget` live flows from the cursor `at` (IPv4
+    /// position, IPv6 position), each table wrapping to its start when
+    /// walked through: a paced walk over every flow (IPFIX active timeouts).
+    pub fn visit(&self, at: &mut (u32, u32), budget: usize, mut f: impl FnMut(&FiveTuple, &[u8])) {
+        let mut n = 0;
+        let mut it = self.v4.iter_from(at.0);
+        at.0 = 0;
+        for (h, k, s) in it.by_ref() {
+            f(&FiveTuple::V4(*k), s);
+            n += 1;
+            if n >= budget {
+                at.0 = h + 1;
+                break;
+            }
+        }
+        let mut n = 0;
+        let b6 = budget / 4 + 1;
+        let mut it = self.v6.iter_from(at.1);
+        at.1 = 0;
+        for (h, k, s) in it.by_ref() {
+            f(&FiveTuple::V6(*k), s);
+            n += 1;
+            if n >= b6 {
+                at.1 = h + 1;
+                break;
+            }
+        }
+    }
+
     /// Every live flow with its block.
     pub fn for_each(&self, mut f: impl FnMut(&FiveTuple, &[u8])) {
         for (_, k, s) in self.v4.iter() {
