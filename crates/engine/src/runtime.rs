@@ -438,12 +438,11 @@ pub(crate) fn run_workers(
         }
     }
     // The flows still live at the run's end are exported (forced end); the queues may now wait for room.
-    let ipfix = exporter.map(|e| {
+    let ipfix = exporter.inspect(|e| {
         e.workers_stopped();
         for p in pipelines.iter_mut() {
             p.ipfix_flush();
         }
-        e
     });
     let details = merge_details(&workers, &pipelines);
     let mut report = Report::from_workers(spec, cfg, &workers, details, elapsed, hz);

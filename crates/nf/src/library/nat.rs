@@ -109,6 +109,7 @@ use flowplane_wire::prefix::{IpPrefix, PortRange};
 use flowplane_wire::tcp::TcpFlags;
 use serde_json::json;
 
+use crate::ipfix::{ExportRecord, NatEvent, NatExport, RecordTx};
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::{merge_keeping, Export};
@@ -468,7 +469,7 @@ impl Pool {
 
     /// Releases the queued slots whose TIME_WAIT is over at `now_ns` (in
     /// queue order); returns how many were still held and got released.
-    fn expire_time_wait(&mut self, now_ns: u64) -> u64 {
+    fn expire_time_wait(&mut self, now_ns: u64, log: &mut EventLog) -> u64 {
         let mut released = 0;
         while self.tw_len > 0 {
             let w = self.tw[self.tw_head];
@@ -478,7 +479,13 @@ impl Pool {
             self.tw_head = if self.tw_head + 1 == self.tw.len() { 0 } else { self.tw_head + 1 };
             self.tw_len -= 1;
             // Released meanwhile (RST, idle timeout) and maybe reused: leave it alone.
-            released += u64::from(self.release(w.slot, w.gen));
+            if self.release(w.slot, w.gen) {
+                released += 1;
+                if let Some(e) = self.rev.get(w.slot as usize) {
+                    // TIME_WAIT is TCP's: pool 0.
+                    log.session(NatEvent::Nat44SessionDelete, e, w.slot, 0, w.deadline_ns);
+                }
+            }
         }
         released
     }
@@ -535,6 +542,62 @@ pub struct Nat {
     /// The last packet's time, then the run's end (what export and report judge idleness at).
     now_ns: u64,
     c: Counters,
+    /// The IPFIX event log (`--ipfix`): RFC 8158 NAT44 session create/delete, addresses exhausted.
+    log: EventLog,
+}
+
+/// Where NAT events go, and what a slot means (address and port of a slot).
+#[derive(Debug, Default)]
+struct EventLog {
+    tx: Option<RecordTx>,
+    ext_base: u32,
+    ports: u32,
+    port_lo: u16,
+    /// Per pool: the packet time of the last addresses-exhausted event (one per second at most).
+    exhausted_ns: [Option<u64>; 2],
+}
+
+impl EventLog {
+    /// A session event of mapping `e` (slot `slot` of pool `pool`: 0 TCP, 1 UDP).
+    #[inline]
+    fn session(&mut self, event: NatEvent, e: &Mapping, slot: u32, pool: u8, time_ns: u64) {
+        let Some(tx) = &mut self.tx else { return };
+        let proto = if pool == 0 { 6 } else { 17 };
+        let inside = FiveTuple::new(
+            IpAddr::V4(Ipv4Addr::from(e.inside)),
+            IpAddr::V4(Ipv4Addr::from(e.remote)),
+            e.inside_port,
+            e.remote_port,
+            proto,
+        );
+        tx.push(ExportRecord::Nat(NatExport {
+            event,
+            time_ns,
+            inside,
+            post_src: Ipv4Addr::from(self.ext_base + slot / self.ports),
+            post_sport: self.port_lo + (slot % self.ports) as u16,
+            pool: 0,
+        }));
+    }
+
+    /// The pool of `pool` is exhausted at `now` (logged once per second of packet time).
+    #[cold]
+    fn exhausted(&mut self, pool: u8, now: u64) {
+        let Some(tx) = &mut self.tx else { return };
+        let last = &mut self.exhausted_ns[(pool & 1) as usize];
+        if last.is_some_and(|l| now.saturating_sub(l) < 1_000_000_000) {
+            return;
+        }
+        *last = Some(now);
+        tx.push(ExportRecord::Nat(NatExport {
+            event: NatEvent::AddressesExhausted,
+            time_ns: now,
+            inside: None,
+            post_src: Ipv4Addr::UNSPECIFIED,
+            post_sport: 0,
+            pool: u32::from(pool),
+        }));
+    }
 }
 
 fn mask(len: u8) -> u32 {
@@ -635,6 +698,7 @@ impl Nat {
             timeout_ns,
             now_ns: 0,
             c: Counters::default(),
+            log: EventLog { ext_base: base, ports, port_lo: cfg.port_lo, ..EventLog::default() },
         })
     }
 
@@ -761,6 +825,18 @@ impl StatefulNf for Nat {
         // Judged at the run's end, as a one-core run's last packet would judge:
         // mappings idle by then are not in use, TIME_WAITs over by then are released.
         self.advance_to(end_ns);
+        if self.log.tx.is_some() {
+            // Sessions idle past the timeout by the run's end ended when they went idle.
+            let (now, timeout) = (self.now_ns, self.timeout_ns);
+            for (pool, p) in self.pools.iter().enumerate() {
+                for (slot, e) in p.rev.iter().enumerate() {
+                    if e.in_use && now.saturating_sub(e.last_out) > timeout {
+                        let at = e.last_out.saturating_add(timeout);
+                        self.log.session(NatEvent::Nat44SessionDelete, e, slot as u32, pool as u8, at);
+                    }
+                }
+            }
+        }
     }
 
     fn report(&self) -> Option<serde_json::Value> {
@@ -809,6 +885,12 @@ impl StatefulNf for Nat {
 
     fn export_kind(&self) -> Export {
         Export::State
+    }
+
+    const IPFIX: bool = true;
+
+    fn attach_ipfix(&mut self, tx: RecordTx) {
+        self.log.tx = Some(tx);
     }
 
     fn export_row(&self, key: &FiveTuple, st: &NatState) -> Option<serde_json::Value> {
@@ -872,8 +954,15 @@ impl Nat {
         }
         let timeout = self.timeout_ns;
         let p = &mut self.pools[pool as usize];
-        let Some((slot, reclaimed)) = p.alloc(now, timeout) else { return Nat::state(kind::EXHAUSTED) };
+        let Some((slot, reclaimed)) = p.alloc(now, timeout) else {
+            self.log.exhausted(pool, now);
+            return Nat::state(kind::EXHAUSTED);
+        };
         let e = &mut p.rev[slot as usize];
+        if reclaimed {
+            // The idle mapping the slot held ends now (its fields are still the old session's).
+            self.log.session(NatEvent::Nat44SessionDelete, e, slot, pool, now);
+        }
         e.inside = src;
         e.inside_port = sport;
         e.remote = dst;
@@ -882,6 +971,7 @@ impl Nat {
         e.in_use = true;
         e.last_out = now;
         let gen = e.gen;
+        self.log.session(NatEvent::Nat44SessionCreate, e, slot, pool, now);
         self.c.mappings += 1;
         self.c.idle_reclaimed += u64::from(reclaimed);
         self.c.released += u64::from(reclaimed);
@@ -966,8 +1056,12 @@ impl Nat {
                 if rst {
                     // The inside host reset the connection: the port is free at once.
                     self.c.rst_ends += 1;
-                    if self.pools[(st.pool & 1) as usize].release(st.slot, st.gen) {
+                    let p = &mut self.pools[(st.pool & 1) as usize];
+                    if p.release(st.slot, st.gen) {
                         self.c.released += 1;
+                        if let Some(e) = p.rev.get(st.slot as usize) {
+                            self.log.session(NatEvent::Nat44SessionDelete, e, st.slot, st.pool, now);
+                        }
                     }
                     return Action::EndFlow;
                 }
@@ -1094,7 +1188,7 @@ impl Nat {
     }
 
     fn expire_time_wait(&mut self, now_ns: u64) {
-        let n = self.pools[0].expire_time_wait(now_ns);
+        let n = self.pools[0].expire_time_wait(now_ns, &mut self.log);
         self.c.released += n;
         self.c.time_wait_released += n;
     }
