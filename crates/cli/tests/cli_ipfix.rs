@@ -364,3 +364,140 @@ fn bad_ipfix_options_are_one_line_errors() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// tshark's view of a pcap's UDP packets: (src, sport, dst, dport) of each.
+fn udp_tuples(pcap: &Path) -> Option<Vec<(String, u64, String, u64)>> {
+    if !have("tshark") {
+        return None;
+    }
+    let f = ["-T", "fields", "-e", "ip.src", "-e", "udp.srcport", "-e", "ip.dst", "-e", "udp.dstport"];
+    let out = Command::new("tshark").args(["-r", s(pcap), "-Y", "udp"]).args(f).output().expect("tshark");
+    let text = ok(&out, "tshark");
+    Some(
+        text.lines()
+            .map(|l| {
+                let v: Vec<&str> = l.split('\t').collect();
+                (v[0].to_string(), v[1].parse().unwrap(), v[2].to_string(), v[3].parse().unwrap())
+            })
+            .collect(),
+    )
+}
+
+/// nat's RFC 8158 events: a create per mapping the report counts, each naming the translation the output pcap
+/// shows (tshark) for a packet of its inside flow; a delete for every mapping that ended; the mappings live at
+/// the end (creates without a delete) are exactly the export's rows; the exhausted pool is logged, at most once
+/// per second per pool and core. tshark reads the messages without a malformed one.
+#[test]
+fn nat_events_match_the_nat_export_and_the_translated_pcap() {
+    let dir = tmpdir("nat");
+    // 200 UDP flows over 20 s of packet time through 2 x 25 ports with a 1 s timeout: mappings are reclaimed
+    // when idle, the pool runs out now and then.
+    let t = gen(&dir, &["--rate", "150"]);
+    let (file, exp, o) = (dir.join("n.ipfix"), dir.join("nat.json"), dir.join("out.pcap"));
+    let out = flowplane(&[
+        "run",
+        "--chain",
+        "nat(ports=1024-1073,timeout=1)",
+        "--input",
+        s(&t),
+        "--cores",
+        "2",
+        "--output",
+        s(&o),
+        "--ipfix",
+        &format!("file:{}", s(&file)),
+        "--export",
+        &format!("nat={}", s(&exp)),
+        "--json",
+    ]);
+    let r = report(&out);
+    let nat = &r["nfs"][0]["details"];
+    assert_eq!(r["ipfix"]["lost"].as_u64(), Some(0), "{}", r["ipfix"]);
+    let text = ok(&flowplane(&["ipfix", "read", s(&file), "--json"]), "ipfix read");
+    let ev: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+    let of = |e: u64| ev.iter().filter(move |v| v["event"].as_u64() == Some(e));
+    let (creates, deletes) = (of(4).count() as u64, of(5).count() as u64);
+    assert_eq!(creates, nat["mappings_created"].as_u64().unwrap(), "{nat}");
+    assert!(deletes > 0 && nat["idle_mappings_reclaimed"].as_u64().unwrap() > 0, "{nat}");
+    // Live at the end: created and not deleted (by session: inside tuple and translation) = the export's rows.
+    let sess = |v: &Value| {
+        (
+            v["src"].as_str().unwrap().to_string(),
+            v["sport"].as_u64().unwrap(),
+            v["dst"].as_str().unwrap().to_string(),
+            v["dport"].as_u64().unwrap(),
+            v["post_src"].as_str().unwrap().to_string(),
+            v["post_sport"].as_u64().unwrap(),
+        )
+    };
+    let mut live: HashMap<_, i64> = HashMap::new();
+    for v in &ev {
+        match v["event"].as_u64() {
+            Some(4) => *live.entry(sess(v)).or_default() += 1,
+            Some(5) => *live.entry(sess(v)).or_default() -= 1,
+            _ => {}
+        }
+    }
+    assert!(live.values().all(|&n| n == 0 || n == 1), "a session deleted before created or created twice");
+    let mut live: Vec<_> = live.into_iter().filter(|(_, n)| *n == 1).map(|(k, _)| k).collect();
+    let rows: Value = serde_json::from_str(&std::fs::read_to_string(&exp).unwrap()).unwrap();
+    let mut want: Vec<_> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["direction"] == "out")
+        .map(|r| {
+            (
+                r["src"].as_str().unwrap().to_string(),
+                r["sport"].as_u64().unwrap(),
+                r["dst"].as_str().unwrap().to_string(),
+                r["dport"].as_u64().unwrap(),
+                r["translated_addr"].as_str().unwrap().to_string(),
+                r["translated_port"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    live.sort();
+    want.sort();
+    assert_eq!(live, want);
+    // Exhaustion is logged, rate-limited.
+    let exhausted: Vec<u64> = of(3).map(|v| v["time_ms"].as_u64().unwrap()).collect();
+    assert!(nat["dropped_pool_exhausted"].as_u64().unwrap() > 0 && !exhausted.is_empty());
+    assert!(exhausted.len() as u64 <= 2 * 2 * 21, "{} exhausted events", exhausted.len());
+    // The translated pcap (tshark): every create names a translation some output packet carries, and every
+    // output packet's source is a translation some create named for its destination.
+    if let Some(outp) = udp_tuples(&o) {
+        let seen: std::collections::HashSet<_> = outp.iter().cloned().collect();
+        for v in of(4) {
+            let k = (
+                v["post_src"].as_str().unwrap().to_string(),
+                v["post_sport"].as_u64().unwrap(),
+                v["dst"].as_str().unwrap().to_string(),
+                v["dport"].as_u64().unwrap(),
+            );
+            assert!(seen.contains(&k), "create {v} has no translated packet");
+        }
+        let named: std::collections::HashSet<_> = of(4)
+            .map(|v| {
+                (
+                    v["post_src"].as_str().unwrap().to_string(),
+                    v["post_sport"].as_u64().unwrap(),
+                    v["dst"].as_str().unwrap().to_string(),
+                    v["dport"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert!(outp.iter().all(|k| named.contains(k)));
+        assert_eq!(outp.len() as u64, nat["outbound_packets"].as_u64().unwrap());
+    }
+    if have("tshark") {
+        let pcap = dir.join("ipfix.pcap");
+        messages_to_pcap(&file, &pcap);
+        let bad = Command::new("tshark")
+            .args(["-r", s(&pcap), "-d", "udp.port==4739,cflow", "-Y", "_ws.malformed || _ws.expert.severity >= error"])
+            .output()
+            .expect("tshark");
+        assert!(ok(&bad, "tshark").trim().is_empty());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
