@@ -367,10 +367,8 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
             }
         };
         measured[i] = Some(m.one_with(&t, &j.chain, j.knobs(), j.flows, j.ipfix.clone())?);
-        if let Some(f) = j.ipfix.as_ref().and_then(|c| c.collectors.first()) {
-            if let flowplane_engine::ipfix::Collector::File(p) = f {
-                let _ = std::fs::remove_file(p);
-            }
+        if let Some(flowplane_engine::ipfix::Collector::File(p)) = j.ipfix.as_ref().and_then(|c| c.collectors.first()) {
+            let _ = std::fs::remove_file(p);
         }
         drop(t);
         // Free the traces no later row needs (they are large at 4M flows).

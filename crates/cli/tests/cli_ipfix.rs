@@ -209,18 +209,19 @@ fn report(out: &Output) -> Value {
 }
 
 /// The target: nfdump's dump of what nfcapd received equals fsc's export (flows, packets, bytes), IPv4
-/// and IPv6, on one and two cores; tshark reads the same messages without a malformed one.
+/// and IPv6, on one and two cores, fsc's state in per-core tables and (`--scale shared`) in the shared table;
+/// tshark reads the same messages without a malformed one.
 #[test]
 fn fsc_records_through_nfcapd_equal_the_fsc_export_and_tshark_reads_them() {
     if !have("nfcapd") {
         return;
     }
-    for (i, (v6, cores)) in [(false, "2"), (true, "1")].into_iter().enumerate() {
+    let cases = [(false, "2", "rss", 19_654), (true, "1", "rss", 19_655), (false, "2", "shared", 19_658)];
+    for (i, (v6, cores, scale, port)) in cases.into_iter().enumerate() {
         let dir = tmpdir(&format!("fsc{i}"));
         let t = gen(&dir, if v6 { &["--ipv6"] } else { &[] });
         let col = dir.join("nfcapd");
         std::fs::create_dir_all(&col).unwrap();
-        let port = 19_654 + i as u16;
         let cap = Nfcapd::start(port, &col);
         let (exp, file) = (dir.join("fsc.json"), dir.join("x.ipfix"));
         let udp = format!("udp:127.0.0.1:{port}");
@@ -234,6 +235,8 @@ fn fsc_records_through_nfcapd_equal_the_fsc_export_and_tshark_reads_them() {
             s(&t),
             "--cores",
             cores,
+            "--scale",
+            scale,
             "--ipfix",
             &udp,
             "--ipfix",

@@ -440,8 +440,8 @@ pub(crate) fn run_workers(
     // The flows still live at the run's end are exported (forced end); the queues may now wait for room.
     let ipfix = exporter.inspect(|e| {
         e.workers_stopped();
-        for p in pipelines.iter_mut() {
-            p.ipfix_flush();
+        for (i, p) in pipelines.iter_mut().enumerate() {
+            p.ipfix_flush(i == 0);
         }
     });
     let details = merge_details(&workers, &pipelines);

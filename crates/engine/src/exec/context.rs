@@ -186,7 +186,6 @@ pub struct ExecStats {
 pub(crate) struct ActiveSweep {
     period_ns: u64,
     last_ns: u64,
-    at: (u32, u32),
 }
 
 struct Sweep {
@@ -237,6 +236,8 @@ pub struct ExecContext {
     sweep: Sweep,
     /// IPFIX active timeout (None: off or no NF exports flows).
     active: Option<ActiveSweep>,
+    /// Where the active-timeout walk resumes in each store (IPv4, IPv6 positions).
+    active_at: Vec<(u32, u32)>,
     exact: ExactEnds,
     /// Per stage: packets of the current batch it has run (see `run_stages`).
     pub(crate) progress: Vec<usize>,
@@ -383,6 +384,7 @@ impl ExecContext {
             stats: ExecStats::default(),
             multi_line,
             active: None,
+            active_at: Vec::new(),
             sweep: Sweep { last_ns: 0, entries: (cfg.flows as u64).max(64), period_ns: sweep_period_ns(idle_ns) },
             exact,
             progress: vec![0; stages],
@@ -501,7 +503,8 @@ impl ExecContext {
 
     /// Turns on the IPFIX active timeout (reports of live flows every `period_ns`).
     pub(crate) fn set_active_timeout(&mut self, period_ns: u64) {
-        self.active = Some(ActiveSweep { period_ns: period_ns.max(1), last_ns: 0, at: (0, 0) });
+        self.active = Some(ActiveSweep { period_ns: period_ns.max(1), last_ns: 0 });
+        self.active_at = vec![(0, 0); self.stores.len()];
     }
 
     /// The active-timeout walk's work for the time since its last call: the
@@ -512,33 +515,54 @@ impl ExecContext {
             a.last_ns = now;
             return;
         }
-        let live = self.stores.iter().map(FlowStore::len).max().unwrap_or(0) as u64;
-        let elapsed = now.saturating_sub(a.last_ns);
-        let due = (u128::from(elapsed) * u128::from(live.max(1)) / u128::from(a.period_ns)) as u64;
-        if due == 0 {
+        // Each table visits its share of the period's walk: len * elapsed / period entries, rounded up.
+        let (period, elapsed) = (u128::from(a.period_ns), u128::from(now.saturating_sub(a.last_ns)));
+        let share = |len: usize| (len as u128 * elapsed).div_ceil(period).min(len as u128) as usize;
+        let most = self.stores.iter().map(|s| s.len_v4().max(s.len_v6())).max().unwrap_or(0);
+        if (most as u128 * elapsed) < period {
             return;
         }
         a.last_ns = now;
-        let budget = due.min(live.max(1)) as usize;
         let pernf = self.layout == StateLayout::PerNf;
-        let mut at = a.at;
-        let ExecContext { stores, chain, .. } = self;
-        for (k, store) in stores.iter().enumerate() {
-            store.visit(&mut at, budget, |key, block| {
+        let ExecContext { stores, chain, active_at, .. } = self;
+        for (k, (store, at)) in stores.iter().zip(active_at.iter_mut()).enumerate() {
+            let budget = (share(store.len_v4()), share(store.len_v6()));
+            store.visit(at, budget, |key, block| {
                 report_flow(&mut chain.stages, pernf.then_some(k), key, block, EndReason::ActiveTimeout)
             });
         }
-        if let Some(a) = self.active.as_mut() {
-            a.at = at;
-        }
     }
 
-    /// A flow record of every live flow, with `reason` (the run's end: forced end).
-    pub(crate) fn ipfix_report_all(&mut self, reason: EndReason) {
+    /// A flow record of every live flow, with `reason` (the run's end: forced end); with
+    /// `include_shared`, also of the shared tables' entries (one core reports those).
+    pub(crate) fn ipfix_report_all(&mut self, reason: EndReason, include_shared: bool) {
         let pernf = self.layout == StateLayout::PerNf;
-        let ExecContext { stores, chain, .. } = self;
+        let ExecContext { stores, chain, shared, .. } = self;
         for (k, store) in stores.iter().enumerate() {
             store.for_each(|key, block| report_flow(&mut chain.stages, pernf.then_some(k), key, block, reason));
+        }
+        if !include_shared {
+            return;
+        }
+        let Chain { stages, groups, .. } = chain;
+        for (g, t) in shared.tables.iter().enumerate() {
+            let gran = groups[g].granularity;
+            t.for_each(|_, key, words| {
+                let Some(tuple) = key_tuple(gran, *key) else { return };
+                let _ = with_locked(words, |flags, buf| {
+                    let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+                    for st in stages.iter_mut() {
+                        if let Stage::Stateful { nf, offset, group: Some(sg), member, .. } = st {
+                            let sz = nf.state_size();
+                            if *sg == g && *flags & (2u64 << *member) != 0 && nf.ipfix_on() {
+                                if let Some(b) = bytes.get(*offset..*offset + sz) {
+                                    nf.ipfix_flow_bytes(&tuple, b, reason);
+                                }
+                            }
+                        }
+                    }
+                });
+            });
         }
     }
 

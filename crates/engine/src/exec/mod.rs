@@ -501,12 +501,13 @@ impl Pipeline {
         n
     }
 
-    /// A record of every live flow for the exporter (the run's end: forced end).
-    pub fn ipfix_flush(&mut self) {
-        self.cx.ipfix_report_all(flowplane_nf::ipfix::EndReason::ForcedEnd);
+    /// A record of every live flow for the exporter (the run's end: forced
+    /// end); `include_shared`: also the shared tables' (on one core only).
+    pub fn ipfix_flush(&mut self, include_shared: bool) {
+        self.cx.ipfix_report_all(flowplane_nf::ipfix::EndReason::ForcedEnd, include_shared);
         if let Some(g) = &mut self.graph {
             for a in &mut g.arms {
-                a.pipe.ipfix_flush();
+                a.pipe.ipfix_flush(include_shared);
             }
         }
     }
