@@ -504,3 +504,39 @@ fn nat_events_match_the_nat_export_and_the_translated_pcap() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `ipfix read udp:PORT` is a collector too: it prints every record a run sends, and stops at `--count`.
+#[test]
+fn ipfix_read_on_a_udp_port_prints_what_a_run_sends() {
+    let dir = tmpdir("readudp");
+    let t = gen(&dir, &[]);
+    let port = 19_659;
+    let reader = Command::new(env!("CARGO_BIN_EXE_flowplane"))
+        .args(["ipfix", "read", &format!("udp:{port}"), "--json", "--count", "300", "--idle", "10"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ipfix read");
+    let t0 = Instant::now();
+    while UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "ipfix read did not open port {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = report(&flowplane(&[
+        "run",
+        "--chain",
+        "fsc",
+        "--input",
+        s(&t),
+        "--ipfix",
+        &format!("udp:127.0.0.1:{port}"),
+        "--json",
+    ]));
+    assert_eq!(r["ipfix"]["flow_records"].as_u64(), Some(300));
+    let out = reader.wait_with_output().expect("ipfix read");
+    let text = ok(&out, "ipfix read");
+    let packets: u64 =
+        text.lines().map(|l| serde_json::from_str::<Value>(l).expect("json")["packets"].as_u64().unwrap()).sum();
+    assert_eq!((text.lines().count(), packets), (300, 3000));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
