@@ -1565,6 +1565,58 @@ mod tests {
         assert_eq!(h.nf.report().unwrap()["tcp_ports_in_time_wait"], 0);
     }
 
+    /// RFC 8158 events (`--ipfix`): a create per mapping with its translation, a delete at each of the three
+    /// releases (RST from inside, the end of TIME_WAIT at its deadline, an idle mapping reclaimed), and one
+    /// addresses-exhausted event per second of packet time however many packets find the pool empty.
+    #[test]
+    fn ipfix_events_follow_the_mappings() {
+        use crate::ipfix::{ExportRecord, NatEvent, RecordTx};
+        use std::sync::atomic::{AtomicBool, AtomicU64};
+        use std::sync::Arc;
+        const S: u64 = 1_000_000_000;
+        let (syn, fin, rst) = (TcpFlags::SYN.bits(), TcpFlags::FIN.bits() | TcpFlags::ACK.bits(), TcpFlags::RST.bits());
+        let mut h = Harness::new(nat_with(&[("ports", "7000-7000"), ("fin_timeout", "2"), ("timeout", "5")]));
+        let lost = Arc::new(AtomicU64::new(0));
+        let (tx, mut rx) = RecordTx::new(64, Arc::clone(&lost), Arc::new(AtomicBool::new(false)), 0);
+        h.nf.attach_ipfix(tx);
+        let mut events = |want: &[(NatEvent, u64, u16)]| {
+            let mut got = Vec::new();
+            while let Ok(ExportRecord::Nat(n)) = rx.pop() {
+                got.push((n.event, n.time_ns, n.inside.map_or(0, |t| t.src_port())));
+                if n.event == NatEvent::Nat44SessionCreate {
+                    assert_eq!((n.post_src, n.post_sport), (Ipv4Addr::from(EXT), 7000));
+                }
+            }
+            assert_eq!(got, want);
+        };
+        // A takes the only port; B finds the pool empty twice in a second (one event), then again a second later.
+        h.run(&tcp4([10, 0, 0, 1], REMOTE, 3000, 80, syn, 1, 0));
+        for t in [0, S / 2, S] {
+            h.now_ns = t;
+            h.run(&tcp4([10, 0, 0, 2], REMOTE, 4000, 80, syn, 1, 0));
+        }
+        events(&[
+            (NatEvent::Nat44SessionCreate, 0, 3000),
+            (NatEvent::AddressesExhausted, 0, 0),
+            (NatEvent::AddressesExhausted, S, 0),
+        ]);
+        // A resets: deleted at once; B gets the port.
+        h.run(&tcp4([10, 0, 0, 1], REMOTE, 3000, 80, rst, 2, 0));
+        h.run(&tcp4([10, 0, 0, 2], REMOTE, 4000, 80, syn, 1, 0));
+        events(&[(NatEvent::Nat44SessionDelete, S, 3000), (NatEvent::Nat44SessionCreate, S, 4000)]);
+        // B closes both ways at 1 s: released at the TIME_WAIT deadline (3 s), logged with that time.
+        h.run(&tcp4([10, 0, 0, 2], REMOTE, 4000, 80, fin, 2, 1));
+        h.run(&tcp4(REMOTE, EXT, 80, 7000, fin, 5, 3));
+        h.now_ns = 4 * S;
+        h.run(&tcp4([10, 0, 0, 3], REMOTE, 5000, 80, syn, 1, 0));
+        events(&[(NatEvent::Nat44SessionDelete, 3 * S, 4000), (NatEvent::Nat44SessionCreate, 4 * S, 5000)]);
+        // C idles past 5 s: D reclaims the port (C's delete, then D's create).
+        h.now_ns = 10 * S;
+        h.run(&tcp4([10, 0, 0, 4], REMOTE, 6000, 80, syn, 1, 0));
+        events(&[(NatEvent::Nat44SessionDelete, 10 * S, 5000), (NatEvent::Nat44SessionCreate, 10 * S, 6000)]);
+        assert_eq!(lost.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+
     #[test]
     fn time_wait_of_a_port_released_meanwhile_is_ignored() {
         // FINs both ways, then the mapping idles out before the TIME_WAIT ends and B takes
