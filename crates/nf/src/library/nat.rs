@@ -77,6 +77,15 @@
 //!   NF fails closed, as passing a table-full packet would leak an
 //!   untranslated inside address.
 //!
+//! With `--ipfix` the NAT logs RFC 8158 events through the engine's exporter:
+//! a NAT44 session create when a mapping is allocated (inside 5-tuple,
+//! translated address and port), a delete when it ends (an RST from inside,
+//! the end of TIME_WAIT — at its deadline —, an idle mapping reclaimed by a new
+//! flow, or idle past the timeout by the run's end — at last packet +
+//! timeout), and "addresses exhausted" (natPoolID 0 TCP, 1 UDP) at most once
+//! per second of packet time per pool and core. Mappings live at the run's
+//! end get no delete (the export lists them).
+//!
 //! Each core builds its own instance with its own pools. The NF declares its
 //! pool ([`crate::GlobalState::PortPool`]): on several cores the runtime
 //! gives each core a disjoint share of `ports` and programs the NIC's
