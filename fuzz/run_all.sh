@@ -38,6 +38,8 @@ fi
 run_one() {
     local t="$1"
     mkdir -p "corpus/$t" "artifacts/$t"
+    # Seed inputs kept in git (seeds/<t>/) start the corpus.
+    if [ -d "seeds/$t" ]; then cp -n "seeds/$t"/* "corpus/$t"/; fi
     touch "$logs/$t.start"
     # -timeout: a unit running 20 s is a hang worth reporting; every target's units take milliseconds.
     # shellcheck disable=SC2086

@@ -52,6 +52,16 @@ if ! command -v promtool >/dev/null 2>&1 || ! /usr/bin/python3 -c "import promet
     # Where systemd runs, the package starts a Prometheus server: the tests need only promtool.
     if command -v systemctl >/dev/null 2>&1; then as_root systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
 fi
+# The IPFIX tests (crates/cli/tests/cli_ipfix.rs) send flow records to nfdump's collector `nfcapd` and read
+# them back with `nfdump` (Debian package nfdump).
+if ! command -v nfcapd >/dev/null 2>&1 || ! command -v nfdump >/dev/null 2>&1; then
+    step "installing nfdump"
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -qq
+    as_root apt-get install -y -qq --no-install-recommends nfdump >/dev/null
+    # Where systemd runs, the package starts an nfcapd service: the tests start their own.
+    if command -v systemctl >/dev/null 2>&1; then as_root systemctl disable --now nfdump >/dev/null 2>&1 || true; fi
+fi
 # AF_XDP ports build against libxdp/libbpf found by pkg-config (crates/io/build.rs; without them
 # afxdp: ports are not built in and crates/cli/tests/ports_afxdp.rs fails).
 if ! pkg-config --exists libxdp libbpf 2>/dev/null; then

@@ -38,7 +38,7 @@ pub struct PipelineOptions {
     pub batch: usize,
     /// Indirect-access counts for the synthetic NF.
     pub synthetic_k: Vec<u32>,
-    /// Which experiments (empty: all): flows, chains, executors, prefetch, synthetic, aux.
+    /// Which experiments (empty: all): flows, chains, executors, prefetch, synthetic, aux, ipfix.
     pub only: Vec<String>,
     /// Run the rows in the opposite order (a check: the figures must not depend on it).
     pub reverse: bool,
@@ -202,6 +202,7 @@ impl Measure<'_> {
         chain: &str,
         knobs: ExecConfig,
         flows: u64,
+        ipfix: Option<flowplane_engine::ipfix::IpfixConfig>,
     ) -> Result<Measured, String> {
         let spec = spec::parse(chain).map_err(|e| e.to_string())?;
         let warmup = Duration::from_secs_f64(self.opts.warmup.unwrap_or((self.opts.seconds / 2.0).min(1.0)));
@@ -219,6 +220,7 @@ impl Measure<'_> {
                 default_idle_timeout_ns: 3_600_000_000_000,
                 ..knobs
             },
+            ipfix,
             ..RunConfig::default()
         };
         // The tables live inside the run: sample their page backing (the process's hugepage-advised memory) in the
@@ -257,6 +259,8 @@ struct Job {
     flows: u64,
     /// Reported in the row's `prefetch` column (the synthetic rows report their hook there).
     shown_prefetch: bool,
+    /// IPFIX export on (the `ipfix` experiment).
+    ipfix: Option<flowplane_engine::ipfix::IpfixConfig>,
 }
 
 impl Job {
@@ -285,6 +289,7 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
         hooks: true,
         flows,
         shown_prefetch: prefetch,
+        ipfix: None,
     };
     const CHAIN3: &str = "lb -> fsc -> ratelimit(pps=1000000000)";
     let mut jobs: Vec<Job> = Vec::new();
@@ -330,6 +335,19 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
             }
         }
     }
+    if opts.wants("ipfix") {
+        // Issue 34: fsc's flow records exported (1 s active timeout, to a file in the temp dir) vs not.
+        let file = std::env::temp_dir().join(format!("flowplane-bench-ipfix-{}", std::process::id()));
+        for on in [false, true] {
+            let variant = format!("export={}", if on { "on" } else { "off" });
+            let ipfix = on.then(|| flowplane_engine::ipfix::IpfixConfig {
+                collectors: vec![flowplane_engine::ipfix::Collector::File(file.clone())],
+                active_ns: Some(1_000_000_000),
+                queue: flowplane_engine::ipfix::DEFAULT_QUEUE,
+            });
+            jobs.push(Job { ipfix, ..job("ipfix", variant, "fsc", ExecKind::BATCH, true, base) });
+        }
+    }
     // Run order: as listed, or reversed; rows are reported in the listed order either way. Traces are generated per
     // flow count and kept while rows still need them.
     let mut order: Vec<usize> = (0..jobs.len()).collect();
@@ -348,7 +366,10 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
                 t
             }
         };
-        measured[i] = Some(m.one_with(&t, &j.chain, j.knobs(), j.flows)?);
+        measured[i] = Some(m.one_with(&t, &j.chain, j.knobs(), j.flows, j.ipfix.clone())?);
+        if let Some(flowplane_engine::ipfix::Collector::File(p)) = j.ipfix.as_ref().and_then(|c| c.collectors.first()) {
+            let _ = std::fs::remove_file(p);
+        }
         drop(t);
         // Free the traces no later row needs (they are large at 4M flows).
         traces.retain(|(f, _)| order[n + 1..].iter().any(|&k| jobs[k].flows == *f));
@@ -390,6 +411,7 @@ fn fill_ratios(rows: &mut [PipelineRow]) {
             "prefetch" => snapshot.iter().find(|x| x.experiment == "prefetch" && !x.prefetch),
             "synthetic" => snapshot.iter().find(|x| x.experiment == "synthetic" && x.chain == r.chain && !x.prefetch),
             "aux" => snapshot.iter().find(|x| x.experiment == "aux" && x.variant == "aux=off"),
+            "ipfix" => snapshot.iter().find(|x| x.experiment == "ipfix" && x.variant == "export=off"),
             _ => None,
         };
         if let Some(b) = reference {

@@ -98,6 +98,14 @@ pub struct OutputArgs {
     /// Export an NF's state at the end of the run: NF=FILE.csv or NF=FILE.json (repeatable).
     #[arg(long, value_name = "NF=FILE")]
     pub export: Vec<String>,
+    /// Export flow records (fsc) and NAT events (nat) over IPFIX to a collector:
+    /// udp:HOST:PORT, tcp:HOST:PORT or file:PATH (repeatable: every collector gets every message).
+    #[arg(long, value_name = "COLLECTOR")]
+    pub ipfix: Vec<String>,
+    /// IPFIX active timeout (s of packet time): a live flow is also reported every S
+    /// (default: only at its end — idle timeout, end of flow, end of the run).
+    #[arg(long, value_name = "S")]
+    pub ipfix_active: Option<f64>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -816,8 +824,33 @@ pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliErr
             Some(p) => flowplane_engine::runner::NicProfile::parse(p).map_err(CliError::new)?,
             None => flowplane_engine::runner::NicProfile::ideal(),
         },
+        ipfix: parse_ipfix(&a.outputs.ipfix, a.outputs.ipfix_active)?,
     };
     Ok((cfg, spec))
+}
+
+/// Parses `--ipfix` collectors and `--ipfix-active` (None: no collector).
+fn parse_ipfix(
+    collectors: &[String],
+    active_s: Option<f64>,
+) -> Result<Option<flowplane_engine::ipfix::IpfixConfig>, CliError> {
+    if let Some(a) = active_s {
+        if !(a > 0.0 && a.is_finite()) {
+            return Err(CliError::new(format!("--ipfix-active {a}: expected a positive number of seconds")));
+        }
+        if collectors.is_empty() {
+            return Err(CliError::new("--ipfix-active needs --ipfix"));
+        }
+    }
+    if collectors.is_empty() {
+        return Ok(None);
+    }
+    let collectors = collectors.iter().map(|c| c.parse()).collect::<Result<Vec<_>, String>>().map_err(CliError::new)?;
+    Ok(Some(flowplane_engine::ipfix::IpfixConfig {
+        collectors,
+        active_ns: active_s.map(|a| (a * 1e9) as u64),
+        queue: flowplane_engine::ipfix::DEFAULT_QUEUE,
+    }))
 }
 
 /// Parses `--export` values: `NF=FILE.csv|json` pairs (no file is touched here).

@@ -28,6 +28,7 @@ mod cmd_bench;
 mod cmd_ctl;
 mod cmd_dyssect;
 mod cmd_gen;
+mod cmd_ipfix;
 mod cmd_live;
 mod cmd_mlffr;
 mod cmd_mlffr_port;
@@ -83,6 +84,8 @@ enum Command {
     Mlffr(cmd_mlffr::MlffrArgs),
     /// UPF tools: `upf sessions` writes the session file matching `gen --proto gtpu --upf NxM`.
     Upf(cmd_upf::UpfArgs),
+    /// IPFIX tools: `ipfix read FILE|udp:PORT` decodes and prints records.
+    Ipfix(cmd_ipfix::IpfixArgs),
     /// Ask a running `run --ctl PATH`: show runtime|errors|nfs|tables|ports, set, load, export, reload, stop.
     Ctl(cmd_ctl::CtlArgs),
 }
@@ -123,6 +126,7 @@ where
         Command::Mlffr(a) => cmd_mlffr::run(a),
         Command::Upf(a) => cmd_upf::run(a),
         Command::Ctl(a) => cmd_ctl::run(a),
+        Command::Ipfix(a) => cmd_ipfix::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,7 +6,7 @@
 //! - every `run` option is a top-level key, its long name without the
 //!   dashes, `-` or `_` alike (`idle_timeout = 10`, `scale = "rsspp"`);
 //! - flags take `true` or `false`; options with a value take a string or a
-//!   number; repeatable options (`port`, `export`) take a string or an
+//!   number; repeatable options (`port`, `export`, `ipfix`) take a string or an
 //!   array of strings;
 //! - the chain is `chain = "..."`, `chain_file = "..."`, or `[[nf]]` tables
 //!   as `--chain-file` accepts (a `name` and the NF's parameters) — one of
@@ -241,6 +241,8 @@ mod tests {
         ("chain-file", "chain.toml"),
         ("cores", "2"),
         ("export", "hh=hh.csv"),
+        ("ipfix", "udp:127.0.0.1:4739"),
+        ("ipfix-active", "1"),
         ("scr-history", "4"),
         ("priority", "dport=80"),
         ("slo-us", "5"),

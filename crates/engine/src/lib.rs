@@ -21,6 +21,7 @@ pub mod error;
 pub mod exec;
 pub mod graph;
 pub mod hist;
+pub mod ipfix;
 mod kernel_moves;
 pub mod live;
 pub mod load;

@@ -109,6 +109,9 @@ pub struct Report {
     /// `--scale scr`: history, fast-forward cost, recovery, replica digests.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scr: Option<crate::scr::ScrReport>,
+    /// `--ipfix`: records exported, lost, messages sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ipfix: Option<crate::ipfix::IpfixReport>,
     /// Exported NF state (not serialised in the report; written by `--export`).
     #[serde(skip)]
     pub exports: Vec<(String, Vec<serde_json::Value>)>,
@@ -550,6 +553,9 @@ impl fmt::Display for Report {
                 "core {:<7} {} packets, {:.2} Mpps, {:.1} cycles/pkt",
                 c.core, c.packets, c.mpps, c.cycles_per_packet
             )?;
+        }
+        if let Some(x) = &self.ipfix {
+            writeln!(f, "{}", x.line())?;
         }
         if let Some(st) = &self.steering {
             let by = if st.by == "dispatcher" {

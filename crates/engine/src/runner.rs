@@ -96,6 +96,8 @@ pub struct RunConfig {
     pub solver_budget: Duration,
     /// How long the emulated NIC takes to apply a RETA update or a flow rule (default `ideal`: at once).
     pub nic_profile: flowplane_scale::NicProfile,
+    /// `--ipfix`: export flow records and NAT events to collectors (None: off).
+    pub ipfix: Option<crate::ipfix::IpfixConfig>,
 }
 
 impl Default for RunConfig {
@@ -122,6 +124,7 @@ impl Default for RunConfig {
             long_period: Duration::from_secs(1),
             solver_budget: Duration::from_millis(200),
             nic_profile: flowplane_scale::NicProfile::ideal(),
+            ipfix: None,
         }
     }
 }

@@ -182,6 +182,11 @@ pub(crate) fn run_workers(
     let epoch_ns =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let start_tsc = tsc::rdtsc();
+    // Packet time 0 is the trace's first packet (a replay) or the run's start.
+    let exporter = match &cfg.ipfix {
+        Some(c) => Some(crate::ipfix::Exporter::start(c, trace.as_ref().map_or(epoch_ns, |t| t.base_ns()))?),
+        None => None,
+    };
     let measure_from = start_tsc + cfg.warmup.map_or(0, |w| (w.as_secs_f64() * hz) as u64);
     let wall = Instant::now();
     let (nic_parts, mut strategy) = match nic.take() {
@@ -256,6 +261,7 @@ pub(crate) fn run_workers(
                 let trace = trace.clone();
                 let output = output.clone();
                 let (shared, barrier, go) = (&shared, &barrier, &go);
+                let exporter = exporter.as_ref();
                 let halt = if mine.iter().any(|m| m.2.is_some()) { &never } else { &halt };
                 let steering_arc = nic_parts.as_ref().map(|n| Arc::clone(&n.0));
                 let kernel = switch.as_ref().zip(nic_parts.as_ref()).map(|(sw, n)| (Arc::clone(sw), n.1.clone()));
@@ -312,6 +318,13 @@ pub(crate) fn run_workers(
                                 let ecfg =
                                     if scr.is_some() { ExecConfig { flows: 1024, ..cfg.exec } } else { cfg.exec };
                                 let mut exec = Pipeline::new(chain, ecfg, shared.clone())?;
+                                if let (Some(e), Some(c)) = (exporter, &cfg.ipfix) {
+                                    if exec.attach_ipfix(&mut || e.queue(w as u32), c.active_ns) == 0 {
+                                        return Err(EngineError::Config(
+                                            "--ipfix: no NF of the chain exports IPFIX records (fsc, nat)".into(),
+                                        ));
+                                    }
+                                }
                                 if cfg.rate_pps.is_some() || port_live.is_some() {
                                     // Paced or live: a page fault on the packet path is a stall that loses packets.
                                     exec.prefault();
@@ -432,8 +445,16 @@ pub(crate) fn run_workers(
             w.nfs = p.nf_results();
         }
     }
+    // The flows still live at the run's end are exported (forced end); the queues may now wait for room.
+    let ipfix = exporter.inspect(|e| {
+        e.workers_stopped();
+        for (i, p) in pipelines.iter_mut().enumerate() {
+            p.ipfix_flush(i == 0);
+        }
+    });
     let details = merge_details(&workers, &pipelines);
     let mut report = Report::from_workers(spec, cfg, &workers, details, elapsed, hz);
+    report.ipfix = ipfix.map(crate::ipfix::Exporter::finish);
     if let Feed::Port(p) = &feed {
         report.clock = format!("port receive time ({})", p.live.source);
         // On a port the run's span is mostly waiting for packets: the cost per

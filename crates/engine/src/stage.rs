@@ -10,6 +10,7 @@
 use std::ops::Range;
 
 use bytemuck::{Pod, Zeroable};
+use flowplane_nf::ipfix::EndReason;
 use flowplane_nf::stateful::{Action, Cursor, Granularity, IdleStamp, StatefulNf, Step};
 use flowplane_nf::{Export, NfContext, NfCounters, Pkt, PktMeta};
 use flowplane_packet::{Batch, Lanes, Verdict, DROP};
@@ -225,8 +226,14 @@ pub trait StatefulStage: Send {
     fn step_bytes(&self, pkt: &Pkt<'_>, state: &[u8], cur: &mut Cursor) -> Step;
     /// The action resumed from `cur` (same result as `process_bytes`).
     fn finish_bytes(&mut self, pkt: &mut Pkt<'_>, state: &mut [u8], ctx: &NfContext, cur: &Cursor) -> Action;
-    /// Release callback.
-    fn release_bytes(&mut self, key: &FiveTuple, state: &[u8]);
+    /// Release callback; an NF feeding IPFIX first records the flow's end (`reason`).
+    fn release_bytes(&mut self, key: &FiveTuple, state: &[u8], reason: EndReason);
+    /// The NF feeds the IPFIX exporter ([`StatefulNf::IPFIX`]).
+    fn ipfix_on(&self) -> bool;
+    /// Hands the NF its per-core IPFIX record queue.
+    fn attach_ipfix(&mut self, tx: flowplane_nf::ipfix::RecordTx);
+    /// A flow record for `state` without ending it (active timeout, the run's end).
+    fn ipfix_flow_bytes(&mut self, key: &FiveTuple, state: &[u8], reason: EndReason);
     /// Unparsed packets.
     fn on_unparsed(&mut self) -> Action;
     /// Packets with a key but no state (table full): counted by the NF, its verdict.
@@ -529,8 +536,23 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
             self.0.process(pkt, cast_mut::<T::State>(state), ctx)
         }
     }
-    fn release_bytes(&mut self, key: &FiveTuple, state: &[u8]) {
-        self.0.release(key, cast::<T::State>(state))
+    fn release_bytes(&mut self, key: &FiveTuple, state: &[u8], reason: EndReason) {
+        let st = cast::<T::State>(state);
+        if T::IPFIX {
+            self.0.ipfix_flow(key, st, reason);
+        }
+        self.0.release(key, st)
+    }
+    fn ipfix_on(&self) -> bool {
+        T::IPFIX
+    }
+    fn attach_ipfix(&mut self, tx: flowplane_nf::ipfix::RecordTx) {
+        self.0.attach_ipfix(tx)
+    }
+    fn ipfix_flow_bytes(&mut self, key: &FiveTuple, state: &[u8], reason: EndReason) {
+        if T::IPFIX {
+            self.0.ipfix_flow(key, cast::<T::State>(state), reason)
+        }
     }
     fn on_unparsed(&mut self) -> Action {
         self.0.on_unparsed()
@@ -852,6 +874,9 @@ impl<T: StatefulNf> Typed<T> {
                     let reset = s.touch(pctx.now_ns, idle.timeout_ns);
                     *stamp = s.0.to_ne_bytes();
                     if reset {
+                        if T::IPFIX {
+                            self.0.ipfix_flow(&meta.tuple, state, EndReason::IdleTimeout);
+                        }
                         self.0.release(&meta.tuple, state);
                         *state = T::State::zeroed();
                         *state = self.0.init(&pkt, &pctx);

@@ -286,6 +286,24 @@ impl FlowStore {
         }
     }
 
+    /// Visits up to `budget.0` live IPv4 flows and `budget.1` IPv6 ones from
+    /// the cursor `at` (each table's position), a table wrapping to its start
+    /// when walked through: a paced walk over every flow (IPFIX active timeouts).
+    pub fn visit(&self, at: &mut (u32, u32), budget: (usize, usize), mut f: impl FnMut(&FiveTuple, &[u8])) {
+        at.0 = walk(self.v4.iter_from(at.0), budget.0, |k, s| f(&FiveTuple::V4(*k), s));
+        at.1 = walk(self.v6.iter_from(at.1), budget.1, |k, s| f(&FiveTuple::V6(*k), s));
+    }
+
+    /// Live IPv4 flows.
+    pub fn len_v4(&self) -> usize {
+        self.v4.len()
+    }
+
+    /// Live IPv6 flows.
+    pub fn len_v6(&self) -> usize {
+        self.v6.len()
+    }
+
     /// Every live flow with its block.
     pub fn for_each(&self, mut f: impl FnMut(&FiveTuple, &[u8])) {
         for (_, k, s) in self.v4.iter() {
@@ -295,6 +313,26 @@ impl FlowStore {
             f(&FiveTuple::V6(*k), s);
         }
     }
+}
+
+/// Visits up to `budget` entries of `it`; returns where to resume (0: walked through, start over).
+fn walk<'a, K: 'a>(
+    it: impl Iterator<Item = (u32, &'a K, &'a [u8])>,
+    budget: usize,
+    mut f: impl FnMut(&K, &[u8]),
+) -> u32 {
+    if budget == 0 {
+        return 0;
+    }
+    let mut n = 0;
+    for (h, k, s) in it {
+        f(k, s);
+        n += 1;
+        if n >= budget {
+            return h + 1;
+        }
+    }
+    0
 }
 
 /// One NF's typed state in every block of a [`FlowStore`]

@@ -16,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod ipfix;
 mod library;
 pub mod param_spec;
 pub mod params;

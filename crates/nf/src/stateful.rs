@@ -552,6 +552,24 @@ pub trait StatefulNf: Send + 'static {
     /// nothing.
     fn end_of_run(&mut self, _end_ns: u64) {}
 
+    /// Set to `true` when the NF feeds the IPFIX exporter (`--ipfix`): the
+    /// engine then hands it a per-core record queue
+    /// ([`StatefulNf::attach_ipfix`]) and tells it of flow ends and active
+    /// timeouts ([`StatefulNf::ipfix_flow`]).
+    const IPFIX: bool = false;
+
+    /// Takes this core's record queue for the NF (once, before the run, only
+    /// with `--ipfix`). Records go through [`crate::ipfix::RecordTx::push`]:
+    /// no allocation, a full queue counts them lost.
+    fn attach_ipfix(&mut self, _tx: crate::ipfix::RecordTx) {}
+
+    /// A flow's state ends — `reason`: idle timeout (expiry), end of flow (an
+    /// NF ended it), forced end (the run's end) — or is reported at the
+    /// active timeout ([`crate::ipfix::EndReason::ActiveTimeout`], the state
+    /// stays): push its record. Called by the engine off the per-packet path
+    /// (sweeps, removals), only for NFs declaring [`StatefulNf::IPFIX`].
+    fn ipfix_flow(&mut self, _key: &FiveTuple, _state: &Self::State, _reason: crate::ipfix::EndReason) {}
+
     /// NF-specific results for the report (JSON), if any.
     fn report(&self) -> Option<serde_json::Value> {
         None

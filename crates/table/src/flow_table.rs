@@ -935,6 +935,12 @@ impl<K: FlowKey> FlowTable<K> {
     pub fn iter(&self) -> Iter<'_, K> {
         Iter { table: self, next: 0 }
     }
+
+    /// Live entries from slab position `from` on (a resumable walk: the
+    /// next position is the last handle returned plus one).
+    pub fn iter_from(&self, from: Handle) -> Iter<'_, K> {
+        Iter { table: self, next: from }
+    }
 }
 
 /// Iterator over live entries, see [`FlowTable::iter`].

@@ -1,7 +1,7 @@
 //! `flowplane-wire`: zero-copy, bounds-checked views of packet headers
 //! (Ethernet, VLAN, ARP, IPv4, IPv6, TCP, UDP, ICMP, GTP-U), the one frame
 //! parser ([`frame`]: what executors and NFs know of a packet), frame
-//! emission ([`packet_repr`]), checksums, flow keys and hashes (table hash,
+//! emission ([`packet_repr`]), IPFIX messages ([`ipfix`]), checksums, flow keys and hashes (table hash,
 //! Toeplitz RSS, RETA), and the address prefixes and port ranges NFs take as
 //! parameters ([`prefix`]).
 //!
@@ -23,6 +23,7 @@ pub mod gtpu;
 #[allow(unsafe_code)]
 pub mod hash;
 pub mod icmp;
+pub mod ipfix;
 pub mod ipv4;
 pub mod ipv6;
 pub mod packet_repr;

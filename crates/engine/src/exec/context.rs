@@ -9,6 +9,7 @@
 
 use std::ops::Range;
 
+use flowplane_nf::ipfix::EndReason;
 use flowplane_nf::stateful::{is_idle, Action, Granularity};
 use flowplane_nf::{Export, NfContext, NfCounters, Pkt, PktMeta};
 use flowplane_packet::{Batch, MAX_BATCH};
@@ -183,6 +184,14 @@ pub struct ExecStats {
 }
 
 /// Expiry pacing: time of the last sweep step, entries to sweep, sweep period.
+/// The IPFIX active-timeout walk: every live flow is reported once per
+/// `period_ns` of packet time, paced like the expiry sweep.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ActiveSweep {
+    period_ns: u64,
+    last_ns: u64,
+}
+
 struct Sweep {
     /// Packet time up to which the sweep has done its work.
     last_ns: u64,
@@ -229,6 +238,10 @@ pub struct ExecContext {
     /// The aggregated block spans more than the entry's first cache line.
     multi_line: bool,
     sweep: Sweep,
+    /// IPFIX active timeout (None: off or no NF exports flows).
+    active: Option<ActiveSweep>,
+    /// Where the active-timeout walk resumes in each store (IPv4, IPv6 positions).
+    active_at: Vec<(u32, u32)>,
     exact: ExactEnds,
     /// Per stage: packets of the current batch it has run (see `run_stages`).
     pub(crate) progress: Vec<usize>,
@@ -380,6 +393,8 @@ impl ExecContext {
             scratch: Scratch::new(groups, cfg.hash_seed),
             stats: ExecStats::default(),
             multi_line,
+            active: None,
+            active_at: Vec::new(),
             sweep: Sweep { last_ns: 0, entries: (cfg.flows as u64).max(64), period_ns: sweep_period_ns(idle_ns) },
             exact,
             progress: vec![0; stages],
@@ -438,6 +453,9 @@ impl ExecContext {
     /// size, instead of touching DRAM-resident entries on every packet. A
     /// call does at most one full pass, so a clock jump costs one pass.
     pub(crate) fn expire(&mut self, now: u64) {
+        if self.active.is_some() {
+            self.active_sweep(now);
+        }
         let tsc = flowplane_packet::tsc::rdtsc();
         if let Some(c) = &self.clock {
             c.set(now, tsc);
@@ -469,7 +487,7 @@ impl ExecContext {
         let aux = Aux { groups, shared, now, seed: scratch.seed };
         for (k, store) in stores.iter_mut().enumerate() {
             store.expire(now, budget, |key, block| {
-                release_all(stages, pernf.then_some(k), aux_on.then_some(&aux), key, block)
+                release_all(stages, pernf.then_some(k), aux_on.then_some(&aux), key, block, EndReason::IdleTimeout)
             });
         }
         for (g, t) in shared.tables.iter().enumerate() {
@@ -484,7 +502,72 @@ impl ExecContext {
                             let sz = nf.state_size();
                             if *sg == g && *flags & (2u64 << *member) != 0 {
                                 if let Some(b) = bytes.get(*offset..*offset + sz) {
-                                    nf.release_bytes(&tuple, b);
+                                    nf.release_bytes(&tuple, b, EndReason::IdleTimeout);
+                                }
+                            }
+                        }
+                    }
+                });
+            });
+        }
+    }
+
+    /// Turns on the IPFIX active timeout (reports of live flows every `period_ns`).
+    pub(crate) fn set_active_timeout(&mut self, period_ns: u64) {
+        self.active = Some(ActiveSweep { period_ns: period_ns.max(1), last_ns: 0 });
+        self.active_at = vec![(0, 0); self.stores.len()];
+    }
+
+    /// The active-timeout walk's work for the time since its last call: the
+    /// flows visited get an IPFIX record ([`EndReason::ActiveTimeout`]).
+    fn active_sweep(&mut self, now: u64) {
+        let Some(a) = self.active.as_mut() else { return };
+        if a.last_ns == 0 {
+            a.last_ns = now;
+            return;
+        }
+        // Each table visits its share of the period's walk: len * elapsed / period entries, rounded up.
+        let (period, elapsed) = (u128::from(a.period_ns), u128::from(now.saturating_sub(a.last_ns)));
+        let share = |len: usize| (len as u128 * elapsed).div_ceil(period).min(len as u128) as usize;
+        let most = self.stores.iter().map(|s| s.len_v4().max(s.len_v6())).max().unwrap_or(0);
+        if (most as u128 * elapsed) < period {
+            return;
+        }
+        a.last_ns = now;
+        let pernf = self.layout == StateLayout::PerNf;
+        let ExecContext { stores, chain, active_at, .. } = self;
+        for (k, (store, at)) in stores.iter().zip(active_at.iter_mut()).enumerate() {
+            let budget = (share(store.len_v4()), share(store.len_v6()));
+            store.visit(at, budget, |key, block| {
+                report_flow(&mut chain.stages, pernf.then_some(k), key, block, EndReason::ActiveTimeout)
+            });
+        }
+    }
+
+    /// A flow record of every live flow, with `reason` (the run's end: forced end); with
+    /// `include_shared`, also of the shared tables' entries (one core reports those).
+    pub(crate) fn ipfix_report_all(&mut self, reason: EndReason, include_shared: bool) {
+        let pernf = self.layout == StateLayout::PerNf;
+        let ExecContext { stores, chain, shared, .. } = self;
+        for (k, store) in stores.iter().enumerate() {
+            store.for_each(|key, block| report_flow(&mut chain.stages, pernf.then_some(k), key, block, reason));
+        }
+        if !include_shared {
+            return;
+        }
+        let Chain { stages, groups, .. } = chain;
+        for (g, t) in shared.tables.iter().enumerate() {
+            let gran = groups[g].granularity;
+            t.for_each(|_, key, words| {
+                let Some(tuple) = key_tuple(gran, *key) else { return };
+                let _ = with_locked(words, |flags, buf| {
+                    let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+                    for st in stages.iter_mut() {
+                        if let Stage::Stateful { nf, offset, group: Some(sg), member, .. } = st {
+                            let sz = nf.state_size();
+                            if *sg == g && *flags & (2u64 << *member) != 0 && nf.ipfix_on() {
+                                if let Some(b) = bytes.get(*offset..*offset + sz) {
+                                    nf.ipfix_flow_bytes(&tuple, b, reason);
                                 }
                             }
                         }
@@ -1394,7 +1477,7 @@ fn upsert_all(
     u: Upsert<'_>,
 ) {
     match u {
-        Upsert::Expired(old) => release_all(stages, None, aux, &meta.tuple, old),
+        Upsert::Expired(old) => release_all(stages, None, aux, &meta.tuple, old, EndReason::IdleTimeout),
         Upsert::New(block) => init_all(stages, aux, data, meta, ctx, block),
     }
 }
@@ -1406,7 +1489,7 @@ fn upsert_one(stage: &mut Stage, data: &mut [u8], meta: &PktMeta, ctx: &NfContex
         Upsert::Expired(old) => {
             if let Stage::Stateful { nf, .. } = stage {
                 if let Some(b) = old.get(..nf.state_size()) {
-                    nf.release_bytes(&meta.tuple, b);
+                    nf.release_bytes(&meta.tuple, b, EndReason::IdleTimeout);
                 }
             }
         }
@@ -1546,7 +1629,7 @@ fn coarse_one(
         let mut pkt = Pkt::new(batch.data_mut(i), meta);
         if idle {
             if let Some(t) = c.table.key(c.h).and_then(|k| key_tuple(c.granularity, k)) {
-                nf.release_bytes(&t, st);
+                nf.release_bytes(&t, st, EndReason::IdleTimeout);
             }
             st.fill(0);
             *resets += 1;
@@ -1568,7 +1651,14 @@ fn coarse_one(
 /// Calls every 5-tuple NF's release callback for a flow's block (all NFs,
 /// or the `pernf`-th 5-tuple stage with its own block at offset 0), and
 /// unpins the flow's coarse entries when the auxiliary table is on.
-fn release_all(stages: &mut [Stage], pernf: Option<usize>, aux: Option<&Aux<'_>>, key: &FiveTuple, block: &[u8]) {
+fn release_all(
+    stages: &mut [Stage],
+    pernf: Option<usize>,
+    aux: Option<&Aux<'_>>,
+    key: &FiveTuple,
+    block: &[u8],
+    reason: EndReason,
+) {
     if let Some(aux) = aux {
         for (g, layout) in aux.groups.iter().enumerate() {
             if let Some(b) = block.get(layout.aux_offset..layout.aux_offset + 8) {
@@ -1586,14 +1676,36 @@ fn release_all(stages: &mut [Stage], pernf: Option<usize>, aux: Option<&Aux<'_>>
             match pernf {
                 Some(p) if p == k => {
                     if let Some(b) = block.get(..sz) {
-                        nf.release_bytes(key, b);
+                        nf.release_bytes(key, b, reason);
                     }
                 }
                 Some(_) => {}
                 None => {
                     if let Some(b) = block.get(*offset..*offset + sz) {
-                        nf.release_bytes(key, b);
+                        nf.release_bytes(key, b, reason);
                     }
+                }
+            }
+            k += 1;
+        }
+    }
+}
+
+/// An IPFIX record of one flow's block from every 5-tuple NF that exports
+/// flows (all NFs, or the `pernf`-th 5-tuple stage), the state kept.
+fn report_flow(stages: &mut [Stage], pernf: Option<usize>, key: &FiveTuple, block: &[u8], reason: EndReason) {
+    let mut k = 0;
+    for s in stages.iter_mut() {
+        if let Stage::Stateful { nf, offset, group: None, .. } = s {
+            let sz = nf.state_size();
+            let at = match pernf {
+                Some(p) if p == k => Some(0),
+                Some(_) => None,
+                None => Some(*offset),
+            };
+            if let Some(b) = at.and_then(|o| block.get(o..o + sz)) {
+                if nf.ipfix_on() {
+                    nf.ipfix_flow_bytes(key, b, reason);
                 }
             }
             k += 1;
@@ -1611,7 +1723,7 @@ fn remove_flow(
 ) -> bool {
     // An entry already removed (a second end request in the same batch) has no key.
     let Some(key) = store.key(flow) else { return false };
-    release_all(stages, pernf, aux, &key, store.block(flow));
+    release_all(stages, pernf, aux, &key, store.block(flow), EndReason::EndOfFlow);
     store.remove(flow)
 }
 

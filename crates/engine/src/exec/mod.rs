@@ -506,6 +506,45 @@ impl Pipeline {
         end
     }
 
+    /// Hands every NF of the chain (a graph's branches' too) that feeds
+    /// IPFIX its own record queue (`make`), and turns on the active-timeout
+    /// walk when `active_ns` is set. Returns how many NFs export.
+    pub fn attach_ipfix(
+        &mut self,
+        make: &mut dyn FnMut() -> flowplane_nf::ipfix::RecordTx,
+        active_ns: Option<u64>,
+    ) -> usize {
+        let mut n = 0;
+        for s in self.cx.chain.stages.iter_mut() {
+            if let Stage::Stateful { nf, .. } = s {
+                if nf.ipfix_on() {
+                    nf.attach_ipfix(make());
+                    n += 1;
+                }
+            }
+        }
+        if let (Some(a), true) = (active_ns, n > 0) {
+            self.cx.set_active_timeout(a);
+        }
+        if let Some(g) = &mut self.graph {
+            for a in &mut g.arms {
+                n += a.pipe.attach_ipfix(make, active_ns);
+            }
+        }
+        n
+    }
+
+    /// A record of every live flow for the exporter (the run's end: forced
+    /// end); `include_shared`: also the shared tables' (on one core only).
+    pub fn ipfix_flush(&mut self, include_shared: bool) {
+        self.cx.ipfix_report_all(flowplane_nf::ipfix::EndReason::ForcedEnd, include_shared);
+        if let Some(g) = &mut self.graph {
+            for a in &mut g.arms {
+                a.pipe.ipfix_flush(include_shared);
+            }
+        }
+    }
+
     fn end_at(&mut self, end_ns: u64) {
         for s in self.cx.chain.stages.iter_mut() {
             if let Stage::Stateful { nf, .. } = s {

@@ -4,11 +4,15 @@
 //! first packet). Its table is exportable at the end of a run
 //! (`--export fsc=flows.csv|json`). A counter fails open: a packet whose flow
 //! found no room (the flow table full) passes, in no row, counted as `table_full`.
+//! With `--ipfix` it feeds the exporter a flow record per flow at its end
+//! (idle expiry, an end requested by another NF, the run's end) and at each
+//! active timeout.
 
 use bytemuck::{Pod, Zeroable};
 use flowplane_wire::flow::FiveTuple;
 use serde_json::json;
 
+use crate::ipfix::{EndReason, ExportRecord, FlowExport, RecordTx};
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::Export;
@@ -48,6 +52,8 @@ pub struct FscState {
 pub struct Fsc {
     flows: u64,
     table_full: u64,
+    /// The IPFIX record queue (`--ipfix`).
+    ipfix: Option<RecordTx>,
 }
 
 impl Fsc {
@@ -112,6 +118,26 @@ impl StatefulNf for Fsc {
 
     fn export_kind(&self) -> Export {
         Export::State
+    }
+
+    const IPFIX: bool = true;
+
+    fn attach_ipfix(&mut self, tx: RecordTx) {
+        self.ipfix = Some(tx);
+    }
+
+    /// A flow record with the flow's totals (the exporter sends deltas).
+    fn ipfix_flow(&mut self, key: &FiveTuple, st: &FscState, reason: EndReason) {
+        if let (Some(tx), true) = (&mut self.ipfix, st.packets > 0) {
+            tx.push(ExportRecord::Flow(FlowExport {
+                tuple: *key,
+                packets: st.packets,
+                bytes: st.bytes,
+                first_ns: st.first_ns,
+                last_ns: st.last_ns,
+                reason,
+            }));
+        }
     }
 
     fn export_row(&self, key: &FiveTuple, st: &FscState) -> Option<serde_json::Value> {

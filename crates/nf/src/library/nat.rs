@@ -82,6 +82,15 @@
 //!   NF fails closed, as passing a table-full packet would leak an
 //!   untranslated inside address.
 //!
+//! With `--ipfix` the NAT logs RFC 8158 events through the engine's exporter:
+//! a NAT44 session create when a mapping is allocated (inside 5-tuple,
+//! translated address and port), a delete when it ends (an RST from inside,
+//! the end of TIME_WAIT — at its deadline —, an idle mapping reclaimed by a new
+//! flow, or idle past the timeout by the run's end — at last packet +
+//! timeout), and "addresses exhausted" (natPoolID 0 TCP, 1 UDP) at most once
+//! per second of packet time per pool and core. Mappings live at the run's
+//! end get no delete (the export lists them).
+//!
 //! Each core builds its own instance with its own pools. The NF declares its
 //! pool ([`crate::GlobalState::PortPool`]): on several cores the runtime
 //! gives each core a disjoint share of `ports` and programs the NIC's
@@ -114,6 +123,7 @@ use flowplane_wire::prefix::{IpPrefix, PortRange};
 use flowplane_wire::tcp::TcpFlags;
 use serde_json::json;
 
+use crate::ipfix::{ExportRecord, NatEvent, NatExport, RecordTx};
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::{merge_keeping, Export};
@@ -473,7 +483,7 @@ impl Pool {
 
     /// Releases the queued slots whose TIME_WAIT is over at `now_ns` (in
     /// queue order); returns how many were still held and got released.
-    fn expire_time_wait(&mut self, now_ns: u64) -> u64 {
+    fn expire_time_wait(&mut self, now_ns: u64, log: &mut EventLog) -> u64 {
         let mut released = 0;
         while self.tw_len > 0 {
             let w = self.tw[self.tw_head];
@@ -483,7 +493,13 @@ impl Pool {
             self.tw_head = if self.tw_head + 1 == self.tw.len() { 0 } else { self.tw_head + 1 };
             self.tw_len -= 1;
             // Released meanwhile (RST, idle timeout) and maybe reused: leave it alone.
-            released += u64::from(self.release(w.slot, w.gen));
+            if self.release(w.slot, w.gen) {
+                released += 1;
+                if let Some(e) = self.rev.get(w.slot as usize) {
+                    // TIME_WAIT is TCP's: pool 0.
+                    log.session(NatEvent::Nat44SessionDelete, e, w.slot, 0, w.deadline_ns);
+                }
+            }
         }
         released
     }
@@ -540,6 +556,62 @@ pub struct Nat {
     /// The last packet's time, then the run's end (what export and report judge idleness at).
     now_ns: u64,
     c: Counters,
+    /// The IPFIX event log (`--ipfix`): RFC 8158 NAT44 session create/delete, addresses exhausted.
+    log: EventLog,
+}
+
+/// Where NAT events go, and what a slot means (address and port of a slot).
+#[derive(Debug, Default)]
+struct EventLog {
+    tx: Option<RecordTx>,
+    ext_base: u32,
+    ports: u32,
+    port_lo: u16,
+    /// Per pool: the packet time of the last addresses-exhausted event (one per second at most).
+    exhausted_ns: [Option<u64>; 2],
+}
+
+impl EventLog {
+    /// A session event of mapping `e` (slot `slot` of pool `pool`: 0 TCP, 1 UDP).
+    #[inline]
+    fn session(&mut self, event: NatEvent, e: &Mapping, slot: u32, pool: u8, time_ns: u64) {
+        let Some(tx) = &mut self.tx else { return };
+        let proto = if pool == 0 { 6 } else { 17 };
+        let inside = FiveTuple::new(
+            IpAddr::V4(Ipv4Addr::from(e.inside)),
+            IpAddr::V4(Ipv4Addr::from(e.remote)),
+            e.inside_port,
+            e.remote_port,
+            proto,
+        );
+        tx.push(ExportRecord::Nat(NatExport {
+            event,
+            time_ns,
+            inside,
+            post_src: Ipv4Addr::from(self.ext_base + slot / self.ports),
+            post_sport: self.port_lo + (slot % self.ports) as u16,
+            pool: 0,
+        }));
+    }
+
+    /// The pool of `pool` is exhausted at `now` (logged once per second of packet time).
+    #[cold]
+    fn exhausted(&mut self, pool: u8, now: u64) {
+        let Some(tx) = &mut self.tx else { return };
+        let last = &mut self.exhausted_ns[(pool & 1) as usize];
+        if last.is_some_and(|l| now.saturating_sub(l) < 1_000_000_000) {
+            return;
+        }
+        *last = Some(now);
+        tx.push(ExportRecord::Nat(NatExport {
+            event: NatEvent::AddressesExhausted,
+            time_ns: now,
+            inside: None,
+            post_src: Ipv4Addr::UNSPECIFIED,
+            post_sport: 0,
+            pool: u32::from(pool),
+        }));
+    }
 }
 
 fn mask(len: u8) -> u32 {
@@ -640,6 +712,7 @@ impl Nat {
             timeout_ns,
             now_ns: 0,
             c: Counters::default(),
+            log: EventLog { ext_base: base, ports, port_lo: cfg.port_lo, ..EventLog::default() },
         })
     }
 
@@ -772,6 +845,18 @@ impl StatefulNf for Nat {
         // Judged at the run's end, as a one-core run's last packet would judge:
         // mappings idle by then are not in use, TIME_WAITs over by then are released.
         self.advance_to(end_ns);
+        if self.log.tx.is_some() {
+            // Sessions idle past the timeout by the run's end ended when they went idle.
+            let (now, timeout) = (self.now_ns, self.timeout_ns);
+            for (pool, p) in self.pools.iter().enumerate() {
+                for (slot, e) in p.rev.iter().enumerate() {
+                    if e.in_use && now.saturating_sub(e.last_out) > timeout {
+                        let at = e.last_out.saturating_add(timeout);
+                        self.log.session(NatEvent::Nat44SessionDelete, e, slot as u32, pool as u8, at);
+                    }
+                }
+            }
+        }
     }
 
     fn report(&self) -> Option<serde_json::Value> {
@@ -820,6 +905,12 @@ impl StatefulNf for Nat {
 
     fn export_kind(&self) -> Export {
         Export::State
+    }
+
+    const IPFIX: bool = true;
+
+    fn attach_ipfix(&mut self, tx: RecordTx) {
+        self.log.tx = Some(tx);
     }
 
     fn export_row(&self, key: &FiveTuple, st: &NatState) -> Option<serde_json::Value> {
@@ -883,8 +974,15 @@ impl Nat {
         }
         let timeout = self.timeout_ns;
         let p = &mut self.pools[pool as usize];
-        let Some((slot, reclaimed)) = p.alloc(now, timeout) else { return Nat::state(kind::EXHAUSTED) };
+        let Some((slot, reclaimed)) = p.alloc(now, timeout) else {
+            self.log.exhausted(pool, now);
+            return Nat::state(kind::EXHAUSTED);
+        };
         let e = &mut p.rev[slot as usize];
+        if reclaimed {
+            // The idle mapping the slot held ends now (its fields are still the old session's).
+            self.log.session(NatEvent::Nat44SessionDelete, e, slot, pool, now);
+        }
         e.inside = src;
         e.inside_port = sport;
         e.remote = dst;
@@ -893,6 +991,7 @@ impl Nat {
         e.in_use = true;
         e.last_out = now;
         let gen = e.gen;
+        self.log.session(NatEvent::Nat44SessionCreate, e, slot, pool, now);
         self.c.mappings += 1;
         self.c.idle_reclaimed += u64::from(reclaimed);
         self.c.released += u64::from(reclaimed);
@@ -977,8 +1076,12 @@ impl Nat {
                 if rst {
                     // The inside host reset the connection: the port is free at once.
                     self.c.rst_ends += 1;
-                    if self.pools[(st.pool & 1) as usize].release(st.slot, st.gen) {
+                    let p = &mut self.pools[(st.pool & 1) as usize];
+                    if p.release(st.slot, st.gen) {
                         self.c.released += 1;
+                        if let Some(e) = p.rev.get(st.slot as usize) {
+                            self.log.session(NatEvent::Nat44SessionDelete, e, st.slot, st.pool, now);
+                        }
                     }
                     return Action::EndFlow;
                 }
@@ -1105,7 +1208,7 @@ impl Nat {
     }
 
     fn expire_time_wait(&mut self, now_ns: u64) {
-        let n = self.pools[0].expire_time_wait(now_ns);
+        let n = self.pools[0].expire_time_wait(now_ns, &mut self.log);
         self.c.released += n;
         self.c.time_wait_released += n;
     }
@@ -1480,6 +1583,58 @@ mod tests {
         assert_eq!(h.nf.ports_in_use(), (0, 0));
         // A FIN after an RST-ended flow: a new connection on a fresh mapping, nothing left in TIME_WAIT.
         assert_eq!(h.nf.report().unwrap()["tcp_ports_in_time_wait"], 0);
+    }
+
+    /// RFC 8158 events (`--ipfix`): a create per mapping with its translation, a delete at each of the three
+    /// releases (RST from inside, the end of TIME_WAIT at its deadline, an idle mapping reclaimed), and one
+    /// addresses-exhausted event per second of packet time however many packets find the pool empty.
+    #[test]
+    fn ipfix_events_follow_the_mappings() {
+        use crate::ipfix::{ExportRecord, NatEvent, RecordTx};
+        use std::sync::atomic::{AtomicBool, AtomicU64};
+        use std::sync::Arc;
+        const S: u64 = 1_000_000_000;
+        let (syn, fin, rst) = (TcpFlags::SYN.bits(), TcpFlags::FIN.bits() | TcpFlags::ACK.bits(), TcpFlags::RST.bits());
+        let mut h = Harness::new(nat_with(&[("ports", "7000-7000"), ("fin_timeout", "2"), ("timeout", "5")]));
+        let lost = Arc::new(AtomicU64::new(0));
+        let (tx, mut rx) = RecordTx::new(64, Arc::clone(&lost), Arc::new(AtomicBool::new(false)), 0);
+        h.nf.attach_ipfix(tx);
+        let mut events = |want: &[(NatEvent, u64, u16)]| {
+            let mut got = Vec::new();
+            while let Ok(ExportRecord::Nat(n)) = rx.pop() {
+                got.push((n.event, n.time_ns, n.inside.map_or(0, |t| t.src_port())));
+                if n.event == NatEvent::Nat44SessionCreate {
+                    assert_eq!((n.post_src, n.post_sport), (Ipv4Addr::from(EXT), 7000));
+                }
+            }
+            assert_eq!(got, want);
+        };
+        // A takes the only port; B finds the pool empty twice in a second (one event), then again a second later.
+        h.run(&tcp4([10, 0, 0, 1], REMOTE, 3000, 80, syn, 1, 0));
+        for t in [0, S / 2, S] {
+            h.now_ns = t;
+            h.run(&tcp4([10, 0, 0, 2], REMOTE, 4000, 80, syn, 1, 0));
+        }
+        events(&[
+            (NatEvent::Nat44SessionCreate, 0, 3000),
+            (NatEvent::AddressesExhausted, 0, 0),
+            (NatEvent::AddressesExhausted, S, 0),
+        ]);
+        // A resets: deleted at once; B gets the port.
+        h.run(&tcp4([10, 0, 0, 1], REMOTE, 3000, 80, rst, 2, 0));
+        h.run(&tcp4([10, 0, 0, 2], REMOTE, 4000, 80, syn, 1, 0));
+        events(&[(NatEvent::Nat44SessionDelete, S, 3000), (NatEvent::Nat44SessionCreate, S, 4000)]);
+        // B closes both ways at 1 s: released at the TIME_WAIT deadline (3 s), logged with that time.
+        h.run(&tcp4([10, 0, 0, 2], REMOTE, 4000, 80, fin, 2, 1));
+        h.run(&tcp4(REMOTE, EXT, 80, 7000, fin, 5, 3));
+        h.now_ns = 4 * S;
+        h.run(&tcp4([10, 0, 0, 3], REMOTE, 5000, 80, syn, 1, 0));
+        events(&[(NatEvent::Nat44SessionDelete, 3 * S, 4000), (NatEvent::Nat44SessionCreate, 4 * S, 5000)]);
+        // C idles past 5 s: D reclaims the port (C's delete, then D's create).
+        h.now_ns = 10 * S;
+        h.run(&tcp4([10, 0, 0, 4], REMOTE, 6000, 80, syn, 1, 0));
+        events(&[(NatEvent::Nat44SessionDelete, 10 * S, 5000), (NatEvent::Nat44SessionCreate, 10 * S, 6000)]);
+        assert_eq!(lost.load(std::sync::atomic::Ordering::Relaxed), 0);
     }
 
     #[test]

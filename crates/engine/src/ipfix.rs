@@ -1,0 +1,508 @@
+//! The IPFIX exporter (RFC 7011; `flowplane run --ipfix udp:HOST:PORT`):
+//! one background thread per run, off the data path. NFs that declare
+//! `StatefulNf::IPFIX` get one bounded record queue per core (an `rtrb`
+//! ring, [`flowplane_nf::ipfix::RecordTx`]); the engine tells them of flow
+//! ends (idle expiry, ends requested by an NF, the run's end) and of the
+//! active timeout (a paced walk over the flow table, `ExecContext::active_sweep`).
+//! A full queue counts the record as lost; a worker never waits.
+//!
+//! The thread drains the queues, turns packet-clock times into
+//! milliseconds since the epoch (packet time 0 = the trace's first packet,
+//! or the run's start), turns the NFs' running totals into deltas (a flow
+//! reported at an active timeout is remembered until its last record), and
+//! writes messages of at most [`MAX_MESSAGE`] bytes with the
+//! `flowplane_wire::ipfix` templates: sent in the first message, then again
+//! every [`TEMPLATE_REFRESH`] (UDP collectors may have missed them), to
+//! every collector. One observation domain (id 1) per run, its sequence
+//! number counting the data records sent before each message.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::{TcpStream, ToSocketAddrs, UdpSocket};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use flowplane_nf::ipfix::{EndReason, ExportRecord, RecordTx};
+use flowplane_wire::flow::FiveTuple;
+use flowplane_wire::ipfix::{templates, FlowRecord, HeaderRepr, MessageBuilder, NatRecord, TemplateRepr};
+use serde::Serialize;
+
+use crate::error::EngineError;
+
+/// Largest message written (fits a 1500-byte MTU with IP and UDP headers).
+pub const MAX_MESSAGE: usize = 1400;
+/// How often templates are sent again.
+pub const TEMPLATE_REFRESH: Duration = Duration::from_secs(2);
+/// Records per core's queue by default.
+pub const DEFAULT_QUEUE: usize = 1 << 16;
+/// The observation domain id of a run.
+pub const DOMAIN: u32 = 1;
+
+/// Where records go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Collector {
+    /// `udp:HOST:PORT`.
+    Udp(String),
+    /// `tcp:HOST:PORT` (one connection, templates first).
+    Tcp(String),
+    /// `file:PATH`: the messages one after the other (an IPFIX file, RFC 5655's layout).
+    File(PathBuf),
+}
+
+impl std::str::FromStr for Collector {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("--ipfix '{s}': expected udp:HOST:PORT, tcp:HOST:PORT or file:PATH");
+        let (kind, rest) = s.split_once(':').ok_or_else(bad)?;
+        let addr = |r: &str| -> Result<String, String> {
+            let (h, p) = r.rsplit_once(':').ok_or_else(bad)?;
+            if h.is_empty() || p.parse::<u16>().map_or(true, |p| p == 0) {
+                return Err(bad());
+            }
+            Ok(r.to_string())
+        };
+        match kind {
+            "udp" => Ok(Collector::Udp(addr(rest)?)),
+            "tcp" => Ok(Collector::Tcp(addr(rest)?)),
+            "file" if !rest.is_empty() => Ok(Collector::File(PathBuf::from(rest))),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl std::fmt::Display for Collector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Collector::Udp(a) => write!(f, "udp:{a}"),
+            Collector::Tcp(a) => write!(f, "tcp:{a}"),
+            Collector::File(p) => write!(f, "file:{}", p.display()),
+        }
+    }
+}
+
+/// The exporter's settings.
+#[derive(Clone, Debug)]
+pub struct IpfixConfig {
+    /// Collectors (each gets every message).
+    pub collectors: Vec<Collector>,
+    /// Active timeout: a live flow is reported every this much packet time (None: only at its end).
+    pub active_ns: Option<u64>,
+    /// Records per core's queue.
+    pub queue: usize,
+}
+
+/// What the exporter did (the report's `ipfix`).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct IpfixReport {
+    /// Collectors.
+    pub collectors: Vec<String>,
+    /// Active timeout (s), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub active_timeout_s: Option<f64>,
+    /// Flow records sent.
+    pub flow_records: u64,
+    /// NAT event records sent.
+    pub nat_records: u64,
+    /// Records lost: a full queue (the NF went on) or a record the templates cannot carry (IPv6 NAT).
+    pub lost: u64,
+    /// Messages written (to each collector).
+    pub messages: u64,
+    /// Bytes of those messages.
+    pub bytes: u64,
+    /// Sends or writes that failed (a UDP collector not listening, a closed TCP connection).
+    pub send_errors: u64,
+}
+
+impl IpfixReport {
+    /// One line for the text report.
+    pub fn line(&self) -> String {
+        format!(
+            "ipfix        {} flow records, {} NAT events, {} lost, {} messages ({} bytes), {} send errors -> {}",
+            self.flow_records,
+            self.nat_records,
+            self.lost,
+            self.messages,
+            self.bytes,
+            self.send_errors,
+            self.collectors.join(", ")
+        )
+    }
+}
+
+enum Out {
+    Udp(UdpSocket),
+    Tcp(Option<TcpStream>),
+    File(std::io::BufWriter<std::fs::File>),
+}
+
+/// The running exporter: hands out queues, then is finished once the workers stopped.
+pub struct Exporter {
+    queues: mpsc::Sender<(u32, rtrb::Consumer<ExportRecord>)>,
+    stop: Arc<AtomicBool>,
+    lost: Arc<AtomicU64>,
+    patient: Arc<AtomicBool>,
+    queue: usize,
+    thread: JoinHandle<IpfixReport>,
+}
+
+impl Exporter {
+    /// Opens every collector (a bad address or an unreachable TCP collector
+    /// is an error now) and starts the thread. `base_ns`: the epoch time
+    /// (ns) of packet time 0.
+    pub fn start(cfg: &IpfixConfig, base_ns: u64) -> Result<Self, EngineError> {
+        let mut outs = Vec::new();
+        for c in &cfg.collectors {
+            let err = |e: std::io::Error| EngineError::Config(format!("--ipfix {c}: {e}"));
+            let resolve = |a: &str| {
+                a.to_socket_addrs()
+                    .map_err(err)?
+                    .next()
+                    .ok_or_else(|| EngineError::Config(format!("--ipfix {c}: no address")))
+            };
+            outs.push(match c {
+                Collector::Udp(a) => {
+                    let to = resolve(a)?;
+                    let local = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+                    let s = UdpSocket::bind(local).map_err(err)?;
+                    s.connect(to).map_err(err)?;
+                    Out::Udp(s)
+                }
+                Collector::Tcp(a) => {
+                    let s = TcpStream::connect_timeout(&resolve(a)?, Duration::from_secs(2)).map_err(err)?;
+                    Out::Tcp(Some(s))
+                }
+                Collector::File(p) => Out::File(std::io::BufWriter::new(std::fs::File::create(p).map_err(err)?)),
+            });
+        }
+        let (tx, rx) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let lost = Arc::new(AtomicU64::new(0));
+        let report = IpfixReport {
+            collectors: cfg.collectors.iter().map(ToString::to_string).collect(),
+            active_timeout_s: cfg.active_ns.map(|a| a as f64 / 1e9),
+            ..Default::default()
+        };
+        let enc = Encoder::new(base_ns, outs, report);
+        let st = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("fp-ipfix".into())
+            .spawn(move || enc.run(rx, &st))
+            .map_err(EngineError::Thread)?;
+        Ok(Exporter { queues: tx, stop, lost, patient: Arc::new(AtomicBool::new(false)), queue: cfg.queue, thread })
+    }
+
+    /// A new queue for one NF on the core whose input is `ingress`.
+    pub fn queue(&self, ingress: u32) -> RecordTx {
+        let (tx, rx) = RecordTx::new(self.queue, Arc::clone(&self.lost), Arc::clone(&self.patient), ingress);
+        // The thread only ends after `finish`, which takes `self`: the receiver is alive.
+        let _ = self.queues.send((ingress, rx));
+        tx
+    }
+
+    /// The workers stopped: from now on a full queue waits for room (the run's end flush).
+    pub fn workers_stopped(&self) {
+        self.patient.store(true, Ordering::Relaxed);
+    }
+
+    /// Sends what is queued and stops the thread.
+    pub fn finish(self) -> IpfixReport {
+        self.stop.store(true, Ordering::Release);
+        drop(self.queues);
+        let mut r = self.thread.join().unwrap_or_default();
+        r.lost += self.lost.load(Ordering::Relaxed);
+        r
+    }
+}
+
+/// A record ready for the wire.
+#[derive(Clone, Copy)]
+enum Rec {
+    Flow(FlowRecord),
+    Nat(NatRecord),
+}
+
+impl Rec {
+    fn template(&self) -> (u16, usize) {
+        match self {
+            Rec::Flow(f) => f.template(),
+            Rec::Nat(n) => n.template(),
+        }
+    }
+}
+
+/// What was reported of a flow at its active timeouts: totals and the last packet's time then.
+type Reported = HashMap<(u32, FiveTuple, u64), (u64, u64, u64)>;
+
+struct Encoder {
+    base_ns: u64,
+    outs: Vec<Out>,
+    report: IpfixReport,
+    sequence: u32,
+    templates: Vec<TemplateRepr>,
+    last_templates: Option<Instant>,
+    pending: Vec<Rec>,
+    reported: Reported,
+    buf: Vec<u8>,
+}
+
+impl Encoder {
+    fn new(base_ns: u64, outs: Vec<Out>, report: IpfixReport) -> Self {
+        Encoder {
+            base_ns,
+            outs,
+            report,
+            sequence: 0,
+            templates: templates(),
+            last_templates: None,
+            pending: Vec::new(),
+            reported: HashMap::new(),
+            buf: Vec::with_capacity(MAX_MESSAGE),
+        }
+    }
+
+    fn run(mut self, rx: mpsc::Receiver<(u32, rtrb::Consumer<ExportRecord>)>, stop: &AtomicBool) -> IpfixReport {
+        let mut rings: Vec<(u32, rtrb::Consumer<ExportRecord>)> = Vec::new();
+        loop {
+            // Read before draining: records pushed before `stop` are then all seen by the last pass.
+            let stopping = stop.load(Ordering::Acquire);
+            rings.extend(rx.try_iter());
+            let mut n = 0;
+            for (ingress, ring) in &mut rings {
+                // A bounded chunk per ring, so one busy core does not starve the others' queues.
+                for _ in 0..4096 {
+                    let Ok(r) = ring.pop() else { break };
+                    self.add(*ingress, r);
+                    n += 1;
+                }
+            }
+            if n == 0 {
+                self.flush();
+                if stopping {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        self.flush();
+        for o in &mut self.outs {
+            let r = match o {
+                Out::File(f) => f.flush(),
+                Out::Tcp(Some(s)) => s.flush(),
+                _ => Ok(()),
+            };
+            if r.is_err() {
+                self.report.send_errors += 1;
+            }
+        }
+        self.report
+    }
+
+    fn ms(&self, ns: u64) -> u64 {
+        (self.base_ns + ns) / 1_000_000
+    }
+
+    fn add(&mut self, ingress: u32, r: ExportRecord) {
+        let rec = match r {
+            ExportRecord::Flow(f) => {
+                let key = (ingress, f.tuple, f.first_ns);
+                let active = f.reason == EndReason::ActiveTimeout;
+                let prev = if active { self.reported.get(&key).copied() } else { self.reported.remove(&key) };
+                let (p0, b0, start_ns) = prev.unwrap_or((0, 0, f.first_ns));
+                let (packets, bytes) = (f.packets.saturating_sub(p0), f.bytes.saturating_sub(b0));
+                if active {
+                    self.reported.insert(key, (f.packets, f.bytes, f.last_ns));
+                }
+                // Nothing new since the last report.
+                if packets == 0 {
+                    return;
+                }
+                Rec::Flow(FlowRecord {
+                    tuple: f.tuple,
+                    packets,
+                    bytes,
+                    start_ms: self.ms(start_ns.max(f.first_ns)),
+                    end_ms: self.ms(f.last_ns),
+                    reason: f.reason as u8,
+                    ingress,
+                })
+            }
+            ExportRecord::Nat(n) => {
+                let (proto, src, sport, dst, dport) = match n.inside {
+                    Some(FiveTuple::V4(k)) => (k.proto(), k.src(), k.src_port(), k.dst(), k.dst_port()),
+                    Some(FiveTuple::V6(_)) => {
+                        self.report.lost += 1;
+                        return;
+                    }
+                    None => (0, [0; 4].into(), 0, [0; 4].into(), 0),
+                };
+                Rec::Nat(NatRecord {
+                    event: n.event as u8,
+                    time_ms: self.ms(n.time_ns),
+                    proto,
+                    src,
+                    sport,
+                    dst,
+                    dport,
+                    post_src: n.post_src,
+                    post_sport: n.post_sport,
+                    pool: n.pool,
+                })
+            }
+        };
+        self.pending.push(rec);
+        if self.pending.len() >= MAX_MESSAGE / flowplane_wire::ipfix::FLOW4_LEN {
+            self.flush();
+        }
+    }
+
+    /// Writes the pending records as messages of at most [`MAX_MESSAGE`] bytes.
+    fn flush(&mut self) {
+        let due = self.last_templates.is_none_or(|t| t.elapsed() >= TEMPLATE_REFRESH);
+        if self.pending.is_empty() && !due {
+            return;
+        }
+        let mut with_templates = due;
+        let mut i = 0;
+        while i < self.pending.len() || with_templates {
+            self.buf.clear();
+            let export_time =
+                SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs() as u32);
+            let hdr = HeaderRepr { export_time, sequence: self.sequence, domain: DOMAIN };
+            let mut m = MessageBuilder::new(&mut self.buf, hdr, MAX_MESSAGE);
+            if with_templates {
+                m.template_set(&self.templates);
+                self.last_templates = Some(Instant::now());
+                with_templates = false;
+            }
+            while let Some(r) = self.pending.get(i) {
+                let (id, len) = r.template();
+                let written = m.record(id, len, |o| match r {
+                    Rec::Flow(f) => f.emit(o),
+                    Rec::Nat(n) => n.emit(o),
+                });
+                if !written {
+                    break;
+                }
+                match r {
+                    Rec::Flow(_) => self.report.flow_records += 1,
+                    Rec::Nat(_) => self.report.nat_records += 1,
+                }
+                i += 1;
+            }
+            self.sequence = self.sequence.wrapping_add(m.records());
+            let len = m.finish();
+            self.report.messages += 1;
+            self.report.bytes += len as u64;
+            for o in &mut self.outs {
+                let ok = match o {
+                    Out::Udp(s) => s.send(&self.buf).is_ok(),
+                    Out::File(f) => f.write_all(&self.buf).is_ok(),
+                    Out::Tcp(c) => {
+                        let ok = c.as_mut().is_some_and(|s| s.write_all(&self.buf).is_ok());
+                        if !ok {
+                            // A dropped connection is not retried: the report says what failed.
+                            *c = None;
+                        }
+                        ok
+                    }
+                };
+                if !ok {
+                    self.report.send_errors += 1;
+                }
+            }
+        }
+        self.pending.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flowplane_nf::ipfix::{FlowExport, NatEvent, NatExport};
+    use flowplane_wire::ipfix::Decoder;
+
+    fn tuple(sp: u16) -> FiveTuple {
+        FiveTuple::new([10, 0, 0, 1].into(), [10, 0, 0, 2].into(), sp, 80, 6).unwrap()
+    }
+
+    #[test]
+    fn collectors_parse_and_bad_ones_are_one_line_errors() {
+        assert_eq!("udp:127.0.0.1:4739".parse::<Collector>().unwrap(), Collector::Udp("127.0.0.1:4739".into()));
+        assert_eq!("tcp:[::1]:4739".parse::<Collector>().unwrap(), Collector::Tcp("[::1]:4739".into()));
+        assert_eq!("file:/tmp/x".parse::<Collector>().unwrap(), Collector::File("/tmp/x".into()));
+        for bad in ["udp:host", "udp:h:0", "udp::5", "sctp:h:1", "file:", "x"] {
+            let e = bad.parse::<Collector>().unwrap_err();
+            assert!(!e.contains('\n') && e.contains(bad), "{e}");
+        }
+    }
+
+    #[test]
+    fn active_reports_become_deltas_and_the_end_carries_the_rest() {
+        let dir = std::env::temp_dir().join(format!("fp-ipfix-unit-{}", std::process::id()));
+        let cfg = IpfixConfig { collectors: vec![Collector::File(dir.clone())], active_ns: Some(1), queue: 16 };
+        let ex = Exporter::start(&cfg, 1_000_000_000_000).unwrap();
+        let mut q = ex.queue(3);
+        let f = |packets, bytes, last_ns, reason| {
+            ExportRecord::Flow(FlowExport { tuple: tuple(1), packets, bytes, first_ns: 0, last_ns, reason })
+        };
+        q.push(f(2, 200, 5_000_000, EndReason::ActiveTimeout));
+        q.push(f(2, 200, 5_000_000, EndReason::ActiveTimeout)); // nothing new: no record
+        q.push(f(5, 500, 9_000_000, EndReason::IdleTimeout));
+        q.push(ExportRecord::Nat(NatExport {
+            event: NatEvent::Nat44SessionCreate,
+            time_ns: 1_000_000,
+            inside: Some(tuple(7)),
+            post_src: [192, 0, 2, 1].into(),
+            post_sport: 1024,
+            pool: 0,
+        }));
+        let r = ex.finish();
+        assert_eq!((r.flow_records, r.nat_records, r.lost), (2, 1, 0));
+        let bytes = std::fs::read(&dir).unwrap();
+        let _ = std::fs::remove_file(&dir);
+        let mut d = Decoder::new();
+        let mut recs = Vec::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            let len = u16::from_be_bytes([bytes[at + 2], bytes[at + 3]]) as usize;
+            recs.extend(d.decode(&bytes[at..at + len]).unwrap());
+            at += len;
+        }
+        let flows: Vec<_> = recs.iter().filter_map(FlowRecord::from_fields).collect();
+        assert_eq!(flows.len(), 2);
+        assert_eq!((flows[0].packets, flows[0].bytes, flows[0].reason), (2, 200, 2));
+        assert_eq!((flows[1].packets, flows[1].bytes, flows[1].reason), (3, 300, 1));
+        assert_eq!((flows[0].start_ms, flows[1].end_ms, flows[1].ingress), (1_000_000, 1_000_009, 3));
+        let nat: Vec<_> = recs.iter().filter(|r| r.template == 258).filter_map(NatRecord::from_fields).collect();
+        assert_eq!((nat[0].event, nat[0].sport, nat[0].post_sport), (4, 7, 1024));
+        assert_eq!(d.missing, 0);
+    }
+
+    #[test]
+    fn a_full_queue_counts_lost_records_and_never_blocks() {
+        let dir = std::env::temp_dir().join(format!("fp-ipfix-unit-full-{}", std::process::id()));
+        let cfg = IpfixConfig { collectors: vec![Collector::File(dir.clone())], active_ns: None, queue: 4 };
+        let ex = Exporter::start(&cfg, 0).unwrap();
+        let mut q = ex.queue(0);
+        let t0 = Instant::now();
+        for i in 0..100_000u64 {
+            q.push(ExportRecord::Flow(FlowExport {
+                tuple: tuple(i as u16),
+                packets: 1,
+                bytes: 1,
+                first_ns: 0,
+                last_ns: 0,
+                reason: EndReason::IdleTimeout,
+            }));
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        let r = ex.finish();
+        let _ = std::fs::remove_file(&dir);
+        assert_eq!(r.flow_records + r.lost, 100_000);
+        assert!(r.lost > 0);
+    }
+}

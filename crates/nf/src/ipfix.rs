@@ -1,0 +1,109 @@
+//! What an NF hands the engine's IPFIX exporter: plain [`ExportRecord`]s
+//! (flow records with their counts and packet-clock times, NAT events)
+//! pushed into a bounded per-core queue ([`RecordTx`]). The push is one
+//! ring write, no allocation, no lock, no formatting; a full queue counts the
+//! record as lost and the NF goes on. Encoding and sending are the engine's
+//! exporter thread's (`flowplane_engine::ipfix`).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use flowplane_wire::flow::FiveTuple;
+pub use flowplane_wire::ipfix::{EndReason, NatEvent};
+
+/// A flow's counts as the NF holds them, at its end or at an active timeout.
+/// Counts are the flow's totals so far: the exporter turns them into deltas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowExport {
+    /// The flow.
+    pub tuple: FiveTuple,
+    /// Packets so far.
+    pub packets: u64,
+    /// Bytes so far.
+    pub bytes: u64,
+    /// First packet (packet clock, ns).
+    pub first_ns: u64,
+    /// Last packet.
+    pub last_ns: u64,
+    /// Why the record is sent.
+    pub reason: EndReason,
+}
+
+/// A NAT44 event (RFC 8158) at packet-clock time `time_ns`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NatExport {
+    /// Event.
+    pub event: NatEvent,
+    /// When (packet clock, ns).
+    pub time_ns: u64,
+    /// The inside 5-tuple (sessions; the exhausted event's is unused).
+    pub inside: Option<FiveTuple>,
+    /// Source address after translation.
+    pub post_src: std::net::Ipv4Addr,
+    /// Source port after translation.
+    pub post_sport: u16,
+    /// Pool id (addresses exhausted).
+    pub pool: u32,
+}
+
+/// One record for the exporter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportRecord {
+    /// A flow record.
+    Flow(FlowExport),
+    /// A NAT event.
+    Nat(NatExport),
+}
+
+/// The producer side of one NF's per-core record queue.
+pub struct RecordTx {
+    ring: rtrb::Producer<ExportRecord>,
+    lost: Arc<AtomicU64>,
+    /// Set once the workers stopped (the run's end flush): a full queue then waits for room.
+    patient: Arc<AtomicBool>,
+    /// Ingress interface reported in flow records (the worker's queue).
+    pub ingress: u32,
+}
+
+impl std::fmt::Debug for RecordTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordTx").field("ingress", &self.ingress).finish()
+    }
+}
+
+impl RecordTx {
+    /// A queue of `capacity` records; `lost` counts the pushes it refused;
+    /// once `patient` is set (no worker runs any more) a full queue waits.
+    pub fn new(
+        capacity: usize,
+        lost: Arc<AtomicU64>,
+        patient: Arc<AtomicBool>,
+        ingress: u32,
+    ) -> (Self, rtrb::Consumer<ExportRecord>) {
+        let (ring, rx) = rtrb::RingBuffer::new(capacity.max(1));
+        (RecordTx { ring, lost, patient, ingress }, rx)
+    }
+
+    /// Queues a record; a full queue counts it lost (a worker never waits).
+    #[inline]
+    pub fn push(&mut self, r: ExportRecord) {
+        if let Err(rtrb::PushError::Full(r)) = self.ring.push(r) {
+            self.full(r);
+        }
+    }
+
+    #[cold]
+    fn full(&mut self, r: ExportRecord) {
+        if self.patient.load(Ordering::Relaxed) {
+            // The run's end: the exporter drains while the last records come; give up after a second without room.
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < std::time::Duration::from_secs(1) {
+                if self.ring.push(r).is_ok() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
+        }
+        self.lost.fetch_add(1, Ordering::Relaxed);
+    }
+}
