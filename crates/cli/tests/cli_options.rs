@@ -183,6 +183,8 @@ fn cases(dir: &Path) -> Vec<Case> {
     let (trace, out, port, export, chain_file) =
         (p("in.pcap"), p("out.pcap"), p("port.pcap"), p("hh.json"), p("c.toml"));
     let (r0, r1) = (p("r0.pcap"), p("r1.pcap"));
+    let (ipfix_file, ipfix_file2) = (p("flows.ipfix"), p("flows2.ipfix"));
+    let exp_ipfix = ipfix_file.clone();
     let lb = "lb(backends=4) -> fsc -> srcctr";
     let std = || base(lb, &[]);
     let scr = |extra: &[&str]| {
@@ -348,6 +350,26 @@ fn cases(dir: &Path) -> Vec<Case> {
                 let v: Value = serde_json::from_str(&text).map_err(|e| format!("{exp_export}: {e}"))?;
                 let rows = v.as_array().map_or(0, Vec::len);
                 ok(rows == 200, || format!("{rows} rows exported, one per flow expected"))
+            })),
+        },
+        Case {
+            opt: "--ipfix",
+            without: std(),
+            with: plus(std(), &["--ipfix", &format!("file:{ipfix_file}")]),
+            expect: Expect::Check(Box::new(move |_, w| {
+                let n = std::fs::metadata(&exp_ipfix).map_or(0, |m| m.len());
+                // One record per flow at the run's end (fsc), written to the file collector.
+                ok(w.u("/ipfix/flow_records") == 200 && n > 0, || format!("{} records, {n} bytes", w.u("/ipfix/flow_records")))
+            })),
+        },
+        Case {
+            opt: "--ipfix-active",
+            without: plus(std(), &["--ipfix", &format!("file:{ipfix_file2}")]),
+            // The trace spans 200 µs of packet time: a 100-µs active timeout reports live flows on the way.
+            with: plus(std(), &["--ipfix", &format!("file:{ipfix_file2}"), "--ipfix-active", "0.0001"]),
+            expect: Expect::Check(Box::new(|wo, w| {
+                let (a, b) = (wo.u("/ipfix/flow_records"), w.u("/ipfix/flow_records"));
+                ok(a == 200 && b > a, || format!("records {a} -> {b}"))
             })),
         },
         Case {

@@ -352,6 +352,10 @@ fn every_run_option_acts_on_a_live_port_or_is_refused() {
                         "3",
                         "--export",
                         &format!("fsc={}", p("fsc.json")),
+                        "--ipfix",
+                        &format!("file:{}", p("ipfix.bin")),
+                        "--ipfix-active",
+                        "0.01",
                     ],
                 ),
                 own_end: true,
@@ -395,6 +399,7 @@ fn every_run_option_acts_on_a_live_port_or_is_refused() {
         ),
     ]);
     let (fsc_json, p0, p1, base_out) = (p("fsc.json"), p("port0.pcap"), p("port1.pcap"), p("base.pcap"));
+    let ipfix_file = p("ipfix.bin");
     let cases: Vec<(&str, Live)> = vec![
         ("--help", Live::Elsewhere("prints the help")),
         ("--config", Live::On("b", Box::new(|_, r| ok(r.s("/exec") == "pernf", || format!("exec {}", r.s("/exec")))))),
@@ -435,6 +440,23 @@ fn every_run_option_acts_on_a_live_port_or_is_refused() {
                 let rows = v.as_array().map_or(0, Vec::len) as u64;
                 ok(rows == FLOWS, || format!("{rows} rows exported"))
             })),
+        ),
+        (
+            "--ipfix",
+            Live::On("sym", Box::new(move |_, r| {
+                // Every packet is in some record (active deltas and the run's end), read back by `ipfix read`.
+                let o = Command::new(BIN).args(["ipfix", "read", &ipfix_file, "--json"]).output().unwrap();
+                let pk: u64 = String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                    .map(|v| v["packets"].as_u64().unwrap_or(0))
+                    .sum();
+                ok(r.u("/ipfix/flow_records") >= FLOWS && pk == PACKETS, || format!("{} records, {pk} packets", r.u("/ipfix/flow_records")))
+            })),
+        ),
+        (
+            "--ipfix-active",
+            Live::On("sym", Box::new(|_, r| ok(r.u("/ipfix/flow_records") > FLOWS && r.at("/ipfix/active_timeout_s").as_f64() == Some(0.01), || format!("{}", r.at("/ipfix"))))),
         ),
         ("--json", Live::On("base", Box::new(|b, _| ok(b.u("/packets") == PACKETS, || format!("report {}", b.json))))),
         ("--promisc", Live::On("a", Box::new(|b, r| ok(!r.link.contains("promiscuity 0") && r.link.contains("promiscuity ") && b.link.contains("promiscuity 0"), || format!("link {} / {}", b.link, r.link))))),
