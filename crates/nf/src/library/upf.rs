@@ -388,11 +388,9 @@ pub struct Board {
 impl Board {
     /// This core's usage of URR `urr_id` of session `seid`, if its rule set has it.
     pub fn usage_of(&self, seid: u64, urr_id: u32) -> Option<&Cell> {
-        let i = self
-            .rules
-            .urrs
-            .iter()
-            .position(|u| u.id == urr_id && self.rules.sessions.get(u.session as usize).is_some_and(|s| s.seid == seid))?;
+        let i = self.rules.urrs.iter().position(|u| {
+            u.id == urr_id && self.rules.sessions.get(u.session as usize).is_some_and(|s| s.seid == seid)
+        })?;
         self.cells.get(i)
     }
 }
@@ -647,7 +645,8 @@ impl Upf {
             .iter()
             .map(|c| (c.snapshot(), c.exhausted.load(Ordering::Relaxed) != 0, c.since.load(Ordering::Relaxed)))
             .collect();
-        let usage = carry(old.keys(&old.urrs, |u| (u.session, u.id)), new.keys(&new.urrs, |u| (u.session, u.id)), &snap);
+        let usage =
+            carry(old.keys(&old.urrs, |u| (u.session, u.id)), new.keys(&new.urrs, |u| (u.session, u.id)), &snap);
         let qer =
             carry(old.keys(&old.qers, |q| (q.session, q.id)), new.keys(&new.qers, |q| (q.session, q.id)), &self.qer);
         let mut buffered = carry(
@@ -1108,7 +1107,8 @@ impl Upf {
         }
         let board = &*self.board;
         let urrs = self.rules.refs(&pdr.urr);
-        if urrs.iter().any(|&ui| board.cells.get(ui as usize).is_some_and(|c| c.exhausted.load(Ordering::Relaxed) != 0)) {
+        if urrs.iter().any(|&ui| board.cells.get(ui as usize).is_some_and(|c| c.exhausted.load(Ordering::Relaxed) != 0))
+        {
             // TS 29.244 5.2.2.2: a URR's volume quota used up stops the traffic it measures.
             self.c.quota_drop += 1;
             return false;
@@ -1132,12 +1132,7 @@ impl Upf {
                 self.c.usage_reports += 1;
                 if self.reports.len() < self.cfg.reports {
                     let seid = self.rules.sessions[cfg.session as usize].seid;
-                    self.reports.push(UsageReport {
-                        seid,
-                        urr_id: cfg.id,
-                        volume: s.bytes(),
-                        at_ns: now,
-                    });
+                    self.reports.push(UsageReport { seid, urr_id: cfg.id, volume: s.bytes(), at_ns: now });
                 } else {
                     self.c.usage_reports_lost += 1;
                 }

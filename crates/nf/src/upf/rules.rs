@@ -895,7 +895,12 @@ impl RuleSet {
                 if s.urrs.iter().filter(|g| g.id == u.id).count() > 1 {
                     return Err(e(format!("duplicate URR {}", u.id)));
                 }
-                rs.urrs.push(Urr { threshold: u.volume_threshold.unwrap_or(0), quota: u.volume_quota.unwrap_or(0), id: u.id, session: si });
+                rs.urrs.push(Urr {
+                    threshold: u.volume_threshold.unwrap_or(0),
+                    quota: u.volume_quota.unwrap_or(0),
+                    id: u.id,
+                    session: si,
+                });
             }
             fn find(mut ids: impl Iterator<Item = u32>, id: u32) -> Option<usize> {
                 ids.position(|x| x == id)
@@ -1060,7 +1065,9 @@ impl RuleSet {
             let dl_hot = hot(dl_r, false, true);
             let ue4_32 = ue4.map_or(0, |a| a as u32);
             let (far_base, urr_base) = (far_base as u32, urr_base as u32);
-            teids.extend(own_teids.iter().map(|&teid| (teid, TeidSlot { ue4: ue4_32, hot: ul_hot, far_base, urr_base })));
+            teids.extend(
+                own_teids.iter().map(|&teid| (teid, TeidSlot { ue4: ue4_32, hot: ul_hot, far_base, urr_base })),
+            );
             ues.extend([ue4, ue6].into_iter().flatten().map(|ue| (ue, UeSlot { hot: dl_hot })));
         }
         rs.acts = rs.pdrs.iter().map(|p| Act::new(p, &rs.fars[p.far as usize])).collect();
@@ -1233,7 +1240,8 @@ mod tests {
     /// ones are all found too.
     #[test]
     fn index_keeps_sequential_keys_on_their_home_line() {
-        let slot = |teid: u32| (teid, TeidSlot { ue4: 0, hot: Hot { session: teid, ..Hot::EMPTY }, far_base: 0, urr_base: 0 });
+        let slot =
+            |teid: u32| (teid, TeidSlot { ue4: 0, hot: Hot { session: teid, ..Hot::EMPTY }, far_base: 0, urr_base: 0 });
         assert_eq!(std::mem::size_of::<TeidSlot>() + 4, 32, "an entry is half a line");
         let seq: Vec<(u32, TeidSlot)> = (1..=130_000).map(slot).collect();
         let ix = Index::build(&seq).unwrap();
