@@ -194,7 +194,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             }
             let rep = run_io(&opts).map_err(CliError::new)?;
             if json {
-                outln!("{}", serde_json::to_string_pretty(&rep)?);
+                outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&rep)?))?);
             } else {
                 out!("{rep}");
             }
@@ -210,7 +210,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             }
             let rep = run_parse(&o);
             if json {
-                outln!("{}", serde_json::to_string_pretty(&rep)?);
+                outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&rep)?))?);
             } else {
                 out!("{rep}");
             }
@@ -239,7 +239,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 std::fs::write(&p, rep.to_csv()).map_err(|e| CliError::new(format!("{}: {e}", p.display())))?;
             }
             if json {
-                outln!("{}", serde_json::to_string_pretty(&rep)?);
+                outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&rep)?))?);
             } else {
                 out!("{rep}");
             }
@@ -282,7 +282,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 rep.plot_png(&p).map_err(CliError::new)?;
             }
             if json {
-                outln!("{}", serde_json::to_string_pretty(&rep)?);
+                outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&rep)?))?);
             } else {
                 out!("{rep}");
             }
@@ -335,7 +335,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 rep.plot_png(p).map_err(CliError::new)?;
             }
             if json {
-                outln!("{}", serde_json::to_string_pretty(&rep)?);
+                outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&rep)?))?);
             } else {
                 out!("{rep}");
                 if let Some(p) = &png {

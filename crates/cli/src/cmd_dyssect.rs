@@ -145,7 +145,7 @@ pub fn run(a: DyssectArgs) -> Result<(), CliError> {
                 })
                 .collect();
         }
-        outln!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&v)?))?);
     } else {
         out!("{}", table(&rows, o.slo_us));
         if profiles {

@@ -184,7 +184,7 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
         v["ports"] = serde_json::Value::Array(ports.iter().map(|(n, s, l)| port_json(n, s, l.as_ref())).collect());
         v["drops"] = serde_json::Value::Object(drops.iter().map(|(r, n)| (r.to_string(), (*n).into())).collect());
         v["lost"] = lost.to_json();
-        outln!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&v)?))?);
     } else {
         out!("{report}");
         for (n, s, l) in &ports {

@@ -137,7 +137,7 @@ pub fn run(mut a: MlffrArgs) -> Result<(), CliError> {
         v["chain"] = serde_json::Value::String(a.run.pipeline.chain.clone());
         v["cores"] = cfg.cores.into();
         v["scale"] = serde_json::Value::String(cfg.scale.clone());
-        outln!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&v)?))?);
         return Ok(());
     }
     outln!("mlffr        {} on {} core(s), --scale {}", a.run.pipeline.chain, cfg.cores, cfg.scale);

@@ -116,7 +116,7 @@ pub fn run(mut a: MlffrArgs, input: PortSpec) -> Result<(), CliError> {
         let mut v = serde_json::to_value(&r)?;
         v["chain"] = serde_json::Value::String(a.run.pipeline.chain.clone());
         v["cores"] = cfg.cores.into();
-        outln!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&v)?))?);
         return Ok(());
     }
     outln!(

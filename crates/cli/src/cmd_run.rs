@@ -638,7 +638,7 @@ pub fn run_cmd(mut a: RunArgs, cli: &[std::ffi::OsString]) -> Result<(), CliErro
         v["load"] = serde_json::to_value(load)?;
         v["symmetric_rss"] = serde_json::Value::Bool(symmetric);
         v["lost"] = lost.to_json();
-        outln!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&v)?))?);
     } else {
         if demo {
             outln!("flowplane demo: {DEFAULT_GEN}");

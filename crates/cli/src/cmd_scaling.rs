@@ -98,7 +98,7 @@ pub fn run(a: ScalingArgs) -> Result<(), CliError> {
     let files = plot(&rows, &a.plot_dir).map_err(CliError::new)?;
     if json {
         let v = serde_json::json!({ "rows": rows, "plots": files });
-        outln!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&v)?))?);
     } else {
         out!("{}", table(&rows));
         for f in files {

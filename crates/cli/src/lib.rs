@@ -43,6 +43,7 @@ mod ctl;
 mod ctl_trace;
 mod error;
 mod metrics;
+mod provenance;
 mod results;
 mod run_config;
 
@@ -60,7 +61,7 @@ fn io_port_spec(s: &str) -> Option<flowplane_io::port::PortSpec> {
 }
 
 #[derive(Parser, Debug)]
-#[command(name = "flowplane", version, about = "Stateful packet processing on commodity multi-core CPUs")]
+#[command(name = "flowplane", version = provenance::VERSION, about = "Stateful packet processing on commodity multi-core CPUs")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

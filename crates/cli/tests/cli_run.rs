@@ -587,3 +587,30 @@ fn every_nf_export_is_written_or_refused() {
         assert!(written.contains(&must), "{must} exports (exported: {written:?})");
     }
 }
+
+/// Issue 35 item 2: every JSON report says where it comes from (version and commit, CPU, cores,
+/// kernel, the command as its arguments, the date); `--version` names the commit too.
+#[test]
+fn json_reports_carry_their_provenance() {
+    let bin = env!("CARGO_BIN_EXE_flowplane");
+    for args in [
+        &["run", "--gen", "--flows 10 --packets 100", "--chain", "fsc", "--cores", "1", "--json"][..],
+        &["bench", "io", "--quick", "--json"][..],
+    ] {
+        let o = std::process::Command::new(bin).args(args).output().unwrap();
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let p = &v["provenance"];
+        assert_eq!(p["flowplane"], env!("CARGO_PKG_VERSION"), "{args:?}: {p}");
+        assert!(p["commit"].as_str().is_some_and(|c| !c.is_empty()), "{p}");
+        assert!(p["cores_available"].as_u64().unwrap() >= 1 && p["tsc_ghz"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["kernel"].as_str().is_some_and(|k| !k.is_empty()), "{p}");
+        let cmd: Vec<&str> = p["command"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        assert_eq!(&cmd[1..], args, "the command as its arguments");
+        let date = p["date"].as_str().unwrap();
+        assert!(date.len() == 20 && date.starts_with("20") && date.ends_with('Z'), "{date}");
+    }
+    let o = std::process::Command::new(bin).arg("--version").output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.starts_with(&format!("flowplane {} (", env!("CARGO_PKG_VERSION"))), "{text}");
+}
