@@ -243,6 +243,7 @@ mod tests {
         ("export", "hh=hh.csv"),
         ("ipfix", "udp:127.0.0.1:4739"),
         ("ipfix-active", "1"),
+        ("hash-seed", "7"),
         ("scr-history", "4"),
         ("priority", "dport=80"),
         ("slo-us", "5"),
