@@ -244,6 +244,7 @@ mod tests {
         ("ipfix", "udp:127.0.0.1:4739"),
         ("ipfix-active", "1"),
         ("hash-seed", "7"),
+        ("ring", "1024"),
         ("scr-history", "4"),
         ("priority", "dport=80"),
         ("slo-us", "5"),
