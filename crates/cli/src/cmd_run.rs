@@ -274,14 +274,11 @@ impl clap::builder::TypedValueParser for Executors {
         let s = value.to_str().ok_or_else(|| clap::Error::new(clap::error::ErrorKind::InvalidUtf8).with_cmd(cmd))?;
         match ExecKind::parse(s) {
             Ok(_) => Ok(s.to_string()),
+            // The reason (an unknown name and the known ones, or the parameter's range) in the one line.
             Err(e) => {
-                let mut err = clap::Error::new(clap::error::ErrorKind::InvalidValue).with_cmd(cmd);
-                if let Some(a) = arg {
-                    err.insert(clap::error::ContextKind::InvalidArg, clap::error::ContextValue::String(a.to_string()));
-                }
-                err.insert(clap::error::ContextKind::InvalidValue, clap::error::ContextValue::String(s.to_string()));
-                err.insert(clap::error::ContextKind::Custom, clap::error::ContextValue::String(e.to_string()));
-                Err(err)
+                let arg = arg.map_or("--exec".to_string(), |a| a.to_string());
+                let msg = format!("invalid value '{s}' for '{arg}': {e}\n");
+                Err(clap::Error::raw(clap::error::ErrorKind::ValueValidation, msg).with_cmd(cmd))
             }
         }
     }

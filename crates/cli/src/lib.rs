@@ -113,7 +113,12 @@ where
             }
             let text = e.to_string();
             let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
-            eprintln!("flowplane: {}", first.trim());
+            // The values an option takes belong in the one line (clap lists them on a later one).
+            let valid = match e.get(clap::error::ContextKind::ValidValue) {
+                Some(clap::error::ContextValue::Strings(v)) if !v.is_empty() => format!(" (one of: {})", v.join(", ")),
+                _ => String::new(),
+            };
+            eprintln!("flowplane: {}{valid}", first.trim());
             return ExitCode::from(2);
         }
     };

@@ -168,6 +168,12 @@ fn bad_options() {
         (with(&["--export", "fsc"]), "--export"),
         (with(&["--export", "=x.csv"]), "--export"),
         (with(&["--exec", "turbo"]), "--exec"),
+        // The reason is in the one line: the known executors, or the parameter's range.
+        (with(&["--exec", "turbo"]), "known: batch, rtc"),
+        (with(&["--exec", "interleaved:0"]), "must be an integer in 1..=64"),
+        (with(&["--exec", "batch:3"]), "takes no parameter"),
+        (with(&["--table-full", "bogus"]), "(one of: reject, evict)"),
+        (with(&["--scale", "bogus"]), "(one of: rss, shared"),
         (with(&["--rate", "0"]), "--rate"),
         (with(&["--flows", "0"]), "--flows"),
         (with(&["--pool", "1"]), "--pool"),
