@@ -21,8 +21,8 @@ pub struct DyssectArgs {
     /// Flows per trace.
     #[arg(long, allow_negative_numbers = true)]
     pub flows: Option<u64>,
-    /// Offered rate in trace time, packets/s (the arrivals of the virtual-time latency).
-    #[arg(long, allow_negative_numbers = true)]
+    /// Offered rate in trace time, packets/s (the arrivals of the virtual-time latency); suffixes k/M/G (2M).
+    #[arg(long, allow_negative_numbers = true, value_parser = |v: &str| crate::cmd_gen::parse_f64("rate", v).map_err(|e| e.to_string()))]
     pub rate: Option<f64>,
     /// Projected core counts, comma-separated.
     #[arg(long, value_delimiter = ',')]

@@ -53,8 +53,9 @@ pub struct MlffrArgs {
     /// chain being slow; 0: one trial per rate).
     #[arg(help_heading = "Search", long, default_value_t = 1)]
     pub retries: u32,
-    /// Upper end of the search in packets/s (default: 1.5x the unpaced rate; on ports: the sender's maximum).
-    #[arg(help_heading = "Search", long, allow_negative_numbers = true)]
+    /// Upper end of the search in packets/s, suffixes k/M/G (default: 1.5x the unpaced rate; on ports: the sender's maximum).
+    #[arg(help_heading = "Search", long, allow_negative_numbers = true,
+          value_parser = |v: &str| crate::cmd_gen::parse_f64("max-rate", v).map_err(|e| e.to_string()))]
     pub max_rate: Option<f64>,
     /// On ports: the sender, on the peer end of the input port's link: afpacket:IFACE[@NETNS] or afxdp:IFACE[@NETNS].
     #[arg(help_heading = "Search", long, value_name = "PEER")]

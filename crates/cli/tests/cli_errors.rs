@@ -173,6 +173,9 @@ fn bad_options() {
         (with(&["--exec", "interleaved:0"]), "must be an integer in 1..=64"),
         (with(&["--exec", "batch:3"]), "takes no parameter"),
         (with(&["--table-full", "bogus"]), "(one of: reject, evict)"),
+        // Rates take k/M/G suffixes everywhere (gen, run, mlffr, bench dyssect): a bad one is named.
+        (vec!["mlffr", "--max-rate", "2x", "--chain", "forward"], "--max-rate '2x': expected a number"),
+        (vec!["bench", "dyssect", "--rate", "abc"], "--rate 'abc': expected a number"),
         (with(&["--scale", "bogus"]), "(one of: rss, shared"),
         (with(&["--rate", "0"]), "--rate"),
         (with(&["--flows", "0"]), "--flows"),
