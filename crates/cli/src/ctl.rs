@@ -230,17 +230,12 @@ impl Server {
             ["profile", on @ ("start" | "stop")] => {
                 let answers =
                     self.live.ctl.ask(&flowplane_engine::control::Command::Profile(*on == "start"), WORKER_TIMEOUT)?;
-                match answers.iter().find_map(|a| match a {
-                    flowplane_engine::control::Answer::Refused(m) => Some(m.clone()),
-                    _ => None,
-                }) {
-                    Some(m) => Err(m),
-                    None => Ok(json!(if *on == "start" {
-                        "profiling: show runtime gives each NF's calls, vectors per call and cycles per packet"
-                    } else {
-                        "profile stopped"
-                    })),
-                }
+                crate::ctl_trace::all_done(&answers)?;
+                Ok(json!(if *on == "start" {
+                    "profiling: show runtime gives each NF's calls, vectors per call and cycles per packet"
+                } else {
+                    "profile stopped"
+                }))
             }
             ["reload"] => self.reload(),
             ["stop"] => {

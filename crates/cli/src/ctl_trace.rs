@@ -91,7 +91,7 @@ pub struct Taps {
 }
 
 /// Refusals of a command posted to every worker, as one line.
-fn all_done(answers: &[Answer]) -> Result<(), String> {
+pub(crate) fn all_done(answers: &[Answer]) -> Result<(), String> {
     match answers.iter().find_map(|a| if let Answer::Refused(m) = a { Some(m) } else { None }) {
         Some(m) => Err(m.clone()),
         None => Ok(()),

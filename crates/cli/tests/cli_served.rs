@@ -39,6 +39,23 @@ fn scrape() -> String {
     t
 }
 
+/// `flowplane run ARGS --no-pin --json --ctl SOCK`, once its control socket says the data plane is up.
+fn served(args: &[&str], sock: &Path) -> std::process::Child {
+    let t0 = Instant::now();
+    let fp = Command::new(BIN)
+        .args(args)
+        .args(["--no-pin", "--json", "--ctl", sock.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    while ctl(sock, &["show", "runtime"]).1["ready"].as_bool() != Some(true) {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the control socket did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    fp
+}
+
 #[test]
 fn a_paced_replay_is_watched_changed_and_stopped_on_its_control_socket() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("served{}", std::process::id()));
@@ -49,18 +66,9 @@ fn a_paced_replay_is_watched_changed_and_stopped_on_its_control_socket() {
     std::fs::write(&deny, "drop proto udp\n").unwrap();
     let chain = format!("acl(rules={}) -> fsc", pass.display());
     let t0 = Instant::now();
-    let fp = Command::new(BIN)
-        .args(["run", "--gen", "--flows 50 --packets 200000 --proto udp --seed 3", "--rate", "20000"])
-        .args(["--chain", &chain, "--cores", "2", "--no-pin", "--json", "--ctl", sock.to_str().unwrap()])
-        .args(["--metrics", &format!("127.0.0.1:{METRICS}")])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    while ctl(&sock, &["show", "runtime"]).1["ready"].as_bool() != Some(true) {
-        assert!(t0.elapsed() < Duration::from_secs(20), "the control socket did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let metrics = format!("127.0.0.1:{METRICS}");
+    let args = ["run", "--gen", "--flows 50 --packets 200000 --proto udp --seed 3", "--rate", "20000", "--chain"];
+    let fp = served(&[&args[..], &[&chain, "--cores", "2", "--metrics", &metrics]].concat(), &sock);
     // Watched: the counts grow while it plays (published twice a second).
     let t1 = Instant::now();
     let first = loop {
@@ -129,19 +137,8 @@ fn show_tables_under_scr_reads_the_replicas() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let sock = dir.join("fp.sock");
-    let t0 = Instant::now();
-    let fp = Command::new(BIN)
-        .args(["run", "--gen", "--flows 40 --packets 200000 --proto udp --seed 4", "--rate", "20000"])
-        .args(["--chain", "ddos -> hh", "--scale", "scr", "--cores", "2", "--no-pin", "--json"])
-        .args(["--ctl", sock.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    while ctl(&sock, &["show", "runtime"]).1["ready"].as_bool() != Some(true) {
-        assert!(t0.elapsed() < Duration::from_secs(20), "the control socket did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let args = ["run", "--gen", "--flows 40 --packets 200000 --proto udp --seed 4", "--rate", "20000"];
+    let fp = served(&[&args[..], &["--chain", "ddos -> hh", "--scale", "scr", "--cores", "2"]].concat(), &sock);
     let t1 = Instant::now();
     let tables = loop {
         let t = ctl(&sock, &["show", "tables"]).1;

@@ -120,15 +120,6 @@ fn pcap_packets(path: &Path) -> u64 {
     n
 }
 
-fn scrape() -> String {
-    use std::io::{Read, Write};
-    let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", METRICS)) else { return String::new() };
-    let _ = c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
-    let mut t = String::new();
-    let _ = c.read_to_string(&mut t);
-    t
-}
-
 /// Spawns one live run, feeds it, stops it; what it gave.
 fn live_run(v: &Veth, dir: &Path, name: &str, run: &Run, trace: &Path) -> Got {
     let sock = dir.join(format!("{name}.sock"));
@@ -170,7 +161,7 @@ fn live_run(v: &Veth, dir: &Path, name: &str, run: &Run, trace: &Path) -> Got {
     got.link = String::from_utf8_lossy(&Command::new("ip").args(["-d", "link", "show", &v.0]).output().unwrap().stdout)
         .into_owned();
     if run.args.iter().any(|a| a == "--metrics") {
-        got.metrics = scrape();
+        got.metrics = ports_common::scrape(METRICS);
     }
     let out = if run.own_end {
         let c = fp.0.take().unwrap();

@@ -81,17 +81,7 @@ pub struct Live {
 impl Live {
     /// A view over `input` and `outputs` for `cores` workers.
     pub fn new(input: Arc<dyn Port>, outputs: Vec<Arc<dyn Port>>, cores: usize) -> Live {
-        Live {
-            source: input.name(),
-            input: Some(input),
-            outputs,
-            cores: (0..cores).map(|_| Mutex::new(CoreSnap::default())).collect(),
-            no_port: Arc::new(AtomicU64::new(0)),
-            hz: tsc::hz(),
-            dispatch: Mutex::new(None),
-            ready: AtomicBool::new(false),
-            ctl: crate::control::Mailboxes::new(cores),
-        }
+        Live { input: Some(Arc::clone(&input)), outputs, ..Live::for_replay(input.name(), cores) }
     }
 
     /// A replay served while it runs: `workers` logical workers fed by `source` (a trace), no ports.

@@ -147,7 +147,7 @@ impl Drop for Proc {
     }
 }
 
-fn scrape(port: u16) -> String {
+pub fn scrape(port: u16) -> String {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint");
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
