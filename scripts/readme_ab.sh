@@ -12,10 +12,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OLD=${1:?usage: scripts/readme_ab.sh OLD_FLOWPLANE [ROUNDS]}
 ROUNDS=${2:-3}
-cargo build -q --release -p flowplane
-NEW=target/release/flowplane
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+# NEW=BINARY measures that build instead of building this checkout.
+if [ -z "${NEW:-}" ]; then
+    cargo build -q --release -p flowplane
+    NEW=target/release/flowplane
+fi
+# OUT=DIR keeps every run's JSON there (to pool rounds of several invocations, or look at one).
+if [ -n "${OUT:-}" ]; then
+    out=$OUT
+    mkdir -p "$out"
+else
+    out=$(mktemp -d)
+    trap 'rm -rf "$out"' EXIT
+fi
 for r in $(seq "$ROUNDS"); do
     for side in old new; do
         b=$OLD
@@ -54,16 +63,21 @@ for r in range(1, rounds + 1):
         for c in ('d1', 'd2'):
             if j := load(side, r, c):
                 add(f"demo {c[1]} core(s) (Mpps)", side, j['mpps'])
-print(f"medians of {rounds} alternated runs; new/old > 1: this build is better")
-print(f"{'row':<56}{'old':>9}{'new':>9}{'new/old':>9}   runs old | new")
-worst = []
+print(f"medians of {rounds} alternated runs; new/old > 1: this build is better; best: the ratio of each side's")
+print("best run (on a shared machine a slow run is interference, a fast one is not)")
+print(f"{'row':<56}{'old':>9}{'new':>9}{'new/old':>9}{'best':>7}   runs old | new")
+worst, bests = [], []
 for name, (higher, v) in rows.items():
     if not v['old'] or not v['new']:
         continue
     o, n = statistics.median(v['old']), statistics.median(v['new'])
     ratio = n / o if higher else o / n
+    bo, bn = (max(v['old']), max(v['new'])) if higher else (min(v['old']), min(v['new']))
+    best = bn / bo if higher else bo / bn
     worst.append((ratio, name))
+    bests.append((best, name))
     runs = lambda xs: ' '.join(f'{x:.1f}' for x in xs)
-    print(f"{name:<56}{o:>9.2f}{n:>9.2f}{ratio:>9.3f}   {runs(v['old'])} | {runs(v['new'])}")
-print('lowest: ' + ', '.join(f'{n} {r:.3f}' for r, n in sorted(worst)[:3]))
+    print(f"{name:<56}{o:>9.2f}{n:>9.2f}{ratio:>9.3f}{best:>7.3f}   {runs(v['old'])} | {runs(v['new'])}")
+print('lowest medians: ' + ', '.join(f'{n} {r:.3f}' for r, n in sorted(worst)[:3]))
+print('lowest bests: ' + ', '.join(f'{n} {r:.3f}' for r, n in sorted(bests)[:3]))
 EOF

@@ -23,3 +23,13 @@ fn afxdp_nat_on_two_cores_steers_every_reply_to_its_owner() {
 fn afxdp_rsspp_moves_entries_under_traffic_losing_and_reordering_nothing() {
     ports_common::check_moves("afxdp", "rsspp", 19_544);
 }
+
+#[test]
+fn afxdp_exports_equal_the_replays_under_every_steering() {
+    ports_common::check_same_exports_as_replay("afxdp", 19_545);
+}
+
+#[test]
+fn afxdp_fw_on_two_cores_passes_replies_and_related_icmp_errors() {
+    ports_common::check_fw_icmp_two_cores("afxdp", 19_546);
+}

@@ -236,12 +236,7 @@ pub fn run_between(
     std::thread::sleep(Duration::from_millis(200));
     let capture = run.capture.clone();
     let report = run.stop();
-    // Teardown: no XDP program is left on flowplane's interfaces.
-    for me in [&t.fa, &t.fb] {
-        let l = Command::new("ip").args(["-d", "link", "show", me]).output().unwrap();
-        let l = String::from_utf8_lossy(&l.stdout);
-        assert!(!l.contains("prog/xdp"), "{backend}: XDP program left on {me}: {l}");
-    }
+    assert_no_xdp_left(backend, &t);
     let fields =
         ["ip.src", "ip.dst", "udp.srcport", "udp.dstport", "data.data", "ip.checksum.status", "udp.checksum.status"];
     let sent = tshark_rows(&input, &fields);
@@ -464,6 +459,7 @@ print(len(out))
     assert!(per_core.iter().all(|&c| c > 0), "{backend}: both cores translate: {per_core:?}");
     let capture = run.capture.clone();
     let report = run.stop();
+    assert_no_xdp_left(backend, &t);
     let by = table_steering(backend);
     assert!(report.contains(&format!("\"by\": \"{by}\"")), "{backend}: steered by the {by}: {report}");
     assert_eq!(json_u(&report, "dispatch_ring_full"), 0, "{report}");
@@ -722,6 +718,7 @@ wrpcap(sys.argv[2], two)
     let capture = run.capture.clone();
     let report = run.stop();
     assert_eq!(out, 96, "{backend}: 32 out, 32 replies, 32 related errors pass: {text}\n{text2}\n{report}");
+    assert_no_xdp_left(backend, &t);
     let by = table_steering(backend);
     assert!(report.contains(&format!("\"by\": \"{by}\"")), "{backend}: steered by the {by}: {report}");
     let got = tshark_rows(&capture, &["ip.id", "icmp.type", "ip.src"]);
@@ -740,6 +737,16 @@ wrpcap(sys.argv[2], two)
     assert!(per_core.len() == 2 && per_core.iter().all(|&p| p > 0), "{backend}: both cores work: {per_core:?}");
     let through = if by == "kernel" { "kernel_steered" } else { "dispatched" };
     assert!(json_u(&report, through) >= 160, "{backend}: every packet through the {by}: {report}");
+}
+
+/// Teardown: no XDP program (libxdp's redirect program, loaded with an AF_XDP port's first
+/// socket) is left on flowplane's interfaces after a run, on one core or several.
+fn assert_no_xdp_left(backend: &str, t: &Topo) {
+    for me in [&t.fa, &t.fb] {
+        let l = Command::new("ip").args(["-d", "link", "show", me]).output().unwrap();
+        let l = String::from_utf8_lossy(&l.stdout);
+        assert!(!l.contains("prog/xdp"), "{backend}: XDP program left on {me}: {l}");
+    }
 }
 
 /// Who steers by flowplane's table when a chain needs it and the strategy neither sprays nor
