@@ -5,7 +5,7 @@
 //! without AF_XDP and `afxdp:` ports report that they are not built in.
 //! `FLOWPLANE_NO_AFXDP=1` builds without it even where the libraries exist.
 //!
-//! Kernel steering for AF_PACKET ports: with libbpf found (as above) and
+//! Kernel steering for AF_PACKET and AF_XDP ports: with libbpf found (as above) and
 //! `clang` on the PATH (or in `$CLANG`), compiles `csrc/steer.bpf.c` with
 //! `clang -O2 -g -target bpf` into `$OUT_DIR/steer.bpf.o` (embedded by
 //! `src/fanout_steer.rs`) and sets `cfg(fp_fanout_steer)`; without clang the
@@ -87,6 +87,7 @@ fn afxdp() {
 /// The PACKET_FANOUT_EBPF steering program (needs libbpf to load it, clang to build it).
 fn fanout_steer(bpf_includes: &[std::path::PathBuf]) {
     println!("cargo:rerun-if-changed=csrc/steer.bpf.c");
+    println!("cargo:rerun-if-changed=csrc/steer_classify.h");
     println!("cargo:rerun-if-env-changed=CLANG");
     let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".into());
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap_or_default()).join("steer.bpf.o");

@@ -565,7 +565,7 @@ impl fmt::Display for Report {
                 )
             } else if st.by == "kernel" {
                 format!(
-                    "the kernel (AF_PACKET fanout program with flowplane's table, no dispatcher core; {} frames, unclassified {})",
+                    "the kernel (flowplane's fanout or XDP program with its table, no dispatcher core; {} frames, unclassified {})",
                     st.kernel_steered, st.unclassified
                 )
             } else {

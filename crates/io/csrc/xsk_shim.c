@@ -34,6 +34,7 @@ struct fp_xsk {
 	struct xsk_ring_prod tx;
 	int has_rx, has_tx;
 	int zerocopy;
+	int shared; /* the UMEM is another socket's (closed with that one) */
 };
 
 /*
@@ -94,13 +95,101 @@ int fp_xsk_open(const char *ifname, uint32_t queue, void *area, uint64_t size, u
 	return 0;
 }
 
-/* Deletes the socket (libxdp detaches its program with the last socket), then the UMEM. */
+/*
+ * A receive socket for kernel steering (flowplane's fp_xdp_steer redirects to
+ * it; no program is loaded here). With `first`, the socket shares first's UMEM
+ * (XDP_SHARED_UMEM) with fill and completion rings of its own: a worker has one
+ * socket per queue of the port, all receiving into its pool. Without, `area`
+ * becomes a new UMEM. Zero copy tried first, then copy. Returns 0 or -errno.
+ */
+int fp_xsk_open_steered(const char *ifname, uint32_t queue, void *area, uint64_t size, uint32_t frame_size,
+			uint32_t ring, struct fp_xsk *first, int *mode, struct fp_xsk **out)
+{
+	libbpf_set_print(quiet_bpf);
+	libxdp_set_print(quiet_xdp);
+	struct fp_xsk *x = calloc(1, sizeof(*x));
+	if (!x)
+		return -ENOMEM;
+	int r = 0;
+	if (first) {
+		x->umem = first->umem;
+		x->shared = 1;
+	} else {
+		struct xsk_umem_config uc = {
+			.fill_size = ring, .comp_size = ring, .frame_size = frame_size, .frame_headroom = 0, .flags = 0,
+		};
+		r = xsk_umem__create(&x->umem, area, size, &x->fill, &x->comp, &uc);
+		if (r) {
+			free(x);
+			return r < 0 ? r : -r;
+		}
+	}
+	const uint16_t bind_modes[2] = { XDP_ZEROCOPY, XDP_COPY };
+	for (int i = 0; i < 2; i++) {
+		struct xsk_socket_config sc = {
+			.rx_size = ring,
+			.tx_size = 0,
+			.libxdp_flags = XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD,
+			.xdp_flags = 0,
+			.bind_flags = bind_modes[i] | XDP_USE_NEED_WAKEUP,
+		};
+		for (int t = 0; t < (i == 1 ? 100 : 1); t++) {
+			if (first)
+				r = xsk_socket__create_shared(&x->xsk, ifname, queue, x->umem, &x->rx, NULL, &x->fill,
+							      &x->comp, &sc);
+			else
+				r = xsk_socket__create(&x->xsk, ifname, queue, x->umem, &x->rx, NULL, &sc);
+			/* A failed zero-copy bind releases the queue in deferred work (see fp_xsk_open). */
+			if (r != -EBUSY)
+				break;
+			usleep(10000);
+		}
+		if (!r) {
+			x->zerocopy = i == 0;
+			break;
+		}
+	}
+	if (r) {
+		if (!x->shared)
+			xsk_umem__delete(x->umem);
+		free(x);
+		return r < 0 ? r : -r;
+	}
+	x->has_rx = 1;
+	*mode = x->zerocopy;
+	*out = x;
+	return 0;
+}
+
+/* The socket's descriptor (what an XSKMAP entry holds). */
+int fp_xsk_fd(struct fp_xsk *x)
+{
+	return xsk_socket__fd(x->xsk);
+}
+
+/*
+ * Attaches program `prog_fd` to ifindex as its only XDP program: native mode
+ * first, then generic. Fails (-EBUSY) where a program is attached already.
+ * Returns 0 or -errno; *native is 1 for native mode.
+ */
+int fp_xdp_attach(int ifindex, int prog_fd, int *native)
+{
+	libbpf_set_print(quiet_bpf);
+	int r = bpf_xdp_attach(ifindex, prog_fd, XDP_FLAGS_DRV_MODE | XDP_FLAGS_UPDATE_IF_NOEXIST, NULL);
+	*native = r == 0;
+	if (r)
+		r = bpf_xdp_attach(ifindex, prog_fd, XDP_FLAGS_SKB_MODE | XDP_FLAGS_UPDATE_IF_NOEXIST, NULL);
+	return r < 0 ? r : -r;
+}
+
+/* Deletes the socket (libxdp detaches its program with the last socket), then the UMEM unless shared. */
 void fp_xsk_close(struct fp_xsk *x)
 {
 	if (!x)
 		return;
 	xsk_socket__delete(x->xsk);
-	xsk_umem__delete(x->umem);
+	if (!x->shared)
+		xsk_umem__delete(x->umem);
 	free(x);
 }
 

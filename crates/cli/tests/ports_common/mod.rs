@@ -556,7 +556,7 @@ wrpcap(sys.argv[1], out)
     let report = run.stop();
     // On AF_PACKET the kernel's fanout program steers and the moves follow its protocol
     // (flowplane_io::steered); elsewhere the dispatcher's markers.
-    let by = table_steering(backend);
+    let by = moves_steering(backend);
     assert!(report.contains(&format!("\"by\": \"{by}\"")), "{backend} {scale}: moved by the {by}: {report}");
     if scale == "rsspp" {
         assert!(json_u(&report, "moves_done") > 0, "{backend}: RSS++ moved entries under traffic: {report}");
@@ -739,8 +739,8 @@ wrpcap(sys.argv[2], two)
     assert!(json_u(&report, through) >= 160, "{backend}: every packet through the {by}: {report}");
 }
 
-/// Teardown: no XDP program (libxdp's redirect program, loaded with an AF_XDP port's first
-/// socket) is left on flowplane's interfaces after a run, on one core or several.
+/// Teardown: no XDP program (libxdp's redirect program, or flowplane's steering program on
+/// several cores) is left on flowplane's interfaces after a run.
 fn assert_no_xdp_left(backend: &str, t: &Topo) {
     for me in [&t.fa, &t.fb] {
         let l = Command::new("ip").args(["-d", "link", "show", me]).output().unwrap();
@@ -750,8 +750,19 @@ fn assert_no_xdp_left(backend: &str, t: &Topo) {
 }
 
 /// Who steers by flowplane's table when a chain needs it and the strategy neither sprays nor
-/// moves flows: the kernel's fanout program on AF_PACKET, a dispatcher core elsewhere.
+/// moves flows: flowplane's program in the kernel on AF_PACKET (fanout) and AF_XDP (XDP), a
+/// dispatcher core elsewhere.
 fn table_steering(backend: &str) -> &'static str {
+    if backend == "afpacket" || backend == "afxdp" {
+        "kernel"
+    } else {
+        "dispatcher"
+    }
+}
+
+/// Who steers a table whose entries move: AF_PACKET's fanout program (the move protocol reads
+/// each frame's kernel receive time, which AF_XDP descriptors lack); elsewhere the dispatcher.
+fn moves_steering(backend: &str) -> &'static str {
     if backend == "afpacket" {
         "kernel"
     } else {

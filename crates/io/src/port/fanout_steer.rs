@@ -1,6 +1,7 @@
-//! Kernel steering for AF_PACKET ports: flowplane's [`Classifier`] and
-//! steering table run inside the kernel as a `PACKET_FANOUT_EBPF` program,
-//! so a multi-core run on an AF_PACKET port needs no dispatcher core.
+//! Kernel steering for AF_PACKET and AF_XDP ports: flowplane's [`Classifier`]
+//! and steering table run inside the kernel as a `PACKET_FANOUT_EBPF` program
+//! (`fp_steer`) or an XDP program (`fp_xdp_steer`), so a multi-core run on
+//! such a port needs no dispatcher core.
 //!
 //! This module owns the program (`csrc/steer.bpf.c`, built by `build.rs`
 //! with clang and embedded here), its maps, and joining a fanout group.
@@ -32,6 +33,15 @@
 //! - `fp_counts` (mmap'ed, from [`KernelSteer::start_counting`] on): frames per
 //!   (worker, key), one atomic add per frame: the loads a strategy that moves
 //!   keys reads. Moves themselves: [`crate::steered`].
+//!
+//! - `fp_xsks` (an XSKMAP of workers x workers): for AF_XDP, worker `w`'s
+//!   socket on the port's queue `q` at `q * workers + w`
+//!   ([`KernelSteer::set_xsk`]); `fp_xdp_steer` redirects each frame to its
+//!   owner's socket on the queue it arrived on (an XSK receives only from the
+//!   queue it is bound to, so every worker has a socket on every queue, all
+//!   sharing the worker's UMEM). `fp_cfg` says which queues
+//!   ([`KernelSteer::bind_xsks`]). Moves are AF_PACKET's only: their protocol
+//!   reads each frame's kernel receive time, which AF_XDP does not give.
 //!
 //! The kernel drops nothing here: it only picks the socket. Fragments are
 //! not reassembled (no `PACKET_FANOUT_FLAG_DEFRAG`): each is steered as the
@@ -90,11 +100,21 @@ fn hash_on_code(on: HashOn) -> u8 {
     }
 }
 
+/// Where an AF_XDP port's frames go ([`KernelSteer::bind_xsks`]): its first queue, its
+/// queues, the workers with a socket on each (all 0: no AF_XDP port).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct XskLayout {
+    queue0: u32,
+    queues: u32,
+    workers: u32,
+}
+
 /// `fp_cfg`'s value: reta_mask, reta_size, nrules, nflows, keys (host order u32), hash_on,
-/// icmp_inner, count, 1 pad.
+/// icmp_inner, count, 1 pad, then the AF_XDP layout (queue0, queues, workers: host order
+/// u32) and 4 pad bytes.
 #[cfg_attr(not(fp_fanout_steer), allow(dead_code))]
-fn cfg_bytes(c: &Classifier, nflows: u32, keys: u32, count: bool) -> [u8; 24] {
-    let mut b = [0u8; 24];
+fn cfg_bytes(c: &Classifier, nflows: u32, keys: u32, count: bool, xsk: XskLayout) -> [u8; 40] {
+    let mut b = [0u8; 40];
     let n = c.reta_size() as u32;
     b[0..4].copy_from_slice(&(n - 1).to_ne_bytes());
     b[4..8].copy_from_slice(&n.to_ne_bytes());
@@ -104,6 +124,9 @@ fn cfg_bytes(c: &Classifier, nflows: u32, keys: u32, count: bool) -> [u8; 24] {
     b[20] = hash_on_code(c.hash_on());
     b[21] = c.icmp_inner() as u8;
     b[22] = count as u8;
+    b[24..28].copy_from_slice(&xsk.queue0.to_ne_bytes());
+    b[28..32].copy_from_slice(&xsk.queues.to_ne_bytes());
+    b[32..36].copy_from_slice(&xsk.workers.to_ne_bytes());
     b
 }
 
@@ -224,6 +247,10 @@ pub struct KernelSteer {
     #[cfg(fp_fanout_steer)]
     obj: *mut ffi::BpfObject,
     prog: RawFd,
+    /// The AF_XDP program (`fp_xdp_steer`) and its socket map (`fp_xsks`).
+    xdp_prog: RawFd,
+    xsks: RawFd,
+    xsk: std::sync::Mutex<XskLayout>,
     cfg: RawFd,
     reta: RawFd,
     flows: RawFd,
@@ -363,6 +390,7 @@ impl KernelSteer {
         let (m_cfg, m_toep, m_reta, m_fdir, m_flows, m_stats) =
             (map("fp_cfg")?, map("fp_toep")?, map("fp_reta")?, map("fp_fdir")?, map("fp_flows")?, map("fp_stats")?);
         let m_counts = map("fp_counts")?;
+        let m_xsks = map("fp_xsks")?;
         // SAFETY: maps of the live, not yet loaded object.
         unsafe {
             let r = ffi::bpf_map__set_max_entries(m_reta, keys.max(1) as u32);
@@ -378,6 +406,11 @@ impl KernelSteer {
             if r != 0 {
                 return Err(sys_err("sizing fp_counts", r));
             }
+            // A socket per (queue, worker) of an AF_XDP port with one queue per worker.
+            let r = ffi::bpf_map__set_max_entries(m_xsks, (queues * queues).max(1) as u32);
+            if r != 0 {
+                return Err(sys_err("sizing fp_xsks", r));
+            }
         }
         // SAFETY: a live object, opened above.
         let r = unsafe { ffi::bpf_object__load(obj) };
@@ -385,16 +418,22 @@ impl KernelSteer {
             return Err(sys_err("loading the program (needs root or CAP_BPF)", r));
         }
         drop(buf);
-        let name = CString::new("fp_steer").map_err(|_| SteerError("fp_steer".into()))?;
-        // SAFETY: the object is loaded; the program name is NUL-terminated.
-        let prog = unsafe { ffi::bpf_object__find_program_by_name(obj, name.as_ptr()) };
-        if prog.is_null() {
-            return Err(SteerError("kernel steering: program fp_steer missing".into()));
-        }
+        let program = |name: &str| -> Result<*mut ffi::BpfProgram, SteerError> {
+            let c = CString::new(name).map_err(|_| SteerError(name.into()))?;
+            // SAFETY: the object is loaded; the program name is NUL-terminated.
+            let p = unsafe { ffi::bpf_object__find_program_by_name(obj, c.as_ptr()) };
+            if p.is_null() {
+                return Err(SteerError(format!("kernel steering: program {name} missing")));
+            }
+            Ok(p)
+        };
+        let (prog, xdp_prog) = (program("fp_steer")?, program("fp_xdp_steer")?);
         // SAFETY: program and maps belong to the loaded object; their descriptors live as long as it.
-        let (prog, cfg, toep, reta, fdir, flows, stats, counts_fd) = unsafe {
+        let (prog, xdp_prog, xsks, cfg, toep, reta, fdir, flows, stats, counts_fd) = unsafe {
             (
                 ffi::bpf_program__fd(prog),
+                ffi::bpf_program__fd(xdp_prog),
+                ffi::bpf_map__fd(m_xsks),
                 ffi::bpf_map__fd(m_cfg),
                 ffi::bpf_map__fd(m_toep),
                 ffi::bpf_map__fd(m_reta),
@@ -416,6 +455,9 @@ impl KernelSteer {
         let k = KernelSteer {
             obj,
             prog,
+            xdp_prog,
+            xsks,
+            xsk: std::sync::Mutex::new(XskLayout::default()),
             cfg,
             reta,
             flows,
@@ -442,6 +484,34 @@ impl KernelSteer {
     /// The program's descriptor (what `PACKET_FANOUT_DATA` takes).
     pub fn prog_fd(&self) -> RawFd {
         self.prog
+    }
+
+    /// The AF_XDP program's descriptor (`fp_xdp_steer`: what an AF_XDP port attaches).
+    pub fn xdp_prog_fd(&self) -> RawFd {
+        self.xdp_prog
+    }
+
+    /// Steers an AF_XDP port's frames from now on: its queues `queue0 ..
+    /// queue0 + queues()` (one per worker), each frame to the socket
+    /// [`KernelSteer::set_xsk`] put at (its queue, its owner).
+    pub fn bind_xsks(&self, queue0: u32) -> Result<(), SteerError> {
+        let n = self.queues as u32;
+        *self.xsk.lock().map_err(|_| SteerError("kernel steering: poisoned".into()))? =
+            XskLayout { queue0, queues: n, workers: n };
+        let rules = self.flow_rules.lock().map_err(|_| SteerError("kernel steering: poisoned".into()))?.len();
+        self.write_cfg(rules)
+    }
+
+    /// Puts AF_XDP socket `fd` at (port queue `queue` counted from the first, worker `worker`).
+    pub fn set_xsk(&self, queue: usize, worker: usize, fd: RawFd) -> Result<(), SteerError> {
+        if queue >= self.queues || worker >= self.queues {
+            return Err(SteerError(format!(
+                "kernel steering: socket of queue {queue}, worker {worker} beyond {} workers",
+                self.queues
+            )));
+        }
+        let slot = (queue * self.queues + worker) as u32;
+        update(self.xsks, &slot.to_ne_bytes(), &(fd as u32).to_ne_bytes(), "fp_xsks")
     }
 
     /// Steering keys the table holds.
@@ -552,7 +622,8 @@ impl KernelSteer {
 
     fn write_cfg(&self, nflows: usize) -> Result<(), SteerError> {
         let count = self.counting.load(std::sync::atomic::Ordering::Relaxed);
-        let b = cfg_bytes(&self.classifier, nflows as u32, self.keys as u32, count);
+        let xsk = self.xsk.lock().map(|x| *x).unwrap_or_default();
+        let b = cfg_bytes(&self.classifier, nflows as u32, self.keys as u32, count, xsk);
         update(self.cfg, &0u32.to_ne_bytes(), &b, "fp_cfg")
     }
 
@@ -755,13 +826,15 @@ mod tests {
             queue: 1,
         };
         let c = Classifier::new(512, true, HashOn::DstIp, true, vec![rule]).unwrap();
-        let b = cfg_bytes(&c, 3, 515, true);
+        let b = cfg_bytes(&c, 3, 515, true, XskLayout { queue0: 4, queues: 2, workers: 3 });
         assert_eq!(u32::from_ne_bytes(b[0..4].try_into().unwrap()), 511);
         assert_eq!(u32::from_ne_bytes(b[4..8].try_into().unwrap()), 512);
         assert_eq!(u32::from_ne_bytes(b[8..12].try_into().unwrap()), 1);
         assert_eq!(u32::from_ne_bytes(b[12..16].try_into().unwrap()), 3);
         assert_eq!(u32::from_ne_bytes(b[16..20].try_into().unwrap()), 515);
         assert_eq!((b[20], b[21], b[22]), (2, 1, 1));
+        let at = |i: usize| u32::from_ne_bytes(b[i..i + 4].try_into().unwrap());
+        assert_eq!((at(24), at(28), at(32)), (4, 2, 3));
         let f = fdir_bytes(&rule);
         // The program compares raw wire words: prefix and mask are network-order bytes.
         assert_eq!(&f[0..8], &[203, 0, 113, 1, 255, 255, 255, 0]);

@@ -350,11 +350,12 @@ pub trait Port: Send + Sync {
         self.open_rx(q)
     }
     /// Steers received frames to the RX queues in the kernel with `steer`
-    /// (queue `i` = worker `i`), before any RX queue is opened. Only
-    /// AF_PACKET ports can ([`fanout_steer`]); the others say why not.
+    /// (queue `i` = worker `i`), before any RX queue is opened. AF_PACKET
+    /// (a fanout program) and AF_XDP (an XDP program, tables without moves)
+    /// can ([`fanout_steer`]); the others say why not.
     fn steer_in_kernel(&self, steer: Arc<fanout_steer::KernelSteer>) -> Result<(), PortError> {
         let _ = steer;
-        Err(PortError::Spec(format!("{}: kernel steering is for AF_PACKET ports", self.name())))
+        Err(PortError::Spec(format!("{}: kernel steering is for AF_PACKET and AF_XDP ports", self.name())))
     }
     /// Opens TX queue `q`.
     fn open_tx(&self, q: usize) -> Result<Box<dyn TxQueue>, PortError>;

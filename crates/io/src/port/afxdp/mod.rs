@@ -1,5 +1,6 @@
 //! `afxdp:IFACE[:QUEUE]`: a Linux interface's queues through AF_XDP (worker
-//! i on queue QUEUE + i). Built where libxdp and libbpf were found at build
+//! i on queue QUEUE + i; under kernel steering, flowplane's XDP program sends
+//! each frame to its owner's socket on the queue it arrived on). Built where libxdp and libbpf were found at build
 //! time (`xsk`, the driver); elsewhere the kind is still named, so the
 //! spec parses and opening it says why it is missing.
 
@@ -20,7 +21,8 @@ pub const INFO: PortInfo = PortInfo {
     about: "a Linux interface's queues through AF_XDP (worker i on queue QUEUE+i; zero copy where the driver has it)",
     caps: PortCaps {
         live: true,
-        kernel_steering: false,
+        // fp_xdp_steer (csrc/steer.bpf.c) where clang built it; tables without moves.
+        kernel_steering: cfg!(fp_fanout_steer),
         peer: true,
         once_per_process: false,
         needs_root: true,

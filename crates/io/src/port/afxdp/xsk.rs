@@ -30,11 +30,13 @@
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use flowplane_packet::{tsc, Batch, PacketPool, PoolConfig, RegionGuard, Verdict, MAX_BATCH};
+use rtrb::RingBuffer;
 
+use crate::port::fanout_steer::KernelSteer;
 use crate::port::{LinkWatch, Port, PortError, PortOptions, QueueCounters, RxQueue, TxQueue};
 
 /// The shim's socket (opaque).
@@ -57,6 +59,20 @@ extern "C" {
         mode: *mut c_int,
         out: *mut *mut FpXsk,
     ) -> c_int;
+    #[allow(clippy::too_many_arguments)]
+    fn fp_xsk_open_steered(
+        ifname: *const c_char,
+        queue: u32,
+        area: *mut c_void,
+        size: u64,
+        frame_size: u32,
+        ring: u32,
+        first: *mut FpXsk,
+        mode: *mut c_int,
+        out: *mut *mut FpXsk,
+    ) -> c_int;
+    fn fp_xsk_fd(x: *mut FpXsk) -> c_int;
+    fn fp_xdp_attach(ifindex: c_int, prog_fd: c_int, native: *mut c_int) -> c_int;
     fn fp_xsk_close(x: *mut FpXsk);
     fn fp_xsk_fill(x: *mut FpXsk, addr: *const u64, n: u32) -> u32;
     fn fp_xsk_rx_wakeup(x: *mut FpXsk);
@@ -70,12 +86,16 @@ extern "C" {
 
 /// The name of libxdp's default AF_XDP redirect program (what an RX socket loads).
 const XSK_PROG: &str = "xsk_def_prog";
+/// The name of flowplane's steering program (`csrc/steer.bpf.c`), attached under kernel steering.
+const STEER_PROG: &str = "fp_xdp_steer";
+/// The XDP programs a run attaches, by name.
+const PROGS: [&str; 2] = [XSK_PROG, STEER_PROG];
 /// Where runs record the XDP programs they attached (one file per program: the run's pid).
 const MARKER_DIR: &str = "/run/flowplane";
 
-/// The id of the program named [`XSK_PROG`] on `ifindex`, 0 if none.
-fn xsk_prog_on(ifindex: i32) -> u32 {
-    let name = CString::new(XSK_PROG).unwrap_or_default();
+/// The id of the program named `prog` on `ifindex`, 0 if none.
+fn prog_on(ifindex: i32, prog: &str) -> u32 {
+    let name = CString::new(prog).unwrap_or_default();
     // SAFETY: `name` is NUL-terminated and outlives the call; the shim only reads it.
     unsafe { fp_xdp_find(ifindex, name.as_ptr()) }
 }
@@ -117,7 +137,8 @@ pub fn release_programs() -> usize {
         if netns != here {
             continue;
         }
-        if xsk_prog_on(ifindex) == id && detach_prog(ifindex, id).is_ok() {
+        // Detaches by id: only if that program is still there.
+        if detach_prog(ifindex, id).is_ok_and(|gone| gone) {
             removed += 1;
         }
         let _ = std::fs::remove_file(marker);
@@ -152,7 +173,13 @@ impl XdpOwner {
 
     /// At open: detaches a program a dead flowplane run left on `ifindex`; leaves any other.
     fn clear_stale(&self, ifindex: i32) {
-        let id = xsk_prog_on(ifindex);
+        for prog in PROGS {
+            self.clear_stale_prog(ifindex, prog);
+        }
+    }
+
+    fn clear_stale_prog(&self, ifindex: i32, prog: &str) {
+        let id = prog_on(ifindex, prog);
         if id == 0 {
             return;
         }
@@ -163,12 +190,12 @@ impl XdpOwner {
                 Ok(_) => {
                     let _ = std::fs::remove_file(&m);
                     eprintln!(
-                        "flowplane: {}: removed XDP program {XSK_PROG} (id {id}) left attached by flowplane run {pid}, which died",
+                        "flowplane: {}: removed XDP program {prog} (id {id}) left attached by flowplane run {pid}, which died",
                         self.port
                     );
                 }
                 Err(e) => eprintln!(
-                    "flowplane: {}: XDP program {XSK_PROG} (id {id}) left by flowplane run {pid} could not be removed: {e}",
+                    "flowplane: {}: XDP program {prog} (id {id}) left by flowplane run {pid} could not be removed: {e}",
                     self.port
                 ),
             },
@@ -176,16 +203,17 @@ impl XdpOwner {
             None => {
                 self.foreign.lock().map(|mut f| f.push(id)).unwrap_or(());
                 eprintln!(
-                    "flowplane: {}: XDP program {XSK_PROG} (id {id}) is attached and was not loaded by flowplane: left in place (shared)",
+                    "flowplane: {}: XDP program {prog} (id {id}) is attached and was not loaded by flowplane: left in place (shared)",
                     self.port
                 );
             }
         }
     }
 
-    /// After an RX socket opened on `ifindex`: records the program it uses if this run attached it.
-    fn claim(&self, ifindex: i32) {
-        let id = xsk_prog_on(ifindex);
+    /// After an RX socket opened (or the steering program was attached) on `ifindex`:
+    /// records the program named `prog` if this run attached it.
+    fn claim(&self, ifindex: i32, prog: &str) {
+        let id = prog_on(ifindex, prog);
         if id == 0 || self.foreign.lock().is_ok_and(|f| f.contains(&id)) {
             return;
         }
@@ -211,12 +239,11 @@ impl Drop for XdpOwner {
         let mut process = PROCESS_OWNED.lock();
         for &(ifindex, id) in &owned {
             // libxdp detaches what it loaded with the last socket, but not a program it
-            // found and reused: whatever of ours is still there goes now.
-            if xsk_prog_on(ifindex) == id {
-                if let Err(e) = detach_prog(ifindex, id) {
-                    eprintln!("flowplane: {}: could not remove XDP program {XSK_PROG} (id {id}): {e}", self.port);
-                    continue;
-                }
+            // found and reused, nor flowplane's steering program: whatever of ours is
+            // still there goes now (by id: only if it is still attached).
+            if let Err(e) = detach_prog(ifindex, id) {
+                eprintln!("flowplane: {}: could not remove XDP program (id {id}): {e}", self.port);
+                continue;
             }
             let _ = std::fs::remove_file(self.marker(ifindex, id));
         }
@@ -278,8 +305,56 @@ impl Xsk {
     }
 }
 
+impl Xsk {
+    /// A receive socket for kernel steering on `iface` queue `queue`: a new UMEM over
+    /// `region`, or `first`'s (a socket of the same worker on another queue) shared.
+    fn open_steered(
+        iface: &str,
+        queue: u32,
+        region: (*mut u8, usize),
+        frame: usize,
+        ring: u32,
+        first: Option<&Xsk>,
+    ) -> Result<(Xsk, bool), PortError> {
+        let name = CString::new(iface).map_err(|_| PortError::Spec(format!("{iface}: bad interface name")))?;
+        let mut x = std::ptr::null_mut();
+        let mut zc: c_int = 0;
+        let _one = OPENING.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: as in `Xsk::open`; `first`, when given, is a live socket of this shim whose
+        // UMEM (and region) outlive the new socket: the caller closes sockets sharing it first.
+        let r = unsafe {
+            fp_xsk_open_steered(
+                name.as_ptr(),
+                queue,
+                region.0 as *mut c_void,
+                region.1 as u64,
+                frame as u32,
+                ring,
+                first.map_or(std::ptr::null_mut(), |f| f.0),
+                &mut zc,
+                &mut x,
+            )
+        };
+        if r != 0 || x.is_null() {
+            return Err(PortError::Os(
+                format!("AF_XDP socket on {iface} queue {queue} (kernel steering: needs root and libxdp)"),
+                std::io::Error::from_raw_os_error(-r),
+            ));
+        }
+        Ok((Xsk(x), zc != 0))
+    }
+
+    /// The socket's descriptor.
+    fn fd(&self) -> c_int {
+        // SAFETY: a live socket of the shim.
+        unsafe { fp_xsk_fd(self.0) }
+    }
+}
+
 impl Drop for Xsk {
     fn drop(&mut self) {
+        // Closing a socket that shares a UMEM changes libxdp's count of its users.
+        let _one = OPENING.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: the socket was opened by fp_xsk_open and is closed once.
         unsafe { fp_xsk_close(self.0) }
     }
@@ -288,6 +363,11 @@ impl Drop for Xsk {
 // SAFETY: the shim socket is used by one thread at a time (its owner), and
 // libxdp's socket state has no thread affinity.
 unsafe impl Send for Xsk {}
+// SAFETY: shared (`Arc<Xsk>`, kernel steering) only to keep a queue's UMEM alive
+// while other workers' sockets share it: through `&Xsk` the others read nothing
+// but the descriptor (`fd`); ring operations stay with the owning worker, and
+// opening and closing are serialised by `OPENING`.
+unsafe impl Sync for Xsk {}
 
 /// An interface queue range opened through AF_XDP.
 pub struct AfXdpPort {
@@ -298,6 +378,67 @@ pub struct AfXdpPort {
     zerocopy: Arc<AtomicBool>,
     watch: Arc<LinkWatch>,
     owner: Arc<XdpOwner>,
+    /// Kernel steering ([`Port::steer_in_kernel`]): the program, and what the workers'
+    /// receive sides share (see [`SteerShare`]).
+    steer: Mutex<Option<Arc<KernelSteer>>>,
+    share: Arc<SteerShare>,
+    rx_opened: AtomicBool,
+}
+
+/// Kernel steering over an AF_XDP port: the sockets of one queue must share one UMEM
+/// and its fill ring (the kernel refuses a second UMEM on a bound queue), so queue `q`'s
+/// UMEM is worker `q`'s pool and every other worker `w` has a socket `(q, w)` on that
+/// queue sharing it. `w` copies what it receives there into its own pool and hands the
+/// buffer back to `q` through a return ring (`q` alone fills its queue's fill ring).
+/// Sockets of a pair are made by whichever of the two workers opens later; the one made
+/// for the other worker waits in its mailbox until that worker's next burst takes it.
+struct SteerShare {
+    reg: Mutex<SteerReg>,
+    /// Per worker: bumped when its mailbox gets something (one relaxed load per burst).
+    mail: Vec<AtomicU32>,
+}
+
+#[derive(Default)]
+struct SteerReg {
+    /// Per queue: its worker's own socket (the UMEM) and pool region, once opened.
+    owners: Vec<Option<QueueOwner>>,
+    /// Per worker: sockets and return-ring ends made for it by other workers.
+    mailbox: Vec<Vec<Handed>>,
+    /// Workers whose sockets are all made (the program is attached at `queues`).
+    complete: usize,
+}
+
+/// A queue's UMEM: its worker's own socket and pool region.
+struct QueueOwner {
+    sock: Arc<Xsk>,
+    /// The region's address (a usize: shared across threads, read only through a
+    /// socket's descriptors) and length, and the buffer size.
+    base: usize,
+    len: usize,
+    buf: u64,
+    /// Guards keeping the region mapped, one for each other worker's socket on the queue.
+    guards: Vec<RegionGuard>,
+}
+
+/// What one worker makes for another.
+enum Handed {
+    /// A socket on another worker's queue (its UMEM) and the ring returning its buffers.
+    Socket(ForeignSock),
+    /// The consumer of a return ring into this worker's fill ring.
+    Returns(rtrb::Consumer<u64>),
+}
+
+impl SteerShare {
+    fn new(queues: usize) -> SteerShare {
+        SteerShare {
+            reg: Mutex::new(SteerReg {
+                owners: (0..queues).map(|_| None).collect(),
+                mailbox: (0..queues).map(|_| Vec::new()).collect(),
+                complete: 0,
+            }),
+            mail: (0..queues).map(|_| AtomicU32::new(0)).collect(),
+        }
+    }
 }
 
 impl AfXdpPort {
@@ -320,12 +461,103 @@ impl AfXdpPort {
             zerocopy: Arc::new(AtomicBool::new(false)),
             watch,
             owner,
+            steer: Mutex::new(None),
+            share: Arc::new(SteerShare::new(queues)),
+            rx_opened: AtomicBool::new(false),
         })
     }
 
     /// True once an RX socket got native zero-copy mode.
     pub fn zerocopy(&self) -> bool {
         self.zerocopy.load(Ordering::Relaxed)
+    }
+}
+
+impl AfXdpPort {
+    /// Kernel steering: opens worker `w`'s own socket (queue `w`, its pool the queue's UMEM),
+    /// then, with every worker already open, the pair of sockets between them: `(q, w)` for
+    /// itself and `(w, q)` for `q` (into `q`'s mailbox), with their return rings. The worker
+    /// that completes the set attaches the program.
+    fn open_steered(
+        &self,
+        w: usize,
+        pool: &mut PacketPool,
+        k: &KernelSteer,
+        ring: u32,
+    ) -> Result<(RxSock, Vec<Handed>), PortError> {
+        let err = |e: crate::port::fanout_steer::SteerError| PortError::Spec(format!("{}: {e}", self.name()));
+        let n = self.queues;
+        let region = pool.region();
+        let (own, zc) = Xsk::open_steered(&self.iface, self.queue0 + w as u32, region, pool.buf_size(), ring, None)?;
+        self.zerocopy.fetch_or(zc, Ordering::Relaxed);
+        k.set_xsk(w, w, own.fd()).map_err(err)?;
+        let own = Arc::new(own);
+        let mut reg = self.share.reg.lock().map_err(|_| PortError::Spec("afxdp: poisoned".into()))?;
+        let mut mine = Vec::new();
+        let mut me = QueueOwner {
+            sock: Arc::clone(&own),
+            base: region.0 as usize,
+            len: region.1,
+            buf: pool.buf_size() as u64,
+            guards: (1..n).map(|_| pool.region_guard()).collect(),
+        };
+        for q in 0..n {
+            let Some(other) = reg.owners[q].as_mut() else { continue };
+            // (q, w): w receives on q's queue, from q's UMEM; w returns the buffers to q.
+            let (x, _) = Xsk::open_steered(&self.iface, self.queue0 + q as u32, region, 0, ring, Some(other.sock.as_ref()))?;
+            k.set_xsk(q, w, x.fd()).map_err(err)?;
+            let (tx, rx) = RingBuffer::new(ring as usize);
+            let guard = other.guards.pop().ok_or_else(|| PortError::Spec("afxdp: region guards".into()))?;
+            mine.push(Handed::Socket(ForeignSock {
+                xsk: x,
+                base: other.base,
+                len: other.len,
+                buf: other.buf,
+                back: tx,
+                _umem: Arc::clone(&other.sock),
+                _region: guard,
+            }));
+            reg.mailbox[q].push(Handed::Returns(rx));
+            // (w, q): q receives on w's queue, from w's UMEM; q returns the buffers to w.
+            let (x, _) = Xsk::open_steered(&self.iface, self.queue0 + w as u32, region, 0, ring, Some(own.as_ref()))?;
+            k.set_xsk(w, q, x.fd()).map_err(err)?;
+            let (tx, rx) = RingBuffer::new(ring as usize);
+            let guard = me.guards.pop().ok_or_else(|| PortError::Spec("afxdp: region guards".into()))?;
+            reg.mailbox[q].push(Handed::Socket(ForeignSock {
+                xsk: x,
+                base: me.base,
+                len: me.len,
+                buf: me.buf,
+                back: tx,
+                _umem: Arc::clone(&own),
+                _region: guard,
+            }));
+            mine.push(Handed::Returns(rx));
+            self.share.mail[q].fetch_add(1, Ordering::Release);
+        }
+        reg.owners[w] = Some(me);
+        reg.complete += 1;
+        if reg.complete == n {
+            self.attach(k)?;
+        }
+        Ok((RxSock { xsk: own, queue: self.queue0 + w as u32, deficit: ring as usize }, mine))
+    }
+
+    /// Attaches the steering program (every socket is in its map).
+    fn attach(&self, k: &KernelSteer) -> Result<(), PortError> {
+        let ifindex = self.watch.ifindex();
+        let mut native: c_int = 0;
+        // SAFETY: plain integer arguments and a valid out-pointer; the program descriptor lives
+        // as long as `k` (the attachment keeps its own reference to the program).
+        let r = unsafe { fp_xdp_attach(ifindex, k.xdp_prog_fd(), &mut native) };
+        if r != 0 {
+            return Err(PortError::Os(
+                format!("{}: attaching the steering XDP program (another XDP program attached?)", self.name()),
+                std::io::Error::from_raw_os_error(-r),
+            ));
+        }
+        self.owner.claim(ifindex, STEER_PROG);
+        Ok(())
     }
 }
 
@@ -359,21 +591,35 @@ impl Port for AfXdpPort {
 
     fn open_rx_into(&self, q: usize, pool: &mut PacketPool) -> Result<Box<dyn RxQueue>, PortError> {
         let counters = self.counters.get(q).cloned().ok_or_else(|| PortError::Spec(format!("queue {q}")))?;
-        let ring = ring_for(pool.stats().buffers);
-        let region = pool.region();
+        self.rx_opened.store(true, Ordering::Relaxed);
+        let steer = self.steer.lock().ok().and_then(|s| s.clone());
         let guard = pool.region_guard();
         let epoch = self.watch.epoch();
-        let (xsk, zc) = Xsk::open(&self.iface, self.queue0 + q as u32, region, pool.buf_size(), ring, true, false)?;
-        self.owner.claim(self.watch.ifindex());
-        if zc {
-            self.zerocopy.store(true, Ordering::Relaxed);
-        }
+        let ring = ring_for(pool.stats().buffers);
+        let (own, handed, share) = match &steer {
+            None => {
+                let (xsk, zc) =
+                    Xsk::open(&self.iface, self.queue0 + q as u32, pool.region(), pool.buf_size(), ring, true, false)?;
+                self.owner.claim(self.watch.ifindex(), XSK_PROG);
+                self.zerocopy.fetch_or(zc, Ordering::Relaxed);
+                (RxSock { xsk: Arc::new(xsk), queue: self.queue0 + q as u32, deficit: ring as usize }, Vec::new(), None)
+            }
+            Some(k) => {
+                let (own, handed) = self.open_steered(q, pool, k, ring)?;
+                (own, handed, Some(Arc::clone(&self.share)))
+            }
+        };
         let hz = tsc::hz().max(1.0);
         let mut rx = AfXdpRx {
-            xsk,
+            own,
+            foreign: Vec::new(),
+            returns: Vec::new(),
+            backlog: Vec::with_capacity(ring as usize * self.queues),
+            share,
+            worker: q,
+            mail_seen: 0,
             _region: guard,
             iface: self.iface.clone(),
-            queue: self.queue0 + q as u32,
             ring,
             epoch,
             watch: Arc::clone(&self.watch),
@@ -382,14 +628,40 @@ impl Port for AfXdpPort {
             addrs: Box::new([0; MAX_BATCH]),
             lens: Box::new([0; MAX_BATCH]),
             idx: Box::new([0; MAX_BATCH]),
-            deficit: ring as usize,
+            next: 0,
             polls: 0,
             t0: tsc::rdtsc(),
             ns_per_tick: 1e9 / hz,
             counters,
         };
-        while rx.deficit > 0 && rx.refill(pool) > 0 {}
+        rx.adopt(handed);
+        while rx.own.deficit > 0 && rx.refill(pool) > 0 {}
         Ok(Box::new(rx))
+    }
+
+    fn steer_in_kernel(&self, steer: Arc<KernelSteer>) -> Result<(), PortError> {
+        if self.rx_opened.load(Ordering::Relaxed) {
+            return Err(PortError::Spec(format!("{}: kernel steering after a queue was opened", self.name())));
+        }
+        if steer.counting() {
+            // The move protocol (crate::steered) compares each frame's kernel receive time with the
+            // switch time and leaves held frames in the ring: AF_XDP descriptors carry neither.
+            return Err(PortError::Unsupported(format!(
+                "{}: kernel steering with moves needs per-frame receive times, which AF_XDP does not give",
+                self.name()
+            )));
+        }
+        if steer.queues() != self.queues {
+            return Err(PortError::Spec(format!(
+                "{}: kernel steering for {} workers on {} queues",
+                self.name(),
+                steer.queues(),
+                self.queues
+            )));
+        }
+        steer.bind_xsks(self.queue0).map_err(|e| PortError::Spec(format!("{}: {e}", self.name())))?;
+        *self.steer.lock().map_err(|_| PortError::Spec("afxdp: poisoned".into()))? = Some(steer);
+        Ok(())
     }
 
     fn open_tx(&self, q: usize) -> Result<Box<dyn TxQueue>, PortError> {
@@ -414,15 +686,48 @@ impl Port for AfXdpPort {
     }
 }
 
-/// An RX socket whose UMEM is a worker's pool.
-pub struct AfXdpRx {
+/// A worker's socket on its own queue, whose UMEM is the worker's pool.
+struct RxSock {
+    /// Shared with the other workers' sockets on this queue (they keep the UMEM alive).
+    xsk: Arc<Xsk>,
+    queue: u32,
+    /// Fill-ring entries owed (packets received and not yet replaced).
+    deficit: usize,
+}
+
+/// Kernel steering: a worker's socket on another worker's queue, sharing that queue's
+/// UMEM: what arrives is copied into this worker's pool and the buffer handed back.
+struct ForeignSock {
     xsk: Xsk,
-    /// Keeps the pool's region mapped until the socket is closed (declared after `xsk`: dropped after it).
+    /// The UMEM's region (address as usize, length) and buffer size.
+    base: usize,
+    len: usize,
+    buf: u64,
+    /// Buffers back to the queue's worker, who alone fills the queue's fill ring.
+    back: rtrb::Producer<u64>,
+    /// The queue's own socket: the UMEM outlives this socket (declared after `xsk`).
+    _umem: Arc<Xsk>,
+    _region: RegionGuard,
+}
+
+/// A worker's receive side over AF_XDP: its socket on its own queue (the UMEM is its
+/// pool), and under kernel steering a socket on every other queue ([`SteerShare`]).
+pub struct AfXdpRx {
+    own: RxSock,
+    foreign: Vec<ForeignSock>,
+    /// Buffers other workers received from this worker's queue, coming back.
+    returns: Vec<rtrb::Consumer<u64>>,
+    /// Returned buffers the fill ring had no room for yet (never expected: what is out
+    /// never exceeds the ring).
+    backlog: Vec<u64>,
+    share: Option<Arc<SteerShare>>,
+    worker: usize,
+    mail_seen: u32,
+    /// Keeps the pool's region mapped until the sockets are closed (declared after them).
     _region: RegionGuard,
     iface: String,
-    queue: u32,
     ring: u32,
-    /// The interface generation the socket is bound to (the watch's epoch then).
+    /// The interface generation the sockets are bound to (the watch's epoch then).
     epoch: u32,
     watch: Arc<LinkWatch>,
     owner: Arc<XdpOwner>,
@@ -430,8 +735,8 @@ pub struct AfXdpRx {
     addrs: Box<[u64; MAX_BATCH]>,
     lens: Box<[u32; MAX_BATCH]>,
     idx: Box<[u32; MAX_BATCH]>,
-    /// Fill-ring entries owed (packets received and not yet replaced).
-    deficit: usize,
+    /// The socket the next burst reads first (rotates: no queue starves the others).
+    next: usize,
     polls: u32,
     t0: u64,
     ns_per_tick: f64,
@@ -439,91 +744,117 @@ pub struct AfXdpRx {
 }
 
 impl AfXdpRx {
-    /// Lends up to one burst of free buffers to the fill ring; returns how many went.
+    /// Takes sockets and return rings other workers made for this one.
+    fn adopt(&mut self, handed: Vec<Handed>) {
+        for h in handed {
+            match h {
+                Handed::Socket(f) => self.foreign.push(f),
+                Handed::Returns(r) => self.returns.push(r),
+            }
+        }
+    }
+
+    /// Kernel steering: one relaxed load per burst; the mailbox when it changed.
+    fn check_mail(&mut self) {
+        let Some(share) = &self.share else { return };
+        let now = share.mail[self.worker].load(Ordering::Acquire);
+        if now == self.mail_seen {
+            return;
+        }
+        self.mail_seen = now;
+        let handed = share.reg.lock().map(|mut r| std::mem::take(&mut r.mailbox[self.worker])).unwrap_or_default();
+        self.adopt(handed);
+    }
+
+    /// Lends up to one burst of free buffers to the own socket's fill ring; returns how many went.
     fn refill(&mut self, pool: &mut PacketPool) -> usize {
-        let want = self.deficit.min(MAX_BATCH);
+        let want = self.own.deficit.min(MAX_BATCH);
         let k = pool.lend(&mut self.idx[..want]);
         for i in 0..k {
             self.addrs[i] = self.idx[i] as u64 * self.buf_size;
         }
         // SAFETY: addrs[..k] are initialised; the shim reads k entries.
-        let f = unsafe { fp_xsk_fill(self.xsk.0, self.addrs.as_ptr(), k as u32) } as usize;
+        let f = unsafe { fp_xsk_fill(self.own.xsk.0, self.addrs.as_ptr(), k as u32) } as usize;
         for &i in &self.idx[f..k] {
             pool.reclaim(i);
         }
-        self.deficit -= f;
+        self.own.deficit -= f;
         f
+    }
+
+    /// Puts the buffers other workers handed back on the own fill ring (they stay lent).
+    fn take_returns(&mut self) {
+        for r in &mut self.returns {
+            while let Ok(a) = r.pop() {
+                self.backlog.push(a);
+                if self.backlog.len() == self.backlog.capacity() {
+                    break;
+                }
+            }
+        }
+        if self.backlog.is_empty() {
+            return;
+        }
+        // SAFETY: backlog holds backlog.len() initialised addresses of this socket's UMEM.
+        let f =
+            unsafe { fp_xsk_fill(self.own.xsk.0, self.backlog.as_ptr(), self.backlog.len() as u32) } as usize;
+        self.backlog.drain(..f);
     }
 
     /// The interface came back with a new index: the old socket closed, the buffers
     /// lent to it taken back, a new socket on the new interface given a full fill ring.
+    /// Under kernel steering the program and its map were the old interface's: the run
+    /// stops, saying so.
     #[cold]
     fn reattach(&mut self, pool: &mut PacketPool) {
         self.read_stats();
         self.epoch = self.watch.epoch();
+        if self.share.is_some() {
+            self.foreign.clear();
+            self.watch.fail(format!(
+                "afxdp:{}: the interface was re-created under kernel steering (its program went with it): restart the run",
+                self.iface
+            ));
+            return;
+        }
         // Closing the old socket first frees the queue; its buffers are then no one's but ours.
-        self.xsk = Xsk(std::ptr::null_mut());
+        self.own.xsk = Arc::new(Xsk(std::ptr::null_mut()));
         for i in 0..pool.stats().buffers {
             pool.reclaim(i as u32);
         }
-        self.deficit = self.ring as usize;
-        match Xsk::open(&self.iface, self.queue, pool.region(), pool.buf_size(), self.ring, true, false) {
+        self.own.deficit = self.ring as usize;
+        match Xsk::open(&self.iface, self.own.queue, pool.region(), pool.buf_size(), self.ring, true, false) {
             Ok((xsk, _)) => {
-                self.xsk = xsk;
-                self.owner.claim(self.watch.ifindex());
-                while self.deficit > 0 && self.refill(pool) > 0 {}
+                self.own.xsk = Arc::new(xsk);
+                self.owner.claim(self.watch.ifindex(), XSK_PROG);
+                while self.own.deficit > 0 && self.refill(pool) > 0 {}
             }
             Err(e) => self.watch.fail(format!(
                 "afxdp:{}:{}: cannot re-attach to the re-created interface: {e}",
-                self.iface, self.queue
+                self.iface, self.own.queue
             )),
         }
     }
 
     fn read_stats(&mut self) {
-        if self.xsk.0.is_null() {
-            return;
-        }
-        let (mut d, mut full, mut empty) = (0u64, 0u64, 0u64);
-        // SAFETY: out-pointers are valid locals.
-        if unsafe { fp_xsk_stats(self.xsk.0, &mut d, &mut full, &mut empty) } == 0 {
-            // The kernel's counters are totals: store, not add.
-            self.counters.rx_overrun.store(d + full, Ordering::Relaxed);
-        }
-    }
-}
-
-impl RxQueue for AfXdpRx {
-    fn clock_ns(&self) -> Option<u64> {
-        Some((tsc::rdtsc().saturating_sub(self.t0) as f64 * self.ns_per_tick) as u64)
-    }
-
-    fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize) -> usize {
-        if self.xsk.0.is_null() {
-            // No socket since a failed re-attach (the run is stopping).
-            return 0;
-        }
-        self.polls = self.polls.wrapping_add(1);
-        if self.polls.is_multiple_of(1024) {
-            self.read_stats();
-        }
-        if self.deficit > 0 {
-            self.refill(pool);
-        }
-        let max = max.min(batch.room()).min(MAX_BATCH);
-        // SAFETY: addrs/lens hold MAX_BATCH >= max entries.
-        let n = unsafe { fp_xsk_rx(self.xsk.0, self.addrs.as_mut_ptr(), self.lens.as_mut_ptr(), max as u32) } as usize;
-        if n == 0 {
-            // Idle: the place to notice a re-created interface (one relaxed load).
-            if self.watch.epoch() != self.epoch {
-                self.reattach(pool);
-                return 0;
+        let socks = std::iter::once(self.own.xsk.0).chain(self.foreign.iter().map(|f| f.xsk.0));
+        let mut sum = 0u64;
+        for x in socks.filter(|x| !x.is_null()) {
+            let (mut d, mut full, mut empty) = (0u64, 0u64, 0u64);
+            // SAFETY: out-pointers are valid locals; a live socket.
+            if unsafe { fp_xsk_stats(x, &mut d, &mut full, &mut empty) } == 0 {
+                sum += d + full;
             }
-            // SAFETY: a live socket.
-            unsafe { fp_xsk_rx_wakeup(self.xsk.0) };
-            return 0;
         }
-        let ts = (tsc::rdtsc().saturating_sub(self.t0) as f64 * self.ns_per_tick) as u64;
+        // The kernel's counters are totals: store, not add.
+        self.counters.rx_overrun.store(sum, Ordering::Relaxed);
+    }
+
+    /// Takes up to `max` frames from the own socket into `batch`: (taken, bytes, refused).
+    fn take_own(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize, ts: u64) -> (usize, u64, u64) {
+        // SAFETY: addrs/lens hold MAX_BATCH >= max entries; a live socket.
+        let n = unsafe { fp_xsk_rx(self.own.xsk.0, self.addrs.as_mut_ptr(), self.lens.as_mut_ptr(), max as u32) }
+            as usize;
         let (mut got, mut bytes, mut bad) = (0usize, 0u64, 0u64);
         for i in 0..n {
             let addr = self.addrs[i];
@@ -542,8 +873,101 @@ impl RxQueue for AfXdpRx {
                 bad += 1;
             }
         }
-        self.deficit += n;
-        self.refill(pool);
+        if n > 0 {
+            self.own.deficit += n;
+            self.refill(pool);
+        }
+        (got, bytes, bad)
+    }
+
+    /// Takes up to `max` frames from foreign socket `s`, copying each into `pool` and
+    /// handing its buffer back: (taken, bytes, refused).
+    fn take_foreign(
+        &mut self,
+        s: usize,
+        pool: &mut PacketPool,
+        batch: &mut Batch,
+        max: usize,
+        ts: u64,
+    ) -> (usize, u64, u64) {
+        let f = &mut self.foreign[s];
+        // SAFETY: addrs/lens hold MAX_BATCH >= max entries; a live socket.
+        let n = unsafe { fp_xsk_rx(f.xsk.0, self.addrs.as_mut_ptr(), self.lens.as_mut_ptr(), max as u32) } as usize;
+        let (mut got, mut bytes, mut bad) = (0usize, 0u64, 0u64);
+        for i in 0..n {
+            let (addr, len) = (self.addrs[i], self.lens[i] as usize);
+            let start = addr as usize;
+            if start.checked_add(len).is_some_and(|end| end <= f.len) {
+                // SAFETY: [start, start + len) lies inside the queue's UMEM region (checked), kept
+                // mapped by `_region`; the kernel wrote the frame there and handed the descriptor to
+                // this socket, so no one writes it until the buffer is handed back below.
+                let frame = unsafe { std::slice::from_raw_parts((f.base + start) as *const u8, len) };
+                if batch.push_copy(pool, frame, ts) {
+                    got += 1;
+                    bytes += len as u64;
+                } else {
+                    bad += 1;
+                }
+            } else {
+                bad += 1;
+            }
+            // Back to the fill ring's owner, at the start of its buffer. The ring holds as many
+            // entries as that fill ring, which bounds the buffers out: never full.
+            let _ = f.back.push(addr - addr % f.buf);
+        }
+        (got, bytes, bad)
+    }
+}
+
+impl RxQueue for AfXdpRx {
+    fn clock_ns(&self) -> Option<u64> {
+        Some((tsc::rdtsc().saturating_sub(self.t0) as f64 * self.ns_per_tick) as u64)
+    }
+
+    fn rx_burst(&mut self, pool: &mut PacketPool, batch: &mut Batch, max: usize) -> usize {
+        if self.own.xsk.0.is_null() {
+            // No socket since a failed re-attach (the run is stopping).
+            return 0;
+        }
+        self.polls = self.polls.wrapping_add(1);
+        if self.polls.is_multiple_of(1024) {
+            self.read_stats();
+        }
+        if self.share.is_some() {
+            self.check_mail();
+            self.take_returns();
+        }
+        if self.own.deficit > 0 {
+            self.refill(pool);
+        }
+        let max = max.min(batch.room()).min(MAX_BATCH);
+        let ts = (tsc::rdtsc().saturating_sub(self.t0) as f64 * self.ns_per_tick) as u64;
+        // The own socket, then the others from a rotating start.
+        let (mut got, mut bytes, mut bad) = self.take_own(pool, batch, max, ts);
+        let k = self.foreign.len();
+        if k > 0 {
+            let first = self.next % k;
+            self.next = self.next.wrapping_add(1);
+            for j in 0..k {
+                if got >= max {
+                    break;
+                }
+                let (g, b, x) = self.take_foreign((first + j) % k, pool, batch, max - got, ts);
+                got += g;
+                bytes += b;
+                bad += x;
+            }
+        }
+        if got == 0 && bad == 0 {
+            // Idle: the place to notice a re-created interface (one relaxed load).
+            if self.watch.epoch() != self.epoch {
+                self.reattach(pool);
+                return 0;
+            }
+            // SAFETY: live sockets.
+            unsafe { fp_xsk_rx_wakeup(self.own.xsk.0) };
+            return 0;
+        }
         let c = &self.counters;
         QueueCounters::add(&c.rx_packets, got as u64);
         QueueCounters::add(&c.rx_bytes, bytes);
