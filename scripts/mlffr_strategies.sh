@@ -3,7 +3,8 @@
 # namespaces (as root). Strategies are every value of `flowplane run --scale` (rss on the port's own
 # queues, plus rss by flowplane's symmetric table) — a new strategy is measured without editing this
 # file; backends: AF_PACKET (kernel steering: the fanout program, no dispatcher core, where the strategy
-# allows it) and AF_XDP (the dispatcher core steers). Who steered is printed from the report. One line
+# allows it) and AF_XDP (kernel steering by flowplane's XDP program for tables that do not move, else the
+# dispatcher core). Who steered is printed from the report. One line
 # per (backend, strategy), or the one-line refusal.
 #   scripts/mlffr_strategies.sh
 #   CHAIN="hh -> burn(iters=400)" BACKENDS=afpacket scripts/mlffr_strategies.sh   (default chain: hh, which every strategy runs)

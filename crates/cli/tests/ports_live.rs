@@ -14,11 +14,15 @@ use ports_common::{must, sh, Proc};
 
 const BIN: &str = env!("CARGO_BIN_EXE_flowplane");
 
-struct Veth(String);
+/// A veth pair (name, queues per side).
+struct Veth(String, usize);
 
 impl Veth {
     fn new(tag: &str) -> Veth {
-        let v = Veth(format!("fl{tag}{}", std::process::id() % 100_000));
+        Veth::with_queues(tag, 1)
+    }
+    fn with_queues(tag: &str, queues: usize) -> Veth {
+        let v = Veth(format!("fl{tag}{}", std::process::id() % 100_000), queues);
         v.create();
         v
     }
@@ -27,7 +31,15 @@ impl Veth {
     }
     fn create(&self) {
         let _ = sh(&["ip", "link", "del", &self.0]);
-        must(&["ip", "link", "add", &self.0, "type", "veth", "peer", "name", &self.peer()]);
+        let q = self.1.to_string();
+        let qs = ["numrxqueues", q.as_str(), "numtxqueues", q.as_str()];
+        let mut args = vec!["ip", "link", "add", self.0.as_str()];
+        args.extend(qs);
+        args.extend(["type", "veth", "peer", "name"]);
+        let peer = self.peer();
+        args.push(&peer);
+        args.extend(qs);
+        must(&args);
         for i in [&self.0, &self.peer()] {
             let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{i}/disable_ipv6"), "1");
             must(&["ip", "link", "set", i, "up"]);
@@ -373,6 +385,53 @@ fn afxdp_program_of_a_killed_run_is_removed_and_a_recreated_input_is_reattached(
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Kernel steering on AF_XDP (2 cores, nat: the table sends replies to their port's core):
+/// flowplane's own XDP program, `fp_xdp_steer`, is attached while the run lives; a run killed
+/// outright leaves it, the next run removes it (it was flowplane's), steers with its own and
+/// removes that at a clean exit.
+#[test]
+fn afxdp_steering_program_of_a_killed_run_is_removed_by_the_next() {
+    let (vi, vo) = (Veth::with_queues("xk", 2), Veth::with_queues("xl", 2));
+    let port = 19_547;
+    let pi = format!("afxdp:{}:0", vi.0);
+    let args = [
+        "run",
+        "--input",
+        &pi,
+        "--output",
+        &format!("afpacket:{}", vo.0),
+        "--chain",
+        "nat(external=198.51.100.7)",
+        "--cores",
+        "2",
+        "--no-pin",
+        "--json",
+        "--metrics",
+        &format!("127.0.0.1:{port}"),
+    ]
+    .map(String::from);
+    let spawn = || Proc::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut fp = spawn();
+    let first = wait_prog(&vi.0);
+    wait_marker(&first);
+    let _ = fp.signal_and_wait("-KILL");
+    assert_eq!(xdp_prog(&vi.0).as_deref(), Some(first.as_str()), "kill -9 leaves the program");
+    let mut fp = spawn();
+    wait_for_metrics(&mut fp, port);
+    let second = wait_prog(&vi.0);
+    assert_ne!(second, first, "the dead run's program is replaced");
+    let out = fp.signal_and_wait("-INT");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("removed XDP program fp_xdp_steer (id {first}) left attached by flowplane run ")),
+        "{err}"
+    );
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(report.contains("\"by\": \"kernel\""), "steered by the XDP program: {report}");
+    assert_eq!(xdp_prog(&vi.0), None, "a clean exit leaves nothing: {err}");
+}
+
 /// Issue 29: a second Ctrl-C while a run stops used to exit before the XDP program was
 /// removed. Now it exits at once (status 1, no report) after removing it; if the first
 /// signal's clean stop wins the race, the run ends normally. Either way nothing is left.
@@ -434,7 +493,7 @@ fn afxdp_recreated_input_without_its_queue_stops_the_run() {
         must(&["ip", "link", "set", &name, "up"]);
         must(&["ip", "link", "set", &p, "up"]);
     };
-    let _guard = Veth(name.clone());
+    let _guard = Veth(name.clone(), 2);
     mk("2");
     let pi = format!("afxdp:{name}:1");
     let mut fp = Proc::spawn(&[

@@ -1,11 +1,21 @@
 //! AF_XDP ports through Debian's libxdp (`csrc/xsk_shim.c`): one socket per
 //! queue, libxdp's default redirect program loaded with the first RX socket
-//! and removed with the last. The UMEM of an RX socket *is* the worker's
+//! and removed with the last (without kernel steering). The UMEM of an RX socket *is* the worker's
 //! packet pool (its page-aligned region): free buffers are lent to the fill
 //! ring, the kernel writes packets into them, and the RX ring's descriptors
 //! come back into the batch as owned buffers (`Batch::push_from_device`) —
 //! no copy in flowplane. Native XDP with zero copy is tried first; where the
 //! driver lacks it (veth), generic XDP in copy mode.
+//!
+//! Kernel steering ([`Port::steer_in_kernel`], 2+ workers, a table without
+//! moves): no libxdp program; flowplane's `fp_xdp_steer` (see
+//! [`crate::port::fanout_steer`]) redirects each frame to its owner's socket
+//! on the queue it arrived on. The kernel binds one UMEM (and one fill ring)
+//! per queue, so queue `q`'s UMEM is worker `q`'s pool and every other worker
+//! has a socket on `q` sharing it ([`SteerShare`]): those frames are copied
+//! into the receiving worker's pool and their buffers handed back to worker
+//! `q` through a return ring (an `rtrb` ring per pair), since only `q` fills
+//! its queue's fill ring. The worker that opens last attaches the program.
 //!
 //! Transmit copies each packet into a frame of the TX socket's own UMEM (a
 //! small pool of its own) and lends that frame to the TX ring; completed
