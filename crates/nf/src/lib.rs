@@ -18,6 +18,7 @@
 
 pub mod ipfix;
 mod library;
+pub mod maglev;
 pub mod param_spec;
 pub mod params;
 pub mod pkt;
