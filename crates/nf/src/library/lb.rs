@@ -22,6 +22,20 @@
 //! move, at their next packet, to the backend their hash picks in the new
 //! pool (counted as `moved_flows`). New flows spread over the new pool.
 //!
+//! `mode=maglev` picks a new flow's backend by Maglev consistent hashing
+//! ([`crate::maglev`]: a lookup table of a prime size >= max(100 x backends,
+//! 65,537), weighted) instead: the backend set may then change anywhere, not
+//! only at the pool's end. `backends_file=FILE` lists the backends, one
+//! `ADDRESS [weight=W] [drain]` per line (IPv4 and IPv6 mixed; `#` comments),
+//! and is reloaded at run time (`flowplane ctl load lb FILE`): a backend keeps
+//! its index while listed, so every established flow of a listed backend keeps
+//! it (per-flow state; a drained backend, weight 0, takes no new flows but
+//! keeps its own); a removed backend's flows move at their next packet to the
+//! table's choice (`moved_flows`). The table is rebuilt off the data path; the
+//! report gives each family's table size, entries per backend and, for the
+//! last change, the fraction of entries (new-flow assignments) that moved next
+//! to Maglev's ideal (the weight share that had to change hands).
+//!
 //! The report gives the flows assigned to each backend (merged over cores),
 //! `--export lb=FILE` one row per live flow: its 5-tuple as received and the
 //! backend it was sent to.
@@ -50,13 +64,30 @@ const BASE6: ParamSpec = ParamSpec::text(
 );
 const BACKENDS6: ParamSpec =
     ParamSpec::uint_like("backends6", &BACKENDS, 1, 65_536, "IPv6 backend pool size (default: backends)").live();
+const MODE: ParamSpec = ParamSpec::choice(
+    "mode",
+    "hash",
+    &["hash", "maglev"],
+    "a new flow's backend: the tuple's hash scaled to the pool, or Maglev consistent hashing (a backend set change moves few new-flow assignments)",
+);
+const BACKENDS_FILE: ParamSpec = ParamSpec::text(
+    "backends_file",
+    "",
+    "FILE",
+    "maglev backends: 'ADDRESS [weight=W] [drain]' per line (IPv4 or IPv6), # comments; replaces base/backends/base6/backends6",
+)
+.live();
+/// Most backends a family's pool may list.
+const MAX_BACKENDS: usize = 65_536;
+/// Largest weight of a maglev backend.
+const MAX_WEIGHT: u32 = 1000;
 
 /// Registration (see [`crate::registry::NFS`]).
 pub const INFO: NfInfo = NfInfo {
     name: "lb",
     about: "stateful load balancer: rewrites the destination to a backend picked from the 5-tuple's hash (IPv4 pool, optional IPv6 pool), sticky per 5-tuple",
     keyed_by: KeyedBy::Fixed(Granularity::FiveTuple),
-    params: &[BACKENDS, BASE, BASE6, BACKENDS6],
+    params: &[BACKENDS, BASE, BASE6, BACKENDS6, MODE, BACKENDS_FILE],
 };
 
 /// Builds `lb` from its parameters and hands it to `sink`.
@@ -88,30 +119,139 @@ pub fn backend_for(key: &FiveTuple, n: usize) -> u32 {
 }
 
 /// One address family's pool with its per-backend flow counts.
-#[derive(Debug)]
 struct Pool<A> {
-    addrs: Vec<A>,
+    /// Backend i's address; `None`: removed at run time (maglev keeps every backend's index).
+    addrs: Vec<Option<A>>,
     assigned: Vec<u64>,
+    /// Maglev: each backend's weight (0: drained) and the lookup table of backend indices
+    /// (empty in hash mode).
+    weights: Vec<u32>,
+    table: Vec<u32>,
+    /// Maglev: table rebuilds at run time, and the last one's moved and ideal fractions.
+    changes: u64,
+    last_change: Option<(f64, f64)>,
 }
 
-impl<A> Pool<A> {
+impl<A: std::fmt::Debug> std::fmt::Debug for Pool<A> {
+    /// The backends and counts; the maglev table by its size (65,537+ entries).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("addrs", &self.addrs)
+            .field("assigned", &self.assigned)
+            .field("weights", &self.weights)
+            .field("table_size", &self.table.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<A: Copy + PartialEq + std::fmt::Display> Pool<A> {
     fn new(addrs: Vec<A>) -> Self {
         let assigned = vec![0; addrs.len()];
-        Pool { addrs, assigned }
+        Pool {
+            weights: vec![1; addrs.len()],
+            addrs: addrs.into_iter().map(Some).collect(),
+            assigned,
+            table: Vec::new(),
+            changes: 0,
+            last_change: None,
+        }
+    }
+
+    /// A maglev pool over (address, weight).
+    fn maglev(list: &[(A, u32)]) -> Self {
+        let mut p = Pool::new(Vec::new());
+        p.set_maglev(list);
+        p.changes = 0;
+        p.last_change = None;
+        p
     }
 
     /// The pool `base`, ..., `base+n-1` of the same base: counts of kept backends kept.
     fn resize(&mut self, addrs: Vec<A>) {
         self.assigned.resize(addrs.len(), 0);
-        self.addrs = addrs;
+        self.weights = vec![1; addrs.len()];
+        self.addrs = addrs.into_iter().map(Some).collect();
+    }
+
+    /// Maglev: the backends `list` from now on. A listed address keeps its index, a new one
+    /// takes a new index, an unlisted one is removed (its index stays, empty); the table is
+    /// rebuilt over the listed backends by name and weight.
+    fn set_maglev(&mut self, list: &[(A, u32)]) {
+        let old_table = std::mem::take(&mut self.table);
+        let old_weights = self.live_weights();
+        let mut weights = vec![0; self.addrs.len()];
+        let mut listed = vec![false; self.addrs.len()];
+        for &(a, w) in list {
+            let i = match self.addrs.iter().position(|x| *x == Some(a)) {
+                Some(i) => i,
+                None => {
+                    self.addrs.push(Some(a));
+                    self.assigned.push(0);
+                    weights.push(0);
+                    listed.push(false);
+                    self.addrs.len() - 1
+                }
+            };
+            weights[i] = w;
+            listed[i] = true;
+        }
+        for (i, l) in listed.iter().enumerate() {
+            if !l {
+                self.addrs[i] = None;
+            }
+        }
+        self.weights = weights;
+        let live: Vec<usize> = (0..self.addrs.len()).filter(|&i| self.addrs[i].is_some()).collect();
+        let names: Vec<String> = live.iter().map(|&i| self.addrs[i].map(|a| a.to_string()).unwrap_or_default()).collect();
+        let named: Vec<(&[u8], u32)> = live.iter().zip(&names).map(|(&i, n)| (n.as_bytes(), self.weights[i])).collect();
+        let m = crate::maglev::table_size(live.len());
+        self.table = crate::maglev::populate(&named, m)
+            .into_iter()
+            .map(|b| if b == crate::maglev::NONE { b } else { live[b as usize] as u32 })
+            .collect();
+        if !old_table.is_empty() {
+            self.changes += 1;
+            let moved = if old_table.len() == self.table.len() {
+                old_table.iter().zip(&self.table).filter(|(a, b)| a != b).count() as f64 / m as f64
+            } else {
+                1.0
+            };
+            // Maglev's ideal: the weight share that had to change hands.
+            let new_weights = self.live_weights();
+            let share = |w: &[u32], i: usize| {
+                let t: u64 = w.iter().map(|&x| u64::from(x)).sum();
+                if t == 0 { 0.0 } else { f64::from(w.get(i).copied().unwrap_or(0)) / t as f64 }
+            };
+            let ideal = (0..self.addrs.len()).map(|i| (share(&old_weights, i) - share(&new_weights, i)).max(0.0)).sum();
+            self.last_change = Some((moved, ideal));
+        }
+    }
+
+    /// The listed backends and their weights.
+    fn listed(&self) -> Vec<(A, u32)> {
+        self.addrs.iter().zip(&self.weights).filter_map(|(a, &w)| a.map(|a| (a, w))).collect()
+    }
+
+    /// Each backend's weight in the table (0 for a removed one).
+    fn live_weights(&self) -> Vec<u32> {
+        self.weights.iter().zip(&self.addrs).map(|(&w, a)| if a.is_some() { w } else { 0 }).collect()
+    }
+
+    fn get(&self, b: u32) -> Option<A> {
+        self.addrs.get(b as usize).copied().flatten()
     }
 
     fn pick(&mut self, key: &FiveTuple) -> u32 {
-        if self.addrs.is_empty() {
-            return UNBALANCED;
+        let b = if !self.table.is_empty() {
+            self.table[crate::maglev::entry(key.hash64(PICK_SEED), self.table.len())]
+        } else if self.addrs.is_empty() {
+            UNBALANCED
+        } else {
+            backend_for(key, self.addrs.len())
+        };
+        if let Some(c) = self.assigned.get_mut(b as usize) {
+            *c += 1;
         }
-        let b = backend_for(key, self.addrs.len());
-        self.assigned[b as usize] += 1;
         b
     }
 }
@@ -126,6 +266,52 @@ pub struct Lb {
     /// Flows moved off a backend removed at run time.
     moved_flows: u64,
     table_full: u64,
+    /// `mode=maglev`.
+    maglev: bool,
+    /// New IPv4 flows dropped: every maglev backend drained (weight 0).
+    no_backend: u64,
+}
+
+/// Maglev backends from `backends_file`'s text: (IPv4 list, IPv6 list) of (address, weight).
+type Listed = (Vec<(Ipv4Addr, u32)>, Vec<(Ipv6Addr, u32)>);
+
+/// Parses a backends file: `ADDRESS [weight=W] [drain]` per line, `#` comments.
+fn parse_backends(file: &str, text: &str) -> Result<Listed, String> {
+    let (mut v4, mut v6) = (Vec::new(), Vec::new());
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let at = |m: String| format!("{file}:{}: {m}", n + 1);
+        let mut words = line.split_whitespace();
+        let addr = words.next().unwrap_or("");
+        let ip: IpAddr = addr.parse().map_err(|_| at(format!("'{addr}' is not an IP address")))?;
+        let mut weight = 1u32;
+        for w in words {
+            match w.split_once('=') {
+                _ if w == "drain" => weight = 0,
+                Some(("weight", v)) => {
+                    weight = v
+                        .parse()
+                        .ok()
+                        .filter(|&x| x <= MAX_WEIGHT)
+                        .ok_or_else(|| at(format!("weight '{v}' must be an integer in 0..={MAX_WEIGHT}")))?;
+                }
+                _ => return Err(at(format!("unknown word '{w}' (ADDRESS [weight=W] [drain])"))),
+            }
+        }
+        match ip {
+            IpAddr::V4(a) if v4.iter().any(|&(x, _)| x == a) => return Err(at(format!("{a} listed twice"))),
+            IpAddr::V6(a) if v6.iter().any(|&(x, _)| x == a) => return Err(at(format!("{a} listed twice"))),
+            IpAddr::V4(a) => v4.push((a, weight)),
+            IpAddr::V6(a) => v6.push((a, weight)),
+        }
+    }
+    if v4.len() > MAX_BACKENDS || v6.len() > MAX_BACKENDS {
+        return Err(format!("{file}: more than {MAX_BACKENDS} backends in a family"));
+    }
+    Ok((v4, v6))
 }
 
 impl Lb {
@@ -153,9 +339,34 @@ impl Lb {
             }
             (0..n6 as u128).map(|i| Ipv6Addr::from(b6 + i)).collect()
         };
-        let mut lb = Lb::new((0..n as u32).map(|i| Ipv4Addr::from(b + i)).collect());
-        lb.v6 = Pool::new(v6);
+        let maglev = p.choice(&MODE, [false, true])?;
+        let file = p.text(&BACKENDS_FILE)?;
+        let v4: Vec<Ipv4Addr> = (0..n as u32).map(|i| Ipv4Addr::from(b + i)).collect();
+        if !maglev {
+            if !file.is_empty() {
+                return Err(ParamError("lb: backends_file lists maglev backends (add mode=maglev)".into()));
+            }
+            let mut lb = Lb::new(v4);
+            lb.v6 = Pool::new(v6);
+            return Ok(lb);
+        }
+        let (l4, l6) = if file.is_empty() {
+            (v4.into_iter().map(|a| (a, 1)).collect(), v6.into_iter().map(|a| (a, 1)).collect())
+        } else {
+            let text = crate::read_text_file(&file)
+                .map_err(|e| ParamError(format!("lb: parameter 'backends_file={file}': cannot read it: {e}")))?;
+            parse_backends(&file, &text).map_err(|e| ParamError(format!("lb: backends file {e}")))?
+        };
+        let mut lb = Lb::new(Vec::new());
+        lb.maglev = true;
+        lb.v4 = Pool::maglev(&l4);
+        lb.v6 = Pool::maglev(&l6);
         Ok(lb)
+    }
+
+    /// The pools' backends as a maglev list (for a reload).
+    fn maglev_lists(&self) -> Listed {
+        (self.v4.listed(), self.v6.listed())
     }
 
     /// A balancer over IPv4 `backends` (at least one), without an IPv6 pool.
@@ -168,6 +379,8 @@ impl Lb {
             unbalanced_packets: 0,
             moved_flows: 0,
             table_full: 0,
+            maglev: false,
+            no_backend: 0,
         }
     }
 
@@ -179,10 +392,10 @@ impl Lb {
 
     /// The backend a flow's state names, in its family.
     pub fn backend_of(&self, key: &FiveTuple, st: &LbState) -> Option<IpAddr> {
-        let b = st.backend as usize;
+        let b = st.backend;
         match key {
-            FiveTuple::V4(_) => self.v4.addrs.get(b).map(|&a| IpAddr::V4(a)),
-            FiveTuple::V6(_) => self.v6.addrs.get(b).map(|&a| IpAddr::V6(a)),
+            FiveTuple::V4(_) => self.v4.get(b).map(IpAddr::V4),
+            FiveTuple::V6(_) => self.v6.get(b).map(IpAddr::V6),
         }
     }
 
@@ -202,22 +415,28 @@ impl Lb {
     #[cold]
     fn moved(&mut self, pkt: &Pkt<'_>, st: &mut LbState) -> Option<IpAddr> {
         let key = pkt.meta().tuple;
+        let fresh = st.backend == UNBALANCED;
         let (b, addr) = if pkt.meta().v6 {
             let b = self.v6.pick(&key);
-            (b, self.v6.addrs.get(b as usize).map(|&a| IpAddr::V6(a)))
+            (b, self.v6.get(b).map(IpAddr::V6))
         } else {
             let b = self.v4.pick(&key);
-            (b, self.v4.addrs.get(b as usize).map(|&a| IpAddr::V4(a)))
+            (b, self.v4.get(b).map(IpAddr::V4))
         };
         st.backend = b;
-        self.moved_flows += 1;
+        if fresh {
+            // A new IPv4 flow found no backend (every maglev backend drained): dropped, counted.
+            self.no_backend += u64::from(addr.is_none());
+        } else {
+            self.moved_flows += 1;
+        }
         addr
     }
 
     #[inline(never)]
     fn process_v6(&mut self, pkt: &mut Pkt<'_>, st: &mut LbState) -> Action {
-        match self.v6.addrs.get(st.backend as usize) {
-            Some(&ip) => {
+        match self.v6.get(st.backend) {
+            Some(ip) => {
                 pkt.set_ipv6_dst(ip);
                 Action::Pass
             }
@@ -238,13 +457,30 @@ impl Lb {
 
 /// Per-backend flow counts as a report object: pool size, total, min, max, each backend's count.
 fn pool_report<A>(p: &Pool<A>) -> Value {
-    json!({
-        "backends": p.addrs.len(),
+    let mut v = json!({
+        "backends": p.addrs.iter().filter(|a| a.is_some()).count(),
         "flows": p.assigned.iter().sum::<u64>(),
         "flows_min_per_backend": p.assigned.iter().copied().min().unwrap_or(0),
         "flows_max_per_backend": p.assigned.iter().copied().max().unwrap_or(0),
         "flows_per_backend": p.assigned,
-    })
+    });
+    if !p.table.is_empty() {
+        let mut entries = vec![0u64; p.addrs.len()];
+        for &b in &p.table {
+            if let Some(e) = entries.get_mut(b as usize) {
+                *e += 1;
+            }
+        }
+        v["maglev"] = json!({
+            "table_size": p.table.len(),
+            "weights": p.weights,
+            "entries_per_backend": entries,
+            "changes": p.changes,
+            "last_change_moved_fraction": p.last_change.map(|c| c.0),
+            "last_change_ideal_fraction": p.last_change.map(|c| c.1),
+        });
+    }
+    v
 }
 
 /// Adds another core's per-backend counts into `into` and recomputes the totals.
@@ -297,8 +533,8 @@ impl StatefulNf for Lb {
         if pkt.meta().v6 {
             return self.process_v6(pkt, st);
         }
-        match self.v4.addrs.get(st.backend as usize) {
-            Some(&ip) => {
+        match self.v4.get(st.backend) {
+            Some(ip) => {
                 pkt.set_ipv4_dst(ip);
                 Action::Pass
             }
@@ -315,13 +551,23 @@ impl StatefulNf for Lb {
     /// New pool sizes between two batches (see the module doc): the bases are fixed for the run.
     fn reconfigure(&mut self, p: &mut Params) -> Result<(), ParamError> {
         let new = Lb::from_params(p)?;
+        if new.maglev != self.maglev {
+            return Err(ParamError("lb: mode is fixed for the run (a restart changes it)".into()));
+        }
+        if self.maglev {
+            // Backends by address: listed ones keep their index (and their flows).
+            let (l4, l6) = new.maglev_lists();
+            self.v4.set_maglev(&l4);
+            self.v6.set_maglev(&l6);
+            return Ok(());
+        }
         if new.v4.addrs.first() != self.v4.addrs.first() || new.v6.addrs.first() != self.v6.addrs.first() {
             return Err(ParamError(
                 "lb: base and base6 name every backend (backend i is base+i): a restart changes them; backends and backends6 may change".into(),
             ));
         }
-        self.v4.resize(new.v4.addrs);
-        self.v6.resize(new.v6.addrs);
+        self.v4.resize(new.v4.addrs.into_iter().flatten().collect());
+        self.v6.resize(new.v6.addrs.into_iter().flatten().collect());
         Ok(())
     }
 
@@ -339,6 +585,7 @@ impl StatefulNf for Lb {
             "ipv6_unbalanced_packets": self.unbalanced_packets,
             "moved_flows": self.moved_flows,
             "table_full": self.table_full,
+            "no_backend": self.no_backend,
         }))
     }
 
@@ -558,5 +805,127 @@ mod tests {
         let e = h.nf.reconfigure(&mut params(&[("base", "10.20.0.1")])).unwrap_err();
         assert!(e.0.contains("restart"), "{e}");
         assert_eq!(h.nf.report().unwrap()["ipv4"]["backends"], 16, "a refused change changes nothing");
+    }
+
+    fn write_backends(dir: &std::path::Path, name: &str, lines: &[String]) -> String {
+        let f = dir.join(name);
+        std::fs::write(&f, lines.join("\n")).unwrap();
+        f.to_string_lossy().into_owned()
+    }
+
+    fn maglev_params(file: &str) -> Params {
+        Params::new("lb", vec![("mode".into(), "maglev".into()), ("backends_file".into(), file.into())])
+    }
+
+    /// Issue 36's targets: removing 1 of 10 backends moves at most 1.1x the ideal 10% of the
+    /// new-flow assignments and no established flow of a kept backend; the removed backend's
+    /// flows move to the table's choice; a drained backend keeps its flows and takes no new one.
+    #[test]
+    fn maglev_keeps_established_flows_when_a_backend_goes() {
+        let dir = std::env::temp_dir().join(format!("fp-lb-maglev-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let addrs: Vec<String> = (1..=10).map(|i| format!("10.10.0.{i}")).collect();
+        let all = write_backends(&dir, "all", &addrs);
+        let mut h = Harness::new(Lb::from_params(&mut maglev_params(&all)).unwrap());
+        let r = h.nf.report().unwrap();
+        assert_eq!(r["ipv4"]["maglev"]["table_size"], 65_537);
+        let flows: Vec<Vec<u8>> =
+            (0..2000u16).map(|i| udp4([10, 0, (i >> 8) as u8, i as u8], [9, 9, 9, 9], 1000 + i, 80)).collect();
+        let dst = |out: &[u8]| Ipv4Addr::from(<[u8; 4]>::try_from(&out[30..34]).unwrap()).to_string();
+        // The documented rule: the table Maglev builds over the backends' names, at the flow's hash.
+        let rule = |names: &[(&str, u32)], f: &[u8]| -> String {
+            let named: Vec<(&[u8], u32)> = names.iter().map(|(n, w)| (n.as_bytes(), *w)).collect();
+            let m = crate::maglev::table_size(names.len());
+            let t = crate::maglev::populate(&named, m);
+            let key = PktMeta::parse(f).tuple;
+            names[t[crate::maglev::entry(key.hash64(PICK_SEED), m)] as usize].0.to_string()
+        };
+        let ten: Vec<(&str, u32)> = addrs.iter().map(|a| (a.as_str(), 1)).collect();
+        let before: Vec<String> = flows.iter().map(|f| dst(&h.run(f).0)).collect();
+        for (f, b) in flows.iter().zip(&before).take(200) {
+            assert_eq!(*b, rule(&ten, f));
+        }
+        // 10.10.0.4 removed, 10.10.0.6 drained.
+        let mut nine: Vec<String> = addrs.iter().filter(|a| *a != "10.10.0.4").cloned().collect();
+        let less = write_backends(&dir, "less", &nine);
+        h.nf.reconfigure(&mut maglev_params(&less)).unwrap();
+        let r = h.nf.report().unwrap();
+        let (moved, ideal) = (
+            r["ipv4"]["maglev"]["last_change_moved_fraction"].as_f64().unwrap(),
+            r["ipv4"]["maglev"]["last_change_ideal_fraction"].as_f64().unwrap(),
+        );
+        assert!((ideal - 0.1).abs() < 1e-9, "{ideal}");
+        assert!(moved <= 1.1 * ideal, "moved {moved} of the new-flow assignments, ideal {ideal}");
+        let mut moved_flows = 0;
+        for (f, b) in flows.iter().zip(&before) {
+            let now = dst(&h.run(f).0);
+            if b == "10.10.0.4" {
+                moved_flows += 1;
+                let kept: Vec<(&str, u32)> = nine.iter().map(|a| (a.as_str(), 1)).collect();
+                assert_eq!(now, rule(&kept, f), "a moved flow goes where the new table says");
+            } else {
+                assert_eq!(&now, b, "an established flow of a kept backend stays");
+            }
+        }
+        assert!(moved_flows > 100, "{moved_flows}");
+        assert_eq!(h.nf.report().unwrap()["moved_flows"], moved_flows);
+        // Drain 10.10.0.6: its flows stay; new flows never go there.
+        for l in nine.iter_mut() {
+            if l == "10.10.0.6" {
+                l.push_str(" drain");
+            }
+        }
+        let drained = write_backends(&dir, "drained", &nine);
+        h.nf.reconfigure(&mut maglev_params(&drained)).unwrap();
+        for (f, b) in flows.iter().zip(&before) {
+            if b == "10.10.0.6" {
+                assert_eq!(dst(&h.run(f).0), "10.10.0.6", "a drained backend keeps its flows");
+            }
+        }
+        for i in 0..500u16 {
+            let f = udp4([10, 7, (i >> 8) as u8, i as u8], [9, 9, 9, 9], 3000 + i, 80);
+            let d = dst(&h.run(&f).0);
+            assert!(d != "10.10.0.6" && d != "10.10.0.4", "a new flow on a drained or removed backend: {d}");
+        }
+        assert_eq!(h.nf.report().unwrap()["ipv4"]["maglev"]["changes"], 2);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn maglev_parameters_and_files_are_checked() {
+        let dir = std::env::temp_dir().join(format!("fp-lb-maglev-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bad = |lines: &[&str]| {
+            let f = write_backends(&dir, "bad", &lines.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+            Lb::from_params(&mut maglev_params(&f)).unwrap_err().0
+        };
+        assert!(bad(&["10.0.0.1", "nonsense"]).contains(":2: 'nonsense' is not an IP address"));
+        assert!(bad(&["10.0.0.1 weight=5000"]).contains("weight '5000'"));
+        assert!(bad(&["10.0.0.1", "10.0.0.1"]).contains("listed twice"));
+        assert!(bad(&["10.0.0.1 heavy"]).contains("unknown word 'heavy'"));
+        let ok = write_backends(&dir, "ok", &["10.0.0.1 weight=2 # comment".into(), "2001:db8::1".into()]);
+        let lb = Lb::from_params(&mut maglev_params(&ok)).unwrap();
+        let r = lb.report().unwrap();
+        assert_eq!((r["ipv4"]["backends"].as_u64(), r["ipv6"]["backends"].as_u64()), (Some(1), Some(1)));
+        assert_eq!(r["ipv4"]["maglev"]["weights"], json!([2]));
+        let mut p = Params::new("lb", vec![("backends_file".into(), ok.clone())]);
+        assert!(Lb::from_params(&mut p).unwrap_err().0.contains("mode=maglev"));
+        let mut lb = Lb::from_params(&mut maglev_params(&ok)).unwrap();
+        let e = lb.reconfigure(&mut Params::new("lb", vec![])).unwrap_err();
+        assert!(e.0.contains("mode is fixed"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn every_maglev_backend_drained_drops_new_flows_counted() {
+        let dir = std::env::temp_dir().join(format!("fp-lb-maglev-none-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = write_backends(&dir, "none", &["10.0.0.1 drain".into()]);
+        let mut h = Harness::new(Lb::from_params(&mut maglev_params(&f)).unwrap());
+        let (_, act) = h.run(&udp4([10, 0, 0, 1], [9, 9, 9, 9], 1, 80));
+        assert_eq!(act, Action::Drop);
+        assert_eq!(h.nf.report().unwrap()["no_backend"], 1);
+        assert_eq!(h.nf.report().unwrap()["moved_flows"], 0);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
