@@ -31,7 +31,7 @@ fn fnv1a(basis: u64, bytes: &[u8]) -> u64 {
 
 /// The smallest prime `>= n` (and >= 2).
 pub fn next_prime(n: usize) -> usize {
-    let is_prime = |p: usize| p >= 2 && (2..).take_while(|d| d * d <= p).all(|d| p % d != 0);
+    let is_prime = |p: usize| p >= 2 && (2..).take_while(|d| d * d <= p).all(|d| !p.is_multiple_of(d));
     (n.max(2)..).find(|&p| is_prime(p)).unwrap_or(2)
 }
 
