@@ -127,6 +127,8 @@ struct Pool<A> {
     /// (empty in hash mode).
     weights: Vec<u32>,
     table: Vec<u32>,
+    /// `mode=maglev` (the table is empty while no backend is listed).
+    maglev: bool,
     /// Maglev: table rebuilds at run time, and the last one's moved and ideal fractions.
     changes: u64,
     last_change: Option<(f64, f64)>,
@@ -152,6 +154,7 @@ impl<A: Copy + PartialEq + std::fmt::Display> Pool<A> {
             addrs: addrs.into_iter().map(Some).collect(),
             assigned,
             table: Vec::new(),
+            maglev: false,
             changes: 0,
             last_change: None,
         }
@@ -160,6 +163,7 @@ impl<A: Copy + PartialEq + std::fmt::Display> Pool<A> {
     /// A maglev pool over (address, weight).
     fn maglev(list: &[(A, u32)]) -> Self {
         let mut p = Pool::new(Vec::new());
+        p.maglev = true;
         p.set_maglev(list);
         p.changes = 0;
         p.last_change = None;
@@ -205,13 +209,18 @@ impl<A: Copy + PartialEq + std::fmt::Display> Pool<A> {
         let names: Vec<String> = live.iter().map(|&i| self.addrs[i].map(|a| a.to_string()).unwrap_or_default()).collect();
         let named: Vec<(&[u8], u32)> = live.iter().zip(&names).map(|(&i, n)| (n.as_bytes(), self.weights[i])).collect();
         let m = crate::maglev::table_size(live.len());
-        self.table = crate::maglev::populate(&named, m)
-            .into_iter()
-            .map(|b| if b == crate::maglev::NONE { b } else { live[b as usize] as u32 })
-            .collect();
-        if !old_table.is_empty() {
+        // No backend listed (say, no IPv6 pool): no table.
+        self.table = if live.is_empty() {
+            Vec::new()
+        } else {
+            crate::maglev::populate(&named, m)
+                .into_iter()
+                .map(|b| if b == crate::maglev::NONE { b } else { live[b as usize] as u32 })
+                .collect()
+        };
+        if !old_table.is_empty() || !self.table.is_empty() {
             self.changes += 1;
-            let moved = if old_table.len() == self.table.len() {
+            let moved = if old_table.len() == self.table.len() && !old_table.is_empty() {
                 old_table.iter().zip(&self.table).filter(|(a, b)| a != b).count() as f64 / m as f64
             } else {
                 1.0
@@ -242,8 +251,11 @@ impl<A: Copy + PartialEq + std::fmt::Display> Pool<A> {
     }
 
     fn pick(&mut self, key: &FiveTuple) -> u32 {
-        let b = if !self.table.is_empty() {
-            self.table[crate::maglev::entry(key.hash64(PICK_SEED), self.table.len())]
+        let b = if self.maglev {
+            match self.table.len() {
+                0 => UNBALANCED,
+                m => self.table[crate::maglev::entry(key.hash64(PICK_SEED), m)],
+            }
         } else if self.addrs.is_empty() {
             UNBALANCED
         } else {
@@ -464,7 +476,7 @@ fn pool_report<A>(p: &Pool<A>) -> Value {
         "flows_max_per_backend": p.assigned.iter().copied().max().unwrap_or(0),
         "flows_per_backend": p.assigned,
     });
-    if !p.table.is_empty() {
+    if p.maglev {
         let mut entries = vec![0u64; p.addrs.len()];
         for &b in &p.table {
             if let Some(e) = entries.get_mut(b as usize) {
