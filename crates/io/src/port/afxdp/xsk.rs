@@ -305,19 +305,21 @@ impl Xsk {
                 &mut x,
             )
         };
+        Xsk::opened(r, x, zc, || {
+            format!("AF_XDP socket on {iface} queue {queue} (needs root, an XDP-capable kernel and libxdp)")
+        })
+    }
+
+    /// The shim's answer as a socket (and whether it is zero copy), or the error `what` names.
+    fn opened(r: c_int, x: *mut FpXsk, zc: c_int, what: impl Fn() -> String) -> Result<(Xsk, bool), PortError> {
         if r != 0 || x.is_null() {
-            return Err(PortError::Os(
-                format!("AF_XDP socket on {iface} queue {queue} (needs root, an XDP-capable kernel and libxdp)"),
-                std::io::Error::from_raw_os_error(-r),
-            ));
+            return Err(PortError::Os(what(), std::io::Error::from_raw_os_error(-r)));
         }
         Ok((Xsk(x), zc != 0))
     }
-}
 
-impl Xsk {
     /// A receive socket for kernel steering on `iface` queue `queue`: a new UMEM over
-    /// `region`, or `first`'s (a socket of the same worker on another queue) shared.
+    /// `region`, or the UMEM of `first` (the queue's own socket) shared.
     fn open_steered(
         iface: &str,
         queue: u32,
@@ -345,13 +347,7 @@ impl Xsk {
                 &mut x,
             )
         };
-        if r != 0 || x.is_null() {
-            return Err(PortError::Os(
-                format!("AF_XDP socket on {iface} queue {queue} (kernel steering: needs root and libxdp)"),
-                std::io::Error::from_raw_os_error(-r),
-            ));
-        }
-        Ok((Xsk(x), zc != 0))
+        Xsk::opened(r, x, zc, || format!("AF_XDP socket on {iface} queue {queue} (kernel steering: needs root and libxdp)"))
     }
 
     /// The socket's descriptor.
