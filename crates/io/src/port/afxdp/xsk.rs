@@ -887,7 +887,9 @@ impl AfXdpRx {
     }
 
     /// Takes up to `max` frames from foreign socket `s`, copying each into `pool` and
-    /// handing its buffer back: (taken, bytes, refused).
+    /// handing its buffer back: (taken, bytes, refused). A frame the pool had no buffer
+    /// for counts as `rx_pool_empty`; one too long for it or outside the UMEM (never
+    /// expected) is refused (`rx_oversize`).
     fn take_foreign(
         &mut self,
         s: usize,
@@ -911,8 +913,10 @@ impl AfXdpRx {
                 if batch.push_copy(pool, frame, ts) {
                     got += 1;
                     bytes += len as u64;
-                } else {
+                } else if len > pool.data_room() {
                     bad += 1;
+                } else {
+                    QueueCounters::add(&self.counters.rx_pool_empty, 1);
                 }
             } else {
                 bad += 1;
