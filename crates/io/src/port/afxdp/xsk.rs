@@ -717,7 +717,7 @@ struct ForeignSock {
 }
 
 /// A worker's receive side over AF_XDP: its socket on its own queue (the UMEM is its
-/// pool), and under kernel steering a socket on every other queue ([`SteerShare`]).
+/// pool), and under kernel steering a socket on every other queue (see the module doc).
 pub struct AfXdpRx {
     own: RxSock,
     foreign: Vec<ForeignSock>,
