@@ -56,13 +56,14 @@ fn sessions_file(tag: &str) -> std::path::PathBuf {
                 },
             ],
             fars: vec![
-                FarSpec { id: 1, action: FarAction::Forward, destination: None, ohc_teid: None, ohc_addr: None },
+                FarSpec { id: 1, action: FarAction::Forward, destination: None, ohc_teid: None, ohc_addr: None, tos: None },
                 FarSpec {
                     id: 2,
                     action: if k % 5 == 0 { FarAction::Drop } else { FarAction::Forward },
                     destination: None,
                     ohc_teid: Some(0x1000 + k),
                     ohc_addr: Some(Ipv4Addr::from(GNB)),
+                    tos: None,
                 },
             ],
             qers: vec![],

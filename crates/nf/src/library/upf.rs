@@ -46,6 +46,8 @@ pub mod control;
 pub mod fast;
 #[path = "../upf/pfcp.rs"]
 pub mod pfcp;
+#[path = "../upf/qos.rs"]
+pub mod qos;
 #[path = "../upf/rules.rs"]
 pub mod rules;
 #[path = "../upf/table.rs"]
@@ -62,6 +64,7 @@ use flowplane_wire::frame::PktMeta;
 use flowplane_wire::gtpu::{self, GtpuPacket, PduSessionInfo, PduType};
 use serde_json::{json, Map, Value};
 
+use self::qos::{Bucket, Meters};
 use self::rules::{Act, FarAction, Fields, Hot, Iface, Index, RuleSet, SessionsFile, TeidSlot, UeSlot, NONE};
 use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::Export;
@@ -410,36 +413,19 @@ pub struct UsageReport {
     pub at_ns: u64,
 }
 
-/// A token bucket (units: 1/8,000,000 byte, so kbit/s x ns adds exactly).
+/// A rated QER's state on one core (see [`qos`]).
 #[derive(Clone, Copy, Debug, Default)]
-struct Bucket {
-    tokens: u64,
-    last_ns: u64,
-    started: bool,
-}
-
-const UNITS_PER_BYTE: u64 = 8_000_000;
-
-impl Bucket {
-    /// Refills to `now` at rate `kbps` (burst: 100 ms of the rate, at least
-    /// 3,000 bytes); true if `bytes` fit. Charges nothing ([`Bucket::charge`] does).
-    #[inline]
-    fn conforms(&mut self, kbps: u64, bytes: u64, now: u64) -> bool {
-        let cap = (kbps * 100_000).max(3_000 * UNITS_PER_BYTE);
-        if !self.started {
-            *self = Bucket { tokens: cap, last_ns: now, started: true };
-        }
-        let dt = now.saturating_sub(self.last_ns).min(1_000_000_000);
-        self.last_ns = self.last_ns.max(now);
-        self.tokens = (self.tokens + dt * kbps).min(cap);
-        self.tokens >= bytes * UNITS_PER_BYTE
-    }
-
-    /// Takes `bytes` from a bucket [`Bucket::conforms`] said they fit in.
-    #[inline]
-    fn charge(&mut self, bytes: u64) {
-        self.tokens = self.tokens.saturating_sub(bytes * UNITS_PER_BYTE);
-    }
+struct QosState {
+    /// MBR bucket (one core) or credit leased from the shared one, per direction.
+    mbr: [Bucket; 2],
+    /// GBR bucket or credit, per direction.
+    gbr: [Bucket; 2],
+    /// IP bytes passed within the GBR, per direction.
+    within: [u64; 2],
+    /// IP bytes passed above the GBR, per direction.
+    above: [u64; 2],
+    /// The QER's slot in the shared pool (set at each rule-set swap).
+    slot: u32,
 }
 
 /// What pass one found about a packet.
@@ -495,7 +481,14 @@ enum Outcome {
 pub struct Upf {
     cfg: UpfConfig,
     rules: Arc<RuleSet>,
-    qer: Vec<[Bucket; 2]>,
+    /// Per rated QER ([`rules::Qer::rated`]): buckets or credit, GBR accounting.
+    qos: Vec<QosState>,
+    /// The QER buckets every core running these rules shares.
+    meters: Arc<Meters>,
+    /// More than one core meters with `meters`: rates are leased from it.
+    shared_qos: bool,
+    /// The rule set's version (the control block's; 0 for fixed rules).
+    version: u64,
     /// This core's URR counters (shared with the PFCP endpoint, which reads them).
     board: Arc<Board>,
     /// Its place in the endpoint's list of cores.
@@ -567,13 +560,15 @@ impl Upf {
             return Ok(Upf::with_control(cfg, ctl));
         }
         let rules = RuleSet::compile(&specs).map_err(|e| ParamError(format!("upf: {file}: {e}")))?;
-        Ok(Upf::new(cfg, Arc::new(rules)))
+        // The cores running one session file share its QERs' rates.
+        let meters = if file.is_empty() { Meters::new() } else { Meters::shared(&format!("file:{file}")) };
+        Ok(Upf::with_meters(cfg, Arc::new(rules), meters, 0))
     }
 
     /// A UPF whose rules come from a control block (a PFCP endpoint).
     pub fn with_control(cfg: UpfConfig, ctl: Arc<control::UpfControl>) -> Upf {
         let (v, rules) = ctl.current();
-        let mut u = Upf::new(cfg, rules);
+        let mut u = Upf::with_meters(cfg, rules, Arc::clone(&ctl.meters), v);
         // This core's counters join the endpoint's list: its reports sum every core's.
         let slot = ctl.attach(Arc::clone(&u.board));
         u.board_slot = Some(slot);
@@ -583,8 +578,14 @@ impl Upf {
         u
     }
 
-    /// A UPF with `rules`.
+    /// A UPF with `rules` (its QER rates its own).
     pub fn new(cfg: UpfConfig, rules: Arc<RuleSet>) -> Upf {
+        Upf::with_meters(cfg, rules, Meters::new(), 0)
+    }
+
+    /// A UPF with `rules` version `version`, metering with the cores sharing `meters`.
+    pub fn with_meters(cfg: UpfConfig, rules: Arc<RuleSet>, meters: Arc<Meters>, version: u64) -> Upf {
+        meters.attach();
         let reports = Vec::with_capacity(cfg.reports);
         let scratch = Box::new(Scratch {
             metas: [PktMeta::default(); MAX_BATCH],
@@ -605,7 +606,10 @@ impl Upf {
         let mut u = Upf {
             cfg,
             rules: Arc::new(RuleSet::default()),
-            qer: Vec::new(),
+            qos: Vec::new(),
+            meters,
+            shared_qos: false,
+            version,
             board: Arc::new(Board::default()),
             board_slot: None,
             split: 1,
@@ -647,8 +651,13 @@ impl Upf {
             .collect();
         let usage =
             carry(old.keys(&old.urrs, |u| (u.session, u.id)), new.keys(&new.urrs, |u| (u.session, u.id)), &snap);
-        let qer =
-            carry(old.keys(&old.qers, |q| (q.session, q.id)), new.keys(&new.qers, |q| (q.session, q.id)), &self.qer);
+        let rated = |r: &Arc<RuleSet>| -> Vec<(u64, u32)> {
+            r.keys(&r.qers, |q| (q.session, q.id)).zip(&r.qers).filter(|(_, q)| q.rated != NONE).map(|x| x.0).collect()
+        };
+        let mut qos = carry(rated(&old).into_iter(), rated(new).into_iter(), &self.qos);
+        for (st, slot) in qos.iter_mut().zip(self.meters.slots(new, self.version)) {
+            st.slot = slot;
+        }
         let mut buffered = carry(
             old.keys(&old.fars, |f| (f.session, f.id)),
             new.keys(&new.fars, |f| (f.session, f.id)),
@@ -670,13 +679,13 @@ impl Upf {
             })
             .collect();
         flowplane_table::huge::advise_hugepages(&cells);
-        flowplane_table::huge::advise_hugepages(&qer);
+        flowplane_table::huge::advise_hugepages(&qos);
         self.board = Arc::new(Board { rules: Arc::clone(&self.rules), cells });
         self.set_nudges();
         if let Some(slot) = &self.board_slot {
             *slot.lock().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&self.board);
         }
-        self.qer = qer;
+        self.qos = qos;
         self.buffered = buffered;
     }
 
@@ -873,9 +882,10 @@ impl Upf {
         }
         if a.mbr != 0 {
             for &q in self.rules.refs(&a.qer) {
-                if let Some(b) = self.qer.get(q as usize) {
-                    prefetch::write(b);
-                    prefetch::read(&self.rules.qers[q as usize]);
+                if let Some(r) = self.rules.qers.get(q as usize) {
+                    if let Some(b) = self.qos.get(r.rated as usize) {
+                        prefetch::write(b);
+                    }
                 }
             }
         }
@@ -1044,7 +1054,7 @@ impl Upf {
                 self.c.no_room += 1;
                 return None;
             }
-            if !self.encap(batch, i, l3, (a.ohc_teid, a.ohc_addr), a.mark_qfi) {
+            if !self.encap(batch, i, l3, (a.ohc_teid, a.ohc_addr), a.mark_qfi, a.tos) {
                 return None;
             }
         }
@@ -1088,22 +1098,9 @@ impl Upf {
             self.c.gate_closed += 1;
             return false;
         }
-        if pdr.mbr & (1 << dir) != 0 {
-            // Every MBR must conform before any bucket is charged.
-            let qers = self.rules.refs(&pdr.qer);
-            let conform = qers.iter().all(|&q| {
-                let kbps = self.rules.qers[q as usize].mbr_kbps[dir];
-                kbps == 0 || self.qer[q as usize][dir].conforms(kbps, bytes, now)
-            });
-            if !conform {
-                self.c.mbr_exceeded += 1;
-                return false;
-            }
-            for &q in qers {
-                if self.rules.qers[q as usize].mbr_kbps[dir] > 0 {
-                    self.qer[q as usize][dir].charge(bytes);
-                }
-            }
+        if pdr.mbr & (1 << dir) != 0 && !self.rate(pdr, dir, bytes, now) {
+            self.c.mbr_exceeded += 1;
+            return false;
         }
         let board = &*self.board;
         let urrs = self.rules.refs(&pdr.urr);
@@ -1141,9 +1138,61 @@ impl Upf {
         true
     }
 
+    /// The PDR's QERs' rates (TS 29.244 §5.4.2): true if the packet conforms
+    /// to every MBR (a session AMBR is one of them), then charged to each,
+    /// and counted within or above each GBR; false: it exceeds one (nothing charged).
+    #[inline]
+    fn rate(&mut self, pdr: &Act, dir: usize, bytes: u64, now: u64) -> bool {
+        let (rules, meters, qos, shared) = (&*self.rules, &*self.meters, &mut self.qos, self.shared_qos);
+        let qers = rules.refs(&pdr.qer);
+        // Several cores: credit leased from the QER's shared bucket; one core: its own bucket.
+        let meter = |st: &QosState| if shared { meters.get(st.slot) } else { None };
+        for &q in qers {
+            let r = &rules.qers[q as usize];
+            let kbps = r.mbr_kbps[dir];
+            let Some(st) = qos.get_mut(r.rated as usize).filter(|_| kbps > 0) else { continue };
+            let ok = match meter(st) {
+                Some(m) => st.mbr[dir].conforms_shared(&m.mbr[dir], kbps, bytes, now),
+                None => st.mbr[dir].conforms(kbps, bytes, now),
+            };
+            if !ok {
+                return false;
+            }
+        }
+        for &q in qers {
+            let r = &rules.qers[q as usize];
+            let Some(st) = qos.get_mut(r.rated as usize) else { continue };
+            if r.mbr_kbps[dir] > 0 {
+                st.mbr[dir].charge(bytes);
+            }
+            let g = r.gbr_kbps[dir];
+            if g > 0 {
+                let within = match meter(st) {
+                    Some(m) => st.gbr[dir].conforms_shared(&m.gbr[dir], g, bytes, now),
+                    None => st.gbr[dir].conforms(g, bytes, now),
+                };
+                if within {
+                    st.gbr[dir].charge(bytes);
+                    st.within[dir] += bytes;
+                } else {
+                    st.above[dir] += bytes;
+                }
+            }
+        }
+        true
+    }
+
     /// Prepends IPv4/UDP/GTP-U (and a DL PDU Session Container when a QFI
     /// is set) after the L2 header of packet `i`, whose IP packet runs to the end.
-    fn encap(&mut self, batch: &mut Batch, i: usize, l3: usize, (ohc_teid, ohc_addr): (u32, u32), qfi: u8) -> bool {
+    fn encap(
+        &mut self,
+        batch: &mut Batch,
+        i: usize,
+        l3: usize,
+        (ohc_teid, ohc_addr): (u32, u32),
+        qfi: u8,
+        tos: u8,
+    ) -> bool {
         let psc = (qfi != rules::ANY_QFI).then_some(PduSessionInfo {
             pdu_type: PduType::Downlink,
             qfi,
@@ -1168,6 +1217,8 @@ impl Upf {
         d[l3 - 2..l3].copy_from_slice(&ETH_IPV4);
         let ip = &mut d[l3..l3 + 20];
         ip.copy_from_slice(&[0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        // The FAR's transport level marking (DSCP the SMF chose for the QoS flow).
+        ip[1] = tos;
         ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
         ip[12..16].copy_from_slice(&self.cfg.n3_addr.octets());
         ip[16..20].copy_from_slice(&ohc_addr.to_be_bytes());
@@ -1330,9 +1381,12 @@ impl Nf for Upf {
                     c.1 = v;
                 }
                 self.split = split;
+                self.version = v;
                 self.set_rules(rules);
             }
         }
+        // One relaxed load per call: the cores metering these rules (they attach before traffic).
+        self.shared_qos = self.meters.cores() > 1;
         self.run(batch, range, ctx);
         if let Some((ctl, _)) = &self.control {
             if !self.reports.is_empty() {
@@ -1446,8 +1500,18 @@ impl Upf {
             .take(64)
             .map(|r| json!({"seid": r.seid, "urr": r.urr_id, "volume": r.volume, "at_ns": r.at_ns}))
             .collect();
+        // GBR accounting per QER (TS 29.244 §5.4.2): bytes passed within and above the GBR.
+        let mut gbr = Map::new();
+        for ((seid, id), q) in self.rules.keys(&self.rules.qers, |q| (q.session, q.id)).zip(&self.rules.qers) {
+            let Some(st) = self.qos.get(q.rated as usize).filter(|_| q.gbr_kbps != [0, 0]) else { continue };
+            gbr.insert(
+                format!("{seid}/{id}"),
+                json!({"ul_within": st.within[0], "ul_above": st.above[0], "dl_within": st.within[1], "dl_above": st.above[1]}),
+            );
+        }
         let mut out = json!({
             "sessions": self.rules.sessions.len(),
+            "gbr": gbr,
             "pdrs": self.rules.pdrs.len(),
             "counters": self.c.to_json(),
             "usage": usage,

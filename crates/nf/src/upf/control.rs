@@ -93,6 +93,8 @@ pub struct UpfControl {
     reports: Mutex<Vec<UsageReport>>,
     /// Every core's URR counters (each core swaps its own board in when it takes a new rule set).
     cores: Mutex<Vec<Arc<Mutex<Arc<Board>>>>>,
+    /// The QERs' buckets every core shares (rates are per session, not per core).
+    pub meters: Arc<super::qos::Meters>,
     /// Datagrams handled, by outcome.
     pub stats: ControlStats,
 }
@@ -185,6 +187,7 @@ impl UpfControl {
             rules: Mutex::new(rules),
             reports: Mutex::new(Vec::new()),
             cores: Mutex::new(Vec::new()),
+            meters: super::qos::Meters::new(),
             stats: ControlStats::default(),
         })
     }
