@@ -132,6 +132,42 @@ const KEEP_FAILURE: ParamSpec = ParamSpec::bool(
     false,
     "keep an SMF's sessions when it stops answering heartbeats (its association is released)",
 );
+const N6_ADDR: ParamSpec = ParamSpec::text(
+    "n6_addr",
+    "",
+    "IPV4",
+    "local N6 address: the source of ICMP errors towards the DN (default: n3_addr)",
+);
+const TTL: ParamSpec = ParamSpec::choice(
+    "ttl",
+    "keep",
+    &["keep", "decrement"],
+    "decrement: route as an IP hop (TTL / hop limit - 1; expired: dropped, ICMP Time Exceeded to an N6 sender)",
+);
+const MTU: ParamSpec = ParamSpec::uint(
+    "mtu",
+    0,
+    0,
+    9_216,
+    "N3 MTU, bytes (0: none): a downlink packet too big once encapsulated gets ICMP Fragmentation Needed if DF, else leaves with the outer DF clear",
+);
+const ERROR_PPS: ParamSpec = ParamSpec::uint(
+    "error_pps",
+    100,
+    0,
+    1_000_000,
+    "GTP-U Error Indications (unknown TEID) and ICMP errors sent per second per core (0: none; the rest are dropped, counted)",
+);
+const MAC: ParamSpec = ParamSpec::text(
+    "mac",
+    "",
+    "MAC",
+    "the UPF's MAC: ARP requests for n3_addr / n6_addr are answered, forwarded frames leave from it (default: neither)",
+);
+const N3_GW_MAC: ParamSpec =
+    ParamSpec::text("n3_gw_mac", "", "MAC", "next hop towards the RAN: destination MAC of frames sent to N3 (default: kept)");
+const N6_GW_MAC: ParamSpec =
+    ParamSpec::text("n6_gw_mac", "", "MAC", "next hop towards the DN: destination MAC of frames sent to N6 (default: kept)");
 const RCVBUF: ParamSpec = ParamSpec::uint(
     "pfcp_rcvbuf",
     8 << 20,
@@ -165,6 +201,13 @@ pub const INFO: NfInfo = NfInfo {
         KEEP_RESTART,
         KEEP_FAILURE,
         RCVBUF,
+        N6_ADDR,
+        TTL,
+        MTU,
+        ERROR_PPS,
+        MAC,
+        N3_GW_MAC,
+        N6_GW_MAC,
     ],
 };
 
@@ -194,6 +237,18 @@ pub struct UpfConfig {
     pub usage: bool,
     /// Staged mode: time each pass (TSC, per batch) for the report.
     pub profile: bool,
+    /// Local N6 address (source of ICMP errors towards the DN).
+    pub n6_addr: Ipv4Addr,
+    /// Decrement the TTL / hop limit of forwarded packets.
+    pub ttl_decrement: bool,
+    /// N3 MTU (0: none).
+    pub mtu: u16,
+    /// Error Indications and ICMP errors per second per core (0: none).
+    pub error_pps: u64,
+    /// The UPF's MAC (answers ARP, source of forwarded frames).
+    pub mac: Option<[u8; 6]>,
+    /// Next-hop MACs towards N3 and N6.
+    pub gw_mac: [Option<[u8; 6]>; 2],
 }
 
 impl Default for UpfConfig {
@@ -208,6 +263,12 @@ impl Default for UpfConfig {
             reports: 1024,
             usage: true,
             profile: false,
+            n6_addr: Ipv4Addr::new(192, 0, 2, 1),
+            ttl_decrement: false,
+            mtu: 0,
+            error_pps: 100,
+            mac: None,
+            gw_mac: [None, None],
         }
     }
 }
@@ -263,6 +324,18 @@ pub struct UpfCounters {
     pub usage_reports_lost: u64,
     /// Dropped because a URR's volume quota was used up.
     pub quota_drop: u64,
+    /// GTP-U Error Indications sent (G-PDUs to unknown TEIDs).
+    pub error_indications: u64,
+    /// Not forwarded: TTL / hop limit expired (`ttl=decrement`).
+    pub ttl_expired: u64,
+    /// Downlink packets too big for the N3 MTU with DF set (or IPv6): not forwarded.
+    pub too_big: u64,
+    /// ICMP errors sent (time exceeded, fragmentation needed).
+    pub icmp_errors: u64,
+    /// Error Indications and ICMP errors not sent: over `error_pps`.
+    pub errors_limited: u64,
+    /// ARP requests for the UPF's addresses answered (`mac`).
+    pub arp_replies: u64,
 }
 
 impl UpfCounters {
@@ -280,6 +353,9 @@ impl UpfCounters {
             "not_ip": self.not_ip, "no_room": self.no_room,
             "usage_reports": self.usage_reports, "usage_reports_lost": self.usage_reports_lost,
             "quota_drop": self.quota_drop,
+            "error_indications": self.error_indications, "ttl_expired": self.ttl_expired,
+            "too_big": self.too_big, "icmp_errors": self.icmp_errors, "errors_limited": self.errors_limited,
+            "arp_replies": self.arp_replies,
         })
     }
 }
@@ -496,6 +572,9 @@ pub struct Upf {
     /// Cores sharing the endpoint when the nudge thresholds were set.
     split: usize,
     buffered: Vec<u64>,
+    /// Error messages allowed (units: 1/1e9 message), and the packet time they were refilled at.
+    error_tokens: u64,
+    error_last: u64,
     reports: Vec<UsageReport>,
     c: UpfCounters,
     counters: NfCounters,
@@ -543,6 +622,15 @@ impl Upf {
             reports: p.uint(&REPORTS)? as usize,
             usage: p.flag(&USAGE)?,
             profile: p.flag(&PROFILE)?,
+            n6_addr: match p.text(&N6_ADDR)?.as_str() {
+                "" => n3_addr,
+                a => a.parse().map_err(|_| ParamError(format!("upf: parameter 'n6_addr={a}' is not an IPv4 address")))?,
+            },
+            ttl_decrement: p.choice(&TTL, [false, true])?,
+            mtu: p.uint(&MTU)? as u16,
+            error_pps: p.uint(&ERROR_PPS)?,
+            mac: mac_param(p, &MAC)?,
+            gw_mac: [mac_param(p, &N3_GW_MAC)?, mac_param(p, &N6_GW_MAC)?],
         };
         let specs = if file.is_empty() {
             Vec::new()
@@ -586,6 +674,7 @@ impl Upf {
     /// A UPF with `rules` version `version`, metering with the cores sharing `meters`.
     pub fn with_meters(cfg: UpfConfig, rules: Arc<RuleSet>, meters: Arc<Meters>, version: u64) -> Upf {
         meters.attach();
+        let cfg_error_burst = cfg.error_pps * 1_000_000_000;
         let reports = Vec::with_capacity(cfg.reports);
         let scratch = Box::new(Scratch {
             metas: [PktMeta::default(); MAX_BATCH],
@@ -614,6 +703,8 @@ impl Upf {
             board_slot: None,
             split: 1,
             buffered: Vec::new(),
+            error_tokens: cfg_error_burst,
+            error_last: 0,
             reports,
             c: UpfCounters::default(),
             counters: NfCounters::default(),
@@ -725,16 +816,20 @@ impl Upf {
 
     /// Pass one: parse, pick the index key, prefetch its home index word.
     #[inline(always)]
-    fn stage_parse(&mut self, batch: &Batch, i: usize) {
-        let sc = &mut *self.scratch;
-        sc.kind[i] = Kind::Done;
+    fn stage_parse(&mut self, batch: &mut Batch, i: usize) {
+        self.scratch.kind[i] = Kind::Done;
         if batch.is_dropped(i) {
             return;
         }
         self.counters.packets_in += 1;
         self.counters.bytes_in += batch.lens()[i] as u64;
+        self.scratch.metas[i].parse_into(batch.data(i));
+        if !self.scratch.metas[i].valid && self.cfg.mac.is_some() && batch.data(i).get(12..14) == Some(&[8, 6][..]) {
+            self.scratch.out[i] = self.arp_reply(batch, i).map_or(Outcome::Drop, Outcome::Pass);
+            return;
+        }
+        let sc = &mut *self.scratch;
         let m = &mut sc.metas[i];
-        m.parse_into(batch.data(i));
         if !m.valid || m.l3 < 14 {
             self.c.not_ip += 1;
             sc.kind[i] = Kind::Done;
@@ -966,7 +1061,7 @@ impl Upf {
         let qfi = layout.pdu_session.map(|p| p.qfi);
         if hot.session == NONE {
             self.c.unknown_teid += 1;
-            return Outcome::Drop;
+            return self.error_indication(batch, i, teid).map_or(Outcome::Drop, Outcome::Pass);
         }
         let inner_at = g0 + layout.header_len;
         let Some((f, inner_len, v6)) = inner_fields(&data[inner_at..g0 + layout.end]) else {
@@ -1026,6 +1121,31 @@ impl Upf {
             (sc.pdr[i], usize::from(sc.inner_at[i]), usize::from(sc.inner_len[i]), sc.v6[i])
         };
         let a = if self.scratch.ready[i] { self.scratch.act[i] } else { self.rules.acts[pi as usize] };
+        // A packet not forwarded (expired, too big) is neither metered nor counted.
+        let mut df = true;
+        if a.action == FarAction::Forward {
+            if self.cfg.ttl_decrement && !decrement_ttl(&mut batch.data_mut(i)[inner_at..], v6) {
+                self.c.ttl_expired += 1;
+                // An N6 sender learns it (ICMP Time Exceeded); back through the tunnel: not done.
+                return (!uplink && !v6 && self.icmp4_error(batch, i, l3, [11, 0], [0; 4], now))
+                    .then_some(self.cfg.n6_port);
+            }
+            if a.ohc && self.cfg.mtu > 0 {
+                let over = 28 + if a.mark_qfi != rules::ANY_QFI { 16 } else { 8 };
+                let mtu = usize::from(self.cfg.mtu);
+                if inner_len + over > mtu {
+                    let ip = &batch.data(i)[inner_at..];
+                    if v6 || ip[6] & 0x40 != 0 {
+                        self.c.too_big += 1;
+                        // RFC 1191: Fragmentation Needed with the MTU left for the inner packet.
+                        let m = (mtu.saturating_sub(over) as u16).to_be_bytes();
+                        return (!v6 && self.icmp4_error(batch, i, l3, [3, 4], [0, 0, m[0], m[1]], now))
+                            .then_some(self.cfg.n6_port);
+                    }
+                    df = false;
+                }
+            }
+        }
         if !self.enforce(&a, usize::from(!uplink), inner_len as u64, now) {
             return None;
         }
@@ -1054,7 +1174,7 @@ impl Upf {
                 self.c.no_room += 1;
                 return None;
             }
-            if !self.encap(batch, i, l3, (a.ohc_teid, a.ohc_addr), a.mark_qfi, a.tos) {
+            if !self.encap(batch, i, l3, (a.ohc_teid, a.ohc_addr), (a.mark_qfi, a.tos, df)) {
                 return None;
             }
         }
@@ -1062,6 +1182,17 @@ impl Upf {
             self.c.ul_forwarded += 1;
         } else {
             self.c.dl_forwarded += 1;
+        }
+        // The UPF routes: frames leave from its MAC to the next hop's (when configured).
+        let gw = self.cfg.gw_mac[usize::from(a.destination == Iface::Core)];
+        if self.cfg.mac.is_some() || gw.is_some() {
+            let d = batch.data_mut(i);
+            if let Some(m) = self.cfg.mac {
+                d[6..12].copy_from_slice(&m);
+            }
+            if let Some(g) = gw {
+                d[0..6].copy_from_slice(&g);
+            }
         }
         Some(self.port(a.destination))
     }
@@ -1190,8 +1321,7 @@ impl Upf {
         i: usize,
         l3: usize,
         (ohc_teid, ohc_addr): (u32, u32),
-        qfi: u8,
-        tos: u8,
+        (qfi, tos, df): (u8, u8, bool),
     ) -> bool {
         let psc = (qfi != rules::ANY_QFI).then_some(PduSessionInfo {
             pdu_type: PduType::Downlink,
@@ -1219,6 +1349,10 @@ impl Upf {
         ip.copy_from_slice(&[0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         // The FAR's transport level marking (DSCP the SMF chose for the QoS flow).
         ip[1] = tos;
+        if !df {
+            // Too big for the N3 MTU, inner DF clear: routers on N3 may fragment it.
+            ip[6] = 0;
+        }
         ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
         ip[12..16].copy_from_slice(&self.cfg.n3_addr.octets());
         ip[16..20].copy_from_slice(&ohc_addr.to_be_bytes());
@@ -1287,6 +1421,162 @@ impl Upf {
         self.c.echo_responses += 1;
         Some(self.cfg.n3_port)
     }
+
+    /// Answers an ARP request for the N3 or N6 address in place (RFC 826:
+    /// the reply from `mac`, to the asker, out of the side the address is on).
+    fn arp_reply(&mut self, batch: &mut Batch, i: usize) -> Option<Option<u16>> {
+        let mac = self.cfg.mac?;
+        let d = batch.data(i);
+        // Ethernet/IPv4 request: htype 1, ptype 0x0800, hlen 6, plen 4, op 1.
+        let ours = d.len() >= 42 && d[14..22] == [0, 1, 8, 0, 6, 4, 0, 1];
+        let target = <[u8; 4]>::try_from(d.get(38..42)?).ok()?;
+        let port = if target == self.cfg.n3_addr.octets() {
+            self.cfg.n3_port
+        } else if target == self.cfg.n6_addr.octets() {
+            self.cfg.n6_port
+        } else {
+            self.c.not_ip += 1;
+            return None;
+        };
+        if !ours {
+            self.c.not_ip += 1;
+            return None;
+        }
+        let d = batch.data_mut(i);
+        let (asker_mac, asker_ip) = (<[u8; 6]>::try_from(&d[22..28]).ok()?, <[u8; 4]>::try_from(&d[28..32]).ok()?);
+        d[0..6].copy_from_slice(&asker_mac);
+        d[6..12].copy_from_slice(&mac);
+        d[21] = 2;
+        d[22..28].copy_from_slice(&mac);
+        d[28..32].copy_from_slice(&target);
+        d[32..38].copy_from_slice(&asker_mac);
+        d[38..42].copy_from_slice(&asker_ip);
+        self.c.arp_replies += 1;
+        Some(port)
+    }
+
+    /// One more error message within `error_pps` (a token bucket of one
+    /// second's worth on the packet clock), else counted as limited.
+    fn error_allowed(&mut self, now: u64) -> bool {
+        let rate = self.cfg.error_pps;
+        let dt = now.saturating_sub(self.error_last).min(1_000_000_000);
+        self.error_last = self.error_last.max(now);
+        self.error_tokens = (self.error_tokens + dt * rate).min(rate * 1_000_000_000);
+        if rate == 0 || self.error_tokens < 1_000_000_000 {
+            self.c.errors_limited += 1;
+            return false;
+        }
+        self.error_tokens -= 1_000_000_000;
+        true
+    }
+
+    /// Turns a G-PDU to an unknown TEID into a GTP-U Error Indication to its
+    /// sender in place (TS 29.281 §7.3.1: TEID 0, the S flag, the IEs TEID
+    /// Data I (the unknown TEID) and GTP-U Peer Address (the address it was
+    /// sent to); UDP port 2152 both ways, §4.4.2.4).
+    fn error_indication(&mut self, batch: &mut Batch, i: usize, teid: u32) -> Option<Option<u16>> {
+        let m = self.scratch.metas[i];
+        if m.v6 || !self.error_allowed(batch.timestamps()[i]) {
+            return None;
+        }
+        let l3 = m.l3 as usize;
+        let d = batch.data(i);
+        let (src, dst) =
+            (<[u8; 4]>::try_from(&d[l3 + 12..l3 + 16]).ok()?, <[u8; 4]>::try_from(&d[l3 + 16..l3 + 20]).ok()?);
+        if !batch.set_len(i, l3 + 52) {
+            self.c.no_room += 1;
+            return None;
+        }
+        let d = batch.data_mut(i);
+        for k in 0..6 {
+            d.swap(k, k + 6);
+        }
+        let ip = &mut d[l3..l3 + 20];
+        ip.copy_from_slice(&[0x45, 0, 0, 52, 0, 0, 0x40, 0, 64, 17, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        ip[12..16].copy_from_slice(&dst);
+        ip[16..20].copy_from_slice(&src);
+        let c = checksum::checksum(ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        let u = l3 + 20;
+        let p = GTPU_PORT.to_be_bytes();
+        d[u..u + 8].copy_from_slice(&[p[0], p[1], p[0], p[1], 0, 32, 0, 0]);
+        let t = teid.to_be_bytes();
+        d[u + 8..u + 32].copy_from_slice(&[
+            0x32, 26, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, // header: S, type 26, length 16, TEID 0, seq 0
+            16, t[0], t[1], t[2], t[3], // TEID Data I
+            133, 0, 4, dst[0], dst[1], dst[2], dst[3], // GTP-U Peer Address
+        ]);
+        self.c.error_indications += 1;
+        Some(self.cfg.n3_port)
+    }
+
+    /// Turns the IPv4 packet at `l3` into an ICMP error (`[type, code]`, the
+    /// 4 bytes after the checksum `rest`) from the N6 address back to its
+    /// source, quoting its header and first 8 payload bytes (RFC 792, RFC
+    /// 1812 §4.3.2.3); no error about an ICMP error or a non-first fragment.
+    fn icmp4_error(&mut self, batch: &mut Batch, i: usize, l3: usize, tc: [u8; 2], rest: [u8; 4], now: u64) -> bool {
+        let d = batch.data(i);
+        let ip = &d[l3..];
+        let ihl = usize::from(ip[0] & 0x0f) * 4;
+        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]])).min(ip.len());
+        let frag = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff;
+        let icmp_error = ip[9] == 1 && ip.get(ihl).is_some_and(|t| matches!(t, 3 | 4 | 5 | 11 | 12));
+        if frag != 0 || icmp_error || !self.error_allowed(now) {
+            return false;
+        }
+        let src = <[u8; 4]>::try_from(&ip[12..16]).unwrap_or([0; 4]);
+        let quote = (ihl + 8).min(total);
+        let cur = d.len();
+        let len = l3 + 28 + quote;
+        if len > cur && !batch.set_len(i, len) {
+            self.c.no_room += 1;
+            return false;
+        }
+        let d = batch.data_mut(i);
+        d.copy_within(l3..l3 + quote, l3 + 28);
+        for k in 0..6 {
+            d.swap(k, k + 6);
+        }
+        let ip = &mut d[l3..l3 + 20];
+        ip.copy_from_slice(&[0x45, 0xc0, 0, 0, 0, 0, 0, 0, 64, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        ip[2..4].copy_from_slice(&((28 + quote) as u16).to_be_bytes());
+        ip[12..16].copy_from_slice(&self.cfg.n6_addr.octets());
+        ip[16..20].copy_from_slice(&src);
+        let c = checksum::checksum(ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        let icmp = &mut d[l3 + 20..l3 + 28 + quote];
+        icmp[..8].copy_from_slice(&[tc[0], tc[1], 0, 0, rest[0], rest[1], rest[2], rest[3]]);
+        let c = checksum::checksum(icmp);
+        icmp[2..4].copy_from_slice(&c.to_be_bytes());
+        if !batch.set_len(i, len) {
+            return false;
+        }
+        self.c.icmp_errors += 1;
+        true
+    }
+}
+
+/// Decrements the TTL (IPv4, checksum updated as RFC 1624 eq. 3) or hop
+/// limit (IPv6) of the IP packet at the start of `ip`; false if it expired
+/// (1 or 0 on arrival: not forwarded).
+#[inline]
+fn decrement_ttl(ip: &mut [u8], v6: bool) -> bool {
+    let at = if v6 { 7 } else { 8 };
+    let Some(&ttl) = ip.get(at) else { return false };
+    if ttl <= 1 {
+        return false;
+    }
+    ip[at] = ttl - 1;
+    if !v6 {
+        let old = u16::from_be_bytes([ttl, ip[9]]);
+        let new = u16::from_be_bytes([ttl - 1, ip[9]]);
+        let hc = u16::from_be_bytes([ip[10], ip[11]]);
+        let mut sum = u32::from(!hc) + u32::from(!old) + u32::from(new);
+        sum = (sum & 0xffff) + (sum >> 16);
+        sum = (sum & 0xffff) + (sum >> 16);
+        ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    }
+    true
 }
 
 /// The end of the UDP datagram at `m.l4` (within the frame and IP datagram).
@@ -1557,6 +1847,24 @@ fn n4_config(p: &mut Params, pfcp: &str, n3: Ipv4Addr) -> Result<control::N4Conf
     c.keep_sessions_on_failure = p.flag(&KEEP_FAILURE)?;
     c.rcvbuf = p.uint(&RCVBUF)? as usize;
     Ok(c)
+}
+
+/// A MAC parameter (`02:00:00:00:00:01`), if set.
+fn mac_param(p: &mut Params, spec: &ParamSpec) -> Result<Option<[u8; 6]>, ParamError> {
+    let t = p.text(spec)?;
+    if t.is_empty() {
+        return Ok(None);
+    }
+    let bad = || ParamError(format!("upf: parameter '{}={t}' is not a MAC address (like 02:00:00:00:00:01)", spec.name));
+    let parts: Vec<&str> = t.split(':').collect();
+    if parts.len() != 6 {
+        return Err(bad());
+    }
+    let mut m = [0u8; 6];
+    for (x, s) in m.iter_mut().zip(&parts) {
+        *x = u8::from_str_radix(s, 16).map_err(|_| bad())?;
+    }
+    Ok(Some(m))
 }
 
 /// Export rows of a merged report: one per URR with traffic.
