@@ -226,10 +226,10 @@ fn session_lifecycle_over_pfcp_changes_forwarding() {
     assert!(smf.send_raw(&[1, 2, 3]).is_none(), "garbage is discarded");
     smf.sock.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
 
-    // Delete: the TEID is unknown from the next batch on.
+    // Delete: the TEID is unknown from the next batch on (answered with an Error Indication, type 26).
     let m = smf.msg(msg::SESS_DEL_REQ, Some(up_seid));
     assert_eq!(smf.send(m).cause(), cause::ACCEPTED);
-    assert!(run(&mut upf, &[dns])[0].is_none());
+    assert_eq!(run(&mut upf, &[dns])[0].as_ref().map(|f| f[43]), Some(26));
     assert_eq!(upf.upf_counters().unknown_teid, 1);
     assert!(ctl.stats.rejected.load(std::sync::atomic::Ordering::Relaxed) >= 5);
 }

@@ -12,8 +12,25 @@
 //! outer-header creation prepends IPv4/UDP/GTP-U (with a PDU Session
 //! Container carrying the QER's or PDR's QFI) with correct lengths and
 //! checksums. GTP-U echo requests are answered in place; end markers are
-//! consumed. Everything else — unknown TEID or UE, malformed GTP-U or inner
-//! packet, other message types, no matching PDR — is a drop counted by reason.
+//! consumed; a G-PDU to an unknown TEID is answered with a GTP-U Error
+//! Indication (TS 29.281 §7.3.1; `error_pps` per core). Everything else —
+//! unknown UE, malformed GTP-U or inner packet, other message types, no
+//! matching PDR — is a drop counted by reason.
+//!
+//! QERs (see [`qos`]): gates, MBRs (a session AMBR is a QER every PDR of the
+//! session names) and GBR accounting are the session's on any number of
+//! cores: one core keeps its own buckets, several lease credit from one
+//! shared bucket per QER direction. A FAR's transport level marking is the
+//! outer header's ToS (DSCP).
+//!
+//! As an IP node on N3/N6 (`mac=`, `n3_gw_mac=`, `n6_gw_mac=`, `n6_addr=`):
+//! ARP requests for the N3 and N6 addresses are answered, forwarded frames
+//! leave from the UPF's MAC to the configured next hop; `ttl=decrement`
+//! decrements the TTL / hop limit (checksum updated incrementally; an
+//! expired downlink packet gets ICMP Time Exceeded from `n6_addr`); `mtu=`
+//! refuses a downlink packet too big once encapsulated with ICMP
+//! Fragmentation Needed when it has DF (else it leaves with the outer DF
+//! clear). ICMP errors and Error Indications share the `error_pps` budget.
 //!
 //! The NF is a batch element: its state is the provisioned rule set
 //! ([`rules::RuleSet`], loaded from `sessions=FILE` or swapped in whole by
@@ -1130,7 +1147,7 @@ impl Upf {
                 return (!uplink && !v6 && self.icmp4_error(batch, i, l3, [11, 0], [0; 4], now))
                     .then_some(self.cfg.n6_port);
             }
-            if a.ohc && self.cfg.mtu > 0 {
+            if !uplink && a.ohc && self.cfg.mtu > 0 {
                 let over = 28 + if a.mark_qfi != rules::ANY_QFI { 16 } else { 8 };
                 let mtu = usize::from(self.cfg.mtu);
                 if inner_len + over > mtu {
@@ -1277,12 +1294,12 @@ impl Upf {
         let (rules, meters, qos, shared) = (&*self.rules, &*self.meters, &mut self.qos, self.shared_qos);
         let qers = rules.refs(&pdr.qer);
         // Several cores: credit leased from the QER's shared bucket; one core: its own bucket.
-        let meter = |st: &QosState| if shared { meters.get(st.slot) } else { None };
         for &q in qers {
             let r = &rules.qers[q as usize];
             let kbps = r.mbr_kbps[dir];
             let Some(st) = qos.get_mut(r.rated as usize).filter(|_| kbps > 0) else { continue };
-            let ok = match meter(st) {
+            let meter = if shared { meters.get(st.slot) } else { None };
+            let ok = match meter {
                 Some(m) => st.mbr[dir].conforms_shared(&m.mbr[dir], kbps, bytes, now),
                 None => st.mbr[dir].conforms(kbps, bytes, now),
             };
@@ -1298,7 +1315,8 @@ impl Upf {
             }
             let g = r.gbr_kbps[dir];
             if g > 0 {
-                let within = match meter(st) {
+                let meter = if shared { meters.get(st.slot) } else { None };
+                let within = match meter {
                     Some(m) => st.gbr[dir].conforms_shared(&m.gbr[dir], g, bytes, now),
                     None => st.gbr[dir].conforms(g, bytes, now),
                 };
@@ -1520,7 +1538,7 @@ impl Upf {
         let ihl = usize::from(ip[0] & 0x0f) * 4;
         let total = usize::from(u16::from_be_bytes([ip[2], ip[3]])).min(ip.len());
         let frag = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff;
-        let icmp_error = ip[9] == 1 && ip.get(ihl).is_some_and(|t| matches!(t, 3 | 4 | 5 | 11 | 12));
+        let icmp_error = ip[9] == 1 && ip.get(ihl).is_some_and(|&t| matches!(t, 3 | 4 | 5 | 11 | 12));
         if frag != 0 || icmp_error || !self.error_allowed(now) {
             return false;
         }
