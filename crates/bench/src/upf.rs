@@ -64,7 +64,14 @@ pub fn sessions_for(plan: &UpfPlan) -> SessionsFile {
                 ue_ipv6: None,
                 pdrs,
                 fars: vec![
-                    FarSpec { id: 1, action: FarAction::Forward, destination: None, ohc_teid: None, ohc_addr: None, tos: None },
+                    FarSpec {
+                        id: 1,
+                        action: FarAction::Forward,
+                        destination: None,
+                        ohc_teid: None,
+                        ohc_addr: None,
+                        tos: None,
+                    },
                     FarSpec {
                         id: 2,
                         action: FarAction::Forward,

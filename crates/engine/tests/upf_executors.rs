@@ -56,7 +56,14 @@ fn sessions_file(tag: &str) -> std::path::PathBuf {
                 },
             ],
             fars: vec![
-                FarSpec { id: 1, action: FarAction::Forward, destination: None, ohc_teid: None, ohc_addr: None, tos: None },
+                FarSpec {
+                    id: 1,
+                    action: FarAction::Forward,
+                    destination: None,
+                    ohc_teid: None,
+                    ohc_addr: None,
+                    tos: None,
+                },
                 FarSpec {
                     id: 2,
                     action: if k % 5 == 0 { FarAction::Drop } else { FarAction::Forward },

@@ -181,10 +181,18 @@ const MAC: ParamSpec = ParamSpec::text(
     "MAC",
     "the UPF's MAC: ARP requests for n3_addr / n6_addr are answered, forwarded frames leave from it (default: neither)",
 );
-const N3_GW_MAC: ParamSpec =
-    ParamSpec::text("n3_gw_mac", "", "MAC", "next hop towards the RAN: destination MAC of frames sent to N3 (default: kept)");
-const N6_GW_MAC: ParamSpec =
-    ParamSpec::text("n6_gw_mac", "", "MAC", "next hop towards the DN: destination MAC of frames sent to N6 (default: kept)");
+const N3_GW_MAC: ParamSpec = ParamSpec::text(
+    "n3_gw_mac",
+    "",
+    "MAC",
+    "next hop towards the RAN: destination MAC of frames sent to N3 (default: kept)",
+);
+const N6_GW_MAC: ParamSpec = ParamSpec::text(
+    "n6_gw_mac",
+    "",
+    "MAC",
+    "next hop towards the DN: destination MAC of frames sent to N6 (default: kept)",
+);
 const RCVBUF: ParamSpec = ParamSpec::uint(
     "pfcp_rcvbuf",
     8 << 20,
@@ -641,7 +649,9 @@ impl Upf {
             profile: p.flag(&PROFILE)?,
             n6_addr: match p.text(&N6_ADDR)?.as_str() {
                 "" => n3_addr,
-                a => a.parse().map_err(|_| ParamError(format!("upf: parameter 'n6_addr={a}' is not an IPv4 address")))?,
+                a => {
+                    a.parse().map_err(|_| ParamError(format!("upf: parameter 'n6_addr={a}' is not an IPv4 address")))?
+                }
             },
             ttl_decrement: p.choice(&TTL, [false, true])?,
             mtu: p.uint(&MTU)? as u16,
@@ -1873,7 +1883,8 @@ fn mac_param(p: &mut Params, spec: &ParamSpec) -> Result<Option<[u8; 6]>, ParamE
     if t.is_empty() {
         return Ok(None);
     }
-    let bad = || ParamError(format!("upf: parameter '{}={t}' is not a MAC address (like 02:00:00:00:00:01)", spec.name));
+    let bad =
+        || ParamError(format!("upf: parameter '{}={t}' is not a MAC address (like 02:00:00:00:00:01)", spec.name));
     let parts: Vec<&str> = t.split(':').collect();
     if parts.len() != 6 {
         return Err(bad());

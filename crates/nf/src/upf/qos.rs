@@ -122,9 +122,8 @@ impl Shared {
         let prev = self.last_ns.fetch_max(now, Ordering::AcqRel);
         if now > prev {
             let add = (now - prev).min(1_000_000_000) * kbps;
-            let _ = self
-                .tokens
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| Some(t.saturating_add(add).min(cap)));
+            let _ =
+                self.tokens.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| Some(t.saturating_add(add).min(cap)));
         }
         let want = want.max(need);
         let mut got = 0;
@@ -233,11 +232,8 @@ impl Meters {
     /// a newer `version` frees the slots of QERs it no longer has.
     pub fn slots(&self, rules: &RuleSet, version: u64) -> Vec<u32> {
         let mut m = lock(&self.slots);
-        let rated: Vec<((u64, u32), &super::rules::Qer)> = rules
-            .keys(&rules.qers, |q| (q.session, q.id))
-            .zip(&rules.qers)
-            .filter(|(_, q)| q.rated != NONE)
-            .collect();
+        let rated: Vec<((u64, u32), &super::rules::Qer)> =
+            rules.keys(&rules.qers, |q| (q.session, q.id)).zip(&rules.qers).filter(|(_, q)| q.rated != NONE).collect();
         if version > m.version {
             let live: HashSet<(u64, u32)> = rated.iter().map(|r| r.0).collect();
             let gone: Vec<((u64, u32), u32)> =
