@@ -71,6 +71,7 @@ pub fn sessions_for(plan: &UpfPlan) -> SessionsFile {
                         ohc_teid: None,
                         ohc_addr: None,
                         tos: None,
+                        notify_cp: false,
                     },
                     FarSpec {
                         id: 2,
@@ -79,6 +80,7 @@ pub fn sessions_for(plan: &UpfPlan) -> SessionsFile {
                         ohc_teid: Some(UpfPlan::peer_teid(k)),
                         ohc_addr: Some(Ipv4Addr::from(UpfPlan::gnb(k))),
                         tos: None,
+                        notify_cp: false,
                     },
                 ],
                 qers: (0..plan.pdrs)

@@ -63,6 +63,7 @@ fn sessions_file(tag: &str) -> std::path::PathBuf {
                     ohc_teid: None,
                     ohc_addr: None,
                     tos: None,
+                    notify_cp: false,
                 },
                 FarSpec {
                     id: 2,
@@ -71,6 +72,7 @@ fn sessions_file(tag: &str) -> std::path::PathBuf {
                     ohc_teid: Some(0x1000 + k),
                     ohc_addr: Some(Ipv4Addr::from(GNB)),
                     tos: None,
+                    notify_cp: false,
                 },
             ],
             qers: vec![],

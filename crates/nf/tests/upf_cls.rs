@@ -137,6 +137,7 @@ fn session(k: u32, rules: &[Rule], ue: &Ue, one_teid: bool) -> SessionSpec {
             ohc_teid: None,
             ohc_addr: None,
             tos: None,
+            notify_cp: false,
         }],
         qers: vec![],
         urrs: vec![],

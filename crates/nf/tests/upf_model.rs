@@ -187,8 +187,24 @@ fn session(rules: &[Rule], teids: &[u32]) -> SessionSpec {
         ue_ipv6: None,
         pdrs,
         fars: vec![
-            FarSpec { id: 1, action: FarAction::Forward, destination: None, ohc_teid: None, ohc_addr: None, tos: None },
-            FarSpec { id: 2, action: FarAction::Drop, destination: None, ohc_teid: None, ohc_addr: None, tos: None },
+            FarSpec {
+                id: 1,
+                action: FarAction::Forward,
+                destination: None,
+                ohc_teid: None,
+                ohc_addr: None,
+                tos: None,
+                notify_cp: false,
+            },
+            FarSpec {
+                id: 2,
+                action: FarAction::Drop,
+                destination: None,
+                ohc_teid: None,
+                ohc_addr: None,
+                tos: None,
+                notify_cp: false,
+            },
         ],
         qers: vec![],
         urrs: (0..rules.len())

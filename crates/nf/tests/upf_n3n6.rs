@@ -41,7 +41,15 @@ fn session() -> SessionSpec {
         ue_ipv6: None,
         pdrs: vec![pdr(1, Iface::Access, Some(100), 1, vec![]), pdr(2, Iface::Core, None, 2, vec![1])],
         fars: vec![
-            FarSpec { id: 1, action: FarAction::Forward, destination: None, ohc_teid: None, ohc_addr: None, tos: None },
+            FarSpec {
+                id: 1,
+                action: FarAction::Forward,
+                destination: None,
+                ohc_teid: None,
+                ohc_addr: None,
+                tos: None,
+                notify_cp: false,
+            },
             FarSpec {
                 id: 2,
                 action: FarAction::Forward,
@@ -49,6 +57,7 @@ fn session() -> SessionSpec {
                 ohc_teid: Some(0x99),
                 ohc_addr: Some(Ipv4Addr::new(198, 51, 100, 10)),
                 tos: None,
+                notify_cp: false,
             },
         ],
         qers: vec![QerSpec { id: 1, qfi: Some(5), ..Default::default() }],

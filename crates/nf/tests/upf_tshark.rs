@@ -54,7 +54,15 @@ fn session(k: u32) -> SessionSpec {
             pdr(3, 10, Iface::Core, None, 2),
         ],
         fars: vec![
-            FarSpec { id: 1, action: FarAction::Forward, destination: None, ohc_teid: None, ohc_addr: None, tos: None },
+            FarSpec {
+                id: 1,
+                action: FarAction::Forward,
+                destination: None,
+                ohc_teid: None,
+                ohc_addr: None,
+                tos: None,
+                notify_cp: false,
+            },
             FarSpec {
                 id: 2,
                 action: FarAction::Forward,
@@ -62,6 +70,7 @@ fn session(k: u32) -> SessionSpec {
                 ohc_teid: Some(0x8000_0000 | k),
                 ohc_addr: Some(Ipv4Addr::from(GNB)),
                 tos: None,
+                notify_cp: false,
             },
         ],
         qers: vec![QerSpec { id: 1, qfi: Some((k % 63 + 1) as u8), ..Default::default() }],

@@ -597,6 +597,8 @@ pub struct Upf {
     /// Cores sharing the endpoint when the nudge thresholds were set.
     split: usize,
     buffered: Vec<u64>,
+    /// First packets buffered for FARs that notify the CP: (SEID, PDR ID), for the endpoint.
+    ddn: Vec<(u64, u16)>,
     /// Error messages allowed (units: 1/1e9 message), and the packet time they were refilled at.
     error_tokens: u64,
     error_last: u64,
@@ -626,6 +628,8 @@ const PASSES: [&str; 6] = ["parse", "probe", "lookup", "classify", "prepare", "a
 const ETH_IPV4: [u8; 2] = [0x08, 0x00];
 const ETH_IPV6: [u8; 2] = [0x86, 0xdd];
 const GTPU_PORT: u16 = 2152;
+/// Downlink data events a core queues between batches (the endpoint reports once per session).
+const DDN_QUEUE: usize = 64;
 
 impl Upf {
     /// Builds from spec parameters.
@@ -730,6 +734,7 @@ impl Upf {
             board_slot: None,
             split: 1,
             buffered: Vec::new(),
+            ddn: Vec::with_capacity(DDN_QUEUE),
             error_tokens: cfg_error_burst,
             error_last: 0,
             reports,
@@ -1171,6 +1176,14 @@ impl Upf {
                     }
                     df = false;
                 }
+            }
+        }
+        if a.action == FarAction::Buffer && self.buffered.get(a.far as usize) == Some(&0) {
+            // The FAR's first packet on this core: a notifying FAR tells the CP (the endpoint dedups cores).
+            let f = &self.rules.fars[a.far as usize];
+            if f.notify && self.ddn.len() < DDN_QUEUE {
+                let seid = self.rules.sessions[f.session as usize].seid;
+                self.ddn.push((seid, self.rules.pdrs[pi as usize].id));
             }
         }
         if !self.enforce(&a, usize::from(!uplink), inner_len as u64, now) {
@@ -1710,6 +1723,12 @@ impl Nf for Upf {
             if !self.reports.is_empty() {
                 ctl.push_reports(&mut self.reports);
             }
+            if !self.ddn.is_empty() {
+                ctl.push_ddn(&mut self.ddn);
+            }
+        } else {
+            // No control plane to notify (a session file).
+            self.ddn.clear();
         }
     }
 

@@ -83,6 +83,7 @@ pub mod ie {
     pub const TIME_THRESHOLD: u16 = 32;
     pub const REPORTING_TRIGGERS: u16 = 37;
     pub const REPORT_TYPE: u16 = 39;
+    pub const DOWNLINK_DATA_REPORT: u16 = 83;
     pub const OFFENDING_IE: u16 = 40;
     pub const DESTINATION_INTERFACE: u16 = 42;
     pub const UP_FUNCTION_FEATURES: u16 = 43;
@@ -424,11 +425,21 @@ pub fn decode_far(v: &[u8], old: Option<&FarSpec>) -> Result<FarSpec, PfcpError>
         Some(o) => o.clone(),
         None => {
             need(&g, ie::APPLY_ACTION, &format!("FAR {id}"))?;
-            FarSpec { id, action: FarAction::Drop, destination: None, ohc_teid: None, ohc_addr: None, tos: None }
+            FarSpec {
+                id,
+                action: FarAction::Drop,
+                destination: None,
+                ohc_teid: None,
+                ohc_addr: None,
+                tos: None,
+                notify_cp: false,
+            }
         }
     };
     if let Some(a) = find(&g, ie::APPLY_ACTION) {
         let a = u8_of(a, ie::APPLY_ACTION)?;
+        // NOCP (§8.2.26): with BUFF, the first buffered packet is reported (Downlink Data Report).
+        f.notify_cp = a & 0x08 != 0;
         f.action = if a & 0x01 != 0 {
             FarAction::Drop
         } else if a & 0x04 != 0 {

@@ -174,6 +174,10 @@ pub struct FarSpec {
     /// chooses it for the QoS flow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tos: Option<u8>,
+    /// With `buffer`: the first packet buffered reports to the CP (NOCP: a
+    /// Downlink Data Report; PFCP sessions only).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub notify_cp: bool,
 }
 
 /// A QoS enforcement rule.
@@ -511,6 +515,8 @@ pub struct Far {
     pub ohc_addr: u32,
     /// ToS / traffic class of the outer header (0: none).
     pub tos: u8,
+    /// Buffering notifies the CP (NOCP).
+    pub notify: bool,
     /// Rule ID.
     pub id: u32,
     /// Session index.
@@ -892,6 +898,7 @@ impl RuleSet {
                     ohc_teid: f.ohc_teid.unwrap_or(0),
                     ohc_addr: f.ohc_addr.map_or(0, u32::from),
                     tos: f.tos.unwrap_or(0),
+                    notify: f.notify_cp,
                     id: f.id,
                     session: si,
                 });

@@ -37,7 +37,15 @@ fn spec() -> SessionSpec {
             pdr(3, 10, Iface::Core, None, &["permit out ip from any to assigned"], 2, Some(5)),
         ],
         fars: vec![
-            FarSpec { id: 1, action: FarAction::Forward, destination: None, ohc_teid: None, ohc_addr: None, tos: None },
+            FarSpec {
+                id: 1,
+                action: FarAction::Forward,
+                destination: None,
+                ohc_teid: None,
+                ohc_addr: None,
+                tos: None,
+                notify_cp: false,
+            },
             FarSpec {
                 id: 2,
                 action: FarAction::Forward,
@@ -45,6 +53,7 @@ fn spec() -> SessionSpec {
                 ohc_teid: Some(0x55),
                 ohc_addr: Some(GNB.into()),
                 tos: None,
+                notify_cp: false,
             },
         ],
         qers: vec![],
