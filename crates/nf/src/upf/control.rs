@@ -19,6 +19,17 @@
 //! association's port and are resent every T1 up to N1 times until
 //! answered.
 //!
+//! Downlink data (§5.2.4.1): a buffering FAR whose Apply Action has NOCP
+//! makes the cores report a session's first buffered packet; the endpoint
+//! sends one Session Report Request (Report Type DLDR, a Downlink Data
+//! Report with the PDR ID) and no other until the CP modifies the session.
+//! The buffered packets themselves are counted and dropped (not released
+//! when the FAR forwards again).
+//!
+//! QER rates (MBR, session AMBR, GBR) are the session's on every core: the
+//! control block holds the shared buckets ([`UpfControl::meters`], see
+//! [`super::qos`]).
+//!
 //! Trust (§6.2.6): an association is identified by the CP function's
 //! Node ID and bound to the source address (IP and port) it was set up
 //! from. Only Heartbeat and Association Setup are accepted from a peer
