@@ -126,8 +126,8 @@ fn n3_and_n6_answer_route_and_signal_as_tshark_reads_them() {
         (1, 1, 2, 3, 2, 1)
     );
 
-    let output = dir.join("out.pcap");
-    common::write_pcap(&output, &sent);
+    let output = common::TempFile(dir.join("out.pcap"));
+    common::write_pcap(&output.0, &sent);
     let fields = [
         "eth.src",
         "eth.dst",
@@ -152,7 +152,7 @@ fn n3_and_n6_answer_route_and_signal_as_tshark_reads_them() {
         "udp.dstport",
         "_ws.malformed",
     ];
-    let mut args = vec!["-n", "-o", "ip.check_checksum:TRUE", "-r", output.to_str().unwrap(), "-T", "fields"];
+    let mut args = vec!["-n", "-o", "ip.check_checksum:TRUE", "-r", output.0.to_str().unwrap(), "-T", "fields"];
     args.extend(["-E", "separator=|"]);
     for f in &fields {
         args.extend(["-e", f]);
@@ -185,11 +185,13 @@ fn n3_and_n6_answer_route_and_signal_as_tshark_reads_them() {
         );
     }
     // 4: TTL 1 downlink: Time Exceeded from the N6 address back to the sender.
+    // (tshark dissects the quoted packet too: the ICMP header's IP first, then the quote's.)
     assert_eq!(
         (get(4, "icmp.type"), get(4, "icmp.code"), get(4, "ip.src"), get(4, "ip.dst"), get(4, "eth.dst")),
-        ("11", "0", "192.0.2.6", "203.0.113.5", dn_mac),
+        ("11", "0", "192.0.2.6,203.0.113.5", "203.0.113.5,10.45.0.1", dn_mac),
         "{table}"
     );
+    assert_eq!(get(4, "ip.ttl"), "64,1", "the quote is the packet as received");
     // 5: too big with DF: Fragmentation Needed, next-hop MTU 1,500 - 44.
     assert_eq!((get(5, "icmp.type"), get(5, "icmp.code"), get(5, "icmp.mtu")), ("3", "4", "1456"), "{table}");
     for r in [4, 5] {

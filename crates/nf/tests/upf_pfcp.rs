@@ -1174,7 +1174,7 @@ fn a_buffering_far_reports_downlink_data_once_per_episode() {
     let up_seid = u64::from_be_bytes(r.get(ie::F_SEID).unwrap()[1..9].try_into().unwrap());
     let dl = udp4(DN, UE, 53, 4000);
     let mut sent = Vec::new();
-    let mut reports = |ep: &mut control::Endpoint, sent: &mut Vec<Vec<u8>>| {
+    let reports = |ep: &mut control::Endpoint, sent: &mut Vec<Vec<u8>>| {
         let r = ep.report_requests_at(std::time::Instant::now());
         sent.extend(r.iter().map(|x| x.1.clone()));
         r.len()

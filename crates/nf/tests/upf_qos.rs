@@ -148,7 +148,6 @@ fn qos_over_scapy(cores: usize) -> Outcome {
         m.values().next().unwrap()[k].as_u64().unwrap()
     };
     let counter = |k: &'static str| move |r: &Value| r["counters"][k].as_u64().unwrap();
-    drop(server);
     Outcome {
         fate,
         model,
@@ -173,9 +172,9 @@ fn tshark_checks(o: &Outcome) {
     let Some(all) = common::tshark(&[&args[..], &fields[..]].concat()) else { return };
     assert_eq!(all.lines().count(), 4, "{all}");
     assert!(all.lines().all(|l| l.ends_with("||") && !l.starts_with('|')), "tshark: {all}");
-    let dl = o.dir.join("downlink.pcap");
-    common::write_pcap(&dl, &o.downlink);
-    let args = ["-n", "-r", dl.to_str().unwrap(), "-T", "fields", "-E", "separator=|"];
+    let dl = common::TempFile(o.dir.join("downlink.pcap"));
+    common::write_pcap(&dl.0, &o.downlink);
+    let args = ["-n", "-r", dl.0.to_str().unwrap(), "-T", "fields", "-E", "separator=|"];
     let fields = ["-e", "ip.dsfield.dscp", "-e", "gtp.teid", "-e", "gtp.ext_hdr.pdu_ses_con.qos_flow_id"];
     let out = common::tshark(&[&args[..], &fields[..]].concat()).unwrap();
     assert_eq!(out.lines().count(), o.downlink.len());

@@ -31,6 +31,7 @@ with the PFCP exchange in PCAP_OUT.
 """
 import random
 import socket
+import struct
 import sys
 
 from scapy.contrib.gtp import GTP_U_Header, GTPPDUSessionContainer
@@ -136,24 +137,26 @@ if ie(r, IE_Cause).cause != 1:
 teid = [i for i in ie(r, IE_CreatedPDR).IE_list if isinstance(i, IE_FTEID)][0].TEID
 print("SESSION %d" % teid, flush=True)
 
-# The traffic: (time ns, flow, IP bytes, frame).
+# The traffic: (time ns, flow, IP bytes); a flow's frames are all alike (built once).
 SIZE = 1200
+
+
+def ul_frame(dport, psc):
+    inner = IP(src=UE, dst=DN) / UDP(sport=40000, dport=dport) / Raw(b"u" * (SIZE - 28))
+    g = GTP_U_Header(teid=teid, E=1, next_ex=0x85) / GTPPDUSessionContainer(type=1, QFI=9) if psc else GTP_U_Header(teid=teid)
+    return bytes(Ether() / IP(src=GNB, dst=N3) / UDP(sport=2152, dport=2152) / g / inner)
+
+
+frame = {1: ul_frame(5001, True), 2: ul_frame(5002, True), 3: ul_frame(5003, False),
+         4: bytes(Ether() / IP(src=DN, dst=UE) / UDP(sport=80, dport=40000) / Raw(b"d" * (SIZE - 28)))}
 pkts = []
 for k in range(1250):  # 8 Mbit/s each: a 1,200-byte packet every 1.2 ms
-    for flow, dport in ((1, 5001), (2, 5002)):
-        # Microseconds: the pcap's resolution.
-        t = k * 1_200_000 + (0 if flow == 1 else 600_000) + random.randint(0, 5) * 1000
-        inner = IP(src=UE, dst=DN) / UDP(sport=40000, dport=dport) / Raw(b"u" * (SIZE - 28))
-        f = (Ether() / IP(src=GNB, dst=N3) / UDP(sport=2152, dport=2152)
-             / GTP_U_Header(teid=teid, E=1, next_ex=0x85) / GTPPDUSessionContainer(type=1, QFI=9) / inner)
-        pkts.append((t, flow, SIZE, f))
+    for flow in (1, 2):
+        pkts.append((k * 1_200_000 + (0 if flow == 1 else 600_000) + random.randint(0, 5000), flow, SIZE))
 for k in range(20):
-    inner = IP(src=UE, dst=DN) / UDP(sport=40000, dport=5003) / Raw(b"g" * (SIZE - 28))
-    f = Ether() / IP(src=GNB, dst=N3) / UDP(sport=2152, dport=2152) / GTP_U_Header(teid=teid) / inner
-    pkts.append((k * 75_000_000 + 3_000, 3, SIZE, f))
+    pkts.append((k * 75_000_000 + 333, 3, SIZE))
 for k in range(625):  # 4 Mbit/s downlink
-    f = Ether() / IP(src=DN, dst=UE) / UDP(sport=80, dport=40000) / Raw(b"d" * (SIZE - 28))
-    pkts.append((k * 2_400_000 + 1_000, 4, SIZE, f))
+    pkts.append((k * 2_400_000 + 1_000, 4, SIZE))
 pkts.sort(key=lambda p: p[0])
 
 UNITS = 8_000_000
@@ -180,7 +183,7 @@ ambr_ul, ambr_dl = Bucket(6000), Bucket(50000)
 mbr1, gbr2, mbr4 = Bucket(4000), Bucket(2000), Bucket(2000)
 rules = {1: (True, [mbr1, ambr_ul], []), 2: (True, [ambr_ul], [gbr2]), 3: (False, [], []), 4: (True, [mbr4, ambr_dl], [])}
 fate, passed, within, above = [], {1: 0, 2: 0, 3: 0, 4: 0}, 0, 0
-for t, flow, n, _ in pkts:
+for t, flow, n in pkts:
     gate, mbrs, gbrs = rules[flow]
     ok = gate and all([b.room(t, n) for b in mbrs])
     if ok:
@@ -195,11 +198,12 @@ for t, flow, n, _ in pkts:
         passed[flow] += n
     fate.append("1" if ok else "0")
 
-frames_out = []
-for t, _, _, f in pkts:
-    f.time = t / 1e9
-    frames_out.append(f)
-wrpcap(traffic_pcap, frames_out)
+# A nanosecond pcap, written directly (scapy's writer would rebuild every frame).
+with open(traffic_pcap, "wb") as f:
+    f.write(struct.pack("<IHHiIII", 0xA1B23C4D, 2, 4, 0, 0, 65535, 1))
+    for t, flow, _ in pkts:
+        b = frame[flow]
+        f.write(struct.pack("<IIII", t // 1_000_000_000, t % 1_000_000_000, len(b), len(b)) + b)
 print("FATE " + "".join(fate), flush=True)
 print("FLOWS " + "".join(str(p[1]) for p in pkts), flush=True)
 print("BYTES %d %d %d %d" % (passed[1], passed[2], passed[3], passed[4]), flush=True)
