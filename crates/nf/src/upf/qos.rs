@@ -44,7 +44,8 @@ pub const MAX_SLOTS: usize = CHUNK * 1024;
 /// A bucket's capacity (burst) for `kbps`, in units: 100 ms of the rate, at least 3,000 bytes.
 #[inline]
 pub fn capacity(kbps: u64) -> u64 {
-    (kbps * 100_000).max(3_000 * UNITS_PER_BYTE)
+    // kbit/s adds kbps units per ns: 100 ms is 10^8 ns (at most 10^17 units at MAX_MBR_KBPS).
+    (kbps * 100_000_000).max(3_000 * UNITS_PER_BYTE)
 }
 
 /// A lease: 1/16 of the capacity (6.25 ms of the rate).

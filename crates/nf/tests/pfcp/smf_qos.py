@@ -164,7 +164,9 @@ UNITS = 8_000_000
 
 class Bucket:
     def __init__(self, kbps):
-        self.kbps, self.cap, self.tokens, self.last = kbps, max(kbps * 100_000, 3_000 * UNITS), None, 0
+        # 100 ms of the rate in bytes (kbit/s x 1000 / 8 x 0.1 s), at least 3,000 bytes, in tokens.
+        burst = max(kbps * 1000 / 8 * 0.1, 3_000)
+        self.kbps, self.cap, self.tokens, self.last = kbps, int(burst * UNITS), None, 0
 
     def room(self, now, nbytes):
         if self.tokens is None:
