@@ -497,7 +497,8 @@ pub fn decode_qer(v: &[u8], old: Option<&QerSpec>) -> Result<QerSpec, PfcpError>
         q.gate_dl = gate(s);
     }
     // §8.2.8, §8.2.9: UL then DL, five octets each, kbit/s (0: none).
-    let rates = |ty: u16| -> Result<Option<(Option<u64>, Option<u64>)>, PfcpError> {
+    type UlDl = (Option<u64>, Option<u64>);
+    let rates = |ty: u16| -> Result<Option<UlDl>, PfcpError> {
         let Some(m) = find(&g, ty) else { return Ok(None) };
         if m.len() < 10 {
             return Err(bad_len(ty));
