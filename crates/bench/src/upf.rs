@@ -64,13 +64,23 @@ pub fn sessions_for(plan: &UpfPlan) -> SessionsFile {
                 ue_ipv6: None,
                 pdrs,
                 fars: vec![
-                    FarSpec { id: 1, action: FarAction::Forward, destination: None, ohc_teid: None, ohc_addr: None },
+                    FarSpec {
+                        id: 1,
+                        action: FarAction::Forward,
+                        destination: None,
+                        ohc_teid: None,
+                        ohc_addr: None,
+                        tos: None,
+                        notify_cp: false,
+                    },
                     FarSpec {
                         id: 2,
                         action: FarAction::Forward,
                         destination: None,
                         ohc_teid: Some(UpfPlan::peer_teid(k)),
                         ohc_addr: Some(Ipv4Addr::from(UpfPlan::gnb(k))),
+                        tos: None,
+                        notify_cp: false,
                     },
                 ],
                 qers: (0..plan.pdrs)

@@ -130,7 +130,15 @@ fn session(k: u32, rules: &[Rule], ue: &Ue, one_teid: bool) -> SessionSpec {
         ue_ipv4: ue.v4.then(|| ue4(k)),
         ue_ipv6: ue.v6.then(|| ue6(k, ue.mapped6)),
         pdrs,
-        fars: vec![FarSpec { id: 1, action: FarAction::Forward, destination: None, ohc_teid: None, ohc_addr: None }],
+        fars: vec![FarSpec {
+            id: 1,
+            action: FarAction::Forward,
+            destination: None,
+            ohc_teid: None,
+            ohc_addr: None,
+            tos: None,
+            notify_cp: false,
+        }],
         qers: vec![],
         urrs: vec![],
     }

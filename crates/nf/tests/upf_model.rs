@@ -187,8 +187,24 @@ fn session(rules: &[Rule], teids: &[u32]) -> SessionSpec {
         ue_ipv6: None,
         pdrs,
         fars: vec![
-            FarSpec { id: 1, action: FarAction::Forward, destination: None, ohc_teid: None, ohc_addr: None },
-            FarSpec { id: 2, action: FarAction::Drop, destination: None, ohc_teid: None, ohc_addr: None },
+            FarSpec {
+                id: 1,
+                action: FarAction::Forward,
+                destination: None,
+                ohc_teid: None,
+                ohc_addr: None,
+                tos: None,
+                notify_cp: false,
+            },
+            FarSpec {
+                id: 2,
+                action: FarAction::Drop,
+                destination: None,
+                ohc_teid: None,
+                ohc_addr: None,
+                tos: None,
+                notify_cp: false,
+            },
         ],
         qers: vec![],
         urrs: (0..rules.len())
@@ -239,7 +255,8 @@ proptest! {
             }
         }
         let rs = RuleSet::compile(&[session(&rules, teids)]).unwrap();
-        let mut upf = Upf::new(UpfConfig::default(), Arc::new(rs));
+        // Unknown TEIDs dropped, not answered (Error Indications are tested in upf_n3n6.rs).
+        let mut upf = Upf::new(UpfConfig { error_pps: 0, ..UpfConfig::default() }, Arc::new(rs));
         let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
         for p in &packets {
             let want = model(&rules, teids, p);

@@ -226,10 +226,10 @@ fn session_lifecycle_over_pfcp_changes_forwarding() {
     assert!(smf.send_raw(&[1, 2, 3]).is_none(), "garbage is discarded");
     smf.sock.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
 
-    // Delete: the TEID is unknown from the next batch on.
+    // Delete: the TEID is unknown from the next batch on (answered with an Error Indication, type 26).
     let m = smf.msg(msg::SESS_DEL_REQ, Some(up_seid));
     assert_eq!(smf.send(m).cause(), cause::ACCEPTED);
-    assert!(run(&mut upf, &[dns])[0].is_none());
+    assert_eq!(run(&mut upf, &[dns])[0].as_ref().map(|f| f[43]), Some(26));
     assert_eq!(upf.upf_counters().unknown_teid, 1);
     assert!(ctl.stats.rejected.load(std::sync::atomic::Ordering::Relaxed) >= 5);
 }
@@ -909,7 +909,8 @@ fn usage_reports_are_exact_across_cores_and_retransmitted() {
     let (_, seqn, trig, vol) = usage_of(r.get(ie::USAGE_REPORT_SDR).expect("the final Usage Report"));
     assert_eq!((seqn, trig), (2, [0, 0x08, 0]), "TERMR");
     check(vol, fifth, "final report");
-    assert!(cores.iter_mut().all(|c| run(c, &[up(0)])[0].is_none()), "the session is gone");
+    // The session is gone: its TEID is unknown (answered with an Error Indication, type 26).
+    assert!(cores.iter_mut().all(|c| run(c, &[up(0)])[0].as_ref().map(|f| f[43]) == Some(26)), "the session is gone");
 }
 
 /// The frames of a classic pcap file (as scapy writes it).
@@ -1136,4 +1137,108 @@ fn a_volume_quota_stops_traffic_on_every_core_and_periods_report() {
     assert_eq!(sent.len(), 1);
     let (_, seqn, trig, vol) = usage_of(decode(&sent[0].1).get(ie::USAGE_REPORT_SRR).unwrap());
     assert_eq!((seqn, trig, vol), (1, [0x01, 0, 0], [0; 6]), "PERIO");
+}
+
+/// Issue 32 item 4 (part): a downlink FAR that buffers with NOCP reports the
+/// session's first buffered packet to the SMF once (Session Report Request,
+/// Report Type DLDR, Downlink Data Report naming the PDR), whichever of two
+/// cores buffers it and however many follow; after the SMF modifies the
+/// session (the FAR forwards: packets leave; buffers again: the next first
+/// packet is reported again). tshark reads each report as a clean PFCP
+/// Session Report Request with the PDR ID.
+#[test]
+fn a_buffering_far_reports_downlink_data_once_per_episode() {
+    let ctl = UpfControl::new(Arc::new(RuleSet::default()));
+    let mut cfg = control::N4Config::new(N3);
+    cfg.heartbeat = Duration::ZERO;
+    let mut ep = control::Endpoint::with_config(cfg, &[], Arc::clone(&ctl));
+    let mut cores = [
+        Upf::with_control(UpfConfig::default(), Arc::clone(&ctl)),
+        Upf::with_control(UpfConfig::default(), Arc::clone(&ctl)),
+    ];
+    let smf = SocketAddr::from(([127, 0, 0, 1], 8805));
+    associate(&mut ep, smf);
+    let far = |w: &mut Writer, action: u8| {
+        w.ie(ie::FAR_ID, &2u32.to_be_bytes()).ie(ie::APPLY_ACTION, &[action]);
+        w.group(ie::FORWARDING_PARAMETERS).ie(ie::DESTINATION_INTERFACE, &[0]);
+        w.ie(ie::OUTER_HEADER_CREATION, &enc::ohc_gtpu_v4(0x99, GNB.into())).end();
+    };
+    let mut w = Writer::message(msg::SESS_EST_REQ, Some(0), 1);
+    w.ie(ie::NODE_ID, &enc::node_id_v4(Ipv4Addr::LOCALHOST)).ie(ie::F_SEID, &enc::fseid(0xd1, Ipv4Addr::LOCALHOST));
+    create_pdr(&mut w, 7, 10, false, None, "permit out ip from any to assigned", 2);
+    w.group(ie::CREATE_FAR);
+    far(&mut w, 0x0c); // BUFF | NOCP
+    w.end();
+    w.group(ie::CREATE_URR).ie(ie::URR_ID, &1u32.to_be_bytes()).end();
+    let r = decode(&ep.handle(&w.finish(), smf).unwrap());
+    assert_eq!(r.cause(), cause::ACCEPTED);
+    let up_seid = u64::from_be_bytes(r.get(ie::F_SEID).unwrap()[1..9].try_into().unwrap());
+    let dl = udp4(DN, UE, 53, 4000);
+    let mut sent = Vec::new();
+    let reports = |ep: &mut control::Endpoint, sent: &mut Vec<Vec<u8>>| {
+        let r = ep.report_requests_at(std::time::Instant::now());
+        sent.extend(r.iter().map(|x| x.1.clone()));
+        r.len()
+    };
+    // Buffered on both cores (each core's first): one report.
+    for k in 0..6 {
+        assert!(run(&mut cores[k % 2], std::slice::from_ref(&dl))[0].is_none(), "buffered");
+    }
+    assert_eq!(reports(&mut ep, &mut sent), 1);
+    let rr = decode(&sent[0]);
+    assert_eq!(
+        (rr.h.msg_type, rr.h.seid, rr.get(ie::REPORT_TYPE)),
+        (msg::SESS_REPORT_REQ, Some(0xd1), Some(&[1u8][..]))
+    );
+    let ddr = pfcp::ies(rr.get(ie::DOWNLINK_DATA_REPORT).expect("a Downlink Data Report")).unwrap();
+    assert_eq!(ddr.iter().find(|i| i.ty == ie::PDR_ID).map(|i| i.value), Some(&[0u8, 7][..]));
+    assert!(run(&mut cores[0], std::slice::from_ref(&dl))[0].is_none());
+    assert_eq!(reports(&mut ep, &mut sent), 0, "once until the SMF acts");
+    // The SMF (paging done) makes the FAR forward: packets leave encapsulated.
+    let modify = |action: u8, seq: u32| {
+        let mut w = Writer::message(msg::SESS_MOD_REQ, Some(up_seid), seq);
+        w.group(ie::UPDATE_FAR);
+        far(&mut w, action);
+        w.end();
+        w.finish()
+    };
+    assert_eq!(decode(&ep.handle(&modify(0x02, 2), smf).unwrap()).cause(), cause::ACCEPTED);
+    for core in &mut cores {
+        let out = run(core, std::slice::from_ref(&dl));
+        assert_eq!(out[0].as_ref().map(|f| teid_of(f)), Some(0x99), "forwarded to the gNB");
+    }
+    // Buffering again (the UE went idle): the next first packet is reported again.
+    assert_eq!(decode(&ep.handle(&modify(0x0c, 3), smf).unwrap()).cause(), cause::ACCEPTED);
+    assert!(run(&mut cores[1], std::slice::from_ref(&dl))[0].is_none());
+    assert_eq!(reports(&mut ep, &mut sent), 1);
+    // Without NOCP a buffering FAR reports nothing.
+    assert_eq!(decode(&ep.handle(&modify(0x04, 4), smf).unwrap()).cause(), cause::ACCEPTED);
+    assert_eq!(decode(&ep.handle(&modify(0x02, 5), smf).unwrap()).cause(), cause::ACCEPTED);
+    assert_eq!(decode(&ep.handle(&modify(0x04, 6), smf).unwrap()).cause(), cause::ACCEPTED);
+    assert!(run(&mut cores[0], std::slice::from_ref(&dl))[0].is_none());
+    assert_eq!(reports(&mut ep, &mut sent), 0);
+    assert_eq!(stat(&ctl, |s| &s.ddn_sent), 2);
+    // tshark: both reports are Session Report Requests (56) with the PDR ID, nothing malformed.
+    let frames: Vec<Vec<u8>> = sent.iter().map(|m| udp_frame(m)).collect();
+    let pcap = common::TempFile(std::env::temp_dir().join(format!("flowplane-ddn-{}.pcap", std::process::id())));
+    common::write_pcap(&pcap.0, &frames);
+    let args = ["-n", "-r", pcap.0.to_str().unwrap(), "-T", "fields", "-E", "separator=|"];
+    let fields = ["-e", "pfcp.msg_type", "-e", "pfcp.pdr_id", "-e", "_ws.malformed", "-e", "_ws.expert.severity"];
+    let Some(out) = common::tshark(&[&args[..], &fields[..]].concat()) else { return };
+    assert_eq!(out.lines().collect::<Vec<_>>(), vec!["56|7||", "56|7||"], "{out}");
+}
+
+/// A PFCP message as a UDP datagram from the UPF to the SMF (port 8805).
+fn udp_frame(m: &[u8]) -> Vec<u8> {
+    let mut f = udp4([127, 0, 0, 2], [127, 0, 0, 1], 8805, 8805);
+    f.truncate(42);
+    f.extend_from_slice(m);
+    let (ip, udp) = ((f.len() - 14) as u16, (f.len() - 34) as u16);
+    f[16..18].copy_from_slice(&ip.to_be_bytes());
+    f[38..40].copy_from_slice(&udp.to_be_bytes());
+    f[40..42].copy_from_slice(&[0, 0]);
+    f[24..26].copy_from_slice(&[0, 0]);
+    let c = flowplane_wire::checksum::checksum(&f[14..34]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    f
 }

@@ -12,8 +12,25 @@
 //! outer-header creation prepends IPv4/UDP/GTP-U (with a PDU Session
 //! Container carrying the QER's or PDR's QFI) with correct lengths and
 //! checksums. GTP-U echo requests are answered in place; end markers are
-//! consumed. Everything else — unknown TEID or UE, malformed GTP-U or inner
-//! packet, other message types, no matching PDR — is a drop counted by reason.
+//! consumed; a G-PDU to an unknown TEID is answered with a GTP-U Error
+//! Indication (TS 29.281 §7.3.1; `error_pps` per core). Everything else —
+//! unknown UE, malformed GTP-U or inner packet, other message types, no
+//! matching PDR — is a drop counted by reason.
+//!
+//! QERs (see [`qos`]): gates, MBRs (a session AMBR is a QER every PDR of the
+//! session names) and GBR accounting are the session's on any number of
+//! cores: one core keeps its own buckets, several lease credit from one
+//! shared bucket per QER direction. A FAR's transport level marking is the
+//! outer header's ToS (DSCP).
+//!
+//! As an IP node on N3/N6 (`mac=`, `n3_gw_mac=`, `n6_gw_mac=`, `n6_addr=`):
+//! ARP requests for the N3 and N6 addresses are answered, forwarded frames
+//! leave from the UPF's MAC to the configured next hop; `ttl=decrement`
+//! decrements the TTL / hop limit (checksum updated incrementally; an
+//! expired downlink packet gets ICMP Time Exceeded from `n6_addr`); `mtu=`
+//! refuses a downlink packet too big once encapsulated with ICMP
+//! Fragmentation Needed when it has DF (else it leaves with the outer DF
+//! clear). ICMP errors and Error Indications share the `error_pps` budget.
 //!
 //! The NF is a batch element: its state is the provisioned rule set
 //! ([`rules::RuleSet`], loaded from `sessions=FILE` or swapped in whole by
@@ -46,6 +63,8 @@ pub mod control;
 pub mod fast;
 #[path = "../upf/pfcp.rs"]
 pub mod pfcp;
+#[path = "../upf/qos.rs"]
+pub mod qos;
 #[path = "../upf/rules.rs"]
 pub mod rules;
 #[path = "../upf/table.rs"]
@@ -62,6 +81,7 @@ use flowplane_wire::frame::PktMeta;
 use flowplane_wire::gtpu::{self, GtpuPacket, PduSessionInfo, PduType};
 use serde_json::{json, Map, Value};
 
+use self::qos::{Bucket, Meters};
 use self::rules::{Act, FarAction, Fields, Hot, Iface, Index, RuleSet, SessionsFile, TeidSlot, UeSlot, NONE};
 use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::Export;
@@ -129,6 +149,50 @@ const KEEP_FAILURE: ParamSpec = ParamSpec::bool(
     false,
     "keep an SMF's sessions when it stops answering heartbeats (its association is released)",
 );
+const N6_ADDR: ParamSpec = ParamSpec::text(
+    "n6_addr",
+    "",
+    "IPV4",
+    "local N6 address: the source of ICMP errors towards the DN (default: n3_addr)",
+);
+const TTL: ParamSpec = ParamSpec::choice(
+    "ttl",
+    "keep",
+    &["keep", "decrement"],
+    "decrement: route as an IP hop (TTL / hop limit - 1; expired: dropped, ICMP Time Exceeded to an N6 sender)",
+);
+const MTU: ParamSpec = ParamSpec::uint(
+    "mtu",
+    0,
+    0,
+    9_216,
+    "N3 MTU, bytes (0: none): a downlink packet too big once encapsulated gets ICMP Fragmentation Needed if DF, else leaves with the outer DF clear",
+);
+const ERROR_PPS: ParamSpec = ParamSpec::uint(
+    "error_pps",
+    100,
+    0,
+    1_000_000,
+    "GTP-U Error Indications (unknown TEID) and ICMP errors sent per second per core (0: none; the rest are dropped, counted)",
+);
+const MAC: ParamSpec = ParamSpec::text(
+    "mac",
+    "",
+    "MAC",
+    "the UPF's MAC: ARP requests for n3_addr / n6_addr are answered, forwarded frames leave from it (default: neither)",
+);
+const N3_GW_MAC: ParamSpec = ParamSpec::text(
+    "n3_gw_mac",
+    "",
+    "MAC",
+    "next hop towards the RAN: destination MAC of frames sent to N3 (default: kept)",
+);
+const N6_GW_MAC: ParamSpec = ParamSpec::text(
+    "n6_gw_mac",
+    "",
+    "MAC",
+    "next hop towards the DN: destination MAC of frames sent to N6 (default: kept)",
+);
 const RCVBUF: ParamSpec = ParamSpec::uint(
     "pfcp_rcvbuf",
     8 << 20,
@@ -162,6 +226,13 @@ pub const INFO: NfInfo = NfInfo {
         KEEP_RESTART,
         KEEP_FAILURE,
         RCVBUF,
+        N6_ADDR,
+        TTL,
+        MTU,
+        ERROR_PPS,
+        MAC,
+        N3_GW_MAC,
+        N6_GW_MAC,
     ],
 };
 
@@ -191,6 +262,18 @@ pub struct UpfConfig {
     pub usage: bool,
     /// Staged mode: time each pass (TSC, per batch) for the report.
     pub profile: bool,
+    /// Local N6 address (source of ICMP errors towards the DN).
+    pub n6_addr: Ipv4Addr,
+    /// Decrement the TTL / hop limit of forwarded packets.
+    pub ttl_decrement: bool,
+    /// N3 MTU (0: none).
+    pub mtu: u16,
+    /// Error Indications and ICMP errors per second per core (0: none).
+    pub error_pps: u64,
+    /// The UPF's MAC (answers ARP, source of forwarded frames).
+    pub mac: Option<[u8; 6]>,
+    /// Next-hop MACs towards N3 and N6.
+    pub gw_mac: [Option<[u8; 6]>; 2],
 }
 
 impl Default for UpfConfig {
@@ -205,6 +288,12 @@ impl Default for UpfConfig {
             reports: 1024,
             usage: true,
             profile: false,
+            n6_addr: Ipv4Addr::new(192, 0, 2, 1),
+            ttl_decrement: false,
+            mtu: 0,
+            error_pps: 100,
+            mac: None,
+            gw_mac: [None, None],
         }
     }
 }
@@ -260,6 +349,18 @@ pub struct UpfCounters {
     pub usage_reports_lost: u64,
     /// Dropped because a URR's volume quota was used up.
     pub quota_drop: u64,
+    /// GTP-U Error Indications sent (G-PDUs to unknown TEIDs).
+    pub error_indications: u64,
+    /// Not forwarded: TTL / hop limit expired (`ttl=decrement`).
+    pub ttl_expired: u64,
+    /// Downlink packets too big for the N3 MTU with DF set (or IPv6): not forwarded.
+    pub too_big: u64,
+    /// ICMP errors sent (time exceeded, fragmentation needed).
+    pub icmp_errors: u64,
+    /// Error Indications and ICMP errors not sent: over `error_pps`.
+    pub errors_limited: u64,
+    /// ARP requests for the UPF's addresses answered (`mac`).
+    pub arp_replies: u64,
 }
 
 impl UpfCounters {
@@ -277,6 +378,9 @@ impl UpfCounters {
             "not_ip": self.not_ip, "no_room": self.no_room,
             "usage_reports": self.usage_reports, "usage_reports_lost": self.usage_reports_lost,
             "quota_drop": self.quota_drop,
+            "error_indications": self.error_indications, "ttl_expired": self.ttl_expired,
+            "too_big": self.too_big, "icmp_errors": self.icmp_errors, "errors_limited": self.errors_limited,
+            "arp_replies": self.arp_replies,
         })
     }
 }
@@ -410,36 +514,19 @@ pub struct UsageReport {
     pub at_ns: u64,
 }
 
-/// A token bucket (units: 1/8,000,000 byte, so kbit/s x ns adds exactly).
+/// A rated QER's state on one core (see [`qos`]).
 #[derive(Clone, Copy, Debug, Default)]
-struct Bucket {
-    tokens: u64,
-    last_ns: u64,
-    started: bool,
-}
-
-const UNITS_PER_BYTE: u64 = 8_000_000;
-
-impl Bucket {
-    /// Refills to `now` at rate `kbps` (burst: 100 ms of the rate, at least
-    /// 3,000 bytes); true if `bytes` fit. Charges nothing ([`Bucket::charge`] does).
-    #[inline]
-    fn conforms(&mut self, kbps: u64, bytes: u64, now: u64) -> bool {
-        let cap = (kbps * 100_000).max(3_000 * UNITS_PER_BYTE);
-        if !self.started {
-            *self = Bucket { tokens: cap, last_ns: now, started: true };
-        }
-        let dt = now.saturating_sub(self.last_ns).min(1_000_000_000);
-        self.last_ns = self.last_ns.max(now);
-        self.tokens = (self.tokens + dt * kbps).min(cap);
-        self.tokens >= bytes * UNITS_PER_BYTE
-    }
-
-    /// Takes `bytes` from a bucket [`Bucket::conforms`] said they fit in.
-    #[inline]
-    fn charge(&mut self, bytes: u64) {
-        self.tokens = self.tokens.saturating_sub(bytes * UNITS_PER_BYTE);
-    }
+struct QosState {
+    /// MBR bucket (one core) or credit leased from the shared one, per direction.
+    mbr: [Bucket; 2],
+    /// GBR bucket or credit, per direction.
+    gbr: [Bucket; 2],
+    /// IP bytes passed within the GBR, per direction.
+    within: [u64; 2],
+    /// IP bytes passed above the GBR, per direction.
+    above: [u64; 2],
+    /// The QER's slot in the shared pool (set at each rule-set swap).
+    slot: u32,
 }
 
 /// What pass one found about a packet.
@@ -495,7 +582,14 @@ enum Outcome {
 pub struct Upf {
     cfg: UpfConfig,
     rules: Arc<RuleSet>,
-    qer: Vec<[Bucket; 2]>,
+    /// Per rated QER ([`rules::Qer::rated`]): buckets or credit, GBR accounting.
+    qos: Vec<QosState>,
+    /// The QER buckets every core running these rules shares.
+    meters: Arc<Meters>,
+    /// More than one core meters with `meters`: rates are leased from it.
+    shared_qos: bool,
+    /// The rule set's version (the control block's; 0 for fixed rules).
+    version: u64,
     /// This core's URR counters (shared with the PFCP endpoint, which reads them).
     board: Arc<Board>,
     /// Its place in the endpoint's list of cores.
@@ -503,6 +597,11 @@ pub struct Upf {
     /// Cores sharing the endpoint when the nudge thresholds were set.
     split: usize,
     buffered: Vec<u64>,
+    /// First packets buffered for FARs that notify the CP: (SEID, PDR ID), for the endpoint.
+    ddn: Vec<(u64, u16)>,
+    /// Error messages allowed (units: 1/1e9 message), and the packet time they were refilled at.
+    error_tokens: u64,
+    error_last: u64,
     reports: Vec<UsageReport>,
     c: UpfCounters,
     counters: NfCounters,
@@ -529,6 +628,8 @@ const PASSES: [&str; 6] = ["parse", "probe", "lookup", "classify", "prepare", "a
 const ETH_IPV4: [u8; 2] = [0x08, 0x00];
 const ETH_IPV6: [u8; 2] = [0x86, 0xdd];
 const GTPU_PORT: u16 = 2152;
+/// Downlink data events a core queues between batches (the endpoint reports once per session).
+const DDN_QUEUE: usize = 64;
 
 impl Upf {
     /// Builds from spec parameters.
@@ -550,6 +651,17 @@ impl Upf {
             reports: p.uint(&REPORTS)? as usize,
             usage: p.flag(&USAGE)?,
             profile: p.flag(&PROFILE)?,
+            n6_addr: match p.text(&N6_ADDR)?.as_str() {
+                "" => n3_addr,
+                a => {
+                    a.parse().map_err(|_| ParamError(format!("upf: parameter 'n6_addr={a}' is not an IPv4 address")))?
+                }
+            },
+            ttl_decrement: p.choice(&TTL, [false, true])?,
+            mtu: p.uint(&MTU)? as u16,
+            error_pps: p.uint(&ERROR_PPS)?,
+            mac: mac_param(p, &MAC)?,
+            gw_mac: [mac_param(p, &N3_GW_MAC)?, mac_param(p, &N6_GW_MAC)?],
         };
         let specs = if file.is_empty() {
             Vec::new()
@@ -567,13 +679,15 @@ impl Upf {
             return Ok(Upf::with_control(cfg, ctl));
         }
         let rules = RuleSet::compile(&specs).map_err(|e| ParamError(format!("upf: {file}: {e}")))?;
-        Ok(Upf::new(cfg, Arc::new(rules)))
+        // The cores running one session file share its QERs' rates.
+        let meters = if file.is_empty() { Meters::new() } else { Meters::shared(&format!("file:{file}")) };
+        Ok(Upf::with_meters(cfg, Arc::new(rules), meters, 0))
     }
 
     /// A UPF whose rules come from a control block (a PFCP endpoint).
     pub fn with_control(cfg: UpfConfig, ctl: Arc<control::UpfControl>) -> Upf {
         let (v, rules) = ctl.current();
-        let mut u = Upf::new(cfg, rules);
+        let mut u = Upf::with_meters(cfg, rules, Arc::clone(&ctl.meters), v);
         // This core's counters join the endpoint's list: its reports sum every core's.
         let slot = ctl.attach(Arc::clone(&u.board));
         u.board_slot = Some(slot);
@@ -583,8 +697,15 @@ impl Upf {
         u
     }
 
-    /// A UPF with `rules`.
+    /// A UPF with `rules` (its QER rates its own).
     pub fn new(cfg: UpfConfig, rules: Arc<RuleSet>) -> Upf {
+        Upf::with_meters(cfg, rules, Meters::new(), 0)
+    }
+
+    /// A UPF with `rules` version `version`, metering with the cores sharing `meters`.
+    pub fn with_meters(cfg: UpfConfig, rules: Arc<RuleSet>, meters: Arc<Meters>, version: u64) -> Upf {
+        meters.attach();
+        let cfg_error_burst = cfg.error_pps * 1_000_000_000;
         let reports = Vec::with_capacity(cfg.reports);
         let scratch = Box::new(Scratch {
             metas: [PktMeta::default(); MAX_BATCH],
@@ -605,11 +726,17 @@ impl Upf {
         let mut u = Upf {
             cfg,
             rules: Arc::new(RuleSet::default()),
-            qer: Vec::new(),
+            qos: Vec::new(),
+            meters,
+            shared_qos: false,
+            version,
             board: Arc::new(Board::default()),
             board_slot: None,
             split: 1,
             buffered: Vec::new(),
+            ddn: Vec::with_capacity(DDN_QUEUE),
+            error_tokens: cfg_error_burst,
+            error_last: 0,
             reports,
             c: UpfCounters::default(),
             counters: NfCounters::default(),
@@ -647,8 +774,13 @@ impl Upf {
             .collect();
         let usage =
             carry(old.keys(&old.urrs, |u| (u.session, u.id)), new.keys(&new.urrs, |u| (u.session, u.id)), &snap);
-        let qer =
-            carry(old.keys(&old.qers, |q| (q.session, q.id)), new.keys(&new.qers, |q| (q.session, q.id)), &self.qer);
+        let rated = |r: &Arc<RuleSet>| -> Vec<(u64, u32)> {
+            r.keys(&r.qers, |q| (q.session, q.id)).zip(&r.qers).filter(|(_, q)| q.rated != NONE).map(|x| x.0).collect()
+        };
+        let mut qos = carry(rated(&old).into_iter(), rated(new).into_iter(), &self.qos);
+        for (st, slot) in qos.iter_mut().zip(self.meters.slots(new, self.version)) {
+            st.slot = slot;
+        }
         let mut buffered = carry(
             old.keys(&old.fars, |f| (f.session, f.id)),
             new.keys(&new.fars, |f| (f.session, f.id)),
@@ -670,13 +802,13 @@ impl Upf {
             })
             .collect();
         flowplane_table::huge::advise_hugepages(&cells);
-        flowplane_table::huge::advise_hugepages(&qer);
+        flowplane_table::huge::advise_hugepages(&qos);
         self.board = Arc::new(Board { rules: Arc::clone(&self.rules), cells });
         self.set_nudges();
         if let Some(slot) = &self.board_slot {
             *slot.lock().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&self.board);
         }
-        self.qer = qer;
+        self.qos = qos;
         self.buffered = buffered;
     }
 
@@ -716,16 +848,20 @@ impl Upf {
 
     /// Pass one: parse, pick the index key, prefetch its home index word.
     #[inline(always)]
-    fn stage_parse(&mut self, batch: &Batch, i: usize) {
-        let sc = &mut *self.scratch;
-        sc.kind[i] = Kind::Done;
+    fn stage_parse(&mut self, batch: &mut Batch, i: usize) {
+        self.scratch.kind[i] = Kind::Done;
         if batch.is_dropped(i) {
             return;
         }
         self.counters.packets_in += 1;
         self.counters.bytes_in += batch.lens()[i] as u64;
+        self.scratch.metas[i].parse_into(batch.data(i));
+        if !self.scratch.metas[i].valid && self.cfg.mac.is_some() && batch.data(i).get(12..14) == Some(&[8, 6][..]) {
+            self.scratch.out[i] = self.arp_reply(batch, i).map_or(Outcome::Drop, Outcome::Pass);
+            return;
+        }
+        let sc = &mut *self.scratch;
         let m = &mut sc.metas[i];
-        m.parse_into(batch.data(i));
         if !m.valid || m.l3 < 14 {
             self.c.not_ip += 1;
             sc.kind[i] = Kind::Done;
@@ -873,9 +1009,10 @@ impl Upf {
         }
         if a.mbr != 0 {
             for &q in self.rules.refs(&a.qer) {
-                if let Some(b) = self.qer.get(q as usize) {
-                    prefetch::write(b);
-                    prefetch::read(&self.rules.qers[q as usize]);
+                if let Some(r) = self.rules.qers.get(q as usize) {
+                    if let Some(b) = self.qos.get(r.rated as usize) {
+                        prefetch::write(b);
+                    }
                 }
             }
         }
@@ -956,7 +1093,7 @@ impl Upf {
         let qfi = layout.pdu_session.map(|p| p.qfi);
         if hot.session == NONE {
             self.c.unknown_teid += 1;
-            return Outcome::Drop;
+            return self.error_indication(batch, i, teid).map_or(Outcome::Drop, Outcome::Pass);
         }
         let inner_at = g0 + layout.header_len;
         let Some((f, inner_len, v6)) = inner_fields(&data[inner_at..g0 + layout.end]) else {
@@ -1016,6 +1153,39 @@ impl Upf {
             (sc.pdr[i], usize::from(sc.inner_at[i]), usize::from(sc.inner_len[i]), sc.v6[i])
         };
         let a = if self.scratch.ready[i] { self.scratch.act[i] } else { self.rules.acts[pi as usize] };
+        // A packet not forwarded (expired, too big) is neither metered nor counted.
+        let mut df = true;
+        if a.action == FarAction::Forward {
+            if self.cfg.ttl_decrement && !decrement_ttl(&mut batch.data_mut(i)[inner_at..], v6) {
+                self.c.ttl_expired += 1;
+                // An N6 sender learns it (ICMP Time Exceeded); back through the tunnel: not done.
+                return (!uplink && !v6 && self.icmp4_error(batch, i, l3, [11, 0], [0; 4], now))
+                    .then_some(self.cfg.n6_port);
+            }
+            if !uplink && a.ohc && self.cfg.mtu > 0 {
+                let over = 28 + if a.mark_qfi != rules::ANY_QFI { 16 } else { 8 };
+                let mtu = usize::from(self.cfg.mtu);
+                if inner_len + over > mtu {
+                    let ip = &batch.data(i)[inner_at..];
+                    if v6 || ip[6] & 0x40 != 0 {
+                        self.c.too_big += 1;
+                        // RFC 1191: Fragmentation Needed with the MTU left for the inner packet.
+                        let m = (mtu.saturating_sub(over) as u16).to_be_bytes();
+                        return (!v6 && self.icmp4_error(batch, i, l3, [3, 4], [0, 0, m[0], m[1]], now))
+                            .then_some(self.cfg.n6_port);
+                    }
+                    df = false;
+                }
+            }
+        }
+        if a.action == FarAction::Buffer && self.buffered.get(a.far as usize) == Some(&0) {
+            // The FAR's first packet on this core: a notifying FAR tells the CP (the endpoint dedups cores).
+            let f = &self.rules.fars[a.far as usize];
+            if f.notify && self.ddn.len() < DDN_QUEUE {
+                let seid = self.rules.sessions[f.session as usize].seid;
+                self.ddn.push((seid, self.rules.pdrs[pi as usize].id));
+            }
+        }
         if !self.enforce(&a, usize::from(!uplink), inner_len as u64, now) {
             return None;
         }
@@ -1044,7 +1214,7 @@ impl Upf {
                 self.c.no_room += 1;
                 return None;
             }
-            if !self.encap(batch, i, l3, (a.ohc_teid, a.ohc_addr), a.mark_qfi) {
+            if !self.encap(batch, i, l3, (a.ohc_teid, a.ohc_addr), (a.mark_qfi, a.tos, df)) {
                 return None;
             }
         }
@@ -1052,6 +1222,17 @@ impl Upf {
             self.c.ul_forwarded += 1;
         } else {
             self.c.dl_forwarded += 1;
+        }
+        // The UPF routes: frames leave from its MAC to the next hop's (when configured).
+        let gw = self.cfg.gw_mac[usize::from(a.destination == Iface::Core)];
+        if self.cfg.mac.is_some() || gw.is_some() {
+            let d = batch.data_mut(i);
+            if let Some(m) = self.cfg.mac {
+                d[6..12].copy_from_slice(&m);
+            }
+            if let Some(g) = gw {
+                d[0..6].copy_from_slice(&g);
+            }
         }
         Some(self.port(a.destination))
     }
@@ -1088,22 +1269,9 @@ impl Upf {
             self.c.gate_closed += 1;
             return false;
         }
-        if pdr.mbr & (1 << dir) != 0 {
-            // Every MBR must conform before any bucket is charged.
-            let qers = self.rules.refs(&pdr.qer);
-            let conform = qers.iter().all(|&q| {
-                let kbps = self.rules.qers[q as usize].mbr_kbps[dir];
-                kbps == 0 || self.qer[q as usize][dir].conforms(kbps, bytes, now)
-            });
-            if !conform {
-                self.c.mbr_exceeded += 1;
-                return false;
-            }
-            for &q in qers {
-                if self.rules.qers[q as usize].mbr_kbps[dir] > 0 {
-                    self.qer[q as usize][dir].charge(bytes);
-                }
-            }
+        if pdr.mbr & (1 << dir) != 0 && !self.rate(pdr, dir, bytes, now) {
+            self.c.mbr_exceeded += 1;
+            return false;
         }
         let board = &*self.board;
         let urrs = self.rules.refs(&pdr.urr);
@@ -1141,9 +1309,61 @@ impl Upf {
         true
     }
 
+    /// The PDR's QERs' rates (TS 29.244 §5.4.2): true if the packet conforms
+    /// to every MBR (a session AMBR is one of them), then charged to each,
+    /// and counted within or above each GBR; false: it exceeds one (nothing charged).
+    #[inline]
+    fn rate(&mut self, pdr: &Act, dir: usize, bytes: u64, now: u64) -> bool {
+        let (rules, meters, qos, shared) = (&*self.rules, &*self.meters, &mut self.qos, self.shared_qos);
+        let qers = rules.refs(&pdr.qer);
+        // Several cores: credit leased from the QER's shared bucket; one core: its own bucket.
+        for &q in qers {
+            let r = &rules.qers[q as usize];
+            let kbps = r.mbr_kbps[dir];
+            let Some(st) = qos.get_mut(r.rated as usize).filter(|_| kbps > 0) else { continue };
+            let meter = if shared { meters.get(st.slot) } else { None };
+            let ok = match meter {
+                Some(m) => st.mbr[dir].conforms_shared(&m.mbr[dir], kbps, bytes, now),
+                None => st.mbr[dir].conforms(kbps, bytes, now),
+            };
+            if !ok {
+                return false;
+            }
+        }
+        for &q in qers {
+            let r = &rules.qers[q as usize];
+            let Some(st) = qos.get_mut(r.rated as usize) else { continue };
+            if r.mbr_kbps[dir] > 0 {
+                st.mbr[dir].charge(bytes);
+            }
+            let g = r.gbr_kbps[dir];
+            if g > 0 {
+                let meter = if shared { meters.get(st.slot) } else { None };
+                let within = match meter {
+                    Some(m) => st.gbr[dir].conforms_shared(&m.gbr[dir], g, bytes, now),
+                    None => st.gbr[dir].conforms(g, bytes, now),
+                };
+                if within {
+                    st.gbr[dir].charge(bytes);
+                    st.within[dir] += bytes;
+                } else {
+                    st.above[dir] += bytes;
+                }
+            }
+        }
+        true
+    }
+
     /// Prepends IPv4/UDP/GTP-U (and a DL PDU Session Container when a QFI
     /// is set) after the L2 header of packet `i`, whose IP packet runs to the end.
-    fn encap(&mut self, batch: &mut Batch, i: usize, l3: usize, (ohc_teid, ohc_addr): (u32, u32), qfi: u8) -> bool {
+    fn encap(
+        &mut self,
+        batch: &mut Batch,
+        i: usize,
+        l3: usize,
+        (ohc_teid, ohc_addr): (u32, u32),
+        (qfi, tos, df): (u8, u8, bool),
+    ) -> bool {
         let psc = (qfi != rules::ANY_QFI).then_some(PduSessionInfo {
             pdu_type: PduType::Downlink,
             qfi,
@@ -1168,6 +1388,12 @@ impl Upf {
         d[l3 - 2..l3].copy_from_slice(&ETH_IPV4);
         let ip = &mut d[l3..l3 + 20];
         ip.copy_from_slice(&[0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        // The FAR's transport level marking (DSCP the SMF chose for the QoS flow).
+        ip[1] = tos;
+        if !df {
+            // Too big for the N3 MTU, inner DF clear: routers on N3 may fragment it.
+            ip[6] = 0;
+        }
         ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
         ip[12..16].copy_from_slice(&self.cfg.n3_addr.octets());
         ip[16..20].copy_from_slice(&ohc_addr.to_be_bytes());
@@ -1236,6 +1462,162 @@ impl Upf {
         self.c.echo_responses += 1;
         Some(self.cfg.n3_port)
     }
+
+    /// Answers an ARP request for the N3 or N6 address in place (RFC 826:
+    /// the reply from `mac`, to the asker, out of the side the address is on).
+    fn arp_reply(&mut self, batch: &mut Batch, i: usize) -> Option<Option<u16>> {
+        let mac = self.cfg.mac?;
+        let d = batch.data(i);
+        // Ethernet/IPv4 request: htype 1, ptype 0x0800, hlen 6, plen 4, op 1.
+        let ours = d.len() >= 42 && d[14..22] == [0, 1, 8, 0, 6, 4, 0, 1];
+        let target = <[u8; 4]>::try_from(d.get(38..42)?).ok()?;
+        let port = if target == self.cfg.n3_addr.octets() {
+            self.cfg.n3_port
+        } else if target == self.cfg.n6_addr.octets() {
+            self.cfg.n6_port
+        } else {
+            self.c.not_ip += 1;
+            return None;
+        };
+        if !ours {
+            self.c.not_ip += 1;
+            return None;
+        }
+        let d = batch.data_mut(i);
+        let (asker_mac, asker_ip) = (<[u8; 6]>::try_from(&d[22..28]).ok()?, <[u8; 4]>::try_from(&d[28..32]).ok()?);
+        d[0..6].copy_from_slice(&asker_mac);
+        d[6..12].copy_from_slice(&mac);
+        d[21] = 2;
+        d[22..28].copy_from_slice(&mac);
+        d[28..32].copy_from_slice(&target);
+        d[32..38].copy_from_slice(&asker_mac);
+        d[38..42].copy_from_slice(&asker_ip);
+        self.c.arp_replies += 1;
+        Some(port)
+    }
+
+    /// One more error message within `error_pps` (a token bucket of one
+    /// second's worth on the packet clock), else counted as limited.
+    fn error_allowed(&mut self, now: u64) -> bool {
+        let rate = self.cfg.error_pps;
+        let dt = now.saturating_sub(self.error_last).min(1_000_000_000);
+        self.error_last = self.error_last.max(now);
+        self.error_tokens = (self.error_tokens + dt * rate).min(rate * 1_000_000_000);
+        if rate == 0 || self.error_tokens < 1_000_000_000 {
+            self.c.errors_limited += 1;
+            return false;
+        }
+        self.error_tokens -= 1_000_000_000;
+        true
+    }
+
+    /// Turns a G-PDU to an unknown TEID into a GTP-U Error Indication to its
+    /// sender in place (TS 29.281 §7.3.1: TEID 0, the S flag, the IEs TEID
+    /// Data I (the unknown TEID) and GTP-U Peer Address (the address it was
+    /// sent to); UDP port 2152 both ways, §4.4.2.4).
+    fn error_indication(&mut self, batch: &mut Batch, i: usize, teid: u32) -> Option<Option<u16>> {
+        let m = self.scratch.metas[i];
+        if m.v6 || !self.error_allowed(batch.timestamps()[i]) {
+            return None;
+        }
+        let l3 = m.l3 as usize;
+        let d = batch.data(i);
+        let (src, dst) =
+            (<[u8; 4]>::try_from(&d[l3 + 12..l3 + 16]).ok()?, <[u8; 4]>::try_from(&d[l3 + 16..l3 + 20]).ok()?);
+        if !batch.set_len(i, l3 + 52) {
+            self.c.no_room += 1;
+            return None;
+        }
+        let d = batch.data_mut(i);
+        for k in 0..6 {
+            d.swap(k, k + 6);
+        }
+        let ip = &mut d[l3..l3 + 20];
+        ip.copy_from_slice(&[0x45, 0, 0, 52, 0, 0, 0x40, 0, 64, 17, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        ip[12..16].copy_from_slice(&dst);
+        ip[16..20].copy_from_slice(&src);
+        let c = checksum::checksum(ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        let u = l3 + 20;
+        let p = GTPU_PORT.to_be_bytes();
+        d[u..u + 8].copy_from_slice(&[p[0], p[1], p[0], p[1], 0, 32, 0, 0]);
+        let t = teid.to_be_bytes();
+        d[u + 8..u + 32].copy_from_slice(&[
+            0x32, 26, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, // header: S, type 26, length 16, TEID 0, seq 0
+            16, t[0], t[1], t[2], t[3], // TEID Data I
+            133, 0, 4, dst[0], dst[1], dst[2], dst[3], // GTP-U Peer Address
+        ]);
+        self.c.error_indications += 1;
+        Some(self.cfg.n3_port)
+    }
+
+    /// Turns the IPv4 packet at `l3` into an ICMP error (`[type, code]`, the
+    /// 4 bytes after the checksum `rest`) from the N6 address back to its
+    /// source, quoting its header and first 8 payload bytes (RFC 792, RFC
+    /// 1812 §4.3.2.3); no error about an ICMP error or a non-first fragment.
+    fn icmp4_error(&mut self, batch: &mut Batch, i: usize, l3: usize, tc: [u8; 2], rest: [u8; 4], now: u64) -> bool {
+        let d = batch.data(i);
+        let ip = &d[l3..];
+        let ihl = usize::from(ip[0] & 0x0f) * 4;
+        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]])).min(ip.len());
+        let frag = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff;
+        let icmp_error = ip[9] == 1 && ip.get(ihl).is_some_and(|&t| matches!(t, 3 | 4 | 5 | 11 | 12));
+        if frag != 0 || icmp_error || !self.error_allowed(now) {
+            return false;
+        }
+        let src = <[u8; 4]>::try_from(&ip[12..16]).unwrap_or([0; 4]);
+        let quote = (ihl + 8).min(total);
+        let cur = d.len();
+        let len = l3 + 28 + quote;
+        if len > cur && !batch.set_len(i, len) {
+            self.c.no_room += 1;
+            return false;
+        }
+        let d = batch.data_mut(i);
+        d.copy_within(l3..l3 + quote, l3 + 28);
+        for k in 0..6 {
+            d.swap(k, k + 6);
+        }
+        let ip = &mut d[l3..l3 + 20];
+        ip.copy_from_slice(&[0x45, 0xc0, 0, 0, 0, 0, 0, 0, 64, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        ip[2..4].copy_from_slice(&((28 + quote) as u16).to_be_bytes());
+        ip[12..16].copy_from_slice(&self.cfg.n6_addr.octets());
+        ip[16..20].copy_from_slice(&src);
+        let c = checksum::checksum(ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        let icmp = &mut d[l3 + 20..l3 + 28 + quote];
+        icmp[..8].copy_from_slice(&[tc[0], tc[1], 0, 0, rest[0], rest[1], rest[2], rest[3]]);
+        let c = checksum::checksum(icmp);
+        icmp[2..4].copy_from_slice(&c.to_be_bytes());
+        if !batch.set_len(i, len) {
+            return false;
+        }
+        self.c.icmp_errors += 1;
+        true
+    }
+}
+
+/// Decrements the TTL (IPv4, checksum updated as RFC 1624 eq. 3) or hop
+/// limit (IPv6) of the IP packet at the start of `ip`; false if it expired
+/// (1 or 0 on arrival: not forwarded).
+#[inline]
+fn decrement_ttl(ip: &mut [u8], v6: bool) -> bool {
+    let at = if v6 { 7 } else { 8 };
+    let Some(&ttl) = ip.get(at) else { return false };
+    if ttl <= 1 {
+        return false;
+    }
+    ip[at] = ttl - 1;
+    if !v6 {
+        let old = u16::from_be_bytes([ttl, ip[9]]);
+        let new = u16::from_be_bytes([ttl - 1, ip[9]]);
+        let hc = u16::from_be_bytes([ip[10], ip[11]]);
+        let mut sum = u32::from(!hc) + u32::from(!old) + u32::from(new);
+        sum = (sum & 0xffff) + (sum >> 16);
+        sum = (sum & 0xffff) + (sum >> 16);
+        ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    }
+    true
 }
 
 /// The end of the UDP datagram at `m.l4` (within the frame and IP datagram).
@@ -1330,14 +1712,23 @@ impl Nf for Upf {
                     c.1 = v;
                 }
                 self.split = split;
+                self.version = v;
                 self.set_rules(rules);
             }
         }
+        // One relaxed load per call: the cores metering these rules (they attach before traffic).
+        self.shared_qos = self.meters.cores() > 1;
         self.run(batch, range, ctx);
         if let Some((ctl, _)) = &self.control {
             if !self.reports.is_empty() {
                 ctl.push_reports(&mut self.reports);
             }
+            if !self.ddn.is_empty() {
+                ctl.push_ddn(&mut self.ddn);
+            }
+        } else {
+            // No control plane to notify (a session file).
+            self.ddn.clear();
         }
     }
 
@@ -1446,8 +1837,18 @@ impl Upf {
             .take(64)
             .map(|r| json!({"seid": r.seid, "urr": r.urr_id, "volume": r.volume, "at_ns": r.at_ns}))
             .collect();
+        // GBR accounting per QER (TS 29.244 §5.4.2): bytes passed within and above the GBR.
+        let mut gbr = Map::new();
+        for ((seid, id), q) in self.rules.keys(&self.rules.qers, |q| (q.session, q.id)).zip(&self.rules.qers) {
+            let Some(st) = self.qos.get(q.rated as usize).filter(|_| q.gbr_kbps != [0, 0]) else { continue };
+            gbr.insert(
+                format!("{seid}/{id}"),
+                json!({"ul_within": st.within[0], "ul_above": st.above[0], "dl_within": st.within[1], "dl_above": st.above[1]}),
+            );
+        }
         let mut out = json!({
             "sessions": self.rules.sessions.len(),
+            "gbr": gbr,
             "pdrs": self.rules.pdrs.len(),
             "counters": self.c.to_json(),
             "usage": usage,
@@ -1493,6 +1894,25 @@ fn n4_config(p: &mut Params, pfcp: &str, n3: Ipv4Addr) -> Result<control::N4Conf
     c.keep_sessions_on_failure = p.flag(&KEEP_FAILURE)?;
     c.rcvbuf = p.uint(&RCVBUF)? as usize;
     Ok(c)
+}
+
+/// A MAC parameter (`02:00:00:00:00:01`), if set.
+fn mac_param(p: &mut Params, spec: &ParamSpec) -> Result<Option<[u8; 6]>, ParamError> {
+    let t = p.text(spec)?;
+    if t.is_empty() {
+        return Ok(None);
+    }
+    let bad =
+        || ParamError(format!("upf: parameter '{}={t}' is not a MAC address (like 02:00:00:00:00:01)", spec.name));
+    let parts: Vec<&str> = t.split(':').collect();
+    if parts.len() != 6 {
+        return Err(bad());
+    }
+    let mut m = [0u8; 6];
+    for (x, s) in m.iter_mut().zip(&parts) {
+        *x = u8::from_str_radix(s, 16).map_err(|_| bad())?;
+    }
+    Ok(Some(m))
 }
 
 /// Export rows of a merged report: one per URR with traffic.

@@ -19,6 +19,17 @@
 //! association's port and are resent every T1 up to N1 times until
 //! answered.
 //!
+//! Downlink data (§5.2.4.1): a buffering FAR whose Apply Action has NOCP
+//! makes the cores report a session's first buffered packet; the endpoint
+//! sends one Session Report Request (Report Type DLDR, a Downlink Data
+//! Report with the PDR ID) and no other until the CP modifies the session.
+//! The buffered packets themselves are counted and dropped (not released
+//! when the FAR forwards again).
+//!
+//! QER rates (MBR, session AMBR, GBR) are the session's on every core: the
+//! control block holds the shared buckets ([`UpfControl::meters`], see
+//! [`super::qos`]).
+//!
 //! Trust (§6.2.6): an association is identified by the CP function's
 //! Node ID and bound to the source address (IP and port) it was set up
 //! from. Only Heartbeat and Association Setup are accepted from a peer
@@ -91,8 +102,12 @@ pub struct UpfControl {
     version: AtomicU64,
     rules: Mutex<Arc<RuleSet>>,
     reports: Mutex<Vec<UsageReport>>,
+    /// Downlink data the cores buffered for a FAR that notifies the CP: (SEID, PDR ID).
+    ddn: Mutex<Vec<(u64, u16)>>,
     /// Every core's URR counters (each core swaps its own board in when it takes a new rule set).
     cores: Mutex<Vec<Arc<Mutex<Arc<Board>>>>>,
+    /// The QERs' buckets every core shares (rates are per session, not per core).
+    pub meters: Arc<super::qos::Meters>,
     /// Datagrams handled, by outcome.
     pub stats: ControlStats,
 }
@@ -142,6 +157,8 @@ pub struct ControlStats {
     pub kernel_drops: AtomicU64,
     /// Datagrams dropped because the endpoint's queue was full.
     pub queue_drops: AtomicU64,
+    /// Downlink Data Reports sent (a buffering FAR with NOCP got its first packet).
+    pub ddn_sent: AtomicU64,
 }
 
 impl ControlStats {
@@ -159,6 +176,7 @@ impl ControlStats {
             "reports_retransmitted": g(&self.reports_retransmitted), "reports_unanswered": g(&self.reports_unanswered),
             "publishes": g(&self.publishes), "rcvbuf": g(&self.rcvbuf),
             "kernel_drops": g(&self.kernel_drops), "queue_drops": g(&self.queue_drops),
+            "ddn_sent": g(&self.ddn_sent),
         })
     }
 }
@@ -184,7 +202,9 @@ impl UpfControl {
             version: AtomicU64::new(1),
             rules: Mutex::new(rules),
             reports: Mutex::new(Vec::new()),
+            ddn: Mutex::new(Vec::new()),
             cores: Mutex::new(Vec::new()),
+            meters: super::qos::Meters::new(),
             stats: ControlStats::default(),
         })
     }
@@ -215,6 +235,11 @@ impl UpfControl {
 
     fn take_reports(&self) -> Vec<UsageReport> {
         std::mem::take(&mut *lock(&self.reports))
+    }
+
+    /// Hands the first buffered packets of notifying FARs over (emptying `from`).
+    pub fn push_ddn(&self, from: &mut Vec<(u64, u16)>) {
+        lock(&self.ddn).append(from);
     }
 
     /// Adds a core's counters to those the endpoint sums; the core keeps the
@@ -355,6 +380,9 @@ struct Sess {
     /// FQ-CSIDs named at establishment (for Session Set Deletion).
     csids: Vec<(Vec<u8>, u16)>,
     spec: SessionSpec,
+    /// A Downlink Data Report was sent and no modification followed it yet
+    /// (§5.2.4.1: one report until the CP acts on it).
+    notified: bool,
 }
 
 /// A URR's reporting state (the endpoint's; the counters are the cores').
@@ -469,6 +497,7 @@ impl Endpoint {
                     owner: None,
                     csids: Vec::new(),
                     spec: s.clone(),
+                    notified: false,
                 };
                 (s.seid, sess)
             })
@@ -747,7 +776,8 @@ impl Endpoint {
                 self.commit(spec.clone()).map_err(|e| (cp_seid, e))?;
                 let now = Instant::now();
                 let urrs = spec.urrs.iter().map(|u| (u.id, UrrState::new(now))).collect();
-                self.sessions.insert(seid, Sess { cp_seid, cp_addr, urrs, owner: Some(owner), csids, spec });
+                let sess = Sess { cp_seid, cp_addr, urrs, owner: Some(owner), csids, spec, notified: false };
+                self.sessions.insert(seid, sess);
                 self.publish();
                 let mut out = vec![(ie::F_SEID, enc::fseid(seid, self.cfg.n4))];
                 out.extend(created);
@@ -792,7 +822,8 @@ impl Endpoint {
                 for u in &spec.urrs {
                     urrs.entry(u.id).or_insert_with(|| UrrState::new(now));
                 }
-                self.sessions.insert(seid, Sess { spec, urrs, ..sess.clone() });
+                // The CP acted: a buffering FAR's next first packet is reported again.
+                self.sessions.insert(seid, Sess { spec, urrs, notified: false, ..sess.clone() });
                 self.publish();
                 // §7.5.4.10, §7.5.5.2: each Query URR gets a Usage Report (trigger IMMER) in the response.
                 let mut created = created;
@@ -1147,6 +1178,7 @@ impl Endpoint {
 
     /// [`Endpoint::report_requests`] at `now` (tests).
     pub fn report_requests_at(&mut self, now: Instant) -> Vec<(SocketAddr, Vec<u8>)> {
+        let mut out = self.downlink_data_reports(now);
         let mut due: BTreeMap<u64, Vec<(u32, [u8; 3])>> = BTreeMap::new();
         for r in self.control.take_reports() {
             let Some(s) = self.sessions.get(&r.seid) else { continue };
@@ -1189,7 +1221,6 @@ impl Endpoint {
                 }
             }
         }
-        let mut out = Vec::new();
         for (seid, urrs) in due {
             let mut seen = Vec::new();
             let reports: Vec<Vec<u8>> = urrs
@@ -1204,6 +1235,31 @@ impl Endpoint {
             if !reports.is_empty() {
                 out.extend(self.report_request(seid, reports, now));
             }
+        }
+        out
+    }
+
+    /// Downlink Data Reports (§5.2.4.1, §7.5.8.2): a buffering FAR whose
+    /// Apply Action has NOCP got a session's first packet on some core: one
+    /// Session Report Request (Report Type DLDR, the PDR ID in a Downlink
+    /// Data Report) until the CP modifies the session; retransmitted like
+    /// usage reports.
+    fn downlink_data_reports(&mut self, now: Instant) -> Vec<(SocketAddr, Vec<u8>)> {
+        let events = std::mem::take(&mut *lock(&self.control.ddn));
+        let mut out = Vec::new();
+        for (seid, pdr) in events {
+            let Some(s) = self.sessions.get_mut(&seid).filter(|s| !s.notified) else { continue };
+            s.notified = true;
+            let cp_seid = s.cp_seid;
+            let Some(peer) = self.sessions.get(&seid).and_then(|s| self.report_peer(s)) else { continue };
+            let seq = self.next_seq();
+            let mut w = Writer::message(msg::SESS_REPORT_REQ, Some(cp_seid), seq);
+            w.ie(ie::REPORT_TYPE, &[0x01]);
+            w.group(ie::DOWNLINK_DATA_REPORT).ie(ie::PDR_ID, &pdr.to_be_bytes()).end();
+            let bytes = w.finish();
+            self.reports_pending.insert(seq, (peer, Pending { seq, sent: now, tries: 0, bytes: bytes.clone() }));
+            self.control.stats.ddn_sent.fetch_add(1, Ordering::Relaxed);
+            out.push((peer, bytes));
         }
         out
     }

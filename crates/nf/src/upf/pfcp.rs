@@ -76,11 +76,14 @@ pub mod ie {
     pub const SDF_FILTER: u16 = 23;
     pub const GATE_STATUS: u16 = 25;
     pub const MBR: u16 = 26;
+    pub const GBR: u16 = 27;
     pub const PRECEDENCE: u16 = 29;
+    pub const TRANSPORT_LEVEL_MARKING: u16 = 30;
     pub const VOLUME_THRESHOLD: u16 = 31;
     pub const TIME_THRESHOLD: u16 = 32;
     pub const REPORTING_TRIGGERS: u16 = 37;
     pub const REPORT_TYPE: u16 = 39;
+    pub const DOWNLINK_DATA_REPORT: u16 = 83;
     pub const OFFENDING_IE: u16 = 40;
     pub const DESTINATION_INTERFACE: u16 = 42;
     pub const UP_FUNCTION_FEATURES: u16 = 43;
@@ -422,11 +425,21 @@ pub fn decode_far(v: &[u8], old: Option<&FarSpec>) -> Result<FarSpec, PfcpError>
         Some(o) => o.clone(),
         None => {
             need(&g, ie::APPLY_ACTION, &format!("FAR {id}"))?;
-            FarSpec { id, action: FarAction::Drop, destination: None, ohc_teid: None, ohc_addr: None }
+            FarSpec {
+                id,
+                action: FarAction::Drop,
+                destination: None,
+                ohc_teid: None,
+                ohc_addr: None,
+                tos: None,
+                notify_cp: false,
+            }
         }
     };
     if let Some(a) = find(&g, ie::APPLY_ACTION) {
         let a = u8_of(a, ie::APPLY_ACTION)?;
+        // NOCP (§8.2.26): with BUFF, the first buffered packet is reported (Downlink Data Report).
+        f.notify_cp = a & 0x08 != 0;
         f.action = if a & 0x01 != 0 {
             FarAction::Drop
         } else if a & 0x04 != 0 {
@@ -455,6 +468,13 @@ pub fn decode_far(v: &[u8], old: Option<&FarSpec>) -> Result<FarSpec, PfcpError>
             f.ohc_teid = Some(u32_of(o.get(2..).unwrap_or(&[]), ie::OUTER_HEADER_CREATION)?);
             f.ohc_addr = Some(v4_of(o.get(6..).unwrap_or(&[]), ie::OUTER_HEADER_CREATION)?);
         }
+        // §8.2.12: ToS/Traffic Class value, then its mask (the outer header is new: the value masked).
+        if let Some(t) = find(&d, ie::TRANSPORT_LEVEL_MARKING) {
+            if t.len() < 2 {
+                return Err(bad_len(ie::TRANSPORT_LEVEL_MARKING));
+            }
+            f.tos = Some(t[0] & t[1]);
+        }
     }
     Ok(f)
 }
@@ -476,14 +496,22 @@ pub fn decode_qer(v: &[u8], old: Option<&QerSpec>) -> Result<QerSpec, PfcpError>
         q.gate_ul = gate(s >> 2);
         q.gate_dl = gate(s);
     }
-    if let Some(m) = find(&g, ie::MBR) {
+    // §8.2.8, §8.2.9: UL then DL, five octets each, kbit/s (0: none).
+    type UlDl = (Option<u64>, Option<u64>);
+    let rates = |ty: u16| -> Result<Option<UlDl>, PfcpError> {
+        let Some(m) = find(&g, ty) else { return Ok(None) };
         if m.len() < 10 {
-            return Err(bad_len(ie::MBR));
+            return Err(bad_len(ty));
         }
         let five = |b: &[u8]| b.iter().fold(0u64, |a, &x| (a << 8) | u64::from(x));
         let (ul, dl) = (five(&m[0..5]), five(&m[5..10]));
-        q.mbr_ul_kbps = (ul > 0).then_some(ul);
-        q.mbr_dl_kbps = (dl > 0).then_some(dl);
+        Ok(Some(((ul > 0).then_some(ul), (dl > 0).then_some(dl))))
+    };
+    if let Some((ul, dl)) = rates(ie::MBR)? {
+        (q.mbr_ul_kbps, q.mbr_dl_kbps) = (ul, dl);
+    }
+    if let Some((ul, dl)) = rates(ie::GBR)? {
+        (q.gbr_ul_kbps, q.gbr_dl_kbps) = (ul, dl);
     }
     if let Some(x) = find(&g, ie::QFI) {
         q.qfi = Some(u8_of(x, ie::QFI)? & 0x3f);
@@ -822,9 +850,11 @@ mod tests {
         let mut w = Writer::default();
         w.ie(ie::FAR_ID, &2u32.to_be_bytes()).ie(ie::APPLY_ACTION, &[0x02]);
         w.group(ie::FORWARDING_PARAMETERS).ie(ie::DESTINATION_INTERFACE, &[0]);
-        w.ie(ie::OUTER_HEADER_CREATION, &enc::ohc_gtpu_v4(0x55, Ipv4Addr::new(198, 51, 100, 1))).end();
+        w.ie(ie::OUTER_HEADER_CREATION, &enc::ohc_gtpu_v4(0x55, Ipv4Addr::new(198, 51, 100, 1)));
+        w.ie(ie::TRANSPORT_LEVEL_MARKING, &[0xb8, 0xfc]).end();
         let f = decode_far(&w.buf, None).unwrap();
         assert_eq!((f.action, f.ohc_teid, f.destination), (FarAction::Forward, Some(0x55), Some(Iface::Access)));
+        assert_eq!(f.tos, Some(0xb8), "DSCP 46 (EF)");
         let mut w = Writer::default();
         w.ie(ie::FAR_ID, &2u32.to_be_bytes()).ie(ie::APPLY_ACTION, &[0x01]);
         assert_eq!(decode_far(&w.buf, Some(&f)).unwrap().action, FarAction::Drop);
@@ -836,6 +866,14 @@ mod tests {
             (q.gate_ul, q.gate_dl, q.mbr_ul_kbps, q.mbr_dl_kbps, q.qfi),
             (Gate::Closed, Gate::Open, Some(1000), None, Some(9))
         );
+        // An update with a GBR keeps the MBR; a short GBR is an invalid length.
+        let mut w = Writer::default();
+        w.ie(ie::QER_ID, &1u32.to_be_bytes()).ie(ie::GBR, &[0, 0, 0, 1, 0xf4, 0, 0, 0, 0, 0x64]);
+        let u = decode_qer(&w.buf, Some(&q)).unwrap();
+        assert_eq!((u.mbr_ul_kbps, u.gbr_ul_kbps, u.gbr_dl_kbps), (Some(1000), Some(500), Some(100)));
+        let mut w = Writer::default();
+        w.ie(ie::QER_ID, &1u32.to_be_bytes()).ie(ie::GBR, &[0, 0, 0, 1]);
+        assert_eq!(decode_qer(&w.buf, Some(&q)).unwrap_err().cause, cause::INVALID_LENGTH);
         let mut w = Writer::default();
         w.ie(ie::URR_ID, &4u32.to_be_bytes()).ie(ie::VOLUME_THRESHOLD, &enc::total_volume(5000));
         assert_eq!(decode_urr(&w.buf, None).unwrap().volume_threshold, Some(5000));

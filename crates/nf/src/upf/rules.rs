@@ -169,6 +169,15 @@ pub struct FarSpec {
     /// Outer header creation: the peer's IPv4 address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ohc_addr: Option<Ipv4Addr>,
+    /// Transport level marking (TS 29.244 §8.2.12): the ToS / traffic class
+    /// byte of the outer IP header it creates (DSCP << 2), as the SMF
+    /// chooses it for the QoS flow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tos: Option<u8>,
+    /// With `buffer`: the first packet buffered reports to the CP (NOCP: a
+    /// Downlink Data Report; PFCP sessions only).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub notify_cp: bool,
 }
 
 /// A QoS enforcement rule.
@@ -192,6 +201,13 @@ pub struct QerSpec {
     /// QFI written into downlink PDU Session Containers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qfi: Option<u8>,
+    /// Uplink guaranteed bit rate, kbit/s: bytes within it are counted as
+    /// guaranteed, the rest as above it (nothing is dropped for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gbr_ul_kbps: Option<u64>,
+    /// Downlink guaranteed bit rate, kbit/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gbr_dl_kbps: Option<u64>,
 }
 
 /// A usage reporting rule.
@@ -451,7 +467,7 @@ pub struct Pdr {
     pub flags: u8,
     /// QER gates open: bit 0 uplink, bit 1 downlink (both without a QER).
     pub gate: u8,
-    /// The QER limits the rate: bit 0 uplink, bit 1 downlink.
+    /// The QER has a rate (MBR or GBR): bit 0 uplink, bit 1 downlink.
     pub mbr: u8,
     /// QFI for the downlink PDU Session Container (the QER's, else the PDR's), or [`ANY_QFI`].
     pub mark_qfi: u8,
@@ -497,6 +513,10 @@ pub struct Far {
     pub ohc_teid: u32,
     /// Peer IPv4 address.
     pub ohc_addr: u32,
+    /// ToS / traffic class of the outer header (0: none).
+    pub tos: u8,
+    /// Buffering notifies the CP (NOCP).
+    pub notify: bool,
     /// Rule ID.
     pub id: u32,
     /// Session index.
@@ -534,6 +554,8 @@ pub struct Act {
     pub mbr: u8,
     /// Downlink QFI mark (as [`Pdr::mark_qfi`]).
     pub mark_qfi: u8,
+    /// The FAR's outer ToS byte.
+    pub tos: u8,
 }
 
 impl Act {
@@ -551,6 +573,7 @@ impl Act {
             gate: p.gate,
             mbr: p.mbr,
             mark_qfi: p.mark_qfi,
+            tos: f.tos,
         }
     }
 
@@ -568,6 +591,11 @@ pub struct Qer {
     pub open: [bool; 2],
     /// MBR per direction, kbit/s (0: none).
     pub mbr_kbps: [u64; 2],
+    /// GBR per direction, kbit/s (0: none).
+    pub gbr_kbps: [u64; 2],
+    /// Index among the QERs with a rate (per-core bucket state is kept for
+    /// those only), or [`NONE`].
+    pub rated: u32,
     /// QFI to mark downlink, or [`ANY_QFI`].
     pub qfi: u8,
     /// Rule ID.
@@ -785,6 +813,8 @@ pub struct RuleSet {
     pub fars: Vec<Far>,
     /// QERs.
     pub qers: Vec<Qer>,
+    /// QERs with a rate (MBR or GBR).
+    pub rated: u32,
     /// URRs.
     pub urrs: Vec<Urr>,
     /// PDRs' lists of several QERs or URRs: a length, then the indices.
@@ -867,6 +897,8 @@ impl RuleSet {
                     ohc,
                     ohc_teid: f.ohc_teid.unwrap_or(0),
                     ohc_addr: f.ohc_addr.map_or(0, u32::from),
+                    tos: f.tos.unwrap_or(0),
+                    notify: f.notify_cp,
                     id: f.id,
                     session: si,
                 });
@@ -882,9 +914,25 @@ impl RuleSet {
                         m => Ok(m.unwrap_or(0)),
                     }
                 };
+                let (mbr_kbps, gbr_kbps) =
+                    ([mbr(q.mbr_ul_kbps)?, mbr(q.mbr_dl_kbps)?], [mbr(q.gbr_ul_kbps)?, mbr(q.gbr_dl_kbps)?]);
+                for d in 0..2 {
+                    // TS 23.501 §5.7.2.5: a GBR flow's MBR is at least its GBR.
+                    if mbr_kbps[d] > 0 && gbr_kbps[d] > mbr_kbps[d] {
+                        return Err(e(format!("QER {}: GBR above MBR", q.id)));
+                    }
+                }
+                let rated = if mbr_kbps == [0, 0] && gbr_kbps == [0, 0] {
+                    NONE
+                } else {
+                    rs.rated += 1;
+                    rs.rated - 1
+                };
                 rs.qers.push(Qer {
                     open: [q.gate_ul == Gate::Open, q.gate_dl == Gate::Open],
-                    mbr_kbps: [mbr(q.mbr_ul_kbps)?, mbr(q.mbr_dl_kbps)?],
+                    mbr_kbps,
+                    gbr_kbps,
+                    rated,
                     qfi: qfi(q.qfi).map_err(&e)?,
                     id: q.id,
                     session: si,
@@ -982,7 +1030,9 @@ impl RuleSet {
                 for &q in rs.refs(&qer) {
                     let q = &rs.qers[q as usize];
                     gate &= u8::from(q.open[0]) | (u8::from(q.open[1]) << 1);
-                    mbr |= u8::from(q.mbr_kbps[0] > 0) | (u8::from(q.mbr_kbps[1] > 0) << 1);
+                    // A rate of either kind sends the packet through the QER's buckets.
+                    let has_rate = |d: usize| u8::from(q.mbr_kbps[d] > 0 || q.gbr_kbps[d] > 0);
+                    mbr |= has_rate(0) | (has_rate(1) << 1);
                     if mark == ANY_QFI {
                         mark = q.qfi;
                     }
@@ -1217,6 +1267,8 @@ impl cls::TAct {
             gate: self.gate,
             mbr: 0,
             mark_qfi: self.mark_qfi,
+            // No outer header on this path (an OHC FAR is SLOW).
+            tos: 0,
         }
     }
 }

@@ -37,13 +37,23 @@ fn spec() -> SessionSpec {
             pdr(3, 10, Iface::Core, None, &["permit out ip from any to assigned"], 2, Some(5)),
         ],
         fars: vec![
-            FarSpec { id: 1, action: FarAction::Forward, destination: None, ohc_teid: None, ohc_addr: None },
+            FarSpec {
+                id: 1,
+                action: FarAction::Forward,
+                destination: None,
+                ohc_teid: None,
+                ohc_addr: None,
+                tos: None,
+                notify_cp: false,
+            },
             FarSpec {
                 id: 2,
                 action: FarAction::Forward,
                 destination: None,
                 ohc_teid: Some(0x55),
                 ohc_addr: Some(GNB.into()),
+                tos: None,
+                notify_cp: false,
             },
         ],
         qers: vec![],
@@ -158,13 +168,21 @@ fn drops_are_counted_by_reason_never_a_panic() {
         (gtpu4(GNB, N3, 100, Some(9), &inner)[..50].to_vec(), 0),
     ];
     let out = run(&mut u, &frames);
-    assert!(out.iter().all(Option::is_none));
+    // The unknown TEID is answered with a GTP-U Error Indication (type 26, TEID Data I = 999); the rest dropped.
+    let ei = out[0].as_ref().expect("an Error Indication");
+    assert_eq!((ei.len(), ei[43], &ei[54..59]), (66, 26, &[16, 0, 0, 3, 0xe7][..]));
+    assert_ipv4_checksums(ei);
+    assert!(out[1..].iter().all(Option::is_none));
     let c = u.upf_counters();
     assert_eq!(
         (c.unknown_teid, c.unknown_ue, c.malformed_gtpu, c.malformed_inner, c.unsupported_msg, c.not_ip),
         (1, 1, 2, 1, 1, 1)
     );
-    assert_eq!(u.counters().dropped, 7);
+    assert_eq!((u.counters().dropped, c.error_indications), (6, 1));
+    // Without `error_pps` the unknown TEID is only dropped.
+    let mut quiet = upf(&[spec()], UpfConfig { error_pps: 0, ..UpfConfig::default() });
+    assert!(run(&mut quiet, &frames[..1])[0].is_none());
+    assert_eq!(quiet.upf_counters().errors_limited, 1);
     // Every truncation of an uplink frame.
     let full = gtpu4(GNB, N3, 100, Some(9), &inner);
     let cuts: Vec<_> = (0..full.len()).map(|n| (full[..n].to_vec(), 0)).collect();
@@ -484,9 +502,9 @@ fn fast_path_and_fallback_forward_alike_and_slots_do_not_leak_sessions() {
     let out = run(&mut u, &[(fast.clone(), 0), (slow, 0)]);
     assert_eq!(&out[0].as_ref().expect("forwarded")[14..], &inner[..]);
     assert_eq!(out[0], out[1]);
-    // Slot 0 found session 7 above; an unknown TEID there now is dropped as such.
+    // Slot 0 found session 7 above; an unknown TEID there now is counted as such (an Error Indication).
     let out = run(&mut u, &[(gtpu4(GNB, N3, 999, Some(9), &inner), 0)]);
-    assert!(out[0].is_none());
+    assert_eq!(out[0].as_ref().map(|f| f[43]), Some(26));
     let c = u.upf_counters();
     assert_eq!((c.ul_forwarded, c.unknown_teid, c.uplink), (2, 1, 3));
     let urr: u64 = u.usage().map(|(_, x)| x.ul_packets).sum();
@@ -526,4 +544,31 @@ fn n4_parameters() {
     assert!(c.keep_sessions_on_restart && !c.keep_sessions_on_failure && c.rcvbuf == 65536);
     let e = n4_config(&mut params(&[("node_id", "upf_1!")]), "", n3).unwrap_err();
     assert_eq!(e.0, "upf: parameter 'node_id=upf_1!': 'upf_1!' is neither an IPv4 address nor an FQDN");
+}
+
+/// The N3/N6 parameters: MACs, N6 address, TTL, MTU, error rate; bad values are one-line errors.
+#[test]
+fn n3_n6_parameters() {
+    let params = |kv: &[(&str, &str)]| {
+        Params::new("upf", kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>())
+    };
+    let mut p = params(&[
+        ("mac", "02:00:00:00:00:01"),
+        ("n6_gw_mac", "0a:0b:0c:0d:0e:0f"),
+        ("n6_addr", "192.0.2.6"),
+        ("ttl", "decrement"),
+        ("mtu", "1500"),
+        ("error_pps", "0"),
+    ]);
+    let u = Upf::from_params(&mut p).unwrap();
+    p.finish().unwrap();
+    let c = &u.cfg;
+    assert_eq!((c.mac, c.gw_mac), (Some([2, 0, 0, 0, 0, 1]), [None, Some([10, 11, 12, 13, 14, 15])]));
+    assert_eq!((c.n6_addr, c.ttl_decrement, c.mtu, c.error_pps), (Ipv4Addr::new(192, 0, 2, 6), true, 1500, 0));
+    let u = Upf::from_params(&mut params(&[])).unwrap();
+    assert_eq!((u.cfg.n6_addr, u.cfg.ttl_decrement, u.cfg.mac), (u.cfg.n3_addr, false, None));
+    for (k, v) in [("mac", "02:00:00:00:01"), ("n3_gw_mac", "zz:00:00:00:00:01"), ("n6_addr", "x"), ("ttl", "no")] {
+        let e = Upf::from_params(&mut params(&[(k, v)])).unwrap_err().to_string();
+        assert!(e.contains(k) && !e.contains('\n'), "{e}");
+    }
 }
