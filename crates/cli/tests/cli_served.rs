@@ -182,7 +182,8 @@ fn show_tables_under_scr_reads_the_replicas() {
     // by one from its count before: each replica holds every core's packets (fast-forwarded).
     let mut by_window: std::collections::BTreeMap<(String, u64), Vec<(u64, u64, Option<u64>)>> = Default::default();
     for r in recs {
-        let verdicts: Vec<&str> = r["stages"].as_array().unwrap().iter().map(|s| s["verdict"].as_str().unwrap()).collect();
+        let verdicts: Vec<&str> =
+            r["stages"].as_array().unwrap().iter().map(|s| s["verdict"].as_str().unwrap()).collect();
         assert_eq!(verdicts, ["pass", "pass"], "{r}");
         let st = &r["stages"][0]["state"];
         let after = &st["after"];

@@ -54,7 +54,8 @@ fn an_acl_swap_on_two_cores_switches_each_core_once_and_show_runtime_agrees_with
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("ctl2-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let (sock, out, old, new) = (dir.join("fp.sock"), dir.join("out.pcap"), dir.join("old.rules"), dir.join("new.rules"));
+    let (sock, out, old, new) =
+        (dir.join("fp.sock"), dir.join("out.pcap"), dir.join("old.rules"), dir.join("new.rules"));
     std::fs::write(&old, "drop proto udp dport 5001\n").unwrap();
     std::fs::write(&new, "drop proto udp dport 5002\n").unwrap();
     let chain = format!("acl(rules={}) -> fsc", old.display());
@@ -75,7 +76,7 @@ fn an_acl_swap_on_two_cores_switches_each_core_once_and_show_runtime_agrees_with
     ]);
     wait_ready(&sock, &mut fp);
 
-    let n = 1600;
+    let n = 1200;
     let mut sender = send(&v.peer(), n, 0.002);
     let t1 = Instant::now();
     while total(&ctl_ok(&sock, &["show", "runtime"]), "packets") < (n as u64) * 2 / 5 {
@@ -103,10 +104,8 @@ fn an_acl_swap_on_two_cores_switches_each_core_once_and_show_runtime_agrees_with
     let core_of: Vec<u64> = (0..FLOWS)
         .map(|s| {
             let (sport, dport) = flow(s);
-            let rows = ctl_ok(
-                &sock,
-                &["show", "flow", "udp", "10.0.0.1", &sport.to_string(), "10.0.0.2", &dport.to_string()],
-            );
+            let rows =
+                ctl_ok(&sock, &["show", "flow", "udp", "10.0.0.1", &sport.to_string(), "10.0.0.2", &dport.to_string()]);
             let cores: Vec<u64> = rows
                 .as_array()
                 .unwrap()
@@ -178,8 +177,8 @@ fn an_acl_swap_on_two_cores_switches_each_core_once_and_show_runtime_agrees_with
         );
         switch.push(judged[first_new].0);
     }
-    // Both cores took the new rules within a few packets of each other (one batch boundary each, while
-    // `ctl load` waited): packets were sent 2 ms apart, so 50 packets is 100 ms.
-    assert!(switch[0].abs_diff(switch[1]) < 50, "switch points per core (packet sent): {switch:?}");
+    // Both cores took the new rules close together (one batch boundary each, while `ctl load` waited
+    // for both): packets were sent 2 ms apart, so 100 packets is 200 ms (room for a descheduled worker).
+    assert!(switch[0].abs_diff(switch[1]) < 100, "switch points per core (packet sent): {switch:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -199,14 +199,7 @@ impl Graph {
 }
 
 /// Runs branch `arm` (lane `lane` of `lanes`) over its sub-batch `part`, with the tap if one is armed.
-fn run_arm(
-    arm: &mut Arm,
-    lane: u8,
-    lanes: &[u8],
-    part: &mut Batch,
-    ctx: &NfContext,
-    tap: &mut Option<Box<Tap>>,
-) {
+fn run_arm(arm: &mut Arm, lane: u8, lanes: &[u8], part: &mut Batch, ctx: &NfContext, tap: &mut Option<Box<Tap>>) {
     if arm.on == BranchOn::Drop {
         // The deny branch takes dropped packets back in (NFs skip drops).
         part.verdicts_mut().fill(0);

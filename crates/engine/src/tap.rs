@@ -316,8 +316,7 @@ impl Tap {
     /// Starts (`true`: from zero) or stops the per-NF profile of the stages `shape` counts.
     pub fn arm_profile(tap: Option<Box<Tap>>, on: bool, shape: &TapShape) -> Option<Box<Tap>> {
         let mut t = Tap::with(tap, shape);
-        t.profile =
-            on.then(|| Profile { last_tsc: 0, stages: vec![StageCost::default(); shape.state_sizes.len()] });
+        t.profile = on.then(|| Profile { last_tsc: 0, stages: vec![StageCost::default(); shape.state_sizes.len()] });
         t.keep()
     }
 

@@ -201,7 +201,8 @@ fn a_profile_counts_the_packets_each_nf_ran_under_every_executor() {
 /// limiter, denied ones are counted and sent to port 2. Stages in flat order: acl, allow/fsc,
 /// allow/ratelimit, deny/count.
 fn graph_pipeline(kind: ExecKind) -> Pipeline {
-    let spec = "acl(rule=drop:udp:any:any:any:5001) -> { allow: fsc -> ratelimit(pps=1,burst=2) ; deny: count -> port(2) }";
+    let spec =
+        "acl(rule=drop:udp:any:any:any:5001) -> { allow: fsc -> ratelimit(pps=1,burst=2) ; deny: count -> port(2) }";
     let c = Chain::build(&parse(spec).unwrap()).unwrap();
     let shared = SharedStores::for_chain(&c, 4096, 3_600_000_000_000).unwrap();
     let cfg = ExecConfig { kind, flows: 4096, hugepages: false, ..ExecConfig::default() };
@@ -262,7 +263,8 @@ fn a_graph_is_traced_and_captured_along_each_branch_under_every_executor() {
         let denied: Vec<u64> = (0..N).filter(|&i| dport(i) == 5001).map(|i| i as u64).collect();
         let mut p = graph_pipeline(kind);
         assert_eq!(capture(&mut p, Some(3), false).0, denied, "{what}: at deny/count");
-        let limited: Vec<u64> = (0..N).filter(|&i| graph_model(i).0[2] == Some(u32::from(DROP))).map(|i| i as u64).collect();
+        let limited: Vec<u64> =
+            (0..N).filter(|&i| graph_model(i).0[2] == Some(u32::from(DROP))).map(|i| i as u64).collect();
         let mut p = graph_pipeline(kind);
         assert_eq!(capture(&mut p, Some(2), true).0, limited, "{what}: dropped at allow/ratelimit");
         let mut p = graph_pipeline(kind);

@@ -527,11 +527,7 @@ impl Pipeline {
 
     /// What this pipeline's tap is sized for: every stage's state size (flat order) and the frames.
     fn tap_shape(&self) -> crate::tap::TapShape {
-        let state_sizes = self
-            .stages()
-            .iter()
-            .map(|(_, s)| s.state_size())
-            .collect();
+        let state_sizes = self.stages().iter().map(|(_, s)| s.state_size()).collect();
         // Per graph level: the segment's frame and its cut's.
         crate::tap::TapShape { state_sizes, frames: 2 * (self.graph_depth() + 1) + 1 }
     }
