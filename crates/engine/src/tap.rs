@@ -129,6 +129,10 @@ pub struct StateChange {
     pub after: Option<serde_json::Value>,
 }
 
+/// How a trace's state bytes are shown: (stage in flat order, the packet's flow, the bytes) to the row
+/// `show flow` gives (None: shown as absent).
+pub type StateRender<'a> = dyn Fn(usize, &FiveTuple, &[u8]) -> Option<serde_json::Value> + 'a;
+
 /// One traced packet as a worker recorded it.
 #[derive(Clone, Debug)]
 pub struct TraceRecord {
@@ -331,10 +335,7 @@ impl Tap {
 
     /// The records taken so far (control path: copied), each stage's state bytes shown by `render(stage,
     /// flow, bytes)` (None: shown as absent).
-    pub fn records(
-        tap: Option<&Tap>,
-        render: &dyn Fn(usize, &FiveTuple, &[u8]) -> Option<serde_json::Value>,
-    ) -> Vec<TraceRecord> {
+    pub fn records(tap: Option<&Tap>, render: &StateRender<'_>) -> Vec<TraceRecord> {
         let Some(tr) = tap.and_then(|t| t.trace.as_ref()) else { return Vec::new() };
         tr.records[..tr.used]
             .iter()

@@ -1071,7 +1071,7 @@ impl ExecContext {
                     StateLayout::Aggregated => (self.stores.first(), *offset),
                 };
                 let h = hash_tuple(&meta.tuple, self.scratch.seed);
-                match store.and_then(|st| Some(st.block(st.find(&meta.tuple, h)?).get(off..off + sz)?)) {
+                match store.and_then(|st| st.block(st.find(&meta.tuple, h)?).get(off..off + sz)) {
                     Some(b) => {
                         out.copy_from_slice(b);
                         true
