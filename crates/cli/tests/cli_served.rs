@@ -180,7 +180,7 @@ fn show_tables_under_scr_reads_the_replicas() {
     assert_eq!(workers.len(), 2, "SCR sprays packets over both cores: {workers:?}");
     // Per source and window, the replica's count after each traced packet (whichever core ran it) grows
     // by one from its count before: each replica holds every core's packets (fast-forwarded).
-    let mut by_window: std::collections::BTreeMap<(String, u64), Vec<(u64, u64, Option<u64>)>> = Default::default();
+    let mut by_window: std::collections::BTreeMap<(String, u64), Vec<(u64, u64)>> = Default::default();
     for r in recs {
         let verdicts: Vec<&str> =
             r["stages"].as_array().unwrap().iter().map(|s| s["verdict"].as_str().unwrap()).collect();
@@ -193,7 +193,7 @@ fn show_tables_under_scr_reads_the_replicas() {
         if st["before"]["window_start_ns"].as_u64() == Some(key.1) {
             assert_eq!(before, Some(n - 1), "{r}");
         }
-        by_window.entry(key).or_default().push((r["ts_ns"].as_u64().unwrap(), n, before));
+        by_window.entry(key).or_default().push((r["ts_ns"].as_u64().unwrap(), n));
         assert!(!r["stages"][1]["state"]["after"].is_null(), "hh's state: {r}");
     }
     let mut across = 0;
