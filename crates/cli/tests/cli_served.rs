@@ -277,6 +277,15 @@ fn a_served_graph_is_traced_and_captured_along_its_branches() {
         assert_eq!(r["verdict"], "out port 0", "{r}");
     }
     assert!(seen_allow > 0 && seen_deny > 0, "both branches traced: {seen_allow} allowed, {seen_deny} denied");
+    // show flow reaches a branch's NFs too (by path): a traced flow's fsc is the one of its branch.
+    let r = &recs[0];
+    let f = &r["flow"];
+    let (sport, dport) = (f["sport"].to_string(), f["dport"].to_string());
+    let rows =
+        ctl(&sock, &["show", "flow", "udp", f["src"].as_str().unwrap(), &sport, f["dst"].as_str().unwrap(), &dport]).1;
+    let nfs: Vec<&str> = rows.as_array().unwrap().iter().map(|x| x["nf"].as_str().unwrap()).collect();
+    let fsc = if r["branch"] == "deny" { "deny/fsc" } else { "allow/fsc" };
+    assert!(nfs.contains(&fsc) && nfs.contains(&"acl"), "show flow on a graph: {rows}");
     let dst = |d: [u8; 4]| std::net::Ipv4Addr::from(d).to_string();
     assert!(pcap_dsts(&deny).into_iter().all(|d| denied(&dst(d))), "deny/fsc's capture holds only denied packets");
     assert!(pcap_dsts(&allow).into_iter().all(|d| !denied(&dst(d))), "allow/fsc's capture holds only allowed ones");

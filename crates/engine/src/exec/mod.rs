@@ -946,13 +946,18 @@ impl Pipeline {
         ((ok, refused), rest)
     }
 
-    /// Each stateful NF's state for flow `key` on this core (see [`ExecContext::flow_rows`]).
+    /// Each stateful NF's state for flow `key` on this core (see [`ExecContext::flow_rows`]); a graph's
+    /// branch NFs too, named by their path (`deny/fsc`).
     pub fn flow_rows(
         &self,
         key: &flowplane_wire::flow::FiveTuple,
         include_shared: bool,
     ) -> Vec<(String, serde_json::Value)> {
-        self.cx.flow_rows(key, include_shared)
+        let mut out = self.cx.flow_rows(key, include_shared);
+        for a in self.arms() {
+            out.extend(a.pipe.flow_rows(key, include_shared).into_iter().map(|(n, v)| (format!("{}/{n}", a.label), v)));
+        }
+        out
     }
 
     /// Export rows of NF `name`, if it exports state (see [`ExecContext::export`]).
