@@ -412,8 +412,14 @@ impl Server {
         Value::Array(rows)
     }
 
-    /// The chain position of `nf` (`name` or `name#N`, the N-th occurrence from 1).
+    /// The chain position of `nf` (`name` or `name#N`, the N-th occurrence from 1; in a chain graph also
+    /// its path, `allow/fsc`).
     fn position(&self, nf: &str) -> Result<usize, String> {
+        if self.spec.is_graph() {
+            if let Some(i) = self.spec.nf_paths().iter().position(|p| p == nf) {
+                return Ok(i);
+            }
+        }
         let (name, nth) = match nf.split_once('#') {
             Some((n, k)) => {
                 (n, k.parse::<usize>().ok().filter(|&k| k >= 1).ok_or(format!("'{nf}': NAME#N, N from 1"))?)
@@ -470,8 +476,14 @@ impl Server {
         }
     }
 
-    /// The name `nf` has in commands: `name`, or `name#N` for its N-th occurrence.
+    /// The name `nf` has in commands: `name`, or `name#N` for its N-th occurrence; in a chain graph, a
+    /// branch's NF by its path (`deny/count`).
     fn label(&self, i: usize) -> String {
+        if self.spec.is_graph() {
+            if let Some(p) = self.spec.nf_paths().get(i).filter(|p| p.contains('/')) {
+                return p.clone();
+            }
+        }
         let name = &self.spec.nfs[i].name;
         let nth = self.spec.nfs[..i].iter().filter(|n| &n.name == name).count();
         if nth == 0 {

@@ -6,13 +6,17 @@
 //!   (not per worker as VPP counts) matching FILTER — `PROTO SRC SPORT DST
 //!   DPORT` (one direction of one flow) or `SRC` (a source address), as `show
 //!   flow` takes them; none: any packet — are recorded with their worker, time,
-//!   length, parsed 5-tuple and each NF's verdict. A new `trace add` replaces
-//!   the previous trace; `trace show` lists the packets in time order;
-//!   `trace clear` disarms and forgets. Only the NFs before a chain graph's
-//!   branch point are traced.
+//!   length, parsed 5-tuple, and per NF its verdict and its state for the
+//!   packet's flow before and after it ran the packet (as `show flow` prints
+//!   it). In a chain graph every NF is traced: a packet's record names the
+//!   branch it took and lists the NFs on its path (a branch's by its path,
+//!   `allow/fsc`). Under `--scale scr` each core traces its own packets on
+//!   its replica. A new `trace add` replaces the previous trace; `trace show`
+//!   lists the packets in time order; `trace clear` disarms and forgets.
 //! - `capture start FILE [--at NF] [--dropped]`: a pcap of the packets as they
-//!   enter the chain (or leave NF), or only of those dropped (by NF, or by any
-//!   NF), from every worker. The file is created (and its header written) when
+//!   enter the chain (or leave NF, a graph branch's NF too), or only of those
+//!   dropped (by NF, or by any NF: a packet a `deny` branch takes back in and
+//!   drops again is taken twice), from every worker. The file is created (and its header written) when
 //!   the command is given, so a path that cannot be written is refused at once.
 //!   Each worker copies packets into its own ring (2 MiB); one writer thread
 //!   drains the rings into the file, so no worker ever touches the file, and a
@@ -28,7 +32,7 @@ use std::time::Duration;
 
 use flowplane_engine::control::{Answer, Command};
 use flowplane_engine::live::Live;
-use flowplane_engine::tap::{pop_record, CaptureArm, TraceArm, TraceFilter, TraceRecord, NOT_REACHED};
+use flowplane_engine::tap::{pop_record, CaptureArm, TraceArm, TraceFilter, TraceRecord, NOT_REACHED, NOT_TAKEN};
 use flowplane_packet::DROP;
 use flowplane_trace::writer::{PcapWriter, WriteOutcome, WriterOptions};
 use flowplane_wire::flow::FiveTuple;
@@ -108,38 +112,43 @@ fn proto_name(p: u8) -> String {
     }
 }
 
-/// One traced packet as JSON: `labels` names the chain's NFs as commands do.
+/// One traced packet as JSON: `labels` names the chain's NFs as commands do. Per NF: its verdict
+/// (pass, port N, drop, not reached) and, for an NF keeping state for the packet's flow, that state before
+/// and after it ran the packet (`null`: none) as `show flow` shows it; a graph's NFs of branches the
+/// packet did not take are left out, the branch it took named.
 fn record_json(r: &TraceRecord, labels: &[String], port: &str) -> Value {
-    let mut before = r.input;
-    let mut last = r.input;
     let stages: Vec<Value> = r
         .stages
         .iter()
         .enumerate()
+        .filter(|&(_, &s)| s != NOT_TAKEN)
         .map(|(si, &s)| {
             let verdict = if s == NOT_REACHED {
                 "not reached".to_string()
             } else {
                 let v = s as u16;
-                let t = if v == DROP {
+                let before = r.entered.get(si).map_or(0, |&e| e as u16);
+                if v == DROP {
                     "drop".to_string()
                 } else if v != before {
                     format!("port {v}")
                 } else {
                     "pass".to_string()
-                };
-                before = v;
-                last = v;
-                t
+                }
             };
-            json!({"nf": labels.get(si).cloned().unwrap_or_else(|| format!("#{si}")), "verdict": verdict})
+            let mut o = json!({"nf": labels.get(si).cloned().unwrap_or_else(|| format!("#{si}")), "verdict": verdict});
+            if let Some(Some(c)) = r.state.get(si) {
+                o["state"] = json!({"before": c.before, "after": c.after});
+            }
+            o
         })
         .collect();
     let flow = r.tuple.map(|t| {
         json!({"proto": proto_name(t.proto()), "src": t.src_ip().to_string(), "sport": t.src_port(),
                "dst": t.dst_ip().to_string(), "dport": t.dst_port()})
     });
-    json!({
+    let last = r.out as u16;
+    let mut v = json!({
         "worker": r.worker,
         "port": port,
         "queue": r.worker,
@@ -148,7 +157,11 @@ fn record_json(r: &TraceRecord, labels: &[String], port: &str) -> Value {
         "flow": flow,
         "stages": stages,
         "verdict": if last == DROP { "drop".to_string() } else { format!("out port {last}") },
-    })
+    });
+    if !r.branch.is_empty() {
+        v["branch"] = json!(r.branch);
+    }
+    v
 }
 
 impl Taps {
@@ -356,23 +369,36 @@ impl Describe for TraceFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flowplane_engine::tap::StateChange;
 
     #[test]
     fn stage_verdicts_read_as_pass_port_drop_not_reached() {
+        let d = u32::from(DROP);
         let r = TraceRecord {
             worker: 1,
             ts_ns: 5,
             len: 60,
             tuple: None,
             input: 0,
-            stages: vec![0, 3, 3, u32::from(DROP), NOT_REACHED],
+            stages: vec![0, 3, 3, d, NOT_REACHED, NOT_TAKEN, 0],
+            // A deny branch takes the dropped packet back in: its first NF gets it with verdict 0.
+            entered: vec![0, 0, 3, 3, 0, 0, 0],
+            out: d,
+            segments: 0b101,
+            branch: "deny".into(),
+            state: vec![None, None, Some(StateChange { before: None, after: Some(json!({"packets": 1})) })],
         };
-        let labels: Vec<String> = ["acl", "route", "fsc", "ratelimit", "count"].map(String::from).to_vec();
+        let labels: Vec<String> =
+            ["acl", "route", "fsc", "ratelimit", "count", "allow/fsc", "deny/count"].map(String::from).to_vec();
         let v = record_json(&r, &labels, "afpacket:x");
         let got: Vec<&str> = v["stages"].as_array().unwrap().iter().map(|s| s["verdict"].as_str().unwrap()).collect();
-        assert_eq!(got, ["pass", "port 3", "pass", "drop", "not reached"]);
+        assert_eq!(got, ["pass", "port 3", "pass", "drop", "not reached", "pass"]);
         assert_eq!(v["verdict"], "drop");
+        assert_eq!(v["branch"], "deny");
         assert_eq!(v["stages"][1]["nf"], "route");
+        assert_eq!(v["stages"][5]["nf"], "deny/count");
+        assert_eq!(v["stages"][2]["state"], json!({"before": null, "after": {"packets": 1}}));
+        assert!(v["stages"][0].get("state").is_none());
     }
 
     #[test]

@@ -130,7 +130,9 @@ fn a_paced_replay_is_watched_changed_and_stopped_on_its_control_socket() {
 }
 
 /// Under `--scale scr` the state is the replicas' (the executors' tables stay empty): `show tables`
-/// reads the replicas' figures while the run goes on (every replica holds every flow).
+/// reads the replicas' figures while the run goes on (every replica holds every flow); a trace shows
+/// each core's packets with ddos's per-source state in its replica (counts that grow across the cores'
+/// packets), and captures (input, after an NF) take packets.
 #[test]
 fn show_tables_under_scr_reads_the_replicas() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("served-scr{}", std::process::id()));
@@ -153,6 +155,140 @@ fn show_tables_under_scr_reads_the_replicas() {
     for c in tables.as_array().unwrap() {
         assert!(c["insertions"].as_u64().unwrap() >= 40 && c["capacity"].as_u64().unwrap() >= 40, "{tables}");
     }
+    // A trace and captures see each core's own packets on its replica (they used to see nothing).
+    let (input, at) = (dir.join("in.pcap"), dir.join("at.pcap"));
+    assert!(ctl(&sock, &["capture", "start", input.to_str().unwrap()]).0);
+    let (good, armed, err) = ctl(&sock, &["trace", "add", "200"]);
+    assert!(good && armed["armed"] == 200, "{err}");
+    let t2 = Instant::now();
+    let recs = loop {
+        let v = ctl(&sock, &["trace", "show"]).1;
+        if v.as_array().is_some_and(|a| a.len() == 200) {
+            break v;
+        }
+        assert!(t2.elapsed() < Duration::from_secs(8), "trace under scr: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stop = ctl(&sock, &["capture", "stop"]).1;
+    assert!(stop["written"].as_u64().unwrap() > 0 && stop["dropped"] == 0, "{stop}");
+    assert!(ctl(&sock, &["capture", "start", at.to_str().unwrap(), "--at", "hh"]).0);
+    std::thread::sleep(Duration::from_millis(200));
+    let stop = ctl(&sock, &["capture", "stop"]).1;
+    assert!(stop["written"].as_u64().unwrap() > 0, "{stop}");
+    let recs = recs.as_array().unwrap();
+    let workers: std::collections::BTreeSet<u64> = recs.iter().map(|r| r["worker"].as_u64().unwrap()).collect();
+    assert_eq!(workers.len(), 2, "SCR sprays packets over both cores: {workers:?}");
+    // Per source and window, the replica's count after each traced packet (whichever core ran it) grows
+    // by one from its count before: each replica holds every core's packets (fast-forwarded).
+    let mut by_window: std::collections::BTreeMap<(String, u64), Vec<(u64, u64)>> = Default::default();
+    for r in recs {
+        let verdicts: Vec<&str> =
+            r["stages"].as_array().unwrap().iter().map(|s| s["verdict"].as_str().unwrap()).collect();
+        assert_eq!(verdicts, ["pass", "pass"], "{r}");
+        let st = &r["stages"][0]["state"];
+        let after = &st["after"];
+        let before = st["before"]["window_packets"].as_u64();
+        let key = (after["src"].as_str().unwrap().to_string(), after["window_start_ns"].as_u64().unwrap());
+        let n = after["window_packets"].as_u64().unwrap();
+        if st["before"]["window_start_ns"].as_u64() == Some(key.1) {
+            assert_eq!(before, Some(n - 1), "{r}");
+        }
+        by_window.entry(key).or_default().push((r["ts_ns"].as_u64().unwrap(), n));
+        assert!(!r["stages"][1]["state"]["after"].is_null(), "hh's state: {r}");
+    }
+    let mut across = 0;
+    for (k, mut v) in by_window {
+        v.sort_unstable();
+        assert!(v.windows(2).all(|w| w[0].1 < w[1].1), "{k:?}: {v:?}");
+        across += v.len().saturating_sub(1);
+    }
+    assert!(across > 0, "no source traced twice in a window");
+    assert!(ctl(&sock, &["stop"]).0);
+    let out = fp.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// IPv4 destination of each frame of a classic pcap (Ethernet, IPv4).
+fn pcap_dsts(path: &Path) -> Vec<[u8; 4]> {
+    let d = std::fs::read(path).unwrap();
+    let le = |o: usize| u32::from_le_bytes(d[o..o + 4].try_into().unwrap()) as usize;
+    let (mut out, mut off) = (Vec::new(), 24);
+    while off + 16 <= d.len() {
+        let len = le(off + 8);
+        out.push(d[off + 16 + 30..off + 16 + 34].try_into().unwrap());
+        off += 16 + len;
+    }
+    out
+}
+
+/// A chain graph served on a replay: a trace follows each packet along its branch (named, with the
+/// branch's NFs by their paths, each with its verdict and fsc's state), and `capture --at` takes the
+/// packets after a branch's NF. The ACL's rule (destinations in 172.16.0.0/13 dropped, so denied) is the
+/// oracle: read from each traced packet's and each captured frame's own destination.
+#[test]
+fn a_served_graph_is_traced_and_captured_along_its_branches() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("served-graph{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (sock, deny, allow) = (dir.join("fp.sock"), dir.join("deny.pcap"), dir.join("allow.pcap"));
+    let chain = "acl(rule=drop:udp:any:172.16.0.0/13) -> { allow: fsc ; deny: count -> fsc }";
+    let args = ["run", "--gen", "--flows 50 --packets 200000 --proto udp --seed 5", "--rate", "20000"];
+    let fp = served(&[&args[..], &["--chain", chain, "--cores", "2"]].concat(), &sock);
+    let denied = |dst: &str| dst.parse::<std::net::Ipv4Addr>().unwrap().octets()[1] & 0xf8 == 16;
+    assert!(ctl(&sock, &["capture", "start", deny.to_str().unwrap(), "--at", "deny/fsc"]).0);
+    let (good, _, err) = ctl(&sock, &["trace", "add", "60"]);
+    assert!(good, "{err}");
+    let t1 = Instant::now();
+    let recs = loop {
+        let v = ctl(&sock, &["trace", "show"]).1;
+        if v.as_array().is_some_and(|a| a.len() == 60) {
+            break v;
+        }
+        assert!(t1.elapsed() < Duration::from_secs(8), "trace of a graph: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stop = ctl(&sock, &["capture", "stop"]).1;
+    assert!(stop["written"].as_u64().unwrap() > 0, "{stop}");
+    assert!(ctl(&sock, &["capture", "start", allow.to_str().unwrap(), "--at", "allow/fsc"]).0);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(ctl(&sock, &["capture", "stop"]).1["written"].as_u64().unwrap() > 0);
+    let (mut seen_allow, mut seen_deny) = (0, 0);
+    for r in recs.as_array().unwrap() {
+        let nfs: Vec<String> = r["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| format!("{} {}", s["nf"].as_str().unwrap(), s["verdict"].as_str().unwrap()))
+            .collect();
+        let fsc = r["stages"].as_array().unwrap().last().unwrap()["state"]["after"].clone();
+        if denied(r["flow"]["dst"].as_str().unwrap()) {
+            assert_eq!(r["branch"], "deny", "{r}");
+            assert_eq!(nfs, ["acl drop", "deny/count pass", "deny/fsc pass"], "{r}");
+            seen_deny += 1;
+        } else {
+            assert_eq!(r["branch"], "allow", "{r}");
+            assert_eq!(nfs, ["acl pass", "allow/fsc pass"], "{r}");
+            seen_allow += 1;
+        }
+        // The branch's fsc counted this packet: its flow's counts after it.
+        assert_eq!(fsc["dst"], r["flow"]["dst"], "{r}");
+        assert!(fsc["packets"].as_u64().unwrap() >= 1, "{r}");
+        assert_eq!(r["verdict"], "out port 0", "{r}");
+    }
+    assert!(seen_allow > 0 && seen_deny > 0, "both branches traced: {seen_allow} allowed, {seen_deny} denied");
+    // show flow reaches a branch's NFs too (by path): a traced flow's fsc is the one of its branch.
+    let r = &recs[0];
+    let f = &r["flow"];
+    let (sport, dport) = (f["sport"].to_string(), f["dport"].to_string());
+    let rows =
+        ctl(&sock, &["show", "flow", "udp", f["src"].as_str().unwrap(), &sport, f["dst"].as_str().unwrap(), &dport]).1;
+    let nfs: Vec<&str> = rows.as_array().unwrap().iter().map(|x| x["nf"].as_str().unwrap()).collect();
+    let fsc = if r["branch"] == "deny" { "deny/fsc" } else { "allow/fsc" };
+    assert!(nfs.contains(&fsc) && nfs.contains(&"acl"), "show flow on a graph: {rows}");
+    let dst = |d: [u8; 4]| std::net::Ipv4Addr::from(d).to_string();
+    assert!(pcap_dsts(&deny).into_iter().all(|d| denied(&dst(d))), "deny/fsc's capture holds only denied packets");
+    assert!(pcap_dsts(&allow).into_iter().all(|d| !denied(&dst(d))), "allow/fsc's capture holds only allowed ones");
     assert!(ctl(&sock, &["stop"]).0);
     let out = fp.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

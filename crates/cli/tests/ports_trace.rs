@@ -3,8 +3,9 @@
 //! flows to ports 5001-5003 through `acl` (denying 5001) -> `ddos` -> `fsc`;
 //! `trace add 5 FLOW` shows exactly that flow's first 5 packets with acl's
 //! verdict and the NFs after it not reached, a trace of a passing flow shows
-//! every NF passing (batch; the engine's `tests/tap.rs` holds every executor
-//! to the same per-stage verdicts); `capture start FILE --at acl --dropped` writes a pcap
+//! every NF passing, with fsc's state for the flow before and after each
+//! packet as the scapy sequence says (batch; the engine's `tests/tap.rs`
+//! holds every executor to the same per-stage verdicts and states); `capture start FILE --at acl --dropped` writes a pcap
 //! whose packets (tshark reads them) are exactly the denied ones; a capture of
 //! the input left running is closed by the run's end; an unwritable file and
 //! an unknown NF are refused in one line.
@@ -135,10 +136,26 @@ fn check(exec: &str, tag: &str, tail: bool) {
     received(&sock, 72);
     let pkts = ctl_ok(&sock, &["trace", "show"]);
     assert_eq!(pkts.as_array().unwrap().len(), 4, "{pkts}");
-    for p in pkts.as_array().unwrap() {
+    for (k, p) in pkts.as_array().unwrap().iter().enumerate() {
         assert_eq!(p["flow"]["dport"], 5002, "{p}");
         assert_eq!(verdicts(p), ["acl pass", "ddos pass", "fsc pass"], "{p}");
         assert_eq!(p["verdict"], "out port 0");
+        // Each NF's state for the flow before and after the packet. The model, from the scapy sequence:
+        // packet i goes to 5001 + i % 3 and acl drops 5001, so fsc has counted 5002's 20 packets of the
+        // first burst (i % 3 == 1, i < 60) and the k earlier traced ones, 52 bytes each (14 + 20 + 8 + 10).
+        let fsc = &p["stages"][2]["state"];
+        let n = 20 + k as u64;
+        let counts = |v: &serde_json::Value| (v["packets"].as_u64(), v["bytes"].as_u64());
+        assert_eq!(counts(&fsc["before"]), (Some(n), Some(52 * n)), "{p}");
+        assert_eq!(counts(&fsc["after"]), (Some(n + 1), Some(52 * (n + 1))), "{p}");
+        // ddos counts the source's packets in its window (the flows acl passes): one more after.
+        let d = &p["stages"][1]["state"];
+        if d["before"]["window_start_ns"] == d["after"]["window_start_ns"] {
+            let w = |v: &serde_json::Value| v["window_packets"].as_u64().unwrap();
+            assert_eq!(w(&d["after"]), w(&d["before"]) + 1, "{p}");
+        }
+        // acl's verdict for the flow was cached at its first packet (first burst).
+        assert!(!p["stages"][0]["state"]["before"].is_null(), "{p}");
     }
     let human =
         Command::new(env!("CARGO_BIN_EXE_flowplane")).arg("ctl").arg(&sock).args(["trace", "show"]).output().unwrap();

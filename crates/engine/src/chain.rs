@@ -83,6 +83,14 @@ impl Stage {
         matches!(self, Stage::Stateful { group: Some(_), .. })
     }
 
+    /// Bytes of the NF's per-key state (0: a stateless NF).
+    pub fn state_size(&self) -> usize {
+        match self {
+            Stage::Stateless(_) => 0,
+            Stage::Stateful { nf, .. } => nf.state_size(),
+        }
+    }
+
     /// The NF's name.
     pub fn name(&self) -> &'static str {
         match self {

@@ -175,10 +175,8 @@ fn carry_out(w: usize, cmd: &Command, pipeline: &mut Pipeline) -> Answer {
         }
         Command::Capture(arm) => {
             if let Some(a) = arm {
-                if a.at.is_some_and(|at| at >= pipeline.root_stages()) {
-                    return Answer::Refused(
-                        "capture --at: only the NFs before a chain graph's branch point can be captured".into(),
-                    );
+                if a.at.is_some_and(|at| at >= pipeline.stage_total()) {
+                    return Answer::Refused(format!("capture --at: no NF at position {:?} of the chain", a.at));
                 }
             }
             pipeline.arm_capture(w, arm.as_ref());

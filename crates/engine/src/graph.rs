@@ -49,6 +49,7 @@ use crate::chain::{Branch, BranchOn, Chain};
 use crate::coarse::SharedStores;
 use crate::error::EngineError;
 use crate::exec::{ExecConfig, Pipeline};
+use crate::tap::Tap;
 
 /// Most branches at one branch point (lanes are bytes; lane 0 is "no branch").
 pub const MAX_BRANCHES: usize = 254;
@@ -59,6 +60,10 @@ pub(crate) struct Arm {
     /// The branch's label (its NFs report as `label/name` within its parent's names).
     pub(crate) label: String,
     pub(crate) pipe: Pipeline,
+    /// Its first stage's flat index and its segment number, relative to its parent segment's (a trace's
+    /// frames, see [`crate::tap::Tap::enter`]).
+    offset: usize,
+    seg: usize,
 }
 
 /// A segment's port and branch point, run after the segment's own pipeline.
@@ -82,12 +87,14 @@ pub(crate) struct Graph {
 
 impl Graph {
     /// The graph part of a segment: `port`, and `branches` each compiled into
-    /// its own pipeline (`shared`: the branches' shared tables, in order).
+    /// its own pipeline (`shared`: the branches' shared tables, in order);
+    /// `stages`: the segment's own stages (the branches' come after them in flat order).
     pub(crate) fn new(
         port: Option<u16>,
         branches: Vec<Branch>,
         cfg: ExecConfig,
         shared: &[SharedStores],
+        stages: usize,
     ) -> Result<Graph, EngineError> {
         if branches.len() > MAX_BRANCHES {
             return Err(EngineError::Config(format!(
@@ -105,6 +112,7 @@ impl Graph {
             counts: vec![0; branches.len() + 1],
             parts: Vec::new(),
         };
+        let (mut offset, mut seg) = (stages, 1);
         for (k, b) in branches.into_iter().enumerate() {
             let lane = (k + 1) as u8;
             match b.on {
@@ -115,7 +123,11 @@ impl Graph {
             let sh = shared.get(k).cloned().unwrap_or_default();
             // The path's last label: names nest level by level.
             let label = b.path.rsplit('/').next().unwrap_or_default().to_string();
-            g.arms.push(Arm { on: b.on, label, pipe: Pipeline::new(b.chain, cfg, sh)? });
+            let pipe = Pipeline::new(b.chain, cfg, sh)?;
+            let (o, sg) = (offset, seg);
+            offset += pipe.stages().len();
+            seg += pipe.segment_count();
+            g.arms.push(Arm { on: b.on, label, pipe, offset: o, seg: sg });
         }
         Ok(g)
     }
@@ -133,8 +145,9 @@ impl Graph {
         self.pass_lane
     }
 
-    /// After the segment's pipeline: its port, then its branches.
-    pub(crate) fn run(&mut self, batch: &mut Batch, ctx: &NfContext) {
+    /// After the segment's pipeline: its port, then its branches. `tap`: the segment's armed tap, handed
+    /// to each branch's pipeline while it runs (see [`crate::tap::Tap::enter`]).
+    pub(crate) fn run(&mut self, batch: &mut Batch, ctx: &NfContext, tap: &mut Option<Box<Tap>>) {
         if let Some(p) = self.port {
             for v in batch.verdicts_mut() {
                 if *v != DROP {
@@ -156,7 +169,7 @@ impl Graph {
         match whole {
             // Every packet takes one lane: no split.
             Some(0) => {}
-            Some(l) => self.run_arm(l, batch, ctx),
+            Some(l) => run_arm(&mut self.arms[l - 1], l as u8, &self.lane[..n], batch, ctx, tap),
             None => {
                 if self.parts.len() != self.counts.len() || !self.parts[0].same_memory(batch) {
                     // Once per worker (its pool never changes): the sub-batches.
@@ -166,7 +179,7 @@ impl Graph {
                 if batch.split_into(&self.lane[..n], &mut parts).is_ok() {
                     for (l, part) in parts.iter_mut().enumerate().skip(1) {
                         if !part.is_empty() {
-                            self.run_arm(l, part, ctx);
+                            run_arm(&mut self.arms[l - 1], l as u8, &self.lane[..n], part, ctx, tap);
                         }
                     }
                     let joined = batch.join_from(&self.lane[..n], &mut parts);
@@ -183,13 +196,22 @@ impl Graph {
             }
         }
     }
+}
 
-    fn run_arm(&mut self, lane: usize, part: &mut Batch, ctx: &NfContext) {
-        let arm = &mut self.arms[lane - 1];
-        if arm.on == BranchOn::Drop {
-            // The deny branch takes dropped packets back in (NFs skip drops).
-            part.verdicts_mut().fill(0);
+/// Runs branch `arm` (lane `lane` of `lanes`) over its sub-batch `part`, with the tap if one is armed.
+fn run_arm(arm: &mut Arm, lane: u8, lanes: &[u8], part: &mut Batch, ctx: &NfContext, tap: &mut Option<Box<Tap>>) {
+    if arm.on == BranchOn::Drop {
+        // The deny branch takes dropped packets back in (NFs skip drops).
+        part.verdicts_mut().fill(0);
+    }
+    if tap.as_deref_mut().is_some_and(|t| t.enter(arm.offset, arm.seg, lane, lanes, part)) {
+        arm.pipe.put_tap(tap.take());
+        arm.pipe.process(part, ctx);
+        *tap = arm.pipe.take_tap();
+        if let Some(t) = tap.as_deref_mut() {
+            t.leave();
         }
+    } else {
         arm.pipe.process(part, ctx);
     }
 }

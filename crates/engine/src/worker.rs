@@ -358,7 +358,10 @@ impl<'a> Worker<'a> {
             self.prio.extend((0..n).map(|i| class.matches(batch.data(i))));
         }
         match self.scr.as_mut().and_then(|r| Some((r, self.source.scr_side()?))) {
-            Some((r, side)) => r.process(self.exec.chain_mut(), batch, side, &ctx),
+            Some((r, side)) => {
+                let (chain, tap) = self.exec.scr_parts();
+                r.process(chain, batch, side, &ctx, tap)
+            }
             None => self.exec.process(batch, &ctx),
         }
         if arrival.is_some() {

@@ -3,6 +3,11 @@
 //! written from the NFs' documented rules (acl drops dport 5001; the rate
 //! limiter passes a flow's first `burst` packets at one packet time; the
 //! route sends 10.0.0.2/32 to port 1), and arming them changes no verdict.
+//! A chain graph is traced and captured along each branch (the branch taken,
+//! a branch NF's verdict and state, `--at` a branch NF), and a trace gives
+//! each NF's state for the packet's flow before and after it, as a model of
+//! fsc's and ddos's documented counters says, with flows repeating within a
+//! batch.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,7 +16,7 @@ use flowplane_engine::chain::Chain;
 use flowplane_engine::coarse::SharedStores;
 use flowplane_engine::exec::{ExecConfig, ExecKind, Pipeline};
 use flowplane_engine::spec::parse;
-use flowplane_engine::tap::{pop_record, CaptureArm, TraceArm, TraceFilter, NOT_REACHED};
+use flowplane_engine::tap::{pop_record, CaptureArm, TraceArm, TraceFilter, NOT_REACHED, NOT_TAKEN};
 use flowplane_nf::testutil::udp4;
 use flowplane_nf::NfContext;
 use flowplane_packet::{Batch, PacketPool, PoolConfig, DROP};
@@ -190,4 +195,134 @@ fn a_profile_counts_the_packets_each_nf_ran_under_every_executor() {
         assert_eq!(run(&mut p).len(), N);
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The graph of [`graph_model`]: acl denies dport 5001; allowed packets go through fsc and the rate
+/// limiter, denied ones are counted and sent to port 2. Stages in flat order: acl, allow/fsc,
+/// allow/ratelimit, deny/count.
+fn graph_pipeline(kind: ExecKind) -> Pipeline {
+    let spec =
+        "acl(rule=drop:udp:any:any:any:5001) -> { allow: fsc -> ratelimit(pps=1,burst=2) ; deny: count -> port(2) }";
+    let c = Chain::build(&parse(spec).unwrap()).unwrap();
+    let shared = SharedStores::for_chain(&c, 4096, 3_600_000_000_000).unwrap();
+    let cfg = ExecConfig { kind, flows: 4096, hugepages: false, ..ExecConfig::default() };
+    Pipeline::new(c, cfg, shared).unwrap()
+}
+
+/// Per stage (flat order) of the graph: the verdict after it (None: not reached, `NOT_TAKEN`: a branch
+/// not taken), the branch, and the verdict the packet leaves with.
+fn graph_model(i: usize) -> ([Option<u32>; 4], &'static str, u16) {
+    let t = Some(NOT_TAKEN);
+    if dport(i) == 5001 {
+        // Dropped by acl, taken back in by the deny branch: count passes it, port(2) sends it.
+        return ([Some(u32::from(DROP)), t, t, Some(0)], "deny", 2);
+    }
+    if i / 3 >= 2 {
+        return ([Some(0), Some(0), Some(u32::from(DROP)), t], "allow", DROP);
+    }
+    ([Some(0), Some(0), Some(0), t], "allow", 0)
+}
+
+#[test]
+fn a_graph_is_traced_and_captured_along_each_branch_under_every_executor() {
+    let expect_final: Vec<u16> = (0..N).map(|i| graph_model(i).2).collect();
+    for kind in ExecKind::all() {
+        let what = kind.to_string();
+        let mut p = graph_pipeline(kind);
+        assert_eq!(run(&mut p), expect_final, "{what}: without a trace");
+
+        let mut p = graph_pipeline(kind);
+        let arm = TraceArm { filter: TraceFilter::Any, count: N, left: Arc::new(AtomicU64::new(N as u64)) };
+        p.arm_trace(0, Some(&arm));
+        assert_eq!(run(&mut p), expect_final, "{what}: with a trace");
+        let recs = p.trace_records();
+        assert_eq!(recs.len(), N, "{what}");
+        for (i, r) in recs.iter().enumerate() {
+            let (stages, branch, out) = graph_model(i);
+            let got: Vec<Option<u32>> = r.stages.iter().map(|&s| (s != NOT_REACHED).then_some(s)).collect();
+            assert_eq!(got, stages, "{what}: packet {i}");
+            assert_eq!((r.branch.as_str(), r.out), (branch, u32::from(out)), "{what}: packet {i}");
+            if branch == "deny" {
+                assert_eq!(r.entered[3], 0, "{what}: the deny branch takes the packet back in");
+            }
+            // fsc (allow/fsc) counts the flow's allowed packets: before and after this one.
+            let fsc = r.state[1].as_ref().map(|c| (c.before.as_ref().map(|v| v["packets"].clone()), c.after.clone()));
+            match branch {
+                "allow" => {
+                    let (before, after) = fsc.unwrap_or_else(|| panic!("{what}: packet {i}: no fsc state"));
+                    let k = (i / 3) as u64;
+                    assert_eq!(before, (k > 0).then(|| k.into()), "{what}: packet {i}");
+                    assert_eq!(after.unwrap()["packets"], k + 1, "{what}: packet {i}");
+                }
+                _ => assert!(fsc.is_none(), "{what}: packet {i}: a branch not taken has no state"),
+            }
+        }
+
+        // Captures at a branch's NF: what deny/count passes (the denied packets), what allow/ratelimit
+        // drops; drops anywhere are acl's and the rate limiter's.
+        let denied: Vec<u64> = (0..N).filter(|&i| dport(i) == 5001).map(|i| i as u64).collect();
+        let mut p = graph_pipeline(kind);
+        assert_eq!(capture(&mut p, Some(3), false).0, denied, "{what}: at deny/count");
+        let limited: Vec<u64> =
+            (0..N).filter(|&i| graph_model(i).0[2] == Some(u32::from(DROP))).map(|i| i as u64).collect();
+        let mut p = graph_pipeline(kind);
+        assert_eq!(capture(&mut p, Some(2), true).0, limited, "{what}: dropped at allow/ratelimit");
+        let mut p = graph_pipeline(kind);
+        let mut got = capture(&mut p, None, true).0;
+        got.sort_unstable();
+        let mut any = [denied.clone(), limited].concat();
+        any.sort_unstable();
+        assert_eq!(got, any, "{what}: dropped anywhere");
+    }
+}
+
+/// A trace's per-NF state change, under every executor, against a model of the documented state:
+/// fsc counts a flow's packets and bytes (first and last seen at the packet times), ddos a source's
+/// packets in its window; acl keeps a verdict per flow. Flows interleave and repeat within a batch
+/// (batches of 8), so a stage-major executor's state read after a whole batch would be wrong.
+#[test]
+fn a_trace_gives_each_nfs_state_before_and_after_each_packet_under_every_executor() {
+    let chain = "acl(rule=drop:udp:any:any:any:5001) -> fsc -> ddos(threshold=1000000)";
+    let len = udp4([10, 0, 0, 1], [10, 0, 0, 2], 4000, 5001).len() as u64;
+    for kind in ExecKind::all() {
+        let what = kind.to_string();
+        let c = Chain::build(&parse(chain).unwrap()).unwrap();
+        let shared = SharedStores::new(&c.groups, 4096, 3_600_000_000_000).unwrap();
+        let cfg = ExecConfig { kind, flows: 4096, hugepages: false, ..ExecConfig::default() };
+        let mut p = Pipeline::new(c, cfg, shared).unwrap();
+        let arm = TraceArm { filter: TraceFilter::Any, count: N, left: Arc::new(AtomicU64::new(N as u64)) };
+        p.arm_trace(0, Some(&arm));
+        run(&mut p);
+        let recs = p.trace_records();
+        assert_eq!(recs.len(), N, "{what}");
+        // The model: per flow its allowed packets so far and the first one's time; the source's packets.
+        let mut flows: std::collections::HashMap<u16, (u64, u64)> = Default::default();
+        let mut source = 0u64;
+        for (i, r) in recs.iter().enumerate() {
+            let ts = i as u64 * 1000;
+            let acl = r.state[0].as_ref().unwrap_or_else(|| panic!("{what}: packet {i}: acl's state"));
+            assert_eq!(acl.before.is_some(), i >= 3, "{what}: packet {i}: acl's verdict cached from the flow's first");
+            assert!(acl.after.is_some(), "{what}: packet {i}");
+            if dport(i) == 5001 {
+                assert_eq!((&r.state[1], &r.state[2]), (&None, &None), "{what}: packet {i}: fsc, ddos not reached");
+                continue;
+            }
+            let (n, first) = flows.get(&dport(i)).copied().unwrap_or((0, ts));
+            let fsc = r.state[1].as_ref().unwrap();
+            let row = |k: u64, last: u64| {
+                serde_json::json!({"proto": 17, "src": "10.0.0.1", "dst": "10.0.0.2", "sport": 4000, "dport": dport(i),
+                    "packets": k, "bytes": k * len, "first_ns": first, "last_ns": last})
+            };
+            let prev_last = ts.saturating_sub(3000);
+            assert_eq!(fsc.before, (n > 0).then(|| row(n, prev_last)), "{what}: packet {i}: fsc before");
+            assert_eq!(fsc.after, Some(row(n + 1, ts)), "{what}: packet {i}: fsc after");
+            flows.insert(dport(i), (n + 1, first));
+            let ddos = r.state[2].as_ref().unwrap();
+            let count = |v: &Option<serde_json::Value>| v.as_ref().map(|v| v["window_packets"].as_u64().unwrap());
+            assert_eq!(count(&ddos.before), (source > 0).then_some(source), "{what}: packet {i}: ddos before");
+            assert_eq!(count(&ddos.after), Some(source + 1), "{what}: packet {i}: ddos after");
+            assert_eq!(ddos.after.as_ref().unwrap()["src"], "10.0.0.1");
+            source += 1;
+        }
+    }
 }

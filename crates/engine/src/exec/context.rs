@@ -278,6 +278,23 @@ fn raw_state(b: &[u8]) -> serde_json::Value {
     serde_json::json!({ "state_bytes": hex })
 }
 
+/// Stage `stage`'s state bytes `b` for flow `key`'s packet, as `show flow` shows them (a trace's state
+/// change): the NF's export row for the flow, or for its coarse key, or the bytes.
+pub(crate) fn render_state(stage: &Stage, key: &FiveTuple, b: &[u8]) -> Option<serde_json::Value> {
+    let Stage::Stateful { nf, .. } = stage else { return None };
+    let gran = nf.granularity();
+    let row = if gran == Granularity::FiveTuple {
+        nf.export_row_bytes(key, b)
+    } else {
+        let meta = PktMeta { tuple: *key, valid: true, ..Default::default() };
+        group_key(gran, &meta).and_then(|gk| match key_tuple(gran, gk) {
+            Some(t) => nf.export_row_bytes(&t, b),
+            None => nf.export_raw_row_bytes(gk, b),
+        })
+    };
+    Some(row.unwrap_or_else(|| raw_state(b)))
+}
+
 /// The flow tables' hash of `t` under the run's secret `seed` (every core of a run uses the same one, so
 /// hand-over and replicas place a key alike).
 #[inline(always)]
@@ -995,11 +1012,73 @@ impl ExecContext {
         }
     }
 
-    /// Stage `si` ran packets `range`: the armed tap looks at their verdicts.
+    /// Stage `si` ran packets `range`: the armed tap looks at their verdicts, and a traced packet's
+    /// state after the stage is read (exact: a traced packet runs alone, see `Pipeline::run_chunked`).
     #[inline]
     pub(crate) fn observe(&mut self, si: usize, batch: &Batch, range: Range<usize>) {
-        if let Some(t) = self.tap.as_deref_mut() {
-            t.after(si, batch, range);
+        let Some(mut t) = self.tap.take() else { return };
+        t.after(si, batch, range.clone());
+        if t.tracing() && t.any_traced() && self.chain.stages[si].state_size() > 0 {
+            for i in range {
+                if let Some(mut slot) = t.state_slot(i, si, true) {
+                    let had = self.copy_state(si, &self.scratch.metas[i], slot.buf());
+                    slot.set(had);
+                }
+            }
+        }
+        self.tap = Some(t);
+    }
+
+    /// Copies stage `si`'s state for the packet parsed as `meta` into `out` (its state size): the flow's
+    /// 5-tuple state, or the coarse state of its source, destination or other key. One lookup, nothing
+    /// inserted; false when there is none (a new flow, an unparsed packet).
+    pub(crate) fn copy_state(&self, si: usize, meta: &PktMeta, out: &mut [u8]) -> bool {
+        if !meta.valid {
+            return false;
+        }
+        let Some(Stage::Stateful { nf, offset, group, member, .. }) = self.chain.stages.get(si) else { return false };
+        let sz = nf.state_size().min(out.len());
+        let out = &mut out[..sz];
+        match *group {
+            Some(g) => {
+                let bit = 2u64 << member;
+                let Some(gk) = group_key(self.chain.groups[g].granularity, meta) else { return false };
+                let t = &self.shared.tables[g];
+                let hdl = t.lookup(&gk, coarse_hash(gk, self.scratch.seed));
+                let Some(words) = t.state(hdl) else { return false };
+                with_locked(words, |flags, buf| {
+                    let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+                    match bytes.get(*offset..*offset + sz) {
+                        Some(b) if *flags & bit != 0 => {
+                            out.copy_from_slice(b);
+                            true
+                        }
+                        _ => false,
+                    }
+                })
+                .unwrap_or(false)
+            }
+            None => {
+                let (store, off) = match self.layout {
+                    StateLayout::PerNf => {
+                        // This NF's own table: one per 5-tuple stage before it.
+                        let k = self.chain.stages[..si]
+                            .iter()
+                            .filter(|s| matches!(s, Stage::Stateful { group: None, .. }))
+                            .count();
+                        (self.stores.get(k), 0)
+                    }
+                    StateLayout::Aggregated => (self.stores.first(), *offset),
+                };
+                let h = hash_tuple(&meta.tuple, self.scratch.seed);
+                match store.and_then(|st| st.block(st.find(&meta.tuple, h)?).get(off..off + sz)) {
+                    Some(b) => {
+                        out.copy_from_slice(b);
+                        true
+                    }
+                    None => false,
+                }
+            }
         }
     }
 

@@ -364,6 +364,8 @@ pub struct Pipeline {
     cx: ExecContext,
     exec: Box<dyn Executor>,
     graph: Option<Box<Graph>>,
+    /// Two sub-batches for running a traced batch cut (`run_chunked`; made at the first one).
+    cuts: Vec<Box<Batch>>,
 }
 
 impl Pipeline {
@@ -376,7 +378,7 @@ impl Pipeline {
         let graph = if port.is_none() && branches.is_empty() {
             None
         } else {
-            Some(Box::new(Graph::new(port, branches, cfg, &shared.branches)?))
+            Some(Box::new(Graph::new(port, branches, cfg, &shared.branches, chain.stages.len())?))
         };
         if !cfg.match_sharing && cfg.kind.info().layout == StateLayout::Aggregated {
             if cfg.kind != ExecKind::BATCH {
@@ -393,7 +395,7 @@ impl Pipeline {
         let info = cfg.kind.info();
         let cx = ExecContext::new(chain, cfg, shared, info.layout)?;
         let exec = (info.new)(&cx);
-        Ok(Pipeline { kind: cfg.kind, cx, exec, graph })
+        Ok(Pipeline { kind: cfg.kind, cx, exec, graph, cuts: Vec::new() })
     }
 
     /// The executor.
@@ -405,7 +407,10 @@ impl Pipeline {
     pub fn process(&mut self, batch: &mut Batch, ctx: &NfContext) {
         self.process_segment(batch, ctx);
         if let Some(g) = &mut self.graph {
-            g.run(batch, ctx);
+            g.run(batch, ctx, &mut self.cx.tap);
+        }
+        if let Some(t) = self.cx.tap.as_deref_mut() {
+            t.finish(batch);
         }
     }
 
@@ -429,13 +434,19 @@ impl Pipeline {
         self.cx.expire(ctx.now_ns);
     }
 
-    /// [`Pipeline::process_segment`] with a trace or capture armed (`crate::tap`): the batch is parsed for the
-    /// trace's filter and every stage's verdicts are observed.
+    /// [`Pipeline::process_segment`] with a trace, capture or profile armed (`crate::tap`): the batch is
+    /// parsed for the trace's filter (the root segment's batch only: a branch's packets were taken at the
+    /// root) and every stage's verdicts are observed; a batch holding traced packets runs cut so each
+    /// NF's state is read before and after each traced packet alone.
     #[cold]
     fn process_observed(&mut self, batch: &mut Batch, ctx: &NfContext) {
         self.cx.parse(batch);
+        let mut cut = false;
         if let Some(t) = self.cx.tap.as_deref_mut() {
-            t.begin(batch, &self.cx.scratch.metas[..]);
+            if t.depth() == 0 {
+                t.begin(batch, &self.cx.scratch.metas[..]);
+            }
+            cut = t.tracing() && t.any_traced();
         }
         if !self.cx.chain.is_stateful() {
             let n = batch.len();
@@ -447,40 +458,171 @@ impl Pipeline {
             }
             return;
         }
-        self.exec.run(&mut self.cx, batch, ctx);
+        self.cx.begin_batch(ctx.now_ns);
+        if cut {
+            self.run_chunked(batch, ctx);
+        } else {
+            self.exec.run(&mut self.cx, batch, ctx);
+        }
         self.cx.expire(ctx.now_ns);
     }
 
-    /// Arms (`Some`) or disarms a trace on this core's root segment.
+    /// Runs a batch holding traced packets as consecutive sub-batches, each traced packet alone in its
+    /// own, reading every stage's state for its flow before its sub-batch (before the flow lookup) and
+    /// after each stage (`ExecContext::observe`): the states are that packet's whatever the executor
+    /// (see [`crate::tap`]). Every executor gives the result of packet-by-packet processing, so the cut
+    /// changes no verdict and no state.
+    #[cold]
+    fn run_chunked(&mut self, batch: &mut Batch, ctx: &NfContext) {
+        let n = batch.len();
+        if self.cuts.len() != 2 || !self.cuts[0].same_memory(batch) {
+            // Once per worker (its pool never changes): the two sub-batches.
+            self.cuts = vec![batch.sibling(), batch.sibling()];
+        }
+        let mut lanes = [0u8; flowplane_packet::MAX_BATCH];
+        let mut parts = std::mem::take(&mut self.cuts);
+        let mut start = 0;
+        while start < n {
+            let traced = |cx: &ExecContext, i: usize| cx.tap.as_deref().is_some_and(|t| t.is_traced(i));
+            let alone = traced(&self.cx, start);
+            let end = if alone { start + 1 } else { (start..n).find(|&i| traced(&self.cx, i)).unwrap_or(n) };
+            lanes[..n].fill(0);
+            lanes[start..end].fill(1);
+            if batch.split_into(&lanes[..n], &mut parts).is_err() {
+                // Cannot happen (the parts are this batch's siblings, empty): run the rest whole.
+                self.exec.run(&mut self.cx, batch, ctx);
+                break;
+            }
+            let part = &mut parts[1];
+            self.cx.parse(part);
+            let mut tap = self.cx.tap.take();
+            let entered = tap.as_deref_mut().is_some_and(|t| t.enter(0, 0, 1, &lanes[..n], part));
+            if let (true, true, Some(t)) = (entered, alone, tap.as_deref_mut()) {
+                let meta = self.cx.scratch.metas[0];
+                for si in 0..self.cx.chain.stages.len() {
+                    if let Some(mut slot) = t.state_slot(0, si, false) {
+                        let had = self.cx.copy_state(si, &meta, slot.buf());
+                        slot.set(had);
+                    }
+                }
+            }
+            if entered {
+                self.cx.tap = tap.take();
+            }
+            self.exec.run(&mut self.cx, part, ctx);
+            if entered {
+                tap = self.cx.tap.take();
+                if let Some(t) = tap.as_deref_mut() {
+                    t.leave();
+                }
+            }
+            self.cx.tap = tap;
+            let joined = batch.join_from(&lanes[..n], &mut parts);
+            // Executors never add or remove packets, so the parts still match their lanes.
+            debug_assert!(joined.is_ok());
+            start = end;
+        }
+        self.cuts = parts;
+    }
+
+    /// What this pipeline's tap is sized for: every stage's state size (flat order) and the frames.
+    fn tap_shape(&self) -> crate::tap::TapShape {
+        let state_sizes = self.stages().iter().map(|(_, s)| s.state_size()).collect();
+        // Per graph level: the segment's frame and its cut's.
+        crate::tap::TapShape { state_sizes, frames: 2 * (self.graph_depth() + 1) + 1 }
+    }
+
+    /// Branch points on the longest path through the graph (0: a linear chain).
+    fn graph_depth(&self) -> usize {
+        self.arms().iter().map(|a| 1 + a.pipe.graph_depth()).max().unwrap_or(0)
+    }
+
+    /// Segments of the graph (this one and its branches', depth first).
+    pub(crate) fn segment_count(&self) -> usize {
+        1 + self.arms().iter().map(|a| a.pipe.segment_count()).sum::<usize>()
+    }
+
+    /// Each segment's path (the root's is empty) and, per stage in flat order, its segment.
+    fn segment_paths(&self, prefix: &str, paths: &mut Vec<String>, seg_of: &mut Vec<usize>) {
+        let me = paths.len();
+        paths.push(prefix.to_string());
+        seg_of.extend((0..self.cx.chain.stages.len()).map(|_| me));
+        for a in self.arms() {
+            let p = if prefix.is_empty() { a.label.clone() } else { format!("{prefix}/{}", a.label) };
+            a.pipe.segment_paths(&p, paths, seg_of);
+        }
+    }
+
+    /// Takes the tap out (a branch point hands it to a branch's pipeline).
+    pub(crate) fn take_tap(&mut self) -> Option<Box<crate::tap::Tap>> {
+        self.cx.tap.take()
+    }
+
+    /// Puts a tap in (see [`Pipeline::take_tap`]).
+    pub(crate) fn put_tap(&mut self, tap: Option<Box<crate::tap::Tap>>) {
+        self.cx.tap = tap;
+    }
+
+    /// Under `--scale scr`: the chain (the replica runs its NFs) and the armed tap, if any.
+    pub fn scr_parts(&mut self) -> (&mut Chain, Option<&mut crate::tap::Tap>) {
+        (&mut self.cx.chain, self.cx.tap.as_deref_mut())
+    }
+
+    /// Arms (`Some`) or disarms a trace on this core: every stage, a graph's branches too.
     pub fn arm_trace(&mut self, worker: usize, arm: Option<&crate::tap::TraceArm>) {
-        let stages = self.cx.chain.stages.len();
-        self.cx.tap = crate::tap::Tap::arm_trace(self.cx.tap.take(), worker, arm, stages);
+        let shape = self.tap_shape();
+        self.cx.tap = crate::tap::Tap::arm_trace(self.cx.tap.take(), worker, arm, &shape);
     }
 
-    /// Arms (`Some`) or disarms a capture on this core's root segment.
+    /// Arms (`Some`) or disarms a capture on this core (`at`: a stage in flat order, a branch's too).
     pub fn arm_capture(&mut self, worker: usize, arm: Option<&crate::tap::CaptureArm>) {
-        self.cx.tap = crate::tap::Tap::arm_capture(self.cx.tap.take(), worker, arm);
+        let shape = self.tap_shape();
+        self.cx.tap = crate::tap::Tap::arm_capture(self.cx.tap.take(), worker, arm, &shape);
     }
 
-    /// Starts (from zero) or stops the per-NF profile of this core's root segment.
+    /// Starts (from zero) or stops the per-NF profile of this core (every stage, flat order).
     pub fn arm_profile(&mut self, on: bool) {
-        let stages = self.cx.chain.stages.len();
-        self.cx.tap = crate::tap::Tap::arm_profile(self.cx.tap.take(), on, stages);
+        let shape = self.tap_shape();
+        self.cx.tap = crate::tap::Tap::arm_profile(self.cx.tap.take(), on, &shape);
     }
 
-    /// The per-NF profile so far (root segment, chain order), if one is running.
+    /// The per-NF profile so far (every stage, flat order), if one is running.
     pub fn profile(&self) -> Option<Vec<crate::tap::StageCost>> {
         crate::tap::Tap::profile(self.cx.tap.as_deref())
     }
 
-    /// The packets traced on this core so far.
+    /// The packets traced on this core so far: per stage its verdict and its state for the packet's flow
+    /// as `show flow` shows it; a graph's stages of branches the packet did not take marked
+    /// [`crate::tap::NOT_TAKEN`], and the branch it took named.
     pub fn trace_records(&self) -> Vec<crate::tap::TraceRecord> {
-        crate::tap::Tap::records(self.cx.tap.as_deref())
+        let stages = self.stages();
+        let render = |si: usize, key: &flowplane_wire::flow::FiveTuple, b: &[u8]| {
+            stages.get(si).and_then(|(_, s)| context::render_state(s, key, b))
+        };
+        let mut recs = crate::tap::Tap::records(self.cx.tap.as_deref(), &render);
+        if self.graph.is_some() {
+            let (mut paths, mut seg_of) = (Vec::new(), Vec::new());
+            self.segment_paths("", &mut paths, &mut seg_of);
+            for r in &mut recs {
+                for (si, v) in r.stages.iter_mut().enumerate() {
+                    if seg_of.get(si).is_some_and(|&k| k >= 64 || r.segments & (1 << k) == 0) {
+                        *v = crate::tap::NOT_TAKEN;
+                        if let Some(s) = r.state.get_mut(si) {
+                            *s = None;
+                        }
+                    }
+                }
+                // Segments are numbered depth first: the deepest one entered is the last on the path.
+                let last = 63 - r.segments.max(1).leading_zeros() as usize;
+                r.branch = paths.get(last).cloned().unwrap_or_default();
+            }
+        }
+        recs
     }
 
-    /// Stages of the root segment (what a trace and `capture --at` see).
-    pub fn root_stages(&self) -> usize {
-        self.cx.chain.stages.len()
+    /// Stages of the whole graph in flat order (what a trace and `capture --at` see).
+    pub fn stage_total(&self) -> usize {
+        self.stage_count()
     }
 
     /// The core's source is exhausted: its clocks (a graph's branches' too)
@@ -804,13 +946,18 @@ impl Pipeline {
         ((ok, refused), rest)
     }
 
-    /// Each stateful NF's state for flow `key` on this core (see [`ExecContext::flow_rows`]).
+    /// Each stateful NF's state for flow `key` on this core (see [`ExecContext::flow_rows`]); a graph's
+    /// branch NFs too, named by their path (`deny/fsc`).
     pub fn flow_rows(
         &self,
         key: &flowplane_wire::flow::FiveTuple,
         include_shared: bool,
     ) -> Vec<(String, serde_json::Value)> {
-        self.cx.flow_rows(key, include_shared)
+        let mut out = self.cx.flow_rows(key, include_shared);
+        for a in self.arms() {
+            out.extend(a.pipe.flow_rows(key, include_shared).into_iter().map(|(n, v)| (format!("{}/{n}", a.label), v)));
+        }
+        out
     }
 
     /// Export rows of NF `name`, if it exports state (see [`ExecContext::export`]).

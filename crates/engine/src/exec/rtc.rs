@@ -51,8 +51,9 @@ fn run_with<const OBS: bool>(cx: &mut ExecContext, batch: &mut Batch, ctx: &NfCo
         let seg_end =
             (seg_start..stages).find(|&k| matches!(cx.chain.stages[k], Stage::Stateless(_))).unwrap_or(stages);
         // Without coarse stages (the common case) the per-stage loop
-        // borrows the stages and the store once per packet, not through `cx`.
-        let coarse = !cx.chain.groups.is_empty();
+        // borrows the stages and the store once per packet, not through `cx`;
+        // an observed run goes through `cx` (the tap reads state after each stage).
+        let coarse = OBS || !cx.chain.groups.is_empty();
         for i in 0..n {
             if !looked_up {
                 cx.scratch.flows[i] = cx.lookup_one(batch, i, ctx);
@@ -77,16 +78,11 @@ fn run_with<const OBS: bool>(cx: &mut ExecContext, batch: &mut Batch, ctx: &NfCo
                 }
                 cx.unpin_coarse_packet(i, ctx.now_ns);
             } else {
-                let ExecContext { chain, stores, scratch, tap, .. } = &mut *cx;
+                let ExecContext { chain, stores, scratch, .. } = &mut *cx;
                 let (meta, store) = (&scratch.metas[i], &mut stores[0]);
-                for (si, stage) in chain.stages[seg_start..seg_end].iter_mut().enumerate() {
+                for stage in chain.stages[seg_start..seg_end].iter_mut() {
                     if let Stage::Stateful { nf, offset, counters, .. } = stage {
                         end = end.max(nf.process_one(batch, i, meta, flow, store, *offset, ctx, counters));
-                    }
-                    if OBS {
-                        if let Some(t) = tap.as_deref_mut() {
-                            t.after(seg_start + si, batch, i..i + 1);
-                        }
                     }
                 }
             }

@@ -16,6 +16,7 @@ use super::report::ScrCoreReport;
 use super::table::{KeyOf, ReplicaTable};
 use crate::chain::{Chain, Stage};
 use crate::stage::apply_action;
+use crate::tap::Tap;
 
 /// Batches between two samples of the fast-forward cost (two TSC reads per
 /// packet when sampled, and the packet-by-packet path: rare enough not to
@@ -25,6 +26,12 @@ const SAMPLE_EVERY: u64 = 256;
 /// A sampled packet taking longer than this (cycles) was preempted or
 /// waited (recovery, drift): left out of the per-packet cost figures.
 const SAMPLE_MAX_CYCLES: u64 = 20_000;
+
+/// Copies a replica state into a trace's buffer (the shorter of the two).
+fn copy_into(buf: &mut [u8], st: &[u8]) {
+    let n = buf.len().min(st.len());
+    buf[..n].copy_from_slice(&st[..n]);
+}
 
 /// A packet of the batch in flight that the replica applies (SCR without
 /// logs): its index, and the part of its history (`h[ff.0..ff.1]`) not yet
@@ -250,14 +257,30 @@ impl ScrReplica {
     }
 
     /// Runs the chain over a batch delivered with its SCR side arrays:
-    /// per packet, fast-forward, then every NF's action on it.
-    pub fn process(&mut self, chain: &mut Chain, batch: &mut Batch, side: ScrSide<'_>, ctx: &NfContext) {
+    /// per packet, fast-forward, then every NF's action on it. With a
+    /// `tap` armed (`flowplane ctl trace|capture|profile`) the batch runs
+    /// packet by packet and the tap sees each of this core's packets after
+    /// each NF, with a traced packet's state in the replica before and after
+    /// the NF ran it (the other cores' packets fast-forwarded into the
+    /// replica are not this core's: they are not observed).
+    pub fn process(
+        &mut self,
+        chain: &mut Chain,
+        batch: &mut Batch,
+        side: ScrSide<'_>,
+        ctx: &NfContext,
+        mut tap: Option<&mut Tap>,
+    ) {
         let n = batch.len().min(side.seqs.len());
         let hn = side.history;
         self.batches += 1;
         self.rep.seq_cycles = side.cycles;
         let sample = self.batches.is_multiple_of(SAMPLE_EVERY);
-        if !sample && (self.logs.is_none() || self.no_gaps(&side, n)) {
+        if let Some(t) = tap.as_deref_mut() {
+            self.metas.clear();
+            self.metas.extend((0..batch.len()).map(|i| PktMeta::parse(batch.data(i))));
+            t.begin(batch, &self.metas);
+        } else if !sample && (self.logs.is_none() || self.no_gaps(&side, n)) {
             return self.process_nf_major(chain, batch, side, ctx);
         }
         for i in 0..n {
@@ -275,7 +298,7 @@ impl ScrReplica {
                 let t0 = tsc::rdtsc();
                 self.catch_up(chain, s, h);
                 let t1 = tsc::rdtsc();
-                self.own_packet(chain, batch, i, &r, ctx);
+                self.own_packet(chain, batch, i, &r, ctx, tap.as_deref_mut());
                 let t2 = tsc::rdtsc();
                 // A sample the thread was preempted in says nothing about the work: dropped.
                 if t2.saturating_sub(t0) < SAMPLE_MAX_CYCLES {
@@ -285,8 +308,11 @@ impl ScrReplica {
                 }
             } else {
                 self.catch_up(chain, s, h);
-                self.own_packet(chain, batch, i, &r, ctx);
+                self.own_packet(chain, batch, i, &r, ctx, tap.as_deref_mut());
             }
+        }
+        if let Some(t) = tap {
+            t.finish(batch);
         }
     }
 
@@ -435,10 +461,18 @@ impl ScrReplica {
 
     /// The core's own packet: each NF's unchanged action, in chain order, with the sequencer's time.
     #[inline]
-    fn own_packet(&mut self, chain: &mut Chain, batch: &mut Batch, i: usize, r: &ScrRecord, ctx: &NfContext) {
+    fn own_packet(
+        &mut self,
+        chain: &mut Chain,
+        batch: &mut Batch,
+        i: usize,
+        r: &ScrRecord,
+        ctx: &NfContext,
+        mut tap: Option<&mut Tap>,
+    ) {
         let c = NfContext { now_ns: r.ts_ns(), ..*ctx };
         let meta = PktMeta::parse(batch.data(i));
-        for (s, t) in chain.stages.iter_mut().zip(self.tables.iter_mut()) {
+        for (si, (s, t)) in chain.stages.iter_mut().zip(self.tables.iter_mut()).enumerate() {
             if batch.verdicts()[i] == DROP {
                 break;
             }
@@ -447,10 +481,17 @@ impl ScrReplica {
                 (Stage::Stateful { nf, counters, .. }, Some(t)) => {
                     counters.packets_in += 1;
                     counters.bytes_in += u64::from(batch.lens()[i]);
+                    let mut at = None;
                     let action = if !r.valid() || !meta.valid {
                         nf.on_unparsed()
                     } else if let Some(slot) = t.lookup(t.key_of.key(r), c.now_ns) {
                         let st = t.state(slot.at);
+                        at = Some(slot.at);
+                        // A traced packet: the replica's state before it (none for a key new here).
+                        if let Some(mut ss) = tap.as_deref_mut().and_then(|t| t.state_slot(i, si, false)) {
+                            copy_into(ss.buf(), st);
+                            ss.set(!slot.fresh);
+                        }
                         if slot.fresh {
                             nf.scr_init_bytes(r, &c, st);
                         }
@@ -463,8 +504,19 @@ impl ScrReplica {
                         nf.on_no_state()
                     };
                     apply_action(batch, i, action, counters);
+                    if let Some(tp) = tap.as_deref_mut() {
+                        tp.after(si, batch, i..i + 1);
+                        if let (Some(at), Some(mut ss)) = (at, tp.state_slot(i, si, true)) {
+                            copy_into(ss.buf(), t.state(at));
+                            ss.set(true);
+                        }
+                    }
+                    continue;
                 }
                 (Stage::Stateful { .. }, None) => {}
+            }
+            if let Some(tp) = tap.as_deref_mut() {
+                tp.after(si, batch, i..i + 1);
             }
         }
     }
