@@ -126,7 +126,7 @@ fn to_text(r: &DataRecord) -> String {
             f.end_ms,
             f.reason,
             f.ingress
-        );
+        ) + &f.post_dst.map_or_else(String::new, |a| format!(" to {a}"));
     }
     if let Some(n) = is_nat(r).then(|| NatRecord::from_fields(r)).flatten() {
         return format!(
@@ -150,12 +150,17 @@ fn to_text(r: &DataRecord) -> String {
 fn to_json(r: &DataRecord) -> serde_json::Value {
     if let Some(f) = FlowRecord::from_fields(r) {
         let t = f.tuple;
-        return json!({
+        let mut v = json!({
             "type": "flow", "proto": t.proto(), "src": t.src_ip().to_string(), "dst": t.dst_ip().to_string(),
             "sport": t.src_port(), "dport": t.dst_port(), "packets": f.packets, "bytes": f.bytes,
             "start_ms": f.start_ms, "end_ms": f.end_ms, "reason": f.reason, "ingress": f.ingress,
             "domain": r.domain,
         });
+        if let Some(a) = f.post_dst {
+            // Where the flow was sent (lb's backend).
+            v["post_dst"] = json!(a.to_string());
+        }
+        return v;
     }
     if let Some(n) = is_nat(r).then(|| NatRecord::from_fields(r)).flatten() {
         return json!({

@@ -328,6 +328,7 @@ impl Encoder {
                     end_ms: self.ms(f.last_ns),
                     reason: f.reason as u8,
                     ingress,
+                    post_dst: f.post_dst,
                 })
             }
             ExportRecord::Nat(n) => {
@@ -447,7 +448,7 @@ mod tests {
         let ex = Exporter::start(&cfg, 1_000_000_000_000).unwrap();
         let mut q = ex.queue(3);
         let f = |packets, bytes, last_ns, reason| {
-            ExportRecord::Flow(FlowExport { tuple: tuple(1), packets, bytes, first_ns: 0, last_ns, reason })
+            ExportRecord::Flow(FlowExport::new(tuple(1), packets, bytes, 0, last_ns, reason))
         };
         q.push(f(2, 200, 5_000_000, EndReason::ActiveTimeout));
         q.push(f(2, 200, 5_000_000, EndReason::ActiveTimeout)); // nothing new: no record
@@ -490,14 +491,7 @@ mod tests {
         let mut q = ex.queue(0);
         let t0 = Instant::now();
         for i in 0..100_000u64 {
-            q.push(ExportRecord::Flow(FlowExport {
-                tuple: tuple(i as u16),
-                packets: 1,
-                bytes: 1,
-                first_ns: 0,
-                last_ns: 0,
-                reason: EndReason::IdleTimeout,
-            }));
+            q.push(ExportRecord::Flow(FlowExport::new(tuple(i as u16), 1, 1, 0, 0, EndReason::IdleTimeout)));
         }
         assert!(t0.elapsed() < Duration::from_secs(5));
         let r = ex.finish();

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use flowplane_wire::flow::FiveTuple;
+use flowplane_wire::tcp::TcpFlags;
 pub use flowplane_wire::ipfix::{EndReason, NatEvent};
 
 /// A flow's counts as the NF holds them, at its end or at an active timeout.
@@ -27,6 +28,36 @@ pub struct FlowExport {
     pub last_ns: u64,
     /// Why the record is sent.
     pub reason: EndReason,
+    /// Where the NF sent the flow (`lb`: its backend), if it rewrote the destination.
+    pub post_dst: Option<std::net::IpAddr>,
+}
+
+impl FlowExport {
+    /// A flow record with its totals so far, not translated.
+    pub fn new(tuple: FiveTuple, packets: u64, bytes: u64, first_ns: u64, last_ns: u64, reason: EndReason) -> Self {
+        FlowExport { tuple, packets, bytes, first_ns, last_ns, reason, post_dst: None }
+    }
+}
+
+/// Whether a packet ends its TCP flow (a FIN or RST in its flags): the flow's
+/// record then carries [`EndReason::EndOfFlow`] instead of the reason its
+/// entry went for (idle expiry, eviction, the run's end; an active-timeout
+/// report of the live flow keeps its own).
+#[inline]
+pub fn tcp_end(pkt: &crate::pkt::Pkt<'_>) -> bool {
+    // tcp_flags is None for anything but TCP with its header.
+    pkt.tcp_flags().is_some_and(|f| f.0 & (TcpFlags::FIN.0 | TcpFlags::RST.0) != 0)
+}
+
+/// The reason a flow's record carries: `reason` unless the flow was seen to
+/// end (`ended`: a TCP FIN or RST) and the record is its last.
+#[inline]
+pub fn end_reason(reason: EndReason, ended: bool) -> EndReason {
+    if ended && reason != EndReason::ActiveTimeout {
+        EndReason::EndOfFlow
+    } else {
+        reason
+    }
 }
 
 /// A NAT44 event (RFC 8158) at packet-clock time `time_ns`.
@@ -106,4 +137,22 @@ impl RecordTx {
         }
         self.lost.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// A queue for unit tests: the NF's side and the records it pushed.
+#[cfg(test)]
+pub(crate) fn test_queue() -> (RecordTx, rtrb::Consumer<ExportRecord>) {
+    RecordTx::new(1024, Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)), 0)
+}
+
+/// The flow records waiting in a test queue.
+#[cfg(test)]
+pub(crate) fn flows(rx: &mut rtrb::Consumer<ExportRecord>) -> Vec<FlowExport> {
+    let mut v = Vec::new();
+    while let Ok(r) = rx.pop() {
+        if let ExportRecord::Flow(f) = r {
+            v.push(f);
+        }
+    }
+    v
 }

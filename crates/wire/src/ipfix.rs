@@ -82,6 +82,8 @@ pub mod ie {
     pub const POST_NAPT_DESTINATION_TRANSPORT_PORT: u16 = 228;
     /// natEvent (unsigned8, [`super::NatEvent`]).
     pub const NAT_EVENT: u16 = 230;
+    /// postNATDestinationIPv6Address.
+    pub const POST_NAT_DESTINATION_IPV6_ADDRESS: u16 = 282;
     /// ingressVRFID (unsigned32).
     pub const INGRESS_VRFID: u16 = 234;
     /// natPoolID (unsigned32).
@@ -110,6 +112,7 @@ pub mod ie {
             POST_NAPT_SOURCE_TRANSPORT_PORT => "postNAPTSourceTransportPort",
             POST_NAPT_DESTINATION_TRANSPORT_PORT => "postNAPTDestinationTransportPort",
             NAT_EVENT => "natEvent",
+            POST_NAT_DESTINATION_IPV6_ADDRESS => "postNATDestinationIPv6Address",
             INGRESS_VRFID => "ingressVRFID",
             NAT_POOL_ID => "natPoolID",
             OBSERVATION_TIME_MILLISECONDS => "observationTimeMilliseconds",
@@ -491,6 +494,12 @@ pub const TEMPLATE_FLOW6: u16 = 257;
 pub const TEMPLATE_NAT44_SESSION: u16 = 258;
 /// Template id of NAT addresses exhausted events (RFC 8158 §4.4.3's fields).
 pub const TEMPLATE_NAT_EXHAUSTED: u16 = 259;
+/// Template id of IPv4 flow records with the address the flow was sent to
+/// (`lb`'s backend): the flow fields, then postNATDestinationIPv4Address.
+pub const TEMPLATE_FLOW4_DNAT: u16 = 260;
+/// Template id of IPv6 flow records with the address the flow was sent to:
+/// the flow fields, then postNATDestinationIPv6Address.
+pub const TEMPLATE_FLOW6_DNAT: u16 = 261;
 
 const FLOW_TAIL: [FieldSpec; 9] = [
     FieldSpec::iana(ie::SOURCE_TRANSPORT_PORT, 2),
@@ -510,6 +519,10 @@ const FLOW_TAIL_LEN: usize = 2 + 2 + 1 + 8 + 8 + 8 + 8 + 1 + 4;
 pub const FLOW4_LEN: usize = 8 + FLOW_TAIL_LEN;
 /// Bytes of an IPv6 flow record.
 pub const FLOW6_LEN: usize = 32 + FLOW_TAIL_LEN;
+/// Bytes of an IPv4 flow record with its destination after translation.
+pub const FLOW4_DNAT_LEN: usize = FLOW4_LEN + 4;
+/// Bytes of an IPv6 flow record with its destination after translation.
+pub const FLOW6_DNAT_LEN: usize = FLOW6_LEN + 16;
 /// Bytes of a NAT44 session event record.
 pub const NAT44_SESSION_LEN: usize = 8 + 4 + 4 + 4 + 1 + 2 + 2 + 4 + 4 + 2 + 2 + 1;
 /// Bytes of a NAT addresses exhausted record.
@@ -520,6 +533,11 @@ pub fn templates() -> Vec<TemplateRepr> {
     let flow = |a: u16, b: u16, l: u16| {
         let mut f = vec![FieldSpec::iana(a, l), FieldSpec::iana(b, l)];
         f.extend_from_slice(&FLOW_TAIL);
+        f
+    };
+    let dnat = |mut f: Vec<FieldSpec>, l: u16| {
+        let id = if l == 4 { ie::POST_NAT_DESTINATION_IPV4_ADDRESS } else { ie::POST_NAT_DESTINATION_IPV6_ADDRESS };
+        f.push(FieldSpec::iana(id, l));
         f
     };
     vec![
@@ -550,6 +568,14 @@ pub fn templates() -> Vec<TemplateRepr> {
                 FieldSpec::iana(ie::NAT_POOL_ID, 4),
             ],
         },
+        TemplateRepr {
+            id: TEMPLATE_FLOW4_DNAT,
+            fields: dnat(flow(ie::SOURCE_IPV4_ADDRESS, ie::DESTINATION_IPV4_ADDRESS, 4), 4),
+        },
+        TemplateRepr {
+            id: TEMPLATE_FLOW6_DNAT,
+            fields: dnat(flow(ie::SOURCE_IPV6_ADDRESS, ie::DESTINATION_IPV6_ADDRESS, 16), 16),
+        },
     ]
 }
 
@@ -570,14 +596,19 @@ pub struct FlowRecord {
     pub reason: u8,
     /// ingressInterface.
     pub ingress: u32,
+    /// Where the flow was sent (postNATDestinationIPv4/IPv6Address: `lb`'s
+    /// backend, of the tuple's family); None: no such field.
+    pub post_dst: Option<IpAddr>,
 }
 
 impl FlowRecord {
     /// Its template and record length.
     pub fn template(&self) -> (u16, usize) {
-        match self.tuple {
-            FiveTuple::V4(_) => (TEMPLATE_FLOW4, FLOW4_LEN),
-            FiveTuple::V6(_) => (TEMPLATE_FLOW6, FLOW6_LEN),
+        match (self.tuple, self.post_dst.is_some()) {
+            (FiveTuple::V4(_), false) => (TEMPLATE_FLOW4, FLOW4_LEN),
+            (FiveTuple::V6(_), false) => (TEMPLATE_FLOW6, FLOW6_LEN),
+            (FiveTuple::V4(_), true) => (TEMPLATE_FLOW4_DNAT, FLOW4_DNAT_LEN),
+            (FiveTuple::V6(_), true) => (TEMPLATE_FLOW6_DNAT, FLOW6_DNAT_LEN),
         }
     }
 
@@ -609,6 +640,12 @@ impl FlowRecord {
         put(&self.end_ms.to_be_bytes());
         put(&[self.reason]);
         put(&self.ingress.to_be_bytes());
+        match (self.post_dst, &self.tuple) {
+            (Some(IpAddr::V4(a)), FiveTuple::V4(_)) => put(&a.octets()),
+            (Some(a), FiveTuple::V4(_)) => put(&v6(a).to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED).octets()),
+            (Some(a), FiveTuple::V6(_)) => put(&v6(a).octets()),
+            (None, _) => {}
+        }
     }
 
     /// Parses a decoded record of [`TEMPLATE_FLOW4`] / [`TEMPLATE_FLOW6`] (None: another template or shape).
@@ -634,6 +671,10 @@ impl FlowRecord {
             end_ms: n(ie::FLOW_END_MILLISECONDS)?,
             reason: n(ie::FLOW_END_REASON)? as u8,
             ingress: n(ie::INGRESS_INTERFACE).unwrap_or(0) as u32,
+            post_dst: r
+                .get(ie::POST_NAT_DESTINATION_IPV4_ADDRESS)
+                .or_else(|| r.get(ie::POST_NAT_DESTINATION_IPV6_ADDRESS))
+                .and_then(as_ip),
         })
     }
 }
@@ -910,6 +951,11 @@ mod tests {
         assert_eq!(ts[1].record_len(), Some(FLOW6_LEN));
         assert_eq!(ts[2].record_len(), Some(NAT44_SESSION_LEN));
         assert_eq!(ts[3].record_len(), Some(NAT_EXHAUSTED_LEN));
+        assert_eq!(ts[4].record_len(), Some(FLOW4_DNAT_LEN));
+        assert_eq!(ts[5].record_len(), Some(FLOW6_DNAT_LEN));
+        // The backend is the last field: postNATDestinationIPv4Address (226), 4 bytes.
+        assert_eq!(ts[4].fields.last(), Some(&FieldSpec::iana(226, 4)));
+        assert_eq!(ts[5].fields.last(), Some(&FieldSpec::iana(282, 16)));
     }
 
     #[test]
@@ -922,6 +968,7 @@ mod tests {
             end_ms: 2,
             reason: 1,
             ingress: 0,
+            post_dst: None,
         };
         let mut buf = Vec::new();
         let mut b = MessageBuilder::new(&mut buf, HeaderRepr { export_time: 0, sequence: 0, domain: 1 }, 1500);
@@ -968,6 +1015,7 @@ mod tests {
             end_ms: 1,
             reason: 4,
             ingress: 1,
+            post_dst: None,
         };
         let mut d = Decoder::new();
         assert_eq!(d.decode(&one_message(&[r, r], &[], 0)).unwrap().len(), 2);
@@ -997,8 +1045,14 @@ mod tests {
     }
 
     fn arb_flow() -> impl Strategy<Value = FlowRecord> {
-        (arb_tuple(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), 1u8..=5, any::<u32>()).prop_map(
-            |(tuple, packets, bytes, start_ms, end_ms, reason, ingress)| FlowRecord {
+        (
+            arb_tuple(),
+            (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
+            1u8..=5,
+            any::<u32>(),
+            proptest::option::of(any::<[u8; 16]>()),
+        )
+            .prop_map(|(tuple, (packets, bytes, start_ms, end_ms), reason, ingress, to)| FlowRecord {
                 tuple,
                 packets,
                 bytes,
@@ -1006,8 +1060,12 @@ mod tests {
                 end_ms,
                 reason,
                 ingress,
-            },
-        )
+                // A backend of the tuple's family.
+                post_dst: to.map(|b| match tuple {
+                    FiveTuple::V4(_) => IpAddr::from([b[0], b[1], b[2], b[3]]),
+                    FiveTuple::V6(_) => IpAddr::from(b),
+                }),
+            })
     }
 
     fn arb_nat() -> impl Strategy<Value = NatRecord> {
