@@ -357,6 +357,15 @@ fn bad_ipfix_options_are_one_line_errors() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("no NF of the chain exports IPFIX"), "{err}");
+    // SCR replicas each hold every flow: each core would report each flow.
+    let o = flowplane(&[
+        "run", "--chain", "hh", "--gen", "--flows 10 --packets 100", "--cores", "2", "--scale", "scr", "--ipfix",
+        "udp:127.0.0.1:19657",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("--ipfix with --scale scr"), "{err}");
     // A file that is not IPFIX.
     let dir = tmpdir("bad");
     let f = dir.join("junk");
@@ -710,18 +719,21 @@ fn lb_records_name_the_backend_of_the_export_on_every_executor() {
 }
 
 /// A scapy trace of four TCP connections with known ends, and the expected record of each direction by the
-/// documented rule: (src, dst, sport, dport) -> (packets, bytes, fsc's reason, conntrack's reason). C1 closes
-/// with FINs both ways, C2's client resets, C3 stays open, C4 is a FIN with no connection (conntrack drops it).
+/// documented rule: (src, dst, sport, dport) -> (packets, bytes, fsc's reason, conntrack's reason) at the run's
+/// end. C1 closes with FINs both ways, C2's client resets, C3 stays open, C4 is a FIN with no connection
+/// (conntrack drops it), C5 a UDP datagram 5 s later.
 const TCP_ENDS: &str = r#"
 import json, sys
-from scapy.all import Ether, IP, TCP, Raw, wrpcap
+from scapy.all import Ether, IP, TCP, UDP, Raw, wrpcap
 S = "192.0.2.1"
 pk, exp = [], {}
-def add(src, dst, sp, dp, flags, seq, ack, data=0, passes=True):
-    p = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IP(src=src, dst=dst) / TCP(sport=sp, dport=dp, flags=flags, seq=seq, ack=ack)
+def add(src, dst, sp, dp, flags, seq, ack, data=0, passes=True, udp=False):
+    l4 = UDP(sport=sp, dport=dp) if udp else TCP(sport=sp, dport=dp, flags=flags, seq=seq, ack=ack)
+    p = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IP(src=src, dst=dst) / l4
     if data:
         p = p / Raw(b"x" * data)
-    p.time = 1700000000.0 + len(pk) * 0.001
+    # C5's datagram comes 5 s after the rest (an idle timeout of 2 s expires everything else).
+    p.time = 1700000000.0 + len(pk) * 0.001 + (5.0 if udp else 0.0)
     pk.append(p)
     k = "%s %s %d %d" % (src, dst, sp, dp)
     e = exp.setdefault(k, [0, 0, 4, 4])
@@ -747,6 +759,7 @@ handshake("10.0.0.3", 1003)
 add(S, "10.0.0.3", 80, 1003, "PA", 5001, 1101, 50)
 add("10.0.0.3", S, 1003, 80, "A", 1101, 5051)
 add("10.0.0.4", S, 1004, 80, "FA", 77, 88, passes=False)
+add("10.0.0.5", S, 1005, 53, "", 0, 0, 20, udp=True)
 wrpcap(sys.argv[1], pk)
 json.dump(exp, open(sys.argv[2], "w"))
 "#;
@@ -772,22 +785,30 @@ fn tcp_ends_give_end_of_flow_records_for_fsc_and_conntrack() {
         .iter()
         .map(|(k, v)| {
             let f: Vec<&str> = k.split(' ').collect();
-            let key = (f[0].to_string(), f[1].to_string(), f[2].parse().unwrap(), f[3].parse().unwrap(), 6);
+            let proto = if f[3] == "53" { 17 } else { 6 };
+            let key = (f[0].to_string(), f[1].to_string(), f[2].parse().unwrap(), f[3].parse().unwrap(), proto);
             (key, v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect())
         })
         .collect();
-    assert_eq!(want.len(), 7);
+    assert_eq!(want.len(), 8);
     let exp = dir.join("ct.json");
     let export = format!("conntrack={}", s(&exp));
-    for (chain, col, extra) in [
-        ("fsc", 2, vec![]),
-        ("conntrack", 3, vec!["--export", export.as_str()]),
-        ("conntrack", 3, vec!["--export", export.as_str(), "--cores", "2", "--exec", "rtc"]),
-        ("conntrack", 3, vec!["--export", export.as_str(), "--exec", "interleaved"]),
+    // (chain, the script's reason column, extra options, idle timeout of 2 s)
+    for (chain, col, extra, idle) in [
+        ("fsc", 2, vec![], false),
+        ("fsc", 2, vec!["--cores", "2"], true),
+        ("conntrack", 3, vec!["--export", export.as_str()], false),
+        ("conntrack", 3, vec!["--export", export.as_str(), "--cores", "2", "--exec", "rtc"], false),
+        ("conntrack", 3, vec!["--export", export.as_str(), "--exec", "interleaved"], false),
+        ("conntrack", 3, vec!["--exec", "pernf"], true),
         // fw ends a direction itself (close, RST): reason 3 from the engine; C4 found no connection: no record.
-        ("fw", 3, vec![]),
-        ("fw", 3, vec!["--cores", "2", "--exec", "pernf"]),
+        ("fw", 3, vec![], false),
+        ("fw", 3, vec!["--cores", "2", "--exec", "pernf"], false),
     ] {
+        let mut extra = extra;
+        if idle {
+            extra.extend_from_slice(&["--idle-timeout", "2"]);
+        }
         let (r, nf, file) = run_collected(&dir, chain, &t, 19_693, &extra);
         let what = format!("{chain} {extra:?}");
         let want: HashMap<Key, Vec<u64>> =
@@ -797,9 +818,9 @@ fn tcp_ends_give_end_of_flow_records_for_fsc_and_conntrack() {
         for (k, w) in &want {
             assert_eq!(nf.get(k), Some(&(1, w[0], w[1])), "{what}: flow {k:?}");
         }
-        if chain == "conntrack" {
+        if chain == "conntrack" && !idle {
             let rows = export_rows(&exp);
-            assert_eq!(rows.len(), 7, "{what}");
+            assert_eq!(rows.len(), want.len(), "{what}");
             for (k, row) in &rows {
                 assert_eq!(nf[k].1, row["packets"].as_u64().unwrap(), "{what}: flow {k:?}");
                 assert_eq!(nf[k].2, row["bytes"].as_u64().unwrap(), "{what}: flow {k:?}");
@@ -807,8 +828,11 @@ fn tcp_ends_give_end_of_flow_records_for_fsc_and_conntrack() {
         }
         let recs = tshark_records(&file, &dir).expect("tshark");
         let mut reasons: Vec<(Key, u64)> = recs.iter().map(|r| (r.key.clone(), r.reason)).collect();
-        let mut expect: Vec<(Key, u64)> =
-            want.iter().map(|(k, w)| (k.clone(), w[col])).collect();
+        // Idle for 2 s at C5's packet: expired (1), unless the direction had ended (3); C5 is live at the end (4).
+        let mut expect: Vec<(Key, u64)> = want
+            .iter()
+            .map(|(k, w)| (k.clone(), if idle && w[col] == 4 && k.3 != 53 { 1 } else { w[col] }))
+            .collect();
         reasons.sort();
         expect.sort();
         assert_eq!(reasons, expect, "{what}");

@@ -545,8 +545,8 @@ impl ExecContext {
     }
 
     /// A flow record of every live flow, with `reason` (the run's end: forced end); with
-    /// `include_shared`, also of the shared tables' entries (one core reports those).
-    /// A flow already idle past its timeout at the run's last packet time ended by expiry, not by the run's end.
+    /// `include_shared`, also of the shared tables' entries (one core reports those). A flow
+    /// already idle past its timeout at the run's last packet time ended by expiry (idle timeout).
     pub(crate) fn ipfix_report_all(&mut self, reason: EndReason, include_shared: bool) {
         let pernf = self.layout == StateLayout::PerNf;
         let end = self.run_end().unwrap_or(0);
@@ -1505,6 +1505,7 @@ fn upsert_one(stage: &mut Stage, data: &mut [u8], meta: &PktMeta, ctx: &NfContex
         }
     }
 }
+
 /// Runs the default action (add-on-miss) of every 5-tuple NF into a fresh
 /// aggregated block; with the auxiliary table on, also pins the flow's
 /// coarse entries and stores their handles in the block.
