@@ -225,13 +225,16 @@ mod tests {
         assert_eq!(st(&a).bytes(), 3 * a.len() as u64);
         let row = h.nf.export_row(&h.key_of(&a).unwrap(), &st(&a)).unwrap();
         assert_eq!(row["bytes"], 3 * a.len() as u64);
-        for (f, why) in [
+        let ends: Vec<_> = [
             (&a, EndReason::ActiveTimeout),
             (&a, EndReason::IdleTimeout),
             (&b_rst, EndReason::LackOfResources),
             (&c, EndReason::ForcedEnd),
-        ] {
-            let (k, s) = (h.key_of(f).unwrap(), st(f));
+        ]
+        .into_iter()
+        .map(|(f, why)| (h.key_of(f).unwrap(), st(f), why))
+        .collect();
+        for (k, s, why) in ends {
             h.nf.ipfix_flow(&k, &s, why);
         }
         let got: Vec<_> = flows(&mut rx).iter().map(|f| (f.packets, f.bytes, f.reason)).collect();
