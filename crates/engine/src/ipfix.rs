@@ -2,8 +2,12 @@
 //! one background thread per run, off the data path. NFs that declare
 //! `StatefulNf::IPFIX` get one bounded record queue per core (an `rtrb`
 //! ring, [`flowplane_nf::ipfix::RecordTx`]); the engine tells them of flow
-//! ends (idle expiry, ends requested by an NF, the run's end) and of the
-//! active timeout (a paced walk over the flow table, `ExecContext::active_sweep`).
+//! ends (idle expiry — a flow already idle at the run's last packet time
+//! included —, ends requested by an NF, eviction from a full table
+//! (`--table-full evict`: before the entry is reused), the run's end) and
+//! of the active timeout (a paced walk over the flow table,
+//! `ExecContext::active_sweep`). Feeders: fsc, hh, lb, conntrack, fw (flow
+//! records; lb's carry the backend) and nat (RFC 8158 events).
 //! A full queue counts the record as lost; a worker never waits.
 //!
 //! The thread drains the queues, turns packet-clock times into
