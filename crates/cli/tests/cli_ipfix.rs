@@ -892,3 +892,63 @@ fn evicted_flows_are_reported_with_lack_of_resources() {
     assert_eq!(recs.iter().filter(|r| r.reason == 5).count() as u64, evictions);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// upf's per-session usage (issue 34): at the run's end one record per URR and direction — the SEID as flowId
+/// (IE 148), the direction as flowDirection (IE 61, 0 = uplink), octetDeltaCount and packetDeltaCount — equal to
+/// upf's own export of the same run (tshark reads the records, none malformed), on one and two cores.
+#[test]
+fn upf_usage_records_equal_the_upf_export() {
+    if !have("tshark") {
+        return;
+    }
+    let dir = tmpdir("upf");
+    let (sessions, t) = (dir.join("s.toml"), dir.join("u.pcap"));
+    ok(&flowplane(&["upf", "sessions", "--sessions", "20", "--pdrs", "2", "-o", s(&sessions)]), "upf sessions");
+    ok(&flowplane(&["gen", "--proto", "gtpu", "--upf", "20x2:both", "--packets", "2000", "-o", s(&t)]), "gen");
+    let (exp, file) = (dir.join("upf.json"), dir.join("u.ipfix"));
+    let chain = format!("upf(sessions={})", s(&sessions));
+    for cores in ["1", "2"] {
+        let r = report(&flowplane(&[
+            "run",
+            "--chain",
+            &chain,
+            "--input",
+            s(&t),
+            "--cores",
+            cores,
+            "--ipfix",
+            &format!("file:{}", s(&file)),
+            "--export",
+            &format!("upf={}", s(&exp)),
+            "--json",
+        ]));
+        let rows: Value = serde_json::from_str(&std::fs::read_to_string(&exp).unwrap()).unwrap();
+        let mut want = HashMap::new();
+        for row in rows.as_array().unwrap() {
+            let u = |k: &str| row[k].as_u64().unwrap();
+            want.insert((u("seid"), 0), (u("ul_bytes"), u("ul_packets")));
+            want.insert((u("seid"), 1), (u("dl_bytes"), u("dl_packets")));
+        }
+        assert_eq!(want.len(), 40, "{cores} cores: {rows}");
+        assert_eq!(r["ipfix"]["usage_records"].as_u64(), Some(40), "{}", r["ipfix"]);
+        // Every packet was forwarded, so the records' packets sum to the trace's.
+        assert_eq!(tshark_packets(&file, &dir), Some(2000));
+        let pcap = dir.join("ipfix.pcap");
+        let f = ["-e", "cflow.flow_id", "-e", "cflow.direction", "-e", "cflow.octets", "-e", "cflow.packets"];
+        let out = Command::new("tshark")
+            .args(["-r", s(&pcap), "-d", "udp.port==4739,cflow", "-Y", "cflow.flow_id", "-T", "fields"])
+            .args(f)
+            .output()
+            .expect("tshark");
+        let mut got = HashMap::new();
+        for line in ok(&out, "tshark").lines() {
+            let cols: Vec<Vec<u64>> =
+                line.split('\t').map(|c| c.split(',').map(|v| v.parse().expect("number")).collect()).collect();
+            for i in 0..cols[0].len() {
+                got.insert((cols[0][i], cols[1][i]), (cols[2][i], cols[3][i]));
+            }
+        }
+        assert_eq!(got, want, "{cores} cores");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -31,7 +31,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use flowplane_nf::ipfix::{EndReason, ExportRecord, RecordTx};
 use flowplane_wire::flow::FiveTuple;
-use flowplane_wire::ipfix::{templates, FlowRecord, HeaderRepr, MessageBuilder, NatRecord, TemplateRepr};
+use flowplane_wire::ipfix::{
+    templates, FlowRecord, HeaderRepr, MessageBuilder, NatRecord, TemplateRepr, UsageRecord,
+};
 use serde::Serialize;
 
 use crate::error::EngineError;
@@ -111,6 +113,8 @@ pub struct IpfixReport {
     pub flow_records: u64,
     /// NAT event records sent.
     pub nat_records: u64,
+    /// Usage records sent (`upf`: one per URR and direction, at the run's end).
+    pub usage_records: u64,
     /// Records lost: a full queue (the NF went on) or a record the templates cannot carry (IPv6 NAT).
     pub lost: u64,
     /// Messages written (to each collector).
@@ -125,9 +129,10 @@ impl IpfixReport {
     /// One line for the text report.
     pub fn line(&self) -> String {
         format!(
-            "ipfix        {} flow records, {} NAT events, {} lost, {} messages ({} bytes), {} send errors -> {}",
+            "ipfix        {} flow records, {} NAT events, {} usage records, {} lost, {} messages ({} bytes), {} send errors -> {}",
             self.flow_records,
             self.nat_records,
+            self.usage_records,
             self.lost,
             self.messages,
             self.bytes,
@@ -227,6 +232,7 @@ impl Exporter {
 enum Rec {
     Flow(FlowRecord),
     Nat(NatRecord),
+    Usage(UsageRecord),
 }
 
 impl Rec {
@@ -234,6 +240,7 @@ impl Rec {
         match self {
             Rec::Flow(f) => f.template(),
             Rec::Nat(n) => n.template(),
+            Rec::Usage(u) => u.template(),
         }
     }
 }
@@ -335,6 +342,21 @@ impl Encoder {
                     post_dst: f.post_dst,
                 })
             }
+            ExportRecord::Usage(u) => {
+                let time_ms = self.ms(u.time_ns);
+                // Uplink: ingress (0); downlink: egress (1).
+                for (direction, (bytes, packets)) in [(0u8, u.ul), (1, u.dl)] {
+                    self.pending.push(Rec::Usage(UsageRecord {
+                        seid: u.seid,
+                        urr: u.urr,
+                        direction,
+                        bytes,
+                        packets,
+                        time_ms,
+                    }));
+                }
+                return;
+            }
             ExportRecord::Nat(n) => {
                 let (proto, src, sport, dst, dport) = match n.inside {
                     Some(FiveTuple::V4(k)) => (k.proto(), k.src(), k.src_port(), k.dst(), k.dst_port()),
@@ -388,6 +410,7 @@ impl Encoder {
                 let written = m.record(id, len, |o| match r {
                     Rec::Flow(f) => f.emit(o),
                     Rec::Nat(n) => n.emit(o),
+                    Rec::Usage(u) => u.emit(o),
                 });
                 if !written {
                     break;
@@ -395,6 +418,7 @@ impl Encoder {
                 match r {
                     Rec::Flow(_) => self.report.flow_records += 1,
                     Rec::Nat(_) => self.report.nat_records += 1,
+                    Rec::Usage(_) => self.report.usage_records += 1,
                 }
                 i += 1;
             }
@@ -427,7 +451,7 @@ impl Encoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flowplane_nf::ipfix::{FlowExport, NatEvent, NatExport};
+    use flowplane_nf::ipfix::{FlowExport, NatEvent, NatExport, UsageExport};
     use flowplane_wire::ipfix::Decoder;
 
     fn tuple(sp: u16) -> FiveTuple {
@@ -465,8 +489,9 @@ mod tests {
             post_sport: 1024,
             pool: 0,
         }));
+        q.push(ExportRecord::Usage(UsageExport { seid: 9, urr: 1, ul: (300, 3), dl: (4000, 4), time_ns: 2_000_000 }));
         let r = ex.finish();
-        assert_eq!((r.flow_records, r.nat_records, r.lost), (2, 1, 0));
+        assert_eq!((r.flow_records, r.nat_records, r.usage_records, r.lost), (2, 1, 2, 0));
         let bytes = std::fs::read(&dir).unwrap();
         let _ = std::fs::remove_file(&dir);
         let mut d = Decoder::new();
@@ -484,6 +509,9 @@ mod tests {
         assert_eq!((flows[0].start_ms, flows[1].end_ms, flows[1].ingress), (1_000_000, 1_000_009, 3));
         let nat: Vec<_> = recs.iter().filter(|r| r.template == 258).filter_map(NatRecord::from_fields).collect();
         assert_eq!((nat[0].event, nat[0].sport, nat[0].post_sport), (4, 7, 1024));
+        let usage: Vec<_> = recs.iter().filter_map(UsageRecord::from_fields).collect();
+        let u = |direction, bytes, packets| UsageRecord { seid: 9, urr: 1, direction, bytes, packets, time_ms: 1_000_002 };
+        assert_eq!(usage, vec![u(0, 300, 3), u(1, 4000, 4)]);
         assert_eq!(d.missing, 0);
     }
 

@@ -77,6 +77,22 @@ pub struct NatExport {
     pub pool: u32,
 }
 
+/// A usage rule's counts (a UPF URR, summed over every core) at the run's
+/// end: the exporter sends one record per direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageExport {
+    /// The session (SEID).
+    pub seid: u64,
+    /// The usage rule (URR ID).
+    pub urr: u32,
+    /// Uplink bytes and packets.
+    pub ul: (u64, u64),
+    /// Downlink bytes and packets.
+    pub dl: (u64, u64),
+    /// When (packet clock, ns).
+    pub time_ns: u64,
+}
+
 /// One record for the exporter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExportRecord {
@@ -84,6 +100,8 @@ pub enum ExportRecord {
     Flow(FlowExport),
     /// A NAT event.
     Nat(NatExport),
+    /// A usage rule's counts.
+    Usage(UsageExport),
 }
 
 /// The producer side of one NF's per-core record queue.

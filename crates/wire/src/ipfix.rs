@@ -58,6 +58,8 @@ pub mod ie {
     pub const SOURCE_IPV4_ADDRESS: u16 = 8;
     /// ingressInterface (unsigned32).
     pub const INGRESS_INTERFACE: u16 = 10;
+    /// flowDirection (unsigned8: 0 ingress, 1 egress).
+    pub const FLOW_DIRECTION: u16 = 61;
     /// destinationTransportPort (unsigned16).
     pub const DESTINATION_TRANSPORT_PORT: u16 = 11;
     /// destinationIPv4Address.
@@ -66,6 +68,8 @@ pub mod ie {
     pub const SOURCE_IPV6_ADDRESS: u16 = 27;
     /// destinationIPv6Address.
     pub const DESTINATION_IPV6_ADDRESS: u16 = 28;
+    /// flowId (unsigned64).
+    pub const FLOW_ID: u16 = 148;
     /// flowEndReason (unsigned8, [`super::EndReason`]).
     pub const FLOW_END_REASON: u16 = 136;
     /// flowStartMilliseconds (dateTimeMilliseconds).
@@ -100,6 +104,8 @@ pub mod ie {
             SOURCE_TRANSPORT_PORT => "sourceTransportPort",
             SOURCE_IPV4_ADDRESS => "sourceIPv4Address",
             INGRESS_INTERFACE => "ingressInterface",
+            FLOW_DIRECTION => "flowDirection",
+            FLOW_ID => "flowId",
             DESTINATION_TRANSPORT_PORT => "destinationTransportPort",
             DESTINATION_IPV4_ADDRESS => "destinationIPv4Address",
             SOURCE_IPV6_ADDRESS => "sourceIPv6Address",
@@ -500,6 +506,16 @@ pub const TEMPLATE_FLOW4_DNAT: u16 = 260;
 /// Template id of IPv6 flow records with the address the flow was sent to:
 /// the flow fields, then postNATDestinationIPv6Address.
 pub const TEMPLATE_FLOW6_DNAT: u16 = 261;
+/// Template id of usage records (`upf`'s URRs, [`UsageRecord`]).
+pub const TEMPLATE_USAGE: u16 = 262;
+/// flowplane has no Private Enterprise Number of its own: the URR ID of a
+/// usage record travels as element [`URR_ID_ELEMENT`] of RFC 5612's
+/// documentation number until one is registered.
+pub const USAGE_PEN: u32 = 32473;
+/// The enterprise-specific element carrying a URR ID (unsigned32) under [`USAGE_PEN`].
+pub const URR_ID_ELEMENT: u16 = 1;
+/// Bytes of a usage record.
+pub const USAGE_LEN: usize = 8 + 4 + 1 + 8 + 8 + 8;
 
 const FLOW_TAIL: [FieldSpec; 9] = [
     FieldSpec::iana(ie::SOURCE_TRANSPORT_PORT, 2),
@@ -575,6 +591,17 @@ pub fn templates() -> Vec<TemplateRepr> {
         TemplateRepr {
             id: TEMPLATE_FLOW6_DNAT,
             fields: dnat(flow(ie::SOURCE_IPV6_ADDRESS, ie::DESTINATION_IPV6_ADDRESS, 16), 16),
+        },
+        TemplateRepr {
+            id: TEMPLATE_USAGE,
+            fields: vec![
+                FieldSpec::iana(ie::FLOW_ID, 8),
+                FieldSpec { id: URR_ID_ELEMENT, len: 4, enterprise: Some(USAGE_PEN) },
+                FieldSpec::iana(ie::FLOW_DIRECTION, 1),
+                FieldSpec::iana(ie::OCTET_DELTA_COUNT, 8),
+                FieldSpec::iana(ie::PACKET_DELTA_COUNT, 8),
+                FieldSpec::iana(ie::OBSERVATION_TIME_MILLISECONDS, 8),
+            ],
         },
     ]
 }
@@ -774,6 +801,63 @@ impl NatRecord {
     }
 }
 
+/// One direction of a usage rule's counts (a UPF URR): the session (its
+/// SEID as flowId, IE 148), the URR ID (enterprise element
+/// [`URR_ID_ELEMENT`] of [`USAGE_PEN`]), the direction (flowDirection, IE 61:
+/// 0 ingress = uplink, 1 egress = downlink), octets and packets
+/// (octetDeltaCount, packetDeltaCount: since the rule's previous record) and
+/// when (observationTimeMilliseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageRecord {
+    /// The session (SEID).
+    pub seid: u64,
+    /// The usage rule (URR ID).
+    pub urr: u32,
+    /// 0: uplink (ingress), 1: downlink (egress).
+    pub direction: u8,
+    /// Bytes.
+    pub bytes: u64,
+    /// Packets.
+    pub packets: u64,
+    /// observationTimeMilliseconds.
+    pub time_ms: u64,
+}
+
+impl UsageRecord {
+    /// Its template and record length.
+    pub fn template(&self) -> (u16, usize) {
+        (TEMPLATE_USAGE, USAGE_LEN)
+    }
+
+    /// Writes the record (`out` is [`USAGE_LEN`] bytes).
+    pub fn emit(&self, out: &mut [u8]) {
+        out[0..8].copy_from_slice(&self.seid.to_be_bytes());
+        out[8..12].copy_from_slice(&self.urr.to_be_bytes());
+        out[12] = self.direction;
+        out[13..21].copy_from_slice(&self.bytes.to_be_bytes());
+        out[21..29].copy_from_slice(&self.packets.to_be_bytes());
+        out[29..37].copy_from_slice(&self.time_ms.to_be_bytes());
+    }
+
+    /// Parses a decoded usage record (None: another template or shape).
+    pub fn from_fields(r: &DataRecord) -> Option<Self> {
+        let n = |id| r.get(id).and_then(as_uint);
+        let urr = r
+            .fields
+            .iter()
+            .find(|(f, _)| f.id == URR_ID_ELEMENT && f.enterprise == Some(USAGE_PEN))
+            .and_then(|(_, v)| as_uint(v))?;
+        Some(UsageRecord {
+            seid: n(ie::FLOW_ID)?,
+            urr: urr as u32,
+            direction: n(ie::FLOW_DIRECTION)? as u8,
+            bytes: n(ie::OCTET_DELTA_COUNT)?,
+            packets: n(ie::PACKET_DELTA_COUNT)?,
+            time_ms: n(ie::OBSERVATION_TIME_MILLISECONDS)?,
+        })
+    }
+}
+
 // ---- Decoding ----
 
 /// A decoded data record: the message's domain and sequence number, its template, and each field's bytes.
@@ -957,6 +1041,25 @@ mod tests {
         // The backend is the last field: postNATDestinationIPv4Address (226), 4 bytes.
         assert_eq!(ts[4].fields.last(), Some(&FieldSpec::iana(226, 4)));
         assert_eq!(ts[5].fields.last(), Some(&FieldSpec::iana(282, 16)));
+        assert_eq!(ts[6].record_len(), Some(USAGE_LEN));
+    }
+
+    #[test]
+    fn usage_records_round_trip_with_their_enterprise_field() {
+        let u = UsageRecord { seid: 7, urr: 3, direction: 1, bytes: 1500, packets: 2, time_ms: 99 };
+        let mut buf = Vec::new();
+        let mut b = MessageBuilder::new(&mut buf, HeaderRepr { export_time: 0, sequence: 0, domain: 1 }, 1500);
+        assert!(b.template_set(&templates()));
+        let (id, len) = u.template();
+        assert!(b.record(id, len, |o| u.emit(o)));
+        b.finish();
+        let recs = Decoder::new().decode(&buf).unwrap();
+        assert_eq!(recs.len(), 1);
+        // The URR ID's field is enterprise-specific (bit 15 of its id set on the wire, then the PEN).
+        assert_eq!(recs[0].fields[1].0, FieldSpec { id: 1, len: 4, enterprise: Some(32473) });
+        assert_eq!(UsageRecord::from_fields(&recs[0]), Some(u));
+        assert_eq!(FlowRecord::from_fields(&recs[0]), None);
+        assert_eq!(NatRecord::from_fields(&recs[0]), None);
     }
 
     #[test]
