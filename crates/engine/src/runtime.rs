@@ -328,7 +328,7 @@ pub(crate) fn run_workers(
                                 if let (Some(e), Some(c)) = (exporter, &cfg.ipfix) {
                                     if exec.attach_ipfix(&mut || e.queue(w as u32), c.active_ns) == 0 {
                                         return Err(EngineError::Config(
-                                            "--ipfix: no NF of the chain exports IPFIX records (fsc, hh, lb, conntrack, fw, nat)".into(),
+                                            "--ipfix: no NF of the chain exports IPFIX records (fsc, hh, lb, conntrack, fw, nat, upf)".into(),
                                         ));
                                     }
                                 }
