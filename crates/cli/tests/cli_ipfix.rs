@@ -353,13 +353,30 @@ fn bad_ipfix_options_are_one_line_errors() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
     // A chain without an NF that exports records.
-    let o = flowplane(&["run", "--chain", "forward", "--gen", "--flows 10 --packets 100", "--ipfix", "udp:127.0.0.1:19657"]);
+    let o = flowplane(&[
+        "run",
+        "--chain",
+        "forward",
+        "--gen",
+        "--flows 10 --packets 100",
+        "--ipfix",
+        "udp:127.0.0.1:19657",
+    ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("no NF of the chain exports IPFIX"), "{err}");
     // SCR replicas each hold every flow: each core would report each flow.
     let o = flowplane(&[
-        "run", "--chain", "hh", "--gen", "--flows 10 --packets 100", "--cores", "2", "--scale", "scr", "--ipfix",
+        "run",
+        "--chain",
+        "hh",
+        "--gen",
+        "--flows 10 --packets 100",
+        "--cores",
+        "2",
+        "--scale",
+        "scr",
+        "--ipfix",
         "udp:127.0.0.1:19657",
     ]);
     let err = String::from_utf8_lossy(&o.stderr);
@@ -620,7 +637,13 @@ fn export_rows(path: &Path) -> HashMap<Key, Value> {
 }
 
 /// Runs `chain` over `trace` with nfcapd on `port` and an IPFIX file; returns (report, nfdump's flows, file).
-fn run_collected(dir: &Path, chain: &str, trace: &Path, port: u16, extra: &[&str]) -> (Value, HashMap<Key, (u64, u64, u64)>, PathBuf) {
+fn run_collected(
+    dir: &Path,
+    chain: &str,
+    trace: &Path,
+    port: u16,
+    extra: &[&str],
+) -> (Value, HashMap<Key, (u64, u64, u64)>, PathBuf) {
     let col = dir.join(format!("nfcapd-{port}"));
     let _ = std::fs::remove_dir_all(&col);
     std::fs::create_dir_all(&col).unwrap();
@@ -653,7 +676,8 @@ fn hh_records_through_nfcapd_are_the_flows_above_the_threshold() {
     let mut sizes: Vec<u64> = rows.values().map(|r| r["bytes"].as_u64().unwrap()).collect();
     sizes.sort_unstable();
     let th = sizes[150];
-    let totals = |nf: &HashMap<Key, (u64, u64, u64)>| nf.iter().map(|(k, v)| (k.clone(), (v.1, v.2))).collect::<HashMap<_, _>>();
+    let totals =
+        |nf: &HashMap<Key, (u64, u64, u64)>| nf.iter().map(|(k, v)| (k.clone(), (v.1, v.2))).collect::<HashMap<_, _>>();
     let want = |above: Option<u64>| -> HashMap<Key, (u64, u64)> {
         rows.iter()
             .filter(|(_, r)| above.is_none_or(|t| r["bytes"].as_u64().unwrap() > t))
@@ -661,8 +685,13 @@ fn hh_records_through_nfcapd_are_the_flows_above_the_threshold() {
             .collect()
     };
     assert_eq!(totals(&nf), want(None));
-    let (r, nf, file) =
-        run_collected(&dir, &format!("hh(export=all,threshold={th})"), &t, 19_691, &["--export", &export, "--cores", "2"]);
+    let (r, nf, file) = run_collected(
+        &dir,
+        &format!("hh(export=all,threshold={th})"),
+        &t,
+        19_691,
+        &["--export", &export, "--cores", "2"],
+    );
     let heavy = want(Some(th));
     assert!(!heavy.is_empty() && heavy.len() < 300, "{} heavy flows", heavy.len());
     assert_eq!(export_rows(&exp).len(), 300, "the export lists every flow whatever the threshold");
@@ -707,7 +736,10 @@ fn lb_records_name_the_backend_of_the_export_on_every_executor() {
             for rec in &recs {
                 let row = &rows[&rec.key];
                 assert_eq!(rec.post_dst.as_deref(), row["backend"].as_str(), "flow {:?}", rec.key);
-                assert_eq!((rec.packets, rec.bytes), (row["packets"].as_u64().unwrap(), row["bytes"].as_u64().unwrap()));
+                assert_eq!(
+                    (rec.packets, rec.bytes),
+                    (row["packets"].as_u64().unwrap(), row["bytes"].as_u64().unwrap())
+                );
             }
         }
         match &first {
@@ -829,10 +861,8 @@ fn tcp_ends_give_end_of_flow_records_for_fsc_and_conntrack() {
         let recs = tshark_records(&file, &dir).expect("tshark");
         let mut reasons: Vec<(Key, u64)> = recs.iter().map(|r| (r.key.clone(), r.reason)).collect();
         // Idle for 2 s at C5's packet: expired (1), unless the direction had ended (3); C5 is live at the end (4).
-        let mut expect: Vec<(Key, u64)> = want
-            .iter()
-            .map(|(k, w)| (k.clone(), if idle && w[col] == 4 && k.3 != 53 { 1 } else { w[col] }))
-            .collect();
+        let mut expect: Vec<(Key, u64)> =
+            want.iter().map(|(k, w)| (k.clone(), if idle && w[col] == 4 && k.3 != 53 { 1 } else { w[col] })).collect();
         reasons.sort();
         expect.sort();
         assert_eq!(reasons, expect, "{what}");

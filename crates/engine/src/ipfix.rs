@@ -31,9 +31,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use flowplane_nf::ipfix::{EndReason, ExportRecord, RecordTx};
 use flowplane_wire::flow::FiveTuple;
-use flowplane_wire::ipfix::{
-    templates, FlowRecord, HeaderRepr, MessageBuilder, NatRecord, TemplateRepr, UsageRecord,
-};
+use flowplane_wire::ipfix::{templates, FlowRecord, HeaderRepr, MessageBuilder, NatRecord, TemplateRepr, UsageRecord};
 use serde::Serialize;
 
 use crate::error::EngineError;
@@ -510,7 +508,8 @@ mod tests {
         let nat: Vec<_> = recs.iter().filter(|r| r.template == 258).filter_map(NatRecord::from_fields).collect();
         assert_eq!((nat[0].event, nat[0].sport, nat[0].post_sport), (4, 7, 1024));
         let usage: Vec<_> = recs.iter().filter_map(UsageRecord::from_fields).collect();
-        let u = |direction, bytes, packets| UsageRecord { seid: 9, urr: 1, direction, bytes, packets, time_ms: 1_000_002 };
+        let u =
+            |direction, bytes, packets| UsageRecord { seid: 9, urr: 1, direction, bytes, packets, time_ms: 1_000_002 };
         assert_eq!(usage, vec![u(0, 300, 3), u(1, 4000, 4)]);
         assert_eq!(d.missing, 0);
     }

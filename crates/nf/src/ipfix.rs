@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use flowplane_wire::flow::FiveTuple;
-use flowplane_wire::tcp::TcpFlags;
 pub use flowplane_wire::ipfix::{EndReason, NatEvent};
+use flowplane_wire::tcp::TcpFlags;
 
 /// A flow's counts as the NF holds them, at its end or at an active timeout.
 /// Counts are the flow's totals so far: the exporter turns them into deltas.

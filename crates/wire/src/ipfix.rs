@@ -700,8 +700,12 @@ impl FlowRecord {
             ingress: n(ie::INGRESS_INTERFACE).unwrap_or(0) as u32,
             // Of the tuple's family only (what `emit` can write back).
             post_dst: match tuple {
-                FiveTuple::V4(_) => r.get(ie::POST_NAT_DESTINATION_IPV4_ADDRESS).and_then(as_ip).filter(IpAddr::is_ipv4),
-                FiveTuple::V6(_) => r.get(ie::POST_NAT_DESTINATION_IPV6_ADDRESS).and_then(as_ip).filter(IpAddr::is_ipv6),
+                FiveTuple::V4(_) => {
+                    r.get(ie::POST_NAT_DESTINATION_IPV4_ADDRESS).and_then(as_ip).filter(IpAddr::is_ipv4)
+                }
+                FiveTuple::V6(_) => {
+                    r.get(ie::POST_NAT_DESTINATION_IPV6_ADDRESS).and_then(as_ip).filter(IpAddr::is_ipv6)
+                }
             },
         })
     }

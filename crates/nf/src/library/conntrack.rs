@@ -74,9 +74,9 @@ use serde_json::json;
 
 use crate::ipfix::{end_reason, EndReason, ExportRecord, FlowExport, RecordTx};
 use crate::pkt::Pkt;
-use crate::report::Export;
 use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::merge_keeping;
+use crate::report::Export;
 use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 

@@ -595,7 +595,9 @@ mod tests {
     fn ipfix_reports_the_heavy_hitters_with_their_times() {
         use crate::ipfix::{flows, test_queue, EndReason};
         let len = flow(0).len() as u64;
-        for (threshold, want) in [(Some(3 * len), vec![(1000, 4, 10, 40)]), (None, vec![(1000, 4, 10, 40), (1001, 1, 20, 20)])] {
+        for (threshold, want) in
+            [(Some(3 * len), vec![(1000, 4, 10, 40)]), (None, vec![(1000, 4, 10, 40), (1001, 1, 20, 20)])]
+        {
             let mut h = Harness::new(Hh::new(4, threshold));
             let (tx, mut rx) = test_queue();
             h.nf.attach_ipfix(tx);
