@@ -487,9 +487,9 @@ mod tests {
                 _ => None,
             })
             .collect();
-        // lb (4 B) first, then ratelimit (16 B, 8-aligned), then fsc (32 B).
-        assert_eq!(offs, vec![("fsc", 24), ("lb", 0), ("ratelimit", 8)]);
-        assert_eq!(c.state_size, 56);
+        // ratelimit (16 B) first, then fsc and lb (32 B each, in chain order).
+        assert_eq!(offs, vec![("fsc", 16), ("lb", 48), ("ratelimit", 0)]);
+        assert_eq!(c.state_size, 80);
     }
 
     #[test]
@@ -507,6 +507,6 @@ mod tests {
         assert_eq!(offs, vec![0, 64, 128]);
         assert_eq!(c.state_size, 128 + 16);
         c.lay_out_flow_block(true);
-        assert_eq!(c.state_size, 56);
+        assert_eq!(c.state_size, 80);
     }
 }
