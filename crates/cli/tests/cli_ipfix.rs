@@ -884,7 +884,8 @@ fn tcp_ends_give_end_of_flow_records_for_fsc_and_conntrack() {
             }
         }
         // tshark on each chain's first run; the repeats by `ipfix read`.
-        let recs = if seen.insert((chain, idle)) { tshark_records(&file, &dir).expect("tshark") } else { read_records(&file) };
+        let recs =
+            if seen.insert((chain, idle)) { tshark_records(&file, &dir).expect("tshark") } else { read_records(&file) };
         let mut reasons: Vec<(Key, u64)> = recs.iter().map(|r| (r.key.clone(), r.reason)).collect();
         // Idle for 2 s at C5's packet: expired (1), unless the direction had ended (3); C5 is live at the end (4).
         let mut expect: Vec<(Key, u64)> =
