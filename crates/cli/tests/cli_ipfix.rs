@@ -89,8 +89,8 @@ type Key = (String, String, u64, u64, u64);
 fn nfdump(dir: &Path) -> HashMap<Key, (u64, u64, u64)> {
     let out = Command::new("nfdump").args(["-R", s(dir), "-o", "json"]).output().expect("run nfdump");
     let text = ok(&out, "nfdump");
-    // (An empty dump is no array at all.)
-    let text = if text.trim().is_empty() { "[]".to_string() } else { text };
+    // (An empty dump is no array at all, or one around a sentence.)
+    let text = if text.trim().is_empty() || text.contains("No matching flows") { "[]".to_string() } else { text };
     let rows: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("nfdump json: {e}: {text}"));
     let mut m = HashMap::new();
     for r in rows.as_array().expect("array") {
@@ -688,16 +688,18 @@ fn hh_records_through_nfcapd_are_the_flows_above_the_threshold() {
         return;
     }
     let dir = tmpdir("hh");
-    let t = gen(&dir, &[]);
+    // Flows of many sizes (the default gives every flow the same).
+    let t = gen(&dir, &["--dist", "zipf:1.2"]);
     let exp = dir.join("hh.json");
     let export = format!("hh={}", s(&exp));
     // Every flow first: the threshold is then the median flow's bytes (some flows above it, some not).
     let (_, nf, _) = run_collected(&dir, "hh(export=all)", &t, 19_691, &["--export", &export]);
     let rows = export_rows(&exp);
-    assert_eq!(rows.len(), 300);
+    let n = rows.len();
+    assert!(n > 100, "{n} flows");
     let mut sizes: Vec<u64> = rows.values().map(|r| r["bytes"].as_u64().unwrap()).collect();
     sizes.sort_unstable();
-    let th = sizes[150];
+    let th = sizes[n / 2];
     let totals =
         |nf: &HashMap<Key, (u64, u64, u64)>| nf.iter().map(|(k, v)| (k.clone(), (v.1, v.2))).collect::<HashMap<_, _>>();
     let want = |above: Option<u64>| -> HashMap<Key, (u64, u64)> {
@@ -715,8 +717,8 @@ fn hh_records_through_nfcapd_are_the_flows_above_the_threshold() {
         &["--export", &export, "--cores", "2"],
     );
     let heavy = want(Some(th));
-    assert!(!heavy.is_empty() && heavy.len() < 300, "{} heavy flows", heavy.len());
-    assert_eq!(export_rows(&exp).len(), 300, "the export lists every flow whatever the threshold");
+    assert!(!heavy.is_empty() && heavy.len() < n, "{} heavy flows of {n}", heavy.len());
+    assert_eq!(export_rows(&exp).len(), n, "the export lists every flow whatever the threshold");
     assert_eq!(totals(&nf), heavy);
     assert_eq!(r["ipfix"]["flow_records"].as_u64(), Some(heavy.len() as u64));
     if let Some(recs) = tshark_records(&file, &dir) {
@@ -916,6 +918,9 @@ fn evicted_flows_are_reported_with_lack_of_resources() {
         s(&t),
         "--flows",
         "64",
+        // Batches of 8: a new flow always finds an entry no key of its batch holds (no table-full event).
+        "--batch",
+        "8",
         "--table-full",
         "evict",
         "--ipfix",
@@ -925,6 +930,7 @@ fn evicted_flows_are_reported_with_lack_of_resources() {
     let evictions = r["tables"]["evictions"].as_u64().expect("evictions");
     assert!(evictions > 100, "{evictions} evictions");
     assert_eq!(r["ipfix"]["lost"].as_u64(), Some(0));
+    assert_eq!(r["nfs"][0]["details"]["table_full"].as_u64(), Some(0), "every packet counted in some flow");
     // The input's flows by tshark.
     let f = ["-T", "fields", "-e", "ip.src", "-e", "ip.dst", "-e", "tcp.srcport", "-e", "udp.srcport"];
     let g = ["-e", "tcp.dstport", "-e", "udp.dstport", "-e", "ip.proto", "-e", "frame.len"];
