@@ -1007,8 +1007,10 @@ fn upf_usage_records_equal_the_upf_export() {
         for line in ok(&out, "tshark").lines() {
             let cols: Vec<Vec<u64>> =
                 line.split('\t').map(|c| c.split(',').map(|v| v.parse().expect("number")).collect()).collect();
-            for i in 0..cols[0].len() {
-                got.insert((cols[0][i], cols[1][i]), (cols[2][i], cols[3][i]));
+            // Each column lists the message's records in order.
+            let (seid, direction, octets, packets) = (&cols[0], &cols[1], &cols[2], &cols[3]);
+            for (i, &id) in seid.iter().enumerate() {
+                got.insert((id, direction[i]), (octets[i], packets[i]));
             }
         }
         assert_eq!(got, want, "{cores} cores");
