@@ -72,7 +72,8 @@ pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
 pub const MAX_K: u64 = 1024;
 
 /// Per-flow state: its size so far, and when it was seen (the IPFIX
-/// records' start and end; 32 bytes, the flow entry's first cache line).
+/// records' start and end, kept with `--ipfix` only; 32 bytes, the flow
+/// entry's first cache line).
 #[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct HhState {
@@ -224,13 +225,17 @@ impl StatefulNf for Hh {
         // Flows are counted at their first packet that reaches hh (not at insertion, which a drop
         // upstream in the chain can precede).
         self.flows += u64::from(st.packets == 0);
-        // First and last seen as extremes (`shared` may bring a flow's packets out of order).
-        let now = ctx.now_ns;
-        if st.packets == 0 || now < st.first_ns {
-            st.first_ns = now;
-        }
-        if now > st.last_ns {
-            st.last_ns = now;
+        // The times are the IPFIX records' only (and `--ipfix` is refused under scr, whose history records carry
+        // no time for hh: replicas' states stay equal). First and last seen as extremes (`shared` may bring a
+        // flow's packets out of order).
+        if self.ipfix.is_some() {
+            let now = ctx.now_ns;
+            if st.packets == 0 || now < st.first_ns {
+                st.first_ns = now;
+            }
+            if now > st.last_ns {
+                st.last_ns = now;
+            }
         }
         let before = st.bytes;
         st.bytes = st.bytes.saturating_add(pkt.len() as u64);
