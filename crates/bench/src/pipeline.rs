@@ -110,6 +110,13 @@ pub struct PipelineRow {
     pub huge_pages: Option<f64>,
     /// Process CPU time over wall time during the run: below 1 when other processes took the core.
     pub cpu_share: f64,
+    /// `ipfix` with export on: flow records exported per second of the run (warm-up included: the active
+    /// timeout reports from the start), by its one core.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ipfix_records_per_s: Option<f64>,
+    /// `ipfix` with export on: records lost (a full queue).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ipfix_lost: Option<u64>,
 }
 
 /// What one run measured.
@@ -119,6 +126,8 @@ pub(crate) struct Measured {
     pub(crate) cycles_per_packet: f64,
     pub(crate) huge_pages: Option<f64>,
     pub(crate) cpu_share: f64,
+    /// IPFIX export on: records exported per second of wall time, records lost.
+    pub(crate) ipfix: Option<(f64, u64)>,
 }
 
 /// CPU time of the whole process, in ns (0 if unavailable).
@@ -238,11 +247,13 @@ impl Measure<'_> {
         let _ = tx.send(());
         let pages = sampler.join().ok().flatten();
         let r = r?;
+        let secs = wall / 1e9;
         Ok(Measured {
             mpps: r.mpps,
             cycles_per_packet: r.cycles_per_packet,
             huge_pages: pages.and_then(|p| p.fraction()),
             cpu_share,
+            ipfix: r.ipfix.as_ref().map(|x| (if secs > 0.0 { x.flow_records as f64 / secs } else { 0.0 }, x.lost)),
         })
     }
 }
@@ -392,6 +403,8 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
                 ratio_to: String::new(),
                 huge_pages: r.huge_pages,
                 cpu_share: r.cpu_share,
+                ipfix_records_per_s: r.ipfix.map(|x| x.0),
+                ipfix_lost: r.ipfix.map(|x| x.1),
             })
         })
         .collect();
@@ -472,6 +485,19 @@ impl fmt::Display for PipelineReport {
                 huge,
                 r.cpu_share * 100.0,
                 r.ratio_to
+            )?;
+        }
+        // Issue 34's two figures, spelled out: the data path's cost of export, and the exporter's rate.
+        if let Some(on) = self.rows.iter().find(|r| r.experiment == "ipfix" && r.ipfix_records_per_s.is_some()) {
+            writeln!(
+                f,
+                "ipfix: fsc at {} flows, 1 s active timeout: export on/off = {:.3} ({:+.1}% Mpps; target >= 0.95); \
+                 {:.0} records/s on one core, {} lost (target >= 1M/s, 0 lost)",
+                on.flows,
+                on.ratio,
+                (on.ratio - 1.0) * 100.0,
+                on.ipfix_records_per_s.unwrap_or(0.0),
+                on.ipfix_lost.unwrap_or(0)
             )?;
         }
         Ok(())

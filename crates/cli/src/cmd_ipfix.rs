@@ -1,15 +1,15 @@
 //! `flowplane ipfix read FILE|udp:PORT`: decodes IPFIX messages (an IPFIX
 //! file: messages one after the other, as `run --ipfix file:PATH` writes;
 //! or datagrams received on a UDP port) and prints one line per data
-//! record — flow records and NAT events by name, other templates field by
-//! field — or, with `--json`, one JSON object per line.
+//! record — flow records, NAT events and usage records by name, other
+//! templates field by field — or, with `--json`, one JSON object per line.
 
 use std::io::Write;
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
-use flowplane_wire::ipfix::{self, ie, DataRecord, Decoder, FlowRecord, NatRecord};
+use flowplane_wire::ipfix::{self, ie, DataRecord, Decoder, FlowRecord, NatRecord, UsageRecord};
 use serde_json::json;
 
 use crate::error::CliError;
@@ -126,7 +126,7 @@ fn to_text(r: &DataRecord) -> String {
             f.end_ms,
             f.reason,
             f.ingress
-        );
+        ) + &f.post_dst.map_or_else(String::new, |a| format!(" to {a}"));
     }
     if let Some(n) = is_nat(r).then(|| NatRecord::from_fields(r)).flatten() {
         return format!(
@@ -143,6 +143,17 @@ fn to_text(r: &DataRecord) -> String {
             n.pool
         );
     }
+    if let Some(u) = UsageRecord::from_fields(r) {
+        return format!(
+            "usage seid {} urr {} {} bytes {} packets {} time_ms {}",
+            u.seid,
+            u.urr,
+            if u.direction == 0 { "uplink" } else { "downlink" },
+            u.bytes,
+            u.packets,
+            u.time_ms
+        );
+    }
     let fields: Vec<String> = r.fields.iter().map(|(f, v)| format!("{}={}", field_name(f), hex(v))).collect();
     format!("record template {} {}", r.template, fields.join(" "))
 }
@@ -150,18 +161,29 @@ fn to_text(r: &DataRecord) -> String {
 fn to_json(r: &DataRecord) -> serde_json::Value {
     if let Some(f) = FlowRecord::from_fields(r) {
         let t = f.tuple;
-        return json!({
+        let mut v = json!({
             "type": "flow", "proto": t.proto(), "src": t.src_ip().to_string(), "dst": t.dst_ip().to_string(),
             "sport": t.src_port(), "dport": t.dst_port(), "packets": f.packets, "bytes": f.bytes,
             "start_ms": f.start_ms, "end_ms": f.end_ms, "reason": f.reason, "ingress": f.ingress,
             "domain": r.domain,
         });
+        if let Some(a) = f.post_dst {
+            // Where the flow was sent (lb's backend).
+            v["post_dst"] = json!(a.to_string());
+        }
+        return v;
     }
     if let Some(n) = is_nat(r).then(|| NatRecord::from_fields(r)).flatten() {
         return json!({
             "type": "nat", "event": n.event, "event_name": event_name(n.event), "time_ms": n.time_ms,
             "proto": n.proto, "src": n.src.to_string(), "sport": n.sport, "dst": n.dst.to_string(), "dport": n.dport,
             "post_src": n.post_src.to_string(), "post_sport": n.post_sport, "pool": n.pool, "domain": r.domain,
+        });
+    }
+    if let Some(u) = UsageRecord::from_fields(r) {
+        return json!({
+            "type": "usage", "seid": u.seid, "urr": u.urr, "direction": if u.direction == 0 { "uplink" } else { "downlink" },
+            "bytes": u.bytes, "packets": u.packets, "time_ms": u.time_ms, "domain": r.domain,
         });
     }
     let fields: serde_json::Map<String, serde_json::Value> =

@@ -358,8 +358,8 @@ fn cases(dir: &Path) -> Vec<Case> {
             with: plus(std(), &["--ipfix", &format!("file:{ipfix_file}")]),
             expect: Expect::Check(Box::new(move |_, w| {
                 let n = std::fs::metadata(&exp_ipfix).map_or(0, |m| m.len());
-                // One record per flow at the run's end (fsc), written to the file collector.
-                ok(w.u("/ipfix/flow_records") == 200 && n > 0, || format!("{} records, {n} bytes", w.u("/ipfix/flow_records")))
+                // One record per flow at the run's end from lb and one from fsc, written to the file collector.
+                ok(w.u("/ipfix/flow_records") == 400 && n > 0, || format!("{} records, {n} bytes", w.u("/ipfix/flow_records")))
             })),
         },
         Case {
@@ -369,7 +369,7 @@ fn cases(dir: &Path) -> Vec<Case> {
             with: plus(std(), &["--ipfix", &format!("file:{ipfix_file2}"), "--ipfix-active", "0.0001"]),
             expect: Expect::Check(Box::new(|wo, w| {
                 let (a, b) = (wo.u("/ipfix/flow_records"), w.u("/ipfix/flow_records"));
-                ok(a == 200 && b > a, || format!("records {a} -> {b}"))
+                ok(a == 400 && b > a, || format!("records {a} -> {b}"))
             })),
         },
         Case {

@@ -139,6 +139,19 @@ impl Stage {
             Stage::Stateful { nf, .. } => nf.export_report_rows(merged),
         }
     }
+
+    /// A batch element that feeds IPFIX usage records at the run's end (`upf`).
+    pub fn ipfix_usage_on(&self) -> bool {
+        matches!(self, Stage::Stateless(n) if n.ipfix_usage_on())
+    }
+
+    /// Its usage records, from its report merged over every core, at the run's end `end_ns`.
+    pub fn ipfix_usage(&self, merged: &serde_json::Value, end_ns: u64) -> Vec<flowplane_nf::ipfix::UsageExport> {
+        match self {
+            Stage::Stateless(n) => n.ipfix_usage(merged, end_ns),
+            Stage::Stateful { .. } => Vec::new(),
+        }
+    }
 }
 
 /// One core's compiled chain.
@@ -482,9 +495,9 @@ mod tests {
                 _ => None,
             })
             .collect();
-        // lb (4 B) first, then ratelimit (16 B, 8-aligned), then fsc (32 B).
-        assert_eq!(offs, vec![("fsc", 24), ("lb", 0), ("ratelimit", 8)]);
-        assert_eq!(c.state_size, 56);
+        // ratelimit (16 B) first, then fsc and lb (32 B each, in chain order).
+        assert_eq!(offs, vec![("fsc", 16), ("lb", 48), ("ratelimit", 0)]);
+        assert_eq!(c.state_size, 80);
     }
 
     #[test]
@@ -502,6 +515,6 @@ mod tests {
         assert_eq!(offs, vec![0, 64, 128]);
         assert_eq!(c.state_size, 128 + 16);
         c.lay_out_flow_block(true);
-        assert_eq!(c.state_size, 56);
+        assert_eq!(c.state_size, 80);
     }
 }

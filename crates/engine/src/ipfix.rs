@@ -2,8 +2,12 @@
 //! one background thread per run, off the data path. NFs that declare
 //! `StatefulNf::IPFIX` get one bounded record queue per core (an `rtrb`
 //! ring, [`flowplane_nf::ipfix::RecordTx`]); the engine tells them of flow
-//! ends (idle expiry, ends requested by an NF, the run's end) and of the
-//! active timeout (a paced walk over the flow table, `ExecContext::active_sweep`).
+//! ends (idle expiry — a flow already idle at the run's last packet time
+//! included —, ends requested by an NF, eviction from a full table
+//! (`--table-full evict`: before the entry is reused), the run's end) and
+//! of the active timeout (a paced walk over the flow table,
+//! `ExecContext::active_sweep`). Feeders: fsc, hh, lb, conntrack, fw (flow
+//! records; lb's carry the backend) and nat (RFC 8158 events).
 //! A full queue counts the record as lost; a worker never waits.
 //!
 //! The thread drains the queues, turns packet-clock times into
@@ -27,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use flowplane_nf::ipfix::{EndReason, ExportRecord, RecordTx};
 use flowplane_wire::flow::FiveTuple;
-use flowplane_wire::ipfix::{templates, FlowRecord, HeaderRepr, MessageBuilder, NatRecord, TemplateRepr};
+use flowplane_wire::ipfix::{templates, FlowRecord, HeaderRepr, MessageBuilder, NatRecord, TemplateRepr, UsageRecord};
 use serde::Serialize;
 
 use crate::error::EngineError;
@@ -107,6 +111,8 @@ pub struct IpfixReport {
     pub flow_records: u64,
     /// NAT event records sent.
     pub nat_records: u64,
+    /// Usage records sent (`upf`: one per URR and direction, at the run's end).
+    pub usage_records: u64,
     /// Records lost: a full queue (the NF went on) or a record the templates cannot carry (IPv6 NAT).
     pub lost: u64,
     /// Messages written (to each collector).
@@ -121,9 +127,10 @@ impl IpfixReport {
     /// One line for the text report.
     pub fn line(&self) -> String {
         format!(
-            "ipfix        {} flow records, {} NAT events, {} lost, {} messages ({} bytes), {} send errors -> {}",
+            "ipfix        {} flow records, {} NAT events, {} usage records, {} lost, {} messages ({} bytes), {} send errors -> {}",
             self.flow_records,
             self.nat_records,
+            self.usage_records,
             self.lost,
             self.messages,
             self.bytes,
@@ -223,6 +230,7 @@ impl Exporter {
 enum Rec {
     Flow(FlowRecord),
     Nat(NatRecord),
+    Usage(UsageRecord),
 }
 
 impl Rec {
@@ -230,6 +238,7 @@ impl Rec {
         match self {
             Rec::Flow(f) => f.template(),
             Rec::Nat(n) => n.template(),
+            Rec::Usage(u) => u.template(),
         }
     }
 }
@@ -331,7 +340,23 @@ impl Encoder {
                     end_ms: self.ms(f.last_ns),
                     reason: f.reason as u8,
                     ingress,
+                    post_dst: f.post_dst,
                 })
+            }
+            ExportRecord::Usage(u) => {
+                let time_ms = self.ms(u.time_ns);
+                // Uplink: ingress (0); downlink: egress (1).
+                for (direction, (bytes, packets)) in [(0u8, u.ul), (1, u.dl)] {
+                    self.pending.push(Rec::Usage(UsageRecord {
+                        seid: u.seid,
+                        urr: u.urr,
+                        direction,
+                        bytes,
+                        packets,
+                        time_ms,
+                    }));
+                }
+                return;
             }
             ExportRecord::Nat(n) => {
                 let (proto, src, sport, dst, dport) = match n.inside {
@@ -386,6 +411,7 @@ impl Encoder {
                 let written = m.record(id, len, |o| match r {
                     Rec::Flow(f) => f.emit(o),
                     Rec::Nat(n) => n.emit(o),
+                    Rec::Usage(u) => u.emit(o),
                 });
                 if !written {
                     break;
@@ -393,6 +419,7 @@ impl Encoder {
                 match r {
                     Rec::Flow(_) => self.report.flow_records += 1,
                     Rec::Nat(_) => self.report.nat_records += 1,
+                    Rec::Usage(_) => self.report.usage_records += 1,
                 }
                 i += 1;
             }
@@ -425,7 +452,7 @@ impl Encoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flowplane_nf::ipfix::{FlowExport, NatEvent, NatExport};
+    use flowplane_nf::ipfix::{FlowExport, NatEvent, NatExport, UsageExport};
     use flowplane_wire::ipfix::Decoder;
 
     fn tuple(sp: u16) -> FiveTuple {
@@ -450,7 +477,7 @@ mod tests {
         let ex = Exporter::start(&cfg, 1_000_000_000_000).unwrap();
         let mut q = ex.queue(3);
         let f = |packets, bytes, last_ns, reason| {
-            ExportRecord::Flow(FlowExport { tuple: tuple(1), packets, bytes, first_ns: 0, last_ns, reason })
+            ExportRecord::Flow(FlowExport::new(tuple(1), packets, bytes, 0, last_ns, reason))
         };
         q.push(f(2, 200, 5_000_000, EndReason::ActiveTimeout));
         q.push(f(2, 200, 5_000_000, EndReason::ActiveTimeout)); // nothing new: no record
@@ -463,8 +490,9 @@ mod tests {
             post_sport: 1024,
             pool: 0,
         }));
+        q.push(ExportRecord::Usage(UsageExport { seid: 9, urr: 1, ul: (300, 3), dl: (4000, 4), time_ns: 2_000_000 }));
         let r = ex.finish();
-        assert_eq!((r.flow_records, r.nat_records, r.lost), (2, 1, 0));
+        assert_eq!((r.flow_records, r.nat_records, r.usage_records, r.lost), (2, 1, 2, 0));
         let bytes = std::fs::read(&dir).unwrap();
         let _ = std::fs::remove_file(&dir);
         let mut d = Decoder::new();
@@ -482,6 +510,10 @@ mod tests {
         assert_eq!((flows[0].start_ms, flows[1].end_ms, flows[1].ingress), (1_000_000, 1_000_009, 3));
         let nat: Vec<_> = recs.iter().filter(|r| r.template == 258).filter_map(NatRecord::from_fields).collect();
         assert_eq!((nat[0].event, nat[0].sport, nat[0].post_sport), (4, 7, 1024));
+        let usage: Vec<_> = recs.iter().filter_map(UsageRecord::from_fields).collect();
+        let u =
+            |direction, bytes, packets| UsageRecord { seid: 9, urr: 1, direction, bytes, packets, time_ms: 1_000_002 };
+        assert_eq!(usage, vec![u(0, 300, 3), u(1, 4000, 4)]);
         assert_eq!(d.missing, 0);
     }
 
@@ -493,14 +525,7 @@ mod tests {
         let mut q = ex.queue(0);
         let t0 = Instant::now();
         for i in 0..100_000u64 {
-            q.push(ExportRecord::Flow(FlowExport {
-                tuple: tuple(i as u16),
-                packets: 1,
-                bytes: 1,
-                first_ns: 0,
-                last_ns: 0,
-                reason: EndReason::IdleTimeout,
-            }));
+            q.push(ExportRecord::Flow(FlowExport::new(tuple(i as u16), 1, 1, 0, 0, EndReason::IdleTimeout)));
         }
         assert!(t0.elapsed() < Duration::from_secs(5));
         let r = ex.finish();

@@ -182,11 +182,6 @@ pub(crate) fn run_workers(
     let epoch_ns =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let start_tsc = tsc::rdtsc();
-    // Packet time 0 is the trace's first packet (a replay) or the run's start.
-    let exporter = match &cfg.ipfix {
-        Some(c) => Some(crate::ipfix::Exporter::start(c, trace.as_ref().map_or(epoch_ns, |t| t.base_ns()))?),
-        None => None,
-    };
     let measure_from = start_tsc + cfg.warmup.map_or(0, |w| (w.as_secs_f64() * hz) as u64);
     let wall = Instant::now();
     let (nic_parts, mut strategy) = match nic.take() {
@@ -196,6 +191,18 @@ pub(crate) fn run_workers(
     let delivery = strategy.as_ref().map_or(Delivery::Table, |s| s.delivery());
     let spray = delivery.sprays();
     let controller = strategy.as_ref().and_then(|s| s.controller());
+    // Every SCR replica holds every flow's state: each core would report every flow.
+    if delivery == Delivery::Sequenced && cfg.ipfix.is_some() {
+        return Err(EngineError::Unsupported(
+            "--ipfix with --scale scr: every replica holds every flow, so each core would report each flow; use rss or shared"
+                .into(),
+        ));
+    }
+    // Packet time 0 is the trace's first packet (a replay) or the run's start.
+    let exporter = match &cfg.ipfix {
+        Some(c) => Some(crate::ipfix::Exporter::start(c, trace.as_ref().map_or(epoch_ns, |t| t.base_ns()))?),
+        None => None,
+    };
     let scr = match (delivery == Delivery::Sequenced, chains.first(), &trace) {
         (true, Some(c), Some(t)) => Some(crate::scr::ScrRun::new(&cfg.scr, nw, threads, cfg.loops, t, c)?),
         // A port: the dispatcher core stamps packets as they arrive.
@@ -321,7 +328,7 @@ pub(crate) fn run_workers(
                                 if let (Some(e), Some(c)) = (exporter, &cfg.ipfix) {
                                     if exec.attach_ipfix(&mut || e.queue(w as u32), c.active_ns) == 0 {
                                         return Err(EngineError::Config(
-                                            "--ipfix: no NF of the chain exports IPFIX records (fsc, nat)".into(),
+                                            "--ipfix: no NF of the chain exports IPFIX records (fsc, hh, lb, conntrack, fw, nat, upf)".into(),
                                         ));
                                     }
                                 }
@@ -453,6 +460,16 @@ pub(crate) fn run_workers(
         }
     });
     let details = merge_details(&workers, &pipelines);
+    // Batch elements' usage records (upf's URRs) from their reports merged over every core.
+    if let (Some(e), Some(first)) = (&ipfix, pipelines.first()) {
+        let end = first.run_end().unwrap_or(0);
+        let mut q = None;
+        for ((_, stage), merged) in first.stages().into_iter().zip(&details) {
+            for u in merged.as_ref().map(|m| stage.ipfix_usage(m, end)).unwrap_or_default() {
+                q.get_or_insert_with(|| e.queue(0)).push(flowplane_nf::ipfix::ExportRecord::Usage(u));
+            }
+        }
+    }
     let mut report = Report::from_workers(spec, cfg, &workers, details, elapsed, hz);
     report.ipfix = ipfix.map(crate::ipfix::Exporter::finish);
     if let Feed::Port(p) = &feed {

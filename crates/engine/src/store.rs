@@ -165,19 +165,29 @@ impl FlowStore {
     /// Single-key add-on-miss (latency-optimised path) at the packet's time
     /// `now_ns`: `f(Upsert::New(block))` fills a new flow's block, preceded by
     /// `f(Upsert::Expired(old))` when the flow's entry was idle past the
-    /// timeout (expired on lookup). Returns the flow's entry and whether
-    /// `f` created state; `None` when the table is full.
+    /// timeout (expired on lookup) or by `f(Upsert::Evicted(key, old))` when
+    /// a full table (`--table-full evict`) reuses another flow's entry.
+    /// Returns the flow's entry and whether `f` created state; `None` when
+    /// the table is full.
     #[inline]
     pub fn upsert(
         &mut self,
         key: &FiveTuple,
         hash: u64,
         now_ns: u64,
-        f: impl FnMut(Upsert<'_>),
+        mut f: impl FnMut(Upsert<'_, FiveTuple>),
     ) -> Option<(FlowRef, bool)> {
         match key {
-            FiveTuple::V4(k) => self.v4.upsert(k, hash, now_ns, f).ok().map(|(h, new)| (FlowRef::v4(h), new)),
-            FiveTuple::V6(k) => self.v6.upsert(k, hash, now_ns, f).ok().map(|(h, new)| (FlowRef::v6(h), new)),
+            FiveTuple::V4(k) => self
+                .v4
+                .upsert(k, hash, now_ns, |u| widen(u, FiveTuple::V4, &mut f))
+                .ok()
+                .map(|(h, new)| (FlowRef::v4(h), new)),
+            FiveTuple::V6(k) => self
+                .v6
+                .upsert(k, hash, now_ns, |u| widen(u, FiveTuple::V6, &mut f))
+                .ok()
+                .map(|(h, new)| (FlowRef::v6(h), new)),
         }
     }
 
@@ -304,6 +314,17 @@ impl FlowStore {
         self.v6.len()
     }
 
+    /// Every live flow with its block and whether it is idle past the
+    /// timeout at `now_ns` (a sweep or a lookup would expire it).
+    pub fn for_each_judged(&self, now_ns: u64, mut f: impl FnMut(&FiveTuple, &[u8], bool)) {
+        for (h, k, s) in self.v4.iter() {
+            f(&FiveTuple::V4(*k), s, self.v4.idle_at(h, now_ns));
+        }
+        for (h, k, s) in self.v6.iter() {
+            f(&FiveTuple::V6(*k), s, self.v6.idle_at(h, now_ns));
+        }
+    }
+
     /// Every live flow with its block.
     pub fn for_each(&self, mut f: impl FnMut(&FiveTuple, &[u8])) {
         for (_, k, s) in self.v4.iter() {
@@ -312,6 +333,16 @@ impl FlowStore {
         for (_, k, s) in self.v6.iter() {
             f(&FiveTuple::V6(*k), s);
         }
+    }
+}
+
+/// A table's upsert event with its key as a [`FiveTuple`] (an evicted flow's).
+#[inline(always)]
+pub(crate) fn widen<K: Copy>(u: Upsert<'_, K>, wrap: fn(K) -> FiveTuple, f: &mut impl FnMut(Upsert<'_, FiveTuple>)) {
+    match u {
+        Upsert::Expired(s) => f(Upsert::Expired(s)),
+        Upsert::New(s) => f(Upsert::New(s)),
+        Upsert::Evicted(k, s) => f(Upsert::Evicted(&wrap(*k), s)),
     }
 }
 

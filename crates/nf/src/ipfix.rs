@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use flowplane_wire::flow::FiveTuple;
 pub use flowplane_wire::ipfix::{EndReason, NatEvent};
+use flowplane_wire::tcp::TcpFlags;
 
 /// A flow's counts as the NF holds them, at its end or at an active timeout.
 /// Counts are the flow's totals so far: the exporter turns them into deltas.
@@ -27,6 +28,36 @@ pub struct FlowExport {
     pub last_ns: u64,
     /// Why the record is sent.
     pub reason: EndReason,
+    /// Where the NF sent the flow (`lb`: its backend), if it rewrote the destination.
+    pub post_dst: Option<std::net::IpAddr>,
+}
+
+impl FlowExport {
+    /// A flow record with its totals so far, not translated.
+    pub fn new(tuple: FiveTuple, packets: u64, bytes: u64, first_ns: u64, last_ns: u64, reason: EndReason) -> Self {
+        FlowExport { tuple, packets, bytes, first_ns, last_ns, reason, post_dst: None }
+    }
+}
+
+/// Whether a packet ends its TCP flow (a FIN or RST in its flags): the flow's
+/// record then carries [`EndReason::EndOfFlow`] instead of the reason its
+/// entry went for (idle expiry, eviction, the run's end; an active-timeout
+/// report of the live flow keeps its own).
+#[inline]
+pub fn tcp_end(pkt: &crate::pkt::Pkt<'_>) -> bool {
+    // tcp_flags is None for anything but TCP with its header.
+    pkt.tcp_flags().is_some_and(|f| f.0 & (TcpFlags::FIN.0 | TcpFlags::RST.0) != 0)
+}
+
+/// The reason a flow's record carries: `reason` unless the flow was seen to
+/// end (`ended`: a TCP FIN or RST) and the record is its last.
+#[inline]
+pub fn end_reason(reason: EndReason, ended: bool) -> EndReason {
+    if ended && reason != EndReason::ActiveTimeout {
+        EndReason::EndOfFlow
+    } else {
+        reason
+    }
 }
 
 /// A NAT44 event (RFC 8158) at packet-clock time `time_ns`.
@@ -46,6 +77,22 @@ pub struct NatExport {
     pub pool: u32,
 }
 
+/// A usage rule's counts (a UPF URR, summed over every core) at the run's
+/// end: the exporter sends one record per direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageExport {
+    /// The session (SEID).
+    pub seid: u64,
+    /// The usage rule (URR ID).
+    pub urr: u32,
+    /// Uplink bytes and packets.
+    pub ul: (u64, u64),
+    /// Downlink bytes and packets.
+    pub dl: (u64, u64),
+    /// When (packet clock, ns).
+    pub time_ns: u64,
+}
+
 /// One record for the exporter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExportRecord {
@@ -53,6 +100,8 @@ pub enum ExportRecord {
     Flow(FlowExport),
     /// A NAT event.
     Nat(NatExport),
+    /// A usage rule's counts.
+    Usage(UsageExport),
 }
 
 /// The producer side of one NF's per-core record queue.
@@ -106,4 +155,22 @@ impl RecordTx {
         }
         self.lost.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// A queue for unit tests: the NF's side and the records it pushed.
+#[cfg(test)]
+pub(crate) fn test_queue() -> (RecordTx, rtrb::Consumer<ExportRecord>) {
+    RecordTx::new(1024, Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)), 0)
+}
+
+/// The flow records waiting in a test queue.
+#[cfg(test)]
+pub(crate) fn flows(rx: &mut rtrb::Consumer<ExportRecord>) -> Vec<FlowExport> {
+    let mut v = Vec::new();
+    while let Ok(r) = rx.pop() {
+        if let ExportRecord::Flow(f) = r {
+            v.push(f);
+        }
+    }
+    v
 }

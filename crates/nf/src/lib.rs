@@ -139,6 +139,18 @@ pub trait Nf: Send {
         Err(fixed_for_run(self.name()))
     }
 
+    /// The element feeds the IPFIX exporter usage records at the run's end
+    /// ([`Nf::ipfix_usage`]; `upf`'s URRs). Default: no.
+    fn ipfix_usage_on(&self) -> bool {
+        false
+    }
+
+    /// Usage records from the report merged over every core, at the run's
+    /// end `end_ns` (`--ipfix`). Default: none.
+    fn ipfix_usage(&self, _merged: &serde_json::Value, _end_ns: u64) -> Vec<ipfix::UsageExport> {
+        Vec::new()
+    }
+
     /// Time passed on the packet clock without a packet (an idle live port's timer
     /// tick, about ten times a second): private timers advance to `now_ns`.
     /// Default: nothing (state judged at lookup needs no timer).

@@ -48,7 +48,8 @@ pub enum FullPolicy {
     #[default]
     Reject,
     /// Evict the least-recently-seen entry among the new key's two candidate buckets (16 entries),
-    /// reuse its slab entry for the new flow and count an `eviction`. Evictions do not call the expiry callback.
+    /// reuse its slab entry for the new flow and count an `eviction`. The upsert callbacks see the evicted flow's key
+    /// and state first ([`Upsert::Evicted`]); evictions do not call the expiry callback.
     EvictLruIdle,
 }
 
@@ -113,14 +114,18 @@ impl core::ops::AddAssign for BatchResult {
     }
 }
 
-/// What [`FlowTable::upsert_batch`] and [`FlowTable::upsert`] hand their callback for a key.
-pub enum Upsert<'a> {
+/// What [`FlowTable::upsert_batch`] and [`FlowTable::upsert`] hand their callback for a key (`K`: the table's key).
+pub enum Upsert<'a, K> {
     /// The key's entry was idle longer than the table's timeout (a real conntrack checks the time on lookup
     /// rather than trusting the sweep to have run): its old state, to release; a [`Upsert::New`] for the same key,
     /// on the same entry zeroed, follows at once.
     Expired(&'a [u8]),
-    /// A new entry (inserted, or reused after [`Upsert::Expired`]): zeroed state for the callback to fill.
+    /// A new entry (inserted, or reused after [`Upsert::Expired`] or [`Upsert::Evicted`]): zeroed state for the
+    /// callback to fill.
     New(&'a mut [u8]),
+    /// The table was full and (`EvictLruIdle`) another flow's entry is reused for the key: that flow's key and
+    /// state, to release or report before they are overwritten; the key's [`Upsert::New`] follows at once.
+    Evicted(&'a K, &'a [u8]),
 }
 
 /// The time each key of a batched call is seen at: one time for all (`u64`) or one per key (`&[u64]`, as long
@@ -435,7 +440,7 @@ impl<K: FlowKey> FlowTable<K> {
         hashes: &[u64],
         now: T,
         out: &mut [Handle],
-        mut f: impl FnMut(usize, Upsert<'_>),
+        mut f: impl FnMut(usize, Upsert<'_, K>),
     ) -> BatchResult {
         check_batch(keys.len(), hashes.len(), out.len());
         let mut res = BatchResult::default();
@@ -475,7 +480,7 @@ impl<K: FlowKey> FlowTable<K> {
     /// Sets live entry `h`'s last-seen time to `now`, or renews it (see [`Self::renew`]) if it was idle past the
     /// timeout; true if renewed.
     #[inline(always)]
-    fn touch_or_renew(&mut self, h: Handle, now: u64, f: impl FnMut(Upsert<'_>)) -> bool {
+    fn touch_or_renew(&mut self, h: Handle, now: u64, f: impl FnMut(Upsert<'_, K>)) -> bool {
         if self.timed() && self.is_idle(self.slab.last_seen(h), now) {
             self.renew(h, now, f);
             true
@@ -487,7 +492,7 @@ impl<K: FlowKey> FlowTable<K> {
 
     /// Expires entry `h` in place on lookup: `f` sees the old state, then the zeroed state to fill.
     #[inline(never)]
-    fn renew(&mut self, h: Handle, now: u64, mut f: impl FnMut(Upsert<'_>)) {
+    fn renew(&mut self, h: Handle, now: u64, mut f: impl FnMut(Upsert<'_, K>)) {
         f(Upsert::Expired(self.slab.state(h)));
         let s = self.slab.state_mut(h);
         s.fill(0);
@@ -508,7 +513,7 @@ impl<K: FlowKey> FlowTable<K> {
         now: T,
         done: &[Handle],
         out: &mut [Handle],
-        mut f: impl FnMut(usize, Upsert<'_>),
+        mut f: impl FnMut(usize, Upsert<'_, K>),
     ) -> BatchResult {
         let n = keys.len().min(hashes.len()).min(out.len()).min(BULK_LOOKUP_MAX);
         let mut hit = self.probe::<true>(keys, hashes, out);
@@ -560,7 +565,8 @@ impl<K: FlowKey> FlowTable<K> {
                 }
             }
             let (chunk, mask) = (&out[..n], hit | inserted | stale);
-            match self.insert_new(key, hash, p, t, || Protected { done, chunk, mask }) {
+            let evicted = |k: &K, s: &[u8]| f(i, Upsert::Evicted(k, s));
+            match self.insert_new(key, hash, p, t, || Protected { done, chunk, mask }, evicted) {
                 Ok(h) => {
                     out[i] = h;
                     inserted |= 1 << i;
@@ -605,7 +611,7 @@ impl<K: FlowKey> FlowTable<K> {
         key: &K,
         hash: u64,
         now_ns: u64,
-        mut f: impl FnMut(Upsert<'_>),
+        mut f: impl FnMut(Upsert<'_, K>),
     ) -> Result<(Handle, bool), TableError> {
         let p = place(hash, self.mask);
         self.lookups.set(self.lookups.get() + 1);
@@ -613,14 +619,14 @@ impl<K: FlowKey> FlowTable<K> {
             self.hits.set(self.hits.get() + 1);
             return Ok((h, self.touch_or_renew(h, now_ns, f)));
         }
-        let h = self.insert_new(key, hash, p, now_ns, || Protected::NONE)?;
+        let h = self.insert_new(key, hash, p, now_ns, || Protected::NONE, |k, s| f(Upsert::Evicted(k, s)))?;
         f(Upsert::New(self.slab.state_mut(h)));
         Ok((h, true))
     }
 
     /// Inserts a key known to be absent: into a free slot of its buckets, else one freed by a displacement path,
     /// else (table full) per the full policy, where `protect()` names the handles that must not be evicted (built
-    /// only then).
+    /// only then) and `evicted(key, state)` sees the flow evicted, if any, before its entry is reused.
     #[inline]
     fn insert_new<'p>(
         &mut self,
@@ -629,6 +635,7 @@ impl<K: FlowKey> FlowTable<K> {
         p: Place,
         now: u64,
         protect: impl FnOnce() -> Protected<'p>,
+        evicted: impl FnOnce(&K, &[u8]),
     ) -> Result<Handle, TableError> {
         if self.slab.len() < self.slab.capacity() as usize {
             let slot = self.free_slot(p.b1).map(|s| (p.b1, s)).or_else(|| self.free_slot(p.b2).map(|s| (p.b2, s)));
@@ -642,7 +649,7 @@ impl<K: FlowKey> FlowTable<K> {
                 return Ok(h);
             }
         }
-        self.insert_full(key, hash, p, now, protect())
+        self.insert_full(key, hash, p, now, protect(), evicted)
     }
 
     /// The full-table path of [`Self::insert_new`]: evict (`EvictLruIdle`) or count a full event.
@@ -653,9 +660,14 @@ impl<K: FlowKey> FlowTable<K> {
         p: Place,
         now: u64,
         protect: Protected<'_>,
+        evicted: impl FnOnce(&K, &[u8]),
     ) -> Result<Handle, TableError> {
         if self.policy == FullPolicy::EvictLruIdle {
             if let Some((b, s, victim)) = self.lru_victim(p.b1, p.b2, protect) {
+                // The victim's key and state, before they are overwritten (its flow's last record, a release).
+                if let Some(k) = self.slab.key(victim).copied() {
+                    evicted(&k, self.slab.state(victim));
+                }
                 self.slab.write_entry(victim, key, hash, now);
                 self.clear_slot(b, s);
                 self.place(b, s, p.tag, victim, p.b1);

@@ -77,6 +77,37 @@ fn evict_policy_evicts_least_recently_seen_candidate() {
 }
 
 #[test]
+fn evicted_flows_are_handed_to_the_upsert_callback_before_reuse() {
+    // A flow exporter's last record of an evicted flow needs its key and state (issue 34): the upsert
+    // callbacks see them before the entry is rewritten, then the new key's fresh state.
+    let mut t = FlowTable::<u64>::new(cfg(7, None, FullPolicy::EvictLruIdle)).unwrap();
+    for k in 0..7u64 {
+        t.insert(&k, mix(k), 10 + k, |s| s[0] = 100 + k as u8).unwrap();
+    }
+    let mut events = Vec::new();
+    t.upsert(&50, mix(50), 30, |u| match u {
+        Upsert::Evicted(k, s) => events.push(("evicted", *k, s[0])),
+        Upsert::New(s) => events.push(("new", 50, s[0])),
+        Upsert::Expired(_) => panic!("no timeout"),
+    })
+    .unwrap();
+    // Key 0 was least recently seen (at 10): its key and state, then the zeroed entry for 50.
+    assert_eq!(events, vec![("evicted", 0, 100), ("new", 50, 0)]);
+    // Batched: key 1 (seen at 11) goes for key 51, key 2 for 52, each reported before its reuse.
+    let keys = [51u64, 52];
+    let hashes = [mix(51), mix(52)];
+    let mut out = [0u32; 2];
+    let mut events = Vec::new();
+    t.upsert_batch(&keys, &hashes, 40u64, &mut out, |i, u| match u {
+        Upsert::Evicted(k, s) => events.push((i, *k, s[0])),
+        Upsert::New(_) => events.push((i, keys[i], 0)),
+        Upsert::Expired(_) => panic!("no timeout"),
+    });
+    assert_eq!(events, vec![(0, 1, 101), (0, 51, 0), (1, 2, 102), (1, 52, 0)]);
+    assert_eq!(t.stats().evictions, 3);
+}
+
+#[test]
 fn invalid_config_and_handles_are_errors_not_panics() {
     assert!(FlowTable::<u64>::new(cfg(0, None, FullPolicy::Reject)).is_err());
     assert!(FlowTable::<u64>::new(cfg(10, Some(0), FullPolicy::Reject)).is_err());
@@ -267,6 +298,7 @@ fn idle_entries_are_expired_on_lookup_with_per_key_times() {
             events.push((i, "new", s[0]));
             s[0] = i as u8 + 1;
         }
+        Upsert::Evicted(..) => panic!("no eviction under Reject"),
     });
     // a at 1101 is 1001 ns idle: expired then renewed (zeroed); its second packet is a hit; b is live; 99 is new.
     assert_eq!(events, vec![(0, "expired", 42), (0, "new", 0), (3, "new", 0)]);

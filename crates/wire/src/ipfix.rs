@@ -58,6 +58,8 @@ pub mod ie {
     pub const SOURCE_IPV4_ADDRESS: u16 = 8;
     /// ingressInterface (unsigned32).
     pub const INGRESS_INTERFACE: u16 = 10;
+    /// flowDirection (unsigned8: 0 ingress, 1 egress).
+    pub const FLOW_DIRECTION: u16 = 61;
     /// destinationTransportPort (unsigned16).
     pub const DESTINATION_TRANSPORT_PORT: u16 = 11;
     /// destinationIPv4Address.
@@ -66,6 +68,8 @@ pub mod ie {
     pub const SOURCE_IPV6_ADDRESS: u16 = 27;
     /// destinationIPv6Address.
     pub const DESTINATION_IPV6_ADDRESS: u16 = 28;
+    /// flowId (unsigned64).
+    pub const FLOW_ID: u16 = 148;
     /// flowEndReason (unsigned8, [`super::EndReason`]).
     pub const FLOW_END_REASON: u16 = 136;
     /// flowStartMilliseconds (dateTimeMilliseconds).
@@ -82,6 +86,8 @@ pub mod ie {
     pub const POST_NAPT_DESTINATION_TRANSPORT_PORT: u16 = 228;
     /// natEvent (unsigned8, [`super::NatEvent`]).
     pub const NAT_EVENT: u16 = 230;
+    /// postNATDestinationIPv6Address.
+    pub const POST_NAT_DESTINATION_IPV6_ADDRESS: u16 = 282;
     /// ingressVRFID (unsigned32).
     pub const INGRESS_VRFID: u16 = 234;
     /// natPoolID (unsigned32).
@@ -98,6 +104,8 @@ pub mod ie {
             SOURCE_TRANSPORT_PORT => "sourceTransportPort",
             SOURCE_IPV4_ADDRESS => "sourceIPv4Address",
             INGRESS_INTERFACE => "ingressInterface",
+            FLOW_DIRECTION => "flowDirection",
+            FLOW_ID => "flowId",
             DESTINATION_TRANSPORT_PORT => "destinationTransportPort",
             DESTINATION_IPV4_ADDRESS => "destinationIPv4Address",
             SOURCE_IPV6_ADDRESS => "sourceIPv6Address",
@@ -110,6 +118,7 @@ pub mod ie {
             POST_NAPT_SOURCE_TRANSPORT_PORT => "postNAPTSourceTransportPort",
             POST_NAPT_DESTINATION_TRANSPORT_PORT => "postNAPTDestinationTransportPort",
             NAT_EVENT => "natEvent",
+            POST_NAT_DESTINATION_IPV6_ADDRESS => "postNATDestinationIPv6Address",
             INGRESS_VRFID => "ingressVRFID",
             NAT_POOL_ID => "natPoolID",
             OBSERVATION_TIME_MILLISECONDS => "observationTimeMilliseconds",
@@ -491,6 +500,22 @@ pub const TEMPLATE_FLOW6: u16 = 257;
 pub const TEMPLATE_NAT44_SESSION: u16 = 258;
 /// Template id of NAT addresses exhausted events (RFC 8158 §4.4.3's fields).
 pub const TEMPLATE_NAT_EXHAUSTED: u16 = 259;
+/// Template id of IPv4 flow records with the address the flow was sent to
+/// (`lb`'s backend): the flow fields, then postNATDestinationIPv4Address.
+pub const TEMPLATE_FLOW4_DNAT: u16 = 260;
+/// Template id of IPv6 flow records with the address the flow was sent to:
+/// the flow fields, then postNATDestinationIPv6Address.
+pub const TEMPLATE_FLOW6_DNAT: u16 = 261;
+/// Template id of usage records (`upf`'s URRs, [`UsageRecord`]).
+pub const TEMPLATE_USAGE: u16 = 262;
+/// flowplane has no Private Enterprise Number of its own: the URR ID of a
+/// usage record travels as element [`URR_ID_ELEMENT`] of RFC 5612's
+/// documentation number until one is registered.
+pub const USAGE_PEN: u32 = 32473;
+/// The enterprise-specific element carrying a URR ID (unsigned32) under [`USAGE_PEN`].
+pub const URR_ID_ELEMENT: u16 = 1;
+/// Bytes of a usage record.
+pub const USAGE_LEN: usize = 8 + 4 + 1 + 8 + 8 + 8;
 
 const FLOW_TAIL: [FieldSpec; 9] = [
     FieldSpec::iana(ie::SOURCE_TRANSPORT_PORT, 2),
@@ -510,6 +535,10 @@ const FLOW_TAIL_LEN: usize = 2 + 2 + 1 + 8 + 8 + 8 + 8 + 1 + 4;
 pub const FLOW4_LEN: usize = 8 + FLOW_TAIL_LEN;
 /// Bytes of an IPv6 flow record.
 pub const FLOW6_LEN: usize = 32 + FLOW_TAIL_LEN;
+/// Bytes of an IPv4 flow record with its destination after translation.
+pub const FLOW4_DNAT_LEN: usize = FLOW4_LEN + 4;
+/// Bytes of an IPv6 flow record with its destination after translation.
+pub const FLOW6_DNAT_LEN: usize = FLOW6_LEN + 16;
 /// Bytes of a NAT44 session event record.
 pub const NAT44_SESSION_LEN: usize = 8 + 4 + 4 + 4 + 1 + 2 + 2 + 4 + 4 + 2 + 2 + 1;
 /// Bytes of a NAT addresses exhausted record.
@@ -520,6 +549,11 @@ pub fn templates() -> Vec<TemplateRepr> {
     let flow = |a: u16, b: u16, l: u16| {
         let mut f = vec![FieldSpec::iana(a, l), FieldSpec::iana(b, l)];
         f.extend_from_slice(&FLOW_TAIL);
+        f
+    };
+    let dnat = |mut f: Vec<FieldSpec>, l: u16| {
+        let id = if l == 4 { ie::POST_NAT_DESTINATION_IPV4_ADDRESS } else { ie::POST_NAT_DESTINATION_IPV6_ADDRESS };
+        f.push(FieldSpec::iana(id, l));
         f
     };
     vec![
@@ -550,6 +584,25 @@ pub fn templates() -> Vec<TemplateRepr> {
                 FieldSpec::iana(ie::NAT_POOL_ID, 4),
             ],
         },
+        TemplateRepr {
+            id: TEMPLATE_FLOW4_DNAT,
+            fields: dnat(flow(ie::SOURCE_IPV4_ADDRESS, ie::DESTINATION_IPV4_ADDRESS, 4), 4),
+        },
+        TemplateRepr {
+            id: TEMPLATE_FLOW6_DNAT,
+            fields: dnat(flow(ie::SOURCE_IPV6_ADDRESS, ie::DESTINATION_IPV6_ADDRESS, 16), 16),
+        },
+        TemplateRepr {
+            id: TEMPLATE_USAGE,
+            fields: vec![
+                FieldSpec::iana(ie::FLOW_ID, 8),
+                FieldSpec { id: URR_ID_ELEMENT, len: 4, enterprise: Some(USAGE_PEN) },
+                FieldSpec::iana(ie::FLOW_DIRECTION, 1),
+                FieldSpec::iana(ie::OCTET_DELTA_COUNT, 8),
+                FieldSpec::iana(ie::PACKET_DELTA_COUNT, 8),
+                FieldSpec::iana(ie::OBSERVATION_TIME_MILLISECONDS, 8),
+            ],
+        },
     ]
 }
 
@@ -570,14 +623,19 @@ pub struct FlowRecord {
     pub reason: u8,
     /// ingressInterface.
     pub ingress: u32,
+    /// Where the flow was sent (postNATDestinationIPv4/IPv6Address: `lb`'s
+    /// backend, of the tuple's family); None: no such field.
+    pub post_dst: Option<IpAddr>,
 }
 
 impl FlowRecord {
     /// Its template and record length.
     pub fn template(&self) -> (u16, usize) {
-        match self.tuple {
-            FiveTuple::V4(_) => (TEMPLATE_FLOW4, FLOW4_LEN),
-            FiveTuple::V6(_) => (TEMPLATE_FLOW6, FLOW6_LEN),
+        match (self.tuple, self.post_dst.is_some()) {
+            (FiveTuple::V4(_), false) => (TEMPLATE_FLOW4, FLOW4_LEN),
+            (FiveTuple::V6(_), false) => (TEMPLATE_FLOW6, FLOW6_LEN),
+            (FiveTuple::V4(_), true) => (TEMPLATE_FLOW4_DNAT, FLOW4_DNAT_LEN),
+            (FiveTuple::V6(_), true) => (TEMPLATE_FLOW6_DNAT, FLOW6_DNAT_LEN),
         }
     }
 
@@ -609,6 +667,12 @@ impl FlowRecord {
         put(&self.end_ms.to_be_bytes());
         put(&[self.reason]);
         put(&self.ingress.to_be_bytes());
+        match (self.post_dst, &self.tuple) {
+            (Some(IpAddr::V4(a)), FiveTuple::V4(_)) => put(&a.octets()),
+            (Some(a), FiveTuple::V4(_)) => put(&v6(a).to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED).octets()),
+            (Some(a), FiveTuple::V6(_)) => put(&v6(a).octets()),
+            (None, _) => {}
+        }
     }
 
     /// Parses a decoded record of [`TEMPLATE_FLOW4`] / [`TEMPLATE_FLOW6`] (None: another template or shape).
@@ -634,6 +698,15 @@ impl FlowRecord {
             end_ms: n(ie::FLOW_END_MILLISECONDS)?,
             reason: n(ie::FLOW_END_REASON)? as u8,
             ingress: n(ie::INGRESS_INTERFACE).unwrap_or(0) as u32,
+            // Of the tuple's family only (what `emit` can write back).
+            post_dst: match tuple {
+                FiveTuple::V4(_) => {
+                    r.get(ie::POST_NAT_DESTINATION_IPV4_ADDRESS).and_then(as_ip).filter(IpAddr::is_ipv4)
+                }
+                FiveTuple::V6(_) => {
+                    r.get(ie::POST_NAT_DESTINATION_IPV6_ADDRESS).and_then(as_ip).filter(IpAddr::is_ipv6)
+                }
+            },
         })
     }
 }
@@ -728,6 +801,63 @@ impl NatRecord {
             post_src: a(ie::POST_NAT_SOURCE_IPV4_ADDRESS).unwrap_or(z),
             post_sport: n(ie::POST_NAPT_SOURCE_TRANSPORT_PORT).unwrap_or(0) as u16,
             pool: n(ie::NAT_POOL_ID).unwrap_or(0) as u32,
+        })
+    }
+}
+
+/// One direction of a usage rule's counts (a UPF URR): the session (its
+/// SEID as flowId, IE 148), the URR ID (enterprise element
+/// [`URR_ID_ELEMENT`] of [`USAGE_PEN`]), the direction (flowDirection, IE 61:
+/// 0 ingress = uplink, 1 egress = downlink), octets and packets
+/// (octetDeltaCount, packetDeltaCount: since the rule's previous record) and
+/// when (observationTimeMilliseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageRecord {
+    /// The session (SEID).
+    pub seid: u64,
+    /// The usage rule (URR ID).
+    pub urr: u32,
+    /// 0: uplink (ingress), 1: downlink (egress).
+    pub direction: u8,
+    /// Bytes.
+    pub bytes: u64,
+    /// Packets.
+    pub packets: u64,
+    /// observationTimeMilliseconds.
+    pub time_ms: u64,
+}
+
+impl UsageRecord {
+    /// Its template and record length.
+    pub fn template(&self) -> (u16, usize) {
+        (TEMPLATE_USAGE, USAGE_LEN)
+    }
+
+    /// Writes the record (`out` is [`USAGE_LEN`] bytes).
+    pub fn emit(&self, out: &mut [u8]) {
+        out[0..8].copy_from_slice(&self.seid.to_be_bytes());
+        out[8..12].copy_from_slice(&self.urr.to_be_bytes());
+        out[12] = self.direction;
+        out[13..21].copy_from_slice(&self.bytes.to_be_bytes());
+        out[21..29].copy_from_slice(&self.packets.to_be_bytes());
+        out[29..37].copy_from_slice(&self.time_ms.to_be_bytes());
+    }
+
+    /// Parses a decoded usage record (None: another template or shape).
+    pub fn from_fields(r: &DataRecord) -> Option<Self> {
+        let n = |id| r.get(id).and_then(as_uint);
+        let urr = r
+            .fields
+            .iter()
+            .find(|(f, _)| f.id == URR_ID_ELEMENT && f.enterprise == Some(USAGE_PEN))
+            .and_then(|(_, v)| as_uint(v))?;
+        Some(UsageRecord {
+            seid: n(ie::FLOW_ID)?,
+            urr: urr as u32,
+            direction: n(ie::FLOW_DIRECTION)? as u8,
+            bytes: n(ie::OCTET_DELTA_COUNT)?,
+            packets: n(ie::PACKET_DELTA_COUNT)?,
+            time_ms: n(ie::OBSERVATION_TIME_MILLISECONDS)?,
         })
     }
 }
@@ -910,6 +1040,30 @@ mod tests {
         assert_eq!(ts[1].record_len(), Some(FLOW6_LEN));
         assert_eq!(ts[2].record_len(), Some(NAT44_SESSION_LEN));
         assert_eq!(ts[3].record_len(), Some(NAT_EXHAUSTED_LEN));
+        assert_eq!(ts[4].record_len(), Some(FLOW4_DNAT_LEN));
+        assert_eq!(ts[5].record_len(), Some(FLOW6_DNAT_LEN));
+        // The backend is the last field: postNATDestinationIPv4Address (226), 4 bytes.
+        assert_eq!(ts[4].fields.last(), Some(&FieldSpec::iana(226, 4)));
+        assert_eq!(ts[5].fields.last(), Some(&FieldSpec::iana(282, 16)));
+        assert_eq!(ts[6].record_len(), Some(USAGE_LEN));
+    }
+
+    #[test]
+    fn usage_records_round_trip_with_their_enterprise_field() {
+        let u = UsageRecord { seid: 7, urr: 3, direction: 1, bytes: 1500, packets: 2, time_ms: 99 };
+        let mut buf = Vec::new();
+        let mut b = MessageBuilder::new(&mut buf, HeaderRepr { export_time: 0, sequence: 0, domain: 1 }, 1500);
+        assert!(b.template_set(&templates()));
+        let (id, len) = u.template();
+        assert!(b.record(id, len, |o| u.emit(o)));
+        b.finish();
+        let recs = Decoder::new().decode(&buf).unwrap();
+        assert_eq!(recs.len(), 1);
+        // The URR ID's field is enterprise-specific (bit 15 of its id set on the wire, then the PEN).
+        assert_eq!(recs[0].fields[1].0, FieldSpec { id: 1, len: 4, enterprise: Some(32473) });
+        assert_eq!(UsageRecord::from_fields(&recs[0]), Some(u));
+        assert_eq!(FlowRecord::from_fields(&recs[0]), None);
+        assert_eq!(NatRecord::from_fields(&recs[0]), None);
     }
 
     #[test]
@@ -922,6 +1076,7 @@ mod tests {
             end_ms: 2,
             reason: 1,
             ingress: 0,
+            post_dst: None,
         };
         let mut buf = Vec::new();
         let mut b = MessageBuilder::new(&mut buf, HeaderRepr { export_time: 0, sequence: 0, domain: 1 }, 1500);
@@ -968,6 +1123,7 @@ mod tests {
             end_ms: 1,
             reason: 4,
             ingress: 1,
+            post_dst: None,
         };
         let mut d = Decoder::new();
         assert_eq!(d.decode(&one_message(&[r, r], &[], 0)).unwrap().len(), 2);
@@ -997,8 +1153,14 @@ mod tests {
     }
 
     fn arb_flow() -> impl Strategy<Value = FlowRecord> {
-        (arb_tuple(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), 1u8..=5, any::<u32>()).prop_map(
-            |(tuple, packets, bytes, start_ms, end_ms, reason, ingress)| FlowRecord {
+        (
+            arb_tuple(),
+            (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
+            1u8..=5,
+            any::<u32>(),
+            proptest::option::of(any::<[u8; 16]>()),
+        )
+            .prop_map(|(tuple, (packets, bytes, start_ms, end_ms), reason, ingress, to)| FlowRecord {
                 tuple,
                 packets,
                 bytes,
@@ -1006,8 +1168,12 @@ mod tests {
                 end_ms,
                 reason,
                 ingress,
-            },
-        )
+                // A backend of the tuple's family.
+                post_dst: to.map(|b| match tuple {
+                    FiveTuple::V4(_) => IpAddr::from([b[0], b[1], b[2], b[3]]),
+                    FiveTuple::V6(_) => IpAddr::from(b),
+                }),
+            })
     }
 
     fn arb_nat() -> impl Strategy<Value = NatRecord> {

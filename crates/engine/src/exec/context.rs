@@ -562,12 +562,17 @@ impl ExecContext {
     }
 
     /// A flow record of every live flow, with `reason` (the run's end: forced end); with
-    /// `include_shared`, also of the shared tables' entries (one core reports those).
+    /// `include_shared`, also of the shared tables' entries (one core reports those). A flow
+    /// already idle past its timeout at the run's last packet time ended by expiry (idle timeout).
     pub(crate) fn ipfix_report_all(&mut self, reason: EndReason, include_shared: bool) {
         let pernf = self.layout == StateLayout::PerNf;
+        let end = self.run_end().unwrap_or(0);
         let ExecContext { stores, chain, shared, .. } = self;
         for (k, store) in stores.iter().enumerate() {
-            store.for_each(|key, block| report_flow(&mut chain.stages, pernf.then_some(k), key, block, reason));
+            store.for_each_judged(end, |key, block, idle| {
+                let why = if idle { EndReason::IdleTimeout } else { reason };
+                report_flow(&mut chain.stages, pernf.then_some(k), key, block, why)
+            });
         }
         if !include_shared {
             return;
@@ -1442,10 +1447,12 @@ pub(crate) fn bulk_upsert(
     g: Gathered<'_>,
     handles: &mut [u32; MAX_BATCH],
     flows: &mut [FlowRef; MAX_BATCH],
-    mut f: impl FnMut(usize, Upsert<'_>),
+    mut f: impl FnMut(usize, Upsert<'_, FiveTuple>),
 ) {
     let out = &mut handles[..g.keys.len()];
-    store.v4().upsert_batch(g.keys, g.hashes, g.times, out, |j, u| f(g.idx[j] as usize, u));
+    store.v4().upsert_batch(g.keys, g.hashes, g.times, out, |j, u| {
+        crate::store::widen(u, FiveTuple::V4, &mut |u| f(g.idx[j] as usize, u))
+    });
     for (&h, &i) in out.iter().zip(g.idx) {
         flows[i as usize] = if h == INVALID_HANDLE { FlowRef::NONE } else { FlowRef::v4(h) };
     }
@@ -1553,26 +1560,28 @@ fn upsert_all(
     data: &mut [u8],
     meta: &PktMeta,
     ctx: &NfContext,
-    u: Upsert<'_>,
+    u: Upsert<'_, FiveTuple>,
 ) {
     match u {
         Upsert::Expired(old) => release_all(stages, None, aux, &meta.tuple, old, EndReason::IdleTimeout),
+        // Another flow's entry reused (`--table-full evict`): its last record is not lost.
+        Upsert::Evicted(key, old) => release_all(stages, None, aux, key, old, EndReason::LackOfResources),
         Upsert::New(block) => init_all(stages, aux, data, meta, ctx, block),
     }
 }
 
 /// The per-NF layout's add-on-miss callback for one stage's store.
 #[inline]
-fn upsert_one(stage: &mut Stage, data: &mut [u8], meta: &PktMeta, ctx: &NfContext, u: Upsert<'_>) {
-    match u {
-        Upsert::Expired(old) => {
-            if let Stage::Stateful { nf, .. } = stage {
-                if let Some(b) = old.get(..nf.state_size()) {
-                    nf.release_bytes(&meta.tuple, b, EndReason::IdleTimeout);
-                }
-            }
+fn upsert_one(stage: &mut Stage, data: &mut [u8], meta: &PktMeta, ctx: &NfContext, u: Upsert<'_, FiveTuple>) {
+    let (key, old, reason) = match u {
+        Upsert::New(block) => return init_one(stage, data, meta, ctx, block),
+        Upsert::Expired(old) => (&meta.tuple, old, EndReason::IdleTimeout),
+        Upsert::Evicted(key, old) => (key, old, EndReason::LackOfResources),
+    };
+    if let Stage::Stateful { nf, .. } = stage {
+        if let Some(b) = old.get(..nf.state_size()) {
+            nf.release_bytes(key, b, reason);
         }
-        Upsert::New(block) => init_one(stage, data, meta, ctx, block),
     }
 }
 

@@ -636,6 +636,11 @@ impl Pipeline {
         }
     }
 
+    /// The run's latest packet time across cores (None: no packet).
+    pub(crate) fn run_end(&self) -> Option<u64> {
+        self.cx.run_end()
+    }
+
     /// End of the run, once every core stopped: each stateful NF (a graph's
     /// branches' too) is told the run's last packet time across cores, which
     /// its report and export then judge idleness at
@@ -664,6 +669,8 @@ impl Pipeline {
                     n += 1;
                 }
             }
+            // Usage records come from the merged report at the run's end (the runtime sends them).
+            n += usize::from(s.ipfix_usage_on());
         }
         if let (Some(a), true) = (active_ns, n > 0) {
             self.cx.set_active_timeout(a);

@@ -58,17 +58,25 @@
 //! the packet's 5-tuple, flags, seq/ack and time), and `process` runs the
 //! very same transition on the packet's record, so under `--scale scr` the
 //! table is replicated exactly (`scr_transition` on history entries).
+//! The engine keeps a small state per direction's flow (packets, bytes,
+//! first and last seen, passed or dropped): `--export conntrack=FILE` lists
+//! it, and with `--ipfix` each direction's flow gets its records (IPFIX flows
+//! are one-way), with flowEndReason 3 (end of flow detected) when that
+//! direction sent a FIN or RST the tracker let through.
 //! `fw` is the full stateful firewall (windows scaling, ICMP errors,
 //! related flows); this is the lean tracker of the SCR evaluation.
 
 use bytemuck::{Pod, Zeroable};
 use flowplane_table::{FibHash, FixedMap};
+use flowplane_wire::flow::FiveTuple;
 use flowplane_wire::scr::{ScrFields, ScrRecord};
 use serde_json::json;
 
+use crate::ipfix::{end_reason, EndReason, ExportRecord, FlowExport, RecordTx};
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::merge_keeping;
+use crate::report::Export;
 use crate::stateful::{Action, Affinity, GlobalState, Granularity, Placement, StatefulNf};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
@@ -151,12 +159,45 @@ struct Conn {
     fin: u8,
 }
 
-/// Per-flow marker the engine keeps (packets per direction's flow entry).
+/// Per-direction flow state the engine keeps: what the direction's packets
+/// carried into the tracker, passed or dropped (its `--export` row and IPFIX
+/// records; 32 bytes, the flow entry's first cache line).
 #[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct CtFlow {
     /// Packets of this direction's flow.
     pub packets: u64,
+    /// Bytes (frame lengths); bit 63 ([`CtFlow::ENDED`]) marks a direction
+    /// that sent a FIN or RST the tracker let through.
+    pub bytes: u64,
+    /// First packet (packet clock, ns).
+    pub first_ns: u64,
+    /// Last packet.
+    pub last_ns: u64,
+}
+
+impl CtFlow {
+    /// The bit of `bytes` marking a direction seen to end its side of the connection.
+    pub const ENDED: u64 = 1 << 63;
+
+    /// Counts one packet (its record) at `now`; `pass`: the tracker let it through.
+    #[inline]
+    fn count(&mut self, r: &ScrRecord, now: u64, pass: bool) {
+        if self.packets == 0 || now < self.first_ns {
+            self.first_ns = now;
+        }
+        self.last_ns = self.last_ns.max(now);
+        self.packets += 1;
+        self.bytes += u64::from(r.len);
+        if pass && r.tcp_flags().is_some_and(|f| f & (FIN | RST) != 0) {
+            self.bytes |= Self::ENDED;
+        }
+    }
+
+    /// Bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes & !Self::ENDED
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -182,6 +223,8 @@ pub struct Conntrack {
     timeout_ns: u64,
     window: u32,
     c: Counters,
+    /// The IPFIX record queue (`--ipfix`).
+    ipfix: Option<RecordTx>,
 }
 
 /// Connection `i` of `t`, which the caller has just found live.
@@ -215,6 +258,7 @@ impl Conntrack {
             timeout_ns,
             window: const { WINDOW.uint_default() } as u32,
             c: Counters::default(),
+            ipfix: None,
         }
     }
 
@@ -434,9 +478,10 @@ impl StatefulNf for Conntrack {
 
     #[inline]
     fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut CtFlow, ctx: &NfContext) -> Action {
-        st.packets += 1;
         let r = ScrRecord::from_frame(pkt.data(), pkt.meta());
-        if self.track(&r, ctx.now_ns) {
+        let pass = self.track(&r, ctx.now_ns);
+        st.count(&r, ctx.now_ns, pass);
+        if pass {
             Action::Pass
         } else {
             Action::Drop
@@ -455,9 +500,9 @@ impl StatefulNf for Conntrack {
 
     #[inline]
     fn scr_transition(&mut self, st: &mut CtFlow, r: &ScrRecord, ctx: &NfContext) -> bool {
-        st.packets += 1;
         let saved = self.c;
         let pass = self.track(r, ctx.now_ns);
+        st.count(r, ctx.now_ns, pass);
         // Counters describe a core's own packets.
         self.c = saved;
         pass
@@ -494,6 +539,40 @@ impl StatefulNf for Conntrack {
 
     fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
         merge_keeping(into, other, &["capacity"]);
+    }
+
+    fn export_kind(&self) -> Export {
+        Export::State
+    }
+
+    /// One row per direction's flow: its 5-tuple as sent, packets and bytes.
+    fn export_row(&self, key: &FiveTuple, st: &CtFlow) -> Option<serde_json::Value> {
+        (st.packets > 0).then(|| {
+            json!({
+                "proto": key.proto(),
+                "src": key.src_ip().to_string(),
+                "dst": key.dst_ip().to_string(),
+                "sport": key.src_port(),
+                "dport": key.dst_port(),
+                "packets": st.packets,
+                "bytes": st.bytes(),
+            })
+        })
+    }
+
+    const IPFIX: bool = true;
+
+    fn attach_ipfix(&mut self, tx: RecordTx) {
+        self.ipfix = Some(tx);
+    }
+
+    /// A direction's flow record: its counts and times; flowEndReason 3 when
+    /// it sent a FIN or RST that passed, unless this is an active-timeout report.
+    fn ipfix_flow(&mut self, key: &FiveTuple, st: &CtFlow, reason: EndReason) {
+        if let (Some(tx), true) = (&mut self.ipfix, st.packets > 0) {
+            let reason = end_reason(reason, st.bytes & CtFlow::ENDED != 0);
+            tx.push(ExportRecord::Flow(FlowExport::new(*key, st.packets, st.bytes(), st.first_ns, st.last_ns, reason)));
+        }
     }
 }
 

@@ -5,14 +5,17 @@
 //! (`--export fsc=flows.csv|json`). A counter fails open: a packet whose flow
 //! found no room (the flow table full) passes, in no row, counted as `table_full`.
 //! With `--ipfix` it feeds the exporter a flow record per flow at its end
-//! (idle expiry, an end requested by another NF, the run's end) and at each
-//! active timeout.
+//! (idle expiry, an end requested by another NF, eviction from a full table,
+//! the run's end) and at each active timeout. A TCP flow that sent a FIN or
+//! RST ended (flowEndReason 3, end of flow detected): its last record says
+//! so, whenever its entry goes (its closing ACKs still count in it; the
+//! entry stays for `--export` and late retransmissions).
 
 use bytemuck::{Pod, Zeroable};
 use flowplane_wire::flow::FiveTuple;
 use serde_json::json;
 
-use crate::ipfix::{EndReason, ExportRecord, FlowExport, RecordTx};
+use crate::ipfix::{end_reason, tcp_end, EndReason, ExportRecord, FlowExport, RecordTx};
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::Export;
@@ -39,12 +42,30 @@ pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
 pub struct FscState {
     /// Packets.
     pub packets: u64,
-    /// Bytes (frame lengths).
+    /// Bytes (frame lengths); with `--ipfix`, bit 63 ([`FscState::ENDED`])
+    /// marks a TCP flow that sent a FIN or RST (kept in this word so the
+    /// state stays 32 bytes: the flow entry's first cache line). Read it
+    /// with [`FscState::bytes`].
     pub bytes: u64,
     /// First packet, ns since the run started.
     pub first_ns: u64,
     /// Last packet.
     pub last_ns: u64,
+}
+
+impl FscState {
+    /// The bit of `bytes` marking a flow seen to end (TCP FIN or RST).
+    pub const ENDED: u64 = 1 << 63;
+
+    /// Bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes & !Self::ENDED
+    }
+
+    /// The flow sent a TCP FIN or RST.
+    pub fn ended(&self) -> bool {
+        self.bytes & Self::ENDED != 0
+    }
 }
 
 /// The flow statistics counter.
@@ -103,6 +124,10 @@ impl StatefulNf for Fsc {
         }
         st.packets += 1;
         st.bytes += pkt.len() as u64;
+        // Only an exporter needs the end seen (a field test, then the flags byte of TCP packets).
+        if self.ipfix.is_some() && tcp_end(pkt) {
+            st.bytes |= FscState::ENDED;
+        }
         Action::Pass
     }
 
@@ -129,14 +154,8 @@ impl StatefulNf for Fsc {
     /// A flow record with the flow's totals (the exporter sends deltas).
     fn ipfix_flow(&mut self, key: &FiveTuple, st: &FscState, reason: EndReason) {
         if let (Some(tx), true) = (&mut self.ipfix, st.packets > 0) {
-            tx.push(ExportRecord::Flow(FlowExport {
-                tuple: *key,
-                packets: st.packets,
-                bytes: st.bytes,
-                first_ns: st.first_ns,
-                last_ns: st.last_ns,
-                reason,
-            }));
+            let reason = end_reason(reason, st.ended());
+            tx.push(ExportRecord::Flow(FlowExport::new(*key, st.packets, st.bytes(), st.first_ns, st.last_ns, reason)));
         }
     }
 
@@ -152,7 +171,7 @@ impl StatefulNf for Fsc {
             "sport": key.src_port(),
             "dport": key.dst_port(),
             "packets": st.packets,
-            "bytes": st.bytes,
+            "bytes": st.bytes(),
             "first_ns": st.first_ns,
             "last_ns": st.last_ns,
         }))
@@ -180,5 +199,54 @@ mod tests {
         assert_eq!(row["packets"], 3);
         assert_eq!(row["src"], "10.0.0.1");
         assert_eq!(row["dport"], 80);
+    }
+
+    /// Issue 34: a TCP flow that sent a FIN or RST ended (flowEndReason 3) whatever its entry went for — idle
+    /// expiry, eviction, the run's end — but an active-timeout report of it stays 2; other flows keep the
+    /// engine's reason; the end mark never shows in the bytes.
+    #[test]
+    fn tcp_fin_or_rst_makes_the_last_record_an_end_of_flow() {
+        use crate::ipfix::{flows, test_queue};
+        use crate::testutil::tcp4;
+        let (fin, rst, ack) = (0x11, 0x04, 0x10);
+        let mut h = Harness::new(Fsc::default());
+        let (tx, mut rx) = test_queue();
+        h.nf.attach_ipfix(tx);
+        let a = tcp4([10, 0, 0, 1], [9, 9, 9, 9], 1000, 80, ack, 1, 1);
+        let a_fin = tcp4([10, 0, 0, 1], [9, 9, 9, 9], 1000, 80, fin, 2, 1);
+        let b_rst = tcp4([10, 0, 0, 2], [9, 9, 9, 9], 1000, 80, rst, 1, 0);
+        let c = udp4([10, 0, 0, 3], [9, 9, 9, 9], 1000, 80);
+        h.now_ns = 5;
+        for f in [&a, &a_fin, &a, &b_rst, &c] {
+            h.run(f);
+        }
+        let st = |f: &[u8]| h.state_of(f).unwrap();
+        assert!(st(&a).ended() && st(&b_rst).ended() && !st(&c).ended());
+        assert_eq!(st(&a).bytes(), 3 * a.len() as u64);
+        let row = h.nf.export_row(&h.key_of(&a).unwrap(), &st(&a)).unwrap();
+        assert_eq!(row["bytes"], 3 * a.len() as u64);
+        let ends: Vec<_> = [
+            (&a, EndReason::ActiveTimeout),
+            (&a, EndReason::IdleTimeout),
+            (&b_rst, EndReason::LackOfResources),
+            (&c, EndReason::ForcedEnd),
+        ]
+        .into_iter()
+        .map(|(f, why)| (h.key_of(f).unwrap(), st(f), why))
+        .collect();
+        for (k, s, why) in ends {
+            h.nf.ipfix_flow(&k, &s, why);
+        }
+        let got: Vec<_> = flows(&mut rx).iter().map(|f| (f.packets, f.bytes, f.reason)).collect();
+        let l = a.len() as u64;
+        assert_eq!(
+            got,
+            vec![
+                (3, 3 * l, EndReason::ActiveTimeout),
+                (3, 3 * l, EndReason::EndOfFlow),
+                (1, b_rst.len() as u64, EndReason::EndOfFlow),
+                (1, c.len() as u64, EndReason::ForcedEnd),
+            ]
+        );
     }
 }

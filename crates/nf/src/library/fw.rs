@@ -72,6 +72,13 @@
 //! `closed_fin` + `closed_rst` + `released` + `swept` + `expired`. Each core
 //! has its own table: under multi-core RSS both directions of a connection
 //! must reach the same core (symmetric RSS).
+//!
+//! Each direction's state also counts what its packets carried (packets,
+//! bytes, first and last seen in ms, passed or dropped): with `--ipfix` a
+//! direction that was bound to a connection gets flow records (IPFIX flows
+//! are one-way) at active timeouts and at its end — flowEndReason 3 when
+//! the firewall ended it (close, RST) or it sent a FIN or RST that passed;
+//! packets dropped for want of a connection (scans) give no record.
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -84,6 +91,7 @@ use flowplane_wire::prefix::IpPrefix;
 use flowplane_wire::tcp::{TcpFlags, TcpOption};
 use serde_json::json;
 
+use crate::ipfix::{end_reason, tcp_end, EndReason, ExportRecord, FlowExport, RecordTx};
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::merge_keeping;
@@ -160,7 +168,9 @@ const K_TCP: u8 = 1;
 const K_DATAGRAM: u8 = 2;
 const K_ECHO: u8 = 3;
 
-/// Per-direction state (16 bytes): which connection this direction belongs to.
+/// Per-direction state (32 bytes, the flow entry's first cache line): which
+/// connection this direction belongs to, and what its packets carried
+/// (passed or dropped) for its IPFIX records.
 #[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
 #[repr(C)]
 pub struct FwState {
@@ -170,8 +180,33 @@ pub struct FwState {
     pub gen: u32,
     /// 0: this direction is the originator's, 1: the responder's.
     pub dir: u8,
+    /// 1: this direction sent a FIN or RST that passed (with `--ipfix`).
+    pub ended: u8,
     /// Padding (keeps the type free of implicit padding).
-    pub _pad: [u8; 7],
+    pub _pad: [u8; 2],
+    /// Packets (saturating at 2^32 - 1: u32 keeps the state in one line).
+    pub packets: u32,
+    /// First packet, ms of packet clock (saturating at 2^32 - 1 ms, 49 days: IPFIX times are ms anyway).
+    pub first_ms: u32,
+    /// Last packet, ms of packet clock.
+    pub last_ms: u32,
+    /// Bytes (frame lengths).
+    pub bytes: u64,
+}
+
+impl FwState {
+    /// Counts a packet of `len` bytes at `now_ns`; `ended`: a FIN or RST that passed.
+    #[inline]
+    fn count(&mut self, len: usize, now_ns: u64, ended: bool) {
+        let ms = (now_ns / 1_000_000).min(u64::from(u32::MAX)) as u32;
+        if self.packets == 0 || ms < self.first_ms {
+            self.first_ms = ms;
+        }
+        self.last_ms = self.last_ms.max(ms);
+        self.packets = self.packets.saturating_add(1);
+        self.bytes += len as u64;
+        self.ended |= u8::from(ended);
+    }
 }
 
 /// One direction's TCP window tracking data (Linux's `ip_ct_tcp_state`).
@@ -389,6 +424,8 @@ pub struct Fw {
     now_ns: u64,
     table: ConnTable,
     c: Counters,
+    /// The IPFIX record queue (`--ipfix`).
+    ipfix: Option<RecordTx>,
 }
 
 impl Fw {
@@ -416,6 +453,27 @@ impl Fw {
             // conns is within 1..=MAX_CONNS, far below the map's limit; only memory can fail (as allocation would).
             table: ConnTable::new(conns as usize).expect("fw: cannot allocate the connection table"),
             c: Counters::default(),
+            ipfix: None,
+        }
+    }
+
+    /// The verdict on a packet (the policy and the connection's state machine, see the module doc).
+    #[inline]
+    fn judge(&mut self, pkt: &mut Pkt<'_>, st: &mut FwState, now: u64) -> Action {
+        self.now_ns = self.now_ns.max(now);
+        if !pkt.meta().valid {
+            self.c.unparsed += 1;
+            return self.drop_for(st, now);
+        }
+        if pkt.tuple().is_non_first_fragment() {
+            self.c.fragment += 1;
+            return self.drop_for(st, now);
+        }
+        match pkt.proto() {
+            IpProtocol::TCP => self.tcp(pkt, st, now),
+            IpProtocol::ICMP if !pkt.meta().v6 => self.icmp(pkt, st, now),
+            IpProtocol::ICMPV6 if pkt.meta().v6 => self.icmp(pkt, st, now),
+            _ => self.datagram(pkt, st, now),
         }
     }
 
@@ -835,21 +893,28 @@ impl StatefulNf for Fw {
     }
 
     fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut FwState, ctx: &NfContext) -> Action {
-        let now = ctx.now_ns;
-        self.now_ns = self.now_ns.max(now);
-        if !pkt.meta().valid {
-            self.c.unparsed += 1;
-            return self.drop_for(st, now);
-        }
-        if pkt.tuple().is_non_first_fragment() {
-            self.c.fragment += 1;
-            return self.drop_for(st, now);
-        }
-        match pkt.proto() {
-            IpProtocol::TCP => self.tcp(pkt, st, now),
-            IpProtocol::ICMP if !pkt.meta().v6 => self.icmp(pkt, st, now),
-            IpProtocol::ICMPV6 if pkt.meta().v6 => self.icmp(pkt, st, now),
-            _ => self.datagram(pkt, st, now),
+        let a = self.judge(pkt, st, ctx.now_ns);
+        // Only an exporter needs the end seen (the flags byte of TCP packets read again).
+        let ended = self.ipfix.is_some() && matches!(a, Action::Pass | Action::EndFlow) && tcp_end(pkt);
+        st.count(pkt.len(), ctx.now_ns, ended);
+        a
+    }
+
+    const IPFIX: bool = true;
+
+    fn attach_ipfix(&mut self, tx: RecordTx) {
+        self.ipfix = Some(tx);
+    }
+
+    /// A connection direction's record (one that was bound to a connection:
+    /// packets dropped for want of one — scans, unsolicited datagrams — give
+    /// none): its counts and times; flowEndReason 3 when it sent a FIN or RST
+    /// that passed or the firewall ended it, unless this is an active-timeout report.
+    fn ipfix_flow(&mut self, key: &FiveTuple, st: &FwState, reason: EndReason) {
+        if let (Some(tx), true) = (&mut self.ipfix, st.conn != 0 && st.packets > 0) {
+            let reason = end_reason(reason, st.ended != 0);
+            let (first, last) = (u64::from(st.first_ms) * 1_000_000, u64::from(st.last_ms) * 1_000_000);
+            tx.push(ExportRecord::Flow(FlowExport::new(*key, st.packets.into(), st.bytes, first, last, reason)));
         }
     }
 

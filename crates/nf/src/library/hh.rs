@@ -13,6 +13,13 @@
 //! packet whose flow found no room (the flow table full) passes, uncounted in
 //! any flow, counted as `table_full`.
 //!
+//! With `--ipfix` it feeds the exporter heavy-hitter records: flow records
+//! (the IPFIX flow template, as `fsc`'s) of the flows whose bytes are above
+//! `threshold` when reported — at an active timeout and at the flow's end
+//! (idle expiry, eviction, the run's end) — or of every flow without a
+//! threshold. A flow's bytes only grow, so once it is reported every later
+//! record of it is too: its records' deltas sum to its totals.
+//!
 //! `--export hh=FILE` writes the report's top-k (`export=top`, default; the
 //! same rows as the report, merged over cores) or every live flow with its
 //! bytes and packets (`export=all`).
@@ -29,6 +36,7 @@ use flowplane_wire::flow::FiveTuple;
 use flowplane_wire::scr::{is_folded, recorded, recorded_addr};
 use serde_json::{json, Value};
 
+use crate::ipfix::{EndReason, ExportRecord, FlowExport, RecordTx};
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::{merge_keeping, Export};
@@ -63,7 +71,9 @@ pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
 /// Largest summary (updates scan it linearly).
 pub const MAX_K: u64 = 1024;
 
-/// Per-flow state: its size so far.
+/// Per-flow state: its size so far, and when it was seen (the IPFIX
+/// records' start and end, kept with `--ipfix` only; 32 bytes, the flow
+/// entry's first cache line).
 #[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct HhState {
@@ -71,6 +81,10 @@ pub struct HhState {
     pub bytes: u64,
     /// Packets.
     pub packets: u64,
+    /// First packet (packet clock, ns).
+    pub first_ns: u64,
+    /// Last packet.
+    pub last_ns: u64,
 }
 
 /// One entry of the top-k summary.
@@ -99,6 +113,8 @@ pub struct Hh {
     table_full: u64,
     /// `--export` writes every live flow instead of the top-k.
     export_all: bool,
+    /// The IPFIX record queue (`--ipfix`).
+    ipfix: Option<RecordTx>,
 }
 
 impl Hh {
@@ -123,6 +139,7 @@ impl Hh {
             over_threshold: 0,
             table_full: 0,
             export_all: false,
+            ipfix: None,
         }
     }
 
@@ -204,10 +221,22 @@ impl StatefulNf for Hh {
     }
 
     #[inline]
-    fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut HhState, _ctx: &NfContext) -> Action {
+    fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut HhState, ctx: &NfContext) -> Action {
         // Flows are counted at their first packet that reaches hh (not at insertion, which a drop
         // upstream in the chain can precede).
         self.flows += u64::from(st.packets == 0);
+        // The times are the IPFIX records' only (and `--ipfix` is refused under scr, whose history records carry
+        // no time for hh: replicas' states stay equal). First and last seen as extremes (`shared` may bring a
+        // flow's packets out of order).
+        if self.ipfix.is_some() {
+            let now = ctx.now_ns;
+            if st.packets == 0 || now < st.first_ns {
+                st.first_ns = now;
+            }
+            if now > st.last_ns {
+                st.last_ns = now;
+            }
+        }
         let before = st.bytes;
         st.bytes = st.bytes.saturating_add(pkt.len() as u64);
         st.packets = st.packets.saturating_add(1);
@@ -309,6 +338,20 @@ impl StatefulNf for Hh {
         merged["top"].as_array().cloned().unwrap_or_default()
     }
 
+    const IPFIX: bool = true;
+
+    fn attach_ipfix(&mut self, tx: RecordTx) {
+        self.ipfix = Some(tx);
+    }
+
+    /// A heavy hitter's record (every flow's without a threshold), with its totals.
+    fn ipfix_flow(&mut self, key: &FiveTuple, st: &HhState, reason: EndReason) {
+        let heavy = st.packets > 0 && self.threshold.is_none_or(|t| st.bytes > t);
+        if let (Some(tx), true) = (&mut self.ipfix, heavy) {
+            tx.push(ExportRecord::Flow(FlowExport::new(*key, st.packets, st.bytes, st.first_ns, st.last_ns, reason)));
+        }
+    }
+
     fn export_row(&self, key: &FiveTuple, st: &HhState) -> Option<serde_json::Value> {
         Some(json!({
             "proto": key.proto(),
@@ -370,17 +413,17 @@ mod tests {
         let other: FiveTuple =
             FiveTupleV6::new("2001:db8::9".parse().unwrap(), "fd00::2".parse().unwrap(), 5, 6, 17).into();
         let mut h = Hh::new(3, None);
-        h.offer(&real, &HhState { bytes: 10, packets: 1 });
-        h.offer(&recorded(&real), &HhState { bytes: 20, packets: 2 });
-        h.offer(&recorded(&other), &HhState { bytes: 5, packets: 1 });
+        h.offer(&real, &HhState { bytes: 10, packets: 1, ..Default::default() });
+        h.offer(&recorded(&real), &HhState { bytes: 20, packets: 2, ..Default::default() });
+        h.offer(&recorded(&other), &HhState { bytes: 5, packets: 1, ..Default::default() });
         let top = h.top();
         assert_eq!(top.len(), 2, "{top:?}");
         assert_eq!((top[0].tuple, top[0].bytes), (real, 20), "the real addresses kept, the counts updated");
         assert_eq!(top[1].tuple, recorded(&other), "a flow seen only in records: folded");
         // Another replica saw `real` by records only and `other` by its packets: merged, one row per flow.
         let mut g = Hh::new(3, None);
-        g.offer(&recorded(&real), &HhState { bytes: 20, packets: 2 });
-        g.offer(&other, &HhState { bytes: 5, packets: 1 });
+        g.offer(&recorded(&real), &HhState { bytes: 20, packets: 2, ..Default::default() });
+        g.offer(&other, &HhState { bytes: 5, packets: 1, ..Default::default() });
         let mut merged = h.report().unwrap();
         h.merge_report(&mut merged, &g.report().unwrap());
         let rows: Vec<String> = merged["top"].as_array().unwrap().iter().map(|r| r["src"].to_string()).collect();
@@ -402,7 +445,8 @@ mod tests {
         let len = flow(0).len() as u64;
         let got: Vec<(u16, u64, u64)> = top.iter().map(|e| (e.tuple.src_port(), e.packets, e.bytes)).collect();
         assert_eq!(got, vec![(1009, 10, 10 * len), (1008, 9, 9 * len), (1007, 8, 8 * len)]);
-        assert_eq!(h.state_of(&flow(4)).unwrap(), HhState { bytes: 5 * len, packets: 5 });
+        let st = h.state_of(&flow(4)).unwrap();
+        assert_eq!((st.bytes, st.packets), (5 * len, 5));
         let r = h.nf.report().unwrap();
         assert_eq!(r["flows_seen"], 10);
         assert_eq!(r["top"][0]["sport"], 1009);
@@ -522,9 +566,10 @@ mod tests {
         assert_eq!(row["sport"], 1007);
         // Counters saturate instead of overflowing.
         let key = h.key_of(&f).unwrap();
-        h.states.insert(key, HhState { bytes: u64::MAX - 1, packets: u64::MAX });
+        h.states.insert(key, HhState { bytes: u64::MAX - 1, packets: u64::MAX, ..Default::default() });
         h.run(&f);
-        assert_eq!(h.state_of(&f).unwrap(), HhState { bytes: u64::MAX, packets: u64::MAX });
+        let st = h.state_of(&f).unwrap();
+        assert_eq!((st.bytes, st.packets), (u64::MAX, u64::MAX));
     }
 
     #[test]
@@ -547,5 +592,31 @@ mod tests {
         let e = h.nf.reconfigure(&mut params("1", "8")).unwrap_err();
         assert!(e.0.contains("k=8") && e.0.contains("restart"), "{e}");
         assert_eq!(h.nf.threshold, Some(4 * len - 1), "a refused change changes nothing");
+    }
+
+    /// Issue 34: with a threshold only the flows above it are reported, with their totals and the times of
+    /// their first and last packets; without one every flow is.
+    #[test]
+    fn ipfix_reports_the_heavy_hitters_with_their_times() {
+        use crate::ipfix::{flows, test_queue, EndReason};
+        let len = flow(0).len() as u64;
+        for (threshold, want) in
+            [(Some(3 * len), vec![(1000, 4, 10, 40)]), (None, vec![(1000, 4, 10, 40), (1001, 1, 20, 20)])]
+        {
+            let mut h = Harness::new(Hh::new(4, threshold));
+            let (tx, mut rx) = test_queue();
+            h.nf.attach_ipfix(tx);
+            for (t, f) in [(10, 0), (20, 1), (30, 0), (35, 0), (40, 0)] {
+                h.now_ns = t;
+                h.run(&flow(f));
+            }
+            for f in [0, 1] {
+                let (k, st) = (h.key_of(&flow(f)).unwrap(), h.state_of(&flow(f)).unwrap());
+                h.nf.ipfix_flow(&k, &st, EndReason::IdleTimeout);
+            }
+            let got: Vec<_> =
+                flows(&mut rx).iter().map(|r| (r.tuple.src_port(), r.packets, r.first_ns, r.last_ns)).collect();
+            assert_eq!(got, want, "threshold {threshold:?}");
+        }
     }
 }

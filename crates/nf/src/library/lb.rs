@@ -38,7 +38,12 @@
 //!
 //! The report gives the flows assigned to each backend (merged over cores),
 //! `--export lb=FILE` one row per live flow: its 5-tuple as received and the
-//! backend it was sent to.
+//! backend it was sent to (with its packets and bytes). With `--ipfix` each
+//! flow's records (at an active timeout and at its end) carry its 5-tuple as
+//! received, its counts and times, and the backend as
+//! postNATDestinationIPv4Address (IANA IE 226; IPv6: IE 282,
+//! postNATDestinationIPv6Address) — templates 260/261, the flow fields plus
+//! that one. An unbalanced IPv6 flow's records are plain flow records.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -47,6 +52,7 @@ use flowplane_wire::flow::FiveTuple;
 use flowplane_wire::hash::HashableKey;
 use serde_json::{json, Value};
 
+use crate::ipfix::{EndReason, ExportRecord, FlowExport, RecordTx};
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::{merge_keeping, Export};
@@ -101,12 +107,21 @@ pub const UNBALANCED: u32 = u32::MAX;
 /// must not move the round-robin cursor, or backends would depend on the executor).
 pub const PENDING: u32 = u32::MAX - 1;
 
-/// Per-flow state: the chosen backend.
+/// Per-flow state: the chosen backend, and the flow's counts and times
+/// for its IPFIX records (32 bytes: the flow entry's first cache line).
 #[derive(Clone, Copy, Pod, Zeroable)]
 #[repr(C)]
 pub struct LbState {
     /// Index into the flow's family's pool ([`UNBALANCED`]: none).
     pub backend: u32,
+    /// Packets (saturating at 2^32 - 1: a u32 keeps the state in one line).
+    pub packets: u32,
+    /// Bytes (frame lengths as received).
+    pub bytes: u64,
+    /// First packet (packet clock, ns).
+    pub first_ns: u64,
+    /// Last packet.
+    pub last_ns: u64,
 }
 
 /// Seed of the backend hash (apart from the flow tables' and the NIC's, so backends do not follow buckets or cores).
@@ -282,6 +297,8 @@ pub struct Lb {
     maglev: bool,
     /// New IPv4 flows dropped: every maglev backend drained (weight 0).
     no_backend: u64,
+    /// The IPFIX record queue (`--ipfix`).
+    ipfix: Option<RecordTx>,
 }
 
 /// Maglev backends from `backends_file`'s text: (IPv4 list, IPv6 list) of (address, weight).
@@ -393,6 +410,7 @@ impl Lb {
             table_full: 0,
             maglev: false,
             no_backend: 0,
+            ipfix: None,
         }
     }
 
@@ -534,11 +552,21 @@ impl StatefulNf for Lb {
 
     /// The backend is picked by the flow's first packet that reaches lb (see [`PENDING`]).
     fn init(&mut self, _pkt: &Pkt<'_>, _ctx: &NfContext) -> LbState {
-        LbState { backend: PENDING }
+        LbState { backend: PENDING, ..LbState::zeroed() }
     }
 
     #[inline]
-    fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut LbState, _ctx: &NfContext) -> Action {
+    fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut LbState, ctx: &NfContext) -> Action {
+        // First and last seen as extremes (`shared` may bring a flow's packets out of order).
+        let now = ctx.now_ns;
+        if st.packets == 0 || now < st.first_ns {
+            st.first_ns = now;
+        }
+        if now > st.last_ns {
+            st.last_ns = now;
+        }
+        st.packets = st.packets.saturating_add(1);
+        st.bytes += pkt.len() as u64;
         if st.backend == PENDING {
             self.assign(pkt, st);
         }
@@ -615,6 +643,26 @@ impl StatefulNf for Lb {
         Export::State
     }
 
+    const IPFIX: bool = true;
+
+    fn attach_ipfix(&mut self, tx: RecordTx) {
+        self.ipfix = Some(tx);
+    }
+
+    /// The flow as received, its counts, and the backend it was sent to (postNATDestinationIPv4/IPv6Address;
+    /// an unbalanced IPv6 flow's record has no such field).
+    fn ipfix_flow(&mut self, key: &FiveTuple, st: &LbState, reason: EndReason) {
+        if st.backend == PENDING || st.packets == 0 {
+            return;
+        }
+        let to = self.backend_of(key, st);
+        if let Some(tx) = &mut self.ipfix {
+            let mut r = FlowExport::new(*key, u64::from(st.packets), st.bytes, st.first_ns, st.last_ns, reason);
+            r.post_dst = to;
+            tx.push(ExportRecord::Flow(r));
+        }
+    }
+
     /// The flow as received (destination = the service address) and its backend; flows none of whose
     /// packets reached lb (dropped upstream) have no backend and no row.
     fn export_row(&self, key: &FiveTuple, st: &LbState) -> Option<Value> {
@@ -628,6 +676,8 @@ impl StatefulNf for Lb {
             "sport": key.src_port(),
             "dport": key.dst_port(),
             "backend": self.backend_of(key, st).map_or_else(|| "unbalanced".to_string(), |a| a.to_string()),
+            "packets": st.packets,
+            "bytes": st.bytes,
         }))
     }
 }
@@ -939,5 +989,28 @@ mod tests {
         assert_eq!(h.nf.report().unwrap()["no_backend"], 1);
         assert_eq!(h.nf.report().unwrap()["moved_flows"], 0);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Issue 34: a flow's record carries its tuple as received, its counts and times, and its backend.
+    #[test]
+    fn ipfix_records_name_the_backend() {
+        use crate::ipfix::{flows, test_queue};
+        let pool = [[1, 1, 1, 1], [2, 2, 2, 2], [3, 3, 3, 3]];
+        let mut h = Harness::new(Lb::new(pool.iter().map(|&a| Ipv4Addr::from(a)).collect()));
+        let (tx, mut rx) = test_queue();
+        h.nf.attach_ipfix(tx);
+        let f = udp4([10, 0, 0, 7], [9, 9, 9, 9], 1234, 80);
+        for t in [100, 300] {
+            h.now_ns = t;
+            h.run(&f);
+        }
+        let (k, st) = (h.key_of(&f).unwrap(), h.state_of(&f).unwrap());
+        h.nf.ipfix_flow(&k, &st, EndReason::ForcedEnd);
+        let r = flows(&mut rx);
+        assert_eq!(r.len(), 1);
+        let want = Ipv4Addr::from(pool[expected(&f, 3)]);
+        assert_eq!(r[0].tuple.dst_ip(), IpAddr::from([9, 9, 9, 9]), "the tuple as received");
+        assert_eq!((r[0].packets, r[0].bytes, r[0].first_ns, r[0].last_ns), (2, 2 * f.len() as u64, 100, 300));
+        assert_eq!(r[0].post_dst, Some(IpAddr::V4(want)));
     }
 }
