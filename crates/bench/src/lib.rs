@@ -11,6 +11,7 @@ pub mod pages;
 pub mod parse;
 pub mod pipeline;
 mod plot;
+pub mod reps;
 pub mod scaling;
 pub mod scr;
 pub mod table;

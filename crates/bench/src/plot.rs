@@ -3,8 +3,8 @@
 use plotters::chart::{ChartContext, SeriesLabelPosition};
 use plotters::coord::CoordTranslate;
 use plotters::drawing::DrawingAreaErrorKind;
-use plotters::prelude::{DrawingBackend, BLACK, WHITE};
-use plotters::style::{Color, FontStyle};
+use plotters::prelude::{Cartesian2d, Circle, DrawingBackend, PathElement, Ranged, BLACK, WHITE};
+use plotters::style::{Color, FontStyle, RGBAColor};
 
 /// Registers a TrueType font for the plots' text (plotters draws text with
 /// ab_glyph from a registered font; the usual DejaVu and Liberation
@@ -31,4 +31,40 @@ pub(crate) fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
     pos: SeriesLabelPosition,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).position(pos).draw()
+}
+
+/// One measured point of a series: a filled circle when its row is
+/// trusted, a hollow one when flagged, and with `--reps` a bar from the
+/// smallest to the largest repetition.
+pub(crate) struct Mark {
+    pub(crate) x: f64,
+    pub(crate) y: f64,
+    pub(crate) bar: Option<(f64, f64)>,
+    pub(crate) ok: bool,
+}
+
+/// Draws `marks` in `color` (see [`Mark`]).
+pub(crate) fn marks<'a, DB: DrawingBackend + 'a, X: Ranged<ValueType = f64>, Y: Ranged<ValueType = f64>>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
+    marks: &[Mark],
+    color: RGBAColor,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    chart.draw_series(marks.iter().map(|m| {
+        let style = if m.ok { color.filled() } else { WHITE.filled() };
+        Circle::new((m.x, m.y), 5, style)
+    }))?;
+    chart.draw_series(marks.iter().map(|m| Circle::new((m.x, m.y), 5, color.stroke_width(2))))?;
+    chart.draw_series(
+        marks.iter().filter_map(|m| m.bar.map(|(lo, hi)| PathElement::new(vec![(m.x, lo), (m.x, hi)], color.stroke_width(1)))),
+    )?;
+    Ok(())
+}
+
+/// The caption's note when a plot has flagged points.
+pub(crate) fn flagged_note(any: bool) -> &'static str {
+    if any {
+        " (hollow: flagged, see the table)"
+    } else {
+        ""
+    }
 }

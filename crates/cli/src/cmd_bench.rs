@@ -43,6 +43,9 @@ pub enum BenchCmd {
         /// Packets per batch.
         #[arg(long, default_value_t = 64)]
         batch: usize,
+        /// Rounds over every row: each row shows the median, min and max (1..=100).
+        #[arg(long, default_value_t = 1)]
+        reps: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
         quick: bool,
@@ -52,9 +55,15 @@ pub enum BenchCmd {
     },
     /// Flow-key fast path: cycles/packet of parse to 5-tuple + hash, Toeplitz vs CRC hash (L1/L2/DRAM frame sets).
     Parse {
+        /// Seconds per measurement (each of the 48 runs whole blocks until then), as every suite takes; instead of --millions.
+        #[arg(long, allow_negative_numbers = true)]
+        seconds: Option<f64>,
         /// Million packets per measurement (default 20; quick: 0.1).
         #[arg(long, allow_negative_numbers = true)]
         millions: Option<f64>,
+        /// Rounds over every row: each row shows the median, min and max (1..=100).
+        #[arg(long, default_value_t = 1)]
+        reps: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
         quick: bool,
@@ -79,6 +88,9 @@ pub enum BenchCmd {
         /// Also write the rows as CSV to this file.
         #[arg(long)]
         csv: Option<std::path::PathBuf>,
+        /// Rounds over every row: each row shows the median, min and max (1..=100).
+        #[arg(long, default_value_t = 1)]
+        reps: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
         quick: bool,
@@ -112,6 +124,9 @@ pub enum BenchCmd {
         /// Also draw Mpps against K per case into this PNG file.
         #[arg(long)]
         png: Option<std::path::PathBuf>,
+        /// Rounds over every row: each row shows the median, min and max (1..=100).
+        #[arg(long, default_value_t = 1)]
+        reps: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
         quick: bool,
@@ -148,6 +163,9 @@ pub enum BenchCmd {
         /// Packets per trace.
         #[arg(long)]
         packets: Option<u64>,
+        /// Rounds over every row: each row shows the median, min and max (1..=100).
+        #[arg(long, default_value_t = 1)]
+        reps: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
         quick: bool,
@@ -169,6 +187,9 @@ pub enum BenchCmd {
         /// Operations per measurement.
         #[arg(long)]
         ops: Option<u64>,
+        /// Rounds over every row: each row shows the median, min and max (1..=100).
+        #[arg(long, default_value_t = 1)]
+        reps: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
         quick: bool,
@@ -186,9 +207,13 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
         BenchCmd::Scaling(s) => crate::cmd_scaling::run(s)?,
         BenchCmd::Scr(s) => crate::cmd_scr::run(s)?,
         BenchCmd::Dyssect(d) => crate::cmd_dyssect::run(d)?,
-        BenchCmd::Io { flows, packets, size, seconds, batch, quick, json } => {
-            let opts =
-                if quick { IoBenchOptions::quick() } else { IoBenchOptions { flows, packets, size, seconds, batch } };
+        BenchCmd::Io { flows, packets, size, seconds, batch, reps, quick, json } => {
+            let reps = flowplane_bench::reps::check(reps).map_err(CliError::new)?;
+            let opts = if quick {
+                IoBenchOptions { reps, ..IoBenchOptions::quick() }
+            } else {
+                IoBenchOptions { flows, packets, size, seconds, batch, reps }
+            };
             if !(opts.seconds.is_finite() && opts.seconds > 0.0) {
                 return Err(CliError::new(format!("--seconds {seconds}: must be positive")));
             }
@@ -199,8 +224,18 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 out!("{rep}");
             }
         }
-        BenchCmd::Parse { millions, quick, json } => {
+        BenchCmd::Parse { seconds, millions, reps, quick, json } => {
             let mut o = if quick { ParseBenchOptions::quick() } else { ParseBenchOptions::default() };
+            o.reps = flowplane_bench::reps::check(reps).map_err(CliError::new)?;
+            if let Some(s) = seconds {
+                if millions.is_some() {
+                    return Err(CliError::new("--seconds and --millions both given: a measurement lasts one or the other"));
+                }
+                if !(s.is_finite() && s > 0.0 && s <= 600.0) {
+                    return Err(CliError::new(format!("--seconds {s}: must be between 0 and 600")));
+                }
+                o.seconds = Some(s);
+            }
             if let Some(m) = millions {
                 // Above 10^4 M packets a measurement would run for hours.
                 if !(m.is_finite() && m > 0.0 && m <= 10_000.0) {
@@ -215,8 +250,9 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 out!("{rep}");
             }
         }
-        BenchCmd::Pipeline { flows, base_flows, seconds, only, csv, quick, reverse, json } => {
+        BenchCmd::Pipeline { flows, base_flows, seconds, only, csv, reps, quick, reverse, json } => {
             let mut o = if quick { PipelineOptions::quick() } else { PipelineOptions::default() };
+            o.reps = flowplane_bench::reps::check(reps).map_err(CliError::new)?;
             o.reverse = reverse;
             if let Some(f) = flows {
                 o.flows = f;
@@ -244,8 +280,9 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 out!("{rep}");
             }
         }
-        BenchCmd::Interleave { flows, seconds, ks, prefixes, only, warmup, png, quick, json } => {
+        BenchCmd::Interleave { flows, seconds, ks, prefixes, only, warmup, png, reps, quick, json } => {
             let mut o = if quick { InterleaveOptions::quick() } else { InterleaveOptions::default() };
+            o.reps = flowplane_bench::reps::check(reps).map_err(CliError::new)?;
             if let Some(w) = warmup {
                 if !(w.is_finite() && w >= 0.0) {
                     return Err(CliError::new("--warmup: must be zero or positive"));
@@ -287,8 +324,9 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 out!("{rep}");
             }
         }
-        BenchCmd::Upf { sessions, pdrs, execs, dirs, modes, amf_ues, png, seconds, packets, quick, json } => {
+        BenchCmd::Upf { sessions, pdrs, execs, dirs, modes, amf_ues, png, seconds, packets, reps, quick, json } => {
             let mut o = if quick { UpfBenchOptions::quick() } else { UpfBenchOptions::default() };
+            o.reps = flowplane_bench::reps::check(reps).map_err(CliError::new)?;
             if let Some(s) = sessions {
                 o.sessions = s;
             }
@@ -343,7 +381,8 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 }
             }
         }
-        BenchCmd::Table { sizes, batches, insert_every, ops, quick, reverse, json } => {
+        BenchCmd::Table { sizes, batches, insert_every, ops, reps, quick, reverse, json } => {
+            let reps = flowplane_bench::reps::check(reps).map_err(CliError::new)?;
             let mut o = if quick { TableBenchOptions::quick() } else { TableBenchOptions::default() };
             o.reverse = reverse;
             if let Some(s) = sizes {
@@ -367,9 +406,11 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             if o.insert_rates.contains(&0) {
                 return Err(CliError::new("--insert-every: rates must be at least 1"));
             }
-            let rows = table::run(&o);
+            let rows = table::run_reps(&o, reps).map_err(CliError::new)?;
             if json {
-                outln!("{}", table::to_json(&rows));
+                // Provenance with the rows, as every suite's JSON (`table::to_json` stays the bare array).
+                let v = serde_json::json!({ "rows": serde_json::to_value(&rows)? });
+                outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(v))?);
             } else {
                 out!("{}", table::format_text(&rows));
             }

@@ -41,6 +41,9 @@ pub struct DyssectArgs {
     /// The priority class's SLO, µs.
     #[arg(long, allow_negative_numbers = true)]
     pub slo_us: Option<f64>,
+    /// Rounds over the whole experiment: each row shows the median, min and max (1..=100).
+    #[arg(long, default_value_t = 1)]
+    pub reps: usize,
     /// Directory for the PNG plots.
     #[arg(long, default_value = ".")]
     pub plot_dir: PathBuf,
@@ -98,6 +101,7 @@ pub fn run(a: DyssectArgs) -> Result<(), CliError> {
     if !a.traces.is_empty() {
         o.traces = a.traces;
     }
+    o.reps = flowplane_bench::reps::check(a.reps).map_err(CliError::new)?;
     let profiles = !a.nic_profile.is_empty();
     if profiles {
         o.profiles =

@@ -32,6 +32,9 @@ pub struct ScalingArgs {
     /// Strategies.
     #[arg(long, value_delimiter = ',', value_parser = ["rss", "shared", "rsspp"])]
     pub strategies: Vec<String>,
+    /// Rounds over the whole matrix: each row shows the median, min and max (1..=100).
+    #[arg(long, default_value_t = 1)]
+    pub reps: usize,
     /// Directory for the PNG plots.
     #[arg(long, default_value = ".")]
     pub plot_dir: PathBuf,
@@ -79,6 +82,7 @@ pub fn run(a: ScalingArgs) -> Result<(), CliError> {
         o.strategies = a.strategies;
     }
     o.period = Duration::from_millis(100);
+    o.reps = flowplane_bench::reps::check(a.reps).map_err(CliError::new)?;
     let json = a.json;
     let rows = run_scaling(&o, |r| {
         if !json {

@@ -118,7 +118,7 @@ where
                 Some(clap::error::ContextValue::Strings(v)) if !v.is_empty() => format!(" (one of: {})", v.join(", ")),
                 _ => String::new(),
             };
-            eprintln!("flowplane: {}{valid}", first.trim());
+            eprintln!("flowplane: {}{valid}", error::printable(first));
             return ExitCode::from(2);
         }
     };
