@@ -530,7 +530,7 @@ pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
         for (i, r) in mine.iter().enumerate() {
             let pts: Vec<(f64, f64)> =
                 r.imbalance_windows.iter().enumerate().map(|(k, &v)| (k as f64 * 0.1, v)).collect();
-            let color = Palette99::pick(i).to_rgba();
+            let color = crate::plot::colour(i).to_rgba();
             let line = chart.draw_series(LineSeries::new(pts, color.stroke_width(2))).map_err(|e| err(&e))?;
             if text {
                 let label = if r.trust.ok() {

@@ -540,7 +540,7 @@ impl InterleaveReport {
             .map_err(|e| err(&e))?;
         let (x0, x1) = (f64::from(kmin), f64::from(kmax));
         for (n, case) in cases.iter().enumerate() {
-            let color = Palette99::pick(n).to_rgba();
+            let color = crate::plot::colour(n).to_rgba();
             let rows: Vec<&InterleaveRow> = self.rows.iter().filter(|r| r.case == *case).collect();
             let pts: Vec<(f64, f64)> = rows.iter().filter_map(|r| r.k.map(|k| (f64::from(k), r.mpps))).collect();
             chart

@@ -4,7 +4,7 @@ use plotters::chart::{ChartContext, SeriesLabelPosition};
 use plotters::coord::CoordTranslate;
 use plotters::drawing::DrawingAreaErrorKind;
 use plotters::prelude::{Cartesian2d, Circle, DrawingBackend, PathElement, Ranged, BLACK, WHITE};
-use plotters::style::{Color, FontStyle, RGBAColor};
+use plotters::style::{Color, FontStyle, RGBAColor, RGBColor};
 
 /// Registers a TrueType font for the plots' text (plotters draws text with
 /// ab_glyph from a registered font; the usual DejaVu and Liberation
@@ -67,4 +67,162 @@ pub(crate) fn flagged_note(any: bool) -> &'static str {
     } else {
         ""
     }
+}
+
+/// The Okabe-Ito palette: eight colours told apart with every common colour-vision deficiency (black first).
+pub(crate) const PALETTE: [RGBColor; 8] = [
+    RGBColor(0, 0, 0),
+    RGBColor(230, 159, 0),
+    RGBColor(86, 180, 233),
+    RGBColor(0, 158, 115),
+    RGBColor(240, 228, 66),
+    RGBColor(0, 114, 178),
+    RGBColor(213, 94, 0),
+    RGBColor(204, 121, 167),
+];
+
+/// Series `i`'s colour (the palette cycles; [`marker_triangle`] tells the cycles apart).
+pub(crate) fn colour(i: usize) -> RGBColor {
+    PALETTE[i % PALETTE.len()]
+}
+
+/// Series past the palette's first cycle are drawn with triangles instead of circles.
+pub(crate) fn marker_triangle(i: usize) -> bool {
+    (i / PALETTE.len()) % 2 == 1
+}
+
+/// One point of a throughput-vs-cores series.
+pub(crate) struct CorePoint {
+    pub(crate) cores: u32,
+    pub(crate) mpps: f64,
+    /// Over the series' one-core point (None without one).
+    pub(crate) speedup: Option<f64>,
+    /// From logical workers taking turns (`--virtual-cores`), not a real run.
+    pub(crate) projected: bool,
+    /// Trusted ([`crate::reps::Trust::ok`]); flagged points are hollow.
+    pub(crate) ok: bool,
+    /// Smallest and largest over `--reps`.
+    pub(crate) bar: Option<(f64, f64)>,
+}
+
+/// One line of a throughput-vs-cores plot.
+pub(crate) struct CoreSeries {
+    pub(crate) label: String,
+    pub(crate) points: Vec<CorePoint>,
+}
+
+/// Writes a throughput-vs-cores PNG: Mpps on the left, speed-up over one core with the ideal (linear) line on the
+/// right, integer core ticks, the Okabe-Ito palette, real runs solid and projections dashed, a marker per point
+/// (hollow: flagged), min-max bars with `--reps`, and the legend beside the panels (never over the data).
+/// Without a font (`text` false) the same without any text.
+pub(crate) fn cores_png(path: &std::path::Path, title: &str, series: &[CoreSeries], text: bool) -> Result<(), String> {
+    use plotters::element::DashedPathElement;
+    use plotters::prelude::*;
+    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let pts = || series.iter().flat_map(|s| s.points.iter());
+    let xmax = pts().map(|p| p.cores).max().unwrap_or(1).max(2);
+    let ymax = pts().map(|p| p.bar.map_or(p.mpps, |b| b.1.max(p.mpps))).fold(0.1f64, f64::max) * 1.1;
+    let smax = pts().filter_map(|p| p.speedup).fold(f64::from(xmax), f64::max) * 1.05;
+    let root = BitMapBackend::new(path, (1500, 640)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let root = if text {
+        root.titled(title, ("sans-serif", 22)).map_err(|e| err(&e))?
+    } else {
+        root
+    };
+    let (panels, legend) = root.split_horizontally(1140);
+    let (left, right) = panels.split_horizontally(570);
+    for (area, speedup) in [(&left, false), (&right, true)] {
+        let top = if speedup { smax } else { ymax };
+        let mut b = ChartBuilder::on(area);
+        b.margin(14);
+        if text {
+            b.caption(if speedup { "speed-up over 1 core" } else { "throughput" }, ("sans-serif", 18))
+                .x_label_area_size(40)
+                .y_label_area_size(56);
+        }
+        let mut chart = b.build_cartesian_2d(1u32..xmax, 0.0f64..top).map_err(|e| err(&e))?;
+        let ticks = xmax as usize;
+        if text {
+            chart
+                .configure_mesh()
+                .x_labels(ticks)
+                .x_desc("cores (> real cores: projected)")
+                .y_desc(if speedup { "x one core" } else { "Mpps" })
+                .draw()
+                .map_err(|e| err(&e))?;
+        } else {
+            chart.configure_mesh().x_labels(ticks).disable_x_mesh().disable_y_mesh().draw().map_err(|e| err(&e))?;
+        }
+        if speedup {
+            let grey = RGBColor(150, 150, 150);
+            chart
+                .draw_series(DashedLineSeries::new(vec![(1, 1.0), (xmax, f64::from(xmax))], 4, 4, grey.stroke_width(1)))
+                .map_err(|e| err(&e))?;
+        }
+        for (i, s) in series.iter().enumerate() {
+            let c = colour(i);
+            let y = |p: &CorePoint| if speedup { p.speedup } else { Some(p.mpps) };
+            let on: Vec<(&CorePoint, f64)> = s.points.iter().filter_map(|p| y(p).map(|v| (p, v))).collect();
+            for w in on.windows(2) {
+                let seg = vec![(w[0].0.cores, w[0].1), (w[1].0.cores, w[1].1)];
+                if w[1].0.projected {
+                    chart.draw_series(DashedLineSeries::new(seg, 8, 5, c.stroke_width(2))).map_err(|e| err(&e))?;
+                } else {
+                    chart.draw_series(LineSeries::new(seg, c.stroke_width(2))).map_err(|e| err(&e))?;
+                }
+            }
+            if !speedup {
+                let bars = on.iter().filter_map(|(p, _)| {
+                    p.bar.map(|(lo, hi)| PathElement::new(vec![(p.cores, lo), (p.cores, hi)], c.stroke_width(1)))
+                });
+                chart.draw_series(bars).map_err(|e| err(&e))?;
+            }
+            for (p, v) in &on {
+                let style = if p.ok { c.filled() } else { WHITE.filled() };
+                let edge = c.stroke_width(2);
+                if marker_triangle(i) {
+                    chart.draw_series([TriangleMarker::new((p.cores, *v), 7, style)]).map_err(|e| err(&e))?;
+                    chart.draw_series([TriangleMarker::new((p.cores, *v), 7, edge)]).map_err(|e| err(&e))?;
+                } else {
+                    chart.draw_series([Circle::new((p.cores, *v), 5, style)]).map_err(|e| err(&e))?;
+                    chart.draw_series([Circle::new((p.cores, *v), 5, edge)]).map_err(|e| err(&e))?;
+                }
+            }
+        }
+    }
+    if text {
+        let row = |k: usize| 40 + 22 * k as i32;
+        for (i, s) in series.iter().enumerate() {
+            let (c, y) = (colour(i), row(i));
+            legend.draw(&PathElement::new(vec![(10, y), (44, y)], c.stroke_width(2))).map_err(|e| err(&e))?;
+            if marker_triangle(i) {
+                legend.draw(&TriangleMarker::new((27, y), 7, c.filled())).map_err(|e| err(&e))?;
+            } else {
+                legend.draw(&Circle::new((27, y), 5, c.filled())).map_err(|e| err(&e))?;
+            }
+            legend.draw(&Text::new(s.label.clone(), (52, y - 8), ("sans-serif", 15))).map_err(|e| err(&e))?;
+        }
+        let k = series.len() + 1;
+        let black = BLACK.stroke_width(2);
+        legend.draw(&PathElement::new(vec![(10, row(k)), (44, row(k))], black)).map_err(|e| err(&e))?;
+        legend.draw(&Text::new("real run", (52, row(k) - 8), ("sans-serif", 15))).map_err(|e| err(&e))?;
+        legend
+            .draw(&DashedPathElement::new(vec![(10, row(k + 1)), (44, row(k + 1))], 8, 5, black))
+            .map_err(|e| err(&e))?;
+        legend.draw(&Text::new("projected", (52, row(k + 1) - 8), ("sans-serif", 15))).map_err(|e| err(&e))?;
+        let grey = RGBColor(150, 150, 150).stroke_width(1);
+        legend
+            .draw(&DashedPathElement::new(vec![(10, row(k + 2)), (44, row(k + 2))], 4, 4, grey))
+            .map_err(|e| err(&e))?;
+        legend.draw(&Text::new("ideal (linear)", (52, row(k + 2) - 8), ("sans-serif", 15))).map_err(|e| err(&e))?;
+        legend.draw(&Circle::new((27, row(k + 3)), 5, BLACK.stroke_width(2))).map_err(|e| err(&e))?;
+        legend
+            .draw(&Text::new("flagged: not to quote", (52, row(k + 3) - 8), ("sans-serif", 15)))
+            .map_err(|e| err(&e))?;
+        legend.draw(&PathElement::new(vec![(27, row(k + 4) - 7), (27, row(k + 4) + 7)], black)).map_err(|e| err(&e))?;
+        legend.draw(&Text::new("min-max over --reps", (52, row(k + 4) - 8), ("sans-serif", 15))).map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
 }

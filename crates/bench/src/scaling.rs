@@ -16,7 +16,6 @@ use flowplane_engine::runner::{prepare, run_prepared, Input, Output};
 use flowplane_engine::spec;
 use flowplane_engine::RunConfig;
 use flowplane_trace::gen::{FlowDist, GenConfig, Generator, Proto};
-use plotters::prelude::*;
 use serde::Serialize;
 
 use crate::reps::{Spread, Trust};
@@ -248,9 +247,10 @@ pub fn table(rows: &[Row]) -> String {
     s
 }
 
-/// Writes one PNG per chain into `dir` (throughput against cores, one line
-/// per traffic and strategy); returns the files written.
+/// Writes one PNG per chain into `dir` (Mpps and speed-up against cores, one line per traffic and strategy; see
+/// [`crate::plot::cores_png`]); returns the files written.
 pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
+    use crate::plot::{CorePoint, CoreSeries};
     let text = crate::plot::register_font();
     let mut out = Vec::new();
     let mut chains: Vec<&str> = rows.iter().map(|r| r.chain.as_str()).collect();
@@ -258,62 +258,30 @@ pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
     for c in chains {
         let path = dir.join(format!("scaling-{c}.png"));
         let mine: Vec<&Row> = rows.iter().filter(|r| r.chain == c && r.mpps.is_some()).collect();
-        let xmax = mine.iter().map(|r| r.cores).max().unwrap_or(1).max(2) as f64;
-        let ymax = mine.iter().filter_map(|r| r.mpps).fold(1.0f64, f64::max) * 1.1;
-        let root = BitMapBackend::new(&path, (1000, 640)).into_drawing_area();
-        let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-        root.fill(&WHITE).map_err(|e| err(&e))?;
-        let mut b = ChartBuilder::on(&root);
-        b.margin(20);
-        let flagged = mine.iter().any(|r| !r.trust.ok());
-        if text {
-            b.caption(
-                format!("{c}: throughput vs cores (>2: projected){}", crate::plot::flagged_note(flagged)),
-                ("sans-serif", 22),
-            )
-                .x_label_area_size(40)
-                .y_label_area_size(60);
-        }
-        let mut chart = b.build_cartesian_2d(1.0f64..xmax, 0.0f64..ymax).map_err(|e| err(&e))?;
-        if text {
-            chart.configure_mesh().x_desc("cores").y_desc("Mpps").draw().map_err(|e| err(&e))?;
-        } else {
-            chart.configure_mesh().disable_x_mesh().disable_y_mesh().draw().map_err(|e| err(&e))?;
-        }
-        let mut series: Vec<(&str, &str)> = mine.iter().map(|r| (r.traffic.as_str(), r.strategy.as_str())).collect();
-        series.sort();
-        series.dedup();
-        for (i, (t, s)) in series.iter().enumerate() {
-            let pts: Vec<(f64, f64)> = mine
-                .iter()
-                .filter(|r| r.traffic == *t && r.strategy == *s)
-                .map(|r| (r.cores as f64, r.mpps.unwrap_or(0.0)))
-                .collect();
-            let color = Palette99::pick(i).to_rgba();
-            let line = chart.draw_series(LineSeries::new(pts, color.stroke_width(2))).map_err(|e| err(&e))?;
-            let marks: Vec<crate::plot::Mark> = mine
-                .iter()
-                .filter(|r| r.traffic == *t && r.strategy == *s)
-                .map(|r| crate::plot::Mark {
-                    x: r.cores as f64,
-                    y: r.mpps.unwrap_or(0.0),
-                    bar: r.spread.as_ref().map(|x| (x.min, x.max)),
-                    ok: r.trust.ok(),
-                })
-                .collect();
-            if text {
-                line.label(format!("{t} / {s}"))
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
-            }
-            crate::plot::marks(&mut chart, &marks, color).map_err(|e| err(&e))?;
-        }
-        if text {
-            crate::plot::legend(&mut chart, SeriesLabelPosition::UpperLeft).map_err(|e| err(&e))?;
-        }
-        root.present().map_err(|e| err(&e))?;
-        drop(chart);
-        drop(root);
-        out.push(path.clone());
+        let mut keys: Vec<(&str, &str)> = mine.iter().map(|r| (r.traffic.as_str(), r.strategy.as_str())).collect();
+        keys.sort();
+        keys.dedup();
+        let series: Vec<CoreSeries> = keys
+            .iter()
+            .map(|(t, s)| CoreSeries {
+                label: format!("{t} / {s}"),
+                points: mine
+                    .iter()
+                    .filter(|r| r.traffic == *t && r.strategy == *s)
+                    .map(|r| CorePoint {
+                        cores: r.cores as u32,
+                        mpps: r.mpps.unwrap_or(0.0),
+                        speedup: r.ratio,
+                        projected: r.projected,
+                        ok: r.trust.ok(),
+                        bar: r.spread.as_ref().map(|x| (x.min, x.max)),
+                    })
+                    .collect(),
+            })
+            .collect();
+        let note = crate::plot::flagged_note(mine.iter().any(|r| !r.trust.ok()));
+        crate::plot::cores_png(&path, &format!("{c}: throughput vs cores{note}"), &series, text)?;
+        out.push(path);
     }
     Ok(out)
 }

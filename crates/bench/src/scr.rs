@@ -26,7 +26,6 @@ use flowplane_engine::scr::ScrConfig;
 use flowplane_engine::spec;
 use flowplane_engine::{Report, RunConfig};
 use flowplane_trace::gen::{GenConfig, Generator};
-use plotters::prelude::*;
 use serde::Serialize;
 
 use crate::reps::{Spread, Trust};
@@ -374,10 +373,10 @@ pub fn table(rows: &[Row]) -> String {
     s
 }
 
-/// One PNG per program (Mpps vs cores per trace and strategy), one for
-/// the compute sweep (ratio to one core vs cores per compute cost) and one
-/// for recovery; returns the files written.
+/// One PNG per program (Mpps and speed-up against cores per trace and strategy) and one for the compute sweep
+/// (per compute cost), see [`crate::plot::cores_png`]; recovery rows are in the table only. Returns the files.
 pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
+    use crate::plot::{CorePoint, CoreSeries};
     let text = crate::plot::register_font();
     let mut out = Vec::new();
     let mut groups: Vec<(String, String)> = Vec::new();
@@ -391,81 +390,39 @@ pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
         let mine: Vec<&Row> =
             rows.iter().filter(|r| &r.experiment == exp && &r.program == prog && r.mpps.is_some()).collect();
         let compute = exp == "compute";
-        let y = |r: &Row| if compute { r.ratio.unwrap_or(0.0) } else { r.mpps.unwrap_or(0.0) };
-        let path = dir.join(format!("scr-{exp}-{prog}.png"));
-        let xmax = mine.iter().map(|r| r.cores).max().unwrap_or(1).max(2) as f64;
-        let top = |r: &Row| r.spread.as_ref().filter(|_| !compute).map_or(y(r), |s| s.max.max(y(r)));
-        let ymax = mine.iter().map(|r| top(r)).fold(1.0f64, f64::max) * 1.1;
-        let root = BitMapBackend::new(&path, (1000, 640)).into_drawing_area();
-        let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-        root.fill(&WHITE).map_err(|e| err(&e))?;
-        let mut b = ChartBuilder::on(&root);
-        b.margin(20);
-        let note = crate::plot::flagged_note(mine.iter().any(|r| !r.trust.ok()));
-        if text {
-            let cap = if compute {
-                format!("SCR compute limit: speed-up vs cores per compute rounds (>2: projected){note}")
-            } else {
-                format!("{prog}: Mpps vs cores (>2: projected){note}")
-            };
-            b.caption(cap, ("sans-serif", 22)).x_label_area_size(40).y_label_area_size(60);
+        let key = |r: &Row| if compute { format!("iters={}", r.iters) } else { format!("{} / {}", r.trace, r.strategy) };
+        let mut keys: Vec<String> = Vec::new();
+        for r in &mine {
+            if !keys.contains(&key(r)) {
+                keys.push(key(r));
+            }
         }
-        let mut chart = b.build_cartesian_2d(1.0f64..xmax, 0.0f64..ymax).map_err(|e| err(&e))?;
-        if text {
-            chart
-                .configure_mesh()
-                .x_desc("cores")
-                .y_desc(if compute { "x one core" } else { "Mpps" })
-                .draw()
-                .map_err(|e| err(&e))?;
-        } else {
-            chart.configure_mesh().disable_x_mesh().disable_y_mesh().draw().map_err(|e| err(&e))?;
-        }
-        let mut series: Vec<(String, String)> = mine
+        let series: Vec<CoreSeries> = keys
             .iter()
-            .map(|r| {
-                if compute {
-                    (format!("iters={}", r.iters), String::new())
-                } else {
-                    (r.trace.clone(), r.strategy.clone())
-                }
+            .map(|k| CoreSeries {
+                label: k.clone(),
+                points: mine
+                    .iter()
+                    .filter(|r| &key(r) == k)
+                    .map(|r| CorePoint {
+                        cores: r.cores as u32,
+                        mpps: r.mpps.unwrap_or(0.0),
+                        speedup: r.ratio,
+                        projected: r.projected,
+                        ok: r.trust.ok(),
+                        bar: r.spread.as_ref().map(|x| (x.min, x.max)),
+                    })
+                    .collect(),
             })
             .collect();
-        series.dedup();
-        series.sort();
-        series.dedup();
-        for (i, (a, s)) in series.iter().enumerate() {
-            let of: Vec<&&Row> = mine
-                .iter()
-                .filter(
-                    |r| if compute { &format!("iters={}", r.iters) == a } else { &r.trace == a && &r.strategy == s },
-                )
-                .collect();
-            let pts: Vec<(f64, f64)> = of.iter().map(|r| (r.cores as f64, y(r))).collect();
-            let color = Palette99::pick(i).to_rgba();
-            let line = chart.draw_series(LineSeries::new(pts, color.stroke_width(2))).map_err(|e| err(&e))?;
-            if text {
-                line.label(if s.is_empty() { a.clone() } else { format!("{a} / {s}") })
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
-            }
-            let marks: Vec<crate::plot::Mark> = of
-                .iter()
-                .map(|r| crate::plot::Mark {
-                    x: r.cores as f64,
-                    y: y(r),
-                    // The compute plot shows ratios: its bars would need the base's spread too.
-                    bar: r.spread.as_ref().filter(|_| !compute).map(|x| (x.min, x.max)),
-                    ok: r.trust.ok(),
-                })
-                .collect();
-            crate::plot::marks(&mut chart, &marks, color).map_err(|e| err(&e))?;
-        }
-        if text {
-            crate::plot::legend(&mut chart, SeriesLabelPosition::UpperLeft).map_err(|e| err(&e))?;
-        }
-        root.present().map_err(|e| err(&e))?;
-        drop(chart);
-        drop(root);
+        let note = crate::plot::flagged_note(mine.iter().any(|r| !r.trust.ok()));
+        let title = if compute {
+            format!("SCR compute limit: burn(iters=N) on one flow, scr{note}")
+        } else {
+            format!("{prog}: throughput vs cores per trace and strategy{note}")
+        };
+        let path = dir.join(format!("scr-{exp}-{prog}.png"));
+        crate::plot::cores_png(&path, &title, &series, text)?;
         out.push(path);
     }
     Ok(out)

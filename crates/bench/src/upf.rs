@@ -436,7 +436,7 @@ impl UpfReport {
             }
         }
         for (n, &(dir, exec, mode)) in series.iter().enumerate() {
-            let color = Palette99::pick(n).to_rgba();
+            let color = crate::plot::colour(n).to_rgba();
             let pts: Vec<(u32, f64)> = self
                 .rows
                 .iter()
@@ -493,7 +493,7 @@ impl UpfReport {
             .draw()
             .map_err(|e| err(&e))?;
         for (m, mode) in modes.iter().enumerate() {
-            let color = Palette99::pick(m + 3).to_rgba();
+            let color = crate::plot::colour(m + 3).to_rgba();
             let rects: Vec<Rectangle<(f64, f64)>> = execs
                 .iter()
                 .enumerate()

@@ -10,6 +10,8 @@ use flowplane_bench::pipeline::{run_pipeline, PipelineOptions};
 use flowplane_bench::table::{self, TableBenchOptions};
 use flowplane_bench::upf::{run_upf, UpfBenchOptions};
 
+use std::path::{Path, PathBuf};
+
 use crate::error::CliError;
 
 #[derive(Args, Debug)]
@@ -121,9 +123,9 @@ pub enum BenchCmd {
         /// Seconds of warm-up before each measurement (every flow must be in the tables by then; `opt` warms 4x longer).
         #[arg(long, allow_negative_numbers = true)]
         warmup: Option<f64>,
-        /// Also draw Mpps against K per case into this PNG file.
-        #[arg(long)]
-        png: Option<std::path::PathBuf>,
+        /// Also draw Mpps against K per case: DIR/interleave.png (or a FILE.png).
+        #[arg(long, value_name = "DIR")]
+        png: Option<PathBuf>,
         /// Rounds over every row: each row shows the median, min and max (1..=100).
         #[arg(long, default_value_t = 1)]
         reps: usize,
@@ -154,9 +156,9 @@ pub enum BenchCmd {
         /// UEs of the `amf` rows (0: none; default 131072).
         #[arg(long)]
         amf_ues: Option<u32>,
-        /// Also draw the rows (Mpps vs PDRs; the amf modes) into this PNG file.
-        #[arg(long)]
-        png: Option<std::path::PathBuf>,
+        /// Also draw the rows (Mpps vs PDRs; the amf modes): DIR/upf.png (or a FILE.png).
+        #[arg(long, value_name = "DIR")]
+        png: Option<PathBuf>,
         /// Seconds per measurement.
         #[arg(long, allow_negative_numbers = true)]
         seconds: Option<f64>,
@@ -200,6 +202,21 @@ pub enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `--png DIR`, the one plot convention of every suite: the directory, created if missing.
+pub(crate) fn png_dir(dir: &Path) -> Result<(), CliError> {
+    std::fs::create_dir_all(dir).map_err(|e| CliError::new(format!("--png {}: {e}", dir.display())))
+}
+
+/// The file a one-plot suite writes for `--png ARG`: `ARG/<name>` (ARG a directory, created if missing), or ARG
+/// itself when it names a `.png` file (the old form).
+fn png_file(arg: &Path, name: &str) -> Result<PathBuf, CliError> {
+    if arg.extension().is_some_and(|e| e.eq_ignore_ascii_case("png")) {
+        return Ok(arg.to_path_buf());
+    }
+    png_dir(arg)?;
+    Ok(arg.join(name))
 }
 
 pub fn run(a: BenchArgs) -> Result<(), CliError> {
@@ -314,14 +331,18 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             if o.prefixes > 4_000_000 {
                 return Err(CliError::new("--prefixes: at most 4000000"));
             }
+            let png = png.map(|p| png_file(&p, "interleave.png")).transpose()?;
             let rep = run_interleave(&o).map_err(CliError::new)?;
-            if let Some(p) = png {
-                rep.plot_png(&p).map_err(CliError::new)?;
+            if let Some(p) = &png {
+                rep.plot_png(p).map_err(CliError::new)?;
             }
             if json {
                 outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&rep)?))?);
             } else {
                 out!("{rep}");
+                if let Some(p) = &png {
+                    outln!("plot         {}", p.display());
+                }
             }
         }
         BenchCmd::Upf { sessions, pdrs, execs, dirs, modes, amf_ues, png, seconds, packets, reps, quick, json } => {
@@ -368,6 +389,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 }
                 o.amf_ues = u;
             }
+            let png = png.map(|p| png_file(&p, "upf.png")).transpose()?;
             let rep = run_upf(&o).map_err(CliError::new)?;
             if let Some(p) = &png {
                 rep.plot_png(p).map_err(CliError::new)?;

@@ -45,9 +45,9 @@ pub struct ScrArgs {
     /// trials of this many seconds (slow: about ten trials per row).
     #[arg(long, value_name = "SECONDS")]
     pub mlffr: Option<f64>,
-    /// Directory for the PNG plots.
-    #[arg(long, default_value = ".")]
-    pub plot_dir: PathBuf,
+    /// Write the PNG plots into this directory (created if missing; none without it). `--plot-dir` is its old name.
+    #[arg(long, alias = "plot-dir", value_name = "DIR")]
+    pub png: Option<PathBuf>,
     /// Small and short (CI smoke run).
     #[arg(long)]
     pub quick: bool,
@@ -131,8 +131,13 @@ pub fn run(a: ScrArgs) -> Result<(), CliError> {
         }
     })
     .map_err(CliError::new)?;
-    std::fs::create_dir_all(&a.plot_dir).map_err(|e| CliError::new(format!("{}: {e}", a.plot_dir.display())))?;
-    let files = plot(&rows, &a.plot_dir).map_err(CliError::new)?;
+    let files = match &a.png {
+        Some(dir) => {
+            crate::cmd_bench::png_dir(dir)?;
+            plot(&rows, dir).map_err(CliError::new)?
+        }
+        None => Vec::new(),
+    };
     if json {
         let v = serde_json::json!({ "rows": rows, "plots": files });
         outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&v)?))?);

@@ -127,7 +127,7 @@ fn bench_size(suite: &str, dir: &Path) -> Vec<String> {
     };
     let mut out: Vec<String> = std::iter::once("--quick").chain(v.iter().copied()).map(String::from).collect();
     if matches!(suite, "scaling" | "dyssect" | "scr") {
-        out.extend(["--plot-dir".to_string(), d]);
+        out.extend(["--png".to_string(), d]);
     }
     out
 }
