@@ -513,6 +513,8 @@ pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
         let root = BitMapBackend::new(&path, (1000, 600)).into_drawing_area();
         let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
         root.fill(&WHITE).map_err(|e| err(&e))?;
+        crate::plot::footer(&root, text).map_err(|e| err(&e))?;
+        let root = root.margin(0, 20, 0, 0);
         let mut b = ChartBuilder::on(&root);
         b.margin(20);
         if text {

@@ -518,6 +518,8 @@ impl InterleaveReport {
         let ymax = self.rows.iter().map(|r| r.mpps).fold(1.0f64, f64::max) * 1.1;
         let root = BitMapBackend::new(path, (1280, 800)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| err(&e))?;
+        crate::plot::footer(&root, true).map_err(|e| err(&e))?;
+        let root = root.margin(0, 20, 0, 0);
         let mut chart = ChartBuilder::on(&root)
             .caption(
                 format!(

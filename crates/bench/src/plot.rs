@@ -4,7 +4,7 @@ use plotters::chart::{ChartContext, SeriesLabelPosition};
 use plotters::coord::CoordTranslate;
 use plotters::drawing::DrawingAreaErrorKind;
 use plotters::prelude::{Cartesian2d, Circle, DrawingBackend, PathElement, Ranged, BLACK, WHITE};
-use plotters::style::{Color, FontStyle, RGBAColor, RGBColor};
+use plotters::style::{Color, FontStyle, IntoFont, RGBAColor, RGBColor};
 
 /// Registers a TrueType font for the plots' text (plotters draws text with
 /// ab_glyph from a registered font; the usual DejaVu and Liberation
@@ -23,6 +23,27 @@ pub(crate) fn register_font() -> bool {
     // The registry keeps fonts for the process's life.
     let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
     plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok()
+}
+
+/// The provenance line every plot carries at its foot (set once by the CLI: version, commit, machine, date, command).
+static FOOTER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Sets the plots' provenance footer (the first call wins).
+pub fn set_footer(line: String) {
+    let _ = FOOTER.set(line);
+}
+
+/// Draws the provenance footer at the bottom left of `area` (nothing when unset or without a font).
+pub(crate) fn footer<DB: DrawingBackend>(
+    area: &plotters::drawing::DrawingArea<DB, plotters::coord::Shift>,
+    text: bool,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let Some(line) = FOOTER.get().filter(|_| text) else { return Ok(()) };
+    let (_, h) = area.dim_in_pixel();
+    let style = ("sans-serif", 12).into_font().color(&RGBColor(90, 90, 90));
+    // Long command lines are cut: the JSON report carries the whole provenance.
+    let shown: String = line.chars().take(220).collect();
+    area.draw(&plotters::element::Text::new(shown, (8, h as i32 - 16), style))
 }
 
 /// Draws the series' legend in a white box with a black border at `pos`.
@@ -123,8 +144,10 @@ pub(crate) fn cores_png(path: &std::path::Path, title: &str, series: &[CoreSerie
     let xmax = pts().map(|p| p.cores).max().unwrap_or(1).max(2);
     let ymax = pts().map(|p| p.bar.map_or(p.mpps, |b| b.1.max(p.mpps))).fold(0.1f64, f64::max) * 1.1;
     let smax = pts().filter_map(|p| p.speedup).fold(f64::from(xmax), f64::max) * 1.05;
-    let root = BitMapBackend::new(path, (1500, 640)).into_drawing_area();
+    let root = BitMapBackend::new(path, (1500, 660)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
+    footer(&root, text).map_err(|e| err(&e))?;
+    let root = root.margin(0, 22, 0, 0);
     let root = if text {
         root.titled(title, ("sans-serif", 22)).map_err(|e| err(&e))?
     } else {
@@ -222,6 +245,99 @@ pub(crate) fn cores_png(path: &std::path::Path, title: &str, series: &[CoreSerie
             .map_err(|e| err(&e))?;
         legend.draw(&PathElement::new(vec![(27, row(k + 4) - 7), (27, row(k + 4) + 7)], black)).map_err(|e| err(&e))?;
         legend.draw(&Text::new("min-max over --reps", (52, row(k + 4) - 8), ("sans-serif", 15))).map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+/// One point of a `flowplane sweep` plot.
+pub struct SweepPoint {
+    /// Index of the variable's value.
+    pub at: usize,
+    /// Median Mpps over the rounds (None: no run gave a figure).
+    pub mpps: Option<f64>,
+    /// Smallest and largest round.
+    pub bar: Option<(f64, f64)>,
+    /// No round flagged or failed.
+    pub ok: bool,
+}
+
+/// One line of a `flowplane sweep` plot: the other variables' values.
+pub struct SweepSeries {
+    /// The other variables, `k=v ...`.
+    pub label: String,
+    /// Its points.
+    pub points: Vec<SweepPoint>,
+}
+
+/// Writes a sweep's PNG for one variable: median Mpps against the variable's values (in the file's order), one
+/// line per combination of the other variables (the legend beside the plot, at most 24 listed), min-max bars,
+/// flagged points hollow, the Okabe-Ito palette and the provenance footer.
+pub fn sweep_png(path: &std::path::Path, variable: &str, values: &[String], series: &[SweepSeries]) -> Result<(), String> {
+    use plotters::prelude::*;
+    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let text = register_font();
+    let n = values.len().max(2) as u32;
+    let ymax = series
+        .iter()
+        .flat_map(|s| s.points.iter())
+        .filter_map(|p| p.bar.map(|b| b.1).or(p.mpps))
+        .fold(0.1f64, f64::max)
+        * 1.1;
+    let root = BitMapBackend::new(path, (1400, 660)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    footer(&root, text).map_err(|e| err(&e))?;
+    let root = root.margin(0, 22, 0, 0);
+    let (plot, legend) = root.split_horizontally(900);
+    let mut b = ChartBuilder::on(&plot);
+    b.margin(16);
+    if text {
+        let flagged = flagged_note(series.iter().flat_map(|s| s.points.iter()).any(|p| !p.ok));
+        b.caption(format!("sweep: Mpps vs {variable}{flagged}"), ("sans-serif", 20))
+            .x_label_area_size(44)
+            .y_label_area_size(60);
+    }
+    let mut chart = b.build_cartesian_2d(0u32..n - 1, 0.0f64..ymax).map_err(|e| err(&e))?;
+    let label = |x: &u32| values.get(*x as usize).cloned().unwrap_or_default();
+    if text {
+        chart
+            .configure_mesh()
+            .x_labels(n as usize)
+            .x_label_formatter(&label)
+            .x_desc(variable)
+            .y_desc("Mpps (median of the rounds)")
+            .draw()
+            .map_err(|e| err(&e))?;
+    } else {
+        chart.configure_mesh().x_labels(n as usize).disable_x_mesh().disable_y_mesh().draw().map_err(|e| err(&e))?;
+    }
+    for (i, s) in series.iter().enumerate() {
+        let c = colour(i);
+        let pts: Vec<(u32, f64)> = s.points.iter().filter_map(|p| p.mpps.map(|m| (p.at as u32, m))).collect();
+        chart.draw_series(LineSeries::new(pts, c.stroke_width(2))).map_err(|e| err(&e))?;
+        for p in &s.points {
+            let Some(m) = p.mpps else { continue };
+            let x = p.at as u32;
+            if let Some((lo, hi)) = p.bar {
+                chart.draw_series([PathElement::new(vec![(x, lo), (x, hi)], c.stroke_width(1))]).map_err(|e| err(&e))?;
+            }
+            let fill = if p.ok { c.filled() } else { WHITE.filled() };
+            chart.draw_series([Circle::new((x, m), 5, fill)]).map_err(|e| err(&e))?;
+            chart.draw_series([Circle::new((x, m), 5, c.stroke_width(2))]).map_err(|e| err(&e))?;
+        }
+    }
+    if text {
+        for (i, s) in series.iter().take(24).enumerate() {
+            let (c, y) = (colour(i), 40 + 22 * i as i32);
+            legend.draw(&PathElement::new(vec![(10, y), (44, y)], c.stroke_width(2))).map_err(|e| err(&e))?;
+            legend.draw(&Circle::new((27, y), 5, c.filled())).map_err(|e| err(&e))?;
+            legend.draw(&Text::new(s.label.clone(), (52, y - 8), ("sans-serif", 14))).map_err(|e| err(&e))?;
+        }
+        if series.len() > 24 {
+            let y = 40 + 22 * 24;
+            let more = format!("... {} more (results.json)", series.len() - 24);
+            legend.draw(&Text::new(more, (10, y - 8), ("sans-serif", 14))).map_err(|e| err(&e))?;
+        }
     }
     root.present().map_err(|e| err(&e))?;
     Ok(())

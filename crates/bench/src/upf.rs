@@ -411,6 +411,8 @@ impl UpfReport {
         let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
         let root = BitMapBackend::new(path, (1600, 800)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| err(&e))?;
+        crate::plot::footer(&root, true).map_err(|e| err(&e))?;
+        let root = root.margin(0, 20, 0, 0);
         let (left, right) = root.split_horizontally(1000);
         let pmax = self.rows.iter().map(|r| r.pdrs).max().unwrap_or(1).max(2);
         let ymax = self.rows.iter().map(|r| r.mpps).fold(1.0f64, f64::max) * 1.15;
@@ -446,7 +448,10 @@ impl UpfReport {
             chart
                 .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
                 .map_err(|e| err(&e))?
-                .label(format!("{dir} {exec} {mode}"))
+                .label(format!(
+                    "{}, executor {exec}, UPF mode {mode}",
+                    if dir == "ul" { "uplink" } else { "downlink" }
+                ))
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
             // Flagged rows (too short or noisy to quote) are hollow.
             let marks = self.rows.iter().filter(|r| r.dir == dir && r.exec == exec && r.mode == mode).map(|r| {

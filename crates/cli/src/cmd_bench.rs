@@ -1,6 +1,9 @@
 //! `flowplane bench ...`: the benchmarks. Each prints a table (or JSON) of
 //! figures measured in one run, with ratios against the baselines of the
-//! same run.
+//! same run. Every suite takes `--reps N` (N rounds over all its rows: the
+//! median, min and max of each figure) and flags each figure too short,
+//! too small or too noisy to quote (`flowplane_engine::trust`); plots go
+//! to `--png DIR`.
 
 use clap::{Args, Subcommand};
 use flowplane_bench::interleave::{run_interleave, InterleaveOptions};
@@ -220,6 +223,8 @@ fn png_file(arg: &Path, name: &str) -> Result<PathBuf, CliError> {
 }
 
 pub fn run(a: BenchArgs) -> Result<(), CliError> {
+    // Every plot carries where it comes from (the JSON reports carry the whole provenance).
+    flowplane_bench::set_footer(crate::provenance::line());
     match a.which {
         BenchCmd::Scaling(s) => crate::cmd_scaling::run(s)?,
         BenchCmd::Scr(s) => crate::cmd_scr::run(s)?,

@@ -6,7 +6,8 @@
 //!
 //! CI size, for a newcomer: every run reads small traffic (1,000 flows, 5,000 packets), `...`
 //! becomes `--gen` of that traffic, `a|b|c` the first choice, `[x]` is left out, `--duration`
-//! is 0.2 s; each `bench` suite runs `--quick` with the few rows [`bench_size`] names.
+//! is 0.2 s, `synthetic(...)` gets a 4 MB array; each `bench` suite runs `--quick` with the few
+//! rows [`bench_size`] names.
 
 use std::path::Path;
 use std::process::Command;
@@ -150,6 +151,9 @@ fn ci_size(line: &str, dir: &Path) -> Vec<String> {
             };
             if w.contains('|') && !w.contains(' ') && !w.contains('(') {
                 w.split('|').next().unwrap_or_default().to_string()
+            } else if w.starts_with("synthetic(") && !w.contains("mem=") {
+                // The synthetic NF's array (256 MiB by default) at CI size.
+                w.replacen(')', ", mem=4M)", 1)
             } else {
                 w
             }
@@ -255,6 +259,7 @@ fn readme_lines_are_brought_to_ci_size_as_documented() {
         s(&["gen", "--proto", "gtpu", "--upf", "50x4:both", "--packets", "5000", "-o", "upf.pcap"])
     );
     assert_eq!(ci_size("flowplane run --exec interleaved[:K] ...", d)[2], "interleaved");
+    assert_eq!(ci_size("flowplane mlffr --chain \"synthetic(k=8)\" --cores 1 ...", d)[2], "synthetic(k=8, mem=4M)");
     assert_eq!(without_comment("flowplane x \"a # b\"  # c"), "flowplane x \"a # b\"  ");
     assert!(skipped("flowplane ctl /run/fp.sock show runtime|errors").is_some());
 }

@@ -84,7 +84,7 @@ impl Spread {
 /// What a figure rests on and why it should not be quoted (empty: trusted).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Trust {
-    /// The figure's time basis, ms (the busiest worker's own work).
+    /// The figure's time basis, ms (the busiest worker's own work; 0 for a microbenchmark timed in slices).
     pub busy_ms: f64,
     /// Measured packets (or operations) behind the figure.
     pub packets: u64,

@@ -437,7 +437,7 @@ impl<R: Read> TraceReader<R> {
         }
         if total < MIN_BLOCK_LEN || total % 4 != 0 {
             let err = TraceError::corrupt_block(blk_off, "block length not a multiple of 4 of at least 12");
-            return Err(self.resync(blk_off, 4, err)?);
+            return Err(self.resync(blk_off, 4, unreadable(err))?);
         }
         if !pcapng::is_decoded(block_type) {
             self.skip_block(blk_off, total, endian)?;
@@ -450,13 +450,14 @@ impl<R: Read> TraceReader<R> {
         }
         let total = total as usize;
         if !self.ensure(total)? {
-            return Err(truncated(blk_off));
+            // The file ends inside the block — or its length is corrupt and a sound block follows.
+            return Err(self.resync(blk_off, 4, truncated(blk_off))?);
         }
         let start = self.start;
         let block = &self.buf[start..start + total];
         if pcap::read_u32(endian, block, total - 4) != total as u32 {
             let err = TraceError::corrupt_block(blk_off, "trailing block length differs from leading one");
-            return Err(self.resync(blk_off, 4, err)?);
+            return Err(self.resync(blk_off, 4, unreadable(err))?);
         }
         let State::PcapNg(section) = &mut self.state else {
             return Ok(Step::End);
@@ -497,7 +498,7 @@ impl<R: Read> TraceReader<R> {
         let trailer = pcap::read_u32(endian, &self.buf[self.start..self.start + 4], 0);
         if trailer != total {
             let err = TraceError::corrupt_block(blk_off, "trailing block length differs from leading one");
-            return Err(self.resync(blk_off, 4, err)?);
+            return Err(self.resync(blk_off, 4, unreadable(err))?);
         }
         self.consume(4);
         Ok(())
@@ -525,18 +526,18 @@ impl<R: Read> TraceReader<R> {
         sound(self, other, alt)
     }
 
-    /// After a block whose framing is corrupt (`err`, at `blk_off`): the next sound block, searched from `from`
+    /// After a block whose framing is corrupt (at `blk_off`): the next sound block, searched from `from`
     /// bytes past the buffer's start in steps of 4 (blocks are 4-byte aligned) within [`RESYNC_WINDOW`] bytes — a
     /// block of a decoded type (see [`pcapng::is_decoded`]) in the section's byte order (a section header in its
     /// own), of a valid length, whose trailing length repeats the leading one. Found: everything before it is
     /// consumed and the corrupt block counted (`Fault::Skip`), as tshark steps over a damaged block; not found, or
-    /// in the file's first block (no section to read the rest in): the reading ends with `err`.
+    /// in the file's first block (no section to read the rest in): `fallback`, the fault without a way on.
     #[cold]
     #[inline(never)]
-    fn resync(&mut self, blk_off: u64, from: usize, err: TraceError) -> Result<Fault, TraceError> {
+    fn resync(&mut self, blk_off: u64, from: usize, fallback: Fault) -> Result<Fault, TraceError> {
         let endian = match &self.state {
             State::PcapNg(section) if blk_off > 0 => section.endian,
-            _ => return Ok(unreadable(err)),
+            _ => return Ok(fallback),
         };
         let mut k = from;
         while k <= RESYNC_WINDOW {
@@ -574,7 +575,7 @@ impl<R: Read> TraceReader<R> {
             }
             k += 4;
         }
-        Ok(unreadable(err))
+        Ok(fallback)
     }
 
     /// A clean end when no byte of the next record exists, otherwise a truncated record.
