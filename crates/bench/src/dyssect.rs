@@ -288,16 +288,7 @@ pub fn ceiling_table(o: &DyssectOptions, retas: &[usize]) -> Result<String, Stri
 /// compares the medians.
 pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result<Vec<Row>, String> {
     let merged = crate::reps::repeat(o.reps, |_| once(o, &mut progress), |r| Some(r.mpps))?;
-    let mut rows: Vec<Row> = merged
-        .into_iter()
-        .map(|(mut r, s)| {
-            if let Some(s) = &s {
-                r.trust.spread(s);
-            }
-            r.spread = s.filter(|s| s.reps > 1);
-            r
-        })
-        .collect();
+    let mut rows: Vec<Row> = crate::reps::settle(merged, |r| (&mut r.trust, &mut r.spread));
     let snapshot = rows.clone();
     for r in rows.iter_mut() {
         let base = snapshot

@@ -434,16 +434,7 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
     }
     Ok(rows)
     };
-    let mut rows: Vec<InterleaveRow> = crate::reps::repeat(opts.reps, round, |r| Some(r.mpps))?
-        .into_iter()
-        .map(|(mut r, s)| {
-            if let Some(s) = &s {
-                r.trust.spread(s);
-            }
-            r.spread = s.filter(|s| s.reps > 1);
-            r
-        })
-        .collect();
+    let mut rows: Vec<InterleaveRow> = crate::reps::settle(crate::reps::repeat(opts.reps, round, |r| Some(r.mpps))?, |r| (&mut r.trust, &mut r.spread));
     // Each case's first variant is rtc, its second batch.
     for (case, _, _, _) in &cases {
         let at: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].case == *case).collect();

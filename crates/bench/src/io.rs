@@ -119,16 +119,7 @@ pub fn run_io(opts: &IoBenchOptions) -> Result<IoBenchReport, String> {
         }
         Ok(rows)
     };
-    let rows = crate::reps::repeat(opts.reps, round, |r| Some(r.mpps))?
-        .into_iter()
-        .map(|(mut r, s)| {
-            if let Some(s) = &s {
-                r.trust.spread(s);
-            }
-            r.spread = s.filter(|s| s.reps > 1);
-            r
-        })
-        .collect();
+    let rows = crate::reps::settle(crate::reps::repeat(opts.reps, round, |r| Some(r.mpps))?, |r| (&mut r.trust, &mut r.spread));
     Ok(IoBenchReport {
         packets: opts.packets,
         flows: opts.flows,

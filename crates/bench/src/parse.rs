@@ -201,17 +201,8 @@ pub fn run_parse(opts: &ParseBenchOptions) -> ParseReport {
         Ok::<_, String>(rows)
     };
     // Every round measures the same rows: `repeat` cannot fail here.
-    let rows: Vec<ParseRow> = crate::reps::repeat(opts.reps, round, |r: &ParseRow| Some(r.parse_hash.min))
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(mut r, s)| {
-            if let Some(s) = &s {
-                r.trust.spread(s);
-            }
-            r.spread = s.filter(|s| s.reps > 1);
-            r
-        })
-        .collect();
+    let merged = crate::reps::repeat(opts.reps, round, |r: &ParseRow| Some(r.parse_hash.min)).unwrap_or_default();
+    let rows: Vec<ParseRow> = crate::reps::settle(merged, |r| (&mut r.trust, &mut r.spread));
     // Timed by seconds: the packets of the first measurement (each measurement timed as many as fit).
     let packets = if ticks.is_some() { rows.first().map_or(0, |r| r.parse_hash.items) } else { total };
     ParseReport { tsc_ghz: hz() / 1e9, packets, block: BLOCK, quick: opts.quick, rows }

@@ -290,16 +290,7 @@ impl Job {
 /// ratios are taken between the medians.
 pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
     let merged = crate::reps::repeat(opts.reps, |_| once(opts), |r| Some(r.mpps))?;
-    let mut rows: Vec<PipelineRow> = merged
-        .into_iter()
-        .map(|(mut r, s)| {
-            if let Some(s) = &s {
-                r.trust.spread(s);
-            }
-            r.spread = s.filter(|s| s.reps > 1);
-            r
-        })
-        .collect();
+    let mut rows: Vec<PipelineRow> = crate::reps::settle(merged, |r| (&mut r.trust, &mut r.spread));
     fill_ratios(&mut rows);
     Ok(PipelineReport { rows })
 }

@@ -41,6 +41,22 @@ pub fn repeat<R>(
         .collect())
 }
 
+/// The rows of [`repeat`], each with its spread stored (none with one repetition) and the noise rule applied to
+/// its trust; `at` names the row's two fields.
+pub fn settle<R>(merged: Vec<(R, Option<Spread>)>, at: impl Fn(&mut R) -> (&mut Trust, &mut Option<Spread>)) -> Vec<R> {
+    merged
+        .into_iter()
+        .map(|(mut r, s)| {
+            let (trust, spread) = at(&mut r);
+            if let Some(s) = &s {
+                trust.spread(s);
+            }
+            *spread = s.filter(|s| s.reps > 1);
+            r
+        })
+        .collect()
+}
+
 /// `--reps`: between 1 and 100.
 pub fn check(reps: usize) -> Result<usize, String> {
     if (1..=100).contains(&reps) {

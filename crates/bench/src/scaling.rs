@@ -119,16 +119,7 @@ fn traffic(name: &str, o: &ScalingOptions, tcp: bool) -> Result<GenConfig, Strin
 /// taken between the medians.
 pub fn run_scaling(o: &ScalingOptions, mut progress: impl FnMut(&Row)) -> Result<Vec<Row>, String> {
     let merged = crate::reps::repeat(o.reps, |_| once(o, &mut progress), |r| r.mpps)?;
-    let mut rows: Vec<Row> = merged
-        .into_iter()
-        .map(|(mut r, s)| {
-            if let Some(s) = &s {
-                r.trust.spread(s);
-            }
-            r.spread = s.filter(|s| s.reps > 1);
-            r
-        })
-        .collect();
+    let mut rows: Vec<Row> = crate::reps::settle(merged, |r| (&mut r.trust, &mut r.spread));
     let snapshot = rows.clone();
     for r in rows.iter_mut() {
         let base = snapshot

@@ -252,26 +252,8 @@ pub fn run_upf(o: &UpfBenchOptions) -> Result<UpfReport, String> {
     )?;
     let mut rounds = amf_rounds.into_iter();
     let amf = crate::reps::repeat(o.reps, |_| Ok(rounds.next().unwrap_or_default()), |r| Some(r.mpps))?;
-    let mut rows: Vec<UpfRow> = rows
-        .into_iter()
-        .map(|(mut r, s)| {
-            if let Some(s) = &s {
-                r.trust.spread(s);
-            }
-            r.spread = s.filter(|s| s.reps > 1);
-            r
-        })
-        .collect();
-    let mut amf: Vec<AmfRow> = amf
-        .into_iter()
-        .map(|(mut r, s)| {
-            if let Some(s) = &s {
-                r.trust.spread(s);
-            }
-            r.spread = s.filter(|s| s.reps > 1);
-            r
-        })
-        .collect();
+    let mut rows: Vec<UpfRow> = crate::reps::settle(rows, |r| (&mut r.trust, &mut r.spread));
+    let mut amf: Vec<AmfRow> = crate::reps::settle(amf, |r| (&mut r.trust, &mut r.spread));
     let base: Vec<(u32, &'static str, String, f64)> =
         rows.iter().filter(|r| r.mode == "rtc").map(|r| (r.pdrs, r.dir, r.exec.clone(), r.mpps)).collect();
     for r in &mut rows {
