@@ -541,7 +541,7 @@ pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
         root.present().map_err(|e| err(&e))?;
         drop(chart);
         drop(root);
-        out.push(path);
+        out.push(path.clone());
     }
     Ok(out)
 }
