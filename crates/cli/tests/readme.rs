@@ -6,7 +6,7 @@
 //!
 //! CI size, for a newcomer: every run reads small traffic (1,000 flows, 5,000 packets), `...`
 //! becomes `--gen` of that traffic, `a|b|c` the first choice, `[x]` is left out, `--duration`
-//! is 0.2 s, `synthetic(...)` gets a 4 MB array; each `bench` suite runs `--quick` with the few
+//! is 0.2 s, tables hold 65,536 flows per core, `synthetic(...)` gets a 4 MB array; each `bench` suite runs `--quick` with the few
 //! rows [`bench_size`] names.
 
 use std::path::Path;
@@ -114,7 +114,7 @@ fn bench_size(suite: &str, dir: &Path) -> Vec<String> {
             "--sessions", "100", "--pdrs", "1", "--exec", "batch", "--dir", "ul", "--mode", "rtc", "--amf-ues", "0",
             "--seconds", "0.05", "--packets", "5000",
         ],
-        "interleave" => &["--only", "synthetic", "--ks", "1", "--seconds", "0.05", "--warmup", "0.02"],
+        "interleave" => &["--only", "chain", "--ks", "1", "--seconds", "0.05", "--warmup", "0.02"],
         "scaling" => &[
             "--chains", "fw", "--traffic", "uniform", "--strategies", "rss", "--cores", "1,2", "--seconds", "0.05",
             "--packets", "5000", "--flows", "500",
@@ -193,6 +193,9 @@ fn ci_size(line: &str, dir: &Path) -> Vec<String> {
         if !out.iter().any(|x| x == "--cores") {
             out.extend(["--cores".to_string(), "1".to_string()]);
         }
+        if !out.iter().any(|x| x == "--table-capacity") {
+            out.extend(["--table-capacity".to_string(), "65536".to_string()]);
+        }
     }
     if sub == "mlffr" {
         out.extend(["--trial", "0.05", "--resolution", "25", "--warmup", "0.02"].map(String::from));
@@ -213,7 +216,7 @@ fn every_readme_command_line_runs() {
     std::fs::write(dir.join("chain.toml"), "[[nf]]\nname = \"fsc\"\n\n[[nf]]\nname = \"hh\"\n").unwrap();
     let lines = readme_commands();
     assert!(lines.len() > 25, "{lines:?}");
-    let (mut ran, mut skips) = (0, Vec::new());
+    let (mut ran, mut skips, mut times) = (0, Vec::new(), Vec::new());
     let t = std::time::Instant::now();
     for line in &lines {
         if let Some(why) = skipped(line) {
@@ -221,17 +224,20 @@ fn every_readme_command_line_runs() {
             continue;
         }
         let args = ci_size(line, &dir);
+        let t0 = std::time::Instant::now();
         let o = Command::new(BIN).args(&args).current_dir(&dir).output().expect("spawn flowplane");
+        times.push((t0.elapsed(), line.clone()));
         assert!(
             o.status.success(),
             "README: `{line}`\nran as flowplane {args:?}: exit {:?}\n{}",
             o.status.code(),
             String::from_utf8_lossy(&o.stderr)
         );
-        assert!(!o.stdout.is_empty(), "`{line}` printed nothing");
         ran += 1;
     }
-    eprintln!("{ran} README lines ran in {:?}; skipped:\n{}", t.elapsed(), skips.join("\n"));
+    times.sort();
+    let slowest: Vec<String> = times.iter().rev().take(5).map(|(d, l)| format!("{d:.1?} {l}")).collect();
+    eprintln!("{ran} README lines ran in {:?}, slowest:\n{}\nskipped:\n{}", t.elapsed(), slowest.join("\n"), skips.join("\n"));
     // Most lines run; the skips are the live-port, DPDK, control-socket and SMF lines.
     assert!(ran > 2 * skips.len(), "ran {ran}, skipped {skips:?}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -243,16 +249,28 @@ fn readme_lines_are_brought_to_ci_size_as_documented() {
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     assert_eq!(
         ci_size("flowplane run --exec rtc|pernf|microbatch ...", d),
-        s(&["run", "--exec", "rtc", "--gen", SMALL_GEN, "--cores", "1"])
+        s(&["run", "--exec", "rtc", "--gen", SMALL_GEN, "--cores", "1", "--table-capacity", "65536"])
     );
     assert_eq!(
         ci_size("flowplane run --no-packing | --no-match-sharing ...", d),
-        s(&["run", "--no-packing", "--gen", SMALL_GEN, "--cores", "1"])
+        s(&["run", "--no-packing", "--gen", SMALL_GEN, "--cores", "1", "--table-capacity", "65536"])
     );
     assert_eq!(ci_size("flowplane nfs [NAME] [--json]", d), s(&["nfs"]));
     assert_eq!(
         ci_size("flowplane run --gen \"--flows 100000 --packets 1000000 --proto tcp-bidir\" --chain fw --duration 5", d),
-        s(&["run", "--gen", "--flows 1000 --packets 5000 --proto tcp-bidir", "--chain", "fw", "--duration", "0.2", "--cores", "1"])
+        s(&[
+            "run",
+            "--gen",
+            "--flows 1000 --packets 5000 --proto tcp-bidir",
+            "--chain",
+            "fw",
+            "--duration",
+            "0.2",
+            "--cores",
+            "1",
+            "--table-capacity",
+            "65536"
+        ])
     );
     assert_eq!(
         ci_size("flowplane gen --proto gtpu --upf 130000x16:both --packets 4000000 -o upf.pcap", d),
