@@ -396,45 +396,48 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
     let mut traces: Vec<(u64, Traffic, Arc<ReplayTrace>)> = Vec::new();
     // One round over every case and variant; `--reps` rounds, merged around each row's median.
     let round = |_: usize| -> Result<Vec<InterleaveRow>, String> {
-    let mut rows = Vec::new();
-    for ((case, chain, traffic, flows), variants) in cases.iter().zip(&variants) {
-        let (flows, traffic) = (*flows, *traffic);
-        let trace = match traces.iter().find(|t| t.0 == flows && t.1 == traffic) {
-            Some(t) => t.2.clone(),
-            None => {
-                let t = match traffic {
-                    Traffic::Udp => trace_with(flows, Proto::Udp)?,
-                    Traffic::TcpBidir => trace_with(flows, Proto::TcpBidir)?,
-                    Traffic::Routed => route_trace(flows, &routes)?,
-                };
-                traces.push((flows, traffic, t.clone()));
-                t
+        let mut rows = Vec::new();
+        for ((case, chain, traffic, flows), variants) in cases.iter().zip(&variants) {
+            let (flows, traffic) = (*flows, *traffic);
+            let trace = match traces.iter().find(|t| t.0 == flows && t.1 == traffic) {
+                Some(t) => t.2.clone(),
+                None => {
+                    let t = match traffic {
+                        Traffic::Udp => trace_with(flows, Proto::Udp)?,
+                        Traffic::TcpBidir => trace_with(flows, Proto::TcpBidir)?,
+                        Traffic::Routed => route_trace(flows, &routes)?,
+                    };
+                    traces.push((flows, traffic, t.clone()));
+                    t
+                }
+            };
+            for (label, knobs) in variants {
+                let m = if case == OPT_CASE || case == OPT_CASE_BLOCK { &m_opt } else { &m };
+                let r = m.one_with(&trace, chain, *knobs, flows, None)?;
+                let kind = knobs.kind;
+                let k = (kind.name().eq("interleaved") && knobs.packing).then(|| kind.param());
+                rows.push(InterleaveRow {
+                    case: case.clone(),
+                    chain: chain.clone(),
+                    exec: label.clone(),
+                    k,
+                    flows,
+                    mpps: r.mpps,
+                    cycles_per_packet: r.cycles_per_packet,
+                    vs_rtc: 1.0,
+                    vs_batch: 1.0,
+                    cpu_share: r.cpu_share,
+                    spread: None,
+                    trust: r.trust,
+                });
             }
-        };
-        for (label, knobs) in variants {
-            let m = if case == OPT_CASE || case == OPT_CASE_BLOCK { &m_opt } else { &m };
-            let r = m.one_with(&trace, chain, *knobs, flows, None)?;
-            let kind = knobs.kind;
-            let k = (kind.name().eq("interleaved") && knobs.packing).then(|| kind.param());
-            rows.push(InterleaveRow {
-                case: case.clone(),
-                chain: chain.clone(),
-                exec: label.clone(),
-                k,
-                flows,
-                mpps: r.mpps,
-                cycles_per_packet: r.cycles_per_packet,
-                vs_rtc: 1.0,
-                vs_batch: 1.0,
-                cpu_share: r.cpu_share,
-                spread: None,
-                trust: r.trust,
-            });
         }
-    }
-    Ok(rows)
+        Ok(rows)
     };
-    let mut rows: Vec<InterleaveRow> = crate::reps::settle(crate::reps::repeat(opts.reps, round, |r| Some(r.mpps))?, |r| (&mut r.trust, &mut r.spread));
+    let mut rows: Vec<InterleaveRow> =
+        crate::reps::settle(crate::reps::repeat(opts.reps, round, |r| Some(r.mpps))?, |r| {
+            (&mut r.trust, &mut r.spread)
+        });
     // Each case's first variant is rtc, its second batch.
     for (case, _, _, _) in &cases {
         let at: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].case == *case).collect();

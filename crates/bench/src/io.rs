@@ -105,21 +105,23 @@ pub fn run_io(opts: &IoBenchOptions) -> Result<IoBenchReport, String> {
     let round = |_: usize| -> Result<Vec<IoRow>, String> {
         let mut rows = Vec::new();
         for chain in ["forward", "forward -> count"] {
-        let spec = spec::parse(chain).map_err(|e| e.to_string())?;
-        let rc = RunConfig {
-            cores: 1,
-            batch_size: opts.batch,
-            loops: None,
-            duration: Some(Duration::from_secs_f64(opts.seconds)),
-            warmup: Some(Duration::from_secs_f64((opts.seconds / 4.0).min(0.5))),
-            ..RunConfig::default()
-        };
-        let rep = run(&rc, &spec, trace.clone(), Output::Discard).map_err(|e| e.to_string())?;
-        rows.push(row(&rep));
+            let spec = spec::parse(chain).map_err(|e| e.to_string())?;
+            let rc = RunConfig {
+                cores: 1,
+                batch_size: opts.batch,
+                loops: None,
+                duration: Some(Duration::from_secs_f64(opts.seconds)),
+                warmup: Some(Duration::from_secs_f64((opts.seconds / 4.0).min(0.5))),
+                ..RunConfig::default()
+            };
+            let rep = run(&rc, &spec, trace.clone(), Output::Discard).map_err(|e| e.to_string())?;
+            rows.push(row(&rep));
         }
         Ok(rows)
     };
-    let rows = crate::reps::settle(crate::reps::repeat(opts.reps, round, |r| Some(r.mpps))?, |r| (&mut r.trust, &mut r.spread));
+    let rows = crate::reps::settle(crate::reps::repeat(opts.reps, round, |r| Some(r.mpps))?, |r| {
+        (&mut r.trust, &mut r.spread)
+    });
     Ok(IoBenchReport {
         packets: opts.packets,
         flows: opts.flows,

@@ -76,7 +76,9 @@ pub(crate) fn marks<'a, DB: DrawingBackend + 'a, X: Ranged<ValueType = f64>, Y: 
     }))?;
     chart.draw_series(marks.iter().map(|m| Circle::new((m.x, m.y), 5, color.stroke_width(2))))?;
     chart.draw_series(
-        marks.iter().filter_map(|m| m.bar.map(|(lo, hi)| PathElement::new(vec![(m.x, lo), (m.x, hi)], color.stroke_width(1)))),
+        marks
+            .iter()
+            .filter_map(|m| m.bar.map(|(lo, hi)| PathElement::new(vec![(m.x, lo), (m.x, hi)], color.stroke_width(1)))),
     )?;
     Ok(())
 }
@@ -148,11 +150,7 @@ pub(crate) fn cores_png(path: &std::path::Path, title: &str, series: &[CoreSerie
     root.fill(&WHITE).map_err(|e| err(&e))?;
     footer(&root, text).map_err(|e| err(&e))?;
     let root = root.margin(0, 22, 0, 0);
-    let root = if text {
-        root.titled(title, ("sans-serif", 22)).map_err(|e| err(&e))?
-    } else {
-        root
-    };
+    let root = if text { root.titled(title, ("sans-serif", 22)).map_err(|e| err(&e))? } else { root };
     let (panels, legend) = root.split_horizontally(1140);
     let (left, right) = panels.split_horizontally(570);
     for (area, speedup) in [(&left, false), (&right, true)] {
@@ -244,7 +242,9 @@ pub(crate) fn cores_png(path: &std::path::Path, title: &str, series: &[CoreSerie
             .draw(&Text::new("flagged: not to quote", (52, row(k + 3) - 8), ("sans-serif", 15)))
             .map_err(|e| err(&e))?;
         legend.draw(&PathElement::new(vec![(27, row(k + 4) - 7), (27, row(k + 4) + 7)], black)).map_err(|e| err(&e))?;
-        legend.draw(&Text::new("min-max over --reps", (52, row(k + 4) - 8), ("sans-serif", 15))).map_err(|e| err(&e))?;
+        legend
+            .draw(&Text::new("min-max over --reps", (52, row(k + 4) - 8), ("sans-serif", 15)))
+            .map_err(|e| err(&e))?;
     }
     root.present().map_err(|e| err(&e))?;
     Ok(())
@@ -273,7 +273,12 @@ pub struct SweepSeries {
 /// Writes a sweep's PNG for one variable: median Mpps against the variable's values (in the file's order), one
 /// line per combination of the other variables (the legend beside the plot, at most 24 listed), min-max bars,
 /// flagged points hollow, the Okabe-Ito palette and the provenance footer.
-pub fn sweep_png(path: &std::path::Path, variable: &str, values: &[String], series: &[SweepSeries]) -> Result<(), String> {
+pub fn sweep_png(
+    path: &std::path::Path,
+    variable: &str,
+    values: &[String],
+    series: &[SweepSeries],
+) -> Result<(), String> {
     use plotters::prelude::*;
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     let text = register_font();
@@ -319,7 +324,9 @@ pub fn sweep_png(path: &std::path::Path, variable: &str, values: &[String], seri
             let Some(m) = p.mpps else { continue };
             let x = p.at as u32;
             if let Some((lo, hi)) = p.bar {
-                chart.draw_series([PathElement::new(vec![(x, lo), (x, hi)], c.stroke_width(1))]).map_err(|e| err(&e))?;
+                chart
+                    .draw_series([PathElement::new(vec![(x, lo), (x, hi)], c.stroke_width(1))])
+                    .map_err(|e| err(&e))?;
             }
             let fill = if p.ok { c.filled() } else { WHITE.filled() };
             chart.draw_series([Circle::new((x, m), 5, fill)]).map_err(|e| err(&e))?;

@@ -381,7 +381,8 @@ pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
         let mine: Vec<&Row> =
             rows.iter().filter(|r| &r.experiment == exp && &r.program == prog && r.mpps.is_some()).collect();
         let compute = exp == "compute";
-        let key = |r: &Row| if compute { format!("iters={}", r.iters) } else { format!("{} / {}", r.trace, r.strategy) };
+        let key =
+            |r: &Row| if compute { format!("iters={}", r.iters) } else { format!("{} / {}", r.trace, r.strategy) };
         let mut keys: Vec<String> = Vec::new();
         for r in &mine {
             if !keys.contains(&key(r)) {

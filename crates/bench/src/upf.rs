@@ -430,10 +430,7 @@ impl UpfReport {
             chart
                 .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
                 .map_err(|e| err(&e))?
-                .label(format!(
-                    "{}, executor {exec}, UPF mode {mode}",
-                    if dir == "ul" { "uplink" } else { "downlink" }
-                ))
+                .label(format!("{}, executor {exec}, UPF mode {mode}", if dir == "ul" { "uplink" } else { "downlink" }))
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
             // Flagged rows (too short or noisy to quote) are hollow.
             let marks = self.rows.iter().filter(|r| r.dir == dir && r.exec == exec && r.mode == mode).map(|r| {
@@ -576,7 +573,8 @@ impl fmt::Display for UpfReport {
                 )?;
             }
         }
-        if let Some(n) = crate::reps::footnote(self.rows.iter().map(|r| &r.trust).chain(self.amf.iter().map(|r| &r.trust)))
+        if let Some(n) =
+            crate::reps::footnote(self.rows.iter().map(|r| &r.trust).chain(self.amf.iter().map(|r| &r.trust)))
         {
             writeln!(f, "{n}")?;
         }

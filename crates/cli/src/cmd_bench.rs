@@ -251,7 +251,9 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             o.reps = flowplane_bench::reps::check(reps).map_err(CliError::new)?;
             if let Some(s) = seconds {
                 if millions.is_some() {
-                    return Err(CliError::new("--seconds and --millions both given: a measurement lasts one or the other"));
+                    return Err(CliError::new(
+                        "--seconds and --millions both given: a measurement lasts one or the other",
+                    ));
                 }
                 if !(s.is_finite() && s > 0.0 && s <= 600.0) {
                     return Err(CliError::new(format!("--seconds {s}: must be between 0 and 600")));

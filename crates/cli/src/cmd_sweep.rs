@@ -385,15 +385,22 @@ fn summarise(s: &Sweep, grid_points: &[Vec<String>], rows: &[Row]) -> Vec<Value>
 fn series_for(s: &Sweep, i: usize, summary: &[Value]) -> Vec<flowplane_bench::SweepSeries> {
     let mut out: Vec<flowplane_bench::SweepSeries> = Vec::new();
     for (p, v) in points(&s.grid).iter().zip(summary) {
-        let others: Vec<String> =
-            s.grid.iter().zip(p).enumerate().filter(|(j, _)| *j != i).map(|(_, ((k, _), x))| format!("{k}={x}")).collect();
+        let others: Vec<String> = s
+            .grid
+            .iter()
+            .zip(p)
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, ((k, _), x))| format!("{k}={x}"))
+            .collect();
         let label = if others.is_empty() { "median".to_string() } else { others.join(" ") };
         let at = s.grid[i].1.iter().position(|x| x == &p[i]).unwrap_or(0);
         let point = flowplane_bench::SweepPoint {
             at,
             mpps: v["mpps"].as_f64(),
             bar: v["spread"].as_object().and_then(|o| Some((o.get("min")?.as_f64()?, o.get("max")?.as_f64()?))),
-            ok: v["flags"].as_array().is_some_and(|a| a.is_empty()) && v["errors"].as_array().is_some_and(|a| a.is_empty()),
+            ok: v["flags"].as_array().is_some_and(|a| a.is_empty())
+                && v["errors"].as_array().is_some_and(|a| a.is_empty()),
         };
         match out.iter_mut().find(|x| x.label == label) {
             Some(x) => x.points.push(point),
@@ -415,7 +422,10 @@ mod tests {
         let ps = points(&s.grid);
         assert_eq!(ps, [["batch", "10"], ["batch", "20"], ["rtc", "10"], ["rtc", "20"]]);
         let w = words(&s, &ps[3]);
-        assert!(w.contains(&"--gen=--flows 20 --packets 100".to_string()) && w.contains(&"--exec=rtc".to_string()), "{w:?}");
+        assert!(
+            w.contains(&"--gen=--flows 20 --packets 100".to_string()) && w.contains(&"--exec=rtc".to_string()),
+            "{w:?}"
+        );
         assert!(w.contains(&"--no-pin".to_string()) && !w.iter().any(|x| x.starts_with("--flows")), "{w:?}");
         for (bad, want) in [
             ("reps = 0", "reps = 0"),

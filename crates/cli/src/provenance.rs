@@ -41,7 +41,8 @@ pub fn provenance() -> Value {
 pub fn line() -> String {
     let p = provenance();
     let s = |k: &str| p[k].as_str().unwrap_or("").to_string();
-    let command: Vec<&str> = p["command"].as_array().map_or(Vec::new(), |a| a.iter().filter_map(|x| x.as_str()).collect());
+    let command: Vec<&str> =
+        p["command"].as_array().map_or(Vec::new(), |a| a.iter().filter_map(|x| x.as_str()).collect());
     format!(
         "flowplane {} ({}), {} @ {:.2} GHz TSC, {} cores, Linux {}, {} -- {}",
         s("flowplane"),

@@ -46,7 +46,17 @@ impl Out {
     fn results(&self) -> Value {
         let mut v = self.json.clone().unwrap_or(Value::Null);
         if let Some(o) = v.as_object_mut() {
-            for k in ["mpps", "gbps", "cycles_per_packet", "duration_s", "tsc_ghz", "latency", "scale", "provenance", "trust"] {
+            for k in [
+                "mpps",
+                "gbps",
+                "cycles_per_packet",
+                "duration_s",
+                "tsc_ghz",
+                "latency",
+                "scale",
+                "provenance",
+                "trust",
+            ] {
                 o.remove(k);
             }
             if let Some(cores) = o.get_mut("per_core").and_then(Value::as_array_mut) {

@@ -240,8 +240,21 @@ fn nic_profiles_apply_to_rsspp_and_dyssect_and_are_refused_elsewhere() {
 fn bench_dyssect_flags_figures_too_short_to_trust() {
     let dir = std::env::temp_dir().join(format!("fp-cli-dyssect-trust-{}", std::process::id()));
     let base = [
-        "bench", "dyssect", "--seconds", "0.5", "--packets", "300000", "--flows", "20000", "--traces", "uniform",
-        "--cores", "8", "--strategies", "rsspp,dyssect", "--plot-dir",
+        "bench",
+        "dyssect",
+        "--seconds",
+        "0.5",
+        "--packets",
+        "300000",
+        "--flows",
+        "20000",
+        "--traces",
+        "uniform",
+        "--cores",
+        "8",
+        "--strategies",
+        "rsspp,dyssect",
+        "--plot-dir",
     ];
     let mut args: Vec<&str> = base.to_vec();
     args.extend([dir.to_str().unwrap(), "--json"]);

@@ -111,18 +111,60 @@ fn bench_size(suite: &str, dir: &Path) -> Vec<String> {
         "table" => &["--sizes", "1024", "--batches", "1", "--insert-every", "10", "--ops", "20000"],
         "pipeline" => &["--only", "chains", "--base-flows", "1000", "--seconds", "0.05"],
         "upf" => &[
-            "--sessions", "100", "--pdrs", "1", "--exec", "batch", "--dir", "ul", "--mode", "rtc", "--amf-ues", "0",
-            "--seconds", "0.05", "--packets", "5000",
+            "--sessions",
+            "100",
+            "--pdrs",
+            "1",
+            "--exec",
+            "batch",
+            "--dir",
+            "ul",
+            "--mode",
+            "rtc",
+            "--amf-ues",
+            "0",
+            "--seconds",
+            "0.05",
+            "--packets",
+            "5000",
         ],
         "interleave" => &["--only", "chain", "--ks", "1", "--seconds", "0.05", "--warmup", "0.02"],
         "scaling" => &[
-            "--chains", "fw", "--traffic", "uniform", "--strategies", "rss", "--cores", "1,2", "--seconds", "0.05",
-            "--packets", "5000", "--flows", "500",
+            "--chains",
+            "fw",
+            "--traffic",
+            "uniform",
+            "--strategies",
+            "rss",
+            "--cores",
+            "1,2",
+            "--seconds",
+            "0.05",
+            "--packets",
+            "5000",
+            "--flows",
+            "500",
         ],
-        "dyssect" => &["--traces", "uniform", "--cores", "2", "--packets", "5000", "--flows", "500", "--seconds", "0.05"],
+        "dyssect" => {
+            &["--traces", "uniform", "--cores", "2", "--packets", "5000", "--flows", "500", "--seconds", "0.05"]
+        }
         "scr" => &[
-            "--programs", "ddos", "--traces", "single", "--strategies", "scr", "--cores", "1", "--burn", "0", "--losses",
-            "0", "--packets", "5000", "--loops", "1",
+            "--programs",
+            "ddos",
+            "--traces",
+            "single",
+            "--strategies",
+            "scr",
+            "--cores",
+            "1",
+            "--burn",
+            "0",
+            "--losses",
+            "0",
+            "--packets",
+            "5000",
+            "--loops",
+            "1",
         ],
         other => panic!("bench {other}: add its CI size to bench_size"),
     };
@@ -237,7 +279,12 @@ fn every_readme_command_line_runs() {
     }
     times.sort();
     let slowest: Vec<String> = times.iter().rev().take(5).map(|(d, l)| format!("{d:.1?} {l}")).collect();
-    eprintln!("{ran} README lines ran in {:?}, slowest:\n{}\nskipped:\n{}", t.elapsed(), slowest.join("\n"), skips.join("\n"));
+    eprintln!(
+        "{ran} README lines ran in {:?}, slowest:\n{}\nskipped:\n{}",
+        t.elapsed(),
+        slowest.join("\n"),
+        skips.join("\n")
+    );
     // Most lines run; the skips are the live-port, DPDK, control-socket and SMF lines.
     assert!(ran > 2 * skips.len(), "ran {ran}, skipped {skips:?}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -257,7 +304,10 @@ fn readme_lines_are_brought_to_ci_size_as_documented() {
     );
     assert_eq!(ci_size("flowplane nfs [NAME] [--json]", d), s(&["nfs"]));
     assert_eq!(
-        ci_size("flowplane run --gen \"--flows 100000 --packets 1000000 --proto tcp-bidir\" --chain fw --duration 5", d),
+        ci_size(
+            "flowplane run --gen \"--flows 100000 --packets 1000000 --proto tcp-bidir\" --chain fw --duration 5",
+            d
+        ),
         s(&[
             "run",
             "--gen",

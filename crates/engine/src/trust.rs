@@ -121,10 +121,9 @@ impl Trust {
     /// (`scale.work_ms` when the runtime measured it, else its busy cycles).
     pub fn of_report(r: &crate::Report) -> Trust {
         let (value, busy_ms) = match &r.scale {
-            Some(sc) if !sc.work_ms.is_empty() => (
-                sc.projected_mpps.unwrap_or(sc.busy_mpps),
-                sc.work_ms.iter().copied().fold(0.0, f64::max),
-            ),
+            Some(sc) if !sc.work_ms.is_empty() => {
+                (sc.projected_mpps.unwrap_or(sc.busy_mpps), sc.work_ms.iter().copied().fold(0.0, f64::max))
+            }
             _ => (r.mpps, if r.mpps > 0.0 { r.packets as f64 / (r.mpps * 1e6) * 1e3 } else { 0.0 }),
         };
         Trust::of(value, busy_ms, r.packets, "packets")
@@ -151,7 +150,8 @@ impl Trust {
         if !base_ok {
             self.flags.push("ratio against a flagged 1-core figure".to_string());
         } else if cores > 1 && x < MIN_SPEEDUP {
-            self.flags.push(format!("slower than 1 core (x{x:.2} < {MIN_SPEEDUP}): overhead or noise, repeat with --reps"));
+            self.flags
+                .push(format!("slower than 1 core (x{x:.2} < {MIN_SPEEDUP}): overhead or noise, repeat with --reps"));
         } else if x > MAX_SUPERLINEAR * cores as f64 {
             self.flags.push(format!("x{x:.2} on {cores} core(s) is beyond linear (> {MAX_SUPERLINEAR} x cores)"));
         }

@@ -39,7 +39,11 @@ fn the_guides_complete_file_is_the_compiled_and_tested_one() {
     let file = read("src/guide/synflood.rs");
     let all = blocks(&guide);
     let complete = all.iter().find(|(h, _)| h == "## The complete file").map(|(_, c)| c.as_str());
-    assert_eq!(complete, Some(file.as_str()), "docs/WRITING_AN_NF.md's complete file differs from src/guide/synflood.rs");
+    assert_eq!(
+        complete,
+        Some(file.as_str()),
+        "docs/WRITING_AN_NF.md's complete file differs from src/guide/synflood.rs"
+    );
 }
 
 #[test]

@@ -509,7 +509,7 @@ impl<R: Read> TraceReader<R> {
     #[cold]
     fn byte_order_contradicts(&mut self, endian: Endian, total: u32) -> Result<bool, TraceError> {
         let sound = |r: &mut Self, e: Endian, t: u32| -> Result<bool, TraceError> {
-            if t < 28 || t % 4 != 0 || t > MAX_DECODED_BLOCK || !r.ensure(t as usize)? {
+            if t < 28 || !t.is_multiple_of(4) || t > MAX_DECODED_BLOCK || !r.ensure(t as usize)? {
                 return Ok(false);
             }
             Ok(pcap::read_u32(e, &r.buf[r.start..r.start + t as usize], t as usize - 4) == t)
@@ -564,7 +564,7 @@ impl<R: Read> TraceReader<R> {
             let total = e.u32(word(s + 4, &self.buf));
             let plausible = pcapng::is_decoded(e.u32(t))
                 && total >= MIN_BLOCK_LEN
-                && total % 4 == 0
+                && total.is_multiple_of(4)
                 && total <= MAX_DECODED_BLOCK;
             if plausible && self.ensure(k + total as usize)? {
                 let s = self.start + k;

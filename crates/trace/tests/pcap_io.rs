@@ -507,7 +507,10 @@ fn pcapng_corrupt_framing_is_skipped_when_a_sound_block_follows() {
     b[bad_off + 4..bad_off + 8].copy_from_slice(&102u32.to_le_bytes());
     let (pkts, counts, why) = read_counted(b.as_slice()).unwrap();
     assert_eq!((pkts.len(), counts.get(Unparsed::UnreadableRest)), (1, 1));
-    assert_eq!(why.unwrap(), format!("corrupt pcapng block at byte {bad_off}: block length not a multiple of 4 of at least 12"));
+    assert_eq!(
+        why.unwrap(),
+        format!("corrupt pcapng block at byte {bad_off}: block length not a multiple of 4 of at least 12")
+    );
 }
 
 /// Issue 35 item 6: a section header whose byte-order magic was swapped read its length in the wrong order and
