@@ -129,7 +129,8 @@ pub fn run_scaling(o: &ScalingOptions, mut progress: impl FnMut(&Row)) -> Result
             (Some(m), Some(b)) if b > 0.0 => Some(m / b),
             _ => None,
         };
-        if r.refused.is_none() {
+        // The one-core row is its own base: its own flags say it all.
+        if r.refused.is_none() && r.cores > 1 {
             r.trust.speedup(r.ratio, r.cores, base.is_some_and(|b| b.trust.ok()));
         }
     }

@@ -223,7 +223,9 @@ pub fn run_scr(o: &ScrOptions, mut progress: impl FnMut(&Row)) -> Result<Vec<Row
             (Some(m), Some(b)) if b > 0.0 => Some(m / b),
             _ => None,
         };
-        if r.refused.is_none() {
+        // A base row (one core; recovery off) is its own base: its own flags say it all.
+        let is_base = if r.experiment == "recovery" { !r.recovery } else { r.cores == 1 };
+        if r.refused.is_none() && !is_base {
             // Recovery rows compare equal cores: only a flagged base or a gain past linear is suspect.
             let cores = if r.experiment == "recovery" { 1 } else { r.cores };
             r.trust.speedup(r.ratio, cores, base.is_some_and(|b| b.trust.ok()));
