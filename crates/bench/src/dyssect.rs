@@ -29,6 +29,8 @@ use flowplane_wire::flow::{extract_five_tuple, FiveTuple};
 use plotters::prelude::*;
 use serde::Serialize;
 
+use crate::reps::{Spread, Trust};
+
 /// The traces measured.
 pub const TRACES: &[&str] = &["uniform", "zipf", "elephants", "shifting"];
 
@@ -58,6 +60,8 @@ pub struct DyssectOptions {
     pub slo_us: f64,
     /// NIC profiles (update latencies) each strategy runs under.
     pub profiles: Vec<NicProfile>,
+    /// Rounds over the whole experiment (`--reps`): each row's figure is the median, with min and max.
+    pub reps: usize,
 }
 
 impl DyssectOptions {
@@ -74,6 +78,7 @@ impl DyssectOptions {
             chain: "lb -> fsc".into(),
             slo_us: 50.0,
             profiles: vec![NicProfile::ideal()],
+            reps: 1,
         }
     }
 }
@@ -131,6 +136,10 @@ pub struct Row {
     pub flow_over_entries: f64,
     /// The trace's heaviest flow's share of its phase.
     pub top_flow_share: f64,
+    /// `mpps` over the repetitions (None with one).
+    pub spread: Option<Spread>,
+    /// What the figure rests on and why not to quote it ([`flowplane_engine::trust`]).
+    pub trust: Trust,
 }
 
 fn trace(name: &str, o: &DyssectOptions) -> Result<GenConfig, String> {
@@ -274,8 +283,27 @@ pub fn ceiling_table(o: &DyssectOptions, retas: &[usize]) -> Result<String, Stri
     Ok(s)
 }
 
-/// Runs the experiment; `progress` sees every row as it is measured.
+/// Runs the experiment `o.reps` times over; `progress` sees every row as
+/// it is measured. Each row's figure is the median round's; `vs_rsspp`
+/// compares the medians.
 pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result<Vec<Row>, String> {
+    let merged = crate::reps::repeat(o.reps, |_| once(o, &mut progress), |r| Some(r.mpps))?;
+    let mut rows: Vec<Row> = crate::reps::settle(merged, |r| (&mut r.trust, &mut r.spread));
+    let snapshot = rows.clone();
+    for r in rows.iter_mut() {
+        let base = snapshot
+            .iter()
+            .find(|x| x.trace == r.trace && x.cores == r.cores && x.nic == r.nic && x.strategy == "rsspp");
+        r.vs_rsspp = base.filter(|b| b.mpps > 0.0).map(|b| r.mpps / b.mpps);
+        if r.vs_rsspp.is_some() && !base.is_some_and(|b| b.trust.ok()) {
+            r.trust.flag("ratio against a flagged rsspp figure");
+        }
+    }
+    Ok(rows)
+}
+
+/// One round of the experiment (`vs_rsspp` is filled in by [`run_dyssect`]).
+fn once(o: &DyssectOptions, progress: &mut impl FnMut(&Row)) -> Result<Vec<Row>, String> {
     let spec = spec::parse(&o.chain).map_err(|e| e.to_string())?;
     let class = PriorityClass::parse(PRIORITY)?;
     let mut rows: Vec<Row> = Vec::new();
@@ -311,10 +339,6 @@ pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result
                 let ctl = sc.controller.as_ref();
                 let g = |k: &str| ctl.and_then(|c| c.get(k)).and_then(|v| v.as_f64()).unwrap_or(0.0);
                 let mpps = sc.projected_mpps.unwrap_or(0.0);
-                let base = rows
-                    .iter()
-                    .find(|x| x.trace == *t && x.cores == n && x.nic == nic.name && x.strategy == "rsspp")
-                    .map(|x| x.mpps);
                 let nr = sc.nic.as_ref();
                 let core_packets: Vec<u64> = r.per_core.iter().map(|c| c.packets).collect();
                 let busy_s: f64 = sc.work_ms.iter().sum::<f64>() / 1e3;
@@ -330,7 +354,7 @@ pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result
                     nic_updates: nr.map_or(0, |x| x.updates),
                     nic_waited_max_ms: nr.map_or(0.0, |x| x.waited_max_ms),
                     mpps,
-                    vs_rsspp: base.filter(|&b| b > 0.0).map(|b| mpps / b),
+                    vs_rsspp: None,
                     imbalance: sc.imbalance_settled,
                     prio_p99_us: pr.map_or(0.0, |p| p.latency_ns[1] / 1e3),
                     normal_p99_us: pr.map_or(0.0, |p| p.normal_latency_ns[1] / 1e3),
@@ -346,6 +370,8 @@ pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result
                     ceiling_mpps,
                     flow_over_entries: bound.flow_over_entries(),
                     top_flow_share: bound.top_flow_share,
+                    spread: None,
+                    trust: r.trust.clone(),
                 };
                 progress(&row);
                 rows.push(row);
@@ -358,11 +384,12 @@ pub fn run_dyssect(o: &DyssectOptions, mut progress: impl FnMut(&Row)) -> Result
 /// The table, one line per row.
 pub fn table(rows: &[Row], slo_us: f64) -> String {
     let mut s = format!(
-        "{:<10} {:<8} {:>5} {:>9} {:>9} {:>8} {:>10} {:>13} {:>13} {:>7} {:>6} {:>11}\n",
+        "{:<10} {:<8} {:>5} {:>9} {:>13} {:>9} {:>8} {:>10} {:>13} {:>13} {:>7} {:>6} {:>11}\n",
         "trace",
         "scale",
         "cores",
         "Mpps",
+        "min-max",
         "bound",
         "xrsspp",
         "imbalance",
@@ -380,11 +407,12 @@ pub fn table(rows: &[Row], slo_us: f64) -> String {
     for r in rows {
         let scale = if named { format!("{:<8} {:<9}", r.strategy, r.nic) } else { r.strategy.clone() };
         s.push_str(&format!(
-            "{:<10} {:<8} {:>4}p {:>9.2} {:>9.2} {:>8} {:>9.1}% {:>12.1}{} {:>13.1} {:>7} {:>6} {:>11.1}\n",
+            "{:<10} {:<8} {:>4}p {:>9.2} {:>13} {:>9.2} {:>8} {:>9.1}% {:>12.1}{} {:>13.1} {:>7} {:>6} {:>11.1}{}\n",
             r.trace,
             scale,
             r.cores,
             r.mpps,
+            r.spread.as_ref().map_or("-".to_string(), |x| x.cell(2)),
             r.ceiling_mpps,
             r.vs_rsspp.map_or("-".to_string(), |x| format!("{x:.2}")),
             r.imbalance * 100.0,
@@ -393,7 +421,8 @@ pub fn table(rows: &[Row], slo_us: f64) -> String {
             r.normal_p99_us,
             r.moves,
             r.flow_moves,
-            r.controller_ms
+            r.controller_ms,
+            r.trust.cell()
         ));
     }
     let mut seen: Vec<(&str, usize)> = Vec::new();
@@ -413,6 +442,10 @@ pub fn table(rows: &[Row], slo_us: f64) -> String {
     s.push_str(&format!(
         "(Np: PROJECTED from N logical workers taking turns on one thread; bound: the most any balancer that keeps each flow on one core could project at that row's cost per packet (the trace's flow-level bound); latency in virtual time: trace arrivals, each worker a dedicated FIFO core; ! = priority p99 over its {slo_us} us SLO)\n"
     ));
+    if let Some(n) = crate::reps::footnote(rows.iter().map(|r| &r.trust)) {
+        s.push_str(&n);
+        s.push('\n');
+    }
     s
 }
 
@@ -471,6 +504,8 @@ pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
         let root = BitMapBackend::new(&path, (1000, 600)).into_drawing_area();
         let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
         root.fill(&WHITE).map_err(|e| err(&e))?;
+        crate::plot::footer(&root, text).map_err(|e| err(&e))?;
+        let root = root.margin(0, 20, 0, 0);
         let mut b = ChartBuilder::on(&root);
         b.margin(20);
         if text {
@@ -488,10 +523,14 @@ pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
         for (i, r) in mine.iter().enumerate() {
             let pts: Vec<(f64, f64)> =
                 r.imbalance_windows.iter().enumerate().map(|(k, &v)| (k as f64 * 0.1, v)).collect();
-            let color = Palette99::pick(i).to_rgba();
+            let color = crate::plot::colour(i).to_rgba();
             let line = chart.draw_series(LineSeries::new(pts, color.stroke_width(2))).map_err(|e| err(&e))?;
             if text {
-                let label = format!("{} ({:.1} Mpps)", r.strategy, r.mpps);
+                let label = if r.trust.ok() {
+                    format!("{} ({:.1} Mpps)", r.strategy, r.mpps)
+                } else {
+                    format!("{} ({:.1} Mpps, FLAGGED: see the table)", r.strategy, r.mpps)
+                };
                 line.label(label)
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
             }
@@ -502,7 +541,7 @@ pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
         root.present().map_err(|e| err(&e))?;
         drop(chart);
         drop(root);
-        out.push(path);
+        out.push(path.clone());
     }
     Ok(out)
 }
@@ -607,6 +646,8 @@ mod tests {
             ceiling_mpps: 0.0,
             flow_over_entries: 1.0,
             top_flow_share: 0.0,
+            spread: None,
+            trust: Trust::default(),
         };
         let rows = [row("rsspp", "ideal", 40, 0), row("dyssect", "ideal", 12, 0), row("rsspp", "connectx4", 8, 32)];
         let profiles = [NicProfile::ideal(), NicProfile::parse("connectx4").unwrap()];

@@ -53,6 +53,8 @@ pub struct InterleaveOptions {
     pub prefixes: usize,
     /// Cases to run (empty: all): synthetic, nat, route, fw, chain, chains, opt.
     pub only: Vec<String>,
+    /// Rounds over every case (`--reps`): each row's figure is the median, with min and max.
+    pub reps: usize,
 }
 
 impl Default for InterleaveOptions {
@@ -67,6 +69,7 @@ impl Default for InterleaveOptions {
             synthetic_k: vec![1, 2, 4, 8],
             prefixes: 1_000_000,
             only: Vec::new(),
+            reps: 1,
         }
     }
 }
@@ -114,6 +117,10 @@ pub struct InterleaveRow {
     pub vs_batch: f64,
     /// Process CPU time over wall time: below 1 when other processes took the core.
     pub cpu_share: f64,
+    /// `mpps` over `--reps` rounds (None with one).
+    pub spread: Option<crate::reps::Spread>,
+    /// What the figure rests on and why not to quote it ([`flowplane_engine::trust`]).
+    pub trust: crate::reps::Trust,
 }
 
 /// Per case: the best interleaved K and what it gains.
@@ -387,42 +394,57 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
         variants.push(v);
     }
     let mut traces: Vec<(u64, Traffic, Arc<ReplayTrace>)> = Vec::new();
-    let mut rows = Vec::new();
-    for ((case, chain, traffic, flows), variants) in cases.iter().zip(&variants) {
-        let (flows, traffic) = (*flows, *traffic);
-        let trace = match traces.iter().find(|t| t.0 == flows && t.1 == traffic) {
-            Some(t) => t.2.clone(),
-            None => {
-                let t = match traffic {
-                    Traffic::Udp => trace_with(flows, Proto::Udp)?,
-                    Traffic::TcpBidir => trace_with(flows, Proto::TcpBidir)?,
-                    Traffic::Routed => route_trace(flows, &routes)?,
-                };
-                traces.push((flows, traffic, t.clone()));
-                t
+    // One round over every case and variant; `--reps` rounds, merged around each row's median.
+    let round = |_: usize| -> Result<Vec<InterleaveRow>, String> {
+        let mut rows = Vec::new();
+        for ((case, chain, traffic, flows), variants) in cases.iter().zip(&variants) {
+            let (flows, traffic) = (*flows, *traffic);
+            let trace = match traces.iter().find(|t| t.0 == flows && t.1 == traffic) {
+                Some(t) => t.2.clone(),
+                None => {
+                    let t = match traffic {
+                        Traffic::Udp => trace_with(flows, Proto::Udp)?,
+                        Traffic::TcpBidir => trace_with(flows, Proto::TcpBidir)?,
+                        Traffic::Routed => route_trace(flows, &routes)?,
+                    };
+                    traces.push((flows, traffic, t.clone()));
+                    t
+                }
+            };
+            for (label, knobs) in variants {
+                let m = if case == OPT_CASE || case == OPT_CASE_BLOCK { &m_opt } else { &m };
+                let r = m.one_with(&trace, chain, *knobs, flows, None)?;
+                let kind = knobs.kind;
+                let k = (kind.name().eq("interleaved") && knobs.packing).then(|| kind.param());
+                rows.push(InterleaveRow {
+                    case: case.clone(),
+                    chain: chain.clone(),
+                    exec: label.clone(),
+                    k,
+                    flows,
+                    mpps: r.mpps,
+                    cycles_per_packet: r.cycles_per_packet,
+                    vs_rtc: 1.0,
+                    vs_batch: 1.0,
+                    cpu_share: r.cpu_share,
+                    spread: None,
+                    trust: r.trust,
+                });
             }
-        };
-        let start = rows.len();
-        for (label, knobs) in variants {
-            let m = if case == OPT_CASE || case == OPT_CASE_BLOCK { &m_opt } else { &m };
-            let r = m.one_with(&trace, chain, *knobs, flows, None)?;
-            let kind = knobs.kind;
-            let k = (kind.name().eq("interleaved") && knobs.packing).then(|| kind.param());
-            rows.push(InterleaveRow {
-                case: case.clone(),
-                chain: chain.clone(),
-                exec: label.clone(),
-                k,
-                flows,
-                mpps: r.mpps,
-                cycles_per_packet: r.cycles_per_packet,
-                vs_rtc: 1.0,
-                vs_batch: 1.0,
-                cpu_share: r.cpu_share,
-            });
         }
-        let (rtc, batch) = (rows[start].mpps, rows[start + 1].mpps);
-        for r in &mut rows[start..] {
+        Ok(rows)
+    };
+    let mut rows: Vec<InterleaveRow> =
+        crate::reps::settle(crate::reps::repeat(opts.reps, round, |r| Some(r.mpps))?, |r| {
+            (&mut r.trust, &mut r.spread)
+        });
+    // Each case's first variant is rtc, its second batch.
+    for (case, _, _, _) in &cases {
+        let at: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].case == *case).collect();
+        let (Some(&a), Some(&b)) = (at.first(), at.get(1)) else { continue };
+        let (rtc, batch) = (rows[a].mpps, rows[b].mpps);
+        for &i in &at {
+            let r = &mut rows[i];
             r.vs_rtc = if rtc > 0.0 { r.mpps / rtc } else { 0.0 };
             r.vs_batch = if batch > 0.0 { r.mpps / batch } else { 0.0 };
         }
@@ -490,8 +512,16 @@ impl InterleaveReport {
         let ymax = self.rows.iter().map(|r| r.mpps).fold(1.0f64, f64::max) * 1.1;
         let root = BitMapBackend::new(path, (1280, 800)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| err(&e))?;
+        crate::plot::footer(&root, true).map_err(|e| err(&e))?;
+        let root = root.margin(0, 20, 0, 0);
         let mut chart = ChartBuilder::on(&root)
-            .caption("interleaved:K vs rtc (dotted) and batch (dashed), one core, 64-B packets", ("sans-serif", 24))
+            .caption(
+                format!(
+                    "interleaved:K vs rtc (dotted) and batch (dashed), one core, 64-B packets{}",
+                    crate::plot::flagged_note(self.rows.iter().any(|r| !r.trust.ok()))
+                ),
+                ("sans-serif", 24),
+            )
             .margin(16)
             .x_label_area_size(44)
             .y_label_area_size(60)
@@ -506,7 +536,7 @@ impl InterleaveReport {
             .map_err(|e| err(&e))?;
         let (x0, x1) = (f64::from(kmin), f64::from(kmax));
         for (n, case) in cases.iter().enumerate() {
-            let color = Palette99::pick(n).to_rgba();
+            let color = crate::plot::colour(n).to_rgba();
             let rows: Vec<&InterleaveRow> = self.rows.iter().filter(|r| r.case == *case).collect();
             let pts: Vec<(f64, f64)> = rows.iter().filter_map(|r| r.k.map(|k| (f64::from(k), r.mpps))).collect();
             chart
@@ -514,7 +544,18 @@ impl InterleaveReport {
                 .map_err(|e| err(&e))?
                 .label(*case)
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(|e| err(&e))?;
+            let marks: Vec<crate::plot::Mark> = rows
+                .iter()
+                .filter_map(|r| {
+                    r.k.map(|k| crate::plot::Mark {
+                        x: f64::from(k),
+                        y: r.mpps,
+                        bar: r.spread.as_ref().map(|s| (s.min, s.max)),
+                        ok: r.trust.ok(),
+                    })
+                })
+                .collect();
+            crate::plot::marks(&mut chart, &marks, color).map_err(|e| err(&e))?;
             for (exec, dash) in [("batch", 12u32), ("rtc", 3u32)] {
                 if let Some(r) = rows.iter().find(|r| r.exec == exec) {
                     chart
@@ -542,22 +583,27 @@ impl fmt::Display for InterleaveReport {
         }
         writeln!(
             f,
-            "{:<24} {:<28} {:>8} {:>8} {:>11} {:>7} {:>7} {:>5}",
-            "case", "exec", "flows", "Mpps", "cycles/pkt", "vs rtc", "vs bat", "cpu%"
+            "{:<24} {:<28} {:>8} {:>8} {:>13} {:>11} {:>7} {:>7} {:>5}",
+            "case", "exec", "flows", "Mpps", "min-max", "cycles/pkt", "vs rtc", "vs bat", "cpu%"
         )?;
         for r in &self.rows {
             writeln!(
                 f,
-                "{:<24} {:<28} {:>8} {:>8.2} {:>11.1} {:>7.2} {:>7.2} {:>4.0}%",
+                "{:<24} {:<28} {:>8} {:>8.2} {:>13} {:>11.1} {:>7.2} {:>7.2} {:>4.0}%{}",
                 r.case,
                 r.exec,
                 r.flows,
                 r.mpps,
+                r.spread.as_ref().map_or("-".to_string(), |x| x.cell(2)),
                 r.cycles_per_packet,
                 r.vs_rtc,
                 r.vs_batch,
-                r.cpu_share * 100.0
+                r.cpu_share * 100.0,
+                r.trust.cell()
             )?;
+        }
+        if let Some(n) = crate::reps::footnote(self.rows.iter().map(|r| &r.trust)) {
+            writeln!(f, "{n}")?;
         }
         writeln!(f, "\nbest K per case:")?;
         for b in &self.best {

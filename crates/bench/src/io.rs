@@ -12,6 +12,8 @@ use flowplane_scale::RssDispatcher;
 use flowplane_trace::gen::{FlowDist, GenConfig, Generator, Order, Proto, SizeSpec};
 use serde::Serialize;
 
+use crate::reps::{Spread, Trust};
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct IoBenchOptions {
@@ -25,18 +27,20 @@ pub struct IoBenchOptions {
     pub seconds: f64,
     /// Packets per batch.
     pub batch: usize,
+    /// Rounds over the chains (`--reps`): each row's figure is the median, with min and max.
+    pub reps: usize,
 }
 
 impl Default for IoBenchOptions {
     fn default() -> Self {
-        IoBenchOptions { flows: 1_000_000, packets: 4_000_000, size: 64, seconds: 2.0, batch: 64 }
+        IoBenchOptions { flows: 1_000_000, packets: 4_000_000, size: 64, seconds: 2.0, batch: 64, reps: 1 }
     }
 }
 
 impl IoBenchOptions {
     /// Small and short, for CI smoke runs.
     pub fn quick() -> Self {
-        IoBenchOptions { flows: 10_000, packets: 100_000, size: 64, seconds: 0.2, batch: 64 }
+        IoBenchOptions { flows: 10_000, packets: 100_000, size: 64, seconds: 0.2, batch: 64, reps: 1 }
     }
 }
 
@@ -51,6 +55,10 @@ pub struct IoRow {
     pub cycles_per_packet: f64,
     /// Median batch latency in ns.
     pub p50_batch_ns: f64,
+    /// `mpps` over the repetitions (None with one).
+    pub spread: Option<Spread>,
+    /// What the figure rests on and why not to quote it ([`flowplane_engine::trust`]).
+    pub trust: Trust,
 }
 
 /// The benchmark's result.
@@ -74,6 +82,8 @@ fn row(r: &Report) -> IoRow {
         mpps: r.mpps,
         cycles_per_packet: r.cycles_per_packet,
         p50_batch_ns: r.latency.p50_ns,
+        spread: None,
+        trust: r.trust.clone(),
     }
 }
 
@@ -92,20 +102,26 @@ pub fn run_io(opts: &IoBenchOptions) -> Result<IoBenchReport, String> {
     let gen = Generator::new(cfg).map_err(|e| e.to_string())?;
     let dispatch = RssDispatcher::new(1, false).map_err(|e| e.to_string())?;
     let (trace, _) = load_generated(gen, &dispatch).map_err(|e| e.to_string())?;
-    let mut rows = Vec::new();
-    for chain in ["forward", "forward -> count"] {
-        let spec = spec::parse(chain).map_err(|e| e.to_string())?;
-        let rc = RunConfig {
-            cores: 1,
-            batch_size: opts.batch,
-            loops: None,
-            duration: Some(Duration::from_secs_f64(opts.seconds)),
-            warmup: Some(Duration::from_secs_f64((opts.seconds / 4.0).min(0.5))),
-            ..RunConfig::default()
-        };
-        let rep = run(&rc, &spec, trace.clone(), Output::Discard).map_err(|e| e.to_string())?;
-        rows.push(row(&rep));
-    }
+    let round = |_: usize| -> Result<Vec<IoRow>, String> {
+        let mut rows = Vec::new();
+        for chain in ["forward", "forward -> count"] {
+            let spec = spec::parse(chain).map_err(|e| e.to_string())?;
+            let rc = RunConfig {
+                cores: 1,
+                batch_size: opts.batch,
+                loops: None,
+                duration: Some(Duration::from_secs_f64(opts.seconds)),
+                warmup: Some(Duration::from_secs_f64((opts.seconds / 4.0).min(0.5))),
+                ..RunConfig::default()
+            };
+            let rep = run(&rc, &spec, trace.clone(), Output::Discard).map_err(|e| e.to_string())?;
+            rows.push(row(&rep));
+        }
+        Ok(rows)
+    };
+    let rows = crate::reps::settle(crate::reps::repeat(opts.reps, round, |r| Some(r.mpps))?, |r| {
+        (&mut r.trust, &mut r.spread)
+    });
     Ok(IoBenchReport {
         packets: opts.packets,
         flows: opts.flows,
@@ -125,9 +141,21 @@ impl fmt::Display for IoBenchReport {
             self.packets,
             self.replay_bytes as f64 / (1 << 20) as f64
         )?;
-        writeln!(f, "{:<24} {:>10} {:>12} {:>14}", "chain", "Mpps", "cycles/pkt", "p50 batch ns")?;
+        writeln!(f, "{:<24} {:>10} {:>13} {:>12} {:>14}", "chain", "Mpps", "min-max", "cycles/pkt", "p50 batch ns")?;
         for r in &self.rows {
-            writeln!(f, "{:<24} {:>10.2} {:>12.1} {:>14.0}", r.chain, r.mpps, r.cycles_per_packet, r.p50_batch_ns)?;
+            writeln!(
+                f,
+                "{:<24} {:>10.2} {:>13} {:>12.1} {:>14.0}{}",
+                r.chain,
+                r.mpps,
+                r.spread.as_ref().map_or("-".to_string(), |x| x.cell(2)),
+                r.cycles_per_packet,
+                r.p50_batch_ns,
+                r.trust.cell()
+            )?;
+        }
+        if let Some(n) = crate::reps::footnote(self.rows.iter().map(|r| &r.trust)) {
+            writeln!(f, "{n}")?;
         }
         Ok(())
     }

@@ -11,6 +11,8 @@ pub mod pages;
 pub mod parse;
 pub mod pipeline;
 mod plot;
+pub use plot::{set_footer, sweep_png, SweepPoint, SweepSeries};
+pub mod reps;
 pub mod scaling;
 pub mod scr;
 pub mod table;

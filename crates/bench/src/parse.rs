@@ -50,18 +50,22 @@ pub struct ParseBenchOptions {
     pub millions: f64,
     /// Smaller DRAM set (CI smoke run; pair with a small `millions`).
     pub quick: bool,
+    /// Seconds per measurement instead of `millions` packets (the run length every suite takes).
+    pub seconds: Option<f64>,
+    /// Rounds over every measurement (`--reps`): each row's parse+crc figure is the median round's, with min and max.
+    pub reps: usize,
 }
 
 impl Default for ParseBenchOptions {
     fn default() -> Self {
-        ParseBenchOptions { millions: 20.0, quick: false }
+        ParseBenchOptions { millions: 20.0, quick: false, seconds: None, reps: 1 }
     }
 }
 
 impl ParseBenchOptions {
     /// Small and short, for CI smoke runs (well under 2 s in release builds).
     pub fn quick() -> Self {
-        ParseBenchOptions { millions: 0.1, quick: true }
+        ParseBenchOptions { millions: 0.1, quick: true, seconds: None, reps: 1 }
     }
 
     /// Packets per measurement, rounded up to whole blocks; NaN, infinite or
@@ -131,6 +135,8 @@ pub struct Cost {
     pub min: f64,
     /// Median block.
     pub median: f64,
+    /// Items timed.
+    pub items: u64,
 }
 
 /// One (frame kind, set) row.
@@ -156,6 +162,10 @@ pub struct ParseRow {
     pub crc: Cost,
     /// `toeplitz.min / crc.min`.
     pub toeplitz_over_crc: f64,
+    /// `parse_hash.min` over `--reps` rounds (None with one).
+    pub spread: Option<crate::reps::Spread>,
+    /// The packets `parse_hash` rests on and why not to quote it ([`flowplane_engine::trust`]).
+    pub trust: crate::reps::Trust,
 }
 
 /// The benchmark's result.
@@ -173,31 +183,42 @@ pub struct ParseReport {
     pub rows: Vec<ParseRow>,
 }
 
-/// Runs every measurement: 4 frame kinds x 3 sets x 4 costs.
+/// Runs every measurement (4 frame kinds x 3 sets x 4 costs), `opts.reps` rounds over.
 pub fn run_parse(opts: &ParseBenchOptions) -> ParseReport {
     let total = opts.packets();
+    // With `seconds`, each measurement runs whole blocks until its time is up (at least one block).
+    let ticks = opts.seconds.filter(|s| s.is_finite() && *s > 0.0).map(|s| (s * hz()) as u64);
+    let total = if ticks.is_some() { u64::MAX } else { total };
     let dram = if opts.quick { DRAM_FRAMES_QUICK } else { DRAM_FRAMES };
     let rss = Toeplitz::new(&MICROSOFT_KEY);
-    let mut rows = Vec::with_capacity(FrameKind::ALL.len() * 3);
-    for kind in FrameKind::ALL {
-        for (set, n) in [(SetLevel::L1, L1_FRAMES), (SetLevel::L2, L2_FRAMES), (SetLevel::Dram, dram)] {
-            rows.push(measure_set(kind, set, n, total, &rss));
+    let round = |_: usize| {
+        let mut rows = Vec::with_capacity(FrameKind::ALL.len() * 3);
+        for kind in FrameKind::ALL {
+            for (set, n) in [(SetLevel::L1, L1_FRAMES), (SetLevel::L2, L2_FRAMES), (SetLevel::Dram, dram)] {
+                rows.push(measure_set(kind, set, n, total, ticks, &rss));
+            }
         }
-    }
-    ParseReport { tsc_ghz: hz() / 1e9, packets: total, block: BLOCK, quick: opts.quick, rows }
+        Ok::<_, String>(rows)
+    };
+    // Every round measures the same rows: `repeat` cannot fail here.
+    let merged = crate::reps::repeat(opts.reps, round, |r: &ParseRow| Some(r.parse_hash.min)).unwrap_or_default();
+    let rows: Vec<ParseRow> = crate::reps::settle(merged, |r| (&mut r.trust, &mut r.spread));
+    // Timed by seconds: the packets of the first measurement (each measurement timed as many as fit).
+    let packets = if ticks.is_some() { rows.first().map_or(0, |r| r.parse_hash.items) } else { total };
+    ParseReport { tsc_ghz: hz() / 1e9, packets, block: BLOCK, quick: opts.quick, rows }
 }
 
-fn measure_set(kind: FrameKind, set: SetLevel, n: usize, total: u64, rss: &Toeplitz) -> ParseRow {
+fn measure_set(kind: FrameKind, set: SetLevel, n: usize, total: u64, ticks: Option<u64>, rss: &Toeplitz) -> ParseRow {
     let buf = frames(n, kind);
     // One slice per frame, like the pointer array of a batch.
     let pkts: Vec<&[u8]> = buf.chunks_exact(FRAME).collect();
-    let parse_hash = blocks(&pkts, total, |f| match extract_five_tuple(f) {
+    let parse_hash = blocks(&pkts, total, ticks, |f| match extract_five_tuple(f) {
         Ok(t) => hash_key(&t, SEED) as u64,
         Err(_) => 0,
     });
     // Reused across packets, as the executor's per-batch metadata array is.
     let mut meta = PktMeta::default();
-    let pktmeta_hash64 = blocks(&pkts, total, |f| {
+    let pktmeta_hash64 = blocks(&pkts, total, ticks, |f| {
         meta.parse_into(f);
         if meta.valid {
             hash_key64(&meta.tuple, SEED)
@@ -216,8 +237,8 @@ fn measure_set(kind: FrameKind, set: SetLevel, n: usize, total: u64, rss: &Toepl
             })
         })
         .collect();
-    let toeplitz = blocks(&tuples, total, |t| rss.hash_five_tuple(t) as u64);
-    let crc = blocks(&tuples, total, |t| hash_key(t, SEED) as u64);
+    let toeplitz = blocks(&tuples, total, ticks, |t| rss.hash_five_tuple(t) as u64);
+    let crc = blocks(&tuples, total, ticks, |t| hash_key(t, SEED) as u64);
     ParseRow {
         kind,
         set,
@@ -229,22 +250,26 @@ fn measure_set(kind: FrameKind, set: SetLevel, n: usize, total: u64, rss: &Toepl
         toeplitz,
         crc,
         toeplitz_over_crc: toeplitz.min / crc.min,
+        spread: None,
+        trust: crate::reps::Trust::of_ops(hz() / parse_hash.min / 1e6, parse_hash.items, "packets"),
     }
 }
 
 /// (min, median) TSC ticks per item over blocks of up to [`BLOCK`] items,
-/// cycling through `items` until `total` items are done.
-fn blocks<T>(items: &[T], total: u64, mut body: impl FnMut(&T) -> u64) -> Cost {
+/// cycling through `items` until `total` items are done (or, with `ticks`,
+/// until that many TSC ticks have passed); returns the items timed too.
+fn blocks<T>(items: &[T], total: u64, ticks: Option<u64>, mut body: impl FnMut(&T) -> u64) -> Cost {
     let mut acc = 0u64;
     // Warm-up: page faults, caches, branch predictors.
     for it in items {
         acc ^= body(it);
     }
     let per_block = BLOCK.min(items.len()).max(1);
-    let mut samples = Vec::with_capacity((total / per_block as u64) as usize + 1);
+    let mut samples = Vec::with_capacity((total.min(1 << 30) / per_block as u64) as usize + 1);
     let mut done = 0u64;
     let mut cycle = items.iter().cycle();
-    while done < total && !items.is_empty() {
+    let deadline = ticks.map(|t| rdtsc().saturating_add(t));
+    while done < total && !items.is_empty() && !(done > 0 && deadline.is_some_and(|d| rdtsc() >= d)) {
         let start = rdtsc();
         for it in cycle.by_ref().take(per_block) {
             acc = acc.wrapping_add(body(black_box(it)));
@@ -257,6 +282,7 @@ fn blocks<T>(items: &[T], total: u64, mut body: impl FnMut(&T) -> u64) -> Cost {
     Cost {
         min: samples.first().copied().unwrap_or(0.0),
         median: samples.get(samples.len() / 2).copied().unwrap_or(0.0),
+        items: done,
     }
 }
 
@@ -325,18 +351,19 @@ impl fmt::Display for ParseReport {
         )?;
         writeln!(
             f,
-            "{:<6} {:<14} {:>17} {:>9} {:>17} {:>15} {:>15} {:>8}",
-            "frames", "set", "parse+crc", "Mpps@min", "PktMeta+hash64", "toeplitz", "crc alone", "toe/crc"
+            "{:<6} {:<14} {:>17} {:>13} {:>9} {:>17} {:>15} {:>15} {:>8}",
+            "frames", "set", "parse+crc", "min-max", "Mpps@min", "PktMeta+hash64", "toeplitz", "crc alone", "toe/crc"
         )?;
         for r in &self.rows {
             let set = format!("{} ({})", r.set.name(), r.set_frames);
             writeln!(
                 f,
-                "{:<6} {:<14} {:>7.2} / {:>7.2} {:>9.1} {:>7.2} / {:>7.2} {:>6.2} / {:>6.2} {:>6.2} / {:>6.2} {:>8.2}",
+                "{:<6} {:<14} {:>7.2} / {:>7.2} {:>13} {:>9.1} {:>7.2} / {:>7.2} {:>6.2} / {:>6.2} {:>6.2} / {:>6.2} {:>8.2}{}",
                 r.kind.name(),
                 set,
                 r.parse_hash.min,
                 r.parse_hash.median,
+                r.spread.as_ref().map_or("-".to_string(), |x| x.cell(2)),
                 r.parse_hash_mpps,
                 r.pktmeta_hash64.min,
                 r.pktmeta_hash64.median,
@@ -344,8 +371,12 @@ impl fmt::Display for ParseReport {
                 r.toeplitz.median,
                 r.crc.min,
                 r.crc.median,
-                r.toeplitz_over_crc
+                r.toeplitz_over_crc,
+                r.trust.cell()
             )?;
+        }
+        if let Some(n) = crate::reps::footnote(self.rows.iter().map(|r| &r.trust)) {
+            writeln!(f, "{n}")?;
         }
         let invalid: usize = self.rows.iter().map(|r| r.invalid_frames).sum();
         if invalid > 0 {
@@ -380,7 +411,7 @@ mod tests {
 
     #[test]
     fn packets_round_up_to_blocks_and_survive_bad_input() {
-        let p = |millions| ParseBenchOptions { millions, quick: true }.packets();
+        let p = |millions| ParseBenchOptions { millions, quick: true, seconds: None, reps: 1 }.packets();
         assert_eq!(p(f64::NAN), BLOCK as u64);
         assert_eq!(p(-1.0), BLOCK as u64);
         assert_eq!(p(f64::INFINITY), BLOCK as u64);

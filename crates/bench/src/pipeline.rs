@@ -40,6 +40,8 @@ pub struct PipelineOptions {
     pub synthetic_k: Vec<u32>,
     /// Which experiments (empty: all): flows, chains, executors, prefetch, synthetic, aux, ipfix.
     pub only: Vec<String>,
+    /// Rounds over the experiments (`--reps`): each row's figure is the median, with min and max.
+    pub reps: usize,
     /// Run the rows in the opposite order (a check: the figures must not depend on it).
     pub reverse: bool,
     /// Seconds of warm-up before each measurement (default: half the
@@ -56,6 +58,7 @@ impl Default for PipelineOptions {
             batch: 64,
             synthetic_k: vec![1, 2, 4, 8],
             only: Vec::new(),
+            reps: 1,
             reverse: false,
             warmup: None,
         }
@@ -72,6 +75,7 @@ impl PipelineOptions {
             batch: 64,
             synthetic_k: vec![1, 2],
             only: Vec::new(),
+            reps: 1,
             reverse: false,
             warmup: None,
         }
@@ -117,10 +121,14 @@ pub struct PipelineRow {
     /// `ipfix` with export on: records lost (a full queue).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ipfix_lost: Option<u64>,
+    /// `mpps` over `--reps` rounds (None with one).
+    pub spread: Option<crate::reps::Spread>,
+    /// What the figure rests on and why not to quote it ([`flowplane_engine::trust`]).
+    pub trust: crate::reps::Trust,
 }
 
 /// What one run measured.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Measured {
     pub(crate) mpps: f64,
     pub(crate) cycles_per_packet: f64,
@@ -128,6 +136,7 @@ pub(crate) struct Measured {
     pub(crate) cpu_share: f64,
     /// IPFIX export on: records exported per second of wall time, records lost.
     pub(crate) ipfix: Option<(f64, u64)>,
+    pub(crate) trust: crate::reps::Trust,
 }
 
 /// CPU time of the whole process, in ns (0 if unavailable).
@@ -254,6 +263,7 @@ impl Measure<'_> {
             huge_pages: pages.and_then(|p| p.fraction()),
             cpu_share,
             ipfix: r.ipfix.as_ref().map(|x| (if secs > 0.0 { x.flow_records as f64 / secs } else { 0.0 }, x.lost)),
+            trust: r.trust.clone(),
         })
     }
 }
@@ -287,8 +297,17 @@ impl Job {
     }
 }
 
-/// Runs the experiments.
+/// Runs the experiments `opts.reps` rounds over: each row's figure is the median round's, with min and max;
+/// ratios are taken between the medians.
 pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
+    let merged = crate::reps::repeat(opts.reps, |_| once(opts), |r| Some(r.mpps))?;
+    let mut rows: Vec<PipelineRow> = crate::reps::settle(merged, |r| (&mut r.trust, &mut r.spread));
+    fill_ratios(&mut rows);
+    Ok(PipelineReport { rows })
+}
+
+/// One round of the experiments (ratios are filled in by [`run_pipeline`]).
+fn once(opts: &PipelineOptions) -> Result<Vec<PipelineRow>, String> {
     let m = Measure { opts };
     let job = |experiment, variant: String, chain: &str, kind, prefetch, flows| Job {
         experiment,
@@ -385,7 +404,7 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
         // Free the traces no later row needs (they are large at 4M flows).
         traces.retain(|(f, _)| order[n + 1..].iter().any(|&k| jobs[k].flows == *f));
     }
-    let mut rows: Vec<PipelineRow> = jobs
+    let rows: Vec<PipelineRow> = jobs
         .iter()
         .zip(measured)
         .filter_map(|(j, r)| {
@@ -405,11 +424,12 @@ pub fn run_pipeline(opts: &PipelineOptions) -> Result<PipelineReport, String> {
                 cpu_share: r.cpu_share,
                 ipfix_records_per_s: r.ipfix.map(|x| x.0),
                 ipfix_lost: r.ipfix.map(|x| x.1),
+                spread: None,
+                trust: r.trust,
             })
         })
         .collect();
-    fill_ratios(&mut rows);
-    Ok(PipelineReport { rows })
+    Ok(rows)
 }
 
 /// Ratios within each experiment: flows vs the smallest flow count, chains vs
@@ -440,11 +460,11 @@ impl PipelineReport {
     /// CSV with a header line.
     pub fn to_csv(&self) -> String {
         let mut s = String::from(
-            "experiment,variant,chain,exec,prefetch,flows,mpps,cycles_per_packet,ratio,ratio_to,huge_pages,cpu_share\n",
+            "experiment,variant,chain,exec,prefetch,flows,mpps,cycles_per_packet,ratio,ratio_to,huge_pages,cpu_share,mpps_min,mpps_max,flags\n",
         );
         for r in &self.rows {
             s.push_str(&format!(
-                "{},{},\"{}\",{},{},{},{:.3},{:.1},{:.3},{},{},{:.3}\n",
+                "{},{},\"{}\",{},{},{},{:.3},{:.1},{:.3},{},{},{:.3},{},{},\"{}\"\n",
                 r.experiment,
                 r.variant,
                 r.chain,
@@ -456,7 +476,10 @@ impl PipelineReport {
                 r.ratio,
                 r.ratio_to,
                 r.huge_pages.map_or(String::new(), |h| format!("{h:.3}")),
-                r.cpu_share
+                r.cpu_share,
+                r.spread.as_ref().map_or(String::new(), |x| format!("{:.3}", x.min)),
+                r.spread.as_ref().map_or(String::new(), |x| format!("{:.3}", x.max)),
+                r.trust.flags.join("; ").replace('"', "'")
             ));
         }
         s
@@ -468,23 +491,25 @@ impl fmt::Display for PipelineReport {
         writeln!(f, "pipeline: 1 core, in-memory replay, 64-B packets, uniformly random flow order")?;
         writeln!(
             f,
-            "{:<10} {:<22} {:<40} {:>8} {:>11} {:>8} {:>6} {:>5}  vs",
-            "experiment", "variant", "chain", "Mpps", "cycles/pkt", "ratio", "huge%", "cpu%"
+            "{:<10} {:<22} {:<40} {:>8} {:>13} {:>11} {:>8} {:>6} {:>5}  vs",
+            "experiment", "variant", "chain", "Mpps", "min-max", "cycles/pkt", "ratio", "huge%", "cpu%"
         )?;
         for r in &self.rows {
             let huge = r.huge_pages.map_or_else(|| "-".to_string(), |h| format!("{:.0}%", h * 100.0));
             writeln!(
                 f,
-                "{:<10} {:<22} {:<40} {:>8.2} {:>11.1} {:>8.2} {:>6} {:>4.0}%  {}",
+                "{:<10} {:<22} {:<40} {:>8.2} {:>13} {:>11.1} {:>8.2} {:>6} {:>4.0}%  {}{}",
                 r.experiment,
                 r.variant,
                 r.chain,
                 r.mpps,
+                r.spread.as_ref().map_or("-".to_string(), |x| x.cell(2)),
                 r.cycles_per_packet,
                 r.ratio,
                 huge,
                 r.cpu_share * 100.0,
-                r.ratio_to
+                r.ratio_to,
+                r.trust.cell()
             )?;
         }
         // Issue 34's two figures, spelled out: the data path's cost of export, and the exporter's rate.
@@ -499,6 +524,9 @@ impl fmt::Display for PipelineReport {
                 on.ipfix_records_per_s.unwrap_or(0.0),
                 on.ipfix_lost.unwrap_or(0)
             )?;
+        }
+        if let Some(n) = crate::reps::footnote(self.rows.iter().map(|r| &r.trust)) {
+            writeln!(f, "{n}")?;
         }
         Ok(())
     }

@@ -16,8 +16,9 @@ use flowplane_engine::runner::{prepare, run_prepared, Input, Output};
 use flowplane_engine::spec;
 use flowplane_engine::RunConfig;
 use flowplane_trace::gen::{FlowDist, GenConfig, Generator, Proto};
-use plotters::prelude::*;
 use serde::Serialize;
+
+use crate::reps::{Spread, Trust};
 
 /// The chains measured: (name, spec, TCP both ways).
 pub const CHAINS: &[(&str, &str, bool)] =
@@ -45,6 +46,8 @@ pub struct ScalingOptions {
     pub strategies: Vec<String>,
     /// Control period of rsspp.
     pub period: Duration,
+    /// Rounds over the whole matrix (`--reps`): each row's figure is the median, with min and max.
+    pub reps: usize,
 }
 
 impl ScalingOptions {
@@ -59,6 +62,7 @@ impl ScalingOptions {
             traffic: TRAFFIC.iter().map(|t| t.to_string()).collect(),
             strategies: vec!["rss".into(), "shared".into(), "rsspp".into()],
             period: Duration::from_millis(100),
+            reps: 1,
         }
     }
 }
@@ -86,6 +90,10 @@ pub struct Row {
     pub moves: u64,
     /// Why the runtime refused the configuration.
     pub refused: Option<String>,
+    /// `mpps` over the repetitions (None with one, or when refused in one).
+    pub spread: Option<Spread>,
+    /// What the figure rests on and why not to quote it ([`flowplane_engine::trust`]).
+    pub trust: Trust,
 }
 
 fn traffic(name: &str, o: &ScalingOptions, tcp: bool) -> Result<GenConfig, String> {
@@ -106,8 +114,31 @@ fn traffic(name: &str, o: &ScalingOptions, tcp: bool) -> Result<GenConfig, Strin
     })
 }
 
-/// Runs the experiment; `progress` sees every row as it is measured.
+/// Runs the experiment `o.reps` times over; `progress` sees every row as
+/// it is measured. Each row's figure is the median round's; ratios are
+/// taken between the medians.
 pub fn run_scaling(o: &ScalingOptions, mut progress: impl FnMut(&Row)) -> Result<Vec<Row>, String> {
+    let merged = crate::reps::repeat(o.reps, |_| once(o, &mut progress), |r| r.mpps)?;
+    let mut rows: Vec<Row> = crate::reps::settle(merged, |r| (&mut r.trust, &mut r.spread));
+    let snapshot = rows.clone();
+    for r in rows.iter_mut() {
+        let base = snapshot
+            .iter()
+            .find(|b| b.chain == r.chain && b.traffic == r.traffic && b.strategy == r.strategy && b.cores == 1);
+        r.ratio = match (r.mpps, base.and_then(|b| b.mpps)) {
+            (Some(m), Some(b)) if b > 0.0 => Some(m / b),
+            _ => None,
+        };
+        // The one-core row is its own base: its own flags say it all.
+        if r.refused.is_none() && r.cores > 1 {
+            r.trust.speedup(r.ratio, r.cores, base.is_some_and(|b| b.trust.ok()));
+        }
+    }
+    Ok(rows)
+}
+
+/// One round over the matrix.
+fn once(o: &ScalingOptions, progress: &mut impl FnMut(&Row)) -> Result<Vec<Row>, String> {
     let real = flowplane_io::cpu::available_cores().clamp(1, 2);
     let mut rows = Vec::new();
     for cname in &o.chains {
@@ -117,7 +148,6 @@ pub fn run_scaling(o: &ScalingOptions, mut progress: impl FnMut(&Row)) -> Result
         for t in &o.traffic {
             let gen = traffic(t, o, tcp)?;
             for s in &o.strategies {
-                let mut one: Option<f64> = None;
                 for &n in &o.cores {
                     let projected = n > real;
                     let cfg = RunConfig {
@@ -147,6 +177,8 @@ pub fn run_scaling(o: &ScalingOptions, mut progress: impl FnMut(&Row)) -> Result
                         imbalance: None,
                         moves: 0,
                         refused: None,
+                        spread: None,
+                        trust: Trust::default(),
                     };
                     let g = Generator::new(gen.clone()).map_err(|e| e.to_string())?;
                     match prepare(&cfg, &spec, Input::Generated(Box::new(g)), false)
@@ -155,11 +187,8 @@ pub fn run_scaling(o: &ScalingOptions, mut progress: impl FnMut(&Row)) -> Result
                         Ok(r) => {
                             let sc = r.scale.as_ref();
                             let m = if projected { sc.and_then(|s| s.projected_mpps).unwrap_or(0.0) } else { r.mpps };
-                            if n == 1 {
-                                one = Some(m);
-                            }
                             row.mpps = Some(m);
-                            row.ratio = one.filter(|&b| b > 0.0).map(|b| m / b);
+                            row.trust = r.trust.clone();
                             row.imbalance = sc.map(|s| s.imbalance_settled);
                             row.moves = sc.map_or(0, |s| s.moves);
                         }
@@ -177,8 +206,8 @@ pub fn run_scaling(o: &ScalingOptions, mut progress: impl FnMut(&Row)) -> Result
 /// The table, one line per row.
 pub fn table(rows: &[Row]) -> String {
     let mut s = format!(
-        "{:<11} {:<10} {:<7} {:>5} {:>10} {:>7} {:>10} {:>6}\n",
-        "chain", "traffic", "scale", "cores", "Mpps", "x1core", "imbalance", "moves"
+        "{:<11} {:<10} {:<7} {:>5} {:>10} {:>13} {:>7} {:>10} {:>6}\n",
+        "chain", "traffic", "scale", "cores", "Mpps", "min-max", "x1core", "imbalance", "moves"
     );
     for r in rows {
         let cores = if r.projected { format!("{}p", r.cores) } else { r.cores.to_string() };
@@ -188,25 +217,32 @@ pub fn table(rows: &[Row]) -> String {
                 r.chain, r.traffic, r.strategy, cores, e
             )),
             (None, m) => s.push_str(&format!(
-                "{:<11} {:<10} {:<7} {:>5} {:>10.2} {:>7} {:>9.1}% {:>6}\n",
+                "{:<11} {:<10} {:<7} {:>5} {:>10.2} {:>13} {:>7} {:>9.1}% {:>6}{}\n",
                 r.chain,
                 r.traffic,
                 r.strategy,
                 cores,
                 m.unwrap_or(0.0),
+                r.spread.as_ref().map_or("-".to_string(), |x| x.cell(2)),
                 r.ratio.map_or("-".to_string(), |x| format!("{x:.2}")),
                 r.imbalance.unwrap_or(0.0) * 100.0,
-                r.moves
+                r.moves,
+                r.trust.cell()
             )),
         }
     }
-    s.push_str("(Np: projected from N logical workers taking turns on the real cores; imbalance: (busiest - least busy) / busiest per 100 ms window)\n");
+    s.push_str("(Np: projected from N logical workers taking turns on the real cores; Mpps: the median of --reps rounds, min-max over them; imbalance: (busiest - least busy) / busiest per 100 ms window)\n");
+    if let Some(n) = crate::reps::footnote(rows.iter().map(|r| &r.trust)) {
+        s.push_str(&n);
+        s.push('\n');
+    }
     s
 }
 
-/// Writes one PNG per chain into `dir` (throughput against cores, one line
-/// per traffic and strategy); returns the files written.
+/// Writes one PNG per chain into `dir` (Mpps and speed-up against cores, one line per traffic and strategy; see
+/// [`crate::plot::cores_png`]); returns the files written.
 pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
+    use crate::plot::{CorePoint, CoreSeries};
     let text = crate::plot::register_font();
     let mut out = Vec::new();
     let mut chains: Vec<&str> = rows.iter().map(|r| r.chain.as_str()).collect();
@@ -214,47 +250,30 @@ pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
     for c in chains {
         let path = dir.join(format!("scaling-{c}.png"));
         let mine: Vec<&Row> = rows.iter().filter(|r| r.chain == c && r.mpps.is_some()).collect();
-        let xmax = mine.iter().map(|r| r.cores).max().unwrap_or(1).max(2) as f64;
-        let ymax = mine.iter().filter_map(|r| r.mpps).fold(1.0f64, f64::max) * 1.1;
-        let root = BitMapBackend::new(&path, (1000, 640)).into_drawing_area();
-        let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-        root.fill(&WHITE).map_err(|e| err(&e))?;
-        let mut b = ChartBuilder::on(&root);
-        b.margin(20);
-        if text {
-            b.caption(format!("{c}: throughput vs cores (>2: projected)"), ("sans-serif", 22))
-                .x_label_area_size(40)
-                .y_label_area_size(60);
-        }
-        let mut chart = b.build_cartesian_2d(1.0f64..xmax, 0.0f64..ymax).map_err(|e| err(&e))?;
-        if text {
-            chart.configure_mesh().x_desc("cores").y_desc("Mpps").draw().map_err(|e| err(&e))?;
-        } else {
-            chart.configure_mesh().disable_x_mesh().disable_y_mesh().draw().map_err(|e| err(&e))?;
-        }
-        let mut series: Vec<(&str, &str)> = mine.iter().map(|r| (r.traffic.as_str(), r.strategy.as_str())).collect();
-        series.sort();
-        series.dedup();
-        for (i, (t, s)) in series.iter().enumerate() {
-            let pts: Vec<(f64, f64)> = mine
-                .iter()
-                .filter(|r| r.traffic == *t && r.strategy == *s)
-                .map(|r| (r.cores as f64, r.mpps.unwrap_or(0.0)))
-                .collect();
-            let color = Palette99::pick(i).to_rgba();
-            let line = chart.draw_series(LineSeries::new(pts, color.stroke_width(2))).map_err(|e| err(&e))?;
-            if text {
-                line.label(format!("{t} / {s}"))
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
-            }
-        }
-        if text {
-            crate::plot::legend(&mut chart, SeriesLabelPosition::UpperLeft).map_err(|e| err(&e))?;
-        }
-        root.present().map_err(|e| err(&e))?;
-        drop(chart);
-        drop(root);
-        out.push(path.clone());
+        let mut keys: Vec<(&str, &str)> = mine.iter().map(|r| (r.traffic.as_str(), r.strategy.as_str())).collect();
+        keys.sort();
+        keys.dedup();
+        let series: Vec<CoreSeries> = keys
+            .iter()
+            .map(|(t, s)| CoreSeries {
+                label: format!("{t} / {s}"),
+                points: mine
+                    .iter()
+                    .filter(|r| r.traffic == *t && r.strategy == *s)
+                    .map(|r| CorePoint {
+                        cores: r.cores as u32,
+                        mpps: r.mpps.unwrap_or(0.0),
+                        speedup: r.ratio,
+                        projected: r.projected,
+                        ok: r.trust.ok(),
+                        bar: r.spread.as_ref().map(|x| (x.min, x.max)),
+                    })
+                    .collect(),
+            })
+            .collect();
+        let note = crate::plot::flagged_note(mine.iter().any(|r| !r.trust.ok()));
+        crate::plot::cores_png(&path, &format!("{c}: throughput vs cores{note}"), &series, text)?;
+        out.push(path);
     }
     Ok(out)
 }
@@ -274,6 +293,7 @@ mod tests {
             traffic: vec!["zipf".into()],
             strategies: vec!["rss".into(), "shared".into()],
             period: Duration::from_millis(20),
+            reps: 2,
         };
         let rows = run_scaling(&o, |_| {}).unwrap();
         assert_eq!(rows.len(), 2 * 2 * 3);
@@ -285,6 +305,12 @@ mod tests {
         assert!(get("nat", "shared", 2).refused.as_deref().unwrap().contains("nat"));
         assert!(get("nat", "rss", 2).mpps.is_some(), "nat runs on 2 cores under rss");
         assert!(table(&rows).contains("refused"));
+        // Two rounds: every measured row has its spread; 4 logical workers sharing 0.1 s each work a quarter of it.
+        let measured = get("srcctr-fsc", "rss", 4);
+        let sp = measured.spread.as_ref().unwrap();
+        assert!(sp.reps == 2 && sp.min <= sp.median && sp.median <= sp.max && measured.mpps == Some(sp.median));
+        assert!(measured.trust.flags.iter().any(|f| f.starts_with("short")), "{measured:?}");
+        assert!(table(&rows).contains("NOT TO BE QUOTED"));
         let dir = std::env::temp_dir().join(format!("fp-scaling-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let files = plot(&rows, &dir).unwrap();

@@ -118,6 +118,8 @@ pub struct UpfBenchOptions {
     pub amf_ues: u32,
     /// `amf` modes (`rtc`, `all`, `staged`).
     pub amf_modes: Vec<String>,
+    /// Rounds over every row (`--reps`): each row's figure is the median, with min and max.
+    pub reps: usize,
 }
 
 impl Default for UpfBenchOptions {
@@ -134,6 +136,7 @@ impl Default for UpfBenchOptions {
             batch: 64,
             amf_ues: 1 << 17,
             amf_modes: vec!["rtc".into(), "all".into(), "staged".into()],
+            reps: 1,
         }
     }
 }
@@ -175,6 +178,10 @@ pub struct UpfRow {
     pub vs_rtc: Option<f64>,
     /// Staged mode: TSC cycles per packet of each pass (parse, probe, lookup, classify, prepare, act).
     pub passes: Vec<(String, f64)>,
+    /// `mpps` over `--reps` rounds (None with one).
+    pub spread: Option<crate::reps::Spread>,
+    /// What the figure rests on and why not to quote it ([`flowplane_engine::trust`]).
+    pub trust: crate::reps::Trust,
 }
 
 /// One `amf` measurement.
@@ -194,6 +201,10 @@ pub struct AmfRow {
     pub dropped: f64,
     /// Throughput relative to the `rtc` mode row of the same executor.
     pub vs_rtc: Option<f64>,
+    /// `mpps` over `--reps` rounds (None with one).
+    pub spread: Option<crate::reps::Spread>,
+    /// What the figure rests on and why not to quote it ([`flowplane_engine::trust`]).
+    pub trust: crate::reps::Trust,
 }
 
 /// Every row.
@@ -236,8 +247,41 @@ fn one_core(o: &UpfBenchOptions, kind: ExecKind) -> RunConfig {
     }
 }
 
-/// Runs the UPF benchmark.
+/// Runs the UPF benchmark `o.reps` rounds over: each row's figure is the
+/// median round's, with min and max; `vs_rtc` compares the medians.
 pub fn run_upf(o: &UpfBenchOptions) -> Result<UpfReport, String> {
+    let mut amf_rounds: Vec<Vec<AmfRow>> = Vec::new();
+    let rows = crate::reps::repeat(
+        o.reps,
+        |_| {
+            let (rows, amf) = once(o)?;
+            amf_rounds.push(amf);
+            Ok(rows)
+        },
+        |r| Some(r.mpps),
+    )?;
+    let mut rounds = amf_rounds.into_iter();
+    let amf = crate::reps::repeat(o.reps, |_| Ok(rounds.next().unwrap_or_default()), |r| Some(r.mpps))?;
+    let mut rows: Vec<UpfRow> = crate::reps::settle(rows, |r| (&mut r.trust, &mut r.spread));
+    let mut amf: Vec<AmfRow> = crate::reps::settle(amf, |r| (&mut r.trust, &mut r.spread));
+    let base: Vec<(u32, &'static str, String, f64)> =
+        rows.iter().filter(|r| r.mode == "rtc").map(|r| (r.pdrs, r.dir, r.exec.clone(), r.mpps)).collect();
+    for r in &mut rows {
+        r.vs_rtc = base
+            .iter()
+            .find(|b| b.0 == r.pdrs && b.1 == r.dir && b.2 == r.exec)
+            .filter(|b| b.3 > 0.0)
+            .map(|b| r.mpps / b.3);
+    }
+    let base: Vec<(String, f64)> = amf.iter().filter(|r| r.mode == "rtc").map(|r| (r.exec.clone(), r.mpps)).collect();
+    for r in &mut amf {
+        r.vs_rtc = base.iter().find(|b| b.0 == r.exec).filter(|b| b.1 > 0.0).map(|b| r.mpps / b.1);
+    }
+    Ok(UpfReport { rows, amf })
+}
+
+/// One round: the UPF rows and the `amf` rows (ratios are filled in by [`run_upf`]).
+fn once(o: &UpfBenchOptions) -> Result<(Vec<UpfRow>, Vec<AmfRow>), String> {
     let execs: Vec<ExecKind> = if o.execs.is_empty() {
         ExecKind::all().collect()
     } else {
@@ -293,6 +337,8 @@ pub fn run_upf(o: &UpfBenchOptions) -> Result<UpfReport, String> {
                         forwarded,
                         vs_rtc: None,
                         passes,
+                        spread: None,
+                        trust: r.trust.clone(),
                     });
                 }
             }
@@ -300,16 +346,7 @@ pub fn run_upf(o: &UpfBenchOptions) -> Result<UpfReport, String> {
         drop(ctl);
     }
     let amf = run_amf(o, &execs)?;
-    let base: Vec<(u32, &'static str, String, f64)> =
-        rows.iter().filter(|r| r.mode == "rtc").map(|r| (r.pdrs, r.dir, r.exec.clone(), r.mpps)).collect();
-    for r in &mut rows {
-        r.vs_rtc = base
-            .iter()
-            .find(|b| b.0 == r.pdrs && b.1 == r.dir && b.2 == r.exec)
-            .filter(|b| b.3 > 0.0)
-            .map(|b| r.mpps / b.3);
-    }
-    Ok(UpfReport { rows, amf })
+    Ok((rows, amf))
 }
 
 /// The `amf` rows: `o.amf_ues` UEs, one UE per flow of a generated AMF
@@ -346,12 +383,10 @@ fn run_amf(o: &UpfBenchOptions, execs: &[ExecKind]) -> Result<Vec<AmfRow>, Strin
                 cycles_per_packet: r.cycles_per_packet,
                 dropped,
                 vs_rtc: None,
+                spread: None,
+                trust: r.trust.clone(),
             });
         }
-    }
-    let base: Vec<(String, f64)> = rows.iter().filter(|r| r.mode == "rtc").map(|r| (r.exec.clone(), r.mpps)).collect();
-    for r in &mut rows {
-        r.vs_rtc = base.iter().find(|b| b.0 == r.exec).filter(|b| b.1 > 0.0).map(|b| r.mpps / b.1);
     }
     Ok(rows)
 }
@@ -368,11 +403,19 @@ impl UpfReport {
         let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
         let root = BitMapBackend::new(path, (1600, 800)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| err(&e))?;
+        crate::plot::footer(&root, true).map_err(|e| err(&e))?;
+        let root = root.margin(0, 20, 0, 0);
         let (left, right) = root.split_horizontally(1000);
         let pmax = self.rows.iter().map(|r| r.pdrs).max().unwrap_or(1).max(2);
         let ymax = self.rows.iter().map(|r| r.mpps).fold(1.0f64, f64::max) * 1.15;
         let mut chart = ChartBuilder::on(&left)
-            .caption("UPF, one core: Mpps vs PDRs per session", ("sans-serif", 22))
+            .caption(
+                format!(
+                    "UPF, one core: Mpps vs PDRs per session{}",
+                    crate::plot::flagged_note(self.rows.iter().any(|r| !r.trust.ok()))
+                ),
+                ("sans-serif", 22),
+            )
             .margin(16)
             .x_label_area_size(44)
             .y_label_area_size(60)
@@ -387,7 +430,7 @@ impl UpfReport {
             }
         }
         for (n, &(dir, exec, mode)) in series.iter().enumerate() {
-            let color = Palette99::pick(n).to_rgba();
+            let color = crate::plot::colour(n).to_rgba();
             let pts: Vec<(u32, f64)> = self
                 .rows
                 .iter()
@@ -397,9 +440,13 @@ impl UpfReport {
             chart
                 .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
                 .map_err(|e| err(&e))?
-                .label(format!("{dir} {exec} {mode}"))
+                .label(format!("{}, executor {exec}, UPF mode {mode}", if dir == "ul" { "uplink" } else { "downlink" }))
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(|e| err(&e))?;
+            // Flagged rows (too short or noisy to quote) are hollow.
+            let marks = self.rows.iter().filter(|r| r.dir == dir && r.exec == exec && r.mode == mode).map(|r| {
+                Circle::new((r.pdrs, r.mpps), 4, if r.trust.ok() { color.filled() } else { color.stroke_width(2) })
+            });
+            chart.draw_series(marks).map_err(|e| err(&e))?;
         }
         crate::plot::legend(&mut chart, SeriesLabelPosition::UpperRight).map_err(|e| err(&e))?;
         // AMF: one group of bars per executor, one bar per mode.
@@ -440,7 +487,7 @@ impl UpfReport {
             .draw()
             .map_err(|e| err(&e))?;
         for (m, mode) in modes.iter().enumerate() {
-            let color = Palette99::pick(m + 3).to_rgba();
+            let color = crate::plot::colour(m + 3).to_rgba();
             let rects: Vec<Rectangle<(f64, f64)>> = execs
                 .iter()
                 .enumerate()
@@ -469,23 +516,25 @@ impl fmt::Display for UpfReport {
         )?;
         writeln!(
             f,
-            "{:>8} {:>5} {:>4} {:>11} {:>7} {:>8} {:>11} {:>10} {:>7}",
-            "sessions", "pdrs", "dir", "executor", "mode", "Mpps", "cycles/pkt", "forwarded", "vs rtc"
+            "{:>8} {:>5} {:>4} {:>11} {:>7} {:>8} {:>13} {:>11} {:>10} {:>7}",
+            "sessions", "pdrs", "dir", "executor", "mode", "Mpps", "min-max", "cycles/pkt", "forwarded", "vs rtc"
         )?;
         for r in &self.rows {
             let v = r.vs_rtc.map_or("-".to_string(), |x| format!("{x:.2}x"));
             writeln!(
                 f,
-                "{:>8} {:>5} {:>4} {:>11} {:>7} {:>8.2} {:>11.1} {:>9.1}% {:>7}",
+                "{:>8} {:>5} {:>4} {:>11} {:>7} {:>8.2} {:>13} {:>11.1} {:>9.1}% {:>7}{}",
                 r.sessions,
                 r.pdrs,
                 r.dir,
                 r.exec,
                 r.mode,
                 r.mpps,
+                r.spread.as_ref().map_or("-".to_string(), |x| x.cell(2)),
                 r.cycles_per_packet,
                 r.forwarded * 100.0,
-                v
+                v,
+                r.trust.cell()
             )?;
         }
         // The headline: the best row of each PDR count and direction against
@@ -514,23 +563,30 @@ impl fmt::Display for UpfReport {
             writeln!(f, "\namf (state-heavy NF, 24-line UE contexts), one core, per executor and mode:")?;
             writeln!(
                 f,
-                "{:>8} {:>11} {:>7} {:>8} {:>11} {:>9} {:>7}",
-                "UEs", "executor", "mode", "Mpps", "cycles/pkt", "dropped", "vs rtc"
+                "{:>8} {:>11} {:>7} {:>8} {:>13} {:>11} {:>9} {:>7}",
+                "UEs", "executor", "mode", "Mpps", "min-max", "cycles/pkt", "dropped", "vs rtc"
             )?;
             for r in &self.amf {
                 let v = r.vs_rtc.map_or("-".to_string(), |x| format!("{x:.2}x"));
                 writeln!(
                     f,
-                    "{:>8} {:>11} {:>7} {:>8.2} {:>11.1} {:>8.1}% {:>7}",
+                    "{:>8} {:>11} {:>7} {:>8.2} {:>13} {:>11.1} {:>8.1}% {:>7}{}",
                     r.ues,
                     r.exec,
                     r.mode,
                     r.mpps,
+                    r.spread.as_ref().map_or("-".to_string(), |x| x.cell(2)),
                     r.cycles_per_packet,
                     r.dropped * 100.0,
-                    v
+                    v,
+                    r.trust.cell()
                 )?;
             }
+        }
+        if let Some(n) =
+            crate::reps::footnote(self.rows.iter().map(|r| &r.trust).chain(self.amf.iter().map(|r| &r.trust)))
+        {
+            writeln!(f, "{n}")?;
         }
         writeln!(f, "\nwhere the cycles go (staged rows; TSC cycles per packet of each pass, whole batches timed):")?;
         writeln!(

@@ -1,6 +1,9 @@
 //! `flowplane bench ...`: the benchmarks. Each prints a table (or JSON) of
 //! figures measured in one run, with ratios against the baselines of the
-//! same run.
+//! same run. Every suite takes `--reps N` (N rounds over all its rows: the
+//! median, min and max of each figure) and flags each figure too short,
+//! too small or too noisy to quote (`flowplane_engine::trust`); plots go
+//! to `--png DIR`.
 
 use clap::{Args, Subcommand};
 use flowplane_bench::interleave::{run_interleave, InterleaveOptions};
@@ -9,6 +12,8 @@ use flowplane_bench::parse::{run_parse, ParseBenchOptions};
 use flowplane_bench::pipeline::{run_pipeline, PipelineOptions};
 use flowplane_bench::table::{self, TableBenchOptions};
 use flowplane_bench::upf::{run_upf, UpfBenchOptions};
+
+use std::path::{Path, PathBuf};
 
 use crate::error::CliError;
 
@@ -43,6 +48,9 @@ pub enum BenchCmd {
         /// Packets per batch.
         #[arg(long, default_value_t = 64)]
         batch: usize,
+        /// Rounds over every row: each row shows the median, min and max (1..=100).
+        #[arg(long, default_value_t = 1)]
+        reps: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
         quick: bool,
@@ -52,9 +60,15 @@ pub enum BenchCmd {
     },
     /// Flow-key fast path: cycles/packet of parse to 5-tuple + hash, Toeplitz vs CRC hash (L1/L2/DRAM frame sets).
     Parse {
+        /// Seconds per measurement (each of the 48 runs whole blocks until then), as every suite takes; instead of --millions.
+        #[arg(long, allow_negative_numbers = true)]
+        seconds: Option<f64>,
         /// Million packets per measurement (default 20; quick: 0.1).
         #[arg(long, allow_negative_numbers = true)]
         millions: Option<f64>,
+        /// Rounds over every row: each row shows the median, min and max (1..=100).
+        #[arg(long, default_value_t = 1)]
+        reps: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
         quick: bool,
@@ -79,6 +93,9 @@ pub enum BenchCmd {
         /// Also write the rows as CSV to this file.
         #[arg(long)]
         csv: Option<std::path::PathBuf>,
+        /// Rounds over every row: each row shows the median, min and max (1..=100).
+        #[arg(long, default_value_t = 1)]
+        reps: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
         quick: bool,
@@ -109,9 +126,12 @@ pub enum BenchCmd {
         /// Seconds of warm-up before each measurement (every flow must be in the tables by then; `opt` warms 4x longer).
         #[arg(long, allow_negative_numbers = true)]
         warmup: Option<f64>,
-        /// Also draw Mpps against K per case into this PNG file.
-        #[arg(long)]
-        png: Option<std::path::PathBuf>,
+        /// Also draw Mpps against K per case: DIR/interleave.png (or a FILE.png).
+        #[arg(long, value_name = "DIR")]
+        png: Option<PathBuf>,
+        /// Rounds over every row: each row shows the median, min and max (1..=100).
+        #[arg(long, default_value_t = 1)]
+        reps: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
         quick: bool,
@@ -139,15 +159,18 @@ pub enum BenchCmd {
         /// UEs of the `amf` rows (0: none; default 131072).
         #[arg(long)]
         amf_ues: Option<u32>,
-        /// Also draw the rows (Mpps vs PDRs; the amf modes) into this PNG file.
-        #[arg(long)]
-        png: Option<std::path::PathBuf>,
+        /// Also draw the rows (Mpps vs PDRs; the amf modes): DIR/upf.png (or a FILE.png).
+        #[arg(long, value_name = "DIR")]
+        png: Option<PathBuf>,
         /// Seconds per measurement.
         #[arg(long, allow_negative_numbers = true)]
         seconds: Option<f64>,
         /// Packets per trace.
         #[arg(long)]
         packets: Option<u64>,
+        /// Rounds over every row: each row shows the median, min and max (1..=100).
+        #[arg(long, default_value_t = 1)]
+        reps: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
         quick: bool,
@@ -169,6 +192,9 @@ pub enum BenchCmd {
         /// Operations per measurement.
         #[arg(long)]
         ops: Option<u64>,
+        /// Rounds over every row: each row shows the median, min and max (1..=100).
+        #[arg(long, default_value_t = 1)]
+        reps: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
         quick: bool,
@@ -181,14 +207,35 @@ pub enum BenchCmd {
     },
 }
 
+/// `--png DIR`, the one plot convention of every suite: the directory, created if missing.
+pub(crate) fn png_dir(dir: &Path) -> Result<(), CliError> {
+    std::fs::create_dir_all(dir).map_err(|e| CliError::new(format!("--png {}: {e}", dir.display())))
+}
+
+/// The file a one-plot suite writes for `--png ARG`: `ARG/<name>` (ARG a directory, created if missing), or ARG
+/// itself when it names a `.png` file (the old form).
+fn png_file(arg: &Path, name: &str) -> Result<PathBuf, CliError> {
+    if arg.extension().is_some_and(|e| e.eq_ignore_ascii_case("png")) {
+        return Ok(arg.to_path_buf());
+    }
+    png_dir(arg)?;
+    Ok(arg.join(name))
+}
+
 pub fn run(a: BenchArgs) -> Result<(), CliError> {
+    // Every plot carries where it comes from (the JSON reports carry the whole provenance).
+    flowplane_bench::set_footer(crate::provenance::line());
     match a.which {
         BenchCmd::Scaling(s) => crate::cmd_scaling::run(s)?,
         BenchCmd::Scr(s) => crate::cmd_scr::run(s)?,
         BenchCmd::Dyssect(d) => crate::cmd_dyssect::run(d)?,
-        BenchCmd::Io { flows, packets, size, seconds, batch, quick, json } => {
-            let opts =
-                if quick { IoBenchOptions::quick() } else { IoBenchOptions { flows, packets, size, seconds, batch } };
+        BenchCmd::Io { flows, packets, size, seconds, batch, reps, quick, json } => {
+            let reps = flowplane_bench::reps::check(reps).map_err(CliError::new)?;
+            let opts = if quick {
+                IoBenchOptions { reps, ..IoBenchOptions::quick() }
+            } else {
+                IoBenchOptions { flows, packets, size, seconds, batch, reps }
+            };
             if !(opts.seconds.is_finite() && opts.seconds > 0.0) {
                 return Err(CliError::new(format!("--seconds {seconds}: must be positive")));
             }
@@ -199,8 +246,20 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 out!("{rep}");
             }
         }
-        BenchCmd::Parse { millions, quick, json } => {
+        BenchCmd::Parse { seconds, millions, reps, quick, json } => {
             let mut o = if quick { ParseBenchOptions::quick() } else { ParseBenchOptions::default() };
+            o.reps = flowplane_bench::reps::check(reps).map_err(CliError::new)?;
+            if let Some(s) = seconds {
+                if millions.is_some() {
+                    return Err(CliError::new(
+                        "--seconds and --millions both given: a measurement lasts one or the other",
+                    ));
+                }
+                if !(s.is_finite() && s > 0.0 && s <= 600.0) {
+                    return Err(CliError::new(format!("--seconds {s}: must be between 0 and 600")));
+                }
+                o.seconds = Some(s);
+            }
             if let Some(m) = millions {
                 // Above 10^4 M packets a measurement would run for hours.
                 if !(m.is_finite() && m > 0.0 && m <= 10_000.0) {
@@ -215,8 +274,9 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 out!("{rep}");
             }
         }
-        BenchCmd::Pipeline { flows, base_flows, seconds, only, csv, quick, reverse, json } => {
+        BenchCmd::Pipeline { flows, base_flows, seconds, only, csv, reps, quick, reverse, json } => {
             let mut o = if quick { PipelineOptions::quick() } else { PipelineOptions::default() };
+            o.reps = flowplane_bench::reps::check(reps).map_err(CliError::new)?;
             o.reverse = reverse;
             if let Some(f) = flows {
                 o.flows = f;
@@ -244,8 +304,9 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 out!("{rep}");
             }
         }
-        BenchCmd::Interleave { flows, seconds, ks, prefixes, only, warmup, png, quick, json } => {
+        BenchCmd::Interleave { flows, seconds, ks, prefixes, only, warmup, png, reps, quick, json } => {
             let mut o = if quick { InterleaveOptions::quick() } else { InterleaveOptions::default() };
+            o.reps = flowplane_bench::reps::check(reps).map_err(CliError::new)?;
             if let Some(w) = warmup {
                 if !(w.is_finite() && w >= 0.0) {
                     return Err(CliError::new("--warmup: must be zero or positive"));
@@ -277,18 +338,23 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             if o.prefixes > 4_000_000 {
                 return Err(CliError::new("--prefixes: at most 4000000"));
             }
+            let png = png.map(|p| png_file(&p, "interleave.png")).transpose()?;
             let rep = run_interleave(&o).map_err(CliError::new)?;
-            if let Some(p) = png {
-                rep.plot_png(&p).map_err(CliError::new)?;
+            if let Some(p) = &png {
+                rep.plot_png(p).map_err(CliError::new)?;
             }
             if json {
                 outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&rep)?))?);
             } else {
                 out!("{rep}");
+                if let Some(p) = &png {
+                    outln!("plot         {}", p.display());
+                }
             }
         }
-        BenchCmd::Upf { sessions, pdrs, execs, dirs, modes, amf_ues, png, seconds, packets, quick, json } => {
+        BenchCmd::Upf { sessions, pdrs, execs, dirs, modes, amf_ues, png, seconds, packets, reps, quick, json } => {
             let mut o = if quick { UpfBenchOptions::quick() } else { UpfBenchOptions::default() };
+            o.reps = flowplane_bench::reps::check(reps).map_err(CliError::new)?;
             if let Some(s) = sessions {
                 o.sessions = s;
             }
@@ -330,6 +396,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 }
                 o.amf_ues = u;
             }
+            let png = png.map(|p| png_file(&p, "upf.png")).transpose()?;
             let rep = run_upf(&o).map_err(CliError::new)?;
             if let Some(p) = &png {
                 rep.plot_png(p).map_err(CliError::new)?;
@@ -343,7 +410,8 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 }
             }
         }
-        BenchCmd::Table { sizes, batches, insert_every, ops, quick, reverse, json } => {
+        BenchCmd::Table { sizes, batches, insert_every, ops, reps, quick, reverse, json } => {
+            let reps = flowplane_bench::reps::check(reps).map_err(CliError::new)?;
             let mut o = if quick { TableBenchOptions::quick() } else { TableBenchOptions::default() };
             o.reverse = reverse;
             if let Some(s) = sizes {
@@ -367,9 +435,11 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             if o.insert_rates.contains(&0) {
                 return Err(CliError::new("--insert-every: rates must be at least 1"));
             }
-            let rows = table::run(&o);
+            let rows = table::run_reps(&o, reps).map_err(CliError::new)?;
             if json {
-                outln!("{}", table::to_json(&rows));
+                // Provenance with the rows, as every suite's JSON (`table::to_json` stays the bare array).
+                let v = serde_json::json!({ "rows": serde_json::to_value(&rows)? });
+                outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(v))?);
             } else {
                 out!("{}", table::format_text(&rows));
             }

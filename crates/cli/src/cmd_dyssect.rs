@@ -41,9 +41,12 @@ pub struct DyssectArgs {
     /// The priority class's SLO, µs.
     #[arg(long, allow_negative_numbers = true)]
     pub slo_us: Option<f64>,
-    /// Directory for the PNG plots.
-    #[arg(long, default_value = ".")]
-    pub plot_dir: PathBuf,
+    /// Rounds over the whole experiment: each row shows the median, min and max (1..=100).
+    #[arg(long, default_value_t = 1)]
+    pub reps: usize,
+    /// Write the PNG plots into this directory (created if missing; none without it). `--plot-dir` is its old name.
+    #[arg(long, alias = "plot-dir", value_name = "DIR")]
+    pub png: Option<PathBuf>,
     /// Print only each trace's balance ceiling (no runs): how much any
     /// balancer keeping flows whole could gain over RETA entries placed by
     /// LPT, at RETA sizes 128 (the Dyssect paper's RSS++ setting) and 512.
@@ -98,6 +101,7 @@ pub fn run(a: DyssectArgs) -> Result<(), CliError> {
     if !a.traces.is_empty() {
         o.traces = a.traces;
     }
+    o.reps = flowplane_bench::reps::check(a.reps).map_err(CliError::new)?;
     let profiles = !a.nic_profile.is_empty();
     if profiles {
         o.profiles =
@@ -128,8 +132,13 @@ pub fn run(a: DyssectArgs) -> Result<(), CliError> {
         }
     })
     .map_err(CliError::new)?;
-    std::fs::create_dir_all(&a.plot_dir).map_err(|e| CliError::new(format!("{}: {e}", a.plot_dir.display())))?;
-    let files = plot(&rows, &a.plot_dir).map_err(CliError::new)?;
+    let files = match &a.png {
+        Some(dir) => {
+            crate::cmd_bench::png_dir(dir)?;
+            plot(&rows, dir).map_err(CliError::new)?
+        }
+        None => Vec::new(),
+    };
     if json {
         let mut v = serde_json::json!({ "rows": rows, "plots": files, "slo_us": o.slo_us, "rate_pps": o.rate });
         if profiles {

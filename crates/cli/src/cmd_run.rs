@@ -168,9 +168,13 @@ pub struct PipelineArgs {
 #[derive(clap::Args, Debug, Default)]
 #[command(next_help_heading = "Flow tables")]
 pub struct TableArgs {
-    /// Flow-table capacity per core (IPv4 flows).
-    #[arg(long, default_value_t = 1 << 21, allow_negative_numbers = true)]
-    pub flows: usize,
+    /// Flow-table capacity per core (IPv4 flows); default 2097152. Not the flow population: that is the traffic's
+    /// (`gen --flows`).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub table_capacity: Option<usize>,
+    /// Deprecated name of --table-capacity (warns once).
+    #[arg(long, hide = true, value_name = "N", allow_negative_numbers = true)]
+    pub flows: Option<usize>,
     /// Idle timeout of flow state in seconds, when no NF sets one.
     #[arg(long, default_value_t = 30.0, allow_negative_numbers = true)]
     pub idle_timeout: f64,
@@ -182,6 +186,31 @@ pub struct TableArgs {
     /// while the tables have room).
     #[arg(long, value_name = "N")]
     pub hash_seed: Option<u32>,
+}
+
+impl TableArgs {
+    /// The default `--table-capacity`.
+    pub const DEFAULT_CAPACITY: usize = 1 << 21;
+
+    /// The capacity per core and the option that gave it (`--flows` warns once per process that it is deprecated).
+    pub fn capacity(&self) -> Result<(usize, &'static str), CliError> {
+        match (self.table_capacity, self.flows) {
+            (Some(_), Some(_)) => Err(CliError::new(
+                "--flows and --table-capacity both given: --flows is the deprecated name of --table-capacity",
+            )),
+            (Some(c), None) => Ok((c, "--table-capacity")),
+            (None, Some(f)) => {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    eprintln!(
+                        "warning: run --flows is deprecated: it is the table capacity per core, now --table-capacity (the flow population is gen's --flows)"
+                    )
+                });
+                Ok((f, "--flows"))
+            }
+            (None, None) => Ok((Self::DEFAULT_CAPACITY, "--table-capacity")),
+        }
+    }
 }
 
 /// The worker cores and their buffers.
@@ -364,8 +393,9 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
     if a.traffic.loops == Some(0) {
         return Err(CliError::new("--loops 0: must be at least 1"));
     }
-    if a.tables.flows == 0 || a.tables.flows > 1 << 30 {
-        return Err(CliError::new(format!("--flows {}: must be between 1 and {}", a.tables.flows, 1u64 << 30)));
+    let (capacity, name) = a.tables.capacity()?;
+    if capacity == 0 || capacity > 1 << 30 {
+        return Err(CliError::new(format!("{name} {capacity}: must be between 1 and {}", 1u64 << 30)));
     }
     if !(a.tables.idle_timeout.is_finite() && a.tables.idle_timeout > 0.0) {
         return Err(CliError::new(format!(
@@ -780,7 +810,7 @@ pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliErr
     let exec = ExecConfig {
         kind: ExecKind::parse(&a.pipeline.exec)?,
         prefetch: !a.pipeline.no_prefetch,
-        flows: a.tables.flows,
+        flows: a.tables.capacity()?.0,
         default_idle_timeout_ns: (a.tables.idle_timeout * 1e9) as u64,
         full_policy: if a.tables.table_full == "evict" { FullPolicy::EvictLruIdle } else { FullPolicy::Reject },
         hugepages: true,

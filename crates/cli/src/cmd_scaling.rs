@@ -32,9 +32,12 @@ pub struct ScalingArgs {
     /// Strategies.
     #[arg(long, value_delimiter = ',', value_parser = ["rss", "shared", "rsspp"])]
     pub strategies: Vec<String>,
-    /// Directory for the PNG plots.
-    #[arg(long, default_value = ".")]
-    pub plot_dir: PathBuf,
+    /// Rounds over the whole matrix: each row shows the median, min and max (1..=100).
+    #[arg(long, default_value_t = 1)]
+    pub reps: usize,
+    /// Write the PNG plots into this directory (created if missing; none without it). `--plot-dir` is its old name.
+    #[arg(long, alias = "plot-dir", value_name = "DIR")]
+    pub png: Option<PathBuf>,
     /// Small and short (CI smoke run).
     #[arg(long)]
     pub quick: bool,
@@ -79,6 +82,7 @@ pub fn run(a: ScalingArgs) -> Result<(), CliError> {
         o.strategies = a.strategies;
     }
     o.period = Duration::from_millis(100);
+    o.reps = flowplane_bench::reps::check(a.reps).map_err(CliError::new)?;
     let json = a.json;
     let rows = run_scaling(&o, |r| {
         if !json {
@@ -94,8 +98,13 @@ pub fn run(a: ScalingArgs) -> Result<(), CliError> {
         }
     })
     .map_err(CliError::new)?;
-    std::fs::create_dir_all(&a.plot_dir).map_err(|e| CliError::new(format!("{}: {e}", a.plot_dir.display())))?;
-    let files = plot(&rows, &a.plot_dir).map_err(CliError::new)?;
+    let files = match &a.png {
+        Some(dir) => {
+            crate::cmd_bench::png_dir(dir)?;
+            plot(&rows, dir).map_err(CliError::new)?
+        }
+        None => Vec::new(),
+    };
     if json {
         let v = serde_json::json!({ "rows": rows, "plots": files });
         outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&v)?))?);

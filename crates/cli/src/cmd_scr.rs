@@ -13,10 +13,13 @@ pub struct ScrArgs {
     /// Packets per generated trace.
     #[arg(long, allow_negative_numbers = true)]
     pub packets: Option<u64>,
-    /// Passes over the trace per run.
+    /// Seconds per run (the trace replayed until then), as every suite takes; instead of --loops.
+    #[arg(long, allow_negative_numbers = true)]
+    pub seconds: Option<f64>,
+    /// Passes over the trace per run (default 3, quick 2); --seconds gives the run length in time instead.
     #[arg(long, allow_negative_numbers = true)]
     pub loops: Option<u64>,
-    /// Runs per configuration (the best counts).
+    /// Rounds over the whole suite: each row shows the median, min and max (1..=100; default 3, quick 1).
     #[arg(long, allow_negative_numbers = true)]
     pub reps: Option<usize>,
     /// Worker counts, comma-separated (above the real cores: projected).
@@ -42,9 +45,9 @@ pub struct ScrArgs {
     /// trials of this many seconds (slow: about ten trials per row).
     #[arg(long, value_name = "SECONDS")]
     pub mlffr: Option<f64>,
-    /// Directory for the PNG plots.
-    #[arg(long, default_value = ".")]
-    pub plot_dir: PathBuf,
+    /// Write the PNG plots into this directory (created if missing; none without it). `--plot-dir` is its old name.
+    #[arg(long, alias = "plot-dir", value_name = "DIR")]
+    pub png: Option<PathBuf>,
     /// Small and short (CI smoke run).
     #[arg(long)]
     pub quick: bool,
@@ -66,6 +69,15 @@ pub fn run(a: ScrArgs) -> Result<(), CliError> {
             return Err(CliError::new(format!("--loops {l}: must be between 1 and 1000")));
         }
         o.loops = l;
+    }
+    if let Some(s) = a.seconds {
+        if a.loops.is_some() {
+            return Err(CliError::new("--seconds and --loops both given: a run lasts one or the other"));
+        }
+        if !(s.is_finite() && s > 0.0 && s <= 600.0) {
+            return Err(CliError::new(format!("--seconds {s}: must be between 0 and 600")));
+        }
+        o.seconds = Some(s);
     }
     if let Some(r) = a.reps {
         if r == 0 || r > 100 {
@@ -119,8 +131,13 @@ pub fn run(a: ScrArgs) -> Result<(), CliError> {
         }
     })
     .map_err(CliError::new)?;
-    std::fs::create_dir_all(&a.plot_dir).map_err(|e| CliError::new(format!("{}: {e}", a.plot_dir.display())))?;
-    let files = plot(&rows, &a.plot_dir).map_err(CliError::new)?;
+    let files = match &a.png {
+        Some(dir) => {
+            crate::cmd_bench::png_dir(dir)?;
+            plot(&rows, dir).map_err(CliError::new)?
+        }
+        None => Vec::new(),
+    };
     if json {
         let v = serde_json::json!({ "rows": rows, "plots": files });
         outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&v)?))?);

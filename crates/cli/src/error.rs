@@ -16,10 +16,24 @@ pub struct CliError {
 
 impl fmt::Display for CliError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Keep it to one line whatever the source error printed.
-        let one_line = self.msg.replace('\n', " ");
-        f.write_str(one_line.trim())
+        f.write_str(&printable(&self.msg))
     }
+}
+
+/// `msg` as one printable line: line breaks become spaces (a source error's lines, or a newline in user
+/// input), every other control character is escaped (`\u{1b}`, `\r`, `\t`, `\u{9b}`), so no user input echoed
+/// in an error can move the cursor, clear the terminal or break the line (issue 35: `--chain $'\x1b[2J'`
+/// cleared the screen).
+pub fn printable(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    for c in msg.trim().chars() {
+        match c {
+            '\n' => out.push(' '),
+            c if c.is_control() => out.extend(c.escape_default()),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 impl CliError {
@@ -61,5 +75,19 @@ impl CliError {
 impl<E: std::error::Error> From<E> for CliError {
     fn from(e: E) -> Self {
         CliError::new(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_one_printable_line() {
+        let e = CliError::new("chain 'a\x1b[2J\rb\tc\u{9b}':\nunknown NF\n");
+        let shown = e.to_string();
+        assert_eq!(shown, "chain 'a\\u{1b}[2J\\rb\\tc\\u{9b}': unknown NF");
+        assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        assert_eq!(printable("plain – ünïcode"), "plain – ünïcode");
     }
 }

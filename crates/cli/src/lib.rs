@@ -37,6 +37,7 @@ mod cmd_ports;
 mod cmd_run;
 mod cmd_scaling;
 mod cmd_scr;
+mod cmd_sweep;
 mod cmd_trace;
 mod cmd_upf;
 mod ctl;
@@ -87,6 +88,8 @@ enum Command {
     Upf(cmd_upf::UpfArgs),
     /// IPFIX tools: `ipfix read FILE|udp:PORT` decodes and prints records.
     Ipfix(cmd_ipfix::IpfixArgs),
+    /// An experiment: a grid of runs from a TOML file, repeated; CSV/JSON results and a PNG per variable; resumable.
+    Sweep(cmd_sweep::SweepArgs),
     /// Ask a running `run --ctl PATH`: show runtime|errors|nfs|tables|ports, set, load, export, reload, stop.
     Ctl(cmd_ctl::CtlArgs),
 }
@@ -118,7 +121,7 @@ where
                 Some(clap::error::ContextValue::Strings(v)) if !v.is_empty() => format!(" (one of: {})", v.join(", ")),
                 _ => String::new(),
             };
-            eprintln!("flowplane: {}{valid}", first.trim());
+            eprintln!("flowplane: {}{valid}", error::printable(first));
             return ExitCode::from(2);
         }
     };
@@ -132,6 +135,7 @@ where
         Command::Mlffr(a) => cmd_mlffr::run(a),
         Command::Upf(a) => cmd_upf::run(a),
         Command::Ctl(a) => cmd_ctl::run(a),
+        Command::Sweep(a) => cmd_sweep::run(a),
         Command::Ipfix(a) => cmd_ipfix::run(a),
     };
     match result {

@@ -36,6 +36,26 @@ pub fn provenance() -> Value {
     })
 }
 
+/// The provenance as one line, for a plot's footer: version and commit, CPU and TSC GHz, cores, kernel, date, and
+/// the command.
+pub fn line() -> String {
+    let p = provenance();
+    let s = |k: &str| p[k].as_str().unwrap_or("").to_string();
+    let command: Vec<&str> =
+        p["command"].as_array().map_or(Vec::new(), |a| a.iter().filter_map(|x| x.as_str()).collect());
+    format!(
+        "flowplane {} ({}), {} @ {:.2} GHz TSC, {} cores, Linux {}, {} -- {}",
+        s("flowplane"),
+        s("commit"),
+        s("cpu"),
+        p["tsc_ghz"].as_f64().unwrap_or(0.0),
+        p["cores_available"],
+        s("kernel"),
+        s("date"),
+        command.join(" ")
+    )
+}
+
 /// `v` (an object) with the provenance added as `provenance`; anything else wrapped as `{"result": v, ...}`.
 pub fn stamp(mut v: Value) -> Value {
     match v.as_object_mut() {

@@ -254,6 +254,8 @@ mod tests {
         ("duration", "1.5"),
         ("warmup", "0.5"),
         ("rate", "2M"),
+        ("table-capacity", "4096"),
+        ("flows", "4096"),
     ];
 
     #[test]
@@ -294,13 +296,13 @@ mod tests {
     #[test]
     fn numbers_lists_and_flags() {
         let m = merged(
-            "cores = 2\nidle_timeout = 2.5\nflows = 4096\nno-pin = true\njson = false\nport = [\"afpacket:a\", \"afpacket:b\"]\nexport = \"hh=x.csv\"\n",
+            "cores = 2\nidle_timeout = 2.5\ntable_capacity = 4096\nno-pin = true\njson = false\nport = [\"afpacket:a\", \"afpacket:b\"]\nexport = \"hh=x.csv\"\n",
             &[],
         )
         .unwrap();
         let a = m.args;
         assert_eq!(
-            (a.workers.cores, a.tables.idle_timeout, a.tables.flows, a.workers.no_pin, a.outputs.json),
+            (a.workers.cores, a.tables.idle_timeout, a.tables.capacity().unwrap().0, a.workers.no_pin, a.outputs.json),
             (Some(2), 2.5, 4096, true, false)
         );
         assert_eq!(a.outputs.ports, vec!["afpacket:a", "afpacket:b"]);

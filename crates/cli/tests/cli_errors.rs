@@ -178,7 +178,8 @@ fn bad_options() {
         (vec!["bench", "dyssect", "--rate", "abc"], "--rate 'abc': expected a number"),
         (with(&["--scale", "bogus"]), "(one of: rss, shared"),
         (with(&["--rate", "0"]), "--rate"),
-        (with(&["--flows", "0"]), "--flows"),
+        (with(&["--table-capacity", "0"]), "--table-capacity"),
+        (with(&["--flows", "64", "--table-capacity", "64"]), "both given"),
         (with(&["--pool", "1"]), "--pool"),
         (with(&["--idle-timeout", "-3"]), "-3|--idle-timeout"),
         (vec!["run", "--gen", "--flows abc", "--cores", "1"], "--flows"),
@@ -240,9 +241,9 @@ fn limits_instead_of_aborts() {
     let with =
         |extra: &[&'static str]| -> Vec<&'static str> { base.iter().copied().chain(extra.iter().copied()).collect() };
     let mut cases: Vec<(Vec<&str>, &str)> = vec![
-        // The documented maximum of --flows: 2^30 flows per core, >100 GiB of tables.
-        (with(&["--flows", "1073741824"]), "--flows"),
-        (with(&["--flows", "1073741824", "--chain", "srcctr"]), "--flows"),
+        // The documented maximum of --table-capacity: 2^30 flows per core, >100 GiB of tables.
+        (with(&["--table-capacity", "1073741824"]), "--table-capacity"),
+        (with(&["--table-capacity", "1073741824", "--chain", "srcctr"]), "--table-capacity"),
         (with(&["--chain", "amf(ues=16777216)"]), "ues"),
         (with(&["--chain", "synthetic(mem=16G)", "--virtual-cores", "64"]), "mem"),
         (vec!["run", "--gen", "--packets 1000000000", "--cores", "1"], "--packets"),
@@ -269,4 +270,49 @@ fn limits_instead_of_aborts() {
 fn run_rate_takes_suffixes_like_gen() {
     let out = run(&["run", "--gen", GEN, "--cores", "1", "--chain", "fsc", "--rate", "2M", "--json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Issue 35 item 7: `run --flows` was the table capacity per core while `gen --flows` is the flow population;
+/// the capacity is now `--table-capacity`, and `--flows` its deprecated name: the same run, one warning line.
+#[test]
+fn run_flows_is_the_deprecated_name_of_table_capacity() {
+    let gen = "--flows 200 --packets 2000 --seed 1";
+    let args = |opt: &'static str| ["run", "--gen", gen, "--cores", "1", "--chain", "fsc", "--json", opt, "64"];
+    let (old, new) = (run(&args("--flows")), run(&args("--table-capacity")));
+    assert!(old.status.success() && new.status.success(), "{}", String::from_utf8_lossy(&old.stderr));
+    let warn = String::from_utf8_lossy(&old.stderr);
+    let lines: Vec<&str> = warn.lines().filter(|l| l.contains("deprecated")).collect();
+    assert_eq!(lines.len(), 1, "{warn}");
+    assert!(lines[0].contains("--table-capacity") && lines[0].contains("gen's --flows"), "{warn}");
+    assert!(!String::from_utf8_lossy(&new.stderr).contains("deprecated"));
+    let json = |o: &Output| serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("JSON report");
+    let (a, b) = (json(&old), json(&new));
+    // 200 flows in a table of 64: the same capacity, the same refusals.
+    assert_eq!(a["tables"]["capacity"], b["tables"]["capacity"]);
+    assert_eq!(a["tables"]["table_full"], b["tables"]["table_full"]);
+    assert!(b["tables"]["table_full"].as_u64().unwrap() > 0, "{}", b["tables"]);
+}
+
+/// Issue 35 item 6: user input echoed in an error is escaped — `--chain $'\x1b[2J...'` cleared the terminal and a
+/// newline broke the one line. Every message is one line of printable characters, on both paths (clap's usage
+/// errors and flowplane's own).
+#[test]
+fn user_input_in_errors_is_escaped() {
+    // (arguments, what the line shows of the input: escaped by flowplane; clap drops ANSI sequences itself)
+    let cases: [(&[&str], &str); 4] = [
+        (&["run", "--gen", GEN, "--cores", "1", "--chain", "\x1b[2J\x1b[Hbad\nnf\r"], "\\u{1b}[2J"),
+        (&["run", "--cores", "1", "--input", "no\x07such\n.pcap"], "no\\u{7}such .pcap"),
+        (&["run", "--gen", GEN, "--exec", "\x1b[31mturbo"], "'turbo'"),
+        (&["trace", "stats", "\x1b]0;title\x07.pcap"], "\\u{7}.pcap"),
+    ];
+    for (args, shown) in cases {
+        let out = run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        let line = err.strip_suffix('\n').unwrap_or(&err);
+        assert!(!line.is_empty() && !line.chars().any(char::is_control), "{args:?}: {err:?}");
+        assert!(line.starts_with("flowplane:"), "{args:?}: {err:?}");
+        // The input is still named: a reader sees what was typed.
+        assert!(line.contains(shown), "{args:?}: {err:?} should show {shown:?}");
+    }
 }

@@ -46,7 +46,17 @@ impl Out {
     fn results(&self) -> Value {
         let mut v = self.json.clone().unwrap_or(Value::Null);
         if let Some(o) = v.as_object_mut() {
-            for k in ["mpps", "gbps", "cycles_per_packet", "duration_s", "tsc_ghz", "latency", "scale", "provenance"] {
+            for k in [
+                "mpps",
+                "gbps",
+                "cycles_per_packet",
+                "duration_s",
+                "tsc_ghz",
+                "latency",
+                "scale",
+                "provenance",
+                "trust",
+            ] {
                 o.remove(k);
             }
             if let Some(cores) = o.get_mut("per_core").and_then(Value::as_array_mut) {
@@ -94,7 +104,7 @@ fn s(v: &[&str]) -> Vec<String> {
 
 /// `run` on the small trace, one core, small tables, JSON, `chain`, then `extra`.
 fn base(chain: &str, extra: &[&str]) -> Vec<String> {
-    let mut a = s(&["run", "--gen", GEN, "--flows", "4096", "--json", "--chain", chain]);
+    let mut a = s(&["run", "--gen", GEN, "--table-capacity", "4096", "--json", "--chain", chain]);
     if !extra.contains(&"--cores") {
         a.extend(s(&["--cores", "1"]));
     }
@@ -195,7 +205,7 @@ fn cases(dir: &Path) -> Vec<Case> {
     };
     let dys = |extra: &[&str]| {
         plus(
-            s(&["run", "--gen", DYS_GEN, "--flows", "8192", "--cores", "2", "--json", "--chain", "fsc"]),
+            s(&["run", "--gen", DYS_GEN, "--table-capacity", "8192", "--cores", "2", "--json", "--chain", "fsc"]),
             &plus(s(&["--scale", "dyssect", "--duration", "0.3"]), extra)
                 .iter()
                 .map(String::as_str)
@@ -211,12 +221,12 @@ fn cases(dir: &Path) -> Vec<Case> {
         Case {
             opt: "--input",
             without: std(),
-            with: no(&["run", "--input", &trace, "--flows", "4096", "--cores", "1", "--json", "--chain", lb]),
+            with: no(&["run", "--input", &trace, "--table-capacity", "4096", "--cores", "1", "--json", "--chain", lb]),
             expect: Expect::Changes(&["/packets", "/load/bytes"]),
         },
         Case {
             opt: "--gen",
-            without: no(&["run", "--input", &trace, "--flows", "4096", "--cores", "1", "--json", "--chain", lb]),
+            without: no(&["run", "--input", &trace, "--table-capacity", "4096", "--cores", "1", "--json", "--chain", lb]),
             with: std(),
             expect: Expect::Changes(&["/packets", "/load/bytes"]),
         },
@@ -256,14 +266,14 @@ fn cases(dir: &Path) -> Vec<Case> {
         },
         Case {
             opt: "--chain",
-            without: no(&["run", "--gen", GEN, "--flows", "4096", "--cores", "1", "--json"]),
+            without: no(&["run", "--gen", GEN, "--table-capacity", "4096", "--cores", "1", "--json"]),
             with: std(),
             expect: Expect::Changes(&["/nfs"]),
         },
         Case {
             opt: "--chain-file",
-            without: no(&["run", "--gen", GEN, "--flows", "4096", "--cores", "1", "--json"]),
-            with: no(&["run", "--gen", GEN, "--flows", "4096", "--cores", "1", "--json", "--chain-file", &chain_file]),
+            without: no(&["run", "--gen", GEN, "--table-capacity", "4096", "--cores", "1", "--json"]),
+            with: no(&["run", "--gen", GEN, "--table-capacity", "4096", "--cores", "1", "--json", "--chain-file", &chain_file]),
             expect: Expect::Changes(&["/nfs"]),
         },
         Case {
@@ -280,7 +290,7 @@ fn cases(dir: &Path) -> Vec<Case> {
         Case {
             opt: "--cores",
             without: std(),
-            with: no(&["run", "--gen", GEN, "--flows", "4096", "--cores", "2", "--json", "--chain", lb]),
+            with: no(&["run", "--gen", GEN, "--table-capacity", "4096", "--cores", "2", "--json", "--chain", lb]),
             expect: Expect::Changes(&["/per_core/0/packets", "/cores"]),
         },
         // pernf keeps a table per 5-tuple NF: lb's and fsc's entries.
@@ -316,9 +326,9 @@ fn cases(dir: &Path) -> Vec<Case> {
             expect: Expect::Changes(&["/tables/entries"]),
         },
         Case {
-            opt: "--flows",
+            opt: "--table-capacity",
             without: no(&["run", "--gen", GEN, "--cores", "1", "--json", "--chain", "fsc"]),
-            with: no(&["run", "--gen", GEN, "--cores", "1", "--json", "--chain", "fsc", "--flows", "64"]),
+            with: no(&["run", "--gen", GEN, "--cores", "1", "--json", "--chain", "fsc", "--table-capacity", "64"]),
             expect: Expect::Changes(&["/tables/table_full"]),
         },
         Case {
@@ -329,16 +339,16 @@ fn cases(dir: &Path) -> Vec<Case> {
         },
         Case {
             opt: "--table-full",
-            without: no(&["run", "--gen", GEN, "--cores", "1", "--json", "--chain", "fsc", "--flows", "64"]),
-            with: no(&["run", "--gen", GEN, "--cores", "1", "--json", "--chain", "fsc", "--flows", "64", "--table-full", "evict"]),
+            without: no(&["run", "--gen", GEN, "--cores", "1", "--json", "--chain", "fsc", "--table-capacity", "64"]),
+            with: no(&["run", "--gen", GEN, "--cores", "1", "--json", "--chain", "fsc", "--table-capacity", "64", "--table-full", "evict"]),
             expect: Expect::Changes(&["/tables/evictions"]),
         },
         Case {
             // The hash secret decides which entries share candidate buckets, so which one an eviction picks:
             // a fixed seed reproduces a run whose table filled (the two seeds here evict differently).
             opt: "--hash-seed",
-            without: no(&["run", "--gen", GEN, "--cores", "1", "--json", "--chain", "fsc", "--flows", "64", "--table-full", "evict", "--hash-seed", "1"]),
-            with: no(&["run", "--gen", GEN, "--cores", "1", "--json", "--chain", "fsc", "--flows", "64", "--table-full", "evict", "--hash-seed", "2"]),
+            without: no(&["run", "--gen", GEN, "--cores", "1", "--json", "--chain", "fsc", "--table-capacity", "64", "--table-full", "evict", "--hash-seed", "1"]),
+            with: no(&["run", "--gen", GEN, "--cores", "1", "--json", "--chain", "fsc", "--table-capacity", "64", "--table-full", "evict", "--hash-seed", "2"]),
             expect: Expect::Changes(&["/tables/evictions"]),
         },
         Case {
@@ -480,8 +490,8 @@ fn cases(dir: &Path) -> Vec<Case> {
         },
         Case {
             opt: "--symmetric-rss",
-            without: plus(no(&["run", "--gen", "--flows 200 --packets 2000 --proto tcp-bidir", "--flows", "4096"]), &["--cores", "2", "--json", "--chain", "fsc"]),
-            with: plus(no(&["run", "--gen", "--flows 200 --packets 2000 --proto tcp-bidir", "--flows", "4096"]), &["--cores", "2", "--json", "--chain", "fsc", "--symmetric-rss"]),
+            without: plus(no(&["run", "--gen", "--flows 200 --packets 2000 --proto tcp-bidir", "--table-capacity", "4096"]), &["--cores", "2", "--json", "--chain", "fsc"]),
+            with: plus(no(&["run", "--gen", "--flows 200 --packets 2000 --proto tcp-bidir", "--table-capacity", "4096"]), &["--cores", "2", "--json", "--chain", "fsc", "--symmetric-rss"]),
             expect: Expect::Changes(&["/per_core/0/packets"]),
         },
         Case { opt: "--loops", without: std(), with: plus(std(), &["--loops", "2"]), expect: Expect::Changes(&["/packets"]) },
@@ -533,7 +543,7 @@ fn cases(dir: &Path) -> Vec<Case> {
         },
         Case {
             opt: "--json",
-            without: no(&["run", "--gen", GEN, "--flows", "4096", "--cores", "1", "--chain", lb]),
+            without: no(&["run", "--gen", GEN, "--table-capacity", "4096", "--cores", "1", "--chain", lb]),
             with: std(),
             expect: Expect::Check(Box::new(|wo, w| {
                 ok(wo.json.is_none() && w.json.is_some() && wo.stdout.contains("packets"), || "text vs JSON".to_string())
@@ -649,7 +659,7 @@ fn options_that_would_change_nothing_are_refused() {
         (&["--eal", "--no-huge", "--output", o], "--eal"),
     ];
     for (extra, name) in cases {
-        let mut args = vec!["run", "--gen", GEN, "--flows", "4096", "--json"];
+        let mut args = vec!["run", "--gen", GEN, "--table-capacity", "4096", "--json"];
         if !extra.contains(&"--cores") {
             args.extend(["--cores", "1"]);
         }

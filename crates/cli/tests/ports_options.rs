@@ -199,7 +199,7 @@ fn every_run_option_acts_on_a_live_port_or_is_refused() {
     assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
     std::fs::write(dir.join("c.toml"), "chain = \"fsc -> count\"\n").unwrap();
     std::fs::write(dir.join("run.toml"), "exec = \"pernf\"\n").unwrap();
-    let common = |out: &str| s(&["--output", &p(out), "--flows", "4096"]);
+    let common = |out: &str| s(&["--output", &p(out), "--table-capacity", "4096"]);
     let with = |out: &str, extra: &[&str]| {
         let mut a = common(out);
         a.extend(s(extra));
@@ -359,7 +359,7 @@ fn every_run_option_acts_on_a_live_port_or_is_refused() {
                 args: s(&[
                     "--output",
                     &p("full.pcap"),
-                    "--flows",
+                    "--table-capacity",
                     "8",
                     "--table-full",
                     "evict",
@@ -473,7 +473,7 @@ fn every_run_option_acts_on_a_live_port_or_is_refused() {
         ("--pool", Live::Same("b", "more buffers per core; 1,000 packets at 20 kpps never exhaust the default")),
         ("--no-pin", Live::Elsewhere("every run here is unpinned (a shared test machine); pinning moves threads, not results")),
         (
-            "--flows",
+            "--table-capacity",
             Live::On("full", Box::new(|b, r| ok(r.u("/tables/capacity") < b.u("/tables/capacity") && r.u("/tables/capacity") <= 8, || format!("capacity {} -> {}", b.u("/tables/capacity"), r.u("/tables/capacity"))))),
         ),
         (

@@ -107,12 +107,12 @@ pub fn run_needs(cfg: &RunConfig, chain: &Chain) -> Vec<Need> {
     let (tables, shared) = chain_bytes(cfg, chain);
     if tables > 0 {
         needs.push(Need {
-            what: format!("--flows {} (flow tables of {w} worker(s))", cfg.exec.flows),
+            what: format!("--table-capacity {} (flow tables of {w} worker(s))", cfg.exec.flows),
             bytes: tables * w,
         });
     }
     if shared > 0 {
-        needs.push(Need { what: format!("--flows {} (shared tables)", cfg.exec.flows), bytes: shared });
+        needs.push(Need { what: format!("--table-capacity {} (shared tables)", cfg.exec.flows), bytes: shared });
     }
     let pool = cfg.pool_buffers.max(2 * flowplane_packet::MAX_BATCH) as u128;
     needs.push(Need {

@@ -36,6 +36,7 @@ pub mod spec;
 pub mod stage;
 pub mod store;
 pub mod tap;
+pub mod trust;
 pub mod worker;
 
 pub use error::EngineError;

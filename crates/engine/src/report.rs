@@ -112,6 +112,9 @@ pub struct Report {
     /// `--ipfix`: records exported, lost, messages sent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ipfix: Option<crate::ipfix::IpfixReport>,
+    /// Whether the throughput figure can be quoted: the work and packets it
+    /// rests on, and the reasons not to ([`crate::trust`]).
+    pub trust: crate::trust::Trust,
     /// Exported NF state (not serialised in the report; written by `--export`).
     #[serde(skip)]
     pub exports: Vec<(String, Vec<serde_json::Value>)>,
@@ -540,6 +543,9 @@ impl fmt::Display for Report {
             self.packets, self.packets_out, self.dropped, self.tx_errors
         )?;
         writeln!(f, "throughput   {:.2} Mpps, {:.2} Gbit/s", self.mpps, self.gbps)?;
+        if !self.trust.ok() {
+            writeln!(f, "trust        NOT TO BE QUOTED: {}", self.trust.flags.join("; "))?;
+        }
         writeln!(f, "cycles/pkt   {:.1} (TSC {:.2} GHz)", self.cycles_per_packet, self.tsc_ghz)?;
         writeln!(f, "duration     {:.3} s", self.duration_s)?;
         writeln!(

@@ -558,6 +558,7 @@ pub(crate) fn run_workers(
     let no_keys = ExportKeys::default();
     let scr_state = replicas.first().map(|r| (&**r, keys.as_ref().unwrap_or(&no_keys)));
     report.exports = collect_exports(cfg, &pipelines, scr_state, keys.as_ref(), &report);
+    report.trust = crate::trust::Trust::of_report(&report);
     Ok(report)
 }
 

@@ -9,7 +9,9 @@
 //! header) fails at open with a one-line [`TraceError`]. After that, a bad record never ends the reading when the next
 //! record can still be located: it is counted ([`TraceReader::unparsed`]) and skipped. When the next record cannot be
 //! located (the file ends inside a record, or a record length is beyond any sane value) the reader counts that, keeps
-//! the reason ([`TraceReader::stopped_early`]) and ends as at a clean end of file. `next_packet` only fails for I/O
+//! the reason ([`TraceReader::stopped_early`]) and ends as at a clean end of file. A pcapng block whose framing is
+//! corrupt (a length that is no multiple of 4, a trailing length that differs) is skipped and counted when a sound
+//! block follows within 1 MiB (a decoded block type, a valid length repeated at its end), as tshark steps over it. `next_packet` only fails for I/O
 //! errors and for packets of an unsupported link type (pcapng interfaces).
 
 use std::fs::File;
@@ -60,6 +62,9 @@ pub struct PacketRef<'a> {
 
 /// Initial buffer size: large enough that refills are rare system calls.
 const INITIAL_BUF: usize = 128 * 1024;
+
+/// How far past a pcapng block with corrupt framing the reader looks for the next sound block.
+const RESYNC_WINDOW: usize = 2 * MAX_DECODED_BLOCK as usize;
 
 enum State {
     Pcap { endian: Endian, nanosecond: bool, link_type: LinkType, snaplen: u32 },
@@ -422,11 +427,17 @@ impl<R: Read> TraceReader<R> {
         };
         let block_type = endian.u32(type_bytes);
         let total = endian.u32(len_bytes);
-        if total < MIN_BLOCK_LEN || total % 4 != 0 {
+        if block_type == BT_SHB && self.byte_order_contradicts(endian, total)? {
+            // A swapped or damaged byte-order magic reads the length in the wrong order: name the magic, not the
+            // "truncated record" that length would lead to.
             return Err(unreadable(TraceError::corrupt_block(
                 blk_off,
-                "block length not a multiple of 4 of at least 12",
+                "section header's byte-order magic contradicts its block length (a corrupt byte-order magic)",
             )));
+        }
+        if total < MIN_BLOCK_LEN || total % 4 != 0 {
+            let err = TraceError::corrupt_block(blk_off, "block length not a multiple of 4 of at least 12");
+            return Err(self.resync(blk_off, 4, unreadable(err))?);
         }
         if !pcapng::is_decoded(block_type) {
             self.skip_block(blk_off, total, endian)?;
@@ -439,15 +450,14 @@ impl<R: Read> TraceReader<R> {
         }
         let total = total as usize;
         if !self.ensure(total)? {
-            return Err(truncated(blk_off));
+            // The file ends inside the block — or its length is corrupt and a sound block follows.
+            return Err(self.resync(blk_off, 4, truncated(blk_off))?);
         }
         let start = self.start;
         let block = &self.buf[start..start + total];
         if pcap::read_u32(endian, block, total - 4) != total as u32 {
-            return Err(unreadable(TraceError::corrupt_block(
-                blk_off,
-                "trailing block length differs from leading one",
-            )));
+            let err = TraceError::corrupt_block(blk_off, "trailing block length differs from leading one");
+            return Err(self.resync(blk_off, 4, unreadable(err))?);
         }
         let State::PcapNg(section) = &mut self.state else {
             return Ok(Step::End);
@@ -487,13 +497,85 @@ impl<R: Read> TraceReader<R> {
         }
         let trailer = pcap::read_u32(endian, &self.buf[self.start..self.start + 4], 0);
         if trailer != total {
-            return Err(unreadable(TraceError::corrupt_block(
-                blk_off,
-                "trailing block length differs from leading one",
-            )));
+            let err = TraceError::corrupt_block(blk_off, "trailing block length differs from leading one");
+            return Err(self.resync(blk_off, 4, unreadable(err))?);
         }
         self.consume(4);
         Ok(())
+    }
+
+    /// A section header whose length is unusable in the byte order its magic names, yet is a sound block in the
+    /// other order: the magic is what is corrupt.
+    #[cold]
+    fn byte_order_contradicts(&mut self, endian: Endian, total: u32) -> Result<bool, TraceError> {
+        let sound = |r: &mut Self, e: Endian, t: u32| -> Result<bool, TraceError> {
+            if t < 28 || !t.is_multiple_of(4) || t > MAX_DECODED_BLOCK || !r.ensure(t as usize)? {
+                return Ok(false);
+            }
+            Ok(pcap::read_u32(e, &r.buf[r.start..r.start + t as usize], t as usize - 4) == t)
+        };
+        if sound(self, endian, total)? {
+            return Ok(false);
+        }
+        let other = match endian {
+            Endian::Little => Endian::Big,
+            Endian::Big => Endian::Little,
+        };
+        let s = self.start;
+        let alt = other.u32([self.buf[s + 4], self.buf[s + 5], self.buf[s + 6], self.buf[s + 7]]);
+        sound(self, other, alt)
+    }
+
+    /// After a block whose framing is corrupt (at `blk_off`): the next sound block, searched from `from`
+    /// bytes past the buffer's start in steps of 4 (blocks are 4-byte aligned) within [`RESYNC_WINDOW`] bytes — a
+    /// block of a decoded type (see [`pcapng::is_decoded`]) in the section's byte order (a section header in its
+    /// own), of a valid length, whose trailing length repeats the leading one. Found: everything before it is
+    /// consumed and the corrupt block counted (`Fault::Skip`), as tshark steps over a damaged block; not found, or
+    /// in the file's first block (no section to read the rest in): `fallback`, the fault without a way on.
+    #[cold]
+    #[inline(never)]
+    fn resync(&mut self, blk_off: u64, from: usize, fallback: Fault) -> Result<Fault, TraceError> {
+        let endian = match &self.state {
+            State::PcapNg(section) if blk_off > 0 => section.endian,
+            _ => return Ok(fallback),
+        };
+        let mut k = from;
+        while k <= RESYNC_WINDOW {
+            if !self.ensure(k + 8)? {
+                break;
+            }
+            let s = self.start + k;
+            let word = |at: usize, b: &[u8]| [b[at], b[at + 1], b[at + 2], b[at + 3]];
+            let t = word(s, &self.buf);
+            let e = if u32::from_le_bytes(t) == BT_SHB {
+                if !self.ensure(k + 12)? {
+                    break;
+                }
+                match Section::shb_endian(word(s + 8, &self.buf), 0) {
+                    Ok(e) => e,
+                    Err(_) => {
+                        k += 4;
+                        continue;
+                    }
+                }
+            } else {
+                endian
+            };
+            let total = e.u32(word(s + 4, &self.buf));
+            let plausible = pcapng::is_decoded(e.u32(t))
+                && total >= MIN_BLOCK_LEN
+                && total.is_multiple_of(4)
+                && total <= MAX_DECODED_BLOCK;
+            if plausible && self.ensure(k + total as usize)? {
+                let s = self.start + k;
+                if e.u32(word(s + total as usize - 4, &self.buf)) == total {
+                    self.consume(k);
+                    return Ok(Fault::Skip(Unparsed::CorruptRecord));
+                }
+            }
+            k += 4;
+        }
+        Ok(fallback)
     }
 
     /// A clean end when no byte of the next record exists, otherwise a truncated record.

@@ -470,10 +470,62 @@ fn pcapng_skips_unknown_blocks_even_huge_ones() {
     }
     assert_eq!(n, 2);
     assert!(r.buffer_len() <= 256 * 1024, "buffer grew to {}", r.buffer_len());
-    // The huge block's trailer is still validated.
+    // The huge block's trailer is still validated: a mismatch is a corrupt block, stepped over because a sound
+    // block follows (issue 35: one corrupt block hid every packet after it).
     let mut bad = bytes.clone();
     bad[huge_trailer] ^= 4;
-    assert!(read_err(&bad).contains("trailing block length differs"), "{}", read_err(&bad));
+    let (pkts, counts, why) = read_counted(bad.as_slice()).unwrap();
+    assert_eq!((pkts.len(), counts.get(Unparsed::CorruptRecord), counts.total(), why), (2, 1, 1, None));
+}
+
+/// Issue 35 item 6: a pcapng block with corrupt framing hid every packet after it; now it is skipped and counted
+/// when a sound block follows, and the reading ends (with the reason) only when none does.
+#[test]
+fn pcapng_corrupt_framing_is_skipped_when_a_sound_block_follows() {
+    let mut ng = Ng::new(false);
+    ng.shb().idb(1, 0, None).epb(0, 1, &eth_frame(0, 60), 60);
+    let bad_off = ng.out.len();
+    ng.epb(0, 2, &eth_frame(1, 60), 60);
+    let bad_len = ng.out.len() - bad_off;
+    ng.epb(0, 3, &eth_frame(2, 60), 60).epb(0, 4, &eth_frame(3, 61), 61);
+    let good = ng.bytes();
+    let ts = |p: &[Owned]| p.iter().map(|x| x.ts_ns).collect::<Vec<_>>();
+    for (what, patch) in [
+        ("leading length not a multiple of 4", (bad_off + 4, 102u32)),
+        ("leading length below 12", (bad_off + 4, 8)),
+        ("leading length pointing past the next block", (bad_off + 4, bad_len as u32 + 8)),
+        ("trailing length differs", (bad_off + bad_len - 4, 200)),
+    ] {
+        let mut b = good.clone();
+        b[patch.0..patch.0 + 4].copy_from_slice(&patch.1.to_le_bytes());
+        let (pkts, counts, why) = read_counted(b.as_slice()).unwrap();
+        assert_eq!(ts(&pkts), [1_000, 3_000, 4_000], "{what}");
+        assert_eq!((counts.get(Unparsed::CorruptRecord), counts.total(), why), (1, 1, None), "{what}");
+    }
+    // Nothing sound after it: the reading ends there, with the reason.
+    let mut b = good[..bad_off + bad_len].to_vec();
+    b[bad_off + 4..bad_off + 8].copy_from_slice(&102u32.to_le_bytes());
+    let (pkts, counts, why) = read_counted(b.as_slice()).unwrap();
+    assert_eq!((pkts.len(), counts.get(Unparsed::UnreadableRest)), (1, 1));
+    assert_eq!(
+        why.unwrap(),
+        format!("corrupt pcapng block at byte {bad_off}: block length not a multiple of 4 of at least 12")
+    );
+}
+
+/// Issue 35 item 6: a section header whose byte-order magic was swapped read its length in the wrong order and
+/// was reported as a truncated record; the error now names the magic.
+#[test]
+fn pcapng_swapped_byte_order_magic_is_named() {
+    for big in [false, true] {
+        let mut ng = Ng::new(big);
+        ng.shb().idb(1, 0, None).epb(0, 1, &eth_frame(0, 60), 60);
+        let mut b = ng.bytes();
+        b[8..12].reverse();
+        let e = read_err(&b);
+        assert!(e.contains("byte-order magic contradicts its block length"), "{e}");
+        assert!(!e.contains("truncated"), "{e}");
+    }
 }
 
 #[test]

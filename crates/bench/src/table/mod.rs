@@ -134,6 +134,12 @@ pub struct BenchRow {
     /// measured; `None` where unknown.
     #[serde(default)]
     pub huge_pages: Option<f64>,
+    /// `mops` over `--reps` rounds (None with one).
+    #[serde(default)]
+    pub spread: Option<crate::reps::Spread>,
+    /// The operations the figure rests on and why not to quote it ([`flowplane_engine::trust`]; ceilings: none).
+    #[serde(default)]
+    pub trust: crate::reps::Trust,
 }
 
 impl BenchRow {
@@ -154,6 +160,12 @@ impl BenchRow {
             ceiling_frac: None,
             extra: Vec::new(),
             huge_pages: None,
+            spread: None,
+            trust: if impl_name == "ceiling" {
+                crate::reps::Trust::default()
+            } else {
+                crate::reps::Trust::of_ops(mops, ops, "operations")
+            },
         }
     }
 
@@ -485,6 +497,27 @@ pub fn run(opts: &TableBenchOptions) -> Vec<BenchRow> {
     rows
 }
 
+/// [`run`] `reps` rounds over (at least one): each row's figure (Mops) is the median round's, with min and max;
+/// ratios and ceiling fractions are taken between the medians.
+pub fn run_reps(opts: &TableBenchOptions, reps: usize) -> Result<Vec<BenchRow>, String> {
+    let merged = crate::reps::repeat(reps, |_| Ok(run(opts)), |r| Some(r.mops))?;
+    let mut rows: Vec<BenchRow> = merged
+        .into_iter()
+        .map(|(mut r, s)| {
+            r.ratio_vs.clear();
+            r.ceiling_frac = None;
+            if let Some(s) = s.as_ref().filter(|_| r.impl_name != "ceiling") {
+                r.trust.spread(s);
+            }
+            r.spread = s.filter(|s| s.reps > 1);
+            r
+        })
+        .collect();
+    fill_ratios(&mut rows);
+    fill_ceiling_fracs(&mut rows);
+    Ok(rows)
+}
+
 /// Baseline implementations every non-baseline row is compared against (when a matching row exists).
 const BASELINES: &[&str] = &["hashbrown", "rte_hash", "flowplane"];
 
@@ -560,8 +593,8 @@ pub fn format_text(rows: &[BenchRow]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<18} {:<14} {:>10} {:>5} {:>8} {:>5} {:>9} {:>10} {:>7} {:>6}  ratios / extra",
-        "impl", "op", "size", "batch", "ins/1:r", "cores", "Mops", "cycles/op", "ceil%", "huge%"
+        "{:<18} {:<14} {:>10} {:>5} {:>8} {:>5} {:>9} {:>13} {:>10} {:>7} {:>6}  ratios / extra",
+        "impl", "op", "size", "batch", "ins/1:r", "cores", "Mops", "min-max", "cycles/op", "ceil%", "huge%"
     );
     for r in rows {
         let ceil = r.ceiling_frac.map(|f| format!("{:.0}%", f * 100.0)).unwrap_or_else(|| "-".into());
@@ -569,8 +602,18 @@ pub fn format_text(rows: &[BenchRow]) -> String {
         let ins = if r.insert_every == 0 { "-".to_string() } else { r.insert_every.to_string() };
         let _ = write!(
             s,
-            "{:<18} {:<14} {:>10} {:>5} {:>8} {:>5} {:>9.2} {:>10.1} {:>7} {:>6} ",
-            r.impl_name, r.op, r.size, r.batch, ins, r.cores, r.mops, r.cycles_per_op, ceil, huge
+            "{:<18} {:<14} {:>10} {:>5} {:>8} {:>5} {:>9.2} {:>13} {:>10.1} {:>7} {:>6} ",
+            r.impl_name,
+            r.op,
+            r.size,
+            r.batch,
+            ins,
+            r.cores,
+            r.mops,
+            r.spread.as_ref().map_or("-".to_string(), |x| x.cell(2)),
+            r.cycles_per_op,
+            ceil,
+            huge
         );
         for (n, v) in &r.ratio_vs {
             let _ = write!(s, " x{v:.2} vs {n};");
@@ -578,6 +621,11 @@ pub fn format_text(rows: &[BenchRow]) -> String {
         for (n, v) in &r.extra {
             let _ = write!(s, " {n}={v:.3};");
         }
+        s.push_str(&r.trust.cell());
+        s.push('\n');
+    }
+    if let Some(n) = crate::reps::footnote(rows.iter().map(|r| &r.trust)) {
+        s.push_str(&n);
         s.push('\n');
     }
     s
