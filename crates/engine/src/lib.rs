@@ -18,6 +18,7 @@ pub mod chain;
 pub mod coarse;
 pub mod control;
 pub mod error;
+pub mod frag;
 pub mod exec;
 pub mod graph;
 pub mod hist;

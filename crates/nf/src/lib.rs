@@ -24,6 +24,7 @@ pub mod pkt;
 pub mod registry;
 pub mod report;
 pub mod stateful;
+pub mod topk;
 #[cfg(any(test, feature = "testutil"))]
 pub mod testutil;
 

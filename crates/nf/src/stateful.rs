@@ -244,6 +244,15 @@ pub enum GlobalState {
     /// Private per-core structures per-flow state points into (a connection
     /// slab): flows cannot move between cores nor share a table.
     Private,
+    /// Per-core counts that judge a key by how many packets it sent (ddos's
+    /// sketch of the sources its table cannot hold): under a strategy that
+    /// sprays, each core sees about 1/cores of a key's packets, so the runtime
+    /// sets the NF's parameter `param` to the number of cores and the NF
+    /// scales its per-core count by it. Nothing under a steering strategy.
+    SprayShare {
+        /// Parameter that takes the number of cores a key's packets are sprayed over.
+        param: &'static str,
+    },
 }
 
 /// What an NF's state needs from a multi-core strategy.
@@ -270,7 +279,7 @@ impl Placement {
 
     /// Per-flow state can move between cores with its block.
     pub fn migratable(&self) -> bool {
-        matches!(self.global, GlobalState::None)
+        matches!(self.global, GlobalState::None | GlobalState::SprayShare { .. })
     }
 }
 

@@ -314,6 +314,60 @@ pub struct StoreReport {
     /// inside a live entry (an aggregated block with a longer timeout, a
     /// coarse entry) and reset in place: not table events (the entry stays).
     pub state_resets: u64,
+    /// IPv4 fragments judged by the per-core fragment table ([`crate::frag`]): later fragments that
+    /// followed their first fragment's flow, orphans, and those dropped (overlaps, too many).
+    pub fragments: crate::frag::FragStats,
+    /// Attribution (issue 33 item 4): the IPv4 sources with the most packets that found the flow table full.
+    pub table_full_sources: TopSources,
+}
+
+/// Sources listed in [`StoreReport::table_full_sources`].
+pub const TOP_SOURCES: usize = 10;
+
+/// The IPv4 sources with the most events, most first (count 0: an empty place): a core's Space-Saving summary
+/// (`flowplane_nf::topk`, counts an upper bound), summed by address over cores. Plain data, so the table figures
+/// stay `Copy`; serialised as `[{"src": "a.b.c.d", "packets": n}, ...]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TopSources(pub [(u32, u64); TOP_SOURCES]);
+
+impl TopSources {
+    /// The first [`TOP_SOURCES`] of `pairs` by count.
+    pub fn from_pairs(pairs: &[(u32, u64)]) -> Self {
+        let mut v: Vec<(u32, u64)> = pairs.iter().copied().filter(|p| p.1 > 0).collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut t = TopSources::default();
+        for (d, s) in t.0.iter_mut().zip(v) {
+            *d = s;
+        }
+        t
+    }
+
+    /// The listed (source, count) pairs.
+    pub fn pairs(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.0.iter().copied().filter(|p| p.1 > 0)
+    }
+
+    /// Adds another core's list (by address).
+    pub fn merge(&mut self, o: &TopSources) {
+        let mut acc: Vec<(u32, u64)> = self.pairs().collect();
+        for (a, n) in o.pairs() {
+            match acc.iter_mut().find(|x| x.0 == a) {
+                Some(x) => x.1 += n,
+                None => acc.push((a, n)),
+            }
+        }
+        *self = TopSources::from_pairs(&acc);
+    }
+}
+
+impl Serialize for TopSources {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let rows: Vec<serde_json::Value> = self
+            .pairs()
+            .map(|(a, n)| serde_json::json!({ "src": std::net::Ipv4Addr::from(a).to_string(), "packets": n }))
+            .collect();
+        rows.serialize(s)
+    }
 }
 
 impl StoreReport {
@@ -345,6 +399,8 @@ impl StoreReport {
         self.shared_lookups += o.shared_lookups;
         self.aux_fallbacks += o.aux_fallbacks;
         self.state_resets += o.state_resets;
+        self.fragments.merge(&o.fragments);
+        self.table_full_sources.merge(&o.table_full_sources);
         // The shared tables are the same for every core: keep one reading.
         self.shared_keys = self.shared_keys.max(o.shared_keys);
         self.shared_capacity = self.shared_capacity.max(o.shared_capacity);
@@ -425,7 +481,11 @@ impl Pipeline {
         }
         self.cx.parse(batch);
         self.cx.begin_batch(ctx.now_ns);
+        let full = self.cx.table_full_events();
         self.exec.run(&mut self.cx, batch, ctx);
+        if self.cx.table_full_events() != full {
+            self.cx.attribute_table_full(batch);
+        }
         self.cx.expire(ctx.now_ns);
     }
 
