@@ -92,3 +92,24 @@ fn nat_names_who_holds_the_ports_and_who_was_refused_and_the_table_who_filled_it
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 33 item 2: nat's declared table-full behaviour — `evict` would take one direction of a translated
+/// connection and remap it mid-way, so it is refused in one line naming nat; `reject` (the default) drops the
+/// packets that find no room (counted `dropped_table_full`), never passing them untranslated.
+#[test]
+fn nat_refuses_evict_and_drops_what_finds_no_room() {
+    let gen = "--flows 300 --packets 600";
+    let o = Command::new(BIN)
+        .args(["run", "--gen", gen, "--chain", "nat", "--flows", "64", "--table-full", "evict", "--cores", "1"])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.trim().lines().count() == 1 && e.contains("nat") && e.contains("evict"), "{e}");
+    let r = run(&["run", "--gen", gen, "--chain", "nat", "--flows", "64", "--exec", "rtc", "--cores", "1", "--json"]);
+    let d = &r["nfs"][0]["details"];
+    let full = r["tables"]["table_full"].as_u64().unwrap();
+    assert!(full > 0, "{}", r["tables"]);
+    assert_eq!(d["dropped_table_full"].as_u64().unwrap(), full, "{d}");
+    assert_eq!(r["packets_out"].as_u64().unwrap() + full, r["packets"].as_u64().unwrap(), "{d}");
+}

@@ -385,6 +385,10 @@ pub trait StatefulNf: Send + 'static {
     /// drop state without calling it (eviction).
     const HAS_RELEASE: bool = false;
 
+    /// Why this NF's per-flow state must not be evicted when the table is full (`--table-full evict` is then
+    /// refused in one line naming the NF and the reason), or `None`: the NF copes with losing a flow's state.
+    const NO_EVICT: Option<&'static str> = None;
+
     /// Set to `true` when the NF must see both directions of a connection on
     /// the same core (connection tracking): multi-core runs then use the
     /// symmetric RSS key.

@@ -54,6 +54,11 @@ impl TopK {
         self.total
     }
 
+    /// The held keys in no particular order: (key, count, error). No allocation.
+    pub fn entries(&self) -> impl Iterator<Item = (u32, u64, u64)> + '_ {
+        self.slots[..self.used].iter().map(|s| (s.key, s.count, s.error))
+    }
+
     /// The held keys, largest count first (ties: smaller key first): (key, count, error).
     pub fn top(&self) -> Vec<(u32, u64, u64)> {
         let mut v: Vec<(u32, u64, u64)> = self.slots[..self.used].iter().map(|s| (s.key, s.count, s.error)).collect();

@@ -306,6 +306,12 @@ impl ExecContext {
             // where that would leak (NAT ports, pins on shared state).
             for st in &chain.stages {
                 if let Stage::Stateful { nf, .. } = st {
+                    if let Some(why) = nf.no_evict() {
+                        return Err(EngineError::Unsupported(format!(
+                            "table-full policy 'evict': {}: {why}; use 'reject'",
+                            nf.name()
+                        )));
+                    }
                     if nf.has_release() {
                         return Err(EngineError::Unsupported(format!(
                             "table-full policy 'evict' would drop {} state without releasing it; use 'reject'",
@@ -1258,9 +1264,7 @@ impl ExecContext {
             aux_fallbacks: self.stats.aux_fallbacks,
             state_resets: self.stats.state_resets,
             fragments: self.frags.stats,
-            table_full_sources: TopSources::from_pairs(
-                &self.full_sources.top().iter().map(|&(a, n, _)| (a, n)).collect::<Vec<_>>(),
-            ),
+            table_full_sources: TopSources::from_pairs(self.full_sources.entries().map(|(a, n, _)| (a, n))),
             ..Default::default()
         };
         for st in &self.chain.stages {

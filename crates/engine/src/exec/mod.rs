@@ -331,32 +331,45 @@ pub const TOP_SOURCES: usize = 10;
 pub struct TopSources(pub [(u32, u64); TOP_SOURCES]);
 
 impl TopSources {
-    /// The first [`TOP_SOURCES`] of `pairs` by count.
-    pub fn from_pairs(pairs: &[(u32, u64)]) -> Self {
-        let mut v: Vec<(u32, u64)> = pairs.iter().copied().filter(|p| p.1 > 0).collect();
-        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    /// The first [`TOP_SOURCES`] of `pairs` by count (ties: lower address first); no allocation.
+    pub fn from_pairs(pairs: impl IntoIterator<Item = (u32, u64)>) -> Self {
         let mut t = TopSources::default();
-        for (d, s) in t.0.iter_mut().zip(v) {
-            *d = s;
+        for (a, n) in pairs {
+            t.offer(a, n);
         }
         t
     }
 
-    /// The listed (source, count) pairs.
+    /// Inserts `(a, n)` in order if it ranks among the first [`TOP_SOURCES`].
+    fn offer(&mut self, a: u32, n: u64) {
+        if n == 0 {
+            return;
+        }
+        if let Some(p) = self.0.iter().position(|&(b, m)| m == 0 || n > m || (n == m && a < b)) {
+            self.0.copy_within(p..TOP_SOURCES - 1, p + 1);
+            self.0[p] = (a, n);
+        }
+    }
+
+    /// The listed (source, count) pairs, most first.
     pub fn pairs(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
         self.0.iter().copied().filter(|p| p.1 > 0)
     }
 
-    /// Adds another core's list (by address).
+    /// Adds another core's list (summed by address).
     pub fn merge(&mut self, o: &TopSources) {
-        let mut acc: Vec<(u32, u64)> = self.pairs().collect();
-        for (a, n) in o.pairs() {
-            match acc.iter_mut().find(|x| x.0 == a) {
+        let mut acc = [(0u32, 0u64); 2 * TOP_SOURCES];
+        let mut len = 0;
+        for (a, n) in self.pairs().chain(o.pairs()) {
+            match acc[..len].iter_mut().find(|x| x.0 == a) {
                 Some(x) => x.1 += n,
-                None => acc.push((a, n)),
+                None => {
+                    acc[len] = (a, n);
+                    len += 1;
+                }
             }
         }
-        *self = TopSources::from_pairs(&acc);
+        *self = TopSources::from_pairs(acc[..len].iter().copied());
     }
 }
 
@@ -920,4 +933,25 @@ fn section_read(data: &[u8]) -> Option<(&[u8], &[u8])> {
     let len = u32::from_le_bytes(data.get(..4)?.try_into().ok()?) as usize;
     let body = data.get(4..4 + len)?;
     Some((body, &data[4 + len..]))
+}
+
+#[cfg(test)]
+mod top_sources_tests {
+    use super::{TopSources, TOP_SOURCES};
+
+    /// Two cores' lists sum by address and keep the first `TOP_SOURCES` by count (a model: a sorted map).
+    #[test]
+    fn merged_lists_sum_by_address_and_keep_the_heaviest() {
+        let a = TopSources::from_pairs((1..=TOP_SOURCES as u32).map(|i| (i, u64::from(i) * 10)));
+        let b = TopSources::from_pairs([(1, 1000), (50, 55), (2, 0)]);
+        let mut m = a;
+        m.merge(&b);
+        let mut model: Vec<(u32, u64)> = (1..=TOP_SOURCES as u32).map(|i| (i, u64::from(i) * 10)).collect();
+        model[0].1 += 1000;
+        model.push((50, 55));
+        model.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
+        model.truncate(TOP_SOURCES);
+        assert_eq!(m.pairs().collect::<Vec<_>>(), model);
+        assert_eq!(serde_json::to_value(TopSources::from_pairs([(0x0a00_0001, 3)])).unwrap()[0]["src"], "10.0.0.1");
+    }
 }

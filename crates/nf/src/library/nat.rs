@@ -88,7 +88,9 @@
 //!   (non-IP, malformed: `dropped_unparsed`) and packets without state
 //!   because the flow table is full (`dropped_table_full`) are DROPPED: the
 //!   NF fails closed, as passing a table-full packet would leak an
-//!   untranslated inside address.
+//!   untranslated inside address. `--table-full evict` is refused for nat
+//!   (`NO_EVICT`): the two directions of a connection are two entries, and
+//!   evicting one would remap the connection mid-way or cut its replies.
 //!
 //! With `--ipfix` the NAT logs RFC 8158 events through the engine's exporter:
 //! a NAT44 session create when a mapping is allocated (inside 5-tuple,
@@ -779,6 +781,10 @@ impl StatefulNf for Nat {
     // idle at lookup), never when the executor drops a flow entry.
     const ENDS_FLOWS: bool = true;
     const HAS_PREFETCH: bool = true;
+    // The two directions of a translated connection are two flow entries: evicting one would remap an
+    // outbound flow to a new port mid-connection (the old one held until it idles) or cut its replies.
+    const NO_EVICT: Option<&'static str> =
+        Some("evicting one direction of a translated connection would remap it mid-connection");
     const STEPS: bool = true;
     const ONE_STEP: bool = true;
 
