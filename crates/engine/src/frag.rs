@@ -79,7 +79,7 @@ impl Entry {
 /// Fragment counters (per core; summed in the report).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct FragStats {
-    /// First fragments recorded.
+    /// First fragments recorded (a datagram's first fragment seen again starts it over, and counts again).
     pub first: u64,
     /// Later fragments that took their first fragment's key.
     pub followed: u64,
@@ -189,6 +189,7 @@ impl FragTable {
                 }
                 // The datagram sent again (or its id reused by the same flow): it starts over.
                 (e.first_end, e.frags, e.at_ns) = (first_end, 0, now);
+                stats.first += 1;
                 return Judged::Keep;
             }
             // An expired (or never used) way, else the set's oldest.

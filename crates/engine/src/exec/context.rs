@@ -470,7 +470,8 @@ impl ExecContext {
     }
 
     /// Parses every packet of the batch into `scratch.metas`. IPv4 fragments are judged by the fragment
-    /// table ([`crate::frag`]): a later fragment takes its first fragment's key, or is dropped.
+    /// table ([`crate::frag`]): a later fragment takes its first fragment's key; overlapping ones and too many
+    /// of one datagram are dropped here, before any lookup.
     pub(crate) fn parse(&mut self, batch: &mut Batch) {
         let ExecContext { scratch, stats, frags, .. } = self;
         for i in 0..batch.len() {
