@@ -236,7 +236,13 @@ impl TraceOut {
             }
             None => None,
         };
-        Ok(TraceOut { builder, rss: RssDispatcher::new(1, false).map_err(|e| e.to_string())?, pcap, packets: 0, err: None })
+        Ok(TraceOut {
+            builder,
+            rss: RssDispatcher::new(1, false).map_err(|e| e.to_string())?,
+            pcap,
+            packets: 0,
+            err: None,
+        })
     }
 
     fn push(&mut self, frame: &[u8], ts: u64) {
@@ -381,7 +387,13 @@ fn syn_flood(sources: u64, path: Option<PathBuf>) -> Result<Trace, String> {
 }
 
 /// `sources` sources of `per_source` UDP packets each, random order; one pass spans `span_ns`.
-fn source_flood(sources: u64, per_source: u64, salt: u32, span_ns: u64, path: Option<PathBuf>) -> Result<Trace, String> {
+fn source_flood(
+    sources: u64,
+    per_source: u64,
+    salt: u32,
+    span_ns: u64,
+    path: Option<PathBuf>,
+) -> Result<Trace, String> {
     let order = shuffled(sources, per_source, u64::from(salt));
     let gap = (span_ns / order.len().max(1) as u64).max(1);
     let mut out = TraceOut::new(order.len(), path)?;
@@ -707,7 +719,10 @@ impl AttackReport {
             .x_labels(scenarios.len().max(1) * 2)
             .x_label_formatter(&|x| {
                 let g = (*x / group as f64) as usize;
-                scenarios.get(g).filter(|_| (*x - (g * group) as f64 - 1.5).abs() < 0.75).map_or(String::new(), |s| s.to_string())
+                scenarios
+                    .get(g)
+                    .filter(|_| (*x - (g * group) as f64 - 1.5).abs() < 0.75)
+                    .map_or(String::new(), |s| s.to_string())
             })
             .y_desc("Mpps")
             .draw()
@@ -740,7 +755,10 @@ impl AttackReport {
 
 impl fmt::Display for AttackReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "attack: 1 core, in-memory replay; each attack row against its scenario's normal row (same executor)")?;
+        writeln!(
+            f,
+            "attack: 1 core, in-memory replay; each attack row against its scenario's normal row (same executor)"
+        )?;
         writeln!(
             f,
             "{:<16} {:<23} {:<6} {:>7} {:>8} {:>9} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8}",
@@ -787,9 +805,8 @@ impl fmt::Display for AttackReport {
             )?;
         }
         // The target: nat at exhaustion, batch never slower than rtc.
-        let nat = |e: &str| {
-            self.rows.iter().find(|r| r.scenario == "nat-exhaustion" && r.traffic == "attack" && r.exec == e)
-        };
+        let nat =
+            |e: &str| self.rows.iter().find(|r| r.scenario == "nat-exhaustion" && r.traffic == "attack" && r.exec == e);
         if let (Some(b), Some(r)) = (nat("batch"), nat("rtc")) {
             writeln!(
                 f,

@@ -389,7 +389,10 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             if !execs.is_empty() {
                 o.execs = execs
                     .iter()
-                    .map(|e| flowplane_engine::exec::ExecKind::parse(e).map_err(|err| CliError::new(format!("--exec: {err}"))))
+                    .map(|e| {
+                        flowplane_engine::exec::ExecKind::parse(e)
+                            .map_err(|err| CliError::new(format!("--exec: {err}")))
+                    })
                     .collect::<Result<_, _>>()?;
             }
             o.only = only;

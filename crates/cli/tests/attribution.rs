@@ -20,7 +20,8 @@ fn python() -> &'static str {
 
 fn model(mode: &str, pcap: &Path, room: u32) -> Value {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/models/attribution.py");
-    let o = Command::new(python()).arg(script).args([mode, pcap.to_str().unwrap(), &room.to_string()]).output().unwrap();
+    let o =
+        Command::new(python()).arg(script).args([mode, pcap.to_str().unwrap(), &room.to_string()]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     serde_json::from_slice(&o.stdout).unwrap()
 }

@@ -61,10 +61,10 @@ fn fragmented_udp_through_nat_and_fw_reassembles_to_the_originals() {
     assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
     let want: Value = serde_json::from_slice(&g.stdout).unwrap();
     // The originals: the 20 whole datagrams (not the orphan's nor the overlapping one's).
-    let orig: Vec<_> =
-        datagrams(&input).into_iter().filter(|(s, _, _)| s != "10.1.0.60" && s != "10.1.0.50").collect();
+    let orig: Vec<_> = datagrams(&input).into_iter().filter(|(s, _, _)| s != "10.1.0.60" && s != "10.1.0.50").collect();
     assert_eq!(orig.len() as u64, want["datagrams"].as_u64().unwrap());
-    let flow_of: BTreeMap<&str, (&str, &str)> = orig.iter().map(|(s, p, d)| (d.as_str(), (s.as_str(), p.as_str()))).collect();
+    let flow_of: BTreeMap<&str, (&str, &str)> =
+        orig.iter().map(|(s, p, d)| (d.as_str(), (s.as_str(), p.as_str()))).collect();
     assert_eq!(flow_of.len(), orig.len(), "payloads tell the datagrams apart");
     let payloads = |v: &[(String, String, String)]| v.iter().map(|x| x.2.clone()).collect::<BTreeSet<_>>();
 

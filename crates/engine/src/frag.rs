@@ -172,9 +172,8 @@ impl FragTable {
         let set = ((x ^ (x >> 31)).wrapping_mul(0x94D0_49BB_1331_11EB) >> 40) as usize & self.sets_mask;
         let FragTable { e, stats, .. } = self;
         let ways = &mut e[set * WAYS..set * WAYS + WAYS];
-        let found = ways
-            .iter()
-            .position(|w| w.fresh(now) && w.src == src && w.dst == dst && w.id == id && w.proto == proto);
+        let found =
+            ways.iter().position(|w| w.fresh(now) && w.src == src && w.dst == dst && w.id == id && w.proto == proto);
         if offset == 0 {
             // A first fragment: it carries the ports.
             let ihl = usize::from(h[0] & 0x0f) * 4;

@@ -123,7 +123,8 @@ pub fn plan(
                     for o in p.overrides.iter_mut() {
                         o.push((si, param.to_string(), cores.to_string()));
                     }
-                    p.notes.push(format!("{nf}: per-core counts scaled by {cores} (packets sprayed over {cores} cores)"));
+                    p.notes
+                        .push(format!("{nf}: per-core counts scaled by {cores} (packets sprayed over {cores} cores)"));
                 }
             }
             // Order-dependent per-flow or per-address state: runs, its order not guaranteed.

@@ -687,11 +687,8 @@ impl fmt::Display for Report {
             )?;
         }
         if t.table_full_sources.pairs().next().is_some() {
-            let top: Vec<String> = t
-                .table_full_sources
-                .pairs()
-                .map(|(a, n)| format!("{} ({n})", std::net::Ipv4Addr::from(a)))
-                .collect();
+            let top: Vec<String> =
+                t.table_full_sources.pairs().map(|(a, n)| format!("{} ({n})", std::net::Ipv4Addr::from(a))).collect();
             writeln!(f, "table-full   top sources: {}", top.join(", "))?;
         }
         let fr = &t.fragments;

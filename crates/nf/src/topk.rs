@@ -72,7 +72,9 @@ pub fn rows_v4(pairs: &[(u32, u64)], name: &str, what: &str, n: usize) -> Value 
     let mut v = pairs.to_vec();
     v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     v.truncate(n);
-    Value::Array(v.into_iter().map(|(a, c)| json!({ name: std::net::Ipv4Addr::from(a).to_string(), what: c })).collect())
+    Value::Array(
+        v.into_iter().map(|(a, c)| json!({ name: std::net::Ipv4Addr::from(a).to_string(), what: c })).collect(),
+    )
 }
 
 /// Merges two cores' `rows_v4` lists: sums by address, keeps the first `n`.

@@ -137,8 +137,8 @@ use crate::ipfix::{ExportRecord, NatEvent, NatExport, RecordTx};
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::{merge_keeping, Export};
-use crate::topk::{merge_rows_v4, rows_v4, TopK};
 use crate::stateful::{Action, Affinity, Cursor, GlobalState, Granularity, Placement, StatefulNf, Step};
+use crate::topk::{merge_rows_v4, rows_v4, TopK};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const EXTERNAL: ParamSpec = ParamSpec::text("external", "203.0.113.1", "IPv4", "first external address");
