@@ -79,6 +79,9 @@ pub struct AttackOptions {
     pub seconds: f64,
     /// Seconds of warm-up before each measurement.
     pub warmup: f64,
+    /// Passes over each trace instead of `seconds` (no warm-up): every pass is measured, so the counters are
+    /// the traces' whatever the machine's speed (the quick mode's, for tests).
+    pub loops: Option<u64>,
     /// Packets per batch.
     pub batch: usize,
     /// Executors (each scenario runs under each).
@@ -99,6 +102,7 @@ impl Default for AttackOptions {
             flows: 8192,
             seconds: 1.0,
             warmup: 0.3,
+            loops: None,
             batch: 64,
             execs: vec![ExecKind::BATCH, ExecKind::parse("rtc").unwrap_or(ExecKind::BATCH)],
             only: Vec::new(),
@@ -113,9 +117,10 @@ impl AttackOptions {
     /// Small and short: a CI smoke run of a few seconds, even in a debug build.
     pub fn quick() -> Self {
         AttackOptions {
-            flows: 256,
+            flows: 128,
             seconds: 0.03,
-            warmup: 0.01,
+            warmup: 0.0,
+            loops: Some(3),
             execs: vec![ExecKind::BATCH],
             nat_ports: (1024, 2047),
             collision_table: 512,
@@ -510,9 +515,9 @@ fn measure(
     let cfg = RunConfig {
         cores: 1,
         batch_size: opts.batch,
-        loops: None,
-        duration: Some(Duration::from_secs_f64(opts.seconds)),
-        warmup: Some(Duration::from_secs_f64(opts.warmup)),
+        loops: opts.loops,
+        duration: opts.loops.is_none().then(|| Duration::from_secs_f64(opts.seconds)),
+        warmup: (opts.loops.is_none() && opts.warmup > 0.0).then(|| Duration::from_secs_f64(opts.warmup)),
         exec: ExecConfig {
             kind,
             flows: capacity,

@@ -158,10 +158,10 @@ pub enum BenchCmd {
     },
     /// Under attack (issue 33): SYN flood, random-source UDP flood (ddos), NAT exhaustion, hash-collision keys (leaked vs random secret), fragment flood; each beside the same chain on normal traffic (one core).
     Attack {
-        /// Legitimate flows of the normal traces; the attacks scale with it (default 8192; quick 256).
+        /// Legitimate flows of the normal traces; the attacks scale with it (default 8192; quick 128).
         #[arg(long)]
         flows: Option<u64>,
-        /// Seconds per measurement (default 1; quick 0.03).
+        /// Seconds per measurement (default 1; quick: 3 passes over each trace instead).
         #[arg(long, allow_negative_numbers = true)]
         seconds: Option<f64>,
         /// Executors, comma-separated (default batch,rtc; quick batch).
@@ -385,6 +385,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 }
                 o.seconds = s;
                 o.warmup = (s * 0.3).min(o.warmup.max(0.01));
+                o.loops = None;
             }
             if !execs.is_empty() {
                 o.execs = execs

@@ -122,7 +122,7 @@ fn quick_run_rows_counters_and_traces_are_what_each_scenario_claims() {
     // NAT: 4 x 1,024 distinct inside flows (the quick pool's four times).
     let nat_lines = tshark(&dir.join("nat-exhaustion.attack.pcap"), &[], &["ip.src", "udp.srcport"]);
     let flows: HashSet<&String> = nat_lines.iter().collect();
-    assert_eq!(flows.len() as u64, 4 * 1024);
+    assert_eq!(flows.len() as u64, 4 * 1024, "4 x the quick pool");
     assert_eq!(flows.len() as u64, u(nat, "trace_flows"));
 
     // The collision keys through `flowplane run` one pass, one packet at a time (rtc): under the leaked secret
