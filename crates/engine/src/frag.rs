@@ -250,8 +250,8 @@ mod tests {
         let mut t = FragTable::new(7);
         let first = frame(1, 9, 0x2000, 16);
         assert_eq!(t.judge(&first, 14, &key(1, 1000, 53), 0), Judged::Keep);
-        let later = frame(1, 9, 0x2000 | 2, 16);
-        assert_eq!(t.judge(&later, 14, &later(1), 10), Judged::Follow(key(1, 1000, 53)));
+        let second = frame(1, 9, 0x2000 | 2, 16);
+        assert_eq!(t.judge(&second, 14, &later(1), 10), Judged::Follow(key(1, 1000, 53)));
         let last = frame(1, 9, 4, 16);
         assert_eq!(t.judge(&last, 14, &later(1), 20), Judged::Follow(key(1, 1000, 53)));
         // Not a fragment (DF set): untouched.
