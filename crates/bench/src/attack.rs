@@ -437,9 +437,12 @@ fn collision_tuple(i: u64) -> FiveTupleV4 {
     FiveTupleV4::new(s.into(), SERVER.into(), sport, 53, 17)
 }
 
+/// The collision search's result: the keys' indices, their bucket pair, the keys tried.
+type Colliding = (Vec<u64>, (usize, usize), u64);
+
 /// Searches keys whose two candidate buckets are one pair under `seed` in a table of `capacity` (what an
 /// attacker who learnt the secret computes offline): the candidates' indices, the pair, the keys tried.
-fn colliding_keys(capacity: usize, seed: u32, want: usize) -> Result<(Vec<u64>, (usize, usize), u64), String> {
+fn colliding_keys(capacity: usize, seed: u32, want: usize) -> Result<Colliding, String> {
     let t = FlowTable::<FiveTupleV4>::new(TableConfig::new(capacity, 8)).map_err(|e| e.to_string())?;
     let target = t.candidate_buckets(collision_tuple(0).hash64(seed));
     let mut keys = vec![0];

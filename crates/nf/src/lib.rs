@@ -24,9 +24,9 @@ pub mod pkt;
 pub mod registry;
 pub mod report;
 pub mod stateful;
-pub mod topk;
 #[cfg(any(test, feature = "testutil"))]
 pub mod testutil;
+pub mod topk;
 
 // The NF modules keep their paths: `flowplane_nf::nat::Nat`.
 pub use library::*;
