@@ -4,6 +4,7 @@
 
 /// The TSC clock (re-exported from `flowplane-packet`, where timestamps live).
 pub use flowplane_packet::tsc;
+pub mod attack;
 pub mod dyssect;
 pub mod interleave;
 pub mod io;

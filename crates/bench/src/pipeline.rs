@@ -140,7 +140,7 @@ pub(crate) struct Measured {
 }
 
 /// CPU time of the whole process, in ns (0 if unavailable).
-fn process_cpu_ns() -> u64 {
+pub(crate) fn process_cpu_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes one timespec into the valid, exclusively borrowed `ts`.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };

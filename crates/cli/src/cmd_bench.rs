@@ -6,6 +6,7 @@
 //! to `--png DIR`.
 
 use clap::{Args, Subcommand};
+use flowplane_bench::attack::{run_attack, AttackOptions, SCENARIOS};
 use flowplane_bench::interleave::{run_interleave, InterleaveOptions};
 use flowplane_bench::io::{run_io, IoBenchOptions};
 use flowplane_bench::parse::{run_parse, ParseBenchOptions};
@@ -172,6 +173,33 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 1)]
         reps: usize,
         /// Small and short (CI smoke run).
+        #[arg(long)]
+        quick: bool,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Under attack (issue 33): SYN flood, random-source UDP flood (ddos), NAT exhaustion, hash-collision keys (leaked vs random secret), fragment flood; each beside the same chain on normal traffic (one core).
+    Attack {
+        /// Legitimate flows of the normal traces; the attacks scale with it (default 8192; quick 128).
+        #[arg(long)]
+        flows: Option<u64>,
+        /// Seconds per measurement (default 1; quick: 3 passes over each trace instead).
+        #[arg(long, allow_negative_numbers = true)]
+        seconds: Option<f64>,
+        /// Executors, comma-separated (default batch,rtc; quick batch).
+        #[arg(long = "exec", value_delimiter = ',')]
+        execs: Vec<String>,
+        /// Scenarios to run (default all).
+        #[arg(long, value_delimiter = ',', value_parser = SCENARIOS)]
+        only: Vec<String>,
+        /// Write each scenario's normal and attack traces as pcap into this directory.
+        #[arg(long)]
+        write_traces: Option<std::path::PathBuf>,
+        /// Also draw Mpps, normal vs attack per scenario, into this PNG file.
+        #[arg(long)]
+        png: Option<std::path::PathBuf>,
+        /// Small and short (CI smoke run: a few seconds).
         #[arg(long)]
         quick: bool,
         /// JSON output.
@@ -398,6 +426,46 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             }
             let png = png.map(|p| png_file(&p, "upf.png")).transpose()?;
             let rep = run_upf(&o).map_err(CliError::new)?;
+            if let Some(p) = &png {
+                rep.plot_png(p).map_err(CliError::new)?;
+            }
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&rep)?))?);
+            } else {
+                out!("{rep}");
+                if let Some(p) = &png {
+                    outln!("plot         {}", p.display());
+                }
+            }
+        }
+        BenchCmd::Attack { flows, seconds, execs, only, write_traces, png, quick, json } => {
+            let mut o = if quick { AttackOptions::quick() } else { AttackOptions::default() };
+            if let Some(f) = flows {
+                if !(16..=1 << 20).contains(&f) {
+                    return Err(CliError::new(format!("--flows {f}: must be between 16 and 1048576")));
+                }
+                o.flows = f;
+            }
+            if let Some(s) = seconds {
+                if !(s.is_finite() && s > 0.0 && s <= 3600.0) {
+                    return Err(CliError::new(format!("--seconds {s}: must be positive, at most 3600")));
+                }
+                o.seconds = s;
+                o.warmup = (s * 0.3).min(o.warmup.max(0.01));
+                o.loops = None;
+            }
+            if !execs.is_empty() {
+                o.execs = execs
+                    .iter()
+                    .map(|e| {
+                        flowplane_engine::exec::ExecKind::parse(e)
+                            .map_err(|err| CliError::new(format!("--exec: {err}")))
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
+            o.only = only;
+            o.write_traces = write_traces;
+            let rep = run_attack(&o).map_err(CliError::new)?;
             if let Some(p) = &png {
                 rep.plot_png(p).map_err(CliError::new)?;
             }

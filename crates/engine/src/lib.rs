@@ -19,6 +19,7 @@ pub mod coarse;
 pub mod control;
 pub mod error;
 pub mod exec;
+pub mod frag;
 pub mod graph;
 pub mod hist;
 pub mod ipfix;

@@ -113,9 +113,19 @@ pub fn plan(
             .all_stages()
             .into_iter()
             .any(|(_, s)| matches!(s, Stage::Stateful { nf, .. } if nf.granularity() == Granularity::FiveTuple));
-        for (_, nf, pl) in &ps {
+        for (i, nf, pl) in &ps {
             if let Some(why) = spray_refusal(nf, pl) {
                 return Err(refuse(name, why));
+            }
+            if let GlobalState::SprayShare { param } = pl.global {
+                // Each core sees about 1/cores of a key's packets: the NF scales its per-core counts.
+                if let Some(si) = Some(*i).filter(|&k| spec.nfs.get(k).is_some_and(|n| n.name == *nf)) {
+                    for o in p.overrides.iter_mut() {
+                        o.push((si, param.to_string(), cores.to_string()));
+                    }
+                    p.notes
+                        .push(format!("{nf}: per-core counts scaled by {cores} (packets sprayed over {cores} cores)"));
+                }
             }
             // Order-dependent per-flow or per-address state: runs, its order not guaranteed.
             if pl.affinity != Affinity::Any {
@@ -168,7 +178,7 @@ pub fn plan(
     let mut pools = 0;
     for (i, nf, pl) in &ps {
         match pl.global {
-            GlobalState::None => {}
+            GlobalState::None | GlobalState::SprayShare { .. } => {}
             GlobalState::Private if moves => {
                 return Err(refuse(
                     name,

@@ -692,6 +692,26 @@ impl fmt::Display for Report {
                 }
             )?;
         }
+        if t.table_full_sources.pairs().next().is_some() {
+            let top: Vec<String> =
+                t.table_full_sources.pairs().map(|(a, n)| format!("{} ({n})", std::net::Ipv4Addr::from(a))).collect();
+            writeln!(f, "table-full   top sources: {}", top.join(", "))?;
+        }
+        let fr = &t.fragments;
+        if fr.first + fr.orphans + fr.dropped() > 0 {
+            writeln!(
+                f,
+                "fragments    {} datagrams, {} later fragments followed their first, {} without a first (port-less \
+                 key), {} dropped ({} overlapping, {} past the limit), {} datagrams pushed out",
+                fr.first,
+                fr.followed,
+                fr.orphans,
+                fr.dropped(),
+                fr.overlaps,
+                fr.too_many,
+                fr.evicted
+            )?;
+        }
         if t.shared_capacity > 0 {
             writeln!(
                 f,

@@ -148,6 +148,8 @@ pub trait StatefulStage: Send {
     fn idle_resets(&self) -> u64;
     /// The NF's state holds resources released by its release callback.
     fn has_release(&self) -> bool;
+    /// Why the NF's state must not be evicted ([`StatefulNf::NO_EVICT`]).
+    fn no_evict(&self) -> Option<&'static str>;
     /// The NF must see both directions of a connection on one core.
     fn both_directions(&self) -> bool;
     /// What the state needs on several cores.
@@ -399,6 +401,9 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
     }
     fn has_release(&self) -> bool {
         T::HAS_RELEASE
+    }
+    fn no_evict(&self) -> Option<&'static str> {
+        T::NO_EVICT
     }
     fn both_directions(&self) -> bool {
         T::BOTH_DIRECTIONS

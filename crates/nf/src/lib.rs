@@ -33,6 +33,7 @@ pub mod report;
 pub mod stateful;
 #[cfg(any(test, feature = "testutil"))]
 pub mod testutil;
+pub mod topk;
 
 // The NF modules keep their paths: `flowplane_nf::nat::Nat`.
 pub use library::*;

@@ -244,6 +244,15 @@ pub enum GlobalState {
     /// Private per-core structures per-flow state points into (a connection
     /// slab): flows cannot move between cores nor share a table.
     Private,
+    /// Per-core counts that judge a key by how many packets it sent (ddos's
+    /// sketch of the sources its table cannot hold): under a strategy that
+    /// sprays, each core sees about 1/cores of a key's packets, so the runtime
+    /// sets the NF's parameter `param` to the number of cores and the NF
+    /// scales its per-core count by it. Nothing under a steering strategy.
+    SprayShare {
+        /// Parameter that takes the number of cores a key's packets are sprayed over.
+        param: &'static str,
+    },
 }
 
 /// What an NF's state needs from a multi-core strategy.
@@ -270,7 +279,7 @@ impl Placement {
 
     /// Per-flow state can move between cores with its block.
     pub fn migratable(&self) -> bool {
-        matches!(self.global, GlobalState::None)
+        matches!(self.global, GlobalState::None | GlobalState::SprayShare { .. })
     }
 }
 
@@ -375,6 +384,10 @@ pub trait StatefulNf: Send + 'static {
     /// state holds resources): the executor then refuses table policies that
     /// drop state without calling it (eviction).
     const HAS_RELEASE: bool = false;
+
+    /// Why this NF's per-flow state must not be evicted when the table is full (`--table-full evict` is then
+    /// refused in one line naming the NF and the reason), or `None`: the NF copes with losing a flow's state.
+    const NO_EVICT: Option<&'static str> = None;
 
     /// Set to `true` when the NF must see both directions of a connection on
     /// the same core (connection tracking): multi-core runs then use the

@@ -713,6 +713,16 @@ impl<K: FlowKey> FlowTable<K> {
 
     /// Least-recently-seen occupied slot of b1/b2 whose handle is not protected.
     fn lru_victim(&self, b1: u32, b2: u32, protect: Protected<'_>) -> Option<(u32, usize, Handle)> {
+        // The candidates' last-seen times are up to 16 random slab lines: start every miss before reading any,
+        // so an eviction waits about one miss, not one after another (issue 33: evict under a new-flow flood).
+        for b in [b1, b2] {
+            let bk = self.bucket(b);
+            for s in 0..SLOTS {
+                if bk.tags[s] != 0 {
+                    prefetch(self.slab.entry_ptr(bk.handles[s]).wrapping_add(self.slab.layout.seen_off));
+                }
+            }
+        }
         let mut best: Option<(u64, u32, usize, Handle)> = None;
         for b in [b1, b2] {
             let bk = self.bucket(b);

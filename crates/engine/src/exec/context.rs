@@ -18,13 +18,14 @@ use flowplane_table::{FullPolicy, TableStats, Upsert, INVALID_HANDLE};
 use flowplane_wire::flow::{FiveTuple, FiveTupleV4};
 use flowplane_wire::hash::HashableKey;
 
-use super::{ExecConfig, StateLayout, StoreReport};
+use super::{ExecConfig, StateLayout, StoreReport, TopSources};
 use crate::chain::{Chain, IdleSlot, Stage};
 use crate::coarse::{
     aux_handle, aux_refused_bits, coarse_hash, group_key, handle_bits, key_tuple, touch_shared, with_locked, ClockSlot,
     GroupLayout, SharedClock, SharedStores,
 };
 use crate::error::EngineError;
+use crate::frag::{FragTable, Judged};
 use crate::stage::{apply_action, arrive, packet_ctx, BatchOutcome, StatefulStage};
 use crate::store::{FlowRef, FlowStore, StoreConfig};
 
@@ -261,6 +262,10 @@ pub struct ExecContext {
     /// The other cores' clocks for this batch: what shared state's idleness
     /// is judged on (see [`crate::coarse::CoreClocks`]).
     shared_clock: SharedClock,
+    /// The core's IPv4 fragment table ([`crate::frag`]), consulted at parse.
+    frags: FragTable,
+    /// Sources of the packets that found the flow table full (attribution; counted only in such batches).
+    full_sources: flowplane_nf::topk::TopK,
 }
 
 /// What the auxiliary table needs: the coarse groups and their shared tables.
@@ -318,6 +323,12 @@ impl ExecContext {
             // where that would leak (NAT ports, pins on shared state).
             for st in &chain.stages {
                 if let Stage::Stateful { nf, .. } = st {
+                    if let Some(why) = nf.no_evict() {
+                        return Err(EngineError::Unsupported(format!(
+                            "table-full policy 'evict': {}: {why}; use 'reject'",
+                            nf.name()
+                        )));
+                    }
                     if nf.has_release() {
                         return Err(EngineError::Unsupported(format!(
                             "table-full policy 'evict' would drop {} state without releasing it; use 'reject'",
@@ -422,6 +433,8 @@ impl ExecContext {
             clock,
             tap: None,
             shared_clock: SharedClock::default(),
+            frags: FragTable::new(cfg.hash_seed),
+            full_sources: flowplane_nf::topk::TopK::default(),
         })
     }
 
@@ -455,12 +468,42 @@ impl ExecContext {
         self.shared.clocks.latest()
     }
 
-    /// Parses every packet of the batch into `scratch.metas`.
-    pub(crate) fn parse(&mut self, batch: &Batch) {
+    /// Inserts the per-flow tables refused because they were full, so far (one read per table: checked once
+    /// per batch, so attribution costs nothing in a batch without such an event).
+    #[inline]
+    pub(crate) fn table_full_events(&self) -> u64 {
+        self.stores.iter().map(|s| s.stats().full_events).sum()
+    }
+
+    /// A batch had table-full events: counts the source of each valid IPv4 packet left without a flow entry.
+    #[cold]
+    pub(crate) fn attribute_table_full(&mut self, batch: &Batch) {
         for i in 0..batch.len() {
-            let m = &mut self.scratch.metas[i];
+            let m = &self.scratch.metas[i];
+            if let (true, FiveTuple::V4(k), true) = (m.valid, &m.tuple, self.scratch.flows[i] == FlowRef::NONE) {
+                self.full_sources.add(u32::from(k.src()));
+            }
+        }
+    }
+
+    /// Parses every packet of the batch into `scratch.metas`. IPv4 fragments are judged by the fragment
+    /// table ([`crate::frag`]): a later fragment takes its first fragment's key; overlapping ones and too many
+    /// of one datagram are dropped here, before any lookup.
+    pub(crate) fn parse(&mut self, batch: &mut Batch) {
+        let ExecContext { scratch, stats, frags, .. } = self;
+        for i in 0..batch.len() {
+            let m = &mut scratch.metas[i];
             m.parse_into(batch.data(i));
-            self.stats.unparsed += u64::from(!m.valid);
+            stats.unparsed += u64::from(!m.valid);
+            let FiveTuple::V4(k) = m.tuple else { continue };
+            if !m.valid {
+                continue;
+            }
+            match frags.judge(batch.data(i), usize::from(m.l3), &k, batch.timestamps()[i]) {
+                Judged::Keep => {}
+                Judged::Follow(t) => m.tuple = FiveTuple::V4(t),
+                Judged::Drop => batch.drop_packet(i),
+            }
         }
     }
 
@@ -1305,6 +1348,8 @@ impl ExecContext {
             shared_lookups: self.stats.shared_lookups,
             aux_fallbacks: self.stats.aux_fallbacks,
             state_resets: self.stats.state_resets,
+            fragments: self.frags.stats,
+            table_full_sources: TopSources::from_pairs(self.full_sources.entries().map(|(a, n, _)| (a, n))),
             ..Default::default()
         };
         for st in &self.chain.stages {

@@ -314,6 +314,73 @@ pub struct StoreReport {
     /// inside a live entry (an aggregated block with a longer timeout, a
     /// coarse entry) and reset in place: not table events (the entry stays).
     pub state_resets: u64,
+    /// IPv4 fragments judged by the per-core fragment table ([`crate::frag`]): later fragments that
+    /// followed their first fragment's flow, orphans, and those dropped (overlaps, too many).
+    pub fragments: crate::frag::FragStats,
+    /// Attribution (issue 33 item 4): the IPv4 sources with the most packets that found the flow table full.
+    pub table_full_sources: TopSources,
+}
+
+/// Sources listed in [`StoreReport::table_full_sources`].
+pub const TOP_SOURCES: usize = 10;
+
+/// The IPv4 sources with the most events, most first (count 0: an empty place): a core's Space-Saving summary
+/// (`flowplane_nf::topk`, counts an upper bound), summed by address over cores. Plain data, so the table figures
+/// stay `Copy`; serialised as `[{"src": "a.b.c.d", "packets": n}, ...]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TopSources(pub [(u32, u64); TOP_SOURCES]);
+
+impl TopSources {
+    /// The first [`TOP_SOURCES`] of `pairs` by count (ties: lower address first); no allocation.
+    pub fn from_pairs(pairs: impl IntoIterator<Item = (u32, u64)>) -> Self {
+        let mut t = TopSources::default();
+        for (a, n) in pairs {
+            t.offer(a, n);
+        }
+        t
+    }
+
+    /// Inserts `(a, n)` in order if it ranks among the first [`TOP_SOURCES`].
+    fn offer(&mut self, a: u32, n: u64) {
+        if n == 0 {
+            return;
+        }
+        if let Some(p) = self.0.iter().position(|&(b, m)| m == 0 || n > m || (n == m && a < b)) {
+            self.0.copy_within(p..TOP_SOURCES - 1, p + 1);
+            self.0[p] = (a, n);
+        }
+    }
+
+    /// The listed (source, count) pairs, most first.
+    pub fn pairs(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.0.iter().copied().filter(|p| p.1 > 0)
+    }
+
+    /// Adds another core's list (summed by address).
+    pub fn merge(&mut self, o: &TopSources) {
+        let mut acc = [(0u32, 0u64); 2 * TOP_SOURCES];
+        let mut len = 0;
+        for (a, n) in self.pairs().chain(o.pairs()) {
+            match acc[..len].iter_mut().find(|x| x.0 == a) {
+                Some(x) => x.1 += n,
+                None => {
+                    acc[len] = (a, n);
+                    len += 1;
+                }
+            }
+        }
+        *self = TopSources::from_pairs(acc[..len].iter().copied());
+    }
+}
+
+impl Serialize for TopSources {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let rows: Vec<serde_json::Value> = self
+            .pairs()
+            .map(|(a, n)| serde_json::json!({ "src": std::net::Ipv4Addr::from(a).to_string(), "packets": n }))
+            .collect();
+        rows.serialize(s)
+    }
 }
 
 impl StoreReport {
@@ -345,6 +412,8 @@ impl StoreReport {
         self.shared_lookups += o.shared_lookups;
         self.aux_fallbacks += o.aux_fallbacks;
         self.state_resets += o.state_resets;
+        self.fragments.merge(&o.fragments);
+        self.table_full_sources.merge(&o.table_full_sources);
         // The shared tables are the same for every core: keep one reading.
         self.shared_keys = self.shared_keys.max(o.shared_keys);
         self.shared_capacity = self.shared_capacity.max(o.shared_capacity);
@@ -430,7 +499,11 @@ impl Pipeline {
         }
         self.cx.parse(batch);
         self.cx.begin_batch(ctx.now_ns);
+        let full = self.cx.table_full_events();
         self.exec.run(&mut self.cx, batch, ctx);
+        if self.cx.table_full_events() != full {
+            self.cx.attribute_table_full(batch);
+        }
         self.cx.expire(ctx.now_ns);
     }
 
@@ -1014,4 +1087,25 @@ fn section_read(data: &[u8]) -> Option<(&[u8], &[u8])> {
     let len = u32::from_le_bytes(data.get(..4)?.try_into().ok()?) as usize;
     let body = data.get(4..4 + len)?;
     Some((body, &data[4 + len..]))
+}
+
+#[cfg(test)]
+mod top_sources_tests {
+    use super::{TopSources, TOP_SOURCES};
+
+    /// Two cores' lists sum by address and keep the first `TOP_SOURCES` by count (a model: a sorted map).
+    #[test]
+    fn merged_lists_sum_by_address_and_keep_the_heaviest() {
+        let a = TopSources::from_pairs((1..=TOP_SOURCES as u32).map(|i| (i, u64::from(i) * 10)));
+        let b = TopSources::from_pairs([(1, 1000), (50, 55), (2, 0)]);
+        let mut m = a;
+        m.merge(&b);
+        let mut model: Vec<(u32, u64)> = (1..=TOP_SOURCES as u32).map(|i| (i, u64::from(i) * 10)).collect();
+        model[0].1 += 1000;
+        model.push((50, 55));
+        model.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
+        model.truncate(TOP_SOURCES);
+        assert_eq!(m.pairs().collect::<Vec<_>>(), model);
+        assert_eq!(serde_json::to_value(TopSources::from_pairs([(0x0a00_0001, 3)])).unwrap()[0]["src"], "10.0.0.1");
+    }
 }

@@ -32,7 +32,9 @@
 //!
 //! Matching conventions: `icmp` matches ICMP and ICMPv6; a prefix only
 //! matches addresses of its own family; a rule with a port range only matches
-//! TCP and UDP packets that carry ports (not ICMP, not non-first fragments).
+//! TCP and UDP packets that carry ports (not ICMP, not a non-first fragment
+//! without its first fragment's ports: the engine gives a later fragment the
+//! key of its datagram's first fragment, so it matches as that one did).
 
 use bytemuck::{Pod, Zeroable};
 use flowplane_wire::ipv4::IpProtocol;
@@ -362,7 +364,9 @@ impl Acl {
     fn facts(pkt: &Pkt<'_>) -> FlowFacts {
         let t = pkt.tuple();
         let m = pkt.meta();
-        let has_ports = m.l4 != 0 && matches!(m.proto, IpProtocol::TCP | IpProtocol::UDP) && !t.is_non_first_fragment();
+        // A later fragment the engine attributed to its first fragment (`l4 == 0`, no flag) carries that
+        // fragment's ports in its key.
+        let has_ports = matches!(m.proto, IpProtocol::TCP | IpProtocol::UDP) && !t.is_non_first_fragment();
         FlowFacts {
             v6: !t.is_ipv4(),
             proto: t.proto(),

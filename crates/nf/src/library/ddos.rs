@@ -28,7 +28,12 @@
 //! `threshold` packets per window through, as a tracked one does; sources
 //! sharing all their counters with heavy ones may be dropped early (the
 //! price of bounded memory). The NF steers by source (`Affinity::Source`),
-//! so one core sees all of a source's packets. Such packets count as
+//! so one core sees all of a source's packets; under `--scale shared`, which
+//! sprays a source's packets round robin over the cores, each core's sketch
+//! sees about 1/cores of them, so the runtime sets `spray=CORES`
+//! (`GlobalState::SprayShare`) and the estimate is multiplied by it before
+//! the threshold judges it (without that, untracked sources got threshold x
+//! cores through). Such packets count as
 //! `table_full` and, when dropped, `sketch_dropped`. SCR replicas judge
 //! a source without state by `on_no_state` (pass), not by the sketch.
 //!
@@ -53,6 +58,13 @@ const THRESHOLD: ParamSpec =
     ParamSpec::uint("threshold", 10_000, 1, 1_000_000_000_000, "packets allowed per source per window").live();
 const ADMIT: ParamSpec =
     ParamSpec::text("admit", "none", "ADDR/LEN|none", "sources always passed (a management prefix)").live();
+const SPRAY: ParamSpec = ParamSpec::uint(
+    "spray",
+    1,
+    1,
+    4096,
+    "cores a source's packets are sprayed over (set by --scale shared): the sketch's per-core count is scaled by it",
+);
 
 /// Rows of the sketch for sources without a table entry.
 pub const SKETCH_ROWS: usize = 4;
@@ -66,7 +78,7 @@ pub const INFO: NfInfo = NfInfo {
             table cannot hold are counted in a count-min sketch (4 x 16384 per core, per window) and dropped over the \
             same threshold (never fails open); admit=PREFIX always passes",
     keyed_by: KeyedBy::Fixed(Granularity::SrcIp),
-    params: &[WINDOW, THRESHOLD, ADMIT],
+    params: &[WINDOW, THRESHOLD, ADMIT, SPRAY],
 };
 
 /// Builds `ddos` from its parameters and hands it to `sink`.
@@ -95,6 +107,8 @@ pub struct Ddos {
     threshold: u64,
     /// Always passed (None: no management prefix).
     admit: Option<IpPrefix>,
+    /// Cores a source's packets are sprayed over (1: steered by source): scales the sketch's estimate.
+    spray: u64,
     sources: u64,
     blocked_sources: u64,
     dropped: u64,
@@ -171,7 +185,8 @@ impl Ddos {
         let window = p.float(&WINDOW)?;
         let threshold = p.uint(&THRESHOLD)?;
         let admit = parse_admit(p)?;
-        Ok(Ddos { admit, ..Ddos::new((window * 1e9).round() as u64, threshold) })
+        let spray = p.uint(&SPRAY)?;
+        Ok(Ddos { admit, spray, ..Ddos::new((window * 1e9).round() as u64, threshold) })
     }
 
     /// The state transition of one packet at `now`: (passes, blocked the source now).
@@ -209,6 +224,7 @@ impl Ddos {
             unparsed: 0,
             table_full: 0,
             admit: None,
+            spray: 1,
             admitted: 0,
             sketch_dropped: 0,
             sketch: Sketch::new(),
@@ -237,7 +253,7 @@ impl StatefulNf for Ddos {
 
     fn placement(&self) -> Placement {
         // Verdicts depend on the order of one key's packets: all of them on one core.
-        Placement { affinity: Affinity::Source, global: GlobalState::None }
+        Placement { affinity: Affinity::Source, global: GlobalState::SprayShare { param: SPRAY.name } }
     }
 
     fn init(&mut self, _pkt: &Pkt<'_>, ctx: &NfContext) -> DdosState {
@@ -317,7 +333,7 @@ impl StatefulNf for Ddos {
             std::net::IpAddr::V4(a) => u128::from(u32::from(a)),
             std::net::IpAddr::V6(a) => u128::from(a),
         };
-        if self.sketch.add(src, ctx.now_ns, self.window_ns) > self.threshold {
+        if self.sketch.add(src, ctx.now_ns, self.window_ns).saturating_mul(self.spray) > self.threshold {
             self.sketch_dropped += 1;
             self.dropped += 1;
             return Action::Drop;

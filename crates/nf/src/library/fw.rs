@@ -40,7 +40,12 @@
 //!   exceeded, parameter problem, packet too big) pass only when the packet
 //!   they quote belongs to a known connection (related). IPv6 neighbour
 //!   discovery passes (IPv6 does not work without it). Other ICMP is dropped.
-//! * Non-first fragments carry no ports and cannot be checked: dropped.
+//! * Non-first fragments: the engine gives a later fragment its first
+//!   fragment's key (`engine::frag`); such a fragment has no transport header
+//!   to track and follows its flow's connection: it passes while that
+//!   connection is open (`fragments_followed`), else it is dropped
+//!   (`fragment`). A later fragment without ports (its first fragment was
+//!   never seen, or fw runs without the engine) cannot be checked: dropped.
 //!   Packets without a flow key (non-IP, malformed: `drops.unparsed`) and
 //!   packets without state because a table is full (the engine's flow table
 //!   or the connection table: `drops.table_full`) are dropped: a firewall
@@ -338,6 +343,8 @@ struct Counters {
     icmp_unrelated: u64,
     icmp_other: u64,
     fragment: u64,
+    /// Later fragments that followed their connection (their first fragment's flow).
+    fragments_followed: u64,
     malformed: u64,
     unparsed: u64,
     table_full: u64,
@@ -468,6 +475,9 @@ impl Fw {
         if pkt.tuple().is_non_first_fragment() {
             self.c.fragment += 1;
             return self.drop_for(st, now);
+        }
+        if pkt.meta().l4 == 0 && matches!(pkt.proto(), IpProtocol::TCP | IpProtocol::UDP) {
+            return self.later_fragment(pkt, st, now);
         }
         match pkt.proto() {
             IpProtocol::TCP => self.tcp(pkt, st, now),
@@ -804,6 +814,21 @@ impl Fw {
         self.drop_for(st, now)
     }
 
+    /// A later fragment the engine gave its first fragment's key (`engine::frag`): it has no transport
+    /// header to track, so it follows the connection its flow belongs to — passes while that is open (and
+    /// keeps it alive), dropped otherwise (counted as `fragment`).
+    fn later_fragment(&mut self, pkt: &Pkt<'_>, st: &mut FwState, now: u64) -> Action {
+        let t = *pkt.tuple();
+        if let Some(s) = self.find(st, &t, now) {
+            let c = conn(&mut self.table, s);
+            c.last_ns = touched(c.last_ns, now, self.timeout_ns);
+            self.c.fragments_followed += 1;
+            return Action::Pass;
+        }
+        self.c.fragment += 1;
+        self.drop_for(st, now)
+    }
+
     fn datagram(&mut self, pkt: &Pkt<'_>, st: &mut FwState, now: u64) -> Action {
         let t = *pkt.tuple();
         if let Some(s) = self.find(st, &t, now) {
@@ -991,6 +1016,7 @@ impl StatefulNf for Fw {
             "conns_capacity_per_core": self.table.capacity(),
             "conns_live": self.table.len(),
             "opened": c.opened,
+            "fragments_followed": c.fragments_followed,
             "established": c.established,
             "closed_fin": c.closed_fin,
             "closed_rst": c.closed_rst,

@@ -73,14 +73,24 @@
 //!   a refused packet costs about what a passed one does.
 //! * **Other traffic**: ICMP and other protocols from inside or to an external
 //!   address are passed untouched (`other=pass`, default) or dropped
-//!   (`other=drop`), counted either way; non-first TCP/UDP fragments in either
-//!   direction are dropped and counted (they carry no ports to translate);
+//!   (`other=drop`), counted either way; **fragments**: the engine gives a
+//!   later fragment its datagram's first-fragment key (`engine::frag`), so it
+//!   meets that flow's mapping and is translated alike — its address
+//!   rewritten with the IPv4 checksum; it has no transport header, and the
+//!   transport checksum, which covers the whole datagram, is updated once in
+//!   the first fragment; a later fragment whose flow has no mapping (its first
+//!   fragment was refused) has no ports to allocate with and is refused too;
+//!   non-first fragments without ports (no first fragment seen on this core:
+//!   `tables.fragments.orphans`) in either direction are dropped and counted
+//!   (`dropped_fragments`);
 //!   traffic that is neither inside-sourced nor addressed to an external
 //!   address, and IPv6, pass untouched (counted). Packets without a flow key
 //!   (non-IP, malformed: `dropped_unparsed`) and packets without state
 //!   because the flow table is full (`dropped_table_full`) are DROPPED: the
 //!   NF fails closed, as passing a table-full packet would leak an
-//!   untranslated inside address.
+//!   untranslated inside address. `--table-full evict` is refused for nat
+//!   (`NO_EVICT`): the two directions of a connection are two entries, and
+//!   evicting one would remap the connection mid-way or cut its replies.
 //!
 //! With `--ipfix` the NAT logs RFC 8158 events through the engine's exporter:
 //! a NAT44 session create when a mapping is allocated (inside 5-tuple,
@@ -128,6 +138,7 @@ use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfInfo, NfSink};
 use crate::report::{merge_keeping, Export};
 use crate::stateful::{Action, Affinity, Cursor, GlobalState, Granularity, Placement, StatefulNf, Step};
+use crate::topk::{merge_rows_v4, rows_v4, TopK};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const EXTERNAL: ParamSpec = ParamSpec::text("external", "203.0.113.1", "IPv4", "first external address");
@@ -163,6 +174,9 @@ pub const INFO: NfInfo = NfInfo {
 pub fn build<S: NfSink>(p: &mut Params, sink: S) -> Result<S::Out, ParamError> {
     Ok(sink.stateful(Nat::from_params(p)?))
 }
+
+/// Inside hosts listed in the report's attribution (`top_hosts_by_ports`, `top_hosts_refused`).
+pub const TOP_HOSTS: usize = 10;
 
 /// Largest pool (external addresses x ports) per protocol: bounds the
 /// constructor's preallocation to ~40 MiB for TCP (reverse map, free list,
@@ -558,6 +572,8 @@ pub struct Nat {
     c: Counters,
     /// The IPFIX event log (`--ipfix`): RFC 8158 NAT44 session create/delete, addresses exhausted.
     log: EventLog,
+    /// Inside hosts whose new flows found the pool exhausted (attribution: who runs the pool dry).
+    refused_by: TopK,
 }
 
 /// Where NAT events go, and what a slot means (address and port of a slot).
@@ -713,12 +729,28 @@ impl Nat {
             now_ns: 0,
             c: Counters::default(),
             log: EventLog { ext_base: base, ports, port_lo: cfg.port_lo, ..EventLog::default() },
+            refused_by: TopK::default(),
         })
     }
 
     /// The configuration.
     pub fn config(&self) -> &NatConfig {
         &self.cfg
+    }
+
+    /// The inside hosts holding the most ports (TCP and UDP mappings not idle at the latest packet time),
+    /// most first: (inside address, ports), at most `n`. A walk over the pools: for reports, not packets.
+    pub fn top_hosts_by_ports(&self, n: usize) -> Vec<(u32, u64)> {
+        let mut held: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
+        for p in &self.pools {
+            for e in p.rev.iter().filter(|e| e.in_use && self.now_ns.saturating_sub(e.last_out) <= self.timeout_ns) {
+                *held.entry(e.inside).or_default() += 1;
+            }
+        }
+        let mut v: Vec<(u32, u64)> = held.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v.truncate(n);
+        v
     }
 
     /// Ports held by a mapping not idle at the latest packet time (after
@@ -749,6 +781,10 @@ impl StatefulNf for Nat {
     // idle at lookup), never when the executor drops a flow entry.
     const ENDS_FLOWS: bool = true;
     const HAS_PREFETCH: bool = true;
+    // The two directions of a translated connection are two flow entries: evicting one would remap an
+    // outbound flow to a new port mid-connection (the old one held until it idles) or cut its replies.
+    const NO_EVICT: Option<&'static str> =
+        Some("evicting one direction of a translated connection would remap it mid-connection");
     const STEPS: bool = true;
     const ONE_STEP: bool = true;
 
@@ -895,12 +931,28 @@ impl StatefulNf for Nat {
             "passed_other_proto": c.other_passed,
             "passed_transit": c.transit,
             "passed_ipv6": c.v6,
+            "top_hosts_by_ports": rows_v4(&self.top_hosts_by_ports(TOP_HOSTS), "inside", "ports", TOP_HOSTS),
+            "top_hosts_refused": rows_v4(
+                &self.refused_by.top().iter().map(|&(a, n, _)| (a, n)).collect::<Vec<_>>(),
+                "inside",
+                "refused",
+                TOP_HOSTS
+            ),
         }))
     }
 
     fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
+        // Per-host lists: summed by host over cores (each core's pool share), the first TOP_HOSTS kept.
+        let tops = [("top_hosts_by_ports", "ports"), ("top_hosts_refused", "refused")].map(|(k, what)| {
+            let mut mine = into.get_mut(k).map(serde_json::Value::take).unwrap_or_default();
+            merge_rows_v4(&mut mine, &other[k], "inside", what, TOP_HOSTS);
+            (k, mine)
+        });
         // Configuration echoes; every core has its own pools (ports in use add up).
         merge_keeping(into, other, &["external", "addrs", "pool_size_per_proto_per_core", "filter", "fin_timeout_s"]);
+        for (k, v) in tops {
+            into[k] = v;
+        }
     }
 
     fn export_kind(&self) -> Export {
@@ -1142,6 +1194,9 @@ impl Nat {
             // The drop kinds keep no state: the next packet re-runs `init`.
             kind::EXHAUSTED => {
                 self.c.exhausted += 1;
+                if let IpAddr::V4(a) = pkt.tuple().src_ip() {
+                    self.refused_by.add(u32::from(a));
+                }
                 Action::DropEndFlow
             }
             kind::UNMAPPED => {

@@ -17,7 +17,9 @@
 //! dropped otherwise; all other traffic passes (knocks included). Non-first
 //! TCP fragments carry no port, so they cannot be told apart from fragments
 //! of the protected service: they pass only for OPEN sources and do not step
-//! the automaton. Packets without a flow key pass.
+//! the automaton — unless the engine gave the fragment its first fragment's
+//! key (`engine::frag`): then it follows that port (passes unless it is the
+//! protected one, which stays OPEN-only). Packets without a flow key pass.
 //!
 //! Idle timeout (`timeout=S`; 0: the longest timeout of the other NFs keyed
 //! by source IP in the chain, else the run's `--idle-timeout`): a packet of a
@@ -201,7 +203,13 @@ impl StatefulNf for PortKnock {
             return Action::Pass;
         }
         let Some(dport) = pkt.dst_port() else {
-            // Non-first fragment (or no header): it may belong to the protected service.
+            // A later fragment the engine gave its first fragment's key (`engine::frag`) follows that
+            // fragment's port without stepping the automaton.
+            let t = pkt.tuple();
+            if !t.is_non_first_fragment() && pkt.meta().l4 == 0 && t.dst_port() != self.protect {
+                return Action::Pass;
+            }
+            // A fragment of the protected service, or without ports (or no header): open sources only.
             if st.stage >= self.n {
                 return Action::Pass;
             }

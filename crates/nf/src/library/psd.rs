@@ -33,9 +33,17 @@
 //! state) changes nothing; a jump back by more than a window (a restarted
 //! clock) re-anchors the window at the new time, keeping its evidence.
 //!
-//! Table full: a detector drops only on the evidence a sketch holds, so it
-//! fails open — a packet whose source found no room in the (shared) table
-//! passes, unjudged, counted as `table_full` (packets without an address: `unparsed`).
+//! **Table full: never fail open** (issue 33). A source the (shared) table
+//! cannot hold is judged by a bounded fallback instead: [`FALLBACK_SLOTS`]
+//! per-core states of the same shape, the source's slot picked by a salted
+//! hash of its address (random per core: no one can aim sources at one
+//! slot), each with its own window and the same threshold. Sources sharing a
+//! slot share its port set, so the estimate can only grow: a scanner is
+//! flagged no later than with its own state, and a source hashed into a
+//! scanner's slot is flagged with it for that window (the price of bounded
+//! memory). Such packets count as `table_full`, and `fallback_flagged` when
+//! flagged (packets without an address: `unparsed`). SCR replicas judge a
+//! source without state by `on_no_state` (pass).
 
 use bytemuck::{Pod, Zeroable};
 use flowplane_wire::flow::FiveTuple;
@@ -119,7 +127,15 @@ pub struct Psd {
     flagged_packets: u64,
     unparsed: u64,
     table_full: u64,
+    /// Flagged packets judged by the fallback (sources without a table entry).
+    fallback_flagged: u64,
+    /// States of the sources the table cannot hold, by salted address hash.
+    fallback: Box<[PsdState]>,
+    salt: u64,
 }
+
+/// States of the fallback for sources without a table entry (per core; 80 bytes each).
+pub const FALLBACK_SLOTS: usize = 4096;
 
 /// Bit of the sketch for a port: multiplicative (Fibonacci) hashing, top 9 bits.
 #[inline(always)]
@@ -159,6 +175,59 @@ impl Psd {
             flagged_packets: 0,
             unparsed: 0,
             table_full: 0,
+            fallback_flagged: 0,
+            fallback: vec![PsdState::zeroed(); FALLBACK_SLOTS].into_boxed_slice(),
+            // Unpredictable per core; a constant where the OS gives no randomness.
+            salt: getrandom::u64().unwrap_or(0x9E37_79B9_7F4A_7C15) | 1,
+        }
+    }
+
+    /// The fallback slot of source `src` (a salted multiply-shift of its address).
+    fn fallback_slot(&self, src: std::net::IpAddr) -> usize {
+        let k = match src {
+            std::net::IpAddr::V4(a) => u64::from(u32::from(a)),
+            std::net::IpAddr::V6(a) => {
+                let v = u128::from(a);
+                (v as u64) ^ ((v >> 64) as u64).rotate_left(29)
+            }
+        };
+        let h = (k ^ self.salt).wrapping_mul(0x9E37_79B9_7F4A_7C15 ^ self.salt.rotate_left(23));
+        (h >> 40) as usize % FALLBACK_SLOTS
+    }
+
+    /// One packet of a source whose state is `st`, at `now` (the table's state or a fallback slot).
+    #[inline]
+    fn judge(&mut self, pkt: &Pkt<'_>, st: &mut PsdState, now: u64) -> Action {
+        if now >= st.window_start_ns {
+            if now - st.window_start_ns >= self.window_ns {
+                *st = PsdState { window_start_ns: now, bits_set: 0, flagged: 0, ports: [0; WORDS] };
+            }
+        } else if st.window_start_ns - now > self.window_ns {
+            st.window_start_ns = now;
+        }
+        if let Some(port) = self.probed_port(pkt) {
+            let bit = port_bit(port);
+            // WORDS is a power of two: the mask keeps the index in bounds.
+            let word = &mut st.ports[(bit as usize / 64) & (WORDS - 1)];
+            let mask = 1u64 << (bit % 64);
+            if *word & mask == 0 {
+                *word |= mask;
+                st.bits_set += 1;
+            }
+        }
+        // Checked on every packet, not only on a new port: a threshold lowered at run
+        // time flags a source already past it at its next packet.
+        if st.flagged == 0 && st.bits_set >= self.bits_threshold {
+            st.flagged = 1;
+            self.flagged_sources += 1;
+        }
+        if st.flagged == 0 {
+            return Action::Pass;
+        }
+        self.flagged_packets += 1;
+        match self.action {
+            PsdAction::Drop => Action::Drop,
+            PsdAction::Flag => Action::Pass,
         }
     }
 
@@ -214,38 +283,7 @@ impl StatefulNf for Psd {
 
     #[inline]
     fn process(&mut self, pkt: &mut Pkt<'_>, st: &mut PsdState, ctx: &NfContext) -> Action {
-        let now = ctx.now_ns;
-        if now >= st.window_start_ns {
-            if now - st.window_start_ns >= self.window_ns {
-                *st = PsdState { window_start_ns: now, bits_set: 0, flagged: 0, ports: [0; WORDS] };
-            }
-        } else if st.window_start_ns - now > self.window_ns {
-            st.window_start_ns = now;
-        }
-        if let Some(port) = self.probed_port(pkt) {
-            let bit = port_bit(port);
-            // WORDS is a power of two: the mask keeps the index in bounds.
-            let word = &mut st.ports[(bit as usize / 64) & (WORDS - 1)];
-            let mask = 1u64 << (bit % 64);
-            if *word & mask == 0 {
-                *word |= mask;
-                st.bits_set += 1;
-            }
-        }
-        // Checked on every packet, not only on a new port: a threshold lowered at run
-        // time flags a source already past it at its next packet.
-        if st.flagged == 0 && st.bits_set >= self.bits_threshold {
-            st.flagged = 1;
-            self.flagged_sources += 1;
-        }
-        if st.flagged == 0 {
-            return Action::Pass;
-        }
-        self.flagged_packets += 1;
-        match self.action {
-            PsdAction::Drop => Action::Drop,
-            PsdAction::Flag => Action::Pass,
-        }
+        self.judge(pkt, st, ctx.now_ns)
     }
 
     fn on_unparsed(&mut self) -> Action {
@@ -253,10 +291,22 @@ impl StatefulNf for Psd {
         Action::Pass
     }
 
-    /// Fails open: a source without a sketch is not judged (counted as `table_full`).
+    /// Without the packet (SCR replicas): not judged, passed (counted as `table_full`).
     fn on_no_state(&mut self) -> Action {
         self.table_full += 1;
         Action::Pass
+    }
+
+    /// A source the table could not hold: judged by its fallback slot (see the module docs).
+    fn on_no_state_pkt(&mut self, pkt: &Pkt<'_>, ctx: &NfContext) -> Action {
+        self.table_full += 1;
+        let slot = self.fallback_slot(pkt.meta().tuple.src_ip());
+        let mut st = self.fallback[slot];
+        let flagged_before = self.flagged_packets;
+        let a = self.judge(pkt, &mut st, ctx.now_ns);
+        self.fallback[slot] = st;
+        self.fallback_flagged += self.flagged_packets - flagged_before;
+        a
     }
 
     fn report(&self) -> Option<serde_json::Value> {
@@ -271,6 +321,7 @@ impl StatefulNf for Psd {
             "flagged_packets": self.flagged_packets,
             "unparsed": self.unparsed,
             "table_full": self.table_full,
+            "fallback_flagged": self.fallback_flagged,
         }))
     }
 
@@ -302,6 +353,32 @@ mod tests {
 
     const SRC: [u8; 4] = [10, 0, 0, 66];
     const S: u64 = 1_000_000_000;
+
+    /// Issue 33: a scanner the source table cannot hold is judged by the fallback, not passed unjudged; a quiet
+    /// source in another slot passes.
+    #[test]
+    fn sources_without_a_table_entry_are_judged_by_the_fallback() {
+        let mut nf = Psd::new(S, 5, PsdAction::Drop, false);
+        let ctx = NfContext { now_tsc: 0, now_ns: 7 * S };
+        let mut drops = 0;
+        for port in 0..30u16 {
+            let mut f = udp4(SRC, [10, 0, 0, 1], 1000, 2000 + port * 7);
+            let m = crate::PktMeta::parse(&f);
+            if nf.on_no_state_pkt(&Pkt::new(&mut f, &m), &ctx) == Action::Drop {
+                drops += 1;
+            }
+        }
+        // Flagged at its 5th distinct port (unless two of them share a sketch bit): 25 or more dropped.
+        assert!(drops >= 24, "{drops}");
+        let r = nf.report().unwrap();
+        assert_eq!((r["table_full"].as_u64(), r["fallback_flagged"].as_u64()), (Some(30), Some(drops)));
+        let quiet = [10, 0, 0, 77];
+        if nf.fallback_slot(quiet.into()) != nf.fallback_slot(SRC.into()) {
+            let mut f = udp4(quiet, [10, 0, 0, 1], 1000, 53);
+            let m = crate::PktMeta::parse(&f);
+            assert_eq!(nf.on_no_state_pkt(&Pkt::new(&mut f, &m), &ctx), Action::Pass);
+        }
+    }
 
     fn syn(dst: [u8; 4], sport: u16, dport: u16) -> Vec<u8> {
         tcp4(SRC, dst, sport, dport, TcpFlags::SYN.bits(), 1, 0)
