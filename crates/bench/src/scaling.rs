@@ -240,7 +240,7 @@ pub fn table(rows: &[Row]) -> String {
 }
 
 /// Writes one PNG per chain into `dir` (Mpps and speed-up against cores, one line per traffic and strategy; see
-/// [`crate::plot::cores_png`]); returns the files written.
+/// `plot::cores_png`); returns the files written.
 pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
     use crate::plot::{CorePoint, CoreSeries};
     let text = crate::plot::register_font();

@@ -367,7 +367,7 @@ pub fn table(rows: &[Row]) -> String {
 }
 
 /// One PNG per program (Mpps and speed-up against cores per trace and strategy) and one for the compute sweep
-/// (per compute cost), see [`crate::plot::cores_png`]; recovery rows are in the table only. Returns the files.
+/// (per compute cost), see `plot::cores_png`; recovery rows are in the table only. Returns the files.
 pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
     use crate::plot::{CorePoint, CoreSeries};
     let text = crate::plot::register_font();
