@@ -221,7 +221,8 @@ impl<A: Copy + PartialEq + std::fmt::Display> Pool<A> {
         }
         self.weights = weights;
         let live: Vec<usize> = (0..self.addrs.len()).filter(|&i| self.addrs[i].is_some()).collect();
-        let names: Vec<String> = live.iter().map(|&i| self.addrs[i].map(|a| a.to_string()).unwrap_or_default()).collect();
+        let names: Vec<String> =
+            live.iter().map(|&i| self.addrs[i].map(|a| a.to_string()).unwrap_or_default()).collect();
         let named: Vec<(&[u8], u32)> = live.iter().zip(&names).map(|(&i, n)| (n.as_bytes(), self.weights[i])).collect();
         let m = crate::maglev::table_size(live.len());
         // No backend listed (say, no IPv6 pool): no table.
@@ -244,7 +245,11 @@ impl<A: Copy + PartialEq + std::fmt::Display> Pool<A> {
             let new_weights = self.live_weights();
             let share = |w: &[u32], i: usize| {
                 let t: u64 = w.iter().map(|&x| u64::from(x)).sum();
-                if t == 0 { 0.0 } else { f64::from(w.get(i).copied().unwrap_or(0)) / t as f64 }
+                if t == 0 {
+                    0.0
+                } else {
+                    f64::from(w.get(i).copied().unwrap_or(0)) / t as f64
+                }
             };
             let ideal = (0..self.addrs.len()).map(|i| (share(&old_weights, i) - share(&new_weights, i)).max(0.0)).sum();
             self.last_change = Some((moved, ideal));
