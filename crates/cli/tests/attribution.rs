@@ -62,7 +62,7 @@ fn nat_names_who_holds_the_ports_and_who_was_refused_and_the_table_who_filled_it
             nat_pcap.to_str().unwrap(),
             "--chain",
             "nat(ports=1024-2047)",
-            "--flows",
+            "--table-capacity",
             "4096",
             "--exec",
             exec,
@@ -80,7 +80,7 @@ fn nat_names_who_holds_the_ports_and_who_was_refused_and_the_table_who_filled_it
             full_pcap.to_str().unwrap(),
             "--chain",
             "fsc",
-            "--flows",
+            "--table-capacity",
             "512",
             "--exec",
             exec,
@@ -101,13 +101,38 @@ fn nat_names_who_holds_the_ports_and_who_was_refused_and_the_table_who_filled_it
 fn nat_refuses_evict_and_drops_what_finds_no_room() {
     let gen = "--flows 300 --packets 600";
     let o = Command::new(BIN)
-        .args(["run", "--gen", gen, "--chain", "nat", "--flows", "64", "--table-full", "evict", "--cores", "1"])
+        .args([
+            "run",
+            "--gen",
+            gen,
+            "--chain",
+            "nat",
+            "--table-capacity",
+            "64",
+            "--table-full",
+            "evict",
+            "--cores",
+            "1",
+        ])
         .output()
         .unwrap();
     let e = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{e}");
     assert!(e.trim().lines().count() == 1 && e.contains("nat") && e.contains("evict"), "{e}");
-    let r = run(&["run", "--gen", gen, "--chain", "nat", "--flows", "64", "--exec", "rtc", "--cores", "1", "--json"]);
+    let r = run(&[
+        "run",
+        "--gen",
+        gen,
+        "--chain",
+        "nat",
+        "--table-capacity",
+        "64",
+        "--exec",
+        "rtc",
+        "--cores",
+        "1",
+        "--json",
+    ]);
     let d = &r["nfs"][0]["details"];
     let full = r["tables"]["table_full"].as_u64().unwrap();
     assert!(full > 0, "{}", r["tables"]);

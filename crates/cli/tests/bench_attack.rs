@@ -133,8 +133,18 @@ fn quick_run_rows_counters_and_traces_are_what_each_scenario_claims() {
     let coll = dir.join("hash-collision.attack.pcap");
     let run = |s: u64| {
         let (s, cap) = (s.to_string(), cap.to_string());
-        let args =
-            ["run", "--input", coll.to_str().unwrap(), "--chain", "fsc", "--exec", "rtc", "--cores", "1", "--flows"];
+        let args = [
+            "run",
+            "--input",
+            coll.to_str().unwrap(),
+            "--chain",
+            "fsc",
+            "--exec",
+            "rtc",
+            "--cores",
+            "1",
+            "--table-capacity",
+        ];
         let mut a: Vec<&str> = args.to_vec();
         a.extend([cap.as_str(), "--hash-seed", s.as_str(), "--loops", "1", "--json"]);
         flowplane(&a)["tables"]["table_full"].as_u64().unwrap()

@@ -166,7 +166,7 @@ fn each_branch_equals_its_chain_on_the_trace_filtered_by_the_branch_verdict() {
         &dir.p("allow.pcap"),
         "--cores",
         "1",
-        "--flows",
+        "--table-capacity",
         "4096",
         "--chain",
         "fsc",
@@ -183,7 +183,7 @@ fn each_branch_equals_its_chain_on_the_trace_filtered_by_the_branch_verdict() {
         &dir.p("deny.pcap"),
         "--cores",
         "1",
-        "--flows",
+        "--table-capacity",
         "4096",
         "--chain",
         "count",
@@ -214,8 +214,23 @@ fn each_branch_equals_its_chain_on_the_trace_filtered_by_the_branch_verdict() {
                 let (pa, pb, ef, ec) =
                     (format!("a={a}"), format!("b={b}"), format!("fsc={fx}"), format!("deny/count={cx}"));
                 args.extend([
-                    "--cores", cores, "--exec", exec, "--flows", "4096", "--output", &o, "--port", &pa, "--port", &pb,
-                    "--export", &ef, "--export", &ec, "--json",
+                    "--cores",
+                    cores,
+                    "--exec",
+                    exec,
+                    "--table-capacity",
+                    "4096",
+                    "--output",
+                    &o,
+                    "--port",
+                    &pa,
+                    "--port",
+                    &pb,
+                    "--export",
+                    &ef,
+                    "--export",
+                    &ec,
+                    "--json",
                 ]);
                 let r = run_ok(&args);
                 let names: Vec<&str> =

@@ -953,7 +953,7 @@ fn evicted_flows_are_reported_with_lack_of_resources() {
         "fsc",
         "--input",
         s(&t),
-        "--flows",
+        "--table-capacity",
         "64",
         // Batches of 8: a new flow always finds an entry no key of its batch holds (no table-full event).
         "--batch",

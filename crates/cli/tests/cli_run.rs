@@ -487,7 +487,11 @@ fn nfs_lists_the_library_with_parameters() {
             .filter_map(|l| l.split_whitespace().next().map(|p| p.trim_end_matches(':').to_string()))
             .collect()
     };
-    assert_eq!(params_of("lb"), ["backends", "base", "base6", "backends6"], "lb params in:\n{text}");
+    assert_eq!(
+        params_of("lb"),
+        ["backends", "base", "base6", "backends6", "mode", "backends_file"],
+        "lb params in:\n{text}"
+    );
     assert_eq!(params_of("ratelimit"), ["pps", "burst"], "ratelimit params in:\n{text}");
     // What each NF is keyed by, on its line; each parameter with type, range and default.
     let line_of = |nf: &str| text.lines().find(|l| l.split_whitespace().next() == Some(nf)).unwrap_or("");

@@ -65,7 +65,7 @@ fn run(cap: &Path, chain: &str, args: &[&str]) -> (Vec<u16>, Value) {
     let out = tmp("out.pcap");
     let o = Command::new(env!("CARGO_BIN_EXE_flowplane"))
         .args(["run", "--input", cap.to_str().unwrap(), "--chain", chain, "--output", out.to_str().unwrap()])
-        .args(["--json", "--flows", "1024", "--pool", "1024", "--no-pin"])
+        .args(["--json", "--table-capacity", "1024", "--pool", "1024", "--no-pin"])
         .args(args)
         .output()
         .expect("spawn flowplane");

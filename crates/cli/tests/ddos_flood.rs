@@ -62,7 +62,8 @@ fn a_spoofed_flood_past_the_table_drops_at_least_what_the_rule_says() {
     for (n, (exec, cores)) in cases.iter().enumerate() {
         let what = format!("{exec} {cores:?}");
         let out = dir.join(format!("out-{n}-{exec}.pcap"));
-        let mut args = vec!["run", "--input", t, "--flows", "256", "--json", "--exec", exec, "--chain", &chain];
+        let mut args =
+            vec!["run", "--input", t, "--table-capacity", "256", "--json", "--exec", exec, "--chain", &chain];
         args.extend(cores);
         let o = out.to_str().unwrap().to_string();
         args.extend(["--output", &o]);

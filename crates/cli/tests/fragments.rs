@@ -80,7 +80,7 @@ fn fragmented_udp_through_nat_and_fw_reassembles_to_the_originals() {
                 input.to_str().unwrap(),
                 "--chain",
                 spec,
-                "--flows",
+                "--table-capacity",
                 "4096",
                 "--exec",
                 exec,

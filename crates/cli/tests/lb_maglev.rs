@@ -19,14 +19,19 @@ fn ctl(sock: &Path, words: &[&str]) -> (bool, String) {
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
-/// flow (proto, src, dst, sport, dport) -> backend, from an `--export lb` / `ctl export lb` CSV.
+/// flow (proto, src, dst, sport, dport) -> backend, from an `--export lb` / `ctl export lb` CSV
+/// (columns by the header's names).
 fn backends(csv: &Path) -> HashMap<String, String> {
     let text = std::fs::read_to_string(csv).unwrap_or_else(|e| panic!("{}: {e}", csv.display()));
-    text.lines()
-        .skip(1)
+    let mut lines = text.lines();
+    let head: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
+    let col = |name: &str| head.iter().position(|h| *h == name).unwrap_or_else(|| panic!("no {name}: {head:?}"));
+    let flow = ["proto", "src", "dst", "sport", "dport"].map(col);
+    let backend = col("backend");
+    lines
         .map(|l| {
-            let (flow, backend) = l.rsplit_once(',').unwrap();
-            (flow.to_string(), backend.to_string())
+            let f: Vec<&str> = l.split(',').collect();
+            (flow.iter().map(|&i| f[i]).collect::<Vec<_>>().join(","), f[backend].to_string())
         })
         .collect()
 }

@@ -78,7 +78,7 @@ fn a_chain_graph_on_a_live_port_sends_each_branch_to_its_port() {
         CHAIN,
         "--cores",
         "2",
-        "--flows",
+        "--table-capacity",
         "4096",
         "--no-pin",
         "--json",

@@ -72,7 +72,8 @@ fn every_strategy_runs_on_every_backend_or_is_refused_in_one_line() {
     for (backend, input, missing) in &backends {
         for s in &strategies {
             // hh: SCR-aware and valid under every strategy; a live run for 0.3 s.
-            let mut args = vec!["run", "--chain", "hh", "--cores", "2", "--scale", s, "--json", "--flows", "4096"];
+            let mut args =
+                vec!["run", "--chain", "hh", "--cores", "2", "--scale", s, "--json", "--table-capacity", "4096"];
             match input {
                 Some(i) => args.extend(["--input", i.as_str()]),
                 None => args.extend(["--gen", "--flows 50 --packets 500"]),
@@ -126,7 +127,19 @@ fn afxdp_on_two_queues_starts_every_time() {
     let veth = Veth::with_queues("ptx", 2);
     let port = format!("afxdp:{}", veth.0);
     for i in 0..8 {
-        let args = ["run", "--input", &port, "--chain", "fsc", "--cores", "2", "--duration", "0.1", "--flows", "4096"];
+        let args = [
+            "run",
+            "--input",
+            &port,
+            "--chain",
+            "fsc",
+            "--cores",
+            "2",
+            "--duration",
+            "0.1",
+            "--table-capacity",
+            "4096",
+        ];
         let r = Command::new(BIN).args(args).output().unwrap();
         let err = String::from_utf8_lossy(&r.stderr);
         if let Some(why) = afxdp["missing"].as_str() {

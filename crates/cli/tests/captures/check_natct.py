@@ -51,7 +51,7 @@ def read_out(path):
 
 def run(args, tmp, name, chain, cap, extra, export=False):
     o = os.path.join(tmp, name + ".pcap")
-    cmd = [args.bin, "run", "--input", os.path.join(HERE, cap), "--chain", chain, "--flows", "1024",
+    cmd = [args.bin, "run", "--input", os.path.join(HERE, cap), "--chain", chain, "--table-capacity", "1024",
            "--output", o, "--json"] + extra
     if export:
         cmd += ["--export", "nat=" + os.path.join(tmp, name + ".json")]

@@ -138,7 +138,7 @@ def main():
         exe, batch, label, args, cores = cell
         out, exp_path = os.path.join(tmp, f"out{n}.pcap"), None
         cmd = [bin_, "run", "--input", inp, "--output", out, "--chain", model.CHAIN.format(tmp=tmp), "--exec", exe]
-        cmd += ["--batch", str(batch), "--flows", "4096", "--json"] + args + getattr(model, "ARGS", [])
+        cmd += ["--batch", str(batch), "--table-capacity", "4096", "--json"] + args + getattr(model, "ARGS", [])
         if getattr(model, "EXPORT", False):
             exp_path = os.path.join(tmp, f"export{n}.json")
             cmd += ["--export", f"{nf}={exp_path}"]

@@ -792,7 +792,8 @@ print(len(out), sum(len(p) for p in out))
     let model: Vec<u64> =
         String::from_utf8_lossy(&made.stdout).split_whitespace().map(|w| w.parse().unwrap()).collect();
     let exp = format!("hh={}", export.display());
-    let args = ["--chain", "hh(export=all)", "--cores", "2", "--scale", "scr", "--flows", "4096", "--export", &exp];
+    let args =
+        ["--chain", "hh(export=all)", "--cores", "2", "--scale", "scr", "--table-capacity", "4096", "--export", &exp];
     let run = Between::start(backend, &t, &args, metrics_port);
     run.send(&t, &input, 4000);
     let text = run.wait_out(1000);
@@ -938,7 +939,7 @@ pub fn check_metrics(backend: &str, metrics_port: u16) {
             .collect::<Vec<_>>(),
     );
     let chain = "lb(backends=4) -> hh -> fsc -> count";
-    let run = Between::start(backend, &t, &["--chain", chain, "--cores", "1", "--flows", "8"], metrics_port);
+    let run = Between::start(backend, &t, &["--chain", chain, "--cores", "1", "--table-capacity", "8"], metrics_port);
     run.send(&t, &input, 4000);
     run.wait_out(packets);
     let prometheus_accept = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;\
