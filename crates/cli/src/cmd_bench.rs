@@ -250,6 +250,28 @@ fn png_file(arg: &Path, name: &str) -> Result<PathBuf, CliError> {
     Ok(arg.join(name))
 }
 
+/// A one-plot suite's report: its PNG when asked, then the JSON (with provenance) or the text table.
+fn show<E: std::fmt::Display>(
+    rep: &dyn std::fmt::Display,
+    value: impl FnOnce() -> serde_json::Result<serde_json::Value>,
+    png: Option<&Path>,
+    plot: impl FnOnce(&Path) -> Result<(), E>,
+    json: bool,
+) -> Result<(), CliError> {
+    if let Some(p) = png {
+        plot(p).map_err(|e| CliError::new(e.to_string()))?;
+    }
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(value()?))?);
+    } else {
+        out!("{rep}");
+        if let Some(p) = png {
+            outln!("plot         {}", p.display());
+        }
+    }
+    Ok(())
+}
+
 pub fn run(a: BenchArgs) -> Result<(), CliError> {
     // Every plot carries where it comes from (the JSON reports carry the whole provenance).
     flowplane_bench::set_footer(crate::provenance::line());
@@ -368,17 +390,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             }
             let png = png.map(|p| png_file(&p, "interleave.png")).transpose()?;
             let rep = run_interleave(&o).map_err(CliError::new)?;
-            if let Some(p) = &png {
-                rep.plot_png(p).map_err(CliError::new)?;
-            }
-            if json {
-                outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&rep)?))?);
-            } else {
-                out!("{rep}");
-                if let Some(p) = &png {
-                    outln!("plot         {}", p.display());
-                }
-            }
+            show(&rep, || serde_json::to_value(&rep), png.as_deref(), |p| rep.plot_png(p), json)?;
         }
         BenchCmd::Upf { sessions, pdrs, execs, dirs, modes, amf_ues, png, seconds, packets, reps, quick, json } => {
             let mut o = if quick { UpfBenchOptions::quick() } else { UpfBenchOptions::default() };
@@ -426,17 +438,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             }
             let png = png.map(|p| png_file(&p, "upf.png")).transpose()?;
             let rep = run_upf(&o).map_err(CliError::new)?;
-            if let Some(p) = &png {
-                rep.plot_png(p).map_err(CliError::new)?;
-            }
-            if json {
-                outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&rep)?))?);
-            } else {
-                out!("{rep}");
-                if let Some(p) = &png {
-                    outln!("plot         {}", p.display());
-                }
-            }
+            show(&rep, || serde_json::to_value(&rep), png.as_deref(), |p| rep.plot_png(p), json)?;
         }
         BenchCmd::Attack { flows, seconds, execs, only, write_traces, png, quick, json } => {
             let mut o = if quick { AttackOptions::quick() } else { AttackOptions::default() };
@@ -466,17 +468,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             o.only = only;
             o.write_traces = write_traces;
             let rep = run_attack(&o).map_err(CliError::new)?;
-            if let Some(p) = &png {
-                rep.plot_png(p).map_err(CliError::new)?;
-            }
-            if json {
-                outln!("{}", serde_json::to_string_pretty(&crate::provenance::stamp(serde_json::to_value(&rep)?))?);
-            } else {
-                out!("{rep}");
-                if let Some(p) = &png {
-                    outln!("plot         {}", p.display());
-                }
-            }
+            show(&rep, || serde_json::to_value(&rep), png.as_deref(), |p| rep.plot_png(p), json)?;
         }
         BenchCmd::Table { sizes, batches, insert_every, ops, reps, quick, reverse, json } => {
             let reps = flowplane_bench::reps::check(reps).map_err(CliError::new)?;
