@@ -226,6 +226,8 @@ pub struct FlowTable<K: FlowKey> {
     hits: Cell<u64>,
     /// Next slab index the incremental expiry sweep examines.
     pub(crate) sweep_cursor: u32,
+    /// Next slab index [`Self::far_victim`] examines.
+    evict_cursor: u32,
 }
 
 // SAFETY: the table exclusively owns its memory (RawMem, Slab); K is Send. It is not Sync (Cell counters).
@@ -276,6 +278,7 @@ impl<K: FlowKey> FlowTable<K> {
             lookups: Cell::new(0),
             hits: Cell::new(0),
             sweep_cursor: 0,
+            evict_cursor: 0,
         })
     }
 
@@ -714,6 +717,24 @@ impl<K: FlowKey> FlowTable<K> {
                 self.stats.inserts += 1;
                 return Ok(victim);
             }
+            // The key's buckets have a free slot, or hold only entries this call handed out, while the slab is full
+            // with flows linked elsewhere: evict one of those instead of refusing (a new flow was refused now and
+            // then under `evict` when its two buckets happened to be near empty).
+            let free = self.free_slot(p.b1).map(|s| (p.b1, s)).or_else(|| self.free_slot(p.b2).map(|s| (p.b2, s)));
+            if let Some((b, s)) = free {
+                if let Some(victim) = self.far_victim(protect) {
+                    if let Some(k) = self.slab.key(victim).copied() {
+                        evicted(&k, self.slab.state(victim));
+                    }
+                    self.unlink(victim);
+                    if let Some(h) = self.slab.alloc(key, hash, now) {
+                        self.place(b, s, p.tag, h, p.b1);
+                        self.stats.evictions += 1;
+                        self.stats.inserts += 1;
+                        return Ok(h);
+                    }
+                }
+            }
         }
         self.stats.full_events += 1;
         Err(TableError::Full)
@@ -784,6 +805,31 @@ impl<K: FlowKey> FlowTable<K> {
             }
             seen[k] = u64::MAX;
         }
+    }
+
+    /// The least recently seen of the next 8 unprotected live entries from a cursor that walks the slab (at most 64
+    /// examined): the victim for a key whose own buckets offer none.
+    fn far_victim(&mut self, protect: Protected<'_>) -> Option<Handle> {
+        let cap = self.slab.capacity();
+        let mut at = self.evict_cursor;
+        let mut best: Option<(u64, Handle)> = None;
+        let mut found = 0;
+        for _ in 0..64 {
+            let Some(h) = self.slab.next_live(at, cap).or_else(|| self.slab.next_live(0, cap)) else { break };
+            at = if h + 1 >= cap { 0 } else { h + 1 };
+            let seen = self.slab.last_seen(h);
+            if !protect.contains(h, seen) {
+                if best.is_none_or(|(t, _)| seen < t) {
+                    best = Some((seen, h));
+                }
+                found += 1;
+                if found == 8 {
+                    break;
+                }
+            }
+        }
+        self.evict_cursor = at;
+        best.map(|(_, h)| h)
     }
 
     /// Frees a slot in full b1/b2 by moving entries along a displacement path (`cuckoo::PathSearch`), far end
@@ -1035,6 +1081,47 @@ mod tests {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
+    }
+
+    /// Under `EvictLruIdle` a full slab never refuses a key whose own buckets are empty: a flow linked elsewhere
+    /// is evicted (the regression: `cli_ipfix`'s eviction test saw a table-full event in about one run of eight).
+    #[test]
+    fn evict_finds_a_victim_when_the_new_keys_buckets_are_empty() {
+        let cfg = TableConfig {
+            capacity: 64,
+            state_size: 8,
+            idle_timeout_ns: None,
+            full_policy: FullPolicy::EvictLruIdle,
+            hugepages: false,
+        };
+        let mut t = FlowTable::<u64>::new(cfg).unwrap();
+        // 64 flows none of which may live in the new key's two buckets.
+        let k = 1_000_000u64;
+        let p = place(mix(k), t.mask);
+        let away = |j: &u64| {
+            let q = place(mix(*j), t.mask);
+            ![q.b1, q.b2].iter().any(|b| *b == p.b1 || *b == p.b2)
+        };
+        let keys: Vec<u64> = (0u64..).filter(away).take(64).collect();
+        for (i, j) in keys.iter().enumerate() {
+            t.insert(j, mix(*j), i as u64, |_| {}).unwrap();
+        }
+        let mut gone = Vec::new();
+        let (h, new) = t
+            .upsert(&k, mix(k), 100, |u| {
+                if let Upsert::Evicted(old, _) = u {
+                    gone.push(*old);
+                }
+            })
+            .expect("evicted, not refused");
+        assert!(new);
+        assert_eq!(t.key(h), Some(&k));
+        assert_eq!(gone.len(), 1, "one flow evicted and handed to the callback");
+        assert!(t.lookup(&gone[0], mix(gone[0])).is_none());
+        assert_eq!((t.len(), t.stats().evictions, t.stats().full_events), (64, 1, 0));
+        for j in keys.iter().copied().filter(|j| *j != gone[0]) {
+            assert!(t.lookup(&j, mix(j)).is_some(), "key {j} kept");
+        }
     }
 
     /// The footprint a memory budget checks is what the table maps (buckets and slab), plus its index vectors.
