@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressState, ProgressStyle};
 
 static QUIET: AtomicBool = AtomicBool::new(false);
 
@@ -58,11 +58,11 @@ pub enum Unit {
 impl Unit {
     fn template(self) -> &'static str {
         match self {
-            Unit::Bytes => "{msg} {wide_bar} {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left)",
-            Unit::Packets => "{msg} {wide_bar} {human_pos}/{human_len} packets ({per_sec}, {eta} left)",
-            Unit::Sessions => "{msg} {wide_bar} {human_pos}/{human_len} sessions ({eta} left)",
-            Unit::Rounds => "{msg} {wide_bar} round {pos}/{len} ({elapsed} elapsed, {eta} left)",
-            Unit::Runs => "{msg} {wide_bar} run {pos}/{len} ({elapsed} elapsed, {eta} left)",
+            Unit::Bytes => "{msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left)",
+            Unit::Packets => "{msg} [{bar:30}] {human_pos}/{human_len} packets ({rate}, {eta} left)",
+            Unit::Sessions => "{msg} [{bar:30}] {human_pos}/{human_len} sessions ({eta} left)",
+            Unit::Rounds => "{msg} [{bar:30}] round {pos}/{len} ({elapsed} elapsed, {eta} left)",
+            Unit::Runs => "{msg} [{bar:30}] run {pos}/{len} ({elapsed} elapsed, {eta} left)",
         }
     }
 }
@@ -81,6 +81,15 @@ impl Progress {
         }
         Progress::start(|| {
             let style = ProgressStyle::with_template(unit.template()).unwrap_or_else(|_| ProgressStyle::default_bar());
+            // `{rate}`: items per second with a k/M/G suffix, as flowplane prints rates ("2.46 Mpps").
+            let style = style.with_key("rate", |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let r = s.per_sec();
+                let _ = match r {
+                    r if r >= 1e6 => write!(w, "{:.2} Mpps", r / 1e6),
+                    r if r >= 1e3 => write!(w, "{:.1} kpps", r / 1e3),
+                    r => write!(w, "{r:.0} pps"),
+                };
+            });
             ProgressBar::new(total).with_style(style.progress_chars("=> ")).with_message(what)
         })
     }
