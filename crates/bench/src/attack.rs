@@ -757,7 +757,7 @@ impl AttackReport {
         let mut entries: Vec<(Sample, String)> =
             (0..3).filter(|&k| used[k]).map(|k| (Sample::Bar(colours[k]), names[k].to_string())).collect();
         if used[2] {
-            entries[1].1 = "attack (hash-collision: leaked secret)".to_string();
+            entries[1].1 = "attack traffic (hash-collision: leaked secret)".to_string();
         }
         entries.push((Sample::Heading, "above a bar: Mpps (x normal)".to_string()));
         crate::plot::side_legend(&legend, &entries).map_err(|e| err(&e))?;

@@ -561,7 +561,8 @@ impl InterleaveReport {
                     })
                 })
                 .collect();
-            crate::plot::marks(&mut chart, &marks, color).map_err(|e| err(&e))?;
+            let triangle = crate::plot::marker_triangle(n);
+            crate::plot::marks(&mut chart, &marks, color, triangle).map_err(|e| err(&e))?;
             for (exec, dash) in [("batch", 12u32), ("rtc", 3u32)] {
                 if let Some(r) = rows.iter().find(|r| r.exec == exec) {
                     chart
@@ -574,7 +575,7 @@ impl InterleaveReport {
                         .map_err(|e| err(&e))?;
                 }
             }
-            entries.push((Sample::Series(c), case.to_string()));
+            entries.push((if triangle { Sample::SeriesTriangle(c) } else { Sample::Series(c) }, case.to_string()));
         }
         let grey = RGBColor(90, 90, 90);
         entries.extend([

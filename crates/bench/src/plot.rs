@@ -111,17 +111,25 @@ pub(crate) struct Mark {
     pub(crate) ok: bool,
 }
 
-/// Draws `marks` in `color` (see [`Mark`]).
+/// Draws `marks` in `color` (see [`Mark`]), as triangles instead of circles with `triangle` (a series past the
+/// palette's first cycle, [`marker_triangle`]).
 pub(crate) fn marks<'a, DB: DrawingBackend + 'a, X: Ranged<ValueType = f64>, Y: Ranged<ValueType = f64>>(
     chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
     marks: &[Mark],
     color: RGBAColor,
+    triangle: bool,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
-    chart.draw_series(marks.iter().map(|m| {
+    use plotters::element::TriangleMarker;
+    for m in marks {
         let style = if m.ok { color.filled() } else { WHITE.filled() };
-        Circle::new((m.x, m.y), 5, style)
-    }))?;
-    chart.draw_series(marks.iter().map(|m| Circle::new((m.x, m.y), 5, color.stroke_width(2))))?;
+        if triangle {
+            chart.draw_series([TriangleMarker::new((m.x, m.y), 7, style)])?;
+            chart.draw_series([TriangleMarker::new((m.x, m.y), 7, color.stroke_width(2))])?;
+        } else {
+            chart.draw_series([Circle::new((m.x, m.y), 5, style)])?;
+            chart.draw_series([Circle::new((m.x, m.y), 5, color.stroke_width(2))])?;
+        }
+    }
     chart.draw_series(
         marks
             .iter()
@@ -189,6 +197,10 @@ pub(crate) fn cores_png(path: &std::path::Path, title: &str, series: &[CoreSerie
     use plotters::element::DashedPathElement;
     use plotters::prelude::*;
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    // A series measured on one core count only (refused on the others) is no line against cores: named apart in
+    // the legend, not drawn as a lone dot listed like the others.
+    let (drawn, lone): (Vec<&CoreSeries>, Vec<&CoreSeries>) = series.iter().partition(|s| s.points.len() > 1);
+    let series = drawn;
     let pts = || series.iter().flat_map(|s| s.points.iter());
     let xmax = pts().map(|p| p.cores).max().unwrap_or(1).max(2);
     let ymax = pts().map(|p| p.bar.map_or(p.mpps, |b| b.1.max(p.mpps))).fold(0.1f64, f64::max) * 1.1;
@@ -292,6 +304,15 @@ pub(crate) fn cores_png(path: &std::path::Path, title: &str, series: &[CoreSerie
         legend
             .draw(&Text::new("min-max over --reps", (52, row(k + 4) - 8), ("sans-serif", 15)))
             .map_err(|e| err(&e))?;
+        if !lone.is_empty() {
+            let grey = ("sans-serif", 14).into_font().color(&RGBColor(90, 90, 90));
+            let head = "not drawn: one core count only (see the table)";
+            legend.draw(&Text::new(head, (10, row(k + 6) - 8), grey.clone())).map_err(|e| err(&e))?;
+            for (j, s) in lone.iter().enumerate() {
+                let at = (20, row(k + 7 + j) - 8);
+                legend.draw(&Text::new(s.label.clone(), at, grey.clone())).map_err(|e| err(&e))?;
+            }
+        }
     }
     root.present().map_err(|e| err(&e))?;
     Ok(())
