@@ -462,7 +462,7 @@ fn recovery_png(path: &Path, rows: &[&Row], text: bool) -> Result<(), String> {
         b.build_cartesian_2d((0u32..100 * n as u32).with_key_points(keys), 0.0..top * 1.25).map_err(|e| err(&e))?;
     let label = |r: &Row| if r.recovery { format!("{}%", r.loss * 100.0) } else { "off".to_string() };
     if text {
-        let names: Vec<String> = rows.iter().map(|r| label(*r)).collect();
+        let names: Vec<String> = rows.iter().map(|r| label(r)).collect();
         chart
             .configure_mesh()
             .disable_x_mesh()

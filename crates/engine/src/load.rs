@@ -123,7 +123,7 @@ pub fn load_trace_with(
         let Some(pkt) = reader.next_frame(&mut scratch)? else { break };
         loader.push(pkt.data, pkt.ts_ns)?;
         n += 1;
-        if n % PROGRESS_EVERY == 0 {
+        if n.is_multiple_of(PROGRESS_EVERY) {
             bar.set(reader.offset());
         }
     }
@@ -149,7 +149,7 @@ pub fn load_generated_with(
     while let Some(ts) = gen.next_frame(&mut buf) {
         loader.push(&buf, ts)?;
         n += 1;
-        if n % PROGRESS_EVERY == 0 {
+        if n.is_multiple_of(PROGRESS_EVERY) {
             bar.set(n);
         }
     }

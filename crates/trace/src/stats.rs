@@ -436,7 +436,7 @@ pub fn trace_stats(path: &Path, top: usize) -> Result<TraceStats, TraceError> {
             }
         }
         n += 1;
-        if n % (1 << 16) == 0 {
+        if n.is_multiple_of(1 << 16) {
             bar.set(reader.offset());
         }
     }

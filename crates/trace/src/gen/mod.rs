@@ -979,7 +979,7 @@ pub fn write_pcap(cfg: GenConfig, path: &Path) -> Result<GenSummary, GenError> {
         w.write_packet(ts, &buf, buf.len() as u32)?;
         sum.packets += 1;
         sum.bytes += buf.len() as u64;
-        if sum.packets % PROGRESS_EVERY == 0 {
+        if sum.packets.is_multiple_of(PROGRESS_EVERY) {
             bar.set(sum.packets);
         }
     }
