@@ -693,8 +693,10 @@ pub fn run_attack(opts: &AttackOptions) -> Result<AttackReport, String> {
 }
 
 impl AttackReport {
-    /// Mpps per scenario, normal beside attack, for the first executor's rows.
+    /// Mpps per scenario, normal beside attack, for the first executor's rows: one group of bars per scenario (its
+    /// name under the group), each bar's figure and its ratio to normal above it, the legend beside the plot.
     pub fn plot_png(&self, path: &Path) -> Result<(), String> {
+        use crate::plot::Sample;
         use plotters::prelude::*;
         if !crate::plot::register_font() {
             return Err("no TrueType font found for the plot's text (install fonts-dejavu-core)".to_string());
@@ -708,54 +710,57 @@ impl AttackReport {
                 scenarios.push(r.scenario.as_str());
             }
         }
-        // Three slots per scenario (normal, attack, a second attack variant) and a gap.
-        let group = 4usize;
-        let slots = (scenarios.len() * group).max(1) as f64;
-        let ymax = rows.iter().map(|r| r.mpps).fold(1.0f64, f64::max) * 1.15;
-        let root = BitMapBackend::new(path, (1400, 700)).into_drawing_area();
+        let ymax = rows.iter().map(|r| r.mpps).fold(0.1f64, f64::max) * 1.2;
+        let root = BitMapBackend::new(path, (1500, 700)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| err(&e))?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(format!("Under attack, one core, {exec}: Mpps, normal vs attack"), ("sans-serif", 22))
+        crate::plot::footer(&root, true).map_err(|e| err(&e))?;
+        let root = root.margin(0, 22, 0, 0);
+        let (plot, legend) = root.split_horizontally(1120);
+        // x in hundredths of a group (integer coordinates take chosen label points): group g's centre is 100 g + 50.
+        let keys: Vec<u32> = (0..scenarios.len() as u32).map(|g| 100 * g + 50).collect();
+        let mut chart = ChartBuilder::on(&plot)
+            .caption(format!("Under attack, one core, executor {exec}: normal vs attack traffic"), ("sans-serif", 20))
             .margin(16)
             .x_label_area_size(44)
             .y_label_area_size(60)
-            .build_cartesian_2d(0.0..slots, 0.0..ymax)
+            .build_cartesian_2d((0u32..100 * scenarios.len().max(1) as u32).with_key_points(keys), 0.0..ymax)
             .map_err(|e| err(&e))?;
         chart
             .configure_mesh()
             .disable_x_mesh()
-            .x_labels(scenarios.len().max(1) * 2)
-            .x_label_formatter(&|x| {
-                let g = (*x / group as f64) as usize;
-                scenarios
-                    .get(g)
-                    .filter(|_| (*x - (g * group) as f64 - 1.5).abs() < 0.75)
-                    .map_or(String::new(), |s| s.to_string())
-            })
+            .x_label_formatter(&|x| scenarios.get((*x / 100) as usize).map_or(String::new(), |s| s.to_string()))
+            .x_desc("scenario")
             .y_desc("Mpps")
             .draw()
             .map_err(|e| err(&e))?;
-        for (slot, label) in [(0usize, "normal"), (1, "attack"), (2, "attack, 2nd variant")] {
-            let color = Palette99::pick(slot + 1).to_rgba();
-            let rects: Vec<Rectangle<(f64, f64)>> = scenarios
-                .iter()
-                .enumerate()
-                .filter_map(|(g, s)| {
-                    let r = rows.iter().filter(|r| r.scenario == *s).nth(slot)?;
-                    let x = (g * group + slot) as f64;
-                    Some(Rectangle::new([(x + 0.1, 0.0), (x + 0.9, r.mpps)], color.filled()))
-                })
-                .collect();
-            if rects.is_empty() {
-                continue;
+        // Up to three bars per scenario: normal, attack, and hash-collision's second attack row.
+        let colours = [crate::plot::colour(5), crate::plot::colour(6), crate::plot::colour(1)];
+        let w = 26u32;
+        let mut used = [false; 3];
+        for (g, sc) in scenarios.iter().enumerate() {
+            let mine: Vec<&&AttackRow> = rows.iter().filter(|r| r.scenario == *sc).collect();
+            // Centred whatever the number of bars.
+            let start = 100 * g as u32 + 50 - w * mine.len().min(3) as u32 / 2;
+            for (slot, r) in mine.iter().enumerate().take(3) {
+                used[slot] = true;
+                let x0 = start + slot as u32 * w;
+                let c = colours[slot];
+                chart
+                    .draw_series([Rectangle::new([(x0, 0.0), (x0 + w * 9 / 10, r.mpps)], c.filled())])
+                    .map_err(|e| err(&e))?;
+                let ratio = r.mpps_vs_normal.filter(|_| slot > 0).map_or(String::new(), |x| format!(" {x:.2}x"));
+                let label = Text::new(format!("{:.2}{ratio}", r.mpps), (x0, r.mpps + ymax * 0.02), ("sans-serif", 12));
+                chart.draw_series([label]).map_err(|e| err(&e))?;
             }
-            chart
-                .draw_series(rects)
-                .map_err(|e| err(&e))?
-                .label(label)
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled()));
         }
-        crate::plot::legend(&mut chart, plotters::chart::SeriesLabelPosition::UpperRight).map_err(|e| err(&e))?;
+        let names = ["normal traffic", "attack traffic", "hash-collision: the same keys, random secret"];
+        let mut entries: Vec<(Sample, String)> =
+            (0..3).filter(|&k| used[k]).map(|k| (Sample::Bar(colours[k]), names[k].to_string())).collect();
+        if used[2] {
+            entries[1].1 = "attack traffic (hash-collision: leaked secret)".to_string();
+        }
+        entries.push((Sample::Heading, "above a bar: Mpps (x normal)".to_string()));
+        crate::plot::side_legend(&legend, &entries).map_err(|e| err(&e))?;
         root.present().map_err(|e| err(&e))?;
         Ok(())
     }

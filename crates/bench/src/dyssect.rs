@@ -501,42 +501,42 @@ pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
         };
         let mine: Vec<&Row> = rows.iter().filter(|r| r.trace == t && r.cores == n && r.nic == nic).collect();
         let xmax = mine.iter().map(|r| r.imbalance_windows.len()).max().unwrap_or(1).max(2) as f64 * 0.1;
-        let root = BitMapBackend::new(&path, (1000, 600)).into_drawing_area();
+        let root = BitMapBackend::new(&path, (1300, 600)).into_drawing_area();
         let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
         root.fill(&WHITE).map_err(|e| err(&e))?;
         crate::plot::footer(&root, text).map_err(|e| err(&e))?;
         let root = root.margin(0, 20, 0, 0);
-        let mut b = ChartBuilder::on(&root);
+        let (plot_area, legend) = root.split_horizontally(940);
+        let mut b = ChartBuilder::on(&plot_area);
         b.margin(20);
         if text {
             let on = if nic == "ideal" { String::new() } else { format!(" ({nic} NIC)") };
-            b.caption(format!("{t}, {n} projected cores{on}: load imbalance per 100 ms window"), ("sans-serif", 22))
+            b.caption(format!("{t}, {n} projected cores{on}: load imbalance per 100 ms window"), ("sans-serif", 20))
                 .x_label_area_size(40)
                 .y_label_area_size(60);
         }
         let mut chart = b.build_cartesian_2d(0.0f64..xmax, 0.0f64..1.0).map_err(|e| err(&e))?;
         if text {
-            chart.configure_mesh().x_desc("seconds").y_desc("imbalance").draw().map_err(|e| err(&e))?;
+            chart
+                .configure_mesh()
+                .x_desc("seconds of the run")
+                .y_desc("imbalance: (busiest - least busy) / busiest")
+                .draw()
+                .map_err(|e| err(&e))?;
         } else {
             chart.configure_mesh().disable_x_mesh().disable_y_mesh().draw().map_err(|e| err(&e))?;
         }
+        let mut entries = vec![(crate::plot::Sample::Heading, "strategy (projected Mpps)".to_string())];
         for (i, r) in mine.iter().enumerate() {
             let pts: Vec<(f64, f64)> =
                 r.imbalance_windows.iter().enumerate().map(|(k, &v)| (k as f64 * 0.1, v)).collect();
-            let color = crate::plot::colour(i).to_rgba();
-            let line = chart.draw_series(LineSeries::new(pts, color.stroke_width(2))).map_err(|e| err(&e))?;
-            if text {
-                let label = if r.trust.ok() {
-                    format!("{} ({:.1} Mpps)", r.strategy, r.mpps)
-                } else {
-                    format!("{} ({:.1} Mpps, FLAGGED: see the table)", r.strategy, r.mpps)
-                };
-                line.label(label)
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
-            }
+            let c = crate::plot::colour(i);
+            chart.draw_series(LineSeries::new(pts, c.stroke_width(2))).map_err(|e| err(&e))?;
+            let flagged = if r.trust.ok() { "" } else { ", FLAGGED: see the table" };
+            entries.push((crate::plot::Sample::Line(c), format!("{} ({:.1} Mpps{flagged})", r.strategy, r.mpps)));
         }
         if text {
-            crate::plot::legend(&mut chart, SeriesLabelPosition::UpperRight).map_err(|e| err(&e))?;
+            crate::plot::side_legend(&legend, &entries).map_err(|e| err(&e))?;
         }
         root.present().map_err(|e| err(&e))?;
         drop(chart);

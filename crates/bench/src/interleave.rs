@@ -488,9 +488,11 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
 }
 
 impl InterleaveReport {
-    /// Writes a PNG: throughput (Mpps) against K for each case, with each
-    /// case's `batch` and `rtc` figures as dashed and dotted levels.
+    /// Writes a PNG: throughput (Mpps) against K (log scale, a tick at every K measured) for each case, with each
+    /// case's `batch` and `rtc` figures as dashed and dotted levels in the case's colour; the legend beside the
+    /// plot names every case and the two baseline styles.
     pub fn plot_png(&self, path: &std::path::Path) -> Result<(), String> {
+        use crate::plot::Sample;
         use plotters::prelude::*;
         if !crate::plot::register_font() {
             return Err("no TrueType font found for the plot's text (install fonts-dejavu-core)".to_string());
@@ -502,48 +504,52 @@ impl InterleaveReport {
             }
             v
         });
-        let ks: Vec<u16> = self.rows.iter().filter_map(|r| r.k).fold(Vec::new(), |mut v, k| {
+        let mut ks: Vec<u16> = self.rows.iter().filter_map(|r| r.k).fold(Vec::new(), |mut v, k| {
             if !v.contains(&k) {
                 v.push(k);
             }
             v
         });
-        let (kmin, kmax) = (ks.iter().copied().min().unwrap_or(1), ks.iter().copied().max().unwrap_or(64));
-        let ymax = self.rows.iter().map(|r| r.mpps).fold(1.0f64, f64::max) * 1.1;
-        let root = BitMapBackend::new(path, (1280, 800)).into_drawing_area();
+        ks.sort_unstable();
+        let (kmin, kmax) = (ks.first().copied().unwrap_or(1), ks.last().copied().unwrap_or(64).max(2));
+        let ymax =
+            self.rows.iter().map(|r| r.spread.as_ref().map_or(r.mpps, |s| s.max.max(r.mpps))).fold(1.0f64, f64::max)
+                * 1.1;
+        let root = BitMapBackend::new(path, (1500, 800)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| err(&e))?;
         crate::plot::footer(&root, true).map_err(|e| err(&e))?;
-        let root = root.margin(0, 20, 0, 0);
-        let mut chart = ChartBuilder::on(&root)
+        let root = root.margin(0, 22, 0, 0);
+        let (plot, legend) = root.split_horizontally(1140);
+        // A little room left and right of the extreme Ks, so their markers are not cut by the axes.
+        let (x0, x1) = (f64::from(kmin) / 1.15, f64::from(kmax) * 1.15);
+        let keys: Vec<f64> = ks.iter().map(|&k| f64::from(k)).collect();
+        let mut chart = ChartBuilder::on(&plot)
             .caption(
                 format!(
-                    "interleaved:K vs rtc (dotted) and batch (dashed), one core, 64-B packets{}",
+                    "interleaved:K against rtc and batch, one core, 64-B packets{}",
                     crate::plot::flagged_note(self.rows.iter().any(|r| !r.trust.ok()))
                 ),
-                ("sans-serif", 24),
+                ("sans-serif", 22),
             )
             .margin(16)
             .x_label_area_size(44)
             .y_label_area_size(60)
-            .build_cartesian_2d((f64::from(kmin)..f64::from(kmax)).log_scale(), 0.0..ymax)
+            .build_cartesian_2d((x0..x1).log_scale().with_key_points(keys), 0.0..ymax)
             .map_err(|e| err(&e))?;
         chart
             .configure_mesh()
-            .x_desc("K (tasks in flight)")
+            .x_desc("K (tasks in flight per core, log scale)")
             .y_desc("Mpps")
             .x_label_formatter(&|x| format!("{x:.0}"))
             .draw()
             .map_err(|e| err(&e))?;
-        let (x0, x1) = (f64::from(kmin), f64::from(kmax));
+        let mut entries: Vec<(Sample, String)> = vec![(Sample::Heading, "case (interleaved:K)".to_string())];
         for (n, case) in cases.iter().enumerate() {
-            let color = crate::plot::colour(n).to_rgba();
+            let c = crate::plot::colour(n);
+            let color = c.to_rgba();
             let rows: Vec<&InterleaveRow> = self.rows.iter().filter(|r| r.case == *case).collect();
             let pts: Vec<(f64, f64)> = rows.iter().filter_map(|r| r.k.map(|k| (f64::from(k), r.mpps))).collect();
-            chart
-                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-                .map_err(|e| err(&e))?
-                .label(*case)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            chart.draw_series(LineSeries::new(pts, color.stroke_width(2))).map_err(|e| err(&e))?;
             let marks: Vec<crate::plot::Mark> = rows
                 .iter()
                 .filter_map(|r| {
@@ -555,7 +561,8 @@ impl InterleaveReport {
                     })
                 })
                 .collect();
-            crate::plot::marks(&mut chart, &marks, color).map_err(|e| err(&e))?;
+            let triangle = crate::plot::marker_triangle(n);
+            crate::plot::marks(&mut chart, &marks, color, triangle).map_err(|e| err(&e))?;
             for (exec, dash) in [("batch", 12u32), ("rtc", 3u32)] {
                 if let Some(r) = rows.iter().find(|r| r.exec == exec) {
                     chart
@@ -568,8 +575,18 @@ impl InterleaveReport {
                         .map_err(|e| err(&e))?;
                 }
             }
+            entries.push((if triangle { Sample::SeriesTriangle(c) } else { Sample::Series(c) }, case.to_string()));
         }
-        crate::plot::legend(&mut chart, SeriesLabelPosition::UpperLeft).map_err(|e| err(&e))?;
+        let grey = RGBColor(90, 90, 90);
+        entries.extend([
+            (Sample::Heading, String::new()),
+            (Sample::Heading, "baselines, in the case's colour".to_string()),
+            (Sample::Dashed(grey), "batch executor".to_string()),
+            (Sample::Dotted(grey), "rtc executor".to_string()),
+            (Sample::Hollow, "flagged: not to quote".to_string()),
+            (Sample::Range, "min-max over --reps".to_string()),
+        ]);
+        crate::plot::side_legend(&legend, &entries).map_err(|e| err(&e))?;
         root.present().map_err(|e| err(&e))?;
         Ok(())
     }

@@ -1,7 +1,7 @@
-//! What the PNG plots share: the font for their text and the legend box.
+//! What the PNG plots share: the font for their text, the provenance footer, the palette, the markers and the
+//! legend drawn beside the data ([`side_legend`]).
 
-use plotters::chart::{ChartContext, SeriesLabelPosition};
-use plotters::coord::CoordTranslate;
+use plotters::chart::ChartContext;
 use plotters::drawing::DrawingAreaErrorKind;
 use plotters::prelude::{Cartesian2d, Circle, DrawingBackend, PathElement, Ranged, BLACK, WHITE};
 use plotters::style::{Color, FontStyle, IntoFont, RGBAColor, RGBColor};
@@ -46,12 +46,59 @@ pub(crate) fn footer<DB: DrawingBackend>(
     area.draw(&plotters::element::Text::new(shown, (8, h as i32 - 16), style))
 }
 
-/// Draws the series' legend in a white box with a black border at `pos`.
-pub(crate) fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
-    chart: &mut ChartContext<'a, DB, CT>,
-    pos: SeriesLabelPosition,
+/// How a [`side_legend`] entry's sample is drawn.
+#[derive(Clone, Copy)]
+pub(crate) enum Sample {
+    /// A solid line with a filled circle (a measured series).
+    Series(RGBColor),
+    /// A solid line with a filled triangle (a series past the palette's first cycle, or a second kind of point).
+    SeriesTriangle(RGBColor),
+    /// A solid line alone.
+    Line(RGBColor),
+    /// A dashed line (long dashes).
+    Dashed(RGBColor),
+    /// A dotted line (short dashes).
+    Dotted(RGBColor),
+    /// A filled square (a bar).
+    Bar(RGBColor),
+    /// A hollow circle: a flagged figure.
+    Hollow,
+    /// A vertical stroke: min-max over `--reps`.
+    Range,
+    /// No sample: a heading for the entries below it.
+    Heading,
+}
+
+/// Draws a legend in its own area beside the plot (never over the data): one entry per row, sample then label.
+pub(crate) fn side_legend<DB: DrawingBackend>(
+    area: &plotters::drawing::DrawingArea<DB, plotters::coord::Shift>,
+    entries: &[(Sample, String)],
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).position(pos).draw()
+    use plotters::element::{DashedPathElement, Rectangle, Text, TriangleMarker};
+    for (k, (sample, label)) in entries.iter().enumerate() {
+        let y = 40 + 22 * k as i32;
+        let line = |c: RGBColor| PathElement::new(vec![(10, y), (44, y)], c.stroke_width(2));
+        match *sample {
+            Sample::Series(c) => {
+                area.draw(&line(c))?;
+                area.draw(&Circle::new((27, y), 5, c.filled()))?;
+            }
+            Sample::SeriesTriangle(c) => {
+                area.draw(&line(c))?;
+                area.draw(&TriangleMarker::new((27, y), 7, c.filled()))?;
+            }
+            Sample::Line(c) => area.draw(&line(c))?,
+            Sample::Dashed(c) => area.draw(&DashedPathElement::new(vec![(10, y), (44, y)], 9, 5, c.stroke_width(2)))?,
+            Sample::Dotted(c) => area.draw(&DashedPathElement::new(vec![(10, y), (44, y)], 3, 4, c.stroke_width(2)))?,
+            Sample::Bar(c) => area.draw(&Rectangle::new([(20, y - 6), (34, y + 6)], c.filled()))?,
+            Sample::Hollow => area.draw(&Circle::new((27, y), 5, BLACK.stroke_width(2)))?,
+            Sample::Range => area.draw(&PathElement::new(vec![(27, y - 7), (27, y + 7)], BLACK.stroke_width(2)))?,
+            Sample::Heading => {}
+        }
+        let x = if matches!(sample, Sample::Heading) { 10 } else { 52 };
+        area.draw(&Text::new(label.clone(), (x, y - 8), ("sans-serif", 15)))?;
+    }
+    Ok(())
 }
 
 /// One measured point of a series: a filled circle when its row is
@@ -64,17 +111,25 @@ pub(crate) struct Mark {
     pub(crate) ok: bool,
 }
 
-/// Draws `marks` in `color` (see [`Mark`]).
+/// Draws `marks` in `color` (see [`Mark`]), as triangles instead of circles with `triangle` (a series past the
+/// palette's first cycle, [`marker_triangle`]).
 pub(crate) fn marks<'a, DB: DrawingBackend + 'a, X: Ranged<ValueType = f64>, Y: Ranged<ValueType = f64>>(
     chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
     marks: &[Mark],
     color: RGBAColor,
+    triangle: bool,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
-    chart.draw_series(marks.iter().map(|m| {
+    use plotters::element::TriangleMarker;
+    for m in marks {
         let style = if m.ok { color.filled() } else { WHITE.filled() };
-        Circle::new((m.x, m.y), 5, style)
-    }))?;
-    chart.draw_series(marks.iter().map(|m| Circle::new((m.x, m.y), 5, color.stroke_width(2))))?;
+        if triangle {
+            chart.draw_series([TriangleMarker::new((m.x, m.y), 7, style)])?;
+            chart.draw_series([TriangleMarker::new((m.x, m.y), 7, color.stroke_width(2))])?;
+        } else {
+            chart.draw_series([Circle::new((m.x, m.y), 5, style)])?;
+            chart.draw_series([Circle::new((m.x, m.y), 5, color.stroke_width(2))])?;
+        }
+    }
     chart.draw_series(
         marks
             .iter()
@@ -142,6 +197,10 @@ pub(crate) fn cores_png(path: &std::path::Path, title: &str, series: &[CoreSerie
     use plotters::element::DashedPathElement;
     use plotters::prelude::*;
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    // A series measured on one core count only (refused on the others) is no line against cores: named apart in
+    // the legend, not drawn as a lone dot listed like the others.
+    let (drawn, lone): (Vec<&CoreSeries>, Vec<&CoreSeries>) = series.iter().partition(|s| s.points.len() > 1);
+    let series = drawn;
     let pts = || series.iter().flat_map(|s| s.points.iter());
     let xmax = pts().map(|p| p.cores).max().unwrap_or(1).max(2);
     let ymax = pts().map(|p| p.bar.map_or(p.mpps, |b| b.1.max(p.mpps))).fold(0.1f64, f64::max) * 1.1;
@@ -245,6 +304,15 @@ pub(crate) fn cores_png(path: &std::path::Path, title: &str, series: &[CoreSerie
         legend
             .draw(&Text::new("min-max over --reps", (52, row(k + 4) - 8), ("sans-serif", 15)))
             .map_err(|e| err(&e))?;
+        if !lone.is_empty() {
+            let grey = ("sans-serif", 14).into_font().color(&RGBColor(90, 90, 90));
+            let head = "not drawn: one core count only (see the table)";
+            legend.draw(&Text::new(head, (10, row(k + 6) - 8), grey.clone())).map_err(|e| err(&e))?;
+            for (j, s) in lone.iter().enumerate() {
+                let at = (20, row(k + 7 + j) - 8);
+                legend.draw(&Text::new(s.label.clone(), at, grey.clone())).map_err(|e| err(&e))?;
+            }
+        }
     }
     root.present().map_err(|e| err(&e))?;
     Ok(())

@@ -6,6 +6,7 @@
 //! the figure shown).
 
 pub use flowplane_engine::trust::{footnote, Spread, Trust};
+use flowplane_trace::progress::{Progress, Unit};
 
 /// Runs `once(round)` `reps` times (at least once) and merges the rounds'
 /// rows by position; `fig` is a row's figure (None: refused or not
@@ -16,8 +17,11 @@ pub fn repeat<R>(
     fig: impl Fn(&R) -> Option<f64>,
 ) -> Result<Vec<(R, Option<Spread>)>, String> {
     let mut cols: Vec<Vec<R>> = Vec::new();
+    // On a terminal: the rounds done, the time spent and left (the suites' rows title it as they are measured).
+    let bar = Progress::bar("measuring", reps.max(1) as u64, Unit::Rounds);
     for round in 0..reps.max(1) {
         let rows = once(round)?;
+        bar.set(round as u64 + 1);
         if round == 0 {
             cols = rows.into_iter().map(|r| vec![r]).collect();
         } else if rows.len() != cols.len() {

@@ -3,7 +3,10 @@
 //! flows, Zipf, a few elephants carrying most packets, one single flow) and
 //! the chains whose state placement differs (`srcctr -> fsc`, `fw` and
 //! `nat` on two-way TCP, `ddos`). One and two cores are real runs; more
-//! are `--virtual-cores` projections (labelled as such). Each row also
+//! are `--virtual-cores` projections (labelled as such; `shared` is measured
+//! on the real cores only: its cost is contention between real cores, which
+//! logical workers taking turns cannot show, so its projected rows are
+//! refused rows saying so). Each row also
 //! gives the ratio to the same strategy's one-core figure and the
 //! load-imbalance factor; strategy/NF pairs the runtime refuses are rows
 //! saying why. A PNG plot per chain shows throughput against cores.

@@ -367,7 +367,8 @@ pub fn table(rows: &[Row]) -> String {
 }
 
 /// One PNG per program (Mpps and speed-up against cores per trace and strategy) and one for the compute sweep
-/// (per compute cost), see `plot::cores_png`; recovery rows are in the table only. Returns the files.
+/// (per compute cost), see `plot::cores_png`, and `scr-recovery.png` (Fig. 10: Mpps with recovery off, then on at
+/// each injected loss rate). Returns the files.
 pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
     use crate::plot::{CorePoint, CoreSeries};
     let text = crate::plot::register_font();
@@ -419,7 +420,90 @@ pub fn plot(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>, String> {
         crate::plot::cores_png(&path, &title, &series, text)?;
         out.push(path);
     }
+    let recovery: Vec<&Row> = rows.iter().filter(|r| r.experiment == "recovery" && r.mpps.is_some()).collect();
+    if !recovery.is_empty() {
+        let path = dir.join("scr-recovery.png");
+        recovery_png(&path, &recovery, text)?;
+        out.push(path);
+    }
     Ok(out)
+}
+
+/// The loss-recovery PNG (SCR Fig. 10): one bar per case, recovery off (grey) then on at each injected loss rate,
+/// with the figure and its ratio to recovery off above each bar, min-max whiskers with `--reps`, flagged bars
+/// hollow, and the legend beside the plot.
+fn recovery_png(path: &Path, rows: &[&Row], text: bool) -> Result<(), String> {
+    use crate::plot::Sample;
+    use plotters::prelude::*;
+    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let n = rows.len();
+    let top = rows.iter().map(|r| r.spread.as_ref().map_or(r.mpps.unwrap_or(0.0), |s| s.max)).fold(0.1f64, f64::max);
+    let root = BitMapBackend::new(path, (1200, 620)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    crate::plot::footer(&root, text).map_err(|e| err(&e))?;
+    let root = root.margin(0, 22, 0, 0);
+    let (plot, legend) = root.split_horizontally(880);
+    let first = rows[0];
+    let mut b = ChartBuilder::on(&plot);
+    b.margin(16);
+    if text {
+        let note = crate::plot::flagged_note(rows.iter().any(|r| !r.trust.ok()));
+        b.caption(
+            format!("SCR loss recovery: {} on {}, {} real cores{note}", first.program, first.trace, first.cores),
+            ("sans-serif", 20),
+        )
+        .x_label_area_size(44)
+        .y_label_area_size(60);
+    }
+    // x in hundredths of a slot (integer coordinates: plotters labels those at chosen points); bar i centred at
+    // 100 i + 50.
+    let keys: Vec<u32> = (0..n as u32).map(|i| 100 * i + 50).collect();
+    let mut chart =
+        b.build_cartesian_2d((0u32..100 * n as u32).with_key_points(keys), 0.0..top * 1.25).map_err(|e| err(&e))?;
+    let label = |r: &Row| if r.recovery { format!("{}%", r.loss * 100.0) } else { "off".to_string() };
+    if text {
+        let names: Vec<String> = rows.iter().map(|r| label(r)).collect();
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_label_formatter(&|x| names.get((*x / 100) as usize).cloned().unwrap_or_default())
+            .x_desc("recovery: off, or on at this injected loss rate")
+            .y_desc("Mpps")
+            .draw()
+            .map_err(|e| err(&e))?;
+    } else {
+        chart.configure_mesh().disable_x_mesh().disable_y_mesh().draw().map_err(|e| err(&e))?;
+    }
+    let (off, on) = (RGBColor(150, 150, 150), crate::plot::colour(5));
+    for (i, r) in rows.iter().enumerate() {
+        let (x, m) = (100 * i as u32, r.mpps.unwrap_or(0.0));
+        let c = if r.recovery { on } else { off };
+        let fill = if r.trust.ok() { c.filled() } else { WHITE.filled() };
+        chart.draw_series([Rectangle::new([(x + 20, 0.0), (x + 80, m)], fill)]).map_err(|e| err(&e))?;
+        chart.draw_series([Rectangle::new([(x + 20, 0.0), (x + 80, m)], c.stroke_width(2))]).map_err(|e| err(&e))?;
+        if let Some(s) = &r.spread {
+            chart
+                .draw_series([PathElement::new(vec![(x + 50, s.min), (x + 50, s.max)], BLACK.stroke_width(2))])
+                .map_err(|e| err(&e))?;
+        }
+        if text {
+            let ratio = r.ratio.filter(|_| r.recovery).map_or(String::new(), |x| format!(" ({x:.2}x)"));
+            let at = (x + 20, m.max(r.spread.as_ref().map_or(0.0, |s| s.max)) + top * 0.04);
+            chart.draw_series([Text::new(format!("{m:.2}{ratio}"), at, ("sans-serif", 15))]).map_err(|e| err(&e))?;
+        }
+    }
+    if text {
+        let entries = [
+            (Sample::Bar(off), "recovery off".to_string()),
+            (Sample::Bar(on), "recovery on".to_string()),
+            (Sample::Heading, "above a bar: Mpps (x recovery off)".to_string()),
+            (Sample::Hollow, "flagged: not to quote".to_string()),
+            (Sample::Range, "min-max over --reps".to_string()),
+        ];
+        crate::plot::side_legend(&legend, &entries).map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -392,117 +392,170 @@ fn run_amf(o: &UpfBenchOptions, execs: &[ExecKind]) -> Result<Vec<AmfRow>, Strin
 }
 
 impl UpfReport {
-    /// Writes a PNG: on the left Mpps against PDRs per session, one line per
-    /// direction, executor and UPF mode; on the right the `amf` rows, Mpps
-    /// per executor, one bar group per mode.
+    /// Writes a PNG: on the left Mpps against PDRs per session (a tick at every count measured), the executor by
+    /// colour, the direction by line style (uplink solid, downlink dashed), the UPF mode by marker (rtc circle,
+    /// staged triangle); on the right the `amf` rows, one group of bars per executor (its name under the group),
+    /// one bar per `amf` mode with its figure above it; one legend between the two panels, over no data.
     pub fn plot_png(&self, path: &std::path::Path) -> Result<(), String> {
+        use crate::plot::Sample;
         use plotters::prelude::*;
         if !crate::plot::register_font() {
             return Err("no TrueType font found for the plot's text (install fonts-dejavu-core)".to_string());
         }
         let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-        let root = BitMapBackend::new(path, (1600, 800)).into_drawing_area();
+        fn distinct<'a>(it: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+            it.fold(Vec::new(), |mut v, x| {
+                if !v.contains(&x) {
+                    v.push(x);
+                }
+                v
+            })
+        }
+        let execs = distinct(self.rows.iter().map(|r| r.exec.as_str()).chain(self.amf.iter().map(|r| r.exec.as_str())));
+        let colour = |e: &str| crate::plot::colour(execs.iter().position(|x| *x == e).unwrap_or(0));
+        let root = BitMapBackend::new(path, (1800, 820)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| err(&e))?;
         crate::plot::footer(&root, true).map_err(|e| err(&e))?;
-        let root = root.margin(0, 20, 0, 0);
-        let (left, right) = root.split_horizontally(1000);
-        let pmax = self.rows.iter().map(|r| r.pdrs).max().unwrap_or(1).max(2);
-        let ymax = self.rows.iter().map(|r| r.mpps).fold(1.0f64, f64::max) * 1.15;
-        let mut chart = ChartBuilder::on(&left)
-            .caption(
-                format!(
-                    "UPF, one core: Mpps vs PDRs per session{}",
-                    crate::plot::flagged_note(self.rows.iter().any(|r| !r.trust.ok()))
-                ),
-                ("sans-serif", 22),
-            )
-            .margin(16)
-            .x_label_area_size(44)
-            .y_label_area_size(60)
-            .build_cartesian_2d(1u32..pmax, 0.0..ymax)
-            .map_err(|e| err(&e))?;
-        chart.configure_mesh().x_desc("PDRs per session").y_desc("Mpps").draw().map_err(|e| err(&e))?;
-        let mut series: Vec<(&str, &str, &str)> = Vec::new();
-        for r in &self.rows {
-            let k = (r.dir, r.exec.as_str(), r.mode.as_str());
-            if !series.contains(&k) {
-                series.push(k);
-            }
-        }
-        for (n, &(dir, exec, mode)) in series.iter().enumerate() {
-            let color = crate::plot::colour(n).to_rgba();
-            let pts: Vec<(u32, f64)> = self
+        let root = root.margin(0, 22, 0, 0);
+        let (left, rest) = root.split_horizontally(980);
+        let (legend, right) = rest.split_horizontally(360);
+        let mut entries: Vec<(Sample, String)> = vec![(Sample::Heading, "executor (colour)".to_string())];
+        entries.extend(execs.iter().map(|e| (Sample::Series(colour(e)), e.to_string())));
+
+        let mut pdrs: Vec<u32> = self.rows.iter().map(|r| r.pdrs).collect();
+        pdrs.sort_unstable();
+        pdrs.dedup();
+        if !self.rows.is_empty() {
+            let pmax = pdrs.last().copied().unwrap_or(1);
+            let ymax = self
                 .rows
                 .iter()
-                .filter(|r| r.dir == dir && r.exec == exec && r.mode == mode)
-                .map(|r| (r.pdrs, r.mpps))
-                .collect();
+                .map(|r| r.spread.as_ref().map_or(r.mpps, |s| s.max.max(r.mpps)))
+                .fold(1.0f64, f64::max)
+                * 1.1;
+            let keys = pdrs.clone();
+            let mut chart = ChartBuilder::on(&left)
+                .caption(
+                    format!(
+                        "UPF, one core, {} sessions: Mpps vs PDRs per session{}",
+                        self.rows[0].sessions,
+                        crate::plot::flagged_note(self.rows.iter().any(|r| !r.trust.ok()))
+                    ),
+                    ("sans-serif", 20),
+                )
+                .margin(16)
+                .x_label_area_size(44)
+                .y_label_area_size(60)
+                .build_cartesian_2d((0u32..pmax + 1).with_key_points(keys), 0.0..ymax)
+                .map_err(|e| err(&e))?;
             chart
-                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-                .map_err(|e| err(&e))?
-                .label(format!("{}, executor {exec}, UPF mode {mode}", if dir == "ul" { "uplink" } else { "downlink" }))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-            // Flagged rows (too short or noisy to quote) are hollow.
-            let marks = self.rows.iter().filter(|r| r.dir == dir && r.exec == exec && r.mode == mode).map(|r| {
-                Circle::new((r.pdrs, r.mpps), 4, if r.trust.ok() { color.filled() } else { color.stroke_width(2) })
-            });
-            chart.draw_series(marks).map_err(|e| err(&e))?;
-        }
-        crate::plot::legend(&mut chart, SeriesLabelPosition::UpperRight).map_err(|e| err(&e))?;
-        // AMF: one group of bars per executor, one bar per mode.
-        let execs: Vec<&str> = self.amf.iter().fold(Vec::new(), |mut v, r| {
-            if !v.contains(&r.exec.as_str()) {
-                v.push(r.exec.as_str());
+                .configure_mesh()
+                .x_desc("PDRs per session (each direction)")
+                .y_desc("Mpps")
+                .draw()
+                .map_err(|e| err(&e))?;
+            let series = distinct(self.rows.iter().map(|r| r.dir))
+                .into_iter()
+                .flat_map(|d| execs.iter().flat_map(move |e| ["rtc", "staged"].into_iter().map(move |m| (d, *e, m))));
+            for (dir, exec, mode) in series {
+                let mine: Vec<&UpfRow> =
+                    self.rows.iter().filter(|r| r.dir == dir && r.exec == exec && r.mode == mode).collect();
+                if mine.is_empty() {
+                    continue;
+                }
+                let c = colour(exec);
+                let pts: Vec<(u32, f64)> = mine.iter().map(|r| (r.pdrs, r.mpps)).collect();
+                if dir == "ul" {
+                    chart.draw_series(LineSeries::new(pts, c.stroke_width(2))).map_err(|e| err(&e))?;
+                } else {
+                    chart.draw_series(DashedLineSeries::new(pts, 9, 5, c.stroke_width(2))).map_err(|e| err(&e))?;
+                }
+                for r in &mine {
+                    let at = (r.pdrs, r.mpps);
+                    let fill = if r.trust.ok() { c.filled() } else { WHITE.filled() };
+                    if let Some(s) = &r.spread {
+                        let bar = PathElement::new(vec![(at.0, s.min), (at.0, s.max)], c.stroke_width(1));
+                        chart.draw_series([bar]).map_err(|e| err(&e))?;
+                    }
+                    if mode == "staged" {
+                        chart.draw_series([TriangleMarker::new(at, 7, fill)]).map_err(|e| err(&e))?;
+                        chart.draw_series([TriangleMarker::new(at, 7, c.stroke_width(2))]).map_err(|e| err(&e))?;
+                    } else {
+                        chart.draw_series([Circle::new(at, 5, fill)]).map_err(|e| err(&e))?;
+                        chart.draw_series([Circle::new(at, 5, c.stroke_width(2))]).map_err(|e| err(&e))?;
+                    }
+                }
             }
-            v
-        });
-        let modes: Vec<&str> = self.amf.iter().fold(Vec::new(), |mut v, r| {
-            if !v.contains(&r.mode.as_str()) {
-                v.push(r.mode.as_str());
-            }
-            v
-        });
-        let ues = self.amf.first().map_or(0, |r| r.ues);
-        let amax = self.amf.iter().map(|r| r.mpps).fold(1.0f64, f64::max) * 1.15;
-        let slots = (execs.len() * (modes.len() + 1)).max(1) as f64;
-        let mut bars = ChartBuilder::on(&right)
-            .caption(format!("amf, {ues} UEs: Mpps per executor and mode"), ("sans-serif", 22))
-            .margin(16)
-            .x_label_area_size(44)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0.0..slots, 0.0..amax)
-            .map_err(|e| err(&e))?;
-        let group = modes.len() + 1;
-        bars.configure_mesh()
-            .disable_x_mesh()
-            .x_labels(execs.len().max(1) * 2)
-            .x_label_formatter(&|x| {
-                let g = (*x / group as f64) as usize;
-                execs
-                    .get(g)
-                    .filter(|_| (*x - (g * group) as f64 - modes.len() as f64 / 2.0).abs() < 0.75)
-                    .map_or(String::new(), |e| e.to_string())
-            })
-            .y_desc("Mpps")
-            .draw()
-            .map_err(|e| err(&e))?;
-        for (m, mode) in modes.iter().enumerate() {
-            let color = crate::plot::colour(m + 3).to_rgba();
-            let rects: Vec<Rectangle<(f64, f64)>> = execs
-                .iter()
-                .enumerate()
-                .filter_map(|(g, e)| {
-                    let r = self.amf.iter().find(|r| r.exec == *e && r.mode == *mode)?;
-                    let x = (g * group + m) as f64;
-                    Some(Rectangle::new([(x + 0.1, 0.0), (x + 0.9, r.mpps)], color.filled()))
-                })
-                .collect();
-            bars.draw_series(rects)
-                .map_err(|e| err(&e))?
-                .label(*mode)
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled()));
+            entries.extend([
+                (Sample::Heading, String::new()),
+                (Sample::Heading, "direction (line)".to_string()),
+                (Sample::Line(BLACK), "uplink (GTP-U decapsulation)".to_string()),
+                (Sample::Dashed(BLACK), "downlink (encapsulation)".to_string()),
+                (Sample::Heading, "UPF mode (marker)".to_string()),
+                (Sample::Series(BLACK), "rtc: one packet at a time".to_string()),
+                (Sample::SeriesTriangle(BLACK), "staged: a batch's lookups overlap".to_string()),
+            ]);
         }
-        crate::plot::legend(&mut bars, SeriesLabelPosition::UpperRight).map_err(|e| err(&e))?;
+
+        // AMF: one group of bars per executor, one bar per mode; the executor's name under its group.
+        let amf_execs = distinct(self.amf.iter().map(|r| r.exec.as_str()));
+        let modes = distinct(self.amf.iter().map(|r| r.mode.as_str()));
+        if !self.amf.is_empty() {
+            let ues = self.amf[0].ues;
+            let top =
+                self.amf.iter().map(|r| r.spread.as_ref().map_or(r.mpps, |s| s.max.max(r.mpps))).fold(0.1f64, f64::max);
+            // x in hundredths of a group (integer coordinates take chosen label points): group g's centre is 100 g + 50.
+            let keys: Vec<u32> = (0..amf_execs.len() as u32).map(|g| 100 * g + 50).collect();
+            let mut bars = ChartBuilder::on(&right)
+                .caption(format!("amf, {ues} UEs, one core"), ("sans-serif", 20))
+                .margin(16)
+                .x_label_area_size(44)
+                .y_label_area_size(60)
+                .build_cartesian_2d((0u32..100 * amf_execs.len() as u32).with_key_points(keys), 0.0..top * 1.2)
+                .map_err(|e| err(&e))?;
+            bars.configure_mesh()
+                .disable_x_mesh()
+                .x_label_formatter(&|x| amf_execs.get((*x / 100) as usize).map_or(String::new(), |e| e.to_string()))
+                .x_desc("executor")
+                .y_desc("million messages/s")
+                .draw()
+                .map_err(|e| err(&e))?;
+            let w = 80 / modes.len().max(1) as u32;
+            let shade = |m: usize| crate::plot::colour(5 + m % 3);
+            for (g, e) in amf_execs.iter().enumerate() {
+                for (m, mode) in modes.iter().enumerate() {
+                    let Some(r) = self.amf.iter().find(|r| r.exec == *e && r.mode == *mode) else { continue };
+                    let x0 = 100 * g as u32 + 10 + m as u32 * w;
+                    let c = shade(m);
+                    let fill = if r.trust.ok() { c.filled() } else { WHITE.filled() };
+                    bars.draw_series([Rectangle::new([(x0, 0.0), (x0 + w * 9 / 10, r.mpps)], fill)])
+                        .map_err(|e| err(&e))?;
+                    bars.draw_series([Rectangle::new([(x0, 0.0), (x0 + w * 9 / 10, r.mpps)], c.stroke_width(1))])
+                        .map_err(|e| err(&e))?;
+                    if let Some(s) = &r.spread {
+                        let mid = x0 + w * 9 / 20;
+                        bars.draw_series([PathElement::new(vec![(mid, s.min), (mid, s.max)], BLACK.stroke_width(2))])
+                            .map_err(|e| err(&e))?;
+                    }
+                    let label = Text::new(format!("{:.1}", r.mpps), (x0, r.mpps + top * 0.03), ("sans-serif", 13));
+                    bars.draw_series([label]).map_err(|e| err(&e))?;
+                }
+            }
+            entries.extend([(Sample::Heading, String::new()), (Sample::Heading, "amf mode (bar, right)".to_string())]);
+            let about = |m: &str| match m {
+                "staged" => "staged: prefetch what each message touches".to_string(),
+                "all" => "all: prefetch all 24 lines".to_string(),
+                "rtc" => "rtc: no prefetch".to_string(),
+                other => other.to_string(),
+            };
+            entries.extend(modes.iter().enumerate().map(|(m, mode)| (Sample::Bar(shade(m)), about(mode))));
+        }
+        entries.extend([
+            (Sample::Heading, String::new()),
+            (Sample::Hollow, "flagged: not to quote".to_string()),
+            (Sample::Range, "min-max over --reps".to_string()),
+        ]);
+        crate::plot::side_legend(&legend, &entries).map_err(|e| err(&e))?;
         root.present().map_err(|e| err(&e))?;
         Ok(())
     }

@@ -26,7 +26,7 @@ pub struct BenchArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCmd {
-    /// Multi-core scaling: throughput vs cores (1, 2 real; more projected) per strategy, chain and traffic, with PNG plots.
+    /// Multi-core scaling: throughput vs cores (1, 2 real; more projected, not for shared) per strategy, chain and traffic, with PNG plots.
     Scaling(crate::cmd_scaling::ScalingArgs),
     /// State-compute replication: Mpps vs cores for rss, shared, scr per program and trace; compute limit; loss recovery.
     Scr(crate::cmd_scr::ScrArgs),
@@ -35,22 +35,22 @@ pub enum BenchCmd {
     /// I/O-only baseline: replay -> forward -> discard on one core.
     Io {
         /// Flows in the generated trace.
-        #[arg(long, default_value_t = 1_000_000)]
+        #[arg(long, default_value_t = 1_000_000, value_parser = crate::num::whole::<u64>(1, 1 << 26))]
         flows: u64,
         /// Packets in the generated trace (replayed in a loop).
-        #[arg(long, default_value_t = 4_000_000)]
+        #[arg(long, default_value_t = 4_000_000, value_parser = crate::num::whole::<u64>(1, 1 << 28))]
         packets: u64,
         /// Frame size.
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = 64, value_parser = crate::num::whole::<usize>(60, 9216))]
         size: usize,
         /// Seconds per measurement.
-        #[arg(long, default_value_t = 2.0, allow_negative_numbers = true)]
+        #[arg(long, default_value_t = 2.0, allow_negative_numbers = true, value_parser = crate::num::positive(3600.0))]
         seconds: f64,
         /// Packets per batch.
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = 64, value_parser = crate::num::whole::<usize>(1, 256))]
         batch: usize,
         /// Rounds over every row: each row shows the median, min and max (1..=100).
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = crate::num::whole::<usize>(1, 100))]
         reps: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
@@ -62,13 +62,13 @@ pub enum BenchCmd {
     /// Flow-key fast path: cycles/packet of parse to 5-tuple + hash, Toeplitz vs CRC hash (L1/L2/DRAM frame sets).
     Parse {
         /// Seconds per measurement (each of the 48 runs whole blocks until then), as every suite takes; instead of --millions.
-        #[arg(long, allow_negative_numbers = true)]
+        #[arg(long, allow_negative_numbers = true, value_parser = crate::num::positive(600.0))]
         seconds: Option<f64>,
         /// Million packets per measurement (default 20; quick: 0.1).
-        #[arg(long, allow_negative_numbers = true)]
+        #[arg(long, allow_negative_numbers = true, value_parser = crate::num::positive(10000.0))]
         millions: Option<f64>,
         /// Rounds over every row: each row shows the median, min and max (1..=100).
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = crate::num::whole::<usize>(1, 100))]
         reps: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
@@ -80,13 +80,13 @@ pub enum BenchCmd {
     /// FAJITA's experiments: throughput vs flows, chain length, executors, prefetch, synthetic NF (one core).
     Pipeline {
         /// Flow counts for the throughput-vs-flows sweep, comma-separated.
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, value_delimiter = ',', value_parser = crate::num::whole::<u64>(1, 1 << 26))]
         flows: Option<Vec<u64>>,
         /// Flows for the chain/executor/prefetch experiments.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::num::whole::<u64>(1, 1 << 26))]
         base_flows: Option<u64>,
         /// Seconds per measurement.
-        #[arg(long, allow_negative_numbers = true)]
+        #[arg(long, allow_negative_numbers = true, value_parser = crate::num::positive(3600.0))]
         seconds: Option<f64>,
         /// Experiments to run (default all): flows,chains,executors,prefetch,synthetic,aux,ipfix (fsc with IPFIX export off vs on).
         #[arg(long, value_delimiter = ',', value_parser = ["flows", "chains", "executors", "prefetch", "synthetic", "aux", "ipfix"])]
@@ -95,7 +95,7 @@ pub enum BenchCmd {
         #[arg(long)]
         csv: Option<std::path::PathBuf>,
         /// Rounds over every row: each row shows the median, min and max (1..=100).
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = crate::num::whole::<usize>(1, 100))]
         reps: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
@@ -110,28 +110,28 @@ pub enum BenchCmd {
     /// GuNFu's experiment: rtc, batch and interleaved:K (K = 1..64) on synthetic k=1..8, nat, route (full table), lb -> fsc -> ratelimit.
     Interleave {
         /// Flows in every case's trace.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::num::whole::<u64>(1, 1 << 24))]
         flows: Option<u64>,
         /// Seconds per measurement.
-        #[arg(long, allow_negative_numbers = true)]
+        #[arg(long, allow_negative_numbers = true, value_parser = crate::num::positive(3600.0))]
         seconds: Option<f64>,
         /// Tasks in flight to try, comma-separated (1..=64).
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, value_delimiter = ',', value_parser = crate::num::whole::<u16>(1, 64))]
         ks: Option<Vec<u16>>,
         /// IPv4 prefixes in the generated route table.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::num::whole::<usize>(0, 4_000_000))]
         prefixes: Option<usize>,
         /// Cases to run (default all): synthetic,nat,route,fw,chain (lb -> fsc -> ratelimit),chains (2..6 NFs),opt (match sharing and packing on/off).
         #[arg(long, value_delimiter = ',', value_parser = ["synthetic", "nat", "route", "fw", "chain", "chains", "opt"])]
         only: Vec<String>,
         /// Seconds of warm-up before each measurement (every flow must be in the tables by then; `opt` warms 4x longer).
-        #[arg(long, allow_negative_numbers = true)]
+        #[arg(long, allow_negative_numbers = true, value_parser = crate::num::real(0.0, 600.0))]
         warmup: Option<f64>,
         /// Also draw Mpps against K per case: DIR/interleave.png (or a FILE.png).
         #[arg(long, value_name = "DIR")]
         png: Option<PathBuf>,
         /// Rounds over every row: each row shows the median, min and max (1..=100).
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = crate::num::whole::<usize>(1, 100))]
         reps: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
@@ -143,10 +143,10 @@ pub enum BenchCmd {
     /// 5G UPF (GuNFu): 130K sessions x 1/4/8/16 PDRs, uplink and downlink, per executor and UPF mode (one core).
     Upf {
         /// Sessions.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::num::whole::<u32>(1, (1 << 24) - 2))]
         sessions: Option<u32>,
         /// PDR counts per session, comma-separated.
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, value_delimiter = ',', value_parser = crate::num::whole::<u32>(1, 64))]
         pdrs: Option<Vec<u32>>,
         /// Executors, comma-separated (default: every registered executor).
         #[arg(long = "exec", value_delimiter = ',')]
@@ -158,19 +158,19 @@ pub enum BenchCmd {
         #[arg(long = "mode", value_delimiter = ',')]
         modes: Vec<String>,
         /// UEs of the `amf` rows (0: none; default 131072).
-        #[arg(long)]
+        #[arg(long, value_parser = crate::num::whole::<u32>(0, 1 << 22))]
         amf_ues: Option<u32>,
         /// Also draw the rows (Mpps vs PDRs; the amf modes): DIR/upf.png (or a FILE.png).
         #[arg(long, value_name = "DIR")]
         png: Option<PathBuf>,
         /// Seconds per measurement.
-        #[arg(long, allow_negative_numbers = true)]
+        #[arg(long, allow_negative_numbers = true, value_parser = crate::num::positive(3600.0))]
         seconds: Option<f64>,
         /// Packets per trace.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::num::whole::<u64>(1, 1 << 28))]
         packets: Option<u64>,
         /// Rounds over every row: each row shows the median, min and max (1..=100).
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = crate::num::whole::<usize>(1, 100))]
         reps: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
@@ -182,10 +182,10 @@ pub enum BenchCmd {
     /// Under attack (issue 33): SYN flood, random-source UDP flood (ddos), NAT exhaustion, hash-collision keys (leaked vs random secret), fragment flood; each beside the same chain on normal traffic (one core).
     Attack {
         /// Legitimate flows of the normal traces; the attacks scale with it (default 8192; quick 128).
-        #[arg(long)]
+        #[arg(long, value_parser = crate::num::whole::<u64>(16, 1 << 20))]
         flows: Option<u64>,
         /// Seconds per measurement (default 1; quick: 3 passes over each trace instead).
-        #[arg(long, allow_negative_numbers = true)]
+        #[arg(long, allow_negative_numbers = true, value_parser = crate::num::positive(3600.0))]
         seconds: Option<f64>,
         /// Executors, comma-separated (default batch,rtc; quick batch).
         #[arg(long = "exec", value_delimiter = ',')]
@@ -196,8 +196,8 @@ pub enum BenchCmd {
         /// Write each scenario's normal and attack traces as pcap into this directory.
         #[arg(long)]
         write_traces: Option<std::path::PathBuf>,
-        /// Also draw Mpps, normal vs attack per scenario, into this PNG file.
-        #[arg(long)]
+        /// Also draw Mpps, normal vs attack per scenario: DIR/attack.png (or a FILE.png).
+        #[arg(long, value_name = "DIR")]
         png: Option<std::path::PathBuf>,
         /// Small and short (CI smoke run: a few seconds).
         #[arg(long)]
@@ -209,19 +209,23 @@ pub enum BenchCmd {
     /// Flow-table cost model (PNA methodology): cycles per lookup/insert/update/delete vs hashbrown and the memory ceiling.
     Table {
         /// Table sizes, comma-separated (e.g. 1024,65536,1048576).
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, value_delimiter = ',', value_parser = crate::num::whole::<usize>(1, 1 << 26))]
         sizes: Option<Vec<usize>>,
         /// Batch sizes, comma-separated.
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, value_delimiter = ',', value_parser = crate::num::whole::<usize>(1, 64))]
         batches: Option<Vec<usize>>,
         /// Insertion rates (every r-th op inserts), comma-separated.
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, value_delimiter = ',', value_parser = crate::num::whole::<u64>(1, 1_000_000_000))]
         insert_every: Option<Vec<u64>>,
-        /// Operations per measurement.
-        #[arg(long)]
+        /// Seconds per measurement, as every suite takes (instead of --ops; 0.01..=600): a pilot run turns it into
+        /// one operation count for every row, so the fastest row lasts about this long and slower ones longer.
+        #[arg(long, allow_negative_numbers = true, value_parser = crate::num::real(0.01, 600.0))]
+        seconds: Option<f64>,
+        /// Operations per measurement (1..=400000000; default 4000000, quick: fewer).
+        #[arg(long, value_parser = crate::num::whole::<u64>(1, 400_000_000))]
         ops: Option<u64>,
         /// Rounds over every row: each row shows the median, min and max (1..=100).
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = crate::num::whole::<usize>(1, 100))]
         reps: usize,
         /// Small and short (CI smoke run).
         #[arg(long)]
@@ -467,10 +471,14 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             }
             o.only = only;
             o.write_traces = write_traces;
+            let png = png.map(|p| png_file(&p, "attack.png")).transpose()?;
+            // No rounds to count (no --reps): a spinner with the time spent, on a terminal.
+            let spin = flowplane_trace::progress::Progress::spinner("bench attack");
             let rep = run_attack(&o).map_err(CliError::new)?;
+            drop(spin);
             show(&rep, || serde_json::to_value(&rep), png.as_deref(), |p| rep.plot_png(p), json)?;
         }
-        BenchCmd::Table { sizes, batches, insert_every, ops, reps, quick, reverse, json } => {
+        BenchCmd::Table { sizes, batches, insert_every, seconds, ops, reps, quick, reverse, json } => {
             let reps = flowplane_bench::reps::check(reps).map_err(CliError::new)?;
             let mut o = if quick { TableBenchOptions::quick() } else { TableBenchOptions::default() };
             o.reverse = reverse;
@@ -484,6 +492,12 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 o.insert_rates = r;
             }
             if let Some(n) = ops {
+                if seconds.is_some() {
+                    return Err(CliError::new("--seconds and --ops both given: a measurement lasts one or the other"));
+                }
+                if !(1..=table::MAX_OPS).contains(&n) {
+                    return Err(CliError::new(format!("--ops {n}: must be between 1 and {}", table::MAX_OPS)));
+                }
                 o.ops = n;
             }
             if o.sizes.iter().any(|&s| s == 0 || s > 1 << 26) {
@@ -494,6 +508,12 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             }
             if o.insert_rates.contains(&0) {
                 return Err(CliError::new("--insert-every: rates must be at least 1"));
+            }
+            if let Some(s) = seconds {
+                if !(s.is_finite() && (0.01..=600.0).contains(&s)) {
+                    return Err(CliError::new(format!("--seconds {s}: must be between 0.01 and 600")));
+                }
+                o.ops = table::ops_for_seconds(&o, s);
             }
             let rows = table::run_reps(&o, reps).map_err(CliError::new)?;
             if json {

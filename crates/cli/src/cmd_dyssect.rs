@@ -13,19 +13,19 @@ use crate::error::CliError;
 #[derive(clap::Args, Debug)]
 pub struct DyssectArgs {
     /// Seconds per run (after a one-second warm-up).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::positive(600.0))]
     pub seconds: Option<f64>,
     /// Packets per trace.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::whole::<u64>(1000, 1 << 28))]
     pub packets: Option<u64>,
     /// Flows per trace.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::whole::<u64>(1, 1 << 26))]
     pub flows: Option<u64>,
     /// Offered rate in trace time, packets/s (the arrivals of the virtual-time latency); suffixes k/M/G (2M).
-    #[arg(long, allow_negative_numbers = true, value_parser = |v: &str| crate::cmd_gen::parse_f64("rate", v).map_err(|e| e.to_string()))]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::real(1.0, 1e10))]
     pub rate: Option<f64>,
     /// Projected core counts, comma-separated.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = crate::num::whole::<usize>(2, 4096))]
     pub cores: Option<Vec<usize>>,
     /// Traces: uniform, zipf, elephants, shifting.
     #[arg(long, value_delimiter = ',', value_parser = TRACES.to_vec())]
@@ -39,10 +39,10 @@ pub struct DyssectArgs {
     #[arg(long, value_delimiter = ',', value_name = "NAME")]
     pub nic_profile: Vec<String>,
     /// The priority class's SLO, µs.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::positive(1e9))]
     pub slo_us: Option<f64>,
     /// Rounds over the whole experiment: each row shows the median, min and max (1..=100).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = crate::num::whole::<usize>(1, 100))]
     pub reps: usize,
     /// Write the PNG plots into this directory (created if missing; none without it). `--plot-dir` is its old name.
     #[arg(long, alias = "plot-dir", value_name = "DIR")]
@@ -119,7 +119,7 @@ pub fn run(a: DyssectArgs) -> Result<(), CliError> {
     let json = a.json;
     let rows = run_dyssect(&o, |r| {
         if !json {
-            eprintln!(
+            flowplane_trace::progress::note(&format!(
                 "  {} {} {}p{}: {:.2} Mpps, prio p99 {:.1} us, {} moves",
                 r.trace,
                 r.strategy,
@@ -128,7 +128,7 @@ pub fn run(a: DyssectArgs) -> Result<(), CliError> {
                 r.mpps,
                 r.prio_p99_us,
                 r.moves
-            );
+            ));
         }
     })
     .map_err(CliError::new)?;

@@ -40,7 +40,8 @@ pub struct GenArgs {
     /// Packet order: random | burst (or burst:N).
     #[arg(long, value_name = "ORDER", default_value = "random")]
     pub order: String,
-    /// Transport: udp | tcp | tcp-bidir | gtpu.
+    /// Transport: udp | tcp | tcp-bidir | gtpu | amf (the `amf` NF's messages over UDP 38412, one UE per flow: a
+    /// registration, then 45% service requests, 25% PDU sessions, 20% handovers, 10% deregistrations).
     #[arg(long, value_name = "PROTO", default_value = "udp")]
     pub proto: String,
     /// IPv6 outer headers (udp, tcp, tcp-bidir).
@@ -151,14 +152,14 @@ pub fn run(args: GenArgs) -> Result<(), CliError> {
     let start = std::time::Instant::now();
     let sum = gen::write_pcap(cfg, out)?;
     let secs = start.elapsed().as_secs_f64();
-    eprintln!(
+    flowplane_trace::progress::note(&format!(
         "flowplane: wrote {} packets ({} bytes) to {} in {:.2} s ({:.1} Mpps)",
         sum.packets,
         sum.bytes,
         out.display(),
         secs,
         sum.packets as f64 / secs.max(1e-9) / 1e6
-    );
+    ));
     Ok(())
 }
 

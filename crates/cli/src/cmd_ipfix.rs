@@ -30,10 +30,10 @@ pub enum IpfixCmd {
         #[arg(long)]
         json: bool,
         /// udp: stop after this many data records.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::num::whole::<u64>(1, 1_000_000_000_000))]
         count: Option<u64>,
         /// udp: stop after this many seconds without a datagram (default 5).
-        #[arg(long, default_value_t = 5.0)]
+        #[arg(long, default_value_t = 5.0, value_parser = crate::num::positive(86400.0))]
         idle: f64,
     },
 }

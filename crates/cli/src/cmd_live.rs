@@ -140,7 +140,7 @@ pub fn run(a: RunArgs, input: PortSpec) -> Result<(), CliError> {
         }
         None => None,
     };
-    let tty = std::io::stdout().is_terminal();
+    let tty = std::io::stdout().is_terminal() && !flowplane_trace::progress::quiet();
     let mut status = metrics::Status::default();
     let mut tick = |l: &Live, at: std::time::Duration| {
         if tty {

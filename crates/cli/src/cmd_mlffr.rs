@@ -41,21 +41,21 @@ pub struct MlffrArgs {
     #[command(flatten)]
     pub run: RunArgs,
     /// Loss counted as loss-free, in percent.
-    #[arg(help_heading = "Search", long, default_value_t = 0.1, allow_negative_numbers = true)]
+    #[arg(help_heading = "Search", long, default_value_t = 0.1, allow_negative_numbers = true, value_parser = crate::num::real(0.0, 100.0))]
     pub loss: f64,
     /// Stop when the bracket is narrower than this percentage of its upper end.
-    #[arg(help_heading = "Search", long, default_value_t = 1.0, allow_negative_numbers = true)]
+    #[arg(help_heading = "Search", long, default_value_t = 1.0, allow_negative_numbers = true, value_parser = crate::num::positive(100.0))]
     pub resolution: f64,
     /// Seconds per trial.
-    #[arg(help_heading = "Search", long, default_value_t = 1.0, allow_negative_numbers = true)]
+    #[arg(help_heading = "Search", long, default_value_t = 1.0, allow_negative_numbers = true, value_parser = crate::num::real(0.05, 600.0))]
     pub trial: f64,
     /// Repeats of a lossy trial before its rate counts as lossy (a shared machine's interference is not the
     /// chain being slow; 0: one trial per rate).
-    #[arg(help_heading = "Search", long, default_value_t = 1)]
+    #[arg(help_heading = "Search", long, default_value_t = 1, value_parser = crate::num::whole::<u32>(0, 100))]
     pub retries: u32,
     /// Upper end of the search in packets/s, suffixes k/M/G (default: 1.5x the unpaced rate; on ports: the sender's maximum).
     #[arg(help_heading = "Search", long, allow_negative_numbers = true,
-          value_parser = |v: &str| crate::cmd_gen::parse_f64("max-rate", v).map_err(|e| e.to_string()))]
+          value_parser = crate::num::positive(1e12))]
     pub max_rate: Option<f64>,
     /// On ports: the sender, on the peer end of the input port's link: afpacket:IFACE[@NETNS] or afxdp:IFACE[@NETNS].
     #[arg(help_heading = "Search", long, value_name = "PEER")]
@@ -70,14 +70,14 @@ pub struct MlffrArgs {
     #[arg(help_heading = "Search", long, value_name = "OPTIONS", allow_hyphen_values = true)]
     pub trace_gen: Option<String>,
     /// On ports: packets per transmit call of the sender.
-    #[arg(help_heading = "Search", long, default_value_t = 64, allow_negative_numbers = true)]
+    #[arg(help_heading = "Search", long, default_value_t = 64, allow_negative_numbers = true, value_parser = crate::num::whole::<usize>(1, 256))]
     pub send_batch: usize,
     /// On ports: seconds after a trial during which its packets may still come out; later ones count
     /// as lost (they were queued behind an overloaded worker).
-    #[arg(help_heading = "Search", long, default_value_t = 0.1, allow_negative_numbers = true)]
+    #[arg(help_heading = "Search", long, default_value_t = 0.1, allow_negative_numbers = true, value_parser = crate::num::real(0.001, 10.0))]
     pub drain: f64,
     /// On ports: the CPU the sender runs on (default: the last CPU when workers are pinned and one is left over).
-    #[arg(help_heading = "Search", long, allow_negative_numbers = true)]
+    #[arg(help_heading = "Search", long, allow_negative_numbers = true, value_parser = crate::num::whole::<usize>(0, 4095))]
     pub send_cpu: Option<usize>,
 }
 

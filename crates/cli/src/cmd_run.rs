@@ -65,13 +65,13 @@ pub struct TrafficArgs {
     #[arg(long, allow_hyphen_values = true)]
     pub gen: Option<String>,
     /// Passes over the trace (default 1 for --input/--gen).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::whole::<u64>(1, u32::MAX as u64))]
     pub loops: Option<u64>,
     /// Run for this many seconds (the trace loops as needed).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::positive(86400.0))]
     pub duration: Option<f64>,
     /// Seconds processed before measuring starts (added to --duration).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::real(0.0, 3600.0))]
     pub warmup: Option<f64>,
     /// Offered load in packets/s over all cores (default: full speed); suffixes k/M/G (2M).
     /// At least 1 pps, and without --duration the paced run must end within a day
@@ -104,7 +104,7 @@ pub struct OutputArgs {
     pub ipfix: Vec<String>,
     /// IPFIX active timeout (s of packet time): a live flow is also reported every S
     /// (default: only at its end — idle timeout, end of flow, end of the run).
-    #[arg(long, value_name = "S")]
+    #[arg(long, value_name = "S", value_parser = crate::num::positive(1e9))]
     pub ipfix_active: Option<f64>,
     /// Print the report as JSON.
     #[arg(long)]
@@ -145,7 +145,7 @@ pub struct PipelineArgs {
     #[arg(long, default_value = "batch", value_parser = executors())]
     pub exec: String,
     /// Packets per batch (1..=256).
-    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true, value_parser = crate::num::whole::<usize>(1, 256))]
     pub batch: usize,
     /// Disable software prefetching (bulk lookups, state lines, NF prefetch hooks).
     #[arg(long)]
@@ -170,13 +170,13 @@ pub struct PipelineArgs {
 pub struct TableArgs {
     /// Flow-table capacity per core (IPv4 flows); default 2097152. Not the flow population: that is the traffic's
     /// (`gen --flows`).
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::num::whole::<usize>(1, 1 << 30))]
     pub table_capacity: Option<usize>,
     /// Deprecated name of --table-capacity (warns once).
-    #[arg(long, hide = true, value_name = "N", allow_negative_numbers = true)]
+    #[arg(long, hide = true, value_name = "N", allow_negative_numbers = true, value_parser = crate::num::whole::<usize>(1, 1 << 30))]
     pub flows: Option<usize>,
     /// Idle timeout of flow state in seconds, when no NF sets one.
-    #[arg(long, default_value_t = 30.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 30.0, allow_negative_numbers = true, value_parser = crate::num::positive(1e9))]
     pub idle_timeout: f64,
     /// When a flow table is full: reject (count and pass without state) or evict the least recently used entry.
     #[arg(long, default_value = "reject", value_parser = ["reject", "evict"])]
@@ -184,7 +184,7 @@ pub struct TableArgs {
     /// Secret of the flow tables' hash. Default: drawn at random for each run, so no one can compute flows that
     /// collide into one bucket; set it to reproduce a run in which a table filled (results do not depend on it
     /// while the tables have room).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = crate::num::whole::<u32>(0, u32::MAX as u64))]
     pub hash_seed: Option<u32>,
 }
 
@@ -218,21 +218,21 @@ impl TableArgs {
 #[command(next_help_heading = "Workers")]
 pub struct WorkerArgs {
     /// Worker cores (default: all available).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::whole::<usize>(1, 512))]
     pub cores: Option<usize>,
     /// Buffers per core's packet pool.
-    #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 4096, allow_negative_numbers = true, value_parser = crate::num::whole::<usize>(512, 1 << 24))]
     pub pool: usize,
     /// Receive ring entries per core of a replay's emulated NIC (a full ring drops and counts:
     /// rx_ring_full); default 4096. A live port's rings are its own.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::whole::<usize>(512, 1 << 20))]
     pub ring: Option<usize>,
     /// Do not pin workers to cores.
     #[arg(long)]
     pub no_pin: bool,
     /// Run N logical workers in turn on the real cores and report a projected throughput
     /// (shared-nothing strategies only).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::whole::<usize>(1, 4096))]
     pub virtual_cores: Option<usize>,
 }
 
@@ -250,39 +250,39 @@ pub struct StrategyArgs {
     #[arg(long)]
     pub symmetric_rss: bool,
     /// Control period of the strategy, in milliseconds.
-    #[arg(long, default_value_t = 100.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 100.0, allow_negative_numbers = true, value_parser = crate::num::real(1.0, 60_000.0))]
     pub scale_period_ms: f64,
     /// How long the emulated NIC takes to apply a RETA update or a flow rule (rsspp, dyssect; replay only):
     /// ideal (at once), bcm57416 (228 us), nfp4000 (1.07 ms), connectx4 (359 ms), or reta=DUR:rule=DUR.
     #[arg(long, value_name = "NAME")]
     pub nic_profile: Option<String>,
     /// --scale scr: history records piggybacked per packet (default: the number of cores; at least that).
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = crate::num::whole::<usize>(1, 4096))]
     pub scr_history: Option<usize>,
     /// --scale scr: per-core logs and loss recovery (SCR Algorithm 1).
     #[arg(long)]
     pub scr_recovery: bool,
     /// --scale scr: inject loss between the sequencer and the cores (probability per packet, 0..1).
-    #[arg(long, value_name = "RATE", default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(long, value_name = "RATE", default_value_t = 0.0, allow_negative_numbers = true, value_parser = crate::num::real(0.0, 1.0))]
     pub scr_loss: f64,
     /// --scale scr: entries of each core's recovery log (a power of two).
-    #[arg(long, value_name = "ENTRIES", default_value_t = flowplane_engine::scr::DEFAULT_LOG, allow_negative_numbers = true)]
+    #[arg(long, value_name = "ENTRIES", default_value_t = flowplane_engine::scr::DEFAULT_LOG, allow_negative_numbers = true, value_parser = crate::num::whole::<usize>(2, 1 << 26))]
     pub scr_log: usize,
     /// --scale scr: seed of the injected loss pattern.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = crate::num::whole::<u64>(0, u64::MAX))]
     pub seed: u64,
     /// A priority traffic class measured apart (and kept on SLO-sized working cores by
     /// dyssect): dport=P[-Q] and/or dscp=D, comma-separated.
     #[arg(long)]
     pub priority: Option<String>,
     /// The priority class's latency SLO in microseconds (dyssect sizes working cores with Kingman's formula).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::positive(1e9))]
     pub slo_us: Option<f64>,
     /// Dyssect's long timescale (MILP period), in milliseconds.
-    #[arg(long, default_value_t = 1000.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 1000.0, allow_negative_numbers = true, value_parser = crate::num::real(1.0, 600_000.0))]
     pub long_period_ms: f64,
     /// Dyssect's MILP time budget, in milliseconds (the incumbent is used when it runs out).
-    #[arg(long, default_value_t = 200.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 200.0, allow_negative_numbers = true, value_parser = crate::num::real(1.0, 600_000.0))]
     pub solver_budget_ms: f64,
 }
 
@@ -323,7 +323,7 @@ fn executors() -> Executors {
 
 /// `--rate` values: a number with an optional k/M/G suffix, as `gen --rate`.
 fn rate_value(s: &str) -> Result<f64, String> {
-    crate::cmd_gen::parse_f64("rate", s).map_err(|e| e.to_string())
+    crate::num::real(1.0, 1e12)(s).map_err(|e| format!("{e} packets/s"))
 }
 
 /// Longest run `--rate` may pace without `--duration` (a day).
@@ -519,13 +519,15 @@ pub(crate) fn validate(a: &RunArgs) -> Result<(), CliError> {
 /// A replay served while it runs (`--ctl`, `--metrics`): the same control
 /// socket and endpoint as a live run, over the replay's workers (no ports:
 /// `show ports` lists none; `ctl stop` or Ctrl-C ends the replay early, with
-/// its report and exports).
+/// its report and exports). With `status` (stderr a terminal, no `--quiet`)
+/// a status line on stderr, redrawn every second, shows its rate and loads.
 fn serve_replay(
     a: &RunArgs,
     cfg: &RunConfig,
     spec: &flowplane_engine::spec::ChainSpec,
     prepared: &flowplane_engine::runner::Prepared,
     output: Output,
+    status: bool,
 ) -> Result<flowplane_engine::Report, CliError> {
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
@@ -548,8 +550,20 @@ fn serve_replay(
         }
         None => None,
     };
-    let watch = flowplane_engine::runtime::Watch { stop: Some(&stop), tick: None, service: Some(&live) };
+    let mut line = crate::metrics::Status::default();
+    let mut tick = |l: &flowplane_engine::live::Live, at: Duration| {
+        use std::io::Write as _;
+        let mut e = std::io::stderr().lock();
+        let _ = write!(e, "\r\x1b[2K{}", line.line(l, at));
+        let _ = e.flush();
+    };
+    let tick: Option<flowplane_engine::runtime::StatusTick<'_>> = if status { Some(&mut tick) } else { None };
+    let watch = flowplane_engine::runtime::Watch { stop: Some(&stop), tick, service: Some(&live) };
     let report = flowplane_engine::runner::run_prepared_watched(cfg, spec, prepared, output, watch);
+    if status {
+        // The report follows on stdout: the status line goes.
+        eprint!("\r\x1b[2K");
+    }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     if let Some(h) = server {
         let _ = h.join();
@@ -637,8 +651,10 @@ pub fn run_cmd(mut a: RunArgs, cli: &[std::ffi::OsString]) -> Result<(), CliErro
     };
     let prepared = prepare(&cfg, &spec, input, a.strategy.symmetric_rss)?;
     check_paced_length(&cfg, prepared.load.packets)?;
-    let report = if a.live.ctl.is_some() || a.live.metrics.is_some() {
-        serve_replay(&a, &cfg, &spec, &prepared, output.clone())?
+    // On a terminal a replay shows a status line: it is served to itself (its workers publish twice a second).
+    let status = flowplane_trace::progress::shown();
+    let report = if a.live.ctl.is_some() || a.live.metrics.is_some() || status {
+        serve_replay(&a, &cfg, &spec, &prepared, output.clone(), status)?
     } else {
         run_prepared(&cfg, &spec, &prepared, output.clone())?
     };

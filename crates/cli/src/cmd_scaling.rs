@@ -12,16 +12,16 @@ use crate::error::CliError;
 #[derive(clap::Args, Debug)]
 pub struct ScalingArgs {
     /// Seconds per run.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::positive(600.0))]
     pub seconds: Option<f64>,
     /// Packets per generated trace.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::whole::<u64>(1, 1 << 28))]
     pub packets: Option<u64>,
     /// Flows of the uniform and Zipf traces (the elephants trace has a tenth).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::whole::<u64>(1, 1 << 26))]
     pub flows: Option<u64>,
     /// Worker counts, comma-separated (above the real cores: projected).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = crate::num::whole::<usize>(1, 4096))]
     pub cores: Option<Vec<usize>>,
     /// Chains: srcctr-fsc, fw, nat, ddos.
     #[arg(long, value_delimiter = ',', value_parser = CHAINS.iter().map(|c| c.0).collect::<Vec<_>>())]
@@ -29,11 +29,11 @@ pub struct ScalingArgs {
     /// Traffic: uniform, zipf, elephants, single.
     #[arg(long, value_delimiter = ',', value_parser = TRAFFIC.to_vec())]
     pub traffic: Vec<String>,
-    /// Strategies.
+    /// Strategies: rss, shared (real cores only: a projection cannot see contention), rsspp.
     #[arg(long, value_delimiter = ',', value_parser = ["rss", "shared", "rsspp"])]
     pub strategies: Vec<String>,
     /// Rounds over the whole matrix: each row shows the median, min and max (1..=100).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = crate::num::whole::<usize>(1, 100))]
     pub reps: usize,
     /// Write the PNG plots into this directory (created if missing; none without it). `--plot-dir` is its old name.
     #[arg(long, alias = "plot-dir", value_name = "DIR")]
@@ -86,7 +86,7 @@ pub fn run(a: ScalingArgs) -> Result<(), CliError> {
     let json = a.json;
     let rows = run_scaling(&o, |r| {
         if !json {
-            eprintln!(
+            flowplane_trace::progress::note(&format!(
                 "  {} {} {} {}{}: {}",
                 r.chain,
                 r.traffic,
@@ -94,7 +94,7 @@ pub fn run(a: ScalingArgs) -> Result<(), CliError> {
                 r.cores,
                 if r.projected { "p" } else { "" },
                 r.mpps.map_or("refused".to_string(), |m| format!("{m:.2} Mpps"))
-            );
+            ));
         }
     })
     .map_err(CliError::new)?;

@@ -11,19 +11,19 @@ use crate::error::CliError;
 #[derive(clap::Args, Debug)]
 pub struct ScrArgs {
     /// Packets per generated trace.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::whole::<u64>(1, 1 << 28))]
     pub packets: Option<u64>,
     /// Seconds per run (the trace replayed until then), as every suite takes; instead of --loops.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::positive(600.0))]
     pub seconds: Option<f64>,
     /// Passes over the trace per run (default 3, quick 2); --seconds gives the run length in time instead.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::whole::<u64>(1, 1000))]
     pub loops: Option<u64>,
     /// Rounds over the whole suite: each row shows the median, min and max (1..=100; default 3, quick 1).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::num::whole::<usize>(1, 100))]
     pub reps: Option<usize>,
     /// Worker counts, comma-separated (above the real cores: projected).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = crate::num::whole::<usize>(1, 4096))]
     pub cores: Option<Vec<usize>>,
     /// Programs: ddos, hh, portknock, tbf (ratelimit), conntrack.
     #[arg(long, value_delimiter = ',', value_parser = PROGRAMS.iter().map(|p| p.0).collect::<Vec<_>>())]
@@ -35,15 +35,15 @@ pub struct ScrArgs {
     #[arg(long, value_delimiter = ',', value_parser = ["rss", "shared", "scr"])]
     pub strategies: Vec<String>,
     /// Compute rounds of the Fig. 9 sweep (`burn(iters=N)`), comma-separated.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = crate::num::whole::<u32>(0, 1_000_000))]
     pub burn: Option<Vec<u32>>,
     /// Loss rates of the Fig. 10 sweep (fractions), comma-separated.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true, value_parser = crate::num::real(0.0, 1.0))]
     pub losses: Option<Vec<f64>>,
     /// Also search each real-core configuration's maximum loss-free
     /// forwarding rate (`flowplane mlffr`: 0.1% loss, 2% resolution) with
     /// trials of this many seconds (slow: about ten trials per row).
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", value_parser = crate::num::real(0.05, 60.0))]
     pub mlffr: Option<f64>,
     /// Write the PNG plots into this directory (created if missing; none without it). `--plot-dir` is its old name.
     #[arg(long, alias = "plot-dir", value_name = "DIR")]
@@ -118,7 +118,7 @@ pub fn run(a: ScrArgs) -> Result<(), CliError> {
     let json = a.json;
     let rows = run_scr(&o, |r| {
         if !json {
-            eprintln!(
+            flowplane_trace::progress::note(&format!(
                 "  {} {} {} {} {}{}: {}",
                 r.experiment,
                 r.program,
@@ -127,7 +127,7 @@ pub fn run(a: ScrArgs) -> Result<(), CliError> {
                 r.cores,
                 if r.projected { "p" } else { "" },
                 r.mpps.map_or("refused".to_string(), |m| format!("{m:.2} Mpps"))
-            );
+            ));
         }
     })
     .map_err(CliError::new)?;

@@ -39,9 +39,6 @@ pub struct SweepArgs {
     /// Directory for the results (overrides the file's `out`).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Print nothing while running (the summary only).
-    #[arg(long)]
-    pub quiet: bool,
 }
 
 /// A parsed experiment.
@@ -289,6 +286,8 @@ pub fn run(a: SweepArgs) -> Result<(), CliError> {
         .open(&csv_path)
         .map_err(|e| CliError::new(format!("{}: {e}", csv_path.display())))?;
     let mut done = resumed;
+    let bar = flowplane_trace::progress::Progress::bar("sweep", total as u64, flowplane_trace::progress::Unit::Runs);
+    bar.set(done as u64);
     for round in 1..=s.reps {
         for p in &grid_points {
             if rows.iter().any(|r| r.round == round && &r.point == p) {
@@ -302,21 +301,23 @@ pub fn run(a: SweepArgs) -> Result<(), CliError> {
                 .and_then(|()| csv.flush())
                 .map_err(|e| CliError::new(format!("{}: {e}", csv_path.display())))?;
             done += 1;
-            if !a.quiet {
-                let at: Vec<String> = s.grid.iter().zip(p).map(|((k, _), v)| format!("{k}={v}")).collect();
-                let fig = match (&row.error, row.mpps) {
-                    (Some(e), _) => format!("error: {e}"),
-                    (None, m) => format!(
-                        "{:.3} Mpps{}",
-                        m.unwrap_or(0.0),
-                        if row.flags.is_empty() { String::new() } else { format!(" ! {}", row.flags.join("; ")) }
-                    ),
-                };
-                eprintln!("[{done}/{total}] round {round} {}: {fig}", at.join(" "));
-            }
+            bar.set(done as u64);
+            let at: Vec<String> = s.grid.iter().zip(p).map(|((k, _), v)| format!("{k}={v}")).collect();
+            let fig = match (&row.error, row.mpps) {
+                (Some(e), _) => format!("error: {e}"),
+                (None, m) => format!(
+                    "{:.3} Mpps{}",
+                    m.unwrap_or(0.0),
+                    if row.flags.is_empty() { String::new() } else { format!(" ! {}", row.flags.join("; ")) }
+                ),
+            };
+            // Nothing under the global --quiet (the summary only).
+            flowplane_trace::progress::note(&format!("[{done}/{total}] round {round} {}: {fig}", at.join(" ")));
             rows.push(row);
         }
     }
+    // Cleared before the summary goes to stdout (a bar cleared later would erase the summary's last line).
+    drop(bar);
     let summary = summarise(&s, &grid_points, &rows);
     let json_path = s.out.join("results.json");
     let v = crate::provenance::stamp(json!({

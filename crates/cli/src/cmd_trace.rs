@@ -24,8 +24,8 @@ pub enum TraceCmd {
         #[arg(long)]
         json: bool,
         /// Number of largest flows to list.
-        #[arg(long, value_name = "K", default_value = "10")]
-        top: String,
+        #[arg(long, value_name = "K", default_value_t = 10, value_parser = crate::num::whole::<usize>(0, 1_000_000))]
+        top: usize,
     },
     /// Cut every packet to N bytes (lengths and checksums rewritten unless --keep-orig-len).
     Truncate {
@@ -34,8 +34,8 @@ pub enum TraceCmd {
         /// Output pcap.
         output: PathBuf,
         /// Bytes to keep per packet.
-        #[arg(long, value_name = "N")]
-        bytes: String,
+        #[arg(long, value_name = "N", value_parser = crate::num::whole::<u32>(1, 262_144))]
+        bytes: u32,
         /// Snaplen-style cut: keep the original wire length and headers.
         #[arg(long)]
         keep_orig_len: bool,
@@ -47,19 +47,14 @@ pub enum TraceCmd {
         /// Output pcap.
         output: PathBuf,
         /// Scale factor K.
-        #[arg(long, value_name = "K")]
-        factor: String,
+        #[arg(long, value_name = "K", value_parser = crate::num::whole::<u32>(1, 1024))]
+        factor: u32,
     },
-}
-
-fn parse_num<T: std::str::FromStr>(opt: &str, v: &str) -> Result<T, CliError> {
-    v.trim().parse().map_err(|_| CliError::new(format!("--{opt} '{v}': expected a positive integer")))
 }
 
 pub fn run(args: TraceArgs) -> Result<(), CliError> {
     match args.cmd {
         TraceCmd::Stats { input, json, top } => {
-            let top: usize = parse_num("top", &top)?;
             let s = stats::trace_stats(&input, top)?;
             if json {
                 outln!("{}", serde_json::to_string(&s)?);
@@ -68,20 +63,22 @@ pub fn run(args: TraceArgs) -> Result<(), CliError> {
             }
         }
         TraceCmd::Truncate { input, output, bytes, keep_orig_len } => {
-            let n: u32 = parse_num("bytes", &bytes)?;
-            if n == 0 {
-                return Err(CliError::new("--bytes must be at least 1"));
-            }
-            let s = tools::truncate(&input, &output, n, keep_orig_len)?;
-            eprintln!("flowplane: wrote {} packets to {} ({} skipped)", s.packets, output.display(), s.skipped);
+            let s = tools::truncate(&input, &output, bytes, keep_orig_len)?;
+            flowplane_trace::progress::note(&format!(
+                "flowplane: wrote {} packets to {} ({} skipped)",
+                s.packets,
+                output.display(),
+                s.skipped
+            ));
         }
         TraceCmd::Loadscale { input, output, factor } => {
-            let k: u32 = parse_num("factor", &factor)?;
-            if !(1..=1024).contains(&k) {
-                return Err(CliError::new("--factor must be between 1 and 1024"));
-            }
-            let s = tools::loadscale(&input, &output, k)?;
-            eprintln!("flowplane: wrote {} packets to {} ({} skipped)", s.packets, output.display(), s.skipped);
+            let s = tools::loadscale(&input, &output, factor)?;
+            flowplane_trace::progress::note(&format!(
+                "flowplane: wrote {} packets to {} ({} skipped)",
+                s.packets,
+                output.display(),
+                s.skipped
+            ));
         }
     }
     Ok(())

@@ -44,6 +44,7 @@ mod ctl;
 mod ctl_trace;
 mod error;
 mod metrics;
+mod num;
 mod provenance;
 mod results;
 mod run_config;
@@ -66,6 +67,10 @@ fn io_port_spec(s: &str) -> Option<flowplane_io::port::PortSpec> {
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// No progress bars, status lines or progress notes on stderr (errors and warnings still print). Bars are drawn
+    /// only when stderr is a terminal anyway.
+    #[arg(long, short = 'q', global = true)]
+    quiet: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -80,7 +85,7 @@ enum Command {
     Nfs(cmd_nfs::NfsArgs),
     /// List the port kinds --input, --output and --port take: syntax, capabilities, built in or not.
     Ports(cmd_ports::PortsArgs),
-    /// Benchmarks: io, parse, table, pipeline.
+    /// Benchmarks: scaling, scr, dyssect, io, parse, pipeline, interleave, upf, attack, table (`bench --help` says what each measures).
     Bench(cmd_bench::BenchArgs),
     /// Maximum loss-free forwarding rate of one configuration (binary search of the paced rate).
     Mlffr(cmd_mlffr::MlffrArgs),
@@ -94,6 +99,18 @@ enum Command {
     Ctl(cmd_ctl::CtlArgs),
 }
 
+/// A usage error as one line: clap's first line, with the values the option takes (clap lists them on a later
+/// line); a number's range is in clap's first line already (`num`'s parsers state it).
+fn usage_line(e: &clap::Error) -> String {
+    let text = e.to_string();
+    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
+    let valid = match e.get(clap::error::ContextKind::ValidValue) {
+        Some(clap::error::ContextValue::Strings(v)) if !v.is_empty() => format!(" (one of: {})", v.join(", ")),
+        _ => String::new(),
+    };
+    format!("{}{valid}", error::printable(first))
+}
+
 /// Runs the command line `args` (program name first, as `std::env::args_os`
 /// gives it): exit code 0 on success and for `--help`/`--version`, 2 with a
 /// one-line `flowplane: ...` message on stderr for any error.
@@ -104,7 +121,16 @@ where
 {
     let raw: Vec<OsString> = args.into_iter().map(Into::into).collect();
     // `run --config FILE` merges the file under the command line's own words.
-    let run_words = raw.iter().skip(1).position(|w| w == "run").map_or(&[][..], |i| &raw[i + 2..]);
+    // `--quiet` is every subcommand's (global), not a `run` option: the config merge does not see it.
+    let run_words: Vec<OsString> = raw
+        .iter()
+        .skip(1)
+        .position(|w| w == "run")
+        .map_or(&[][..], |i| &raw[i + 2..])
+        .iter()
+        .filter(|w| *w != "--quiet" && *w != "-q")
+        .cloned()
+        .collect();
     let cli = match Cli::try_parse_from(&raw) {
         Ok(c) => c,
         Err(e) => {
@@ -114,21 +140,15 @@ where
                 let _ = e.print();
                 return ExitCode::SUCCESS;
             }
-            let text = e.to_string();
-            let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
-            // The values an option takes belong in the one line (clap lists them on a later one).
-            let valid = match e.get(clap::error::ContextKind::ValidValue) {
-                Some(clap::error::ContextValue::Strings(v)) if !v.is_empty() => format!(" (one of: {})", v.join(", ")),
-                _ => String::new(),
-            };
-            eprintln!("flowplane: {}{valid}", error::printable(first));
+            eprintln!("flowplane: {}", usage_line(&e));
             return ExitCode::from(2);
         }
     };
+    flowplane_trace::progress::set_quiet(cli.quiet);
     let result: Result<(), CliError> = match cli.command {
         Command::Gen(a) => cmd_gen::run(a),
         Command::Trace(a) => cmd_trace::run(a),
-        Command::Run(a) => cmd_run::run_cmd(a, run_words),
+        Command::Run(a) => cmd_run::run_cmd(a, &run_words),
         Command::Nfs(a) => cmd_nfs::run(a),
         Command::Ports(a) => cmd_ports::run(a),
         Command::Bench(a) => cmd_bench::run(a),
@@ -144,6 +164,72 @@ where
         Err(e) => {
             eprintln!("flowplane: error: {e}");
             ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+    use std::any::TypeId;
+
+    /// Issue 35, item 7: every numeric option of every subcommand, found by walking the command tree (a new one
+    /// fails here without a ranged parser), refuses a bad value in one line that states its range.
+    #[test]
+    fn every_numeric_option_states_its_range() {
+        fn walk(cmd: &clap::Command, path: &[String], out: &mut Vec<(Vec<String>, String)>) {
+            let numeric = [
+                TypeId::of::<u8>(),
+                TypeId::of::<u16>(),
+                TypeId::of::<u32>(),
+                TypeId::of::<u64>(),
+                TypeId::of::<usize>(),
+                TypeId::of::<i64>(),
+                TypeId::of::<f64>(),
+            ];
+            for a in cmd.get_arguments() {
+                let id = a.get_value_parser().type_id();
+                if let (true, Some(long)) = (numeric.iter().any(|t| id == *t), a.get_long()) {
+                    out.push((path.to_vec(), long.to_string()));
+                }
+            }
+            for s in cmd.get_subcommands() {
+                let mut p = path.to_vec();
+                p.push(s.get_name().to_string());
+                walk(s, &p, out);
+            }
+        }
+        let mut found = Vec::new();
+        walk(&Cli::command(), &[], &mut found);
+        assert!(found.len() > 60, "{} numeric options", found.len());
+        let mut bad = Vec::new();
+        for (path, long) in &found {
+            for value in ["x", "1e30"] {
+                let mut words = vec!["flowplane".to_string()];
+                words.extend(path.iter().cloned());
+                words.extend([format!("--{long}"), value.to_string()]);
+                let line = match Cli::try_parse_from(&words) {
+                    Ok(_) => continue, // in range (a real option taking 1e30)
+                    Err(e) => usage_line(&e),
+                };
+                if !(line.contains("between") || line.contains("above 0, at most")) || line.contains('\n') {
+                    bad.push(format!("{}: {line}", words[1..].join(" ")));
+                }
+            }
+        }
+        assert!(bad.is_empty(), "refusals without a range:\n{}", bad.join("\n"));
+    }
+
+    #[test]
+    fn quiet_is_every_subcommands() {
+        for words in [
+            &["flowplane", "gen", "--quiet"][..],
+            &["flowplane", "bench", "table", "-q"],
+            &["flowplane", "run", "--quiet"],
+        ] {
+            let cli = Cli::try_parse_from(words).unwrap_or_else(|e| panic!("{words:?}: {e}"));
+            assert!(cli.quiet, "{words:?}");
         }
     }
 }

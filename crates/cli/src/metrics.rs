@@ -40,6 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowplane_engine::live::{CoreSnap, Live};
+use flowplane_engine::report::fmt_rate;
 use flowplane_io::port::{LinkState, Port, PortStats};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
@@ -99,10 +100,15 @@ pub struct Status {
 }
 
 impl Status {
-    /// One line: Mpps in/out over the last interval, drops by reason, per-core load, table occupancy.
+    /// One line: the rate in/out over the last interval, drops by reason, per-core load, table occupancy. A replay
+    /// (no ports) counts what its cores received and sent.
     pub fn line(&mut self, live: &Live, at: Duration) -> String {
         let cores = live.snapshots();
-        let (rx, tx) = port_totals(live);
+        let (mut rx, mut tx) = port_totals(live);
+        if live.ports().next().is_none() {
+            rx.rx_packets = cores.iter().map(|c| c.packets).sum();
+            tx.tx_packets = cores.iter().map(|c| c.tx.sent).sum();
+        }
         let busy: Vec<u64> = cores.iter().map(|c| c.busy_cycles).collect();
         let (din, dout, dt, loads) = match &self.last {
             Some((t, i, o, b)) => {
@@ -133,10 +139,10 @@ impl Status {
             .map(|(n, st)| format!("  link {n} {}", st.as_str()))
             .collect();
         format!(
-            "{:>6.0}s  in {:.4} Mpps  out {:.4} Mpps  drops [{}]  load [{}]  flows {flows}/{cap}{full}{links}",
+            "{:>6.0}s  in {}  out {}  drops [{}]  load [{}]  flows {flows}/{cap}{full}{links}",
             at.as_secs_f64(),
-            din as f64 / dt / 1e6,
-            dout as f64 / dt / 1e6,
+            fmt_rate(din as f64 / dt / 1e6),
+            fmt_rate(dout as f64 / dt / 1e6),
             if drops.is_empty() { "none".to_string() } else { drops.join(", ") },
             load.join(" "),
         )

@@ -174,8 +174,8 @@ fn bad_options() {
         (with(&["--exec", "batch:3"]), "takes no parameter"),
         (with(&["--table-full", "bogus"]), "(one of: reject, evict)"),
         // Rates take k/M/G suffixes everywhere (gen, run, mlffr, bench dyssect): a bad one is named.
-        (vec!["mlffr", "--max-rate", "2x", "--chain", "forward"], "--max-rate '2x': expected a number"),
-        (vec!["bench", "dyssect", "--rate", "abc"], "--rate 'abc': expected a number"),
+        (vec!["mlffr", "--max-rate", "2x", "--chain", "forward"], "for '--max-rate <MAX_RATE>': expected a number"),
+        (vec!["bench", "dyssect", "--rate", "abc"], "for '--rate <RATE>': expected a number between 1 and"),
         (with(&["--scale", "bogus"]), "(one of: rss, shared"),
         (with(&["--rate", "0"]), "--rate"),
         (with(&["--table-capacity", "0"]), "--table-capacity"),

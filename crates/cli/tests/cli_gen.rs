@@ -95,3 +95,28 @@ fn bad_options_give_one_line_errors() {
     std::fs::write(&junk, b"definitely not a pcap file").expect("write");
     assert_one_line_error(&run(&["trace", "stats", junk.to_str().unwrap()]), "junk.pcap");
 }
+
+/// Issue 35, item 5: on a terminal (a pty from util-linux's `script`) `gen` draws a progress bar on stderr; with
+/// `--quiet`, or with stderr captured (as every other test here has it), not a byte of one.
+#[test]
+fn progress_bar_on_a_terminal_only_and_never_with_quiet() {
+    let out = tmp("progress.pcap");
+    let line = |quiet: &str| {
+        format!("{} gen --flows 1000 --packets 400000 -o {} {quiet}", env!("CARGO_BIN_EXE_flowplane"), out.display())
+    };
+    let pty = |cmd: String| match Command::new("script").args(["-qefc", &cmd, "/dev/null"]).output() {
+        Ok(o) if o.status.success() => Some(String::from_utf8_lossy(&o.stdout).into_owned()),
+        _ => None,
+    };
+    let Some(shown) = pty(line("")) else {
+        eprintln!("skipped: script(1) cannot give flowplane a terminal here");
+        return;
+    };
+    assert!(shown.contains("writing") && shown.contains("packets ("), "no bar on a terminal: {shown:?}");
+    let quiet = pty(line("--quiet")).expect("script ran once already");
+    assert!(!quiet.contains("writing") && !quiet.contains('\x1b') && !quiet.contains("wrote"), "{quiet:?}");
+    let o = run(&["gen", "--flows", "1000", "--packets", "400000", "-o", out.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && err.lines().count() == 1 && err.starts_with("flowplane: wrote"), "{err:?}");
+    assert!(!err.contains('\x1b') && !err.contains('\r'), "progress bytes in captured stderr: {err:?}");
+}

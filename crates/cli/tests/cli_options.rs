@@ -550,6 +550,18 @@ fn cases(dir: &Path) -> Vec<Case> {
             })),
         },
         Case {
+            // Global (every subcommand's). Captured stderr is not a terminal: no bar or status line either way; with
+            // --quiet the results are the same and stderr stays empty (the deprecated --flows still warns).
+            opt: "--quiet",
+            without: std(),
+            with: plus(std(), &["--quiet"]),
+            expect: Expect::Check(Box::new(|wo, w| {
+                ok(w.stderr.is_empty() && wo.stderr.is_empty() && wo.results() == w.results(), || {
+                    format!("stderr {:?} / {:?}", wo.stderr, w.stderr)
+                })
+            })),
+        },
+        Case {
             opt: "--help",
             without: std(),
             with: no(&["run", "--help"]),

@@ -499,6 +499,8 @@ fn nfs_lists_the_library_with_parameters() {
     assert!(line_of("policer").contains("keyed by dst-ip"), "{text}");
     assert!(line_of("keyctr").contains("keyed by param key"), "{text}");
     assert!(line_of("count").contains("(stateless)"), "{text}");
+    // Issue 35: amf keeps its UE contexts in its own table (the README's "UE id"), not "stateless".
+    assert!(line_of("amf").contains("keyed by UE id (own table)"), "{text}");
     assert!(text.contains("window  float [0.001, 86400]  default 10 "), "{text}");
 
     let out = run(&["nfs", "--json"]);

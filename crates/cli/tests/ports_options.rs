@@ -393,6 +393,10 @@ fn every_run_option_acts_on_a_live_port_or_is_refused() {
     let ipfix_file = p("ipfix.bin");
     let cases: Vec<(&str, Live)> = vec![
         ("--help", Live::Elsewhere("prints the help")),
+        (
+            "--quiet",
+            Live::Elsewhere("no bars or status line, drawn only on a terminal anyway (cli_options.rs: a quiet replay)"),
+        ),
         ("--config", Live::On("b", Box::new(|_, r| ok(r.s("/exec") == "pernf", || format!("exec {}", r.s("/exec")))))),
         ("--input", Live::On("base", Box::new(|b, _| ok(b.s("/clock").contains("port receive time (afpacket:"), || b.s("/clock"))))),
         ("--gen", Live::Refused("--gen")),

@@ -1,5 +1,6 @@
 //! Loading traffic into the replay source: from a trace file or straight
-//! from the generator, through the dispatch stage (RSS) into per-queue streams.
+//! from the generator, through the dispatch stage (RSS) into per-queue streams
+//! (a progress bar on a terminal: a large trace takes seconds to minutes).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,10 +9,14 @@ use flowplane_io::replay::{ReplayBuilder, ReplayError, ReplayTrace};
 use flowplane_scale::steer::Classifier;
 use flowplane_scale::Dispatch;
 use flowplane_trace::gen::Generator;
+use flowplane_trace::progress::{Progress, Unit};
 use flowplane_trace::{TraceReader, UnparsedCounts};
 use serde::Serialize;
 
 use crate::error::EngineError;
+
+/// Packets between two updates of a progress bar.
+const PROGRESS_EVERY: u64 = 1 << 16;
 
 /// What loading saw.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -107,15 +112,20 @@ pub fn load_trace_with(
 ) -> Result<(Arc<ReplayTrace>, LoadStats), EngineError> {
     let mut reader = TraceReader::open(path)?;
     let mut loader = Loader::new(spread);
-    if let Ok(meta) = std::fs::metadata(path) {
-        // A 64-byte frame costs ~80 bytes of file: reserve for that density.
-        loader.builder.reserve((meta.len() / 80) as usize, 64);
-    }
+    let size = std::fs::metadata(path).map_or(0, |m| m.len());
+    // A 64-byte frame costs ~80 bytes of file: reserve for that density.
+    loader.builder.reserve((size / 80) as usize, 64);
+    let bar = Progress::bar(format!("loading {}", path.display()), size, Unit::Bytes);
     let mut scratch = Vec::new();
+    let mut n = 0u64;
     while limit.is_none_or(|l| loader.stats.packets < l) {
         // Bad records and packets are counted by the reader, never the end of the run.
         let Some(pkt) = reader.next_frame(&mut scratch)? else { break };
         loader.push(pkt.data, pkt.ts_ns)?;
+        n += 1;
+        if n.is_multiple_of(PROGRESS_EVERY) {
+            bar.set(reader.offset());
+        }
     }
     loader.stats.unparsed = *reader.unparsed();
     Ok(loader.finish())
@@ -133,9 +143,15 @@ pub fn load_generated_with(
 ) -> Result<(Arc<ReplayTrace>, LoadStats), EngineError> {
     let mut loader = Loader::new(spread);
     loader.builder.reserve(gen.remaining() as usize, 64);
+    let bar = Progress::bar("generating", gen.remaining(), Unit::Packets);
     let mut buf = Vec::with_capacity(2048);
+    let mut n = 0u64;
     while let Some(ts) = gen.next_frame(&mut buf) {
         loader.push(&buf, ts)?;
+        n += 1;
+        if n.is_multiple_of(PROGRESS_EVERY) {
+            bar.set(n);
+        }
     }
     Ok(loader.finish())
 }

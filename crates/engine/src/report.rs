@@ -453,6 +453,30 @@ impl ScaleReport {
     }
 }
 
+/// A packet rate given in Mpps, for people: Mpps from 1 Mpps up, kpps and pps below (a veth port's 2 kpps is not
+/// "0.00 Mpps").
+pub fn fmt_rate(mpps: f64) -> String {
+    let pps = mpps * 1e6;
+    if !pps.is_finite() || pps >= 1e6 {
+        format!("{mpps:.2} Mpps")
+    } else if pps >= 1e3 {
+        format!("{:.2} kpps", pps / 1e3)
+    } else {
+        format!("{pps:.0} pps")
+    }
+}
+
+/// A bit rate given in Gbit/s, likewise: Gbit/s from 1 Gbit/s up, Mbit/s and kbit/s below.
+pub fn fmt_bits(gbps: f64) -> String {
+    if !gbps.is_finite() || gbps >= 1.0 {
+        format!("{gbps:.2} Gbit/s")
+    } else if gbps >= 1e-3 {
+        format!("{:.2} Mbit/s", gbps * 1e3)
+    } else {
+        format!("{:.2} kbit/s", gbps * 1e6)
+    }
+}
+
 fn spec_string(spec: &ChainSpec) -> String {
     spec.to_string()
 }
@@ -542,7 +566,7 @@ impl fmt::Display for Report {
             "packets      {} in, {} out, {} dropped, {} tx errors",
             self.packets, self.packets_out, self.dropped, self.tx_errors
         )?;
-        writeln!(f, "throughput   {:.2} Mpps, {:.2} Gbit/s", self.mpps, self.gbps)?;
+        writeln!(f, "throughput   {}, {}", fmt_rate(self.mpps), fmt_bits(self.gbps))?;
         if !self.trust.ok() {
             writeln!(f, "trust        NOT TO BE QUOTED: {}", self.trust.flags.join("; "))?;
         }
@@ -556,8 +580,11 @@ impl fmt::Display for Report {
         for c in &self.per_core {
             writeln!(
                 f,
-                "core {:<7} {} packets, {:.2} Mpps, {:.1} cycles/pkt",
-                c.core, c.packets, c.mpps, c.cycles_per_packet
+                "core {:<7} {} packets, {}, {:.1} cycles/pkt",
+                c.core,
+                c.packets,
+                fmt_rate(c.mpps),
+                c.cycles_per_packet
             )?;
         }
         if let Some(x) = &self.ipfix {

@@ -33,6 +33,8 @@ pub enum KeyedBy {
     Fixed(Granularity),
     /// Chosen by this parameter (`keyctr(key=...)`).
     Param(&'static ParamSpec),
+    /// Its own table, keyed by this (not the flow table: `amf`'s UE contexts, `upf`'s rule set); stateful.
+    Own(&'static str),
 }
 
 impl KeyedBy {
@@ -42,6 +44,7 @@ impl KeyedBy {
             KeyedBy::Stateless => "- (stateless)".into(),
             KeyedBy::Fixed(g) => g.name().into(),
             KeyedBy::Param(p) => format!("param {}", p.name),
+            KeyedBy::Own(what) => format!("{what} (own table)"),
         }
     }
 }

@@ -100,8 +100,9 @@ pub fn merge_rows(into: &mut Value, other: &Value, keep: &[&str]) {
 }
 
 /// A report as one compact line: `key=value` pairs, nested objects as
-/// `outer.inner=value`, short arrays of scalars inline, other arrays as their
-/// length (for the text report; `--json` has everything).
+/// `outer.inner=value`, arrays of scalars inline (the first 32 and the count
+/// past 64), arrays of objects as their count and first three entries (for
+/// the text report; `--json` has everything).
 pub fn compact_line(v: &Value) -> String {
     let mut out = Vec::new();
     flatten("", v, &mut out);
@@ -123,14 +124,31 @@ fn flatten(prefix: &str, v: &Value, out: &mut Vec<String>) {
     }
 }
 
+/// Arrays of scalars up to this long are printed whole.
+const INLINE_MAX: usize = 64;
+/// Longer ones: this many first.
+const INLINE_HEAD: usize = 32;
+/// Arrays of objects: this many entries first.
+const OBJECTS_HEAD: usize = 3;
+
 fn scalar(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
-        Value::Array(a) if a.len() <= 8 && a.iter().all(|x| !x.is_object() && !x.is_array()) => {
-            format!("[{}]", a.iter().map(scalar).collect::<Vec<_>>().join(","))
+        Value::Array(a) if a.iter().all(|x| !x.is_object() && !x.is_array()) => {
+            let shown = if a.len() <= INLINE_MAX { a.len() } else { INLINE_HEAD };
+            let head = a[..shown].iter().map(scalar).collect::<Vec<_>>().join(",");
+            if shown == a.len() {
+                format!("[{head}]")
+            } else {
+                format!("[{head},... {} in all]", a.len())
+            }
         }
-        Value::Array(a) => format!("[len={}]", a.len()),
-        Value::Object(_) => "{..}".to_string(),
+        Value::Array(a) => {
+            let head: Vec<String> = a.iter().take(OBJECTS_HEAD).map(|x| format!("{{{}}}", compact_line(x))).collect();
+            let more = if a.len() > OBJECTS_HEAD { ", ..." } else { "" };
+            format!("[{} entries: {}{more}]", a.len(), head.join(", "))
+        }
+        Value::Object(_) => format!("{{{}}}", compact_line(v)),
         other => other.to_string(),
     }
 }
@@ -173,6 +191,14 @@ mod tests {
     fn compact_lines() {
         let v =
             json!({ "a": 1, "s": "drop", "d": { "x": 0 }, "short": [1, 2], "top": [{ "a": 1 }], "long": vec![0; 9] });
-        assert_eq!(compact_line(&v), "a=1 s=drop d.x=0 short=[1,2] top=[len=1] long=[len=9]");
+        assert_eq!(compact_line(&v), "a=1 s=drop d.x=0 short=[1,2] top=[1 entries: {a=1}] long=[0,0,0,0,0,0,0,0,0]");
+        // Issue 35: a backend list of 16 is shown, not `[len=16]`; past 64 the head and the count.
+        let v = json!({ "per_backend": (0..16).collect::<Vec<u32>>(), "huge": vec![7; 100], "top": vec![json!({"k": 1}); 5] });
+        let line = compact_line(&v);
+        assert!(line.contains("per_backend=[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]"), "{line}");
+        assert!(
+            line.contains(",7,... 100 in all]") && line.contains("top=[5 entries: {k=1}, {k=1}, {k=1}, ...]"),
+            "{line}"
+        );
     }
 }

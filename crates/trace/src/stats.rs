@@ -424,6 +424,9 @@ pub fn trace_stats(path: &Path, top: usize) -> Result<TraceStats, TraceError> {
     let mut col = StatsCollector::new();
     let mut scratch = Vec::new();
     let mut unparsed = UnparsedCounts::default();
+    let size = std::fs::metadata(path).map_or(0, |m| m.len());
+    let bar = crate::progress::Progress::bar(format!("reading {}", path.display()), size, crate::progress::Unit::Bytes);
+    let mut n = 0u64;
     while let Some(pkt) = reader.next_packet()? {
         match to_ethernet(&pkt, &mut scratch) {
             Ok(frame) => col.add(pkt.ts_ns, pkt.orig_len, frame),
@@ -431,6 +434,10 @@ pub fn trace_stats(path: &Path, top: usize) -> Result<TraceStats, TraceError> {
                 unparsed.add(e.kind().unparsed_reason().unwrap_or(Unparsed::CorruptRecord));
                 col.add_unreadable(pkt.ts_ns, pkt.orig_len, pkt.data.len());
             }
+        }
+        n += 1;
+        if n.is_multiple_of(1 << 16) {
+            bar.set(reader.offset());
         }
     }
     let mut stats = col.finish(top);

@@ -497,6 +497,26 @@ pub fn run(opts: &TableBenchOptions) -> Vec<BenchRow> {
     rows
 }
 
+/// Most operations `--seconds` may ask per measurement (100x the default; the absent-key streams grow with it).
+pub const MAX_OPS: u64 = 400_000_000;
+
+/// `--seconds S` as an operation count: a pilot run (the per-core table at the smallest size and largest batch,
+/// 200K operations) gives the fastest operation's rate, and S at that rate is the count, within 10,000 and
+/// [`MAX_OPS`]. Every measurement does the same number of operations, so the fastest row lasts about S and the
+/// slower ones longer (a DRAM-sized table's several times S).
+pub fn ops_for_seconds(opts: &TableBenchOptions, seconds: f64) -> u64 {
+    let pilot = TableBenchOptions {
+        sizes: vec![opts.sizes.iter().copied().min().unwrap_or(1 << 10)],
+        batch_sizes: vec![opts.batch_sizes.iter().copied().max().unwrap_or(32)],
+        insert_rates: Vec::new(),
+        ops: 200_000,
+        ..opts.clone()
+    };
+    let mops = percore::run_percore(&pilot).iter().map(|r| r.mops).fold(0.0, f64::max);
+    let ops = if mops > 0.0 { seconds * mops * 1e6 } else { seconds * 1e8 };
+    (ops as u64).clamp(10_000, MAX_OPS)
+}
+
 /// [`run`] `reps` rounds over (at least one): each row's figure (Mops) is the median round's, with min and max;
 /// ratios and ceiling fractions are taken between the medians.
 pub fn run_reps(opts: &TableBenchOptions, reps: usize) -> Result<Vec<BenchRow>, String> {

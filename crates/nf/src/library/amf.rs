@@ -60,7 +60,7 @@ const MODE: ParamSpec = ParamSpec::choice(
 pub const INFO: NfInfo = NfInfo {
     name: "amf",
     about: "AMF-like NF: 24-cache-line UE contexts, registration/service/PDU session/handover/deregistration messages over UDP",
-    keyed_by: KeyedBy::Stateless,
+    keyed_by: KeyedBy::Own("UE id"),
     params: &[PORT, UES, MODE],
 };
 

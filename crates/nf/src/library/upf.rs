@@ -216,7 +216,7 @@ const RCVBUF: ParamSpec = ParamSpec::uint(
 pub const INFO: NfInfo = NfInfo {
     name: "upf",
     about: "5G UPF: GTP-U uplink decapsulation / downlink encapsulation by PDR (precedence, F-TEID, QFI, SDF), FAR, QER, URR",
-    keyed_by: KeyedBy::Stateless,
+    keyed_by: KeyedBy::Own("TEID, UE address"),
     params: &[
         SESSIONS,
         PFCP,
@@ -674,11 +674,17 @@ impl Upf {
             mac: mac_param(p, &MAC)?,
             gw_mac: [mac_param(p, &N3_GW_MAC)?, mac_param(p, &N6_GW_MAC)?],
         };
+        // A file of 130K sessions takes seconds to parse and compile: a spinner on a terminal until the rules are in.
+        let spin = (!file.is_empty())
+            .then(|| flowplane_trace::progress::Progress::spinner(format!("upf: loading sessions from {file}")));
         let specs = if file.is_empty() {
             Vec::new()
         } else {
             SessionsFile::load(&file).map_err(|e| ParamError(format!("upf: {e}")))?.sessions
         };
+        if let Some(s) = &spin {
+            s.message(format!("upf: compiling {} sessions from {file}", specs.len()));
+        }
         if !named.is_empty() {
             let ctl = control::named(&named).ok_or_else(|| {
                 ParamError(format!("upf: parameter 'rules={named}': no rule set registered under that name"))

@@ -961,16 +961,27 @@ pub struct GenSummary {
     pub bytes: u64,
 }
 
-/// Generates the whole trace into a nanosecond pcap file, streaming.
+/// Packets between two updates of a progress bar.
+const PROGRESS_EVERY: u64 = 1 << 16;
+
+/// Generates the whole trace into a nanosecond pcap file, streaming (a progress bar on a terminal).
 pub fn write_pcap(cfg: GenConfig, path: &Path) -> Result<GenSummary, GenError> {
     let mut gen = Generator::new(cfg)?;
     let mut w = PcapWriter::create(path, WriterOptions { nanosecond: true, ..WriterOptions::default() })?;
     let mut buf = Vec::with_capacity(frame::MAX_FRAME);
     let mut sum = GenSummary { packets: 0, bytes: 0 };
+    let bar = crate::progress::Progress::bar(
+        format!("writing {}", path.display()),
+        gen.remaining(),
+        crate::progress::Unit::Packets,
+    );
     while let Some(ts) = gen.next_frame(&mut buf) {
         w.write_packet(ts, &buf, buf.len() as u32)?;
         sum.packets += 1;
         sum.bytes += buf.len() as u64;
+        if sum.packets.is_multiple_of(PROGRESS_EVERY) {
+            bar.set(sum.packets);
+        }
     }
     w.finish()?;
     Ok(sum)
