@@ -768,7 +768,7 @@ fn hh_records_through_nfcapd_are_the_flows_above_the_threshold() {
 
 /// lb's records (issue 34) carry the flow as received and the backend it was sent to (postNATDestinationIPv4Address,
 /// read by tshark): nfdump's totals equal lb's export, each record's backend is the export's, the same on every
-/// executor and on one or two cores.
+/// executor and on one or two cores; IPv6 flows carry their IPv6 backend (template 261).
 #[test]
 fn lb_records_name_the_backend_of_the_export_on_every_executor() {
     if !have("nfcapd") {
@@ -811,6 +811,21 @@ fn lb_records_name_the_backend_of_the_export_on_every_executor() {
             None => first = Some(rows),
             Some(f) => assert_eq!(f, &rows, "{cores} cores, {exec}: another answer"),
         }
+    }
+    // IPv6 flows to IPv6 backends (template 261, postNATDestinationIPv6Address): tshark reads every message
+    // (none malformed, the packets sum to the trace's); each record's backend is the export's.
+    let t6 = gen(&dir, &["--ipv6"]);
+    let (r, nf, file) =
+        run_to_file(&dir, "lb(backends=4,base6=2001:db8:9::1)", &t6, &["--export", &export, "--cores", "2"]);
+    assert_eq!(r["ipfix"]["flow_records"].as_u64(), Some(300));
+    assert_eq!(tshark_packets(&file, &dir).unwrap_or(3000), 3000);
+    let rows = export_rows(&exp);
+    assert_eq!((rows.len(), nf.len()), (300, 300));
+    for rec in read_records(&file) {
+        let row = &rows[&rec.key];
+        assert!(row["backend"].as_str().is_some_and(|b| b.starts_with("2001:db8:9::")), "{row}");
+        assert_eq!(rec.post_dst.as_deref(), row["backend"].as_str(), "flow {:?}", rec.key);
+        assert_eq!((rec.packets, rec.bytes), (row["packets"].as_u64().unwrap(), row["bytes"].as_u64().unwrap()));
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -287,6 +287,8 @@ struct Encoder {
     sequence: u32,
     templates: Vec<TemplateRepr>,
     last_templates: Option<Instant>,
+    /// Templates go again after this long ([`TEMPLATE_REFRESH`]; shorter in tests).
+    refresh: Duration,
     pending: Vec<Rec>,
     reported: Reported,
     buf: Vec<u8>,
@@ -301,6 +303,7 @@ impl Encoder {
             sequence: 0,
             templates: templates(),
             last_templates: None,
+            refresh: TEMPLATE_REFRESH,
             pending: Vec::new(),
             reported: HashMap::default(),
             buf: Vec::with_capacity(MAX_MESSAGE),
@@ -443,7 +446,7 @@ impl Encoder {
 
     /// Writes the pending records as messages of at most [`MAX_MESSAGE`] bytes.
     fn flush(&mut self) {
-        let due = self.last_templates.is_none_or(|t| t.elapsed() >= TEMPLATE_REFRESH);
+        let due = self.last_templates.is_none_or(|t| t.elapsed() >= self.refresh);
         if self.pending.is_empty() && !due {
             return;
         }
@@ -572,6 +575,41 @@ mod tests {
         let u = |direction, bytes, packets, time_ms| UsageRecord { seid: 9, urr: 1, direction, bytes, packets, time_ms };
         assert_eq!(usage, vec![u(0, 300, 3, 1_000_002), u(1, 4000, 4, 1_000_002), u(0, 100, 1, 1_000_003)]);
         assert_eq!(d.missing, 0);
+    }
+
+    /// RFC 7011 section 8.4: over UDP, templates are sent again periodically (the collector may have missed them);
+    /// each message's sequence number counts the data records sent before it.
+    #[test]
+    fn templates_are_sent_again_after_the_refresh_time_and_sequence_numbers_count_records() {
+        let dir = std::env::temp_dir().join(format!("fp-ipfix-unit-refresh-{}", std::process::id()));
+        let out = Out::File(std::io::BufWriter::new(std::fs::File::create(&dir).unwrap()));
+        let mut e = Encoder::new(0, vec![out], IpfixReport::default());
+        e.refresh = Duration::from_millis(30);
+        let rec = |sp, packets| ExportRecord::Flow(FlowExport::new(tuple(sp), packets, 1, 0, 0, EndReason::IdleTimeout));
+        // Message 1: templates and 2 records; message 2 (before the refresh time): 3 records, no templates;
+        // message 3 (after it): templates again and 1 record.
+        e.add(0, rec(1, 1));
+        e.add(0, rec(2, 1));
+        e.flush();
+        for sp in 3..6 {
+            e.add(0, rec(sp, 1));
+        }
+        e.flush();
+        std::thread::sleep(Duration::from_millis(40));
+        e.add(0, rec(6, 1));
+        e.flush();
+        e.sync();
+        let bytes = std::fs::read(&dir).unwrap();
+        let _ = std::fs::remove_file(&dir);
+        let mut at = 0;
+        let mut seen = Vec::new();
+        while at < bytes.len() {
+            let m = flowplane_wire::ipfix::Message::new_checked(&bytes[at..]).unwrap();
+            let sets: Vec<u16> = m.sets().map(|s| s.unwrap().id).collect();
+            seen.push((m.sequence(), sets.contains(&2), sets.iter().filter(|&&id| id >= 256).count()));
+            at += m.length() as usize;
+        }
+        assert_eq!(seen, vec![(0, true, 1), (2, false, 1), (5, true, 1)]);
     }
 
     #[test]
