@@ -413,6 +413,7 @@ impl Encoder {
                         time_ms,
                     }));
                 }
+                self.flush_full();
                 return;
             }
             ExportRecord::Nat(n) => {
@@ -439,6 +440,12 @@ impl Encoder {
             }
         };
         self.pending.push(rec);
+        self.flush_full();
+    }
+
+    /// Writes the pending records once they fill a message.
+    #[inline]
+    fn flush_full(&mut self) {
         if self.pending.len() >= MAX_MESSAGE / flowplane_wire::ipfix::FLOW4_LEN {
             self.flush();
         }
