@@ -128,7 +128,7 @@ pub struct IpfixReport {
     pub bytes: u64,
     /// Sends or writes that failed (a UDP collector not listening, a closed TCP connection).
     pub send_errors: u64,
-    /// CPU time of the exporter thread (ms; Linux's per-thread run time, 0 where unknown): with the records
+    /// CPU time of the exporter thread (ms; the thread's CPU clock, 0 where unknown): with the records
     /// sent, the exporter's own rate (records per second of its CPU time), whatever the run's length.
     pub cpu_ms: f64,
 }
@@ -171,11 +171,6 @@ enum Out {
 /// Buffer of a TCP collector's stream.
 const TCP_BUFFER: usize = 1 << 16;
 
-/// CPU time this thread has run (ns; Linux's `/proc/thread-self/schedstat`, None elsewhere).
-fn thread_cpu_ns() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    s.split_whitespace().next()?.parse().ok()
-}
 
 /// The running exporter: hands out queues, then is finished once the workers stopped.
 pub struct Exporter {
@@ -311,7 +306,7 @@ impl Encoder {
     }
 
     fn run(mut self, rx: mpsc::Receiver<(u32, rtrb::Consumer<ExportRecord>)>, stop: &AtomicBool) -> IpfixReport {
-        let cpu0 = thread_cpu_ns();
+        let cpu0 = flowplane_io::cpu::thread_cpu_ns();
         let mut rings: Vec<(u32, rtrb::Consumer<ExportRecord>)> = Vec::new();
         loop {
             // Read before draining: records pushed before `stop` are then all seen by the last pass.
@@ -337,7 +332,7 @@ impl Encoder {
         }
         self.flush();
         self.sync();
-        if let (Some(a), Some(b)) = (cpu0, thread_cpu_ns()) {
+        if let (Some(a), Some(b)) = (cpu0, flowplane_io::cpu::thread_cpu_ns()) {
             self.report.cpu_ms = b.saturating_sub(a) as f64 / 1e6;
         }
         self.report

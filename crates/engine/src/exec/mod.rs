@@ -769,7 +769,7 @@ impl Pipeline {
     pub fn ipfix_flush(&mut self, include_shared: bool) {
         self.cx.ipfix_report_all(flowplane_nf::ipfix::EndReason::ForcedEnd, include_shared);
         // Batch elements' records of what they counted since their last (upf's usage), at the run's end.
-        let end = self.cx.run_end().unwrap_or(0);
+        let end = self.run_end().unwrap_or(0);
         for s in self.cx.chain.stages.iter_mut() {
             if let Stage::Stateless(nf) = s {
                 if nf.ipfix_usage_on() {
