@@ -171,7 +171,6 @@ enum Out {
 /// Buffer of a TCP collector's stream.
 const TCP_BUFFER: usize = 1 << 16;
 
-
 /// The running exporter: hands out queues, then is finished once the workers stopped.
 pub struct Exporter {
     queues: mpsc::Sender<(u32, rtrb::Consumer<ExportRecord>)>,
@@ -574,7 +573,8 @@ mod tests {
         let nat: Vec<_> = recs.iter().filter(|r| r.template == 258).filter_map(NatRecord::from_fields).collect();
         assert_eq!((nat[0].event, nat[0].sport, nat[0].post_sport), (4, 7, 1024));
         let usage: Vec<_> = recs.iter().filter_map(UsageRecord::from_fields).collect();
-        let u = |direction, bytes, packets, time_ms| UsageRecord { seid: 9, urr: 1, direction, bytes, packets, time_ms };
+        let u =
+            |direction, bytes, packets, time_ms| UsageRecord { seid: 9, urr: 1, direction, bytes, packets, time_ms };
         assert_eq!(usage, vec![u(0, 300, 3, 1_000_002), u(1, 4000, 4, 1_000_002), u(0, 100, 1, 1_000_003)]);
         assert_eq!(d.missing, 0);
     }
@@ -587,7 +587,8 @@ mod tests {
         let out = Out::File(std::io::BufWriter::new(std::fs::File::create(&dir).unwrap()));
         let mut e = Encoder::new(0, vec![out], IpfixReport::default());
         e.refresh = Duration::from_millis(30);
-        let rec = |sp, packets| ExportRecord::Flow(FlowExport::new(tuple(sp), packets, 1, 0, 0, EndReason::IdleTimeout));
+        let rec =
+            |sp, packets| ExportRecord::Flow(FlowExport::new(tuple(sp), packets, 1, 0, 0, EndReason::IdleTimeout));
         // Message 1: templates and 2 records; message 2 (before the refresh time): 3 records, no templates;
         // message 3 (after it): templates again and 1 record.
         e.add(0, rec(1, 1));

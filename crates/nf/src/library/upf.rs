@@ -884,7 +884,8 @@ impl Upf {
             for i in gone {
                 f.report(&old, &self.board.cells, i, now);
             }
-            f.sent = carry(old.keys(&old.urrs, |u| (u.session, u.id)), new.keys(&new.urrs, |u| (u.session, u.id)), &f.sent);
+            f.sent =
+                carry(old.keys(&old.urrs, |u| (u.session, u.id)), new.keys(&new.urrs, |u| (u.session, u.id)), &f.sent);
         }
         let rated = |r: &Arc<RuleSet>| -> Vec<(u64, u32)> {
             r.keys(&r.qers, |q| (q.session, q.id)).zip(&r.qers).filter(|(_, q)| q.rated != NONE).map(|x| x.0).collect()
