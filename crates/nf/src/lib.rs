@@ -146,17 +146,24 @@ pub trait Nf: Send {
         Err(fixed_for_run(self.name()))
     }
 
-    /// The element feeds the IPFIX exporter usage records at the run's end
-    /// ([`Nf::ipfix_usage`]; `upf`'s URRs). Default: no.
+    /// The element feeds the IPFIX exporter usage records (`upf`'s URRs):
+    /// the engine then hands it a record queue ([`Nf::attach_ipfix`]) and
+    /// tells it of the run's end ([`Nf::ipfix_end`]). Default: no.
     fn ipfix_usage_on(&self) -> bool {
         false
     }
 
-    /// Usage records from the report merged over every core, at the run's
-    /// end `end_ns` (`--ipfix`). Default: none.
-    fn ipfix_usage(&self, _merged: &serde_json::Value, _end_ns: u64) -> Vec<ipfix::UsageExport> {
-        Vec::new()
-    }
+    /// Takes this core's IPFIX record queue (`--ipfix`) and the active
+    /// timeout (`--ipfix-active`: report what was counted since the last
+    /// record every `active_ns` of packet time; None: only at the run's end).
+    /// The element checks its timer itself: per call of [`Nf::process`]
+    /// (the batch's time, `NfContext::now_ns`) and [`Nf::tick`] (an idle
+    /// port), never per packet. Default: the queue is dropped.
+    fn attach_ipfix(&mut self, _tx: ipfix::RecordTx, _active_ns: Option<u64>) {}
+
+    /// The run's end (`end_ns`: its last packet time over every core): the
+    /// records of what was counted since the last ones. Default: none.
+    fn ipfix_end(&mut self, _end_ns: u64) {}
 
     /// Time passed on the packet clock without a packet (an idle live port's timer
     /// tick, about ten times a second): private timers advance to `now_ns`.

@@ -735,19 +735,26 @@ impl Pipeline {
         active_ns: Option<u64>,
     ) -> usize {
         let mut n = 0;
+        let mut flows = 0;
         for s in self.cx.chain.stages.iter_mut() {
-            if let Stage::Stateful { nf, .. } = s {
-                if nf.ipfix_on() {
+            match s {
+                Stage::Stateful { nf, .. } if nf.ipfix_on() => {
                     nf.attach_ipfix(make());
+                    flows += 1;
+                }
+                // A batch element keeps its own active timer (per call, on the batch's time).
+                Stage::Stateless(nf) if nf.ipfix_usage_on() => {
+                    nf.attach_ipfix(make(), active_ns);
                     n += 1;
                 }
+                _ => {}
             }
-            // Usage records come from the merged report at the run's end (the runtime sends them).
-            n += usize::from(s.ipfix_usage_on());
         }
-        if let (Some(a), true) = (active_ns, n > 0) {
+        // The table walk only for NFs whose records come from flow entries.
+        if let (Some(a), true) = (active_ns, flows > 0) {
             self.cx.set_active_timeout(a);
         }
+        n += flows;
         if let Some(g) = &mut self.graph {
             for a in &mut g.arms {
                 n += a.pipe.attach_ipfix(make, active_ns);
@@ -757,9 +764,19 @@ impl Pipeline {
     }
 
     /// A record of every live flow for the exporter (the run's end: forced
-    /// end); `include_shared`: also the shared tables' (on one core only).
+    /// end) and batch elements' last usage records; `include_shared`: also
+    /// the shared tables' flows (on one core only).
     pub fn ipfix_flush(&mut self, include_shared: bool) {
         self.cx.ipfix_report_all(flowplane_nf::ipfix::EndReason::ForcedEnd, include_shared);
+        // Batch elements' records of what they counted since their last (upf's usage), at the run's end.
+        let end = self.run_end().unwrap_or(0);
+        for s in self.cx.chain.stages.iter_mut() {
+            if let Stage::Stateless(nf) = s {
+                if nf.ipfix_usage_on() {
+                    nf.ipfix_end(end);
+                }
+            }
+        }
         if let Some(g) = &mut self.graph {
             for a in &mut g.arms {
                 a.pipe.ipfix_flush(include_shared);

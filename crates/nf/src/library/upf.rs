@@ -57,14 +57,21 @@
 //!
 //! `--export upf=FILE` writes one row per URR with traffic (SEID, URR ID,
 //! bytes and packets per direction, every core's counters summed). With
-//! `--ipfix` the same usage goes to the collectors at the run's end: two
-//! records per URR (template 262) — the SEID as flowId (IANA IE 148), the
-//! URR ID as element 1 of enterprise 32473 (RFC 5612's documentation
+//! `--ipfix` the same usage goes to the collectors as usage records
+//! (template 262), per core and direction: what the URR counted on that core
+//! since the core's previous record (octetDeltaCount and packetDeltaCount:
+//! IANA's delta counters, counts since the previous report), every `--ipfix-active` seconds of
+//! packet time (a walk paced over the URRs, checked once per batch and at an
+//! idle port's tick, never per packet), when a control-plane swap drops the
+//! URR (session deleted), and at the run's end; a direction with no new
+//! packet sends none. The records of a URR and direction, over every core,
+//! sum to its row in the export. Elements: the SEID as flowId (IANA IE 148),
+//! the URR ID as element 1 of enterprise 32473 (RFC 5612's documentation
 //! number: flowplane has no Private Enterprise Number), the direction as
 //! flowDirection (IE 61: 0 ingress = uplink, 1 egress = downlink),
 //! octetDeltaCount and packetDeltaCount (IP bytes and packets as the URR
-//! counts them), observationTimeMilliseconds (the run's last packet time).
-//! No active-timeout reports of usage yet (a live run reports at its end).
+//! counts them), observationTimeMilliseconds (the batch's packet time; at
+//! the end, the run's last packet time).
 
 #[path = "../upf/cls.rs"]
 pub mod cls;
@@ -622,6 +629,84 @@ pub struct Upf {
     timed_packets: u64,
     /// The PFCP endpoint's control block and the rule-set version in use.
     control: Option<(Arc<control::UpfControl>, u64)>,
+    /// `--ipfix`: this core's usage records.
+    ipfix: Option<Box<UsageFeed>>,
+}
+
+/// This core's IPFIX usage records (`--ipfix`): what each URR counted on
+/// this core since its previous record, every active timeout (a walk paced
+/// over the URRs on the packet clock, checked once per call, like the
+/// engine's expiry sweep) and at the run's end. Deltas: the records of a
+/// URR and direction, over every core, sum to its totals (the export's row).
+struct UsageFeed {
+    tx: crate::ipfix::RecordTx,
+    /// Report each URR every this much packet time (None: only at the run's end).
+    active_ns: Option<u64>,
+    /// What this core's records carried so far, per URR (indexed like the board's cells).
+    sent: Vec<Usage>,
+    /// The walk's next URR.
+    at: usize,
+    /// Packet time up to which the walk has done its work (0: not started).
+    walked_ns: u64,
+    /// The latest batch time seen.
+    now_ns: u64,
+}
+
+impl UsageFeed {
+    /// Records URR `i`'s usage since its last record (none when nothing new).
+    fn report(&mut self, rules: &RuleSet, cells: &[Cell], i: usize, now_ns: u64) {
+        let (Some(u), Some(c), Some(sent)) = (rules.urrs.get(i), cells.get(i), self.sent.get_mut(i)) else { return };
+        let snap = c.snapshot();
+        let d = snap.since(*sent);
+        if d.ul_packets == 0 && d.dl_packets == 0 {
+            return;
+        }
+        *sent = snap;
+        self.tx.push(crate::ipfix::ExportRecord::Usage(crate::ipfix::UsageExport {
+            seid: rules.sessions.get(u.session as usize).map_or(0, |s| s.seid),
+            urr: u.id,
+            ul: (d.ul_bytes, d.ul_packets),
+            dl: (d.dl_bytes, d.dl_packets),
+            time_ns: now_ns,
+        }));
+    }
+
+    /// The active-timeout walk's work for the time since its last call: each URR is visited once per period.
+    #[inline]
+    fn advance(&mut self, rules: &RuleSet, cells: &[Cell], now_ns: u64) {
+        self.now_ns = self.now_ns.max(now_ns);
+        let Some(period) = self.active_ns else { return };
+        if self.walked_ns == 0 || now_ns < self.walked_ns {
+            // The first batch starts the clock (a clock that stepped back restarts it).
+            self.walked_ns = now_ns;
+            return;
+        }
+        let len = cells.len().min(self.sent.len()) as u128;
+        let elapsed = u128::from(now_ns - self.walked_ns);
+        let due = elapsed * len / u128::from(period);
+        if due == 0 {
+            return;
+        }
+        self.walk(rules, cells, now_ns, due, len, period);
+    }
+
+    #[cold]
+    fn walk(&mut self, rules: &RuleSet, cells: &[Cell], now_ns: u64, due: u128, len: u128, period: u64) {
+        let n = if due >= len {
+            self.walked_ns = now_ns;
+            len
+        } else {
+            self.walked_ns += (due * u128::from(period) / len) as u64;
+            due
+        } as usize;
+        for _ in 0..n {
+            if self.at >= len as usize {
+                self.at = 0;
+            }
+            self.report(rules, cells, self.at, now_ns);
+            self.at += 1;
+        }
+    }
 }
 
 impl std::fmt::Debug for Upf {
@@ -761,6 +846,7 @@ impl Upf {
             pass_cycles: [0; PASSES.len()],
             timed_packets: 0,
             control: None,
+            ipfix: None,
         };
         u.set_rules(rules);
         u
@@ -791,6 +877,22 @@ impl Upf {
             .collect();
         let usage =
             carry(old.keys(&old.urrs, |u| (u.session, u.id)), new.keys(&new.urrs, |u| (u.session, u.id)), &snap);
+        if let Some(f) = self.ipfix.as_deref_mut() {
+            // A URR the new rules drop (its session deleted) sends what it counted since its last record now.
+            let kept: std::collections::HashSet<(u64, u32)> = new.keys(&new.urrs, |u| (u.session, u.id)).collect();
+            let gone: Vec<usize> = old
+                .keys(&old.urrs, |u| (u.session, u.id))
+                .enumerate()
+                .filter(|(_, k)| !kept.contains(k))
+                .map(|(i, _)| i)
+                .collect();
+            let now = f.now_ns;
+            for i in gone {
+                f.report(&old, &self.board.cells, i, now);
+            }
+            f.sent =
+                carry(old.keys(&old.urrs, |u| (u.session, u.id)), new.keys(&new.urrs, |u| (u.session, u.id)), &f.sent);
+        }
         let rated = |r: &Arc<RuleSet>| -> Vec<(u64, u32)> {
             r.keys(&r.qers, |q| (q.session, q.id)).zip(&r.qers).filter(|(_, q)| q.rated != NONE).map(|x| x.0).collect()
         };
@@ -1736,6 +1838,10 @@ impl Nf for Upf {
         // One relaxed load per call: the cores metering these rules (they attach before traffic).
         self.shared_qos = self.meters.cores() > 1;
         self.run(batch, range, ctx);
+        if let Some(f) = self.ipfix.as_deref_mut() {
+            // The active timeout's walk: one comparison per call on the batch's time.
+            f.advance(&self.rules, &self.board.cells, ctx.now_ns);
+        }
         if let Some((ctl, _)) = &self.control {
             if !self.reports.is_empty() {
                 ctl.push_reports(&mut self.reports);
@@ -1786,20 +1892,35 @@ impl Nf for Upf {
         true
     }
 
-    /// Per-session usage for IPFIX at the run's end: each URR with traffic (the export's rows), its uplink and
-    /// downlink volume as two records (see `flowplane_wire::ipfix::UsageRecord` for the elements).
-    fn ipfix_usage(&self, merged: &Value, end_ns: u64) -> Vec<crate::ipfix::UsageExport> {
-        let n = |r: &Value, k: &str| r[k].as_u64().unwrap_or(0);
-        export_rows(merged)
-            .iter()
-            .map(|r| crate::ipfix::UsageExport {
-                seid: n(r, "seid"),
-                urr: n(r, "urr") as u32,
-                ul: (n(r, "ul_bytes"), n(r, "ul_packets")),
-                dl: (n(r, "dl_bytes"), n(r, "dl_packets")),
-                time_ns: end_ns,
-            })
-            .collect()
+    /// Usage records (see `flowplane_wire::ipfix::UsageRecord` for the
+    /// elements): each URR's counts on this core since its previous record,
+    /// every `active_ns` and at the run's end.
+    fn attach_ipfix(&mut self, tx: crate::ipfix::RecordTx, active_ns: Option<u64>) {
+        self.ipfix = Some(Box::new(UsageFeed {
+            tx,
+            active_ns: active_ns.map(|a| a.max(1)),
+            sent: vec![Usage::default(); self.board.cells.len()],
+            at: 0,
+            walked_ns: 0,
+            now_ns: 0,
+        }));
+    }
+
+    fn ipfix_end(&mut self, end_ns: u64) {
+        if let Some(f) = self.ipfix.as_deref_mut() {
+            // A chain of batch elements keeps no run clock: the latest batch this core saw then.
+            let end = end_ns.max(f.now_ns);
+            for i in 0..self.board.cells.len() {
+                f.report(&self.rules, &self.board.cells, i, end);
+            }
+        }
+    }
+
+    fn tick(&mut self, now_ns: u64) {
+        // An idle port's timer: usage counted before the port went quiet is still reported on time.
+        if let Some(f) = self.ipfix.as_deref_mut() {
+            f.advance(&self.rules, &self.board.cells, now_ns);
+        }
     }
 }
 

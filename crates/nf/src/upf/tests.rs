@@ -73,7 +73,9 @@ fn run(u: &mut Upf, frames: &[(Vec<u8>, u64)]) -> Vec<Option<Vec<u8>>> {
         assert!(b.push_copy(&mut pool, f, *t));
     }
     let n = b.len();
-    u.process(&mut b, 0..n, &NfContext::default());
+    // The batch's time is its latest packet's, as the engine gives it.
+    let now_ns = frames.iter().map(|f| f.1).max().unwrap_or(0);
+    u.process(&mut b, 0..n, &NfContext { now_ns, ..NfContext::default() });
     let out = (0..n).map(|i| (!b.is_dropped(i)).then(|| b.data(i).to_vec())).collect();
     b.free_all(&mut pool).unwrap();
     out
@@ -332,6 +334,59 @@ fn a_swapped_threshold_applies_to_the_carried_count() {
     u.set_rules(Arc::new(RuleSet::compile(&[s]).unwrap()));
     run(&mut u, &(21..80).map(|k| (frame.clone(), k)).collect::<Vec<_>>());
     assert!(u.take_reports().is_empty(), "no threshold, no report");
+}
+
+/// `--ipfix` usage records (issue 34): what the URR counted since the previous record, once per active timeout of
+/// packet time (checked per batch and per idle tick), when the URR is removed, and at the run's end; nothing when
+/// nothing is new. The records sum to the URR's totals.
+#[test]
+fn usage_records_are_deltas_per_active_timeout_removal_and_end() {
+    const S: u64 = 1_000_000_000;
+    let mut u = upf(&[spec()], UpfConfig::default());
+    let (tx, mut rx) = crate::ipfix::test_queue();
+    u.attach_ipfix(tx, Some(S));
+    let ul = gtpu4(GNB, N3, 100, Some(9), &udp_payload(UE, DN, 4000, 80)); // 46 inner bytes
+    let dl = udp4(DN, UE, 80, 4000);
+    let mut got = Vec::new();
+    let mut take = |rx: &mut rtrb::Consumer<crate::ipfix::ExportRecord>| {
+        let mut v = Vec::new();
+        while let Ok(crate::ipfix::ExportRecord::Usage(r)) = rx.pop() {
+            v.push((r.ul, r.dl, r.time_ns));
+        }
+        got.extend(v.iter().copied());
+        v
+    };
+    // The first batch starts the timer; half a period later nothing is due.
+    run(&mut u, &[(ul.clone(), S / 10), (ul.clone(), S / 10)]);
+    run(&mut u, &[(ul.clone(), 6 * S / 10)]);
+    assert!(take(&mut rx).is_empty());
+    // 1.1 s after the start: the URR's counts so far, taken after the batch.
+    run(&mut u, &[(dl.clone(), 12 * S / 10)]);
+    assert_eq!(take(&mut rx), vec![((138, 3), (46, 1), 12 * S / 10)]);
+    // An idle port's ticks report on time: what came since, then nothing new, nothing.
+    run(&mut u, &[(ul.clone(), 15 * S / 10), (ul.clone(), 15 * S / 10)]);
+    u.tick(19 * S / 10);
+    assert!(take(&mut rx).is_empty(), "not a period since the last record");
+    u.tick(23 * S / 10);
+    assert_eq!(take(&mut rx), vec![((92, 2), (0, 0), 23 * S / 10)]);
+    u.tick(40 * S / 10);
+    assert!(take(&mut rx).is_empty(), "nothing new");
+    // The run's end: the rest.
+    run(&mut u, &[(dl.clone(), 41 * S / 10)]);
+    u.ipfix_end(45 * S / 10);
+    assert_eq!(take(&mut rx), vec![((0, 0), (46, 1), 45 * S / 10)]);
+    u.ipfix_end(46 * S / 10);
+    assert!(take(&mut rx).is_empty(), "everything was sent");
+    // A URR the control plane removes sends what it counted since its last record then.
+    run(&mut u, &[(ul.clone(), 47 * S / 10)]);
+    u.set_rules(Arc::new(RuleSet::default()));
+    assert_eq!(take(&mut rx), vec![((46, 1), (0, 0), 47 * S / 10)]);
+    let (mut p, mut b) = (0, 0);
+    for (ul, dl, _) in &got {
+        p += ul.1 + dl.1;
+        b += ul.0 + dl.0;
+    }
+    assert_eq!((p, b), (8, 8 * 46), "the records sum to everything counted");
 }
 
 #[test]
