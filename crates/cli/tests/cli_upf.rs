@@ -97,7 +97,6 @@ fn amf_is_refused_where_a_ue_cannot_stay_on_one_core() {
 /// first, then the rest; the report counts them held and released.
 #[test]
 fn a_paced_replay_releases_buffered_packets_in_order() {
-    use flowplane_nf::testutil::ipv4_frame;
     use flowplane_nf::upf::pfcp::{self, cause, enc, ie, msg, Writer};
     use std::net::{Ipv4Addr, UdpSocket};
     use std::time::{Duration, Instant};
@@ -114,7 +113,7 @@ fn a_paced_replay_releases_buffered_packets_in_order() {
         udp.extend_from_slice(format!("seq {n:03}").as_bytes());
         let l = udp.len() as u16;
         udp[4..6].copy_from_slice(&l.to_be_bytes());
-        let f = ipv4_frame([203, 0, 113, 5], UE, 17, &udp);
+        let f = udp_frame([203, 0, 113, 5], UE, &udp);
         w.write_packet(n * 1_000_000, &f, f.len() as u32).unwrap();
     }
     w.finish().unwrap();
@@ -217,4 +216,16 @@ fn tshark(args: &[&str]) -> Option<String> {
         }
         Err(_) => None,
     }
+}
+
+/// Ethernet + IPv4 (no options, checksum set) around a UDP datagram (checksum 0: none).
+fn udp_frame(src: [u8; 4], dst: [u8; 4], udp: &[u8]) -> Vec<u8> {
+    let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 8, 0, 0x45, 0, 0, 0, 0, 0, 0, 0, 64, 17, 0, 0];
+    f[16..18].copy_from_slice(&((20 + udp.len()) as u16).to_be_bytes());
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&dst);
+    let c = flowplane_wire::checksum::checksum(&f[14..34]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    f.extend_from_slice(udp);
+    f
 }
