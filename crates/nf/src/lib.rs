@@ -38,7 +38,7 @@ pub mod topk;
 // The NF modules keep their paths: `flowplane_nf::nat::Nat`.
 pub use library::*;
 
-use flowplane_packet::Batch;
+use flowplane_packet::{Batch, PacketPool};
 use serde::Serialize;
 
 pub use param_spec::{ParamKind, ParamSpec};
@@ -169,6 +169,22 @@ pub trait Nf: Send {
     /// tick, about ten times a second): private timers advance to `now_ns`.
     /// Default: nothing (state judged at lookup needs no timer).
     fn tick(&mut self, _now_ns: u64) {}
+
+    /// The element keeps packets to send later ([`Nf::release`]): `upf`'s
+    /// buffering FARs. Asked once when the chain is built. Default: no.
+    fn holds_packets(&self) -> bool {
+        false
+    }
+
+    /// Packets the element sends now that no batch brought (buffered packets
+    /// whose FAR forwards again): appended to `out` (at most `out.room()`,
+    /// copies into buffers from `pool`, verdicts set), in the order they must
+    /// leave. The worker calls it after the chain ran a batch — the packets
+    /// leave behind that batch's own and later stages do not see them — and
+    /// when its source is idle (into an empty batch, `ctx.now_ns` the source's
+    /// clock). No allocation: a pool or batch without room leaves the rest for
+    /// the next call. Only called when [`Nf::holds_packets`] said so.
+    fn release(&mut self, _pool: &mut PacketPool, _out: &mut Batch, _ctx: &NfContext) {}
 }
 
 /// The refusal of an NF whose parameters cannot change while it runs.

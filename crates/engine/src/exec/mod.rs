@@ -435,6 +435,8 @@ pub struct Pipeline {
     graph: Option<Box<Graph>>,
     /// Two sub-batches for running a traced batch cut (`run_chunked`; made at the first one).
     cuts: Vec<Box<Batch>>,
+    /// An element of the root segment keeps packets to send later (`Nf::holds_packets`).
+    holds: bool,
 }
 
 impl Pipeline {
@@ -464,7 +466,8 @@ impl Pipeline {
         let info = cfg.kind.info();
         let cx = ExecContext::new(chain, cfg, shared, info.layout)?;
         let exec = (info.new)(&cx);
-        Ok(Pipeline { kind: cfg.kind, cx, exec, graph, cuts: Vec::new() })
+        let holds = cx.chain.stages.iter().any(|s| matches!(s, Stage::Stateless(nf) if nf.holds_packets()));
+        Ok(Pipeline { kind: cfg.kind, cx, exec, graph, cuts: Vec::new(), holds })
     }
 
     /// The executor.
@@ -827,6 +830,23 @@ impl Pipeline {
         if let Some(g) = &mut self.graph {
             for a in &mut g.arms {
                 a.pipe.tick(now_ns);
+            }
+        }
+    }
+
+    /// An element keeps packets to send later: the worker calls
+    /// [`Pipeline::release`] after every batch and when idle (elements of the
+    /// root segment only; a branch's elements are not asked).
+    pub fn holds_packets(&self) -> bool {
+        self.holds
+    }
+
+    /// Appends to `out` the packets the elements send now (see
+    /// `flowplane_nf::Nf::release`), in chain order.
+    pub fn release(&mut self, pool: &mut flowplane_packet::PacketPool, out: &mut Batch, ctx: &NfContext) {
+        for s in self.cx.chain.stages.iter_mut() {
+            if let Stage::Stateless(nf) = s {
+                nf.release(pool, out, ctx);
             }
         }
     }

@@ -58,6 +58,7 @@ fn spec() -> SessionSpec {
         ],
         qers: vec![],
         urrs: vec![UrrSpec { id: 1, volume_threshold: Some(100), ..Default::default() }],
+        bar: None,
     }
 }
 
@@ -614,16 +615,61 @@ fn n3_n6_parameters() {
         ("ttl", "decrement"),
         ("mtu", "1500"),
         ("error_pps", "0"),
+        ("n3_addr6", "2001:db8:3::1"),
+        ("buffer_total", "16"),
     ]);
     let u = Upf::from_params(&mut p).unwrap();
     p.finish().unwrap();
     let c = &u.cfg;
     assert_eq!((c.mac, c.gw_mac), (Some([2, 0, 0, 0, 0, 1]), [None, Some([10, 11, 12, 13, 14, 15])]));
     assert_eq!((c.n6_addr, c.ttl_decrement, c.mtu, c.error_pps), (Ipv4Addr::new(192, 0, 2, 6), true, 1500, 0));
+    let a6: std::net::Ipv6Addr = "2001:db8:3::1".parse().unwrap();
+    assert_eq!((c.addr6, c.buffer_total), ([Some(a6.octets()), None], 16));
     let u = Upf::from_params(&mut params(&[])).unwrap();
     assert_eq!((u.cfg.n6_addr, u.cfg.ttl_decrement, u.cfg.mac), (u.cfg.n3_addr, false, None));
-    for (k, v) in [("mac", "02:00:00:00:01"), ("n3_gw_mac", "zz:00:00:00:00:01"), ("n6_addr", "x"), ("ttl", "no")] {
+    for (k, v) in [
+        ("mac", "02:00:00:00:01"),
+        ("n3_gw_mac", "zz:00:00:00:00:01"),
+        ("n6_addr", "x"),
+        ("ttl", "no"),
+        ("n6_addr6", "192.0.2.1"),
+        ("gtpu_echo_ms", "-1"),
+    ] {
         let e = Upf::from_params(&mut params(&[(k, v)])).unwrap_err().to_string();
         assert!(e.contains(k) && !e.contains('\n'), "{e}");
     }
+}
+
+/// Held packets follow their FAR across rule sets (issue 32 item 4): a
+/// buffering FAR keeps them, the session's total bound holds, a FAR that
+/// forwards queues them in arrival order, a removed session frees every
+/// slot (counted), so the store never leaks.
+#[test]
+fn held_packets_follow_their_far_and_are_freed_with_it() {
+    let mut s = spec();
+    s.fars[0].action = FarAction::Buffer;
+    s.bar = Some(BarSpec { id: 1, packets: Some(3), duration_ms: None });
+    let mut u = upf(&[s.clone()], UpfConfig { buffer_total: 4, ..Default::default() });
+    let inner = udp_payload(UE, DN, 4000, 80);
+    let frames: Vec<_> = (0..5u64).map(|k| (gtpu4(GNB, N3, 100, Some(9), &inner), k)).collect();
+    run(&mut u, &frames);
+    let c = u.upf_counters();
+    assert_eq!((c.buffered, c.buffer_full, u.held.in_use()), (3, 2, 3), "the BAR's count");
+    // Still buffering under a new rule set: kept.
+    u.set_rules(Arc::new(RuleSet::compile(&[s.clone()]).unwrap()));
+    assert_eq!((u.held.in_use(), u.held.queue.n, u.upf_counters().buffer_discarded), (3, 0, 0));
+    // Forwarding: queued, oldest first.
+    s.fars[0].action = FarAction::Forward;
+    u.set_rules(Arc::new(RuleSet::compile(&[s.clone()]).unwrap()));
+    assert_eq!(u.held.queue.n, 3);
+    let times: Vec<u64> = std::iter::successors(Some(u.held.queue.head), |&k| {
+        let n = u.held.next_of(k);
+        (n != NONE).then_some(n)
+    })
+    .map(|k| u.held.ts[k as usize])
+    .collect();
+    assert_eq!(times, vec![0, 1, 2]);
+    // The session removed: every slot back, counted.
+    u.set_rules(Arc::new(RuleSet::default()));
+    assert_eq!((u.held.in_use(), u.held.queue.n, u.upf_counters().buffer_discarded), (0, 0, 3));
 }
