@@ -426,7 +426,7 @@ fn a_nat_pool_changed_mid_replay_keeps_every_mapping() {
     let n = 2000u64;
     swap_model(&["nat-trace", trace.to_str().unwrap(), &n.to_string()]);
     let t = trace.to_str().unwrap();
-    let args = ["run", "--input", t, "--rate", "1000", "--chain", "nat(ports=40000-40099)", "--output"];
+    let args = ["run", "--input", t, "--rate", "1000", "--cores", "1", "--chain", "nat(ports=40000-40099)", "--output"];
     let fp = served(&[&args[..], &[out.to_str().unwrap()]].concat(), &sock);
     let t1 = Instant::now();
     while packets(&sock) < n * 2 / 5 {

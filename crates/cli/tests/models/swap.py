@@ -32,7 +32,8 @@ REMOTE = "198.51.100.9"
 
 
 def seq_of(p):
-    m = re.match(rb"seq=(\d{6})", bytes(p[Raw].load)) if Raw in p else None
+    # Searched in the raw bytes: scapy decodes a payload to or from port 53 as DNS, not Raw.
+    m = re.search(rb"seq=(\d{6})", bytes(p))
     return int(m.group(1)) if m else None
 
 
