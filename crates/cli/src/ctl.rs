@@ -258,7 +258,8 @@ impl Server {
             .enumerate()
             .map(|(i, c)| {
                 // The report's per-core row, from the same counts (equal to it once the traffic is over).
-                let row = flowplane_engine::report::CoreReport::new(i, c.packets, c.batches, c.cycles, c.busy_cycles, hz);
+                let row =
+                    flowplane_engine::report::CoreReport::new(i, c.packets, c.batches, c.cycles, c.busy_cycles, hz);
                 let mut v = serde_json::to_value(row).unwrap_or_default();
                 v["packets_out"] = c.tx.sent.into();
                 v

@@ -294,10 +294,8 @@ fn a_set_on_two_cores_switches_each_core_once_within_a_batch_of_the_reply() {
         .collect();
     for c in 0..2u64 {
         // This core's packets in the order sent: (seq, passed, what the new threshold says: k-th of its source <= 3).
-        let judged: Vec<(usize, bool, bool)> = (0..n)
-            .filter(|&i| core_of[i % sources] == c)
-            .map(|i| (i, passed.contains(&i), i / sources < 3))
-            .collect();
+        let judged: Vec<(usize, bool, bool)> =
+            (0..n).filter(|&i| core_of[i % sources] == c).map(|i| (i, passed.contains(&i), i / sources < 3)).collect();
         let switch = judged.iter().position(|&(_, p, _)| !p).unwrap_or(judged.len());
         assert!(switch > 0 && switch < judged.len(), "core {c}: the change landed mid-traffic ({switch} judged old)");
         let wrong: Vec<usize> = judged[switch..].iter().filter(|(_, p, new)| p != new).map(|j| j.0).collect();

@@ -575,10 +575,8 @@ impl Pool {
     fn set_active(&mut self, active: &[bool]) {
         let (ports, n) = (self.ports as usize, active.len() * self.ports as usize);
         let cap = self.free.len().max(1);
-        let mut queue: Vec<u32> = (0..self.len)
-            .map(|k| self.free[(self.head + k) % cap])
-            .filter(|&s| active[s as usize / ports])
-            .collect();
+        let mut queue: Vec<u32> =
+            (0..self.len).map(|k| self.free[(self.head + k) % cap]).filter(|&s| active[s as usize / ports]).collect();
         let joining: Vec<usize> =
             (0..active.len()).filter(|&i| active[i] && !self.active.get(i).copied().unwrap_or(false)).collect();
         self.rev.resize(n, Mapping::default());
@@ -932,13 +930,8 @@ impl Nat {
         for &i in &index {
             active[i as usize] = true;
         }
-        self.retired = self
-            .addr_of
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| !active[i])
-            .map(|(i, &a)| (a, i as u32))
-            .collect();
+        self.retired =
+            self.addr_of.iter().enumerate().filter(|&(i, _)| !active[i]).map(|(i, &a)| (a, i as u32)).collect();
         self.retired.sort_unstable();
         for p in &mut self.pools {
             p.set_active(&active);

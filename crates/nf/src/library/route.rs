@@ -47,8 +47,7 @@ use crate::stateful::{Action, Cursor, Granularity, StatefulNf, Step};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const ROUTES: ParamSpec =
-    ParamSpec::text("routes", "", "FILE", "route file: 'PREFIX/LEN PORT' per line (IPv4 or IPv6), # comments")
-        .live();
+    ParamSpec::text("routes", "", "FILE", "route file: 'PREFIX/LEN PORT' per line (IPv4 or IPv6), # comments").live();
 const MISS: ParamSpec =
     ParamSpec::choice("miss", "drop", &["drop", "pass"], "packets without a route (and non-IP packets): drop or pass")
         .live();
