@@ -520,7 +520,7 @@ fn reload_applies_a_route_file_and_a_nat_pool_and_refuses_a_restart() {
         .spawn()
         .unwrap();
     while ctl(&sock, &["show", "runtime"]).1["ready"].as_bool() != Some(true) {
-        assert!(t0.elapsed() < Duration::from_secs(20), "the control socket did not come up");
+        assert!(t0.elapsed() < Duration::from_secs(60), "the control socket did not come up");
         std::thread::sleep(Duration::from_millis(20));
     }
     let reload = || ctl(&sock, &["reload"]);
