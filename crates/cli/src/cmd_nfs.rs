@@ -1,6 +1,7 @@
 //! `flowplane nfs`: the NF library, as usable in chain specs — each NF's
 //! name, what its state is keyed by, description and declared parameters
-//! (type, range, default, doc), from the registry's descriptors.
+//! (type, range, default, doc), from the registry's descriptors, and its
+//! handlers: what `flowplane ctl` reads and changes while it runs.
 
 use clap::Args;
 use flowplane_nf::registry::{find, KeyedBy, NfInfo, NFS};
@@ -54,5 +55,18 @@ fn describe(d: &NfInfo) -> String {
         let live = if p.live { " (live)" } else { "" };
         out += &format!("    {:<wn$}  {:<wt$}  default {:<wd$}  {}{live}\n", p.name, ty(p), p.default_text(), p.doc);
     }
-    out
+    out + &format!("    handlers: {}\n", handlers(d))
+}
+
+/// What `flowplane ctl` (and the metrics) serve for the NF while it runs, on one line.
+fn handlers(d: &NfInfo) -> String {
+    let h = d.handlers();
+    let mut read = "read counters and report (ctl show nfs, show errors; metrics flowplane_nf_*)".to_string();
+    if h["read"].as_array().is_some_and(|r| r.iter().any(|x| x == "state")) {
+        read += ", per-key state (ctl show flow, trace, export)";
+    }
+    let set: Vec<&str> = h["set"].as_array().map_or(vec![], |a| a.iter().filter_map(|x| x.as_str()).collect());
+    let set = if set.is_empty() { "nothing (fixed for the run)".to_string() } else { set.join(", ") };
+    let load = h["load"].as_str().map_or(String::new(), |f| format!("; load FILE ({f})"));
+    format!("{read}; set {set}{load}")
 }

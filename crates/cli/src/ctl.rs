@@ -11,8 +11,9 @@
 //! workers' mailboxes and land between two batches on every core
 //! ([`flowplane_engine::control`]).
 //!
-//! Commands: `show runtime|errors|nfs|tables|ports`, `set NF PARAM VALUE`,
-//! `load NF FILE` (the NF's file parameter: acl's rules, ...), `export NF
+//! Commands: `show runtime|errors|nfs|tables|ports`, `set NF PARAM VALUE
+//! [PARAM VALUE ...]` (several parameters change together), `load NF FILE`
+//! (the NF's file parameter: acl's rules, route's table, ...), `export NF
 //! FILE`, `trace add N [FILTER]|show|clear`, `capture start FILE [--at NF]
 //! [--dropped]|stop` (see [`crate::ctl_trace`]), `reload`, `stop`, `help`. An
 //! NF is named as in the chain (`acl`), or `acl#2` for its second occurrence.
@@ -56,7 +57,7 @@ const NAP: Duration = Duration::from_millis(20);
 
 /// The commands, for `help` and errors.
 pub const HELP: &str =
-    "show runtime|errors|nfs|tables|ports; show flow PROTO SRC SPORT DST DPORT | SRC; set NF PARAM VALUE; \
+    "show runtime|errors|nfs|tables|ports; show flow PROTO SRC SPORT DST DPORT | SRC; set NF PARAM VALUE [PARAM VALUE ...]; \
      load NF FILE; export NF FILE; trace add N [PROTO SRC SPORT DST DPORT | SRC]; trace show; trace clear; \
      capture start FILE [--at NF] [--dropped]; capture stop; profile start|stop; reload; stop; help";
 
@@ -214,7 +215,10 @@ impl Server {
             ["show", "tables"] => Ok(self.tables()),
             ["show", "ports"] => Ok(self.ports()),
             ["show", "flow", key @ ..] => self.flow(key),
-            ["set", nf, param, value] => self.set(nf, param, value),
+            ["set", nf, pairs @ ..] if !pairs.is_empty() && pairs.len().is_multiple_of(2) => {
+                let pairs: Vec<(&str, &str)> = pairs.chunks(2).map(|p| (p[0], p[1])).collect();
+                self.set(nf, &pairs)
+            }
             ["load", nf, file] => self.load(nf, file),
             ["export", nf, file] => self.export(nf, file),
             ["trace", rest @ ..] => {
@@ -253,15 +257,12 @@ impl Server {
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                json!({
-                    "core": i,
-                    "packets": c.packets,
-                    "batches": c.batches,
-                    "vectors_per_call": if c.batches > 0 { c.packets as f64 / c.batches as f64 } else { 0.0 },
-                    "busy_s": c.busy_cycles as f64 / hz,
-                    "cycles_per_packet": if c.packets > 0 { c.busy_cycles as f64 / c.packets as f64 } else { 0.0 },
-                    "packets_out": c.tx.sent,
-                })
+                // The report's per-core row, from the same counts (equal to it once the traffic is over).
+                let row =
+                    flowplane_engine::report::CoreReport::new(i, c.packets, c.batches, c.cycles, c.busy_cycles, hz);
+                let mut v = serde_json::to_value(row).unwrap_or_default();
+                v["packets_out"] = c.tx.sent.into();
+                v
             })
             .collect();
         let mut v = json!({"tsc_hz": hz, "ready": self.live.ready.load(Ordering::Relaxed), "cores": rows});
@@ -432,29 +433,39 @@ impl Server {
         })
     }
 
-    fn set(&mut self, nf: &str, param: &str, value: &str) -> Result<Value, String> {
+    /// `set NF PARAM VALUE [PARAM VALUE ...]`: the parameters change together (one change on every core).
+    fn set(&mut self, nf: &str, pairs: &[(&str, &str)]) -> Result<Value, String> {
         let i = self.position(nf)?;
         let mut new = self.spec.nfs[i].clone();
-        match new.params.iter_mut().find(|(k, _)| k == param) {
-            Some(p) => p.1 = value.to_string(),
-            None => new.params.push((param.to_string(), value.to_string())),
-        }
-        // Unknown parameters are refused before any worker sees them.
         let desc = flowplane_nf::registry::find(&new.name).ok_or(format!("unknown NF '{}'", new.name))?;
-        let Some(spec) = desc.params.iter().find(|p| p.name == param) else {
-            let known: Vec<&str> = desc.params.iter().map(|p| p.name).collect();
-            return Err(format!("{}: unknown parameter '{param}' (known: {})", new.name, known.join(", ")));
-        };
-        if !spec.live {
-            let live: Vec<&str> = desc.params.iter().filter(|p| p.live).map(|p| p.name).collect();
-            let can = if live.is_empty() { "none of its parameters".to_string() } else { live.join(", ") };
-            return Err(format!(
-                "{}: '{param}' is fixed for the run (a restart changes it; changeable while running: {can})",
-                new.name
-            ));
+        for &(param, value) in pairs {
+            match new.params.iter_mut().find(|(k, _)| k == param) {
+                Some(p) => p.1 = value.to_string(),
+                None => new.params.push((param.to_string(), value.to_string())),
+            }
+            // Unknown and fixed parameters are refused before any worker sees them.
+            let Some(spec) = desc.params.iter().find(|p| p.name == param) else {
+                let known: Vec<&str> = desc.params.iter().map(|p| p.name).collect();
+                return Err(format!("{}: unknown parameter '{param}' (known: {})", new.name, known.join(", ")));
+            };
+            if !spec.live {
+                let live: Vec<&str> = desc.params.iter().filter(|p| p.live).map(|p| p.name).collect();
+                let can = if live.is_empty() { "none of its parameters".to_string() } else { live.join(", ") };
+                return Err(format!(
+                    "{}: '{param}' is fixed for the run (a restart changes it; changeable while running: {can})",
+                    new.name
+                ));
+            }
         }
         let cores = self.apply(i, new)?;
-        Ok(json!({"nf": nf, "param": param, "value": value, "cores": cores}))
+        Ok(match pairs {
+            [(param, value)] => json!({"nf": nf, "param": param, "value": value, "cores": cores}),
+            _ => {
+                let params: serde_json::Map<String, Value> =
+                    pairs.iter().map(|(k, x)| (k.to_string(), json!(x))).collect();
+                json!({"nf": nf, "params": params, "cores": cores})
+            }
+        })
     }
 
     /// Sends NF `i`'s new parameters to every worker; on success the running chain takes them.
@@ -532,6 +543,10 @@ impl Server {
             };
             let one = ChainSpec::linear(vec![nf.clone()]);
             let mut chain = flowplane_engine::chain::Chain::build(&one).map_err(|e| refuse(e.to_string()))?;
+            let workers = self.live.ctl.workers();
+            if let Some(why) = chain.stages.first().and_then(|st| flowplane_engine::control::split_pool(st, workers)) {
+                return Err(refuse(why));
+            }
             let mut p = flowplane_nf::Params::new(&nf.name, nf.params.clone());
             if let Some(st) = chain.stages.first_mut() {
                 st.reconfigure(&mut p).map_err(|e| refuse(e.to_string()))?;
@@ -566,7 +581,8 @@ impl Server {
             .find(|p| matches!(p.kind, flowplane_nf::ParamKind::Text { syntax: "FILE", .. }))
             .ok_or(format!("{name} reads no file (use set {name} PARAM VALUE)"))?;
         let abs = std::fs::canonicalize(file).map_err(|e| format!("{file}: {e}"))?;
-        self.set(nf, param.name, &abs.to_string_lossy())
+        let path = abs.to_string_lossy().into_owned();
+        self.set(nf, &[(param.name, path.as_str())])
     }
 
     /// `show flow PROTO SRC SPORT DST DPORT` (a flow) or `show flow SRC` (a source's coarse state).

@@ -484,9 +484,30 @@ fn nfs_lists_the_library_with_parameters() {
             .skip_while(|l| l.split_whitespace().next() != Some(nf))
             .skip(1)
             .take_while(|l| l.starts_with(' '))
+            .filter(|l| !l.trim_start().starts_with("handlers:"))
             .filter_map(|l| l.split_whitespace().next().map(|p| p.trim_end_matches(':').to_string()))
             .collect()
     };
+    // Each NF's handlers: what ctl reads and changes while it runs.
+    let handlers_of = |nf: &str| -> String {
+        text.lines()
+            .skip_while(|l| l.split_whitespace().next() != Some(nf))
+            .skip(1)
+            .take_while(|l| l.starts_with(' '))
+            .find(|l| l.trim_start().starts_with("handlers:"))
+            .unwrap_or("")
+            .to_string()
+    };
+    let acl = handlers_of("acl");
+    assert!(
+        acl.contains("per-key state (ctl show flow") && acl.contains("set rules, rule, default; load FILE (rules)"),
+        "{acl}"
+    );
+    assert!(handlers_of("route").contains("set routes, miss; load FILE (routes)"), "{text}");
+    assert!(handlers_of("nat").contains("set external, addrs") && !handlers_of("nat").contains("load"), "{text}");
+    assert!(
+        handlers_of("count").contains("set nothing (fixed for the run)") && !handlers_of("count").contains("state")
+    );
     assert_eq!(
         params_of("lb"),
         ["backends", "base", "base6", "backends6", "mode", "backends_file"],
@@ -512,6 +533,12 @@ fn nfs_lists_the_library_with_parameters() {
     assert_eq!(psd["params"][0]["name"], "window");
     assert_eq!(psd["params"][0]["default"], 10.0);
     assert_eq!(psd["params"][0]["min"], 0.001);
+    assert_eq!(psd["handlers"]["set"], serde_json::json!(["window", "ports", "action", "tcp"]), "{psd}");
+    let lb = nfs.iter().find(|n| n["name"] == "lb").expect("lb listed");
+    assert_eq!(
+        (lb["handlers"]["load"].as_str(), &lb["handlers"]["read"][2]),
+        (Some("backends_file"), &serde_json::json!("state"))
+    );
     let out = run(&["nfs", "nat"]);
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.starts_with(' ')).count(), 1);

@@ -295,3 +295,272 @@ fn a_served_graph_is_traced_and_captured_along_its_branches() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A python3 with scapy.
+fn python() -> &'static str {
+    ["/usr/bin/python3", "python3"]
+        .into_iter()
+        .find(|p| Command::new(p).args(["-c", "import scapy.all"]).output().is_ok_and(|o| o.status.success()))
+        .expect("a python3 with scapy")
+}
+
+/// `tests/models/swap.py ARGS`: its JSON output.
+fn swap_model(args: &[&str]) -> Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/models/swap.py");
+    let o = Command::new(python()).arg(script).args(args).output().unwrap();
+    assert!(o.status.success(), "swap.py {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
+}
+
+/// The core each flow of `flows` (UDP from `src`, (sport, dst, dport)) is on: where `nf` keeps its state.
+fn cores_of(sock: &Path, nf: &str, src: &str, flows: &[(u16, &str, u16)]) -> Vec<u64> {
+    flows
+        .iter()
+        .map(|&(sport, dst, dport)| {
+            let rows = ctl(sock, &["show", "flow", "udp", src, &sport.to_string(), dst, &dport.to_string()]).1;
+            let cores: Vec<u64> = rows
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["nf"] == nf)
+                .map(|r| r["core"].as_u64().unwrap())
+                .collect();
+            assert_eq!(cores.len(), 1, "flow {sport}->{dst} on one core: {rows}");
+            cores[0]
+        })
+        .collect()
+}
+
+/// Issue 31, `ctl load route FILE`: a paced replay on 2 cores (16 UDP flows, payload `seq=NNNNNN`, 4,000
+/// packets at 2,000/s; each verdict port to its own pcap) swaps its route table mid-run. The oracle is
+/// `tests/models/swap.py` (longest prefix match over the files' prefixes with Python's ipaddress): per core
+/// (a flow's core is where `show flow` finds route's state), its packets in the order sent are routed by
+/// the old table up to one switch point and by the new one after it — none lost, none by a mixed table —
+/// and the cores switch close together; flows keep their state (route's packet counts go on). A bad file
+/// before it is refused in one line naming the file and line, and changes nothing.
+#[test]
+fn a_route_table_swapped_mid_replay_routes_every_later_packet_by_the_new_table() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("served-route{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (sock, trace, old, new, bad) =
+        (dir.join("fp.sock"), dir.join("t.pcap"), dir.join("old.routes"), dir.join("new.routes"), dir.join("bad"));
+    let n = 4000usize;
+    swap_model(&["route-trace", trace.to_str().unwrap(), &n.to_string()]);
+    std::fs::write(&old, "10.0.0.0/8 0\n10.1.0.0/16 1\n10.1.2.0/24 2\n").unwrap();
+    std::fs::write(&new, "# the new table\n10.0.0.0/8 1\n10.1.0.0/16 2\n10.1.2.128/25 3\n10.2.0.0/16 0\n").unwrap();
+    std::fs::write(&bad, "10.0.0.0/8 1\n10.1.0.0/16 two\n").unwrap();
+    let outs: Vec<PathBuf> = (0..4).map(|p| dir.join(format!("port{p}.pcap"))).collect();
+    let chain = format!("route(routes={}) -> fsc", old.display());
+    let mut args = vec!["run", "--input", trace.to_str().unwrap(), "--rate", "2000", "--chain", &chain, "--cores", "2"];
+    args.extend(["--output", outs[0].to_str().unwrap()]);
+    for o in &outs[1..] {
+        args.extend(["--port", o.to_str().unwrap()]);
+    }
+    let fp = served(&args, &sock);
+    let flows: Vec<(u16, &str, u16)> = (0..16).map(|f| (4000 + f as u16, DSTS[f % DSTS.len()], 53)).collect();
+    let t1 = Instant::now();
+    while packets(&sock) < 32 {
+        assert!(t1.elapsed() < Duration::from_secs(10), "the replay did not play");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let core_of = cores_of(&sock, "route", "10.0.0.1", &flows);
+    while packets(&sock) < n as u64 * 2 / 5 {
+        assert!(t1.elapsed() < Duration::from_secs(10), "the replay did not play");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (good, _, err) = ctl(&sock, &["load", "route", bad.to_str().unwrap()]);
+    assert!(!good && err.trim().lines().count() == 1, "{err}");
+    assert!(err.contains("/bad:2: port must be 0..=65534: '10.1.0.0/16 two'"), "{err}");
+    let (good, v, err) = ctl(&sock, &["load", "route", new.to_str().unwrap()]);
+    assert!(good && v["cores"] == 2, "load route: {err} {v}");
+    let out = fp.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["packets"].as_u64(), Some(n as u64), "the whole trace played");
+    assert_eq!(r["nfs"][0]["details"]["version"], 1, "one swap: {}", r["nfs"][0]["details"]);
+    // Flow state kept: route's and fsc's 16 flows, created once each.
+    assert_eq!(r["tables"]["insertions"].as_u64(), Some(16), "{}", r["tables"]);
+
+    let mut judge = vec!["route-judge", old.to_str().unwrap(), new.to_str().unwrap()];
+    judge.extend(outs.iter().map(|o| o.to_str().unwrap()));
+    let rows = swap_model(&judge);
+    let rows = rows.as_array().unwrap();
+    let mut switch = Vec::new();
+    for c in 0..2 {
+        // This core's packets in trace order: (seq, routed as the old table says, as the new one says).
+        let judged: Vec<(u64, bool, bool)> = rows
+            .iter()
+            .filter(|x| core_of[x[0].as_u64().unwrap() as usize % 16] == c)
+            .map(|x| (x[0].as_u64().unwrap(), x[1] == x[2], x[1] == x[3]))
+            .collect();
+        // Destinations both tables route alike say nothing: the switch is the first packet only the new one explains.
+        let first_new = judged.iter().position(|&(_, o, nw)| nw && !o).expect("a packet routed by the new table");
+        let before: Vec<u64> = judged[..first_new].iter().filter(|j| !j.1).map(|j| j.0).collect();
+        let after: Vec<u64> = judged[first_new..].iter().filter(|j| !j.2).map(|j| j.0).collect();
+        assert!(before.is_empty(), "core {c}: packets not routed by the old table before the switch: {before:?}");
+        assert!(after.is_empty(), "core {c}: packets not routed by the new table after the switch: {after:?}");
+        assert!(judged[..first_new].iter().any(|j| !j.2), "core {c}: the swap landed mid-replay");
+        switch.push(judged[first_new].0);
+    }
+    // 2,000 packets/s: 200 packets is 100 ms (room for a worker descheduled while it builds the table).
+    assert!(switch[0].abs_diff(switch[1]) < 200, "switch points per core (seq): {switch:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// swap.py's destinations (flow f goes to DSTS[f % 6]).
+const DSTS: [&str; 6] = ["10.1.2.5", "10.1.2.200", "10.1.9.9", "10.2.3.4", "10.3.3.3", "11.0.0.1"];
+
+/// Issue 31, a NAT pool changed while running (`ctl set nat external 192.0.2.10 addrs 2`): a paced replay
+/// (`tests/models/swap.py nat-trace`: 2,000 UDP packets at 1,000/s, 8 flows from the start, 64 starting
+/// over the trace, replies to the first 8 flows' documented mappings and to an unmapped port) on one core,
+/// changed mid-run; the translated pcap read by scapy. Every flow keeps its external address and port from
+/// its first packet to its last, the 8 first flows and their replies on 203.0.113.1 after it left the pool
+/// too; new flows take 203.0.113.1 up to one switch point and the new pool's addresses after it; the
+/// unmapped port stays closed; the report counts the mappings left on the retired address.
+#[test]
+fn a_nat_pool_changed_mid_replay_keeps_every_mapping() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("served-nat{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (sock, trace, out) = (dir.join("fp.sock"), dir.join("t.pcap"), dir.join("out.pcap"));
+    let n = 2000u64;
+    swap_model(&["nat-trace", trace.to_str().unwrap(), &n.to_string()]);
+    let t = trace.to_str().unwrap();
+    let args = ["run", "--input", t, "--rate", "1000", "--cores", "1", "--chain", "nat(ports=40000-40099)", "--output"];
+    let fp = served(&[&args[..], &[out.to_str().unwrap()]].concat(), &sock);
+    let t1 = Instant::now();
+    while packets(&sock) < n * 2 / 5 {
+        assert!(t1.elapsed() < Duration::from_secs(10), "the replay did not play");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (good, v, err) = ctl(&sock, &["set", "nat", "external", "192.0.2.10", "addrs", "2"]);
+    assert!(good && v["cores"] == 1 && v["params"]["addrs"] == "2", "set nat: {err} {v}");
+    let (good, _, err) = ctl(&sock, &["set", "nat", "ports", "2000-3000"]);
+    assert!(!good && err.contains("'ports' is fixed for the run") && err.contains("external, addrs"), "{err}");
+    let o = fp.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["packets"].as_u64(), Some(n));
+
+    let rows = swap_model(&["nat-read", t, out.to_str().unwrap()]);
+    let s = |v: &Value| v.as_str().map(str::to_string);
+    let u = |v: &Value| v.as_u64();
+    let old_ext = Some("203.0.113.1".to_string());
+    let (mut unmapped, mut replies) = (0, 0);
+    // New flows (from 10.0.0.2): sport -> (first seq, its translations).
+    let mut new_flows: std::collections::BTreeMap<u64, (u64, std::collections::BTreeSet<(String, u64)>)> =
+        Default::default();
+    for x in rows.as_array().unwrap() {
+        let (seq, src, sport, dport) = (u(&x[0]).unwrap(), s(&x[1]).unwrap(), u(&x[2]).unwrap(), u(&x[4]).unwrap());
+        match src.as_str() {
+            "198.51.100.9" if dport == 40090 => {
+                assert!(x[5].is_null(), "packet {seq} to an unmapped port passed: {x}");
+                unmapped += 1;
+            }
+            "198.51.100.9" => {
+                // A reply to an old flow's mapping: back to 10.0.0.1:(5000 + k), before and after the change.
+                assert_eq!((s(&x[7]), u(&x[8])), (Some("10.0.0.1".into()), Some(5000 + dport - 40000)), "{x}");
+                replies += 1;
+            }
+            "10.0.0.1" => assert_eq!((s(&x[5]), u(&x[6])), (old_ext.clone(), Some(40000 + sport - 5000)), "{x}"),
+            _ => {
+                let e = new_flows.entry(sport).or_insert((seq, Default::default()));
+                e.1.insert((s(&x[5]).expect("passed"), u(&x[6]).unwrap()));
+            }
+        }
+    }
+    assert!(unmapped > 0 && replies > 0);
+    let mut by_start: Vec<(u64, String)> = new_flows
+        .values()
+        .map(|(first, tr)| {
+            assert_eq!(tr.len(), 1, "a flow kept one mapping: {tr:?}");
+            (*first, tr.first().unwrap().0.clone())
+        })
+        .collect();
+    by_start.sort();
+    let switch = by_start.iter().position(|(_, a)| Some(a) != old_ext.as_ref()).expect("new flows on the new pool");
+    assert!(switch > 0, "new flows before the change took the old address");
+    for (first, a) in &by_start[switch..] {
+        assert!(a == "192.0.2.10" || a == "192.0.2.11", "flow starting at {first} on {a}: {by_start:?}");
+    }
+    let d = &r["nfs"][0]["details"];
+    assert_eq!(d["retired_addrs"], serde_json::json!(["203.0.113.1"]), "{d}");
+    assert_eq!(d["mappings_on_retired_addrs"].as_u64(), Some(8 + switch as u64), "{d}");
+    assert_eq!((d["external"].as_str(), d["addrs"].as_u64()), (Some("192.0.2.10"), Some(2)), "{d}");
+    assert_eq!(d["dropped_unmapped"].as_u64(), Some(unmapped), "{d}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 31 item 6 for route and nat: a paced replay started from `run --config run.toml` (chain
+/// `route(routes=FILE) -> nat(...)`); `ctl reload` applies an edited route file (same path) and a new NAT
+/// pool in the file together, and refuses in one line, applying nothing, what needs a restart (nat's
+/// ports, the cores) or does not parse (the route file's bad line).
+#[test]
+fn reload_applies_a_route_file_and_a_nat_pool_and_refuses_a_restart() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("served-reload{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (sock, routes, conf) = (dir.join("fp.sock"), dir.join("r.routes"), dir.join("run.toml"));
+    std::fs::write(&routes, "0.0.0.0/0 0\n").unwrap();
+    let toml = |ext: &str, ports: &str, cores: u32| {
+        format!(
+            "gen = \"--flows 20 --packets 200000 --proto udp --seed 7\"\nrate = 20000\ncores = {cores}\nno_pin = true\n\
+             json = true\nctl = \"{}\"\nchain = \"route(routes={}) -> nat(external={ext},ports={ports})\"\n",
+            sock.display(),
+            routes.display()
+        )
+    };
+    std::fs::write(&conf, toml("203.0.113.1", "40000-49999", 1)).unwrap();
+    let t0 = Instant::now();
+    let fp = Command::new(BIN)
+        .args(["run", "--config", conf.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    while ctl(&sock, &["show", "runtime"]).1["ready"].as_bool() != Some(true) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the control socket did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let reload = || ctl(&sock, &["reload"]);
+    assert_eq!(reload().1["applied"], serde_json::json!([]), "nothing changed");
+    std::fs::write(&routes, "0.0.0.0/0 1\n10.0.0.0/8 2\n").unwrap();
+    std::fs::write(&conf, toml("198.51.100.1", "40000-49999", 1)).unwrap();
+    let (good, v, err) = reload();
+    assert!(good, "{err}");
+    let applied: Vec<&str> = v["applied"].as_array().unwrap().iter().map(|a| a["nf"].as_str().unwrap()).collect();
+    assert_eq!(applied, ["route", "nat"], "{v}");
+    let t1 = Instant::now();
+    loop {
+        let nfs = ctl(&sock, &["show", "nfs"]).1;
+        let (route, nat) = (&nfs[0]["stats"][0]["fields"], &nfs[1]);
+        if route["version"] == 1 && route["routes_v4"] == 2 {
+            assert_eq!(nat["params"]["external"], "198.51.100.1", "{nfs}");
+            break;
+        }
+        assert!(t1.elapsed() < Duration::from_secs(3), "the new table in show nfs: {nfs}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Refused in one line, nothing applied: nat's ports, the cores, a route file that does not parse.
+    let (good_table, bad_table) = ("0.0.0.0/0 1\n10.0.0.0/8 2\n", "0.0.0.0/0 1\n10.0.0.0/8 two\n");
+    for (table, ports, cores, why) in [
+        (good_table, "2000-2999", 1, "nat: 'ports' is fixed for the run"),
+        (good_table, "40000-49999", 2, "'cores' changed from '1' to '2'"),
+        (bad_table, "40000-49999", 1, "r.routes:2: port must be 0..=65534"),
+    ] {
+        // The new pool beside each: refused with the rest.
+        std::fs::write(&routes, table).unwrap();
+        std::fs::write(&conf, toml("192.0.2.1", ports, cores)).unwrap();
+        let (good, _, err) = reload();
+        assert!(!good && err.contains(why) && err.trim().lines().count() == 1, "{why}: {err}");
+        assert!(err.contains("nothing applied") || err.contains("restart"), "{err}");
+    }
+    assert_eq!(ctl(&sock, &["show", "nfs"]).1[1]["params"]["external"], "198.51.100.1", "nothing applied");
+    assert!(ctl(&sock, &["stop"]).0);
+    let out = fp.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["nfs"][1]["details"]["external"], "198.51.100.1", "{}", r["nfs"][1]["details"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

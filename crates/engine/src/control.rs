@@ -144,17 +144,38 @@ impl Mailboxes {
             Ok(mut q) => std::mem::take(&mut *q),
             Err(_) => return,
         };
+        let workers = self.boxes.len();
         for (cmd, reply) in reqs {
-            let _ = reply.send((w, carry_out(w, &cmd, pipeline)));
+            let _ = reply.send((w, carry_out(w, workers, &cmd, pipeline)));
         }
     }
 }
 
-/// One command on one worker's pipeline.
-fn carry_out(w: usize, cmd: &Command, pipeline: &mut Pipeline) -> Answer {
+/// Why `stage` cannot change on `workers` cores, if it cannot: its state points into a pool split per
+/// core (nat's ports), whose replies the run steers to their core by the pool's addresses.
+pub fn split_pool(stage: &crate::chain::Stage, workers: usize) -> Option<String> {
+    let pl = match stage {
+        crate::chain::Stage::Stateful { nf, .. } => Some(nf.placement()),
+        crate::chain::Stage::Stateless(nf) => nf.placement(),
+    };
+    match pl?.global {
+        flowplane_nf::GlobalState::PortPool { param, .. } if workers > 1 => Some(format!(
+            "{}: its pool is split over the {workers} cores ('{param}' shared out, replies steered to their core by \
+             the pool's addresses), so it cannot change while running on several cores (a restart changes it)",
+            stage.name()
+        )),
+        _ => None,
+    }
+}
+
+/// One command on one worker's pipeline (of `workers`).
+fn carry_out(w: usize, workers: usize, cmd: &Command, pipeline: &mut Pipeline) -> Answer {
     match cmd {
         Command::Reconfigure { index, nf } => match pipeline.stage_mut(*index) {
             Some(stage) if stage.name() == nf.name => {
+                if let Some(why) = split_pool(stage, workers) {
+                    return Answer::Refused(why);
+                }
                 let mut p = Params::new(&nf.name, nf.params.clone());
                 match stage.reconfigure(&mut p) {
                     Ok(()) => Answer::Done,
@@ -203,6 +224,19 @@ mod tests {
     use super::*;
     use crate::chain::Chain;
     use crate::spec::{ChainSpec, NfSpec};
+
+    /// nat's port pool is split over the cores (replies steered by its addresses): on several cores it
+    /// cannot change (refused by every worker in one line), on one it can.
+    #[test]
+    fn a_pool_split_over_cores_cannot_change_on_several() {
+        let one = |name: &str| Chain::build(&ChainSpec::linear(vec![NfSpec { name: name.into(), params: Vec::new() }]));
+        let nat = one("nat").unwrap();
+        let why = split_pool(&nat.stages[0], 2).unwrap();
+        assert!(why.starts_with("nat: its pool is split over the 2 cores ('ports' shared out"), "{why}");
+        assert!(!why.contains('\n'));
+        assert_eq!(split_pool(&nat.stages[0], 1), None);
+        assert_eq!(split_pool(&one("fsc").unwrap().stages[0], 2), None);
+    }
 
     /// The contract `flowplane nfs` shows and `ctl set` relies on: an NF that declares a
     /// parameter live takes its parameters again while it runs; one that declares none refuses.

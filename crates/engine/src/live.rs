@@ -39,6 +39,8 @@ pub struct CoreSnap {
     pub tx: TxCounters,
     /// TSC cycles spent on batches.
     pub busy_cycles: u64,
+    /// TSC cycles from the first packet to the end of the last batch (the report's per-core span).
+    pub cycles: u64,
     /// TSC reading at publication.
     pub at_tsc: u64,
     /// Flow-table figures.
@@ -183,6 +185,7 @@ pub(crate) fn publish(cell: &Mutex<CoreSnap>, wk: &Worker<'_>, now: u64) {
         batches: r.batches,
         tx: r.tx,
         busy_cycles: r.busy_cycles,
+        cycles: wk.span_cycles(),
         at_tsc: now,
         store: wk.store_report(),
         nfs,

@@ -32,17 +32,49 @@ pub struct Latency {
     pub p999_ns: f64,
 }
 
-/// One core's figures.
+/// One core's figures. `flowplane ctl show runtime` shows the same row, built by
+/// [`CoreReport::new`] from the core's last publication: read once the traffic
+/// is over, it equals the report's.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct CoreReport {
     /// Core index.
     pub core: usize,
     /// Packets received.
     pub packets: u64,
-    /// Packets/s on this core, in millions (over its busy time).
+    /// Packets/s on this core, in millions (over the span from its first packet to the end of its last batch).
     pub mpps: f64,
-    /// TSC cycles per packet on this core.
+    /// TSC cycles per packet on this core (that span over its packets; idle polling included).
     pub cycles_per_packet: f64,
+    /// Batches (calls of the chain) with at least one packet.
+    pub batches: u64,
+    /// Packets per batch (VPP's vectors per call).
+    pub vectors_per_call: f64,
+    /// TSC cycles spent on batches, receive to transmit (idle polling not included).
+    pub busy_cycles: u64,
+    /// The same in seconds.
+    pub busy_s: f64,
+    /// Busy cycles per packet.
+    pub busy_cycles_per_packet: f64,
+}
+
+impl CoreReport {
+    /// Core `core`'s row from its counts: `cycles` from its first packet to the end of its last batch,
+    /// `busy_cycles` in batches, at `hz` TSC ticks per second.
+    pub fn new(core: usize, packets: u64, batches: u64, cycles: u64, busy_cycles: u64, hz: f64) -> CoreReport {
+        let per = |c: u64, n: u64| if n > 0 { c as f64 / n as f64 } else { 0.0 };
+        let secs = cycles as f64 / hz;
+        CoreReport {
+            core,
+            packets,
+            mpps: if secs > 0.0 { packets as f64 / secs / 1e6 } else { 0.0 },
+            cycles_per_packet: per(cycles, packets),
+            batches,
+            vectors_per_call: per(packets, batches),
+            busy_cycles,
+            busy_s: busy_cycles as f64 / hz,
+            busy_cycles_per_packet: per(busy_cycles, packets),
+        }
+    }
 }
 
 /// One NF's counters summed over cores.
@@ -517,13 +549,7 @@ impl Report {
             cycles += w.cycles;
             r.tables.merge(&w.store);
             hist.merge(&w.batch_latency);
-            let secs = w.cycles as f64 / hz;
-            r.per_core.push(CoreReport {
-                core: w.core,
-                packets: w.packets,
-                mpps: if secs > 0.0 { w.packets as f64 / secs / 1e6 } else { 0.0 },
-                cycles_per_packet: if w.packets > 0 { w.cycles as f64 / w.packets as f64 } else { 0.0 },
-            });
+            r.per_core.push(CoreReport::new(w.core, w.packets, w.batches, w.cycles, w.busy_cycles, hz));
             for (i, (name, c, _)) in w.nfs.iter().enumerate() {
                 if r.nfs.len() <= i {
                     r.nfs.push(NfReport { name: name.clone(), ..Default::default() });

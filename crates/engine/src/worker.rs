@@ -510,6 +510,11 @@ impl<'a> Worker<'a> {
         self.res.busy_cycles
     }
 
+    /// TSC cycles from the first measured packet to the end of the last batch (the result's `cycles`).
+    pub fn span_cycles(&self) -> u64 {
+        self.first.map_or(0, |f| self.last_end.saturating_sub(f))
+    }
+
     /// The results and the chain (whose state exports read).
     pub fn finish(self) -> (WorkerResult, Pipeline) {
         let (res, exec, _) = self.finish_with_replica();
@@ -520,12 +525,13 @@ impl<'a> Worker<'a> {
     pub fn finish_with_replica(mut self) -> (WorkerResult, Pipeline, Option<Box<ScrReplica>>) {
         // Buffers still held (none unless a sink failed) go back to the pool.
         let _ = self.batch.free_all(&mut self.pool);
+        let span = self.span_cycles();
         let mut res = self.res;
         if self.first.is_none() {
             // The run ended inside its warm-up (or saw no packet): nothing was measured.
             clear_measured(&mut res);
         }
-        res.cycles = self.first.map_or(0, |f| self.last_end.saturating_sub(f));
+        res.cycles = span;
         res.rx = self.source.rx_stats();
         if let Some(r) = self.scr.as_mut() {
             r.finish(self.exec.chain_mut(), self.source_done);

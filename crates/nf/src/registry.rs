@@ -58,6 +58,25 @@ impl NfInfo {
             "keyed_by": self.keyed_by.describe(),
             "stateful": self.keyed_by != KeyedBy::Stateless,
             "params": self.params.iter().map(ParamSpec::to_json).collect::<Vec<_>>(),
+            "handlers": self.handlers(),
+        })
+    }
+
+    /// What a running NF serves (`flowplane ctl`, the metrics): its counters and own report fields to read
+    /// (`show nfs`, `show errors`, the metrics' `flowplane_nf_*`), its per-key state (`show flow`, `trace`,
+    /// `export`; stateful NFs), the parameters `set` changes (the live ones) and the file `load` reads.
+    pub fn handlers(&self) -> serde_json::Value {
+        let set: Vec<&str> = self.params.iter().filter(|p| p.live).map(|p| p.name).collect();
+        let load = self
+            .params
+            .iter()
+            .find(|p| p.live && matches!(p.kind, crate::ParamKind::Text { syntax: "FILE", .. }))
+            .map(|p| p.name);
+        let stateful = self.keyed_by != KeyedBy::Stateless;
+        serde_json::json!({
+            "read": if stateful { vec!["counters", "report", "state"] } else { vec!["counters", "report"] },
+            "set": set,
+            "load": load,
         })
     }
 }

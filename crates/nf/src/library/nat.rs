@@ -92,6 +92,26 @@
 //!   (`NO_EVICT`): the two directions of a connection are two entries, and
 //!   evicting one would remap the connection mid-way or cut its replies.
 //!
+//! **Changing the pool while running** (`flowplane ctl SOCK set nat external
+//! A [addrs N]`, or `ctl reload` of a run's config): the new pool (`external`,
+//! `addrs`; the other parameters are fixed for the run) lands between two
+//! batches and keeps every mapping. A flow mapped before keeps its external
+//! address and port, in both directions, even if its address left the pool:
+//! such an address is *retired* — inbound packets to it are still judged
+//! against its mappings (an unmapped port of it is dropped, `dropped_unmapped`),
+//! but its ports are never handed out again: a mapping on it that ends (RST,
+//! TIME_WAIT) frees nothing (`retired_mappings_ended`), and one that goes idle
+//! stays idle (an outbound flow whose mapping idled out takes a port of the new
+//! pool). New flows take ports of the new pool's addresses: an address that
+//! stays keeps its mappings and free ports, a new one joins the free list after
+//! the ports already queued. The report counts the mappings live on retired
+//! addresses (`mappings_on_retired_addrs`) and lists those addresses
+//! (`retired_addrs`); an address that comes back into the pool gets its free
+//! ports back. Retired addresses keep their slots for the run: the pool with
+//! them stays under [`MAX_POOL`] slots per protocol, or the change is refused.
+//! On several cores the pool cannot change (each core's replies are steered to
+//! it by the pool's addresses and its share of the ports): `ctl` refuses it.
+//!
 //! With `--ipfix` the NAT logs RFC 8158 events through the engine's exporter:
 //! a NAT44 session create when a mapping is allocated (inside 5-tuple,
 //! translated address and port), a delete when it ends (an RST from inside,
@@ -141,8 +161,8 @@ use crate::stateful::{Action, Affinity, Cursor, GlobalState, Granularity, Placem
 use crate::topk::{merge_rows_v4, rows_v4, TopK};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
-const EXTERNAL: ParamSpec = ParamSpec::text("external", "203.0.113.1", "IPv4", "first external address");
-const ADDRS: ParamSpec = ParamSpec::uint("addrs", 1, 1, 256, "number of consecutive external addresses");
+const EXTERNAL: ParamSpec = ParamSpec::text("external", "203.0.113.1", "IPv4", "first external address").live();
+const ADDRS: ParamSpec = ParamSpec::uint("addrs", 1, 1, 256, "number of consecutive external addresses").live();
 const PORTS: ParamSpec = ParamSpec::text("ports", "1024-65535", "LO-HI", "port range per address and protocol");
 const INTERNAL: ParamSpec = ParamSpec::text("internal", "10.0.0.0/8", "A.B.C.D/LEN", "inside source prefix");
 const TIMEOUT: ParamSpec = ParamSpec::uint("timeout", 30, 1, 86_400, "idle timeout in seconds");
@@ -352,10 +372,18 @@ struct TimeWait {
 }
 
 /// The slots of one protocol: reverse map plus a FIFO ring of free slots,
-/// both allocated once.
+/// both allocated once (and grown when the pool takes new addresses). The
+/// ring holds exactly the slots not in use of the addresses in the pool.
 #[derive(Debug)]
 struct Pool {
     rev: Vec<Mapping>,
+    /// Ports per address (slot = address index * ports + port offset).
+    ports: u32,
+    /// Per address index: in the pool (its free ports may be taken). A retired
+    /// address's mappings live on; its ports, once freed, are not queued again.
+    active: Vec<bool>,
+    /// Mappings on retired addresses that ended (their ports not reused).
+    retired_ended: u64,
     free: Vec<u32>,
     head: usize,
     len: usize,
@@ -386,6 +414,9 @@ impl Pool {
         let tw = if time_wait { vec![TimeWait::default(); n] } else { Vec::new() };
         Pool {
             rev: vec![Mapping::default(); n],
+            ports,
+            active: vec![true; addrs as usize],
+            retired_ended: 0,
             free,
             head: 0,
             len: n,
@@ -421,7 +452,8 @@ impl Pool {
                 i -= n;
             }
             let e = &mut self.rev[i as usize];
-            if !e.in_use {
+            // A retired address's ports are never handed out again.
+            if !e.in_use || !self.active[(i / self.ports) as usize] {
                 continue;
             }
             if e.idle(now, timeout) {
@@ -439,8 +471,13 @@ impl Pool {
     }
 
     /// Queues a slot at the tail. Callers free a slot only when it was in use,
-    /// so the ring (one place per slot) never overflows.
+    /// so the ring (one place per slot) never overflows. A retired address's
+    /// slot is not queued: the mapping ends, the port is not reused.
     fn push(&mut self, slot: u32) {
+        if !self.active.get((slot / self.ports) as usize).copied().unwrap_or(false) {
+            self.retired_ended += 1;
+            return;
+        }
         let cap = self.free.len();
         if self.len < cap {
             let mut at = self.head + self.len;
@@ -518,6 +555,56 @@ impl Pool {
         released
     }
 
+    /// Mappings on retired addresses held and not idle at `now`.
+    fn live_retired(&self, now: u64, timeout: u64) -> usize {
+        self.rev
+            .iter()
+            .enumerate()
+            .filter(|(s, e)| {
+                !self.active[*s / self.ports as usize] && e.in_use && now.saturating_sub(e.last_out) <= timeout
+            })
+            .count()
+    }
+
+    /// The pool's addresses change (between two batches): `active[i]` says
+    /// whether address index `i` is in the pool now (indices past the old
+    /// ones are new addresses). Every mapping stays where it is; the free
+    /// ring keeps its order without the retired addresses' slots, then takes
+    /// the free slots of the addresses that join, address-interleaved; the
+    /// TIME_WAIT ring keeps its order.
+    fn set_active(&mut self, active: &[bool]) {
+        let (ports, n) = (self.ports as usize, active.len() * self.ports as usize);
+        let cap = self.free.len().max(1);
+        let mut queue: Vec<u32> =
+            (0..self.len).map(|k| self.free[(self.head + k) % cap]).filter(|&s| active[s as usize / ports]).collect();
+        let joining: Vec<usize> =
+            (0..active.len()).filter(|&i| active[i] && !self.active.get(i).copied().unwrap_or(false)).collect();
+        self.rev.resize(n, Mapping::default());
+        for p in 0..ports {
+            for &i in &joining {
+                let s = i * ports + p;
+                if !self.rev[s].in_use {
+                    queue.push(s as u32);
+                }
+            }
+        }
+        self.len = queue.len();
+        queue.resize(n, 0);
+        (self.free, self.head) = (queue, 0);
+        if !self.tw.is_empty() {
+            let cap = self.tw.len();
+            let mut tw: Vec<TimeWait> = (0..self.tw_len).map(|k| self.tw[(self.tw_head + k) % cap]).collect();
+            tw.resize(n, TimeWait::default());
+            (self.tw, self.tw_head) = (tw, 0);
+        }
+        self.active = active.to_vec();
+        // Slots may have joined: the exhausted pool's bound no longer holds.
+        (self.idle_from, self.scan_ns) = (0, 0);
+        if self.scan_at as usize >= n {
+            self.scan_at = 0;
+        }
+    }
+
     /// Slots waiting out TIME_WAIT and still held by their connection.
     fn in_time_wait(&self) -> usize {
         (0..self.tw_len)
@@ -560,7 +647,14 @@ struct Counters {
 #[derive(Debug)]
 pub struct Nat {
     cfg: NatConfig,
+    /// The pool's first address (`cfg.external`) and, per address of the pool, its index.
     ext_base: u32,
+    index: Vec<u32>,
+    /// Addresses that left the pool, with their index, sorted by address (inbound packets still reach
+    /// their mappings).
+    retired: Vec<(u32, u32)>,
+    /// Every address ever in the pool, by index (slot = index * ports + port offset).
+    addr_of: Vec<u32>,
     ports: u32,
     inside_net: u32,
     inside_mask: u32,
@@ -580,7 +674,8 @@ pub struct Nat {
 #[derive(Debug, Default)]
 struct EventLog {
     tx: Option<RecordTx>,
-    ext_base: u32,
+    /// External address by address index.
+    addr_of: Vec<u32>,
     ports: u32,
     port_lo: u16,
     /// Per pool: the packet time of the last addresses-exhausted event (one per second at most).
@@ -604,7 +699,7 @@ impl EventLog {
             event,
             time_ns,
             inside,
-            post_src: Ipv4Addr::from(self.ext_base + slot / self.ports),
+            post_src: Ipv4Addr::from(self.addr_of.get((slot / self.ports) as usize).copied().unwrap_or(0)),
             post_sport: self.port_lo + (slot % self.ports) as u16,
             pool: 0,
         }));
@@ -638,8 +733,8 @@ fn mask(len: u8) -> u32 {
     }
 }
 
-impl Nat {
-    /// `nat(external=A, addrs=N, ports=LO-HI, internal=P/L, timeout=S, other=pass|drop, filter=eif|adf|apdf, fin_timeout=S)`.
+impl NatConfig {
+    /// The configuration the parameters give (checked alone; [`Nat::new`] checks it as a whole).
     pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
         let ext_s = p.text(&EXTERNAL)?;
         let external: Ipv4Addr = ext_s
@@ -668,7 +763,7 @@ impl Nat {
             [Filter::EndpointIndependent, Filter::AddressDependent, Filter::AddressAndPortDependent],
         )?;
         let fin_timeout_ns = (p.float(&FIN_TIMEOUT)? * 1e9) as u64;
-        Nat::new(NatConfig {
+        Ok(NatConfig {
             external,
             addrs,
             port_lo,
@@ -680,6 +775,13 @@ impl Nat {
             filter,
             fin_timeout_ns,
         })
+    }
+}
+
+impl Nat {
+    /// `nat(external=A, addrs=N, ports=LO-HI, internal=P/L, timeout=S, other=pass|drop, filter=eif|adf|apdf, fin_timeout=S)`.
+    pub fn from_params(p: &mut Params) -> Result<Self, ParamError> {
+        Nat::new(NatConfig::from_params(p)?)
     }
 
     /// A NAT for `cfg`; preallocates both pools. Fails on an empty or oversized
@@ -721,6 +823,9 @@ impl Nat {
         Ok(Nat {
             cfg,
             ext_base: base,
+            index: (0..cfg.addrs).collect(),
+            retired: Vec::new(),
+            addr_of: (0..cfg.addrs).map(|i| base + i).collect(),
             ports,
             inside_net,
             inside_mask,
@@ -728,7 +833,12 @@ impl Nat {
             timeout_ns,
             now_ns: 0,
             c: Counters::default(),
-            log: EventLog { ext_base: base, ports, port_lo: cfg.port_lo, ..EventLog::default() },
+            log: EventLog {
+                addr_of: (0..cfg.addrs).map(|i| base + i).collect(),
+                ports,
+                port_lo: cfg.port_lo,
+                ..EventLog::default()
+            },
             refused_by: TopK::default(),
         })
     }
@@ -764,10 +874,72 @@ impl Nat {
         a & self.inside_mask == self.inside_net
     }
 
+    /// The index of external address `a`: one in the pool, or one that left it.
     #[inline]
     fn ext_index(&self, a: u32) -> Option<u32> {
         let i = a.wrapping_sub(self.ext_base);
-        (i < self.cfg.addrs).then_some(i)
+        if i < self.cfg.addrs {
+            return self.index.get(i as usize).copied();
+        }
+        if self.retired.is_empty() {
+            return None;
+        }
+        self.retired.binary_search_by_key(&a, |r| r.0).ok().map(|k| self.retired[k].1)
+    }
+
+    /// The pool becomes `addrs` addresses from `external` (see the module doc): addresses that stay keep
+    /// their index, new ones get the next indices, those that leave are retired with their mappings.
+    fn set_pool(&mut self, external: Ipv4Addr, addrs: u32) -> Result<(), ParamError> {
+        let base = u32::from(external);
+        let last = base as u64 + addrs as u64 - 1;
+        if addrs == 0 || last > u32::MAX as u64 {
+            return Err(ParamError(format!("nat: {addrs} external addresses from {external} overflow")));
+        }
+        let inside_end = self.inside_net | !self.inside_mask;
+        if base <= inside_end && last as u32 >= self.inside_net {
+            return Err(ParamError(format!(
+                "nat: external addresses {external}..{} overlap 'internal={}/{}'",
+                Ipv4Addr::from(last as u32),
+                self.cfg.internal,
+                self.cfg.internal_len
+            )));
+        }
+        let new: Vec<u32> = (0..addrs).map(|i| base + i).collect();
+        let known = new.iter().filter(|&a| self.addr_of.contains(a)).count();
+        let slots = (self.addr_of.len() + new.len() - known) as u64 * self.ports as u64;
+        if slots > MAX_POOL {
+            return Err(ParamError(format!(
+                "nat: {} addresses (with the retired ones, whose mappings are kept) x {} ports = {slots} slots \
+                 exceeds the limit of {MAX_POOL} (a restart starts afresh)",
+                self.addr_of.len() + new.len() - known,
+                self.ports
+            )));
+        }
+        let mut index = Vec::with_capacity(new.len());
+        for &a in &new {
+            let i = match self.addr_of.iter().position(|&x| x == a) {
+                Some(i) => i,
+                None => {
+                    self.addr_of.push(a);
+                    self.addr_of.len() - 1
+                }
+            };
+            index.push(i as u32);
+        }
+        let mut active = vec![false; self.addr_of.len()];
+        for &i in &index {
+            active[i as usize] = true;
+        }
+        self.retired =
+            self.addr_of.iter().enumerate().filter(|&(i, _)| !active[i]).map(|(i, &a)| (a, i as u32)).collect();
+        self.retired.sort_unstable();
+        for p in &mut self.pools {
+            p.set_active(&active);
+        }
+        (self.ext_base, self.index) = (base, index);
+        (self.cfg.external, self.cfg.addrs) = (external, addrs);
+        self.log.addr_of = self.addr_of.clone();
+        Ok(())
     }
 
     fn state(kind: u8) -> NatState {
@@ -810,6 +982,18 @@ impl StatefulNf for Nat {
 
     fn idle_timeout_ns(&self) -> Option<u64> {
         Some(self.timeout_ns)
+    }
+
+    /// A new address pool (`external`, `addrs`), every mapping kept (see the module doc). The other
+    /// parameters are fixed for the run (`ctl` refuses their change before any core sees it); the run's
+    /// own port range stays (on several cores each core has its share of `ports`, which the spec does not
+    /// show).
+    fn reconfigure(&mut self, p: &mut Params) -> Result<(), ParamError> {
+        let cfg = NatConfig::from_params(p)?;
+        if (cfg.external, cfg.addrs) == (self.cfg.external, self.cfg.addrs) {
+            return Ok(());
+        }
+        self.set_pool(cfg.external, cfg.addrs)
     }
 
     fn tick(&mut self, now_ns: u64) {
@@ -901,7 +1085,10 @@ impl StatefulNf for Nat {
         Some(json!({
             "external": self.cfg.external.to_string(),
             "addrs": self.cfg.addrs,
-            "pool_size_per_proto_per_core": self.pools[0].rev.len(),
+            "pool_size_per_proto_per_core": self.cfg.addrs as usize * self.ports as usize,
+            "retired_addrs": self.retired.iter().map(|&(a, _)| Ipv4Addr::from(a).to_string()).collect::<Vec<_>>(),
+            "mappings_on_retired_addrs": self.pools.iter().map(|p| p.live_retired(self.now_ns, self.timeout_ns)).sum::<usize>(),
+            "retired_mappings_ended": self.pools.iter().map(|p| p.retired_ended).sum::<u64>(),
             "filter": self.cfg.filter.name(),
             "fin_timeout_s": self.cfg.fin_timeout_ns as f64 / 1e9,
             "tcp_ports_in_use": tcp,
@@ -949,7 +1136,11 @@ impl StatefulNf for Nat {
             (k, mine)
         });
         // Configuration echoes; every core has its own pools (ports in use add up).
-        merge_keeping(into, other, &["external", "addrs", "pool_size_per_proto_per_core", "filter", "fin_timeout_s"]);
+        merge_keeping(
+            into,
+            other,
+            &["external", "addrs", "pool_size_per_proto_per_core", "filter", "fin_timeout_s", "retired_addrs"],
+        );
         for (k, v) in tops {
             into[k] = v;
         }
@@ -1048,7 +1239,7 @@ impl Nat {
         self.c.idle_reclaimed += u64::from(reclaimed);
         self.c.released += u64::from(reclaimed);
         NatState {
-            addr: self.ext_base + slot / self.ports,
+            addr: self.addr_of[(slot / self.ports) as usize],
             slot,
             gen,
             port: self.cfg.port_lo + (slot % self.ports) as u16,
@@ -1468,6 +1659,63 @@ mod tests {
     fn nat_with(params: &[(&str, &str)]) -> Nat {
         let mut p = Params::new("nat", params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
         Nat::from_params(&mut p).unwrap()
+    }
+
+    /// `ctl set nat external A addrs N`: mappings made before the change keep their address and port in
+    /// both directions though the address left the pool (an unmapped port of it is still dropped); new flows
+    /// take the new pool's addresses, never a retired one, even when the new pool runs dry; a mapping on a
+    /// retired address that ends frees no port; an address back in the pool gets its free ports back.
+    #[test]
+    fn a_new_pool_keeps_every_mapping_and_retires_the_old_addresses() {
+        let base = [("ports", "40000-40004")];
+        let mut h = Harness::new(nat_with(&base));
+        let set = |h: &mut Harness<Nat>, ext: &str, n: &str| {
+            let mut pairs: Vec<(String, String)> = base.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            pairs.extend([("external".to_string(), ext.to_string()), ("addrs".to_string(), n.to_string())]);
+            h.nf.reconfigure(&mut Params::new("nat", pairs))
+        };
+        let udp = |sport: u16| udp4([10, 0, 0, 1], REMOTE, sport, 53);
+        let syn = tcp4([10, 0, 0, 1], REMOTE, 7000, 443, TcpFlags::SYN.bits(), 1, 0);
+        assert_eq!(src_of(&h.run(&udp(5000)).0), (EXT, 40000));
+        assert_eq!(src_of(&h.run(&syn).0), (EXT, 40000));
+        set(&mut h, "198.51.100.50", "2").unwrap();
+        let rep = h.nf.report().unwrap();
+        assert_eq!((rep["external"].as_str(), rep["addrs"].as_u64()), (Some("198.51.100.50"), Some(2)));
+        assert_eq!(rep["retired_addrs"], json!(["203.0.113.1"]));
+        assert_eq!(report_u64(&h.nf, "mappings_on_retired_addrs"), 2);
+        // The old flow keeps its mapping both ways; its address's other ports stay closed.
+        let (out, act) = h.run(&udp(5000));
+        assert_eq!((src_of(&out), act), ((EXT, 40000), Action::Pass));
+        assert_ipv4_checksums(&out);
+        let (back, act) = h.run(&udp4(REMOTE, EXT, 53, 40000));
+        assert_eq!((dst_of(&back), act), (([10, 0, 0, 1], 5000), Action::Pass));
+        assert_eq!(h.run(&udp4(REMOTE, EXT, 53, 40001)).1, Action::Refuse, "unmapped port of a retired address");
+        // New flows: the new pool's 2 x 5 ports, address-interleaved, then exhausted (never the retired address).
+        let mut got = Vec::new();
+        for k in 0..11 {
+            let (out, act) = h.run(&udp(6000 + k));
+            got.push((act == Action::Pass).then(|| src_of(&out)));
+        }
+        let new = |a: u8, p: u16| Some(([198, 51, 100, a], p));
+        assert_eq!(&got[..4], &[new(50, 40000), new(51, 40000), new(50, 40001), new(51, 40001)]);
+        assert!(got[..10].iter().all(|g| g.is_some_and(|(a, _)| a != EXT)) && got[10].is_none(), "{got:?}");
+        // The TCP mapping on the retired address ends (RST from inside): its port is not reused.
+        let rst = tcp4([10, 0, 0, 1], REMOTE, 7000, 443, TcpFlags::RST.bits(), 2, 0);
+        assert_eq!(h.run(&rst).1, Action::EndFlow);
+        assert_eq!(report_u64(&h.nf, "retired_mappings_ended"), 1);
+        assert_eq!(report_u64(&h.nf, "mappings_on_retired_addrs"), 1);
+        let (out, _) = h.run(&tcp4([10, 0, 0, 1], REMOTE, 7001, 443, TcpFlags::SYN.bits(), 1, 0));
+        assert_eq!(src_of(&out), ([198, 51, 100, 50], 40000), "a new TCP flow takes the new pool");
+        // Back to the old address: its free ports (all but the UDP flow's) serve new flows; the UDP flow keeps its.
+        set(&mut h, "203.0.113.1", "1").unwrap();
+        assert_eq!(h.nf.report().unwrap()["retired_addrs"], json!(["198.51.100.50", "198.51.100.51"]));
+        assert_eq!(src_of(&h.run(&udp(7000)).0), (EXT, 40001));
+        assert_eq!(src_of(&h.run(&udp(5000)).0), (EXT, 40000));
+        assert_eq!(src_of(&h.run(&udp(6000)).0), ([198, 51, 100, 50], 40000), "kept on a now retired address");
+        // Refused in one line: a pool overlapping the inside prefix; the pool is unchanged.
+        let e = set(&mut h, "10.0.0.9", "1").unwrap_err().0;
+        assert!(e.contains("overlap 'internal=10.0.0.0/8'"), "{e}");
+        assert_eq!(h.nf.config().external, Ipv4Addr::new(203, 0, 113, 1));
     }
 
     #[test]

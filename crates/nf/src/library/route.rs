@@ -7,9 +7,19 @@
 //! one or two dependent reads. IPv6 uses a multibit trie of stride 8 with
 //! leaf pushing (Poptrie's layout without its popcount compression): one
 //! 256-entry node per level, one read per byte of the address that routes
-//! still distinguish (6 for a /48). The tables are built once and never
-//! change, so the resumable action (interleaved executor) keeps its
-//! partial lookups: one step per table read.
+//! still distinguish (6 for a /48). The resumable action (interleaved
+//! executor) keeps its partial lookups: one step per table read.
+//!
+//! The table can be replaced while the router runs (`flowplane ctl SOCK load
+//! route FILE`, `set route routes FILE`, `ctl reload`): each core builds the
+//! new tables from the file and swaps them in between two batches, so a batch
+//! is routed by one table, never half of each (a partial lookup never spans a
+//! batch), and every packet after the swap is looked up in the new table.
+//! Per-flow state (last next hop, packet count) is kept; counters go on.
+//! The report's `version` counts the swaps. A file that does not parse is
+//! refused in one line naming its line (`FILE:LINE: ...`) and the old table
+//! stays. A swap allocates the new 64 MiB IPv4 table next to the old one and
+//! fills it on the worker (tens of ms for a table with short prefixes).
 //!
 //! Route file (`routes=FILE`), one route per line, `#` starts a comment:
 //! `PREFIX/LEN PORT`, e.g. `10.0.0.0/8 1`, `2001:db8::/32 4`, `0.0.0.0/0 0`;
@@ -37,9 +47,10 @@ use crate::stateful::{Action, Cursor, Granularity, StatefulNf, Step};
 use crate::{NfContext, ParamError, ParamSpec, Params};
 
 const ROUTES: ParamSpec =
-    ParamSpec::text("routes", "", "FILE", "route file: 'PREFIX/LEN PORT' per line (IPv4 or IPv6), # comments");
+    ParamSpec::text("routes", "", "FILE", "route file: 'PREFIX/LEN PORT' per line (IPv4 or IPv6), # comments").live();
 const MISS: ParamSpec =
-    ParamSpec::choice("miss", "drop", &["drop", "pass"], "packets without a route (and non-IP packets): drop or pass");
+    ParamSpec::choice("miss", "drop", &["drop", "pass"], "packets without a route (and non-IP packets): drop or pass")
+        .live();
 
 /// Registration (see [`crate::registry::NFS`]).
 pub const INFO: NfInfo = NfInfo {
@@ -303,6 +314,8 @@ pub struct RouteState {
 pub struct Route {
     lpm: Lpm,
     miss_drop: bool,
+    /// Table swaps so far (see the module doc).
+    version: u64,
     routed: u64,
     missed: u64,
     table_full: u64,
@@ -325,7 +338,7 @@ impl Route {
 
     /// A router over `routes`.
     pub fn new(routes: &[RouteEntry], miss_drop: bool) -> Result<Self, String> {
-        Ok(Route { lpm: Lpm::new(routes)?, miss_drop, routed: 0, missed: 0, table_full: 0 })
+        Ok(Route { lpm: Lpm::new(routes)?, miss_drop, version: 0, routed: 0, missed: 0, table_full: 0 })
     }
 
     /// The tables.
@@ -438,7 +451,7 @@ impl StatefulNf for Route {
     fn finish(&mut self, pkt: &mut Pkt<'_>, st: &mut RouteState, cur: &Cursor, _ctx: &NfContext) -> Action {
         let hop = match dst_of(pkt) {
             None => 0,
-            // The steps looked up this very address: resume (the tables never change).
+            // The steps looked up this very address: resume (a swap lands between batches, never mid-lookup).
             Some(d) if cur.step != 0 && same_dst(cur, d) => {
                 let mut p = load(cur, d);
                 loop {
@@ -451,6 +464,14 @@ impl StatefulNf for Route {
             Some(d) => self.lpm.lookup(d),
         };
         self.forward(hop, st)
+    }
+
+    /// A new table (and `miss`) from the parameters, swapped in whole; flow state and counters kept.
+    fn reconfigure(&mut self, p: &mut Params) -> Result<(), ParamError> {
+        let new = Route::from_params(p)?;
+        (self.lpm, self.miss_drop) = (new.lpm, new.miss_drop);
+        self.version += 1;
+        Ok(())
     }
 
     fn on_unparsed(&mut self) -> Action {
@@ -482,6 +503,7 @@ impl StatefulNf for Route {
             "routes_v6": self.lpm.routes_v6,
             "tbl8_groups": self.lpm.tbl8.len() / 256,
             "v6_nodes": self.lpm.v6.len() / 256,
+            "version": self.version,
             "routed": self.routed,
             "missed": self.missed,
             "table_full": self.table_full,
@@ -489,7 +511,7 @@ impl StatefulNf for Route {
     }
 
     fn merge_report(&self, into: &mut serde_json::Value, other: &serde_json::Value) {
-        merge_keeping(into, other, &["routes_v4", "routes_v6", "tbl8_groups", "v6_nodes"]);
+        merge_keeping(into, other, &["routes_v4", "routes_v6", "tbl8_groups", "v6_nodes", "version"]);
     }
 
     fn export_kind(&self) -> Export {
@@ -622,6 +644,37 @@ mod tests {
         assert_eq!((rep["routed"].as_u64(), rep["missed"].as_u64()), (Some(2), Some(2)));
         let mut pass = Harness::new(Route::new(&routes, false).unwrap());
         assert_eq!(pass.run(&udp4([10, 0, 0, 1], [8, 8, 8, 8], 1000, 53)).1, Action::Pass);
+    }
+
+    /// `ctl load route FILE`: the new table routes every later packet, a flow keeps its state (its
+    /// packet count goes on), `miss` changes with it; a bad file is refused naming its line and the
+    /// old table stays.
+    #[test]
+    fn a_reloaded_table_routes_later_packets_and_keeps_flow_state() {
+        let dir = std::env::temp_dir();
+        let [old, new, bad] = [1, 2, 3].map(|i| dir.join(format!("fp-route-swap-{}-{i}.txt", std::process::id())));
+        std::fs::write(&old, "10.0.0.0/8 1\n").unwrap();
+        std::fs::write(&new, "10.0.0.0/8 2\n10.1.0.0/16 3\n").unwrap();
+        std::fs::write(&bad, "10.0.0.0/8 2\n# fine so far\n10.1.0.0/16 port3\n").unwrap();
+        let params = |f: &std::path::Path, miss: &str| {
+            Params::new("route", vec![("routes".into(), f.display().to_string()), ("miss".into(), miss.into())])
+        };
+        let mut h = Harness::new(Route::from_params(&mut params(&old, "drop")).unwrap());
+        let (a, b) = (udp4([1, 1, 1, 1], [10, 1, 2, 3], 1, 2), udp4([1, 1, 1, 1], [10, 9, 9, 9], 1, 2));
+        let miss = udp4([1, 1, 1, 1], [8, 8, 8, 8], 1, 2);
+        assert_eq!((h.run(&a).1, h.run(&b).1, h.run(&miss).1), (Action::Port(1), Action::Port(1), Action::Drop));
+        h.nf.reconfigure(&mut params(&new, "pass")).unwrap();
+        assert_eq!((h.run(&a).1, h.run(&b).1, h.run(&miss).1), (Action::Port(3), Action::Port(2), Action::Pass));
+        let st = h.state_of(&a).unwrap();
+        assert_eq!((st.hop, st.packets), (4, 2), "the flow's state goes on across the swap");
+        let e = h.nf.reconfigure(&mut params(&bad, "drop")).unwrap_err().0;
+        assert!(e.contains(&format!("{}:3: port must be 0..=65534", bad.display())), "{e}");
+        assert_eq!((h.run(&a).1, h.run(&miss).1), (Action::Port(3), Action::Pass), "a refused file changes nothing");
+        let rep = h.nf.report().unwrap();
+        assert_eq!((rep["version"].as_u64(), rep["routed"].as_u64()), (Some(1), Some(5)), "{rep}");
+        for f in [old, new, bad] {
+            let _ = std::fs::remove_file(f);
+        }
     }
 
     /// Steps then finish, stopping after any number of steps, give `process`'s answer.
