@@ -400,7 +400,8 @@ impl Server {
         let nfs: Vec<Value> = lists
             .into_iter()
             .map(|l| {
-                let rows: Vec<Value> = l.rows.into_iter().map(|(k, n)| json!({ l.key.as_str(): k, l.what.as_str(): n })).collect();
+                let rows: Vec<Value> =
+                    l.rows.into_iter().map(|(k, n)| json!({ l.key.as_str(): k, l.what.as_str(): n })).collect();
                 json!({"index": l.index, "nf": l.nf, "list": l.list, "rows": rows})
             })
             .collect();

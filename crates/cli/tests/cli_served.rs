@@ -398,7 +398,12 @@ fn attribution_is_served_on_the_control_socket_and_as_metrics() {
         .expect("promtool (apt-get install prometheus)");
     c.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
     let o = c.wait_with_output().unwrap();
-    assert!(o.status.success(), "promtool: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(ctl(&sock, &["stop"]).0);
     let out = fp.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

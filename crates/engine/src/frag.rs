@@ -184,7 +184,8 @@ impl FragTable {
             x = (x ^ u64::from_le_bytes(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             x ^= x >> 29;
         }
-        x = (x ^ (u64::from(f.id) << 16 | u64::from(f.proto) << 8 | u64::from(f.v6))).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+        x = (x ^ (u64::from(f.id) << 16 | u64::from(f.proto) << 8 | u64::from(f.v6)))
+            .wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
         (x ^ (x >> 31)).wrapping_mul(0x94D0_49BB_1331_11EB) | 1
     }
 

@@ -1026,14 +1026,18 @@ mod tests {
     }
 
     /// Issue 33: with the constant Microsoft key anyone can compute flows that share one RETA entry (so one
-    /// core); under a run's keyed key (plain or symmetric, two secrets) the same flows spread.
+    /// core); under a run's keyed key (two secrets) the same flows spread. (A symmetric key has period 16
+    /// bits, so its hash is a function of the XOR of the tuple's 16-bit words whatever the key: flows built
+    /// with one XOR share an entry under every symmetric key. Only the plain key is protected.)
     #[test]
     fn flows_aimed_at_one_entry_spread_under_a_keyed_key() {
         let plain = Classifier::new(512, false, HashOn::FiveTuple, false, Vec::new()).unwrap();
-        let sym = Classifier::new(512, true, HashOn::FiveTuple, false, Vec::new()).unwrap();
-        for (c, symmetric) in [(plain, false), (sym, true)] {
-            let aimed: Vec<Vec<u8>> = (0..u16::MAX)
-                .map(|p| udp([10, 0, (p >> 8) as u8, p as u8], [198, 51, 100, 7], 1024 + p, 53))
+        for (c, symmetric) in [(plain, false)] {
+            let aimed: Vec<Vec<u8>> = (0..1u32 << 20)
+                .map(|p| {
+                    let sport = (p as u16).wrapping_mul(7).wrapping_add(1024);
+                    udp([10, (p >> 16) as u8, (p >> 8) as u8, p as u8], [198, 51, 100, 7], sport, 53)
+                })
                 .filter(|f| c.classify(f).unwrap().0 == 0)
                 .take(64)
                 .collect();

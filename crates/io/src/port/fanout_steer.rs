@@ -710,7 +710,9 @@ impl KernelSteer {
     /// What the program has steered so far.
     pub fn stats(&self) -> SteerStats {
         let mut s = SteerStats::default();
-        for (i, out) in [&mut s.reta, &mut s.fdir, &mut s.flow, &mut s.unclassified, &mut s.frag].into_iter().enumerate() {
+        for (i, out) in
+            [&mut s.reta, &mut s.fdir, &mut s.flow, &mut s.unclassified, &mut s.frag].into_iter().enumerate()
+        {
             *out = self.stat(i as u32);
         }
         s

@@ -1094,8 +1094,10 @@ mod tests {
     /// connections spread; secret 0 is the old hash; the keyed table still finds what it filed.
     #[test]
     fn connection_hash_is_keyed_by_the_runs_secret() {
-        let key = |p: u16| FiveTuple::V4(FiveTupleV4::new([10, 0, (p >> 8) as u8, p as u8].into(), S.into(), p, 443, 6));
-        let aimed: Vec<FiveTuple> = (1..u16::MAX).map(key).filter(|k| ConnHash::hash(k) & 0x3ff == 7).take(64).collect();
+        let key =
+            |p: u16| FiveTuple::V4(FiveTupleV4::new([10, 0, (p >> 8) as u8, p as u8].into(), S.into(), p, 443, 6));
+        let aimed: Vec<FiveTuple> =
+            (1..u16::MAX).map(key).filter(|k| ConnHash::hash(k) & 0x3ff == 7).take(64).collect();
         assert_eq!(aimed.len(), 64);
         for secret in [1u32, 0x8bad_f00d] {
             let homes: std::collections::BTreeSet<u32> =
