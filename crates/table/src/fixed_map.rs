@@ -302,7 +302,7 @@ impl<K: Copy + Eq, V: Copy, H: KeyHash<K>> FixedMap<K, V, H> {
     /// Keys the map's hash with `secret` (a run's random secret). Only while the map is empty (every entry is
     /// filed under its hash): false, and nothing changed, otherwise.
     pub fn set_secret(&mut self, secret: u32) -> bool {
-        if self.len != 0 || self.slab.len() != 0 {
+        if self.len != 0 || !self.slab.is_empty() {
             return false;
         }
         self.secret = secret;
