@@ -11,7 +11,7 @@
 //! workers' mailboxes and land between two batches on every core
 //! ([`flowplane_engine::control`]).
 //!
-//! Commands: `show runtime|errors|nfs|tables|ports`, `set NF PARAM VALUE
+//! Commands: `show runtime|errors|nfs|tables|ports|attribution`, `set NF PARAM VALUE
 //! [PARAM VALUE ...]` (several parameters change together), `load NF FILE`
 //! (the NF's file parameter: acl's rules, route's table, ...), `export NF
 //! FILE`, `trace add N [FILTER]|show|clear`, `capture start FILE [--at NF]
@@ -57,7 +57,7 @@ const NAP: Duration = Duration::from_millis(20);
 
 /// The commands, for `help` and errors.
 pub const HELP: &str =
-    "show runtime|errors|nfs|tables|ports; show flow PROTO SRC SPORT DST DPORT | SRC; set NF PARAM VALUE [PARAM VALUE ...]; \
+    "show runtime|errors|nfs|tables|ports|attribution; show flow PROTO SRC SPORT DST DPORT | SRC; set NF PARAM VALUE [PARAM VALUE ...]; \
      load NF FILE; export NF FILE; trace add N [PROTO SRC SPORT DST DPORT | SRC]; trace show; trace clear; \
      capture start FILE [--at NF] [--dropped]; capture stop; profile start|stop; reload; stop; help";
 
@@ -214,6 +214,7 @@ impl Server {
             ["show", "nfs"] => Ok(self.nfs()),
             ["show", "tables"] => Ok(self.tables()),
             ["show", "ports"] => Ok(self.ports()),
+            ["show", "attribution"] => Ok(self.attribution()),
             ["show", "flow", key @ ..] => self.flow(key),
             ["set", nf, pairs @ ..] if !pairs.is_empty() && pairs.len().is_multiple_of(2) => {
                 let pairs: Vec<(&str, &str)> = pairs.chunks(2).map(|p| (p[0], p[1])).collect();
@@ -391,6 +392,22 @@ impl Server {
             })
             .collect();
         Value::Array(rows)
+    }
+
+    /// Who fills the flow table (`table_full_sources`) and the NFs' attribution lists (nat's
+    /// `top_hosts_by_ports`, `top_hosts_refused`), summed over the cores, in the report's row shapes.
+    fn attribution(&self) -> Value {
+        let (full, lists) = crate::metrics::attribution(&self.live.snapshots());
+        let nfs: Vec<Value> = lists
+            .into_iter()
+            .map(|l| {
+                let rows: Vec<Value> =
+                    l.rows.into_iter().map(|(k, n)| json!({ l.key.as_str(): k, l.what.as_str(): n })).collect();
+                json!({"index": l.index, "nf": l.nf, "list": l.list, "rows": rows})
+            })
+            .collect();
+        let full: Vec<Value> = full.into_iter().map(|(a, n)| json!({"src": a, "packets": n})).collect();
+        json!({"table_full_sources": full, "nfs": nfs})
     }
 
     fn ports(&self) -> Value {

@@ -31,6 +31,11 @@
 //! field of each NF's own report on each core ([`report_fields`]: nat's
 //! mappings and exhausted pools, fw's connections, ddos's blocked sources; a
 //! gauge, since a report mixes counts with levels such as ports in use);
+//! `flowplane_nf_top{nf,index,list,key}` and
+//! `flowplane_table_full_source_packets{src}`, the attribution lists
+//! ([`attribution`]: nat's inside hosts by ports held and by new flows
+//! refused, the sources a full flow table refused; at most 10 rows each, so
+//! the label sets stay bounded whatever the traffic);
 //! `flowplane_build_info{version}`; `flowplane_ready`; the batch latency
 //! histogram.
 
@@ -71,6 +76,80 @@ pub fn drops(live: &Live, cores: &[CoreSnap]) -> Vec<(&'static str, u64)> {
         ("dispatch_ring_full", ring_full),
         ("dispatch_oversize", oversize),
     ]
+}
+
+/// Rows listed per attribution list (the NFs' own bound; nat's `TOP_HOSTS`).
+pub const TOP_ROWS: usize = 10;
+
+/// One NF's attribution list merged over cores: a top-level `top_*` array of its report whose rows are
+/// `{KEY: "name", COUNT: n}` (nat's `top_hosts_by_ports` `{inside, ports}`, `top_hosts_refused`
+/// `{inside, refused}`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NfList {
+    /// The NF's chain position and name.
+    pub index: usize,
+    /// The NF's name.
+    pub nf: String,
+    /// The list's name in the report.
+    pub list: String,
+    /// The rows' key and count fields.
+    pub key: String,
+    /// The rows' count field.
+    pub what: String,
+    /// (key, count), most first (ties: key order), at most [`TOP_ROWS`].
+    pub rows: Vec<(String, u64)>,
+}
+
+/// Who fills the flow table and the NFs' attribution lists (issue 33), summed by key over the cores'
+/// last snapshots: (table-full sources as (address, packets), the NFs' lists). Cold: once per request.
+pub fn attribution(cores: &[CoreSnap]) -> (Vec<(String, u64)>, Vec<NfList>) {
+    let mut full = flowplane_engine::exec::TopSources::default();
+    for c in cores {
+        full.merge(&c.store.table_full_sources);
+    }
+    let full = full.pairs().map(|(a, n)| (std::net::Ipv4Addr::from(a).to_string(), n)).collect();
+    let mut lists: Vec<NfList> = Vec::new();
+    for c in cores {
+        for (i, d) in c.nf_details.iter().enumerate() {
+            let (Some(Value::Object(d)), Some((nf, _))) = (d, c.nfs.get(i)) else { continue };
+            for (list, v) in d.iter().filter(|(k, _)| k.starts_with("top_")) {
+                let Some(rows) = v.as_array() else { continue };
+                let shape = |r: &Value| -> Option<(String, String, String, u64)> {
+                    let o = r.as_object().filter(|o| o.len() == 2)?;
+                    let (k, kv) = o.iter().find_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))?;
+                    let (w, n) = o.iter().find_map(|(k, v)| v.as_u64().map(|n| (k.clone(), n)))?;
+                    Some((k, kv, w, n))
+                };
+                for (key, name, what, n) in rows.iter().filter_map(shape) {
+                    let at = lists.iter().position(|l| l.index == i && &l.list == list);
+                    let l = match at {
+                        Some(at) => &mut lists[at],
+                        None => {
+                            lists.push(NfList {
+                                index: i,
+                                nf: nf.clone(),
+                                list: list.clone(),
+                                key,
+                                what,
+                                rows: Vec::new(),
+                            });
+                            lists.last_mut().expect("pushed")
+                        }
+                    };
+                    match l.rows.iter_mut().find(|r| r.0 == name) {
+                        Some(r) => r.1 += n,
+                        None => l.rows.push((name, n)),
+                    }
+                }
+            }
+        }
+    }
+    for l in &mut lists {
+        l.rows.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        l.rows.truncate(TOP_ROWS);
+    }
+    lists.sort_by(|a, b| (a.index, &a.list).cmp(&(b.index, &b.list)));
+    (full, lists)
 }
 
 /// Inserts a full flow table refused, summed over cores: those packets passed, without state.
@@ -385,6 +464,26 @@ impl Collector for LiveCollector {
             "flowplane_nf_stat",
             "Each numeric field of each NF's own report, per core, as the final report names it (counts and levels)",
             stats,
+        )?;
+        let (full, lists) = attribution(&cores);
+        gauge(
+            &mut enc,
+            "flowplane_table_full_source_packets",
+            "Packets a full flow table refused an entry, by source: the top sources summed over cores (at most 10)",
+            full.into_iter().map(|(a, n)| (vec![("src", a)], n)),
+        )?;
+        gauge(
+            &mut enc,
+            "flowplane_nf_top",
+            "An NF's attribution lists summed over cores, at most 10 rows each (nat: top_hosts_by_ports, ports held \
+             per inside host; top_hosts_refused, new flows refused per inside host for an exhausted pool)",
+            lists.iter().flat_map(|l| {
+                l.rows.iter().map(|(k, n)| {
+                    let mut lab = nf_labels(l.index, &l.nf);
+                    lab.extend([("list", l.list.clone()), ("key", k.clone())]);
+                    (lab, *n)
+                })
+            }),
         )?;
         gauge(&mut enc, "flowplane_table_flows", "Live flow entries per core", per_core(&|c| c.store.flows))?;
         gauge(&mut enc, "flowplane_table_capacity", "Flow table capacity per core", per_core(&|c| c.store.capacity))?;

@@ -32,11 +32,7 @@ fn packets(sock: &Path) -> u64 {
 }
 
 fn scrape() -> String {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", METRICS)).expect("metrics endpoint");
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut t = String::new();
-    s.read_to_string(&mut t).unwrap();
-    t
+    scrape_at(METRICS)
 }
 
 /// `flowplane run ARGS --no-pin --json --ctl SOCK`, once its control socket says the data plane is up.
@@ -563,4 +559,154 @@ fn reload_applies_a_route_file_and_a_nat_pool_and_refuses_a_restart() {
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["nfs"][1]["details"]["external"], "198.51.100.1", "{}", r["nfs"][1]["details"]);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 33 item 4: the attribution lists served while a replay runs. The scapy traces of
+/// `tests/models/attribution.py` (three inside hosts) loop at a paced rate: through `nat` with a 512-port
+/// pool, which holds the model's ports (stable from the first loop on) and refuses the rest on every loop;
+/// then through `fsc` with a 512-entry table, which refuses the model's flows past its 512th. `ctl show
+/// attribution` lists them summed over the cores; the metrics serve the same as bounded labelled gauges,
+/// and the 0.0.4 text passes `promtool check metrics`.
+#[test]
+fn attribution_is_served_on_the_control_socket_and_as_metrics() {
+    const METRICS_ATTR: u16 = 19_731;
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("served-attr{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (sock, pcap) = (dir.join("fp.sock"), dir.join("nat.pcap"));
+    let py = ["/usr/bin/python3", "python3"]
+        .into_iter()
+        .find(|p| Command::new(p).args(["-c", "import scapy.all"]).output().is_ok_and(|o| o.status.success()))
+        .expect("a python3 with scapy");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/models/attribution.py");
+    let o = Command::new(py).arg(&script).args(["nat", pcap.to_str().unwrap(), "512"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let model: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let held: Vec<(String, u64)> = {
+        let mut v: Vec<(String, u64)> =
+            model["held"].as_object().unwrap().iter().map(|(k, n)| (k.clone(), n.as_u64().unwrap())).collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v
+    };
+    let metrics = format!("127.0.0.1:{METRICS_ATTR}");
+    let args = [
+        "run",
+        "--input",
+        pcap.to_str().unwrap(),
+        "--loops",
+        "2000",
+        "--rate",
+        "20000",
+        "--chain",
+        "nat(ports=1024-1535)",
+        "--table-capacity",
+        "4096",
+        "--cores",
+        "1",
+        "--metrics",
+        &metrics,
+    ];
+    let fp = served(&args, &sock);
+    // Two loops at least: the pool holds its ports, and every list has rows.
+    let t0 = Instant::now();
+    let attr = loop {
+        let v = ctl(&sock, &["show", "attribution"]).1;
+        let ok = v["nfs"].as_array().is_some_and(|l| l.len() == 2) && packets(&sock) > 2 * 879;
+        if ok {
+            break ctl(&sock, &["show", "attribution"]).1;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "show attribution: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let rows = |v: &Value, k: &str, n: &str| -> Vec<(String, u64)> {
+        v.as_array().unwrap().iter().map(|r| (r[k].as_str().unwrap().to_string(), r[n].as_u64().unwrap())).collect()
+    };
+    let list = |name: &str| attr["nfs"].as_array().unwrap().iter().find(|l| l["list"] == name).unwrap().clone();
+    let (by_ports, refused) = (list("top_hosts_by_ports"), list("top_hosts_refused"));
+    assert_eq!((by_ports["nf"].as_str(), by_ports["index"].as_u64()), (Some("nat"), Some(0)), "{attr}");
+    assert_eq!(rows(&by_ports["rows"], "inside", "ports"), held, "the model's ports held: {attr}");
+    let refused = rows(&refused["rows"], "inside", "refused");
+    let want_refused: std::collections::BTreeSet<&str> =
+        model["refused"].as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(refused.iter().map(|r| r.0.as_str()).collect::<std::collections::BTreeSet<_>>(), want_refused);
+    assert_eq!(attr["table_full_sources"], Value::Array(vec![]), "the table has room: {attr}");
+    // The metrics: the same lists as labelled gauges (counts only grow meanwhile), promtool-clean.
+    let m = scrape_at(METRICS_ATTR);
+    let body = m.split("\r\n\r\n").nth(1).unwrap_or("");
+    let gauge = |name: &str, labels: &[(&str, &str)]| -> Option<u64> {
+        body.lines().find_map(|l| {
+            let (series, v) = l.rsplit_once(' ')?;
+            let ok = series.starts_with(&format!("{name}{{"))
+                && labels.iter().all(|(k, x)| series.contains(&format!("{k}=\"{x}\"")));
+            ok.then(|| v.parse::<f64>().ok().map(|f| f as u64)).flatten()
+        })
+    };
+    for (host, n) in &held {
+        let got = gauge("flowplane_nf_top", &[("nf", "nat"), ("list", "top_hosts_by_ports"), ("key", host)]);
+        assert_eq!(got, Some(*n), "{host}: {body}");
+    }
+    for (host, n) in &refused {
+        let got = gauge("flowplane_nf_top", &[("list", "top_hosts_refused"), ("key", host)]).unwrap();
+        assert!(got >= *n, "{host}: {got} < {n}");
+    }
+    let series = body.lines().filter(|l| l.starts_with("flowplane_nf_top{")).count();
+    assert!(series <= 2 * 10, "bounded: {series}");
+    let mut c = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (apt-get install prometheus)");
+    c.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    let o = c.wait_with_output().unwrap();
+    assert!(
+        o.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(ctl(&sock, &["stop"]).0);
+    let out = fp.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // The flow table's attribution: fsc with room for 512 of the trace's flows.
+    let full_pcap = dir.join("full.pcap");
+    let o = Command::new(py).arg(&script).args(["full", full_pcap.to_str().unwrap(), "512"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let model: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let args = ["run", "--input", full_pcap.to_str().unwrap(), "--loops", "2000", "--rate", "20000", "--chain", "fsc"];
+    let fp = served(&[&args[..], &["--table-capacity", "512", "--cores", "1", "--metrics", &metrics]].concat(), &sock);
+    let t0 = Instant::now();
+    let full = loop {
+        let v = ctl(&sock, &["show", "attribution"]).1;
+        if v["table_full_sources"].as_array().is_some_and(|r| r.len() == 3) {
+            break rows(&v["table_full_sources"], "src", "packets");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "show attribution: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let want: std::collections::BTreeSet<&str> =
+        model["refused"].as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(full.iter().map(|r| r.0.as_str()).collect::<std::collections::BTreeSet<_>>(), want);
+    let m = scrape_at(METRICS_ATTR);
+    let body = m.split("\r\n\r\n").nth(1).unwrap_or("");
+    for (src, n) in &full {
+        let line =
+            body.lines().find(|l| l.starts_with(&format!("flowplane_table_full_source_packets{{src=\"{src}\"}}")));
+        let got = line.and_then(|l| l.rsplit_once(' ')).and_then(|(_, v)| v.parse::<f64>().ok()).unwrap_or(0.0);
+        assert!(got as u64 >= *n, "{src}: {body}");
+    }
+    assert!(ctl(&sock, &["stop"]).0);
+    let out = fp.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn scrape_at(port: u16) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint");
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut t = String::new();
+    s.read_to_string(&mut t).unwrap();
+    t
 }

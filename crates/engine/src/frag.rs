@@ -1,15 +1,19 @@
-//! IPv4 fragments without reassembly (issue 33 item 5): a per-core, bounded
-//! table that lets a datagram's later fragments follow its first one.
+//! IP fragments without reassembly (issue 33 item 5): a per-core, bounded
+//! table that lets a datagram's later fragments follow its first one, IPv4
+//! and IPv6 (a Fragment extension header, also behind hop-by-hop, routing,
+//! destination-options or AH headers).
 //!
 //! Only the first fragment of a datagram carries the transport header, so
 //! the parser keys a later fragment by its addresses and protocol with the
 //! ports unknown ([`flowplane_wire::flow::FLAG_NON_FIRST_FRAGMENT`]): a key
 //! no NF can judge (fw and nat dropped such fragments, fsc and the tables
-//! counted a flow per source). At parse time, before any lookup, each IPv4
-//! fragment is judged here by its datagram — (source, destination,
-//! protocol, identification):
+//! counted a flow per source). At parse time, before any lookup, each
+//! fragment is judged here by its datagram — (family, source, destination,
+//! protocol, identification; IPv6's identification is 32 bits), kept as a
+//! 64-bit digest keyed with the run's secret:
 //!
-//! * a **first fragment** (offset 0, more fragments) records the ports of its
+//! * a **first fragment** (offset 0, more fragments; an IPv6 atomic fragment,
+//!   offset 0 without M, is a whole datagram) records the ports of its
 //!   key and where its payload ends, and goes on as any packet of its flow;
 //! * a **later fragment** of a recorded datagram takes the first fragment's
 //!   key (ports included, flag cleared): it is looked up in the same flow
@@ -28,21 +32,26 @@
 //!   (`overlaps`), and fragments of one datagram past [`MAX_FRAGMENTS`]
 //!   (`too_many`).
 //!
-//! Several cores: the NIC steers a later fragment by its port-less key, so
-//! under `rss` it usually reaches another core than its first fragment and is
-//! an orphan there (the same as without this table); one core, or a
-//! strategy that steers by addresses only, attributes every fragment.
+//! Several cores: the receive side steers a later fragment where its
+//! datagram's first fragment went (`flowplane_scale::fragsteer`: the
+//! replay's loader, the live dispatcher and the kernel steering programs
+//! remember each first fragment's steering key), so it meets its first
+//! fragment's entry here (`rss`, a symmetric key, flow-director rules; not
+//! when its key moves to another core between the fragments: the fragment
+//! table is not handed over); a later fragment that arrives before
+//! its first one is steered by its addresses and is an orphan wherever it
+//! lands. Spraying strategies (`shared`, `scr`) give no such guarantee.
 //!
 //! Bounded: [`FRAG_ENTRIES`] datagrams per core in 4-way sets indexed by a
 //! hash keyed with the run's secret (no one can aim datagrams at one set);
 //! an entry lives [`FRAG_TIMEOUT_NS`] of packet time after its first
 //! fragment; a new datagram takes an expired way or pushes out its set's
 //! oldest (`evicted`: a flood of first fragments costs the oldest datagrams
-//! their later fragments, never memory). IPv6 fragments (the fragment
-//! extension header) are not tracked: their later fragments keep the
-//! port-less key.
+//! their later fragments, never memory). `v6` counts the IPv6 fragments
+//! among all those judged.
 
-use flowplane_wire::flow::FiveTupleV4;
+use flowplane_wire::flow::{FiveTuple, FiveTupleV4, FiveTupleV6};
+use flowplane_wire::frame::{fragment_of, Fragment};
 use serde::Serialize;
 
 /// Datagrams tracked per core.
@@ -55,17 +64,15 @@ pub const MAX_FRAGMENTS: u16 = 64;
 
 #[derive(Clone, Copy, Default)]
 struct Entry {
-    src: u32,
-    dst: u32,
+    /// Keyed 64-bit digest of the datagram (family, addresses, identification, protocol).
+    tag: u64,
     at_ns: u64,
-    id: u16,
+    /// Where the first fragment's data ends in the datagram (bytes).
+    first_end: u32,
     sport: u16,
     dport: u16,
-    /// Where the first fragment's IP payload ends (bytes).
-    first_end: u16,
     /// Later fragments followed.
     frags: u16,
-    proto: u8,
     live: bool,
 }
 
@@ -91,6 +98,8 @@ pub struct FragStats {
     pub too_many: u64,
     /// Datagrams pushed out of a full set before their time.
     pub evicted: u64,
+    /// Of the fragments above, IPv6 ones (a Fragment extension header).
+    pub v6: u64,
 }
 
 impl FragStats {
@@ -102,6 +111,7 @@ impl FragStats {
         self.overlaps += o.overlaps;
         self.too_many += o.too_many;
         self.evicted += o.evicted;
+        self.v6 += o.v6;
     }
 
     /// Fragments dropped, all reasons.
@@ -116,7 +126,7 @@ pub enum Judged {
     /// Not a fragment, or a first fragment: its own key.
     Keep,
     /// A later fragment: the first fragment's key.
-    Follow(FiveTupleV4),
+    Follow(FiveTuple),
     /// Dropped (counted).
     Drop,
 }
@@ -130,14 +140,10 @@ pub struct FragTable {
     pub stats: FragStats,
 }
 
+/// IPv6 next headers that may precede a Fragment header (or be it).
 #[inline(always)]
-fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
-}
-
-#[inline(always)]
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+fn v6_ext(nh: u8) -> bool {
+    matches!(nh, 0 | 43 | 44 | 51 | 60)
 }
 
 impl FragTable {
@@ -151,33 +157,49 @@ impl FragTable {
         }
     }
 
-    /// Judges the IPv4 packet `frame` (header at `l3`, parsed key `key`) at packet time `now`. Costs one
-    /// header word and a branch for a packet that is not a fragment.
+    /// Judges the packet `frame` (IP header at `l3`, parsed key `key`) at packet time `now`. Costs one
+    /// header word (IPv4) or byte (IPv6: its first next header) and a branch for a packet that is not a
+    /// fragment.
     #[inline]
-    pub fn judge(&mut self, frame: &[u8], l3: usize, key: &FiveTupleV4, now: u64) -> Judged {
-        let Some(h) = frame.get(l3..l3 + 20) else { return Judged::Keep };
-        let frag = be16(h, 6);
-        if frag & 0x3fff == 0 {
+    pub fn judge(&mut self, frame: &[u8], l3: usize, key: &FiveTuple, now: u64) -> Judged {
+        let l3 = l3 + 6;
+        let maybe = match key {
+            FiveTuple::V4(_) => frame.get(l3..l3 + 2).is_some_and(|b| u16::from_be_bytes([b[0], b[1]]) & 0x3fff != 0),
+            FiveTuple::V6(_) => frame.get(l3).is_some_and(|&nh| v6_ext(nh)),
+        };
+        if !maybe {
             return Judged::Keep;
         }
-        self.fragment(h, frag, key, now)
+        self.fragment(frame, key, now)
+    }
+
+    /// The datagram's keyed digest: a multiply-xorshift chain over the addresses started from the secret,
+    /// then the identification and protocol (no input difference cancels without the secret).
+    fn digest(&self, f: &Fragment) -> u64 {
+        let mut x = self.seed;
+        let words = f.src.chunks_exact(8).chain(f.dst.chunks_exact(8));
+        for w in words.take(if f.v6 { 4 } else { 2 }) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(w);
+            x = (x ^ u64::from_le_bytes(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            x ^= x >> 29;
+        }
+        x = (x ^ (u64::from(f.id) << 16 | u64::from(f.proto) << 8 | u64::from(f.v6)))
+            .wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+        (x ^ (x >> 31)).wrapping_mul(0x94D0_49BB_1331_11EB) | 1
     }
 
     #[cold]
-    fn fragment(&mut self, h: &[u8], frag: u16, key: &FiveTupleV4, now: u64) -> Judged {
-        let (src, dst, id, proto) = (be32(h, 12), be32(h, 16), be16(h, 4), h[9]);
-        let offset = usize::from(frag & 0x1fff) * 8;
-        let x = (u64::from(src) << 32 | u64::from(dst)) ^ self.seed;
-        let x = x.wrapping_mul(0xC2B2_AE3D_27D4_EB4F) ^ (u64::from(id) << 8 | u64::from(proto)).wrapping_add(self.seed);
-        let set = ((x ^ (x >> 31)).wrapping_mul(0x94D0_49BB_1331_11EB) >> 40) as usize & self.sets_mask;
+    fn fragment(&mut self, frame: &[u8], key: &FiveTuple, now: u64) -> Judged {
+        let Some(f) = fragment_of(frame) else { return Judged::Keep };
+        let tag = self.digest(&f);
+        let set = (tag >> 40) as usize & self.sets_mask;
         let FragTable { e, stats, .. } = self;
+        stats.v6 += u64::from(f.v6);
         let ways = &mut e[set * WAYS..set * WAYS + WAYS];
-        let found =
-            ways.iter().position(|w| w.fresh(now) && w.src == src && w.dst == dst && w.id == id && w.proto == proto);
-        if offset == 0 {
+        let found = ways.iter().position(|w| w.fresh(now) && w.tag == tag);
+        if f.is_first() {
             // A first fragment: it carries the ports.
-            let ihl = usize::from(h[0] & 0x0f) * 4;
-            let first_end = usize::from(be16(h, 2)).saturating_sub(ihl) as u16;
             let (sport, dport) = (key.src_port(), key.dst_port());
             if let Some(w) = found {
                 let e = &mut ways[w];
@@ -187,14 +209,14 @@ impl FragTable {
                     return Judged::Drop;
                 }
                 // The datagram sent again (or its id reused by the same flow): it starts over.
-                (e.first_end, e.frags, e.at_ns) = (first_end, 0, now);
+                (e.first_end, e.frags, e.at_ns) = (f.len, 0, now);
                 stats.first += 1;
                 return Judged::Keep;
             }
             // An expired (or never used) way, else the set's oldest.
             let w = (0..WAYS).min_by_key(|&w| (ways[w].fresh(now), ways[w].at_ns)).unwrap_or(0);
             stats.evicted += u64::from(ways[w].fresh(now));
-            ways[w] = Entry { src, dst, at_ns: now, id, sport, dport, first_end, frags: 0, proto, live: true };
+            ways[w] = Entry { tag, at_ns: now, first_end: f.len, sport, dport, frags: 0, live: true };
             stats.first += 1;
             return Judged::Keep;
         }
@@ -203,7 +225,7 @@ impl FragTable {
             return Judged::Keep;
         };
         let e = &mut ways[w];
-        if offset < usize::from(e.first_end) {
+        if f.offset < e.first_end {
             stats.overlaps += 1;
             return Judged::Drop;
         }
@@ -213,7 +235,11 @@ impl FragTable {
             return Judged::Drop;
         }
         stats.followed += 1;
-        Judged::Follow(FiveTupleV4::new(src.into(), dst.into(), e.sport, e.dport, proto))
+        // The later fragment's own key holds the datagram's addresses and protocol; the first's ports join them.
+        Judged::Follow(match key {
+            FiveTuple::V4(k) => FiveTuple::V4(FiveTupleV4::new(k.src(), k.dst(), e.sport, e.dport, k.proto())),
+            FiveTuple::V6(k) => FiveTuple::V6(FiveTupleV6::new(k.src(), k.dst(), e.sport, e.dport, k.proto())),
+        })
     }
 }
 
@@ -236,13 +262,54 @@ mod tests {
         f
     }
 
-    fn key(src: u32, sport: u16, dport: u16) -> FiveTupleV4 {
-        FiveTupleV4::new(src.into(), 0xac10_0001u32.into(), sport, dport, 17)
+    fn key(src: u32, sport: u16, dport: u16) -> FiveTuple {
+        FiveTuple::V4(FiveTupleV4::new(src.into(), 0xac10_0001u32.into(), sport, dport, 17))
     }
 
     /// A later fragment's key as parsed: no ports, the flag set.
-    fn later(src: u32) -> FiveTupleV4 {
-        key(src, 0, 0).with_flags(1)
+    fn later(src: u32) -> FiveTuple {
+        FiveTuple::V4(FiveTupleV4::new(src.into(), 0xac10_0001u32.into(), 0, 0, 17).with_flags(1))
+    }
+
+    /// An IPv6 frame: a hop-by-hop header, then a Fragment header (offset in 8-byte units, M, id), then
+    /// `payload` bytes (the first fragment's start with the UDP header).
+    fn frame6(id: u32, offset: u16, more: bool, payload: usize) -> Vec<u8> {
+        let mut f = vec![0u8; 14 + 40 + 8 + 8 + payload];
+        f[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+        f[14] = 0x60;
+        f[18..20].copy_from_slice(&((16 + payload) as u16).to_be_bytes());
+        f[20] = 0;
+        f[22..38].copy_from_slice(&[0xfd; 16]);
+        f[38..54].copy_from_slice(&[0xfe; 16]);
+        f[54] = 44;
+        f[62] = 17;
+        f[64..66].copy_from_slice(&((offset << 3) | u16::from(more)).to_be_bytes());
+        f[66..70].copy_from_slice(&id.to_be_bytes());
+        f
+    }
+
+    fn key6(sport: u16, dport: u16, flags: u8) -> FiveTuple {
+        FiveTuple::V6(FiveTupleV6::new([0xfd; 16].into(), [0xfe; 16].into(), sport, dport, 17).with_flags(flags))
+    }
+
+    /// IPv6 fragments (a Fragment extension header behind a hop-by-hop one) follow their first as IPv4's
+    /// do; an atomic fragment (offset 0, no M) is a whole datagram; overlaps are dropped.
+    #[test]
+    fn ipv6_later_fragments_take_the_first_ones_key() {
+        let mut t = FragTable::new(7);
+        assert_eq!(t.judge(&frame6(5, 0, false, 16), 14, &key6(1, 2, 0), 0), Judged::Keep);
+        assert_eq!(t.stats, FragStats::default(), "an atomic fragment is no fragment");
+        assert_eq!(t.judge(&frame6(5, 0, true, 16), 14, &key6(1000, 53, 0), 0), Judged::Keep);
+        assert_eq!(t.judge(&frame6(5, 2, true, 16), 14, &key6(0, 0, 1), 1), Judged::Follow(key6(1000, 53, 0)));
+        assert_eq!(t.judge(&frame6(5, 4, false, 16), 14, &key6(0, 0, 1), 2), Judged::Follow(key6(1000, 53, 0)));
+        // Another id: an orphan; a fragment starting inside the first's 16 bytes: dropped.
+        assert_eq!(t.judge(&frame6(6, 2, false, 16), 14, &key6(0, 0, 1), 3), Judged::Keep);
+        assert_eq!(t.judge(&frame6(5, 1, false, 16), 14, &key6(0, 0, 1), 3), Judged::Drop);
+        let s = t.stats;
+        assert_eq!((s.first, s.followed, s.orphans, s.overlaps, s.v6), (1, 2, 1, 1, 5));
+        // An IPv4 datagram with the same identification and other addresses is another datagram.
+        assert_eq!(t.judge(&frame(1, 5, 4, 16), 14, &later(1), 4), Judged::Keep);
+        assert_eq!(t.stats.orphans, 2);
     }
 
     #[test]

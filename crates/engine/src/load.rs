@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use flowplane_io::replay::{ReplayBuilder, ReplayError, ReplayTrace};
+use flowplane_scale::fragsteer::FragSteer;
 use flowplane_scale::steer::Classifier;
 use flowplane_scale::Dispatch;
 use flowplane_trace::gen::Generator;
@@ -48,6 +49,8 @@ struct Loader<'a> {
     builder: ReplayBuilder,
     spread: Spread<'a>,
     stats: LoadStats,
+    /// Later fragments go where their first fragment went (`flowplane_scale::fragsteer`).
+    frags: FragSteer,
 }
 
 impl<'a> Loader<'a> {
@@ -56,7 +59,7 @@ impl<'a> Loader<'a> {
             Spread::Split(d) => d.queues(),
             Spread::Steered(_) => 1,
         };
-        Loader { builder: ReplayBuilder::new(queues), spread, stats: LoadStats::default() }
+        Loader { builder: ReplayBuilder::new(queues), spread, stats: LoadStats::default(), frags: FragSteer::new() }
     }
 
     fn push(&mut self, frame: &[u8], ts_ns: u64) -> Result<(), EngineError> {
@@ -65,7 +68,7 @@ impl<'a> Loader<'a> {
             Spread::Steered(c) => c.classify(frame),
         };
         let (q, h) = match qh {
-            Some(qh) => qh,
+            Some(qh) => self.frags.follow(frame, qh),
             None => {
                 self.stats.unclassified += 1;
                 (0, 0)

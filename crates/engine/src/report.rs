@@ -755,14 +755,15 @@ impl fmt::Display for Report {
             writeln!(
                 f,
                 "fragments    {} datagrams, {} later fragments followed their first, {} without a first (port-less \
-                 key), {} dropped ({} overlapping, {} past the limit), {} datagrams pushed out",
+                 key), {} dropped ({} overlapping, {} past the limit), {} datagrams pushed out; {} IPv6 fragments",
                 fr.first,
                 fr.followed,
                 fr.orphans,
                 fr.dropped(),
                 fr.overlaps,
                 fr.too_many,
-                fr.evicted
+                fr.evicted,
+                fr.v6
             )?;
         }
         if t.shared_capacity > 0 {

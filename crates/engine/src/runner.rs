@@ -256,7 +256,8 @@ pub fn prepare(
     // Spec errors in the exports surface before loading.
     build_chains(cfg, spec, 1)?;
     let classifier =
-        Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())?;
+        Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())?
+            .with_key(&run_rss_key(cfg, plan.symmetric));
     let (trace, load) = match input {
         Input::File(path) => load_trace_with(path, Spread::Steered(&classifier), None)?,
         Input::Generated(gen) => load_generated_with(*gen, Spread::Steered(&classifier))?,
@@ -265,6 +266,14 @@ pub fn prepare(
         return Err(EngineError::EmptyInput);
     }
     Ok(Prepared { trace, load, plan, classifier, auto_symmetric })
+}
+
+/// The run's Toeplitz key: drawn from its hash secret (`--hash-seed` reproduces it), symmetric when the plan
+/// needs both directions on one core. The emulated NIC, the dispatcher and the kernel steering programs hash
+/// with it; a port whose own queues serve (one core, plain `rss`) keeps its NIC's key.
+fn run_rss_key(cfg: &RunConfig, symmetric: bool) -> [u8; 40] {
+    let bits = DEFAULT_RETA_SIZE.trailing_zeros();
+    flowplane_wire::rss::keyed_key(u64::from(cfg.exec.hash_seed), symmetric, bits)
 }
 
 /// Runs a prepared input (a fresh table and strategy each time).
@@ -481,7 +490,8 @@ pub fn run_port(
     let mut notes = plan.notes.clone();
     // The run's table: the same classifier and RETA a replay's emulated NIC steers with.
     let classifier =
-        Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())?;
+        Classifier::new(DEFAULT_RETA_SIZE, plan.symmetric, plan.hash_on, plan.icmp_inner, plan.rules.clone())?
+            .with_key(&run_rss_key(cfg, plan.symmetric));
     let steering = Arc::new(Steering::with_flow_slots(nw, &classifier, &[], flow_slots(strat.as_ref()))?);
     // A table on an AF_PACKET input (no spray, no sequencer): the kernel's fanout program steers,
     // no dispatcher core; moves follow the switch-time protocol of flowplane_io::steered.

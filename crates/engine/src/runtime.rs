@@ -304,6 +304,8 @@ pub(crate) fn run_workers(
                                             r.logs.clone(),
                                             r.end,
                                         )
+                                        // Every replica keys its tables with the run's secret (they must agree).
+                                        .map(|r| r.with_secret(cfg.exec.hash_seed))
                                         .map_err(|source| EngineError::Table { what: "scr replica table", source })
                                     })
                                     .transpose()?;
@@ -479,7 +481,7 @@ pub(crate) fn run_workers(
             cfg.priority.as_ref().map(|(name, _)| crate::report::PriorityReport::new(name, cfg.slo_us, &workers, hz));
         if let Some(k) = &p.kernel {
             let s = k.stats();
-            sr.kernel_steered = s.reta + s.fdir + s.flow + s.unclassified;
+            sr.kernel_steered = s.reta + s.fdir + s.flow + s.unclassified + s.frag;
             sr.unclassified = s.unclassified;
         }
         report.steering = Some(sr);

@@ -234,6 +234,8 @@ pub trait StatefulStage: Send {
     fn ipfix_on(&self) -> bool;
     /// Hands the NF its per-core IPFIX record queue.
     fn attach_ipfix(&mut self, tx: flowplane_nf::ipfix::RecordTx);
+    /// Hands the NF the run's hash secret ([`StatefulNf::set_hash_secret`]).
+    fn set_hash_secret(&mut self, secret: u32);
     /// A flow record for `state` without ending it (active timeout, the run's end).
     fn ipfix_flow_bytes(&mut self, key: &FiveTuple, state: &[u8], reason: EndReason);
     /// Unparsed packets.
@@ -546,13 +548,21 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
         if T::IPFIX {
             self.0.ipfix_flow(key, st, reason);
         }
-        self.0.release(key, st)
+        // Only an eviction ends a flow for lack of resources.
+        if reason == EndReason::LackOfResources {
+            self.0.evict(key, st)
+        } else {
+            self.0.release(key, st)
+        }
     }
     fn ipfix_on(&self) -> bool {
         T::IPFIX
     }
     fn attach_ipfix(&mut self, tx: flowplane_nf::ipfix::RecordTx) {
         self.0.attach_ipfix(tx)
+    }
+    fn set_hash_secret(&mut self, secret: u32) {
+        self.0.set_hash_secret(secret)
     }
     fn ipfix_flow_bytes(&mut self, key: &FiveTuple, state: &[u8], reason: EndReason) {
         if T::IPFIX {

@@ -31,6 +31,11 @@
 //     frame's own IPv4 flow (either direction) bound to that entry
 //     (fp_flows) takes the frame to its slot key instead.
 //  7. fp_reta[key]: the owner.
+//  8. Fragments (crates/scale/src/fragsteer.rs): a first fragment (IPv4 MF
+//     at offset 0; IPv6 Fragment header, M at offset 0) classified by 1-6
+//     leaves its steering key in fp_frags under its datagram (addresses,
+//     identification, protocol); a later fragment whose datagram is there
+//     takes that key (then step 7), else it goes through 1-6 on its addresses.
 
 #include <linux/bpf.h>
 #include <linux/if_packet.h>
@@ -42,7 +47,7 @@
 #define MAX_EXT 8
 
 enum { ON_FIVE_TUPLE = 0, ON_SRC_IP = 1, ON_DST_IP = 2 };
-enum { ST_RETA = 0, ST_FDIR = 1, ST_FLOW = 2, ST_UNCLASSIFIED = 3, ST_N = 4 };
+enum { ST_RETA = 0, ST_FDIR = 1, ST_FLOW = 2, ST_UNCLASSIFIED = 3, ST_FRAG = 4, ST_N = 5 };
 
 // Layouts shared with crates/io/src/fanout_steer.rs (repr(C) there).
 struct fp_cfg {
@@ -150,6 +155,23 @@ struct {
 	__type(value, __u64);
 } fp_stats SEC(".maps");
 
+// A fragmented datagram: addresses as on the wire (IPv4 in a[0..8]), identification, protocol.
+struct fp_fragk {
+	__u8 a[32];
+	__u32 id;
+	__u8 v6;
+	__u8 proto;
+	__u8 pad[2];
+};
+
+// First fragments' steering keys by datagram (step 8).
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct fp_fragk);
+	__type(value, __u32);
+} fp_frags SEC(".maps");
+
 // A parsed flow: addresses as on the wire (IPv4 in a[0..8]), ports as on the wire.
 struct tuple {
 	__u8 a[32];
@@ -157,7 +179,8 @@ struct tuple {
 	__u8 v6;
 	__u8 proto;
 	__u8 later; // a non-first fragment: no ports
-	__u8 pad;
+	__u8 frag;  // a fragment (first or later) of a fragmented datagram
+	__u32 id;   // its identification
 };
 
 static __always_inline int is_vlan(__u16 et)

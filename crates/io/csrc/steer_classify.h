@@ -58,6 +58,10 @@ static __always_inline int FP_FN(parse_v4)(FP_CTX *ctx, __u32 len, __u32 off, st
 	__builtin_memcpy(t->a, &ip[12], 8);
 	__u16 frag = ((__u16)ip[6] << 8) | ip[7];
 	*l4_out = l4;
+	if (frag & 0x3fff) {
+		t->frag = 1;
+		t->id = ((__u32)ip[4] << 8) | ip[5];
+	}
 	if (frag & 0x1fff) {
 		t->later = 1;
 		return 0;
@@ -91,7 +95,13 @@ static __always_inline int FP_FN(parse_v6)(FP_CTX *ctx, __u32 len, __u32 off, st
 				return -1;
 			nh = h[0];
 			l4 += 8;
-			if ((((__u16)h[2] << 8) | h[3]) >> 3) {
+			__u16 fo = ((__u16)h[2] << 8) | h[3];
+			if (fo & 0xfff9) {
+				// Not an atomic fragment (offset 0 without M: a whole datagram).
+				t->frag = 1;
+				t->id = ((__u32)h[4] << 24) | ((__u32)h[5] << 16) | ((__u32)h[6] << 8) | h[7];
+			}
+			if (fo >> 3) {
 				t->proto = nh;
 				t->later = 1;
 				return 0;
@@ -170,8 +180,26 @@ static __always_inline __u32 FP_FN(classify)(FP_CTX *ctx, __u32 len, __u16 et, _
 		goto unclassified;
 	}
 
+	// Step 8: a later fragment of a datagram whose first fragment was steered goes the same way.
+	struct fp_fragk fk;
+	__builtin_memset(&fk, 0, sizeof(fk));
+	if (t.frag) {
+		__builtin_memcpy(fk.a, t.a, 32);
+		fk.id = t.id;
+		fk.v6 = t.v6;
+		fk.proto = t.proto;
+		if (t.later) {
+			__u32 *fkey = bpf_map_lookup_elem(&fp_frags, &fk);
+			if (fkey) {
+				count(ST_FRAG);
+				return owner(cfg, *fkey);
+			}
+		}
+	}
+
 	// The flow the key is computed on: the frame's, or the one its ICMP error quotes.
 	struct tuple k = t;
+	__u32 sk;
 	if (cfg->icmp_inner && !t.v6 && t.proto == 1 && (tags == 0 || (tags == 1 && tpid0 == 0x8100))) {
 		struct tuple q;
 		if (FP_FN(icmp_quoted)(ctx, len, off, &q) == 0)
@@ -201,7 +229,8 @@ static __always_inline __u32 FP_FN(classify)(FP_CTX *ctx, __u32 len, __u16 et, _
 		}
 		if (hit < MAX_FDIR) {
 			count(ST_FDIR);
-			return owner(cfg, cfg->reta_size + hit);
+			sk = cfg->reta_size + hit;
+			goto steered;
 		}
 	}
 
@@ -259,11 +288,17 @@ static __always_inline __u32 FP_FN(classify)(FP_CTX *ctx, __u32 len, __u16 et, _
 		struct fp_slot *s = bpf_map_lookup_elem(&fp_flows, &f);
 		if (s && s->entry == key) {
 			count(ST_FLOW);
-			return owner(cfg, s->slot);
+			sk = s->slot;
+			goto steered;
 		}
 	}
 	count(ST_RETA);
-	return owner(cfg, key);
+	sk = key;
+
+steered:
+	if (t.frag && !t.later)
+		bpf_map_update_elem(&fp_frags, &fk, &sk, BPF_ANY);
+	return owner(cfg, sk);
 
 unclassified:
 	count(ST_UNCLASSIFIED);

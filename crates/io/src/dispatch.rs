@@ -52,6 +52,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowplane_packet::{tsc, Batch, PacketPool, MAX_BATCH};
+use flowplane_scale::fragsteer::FragSteer;
 use flowplane_scale::steer::{Classifier, FlowRule, Move, Steering};
 use rtrb::{Consumer, Producer, RingBuffer};
 
@@ -159,6 +160,8 @@ pub struct Dispatcher {
     /// Run-time flow rules (slot key, rule) and the RETA's size (keys below it are entries).
     rules: Vec<(u16, FlowRule)>,
     reta_size: usize,
+    /// Later fragments go where their first fragment went (`flowplane_scale::fragsteer`).
+    frags: FragSteer,
     generation: u64,
     spread: Spread,
     next: usize,
@@ -265,6 +268,7 @@ impl Dispatcher {
             markers: vec![Vec::new(); workers],
             rules: steering.flow_rules(),
             reta_size: steering.reta_size(),
+            frags: FragSteer::new(),
             rxs,
             classifier,
             steering,
@@ -468,11 +472,11 @@ impl Dispatcher {
                     self.sent[w] += 1;
                     continue;
                 }
-                let (key, hash) = match self.classifier.classify(data) {
-                    Some(kh) => kh,
+                let (key, hash, classified) = match self.classifier.classify(data) {
+                    Some((k, h)) => (k, h, true),
                     None => {
                         unclassified += 1;
-                        (0, 0)
+                        (0, 0, false)
                     }
                 };
                 // An exact-match rule (Dyssect's offloaded flow) takes the flow out of its RETA entry.
@@ -482,6 +486,8 @@ impl Dispatcher {
                         key = *slot;
                     }
                 }
+                // A later fragment goes where its datagram's first fragment went (after that one's rules).
+                let (key, hash) = if classified { self.frags.follow(data, (key, hash)) } else { (key, hash) };
                 let mut w = match self.spread {
                     Spread::Spray => {
                         let w = self.next;

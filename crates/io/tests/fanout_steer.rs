@@ -24,6 +24,7 @@ use flowplane_io::port::afpacket::AfPacketPort;
 use flowplane_io::port::fanout_steer::{self, KernelSteer};
 use flowplane_io::port::{self, netns, Port, PortOptions, PortSpec, RxQueue};
 use flowplane_packet::{Batch, PacketPool, PoolConfig};
+use flowplane_scale::fragsteer::FragSteer;
 use flowplane_scale::steer::{Classifier, FdirRule, FlowRule, HashOn, Steering};
 use flowplane_trace::TraceReader;
 use flowplane_wire::flow::{FiveTuple, FiveTupleV4};
@@ -90,16 +91,22 @@ fn frames() -> Vec<Vec<u8>> {
     v
 }
 
-/// The worker the software dispatcher picks for `frame` (crates/io/src/dispatch.rs): the
-/// classifier's key (0 when unclassified), an exact-match flow rule bound to that entry, the owner.
-fn oracle(c: &Classifier, owners: &[u16], rules: &[(u16, FlowRule)], frame: &[u8]) -> u16 {
-    let mut key = c.classify(frame).map_or(0, |(k, _)| k);
+/// The key the software dispatcher picks for `frame` (crates/io/src/dispatch.rs): the classifier's key
+/// (0 when unclassified), an exact-match flow rule bound to that entry, and for a later fragment its first
+/// fragment's key (`frags`, fed every frame in arrival order).
+fn oracle_key(c: &Classifier, rules: &[(u16, FlowRule)], frags: &mut FragSteer, frame: &[u8]) -> u16 {
+    let Some((mut key, h)) = c.classify(frame) else { return 0 };
     if (key as usize) < c.reta_size() {
         if let Some((slot, _)) = rules.iter().find(|(_, r)| r.entry == key && r.matches_frame(frame)) {
             key = *slot;
         }
     }
-    owners[key as usize]
+    frags.follow(frame, (key, h)).0
+}
+
+/// The worker the software dispatcher picks for `frame`: its key's owner.
+fn oracle(c: &Classifier, owners: &[u16], rules: &[(u16, FlowRule)], frags: &mut FragSteer, frame: &[u8]) -> u16 {
+    owners[oracle_key(c, rules, frags, frame) as usize]
 }
 
 /// Sends every frame into `ksb`, returns where each arrived (by frame index) on the 3 steered queues of `ksa`.
@@ -151,10 +158,11 @@ fn check(
     rules: &[(u16, FlowRule)],
     frames: &[Vec<u8>],
     got: &HashMap<usize, Vec<usize>>,
+    frags: &mut FragSteer,
 ) {
     let mut wrong = Vec::new();
     for (i, f) in frames.iter().enumerate() {
-        let want = oracle(c, owners, rules, f) as usize;
+        let want = oracle(c, owners, rules, frags, f) as usize;
         match got.get(&i).map(Vec::as_slice) {
             Some([q]) if *q == want => {}
             other => wrong.push(format!("frame {i} ({} bytes): want queue {want}, got {other:?}", f.len())),
@@ -186,25 +194,24 @@ fn round(frames: &[Vec<u8>], c: Classifier, with_rule: bool) {
 
     let got = send_and_collect(&mut *tx, &mut rxs, frames);
     let mut owners = st.owners();
-    check("initial table", &c, &owners, &st.flow_rules(), frames, &got);
+    // Remembers first fragments across both sends, as the kernel's fp_frags does.
+    let mut frags = FragSteer::new();
+    check("initial table", &c, &owners, &st.flow_rules(), frames, &got, &mut frags);
     // The per-(worker, key) counts a moving strategy reads: each frame once, on its owner's row.
     let mut counts = Vec::new();
     steer.counts(&mut counts);
     let keys = steer.keys();
     let mut want = vec![vec![0u64; keys]; QUEUES];
+    let mut counted = FragSteer::new();
     for f in frames {
-        let mut key = c.classify(f).map_or(0, |(k, _)| k) as usize;
-        if key < c.reta_size() {
-            if let Some((slot, _)) = st.flow_rules().iter().find(|(_, r)| r.entry as usize == key && r.matches_frame(f))
-            {
-                key = *slot as usize;
-            }
-        }
+        let key = oracle_key(&c, &st.flow_rules(), &mut counted, f) as usize;
         want[owners[key] as usize][key] += 1;
     }
     assert_eq!(counts, want.concat(), "per-(worker, key) counts");
     let s = steer.stats();
     assert!(s.reta > 0 && s.unclassified > 0 && (s.fdir > 0) != c.rules().is_empty(), "{s:?}");
+    assert_eq!(s.frag, counted.followed, "later fragments that followed their first: {s:?}");
+    assert!(s.frag >= 32, "{s:?}");
     assert_eq!(s.flow > 0, with_rule, "{s:?}");
 
     // Live: a new RETA (every entry moves), one entry set alone, the flow rule removed.
@@ -218,7 +225,7 @@ fn round(frames: &[Vec<u8>], c: Classifier, with_rule: bool) {
         steer.remove_flow_rule(slot).unwrap();
     }
     let got = send_and_collect(&mut *tx, &mut rxs, frames);
-    check("after live RETA and rule changes", &c, &owners, &rules, frames, &got);
+    check("after live RETA and rule changes", &c, &owners, &rules, frames, &got, &mut frags);
 }
 
 #[test]
@@ -325,8 +332,9 @@ fn the_program_computes_the_classifiers_key_on_crafted_and_mutated_frames() {
         k.add_flow_rule(slot, &rule).unwrap();
         let rules = [(slot, rule)];
         let (mut wrong, mut skipped) = (Vec::new(), 0u64);
+        let mut frags = FragSteer::new();
         for (i, f) in corpus.iter().enumerate() {
-            let want = oracle(&c, &identity, &rules, f) as u32;
+            let want = oracle(&c, &identity, &rules, &mut frags, f) as u32;
             let got = match k.run_once(f) {
                 Ok(got) => got,
                 // The kernel refuses to test-run an IP ethertype with a header cut short
@@ -350,7 +358,8 @@ fn the_program_computes_the_classifiers_key_on_crafted_and_mutated_frames() {
             wrong[..wrong.len().min(10)].join("\n")
         );
         let s = k.stats();
-        assert_eq!(s.reta + s.fdir + s.flow + s.unclassified + skipped, corpus.len() as u64, "{s:?}");
+        assert_eq!(s.reta + s.fdir + s.flow + s.unclassified + s.frag + skipped, corpus.len() as u64, "{s:?}");
+        assert_eq!(s.frag, frags.followed, "{s:?}");
         assert!(skipped < corpus.len() as u64 / 4, "{skipped} frames not run");
         assert!(s.flow > 0 && s.unclassified > 0, "{s:?}");
     }

@@ -224,6 +224,11 @@ impl<'a> Pkt<'a> {
             return true;
         }
         self.data[at..at + 16].copy_from_slice(&newb);
+        if field == 24 && self.routed_onward() {
+            // The transport checksum's pseudo-header holds the final destination (RFC 8200 section 8.1),
+            // which a Routing header with segments left names: this address is not in it.
+            return true;
+        }
         if self.meta.proto == IpProtocol::ICMPV6 && self.meta.l4 != 0 {
             let c = self.meta.l4 as usize + 2;
             if let Some(v) = be16(self.data, c) {
@@ -233,6 +238,29 @@ impl<'a> Pkt<'a> {
             self.fix_l4_checksum(|c| update_bytes(c, &old, &newb));
         }
         true
+    }
+
+    /// An IPv6 packet whose extension headers (before the transport header) hold a Routing header with
+    /// segments left: its destination address is the next hop of a source route, not the final one. Walks
+    /// only when there are extension headers (the transport header past the fixed 40 bytes).
+    fn routed_onward(&self) -> bool {
+        let (l3, l4) = (self.meta.l3 as usize, self.meta.l4 as usize);
+        if l4 <= l3 + 40 {
+            return false;
+        }
+        let Some(ip) = self.data.get(l3..l4) else { return false };
+        let (mut nh, mut at) = (ip[6], 40);
+        while let Some(h) = ip.get(at..at + 4) {
+            match nh {
+                43 => return h[3] > 0,
+                0 | 60 => at += (usize::from(h[1]) + 1) * 8,
+                51 => at += (usize::from(h[1]) + 2) * 4,
+                44 => at += 8,
+                _ => return false,
+            }
+            nh = h[0];
+        }
+        false
     }
 
     fn set_port(&mut self, field: usize, port: u16) -> bool {
@@ -296,6 +324,36 @@ mod tests {
         let m = PktMeta::parse(&e);
         let p = Pkt::new(&mut e, &m);
         assert!(p.icmp().is_some_and(|i| i.is_echo_reply() && i.echo_ident() == 9));
+    }
+
+    /// Issue 33 (IPv6 extension headers in every NF): rewriting the destination of a packet with a Routing
+    /// header keeps its UDP checksum right. Frames written by scapy (its checksum uses the final destination
+    /// when segments are left, RFC 8200 8.1): with segments left the rewrite leaves the checksum alone, with
+    /// none it updates it — each time the result is scapy's frame for the new destination.
+    #[test]
+    fn an_ipv6_destination_rewrite_behind_a_routing_header_keeps_the_checksum() {
+        let hex = |s: &str| {
+            (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect::<Vec<u8>>()
+        };
+        let head = "02000000000202000000000186dd6000000000252b40fd000000000000000000000000000005";
+        let cases = [
+            (
+                "20010db8000000000000000000000001110200010000000020010db800000000000000000000000f0fa00035000d815f",
+                "20010db8000000000000000000000099110200010000000020010db800000000000000000000000f0fa00035000d815f",
+            ),
+            (
+                "20010db8000000000000000000000001110200000000000020010db800000000000000000000000f0fa00035000d816d",
+                "20010db8000000000000000000000099110200000000000020010db800000000000000000000000f0fa00035000d80d5",
+            ),
+        ];
+        for (before, after) in cases {
+            let mut f = hex(&format!("{head}{before}68656c6c6f"));
+            let m = PktMeta::parse(&f);
+            assert!(m.valid && m.l4 as usize == 14 + 40 + 24, "{m:?}");
+            let mut p = Pkt::new(&mut f, &m);
+            assert!(p.set_ipv6_dst("2001:db8::99".parse().unwrap()));
+            assert_eq!(f, hex(&format!("{head}{after}68656c6c6f")));
+        }
     }
 
     #[test]

@@ -450,9 +450,17 @@ pub trait StatefulNf: Send + 'static {
         self.process(pkt, state, ctx)
     }
 
-    /// Called when a flow's state is removed (expiry, end of flow, eviction
-    /// excepted): release what it holds (e.g. a NAT port).
+    /// Called when a flow's state is removed (expiry, end of flow): release
+    /// what it holds (e.g. pins on shared state).
     fn release(&mut self, _key: &FiveTuple, _state: &Self::State) {}
+
+    /// Called instead of [`StatefulNf::release`] when the flow table evicts
+    /// the flow's entry to make room for a new flow (`--table-full evict`),
+    /// before the entry is reused. Default: `release`. nat ends the
+    /// translated connection the entry belongs to (frees its port).
+    fn evict(&mut self, key: &FiveTuple, state: &Self::State) {
+        self.release(key, state)
+    }
 
     /// What to do with packets that have no flow key (non-IP, malformed).
     /// Default: pass them on untouched.
@@ -575,6 +583,11 @@ pub trait StatefulNf: Send + 'static {
     /// with `--ipfix`). Records go through [`crate::ipfix::RecordTx::push`]:
     /// no allocation, a full queue counts them lost.
     fn attach_ipfix(&mut self, _tx: crate::ipfix::RecordTx) {}
+
+    /// The run's random hash secret (the flow tables' too), once, before the first packet: an NF with a
+    /// private hash table of keys others choose (fw's connections) keys its hash with it, so nobody can
+    /// compute colliding keys offline (issue 33). Default: nothing.
+    fn set_hash_secret(&mut self, _secret: u32) {}
 
     /// A flow's state ends — `reason`: idle timeout (expiry), end of flow (an
     /// NF ended it), forced end (the run's end) — or is reported at the

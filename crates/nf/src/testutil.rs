@@ -185,6 +185,15 @@ impl<N: StatefulNf> Harness<N> {
         (data, a)
     }
 
+    /// What `--table-full evict` does to a frame's flow: its state goes to the NF's eviction hook and is
+    /// removed (false if the flow had no state).
+    pub fn evict(&mut self, frame: &[u8]) -> bool {
+        let Some(key) = self.key_of(frame) else { return false };
+        let Some(s) = self.states.remove(&key) else { return false };
+        self.nf.evict(&key, &s);
+        true
+    }
+
     /// The state key of a frame (its 5-tuple projected on the NF's granularity).
     pub fn key_of(&self, frame: &[u8]) -> Option<FiveTuple> {
         let m = PktMeta::parse(frame);

@@ -7,6 +7,7 @@
 
 pub mod dyssect;
 pub mod error;
+pub mod fragsteer;
 pub mod nic_profile;
 pub mod rss;
 pub mod steer;

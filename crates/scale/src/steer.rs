@@ -154,6 +154,13 @@ impl Classifier {
         Ok(Classifier { toeplitz: Toeplitz::new(key), mask: (reta_size - 1) as u32, reta_size, on, icmp_inner, rules })
     }
 
+    /// The same classifier hashing with `key` (a run's secret key, [`flowplane_wire::rss::keyed_key`]):
+    /// which flows share a RETA entry is then unknown to anyone without the run's secret.
+    pub fn with_key(mut self, key: &[u8; 40]) -> Self {
+        self.toeplitz = Toeplitz::new(key);
+        self
+    }
+
     /// What the hash covers.
     pub fn hash_on(&self) -> HashOn {
         self.on
@@ -1016,6 +1023,32 @@ mod tests {
         f[34..36].copy_from_slice(&sport.to_be_bytes());
         f[36..38].copy_from_slice(&dport.to_be_bytes());
         f
+    }
+
+    /// Issue 33: with the constant Microsoft key anyone can compute flows that share one RETA entry (so one
+    /// core); under a run's keyed key (two secrets) the same flows spread. (A symmetric key has period 16
+    /// bits, so its hash is a function of the XOR of the tuple's 16-bit words whatever the key: flows built
+    /// with one XOR share an entry under every symmetric key. Only the plain key is protected.)
+    #[test]
+    fn flows_aimed_at_one_entry_spread_under_a_keyed_key() {
+        let plain = Classifier::new(512, false, HashOn::FiveTuple, false, Vec::new()).unwrap();
+        for (c, symmetric) in [(plain, false)] {
+            let aimed: Vec<Vec<u8>> = (0..1u32 << 20)
+                .map(|p| {
+                    let sport = (p as u16).wrapping_mul(7).wrapping_add(1024);
+                    udp([10, (p >> 16) as u8, (p >> 8) as u8, p as u8], [198, 51, 100, 7], sport, 53)
+                })
+                .filter(|f| c.classify(f).unwrap().0 == 0)
+                .take(64)
+                .collect();
+            assert_eq!(aimed.len(), 64);
+            for secret in [1u64, 0xdead_beef] {
+                let keyed = c.clone().with_key(&flowplane_wire::rss::keyed_key(secret, symmetric, 9));
+                let entries: std::collections::BTreeSet<u16> =
+                    aimed.iter().map(|f| keyed.classify(f).unwrap().0).collect();
+                assert!(entries.len() >= 32, "secret {secret}: {} entries", entries.len());
+            }
+        }
     }
 
     #[test]

@@ -52,6 +52,14 @@ use crate::error::TableError;
 pub trait KeyHash<K> {
     /// The 32-bit hash of `key`.
     fn hash(key: &K) -> u32;
+
+    /// The hash of `key` keyed by `secret` (a run's random secret, [`FixedMap::set_secret`]): keys that
+    /// collide under it cannot be computed without the secret. Secret 0 must give [`KeyHash::hash`].
+    /// Default: [`KeyHash::hash`] (a hash of ids the map's owner hands out, not of keys others choose).
+    #[inline(always)]
+    fn hash_keyed(key: &K, _secret: u32) -> u32 {
+        Self::hash(key)
+    }
 }
 
 /// Fibonacci hashing of integer keys (ids, packed addresses): the product's
@@ -207,6 +215,8 @@ pub struct FixedMap<K, V, H> {
     len: usize,
     /// Next slot the sweep looks at.
     cursor: usize,
+    /// The hash's secret ([`KeyHash::hash_keyed`]; 0: unkeyed).
+    secret: u32,
     _h: PhantomData<fn() -> H>,
 }
 
@@ -232,7 +242,18 @@ impl<K: Copy + Eq, V: Copy, H: KeyHash<K>> FixedMap<K, V, H> {
         crate::huge::advise_hugepages(&index);
         let (at, bytes) = slab.span();
         crate::huge::advise_range(at, bytes);
-        Ok(FixedMap { index, mask: slots - 1, slab, live, free, cap: capacity, len: 0, cursor: 0, _h: PhantomData })
+        Ok(FixedMap {
+            index,
+            mask: slots - 1,
+            slab,
+            live,
+            free,
+            cap: capacity,
+            len: 0,
+            cursor: 0,
+            secret: 0,
+            _h: PhantomData,
+        })
     }
 
     /// The most entries the map holds.
@@ -265,10 +286,27 @@ impl<K: Copy + Eq, V: Copy, H: KeyHash<K>> FixedMap<K, V, H> {
         self.slab.len()
     }
 
-    /// `H`'s hash of `key`.
+    /// `H`'s unkeyed hash of `key` (what the map uses before [`Self::set_secret`]).
     #[inline(always)]
     pub fn hash(key: &K) -> u32 {
         H::hash(key)
+    }
+
+    /// The hash this map files `key` under ([`KeyHash::hash_keyed`] with its secret): what
+    /// [`Self::find_hashed`], [`Self::insert_new_hashed`] and the prefetch hints take.
+    #[inline(always)]
+    pub fn hash_of(&self, key: &K) -> u32 {
+        H::hash_keyed(key, self.secret)
+    }
+
+    /// Keys the map's hash with `secret` (a run's random secret). Only while the map is empty (every entry is
+    /// filed under its hash): false, and nothing changed, otherwise.
+    pub fn set_secret(&mut self, secret: u32) -> bool {
+        if self.len != 0 || !self.slab.is_empty() {
+            return false;
+        }
+        self.secret = secret;
+        true
     }
 
     #[inline(always)]
@@ -308,10 +346,10 @@ impl<K: Copy + Eq, V: Copy, H: KeyHash<K>> FixedMap<K, V, H> {
     /// The slot of `key`, if present.
     #[inline]
     pub fn find(&self, key: &K) -> Option<usize> {
-        self.find_hashed(H::hash(key), key)
+        self.find_hashed(self.hash_of(key), key)
     }
 
-    /// The slot of `key` whose hash `hash` the caller already has (it must be `H::hash(key)`).
+    /// The slot of `key` whose hash `hash` the caller already has (it must be [`Self::hash_of`] `key`).
     #[inline]
     pub fn find_hashed(&self, hash: u32, key: &K) -> Option<usize> {
         self.find_pos(hash, key).map(|(_, s)| s)
@@ -381,7 +419,7 @@ impl<K: Copy + Eq, V: Copy, H: KeyHash<K>> FixedMap<K, V, H> {
     /// Stores `value` under `key` and returns its slot: an existing key's value is replaced in place (same slot);
     /// a new key takes [`Self::next_slot`]. [`TableError::Full`] when the key is new and every slot is taken.
     pub fn insert(&mut self, key: K, value: V) -> Result<usize, TableError> {
-        let h = H::hash(&key);
+        let h = self.hash_of(&key);
         if let Some((_, s)) = self.find_pos(h, &key) {
             self.slab[s].value = value;
             return Ok(s);
@@ -416,7 +454,7 @@ impl<K: Copy + Eq, V: Copy, H: KeyHash<K>> FixedMap<K, V, H> {
 
     /// Removes `key`; returns its value.
     pub fn remove(&mut self, key: &K) -> Option<V> {
-        let (i, s) = self.find_pos(H::hash(key), key)?;
+        let (i, s) = self.find_pos(self.hash_of(key), key)?;
         self.unlink(i);
         self.release(s);
         Some(self.slab[s].value)
@@ -429,7 +467,7 @@ impl<K: Copy + Eq, V: Copy, H: KeyHash<K>> FixedMap<K, V, H> {
         }
         let Entry { value, key } = self.slab[slot];
         let want = slot as u64 + 1;
-        let mut i = H::hash(&key) as usize & self.mask;
+        let mut i = self.hash_of(&key) as usize & self.mask;
         // A live slot is indexed, reachable from its home without an empty word between.
         while self.index[i] != 0 {
             if self.index[i] & 0xffff_ffff == want {
@@ -558,6 +596,7 @@ impl<K: Copy, V: Copy, H> Clone for FixedMap<K, V, H> {
             cap: self.cap,
             len: self.len,
             cursor: self.cursor,
+            secret: self.secret,
             _h: PhantomData,
         }
     }

@@ -608,3 +608,115 @@ fn walk_ipv6_ext<const STRICT: bool>(
         Ok(ExtWalk::Transport(nh, l4, more))
     }
 }
+
+/// The datagram an IP fragment belongs to ([`fragment_of`]): what a fragment
+/// table keys it by and where its data sits in the datagram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fragment {
+    /// IPv6 (addresses are 16 bytes) or IPv4 (the first 4 bytes of each).
+    pub v6: bool,
+    /// Source address.
+    pub src: [u8; 16],
+    /// Destination address.
+    pub dst: [u8; 16],
+    /// Identification (IPv4: 16 bits; IPv6: the Fragment header's 32).
+    pub id: u32,
+    /// The datagram's transport protocol (IPv6: the Fragment header's next header).
+    pub proto: u8,
+    /// Offset of this fragment's data in the datagram's fragmentable part, bytes.
+    pub offset: u32,
+    /// Bytes of data this fragment carries (the IP payload; IPv6: after the Fragment header).
+    pub len: u32,
+    /// More fragments follow.
+    pub more: bool,
+}
+
+impl Fragment {
+    /// The fragment carrying the datagram's start (the transport header).
+    pub fn is_first(&self) -> bool {
+        self.offset == 0
+    }
+}
+
+/// The fragment `frame` is (Ethernet, up to two VLAN tags, IPv4 with its
+/// MF flag or an offset; IPv6 with a Fragment extension header, after
+/// hop-by-hop, routing, destination-options or AH headers, at most
+/// [`MAX_EXT_HEADERS`]), or `None`: not a fragment (an IPv6 atomic fragment,
+/// offset 0 without M, is a whole datagram), not IP, or cut short. Reads
+/// headers only; never panics.
+pub fn fragment_of(frame: &[u8]) -> Option<Fragment> {
+    let mut off = 12;
+    let mut et = be16(*chunk::<2>(frame, off).ok()?);
+    for _ in 0..2 {
+        if !is_vlan(et) {
+            break;
+        }
+        off += 4;
+        et = be16(*chunk::<2>(frame, off).ok()?);
+    }
+    let l3 = off + 2;
+    let ip = frame.get(l3..)?;
+    let (mut src, mut dst) = ([0u8; 16], [0u8; 16]);
+    match et {
+        ETHERTYPE_IPV4 => {
+            let h = chunk::<20>(ip, 0).ok()?;
+            let frag = be16([h[6], h[7]]);
+            if frag & 0x3fff == 0 || h[0] >> 4 != 4 {
+                return None;
+            }
+            let ihl = u32::from(h[0] & 0x0f) * 4;
+            src[..4].copy_from_slice(&h[12..16]);
+            dst[..4].copy_from_slice(&h[16..20]);
+            Some(Fragment {
+                v6: false,
+                src,
+                dst,
+                id: u32::from(be16([h[4], h[5]])),
+                proto: h[9],
+                offset: u32::from(frag & 0x1fff) * 8,
+                len: u32::from(be16([h[2], h[3]])).saturating_sub(ihl),
+                more: frag & 0x2000 != 0,
+            })
+        }
+        ETHERTYPE_IPV6 => {
+            let h = chunk::<40>(ip, 0).ok()?;
+            if h[0] >> 4 != 6 {
+                return None;
+            }
+            src.copy_from_slice(&h[8..24]);
+            dst.copy_from_slice(&h[24..40]);
+            let plen = u32::from(be16([h[4], h[5]]));
+            let (mut nh, mut at) = (h[6], 40usize);
+            for _ in 0..MAX_EXT_HEADERS {
+                match nh {
+                    PROTO_HOPOPT | PROTO_ROUTING | PROTO_DSTOPTS | PROTO_AH => {
+                        let e = chunk::<2>(ip, at).ok()?;
+                        at += if nh == PROTO_AH { (e[1] as usize + 2) * 4 } else { (e[1] as usize + 1) * 8 };
+                        nh = e[0];
+                    }
+                    PROTO_FRAGMENT => {
+                        let e = chunk::<8>(ip, at).ok()?;
+                        let (offset, more) = (u32::from(be16([e[2], e[3]]) >> 3) * 8, e[3] & 1 != 0);
+                        if offset == 0 && !more {
+                            return None;
+                        }
+                        let used = (at + 8 - 40) as u32;
+                        return Some(Fragment {
+                            v6: true,
+                            src,
+                            dst,
+                            id: u32::from_be_bytes([e[4], e[5], e[6], e[7]]),
+                            proto: e[0],
+                            offset,
+                            len: plen.saturating_sub(used),
+                            more,
+                        });
+                    }
+                    _ => return None,
+                }
+            }
+            None
+        }
+        _ => None,
+    }
+}

@@ -38,6 +38,57 @@ pub const SYMMETRIC_KEY: [u8; 40] = {
     k
 };
 
+/// A Toeplitz key drawn from `secret` (a run's random secret, issue 33: no
+/// one can compute offline which flows share a queue). `symmetric`: a key of
+/// period 16 bits, as [`SYMMETRIC_KEY`] (both directions of a connection on
+/// one queue), so only 16 of its bits are free. Either way the key is
+/// redrawn until the low `reta_bits` bits of the hash take every value over
+/// the input words (the RETA index is not confined to a subspace; a key of
+/// period 16 has only 16 window positions, so `reta_bits` <= 16 there).
+pub fn keyed_key(secret: u64, symmetric: bool, reta_bits: u32) -> [u8; 40] {
+    let mut x = secret ^ 0x5851_f42d_4c95_7f2d;
+    let mut next = || {
+        // splitmix64
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let bits = reta_bits.min(if symmetric { 16 } else { 32 });
+    loop {
+        let mut k = [0u8; 40];
+        if symmetric {
+            let p = (next() as u16).to_be_bytes();
+            for (i, b) in k.iter_mut().enumerate() {
+                *b = p[i % 2];
+            }
+        } else {
+            for c in k.chunks_mut(8) {
+                c.copy_from_slice(&next().to_le_bytes());
+            }
+        }
+        // GF(2) rank of the low `bits` bits of the first 32 windows: every RETA index reachable.
+        let mask = if bits >= 32 { u32::MAX } else { (1u32 << bits) - 1 };
+        let mut basis = [0u32; 32];
+        let mut rank = 0;
+        for bit in 0..32 {
+            let mut v = key_window(&k, bit) & mask;
+            for b in basis.iter().take(rank) {
+                v = v.min(v ^ b);
+            }
+            if v != 0 {
+                basis[rank] = v;
+                rank += 1;
+                basis[..rank].sort_unstable_by(|a, b| b.cmp(a));
+            }
+        }
+        if rank as u32 == bits {
+            return k;
+        }
+    }
+}
+
 /// Longest input a 40-byte key covers: 320 key bits - 32 + 1 window start
 /// positions, rounded down to bytes.
 pub const MAX_INPUT_LEN: usize = 36;
@@ -305,6 +356,31 @@ impl Reta {
 
 #[cfg(test)]
 mod tests {
+    /// Keyed keys: a function of the secret; symmetric ones keep both directions on one queue; different
+    /// secrets give different keys.
+    #[test]
+    fn keyed_keys_follow_the_secret_and_keep_symmetry() {
+        use super::*;
+        let (a, b) = (keyed_key(1, false, 9), keyed_key(2, false, 9));
+        assert_eq!(a, keyed_key(1, false, 9));
+        assert_ne!(a, b);
+        let s = keyed_key(3, true, 9);
+        assert!(s.chunks(2).all(|c| c == &s[..2]), "period 16 bits: {s:02x?}");
+        let t = Toeplitz::new(&s);
+        for i in 0..50u16 {
+            let f = FiveTuple::new(
+                Ipv4Addr::new(10, 0, (i >> 8) as u8, i as u8).into(),
+                Ipv4Addr::new(192, 0, 2, 7).into(),
+                1000 + i,
+                80,
+                6,
+            )
+            .unwrap();
+            let r = FiveTuple::new(f.dst_ip(), f.src_ip(), f.dst_port(), f.src_port(), 6).unwrap();
+            assert_eq!(t.hash_five_tuple(&f), t.hash_five_tuple(&r));
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -7,13 +7,20 @@ datagrams are interleaved round robin (each datagram's in order). Then:
 * 10.1.0.60 sends the two later fragments of a datagram whose first fragment never comes (orphans);
 * 10.1.0.50 sends a datagram whose second fragment starts 8 bytes in, inside the first fragment (an overlap).
 
-usage: fragments.py OUT.pcap
+usage: fragments.py OUT.pcap [v6]
 prints JSON: what the trace holds by the rule of the fragment table (see crates/engine/src/frag.rs docs).
+
+With `v6` the same over IPv6 (a Fragment extension header, scapy's fragment6 at a 1280-byte MTU): six inside
+hosts fd00::1-6 (source port 5000+i) each send two 3000-byte UDP datagrams to 2001:db8::7 port 9000, the odd
+hosts' with a hop-by-hop and a destination-options header before the Fragment header (the unfragmentable
+part, repeated in every fragment); interleaved round robin; fd00::60 sends a datagram's later fragments only
+(orphans); fd00::50 a datagram whose second fragment starts 8 bytes in (an overlap).
 """
 import json
 import sys
 
-from scapy.all import IP, UDP, Ether, Raw, fragment, wrpcap
+from scapy.all import (IP, UDP, Ether, IPv6, IPv6ExtHdrDestOpt, IPv6ExtHdrFragment, IPv6ExtHdrHopByHop, Raw,
+                       fragment, fragment6, wrpcap)
 
 REMOTE = "198.51.100.7"
 MAC = dict(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
@@ -29,8 +36,41 @@ def frags(src, sport, ident, seed):
     return out
 
 
+def frags6(host, sport, ident, seed, ext):
+    payload = bytes((seed * 37 + k) % 251 for k in range(3000))
+    head = IPv6(src=f"fd00::{host:x}", dst="2001:db8::7")
+    if ext:
+        head = head / IPv6ExtHdrHopByHop() / IPv6ExtHdrDestOpt()
+    return list(fragment6(head / IPv6ExtHdrFragment(id=ident) / UDP(sport=sport, dport=9000) / Raw(payload), 1280))
+
+
+def main_v6(path):
+    datagrams = [frags6(h + 1, 5000 + h, 100 + 2 * h + d, 2 * h + d, h % 2 == 1) for h in range(6) for d in range(2)]
+    n = max(len(d) for d in datagrams)
+    pkts = [d[k] for k in range(n) for d in datagrams if k < len(d)]
+    orphan = frags6(0x60, 6000, 999, 99, False)
+    pkts += orphan[1:]
+    over = frags6(0x50, 6001, 777, 77, False)
+    over[1][IPv6ExtHdrFragment].offset = 1  # 8 bytes in: inside the first fragment's data
+    pkts += over
+    frames = [Ether(**MAC) / p for p in pkts]
+    wrpcap(path, frames)
+    later = sum(len(d) - 1 for d in datagrams)
+    print(json.dumps({
+        "packets": len(frames),
+        "datagrams": len(datagrams),
+        "first": len(datagrams) + 1,
+        "followed": later + len(over) - 2,
+        "orphans": len(orphan) - 1,
+        "overlaps": 1,
+        "v6": len(frames),
+    }))
+
+
 def main():
     path = sys.argv[1]
+    if sys.argv[2:] == ["v6"]:
+        return main_v6(path)
     datagrams = [frags(f"10.1.0.{f + 1}", 5000 + f, 100 + 2 * f + d, 2 * f + d) for f in range(10) for d in range(2)]
     pkts = []
     for k in range(3):

@@ -352,6 +352,12 @@ impl ExecContext {
             )));
         }
         let timeout_ns = chain.idle_timeout_ns.unwrap_or(cfg.default_idle_timeout_ns);
+        // NFs with private tables of keys others choose key their hash with the run's secret (issue 33).
+        for st in chain.stages.iter_mut() {
+            if let Stage::Stateful { nf, .. } = st {
+                nf.set_hash_secret(cfg.hash_seed);
+            }
+        }
         // A coarse NF that declares no timeout takes its group's (known now).
         let Chain { stages, groups, .. } = &mut chain;
         for st in stages.iter_mut() {
@@ -486,22 +492,21 @@ impl ExecContext {
         }
     }
 
-    /// Parses every packet of the batch into `scratch.metas`. IPv4 fragments are judged by the fragment
-    /// table ([`crate::frag`]): a later fragment takes its first fragment's key; overlapping ones and too many
-    /// of one datagram are dropped here, before any lookup.
+    /// Parses every packet of the batch into `scratch.metas`. IPv4 and IPv6 fragments are judged by the
+    /// fragment table ([`crate::frag`]): a later fragment takes its first fragment's key; overlapping ones and
+    /// too many of one datagram are dropped here, before any lookup.
     pub(crate) fn parse(&mut self, batch: &mut Batch) {
         let ExecContext { scratch, stats, frags, .. } = self;
         for i in 0..batch.len() {
             let m = &mut scratch.metas[i];
             m.parse_into(batch.data(i));
             stats.unparsed += u64::from(!m.valid);
-            let FiveTuple::V4(k) = m.tuple else { continue };
             if !m.valid {
                 continue;
             }
-            match frags.judge(batch.data(i), usize::from(m.l3), &k, batch.timestamps()[i]) {
+            match frags.judge(batch.data(i), usize::from(m.l3), &m.tuple, batch.timestamps()[i]) {
                 Judged::Keep => {}
-                Judged::Follow(t) => m.tuple = FiveTuple::V4(t),
+                Judged::Follow(t) => m.tuple = t,
                 Judged::Drop => batch.drop_packet(i),
             }
         }

@@ -92,6 +92,15 @@ pub struct ScrReplica {
 }
 
 impl ScrReplica {
+    /// The replica with its (still empty) tables' hash keyed by the run's `secret`: the same on every
+    /// replica, so they hold the same keys in the same slots; nobody without it can aim keys at one probe run.
+    pub fn with_secret(mut self, secret: u32) -> ScrReplica {
+        for t in self.tables.iter_mut().flatten() {
+            t.map.set_secret(secret);
+        }
+        self
+    }
+
     /// A replica for `core` of `chain` (checked with [`super::refusal`]), exactly `flows`
     /// keys per NF table, idle timeouts from the NFs or `default_timeout_ns`.
     pub fn new(

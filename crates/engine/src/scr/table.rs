@@ -177,6 +177,19 @@ impl KeyHash<u128> for KeyCrc {
     fn hash(key: &u128) -> u32 {
         hash128(*key) as u32
     }
+
+    /// Keyed: each half XOR-ed with the secret's spread and multiplied before the CRC (CRC32C alone is
+    /// linear: a seed moves no collision).
+    #[inline(always)]
+    fn hash_keyed(key: &u128, secret: u32) -> u32 {
+        if secret == 0 {
+            return Self::hash(key);
+        }
+        let spread = (u64::from(secret) << 32 | u64::from(secret)) ^ 0x9E37_79B9_7F4A_7C15;
+        let mix = |w: u64| (w ^ spread).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+        let a = crc32c_u64(secret, mix(*key as u64));
+        crc32c_u64(a, mix((*key >> 64) as u64))
+    }
 }
 
 /// A replica entry's value in the map: its last-seen time (its state lives
@@ -362,7 +375,7 @@ impl ReplicaTable {
 
     #[inline(never)]
     fn lookup_slow(&mut self, key: u128, now: u64) -> Option<Slot> {
-        let h = KeyCrc::hash(&key);
+        let h = self.map.hash_of(&key);
         if let Some(at) = self.map.find_hashed(h, &key) {
             self.hot_key = key;
             self.hot_at = at;

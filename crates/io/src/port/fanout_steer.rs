@@ -29,7 +29,10 @@
 //! - `fp_flows`: exact-match flow rules (Dyssect's offloaded flows), both
 //!   directions of each, to their slot key and the entry they are bound to.
 //! - `fp_stats` (per CPU): frames steered by the RETA, by a rule, by a flow
-//!   rule, and frames not classified.
+//!   rule, frames not classified, and later fragments that followed their first.
+//! - `fp_frags` (LRU hash, 4,096): a first fragment's steering key by its
+//!   datagram (addresses, identification, protocol), which the datagram's later
+//!   fragments take (as [`flowplane_scale::fragsteer::FragSteer`] does).
 //! - `fp_counts` (mmap'ed, from [`KernelSteer::start_counting`] on): frames per
 //!   (worker, key), one atomic add per frame: the loads a strategy that moves
 //!   keys reads. Moves themselves: [`crate::steered`].
@@ -84,6 +87,8 @@ pub struct SteerStats {
     pub flow: u64,
     /// Not classified (key 0).
     pub unclassified: u64,
+    /// Later fragments steered by their first fragment's key (`fp_frags`).
+    pub frag: u64,
 }
 
 /// Whether this build carries the kernel steering program.
@@ -705,7 +710,9 @@ impl KernelSteer {
     /// What the program has steered so far.
     pub fn stats(&self) -> SteerStats {
         let mut s = SteerStats::default();
-        for (i, out) in [&mut s.reta, &mut s.fdir, &mut s.flow, &mut s.unclassified].into_iter().enumerate() {
+        for (i, out) in
+            [&mut s.reta, &mut s.fdir, &mut s.flow, &mut s.unclassified, &mut s.frag].into_iter().enumerate()
+        {
             *out = self.stat(i as u32);
         }
         s

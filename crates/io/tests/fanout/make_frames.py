@@ -82,4 +82,18 @@ for i in range(5):  # other protocols: addresses only (GRE), SCTP ports, ARP (no
     frames.append(Ether(src=E.src, dst="ff:ff:ff:ff:ff:ff") / ARP(psrc="10.0.0.%d" % (i + 1), pdst="10.0.0.254"))
 # Malformed IPv4: total length below the header (refused: key 0).
 frames.append(E / IP(src="10.1.1.1", dst="10.1.1.2", len=12) / UDP() / tag())
+# Fragmented datagrams whose later fragments must go where their first one went (fp_frags): a nat-like
+# reply (the first fragment matches the rule), the flow rule's flow, plain IPv4, IPv6 behind a hop-by-hop
+# header; each first fragment, then two later ones; a later fragment of an unseen datagram (its addresses).
+for i in range(4):
+    frames.append(E / IP(src="10.77.0.%d" % (i + 1), dst="203.0.113.1", flags="MF", id=300 + i) / UDP(sport=80, dport=20100 + i) / tag())
+    frames.append(E / IP(src="10.200.0.1", dst="10.200.0.2", flags="MF", id=400 + i) / UDP(sport=1111, dport=2222) / tag())
+    frames.append(E / IP(src="10.78.0.%d" % (i + 1), dst="10.79.0.1", flags="MF", id=500 + i) / UDP(sport=40000 + i, dport=53) / tag())
+    frames.append(E / IPv6(src="2001:db8::77:%x" % (i + 1), dst="2001:db8::1") / IPv6ExtHdrHopByHop() / IPv6ExtHdrFragment(m=1, offset=0, id=600 + i) / UDP(sport=40000 + i, dport=53) / tag())
+    for k in range(2):
+        frames.append(E / IP(src="10.77.0.%d" % (i + 1), dst="203.0.113.1", flags="MF" if k == 0 else 0, frag=3 + k, proto=17, id=300 + i) / tag())
+        frames.append(E / IP(src="10.200.0.1", dst="10.200.0.2", frag=3 + k, proto=17, id=400 + i) / tag())
+        frames.append(E / IP(src="10.78.0.%d" % (i + 1), dst="10.79.0.1", frag=3 + k, proto=17, id=500 + i) / tag())
+        frames.append(E / IPv6(src="2001:db8::77:%x" % (i + 1), dst="2001:db8::1") / IPv6ExtHdrHopByHop() / IPv6ExtHdrFragment(m=k == 0, offset=3 + k, id=600 + i, nh=17) / tag())
+    frames.append(E / IP(src="10.78.1.%d" % (i + 1), dst="10.79.0.1", frag=3, proto=17, id=700 + i) / tag())
 wrpcap(sys.argv[1], frames)

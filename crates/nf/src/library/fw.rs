@@ -272,6 +272,16 @@ impl KeyHash<FiveTuple> for ConnHash {
     fn hash(key: &FiveTuple) -> u32 {
         key.hash32(HASH_SEED)
     }
+
+    /// Keyed by the run's secret: the table hash's second lane (XOR-then-multiply per word before its CRC;
+    /// the CRC lane alone is linear, a seed would move no collision).
+    #[inline(always)]
+    fn hash_keyed(key: &FiveTuple, secret: u32) -> u32 {
+        if secret == 0 {
+            return Self::hash(key);
+        }
+        (key.hash64(secret ^ HASH_SEED) >> 32) as u32
+    }
 }
 
 /// Preallocated connection table: canonical 5-tuple -> connection, stable slots.
@@ -582,7 +592,7 @@ impl Fw {
         // A reused slot's connection is the next generation of the one it held (kept in the freed slot).
         let gen = self.table.next_slot().and_then(|s| self.table.peek_at(s)).map_or(0, |c| c.gen.wrapping_add(1));
         // Callers open only after the lookup of `key` missed.
-        let Ok(s) = self.table.insert_new_hashed(ConnTable::hash(&key), key, Conn::empty(gen)) else {
+        let Ok(s) = self.table.insert_new_hashed(self.table.hash_of(&key), key, Conn::empty(gen)) else {
             self.c.table_full += 1;
             return None;
         };
@@ -987,7 +997,7 @@ impl StatefulNf for Fw {
         }
         match cur.step {
             1 => {
-                let h = ConnTable::hash(&pkt.tuple().canonical());
+                let h = self.table.hash_of(&pkt.tuple().canonical());
                 cur.input = u64::from(h);
                 Step::at(t.home_word(h))
             }
@@ -1009,6 +1019,11 @@ impl StatefulNf for Fw {
     /// them — have run, so the last unbinding frees the connection only if
     /// it is already idle at the latest packet time this NF has seen;
     /// otherwise the idle check on lookup or the sweep frees it.
+    fn set_hash_secret(&mut self, secret: u32) {
+        // The table is still empty (before the first packet): every connection is filed under the keyed hash.
+        self.table.set_secret(secret);
+    }
+
     fn release(&mut self, _key: &FiveTuple, st: &FwState) {
         let Some(s) = self.bound(st) else { return };
         let c = conn(&mut self.table, s);
@@ -1098,6 +1113,31 @@ mod tests {
 
     fn fw() -> Harness<Fw> {
         Harness::new(Fw::new(FwConfig { conns: 64, ..FwConfig::default() }))
+    }
+
+    /// Issue 33: the connection table's hash was keyed by a constant, so anyone could compute connections
+    /// that share one home position (one long probe run). Under the run's secret (two of them) the same
+    /// connections spread; secret 0 is the old hash; the keyed table still finds what it filed.
+    #[test]
+    fn connection_hash_is_keyed_by_the_runs_secret() {
+        let key =
+            |p: u16| FiveTuple::V4(FiveTupleV4::new([10, 0, (p >> 8) as u8, p as u8].into(), S.into(), p, 443, 6));
+        let aimed: Vec<FiveTuple> =
+            (1..u16::MAX).map(key).filter(|k| ConnHash::hash(k) & 0x3ff == 7).take(64).collect();
+        assert_eq!(aimed.len(), 64);
+        for secret in [1u32, 0x8bad_f00d] {
+            let homes: std::collections::BTreeSet<u32> =
+                aimed.iter().map(|k| ConnHash::hash_keyed(k, secret) & 0x3ff).collect();
+            assert!(homes.len() >= 48, "secret {secret:#x}: {} homes", homes.len());
+        }
+        assert!(aimed.iter().all(|k| ConnHash::hash_keyed(k, 0) == ConnHash::hash(k)));
+        let mut f = Fw::new(FwConfig { conns: 128, ..FwConfig::default() });
+        f.set_hash_secret(0x8bad_f00d);
+        for (i, k) in aimed.iter().enumerate() {
+            let s = f.table.insert_new_hashed(f.table.hash_of(k), *k, Conn::empty(0)).unwrap();
+            assert_eq!(f.table.find(k), Some(s), "{i}");
+        }
+        assert!(!f.table.set_secret(1), "a table with entries keeps its secret");
     }
 
     /// Client -> server segment with `len` payload bytes.

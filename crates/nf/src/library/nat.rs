@@ -35,11 +35,12 @@
 //!   *free* once `t - l > timeout` — decided when the packet looks it up,
 //!   whatever the executor, batch size or expiry sweep did (a last-seen time
 //!   in the future after the clock jumped back is rebased to `t`, never
-//!   expired early). The executor dropping a flow entry (expiry, eviction)
-//!   frees nothing: `nat` declares no release hook.
-//! * **Release**: a port is freed by exactly three events, all on the packet
-//!   clock: an RST from inside (at that packet), the end of TIME_WAIT (below),
-//!   and the idle timeout. Freeing bumps the slot's generation.
+//!   expired early). The executor expiring or ending a flow entry frees
+//!   nothing: `nat` declares no release hook (eviction: below).
+//! * **Release**: a port is freed by exactly four events: an RST from inside
+//!   (at that packet), the end of TIME_WAIT (below), the idle timeout (all on
+//!   the packet clock), and the eviction of the outbound flow's entry under
+//!   `--table-full evict` (below). Freeing bumps the slot's generation.
 //! * **Allocation** (a new outbound flow's first packet): the head of the
 //!   free list (ports freed by RST or TIME_WAIT join its tail, so a released
 //!   port is reused as late as possible); if the list is empty, the first
@@ -88,9 +89,23 @@
 //!   (non-IP, malformed: `dropped_unparsed`) and packets without state
 //!   because the flow table is full (`dropped_table_full`) are DROPPED: the
 //!   NF fails closed, as passing a table-full packet would leak an
-//!   untranslated inside address. `--table-full evict` is refused for nat
-//!   (`NO_EVICT`): the two directions of a connection are two entries, and
-//!   evicting one would remap the connection mid-way or cut its replies.
+//!   untranslated inside address.
+//! * **`--table-full evict`** (the flow table reuses the least recently seen
+//!   of the new flow's 16 candidate entries): a translated connection is a
+//!   pair of entries (outbound, inbound) around one mapping, and the pair
+//!   goes together — never half a pair. The mapping lives in the outbound
+//!   entry (nothing else can find it from the inside 5-tuple), so evicting
+//!   it ends the mapping: the port is freed at once (queued for reuse,
+//!   counted `ports_released` and `evicted_mappings`, an RFC 8158 delete),
+//!   its generation bumped, so the inbound entry left behind is stale: its
+//!   next reply is judged against the port's current holder (dropped,
+//!   `dropped_stale`, unless a new mapping to the same remote holds the port
+//!   and its filter admits it), and the next outbound packet is a new flow
+//!   with a new mapping. Evicting the inbound entry loses nothing: the
+//!   mapping stays whole with its outbound entry, and the next reply builds
+//!   the inbound entry again from the reverse map (`evicted_inbound`).
+//!   Which entries are evicted depends on the batching (a batch looks its
+//!   keys up before it runs them), so executors may differ there.
 //!
 //! **Changing the pool while running** (`flowplane ctl SOCK set nat external
 //! A [addrs N]`, or `ctl reload` of a run's config): the new pool (`external`,
@@ -641,6 +656,8 @@ struct Counters {
     time_wait_released: u64,
     time_wait_full: u64,
     remapped: u64,
+    evicted_mappings: u64,
+    evicted_inbound: u64,
 }
 
 /// The source NAT.
@@ -950,13 +967,10 @@ impl Nat {
 impl StatefulNf for Nat {
     type State = NatState;
     // No release hook: a mapping is freed on the packet clock (RST, TIME_WAIT,
-    // idle at lookup), never when the executor drops a flow entry.
+    // idle at lookup), never when the executor expires or ends a flow entry;
+    // an eviction ends the pair (`evict`).
     const ENDS_FLOWS: bool = true;
     const HAS_PREFETCH: bool = true;
-    // The two directions of a translated connection are two flow entries: evicting one would remap an
-    // outbound flow to a new port mid-connection (the old one held until it idles) or cut its replies.
-    const NO_EVICT: Option<&'static str> =
-        Some("evicting one direction of a translated connection would remap it mid-connection");
     const STEPS: bool = true;
     const ONE_STEP: bool = true;
 
@@ -1052,6 +1066,26 @@ impl StatefulNf for Nat {
         Action::Drop
     }
 
+    fn evict(&mut self, _key: &FiveTuple, st: &NatState) {
+        match st.kind {
+            // The pair's mapping lives here: free the port; the inbound entry is then stale.
+            kind::OUTBOUND | kind::OUTBOUND_CLOSING => {
+                let p = &mut self.pools[(st.pool & 1) as usize];
+                if p.release(st.slot, st.gen) {
+                    self.c.released += 1;
+                    self.c.evicted_mappings += 1;
+                    if let Some(e) = p.rev.get(st.slot as usize) {
+                        // At the latest packet time (the evicting packet's own is not known here).
+                        self.log.session(NatEvent::Nat44SessionDelete, e, st.slot, st.pool, self.now_ns);
+                    }
+                }
+            }
+            // Rebuilt from the reverse map by the next reply while the mapping lives.
+            kind::INBOUND => self.c.evicted_inbound += 1,
+            _ => {}
+        }
+    }
+
     fn passes_without_state(&self) -> bool {
         false
     }
@@ -1107,6 +1141,8 @@ impl StatefulNf for Nat {
             "time_wait_released": c.time_wait_released,
             "time_wait_queue_full": c.time_wait_full,
             "remapped_after_time_wait": c.remapped,
+            "evicted_mappings": c.evicted_mappings,
+            "evicted_inbound": c.evicted_inbound,
             "dropped_filtered": c.filtered,
             "dropped_pool_exhausted": c.exhausted,
             "dropped_unmapped": c.unmapped,
@@ -1938,6 +1974,43 @@ mod tests {
         h.run(&tcp4([10, 0, 0, 4], REMOTE, 6000, 80, syn, 1, 0));
         events(&[(NatEvent::Nat44SessionDelete, 10 * S, 5000), (NatEvent::Nat44SessionCreate, 10 * S, 6000)]);
         assert_eq!(lost.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+
+    /// `--table-full evict` takes a NAT pair as a whole (issue 33): evicting the outbound entry frees the port
+    /// (its replies are then dropped as stale, the next outbound packet maps afresh, and the port goes to the
+    /// free list's tail for reuse); evicting the inbound entry keeps the mapping and the next reply rebuilds it.
+    #[test]
+    fn eviction_ends_a_pair_together_and_frees_its_port() {
+        let mut h = Harness::new(nat(1, 7000, 7001));
+        let (a, b) = (udp4([10, 0, 0, 1], REMOTE, 3000, 53), udp4([10, 0, 0, 2], REMOTE, 3001, 53));
+        assert_eq!(src_of(&h.run(&a).0), (EXT, 7000));
+        assert_eq!(src_of(&h.run(&b).0), (EXT, 7001));
+        let (reply_a, reply_b) = (udp4(REMOTE, EXT, 53, 7000), udp4(REMOTE, EXT, 53, 7001));
+        assert_eq!(dst_of(&h.run(&reply_a).0), ([10, 0, 0, 1], 3000));
+        assert_eq!(dst_of(&h.run(&reply_b).0), ([10, 0, 0, 2], 3001));
+        // B's inbound entry evicted: the mapping stays, the next reply is translated again.
+        assert!(h.evict(&reply_b));
+        assert_eq!(h.run(&reply_b), (udp4(REMOTE, [10, 0, 0, 2], 53, 3001), Action::Pass));
+        // A's outbound entry evicted: the port is free, A's reply (its inbound entry still there) is dropped.
+        assert!(h.evict(&a));
+        assert_eq!(h.nf.ports_in_use(), (0, 1));
+        assert_eq!(h.run(&reply_a).1, Action::Drop);
+        // The freed port is reused: C takes it (the pool has two ports, B holds the other), and A, as a new
+        // flow, finds the pool exhausted.
+        let c = udp4([10, 0, 0, 3], REMOTE, 3002, 54);
+        assert_eq!(src_of(&h.run(&c).0), (EXT, 7000));
+        assert_eq!(h.run(&a).1, Action::Refuse);
+        // A reply from A's remote endpoint never reaches C (filtered by C's remote port under apdf).
+        assert_eq!(h.run(&reply_a).1, Action::Drop);
+        let r = h.nf.report().unwrap();
+        let n = |k: &str| r[k].as_u64().unwrap();
+        assert_eq!((n("evicted_mappings"), n("evicted_inbound"), n("ports_released")), (1, 1, 1), "{r}");
+        assert_eq!((n("mappings_created"), n("dropped_stale"), n("dropped_pool_exhausted")), (3, 2, 1), "{r}");
+        assert_eq!(n("mappings_created") - n("ports_released"), n("udp_ports_in_use"), "{r}");
+        // Evicting states that hold nothing (a refused or pending flow, a stale entry) frees nothing.
+        h.nf.evict(&h.key_of(&a).unwrap(), &Nat::state(kind::PENDING));
+        assert!(h.evict(&reply_a));
+        assert_eq!(h.nf.ports_in_use(), (0, 2));
     }
 
     #[test]
