@@ -87,6 +87,7 @@ pub fn sessions_for(plan: &UpfPlan) -> SessionsFile {
                     .map(|j| QerSpec { id: j + 1, qfi: Some(UpfPlan::qfi(j)), ..Default::default() })
                     .collect(),
                 urrs: vec![UrrSpec { id: 1, volume_threshold: None, ..Default::default() }],
+                bar: None,
             }
         })
         .collect();

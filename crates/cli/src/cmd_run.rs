@@ -98,12 +98,13 @@ pub struct OutputArgs {
     /// Export an NF's state at the end of the run: NF=FILE.csv or NF=FILE.json (repeatable).
     #[arg(long, value_name = "NF=FILE")]
     pub export: Vec<String>,
-    /// Export flow records (fsc) and NAT events (nat) over IPFIX to a collector:
-    /// udp:HOST:PORT, tcp:HOST:PORT or file:PATH (repeatable: every collector gets every message).
+    /// Export flow records (fsc, hh, lb, conntrack, fw), NAT events (nat) and usage records (upf)
+    /// over IPFIX to a collector: udp:HOST:PORT, tcp:HOST:PORT or file:PATH (repeatable: every
+    /// collector gets every message).
     #[arg(long, value_name = "COLLECTOR")]
     pub ipfix: Vec<String>,
-    /// IPFIX active timeout (s of packet time): a live flow is also reported every S
-    /// (default: only at its end — idle timeout, end of flow, end of the run).
+    /// IPFIX active timeout (s of packet time): a live flow (and upf's usage per URR) is also
+    /// reported every S (default: only at its end — idle timeout, end of flow, end of the run).
     #[arg(long, value_name = "S", value_parser = crate::num::positive(1e9))]
     pub ipfix_active: Option<f64>,
     /// Print the report as JSON.

@@ -268,7 +268,7 @@ fn fsc_records_through_nfcapd_equal_the_fsc_export_and_tshark_reads_them() {
 
 /// With an active timeout a flow sends several records whose counts are deltas: the sum of nfdump's records per
 /// flow still equals fsc's export, and long flows were reported more than once. The same run's TCP stream carries
-/// the same records.
+/// the same records (`ipfix read` and tshark).
 #[test]
 fn active_timeout_deltas_sum_to_the_export_over_udp_and_tcp() {
     if !have("nfcapd") {
@@ -333,6 +333,10 @@ fn active_timeout_deltas_sum_to_the_export_over_udp_and_tcp() {
         packets += v["packets"].as_u64().unwrap();
     }
     assert_eq!((n, packets), (records, 3000));
+    // And by tshark: the stream is whole messages back to back (each read as CFLOW, none malformed).
+    if let Some(p) = tshark_packets(&sf, &dir) {
+        assert_eq!(p, 3000);
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -764,7 +768,7 @@ fn hh_records_through_nfcapd_are_the_flows_above_the_threshold() {
 
 /// lb's records (issue 34) carry the flow as received and the backend it was sent to (postNATDestinationIPv4Address,
 /// read by tshark): nfdump's totals equal lb's export, each record's backend is the export's, the same on every
-/// executor and on one or two cores.
+/// executor and on one or two cores; IPv6 flows carry their IPv6 backend (template 261).
 #[test]
 fn lb_records_name_the_backend_of_the_export_on_every_executor() {
     if !have("nfcapd") {
@@ -807,6 +811,21 @@ fn lb_records_name_the_backend_of_the_export_on_every_executor() {
             None => first = Some(rows),
             Some(f) => assert_eq!(f, &rows, "{cores} cores, {exec}: another answer"),
         }
+    }
+    // IPv6 flows to IPv6 backends (template 261, postNATDestinationIPv6Address): tshark reads every message
+    // (none malformed, the packets sum to the trace's); each record's backend is the export's.
+    let t6 = gen(&dir, &["--ipv6"]);
+    let (r, nf, file) =
+        run_to_file(&dir, "lb(backends=4,base6=2001:db8:9::1)", &t6, &["--export", &export, "--cores", "2"]);
+    assert_eq!(r["ipfix"]["flow_records"].as_u64(), Some(300));
+    assert_eq!(tshark_packets(&file, &dir).unwrap_or(3000), 3000);
+    let rows = export_rows(&exp);
+    assert_eq!((rows.len(), nf.len()), (300, 300));
+    for rec in read_records(&file) {
+        let row = &rows[&rec.key];
+        assert!(row["backend"].as_str().is_some_and(|b| b.starts_with("2001:db8:9::")), "{row}");
+        assert_eq!(rec.post_dst.as_deref(), row["backend"].as_str(), "flow {:?}", rec.key);
+        assert_eq!((rec.packets, rec.bytes), (row["packets"].as_u64().unwrap(), row["bytes"].as_u64().unwrap()));
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -861,7 +880,8 @@ json.dump(exp, open(sys.argv[2], "w"))
 /// (fsc: any FIN/RST it saw; conntrack: one the tracker let through), the rest at the run's end (4). Checked on a
 /// scapy trace whose expected records the script states; nfdump's totals equal conntrack's export and the script's
 /// counts, tshark reads each record's reason; conntrack and fw give the same records on every executor and on 2
-/// cores (fw: the directions bound to a connection).
+/// cores (fw: the directions bound to a connection; its `--export` rows, the directions still live, carry their
+/// records' totals).
 #[test]
 fn tcp_ends_give_end_of_flow_records_for_fsc_and_conntrack() {
     if !have("nfcapd") || !have("tshark") {
@@ -884,8 +904,8 @@ fn tcp_ends_give_end_of_flow_records_for_fsc_and_conntrack() {
         })
         .collect();
     assert_eq!(want.len(), 8);
-    let exp = dir.join("ct.json");
-    let export = format!("conntrack={}", s(&exp));
+    let (exp, fw_exp) = (dir.join("ct.json"), dir.join("fw.json"));
+    let (export, fw_export) = (format!("conntrack={}", s(&exp)), format!("fw={}", s(&fw_exp)));
     let mut seen = std::collections::HashSet::new();
     // (chain, the script's reason column, extra options, idle timeout of 2 s)
     for (chain, col, extra, idle) in [
@@ -896,8 +916,8 @@ fn tcp_ends_give_end_of_flow_records_for_fsc_and_conntrack() {
         ("conntrack", 3, vec!["--export", export.as_str(), "--exec", "interleaved"], false),
         ("conntrack", 3, vec!["--exec", "pernf"], true),
         // fw ends a direction itself (close, RST): reason 3 from the engine; C4 found no connection: no record.
-        ("fw", 3, vec![], false),
-        ("fw", 3, vec!["--cores", "2", "--exec", "pernf"], false),
+        ("fw", 3, vec!["--export", fw_export.as_str()], false),
+        ("fw", 3, vec!["--export", fw_export.as_str(), "--cores", "2", "--exec", "pernf"], false),
     ] {
         let mut extra = extra;
         if idle {
@@ -932,6 +952,20 @@ fn tcp_ends_give_end_of_flow_records_for_fsc_and_conntrack() {
         reasons.sort();
         expect.sort();
         assert_eq!(reasons, expect, "{what}");
+        if chain == "fw" {
+            // fw's export: the directions still in the table at the end, each with its records' totals; the
+            // directions it ended itself (close, RST) left the table: their records say so (reason 3).
+            let rows = export_rows(&fw_exp);
+            assert!(!rows.is_empty(), "{what}");
+            for (k, row) in &rows {
+                let (p, b) = (row["packets"].as_u64().unwrap(), row["bytes"].as_u64().unwrap());
+                assert_eq!(nf.get(k).map(|v| (v.1, v.2)), Some((p, b)), "{what}: flow {k:?}");
+                assert!(row["side"] == "orig" || row["side"] == "reply", "{what}: {row}");
+            }
+            for (k, reason) in &reasons {
+                assert!(rows.contains_key(k) || *reason == 3, "{what}: {k:?} neither exported nor ended");
+            }
+        }
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -993,9 +1027,11 @@ fn evicted_flows_are_reported_with_lack_of_resources() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// upf's per-session usage (issue 34): at the run's end one record per URR and direction — the SEID as flowId
-/// (IE 148), the direction as flowDirection (IE 61, 0 = uplink), octetDeltaCount and packetDeltaCount — equal to
-/// upf's own export of the same run (tshark reads the records, none malformed), on one and two cores.
+/// upf's per-session usage (issue 34): records per core, URR and direction — the SEID as flowId (IE 148), the
+/// direction as flowDirection (IE 61, 0 = uplink), octetDeltaCount and packetDeltaCount of what the core counted since
+/// its previous record — read by tshark (none malformed) sum to upf's own export of the same run, on one and two
+/// cores; with `--ipfix-active 0.5` over 2 s of packet time each URR and direction is reported several times
+/// (deltas at increasing observation times), still summing to the export.
 #[test]
 fn upf_usage_records_equal_the_upf_export() {
     if !have("tshark") {
@@ -1004,24 +1040,21 @@ fn upf_usage_records_equal_the_upf_export() {
     let dir = tmpdir("upf");
     let (sessions, t) = (dir.join("s.toml"), dir.join("u.pcap"));
     ok(&flowplane(&["upf", "sessions", "--sessions", "20", "--pdrs", "2", "-o", s(&sessions)]), "upf sessions");
-    ok(&flowplane(&["gen", "--proto", "gtpu", "--upf", "20x2:both", "--packets", "2000", "-o", s(&t)]), "gen");
+    // 2000 packets at 1000/s: 2 s of packet time.
+    let g = ["gen", "--proto", "gtpu", "--upf", "20x2:both", "--packets", "2000", "--rate", "1000", "-o", s(&t)];
+    ok(&flowplane(&g), "gen");
     let (exp, file) = (dir.join("upf.json"), dir.join("u.ipfix"));
     let chain = format!("upf(sessions={})", s(&sessions));
-    for cores in ["1", "2"] {
-        let r = report(&flowplane(&[
-            "run",
-            "--chain",
-            &chain,
-            "--input",
-            s(&t),
-            "--cores",
-            cores,
-            "--ipfix",
-            &format!("file:{}", s(&file)),
-            "--export",
-            &format!("upf={}", s(&exp)),
-            "--json",
-        ]));
+    for (cores, active) in [("1", None), ("2", None), ("2", Some("0.5"))] {
+        let what = format!("{cores} cores, active {active:?}");
+        let (file_arg, export) = (format!("file:{}", s(&file)), format!("upf={}", s(&exp)));
+        let mut args = vec!["run", "--chain", &chain, "--input", s(&t), "--cores", cores, "--ipfix", &file_arg];
+        args.extend_from_slice(&["--export", &export, "--json"]);
+        if let Some(a) = active {
+            args.extend_from_slice(&["--ipfix-active", a]);
+        }
+        let r = report(&flowplane(&args));
+        assert_eq!(r["ipfix"]["lost"].as_u64(), Some(0), "{what}: {}", r["ipfix"]);
         let rows: Value = serde_json::from_str(&std::fs::read_to_string(&exp).unwrap()).unwrap();
         let mut want = HashMap::new();
         for row in rows.as_array().unwrap() {
@@ -1029,28 +1062,47 @@ fn upf_usage_records_equal_the_upf_export() {
             want.insert((u("seid"), 0), (u("ul_bytes"), u("ul_packets")));
             want.insert((u("seid"), 1), (u("dl_bytes"), u("dl_packets")));
         }
-        assert_eq!(want.len(), 40, "{cores} cores: {rows}");
-        assert_eq!(r["ipfix"]["usage_records"].as_u64(), Some(40), "{}", r["ipfix"]);
+        assert_eq!(want.len(), 40, "{what}: {rows}");
         // Every packet was forwarded, so the records' packets sum to the trace's.
-        assert_eq!(tshark_packets(&file, &dir), Some(2000));
+        assert_eq!(tshark_packets(&file, &dir), Some(2000), "{what}");
         let pcap = dir.join("ipfix.pcap");
         let f = ["-e", "cflow.flow_id", "-e", "cflow.direction", "-e", "cflow.octets", "-e", "cflow.packets"];
         let out = Command::new("tshark")
             .args(["-r", s(&pcap), "-d", "udp.port==4739,cflow", "-Y", "cflow.flow_id", "-T", "fields"])
             .args(f)
+            // (Times print as dates, with a comma: the records' values are joined by ';'.)
+            .args(["-e", "cflow.observation_time_milliseconds", "-E", "aggregator=;"])
             .output()
             .expect("tshark");
-        let mut got = HashMap::new();
+        // (SEID, direction) -> (bytes, packets) summed over its records, and its records' observation times.
+        let mut got: HashMap<(u64, u64), (u64, u64)> = HashMap::new();
+        let mut times: HashMap<(u64, u64), Vec<String>> = HashMap::new();
+        let mut records = 0;
         for line in ok(&out, "tshark").lines() {
-            let cols: Vec<Vec<u64>> =
-                line.split('\t').map(|c| c.split(',').map(|v| v.parse().expect("number")).collect()).collect();
+            let cols: Vec<Vec<&str>> = line.split('\t').map(|c| c.split(';').collect()).collect();
+            let n = |c: usize, i: usize| cols[c][i].parse::<u64>().expect("number");
             // Each column lists the message's records in order.
-            let (seid, direction, octets, packets) = (&cols[0], &cols[1], &cols[2], &cols[3]);
-            for (i, &id) in seid.iter().enumerate() {
-                got.insert((id, direction[i]), (octets[i], packets[i]));
+            for (i, time) in cols[4].iter().enumerate() {
+                let e = got.entry((n(0, i), n(1, i))).or_default();
+                e.0 += n(2, i);
+                e.1 += n(3, i);
+                times.entry((n(0, i), n(1, i))).or_default().push(time.to_string());
+                records += 1;
             }
         }
-        assert_eq!(got, want, "{cores} cores");
+        assert_eq!(got, want, "{what}");
+        assert_eq!(r["ipfix"]["usage_records"].as_u64(), Some(records), "{what}");
+        if active.is_some() {
+            // About one record per 0.5 s per core a URR's packets reach: several each, at distinct times.
+            let several = times.values().filter(|t| t.len() >= 3).count();
+            assert!(several >= 30, "{what}: only {several} of 40 URR directions reported 3+ times");
+            for (k, t) in &times {
+                let distinct: std::collections::HashSet<&String> = t.iter().collect();
+                assert!(distinct.len() * 2 >= t.len(), "{what}: {k:?} at {t:?}");
+            }
+        } else {
+            assert!((40..=80).contains(&records), "{what}: {records} records (one per core at most)");
+        }
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -139,19 +139,6 @@ impl Stage {
             Stage::Stateful { nf, .. } => nf.export_report_rows(merged),
         }
     }
-
-    /// A batch element that feeds IPFIX usage records at the run's end (`upf`).
-    pub fn ipfix_usage_on(&self) -> bool {
-        matches!(self, Stage::Stateless(n) if n.ipfix_usage_on())
-    }
-
-    /// Its usage records, from its report merged over every core, at the run's end `end_ns`.
-    pub fn ipfix_usage(&self, merged: &serde_json::Value, end_ns: u64) -> Vec<flowplane_nf::ipfix::UsageExport> {
-        match self {
-            Stage::Stateless(n) => n.ipfix_usage(merged, end_ns),
-            Stage::Stateful { .. } => Vec::new(),
-        }
-    }
 }
 
 /// One core's compiled chain.

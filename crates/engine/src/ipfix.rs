@@ -7,7 +7,10 @@
 //! (`--table-full evict`: before the entry is reused), the run's end) and
 //! of the active timeout (a paced walk over the flow table,
 //! `ExecContext::active_sweep`). Feeders: fsc, hh, lb, conntrack, fw (flow
-//! records; lb's carry the backend) and nat (RFC 8158 events).
+//! records; lb's carry the backend), nat (RFC 8158 events) and upf (usage
+//! records: a batch element, given its queue and the active timeout through
+//! `Nf::attach_ipfix`, keeps its own timer on the batch's time and sends
+//! deltas; told of the run's end through `Nf::ipfix_end`).
 //! A full queue counts the record as lost; a worker never waits.
 //!
 //! The thread drains the queues, turns packet-clock times into
@@ -18,7 +21,11 @@
 //! `flowplane_wire::ipfix` templates: sent in the first message, then again
 //! every [`TEMPLATE_REFRESH`] (UDP collectors may have missed them), to
 //! every collector. One observation domain (id 1) per run, its sequence
-//! number counting the data records sent before each message.
+//! number counting the data records sent before each message. UDP sends one
+//! datagram per message; TCP and file collectors are buffered (64 KiB, handed
+//! to the kernel whenever the exporter is idle). The report carries the
+//! exporter thread's CPU time: records per second of it is the exporter's own
+//! rate (`bench pipeline --only ipfix`).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -111,7 +118,7 @@ pub struct IpfixReport {
     pub flow_records: u64,
     /// NAT event records sent.
     pub nat_records: u64,
-    /// Usage records sent (`upf`: one per URR and direction, at the run's end).
+    /// Usage records sent (`upf`: per core, URR and direction, at active timeouts and the run's end).
     pub usage_records: u64,
     /// Records lost: a full queue (the NF went on) or a record the templates cannot carry (IPv6 NAT).
     pub lost: u64,
@@ -121,13 +128,26 @@ pub struct IpfixReport {
     pub bytes: u64,
     /// Sends or writes that failed (a UDP collector not listening, a closed TCP connection).
     pub send_errors: u64,
+    /// CPU time of the exporter thread (ms; the thread's CPU clock, 0 where unknown): with the records
+    /// sent, the exporter's own rate (records per second of its CPU time), whatever the run's length.
+    pub cpu_ms: f64,
 }
 
 impl IpfixReport {
+    /// Records sent (flow, NAT and usage).
+    pub fn records(&self) -> u64 {
+        self.flow_records + self.nat_records + self.usage_records
+    }
+
+    /// Records sent per second of the exporter thread's CPU time (None: no CPU time measured).
+    pub fn records_per_cpu_s(&self) -> Option<f64> {
+        (self.cpu_ms > 0.0).then(|| self.records() as f64 / (self.cpu_ms / 1e3))
+    }
+
     /// One line for the text report.
     pub fn line(&self) -> String {
         format!(
-            "ipfix        {} flow records, {} NAT events, {} usage records, {} lost, {} messages ({} bytes), {} send errors -> {}",
+            "ipfix        {} flow records, {} NAT events, {} usage records, {} lost, {} messages ({} bytes), {} send errors, exporter {:.1} ms CPU -> {}",
             self.flow_records,
             self.nat_records,
             self.usage_records,
@@ -135,6 +155,7 @@ impl IpfixReport {
             self.messages,
             self.bytes,
             self.send_errors,
+            self.cpu_ms,
             self.collectors.join(", ")
         )
     }
@@ -142,9 +163,13 @@ impl IpfixReport {
 
 enum Out {
     Udp(UdpSocket),
-    Tcp(Option<TcpStream>),
+    /// Buffered: one write per 64 KiB of messages, not per message (flushed whenever the exporter is idle).
+    Tcp(Option<std::io::BufWriter<TcpStream>>),
     File(std::io::BufWriter<std::fs::File>),
 }
+
+/// Buffer of a TCP collector's stream.
+const TCP_BUFFER: usize = 1 << 16;
 
 /// The running exporter: hands out queues, then is finished once the workers stopped.
 pub struct Exporter {
@@ -180,7 +205,7 @@ impl Exporter {
                 }
                 Collector::Tcp(a) => {
                     let s = TcpStream::connect_timeout(&resolve(a)?, Duration::from_secs(2)).map_err(err)?;
-                    Out::Tcp(Some(s))
+                    Out::Tcp(Some(std::io::BufWriter::with_capacity(TCP_BUFFER, s)))
                 }
                 Collector::File(p) => Out::File(std::io::BufWriter::new(std::fs::File::create(p).map_err(err)?)),
             });
@@ -256,6 +281,8 @@ struct Encoder {
     sequence: u32,
     templates: Vec<TemplateRepr>,
     last_templates: Option<Instant>,
+    /// Templates go again after this long ([`TEMPLATE_REFRESH`]; shorter in tests).
+    refresh: Duration,
     pending: Vec<Rec>,
     reported: Reported,
     buf: Vec<u8>,
@@ -270,6 +297,7 @@ impl Encoder {
             sequence: 0,
             templates: templates(),
             last_templates: None,
+            refresh: TEMPLATE_REFRESH,
             pending: Vec::new(),
             reported: HashMap::default(),
             buf: Vec::with_capacity(MAX_MESSAGE),
@@ -277,6 +305,7 @@ impl Encoder {
     }
 
     fn run(mut self, rx: mpsc::Receiver<(u32, rtrb::Consumer<ExportRecord>)>, stop: &AtomicBool) -> IpfixReport {
+        let cpu0 = flowplane_io::cpu::thread_cpu_ns();
         let mut rings: Vec<(u32, rtrb::Consumer<ExportRecord>)> = Vec::new();
         loop {
             // Read before draining: records pushed before `stop` are then all seen by the last pass.
@@ -285,14 +314,15 @@ impl Encoder {
             let mut n = 0;
             for (ingress, ring) in &mut rings {
                 // A bounded chunk per ring, so one busy core does not starve the others' queues.
-                for _ in 0..4096 {
-                    let Ok(r) = ring.pop() else { break };
+                let Ok(chunk) = ring.read_chunk(ring.slots().min(4096)) else { continue };
+                n += chunk.len();
+                for r in chunk {
                     self.add(*ingress, r);
-                    n += 1;
                 }
             }
             if n == 0 {
                 self.flush();
+                self.sync();
                 if stopping {
                     break;
                 }
@@ -300,6 +330,15 @@ impl Encoder {
             }
         }
         self.flush();
+        self.sync();
+        if let (Some(a), Some(b)) = (cpu0, flowplane_io::cpu::thread_cpu_ns()) {
+            self.report.cpu_ms = b.saturating_sub(a) as f64 / 1e6;
+        }
+        self.report
+    }
+
+    /// Hands the buffered streams' bytes to the kernel (the exporter is idle, or done).
+    fn sync(&mut self) {
         for o in &mut self.outs {
             let r = match o {
                 Out::File(f) => f.flush(),
@@ -308,9 +347,11 @@ impl Encoder {
             };
             if r.is_err() {
                 self.report.send_errors += 1;
+                if let Out::Tcp(c) = o {
+                    *c = None;
+                }
             }
         }
-        self.report
     }
 
     fn ms(&self, ns: u64) -> u64 {
@@ -321,13 +362,20 @@ impl Encoder {
         let rec = match r {
             ExportRecord::Flow(f) => {
                 let key = (ingress, f.tuple, f.first_ns);
-                let active = f.reason == EndReason::ActiveTimeout;
-                let prev = if active { self.reported.get(&key).copied() } else { self.reported.remove(&key) };
+                // One probe per record: an active report updates its entry in place; an end takes it (no probe
+                // at all while no flow has an active report, e.g. without an active timeout).
+                let prev = if f.reason == EndReason::ActiveTimeout {
+                    let e = self.reported.entry(key).or_insert((0, 0, f.first_ns));
+                    let prev = *e;
+                    *e = (f.packets, f.bytes, f.last_ns);
+                    Some(prev)
+                } else if self.reported.is_empty() {
+                    None
+                } else {
+                    self.reported.remove(&key)
+                };
                 let (p0, b0, start_ns) = prev.unwrap_or((0, 0, f.first_ns));
                 let (packets, bytes) = (f.packets.saturating_sub(p0), f.bytes.saturating_sub(b0));
-                if active {
-                    self.reported.insert(key, (f.packets, f.bytes, f.last_ns));
-                }
                 // Nothing new since the last report.
                 if packets == 0 {
                     return;
@@ -345,8 +393,11 @@ impl Encoder {
             }
             ExportRecord::Usage(u) => {
                 let time_ms = self.ms(u.time_ns);
-                // Uplink: ingress (0); downlink: egress (1).
+                // Uplink: ingress (0); downlink: egress (1). A direction without new packets sends nothing.
                 for (direction, (bytes, packets)) in [(0u8, u.ul), (1, u.dl)] {
+                    if packets == 0 {
+                        continue;
+                    }
                     self.pending.push(Rec::Usage(UsageRecord {
                         seid: u.seid,
                         urr: u.urr,
@@ -356,6 +407,7 @@ impl Encoder {
                         time_ms,
                     }));
                 }
+                self.flush_full();
                 return;
             }
             ExportRecord::Nat(n) => {
@@ -382,6 +434,12 @@ impl Encoder {
             }
         };
         self.pending.push(rec);
+        self.flush_full();
+    }
+
+    /// Writes the pending records once they fill a message.
+    #[inline]
+    fn flush_full(&mut self) {
         if self.pending.len() >= MAX_MESSAGE / flowplane_wire::ipfix::FLOW4_LEN {
             self.flush();
         }
@@ -389,7 +447,7 @@ impl Encoder {
 
     /// Writes the pending records as messages of at most [`MAX_MESSAGE`] bytes.
     fn flush(&mut self) {
-        let due = self.last_templates.is_none_or(|t| t.elapsed() >= TEMPLATE_REFRESH);
+        let due = self.last_templates.is_none_or(|t| t.elapsed() >= self.refresh);
         if self.pending.is_empty() && !due {
             return;
         }
@@ -491,8 +549,12 @@ mod tests {
             pool: 0,
         }));
         q.push(ExportRecord::Usage(UsageExport { seid: 9, urr: 1, ul: (300, 3), dl: (4000, 4), time_ns: 2_000_000 }));
+        // A later delta with nothing downlink: one record.
+        q.push(ExportRecord::Usage(UsageExport { seid: 9, urr: 1, ul: (100, 1), dl: (0, 0), time_ns: 3_000_000 }));
         let r = ex.finish();
-        assert_eq!((r.flow_records, r.nat_records, r.usage_records, r.lost), (2, 1, 2, 0));
+        assert_eq!((r.flow_records, r.nat_records, r.usage_records, r.lost), (2, 1, 3, 0));
+        // The exporter thread's own CPU time is measured (Linux).
+        assert!(r.cpu_ms > 0.0 && r.records_per_cpu_s().is_some_and(|x| x > 0.0), "{r:?}");
         let bytes = std::fs::read(&dir).unwrap();
         let _ = std::fs::remove_file(&dir);
         let mut d = Decoder::new();
@@ -512,9 +574,45 @@ mod tests {
         assert_eq!((nat[0].event, nat[0].sport, nat[0].post_sport), (4, 7, 1024));
         let usage: Vec<_> = recs.iter().filter_map(UsageRecord::from_fields).collect();
         let u =
-            |direction, bytes, packets| UsageRecord { seid: 9, urr: 1, direction, bytes, packets, time_ms: 1_000_002 };
-        assert_eq!(usage, vec![u(0, 300, 3), u(1, 4000, 4)]);
+            |direction, bytes, packets, time_ms| UsageRecord { seid: 9, urr: 1, direction, bytes, packets, time_ms };
+        assert_eq!(usage, vec![u(0, 300, 3, 1_000_002), u(1, 4000, 4, 1_000_002), u(0, 100, 1, 1_000_003)]);
         assert_eq!(d.missing, 0);
+    }
+
+    /// RFC 7011 section 8.4: over UDP, templates are sent again periodically (the collector may have missed them);
+    /// each message's sequence number counts the data records sent before it.
+    #[test]
+    fn templates_are_sent_again_after_the_refresh_time_and_sequence_numbers_count_records() {
+        let dir = std::env::temp_dir().join(format!("fp-ipfix-unit-refresh-{}", std::process::id()));
+        let out = Out::File(std::io::BufWriter::new(std::fs::File::create(&dir).unwrap()));
+        let mut e = Encoder::new(0, vec![out], IpfixReport::default());
+        e.refresh = Duration::from_millis(30);
+        let rec =
+            |sp, packets| ExportRecord::Flow(FlowExport::new(tuple(sp), packets, 1, 0, 0, EndReason::IdleTimeout));
+        // Message 1: templates and 2 records; message 2 (before the refresh time): 3 records, no templates;
+        // message 3 (after it): templates again and 1 record.
+        e.add(0, rec(1, 1));
+        e.add(0, rec(2, 1));
+        e.flush();
+        for sp in 3..6 {
+            e.add(0, rec(sp, 1));
+        }
+        e.flush();
+        std::thread::sleep(Duration::from_millis(40));
+        e.add(0, rec(6, 1));
+        e.flush();
+        e.sync();
+        let bytes = std::fs::read(&dir).unwrap();
+        let _ = std::fs::remove_file(&dir);
+        let mut at = 0;
+        let mut seen = Vec::new();
+        while at < bytes.len() {
+            let m = flowplane_wire::ipfix::Message::new_checked(&bytes[at..]).unwrap();
+            let sets: Vec<u16> = m.sets().map(|s| s.unwrap().id).collect();
+            seen.push((m.sequence(), sets.contains(&2), sets.iter().filter(|&&id| id >= 256).count()));
+            at += m.length() as usize;
+        }
+        assert_eq!(seen, vec![(0, true, 1), (2, false, 1), (5, true, 1)]);
     }
 
     #[test]

@@ -460,16 +460,6 @@ pub(crate) fn run_workers(
         }
     });
     let details = merge_details(&workers, &pipelines);
-    // Batch elements' usage records (upf's URRs) from their reports merged over every core.
-    if let (Some(e), Some(first)) = (&ipfix, pipelines.first()) {
-        let end = first.run_end().unwrap_or(0);
-        let mut q = None;
-        for ((_, stage), merged) in first.stages().into_iter().zip(&details) {
-            for u in merged.as_ref().map(|m| stage.ipfix_usage(m, end)).unwrap_or_default() {
-                q.get_or_insert_with(|| e.queue(0)).push(flowplane_nf::ipfix::ExportRecord::Usage(u));
-            }
-        }
-    }
     let mut report = Report::from_workers(spec, cfg, &workers, details, elapsed, hz);
     report.ipfix = ipfix.map(crate::ipfix::Exporter::finish);
     if let Feed::Port(p) = &feed {

@@ -228,6 +228,8 @@ pub struct Worker<'a> {
     /// Idle timer ticks (live sources): TSC cycles between two, and the last one's TSC.
     tick_every: u64,
     last_tick: u64,
+    /// The chain keeps packets to send later (`Pipeline::holds_packets`): asked after every batch and when idle.
+    holds: bool,
 }
 
 /// How often an idle live worker advances its packet clock (expiry, NF timers): 100 ms.
@@ -247,6 +249,7 @@ impl<'a> Worker<'a> {
         ctl: Option<Control<'a>>,
     ) -> Self {
         let batch = Batch::new(&pool);
+        let holds = exec.holds_packets();
         Worker {
             core,
             pool,
@@ -270,6 +273,7 @@ impl<'a> Worker<'a> {
             recent_cpp: 0.0,
             tick_every: (IDLE_TICK.as_secs_f64() * tsc::hz()) as u64,
             last_tick: 0,
+            holds,
         }
     }
 
@@ -315,6 +319,19 @@ impl<'a> Worker<'a> {
             Rx::Idle => {
                 if let Some(c) = self.ctl.as_mut() {
                     c.release(self.source.as_mut(), &mut self.exec, res);
+                }
+                if self.holds {
+                    // Packets an element releases with no traffic (a buffering FAR forwarding again).
+                    let ctx = NfContext { now_tsc: now, now_ns: self.source.clock_ns().unwrap_or(0) };
+                    self.exec.release(&mut self.pool, &mut self.batch, &ctx);
+                    if !self.batch.is_empty() {
+                        let tx = self.sink.tx_burst(&mut self.pool, &mut self.batch);
+                        let res = &mut self.res;
+                        res.tx.sent += tx.sent;
+                        res.tx.bytes += tx.bytes;
+                        res.tx.dropped += tx.dropped;
+                        res.tx.errors += tx.errors;
+                    }
                 }
                 self.idle_tick(now);
                 return if stop.load(Ordering::Relaxed) { Step::Done } else { Step::Idle };
@@ -368,6 +385,10 @@ impl<'a> Worker<'a> {
             // Within the reserved capacity: no allocation.
             self.arrivals.clear();
             self.arrivals.extend_from_slice(batch.timestamps());
+        }
+        if self.holds {
+            // Released packets leave behind the batch's own (not counted as received or timed).
+            self.exec.release(&mut self.pool, batch, &ctx);
         }
         let tx = self.sink.tx_burst(&mut self.pool, batch);
         res.tx.sent += tx.sent;

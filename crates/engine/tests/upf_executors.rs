@@ -77,6 +77,7 @@ fn sessions_file(tag: &str) -> std::path::PathBuf {
             ],
             qers: vec![],
             urrs: vec![UrrSpec { id: 1, volume_threshold: Some(500), ..Default::default() }],
+            bar: None,
         })
         .collect();
     let path = std::env::temp_dir().join(format!("flowplane-upf-exec-{tag}-{}.toml", std::process::id()));

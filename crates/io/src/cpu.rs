@@ -27,6 +27,16 @@ pub fn pin_current_thread(core: usize) -> bool {
     }
 }
 
+/// CPU time the calling thread has run, in ns (`CLOCK_THREAD_CPUTIME_ID`:
+/// exact, unlike `/proc`'s figures, which move at scheduler events); None if
+/// the clock is unavailable.
+pub fn thread_cpu_ns() -> Option<u64> {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into the valid, exclusively borrowed `ts`.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -77,17 +77,18 @@ pub struct NatExport {
     pub pool: u32,
 }
 
-/// A usage rule's counts (a UPF URR, summed over every core) at the run's
-/// end: the exporter sends one record per direction.
+/// What a usage rule (a UPF URR) counted on one core since that core's
+/// previous record of it (deltas: an active timeout, the rule's removal, the
+/// run's end): the exporter sends one record per direction with packets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UsageExport {
     /// The session (SEID).
     pub seid: u64,
     /// The usage rule (URR ID).
     pub urr: u32,
-    /// Uplink bytes and packets.
+    /// Uplink bytes and packets since the previous record.
     pub ul: (u64, u64),
-    /// Downlink bytes and packets.
+    /// Downlink bytes and packets since the previous record.
     pub dl: (u64, u64),
     /// When (packet clock, ns).
     pub time_ns: u64,

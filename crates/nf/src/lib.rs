@@ -38,7 +38,7 @@ pub mod topk;
 // The NF modules keep their paths: `flowplane_nf::nat::Nat`.
 pub use library::*;
 
-use flowplane_packet::Batch;
+use flowplane_packet::{Batch, PacketPool};
 use serde::Serialize;
 
 pub use param_spec::{ParamKind, ParamSpec};
@@ -146,22 +146,45 @@ pub trait Nf: Send {
         Err(fixed_for_run(self.name()))
     }
 
-    /// The element feeds the IPFIX exporter usage records at the run's end
-    /// ([`Nf::ipfix_usage`]; `upf`'s URRs). Default: no.
+    /// The element feeds the IPFIX exporter usage records (`upf`'s URRs):
+    /// the engine then hands it a record queue ([`Nf::attach_ipfix`]) and
+    /// tells it of the run's end ([`Nf::ipfix_end`]). Default: no.
     fn ipfix_usage_on(&self) -> bool {
         false
     }
 
-    /// Usage records from the report merged over every core, at the run's
-    /// end `end_ns` (`--ipfix`). Default: none.
-    fn ipfix_usage(&self, _merged: &serde_json::Value, _end_ns: u64) -> Vec<ipfix::UsageExport> {
-        Vec::new()
-    }
+    /// Takes this core's IPFIX record queue (`--ipfix`) and the active
+    /// timeout (`--ipfix-active`: report what was counted since the last
+    /// record every `active_ns` of packet time; None: only at the run's end).
+    /// The element checks its timer itself: per call of [`Nf::process`]
+    /// (the batch's time, `NfContext::now_ns`) and [`Nf::tick`] (an idle
+    /// port), never per packet. Default: the queue is dropped.
+    fn attach_ipfix(&mut self, _tx: ipfix::RecordTx, _active_ns: Option<u64>) {}
+
+    /// The run's end (`end_ns`: its last packet time over every core): the
+    /// records of what was counted since the last ones. Default: none.
+    fn ipfix_end(&mut self, _end_ns: u64) {}
 
     /// Time passed on the packet clock without a packet (an idle live port's timer
     /// tick, about ten times a second): private timers advance to `now_ns`.
     /// Default: nothing (state judged at lookup needs no timer).
     fn tick(&mut self, _now_ns: u64) {}
+
+    /// The element keeps packets to send later ([`Nf::release`]): `upf`'s
+    /// buffering FARs. Asked once when the chain is built. Default: no.
+    fn holds_packets(&self) -> bool {
+        false
+    }
+
+    /// Packets the element sends now that no batch brought (buffered packets
+    /// whose FAR forwards again): appended to `out` (at most `out.room()`,
+    /// copies into buffers from `pool`, verdicts set), in the order they must
+    /// leave. The worker calls it after the chain ran a batch — the packets
+    /// leave behind that batch's own and later stages do not see them — and
+    /// when its source is idle (into an empty batch, `ctx.now_ns` the source's
+    /// clock). No allocation: a pool or batch without room leaves the rest for
+    /// the next call. Only called when [`Nf::holds_packets`] said so.
+    fn release(&mut self, _pool: &mut PacketPool, _out: &mut Batch, _ctx: &NfContext) {}
 }
 
 /// The refusal of an NF whose parameters cannot change while it runs.

@@ -141,6 +141,7 @@ fn session(k: u32, rules: &[Rule], ue: &Ue, one_teid: bool) -> SessionSpec {
         }],
         qers: vec![],
         urrs: vec![],
+        bar: None,
     }
 }
 

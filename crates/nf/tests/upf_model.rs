@@ -210,6 +210,7 @@ fn session(rules: &[Rule], teids: &[u32]) -> SessionSpec {
         urrs: (0..rules.len())
             .map(|i| UrrSpec { id: i as u32 + 1, volume_threshold: None, ..Default::default() })
             .collect(),
+        bar: None,
     }
 }
 

@@ -62,6 +62,7 @@ fn session() -> SessionSpec {
         ],
         qers: vec![QerSpec { id: 1, qfi: Some(5), ..Default::default() }],
         urrs: Vec::new(),
+        bar: None,
     }
 }
 
@@ -211,5 +212,147 @@ fn n3_and_n6_answer_route_and_signal_as_tshark_reads_them() {
         ("10.45.0.1", "63", upf_mac, dn_mac),
         "{table}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 32 item 5, IPv6: scapy's frames (`n3n6_frames.py ... v6`) through
+/// a `upf` with IPv6 addresses on N3 and N6: Neighbor Solicitations for
+/// them get Neighbor Advertisements (solicited to the asker, DAD to all
+/// nodes; the UPF's MAC as target link-layer address), others are dropped;
+/// a downlink IPv6 packet too big for the N3 MTU gets ICMPv6 Packet Too Big
+/// (MTU 1,456) and one with hop limit 1 Time Exceeded, both from the N6
+/// address; tshark checks the ICMPv6 checksums and fields.
+#[test]
+fn ipv6_neighbors_and_icmpv6_errors_as_tshark_reads_them() {
+    let dir = std::env::temp_dir().join(format!("flowplane-n3n6-v6-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("in.pcap");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pfcp/n3n6_frames.py");
+    let out = std::process::Command::new(python()).arg(&script).arg(&input).args(["100", "v6"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let frames = read_pcap(&input);
+    assert_eq!(frames.len(), 6);
+    let a6 = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap();
+    let cfg = UpfConfig {
+        n3_port: Some(1),
+        n6_port: Some(2),
+        ttl_decrement: true,
+        mtu: 1500,
+        mac: Some(UPF_MAC),
+        gw_mac: [Some(GNB_MAC), Some(DN_MAC)],
+        addr6: [Some(a6("2001:db8:3::1").octets()), Some(a6("2001:db8:6::1").octets())],
+        ..UpfConfig::default()
+    };
+    let mut s = session();
+    s.ue_ipv6 = Some(a6("2001:db8:1::1"));
+    let mut upf = Upf::new(cfg, Arc::new(RuleSet::compile(&[s]).unwrap()));
+    let mut pool = PacketPool::new(PoolConfig { buffers: 64, ..Default::default() }).unwrap();
+    let mut b = Batch::new(&pool);
+    for (k, f) in frames.iter().enumerate() {
+        assert!(b.push_copy(&mut pool, f, k as u64 * 1_000));
+    }
+    upf.process(&mut b, 0..frames.len(), &NfContext::default());
+    let fate: Vec<Option<u16>> = (0..frames.len()).map(|i| (!b.is_dropped(i)).then(|| b.verdicts()[i])).collect();
+    let sent: Vec<Vec<u8>> = (0..frames.len()).filter(|&i| !b.is_dropped(i)).map(|i| b.data(i).to_vec()).collect();
+    b.free_all(&mut pool).unwrap();
+    let (n3, n6) = (Some(1), Some(2));
+    assert_eq!(fate, vec![n3, n6, None, n6, n6, n3], "each frame's fate (verdict: port)");
+    let c = upf.upf_counters();
+    assert_eq!((c.nd_adverts, c.too_big, c.ttl_expired, c.icmp_errors, c.dl_forwarded), (2, 1, 1, 2, 1));
+
+    let output = common::TempFile(dir.join("out.pcap"));
+    common::write_pcap(&output.0, &sent);
+    let fields = [
+        "eth.src",
+        "eth.dst",
+        "ipv6.src",
+        "ipv6.dst",
+        "ipv6.hlim",
+        "icmpv6.type",
+        "icmpv6.code",
+        "icmpv6.checksum.status",
+        "icmpv6.mtu",
+        "icmpv6.nd.na.flag.r",
+        "icmpv6.nd.na.flag.s",
+        "icmpv6.nd.na.flag.o",
+        "icmpv6.nd.na.target_address",
+        "icmpv6.opt.linkaddr",
+        "_ws.malformed",
+    ];
+    let mut args = vec!["-n", "-r", output.0.to_str().unwrap(), "-T", "fields"];
+    args.extend(["-E", "separator=|"]);
+    for f in &fields {
+        args.extend(["-e", f]);
+    }
+    let Some(table) = common::tshark(&args) else { return };
+    let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split('|').collect()).collect();
+    assert_eq!(rows.len(), sent.len(), "{table}");
+    let get = |r: usize, f: &str| rows[r][fields.iter().position(|x| *x == f).unwrap()];
+    let (upf_mac, gnb_mac) = ("02:00:00:00:00:01", "02:00:00:00:00:0a");
+    for r in 0..rows.len() {
+        assert_eq!(get(r, "_ws.malformed"), "", "row {r}: {table}");
+    }
+    let na = |r: usize| {
+        [
+            get(r, "icmpv6.type"),
+            get(r, "icmpv6.checksum.status"),
+            get(r, "icmpv6.nd.na.flag.r"),
+            get(r, "icmpv6.nd.na.flag.s"),
+            get(r, "icmpv6.nd.na.flag.o"),
+            get(r, "icmpv6.nd.na.target_address"),
+            get(r, "icmpv6.opt.linkaddr"),
+            get(r, "ipv6.src"),
+            get(r, "ipv6.dst"),
+            get(r, "ipv6.hlim"),
+            get(r, "eth.src"),
+            get(r, "eth.dst"),
+        ]
+    };
+    assert_eq!(
+        na(0),
+        [
+            "136",
+            "1",
+            "1",
+            "1",
+            "1",
+            "2001:db8:3::1",
+            upf_mac,
+            "2001:db8:3::1",
+            "2001:db8:3::a",
+            "255",
+            upf_mac,
+            gnb_mac
+        ],
+        "{table}"
+    );
+    assert_eq!(
+        na(1),
+        [
+            "136",
+            "1",
+            "1",
+            "0",
+            "1",
+            "2001:db8:6::1",
+            upf_mac,
+            "2001:db8:6::1",
+            "ff02::1",
+            "255",
+            upf_mac,
+            "33:33:00:00:00:01"
+        ],
+        "{table}"
+    );
+    // 2: Packet Too Big with the MTU left inside the tunnel, from N6, to the sender.
+    assert_eq!(
+        (get(2, "icmpv6.type"), get(2, "icmpv6.code"), get(2, "icmpv6.mtu"), get(2, "icmpv6.checksum.status")),
+        ("2", "0", "1456", "1"),
+        "{table}"
+    );
+    assert!(get(2, "ipv6.src").starts_with("2001:db8:6::1,") && get(2, "ipv6.dst").starts_with("2001:db8:9::5,"));
+    // 3: Time Exceeded (hop limit); 4: forwarded with hop limit 63 inside the tunnel.
+    assert_eq!((get(3, "icmpv6.type"), get(3, "icmpv6.checksum.status")), ("3", "1"), "{table}");
+    assert_eq!(get(4, "ipv6.hlim"), "63", "{table}");
     let _ = std::fs::remove_dir_all(&dir);
 }

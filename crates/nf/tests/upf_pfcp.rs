@@ -805,7 +805,7 @@ fn ip_len_at(f: &[u8], at: usize) -> u64 {
 fn usage_reports_are_exact_across_cores_and_retransmitted() {
     let ctl = UpfControl::new(Arc::new(RuleSet::default()));
     let mut cfg = control::N4Config::new(N3);
-    cfg.heartbeat = Duration::ZERO;
+    (cfg.heartbeat, cfg.gtpu_echo) = (Duration::ZERO, Duration::ZERO);
     cfg.t1 = Duration::from_millis(100);
     cfg.n1 = 2;
     let mut ep = control::Endpoint::with_config(cfg, &[], Arc::clone(&ctl));
@@ -967,7 +967,7 @@ fn tshark_sums(path: &str, teid: u32, phases: &[std::ops::Range<usize>]) -> Opti
 fn usage_over_scapy(cores: usize) {
     let ctl = UpfControl::new(Arc::new(RuleSet::default()));
     let mut cfg = control::N4Config::new(N3);
-    cfg.heartbeat = Duration::ZERO;
+    (cfg.heartbeat, cfg.gtpu_echo) = (Duration::ZERO, Duration::ZERO);
     cfg.t1 = Duration::from_millis(200);
     cfg.n1 = 2;
     let mut ep = control::Endpoint::with_config(cfg, &[], Arc::clone(&ctl));
@@ -1203,9 +1203,10 @@ fn a_buffering_far_reports_downlink_data_once_per_episode() {
         w.finish()
     };
     assert_eq!(decode(&ep.handle(&modify(0x02, 2), smf).unwrap()).cause(), cause::ACCEPTED);
-    for core in &mut cores {
-        let out = run(core, std::slice::from_ref(&dl));
-        assert_eq!(out[0].as_ref().map(|f| teid_of(f)), Some(0x99), "forwarded to the gNB");
+    for (core, held) in cores.iter_mut().zip([4, 3]) {
+        // The core's held packets leave first, then the new one behind them.
+        let out = run_releasing(core, &[(dl.clone(), 0)]);
+        assert_eq!(out.iter().map(|f| teid_of(f)).collect::<Vec<_>>(), vec![0x99; held + 1], "forwarded to the gNB");
     }
     // Buffering again (the UE went idle): the next first packet is reported again.
     assert_eq!(decode(&ep.handle(&modify(0x0c, 3), smf).unwrap()).cause(), cause::ACCEPTED);
@@ -1241,4 +1242,230 @@ fn udp_frame(m: &[u8]) -> Vec<u8> {
     let c = flowplane_wire::checksum::checksum(&f[14..34]);
     f[24..26].copy_from_slice(&c.to_be_bytes());
     f
+}
+
+/// The frames of a pcap with their times (ns).
+fn read_pcap_timed(path: &str) -> Vec<(Vec<u8>, u64)> {
+    let b = std::fs::read(path).expect("the phase's pcap");
+    let (mut at, mut out) = (24, Vec::new());
+    let u32_at = |x: usize| u64::from(u32::from_le_bytes(b[x..x + 4].try_into().unwrap()));
+    while at + 16 <= b.len() {
+        let ts = u32_at(at) * 1_000_000_000 + u32_at(at + 4) * 1_000;
+        let n = u32_at(at + 8) as usize;
+        out.push((b[at + 16..at + 16 + n].to_vec(), ts));
+        at += 16 + n;
+    }
+    out
+}
+
+/// Runs `frames` through `u` as one batch (the packet clock at the latest
+/// time) and then asks it for released packets, as the worker does: what
+/// leaves, in order (the batch's own, then the released ones).
+fn run_releasing(u: &mut Upf, frames: &[(Vec<u8>, u64)]) -> Vec<Vec<u8>> {
+    let mut pool = PacketPool::new(PoolConfig { buffers: 512, ..Default::default() }).unwrap();
+    let mut b = Batch::new(&pool);
+    for (f, ts) in frames {
+        assert!(b.push_copy(&mut pool, f, *ts));
+    }
+    let ctx = NfContext { now_tsc: 0, now_ns: frames.iter().map(|f| f.1).max().unwrap_or(0) };
+    let n = b.len();
+    u.process(&mut b, 0..n, &ctx);
+    u.release(&mut pool, &mut b, &ctx);
+    let out = (0..b.len()).filter(|&i| !b.is_dropped(i)).map(|i| b.data(i).to_vec()).collect();
+    b.free_all(&mut pool).unwrap();
+    out
+}
+
+/// Issue 32 item 4: buffering driven by scapy's PFCP layer
+/// (`pfcp/smf_buffer.py`). A downlink FAR buffers with a BAR (Suggested
+/// Buffering Packets Count 8); of 12 packets 8 are held and 4 counted over
+/// the bound; the SMF answers the Downlink Data Report with an Update BAR
+/// (DL Buffering Duration 2 s) and makes the FAR forward. With the next
+/// batch (3 packets at 3 s) the held packets leave, in order, before the
+/// new ones: the 4 held at 0 s are older than 2 s (discarded, counted), the
+/// 4 held at 1.5 s leave. tshark reads the output: every packet a G-PDU to
+/// the gNB's TEID with the inner payloads "seq 5".."seq 8", "seq 13".."seq
+/// 15" in that order; nothing left in the buffering phase; no malformed PFCP.
+#[test]
+fn buffered_packets_are_released_in_order_when_the_far_forwards() {
+    let ctl = UpfControl::new(Arc::new(RuleSet::default()));
+    let mut cfg = control::N4Config::new(N3);
+    cfg.heartbeat = Duration::ZERO;
+    cfg.gtpu_echo = Duration::ZERO;
+    let mut ep = control::Endpoint::with_config(cfg, &[], Arc::clone(&ctl));
+    let mut upf = Upf::with_control(UpfConfig::default(), Arc::clone(&ctl));
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(5))).unwrap();
+    let dir = std::env::temp_dir().join(format!("flowplane-buffer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pcap = dir.join("pfcp.pcap");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pfcp/smf_buffer.py");
+    let mut child = std::process::Command::new(python())
+        .arg(&script)
+        .arg(sock.local_addr().unwrap().port().to_string())
+        .arg(&pcap)
+        .arg(&dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the scapy SMF");
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let (mut out, mut lines) = (Vec::<Vec<Vec<u8>>>::new(), Vec::new());
+    let mut buf = [0u8; 65536];
+    let started = std::time::Instant::now();
+    'run: loop {
+        assert!(started.elapsed() < Duration::from_secs(30), "scapy SMF: {lines:?}");
+        if let Ok((n, from)) = sock.recv_from(&mut buf) {
+            if let Some(r) = ep.handle(&buf[..n], from) {
+                sock.send_to(&r, from).unwrap();
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(l) => {
+                    lines.push(l.clone());
+                    let w: Vec<&str> = l.split(' ').collect();
+                    match w[0] {
+                        "SESSION" => {}
+                        "TRAFFIC" => {
+                            // A few packets per batch, the worker's release after each.
+                            let frames = read_pcap_timed(w[2]);
+                            out.push(frames.chunks(3).flat_map(|c| run_releasing(&mut upf, c)).collect());
+                            use std::io::Write;
+                            writeln!(stdin, "done").unwrap();
+                        }
+                        "OK" => break 'run,
+                        _ => panic!("scapy SMF: {lines:?}"),
+                    }
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => break 'run,
+            }
+        }
+        for (to, m) in ep.tick(std::time::Instant::now()).into_iter().chain(ep.report_requests()) {
+            sock.send_to(&m, to).unwrap();
+        }
+    }
+    assert!(child.wait().unwrap().success(), "scapy SMF: {lines:?}");
+    assert_eq!(out.len(), 2, "{lines:?}");
+    assert!(out[0].is_empty(), "nothing leaves while the FAR buffers");
+    let c = upf.upf_counters();
+    assert_eq!(
+        (c.buffered, c.buffer_full, c.buffer_expired, c.released, c.dl_forwarded),
+        (8 + 3, 4, 4, 4 + 3, 7),
+        "held (8, and 3 queued behind them), over the BAR's count, older than the duration, sent"
+    );
+    assert_eq!(stat(&ctl, |s| &s.ddn_sent), 1);
+    let usage = ctl.usage(upf.usage().next().unwrap().0 .0, 1);
+    assert_eq!(usage.dl_packets, 7, "the URR counts released packets as they leave");
+    let released = dir.join("released.pcap");
+    common::write_pcap(&released, &out[1]);
+    let args = ["-n", "-r", released.to_str().unwrap(), "-T", "fields", "-E", "separator=|"];
+    let Some(rows) = common::tshark(&[&args[..], &["-e", "gtp.teid", "-e", "data.data"][..]].concat()) else {
+        return;
+    };
+    let seqs: Vec<String> = rows
+        .lines()
+        .map(|l| {
+            let (teid, data) = l.split_once('|').unwrap();
+            let teid = teid.strip_prefix("0x").map_or_else(|| teid.parse().ok(), |h| u32::from_str_radix(h, 16).ok());
+            assert_eq!(teid, Some(0x99), "a G-PDU to the gNB's TEID: {l}");
+            let data = data.replace(':', "");
+            let bytes: Vec<u8> =
+                (0..data.len() / 2).map(|k| u8::from_str_radix(&data[2 * k..2 * k + 2], 16).unwrap()).collect();
+            String::from_utf8(bytes).unwrap()
+        })
+        .collect();
+    let want: Vec<String> = [5, 6, 7, 8, 13, 14, 15].iter().map(|n| format!("seq {n}")).collect();
+    assert_eq!(seqs, want, "released in order, the new packets behind them");
+    let fields = ["-T", "fields", "-E", "separator=|", "-e", "pfcp.msg_type", "-e", "_ws.malformed"];
+    let all = common::tshark(&[&["-n", "-r", pcap.to_str().unwrap()], &fields[..]].concat()).unwrap();
+    assert!(all.lines().all(|l| l.ends_with('|') && !l.starts_with('|')), "tshark: {all}");
+    for t in ["56", "57", "52", "53"] {
+        assert!(all.lines().any(|l| l.split('|').next() == Some(t)), "message type {t}: {all}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A GTP-U echo response from `from` to the N3 address (sequence number `seq`, a Recovery IE).
+fn echo_response(from: [u8; 4], seq: u16) -> Vec<u8> {
+    let s = seq.to_be_bytes();
+    let mut udp = vec![0x08, 0x68, 0x08, 0x68, 0, 22, 0, 0];
+    udp.extend_from_slice(&[0x32, 2, 0, 6, 0, 0, 0, 0, s[0], s[1], 0, 0, 14, 0]);
+    flowplane_nf::testutil::ipv4_frame(from, N3.octets(), 17, &udp)
+}
+
+/// Issue 32 item 5: GTP-U path management. The endpoint learns the N3
+/// peer from a FAR's outer header, asks a core for an echo request every
+/// interval (the core sends it on N3 through `Nf::release`); an answered one
+/// is not resent; an unanswered one is resent N1 times T1 apart, then the
+/// path is failed and the SMF gets a Node Report Request (UPFR, a User Plane
+/// Path Failure Report naming the gNB). tshark reads the echo requests as
+/// GTP echo requests to the gNB and the report as a clean PFCP Node Report.
+#[test]
+fn gtpu_echo_requests_detect_a_failed_path_and_report_it() {
+    use std::time::Instant;
+    let ctl = UpfControl::new(Arc::new(RuleSet::default()));
+    let mut cfg = control::N4Config::new(N3);
+    cfg.heartbeat = Duration::ZERO;
+    (cfg.gtpu_echo, cfg.t1, cfg.n1) = (Duration::from_secs(10), Duration::from_secs(1), 2);
+    let mut ep = control::Endpoint::with_config(cfg, &[], Arc::clone(&ctl));
+    let mut upf = Upf::with_control(UpfConfig::default(), Arc::clone(&ctl));
+    let smf = SocketAddr::from(([127, 0, 0, 1], 8805));
+    associate(&mut ep, smf);
+    assert_eq!(decode(&ep.handle(&establishment(), smf).unwrap()).cause(), cause::ACCEPTED);
+    let seq_of = |f: &[u8]| u16::from_be_bytes([f[50], f[51]]);
+    let t0 = Instant::now();
+    assert!(ep.tick(t0).is_empty(), "nothing for the SMF");
+    let mut frames = run_releasing(&mut upf, &[]);
+    assert_eq!(frames.len(), 1, "one echo request");
+    let e = &frames[0];
+    assert_eq!((&e[26..30], &e[30..34], &e[42..44]), (&N3.octets()[..], &GNB[..], &[0x32, 1][..]));
+    let answered = seq_of(e);
+    frames.push(echo_response(GNB, answered));
+    assert!(run_releasing(&mut upf, &[(frames[1].clone(), 0)]).is_empty(), "the response is consumed");
+    assert!(ep.tick(t0 + Duration::from_millis(1500)).is_empty());
+    assert!(run_releasing(&mut upf, &[]).is_empty(), "answered: not resent");
+    // The next period's request goes unanswered: N1 retransmissions T1 apart, then the report.
+    let t1 = t0 + Duration::from_secs(10);
+    let mut unanswered = Vec::new();
+    for k in 0..3u64 {
+        assert!(ep.tick(t1 + Duration::from_secs(k)).is_empty());
+        unanswered.extend(run_releasing(&mut upf, &[]));
+    }
+    assert_eq!(unanswered.len(), 3, "sent, then resent N1 = 2 times");
+    assert!(unanswered.iter().all(|f| seq_of(f) == seq_of(&unanswered[0]) && seq_of(f) != answered));
+    let sent = ep.tick(t1 + Duration::from_secs(3));
+    assert_eq!(sent.len(), 1, "a Node Report Request to the SMF");
+    assert_eq!(sent[0].0, smf);
+    let r = decode(&sent[0].1);
+    assert_eq!((r.h.msg_type, r.get(ie::NODE_REPORT_TYPE)), (12, Some(&[0x01][..])));
+    let f = pfcp::ies(r.get(ie::USER_PLANE_PATH_FAILURE_REPORT).expect("a path failure report")).unwrap();
+    let peer = f.iter().find(|i| i.ty == ie::REMOTE_GTPU_PEER).map(|i| i.value.to_vec());
+    assert_eq!(peer, Some(vec![0x02, GNB[0], GNB[1], GNB[2], GNB[3]]));
+    assert!(ep.tick(t1 + Duration::from_millis(3500)).is_empty(), "reported once");
+    assert_eq!(upf.upf_counters().echo_requests_sent, 4);
+    assert_eq!((stat(&ctl, |s| &s.echo_responses), stat(&ctl, |s| &s.path_failures)), (1, 1));
+    // tshark: 3 + 1 echo requests, the response, the Node Report Request.
+    frames.extend(unanswered);
+    frames.push(udp_frame(&sent[0].1));
+    let pcap = common::TempFile(std::env::temp_dir().join(format!("flowplane-echo-{}.pcap", std::process::id())));
+    common::write_pcap(&pcap.0, &frames);
+    let args = ["-n", "-r", pcap.0.to_str().unwrap(), "-T", "fields", "-E", "separator=|"];
+    let fields = ["-e", "gtp.message", "-e", "ip.dst", "-e", "pfcp.msg_type", "-e", "_ws.malformed"];
+    let Some(out) = common::tshark(&[&args[..], &fields[..]].concat()) else { return };
+    let want = ["0x01|198.51.100.10||", "0x02|192.0.2.1||"]
+        .into_iter()
+        .chain(std::iter::repeat_n("0x01|198.51.100.10||", 3))
+        .chain(["|127.0.0.1|12|"])
+        .collect::<Vec<_>>();
+    assert_eq!(out.lines().collect::<Vec<_>>(), want, "{out}");
 }

@@ -75,6 +75,7 @@ fn session(k: u32) -> SessionSpec {
         ],
         qers: vec![QerSpec { id: 1, qfi: Some((k % 63 + 1) as u8), ..Default::default() }],
         urrs: vec![UrrSpec { id: 1, volume_threshold: None, ..Default::default() }],
+        bar: None,
     }
 }
 

@@ -435,6 +435,8 @@ pub struct Pipeline {
     graph: Option<Box<Graph>>,
     /// Two sub-batches for running a traced batch cut (`run_chunked`; made at the first one).
     cuts: Vec<Box<Batch>>,
+    /// An element of the root segment keeps packets to send later (`Nf::holds_packets`).
+    holds: bool,
 }
 
 impl Pipeline {
@@ -464,7 +466,8 @@ impl Pipeline {
         let info = cfg.kind.info();
         let cx = ExecContext::new(chain, cfg, shared, info.layout)?;
         let exec = (info.new)(&cx);
-        Ok(Pipeline { kind: cfg.kind, cx, exec, graph, cuts: Vec::new() })
+        let holds = cx.chain.stages.iter().any(|s| matches!(s, Stage::Stateless(nf) if nf.holds_packets()));
+        Ok(Pipeline { kind: cfg.kind, cx, exec, graph, cuts: Vec::new(), holds })
     }
 
     /// The executor.
@@ -735,19 +738,26 @@ impl Pipeline {
         active_ns: Option<u64>,
     ) -> usize {
         let mut n = 0;
+        let mut flows = 0;
         for s in self.cx.chain.stages.iter_mut() {
-            if let Stage::Stateful { nf, .. } = s {
-                if nf.ipfix_on() {
+            match s {
+                Stage::Stateful { nf, .. } if nf.ipfix_on() => {
                     nf.attach_ipfix(make());
+                    flows += 1;
+                }
+                // A batch element keeps its own active timer (per call, on the batch's time).
+                Stage::Stateless(nf) if nf.ipfix_usage_on() => {
+                    nf.attach_ipfix(make(), active_ns);
                     n += 1;
                 }
+                _ => {}
             }
-            // Usage records come from the merged report at the run's end (the runtime sends them).
-            n += usize::from(s.ipfix_usage_on());
         }
-        if let (Some(a), true) = (active_ns, n > 0) {
+        // The table walk only for NFs whose records come from flow entries.
+        if let (Some(a), true) = (active_ns, flows > 0) {
             self.cx.set_active_timeout(a);
         }
+        n += flows;
         if let Some(g) = &mut self.graph {
             for a in &mut g.arms {
                 n += a.pipe.attach_ipfix(make, active_ns);
@@ -757,9 +767,19 @@ impl Pipeline {
     }
 
     /// A record of every live flow for the exporter (the run's end: forced
-    /// end); `include_shared`: also the shared tables' (on one core only).
+    /// end) and batch elements' last usage records; `include_shared`: also
+    /// the shared tables' flows (on one core only).
     pub fn ipfix_flush(&mut self, include_shared: bool) {
         self.cx.ipfix_report_all(flowplane_nf::ipfix::EndReason::ForcedEnd, include_shared);
+        // Batch elements' records of what they counted since their last (upf's usage), at the run's end.
+        let end = self.run_end().unwrap_or(0);
+        for s in self.cx.chain.stages.iter_mut() {
+            if let Stage::Stateless(nf) = s {
+                if nf.ipfix_usage_on() {
+                    nf.ipfix_end(end);
+                }
+            }
+        }
         if let Some(g) = &mut self.graph {
             for a in &mut g.arms {
                 a.pipe.ipfix_flush(include_shared);
@@ -810,6 +830,23 @@ impl Pipeline {
         if let Some(g) = &mut self.graph {
             for a in &mut g.arms {
                 a.pipe.tick(now_ns);
+            }
+        }
+    }
+
+    /// An element keeps packets to send later: the worker calls
+    /// [`Pipeline::release`] after every batch and when idle (elements of the
+    /// root segment only; a branch's elements are not asked).
+    pub fn holds_packets(&self) -> bool {
+        self.holds
+    }
+
+    /// Appends to `out` the packets the elements send now (see
+    /// `flowplane_nf::Nf::release`), in chain order.
+    pub fn release(&mut self, pool: &mut flowplane_packet::PacketPool, out: &mut Batch, ctx: &NfContext) {
+        for s in self.cx.chain.stages.iter_mut() {
+            if let Stage::Stateless(nf) = s {
+                nf.release(pool, out, ctx);
             }
         }
     }

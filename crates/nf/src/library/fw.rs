@@ -84,6 +84,8 @@
 //! are one-way) at active timeouts and at its end — flowEndReason 3 when
 //! the firewall ended it (close, RST) or it sent a FIN or RST that passed;
 //! packets dropped for want of a connection (scans) give no record.
+//! `--export fw=FILE` lists the same directions still in the flow table at
+//! the run's end (5-tuple, side, packets, bytes, first and last seen).
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -99,7 +101,7 @@ use serde_json::json;
 use crate::ipfix::{end_reason, tcp_end, EndReason, ExportRecord, FlowExport, RecordTx};
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfInfo, NfSink};
-use crate::report::merge_keeping;
+use crate::report::{merge_keeping, Export};
 use crate::stateful::{
     is_idle, touched, Action, Affinity, Cursor, GlobalState, Granularity, Placement, StatefulNf, Step,
 };
@@ -923,6 +925,30 @@ impl StatefulNf for Fw {
         let ended = self.ipfix.is_some() && matches!(a, Action::Pass | Action::EndFlow) && tcp_end(pkt);
         st.count(pkt.len(), ctx.now_ns, ended);
         a
+    }
+
+    fn export_kind(&self) -> Export {
+        Export::State
+    }
+
+    /// One row per direction bound to a connection (what its IPFIX records
+    /// carry; scans' unbound states give none): its 5-tuple as sent, which
+    /// side it is, packets, bytes, first and last seen (ms of packet clock).
+    fn export_row(&self, key: &FiveTuple, st: &FwState) -> Option<serde_json::Value> {
+        (st.conn != 0 && st.packets > 0).then(|| {
+            json!({
+                "proto": key.proto(),
+                "src": key.src_ip().to_string(),
+                "dst": key.dst_ip().to_string(),
+                "sport": key.src_port(),
+                "dport": key.dst_port(),
+                "side": if st.dir == 0 { "orig" } else { "reply" },
+                "packets": st.packets,
+                "bytes": st.bytes,
+                "first_ms": st.first_ms,
+                "last_ms": st.last_ms,
+            })
+        })
     }
 
     const IPFIX: bool = true;

@@ -6,7 +6,7 @@
 //! session, the session's access PDRs are matched by precedence (local
 //! F-TEID, QFI, UE address, SDF filters), then QER (gates, MBR token bucket
 //! per direction on the packet clock), URR (volume and packet counters,
-//! volume threshold -> usage report) and FAR (forward, drop, buffer) apply;
+//! volume threshold -> usage report) and FAR (forward, drop, buffer and release) apply;
 //! outer-header removal strips IP/UDP/GTP-U. Downlink: the destination
 //! address finds the session, its core PDRs are matched, and the FAR's
 //! outer-header creation prepends IPv4/UDP/GTP-U (with a PDU Session
@@ -16,6 +16,20 @@
 //! Indication (TS 29.281 §7.3.1; `error_pps` per core). Everything else —
 //! unknown UE, malformed GTP-U or inner packet, other message types, no
 //! matching PDR — is a drop counted by reason.
+//!
+//! Buffering (TS 29.244 §5.2.4, see [`hold`]): a FAR that buffers keeps
+//! copies of its packets on the core that received them, at most the
+//! session's BAR's Suggested Buffering Packets Count (else `buffer=`) per
+//! session and `buffer_total=` per core (over either: dropped, counted
+//! `buffer_full`); a NOCP FAR's first packet raises a Downlink Data Report.
+//! When the FAR forwards again the held packets are sent, oldest first,
+//! through the rules as they are then (encapsulated, metered, counted by
+//! the URRs), behind the batch that brought the change (`Nf::release`: the
+//! worker appends them to its output burst, or sends them when idle); the
+//! session's new packets queue behind them until they are out. Packets held
+//! longer than the BAR's DL Buffering Duration are discarded
+//! (`buffer_expired`); a FAR that drops or goes away discards its packets
+//! (`buffer_discarded`).
 //!
 //! QERs (see [`qos`]): gates, MBRs (a session AMBR is a QER every PDR of the
 //! session names) and GBR accounting are the session's on any number of
@@ -57,14 +71,21 @@
 //!
 //! `--export upf=FILE` writes one row per URR with traffic (SEID, URR ID,
 //! bytes and packets per direction, every core's counters summed). With
-//! `--ipfix` the same usage goes to the collectors at the run's end: two
-//! records per URR (template 262) — the SEID as flowId (IANA IE 148), the
-//! URR ID as element 1 of enterprise 32473 (RFC 5612's documentation
+//! `--ipfix` the same usage goes to the collectors as usage records
+//! (template 262), per core and direction: what the URR counted on that core
+//! since the core's previous record (octetDeltaCount and packetDeltaCount:
+//! IANA's delta counters, counts since the previous report), every `--ipfix-active` seconds of
+//! packet time (a walk paced over the URRs, checked once per batch and at an
+//! idle port's tick, never per packet), when a control-plane swap drops the
+//! URR (session deleted), and at the run's end; a direction with no new
+//! packet sends none. The records of a URR and direction, over every core,
+//! sum to its row in the export. Elements: the SEID as flowId (IANA IE 148),
+//! the URR ID as element 1 of enterprise 32473 (RFC 5612's documentation
 //! number: flowplane has no Private Enterprise Number), the direction as
 //! flowDirection (IE 61: 0 ingress = uplink, 1 egress = downlink),
 //! octetDeltaCount and packetDeltaCount (IP bytes and packets as the URR
-//! counts them), observationTimeMilliseconds (the run's last packet time).
-//! No active-timeout reports of usage yet (a live run reports at its end).
+//! counts them), observationTimeMilliseconds (the batch's packet time; at
+//! the end, the run's last packet time).
 
 #[path = "../upf/cls.rs"]
 pub mod cls;
@@ -72,6 +93,8 @@ pub mod cls;
 pub mod control;
 #[path = "../upf/fast.rs"]
 pub mod fast;
+#[path = "../upf/hold.rs"]
+pub mod hold;
 #[path = "../upf/pfcp.rs"]
 pub mod pfcp;
 #[path = "../upf/qos.rs"]
@@ -86,12 +109,13 @@ use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use flowplane_packet::{prefetch, tsc, Batch, DROP, MAX_BATCH};
+use flowplane_packet::{prefetch, tsc, Batch, PacketPool, DROP, MAX_BATCH};
 use flowplane_wire::checksum;
 use flowplane_wire::frame::PktMeta;
 use flowplane_wire::gtpu::{self, GtpuPacket, PduSessionInfo, PduType};
 use serde_json::{json, Map, Value};
 
+use self::hold::Held;
 use self::qos::{Bucket, Meters};
 use self::rules::{Act, FarAction, Fields, Hot, Iface, Index, RuleSet, SessionsFile, TeidSlot, UeSlot, NONE};
 use crate::registry::{KeyedBy, NfInfo, NfSink};
@@ -117,8 +141,20 @@ const UDP_CSUM: ParamSpec = ParamSpec::bool(
     false,
     "compute the outer UDP checksum on encapsulation (else 0, as RFC 768 allows)",
 );
-const BUFFER: ParamSpec =
-    ParamSpec::uint("buffer", 64, 0, 1 << 20, "packets a buffering FAR holds per core before it drops (counted)");
+const BUFFER: ParamSpec = ParamSpec::uint(
+    "buffer",
+    64,
+    0,
+    1 << 20,
+    "packets a session's buffering FARs hold per core before they drop (counted; a BAR's suggested count overrides)",
+);
+const BUFFER_TOTAL: ParamSpec = ParamSpec::uint(
+    "buffer_total",
+    1024,
+    0,
+    1 << 20,
+    "packets held per core for all sessions (copies of up to 2 KiB, the store taken at the first)",
+);
 const REPORTS: ParamSpec =
     ParamSpec::uint("reports", 1024, 0, 1 << 20, "usage reports queued per core before they are counted as lost");
 const USAGE: ParamSpec = ParamSpec::bool("usage", true, "list per-URR usage in the report");
@@ -160,11 +196,30 @@ const KEEP_FAILURE: ParamSpec = ParamSpec::bool(
     false,
     "keep an SMF's sessions when it stops answering heartbeats (its association is released)",
 );
+const ECHO: ParamSpec = ParamSpec::uint(
+    "gtpu_echo_ms",
+    60_000,
+    0,
+    86_400_000,
+    "GTP-U echo request interval per N3 peer (FARs' outer-header addresses; 0: none); unanswered after pfcp_t1_ms x (pfcp_n1 + 1): path failure reported to the SMFs",
+);
 const N6_ADDR: ParamSpec = ParamSpec::text(
     "n6_addr",
     "",
     "IPV4",
     "local N6 address: the source of ICMP errors towards the DN (default: n3_addr)",
+);
+const N3_ADDR6: ParamSpec = ParamSpec::text(
+    "n3_addr6",
+    "",
+    "IPV6",
+    "the UPF's IPv6 address on N3: Neighbor Solicitations for it are answered (with `mac`)",
+);
+const N6_ADDR6: ParamSpec = ParamSpec::text(
+    "n6_addr6",
+    "",
+    "IPV6",
+    "the UPF's IPv6 address on N6: Neighbor Solicitations answered (with `mac`), the source of ICMPv6 errors",
 );
 const TTL: ParamSpec = ParamSpec::choice(
     "ttl",
@@ -227,6 +282,7 @@ pub const INFO: NfInfo = NfInfo {
         MODE,
         UDP_CSUM,
         BUFFER,
+        BUFFER_TOTAL,
         REPORTS,
         USAGE,
         PROFILE,
@@ -237,7 +293,10 @@ pub const INFO: NfInfo = NfInfo {
         KEEP_RESTART,
         KEEP_FAILURE,
         RCVBUF,
+        ECHO,
         N6_ADDR,
+        N3_ADDR6,
+        N6_ADDR6,
         TTL,
         MTU,
         ERROR_PPS,
@@ -265,8 +324,10 @@ pub struct UpfConfig {
     pub staged: bool,
     /// Outer UDP checksum.
     pub udp_checksum: bool,
-    /// Buffer bound per FAR per core.
+    /// Packets held per session per core (unless its BAR says).
     pub buffer: u64,
+    /// Packets held per core in all.
+    pub buffer_total: u64,
     /// Usage-report queue bound.
     pub reports: usize,
     /// List per-URR usage in the report.
@@ -285,6 +346,8 @@ pub struct UpfConfig {
     pub mac: Option<[u8; 6]>,
     /// Next-hop MACs towards N3 and N6.
     pub gw_mac: [Option<[u8; 6]>; 2],
+    /// The UPF's IPv6 addresses on N3 and N6 (Neighbor Advertisements; ICMPv6 errors from N6's).
+    pub addr6: [Option<[u8; 16]>; 2],
 }
 
 impl Default for UpfConfig {
@@ -296,6 +359,7 @@ impl Default for UpfConfig {
             staged: true,
             udp_checksum: false,
             buffer: 64,
+            buffer_total: 1024,
             reports: 1024,
             usage: true,
             profile: false,
@@ -305,6 +369,7 @@ impl Default for UpfConfig {
             error_pps: 100,
             mac: None,
             gw_mac: [None, None],
+            addr6: [None, None],
         }
     }
 }
@@ -342,10 +407,16 @@ pub struct UpfCounters {
     pub no_pdr: u64,
     /// Dropped by a FAR.
     pub far_drop: u64,
-    /// Taken by a buffering FAR.
+    /// Taken by a buffering FAR (held; a FAR forwarding again sends them).
     pub buffered: u64,
-    /// Dropped because a buffering FAR was full.
+    /// Dropped because the session's or the core's buffer was full.
     pub buffer_full: u64,
+    /// Held packets sent again (their FAR forwards again; in order).
+    pub released: u64,
+    /// Held packets discarded: older than the BAR's DL Buffering Duration.
+    pub buffer_expired: u64,
+    /// Held packets discarded: their FAR drops now, or it or its session was removed.
+    pub buffer_discarded: u64,
     /// Dropped by a closed QER gate.
     pub gate_closed: u64,
     /// Dropped over a QER's MBR.
@@ -372,6 +443,12 @@ pub struct UpfCounters {
     pub errors_limited: u64,
     /// ARP requests for the UPF's addresses answered (`mac`).
     pub arp_replies: u64,
+    /// IPv6 Neighbor Solicitations for the UPF's addresses answered (`mac`).
+    pub nd_adverts: u64,
+    /// GTP-U echo requests sent to N3 peers (path management).
+    pub echo_requests_sent: u64,
+    /// GTP-U echo responses received (handed to the PFCP endpoint).
+    pub echo_responses_received: u64,
 }
 
 impl UpfCounters {
@@ -385,13 +462,16 @@ impl UpfCounters {
             "malformed_gtpu": self.malformed_gtpu, "malformed_inner": self.malformed_inner,
             "unsupported_msg": self.unsupported_msg, "no_pdr": self.no_pdr,
             "far_drop": self.far_drop, "buffered": self.buffered, "buffer_full": self.buffer_full,
+            "released": self.released, "buffer_expired": self.buffer_expired,
+            "buffer_discarded": self.buffer_discarded,
             "gate_closed": self.gate_closed, "mbr_exceeded": self.mbr_exceeded,
             "not_ip": self.not_ip, "no_room": self.no_room,
             "usage_reports": self.usage_reports, "usage_reports_lost": self.usage_reports_lost,
             "quota_drop": self.quota_drop,
             "error_indications": self.error_indications, "ttl_expired": self.ttl_expired,
             "too_big": self.too_big, "icmp_errors": self.icmp_errors, "errors_limited": self.errors_limited,
-            "arp_replies": self.arp_replies,
+            "arp_replies": self.arp_replies, "nd_adverts": self.nd_adverts,
+            "echo_requests_sent": self.echo_requests_sent, "echo_responses_received": self.echo_responses_received,
         })
     }
 }
@@ -607,7 +687,13 @@ pub struct Upf {
     board_slot: Option<Arc<Mutex<Arc<Board>>>>,
     /// Cores sharing the endpoint when the nudge thresholds were set.
     split: usize,
-    buffered: Vec<u64>,
+    /// Packets held by buffering FARs, and the release queue.
+    held: Held,
+    /// Running the release queue's packets (they are not held again for draining).
+    releasing: bool,
+    /// GTP-U echo requests to send (taken from the endpoint) and responses seen: (peer IPv4, sequence number).
+    echo_out: Vec<(u32, u16)>,
+    echo_in: Vec<(u32, u16)>,
     /// First packets buffered for FARs that notify the CP: (SEID, PDR ID), for the endpoint.
     ddn: Vec<(u64, u16)>,
     /// Error messages allowed (units: 1/1e9 message), and the packet time they were refilled at.
@@ -622,6 +708,84 @@ pub struct Upf {
     timed_packets: u64,
     /// The PFCP endpoint's control block and the rule-set version in use.
     control: Option<(Arc<control::UpfControl>, u64)>,
+    /// `--ipfix`: this core's usage records.
+    ipfix: Option<Box<UsageFeed>>,
+}
+
+/// This core's IPFIX usage records (`--ipfix`): what each URR counted on
+/// this core since its previous record, every active timeout (a walk paced
+/// over the URRs on the packet clock, checked once per call, like the
+/// engine's expiry sweep) and at the run's end. Deltas: the records of a
+/// URR and direction, over every core, sum to its totals (the export's row).
+struct UsageFeed {
+    tx: crate::ipfix::RecordTx,
+    /// Report each URR every this much packet time (None: only at the run's end).
+    active_ns: Option<u64>,
+    /// What this core's records carried so far, per URR (indexed like the board's cells).
+    sent: Vec<Usage>,
+    /// The walk's next URR.
+    at: usize,
+    /// Packet time up to which the walk has done its work (0: not started).
+    walked_ns: u64,
+    /// The latest batch time seen.
+    now_ns: u64,
+}
+
+impl UsageFeed {
+    /// Records URR `i`'s usage since its last record (none when nothing new).
+    fn report(&mut self, rules: &RuleSet, cells: &[Cell], i: usize, now_ns: u64) {
+        let (Some(u), Some(c), Some(sent)) = (rules.urrs.get(i), cells.get(i), self.sent.get_mut(i)) else { return };
+        let snap = c.snapshot();
+        let d = snap.since(*sent);
+        if d.ul_packets == 0 && d.dl_packets == 0 {
+            return;
+        }
+        *sent = snap;
+        self.tx.push(crate::ipfix::ExportRecord::Usage(crate::ipfix::UsageExport {
+            seid: rules.sessions.get(u.session as usize).map_or(0, |s| s.seid),
+            urr: u.id,
+            ul: (d.ul_bytes, d.ul_packets),
+            dl: (d.dl_bytes, d.dl_packets),
+            time_ns: now_ns,
+        }));
+    }
+
+    /// The active-timeout walk's work for the time since its last call: each URR is visited once per period.
+    #[inline]
+    fn advance(&mut self, rules: &RuleSet, cells: &[Cell], now_ns: u64) {
+        self.now_ns = self.now_ns.max(now_ns);
+        let Some(period) = self.active_ns else { return };
+        if self.walked_ns == 0 || now_ns < self.walked_ns {
+            // The first batch starts the clock (a clock that stepped back restarts it).
+            self.walked_ns = now_ns;
+            return;
+        }
+        let len = cells.len().min(self.sent.len()) as u128;
+        let elapsed = u128::from(now_ns - self.walked_ns);
+        let due = elapsed * len / u128::from(period);
+        if due == 0 {
+            return;
+        }
+        self.walk(rules, cells, now_ns, due, len, period);
+    }
+
+    #[cold]
+    fn walk(&mut self, rules: &RuleSet, cells: &[Cell], now_ns: u64, due: u128, len: u128, period: u64) {
+        let n = if due >= len {
+            self.walked_ns = now_ns;
+            len
+        } else {
+            self.walked_ns += (due * u128::from(period) / len) as u64;
+            due
+        } as usize;
+        for _ in 0..n {
+            if self.at >= len as usize {
+                self.at = 0;
+            }
+            self.report(rules, cells, self.at, now_ns);
+            self.at += 1;
+        }
+    }
 }
 
 impl std::fmt::Debug for Upf {
@@ -641,6 +805,8 @@ const ETH_IPV6: [u8; 2] = [0x86, 0xdd];
 const GTPU_PORT: u16 = 2152;
 /// Downlink data events a core queues between batches (the endpoint reports once per session).
 const DDN_QUEUE: usize = 64;
+/// GTP-U echo responses a core keeps between batches (more are not passed on: a path is judged by its next).
+const ECHO_QUEUE: usize = 64;
 
 impl Upf {
     /// Builds from spec parameters.
@@ -659,6 +825,7 @@ impl Upf {
             staged: p.choice(&MODE, [true, false])?,
             udp_checksum: p.flag(&UDP_CSUM)?,
             buffer: p.uint(&BUFFER)?,
+            buffer_total: p.uint(&BUFFER_TOTAL)?,
             reports: p.uint(&REPORTS)? as usize,
             usage: p.flag(&USAGE)?,
             profile: p.flag(&PROFILE)?,
@@ -673,6 +840,7 @@ impl Upf {
             error_pps: p.uint(&ERROR_PPS)?,
             mac: mac_param(p, &MAC)?,
             gw_mac: [mac_param(p, &N3_GW_MAC)?, mac_param(p, &N6_GW_MAC)?],
+            addr6: [v6_param(p, &N3_ADDR6)?, v6_param(p, &N6_ADDR6)?],
         };
         // A file of 130K sessions takes seconds to parse and compile: a spinner on a terminal until the rules are in.
         let spin = (!file.is_empty())
@@ -750,7 +918,10 @@ impl Upf {
             board: Arc::new(Board::default()),
             board_slot: None,
             split: 1,
-            buffered: Vec::new(),
+            held: Held::default(),
+            releasing: false,
+            echo_out: Vec::with_capacity(ECHO_QUEUE),
+            echo_in: Vec::with_capacity(ECHO_QUEUE),
             ddn: Vec::with_capacity(DDN_QUEUE),
             error_tokens: cfg_error_burst,
             error_last: 0,
@@ -761,6 +932,7 @@ impl Upf {
             pass_cycles: [0; PASSES.len()],
             timed_packets: 0,
             control: None,
+            ipfix: None,
         };
         u.set_rules(rules);
         u
@@ -791,6 +963,22 @@ impl Upf {
             .collect();
         let usage =
             carry(old.keys(&old.urrs, |u| (u.session, u.id)), new.keys(&new.urrs, |u| (u.session, u.id)), &snap);
+        if let Some(f) = self.ipfix.as_deref_mut() {
+            // A URR the new rules drop (its session deleted) sends what it counted since its last record now.
+            let kept: std::collections::HashSet<(u64, u32)> = new.keys(&new.urrs, |u| (u.session, u.id)).collect();
+            let gone: Vec<usize> = old
+                .keys(&old.urrs, |u| (u.session, u.id))
+                .enumerate()
+                .filter(|(_, k)| !kept.contains(k))
+                .map(|(i, _)| i)
+                .collect();
+            let now = f.now_ns;
+            for i in gone {
+                f.report(&old, &self.board.cells, i, now);
+            }
+            f.sent =
+                carry(old.keys(&old.urrs, |u| (u.session, u.id)), new.keys(&new.urrs, |u| (u.session, u.id)), &f.sent);
+        }
         let rated = |r: &Arc<RuleSet>| -> Vec<(u64, u32)> {
             r.keys(&r.qers, |q| (q.session, q.id)).zip(&r.qers).filter(|(_, q)| q.rated != NONE).map(|x| x.0).collect()
         };
@@ -798,17 +986,8 @@ impl Upf {
         for (st, slot) in qos.iter_mut().zip(self.meters.slots(new, self.version)) {
             st.slot = slot;
         }
-        let mut buffered = carry(
-            old.keys(&old.fars, |f| (f.session, f.id)),
-            new.keys(&new.fars, |f| (f.session, f.id)),
-            &self.buffered,
-        );
-        for (b, f) in buffered.iter_mut().zip(&new.fars) {
-            // A FAR that stops buffering releases its hold (the packets are not kept).
-            if f.action != FarAction::Buffer {
-                *b = 0;
-            }
-        }
+        // Held packets follow their FAR: still buffering, kept; forwarding, queued to be sent; else discarded.
+        self.c.buffer_discarded += self.held.remap(&old, new);
         let cells: Vec<Cell> = usage
             .into_iter()
             .map(|(u, x, since)| {
@@ -826,7 +1005,6 @@ impl Upf {
             *slot.lock().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&self.board);
         }
         self.qos = qos;
-        self.buffered = buffered;
     }
 
     /// Each URR's nudge threshold: its volume threshold over the cores
@@ -876,6 +1054,12 @@ impl Upf {
         if !self.scratch.metas[i].valid && self.cfg.mac.is_some() && batch.data(i).get(12..14) == Some(&[8, 6][..]) {
             self.scratch.out[i] = self.arp_reply(batch, i).map_or(Outcome::Drop, Outcome::Pass);
             return;
+        }
+        if self.cfg.mac.is_some() && self.scratch.metas[i].v6 && self.scratch.metas[i].proto.0 == 58 {
+            if let Some(port) = self.nd_advert(batch, i) {
+                self.scratch.out[i] = Outcome::Pass(port);
+                return;
+            }
         }
         let sc = &mut *self.scratch;
         let m = &mut sc.metas[i];
@@ -1095,6 +1279,16 @@ impl Upf {
             gtpu::msg_type::ECHO_REQUEST => {
                 return self.echo_response(batch, i).map_or(Outcome::Drop, Outcome::Pass);
             }
+            gtpu::msg_type::ECHO_RESPONSE => {
+                // Path management: the endpoint matches it to its request.
+                self.c.echo_responses_received += 1;
+                if self.echo_in.len() < ECHO_QUEUE && !m.v6 {
+                    let l3 = m.l3 as usize;
+                    let src = u32::from_be_bytes([data[l3 + 12], data[l3 + 13], data[l3 + 14], data[l3 + 15]]);
+                    self.echo_in.push((src, g.seq_number().unwrap_or(0)));
+                }
+                return Outcome::Drop;
+            }
             gtpu::msg_type::END_MARKER => {
                 // The last packet on the old path of a handover: nothing follows it on this TEID.
                 self.c.end_markers += 1;
@@ -1170,14 +1364,28 @@ impl Upf {
             (sc.pdr[i], usize::from(sc.inner_at[i]), usize::from(sc.inner_len[i]), sc.v6[i])
         };
         let a = if self.scratch.ready[i] { self.scratch.act[i] } else { self.rules.acts[pi as usize] };
+        // Buffered, or its session's held packets are still being sent (it queues behind them).
+        let draining = self.held.queue.n > 0
+            && a.action == FarAction::Forward
+            && !self.releasing
+            && self.held.queued_of(self.rules.fars[a.far as usize].session) > 0;
+        if a.action == FarAction::Buffer || draining {
+            self.hold(batch, i, pi, a.far, draining, now);
+            return None;
+        }
         // A packet not forwarded (expired, too big) is neither metered nor counted.
         let mut df = true;
         if a.action == FarAction::Forward {
             if self.cfg.ttl_decrement && !decrement_ttl(&mut batch.data_mut(i)[inner_at..], v6) {
                 self.c.ttl_expired += 1;
                 // An N6 sender learns it (ICMP Time Exceeded); back through the tunnel: not done.
-                return (!uplink && !v6 && self.icmp4_error(batch, i, l3, [11, 0], [0; 4], now))
-                    .then_some(self.cfg.n6_port);
+                let sent = !uplink
+                    && if v6 {
+                        self.icmp6_error(batch, i, l3, [3, 0], [0; 4], now)
+                    } else {
+                        self.icmp4_error(batch, i, l3, [11, 0], [0; 4], now)
+                    };
+                return sent.then_some(self.cfg.n6_port);
             }
             if !uplink && a.ohc && self.cfg.mtu > 0 {
                 let over = 28 + if a.mark_qfi != rules::ANY_QFI { 16 } else { 8 };
@@ -1188,19 +1396,16 @@ impl Upf {
                         self.c.too_big += 1;
                         // RFC 1191: Fragmentation Needed with the MTU left for the inner packet.
                         let m = (mtu.saturating_sub(over) as u16).to_be_bytes();
-                        return (!v6 && self.icmp4_error(batch, i, l3, [3, 4], [0, 0, m[0], m[1]], now))
-                            .then_some(self.cfg.n6_port);
+                        // RFC 4443 §3.2: Packet Too Big with the MTU (IPv6 routers never fragment).
+                        let sent = if v6 {
+                            self.icmp6_error(batch, i, l3, [2, 0], [0, 0, m[0], m[1]], now)
+                        } else {
+                            self.icmp4_error(batch, i, l3, [3, 4], [0, 0, m[0], m[1]], now)
+                        };
+                        return sent.then_some(self.cfg.n6_port);
                     }
                     df = false;
                 }
-            }
-        }
-        if a.action == FarAction::Buffer && self.buffered.get(a.far as usize) == Some(&0) {
-            // The FAR's first packet on this core: a notifying FAR tells the CP (the endpoint dedups cores).
-            let f = &self.rules.fars[a.far as usize];
-            if f.notify && self.ddn.len() < DDN_QUEUE {
-                let seid = self.rules.sessions[f.session as usize].seid;
-                self.ddn.push((seid, self.rules.pdrs[pi as usize].id));
             }
         }
         if !self.enforce(&a, usize::from(!uplink), inner_len as u64, now) {
@@ -1254,6 +1459,110 @@ impl Upf {
         Some(self.port(a.destination))
     }
 
+    /// Holds packet `i` (matched PDR `pi`, FAR `far`) for its buffering FAR
+    /// (`draining`: for the release queue, behind its session's packets
+    /// still there), within the session's bound (its BAR's, else `buffer`)
+    /// and the core's (`buffer_total`); the FAR's packets older than the
+    /// BAR's DL Buffering Duration go first (counted).
+    #[cold]
+    fn hold(&mut self, batch: &Batch, i: usize, pi: u32, far: u32, draining: bool, now: u64) {
+        let (fi, s) = (far as usize, self.rules.fars[far as usize].session);
+        let bar = self.rules.bars.get(s as usize).copied().unwrap_or_default();
+        if !draining {
+            if self.held.fars.get(fi).is_none_or(|l| l.n == 0) {
+                // The FAR's first packet on this core: a notifying FAR tells the CP (the endpoint dedups cores).
+                let f = &self.rules.fars[fi];
+                if f.notify && self.ddn.len() < DDN_QUEUE {
+                    let seid = self.rules.sessions[s as usize].seid;
+                    self.ddn.push((seid, self.rules.pdrs[pi as usize].id));
+                }
+            }
+            self.c.buffer_expired += self.held.expire_far(fi, now, bar.duration_ns);
+        }
+        let limit = if bar.packets == NONE { self.cfg.buffer } else { u64::from(bar.packets) };
+        let seid = self.rules.sessions[s as usize].seid;
+        // Packets queued behind released ones are bounded by the store only (their FAR forwards).
+        let ok = (draining || u64::from(self.held.held_of(s)) < limit)
+            && self.held.put(batch.data(i), batch.timestamps()[i], (s, seid), fi, draining, self.cfg.buffer_total);
+        if ok {
+            self.c.buffered += 1;
+        } else {
+            self.c.buffer_full += 1;
+        }
+    }
+
+    /// Takes the control block's new rule set, if there is one (one atomic load).
+    fn sync_rules(&mut self) {
+        if let Some((ctl, v)) = &self.control {
+            if ctl.version() != *v {
+                let (v, rules) = ctl.current();
+                let split = ctl.cores();
+                if let Some(c) = self.control.as_mut() {
+                    c.1 = v;
+                }
+                self.split = split;
+                self.version = v;
+                self.set_rules(rules);
+            }
+        }
+    }
+
+    /// Hands queued usage reports and downlink data events to the endpoint.
+    fn push_events(&mut self) {
+        if let Some((ctl, _)) = &self.control {
+            if !self.reports.is_empty() {
+                ctl.push_reports(&mut self.reports);
+            }
+            if !self.ddn.is_empty() {
+                ctl.push_ddn(&mut self.ddn);
+            }
+            if !self.echo_in.is_empty() {
+                ctl.push_echo_responses(&mut self.echo_in);
+            }
+        } else {
+            // No control plane to notify (a session file).
+            self.ddn.clear();
+            self.echo_in.clear();
+        }
+    }
+
+    /// Appends the GTP-U echo requests the endpoint asked for to `out` (TS
+    /// 29.281 §7.2.1: TEID 0, the S flag and a sequence number, no IE), from
+    /// the N3 address and the UPF's MAC to the N3 next hop, out of the N3 port.
+    fn send_echo_requests(&mut self, pool: &mut PacketPool, out: &mut Batch, now: u64) {
+        if let Some((ctl, _)) = &self.control {
+            ctl.take_echo_requests(&mut self.echo_out);
+        }
+        let mut sent = 0;
+        for &(peer, seq) in &self.echo_out {
+            let mut f = [0u8; 14 + 20 + 8 + 12];
+            f[0..6].copy_from_slice(&self.cfg.gw_mac[0].unwrap_or([0xff; 6]));
+            f[6..12].copy_from_slice(&self.cfg.mac.unwrap_or([0; 6]));
+            f[12..14].copy_from_slice(&ETH_IPV4);
+            let ip = &mut f[14..34];
+            ip.copy_from_slice(&[0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 17, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+            ip[12..16].copy_from_slice(&self.cfg.n3_addr.octets());
+            ip[16..20].copy_from_slice(&peer.to_be_bytes());
+            let c = checksum::checksum(ip);
+            ip[10..12].copy_from_slice(&c.to_be_bytes());
+            let p = GTPU_PORT.to_be_bytes();
+            let q = seq.to_be_bytes();
+            f[34..54]
+                .copy_from_slice(&[p[0], p[1], p[0], p[1], 0, 20, 0, 0, 0x32, 1, 0, 4, 0, 0, 0, 0, q[0], q[1], 0, 0]);
+            if !out.push_copy(pool, &f, now) {
+                break;
+            }
+            let i = out.len() - 1;
+            if let Some(port) = self.cfg.n3_port {
+                out.verdicts_mut()[i] = port;
+            }
+            sent += 1;
+        }
+        // What did not fit goes in the next burst.
+        self.echo_out.drain(..sent);
+        self.c.echo_requests_sent += sent as u64;
+    }
+
     fn port(&self, to: Iface) -> Option<u16> {
         match to {
             Iface::Access => self.cfg.n3_port,
@@ -1271,16 +1580,8 @@ impl Upf {
                 self.c.far_drop += 1;
                 return false;
             }
-            FarAction::Buffer => {
-                let b = &mut self.buffered[pdr.far as usize];
-                if *b < self.cfg.buffer {
-                    *b += 1;
-                    self.c.buffered += 1;
-                } else {
-                    self.c.buffer_full += 1;
-                }
-                return false;
-            }
+            // Held before (`act`): never here.
+            FarAction::Buffer => return false,
         }
         if pdr.gate & (1 << dir) == 0 {
             self.c.gate_closed += 1;
@@ -1614,6 +1915,102 @@ impl Upf {
     }
 }
 
+impl Upf {
+    /// Answers an IPv6 Neighbor Solicitation for the N3 or N6 IPv6 address
+    /// in place (RFC 4861 §7.2.4: a Neighbor Advertisement with the Router
+    /// and Override flags, Solicited when the asker has an address — else
+    /// to all nodes — and the UPF's MAC as Target Link-Layer Address), out
+    /// of the side the address is on. None: not a solicitation for us.
+    fn nd_advert(&mut self, batch: &mut Batch, i: usize) -> Option<Option<u16>> {
+        let mac = self.cfg.mac?;
+        let l3 = self.scratch.metas[i].l3 as usize;
+        let ip = batch.data(i).get(l3..)?;
+        // A solicitation right after the fixed header, hop limit 255 (§7.1.1).
+        if ip.len() < 64 || ip[0] >> 4 != 6 || ip[6] != 58 || ip[7] != 255 || ip[40] != 135 || ip[41] != 0 {
+            return None;
+        }
+        let target = <[u8; 16]>::try_from(&ip[48..64]).ok()?;
+        let port = if Some(target) == self.cfg.addr6[0] {
+            self.cfg.n3_port
+        } else if Some(target) == self.cfg.addr6[1] {
+            self.cfg.n6_port
+        } else {
+            return None;
+        };
+        let asker = <[u8; 16]>::try_from(&ip[8..24]).ok()?;
+        let solicited = asker != [0; 16];
+        let d = batch.data(i);
+        let (dst, dst_mac) = if solicited {
+            (asker, <[u8; 6]>::try_from(&d[6..12]).ok()?)
+        } else {
+            let mut all = [0u8; 16];
+            (all[0], all[1], all[15]) = (0xff, 0x02, 1);
+            (all, [0x33, 0x33, 0, 0, 0, 1])
+        };
+        if !batch.set_len(i, l3 + 40 + 32) {
+            self.c.no_room += 1;
+            return None;
+        }
+        let d = batch.data_mut(i);
+        d[0..6].copy_from_slice(&dst_mac);
+        d[6..12].copy_from_slice(&mac);
+        let ip = &mut d[l3..l3 + 72];
+        ip[..8].copy_from_slice(&[0x60, 0, 0, 0, 0, 32, 58, 255]);
+        ip[8..24].copy_from_slice(&target);
+        ip[24..40].copy_from_slice(&dst);
+        let flags = 0x80 | 0x20 | if solicited { 0x40 } else { 0 };
+        ip[40..48].copy_from_slice(&[136, 0, 0, 0, flags, 0, 0, 0]);
+        ip[48..64].copy_from_slice(&target);
+        ip[64..66].copy_from_slice(&[2, 1]);
+        ip[66..72].copy_from_slice(&mac);
+        let ph = checksum::pseudo_header_v6(target, dst, 58, 32);
+        let c = checksum::finish(checksum::combine(ph, checksum::sum(&ip[40..72])));
+        ip[42..44].copy_from_slice(&c.to_be_bytes());
+        self.c.nd_adverts += 1;
+        Some(port)
+    }
+
+    /// Turns the IPv6 packet at `l3` into an ICMPv6 error (`[type, code]`,
+    /// the 4 bytes after the checksum `rest`) from the N6 IPv6 address back
+    /// to its source, quoting as much of it as fits in 1,280 bytes (RFC 4443
+    /// §2.4); none without an N6 IPv6 address, about an ICMPv6 error, or
+    /// over `error_pps`.
+    fn icmp6_error(&mut self, batch: &mut Batch, i: usize, l3: usize, tc: [u8; 2], rest: [u8; 4], now: u64) -> bool {
+        let Some(src) = self.cfg.addr6[1].or(self.cfg.addr6[0]) else { return false };
+        let d = batch.data(i);
+        let ip = &d[l3..];
+        if ip.len() < 40 || (ip[6] == 58 && ip.get(40).is_some_and(|&t| t < 128)) || !self.error_allowed(now) {
+            return false;
+        }
+        let Ok(asker) = <[u8; 16]>::try_from(&ip[8..24]) else { return false };
+        let quote = ip_len(ip).unwrap_or(0).min(ip.len()).min(1280 - 48);
+        let len = l3 + 48 + quote;
+        if len > d.len() && !batch.set_len(i, len) {
+            self.c.no_room += 1;
+            return false;
+        }
+        let d = batch.data_mut(i);
+        d.copy_within(l3..l3 + quote, l3 + 48);
+        for k in 0..6 {
+            d.swap(k, k + 6);
+        }
+        let plen = ((8 + quote) as u16).to_be_bytes();
+        let ip = &mut d[l3..l3 + 48 + quote];
+        ip[..8].copy_from_slice(&[0x60, 0, 0, 0, plen[0], plen[1], 58, 64]);
+        ip[8..24].copy_from_slice(&src);
+        ip[24..40].copy_from_slice(&asker);
+        ip[40..48].copy_from_slice(&[tc[0], tc[1], 0, 0, rest[0], rest[1], rest[2], rest[3]]);
+        let ph = checksum::pseudo_header_v6(src, asker, 58, (8 + quote) as u32);
+        let c = checksum::finish(checksum::combine(ph, checksum::sum(&ip[40..])));
+        ip[42..44].copy_from_slice(&c.to_be_bytes());
+        if !batch.set_len(i, len) {
+            return false;
+        }
+        self.c.icmp_errors += 1;
+        true
+    }
+}
+
 /// Decrements the TTL (IPv4, checksum updated as RFC 1624 eq. 3) or hop
 /// limit (IPv6) of the IP packet at the start of `ip`; false if it expired
 /// (1 or 0 on arrival: not forwarded).
@@ -1720,32 +2117,56 @@ impl Nf for Upf {
     }
 
     fn process(&mut self, batch: &mut Batch, range: std::ops::Range<usize>, ctx: &NfContext) {
-        if let Some((ctl, v)) = &self.control {
-            // One atomic load per call; a new rule set applies to whole batches (ranges).
-            if ctl.version() != *v {
-                let (v, rules) = ctl.current();
-                let split = ctl.cores();
-                if let Some(c) = self.control.as_mut() {
-                    c.1 = v;
-                }
-                self.split = split;
-                self.version = v;
-                self.set_rules(rules);
-            }
-        }
+        // One atomic load per call; a new rule set applies to whole batches (ranges).
+        self.sync_rules();
         // One relaxed load per call: the cores metering these rules (they attach before traffic).
         self.shared_qos = self.meters.cores() > 1;
         self.run(batch, range, ctx);
-        if let Some((ctl, _)) = &self.control {
-            if !self.reports.is_empty() {
-                ctl.push_reports(&mut self.reports);
+        if let Some(f) = self.ipfix.as_deref_mut() {
+            // The active timeout's walk: one comparison per call on the batch's time.
+            f.advance(&self.rules, &self.board.cells, ctx.now_ns);
+        }
+        self.push_events();
+    }
+
+    fn holds_packets(&self) -> bool {
+        true
+    }
+
+    /// Sends held packets whose FAR forwards again, oldest first, through the
+    /// rules as they are now (so they are encapsulated, metered and counted
+    /// as forwarded packets are); ones older than their BAR's duration are
+    /// discarded (counted).
+    fn release(&mut self, pool: &mut PacketPool, out: &mut Batch, ctx: &NfContext) {
+        self.sync_rules();
+        self.send_echo_requests(pool, out, ctx.now_ns);
+        if self.held.queue.n == 0 {
+            return;
+        }
+        let start = out.len();
+        while out.room() > 0 {
+            let Some((slot, s)) = self.held.front() else { break };
+            let ts = self.held.ts[slot];
+            let dur = self.rules.bars.get(s as usize).map_or(u64::MAX, |b| b.duration_ns);
+            if ctx.now_ns.saturating_sub(ts) > dur {
+                self.held.pop_front();
+                self.c.buffer_expired += 1;
+                continue;
             }
-            if !self.ddn.is_empty() {
-                ctl.push_ddn(&mut self.ddn);
+            // The packet leaves now: its time is the release's (rates meter it then).
+            if !out.push_copy(pool, self.held.frame(slot), ctx.now_ns.max(ts)) {
+                break;
             }
-        } else {
-            // No control plane to notify (a session file).
-            self.ddn.clear();
+            self.held.pop_front();
+            self.c.released += 1;
+        }
+        let end = out.len();
+        if end > start {
+            self.shared_qos = self.meters.cores() > 1;
+            self.releasing = true;
+            self.run(out, start..end, ctx);
+            self.releasing = false;
+            self.push_events();
         }
     }
 
@@ -1786,20 +2207,35 @@ impl Nf for Upf {
         true
     }
 
-    /// Per-session usage for IPFIX at the run's end: each URR with traffic (the export's rows), its uplink and
-    /// downlink volume as two records (see `flowplane_wire::ipfix::UsageRecord` for the elements).
-    fn ipfix_usage(&self, merged: &Value, end_ns: u64) -> Vec<crate::ipfix::UsageExport> {
-        let n = |r: &Value, k: &str| r[k].as_u64().unwrap_or(0);
-        export_rows(merged)
-            .iter()
-            .map(|r| crate::ipfix::UsageExport {
-                seid: n(r, "seid"),
-                urr: n(r, "urr") as u32,
-                ul: (n(r, "ul_bytes"), n(r, "ul_packets")),
-                dl: (n(r, "dl_bytes"), n(r, "dl_packets")),
-                time_ns: end_ns,
-            })
-            .collect()
+    /// Usage records (see `flowplane_wire::ipfix::UsageRecord` for the
+    /// elements): each URR's counts on this core since its previous record,
+    /// every `active_ns` and at the run's end.
+    fn attach_ipfix(&mut self, tx: crate::ipfix::RecordTx, active_ns: Option<u64>) {
+        self.ipfix = Some(Box::new(UsageFeed {
+            tx,
+            active_ns: active_ns.map(|a| a.max(1)),
+            sent: vec![Usage::default(); self.board.cells.len()],
+            at: 0,
+            walked_ns: 0,
+            now_ns: 0,
+        }));
+    }
+
+    fn ipfix_end(&mut self, end_ns: u64) {
+        if let Some(f) = self.ipfix.as_deref_mut() {
+            // A chain of batch elements keeps no run clock: the latest batch this core saw then.
+            let end = end_ns.max(f.now_ns);
+            for i in 0..self.board.cells.len() {
+                f.report(&self.rules, &self.board.cells, i, end);
+            }
+        }
+    }
+
+    fn tick(&mut self, now_ns: u64) {
+        // An idle port's timer: usage counted before the port went quiet is still reported on time.
+        if let Some(f) = self.ipfix.as_deref_mut() {
+            f.advance(&self.rules, &self.board.cells, now_ns);
+        }
     }
 }
 
@@ -1890,6 +2326,7 @@ impl Upf {
             "counters": self.c.to_json(),
             "usage": usage,
             "queued_reports": reports,
+            "held": self.held.in_use(),
         });
         if let Some((ctl, _)) = &self.control {
             out["pfcp"] = ctl.stats.to_json();
@@ -1930,6 +2367,7 @@ fn n4_config(p: &mut Params, pfcp: &str, n3: Ipv4Addr) -> Result<control::N4Conf
     c.keep_sessions_on_restart = p.flag(&KEEP_RESTART)?;
     c.keep_sessions_on_failure = p.flag(&KEEP_FAILURE)?;
     c.rcvbuf = p.uint(&RCVBUF)? as usize;
+    c.gtpu_echo = std::time::Duration::from_millis(p.uint(&ECHO)?);
     Ok(c)
 }
 
@@ -1950,6 +2388,17 @@ fn mac_param(p: &mut Params, spec: &ParamSpec) -> Result<Option<[u8; 6]>, ParamE
         *x = u8::from_str_radix(s, 16).map_err(|_| bad())?;
     }
     Ok(Some(m))
+}
+
+/// An IPv6 address parameter, if set.
+fn v6_param(p: &mut Params, spec: &ParamSpec) -> Result<Option<[u8; 16]>, ParamError> {
+    let t = p.text(spec)?;
+    if t.is_empty() {
+        return Ok(None);
+    }
+    let a: std::net::Ipv6Addr =
+        t.parse().map_err(|_| ParamError(format!("upf: parameter '{}={t}' is not an IPv6 address", spec.name)))?;
+    Ok(Some(a.octets()))
 }
 
 /// Export rows of a merged report: one per URR with traffic.

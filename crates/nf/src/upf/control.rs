@@ -104,6 +104,12 @@ pub struct UpfControl {
     reports: Mutex<Vec<UsageReport>>,
     /// Downlink data the cores buffered for a FAR that notifies the CP: (SEID, PDR ID).
     ddn: Mutex<Vec<(u64, u16)>>,
+    /// GTP-U echo requests for the cores to send on N3 (peer IPv4, sequence
+    /// number), with their count so a core looks without locking; and the
+    /// echo responses the cores received (peer, sequence number).
+    echo_out: Mutex<Vec<(u32, u16)>>,
+    echo_out_n: AtomicU64,
+    echo_in: Mutex<Vec<(u32, u16)>>,
     /// Every core's URR counters (each core swaps its own board in when it takes a new rule set).
     cores: Mutex<Vec<Arc<Mutex<Arc<Board>>>>>,
     /// The QERs' buckets every core shares (rates are per session, not per core).
@@ -159,6 +165,12 @@ pub struct ControlStats {
     pub queue_drops: AtomicU64,
     /// Downlink Data Reports sent (a buffering FAR with NOCP got its first packet).
     pub ddn_sent: AtomicU64,
+    /// GTP-U echo requests handed to the cores (retransmissions included).
+    pub echo_requests: AtomicU64,
+    /// GTP-U echo responses matched to an outstanding request.
+    pub echo_responses: AtomicU64,
+    /// GTP-U paths declared failed (echo requests unanswered), reported to the SMFs.
+    pub path_failures: AtomicU64,
 }
 
 impl ControlStats {
@@ -177,6 +189,8 @@ impl ControlStats {
             "publishes": g(&self.publishes), "rcvbuf": g(&self.rcvbuf),
             "kernel_drops": g(&self.kernel_drops), "queue_drops": g(&self.queue_drops),
             "ddn_sent": g(&self.ddn_sent),
+            "echo_requests": g(&self.echo_requests), "echo_responses": g(&self.echo_responses),
+            "path_failures": g(&self.path_failures),
         })
     }
 }
@@ -203,6 +217,9 @@ impl UpfControl {
             rules: Mutex::new(rules),
             reports: Mutex::new(Vec::new()),
             ddn: Mutex::new(Vec::new()),
+            echo_out: Mutex::new(Vec::new()),
+            echo_out_n: AtomicU64::new(0),
+            echo_in: Mutex::new(Vec::new()),
             cores: Mutex::new(Vec::new()),
             meters: super::qos::Meters::new(),
             stats: ControlStats::default(),
@@ -238,6 +255,21 @@ impl UpfControl {
     }
 
     /// Hands the first buffered packets of notifying FARs over (emptying `from`).
+    /// Takes the GTP-U echo requests to send (peer IPv4, sequence number), if any (one load when none).
+    pub fn take_echo_requests(&self, into: &mut Vec<(u32, u16)>) {
+        if self.echo_out_n.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut q = lock(&self.echo_out);
+        self.echo_out_n.store(0, Ordering::Relaxed);
+        into.append(&mut q);
+    }
+
+    /// Echo responses a core received on N3 (peer IPv4, sequence number).
+    pub fn push_echo_responses(&self, from: &mut Vec<(u32, u16)>) {
+        lock(&self.echo_in).append(from);
+    }
+
     pub fn push_ddn(&self, from: &mut Vec<(u64, u16)>) {
         lock(&self.ddn).append(from);
     }
@@ -342,6 +374,10 @@ pub struct N4Config {
     pub keep_sessions_on_failure: bool,
     /// Socket receive buffer to ask for (bytes).
     pub rcvbuf: usize,
+    /// GTP-U echo request interval per N3 peer (the FARs' outer-header
+    /// addresses; zero: none). Unanswered for T1, resent up to N1 times, then
+    /// the path counts as failed and every associated SMF gets a Node Report.
+    pub gtpu_echo: Duration,
 }
 
 impl N4Config {
@@ -357,6 +393,7 @@ impl N4Config {
             keep_sessions_on_restart: false,
             keep_sessions_on_failure: false,
             rcvbuf: 8 << 20,
+            gtpu_echo: Duration::from_secs(60),
         }
     }
 
@@ -460,6 +497,21 @@ pub struct Endpoint {
     dirty: bool,
     /// Requests are being handled as a burst: publish once, at `flush`.
     defer: bool,
+    /// GTP-U paths to the N3 peers, by IPv4 address; when the peer list was last read from the sessions.
+    paths: HashMap<u32, Path>,
+    paths_read: Option<Instant>,
+    echo_seq: u16,
+}
+
+/// GTP-U path management towards one N3 peer (TS 29.281 §7.2.1, TS 23.527 §4.3).
+#[derive(Clone, Debug)]
+struct Path {
+    /// Next echo request due.
+    next: Instant,
+    /// The outstanding request: sequence number, last sent, retransmissions.
+    pending: Option<(u16, Instant, u32)>,
+    /// Reported failed (until it answers again).
+    failed: bool,
 }
 
 /// Seconds between 1900 (NTP era 0) and 1970.
@@ -515,6 +567,9 @@ impl Endpoint {
             control,
             dirty: false,
             defer: false,
+            paths: HashMap::new(),
+            paths_read: None,
+            echo_seq: 0,
         }
     }
 
@@ -576,9 +631,18 @@ impl Endpoint {
                 self.heartbeat_response(&h, body, from);
                 return None;
             }
+            msg::NODE_REPORT_RSP => {
+                if self.reports_pending.remove(&h.seq).is_some() {
+                    st.report_responses.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    st.discarded.fetch_add(1, Ordering::Relaxed);
+                }
+                return None;
+            }
             msg::SESS_REPORT_RSP => {
                 if self.reports_pending.remove(&h.seq).is_some() {
                     st.report_responses.fetch_add(1, Ordering::Relaxed);
+                    self.report_response(&h, body);
                 } else {
                     st.discarded.fetch_add(1, Ordering::Relaxed);
                 }
@@ -606,6 +670,17 @@ impl Endpoint {
         self.cache.insert((from, h.seq), (h.msg_type, expiry, rsp.clone()));
         self.cache_order.push_back((expiry, from, h.seq));
         Some(rsp)
+    }
+
+    /// A Session Report Response's Update BAR (§7.5.9.2: DL Buffering
+    /// Duration, DL Buffering Suggested Packet Count) changes the session's BAR.
+    fn report_response(&mut self, h: &Header, body: &[u8]) {
+        let Ok(ies) = pfcp::ies(body) else { return };
+        let Some(u) = ies.iter().find(|i| i.ty == ie::UPDATE_BAR_SRR) else { return };
+        let Some(s) = h.seid.and_then(|seid| self.sessions.get_mut(&seid)) else { return };
+        let Ok(bar) = pfcp::decode_bar(u.value, s.spec.bar.as_ref()) else { return };
+        s.spec.bar = Some(bar);
+        self.publish();
     }
 
     fn expire_cache(&mut self, now: Instant) {
@@ -932,6 +1007,7 @@ impl Endpoint {
     pub fn tick(&mut self, now: Instant) -> Vec<(SocketAddr, Vec<u8>)> {
         self.expire_cache(now);
         let mut out = self.retransmit_reports(now);
+        out.extend(self.gtpu_paths(now));
         if self.cfg.heartbeat.is_zero() {
             return out;
         }
@@ -980,6 +1056,90 @@ impl Endpoint {
         out
     }
 
+    /// GTP-U path management: echo requests to each N3 peer every
+    /// `gtpu_echo` (handed to the cores, which send them on N3), resent after
+    /// T1 up to N1 times; a path whose last request went unanswered is
+    /// failed: a Node Report Request (Node Report Type UPFR, a User Plane
+    /// Path Failure Report naming the Remote GTP-U Peer, §7.4.5.1) to every
+    /// associated SMF, retransmitted like Session Reports.
+    fn gtpu_paths(&mut self, now: Instant) -> Vec<(SocketAddr, Vec<u8>)> {
+        let mut out = Vec::new();
+        if self.cfg.gtpu_echo.is_zero() {
+            return out;
+        }
+        // The peers: the FARs' outer-header addresses (read again at most once a second).
+        if self.paths_read.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1)) {
+            self.paths_read = Some(now);
+            let peers: std::collections::HashSet<u32> = self
+                .sessions
+                .values()
+                .flat_map(|s| s.spec.fars.iter().filter_map(|f| f.ohc_addr.map(u32::from)))
+                .collect();
+            self.paths.retain(|a, _| peers.contains(a));
+            for a in peers {
+                self.paths.entry(a).or_insert(Path { next: now, pending: None, failed: false });
+            }
+        }
+        let answered = std::mem::take(&mut *lock(&self.control.echo_in));
+        let control = Arc::clone(&self.control);
+        let st = &control.stats;
+        for (peer, seq) in answered {
+            let Some(p) = self.paths.get_mut(&peer) else { continue };
+            if p.pending.is_some_and(|x| x.0 == seq) {
+                p.pending = None;
+                p.failed = false;
+                st.echo_responses.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let (mut send, mut failed) = (Vec::new(), Vec::new());
+        for (&peer, p) in self.paths.iter_mut() {
+            match p.pending {
+                Some((seq, sent, tries)) if now.duration_since(sent) >= self.cfg.t1 => {
+                    if tries >= self.cfg.n1 {
+                        p.pending = None;
+                        if !p.failed {
+                            p.failed = true;
+                            failed.push(peer);
+                        }
+                    } else {
+                        p.pending = Some((seq, now, tries + 1));
+                        send.push((peer, seq));
+                    }
+                }
+                Some(_) => {}
+                None if now >= p.next => {
+                    self.echo_seq = self.echo_seq.wrapping_add(1);
+                    p.pending = Some((self.echo_seq, now, 0));
+                    p.next = now + self.cfg.gtpu_echo;
+                    send.push((peer, self.echo_seq));
+                }
+                None => {}
+            }
+        }
+        if !send.is_empty() {
+            st.echo_requests.fetch_add(send.len() as u64, Ordering::Relaxed);
+            let mut q = lock(&self.control.echo_out);
+            q.append(&mut send);
+            self.control.echo_out_n.store(q.len() as u64, Ordering::Relaxed);
+        }
+        for peer in failed {
+            st.path_failures.fetch_add(1, Ordering::Relaxed);
+            let smfs: Vec<SocketAddr> = self.assocs.keys().copied().collect();
+            for to in smfs {
+                let seq = self.next_seq();
+                let mut w = Writer::message(msg::NODE_REPORT_REQ, None, seq);
+                w.ie(ie::NODE_ID, &self.node).ie(ie::NODE_REPORT_TYPE, &[0x01]);
+                let mut peer_ie = vec![0x02];
+                peer_ie.extend_from_slice(&peer.to_be_bytes());
+                w.group(ie::USER_PLANE_PATH_FAILURE_REPORT).ie(ie::REMOTE_GTPU_PEER, &peer_ie).end();
+                let bytes = w.finish();
+                self.reports_pending.insert(seq, (to, Pending { seq, sent: now, tries: 0, bytes: bytes.clone() }));
+                out.push((to, bytes));
+            }
+        }
+        out
+    }
+
     /// A random UP SEID: non-zero, not in use.
     fn random_seid(&self) -> u64 {
         loop {
@@ -1018,6 +1178,18 @@ impl Endpoint {
                     let upd = i.ty == ie::UPDATE_FAR;
                     let f = pfcp::decode_far(i.value, if upd { at.map(|a| &spec.fars[a]) } else { None })?;
                     replace(&mut spec.fars, at, f, upd, i.ty)?;
+                }
+                ie::CREATE_BAR | ie::UPDATE_BAR => {
+                    // One BAR per session (§7.5.2.6): an update names it, a create replaces it.
+                    let upd = i.ty == ie::UPDATE_BAR;
+                    if upd && spec.bar.is_none() {
+                        return Err(PfcpError { cause: cause::RULE_FAILURE, ie: Some(i.ty), what: "no BAR".into() });
+                    }
+                    spec.bar = Some(pfcp::decode_bar(i.value, if upd { spec.bar.as_ref() } else { None })?);
+                }
+                ie::REMOVE_BAR => {
+                    pfcp::decode_id(i.value, ie::BAR_ID).ok();
+                    spec.bar = None;
                 }
                 ie::CREATE_QER | ie::UPDATE_QER => {
                     let id = pfcp::decode_id(i.value, ie::QER_ID)?;

@@ -6,7 +6,7 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use super::rules::{FarAction, FarSpec, Gate, Iface, PdrSpec, QerSpec, UrrSpec};
+use super::rules::{BarSpec, FarAction, FarSpec, Gate, Iface, PdrSpec, QerSpec, UrrSpec};
 
 /// PFCP message types (TS 29.244 §7.3).
 pub mod msg {
@@ -28,6 +28,10 @@ pub mod msg {
     pub const ASSOC_RELEASE_RSP: u8 = 10;
     /// Version Not Supported Response.
     pub const VERSION_NOT_SUPPORTED: u8 = 11;
+    /// Node Report Request.
+    pub const NODE_REPORT_REQ: u8 = 12;
+    /// Node Report Response.
+    pub const NODE_REPORT_RSP: u8 = 13;
     /// Session Set Deletion Request.
     pub const SESS_SET_DEL_REQ: u8 = 14;
     /// Session Set Deletion Response.
@@ -63,6 +67,7 @@ pub mod ie {
     pub const UPDATE_PDR: u16 = 9;
     pub const UPDATE_FAR: u16 = 10;
     pub const UPDATE_FORWARDING_PARAMETERS: u16 = 11;
+    pub const UPDATE_BAR_SRR: u16 = 12;
     pub const UPDATE_URR: u16 = 13;
     pub const UPDATE_QER: u16 = 14;
     pub const REMOVE_PDR: u16 = 15;
@@ -84,6 +89,14 @@ pub mod ie {
     pub const REPORTING_TRIGGERS: u16 = 37;
     pub const REPORT_TYPE: u16 = 39;
     pub const DOWNLINK_DATA_REPORT: u16 = 83;
+    pub const DL_DATA_NOTIFICATION_DELAY: u16 = 46;
+    pub const DL_BUFFERING_DURATION: u16 = 47;
+    pub const DL_BUFFERING_PACKET_COUNT: u16 = 48;
+    pub const CREATE_BAR: u16 = 85;
+    pub const UPDATE_BAR: u16 = 86;
+    pub const REMOVE_BAR: u16 = 87;
+    pub const BAR_ID: u16 = 88;
+    pub const SUGGESTED_BUFFERING_PACKETS: u16 = 140;
     pub const OFFENDING_IE: u16 = 40;
     pub const DESTINATION_INTERFACE: u16 = 42;
     pub const UP_FUNCTION_FEATURES: u16 = 43;
@@ -106,6 +119,9 @@ pub mod ie {
     pub const UE_IP_ADDRESS: u16 = 93;
     pub const OUTER_HEADER_REMOVAL: u16 = 95;
     pub const RECOVERY_TIME_STAMP: u16 = 96;
+    pub const NODE_REPORT_TYPE: u16 = 101;
+    pub const USER_PLANE_PATH_FAILURE_REPORT: u16 = 102;
+    pub const REMOTE_GTPU_PEER: u16 = 103;
     pub const UR_SEQN: u16 = 104;
     pub const FAR_ID: u16 = 108;
     pub const QER_ID: u16 = 109;
@@ -477,6 +493,44 @@ pub fn decode_far(v: &[u8], old: Option<&FarSpec>) -> Result<FarSpec, PfcpError>
         }
     }
     Ok(f)
+}
+
+/// Decodes a Create BAR, an Update BAR (Session Modification Request) or an
+/// Update BAR (Session Report Response) applied to `old` (§7.5.2.6,
+/// §7.5.4.11, §7.5.9.2): the BAR ID, the Suggested Buffering Packets Count
+/// (or DL Buffering Suggested Packet Count, §8.2.45: one or two octets), the
+/// DL Buffering Duration (§8.2.44: timer unit in bits 8-6 — 2 s, 1 min,
+/// 10 min, 1 h, 10 h, other values 1 min; 7 infinite — and the value in bits 5-1).
+pub fn decode_bar(v: &[u8], old: Option<&BarSpec>) -> Result<BarSpec, PfcpError> {
+    let g = ies(v)?;
+    let mut b = match (old, find(&g, ie::BAR_ID)) {
+        (_, Some(id)) => BarSpec { id: u8_of(id, ie::BAR_ID)?, ..old.cloned().unwrap_or_default() },
+        (Some(o), None) => o.clone(),
+        (None, None) => return Err(missing(ie::BAR_ID, "BAR")),
+    };
+    if let Some(x) = find(&g, ie::SUGGESTED_BUFFERING_PACKETS) {
+        b.packets = Some(u32::from(u8_of(x, ie::SUGGESTED_BUFFERING_PACKETS)?));
+    }
+    if let Some(x) = find(&g, ie::DL_BUFFERING_PACKET_COUNT) {
+        b.packets = Some(match x.len() {
+            1 => u32::from(x[0]),
+            2.. => u32::from(u16::from_be_bytes([x[0], x[1]])),
+            _ => return Err(bad_len(ie::DL_BUFFERING_PACKET_COUNT)),
+        });
+    }
+    if let Some(x) = find(&g, ie::DL_BUFFERING_DURATION) {
+        let t = u8_of(x, ie::DL_BUFFERING_DURATION)?;
+        let unit_s: u64 = match t >> 5 {
+            0 => 2,
+            2 => 600,
+            3 => 3_600,
+            4 => 36_000,
+            7 => 0,
+            _ => 60,
+        };
+        b.duration_ms = (unit_s > 0).then(|| unit_s * u64::from(t & 0x1f) * 1_000);
+    }
+    Ok(b)
 }
 
 /// Decodes a Create QER (or an Update QER applied to `old`).

@@ -94,6 +94,26 @@ pub struct SessionSpec {
     /// Usage reporting rules.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub urrs: Vec<UrrSpec>,
+    /// The session's buffering action rule (at most one per session, TS 29.244 §7.5.2.6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bar: Option<BarSpec>,
+}
+
+/// A buffering action rule: how many downlink packets the session's
+/// buffering FARs may hold, and for how long.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BarSpec {
+    /// Rule ID.
+    pub id: u8,
+    /// Packets held per core (Suggested Buffering Packets Count, or DL
+    /// Buffering Suggested Packet Count; default: the `upf` `buffer=` parameter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packets: Option<u32>,
+    /// How long a packet may be held, milliseconds (DL Buffering Duration;
+    /// default: no limit); older packets are discarded, counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
 }
 
 fn yes() -> bool {
@@ -829,6 +849,23 @@ pub struct RuleSet {
     pub teids: Index<u32, TeidSlot>,
     /// UE address (IPv4-mapped or IPv6) -> session and its downlink [`Hot`].
     pub ues: Index<u128, UeSlot>,
+    /// Per session (parallel to `sessions`): its BAR's buffering bounds.
+    pub bars: Vec<Bar>,
+}
+
+/// A session's buffering bounds, compiled from its [`BarSpec`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bar {
+    /// Packets held per core ([`NONE`]: the `buffer=` parameter).
+    pub packets: u32,
+    /// Longest hold, ns (`u64::MAX`: no limit).
+    pub duration_ns: u64,
+}
+
+impl Default for Bar {
+    fn default() -> Self {
+        Bar { packets: NONE, duration_ns: u64::MAX }
+    }
 }
 
 impl RuleSet {
@@ -1079,6 +1116,10 @@ impl RuleSet {
                 ul: ul_r,
                 dl: dl_r,
             });
+            rs.bars.push(s.bar.as_ref().map_or(Bar::default(), |b| Bar {
+                packets: b.packets.unwrap_or(NONE),
+                duration_ns: b.duration_ms.map_or(u64::MAX, |ms| ms.saturating_mul(1_000_000)),
+            }));
             // The compiled classifiers. Uplink: the packet's TEID found the
             // session, so with one local F-TEID every PDR's F-TEID check holds;
             // the UE check compares the IPv4 address only, so an IPv4-mapped

@@ -58,6 +58,7 @@ fn spec() -> SessionSpec {
         ],
         qers: vec![],
         urrs: vec![UrrSpec { id: 1, volume_threshold: Some(100), ..Default::default() }],
+        bar: None,
     }
 }
 
@@ -73,7 +74,9 @@ fn run(u: &mut Upf, frames: &[(Vec<u8>, u64)]) -> Vec<Option<Vec<u8>>> {
         assert!(b.push_copy(&mut pool, f, *t));
     }
     let n = b.len();
-    u.process(&mut b, 0..n, &NfContext::default());
+    // The batch's time is its latest packet's, as the engine gives it.
+    let now_ns = frames.iter().map(|f| f.1).max().unwrap_or(0);
+    u.process(&mut b, 0..n, &NfContext { now_ns, ..NfContext::default() });
     let out = (0..n).map(|i| (!b.is_dropped(i)).then(|| b.data(i).to_vec())).collect();
     b.free_all(&mut pool).unwrap();
     out
@@ -334,6 +337,59 @@ fn a_swapped_threshold_applies_to_the_carried_count() {
     assert!(u.take_reports().is_empty(), "no threshold, no report");
 }
 
+/// `--ipfix` usage records (issue 34): what the URR counted since the previous record, once per active timeout of
+/// packet time (checked per batch and per idle tick), when the URR is removed, and at the run's end; nothing when
+/// nothing is new. The records sum to the URR's totals.
+#[test]
+fn usage_records_are_deltas_per_active_timeout_removal_and_end() {
+    const S: u64 = 1_000_000_000;
+    let mut u = upf(&[spec()], UpfConfig::default());
+    let (tx, mut rx) = crate::ipfix::test_queue();
+    u.attach_ipfix(tx, Some(S));
+    let ul = gtpu4(GNB, N3, 100, Some(9), &udp_payload(UE, DN, 4000, 80)); // 46 inner bytes
+    let dl = udp4(DN, UE, 80, 4000);
+    let mut got = Vec::new();
+    let mut take = |rx: &mut rtrb::Consumer<crate::ipfix::ExportRecord>| {
+        let mut v = Vec::new();
+        while let Ok(crate::ipfix::ExportRecord::Usage(r)) = rx.pop() {
+            v.push((r.ul, r.dl, r.time_ns));
+        }
+        got.extend(v.iter().copied());
+        v
+    };
+    // The first batch starts the timer; half a period later nothing is due.
+    run(&mut u, &[(ul.clone(), S / 10), (ul.clone(), S / 10)]);
+    run(&mut u, &[(ul.clone(), 6 * S / 10)]);
+    assert!(take(&mut rx).is_empty());
+    // 1.1 s after the start: the URR's counts so far, taken after the batch.
+    run(&mut u, &[(dl.clone(), 12 * S / 10)]);
+    assert_eq!(take(&mut rx), vec![((138, 3), (46, 1), 12 * S / 10)]);
+    // An idle port's ticks report on time: what came since, then nothing new, nothing.
+    run(&mut u, &[(ul.clone(), 15 * S / 10), (ul.clone(), 15 * S / 10)]);
+    u.tick(19 * S / 10);
+    assert!(take(&mut rx).is_empty(), "not a period since the last record");
+    u.tick(23 * S / 10);
+    assert_eq!(take(&mut rx), vec![((92, 2), (0, 0), 23 * S / 10)]);
+    u.tick(40 * S / 10);
+    assert!(take(&mut rx).is_empty(), "nothing new");
+    // The run's end: the rest.
+    run(&mut u, &[(dl.clone(), 41 * S / 10)]);
+    u.ipfix_end(45 * S / 10);
+    assert_eq!(take(&mut rx), vec![((0, 0), (46, 1), 45 * S / 10)]);
+    u.ipfix_end(46 * S / 10);
+    assert!(take(&mut rx).is_empty(), "everything was sent");
+    // A URR the control plane removes sends what it counted since its last record then.
+    run(&mut u, &[(ul.clone(), 47 * S / 10)]);
+    u.set_rules(Arc::new(RuleSet::default()));
+    assert_eq!(take(&mut rx), vec![((46, 1), (0, 0), 47 * S / 10)]);
+    let (mut p, mut b) = (0, 0);
+    for (ul, dl, _) in &got {
+        p += ul.1 + dl.1;
+        b += ul.0 + dl.0;
+    }
+    assert_eq!((p, b), (8, 8 * 46), "the records sum to everything counted");
+}
+
 #[test]
 fn compiled_classifiers_are_shared_and_pick_the_pdr() {
     let mut a = spec();
@@ -559,16 +615,61 @@ fn n3_n6_parameters() {
         ("ttl", "decrement"),
         ("mtu", "1500"),
         ("error_pps", "0"),
+        ("n3_addr6", "2001:db8:3::1"),
+        ("buffer_total", "16"),
     ]);
     let u = Upf::from_params(&mut p).unwrap();
     p.finish().unwrap();
     let c = &u.cfg;
     assert_eq!((c.mac, c.gw_mac), (Some([2, 0, 0, 0, 0, 1]), [None, Some([10, 11, 12, 13, 14, 15])]));
     assert_eq!((c.n6_addr, c.ttl_decrement, c.mtu, c.error_pps), (Ipv4Addr::new(192, 0, 2, 6), true, 1500, 0));
+    let a6: std::net::Ipv6Addr = "2001:db8:3::1".parse().unwrap();
+    assert_eq!((c.addr6, c.buffer_total), ([Some(a6.octets()), None], 16));
     let u = Upf::from_params(&mut params(&[])).unwrap();
     assert_eq!((u.cfg.n6_addr, u.cfg.ttl_decrement, u.cfg.mac), (u.cfg.n3_addr, false, None));
-    for (k, v) in [("mac", "02:00:00:00:01"), ("n3_gw_mac", "zz:00:00:00:00:01"), ("n6_addr", "x"), ("ttl", "no")] {
+    for (k, v) in [
+        ("mac", "02:00:00:00:01"),
+        ("n3_gw_mac", "zz:00:00:00:00:01"),
+        ("n6_addr", "x"),
+        ("ttl", "no"),
+        ("n6_addr6", "192.0.2.1"),
+        ("gtpu_echo_ms", "-1"),
+    ] {
         let e = Upf::from_params(&mut params(&[(k, v)])).unwrap_err().to_string();
         assert!(e.contains(k) && !e.contains('\n'), "{e}");
     }
+}
+
+/// Held packets follow their FAR across rule sets (issue 32 item 4): a
+/// buffering FAR keeps them, the session's total bound holds, a FAR that
+/// forwards queues them in arrival order, a removed session frees every
+/// slot (counted), so the store never leaks.
+#[test]
+fn held_packets_follow_their_far_and_are_freed_with_it() {
+    let mut s = spec();
+    s.fars[0].action = FarAction::Buffer;
+    s.bar = Some(BarSpec { id: 1, packets: Some(3), duration_ms: None });
+    let mut u = upf(&[s.clone()], UpfConfig { buffer_total: 4, ..Default::default() });
+    let inner = udp_payload(UE, DN, 4000, 80);
+    let frames: Vec<_> = (0..5u64).map(|k| (gtpu4(GNB, N3, 100, Some(9), &inner), k)).collect();
+    run(&mut u, &frames);
+    let c = u.upf_counters();
+    assert_eq!((c.buffered, c.buffer_full, u.held.in_use()), (3, 2, 3), "the BAR's count");
+    // Still buffering under a new rule set: kept.
+    u.set_rules(Arc::new(RuleSet::compile(&[s.clone()]).unwrap()));
+    assert_eq!((u.held.in_use(), u.held.queue.n, u.upf_counters().buffer_discarded), (3, 0, 0));
+    // Forwarding: queued, oldest first.
+    s.fars[0].action = FarAction::Forward;
+    u.set_rules(Arc::new(RuleSet::compile(&[s.clone()]).unwrap()));
+    assert_eq!(u.held.queue.n, 3);
+    let times: Vec<u64> = std::iter::successors(Some(u.held.queue.head), |&k| {
+        let n = u.held.next_of(k);
+        (n != NONE).then_some(n)
+    })
+    .map(|k| u.held.ts[k as usize])
+    .collect();
+    assert_eq!(times, vec![0, 1, 2]);
+    // The session removed: every slot back, counted.
+    u.set_rules(Arc::new(RuleSet::default()));
+    assert_eq!((u.held.in_use(), u.held.queue.n, u.upf_counters().buffer_discarded), (0, 0, 3));
 }

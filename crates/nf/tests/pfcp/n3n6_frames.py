@@ -15,7 +15,17 @@ networking, written to a pcap in this order:
 10  uplink G-PDU, inner TTL 64               -> forwarded, TTL 63
 11  downlink ICMP Time Exceeded, TTL 1       -> dropped (no error about an error)
 
-Usage: n3n6_frames.py OUT_PCAP TEID
+With a third argument "v6", IPv6 frames instead (UPF addresses 2001:db8:3::1
+on N3 and 2001:db8:6::1 on N6, UE 2001:db8:1::1):
+
+ 0  Neighbor Solicitation for N3 from the gNB -> Neighbor Advertisement (S, R, O)
+ 1  Neighbor Solicitation for N6, from :: (DAD) -> Advertisement to all nodes (R, O)
+ 2  Neighbor Solicitation for another address  -> dropped
+ 3  downlink 1,480-byte IPv6 packet            -> ICMPv6 Packet Too Big (MTU 1,456)
+ 4  downlink IPv6, hop limit 1                 -> ICMPv6 Time Exceeded to the sender
+ 5  downlink IPv6, hop limit 64                -> forwarded, hop limit 63
+
+Usage: n3n6_frames.py OUT_PCAP TEID [v6]
 """
 import sys
 
@@ -54,5 +64,19 @@ frames = [
     up(IP(src=UE, dst=DN, ttl=64) / UDP(sport=40000, dport=9001) / Raw(b"l" * 20)),
     down(IP(src=DN, dst=UE, ttl=1), ICMP(type=11, code=0) / Raw(bytes(IP(src=UE, dst=DN) / UDP())[:28])),
 ]
+if len(sys.argv) > 3 and sys.argv[3] == "v6":
+    from scapy.layers.inet6 import ICMPv6ND_NS, ICMPv6NDOptSrcLLAddr, IPv6
+    UE6, DN6, GNB6, N36, N66 = "2001:db8:1::1", "2001:db8:9::5", "2001:db8:3::a", "2001:db8:3::1", "2001:db8:6::1"
+    frames = [
+        Ether(src=GNB_MAC, dst="33:33:ff:00:00:01") / IPv6(src=GNB6, dst="ff02::1:ff00:1", hlim=255)
+        / ICMPv6ND_NS(tgt=N36) / ICMPv6NDOptSrcLLAddr(lladdr=GNB_MAC),
+        Ether(src=DN_MAC, dst="33:33:ff:00:00:01") / IPv6(src="::", dst="ff02::1:ff00:1", hlim=255)
+        / ICMPv6ND_NS(tgt=N66),
+        Ether(src=DN_MAC, dst="33:33:ff:00:00:99") / IPv6(src=DN6, dst="ff02::1:ff00:99", hlim=255)
+        / ICMPv6ND_NS(tgt="2001:db8:6::99"),
+        down(IPv6(src=DN6, dst=UE6), UDP(sport=9001, dport=40000) / Raw(b"b" * 1432)),
+        down(IPv6(src=DN6, dst=UE6, hlim=1), UDP(sport=9001, dport=40000) / Raw(b"t" * 30)),
+        down(IPv6(src=DN6, dst=UE6, hlim=64), UDP(sport=9001, dport=40000) / Raw(b"s" * 30)),
+    ]
 wrpcap(out, frames)
 print("OK %d" % len(frames))
