@@ -363,7 +363,12 @@ fn pcap_udp(path: &Path) -> Vec<([u8; 4], u16, [u8; 4], u16)> {
         let (len, f) = (le(off + 8), off + 16);
         if len >= 42 && d[f + 12..f + 14] == [8, 0] && d[f + 23] == 17 {
             let l4 = f + 14 + usize::from(d[f + 14] & 15) * 4;
-            out.push((d[f + 26..f + 30].try_into().unwrap(), be(l4), d[f + 30..f + 34].try_into().unwrap(), be(l4 + 2)));
+            out.push((
+                d[f + 26..f + 30].try_into().unwrap(),
+                be(l4),
+                d[f + 30..f + 34].try_into().unwrap(),
+                be(l4 + 2),
+            ));
         }
         off += 16 + len;
     }
@@ -372,8 +377,15 @@ fn pcap_udp(path: &Path) -> Vec<([u8; 4], u16, [u8; 4], u16)> {
 
 /// Runs the standby (B) on its trace and the active instance (A) once B is up, A's updates going to
 /// `a_to` (B, or a proxy in front of it); returns (A's report, B's report, A's nat export, B's nat export,
-/// B's output pcap).
-fn repl_pair(dir: &Path, b_listen: &str, a_to: &str, a_listen: Option<&str>) -> (Value, Value, PathBuf, PathBuf, PathBuf) {
+/// B's output pcap, B's metrics once A ended when `metrics` names B's metrics port).
+#[allow(clippy::type_complexity)]
+fn repl_pair(
+    dir: &Path,
+    b_listen: &str,
+    a_to: &str,
+    a_listen: Option<&str>,
+    metrics: Option<u16>,
+) -> (Value, Value, PathBuf, PathBuf, PathBuf, String) {
     let (ta, tb) = repl_traces(dir, 3000);
     let (ea, eb, ob, sock) = (dir.join("a.json"), dir.join("b.json"), dir.join("b-out.pcap"), dir.join("b.sock"));
     let mut b_args = vec![
@@ -401,6 +413,9 @@ fn repl_pair(dir: &Path, b_listen: &str, a_to: &str, a_listen: Option<&str>) -> 
         // Resync requests go straight to A (its updates come through the proxy).
         b_args.extend(["--replicate".into(), format!("udp:{al}")]);
     }
+    if let Some(m) = metrics {
+        b_args.extend(["--metrics".into(), format!("127.0.0.1:{m}")]);
+    }
     let b = served(&b_args.iter().map(String::as_str).collect::<Vec<_>>(), &sock);
     let mut a_args = vec![
         "run".to_string(),
@@ -427,13 +442,29 @@ fn repl_pair(dir: &Path, b_listen: &str, a_to: &str, a_listen: Option<&str>) -> 
     let a = Command::new(BIN).args(&a_args).output().unwrap();
     assert!(a.status.success(), "A: {}", String::from_utf8_lossy(&a.stderr));
     // B is still in its filler (3 s): the replies come after A's whole trace was replicated.
+    // What B imported shows in its metrics while it runs (the worker imports between batches: wait for it).
+    let mut text = String::new();
+    if let Some(m) = metrics {
+        let t0 = Instant::now();
+        while !text.contains(&format!("flowplane_replication_records_total{{event=\"imported\"}} {REPL_FLOWS}")) {
+            assert!(t0.elapsed() < Duration::from_secs(2), "B's metrics: {text}");
+            std::thread::sleep(Duration::from_millis(20));
+            let mut c = std::net::TcpStream::connect(("127.0.0.1", m)).expect("metrics endpoint");
+            c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+            text.clear();
+            c.read_to_string(&mut text).unwrap();
+        }
+    }
     let seen = packets(&sock);
-    assert!(seen < 3000, "the standby passed its filler ({seen} packets) before the active instance ended: machine too slow");
+    assert!(
+        seen < 3000,
+        "the standby passed its filler ({seen} packets) before the active instance ended: machine too slow"
+    );
     let out = b.wait_with_output().unwrap();
     assert!(out.status.success(), "B: {}", String::from_utf8_lossy(&out.stderr));
     let ra: Value = serde_json::from_slice(&a.stdout).unwrap();
     let rb: Value = serde_json::from_slice(&out.stdout).unwrap();
-    (ra, rb, ea, eb, ob)
+    (ra, rb, ea, eb, ob, text)
 }
 
 /// Checks that B holds A's mappings and translates the replies by them: B's exported outbound rows equal
@@ -465,11 +496,20 @@ fn a_standby_imports_the_active_nat_mappings_and_translates_their_replies() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("repl-plain{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let (ra, rb, ea, eb, ob) = repl_pair(&dir, "127.0.0.1:19771", "127.0.0.1:19771", None);
+    let (ra, rb, ea, eb, ob, metrics) = repl_pair(&dir, "127.0.0.1:19771", "127.0.0.1:19771", None, Some(19_771));
+    for m in
+        ["flowplane_replication_lost_datagrams_total{from=\"peer\"} 0", "flowplane_replication_lag_p99_microseconds "]
+    {
+        assert!(metrics.contains(m), "{m}: {metrics}");
+    }
     let (a, b) = (&ra["replication"], &rb["replication"]);
     assert_eq!(a["sent_records"].as_u64(), Some(REPL_FLOWS as u64), "{a}");
     assert_eq!(a["queue_lost"].as_u64(), Some(0), "{a}");
-    assert_eq!((b["received_records"].as_u64(), b["lost_datagrams"].as_u64()), (Some(REPL_FLOWS as u64), Some(0)), "{b}");
+    assert_eq!(
+        (b["received_records"].as_u64(), b["lost_datagrams"].as_u64()),
+        (Some(REPL_FLOWS as u64), Some(0)),
+        "{b}"
+    );
     assert_eq!((b["imported"].as_u64(), b["refused"].as_u64()), (Some(REPL_FLOWS as u64), Some(0)), "{b}");
     assert!(b["lag_p99_us"].as_u64().is_some_and(|l| l < 2_000_000), "{b}");
     check_standby_follows(&ea, &eb, &ob, &rb);
@@ -501,7 +541,7 @@ fn lost_replication_datagrams_are_counted_and_a_resync_repairs_them() {
         }
         dropped
     });
-    let (ra, rb, ea, eb, ob) = repl_pair(&dir, "127.0.0.1:19772", "127.0.0.1:19774", Some("127.0.0.1:19773"));
+    let (ra, rb, ea, eb, ob, _) = repl_pair(&dir, "127.0.0.1:19772", "127.0.0.1:19774", Some("127.0.0.1:19773"), None);
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     assert_eq!(fwd.join().unwrap(), 2);
     let (a, b) = (&ra["replication"], &rb["replication"]);

@@ -338,13 +338,15 @@ mod tests {
 
     fn record() -> impl Strategy<Value = Record> {
         (any::<bool>(), any::<u8>(), any::<u8>(), key(), proptest::collection::vec(any::<u8>(), 0..=MAX_STATE))
-            .prop_map(|(up, stage, core, key, st)| {
-                if up {
-                    Record::upsert(stage, core, key, &st)
-                } else {
-                    Record::delete(stage, core, key)
-                }
-            })
+            .prop_map(
+                |(up, stage, core, key, st)| {
+                    if up {
+                        Record::upsert(stage, core, key, &st)
+                    } else {
+                        Record::delete(stage, core, key)
+                    }
+                },
+            )
     }
 
     proptest! {
@@ -399,7 +401,12 @@ mod tests {
         assert_eq!(b[23], 6);
         b[2] = 2;
         assert_eq!(decode_header(&b), Err(DecodeError::Version(2)));
-        let r = Record::upsert(1, 2, FiveTuple::new([10, 0, 0, 1].into(), [192, 0, 2, 9].into(), 1000, 80, 6).unwrap(), &[9; 16]);
+        let r = Record::upsert(
+            1,
+            2,
+            FiveTuple::new([10, 0, 0, 1].into(), [192, 0, 2, 9].into(), 1000, 80, 6).unwrap(),
+            &[9; 16],
+        );
         assert_eq!(r.wire_len(), 35);
         let mut o = Vec::new();
         r.emit(&mut o);

@@ -76,7 +76,7 @@ impl ExecContext {
                 }
                 let stamp = idle.as_ref().map(|s| s.at);
                 match store.upsert(&key, h, now, |u| {
-                                    if let Upsert::New(b) = u {
+                    if let Upsert::New(b) = u {
                         if let Some(d) = b.get_mut(off..off + size) {
                             d.copy_from_slice(&st[..size]);
                         }
@@ -163,7 +163,10 @@ pub fn repl_check(chain: &Chain) -> Result<(), String> {
     match n {
         0 => Err("--replicate: no NF of the chain keeps per-flow state to replicate (replicated NFs: nat, lb)".into()),
         1 => Ok(()),
-        _ => Err("--replicate: one stateful NF per chain (an imported flow would leave the other NFs' state unset)".into()),
+        _ => {
+            Err("--replicate: one stateful NF per chain (an imported flow would leave the other NFs' state unset)"
+                .into())
+        }
     }
 }
 
@@ -184,7 +187,8 @@ impl Pipeline {
         n
     }
 
-    /// Imports one received record at this core's packet time (see [`ExecContext::repl_import`]).
+    /// Imports one received record at this core's packet time: the NF adopts the state, then the flow's entry
+    /// is created (an existing one replaced) through the table's insert; a delete removes it.
     pub fn repl_import(&mut self, rec: &Record, now_ns: u64) -> Imported {
         self.cx.repl_import(rec, now_ns)
     }

@@ -44,6 +44,11 @@
 //! postNATDestinationIPv4Address (IANA IE 226; IPv6: IE 282,
 //! postNATDestinationIPv6Address) — templates 260/261, the flow fields plus
 //! that one. An unbalanced IPv6 flow's records are plain flow records.
+//!
+//! With `--replicate` (`flowplane_engine::repl`) lb pushes a flow's state when
+//! its backend is chosen; a standby adopts it if it has that backend index
+//! (same backends in the same order), with the counts restarted: a flow moved
+//! to the standby keeps its backend.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

@@ -121,6 +121,19 @@
 //! counts and rows (on several cores, each core's share of the pool gives
 //! the translated ports).
 //!
+//! With `--replicate` (`flowplane_engine::repl`) the NAT pushes an upsert
+//! of each outbound flow's state when its mapping is taken, and a delete of
+//! the inside 5-tuple whenever a mapping is released (the events that end a
+//! session above); a resync walk pushes every outbound flow whose mapping is
+//! live. A standby adopts a received state (`repl_adopt`): it takes the
+//! same slot of its own pool (same parameters and core share, or refused),
+//! with the inside endpoint and remote from the key, its clock set to the
+//! standby's packet time; a slot held by another mapping is taken over (its
+//! generation bumped), the same mapping again only refreshes its clock. A
+//! slot adopted while in the free ring keeps its place there and is skipped
+//! when reached (`Mapping::queued`: never queued twice). Inbound flows are
+//! not replicated: the first reply on the standby finds the mapping.
+//!
 //! Cost: every translated packet reads its mapping (outbound ones also
 //! write its clock), a second cache line the prefetch hook fetches ahead.
 
@@ -134,9 +147,9 @@ use flowplane_wire::tcp::TcpFlags;
 use serde_json::json;
 
 use crate::ipfix::{ExportRecord, NatEvent, NatExport, RecordTx};
-use crate::repl::ReplTx;
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfInfo, NfSink};
+use crate::repl::ReplTx;
 use crate::report::{merge_keeping, Export};
 use crate::stateful::{Action, Affinity, Cursor, GlobalState, Granularity, Placement, StatefulNf, Step};
 use crate::topk::{merge_rows_v4, rows_v4, TopK};
@@ -1026,7 +1039,8 @@ impl StatefulNf for Nat {
             return false;
         }
         let (inside, iport, remote, rport) = (u32::from(k.src()), k.src_port(), u32::from(k.dst()), k.dst_port());
-        let same = e.in_use && e.inside == inside && e.inside_port == iport && e.remote == remote && e.remote_port == rport;
+        let same =
+            e.in_use && e.inside == inside && e.inside_port == iport && e.remote == remote && e.remote_port == rport;
         if !same {
             if e.in_use {
                 e.gen = e.gen.wrapping_add(1);
@@ -2054,7 +2068,8 @@ mod tests {
             assert_eq!(act, Action::Pass);
             ext.push(src_of(&f).1);
         }
-        let take = |rx: &mut rtrb::Consumer<crate::repl::Record>| std::iter::from_fn(|| rx.pop().ok()).collect::<Vec<_>>();
+        let take =
+            |rx: &mut rtrb::Consumer<crate::repl::Record>| std::iter::from_fn(|| rx.pop().ok()).collect::<Vec<_>>();
         let recs = take(&mut rx);
         assert_eq!(recs.len(), 3);
         for r in &recs {
