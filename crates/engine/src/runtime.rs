@@ -219,9 +219,6 @@ pub(crate) fn run_workers(
         Some(c) => Some(crate::repl::Replicator::start(c, nw)?),
         None => None,
     };
-    if let (Some(Ok(mut m)), Some(r)) = (live.map(|l| l.repl.lock()), &replicator) {
-        *m = Some(r.stats());
-    }
     let scr = match (delivery == Delivery::Sequenced, chains.first(), &trace) {
         (true, Some(c), Some(t)) => Some(crate::scr::ScrRun::new(&cfg.scr, nw, threads, cfg.loops, t, c)?),
         // A port: the dispatcher core stamps packets as they arrive.
@@ -241,6 +238,9 @@ pub(crate) fn run_workers(
     // A port's workers read its queues; a served replay's only publish and take requests.
     let port_live = port.as_ref().map(|p| p.live);
     let live = port_live.or(watch.service);
+    if let (Some(Ok(mut m)), Some(r)) = (live.map(|l| l.repl.lock()), &replicator) {
+        *m = Some(r.stats());
+    }
     let (dispatcher, mut dispatched, mut mover) = match port {
         Some(p) => (p.dispatcher.take(), std::mem::take(&mut p.dispatched), p.kernel_moves.take()),
         None => (None, Vec::new(), None),
