@@ -413,7 +413,7 @@ pub fn run_interleave(opts: &InterleaveOptions) -> Result<InterleaveReport, Stri
             };
             for (label, knobs) in variants {
                 let m = if case == OPT_CASE || case == OPT_CASE_BLOCK { &m_opt } else { &m };
-                let r = m.one_with(&trace, chain, *knobs, flows, None)?;
+                let r = m.one_with(&trace, chain, *knobs, flows, None, None)?;
                 let kind = knobs.kind;
                 let k = (kind.name().eq("interleaved") && knobs.packing).then(|| kind.param());
                 rows.push(InterleaveRow {

@@ -38,7 +38,7 @@ pub struct PipelineOptions {
     pub batch: usize,
     /// Indirect-access counts for the synthetic NF.
     pub synthetic_k: Vec<u32>,
-    /// Which experiments (empty: all): flows, chains, executors, prefetch, synthetic, aux, ipfix.
+    /// Which experiments (empty: all): flows, chains, executors, prefetch, synthetic, aux, ipfix, repl.
     pub only: Vec<String>,
     /// Rounds over the experiments (`--reps`): each row's figure is the median, with min and max.
     pub reps: usize,
@@ -128,6 +128,12 @@ pub struct PipelineRow {
     /// `ipfix` with export on: records lost (a full queue).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ipfix_lost: Option<u64>,
+    /// `repl` with replication on: state updates sent per second of the run, by its one core.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repl_updates_per_s: Option<f64>,
+    /// `repl` with replication on: updates a full queue refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repl_queue_lost: Option<u64>,
     /// `mpps` over `--reps` rounds (None with one).
     pub spread: Option<crate::reps::Spread>,
     /// What the figure rests on and why not to quote it ([`flowplane_engine::trust`]).
@@ -143,6 +149,8 @@ pub(crate) struct Measured {
     pub(crate) cpu_share: f64,
     /// IPFIX export on: what the exporter did.
     pub(crate) ipfix: Option<IpfixRate>,
+    /// Replication on: updates sent per second of wall time, updates lost to a full queue.
+    pub(crate) repl: Option<(f64, u64)>,
     pub(crate) trust: crate::reps::Trust,
 }
 
@@ -241,6 +249,7 @@ impl Measure<'_> {
         knobs: ExecConfig,
         flows: u64,
         ipfix: Option<flowplane_engine::ipfix::IpfixConfig>,
+        repl: Option<flowplane_engine::repl::ReplConfig>,
     ) -> Result<Measured, String> {
         let spec = spec::parse(chain).map_err(|e| e.to_string())?;
         let warmup = Duration::from_secs_f64(self.opts.warmup.unwrap_or((self.opts.seconds / 2.0).min(1.0)));
@@ -259,6 +268,7 @@ impl Measure<'_> {
                 ..knobs
             },
             ipfix,
+            repl,
             ..RunConfig::default()
         };
         // The tables live inside the run: sample their page backing (the process's hugepage-advised memory) in the
@@ -288,6 +298,10 @@ impl Measure<'_> {
                 cpu_share: if secs > 0.0 { x.cpu_ms / 1e3 / secs } else { 0.0 },
                 lost: x.lost,
             }),
+            repl: r
+                .replication
+                .as_ref()
+                .map(|x| (if secs > 0.0 { x.sent_records as f64 / secs } else { 0.0 }, x.queue_lost)),
             trust: r.trust.clone(),
         })
     }
@@ -307,6 +321,8 @@ struct Job {
     shown_prefetch: bool,
     /// IPFIX export on (the `ipfix` experiment).
     ipfix: Option<flowplane_engine::ipfix::IpfixConfig>,
+    /// Replication on (the `repl` experiment).
+    repl: Option<flowplane_engine::repl::ReplConfig>,
 }
 
 impl Job {
@@ -345,6 +361,7 @@ fn once(opts: &PipelineOptions) -> Result<Vec<PipelineRow>, String> {
         flows,
         shown_prefetch: prefetch,
         ipfix: None,
+        repl: None,
     };
     const CHAIN3: &str = "lb -> fsc -> ratelimit(pps=1000000000)";
     let mut jobs: Vec<Job> = Vec::new();
@@ -403,6 +420,18 @@ fn once(opts: &PipelineOptions) -> Result<Vec<PipelineRow>, String> {
             jobs.push(Job { ipfix, ..job("ipfix", variant, "fsc", ExecKind::BATCH, true, base) });
         }
     }
+    if opts.wants("repl") {
+        // Issue 36: lb's connection table replicated (to the discard port: sent, never read) vs not. Every
+        // flow is sent again in a walk without pause (refresh 0): the most updates one core hands over.
+        for on in [false, true] {
+            let variant = format!("replication={}", if on { "on" } else { "off" });
+            let repl = on
+                .then(|| flowplane_engine::repl::ReplConfig::new(Some("udp:127.0.0.1:9"), None, None))
+                .transpose()?
+                .map(|c| flowplane_engine::repl::ReplConfig { refresh: Duration::ZERO, ..c });
+            jobs.push(Job { repl, ..job("repl", variant, "lb", ExecKind::BATCH, true, base) });
+        }
+    }
     // Run order: as listed, or reversed; rows are reported in the listed order either way. Traces are generated per
     // flow count and kept while rows still need them.
     let mut order: Vec<usize> = (0..jobs.len()).collect();
@@ -421,7 +450,7 @@ fn once(opts: &PipelineOptions) -> Result<Vec<PipelineRow>, String> {
                 t
             }
         };
-        measured[i] = Some(m.one_with(&t, &j.chain, j.knobs(), j.flows, j.ipfix.clone())?);
+        measured[i] = Some(m.one_with(&t, &j.chain, j.knobs(), j.flows, j.ipfix.clone(), j.repl.clone())?);
         if let Some(flowplane_engine::ipfix::Collector::File(p)) = j.ipfix.as_ref().and_then(|c| c.collectors.first()) {
             let _ = std::fs::remove_file(p);
         }
@@ -451,6 +480,8 @@ fn once(opts: &PipelineOptions) -> Result<Vec<PipelineRow>, String> {
                 ipfix_offered_per_s: r.ipfix.map(|x| x.offered_per_s),
                 ipfix_cpu_share: r.ipfix.map(|x| x.cpu_share),
                 ipfix_lost: r.ipfix.map(|x| x.lost),
+                repl_updates_per_s: r.repl.map(|x| x.0),
+                repl_queue_lost: r.repl.map(|x| x.1),
                 spread: None,
                 trust: r.trust,
             })
@@ -472,6 +503,7 @@ fn fill_ratios(rows: &mut [PipelineRow]) {
             "synthetic" => snapshot.iter().find(|x| x.experiment == "synthetic" && x.chain == r.chain && !x.prefetch),
             "aux" => snapshot.iter().find(|x| x.experiment == "aux" && x.variant == "aux=off"),
             "ipfix" => snapshot.iter().find(|x| x.experiment == "ipfix" && x.variant == "export=off"),
+            "repl" => snapshot.iter().find(|x| x.experiment == "repl" && x.variant == "replication=off"),
             _ => None,
         };
         if let Some(b) = reference {
@@ -553,6 +585,18 @@ impl fmt::Display for PipelineReport {
                 on.ipfix_offered_per_s.unwrap_or(0.0) / 1e6,
                 on.ipfix_cpu_share.unwrap_or(0.0) * 100.0,
                 on.ipfix_lost.unwrap_or(0)
+            )?;
+        }
+        if let Some(on) = self.rows.iter().find(|r| r.experiment == "repl" && r.repl_updates_per_s.is_some()) {
+            writeln!(
+                f,
+                "repl: lb at {} flows, every flow re-sent without pause: replication on/off = {:.3} ({:+.1}% Mpps; \
+                 target >= 0.95); {:.0} updates/s from one core, {} lost to a full queue (target >= 1M/s)",
+                on.flows,
+                on.ratio,
+                (on.ratio - 1.0) * 100.0,
+                on.repl_updates_per_s.unwrap_or(0.0),
+                on.repl_queue_lost.unwrap_or(0)
             )?;
         }
         if let Some(n) = crate::reps::footnote(self.rows.iter().map(|r| &r.trust)) {

@@ -44,6 +44,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub live: LiveArgs,
     #[command(flatten)]
+    pub repl: ReplArgs,
+    #[command(flatten)]
     pub pipeline: PipelineArgs,
     #[command(flatten)]
     pub tables: TableArgs,
@@ -129,6 +131,24 @@ pub struct LiveArgs {
     /// `export`, `stop`): live runs and replays (paced with --rate, a replay can be watched and changed as it plays).
     #[arg(long, value_name = "PATH")]
     pub ctl: Option<std::path::PathBuf>,
+}
+
+/// State replication between instances (`--replicate`).
+#[derive(clap::Args, Debug, Default)]
+#[command(next_help_heading = "Replication")]
+pub struct ReplArgs {
+    /// Replicate NF state (nat mappings, lb's connection table) to a peer flowplane instance: udp:HOST:PORT
+    /// (an active instance's updates go there; a standby's resync requests). Same chain and --cores on both.
+    #[arg(long, value_name = "udp:HOST:PORT")]
+    pub replicate: Option<String>,
+    /// The replication socket's address, udp:ADDR:PORT: a standby receives the peer's updates there, an
+    /// active instance the peer's resync requests.
+    #[arg(long, value_name = "udp:ADDR:PORT")]
+    pub replicate_listen: Option<String>,
+    /// active: send this instance's updates (default with --replicate); standby: import the peer's
+    /// (default otherwise); both: active-active.
+    #[arg(long, value_name = "ROLE", value_parser = ["active", "standby", "both"])]
+    pub replicate_role: Option<String>,
 }
 
 /// The chain and how each core runs it (executor, batch, optimisations).
@@ -869,8 +889,26 @@ pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliErr
             None => flowplane_engine::runner::NicProfile::ideal(),
         },
         ipfix: parse_ipfix(&a.outputs.ipfix, a.outputs.ipfix_active)?,
+        repl: parse_repl(&a.repl)?,
     };
     Ok((cfg, spec))
+}
+
+/// Parses `--replicate`, `--replicate-listen` and `--replicate-role` (None: no replication).
+fn parse_repl(l: &ReplArgs) -> Result<Option<flowplane_engine::repl::ReplConfig>, CliError> {
+    if l.replicate.is_none() && l.replicate_listen.is_none() {
+        if l.replicate_role.is_some() {
+            return Err(CliError::new("--replicate-role needs --replicate or --replicate-listen"));
+        }
+        return Ok(None);
+    }
+    flowplane_engine::repl::ReplConfig::new(
+        l.replicate.as_deref(),
+        l.replicate_listen.as_deref(),
+        l.replicate_role.as_deref(),
+    )
+    .map(Some)
+    .map_err(CliError::new)
 }
 
 /// Parses `--ipfix` collectors and `--ipfix-active` (None: no collector).

@@ -37,7 +37,10 @@
 //! refused, the sources a full flow table refused; at most 10 rows each, so
 //! the label sets stay bounded whatever the traffic);
 //! `flowplane_build_info{version}`; `flowplane_ready`; the batch latency
-//! histogram.
+//! histogram; with `--replicate`, `flowplane_replication_records_total{event}`,
+//! `flowplane_replication_lost_datagrams_total`,
+//! `flowplane_replication_resyncs_total{direction}` and
+//! `flowplane_replication_lag_p99_microseconds`.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -417,6 +420,45 @@ impl Collector for LiveCollector {
                     .map(|(e, v)| (vec![("port", n.clone()), ("event", e.to_string())], v))
             }),
         )?;
+        if let Some(r) = live.repl.lock().ok().and_then(|r| r.clone()) {
+            let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+            counter(
+                &mut enc,
+                "flowplane_replication_records",
+                "State replication (--replicate): records sent, received, imported, deleted, refused by the import, lost to a full queue",
+                None,
+                [
+                    ("sent", l(&r.sent_records)),
+                    ("received", l(&r.received_records)),
+                    ("imported", l(&r.imported)),
+                    ("deleted", l(&r.deleted)),
+                    ("refused", l(&r.refused)),
+                    ("queue_lost", l(&r.queue_lost)),
+                ]
+                .map(|(e, v)| (vec![("event", e.to_string())], v)),
+            )?;
+            counter(
+                &mut enc,
+                "flowplane_replication_lost_datagrams",
+                "Datagrams missing from the peer's sequence (each gap asks for a resync)",
+                None,
+                [(vec![("from", "peer".to_string())], l(&r.lost_datagrams))],
+            )?;
+            counter(
+                &mut enc,
+                "flowplane_replication_resyncs",
+                "Bulk resyncs requested from the peer (requested) and walks started for the peer (served)",
+                None,
+                [("requested", l(&r.resyncs_requested)), ("served", l(&r.resyncs_served))]
+                    .map(|(e, v)| (vec![("direction", e.to_string())], v)),
+            )?;
+            gauge(
+                &mut enc,
+                "flowplane_replication_lag_p99_microseconds",
+                "p99 of the received records' lag (arrival minus the datagram's send time, wall clocks)",
+                [(Vec::new(), l(&r.lag_p99_us) as i64)],
+            )?;
+        }
         gauge(
             &mut enc,
             "flowplane_ready",

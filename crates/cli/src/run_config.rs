@@ -243,6 +243,8 @@ mod tests {
         ("export", "hh=hh.csv"),
         ("ipfix", "udp:127.0.0.1:4739"),
         ("ipfix-active", "1"),
+        ("replicate", "udp:127.0.0.1:7700"),
+        ("replicate-listen", "udp:127.0.0.1:7701"),
         ("hash-seed", "7"),
         ("ring", "1024"),
         ("scr-history", "4"),

@@ -383,6 +383,32 @@ fn cases(dir: &Path) -> Vec<Case> {
             })),
         },
         Case {
+            opt: "--replicate",
+            without: base("lb(backends=4)", &[]),
+            // Nothing listens on the discard port: the updates are sent all the same (UDP), and counted.
+            with: base("lb(backends=4)", &["--replicate", "udp:127.0.0.1:9"]),
+            expect: Expect::Check(Box::new(|wo, w| {
+                let r = w.at("/replication");
+                ok(wo.at("/replication").is_null() && r["role"] == "active" && r["sent_records"] == 200, || format!("{r}"))
+            })),
+        },
+        Case {
+            opt: "--replicate-listen",
+            without: base("lb(backends=4)", &[]),
+            with: base("lb(backends=4)", &["--replicate-listen", "udp:127.0.0.1:0"]),
+            expect: Expect::Check(Box::new(|wo, w| {
+                let r = w.at("/replication");
+                let bound = r["listen"].as_str().is_some_and(|l| l.starts_with("udp:127.0.0.1:") && !l.ends_with(":0"));
+                ok(wo.at("/replication").is_null() && r["role"] == "standby" && bound, || format!("{r}"))
+            })),
+        },
+        Case {
+            opt: "--replicate-role",
+            without: base("lb(backends=4)", &["--replicate", "udp:127.0.0.1:9"]),
+            with: base("lb(backends=4)", &["--replicate", "udp:127.0.0.1:9", "--replicate-role", "both"]),
+            expect: Expect::Refused("needs --replicate-listen"),
+        },
+        Case {
             opt: "--scale",
             without: base("fsc", &["--cores", "2"]),
             with: base("fsc", &["--cores", "2", "--scale", "shared"]),

@@ -709,4 +709,262 @@ fn scrape_at(port: u16) -> String {
     let mut t = String::new();
     s.read_to_string(&mut t).unwrap();
     t
+
+/// Issue 36, item 2: the remote and the flows of the replication tests: `FLOWS` inside hosts each send one
+/// UDP datagram to `REMOTE:53` through `nat(ports=1024-1535)`.
+const REPL_FLOWS: usize = 300;
+const REPL_NAT: &str = "nat(ports=1024-1535)";
+
+/// Writes, with scapy, the active instance's trace (`REPL_FLOWS` outbound flows, 1 ms apart) and the
+/// standby's (`filler` transit packets 1 ms apart, then a reply from the remote to every port of the pool,
+/// 203.0.113.1:1024..=1535, in port order).
+fn repl_traces(dir: &Path, filler: usize) -> (PathBuf, PathBuf) {
+    let (a, b) = (dir.join("a.pcap"), dir.join("b.pcap"));
+    let py = format!(
+        r#"
+from scapy.all import Ether, IP, UDP, Raw, wrpcap
+e = dict(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
+a = []
+for i in range({flows}):
+    p = Ether(**e)/IP(src="10.0.%d.%d" % (i // 250, i % 250 + 1), dst="198.51.100.7")/UDP(sport=1000 + i, dport=53)/Raw(b"q" * 16)
+    p.time = 1.0 + i * 0.001
+    a.append(p)
+wrpcap("{a}", a)
+b = []
+for i in range({filler}):
+    p = Ether(**e)/IP(src="192.0.2.1", dst="192.0.2.2")/UDP(sport=7, dport=7)/Raw(b"f" * 16)
+    p.time = 1.0 + i * 0.001
+    b.append(p)
+for k, port in enumerate(range(1024, 1536)):
+    p = Ether(**e)/IP(src="198.51.100.7", dst="203.0.113.1")/UDP(sport=53, dport=port)/Raw(b"r" * 16)
+    p.time = 1.0 + ({filler} + k) * 0.001
+    b.append(p)
+wrpcap("{b}", b)
+"#,
+        flows = REPL_FLOWS,
+        a = a.display(),
+        b = b.display(),
+    );
+    let o = Command::new("/usr/bin/python3").arg("-c").arg(py).output().expect("python3");
+    assert!(o.status.success(), "scapy: {}", String::from_utf8_lossy(&o.stderr));
+    (a, b)
+}
+
+/// A nat export's outbound rows: (inside address, inside port, remote, remote port, translated address, port).
+fn nat_out_rows(path: &Path) -> Vec<(String, u64, String, u64, String, u64)> {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut rows: Vec<_> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["direction"] == "out")
+        .map(|r| {
+            let t = |k: &str| r[k].as_str().unwrap().to_string();
+            let n = |k: &str| r[k].as_u64().unwrap();
+            (t("src"), n("sport"), t("dst"), n("dport"), t("translated_addr"), n("translated_port"))
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// (source, source port, destination, destination port) of every IPv4/UDP frame of a classic pcap.
+fn pcap_udp(path: &Path) -> Vec<([u8; 4], u16, [u8; 4], u16)> {
+    let d = std::fs::read(path).unwrap();
+    let le = |o: usize| u32::from_le_bytes(d[o..o + 4].try_into().unwrap()) as usize;
+    let be = |o: usize| u16::from_be_bytes([d[o], d[o + 1]]);
+    let (mut out, mut off) = (Vec::new(), 24);
+    while off + 16 <= d.len() {
+        let (len, f) = (le(off + 8), off + 16);
+        if len >= 42 && d[f + 12..f + 14] == [8, 0] && d[f + 23] == 17 {
+            let l4 = f + 14 + usize::from(d[f + 14] & 15) * 4;
+            out.push((
+                d[f + 26..f + 30].try_into().unwrap(),
+                be(l4),
+                d[f + 30..f + 34].try_into().unwrap(),
+                be(l4 + 2),
+            ));
+        }
+        off += 16 + len;
+    }
+    out
+}
+
+/// Runs the standby (B) on its trace and the active instance (A) once B is up, A's updates going to
+/// `a_to` (B, or a proxy in front of it); returns (A's report, B's report, A's nat export, B's nat export,
+/// B's output pcap, B's metrics once A ended when `metrics` names B's metrics port).
+#[allow(clippy::type_complexity)]
+fn repl_pair(
+    dir: &Path,
+    b_listen: &str,
+    a_to: &str,
+    a_listen: Option<&str>,
+    metrics: Option<u16>,
+) -> (Value, Value, PathBuf, PathBuf, PathBuf, String) {
+    let (ta, tb) = repl_traces(dir, 3000);
+    let (ea, eb, ob, sock) = (dir.join("a.json"), dir.join("b.json"), dir.join("b-out.pcap"), dir.join("b.sock"));
+    let mut b_args = vec![
+        "run".to_string(),
+        "--chain".into(),
+        REPL_NAT.into(),
+        "--input".into(),
+        tb.display().to_string(),
+        "--rate".into(),
+        "1000".into(),
+        "--cores".into(),
+        "1".into(),
+        "--table-capacity".into(),
+        "4096".into(),
+        "--output".into(),
+        ob.display().to_string(),
+        "--export".into(),
+        format!("nat={}", eb.display()),
+        "--replicate-listen".into(),
+        format!("udp:{b_listen}"),
+        "--replicate-role".into(),
+        "standby".into(),
+    ];
+    if let Some(al) = a_listen {
+        // Resync requests go straight to A (its updates come through the proxy).
+        b_args.extend(["--replicate".into(), format!("udp:{al}")]);
+    }
+    if let Some(m) = metrics {
+        b_args.extend(["--metrics".into(), format!("127.0.0.1:{m}")]);
+    }
+    let b = served(&b_args.iter().map(String::as_str).collect::<Vec<_>>(), &sock);
+    let mut a_args = vec![
+        "run".to_string(),
+        "--chain".into(),
+        REPL_NAT.into(),
+        "--input".into(),
+        ta.display().to_string(),
+        "--rate".into(),
+        "1000".into(),
+        "--cores".into(),
+        "1".into(),
+        "--table-capacity".into(),
+        "4096".into(),
+        "--no-pin".into(),
+        "--json".into(),
+        "--export".into(),
+        format!("nat={}", ea.display()),
+        "--replicate".into(),
+        format!("udp:{a_to}"),
+    ];
+    if let Some(al) = a_listen {
+        a_args.extend(["--replicate-listen".into(), format!("udp:{al}")]);
+    }
+    let a = Command::new(BIN).args(&a_args).output().unwrap();
+    assert!(a.status.success(), "A: {}", String::from_utf8_lossy(&a.stderr));
+    // B is still in its filler (3 s): the replies come after A's whole trace was replicated.
+    // What B imported shows in its metrics while it runs (the worker imports between batches: wait for it).
+    let mut text = String::new();
+    if let Some(m) = metrics {
+        let t0 = Instant::now();
+        while !text.contains(&format!("flowplane_replication_records_total{{event=\"imported\"}} {REPL_FLOWS}")) {
+            assert!(t0.elapsed() < Duration::from_secs(2), "B's metrics: {text}");
+            std::thread::sleep(Duration::from_millis(20));
+            let mut c = std::net::TcpStream::connect(("127.0.0.1", m)).expect("metrics endpoint");
+            c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+            text.clear();
+            c.read_to_string(&mut text).unwrap();
+        }
+    }
+    let seen = packets(&sock);
+    assert!(
+        seen < 3000,
+        "the standby passed its filler ({seen} packets) before the active instance ended: machine too slow"
+    );
+    let out = b.wait_with_output().unwrap();
+    assert!(out.status.success(), "B: {}", String::from_utf8_lossy(&out.stderr));
+    let ra: Value = serde_json::from_slice(&a.stdout).unwrap();
+    let rb: Value = serde_json::from_slice(&out.stdout).unwrap();
+    (ra, rb, ea, eb, ob, text)
+}
+
+/// Checks that B holds A's mappings and translates the replies by them: B's exported outbound rows equal
+/// A's (the same inside flow on the same external port), and the replies B let through are exactly those to
+/// A's ports, each sent to the inside endpoint A's export names for its port (replies to other ports
+/// dropped as unmapped).
+fn check_standby_follows(ea: &Path, eb: &Path, ob: &Path, rb: &Value) {
+    let (a, b) = (nat_out_rows(ea), nat_out_rows(eb));
+    assert_eq!(a.len(), REPL_FLOWS, "A's mappings");
+    assert_eq!(a, b, "B's exported mappings differ from A's");
+    let mut by_port: Vec<_> = a.iter().map(|r| (r.5, (r.0.clone(), r.1))).collect();
+    by_port.sort();
+    let want: Vec<(String, u64)> = by_port.into_iter().map(|(_, e)| e).collect();
+    let got: Vec<(String, u64)> = pcap_udp(ob)
+        .into_iter()
+        .filter(|&(s, sp, _, _)| s == [198, 51, 100, 7] && sp == 53)
+        .map(|(_, _, d, dp)| (std::net::Ipv4Addr::from(d).to_string(), u64::from(dp)))
+        .collect();
+    assert_eq!(got, want, "replies through B");
+    let nat = &rb["nfs"][0]["details"];
+    assert_eq!(nat["dropped_unmapped"].as_u64(), Some(512 - REPL_FLOWS as u64), "{nat}");
+    assert_eq!(nat["mappings_created"].as_u64(), Some(0), "B made no mapping of its own: {nat}");
+}
+
+/// Two instances on loopback UDP: A runs nat on a paced replay and replicates to B (standby, on a paced
+/// filler); B's nat export then equals A's mappings and B translates the replies as A would have.
+#[test]
+fn a_standby_imports_the_active_nat_mappings_and_translates_their_replies() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("repl-plain{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ra, rb, ea, eb, ob, metrics) = repl_pair(&dir, "127.0.0.1:19771", "127.0.0.1:19771", None, Some(19_771));
+    for m in
+        ["flowplane_replication_lost_datagrams_total{from=\"peer\"} 0", "flowplane_replication_lag_p99_microseconds "]
+    {
+        assert!(metrics.contains(m), "{m}: {metrics}");
+    }
+    let (a, b) = (&ra["replication"], &rb["replication"]);
+    assert_eq!(a["sent_records"].as_u64(), Some(REPL_FLOWS as u64), "{a}");
+    assert_eq!(a["queue_lost"].as_u64(), Some(0), "{a}");
+    assert_eq!(
+        (b["received_records"].as_u64(), b["lost_datagrams"].as_u64()),
+        (Some(REPL_FLOWS as u64), Some(0)),
+        "{b}"
+    );
+    assert_eq!((b["imported"].as_u64(), b["refused"].as_u64()), (Some(REPL_FLOWS as u64), Some(0)), "{b}");
+    assert!(b["lag_p99_us"].as_u64().is_some_and(|l| l < 2_000_000), "{b}");
+    check_standby_follows(&ea, &eb, &ob, &rb);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The same through a proxy that drops the 3rd and 5th of A's datagrams with records: B counts the gap (2 lost), asks A for a
+/// resync (straight to A's listening address), A's workers send every mapping again, and B ends with A's
+/// mappings all the same.
+#[test]
+fn lost_replication_datagrams_are_counted_and_a_resync_repairs_them() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("repl-loss{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let proxy = std::net::UdpSocket::bind("127.0.0.1:19774").unwrap();
+    proxy.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (d2, p2) = (std::sync::Arc::clone(&done), proxy.try_clone().unwrap());
+    let fwd = std::thread::spawn(move || {
+        let (mut n, mut dropped, mut buf) = (0u64, 0u64, [0u8; 2048]);
+        while !d2.load(std::sync::atomic::Ordering::Relaxed) {
+            let Ok((len, _)) = p2.recv_from(&mut buf) else { continue };
+            // Datagrams with records (header bytes 24..26: their count), not heartbeats.
+            n += u64::from(len > 26 && buf[24..26] != [0, 0]);
+            if (n == 3 || n == 5) && buf[24..26] != [0, 0] {
+                dropped += 1;
+                continue;
+            }
+            let _ = p2.send_to(&buf[..len], "127.0.0.1:19772");
+        }
+        dropped
+    });
+    let (ra, rb, ea, eb, ob, _) = repl_pair(&dir, "127.0.0.1:19772", "127.0.0.1:19774", Some("127.0.0.1:19773"), None);
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(fwd.join().unwrap(), 2);
+    let (a, b) = (&ra["replication"], &rb["replication"]);
+    assert_eq!(b["lost_datagrams"].as_u64(), Some(2), "{b}");
+    assert!(b["resyncs_requested"].as_u64() >= Some(1) && a["resyncs_served"].as_u64() >= Some(1), "{a} {b}");
+    // The resync sent every mapping again: more records than flows.
+    assert!(a["sent_records"].as_u64() > Some(REPL_FLOWS as u64), "{a}");
+    check_standby_follows(&ea, &eb, &ob, &rb);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -453,6 +453,11 @@ fn every_run_option_acts_on_a_live_port_or_is_refused() {
             "--ipfix-active",
             Live::On("sym", Box::new(|_, r| ok(r.u("/ipfix/flow_records") > FLOWS && r.at("/ipfix/active_timeout_s").as_f64() == Some(0.01), || format!("{}", r.at("/ipfix"))))),
         ),
+        // State replication on a port: the chains here (fsc) keep state that is not replicated; nat and lb
+        // replicate (cli_served.rs: two instances on loopback).
+        ("--replicate", Live::Refused("fsc: its state is not replicated")),
+        ("--replicate-listen", Live::Refused("fsc: its state is not replicated")),
+        ("--replicate-role", Live::Refused("--replicate-role needs --replicate")),
         ("--json", Live::On("base", Box::new(|b, _| ok(b.u("/packets") == PACKETS, || format!("report {}", b.json))))),
         ("--promisc", Live::On("a", Box::new(|b, r| ok(!r.link.contains("promiscuity 0") && r.link.contains("promiscuity ") && b.link.contains("promiscuity 0"), || format!("link {} / {}", b.link, r.link))))),
         ("--eal", Live::Elsewhere("DPDK's EAL: refused without a dpdk port (cli_options.rs::port_options_act_only_on_the_kinds_that_take_them), acting in ports_dpdk.rs")),
@@ -552,6 +557,9 @@ fn every_run_option_acts_on_a_live_port_or_is_refused() {
                 "--virtual-cores" => Some("4"),
                 "--ring" => Some("1024"),
                 "--nic-profile" => Some("bcm57416"),
+                "--replicate" => Some("udp:127.0.0.1:9"),
+                "--replicate-listen" => Some("udp:127.0.0.1:0"),
+                "--replicate-role" => Some("standby"),
                 _ => None,
             };
             let mut args =

@@ -29,6 +29,7 @@ pub mod load;
 pub mod mlffr;
 pub mod mlffr_port;
 pub mod placement;
+pub mod repl;
 pub mod report;
 pub mod runner;
 pub mod runtime;

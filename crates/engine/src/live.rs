@@ -78,6 +78,8 @@ pub struct Live {
     pub ready: AtomicBool,
     /// Requests to the workers (`flowplane ctl`), served between batches.
     pub ctl: crate::control::Mailboxes,
+    /// `--replicate`: the replication thread's live counters.
+    pub repl: Mutex<Option<Arc<crate::repl::ReplStats>>>,
 }
 
 impl Live {
@@ -98,6 +100,7 @@ impl Live {
             dispatch: Mutex::new(None),
             ready: AtomicBool::new(false),
             ctl: crate::control::Mailboxes::new(workers),
+            repl: Mutex::new(None),
         }
     }
 

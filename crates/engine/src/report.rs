@@ -144,6 +144,9 @@ pub struct Report {
     /// `--ipfix`: records exported, lost, messages sent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ipfix: Option<crate::ipfix::IpfixReport>,
+    /// `--replicate`: records sent and received, losses, resyncs, lag.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replication: Option<crate::repl::ReplReport>,
     /// Whether the throughput figure can be quoted: the work and packets it
     /// rests on, and the reasons not to ([`crate::trust`]).
     pub trust: crate::trust::Trust,
@@ -614,6 +617,9 @@ impl fmt::Display for Report {
             )?;
         }
         if let Some(x) = &self.ipfix {
+            writeln!(f, "{}", x.line())?;
+        }
+        if let Some(x) = &self.replication {
             writeln!(f, "{}", x.line())?;
         }
         if let Some(st) = &self.steering {

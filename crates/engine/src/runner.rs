@@ -98,6 +98,8 @@ pub struct RunConfig {
     pub nic_profile: flowplane_scale::NicProfile,
     /// `--ipfix`: export flow records and NAT events to collectors (None: off).
     pub ipfix: Option<crate::ipfix::IpfixConfig>,
+    /// `--replicate`: state replication to and from a peer instance (None: off).
+    pub repl: Option<crate::repl::ReplConfig>,
 }
 
 impl Default for RunConfig {
@@ -125,6 +127,7 @@ impl Default for RunConfig {
             solver_budget: Duration::from_millis(200),
             nic_profile: flowplane_scale::NicProfile::ideal(),
             ipfix: None,
+            repl: None,
         }
     }
 }

@@ -203,6 +203,22 @@ pub(crate) fn run_workers(
         Some(c) => Some(crate::ipfix::Exporter::start(c, trace.as_ref().map_or(epoch_ns, |t| t.base_ns()))?),
         None => None,
     };
+    // A standby imports a flow into the core of the sender that held it: flows must stay on their core.
+    if cfg.repl.is_some() {
+        if delivery != Delivery::Table || controller.is_some() {
+            return Err(EngineError::Unsupported(format!(
+                "--replicate with --scale {}: flows must stay on the core that holds them (a standby imports into the sender's core); use rss",
+                cfg.scale
+            )));
+        }
+        if let Some(c) = chains.first() {
+            crate::exec::repl::repl_check(c).map_err(EngineError::Unsupported)?;
+        }
+    }
+    let replicator = match &cfg.repl {
+        Some(c) => Some(crate::repl::Replicator::start(c, nw)?),
+        None => None,
+    };
     let scr = match (delivery == Delivery::Sequenced, chains.first(), &trace) {
         (true, Some(c), Some(t)) => Some(crate::scr::ScrRun::new(&cfg.scr, nw, threads, cfg.loops, t, c)?),
         // A port: the dispatcher core stamps packets as they arrive.
@@ -222,6 +238,9 @@ pub(crate) fn run_workers(
     // A port's workers read its queues; a served replay's only publish and take requests.
     let port_live = port.as_ref().map(|p| p.live);
     let live = port_live.or(watch.service);
+    if let (Some(Ok(mut m)), Some(r)) = (live.map(|l| l.repl.lock()), &replicator) {
+        *m = Some(r.stats());
+    }
     let (dispatcher, mut dispatched, mut mover) = match port {
         Some(p) => (p.dispatcher.take(), std::mem::take(&mut p.dispatched), p.kernel_moves.take()),
         None => (None, Vec::new(), None),
@@ -269,6 +288,7 @@ pub(crate) fn run_workers(
                 let output = output.clone();
                 let (shared, barrier, go) = (&shared, &barrier, &go);
                 let exporter = exporter.as_ref();
+                let replicator = replicator.as_ref();
                 let halt = if mine.iter().any(|m| m.2.is_some()) { &never } else { &halt };
                 let steering_arc = nic_parts.as_ref().map(|n| Arc::clone(&n.0));
                 let kernel = switch.as_ref().zip(nic_parts.as_ref()).map(|(sw, n)| (Arc::clone(sw), n.1.clone()));
@@ -334,6 +354,9 @@ pub(crate) fn run_workers(
                                         ));
                                     }
                                 }
+                                if let Some(r) = replicator {
+                                    exec.attach_repl(&mut |stage| r.queue(stage, w));
+                                }
                                 if cfg.rate_pps.is_some() || port_live.is_some() {
                                     // Paced or live: a page fault on the packet path is a stall that loses packets.
                                     exec.prefault();
@@ -361,6 +384,9 @@ pub(crate) fn run_workers(
                                 let mut wk =
                                     Worker::new(w, pool, source, exec, sink, cfg.batch_size, measure_from, ctl);
                                 wk.set_priority(cfg.priority.as_ref().map(|p| p.1));
+                                if let Some(r) = replicator {
+                                    wk.set_repl(r.link(w));
+                                }
                                 if cfg.virtual_cores.is_some() && cfg.rate_pps.is_none() && cfg.priority.is_some() {
                                     wk.set_virtual_latency(hz);
                                 }
@@ -464,6 +490,7 @@ pub(crate) fn run_workers(
     let details = merge_details(&workers, &pipelines);
     let mut report = Report::from_workers(spec, cfg, &workers, details, elapsed, hz);
     report.ipfix = ipfix.map(crate::ipfix::Exporter::finish);
+    report.replication = replicator.map(crate::repl::Replicator::finish);
     if let Feed::Port(p) = &feed {
         report.clock = format!("port receive time ({})", p.live.source);
         // On a port the run's span is mostly waiting for packets: the cost per

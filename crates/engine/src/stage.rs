@@ -238,6 +238,17 @@ pub trait StatefulStage: Send {
     fn set_hash_secret(&mut self, secret: u32);
     /// A flow record for `state` without ending it (active timeout, the run's end).
     fn ipfix_flow_bytes(&mut self, key: &FiveTuple, state: &[u8], reason: EndReason);
+    /// [`StatefulNf::REPL`].
+    fn repl(&self) -> Result<(), &'static str>;
+    /// [`StatefulNf::attach_repl`].
+    fn attach_repl(&mut self, tx: flowplane_nf::repl::ReplTx);
+    /// [`StatefulNf::repl_adopt`] of a received state (`bytes`, unaligned; another size is refused):
+    /// the adopted state goes into `out`'s first `state_size()` bytes.
+    fn repl_adopt_bytes(&mut self, key: &FiveTuple, bytes: &[u8], now_ns: u64, out: &mut [u8]) -> bool;
+    /// [`StatefulNf::repl_forget`].
+    fn repl_forget_bytes(&mut self, key: &FiveTuple, state: &[u8]);
+    /// [`StatefulNf::repl_entry`].
+    fn repl_entry_bytes(&mut self, key: &FiveTuple, state: &[u8]);
     /// Unparsed packets.
     fn on_unparsed(&mut self) -> Action;
     /// Packets with a key but no state (table full): counted by the NF, its verdict.
@@ -568,6 +579,30 @@ impl<T: StatefulNf> StatefulStage for Typed<T> {
         if T::IPFIX {
             self.0.ipfix_flow(key, cast::<T::State>(state), reason)
         }
+    }
+    fn repl(&self) -> Result<(), &'static str> {
+        T::REPL
+    }
+    fn attach_repl(&mut self, tx: flowplane_nf::repl::ReplTx) {
+        self.0.attach_repl(tx)
+    }
+    fn repl_adopt_bytes(&mut self, key: &FiveTuple, bytes: &[u8], now_ns: u64, out: &mut [u8]) -> bool {
+        let size = std::mem::size_of::<T::State>();
+        if bytes.len() != size || out.len() < size {
+            return false;
+        }
+        let mut st: T::State = bytemuck::pod_read_unaligned(bytes);
+        if !self.0.repl_adopt(key, &mut st, now_ns) {
+            return false;
+        }
+        out[..size].copy_from_slice(bytemuck::bytes_of(&st));
+        true
+    }
+    fn repl_forget_bytes(&mut self, key: &FiveTuple, state: &[u8]) {
+        self.0.repl_forget(key, cast::<T::State>(state))
+    }
+    fn repl_entry_bytes(&mut self, key: &FiveTuple, state: &[u8]) {
+        self.0.repl_entry(key, cast::<T::State>(state))
     }
     fn on_unparsed(&mut self) -> Action {
         self.0.on_unparsed()

@@ -217,6 +217,8 @@ pub struct Worker<'a> {
     source_done: bool,
     /// `--priority`: the class, and per packet of the batch in flight whether it is in it.
     priority: Option<PriorityClass>,
+    /// `--replicate`: imports and table walks between two batches.
+    repl: Option<Box<crate::repl::ReplLink>>,
     prio: Vec<bool>,
     /// Virtual-time latency (`--virtual-cores` at full speed): this logical
     /// worker as a dedicated core serving its packets FIFO, each arriving at
@@ -268,6 +270,7 @@ impl<'a> Worker<'a> {
             scr: None,
             source_done: false,
             priority: None,
+            repl: None,
             prio: Vec::with_capacity(flowplane_packet::MAX_BATCH),
             vclock: None,
             recent_cpp: 0.0,
@@ -306,8 +309,16 @@ impl<'a> Worker<'a> {
         self.priority = class;
     }
 
+    /// Replicates state with a peer (`--replicate`): served between two bursts.
+    pub fn set_repl(&mut self, link: crate::repl::ReplLink) {
+        self.repl = Some(Box::new(link));
+    }
+
     /// Receives one burst and runs the chain over it.
     pub fn step(&mut self, stop: &AtomicBool) -> Step {
+        if let Some(r) = self.repl.as_mut() {
+            r.serve(&mut self.exec);
+        }
         let res = &mut self.res;
         if let Some(c) = self.ctl.as_mut() {
             c.import(self.core, &mut self.exec, res);

@@ -29,6 +29,7 @@ pub mod param_spec;
 pub mod params;
 pub mod pkt;
 pub mod registry;
+pub mod repl;
 pub mod report;
 pub mod stateful;
 #[cfg(any(test, feature = "testutil"))]

@@ -596,6 +596,35 @@ pub trait StatefulNf: Send + 'static {
     /// (sweeps, removals), only for NFs declaring [`StatefulNf::IPFIX`].
     fn ipfix_flow(&mut self, _key: &FiveTuple, _state: &Self::State, _reason: crate::ipfix::EndReason) {}
 
+    /// Whether the NF's per-flow state is replicated to a standby
+    /// (`run --replicate`, see [`crate::repl`]): `Ok(())` if it pushes
+    /// records and can adopt them, else why not (the run refuses with it).
+    /// Default: refused, as state is replicated only by NFs that say how.
+    const REPL: Result<(), &'static str> = Err("its state is not replicated");
+
+    /// Takes this core's replication queue (once, before the run, only with
+    /// `--replicate`): the NF pushes an upsert when a flow's replicated state
+    /// is created or changes, a delete when it is released.
+    fn attach_repl(&mut self, _tx: crate::repl::ReplTx) {}
+
+    /// A replicated entry arrives (a standby, between two batches, at packet
+    /// time `now_ns` of its own clock): take what the state names in the NF's
+    /// own structures (nat: the port; its generation is rewritten to this
+    /// instance's) and return true to import it into the flow table; false:
+    /// refused (not imported, counted).
+    fn repl_adopt(&mut self, _key: &FiveTuple, _state: &mut Self::State, _now_ns: u64) -> bool {
+        true
+    }
+
+    /// A replicated delete of a flow whose imported state is `state` (the
+    /// entry is removed from the flow table after this).
+    fn repl_forget(&mut self, _key: &FiveTuple, _state: &Self::State) {}
+
+    /// A bulk resync's walk over the flow table: push `key`'s upsert if its
+    /// state is replicated and live (called off the per-packet path, between
+    /// batches).
+    fn repl_entry(&mut self, _key: &FiveTuple, _state: &Self::State) {}
+
     /// NF-specific results for the report (JSON), if any.
     fn report(&self) -> Option<serde_json::Value> {
         None

@@ -28,6 +28,7 @@ pub mod ipv4;
 pub mod ipv6;
 pub mod packet_repr;
 pub mod prefix;
+pub mod repl;
 pub mod rss;
 pub mod scr;
 pub mod tcp;

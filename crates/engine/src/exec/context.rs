@@ -469,6 +469,11 @@ impl ExecContext {
         }
     }
 
+    /// Where the expiry sweep stands on this core's packet clock (0 before the first batch).
+    pub(crate) fn sweep_ns(&self) -> u64 {
+        self.sweep.last_ns
+    }
+
     /// The run's latest packet time across cores (None: no packet).
     pub(crate) fn run_end(&self) -> Option<u64> {
         self.shared.clocks.latest()

@@ -44,6 +44,7 @@ use crate::graph::{take_graph, Arm, Graph};
 
 mod context;
 mod migrate;
+pub mod repl;
 
 pub use context::{sweep_period_ns, ExecContext, ExecStats, Scratch};
 

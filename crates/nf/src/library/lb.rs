@@ -44,6 +44,11 @@
 //! postNATDestinationIPv4Address (IANA IE 226; IPv6: IE 282,
 //! postNATDestinationIPv6Address) — templates 260/261, the flow fields plus
 //! that one. An unbalanced IPv6 flow's records are plain flow records.
+//!
+//! With `--replicate` (`flowplane_engine::repl`) lb pushes a flow's state when
+//! its backend is chosen; a standby adopts it if it has that backend index
+//! (same backends in the same order), with the counts restarted: a flow moved
+//! to the standby keeps its backend.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -304,6 +309,8 @@ pub struct Lb {
     no_backend: u64,
     /// The IPFIX record queue (`--ipfix`).
     ipfix: Option<RecordTx>,
+    /// The replication queue (`--replicate`): an upsert when a flow's backend is chosen.
+    repl: Option<crate::repl::ReplTx>,
 }
 
 /// Maglev backends from `backends_file`'s text: (IPv4 list, IPv6 list) of (address, weight).
@@ -416,6 +423,7 @@ impl Lb {
             maglev: false,
             no_backend: 0,
             ipfix: None,
+            repl: None,
         }
     }
 
@@ -574,6 +582,9 @@ impl StatefulNf for Lb {
         st.bytes += pkt.len() as u64;
         if st.backend == PENDING {
             self.assign(pkt, st);
+            if let Some(r) = &mut self.repl {
+                r.upsert(pkt.tuple(), bytemuck::bytes_of(st));
+            }
         }
         if pkt.meta().v6 {
             return self.process_v6(pkt, st);
@@ -652,6 +663,32 @@ impl StatefulNf for Lb {
 
     fn attach_ipfix(&mut self, tx: RecordTx) {
         self.ipfix = Some(tx);
+    }
+
+    // Replicated: the connection table (a flow's backend), so a flow moved to a standby keeps its backend.
+    const REPL: Result<(), &'static str> = Ok(());
+
+    fn attach_repl(&mut self, tx: crate::repl::ReplTx) {
+        self.repl = Some(tx);
+    }
+
+    /// A backend index this instance has (same backends in the same order: `base`/`backends`, or the same
+    /// `backends_file`); the counts restart here.
+    fn repl_adopt(&mut self, key: &FiveTuple, st: &mut LbState, now: u64) -> bool {
+        let known = match key {
+            FiveTuple::V4(_) => self.v4.get(st.backend).is_some(),
+            FiveTuple::V6(_) => st.backend == UNBALANCED || self.v6.get(st.backend).is_some(),
+        };
+        if known {
+            *st = LbState { backend: st.backend, first_ns: now, last_ns: now, ..LbState::zeroed() };
+        }
+        known
+    }
+
+    fn repl_entry(&mut self, key: &FiveTuple, st: &LbState) {
+        if let (false, Some(r)) = (st.backend == PENDING, &mut self.repl) {
+            r.upsert(key, bytemuck::bytes_of(st));
+        }
     }
 
     /// The flow as received, its counts, and the backend it was sent to (postNATDestinationIPv4/IPv6Address;

@@ -156,6 +156,19 @@
 //! counts and rows (on several cores, each core's share of the pool gives
 //! the translated ports).
 //!
+//! With `--replicate` (`flowplane_engine::repl`) the NAT pushes an upsert
+//! of each outbound flow's state when its mapping is taken, and a delete of
+//! the inside 5-tuple whenever a mapping is released (the events that end a
+//! session above); a resync walk pushes every outbound flow whose mapping is
+//! live. A standby adopts a received state (`repl_adopt`): it takes the
+//! same slot of its own pool (same parameters and core share, or refused),
+//! with the inside endpoint and remote from the key, its clock set to the
+//! standby's packet time; a slot held by another mapping is taken over (its
+//! generation bumped), the same mapping again only refreshes its clock. A
+//! slot adopted while in the free ring keeps its place there and is skipped
+//! when reached (`Mapping::queued`: never queued twice). Inbound flows are
+//! not replicated: the first reply on the standby finds the mapping.
+//!
 //! Cost: every translated packet reads its mapping (outbound ones also
 //! write its clock), a second cache line the prefetch hook fetches ahead.
 
@@ -171,6 +184,7 @@ use serde_json::json;
 use crate::ipfix::{ExportRecord, NatEvent, NatExport, RecordTx};
 use crate::pkt::Pkt;
 use crate::registry::{KeyedBy, NfInfo, NfSink};
+use crate::repl::ReplTx;
 use crate::report::{merge_keeping, Export};
 use crate::stateful::{Action, Affinity, Cursor, GlobalState, Granularity, Placement, StatefulNf, Step};
 use crate::topk::{merge_rows_v4, rows_v4, TopK};
@@ -347,6 +361,9 @@ struct Mapping {
     in_use: bool,
     /// [`FIN_OUT`] | [`FIN_IN`] | [`QUEUED`].
     fin: u8,
+    /// The slot has a place in the free ring (a slot adopted from a peer
+    /// keeps its place, skipped when reached: never queued twice).
+    queued: bool,
 }
 
 impl Mapping {
@@ -428,7 +445,7 @@ impl Pool {
         }
         let tw = if time_wait { vec![TimeWait::default(); n] } else { Vec::new() };
         Pool {
-            rev: vec![Mapping::default(); n],
+            rev: vec![Mapping { queued: true, ..Mapping::default() }; n],
             ports,
             active: vec![true; addrs as usize],
             retired_ended: 0,
@@ -449,10 +466,16 @@ impl Pool {
     /// stopped (reclaimed: generation bumped). `None`: the pool is exhausted.
     /// Whether a port is available is a function of the packet times alone.
     fn alloc(&mut self, now: u64, timeout: u64) -> Option<(u32, bool)> {
-        if self.len > 0 {
+        while self.len > 0 {
             let s = self.free[self.head];
             self.head = if self.head + 1 == self.free.len() { 0 } else { self.head + 1 };
             self.len -= 1;
+            let e = &mut self.rev[s as usize];
+            e.queued = false;
+            // Adopted from a peer while queued (replication): its place is dropped.
+            if e.in_use {
+                continue;
+            }
             return Some((s, false));
         }
         // A clock that went backwards invalidates the bound.
@@ -494,6 +517,12 @@ impl Pool {
             return;
         }
         let cap = self.free.len();
+        let Some(e) = self.rev.get_mut(slot as usize) else { return };
+        if e.queued {
+            // Adopted while queued: the old place serves.
+            return;
+        }
+        e.queued = true;
         if self.len < cap {
             let mut at = self.head + self.len;
             if at >= cap {
@@ -603,6 +632,13 @@ impl Pool {
                 }
             }
         }
+        // `queued` says a slot has a place in the ring (replication's adoption relies on it).
+        for e in &mut self.rev {
+            e.queued = false;
+        }
+        for &s in &queue {
+            self.rev[s as usize].queued = true;
+        }
         self.len = queue.len();
         queue.resize(n, 0);
         (self.free, self.head) = (queue, 0);
@@ -658,6 +694,8 @@ struct Counters {
     remapped: u64,
     evicted_mappings: u64,
     evicted_inbound: u64,
+    /// Mappings taken from a peer (`--replicate`).
+    adopted: u64,
 }
 
 /// The source NAT.
@@ -693,6 +731,8 @@ struct EventLog {
     tx: Option<RecordTx>,
     /// External address by address index.
     addr_of: Vec<u32>,
+    /// `--replicate`: a delete for every mapping released (the create is pushed where it is made).
+    repl: Option<ReplTx>,
     ports: u32,
     port_lo: u16,
     /// Per pool: the packet time of the last addresses-exhausted event (one per second at most).
@@ -703,15 +743,14 @@ impl EventLog {
     /// A session event of mapping `e` (slot `slot` of pool `pool`: 0 TCP, 1 UDP).
     #[inline]
     fn session(&mut self, event: NatEvent, e: &Mapping, slot: u32, pool: u8, time_ns: u64) {
+        if self.tx.is_none() && self.repl.is_none() {
+            return;
+        }
+        let inside = mapping_key(e, pool);
+        if let (Some(r), NatEvent::Nat44SessionDelete, Some(k)) = (&mut self.repl, event, &inside) {
+            r.delete(k);
+        }
         let Some(tx) = &mut self.tx else { return };
-        let proto = if pool == 0 { 6 } else { 17 };
-        let inside = FiveTuple::new(
-            IpAddr::V4(Ipv4Addr::from(e.inside)),
-            IpAddr::V4(Ipv4Addr::from(e.remote)),
-            e.inside_port,
-            e.remote_port,
-            proto,
-        );
         tx.push(ExportRecord::Nat(NatExport {
             event,
             time_ns,
@@ -740,6 +779,18 @@ impl EventLog {
             pool: u32::from(pool),
         }));
     }
+}
+
+/// The outbound flow key of mapping `e` (pool 0 TCP, 1 UDP): inside endpoint to remote.
+fn mapping_key(e: &Mapping, pool: u8) -> Option<FiveTuple> {
+    let proto = if pool == 0 { 6 } else { 17 };
+    FiveTuple::new(
+        IpAddr::V4(Ipv4Addr::from(e.inside)),
+        IpAddr::V4(Ipv4Addr::from(e.remote)),
+        e.inside_port,
+        e.remote_port,
+        proto,
+    )
 }
 
 fn mask(len: u8) -> u32 {
@@ -1143,6 +1194,7 @@ impl StatefulNf for Nat {
             "remapped_after_time_wait": c.remapped,
             "evicted_mappings": c.evicted_mappings,
             "evicted_inbound": c.evicted_inbound,
+            "mappings_adopted": c.adopted,
             "dropped_filtered": c.filtered,
             "dropped_pool_exhausted": c.exhausted,
             "dropped_unmapped": c.unmapped,
@@ -1190,6 +1242,79 @@ impl StatefulNf for Nat {
 
     fn attach_ipfix(&mut self, tx: RecordTx) {
         self.log.tx = Some(tx);
+    }
+
+    // Replicated: outbound flows' mappings (an inbound flow is rebuilt from
+    // the mapping by the reply's first packet on the standby).
+    const REPL: Result<(), &'static str> = Ok(());
+
+    fn attach_repl(&mut self, tx: ReplTx) {
+        self.log.repl = Some(tx);
+    }
+
+    /// Takes the mapping's slot on this instance (same configuration and
+    /// core share as the sender: a slot naming another address or port is
+    /// refused). A slot held by another mapping (its release was lost) is
+    /// taken over, its generation bumped so the old flows go stale; the same
+    /// mapping again (a refresh, a resync) only moves its clock to `now`.
+    fn repl_adopt(&mut self, key: &FiveTuple, st: &mut NatState, now: u64) -> bool {
+        let FiveTuple::V4(k) = key else { return false };
+        if !(st.kind == kind::OUTBOUND || st.kind == kind::OUTBOUND_CLOSING) || st.pool > 1 {
+            return false;
+        }
+        if st.pool != u8::from(k.proto() == 17) || !self.is_inside(u32::from(k.src())) {
+            return false;
+        }
+        let want_addr = self.addr_of.get((st.slot / self.ports) as usize).copied().unwrap_or(0);
+        let want_port = u32::from(self.cfg.port_lo) + st.slot % self.ports;
+        let p = &mut self.pools[st.pool as usize];
+        let Some(e) = p.rev.get_mut(st.slot as usize) else { return false };
+        if st.addr != want_addr || u32::from(st.port) != want_port {
+            return false;
+        }
+        let (inside, iport, remote, rport) = (u32::from(k.src()), k.src_port(), u32::from(k.dst()), k.dst_port());
+        let same =
+            e.in_use && e.inside == inside && e.inside_port == iport && e.remote == remote && e.remote_port == rport;
+        if !same {
+            if e.in_use {
+                e.gen = e.gen.wrapping_add(1);
+            }
+            e.inside = inside;
+            e.inside_port = iport;
+            e.remote = remote;
+            e.remote_port = rport;
+            e.fin = 0;
+            e.in_use = true;
+            self.c.adopted += 1;
+        }
+        e.last_out = e.last_out.max(now);
+        st.gen = e.gen;
+        st.kind = kind::OUTBOUND;
+        self.now_ns = self.now_ns.max(now);
+        true
+    }
+
+    /// The sender released the mapping: free its slot here if this flow still holds it.
+    fn repl_forget(&mut self, _key: &FiveTuple, st: &NatState) {
+        if maps(st.kind) && st.kind != kind::INBOUND {
+            let p = &mut self.pools[(st.pool & 1) as usize];
+            if p.release(st.slot, st.gen) {
+                self.c.released += 1;
+            }
+        }
+    }
+
+    fn repl_entry(&mut self, key: &FiveTuple, st: &NatState) {
+        if !(st.kind == kind::OUTBOUND || st.kind == kind::OUTBOUND_CLOSING) {
+            return;
+        }
+        let live = self.pools[(st.pool & 1) as usize]
+            .rev
+            .get(st.slot as usize)
+            .is_some_and(|e| e.live_at(st.gen, self.now_ns, self.timeout_ns));
+        if let (true, Some(r)) = (live, &mut self.log.repl) {
+            r.upsert(key, bytemuck::bytes_of(st));
+        }
     }
 
     fn export_row(&self, key: &FiveTuple, st: &NatState) -> Option<serde_json::Value> {
@@ -1274,14 +1399,18 @@ impl Nat {
         self.c.mappings += 1;
         self.c.idle_reclaimed += u64::from(reclaimed);
         self.c.released += u64::from(reclaimed);
-        NatState {
+        let st = NatState {
             addr: self.addr_of[(slot / self.ports) as usize],
             slot,
             gen,
             port: self.cfg.port_lo + (slot % self.ports) as u16,
             kind: kind::OUTBOUND,
             pool,
+        };
+        if let Some(r) = &mut self.log.repl {
+            r.upsert(pkt.tuple(), bytemuck::bytes_of(&st));
         }
+        st
     }
 
     /// An inbound packet from `src:sport` to external address `idx`, port
@@ -2249,5 +2378,63 @@ mod tests {
         assert_eq!(build(vec![]), Ok("nat"));
         let typo = build(vec![("timout".into(), "5".into())]);
         assert_eq!(typo.err().unwrap().0, "nat: unknown parameter 'timout'");
+    }
+
+    /// Replication: what an active NAT pushes, a standby adopts (the records' states, as the engine imports
+    /// them into its table), and the standby then translates the replies by the active's mappings, keeps
+    /// those ports out of its own allocations, and frees them on the active's release.
+    #[test]
+    fn a_standby_adopts_the_active_mappings_and_follows_their_release() {
+        let (tx, mut rx) = crate::repl::test_queue();
+        let mut a = Harness::new(nat(1, 1024, 1027));
+        a.nf.attach_repl(tx);
+        let mut b = Harness::new(nat(1, 1024, 1027));
+        let out = |i: u8| tcp4([10, 0, 0, i], REMOTE, 5000, 80, 0x10, 1, 1);
+        let mut ext = Vec::new();
+        for i in 1..=3 {
+            let (f, act) = a.run(&out(i));
+            assert_eq!(act, Action::Pass);
+            ext.push(src_of(&f).1);
+        }
+        let take =
+            |rx: &mut rtrb::Consumer<crate::repl::Record>| std::iter::from_fn(|| rx.pop().ok()).collect::<Vec<_>>();
+        let recs = take(&mut rx);
+        assert_eq!(recs.len(), 3);
+        for r in &recs {
+            assert_eq!(r.op, crate::repl::Op::Upsert);
+            let mut st: NatState = bytemuck::pod_read_unaligned(r.state());
+            assert!(b.nf.repl_adopt(&r.key, &mut st, 0));
+            // The same record again (a refresh, a resync) changes nothing.
+            let mut again = st;
+            assert!(b.nf.repl_adopt(&r.key, &mut again, 5) && again == st);
+            b.states.insert(r.key, st);
+        }
+        assert_eq!(b.nf.report().unwrap()["mappings_adopted"], 3);
+        // Replies to the active's ports reach the inside hosts through the standby.
+        for (i, &port) in ext.iter().enumerate() {
+            let (f, act) = b.run(&tcp4(REMOTE, EXT, 80, port, 0x10, 1, 1));
+            assert_eq!(act, Action::Pass);
+            assert_eq!(dst_of(&f), ([10, 0, 0, i as u8 + 1], 5000));
+        }
+        // An outbound packet of an adopted flow keeps its port.
+        let (f, _) = b.run(&out(2));
+        assert_eq!(src_of(&f), (EXT, ext[1]));
+        // The standby's own new flow takes the one port left, then the pool is exhausted.
+        let (f, act) = b.run(&out(9));
+        assert_eq!(act, Action::Pass);
+        assert!(!ext.contains(&src_of(&f).1));
+        assert_eq!(b.run(&out(10)).1, Action::Refuse);
+        // A state naming another pool's port (another configuration) is refused.
+        let mut odd = NatState { port: 2000, ..bytemuck::pod_read_unaligned(recs[0].state()) };
+        assert!(!b.nf.repl_adopt(&recs[0].key, &mut odd, 0));
+        // The active resets the first connection: its release reaches the standby, whose port is free again.
+        let (_, act) = a.run(&tcp4([10, 0, 0, 1], REMOTE, 5000, 80, 0x04, 1, 1));
+        assert_eq!(act, Action::EndFlow);
+        let del = take(&mut rx);
+        assert_eq!((del.len(), del[0].op, del[0].key), (1, crate::repl::Op::Delete, recs[0].key));
+        let st = b.states.remove(&del[0].key).unwrap();
+        b.nf.repl_forget(&del[0].key, &st);
+        let (f, act) = b.run(&out(10));
+        assert_eq!((act, src_of(&f).1), (Action::Pass, ext[0]));
     }
 }
