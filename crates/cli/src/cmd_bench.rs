@@ -88,8 +88,8 @@ pub enum BenchCmd {
         /// Seconds per measurement.
         #[arg(long, allow_negative_numbers = true)]
         seconds: Option<f64>,
-        /// Experiments to run (default all): flows,chains,executors,prefetch,synthetic,aux,ipfix (fsc with IPFIX export off vs on).
-        #[arg(long, value_delimiter = ',', value_parser = ["flows", "chains", "executors", "prefetch", "synthetic", "aux", "ipfix"])]
+        /// Experiments to run (default all): flows,chains,executors,prefetch,synthetic,aux,ipfix (fsc with IPFIX export off vs on),layout (flow table bucketed vs inline).
+        #[arg(long, value_delimiter = ',', value_parser = ["flows", "chains", "executors", "prefetch", "synthetic", "aux", "ipfix", "layout"])]
         only: Vec<String>,
         /// Also write the rows as CSV to this file.
         #[arg(long)]
