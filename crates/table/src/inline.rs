@@ -251,7 +251,8 @@ impl<K: FlowKey> FlowTable<K> {
         self.slab.free(h)
     }
 
-    /// Distance of live entry `h` from its home (diagnostics and tests).
+    /// Distance of live entry `h` from its home (tests).
+    #[cfg(test)]
     pub(crate) fn inline_distance(&self, h: Handle) -> Option<u32> {
         self.slab.is_live(h).then(|| (self.slab.meta(h) >> DIST_SHIFT) & 0xFF)
     }
@@ -346,27 +347,30 @@ mod tests {
         }
         let max = hist.iter().rposition(|&c| c > 0).unwrap();
         println!("distance histogram {:?}, max {max}", &hist[..8]);
-        assert!(hist[0] * 100 >= cap * 70, "{} of {cap} at home", hist[0]);
-        assert!((hist[0] + hist[1]) * 100 >= cap * 85);
+        // About 75% and 89% (a few hundred keys under Miri: looser bounds).
+        let (home, near) = if cfg!(miri) { (60, 75) } else { (70, 85) };
+        assert!(hist[0] * 100 >= cap * home, "{} of {cap} at home", hist[0]);
+        assert!((hist[0] + hist[1]) * 100 >= cap * near);
         assert!(max < WINDOW as usize / 2, "longest walk {max}");
     }
 
     #[test]
     fn removal_keeps_walks_exact_without_tombstones() {
-        let cap = if cfg!(miri) { 64 } else { 4096 };
+        let cap = if cfg!(miri) { 256 } else { 4096 };
+        let n = cap as u64 / 32;
         let mut t = inline(cap, 8);
-        // Colliding hashes (8 homes) so walks are long and holes appear inside them.
+        // Colliding hashes (8 homes, n / 8 keys each) so walks are long and holes appear inside them.
         let weak = |k: u64| mix(k % 8);
-        for k in 0..cap as u64 / 4 {
+        for k in 0..n {
             t.insert(&k, weak(k), 0, |s| s[0] = k as u8).unwrap();
         }
         check_invariants_with(&t, weak);
-        for k in (0..cap as u64 / 4).step_by(3) {
+        for k in (0..n).step_by(3) {
             assert!(t.remove(&k, weak(k)));
             assert!(!t.remove(&k, weak(k)));
         }
         check_invariants_with(&t, weak);
-        for k in 0..cap as u64 / 4 {
+        for k in 0..n {
             let h = t.lookup(&k, weak(k));
             assert_eq!(h.is_some(), k % 3 != 0, "key {k}");
             if let Some(h) = h {
@@ -374,7 +378,7 @@ mod tests {
             }
         }
         // Refill the holes: a re-inserted key takes the first free position, which may be a hole.
-        for k in (0..cap as u64 / 4).step_by(3) {
+        for k in (0..n).step_by(3) {
             assert!(t.insert(&k, weak(k), 0, |_| {}).unwrap().1);
         }
         check_invariants_with(&t, weak);
