@@ -22,9 +22,9 @@ use crate::chain::Chain;
 use crate::chain::Stage;
 use crate::error::EngineError;
 use crate::exec::StateLayout;
-use crate::store::store_layout;
 use crate::runner::RunConfig;
 use crate::spec::ChainSpec;
+use crate::store::store_layout;
 
 /// One item of a run's memory: what sets its size (an option, an NF parameter) and its bytes.
 #[derive(Clone, Debug, PartialEq)]
@@ -81,7 +81,9 @@ fn chain_bytes(cfg: &RunConfig, chain: &Chain) -> (u128, u128) {
                 .stages
                 .iter()
                 .filter_map(|s| match s {
-                    Stage::Stateful { nf, group: None, .. } => Some(store_bytes(flows, nf.state_size(), cfg.exec.inline_entries)),
+                    Stage::Stateful { nf, group: None, .. } => {
+                        Some(store_bytes(flows, nf.state_size(), cfg.exec.inline_entries))
+                    }
                     _ => None,
                 })
                 .sum()

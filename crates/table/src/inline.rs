@@ -418,7 +418,8 @@ mod tests {
         for k in 0..u64::from(WINDOW) {
             assert!(t.lookup(&k, same(k)).is_some());
         }
-        let cfg = TableConfig { layout: Layout::Inline, full_policy: FullPolicy::EvictLruIdle, ..TableConfig::new(1000, 8) };
+        let cfg =
+            TableConfig { layout: Layout::Inline, full_policy: FullPolicy::EvictLruIdle, ..TableConfig::new(1000, 8) };
         let mut t = FlowTable::<u64>::new(cfg).unwrap();
         for k in 0..u64::from(WINDOW) {
             t.insert(&k, same(k), 100 - k.min(99), |s| s[0] = k as u8).unwrap();

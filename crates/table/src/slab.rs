@@ -343,7 +343,6 @@ impl<K: crate::FlowKey> Slab<K> {
         }
     }
 
-
     /// Reinitialises entry `h` for a new key (eviction reuses the victim's entry); ignored if `h` is out of range.
     #[inline]
     pub(crate) fn write_entry(&mut self, h: u32, key: &K, hash: u64, now: u64) {
