@@ -17,67 +17,44 @@ quick=0
 step() { printf '\n== %s ==\n' "$*"; }
 as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
 
+# What the tests need from Debian, each checked first; what is missing is installed with one `apt-get update`
+# and one `apt-get install` (seven separate updates cost CI about a minute).
+need=()
 # tshark checks the pcaps flowplane writes (crates/trace/tests, crates/cli/tests, crates/nf/tests).
-if ! command -v tshark >/dev/null 2>&1; then
-    step "installing tshark"
-    export DEBIAN_FRONTEND=noninteractive
-    as_root apt-get update -qq
-    as_root apt-get install -y -qq --no-install-recommends tshark >/dev/null
-fi
-tshark --version | head -1
+command -v tshark >/dev/null 2>&1 || need+=(tshark)
 # The port tests (crates/io/tests/afpacket_veth.rs, crates/cli/tests/ports_*.rs) make veth pairs and
 # network namespaces with iproute2's `ip` (as root; they fail loudly without it).
-if ! command -v ip >/dev/null 2>&1; then
-    step "installing iproute2"
-    export DEBIAN_FRONTEND=noninteractive
-    as_root apt-get update -qq
-    as_root apt-get install -y -qq --no-install-recommends iproute2 >/dev/null
-fi
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
 # scapy crafts the traffic of the NF model tests (crates/cli/tests/nf_models.rs, crates/cli/tests/models/)
 # and of the regression captures (crates/cli/tests/captures/make_*.py); Debian's python3 has it as a package.
-if ! /usr/bin/python3 -c "import scapy" >/dev/null 2>&1; then
-    step "installing python3-scapy"
-    export DEBIAN_FRONTEND=noninteractive
-    as_root apt-get update -qq
-    as_root apt-get install -y -qq --no-install-recommends python3 python3-scapy >/dev/null
-fi
+/usr/bin/python3 -c "import scapy" >/dev/null 2>&1 || need+=(python3 python3-scapy)
 # The metrics test (crates/cli/tests/ports_live.rs) lints the text format with promtool (Debian ships it
 # in the prometheus package, ~96 MB with the server) and parses the OpenMetrics format with the Python
 # client's reference parser (promtool reads only the text format).
-if ! command -v promtool >/dev/null 2>&1 || ! /usr/bin/python3 -c "import prometheus_client" >/dev/null 2>&1; then
-    step "installing prometheus (promtool), python3-prometheus-client"
-    export DEBIAN_FRONTEND=noninteractive
-    as_root apt-get update -qq
-    as_root apt-get install -y -qq --no-install-recommends prometheus python3-prometheus-client >/dev/null
-    # Where systemd runs, the package starts a Prometheus server: the tests need only promtool.
-    if command -v systemctl >/dev/null 2>&1; then as_root systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
-fi
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+/usr/bin/python3 -c "import prometheus_client" >/dev/null 2>&1 || need+=(python3-prometheus-client)
 # The IPFIX tests (crates/cli/tests/cli_ipfix.rs) send flow records to nfdump's collector `nfcapd` and read
 # them back with `nfdump` (Debian package nfdump).
-if ! command -v nfcapd >/dev/null 2>&1 || ! command -v nfdump >/dev/null 2>&1; then
-    step "installing nfdump"
-    export DEBIAN_FRONTEND=noninteractive
-    as_root apt-get update -qq
-    as_root apt-get install -y -qq --no-install-recommends nfdump >/dev/null
-    # Where systemd runs, the package starts an nfcapd service: the tests start their own.
-    if command -v systemctl >/dev/null 2>&1; then as_root systemctl disable --now nfdump >/dev/null 2>&1 || true; fi
-fi
+{ command -v nfcapd && command -v nfdump; } >/dev/null 2>&1 || need+=(nfdump)
 # AF_XDP ports build against libxdp/libbpf found by pkg-config (crates/io/build.rs; without them
 # afxdp: ports are not built in and crates/cli/tests/ports_afxdp.rs fails).
-if ! pkg-config --exists libxdp libbpf 2>/dev/null; then
-    step "installing libxdp-dev, libbpf-dev"
-    export DEBIAN_FRONTEND=noninteractive
-    as_root apt-get update -qq
-    as_root apt-get install -y -qq --no-install-recommends libxdp-dev libbpf-dev pkg-config >/dev/null
-fi
+pkg-config --exists libxdp libbpf 2>/dev/null || need+=(libxdp-dev libbpf-dev pkg-config)
 # Kernel steering for AF_PACKET ports: crates/io/build.rs compiles csrc/steer.bpf.c with clang
 # (-target bpf); without clang it is not built in and crates/io/tests/fanout_steer.rs fails.
-if ! command -v clang >/dev/null 2>&1; then
-    step "installing clang"
+command -v clang >/dev/null 2>&1 || need+=(clang)
+# DPDK ports (the `dpdk` feature, the full run only) on virtual devices.
+[[ $quick -eq 1 ]] || pkg-config --exists libdpdk 2>/dev/null || need+=(libdpdk-dev pkg-config)
+if [[ ${#need[@]} -gt 0 ]]; then
+    step "installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
     as_root apt-get update -qq
-    as_root apt-get install -y -qq --no-install-recommends clang >/dev/null
+    as_root apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    # Where systemd runs, the prometheus and nfdump packages start their servers: the tests start their own.
+    if command -v systemctl >/dev/null 2>&1; then
+        as_root systemctl disable --now prometheus nfdump >/dev/null 2>&1 || true
+    fi
 fi
+tshark --version | head -1
 df -h . | tail -1   # disk: a full disk once failed CI mid-build
 
 step "cargo fmt --check"
@@ -97,12 +74,6 @@ cargo test --workspace --locked --no-fail-fast
 
 # DPDK ports (the `dpdk` feature) on virtual devices without huge pages or PCI
 # (net_null, net_pcap, net_af_packet): the same code a real NIC runs.
-if ! pkg-config --exists libdpdk 2>/dev/null; then
-    step "installing libdpdk-dev"
-    export DEBIAN_FRONTEND=noninteractive
-    as_root apt-get update -qq
-    as_root apt-get install -y -qq --no-install-recommends libdpdk-dev pkg-config >/dev/null
-fi
 step "DPDK ports (--features dpdk)"
 # One test at a time: DPDK's af_packet PMD derives its PACKET_FANOUT group id
 # from the process id, and two of these tests running at once failed once

@@ -37,13 +37,34 @@ pub(crate) struct Protected<'a> {
     /// The current chunk's handles; only those whose bit is set in `mask` are valid yet.
     chunk: &'a [Handle],
     mask: u64,
+    /// The chunk's hits found idle, not yet renewed: the only protected entries whose last-seen time can be
+    /// older than `floor`.
+    stale: u64,
+    /// The call's earliest packet time: every other entry the call handed out was stamped at or after it.
+    floor: u64,
 }
 
 impl Protected<'_> {
-    pub(crate) const NONE: Protected<'static> = Protected { done: &[], chunk: &[], mask: 0 };
+    pub(crate) const NONE: Protected<'static> = Protected { done: &[], chunk: &[], mask: 0, stale: 0, floor: 0 };
 
-    pub(crate) fn contains(&self, h: Handle) -> bool {
-        self.done.contains(&h) || self.chunk.iter().enumerate().any(|(j, p)| self.mask & (1 << j) != 0 && *p == h)
+    /// Whether `h`, last seen at `seen`, was handed out by this call. An entry seen before the call's first packet
+    /// was not touched by it (unless a stale hit of this chunk): the common case costs no scan of the call's
+    /// handles (issue 33: evict under a new-flow flood scanned up to a batch of handles per eviction).
+    pub(crate) fn contains(&self, h: Handle, seen: u64) -> bool {
+        let in_chunk = |mut m: u64| {
+            while m != 0 {
+                let j = m.trailing_zeros() as usize;
+                m &= m - 1;
+                if self.chunk.get(j) == Some(&h) {
+                    return true;
+                }
+            }
+            false
+        };
+        if seen < self.floor {
+            return in_chunk(self.stale);
+        }
+        self.done.contains(&h) || in_chunk(self.mask)
     }
 }
 
@@ -198,6 +219,8 @@ pub trait Stamps: Copy {
     fn at(self, i: usize) -> u64;
     /// The times of keys `start..` (the next chunk).
     fn skip(self, start: usize) -> Self;
+    /// The earliest time of keys `0..n`: every entry a call touches is stamped at or after it.
+    fn floor(self, n: usize) -> u64;
 }
 
 impl Stamps for u64 {
@@ -207,6 +230,10 @@ impl Stamps for u64 {
     }
     #[inline(always)]
     fn skip(self, _: usize) -> Self {
+        self
+    }
+    #[inline(always)]
+    fn floor(self, _: usize) -> u64 {
         self
     }
 }
@@ -219,6 +246,15 @@ impl Stamps for &[u64] {
     #[inline(always)]
     fn skip(self, start: usize) -> Self {
         self.get(start..).unwrap_or(&[])
+    }
+    #[inline]
+    fn floor(self, n: usize) -> u64 {
+        // A key past the slice is seen at 0 (`at`).
+        if self.len() < n {
+            0
+        } else {
+            self[..n].iter().copied().min().unwrap_or(0)
+        }
     }
 }
 
@@ -258,6 +294,8 @@ pub struct FlowTable<K: FlowKey> {
     pub(crate) hits: Cell<u64>,
     /// Next slab index the incremental expiry sweep examines.
     pub(crate) sweep_cursor: u32,
+    /// Next slab index [`Self::far_victim`] examines.
+    evict_cursor: u32,
 }
 
 // SAFETY: the table exclusively owns its memory (RawMem, Slab); K is Send. It is not Sync (Cell counters).
@@ -322,6 +360,7 @@ impl<K: FlowKey> FlowTable<K> {
             lookups: Cell::new(0),
             hits: Cell::new(0),
             sweep_cursor: 0,
+            evict_cursor: 0,
         })
     }
 
@@ -346,6 +385,7 @@ impl<K: FlowKey> FlowTable<K> {
             lookups: Cell::new(0),
             hits: Cell::new(0),
             sweep_cursor: 0,
+            evict_cursor: 0,
         })
     }
 
@@ -575,10 +615,13 @@ impl<K: FlowKey> FlowTable<K> {
         check_batch(keys.len(), hashes.len(), out.len());
         let mut res = BatchResult::default();
         let mut start = 0;
+        // Only eviction reads it (see `Protected::contains`).
+        let floor = if self.policy == FullPolicy::EvictLruIdle { now.floor(keys.len()) } else { 0 };
         while start < keys.len() {
             let end = keys.len().min(start + BULK_LOOKUP_MAX);
             let (done, chunk) = out[..end].split_at_mut(start);
-            res += self.upsert_chunk(&keys[start..end], &hashes[start..end], now.skip(start), done, chunk, |i, u| {
+            let times = now.skip(start);
+            res += self.upsert_chunk(&keys[start..end], &hashes[start..end], times, (done, floor), chunk, |i, u| {
                 f(start + i, u)
             });
             start = end;
@@ -641,7 +684,7 @@ impl<K: FlowKey> FlowTable<K> {
         keys: &[K],
         hashes: &[u64],
         now: T,
-        done: &[Handle],
+        (done, floor): (&[Handle], u64),
         out: &mut [Handle],
         mut f: impl FnMut(usize, Upsert<'_, K>),
     ) -> BatchResult {
@@ -695,7 +738,7 @@ impl<K: FlowKey> FlowTable<K> {
             }
             let (chunk, mask) = (&out[..n], hit | inserted | stale);
             let evicted = |k: &K, s: &[u8]| f(i, Upsert::Evicted(k, s));
-            match self.insert_new(key, hash, t, || Protected { done, chunk, mask }, evicted) {
+            match self.insert_new(key, hash, t, || Protected { done, chunk, mask, stale, floor }, evicted) {
                 Ok(h) => {
                     out[i] = h;
                     inserted |= 1 << i;
@@ -806,6 +849,24 @@ impl<K: FlowKey> FlowTable<K> {
                 self.stats.inserts += 1;
                 return Ok(victim);
             }
+            // The key's buckets have a free slot, or hold only entries this call handed out, while the slab is full
+            // with flows linked elsewhere: evict one of those instead of refusing (a new flow was refused now and
+            // then under `evict` when its two buckets happened to be near empty).
+            let free = self.free_slot(p.b1).map(|s| (p.b1, s)).or_else(|| self.free_slot(p.b2).map(|s| (p.b2, s)));
+            if let Some((b, s)) = free {
+                if let Some(victim) = self.far_victim(protect) {
+                    if let Some(k) = self.slab.key(victim).copied() {
+                        evicted(&k, self.slab.state(victim));
+                    }
+                    self.unlink(victim);
+                    if let Some(h) = self.slab.alloc(key, hash, now) {
+                        self.place(b, s, p.tag, h, p.b1);
+                        self.stats.evictions += 1;
+                        self.stats.inserts += 1;
+                        return Ok(h);
+                    }
+                }
+            }
         }
         self.stats.full_events += 1;
         Err(TableError::Full)
@@ -844,34 +905,63 @@ impl<K: FlowKey> FlowTable<K> {
 
     /// Least-recently-seen occupied slot of b1/b2 whose handle is not protected.
     fn lru_victim(&self, b1: u32, b2: u32, protect: Protected<'_>) -> Option<(u32, usize, Handle)> {
-        // The candidates' last-seen times are up to 16 random slab lines: start every miss before reading any,
-        // so an eviction waits about one miss, not one after another (issue 33: evict under a new-flow flood).
-        for b in [b1, b2] {
-            let bk = self.bucket(b);
-            for s in 0..SLOTS {
-                if bk.tags[s] != 0 {
-                    prefetch(self.slab.entry_ptr(bk.handles[s]).wrapping_add(self.slab.layout.seen_off));
+        // The candidates' last-seen times are up to 16 random slab lines; their loads are independent, so the
+        // core overlaps the misses without a separate prefetch pass (measured: the pass cost more than it saved).
+        // Protection is checked lazily, oldest candidate first: a protected handle was touched by this very call,
+        // so it is among the newest and the oldest candidate is almost never one. Checking every candidate against
+        // every handle of the call cost 16 scans of up to a batch of handles per eviction (issue 33: evict 10x reject).
+        let (bk1, bk2) = (self.bucket(b1), self.bucket(b2));
+        // Empty slots (and candidates found protected) read as u64::MAX; a live entry's time is capped below it.
+        let mut seen = [u64::MAX; 2 * SLOTS];
+        for (half, bk) in seen.chunks_exact_mut(SLOTS).zip([bk1, bk2]) {
+            for ((seen, &tag), &h) in half.iter_mut().zip(&bk.tags).zip(&bk.handles) {
+                if tag != 0 {
+                    *seen = self.slab.last_seen(h).min(u64::MAX - 1);
                 }
             }
         }
-        let mut best: Option<(u64, u32, usize, Handle)> = None;
-        for b in [b1, b2] {
-            let bk = self.bucket(b);
-            for s in 0..SLOTS {
-                if bk.tags[s] == 0 {
-                    continue;
+        loop {
+            let mut k = 0;
+            for j in 1..2 * SLOTS {
+                if seen[j] < seen[k] {
+                    k = j;
                 }
-                let h = bk.handles[s];
-                if protect.contains(h) {
-                    continue;
+            }
+            if seen[k] == u64::MAX {
+                return None;
+            }
+            let (b, bk, s) = if k < SLOTS { (b1, bk1, k) } else { (b2, bk2, k - SLOTS) };
+            let h = bk.handles[s];
+            if !protect.contains(h, seen[k]) {
+                return Some((b, s, h));
+            }
+            seen[k] = u64::MAX;
+        }
+    }
+
+    /// The least recently seen of the next 8 unprotected live entries from a cursor that walks the slab (at most 64
+    /// examined): the victim for a key whose own buckets offer none.
+    pub(crate) fn far_victim(&mut self, protect: Protected<'_>) -> Option<Handle> {
+        let cap = self.slab.capacity();
+        let mut at = self.evict_cursor;
+        let mut best: Option<(u64, Handle)> = None;
+        let mut found = 0;
+        for _ in 0..64 {
+            let Some(h) = self.slab.next_live(at, cap).or_else(|| self.slab.next_live(0, cap)) else { break };
+            at = if h + 1 >= cap { 0 } else { h + 1 };
+            let seen = self.slab.last_seen(h);
+            if !protect.contains(h, seen) {
+                if best.is_none_or(|(t, _)| seen < t) {
+                    best = Some((seen, h));
                 }
-                let seen = self.slab.last_seen(h);
-                if best.is_none_or(|(bs, ..)| seen < bs) {
-                    best = Some((seen, b, s, h));
+                found += 1;
+                if found == 8 {
+                    break;
                 }
             }
         }
-        best.map(|(_, b, s, h)| (b, s, h))
+        self.evict_cursor = at;
+        best.map(|(_, h)| h)
     }
 
     /// Frees a slot in full b1/b2 by moving entries along a displacement path (`cuckoo::PathSearch`), far end
@@ -1154,6 +1244,48 @@ mod tests {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
+    }
+
+    /// Under `EvictLruIdle` a full slab never refuses a key whose own buckets are empty: a flow linked elsewhere
+    /// is evicted (the regression: `cli_ipfix`'s eviction test saw a table-full event in about one run of eight).
+    #[test]
+    fn evict_finds_a_victim_when_the_new_keys_buckets_are_empty() {
+        let cfg = TableConfig {
+            capacity: 64,
+            state_size: 8,
+            idle_timeout_ns: None,
+            full_policy: FullPolicy::EvictLruIdle,
+            hugepages: false,
+            layout: Layout::Bucketed,
+        };
+        let mut t = FlowTable::<u64>::new(cfg).unwrap();
+        // 64 flows none of which may live in the new key's two buckets.
+        let k = 1_000_000u64;
+        let p = place(mix(k), t.mask);
+        let away = |j: &u64| {
+            let q = place(mix(*j), t.mask);
+            ![q.b1, q.b2].iter().any(|b| *b == p.b1 || *b == p.b2)
+        };
+        let keys: Vec<u64> = (0u64..).filter(away).take(64).collect();
+        for (i, j) in keys.iter().enumerate() {
+            t.insert(j, mix(*j), i as u64, |_| {}).unwrap();
+        }
+        let mut gone = Vec::new();
+        let (h, new) = t
+            .upsert(&k, mix(k), 100, |u| {
+                if let Upsert::Evicted(old, _) = u {
+                    gone.push(*old);
+                }
+            })
+            .expect("evicted, not refused");
+        assert!(new);
+        assert_eq!(t.key(h), Some(&k));
+        assert_eq!(gone.len(), 1, "one flow evicted and handed to the callback");
+        assert!(t.lookup(&gone[0], mix(gone[0])).is_none());
+        assert_eq!((t.len(), t.stats().evictions, t.stats().full_events), (64, 1, 0));
+        for j in keys.iter().copied().filter(|j| *j != gone[0]) {
+            assert!(t.lookup(&j, mix(j)).is_some(), "key {j} kept");
+        }
     }
 
     /// The footprint a memory budget checks is what the table maps (buckets and slab), plus its index vectors.

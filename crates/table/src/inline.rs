@@ -198,7 +198,13 @@ impl<K: FlowKey> FlowTable<K> {
             }
         }
         if self.policy == FullPolicy::EvictLruIdle {
-            if let Some(victim) = self.inline_victim(home, protect()) {
+            let protect = protect();
+            // A window with room but no victim (the table is at capacity with flows elsewhere): evict one of those,
+            // as the bucketed layout does, rather than refuse.
+            let victim = self
+                .inline_victim(home, protect)
+                .or_else(|| self.free_in_window(home).and_then(|_| self.far_victim(protect)));
+            if let Some(victim) = victim {
                 if let Some(k) = self.slab.key(victim).copied() {
                     evicted(&k, self.slab.state(victim));
                 }
@@ -215,23 +221,29 @@ impl<K: FlowKey> FlowTable<K> {
         Err(TableError::Full)
     }
 
-    /// Least recently seen unprotected entry among the first live ones of `home`'s window.
+    /// Least recently seen unprotected entry among the first live ones of `home`'s window (adjacent lines, most
+    /// of them already fetched by the lookup and the search for a free position).
     fn inline_victim(&self, home: u32, protect: Protected<'_>) -> Option<Handle> {
-        let mut cands = [0u32; EVICT_CANDIDATES];
+        let mut best: Option<(u64, Handle)> = None;
         let mut n = 0;
         for d in 0..WINDOW {
             let e = home + d;
-            if self.slab.meta(e) & LIVE != 0 && !protect.contains(e) {
-                // Start every candidate's miss before reading any (issue 33: evict under a new-flow flood).
-                prefetch(self.slab.entry_ptr(e));
-                cands[n] = e;
-                n += 1;
-                if n == EVICT_CANDIDATES {
-                    break;
-                }
+            if self.slab.meta(e) & LIVE == 0 {
+                continue;
+            }
+            let seen = self.slab.last_seen(e);
+            if protect.contains(e, seen) {
+                continue;
+            }
+            if best.is_none_or(|(t, _)| seen < t) {
+                best = Some((seen, e));
+            }
+            n += 1;
+            if n == EVICT_CANDIDATES {
+                break;
             }
         }
-        cands[..n].iter().copied().min_by_key(|&e| self.slab.last_seen(e))
+        best.map(|(_, e)| e)
     }
 
     /// Removes live entry `h`: clears its position (keeping the position's displaced count) and its home's count.
@@ -438,6 +450,35 @@ mod tests {
         assert_eq!(h, t.home(same(0)) + 15, "the victim's position");
         assert!(t.lookup(&15, same(15)).is_none());
         assert_eq!(t.stats().evictions, 1);
+    }
+
+    /// Under `EvictLruIdle` a table at capacity never refuses a key whose own window holds no flow: one linked
+    /// elsewhere is evicted (as the bucketed layout does since 3380460).
+    #[test]
+    fn evict_finds_a_victim_outside_an_empty_window() {
+        let cfg =
+            TableConfig { layout: Layout::Inline, full_policy: FullPolicy::EvictLruIdle, ..TableConfig::new(64, 8) };
+        let mut t = FlowTable::<u64>::new(cfg).unwrap();
+        let far = (0u64..).find(|k| t.home(mix(*k)) == t.homes - 1).unwrap();
+        // Homes below 40: 64 keys live below position 104, outside the window of `far` (home 127).
+        let keys: Vec<u64> = (0u64..).filter(|k| t.home(mix(*k)) < 40).take(64).collect();
+        for (i, k) in keys.iter().enumerate() {
+            t.insert(k, mix(*k), i as u64, |_| {}).unwrap();
+        }
+        let mut gone = Vec::new();
+        let (h, new) = t
+            .upsert(&far, mix(far), 100, |u| {
+                if let Upsert::Evicted(k, _) = u {
+                    gone.push(*k);
+                }
+            })
+            .expect("evicted, not refused");
+        assert!(new);
+        assert_eq!(t.key(h), Some(&far));
+        assert_eq!(gone.len(), 1);
+        assert!(t.lookup(&gone[0], mix(gone[0])).is_none());
+        assert_eq!((t.len(), t.stats().evictions, t.stats().full_events), (64, 1, 0));
+        check_invariants(&t);
     }
 
     #[test]

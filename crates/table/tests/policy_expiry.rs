@@ -95,6 +95,38 @@ fn evict_policy_evicts_least_recently_seen_candidate() {
 }
 
 #[test]
+fn evict_protects_an_idle_hit_not_yet_renewed_and_handles_of_earlier_chunks() {
+    // One bucket (capacity 7), idle timeout 50: keys 0..7 seen at 0..6.
+    let mut t = FlowTable::<u64>::new(cfg(7, Some(50), FullPolicy::EvictLruIdle)).unwrap();
+    for k in 0..7u64 {
+        t.insert(&k, mix(k), k, |_| {}).unwrap();
+    }
+    // At 100 every entry is idle. Key 100 comes first and needs a victim: the LRU (key 0, seen at 0, before the
+    // call's first packet) is a hit of this very chunk still waiting to be renewed, so key 1 goes instead.
+    let keys = [100u64, 0];
+    let hashes = [mix(100), mix(0)];
+    let mut out = [0u32; 2];
+    let r = t.upsert_batch(&keys, &hashes, 100, &mut out, |_, _| {});
+    assert_eq!((r.inserted, r.failed), (2, 0), "the new key and the renewed idle one");
+    assert_eq!((t.key(out[0]), t.key(out[1])), (Some(&100), Some(&0)));
+    assert!(t.lookup(&1, mix(1)).is_none(), "key 1, the oldest unprotected entry, was evicted");
+    // Across chunks: the first chunk touches keys 2..7 at 200; a later chunk's new keys must not evict them,
+    // even though each is older than some entry they could pick: with no unprotected candidate left, they fail.
+    let mut keys: Vec<u64> = (2..7).collect();
+    keys.resize(BULK_LOOKUP_MAX, 2);
+    keys.extend([1000u64, 1001, 1002]);
+    let hashes: Vec<u64> = keys.iter().map(|&k| mix(k)).collect();
+    let mut out = vec![0u32; keys.len()];
+    let times: Vec<u64> = vec![200; keys.len()];
+    let r = t.upsert_batch(&keys, &hashes, times.as_slice(), &mut out, |_, _| {});
+    for k in 2..7u64 {
+        assert!(t.lookup(&k, mix(k)).is_some(), "key {k}, handed out by the first chunk, stays");
+    }
+    assert!(t.lookup(&0, mix(0)).is_none() && t.lookup(&100, mix(100)).is_none(), "the two unprotected went");
+    assert_eq!(r.failed, 1, "the third new key finds every candidate protected");
+}
+
+#[test]
 fn evicted_flows_are_handed_to_the_upsert_callback_before_reuse() {
     // The bucket geometry decides the candidates (the inline layout's: `inline::tests`).
     {

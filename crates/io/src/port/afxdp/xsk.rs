@@ -280,6 +280,35 @@ impl Xsk {
         rx: bool,
         tx: bool,
     ) -> Result<(Xsk, bool), PortError> {
+        let what = || format!("AF_XDP socket on {iface} queue {queue} (needs root, an XDP-capable kernel and libxdp)");
+        Xsk::open_with(iface, what, |name, zc, x| {
+            // SAFETY: `name` is NUL-terminated and outlives the call; `region` is a
+            // live, page-aligned allocation of region.1 bytes that the caller keeps
+            // alive until this socket is closed (a RegionGuard or an owned pool,
+            // dropped after `Xsk`); out-pointers are valid locals.
+            unsafe {
+                fp_xsk_open(
+                    name,
+                    queue,
+                    region.0 as *mut c_void,
+                    region.1 as u64,
+                    frame as u32,
+                    ring,
+                    rx as c_int,
+                    tx as c_int,
+                    zc,
+                    x,
+                )
+            }
+        })
+    }
+
+    /// One socket set-up through the shim: `open(name, &mut zero_copy, &mut socket)` returns 0 or -errno.
+    fn open_with(
+        iface: &str,
+        what: impl Fn() -> String,
+        open: impl FnOnce(*const c_char, &mut c_int, &mut *mut FpXsk) -> c_int,
+    ) -> Result<(Xsk, bool), PortError> {
         let name = CString::new(iface).map_err(|_| PortError::Spec(format!("{iface}: bad interface name")))?;
         let mut x = std::ptr::null_mut();
         let mut zc: c_int = 0;
@@ -287,27 +316,8 @@ impl Xsk {
         // generic, loading or reusing the interface's one XDP program; two workers doing that at once
         // could each find the program in the other's mode (EBUSY, 1 run in 4 on a 2-queue veth).
         let _one = OPENING.lock().unwrap_or_else(|p| p.into_inner());
-        // SAFETY: `name` is NUL-terminated and outlives the call; `region` is a
-        // live, page-aligned allocation of region.1 bytes that the caller keeps
-        // alive until this socket is closed (a RegionGuard or an owned pool,
-        // dropped after `Xsk`); out-pointers are valid locals.
-        let r = unsafe {
-            fp_xsk_open(
-                name.as_ptr(),
-                queue,
-                region.0 as *mut c_void,
-                region.1 as u64,
-                frame as u32,
-                ring,
-                rx as c_int,
-                tx as c_int,
-                &mut zc,
-                &mut x,
-            )
-        };
-        Xsk::opened(r, x, zc, || {
-            format!("AF_XDP socket on {iface} queue {queue} (needs root, an XDP-capable kernel and libxdp)")
-        })
+        let r = open(name.as_ptr(), &mut zc, &mut x);
+        Xsk::opened(r, x, zc, what)
     }
 
     /// The shim's answer as a socket (and whether it is zero copy), or the error `what` names.
@@ -328,26 +338,24 @@ impl Xsk {
         ring: u32,
         first: Option<&Xsk>,
     ) -> Result<(Xsk, bool), PortError> {
-        let name = CString::new(iface).map_err(|_| PortError::Spec(format!("{iface}: bad interface name")))?;
-        let mut x = std::ptr::null_mut();
-        let mut zc: c_int = 0;
-        let _one = OPENING.lock().unwrap_or_else(|p| p.into_inner());
-        // SAFETY: as in `Xsk::open`; `first`, when given, is a live socket of this shim whose
-        // UMEM (and region) outlive the new socket: the caller closes sockets sharing it first.
-        let r = unsafe {
-            fp_xsk_open_steered(
-                name.as_ptr(),
-                queue,
-                region.0 as *mut c_void,
-                region.1 as u64,
-                frame as u32,
-                ring,
-                first.map_or(std::ptr::null_mut(), |f| f.0),
-                &mut zc,
-                &mut x,
-            )
-        };
-        Xsk::opened(r, x, zc, || format!("AF_XDP socket on {iface} queue {queue} (kernel steering: needs root and libxdp)"))
+        let what = || format!("AF_XDP socket on {iface} queue {queue} (kernel steering: needs root and libxdp)");
+        Xsk::open_with(iface, what, |name, zc, x| {
+            // SAFETY: as in `Xsk::open`; `first`, when given, is a live socket of this shim whose
+            // UMEM (and region) outlive the new socket: the caller closes sockets sharing it first.
+            unsafe {
+                fp_xsk_open_steered(
+                    name,
+                    queue,
+                    region.0 as *mut c_void,
+                    region.1 as u64,
+                    frame as u32,
+                    ring,
+                    first.map_or(std::ptr::null_mut(), |f| f.0),
+                    zc,
+                    x,
+                )
+            }
+        })
     }
 
     /// The socket's descriptor.
