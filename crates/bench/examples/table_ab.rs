@@ -50,6 +50,12 @@ fn table(capacity: usize) -> FlowTable<BenchKey> {
         idle_timeout_ns: None,
         full_policy: FullPolicy::Reject,
         hugepages: true,
+        // TABLE_AB_LAYOUT=inline measures the inline layout (default: bucketed).
+        layout: if std::env::var("TABLE_AB_LAYOUT").is_ok_and(|v| v == "inline") {
+            flowplane_table::Layout::Inline
+        } else {
+            flowplane_table::Layout::Bucketed
+        },
     };
     FlowTable::new(cfg).expect("table")
 }

@@ -20,10 +20,13 @@
 //!   packets: every flow past the pool is refused (`pool_exhausted`,
 //!   `tables.refused`), and inserts nothing.
 //! * `hash-collision`: `fsc` with a small table (2,048 entries; quick 512);
-//!   normal = half its capacity in flows; attack = 64 flows built offline so
-//!   both candidate buckets of each are the same pair under a secret the
-//!   attacker learnt (16 slots: 48 flows refused on every packet), run once
-//!   with that leaked secret and once with the run's own random secret.
+//!   normal = half its capacity in flows; attack = flows built offline so
+//!   every candidate position of each is the same under a secret the attacker
+//!   learnt, for the table layout the chain compiler picks for `fsc`: one
+//!   bucket pair (16 slots) of the bucketed layout, one home's window (128
+//!   positions) of the inline one; 48 more flows than that room, refused on
+//!   every packet; run once with that leaked secret and once with the run's
+//!   own random secret.
 //! * `fragment-flood`: `fsc`; normal = the syn-flood normal trace's shape in
 //!   UDP; attack = 8 x `flows` spoofed sources each sending one UDP datagram
 //!   in 3 IPv4 fragments (non-first fragments are keyed without ports).
@@ -43,7 +46,7 @@ use flowplane_engine::runner::Output;
 use flowplane_engine::{run, spec, RunConfig};
 use flowplane_io::replay::{ReplayBuilder, ReplayTrace};
 use flowplane_scale::{Dispatch, RssDispatcher};
-use flowplane_table::{FlowTable, FullPolicy, TableConfig};
+use flowplane_table::{FlowTable, FullPolicy, Layout, TableConfig};
 use flowplane_trace::{PcapWriter, WriterOptions};
 use flowplane_wire::checksum;
 use flowplane_wire::flow::FiveTupleV4;
@@ -56,9 +59,9 @@ use crate::table::SplitMix;
 pub const SCENARIOS: [&str; 6] =
     ["syn-flood", "syn-flood-evict", "udp-flood", "nat-exhaustion", "hash-collision", "fragment-flood"];
 
-/// Flows the hash-collision attacker builds (a bucket pair holds 16 of them).
-pub const COLLIDING_KEYS: usize = 64;
-/// Slots of one bucket pair (2 buckets x 8).
+/// Flows the hash-collision attacker builds beyond what their shared positions hold (refused on every packet).
+pub const OVERFLOWING_KEYS: usize = 48;
+/// Slots of one bucket pair (2 buckets x 8): what the bucketed layout holds of keys sharing both buckets.
 pub const PAIR_SLOTS: usize = 16;
 /// The first packet's time (any fixed epoch: traces are reproducible).
 const T0: u64 = 1_700_000_000_000_000_000;
@@ -197,8 +200,10 @@ pub struct CollisionInfo {
     pub random_seed: u32,
     /// Table capacity the keys were built for.
     pub table_capacity: u64,
-    /// The bucket pair every key's two candidates fall in.
+    /// The bucket pair every key's two candidates fall in (inline layout: the home position, twice).
     pub buckets: (usize, usize),
+    /// The table layout the keys were built for (`fsc`'s, as the chain compiler picks it).
+    pub layout: String,
     /// Keys built.
     pub keys: usize,
     /// Keys hashed to find them.
@@ -440,10 +445,20 @@ fn collision_tuple(i: u64) -> FiveTupleV4 {
 /// The collision search's result: the keys' indices, their bucket pair, the keys tried.
 type Colliding = (Vec<u64>, (usize, usize), u64);
 
-/// Searches keys whose two candidate buckets are one pair under `seed` in a table of `capacity` (what an
-/// attacker who learnt the secret computes offline): the candidates' indices, the pair, the keys tried.
-fn colliding_keys(capacity: usize, seed: u32, want: usize) -> Result<Colliding, String> {
-    let t = FlowTable::<FiveTupleV4>::new(TableConfig::new(capacity, 8)).map_err(|e| e.to_string())?;
+/// The layout the chain compiler picks for `chain`'s IPv4 table of `capacity` flows.
+fn chain_layout(chain: &str, capacity: usize) -> Result<Layout, String> {
+    let spec = spec::parse(chain).map_err(|e| e.to_string())?;
+    let c = flowplane_engine::chain::Chain::build(&spec).map_err(|e| e.to_string())?;
+    Ok(flowplane_engine::store::store_layout::<FiveTupleV4>(true, c.state_size.max(1), capacity))
+}
+
+/// Searches keys whose candidate positions (both buckets, or the inline home) are the same under `seed` in a
+/// table of `capacity` and layout `layout` (what an attacker who learnt the secret computes offline): `extra`
+/// more keys than such positions hold. Returns the candidates' indices, the positions, the keys tried.
+fn colliding_keys(capacity: usize, seed: u32, layout: Layout, extra: usize) -> Result<Colliding, String> {
+    let cfg = TableConfig { layout, ..TableConfig::new(capacity, 8) };
+    let t = FlowTable::<FiveTupleV4>::new(cfg).map_err(|e| e.to_string())?;
+    let want = t.collision_room() + extra;
     let target = t.candidate_buckets(collision_tuple(0).hash64(seed));
     let mut keys = vec![0];
     let mut i = 1u64;
@@ -594,7 +609,8 @@ fn build(opts: &AttackOptions, name: &'static str, collision: &mut Option<Collis
         "hash-collision" => {
             let cap = opts.collision_table;
             let leaked = random_hash_seed();
-            let (keys, buckets, tried) = colliding_keys(cap, leaked, COLLIDING_KEYS)?;
+            let layout = chain_layout("fsc", cap)?;
+            let (keys, buckets, tried) = colliding_keys(cap, leaked, layout, OVERFLOWING_KEYS)?;
             let mut secret = random_hash_seed();
             while secret == leaked {
                 secret = random_hash_seed();
@@ -604,6 +620,7 @@ fn build(opts: &AttackOptions, name: &'static str, collision: &mut Option<Collis
                 random_seed: secret,
                 table_capacity: cap as u64,
                 buckets,
+                layout: layout.name().into(),
                 keys: keys.len(),
                 tried,
             });
@@ -812,9 +829,9 @@ impl fmt::Display for AttackReport {
         if let Some(c) = &self.collision {
             writeln!(
                 f,
-                "hash-collision: {} keys share buckets {:?} of a {}-entry table under the leaked secret {:#x} ({} keys \
-                 tried); the random secret was {:#x}",
-                c.keys, c.buckets, c.table_capacity, c.leaked_seed, c.tried, c.random_seed
+                "hash-collision: {} keys share buckets {:?} of a {}-entry {} table under the leaked secret {:#x} ({} \
+                 keys tried); the random secret was {:#x}",
+                c.keys, c.buckets, c.table_capacity, c.layout, c.leaked_seed, c.tried, c.random_seed
             )?;
         }
         // The issue's target: nat at exhaustion, batch never slower than rtc.
@@ -857,22 +874,27 @@ mod tests {
         assert_eq!(c, [3; 10]);
     }
 
-    /// The keys found share one bucket pair, and a table with that secret refuses all but 16 of them.
+    /// The keys found share one bucket pair (or inline home), and a table with that secret refuses all but the
+    /// documented room: 16 slots of a bucket pair, the inline layout's 128-position window.
     #[test]
     fn colliding_keys_overflow_one_bucket_pair_under_their_secret() {
         let seed = 0x1234_5678;
-        let (keys, pair, _) = colliding_keys(512, seed, 24).unwrap();
-        assert_eq!(keys.len(), 24);
-        let mut t = FlowTable::<FiveTupleV4>::new(TableConfig::new(512, 8)).unwrap();
-        let refused = keys
-            .iter()
-            .map(|&i| collision_tuple(i))
-            .filter(|k| {
-                let (a, b) = t.candidate_buckets(k.hash64(seed));
-                assert!((a, b) == pair || (b, a) == pair);
-                t.insert(k, k.hash64(seed), 0, |_| {}).is_err()
-            })
-            .count();
-        assert_eq!(refused, 24 - PAIR_SLOTS);
+        for (layout, room) in [(Layout::Bucketed, PAIR_SLOTS), (Layout::Inline, 128)] {
+            let (keys, pair, _) = colliding_keys(512, seed, layout, 8).unwrap();
+            assert_eq!(keys.len(), room + 8);
+            let mut t = FlowTable::<FiveTupleV4>::new(TableConfig { layout, ..TableConfig::new(512, 8) }).unwrap();
+            let refused = keys
+                .iter()
+                .map(|&i| collision_tuple(i))
+                .filter(|k| {
+                    let (a, b) = t.candidate_buckets(k.hash64(seed));
+                    assert!((a, b) == pair || (b, a) == pair);
+                    t.insert(k, k.hash64(seed), 0, |_| {}).is_err()
+                })
+                .count();
+            assert_eq!(refused, 8, "{layout:?}");
+        }
+        // fsc's 32-byte block fits one line: the compiler stores it inline.
+        assert_eq!(chain_layout("fsc", 512).unwrap(), Layout::Inline);
     }
 }

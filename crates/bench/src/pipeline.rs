@@ -2,7 +2,9 @@
 //! core, in-memory replay, 64-byte packets, uniformly random flow order:
 //! throughput vs number of flows, chain length, the four executors side by
 //! side, prefetch on/off, the synthetic NF with k indirect accesses with and
-//! without its prefetch hook. Every figure of one run shares the process,
+//! without its prefetch hook, the flow table's two layouts (issue 37: `layout`,
+//! bucketed vs inline entries, for `fsc` and the 3-NF chain at the base flow
+//! count and four times it). Every figure of one run shares the process,
 //! so ratios between rows are meaningful on a noisy machine.
 //!
 //! Rows must not depend on their order: each is its own run with fresh tables,
@@ -38,7 +40,7 @@ pub struct PipelineOptions {
     pub batch: usize,
     /// Indirect-access counts for the synthetic NF.
     pub synthetic_k: Vec<u32>,
-    /// Which experiments (empty: all): flows, chains, executors, prefetch, synthetic, aux, ipfix, repl.
+    /// Which experiments (empty: all): flows, chains, executors, prefetch, synthetic, aux, ipfix, repl, layout.
     pub only: Vec<String>,
     /// Rounds over the experiments (`--reps`): each row's figure is the median, with min and max.
     pub reps: usize,
@@ -323,6 +325,8 @@ struct Job {
     ipfix: Option<flowplane_engine::ipfix::IpfixConfig>,
     /// Replication on (the `repl` experiment).
     repl: Option<flowplane_engine::repl::ReplConfig>,
+    /// The compiler may store small blocks inline (off: the bucketed layout; the `layout` experiment).
+    inline: bool,
 }
 
 impl Job {
@@ -333,6 +337,7 @@ impl Job {
             prefetch: self.prefetch,
             aux: self.aux,
             prefetch_hooks: self.hooks,
+            inline_entries: self.inline,
             ..ExecConfig::default()
         }
     }
@@ -362,6 +367,7 @@ fn once(opts: &PipelineOptions) -> Result<Vec<PipelineRow>, String> {
         shown_prefetch: prefetch,
         ipfix: None,
         repl: None,
+        inline: true,
     };
     const CHAIN3: &str = "lb -> fsc -> ratelimit(pps=1000000000)";
     let mut jobs: Vec<Job> = Vec::new();
@@ -432,6 +438,18 @@ fn once(opts: &PipelineOptions) -> Result<Vec<PipelineRow>, String> {
             jobs.push(Job { repl, ..job("repl", variant, "lb", ExecKind::BATCH, true, base) });
         }
     }
+    if opts.wants("layout") {
+        // Issue 37: bucket line then entry (bucketed) vs the entry alone (inline), at two table sizes.
+        for chain in ["fsc", CHAIN3] {
+            for flows in [base, 4 * base] {
+                for inline in [false, true] {
+                    let layout = if inline { "inline" } else { "bucketed" };
+                    let variant = format!("{} NF(s) flows={flows} layout={layout}", chain.split("->").count());
+                    jobs.push(Job { inline, ..job("layout", variant, chain, ExecKind::BATCH, true, flows) });
+                }
+            }
+        }
+    }
     // Run order: as listed, or reversed; rows are reported in the listed order either way. Traces are generated per
     // flow count and kept while rows still need them.
     let mut order: Vec<usize> = (0..jobs.len()).collect();
@@ -491,7 +509,8 @@ fn once(opts: &PipelineOptions) -> Result<Vec<PipelineRow>, String> {
 }
 
 /// Ratios within each experiment: flows vs the smallest flow count, chains vs
-/// 1 NF, executors vs `batch`, prefetch vs off, synthetic with vs without hook.
+/// 1 NF, executors vs `batch`, prefetch vs off, synthetic with vs without hook,
+/// layout inline vs bucketed (same chain and flows).
 fn fill_ratios(rows: &mut [PipelineRow]) {
     let snapshot = rows.to_vec();
     for r in rows.iter_mut() {
@@ -504,6 +523,12 @@ fn fill_ratios(rows: &mut [PipelineRow]) {
             "aux" => snapshot.iter().find(|x| x.experiment == "aux" && x.variant == "aux=off"),
             "ipfix" => snapshot.iter().find(|x| x.experiment == "ipfix" && x.variant == "export=off"),
             "repl" => snapshot.iter().find(|x| x.experiment == "repl" && x.variant == "replication=off"),
+            "layout" => snapshot.iter().find(|x| {
+                x.experiment == "layout"
+                    && x.chain == r.chain
+                    && x.flows == r.flows
+                    && x.variant.ends_with("layout=bucketed")
+            }),
             _ => None,
         };
         if let Some(b) = reference {

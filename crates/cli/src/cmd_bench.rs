@@ -89,8 +89,8 @@ pub enum BenchCmd {
         #[arg(long, allow_negative_numbers = true, value_parser = crate::num::positive(3600.0))]
         seconds: Option<f64>,
         /// Experiments to run (default all): flows,chains,executors,prefetch,synthetic,aux,ipfix (fsc with IPFIX export off vs on),
-        /// repl (lb with state replication off vs on: updates/s, Mpps).
-        #[arg(long, value_delimiter = ',', value_parser = ["flows", "chains", "executors", "prefetch", "synthetic", "aux", "ipfix", "repl"])]
+        /// repl (lb with state replication off vs on: updates/s, Mpps), layout (flow table bucketed vs inline).
+        #[arg(long, value_delimiter = ',', value_parser = ["flows", "chains", "executors", "prefetch", "synthetic", "aux", "ipfix", "repl", "layout"])]
         only: Vec<String>,
         /// Also write the rows as CSV to this file.
         #[arg(long)]

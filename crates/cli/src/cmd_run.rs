@@ -856,6 +856,7 @@ pub(crate) fn config(a: &RunArgs) -> Result<(RunConfig, spec::ChainSpec), CliErr
         packing: !a.pipeline.no_packing,
         match_sharing: !a.pipeline.no_match_sharing,
         hash_seed: a.tables.hash_seed.unwrap_or_else(flowplane_engine::exec::random_hash_seed),
+        inline_entries: true,
     };
     let cfg = RunConfig {
         cores,

@@ -126,8 +126,9 @@ fn quick_run_rows_counters_and_traces_are_what_each_scenario_claims() {
     assert_eq!(flows.len() as u64, u(nat, "trace_flows"));
 
     // The collision keys through `flowplane run` one pass, one packet at a time (rtc): under the leaked secret
-    // one bucket pair holds 16 of the 64 keys and the other 48 are refused at each of their 64 packets; under
-    // any other secret they spread and none is refused.
+    // the room the table's documented rule gives keys that share every candidate position (bucketed: one
+    // bucket pair, 16 slots; inline: one home's window of 128 positions) holds that many of them and the 48
+    // others are refused at each of their 64 packets; under any other secret they spread and none is refused.
     let c = &r["collision"];
     let (seed, cap) = (u(c, "leaked_seed"), u(c, "table_capacity"));
     let coll = dir.join("hash-collision.attack.pcap");
@@ -149,7 +150,13 @@ fn quick_run_rows_counters_and_traces_are_what_each_scenario_claims() {
         a.extend([cap.as_str(), "--hash-seed", s.as_str(), "--loops", "1", "--json"]);
         flowplane(&a)["tables"]["table_full"].as_u64().unwrap()
     };
-    assert_eq!(run(seed), (64 - 16) * 64);
+    let room = match c["layout"].as_str().unwrap() {
+        "bucketed" => 16,
+        "inline" => 128,
+        other => panic!("layout {other}"),
+    };
+    assert_eq!(u(c, "keys"), room + 48, "{c}");
+    assert_eq!(run(seed), 48 * 64);
     assert_eq!(run(seed ^ 0x5bd1_e995), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -24,6 +24,7 @@ use crate::error::EngineError;
 use crate::exec::StateLayout;
 use crate::runner::RunConfig;
 use crate::spec::ChainSpec;
+use crate::store::store_layout;
 
 /// One item of a run's memory: what sets its size (an option, an NF parameter) and its bytes.
 #[derive(Clone, Debug, PartialEq)]
@@ -56,9 +57,11 @@ pub fn nf_needs(cfg: &RunConfig, spec: &ChainSpec) -> Vec<Need> {
 }
 
 /// Bytes of one flow store (IPv4 and IPv6 tables) as `FlowStore::new` sizes it.
-fn store_bytes(flows: usize, state_size: usize) -> u128 {
-    let v4 = FlowTable::<FiveTupleV4>::footprint(flows.max(1), state_size.max(1));
-    let v6 = FlowTable::<FiveTupleV6>::footprint((flows / 4).max(1024), state_size.max(1));
+fn store_bytes(flows: usize, state_size: usize, inline: bool) -> u128 {
+    let size = state_size.max(1);
+    let (f4, f6) = (flows.max(1), (flows / 4).max(1024));
+    let v4 = FlowTable::<FiveTupleV4>::footprint_with(store_layout::<FiveTupleV4>(inline, size, f4), f4, size);
+    let v6 = FlowTable::<FiveTupleV6>::footprint_with(store_layout::<FiveTupleV6>(inline, size, f6), f6, size);
     // A state too large for an entry is refused when the table is built; count nothing for it here.
     v4.unwrap_or(0) + v6.unwrap_or(0)
 }
@@ -78,12 +81,14 @@ fn chain_bytes(cfg: &RunConfig, chain: &Chain) -> (u128, u128) {
                 .stages
                 .iter()
                 .filter_map(|s| match s {
-                    Stage::Stateful { nf, group: None, .. } => Some(store_bytes(flows, nf.state_size())),
+                    Stage::Stateful { nf, group: None, .. } => {
+                        Some(store_bytes(flows, nf.state_size(), cfg.exec.inline_entries))
+                    }
                     _ => None,
                 })
                 .sum()
         } else {
-            store_bytes(flows, chain.state_size)
+            store_bytes(flows, chain.state_size, cfg.exec.inline_entries)
         };
         if scr {
             per_worker += FlowTable::<FiveTupleV4>::footprint(cfg.exec.flows, chain.state_size.max(1)).unwrap_or(0);
@@ -180,8 +185,8 @@ mod tests {
 
     #[test]
     fn table_footprints_grow_with_capacity() {
-        let small = store_bytes(1 << 10, 64);
-        let big = store_bytes(1 << 30, 64);
+        let small = store_bytes(1 << 10, 64, false);
+        let big = store_bytes(1 << 30, 64, true);
         // 2^30 entries of at least 64 bytes each: more than 64 GiB.
         assert!(big > 64 << 30 && small < 1 << 20, "{small} {big}");
         assert!(SharedFlowTable::<u128>::footprint(1 << 30, 9) >= 128u128 << 30);

@@ -1068,6 +1068,7 @@ mod tests {
             idle_timeout_ns: None,
             full_policy: FullPolicy::Reject,
             hugepages: false,
+            inline: true,
         };
         let mut store = FlowStore::new(cfg).unwrap();
         let mut metas = vec![PktMeta::default(); 64];

@@ -4,7 +4,7 @@
 //! the entry: the table's entry handle, bit 31 set for the IPv6 table.
 
 use bytemuck::Pod;
-use flowplane_table::{FlowTable, FullPolicy, StatesMut, TableConfig, TableError, TableStats, Upsert};
+use flowplane_table::{FlowKey, FlowTable, FullPolicy, Layout, StatesMut, TableConfig, TableError, TableStats, Upsert};
 use flowplane_wire::flow::{FiveTuple, FiveTupleV4, FiveTupleV6};
 
 /// A packet's flow entry in a [`FlowStore`]: which table and which entry.
@@ -79,6 +79,9 @@ pub struct StoreConfig {
     pub full_policy: FullPolicy,
     /// 2 MiB pages when available.
     pub hugepages: bool,
+    /// Each table's layout is the compiler's choice for its entry size ([`Layout::fit`]: inline for blocks that
+    /// fit an entry of one or two lines); false: bucketed.
+    pub inline: bool,
 }
 
 /// The two tables.
@@ -90,15 +93,25 @@ pub struct FlowStore {
 impl FlowStore {
     /// Creates both tables.
     pub fn new(c: StoreConfig) -> Result<Self, TableError> {
-        let mk = |cap: usize| TableConfig {
+        let state_size = c.state_size.max(1);
+        let mk = |cap: usize, layout: Layout| TableConfig {
             // Exactly what was asked: the report's capacity is what the table holds.
             capacity: cap.max(1),
-            state_size: c.state_size.max(1),
+            state_size,
             idle_timeout_ns: c.idle_timeout_ns,
             full_policy: c.full_policy,
             hugepages: c.hugepages,
+            layout,
         };
-        Ok(FlowStore { v4: FlowTable::new(mk(c.capacity))?, v6: FlowTable::new(mk(c.capacity_v6))? })
+        Ok(FlowStore {
+            v4: FlowTable::new(mk(c.capacity, store_layout::<FiveTupleV4>(c.inline, state_size, c.capacity)))?,
+            v6: FlowTable::new(mk(c.capacity_v6, store_layout::<FiveTupleV6>(c.inline, state_size, c.capacity_v6)))?,
+        })
+    }
+
+    /// The IPv4 table's layout (the IPv6 table's, with its larger key, may differ).
+    pub fn layout(&self) -> Layout {
+        self.v4.layout()
     }
 
     /// Backs both tables' memory now (no page fault on the packet path later):
@@ -333,6 +346,16 @@ impl FlowStore {
         for (_, k, s) in self.v6.iter() {
             f(&FiveTuple::V6(*k), s);
         }
+    }
+}
+
+/// The layout of a table of `capacity` keys `K` and `state_size` bytes of block: the chain compiler's choice by
+/// entry size when `inline` is allowed (and the capacity within the inline layout's).
+pub fn store_layout<K: FlowKey>(inline: bool, state_size: usize, capacity: usize) -> Layout {
+    if inline && capacity <= Layout::INLINE_MAX_CAPACITY {
+        Layout::fit::<K>(state_size)
+    } else {
+        Layout::Bucketed
     }
 }
 

@@ -23,11 +23,20 @@ impl<K: FlowKey> FlowTable<K> {
     /// Examines at most `budget` slab indices (capped at the capacity) from the sweep cursor and removes every
     /// live entry idle for more than the table's timeout, calling `on_expire(handle, key, state)` first (e.g. to
     /// release a NAT port). Returns the number of entries expired; 0 when the table has no timeout.
+    ///
+    /// The budget is in entries of the table's capacity: the inline layout, which has about twice as many
+    /// positions as its capacity, examines `budget x positions / capacity` of them, so that a full sweep still
+    /// takes `capacity / budget` calls in either layout (an idle flow's expiry bound does not depend on it).
     pub fn expire(&mut self, now_ns: u64, budget: usize, mut on_expire: impl FnMut(Handle, &K, &[u8])) -> usize {
         let Some(timeout) = self.idle_timeout_ns else {
             return 0;
         };
         let cap = self.slab.capacity();
+        let budget = if self.homes != 0 {
+            (budget as u128 * u128::from(cap) / u128::from(self.max_len.max(1))).min(u128::from(cap)) as usize
+        } else {
+            budget
+        };
         let mut remaining = budget.min(cap as usize) as u32;
         let mut cur = self.sweep_cursor;
         let mut expired = 0;

@@ -1,9 +1,15 @@
-//! The per-core flow table: a bucketized cuckoo hash (2 candidate buckets of 8
-//! slots, one 64-byte line each) whose slots hold 16-bit tags and handles into
-//! the state slab (`slab.rs`). It owns lookup (single and batched, with the
-//! rte_hash_lookup_bulk prefetch phases), add-on-miss insertion (displacement
-//! paths come from `cuckoo.rs`), the full-table policy, removal, the bucket
-//! overflow bookkeeping, and statistics. Expiry lives in `expiry.rs`.
+//! The per-core flow table. Two layouts ([`Layout`], fixed at creation) behind one API:
+//!
+//! * [`Layout::Bucketed`]: a bucketized cuckoo hash (2 candidate buckets of 8 slots, one 64-byte line each)
+//!   whose slots hold 16-bit tags and handles into the state slab (`slab.rs`); a lookup reads the bucket line,
+//!   then the entry's line(s). Any entry size.
+//! * [`Layout::Inline`]: the entries themselves are the table (`inline.rs`): a key's home entry comes from its
+//!   hash, so a lookup's common case reads that one entry (one line, or two adjacent lines for larger blocks).
+//!
+//! This module owns the API (single and batched lookup, with the rte_hash_lookup_bulk prefetch phases;
+//! add-on-miss insertion; the full-table policy; removal; statistics) and the bucketed layout (displacement
+//! paths come from `cuckoo.rs`, with the bucket overflow bookkeeping). Expiry lives in `expiry.rs`. Handles
+//! are entry indices in both layouts and never change while a flow lives.
 
 use crate::cuckoo::{
     self, alt, check_batch, find_slot, place, primary, PathSearch, Place, Search, BULK_LOOKUP_MAX, SLOTS,
@@ -25,7 +31,7 @@ const MAX_BFS_NODES: usize = 256;
 
 /// Handles an insertion must not evict: those already handed out by the same batched call.
 #[derive(Clone, Copy)]
-struct Protected<'a> {
+pub(crate) struct Protected<'a> {
     /// Every handle of the call's earlier chunks (failed keys hold `INVALID_HANDLE`, which matches no entry).
     done: &'a [Handle],
     /// The current chunk's handles; only those whose bit is set in `mask` are valid yet.
@@ -39,12 +45,12 @@ struct Protected<'a> {
 }
 
 impl Protected<'_> {
-    const NONE: Protected<'static> = Protected { done: &[], chunk: &[], mask: 0, stale: 0, floor: 0 };
+    pub(crate) const NONE: Protected<'static> = Protected { done: &[], chunk: &[], mask: 0, stale: 0, floor: 0 };
 
     /// Whether `h`, last seen at `seen`, was handed out by this call. An entry seen before the call's first packet
     /// was not touched by it (unless a stale hit of this chunk): the common case costs no scan of the call's
     /// handles (issue 33: evict under a new-flow flood scanned up to a batch of handles per eviction).
-    fn contains(&self, h: Handle, seen: u64) -> bool {
+    pub(crate) fn contains(&self, h: Handle, seen: u64) -> bool {
         let in_chunk = |mut m: u64| {
             while m != 0 {
                 let j = m.trailing_zeros() as usize;
@@ -74,6 +80,54 @@ pub enum FullPolicy {
     EvictLruIdle,
 }
 
+/// How a table finds a key's entry; chosen once, at creation (the chain compiler picks it from the size of the
+/// aggregated block with [`Layout::fit`]). Both layouts give the same results through the same API; they differ
+/// in the cache lines a lookup reads and in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// Cuckoo buckets of tags and handles over a separate slab of entries: a lookup reads the bucket's line, then
+    /// the entry's (two dependent random lines). Holds `capacity` entries in about `capacity` x (entry + 9) bytes.
+    #[default]
+    Bucketed,
+    /// Entries stored in place, at their home position or a few positions after it: a lookup reads the home
+    /// entry (one random line for entries of 64 bytes, two adjacent lines for 128), plus the next entries for
+    /// the quarter or so of keys that found their home taken. Twice the entries of `capacity` (so homes stay
+    /// mostly free), and [`inline::WINDOW`](crate::inline::WINDOW) positions of slack at the end.
+    Inline,
+}
+
+impl Layout {
+    /// Largest entry (key, header and state, in bytes) for which [`Layout::fit`] picks [`Layout::Inline`]: two
+    /// lines. Above that an entry's lines outweigh the bucket line the inline layout saves.
+    pub const INLINE_MAX_ENTRY: usize = 128;
+
+    /// Largest capacity of an inline table (its handles, about twice the capacity, stay below 2^31).
+    pub const INLINE_MAX_CAPACITY: usize = 1 << 29;
+
+    /// The layout for entries of key `K` and `state_size` bytes of state: [`Layout::Inline`] when an entry takes
+    /// at most two lines (state up to 32 bytes for a 16-byte key in one line, 96 in two), else
+    /// [`Layout::Bucketed`].
+    pub fn fit<K: FlowKey>(state_size: usize) -> Layout {
+        match crate::slab::EntryLayout::new::<K>(state_size) {
+            Ok(l) if l.size <= Self::INLINE_MAX_ENTRY => Layout::Inline,
+            _ => Layout::Bucketed,
+        }
+    }
+
+    /// Bytes of one entry (a multiple of 64) for key `K` and `state_size` bytes of state.
+    pub fn entry_size<K: FlowKey>(state_size: usize) -> Option<usize> {
+        crate::slab::EntryLayout::new::<K>(state_size).ok().map(|l| l.size)
+    }
+
+    /// Short name for reports: `bucketed` or `inline`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Bucketed => "bucketed",
+            Layout::Inline => "inline",
+        }
+    }
+}
+
 /// Table creation parameters.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TableConfig {
@@ -87,12 +141,21 @@ pub struct TableConfig {
     pub full_policy: FullPolicy,
     /// Back buckets and slab with 2 MiB hugepages when available (falls back to normal pages).
     pub hugepages: bool,
+    /// Where entries live and how a lookup finds them.
+    pub layout: Layout,
 }
 
 impl TableConfig {
-    /// A config with no expiry, `Reject` policy, normal pages.
+    /// A config with no expiry, `Reject` policy, normal pages, the bucketed layout.
     pub fn new(capacity: usize, state_size: usize) -> Self {
-        TableConfig { capacity, state_size, idle_timeout_ns: None, full_policy: FullPolicy::Reject, hugepages: false }
+        TableConfig {
+            capacity,
+            state_size,
+            idle_timeout_ns: None,
+            full_policy: FullPolicy::Reject,
+            hugepages: false,
+            layout: Layout::Bucketed,
+        }
     }
 }
 
@@ -214,16 +277,21 @@ const _: () = assert!(core::mem::size_of::<Bucket>() == 64);
 
 /// A per-core flow table (Send, not Sync: one per core, no locks).
 pub struct FlowTable<K: FlowKey> {
+    /// Bucketed: the bucket array; inline: one unused line.
     buckets: RawMem,
     pub(crate) mask: u32,
+    /// Inline: the number of home positions (0 for the bucketed layout, which is how the code tells them apart).
+    pub(crate) homes: u32,
+    /// Entries the table holds at most (`capacity`; the inline slab has more positions than that).
+    pub(crate) max_len: u32,
     pub(crate) slab: Slab<K>,
     pub(crate) idle_timeout_ns: Option<u64>,
     /// `idle_timeout_ns` or `u64::MAX` (never idle): one compare per hit in [`Self::is_idle`].
     idle_limit: u64,
-    policy: FullPolicy,
+    pub(crate) policy: FullPolicy,
     pub(crate) stats: TableStats,
-    lookups: Cell<u64>,
-    hits: Cell<u64>,
+    pub(crate) lookups: Cell<u64>,
+    pub(crate) hits: Cell<u64>,
     /// Next slab index the incremental expiry sweep examines.
     pub(crate) sweep_cursor: u32,
     /// Next slab index [`Self::far_victim`] examines.
@@ -238,7 +306,16 @@ impl<K: FlowKey> FlowTable<K> {
     /// live bitmap; `None` for a state too large): lets a caller check a configuration against the machine's
     /// memory before allocating it.
     pub fn footprint(capacity: usize, state_size: usize) -> Option<u128> {
+        Self::footprint_with(Layout::Bucketed, capacity, state_size)
+    }
+
+    /// [`Self::footprint`] for a table of layout `layout`.
+    pub fn footprint_with(layout_kind: Layout, capacity: usize, state_size: usize) -> Option<u128> {
         let layout = crate::slab::EntryLayout::new::<K>(state_size).ok()?;
+        if layout_kind == Layout::Inline {
+            let entries = crate::inline::entries(capacity)? as u128;
+            return Some(64 + entries * layout.size as u128 + entries.div_ceil(64) * 8);
+        }
         let cap = capacity as u128;
         let buckets = (cap * 10).div_ceil(SLOTS as u128 * 9).next_power_of_two() * 64;
         Some(buckets + cap * (layout.size as u128 + 4) + cap.div_ceil(64) * 8)
@@ -248,6 +325,9 @@ impl<K: FlowKey> FlowTable<K> {
     pub fn new(cfg: TableConfig) -> Result<Self, TableError> {
         if cfg.capacity == 0 || cfg.capacity > (1 << 31) {
             return Err(TableError::InvalidConfig("capacity must be in 1..=2^31"));
+        }
+        if cfg.layout == Layout::Inline {
+            return Self::new_inline(cfg);
         }
         let min_buckets = (cfg.capacity * 10).div_ceil(SLOTS * 9);
         Self::with_buckets(cfg, min_buckets.next_power_of_two())
@@ -270,6 +350,8 @@ impl<K: FlowKey> FlowTable<K> {
         Ok(FlowTable {
             buckets,
             mask: (nbuckets - 1) as u32,
+            homes: 0,
+            max_len: cfg.capacity as u32,
             slab,
             idle_timeout_ns: cfg.idle_timeout_ns,
             idle_limit: cfg.idle_timeout_ns.unwrap_or(u64::MAX),
@@ -280,6 +362,41 @@ impl<K: FlowKey> FlowTable<K> {
             sweep_cursor: 0,
             evict_cursor: 0,
         })
+    }
+
+    /// Creates an inline-layout table (see `inline.rs`).
+    fn new_inline(cfg: TableConfig) -> Result<Self, TableError> {
+        if cfg.idle_timeout_ns == Some(0) {
+            return Err(TableError::InvalidConfig("idle_timeout_ns must be positive"));
+        }
+        let entries =
+            crate::inline::entries(cfg.capacity).ok_or(TableError::InvalidConfig("inline capacity must be <= 2^29"))?;
+        let slab = Slab::new_placed(entries, cfg.state_size, cfg.hugepages)?;
+        Ok(FlowTable {
+            buckets: RawMem::new(64, false)?,
+            mask: 0,
+            homes: crate::inline::homes(cfg.capacity),
+            max_len: cfg.capacity as u32,
+            slab,
+            idle_timeout_ns: cfg.idle_timeout_ns,
+            idle_limit: cfg.idle_timeout_ns.unwrap_or(u64::MAX),
+            policy: cfg.full_policy,
+            stats: TableStats::default(),
+            lookups: Cell::new(0),
+            hits: Cell::new(0),
+            sweep_cursor: 0,
+            evict_cursor: 0,
+        })
+    }
+
+    /// The table's layout.
+    #[inline(always)]
+    pub fn layout(&self) -> Layout {
+        if self.homes != 0 {
+            Layout::Inline
+        } else {
+            Layout::Bucketed
+        }
     }
 
     /// Address of bucket `b`, computed without a check (for prefetching); only [`Self::bucket`] and
@@ -335,11 +452,22 @@ impl<K: FlowKey> FlowTable<K> {
         self.find_in(p.b2, p.tag, key).map(|(s, h)| (p.b2, s, h))
     }
 
+    /// The handle of `key`'s entry, in either layout.
+    #[inline(always)]
+    fn find_handle(&self, key: &K, hash: u64) -> Option<Handle> {
+        if self.homes != 0 {
+            self.inline_find(key, hash)
+        } else {
+            self.find(key, place(hash, self.mask)).map(|(_, _, h)| h)
+        }
+    }
+
     /// Latency-optimised single-key lookup: the primary bucket, then the key's entry; the alternate bucket only
-    /// when the primary one has overflowed.
+    /// when the primary one has overflowed (inline layout: the home entry, then the next ones if it has
+    /// overflowed).
     #[inline]
     pub fn lookup(&self, key: &K, hash: u64) -> Option<Handle> {
-        let r = self.find(key, place(hash, self.mask)).map(|(_, _, h)| h);
+        let r = self.find_handle(key, hash);
         self.lookups.set(self.lookups.get() + 1);
         self.hits.set(self.hits.get() + u64::from(r.is_some()));
         r
@@ -354,6 +482,9 @@ impl<K: FlowKey> FlowTable<K> {
     #[inline(always)]
     fn probe<const PREFETCH_FREE: bool>(&self, keys: &[K], hashes: &[u64], out: &mut [Handle]) -> u64 {
         debug_assert!(keys.len() <= BULK_LOOKUP_MAX && hashes.len() == keys.len() && out.len() >= keys.len());
+        if self.homes != 0 {
+            return self.probe_inline(keys, hashes, out);
+        }
         let n = keys.len().min(hashes.len()).min(out.len()).min(BULK_LOOKUP_MAX);
         // Pass 1 takes each key's primary bucket once, checked (free right after the mask); the later passes reuse
         // the reference. Indexing again there (with a second mask or check) cost batch-32 lookups 3-4% at 4M entries
@@ -592,10 +723,9 @@ impl<K: FlowKey> FlowTable<K> {
                 continue;
             }
             let (key, hash) = (&keys[i], hashes[i]);
-            let p = place(hash, self.mask);
             // Only an earlier insert of this chunk can have added the key since the probe.
             if inserted != 0 {
-                if let Some((_, _, h)) = self.find(key, p) {
+                if let Some(h) = self.find_handle(key, hash) {
                     out[i] = h;
                     // A batch can span more than the timeout of packet time.
                     if self.touch_or_renew(h, t, |u| f(i, u)) {
@@ -608,7 +738,7 @@ impl<K: FlowKey> FlowTable<K> {
             }
             let (chunk, mask) = (&out[..n], hit | inserted | stale);
             let evicted = |k: &K, s: &[u8]| f(i, Upsert::Evicted(k, s));
-            match self.insert_new(key, hash, p, t, || Protected { done, chunk, mask, stale, floor }, evicted) {
+            match self.insert_new(key, hash, t, || Protected { done, chunk, mask, stale, floor }, evicted) {
                 Ok(h) => {
                     out[i] = h;
                     inserted |= 1 << i;
@@ -655,13 +785,12 @@ impl<K: FlowKey> FlowTable<K> {
         now_ns: u64,
         mut f: impl FnMut(Upsert<'_, K>),
     ) -> Result<(Handle, bool), TableError> {
-        let p = place(hash, self.mask);
         self.lookups.set(self.lookups.get() + 1);
-        if let Some((_, _, h)) = self.find(key, p) {
+        if let Some(h) = self.find_handle(key, hash) {
             self.hits.set(self.hits.get() + 1);
             return Ok((h, self.touch_or_renew(h, now_ns, f)));
         }
-        let h = self.insert_new(key, hash, p, now_ns, || Protected::NONE, |k, s| f(Upsert::Evicted(k, s)))?;
+        let h = self.insert_new(key, hash, now_ns, || Protected::NONE, |k, s| f(Upsert::Evicted(k, s)))?;
         f(Upsert::New(self.slab.state_mut(h)));
         Ok((h, true))
     }
@@ -674,12 +803,15 @@ impl<K: FlowKey> FlowTable<K> {
         &mut self,
         key: &K,
         hash: u64,
-        p: Place,
         now: u64,
         protect: impl FnOnce() -> Protected<'p>,
         evicted: impl FnOnce(&K, &[u8]),
     ) -> Result<Handle, TableError> {
-        if self.slab.len() < self.slab.capacity() as usize {
+        if self.homes != 0 {
+            return self.inline_insert(key, hash, now, protect, evicted);
+        }
+        let p = place(hash, self.mask);
+        if self.slab.len() < self.max_len as usize {
             let slot = self.free_slot(p.b1).map(|s| (p.b1, s)).or_else(|| self.free_slot(p.b2).map(|s| (p.b2, s)));
             let slot = slot.or_else(|| self.make_room(p.b1, p.b2));
             if let Some((b, s)) = slot {
@@ -809,7 +941,7 @@ impl<K: FlowKey> FlowTable<K> {
 
     /// The least recently seen of the next 8 unprotected live entries from a cursor that walks the slab (at most 64
     /// examined): the victim for a key whose own buckets offer none.
-    fn far_victim(&mut self, protect: Protected<'_>) -> Option<Handle> {
+    pub(crate) fn far_victim(&mut self, protect: Protected<'_>) -> Option<Handle> {
         let cap = self.slab.capacity();
         let mut at = self.evict_cursor;
         let mut best: Option<(u64, Handle)> = None;
@@ -876,6 +1008,12 @@ impl<K: FlowKey> FlowTable<K> {
 
     /// Removes `key`; false if absent.
     pub fn remove(&mut self, key: &K, hash: u64) -> bool {
+        if self.homes != 0 {
+            let Some(h) = self.inline_find(key, hash) else { return false };
+            self.inline_unlink(h);
+            self.stats.removes += 1;
+            return true;
+        }
         match self.find(key, place(hash, self.mask)) {
             Some((b, s, h)) => {
                 self.clear_slot(b, s);
@@ -899,6 +1037,9 @@ impl<K: FlowKey> FlowTable<K> {
 
     /// Clears the bucket slot of live entry `h` and frees it.
     pub(crate) fn unlink(&mut self, h: Handle) -> bool {
+        if self.homes != 0 {
+            return self.inline_unlink(h);
+        }
         if !self.slab.is_live(h) {
             return false;
         }
@@ -993,7 +1134,7 @@ impl<K: FlowKey> FlowTable<K> {
 
     /// Maximum number of entries.
     pub fn capacity(&self) -> usize {
-        self.slab.capacity() as usize
+        self.max_len as usize
     }
 
     /// Bytes of state per entry (>= the configured `state_size`).
@@ -1001,14 +1142,18 @@ impl<K: FlowKey> FlowTable<K> {
         self.slab.layout.state_len
     }
 
-    /// Bucket slots (8 per bucket); `len() / slots()` is the cuckoo load factor.
+    /// Bucket slots (8 per bucket); `len() / slots()` is the cuckoo load factor. Inline layout: the home
+    /// positions.
     pub fn slots(&self) -> usize {
+        if self.homes != 0 {
+            return self.homes as usize;
+        }
         (self.mask as usize + 1) * SLOTS
     }
 
     /// Whether buckets and slab got explicit 2 MiB hugepages.
     pub fn hugepages(&self) -> bool {
-        self.buckets.is_huge() && self.slab.is_huge()
+        (self.homes != 0 || self.buckets.is_huge()) && self.slab.is_huge()
     }
 
     /// Backs all of the table's memory now (no page fault later) and asks for transparent hugepages to be assembled
@@ -1032,14 +1177,32 @@ impl<K: FlowKey> FlowTable<K> {
 
     /// The two candidate buckets of `hash` (primary, alternate): for tests and diagnostics (a collision
     /// flood is keys sharing both).
+    /// Inline layout: the home position, twice (a collision flood is keys sharing it).
     pub fn candidate_buckets(&self, hash: u64) -> (usize, usize) {
+        if self.homes != 0 {
+            let h = self.home(hash) as usize;
+            return (h, h);
+        }
         let p = place(hash, self.mask);
         (p.b1 as usize, p.b2 as usize)
     }
 
-    /// Number of buckets (a power of two).
+    /// Number of buckets (a power of two); inline layout: home positions.
     pub fn bucket_count(&self) -> usize {
+        if self.homes != 0 {
+            return self.homes as usize;
+        }
         self.mask as usize + 1
+    }
+
+    /// Keys sharing every candidate position of one key that the table still holds (what a hash-collision
+    /// flood gets in before `table_full`): both buckets' slots, or the inline window.
+    pub fn collision_room(&self) -> usize {
+        if self.homes != 0 {
+            crate::inline::WINDOW as usize
+        } else {
+            2 * SLOTS
+        }
     }
 
     /// Live entries as (handle, key, state), in handle order (for exporting NF state).
@@ -1093,6 +1256,7 @@ mod tests {
             idle_timeout_ns: None,
             full_policy: FullPolicy::EvictLruIdle,
             hugepages: false,
+            layout: Layout::Bucketed,
         };
         let mut t = FlowTable::<u64>::new(cfg).unwrap();
         // 64 flows none of which may live in the new key's two buckets.

@@ -7,6 +7,9 @@
 //! add-on-miss insertion (PNA), in-place state update through handles, removal
 //! by key or handle, idle expiry with bounded work per call, and a full-table
 //! policy chosen at creation. Keys come with caller-computed 64-bit hashes.
+//! Its [`Layout::Inline`] variant stores small entries in place instead (`inline`:
+//! a key's home entry comes from its hash, so most lookups read one entry's line);
+//! the chain compiler picks the layout from the entry size ([`Layout::fit`]).
 //! [`shared::SharedFlowTable`] is the same cuckoo layout reached by every core
 //! (lock-free readers, per-bucket writer locks, refcounted entries).
 //!
@@ -18,7 +21,7 @@
 //!
 //! Module map: `cuckoo` (placement, bucket search and displacement paths, shared
 //! by both tables), `key` (the [`FlowKey`] trait), `simd` (tag compare), `slab`
-//! (memory, entries, free list), `fixed_map` (the NF-private map), `flow_table` (the per-core table), `expiry` (its
+//! (memory, entries, free list), `inline` (the inline layout's placement), `fixed_map` (the NF-private map), `flow_table` (the per-core table), `expiry` (its
 //! idle sweep), `states` (typed views of one NF's state across the entries),
 //! `shared` (the shared table), `error`.
 
@@ -28,6 +31,7 @@ pub mod expiry;
 pub mod fixed_map;
 pub mod flow_table;
 pub mod huge;
+pub mod inline;
 pub mod key;
 pub mod shared;
 pub mod simd;
@@ -38,7 +42,7 @@ pub use cuckoo::{BULK_LOOKUP_MAX, SLOTS};
 pub use error::TableError;
 pub use fixed_map::{FibHash, FixedMap, KeyHash, FIXED_MAP_MAX};
 pub use flow_table::{
-    BatchResult, FlowTable, FullPolicy, Handle, Iter, Stamps, TableConfig, TableStats, Upsert, INVALID_HANDLE,
+    BatchResult, FlowTable, FullPolicy, Handle, Iter, Layout, Stamps, TableConfig, TableStats, Upsert, INVALID_HANDLE,
 };
 pub use huge::HugeArray;
 pub use key::FlowKey;

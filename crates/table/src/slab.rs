@@ -6,6 +6,10 @@
 //! `key | hash | last_seen | state`, each entry a multiple of 64 bytes so a
 //! flow's key and first state bytes share one cache line — and keeps the free
 //! list and the live bitmap. The slab knows nothing about buckets.
+//!
+//! A *placed* slab (the inline layout, `inline.rs`) has no free list: the table
+//! picks each entry's position itself ([`Slab::alloc_at`]) and keeps a small
+//! word of placement bookkeeping in the entry's hash field ([`Slab::meta`]).
 
 use crate::error::TableError;
 use core::marker::PhantomData;
@@ -204,8 +208,13 @@ pub(crate) struct Slab<K> {
     mem: RawMem,
     pub(crate) layout: EntryLayout,
     capacity: u32,
+    /// Free entries (empty and unused in a placed slab).
     free: Vec<u32>,
     live: Vec<u64>,
+    /// Live entries.
+    count: u32,
+    /// Positions chosen by the table ([`Slab::alloc_at`]) rather than popped from the free list.
+    placed: bool,
     _k: PhantomData<K>,
 }
 
@@ -219,7 +228,18 @@ impl<K: crate::FlowKey> Slab<K> {
         // Popped from the back: entries are handed out in ascending order on a fresh table.
         let free: Vec<u32> = (0..capacity).rev().collect();
         let live = vec![0u64; (capacity as usize).div_ceil(64)];
-        Ok(Slab { mem, layout, capacity, free, live, _k: PhantomData })
+        Ok(Slab { mem, layout, capacity, free, live, count: 0, placed: false, _k: PhantomData })
+    }
+
+    /// A placed slab of `entries` entries: no free list; the table chooses positions ([`Slab::alloc_at`]).
+    pub(crate) fn new_placed(entries: u32, state_size: usize, hugepages: bool) -> Result<Self, TableError> {
+        let layout = EntryLayout::new::<K>(state_size)?;
+        let bytes = (entries as usize)
+            .checked_mul(layout.size)
+            .ok_or(TableError::InvalidConfig("capacity x state too large"))?;
+        let mem = RawMem::new(bytes, hugepages)?;
+        let live = vec![0u64; (entries as usize).div_ceil(64)];
+        Ok(Slab { mem, layout, capacity: entries, free: Vec::new(), live, count: 0, placed: true, _k: PhantomData })
     }
 
     #[inline(always)]
@@ -241,7 +261,7 @@ impl<K: crate::FlowKey> Slab<K> {
 
     #[inline(always)]
     pub(crate) fn len(&self) -> usize {
-        self.capacity as usize - self.free.len()
+        self.count as usize
     }
 
     /// Address of entry `h`, computed without a bounds check (for prefetching): dereferencing it is only valid
@@ -271,10 +291,56 @@ impl<K: crate::FlowKey> Slab<K> {
     /// Takes a free entry, writes key/hash/last-seen, zeroes the state; returns its handle.
     #[inline]
     pub(crate) fn alloc(&mut self, key: &K, hash: u64, now: u64) -> Option<u32> {
+        debug_assert!(!self.placed);
         let h = self.free.pop()?;
         self.live[(h >> 6) as usize] |= 1u64 << (h & 63);
+        self.count += 1;
         self.write_entry(h, key, hash, now);
         Some(h)
+    }
+
+    /// Placed slab: makes free entry `h` live with `key`, last-seen `now`, zeroed state and placement word `meta`
+    /// (the hash field's low 32 bits; its high half is zeroed). False if `h` is out of range or already live.
+    #[inline]
+    pub(crate) fn alloc_at(&mut self, h: u32, key: &K, now: u64, meta: u32) -> bool {
+        debug_assert!(self.placed);
+        let Some(p) = self.entry(h) else { return false };
+        if self.is_live(h) {
+            return false;
+        }
+        self.live[(h >> 6) as usize] |= 1u64 << (h & 63);
+        self.count += 1;
+        let l = self.layout;
+        // SAFETY: as in `write_entry`: p is the 64-aligned base of in-range entry h, exclusively borrowed through
+        // &mut self; key at offset 0 (align <= 64), u64 fields at 8-aligned offsets inside the entry.
+        unsafe {
+            p.cast::<K>().write(*key);
+            p.add(l.hash_off).cast::<u64>().write(u64::from(meta));
+            p.add(l.seen_off).cast::<u64>().write(now);
+            core::ptr::write_bytes(p.add(l.state_off), 0, l.state_len);
+        }
+        true
+    }
+
+    /// Placed slab: the placement word of entry `h` (0 if out of range). Readable for free entries too: the
+    /// table keeps per-position bookkeeping there that outlives the entry.
+    #[inline(always)]
+    pub(crate) fn meta(&self, h: u32) -> u32 {
+        match self.entry(h) {
+            // SAFETY: in-range entry: an 8-aligned u64 inside the allocation (read as its low u32, little- or
+            // big-endian alike through the u64), always initialised (zeroed memory).
+            Some(p) => unsafe { p.add(self.layout.hash_off).cast::<u64>().read() as u32 },
+            None => 0,
+        }
+    }
+
+    /// Placed slab: sets entry `h`'s placement word (ignored if out of range).
+    #[inline(always)]
+    pub(crate) fn set_meta(&mut self, h: u32, meta: u32) {
+        if let Some(p) = self.entry(h) {
+            // SAFETY: as in `meta`; &mut self gives exclusive access.
+            unsafe { p.add(self.layout.hash_off).cast::<u64>().write(u64::from(meta)) }
+        }
     }
 
     /// Reinitialises entry `h` for a new key (eviction reuses the victim's entry); ignored if `h` is out of range.
@@ -299,7 +365,10 @@ impl<K: crate::FlowKey> Slab<K> {
             return false;
         }
         self.live[(h >> 6) as usize] &= !(1u64 << (h & 63));
-        self.free.push(h);
+        self.count -= 1;
+        if !self.placed {
+            self.free.push(h);
+        }
         true
     }
 

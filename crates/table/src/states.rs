@@ -87,22 +87,29 @@ impl<K: FlowKey> FlowTable<K> {
 
 #[cfg(test)]
 mod tests {
-    use crate::flow_table::{FlowTable, FullPolicy, TableConfig};
+    use crate::flow_table::{FlowTable, FullPolicy, Layout, TableConfig};
 
-    fn table(state_size: usize) -> FlowTable<u64> {
+    fn table(state_size: usize, layout: Layout) -> FlowTable<u64> {
         FlowTable::new(TableConfig {
             capacity: 64,
             state_size,
             idle_timeout_ns: None,
             full_policy: FullPolicy::Reject,
             hugepages: false,
+            layout,
         })
         .unwrap()
     }
 
     #[test]
     fn view_reaches_the_same_bytes_as_state_as_mut() {
-        let mut t = table(24);
+        for layout in [Layout::Bucketed, Layout::Inline] {
+            view_reaches_the_same_bytes(layout);
+        }
+    }
+
+    fn view_reaches_the_same_bytes(layout: Layout) {
+        let mut t = table(24, layout);
         let hs: Vec<u32> =
             (0..10u64).map(|k| t.insert(&k, k.wrapping_mul(0x9e37_79b9), 0, |_| {}).unwrap().0).collect();
         {
@@ -120,7 +127,7 @@ mod tests {
 
     #[test]
     fn out_of_range_handles_and_offsets_are_refused() {
-        let mut t = table(16);
+        let mut t = table(16, Layout::Bucketed);
         let state_len = t.state_len();
         assert!(t.states_mut::<u64>(state_len - 8).is_some());
         assert!(t.states_mut::<u64>(state_len - 7).is_none(), "past the state");

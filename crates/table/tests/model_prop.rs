@@ -1,7 +1,8 @@
 //! Model-based property tests: random operation sequences on a `FlowTable` and on a `std::collections::HashMap`
-//! model must agree at every step (single and batch APIs, update, removal, expiry with a moving clock).
+//! model must agree at every step (single and batch APIs, update, removal, expiry with a moving clock), in both
+//! table layouts.
 
-use flowplane_table::{FlowTable, FullPolicy, TableConfig, INVALID_HANDLE};
+use flowplane_table::{FlowTable, FullPolicy, Layout, TableConfig, INVALID_HANDLE};
 use proptest::prelude::*;
 use std::collections::{HashMap, HashSet};
 
@@ -56,7 +57,7 @@ struct Model {
 
 /// `weak` hashes collide heavily (few distinct buckets and tags) to exercise tag false positives and
 /// displacement; with them the table may legitimately be full, which the model then mirrors.
-fn run(ops: Vec<Op>, weak: bool) {
+fn run(ops: Vec<Op>, weak: bool, layout: Layout) {
     let hash = |k: u16| if weak { mix(u64::from(k % 7)) ^ (u64::from(k % 3) << 60) } else { mix(u64::from(k)) };
     let cfg = TableConfig {
         capacity: 320,
@@ -64,6 +65,7 @@ fn run(ops: Vec<Op>, weak: bool) {
         idle_timeout_ns: Some(TIMEOUT),
         full_policy: FullPolicy::Reject,
         hugepages: false,
+        layout,
     };
     let mut t = FlowTable::<u16>::new(cfg).unwrap();
     let mut m = Model { map: HashMap::new() };
@@ -202,11 +204,22 @@ proptest! {
 
     #[test]
     fn table_matches_hashmap(ops in prop::collection::vec(op(), 1..300)) {
-        run(ops, false);
+        run(ops, false, Layout::Bucketed);
     }
 
     #[test]
     fn table_matches_hashmap_with_colliding_hashes(ops in prop::collection::vec(op(), 1..300)) {
-        run(ops, true);
+        run(ops, true, Layout::Bucketed);
+    }
+
+    #[test]
+    fn inline_table_matches_hashmap(ops in prop::collection::vec(op(), 1..300)) {
+        run(ops, false, Layout::Inline);
+    }
+
+    /// Colliding hashes put many keys behind few homes: long walks, holes from removals inside them.
+    #[test]
+    fn inline_table_matches_hashmap_with_colliding_hashes(ops in prop::collection::vec(op(), 1..300)) {
+        run(ops, true, Layout::Inline);
     }
 }

@@ -571,8 +571,20 @@ pub fn fill_ratios(rows: &mut [BenchRow]) {
     }
 }
 
-/// Sets `ceiling_frac` of per-item table operations from a `ceiling`/`two-line-items` row, if one was measured.
+/// Sets `ceiling_frac` of per-item table operations from a `ceiling`/`two-line-items` row, if one was measured,
+/// and the flowplane rows' fraction of the one-line ceiling (`ceiling`/`random-lines`: what a lookup reading one
+/// random line per key can reach) as the extra figure `one_line_frac`.
 pub fn fill_ceiling_fracs(rows: &mut [BenchRow]) {
+    let one = rows.iter().find(|r| r.impl_name == "ceiling" && r.op == "random-lines").map(|r| r.mops);
+    if let Some(one) = one.filter(|&m| m > 0.0) {
+        for row in rows.iter_mut().filter(|r| r.impl_name.starts_with("flowplane")) {
+            let f = row.mops / (one * row.cores.max(1) as f64);
+            match row.extra.iter_mut().find(|(n, _)| n == "one_line_frac") {
+                Some(e) => e.1 = f,
+                None => row.extra.push(("one_line_frac".into(), f)),
+            }
+        }
+    }
     let Some(ceil) = rows.iter().find(|r| r.impl_name == "ceiling" && r.op == "two-line-items").map(|r| r.mops) else {
         return;
     };

@@ -1,21 +1,29 @@
 //! Per-core `FlowTable` rows of `flowplane bench table`: lookup-hit, lookup-miss, update, add-on-miss insertion
 //! (into a fresh table and after deletions), delete, and the PNA insertion-rate sweep, per size and batch size.
 //! The lookup, update and insertion-rate rows of one size are measured one after the other, each in its steady
-//! state ([`super::steady_rows`]), on two prefaulted tables.
+//! state ([`super::steady_rows`]), on two prefaulted tables. Every row is measured for both table layouts:
+//! `flowplane` (bucketed: bucket line, then entry) and `flowplane-inline` (entries in place, issue 37).
 
 use super::{
     steady_rows, BenchKey, BenchRow, StreamCursor, TableBenchOptions, Workload, ABSENT_SLACK, KEY_SEED, MAX_BATCH_BENCH,
 };
 use crate::pages::{self, PageBacking};
 use crate::tsc::rdtsc;
-use flowplane_table::{FlowTable, FullPolicy, Handle, TableConfig, INVALID_HANDLE};
+use flowplane_table::{FlowTable, FullPolicy, Handle, Layout, TableConfig, INVALID_HANDLE};
 use std::hint::black_box;
 
-const NAME: &str = "flowplane";
+/// The row name of each layout.
+pub const LAYOUT_NAMES: [(Layout, &str); 2] = [(Layout::Bucketed, "flowplane"), (Layout::Inline, "flowplane-inline")];
 
-fn table(capacity: usize, state_size: usize) -> FlowTable<BenchKey> {
-    let cfg =
-        TableConfig { capacity, state_size, idle_timeout_ns: None, full_policy: FullPolicy::Reject, hugepages: true };
+fn table(capacity: usize, state_size: usize, layout: Layout) -> FlowTable<BenchKey> {
+    let cfg = TableConfig {
+        capacity,
+        state_size,
+        idle_timeout_ns: None,
+        full_policy: FullPolicy::Reject,
+        hugepages: true,
+        layout,
+    };
     match FlowTable::new(cfg) {
         Ok(t) => t,
         // Benchmark sizes are fixed by the options; running out of memory here is an environment failure.
@@ -67,8 +75,14 @@ fn run_ops<F: FnMut(&[BenchKey], &[u64]) -> u64>(
 /// Measures the per-core table for every size and batch size in `opts`.
 pub fn run_percore(opts: &TableBenchOptions) -> Vec<BenchRow> {
     let mut rows = Vec::new();
-    for size in opts.ordered().0 {
-        rows.extend(run_size(opts, size));
+    let mut layouts = LAYOUT_NAMES.to_vec();
+    if opts.reverse {
+        layouts.reverse();
+    }
+    for (layout, name) in layouts {
+        for size in opts.ordered().0 {
+            rows.extend(run_size(opts, size, layout, name));
+        }
     }
     rows
 }
@@ -198,27 +212,27 @@ fn run_job(job: &mut Job, t: &mut Tables, w: &Workload, n: u64, warming: bool) -
     }
 }
 
-fn run_size(opts: &TableBenchOptions, size: usize) -> Vec<BenchRow> {
+fn run_size(opts: &TableBenchOptions, size: usize, layout: Layout, name: &'static str) -> Vec<BenchRow> {
     let ops = opts.ops.max(1);
     let (_, batches, rates) = opts.ordered();
     let w = Workload::for_rows(size, ops, KEY_SEED, batches.len() * (3 + rates.len()));
     let mut rows = Vec::new();
-    let mut a = table(size, opts.state_size);
+    let mut a = table(size, opts.state_size, layout);
     let c = fill(&mut a, &w.resident, &w.resident_hashes, MAX_BATCH_BENCH);
     // The fill's own page faults stay in its figure (as hashbrown's do); every later row finds the tables fully
     // backed, their hugepages assembled now rather than whenever khugepaged gets to them.
     let fresh = backing(&a);
     a.prefault();
-    let mut r = BenchRow::new(NAME, "insert-fresh", size, MAX_BATCH_BENCH, 0, size as u64, c).with_pages(fresh);
+    let mut r = BenchRow::new(name, "insert-fresh", size, MAX_BATCH_BENCH, 0, size as u64, c).with_pages(fresh);
     r.extra.push(("hugepages".into(), f64::from(u8::from(a.hugepages()))));
     rows.push(r);
     // A per-slice insertion at rate 1 adds up to a slice of new flows (plus a batch).
-    let mut b = table(size + (ops / super::SLICES) as usize + ABSENT_SLACK, opts.state_size);
+    let mut b = table(size + (ops / super::SLICES) as usize + ABSENT_SLACK, opts.state_size, layout);
     fill(&mut b, &w.resident, &w.resident_hashes, MAX_BATCH_BENCH);
     b.prefault();
     let mut t = Tables { a, b };
     if opts.reverse {
-        rows.extend(churn(&mut t.a, opts, size, &w, &batches));
+        rows.extend(churn(&mut t.a, opts, size, &w, &batches, name));
     }
     let mut jobs: Vec<Job> = Vec::new();
     for &batch in &batches {
@@ -234,16 +248,16 @@ fn run_size(opts: &TableBenchOptions, size: usize) -> Vec<BenchRow> {
     let (pa, pb) = (backing(&t.a), backing(&t.b));
     for (j, s) in jobs.iter().zip(&results) {
         let row = match j.op {
-            Op::Hit => BenchRow::steady(NAME, "lookup-hit", size, j.batch, 0, s).with_pages(pa),
-            Op::Miss => BenchRow::steady(NAME, "lookup-miss", size, j.batch, 0, s).with_pages(pa),
-            Op::Update => BenchRow::steady(NAME, "update", size, j.batch, 0, s).with_pages(pa),
-            Op::Mixed(r) => BenchRow::steady(NAME, "mixed", size, j.batch, r, s).with_pages(pb),
+            Op::Hit => BenchRow::steady(name, "lookup-hit", size, j.batch, 0, s).with_pages(pa),
+            Op::Miss => BenchRow::steady(name, "lookup-miss", size, j.batch, 0, s).with_pages(pa),
+            Op::Update => BenchRow::steady(name, "update", size, j.batch, 0, s).with_pages(pa),
+            Op::Mixed(r) => BenchRow::steady(name, "mixed", size, j.batch, r, s).with_pages(pb),
         };
         rows.push(row);
     }
     drop(t.b);
     if !opts.reverse {
-        rows.extend(churn(&mut t.a, opts, size, &w, &batches));
+        rows.extend(churn(&mut t.a, opts, size, &w, &batches, name));
     }
     rows
 }
@@ -256,6 +270,7 @@ fn churn(
     size: usize,
     w: &Workload,
     batches: &[usize],
+    name: &'static str,
 ) -> Vec<BenchRow> {
     let ops = opts.ops.max(1);
     let pages = backing(t);
@@ -276,8 +291,8 @@ fn churn(
             ins_cycles += fill(t, &ck, &ch, batch);
             ins_ops += ck.len() as u64;
         }
-        rows.push(BenchRow::new(NAME, "insert", size, batch, 0, ins_ops, ins_cycles).with_pages(pages));
+        rows.push(BenchRow::new(name, "insert", size, batch, 0, ins_ops, ins_cycles).with_pages(pages));
     }
-    rows.push(BenchRow::new(NAME, "delete", size, 1, 0, del_ops, del_cycles).with_pages(pages));
+    rows.push(BenchRow::new(name, "delete", size, 1, 0, del_ops, del_cycles).with_pages(pages));
     rows
 }

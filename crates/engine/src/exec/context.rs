@@ -384,6 +384,7 @@ impl ExecContext {
             idle_timeout_ns: Some(timeout.unwrap_or(timeout_ns)),
             full_policy: cfg.full_policy,
             hugepages: cfg.hugepages,
+            inline: cfg.inline_entries,
         };
         let table_err = |source| EngineError::Table { what: "flow table", source };
         let mut stores = Vec::new();

@@ -228,6 +228,10 @@ pub struct ExecConfig {
     /// and exports do not depend on it while the tables have room; when a table fills, which flows find no
     /// room (displacement paths) and which entry `--table-full evict` picks do.
     pub hash_seed: u32,
+    /// Let the chain compiler store small aggregated blocks inline in the flow table
+    /// ([`flowplane_table::Layout::fit`]: one random line per lookup in the common case). Off: every table uses
+    /// the bucketed layout (bucket line, then entry), for measuring what the inline layout gains.
+    pub inline_entries: bool,
 }
 
 /// A fresh flow-table hash secret from the OS's random source (falling back to the clock and the process
@@ -255,6 +259,7 @@ impl Default for ExecConfig {
             packing: true,
             match_sharing: true,
             hash_seed: random_hash_seed(),
+            inline_entries: true,
         }
     }
 }
