@@ -709,6 +709,7 @@ fn scrape_at(port: u16) -> String {
     let mut t = String::new();
     s.read_to_string(&mut t).unwrap();
     t
+}
 
 /// Issue 36, item 2: the remote and the flows of the replication tests: `FLOWS` inside hosts each send one
 /// UDP datagram to `REMOTE:53` through `nat(ports=1024-1535)`.
