@@ -346,7 +346,7 @@ fn bad_ipfix_options_are_one_line_errors() {
         (vec!["--ipfix", "udp:nohost"], "expected udp:HOST:PORT"),
         (vec!["--ipfix", "file:/nonexistent-dir/x"], "--ipfix file:/nonexistent-dir/x"),
         (vec!["--ipfix-active", "1"], "--ipfix-active needs --ipfix"),
-        (vec!["--ipfix", "udp:127.0.0.1:19657", "--ipfix-active", "0"], "positive"),
+        (vec!["--ipfix", "udp:127.0.0.1:19657", "--ipfix-active", "0"], "must be above 0"),
     ] {
         let mut a = vec!["run", "--chain", "fsc", "--gen", "--flows 10 --packets 100"];
         a.extend_from_slice(&args);

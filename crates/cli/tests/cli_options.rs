@@ -518,7 +518,9 @@ fn cases(dir: &Path) -> Vec<Case> {
             opt: "--symmetric-rss",
             without: plus(no(&["run", "--gen", "--flows 200 --packets 2000 --proto tcp-bidir", "--table-capacity", "4096"]), &["--cores", "2", "--json", "--chain", "fsc"]),
             with: plus(no(&["run", "--gen", "--flows 200 --packets 2000 --proto tcp-bidir", "--table-capacity", "4096"]), &["--cores", "2", "--json", "--chain", "fsc", "--symmetric-rss"]),
-            expect: Expect::Changes(&["/per_core/0/packets"]),
+            // The RSS key is random per run (issue 33), so the cores' shares differ between any two runs;
+            // what the option changes for sure is the key's form, which the report names.
+            expect: Expect::Changes(&["/symmetric_rss"]),
         },
         Case { opt: "--loops", without: std(), with: plus(std(), &["--loops", "2"]), expect: Expect::Changes(&["/packets"]) },
         Case { opt: "--duration", without: std(), with: plus(std(), &["--duration", "0.05"]), expect: Expect::Changes(&["/packets"]) },
