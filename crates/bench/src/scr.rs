@@ -555,7 +555,9 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("fp-scr-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let files = plot(&rows, &dir).unwrap();
-        assert_eq!(files.len(), 3);
+        // One scaling plot per program, the compute plot, and the recovery plot the README promises (issue 35).
+        assert_eq!(files.len(), 4, "{files:?}");
+        assert!(files.iter().any(|f| f.ends_with("scr-recovery.png")), "{files:?}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
