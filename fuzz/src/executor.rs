@@ -80,6 +80,8 @@ pub fn run(data: &[u8]) {
         match_sharing: kind != ExecKind::BATCH || mode & 0x40 == 0,
         // A fixed secret: an input replays the same table placement.
         hash_seed: 0x9e37_79b9,
+        // Both flow-table layouts (issue 37): the compiler's choice, or bucketed throughout.
+        inline_entries: mode & 0x80 == 0,
     };
     let cores = if mode & 4 != 0 { 2 } else { 1 };
 
