@@ -347,21 +347,7 @@ impl<K: FlowKey> FlowTable<K> {
         let bytes = nbuckets * core::mem::size_of::<Bucket>();
         let buckets = RawMem::new(bytes, cfg.hugepages)?;
         let slab = Slab::new(cfg.capacity as u32, cfg.state_size, cfg.hugepages)?;
-        Ok(FlowTable {
-            buckets,
-            mask: (nbuckets - 1) as u32,
-            homes: 0,
-            max_len: cfg.capacity as u32,
-            slab,
-            idle_timeout_ns: cfg.idle_timeout_ns,
-            idle_limit: cfg.idle_timeout_ns.unwrap_or(u64::MAX),
-            policy: cfg.full_policy,
-            stats: TableStats::default(),
-            lookups: Cell::new(0),
-            hits: Cell::new(0),
-            sweep_cursor: 0,
-            evict_cursor: 0,
-        })
+        Ok(Self::with_parts(&cfg, buckets, (nbuckets - 1) as u32, 0, slab))
     }
 
     /// Creates an inline-layout table (see `inline.rs`).
@@ -372,10 +358,15 @@ impl<K: FlowKey> FlowTable<K> {
         let entries =
             crate::inline::entries(cfg.capacity).ok_or(TableError::InvalidConfig("inline capacity must be <= 2^29"))?;
         let slab = Slab::new_placed(entries, cfg.state_size, cfg.hugepages)?;
-        Ok(FlowTable {
-            buckets: RawMem::new(64, false)?,
-            mask: 0,
-            homes: crate::inline::homes(cfg.capacity),
+        Ok(Self::with_parts(&cfg, RawMem::new(64, false)?, 0, crate::inline::homes(cfg.capacity), slab))
+    }
+
+    /// A table over its memory: both layouts' constructors end here.
+    fn with_parts(cfg: &TableConfig, buckets: RawMem, mask: u32, homes: u32, slab: Slab<K>) -> Self {
+        FlowTable {
+            buckets,
+            mask,
+            homes,
             max_len: cfg.capacity as u32,
             slab,
             idle_timeout_ns: cfg.idle_timeout_ns,
@@ -386,7 +377,7 @@ impl<K: FlowKey> FlowTable<K> {
             hits: Cell::new(0),
             sweep_cursor: 0,
             evict_cursor: 0,
-        })
+        }
     }
 
     /// The table's layout.
@@ -812,7 +803,7 @@ impl<K: FlowKey> FlowTable<K> {
         }
         let p = place(hash, self.mask);
         if self.slab.len() < self.max_len as usize {
-            let slot = self.free_slot(p.b1).map(|s| (p.b1, s)).or_else(|| self.free_slot(p.b2).map(|s| (p.b2, s)));
+            let slot = self.free_in(p);
             let slot = slot.or_else(|| self.make_room(p.b1, p.b2));
             if let Some((b, s)) = slot {
                 let Some(h) = self.slab.alloc(key, hash, now) else {
@@ -852,7 +843,7 @@ impl<K: FlowKey> FlowTable<K> {
             // The key's buckets have a free slot, or hold only entries this call handed out, while the slab is full
             // with flows linked elsewhere: evict one of those instead of refusing (a new flow was refused now and
             // then under `evict` when its two buckets happened to be near empty).
-            let free = self.free_slot(p.b1).map(|s| (p.b1, s)).or_else(|| self.free_slot(p.b2).map(|s| (p.b2, s)));
+            let free = self.free_in(p);
             if let Some((b, s)) = free {
                 if let Some(victim) = self.far_victim(protect) {
                     if let Some(k) = self.slab.key(victim).copied() {
@@ -896,6 +887,12 @@ impl<K: FlowKey> FlowTable<K> {
             let p = self.bucket_mut(alt(b, tag, mask));
             p.overflow = p.overflow.saturating_sub(1);
         }
+    }
+
+    /// An empty slot of the key's primary bucket, else of its alternate.
+    #[inline(always)]
+    fn free_in(&self, p: Place) -> Option<(u32, usize)> {
+        self.free_slot(p.b1).map(|s| (p.b1, s)).or_else(|| self.free_slot(p.b2).map(|s| (p.b2, s)))
     }
 
     #[inline(always)]
